@@ -1,0 +1,19 @@
+"""sciad: differentiable scientific primitives on a typed graph IR, lowered to JAX/XLA.
+
+```python
+import sciad as sd
+import sciad.numpy as snp
+
+g = sd.trace(f, x, y)      # the graph: print(g), g.to_dot(), g.to_json()
+f_fast = sd.function(f)    # compiled by XLA, cached per input signature
+```
+"""
+
+from . import config as config, errors as errors, graph as graph, primitives as primitives
+from . import numpy as numpy
+from ._function import Function as Function, function as function
+from .graph import Graph as Graph, TensorType as TensorType
+from .graph import primitive as primitive, trace as trace
+from .primitives import call as call
+
+__version__ = "0.1.0"

@@ -1,0 +1,109 @@
+"""`sd.function(f)`: trace once per input signature, compile with XLA, cache.
+
+The wrapper *is* a `jax.jit` function whose body traces `f` into a sciad
+graph, verifies it and lowers it. JAX's own C++ dispatch therefore does the
+per-signature caching (shapes, dtypes, static arguments), and a steady-state
+call costs what a `jax.jit` call costs.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Sequence
+
+import jax
+
+from . import config
+from .graph import Graph, lower, trace_flat, verify
+
+
+def _as_tuple(x) -> tuple:
+    if x is None:
+        return ()
+    if isinstance(x, (int, str)):
+        return (x,)
+    return tuple(x)
+
+
+class Function:
+    """A sciad function compiled per input signature. See `sciad.function`."""
+
+    def __init__(self, fn: Callable, *, static_argnums: int | Sequence[int] = (),
+                 static_argnames: str | Sequence[str] = ()):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.static_argnums = _as_tuple(static_argnums)
+        self.static_argnames = _as_tuple(static_argnames)
+        self.graphs: list[Graph] = []  # one per traced signature, in order
+        self._jitted = jax.jit(self._traced_body, static_argnums=self.static_argnums,
+                               static_argnames=self.static_argnames)
+
+    def _split(self, args, kwargs):
+        static = {i % len(args) for i in self.static_argnums} if args else set()
+        dyn_kw = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
+        static_kw = {k: v for k, v in kwargs.items() if k in self.static_argnames}
+        return static, dyn_kw, static_kw
+
+    def trace(self, *args, **kwargs) -> Graph:
+        """The verified graph of `f` for these arguments' signature."""
+        static, dyn_kw, static_kw = self._split(args, kwargs)
+        fn = functools.partial(self.fn, **static_kw) if static_kw else self.fn
+        graph, _, _ = trace_flat(fn, args, dyn_kw, static_argnums=tuple(static),
+                                 name=getattr(self.fn, "__name__", None))
+        verify(graph)
+        return graph
+
+    def _traced_body(self, *args, **kwargs):
+        # Runs under jax.jit's tracing, once per new signature.
+        static, dyn_kw, static_kw = self._split(args, kwargs)
+        fn = functools.partial(self.fn, **static_kw) if static_kw else self.fn
+        graph, _, out_tree = trace_flat(fn, args, dyn_kw, static_argnums=tuple(static),
+                                        name=getattr(self.fn, "__name__", None))
+        verify(graph)
+        self.graphs.append(graph)
+        dyn = (tuple(a for i, a in enumerate(args) if i not in static), dyn_kw)
+        outs = lower(graph)(*jax.tree_util.tree_leaves(dyn))
+        return jax.tree_util.tree_unflatten(out_tree, outs)
+
+    def __call__(self, *args, **kwargs):
+        if config.x64_enabled():
+            return self._jitted(*args, **kwargs)
+        with jax.enable_x64(True):
+            return self._jitted(*args, **kwargs)
+
+    def lower(self, *args, **kwargs):
+        """JAX's `Lowered` for these arguments (`.as_text()` shows StableHLO)."""
+        with config.x64_scope():
+            return self._jitted.lower(*args, **kwargs)
+
+    @property
+    def trace_count(self) -> int:
+        """How many signatures have been traced and compiled so far."""
+        return len(self.graphs)
+
+    def __repr__(self) -> str:
+        return f"<sciad.function {getattr(self.fn, '__qualname__', self.fn)!r}>"
+
+
+def function(fn: Callable | None = None, *, static_argnums: int | Sequence[int] = (),
+             static_argnames: str | Sequence[str] = ()):
+    """Compiles `fn` through sciad's graph and XLA, caching per signature.
+
+    **Arguments:**
+
+    - `fn`: a function of arrays (pytrees in and out) written with
+      `sciad.numpy` and primitives.
+    - `static_argnums` / `static_argnames`: arguments passed as Python values
+      (hashable); each distinct value is its own signature.
+
+    **Returns:**
+
+    A callable taking NumPy or JAX arrays and returning JAX arrays with
+    NumPy's dtypes (float64 stays float64). `.trace(*args)` returns the graph,
+    `.graphs` the graphs traced so far. Usable as a decorator, with or
+    without arguments.
+    """
+    if fn is None:
+        return lambda f: Function(f, static_argnums=static_argnums,
+                                  static_argnames=static_argnames)
+    return Function(fn, static_argnums=static_argnums, static_argnames=static_argnames)

@@ -1,0 +1,98 @@
+"""The exceptions sciad raises.
+
+Every user-facing error is a subclass of `SciadError` that also inherits the
+matching builtin (`ShapeError` is a `ValueError`, `DTypeError` a `TypeError`, ...),
+so `except ValueError` keeps working. Each message names the operation, what
+was expected, what was received, and the user's source line.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SciadError",
+    "ShapeError",
+    "DTypeError",
+    "IndexingError",
+    "TracerError",
+    "VerificationError",
+    "SerializationError",
+    "LoweringError",
+    "RegistrationError",
+    "MissingRuleError",
+    "NotSupportedError",
+]
+
+
+class SciadError(Exception):
+    """Base class of every error sciad raises on purpose.
+
+    `op` is the operation that complained (a primitive name or a public
+    function), `source` the user's `file:line` when it is known.
+    """
+
+    def __init__(self, message: str, *, op: str | None = None, source=None):
+        self.op = op
+        self.source = source
+        self.message = message
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        text = self.message
+        if self.op and not text.startswith(f"{self.op}:"):
+            text = f"{self.op}: {text}"
+        if self.source is not None:
+            text = f"{text}\n  at {self.source}"
+        return text
+
+    def with_source(self, source) -> "SciadError":
+        """Attaches `source` if none is set yet; returns `self` for `raise`."""
+        if self.source is None and source is not None:
+            self.source = source
+            self.args = (self._format(),)
+        return self
+
+    def __str__(self) -> str:
+        return self._format()
+
+
+class ShapeError(SciadError, ValueError):
+    """Shapes that do not fit an operation, found at trace time."""
+
+
+class DTypeError(SciadError, TypeError):
+    """A dtype an operation does not accept, found at trace time."""
+
+
+class IndexingError(SciadError, IndexError):
+    """A static index out of range or of an unsupported kind."""
+
+
+class TracerError(SciadError, TypeError):
+    """A traced value used where a concrete Python value is needed
+    (`bool(x)`, `int(x)`, `np.asarray(x)`), or used after its trace ended."""
+
+
+class VerificationError(SciadError, ValueError):
+    """A malformed graph: a value used before it is defined, defined twice,
+    or a type that disagrees with the op's shape rule."""
+
+
+class SerializationError(SciadError, ValueError):
+    """JSON that does not describe a valid graph, or names an unknown op."""
+
+
+class LoweringError(SciadError, RuntimeError):
+    """An op's JAX implementation failed while the graph was lowered."""
+
+
+class RegistrationError(SciadError, ValueError):
+    """A primitive registered twice, or a rule defined twice."""
+
+
+class MissingRuleError(SciadError, NotImplementedError):
+    """An op lacks the rule a transform needs (e.g. no `impl` to lower)."""
+
+
+class NotSupportedError(SciadError, NotImplementedError):
+    """A valid request that sciad does not support (yet); the message says
+    what to use instead."""

@@ -1,0 +1,328 @@
+"""The IR: `Var`, `Literal`, `Node`, `Graph`, and `Primitive` with its registry.
+
+A `Graph` is plain data: its inputs (`Var`s), its nodes in topological order,
+and its outputs (`Var`s or `Literal`s). A `Node` applies one `Primitive` to
+input atoms with static, hashable `params`; a param may itself be a `Graph`
+(the body of a higher-order op). Every rule of a primitive is stored on the
+`Primitive` object.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+from ..errors import RegistrationError
+from ._source import SourceInfo, user_source
+from ._types import AbstractType, TensorType
+
+_var_ids = itertools.count()
+
+
+class Var:
+    """An SSA value: defined once (as a graph input or a node output), typed.
+
+    Identity is object identity; the printer assigns names. `hint` is an
+    optional readable name (a function argument's name) the printer may use.
+    """
+
+    __slots__ = ("type", "hint", "_id")
+
+    def __init__(self, type: AbstractType, hint: str | None = None):
+        self.type = type
+        self.hint = hint
+        self._id = next(_var_ids)
+
+    def __repr__(self) -> str:
+        return f"Var({self.type.str_short()}, id={self._id})"
+
+
+class Literal:
+    """A constant operand: a 0-d or n-d NumPy array with its `TensorType`."""
+
+    __slots__ = ("value", "type")
+
+    def __init__(self, value):
+        value = np.asarray(value)
+        if value.flags.writeable:  # constants are immutable: copy once, freeze
+            value = value.copy()
+            value.setflags(write=False)
+        self.value = value
+        self.type = TensorType(value.shape, value.dtype)
+
+    def fingerprint(self) -> str:
+        """A short content hash, used when a large constant is printed."""
+        digest = hashlib.blake2b(self.value.tobytes(), digest_size=3).hexdigest()
+        return digest
+
+    def __repr__(self) -> str:
+        return f"Literal({self.value!r})"
+
+
+Atom = Var | Literal
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Node:
+    """One application of `primitive`.
+
+    `params` are static and hashable (ints, floats, strings, tuples, dtypes,
+    `Graph`s for higher-order ops). `effects` is empty for pure ops.
+    `source` is the user's file:line at trace time.
+    """
+
+    primitive: "Primitive"
+    inputs: tuple[Atom, ...]
+    outputs: tuple[Var, ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    effects: frozenset = frozenset()
+    source: SourceInfo | None = None
+
+    def replace(self, **kw) -> "Node":
+        fields = dict(
+            primitive=self.primitive, inputs=self.inputs, outputs=self.outputs,
+            params=self.params, effects=self.effects, source=self.source,
+        )
+        fields.update(kw)
+        return Node(**fields)
+
+    @property
+    def subgraphs(self) -> tuple["Graph", ...]:
+        return tuple(_graphs_in(self.params.values()))
+
+    def __str__(self) -> str:
+        from ._print import format_node
+
+        return format_node(self)
+
+
+def _graphs_in(values) -> Iterator["Graph"]:
+    for v in values:
+        if isinstance(v, Graph):
+            yield v
+        elif isinstance(v, tuple):
+            yield from _graphs_in(v)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Graph:
+    """A typed SSA graph: `inputs`, topologically ordered `nodes`, `outputs`.
+
+    Print it for the SSA text form; `to_dot()` for Graphviz; `to_json()` and
+    `Graph.from_json` for a lossless round trip.
+    """
+
+    inputs: tuple[Var, ...]
+    nodes: tuple[Node, ...]
+    outputs: tuple[Atom, ...]
+    name: str = "graph"
+
+    @property
+    def in_types(self) -> tuple[AbstractType, ...]:
+        return tuple(v.type for v in self.inputs)
+
+    @property
+    def out_types(self) -> tuple[AbstractType, ...]:
+        return tuple(a.type for a in self.outputs)
+
+    def replace(self, **kw) -> "Graph":
+        fields = dict(inputs=self.inputs, nodes=self.nodes, outputs=self.outputs,
+                      name=self.name)
+        fields.update(kw)
+        return Graph(**fields)
+
+    def __str__(self) -> str:
+        from ._print import format_graph
+
+        return format_graph(self)
+
+    def pretty(self, *, source: bool = True) -> str:
+        """The SSA text; `source=False` leaves out the `# file:line` comments."""
+        from ._print import format_graph
+
+        return format_graph(self, source=source)
+
+    def __repr__(self) -> str:
+        return (f"<Graph {self.name}: {len(self.inputs)} inputs, {len(self.nodes)} nodes,"
+                f" {len(self.outputs)} outputs>")
+
+    def to_dot(self) -> str:
+        from ._print import to_dot
+
+        return to_dot(self)
+
+    def to_json(self, *, indent: int | None = None) -> str:
+        from ._serialize import graph_to_json
+
+        return graph_to_json(self, indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Graph":
+        from ._serialize import graph_from_json
+
+        return graph_from_json(text)
+
+    def verify(self) -> "Graph":
+        from ._verify import verify
+
+        verify(self)
+        return self
+
+
+# --------------------------------------------------------------------------
+# Primitives and the registry
+
+
+_REGISTRY: dict[str, "Primitive"] = {}
+
+_RULES = ("impl", "abstract_eval", "jvp", "vjp", "transpose", "batch")
+
+
+class Primitive:
+    """An operation of the IR, with every rule it has stored on it.
+
+    - `def_abstract_eval(fn)`: `fn(*in_types, **params) -> out_type(s)`, the
+      shape/dtype rule; it raises `ShapeError` / `DTypeError` on bad input.
+    - `def_impl(fn)`: `fn(*jax_arrays, **params)`, the JAX implementation
+      that lowering calls.
+    - `def_jvp`, `def_vjp`, `def_transpose`, `def_batch`: derivative and
+      batching rules, written with sciad ops.
+
+    `p(*args, **params)` (or `p.bind`) adds a node while tracing and runs the
+    implementation eagerly otherwise.
+    """
+
+    def __init__(self, name: str, *, multiple_results: bool = False,
+                 register: bool = True, _source: SourceInfo | None = None):
+        if not isinstance(name, str) or not name or any(c.isspace() for c in name):
+            raise RegistrationError(
+                f"a primitive name must be a non-empty string without spaces, got {name!r}.",
+                op="primitive")
+        self.name = name
+        self.multiple_results = bool(multiple_results)
+        self.defined_at = _source or user_source(2) or _definition_site(2)
+        self.impl_rule: Callable | None = None
+        self.abstract_eval_rule: Callable | None = None
+        self.jvp_rule: Callable | None = None
+        self.vjp_rule: Callable | None = None
+        self.transpose_rule: Callable | None = None
+        self.batch_rule: Callable | None = None
+        if register:
+            _register(self)
+
+    # -- rule decorators ---------------------------------------------------
+    def _def(self, rule: str, fn: Callable) -> Callable:
+        if not callable(fn):
+            raise RegistrationError(f"`def_{rule}` needs a function, got {fn!r}.",
+                                    op=self.name)
+        if getattr(self, f"{rule}_rule") is not None:
+            raise RegistrationError(
+                f"the {rule} rule is already defined "
+                f"(by {getattr(self, f'{rule}_rule').__qualname__}); "
+                "a rule is defined once.", op=self.name)
+        setattr(self, f"{rule}_rule", fn)
+        return fn
+
+    def def_impl(self, fn):
+        return self._def("impl", fn)
+
+    def def_abstract_eval(self, fn):
+        return self._def("abstract_eval", fn)
+
+    def def_jvp(self, fn):
+        return self._def("jvp", fn)
+
+    def def_vjp(self, fn):
+        return self._def("vjp", fn)
+
+    def def_transpose(self, fn):
+        return self._def("transpose", fn)
+
+    def def_batch(self, fn):
+        return self._def("batch", fn)
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        return tuple(r for r in _RULES if getattr(self, f"{r}_rule") is not None)
+
+    # -- use -----------------------------------------------------------------
+    def abstract_eval(self, *in_types, **params) -> tuple[AbstractType, ...]:
+        """The output types, always as a tuple."""
+        from ..errors import MissingRuleError
+
+        if self.abstract_eval_rule is None:
+            raise MissingRuleError(
+                "has no shape rule, so it cannot be traced. Define one with "
+                f"`@{self.name}_p.def_abstract_eval`.", op=self.name)
+        out = self.abstract_eval_rule(*in_types, **params)
+        if self.multiple_results:
+            out = tuple(out)
+            bad = [t for t in out if not isinstance(t, AbstractType)]
+        else:
+            bad = [] if isinstance(out, AbstractType) else [out]
+            out = (out,)
+        if bad:
+            raise TypeError(
+                f"{self.name}: the shape rule must return "
+                f"{'a sequence of types' if self.multiple_results else 'one type'} "
+                f"(e.g. `sd.graph.TensorType(shape, dtype)`), got {bad[0]!r}.")
+        return out
+
+    def bind(self, *args, **params):
+        from ._trace import bind
+
+        return bind(self, args, params)
+
+    __call__ = bind
+
+    def __repr__(self) -> str:
+        return f"Primitive({self.name!r}, rules=[{', '.join(self.rules)}])"
+
+
+def _definition_site(skip: int) -> SourceInfo | None:
+    import sys
+
+    frame = sys._getframe(skip)
+    return SourceInfo(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+
+
+def _register(p: Primitive) -> None:
+    old = _REGISTRY.get(p.name)
+    if old is not None:
+        raise RegistrationError(
+            f"a primitive named {p.name!r} is already registered, at "
+            f"{old.defined_at.long() if old.defined_at else '?'}; this second "
+            f"definition is at {p.defined_at.long() if p.defined_at else '?'}. "
+            "Choose another name.", op="primitive")
+    _REGISTRY[p.name] = p
+
+
+def primitive(name: str, *, multiple_results: bool = False) -> Primitive:
+    """Creates and registers a new primitive.
+
+    ```python
+    p = sd.primitive("my_op")
+
+    @p.def_abstract_eval
+    def _shape(x):
+        return x
+
+    @p.def_impl
+    def _impl(x):
+        return jnp.sin(x) * 2
+    ```
+    """
+    return Primitive(name, multiple_results=multiple_results, _source=user_source(2))
+
+
+def lookup_primitive(name: str) -> Primitive | None:
+    return _REGISTRY.get(name)
+
+
+def registered_primitives() -> dict[str, Primitive]:
+    """All registered primitives, by name (a copy)."""
+    return dict(_REGISTRY)

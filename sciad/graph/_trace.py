@@ -1,0 +1,348 @@
+"""Tracing: run a Python function on `Tracer`s and record a `Graph`.
+
+A `Tracer` stands for a `Var` of the graph being built. Operators on it
+(`+`, `@`, indexing, ...) are installed by `sciad.numpy`, which turns them
+into primitive applications; `Primitive.bind` records each as a `Node`.
+Outside any trace, `bind` runs the primitive's implementation eagerly.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import threading
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from ..errors import DTypeError, SciadError, ShapeError, TracerError
+from ._core import Graph, Literal, Node, Primitive, Var
+from ._source import user_source
+from ._types import AbstractType, TensorType
+
+
+class _State(threading.local):
+    def __init__(self):
+        self.stack: list[GraphBuilder] = []
+
+
+_state = _State()
+
+
+class GraphBuilder:
+    """Collects the nodes of one graph while its function runs."""
+
+    __slots__ = ("name", "inputs", "nodes", "alive")
+
+    def __init__(self, name: str = "graph"):
+        self.name = name
+        self.inputs: list[Var] = []
+        self.nodes: list[Node] = []
+        self.alive = True
+
+    def new_input(self, type: AbstractType, hint: str | None = None) -> "Tracer":
+        var = Var(type, hint)
+        self.inputs.append(var)
+        return Tracer(self, var)
+
+    def atom(self, x, op: str):
+        """The operand `x` as a `Var` of this graph or a `Literal`."""
+        if isinstance(x, Tracer):
+            if x._builder is self:
+                return x._var
+            raise _foreign_tracer(x, op)
+        return literal_of(x, op)
+
+    def build(self, outputs: Sequence, op: str = "trace") -> Graph:
+        return Graph(tuple(self.inputs), tuple(self.nodes),
+                     tuple(self.atom(o, op) for o in outputs), self.name)
+
+
+def _foreign_tracer(x: "Tracer", op: str) -> TracerError:
+    if not x._builder.alive:
+        return TracerError(
+            f"a traced value {x._var.type.str_short()} from a finished trace "
+            f"({x._builder.name}) was used. Values computed inside a traced function "
+            "cannot be kept and used after it returns; return them instead.", op=op,
+            source=user_source())
+    return TracerError(
+        f"a traced value {x._var.type.str_short()} of the enclosing trace "
+        f"({x._builder.name}) was used inside a nested trace. Pass it as an "
+        "argument to the inner function instead of capturing it.", op=op,
+        source=user_source())
+
+
+def literal_of(x, op: str = "trace") -> Literal:
+    """A constant operand from a Python scalar, NumPy or (concrete) JAX array."""
+    if isinstance(x, Literal):
+        return x
+    if isinstance(x, jax.core.Tracer):
+        raise TracerError(
+            "a JAX traced value cannot be captured as a sciad constant. Pass it as "
+            "an argument of the sciad function (or use `sd.to_jax`).", op=op,
+            source=user_source())
+    if isinstance(x, (Graph, Var)) or callable(x) and not hasattr(x, "__array__"):
+        raise TypeError(f"{op}: expected an array or a scalar operand, got {x!r}.")
+    try:
+        value = np.asarray(x)
+    except Exception as e:
+        raise DTypeError(f"cannot use {type(x).__name__} {x!r} as an array: {e}",
+                         op=op, source=user_source()) from None
+    if value.dtype == object or value.dtype.kind in "USVMm":
+        raise DTypeError(
+            f"expected a numeric array or scalar, got {type(x).__name__} with dtype "
+            f"{value.dtype}.", op=op, source=user_source())
+    return Literal(value)
+
+
+def current_builder() -> GraphBuilder | None:
+    stack = _state.stack
+    return stack[-1] if stack else None
+
+
+class Tracer:
+    """A value being traced: a `Var` of the graph under construction.
+
+    Arithmetic, comparison, indexing and `.T`/`.shape`/`.dtype` work as on a
+    NumPy array (installed by `sciad.numpy`). Python control flow on a traced
+    value (`if x > 0:`) does not: its value is not known while tracing.
+    """
+
+    __slots__ = ("_builder", "_var")
+    __array_priority__ = 1000
+    __array_ufunc__ = None  # NumPy defers binary operators to us
+
+    def __init__(self, builder: GraphBuilder, var: Var):
+        self._builder = builder
+        self._var = var
+
+    @property
+    def type(self) -> AbstractType:
+        return self._var.type
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._var.type.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._var.type.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self._var.type.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self._var.type.shape, dtype=np.int64))
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d traced value.")
+        return self.shape[0]
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d traced value.")
+        return (self[i] for i in range(self.shape[0]))
+
+    def __repr__(self) -> str:
+        return f"Tracer<{self._var.type.str_short()}>"
+
+    # -- conversions to concrete Python values are impossible while tracing
+    def _concrete(self, what: str):
+        raise TracerError(
+            f"{what} of a traced value {self._var.type.str_short()} is not known while "
+            "tracing. Python control flow on traced values (`if x > 0:`, "
+            "`while err > tol:`) needs a data-dependent control-flow op "
+            "(`sd.cond` / `sd.while_loop`); for elementwise choices use "
+            "`snp.where(cond, a, b)`.", op="trace", source=user_source())
+
+    def __bool__(self):
+        self._concrete("the truth value")
+
+    def __int__(self):
+        self._concrete("int()")
+
+    def __float__(self):
+        self._concrete("float()")
+
+    def __complex__(self):
+        self._concrete("complex()")
+
+    def __index__(self):
+        self._concrete("using it as an index")
+
+    def __array__(self, *args, **kwargs):
+        raise TracerError(
+            f"a traced value {self._var.type.str_short()} cannot be converted to a "
+            "NumPy array. Use `sciad.numpy` (snp) functions instead of `numpy` ones "
+            "inside traced functions.", op="trace", source=user_source())
+
+    __hash__ = None  # `==` builds a graph node, so tracers are unhashable
+
+
+def _check_params(prim: Primitive, params: dict) -> None:
+    for k, v in params.items():
+        try:
+            hash(v)
+        except TypeError:
+            raise TypeError(
+                f"{prim.name}: param {k}={v!r} is not hashable. Params are static: "
+                "use tuples instead of lists, and pass arrays as operands.") from None
+
+
+def bind(prim: Primitive, args: Sequence, params: dict):
+    """Applies `prim`: records a node while tracing, else evaluates eagerly."""
+    builder = None
+    for a in args:
+        if isinstance(a, Tracer):
+            builder = a._builder
+            break
+    top = current_builder()
+    if builder is None:
+        builder = top
+    elif builder is not top or not builder.alive:
+        raise _foreign_tracer(next(a for a in args if isinstance(a, Tracer)), prim.name)
+    if builder is None:
+        return _eager(prim, args, params)
+    _check_params(prim, params)
+    atoms = tuple(builder.atom(a, prim.name) for a in args)
+    out_types = _abstract_eval(prim, [a.type for a in atoms], params)
+    outs = tuple(Var(t) for t in out_types)
+    builder.nodes.append(Node(prim, atoms, outs, params, frozenset(), user_source()))
+    tracers = tuple(Tracer(builder, v) for v in outs)
+    return tracers if prim.multiple_results else tracers[0]
+
+
+def _abstract_eval(prim: Primitive, in_types, params):
+    try:
+        return prim.abstract_eval(*in_types, **params)
+    except SciadError as e:
+        if e.op is None:
+            e.op = prim.name
+        raise e.with_source(user_source()) from None
+
+
+def _eager(prim: Primitive, args, params):
+    """Runs `prim` on concrete values; the shape rule still checks them first."""
+    from ..config import x64_scope
+    from ..errors import MissingRuleError
+
+    _check_params(prim, params)
+    lits = [a if isinstance(a, jax.Array) else literal_of(a, prim.name).value
+            for a in args]
+    _abstract_eval(prim, [TensorType.of(a) for a in lits], params)
+    if prim.impl_rule is None:
+        raise MissingRuleError(
+            f"has no implementation; define one with `@{prim.name}_p.def_impl`.",
+            op=prim.name)
+    with x64_scope():
+        return prim.impl_rule(*lits, **params)
+
+
+# --------------------------------------------------------------------------
+# Tracing whole functions
+
+_IDENT = re.compile(r"[^0-9a-zA-Z_]+")
+
+
+def _arg_names(fn: Callable, n: int) -> list[str]:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = []
+    for i in range(n):
+        if i < len(params) and params[i].kind in (
+                inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            names.append(params[i].name)
+        elif params and params[-1].kind is inspect.Parameter.VAR_POSITIONAL and i >= len(params) - 1:
+            names.append(f"{params[-1].name}{i - len(params) + 1}")
+        else:
+            names.append(f"arg{i}")
+    return names
+
+
+def _leaf_type(x, where: str) -> AbstractType:
+    if isinstance(x, AbstractType):
+        return x
+    if isinstance(x, Tracer):
+        raise TracerError(
+            f"{where} is already a traced value; call the function directly "
+            "instead of tracing it again.", op="trace")
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return TensorType(x.shape, x.dtype)
+    if isinstance(x, (bool, int, float, complex, np.ndarray, np.generic, jax.Array)):
+        return TensorType.of(x)
+    raise TypeError(
+        f"trace: {where} is a {type(x).__name__}, which is not an array. Array "
+        "arguments (NumPy, JAX, Python scalars, `TensorType`s) are traced; pass "
+        "other values with `static_argnums`.")
+
+
+def trace_flat(fn: Callable, args: tuple, kwargs: dict | None = None, *,
+               static_argnums: Sequence[int] = (), name: str | None = None):
+    """Traces `fn(*args, **kwargs)`; returns `(graph, in_tree, out_tree)`.
+
+    The non-static arguments' pytree leaves are the graph's inputs, in
+    `jax.tree_util` order of `(dynamic_args, kwargs)`.
+    """
+    kwargs = kwargs or {}
+    static = {i % len(args) if args else i for i in static_argnums}
+    dyn_idx = [i for i in range(len(args)) if i not in static]
+    dyn = (tuple(args[i] for i in dyn_idx), kwargs)
+    leaves_with_path, in_tree = jax.tree_util.tree_flatten_with_path(dyn)
+    names = _arg_names(fn, len(args))
+    builder = GraphBuilder(name or getattr(fn, "__name__", "graph").replace("<lambda>", "lambda"))
+    tracers = []
+    for path, leaf in leaves_with_path:
+        first = path[0].idx  # 0: positional, 1: keyword
+        if first == 0:
+            argpos = dyn_idx[path[1].idx]
+            base, rest = names[argpos], path[2:]
+        else:
+            base, rest = str(path[1].key), path[2:]
+        where = f"argument {base!r}" + (jax.tree_util.keystr(rest) if rest else "")
+        hint = _IDENT.sub("_", base + jax.tree_util.keystr(rest)).strip("_") or None
+        tracers.append(builder.new_input(_leaf_type(leaf, where), hint))
+    dyn_tracers, kw_tracers = jax.tree_util.tree_unflatten(in_tree, tracers)
+    full = list(args)
+    for i, t in zip(dyn_idx, dyn_tracers):
+        full[i] = t
+    _state.stack.append(builder)
+    try:
+        out = fn(*full, **kw_tracers)
+    finally:
+        _state.stack.pop()
+        builder.alive = False
+    out_leaves, out_tree = jax.tree_util.tree_flatten(out)
+    graph = builder.build(out_leaves, op="trace")
+    return graph, in_tree, out_tree
+
+
+def trace(fn: Callable, *args, static_argnums: int | Sequence[int] = (), **kwargs) -> Graph:
+    """Traces `fn(*args, **kwargs)` into a `Graph`.
+
+    **Arguments:**
+
+    - `fn`: a Python function of arrays (pytrees of arrays in and out), written
+      with `sciad.numpy` ops and primitives.
+    - `*args`, `**kwargs`: example arguments. Only their shapes and dtypes
+      matter; `TensorType`s and `jax.ShapeDtypeStruct`s stand for arrays.
+    - `static_argnums`: positions of arguments passed to `fn` as they are
+      (Python values, not traced).
+
+    **Returns:**
+
+    The `Graph`; its inputs are the pytree leaves of the non-static arguments.
+    """
+    if isinstance(static_argnums, int):
+        static_argnums = (static_argnums,)
+    graph, _, _ = trace_flat(fn, args, kwargs, static_argnums=static_argnums)
+    from .. import config
+
+    if config.enable_checks:
+        graph.verify()
+    return graph

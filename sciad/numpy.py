@@ -1,0 +1,834 @@
+"""NumPy-like functions on traced (and concrete) arrays; import as `snp`.
+
+```python
+import sciad.numpy as snp
+
+def energy(u, h):
+    du = snp.diff(u) / h
+    return 0.5 * h * snp.sum(du * du)
+```
+
+Semantics follow NumPy: broadcasting, dtype promotion (NEP 50: Python
+scalars are "weak" and take the array's dtype), accumulation dtypes of
+`sum`/`mean`, and `keepdims`. Inside a traced function each call adds nodes
+to the graph; outside one, the call runs eagerly on JAX and returns a JAX
+array. Indexing is static (ints, slices, `None`, `...`); `x.at[idx].set(v)`
+and `.add(v)` are functional updates.
+"""
+
+from __future__ import annotations
+
+import builtins as _builtins
+import functools as _functools
+from typing import Any as _Any, Sequence as _Sequence
+
+import jax as _jax
+import numpy as _np
+
+from . import primitives as _P
+from .errors import DTypeError as _DTypeError, ShapeError as _ShapeError
+from .graph import Tracer as _Tracer
+from .primitives._elementwise import BINARY as _BINARY, UNARY as _UNARY
+from .primitives._util import normalize_axes as _normalize_axes
+from .primitives._util import normalize_axis as _normalize_axis
+
+pi = _np.pi
+e = _np.e
+inf = _np.inf
+nan = _np.nan
+newaxis = None
+bool_ = _np.bool_
+int32, int64 = _np.int32, _np.int64
+float32, float64 = _np.float32, _np.float64
+complex64, complex128 = _np.complex64, _np.complex128
+
+# ---------------------------------------------------------------------------
+# operand helpers
+
+_WEAK = (bool, int, float, complex)
+
+
+def _is_weak(x) -> bool:
+    return isinstance(x, _WEAK) and not isinstance(x, _np.generic)
+
+
+def _operand(x, op: str):
+    """`x` as a tracer, a JAX/NumPy array, or a (weak) Python scalar."""
+    if isinstance(x, (_Tracer, _np.ndarray, _jax.Array)) or _is_weak(x):
+        return x
+    if isinstance(x, (list, tuple)):
+        if any(isinstance(v, _Tracer) for v in _jax.tree_util.tree_leaves(x)):
+            return stack([_operand(v, op) for v in x])
+    try:
+        arr = _np.asarray(x)
+    except Exception:
+        arr = None
+    if arr is None or arr.dtype == object or arr.dtype.kind not in "biufc":
+        raise _DTypeError(f"expected an array or a number, got {type(x).__name__}.", op=op)
+    return arr
+
+
+def _dtype(x) -> _np.dtype:
+    if _is_weak(x):
+        return _np.asarray(x).dtype
+    return _np.dtype(x.dtype)
+
+
+def _shape(x) -> tuple[int, ...]:
+    return () if _is_weak(x) else tuple(x.shape)
+
+
+def _result_type(*xs, op: str) -> _np.dtype:
+    try:
+        return _np.result_type(*(x if _is_weak(x) else _dtype(x) for x in xs))
+    except (TypeError, OverflowError) as err:
+        raise _DTypeError(f"no common dtype for operands: {err}", op=op) from None
+
+
+def _convert(x, dtype):
+    dtype = _np.dtype(dtype)
+    if _is_weak(x) or isinstance(x, (_np.ndarray, _np.generic)):
+        arr = _np.asarray(x)
+        if arr.dtype.kind == "c" and dtype.kind != "c":
+            arr = arr.real
+        return arr.astype(dtype, copy=False)
+    if _np.dtype(x.dtype) == dtype:
+        return x
+    return _P.convert_p.bind(x, dtype=dtype)
+
+
+def _as_array(x, op: str):
+    """Like `_operand`, with Python scalars made into 0-d NumPy arrays."""
+    x = _operand(x, op)
+    return _np.asarray(x) if _is_weak(x) else x
+
+
+def _canonical_dtype(dtype) -> _np.dtype | None:
+    return None if dtype is None else _np.dtype(dtype)
+
+
+# ---------------------------------------------------------------------------
+# elementwise
+
+def _unary(name: str, x):
+    x = _operand(x, name)
+    ufunc = _UNARY[name][1]
+    dt = _dtype(x)
+    if isinstance(ufunc, _np.ufunc):
+        try:
+            dt = ufunc.resolve_dtypes((dt, None))[0]
+        except Exception:
+            raise _DTypeError(f"is not defined for {dt} operands.", op=name) from None
+    elif dt.kind not in "fc":
+        dt = _np.dtype(_np.float64)
+    return _P.unary_primitives[name].bind(_convert(x, dt))
+
+
+def _binary(name: str, x, y):
+    x, y = _operand(x, name), _operand(y, name)
+    common = _result_type(x, y, op=name)
+    try:
+        dt = _BINARY[name][1].resolve_dtypes((common, common, None))[0]
+    except Exception:
+        raise _DTypeError(f"is not defined for {common} operands.", op=name) from None
+    return _P.binary_primitives[name].bind(_convert(x, dt), _convert(y, dt))
+
+
+def _def_unary(name: str, public: str):
+    def f(x):
+        return _unary(name, x)
+    f.__name__ = f.__qualname__ = public
+    f.__doc__ = f"Elementwise `numpy.{public}`."
+    return f
+
+
+def _def_binary(name: str, public: str):
+    def f(x1, x2):
+        return _binary(name, x1, x2)
+    f.__name__ = f.__qualname__ = public
+    f.__doc__ = f"Elementwise `numpy.{public}`, with broadcasting and NumPy's promotion."
+    return f
+
+
+negative = _def_unary("neg", "negative")
+exp = _def_unary("exp", "exp")
+log = _def_unary("log", "log")
+log1p = _def_unary("log1p", "log1p")
+expm1 = _def_unary("expm1", "expm1")
+sin = _def_unary("sin", "sin")
+cos = _def_unary("cos", "cos")
+tan = _def_unary("tan", "tan")
+arcsin = _def_unary("arcsin", "arcsin")
+arccos = _def_unary("arccos", "arccos")
+arctan = _def_unary("arctan", "arctan")
+sinh = _def_unary("sinh", "sinh")
+cosh = _def_unary("cosh", "cosh")
+tanh = _def_unary("tanh", "tanh")
+sqrt = _def_unary("sqrt", "sqrt")
+abs = absolute = _def_unary("abs", "abs")
+sign = _def_unary("sign", "sign")
+square = _def_unary("square", "square")
+floor = _def_unary("floor", "floor")
+ceil = _def_unary("ceil", "ceil")
+isfinite = _def_unary("isfinite", "isfinite")
+logical_not = _def_unary("logical_not", "logical_not")
+
+add = _def_binary("add", "add")
+subtract = _def_binary("sub", "subtract")
+multiply = _def_binary("mul", "multiply")
+divide = true_divide = _def_binary("div", "divide")
+floor_divide = _def_binary("floor_divide", "floor_divide")
+remainder = mod = _def_binary("remainder", "remainder")
+power = _def_binary("pow", "power")
+maximum = _def_binary("maximum", "maximum")
+minimum = _def_binary("minimum", "minimum")
+arctan2 = _def_binary("arctan2", "arctan2")
+equal = _def_binary("eq", "equal")
+not_equal = _def_binary("ne", "not_equal")
+less = _def_binary("lt", "less")
+less_equal = _def_binary("le", "less_equal")
+greater = _def_binary("gt", "greater")
+greater_equal = _def_binary("ge", "greater_equal")
+logical_and = _def_binary("logical_and", "logical_and")
+logical_or = _def_binary("logical_or", "logical_or")
+
+
+def real(val):
+    """The real part (the array itself for real input)."""
+    val = _operand(val, "real")
+    return _unary("real", val) if _dtype(val).kind == "c" else val
+
+
+def imag(val):
+    """The imaginary part (zeros for real input)."""
+    val = _operand(val, "imag")
+    return _unary("imag", val) if _dtype(val).kind == "c" else zeros_like(val)
+
+
+def conj(x):
+    """The complex conjugate (the array itself for real input)."""
+    x = _operand(x, "conj")
+    return _unary("conj", x) if _dtype(x).kind == "c" else x
+
+
+conjugate = conj
+
+
+def angle(z, deg: bool = False):
+    """The argument of complex `z` (0 or pi for real `z`), in radians or degrees."""
+    out = _unary("angle", z)
+    return out * (180.0 / pi) if deg else out
+
+
+def where(condition, x=None, y=None):
+    """`x` where `condition`, else `y` (NumPy's three-argument form)."""
+    if x is None or y is None:
+        raise _ShapeError(
+            "only the three-argument form where(condition, x, y) is supported: the "
+            "one-argument form returns data-dependent indices.", op="where")
+    condition = _operand(condition, "where")
+    if _dtype(condition) != _np.bool_:
+        condition = not_equal(condition, 0)
+    x, y = _operand(x, "where"), _operand(y, "where")
+    dt = _result_type(x, y, op="where")
+    return _P.select_p.bind(_convert(condition, _np.bool_), _convert(x, dt), _convert(y, dt))
+
+
+def clip(a, a_min=None, a_max=None, *, min=None, max=None):
+    """`minimum(maximum(a, a_min), a_max)`; either bound may be None."""
+    a_min = min if a_min is None else a_min
+    a_max = max if a_max is None else a_max
+    if a_min is None and a_max is None:
+        raise _ShapeError("one of `a_min` and `a_max` must be given.", op="clip")
+    out = a
+    if a_min is not None:
+        out = maximum(out, a_min)
+    if a_max is not None:
+        out = minimum(out, a_max)
+    return out
+
+
+def astype(x, dtype):
+    """`x` converted to `dtype` (complex to real drops the imaginary part)."""
+    x = _as_array(x, "astype")
+    return _convert(x, _np.dtype(dtype))
+
+
+# ---------------------------------------------------------------------------
+# reductions
+
+@_functools.lru_cache(maxsize=None)
+def _acc_dtype(fn, dtype: _np.dtype) -> _np.dtype:
+    return _np.dtype(fn(_np.ones(1, dtype)).dtype)
+
+
+def _keep(out, shape, axes, keepdims: bool):
+    if not keepdims:
+        return out
+    return reshape(out, tuple(1 if i in axes else d for i, d in enumerate(shape)))
+
+
+def _reduce(name: str, a, axis, keepdims: bool, dtype=None):
+    a = _as_array(a, name)
+    axes = tuple(sorted(_normalize_axes(axis, a.ndim, name)))
+    if dtype is not None:
+        a = _convert(a, dtype)
+    out = _P.reduce_primitives[name].bind(a, axes=axes) if axes else a
+    return _keep(out, a.shape, axes, keepdims)
+
+
+def sum(a, axis=None, dtype=None, keepdims: bool = False):
+    """Sum over `axis` (all axes by default), NumPy's accumulation dtype."""
+    a = _as_array(a, "sum")
+    dtype = _canonical_dtype(dtype) or _acc_dtype(_np.sum, _dtype(a))
+    return _reduce("reduce_sum", a, axis, keepdims, dtype)
+
+
+def prod(a, axis=None, dtype=None, keepdims: bool = False):
+    """Product over `axis` (all axes by default)."""
+    a = _as_array(a, "prod")
+    dtype = _canonical_dtype(dtype) or _acc_dtype(_np.prod, _dtype(a))
+    return _reduce("reduce_prod", a, axis, keepdims, dtype)
+
+
+def max(a, axis=None, keepdims: bool = False):
+    """Maximum over `axis` (all axes by default)."""
+    return _reduce("reduce_max", a, axis, keepdims)
+
+
+def min(a, axis=None, keepdims: bool = False):
+    """Minimum over `axis` (all axes by default)."""
+    return _reduce("reduce_min", a, axis, keepdims)
+
+
+amax, amin = max, min
+
+
+def mean(a, axis=None, dtype=None, keepdims: bool = False):
+    """Mean over `axis`; integers average in float64, as in NumPy."""
+    a = _as_array(a, "mean")
+    dtype = _canonical_dtype(dtype) or _acc_dtype(_np.mean, _dtype(a))
+    axes = _normalize_axes(axis, a.ndim, "mean")
+    count = int(_np.prod([a.shape[i] for i in axes], dtype=_np.int64))
+    total = sum(a, axis=axes, dtype=dtype, keepdims=keepdims)
+    return divide(total, _np.asarray(count, dtype))
+
+
+def _vector_norm(x, ord, axis, keepdims):
+    if ord is None or ord == 2:
+        s = x * x if _dtype(x).kind != "c" else square(abs(x))
+        return sqrt(sum(s, axis=axis, keepdims=keepdims))
+    ax = abs(x)
+    if ord == inf:
+        return max(ax, axis=axis, keepdims=keepdims)
+    if ord == -inf:
+        return min(ax, axis=axis, keepdims=keepdims)
+    if ord == 0:
+        return sum(astype(not_equal(x, 0), ax.dtype), axis=axis, keepdims=keepdims)
+    if ord == 1:
+        return sum(ax, axis=axis, keepdims=keepdims)
+    if isinstance(ord, str):
+        raise _ShapeError(f"invalid norm order {ord!r} for vectors.", op="norm")
+    return power(sum(power(ax, float(ord)), axis=axis, keepdims=keepdims), 1.0 / ord)
+
+
+def _matrix_norm(x, ord, axes, keepdims):
+    r, c = axes
+    if ord in (None, "fro"):
+        s = x * x if _dtype(x).kind != "c" else square(abs(x))
+        return sqrt(sum(s, axis=axes, keepdims=keepdims))
+    if ord in (1, -1, inf, -inf):
+        inner, outer = (r, c) if ord in (1, -1) else (c, r)
+        colsum = sum(abs(x), axis=inner, keepdims=True)
+        red = max if ord in (1, inf) else min
+        out = red(colsum, axis=outer, keepdims=True)
+        return out if keepdims else squeeze(out, axis=axes)
+    from .errors import NotSupportedError
+
+    raise NotSupportedError(
+        f"matrix norm ord={ord!r} needs singular values, which sciad.numpy does not "
+        "compute; use ord='fro', 1, -1, inf or -inf.", op="norm")
+
+
+def norm(x, ord=None, axis=None, keepdims: bool = False):
+    """`numpy.linalg.norm`: vector norms (ord None/2, 1, inf, -inf, 0, p) and
+    matrix norms (None/'fro', 1, -1, inf, -inf) over `axis`."""
+    x = _as_array(x, "norm")
+    if _dtype(x).kind not in "fc":
+        x = _convert(x, _np.float64)
+    if axis is None:
+        if ord is None:
+            axes = tuple(range(x.ndim))
+            s = x * x if _dtype(x).kind != "c" else square(abs(x))
+            return sqrt(sum(s, axis=axes, keepdims=keepdims))
+        axis = tuple(range(x.ndim))
+        if x.ndim not in (1, 2):
+            raise _ShapeError(f"ord={ord!r} needs a 1-D or 2-D array or an `axis`, got "
+                              f"{x.ndim} dimensions.", op="norm")
+    axes = _normalize_axes(axis, x.ndim, "norm")
+    if len(axes) == 1:
+        return _vector_norm(x, ord, axes, keepdims)
+    if len(axes) == 2:
+        return _matrix_norm(x, ord, axes, keepdims)
+    raise _ShapeError(f"`axis` must name 1 or 2 axes, got {axis}.", op="norm")
+
+
+# ---------------------------------------------------------------------------
+# shapes
+
+def reshape(a, newshape=None, *, shape=None):
+    """`a` with a new shape of the same size (one entry may be -1)."""
+    a = _as_array(a, "reshape")
+    newshape = shape if newshape is None else newshape
+    if isinstance(newshape, (int, _np.integer)):
+        newshape = (newshape,)
+    newshape = [int(d) for d in newshape]
+    if newshape.count(-1) > 1:
+        raise _ShapeError(f"can only infer one dimension, got {tuple(newshape)}.",
+                          op="reshape")
+    if -1 in newshape:
+        known = int(_np.prod([d for d in newshape if d != -1], dtype=_np.int64))
+        size = int(_np.prod(a.shape, dtype=_np.int64))
+        if known == 0 or size % known:
+            raise _ShapeError(f"cannot reshape {_type_str(a)} into shape {tuple(newshape)}.",
+                              op="reshape")
+        newshape[newshape.index(-1)] = size // known
+    newshape = tuple(newshape)
+    if newshape == tuple(a.shape):
+        return a
+    return _P.reshape_p.bind(a, shape=newshape)
+
+
+def _type_str(a) -> str:
+    from .graph import TensorType
+
+    return TensorType(_shape(a), _dtype(a)).str_short()
+
+
+def ravel(a):
+    """`a` flattened to 1-D (row-major)."""
+    a = _as_array(a, "ravel")
+    return reshape(a, (-1,))
+
+
+def transpose(a, axes=None):
+    """Axes permuted (reversed by default)."""
+    a = _as_array(a, "transpose")
+    perm = tuple(range(a.ndim))[::-1] if axes is None else \
+        tuple(_normalize_axis(i, a.ndim, "transpose") for i in axes)
+    if perm == tuple(range(a.ndim)):
+        return a
+    return _P.transpose_p.bind(a, perm=perm)
+
+
+def swapaxes(a, axis1: int, axis2: int):
+    a = _as_array(a, "swapaxes")
+    perm = list(range(a.ndim))
+    i, j = _normalize_axis(axis1, a.ndim, "swapaxes"), _normalize_axis(axis2, a.ndim, "swapaxes")
+    perm[i], perm[j] = perm[j], perm[i]
+    return transpose(a, perm)
+
+
+def moveaxis(a, source, destination):
+    """Moves axes `source` to positions `destination`, as NumPy does."""
+    a = _as_array(a, "moveaxis")
+    src = _normalize_axes(source, a.ndim, "moveaxis")
+    dst = _normalize_axes(destination, a.ndim, "moveaxis")
+    if len(src) != len(dst):
+        raise _ShapeError("`source` and `destination` must have the same number of "
+                          "elements.", op="moveaxis")
+    order = [n for n in range(a.ndim) if n not in src]
+    for d, s in sorted(zip(dst, src)):
+        order.insert(d, s)
+    return transpose(a, order)
+
+
+def broadcast_to(array, shape):
+    """`array` broadcast to `shape` (NumPy rules)."""
+    array = _as_array(array, "broadcast_to")
+    shape = (int(shape),) if isinstance(shape, (int, _np.integer)) else tuple(int(d) for d in shape)
+    if shape == tuple(array.shape):
+        return array
+    return _P.broadcast_to_p.bind(array, shape=shape)
+
+
+def expand_dims(a, axis):
+    """`a` with length-1 axes inserted at `axis` (an int or a tuple)."""
+    a = _as_array(a, "expand_dims")
+    axes = (axis,) if isinstance(axis, (int, _np.integer)) else tuple(axis)
+    nd = a.ndim + len(axes)
+    axes = _normalize_axes(axes, nd, "expand_dims")
+    it = iter(a.shape)
+    return reshape(a, tuple(1 if i in axes else next(it) for i in range(nd)))
+
+
+def squeeze(a, axis=None):
+    """`a` without its length-1 axes (or only those in `axis`, which must be 1)."""
+    a = _as_array(a, "squeeze")
+    if axis is None:
+        axes = tuple(i for i, d in enumerate(a.shape) if d == 1)
+    else:
+        axes = _normalize_axes(axis, a.ndim, "squeeze")
+        bad = [i for i in axes if a.shape[i] != 1]
+        if bad:
+            raise _ShapeError(f"cannot squeeze axis {bad[0]} of {_type_str(a)}: its size is "
+                              f"{a.shape[bad[0]]}, not 1.", op="squeeze")
+    return reshape(a, tuple(d for i, d in enumerate(a.shape) if i not in axes))
+
+
+def concatenate(arrays: _Sequence, axis: int | None = 0):
+    """Joins arrays along an existing axis (`axis=None` flattens them first)."""
+    arrays = [_as_array(x, "concatenate") for x in arrays]
+    if not arrays:
+        raise _ShapeError("needs at least one array.", op="concatenate")
+    if axis is None:
+        arrays, axis = [ravel(x) for x in arrays], 0
+    dt = _result_type(*arrays, op="concatenate")
+    arrays = [_convert(x, dt) for x in arrays]
+    if len(arrays) == 1:
+        return arrays[0]
+    return _P.concatenate_p.bind(*arrays, axis=_normalize_axis(axis, arrays[0].ndim,
+                                                                "concatenate"))
+
+
+def stack(arrays: _Sequence, axis: int = 0):
+    """Joins same-shape arrays along a new axis."""
+    arrays = [_as_array(x, "stack") for x in arrays]
+    if not arrays:
+        raise _ShapeError("needs at least one array.", op="stack")
+    shapes = {tuple(x.shape) for x in arrays}
+    if len(shapes) != 1:
+        raise _ShapeError(f"all arrays must have the same shape, got "
+                          f"{', '.join(_type_str(x) for x in arrays)}.", op="stack")
+    axis = _normalize_axis(axis, arrays[0].ndim + 1, "stack")
+    return concatenate([expand_dims(x, axis) for x in arrays], axis=axis)
+
+
+def _pad_widths(pad_width, ndim: int) -> tuple[tuple[int, int], ...]:
+    w = _np.asarray(pad_width, dtype=object)
+    if w.ndim == 0:
+        pairs = [(int(pad_width), int(pad_width))] * ndim
+    elif w.ndim == 1 and len(w) == 1:
+        pairs = [(int(w[0]), int(w[0]))] * ndim
+    elif w.ndim == 1 and len(w) == 2:
+        pairs = [(int(w[0]), int(w[1]))] * ndim
+    elif w.ndim == 2 and w.shape[1] == 2 and w.shape[0] in (1, ndim):
+        pairs = [(int(a), int(b)) for a, b in w] * (ndim if w.shape[0] == 1 else 1)
+    else:
+        raise _ShapeError(f"cannot use pad_width {pad_width!r} for an array of {ndim} "
+                          "dimensions.", op="pad")
+    return tuple(pairs)
+
+
+def pad(array, pad_width, mode: str = "constant", constant_values=0):
+    """Constant padding (`mode='constant'` only), NumPy's `pad_width` forms."""
+    if mode != "constant":
+        from .errors import NotSupportedError
+
+        raise NotSupportedError(f"mode={mode!r}; only 'constant' is supported.", op="pad")
+    array = _as_array(array, "pad")
+    if isinstance(constant_values, _Tracer) or _np.ndim(constant_values) != 0:
+        raise _ShapeError("`constant_values` must be a static scalar.", op="pad")
+    widths = _pad_widths(pad_width, array.ndim)
+    value = _np.asarray(constant_values).astype(_dtype(array)).item()
+    return _P.pad_p.bind(array, widths=widths, value=value)
+
+
+def roll(a, shift, axis=None):
+    """Elements shifted cyclically along `axis` (the flattened array by default)."""
+    a = _as_array(a, "roll")
+    if axis is None:
+        return reshape(roll(ravel(a), shift, 0), a.shape)
+    axes = (axis,) if isinstance(axis, (int, _np.integer)) else tuple(axis)
+    shifts = (shift,) * len(axes) if isinstance(shift, (int, _np.integer)) else tuple(shift)
+    if len(shifts) != len(axes):
+        raise _ShapeError(f"`shift` {shift} and `axis` {axis} differ in length.", op="roll")
+    axes = tuple(_normalize_axis(x, a.ndim, "roll") for x in axes)
+    return _P.roll_p.bind(a, shifts=tuple(int(s) for s in shifts), axes=axes)
+
+
+def diff(a, n: int = 1, axis: int = -1):
+    """The `n`-th forward difference along `axis`."""
+    a = _as_array(a, "diff")
+    if n < 0:
+        raise _ShapeError(f"order `n` must be non-negative, got {n}.", op="diff")
+    axis = _normalize_axis(axis, a.ndim, "diff")
+    hi = tuple(slice(1, None) if i == axis else slice(None) for i in range(a.ndim))
+    lo = tuple(slice(None, -1) if i == axis else slice(None) for i in range(a.ndim))
+    for _ in range(n):
+        a = subtract(_getitem(a, hi), _getitem(a, lo)) if a.dtype != _np.bool_ \
+            else not_equal(_getitem(a, hi), _getitem(a, lo))
+    return a
+
+
+# ---------------------------------------------------------------------------
+# creation
+
+def _shape_tuple(shape) -> tuple[int, ...]:
+    return (int(shape),) if isinstance(shape, (int, _np.integer)) else tuple(int(d) for d in shape)
+
+
+def full(shape, fill_value, dtype=None):
+    """An array of `shape` filled with `fill_value` (which may be traced)."""
+    shape = _shape_tuple(shape)
+    fill_value = _operand(fill_value, "full")
+    dtype = _canonical_dtype(dtype) or _dtype(fill_value)
+    if isinstance(fill_value, (_Tracer, _jax.Array)) or _np.ndim(fill_value) != 0:
+        return broadcast_to(_convert(fill_value, dtype), shape)
+    value = _np.asarray(fill_value).astype(dtype).item()
+    return _P.full_p.bind(shape=shape, dtype=dtype, value=value)
+
+
+def zeros(shape, dtype=float):
+    return full(shape, 0, dtype)
+
+
+def ones(shape, dtype=float):
+    return full(shape, 1, dtype)
+
+
+def full_like(a, fill_value, dtype=None, shape=None):
+    a = _as_array(a, "full_like")
+    return full(a.shape if shape is None else shape, fill_value,
+                _canonical_dtype(dtype) or _dtype(a))
+
+
+def zeros_like(a, dtype=None, shape=None):
+    return full_like(a, 0, dtype, shape)
+
+
+def ones_like(a, dtype=None, shape=None):
+    return full_like(a, 1, dtype, shape)
+
+
+def _static_number(x, op: str, what: str):
+    if isinstance(x, _Tracer):
+        from .errors import TracerError
+
+        raise TracerError(f"`{what}` must be a static number, got a traced value "
+                          f"{x.type.str_short()}.", op=op)
+    x = x.item() if isinstance(x, (_np.generic, _np.ndarray)) else x
+    if not isinstance(x, (int, float, complex)):
+        raise _DTypeError(f"`{what}` must be a number, got {x!r}.", op=op)
+    return x
+
+
+def arange(start, stop=None, step=None, dtype=None):
+    """Evenly spaced values in [start, stop) with static bounds."""
+    if stop is None:
+        start, stop = 0, start
+    step = 1 if step is None else step
+    start, stop, step = (_static_number(v, "arange", n) for v, n in
+                         ((start, "start"), (stop, "stop"), (step, "step")))
+    dtype = _canonical_dtype(dtype) or _np.arange(start, start, step).dtype
+    return _P.arange_p.bind(start=start, stop=stop, step=step, dtype=dtype)
+
+
+def linspace(start, stop, num: int = 50, endpoint: bool = True, dtype=None):
+    """`num` evenly spaced values from `start` to `stop` (static bounds)."""
+    start = _static_number(start, "linspace", "start")
+    stop = _static_number(stop, "linspace", "stop")
+    dtype = _canonical_dtype(dtype) or _np.result_type(start, stop, float(num))
+    return _P.linspace_p.bind(start=start, stop=stop, num=int(num), endpoint=bool(endpoint),
+                              dtype=dtype)
+
+
+def eye(N: int, M: int | None = None, k: int = 0, dtype=float):
+    """An `N x M` array with ones on the `k`-th diagonal."""
+    return _P.eye_p.bind(n=int(N), m=int(N if M is None else M), k=int(k),
+                         dtype=_np.dtype(dtype))
+
+
+def asarray(a, dtype=None):
+    """`a` as an array (a list of traced values is stacked)."""
+    a = _as_array(a, "asarray")
+    return a if dtype is None else _convert(a, dtype)
+
+
+array = asarray
+
+
+# ---------------------------------------------------------------------------
+# contractions
+
+def matmul(a, b):
+    """NumPy's `a @ b`: matrix product with batch broadcasting."""
+    a, b = _as_array(a, "matmul"), _as_array(b, "matmul")
+    dt = _result_type(a, b, op="matmul")
+    return _P.matmul_p.bind(_convert(a, dt), _convert(b, dt))
+
+
+def _letters(n: int, skip: str = "") -> str:
+    return "".join(c for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                   if c not in skip)[:n]
+
+
+def einsum(subscripts: str, *operands):
+    """Einstein summation over `operands` (explicit or implicit form, no `...`)."""
+    spec = subscripts.replace(" ", "")
+    if "..." in spec:
+        from .errors import NotSupportedError
+
+        raise NotSupportedError("ellipsis (`...`) subscripts are not supported; name "
+                                "every axis.", op="einsum")
+    if "->" not in spec:
+        letters = spec.replace(",", "")
+        spec = spec + "->" + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    ops = [_as_array(x, "einsum") for x in operands]
+    dt = _result_type(*ops, op="einsum")
+    return _P.einsum_p.bind(*(_convert(x, dt) for x in ops), spec=spec)
+
+
+def tensordot(a, b, axes=2):
+    """Sum of products over the given axes of `a` and `b`."""
+    a, b = _as_array(a, "tensordot"), _as_array(b, "tensordot")
+    if isinstance(axes, (int, _np.integer)):
+        ax_a = tuple(range(a.ndim - int(axes), a.ndim))
+        ax_b = tuple(range(int(axes)))
+    else:
+        ax_a, ax_b = axes
+        ax_a = (ax_a,) if isinstance(ax_a, (int, _np.integer)) else tuple(ax_a)
+        ax_b = (ax_b,) if isinstance(ax_b, (int, _np.integer)) else tuple(ax_b)
+    ax_a = _normalize_axes(ax_a, a.ndim, "tensordot")
+    ax_b = _normalize_axes(ax_b, b.ndim, "tensordot")
+    if len(ax_a) != len(ax_b):
+        raise _ShapeError(f"axes {ax_a} and {ax_b} differ in number.", op="tensordot")
+    la = _letters(a.ndim)
+    lb = list(_letters(b.ndim, la))
+    for i, j in zip(ax_a, ax_b):
+        lb[j] = la[i]
+    lb = "".join(lb)
+    out = "".join(c for i, c in enumerate(la) if i not in ax_a) + \
+        "".join(c for j, c in enumerate(lb) if j not in ax_b)
+    return einsum(f"{la},{lb}->{out}", a, b)
+
+
+def dot(a, b):
+    """NumPy's `dot`: products of scalars, vectors and matrices; for N-D,
+    a sum over the last axis of `a` and the second-to-last of `b`."""
+    a, b = _as_array(a, "dot"), _as_array(b, "dot")
+    if a.ndim == 0 or b.ndim == 0:
+        return multiply(a, b)
+    if a.ndim <= 2 and b.ndim <= 2:
+        return matmul(a, b)
+    return tensordot(a, b, axes=((a.ndim - 1,), (_builtins.max(b.ndim - 2, 0),)))
+
+
+def vdot(a, b):
+    """The dot product of flattened `a` and `b`, conjugating `a`."""
+    return einsum("i,i->", conj(ravel(_as_array(a, "vdot"))), ravel(_as_array(b, "vdot")))
+
+
+def inner(a, b):
+    """Sum of products over the last axes of `a` and `b`."""
+    a, b = _as_array(a, "inner"), _as_array(b, "inner")
+    if a.ndim == 0 or b.ndim == 0:
+        return multiply(a, b)
+    return tensordot(a, b, axes=((a.ndim - 1,), (b.ndim - 1,)))
+
+
+def outer(a, b):
+    """The outer product of flattened `a` and `b`."""
+    return einsum("i,j->ij", ravel(_as_array(a, "outer")), ravel(_as_array(b, "outer")))
+
+
+# ---------------------------------------------------------------------------
+# indexing
+
+def _getitem(x, idx):
+    x = _as_array(x, "getitem")
+    if isinstance(idx, _Tracer) or (isinstance(idx, tuple) and _builtins.any(
+            isinstance(i, _Tracer) for i in idx)):
+        from .errors import IndexingError
+
+        raise IndexingError("indexing with a traced value is not supported: only static "
+                            "ints, slices, None and `...`.", op="getitem")
+    index = _P.normalize_index(idx, tuple(x.shape))
+    if _builtins.all(isinstance(it, tuple) and it[0] == 0 and it[1] == d and it[2] == 1
+                     for it, d in zip(index.items, x.shape)) and len(index.items) == x.ndim:
+        return x
+    return _P.getitem_p.bind(x, index=index)
+
+
+class _IndexUpdate:
+    """`x.at[idx]`: functional updates `set(v)` and `add(v)`."""
+
+    __slots__ = ("x", "idx")
+
+    def __init__(self, x, idx):
+        self.x, self.idx = x, idx
+
+    def _update(self, prim, v, op):
+        x = self.x
+        index = _P.normalize_index(self.idx, tuple(x.shape), op)
+        target = index.out_shape(tuple(x.shape))
+        v = broadcast_to(_convert(_as_array(v, op), x.dtype), target)
+        return prim.bind(x, v, index=index)
+
+    def set(self, values):
+        """A copy of `x` with `x[idx] = values`."""
+        return self._update(_P.index_set_p, values, "index_set")
+
+    def add(self, values):
+        """A copy of `x` with `x[idx] += values`."""
+        return self._update(_P.index_add_p, values, "index_add")
+
+    def get(self):
+        return _getitem(self.x, self.idx)
+
+
+class _At:
+    __slots__ = ("x",)
+
+    def __init__(self, x):
+        self.x = x
+
+    def __getitem__(self, idx):
+        return _IndexUpdate(self.x, idx)
+
+
+# ---------------------------------------------------------------------------
+# methods and operators of traced values
+
+def _swap(f):
+    return lambda self, other: f(other, self)
+
+
+def _install_tracer_methods() -> None:
+    T = _Tracer
+    ops: dict[str, _Any] = {
+        "__add__": add, "__radd__": _swap(add),
+        "__sub__": subtract, "__rsub__": _swap(subtract),
+        "__mul__": multiply, "__rmul__": _swap(multiply),
+        "__truediv__": divide, "__rtruediv__": _swap(divide),
+        "__floordiv__": floor_divide, "__rfloordiv__": _swap(floor_divide),
+        "__mod__": remainder, "__rmod__": _swap(remainder),
+        "__pow__": power, "__rpow__": _swap(power),
+        "__matmul__": matmul, "__rmatmul__": _swap(matmul),
+        "__lt__": less, "__le__": less_equal, "__gt__": greater, "__ge__": greater_equal,
+        "__eq__": equal, "__ne__": not_equal,
+        "__and__": logical_and, "__rand__": _swap(logical_and),
+        "__or__": logical_or, "__ror__": _swap(logical_or),
+        "__invert__": logical_not,
+        "__neg__": negative, "__pos__": lambda self: self, "__abs__": abs,
+        "__getitem__": _getitem,
+        "sum": sum, "mean": mean, "max": max, "min": min, "prod": prod,
+        "ravel": ravel, "flatten": ravel, "squeeze": squeeze, "astype": astype,
+        "conj": conj, "conjugate": conj, "dot": dot, "swapaxes": swapaxes,
+        "reshape": lambda self, *shape, **kw: reshape(
+            self, shape[0] if len(shape) == 1 else shape, **kw),
+        "transpose": lambda self, *axes: transpose(
+            self, None if not axes else axes[0] if len(axes) == 1 and
+            not isinstance(axes[0], (int, _np.integer)) else axes),
+    }
+    for name, fn in ops.items():
+        setattr(T, name, fn)
+    T.T = property(lambda self: transpose(self))
+    T.mT = property(lambda self: swapaxes(self, -1, -2))
+    T.real = property(real)
+    T.imag = property(imag)
+    T.at = property(_At)
+
+
+_install_tracer_methods()
+

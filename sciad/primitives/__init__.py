@@ -1,0 +1,31 @@
+"""The built-in primitives, one module per family, each rule beside its op."""
+
+from . import _call, _contract, _creation, _elementwise, _indexing, _reduce, _shape
+from ._call import call as call, call_p as call_p
+from ._contract import einsum_p as einsum_p, matmul_p as matmul_p, parse_spec as parse_spec
+from ._creation import arange_p as arange_p, eye_p as eye_p, full_p as full_p
+from ._creation import linspace_p as linspace_p
+from ._elementwise import (
+    binary_primitives as binary_primitives,
+    convert_p as convert_p,
+    select_p as select_p,
+    unary_primitives as unary_primitives,
+)
+from ._indexing import (
+    StaticIndex as StaticIndex,
+    getitem_p as getitem_p,
+    index_add_p as index_add_p,
+    index_set_p as index_set_p,
+    normalize_index as normalize_index,
+)
+from ._reduce import reduce_primitives as reduce_primitives
+from ._shape import (
+    broadcast_to_p as broadcast_to_p,
+    concatenate_p as concatenate_p,
+    pad_p as pad_p,
+    reshape_p as reshape_p,
+    roll_p as roll_p,
+    transpose_p as transpose_p,
+)
+
+del _call, _contract, _creation, _elementwise, _indexing, _reduce, _shape

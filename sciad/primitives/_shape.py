@@ -1,0 +1,135 @@
+"""Structural primitives: `reshape`, `transpose`, `broadcast_to`,
+`concatenate`, `pad`, `roll`. All are linear in their array operands."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import ShapeError
+from ..graph import Primitive, TensorType
+from ._util import normalize_axis, same_dtype, tensor
+
+reshape_p = Primitive("reshape")
+
+
+@reshape_p.def_abstract_eval
+def _reshape_shape(x, *, shape):
+    x = tensor(x, "reshape")
+    shape = tuple(shape)
+    if any(not isinstance(d, int) or d < 0 for d in shape):
+        raise ShapeError(f"`shape` must be non-negative ints, got {shape}.", op="reshape")
+    size = int(np.prod(shape, dtype=np.int64))
+    if size != x.size:
+        raise ShapeError(f"cannot reshape {x.str_short()} ({x.size} elements) into shape "
+                         f"{shape} ({size} elements).", op="reshape")
+    return TensorType(shape, x.dtype)
+
+
+@reshape_p.def_impl
+def _reshape_impl(x, *, shape):
+    return jnp.reshape(x, shape)
+
+
+transpose_p = Primitive("transpose")
+
+
+@transpose_p.def_abstract_eval
+def _transpose_shape(x, *, perm):
+    x = tensor(x, "transpose")
+    if sorted(perm) != list(range(x.ndim)):
+        raise ShapeError(f"`perm` {perm} is not a permutation of the {x.ndim} axes of "
+                         f"{x.str_short()}.", op="transpose")
+    return TensorType(tuple(x.shape[p] for p in perm), x.dtype)
+
+
+@transpose_p.def_impl
+def _transpose_impl(x, *, perm):
+    return jnp.transpose(x, perm)
+
+
+broadcast_to_p = Primitive("broadcast_to")
+
+
+@broadcast_to_p.def_abstract_eval
+def _broadcast_to_shape(x, *, shape):
+    x = tensor(x, "broadcast_to")
+    shape = tuple(shape)
+    ok = len(shape) >= x.ndim and all(
+        d == 1 or d == s for d, s in zip(x.shape[::-1], shape[::-1]))
+    if not ok:
+        raise ShapeError(f"cannot broadcast {x.str_short()} to shape {shape}.",
+                         op="broadcast_to")
+    return TensorType(shape, x.dtype)
+
+
+@broadcast_to_p.def_impl
+def _broadcast_to_impl(x, *, shape):
+    return jnp.broadcast_to(x, shape)
+
+
+concatenate_p = Primitive("concatenate")
+
+
+@concatenate_p.def_abstract_eval
+def _concatenate_shape(*xs, axis):
+    if not xs:
+        raise ShapeError("needs at least one array.", op="concatenate")
+    xs = [tensor(x, "concatenate") for x in xs]
+    dtype = same_dtype(xs, "concatenate")
+    nd = xs[0].ndim
+    if nd == 0:
+        raise ShapeError("zero-dimensional arrays cannot be concatenated.",
+                         op="concatenate")
+    axis = normalize_axis(axis, nd, "concatenate")
+    for x in xs[1:]:
+        if x.ndim != nd or any(a != b for i, (a, b) in enumerate(zip(x.shape, xs[0].shape))
+                               if i != axis):
+            raise ShapeError(
+                f"all arrays must match except along axis {axis}, got "
+                f"{', '.join(t.str_short() for t in xs)}.", op="concatenate")
+    shape = list(xs[0].shape)
+    shape[axis] = sum(x.shape[axis] for x in xs)
+    return TensorType(tuple(shape), dtype)
+
+
+@concatenate_p.def_impl
+def _concatenate_impl(*xs, axis):
+    return jnp.concatenate(xs, axis=axis)
+
+
+# `pad(x, widths=((lo, hi), ...), value=c)`: constant padding.
+pad_p = Primitive("pad")
+
+
+@pad_p.def_abstract_eval
+def _pad_shape(x, *, widths, value):
+    x = tensor(x, "pad")
+    if len(widths) != x.ndim or any(len(w) != 2 or min(w) < 0 for w in widths):
+        raise ShapeError(f"`widths` needs one non-negative (before, after) pair per axis "
+                         f"of {x.str_short()}, got {widths}.", op="pad")
+    return TensorType(tuple(d + lo + hi for d, (lo, hi) in zip(x.shape, widths)), x.dtype)
+
+
+@pad_p.def_impl
+def _pad_impl(x, *, widths, value):
+    return jnp.pad(x, widths, mode="constant", constant_values=value)
+
+
+# `roll(x, shifts=(...), axes=(...))`: NumPy's roll along the given axes.
+roll_p = Primitive("roll")
+
+
+@roll_p.def_abstract_eval
+def _roll_shape(x, *, shifts, axes):
+    x = tensor(x, "roll")
+    if len(shifts) != len(axes):
+        raise ShapeError(f"`shifts` {shifts} and `axes` {axes} differ in length.", op="roll")
+    for a in axes:
+        normalize_axis(a, x.ndim, "roll")
+    return x.update()
+
+
+@roll_p.def_impl
+def _roll_impl(x, *, shifts, axes):
+    return jnp.roll(x, shifts, axes)

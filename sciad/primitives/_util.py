@@ -1,0 +1,70 @@
+"""Shared pieces of the shape rules: broadcasting, dtype checks, axes."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import DTypeError, ShapeError
+from ..graph import TensorType
+
+
+def tensor(t, op: str, what: str = "operand") -> TensorType:
+    if not isinstance(t, TensorType):
+        raise DTypeError(f"{what} must be a dense array, got {t}.", op=op)
+    return t
+
+
+def broadcast_shapes(shapes: Sequence[tuple[int, ...]], op: str,
+                     types: Sequence[TensorType] | None = None) -> tuple[int, ...]:
+    """NumPy broadcasting of `shapes`, or a `ShapeError` naming both sides."""
+    ndim = max((len(s) for s in shapes), default=0)
+    out = []
+    for k in range(ndim):
+        dim = 1
+        for s in shapes:
+            d = s[k - ndim + len(s)] if k - ndim + len(s) >= 0 else 1
+            if d != 1:
+                if dim != 1 and d != dim:
+                    shown = ", ".join(t.str_short() for t in types) if types else \
+                        ", ".join(map(str, shapes))
+                    raise ShapeError(
+                        f"operands {shown} cannot be broadcast together: axis "
+                        f"{k - ndim} has sizes {dim} and {d}.", op=op)
+                dim = d
+        out.append(dim)
+    return tuple(out)
+
+
+def same_dtype(types: Sequence[TensorType], op: str) -> np.dtype:
+    dtypes = {t.dtype for t in types}
+    if len(dtypes) > 1:
+        raise DTypeError(
+            f"operands must share one dtype, got "
+            f"{', '.join(t.str_short() for t in types)}. (`sciad.numpy` promotes for "
+            "you; direct primitive calls must convert first.)", op=op)
+    return types[0].dtype
+
+
+def normalize_axis(axis: int, ndim: int, op: str) -> int:
+    axis = int(axis)
+    if not -ndim <= axis < ndim:
+        raise ShapeError(f"axis {axis} is out of bounds for an array of {ndim} "
+                         f"dimension{'s' if ndim != 1 else ''}.", op=op)
+    return axis % ndim if ndim else 0
+
+
+def normalize_axes(axes, ndim: int, op: str) -> tuple[int, ...]:
+    if axes is None:
+        return tuple(range(ndim))
+    if isinstance(axes, (int, np.integer)):
+        axes = (axes,)
+    out = tuple(normalize_axis(a, ndim, op) for a in axes)
+    if len(set(out)) != len(out):
+        raise ShapeError(f"repeated axis in {tuple(axes)}.", op=op)
+    return out
+
+
+def is_float_or_complex(dtype: np.dtype) -> bool:
+    return dtype.kind in "fc"
