@@ -832,3 +832,16 @@ def _install_tracer_methods() -> None:
 
 _install_tracer_methods()
 
+
+def _install_numpy_dispatch() -> None:
+    from .graph._trace import _numpy_dispatch
+
+    names = {k: v for k, v in globals().items() if callable(v) and not k.startswith("_")
+             and getattr(v, "__module__", None) == __name__}
+    # NumPy's ufunc names that differ from the functions' public names
+    names.update(absolute=abs, conjugate=conj, true_divide=divide, amax=max, amin=min)
+    _numpy_dispatch.update(names)
+
+
+_install_numpy_dispatch()
+

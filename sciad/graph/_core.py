@@ -204,7 +204,7 @@ class Primitive:
                 op="primitive")
         self.name = name
         self.multiple_results = bool(multiple_results)
-        self.defined_at = _source or user_source(2) or _definition_site(2)
+        self.defined_at = _source or _definition_site()
         self.impl_rule: Callable | None = None
         self.abstract_eval_rule: Callable | None = None
         self.jvp_rule: Callable | None = None
@@ -283,10 +283,15 @@ class Primitive:
         return f"Primitive({self.name!r}, rules=[{', '.join(self.rules)}])"
 
 
-def _definition_site(skip: int) -> SourceInfo | None:
+def _definition_site() -> SourceInfo | None:
+    """The frame that created a primitive: the first one outside this module."""
     import sys
 
-    frame = sys._getframe(skip)
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    if frame is None:
+        return None
     return SourceInfo(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
 

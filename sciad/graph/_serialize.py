@@ -38,8 +38,8 @@ def register_param_type(cls: type, tag: str, encode: Callable[[Any], Any],
 
 
 def _encode_array(a: np.ndarray) -> dict:
-    a = np.ascontiguousarray(a)
-    data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+    a = np.asarray(a)  # (not ascontiguousarray: it makes 0-d arrays 1-d)
+    data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes(order="C")
     return {"dtype": a.dtype.name, "shape": list(a.shape),
             "data": base64.b64encode(data).decode("ascii")}
 

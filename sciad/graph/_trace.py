@@ -111,7 +111,6 @@ class Tracer:
 
     __slots__ = ("_builder", "_var")
     __array_priority__ = 1000
-    __array_ufunc__ = None  # NumPy defers binary operators to us
 
     def __init__(self, builder: GraphBuilder, var: Var):
         self._builder = builder
@@ -174,6 +173,27 @@ class Tracer:
     def __index__(self):
         self._concrete("using it as an index")
 
+    # NumPy's dispatch protocols (NEP 13, NEP 18): `np.sin(x)`, `np.sum(x)` and
+    # `ndarray * x` on a traced `x` run the `sciad.numpy` function of that name.
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        fn = _numpy_dispatch.get(ufunc.__name__) if method == "__call__" else None
+        if fn is None or "out" in kwargs:
+            self._no_numpy(f"numpy.{ufunc.__name__}" + ("" if method == "__call__"
+                                                        else f".{method}"))
+        return fn(*inputs, **kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        fn = _numpy_dispatch.get(func.__name__)
+        if fn is None:
+            self._no_numpy(f"numpy.{func.__name__}")
+        return fn(*args, **kwargs)
+
+    def _no_numpy(self, what: str):
+        raise TracerError(
+            f"{what} has no sciad equivalent, so it cannot take a traced value "
+            f"{self._var.type.str_short()}. Use `sciad.numpy` (snp) functions inside "
+            "traced functions.", op="trace", source=user_source())
+
     def __array__(self, *args, **kwargs):
         raise TracerError(
             f"a traced value {self._var.type.str_short()} cannot be converted to a "
@@ -181,6 +201,10 @@ class Tracer:
             "inside traced functions.", op="trace", source=user_source())
 
     __hash__ = None  # `==` builds a graph node, so tracers are unhashable
+
+
+# numpy function/ufunc name -> sciad.numpy function; filled by sciad.numpy
+_numpy_dispatch: dict[str, Callable] = {}
 
 
 def _check_params(prim: Primitive, params: dict) -> None:
@@ -268,10 +292,8 @@ def _arg_names(fn: Callable, n: int) -> list[str]:
 def _leaf_type(x, where: str) -> AbstractType:
     if isinstance(x, AbstractType):
         return x
-    if isinstance(x, Tracer):
-        raise TracerError(
-            f"{where} is already a traced value; call the function directly "
-            "instead of tracing it again.", op="trace")
+    if isinstance(x, Tracer):  # tracing a body inside another trace: its type
+        return x.type
     if isinstance(x, jax.ShapeDtypeStruct):
         return TensorType(x.shape, x.dtype)
     if isinstance(x, (bool, int, float, complex, np.ndarray, np.generic, jax.Array)):

@@ -1,0 +1,411 @@
+"""sciad's overhead over plain JAX: steady-state calls and graph build time.
+
+Run from the repository root:
+
+    .venv/bin/python bench/overhead.py             # full run (~1-2 min on 2 cores)
+    .venv/bin/python bench/overhead.py --quick     # smoke check
+    .venv/bin/python bench/overhead.py --repeats 41
+
+What it measures, in two float64 configurations:
+
+- `global`: `jax.config.update("jax_enable_x64", True)` at start-up (typical for
+  scientific users); sciad skips its x64 scope.
+- `scoped`: x64 off globally. Each `sd.function` call enters sciad's scoped
+  `jax.enable_x64(True)`; the JAX baseline runs its timing loop inside one
+  `with jax.enable_x64(True):` block, so both compute in float64. Global x64
+  cannot be switched off once on, so this configuration runs in a subprocess
+  of this script (`--x64=scoped --json`).
+
+1. Steady-state call time of `sd.function(f)` vs `jax.jit(f_jnp)`:
+   (a) a 5-op function on shape-(8,) arrays (dispatch overhead), and
+   (b) a 10-op elementwise chain on a 1e6-element float64 vector.
+   Both get the same JAX device arrays; every output is block_until_ready'd.
+   Batches of N calls alternate sciad / JAX (the order flips every repeat); the
+   table shows the median per-call time over the repeats and the ratio of the
+   medians (target <= 1.10).
+2. For a ~1,000-node graph: `sd.trace`, `sciad.graph.verify`, and lowering to
+   StableHLO (`jax.jit(sciad.graph.lower(g)).lower(*args)` in the x64 scope),
+   median of a few repeats, and their total (target < 0.5 s); XLA's compile
+   time of the lowered module is shown for information.
+
+The Markdown table goes to stdout and to bench/results/overhead.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results", "overhead.md")
+
+RATIO_TARGET = 1.10
+BUILD_TARGET_S = 0.5
+CHAIN_NODES = 1000
+
+# (calls per batch, repeats) for the full run; --quick divides both.
+TINY_N, TINY_R = 2000, 25
+BIG_N, BIG_R = 4, 15
+
+
+# ---------------------------------------------------------------------------
+# the functions under test (sciad and jax.numpy versions of the same code)
+
+def tiny_sd(x, y):  # 5 ops
+    import sciad.numpy as snp
+
+    a = snp.sin(x)
+    b = a * y
+    c = b + x
+    d = snp.exp(c)
+    return d - y
+
+
+def tiny_jnp(x, y):
+    import jax.numpy as jnp
+
+    a = jnp.sin(x)
+    b = a * y
+    c = b + x
+    d = jnp.exp(c)
+    return d - y
+
+
+def _chain(np_):
+    def f(x, y):  # 10 elementwise ops
+        a = np_.sin(x)
+        b = a * y
+        c = np_.exp(b)
+        d = c + x
+        e = np_.tanh(d)
+        g = e * 0.5
+        h = np_.cos(g)
+        i = h - y
+        j = i * i
+        return np_.sqrt(j + 1.0)
+    return f
+
+
+def big_sd(x, y):
+    import sciad.numpy as snp
+
+    return _chain(snp)(x, y)
+
+
+def big_jnp(x, y):
+    import jax.numpy as jnp
+
+    return _chain(jnp)(x, y)
+
+
+def long_chain(x, y):
+    """CHAIN_NODES elementwise nodes on (64,) vectors (one node per step)."""
+    import sciad.numpy as snp
+
+    steps = (
+        snp.sin,
+        lambda v: v * y,
+        snp.tanh,
+        lambda v: v + 0.25,
+        snp.cos,
+        lambda v: v - y,
+        lambda v: v * 0.5,
+        snp.exp,
+    )
+    for i in range(CHAIN_NODES):
+        x = steps[i % len(steps)](x)
+    return x
+
+
+# ---------------------------------------------------------------------------
+# measurement (runs in the configured process)
+
+def _batch(fn, args, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn(*args).block_until_ready()
+    return time.perf_counter() - t0
+
+
+def _interleaved(sd_fn, jax_fn, args, n: int, repeats: int, scoped: bool) -> dict:
+    import jax
+
+    def run_jax(k):
+        if scoped:
+            with jax.enable_x64(True):
+                return _batch(jax_fn, args, k)
+        return _batch(jax_fn, args, k)
+
+    # warm up: compile both, then a few extra calls each
+    _batch(sd_fn, args, max(3, n // 10))
+    run_jax(max(3, n // 10))
+
+    sd_t, jx_t = [], []
+    gc.collect()
+    gc.disable()
+    try:
+        for r in range(repeats):
+            if r % 2 == 0:
+                sd_t.append(_batch(sd_fn, args, n) / n)
+                jx_t.append(run_jax(n) / n)
+            else:
+                jx_t.append(run_jax(n) / n)
+                sd_t.append(_batch(sd_fn, args, n) / n)
+    finally:
+        gc.enable()
+    pair = sorted(s / j for s, j in zip(sd_t, jx_t))
+    q = statistics.quantiles(pair, n=4) if len(pair) >= 2 else [pair[0]] * 3
+    sd_med, jx_med = statistics.median(sd_t), statistics.median(jx_t)
+    return {
+        "sd_us": sd_med * 1e6, "jax_us": jx_med * 1e6, "ratio": sd_med / jx_med,
+        "pair_q1": q[0], "pair_q3": q[2], "n": n, "repeats": repeats,
+    }
+
+
+def _check_same(sd_fn, jax_fn, args, scoped: bool) -> None:
+    import jax
+    import numpy as np
+
+    a = sd_fn(*args)
+    if scoped:
+        with jax.enable_x64(True):
+            b = jax_fn(*args)
+    else:
+        b = jax_fn(*args)
+    assert a.dtype == np.float64 and b.dtype == np.float64, (a.dtype, b.dtype)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-12)
+
+
+def _median_time(fn, repeats: int) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeats):
+        gc.collect()
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def _build_times(x, y, repeats: int, compile_repeats: int) -> dict:
+    import jax
+
+    import sciad as sd
+    import sciad.graph as sg
+    from sciad import config
+
+    t_trace, graph = _median_time(lambda: sd.trace(long_chain, x, y), repeats)
+    t_verify, _ = _median_time(lambda: sg.verify(graph), repeats)
+
+    def lower_once():
+        with config.x64_scope():
+            return jax.jit(sg.lower(graph)).lower(x, y)
+
+    t_lower, lowered = _median_time(lower_once, repeats)
+    assert "f64" in lowered.as_text()[:20000], "the lowered module is not float64"
+    t_compile, _ = _median_time(lambda: lowered.compile(), compile_repeats)
+    return {
+        "nodes": len(graph.nodes), "trace_s": t_trace, "verify_s": t_verify,
+        "lower_s": t_lower, "total_s": t_trace + t_verify + t_lower,
+        "compile_s": t_compile, "repeats": repeats, "compile_repeats": compile_repeats,
+    }
+
+
+def measure(mode: str, repeats: int | None, quick: bool) -> dict:
+    """All measurements for one x64 configuration ('global' or 'scoped')."""
+    import jax
+
+    if mode == "global":
+        jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp  # noqa: F401  (imported after the x64 switch)
+    import numpy as np
+
+    import sciad as sd
+
+    scoped = mode == "scoped"
+    assert bool(jax.config.jax_enable_x64) == (not scoped)
+    div = 5 if quick else 1
+    tiny_r = repeats or max(3, TINY_R // div)
+    big_r = repeats or max(3, BIG_R // div)
+
+    rng = np.random.default_rng(0)
+
+    def put(a):
+        # float64 device arrays, made once and shared by both sides
+        with jax.enable_x64(True):
+            arr = jax.device_put(a)
+        assert arr.dtype == np.float64
+        return arr
+
+    out = {"mode": mode}
+    cases = (
+        ("tiny", tiny_sd, tiny_jnp, 8, TINY_N // div, tiny_r),
+        ("big", big_sd, big_jnp, 1_000_000, max(2, BIG_N // (2 if quick else 1)), big_r),
+    )
+    for key, f_sd, f_jnp, size, n, r in cases:
+        args = (put(rng.standard_normal(size)), put(rng.standard_normal(size)))
+        sd_fn, jax_fn = sd.function(f_sd), jax.jit(f_jnp)
+        _check_same(sd_fn, jax_fn, args, scoped)
+        out[key] = _interleaved(sd_fn, jax_fn, args, n, r, scoped)
+        assert sd_fn.trace_count == 1, "sd.function re-traced in steady state"
+
+    x, y = put(rng.standard_normal(64)), put(rng.standard_normal(64))
+    out["build"] = _build_times(x, y, repeats=3 if quick else 5,
+                                compile_repeats=1 if quick else 3)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# report
+
+def _machine() -> dict:
+    import jax
+    import jaxlib
+    import numpy as np
+
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {
+        "cpus": os.cpu_count(), "usable_cpus": usable,
+        "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(), "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__, "numpy": np.__version__,
+        "device": str(jax.devices()[0]), "platform": platform.platform(),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def render(results: list[dict], machine: dict, argv: str) -> str:
+    ok = lambda b: "yes" if b else "**NO**"  # noqa: E731
+    lines = [
+        "# sciad overhead benchmark",
+        "",
+        f"`{argv}` — {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        "",
+        f"Machine: {machine['cpus']} CPUs ({machine['usable_cpus']} usable), "
+        f"{_cpu_model()}; {machine['platform']}; device {machine['device']}.  ",
+        f"Python {machine['python']}, jax {machine['jax']}, jaxlib {machine['jaxlib']}, "
+        f"numpy {machine['numpy']}.",
+        "",
+        "x64 `global`: `jax_enable_x64` on at start-up. x64 `scoped`: off globally; "
+        "sciad enters its scoped x64 per call, the JAX loop runs in one "
+        "`with jax.enable_x64(True):` block.",
+        "",
+        f"## Steady-state call time (target: sciad/JAX <= {RATIO_TARGET:.2f})",
+        "",
+        "| case | x64 | sciad µs/call | JAX µs/call | sciad/JAX | pairwise ratio IQR "
+        "| calls × repeats | target met |",
+        "|---|---|---:|---:|---:|---|---|---|",
+    ]
+    names = {"tiny": "(a) 5 ops, shape (8,)", "big": "(b) 10 ops, shape (1e6,)"}
+    for key in ("tiny", "big"):
+        for res in results:
+            m = res[key]
+            lines.append(
+                f"| {names[key]} | {res['mode']} | {m['sd_us']:.2f} | {m['jax_us']:.2f} "
+                f"| {m['ratio']:.3f} | {m['pair_q1']:.3f}–{m['pair_q3']:.3f} "
+                f"| {m['n']} × {m['repeats']} | {ok(m['ratio'] <= RATIO_TARGET)} |")
+    b0 = results[0]["build"]
+    lines += [
+        "",
+        f"## Building a {b0['nodes']}-node graph (target: trace + verify + lower "
+        f"< {BUILD_TARGET_S} s)",
+        "",
+        "| stage | " + " | ".join(f"x64 {r['mode']} (ms)" for r in results) + " |",
+        "|---|" + "---:|" * len(results),
+    ]
+    stages = (("`sd.trace`", "trace_s"), ("`sciad.graph.verify`", "verify_s"),
+              ("lower to StableHLO (`jax.jit(lower(g)).lower`)", "lower_s"),
+              ("**total**", "total_s"),
+              ("XLA compile (information)", "compile_s"))
+    for label, k in stages:
+        lines.append(f"| {label} | " + " | ".join(
+            f"{r['build'][k] * 1e3:.1f}" for r in results) + " |")
+    lines.append("| total < 0.5 s | " + " | ".join(
+        ok(r["build"]["total_s"] < BUILD_TARGET_S) for r in results) + " |")
+    lines += [
+        "",
+        f"Medians of {b0['repeats']} repeats (compile: {b0['compile_repeats']}).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _write(text: str) -> None:
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    tmp = RESULTS + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, RESULTS)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--repeats", type=int, default=None,
+                   help="interleaved repeats per case (default: 25 tiny, 15 big)")
+    p.add_argument("--quick", action="store_true", help="fewer repeats: a smoke check")
+    p.add_argument("--x64", choices=("both", "global", "scoped"), default="both",
+                   help="which float64 configuration(s) to measure (default: both)")
+    p.add_argument("--json", action="store_true",
+                   help="print this process's measurements as JSON (used by the parent)")
+    p.add_argument("--no-write", action="store_true",
+                   help="do not write bench/results/overhead.md")
+    args = p.parse_args(argv)
+    sys.path.insert(0, ROOT)
+
+    if args.json:
+        if args.x64 == "both":
+            p.error("--json measures one configuration: pass --x64=global or --x64=scoped")
+        print(json.dumps(measure(args.x64, args.repeats, args.quick)))
+        return 0
+
+    modes = ("global", "scoped") if args.x64 == "both" else (args.x64,)
+    results = []
+    for mode in modes:
+        # Each configuration in its own fresh process: global x64 cannot be
+        # turned off once on, and this keeps the two runs symmetric.
+        cmd = [sys.executable, os.path.abspath(__file__), f"--x64={mode}", "--json"]
+        if args.repeats:
+            cmd += ["--repeats", str(args.repeats)]
+        if args.quick:
+            cmd.append("--quick")
+        print(f"measuring x64={mode} ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        if proc.returncode != 0:
+            print(f"x64={mode} measurement failed (exit {proc.returncode})",
+                  file=sys.stderr)
+            return proc.returncode
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(f"  done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+    shown = " ".join(["bench/overhead.py"] + (argv if argv is not None else sys.argv[1:]))
+    text = render(results, _machine(), shown.strip())
+    print(text)
+    if not args.no_write:
+        _write(text)
+        print(f"(written to {os.path.relpath(RESULTS, os.getcwd())})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
