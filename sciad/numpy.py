@@ -120,12 +120,41 @@ def _unary(name: str, x):
         except Exception:
             raise _DTypeError(f"is not defined for {dt} operands.", op=name) from None
     elif dt.kind not in "fc":
-        dt = _np.dtype(_np.float64)
+        dt = _np.promote_types(dt, _np.float16)  # NumPy: uint8 -> float16, int64 -> float64
     return _P.unary_primitives[name].bind(_convert(x, dt))
+
+
+_COMPARISONS = {"eq", "ne", "lt", "le", "gt", "ge"}
+# `x op v` for an integer `v` above (True) or below (False) every value of x
+_OUT_OF_RANGE = {"eq": (False, False), "ne": (True, True), "lt": (True, False),
+                 "le": (True, False), "gt": (False, True), "ge": (False, True)}
+_MIRROR = {"eq": "eq", "ne": "ne", "lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
+
+
+def _out_of_range(v, dtype: _np.dtype) -> bool | None:
+    """For a Python int `v` and an integer `dtype`: True if v is above its
+    range, False if below, None if it fits (or does not apply)."""
+    if not (isinstance(v, int) and not isinstance(v, bool) and _is_weak(v)
+            and dtype.kind in "iu"):
+        return None
+    info = _np.iinfo(dtype)
+    return True if v > info.max else False if v < info.min else None
 
 
 def _binary(name: str, x, y):
     x, y = _operand(x, name), _operand(y, name)
+    for v, arr, op in ((y, x, name), (x, y, _MIRROR.get(name))):
+        if _is_weak(arr):
+            continue
+        above = _out_of_range(v, _dtype(arr))
+        if above is None:
+            continue
+        if name in _COMPARISONS:  # NumPy 2 compares with the exact Python value
+            value = _OUT_OF_RANGE[op][0 if above else 1]
+            return full_like(arr, value, dtype=_np.bool_)
+        raise _DTypeError(f"Python integer {v} is out of bounds for {_dtype(arr)} (NumPy "
+                          "raises OverflowError); convert the array to a wider dtype first.",
+                          op=name)
     common = _result_type(x, y, op=name)
     try:
         dt = _BINARY[name][1].resolve_dtypes((common, common, None))[0]
@@ -191,6 +220,10 @@ greater = _def_binary("gt", "greater")
 greater_equal = _def_binary("ge", "greater_equal")
 logical_and = _def_binary("logical_and", "logical_and")
 logical_or = _def_binary("logical_or", "logical_or")
+bitwise_and = _def_binary("bitwise_and", "bitwise_and")
+bitwise_or = _def_binary("bitwise_or", "bitwise_or")
+bitwise_xor = _def_binary("bitwise_xor", "bitwise_xor")
+invert = bitwise_not = _def_unary("invert", "invert")
 
 
 def real(val):
@@ -208,7 +241,10 @@ def imag(val):
 def conj(x):
     """The complex conjugate (the array itself for real input)."""
     x = _operand(x, "conj")
-    return _unary("conj", x) if _dtype(x).kind == "c" else x
+    if _dtype(x).kind == "c":
+        return _unary("conj", x)
+    out_dtype = _np.conjugate.resolve_dtypes((_dtype(x), None))[-1]  # bool -> int8
+    return x if out_dtype == _dtype(x) else _convert(x, out_dtype)
 
 
 conjugate = conj
@@ -217,7 +253,7 @@ conjugate = conj
 def angle(z, deg: bool = False):
     """The argument of complex `z` (0 or pi for real `z`), in radians or degrees."""
     out = _unary("angle", z)
-    return out * (180.0 / pi) if deg else out
+    return multiply(out, 180.0 / pi) if deg else out
 
 
 def where(condition, x=None, y=None):
@@ -620,7 +656,7 @@ def arange(start, stop=None, step=None, dtype=None):
     step = 1 if step is None else step
     start, stop, step = (_static_number(v, "arange", n) for v, n in
                          ((start, "start"), (stop, "stop"), (step, "step")))
-    dtype = _canonical_dtype(dtype) or _np.arange(start, start, step).dtype
+    dtype = _canonical_dtype(dtype) or _np.result_type(start, stop, step)
     return _P.arange_p.bind(start=start, stop=stop, step=step, dtype=dtype)
 
 
@@ -807,9 +843,10 @@ def _install_tracer_methods() -> None:
         "__matmul__": matmul, "__rmatmul__": _swap(matmul),
         "__lt__": less, "__le__": less_equal, "__gt__": greater, "__ge__": greater_equal,
         "__eq__": equal, "__ne__": not_equal,
-        "__and__": logical_and, "__rand__": _swap(logical_and),
-        "__or__": logical_or, "__ror__": _swap(logical_or),
-        "__invert__": logical_not,
+        "__and__": bitwise_and, "__rand__": _swap(bitwise_and),
+        "__or__": bitwise_or, "__ror__": _swap(bitwise_or),
+        "__xor__": bitwise_xor, "__rxor__": _swap(bitwise_xor),
+        "__invert__": invert,
         "__neg__": negative, "__pos__": lambda self: self, "__abs__": abs,
         "__getitem__": _getitem,
         "sum": sum, "mean": mean, "max": max, "min": min, "prod": prod,

@@ -29,7 +29,8 @@ def _unary_example(name):
     prim = sd.primitives.unary_primitives[name]
     arg = {"arcsin": _pos(3, 2), "arccos": _pos(3, 2), "log": _pos(3, 2),
            "log1p": _pos(3, 2), "sqrt": _pos(3, 2),
-           "logical_not": _f64(3, 2) > 0}.get(name, _f64(3, 2))
+           "logical_not": _f64(3, 2) > 0,
+           "invert": _R.integers(-9, 9, (3, 2))}.get(name, _f64(3, 2))
     if name in ("real", "imag", "conj", "angle"):
         arg = _c128(3, 2)
     return (lambda x: prim.bind(x)), (arg,)
@@ -42,6 +43,8 @@ def _binary_example(name):
         a = _pos(3, 1)
     if name in ("logical_and", "logical_or"):
         a, b = a > 0, b > 0
+    if name.startswith("bitwise_"):
+        a, b = _R.integers(-9, 9, (3, 1)), _R.integers(-9, 9, (4,))
     return (lambda x, y: prim.bind(x, y)), (a, b)
 
 

@@ -50,3 +50,14 @@ def user_source(skip: int = 1) -> SourceInfo | None:
             return SourceInfo(code.co_filename, frame.f_lineno, code.co_name)
         frame = frame.f_back
     return None
+
+
+def source_from_traceback(tb) -> SourceInfo | None:
+    """The innermost user frame of a traceback (where a user's call failed)."""
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not _is_internal(code.co_filename):
+            found = SourceInfo(code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    return found

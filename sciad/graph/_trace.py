@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import DTypeError, SciadError, ShapeError, TracerError
 from ._core import Graph, Literal, Node, Primitive, Var
-from ._source import user_source
+from ._source import source_from_traceback, user_source
 from ._types import AbstractType, TensorType
 
 
@@ -336,6 +336,10 @@ def trace_flat(fn: Callable, args: tuple, kwargs: dict | None = None, *,
     _state.stack.append(builder)
     try:
         out = fn(*full, **kw_tracers)
+    except SciadError as e:
+        # errors raised before a node was recorded (e.g. by sciad.numpy's
+        # argument checks) get the user's line from the traceback
+        raise e.with_source(source_from_traceback(e.__traceback__))
     finally:
         _state.stack.pop()
         builder.alive = False

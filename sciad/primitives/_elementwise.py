@@ -82,6 +82,7 @@ UNARY = {
     "conj": (jnp.conj, np.conjugate),
     "isfinite": (jnp.isfinite, np.isfinite),
     "logical_not": (jnp.logical_not, np.logical_not),
+    "invert": (jnp.invert, np.invert),
     "real": (jnp.real, _float_or_complex_rule("real")),
     "imag": (jnp.imag, _float_or_complex_rule("imag")),
     "angle": (jnp.angle, _float_or_complex_rule("angle")),
@@ -106,6 +107,9 @@ BINARY = {
     "ge": (jnp.greater_equal, np.greater_equal),
     "logical_and": (jnp.logical_and, np.logical_and),
     "logical_or": (jnp.logical_or, np.logical_or),
+    "bitwise_and": (jnp.bitwise_and, np.bitwise_and),
+    "bitwise_or": (jnp.bitwise_or, np.bitwise_or),
+    "bitwise_xor": (jnp.bitwise_xor, np.bitwise_xor),
 }
 
 # NumPy orders complex numbers lexicographically; XLA has no such order, so
@@ -150,7 +154,10 @@ def _make_binary(name: str, fn, ufunc) -> Primitive:
 
     @p.def_impl
     def _impl(x, y):
-        return fn(x, y)
+        out = fn(x, y)
+        if name in ("floor_divide", "remainder") and jnp.issubdtype(x.dtype, jnp.integer):
+            out = jnp.where(y == 0, jnp.zeros_like(out), out)  # NumPy: x // 0 == x % 0 == 0
+        return out
 
     return p
 

@@ -104,6 +104,8 @@ def normalize_index(idx, shape: tuple[int, ...], op: str = "getitem") -> StaticI
                 raise IndexingError("slice step cannot be zero.", op=op)
             start, stop, step = slice(*(None if p is None else int(p)
                                         for p in (i.start, i.stop, i.step))).indices(shape[k])
+            if not range(start, stop, step):  # canonical empty slice
+                start, stop, step = 0, 0, 1
             items.append((start, None if stop < 0 else stop, step))
             k += 1
         else:

@@ -40,6 +40,8 @@ def _make_reduce(name: str, fn) -> Primitive:
 
     @p.def_impl
     def _impl(x, *, axes):
+        if name in ("reduce_sum", "reduce_prod"):  # jnp would widen small ints
+            return fn(x, axis=axes, dtype=x.dtype)
         return fn(x, axis=axes)
 
     return p
