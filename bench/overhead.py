@@ -50,9 +50,10 @@ RESULTS = os.path.join(HERE, "results", "overhead.md")
 RATIO_TARGET = 1.10
 BUILD_TARGET_S = 0.5
 CHAIN_NODES = 1000
+_LOAD_AT_START = "n/a"
 
 # (calls per batch, repeats) for the full run; --quick divides both.
-TINY_N, TINY_R = 2000, 25
+TINY_N, TINY_R = 1000, 41
 BIG_N, BIG_R = 4, 15
 
 
@@ -135,38 +136,45 @@ def _batch(fn, args, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def _interleaved(sd_fn, jax_fn, args, n: int, repeats: int, scoped: bool) -> dict:
+def _interleaved(variants: dict, args, n: int, repeats: int) -> dict:
+    """Alternates batches of `n` calls of each variant; the order flips each repeat.
+
+    `variants` maps a name to `(fn, in_x64_block)`; `in_x64_block` runs the
+    batch inside one `with jax.enable_x64(True):` (the scoped JAX baseline).
+    Returns each variant's median seconds per call and its per-repeat times.
+    """
     import jax
 
-    def run_jax(k):
-        if scoped:
+    def run(fn, in_block, k):
+        if in_block:
             with jax.enable_x64(True):
-                return _batch(jax_fn, args, k)
-        return _batch(jax_fn, args, k)
+                return _batch(fn, args, k)
+        return _batch(fn, args, k)
 
-    # warm up: compile both, then a few extra calls each
-    _batch(sd_fn, args, max(3, n // 10))
-    run_jax(max(3, n // 10))
+    for fn, in_block in variants.values():  # warm up (all are compiled already)
+        run(fn, in_block, max(3, n // 10))
 
-    sd_t, jx_t = [], []
+    order = list(variants)
+    times: dict[str, list[float]] = {k: [] for k in order}
     gc.collect()
     gc.disable()
     try:
         for r in range(repeats):
-            if r % 2 == 0:
-                sd_t.append(_batch(sd_fn, args, n) / n)
-                jx_t.append(run_jax(n) / n)
-            else:
-                jx_t.append(run_jax(n) / n)
-                sd_t.append(_batch(sd_fn, args, n) / n)
+            for k in (order if r % 2 == 0 else order[::-1]):
+                fn, in_block = variants[k]
+                times[k].append(run(fn, in_block, n) / n)
     finally:
         gc.enable()
-    pair = sorted(s / j for s, j in zip(sd_t, jx_t))
+    return times
+
+
+def _summary(times: dict, name: str, base: str, n: int) -> dict:
+    pair = sorted(s / j for s, j in zip(times[name], times[base]))
     q = statistics.quantiles(pair, n=4) if len(pair) >= 2 else [pair[0]] * 3
-    sd_med, jx_med = statistics.median(sd_t), statistics.median(jx_t)
+    sd_med, jx_med = statistics.median(times[name]), statistics.median(times[base])
     return {
         "sd_us": sd_med * 1e6, "jax_us": jx_med * 1e6, "ratio": sd_med / jx_med,
-        "pair_q1": q[0], "pair_q3": q[2], "n": n, "repeats": repeats,
+        "pair_q1": q[0], "pair_q3": q[2], "n": n, "repeats": len(pair),
     }
 
 
@@ -210,7 +218,15 @@ def _build_times(x, y, repeats: int, compile_repeats: int) -> dict:
 
     t_lower, lowered = _median_time(lower_once, repeats)
     assert "f64" in lowered.as_text()[:20000], "the lowered module is not float64"
-    t_compile, _ = _median_time(lambda: lowered.compile(), compile_repeats)
+    # A `Lowered` caches its executable: compile a freshly lowered one each time.
+    compiles = []
+    for _ in range(compile_repeats):
+        fresh = lower_once()
+        gc.collect()
+        t0 = time.perf_counter()
+        fresh.compile()
+        compiles.append(time.perf_counter() - t0)
+    t_compile = statistics.median(compiles)
     return {
         "nodes": len(graph.nodes), "trace_s": t_trace, "verify_s": t_verify,
         "lower_s": t_lower, "total_s": t_trace + t_verify + t_lower,
@@ -253,7 +269,17 @@ def measure(mode: str, repeats: int | None, quick: bool) -> dict:
         args = (put(rng.standard_normal(size)), put(rng.standard_normal(size)))
         sd_fn, jax_fn = sd.function(f_sd), jax.jit(f_jnp)
         _check_same(sd_fn, jax_fn, args, scoped)
-        out[key] = _interleaved(sd_fn, jax_fn, args, n, r, scoped)
+        variants = {"sciad": (sd_fn, False), "jax": (jax_fn, scoped)}
+        inner = getattr(sd_fn, "_jitted", None)
+        if key == "tiny" and inner is not None:
+            # Diagnostic: sd.function's own jax.jit object called directly,
+            # i.e. without the Python `Function.__call__` (and its x64 scope;
+            # in `scoped` mode it runs in the same x64 block as the baseline).
+            variants["inner"] = (inner, scoped)
+        times = _interleaved(variants, args, n, r)
+        out[key] = _summary(times, "sciad", "jax", n)
+        if "inner" in times:
+            out[key + "_inner"] = _summary(times, "inner", "jax", n)
         assert sd_fn.trace_count == 1, "sd.function re-traced in steady state"
 
     x, y = put(rng.standard_normal(64)), put(rng.standard_normal(64))
@@ -280,6 +306,7 @@ def _machine() -> dict:
         "python": platform.python_version(), "jax": jax.__version__,
         "jaxlib": jaxlib.__version__, "numpy": np.__version__,
         "device": str(jax.devices()[0]), "platform": platform.platform(),
+        "load": _LOAD_AT_START,
     }
 
 
@@ -304,7 +331,8 @@ def render(results: list[dict], machine: dict, argv: str) -> str:
         f"Machine: {machine['cpus']} CPUs ({machine['usable_cpus']} usable), "
         f"{_cpu_model()}; {machine['platform']}; device {machine['device']}.  ",
         f"Python {machine['python']}, jax {machine['jax']}, jaxlib {machine['jaxlib']}, "
-        f"numpy {machine['numpy']}.",
+        f"numpy {machine['numpy']}. Load average (1 min) before the run: "
+        f"{machine['load']}.",
         "",
         "x64 `global`: `jax_enable_x64` on at start-up. x64 `scoped`: off globally; "
         "sciad enters its scoped x64 per call, the JAX loop runs in one "
@@ -324,6 +352,23 @@ def render(results: list[dict], machine: dict, argv: str) -> str:
                 f"| {names[key]} | {res['mode']} | {m['sd_us']:.2f} | {m['jax_us']:.2f} "
                 f"| {m['ratio']:.3f} | {m['pair_q1']:.3f}–{m['pair_q3']:.3f} "
                 f"| {m['n']} × {m['repeats']} | {ok(m['ratio'] <= RATIO_TARGET)} |")
+    inner = [r for r in results if "tiny_inner" in r]
+    if inner:
+        lines += [
+            "",
+            "Diagnostic for (a): `sd.function`'s inner `jax.jit` object called directly "
+            "(no `Function.__call__` wrapper; in `scoped` mode inside the same "
+            "`jax.enable_x64(True)` block as the baseline), timed in the same interleaved "
+            "loop:",
+            "",
+            "| case | x64 | inner jit µs/call | JAX µs/call | inner/JAX | pairwise ratio IQR |",
+            "|---|---|---:|---:|---:|---|",
+        ]
+        for res in inner:
+            m = res["tiny_inner"]
+            lines.append(
+                f"| (a) inner jit | {res['mode']} | {m['sd_us']:.2f} | {m['jax_us']:.2f} "
+                f"| {m['ratio']:.3f} | {m['pair_q1']:.3f}–{m['pair_q3']:.3f} |")
     b0 = results[0]["build"]
     lines += [
         "",
@@ -361,7 +406,7 @@ def _write(text: str) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=None,
-                   help="interleaved repeats per case (default: 25 tiny, 15 big)")
+                   help="interleaved repeats per case (default: 41 tiny, 15 big)")
     p.add_argument("--quick", action="store_true", help="fewer repeats: a smoke check")
     p.add_argument("--x64", choices=("both", "global", "scoped"), default="both",
                    help="which float64 configuration(s) to measure (default: both)")
@@ -378,6 +423,11 @@ def main(argv=None) -> int:
         print(json.dumps(measure(args.x64, args.repeats, args.quick)))
         return 0
 
+    global _LOAD_AT_START
+    try:
+        _LOAD_AT_START = f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        pass
     modes = ("global", "scoped") if args.x64 == "both" else (args.x64,)
     results = []
     for mode in modes:

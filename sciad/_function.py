@@ -16,6 +16,8 @@ import jax
 from . import config
 from .graph import Graph, lower, trace_flat, verify
 
+_X64 = jax.enable_x64  # JAX's x64 state object (global value + thread-local override)
+
 
 def _as_tuple(x) -> tuple:
     if x is None:
@@ -66,10 +68,16 @@ class Function:
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
     def __call__(self, *args, **kwargs):
-        if config.x64_enabled():
+        # The hot path: a plain jax.jit call, inside JAX's scoped x64 state
+        # when the user has not turned x64 on globally (no context manager:
+        # swapping the thread-local value directly costs ~0.3 us, not ~2 us).
+        if _X64.value:
             return self._jitted(*args, **kwargs)
-        with jax.enable_x64(True):
+        prev = _X64.swap_local(True)
+        try:
             return self._jitted(*args, **kwargs)
+        finally:
+            _X64.set_local(prev)
 
     def lower(self, *args, **kwargs):
         """JAX's `Lowered` for these arguments (`.as_text()` shows StableHLO)."""

@@ -34,11 +34,12 @@ def checks(enabled: bool = True):
 
 
 def x64_enabled() -> bool:
-    return bool(jax.config.jax_enable_x64)
+    """Whether JAX keeps 64-bit dtypes here (globally or in a scope)."""
+    return bool(jax.enable_x64.value)
 
 
 def x64_scope():
-    """A context in which JAX keeps 64-bit dtypes (a no-op if already global)."""
-    if jax.config.jax_enable_x64:
+    """A context in which JAX keeps 64-bit dtypes (a no-op if already on)."""
+    if jax.enable_x64.value:
         return contextlib.nullcontext()
     return jax.enable_x64(True)

@@ -11,12 +11,12 @@ from __future__ import annotations
 import inspect
 import re
 import threading
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import jax
 import numpy as np
 
-from ..errors import DTypeError, SciadError, ShapeError, TracerError
+from ..errors import DTypeError, SciadError, TracerError
 from ._core import Graph, Literal, Node, Primitive, Var
 from ._source import source_from_traceback, user_source
 from ._types import AbstractType, TensorType
