@@ -273,7 +273,7 @@ def measure(mode: str, repeats: int | None, quick: bool) -> dict:
         inner = getattr(sd_fn, "_jitted", None)
         if key == "tiny" and inner is not None:
             # Diagnostic: sd.function's own jax.jit object called directly,
-            # i.e. without the Python `Function.__call__` (and its x64 scope;
+            # i.e. without sciad's scoped-x64 wrapper (in the global mode there is none;
             # in `scoped` mode it runs in the same x64 block as the baseline).
             variants["inner"] = (inner, scoped)
         times = _interleaved(variants, args, n, r)
@@ -357,7 +357,7 @@ def render(results: list[dict], machine: dict, argv: str) -> str:
         lines += [
             "",
             "Diagnostic for (a): `sd.function`'s inner `jax.jit` object called directly "
-            "(no `Function.__call__` wrapper; in `scoped` mode inside the same "
+            "(no scoped-x64 wrapper; in `scoped` mode inside the same "
             "`jax.enable_x64(True)` block as the baseline), timed in the same interleaved "
             "loop:",
             "",

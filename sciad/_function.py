@@ -1,9 +1,9 @@
 """`sd.function(f)`: trace once per input signature, compile with XLA, cache.
 
-The wrapper *is* a `jax.jit` function whose body traces `f` into a sciad
-graph, verifies it and lowers it. JAX's own C++ dispatch therefore does the
-per-signature caching (shapes, dtypes, static arguments), and a steady-state
-call costs what a `jax.jit` call costs.
+The wrapper is a `functools.partial` of a `jax.jit` function whose body
+traces `f` into a sciad graph, verifies it and lowers it. JAX's own C++
+dispatch therefore does the per-signature caching (shapes, dtypes, static
+arguments), and a steady-state call costs what a `jax.jit` call costs.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import jax
 
 from . import config
+from .errors import NotSupportedError
 from .graph import Graph, lower, trace_flat, verify
 
 _X64 = jax.enable_x64  # JAX's x64 state object (global value + thread-local override)
@@ -27,18 +28,48 @@ def _as_tuple(x) -> tuple:
     return tuple(x)
 
 
-class Function:
-    """A sciad function compiled per input signature. See `sciad.function`."""
+class Function(functools.partial):
+    """A sciad function compiled per input signature. See `sciad.function`.
 
-    def __init__(self, fn: Callable, *, static_argnums: int | Sequence[int] = (),
-                 static_argnames: str | Sequence[str] = ()):
+    It is a `functools.partial` of its own `jax.jit` object, so a call runs
+    no Python frame of sciad's: when JAX's x64 mode is on globally the call
+    goes straight into JAX's C++ dispatch. Otherwise the partial wraps a small
+    function that enters JAX's scoped x64 state around that call.
+    """
+
+    def __new__(cls, fn: Callable, *, static_argnums: int | Sequence[int] = (),
+                static_argnames: str | Sequence[str] = ()):
+        static_argnums = _as_tuple(static_argnums)
+        static_argnames = _as_tuple(static_argnames)
+        holder: list[Function] = []
+
+        def body(*args, **kwargs):
+            return holder[0]._traced_body(*args, **kwargs)
+
+        body.__name__ = body.__qualname__ = getattr(fn, "__name__", "function")
+        jitted = jax.jit(body, static_argnums=static_argnums,
+                         static_argnames=static_argnames)
+        if _X64.value:
+            self = super().__new__(cls, jitted)
+        else:
+            def scoped(*args, **kwargs):
+                # Swapping the thread-local value directly costs ~0.3 us; the
+                # `jax.enable_x64` context manager ~2 us.
+                prev = _X64.swap_local(True)
+                try:
+                    return jitted(*args, **kwargs)
+                finally:
+                    _X64.set_local(prev)
+
+            self = super().__new__(cls, scoped)
+        holder.append(self)
         functools.update_wrapper(self, fn)
         self.fn = fn
-        self.static_argnums = _as_tuple(static_argnums)
-        self.static_argnames = _as_tuple(static_argnames)
+        self.static_argnums = static_argnums
+        self.static_argnames = static_argnames
         self.graphs: list[Graph] = []  # one per traced signature, in order
-        self._jitted = jax.jit(self._traced_body, static_argnums=self.static_argnums,
-                               static_argnames=self.static_argnames)
+        self._jitted = jitted
+        return self
 
     def _split(self, args, kwargs):
         static = {i % len(args) for i in self.static_argnums} if args else set()
@@ -57,6 +88,14 @@ class Function:
 
     def _traced_body(self, *args, **kwargs):
         # Runs under jax.jit's tracing, once per new signature.
+        if not _X64.value:
+            # Only reachable if JAX's global x64 mode was on when this function
+            # was created and has been switched off since: the inputs were
+            # already cast to 32 bits, so refuse rather than compute in float32.
+            raise NotSupportedError(
+                "JAX's x64 mode was on when this sd.function was created and is off "
+                "now; create the sd.function again after changing "
+                "`jax_enable_x64`.", op="sd.function")
         static, dyn_kw, static_kw = self._split(args, kwargs)
         fn = functools.partial(self.fn, **static_kw) if static_kw else self.fn
         graph, _, out_tree = trace_flat(fn, args, dyn_kw, static_argnums=tuple(static),
@@ -66,18 +105,6 @@ class Function:
         dyn = (tuple(a for i, a in enumerate(args) if i not in static), dyn_kw)
         outs = lower(graph)(*jax.tree_util.tree_leaves(dyn))
         return jax.tree_util.tree_unflatten(out_tree, outs)
-
-    def __call__(self, *args, **kwargs):
-        # The hot path: a plain jax.jit call, inside JAX's scoped x64 state
-        # when the user has not turned x64 on globally (no context manager:
-        # swapping the thread-local value directly costs ~0.3 us, not ~2 us).
-        if _X64.value:
-            return self._jitted(*args, **kwargs)
-        prev = _X64.swap_local(True)
-        try:
-            return self._jitted(*args, **kwargs)
-        finally:
-            _X64.set_local(prev)
 
     def lower(self, *args, **kwargs):
         """JAX's `Lowered` for these arguments (`.as_text()` shows StableHLO)."""

@@ -111,3 +111,19 @@ def test_shape_errors_surface_at_trace_time_with_user_line(rng):
     msg = str(info.value)
     assert "matmul: cannot multiply f64[3,4] by f64[5,2]" in msg
     assert f"test_function.py:{bad.__code__.co_firstlineno + 1}" in msg
+
+
+def test_global_x64_switched_off_after_creation_is_refused():
+    from sciad.errors import NotSupportedError
+
+    was = jax.config.jax_enable_x64
+    try:
+        jax.config.update("jax_enable_x64", True)
+        f = sd.function(lambda x: snp.sin(x) * 2.0)
+        assert f(np.ones(3)).dtype == np.float64
+        jax.config.update("jax_enable_x64", False)
+        with pytest.raises(NotSupportedError, match="x64 mode was on when this"):
+            f(np.ones(3))
+    finally:
+        jax.config.update("jax_enable_x64", was)
+    assert sd.function(lambda x: snp.sin(x) * 2.0)(np.ones(3)).dtype == np.float64
