@@ -15,5 +15,14 @@ from ._function import Function as Function, function as function
 from .graph import Graph as Graph, TensorType as TensorType
 from .graph import primitive as primitive, trace as trace
 from .primitives import call as call
+from ._transforms import (
+    grad as grad,
+    hvp as hvp,
+    jacfwd as jacfwd,
+    jacrev as jacrev,
+    jvp as jvp,
+    value_and_grad as value_and_grad,
+    vjp as vjp,
+)
 
 __version__ = "0.1.0"

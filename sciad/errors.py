@@ -20,6 +20,7 @@ __all__ = [
     "RegistrationError",
     "MissingRuleError",
     "NotSupportedError",
+    "RuleError",
 ]
 
 
@@ -96,3 +97,9 @@ class MissingRuleError(SciadError, NotImplementedError):
 class NotSupportedError(SciadError, NotImplementedError):
     """A valid request that sciad does not support (yet); the message says
     what to use instead."""
+
+
+class RuleError(SciadError, ValueError):
+    """A derivative rule that is malformed (wrong tangent type, wrong number of
+    cotangents) or wrong (`sciad.testing.check_rules` found it disagreeing
+    with finite differences or with the other rule)."""

@@ -72,6 +72,8 @@ EXAMPLES.update({
     "arange": (lambda x: x * snp.arange(1.0, 4.0), (_f64(3),)),
     "linspace": (lambda x: x + snp.linspace(0.0, 1.0, 4), (_f64(4),)),
     "eye": (lambda x: x @ snp.eye(3, 3, 1), (_f64(2, 3),)),
+    "add_any": (lambda x, y: sd.graph.add_any_p.bind(x, y), (_f64(2, 3), _f64(2, 3))),
+    "zeros": (lambda x: x + sd.graph.zeros(sd.TensorType((3,), np.float64)), (_f64(3),)),
     "call": (lambda x, y: sd.call(sd.trace(lambda a, b: (a * b, a - b), x, y), x, y),
              (_f64(3), _f64(3))),
 })

@@ -22,3 +22,22 @@ from ._types import (
     register_type_kind as register_type_kind,
 )
 from ._verify import verify as verify
+from ._autodiff import (
+    UndefinedPrimal as UndefinedPrimal,
+    VJPGraph as VJPGraph,
+    Zero as Zero,
+    add_any_p as add_any_p,
+    add_tangents as add_tangents,
+    instantiate as instantiate,
+    is_differentiable as is_differentiable,
+    is_linear as is_linear,
+    is_zero as is_zero,
+    jvp_eval as jvp_eval,
+    jvp_graph as jvp_graph,
+    transpose_eval as transpose_eval,
+    vjp_eval as vjp_eval,
+    vjp_graph as vjp_graph,
+    zeros as zeros,
+    zeros_p as zeros_p,
+)
+from . import passes as passes

@@ -31,15 +31,23 @@ _state = _State()
 
 
 class GraphBuilder:
-    """Collects the nodes of one graph while its function runs."""
+    """Collects the nodes of one graph while its function runs.
 
-    __slots__ = ("name", "inputs", "nodes", "alive")
+    A traced value of an enclosing trace that is still running (a closure
+    over an outer function's variable) is *captured*: it becomes an extra
+    input of this graph, listed in `captured` with the outer tracer it
+    stands for, so the caller can pass it in.
+    """
+
+    __slots__ = ("name", "inputs", "nodes", "alive", "captured", "_capture_map")
 
     def __init__(self, name: str = "graph"):
         self.name = name
         self.inputs: list[Var] = []
         self.nodes: list[Node] = []
         self.alive = True
+        self.captured: list[tuple["Tracer", Var]] = []
+        self._capture_map: dict[int, Var] = {}
 
     def new_input(self, type: AbstractType, hint: str | None = None) -> "Tracer":
         var = Var(type, hint)
@@ -51,25 +59,27 @@ class GraphBuilder:
         if isinstance(x, Tracer):
             if x._builder is self:
                 return x._var
+            if x._builder.alive and x._builder in _state.stack:
+                var = self._capture_map.get(id(x._var))
+                if var is None:
+                    var = Var(x._var.type, x._var.hint)
+                    self._capture_map[id(x._var)] = var
+                    self.captured.append((x, var))
+                return var
             raise _foreign_tracer(x, op)
         return literal_of(x, op)
 
     def build(self, outputs: Sequence, op: str = "trace") -> Graph:
-        return Graph(tuple(self.inputs), tuple(self.nodes),
-                     tuple(self.atom(o, op) for o in outputs), self.name)
+        outs = tuple(self.atom(o, op) for o in outputs)
+        inputs = tuple(self.inputs) + tuple(v for _, v in self.captured)
+        return Graph(inputs, tuple(self.nodes), outs, self.name)
 
 
 def _foreign_tracer(x: "Tracer", op: str) -> TracerError:
-    if not x._builder.alive:
-        return TracerError(
-            f"a traced value {x._var.type.str_short()} from a finished trace "
-            f"({x._builder.name}) was used. Values computed inside a traced function "
-            "cannot be kept and used after it returns; return them instead.", op=op,
-            source=user_source())
     return TracerError(
-        f"a traced value {x._var.type.str_short()} of the enclosing trace "
-        f"({x._builder.name}) was used inside a nested trace. Pass it as an "
-        "argument to the inner function instead of capturing it.", op=op,
+        f"a traced value {x._var.type.str_short()} from a finished trace "
+        f"({x._builder.name}) was used. Values computed inside a traced function "
+        "cannot be kept and used after it returns; return them instead.", op=op,
         source=user_source())
 
 
@@ -219,17 +229,11 @@ def _check_params(prim: Primitive, params: dict) -> None:
 
 def bind(prim: Primitive, args: Sequence, params: dict):
     """Applies `prim`: records a node while tracing, else evaluates eagerly."""
-    builder = None
-    for a in args:
-        if isinstance(a, Tracer):
-            builder = a._builder
-            break
-    top = current_builder()
+    builder = current_builder()
     if builder is None:
-        builder = top
-    elif builder is not top or not builder.alive:
-        raise _foreign_tracer(next(a for a in args if isinstance(a, Tracer)), prim.name)
-    if builder is None:
+        for a in args:
+            if isinstance(a, Tracer):
+                raise _foreign_tracer(a, prim.name)
         return _eager(prim, args, params)
     _check_params(prim, params)
     atoms = tuple(builder.atom(a, prim.name) for a in args)
@@ -305,11 +309,16 @@ def _leaf_type(x, where: str) -> AbstractType:
 
 
 def trace_flat(fn: Callable, args: tuple, kwargs: dict | None = None, *,
-               static_argnums: Sequence[int] = (), name: str | None = None):
+               static_argnums: Sequence[int] = (), name: str | None = None,
+               closure: bool = False):
     """Traces `fn(*args, **kwargs)`; returns `(graph, in_tree, out_tree)`.
 
     The non-static arguments' pytree leaves are the graph's inputs, in
-    `jax.tree_util` order of `(dynamic_args, kwargs)`.
+    `jax.tree_util` order of `(dynamic_args, kwargs)`. With `closure=True`
+    (tracing inside another trace), traced values of the enclosing traces
+    that `fn` closes over become extra trailing inputs of the graph, and the
+    result is `(graph, in_tree, out_tree, captured)` with `captured` the
+    outer tracers to pass for them.
     """
     kwargs = kwargs or {}
     static = {i % len(args) if args else i for i in static_argnums}
@@ -344,7 +353,22 @@ def trace_flat(fn: Callable, args: tuple, kwargs: dict | None = None, *,
         _state.stack.pop()
         builder.alive = False
     out_leaves, out_tree = jax.tree_util.tree_flatten(out)
-    graph = builder.build(out_leaves, op="trace")
+    builder.alive = True  # outputs may still be captured from enclosing traces
+    _state.stack.append(builder)
+    try:
+        graph = builder.build(out_leaves, op="trace")
+    finally:
+        _state.stack.pop()
+        builder.alive = False
+    if closure:
+        return graph, in_tree, out_tree, [t for t, _ in builder.captured]
+    if builder.captured:
+        t = builder.captured[0][0]
+        raise TracerError(
+            f"a traced value {t.type.str_short()} of the enclosing trace "
+            f"({t._builder.name}) was used inside a nested trace. Pass it as an "
+            "argument to the inner function instead of capturing it.", op="trace",
+            source=user_source())
     return graph, in_tree, out_tree
 
 

@@ -5,7 +5,8 @@ is a `Graph` param, printed nested, verified and serialized with its node."""
 from __future__ import annotations
 
 from ..errors import ShapeError
-from ..graph import Graph, Primitive, lower
+from ..graph import (Graph, Primitive, Zero, instantiate, is_differentiable, is_linear,
+                     jvp_graph, lower, transpose_eval)
 
 call_p = Primitive("call", multiple_results=True)
 
@@ -30,3 +31,25 @@ def call(graph: Graph, *args):
     """Applies `graph` to `args` (one node in the enclosing trace); returns a
     tuple of outputs."""
     return call_p.bind(*args, graph=graph)
+
+
+# The JVP of a call is a call of the body's JVP graph; transposing a call
+# transposes its body in place.
+
+@call_p.def_jvp
+def _call_jvp(primals, tangents, *, graph):
+    diff = [i for i, v in enumerate(graph.inputs) if is_differentiable(v.type)]
+    jg = jvp_graph(graph)
+    res = call_p.bind(*primals, *[instantiate(tangents[i]) for i in diff], graph=jg)
+    n = len(graph.outputs)
+    touts = [t if is_differentiable(a.type) else Zero(a.type.update())
+             for a, t in zip(graph.outputs, res[n:])]
+    return tuple(res[:n]), tuple(touts)
+
+
+@call_p.def_transpose
+def _call_transpose(cts, *args, graph):
+    linear = [is_linear(a) for a in args]
+    values = [a for a in args if not is_linear(a)]
+    lin_cts = iter(transpose_eval(graph, linear, values, cts))
+    return tuple(next(lin_cts) if lin else None for lin in linear)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..errors import ShapeError
-from ..graph import Primitive, TensorType
-from ._util import broadcast_shapes, same_dtype, tensor
+from ..graph import Primitive, TensorType, Zero, add_tangents, is_linear
+from ._util import broadcast_shapes, same_dtype, snp, tensor, unbroadcast
 
 matmul_p = Primitive("matmul")
 
@@ -79,3 +79,73 @@ def _einsum_shape(*xs, spec):
 @einsum_p.def_impl
 def _einsum_impl(*xs, spec):
     return jnp.einsum(spec, *xs, precision="highest")
+
+
+# ---------------------------------------------------------------------------
+# Derivative rules: bilinear, so the JVP is the sum over operands of the op
+# with that operand replaced by its tangent; the transpose (one operand
+# linear at a time) contracts the cotangent with the other operands. As in
+# JAX, nothing is conjugated.
+
+def _multilinear_jvp(prim):
+    def jvp(primals, tangents, **params):
+        out = prim.bind(*primals, **params)
+        tout = None
+        for i, t in enumerate(tangents):
+            if isinstance(t, Zero):
+                continue
+            args = list(primals)
+            args[i] = t
+            term = prim.bind(*args, **params)
+            tout = term if tout is None else add_tangents(tout, term)
+        return out, tout
+    return jvp
+
+
+matmul_p.def_jvp(_multilinear_jvp(matmul_p))
+einsum_p.def_jvp(_multilinear_jvp(einsum_p))
+
+
+@matmul_p.def_transpose
+def _matmul_transpose(ct, a, b):
+    assert not (is_linear(a) and is_linear(b)), "matmul: both operands linear"
+    # Work with 2-D (batched) operands: a vector `a` is a 1 x k row, a vector
+    # `b` a k x 1 column; the cotangent gets the matching unit axes.
+    a_shape, b_shape = tuple(a.shape), tuple(b.shape)
+    a2 = (1,) + a_shape if len(a_shape) == 1 else a_shape
+    b2 = b_shape + (1,) if len(b_shape) == 1 else b_shape
+    ct2 = snp.expand_dims(ct, -2) if len(a_shape) == 1 else ct
+    ct2 = snp.expand_dims(ct2, -1) if len(b_shape) == 1 else ct2
+    if is_linear(a):
+        b_val = snp.reshape(b, b2)
+        ct_a = matmul_p.bind(ct2, snp.swapaxes(b_val, -1, -2))
+        return snp.reshape(unbroadcast(ct_a, a2), a_shape), None
+    a_val = snp.reshape(a, a2)
+    ct_b = matmul_p.bind(snp.swapaxes(a_val, -1, -2), ct2)
+    return None, snp.reshape(unbroadcast(ct_b, b2), b_shape)
+
+
+@einsum_p.def_transpose
+def _einsum_transpose(ct, *xs, spec):
+    ins, out = parse_spec(spec, len(xs))
+    lin = [i for i, x in enumerate(xs) if is_linear(x)]
+    assert len(lin) == 1, "einsum: exactly one operand may be linear"
+    (i,) = lin
+    term = ins[i]
+    if len(set(term)) != len(term):
+        from ..errors import NotSupportedError
+
+        raise NotSupportedError(
+            f"reverse mode through a repeated subscript in one operand ({spec!r}, a "
+            "diagonal) is not supported; multiply by `snp.eye` instead.", op="einsum")
+    others = [(t, x) for j, (t, x) in enumerate(zip(ins, xs)) if j != i]
+    avail = set(out).union(*[set(t) for t, _ in others])
+    target = "".join(c for c in term if c in avail)
+    spec_t = ",".join([t for t, _ in others] + [out]) + "->" + target
+    res = einsum_p.bind(*[x for _, x in others], ct, spec=spec_t)
+    if target != term:  # letters summed in this operand alone: broadcast back
+        shape = tuple(d if c in avail else 1 for c, d in zip(term, xs[i].shape))
+        res = snp.broadcast_to(snp.reshape(res, shape), tuple(xs[i].shape))
+    cts: list = [None] * len(xs)
+    cts[i] = res
+    return tuple(cts)

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import DTypeError
-from ..graph import Primitive, TensorType
-from ._util import broadcast_shapes, same_dtype, tensor
+from ..graph import Primitive, TensorType, Zero, add_tangents, instantiate, is_linear
+from ._util import broadcast_shapes, broadcast_tangent, same_dtype, snp, tensor, unbroadcast
 
 
 @functools.lru_cache(maxsize=None)
@@ -199,3 +199,217 @@ def _convert_impl(x, *, dtype):
     if jnp.iscomplexobj(x) and np.dtype(dtype).kind != "c":
         x = jnp.real(x)
     return x.astype(dtype)
+
+
+# ---------------------------------------------------------------------------
+# Derivative rules. `x` is the operand, `y` the result, `t` the tangent.
+# Subgradient choices at kinks: abs'(0) = 0, sign' = floor' = ceil' = 0,
+# maximum/minimum split a tie evenly (0.5 each), sqrt'(0) = inf (as JAX).
+# Complex operands follow JAX: holomorphic ops multiply by f'(x).
+
+def _abs_jvp(x, y, t):
+    if x.dtype.kind != "c":
+        return t * snp.sign(x)
+    # d|z| = Re(conj(z) dz) / |z|, taken as 0 at z = 0
+    safe = snp.where(y == 0, 1.0, y)
+    return snp.where(y == 0, 0.0, snp.real(snp.conj(x) * t) / safe)
+
+
+def _sign_jvp(x, y, t):
+    if x.dtype.kind != "c":
+        return Zero(TensorType(x.shape, x.dtype))
+    # s = z/|z|: ds = (dz - s Re(conj(s) dz)) / |z|, taken as 0 at z = 0
+    r = snp.abs(x)
+    safe = snp.where(r == 0, 1.0, r)
+    return snp.where(r == 0, 0.0, (t - y * snp.real(snp.conj(y) * t)) / safe)
+
+
+def _zero_jvp(x, y, t):
+    return Zero(TensorType(np.shape(y), y.dtype))
+
+
+def _angle_jvp(x, y, t):
+    if x.dtype.kind != "c":
+        return Zero(TensorType(np.shape(y), y.dtype))
+    return snp.imag(t / x)  # d arg(z) = Im(dz / z)
+
+
+def _imag_jvp(x, y, t):
+    return snp.imag(t) if x.dtype.kind == "c" else Zero(TensorType(np.shape(y), y.dtype))
+
+
+_UNARY_JVP = {
+    "neg": lambda x, y, t: -t,
+    "exp": lambda x, y, t: t * y,
+    "log": lambda x, y, t: t / x,
+    "log1p": lambda x, y, t: t / (1 + x),
+    "expm1": lambda x, y, t: t * (y + 1),
+    "sin": lambda x, y, t: t * snp.cos(x),
+    "cos": lambda x, y, t: -(t * snp.sin(x)),
+    "tan": lambda x, y, t: t * (1 + y * y),
+    "arcsin": lambda x, y, t: t / snp.sqrt(1 - x * x),
+    "arccos": lambda x, y, t: -(t / snp.sqrt(1 - x * x)),
+    "arctan": lambda x, y, t: t / (1 + x * x),
+    "sinh": lambda x, y, t: t * snp.cosh(x),
+    "cosh": lambda x, y, t: t * snp.sinh(x),
+    "tanh": lambda x, y, t: t * (1 - y * y),
+    "sqrt": lambda x, y, t: t / (2 * y),
+    "abs": _abs_jvp,
+    "sign": _sign_jvp,
+    "square": lambda x, y, t: t * (2 * x),
+    "floor": _zero_jvp,
+    "ceil": _zero_jvp,
+    "conj": lambda x, y, t: snp.conj(t),
+    "real": lambda x, y, t: snp.real(t),
+    "imag": _imag_jvp,
+    "angle": _angle_jvp,
+}
+
+
+def _install_unary_rules() -> None:
+    for name, rule in _UNARY_JVP.items():
+        p = unary_primitives[name]
+
+        def jvp(primals, tangents, _p=p, _rule=rule):
+            (x,), (t,) = primals, tangents
+            y = _p.bind(x)
+            return y, _rule(x, y, t)
+
+        p.def_jvp(jvp)
+
+    unary_primitives["neg"].def_transpose(lambda ct, x: (-ct,))
+    unary_primitives["conj"].def_transpose(lambda ct, x: (snp.conj(ct),))
+
+    # real: C -> R; its transpose embeds a real cotangent as complex (JAX's rule)
+    @unary_primitives["real"].def_transpose
+    def _real_transpose(ct, x):
+        return (snp.astype(ct, x.dtype),)
+
+    # imag: C -> R, Im(v) = Re(-i v), so the transpose is -i times the cotangent
+    @unary_primitives["imag"].def_transpose
+    def _imag_transpose(ct, x):
+        if x.dtype.kind != "c":
+            return (None,)
+        return (snp.astype(ct, x.dtype) * np.asarray(-1j, x.dtype),)
+
+
+def _max_weight(x, y, greater):
+    """1 where `x` wins, 0.5 on a tie, 0 where `y` wins."""
+    win = snp.greater(x, y) if greater else snp.less(x, y)
+    return snp.where(win, 1.0, snp.where(x == y, 0.5, 0.0)).astype(x.dtype)
+
+
+def _binary_jvp_rules(x, y, tx, ty, out, name):
+    """The tangent of `name(x, y)`, as a sum of terms, each None if zero."""
+    zx, zy = isinstance(tx, Zero), isinstance(ty, Zero)
+    if name == "add":
+        return [None if zx else tx, None if zy else ty]
+    if name == "sub":
+        return [None if zx else tx, None if zy else -ty]
+    if name == "mul":
+        return [None if zx else tx * y, None if zy else x * ty]
+    if name == "div":
+        return [None if zx else tx / y, None if zy else -(out * ty / y)]
+    if name == "pow":
+        terms = [None, None]
+        if not zx:  # d/dx x^y = y x^(y-1), taken as 0 where y == 0
+            terms[0] = tx * snp.where(y == 0, 0.0, y * snp.power(x, y - 1)).astype(out.dtype)
+        if not zy:  # d/dy x^y = log(x) x^y, taken as 0 where x == 0
+            safe = snp.where(x == 0, 1.0, x).astype(x.dtype)
+            terms[1] = ty * snp.where(x == 0, 0.0, snp.log(safe) * out).astype(out.dtype)
+        return terms
+    if name in ("maximum", "minimum"):
+        w = _max_weight(x, y, name == "maximum")
+        return [None if zx else tx * w, None if zy else ty * (1 - w)]
+    if name == "arctan2":  # d atan2(a, b) = (b da - a db) / (a^2 + b^2)
+        r2 = x * x + y * y
+        return [None if zx else tx * y / r2, None if zy else -(ty * x / r2)]
+    if name == "remainder":  # x mod y = x - y floor(x / y)
+        return [None if zx else tx, None if zy else -(ty * snp.floor_divide(x, y))]
+    if name == "floor_divide":
+        return [None, None]
+    raise AssertionError(f"no JVP for {name}")
+
+
+_LINEAR_BINARY = {"add", "sub"}
+
+
+def _install_binary_rules() -> None:
+    for name in ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "arctan2",
+                 "remainder", "floor_divide"):
+        p = binary_primitives[name]
+
+        def jvp(primals, tangents, _p=p, _name=name):
+            (x, y), (tx, ty) = primals, tangents
+            out = _p.bind(x, y)
+            terms = [broadcast_tangent(t, out.shape)
+                     for t in _binary_jvp_rules(x, y, tx, ty, out, _name) if t is not None]
+            if not terms:
+                return out, Zero(TensorType(out.shape, out.dtype))
+            tout = terms[0]
+            for t in terms[1:]:
+                tout = add_tangents(tout, t)
+            return out, tout
+
+        p.def_jvp(jvp)
+
+    @binary_primitives["add"].def_transpose
+    def _add_transpose(ct, x, y):
+        return (unbroadcast(ct, x.shape) if is_linear(x) else None,
+                unbroadcast(ct, y.shape) if is_linear(y) else None)
+
+    @binary_primitives["sub"].def_transpose
+    def _sub_transpose(ct, x, y):
+        return (unbroadcast(ct, x.shape) if is_linear(x) else None,
+                unbroadcast(-ct, y.shape) if is_linear(y) else None)
+
+    # mul is linear in one operand at a time (the JVP never multiplies two tangents)
+    @binary_primitives["mul"].def_transpose
+    def _mul_transpose(ct, x, y):
+        assert not (is_linear(x) and is_linear(y)), "mul: both operands linear"
+        if is_linear(x):
+            return unbroadcast(ct * y, x.shape), None
+        return None, unbroadcast(x * ct, y.shape)
+
+    @binary_primitives["div"].def_transpose
+    def _div_transpose(ct, x, y):
+        assert is_linear(x) and not is_linear(y), "div: only the numerator may be linear"
+        return unbroadcast(ct / y, x.shape), None
+
+
+_install_unary_rules()
+_install_binary_rules()
+
+
+@select_p.def_jvp
+def _select_jvp(primals, tangents):
+    (c, x, y), (_, tx, ty) = primals, tangents
+    out = select_p.bind(c, x, y)
+    if isinstance(tx, Zero) and isinstance(ty, Zero):
+        return out, Zero(TensorType(out.shape, out.dtype))
+    return out, select_p.bind(c, instantiate(tx), instantiate(ty))
+
+
+@select_p.def_transpose
+def _select_transpose(ct, c, x, y):
+    assert not is_linear(c)
+    zero = snp.zeros_like(ct)
+    return (None,
+            unbroadcast(select_p.bind(c, ct, zero), x.shape) if is_linear(x) else None,
+            unbroadcast(select_p.bind(c, zero, ct), y.shape) if is_linear(y) else None)
+
+
+@convert_p.def_jvp
+def _convert_jvp(primals, tangents, *, dtype):
+    (x,), (t,) = primals, tangents
+    out = convert_p.bind(x, dtype=dtype)
+    if np.dtype(dtype).kind not in "fc":
+        return out, Zero(TensorType(out.shape, out.dtype))
+    return out, convert_p.bind(t, dtype=dtype)
+
+
+@convert_p.def_transpose
+def _convert_transpose(ct, x, *, dtype):
+    # complex -> real keeps the real part, whose transpose embeds; real ->
+    # complex embeds, whose transpose keeps the real part: convert back either way.
+    return (convert_p.bind(ct, dtype=x.dtype),)

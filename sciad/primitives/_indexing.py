@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import DTypeError, IndexingError, ShapeError
-from ..graph import Primitive, TensorType, register_param_type
+from ..graph import Primitive, TensorType, instantiate, is_linear, register_param_type, zeros
 from ._util import tensor
 
 
@@ -169,3 +169,42 @@ def _make_update(name: str, method: str) -> Primitive:
 
 index_set_p = _make_update("index_set", "set")
 index_add_p = _make_update("index_add", "add")
+
+
+# ---------------------------------------------------------------------------
+# Derivative rules: getitem and the updates are linear in (x, v).
+
+@getitem_p.def_jvp
+def _getitem_jvp(primals, tangents, *, index):
+    (x,), (t,) = primals, tangents
+    return getitem_p.bind(x, index=index), getitem_p.bind(t, index=index)
+
+
+@getitem_p.def_transpose
+def _getitem_transpose(ct, x, *, index):
+    return (index_add_p.bind(zeros(x.type), ct, index=index),)
+
+
+def _update_jvp(prim):
+    def jvp(primals, tangents, *, index):
+        (x, v), (tx, tv) = primals, tangents
+        return prim.bind(x, v, index=index), prim.bind(instantiate(tx), instantiate(tv),
+                                                       index=index)
+    return jvp
+
+
+index_set_p.def_jvp(_update_jvp(index_set_p))
+index_add_p.def_jvp(_update_jvp(index_add_p))
+
+
+@index_set_p.def_transpose
+def _index_set_transpose(ct, x, v, *, index):
+    ct_x = index_set_p.bind(ct, zeros(TensorType(index.out_shape(ct.shape), ct.dtype)),
+                            index=index) if is_linear(x) else None
+    return ct_x, getitem_p.bind(ct, index=index) if is_linear(v) else None
+
+
+@index_add_p.def_transpose
+def _index_add_transpose(ct, x, v, *, index):
+    return (ct if is_linear(x) else None,
+            getitem_p.bind(ct, index=index) if is_linear(v) else None)

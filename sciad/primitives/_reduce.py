@@ -5,10 +5,11 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from ..errors import DTypeError, ShapeError
 from ..graph import Primitive, TensorType
-from ._util import normalize_axes, tensor
+from ._util import normalize_axes, snp, tensor
 
 _REDUCERS = {
     "reduce_sum": jnp.sum,
@@ -52,3 +53,60 @@ reduce_sum_p = reduce_primitives["reduce_sum"]
 reduce_prod_p = reduce_primitives["reduce_prod"]
 reduce_max_p = reduce_primitives["reduce_max"]
 reduce_min_p = reduce_primitives["reduce_min"]
+
+
+# ---------------------------------------------------------------------------
+# Derivative rules
+
+def _kept_shape(shape, axes):
+    return tuple(1 if i in axes else d for i, d in enumerate(shape))
+
+
+def _expand(y, x_shape, axes):
+    """`y` (reduced over `axes`) broadcast back to `x_shape`."""
+    return snp.broadcast_to(snp.reshape(y, _kept_shape(x_shape, axes)), x_shape)
+
+
+@reduce_sum_p.def_jvp
+def _reduce_sum_jvp(primals, tangents, *, axes):
+    (x,), (t,) = primals, tangents
+    return reduce_sum_p.bind(x, axes=axes), reduce_sum_p.bind(t, axes=axes)
+
+
+@reduce_sum_p.def_transpose
+def _reduce_sum_transpose(ct, x, *, axes):
+    return (_expand(ct, x.shape, axes),)
+
+
+def _extremum_jvp(prim):
+    # The tangent is the mean of the tangents at the positions that attain the
+    # extremum: the derivative where it is unique, the average on a tie.
+    def jvp(primals, tangents, *, axes):
+        (x,), (t,) = primals, tangents
+        y = prim.bind(x, axes=axes)
+        hit = snp.astype(x == _expand(y, x.shape, axes), x.dtype)
+        count = reduce_sum_p.bind(hit, axes=axes)
+        return y, reduce_sum_p.bind(t * hit, axes=axes) / count
+    return jvp
+
+
+reduce_max_p.def_jvp(_extremum_jvp(reduce_max_p))
+reduce_min_p.def_jvp(_extremum_jvp(reduce_min_p))
+
+
+@reduce_prod_p.def_jvp
+def _reduce_prod_jvp(primals, tangents, *, axes):
+    # d prod(x) = sum_i t_i prod_{j != i} x_j. The products of the others are
+    # formed directly (an n x n masked product over the n reduced elements),
+    # so zeros in x need no division: exact where prod(x)/x_i would be 0/0.
+    (x,), (t,) = primals, tangents
+    y = reduce_prod_p.bind(x, axes=axes)
+    keep = [i for i in range(x.ndim) if i not in axes]
+    perm = tuple(keep) + tuple(axes)
+    n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    lead = tuple(x.shape[i] for i in keep)
+    xr = snp.reshape(snp.transpose(x, perm), lead + (n,))
+    tr = snp.reshape(snp.transpose(t, perm), lead + (n,))
+    grid = snp.broadcast_to(snp.reshape(xr, lead + (1, n)), lead + (n, n))
+    others = snp.prod(snp.where(snp.eye(n, dtype=bool), snp.ones((), x.dtype), grid), axis=-1)
+    return y, snp.sum(tr * others, axis=-1)

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ShapeError
-from ..graph import Primitive, TensorType
-from ._util import normalize_axis, same_dtype, tensor
+from ..graph import Primitive, TensorType, instantiate, is_linear
+from ._util import normalize_axis, same_dtype, tensor, unbroadcast
 
 reshape_p = Primitive("reshape")
 
@@ -133,3 +133,67 @@ def _roll_shape(x, *, shifts, axes):
 @roll_p.def_impl
 def _roll_impl(x, *, shifts, axes):
     return jnp.roll(x, shifts, axes)
+
+
+# ---------------------------------------------------------------------------
+# Derivative rules: every op here is linear in its array operands, so its JVP
+# applies the op to the tangents and its transpose undoes the data movement.
+
+def _linear_jvp(prim):
+    def jvp(primals, tangents, **params):
+        ts = [instantiate(t) for t in tangents]
+        return prim.bind(*primals, **params), prim.bind(*ts, **params)
+    return jvp
+
+
+for _p in (reshape_p, transpose_p, broadcast_to_p, concatenate_p, roll_p):
+    _p.def_jvp(_linear_jvp(_p))
+
+
+@pad_p.def_jvp
+def _pad_jvp(primals, tangents, *, widths, value):
+    # pad(x, c) is affine in x: the padding constant has no tangent
+    (x,), (t,) = primals, tangents
+    return pad_p.bind(x, widths=widths, value=value), pad_p.bind(
+        t, widths=widths, value=np.zeros((), t.dtype).item())
+
+
+@reshape_p.def_transpose
+def _reshape_transpose(ct, x, *, shape):
+    return (reshape_p.bind(ct, shape=x.shape),)
+
+
+@transpose_p.def_transpose
+def _transpose_transpose(ct, x, *, perm):
+    return (transpose_p.bind(ct, perm=tuple(int(i) for i in np.argsort(perm))),)
+
+
+@broadcast_to_p.def_transpose
+def _broadcast_to_transpose(ct, x, *, shape):
+    return (unbroadcast(ct, x.shape),)
+
+
+@concatenate_p.def_transpose
+def _concatenate_transpose(ct, *xs, axis):
+    out, start = [], 0
+    for x in xs:
+        size = x.shape[axis]
+        if is_linear(x):
+            idx = tuple(slice(start, start + size) if i == axis else slice(None)
+                        for i in range(len(x.shape)))
+            out.append(ct[idx])
+        else:
+            out.append(None)
+        start += size
+    return tuple(out)
+
+
+@pad_p.def_transpose
+def _pad_transpose(ct, x, *, widths, value):
+    idx = tuple(slice(lo, lo + d) for (lo, _), d in zip(widths, x.shape))
+    return (ct[idx],)
+
+
+@roll_p.def_transpose
+def _roll_transpose(ct, x, *, shifts, axes):
+    return (roll_p.bind(ct, shifts=tuple(-s for s in shifts), axes=axes),)

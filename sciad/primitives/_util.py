@@ -68,3 +68,33 @@ def normalize_axes(axes, ndim: int, op: str) -> tuple[int, ...]:
 
 def is_float_or_complex(dtype: np.dtype) -> bool:
     return dtype.kind in "fc"
+
+
+class _LazyNumpy:
+    """`sciad.numpy`, imported on first use: derivative rules are written with
+    it, and it imports this package."""
+
+    def __getattr__(self, name):
+        from .. import numpy
+
+        return getattr(numpy, name)
+
+
+snp = _LazyNumpy()
+
+
+def unbroadcast(ct, shape: tuple[int, ...]):
+    """Sums `ct` (the cotangent of a broadcast result) back to `shape`."""
+    shape = tuple(shape)
+    if tuple(ct.shape) == shape:
+        return ct
+    lead = len(ct.shape) - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, d in enumerate(shape) if d == 1 and ct.shape[lead + i] != 1)
+    out = snp.sum(ct, axis=axes) if axes else ct
+    return snp.reshape(out, shape)
+
+
+def broadcast_tangent(t, shape: tuple[int, ...]):
+    """A tangent broadcast to an output's `shape`."""
+    return t if tuple(t.shape) == tuple(shape) else snp.broadcast_to(t, shape)

@@ -1,0 +1,528 @@
+"""Automatic differentiation on the graph.
+
+Forward mode (`jvp_eval`, `jvp_graph`): every value `v` becomes `(v, dv)`
+and every node emits its primitive's JVP rule, written with sciad ops, so the
+tangent computation is an ordinary sciad graph.
+
+Reverse mode (`vjp_eval`, `vjp_graph`): the forward nodes are emitted, then
+the nodes are walked in reverse topological order. A node whose primitive
+has a VJP rule emits it; any other node's VJP is derived from its JVP: the
+JVP rule, traced with symbolic tangents, is a small graph that is linear in
+them; its nonlinear part is evaluated on the primal values and its linear
+part is transposed node by node with the primitives' transpose rules
+(`transpose_eval`). Adjoints of a value used several times are accumulated
+with explicit `add_any` nodes.
+
+Conventions:
+
+- Only float and complex values carry tangents and cotangents. Integer and
+  boolean values never do; their tangents are symbolic `Zero`s.
+- A `Zero(type)` is a symbolic zero: rules receive it and may return it;
+  nothing is materialized for it unless a rule must (`instantiate`).
+- Complex numbers follow JAX: the transpose of a C-linear map is its plain
+  (unconjugated) transpose, so `grad` of a real function of `z` is the
+  conjugate of the Wirtinger-style gradient (`grad(|z|**2)(z) = 2 conj(z)`),
+  and the dot-product identity is `Re sum(w * J v) = Re sum(J^T w * v)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from ..errors import DTypeError, MissingRuleError, RuleError
+from ._core import Graph, Literal, Node, Primitive, Var
+from ._types import AbstractType, TensorType
+
+
+# ---------------------------------------------------------------------------
+# Symbolic zeros, linear placeholders and the two primitives transforms need
+
+
+class Zero:
+    """A symbolic zero tangent or cotangent of type `type`."""
+
+    __slots__ = ("type",)
+
+    def __init__(self, type: AbstractType):
+        self.type = type
+
+    def __repr__(self) -> str:
+        return f"Zero({self.type.str_short()})"
+
+
+class UndefinedPrimal:
+    """Stands for a linear input in a transpose rule: the value is unknown,
+    only its type is. `is_linear(x)` tells such inputs apart."""
+
+    __slots__ = ("type",)
+
+    def __init__(self, type: AbstractType):
+        self.type = type
+
+    @property
+    def shape(self):
+        return self.type.shape
+
+    @property
+    def dtype(self):
+        return self.type.dtype
+
+    def __repr__(self) -> str:
+        return f"UndefinedPrimal({self.type.str_short()})"
+
+
+def is_zero(x) -> bool:
+    return isinstance(x, Zero)
+
+
+def is_linear(x) -> bool:
+    return isinstance(x, UndefinedPrimal)
+
+
+def type_of(x) -> AbstractType:
+    t = getattr(x, "type", None)
+    if isinstance(t, AbstractType):
+        return t
+    return TensorType.of(x)
+
+
+def is_differentiable(t: AbstractType) -> bool:
+    """Whether values of type `t` carry tangents (float and complex arrays)."""
+    return isinstance(t, TensorType) and t.dtype.kind in "fc"
+
+
+def _tangent_type(t: AbstractType) -> AbstractType:
+    return t.update() if isinstance(t, TensorType) else t
+
+
+add_any_p = Primitive("add_any")
+
+
+@add_any_p.def_abstract_eval
+def _add_any_shape(x, y):
+    if x.update() != y.update():
+        from ..errors import ShapeError
+
+        raise ShapeError(f"adds tangents of one type, got {x.str_short()} and "
+                         f"{y.str_short()}.", op="add_any")
+    return x.update()
+
+
+@add_any_p.def_impl
+def _add_any_impl(x, y):
+    return x + y
+
+
+@add_any_p.def_jvp
+def _add_any_jvp(primals, tangents):
+    (x, y), (tx, ty) = primals, tangents
+    return add_any_p.bind(x, y), add_tangents(tx, ty)
+
+
+@add_any_p.def_transpose
+def _add_any_transpose(ct, x, y):
+    return ct, ct
+
+
+zeros_p = Primitive("zeros")
+
+
+@zeros_p.def_abstract_eval
+def _zeros_shape(*, shape, dtype):
+    return TensorType(shape, dtype)
+
+
+@zeros_p.def_impl
+def _zeros_impl(*, shape, dtype):
+    import jax.numpy as jnp
+
+    return jnp.zeros(shape, dtype)
+
+
+def zeros(t: AbstractType):
+    """A materialized zero of tensor type `t` (one `zeros` node)."""
+    return zeros_p.bind(shape=t.shape, dtype=t.dtype)
+
+
+def instantiate(x):
+    """`x`, with a symbolic `Zero` made into a real array of zeros."""
+    return zeros(x.type) if isinstance(x, Zero) else x
+
+
+def add_tangents(a, b):
+    """`a + b` for tangents or cotangents of one type; `Zero`s are skipped."""
+    if isinstance(a, Zero):
+        return b
+    if isinstance(b, Zero):
+        return a
+    return add_any_p.bind(a, b)
+
+
+# ---------------------------------------------------------------------------
+# Forward mode
+
+
+def _bind(prim: Primitive, args, params):
+    out = prim.bind(*args, **params)
+    return tuple(out) if prim.multiple_results else (out,)
+
+
+def _check_tangent(node_or_prim, primal_type: AbstractType, t, what: str):
+    prim = node_or_prim.primitive if isinstance(node_or_prim, Node) else node_or_prim
+    if isinstance(t, Zero):
+        return
+    tt = type_of(t)
+    want = _tangent_type(primal_type)
+    if not is_differentiable(primal_type):
+        raise RuleError(
+            f"the {what} returned a tangent {tt.str_short()} for the non-differentiable "
+            f"output {primal_type.str_short()}; return `Zero` (sciad.graph.Zero) there.",
+            op=prim.name)
+    if tt.update() != want.update():
+        raise RuleError(
+            f"the {what} returned a tangent of type {tt.str_short()} for an output of "
+            f"type {want.str_short()}; a tangent has its primal's shape and dtype.",
+            op=prim.name)
+
+
+def jvp_node(prim: Primitive, primals: Sequence, tangents: Sequence, params: dict,
+             out_types: Sequence[AbstractType] | None = None):
+    """Applies `prim` to `(primals, tangents)`; returns `(outs, tangent_outs)` as
+    tuples. Inputs without tangents are `Zero`s."""
+    tangents = [t if not isinstance(t, Zero) and is_differentiable(type_of(p)) else
+                (t if isinstance(t, Zero) else Zero(_tangent_type(type_of(p))))
+                for p, t in zip(primals, tangents)]
+    if all(isinstance(t, Zero) for t in tangents) or (
+            out_types is not None and not any(is_differentiable(t) for t in out_types)):
+        outs = _bind(prim, primals, params)
+        return outs, tuple(Zero(_tangent_type(type_of(o))) for o in outs)
+    if prim.jvp_rule is None:
+        raise MissingRuleError(
+            f"`{prim.name}` has no JVP rule, so it cannot be differentiated. Define "
+            f"`@{prim.name}_p.def_jvp` (and `def_vjp` or `def_transpose` for reverse "
+            "mode if you like).", op=prim.name)
+    out, tout = prim.jvp_rule(primals, tangents, **params)
+    if prim.multiple_results:
+        outs, touts = tuple(out), tuple(tout)
+    else:
+        outs, touts = (out,), (tout,)
+    if len(touts) != len(outs):
+        raise RuleError(f"the JVP rule returned {len(touts)} tangents for {len(outs)} "
+                        "outputs.", op=prim.name)
+    fixed = []
+    for o, t in zip(outs, touts):
+        _check_tangent(prim, type_of(o), t, "JVP rule")
+        fixed.append(t if t is not None else Zero(_tangent_type(type_of(o))))
+    return outs, tuple(fixed)
+
+
+def jvp_eval(graph: Graph, primals: Sequence, tangents: Sequence):
+    """Emits `graph` and its JVP into the current trace.
+
+    `primals` are tracers or constants, `tangents` tracers or `Zero`s. Returns
+    `(outs, tangent_outs)` lists.
+    """
+    env: dict[Var, Any] = dict(zip(graph.inputs, primals))
+    tenv: dict[Var, Any] = dict(zip(graph.inputs, tangents))
+
+    def read(a):
+        return a.value if isinstance(a, Literal) else env[a]
+
+    def read_t(a):
+        return Zero(_tangent_type(a.type)) if isinstance(a, Literal) else tenv[a]
+
+    for node in graph.nodes:
+        try:
+            outs, touts = jvp_node(node.primitive, [read(a) for a in node.inputs],
+                                   [read_t(a) for a in node.inputs], dict(node.params),
+                                   [v.type for v in node.outputs])
+        except (RuleError, MissingRuleError) as e:
+            raise e.with_source(node.source)
+        for v, o, t in zip(node.outputs, outs, touts):
+            env[v], tenv[v] = o, t
+    return [read(a) for a in graph.outputs], [read_t(a) for a in graph.outputs]
+
+
+# ---------------------------------------------------------------------------
+# Transposition of linear graphs, and reverse mode
+
+
+def transpose_eval(graph: Graph, linear: Sequence[bool], values: Sequence,
+                   cts: Sequence) -> list:
+    """Transposes `graph` with respect to its inputs flagged `linear`.
+
+    The graph must be linear in those inputs. `values` gives the other
+    inputs (in order, skipping linear ones), `cts` a cotangent (or `Zero`)
+    per output. Emits the nonlinear nodes on `values`, then the transposed
+    linear nodes in reverse; returns a cotangent (or `Zero`) per linear input.
+    """
+    env: dict[Var, Any] = {}
+    lin_vars: set[Var] = set()
+    it = iter(values)
+    for v, is_lin in zip(graph.inputs, linear):
+        if is_lin:
+            lin_vars.add(v)
+        else:
+            env[v] = next(it)
+
+    def read(a):
+        return a.value if isinstance(a, Literal) else env[a]
+
+    lin_nodes: list[Node] = []
+    for node in graph.nodes:
+        if any(isinstance(a, Var) and a in lin_vars for a in node.inputs):
+            lin_nodes.append(node)
+            lin_vars.update(node.outputs)
+        else:
+            for v, o in zip(node.outputs, _bind(node.primitive, [read(a) for a in node.inputs],
+                                                dict(node.params))):
+                env[v] = o
+
+    ct_env: dict[Var, Any] = {}
+    for a, ct in zip(graph.outputs, cts):
+        if isinstance(a, Var) and a in lin_vars and not isinstance(ct, Zero):
+            ct_env[a] = add_tangents(ct_env.get(a, Zero(a.type)), ct)
+
+    for node in reversed(lin_nodes):
+        prim = node.primitive
+        node_cts = [ct_env.pop(v, Zero(_tangent_type(v.type))) for v in node.outputs]
+        if all(isinstance(c, Zero) for c in node_cts):
+            continue
+        if prim.transpose_rule is None:
+            raise MissingRuleError(
+                f"`{prim.name}` has no transpose rule, so it cannot be differentiated "
+                f"in reverse mode. Define `@{prim.name}_p.def_transpose`, or a VJP with "
+                f"`@{prim.name}_p.def_vjp`.", op=prim.name, source=node.source)
+        args = [UndefinedPrimal(a.type) if isinstance(a, Var) and a in lin_vars
+                else read(a) for a in node.inputs]
+        ct_arg = tuple(node_cts) if prim.multiple_results else node_cts[0]
+        in_cts = prim.transpose_rule(ct_arg, *args, **node.params)
+        in_cts = _as_ct_tuple(prim, in_cts, len(node.inputs), "transpose rule", node)
+        for a, arg, ct in zip(node.inputs, args, in_cts):
+            if ct is None or isinstance(ct, Zero):
+                continue
+            if not is_linear(arg):
+                raise RuleError(f"the transpose rule returned a cotangent for the "
+                                f"nonlinear operand {arg!r}; return None there.",
+                                op=prim.name, source=node.source)
+            _check_tangent(prim, a.type, ct, "transpose rule")
+            ct_env[a] = add_tangents(ct_env.get(a, Zero(a.type)), ct)
+    return [ct_env.get(v, Zero(_tangent_type(v.type)))
+            for v, is_lin in zip(graph.inputs, linear) if is_lin]
+
+
+def _as_ct_tuple(prim, in_cts, n: int, what: str, node=None) -> tuple:
+    if not isinstance(in_cts, (tuple, list)):
+        in_cts = (in_cts,)
+    if len(in_cts) != n:
+        raise RuleError(f"the {what} returned {len(in_cts)} cotangents for {n} operands "
+                        "(use None for operands without one).", op=prim.name,
+                        source=node.source if node is not None else None)
+    return tuple(in_cts)
+
+
+def _derived_vjp(prim: Primitive, primals: Sequence, cts: Sequence, params: dict):
+    """The VJP of one application of `prim` from its JVP rule: trace the JVP
+    with symbolic tangents into a graph linear in them, then transpose it."""
+    from ._trace import trace_flat
+
+    diff = [i for i, p in enumerate(primals) if is_differentiable(type_of(p))]
+    if not diff:
+        return [None] * len(primals)
+    types = [_tangent_type(type_of(primals[i])) for i in diff]
+
+    def linear_part(*tans):
+        ts = [Zero(_tangent_type(type_of(p))) for p in primals]
+        for i, t in zip(diff, tans):
+            ts[i] = t
+        _, touts = jvp_node(prim, primals, ts, params)
+        return [instantiate(t) for t in touts]
+
+    graph, _, _, captured = trace_flat(linear_part, tuple(types), name=f"{prim.name}_jvp",
+                                       closure=True)
+    n = len(types)
+    linear = [True] * n + [False] * len(captured)
+    lin_cts = transpose_eval(graph, linear, captured, cts)
+    out: list = [None] * len(primals)
+    for i, ct in zip(diff, lin_cts):
+        out[i] = ct
+    return out
+
+
+def vjp_node(prim: Primitive, primals: Sequence, outs: Sequence, cts: Sequence,
+             params: dict, node: Node | None = None) -> list:
+    """Cotangents of `prim`'s operands for output cotangents `cts`."""
+    if prim.vjp_rule is not None:
+        ct_arg = tuple(cts) if prim.multiple_results else cts[0]
+        out_arg = tuple(outs) if prim.multiple_results else outs[0]
+        res = prim.vjp_rule(primals, out_arg, ct_arg, **params)
+        res = _as_ct_tuple(prim, res, len(primals), "VJP rule", node)
+        for p, ct in zip(primals, res):
+            if ct is not None and not isinstance(ct, Zero):
+                _check_tangent(prim, type_of(p), ct, "VJP rule")
+        return list(res)
+    return _derived_vjp(prim, primals, cts, params)
+
+
+def vjp_eval(graph: Graph, primals: Sequence):
+    """Emits `graph` into the current trace; returns `(outs, backward)` where
+    `backward(cts)` emits the reverse pass and returns a cotangent (or `Zero`)
+    per input. `backward` must be called in the same trace."""
+    env: dict[Var, Any] = dict(zip(graph.inputs, primals))
+
+    def read(a):
+        return a.value if isinstance(a, Literal) else env[a]
+
+    for node in graph.nodes:
+        for v, o in zip(node.outputs, _bind(node.primitive, [read(a) for a in node.inputs],
+                                            dict(node.params))):
+            env[v] = o
+    outs = [read(a) for a in graph.outputs]
+
+    def backward(cts: Sequence) -> list:
+        ct_env: dict[Var, Any] = {}
+        for a, ct in zip(graph.outputs, cts):
+            if isinstance(a, Var) and is_differentiable(a.type) and not isinstance(ct, Zero):
+                ct_env[a] = add_tangents(ct_env.get(a, Zero(a.type)), ct)
+        for node in reversed(graph.nodes):
+            node_cts = [ct_env.pop(v, Zero(_tangent_type(v.type))) for v in node.outputs]
+            if all(isinstance(c, Zero) for c in node_cts):
+                continue
+            if not any(isinstance(a, Var) and is_differentiable(a.type) for a in node.inputs):
+                continue
+            try:
+                in_cts = vjp_node(node.primitive, [read(a) for a in node.inputs],
+                                  [env[v] for v in node.outputs], node_cts,
+                                  dict(node.params), node)
+            except (RuleError, MissingRuleError) as e:
+                raise e.with_source(node.source)
+            for a, ct in zip(node.inputs, in_cts):
+                if ct is None or isinstance(ct, Zero) or not isinstance(a, Var):
+                    continue
+                if not is_differentiable(a.type):
+                    continue
+                ct_env[a] = add_tangents(ct_env.get(a, Zero(a.type)), ct)
+        return [ct_env.get(v, Zero(_tangent_type(v.type))) for v in graph.inputs]
+
+    return outs, backward
+
+
+# ---------------------------------------------------------------------------
+# Graph -> Graph forms
+
+
+def _differentiable_inputs(graph: Graph) -> list[int]:
+    return [i for i, v in enumerate(graph.inputs) if is_differentiable(v.type)]
+
+
+def jvp_graph(graph: Graph) -> Graph:
+    """The JVP of `graph`: inputs `(*primals, *tangents)`, outputs
+    `(*outs, *tangent_outs)`. Tangent inputs exist for the float and complex
+    inputs only; tangent outputs are materialized (zeros where symbolic)."""
+    from ._trace import trace_flat
+
+    diff = _differentiable_inputs(graph)
+    in_types = list(graph.in_types) + [graph.inputs[i].type.update() for i in diff]
+    n = len(graph.inputs)
+
+    def fn(*args):
+        primals = args[:n]
+        tangents: list = [Zero(v.type.update()) for v in graph.inputs]
+        for i, t in zip(diff, args[n:]):
+            tangents[i] = t
+        outs, touts = jvp_eval(graph, primals, tangents)
+        return list(outs) + [instantiate(t) for t in touts]
+
+    g, _, _ = trace_flat(fn, tuple(in_types), name=f"jvp_{graph.name}")
+    return g
+
+
+class VJPGraph:
+    """Reverse mode split in two: `forward(*primals) -> (*outs, *saved)` and
+    `backward(*saved, *cts) -> (*input_cts)`. `saved` are the primal values the
+    backward part needs, listed by `saved_types`."""
+
+    def __init__(self, forward: Graph, backward: Graph, n_outputs: int):
+        self.forward = forward
+        self.backward = backward
+        self.n_outputs = n_outputs
+
+    @property
+    def saved_types(self) -> tuple[AbstractType, ...]:
+        return self.forward.out_types[self.n_outputs:]
+
+    def __str__(self) -> str:
+        return f"{self.forward}\n{self.backward}"
+
+
+def vjp_graph(graph: Graph) -> VJPGraph:
+    """The VJP of `graph` as a forward graph (outputs, then saved values) and
+    a backward graph (saved values and output cotangents -> a cotangent per
+    differentiable input, materialized)."""
+    from ._trace import trace_flat
+
+    n_in = len(graph.inputs)
+    diff_out = [i for i, a in enumerate(graph.outputs) if is_differentiable(a.type)]
+    ct_types = [graph.outputs[i].type.update() for i in diff_out]
+    diff_in = _differentiable_inputs(graph)
+
+    def fn(*args):
+        outs, backward = vjp_eval(graph, args[:n_in])
+        cts: list = [Zero(a.type.update()) for a in graph.outputs]
+        for i, c in zip(diff_out, args[n_in:]):
+            cts[i] = c
+        in_cts = backward(cts)
+        return list(outs) + [instantiate(in_cts[i]) for i in diff_in]
+
+    whole, _, _ = trace_flat(fn, tuple(graph.in_types) + tuple(ct_types),
+                             name=f"vjp_{graph.name}")
+    return split_graph(whole, n_in, len(graph.outputs))
+
+
+def split_graph(whole: Graph, n_primal_inputs: int, n_outputs: int) -> VJPGraph:
+    """Splits a combined `(primals, cts) -> (outs, in_cts)` graph into the
+    part that needs no cotangent (forward) and the rest (backward)."""
+    ct_inputs = set(whole.inputs[n_primal_inputs:])
+    tainted: set[Var] = set(ct_inputs)
+    fwd_nodes, bwd_nodes = [], []
+    for node in whole.nodes:
+        if any(isinstance(a, Var) and a in tainted for a in node.inputs):
+            bwd_nodes.append(node)
+            tainted.update(node.outputs)
+        else:
+            fwd_nodes.append(node)
+    bwd_outputs = whole.outputs[n_outputs:]
+    used: list[Var] = []
+    seen: set[Var] = set()
+    bwd_defined = set(tainted)
+
+    def need(a):
+        if isinstance(a, Var) and a not in bwd_defined and a not in seen:
+            seen.add(a)
+            used.append(a)
+
+    for node in bwd_nodes:
+        for a in node.inputs:
+            need(a)
+    for a in bwd_outputs:
+        need(a)
+    forward = Graph(whole.inputs[:n_primal_inputs], tuple(fwd_nodes),
+                    tuple(whole.outputs[:n_outputs]) + tuple(used), f"{whole.name}_fwd")
+    saved_in = [Var(v.type, v.hint) for v in used]
+    sub = dict(zip(used, saved_in))
+
+    def s(a):
+        return sub.get(a, a) if isinstance(a, Var) else a
+
+    bwd = tuple(n.replace(inputs=tuple(s(a) for a in n.inputs)) for n in bwd_nodes)
+    backward = Graph(tuple(saved_in) + tuple(whole.inputs[n_primal_inputs:]), bwd,
+                     tuple(s(a) for a in bwd_outputs), f"{whole.name}_bwd")
+    return VJPGraph(forward, backward, n_outputs)
+
+
+def check_linear_dtype(x, op: str) -> None:
+    t = type_of(x)
+    if not is_differentiable(t):
+        raise DTypeError(f"can only differentiate with respect to float or complex "
+                         f"arrays, got {t.str_short()}.", op=op)
+

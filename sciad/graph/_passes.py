@@ -1,0 +1,472 @@
+"""Graph-to-graph passes: `dce`, `cse`, `fold_constants`, `simplify`, `optimize`.
+
+Every pass has the shape `def dce(graph: Graph) -> Graph`. It builds a new graph
+and never changes its input; it keeps `graph.inputs` (the same `Var`s, in the same
+order), the number and order of outputs and their types, and the `source` of every
+node it keeps. Subgraphs held in params (`call[graph=...]`) get the same pass, with
+their own inputs and outputs left as they are. With `sciad.config.enable_checks`
+on, the result is verified.
+
+A pass that replaces a value by another atom records it in a substitution, a dict
+`Var -> Atom`, and `_subst` applies it to later nodes' inputs and to the outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+
+from ._core import Atom, Graph, Literal, Node, Var
+from ._types import TensorType
+from ._verify import verify
+
+_Run = Callable[[Graph], Graph]
+
+# --------------------------------------------------------------------------
+# Shared machinery
+
+
+def _subst(atoms: Iterable[Atom], env: dict[Var, Atom]) -> tuple[Atom, ...]:
+    """`atoms` with every `Var` that `env` replaces replaced.
+
+    Values put into `env` are already substituted, so one lookup is enough.
+    """
+    return tuple(env.get(a, a) if isinstance(a, Var) else a for a in atoms)
+
+
+def _same(xs: Iterable, ys: Iterable) -> bool:
+    xs, ys = tuple(xs), tuple(ys)
+    return len(xs) == len(ys) and all(x is y for x, y in zip(xs, ys))
+
+
+def _with_inputs(node: Node, inputs: tuple[Atom, ...]) -> Node:
+    return node if _same(inputs, node.inputs) else node.replace(inputs=inputs)
+
+
+def _rebuild(graph: Graph, nodes: list[Node], outputs: tuple[Atom, ...]) -> Graph:
+    """`graph` itself if nothing changed, so unchanged subgraphs keep their identity
+    (and `cse` can still merge two calls of one body)."""
+    if _same(nodes, graph.nodes) and _same(outputs, graph.outputs):
+        return graph
+    return graph.replace(nodes=tuple(nodes), outputs=outputs)
+
+
+def _memo(pass_fn: Callable[[Graph, _Run], Graph]) -> _Run:
+    """`pass_fn` run once per distinct graph object: a body shared by two nodes
+    becomes one shared new body."""
+    cache: dict[int, tuple[Graph, Graph]] = {}
+
+    def run(graph: Graph) -> Graph:
+        hit = cache.get(id(graph))
+        if hit is None:
+            out = pass_fn(graph, run)
+            _check_interface(graph, out)
+            hit = cache[id(graph)] = (graph, out)  # keeps `graph` alive: ids stay unique
+        return hit[1]
+
+    return run
+
+
+def _check_interface(old: Graph, new: Graph) -> None:
+    assert _same(new.inputs, old.inputs), \
+        f"a pass changed the inputs of graph {old.name!r}; this is a bug in sciad."
+    assert new.out_types == old.out_types, (
+        f"a pass changed the output types of graph {old.name!r} from "
+        f"{[t.str_short() for t in old.out_types]} to "
+        f"{[t.str_short() for t in new.out_types]}; this is a bug in sciad.")
+
+
+def _map_param(value, run: _Run):
+    if isinstance(value, Graph):
+        return run(value)
+    if isinstance(value, tuple):
+        new = tuple(_map_param(v, run) for v in value)
+        return value if _same(new, value) else new
+    return value
+
+
+def _map_subgraphs(node: Node, run: _Run) -> Node:
+    """`node` with `run` applied to every graph in its params."""
+    if not node.subgraphs:
+        return node
+    params = {k: _map_param(v, run) for k, v in node.params.items()}
+    if all(params[k] is v for k, v in node.params.items()):
+        return node
+    return node.replace(params=params)
+
+
+def _has_effects(node: Node) -> bool:
+    """Effects of the node itself or of any node in its subgraphs."""
+    return bool(node.effects) or any(_has_effects(n) for g in node.subgraphs
+                                     for n in g.nodes)
+
+
+def _forward(graph: Graph, run: _Run, visit: Callable[[Node], Node | tuple]) -> Graph:
+    """Walks the nodes in order. Each node, with its inputs substituted and its
+    subgraphs rewritten, goes to `visit`, which returns the node to keep (maybe a
+    new one with the same outputs) or a tuple of atoms that replace its outputs."""
+    env: dict[Var, Atom] = {}
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        node = _map_subgraphs(_with_inputs(node, _subst(node.inputs, env)), run)
+        out = visit(node)
+        if isinstance(out, Node):
+            assert _same(out.outputs, node.outputs), "a rewrite must keep the outputs"
+            nodes.append(out)
+        else:
+            assert len(out) == len(node.outputs)
+            env.update(zip(node.outputs, out))
+    return _rebuild(graph, nodes, _subst(graph.outputs, env))
+
+
+def _finish(graph: Graph, out: Graph) -> Graph:
+    from .. import config
+
+    if out is graph:
+        out = graph.replace()
+    if config.enable_checks:
+        verify(out)
+    return out
+
+
+# --------------------------------------------------------------------------
+# dce
+
+
+def dce(graph: Graph) -> Graph:
+    """Dead-code elimination: drops the nodes whose results the outputs do not need.
+
+    A node is kept if one of its outputs is used, directly or through other kept
+    nodes, by `graph.outputs`, or if it has effects (`node.effects`, or effects
+    of a node in one of its subgraphs). A node with several outputs is kept or
+    dropped whole. Subgraphs are cleaned too; their inputs and outputs stay.
+
+    **Arguments:**
+
+    - `graph`: the graph to clean. It is not changed.
+
+    **Returns:**
+
+    A new `Graph` with the same inputs and outputs and the kept nodes in their
+    original order.
+    """
+    return _finish(graph, _memo(_dce_graph)(graph))
+
+
+def _dce_graph(graph: Graph, run: _Run) -> Graph:
+    live = {a for a in graph.outputs if isinstance(a, Var)}
+    kept: list[Node] = []
+    for node in reversed(graph.nodes):
+        if _has_effects(node) or any(v in live for v in node.outputs):
+            kept.append(_map_subgraphs(node, run))
+            live.update(a for a in node.inputs if isinstance(a, Var))
+    kept.reverse()
+    return _rebuild(graph, kept, graph.outputs)
+
+
+# --------------------------------------------------------------------------
+# cse
+
+
+def cse(graph: Graph) -> Graph:
+    """Common-subexpression elimination: computes each distinct expression once.
+
+    Two nodes are merged when they apply the same primitive to the same operands
+    (the same `Var`s, or `Literal`s of equal dtype, shape and bytes) with equal
+    params; a `Graph` param compares by identity, and floats compare by their
+    exact value, so `0.0` and `-0.0` differ. The later node is dropped and its
+    uses read the first node's outputs. Nodes with effects are never merged.
+    Subgraphs are processed first, so two calls of one body still merge.
+
+    **Arguments:**
+
+    - `graph`: the graph to rewrite. It is not changed.
+
+    **Returns:**
+
+    A new `Graph` with the same inputs and outputs.
+    """
+    return _finish(graph, _memo(_cse_graph)(graph))
+
+
+def _param_key(v):
+    """A hashable key under which two params are equal only if they mean the same:
+    `1`, `1.0` and `True` differ, and so do `0.0` and `-0.0`."""
+    if isinstance(v, Graph):
+        return v  # identity
+    if isinstance(v, tuple):
+        return (tuple, tuple(_param_key(x) for x in v))
+    if isinstance(v, frozenset):
+        return (frozenset, frozenset(_param_key(x) for x in v))
+    if isinstance(v, np.generic):
+        return (type(v), v.tobytes())
+    if isinstance(v, (float, complex)):
+        return (type(v), repr(v))
+    return (type(v), v)
+
+
+def _atom_key(a: Atom):
+    if isinstance(a, Var):
+        return a
+    value = a.value
+    return (Literal, value.dtype.str, value.shape, value.tobytes())
+
+
+def _cse_graph(graph: Graph, run: _Run) -> Graph:
+    seen: dict[tuple, tuple[Var, ...]] = {}
+
+    def visit(node: Node):
+        if _has_effects(node):
+            return node
+        try:
+            key = (node.primitive, tuple(_atom_key(a) for a in node.inputs),
+                   tuple(sorted(((k, _param_key(v)) for k, v in node.params.items()),
+                                key=lambda kv: kv[0])),
+                   tuple(v.type for v in node.outputs))
+            first = seen.get(key)
+        except TypeError:  # an unhashable param: never merged
+            return node
+        if first is not None:
+            return first
+        seen[key] = node.outputs
+        return node
+
+    return _forward(graph, run, visit)
+
+
+# --------------------------------------------------------------------------
+# fold_constants
+
+
+def fold_constants(graph: Graph, max_size: int = 1024) -> Graph:
+    """Evaluates the nodes whose operands are all constants; their results become
+    `Literal`s.
+
+    A node is folded if every operand is a `Literal` (or it has none, like `full`,
+    `eye` or `arange`), it has no effects and no subgraph params, and each output
+    is a `TensorType` (without structure tags) of at most `max_size` elements.
+    It is run on the host by its primitive's implementation, as lowering would
+    run it, with 64-bit dtypes on; the outputs become `Literal`s of exactly the
+    node's output dtype and shape. Chains fold in one pass, since a folded
+    result is a constant operand for the nodes after it. A node whose
+    implementation raises, or returns another dtype or shape, is kept as it is.
+    Graph outputs may become `Literal`s.
+
+    **Arguments:**
+
+    - `graph`: the graph to fold. It is not changed.
+    - `max_size`: the largest output (in elements) to store as a constant; larger
+        ones stay as nodes, which keeps the graph small and its text readable.
+
+    **Returns:**
+
+    A new `Graph` with the same inputs and output types.
+    """
+    return _finish(graph, _memo(lambda g, run: _fold_graph(g, run, max_size))(graph))
+
+
+def _foldable(node: Node, max_size: int) -> bool:
+    return (node.primitive.impl_rule is not None
+            and all(isinstance(a, Literal) for a in node.inputs)
+            and not _has_effects(node) and not node.subgraphs
+            and all(isinstance(v.type, TensorType) and not v.type.tags
+                    and v.type.size <= max_size for v in node.outputs))
+
+
+def _evaluate_node(node: Node) -> tuple[Literal, ...] | None:
+    """The node's outputs as `Literal`s, or None if it cannot be evaluated exactly."""
+    from ..config import x64_scope
+
+    prim = node.primitive
+    try:
+        with x64_scope():
+            out = prim.impl_rule(*(a.value for a in node.inputs), **node.params)
+            outs = tuple(out) if prim.multiple_results else (out,)
+            values = [np.array(o, copy=True) for o in outs]
+    except Exception:  # a failing op stays in the graph, to fail where it runs
+        return None
+    if len(values) != len(node.outputs):
+        return None
+    lits = []
+    for v, value in zip(node.outputs, values):
+        if value.shape != v.type.shape or value.dtype != v.type.dtype:
+            return None
+        lits.append(Literal(value))
+    return tuple(lits)
+
+
+def _fold_graph(graph: Graph, run: _Run, max_size: int) -> Graph:
+    def visit(node: Node):
+        if _foldable(node, max_size):
+            lits = _evaluate_node(node)
+            if lits is not None:
+                return lits
+        return node
+
+    return _forward(graph, run, visit)
+
+
+# --------------------------------------------------------------------------
+# simplify
+
+
+def simplify(graph: Graph) -> Graph:
+    """Algebraic simplification: rewrites that give exactly the same values.
+
+    - `mul(x, 1)`, `mul(1, x)`, `div(x, 1)` -> `x`, for real and integer `x`;
+    - `add(x, 0)`, `add(0, x)`, `sub(x, 0)` -> `x`;
+    - `neg(neg(x))`, `conj(conj(x))` -> `x`;
+    - `transpose(transpose(x, p1), p2)` -> `transpose(x, p1[p2])`, and a transpose
+        by the identity permutation -> `x`;
+    - `reshape(reshape(x, s1), s2)` -> `reshape(x, s2)`, and a reshape to `x`'s
+        own shape -> `x`;
+    - `broadcast_to` to `x`'s own shape, `convert` to `x`'s own dtype -> `x`.
+
+    "1" and "0" are `Literal`s whose every element is 1 (or 0), or outputs of a
+    `full` node with that value. A rewrite is made only if the replaced value has
+    exactly `x`'s type (dtype, shape and tags): `x * ones((2, 3))` with `x` of
+    shape `(3,)` is kept, since the product is bigger than `x`.
+
+    Left alone on purpose:
+
+    - `x * 0` -> `0`: it is NaN where `x` is NaN or infinite.
+    - complex `x * 1` and `x / 1`: complex arithmetic computes `b * 0` for the
+        imaginary part of `1`, which is NaN for an infinite `b` and can flip the
+        sign of a zero.
+
+    One exception to exactness is accepted, as compilers (XLA's algebraic
+    simplifier among them) do: `add(x, 0)` -> `x` keeps a `-0.0` in `x` where
+    `-0.0 + 0.0` gives `+0.0`. The two compare equal.
+
+    The rewrites run to a fixed point, then `dce` removes what they left unused.
+
+    **Arguments:**
+
+    - `graph`: the graph to simplify. It is not changed.
+
+    **Returns:**
+
+    A new `Graph` with the same inputs and output types.
+    """
+    run = _memo(_simplify_graph)
+    return _finish(graph, _memo(_dce_graph)(run(graph)))
+
+
+def _is_const(a: Atom, value, producer: dict[Var, Node]) -> bool:
+    if isinstance(a, Literal):
+        return bool(np.all(a.value == value))
+    node = producer.get(a)
+    return (node is not None and node.primitive.name == "full"
+            and bool(np.all(np.asarray(node.params.get("value")) == value)))
+
+
+def _same_type(a: Atom, v: Var) -> bool:
+    return a.type == v.type
+
+
+def _rewrite(node: Node, producer: dict[Var, Node]) -> Atom | Node | None:
+    """One rewrite of `node`: an atom that replaces its output, a new node with
+    the same output, or None."""
+    name, ins, params = node.primitive.name, node.inputs, node.params
+    if len(node.outputs) != 1:
+        return None
+    out = node.outputs[0]
+
+    def src(a: Atom, prim_name: str) -> Node | None:
+        p = producer.get(a) if isinstance(a, Var) else None
+        return p if p is not None and p.primitive.name == prim_name else None
+
+    def ok(a: Atom) -> Atom | None:
+        return a if _same_type(a, out) else None
+
+    if name in ("mul", "div", "add", "sub") and len(ins) == 2:
+        x, y = ins
+        exact_one = getattr(out.type, "dtype", None) is not None and \
+            out.type.dtype.kind != "c"
+        if name == "mul" and exact_one:
+            if _is_const(y, 1, producer) and ok(x):
+                return x
+            if _is_const(x, 1, producer) and ok(y):
+                return y
+        if name == "div" and exact_one and _is_const(y, 1, producer) and ok(x):
+            return x
+        if name in ("add", "sub") and _is_const(y, 0, producer) and ok(x):
+            return x
+        if name == "add" and _is_const(x, 0, producer) and ok(y):
+            return y
+        return None
+    if name in ("neg", "conj") and len(ins) == 1:
+        inner = src(ins[0], name)
+        return ok(inner.inputs[0]) if inner is not None else None
+    if name == "transpose" and len(ins) == 1:
+        perm = tuple(params["perm"])
+        inner = src(ins[0], "transpose")
+        if inner is not None:
+            x, first = inner.inputs[0], tuple(inner.params["perm"])
+            perm = tuple(first[p] for p in perm)
+            if perm != tuple(range(len(perm))):
+                return node.replace(inputs=(x,), params={**params, "perm": perm})
+            return ok(x)
+        return ok(ins[0]) if perm == tuple(range(len(perm))) else None
+    if name == "reshape" and len(ins) == 1:
+        inner = src(ins[0], "reshape")
+        if inner is not None:
+            x = inner.inputs[0]
+            return x if _same_type(x, out) else node.replace(inputs=(x,))
+        return ok(ins[0])
+    if name in ("broadcast_to", "convert") and len(ins) == 1:
+        return ok(ins[0])
+    return None
+
+
+def _simplify_graph(graph: Graph, run: _Run) -> Graph:
+    for _ in range(100):  # each round only shortens chains; a few rounds suffice
+        producer: dict[Var, Node] = {}
+
+        def visit(node: Node):
+            new = _rewrite(node, producer)
+            if new is None:
+                new = node
+            if isinstance(new, Node):
+                producer.update((v, new) for v in new.outputs)
+                return new
+            return (new,)
+
+        new_graph = _forward(graph, run, visit)
+        if new_graph is graph:
+            break
+        graph = new_graph
+    return graph
+
+
+# --------------------------------------------------------------------------
+# optimize
+
+
+def optimize(graph: Graph, max_rounds: int = 10) -> Graph:
+    """`simplify`, `fold_constants`, `cse` and `dce`, repeated until the graph stops
+    changing.
+
+    One pass can open work for another (a folded constant may be a `1` that
+    `simplify` removes; a simplified expression may duplicate another), so the
+    four run in rounds until the printed graph is the same after a round, or
+    `max_rounds` have run.
+
+    **Arguments:**
+
+    - `graph`: the graph to optimize. It is not changed.
+    - `max_rounds`: the most rounds to run.
+
+    **Returns:**
+
+    A new `Graph` with the same inputs and output types.
+    """
+    text = graph.pretty(source=False)
+    for _ in range(max_rounds):
+        graph = dce(cse(fold_constants(simplify(graph))))
+        new_text = graph.pretty(source=False)
+        if new_text == text:
+            break
+        text = new_text
+    return graph
