@@ -16,6 +16,7 @@ import jax
 from . import config
 from .errors import NotSupportedError
 from .graph import Graph, lower, trace_flat, verify
+from .graph.passes import optimize
 
 _X64 = jax.enable_x64  # JAX's x64 state object (global value + thread-local override)
 
@@ -103,7 +104,9 @@ class Function(functools.partial):
         verify(graph)
         self.graphs.append(graph)
         dyn = (tuple(a for i, a in enumerate(args) if i not in static), dyn_kw)
-        outs = lower(graph)(*jax.tree_util.tree_leaves(dyn))
+        # Derivative graphs repeat primal work (each rule recomputes what it
+        # needs) and carry dead and trivial nodes: clean them up before XLA.
+        outs = lower(optimize(graph))(*jax.tree_util.tree_leaves(dyn))
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
     def lower(self, *args, **kwargs):

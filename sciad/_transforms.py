@@ -134,17 +134,22 @@ def jvp(f: Callable, primals: Sequence, tangents: Sequence):
 
 
 def _vjp_inline(f, primals: tuple, has_aux: bool):
-    fn = f
-    aux_box: list = []
-    if has_aux:
-        def fn(*a):
-            out, aux = f(*a)
-            aux_box.append(aux)
-            return out
     p_leaves, p_tree = _tree.tree_flatten(primals)
-    graph, _, out_tree, captured = _trace(fn, primals, "vjp")
+    graph, _, full_tree, captured = _trace(f, primals, "vjp")
     outs, backward = vjp_eval(graph, list(p_leaves) + captured)
+    if has_aux:
+        kids = full_tree.children() if full_tree.num_nodes > 1 else []
+        if len(kids) != 2:
+            raise ShapeError("with `has_aux=True`, `f` must return a pair (output, aux).",
+                             op="vjp")
+        out_tree, aux_tree = kids
+        n = out_tree.num_leaves
+        aux = _tree.tree_unflatten(aux_tree, outs[n:])
+        outs = outs[:n]
+    else:
+        out_tree, aux, n = full_tree, None, len(outs)
     out = _tree.tree_unflatten(out_tree, outs)
+    n_all = len(graph.outputs)
 
     def vjp_fn(ct):
         ct_leaves, ct_tree = _tree.tree_flatten(ct)
@@ -159,10 +164,11 @@ def _vjp_inline(f, primals: tuple, has_aux: bool):
                                  f"output {to.str_short()}, cotangent {tc.str_short()}.",
                                  op="vjp")
             cts.append(c if is_differentiable(to) else Zero(to.update()))
+        cts += [Zero(a.type.update()) for a in graph.outputs[n:n_all]]  # aux: no ct
         in_cts = backward(cts)[: len(p_leaves)]
         return _tree.tree_unflatten(p_tree, [instantiate(c) for c in in_cts])
 
-    return out, vjp_fn, (aux_box[0] if has_aux else None)
+    return out, vjp_fn, aux
 
 
 def vjp(f: Callable, *primals, has_aux: bool = False):

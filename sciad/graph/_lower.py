@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..errors import LoweringError, MissingRuleError, SciadError
@@ -21,6 +22,10 @@ from ._types import TensorType
 
 
 class LowerInterpreter(Interpreter):
+    def literal(self, lit):
+        # implementations receive JAX arrays only (`x.at[...]` and friends)
+        return jnp.asarray(lit.value)
+
     def run_node(self, node: Node, invals: Sequence[Any]) -> Sequence[Any]:
         prim = node.primitive
         impl = prim.impl_rule

@@ -62,7 +62,8 @@ def _memo(pass_fn: Callable[[Graph, _Run], Graph]) -> _Run:
         if hit is None:
             out = pass_fn(graph, run)
             _check_interface(graph, out)
-            hit = cache[id(graph)] = (graph, out)  # keeps `graph` alive: ids stay unique
+            # holding `graph` keeps it alive, so its id is not reused
+            hit = cache[id(graph)] = (graph, out)
         return hit[1]
 
     return run

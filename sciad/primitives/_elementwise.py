@@ -225,17 +225,17 @@ def _sign_jvp(x, y, t):
 
 
 def _zero_jvp(x, y, t):
-    return Zero(TensorType(np.shape(y), y.dtype))
+    return Zero(TensorType(y.shape, y.dtype))
 
 
 def _angle_jvp(x, y, t):
     if x.dtype.kind != "c":
-        return Zero(TensorType(np.shape(y), y.dtype))
+        return Zero(TensorType(y.shape, y.dtype))
     return snp.imag(t / x)  # d arg(z) = Im(dz / z)
 
 
 def _imag_jvp(x, y, t):
-    return snp.imag(t) if x.dtype.kind == "c" else Zero(TensorType(np.shape(y), y.dtype))
+    return snp.imag(t) if x.dtype.kind == "c" else Zero(TensorType(y.shape, y.dtype))
 
 
 _UNARY_JVP = {

@@ -1,0 +1,396 @@
+"""Graph passes: golden text before and after, idempotence, unchanged results."""
+
+import numpy as np
+import pytest
+
+import sciad as sd
+import sciad.numpy as snp
+from sciad.graph import Graph, Node, TensorType, Var, passes
+from sciad.primitives import broadcast_to_p, convert_p, reshape_p, transpose_p
+
+
+def check_pass(pass_fn, graph, before, after, *args):
+    """The golden text before and after, idempotence, the inputs and the input
+    graph untouched, and the same numbers from both graphs on `args`."""
+    assert graph.pretty(source=False) == before
+    new = pass_fn(graph)
+    assert new.pretty(source=False) == after
+    assert graph.pretty(source=False) == before  # the input is not changed
+    assert new is not graph
+    assert len(new.inputs) == len(graph.inputs)
+    assert all(a is b for a, b in zip(new.inputs, graph.inputs))
+    assert new.out_types == graph.out_types
+    assert pass_fn(new).pretty(source=False) == after  # idempotent
+    want = sd.graph.evaluate(graph, *args)
+    got = sd.graph.evaluate(new, *args)
+    assert len(got) == len(want)
+    for w, g in zip(want, got):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-12, atol=0)
+    return new
+
+
+# ---------------------------------------------------------------------------
+# dce and cse
+
+
+def redundant(x):
+    a = snp.sin(x)
+    b = snp.sin(x)
+    unused = snp.cos(x) * 2.0
+    return a + b
+
+
+REDUNDANT = """\
+graph redundant(%x: f64[3]) {
+  %0 = sin %x      : f64[3]
+  %1 = sin %x      : f64[3]
+  %2 = cos %x      : f64[3]
+  %3 = mul %2, 2.0 : f64[3]
+  %4 = add %0, %1  : f64[3]
+  return %4
+}"""
+
+
+def test_dce_removes_unused_nodes(rng):
+    x = rng.standard_normal(3)
+    g = sd.trace(redundant, x)
+    new = check_pass(passes.dce, g, REDUNDANT, """\
+graph redundant(%x: f64[3]) {
+  %0 = sin %x     : f64[3]
+  %1 = sin %x     : f64[3]
+  %2 = add %0, %1 : f64[3]
+  return %2
+}""", x)
+    # kept nodes keep their source lines
+    assert [n.source for n in new.nodes] == [g.nodes[i].source for i in (0, 1, 4)]
+
+
+def test_cse_merges_duplicates(rng):
+    x = rng.standard_normal(3)
+    check_pass(passes.cse, sd.trace(redundant, x), REDUNDANT, """\
+graph redundant(%x: f64[3]) {
+  %0 = sin %x      : f64[3]
+  %1 = cos %x      : f64[3]
+  %2 = mul %1, 2.0 : f64[3]
+  %3 = add %0, %0  : f64[3]
+  return %3
+}""", x)
+
+
+def test_cse_compares_literals_by_value(rng):
+    def f(x):
+        return x * np.array([1.0, 2.0, 3.0]), x * np.array([1.0, 2.0, 3.0]), \
+            x * np.float64(-0.0), x * np.float64(0.0)
+
+    x = rng.standard_normal(3)
+    check_pass(passes.cse, sd.trace(f, x), """\
+graph f(%x: f64[3]) {
+  %0 = mul %x, f64[3]{1.0, 2.0, 3.0} : f64[3]
+  %1 = mul %x, f64[3]{1.0, 2.0, 3.0} : f64[3]
+  %2 = mul %x, -0.0                  : f64[3]
+  %3 = mul %x, 0.0                   : f64[3]
+  return %0, %1, %2, %3
+}""", """\
+graph f(%x: f64[3]) {
+  %0 = mul %x, f64[3]{1.0, 2.0, 3.0} : f64[3]
+  %1 = mul %x, -0.0                  : f64[3]
+  %2 = mul %x, 0.0                   : f64[3]
+  return %0, %0, %1, %2
+}""", x)
+
+
+def test_effects_are_kept_and_not_merged():
+    sin = sd.graph.lookup_primitive("sin")
+    x, a, b, c = (Var(TensorType((3,), np.float64)) for _ in range(4))
+    io = frozenset({"io"})
+    g = Graph((x,), (Node(sin, (x,), (a,), {}, io), Node(sin, (x,), (b,), {}, io),
+                     Node(sin, (x,), (c,), {})), (x,))
+    effects_only = """\
+graph graph(%arg0: f64[3]) {
+  %0 = sin !{io} %arg0 : f64[3]
+  %1 = sin !{io} %arg0 : f64[3]
+  return %arg0
+}"""
+    assert passes.dce(g).pretty(source=False) == effects_only
+    assert passes.optimize(g).pretty(source=False) == effects_only
+    assert len(passes.cse(g).nodes) == 3
+    # a call whose body has effects has them too: kept though its result is unused
+    out = Var(TensorType((3,), np.float64))
+    outer = Graph((x,), (Node(sd.primitives.call_p, (x,), (out,), {"graph": g}),), (x,))
+    assert len(passes.dce(outer).nodes) == 1
+    assert len(passes.optimize(outer).nodes) == 1
+
+
+# ---------------------------------------------------------------------------
+# fold_constants
+
+
+def test_fold_constants(rng):
+    def f(x):
+        return snp.exp(np.float64(2.0)) * x, snp.ones(3) + 1.0
+
+    x = rng.standard_normal(3)
+    check_pass(passes.fold_constants, sd.trace(f, x), """\
+graph f(%x: f64[3]) {
+  %0 = exp 2.0                                : f64[]
+  %1 = mul %0, %x                             : f64[3]
+  %2 = full[dtype=f64, shape=(3,), value=1.0] : f64[3]
+  %3 = add %2, 1.0                            : f64[3]
+  return %1, %3
+}""", """\
+graph f(%x: f64[3]) {
+  %0 = mul 7.38905609893065, %x : f64[3]
+  return %0, f64[3]{2.0, 2.0, 2.0}
+}""", x)
+
+
+def test_fold_constants_keeps_dtype_and_respects_max_size(rng):
+    def f(x):
+        return x + snp.arange(3, dtype=np.float32), snp.ones(5) * 2.0
+
+    x = rng.standard_normal(3).astype(np.float32)
+    g = sd.trace(f, x)
+    new = passes.fold_constants(g, max_size=4)
+    assert new.pretty(source=False) == """\
+graph f(%x: f32[3]) {
+  %0 = add %x, f32[3]{0.0, 1.0, 2.0}          : f32[3]
+  %1 = full[dtype=f64, shape=(5,), value=1.0] : f64[5]
+  %2 = mul %1, 2.0                            : f64[5]
+  return %0, %2
+}"""
+    assert new.nodes[0].inputs[1].value.dtype == np.float32
+
+
+failing_p = sd.primitive("test_passes_failing")
+
+
+@failing_p.def_abstract_eval
+def _failing_shape(x):
+    return x
+
+
+@failing_p.def_impl
+def _failing_impl(x):
+    raise RuntimeError("no host evaluation")
+
+
+def test_fold_constants_leaves_failing_nodes():
+    g = sd.trace(lambda x: failing_p(np.float64(1.0)) + x, np.float64(0.0))
+    new = passes.fold_constants(g)
+    assert new.pretty(source=False) == g.pretty(source=False)
+
+
+# ---------------------------------------------------------------------------
+# simplify
+
+
+def arithmetic(x):
+    y = 1.0 * (x * 1.0)
+    y = 0.0 + (y + 0.0) - 0.0
+    y = -(-(y / 1.0))
+    return y * snp.ones(3)
+
+
+def test_simplify_arithmetic(rng):
+    x = rng.standard_normal(3)
+    check_pass(passes.simplify, sd.trace(arithmetic, x), """\
+graph arithmetic(%x: f64[3]) {
+  %0 = mul %x, 1.0                            : f64[3]
+  %1 = mul 1.0, %0                            : f64[3]
+  %2 = add %1, 0.0                            : f64[3]
+  %3 = add 0.0, %2                            : f64[3]
+  %4 = sub %3, 0.0                            : f64[3]
+  %5 = div %4, 1.0                            : f64[3]
+  %6 = neg %5                                 : f64[3]
+  %7 = neg %6                                 : f64[3]
+  %8 = full[dtype=f64, shape=(3,), value=1.0] : f64[3]
+  %9 = mul %7, %8                             : f64[3]
+  return %9
+}""", """\
+graph arithmetic(%x: f64[3]) {
+  return %x
+}""", x)
+
+
+def structural(m, z):
+    t = snp.transpose(snp.transpose(m, (1, 0, 2)), (0, 2, 1))
+    r = snp.reshape(snp.reshape(m, (24,)), (4, 6))
+    return (t, m.T.T, r, snp.reshape(snp.reshape(m, (24,)), (2, 3, 4)),
+            reshape_p(m, shape=(2, 3, 4)), transpose_p(m, perm=(0, 1, 2)),
+            broadcast_to_p(z, shape=(3,)), convert_p(z, dtype=np.dtype(np.complex128)),
+            snp.conj(snp.conj(z)))
+
+
+def test_simplify_structural(rng):
+    m = rng.standard_normal((2, 3, 4))
+    z = rng.standard_normal(3) + 1j * rng.standard_normal(3)
+    check_pass(passes.simplify, sd.trace(structural, m, z), """\
+graph structural(%m: f64[2,3,4], %z: c128[3]) {
+  %0 = transpose[perm=(1, 0, 2)] %m : f64[3,2,4]
+  %1 = transpose[perm=(0, 2, 1)] %0 : f64[3,4,2]
+  %2 = reshape[shape=(24,)] %m      : f64[24]
+  %3 = reshape[shape=(4, 6)] %2     : f64[4,6]
+  %4 = transpose[perm=(2, 1, 0)] %m : f64[4,3,2]
+  %5 = transpose[perm=(2, 1, 0)] %4 : f64[2,3,4]
+  %6 = reshape[shape=(24,)] %m      : f64[24]
+  %7 = reshape[shape=(2, 3, 4)] %6  : f64[2,3,4]
+  %8 = reshape[shape=(2, 3, 4)] %m  : f64[2,3,4]
+  %9 = transpose[perm=(0, 1, 2)] %m : f64[2,3,4]
+  %10 = broadcast_to[shape=(3,)] %z : c128[3]
+  %11 = convert[dtype=c128] %z      : c128[3]
+  %12 = conj %z                     : c128[3]
+  %13 = conj %12                    : c128[3]
+  return %1, %5, %3, %7, %8, %9, %10, %11, %13
+}""", """\
+graph structural(%m: f64[2,3,4], %z: c128[3]) {
+  %0 = transpose[perm=(1, 2, 0)] %m : f64[3,4,2]
+  %1 = reshape[shape=(4, 6)] %m     : f64[4,6]
+  return %0, %m, %1, %m, %m, %m, %z, %z, %z
+}""", m, z)
+
+
+def test_simplify_skips_inexact_rewrites(rng):
+    def f(x, z):
+        return x * np.ones((2, 3)), x * 0.0, z * 1.0, x * np.float64(np.nan)
+
+    x = rng.standard_normal(3)
+    z = rng.standard_normal(3) + 1j * rng.standard_normal(3)
+    text = """\
+graph f(%x: f64[3], %z: c128[3]) {
+  %0 = mul %x, const<f64[2,3] #087ee8> : f64[2,3]
+  %1 = mul %x, 0.0                     : f64[3]
+  %2 = mul %z, 1+0j                    : c128[3]
+  %3 = mul %x, nan                     : f64[3]
+  return %0, %1, %2, %3
+}"""
+    check_pass(passes.simplify, sd.trace(f, x, z), text, text, x, z)
+
+
+# ---------------------------------------------------------------------------
+# subgraphs and optimize
+
+
+def body(a):
+    s = snp.sin(a) + snp.sin(a)
+    unused = snp.tanh(a)
+    return (s * 1.0 + snp.cos(a) * 0.0,)
+
+
+BODY_CALLED_TWICE = """\
+graph twice(%x: f64[3]) {
+  %0 = call[graph=<graph body>] %x : f64[3]
+    graph body(%a: f64[3]) {
+      %0 = sin %a      : f64[3]
+      %1 = sin %a      : f64[3]
+      %2 = add %0, %1  : f64[3]
+      %3 = tanh %a     : f64[3]
+      %4 = mul %2, 1.0 : f64[3]
+      %5 = cos %a      : f64[3]
+      %6 = mul %5, 0.0 : f64[3]
+      %7 = add %4, %6  : f64[3]
+      return %7
+    }
+  %1 = mul %0, 2.0                 : f64[3]
+  %2 = call[graph=<graph body>] %x : f64[3]
+    graph body(%a: f64[3]) {
+      %0 = sin %a      : f64[3]
+      %1 = sin %a      : f64[3]
+      %2 = add %0, %1  : f64[3]
+      %3 = tanh %a     : f64[3]
+      %4 = mul %2, 1.0 : f64[3]
+      %5 = cos %a      : f64[3]
+      %6 = mul %5, 0.0 : f64[3]
+      %7 = add %4, %6  : f64[3]
+      return %7
+    }
+  %3 = add %1, %2                  : f64[3]
+  return %3
+}"""
+
+
+@pytest.fixture
+def called_twice(rng):
+    x = rng.standard_normal(3)
+    inner = sd.trace(body, x)
+
+    def twice(x):
+        return sd.call(inner, x)[0] * 2.0 + sd.call(inner, x)[0]
+
+    return sd.trace(twice, x), x
+
+
+def test_passes_recurse_into_subgraphs(called_twice):
+    g, x = called_twice
+    inner = g.nodes[0].params["graph"]
+    # one body, called twice: the two calls of the new body merge
+    new = check_pass(passes.cse, g, BODY_CALLED_TWICE, """\
+graph twice(%x: f64[3]) {
+  %0 = call[graph=<graph body>] %x : f64[3]
+    graph body(%a: f64[3]) {
+      %0 = sin %a      : f64[3]
+      %1 = add %0, %0  : f64[3]
+      %2 = tanh %a     : f64[3]
+      %3 = mul %1, 1.0 : f64[3]
+      %4 = cos %a      : f64[3]
+      %5 = mul %4, 0.0 : f64[3]
+      %6 = add %3, %5  : f64[3]
+      return %6
+    }
+  %1 = mul %0, 2.0                 : f64[3]
+  %2 = add %1, %0                  : f64[3]
+  return %2
+}""", x)
+    sub = new.nodes[0].params["graph"]
+    assert all(a is b for a, b in zip(sub.inputs, inner.inputs))
+    assert sub.out_types == inner.out_types
+    # the same new body is shared by both calls
+    new = passes.dce(g)
+    assert new.nodes[0].params["graph"] is new.nodes[2].params["graph"]
+    assert new.nodes[0].params["graph"].pretty(source=False) == """\
+graph body(%a: f64[3]) {
+  %0 = sin %a      : f64[3]
+  %1 = sin %a      : f64[3]
+  %2 = add %0, %1  : f64[3]
+  %3 = mul %2, 1.0 : f64[3]
+  %4 = cos %a      : f64[3]
+  %5 = mul %4, 0.0 : f64[3]
+  %6 = add %3, %5  : f64[3]
+  return %6
+}"""
+    assert passes.dce(new).pretty(source=False) == new.pretty(source=False)
+    np.testing.assert_allclose(sd.graph.evaluate(new, x)[0], sd.graph.evaluate(g, x)[0],
+                               rtol=1e-12)
+
+
+def test_optimize(called_twice):
+    g, x = called_twice
+    check_pass(passes.optimize, g, BODY_CALLED_TWICE, """\
+graph twice(%x: f64[3]) {
+  %0 = call[graph=<graph body>] %x : f64[3]
+    graph body(%a: f64[3]) {
+      %0 = sin %a      : f64[3]
+      %1 = add %0, %0  : f64[3]
+      %2 = cos %a      : f64[3]
+      %3 = mul %2, 0.0 : f64[3]
+      %4 = add %1, %3  : f64[3]
+      return %4
+    }
+  %1 = mul %0, 2.0                 : f64[3]
+  %2 = add %1, %0                  : f64[3]
+  return %2
+}""", x)
+
+
+def test_optimize_chains_passes(rng):
+    def f(x):
+        one = snp.exp(np.float64(0.0))  # folds to 1.0, which simplify removes
+        return snp.sin(x * one) + snp.sin(x)
+
+    x = rng.standard_normal(3)
+    g = sd.trace(f, x)
+    check_pass(passes.optimize, g, g.pretty(source=False), """\
+graph f(%x: f64[3]) {
+  %0 = sin %x     : f64[3]
+  %1 = add %0, %0 : f64[3]
+  return %1
+}""", x)
