@@ -15,7 +15,7 @@ from . import testing as testing
 from ._function import Function as Function, function as function
 from .graph import Graph as Graph, TensorType as TensorType
 from .graph import primitive as primitive, trace as trace
-from .primitives import call as call
+from .primitives import call as call, primitive_from_jax as primitive_from_jax
 from ._transforms import (
     grad as grad,
     hvp as hvp,

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+
+import numpy as np
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples")
 
 
+@functools.cache
 def _load(name: str):
     spec = importlib.util.spec_from_file_location(name, os.path.join(EXAMPLES, name + ".py"))
     mod = importlib.util.module_from_spec(spec)
@@ -22,3 +26,30 @@ def test_quickstart_matches_numpy(capsys):
     assert "(traced 1x)" in out
     assert "identical text: True" in out
 
+
+
+def test_custom_primitive_fits_robustly(capsys):
+    ex = _load("custom_primitive")
+    robust, plain = ex.main()
+    assert np.max(np.abs(robust.x - ex.TRUE)) < 0.03
+    assert np.max(np.abs(plain.x - ex.TRUE)) > 3 * np.max(np.abs(robust.x - ex.TRUE))
+    assert "check_rules(pseudo_huber)" in capsys.readouterr().out
+
+
+def test_custom_primitive_rules(rng):
+    ex = _load("custom_primitive")
+    import sciad as sd
+
+    sd.testing.check_rules(ex.pseudo_huber_p, rng.standard_normal(20) * 3, delta=0.4)
+
+
+def test_example_objectives_pass_the_taylor_test(rng):
+    import sciad as sd
+
+    ex = _load("custom_primitive")
+    data = ex.make_data(3)
+    theta = ex.TRUE + 0.2 * rng.standard_normal(3)
+    for loss in (ex.objective, ex.least_squares):
+        rates = sd.testing.taylor_test(lambda th: loss(th, data), theta,
+                                       rng.standard_normal(3))
+        assert np.all(np.abs(rates - 2.0) < 0.15), (loss.__name__, rates)

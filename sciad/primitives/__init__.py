@@ -2,6 +2,7 @@
 
 from . import _call, _contract, _creation, _elementwise, _indexing, _reduce, _shape
 from ._call import call as call, call_p as call_p
+from ._from_jax import primitive_from_jax as primitive_from_jax
 from ._contract import einsum_p as einsum_p, matmul_p as matmul_p, parse_spec as parse_spec
 from ._creation import arange_p as arange_p, eye_p as eye_p, full_p as full_p
 from ._creation import linspace_p as linspace_p

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..errors import ShapeError
 from ..graph import (Graph, Primitive, Zero, instantiate, is_differentiable, is_linear,
-                     jvp_graph, lower, transpose_eval)
+                     jvp_graph, lower, transpose_eval, vjp_eval)
 
 call_p = Primitive("call", multiple_results=True)
 
@@ -53,3 +53,12 @@ def _call_transpose(cts, *args, graph):
     values = [a for a in args if not is_linear(a)]
     lin_cts = iter(transpose_eval(graph, linear, values, cts))
     return tuple(next(lin_cts) if lin else None for lin in linear)
+
+
+@call_p.def_vjp
+def _call_vjp(primals, outs, cts, *, graph):
+    # Reverse mode through the body, node by node, so that every primitive in
+    # it uses its own VJP rule (an adjoint, or JAX's VJP for a wrapped JAX
+    # function) rather than a transposition of its JVP.
+    _, backward = vjp_eval(graph, primals)
+    return tuple(backward(list(cts)))

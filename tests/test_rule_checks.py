@@ -1,0 +1,193 @@
+"""`sd.testing.check_rules` catches wrong rules; `taylor_test` catches a wrong
+gradient; user primitives with hand-written rules and `primitive_from_jax`."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sciad as sd
+import sciad.numpy as snp
+from sciad.errors import RuleError
+
+_ids = itertools.count()
+
+
+def _prim(base: str) -> sd.graph.Primitive:
+    """A fresh user primitive (tests run in one process: names must differ)."""
+    return sd.primitive(f"test_rules_{base}_{next(_ids)}")
+
+
+def _sin_like(jvp_sign: float = 1.0):
+    p = _prim("sin")
+    p.def_abstract_eval(lambda x: x)
+    p.def_impl(jnp.sin)
+
+    @p.def_jvp
+    def _jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        return p(x), jvp_sign * t * snp.cos(x)
+
+    return p
+
+
+def test_correct_user_rules_pass_with_derived_vjp(rng):
+    p = _sin_like()
+    report = sd.testing.check_rules(p, rng.standard_normal((3, 2)))
+    assert report.jvp_error < 1e-8 and report.vjp_error < 1e-12
+    assert report.second_order_error < 1e-6
+    assert "jvp" in repr(p) and "vjp" not in repr(p)  # the VJP is derived
+
+
+def test_sign_error_in_jvp_is_caught(rng):
+    with pytest.raises(RuleError, match=r"JVP rule disagrees with central finite "
+                                        r"differences: relative error 2\.0"):
+        sd.testing.check_rules(_sin_like(-1.0), rng.standard_normal(4))
+
+
+def test_missing_term_in_jvp_is_caught(rng):
+    p = _prim("mul")
+    p.def_abstract_eval(lambda x, y: x)
+    p.def_impl(lambda x, y: x * y)
+
+    @p.def_jvp
+    def _jvp(primals, tangents):
+        (x, y), (tx, ty) = primals, tangents
+        return p(x, y), sd.graph.instantiate(tx) * y  # forgets x * ty
+
+    with pytest.raises(RuleError, match="JVP rule disagrees"):
+        sd.testing.check_rules(p, rng.standard_normal(3), rng.standard_normal(3))
+
+
+def _matvec(transpose_bug: bool):
+    p = _prim("matvec")
+    p.def_abstract_eval(lambda a, x: sd.TensorType(a.shape[:1], a.dtype))
+    p.def_impl(lambda a, x: a @ x)
+
+    @p.def_jvp
+    def _jvp(primals, tangents):
+        (a, x), (ta, tx) = primals, tangents
+        out = p(a, x)
+        terms = []
+        if not sd.graph.is_zero(ta):
+            terms.append(ta @ x)
+        if not sd.graph.is_zero(tx):
+            terms.append(a @ tx)
+        return out, terms[0] if len(terms) == 1 else terms[0] + terms[1]
+
+    @p.def_vjp
+    def _vjp(primals, out, ct):
+        a, x = primals
+        ct_x = (a @ ct) if transpose_bug else (a.T @ ct)  # the bug: A instead of A^T
+        return snp.outer(ct, x), ct_x
+
+    return p
+
+
+def test_right_hand_written_vjp_passes(rng):
+    sd.testing.check_rules(_matvec(False), rng.standard_normal((4, 4)), rng.standard_normal(4))
+
+
+def test_transposed_matrix_in_vjp_is_caught(rng):
+    with pytest.raises(RuleError, match=r"VJP disagrees with the JVP in the dot-product "
+                                        r"test.*seed=7"):
+        sd.testing.check_rules(_matvec(True), rng.standard_normal((4, 4)),
+                               rng.standard_normal(4), seed=7)
+
+
+def test_reverse_only_primitive_is_checked_against_finite_differences(rng):
+    p = _prim("cube")
+    p.def_abstract_eval(lambda x: x)
+    p.def_impl(lambda x: x ** 3)
+    p.def_vjp(lambda primals, out, ct: (3.0 * primals[0] ** 2 * ct,))
+    report = sd.testing.check_rules(p, rng.standard_normal(5))
+    assert "jvp" in report.skipped and report.vjp_error < 1e-6
+
+    bad = _prim("cube_bad")
+    bad.def_abstract_eval(lambda x: x)
+    bad.def_impl(lambda x: x ** 3)
+    bad.def_vjp(lambda primals, out, ct: (2.0 * primals[0] ** 2 * ct,))
+    with pytest.raises(RuleError, match="finite differences \\(no JVP rule\\)"):
+        sd.testing.check_rules(bad, rng.standard_normal(5))
+
+
+def test_wrong_second_order_is_caught(rng):
+    # cos without a derivative of its own: first order right, second order wrong
+    flat_cos = _prim("flat_cos")
+    flat_cos.def_abstract_eval(lambda x: x)
+    flat_cos.def_impl(jnp.cos)
+    flat_cos.def_jvp(lambda primals, tangents: (
+        flat_cos(primals[0]), sd.graph.Zero(sd.TensorType(primals[0].shape,
+                                                          primals[0].dtype))))
+    p = _prim("sin2")
+    p.def_abstract_eval(lambda x: x)
+    p.def_impl(jnp.sin)
+    p.def_jvp(lambda primals, tangents: (p(primals[0]), tangents[0] * flat_cos(primals[0])))
+    with pytest.raises(RuleError, match="second order"):
+        sd.testing.check_rules(p, rng.standard_normal(3))
+    sd.testing.check_rules(p, rng.standard_normal(3), second_order=False)
+
+
+def test_malformed_rule_output_is_named(rng):
+    p = _prim("bad_type")
+    p.def_abstract_eval(lambda x: x)
+    p.def_impl(jnp.sin)
+    p.def_jvp(lambda primals, tangents: (p(primals[0]), snp.sum(tangents[0])))
+    with pytest.raises(RuleError, match=r"returned a tangent of type f64\[\] for an output "
+                                        r"of type f64\[3\]"):
+        sd.jvp(lambda x: p(x), (np.ones(3),), (np.ones(3),))
+
+
+def test_check_rules_insists_on_float64():
+    with pytest.raises(sd.errors.DTypeError, match="float64"):
+        sd.testing.check_rules(lambda x: snp.sin(x), np.ones(3, np.float32))
+
+
+# ---------------------------------------------------------------------------
+# taylor_test
+
+
+def _objective(x):
+    return snp.sum(snp.sin(x) * snp.exp(0.3 * x)) + 0.5 * snp.sum(x * x) ** 2
+
+
+def test_taylor_test_rates_are_two_for_the_true_gradient(rng):
+    x, dx = rng.standard_normal(6), rng.standard_normal(6)
+    rates = sd.testing.taylor_test(_objective, x, dx)
+    assert rates.shape == (4,)
+    assert np.all(np.abs(rates - 2.0) < 0.1), rates
+
+
+def test_taylor_test_fails_a_scaled_gradient(rng):
+    x, dx = rng.standard_normal(6), rng.standard_normal(6)
+    g = sd.grad(_objective)
+    rates = sd.testing.taylor_test(_objective, x, dx, grad=lambda x: 0.9 * np.asarray(g(x)))
+    assert np.all(np.abs(rates - 1.0) < 0.2), rates
+
+
+# ---------------------------------------------------------------------------
+# primitive_from_jax
+
+
+def test_primitive_from_jax_rules_come_from_jax(rng):
+    p = sd.primitive_from_jax(lambda x, a: jnp.sin(x) * a ** 2, f"test_pfj_{next(_ids)}")
+    x, a = rng.standard_normal(4), np.float64(1.5)
+    report = sd.testing.check_rules(p, x, a)
+    assert report.second_order_error is not None
+    g = sd.trace(sd.grad(lambda x: snp.sum(p(x, a))), x)
+    assert f"{p.name}.vjp" in str(g)
+    np.testing.assert_allclose(sd.grad(lambda x: snp.sum(p(x, a)))(x),
+                               np.cos(x) * a ** 2, rtol=1e-13)
+
+
+def test_primitive_from_jax_multiple_results_and_integer_inputs(rng):
+    p = sd.primitive_from_jax(lambda x, n: (x * n, jnp.cumsum(x)), f"test_pfj_{next(_ids)}",
+                              multiple_results=True)
+    x = rng.standard_normal(3)
+    sd.testing.check_rules(lambda x: list(p(x, np.arange(3))), x)
+    with pytest.raises(sd.errors.RegistrationError, match="multiple_results=True"):
+        q = sd.primitive_from_jax(lambda x: (x, x), f"test_pfj_{next(_ids)}")
+        sd.trace(lambda x: q(x), x)
