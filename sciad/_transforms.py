@@ -268,39 +268,49 @@ def _basis(t: TensorType):
     return [eye[i].reshape(t.shape) for i in range(t.size)]
 
 
-def _stack_leaves(rows: list, out_shape: tuple, in_shape: tuple):
+def _stack_leaves(rows: list, out_shape: tuple, in_shape: tuple, axis: int, dtype):
     from . import numpy as snp
 
     if not rows:
-        return snp.zeros(out_shape + in_shape)
-    return snp.reshape(snp.stack(rows, axis=-1), out_shape + in_shape)
+        return snp.zeros(out_shape + in_shape, dtype)
+    return snp.reshape(snp.stack(rows, axis=axis), out_shape + in_shape)
+
+
+def _jacobian_setup(f, argnums, args, op: str):
+    """Traces `f` as a function of its argument `argnums` (one array); the
+    other arguments are held fixed (captured)."""
+    if not isinstance(argnums, int):
+        raise ShapeError(f"{op} takes a single int `argnums`.", op=op)
+    (i,) = _argnums(argnums, len(args), op)
+    x = args[i]
+    if not isinstance(x, Tracer) and not hasattr(x, "shape") and not isinstance(
+            x, (int, float, complex)):
+        raise ShapeError(f"the argument in `argnums` must be one array, got "
+                         f"{type(x).__name__}.", op=op)
+    _check_differentiable(x, op, "the argument in `argnums`")
+
+    def g(xi):
+        full = list(args)
+        full[i] = xi
+        return f(*full)
+
+    graph, _, out_tree, captured = _trace(g, (x,), op)
+    return x, type_of(x), graph, out_tree, captured
 
 
 def jacfwd(f: Callable, argnums: int = 0):
     """The Jacobian by forward mode: one JVP per input element. For an input
     of shape `I` and output of shape `O` the Jacobian has shape `O + I`."""
-    if not isinstance(argnums, int):
-        raise ShapeError("jacfwd takes a single int `argnums`.", op="jacfwd")
 
     def inline(*args):
-        (i,) = _argnums(argnums, len(args), "jacfwd")
-        _check_differentiable(args[i], "jacfwd", "the argument in `argnums`")
-        x = args[i]
-        tx = type_of(x)
-
-        def g(xi):
-            full = list(args)
-            full[i] = xi
-            return f(*full)
-
-        graph, _, out_tree, captured = _trace(g, (x,), "jacfwd")
+        x, tx, graph, out_tree, captured = _jacobian_setup(f, argnums, args, "jacfwd")
         cols = []
         for e in _basis(tx):
             _, touts = jvp_eval(graph, [x] + captured,
                                 [e] + [Zero(type_of(c).update()) for c in captured])
             cols.append([instantiate(t) for t in touts])
-        leaves = [_stack_leaves([c[k] for c in cols], a.type.shape, tx.shape)
-                  for k, a in enumerate(graph.outputs)]
+        leaves = [_stack_leaves([c[k] for c in cols], a.type.shape, tx.shape, -1,
+                                a.type.dtype) for k, a in enumerate(graph.outputs)]
         return _tree.tree_unflatten(out_tree, leaves)
 
     return _Transformed(inline, f, "jacfwd")
@@ -309,24 +319,10 @@ def jacfwd(f: Callable, argnums: int = 0):
 def jacrev(f: Callable, argnums: int = 0):
     """The Jacobian by reverse mode: one backward pass per output element.
     For an input of shape `I` and output of shape `O` it has shape `O + I`."""
-    if not isinstance(argnums, int):
-        raise ShapeError("jacrev takes a single int `argnums`.", op="jacrev")
 
     def inline(*args):
-        (i,) = _argnums(argnums, len(args), "jacrev")
-        _check_differentiable(args[i], "jacrev", "the argument in `argnums`")
-        x = args[i]
-        tx = type_of(x)
-
-        def g(xi):
-            full = list(args)
-            full[i] = xi
-            return f(*full)
-
-        graph, _, out_tree, captured = _trace(g, (x,), "jacrev")
+        x, tx, graph, out_tree, captured = _jacobian_setup(f, argnums, args, "jacrev")
         outs, backward = vjp_eval(graph, [x] + captured)
-        from . import numpy as snp
-
         leaves = []
         for k, o in enumerate(outs):
             to = type_of(o)
@@ -335,10 +331,7 @@ def jacrev(f: Callable, argnums: int = 0):
                 cts = [Zero(type_of(a).update()) for a in outs]
                 cts[k] = e
                 rows.append(instantiate(backward(cts)[0]))
-            if not rows:
-                leaves.append(snp.zeros(to.shape + tx.shape, tx.dtype))
-            else:
-                leaves.append(snp.reshape(snp.stack(rows, axis=0), to.shape + tx.shape))
+            leaves.append(_stack_leaves(rows, to.shape, tx.shape, 0, tx.dtype))
         return _tree.tree_unflatten(out_tree, leaves)
 
     return _Transformed(inline, f, "jacrev")
