@@ -23,7 +23,8 @@ What it measures, in two float64 configurations:
    Batches of N calls alternate sciad / JAX (the order flips every repeat); the
    table shows the median per-call time over the repeats and the ratio of the
    medians (target <= 1.10).
-2. For a ~1,000-node graph: `sd.trace`, `sciad.graph.verify`, and lowering to
+2. For a ~1,000-node graph: `sd.trace`, `sciad.graph.verify`, the passes
+   `sd.function` runs (`optimize`), and lowering to
    StableHLO (`jax.jit(sciad.graph.lower(g)).lower(*args)` in the x64 scope),
    median of a few repeats, and their total (target < 0.5 s); XLA's compile
    time of the lowered module is shown for information.
@@ -211,6 +212,8 @@ def _build_times(x, y, repeats: int, compile_repeats: int) -> dict:
 
     t_trace, graph = _median_time(lambda: sd.trace(long_chain, x, y), repeats)
     t_verify, _ = _median_time(lambda: sg.verify(graph), repeats)
+    # sd.function runs the optimization passes before lowering
+    t_opt, _ = _median_time(lambda: sg.passes.optimize(graph), repeats)
 
     def lower_once():
         with config.x64_scope():
@@ -229,7 +232,8 @@ def _build_times(x, y, repeats: int, compile_repeats: int) -> dict:
     t_compile = statistics.median(compiles)
     return {
         "nodes": len(graph.nodes), "trace_s": t_trace, "verify_s": t_verify,
-        "lower_s": t_lower, "total_s": t_trace + t_verify + t_lower,
+        "optimize_s": t_opt, "lower_s": t_lower,
+        "total_s": t_trace + t_verify + t_opt + t_lower,
         "compile_s": t_compile, "repeats": repeats, "compile_repeats": compile_repeats,
     }
 
@@ -372,13 +376,14 @@ def render(results: list[dict], machine: dict, argv: str) -> str:
     b0 = results[0]["build"]
     lines += [
         "",
-        f"## Building a {b0['nodes']}-node graph (target: trace + verify + lower "
+        f"## Building a {b0['nodes']}-node graph (target: trace + verify + optimize + lower "
         f"< {BUILD_TARGET_S} s)",
         "",
         "| stage | " + " | ".join(f"x64 {r['mode']} (ms)" for r in results) + " |",
         "|---|" + "---:|" * len(results),
     ]
     stages = (("`sd.trace`", "trace_s"), ("`sciad.graph.verify`", "verify_s"),
+              ("`sciad.graph.passes.optimize`", "optimize_s"),
               ("lower to StableHLO (`jax.jit(lower(g)).lower`)", "lower_s"),
               ("**total**", "total_s"),
               ("XLA compile (information)", "compile_s"))

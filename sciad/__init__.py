@@ -13,6 +13,7 @@ from . import config as config, errors as errors, graph as graph, primitives as 
 from . import numpy as numpy
 from . import testing as testing
 from ._function import Function as Function, function as function
+from ._jax_interop import to_jax as to_jax
 from .graph import Graph as Graph, TensorType as TensorType
 from .graph import primitive as primitive, trace as trace
 from .primitives import call as call, primitive_from_jax as primitive_from_jax
