@@ -16,6 +16,7 @@ import jax
 from . import config
 from .errors import NotSupportedError
 from .graph import Graph, lower, trace_flat, verify
+from .graph._trace import runtime_leaves, wrap_outputs
 from .graph.passes import optimize
 
 _X64 = jax.enable_x64  # JAX's x64 state object (global value + thread-local override)
@@ -106,8 +107,8 @@ class Function(functools.partial):
         dyn = (tuple(a for i, a in enumerate(args) if i not in static), dyn_kw)
         # Derivative graphs repeat primal work (each rule recomputes what it
         # needs) and carry dead and trivial nodes: clean them up before XLA.
-        outs = lower(optimize(graph))(*jax.tree_util.tree_leaves(dyn))
-        return jax.tree_util.tree_unflatten(out_tree, outs)
+        outs = lower(optimize(graph))(*runtime_leaves(dyn))
+        return jax.tree_util.tree_unflatten(out_tree, wrap_outputs(outs, graph.out_types))
 
     def lower(self, *args, **kwargs):
         """JAX's `Lowered` for these arguments (`.as_text()` shows StableHLO)."""

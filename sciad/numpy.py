@@ -28,6 +28,7 @@ import numpy as _np
 from . import primitives as _P
 from .errors import DTypeError as _DTypeError, ShapeError as _ShapeError
 from .graph import Tracer as _Tracer
+from .graph._types import SparseArray as _SparseArray, SparseType as _SparseType
 from .primitives._elementwise import BINARY as _BINARY, UNARY as _UNARY
 from .primitives._util import normalize_axes as _normalize_axes
 from .primitives._util import normalize_axis as _normalize_axis
@@ -110,7 +111,20 @@ def _canonical_dtype(dtype) -> _np.dtype | None:
 # ---------------------------------------------------------------------------
 # elementwise
 
+def _is_sparse(x) -> bool:
+    t = type(x)
+    return t is _SparseArray or (t is _Tracer and type(x._var.type) is _SparseType)
+
+
+def _sparse_module():
+    from . import sparse
+
+    return sparse
+
+
 def _unary(name: str, x):
+    if _is_sparse(x):
+        return _sparse_module().unary_dispatch(name, x)
     x = _operand(x, name)
     ufunc = _UNARY[name][1]
     dt = _dtype(x)
@@ -142,6 +156,8 @@ def _out_of_range(v, dtype: _np.dtype) -> bool | None:
 
 
 def _binary(name: str, x, y):
+    if _is_sparse(x) or _is_sparse(y):
+        return _sparse_module().binary_dispatch(name, x, y)
     x, y = _operand(x, name), _operand(y, name)
     for v, arr, op in ((y, x, name), (x, y, _MIRROR.get(name))):
         if _is_weak(arr):
@@ -449,6 +465,8 @@ def ravel(a):
 
 def transpose(a, axes=None):
     """Axes permuted (reversed by default)."""
+    if _is_sparse(a) and axes is None:
+        return _sparse_module().unary_dispatch("transpose", a)
     a = _as_array(a, "transpose")
     perm = tuple(range(a.ndim))[::-1] if axes is None else \
         tuple(_normalize_axis(i, a.ndim, "transpose") for i in axes)
@@ -688,7 +706,10 @@ array = asarray
 # contractions
 
 def matmul(a, b):
-    """NumPy's `a @ b`: matrix product with batch broadcasting."""
+    """NumPy's `a @ b`: matrix product with batch broadcasting (and sparse
+    matrix products, see `sciad.sparse`)."""
+    if _is_sparse(a) or _is_sparse(b):
+        return _sparse_module().binary_dispatch("matmul", a, b)
     a, b = _as_array(a, "matmul"), _as_array(b, "matmul")
     dt = _result_type(a, b, op="matmul")
     return _P.matmul_p.bind(_convert(a, dt), _convert(b, dt))
@@ -861,6 +882,10 @@ def _install_tracer_methods() -> None:
     for name, fn in ops.items():
         setattr(T, name, fn)
     T.T = property(lambda self: transpose(self))
+    # sparse matrices (the methods refuse dense values with a clear message)
+    T.todense = T.toarray = lambda self: _sparse_module().todense(self)
+    T.diagonal = lambda self: _sparse_module().diagonal(self)
+    T.data = property(lambda self: _sparse_module().data(self))
     T.mT = property(lambda self: swapaxes(self, -1, -2))
     T.real = property(real)
     T.imag = property(imag)

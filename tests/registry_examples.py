@@ -48,6 +48,20 @@ def _binary_example(name):
     return (lambda x, y: prim.bind(x, y)), (a, b)
 
 
+# a 5 x 4 sparse pattern given in COO form with a duplicate entry (summed)
+_ROW = np.array([0, 0, 1, 2, 2, 3, 4, 4, 0])
+_COL = np.array([0, 3, 1, 0, 2, 3, 1, 3, 3])
+_PATTERN, _ = sd.graph.Pattern.from_coo((5, 4), _ROW, _COL)
+
+
+def _coo(d):
+    return sd.sparse.coo_matrix((d, (_ROW, _COL)), shape=(5, 4))
+
+
+def _csr(d):
+    return sd.sparse.csr_matrix((d, _PATTERN.indices, _PATTERN.indptr), shape=(5, 4))
+
+
 EXAMPLES = {name: _unary_example(name) for name in UNARY}
 EXAMPLES.update({name: _binary_example(name) for name in BINARY})
 EXAMPLES.update({
@@ -74,6 +88,14 @@ EXAMPLES.update({
     "eye": (lambda x: x @ snp.eye(3, 3, 1), (_f64(2, 3),)),
     "add_any": (lambda x, y: sd.graph.add_any_p.bind(x, y), (_f64(2, 3), _f64(2, 3))),
     "zeros": (lambda x: x + sd.graph.zeros(sd.TensorType((3,), np.float64)), (_f64(3),)),
+    "sparse.assemble": (lambda d: _coo(d).todense(), (_f64(9),)),
+    "sparse.gather": (lambda d: _csr(d).diagonal() * 2.0, (_f64(8),)),
+    "sparse.matmul": (lambda d, x, y: (_csr(d) @ x, y @ _csr(d)), (_f64(8), _f64(4, 3), _f64(5))),
+    "sparse.sddmm": (lambda u, v: sd.sparse.data(sd.sparse.sddmm(u, v, _PATTERN)),
+                     (_f64(5, 2), _f64(4, 2))),
+    "sparse.transpose": (lambda d, y: _csr(d).T @ y, (_f64(8), _f64(5))),
+    "sparse.todense": (lambda d: _csr(d).todense(), (_f64(8),)),
+    "sparse.sample": (lambda m: sd.sparse.data(sd.sparse.sample(m, _PATTERN)), (_f64(5, 4),)),
     "call": (lambda x, y: sd.call(sd.trace(lambda a, b: (a * b, a - b), x, y), x, y),
              (_f64(3), _f64(3))),
 })

@@ -18,8 +18,12 @@ from ._source import SourceInfo as SourceInfo
 from ._trace import Tracer as Tracer, trace as trace, trace_flat as trace_flat
 from ._types import (
     AbstractType as AbstractType,
+    Pattern as Pattern,
+    SparseArray as SparseArray,
+    SparseType as SparseType,
     TensorType as TensorType,
     register_type_kind as register_type_kind,
+    runtime_type as runtime_type,
 )
 from ._verify import verify as verify
 from ._autodiff import (

@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import DTypeError, MissingRuleError, RuleError
 from ._core import Graph, Literal, Node, Primitive, Var
-from ._types import AbstractType, TensorType
+from ._types import AbstractType, SparseArray, SparseType, TensorType
 
 
 # ---------------------------------------------------------------------------
@@ -71,6 +71,14 @@ class UndefinedPrimal:
         return f"UndefinedPrimal({self.type.str_short()})"
 
 
+def literal_operand(lit: Literal):
+    """A constant as an operand for re-binding: its array, or a `SparseArray`
+    (a sparse constant keeps its type)."""
+    if isinstance(lit.type, SparseType):
+        return SparseArray(lit.value, lit.type)
+    return lit.value
+
+
 def is_zero(x) -> bool:
     return isinstance(x, Zero)
 
@@ -87,12 +95,13 @@ def type_of(x) -> AbstractType:
 
 
 def is_differentiable(t: AbstractType) -> bool:
-    """Whether values of type `t` carry tangents (float and complex arrays)."""
-    return isinstance(t, TensorType) and t.dtype.kind in "fc"
+    """Whether values of type `t` carry tangents: float and complex arrays and
+    sparse matrices (whose tangents are sparse on the same pattern)."""
+    return isinstance(t, (TensorType, SparseType)) and t.dtype.kind in "fc"
 
 
 def _tangent_type(t: AbstractType) -> AbstractType:
-    return t.update() if isinstance(t, TensorType) else t
+    return t.update() if isinstance(t, (TensorType, SparseType)) else t
 
 
 add_any_p = Primitive("add_any")
@@ -139,8 +148,23 @@ def _zeros_impl(*, shape, dtype):
     return jnp.zeros(shape, dtype)
 
 
+# type class -> function making a materialized zero of that type; the
+# primitives of a non-tensor type register theirs (sparse: `sparse.assemble`
+# of zero data)
+_ZERO_MAKERS: dict[type, Callable] = {}
+
+
+def register_zeros(type_cls: type, make: Callable) -> None:
+    """How `zeros(t)` materializes a zero of a non-tensor type `type_cls`."""
+    _ZERO_MAKERS[type_cls] = make
+
+
 def zeros(t: AbstractType):
-    """A materialized zero of tensor type `t` (one `zeros` node)."""
+    """A materialized zero of type `t` (a `zeros` node for a tensor)."""
+    if not isinstance(t, TensorType):
+        make = _ZERO_MAKERS.get(type(t))
+        assert make is not None, f"no zeros for {t}; this is a bug in sciad."
+        return make(t)
     return zeros_p.bind(shape=t.shape, dtype=t.dtype)
 
 
@@ -226,7 +250,7 @@ def jvp_eval(graph: Graph, primals: Sequence, tangents: Sequence):
     tenv: dict[Var, Any] = dict(zip(graph.inputs, tangents))
 
     def read(a):
-        return a.value if isinstance(a, Literal) else env[a]
+        return literal_operand(a) if isinstance(a, Literal) else env[a]
 
     def read_t(a):
         return Zero(_tangent_type(a.type)) if isinstance(a, Literal) else tenv[a]
@@ -266,7 +290,7 @@ def transpose_eval(graph: Graph, linear: Sequence[bool], values: Sequence,
             env[v] = next(it)
 
     def read(a):
-        return a.value if isinstance(a, Literal) else env[a]
+        return literal_operand(a) if isinstance(a, Literal) else env[a]
 
     lin_nodes: list[Node] = []
     for node in graph.nodes:
@@ -371,7 +395,7 @@ def vjp_eval(graph: Graph, primals: Sequence):
     env: dict[Var, Any] = dict(zip(graph.inputs, primals))
 
     def read(a):
-        return a.value if isinstance(a, Literal) else env[a]
+        return literal_operand(a) if isinstance(a, Literal) else env[a]
 
     for node in graph.nodes:
         for v, o in zip(node.outputs, _bind(node.primitive, [read(a) for a in node.inputs],

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import RegistrationError
 from ._source import SourceInfo, user_source
-from ._types import AbstractType, TensorType
+from ._types import AbstractType, TensorType, runtime_type
 
 _var_ids = itertools.count()
 
@@ -42,17 +42,28 @@ class Var:
 
 
 class Literal:
-    """A constant operand: a 0-d or n-d NumPy array with its `TensorType`."""
+    """A constant operand: a NumPy array and its type.
+
+    The type is the array's `TensorType`, or a given type whose run-time
+    value is that array (a constant sparse matrix: its `SparseType`, with
+    `value` its data vector).
+    """
 
     __slots__ = ("value", "type")
 
-    def __init__(self, value):
+    def __init__(self, value, type: AbstractType | None = None):
         value = np.asarray(value)
         if value.flags.writeable:  # constants are immutable: copy once, freeze
             value = value.copy()
             value.setflags(write=False)
         self.value = value
-        self.type = TensorType(value.shape, value.dtype)
+        if type is None:
+            type = TensorType(value.shape, value.dtype)
+        else:
+            rt = runtime_type(type)
+            assert rt is not None and rt.shape == value.shape and rt.dtype == value.dtype, \
+                f"Literal: a {type.str_short()} needs a {rt} array, got {value.dtype}{value.shape}"
+        self.type = type
 
     def fingerprint(self) -> str:
         """A short content hash, used when a large constant is printed."""

@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import LoweringError, MissingRuleError, SciadError
 from ._core import Graph, Node
 from ._interpret import Interpreter, node_error
-from ._types import TensorType
+from ._types import TensorType, runtime_type
 
 
 class LowerInterpreter(Interpreter):
@@ -45,13 +45,15 @@ class LowerInterpreter(Interpreter):
                 f"the implementation returned {len(outs)} values, the node has "
                 f"{len(node.outputs)} outputs.", op=prim.name, source=node.source)
         for v, o in zip(node.outputs, outs):
-            t = v.type
-            if isinstance(t, TensorType) and (
+            t = runtime_type(v.type)
+            if t is not None and (
                     tuple(np.shape(o)) != t.shape or np.dtype(o.dtype) != t.dtype):
                 got = TensorType(np.shape(o), o.dtype).str_short()
                 raise LoweringError(
                     f"the implementation returned {got} where the shape rule says "
-                    f"{t.str_short()}; the two rules must agree.", op=prim.name,
+                    f"{t.str_short()}"
+                    + ("" if t is v.type else f" (the data of {v.type.str_short()})")
+                    + "; the two rules must agree.", op=prim.name,
                     source=node.source)
         return outs
 

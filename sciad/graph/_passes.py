@@ -211,7 +211,7 @@ def _atom_key(a: Atom):
     if isinstance(a, Var):
         return a
     value = a.value
-    return (Literal, value.dtype.str, value.shape, value.tobytes())
+    return (Literal, a.type, value.dtype.str, value.shape, value.tobytes())
 
 
 def _cse_graph(graph: Graph, run: _Run) -> Graph:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ._core import Graph, Literal, Node, Var
-from ._types import dtype_short
+from ._types import TensorType, dtype_short
 
 _DEFAULT_KIND_DTYPE = {"f": "float64", "c": "complex128", "i": "int64", "b": "bool"}
 _VALID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -66,6 +66,8 @@ def format_scalar(v) -> str:
 
 def format_literal(lit: Literal) -> str:
     value = lit.value
+    if not isinstance(lit.type, TensorType):
+        return f"const<{lit.type.str_short()} #{lit.fingerprint()}>"
     dt = value.dtype
     suffix = "" if _DEFAULT_KIND_DTYPE.get(dt.kind) == dt.name else ":" + dtype_short(dt)
     if value.ndim == 0:

@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import SerializationError, VerificationError
 from ._core import Graph, Literal, Node, Var, lookup_primitive
 from ._source import SourceInfo
-from ._types import type_from_json
+from ._types import TensorType, runtime_type, type_from_json
 
 FORMAT = "sciad.graph"
 VERSION = 1
@@ -75,6 +75,8 @@ class _Encoder:
 
     def atom(self, a) -> dict:
         if isinstance(a, Literal):
+            if not isinstance(a.type, TensorType):
+                return {"literal": _encode_array(a.value), "type": a.type.to_json()}
             return {"literal": _encode_array(a.value)}
         return {"var": self.var_id(a)}
 
@@ -143,7 +145,16 @@ class _Decoder:
 
     def atom(self, d: dict):
         if "literal" in d:
-            return Literal(_decode_array(d["literal"]))
+            value = _decode_array(d["literal"])
+            if "type" not in d:
+                return Literal(value)
+            t = type_from_json(d["type"])
+            rt = runtime_type(t)
+            if rt is None or rt.shape != value.shape or rt.dtype != value.dtype:
+                raise SerializationError(f"a constant of type {t.str_short()} cannot hold "
+                                         f"a {value.dtype}{list(value.shape)} array.",
+                                         op="from_json")
+            return Literal(value, t)
         i = int(d["var"])
         try:
             return self.vars[i]

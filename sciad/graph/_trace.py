@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import DTypeError, SciadError, TracerError
 from ._core import Graph, Literal, Node, Primitive, Var
 from ._source import source_from_traceback, user_source
-from ._types import AbstractType, TensorType
+from ._types import AbstractType, SparseArray, SparseType, TensorType
 
 
 class _State(threading.local):
@@ -87,6 +87,11 @@ def literal_of(x, op: str = "trace") -> Literal:
     """A constant operand from a Python scalar, NumPy or (concrete) JAX array."""
     if isinstance(x, Literal):
         return x
+    if isinstance(x, SparseArray):
+        if isinstance(x.data, jax.core.Tracer):
+            x = x.data
+        else:
+            return Literal(np.asarray(x.data), x.type)
     if isinstance(x, jax.core.Tracer):
         raise TracerError(
             "a JAX traced value cannot be captured as a sciad constant. Pass it as "
@@ -104,6 +109,25 @@ def literal_of(x, op: str = "trace") -> Literal:
             f"expected a numeric array or scalar, got {type(x).__name__} with dtype "
             f"{value.dtype}.", op=op, source=user_source())
     return Literal(value)
+
+
+def is_value_leaf(x) -> bool:
+    """Pytree leaves of sciad values: a concrete sparse matrix is one value
+    (not its data vector)."""
+    return isinstance(x, SparseArray)
+
+
+def runtime_leaves(tree) -> list:
+    """The run-time arrays of `tree`'s sciad values, in graph-input order (a
+    sparse matrix gives its data vector)."""
+    return [x.data if isinstance(x, SparseArray) else x
+            for x in jax.tree_util.tree_leaves(tree, is_leaf=is_value_leaf)]
+
+
+def wrap_outputs(outs, types) -> list:
+    """Run-time arrays as values of `types` (sparse data as `SparseArray`s)."""
+    return [SparseArray(o, t) if isinstance(t, SparseType) else o
+            for o, t in zip(outs, types)]
 
 
 def current_builder() -> GraphBuilder | None:
@@ -259,15 +283,28 @@ def _eager(prim: Primitive, args, params):
     from ..errors import MissingRuleError
 
     _check_params(prim, params)
-    lits = [a if isinstance(a, jax.Array) else literal_of(a, prim.name).value
-            for a in args]
-    _abstract_eval(prim, [TensorType.of(a) for a in lits], params)
+    types, values = [], []
+    for a in args:
+        if isinstance(a, jax.Array):
+            types.append(TensorType.of(a))
+            values.append(a)
+        else:
+            lit = literal_of(a, prim.name)
+            types.append(lit.type)
+            values.append(lit.value)
+    out_types = _abstract_eval(prim, types, params)
     if prim.impl_rule is None:
         raise MissingRuleError(
             f"has no implementation; define one with `@{prim.name}_p.def_impl`.",
             op=prim.name)
     with x64_scope():
-        return prim.impl_rule(*lits, **params)
+        out = prim.impl_rule(*values, **params)
+    if all(isinstance(t, TensorType) for t in out_types):
+        return out
+    outs = tuple(out) if prim.multiple_results else (out,)
+    outs = tuple(SparseArray(o, t) if isinstance(t, SparseType) else o
+                 for o, t in zip(outs, out_types))
+    return outs if prim.multiple_results else outs[0]
 
 
 # --------------------------------------------------------------------------
@@ -296,7 +333,7 @@ def _arg_names(fn: Callable, n: int) -> list[str]:
 def _leaf_type(x, where: str) -> AbstractType:
     if isinstance(x, AbstractType):
         return x
-    if isinstance(x, Tracer):  # tracing a body inside another trace: its type
+    if isinstance(x, (Tracer, SparseArray)):  # a traced value: its own type
         return x.type
     if isinstance(x, jax.ShapeDtypeStruct):
         return TensorType(x.shape, x.dtype)
@@ -324,7 +361,7 @@ def trace_flat(fn: Callable, args: tuple, kwargs: dict | None = None, *,
     static = {i % len(args) if args else i for i in static_argnums}
     dyn_idx = [i for i in range(len(args)) if i not in static]
     dyn = (tuple(args[i] for i in dyn_idx), kwargs)
-    leaves_with_path, in_tree = jax.tree_util.tree_flatten_with_path(dyn)
+    leaves_with_path, in_tree = jax.tree_util.tree_flatten_with_path(dyn, is_leaf=is_value_leaf)
     names = _arg_names(fn, len(args))
     builder = GraphBuilder(name or getattr(fn, "__name__", "graph").replace("<lambda>", "lambda"))
     tracers = []
@@ -352,7 +389,7 @@ def trace_flat(fn: Callable, args: tuple, kwargs: dict | None = None, *,
     finally:
         _state.stack.pop()
         builder.alive = False
-    out_leaves, out_tree = jax.tree_util.tree_flatten(out)
+    out_leaves, out_tree = jax.tree_util.tree_flatten(out, is_leaf=is_value_leaf)
     builder.alive = True  # outputs may still be captured from enclosing traces
     _state.stack.append(builder)
     try:

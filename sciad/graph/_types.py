@@ -7,6 +7,7 @@ its short printed form (`f64[3,4]`) and its JSON form.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,3 +162,368 @@ def type_from_json(data: dict) -> AbstractType:
         return decode(data)
     except Exception as e:
         raise SerializationError(f"bad value type {data!r}: {e}", op="from_json") from None
+
+
+# --------------------------------------------------------------------------
+# Sparse matrices
+
+
+class Pattern:
+    """The static sparsity pattern of a CSR matrix: `shape`, `indptr`, `indices`.
+
+    Column indices are sorted within each row and unique (SciPy's canonical
+    CSR form). A pattern is immutable and compares (and hashes) by content, so
+    two matrices built from equal index arrays have one type. The arrays are
+    read-only NumPy int64 arrays; derived index maps (row of each entry, the
+    transposed pattern, the diagonal's positions) are computed once and kept.
+    """
+
+    __slots__ = ("shape", "indptr", "indices", "_key", "_cache", "__weakref__")
+
+    def __init__(self, shape, indptr, indices):
+        from ..errors import ShapeError
+
+        shape = tuple(int(d) for d in shape)
+        indptr = np.array(indptr, dtype=np.int64).ravel()
+        indices = np.array(indices, dtype=np.int64).ravel()
+        if len(shape) != 2 or min(shape) < 0:
+            raise ShapeError(f"a sparse matrix has a 2-D shape, got {shape}.", op="sparse")
+        n, m = shape
+        if indptr.shape != (n + 1,) or indptr[0] != 0 or np.any(np.diff(indptr) < 0) \
+                or indptr[-1] != indices.size:
+            raise ShapeError(
+                f"`indptr` must be non-decreasing, of length n_rows + 1 = {n + 1}, start "
+                f"at 0 and end at len(indices) = {indices.size}; got length "
+                f"{indptr.size} ending at {indptr[-1] if indptr.size else None}.",
+                op="sparse")
+        if indices.size and (indices.min() < 0 or indices.max() >= m):
+            raise ShapeError(f"column indices must lie in [0, {m}), got "
+                             f"[{indices.min()}, {indices.max()}].", op="sparse")
+        rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+        key = rows * max(m, 1) + indices
+        if indices.size > 1 and not np.all(np.diff(key) > 0):
+            raise ShapeError("column indices must be sorted and unique within each row "
+                             "(canonical CSR); `sd.sparse.coo_matrix` sorts and sums "
+                             "duplicates for you.", op="sparse")
+        indptr.setflags(write=False)
+        indices.setflags(write=False)
+        self.shape = shape
+        self.indptr = indptr
+        self.indices = indices
+        digest = hashlib.blake2b(digest_size=8)
+        digest.update(np.asarray(shape, np.int64).tobytes())
+        digest.update(indptr.tobytes())
+        digest.update(indices.tobytes())
+        self._key = digest.hexdigest()
+        self._cache: dict[str, Any] = {"rows": rows}
+        rows.setflags(write=False)
+
+    # -- identity ------------------------------------------------------------
+    def __eq__(self, other) -> bool:
+        if self is other:
+            return True
+        return (isinstance(other, Pattern) and self._key == other._key
+                and self.shape == other.shape
+                and np.array_equal(self.indptr, other.indptr)
+                and np.array_equal(self.indices, other.indices))
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def fingerprint(self) -> str:
+        """A short content hash, printed where the pattern is a param."""
+        return self._key[:6]
+
+    def __str__(self) -> str:
+        return f"#{self.fingerprint()}"
+
+    def __repr__(self) -> str:
+        return f"Pattern(shape={self.shape}, nnz={self.nnz}, #{self.fingerprint()})"
+
+    # -- derived index maps (computed once) ----------------------------------
+    @property
+    def nnz(self) -> int:
+        return int(self.indices.size)
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The row of each stored entry."""
+        return self._cache["rows"]
+
+    def _cached(self, name: str, make):
+        value = self._cache.get(name)
+        if value is None:
+            value = self._cache[name] = make()
+        return value
+
+    def transposed(self) -> tuple["Pattern", np.ndarray]:
+        """`(pattern of A.T, perm)` with `data(A.T) = data(A)[perm]`."""
+        def make():
+            n, m = self.shape
+            perm = np.lexsort((self.rows, self.indices))  # by column, then row
+            cols = self.indices[perm]
+            indptr = np.zeros(m + 1, np.int64)
+            np.cumsum(np.bincount(cols, minlength=m), out=indptr[1:])
+            perm = perm.astype(np.int64)
+            perm.setflags(write=False)
+            return Pattern((m, n), indptr, self.rows[perm]), perm
+        return self._cached("transposed", make)
+
+    def is_structurally_symmetric(self) -> bool:
+        def make():
+            if self.shape[0] != self.shape[1]:
+                return False
+            t, _ = self.transposed()
+            return t == self
+        return self._cached("symmetric", make)
+
+    def diagonal_positions(self) -> np.ndarray:
+        """For each `i < min(shape)`, the data index of entry `(i, i)`, or -1."""
+        def make():
+            k = min(self.shape)
+            pos = np.full(k, -1, np.int64)
+            on_diag = np.nonzero(self.rows == self.indices)[0]
+            pos[self.rows[on_diag]] = on_diag
+            pos.setflags(write=False)
+            return pos
+        return self._cached("diagonal", make)
+
+    def positions_of(self, rows, cols) -> np.ndarray:
+        """The data index of each `(rows[k], cols[k])`, or -1 where the pattern
+        has no such entry."""
+        rows = np.asarray(rows, np.int64).ravel()
+        cols = np.asarray(cols, np.int64).ravel()
+        m = max(self.shape[1], 1)
+        key = self.rows * m + self.indices
+        want = rows * m + cols
+        pos = np.searchsorted(key, want)
+        pos = np.minimum(pos, max(key.size - 1, 0))
+        found = (key.size > 0) & (key[pos] == want) if key.size else np.zeros(
+            want.shape, bool)
+        return np.where(found, pos, -1).astype(np.int64)
+
+    def empty_lines(self) -> tuple[np.ndarray, np.ndarray]:
+        """Rows and columns without any stored entry."""
+        def make():
+            n, m = self.shape
+            empty_rows = np.nonzero(np.diff(self.indptr) == 0)[0]
+            empty_cols = np.nonzero(np.bincount(self.indices, minlength=m) == 0)[0]
+            return empty_rows, empty_cols
+        return self._cached("empty", make)
+
+    @classmethod
+    def from_coo(cls, shape, row, col) -> tuple["Pattern", np.ndarray]:
+        """The canonical pattern of COO coordinates (duplicates merged) and, for
+        each input entry, its data index in that pattern."""
+        from ..errors import ShapeError
+
+        shape = tuple(int(d) for d in shape)
+        row = np.asarray(row).ravel()
+        col = np.asarray(col).ravel()
+        if row.shape != col.shape:
+            raise ShapeError(f"`row` and `col` must have one length, got {row.size} and "
+                             f"{col.size}.", op="sparse.coo_matrix")
+        for name, idx in (("row", row), ("col", col)):
+            if idx.size and idx.dtype.kind not in "iu":
+                raise ShapeError(f"`{name}` must hold integers, got dtype {idx.dtype}.",
+                                 op="sparse.coo_matrix")
+        row, col = row.astype(np.int64), col.astype(np.int64)
+        n, m = shape
+        if row.size and (row.min() < 0 or row.max() >= n or col.min() < 0
+                         or col.max() >= m):
+            raise ShapeError(f"coordinates out of range for shape {shape}: rows in "
+                             f"[{row.min()}, {row.max()}], cols in [{col.min()}, "
+                             f"{col.max()}].", op="sparse.coo_matrix")
+        key = row * max(m, 1) + col
+        uniq, dest = np.unique(key, return_inverse=True)
+        u_rows, u_cols = uniq // max(m, 1), uniq % max(m, 1)
+        indptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(u_rows, minlength=n), out=indptr[1:])
+        return cls(shape, indptr, u_cols), dest.astype(np.int64).ravel()
+
+    def to_json(self) -> dict:
+        from ._serialize import _encode_array
+
+        return {"shape": list(self.shape), "indptr": _encode_array(self.indptr),
+                "indices": _encode_array(self.indices)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Pattern":
+        from ._serialize import _decode_array
+
+        return cls(tuple(d["shape"]), _decode_array(d["indptr"]),
+                   _decode_array(d["indices"]))
+
+
+@dataclass(frozen=True, slots=True)
+class SparseType(AbstractType):
+    """A sparse matrix in CSR form: static `pattern`, `dtype` and structure `tags`.
+
+    At run time a sparse value is its `data` vector: the `nnz` stored entries
+    in the pattern's order. Its tangents and cotangents are sparse values on
+    the same pattern, so a gradient with respect to a sparse matrix costs
+    `nnz` numbers, never a dense `n x m` array.
+    """
+
+    pattern: Pattern
+    dtype: np.dtype
+    tags: frozenset = field(default=frozenset())
+
+    def __post_init__(self):
+        from ..errors import ShapeError
+
+        if not isinstance(self.pattern, Pattern):
+            raise ShapeError(f"SparseType needs a Pattern, got {self.pattern!r}.",
+                             op="sparse")
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        tags = frozenset(self.tags)
+        unknown = tags - KNOWN_TAGS
+        if unknown:
+            raise ShapeError(f"unknown structure tag(s) {sorted(unknown)}; known: "
+                             f"{sorted(KNOWN_TAGS)}.", op="sparse")
+        object.__setattr__(self, "tags", tags)
+
+    format = "csr"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.pattern.shape
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    @property
+    def nnz(self) -> int:
+        return self.pattern.nnz
+
+    @property
+    def size(self) -> int:
+        return self.pattern.nnz
+
+    @property
+    def data_type(self) -> TensorType:
+        """The type of the run-time `data` vector."""
+        return TensorType((self.nnz,), self.dtype)
+
+    def update(self, **kw) -> "SparseType":
+        return SparseType(kw.get("pattern", self.pattern), kw.get("dtype", self.dtype),
+                          kw.get("tags", frozenset()))
+
+    def str_short(self) -> str:
+        n, m = self.shape
+        tags = "".join(f"; {t}" for t in sorted(self.tags))
+        return f"csr<{dtype_short(self.dtype)}>[{n},{m}; nnz={self.nnz}{tags}]"
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"kind": "sparse", "format": "csr", "dtype": self.dtype.name,
+                               "pattern": self.pattern.to_json()}
+        if self.tags:
+            out["tags"] = sorted(self.tags)
+        return out
+
+
+register_type_kind("sparse", lambda d: SparseType(
+    Pattern.from_json(d["pattern"]), dtype_from_short(d["dtype"]),
+    frozenset(d.get("tags", ()))))
+
+
+def runtime_type(t: AbstractType) -> TensorType | None:
+    """The `TensorType` of a value's run-time array (a sparse matrix's `data`),
+    or None for types without one."""
+    if isinstance(t, TensorType):
+        return t
+    if isinstance(t, SparseType):
+        return t.data_type
+    return None
+
+
+class SparseArray:
+    """A concrete sparse matrix: its `data` vector (a NumPy or JAX array) and
+    its `SparseType`. What `sd.sparse` constructors return outside a trace,
+    what `sd.function` returns for a sparse output, and what can be passed
+    as an argument of a traced function. Inside a trace a sparse value is a
+    `Tracer` of `SparseType`; both support the same operations.
+
+    It is a JAX pytree (its `data` is the one leaf), so it passes through
+    `jax.jit` and `jax.tree_util` unchanged.
+    """
+
+    __slots__ = ("data", "type")
+    __array_priority__ = 1000
+
+    def __init__(self, data, type: SparseType):
+        from ..errors import ShapeError
+
+        if not isinstance(type, SparseType):
+            raise ShapeError(f"SparseArray needs a SparseType, got {type!r}.", op="sparse")
+        shape = tuple(getattr(data, "shape", np.shape(data)))
+        if shape != (type.nnz,):
+            raise ShapeError(f"the data of {type.str_short()} must have shape "
+                             f"({type.nnz},), got {shape}.", op="sparse")
+        self.data = data
+        self.type = type
+
+    shape = property(lambda self: self.type.shape)
+    dtype = property(lambda self: self.type.dtype)
+    ndim = property(lambda self: 2)
+    nnz = property(lambda self: self.type.nnz)
+    pattern = property(lambda self: self.type.pattern)
+    tags = property(lambda self: self.type.tags)
+
+    def __repr__(self) -> str:
+        return f"SparseArray({self.type.str_short()})"
+
+
+def _register_sparse_pytree():
+    import jax
+
+    jax.tree_util.register_pytree_node(
+        SparseArray, lambda s: ((s.data,), s.type), lambda t, c: SparseArray(c[0], t))
+
+
+_register_sparse_pytree()
+
+
+def value_type(x) -> AbstractType:
+    """The type of a concrete value: a `SparseArray`'s own, else a `TensorType`."""
+    if isinstance(x, SparseArray):
+        return x.type
+    return TensorType.of(x)
+
+
+@dataclass(frozen=True, slots=True)
+class FactorType(AbstractType):
+    """A factorization of an `n x n` matrix (`method`: "lu", "cholesky", ...),
+    made once and used by every solve with that matrix. Not differentiable:
+    it appears only after differentiation, when the factor-sharing pass
+    rewrites `linalg.solve` nodes. Its run-time value is the backend's
+    factor (arrays, or a handle)."""
+
+    shape: tuple[int, int]
+    dtype: np.dtype
+    method: str
+    pattern: Pattern | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+
+    def update(self, **kw) -> "FactorType":
+        return self
+
+    def str_short(self) -> str:
+        n, m = self.shape
+        return f"factor<{self.method}, {dtype_short(self.dtype)}>[{n},{m}]"
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"kind": "factor", "shape": list(self.shape),
+                               "dtype": self.dtype.name, "method": self.method}
+        if self.pattern is not None:
+            out["pattern"] = self.pattern.to_json()
+        return out
+
+
+register_type_kind("factor", lambda d: FactorType(
+    tuple(d["shape"]), dtype_from_short(d["dtype"]), str(d["method"]),
+    Pattern.from_json(d["pattern"]) if d.get("pattern") is not None else None))

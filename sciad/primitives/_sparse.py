@@ -1,0 +1,402 @@
+"""Sparse matrices (CSR, static pattern): construction, products, transposes.
+
+A sparse value's type is a `SparseType` (pattern, dtype, tags); at run time
+it is its `data` vector. Every primitive here is linear or bilinear in its
+operands, so each rule is short and exact:
+
+- `sparse.assemble[pattern, index]`: dense `x (m,)` -> sparse, `data[index[k]] += x[k]`
+  (no index: `data = x`). Duplicates add up, as in SciPy's COO -> CSR.
+- `sparse.gather[index]`: sparse -> dense `(m,)`, `out[k] = data[index[k]]`
+  (0 where `index[k] == -1`; no index: the data vector). The transpose of
+  `assemble`, and the other way round.
+- `sparse.matmul[pattern, transpose]`: `A @ x` (or `A.T @ x`) for `x` of shape `(m,)` or `(m, k)`.
+- `sparse.sddmm[pattern]`: the sampled product `data_k = sum_j u[r_k, j] v[c_k, j]`,
+  i.e. `u @ v.T` kept on the pattern. The cotangent of `A` in `A @ x`, so a
+  gradient with respect to a sparse matrix never forms a dense `n x m` array.
+- `sparse.transpose[pattern]`: `A.T` (a permutation of the data onto the transposed pattern).
+- `sparse.todense[pattern]` and `sparse.sample[pattern]` (`data_k = D[r_k, c_k]`), transposes
+  of each other.
+
+Ops whose implementation needs the index arrays carry the operand's `pattern`
+as a param (the shape rule checks that the two agree): an implementation sees
+only the run-time data vectors. Nothing is conjugated (JAX's convention for
+complex transposes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import DTypeError, ShapeError
+from ..graph import Primitive, SparseType, TensorType, is_linear, register_param_type
+from ..graph._autodiff import register_zeros
+from ..graph._types import Pattern
+from ._contract import _multilinear_jvp
+
+# ---------------------------------------------------------------------------
+# Static params: the pattern and index maps
+
+
+class IndexMap:
+    """A static, read-only int64 index array used as a param (hashable by content)."""
+
+    __slots__ = ("array", "_key", "_padded")
+
+    def __init__(self, array):
+        a = np.array(array, dtype=np.int64).ravel()
+        a.setflags(write=False)
+        self.array = a
+        self._key = hashlib.blake2b(a.tobytes(), digest_size=8).hexdigest()
+        self._padded: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return int(self.array.size)
+
+    def __eq__(self, other) -> bool:
+        return self is other or (isinstance(other, IndexMap) and self._key == other._key
+                                 and np.array_equal(self.array, other.array))
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __str__(self) -> str:
+        return f"#{self._key[:6]}({self.array.size})"
+
+    __repr__ = __str__
+
+    def padded(self, size: int) -> np.ndarray:
+        """The indices with `-1` replaced by `size` (one past the end)."""
+        out = self._padded.get(size)
+        if out is None:
+            out = self._padded[size] = np.where(self.array < 0, size, self.array)
+        return out
+
+
+def _encode_index(m: IndexMap):
+    from ..graph._serialize import _encode_array
+
+    return _encode_array(m.array)
+
+
+def _decode_index(d) -> IndexMap:
+    from ..graph._serialize import _decode_array
+
+    return IndexMap(_decode_array(d))
+
+
+register_param_type(IndexMap, "index_map", _encode_index, _decode_index)
+register_param_type(Pattern, "pattern", Pattern.to_json, Pattern.from_json)
+
+
+def _sparse(t, op: str, what: str = "operand") -> SparseType:
+    if not isinstance(t, SparseType):
+        raise DTypeError(f"{what} must be a sparse matrix, got {t.str_short()}.", op=op)
+    return t
+
+
+def _dense(t, op: str, what: str = "operand") -> TensorType:
+    if not isinstance(t, TensorType):
+        raise DTypeError(f"{what} must be a dense array, got {t.str_short()}.", op=op)
+    return t
+
+
+def _same_dtype(a, b, op: str):
+    if a.dtype != b.dtype:
+        raise DTypeError(f"operands must share one dtype, got {a.str_short()} and "
+                         f"{b.str_short()} (`sd.sparse` functions promote for you).", op=op)
+    return a.dtype
+
+
+def _check_index(index, size: int, nnz: int, op: str) -> None:
+    if index is None:
+        if size != nnz:
+            raise ShapeError(f"without an index map the data has nnz = {nnz} entries, "
+                             f"got {size}.", op=op)
+        return
+    if not isinstance(index, IndexMap):
+        raise ShapeError(f"`index` must be an IndexMap, got {index!r}.", op=op)
+    if len(index) != size:
+        raise ShapeError(f"the index map has {len(index)} entries for {size} values.",
+                         op=op)
+    if len(index) and (index.array.min() < -1 or index.array.max() >= nnz):
+        raise ShapeError(f"index map entries must lie in [-1, {nnz}).", op=op)
+
+
+def _is_float(dtype) -> bool:
+    return np.dtype(dtype).kind in "fc"
+
+
+# ---------------------------------------------------------------------------
+# assemble / gather
+
+
+sparse_assemble_p = Primitive("sparse.assemble")
+
+
+@sparse_assemble_p.def_abstract_eval
+def _assemble_shape(x, *, pattern, index=None, tags=frozenset()):
+    x = _dense(x, "sparse.assemble", "the data")
+    if x.ndim != 1:
+        raise ShapeError(f"the data must be a vector, got {x.str_short()}.",
+                         op="sparse.assemble")
+    if not isinstance(pattern, Pattern):
+        raise ShapeError(f"`pattern` must be a Pattern, got {pattern!r}.",
+                         op="sparse.assemble")
+    _check_index(index, x.shape[0], pattern.nnz, "sparse.assemble")
+    return SparseType(pattern, x.dtype, tags)
+
+
+@sparse_assemble_p.def_impl
+def _assemble_impl(x, *, pattern, index=None, tags=frozenset()):
+    if index is None:
+        return x
+    nnz = pattern.nnz
+    return jnp.zeros((nnz,), x.dtype).at[index.padded(nnz)].add(x, mode="drop")
+
+
+def assemble(x, pattern: Pattern, index: IndexMap | None = None, tags=frozenset()):
+    """`sparse.assemble`, with default params left out of the node."""
+    params = {"pattern": pattern}
+    if index is not None:
+        params["index"] = index
+    if tags:
+        params["tags"] = frozenset(tags)
+    return sparse_assemble_p.bind(x, **params)
+
+
+def gather(a, index: IndexMap | None = None):
+    """`sparse.gather`, with a default index left out of the node."""
+    return sparse_gather_p.bind(a) if index is None else sparse_gather_p.bind(a, index=index)
+
+
+@sparse_assemble_p.def_jvp
+def _assemble_jvp(primals, tangents, *, pattern, index=None, tags=frozenset()):
+    (x,), (t,) = primals, tangents
+    return assemble(x, pattern, index, tags), assemble(t, pattern, index)
+
+
+@sparse_assemble_p.def_transpose
+def _assemble_transpose(ct, x, *, pattern, index=None, tags=frozenset()):
+    return (gather(ct, index),)
+
+
+sparse_gather_p = Primitive("sparse.gather")
+
+
+@sparse_gather_p.def_abstract_eval
+def _gather_shape(a, *, index=None):
+    a = _sparse(a, "sparse.gather")
+    size = a.nnz if index is None else len(index)
+    _check_index(index, size, a.nnz, "sparse.gather")
+    return TensorType((size,), a.dtype)
+
+
+@sparse_gather_p.def_impl
+def _gather_impl(data, *, index=None):
+    if index is None:
+        return data
+    nnz = data.shape[0]
+    padded = jnp.concatenate([data, jnp.zeros((1,), data.dtype)])
+    return padded[index.padded(nnz)]
+
+
+@sparse_gather_p.def_jvp
+def _gather_jvp(primals, tangents, *, index=None):
+    (a,), (t,) = primals, tangents
+    return gather(a, index), gather(t, index)
+
+
+@sparse_gather_p.def_transpose
+def _gather_transpose(ct, a, *, index=None):
+    return (assemble(ct, a.type.pattern, index),)
+
+
+def _zeros_sparse(t: SparseType):
+    from ..graph import zeros
+
+    return assemble(zeros(t.data_type), t.pattern)
+
+
+register_zeros(SparseType, _zeros_sparse)
+
+
+# ---------------------------------------------------------------------------
+# products
+
+
+sparse_matmul_p = Primitive("sparse.matmul")
+
+
+def _check_pattern(a: SparseType, pattern, op: str) -> None:
+    if a.pattern != pattern:
+        raise ShapeError(f"the operand's pattern {a.pattern} differs from the node's "
+                         f"`pattern` param {pattern}.", op=op)
+
+
+@sparse_matmul_p.def_abstract_eval
+def _matmul_shape(a, x, *, pattern, transpose=False):
+    op = "sparse.matmul"
+    a = _sparse(a, op, "`a`")
+    _check_pattern(a, pattern, op)
+    x = _dense(x, op, "`x`")
+    dtype = _same_dtype(a, x, op)
+    n, m = a.shape[::-1] if transpose else a.shape
+    shown = f"{a.str_short()}{'.T' if transpose else ''}"
+    if x.ndim not in (1, 2) or x.shape[0] != m:
+        raise ShapeError(f"cannot multiply {shown} by {x.str_short()}: `x` must have "
+                         f"shape ({m},) or ({m}, k).", op=op)
+    return TensorType((n,) + x.shape[1:], dtype)
+
+
+def _segment_matmul(data, x, gather_idx, scatter_idx, n_out, sorted_out):
+    prod = data.reshape((-1,) + (1,) * (x.ndim - 1)) * x[gather_idx]
+    return jax.ops.segment_sum(prod, scatter_idx, num_segments=n_out,
+                               indices_are_sorted=sorted_out)
+
+
+@sparse_matmul_p.def_impl
+def _matmul_impl(data, x, *, pattern, transpose=False):
+    rows, cols = pattern.rows, pattern.indices
+    if transpose:
+        return _segment_matmul(data, x, rows, cols, pattern.shape[1], False)
+    return _segment_matmul(data, x, cols, rows, pattern.shape[0], True)
+
+
+sparse_matmul_p.def_jvp(_multilinear_jvp(sparse_matmul_p))
+
+
+@sparse_matmul_p.def_transpose
+def _matmul_transpose(ct, a, x, *, pattern, transpose=False):
+    assert not (is_linear(a) and is_linear(x)), "sparse.matmul: both operands linear"
+    if is_linear(x):
+        return None, sparse_matmul_p.bind(a, ct, pattern=pattern, transpose=not transpose)
+    u, v = (x, ct) if transpose else (ct, x)
+    return sparse_sddmm_p.bind(u, v, pattern=pattern), None
+
+
+sparse_sddmm_p = Primitive("sparse.sddmm")
+
+
+@sparse_sddmm_p.def_abstract_eval
+def _sddmm_shape(u, v, *, pattern):
+    op = "sparse.sddmm"
+    u, v = _dense(u, op, "`u`"), _dense(v, op, "`v`")
+    dtype = _same_dtype(u, v, op)
+    n, m = pattern.shape
+    if u.ndim != v.ndim or u.ndim not in (1, 2) or u.shape[0] != n or v.shape[0] != m \
+            or u.shape[1:] != v.shape[1:]:
+        raise ShapeError(f"needs `u` of shape ({n},) or ({n}, k) and `v` of shape ({m},) "
+                         f"or ({m}, k) with one k, got {u.str_short()} and {v.str_short()}.",
+                         op=op)
+    return SparseType(pattern, dtype)
+
+
+@sparse_sddmm_p.def_impl
+def _sddmm_impl(u, v, *, pattern):
+    prod = u[pattern.rows] * v[pattern.indices]
+    return prod if prod.ndim == 1 else jnp.sum(prod, axis=1)
+
+
+sparse_sddmm_p.def_jvp(_multilinear_jvp(sparse_sddmm_p))
+
+
+@sparse_sddmm_p.def_transpose
+def _sddmm_transpose(ct, u, v, *, pattern):
+    assert not (is_linear(u) and is_linear(v)), "sparse.sddmm: both operands linear"
+    if is_linear(u):
+        return sparse_matmul_p.bind(ct, v, pattern=pattern), None
+    return None, sparse_matmul_p.bind(ct, u, pattern=pattern, transpose=True)
+
+
+# ---------------------------------------------------------------------------
+# transpose, todense, sample
+
+
+sparse_transpose_p = Primitive("sparse.transpose")
+
+_TRANSPOSED_TAGS = {"lower": "upper", "upper": "lower"}
+
+
+@sparse_transpose_p.def_abstract_eval
+def _transpose_shape(a, *, pattern):
+    a = _sparse(a, "sparse.transpose")
+    _check_pattern(a, pattern, "sparse.transpose")
+    pattern_t, _ = a.pattern.transposed()
+    return SparseType(pattern_t, a.dtype,
+                      frozenset(_TRANSPOSED_TAGS.get(t, t) for t in a.tags))
+
+
+@sparse_transpose_p.def_impl
+def _transpose_impl(data, *, pattern):
+    _, perm = pattern.transposed()
+    return data[perm]
+
+
+@sparse_transpose_p.def_jvp
+def _transpose_jvp(primals, tangents, *, pattern):
+    (a,), (t,) = primals, tangents
+    return (sparse_transpose_p.bind(a, pattern=pattern),
+            sparse_transpose_p.bind(t, pattern=pattern))
+
+
+@sparse_transpose_p.def_transpose
+def _transpose_transpose(ct, a, *, pattern):
+    return (sparse_transpose_p.bind(ct, pattern=pattern.transposed()[0]),)
+
+
+sparse_todense_p = Primitive("sparse.todense")
+
+
+@sparse_todense_p.def_abstract_eval
+def _todense_shape(a, *, pattern):
+    a = _sparse(a, "sparse.todense")
+    _check_pattern(a, pattern, "sparse.todense")
+    return TensorType(a.shape, a.dtype)
+
+
+@sparse_todense_p.def_impl
+def _todense_impl(data, *, pattern):
+    return jnp.zeros(pattern.shape, data.dtype).at[pattern.rows, pattern.indices].set(data)
+
+
+@sparse_todense_p.def_jvp
+def _todense_jvp(primals, tangents, *, pattern):
+    (a,), (t,) = primals, tangents
+    return sparse_todense_p.bind(a, pattern=pattern), sparse_todense_p.bind(t, pattern=pattern)
+
+
+@sparse_todense_p.def_transpose
+def _todense_transpose(ct, a, *, pattern):
+    return (sparse_sample_p.bind(ct, pattern=a.type.pattern),)
+
+
+sparse_sample_p = Primitive("sparse.sample")
+
+
+@sparse_sample_p.def_abstract_eval
+def _sample_shape(d, *, pattern):
+    d = _dense(d, "sparse.sample")
+    if d.shape != pattern.shape:
+        raise ShapeError(f"needs a dense array of the pattern's shape {pattern.shape}, "
+                         f"got {d.str_short()}.", op="sparse.sample")
+    return SparseType(pattern, d.dtype)
+
+
+@sparse_sample_p.def_impl
+def _sample_impl(d, *, pattern):
+    return d[pattern.rows, pattern.indices]
+
+
+@sparse_sample_p.def_jvp
+def _sample_jvp(primals, tangents, *, pattern):
+    (d,), (t,) = primals, tangents
+    return sparse_sample_p.bind(d, pattern=pattern), sparse_sample_p.bind(t, pattern=pattern)
+
+
+@sparse_sample_p.def_transpose
+def _sample_transpose(ct, d, *, pattern):
+    return (sparse_todense_p.bind(ct, pattern=pattern),)

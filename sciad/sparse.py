@@ -1,0 +1,438 @@
+"""Sparse matrices with a static pattern and differentiable values.
+
+```python
+import sciad as sd, sciad.numpy as snp
+
+def residual(k, u):
+    # SciPy's COO constructor: duplicate entries are summed
+    K = sd.sparse.coo_matrix((k_entries(k), (rows, cols)), shape=(n, n))
+    return K @ u - f
+```
+
+The pattern (`indices`/`indptr`, or `row`/`col`) is static: NumPy integers,
+known when the function is traced. The values (`data`) may be traced and are
+differentiable; the derivative with respect to a sparse matrix is a sparse
+matrix on the same pattern (`nnz` numbers, never a dense `n x n` array).
+Inside a traced function a sparse matrix is a traced value of type
+`csr<f64>[n,m; nnz=...]`; outside, the constructors return a `SparseArray`
+(its `data` and type). Both support `A @ x`, `x @ A`, `A.T`, `A * s`,
+`A / s`, `-A`, `A + B` and `A - B` (patterns are merged), `A.diagonal()`,
+`A.todense()` and `A.data`.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from .errors import DTypeError, ShapeError
+from .graph import Tracer
+from .graph._types import KNOWN_TAGS, Pattern, SparseArray, SparseType, TensorType
+from .primitives._sparse import (
+    IndexMap,
+    assemble,
+    gather,
+    sparse_matmul_p,
+    sparse_sample_p,
+    sparse_sddmm_p,
+    sparse_todense_p,
+    sparse_transpose_p,
+)
+
+__all__ = [
+    "SparseArray", "SparseType", "Pattern", "issparse", "csr_matrix", "coo_matrix",
+    "from_scipy", "from_dense", "sample", "sddmm", "matmul", "transpose", "diagonal", "todense", "data",
+    "with_data", "astype",
+]
+
+
+def issparse(x) -> bool:
+    """Whether `x` is a sparse matrix (concrete or traced)."""
+    return isinstance(getattr(x, "type", None), SparseType) and isinstance(
+        x, (Tracer, SparseArray))
+
+
+def _tags(tags, op: str) -> frozenset:
+    tags = frozenset([tags] if isinstance(tags, str) else (tags or ()))
+    unknown = tags - KNOWN_TAGS
+    if unknown:
+        raise ShapeError(f"unknown structure tag(s) {sorted(unknown)}; known: "
+                         f"{sorted(KNOWN_TAGS)}.", op=op)
+    return tags
+
+
+def _check_tags(pattern: Pattern, tags: frozenset, op: str) -> None:
+    """Static checks of structure tags (the values are checked at run time by
+    the solvers that rely on them, with `sciad.config.enable_checks` on)."""
+    if {"symmetric", "spd", "hermitian"} & tags:
+        if pattern.shape[0] != pattern.shape[1]:
+            raise ShapeError(f"a {pattern.shape} matrix cannot be tagged "
+                             f"{sorted(tags)}: it is not square.", op=op)
+        if not pattern.is_structurally_symmetric():
+            raise ShapeError(f"the pattern is not symmetric, so the matrix cannot be "
+                             f"tagged {sorted(tags & {'symmetric', 'spd', 'hermitian'})}.",
+                             op=op)
+
+
+def _static_ints(x, name: str, op: str) -> np.ndarray:
+    if isinstance(x, Tracer):
+        raise DTypeError(f"`{name}` must be static (NumPy integers known when the "
+                         "function is traced); only `data` may be a traced value.", op=op)
+    arr = np.asarray(x)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise DTypeError(f"`{name}` must hold integers, got dtype {arr.dtype}.", op=op)
+    return arr.astype(np.int64).ravel()
+
+
+def _data_operand(data, op: str):
+    from . import numpy as snp
+
+    if isinstance(data, Tracer):
+        d = data
+    else:
+        d = snp.asarray(data)
+    if d.ndim != 1:
+        raise ShapeError(f"`data` must be a vector, got shape {tuple(d.shape)}.", op=op)
+    if np.dtype(d.dtype).kind not in "fciub":
+        raise DTypeError(f"`data` must be numeric, got {d.dtype}.", op=op)
+    if np.dtype(d.dtype).kind in "iub":
+        d = snp.astype(d, np.float64)
+    return d
+
+
+def _assemble(data, pattern: Pattern, index: np.ndarray | None, tags: frozenset, op: str):
+    _check_tags(pattern, tags, op)
+    imap = None
+    if index is not None and not (index.size == pattern.nnz
+                                  and np.array_equal(index, np.arange(pattern.nnz))):
+        imap = IndexMap(index)
+    return assemble(data, pattern, imap, tags)
+
+
+def csr_matrix(arg, shape=None, *, tags: Iterable[str] = ()):
+    """A CSR matrix from `(data, indices, indptr)`, as SciPy's `csr_matrix`.
+
+    **Arguments:**
+
+    - `arg`: `(data, indices, indptr)`. `indices` and `indptr` are static
+      integer arrays; `data` (length `nnz`) may be traced. Unsorted or
+      duplicate column indices are allowed and handled as SciPy's
+      `sum_duplicates` would.
+    - `shape`: `(n, m)`; by default `n = len(indptr) - 1` and `m` one past the
+      largest column index.
+    - `tags`: structural facts the solvers may use: `"symmetric"`, `"spd"`
+      (symmetric positive definite), `"hermitian"`, `"lower"`, `"upper"`,
+      `"diagonal"`. The pattern is checked here; the values with
+      `sciad.config.enable_checks` on.
+
+    **Returns:**
+
+    A sparse matrix (`SparseArray` outside a trace, a traced value inside).
+    """
+    op = "sparse.csr_matrix"
+    if not (isinstance(arg, tuple) and len(arg) == 3):
+        raise ShapeError("expects `(data, indices, indptr)`; for COO use "
+                         "`sd.sparse.coo_matrix((data, (row, col)), shape)`.", op=op)
+    data, indices, indptr = arg
+    indices = _static_ints(indices, "indices", op)
+    indptr = _static_ints(indptr, "indptr", op)
+    n = indptr.size - 1
+    if n < 0:
+        raise ShapeError("`indptr` must have at least one entry.", op=op)
+    if shape is None:
+        shape = (n, int(indices.max()) + 1 if indices.size else 0)
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 2 or shape[0] != n:
+        raise ShapeError(f"`shape` {shape} does not fit `indptr` of length {indptr.size} "
+                         f"(n_rows + 1).", op=op)
+    data = _data_operand(data, op)
+    if data.shape[0] != indices.size:
+        raise ShapeError(f"`data` has {data.shape[0]} entries, `indices` {indices.size}.",
+                         op=op)
+    if indptr[0] != 0 or indptr[-1] != indices.size or np.any(np.diff(indptr) < 0):
+        raise ShapeError(f"`indptr` must be non-decreasing from 0 to len(indices) = "
+                         f"{indices.size}.", op=op)
+    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+    pattern, dest = Pattern.from_coo(shape, rows, indices)
+    return _assemble(data, pattern, dest, _tags(tags, op), op)
+
+
+def coo_matrix(arg, shape=None, *, tags: Iterable[str] = ()):
+    """A sparse matrix from `(data, (row, col))`, as SciPy's `coo_matrix`;
+    duplicate entries are summed. Stored in CSR form.
+
+    `row` and `col` are static integer arrays; `data` may be traced. `shape`
+    defaults to one past the largest row and column index. See `csr_matrix`
+    for `tags`.
+    """
+    op = "sparse.coo_matrix"
+    if not (isinstance(arg, tuple) and len(arg) == 2 and isinstance(arg[1], tuple)
+            and len(arg[1]) == 2):
+        raise ShapeError("expects `(data, (row, col))`.", op=op)
+    data, (row, col) = arg
+    row = _static_ints(row, "row", op)
+    col = _static_ints(col, "col", op)
+    if shape is None:
+        shape = (int(row.max()) + 1 if row.size else 0, int(col.max()) + 1 if col.size else 0)
+    data = _data_operand(data, op)
+    if data.shape[0] != row.size:
+        raise ShapeError(f"`data` has {data.shape[0]} entries, `row` and `col` "
+                         f"{row.size}.", op=op)
+    pattern, dest = Pattern.from_coo(shape, row, col)
+    return _assemble(data, pattern, dest, _tags(tags, op), op)
+
+
+def from_scipy(M, *, tags: Iterable[str] = ()):
+    """A constant sparse matrix from any SciPy sparse matrix or array (its
+    explicit zeros are kept in the pattern)."""
+    import scipy.sparse as sp
+
+    if not sp.issparse(M):
+        raise DTypeError(f"expects a SciPy sparse matrix, got {type(M).__name__}.",
+                         op="sparse.from_scipy")
+    C = sp.csr_array(M, copy=True)
+    C.sum_duplicates()
+    C.sort_indices()
+    data = np.asarray(C.data)
+    if data.dtype.kind in "iub":
+        data = data.astype(np.float64)
+    return csr_matrix((data, C.indices, C.indptr), shape=C.shape, tags=tags)
+
+
+def from_dense(D, *, tags: Iterable[str] = ()):
+    """A constant sparse matrix holding the nonzeros of a concrete dense array.
+    (For a traced dense array, give the pattern: `sd.sparse.sample(D, pattern)`.)"""
+    if isinstance(D, Tracer):
+        raise DTypeError("the pattern of a traced dense array is not known; build the "
+                         "matrix from its entries with `coo_matrix`.",
+                         op="sparse.from_dense")
+    import scipy.sparse as sp
+
+    return from_scipy(sp.csr_array(np.asarray(D)), tags=tags)
+
+
+def sample(D, pattern: Pattern):
+    """The entries of dense `D` on `pattern`, as a sparse matrix."""
+    from . import numpy as snp
+
+    D = snp.asarray(D)
+    if np.dtype(D.dtype).kind not in "fc":
+        D = snp.astype(D, np.float64)
+    return sparse_sample_p.bind(D, pattern=pattern)
+
+
+def sddmm(u, v, pattern: Pattern):
+    """`u @ v.T` kept on `pattern` (for vectors, the outer product `u v^T`):
+    `data_k = sum_j u[r_k, j] v[c_k, j]`. The gradient of `A @ x` with
+    respect to `A` is `sddmm(ct, x)`."""
+    from . import numpy as snp
+
+    u, v = snp.asarray(u), snp.asarray(v)
+    dtype = np.result_type(u.dtype, v.dtype, np.float32)
+    return sparse_sddmm_p.bind(snp.astype(u, dtype), snp.astype(v, dtype), pattern=pattern)
+
+
+# ---------------------------------------------------------------------------
+# operations
+
+
+def _check_sparse(A, op: str) -> SparseType:
+    if not issparse(A):
+        raise DTypeError(f"expects a sparse matrix, got {type(A).__name__}.", op=op)
+    return A.type
+
+
+def data(A):
+    """The stored values of `A`, a vector of length `nnz` in the pattern's order."""
+    _check_sparse(A, "sparse.data")
+    return gather(A)
+
+
+def with_data(A, new_data):
+    """A matrix with `A`'s pattern and tags and the values `new_data`."""
+    t = _check_sparse(A, "sparse.with_data")
+    d = _data_operand(new_data, "sparse.with_data")
+    if tuple(d.shape) != (t.nnz,):
+        raise ShapeError(f"needs {t.nnz} values for {t.str_short()}, got shape "
+                         f"{tuple(d.shape)}.", op="sparse.with_data")
+    return assemble(d, t.pattern, None, t.tags)
+
+
+def astype(A, dtype):
+    """`A` with its values converted to `dtype`."""
+    from . import numpy as snp
+
+    t = _check_sparse(A, "sparse.astype")
+    dtype = np.dtype(dtype)
+    if dtype == t.dtype:
+        return A
+    return assemble(snp.astype(data(A), dtype), t.pattern, None,
+                    t.tags if dtype.kind == t.dtype.kind else frozenset())
+
+
+def _promote(A, x, op: str):
+    from . import numpy as snp
+
+    xt = np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
+    dtype = np.result_type(A.type.dtype, xt)
+    if dtype.kind not in "fc":
+        dtype = np.result_type(dtype, np.float64)
+    return astype(A, dtype), snp.astype(snp.asarray(x), dtype)
+
+
+def matmul(A, x):
+    """`A @ x` for sparse `A` and dense `x` of shape `(m,)` or `(m, k)`; also
+    `x @ A` for dense `x` of shape `(n,)` or `(k, n)` and sparse `A`."""
+    from . import numpy as snp
+
+    if issparse(A) and issparse(x):
+        raise DTypeError("sparse @ sparse is not supported; multiply one of them by "
+                         "a dense array.", op="sparse.matmul")
+    if issparse(A):
+        A, x = _promote(A, x, "sparse.matmul")
+        return sparse_matmul_p.bind(A, x, pattern=A.type.pattern)
+    # x @ A = (A.T @ x.T).T
+    x, A = A, x
+    A, x = _promote(A, x, "sparse.matmul")
+    if x.ndim == 1:
+        return sparse_matmul_p.bind(A, x, pattern=A.type.pattern, transpose=True)
+    if x.ndim != 2:
+        raise ShapeError(f"cannot multiply {x.type.str_short() if hasattr(x, 'type') else x.shape}"
+                         f" by {A.type.str_short()}.", op="sparse.matmul")
+    y = sparse_matmul_p.bind(A, snp.transpose(x), pattern=A.type.pattern, transpose=True)
+    return snp.transpose(y)
+
+
+def transpose(A):
+    """`A.T` (a symmetric-tagged matrix is returned as it is)."""
+    t = _check_sparse(A, "sparse.transpose")
+    if "symmetric" in t.tags or ("spd" in t.tags and t.dtype.kind != "c"):
+        return A
+    return sparse_transpose_p.bind(A, pattern=t.pattern)
+
+
+def diagonal(A):
+    """The main diagonal of `A` as a dense vector (zeros where not stored)."""
+    t = _check_sparse(A, "sparse.diagonal")
+    pos = t.pattern.diagonal_positions()
+    if pos.size == t.nnz and np.array_equal(pos, np.arange(t.nnz)):
+        return data(A)
+    return gather(A, IndexMap(pos))
+
+
+def todense(A):
+    """`A` as a dense `(n, m)` array."""
+    t = _check_sparse(A, "sparse.todense")
+    return sparse_todense_p.bind(A, pattern=t.pattern)
+
+
+def _scale(A, s, op: str, divide: bool = False):
+    from . import numpy as snp
+
+    t = _check_sparse(A, op)
+    s = snp.asarray(s)
+    if s.ndim != 0:
+        raise ShapeError(f"a sparse matrix can be multiplied or divided by a scalar, got "
+                         f"shape {tuple(s.shape)}. For other maps of the stored values "
+                         "use `sd.sparse.with_data(A, f(sd.sparse.data(A)))`.", op=op)
+    d = data(A)
+    new = d / s if divide else d * s
+    keep = frozenset(x for x in t.tags if x != "spd")
+    return assemble(new, t.pattern, None, keep)
+
+
+def _negate(A):
+    from . import numpy as snp
+
+    t = _check_sparse(A, "sparse.neg")
+    keep = frozenset(x for x in t.tags if x != "spd")
+    return assemble(snp.negative(data(A)), t.pattern, None, keep)
+
+
+def _add(A, B, sign: float):
+    """`A + sign * B` for two sparse matrices; patterns are merged."""
+    from . import numpy as snp
+
+    op = "sparse.add" if sign > 0 else "sparse.sub"
+    ta, tb = _check_sparse(A, op), _check_sparse(B, op)
+    if ta.shape != tb.shape:
+        raise ShapeError(f"cannot add {ta.str_short()} and {tb.str_short()}: shapes "
+                         "differ.", op=op)
+    dtype = np.result_type(ta.dtype, tb.dtype)
+    A, B = astype(A, dtype), astype(B, dtype)
+    da, db = data(A), data(B)
+    db = snp.negative(db) if sign < 0 else db
+    tags = ta.tags & tb.tags - ({"spd"} if sign < 0 else set())
+    if ta.pattern == tb.pattern:
+        return assemble(da + db, ta.pattern, None, tags)
+    pa, pb = ta.pattern, tb.pattern
+    rows = np.concatenate([pa.rows, pb.rows])
+    cols = np.concatenate([pa.indices, pb.indices])
+    pattern, dest = Pattern.from_coo(ta.shape, rows, cols)
+    both = snp.concatenate([da, db])
+    return assemble(both, pattern, IndexMap(dest), tags)
+
+
+# ---------------------------------------------------------------------------
+# operators, shared by traced sparse values and SparseArray; sciad.numpy's
+# functions send sparse operands here
+
+
+def binary_dispatch(name: str, x, y):
+    """`sciad.numpy`'s `name(x, y)` with a sparse operand, or NotImplemented."""
+    if name == "matmul":
+        return matmul(x, y)
+    xs, ys = issparse(x), issparse(y)
+    if name in ("add", "sub") and xs and ys:
+        return _add(x, y, 1.0 if name == "add" else -1.0)
+    if name == "mul" and xs != ys:
+        return _scale(x, y, "sparse.mul") if xs else _scale(y, x, "sparse.mul")
+    if name == "div" and xs and not ys:
+        return _scale(x, y, "sparse.div", divide=True)
+    raise DTypeError(
+        f"`{name}` of {_shown(x)} and {_shown(y)} is not supported on sparse matrices: "
+        "they support `A @ x`, `A.T`, `A + B`, `A - B`, scaling by a scalar, and "
+        "`sd.sparse.data(A)` / `sd.sparse.with_data(A, d)` for elementwise maps of "
+        "the stored values.", op=name)
+
+
+def unary_dispatch(name: str, x):
+    if name == "neg":
+        return _negate(x)
+    if name == "transpose":
+        return transpose(x)
+    raise DTypeError(f"`{name}` of {_shown(x)} is not supported on sparse matrices; map "
+                     "the stored values with `sd.sparse.with_data(A, f(sd.sparse.data(A)))`"
+                     ".", op=name)
+
+
+def _shown(x) -> str:
+    t = getattr(x, "type", None)
+    if t is not None:
+        return t.str_short()
+    return type(x).__name__
+
+
+def _install_sparse_array_methods() -> None:
+    from . import numpy as snp
+
+    def swap(f):
+        return lambda self, other: f(other, self)
+
+    ops = {
+        "__matmul__": snp.matmul, "__rmatmul__": swap(snp.matmul),
+        "__add__": snp.add, "__radd__": swap(snp.add),
+        "__sub__": snp.subtract, "__rsub__": swap(snp.subtract),
+        "__mul__": snp.multiply, "__rmul__": swap(snp.multiply),
+        "__truediv__": snp.divide,
+        "__neg__": snp.negative, "__pos__": lambda self: self,
+        "diagonal": diagonal, "todense": todense, "toarray": todense,
+        "astype": astype, "transpose": transpose,
+    }
+    for name, fn in ops.items():
+        setattr(SparseArray, name, fn)
+    SparseArray.T = property(transpose)
+
+
+_install_sparse_array_methods()

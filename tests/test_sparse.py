@@ -1,0 +1,201 @@
+"""Sparse matrices: constructors against SciPy, products and structure ops,
+derivatives with respect to the stored values, sparse values as arguments
+and results of compiled functions, and the errors users see."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import sciad as sd
+import sciad.numpy as snp
+from sciad.errors import DTypeError, ShapeError
+
+
+def _random_csr(rng, n, m, density=0.4, dtype=np.float64):
+    M = sp.random(n, m, density=density, random_state=int(rng.integers(2**31)), format="csr")
+    if dtype == np.complex128:
+        M = M + 1j * sp.random(n, m, density=density,
+                               random_state=int(rng.integers(2**31)), format="csr")
+    M = sp.csr_array(M)
+    M.sum_duplicates()
+    M.sort_indices()
+    return M
+
+
+def test_coo_sums_duplicates_like_scipy(rng):
+    row = np.array([0, 2, 1, 0, 2, 2, 0])
+    col = np.array([1, 2, 0, 1, 0, 2, 3])
+    d = rng.standard_normal(row.size)
+    A = sd.sparse.coo_matrix((d, (row, col)), shape=(3, 4))
+    ref = sp.coo_matrix((d, (row, col)), shape=(3, 4)).toarray()
+    np.testing.assert_allclose(np.asarray(A.todense()), ref, rtol=0, atol=1e-15)
+    assert A.nnz == 5 and A.shape == (3, 4)
+    # traced data: the same, through one assemble node
+    f = sd.function(lambda d: sd.sparse.coo_matrix((d, (row, col)), shape=(3, 4)).todense())
+    np.testing.assert_allclose(np.asarray(f(d)), ref, rtol=0, atol=1e-15)
+
+
+def test_csr_with_unsorted_and_duplicate_indices(rng):
+    indptr = np.array([0, 3, 3, 5])
+    indices = np.array([2, 0, 2, 1, 0])
+    d = rng.standard_normal(5)
+    ref = sp.csr_matrix((d, indices, indptr), shape=(3, 3)).toarray()
+    A = sd.sparse.csr_matrix((d, indices, indptr), shape=(3, 3))
+    np.testing.assert_allclose(np.asarray(A.todense()), ref, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_products_against_scipy(rng, dtype):
+    M = _random_csr(rng, 7, 5, dtype=dtype)
+    x, X = rng.standard_normal(5), rng.standard_normal((5, 3))
+    y, Y = rng.standard_normal(7), rng.standard_normal((2, 7))
+    D = M.toarray()
+
+    def f(d, x, X, y, Y):
+        A = sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape)
+        return A @ x, A @ X, A.T @ y, y @ A, Y @ A, A.T.todense(), A.diagonal()
+
+    outs = sd.function(f)(M.data, x, X, y, Y)
+    refs = (D @ x, D @ X, D.T @ y, y @ D, Y @ D, D.T, np.diagonal(D))
+    for o, r in zip(outs, refs):
+        np.testing.assert_allclose(np.asarray(o), r, rtol=1e-13, atol=1e-14)
+
+
+def test_sum_and_scaling_merge_patterns(rng):
+    A = _random_csr(rng, 6, 6)
+    B = _random_csr(rng, 6, 6)
+    sA, sB = sd.sparse.from_scipy(A), sd.sparse.from_scipy(B)
+
+    def f(s):
+        return ((sA + sB) @ np.ones(6), (sA - s * sB) @ np.ones(6), (-sA / 2.0).todense())
+
+    got = sd.function(f)(1.5)
+    ref = ((A + B) @ np.ones(6), (A - 1.5 * B) @ np.ones(6), -A.toarray() / 2)
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(np.asarray(g), r, rtol=1e-13, atol=1e-14)
+    # eagerly, on SparseArrays, the same
+    np.testing.assert_allclose(np.asarray((sA + sB).todense()), (A + B).toarray(),
+                               atol=1e-15)
+
+
+def test_gradient_is_sparse_and_matches_dense_jax(rng):
+    M = _random_csr(rng, 8, 8, density=0.3)
+    rows, cols = M.nonzero()
+    x, w = rng.standard_normal(8), rng.standard_normal(8)
+
+    def loss(d):
+        A = sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape)
+        r = A @ x - w
+        return 0.5 * snp.sum(r * r) + snp.sum(snp.sin(A.T @ w))
+
+    def loss_dense(D):
+        r = D @ x - w
+        return 0.5 * jnp.sum(r * r) + jnp.sum(jnp.sin(D.T @ w))
+
+    g = np.asarray(sd.grad(loss)(M.data))
+    with jax.enable_x64(True):
+        G = np.asarray(jax.grad(loss_dense)(jnp.asarray(M.toarray())))
+    np.testing.assert_allclose(g, G[rows, cols], rtol=1e-12, atol=1e-13)
+    # the reverse pass forms no dense n x n array
+    graph = sd.trace(sd.grad(loss), M.data)
+    assert not any(v.type.shape == (8, 8) for n in graph.nodes for v in n.outputs
+                   if isinstance(v.type, sd.TensorType))
+    assert any(n.primitive.name == "sparse.sddmm" for n in graph.nodes)
+
+
+def test_sparse_matrix_as_argument_and_result(rng):
+    M = _random_csr(rng, 5, 5)
+    A = sd.sparse.from_scipy(M)
+    x = rng.standard_normal(5)
+
+    @sd.function
+    def f(A, x):
+        return A @ x, 2.0 * A
+
+    y, B = f(A, x)
+    np.testing.assert_allclose(np.asarray(y), M @ x, rtol=1e-14)
+    assert isinstance(B, sd.sparse.SparseArray) and B.type == A.type
+    np.testing.assert_allclose(np.asarray(B.data), 2 * M.data)
+    # the gradient with respect to a sparse matrix is sparse on its pattern
+    gA = sd.grad(lambda A, x: snp.sum((A @ x) ** 2))(A, x)
+    assert isinstance(gA, sd.sparse.SparseArray) and gA.type.pattern == A.type.pattern
+    rows, cols = M.nonzero()
+    r = M @ x
+    np.testing.assert_allclose(np.asarray(gA.data), 2 * r[rows] * x[cols], rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_rules_of_a_composite_sparse_function(rng, dtype):
+    M = _random_csr(rng, 6, 4, dtype=dtype)
+    x = rng.standard_normal((4, 2)).astype(dtype)
+    if dtype == np.complex128:
+        x = x + 1j * rng.standard_normal((4, 2))
+
+    def f(d, x):
+        A = sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape)
+        B = A + sd.sparse.sddmm(A @ x, x, A.type.pattern)
+        return B.T @ (A @ x), B.diagonal()
+
+    sd.testing.check_rules(f, M.data, x, seed=int(rng.integers(2**31)))
+
+
+def test_constant_sparse_matrix_prints_and_round_trips(rng):
+    M = _random_csr(rng, 4, 4)
+    A = sd.sparse.from_scipy(M, tags=())
+    g = sd.trace(lambda x: A @ x, np.ones(4))
+    assert "const<csr<f64>[4,4; nnz=" in str(g)
+    back = sd.Graph.from_json(g.to_json())
+    assert str(back) == str(g)
+    x = rng.standard_normal(4)
+    np.testing.assert_allclose(np.asarray(sd.graph.evaluate(back, x)[0]), M @ x, rtol=1e-14)
+
+
+def test_tags_are_checked_against_the_pattern():
+    with pytest.raises(ShapeError, match="pattern is not symmetric"):
+        sd.sparse.coo_matrix((np.ones(2), ([0, 1], [1, 1])), shape=(2, 2), tags={"spd"})
+    with pytest.raises(ShapeError, match="unknown structure tag"):
+        sd.sparse.coo_matrix((np.ones(1), ([0], [0])), shape=(1, 1), tags={"posdef"})
+    A = sd.sparse.coo_matrix((np.ones(2), ([0, 1], [1, 0])), shape=(2, 2),
+                             tags={"symmetric"})
+    assert A.T is A
+
+
+def test_errors_name_the_op_and_the_problem():
+    with pytest.raises(DTypeError, match="`row` must be static"):
+        sd.trace(lambda r: sd.sparse.coo_matrix((np.ones(2), (r, np.arange(2)))),
+                 np.arange(2))
+    with pytest.raises(ShapeError, match="`data` has 3 entries, `row` and `col` 2"):
+        sd.sparse.coo_matrix((np.ones(3), ([0, 1], [0, 1])))
+    with pytest.raises(ShapeError, match="coordinates out of range"):
+        sd.sparse.coo_matrix((np.ones(2), ([0, 5], [0, 1])), shape=(3, 3))
+    A = sd.sparse.coo_matrix((np.ones(2), ([0, 1], [0, 1])), shape=(2, 3))
+    with pytest.raises(ShapeError, match=r"cannot multiply csr<f64>\[2,3; nnz=2\] by "
+                                         r"f64\[2\]") as info:
+        sd.trace(lambda x: A @ x, np.ones(2))
+    assert "test_sparse.py" in str(info.value)
+    with pytest.raises(DTypeError, match="`sin` .* not supported on sparse|sin"):
+        sd.trace(lambda d: snp.sin(sd.sparse.coo_matrix((d, ([0], [0])))), np.ones(1))
+    with pytest.raises(ShapeError, match="multiplied or divided by a scalar, got shape"):
+        sd.trace(lambda d: sd.sparse.coo_matrix((d, ([0], [0]))) * np.ones((1, 1)),
+                 np.ones(1))
+    with pytest.raises(DTypeError, match="`pow` of csr<f64>.* not supported on sparse"):
+        sd.trace(lambda d: sd.sparse.coo_matrix((d, ([0], [0]))) ** 2, np.ones(1))
+
+
+def test_derivatives_through_a_constant_sparse_matrix(rng):
+    M = _random_csr(rng, 6, 6)
+    A = sd.sparse.from_scipy(M)
+    x = rng.standard_normal(6)
+
+    def f(x):
+        return snp.sum(snp.sin(A @ x) * (A.T @ x))
+
+    sd.testing.check_rules(f, x, seed=int(rng.integers(2**31)))
+    D = M.toarray()
+    with jax.enable_x64(True):
+        ref = jax.grad(lambda x: jnp.sum(jnp.sin(D @ x) * (D.T @ x)))(x)
+    np.testing.assert_allclose(np.asarray(sd.grad(f)(x)), np.asarray(ref), rtol=1e-12)
