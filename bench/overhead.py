@@ -38,7 +38,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -46,12 +45,19 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+from _harness import (  # noqa: E402  (bench/ must be on sys.path first)
+    interleaved, load_average, machine_info, machine_lines, median_time, summary,
+    write_text,
+)
+
 RESULTS = os.path.join(HERE, "results", "overhead.md")
 
 RATIO_TARGET = 1.10
 BUILD_TARGET_S = 0.5
 CHAIN_NODES = 1000
-_LOAD_AT_START = "n/a"
 
 # (calls per batch, repeats) for the full run; --quick divides both.
 TINY_N, TINY_R = 1000, 41
@@ -130,55 +136,6 @@ def long_chain(x, y):
 # ---------------------------------------------------------------------------
 # measurement (runs in the configured process)
 
-def _batch(fn, args, n: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn(*args).block_until_ready()
-    return time.perf_counter() - t0
-
-
-def _interleaved(variants: dict, args, n: int, repeats: int) -> dict:
-    """Alternates batches of `n` calls of each variant; the order flips each repeat.
-
-    `variants` maps a name to `(fn, in_x64_block)`; `in_x64_block` runs the
-    batch inside one `with jax.enable_x64(True):` (the scoped JAX baseline).
-    Returns each variant's median seconds per call and its per-repeat times.
-    """
-    import jax
-
-    def run(fn, in_block, k):
-        if in_block:
-            with jax.enable_x64(True):
-                return _batch(fn, args, k)
-        return _batch(fn, args, k)
-
-    for fn, in_block in variants.values():  # warm up (all are compiled already)
-        run(fn, in_block, max(3, n // 10))
-
-    order = list(variants)
-    times: dict[str, list[float]] = {k: [] for k in order}
-    gc.collect()
-    gc.disable()
-    try:
-        for r in range(repeats):
-            for k in (order if r % 2 == 0 else order[::-1]):
-                fn, in_block = variants[k]
-                times[k].append(run(fn, in_block, n) / n)
-    finally:
-        gc.enable()
-    return times
-
-
-def _summary(times: dict, name: str, base: str, n: int) -> dict:
-    pair = sorted(s / j for s, j in zip(times[name], times[base]))
-    q = statistics.quantiles(pair, n=4) if len(pair) >= 2 else [pair[0]] * 3
-    sd_med, jx_med = statistics.median(times[name]), statistics.median(times[base])
-    return {
-        "sd_us": sd_med * 1e6, "jax_us": jx_med * 1e6, "ratio": sd_med / jx_med,
-        "pair_q1": q[0], "pair_q3": q[2], "n": n, "repeats": len(pair),
-    }
-
-
 def _check_same(sd_fn, jax_fn, args, scoped: bool) -> None:
     import jax
     import numpy as np
@@ -193,16 +150,6 @@ def _check_same(sd_fn, jax_fn, args, scoped: bool) -> None:
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-12)
 
 
-def _median_time(fn, repeats: int) -> tuple[float, object]:
-    times, out = [], None
-    for _ in range(repeats):
-        gc.collect()
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
-
-
 def _build_times(x, y, repeats: int, compile_repeats: int) -> dict:
     import jax
 
@@ -210,16 +157,16 @@ def _build_times(x, y, repeats: int, compile_repeats: int) -> dict:
     import sciad.graph as sg
     from sciad import config
 
-    t_trace, graph = _median_time(lambda: sd.trace(long_chain, x, y), repeats)
-    t_verify, _ = _median_time(lambda: sg.verify(graph), repeats)
+    t_trace, graph = median_time(lambda: sd.trace(long_chain, x, y), repeats)
+    t_verify, _ = median_time(lambda: sg.verify(graph), repeats)
     # sd.function runs the optimization passes before lowering
-    t_opt, _ = _median_time(lambda: sg.passes.optimize(graph), repeats)
+    t_opt, _ = median_time(lambda: sg.passes.optimize(graph), repeats)
 
     def lower_once():
         with config.x64_scope():
             return jax.jit(sg.lower(graph)).lower(x, y)
 
-    t_lower, lowered = _median_time(lower_once, repeats)
+    t_lower, lowered = median_time(lower_once, repeats)
     assert "f64" in lowered.as_text()[:20000], "the lowered module is not float64"
     # A `Lowered` caches its executable: compile a freshly lowered one each time.
     compiles = []
@@ -280,10 +227,10 @@ def measure(mode: str, repeats: int | None, quick: bool) -> dict:
             # i.e. without sciad's scoped-x64 wrapper (in the global mode there is none;
             # in `scoped` mode it runs in the same x64 block as the baseline).
             variants["inner"] = (inner, scoped)
-        times = _interleaved(variants, args, n, r)
-        out[key] = _summary(times, "sciad", "jax", n)
+        times = interleaved(variants, args, n, r)
+        out[key] = summary(times, "sciad", "jax", n)
         if "inner" in times:
-            out[key + "_inner"] = _summary(times, "inner", "jax", n)
+            out[key + "_inner"] = summary(times, "inner", "jax", n)
         assert sd_fn.trace_count == 1, "sd.function re-traced in steady state"
 
     x, y = put(rng.standard_normal(64)), put(rng.standard_normal(64))
@@ -295,36 +242,6 @@ def measure(mode: str, repeats: int | None, quick: bool) -> dict:
 # ---------------------------------------------------------------------------
 # report
 
-def _machine() -> dict:
-    import jax
-    import jaxlib
-    import numpy as np
-
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    return {
-        "cpus": os.cpu_count(), "usable_cpus": usable,
-        "cpu": platform.processor() or platform.machine(),
-        "python": platform.python_version(), "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__, "numpy": np.__version__,
-        "device": str(jax.devices()[0]), "platform": platform.platform(),
-        "load": _LOAD_AT_START,
-    }
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def render(results: list[dict], machine: dict, argv: str) -> str:
     ok = lambda b: "yes" if b else "**NO**"  # noqa: E731
     lines = [
@@ -332,11 +249,7 @@ def render(results: list[dict], machine: dict, argv: str) -> str:
         "",
         f"`{argv}` — {time.strftime('%Y-%m-%d %H:%M:%S')}",
         "",
-        f"Machine: {machine['cpus']} CPUs ({machine['usable_cpus']} usable), "
-        f"{_cpu_model()}; {machine['platform']}; device {machine['device']}.  ",
-        f"Python {machine['python']}, jax {machine['jax']}, jaxlib {machine['jaxlib']}, "
-        f"numpy {machine['numpy']}. Load average (1 min) before the run: "
-        f"{machine['load']}.",
+        *machine_lines(machine),
         "",
         "x64 `global`: `jax_enable_x64` on at start-up. x64 `scoped`: off globally; "
         "sciad enters its scoped x64 per call, the JAX loop runs in one "
@@ -400,14 +313,6 @@ def render(results: list[dict], machine: dict, argv: str) -> str:
     return "\n".join(lines)
 
 
-def _write(text: str) -> None:
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    tmp = RESULTS + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, RESULTS)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=None,
@@ -428,11 +333,7 @@ def main(argv=None) -> int:
         print(json.dumps(measure(args.x64, args.repeats, args.quick)))
         return 0
 
-    global _LOAD_AT_START
-    try:
-        _LOAD_AT_START = f"{os.getloadavg()[0]:.2f}"
-    except OSError:
-        pass
+    load = load_average()
     modes = ("global", "scoped") if args.x64 == "both" else (args.x64,)
     results = []
     for mode in modes:
@@ -454,10 +355,10 @@ def main(argv=None) -> int:
         print(f"  done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
     shown = " ".join(["bench/overhead.py"] + (argv if argv is not None else sys.argv[1:]))
-    text = render(results, _machine(), shown.strip())
+    text = render(results, machine_info(load), shown.strip())
     print(text)
     if not args.no_write:
-        _write(text)
+        write_text(RESULTS, text)
         print(f"(written to {os.path.relpath(RESULTS, os.getcwd())})", file=sys.stderr)
     return 0
 

@@ -1,0 +1,154 @@
+"""Measurement and reporting helpers shared by the benchmark scripts in bench/.
+
+Not a benchmark itself. The scripts import it as a top-level module
+(`import _harness`): run from the repository root as
+`.venv/bin/python bench/<script>.py`, Python puts bench/ on `sys.path`, and each
+script also inserts its own directory there in case it is loaded another way.
+
+- `interleaved` times batches of calls of several variants, alternating them
+  and flipping their order every repeat, with the garbage collector off;
+  `summary` turns two variants' per-repeat times into medians, the ratio of
+  the medians and the interquartile range of the pairwise (same-repeat) ratios.
+- `median_time` is the median wall time of a one-off step (tracing, lowering).
+- `load_average`, `machine_info`, `cpu_model` and `machine_lines` describe the
+  machine for the Markdown header; `write_text` writes a result file atomically.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import statistics
+import time
+
+
+# ---------------------------------------------------------------------------
+# measurement
+
+def batch(fn, args, n: int) -> float:
+    """Seconds for `n` calls `fn(*args)`, each output block_until_ready'd."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn(*args).block_until_ready()
+    return time.perf_counter() - t0
+
+
+def interleaved(variants: dict, args, n: int, repeats: int) -> dict:
+    """Alternates batches of `n` calls of each variant; the order flips each repeat.
+
+    `variants` maps a name to `(fn, in_x64_block)`; `in_x64_block` runs the
+    batch inside one `with jax.enable_x64(True):` (the scoped JAX baseline).
+    Every variant is called a few times first (all should be compiled
+    already), then the garbage collector is off while timing.
+    Returns each variant's per-repeat seconds per call: `{name: [s, ...]}`.
+    """
+    import jax
+
+    def run(fn, in_block, k):
+        if in_block:
+            with jax.enable_x64(True):
+                return batch(fn, args, k)
+        return batch(fn, args, k)
+
+    for fn, in_block in variants.values():  # warm up (all are compiled already)
+        run(fn, in_block, max(3, n // 10))
+
+    order = list(variants)
+    times: dict[str, list[float]] = {k: [] for k in order}
+    gc.collect()
+    gc.disable()
+    try:
+        for r in range(repeats):
+            for k in (order if r % 2 == 0 else order[::-1]):
+                fn, in_block = variants[k]
+                times[k].append(run(fn, in_block, n) / n)
+    finally:
+        gc.enable()
+    return times
+
+
+def summary(times: dict, name: str, base: str, n: int) -> dict:
+    """Medians of `times[name]` and `times[base]` (µs per call), the ratio of the
+    medians, and the quartiles of the per-repeat ratios name/base."""
+    pair = sorted(s / j for s, j in zip(times[name], times[base]))
+    q = statistics.quantiles(pair, n=4) if len(pair) >= 2 else [pair[0]] * 3
+    sd_med, jx_med = statistics.median(times[name]), statistics.median(times[base])
+    return {
+        "sd_us": sd_med * 1e6, "jax_us": jx_med * 1e6, "ratio": sd_med / jx_med,
+        "pair_q1": q[0], "pair_q3": q[2], "n": n, "repeats": len(pair),
+    }
+
+
+def median_time(fn, repeats: int) -> tuple[float, object]:
+    """Median seconds of `repeats` calls `fn()` (gc collected before each), and
+    the last call's result."""
+    times, out = [], None
+    for _ in range(repeats):
+        gc.collect()
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+# ---------------------------------------------------------------------------
+# reporting
+
+def load_average() -> str:
+    """The 1-minute load average, formatted, or "n/a" where there is none."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except (AttributeError, OSError):
+        return "n/a"
+
+
+def machine_info(load: str = "n/a") -> dict:
+    """The machine and library versions; `load` is shown as the load before the run."""
+    import jax
+    import jaxlib
+    import numpy as np
+
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {
+        "cpus": os.cpu_count(), "usable_cpus": usable,
+        "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(), "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__, "numpy": np.__version__,
+        "device": str(jax.devices()[0]), "platform": platform.platform(),
+        "load": load,
+    }
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_lines(m: dict) -> list[str]:
+    """The two Markdown lines describing the machine (from `machine_info()`)."""
+    return [
+        f"Machine: {m['cpus']} CPUs ({m['usable_cpus']} usable), "
+        f"{cpu_model()}; {m['platform']}; device {m['device']}.  ",
+        f"Python {m['python']}, jax {m['jax']}, jaxlib {m['jaxlib']}, "
+        f"numpy {m['numpy']}. Load average (1 min) before the run: "
+        f"{m['load']}.",
+    ]
+
+
+def write_text(path: str, text: str) -> None:
+    """Writes `text` to `path` atomically (through a temporary file)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
