@@ -12,6 +12,7 @@ f_fast = sd.function(f)    # compiled by XLA, cached per input signature
 from . import config as config, errors as errors, graph as graph, primitives as primitives
 from . import numpy as numpy
 from . import sparse as sparse
+from . import linalg as linalg
 from . import testing as testing
 from ._function import Function as Function, function as function
 from ._jax_interop import to_jax as to_jax

@@ -1,9 +1,12 @@
 """`sd.function(f)`: trace once per input signature, compile with XLA, cache.
 
-The wrapper is a `functools.partial` of a `jax.jit` function whose body
-traces `f` into a sciad graph, verifies it and lowers it. JAX's own C++
-dispatch therefore does the per-signature caching (shapes, dtypes, static
-arguments), and a steady-state call costs what a `jax.jit` call costs.
+The wrapper is a `functools.partial` of a small function calling a `jax.jit`
+function whose body traces `f` into a sciad graph, verifies it and lowers it.
+JAX's own C++ dispatch therefore does the per-signature caching (shapes,
+dtypes, static arguments), and a steady-state call costs what a `jax.jit`
+call costs plus one Python frame. That frame turns errors found by run-time
+checks (a singular matrix, a solver that did not converge), which leave XLA
+as text, back into sciad's exceptions.
 """
 
 from __future__ import annotations
@@ -14,12 +17,23 @@ from typing import Callable, Sequence
 import jax
 
 from . import config
-from .errors import NotSupportedError
+from .errors import NotSupportedError, runtime_error_from
+
+JaxRuntimeError = jax.errors.JaxRuntimeError
 from .graph import Graph, lower, trace_flat, verify
 from .graph._trace import runtime_leaves, wrap_outputs
 from .graph.passes import optimize
 
 _X64 = jax.enable_x64  # JAX's x64 state object (global value + thread-local override)
+
+
+def _reraise(err: BaseException):
+    """A run-time check's error (singular matrix, no convergence, ...) as the
+    sciad error it names; any other error as it is."""
+    sciad_err = runtime_error_from(err)
+    if sciad_err is None:
+        raise err
+    raise sciad_err from None
 
 
 def _as_tuple(x) -> tuple:
@@ -33,10 +47,10 @@ def _as_tuple(x) -> tuple:
 class Function(functools.partial):
     """A sciad function compiled per input signature. See `sciad.function`.
 
-    It is a `functools.partial` of its own `jax.jit` object, so a call runs
-    no Python frame of sciad's: when JAX's x64 mode is on globally the call
-    goes straight into JAX's C++ dispatch. Otherwise the partial wraps a small
-    function that enters JAX's scoped x64 state around that call.
+    It is a `functools.partial` of one small function around its own
+    `jax.jit` object: it re-raises run-time check failures as sciad errors
+    and, unless JAX's x64 mode is on globally, enters JAX's scoped x64 state
+    around the call.
     """
 
     def __new__(cls, fn: Callable, *, static_argnums: int | Sequence[int] = (),
@@ -52,7 +66,13 @@ class Function(functools.partial):
         jitted = jax.jit(body, static_argnums=static_argnums,
                          static_argnames=static_argnames)
         if _X64.value:
-            self = super().__new__(cls, jitted)
+            def call(*args, **kwargs):
+                try:
+                    return jitted(*args, **kwargs)
+                except JaxRuntimeError as e:
+                    _reraise(e)
+
+            self = super().__new__(cls, call)
         else:
             def scoped(*args, **kwargs):
                 # Swapping the thread-local value directly costs ~0.3 us; the
@@ -60,6 +80,8 @@ class Function(functools.partial):
                 prev = _X64.swap_local(True)
                 try:
                     return jitted(*args, **kwargs)
+                except JaxRuntimeError as e:
+                    _reraise(e)
                 finally:
                     _X64.set_local(prev)
 

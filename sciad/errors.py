@@ -21,6 +21,10 @@ __all__ = [
     "MissingRuleError",
     "NotSupportedError",
     "RuleError",
+    "SingularMatrixError",
+    "NotPositiveDefiniteError",
+    "NonFiniteError",
+    "ConvergenceError",
 ]
 
 
@@ -103,3 +107,68 @@ class RuleError(SciadError, ValueError):
     """A derivative rule that is malformed (wrong tangent type, wrong number of
     cotangents) or wrong (`sciad.testing.check_rules` found it disagreeing
     with finite differences or with the other rule)."""
+
+
+class SingularMatrixError(SciadError, ValueError):
+    """A linear solve whose matrix is singular: structurally (an empty row or
+    column, found at trace time) or numerically (a zero pivot, found when it
+    runs)."""
+
+
+class NotPositiveDefiniteError(SciadError, ValueError):
+    """A matrix assumed (or tagged) symmetric positive definite whose Cholesky
+    factorization broke down."""
+
+
+class NonFiniteError(SciadError, FloatingPointError):
+    """NaN or infinity in the input of an operation that cannot use it (a
+    matrix or right-hand side of a solve)."""
+
+
+class ConvergenceError(SciadError, RuntimeError):
+    """An iterative solver that did not reach its tolerance. `residual`,
+    `tolerance` and `iterations` say how far it got."""
+
+    def __init__(self, message: str, *, op: str | None = None, source=None,
+                 residual: float | None = None, tolerance: float | None = None,
+                 iterations: int | None = None):
+        self.residual = residual
+        self.tolerance = tolerance
+        self.iterations = iterations
+        super().__init__(message, op=op, source=source)
+
+
+# Errors found while a compiled program runs travel out of XLA as text (JAX
+# re-raises them as `JaxRuntimeError`); `sd.function` turns text carrying this
+# marker back into the sciad error it names.
+RUNTIME_MARKER = "[sciad-runtime-error]"
+RUNTIME_END = "[/sciad-runtime-error]"
+
+
+def runtime_error_text(cls: type, message: str, *, op=None, source=None, **extra) -> str:
+    """The text a run-time check raises for `cls(message, op=..., **extra)`."""
+    import json
+
+    doc = {"kind": cls.__name__, "op": op, "source": None if source is None else str(source),
+           "message": message, "extra": extra}
+    return f"{RUNTIME_MARKER}{json.dumps(doc)}{RUNTIME_END}"
+
+
+def runtime_error_from(err: BaseException) -> SciadError | None:
+    """The sciad error carried in a JAX runtime error's text, if any."""
+    import json
+
+    text = str(err)
+    i = text.find(RUNTIME_MARKER)
+    j = text.find(RUNTIME_END, i)
+    if i < 0 or j < 0:
+        return None
+    try:
+        doc = json.loads(text[i + len(RUNTIME_MARKER):j])
+        cls = globals()[doc["kind"]]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not (isinstance(cls, type) and issubclass(cls, SciadError)):
+        return None
+    return cls(doc["message"], op=doc.get("op"), source=doc.get("source"),
+               **doc.get("extra", {}))

@@ -56,8 +56,9 @@ class RuleReport:
 def _run(graph: Graph, args) -> list[np.ndarray]:
     """Runs `graph` op by op (no XLA compile: quick for small checks)."""
     with jax.enable_x64(True):
-        outs = lower(graph)(*[jnp.asarray(a) for a in args])
-        return [np.asarray(o) for o in outs]
+        outs = lower(graph)(*[jax.tree_util.tree_map(jnp.asarray, a) for a in args])
+        # (a saved factorization is a pytree of arrays: kept as one)
+        return [jax.tree_util.tree_map(np.asarray, o) for o in outs]
 
 
 def _random_like(rng, x: np.ndarray) -> np.ndarray:

@@ -62,6 +62,25 @@ def _csr(d):
     return sd.sparse.csr_matrix((d, _PATTERN.indices, _PATTERN.indptr), shape=(5, 4))
 
 
+_A33 = _R.standard_normal((3, 3)) + 3 * np.eye(3)
+
+
+def _square(d):
+    """A 4 x 4 sparse matrix, off-diagonal entries from `d`, 4 on the diagonal."""
+    off = sd.sparse.coo_matrix((d, ([0, 1, 2, 3, 3, 0], [2, 3, 0, 1, 0, 1])), shape=(4, 4))
+    return off + sd.sparse.coo_matrix((np.full(4, 4.0), (np.arange(4), np.arange(4))))
+
+
+def _factor_example(b, transpose):
+    """A factorization used by a plain and a transposed solve (the matrix is
+    a constant: a factor carries no derivative for it)."""
+    from sciad.primitives._linalg import linalg_backsolve_p, linalg_factor_p
+
+    f = linalg_factor_p.bind(_A33, solver="lu")
+    x = linalg_backsolve_p.bind(f, b, solver="lu")
+    return linalg_backsolve_p.bind(f, x, solver="lu", transpose=True) if transpose else x
+
+
 EXAMPLES = {name: _unary_example(name) for name in UNARY}
 EXAMPLES.update({name: _binary_example(name) for name in BINARY})
 EXAMPLES.update({
@@ -96,6 +115,11 @@ EXAMPLES.update({
     "sparse.transpose": (lambda d, y: _csr(d).T @ y, (_f64(8), _f64(5))),
     "sparse.todense": (lambda d: _csr(d).todense(), (_f64(8),)),
     "sparse.sample": (lambda m: sd.sparse.data(sd.sparse.sample(m, _PATTERN)), (_f64(5, 4),)),
+    "linalg.solve": (lambda a, b, d, c: (sd.linalg.solve(a + 4.0 * snp.eye(3), b),
+                                         sd.linalg.solve(_square(d), c, solver="splu")),
+                     (_f64(3, 3), _f64(3, 2), _f64(6), _f64(4))),
+    "linalg.factor": (lambda b: _factor_example(b, transpose=False), (_f64(3, 2),)),
+    "linalg.backsolve": (lambda b: _factor_example(b, transpose=True), (_f64(3),)),
     "call": (lambda x, y: sd.call(sd.trace(lambda a, b: (a * b, a - b), x, y), x, y),
              (_f64(3), _f64(3))),
 })

@@ -23,10 +23,12 @@ def test_shape_rule_matches_implementation(name):
     graph = sd.trace(fn, *args)
     nodes = [n for n in graph.nodes if n.primitive.name == name]
     assert nodes, f"the example for {name!r} does not use it:\n{graph}"
+    rt = sd.graph.runtime_type
     with sd.config.x64_scope():
         for node in nodes:
+            if any(rt(v.type) is None for v in node.inputs + node.outputs):
+                continue  # a factorization: its run-time form is the backend's own
             # implementations see run-time arrays (a sparse matrix's data vector)
-            rt = sd.graph.runtime_type
             ins = [jax.ShapeDtypeStruct(rt(a.type).shape, rt(a.type).dtype)
                    for a in node.inputs]
             out = jax.eval_shape(lambda *xs: node.primitive.impl_rule(*xs, **node.params), *ins)

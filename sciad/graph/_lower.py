@@ -9,6 +9,7 @@ implementation whose result disagrees with the node's type is an error too
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Sequence
 
 import jax
@@ -19,6 +20,15 @@ from ..errors import LoweringError, MissingRuleError, SciadError
 from ._core import Graph, Node
 from ._interpret import Interpreter, node_error
 from ._types import TensorType, runtime_type
+
+
+_state = threading.local()
+
+
+def current_node() -> Node | None:
+    """The node being lowered (for implementations whose run-time checks
+    name it), or None outside lowering."""
+    return getattr(_state, "node", None)
 
 
 class LowerInterpreter(Interpreter):
@@ -33,12 +43,15 @@ class LowerInterpreter(Interpreter):
             raise MissingRuleError(
                 f"has no implementation, so it cannot be lowered. Define one with "
                 f"`@{prim.name}_p.def_impl`.", op=prim.name, source=node.source)
+        prev, _state.node = getattr(_state, "node", None), node
         try:
             out = impl(*invals, **node.params)
         except SciadError as e:
             raise e.with_source(node.source)
         except Exception as e:
             raise node_error(LoweringError, node, e, "the JAX implementation") from e
+        finally:
+            _state.node = prev
         outs = tuple(out) if prim.multiple_results else (out,)
         if len(outs) != len(node.outputs):
             raise LoweringError(
@@ -74,8 +87,17 @@ def lower(graph: Graph) -> Callable[..., list]:
 
 
 def evaluate(graph: Graph, *args) -> list:
-    """Compiles and runs `graph` on concrete inputs; returns a list of arrays."""
+    """Compiles and runs `graph` on concrete inputs; returns a list of arrays.
+    An error found by a run-time check (a singular matrix, a solver that did
+    not converge) is raised as the sciad error it names."""
     from ..config import x64_scope
+    from ..errors import runtime_error_from
 
     with x64_scope():
-        return jax.jit(lower(graph))(*args)
+        try:
+            return jax.jit(lower(graph))(*args)
+        except jax.errors.JaxRuntimeError as e:
+            err = runtime_error_from(e)
+            if err is None:
+                raise
+            raise err from None

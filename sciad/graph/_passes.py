@@ -1,4 +1,5 @@
-"""Graph-to-graph passes: `dce`, `cse`, `fold_constants`, `simplify`, `optimize`.
+"""Graph-to-graph passes: `dce`, `cse`, `fold_constants`, `simplify`,
+`share_factors`, `optimize`.
 
 Every pass has the shape `def dce(graph: Graph) -> Graph`. It builds a new graph
 and never changes its input; it keeps `graph.inputs` (the same `Var`s, in the same
@@ -442,12 +443,77 @@ def _simplify_graph(graph: Graph, run: _Run) -> Graph:
 
 
 # --------------------------------------------------------------------------
+# share_factors
+
+
+def share_factors(graph: Graph) -> Graph:
+    """One factorization per matrix: direct solves become factor + backsolve.
+
+    Every `linalg.solve` node with a direct solver (`lu`, `cholesky`, `splu`,
+    ...) is replaced by a `linalg.backsolve[transpose]` node reading a
+    `linalg.factor` node; all solves with the same matrix operand (the same
+    `Var`, or equal constants) and solver share that one factor, placed
+    before the first of them. A transposed solve with a symmetric matrix (a
+    `symmetric` tag, `spd` on a real matrix, or a dense solve's `assume`)
+    becomes a plain one. Run after differentiation (the adjoint's transposed
+    solves are then in the graph), as `optimize` does; the factor and
+    backsolve nodes have no derivative rules for the matrix.
+
+    **Arguments:**
+
+    - `graph`: the graph to rewrite. It is not changed.
+
+    **Returns:**
+
+    A new `Graph` with the same inputs and outputs.
+    """
+    return _finish(graph, _memo(_share_factors_graph)(graph))
+
+
+def _share_factors_graph(graph: Graph, run: _Run) -> Graph:
+    from ._core import lookup_primitive
+
+    factor_p = lookup_primitive("linalg.factor")
+    backsolve_p = lookup_primitive("linalg.backsolve")
+    if factor_p is None or backsolve_p is None:
+        return _forward(graph, run, lambda node: node)
+    factors: dict[tuple, Var] = {}
+    new_nodes: list[Node] = []
+    env: dict[Var, Atom] = {}
+    for node in graph.nodes:
+        node = _map_subgraphs(_with_inputs(node, _subst(node.inputs, env)), run)
+        params = dict(node.params)
+        if (node.primitive.name != "linalg.solve" or params.get("solver")
+                not in factor_p.methods or not params.get("throw", True)):
+            new_nodes.append(node)
+            continue
+        a, b = node.inputs
+        solver, pattern = params["solver"], params.get("pattern")
+        fparams = {"solver": solver} if pattern is None else {"solver": solver,
+                                                              "pattern": pattern}
+        key = (_atom_key(a), solver, pattern)
+        f = factors.get(key)
+        if f is None:
+            (ftype,) = factor_p.abstract_eval(a.type, **fparams)
+            f = factors[key] = Var(ftype)
+            new_nodes.append(Node(factor_p, (a,), (f,), fparams, frozenset(), node.source))
+        transpose = params.get("transpose", False)
+        tags = set(a.type.tags) | ({params["assume"]} if params.get("assume") else set())
+        if "symmetric" in tags or ("spd" in tags and a.type.dtype.kind != "c"):
+            transpose = False
+        bparams = dict(fparams, **({"transpose": True} if transpose else {}))
+        new_nodes.append(Node(backsolve_p, (f, b), node.outputs, bparams, node.effects,
+                              node.source))
+    return _rebuild(graph, new_nodes, _subst(graph.outputs, env))
+
+
+# --------------------------------------------------------------------------
 # optimize
 
 
 def optimize(graph: Graph, max_rounds: int = 10) -> Graph:
-    """`simplify`, `fold_constants`, `cse` and `dce`, repeated until the graph stops
-    changing.
+    """`simplify`, `fold_constants`, `cse`, `share_factors` and `dce`, repeated
+    until the graph stops changing.
 
     One pass can open work for another (a folded constant may be a `1` that
     `simplify` removes; a simplified expression may duplicate another), so the
@@ -465,7 +531,7 @@ def optimize(graph: Graph, max_rounds: int = 10) -> Graph:
     """
     text = graph.pretty(source=False)
     for _ in range(max_rounds):
-        graph = dce(cse(fold_constants(simplify(graph))))
+        graph = dce(share_factors(cse(fold_constants(simplify(graph)))))
         new_text = graph.pretty(source=False)
         if new_text == text:
             break

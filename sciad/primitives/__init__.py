@@ -1,6 +1,6 @@
 """The built-in primitives, one module per family, each rule beside its op."""
 
-from . import _call, _contract, _creation, _elementwise, _indexing, _reduce, _shape, _sparse
+from . import _call, _contract, _creation, _elementwise, _indexing, _reduce, _shape, _sparse, _linalg
 from ._call import call as call, call_p as call_p
 from ._from_jax import primitive_from_jax as primitive_from_jax
 from ._contract import einsum_p as einsum_p, matmul_p as matmul_p, parse_spec as parse_spec
@@ -29,4 +29,4 @@ from ._shape import (
     transpose_p as transpose_p,
 )
 
-del _call, _contract, _creation, _elementwise, _indexing, _reduce, _shape, _sparse
+del _call, _contract, _creation, _elementwise, _indexing, _reduce, _shape, _sparse, _linalg

@@ -1,0 +1,347 @@
+"""Linear solves: results against NumPy/SciPy for every solver, implicit
+derivative rules checked (first and second order, real and complex), one
+factorization shared by the forward and adjoint solves, and the errors a
+failing solve raises."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import scipy.sparse.linalg as spl
+
+import sciad as sd
+import sciad.numpy as snp
+from sciad.errors import (ConvergenceError, NonFiniteError, NotPositiveDefiniteError,
+                          ShapeError, SingularMatrixError)
+
+
+def _spd_csr(rng, n, dtype=np.float64):
+    """A random sparse symmetric positive definite matrix (canonical CSR)."""
+    B = sp.random(n, n, density=0.25, random_state=int(rng.integers(2**31)))
+    M = sp.csr_array(B @ B.T + n * sp.eye(n))
+    M.sum_duplicates()
+    M.sort_indices()
+    return M.astype(dtype)
+
+
+def _general_csr(rng, n, dtype=np.float64):
+    B = sp.random(n, n, density=0.3, random_state=int(rng.integers(2**31)))
+    M = B + 2.0 * sp.eye(n)
+    if dtype == np.complex128:
+        M = M + 1j * sp.random(n, n, density=0.3, random_state=int(rng.integers(2**31)))
+    M = sp.csr_array(M)
+    M.sum_duplicates()
+    M.sort_indices()
+    return M.astype(dtype)
+
+
+ITERATIVE = ("cg", "gmres", "bicgstab")
+
+
+def _tol(solver, **kw):
+    """Tight tolerances (and a preconditioner) for the iterative solvers only."""
+    return dict(tol=1e-13, **kw) if solver in ITERATIVE else {}
+
+
+def _csr(M, tags=()):
+    """A function building M's pattern from traced values."""
+    return lambda d: sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape, tags=tags)
+
+
+# ---------------------------------------------------------------------------
+# values
+
+
+@pytest.mark.parametrize("solver", ["lu", "cholesky", "cg", "gmres", "bicgstab"])
+@pytest.mark.parametrize("nrhs", [None, 3])
+def test_dense_solvers_match_numpy(rng, solver, nrhs):
+    n = 7
+    B = rng.standard_normal((n, n))
+    A = B @ B.T + n * np.eye(n)
+    b = rng.standard_normal(n if nrhs is None else (n, nrhs))
+    f = sd.function(lambda A, b: sd.linalg.solve(A, b, solver=solver, **_tol(solver)))
+    np.testing.assert_allclose(np.asarray(f(A, b)), np.linalg.solve(A, b), rtol=1e-9,
+                               atol=1e-11)
+
+
+@pytest.mark.parametrize("solver", ["splu", "spsolve", "cg", "gmres", "bicgstab"])
+@pytest.mark.parametrize("nrhs", [None, 2])
+def test_sparse_solvers_match_scipy(rng, solver, nrhs):
+    M = _spd_csr(rng, 30)
+    b = rng.standard_normal(30 if nrhs is None else (30, nrhs))
+
+    def f(d, b):
+        return sd.linalg.solve(_csr(M)(d), b, solver=solver,
+                               **_tol(solver, preconditioner="jacobi"))
+
+    np.testing.assert_allclose(np.asarray(sd.function(f)(M.data, b)), spl.spsolve(M.tocsc(), b),
+                               rtol=1e-9, atol=1e-11)
+
+
+def test_complex_solves(rng):
+    M = _general_csr(rng, 12, np.complex128)
+    b = rng.standard_normal(12) + 1j * rng.standard_normal(12)
+    D = M.toarray()
+    x_sparse = sd.function(lambda d, b: sd.linalg.solve(_csr(M)(d), b))(M.data, b)
+    x_dense = sd.function(lambda A, b: sd.linalg.solve(A, b))(D, b)
+    ref = np.linalg.solve(D, b)
+    np.testing.assert_allclose(np.asarray(x_sparse), ref, rtol=1e-11)
+    np.testing.assert_allclose(np.asarray(x_dense), ref, rtol=1e-11)
+
+
+def test_auto_choice_is_visible_in_the_graph(rng):
+    M = _spd_csr(rng, 5)
+    g = sd.trace(lambda d, b: sd.linalg.solve(_csr(M)(d), b), M.data, np.ones(5))
+    assert "linalg.solve[pattern=" in str(g) and "solver='splu'" in str(g)
+    g = sd.trace(lambda A, b: sd.linalg.solve(A, b, assume="spd"), np.eye(3), np.ones(3))
+    assert "solver='cholesky'" in str(g)
+
+
+# ---------------------------------------------------------------------------
+# derivative rules
+
+
+@pytest.mark.parametrize("solver,assume", [("lu", None), ("lu", "symmetric"),
+                                           ("cholesky", "spd"), ("gmres", None)])
+def test_dense_solve_rules(rng, solver, assume):
+    n = 5
+    B = rng.standard_normal((n, n))
+    A = B @ B.T + n * np.eye(n) if assume else B + n * np.eye(n)
+    b = rng.standard_normal((n, 2))
+
+    def f(A, b):
+        if assume:  # keep the perturbed matrix symmetric, as the assumption says
+            A = 0.5 * (A + A.T)
+        return sd.linalg.solve(A, b, solver=solver, assume=assume, **_tol(solver))
+
+    sd.testing.check_rules(f, A, b, seed=int(rng.integers(2**31)))
+
+
+@pytest.mark.parametrize("solver,tags", [("splu", ()), ("splu", ("spd",)), ("spsolve", ()),
+                                         ("cg", ("spd",)), ("bicgstab", ())])
+def test_sparse_solve_rules(rng, solver, tags):
+    M = _spd_csr(rng, 12)
+    b = rng.standard_normal(12)
+
+    def f(d, b):
+        if tags:  # symmetrize the perturbation, as the tag promises
+            d = 0.5 * (d + sd.sparse.data(_csr(M)(d).T))
+        x = sd.linalg.solve(_csr(M, tags)(d), b, solver=solver, **_tol(solver))
+        return snp.sin(x) * x
+
+    sd.testing.check_rules(f, M.data, b, seed=int(rng.integers(2**31)))
+
+
+def test_complex_sparse_solve_rules(rng):
+    M = _general_csr(rng, 8, np.complex128)
+    b = rng.standard_normal(8) + 1j * rng.standard_normal(8)
+    sd.testing.check_rules(lambda d, b: sd.linalg.solve(_csr(M)(d), b), M.data, b,
+                           seed=int(rng.integers(2**31)))
+
+
+def _poisson(n):
+    """The 1-D Dirichlet Laplacian's COO coordinates and a coefficient map."""
+    i = np.arange(n)
+    rows = np.concatenate([i, i[:-1], i[1:]])
+    cols = np.concatenate([i, i[1:], i[:-1]])
+    return rows, cols
+
+
+def test_gradient_matches_a_hand_written_adjoint(rng):
+    n = 40
+    rows, cols = _poisson(n)
+    f = rng.standard_normal(n)
+    d = rng.standard_normal(n)
+
+    def entries(m):
+        k = snp.exp(m)
+        # -d/dx(k du/dx) with k on cells: diagonal k_i + k_{i+1}, off -k
+        kk = snp.concatenate([k, k[-1:]])
+        diag = kk[:-1] + kk[1:]
+        return snp.concatenate([diag, -k[1:], -k[1:]])
+
+    def misfit(m):
+        A = sd.sparse.coo_matrix((entries(m), (rows, cols)), shape=(n, n), tags={"spd"})
+        u = sd.linalg.solve(A, f)
+        return 0.5 * snp.sum((u - d) ** 2)
+
+    m = 0.3 * rng.standard_normal(n)
+    g = np.asarray(sd.grad(misfit)(m))
+
+    # the adjoint by hand, with SciPy: one LU, a forward and a transposed solve
+    def np_entries(m):
+        k = np.exp(m)
+        kk = np.concatenate([k, k[-1:]])
+        return np.concatenate([kk[:-1] + kk[1:], -k[1:], -k[1:]])
+
+    A = sp.csc_matrix((np_entries(m), (rows, cols)), shape=(n, n))
+    lu = spl.splu(A)
+    u = lu.solve(f)
+    lam = lu.solve(u - d, trans="T")
+    dA = -lam[rows] * u[cols]  # dJ/d(entry) for each COO entry
+    with jax.enable_x64(True):
+        _, pullback = jax.vjp(lambda m: jnp.asarray(np_entries_jax(m)), jnp.asarray(m))
+        ref = np.asarray(pullback(jnp.asarray(dA))[0])
+    np.testing.assert_allclose(g, ref, rtol=1e-8)
+    rates = sd.testing.taylor_test(misfit, m, rng.standard_normal(n))
+    assert np.all(rates > 1.9), rates
+
+
+def np_entries_jax(m):
+    k = jnp.exp(m)
+    kk = jnp.concatenate([k, k[-1:]])
+    return jnp.concatenate([kk[:-1] + kk[1:], -k[1:], -k[1:]])
+
+
+def test_hvp_through_a_sparse_solve_matches_dense_jax(rng):
+    M = _general_csr(rng, 10)
+    rows, cols = M.nonzero()
+    b = rng.standard_normal(10)
+
+    def loss(d):
+        x = sd.linalg.solve(_csr(M)(d), b)
+        return snp.sum(x ** 3)
+
+    def loss_jax(d):
+        A = jnp.zeros((10, 10)).at[rows, cols].set(d)
+        return jnp.sum(jnp.linalg.solve(A, b) ** 3)
+
+    v = rng.standard_normal(M.nnz)
+    got = np.asarray(sd.hvp(loss, M.data, v))
+    with jax.enable_x64(True):
+        ref = jax.jvp(jax.grad(loss_jax), (jnp.asarray(M.data),), (jnp.asarray(v),))[1]
+    np.testing.assert_allclose(got, np.asarray(ref), rtol=1e-8)
+
+
+# ---------------------------------------------------------------------------
+# one factorization
+
+
+def _factor_nodes(graph):
+    return [n for n in graph.nodes if n.primitive.name == "linalg.factor"]
+
+
+@pytest.mark.parametrize("tags", [(), ("spd",)])
+def test_value_and_grad_factors_once(rng, tags):
+    M = _spd_csr(rng, 9)
+    b = rng.standard_normal(9)
+
+    def obj(d):
+        x = sd.linalg.solve(_csr(M, tags)(d), b)
+        y = sd.linalg.solve(_csr(M, tags)(d), x)  # a second solve, same matrix
+        return snp.sum(y * y)
+
+    g = sd.graph.passes.optimize(sd.trace(sd.value_and_grad(obj), M.data))
+    assert len(_factor_nodes(g)) == 1, g
+    assert not any(n.primitive.name == "linalg.solve" for n in g.nodes)
+    backsolves = [n for n in g.nodes if n.primitive.name == "linalg.backsolve"]
+    assert len(backsolves) == 4  # two forward, two adjoint
+    transposed = [n for n in backsolves if n.params.get("transpose")]
+    assert len(transposed) == (0 if tags else 2)  # spd: the adjoint solve is the plain one
+    val, grad = sd.value_and_grad(obj)(M.data)
+    fd = sd.testing.taylor_test(obj, M.data, rng.standard_normal(M.nnz))
+    assert np.all(fd > 1.9)
+
+
+def test_factor_sharing_keeps_results(rng):
+    n = 6
+    A = rng.standard_normal((n, n)) + n * np.eye(n)
+    b = rng.standard_normal(n)
+
+    def f(A, b):
+        x = sd.linalg.solve(A, b)
+        return sd.linalg.solve(A, x) + sd.linalg.solve(A.T, b)
+
+    g = sd.trace(f, A, b)
+    shared = sd.graph.passes.share_factors(g)
+    assert len(_factor_nodes(shared)) == 2  # A and A.T
+    ref = np.linalg.solve(A, np.linalg.solve(A, b)) + np.linalg.solve(A.T, b)
+    for graph in (g, shared):
+        np.testing.assert_allclose(np.asarray(sd.graph.evaluate(graph, A, b)[0]), ref,
+                                   rtol=1e-12)
+    assert sd.graph.passes.share_factors(shared).pretty() == shared.pretty()
+
+
+def test_batched_sparse_solves_through_to_jax(rng):
+    M = _general_csr(rng, 8)
+    f = sd.to_jax(lambda d, b: sd.linalg.solve(_csr(M)(d), b))
+    B = rng.standard_normal((4, 8))
+    with jax.enable_x64(True):
+        X = jax.vmap(f, in_axes=(None, 0))(jnp.asarray(M.data), jnp.asarray(B))
+        D = jax.vmap(lambda d: f(d, jnp.asarray(B[0])))(jnp.stack([M.data, 2 * M.data]))
+    np.testing.assert_allclose(np.asarray(X), np.linalg.solve(M.toarray(), B.T).T, rtol=1e-11)
+    np.testing.assert_allclose(np.asarray(D[1]), 0.5 * np.linalg.solve(M.toarray(), B[0]),
+                               rtol=1e-11)
+
+
+# ---------------------------------------------------------------------------
+# errors
+
+
+def test_singular_matrix_raises_with_the_users_line():
+    A = np.array([[1.0, 2.0], [2.0, 4.0]])
+    f = sd.function(lambda A, b: sd.linalg.solve(A, b))
+    with pytest.raises(SingularMatrixError, match="singular") as info:
+        f(A, np.ones(2))
+    # (after factor sharing, the factorization node reports it)
+    assert "test_linalg.py" in str(info.value)
+    assert info.value.op in ("linalg.solve", "linalg.factor")
+    M = sp.csr_array(np.array([[1.0, 1.0], [1.0, 1.0]]))
+    g = sd.function(lambda d, b: sd.linalg.solve(_csr(M)(d), b))
+    with pytest.raises(SingularMatrixError, match="singular"):
+        g(M.data, np.ones(2))
+    # its gradient is never computed from a failed solve
+    with pytest.raises(SingularMatrixError):
+        sd.grad(lambda d: snp.sum(sd.linalg.solve(_csr(M)(d), np.ones(2))))(M.data)
+
+
+def test_structurally_singular_fails_at_trace_time():
+    def f(d):
+        A = sd.sparse.coo_matrix((d, ([0, 1], [0, 0])), shape=(2, 2))
+        return sd.linalg.solve(A, np.ones(2))
+
+    with pytest.raises(SingularMatrixError, match="structurally singular: column 1 has no "
+                                                  "stored entry") as info:
+        sd.trace(f, np.ones(2))
+    assert "test_linalg.py" in str(info.value)
+
+
+def test_non_finite_input_is_named():
+    f = sd.function(lambda A, b: sd.linalg.solve(A, b))
+    with pytest.raises(NonFiniteError, match="right-hand side holds NaN"):
+        f(np.eye(2), np.array([1.0, np.nan]))
+    with pytest.raises(NonFiniteError, match="matrix holds NaN"):
+        f(np.array([[1.0, np.inf], [0.0, 1.0]]), np.ones(2))
+
+
+def test_not_positive_definite():
+    f = sd.function(lambda A, b: sd.linalg.solve(A, b, assume="spd"))
+    with pytest.raises(NotPositiveDefiniteError, match="not positive definite"):
+        f(np.array([[1.0, 2.0], [2.0, 1.0]]), np.ones(2))
+
+
+def test_iterative_non_convergence_reports_residual_and_iterations(rng):
+    M = _spd_csr(rng, 40)
+    f = sd.function(lambda d, b: sd.linalg.solve(_csr(M)(d), b, solver="cg", maxiter=2))
+    with pytest.raises(ConvergenceError, match=r"cg did not converge: relative residual "
+                                               r"\S+ after 2 iterations") as info:
+        f(M.data, rng.standard_normal(40))
+    assert info.value.iterations == 2 and info.value.residual > 1e-10
+    assert "test_linalg.py" in str(info.value)
+
+
+def test_trace_time_errors():
+    with pytest.raises(ShapeError, match=r"`b` must have shape \(3,\) or \(3, k\)"):
+        sd.trace(lambda A, b: sd.linalg.solve(A, b), np.eye(3), np.ones(4))
+    with pytest.raises(ShapeError, match="must be a square matrix"):
+        sd.trace(lambda A, b: sd.linalg.solve(A, b), np.ones((3, 2)), np.ones(3))
+    with pytest.raises(ShapeError, match="unknown solver 'qr'"):
+        sd.trace(lambda A, b: sd.linalg.solve(A, b, solver="qr"), np.eye(2), np.ones(2))
+    with pytest.raises(ShapeError, match="takes no `tol`"):
+        sd.trace(lambda A, b: sd.linalg.solve(A, b, solver="lu", tol=1e-3), np.eye(2),
+                 np.ones(2))
+    with pytest.raises(ShapeError, match="solver 'splu' does not take a dense matrix"):
+        sd.trace(lambda A, b: sd.linalg.solve(A, b, solver="splu"), np.eye(2), np.ones(2))
