@@ -345,3 +345,29 @@ def test_trace_time_errors():
                  np.ones(2))
     with pytest.raises(ShapeError, match="solver 'splu' does not take a dense matrix"):
         sd.trace(lambda A, b: sd.linalg.solve(A, b, solver="splu"), np.eye(2), np.ones(2))
+
+
+def test_host_callbacks_keep_float64_exact_whatever_the_thread(rng):
+    """Callback arguments and results cross as uint32 words, so no thread's
+    x64 setting can round them to float32."""
+    from sciad.solvers import _host
+
+    x = rng.standard_normal(5) * (1 + 1e-12)  # not representable in float32
+    z = x + 1j * x[::-1]
+    seen = {}
+
+    def host(a, c):
+        seen["dtypes"] = (a.dtype, c.dtype)
+        return a * 3.0, c * 1j
+
+    def f(a, c):
+        return _host.callback(host, (jax.ShapeDtypeStruct(a.shape, a.dtype),
+                                     jax.ShapeDtypeStruct(c.shape, c.dtype)), a, c)
+
+    with jax.enable_x64(True):
+        a3, cj = jax.jit(f)(jnp.asarray(x), jnp.asarray(z))
+        batched = jax.vmap(f)(jnp.stack([x, 2 * x]), jnp.stack([z, z]))
+    assert seen["dtypes"] == (np.float64, np.complex128)
+    np.testing.assert_array_equal(np.asarray(a3), x * 3.0)
+    np.testing.assert_array_equal(np.asarray(cj), z * 1j)
+    np.testing.assert_array_equal(np.asarray(batched[0][1]), 2 * x * 3.0)

@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._host import callback
+
 METHODS = ("splu", "spsolve")
 
 _lock = threading.Lock()
@@ -78,10 +80,10 @@ def _host_factor(slot: int, pattern, data: np.ndarray):
             lu, ok = None, False
         factors.append(lu)
         oks.append(ok)
-    gen = next(_next_gen)
+    gen = next(_next_gen) % 2**31
     with _lock:
         _slots[slot] = (gen, factors)
-    return (np.full(batch, gen, np.int64), np.asarray(oks, bool).reshape(batch))
+    return (np.full(batch, gen, np.int32), np.asarray(oks, bool).reshape(batch))
 
 
 def _host_solve(slot: int, transpose: bool, core_ndim: int, gen: np.ndarray, b: np.ndarray):
@@ -103,7 +105,7 @@ def _host_solve(slot: int, transpose: bool, core_ndim: int, gen: np.ndarray, b: 
     for i in range(n_b):
         lu = factors[i] if len(factors) == n_b else factors[0]
         out[i] = np.nan if lu is None else lu.solve(np.asarray(flat_b[i]), trans=trans)
-    return out.reshape(batch + core)
+    return (out.reshape(batch + core),)
 
 
 def factor(method: str, pattern, data):
@@ -114,10 +116,9 @@ def factor(method: str, pattern, data):
     with _lock:
         slot = next(_next_slot)
     batch_shape = data.shape[:-1]
-    out = (jax.ShapeDtypeStruct(batch_shape, jnp.int64),
+    out = (jax.ShapeDtypeStruct(batch_shape, jnp.int32),
            jax.ShapeDtypeStruct(batch_shape, jnp.bool_))
-    gen, ok = jax.pure_callback(lambda d: _host_factor(slot, pattern, d), out, data,
-                                vmap_method="expand_dims")
+    gen, ok = callback(lambda d: _host_factor(slot, pattern, d), out, data)
     return SpluFactor(gen, ok, slot)
 
 
@@ -134,9 +135,9 @@ def solve(method: str, pattern, factor, b, transpose: bool):
         return _spsolve(pattern, factor[0], b, transpose)
     gen, slot = factor.generation, factor.slot
     core_ndim = b.ndim
-    return jax.pure_callback(lambda g, bb: _host_solve(slot, transpose, core_ndim, g, bb),
-                             jax.ShapeDtypeStruct(b.shape, b.dtype), gen, b,
-                             vmap_method="expand_dims")
+    (x,) = callback(lambda g, bb: _host_solve(slot, transpose, core_ndim, g, bb),
+                    (jax.ShapeDtypeStruct(b.shape, b.dtype),), gen, b)
+    return x
 
 
 def _spsolve(pattern, data, b, transpose: bool):
