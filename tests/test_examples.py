@@ -53,3 +53,29 @@ def test_example_objectives_pass_the_taylor_test(rng):
         rates = sd.testing.taylor_test(lambda th: loss(th, data), theta,
                                        rng.standard_normal(3))
         assert np.all(np.abs(rates - 2.0) < 0.15), (loss.__name__, rates)
+
+
+def test_inverse_poisson_recovers_the_field(capsys):
+    ex = _load("inverse_poisson")
+    res, rates, history, m_true = ex.main(n=16, maxiter=60, plot=None)
+    assert np.all(np.abs(rates - 2.0) < 0.1), rates
+    assert history[-1] < 0.2 * history[0]
+    err0 = np.linalg.norm(m_true)  # the start is m = 0
+    assert np.linalg.norm(res.x - m_true) < 0.9 * err0
+    out = capsys.readouterr().out
+    assert "Taylor test" in out and "iter   1" in out and "done:" in out
+
+
+def test_inverse_poisson_objective_taylor_and_one_factorization(rng):
+    import sciad as sd
+
+    ex = _load("inverse_poisson")
+    problem = ex.Problem(12)
+    data, sigma = ex.make_data(problem)
+    m = 0.2 * rng.standard_normal(144)
+    f = lambda m: ex.objective(m, data, sigma, problem)  # noqa: E731
+    rates = sd.testing.taylor_test(f, m, rng.standard_normal(144))
+    assert np.all(np.abs(rates - 2.0) < 0.1), rates
+    g = sd.graph.passes.optimize(sd.trace(sd.value_and_grad(f), m))
+    factors = [n for n in g.nodes if "factor" in n.primitive.name]
+    assert len(factors) == 1, g.pretty(source=False)

@@ -95,7 +95,8 @@ def test_complex_solves(rng):
 def test_auto_choice_is_visible_in_the_graph(rng):
     M = _spd_csr(rng, 5)
     g = sd.trace(lambda d, b: sd.linalg.solve(_csr(M)(d), b), M.data, np.ones(5))
-    assert "linalg.solve[pattern=" in str(g) and "solver='splu'" in str(g)
+    want = "splu" if jax.default_backend() == "cpu" else "spsolve"
+    assert "linalg.solve[pattern=" in str(g) and f"solver='{want}'" in str(g)
     g = sd.trace(lambda A, b: sd.linalg.solve(A, b, assume="spd"), np.eye(3), np.ones(3))
     assert "solver='cholesky'" in str(g)
 
@@ -104,8 +105,11 @@ def test_auto_choice_is_visible_in_the_graph(rng):
 # derivative rules
 
 
-@pytest.mark.parametrize("solver,assume", [("lu", None), ("lu", "symmetric"),
-                                           ("cholesky", "spd"), ("gmres", None)])
+@pytest.mark.parametrize("solver,assume", [
+    ("lu", None), ("lu", "symmetric"), ("cholesky", "spd"),
+    # the same rules as the direct solvers'; checking them op by op through
+    # lineax's loops takes ~20 s
+    pytest.param("gmres", None, marks=pytest.mark.slow)])
 def test_dense_solve_rules(rng, solver, assume):
     n = 5
     B = rng.standard_normal((n, n))
@@ -120,11 +124,12 @@ def test_dense_solve_rules(rng, solver, assume):
     sd.testing.check_rules(f, A, b, seed=int(rng.integers(2**31)))
 
 
-@pytest.mark.parametrize("solver,tags", [("splu", ()), ("splu", ("spd",)), ("spsolve", ()),
-                                         ("cg", ("spd",)), ("bicgstab", ())])
+@pytest.mark.parametrize("solver,tags", [
+    ("splu", ()), ("splu", ("spd",)), ("spsolve", ()), ("cg", ("spd",)),
+    pytest.param("bicgstab", (), marks=pytest.mark.slow)])  # ~20 s op by op
 def test_sparse_solve_rules(rng, solver, tags):
-    M = _spd_csr(rng, 12)
-    b = rng.standard_normal(12)
+    M = _spd_csr(rng, 8)
+    b = rng.standard_normal(8)
 
     def f(d, b):
         if tags:  # symmetrize the perturbation, as the tag promises

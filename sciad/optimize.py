@@ -1,0 +1,483 @@
+"""Minimization with SciPy's optimizers and sciad's compiled derivatives.
+
+```python
+import numpy as np
+import sciad as sd
+import sciad.numpy as snp
+import sciad.optimize
+
+t = np.linspace(0.0, 2.0, 50)
+y = 3.0 * np.exp(-1.5 * t)
+
+def misfit(p, t, y):                        # p: a pytree of float arrays
+    pred = p["scale"] * snp.exp(-p["rate"] * t)
+    return 0.5 * snp.sum((pred - y) ** 2)
+
+res = sd.optimize.minimize(misfit, {"scale": 1.0, "rate": 0.5}, args=(t, y),
+                           bounds=({"scale": 0.0, "rate": 0.0}, None))
+res.x["rate"], res.fun, res.nit, res.success   # (array(1.5), ~0, ..., True)
+```
+
+`minimize` traces `f` once into a value-and-gradient graph, compiles it with
+`sd.function` and hands SciPy a callable that makes one compiled call per
+function evaluation (`jac=True`). Methods that use curvature get it from
+sciad too: Hessian-vector products (forward over reverse) for Newton-CG,
+trust-ncg, trust-krylov and trust-constr, the dense Hessian for dogleg and
+trust-exact. The compiled functions are cached per objective and argument
+signature, so calling `minimize` again with the same `f` and new values of
+`x0` and `args` (same shapes and dtypes) does not retrace or recompile.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, NamedTuple
+
+import jax
+import numpy as np
+import scipy.optimize
+
+from . import config
+from ._function import Function, function
+from ._transforms import grad, hvp, jacfwd, value_and_grad
+from .errors import DTypeError, NonFiniteError, NotSupportedError, ShapeError, TracerError
+from .graph import Tracer
+from .graph._autodiff import type_of
+from .graph._trace import is_value_leaf
+
+__all__ = ["minimize", "METHODS"]
+
+_tree = jax.tree_util
+_OP = "optimize.minimize"
+
+#: the method names `minimize` accepts (case-insensitive), as in SciPy
+METHODS = ("nelder-mead", "powell", "cg", "bfgs", "newton-cg", "l-bfgs-b", "tnc", "cobyla",
+           "cobyqa", "slsqp", "trust-constr", "dogleg", "trust-ncg", "trust-exact",
+           "trust-krylov")
+
+_VALUE_ONLY = frozenset({"nelder-mead", "powell", "cobyla", "cobyqa"})
+_HESSP = frozenset({"newton-cg", "trust-ncg", "trust-krylov", "trust-constr"})
+_HESS = frozenset({"dogleg", "trust-exact"})
+_BOUNDED = frozenset({"l-bfgs-b", "tnc", "slsqp", "trust-constr", "nelder-mead", "powell",
+                      "cobyla", "cobyqa"})
+
+
+# ---------------------------------------------------------------------------
+# x0 as one float64 vector
+
+
+class _Spec(NamedTuple):
+    """How a pytree of float arrays maps to one flat float64 vector: leaves in
+    `jax.tree_util` order, each raveled in C order."""
+
+    treedef: Any
+    shapes: tuple
+    dtypes: tuple
+    paths: tuple  # "x0['a'][1]"-style names of the leaves, for messages
+
+    @property
+    def sizes(self) -> list[int]:
+        return [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
+
+    @property
+    def size(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def key(self):
+        return (self.treedef, self.shapes, self.dtypes)
+
+    def unflatten(self, z: np.ndarray):
+        """The pytree of NumPy arrays (each leaf's own dtype) of a flat vector."""
+        leaves, start = [], 0
+        for shape, dtype, size in zip(self.shapes, self.dtypes, self.sizes):
+            leaves.append(np.array(z[start:start + size], dtype=dtype).reshape(shape))
+            start += size
+        return _tree.tree_unflatten(self.treedef, leaves)
+
+    def unflatten_traced(self, z):
+        """The same inside a trace: static slices of the traced vector."""
+        from . import numpy as snp
+
+        if len(self.shapes) == 1 and self.shapes[0] == (self.size,) and \
+                self.dtypes[0] == np.float64:
+            return _tree.tree_unflatten(self.treedef, [z])
+        leaves, start = [], 0
+        for shape, dtype, size in zip(self.shapes, self.dtypes, self.sizes):
+            leaf = snp.reshape(z[start:start + size], shape)
+            if dtype != np.float64:
+                leaf = snp.astype(leaf, dtype)
+            leaves.append(leaf)
+            start += size
+        return _tree.tree_unflatten(self.treedef, leaves)
+
+    def name_of(self, i: int) -> str:
+        """The flat element `i` by its leaf and index, e.g. `x0['M'][0, 1]`."""
+        start = 0
+        for path, shape, size in zip(self.paths, self.shapes, self.sizes):
+            if i < start + size:
+                idx = np.unravel_index(i - start, shape) if shape else ()
+                return path + (f"[{', '.join(str(int(k)) for k in idx)}]" if shape else "")
+            start += size
+        raise IndexError(i)
+
+
+def _flatten_x0(x0) -> tuple[_Spec, np.ndarray]:
+    with_path, treedef = _tree.tree_flatten_with_path(x0)
+    if not with_path:
+        raise ShapeError("`x0` holds no arrays; give an array or a pytree of float "
+                         "arrays.", op=_OP)
+    shapes, dtypes, paths, flat = [], [], [], []
+    for path, leaf in with_path:
+        name = "x0" + _tree.keystr(path)
+        if isinstance(leaf, Tracer):
+            raise TracerError(f"{name} is a traced value; `minimize` runs SciPy on the host "
+                              "and cannot be called inside `sd.function`, `sd.trace` or a "
+                              "transform. Call it on concrete arrays.", op=_OP)
+        a = np.asarray(leaf)
+        t = f"{a.dtype.name}{list(a.shape)}"
+        if a.dtype.kind == "c":
+            raise DTypeError(f"{name} is complex ({t}); SciPy minimizes over real "
+                             "vectors. Optimize its real and imaginary parts as two real "
+                             "leaves and rebuild it in `f` as `re + 1j * im`.", op=_OP)
+        if a.dtype.kind != "f":
+            raise DTypeError(f"{name} must be a float array, got {t}; convert it with "
+                             "`.astype(float)` (or write `1.0` for `1`).", op=_OP)
+        shapes.append(tuple(a.shape))
+        dtypes.append(a.dtype)
+        paths.append(name)
+        flat.append(a.astype(np.float64).ravel())
+    spec = _Spec(treedef, tuple(shapes), tuple(dtypes), tuple(paths))
+    if spec.size == 0:
+        raise ShapeError("`x0` has no elements to optimize.", op=_OP)
+    return spec, np.concatenate(flat)
+
+
+# ---------------------------------------------------------------------------
+# bounds
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float, np.number, np.bool_)) and not isinstance(v, complex)
+
+
+def _side(b, spec: _Spec, fill: float, which: str) -> np.ndarray:
+    """One side of `(lower, upper)` as a flat float64 vector."""
+    if b is None:
+        return np.full(spec.size, fill)
+    if _is_number(b) or (isinstance(b, (np.ndarray, jax.Array)) and np.ndim(b) == 0):
+        return np.full(spec.size, float(b))
+    try:
+        leaves = spec.treedef.flatten_up_to(b)
+    except (ValueError, TypeError) as e:
+        raise ShapeError(
+            f"`{which}` in `bounds=(lower, upper)` must be None, a number, or a pytree with "
+            f"x0's structure {spec.treedef}; got {type(b).__name__} ({e}). For SciPy's "
+            "per-element `(lo, hi)` pairs, pass `scipy.optimize.Bounds(lb, ub)` over the "
+            "flattened x0.", op=_OP) from None
+    out = []
+    for leaf, shape, path in zip(leaves, spec.shapes, spec.paths):
+        name = f"{which} for {path}"
+        if leaf is None:
+            out.append(np.full(int(np.prod(shape, dtype=np.int64)), fill))
+            continue
+        if isinstance(leaf, (list, tuple, dict)):
+            hint = (f"SciPy's per-element `(lo, hi)` pairs must number x0.size = {spec.size}"
+                    if spec.treedef.num_nodes == 1 else "for SciPy's per-element `(lo, hi)` "
+                    "pairs, pass `scipy.optimize.Bounds(lb, ub)` over the flattened x0")
+            raise ShapeError(f"{name} is a {type(leaf).__name__}; give a number, None or an "
+                             f"array that broadcasts to {shape} ({hint}).", op=_OP)
+        a = np.asarray(leaf)
+        if a.dtype.kind not in "biuf":
+            raise ShapeError(f"{name} must be real numbers, got {a.dtype.name}.", op=_OP)
+        try:
+            a = np.broadcast_to(a.astype(np.float64), shape)
+        except ValueError:
+            raise ShapeError(f"{name} has shape {a.shape}, which does not broadcast to the "
+                             f"leaf's shape {shape}.", op=_OP) from None
+        out.append(a.ravel())
+    return np.concatenate(out)
+
+
+def _scipy_pairs(bounds, n: int) -> bool:
+    """Whether `bounds` is SciPy's sequence of `n` `(lo, hi)` pairs of numbers
+    (or None)."""
+    def pair(p):
+        return isinstance(p, (list, tuple)) and len(p) == 2 and all(
+            q is None or _is_number(q) for q in p)
+
+    return isinstance(bounds, (list, tuple)) and len(bounds) == n and all(map(pair, bounds))
+
+
+def _fits(spec: _Spec, tree) -> bool:
+    try:
+        spec.treedef.flatten_up_to(tree)
+        return True
+    except (ValueError, TypeError):
+        return False
+
+
+def _flat_bounds(bounds, spec: _Spec) -> scipy.optimize.Bounds:
+    n = spec.size
+    if isinstance(bounds, scipy.optimize.Bounds):
+        sides = []
+        for which, v in (("lb", bounds.lb), ("ub", bounds.ub)):
+            a = np.asarray(v, dtype=np.float64)
+            try:
+                sides.append(np.broadcast_to(a, (n,)).copy())
+            except ValueError:
+                raise ShapeError(f"`Bounds.{which}` has shape {a.shape}; give a number or "
+                                 f"{n} values, one per element of the flattened x0 (leaves "
+                                 "in `jax.tree_util` order, each raveled).", op=_OP) from None
+        lb, ub = sides
+        keep = np.broadcast_to(np.asarray(bounds.keep_feasible, bool), (n,))
+    elif spec.treedef.num_nodes == 1 and _scipy_pairs(bounds, n):
+        # x0 is one array: a pair `(lower, upper)` cannot hold tuples, so this
+        # reads only as SciPy's per-element pairs (C order).
+        lb = np.array([-np.inf if lo is None else lo for lo, _ in bounds], np.float64)
+        ub = np.array([np.inf if hi is None else hi for _, hi in bounds], np.float64)
+        keep = False
+    elif isinstance(bounds, (list, tuple)) and len(bounds) == 2:
+        if _scipy_pairs(bounds, n) and _fits(spec, bounds[0]):
+            raise ShapeError(f"`bounds={bounds!r}` is ambiguous for this x0 of two scalars: "
+                             "it reads both as SciPy's per-element `(lo, hi)` pairs and as "
+                             "`(lower, upper)`. Pass `scipy.optimize.Bounds(lb, ub)`.", op=_OP)
+        lb = _side(bounds[0], spec, -np.inf, "lower")
+        ub = _side(bounds[1], spec, np.inf, "upper")
+        keep = False
+    else:
+        raise ShapeError(
+            "`bounds` must be a pair `(lower, upper)` (each None, a number, or a pytree with "
+            "x0's structure whose leaves broadcast to x0's leaves), a "
+            "`scipy.optimize.Bounds`, or, for an x0 that is one array, SciPy's sequence of "
+            f"x0.size `(lo, hi)` pairs; got {type(bounds).__name__}"
+            + (f" of length {len(bounds)}" if isinstance(bounds, (list, tuple)) else "")
+            + ". For per-element `(lo, hi)` pairs over a pytree x0, pass "
+            "`scipy.optimize.Bounds(*np.transpose(pairs))` over the flattened x0.", op=_OP)
+    for name, side in (("lower", lb), ("upper", ub)):
+        bad = np.flatnonzero(np.isnan(side))
+        if bad.size:
+            raise ShapeError(f"the {name} bound of {spec.name_of(int(bad[0]))} is NaN; use "
+                             "None or ±inf for no bound.", op=_OP)
+    bad = np.flatnonzero(lb > ub)
+    if bad.size:
+        i = int(bad[0])
+        raise ShapeError(f"the lower bound of {spec.name_of(i)} is above its upper bound: "
+                         f"{lb[i]} > {ub[i]}.", op=_OP)
+    return scipy.optimize.Bounds(lb, ub, keep_feasible=keep)
+
+
+# ---------------------------------------------------------------------------
+# compiled objective, gradient and curvature, cached per objective
+
+
+_CACHE: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
+
+
+def _check_scalar(out) -> None:
+    if isinstance(out, (tuple, list, dict)) or out is None:
+        raise ShapeError(f"`f` must return a real scalar (the objective), got a "
+                         f"{type(out).__name__}.", op=_OP)
+    t = type_of(out)
+    if getattr(t, "shape", None) != () or t.dtype.kind != "f":
+        raise ShapeError(f"`f` must return a real scalar (the objective), got "
+                         f"{t.str_short()}. Reduce it to one number (e.g. `snp.sum(r**2)` "
+                         "for residuals `r`).", op=_OP)
+
+
+def _build(fref: Callable, spec: _Spec, kind: str) -> Function:
+    name = getattr(fref(), "__name__", "objective")
+
+    def objective(z, *args):
+        x = spec.unflatten_traced(z)
+        out = fref()(x, *args)
+        _check_scalar(out)
+        return out
+
+    objective.__name__ = objective.__qualname__ = name
+    if kind == "value":
+        return function(objective)
+    if kind == "value_and_grad":
+        return function(value_and_grad(objective))
+    if kind == "hessp":
+        def hessp(z, p, *args):
+            return hvp(lambda y: objective(y, *args), z, p)
+
+        hessp.__name__ = f"hvp_{name}"
+        return function(hessp)
+    assert kind == "hess"
+
+    def hess(z, *args):
+        return jacfwd(grad(objective))(z, *args)
+
+    hess.__name__ = f"hessian_{name}"
+    return function(hess)
+
+
+def _compiled(f: Callable, spec: _Spec, kind: str) -> Function:
+    """`f`'s compiled `kind` ("value", "value_and_grad", "hessp", "hess") for
+    this x0 layout; `sd.function` caches per signature of the arguments."""
+    try:
+        table = _CACHE.setdefault(f, {})
+        fref = weakref.ref(f)  # the cache must not keep `f` alive
+    except TypeError:  # not weakly referenceable or not hashable: no cache
+        table, fref = {}, (lambda: f)
+    key = (spec.key, kind)
+    fn = table.get(key)
+    if fn is None:
+        fn = table[key] = _build(fref, spec, kind)
+    return fn
+
+
+def _to_device(args: tuple) -> tuple:
+    """NumPy arrays in `args` moved to the device once, not at every call."""
+    with config.x64_scope():
+        return _tree.tree_map(
+            lambda a: jax.device_put(a) if isinstance(a, np.ndarray) else a, args,
+            is_leaf=is_value_leaf)
+
+
+# ---------------------------------------------------------------------------
+# minimize
+
+
+def minimize(f: Callable, x0, args=(), method: str | Callable = "L-BFGS-B", bounds=None,
+             tol: float | None = None, callback: Callable | None = None,
+             options: dict | None = None) -> scipy.optimize.OptimizeResult:
+    """Minimizes a real scalar function of a pytree of float arrays with
+    `scipy.optimize.minimize`, its gradient (and curvature) from sciad.
+
+    **Arguments:**
+
+    - `f`: `f(x, *args)` returns a real scalar; `x` has `x0`'s structure,
+      shapes and dtypes. Written with `sciad.numpy` and primitives.
+    - `x0`: the starting point, an array or a pytree (dict, tuple, nested) of
+      float arrays; a list is a pytree node, as in JAX, so pass `np.array([...])`
+      for a vector. Complex and integer leaves are refused: optimize a complex
+      value's real and imaginary parts as two leaves.
+    - `args`: extra arguments of `f` (arrays or pytrees of arrays, a single one
+      needs no tuple). They are inputs of the compiled program, not constants:
+      new values with the same shapes and dtypes do not recompile. They are
+      not differentiated.
+    - `method`: a SciPy method name (case-insensitive, see `METHODS`) or a
+      custom minimizer callable, as in SciPy. Gradient-based methods get the
+      gradient with the value, in one compiled call per evaluation;
+      Newton-CG, trust-ncg, trust-krylov and trust-constr also get
+      Hessian-vector products; dogleg and trust-exact the dense Hessian
+      (`x0.size` forward passes each, for small problems); Nelder-Mead,
+      Powell, COBYLA and COBYQA only the value.
+    - `bounds`: None, a pair `(lower, upper)`, or a `scipy.optimize.Bounds`.
+      `lower` and `upper` are each None (unbounded), a number (for every
+      element), or a pytree with `x0`'s structure whose leaves are None,
+      numbers or arrays broadcasting to the matching leaf of `x0`:
+      `bounds=({"w": 0.0, "b": None}, None)` keeps `w >= 0`. A `Bounds`
+      applies to the flattened x0 (leaves in `jax.tree_util` order, each
+      raveled in C order). When `x0` is a single array, SciPy's sequence of
+      `x0.size` pairs `(lo, hi)` (numbers or None) works too; for a pytree
+      `x0`, pass such pairs as `Bounds(*np.transpose(pairs))`. `x0` is
+      clipped into the bounds.
+      Methods: L-BFGS-B, TNC, SLSQP, trust-constr and the value-only ones.
+    - `tol`: SciPy's `tol`.
+    - `callback`: `callback(x)`, called once per iteration with the current
+      iterate as a pytree of NumPy arrays like `x0`. As in SciPy, raising
+      `StopIteration` in it ends the run (`status` 99) for most methods.
+    - `options`: SciPy's method options (`maxiter`, `gtol`, `disp`, ...).
+
+    **Returns:**
+
+    SciPy's `OptimizeResult`, with `x` (and `jac`, the gradient at `x`, and
+    `allvecs` with `return_all`) as pytrees of NumPy arrays like `x0`; `fun`,
+    `nit`, `nfev`, `njev`, `success`, `status`, `message` as SciPy gives them.
+    Matrices over the variables (`hess_inv`) refer to the flattened x0. For
+    trust-constr the objective's gradient is `grad` (`jac` stays SciPy's
+    constraint Jacobians).
+
+    **Raises:**
+
+    `DTypeError` for complex or integer leaves of `x0`; `ShapeError` when `f`
+    does not return a real scalar or `bounds` do not fit `x0`;
+    `NotSupportedError` for bounds with a method that ignores them;
+    `NonFiniteError` (a `FloatingPointError`) when the value or the gradient
+    is not finite at `x0`.
+
+    The compiled functions are cached on `f` (held weakly): another call
+    with the same `f` and arrays of the same shapes reuses them. As with
+    `sd.function`, arrays `f` reads from its enclosing scope are frozen when
+    it is first traced; pass data that changes through `args`.
+    """
+    spec, z0 = _flatten_x0(x0)
+    if not isinstance(args, tuple):
+        args = (args,)
+    if callable(method):
+        meth = "_custom"
+    elif isinstance(method, str) and method.lower() in METHODS:
+        meth = method.lower()
+    else:
+        raise ShapeError(f"unknown method {method!r}; choose one of {', '.join(METHODS)} "
+                         "(any case) or pass a minimizer callable.", op=_OP)
+
+    kw: dict = {}
+    if bounds is not None:
+        if meth not in _BOUNDED and meth != "_custom":
+            raise NotSupportedError(
+                f"method {method!r} does not take bounds (SciPy would ignore them); use one "
+                "of 'L-BFGS-B', 'TNC', 'SLSQP', 'trust-constr'.", op=_OP)
+        kw["bounds"] = b = _flat_bounds(bounds, spec)
+        z0 = np.clip(z0, b.lb, b.ub)
+
+    args = _to_device(args)
+    value_only = meth in _VALUE_ONLY
+    fn = _compiled(f, spec, "value" if value_only else "value_and_grad")
+
+    def evaluate(z):
+        out = fn(z, *args)
+        if value_only:
+            return float(out)
+        v, g = out
+        return float(v), np.array(g, dtype=np.float64)
+
+    first = evaluate(z0)
+    v0, g0 = (first, None) if value_only else first
+    if not np.isfinite(v0):
+        raise NonFiniteError(f"the objective is {v0} at x0; start from a point where `f` "
+                             "is finite.", op=_OP)
+    if g0 is not None and not np.all(np.isfinite(g0)):
+        bad = np.flatnonzero(~np.isfinite(g0))
+        raise NonFiniteError(f"the gradient is not finite at x0: {bad.size} of {g0.size} "
+                             f"elements, first {spec.name_of(int(bad[0]))} = "
+                             f"{g0[bad[0]]}; start from a point where `f` is smooth.",
+                             op=_OP)
+
+    pending = [(z0.copy(), first)]  # SciPy's first evaluation is at z0: reuse it
+
+    def fun(z):
+        if pending:
+            zp, out = pending.pop()
+            if np.array_equal(z, zp):
+                return out
+        return evaluate(z)
+
+    if not value_only:
+        kw["jac"] = True
+    if meth in _HESSP:
+        hp = _compiled(f, spec, "hessp")
+        kw["hessp"] = lambda z, p: np.array(hp(z, np.asarray(p, np.float64), *args),
+                                            dtype=np.float64)
+    elif meth in _HESS:
+        hs = _compiled(f, spec, "hess")
+        kw["hess"] = lambda z: np.array(hs(z, *args), dtype=np.float64)
+    if callback is not None:
+        def scipy_callback(xk, *_):  # trust-constr passes (x, state)
+            return callback(spec.unflatten(np.asarray(xk)))
+
+        kw["callback"] = scipy_callback
+
+    res = scipy.optimize.minimize(fun, z0, method=method, tol=tol, options=options, **kw)
+
+    res.x = spec.unflatten(np.asarray(res.x))
+    grad_key = "grad" if meth == "trust-constr" else "jac"
+    if grad_key in res and np.shape(res[grad_key]) == (spec.size,):
+        res[grad_key] = spec.unflatten(np.asarray(res[grad_key]))
+    if "allvecs" in res:
+        res.allvecs = [spec.unflatten(np.asarray(v)) for v in res.allvecs]
+    return res
