@@ -23,6 +23,7 @@ __all__ = [
     "RuleError",
     "SingularMatrixError",
     "NotPositiveDefiniteError",
+    "StructureError",
     "NonFiniteError",
     "ConvergenceError",
 ]
@@ -120,6 +121,12 @@ class NotPositiveDefiniteError(SciadError, ValueError):
     factorization broke down."""
 
 
+class StructureError(SciadError, ValueError):
+    """A matrix whose values contradict a structure tag it carries
+    (`symmetric`, `spd`), found by the checks `sciad.config.enable_checks`
+    turns on."""
+
+
 class NonFiniteError(SciadError, FloatingPointError):
     """NaN or infinity in the input of an operation that cannot use it (a
     matrix or right-hand side of a solve)."""
@@ -170,5 +177,11 @@ def runtime_error_from(err: BaseException) -> SciadError | None:
         return None
     if not (isinstance(cls, type) and issubclass(cls, SciadError)):
         return None
-    return cls(doc["message"], op=doc.get("op"), source=doc.get("source"),
-               **doc.get("extra", {}))
+    extra = doc.get("extra", {})
+    try:
+        err = cls(doc["message"], op=doc.get("op"), source=doc.get("source"), **extra)
+    except TypeError:  # a class without those keywords: keep them as attributes
+        err = cls(doc["message"], op=doc.get("op"), source=doc.get("source"))
+        for k, v in extra.items():
+            setattr(err, k, v)
+    return err

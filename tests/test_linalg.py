@@ -376,3 +376,24 @@ def test_host_callbacks_keep_float64_exact_whatever_the_thread(rng):
     np.testing.assert_array_equal(np.asarray(a3), x * 3.0)
     np.testing.assert_array_equal(np.asarray(cj), z * 1j)
     np.testing.assert_array_equal(np.asarray(batched[0][1]), 2 * x * 3.0)
+
+
+def test_checks_verify_structure_tags_at_run_time():
+    from sciad.errors import StructureError
+
+    rows, cols = np.array([0, 0, 1, 1]), np.array([0, 1, 0, 1])
+
+    def f(d, b):
+        A = sd.sparse.coo_matrix((d, (rows, cols)), shape=(2, 2), tags={"spd"})
+        return sd.linalg.solve(A, b)
+
+    with sd.config.checks(True):
+        with pytest.raises(StructureError, match=r"tagged spd but is not symmetric: max "
+                                                 r"\|A - A.T\| / max \|A\| = 3\.3"):
+            sd.function(f)(np.array([3.0, 1.0, 0.0, 2.0]), np.ones(2))
+        with pytest.raises(StructureError, match="diagonal entry <= 0"):
+            sd.function(f)(np.array([-3.0, 1.0, 1.0, 2.0]), np.ones(2))
+        x = sd.function(f)(np.array([3.0, 1.0, 1.0, 2.0]), np.ones(2))
+    np.testing.assert_allclose(np.asarray(x), np.linalg.solve([[3, 1], [1, 2]], [1, 1]))
+    with sd.config.checks(False):  # unchecked: the tag is trusted
+        sd.function(f)(np.array([3.0, 1.0, 0.0, 2.0]), np.ones(2))

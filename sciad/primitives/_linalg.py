@@ -32,7 +32,7 @@ import numpy as np
 
 from .. import solvers
 from ..errors import (ConvergenceError, DTypeError, NonFiniteError, NotPositiveDefiniteError,
-                      ShapeError, SingularMatrixError)
+                      ShapeError, SingularMatrixError, StructureError)
 from ..graph import Primitive, SparseType, TensorType, Zero, is_linear, is_zero
 from ..graph._types import FactorType, Pattern
 from ._checks import raise_if
@@ -137,6 +137,37 @@ def _matvec(a, pattern: Pattern | None, transpose: bool):
     return lambda x: jnp.matmul(m, x, precision="highest")
 
 
+def _check_tags(a, pattern) -> None:
+    """With `sciad.config.enable_checks` on, the values of a matrix tagged
+    `symmetric` / `spd` are checked against the tag when the program runs:
+    `a == a.T` to 1e-12 relative, and (spd) a positive diagonal. (Positive
+    definiteness itself shows in a Cholesky solve, as
+    `NotPositiveDefiniteError`.)"""
+    from .. import config
+    from ..graph._lower import current_node
+
+    node = current_node()
+    if not config.enable_checks or node is None:
+        return
+    tags = node.inputs[0].type.tags
+    if not {"symmetric", "spd"} & tags:
+        return
+    if pattern is not None:
+        _, perm = pattern.transposed()
+        at, diag = a[perm], a[pattern.diagonal_positions()]
+    else:
+        at, diag = a.T, jnp.diagonal(a)
+    scale = jnp.max(jnp.abs(a))
+    asym = jnp.max(jnp.abs(a - at)) / jnp.where(scale > 0, scale, 1.0)
+    raise_if(asym > 1e-12, StructureError,
+             "the matrix is tagged " + "/".join(sorted({"symmetric", "spd"} & tags))
+             + " but is not symmetric: max |A - A.T| / max |A| = {asymmetry:.3e}.",
+             asymmetry=asym)
+    if "spd" in tags:
+        raise_if(jnp.any(jnp.real(diag) <= 0), StructureError,
+                 "the matrix is tagged spd but has a diagonal entry <= 0.")
+
+
 def _check_finite(a, b) -> None:
     raise_if(~jnp.all(jnp.isfinite(a)), NonFiniteError,
              "the matrix holds NaN or infinite values.")
@@ -190,6 +221,7 @@ def _solve_impl(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=
             maxiter=maxiter, inv_diag=inv_diag)
         if throw:
             _check_finite(a, b)
+            _check_tags(a, pattern)
             raise_if(~ok, ConvergenceError,
                      f"{solver} did not converge: relative residual {{residual:.3e}} after "
                      f"{{iterations}} iterations (rtol={rtol:g}, atol={atol:g}, "
@@ -198,6 +230,7 @@ def _solve_impl(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=
         return x
     if throw:
         _check_finite(a, b)
+        _check_tags(a, pattern)
     factor = _factor_impl(a, solver, pattern)
     if throw:
         _check_factor(solver, _factor_ok(factor, solver, pattern))
@@ -312,6 +345,7 @@ def _factor_shape(a, *, solver, pattern=None):
 def _factor_prim_impl(a, *, solver, pattern=None):
     raise_if(~jnp.all(jnp.isfinite(a)), NonFiniteError,
              "the matrix holds NaN or infinite values.")
+    _check_tags(a, pattern)
     factor = _factor_impl(a, solver, pattern)
     _check_factor(solver, _factor_ok(factor, solver, pattern))
     return factor
