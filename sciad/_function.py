@@ -36,6 +36,13 @@ def _reraise(err: BaseException):
     raise sciad_err from None
 
 
+def _has_runtime_checks(graph: Graph) -> bool:
+    """Whether a node (or a subgraph's) is of a primitive whose lowering
+    raises from run-time checks (`primitive.runtime_checks`)."""
+    return any(getattr(n.primitive, "runtime_checks", False)
+               or any(_has_runtime_checks(g) for g in n.subgraphs) for n in graph.nodes)
+
+
 def _as_tuple(x) -> tuple:
     if x is None:
         return ()
@@ -58,6 +65,16 @@ class Function(functools.partial):
         static_argnums = _as_tuple(static_argnums)
         static_argnames = _as_tuple(static_argnames)
         holder: list[Function] = []
+        # Set when a traced graph holds run-time checks (a solve that may find
+        # its matrix singular): calls then wait for their results, so that a
+        # failed check raises from the call itself, as a sciad error, rather
+        # than later from whatever reads the result (JAX dispatches
+        # asynchronously; on a GPU the program is still running on return).
+        sync = False
+
+        def set_sync():
+            nonlocal sync
+            sync = True
 
         def body(*args, **kwargs):
             return holder[0]._traced_body(*args, **kwargs)
@@ -68,9 +85,12 @@ class Function(functools.partial):
         if _X64.value:
             def call(*args, **kwargs):
                 try:
-                    return jitted(*args, **kwargs)
-                except JaxRuntimeError as e:
-                    _reraise(e)
+                    out = jitted(*args, **kwargs)
+                    if sync:  # run-time checks: their errors surface here
+                        jax.block_until_ready(out)
+                    return out
+                except Exception as e:  # a run-time check's error arrives as
+                    _reraise(e)          # JaxRuntimeError or ValueError
 
             self = super().__new__(cls, call)
         else:
@@ -79,9 +99,12 @@ class Function(functools.partial):
                 # `jax.enable_x64` context manager ~2 us.
                 prev = _X64.swap_local(True)
                 try:
-                    return jitted(*args, **kwargs)
-                except JaxRuntimeError as e:
-                    _reraise(e)
+                    out = jitted(*args, **kwargs)
+                    if sync:
+                        jax.block_until_ready(out)
+                    return out
+                except Exception as e:  # a run-time check's error arrives as
+                    _reraise(e)          # JaxRuntimeError or ValueError
                 finally:
                     _X64.set_local(prev)
 
@@ -93,6 +116,7 @@ class Function(functools.partial):
         self.static_argnames = static_argnames
         self.graphs: list[Graph] = []  # one per traced signature, in order
         self._jitted = jitted
+        self._set_sync = set_sync
         return self
 
     def _split(self, args, kwargs):
@@ -129,7 +153,10 @@ class Function(functools.partial):
         dyn = (tuple(a for i, a in enumerate(args) if i not in static), dyn_kw)
         # Derivative graphs repeat primal work (each rule recomputes what it
         # needs) and carry dead and trivial nodes: clean them up before XLA.
-        outs = lower(optimize(graph))(*runtime_leaves(dyn))
+        lowered = optimize(graph)
+        if _has_runtime_checks(lowered):
+            self._set_sync()
+        outs = lower(lowered)(*runtime_leaves(dyn))
         return jax.tree_util.tree_unflatten(out_tree, wrap_outputs(outs, graph.out_types))
 
     def lower(self, *args, **kwargs):

@@ -53,10 +53,25 @@ class RuleReport:
     skipped: dict = dataclasses.field(default_factory=dict)
 
 
+_COMPILED: dict[int, tuple] = {}
+
+
 def _run(graph: Graph, args) -> list[np.ndarray]:
-    """Runs `graph` op by op (no XLA compile: quick for small checks)."""
+    """Runs `graph` op by op (no XLA compile: quick for small checks), or
+    compiled once if it holds solver nodes (an iterative solver's loop run
+    op by op is slow)."""
+    from ._function import _has_runtime_checks
+
+    fn = lower(graph)
+    if _has_runtime_checks(graph):
+        hit = _COMPILED.get(id(graph))
+        if hit is None or hit[0] is not graph:
+            hit = _COMPILED[id(graph)] = (graph, jax.jit(fn))
+            if len(_COMPILED) > 64:
+                _COMPILED.pop(next(iter(_COMPILED)))
+        fn = hit[1]
     with jax.enable_x64(True):
-        outs = lower(graph)(*[jax.tree_util.tree_map(jnp.asarray, a) for a in args])
+        outs = fn(*[jax.tree_util.tree_map(jnp.asarray, a) for a in args])
         # (a saved factorization is a pytree of arrays: kept as one)
         return [jax.tree_util.tree_map(np.asarray, o) for o in outs]
 

@@ -119,6 +119,11 @@ EXAMPLES.update({
                                          sd.linalg.solve(_square(d), c, solver="splu")),
                      (_f64(3, 3), _f64(3, 2), _f64(6), _f64(4))),
     "linalg.factor": (lambda b: _factor_example(b, transpose=False), (_f64(3, 2),)),
+    "linalg.solve_operator": (
+        lambda th, b: sd.linalg.solve(
+            sd.linalg.operator(lambda v: snp.exp(th) * v + 0.3 * (_A33 @ v), (3, 3)), b,
+            solver="gmres", tol=1e-13),
+        (_f64(3), _f64(3))),
     "linalg.backsolve": (lambda b: _factor_example(b, transpose=True), (_f64(3),)),
     "call": (lambda x, y: sd.call(sd.trace(lambda a, b: (a * b, a - b), x, y), x, y),
              (_f64(3), _f64(3))),

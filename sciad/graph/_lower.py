@@ -95,8 +95,8 @@ def evaluate(graph: Graph, *args) -> list:
 
     with x64_scope():
         try:
-            return jax.jit(lower(graph))(*args)
-        except jax.errors.JaxRuntimeError as e:
+            return jax.block_until_ready(jax.jit(lower(graph))(*args))
+        except Exception as e:  # JaxRuntimeError, or ValueError from a callback
             err = runtime_error_from(e)
             if err is None:
                 raise

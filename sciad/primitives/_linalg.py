@@ -35,7 +35,7 @@ from ..errors import (ConvergenceError, DTypeError, NonFiniteError, NotPositiveD
                       ShapeError, SingularMatrixError, StructureError)
 from ..graph import Primitive, SparseType, TensorType, Zero, is_linear, is_zero
 from ..graph._types import FactorType, Pattern
-from ._checks import raise_if
+from ._checks import raise_if, tie
 from ._sparse import sparse_matmul_p, sparse_sddmm_p
 
 DENSE_DIRECT = ("lu", "cholesky")
@@ -102,6 +102,8 @@ def _check_matrix(a, b, solver: str, pattern, op: str, assume: str | None = None
 
 
 linalg_solve_p = Primitive("linalg.solve")
+#: its lowering raises from run-time checks (sd.function waits for results)
+linalg_solve_p.runtime_checks = True
 
 
 @linalg_solve_p.def_abstract_eval
@@ -137,7 +139,13 @@ def _matvec(a, pattern: Pattern | None, transpose: bool):
     return lambda x: jnp.matmul(m, x, precision="highest")
 
 
-def _check_tags(a, pattern) -> None:
+# Each check returns tokens (see `_checks.raise_if`); `tie` makes a value
+# depend on them. The checks are ordered by tying: the matrix is checked
+# before it is factored, the factor before it is used, so the first problem
+# is the one reported (NaN in the matrix, not the singular factor it makes).
+
+
+def _check_tags(a, pattern) -> list:
     """With `sciad.config.enable_checks` on, the values of a matrix tagged
     `symmetric` / `spd` are checked against the tag when the program runs:
     `a == a.T` to 1e-12 relative, and (spd) a positive diagonal. (Positive
@@ -148,10 +156,10 @@ def _check_tags(a, pattern) -> None:
 
     node = current_node()
     if not config.enable_checks or node is None:
-        return
+        return []
     tags = node.inputs[0].type.tags
     if not {"symmetric", "spd"} & tags:
-        return
+        return []
     if pattern is not None:
         _, perm = pattern.transposed()
         at, diag = a[perm], a[pattern.diagonal_positions()]
@@ -159,30 +167,44 @@ def _check_tags(a, pattern) -> None:
         at, diag = a.T, jnp.diagonal(a)
     scale = jnp.max(jnp.abs(a))
     asym = jnp.max(jnp.abs(a - at)) / jnp.where(scale > 0, scale, 1.0)
-    raise_if(asym > 1e-12, StructureError,
-             "the matrix is tagged " + "/".join(sorted({"symmetric", "spd"} & tags))
-             + " but is not symmetric: max |A - A.T| / max |A| = {asymmetry:.3e}.",
-             asymmetry=asym)
+    tokens = [raise_if(asym > 1e-12, StructureError,
+                       "the matrix is tagged " + "/".join(sorted({"symmetric", "spd"} & tags))
+                       + " but is not symmetric: max |A - A.T| / max |A| = {asymmetry:.3e}.",
+                       asymmetry=asym)]
     if "spd" in tags:
-        raise_if(jnp.any(jnp.real(diag) <= 0), StructureError,
-                 "the matrix is tagged spd but has a diagonal entry <= 0.")
+        tokens.append(raise_if(jnp.any(jnp.real(diag) <= 0), StructureError,
+                               "the matrix is tagged spd but has a diagonal entry <= 0."))
+    return tokens
 
 
-def _check_finite(a, b) -> None:
-    raise_if(~jnp.all(jnp.isfinite(a)), NonFiniteError,
-             "the matrix holds NaN or infinite values.")
-    raise_if(~jnp.all(jnp.isfinite(b)), NonFiniteError,
-             "the right-hand side holds NaN or infinite values.")
+def _checked_matrix(a, pattern):
+    """`a`, after checks that it is finite (and matches its tags)."""
+    tok = raise_if(~jnp.all(jnp.isfinite(a)), NonFiniteError,
+                   "the matrix holds NaN or infinite values.")
+    return tie(a, tok, *_check_tags(a, pattern))
 
 
-def _check_factor(solver: str, ok) -> None:
+def _checked_rhs(b):
+    return tie(b, raise_if(~jnp.all(jnp.isfinite(b)), NonFiniteError,
+                           "the right-hand side holds NaN or infinite values."))
+
+
+def _checked_factor(factor, solver: str, pattern):
+    ok = _factor_ok(factor, solver, pattern)
     if solver == "cholesky":
-        raise_if(~ok, NotPositiveDefiniteError,
-                 "the Cholesky factorization broke down: the matrix is not positive "
-                 "definite. Solve with solver='lu' if it is only symmetric.")
+        tok = raise_if(~ok, NotPositiveDefiniteError,
+                       "the Cholesky factorization broke down: the matrix is not positive "
+                       "definite. Solve with solver='lu' if it is only symmetric.")
     else:
-        raise_if(~ok, SingularMatrixError,
-                 "the matrix is singular: the factorization found a zero pivot.")
+        tok = raise_if(~ok, SingularMatrixError,
+                       "the matrix is singular: the factorization found a zero pivot.")
+    return tie(factor, tok)
+
+
+def _checked_solution(x):
+    return tie(x, raise_if(~jnp.all(jnp.isfinite(x)), SingularMatrixError,
+                           "the solution is not finite: the matrix is singular to working "
+                           "precision."))
 
 
 def _factor_impl(a, solver: str, pattern):
@@ -203,14 +225,11 @@ def _backsolve_impl(factor, b, solver: str, pattern, transpose: bool):
     return solvers.sparse_direct.solve(solver, pattern, factor, b, transpose)
 
 
-def _check_solution(x) -> None:
-    raise_if(~jnp.all(jnp.isfinite(x)), SingularMatrixError,
-             "the solution is not finite: the matrix is singular to working precision.")
-
-
 @linalg_solve_p.def_impl
 def _solve_impl(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=None,
                 maxiter=None, preconditioner=None, throw=True, assume=None):
+    if throw:
+        a, b = _checked_matrix(a, pattern), _checked_rhs(b)
     if solver in ITERATIVE:
         inv_diag = None
         if preconditioner == "jacobi":
@@ -220,24 +239,18 @@ def _solve_impl(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=
             _matvec(a, pattern, transpose), b, method=solver, rtol=rtol, atol=atol,
             maxiter=maxiter, inv_diag=inv_diag)
         if throw:
-            _check_finite(a, b)
-            _check_tags(a, pattern)
-            raise_if(~ok, ConvergenceError,
-                     f"{solver} did not converge: relative residual {{residual:.3e}} after "
-                     f"{{iterations}} iterations (rtol={rtol:g}, atol={atol:g}, "
-                     f"maxiter={maxiter}).", residual=rel, iterations=steps,
-                     tolerance=jnp.asarray(rtol))
+            x = tie(x, raise_if(
+                ~ok, ConvergenceError,
+                f"{solver} did not converge: relative residual {{residual:.3e}} after "
+                f"{{iterations}} iterations (rtol={rtol:g}, atol={atol:g}, "
+                f"maxiter={maxiter}).", residual=rel, iterations=steps,
+                tolerance=jnp.asarray(rtol)))
         return x
-    if throw:
-        _check_finite(a, b)
-        _check_tags(a, pattern)
     factor = _factor_impl(a, solver, pattern)
     if throw:
-        _check_factor(solver, _factor_ok(factor, solver, pattern))
+        factor = _checked_factor(factor, solver, pattern)
     x = _backsolve_impl(factor, b, solver, pattern, transpose)
-    if throw:
-        _check_solution(x)
-    return x
+    return _checked_solution(x) if throw else x
 
 
 def _apply(a, x, pattern, transpose: bool):
@@ -329,6 +342,7 @@ def _solve_transpose(ct, a, b, **params):
 
 
 linalg_factor_p = Primitive("linalg.factor")
+linalg_factor_p.runtime_checks = True
 #: the solvers whose solves `share_factors` splits into factor + backsolve
 linalg_factor_p.methods = frozenset(DENSE_DIRECT + SPARSE_DIRECT)
 
@@ -343,15 +357,12 @@ def _factor_shape(a, *, solver, pattern=None):
 
 @linalg_factor_p.def_impl
 def _factor_prim_impl(a, *, solver, pattern=None):
-    raise_if(~jnp.all(jnp.isfinite(a)), NonFiniteError,
-             "the matrix holds NaN or infinite values.")
-    _check_tags(a, pattern)
-    factor = _factor_impl(a, solver, pattern)
-    _check_factor(solver, _factor_ok(factor, solver, pattern))
-    return factor
+    factor = _factor_impl(_checked_matrix(a, pattern), solver, pattern)
+    return _checked_factor(factor, solver, pattern)
 
 
 linalg_backsolve_p = Primitive("linalg.backsolve")
+linalg_backsolve_p.runtime_checks = True
 
 
 @linalg_backsolve_p.def_abstract_eval
@@ -372,11 +383,8 @@ def _backsolve_shape(f, b, *, solver, pattern=None, transpose=False):
 
 @linalg_backsolve_p.def_impl
 def _backsolve_prim_impl(factor, b, *, solver, pattern=None, transpose=False):
-    raise_if(~jnp.all(jnp.isfinite(b)), NonFiniteError,
-             "the right-hand side holds NaN or infinite values.")
-    x = _backsolve_impl(factor, b, solver, pattern, transpose)
-    _check_solution(x)
-    return x
+    x = _backsolve_impl(factor, _checked_rhs(b), solver, pattern, transpose)
+    return _checked_solution(x)
 
 
 @linalg_backsolve_p.def_jvp
@@ -393,3 +401,168 @@ def _backsolve_transpose(ct, f, b, **params):
     flipped = _clean(dict(params, transpose=not params.get("transpose", False)))
     flipped.pop("throw", None)
     return None, linalg_backsolve_p.bind(f, ct, **flipped)
+
+
+# ---------------------------------------------------------------------------
+# matrix-free operators
+
+
+linalg_solve_operator_p = Primitive("linalg.solve_operator")
+linalg_solve_operator_p.runtime_checks = True
+#: `graph`: the matvec, `(v, *params) -> (A(params) v,)`, linear in `v`
+
+
+def _operator_check(graph, n_params: int, b, op: str):
+    from ..graph import Graph
+
+    if not isinstance(graph, Graph) or len(graph.inputs) != n_params + 1 \
+            or len(graph.outputs) != 1:
+        raise ShapeError("the matvec graph must map (v, *params) to one vector.", op=op)
+    v = graph.inputs[0].type
+    out = graph.outputs[0].type
+    if not isinstance(v, TensorType) or v.ndim != 1 or out != v:
+        raise ShapeError(f"the matvec must map a vector to a vector of the same type, "
+                         f"got {v.str_short()} -> {out.str_short()}.", op=op)
+    if not isinstance(b, TensorType) or b.ndim not in (1, 2) or b.shape[0] != v.shape[0] \
+            or b.dtype != v.dtype:
+        raise ShapeError(f"`b` must be {v.dtype} of shape ({v.shape[0]},) or "
+                         f"({v.shape[0]}, k) to match the operator, got {b.str_short()}.",
+                         op=op)
+    if v.dtype.kind != "f":
+        raise DTypeError("the iterative solvers take real operators.", op=op)
+
+
+@linalg_solve_operator_p.def_abstract_eval
+def _solve_operator_shape(*args, graph, solver, rtol, atol, maxiter=None, transpose=False,
+                          symmetric=False, throw=True):
+    *params, b = args
+    op = "linalg.solve_operator"
+    _operator_check(graph, len(params), b, op)
+    if tuple(params) != graph.in_types[1:]:
+        raise ShapeError("the operator's params do not match its matvec graph.", op=op)
+    if solver not in ITERATIVE:
+        raise ShapeError(f"a matrix-free operator needs an iterative solver "
+                         f"({', '.join(map(repr, ITERATIVE))}), got {solver!r}.", op=op)
+    if not (rtol >= 0 and atol >= 0) or rtol == atol == 0:
+        raise ShapeError(f"needs rtol >= 0 and atol >= 0, not both 0; got rtol={rtol}, "
+                         f"atol={atol}.", op=op)
+    return TensorType(b.shape, b.dtype)
+
+
+@linalg_solve_operator_p.def_impl
+def _solve_operator_impl(*args, graph, solver, rtol, atol, maxiter=None, transpose=False,
+                         symmetric=False, throw=True):
+    import jax
+
+    from ..graph import lower
+
+    *params, b = args
+    f = lower(graph)
+
+    def matvec(v):
+        return f(v, *params)[0]
+
+    if transpose and not symmetric:
+        struct = jax.ShapeDtypeStruct((b.shape[0],), b.dtype)
+        matvec_t = jax.linear_transpose(matvec, struct)
+        mv = lambda v: matvec_t(v)[0]  # noqa: E731
+    else:
+        mv = matvec
+    if throw:
+        b = _checked_rhs(b)
+    x, ok, rel, steps = solvers.iterative.solve(mv, b, method=solver, rtol=rtol, atol=atol,
+                                                maxiter=maxiter)
+    if throw:
+        x = tie(x, raise_if(
+            ~ok, ConvergenceError,
+            f"{solver} did not converge: relative residual {{residual:.3e}} after "
+            f"{{iterations}} iterations (rtol={rtol:g}, atol={atol:g}, maxiter={maxiter}).",
+            residual=rel, iterations=steps, tolerance=jnp.asarray(rtol)))
+    return x
+
+
+def _operator_params(params: dict, flip: bool) -> dict:
+    """Params of the solve a rule emits: the same operator (transposed if
+    `flip`, unless symmetric), always raising on failure."""
+    out = dict(params, throw=True)
+    if flip and not params.get("symmetric", False):
+        out["transpose"] = not params.get("transpose", False)
+    return {k: v for k, v in out.items()
+            if not (k in ("transpose", "symmetric") and v is False) and
+            not (k == "throw" and v is True) and not (k == "maxiter" and v is None)}
+
+
+def _matvec_tangent(graph, v, params, dparams):
+    """`(dA) v`: the tangent of `A(params) v` for parameter tangents `dparams`."""
+    from ..graph import jvp_eval
+
+    _, touts = jvp_eval(graph, [v, *params], [Zero(_type(v).update()), *dparams])
+    return touts[0]
+
+
+def _matvec_tangent_transposed(graph, x, params, dparams):
+    """`(dA)^T x`: the gradient in `v` of `<x, (dA) v>`, which is linear in
+    `v` (so any `v` will do: `x`)."""
+    from ..graph import TensorType as _T, instantiate, vjp_eval
+    from ..graph._trace import trace_flat
+
+    t = _type(x)
+    g2, _, _, caps = trace_flat(
+        lambda v: [instantiate(_matvec_tangent(graph, v, params, dparams))],
+        (_T(t.shape, t.dtype),), closure=True, name="matvec_tangent")
+    _, backward = vjp_eval(g2, [x, *caps])
+    return backward([x])[0]
+
+
+@linalg_solve_operator_p.def_jvp
+def _solve_operator_jvp(primals, tangents, **kw):
+    *params, b = primals
+    *dparams, db = tangents
+    x = linalg_solve_operator_p.bind(*params, b, **kw)
+    rhs = db
+    if not all(is_zero(t) for t in dparams):
+        if kw.get("transpose") and not kw.get("symmetric"):
+            term = _matvec_tangent_transposed(kw["graph"], x, params, dparams)
+        else:
+            term = _matvec_tangent(kw["graph"], x, params, dparams)
+        if not is_zero(term):
+            term = _neg(term)
+            rhs = term if is_zero(rhs) else rhs + term
+    if is_zero(rhs):
+        return x, Zero(_type(x).update())
+    return x, linalg_solve_operator_p.bind(*params, rhs, **_operator_params(kw, flip=False))
+
+
+@linalg_solve_operator_p.def_vjp
+def _solve_operator_vjp(primals, x, ct, **kw):
+    from ..graph import Tracer, vjp_eval
+
+    *params, b = primals
+    lam = linalg_solve_operator_p.bind(*params, ct, **_operator_params(kw, flip=True))
+    param_cts: list = [None] * len(params)
+    if any(isinstance(p, Tracer) for p in params):
+        # A x = b  =>  pbar = -(d(A(p) x)/dp)^T lam; for the transposed solve
+        # A^T x = b, <lam, d(A^T) x> = <x, (dA) lam>: the same with x and lam swapped.
+        v, w = (lam, x) if kw.get("transpose") and not kw.get("symmetric") else (x, lam)
+        if len(v.shape) == 1:
+            _, backward = vjp_eval(kw["graph"], [v, *params])
+            cts = backward([w])[1:]
+        else:  # several right-hand sides: sum over the columns
+            cts = None
+            for j in range(v.shape[1]):
+                _, backward = vjp_eval(kw["graph"], [v[:, j], *params])
+                col = backward([w[:, j]])[1:]
+                cts = col if cts is None else [c if is_zero(d) else d if is_zero(c) else c + d
+                                               for c, d in zip(cts, col)]
+        param_cts = [None if is_zero(c) or not isinstance(p, Tracer) else _neg(c)
+                     for p, c in zip(params, cts)]
+    return (*param_cts, lam)
+
+
+@linalg_solve_operator_p.def_transpose
+def _solve_operator_transpose(ct, *args, **kw):
+    *params, b = args
+    assert is_linear(b) and not any(is_linear(p) for p in params), \
+        "linalg.solve_operator is linear in `b` only"
+    return (*([None] * len(params)),
+            linalg_solve_operator_p.bind(*params, ct, **_operator_params(kw, flip=True)))
