@@ -36,6 +36,7 @@ from ..graph import Primitive, SparseType, TensorType, is_linear, register_param
 from ..graph._autodiff import register_zeros
 from ..graph._types import Pattern
 from ._contract import _multilinear_jvp
+from ._shape import _linear_jvp
 
 # ---------------------------------------------------------------------------
 # Static params: the pattern and index maps
@@ -204,10 +205,7 @@ def _gather_impl(data, *, index=None):
     return padded[index.padded(nnz)]
 
 
-@sparse_gather_p.def_jvp
-def _gather_jvp(primals, tangents, *, index=None):
-    (a,), (t,) = primals, tangents
-    return gather(a, index), gather(t, index)
+sparse_gather_p.def_jvp(_linear_jvp(sparse_gather_p))
 
 
 @sparse_gather_p.def_transpose
@@ -336,11 +334,7 @@ def _transpose_impl(data, *, pattern):
     return data[perm]
 
 
-@sparse_transpose_p.def_jvp
-def _transpose_jvp(primals, tangents, *, pattern):
-    (a,), (t,) = primals, tangents
-    return (sparse_transpose_p.bind(a, pattern=pattern),
-            sparse_transpose_p.bind(t, pattern=pattern))
+sparse_transpose_p.def_jvp(_linear_jvp(sparse_transpose_p))
 
 
 @sparse_transpose_p.def_transpose
@@ -363,10 +357,7 @@ def _todense_impl(data, *, pattern):
     return jnp.zeros(pattern.shape, data.dtype).at[pattern.rows, pattern.indices].set(data)
 
 
-@sparse_todense_p.def_jvp
-def _todense_jvp(primals, tangents, *, pattern):
-    (a,), (t,) = primals, tangents
-    return sparse_todense_p.bind(a, pattern=pattern), sparse_todense_p.bind(t, pattern=pattern)
+sparse_todense_p.def_jvp(_linear_jvp(sparse_todense_p))
 
 
 @sparse_todense_p.def_transpose
@@ -391,10 +382,7 @@ def _sample_impl(d, *, pattern):
     return d[pattern.rows, pattern.indices]
 
 
-@sparse_sample_p.def_jvp
-def _sample_jvp(primals, tangents, *, pattern):
-    (d,), (t,) = primals, tangents
-    return sparse_sample_p.bind(d, pattern=pattern), sparse_sample_p.bind(t, pattern=pattern)
+sparse_sample_p.def_jvp(_linear_jvp(sparse_sample_p))
 
 
 @sparse_sample_p.def_transpose
