@@ -60,11 +60,12 @@ class StaleFactorError(RuntimeError):
     """A solve with a factorization that was replaced before the solve ran."""
 
 
-# SuperLU runs on one host thread of its own. XLA calls the callbacks from
-# whichever worker thread runs them, and glibc keeps each thread's freed
-# memory in that thread's arena: factors made on many threads grew a
-# process by ~4 factors' size per thread before it levelled off (690 MB for
-# a 16,384-unknown gradient loop, measured); on one thread it stays flat.
+# SuperLU runs on one host thread of its own, and its factors are dropped
+# there. XLA calls the callbacks from whichever worker thread runs them, and
+# a SuperLU factor released on another thread than the one that made it was
+# not given back (a pure-SciPy loop alternating two threads grew by one
+# factor per call; a 16,384-unknown gradient loop in sciad grew to 690 MB);
+# on one thread memory stays flat.
 _worker = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="sciad-superlu")
 
@@ -86,6 +87,8 @@ def _host_factor_here(slot: int, pattern, data: np.ndarray):
     import scipy.sparse as sp
     import scipy.sparse.linalg as spl
 
+    with _lock:  # drop the slot's old factor first: one factor per slot at a time
+        _slots.pop(slot, None)
     data = np.asarray(data)
     batch = data.shape[:-1]
     flat = data.reshape(-1, data.shape[-1])
