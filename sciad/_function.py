@@ -54,10 +54,14 @@ def _as_tuple(x) -> tuple:
 class Function(functools.partial):
     """A sciad function compiled per input signature. See `sciad.function`.
 
-    It is a `functools.partial` of one small function around its own
-    `jax.jit` object: it re-raises run-time check failures as sciad errors
-    and, unless JAX's x64 mode is on globally, enters JAX's scoped x64 state
-    around the call.
+    It is a `functools.partial` of its own `jax.jit` object when JAX's x64
+    mode is on globally and no traced graph holds run-time checks: a call
+    then runs no Python frame of sciad's. Otherwise it is a partial of one
+    small function around that `jax.jit` object, which enters JAX's scoped
+    x64 state (unless x64 is on globally), waits for results of graphs with
+    run-time checks and re-raises their failures as sciad errors. (Before
+    the first trace, and once a graph with checks was traced, the wrapper
+    is used.)
     """
 
     def __new__(cls, fn: Callable, *, static_argnums: int | Sequence[int] = (),
@@ -71,10 +75,23 @@ class Function(functools.partial):
         # than later from whatever reads the result (JAX dispatches
         # asynchronously; on a GPU the program is still running on return).
         sync = False
+        global_x64 = bool(_X64.value)  # (inside a trace, the scoped value is on)
 
         def set_sync():
             nonlocal sync
             sync = True
+            if global_x64 and holder[0].func is not call:
+                holder[0]._use(call)
+
+        def traced_without_checks():
+            # With global x64 and no checks so far, calls go straight into
+            # JAX's C++ dispatch: no Python frame of sciad's per call. (The
+            # one call that then traces a new signature with checks runs
+            # without the wrapper: if its check fails, the error arrives as
+            # JAX's runtime error carrying sciad's message, not as the sciad
+            # exception; later calls get the wrapper.)
+            if global_x64 and not sync and holder[0].func is not jitted:
+                holder[0]._use(jitted)
 
         def body(*args, **kwargs):
             return holder[0]._traced_body(*args, **kwargs)
@@ -82,7 +99,7 @@ class Function(functools.partial):
         body.__name__ = body.__qualname__ = getattr(fn, "__name__", "function")
         jitted = jax.jit(body, static_argnums=static_argnums,
                          static_argnames=static_argnames)
-        if _X64.value:
+        if global_x64:
             def call(*args, **kwargs):
                 try:
                     out = jitted(*args, **kwargs)
@@ -117,7 +134,12 @@ class Function(functools.partial):
         self.graphs: list[Graph] = []  # one per traced signature, in order
         self._jitted = jitted
         self._set_sync = set_sync
+        self._traced_without_checks = traced_without_checks
         return self
+
+    def _use(self, func: Callable) -> None:
+        """Makes calls go to `func` (the partial's function)."""
+        functools.partial.__setstate__(self, (func, (), {}, self.__dict__))
 
     def _split(self, args, kwargs):
         static = {i % len(args) for i in self.static_argnums} if args else set()
@@ -156,6 +178,8 @@ class Function(functools.partial):
         lowered = optimize(graph)
         if _has_runtime_checks(lowered):
             self._set_sync()
+        else:
+            self._traced_without_checks()
         outs = lower(lowered)(*runtime_leaves(dyn))
         return jax.tree_util.tree_unflatten(out_tree, wrap_outputs(outs, graph.out_types))
 
