@@ -145,6 +145,23 @@ def machine_lines(m: dict) -> list[str]:
     ]
 
 
+def command_line(script: str, argv) -> str:
+    """`bench/NAME.py --flags` as the script was run, for the table's header."""
+    import sys
+
+    return " ".join([script] + (list(argv) if argv is not None else sys.argv[1:])).strip()
+
+
+def publish(path: str, text: str, write: bool) -> None:
+    """Prints the table and (unless `write` is False) writes it to `path`."""
+    import sys
+
+    print(text)
+    if write:
+        write_text(path, text)
+        print(f"(written to {os.path.relpath(path, os.getcwd())})", file=sys.stderr)
+
+
 def write_text(path: str, text: str) -> None:
     """Writes `text` to `path` atomically (through a temporary file)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -101,7 +101,9 @@ ROOT = os.path.dirname(HERE)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from _harness import load_average, machine_info, machine_lines, write_text  # noqa: E402
+from _harness import (  # noqa: E402
+    command_line, load_average, machine_info, machine_lines, publish,
+)
 
 RESULTS = os.path.join(HERE, "results", "inverse_poisson.md")
 EXAMPLE = os.path.join(ROOT, "examples", "inverse_poisson.py")
@@ -1175,12 +1177,8 @@ def main(argv=None) -> int:
     data["git"] = git_state()
     print(f"  done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
-    shown = " ".join(["bench/inverse_poisson.py"] + (argv if argv is not None else sys.argv[1:]))
-    text = render(data, machine_info(load), shown.strip())
-    print(text)
-    if not args.no_write:
-        write_text(RESULTS, text)
-        print(f"(written to {os.path.relpath(RESULTS, os.getcwd())})", file=sys.stderr)
+    text = render(data, machine_info(load), command_line("bench/inverse_poisson.py", argv))
+    publish(RESULTS, text, write=not args.no_write)
     return 0
 
 

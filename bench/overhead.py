@@ -49,8 +49,8 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 from _harness import (  # noqa: E402  (bench/ must be on sys.path first)
-    interleaved, load_average, machine_info, machine_lines, median_time, summary,
-    write_text,
+    command_line, interleaved, load_average, machine_info, machine_lines, median_time,
+    publish, summary,
 )
 
 RESULTS = os.path.join(HERE, "results", "overhead.md")
@@ -354,12 +354,8 @@ def main(argv=None) -> int:
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         print(f"  done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
-    shown = " ".join(["bench/overhead.py"] + (argv if argv is not None else sys.argv[1:]))
-    text = render(results, machine_info(load), shown.strip())
-    print(text)
-    if not args.no_write:
-        write_text(RESULTS, text)
-        print(f"(written to {os.path.relpath(RESULTS, os.getcwd())})", file=sys.stderr)
+    text = render(results, machine_info(load), command_line("bench/overhead.py", argv))
+    publish(RESULTS, text, write=not args.no_write)
     return 0
 
 
