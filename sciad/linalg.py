@@ -28,7 +28,6 @@ import numpy as np
 
 from .errors import DTypeError, ShapeError
 from .graph import Tracer
-from .graph._types import KNOWN_TAGS
 from .primitives._linalg import (DENSE_DIRECT, ITERATIVE, SPARSE_DIRECT, _clean,
                                  linalg_solve_p)
 from .sparse import astype as _sparse_astype, issparse

@@ -28,7 +28,7 @@ import numpy as np
 
 from .errors import DTypeError, ShapeError
 from .graph import Tracer
-from .graph._types import KNOWN_TAGS, Pattern, SparseArray, SparseType, TensorType
+from .graph._types import KNOWN_TAGS, Pattern, SparseArray, SparseType
 from .primitives._sparse import (
     IndexMap,
     assemble,
