@@ -134,11 +134,17 @@ CHILD_TIMEOUT = 420
 # the problem, in NumPy (shared by the children)
 
 def load_example():
-    """examples/inverse_poisson.py as a module (its name clashes with this file's)."""
-    spec = importlib.util.spec_from_file_location("_example_inverse_poisson", EXAMPLE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """examples/inverse_poisson.py as a module (its name clashes with this file's),
+    loaded once per process."""
+    if load_example.module is None:
+        spec = importlib.util.spec_from_file_location("_example_inverse_poisson", EXAMPLE)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        load_example.module = mod
+    return load_example.module
+
+
+load_example.module = None
 
 
 def entries_np(n: int, h: float, m):
@@ -311,24 +317,12 @@ def build_sciad(inp, solver: str):
     return fwd, grad, args, lambda m: sol(args[0], args[1]), {}
 
 
-def _jax_entries(n: int, h: float):
+def _jax_entries(n: int):
+    """The example's `entries(problem, m)`, in jax.numpy."""
     import jax.numpy as jnp
 
-    h2 = h * h
-
-    def entries(m):  # the example's `entries`, in jax.numpy
-        k = jnp.reshape(jnp.exp(m), (n, n))
-        kx = 0.5 * (k[:, :-1] + k[:, 1:])
-        ky = 0.5 * (k[:-1, :] + k[1:, :])
-        left = jnp.concatenate([k[:, :1], kx], axis=1)
-        right = jnp.concatenate([kx, k[:, -1:]], axis=1)
-        up = jnp.concatenate([k[:1, :], ky], axis=0)
-        down = jnp.concatenate([ky, k[-1:, :]], axis=0)
-        diag = (left + right + up + down) / h2
-        offx, offy = -jnp.ravel(kx) / h2, -jnp.ravel(ky) / h2
-        return jnp.concatenate([jnp.ravel(diag), offx, offx, offy, offy])
-
-    return entries
+    problem = load_example().Problem(n)
+    return lambda m: load_example().entries(problem, m, xp=jnp)
 
 
 def _cg_iterations(matvec, inv_diag, b, tol: float, maxiter: int):
@@ -360,9 +354,9 @@ def build_jax(inp, method: str):
     import jax.numpy as jnp
     import numpy as np
 
-    n, h = int(inp["n"]), float(inp["h"])
+    n = int(inp["n"])
     N = n * n
-    entries = _jax_entries(n, h)
+    entries = _jax_entries(n)
     extra = {}
 
     def parts(vals, rows, cols):

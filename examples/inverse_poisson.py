@@ -62,21 +62,22 @@ class Problem:
         return m.ravel()
 
 
-def entries(problem: Problem, m):
+def entries(problem: Problem, m, xp=snp):
     """The stiffness matrix's stored values from the nodal log-conductivity:
     face conductivities are averages of the two nodes' (the node's own on the
-    boundary faces)."""
+    boundary faces). `xp` is the array namespace (`jax.numpy` works too: the
+    benchmark's JAX peers use it)."""
     n, h2 = problem.n, problem.h ** 2
-    k = snp.reshape(snp.exp(m), (n, n))
+    k = xp.reshape(xp.exp(m), (n, n))
     kx = 0.5 * (k[:, :-1] + k[:, 1:])  # faces between horizontal neighbours
     ky = 0.5 * (k[:-1, :] + k[1:, :])
-    left = snp.concatenate([k[:, :1], kx], axis=1)
-    right = snp.concatenate([kx, k[:, -1:]], axis=1)
-    up = snp.concatenate([k[:1, :], ky], axis=0)
-    down = snp.concatenate([ky, k[-1:, :]], axis=0)
+    left = xp.concatenate([k[:, :1], kx], axis=1)
+    right = xp.concatenate([kx, k[:, -1:]], axis=1)
+    up = xp.concatenate([k[:1, :], ky], axis=0)
+    down = xp.concatenate([ky, k[-1:, :]], axis=0)
     diag = (left + right + up + down) / h2
-    offx, offy = -snp.ravel(kx) / h2, -snp.ravel(ky) / h2
-    return snp.concatenate([snp.ravel(diag), offx, offx, offy, offy])
+    offx, offy = -xp.ravel(kx) / h2, -xp.ravel(ky) / h2
+    return xp.concatenate([xp.ravel(diag), offx, offx, offy, offy])
 
 
 def stiffness(problem: Problem, m):
