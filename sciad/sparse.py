@@ -271,7 +271,7 @@ def astype(A, dtype):
                     t.tags if dtype.kind == t.dtype.kind else frozenset())
 
 
-def _promote(A, x, op: str):
+def _promote(A, x):
     from . import numpy as snp
 
     xt = np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
@@ -290,11 +290,11 @@ def matmul(A, x):
         raise DTypeError("sparse @ sparse is not supported; multiply one of them by "
                          "a dense array.", op="sparse.matmul")
     if issparse(A):
-        A, x = _promote(A, x, "sparse.matmul")
+        A, x = _promote(A, x)
         return sparse_matmul_p.bind(A, x, pattern=A.type.pattern)
     # x @ A = (A.T @ x.T).T
     x, A = A, x
-    A, x = _promote(A, x, "sparse.matmul")
+    A, x = _promote(A, x)
     if x.ndim == 1:
         return sparse_matmul_p.bind(A, x, pattern=A.type.pattern, transpose=True)
     if x.ndim != 2:

@@ -31,8 +31,7 @@ class _DropSciadRuntimeErrors(logging.Filter):
         return not (exc is not None and RUNTIME_MARKER in str(exc))
 
 
-for _name in ("jax._src.callback", "jax._src.debugging"):
-    logging.getLogger(_name).addFilter(_DropSciadRuntimeErrors())
+logging.getLogger("jax._src.callback").addFilter(_DropSciadRuntimeErrors())
 
 
 def raise_if(pred, cls: type, message: str, **values):
