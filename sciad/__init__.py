@@ -13,6 +13,7 @@ from . import config as config, errors as errors, graph as graph, primitives as 
 from . import numpy as numpy
 from . import sparse as sparse
 from . import linalg as linalg
+from . import fft as fft
 from . import optimize as optimize
 from . import testing as testing
 from ._function import Function as Function, function as function

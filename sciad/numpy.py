@@ -907,3 +907,15 @@ def _install_numpy_dispatch() -> None:
 
 _install_numpy_dispatch()
 
+# `snp.fft`, as `numpy.fft` (imported last: it imports this module)
+from . import fft as fft
+
+
+def _install_fft_dispatch() -> None:
+    from .graph._trace import _numpy_dispatch
+
+    # `numpy.fft.rfft(x)` on a traced `x` dispatches by the function's name
+    _numpy_dispatch.update({name: getattr(fft, name) for name in fft.__all__})
+
+
+_install_fft_dispatch()

@@ -81,6 +81,17 @@ def _factor_example(b, transpose):
     return linalg_backsolve_p.bind(f, x, solver="lu", transpose=True) if transpose else x
 
 
+def _fft_example(x, z):
+    """Every kind of the `fft` primitive; the adjoint kinds bound directly."""
+    from sciad.primitives import fft_p
+
+    adj = dict(axes=(0, 1), lengths=(4, 6), norm="ortho")
+    return (sd.fft.fft(z), sd.fft.ifft2(z, norm="ortho"), sd.fft.rfft(x, n=5),
+            sd.fft.irfft(z, n=7, axis=0, norm="forward"),
+            fft_p.bind(z[:, :4], kind="rfft_adjoint", **adj),
+            fft_p.bind(x, kind="irfft_adjoint", **adj))
+
+
 EXAMPLES = {name: _unary_example(name) for name in UNARY}
 EXAMPLES.update({name: _binary_example(name) for name in BINARY})
 EXAMPLES.update({
@@ -125,6 +136,7 @@ EXAMPLES.update({
             solver="gmres", tol=1e-13),
         (_f64(3), _f64(3))),
     "linalg.backsolve": (lambda b: _factor_example(b, transpose=True), (_f64(3),)),
+    "fft": (_fft_example, (_f64(4, 6), _c128(4, 6))),
     "call": (lambda x, y: sd.call(sd.trace(lambda a, b: (a * b, a - b), x, y), x, y),
              (_f64(3), _f64(3))),
 })

@@ -190,7 +190,7 @@ class Graph:
 
 _REGISTRY: dict[str, "Primitive"] = {}
 
-_RULES = ("impl", "abstract_eval", "jvp", "vjp", "transpose", "batch")
+_RULES = ("impl", "abstract_eval", "jvp", "vjp", "transpose", "batch", "simplify")
 
 
 class Primitive:
@@ -202,6 +202,9 @@ class Primitive:
       that lowering calls.
     - `def_jvp`, `def_vjp`, `def_transpose`, `def_batch`: derivative and
       batching rules, written with sciad ops.
+    - `def_simplify(fn)`: `fn(node, producer) -> Atom | Node | None`, a
+      rewrite that the `simplify` pass tries on each node of this primitive
+      (see `sciad.graph.passes.simplify`).
 
     `p(*args, **params)` (or `p.bind`) adds a node while tracing and runs the
     implementation eagerly otherwise.
@@ -222,6 +225,7 @@ class Primitive:
         self.vjp_rule: Callable | None = None
         self.transpose_rule: Callable | None = None
         self.batch_rule: Callable | None = None
+        self.simplify_rule: Callable | None = None
         if register:
             _register(self)
 
@@ -255,6 +259,9 @@ class Primitive:
 
     def def_batch(self, fn):
         return self._def("batch", fn)
+
+    def def_simplify(self, fn):
+        return self._def("simplify", fn)
 
     @property
     def rules(self) -> tuple[str, ...]:

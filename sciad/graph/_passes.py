@@ -323,7 +323,16 @@ def simplify(graph: Graph) -> Graph:
         by the identity permutation -> `x`;
     - `reshape(reshape(x, s1), s2)` -> `reshape(x, s2)`, and a reshape to `x`'s
         own shape -> `x`;
-    - `broadcast_to` to `x`'s own shape, `convert` to `x`'s own dtype -> `x`.
+    - `broadcast_to` to `x`'s own shape, `convert` to `x`'s own dtype -> `x`;
+    - the rewrites that primitives define with `def_simplify`: a rule
+        `fn(node, producer)` gets the node and `producer(atom)` (the node that
+        computes an operand, or None) and returns the value that replaces the
+        node's output, a new node computing it, or None. The built-in one
+        folds a Fourier transform applied to its inverse (`ifft(fft(x))`,
+        `irfft(rfft(x))`, with the same axes, lengths and norm) to `x`, and so
+        the pairs that reverse mode creates from them. These are identities
+        of exact arithmetic: the folded graph skips the transforms' rounding
+        (about 1e-16 relative), the one place where this pass changes values.
 
     "1" and "0" are `Literal`s whose every element is 1 (or 0), or outputs of a
     `full` node with that value. A rewrite is made only if the replaced value has
@@ -419,7 +428,38 @@ def _rewrite(node: Node, producer: dict[Var, Node]) -> Atom | Node | None:
         return ok(ins[0])
     if name in ("broadcast_to", "convert") and len(ins) == 1:
         return ok(ins[0])
+    rule = node.primitive.simplify_rule
+    if rule is not None:
+        return _checked_rewrite(node, rule(node, lambda a: _producer_of(a, producer)))
     return None
+
+
+def _producer_of(a: Atom, producer: dict[Var, Node]) -> Node | None:
+    """The node that computes `a` (None for a graph input or a `Literal`)."""
+    return producer.get(a) if isinstance(a, Var) else None
+
+
+def _checked_rewrite(node: Node, new) -> Atom | Node | None:
+    """A primitive's own simplify rule's result, checked: a replacement must
+    have exactly the type of the value it replaces."""
+    from ..errors import RuleError
+
+    out = node.outputs[0]
+    if new is None or new is node:
+        return None
+    if isinstance(new, Node):
+        if tuple(v.type for v in new.outputs) != (out.type,):
+            raise RuleError(f"the simplify rule returned a node with outputs "
+                            f"{[v.type.str_short() for v in new.outputs]} for "
+                            f"{out.type.str_short()}.", op=node.primitive.name,
+                            source=node.source)
+        return new.replace(outputs=node.outputs) if new.outputs != node.outputs else new
+    if not isinstance(new, (Var, Literal)) or new.type != out.type:
+        got = new.type.str_short() if isinstance(new, (Var, Literal)) else repr(new)
+        raise RuleError(f"the simplify rule must return a value of type "
+                        f"{out.type.str_short()} (or a node, or None), got {got}.",
+                        op=node.primitive.name, source=node.source)
+    return new
 
 
 def _simplify_graph(graph: Graph, run: _Run) -> Graph:

@@ -1,11 +1,12 @@
 """The built-in primitives, one module per family, each rule beside its op."""
 
-from . import _call, _contract, _creation, _elementwise, _indexing, _reduce, _shape, _sparse, _linalg
+from . import _call, _contract, _creation, _elementwise, _fft, _indexing, _reduce, _shape, _sparse, _linalg
 from ._call import call as call, call_p as call_p
 from ._from_jax import primitive_from_jax as primitive_from_jax
 from ._contract import einsum_p as einsum_p, matmul_p as matmul_p, parse_spec as parse_spec
 from ._creation import arange_p as arange_p, eye_p as eye_p, full_p as full_p
 from ._creation import linspace_p as linspace_p
+from ._fft import fft_p as fft_p
 from ._elementwise import (
     binary_primitives as binary_primitives,
     convert_p as convert_p,
@@ -29,4 +30,4 @@ from ._shape import (
     transpose_p as transpose_p,
 )
 
-del _call, _contract, _creation, _elementwise, _indexing, _reduce, _shape, _sparse, _linalg
+del _call, _contract, _creation, _elementwise, _fft, _indexing, _reduce, _shape, _sparse, _linalg
