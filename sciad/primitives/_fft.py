@@ -59,7 +59,6 @@ TRANSPOSE = {"fft": "fft", "ifft": "ifft", "rfft": "rfft_adjoint",
 # (inner, outer) kinds whose composition is the identity (same axes, lengths, norm)
 INVERSE_PAIRS = frozenset({("fft", "ifft"), ("ifft", "fft"), ("rfft", "irfft"),
                            ("irfft_adjoint", "rfft_adjoint")})
-_DUAL_NORM = {"backward": "forward", "ortho": "ortho", "forward": "backward"}
 _REAL_IN = ("rfft", "irfft_adjoint")             # real -> complex half spectrum
 _HALF_IN = ("irfft", "rfft_adjoint")             # complex half spectrum -> real
 
@@ -125,36 +124,51 @@ def _fft_shape(x, *, kind, axes, lengths, norm):
     return TensorType(tuple(shape), out_dtype)
 
 
-def _hermitian_weights(n: int, axis: int, ndim: int, inverse: bool, dtype) -> np.ndarray:
-    """Along `axis` of the half spectrum of length-`n` signals: 1 at zero (and
-    Nyquist, for even `n`) frequency, 2 (`inverse`: 1/2) at the others; shaped
-    to broadcast against an `ndim`-array."""
-    w = np.full(half_length(n), 0.5 if inverse else 2.0, dtype=dtype)
+def _hermitian_weights(kind: str, n: int, axis: int, ndim: int, scale: float,
+                       dtype) -> np.ndarray:
+    """`scale` times the weights along `axis` of the half spectrum of length-`n`
+    signals: 1 at zero (and Nyquist, for even `n`) frequency and 2 at the
+    others (`irfft_adjoint`), or 1/2 (`rfft_adjoint`); shaped to broadcast
+    against an `ndim`-array. The norm's scale is folded in, so an adjoint
+    transform costs one elementwise multiply besides its FFT (as JAX's)."""
+    w = np.full(half_length(n), 2.0 if kind == "irfft_adjoint" else 0.5)
     w[0] = 1.0
     if n % 2 == 0:
         w[-1] = 1.0
     shape = [1] * ndim
     shape[axis] = w.size
-    return w.reshape(shape)
+    return (scale * w).astype(dtype).reshape(shape)
+
+
+def _jnp_norm(norm: str) -> str | None:
+    # None is "backward" without jnp's multiplication by one
+    return None if norm == "backward" else norm
 
 
 @fft_p.def_impl
 def _fft_impl(x, *, kind, axes, lengths, norm):
     if kind == "fft":
-        return jnp.fft.fftn(x, axes=axes, norm=norm)
+        return jnp.fft.fftn(x, axes=axes, norm=_jnp_norm(norm))
     if kind == "ifft":
-        return jnp.fft.ifftn(x, axes=axes, norm=norm)
+        return jnp.fft.ifftn(x, axes=axes, norm=_jnp_norm(norm))
     if kind == "rfft":
-        return jnp.fft.rfftn(x, axes=axes, norm=norm)
+        return jnp.fft.rfftn(x, axes=axes, norm=_jnp_norm(norm))
     if kind == "irfft":
-        return jnp.fft.irfftn(x, s=lengths, axes=axes, norm=norm)
-    dual = _DUAL_NORM[norm]
+        return jnp.fft.irfftn(x, s=lengths, axes=axes, norm=_jnp_norm(norm))
+    # The adjoint kinds: the unnormalized transform and one multiply by the
+    # Hermitian weights times the scale of the dual norm (see the docstring).
+    size = float(np.prod(lengths, dtype=np.float64))
+    real = _real_of(x.dtype)
     if kind == "rfft_adjoint":
-        w = _hermitian_weights(lengths[-1], axes[-1], x.ndim, True, _real_of(x.dtype))
-        return jnp.fft.irfftn(jnp.conj(x) * w, s=lengths, axes=axes, norm=dual)
+        # N irfftn_backward(conj(c) w) for norm=backward; sqrt(N) ortho; 1 forward
+        scale = {"backward": size, "ortho": np.sqrt(size), "forward": 1.0}[norm]
+        w = _hermitian_weights(kind, lengths[-1], axes[-1], x.ndim, scale, real)
+        return jnp.fft.irfftn(jnp.conj(x) * w, s=lengths, axes=axes)
     assert kind == "irfft_adjoint", kind
-    out = jnp.conj(jnp.fft.rfftn(x, axes=axes, norm=dual))
-    return out * _hermitian_weights(lengths[-1], axes[-1], x.ndim, False, x.dtype)
+    # conj(rfftn_backward(t)) m / N for norm=backward; / sqrt(N) ortho; 1 forward
+    scale = {"backward": 1.0 / size, "ortho": 1.0 / np.sqrt(size), "forward": 1.0}[norm]
+    w = _hermitian_weights(kind, lengths[-1], axes[-1], x.ndim, scale, real)
+    return jnp.conj(jnp.fft.rfftn(x, axes=axes)) * w
 
 
 @fft_p.def_jvp
