@@ -79,3 +79,40 @@ def test_inverse_poisson_objective_taylor_and_one_factorization(rng):
     g = sd.graph.passes.optimize(sd.trace(sd.value_and_grad(f), m))
     factors = [n for n in g.nodes if "factor" in n.primitive.name]
     assert len(factors) == 1, g.pretty(source=False)
+
+
+def test_spectral_inverse_heat_reaches_the_closed_form_minimizer(capsys):
+    ex = _load("spectral_inverse_heat")
+    res, rates, history, u_true, exact = ex.main(n=32, maxiter=400, plot=None)
+    assert np.all(np.abs(rates - 2.0) < 0.1), rates
+    # L-BFGS on sciad's gradients lands on the minimizer computed with numpy.fft
+    gap = np.linalg.norm(res.x - exact) / np.linalg.norm(exact)
+    assert gap < 1e-5, gap
+    assert np.linalg.norm(res.x - u_true) < 0.6 * np.linalg.norm(u_true)
+    out = capsys.readouterr().out
+    assert "Taylor test" in out and "closed-form Tikhonov minimizer" in out
+
+
+def test_spectral_inverse_heat_objective_taylor_grad_and_fold(rng):
+    import jax
+    import jax.numpy as jnp
+
+    import sciad as sd
+
+    ex = _load("spectral_inverse_heat")
+    problem = ex.Problem(16, steps=3)
+    data, sigma = ex.make_data(problem)
+    u = rng.standard_normal((16, 16))
+    f = lambda u: ex.objective(u, data, sigma, problem)  # noqa: E731
+    rates = sd.testing.taylor_test(f, u, rng.standard_normal((16, 16)))
+    assert np.all(np.abs(rates - 2.0) < 0.1), rates
+    # the same code on jax.numpy: the gradient the benchmark compares against
+    with jax.enable_x64(True):
+        want = np.asarray(jax.grad(lambda u: ex.objective(u, data, sigma, problem, jnp))(u))
+    np.testing.assert_allclose(np.asarray(sd.grad(f)(u)), want, rtol=1e-11,
+                               atol=1e-11 * np.abs(want).max())
+    # one rfft2/irfft2 pair per step and for the blur, and their adjoints
+    g = sd.graph.passes.optimize(sd.trace(sd.value_and_grad(f), u))
+    kinds = [n.params["kind"] for n in g.nodes if n.primitive.name == "fft"]
+    assert sorted(set(kinds)) == ["irfft", "irfft_adjoint", "rfft", "rfft_adjoint"]
+    assert len(kinds) == 4 * (problem.steps + 1)

@@ -394,3 +394,30 @@ graph f(%x: f64[3]) {
   %1 = add %0, %0 : f64[3]
   return %1
 }""", x)
+
+
+def test_cse_merges_large_constants_by_content_exactly():
+    # two copies of one large constant merge; a copy differing in one entry
+    # (away from the sampled ones) or in the sign of a zero does not
+    big = np.linspace(0.0, 1.0, 10_001)
+    other = big.copy()
+    other[1234] += 1e-12
+    signed = np.zeros(10_001)
+    negzero = -signed
+
+    def f(x):
+        return (x * big, x * big.copy(), x * other, x * signed, x * negzero)
+
+    g = passes.cse(sd.trace(f, np.ones(10_001)))
+    muls = [n for n in g.nodes if n.primitive.name == "mul"]
+    assert len(muls) == 4, g.pretty(source=False)
+    x = np.random.default_rng(0).standard_normal(10_001)
+    for got, want in zip(sd.graph.evaluate(g, x), f(x)):
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_optimize_stops_when_a_round_changes_nothing():
+    g = sd.trace(lambda x: snp.sin(x) * 1.0 + 0.0, np.ones(3))
+    o = passes.optimize(g)
+    assert [n.primitive.name for n in o.nodes] == ["sin"]
+    assert passes.optimize(o).pretty() == o.pretty()

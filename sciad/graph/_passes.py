@@ -208,11 +208,40 @@ def _param_key(v):
     return (type(v), v)
 
 
+class _LiteralKey:
+    """A dict key under which two constants are equal only if their types and
+    bytes are (so `0.0` and `-0.0` differ): hashed from the type and a
+    sample of the values, compared in full on a hash match, without copying."""
+
+    __slots__ = ("lit", "_bytes", "_hash")
+
+    def __init__(self, lit: Literal):
+        v = np.ascontiguousarray(lit.value)
+        self.lit = lit
+        self._bytes = v.reshape(-1).view(np.uint8)
+        flat = v.reshape(-1)
+        sample = flat[np.linspace(0, flat.size - 1, min(flat.size, 64)).astype(np.intp)] \
+            if flat.size else flat
+        self._hash = hash((lit.type, v.dtype.str, v.shape, sample.tobytes()))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, _LiteralKey) and self._hash == other._hash
+                and self.lit.type == other.lit.type
+                and self.lit.value.dtype == other.lit.value.dtype
+                and self.lit.value.shape == other.lit.value.shape
+                and np.array_equal(self._bytes, other._bytes))
+
+
 def _atom_key(a: Atom):
     if isinstance(a, Var):
         return a
     value = a.value
-    return (Literal, a.type, value.dtype.str, value.shape, value.tobytes())
+    if value.size <= 16:
+        return (Literal, a.type, value.dtype.str, value.shape, value.tobytes())
+    return _LiteralKey(a)
 
 
 def _cse_graph(graph: Graph, run: _Run) -> Graph:
@@ -557,7 +586,7 @@ def optimize(graph: Graph, max_rounds: int = 10) -> Graph:
 
     One pass can open work for another (a folded constant may be a `1` that
     `simplify` removes; a simplified expression may duplicate another), so the
-    four run in rounds until the printed graph is the same after a round, or
+    four run in rounds until a round leaves every node as it was, or
     `max_rounds` have run.
 
     **Arguments:**
@@ -569,11 +598,11 @@ def optimize(graph: Graph, max_rounds: int = 10) -> Graph:
 
     A new `Graph` with the same inputs and output types.
     """
-    text = graph.pretty(source=False)
     for _ in range(max_rounds):
-        graph = dce(share_factors(cse(fold_constants(simplify(graph)))))
-        new_text = graph.pretty(source=False)
-        if new_text == text:
+        new = dce(share_factors(cse(fold_constants(simplify(graph)))))
+        # the passes keep a node object they do not change (and its subgraphs)
+        done = _same(new.nodes, graph.nodes) and _same(new.outputs, graph.outputs)
+        graph = new
+        if done:
             break
-        text = new_text
     return graph
