@@ -8,15 +8,16 @@ Fourier mode. The observation is the final state blurred by a Gaussian point
 spread function (a convolution, also applied by FFT) plus 1% Gaussian noise.
 Built-in data: two warm blobs, a cold ring and a hot square.
 
-The objective is the misfit in units of the noise plus a Tikhonov penalty
-`ALPHA/2 |grad u0|^2` (periodic differences). Its gradient comes from the
+The objective is the mean squared misfit in units of the noise plus a
+Tikhonov penalty, `ALPHA/2` times the mean of `|grad u0|^2` (periodic
+differences). Its gradient comes from the
 transposes of sciad's FFT primitives: the adjoint of each step is the same
 spectral multiplier applied by the adjoint transforms, with no tape of the
 `steps` intermediate fields beyond what reverse mode saves. L-BFGS-B
 minimizes it, one compiled value-and-gradient call per iteration.
 
 Every operator here is diagonal in Fourier space, so the minimizer has a
-closed form: `u0_hat = a d_hat / (a^2 + ALPHA sigma^2 N^2 lambda)` with `a` the
+closed form: `u0_hat = a d_hat / (a^2 + ALPHA sigma^2 lambda)` with `a` the
 symbol of blur-after-propagation and `lambda` the symbol of the periodic
 difference Laplacian. The example computes it with `numpy.fft` and reports
 how far L-BFGS got from it: an end-to-end check of the gradients.
@@ -38,9 +39,9 @@ import sciad.numpy as snp
 
 KAPPA = 1e-3     # diffusivity; final time T = 1
 STEPS = 10       # spectral time steps
-BLUR = 2.0       # the point spread function's standard deviation, in grid cells
+BLUR = 0.015     # the point spread function's standard deviation (the square is 1 x 1)
 NOISE = 0.01     # noise level, relative to the largest observed value
-ALPHA = 1e-7     # Tikhonov weight on |grad u0|^2 (in units of the noise)
+ALPHA = 1.6e-3   # Tikhonov weight on the mean of |grad u0|^2 (in units of the noise)
 
 
 class Problem:
@@ -52,7 +53,7 @@ class Problem:
         ky = 2 * np.pi * np.fft.rfftfreq(n, self.h)[None, :]      # the half axis
         # one time step's propagator and the blur, on the rfft2 half spectrum
         self.step_symbol = np.exp(-KAPPA * (kx ** 2 + ky ** 2) / steps)
-        self.blur_symbol = np.exp(-0.5 * (BLUR * self.h) ** 2 * (kx ** 2 + ky ** 2))
+        self.blur_symbol = np.exp(-0.5 * BLUR ** 2 * (kx ** 2 + ky ** 2))
         x = (np.arange(n) + 0.5) * self.h
         self.X, self.Y = np.meshgrid(x, x, indexing="ij")
 
@@ -78,12 +79,13 @@ def forward(problem: Problem, u0, xp=snp):
 
 
 def objective(u0, data, sigma, problem: Problem, xp=snp):
-    """Mean squared misfit in units of the noise plus `ALPHA/2 |grad u0|^2`
-    with periodic forward differences."""
+    """Mean squared misfit in units of the noise plus `ALPHA/2` times the mean
+    of `|grad u0|^2` (periodic forward differences): both are averages over
+    the grid, so the problem is the same at every resolution."""
     r = (forward(problem, u0, xp) - data) / sigma
     gx = (xp.roll(u0, -1, axis=0) - u0) / problem.h
     gy = (xp.roll(u0, -1, axis=1) - u0) / problem.h
-    return 0.5 * xp.mean(r * r) + 0.5 * ALPHA * xp.sum(gx * gx + gy * gy)
+    return 0.5 * xp.mean(r * r) + 0.5 * ALPHA * xp.mean(gx * gx + gy * gy)
 
 
 def make_data(problem: Problem, seed: int = 0) -> tuple[np.ndarray, float]:
@@ -98,8 +100,8 @@ def make_data(problem: Problem, seed: int = 0) -> tuple[np.ndarray, float]:
 def closed_form(problem: Problem, data: np.ndarray, sigma: float) -> np.ndarray:
     """The exact minimizer of `objective`, diagonal in Fourier space (numpy.fft).
 
-    With `M = n^2` pixels the objective is `|A u - d|^2 / (2 M sigma^2) +
-    ALPHA/2 |D u|^2`, so `(A^T A + ALPHA M sigma^2 D^T D) u = A^T d`, with
+    With `M = n^2` pixels the objective is `(|A u - d|^2 / sigma^2 +
+    ALPHA |D u|^2) / (2 M)`, so `(A^T A + ALPHA sigma^2 D^T D) u = A^T d`, with
     real symbols `a` (blur times propagator) and `lambda` (the difference
     Laplacian's `4 sin^2(theta/2) / h^2` per axis)."""
     n, h = problem.n, problem.h
@@ -108,7 +110,7 @@ def closed_form(problem: Problem, data: np.ndarray, sigma: float) -> np.ndarray:
     ty = 2 * np.pi * np.fft.rfftfreq(n)[None, :]
     lam = (4 * np.sin(tx / 2) ** 2 + 4 * np.sin(ty / 2) ** 2) / h ** 2
     d_hat = np.fft.rfft2(data)
-    u_hat = a * d_hat / (a ** 2 + ALPHA * n * n * sigma ** 2 * lam)
+    u_hat = a * d_hat / (a ** 2 + ALPHA * sigma ** 2 * lam)
     return np.fft.irfft2(u_hat, s=(n, n))
 
 
@@ -119,7 +121,7 @@ def main(n: int = 128, maxiter: int = 500, plot: str | None = None, verbose: boo
     u0 = np.zeros((n, n))
     say = print if verbose else (lambda *a, **k: None)
     say(f"spectral inverse heat: {n} x {n} periodic grid, {problem.steps} spectral steps "
-        f"(kappa T = {KAPPA:g}), blur {BLUR} cells, noise {NOISE:.0%}")
+        f"(kappa T = {KAPPA:g}), blur {BLUR:g}, noise {NOISE:.0%}")
 
     f = lambda u: objective(u, data, sigma, problem)  # noqa: E731
     g = sd.graph.passes.optimize(sd.trace(sd.value_and_grad(f), u0))
