@@ -421,3 +421,24 @@ def test_optimize_stops_when_a_round_changes_nothing():
     o = passes.optimize(g)
     assert [n.primitive.name for n in o.nodes] == ["sin"]
     assert passes.optimize(o).pretty() == o.pretty()
+
+
+def test_simplify_pow_one_and_constant_select():
+    x = np.array([np.inf, -2.0, np.nan, 0.0])
+
+    def f(x, y):
+        a = x ** 1.0
+        b = snp.where(np.array(True), x, y)                # constant condition
+        c = snp.where(np.zeros(4, bool), x, y)
+        d = snp.where(np.array([True, False, True, False]), x, y)   # kept
+        return a, b, c, d
+
+    g = sd.trace(f, x, -x)
+    s = passes.simplify(g)
+    assert [n.primitive.name for n in s.nodes] == ["select"], s.pretty(source=False)
+    assert s.outputs[:3] == (s.inputs[0], s.inputs[0], s.inputs[1])
+    for got, want in zip(sd.graph.evaluate(s, x, -x), sd.graph.evaluate(g, x, -x)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    # complex x ** 1 is left alone (computed through exp and log: not exact)
+    z = np.array([1 + 2j])
+    assert passes.simplify(sd.trace(lambda z: z ** (1.0 + 0j), z)).nodes

@@ -348,6 +348,8 @@ def simplify(graph: Graph) -> Graph:
     - `mul(x, 1)`, `mul(1, x)`, `div(x, 1)` -> `x`, for real and integer `x`;
     - `add(x, 0)`, `add(0, x)`, `sub(x, 0)` -> `x`;
     - `neg(neg(x))`, `conj(conj(x))` -> `x`;
+    - `pow(x, 1)` -> `x` for real `x`; `select(c, x, y)` with a constant
+        condition `c` (all true, or all false) -> `x` (or `y`);
     - `transpose(transpose(x, p1), p2)` -> `transpose(x, p1[p2])`, and a transpose
         by the identity permutation -> `x`;
     - `reshape(reshape(x, s1), s2)` -> `reshape(x, s2)`, and a reshape to `x`'s
@@ -435,6 +437,18 @@ def _rewrite(node: Node, producer: dict[Var, Node]) -> Atom | Node | None:
             return x
         if name == "add" and _is_const(x, 0, producer) and ok(y):
             return y
+        return None
+    if name == "pow" and len(ins) == 2:
+        x, y = ins
+        real = getattr(out.type, "dtype", None) is not None and out.type.dtype.kind == "f"
+        if real and _is_const(y, 1, producer) and ok(x):  # x ** 1 == x, even inf and nan
+            return x
+        return None
+    if name == "select" and len(ins) == 3:
+        c = ins[0]
+        for value, branch in ((True, ins[1]), (False, ins[2])):
+            if _is_const(c, value, producer) and ok(branch):
+                return branch
         return None
     if name in ("neg", "conj") and len(ins) == 1:
         inner = src(ins[0], name)
