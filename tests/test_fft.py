@@ -246,9 +246,10 @@ LOSSES = _spectral_losses()
 def test_gradient_and_hvp_match_jax(rng, name):
     f, shape = LOSSES[name]
     x, v = rng.standard_normal(shape), rng.standard_normal(shape)
-    with jax.enable_x64(True):
-        want_g = np.asarray(jax.grad(lambda x: f(x, jnp))(x))
-        want_h = np.asarray(jax.jvp(jax.grad(lambda x: f(x, jnp)), (x,), (v,))[1])
+    grad_jnp = jax.grad(lambda x: f(x, jnp))
+    with jax.enable_x64(True):  # compiled: JAX op by op takes seconds here
+        want_g = np.asarray(jax.jit(grad_jnp)(x))
+        want_h = np.asarray(jax.jit(lambda x, v: jax.jvp(grad_jnp, (x,), (v,))[1])(x, v))
     got_g = np.asarray(sd.grad(lambda x: f(x, snp))(x))
     got_h = np.asarray(sd.hvp(lambda x: f(x, snp), x, v))
     np.testing.assert_allclose(got_g, want_g, rtol=1e-11, atol=1e-11 * np.abs(want_g).max())
@@ -266,7 +267,7 @@ def test_gradient_wrt_complex_input_matches_jax(rng):
         return xp.sum(y ** 2) + xp.sum(xp.real(xp.fft.ifft(z, axis=0)) * xp.imag(z))
 
     with jax.enable_x64(True):
-        want = np.asarray(jax.grad(lambda z: f(z, jnp))(z))
+        want = np.asarray(jax.jit(jax.grad(lambda z: f(z, jnp)))(z))
     got = np.asarray(sd.grad(lambda z: f(z, snp))(z))
     np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-12)
 
