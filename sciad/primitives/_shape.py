@@ -196,4 +196,23 @@ def _pad_transpose(ct, x, *, widths, value):
 
 @roll_p.def_transpose
 def _roll_transpose(ct, x, *, shifts, axes):
-    return (roll_p.bind(ct, shifts=tuple(-s for s in shifts), axes=axes),)
+    # roll(ct, -s) along each axis, written as JAX's AD writes the transpose
+    # of its roll (a concatenate of two slices): the two slices of `ct`,
+    # zero-padded back into place, added. XLA on the CPU fuses pads and adds
+    # into the ops around them, but runs a roll's concatenate on its own: in
+    # bench/spectral.py's gradient, that cost an extra 2 arrays of temporaries.
+    from ._util import snp
+
+    for shift, axis in zip(shifts, axes):
+        n = ct.shape[axis]
+        s = shift % n if n else 0             # out[i] = ct[(i + s) % n]
+        if s == 0:
+            continue
+        head = (slice(None),) * axis
+        widths_hi = [(0, 0)] * len(ct.shape)
+        widths_lo = [(0, 0)] * len(ct.shape)
+        widths_hi[axis] = (0, s)              # ct[s:] moves to the front
+        widths_lo[axis] = (n - s, 0)          # ct[:s] to the back
+        ct = snp.pad(ct[head + (slice(s, n),)], widths_hi) + \
+            snp.pad(ct[head + (slice(0, s),)], widths_lo)
+    return (ct,)
