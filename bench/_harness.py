@@ -9,7 +9,8 @@ script also inserts its own directory there in case it is loaded another way.
   and flipping their order every repeat, with the garbage collector off;
   `summary` turns two variants' per-repeat times into medians, the ratio of
   the medians and the interquartile range of the pairwise (same-repeat) ratios.
-- `median_time` is the median wall time of a one-off step (tracing, lowering).
+- `timed_call` times one call (the first: trace and compile); `median_time` is
+  the median wall time of a one-off step (tracing, lowering).
 - `load_average`, `machine_info`, `cpu_model` and `machine_lines` describe the
   machine for the Markdown header; `write_text` writes a result file atomically.
 """
@@ -78,6 +79,16 @@ def summary(times: dict, name: str, base: str, n: int) -> dict:
         "sd_us": sd_med * 1e6, "jax_us": jx_med * 1e6, "ratio": sd_med / jx_med,
         "pair_q1": q[0], "pair_q3": q[2], "n": n, "repeats": len(pair),
     }
+
+
+def timed_call(fn, args) -> tuple[float, object]:
+    """Seconds for one call `fn(*args)` (its outputs block_until_ready'd), and
+    the outputs: the first call's trace-and-compile time."""
+    import jax
+
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    return time.perf_counter() - t0, out
 
 
 def median_time(fn, repeats: int) -> tuple[float, object]:

@@ -57,6 +57,7 @@ if HERE not in sys.path:
 
 from _harness import (  # noqa: E402  (bench/ must be on sys.path first)
     command_line, interleaved, load_average, machine_info, machine_lines, publish, summary,
+    timed_call,
 )
 
 RESULTS = os.path.join(HERE, "results", "autodiff.md")
@@ -146,13 +147,6 @@ def _sizes(f_sd, f_jnp, argnum: int, args) -> dict:
 # ---------------------------------------------------------------------------
 # measurement
 
-def _first_call(fn, args):
-    t0 = time.perf_counter()
-    out = fn(*args)
-    out.block_until_ready()
-    return time.perf_counter() - t0, out
-
-
 def _check_same(a, b) -> None:
     import numpy as np
 
@@ -202,8 +196,8 @@ def measure(repeats: int | None, quick: bool) -> list[dict]:
         print(f"  {name} ...", file=sys.stderr, flush=True)
         sd_fn = sd.function(sd.grad(f_sd, argnums=argnum))
         jax_fn = jax.jit(jax.grad(f_jnp, argnums=argnum))
-        sd_first, a = _first_call(sd_fn, args)
-        jax_first, b = _first_call(jax_fn, args)
+        sd_first, a = timed_call(sd_fn, args)
+        jax_first, b = timed_call(jax_fn, args)
         _check_same(a, b)
         times = interleaved({"sciad": (sd_fn, False), "jax": (jax_fn, False)}, args, n, r)
         res = summary(times, "sciad", "jax", n)

@@ -48,6 +48,7 @@ if HERE not in sys.path:
 
 from _harness import (  # noqa: E402  (bench/ must be on sys.path first)
     command_line, interleaved, load_average, machine_info, machine_lines, publish, summary,
+    timed_call,
 )
 
 RESULTS = os.path.join(HERE, "results", "spectral.md")
@@ -74,13 +75,6 @@ def _hlo_counts(compiled) -> tuple[int, int]:
     skip = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}
     kernels = [op for op in ops if op not in skip]
     return sum(op == "fft" for op in kernels), len(kernels)
-
-
-def _first(fn, args):
-    t0 = time.perf_counter()
-    out = fn(*args)
-    out.block_until_ready()
-    return time.perf_counter() - t0, out
 
 
 def measure(sizes, repeats: int) -> list[dict]:
@@ -113,13 +107,13 @@ def measure(sizes, repeats: int) -> list[dict]:
                "jax fwd": jax.jit(f_jnp)}
         first, outs = {}, {}
         for name, fn in fns.items():
-            first[name], outs[name] = _first(fn, args)
+            first[name], outs[name] = timed_call(fn, args)
         for a, b, tol in (("sciad fwd", "jax fwd", 1e-12), ("sciad grad", "jax grad", 1e-10)):
             x, y = np.asarray(outs[a]), np.asarray(outs[b])
             assert x.dtype == y.dtype == np.float64, (x.dtype, y.dtype)
             err = float(np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-300))
             assert err <= tol, f"N={n}: {a} and {b} differ by {err:.2e} (> {tol:g})"
-        t_grad = min(_first(fns["jax grad"], args)[0], _first(fns["sciad grad"], args)[0])
+        t_grad = min(timed_call(fns["jax grad"], args)[0], timed_call(fns["sciad grad"], args)[0])
         calls = max(1, round(BATCH_SECONDS / t_grad))
         times = interleaved({k: (fn, False) for k, fn in fns.items()}, args, calls, repeats)
         grad = summary(times, "sciad grad", "jax grad", calls)
