@@ -40,6 +40,7 @@ from . import numpy as snp
 from .errors import DTypeError, NotSupportedError, ShapeError
 from .graph import Tracer
 from .primitives._fft import NORMS, fft_p, half_length
+from .numpy import _type_str
 from .primitives._util import normalize_axis
 
 __all__ = [
@@ -99,11 +100,6 @@ def _real(a, op: str):
     else:
         raise DTypeError(f"expected a numeric array, got dtype {dt}.", op=op)
     return snp.astype(a, want) if dt != want else a
-
-
-def _type_str(a) -> str:
-    return a._var.type.str_short() if isinstance(a, Tracer) else \
-        f"{np.dtype(a.dtype).name}{list(a.shape)}"
 
 
 def _resize(x, axis: int, size: int):
@@ -211,6 +207,20 @@ def _c2r(a, axes, lengths, norm: str, op: str):
     return fft_p.bind(x, kind="irfft", axes=axes_p, lengths=lengths_p, norm=norm)
 
 
+def _transform(kind: str, a, n_or_s, axis_or_axes, norm, op: str, one_axis: bool):
+    """`kind` ("fft", "ifft", "rfft" or "irfft") of `a`, with NumPy's one-axis
+    (`n`, `axis`) or n-axis (`s`, `axes`) arguments; errors name `op`."""
+    a = _array(a, op)
+    parse = _one_axis if one_axis else _nd_args
+    axes, lengths = parse(a, n_or_s, axis_or_axes, op, inverse_real=kind == "irfft")
+    norm = _norm(norm, op)
+    if kind == "rfft":
+        return _r2c(a, axes, lengths, norm, op)
+    if kind == "irfft":
+        return _c2r(a, axes, lengths, norm, op)
+    return _c2c(kind, a, axes, lengths, norm, op)
+
+
 # ---------------------------------------------------------------------------
 # public transforms
 
@@ -222,25 +232,19 @@ def fft(a, n: int | None = None, axis: int = -1, norm: str | None = None):
     (default, unscaled), "ortho" or "forward" (scaled by `1/n`). Returns a
     complex array. Differentiable (linear) in `a`.
     """
-    a = _array(a, "fft")
-    axes, lengths = _one_axis(a, n, axis, "fft")
-    return _c2c("fft", a, axes, lengths, _norm(norm, "fft"), "fft")
+    return _transform("fft", a, n, axis, norm, "fft", one_axis=True)
 
 
 def ifft(a, n: int | None = None, axis: int = -1, norm: str | None = None):
     """The one-dimensional inverse discrete Fourier transform (`numpy.fft.ifft`):
     `ifft(fft(a)) == a` for the same `norm`."""
-    a = _array(a, "ifft")
-    axes, lengths = _one_axis(a, n, axis, "ifft")
-    return _c2c("ifft", a, axes, lengths, _norm(norm, "ifft"), "ifft")
+    return _transform("ifft", a, n, axis, norm, "ifft", one_axis=True)
 
 
 def rfft(a, n: int | None = None, axis: int = -1, norm: str | None = None):
     """The discrete Fourier transform of real input (`numpy.fft.rfft`): the
     `n // 2 + 1` non-negative frequency terms."""
-    a = _array(a, "rfft")
-    axes, lengths = _one_axis(a, n, axis, "rfft")
-    return _r2c(a, axes, lengths, _norm(norm, "rfft"), "rfft")
+    return _transform("rfft", a, n, axis, norm, "rfft", one_axis=True)
 
 
 def irfft(a, n: int | None = None, axis: int = -1, norm: str | None = None):
@@ -249,94 +253,73 @@ def irfft(a, n: int | None = None, axis: int = -1, norm: str | None = None):
     is cropped or zero-padded to `n // 2 + 1` frequencies; the imaginary parts
     at zero (and, for even `n`, Nyquist) frequency are ignored, and so carry
     a zero gradient."""
-    a = _array(a, "irfft")
-    axes, lengths = _one_axis(a, n, axis, "irfft", inverse_real=True)
-    return _c2r(a, axes, lengths, _norm(norm, "irfft"), "irfft")
+    return _transform("irfft", a, n, axis, norm, "irfft", one_axis=True)
 
 
 def hfft(a, n: int | None = None, axis: int = -1, norm: str | None = None):
     """The transform of a Hermitian-symmetric signal given by its first half
     (`numpy.fft.hfft`): a real spectrum of length `n` (default `2 * (m - 1)`)."""
-    a = _array(a, "hfft")
-    axes, lengths = _one_axis(a, n, axis, "hfft", inverse_real=True)
-    norm = _SWAP_NORM[_norm(norm, "hfft")]
-    return _c2r(snp.conj(_complex(a, "hfft")), axes, lengths, norm, "hfft")
+    conj = snp.conj(_complex(_array(a, "hfft"), "hfft"))
+    return _transform("irfft", conj, n, axis, _SWAP_NORM[_norm(norm, "hfft")], "hfft",
+                      one_axis=True)
 
 
 def ihfft(a, n: int | None = None, axis: int = -1, norm: str | None = None):
     """The inverse of `hfft` (`numpy.fft.ihfft`): the `n // 2 + 1` first terms
     of the inverse transform of a real signal."""
-    a = _array(a, "ihfft")
-    axes, lengths = _one_axis(a, n, axis, "ihfft")
-    norm = _SWAP_NORM[_norm(norm, "ihfft")]
-    return snp.conj(_r2c(a, axes, lengths, norm, "ihfft"))
+    return snp.conj(_transform("rfft", a, n, axis, _SWAP_NORM[_norm(norm, "ihfft")], "ihfft",
+                               one_axis=True))
 
 
 def fftn(a, s: Sequence[int] | None = None, axes: Sequence[int] | None = None,
          norm: str | None = None):
     """The N-dimensional discrete Fourier transform over `axes` (all axes by
     default; the last `len(s)` axes when only `s` is given) (`numpy.fft.fftn`)."""
-    a = _array(a, "fftn")
-    axes, lengths = _nd_args(a, s, axes, "fftn")
-    return _c2c("fft", a, axes, lengths, _norm(norm, "fftn"), "fftn")
+    return _transform("fft", a, s, axes, norm, "fftn", one_axis=False)
 
 
 def ifftn(a, s: Sequence[int] | None = None, axes: Sequence[int] | None = None,
           norm: str | None = None):
     """The N-dimensional inverse discrete Fourier transform (`numpy.fft.ifftn`)."""
-    a = _array(a, "ifftn")
-    axes, lengths = _nd_args(a, s, axes, "ifftn")
-    return _c2c("ifft", a, axes, lengths, _norm(norm, "ifftn"), "ifftn")
+    return _transform("ifft", a, s, axes, norm, "ifftn", one_axis=False)
 
 
 def rfftn(a, s: Sequence[int] | None = None, axes: Sequence[int] | None = None,
           norm: str | None = None):
     """The N-dimensional transform of real input (`numpy.fft.rfftn`): the last
     of `axes` keeps its `s[-1] // 2 + 1` non-negative frequencies."""
-    a = _array(a, "rfftn")
-    axes, lengths = _nd_args(a, s, axes, "rfftn")
-    return _r2c(a, axes, lengths, _norm(norm, "rfftn"), "rfftn")
+    return _transform("rfft", a, s, axes, norm, "rfftn", one_axis=False)
 
 
 def irfftn(a, s: Sequence[int] | None = None, axes: Sequence[int] | None = None,
            norm: str | None = None):
     """The inverse of `rfftn` (`numpy.fft.irfftn`): a real array with lengths
     `s` along `axes` (the last defaults to `2 * (m - 1)`)."""
-    a = _array(a, "irfftn")
-    axes, lengths = _nd_args(a, s, axes, "irfftn", inverse_real=True)
-    return _c2r(a, axes, lengths, _norm(norm, "irfftn"), "irfftn")
+    return _transform("irfft", a, s, axes, norm, "irfftn", one_axis=False)
 
 
 def fft2(a, s: Sequence[int] | None = None, axes: Sequence[int] = (-2, -1),
          norm: str | None = None):
     """`fftn` over the last two axes by default (`numpy.fft.fft2`)."""
-    a = _array(a, "fft2")
-    axes, lengths = _nd_args(a, s, axes, "fft2")
-    return _c2c("fft", a, axes, lengths, _norm(norm, "fft2"), "fft2")
+    return _transform("fft", a, s, axes, norm, "fft2", one_axis=False)
 
 
 def ifft2(a, s: Sequence[int] | None = None, axes: Sequence[int] = (-2, -1),
           norm: str | None = None):
     """`ifftn` over the last two axes by default (`numpy.fft.ifft2`)."""
-    a = _array(a, "ifft2")
-    axes, lengths = _nd_args(a, s, axes, "ifft2")
-    return _c2c("ifft", a, axes, lengths, _norm(norm, "ifft2"), "ifft2")
+    return _transform("ifft", a, s, axes, norm, "ifft2", one_axis=False)
 
 
 def rfft2(a, s: Sequence[int] | None = None, axes: Sequence[int] = (-2, -1),
           norm: str | None = None):
     """`rfftn` over the last two axes by default (`numpy.fft.rfft2`)."""
-    a = _array(a, "rfft2")
-    axes, lengths = _nd_args(a, s, axes, "rfft2")
-    return _r2c(a, axes, lengths, _norm(norm, "rfft2"), "rfft2")
+    return _transform("rfft", a, s, axes, norm, "rfft2", one_axis=False)
 
 
 def irfft2(a, s: Sequence[int] | None = None, axes: Sequence[int] = (-2, -1),
            norm: str | None = None):
     """`irfftn` over the last two axes by default (`numpy.fft.irfft2`)."""
-    a = _array(a, "irfft2")
-    axes, lengths = _nd_args(a, s, axes, "irfft2", inverse_real=True)
-    return _c2r(a, axes, lengths, _norm(norm, "irfft2"), "irfft2")
+    return _transform("irfft", a, s, axes, norm, "irfft2", one_axis=False)
 
 
 # ---------------------------------------------------------------------------

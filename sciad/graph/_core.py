@@ -49,7 +49,7 @@ class Literal:
     `value` its data vector).
     """
 
-    __slots__ = ("value", "type", "_digest")
+    __slots__ = ("value", "type", "_fingerprint")
 
     def __init__(self, value, type: AbstractType | None = None):
         value = np.asarray(value)
@@ -64,14 +64,14 @@ class Literal:
             assert rt is not None and rt.shape == value.shape and rt.dtype == value.dtype, \
                 f"Literal: a {type.str_short()} needs a {rt} array, got {value.dtype}{value.shape}"
         self.type = type
-        self._digest: str | None = None
+        self._fingerprint: str | None = None
 
     def fingerprint(self) -> str:
         """A short content hash, used when a large constant is printed (computed
         once: the value is frozen)."""
-        if self._digest is None:
-            self._digest = hashlib.blake2b(self.value.tobytes(), digest_size=3).hexdigest()
-        return self._digest
+        if self._fingerprint is None:
+            self._fingerprint = hashlib.blake2b(self.value.tobytes(), digest_size=3).hexdigest()
+        return self._fingerprint
 
     def __repr__(self) -> str:
         return f"Literal({self.value!r})"

@@ -217,9 +217,9 @@ class _LiteralKey:
 
     def __init__(self, lit: Literal):
         v = np.ascontiguousarray(lit.value)
-        self.lit = lit
-        self._bytes = v.reshape(-1).view(np.uint8)
         flat = v.reshape(-1)
+        self.lit = lit
+        self._bytes = flat.view(np.uint8)
         sample = flat[np.linspace(0, flat.size - 1, min(flat.size, 64)).astype(np.intp)] \
             if flat.size else flat
         self._hash = hash((lit.type, v.dtype.str, v.shape, sample.tobytes()))
