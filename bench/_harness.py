@@ -12,7 +12,8 @@ script also inserts its own directory there in case it is loaded another way.
 - `timed_call` times one call (the first: trace and compile); `median_time` is
   the median wall time of a one-off step (tracing, lowering).
 - `load_average`, `machine_info`, `cpu_model` and `machine_lines` describe the
-  machine for the Markdown header; `write_text` writes a result file atomically.
+  machine for the Markdown header, `report_head` is a result file's first lines
+  and `yes_no` a "target met" cell; `write_text` writes a result file atomically.
 """
 
 from __future__ import annotations
@@ -154,6 +155,18 @@ def machine_lines(m: dict) -> list[str]:
         f"numpy {m['numpy']}. Load average (1 min) before the run: "
         f"{m['load']}.",
     ]
+
+
+def report_head(title: str, argv: str, machine: dict) -> list[str]:
+    """A result file's first lines: the title, the command line and the time it
+    ran, and the machine (from `machine_info()`)."""
+    return [f"# {title}", "", f"`{argv}` — {time.strftime('%Y-%m-%d %H:%M:%S')}", "",
+            *machine_lines(machine)]
+
+
+def yes_no(met: bool) -> str:
+    """A "target met" cell: "yes", or a bold "**NO**"."""
+    return "yes" if met else "**NO**"
 
 
 def command_line(script: str, argv) -> str:

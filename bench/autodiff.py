@@ -56,8 +56,8 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 from _harness import (  # noqa: E402  (bench/ must be on sys.path first)
-    command_line, interleaved, load_average, machine_info, machine_lines, publish, summary,
-    timed_call,
+    command_line, interleaved, load_average, machine_info, publish, report_head, summary,
+    timed_call, yes_no,
 )
 
 RESULTS = os.path.join(HERE, "results", "autodiff.md")
@@ -213,13 +213,8 @@ def measure(repeats: int | None, quick: bool) -> list[dict]:
 # report
 
 def render(results: list[dict], machine: dict, argv: str) -> str:
-    ok = lambda b: "yes" if b else "**NO**"  # noqa: E731
     lines = [
-        "# sciad autodiff benchmark",
-        "",
-        f"`{argv}` — {time.strftime('%Y-%m-%d %H:%M:%S')}",
-        "",
-        *machine_lines(machine),
+        *report_head("sciad autodiff benchmark", argv, machine),
         "",
         "x64 `global` only: `jax_enable_x64` on at start-up. Both gradients are float64 "
         f"and agree to rtol {RTOL:g} (checked before timing).",
@@ -235,7 +230,7 @@ def render(results: list[dict], machine: dict, argv: str) -> str:
         lines.append(
             f"| {m['name']} | {m['sd_us']:.2f} | {m['jax_us']:.2f} | {m['ratio']:.3f} "
             f"| {m['pair_q1']:.3f}–{m['pair_q3']:.3f} | {m['n']} × {m['repeats']} "
-            f"| {ok(m['ratio'] <= RATIO_TARGET)} |")
+            f"| {yes_no(m['ratio'] <= RATIO_TARGET)} |")
 
     def eqns(m):
         if m["jaxpr_top"] == m["jaxpr_eqns"]:

@@ -102,7 +102,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 from _harness import (  # noqa: E402
-    command_line, load_average, machine_info, machine_lines, publish,
+    command_line, load_average, machine_info, publish, report_head, timed_call, yes_no,
 )
 
 RESULTS = os.path.join(HERE, "results", "inverse_poisson.md")
@@ -473,12 +473,6 @@ def _block(x):
     return x
 
 
-def _first(fn, args):
-    t0 = time.perf_counter()
-    out = _block(fn(*args))
-    return time.perf_counter() - t0, out
-
-
 def _alternate(fns: dict, args, budget: float, rmin: int, rmax: int, fixed: int | None,
                warmup: bool = True, flip: bool = False):
     """Alternates one call of each of `fns` for R rounds (order flipped every
@@ -542,8 +536,8 @@ def prepare_child(method: str, n: int, workdir: str):
     else:
         fwd, grad, args, solution, extra = build_jax(inp, method)
     res = {"method": method, "n": n, **extra}
-    res["fwd_first_s"], val_f = _first(fwd, args)
-    res["grad_first_s"], (val, g) = _first(grad, args)
+    res["fwd_first_s"], val_f = timed_call(fwd, args)
+    res["grad_first_s"], (val, g) = timed_call(grad, args)
     val_f, val, g = float(val_f), float(val), np.asarray(g, dtype=np.float64)
     assert g.dtype == np.float64 and g.shape == inp["m"].shape
 
@@ -908,16 +902,12 @@ def git_state() -> str:
 
 
 def render(data: dict, machine: dict, argv: str) -> str:
-    ok = lambda b: "yes" if b else "**NO**"  # noqa: E731
     res = data["results"]
     by = {(r["n"], r["method"]): r for r in res}
     sizes = sorted({r["n"] for r in res})
     lines = [
-        "# Inverse Poisson: misfit gradient, sciad vs SciPy and JAX peers",
-        "",
-        f"`{argv}` — {time.strftime('%Y-%m-%d %H:%M:%S')}",
-        "",
-        *machine_lines(machine),
+        *report_head("Inverse Poisson: misfit gradient, sciad vs SciPy and JAX peers", argv,
+                     machine),
         data.get("git", ""),
         "",
         "J(m) = 0.5 ||u(m) - d||^2 with A(m) u = f: examples/inverse_poisson.py's 5-point "
@@ -954,9 +944,9 @@ def render(data: dict, machine: dict, argv: str) -> str:
             vs = f"{gr / sc['grad']['ms']:.2f}" if "grad" in sc else "–"
             tol = DIRECT_RTOL if METHODS[key][1] == "direct" else CG_RTOL
             passed = r["grad_rel_err"] <= tol and r["value_rel_err"] <= tol
-            check = "ref." if key == "scipy" else ok(passed)
+            check = "ref." if key == "scipy" else yes_no(passed)
             if METHODS[key][1] == "unrolled":
-                check = f"{ok(passed)} (info)"
+                check = f"{yes_no(passed)} (info)"
             lines.append(
                 f"| {n} | {label} | {_fmt_ms(fw)} | {_fmt_ms(gr)} "
                 f"| {_fmt_ms(r['grad']['q1'])}–{_fmt_ms(r['grad']['q3'])} | {gr / fw:.2f} | {vs} "
@@ -1004,7 +994,7 @@ def render(data: dict, machine: dict, argv: str) -> str:
         if n in RATIO_AT:
             lines.append(f"- N={n}: sciad direct gradient/forward = {ratio:.2f} "
                          f"({ratio_cpu:.2f}) "
-                         f"(target <= {RATIO_TARGET}): target met: {ok(ratio <= RATIO_TARGET)}")
+                         f"(target <= {RATIO_TARGET}): target met: {yes_no(ratio <= RATIO_TARGET)}")
         if sc and "error" not in sc and n in VS_SCIPY_AT:
             vs = r["grad"]["ms"] / sc["grad"]["ms"]
             vs_cpu = r["grad_cpu"]["ms"] / sc["grad_cpu"]["ms"]
@@ -1015,8 +1005,8 @@ def render(data: dict, machine: dict, argv: str) -> str:
             lines.append(f"- N={n}: sciad direct gradient / SciPy hand adjoint = {vs:.2f} "
                          f"({vs_cpu:.2f}{spread}) "
                          f"(target <= {VS_SCIPY_TARGET}, goal <= {VS_SCIPY_GOAL}): "
-                         f"target met: {ok(vs <= VS_SCIPY_TARGET)}, goal met: "
-                         f"{ok(vs <= VS_SCIPY_GOAL)}")
+                         f"target met: {yes_no(vs <= VS_SCIPY_TARGET)}, goal met: "
+                         f"{yes_no(vs <= VS_SCIPY_GOAL)}")
         if r["grad_rel_err"] > DIRECT_RTOL:
             lines.append(f"- N={n}: sciad direct gradient error {r['grad_rel_err']:.1e} "
                          f"> {DIRECT_RTOL:g}: **NO**")

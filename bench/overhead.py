@@ -49,8 +49,8 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 from _harness import (  # noqa: E402  (bench/ must be on sys.path first)
-    command_line, interleaved, load_average, machine_info, machine_lines, median_time,
-    publish, summary,
+    command_line, interleaved, load_average, machine_info, median_time, publish, report_head,
+    summary, yes_no,
 )
 
 RESULTS = os.path.join(HERE, "results", "overhead.md")
@@ -243,13 +243,8 @@ def measure(mode: str, repeats: int | None, quick: bool) -> dict:
 # report
 
 def render(results: list[dict], machine: dict, argv: str) -> str:
-    ok = lambda b: "yes" if b else "**NO**"  # noqa: E731
     lines = [
-        "# sciad overhead benchmark",
-        "",
-        f"`{argv}` — {time.strftime('%Y-%m-%d %H:%M:%S')}",
-        "",
-        *machine_lines(machine),
+        *report_head("sciad overhead benchmark", argv, machine),
         "",
         "x64 `global`: `jax_enable_x64` on at start-up. x64 `scoped`: off globally; "
         "sciad enters its scoped x64 per call, the JAX loop runs in one "
@@ -268,7 +263,7 @@ def render(results: list[dict], machine: dict, argv: str) -> str:
             lines.append(
                 f"| {names[key]} | {res['mode']} | {m['sd_us']:.2f} | {m['jax_us']:.2f} "
                 f"| {m['ratio']:.3f} | {m['pair_q1']:.3f}–{m['pair_q3']:.3f} "
-                f"| {m['n']} × {m['repeats']} | {ok(m['ratio'] <= RATIO_TARGET)} |")
+                f"| {m['n']} × {m['repeats']} | {yes_no(m['ratio'] <= RATIO_TARGET)} |")
     inner = [r for r in results if "tiny_inner" in r]
     if inner:
         lines += [
@@ -304,7 +299,7 @@ def render(results: list[dict], machine: dict, argv: str) -> str:
         lines.append(f"| {label} | " + " | ".join(
             f"{r['build'][k] * 1e3:.1f}" for r in results) + " |")
     lines.append("| total < 0.5 s | " + " | ".join(
-        ok(r["build"]["total_s"] < BUILD_TARGET_S) for r in results) + " |")
+        yes_no(r["build"]["total_s"] < BUILD_TARGET_S) for r in results) + " |")
     lines += [
         "",
         f"Medians of {b0['repeats']} repeats (compile: {b0['compile_repeats']}).",

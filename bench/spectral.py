@@ -47,8 +47,8 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 from _harness import (  # noqa: E402  (bench/ must be on sys.path first)
-    command_line, interleaved, load_average, machine_info, machine_lines, publish, summary,
-    timed_call,
+    command_line, interleaved, load_average, machine_info, publish, report_head, summary,
+    timed_call, yes_no,
 )
 
 RESULTS = os.path.join(HERE, "results", "spectral.md")
@@ -135,13 +135,8 @@ def measure(sizes, repeats: int) -> list[dict]:
 
 
 def render(results: list[dict], machine: dict, argv: str) -> str:
-    ok = lambda b: "yes" if b else "**NO**"  # noqa: E731
     lines = [
-        "# sciad spectral benchmark",
-        "",
-        f"`{argv}` — {time.strftime('%Y-%m-%d %H:%M:%S')}",
-        "",
-        *machine_lines(machine),
+        *report_head("sciad spectral benchmark", argv, machine),
         "",
         "The gradient of `examples/spectral_inverse_heat.py`'s objective (10 spectral "
         "heat steps, a blur, misfit + Tikhonov; 22 FFTs forward) on an N x N grid, "
@@ -159,7 +154,7 @@ def render(results: list[dict], machine: dict, argv: str) -> str:
         lines.append(
             f"| {m['n']}² | {m['sd_grad_ms']:.2f} | {m['jax_grad_ms']:.2f} | {m['ratio']:.3f} "
             f"| {m['q1']:.3f}–{m['q3']:.3f} | {m['sd_gf']:.2f} | {m['jax_gf']:.2f} "
-            f"| {m['calls']} × {m['repeats']} | {ok(m['ratio'] <= RATIO_TARGET)} |")
+            f"| {m['calls']} × {m['repeats']} | {yes_no(m['ratio'] <= RATIO_TARGET)} |")
     lines += [
         "",
         "## Compiled gradient programs and first calls",
