@@ -45,7 +45,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import DTypeError, ShapeError
-from ..graph import Primitive, TensorType, Zero
+from ..graph import Primitive, TensorType
+from ._shape import _linear_jvp
 from ._util import normalize_axis, tensor
 
 fft_p = Primitive("fft")
@@ -171,22 +172,15 @@ def _fft_impl(x, *, kind, axes, lengths, norm):
     return jnp.conj(jnp.fft.rfftn(x, axes=axes)) * w
 
 
-@fft_p.def_jvp
-def _fft_jvp(primals, tangents, **params):
-    # linear: the tangent goes through the same transform
-    (x,), (t,) = primals, tangents
-    y = fft_p.bind(x, **params)
-    if isinstance(t, Zero):
-        return y, Zero(TensorType(tuple(y.shape), y.dtype))
-    return y, fft_p.bind(t, **params)
+# linear: the tangent goes through the same transform (a Zero tangent or
+# cotangent never reaches a one-operand rule: the transforms skip the node)
+fft_p.def_jvp(_linear_jvp(fft_p))
 
 
 @fft_p.def_transpose
 def _fft_transpose(ct, x, *, kind, axes, lengths, norm):
     # see the module docstring: fft and ifft are symmetric, the real kinds
     # transpose into their adjoint kinds (and back)
-    if isinstance(ct, Zero):
-        return (None,)
     return (fft_p.bind(ct, kind=TRANSPOSE[kind], axes=axes, lengths=lengths, norm=norm),)
 
 
