@@ -16,6 +16,7 @@ __all__ = [
     "TracerError",
     "VerificationError",
     "SerializationError",
+    "ResourceLimitError",
     "LoweringError",
     "RegistrationError",
     "MissingRuleError",
@@ -85,6 +86,14 @@ class VerificationError(SciadError, ValueError):
 
 class SerializationError(SciadError, ValueError):
     """JSON that does not describe a valid graph, or names an unknown op."""
+
+
+class ResourceLimitError(SerializationError):
+    """A graph file over one of the loader's limits (its nodes, the elements
+    of its arrays, how deeply it nests), found before the loader allocates
+    what the file asks for. The message names the limit and where in the
+    file it was exceeded; `Graph.from_json` takes larger limits for a file
+    you trust."""
 
 
 class LoweringError(SciadError, RuntimeError):

@@ -1,6 +1,9 @@
 """Walks the whole primitive registry: every built-in primitive has an example,
-its shape rule agrees with `jax.eval_shape` of its implementation, and graphs
-using it round-trip through JSON and run identically afterwards."""
+declares its params, its shape rule agrees with `jax.eval_shape` of its
+implementation, and graphs using it round-trip through JSON and run
+identically afterwards."""
+
+import json
 
 import jax
 import numpy as np
@@ -15,6 +18,24 @@ BUILTINS = sorted(builtin_primitives())
 def test_every_builtin_primitive_has_an_example():
     missing = sorted(set(BUILTINS) - set(EXAMPLES))
     assert not missing, f"add examples to tests/registry_examples.py for: {missing}"
+
+
+def test_every_builtin_primitive_declares_its_params():
+    undeclared = {name for name in BUILTINS
+                  if sd.graph.lookup_primitive(name).params is None}
+    assert not undeclared, ("declare the params of these primitives (`Primitive(name, "
+                            f"params={{...}})`, see `sciad.graph.Param`): {sorted(undeclared)}")
+
+
+@pytest.mark.parametrize("name", [name for name in BUILTINS
+                                  if sd.graph.lookup_primitive(name).params is not None])
+def test_files_state_every_declared_param(name):
+    fn, args = EXAMPLES[name]
+    doc = json.loads(sd.trace(fn, *args).to_json())
+    for node in doc["graph"]["nodes"]:
+        declared = sd.graph.lookup_primitive(node["op"]).params
+        if declared is not None:
+            assert set(node["params"]) == set(declared), node["op"]
 
 
 @pytest.mark.parametrize("name", BUILTINS)

@@ -11,9 +11,14 @@ from ._core import (
     registered_primitives as registered_primitives,
 )
 from ._interpret import Interpreter as Interpreter
-from ._lower import evaluate as evaluate, lower as lower
+from ._params import Param as Param, REQUIRED as REQUIRED
+from ._lower import Site as Site, evaluate as evaluate, lower as lower
 from ._print import format_node as format_node
-from ._serialize import register_param_type as register_param_type
+from ._serialize import (
+    graph_from_json as graph_from_json,
+    graph_to_json as graph_to_json,
+    register_param_type as register_param_type,
+)
 from ._source import SourceInfo as SourceInfo
 from ._trace import Tracer as Tracer, trace as trace, trace_flat as trace_flat
 from ._types import (

@@ -29,8 +29,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from ..errors import DTypeError, MissingRuleError, RuleError
 from ._core import Graph, Literal, Node, Primitive, Var
+from ._trace import emitting_for
 from ._types import AbstractType, SparseArray, SparseType, TensorType
 
 
@@ -104,7 +107,7 @@ def _tangent_type(t: AbstractType) -> AbstractType:
     return t.update() if isinstance(t, (TensorType, SparseType)) else t
 
 
-add_any_p = Primitive("add_any")
+add_any_p = Primitive("add_any", params={})
 
 
 @add_any_p.def_abstract_eval
@@ -133,7 +136,7 @@ def _add_any_transpose(ct, x, y):
     return ct, ct
 
 
-zeros_p = Primitive("zeros")
+zeros_p = Primitive("zeros", params={"shape": tuple[int, ...], "dtype": np.dtype})
 
 
 @zeros_p.def_abstract_eval

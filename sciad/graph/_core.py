@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from ..errors import RegistrationError
+from ._params import Param, as_declaration
 from ._source import SourceInfo, user_source
 from ._types import AbstractType, TensorType, runtime_type
 
@@ -169,16 +170,25 @@ class Graph:
 
         return to_dot(self)
 
-    def to_json(self, *, indent: int | None = None) -> str:
+    def to_json(self, *, indent: int | None = None, hash: bool = False) -> str:
+        """The graph as JSON text; `hash=True` adds a sha256 content hash that
+        `from_json` checks. See `sciad.graph.graph_to_json`."""
         from ._serialize import graph_to_json
 
-        return graph_to_json(self, indent=indent)
+        return graph_to_json(self, indent=indent, hash=hash)
 
     @classmethod
-    def from_json(cls, text: str) -> "Graph":
+    def from_json(cls, text: str | bytes, *, max_nodes: int | None = None,
+                  max_elements: int | None = None, max_depth: int | None = None,
+                  require_hash: bool = False) -> "Graph":
+        """Rebuilds and verifies a graph written by `to_json`, within limits on
+        its size (None: the defaults). See `sciad.graph.graph_from_json`."""
         from ._serialize import graph_from_json
 
-        return graph_from_json(text)
+        limits = {k: v for k, v in (("max_nodes", max_nodes),
+                                    ("max_elements", max_elements),
+                                    ("max_depth", max_depth)) if v is not None}
+        return graph_from_json(text, require_hash=require_hash, **limits)
 
     def verify(self) -> "Graph":
         from ._verify import verify
@@ -211,9 +221,26 @@ class Primitive:
 
     `p(*args, **params)` (or `p.bind`) adds a node while tracing and runs the
     implementation eagerly otherwise.
+
+    `runtime_checks=True` declares that the implementation checks its
+    values when the program runs (a solve finding its matrix singular):
+    lowering then passes it `site=` (a `sciad.primitives.Site`: the node's
+    op, source line and text, for its messages), and `sd.function` waits for
+    the results of programs holding such nodes, so that a failed check
+    raises from the call that ran it.
+
+    `params` declares the static params the rules take: a mapping from each
+    name to a `Param` (or a bare type spec, for a required param), e.g.
+    `{"axes": tuple[int, ...], "transpose": Param(bool, default=False)}`;
+    `{}` declares that there are none. `verify` and the graph loader reject
+    a node whose params break the declaration (an unknown name, a missing
+    required param, a value of another type). Without a declaration
+    (`params=None`) any params are accepted.
     """
 
     def __init__(self, name: str, *, multiple_results: bool = False,
+                 runtime_checks: bool = False,
+                 params: Mapping[str, Param | Any] | None = None,
                  register: bool = True, _source: SourceInfo | None = None):
         if not isinstance(name, str) or not name or any(c.isspace() for c in name):
             raise RegistrationError(
@@ -221,6 +248,9 @@ class Primitive:
                 op="primitive")
         self.name = name
         self.multiple_results = bool(multiple_results)
+        self.runtime_checks = bool(runtime_checks)
+        #: the declared params, `{name: Param}`, or None (undeclared: any params)
+        self.params: Mapping[str, Param] | None = as_declaration(name, params)
         self.defined_at = _source or _definition_site()
         self.impl_rule: Callable | None = None
         self.abstract_eval_rule: Callable | None = None
@@ -300,8 +330,21 @@ class Primitive:
 
     __call__ = bind
 
+    def param_problem(self, params: Mapping[str, Any], *, explicit: bool = False
+                      ) -> str | None:
+        """The first way `params` break this primitive's declaration, as text
+        ("missing param `pattern` (expected Pattern)."), or None; always None
+        for an undeclared primitive. `explicit=True` (a graph file) also
+        requires the params that have defaults."""
+        from ._params import param_problem
+
+        return param_problem(self.params, params, explicit=explicit)
+
     def __repr__(self) -> str:
-        return f"Primitive({self.name!r}, rules=[{', '.join(self.rules)}])"
+        declared = ""
+        if self.params is not None:
+            declared = f", params=({', '.join(f'{k}: {p}' for k, p in self.params.items())})"
+        return f"Primitive({self.name!r}{declared}, rules=[{', '.join(self.rules)}])"
 
 
 def _definition_site() -> SourceInfo | None:
@@ -327,22 +370,37 @@ def _register(p: Primitive) -> None:
     _REGISTRY[p.name] = p
 
 
-def primitive(name: str, *, multiple_results: bool = False) -> Primitive:
+def primitive(name: str, *, multiple_results: bool = False,
+              params: Mapping[str, Param | Any] | None = None) -> Primitive:
     """Creates and registers a new primitive.
 
     ```python
-    p = sd.primitive("my_op")
+    p = sd.primitive("my_op", params={"scale": float})
 
     @p.def_abstract_eval
-    def _shape(x):
+    def _shape(x, *, scale):
         return x
 
     @p.def_impl
-    def _impl(x):
-        return jnp.sin(x) * 2
+    def _impl(x, *, scale):
+        return jnp.sin(x) * scale
     ```
+
+    **Arguments:**
+
+    - `name`: the registered name, printed as the op and written to graph files.
+    - `multiple_results`: whether the rules return a tuple of values.
+    - `params`: the static params the rules take, `{name: Param or type}`
+        (see `sciad.graph.Param`); `{}` for none. Declared params are checked
+        by `verify` and by `Graph.from_json`. Without a declaration any
+        params are accepted.
+
+    **Returns:**
+
+    The `Primitive`; define its rules with its `def_*` decorators.
     """
-    return Primitive(name, multiple_results=multiple_results, _source=user_source(2))
+    return Primitive(name, multiple_results=multiple_results, params=params,
+                     _source=user_source(2))
 
 
 def lookup_primitive(name: str) -> Primitive | None:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ._core import Graph, Literal, Node, Var
+from ._params import shown_params
 from ._types import TensorType, dtype_short
 
 _DEFAULT_KIND_DTYPE = {"f": "float64", "c": "complex128", "i": "int64", "b": "bool"}
@@ -103,9 +104,12 @@ def _atom(a, namer: Namer) -> str:
 
 def _node_parts(node: Node, namer: Namer) -> tuple[str, str]:
     params = ""
-    if node.params:
+    # a param at its declared default is not shown, whether the node holds it
+    # or leaves it out: one text for one computation
+    shown = shown_params(getattr(node.primitive, "params", None), node.params)
+    if shown:
         params = "[" + ", ".join(f"{k}={format_param(v)}"
-                                 for k, v in sorted(node.params.items())) + "]"
+                                 for k, v in sorted(shown.items())) + "]"
     args = ", ".join(_atom(a, namer) for a in node.inputs)
     outs = ", ".join(namer(v) for v in node.outputs) or "()"
     effects = f" !{{{', '.join(sorted(node.effects))}}}" if node.effects else ""

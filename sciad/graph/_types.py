@@ -151,17 +151,26 @@ def register_type_kind(kind: str, from_json) -> None:
     _TYPE_KINDS[kind] = from_json
 
 
+def _shown(data, limit: int = 120) -> str:
+    text = repr(data)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def type_from_json(data: dict) -> AbstractType:
     from ..errors import SerializationError
 
     try:
         decode = _TYPE_KINDS[data["kind"]]
     except (KeyError, TypeError):
-        raise SerializationError(f"unknown value type {data!r}.", op="from_json") from None
+        raise SerializationError(f"unknown value type {_shown(data)}.",
+                                 op="from_json") from None
     try:
         return decode(data)
+    except SerializationError:  # (a ResourceLimitError too) from a pattern or array
+        raise
     except Exception as e:
-        raise SerializationError(f"bad value type {data!r}: {e}", op="from_json") from None
+        raise SerializationError(f"bad value type {_shown(data)}: {e}",
+                                 op="from_json") from None
 
 
 # --------------------------------------------------------------------------
@@ -349,10 +358,14 @@ class Pattern:
 
     @classmethod
     def from_json(cls, d: dict) -> "Pattern":
-        from ._serialize import _decode_array
+        from ._serialize import _charge, _decode_array, _decode_shape
 
-        return cls(tuple(d["shape"]), _decode_array(d["indptr"]),
-                   _decode_array(d["indices"]))
+        shape = _decode_shape(d["shape"], "a sparse pattern", limit="dim")
+        if len(shape) == 2:  # (else the constructor says what is wrong)
+            # the rows are counted with `indptr`; the columns here, as shape
+            # rules build per-column index maps (`transposed`)
+            _charge(shape[1], f"a sparse pattern's {shape[1]} columns")
+        return cls(shape, _decode_array(d["indptr"]), _decode_array(d["indices"]))
 
 
 @dataclass(frozen=True, slots=True)

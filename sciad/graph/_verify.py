@@ -2,6 +2,7 @@
 
 - SSA: every `Var` is defined once (a graph input or a node output);
 - every operand is defined before it is used;
+- every node's params fit its primitive's declaration (`Param`s), if it has one;
 - every node's output types are what its primitive's shape rule gives for
   its input types and params;
 - subgraphs (params that are graphs) verify on their own.
@@ -47,6 +48,9 @@ def verify(graph: Graph) -> None:
         for v in node.outputs:
             if v in defined:
                 raise _fail(f"{namer(v)} is defined twice (SSA).", node, namer, graph)
+        problem = node.primitive.param_problem(node.params)
+        if problem is not None:
+            raise _fail(f"{node.primitive.name}: {problem}", node, namer, graph)
         try:
             expected = node.primitive.abstract_eval(*(a.type for a in node.inputs),
                                                     **node.params)

@@ -8,7 +8,7 @@ from ..errors import ShapeError
 from ..graph import (Graph, Primitive, Zero, instantiate, is_differentiable, is_linear,
                      jvp_graph, lower, transpose_eval, vjp_eval)
 
-call_p = Primitive("call", multiple_results=True)
+call_p = Primitive("call", multiple_results=True, params={"graph": Graph})
 
 
 @call_p.def_abstract_eval

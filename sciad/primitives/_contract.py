@@ -9,7 +9,7 @@ from ..errors import ShapeError
 from ..graph import Primitive, TensorType, Zero, add_tangents, is_linear
 from ._util import broadcast_shapes, same_dtype, snp, tensor, unbroadcast
 
-matmul_p = Primitive("matmul")
+matmul_p = Primitive("matmul", params={})
 
 
 @matmul_p.def_abstract_eval
@@ -36,7 +36,7 @@ def _matmul_impl(a, b):
     return jnp.matmul(a, b, precision="highest")
 
 
-einsum_p = Primitive("einsum")
+einsum_p = Primitive("einsum", params={"spec": str})
 
 
 def parse_spec(spec: str, n: int, op: str = "einsum") -> tuple[list[str], str]:

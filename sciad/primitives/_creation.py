@@ -11,8 +11,9 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..graph import Primitive, TensorType
+from ._util import INTS, SCALAR
 
-full_p = Primitive("full")
+full_p = Primitive("full", params={"shape": INTS, "dtype": np.dtype, "value": SCALAR})
 
 
 @full_p.def_abstract_eval
@@ -33,7 +34,8 @@ def arange_length(start, stop, step) -> int:
     return max(0, math.ceil((stop - start) / step))
 
 
-arange_p = Primitive("arange")
+arange_p = Primitive("arange", params={"start": SCALAR, "stop": SCALAR, "step": SCALAR,
+                                        "dtype": np.dtype})
 
 
 @arange_p.def_abstract_eval
@@ -47,7 +49,8 @@ def _arange_impl(*, start, stop, step, dtype):
     return jnp.asarray(np.arange(start, stop, step, dtype=dtype))
 
 
-linspace_p = Primitive("linspace")
+linspace_p = Primitive("linspace", params={"start": SCALAR, "stop": SCALAR, "num": int,
+                                            "endpoint": bool, "dtype": np.dtype})
 
 
 @linspace_p.def_abstract_eval
@@ -62,7 +65,7 @@ def _linspace_impl(*, start, stop, num, endpoint, dtype):
     return jnp.linspace(start, stop, num, endpoint=endpoint, dtype=dtype)
 
 
-eye_p = Primitive("eye")
+eye_p = Primitive("eye", params={"n": int, "m": int, "k": int, "dtype": np.dtype})
 
 
 @eye_p.def_abstract_eval

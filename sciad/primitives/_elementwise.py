@@ -119,7 +119,7 @@ _NO_COMPLEX = {"maximum", "minimum", "lt", "le", "gt", "ge", "floor_divide", "re
 
 
 def _make_unary(name: str, fn, rule) -> Primitive:
-    p = Primitive(name)
+    p = Primitive(name, params={})
     dtype_rule = _ufunc_rule(name, rule) if isinstance(rule, np.ufunc) else rule
 
     @p.def_abstract_eval
@@ -138,7 +138,7 @@ def _make_unary(name: str, fn, rule) -> Primitive:
 
 
 def _make_binary(name: str, fn, ufunc) -> Primitive:
-    p = Primitive(name)
+    p = Primitive(name, params={})
     dtype_rule = _ufunc_rule(name, ufunc)
 
     @p.def_abstract_eval
@@ -166,7 +166,7 @@ unary_primitives = {name: _make_unary(name, fn, rule) for name, (fn, rule) in UN
 binary_primitives = {name: _make_binary(name, fn, uf) for name, (fn, uf) in BINARY.items()}
 
 # `select(cond, x, y)`: x where cond, else y (NumPy's 3-argument `where`).
-select_p = Primitive("select")
+select_p = Primitive("select", params={})
 
 
 @select_p.def_abstract_eval
@@ -185,7 +185,7 @@ def _select_impl(cond, x, y):
 
 
 # `convert(x, dtype=...)`: NumPy's `astype` (complex -> real drops the imaginary part).
-convert_p = Primitive("convert")
+convert_p = Primitive("convert", params={"dtype": np.dtype})
 
 
 @convert_p.def_abstract_eval

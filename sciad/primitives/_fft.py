@@ -47,9 +47,10 @@ import numpy as np
 from ..errors import DTypeError, ShapeError
 from ..graph import Primitive, TensorType
 from ._shape import _linear_jvp
-from ._util import normalize_axis, tensor
+from ._util import INTS, normalize_axis, tensor
 
-fft_p = Primitive("fft")
+fft_p = Primitive("fft", params={"kind": str, "axes": INTS, "lengths": INTS,
+                                 "norm": str})
 
 KINDS = ("fft", "ifft", "rfft", "irfft", "rfft_adjoint", "irfft_adjoint")
 NORMS = ("backward", "ortho", "forward")

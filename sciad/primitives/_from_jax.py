@@ -54,7 +54,9 @@ def primitive_from_jax(fn: Callable, name: str, *, multiple_results: bool = Fals
     if not callable(fn):
         raise RegistrationError(f"`fn` must be a JAX function, got {fn!r}.",
                                 op="primitive_from_jax")
-    p = Primitive(name, multiple_results=multiple_results, _source=user_source())
+    # `fn` takes arrays only: the primitive and its companions declare no params
+    p = Primitive(name, multiple_results=multiple_results, params={},
+                  _source=user_source())
     p.jax_fn = fn
 
     @p.def_abstract_eval

@@ -119,7 +119,7 @@ def normalize_index(idx, shape: tuple[int, ...], op: str = "getitem") -> StaticI
     return StaticIndex(tuple(items))
 
 
-getitem_p = Primitive("getitem")
+getitem_p = Primitive("getitem", params={"index": StaticIndex})
 
 
 def _check_index(x: TensorType, index, op: str) -> None:
@@ -142,7 +142,7 @@ def _getitem_impl(x, *, index):
 
 
 def _make_update(name: str, method: str) -> Primitive:
-    p = Primitive(name)
+    p = Primitive(name, params={"index": StaticIndex})
 
     @p.def_abstract_eval
     def _shape(x, v, *, index):

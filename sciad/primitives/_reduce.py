@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import DTypeError, ShapeError
 from ..graph import Primitive, TensorType
-from ._util import normalize_axes, snp, tensor
+from ._util import INTS, normalize_axes, snp, tensor
 
 _REDUCERS = {
     "reduce_sum": jnp.sum,
@@ -20,7 +20,7 @@ _REDUCERS = {
 
 
 def _make_reduce(name: str, fn) -> Primitive:
-    p = Primitive(name)
+    p = Primitive(name, params={"axes": INTS})
 
     @p.def_abstract_eval
     def _shape(x, *, axes):

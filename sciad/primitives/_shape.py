@@ -8,9 +8,9 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..graph import Primitive, TensorType, instantiate, is_linear
-from ._util import normalize_axis, same_dtype, tensor, unbroadcast
+from ._util import INTS, SCALAR, normalize_axis, same_dtype, tensor, unbroadcast
 
-reshape_p = Primitive("reshape")
+reshape_p = Primitive("reshape", params={"shape": INTS})
 
 
 @reshape_p.def_abstract_eval
@@ -31,7 +31,7 @@ def _reshape_impl(x, *, shape):
     return jnp.reshape(x, shape)
 
 
-transpose_p = Primitive("transpose")
+transpose_p = Primitive("transpose", params={"perm": INTS})
 
 
 @transpose_p.def_abstract_eval
@@ -48,7 +48,7 @@ def _transpose_impl(x, *, perm):
     return jnp.transpose(x, perm)
 
 
-broadcast_to_p = Primitive("broadcast_to")
+broadcast_to_p = Primitive("broadcast_to", params={"shape": INTS})
 
 
 @broadcast_to_p.def_abstract_eval
@@ -68,7 +68,7 @@ def _broadcast_to_impl(x, *, shape):
     return jnp.broadcast_to(x, shape)
 
 
-concatenate_p = Primitive("concatenate")
+concatenate_p = Primitive("concatenate", params={"axis": int})
 
 
 @concatenate_p.def_abstract_eval
@@ -99,7 +99,8 @@ def _concatenate_impl(*xs, axis):
 
 
 # `pad(x, widths=((lo, hi), ...), value=c)`: constant padding.
-pad_p = Primitive("pad")
+pad_p = Primitive("pad", params={"widths": tuple[tuple[int, int], ...],
+                                 "value": SCALAR})
 
 
 @pad_p.def_abstract_eval
@@ -117,7 +118,7 @@ def _pad_impl(x, *, widths, value):
 
 
 # `roll(x, shifts=(...), axes=(...))`: NumPy's roll along the given axes.
-roll_p = Primitive("roll")
+roll_p = Primitive("roll", params={"shifts": INTS, "axes": INTS})
 
 
 @roll_p.def_abstract_eval

@@ -32,7 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import DTypeError, ShapeError
-from ..graph import Primitive, SparseType, TensorType, is_linear, register_param_type
+from ..graph import (Param, Primitive, SparseType, TensorType, is_linear,
+                     register_param_type)
 from ..graph._autodiff import register_zeros
 from ..graph._types import Pattern
 from ._contract import _multilinear_jvp
@@ -135,7 +136,11 @@ def _is_float(dtype) -> bool:
 # assemble / gather
 
 
-sparse_assemble_p = Primitive("sparse.assemble")
+sparse_assemble_p = Primitive("sparse.assemble", params={
+    "pattern": Pattern,
+    "index": Param((IndexMap, None), default=None),
+    "tags": Param(frozenset[str], default=frozenset()),
+})
 
 
 @sparse_assemble_p.def_abstract_eval
@@ -185,7 +190,8 @@ def _assemble_transpose(ct, x, *, pattern, index=None, tags=frozenset()):
     return (gather(ct, index),)
 
 
-sparse_gather_p = Primitive("sparse.gather")
+sparse_gather_p = Primitive("sparse.gather", params={
+    "index": Param((IndexMap, None), default=None)})
 
 
 @sparse_gather_p.def_abstract_eval
@@ -226,7 +232,8 @@ register_zeros(SparseType, _zeros_sparse)
 # products
 
 
-sparse_matmul_p = Primitive("sparse.matmul")
+sparse_matmul_p = Primitive("sparse.matmul", params={
+    "pattern": Pattern, "transpose": Param(bool, default=False)})
 
 
 def _check_pattern(a: SparseType, pattern, op: str) -> None:
@@ -276,7 +283,7 @@ def _matmul_transpose(ct, a, x, *, pattern, transpose=False):
     return sparse_sddmm_p.bind(u, v, pattern=pattern), None
 
 
-sparse_sddmm_p = Primitive("sparse.sddmm")
+sparse_sddmm_p = Primitive("sparse.sddmm", params={"pattern": Pattern})
 
 
 @sparse_sddmm_p.def_abstract_eval
@@ -314,7 +321,7 @@ def _sddmm_transpose(ct, u, v, *, pattern):
 # transpose, todense, sample
 
 
-sparse_transpose_p = Primitive("sparse.transpose")
+sparse_transpose_p = Primitive("sparse.transpose", params={"pattern": Pattern})
 
 _TRANSPOSED_TAGS = {"lower": "upper", "upper": "lower"}
 
@@ -342,7 +349,7 @@ def _transpose_transpose(ct, a, *, pattern):
     return (sparse_transpose_p.bind(ct, pattern=pattern.transposed()[0]),)
 
 
-sparse_todense_p = Primitive("sparse.todense")
+sparse_todense_p = Primitive("sparse.todense", params={"pattern": Pattern})
 
 
 @sparse_todense_p.def_abstract_eval
@@ -365,7 +372,7 @@ def _todense_transpose(ct, a, *, pattern):
     return (sparse_sample_p.bind(ct, pattern=a.type.pattern),)
 
 
-sparse_sample_p = Primitive("sparse.sample")
+sparse_sample_p = Primitive("sparse.sample", params={"pattern": Pattern})
 
 
 @sparse_sample_p.def_abstract_eval

@@ -10,6 +10,14 @@ from ..errors import DTypeError, ShapeError
 from ..graph import TensorType
 
 
+#: The declared type (`sciad.graph.Param`) of a param holding one number: a
+#: Python scalar, or a NumPy one (the JSON format keeps either exactly).
+SCALAR = (bool, int, float, complex, np.bool_, np.number)
+
+#: The declared type of a shape, an axis list or a permutation.
+INTS = tuple[int, ...]
+
+
 def tensor(t, op: str, what: str = "operand") -> TensorType:
     if not isinstance(t, TensorType):
         raise DTypeError(f"{what} must be a dense array, got {t}.", op=op)
