@@ -21,6 +21,7 @@ from ._jax_interop import to_jax as to_jax
 from .graph import Graph as Graph, TensorType as TensorType
 from .graph import primitive as primitive, trace as trace
 from .primitives import call as call, primitive_from_jax as primitive_from_jax
+from .primitives import stop_gradient as stop_gradient
 from ._transforms import (
     grad as grad,
     hvp as hvp,

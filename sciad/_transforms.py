@@ -46,6 +46,20 @@ def _argnums(argnums, n: int, op: str) -> tuple[int, ...]:
     return tuple(i % n for i in nums)
 
 
+def _check_like(primal, t, op: str, what: str, of: str) -> None:
+    """A tangent (`what="tangent"`) or cotangent `t` must have the shape and
+    dtype of `primal`, its primal or output (`of`): a wrong shape is a
+    `ShapeError`, a wrong dtype (float32 for a float64 value) a `DTypeError`."""
+    tp, tt = type_of(primal), type_of(t)
+    if tp.shape != tt.shape:
+        raise ShapeError(f"a {what} must have its {of}'s shape: {of} {tp.str_short()}, "
+                         f"{what} {tt.str_short()}.", op=op)
+    if tp.dtype != tt.dtype:
+        raise DTypeError(f"a {what} must have its {of}'s dtype: {of} {tp.str_short()} "
+                         f"needs a {tp.dtype} {what}, got {tt.str_short()}. Convert it "
+                         f"with `.astype(np.{tp.dtype.name})`.", op=op)
+
+
 def _check_differentiable(tree, op: str, what: str) -> None:
     for leaf in _tree.tree_leaves(tree):
         t = type_of(leaf)
@@ -95,10 +109,8 @@ def _jvp_inline(f, primals: tuple, tangents: tuple):
         raise ShapeError(f"`primals` and `tangents` must have the same structure, got "
                          f"{p_tree} and {t_tree}.", op="jvp")
     for p, t in zip(p_leaves, t_leaves):
-        tp, tt = type_of(p), type_of(t)
-        if is_differentiable(tp) and (tp.shape != tt.shape or tp.dtype != tt.dtype):
-            raise ShapeError(f"a tangent must have its primal's shape and dtype: primal "
-                             f"{tp.str_short()}, tangent {tt.str_short()}.", op="jvp")
+        if is_differentiable(type_of(p)):
+            _check_like(p, t, "jvp", "tangent", "primal")
     graph, _, out_tree, captured = _trace(f, primals, "jvp")
     tans = [t if is_differentiable(type_of(p)) else Zero(type_of(p).update())
             for p, t in zip(p_leaves, t_leaves)]
@@ -158,11 +170,8 @@ def _vjp_inline(f, primals: tuple, has_aux: bool):
                              f"got {ct_tree}.", op="vjp")
         cts = []
         for o, c in zip(outs, ct_leaves):
-            to, tc = type_of(o), type_of(c)
-            if (to.shape, to.dtype) != (tc.shape, tc.dtype):
-                raise ShapeError(f"a cotangent must have its output's shape and dtype: "
-                                 f"output {to.str_short()}, cotangent {tc.str_short()}.",
-                                 op="vjp")
+            _check_like(o, c, "vjp", "cotangent", "output")
+            to = type_of(o)
             cts.append(c if is_differentiable(to) else Zero(to.update()))
         cts += [Zero(a.type.update()) for a in graph.outputs[n:n_all]]  # aux: no ct
         in_cts = backward(cts)[: len(p_leaves)]

@@ -895,27 +895,10 @@ def _install_tracer_methods() -> None:
 _install_tracer_methods()
 
 
-def _install_numpy_dispatch() -> None:
-    from .graph._trace import _numpy_dispatch
-
-    names = {k: v for k, v in globals().items() if callable(v) and not k.startswith("_")
-             and getattr(v, "__module__", None) == __name__}
-    # NumPy's ufunc names that differ from the functions' public names
-    names.update(absolute=abs, conjugate=conj, true_divide=divide, amax=max, amin=min)
-    _numpy_dispatch.update(names)
-
-
-_install_numpy_dispatch()
-
 # `snp.fft`, as `numpy.fft` (imported last: it imports this module)
-from . import fft as fft
+from . import fft as fft  # noqa: E402
+from ._numpy_interop import install as _install_numpy_interop  # noqa: E402
 
-
-def _install_fft_dispatch() -> None:
-    from .graph._trace import _numpy_dispatch
-
-    # `numpy.fft.rfft(x)` on a traced `x` dispatches by the function's name
-    _numpy_dispatch.update({name: getattr(fft, name) for name in fft.__all__})
-
-
-_install_fft_dispatch()
+# `np.sin(x)`, `np.sum(x)`, `np.fft.rfft(x)` on a traced `x` run the functions
+# above (and sciad.fft's), matched by NumPy function object, not by name
+_install_numpy_interop()

@@ -22,6 +22,27 @@ on fresh random directions:
 
 Tolerances are not scaled by array size. A failure raises `RuleError`
 naming the rule, the error and the tolerance, and the input types and seed.
+
+Lower precision. The inputs are float64, but a function may compute in
+float32 (`snp.astype(x, np.float32)`, a float32 user primitive), in its
+outputs or in between. Its values then carry rounding errors about 1e-7
+relative, which finite differences with the float64 step divide by 1e-4:
+a right rule would fail. Where any value of the graph (or of its JVP or
+VJP graph) is less precise than float64, with `eps` that dtype's machine
+epsilon:
+
+- the finite-difference step is `eps ** (1/3)` relative (about 5e-3 for
+  float32), which balances rounding against truncation;
+- the rounding noise of the function is measured (fourth differences of
+  its values at a few points spaced about `1e3 eps` apart along the
+  direction, at least `eps |f|`), and finite differences may differ from
+  the JVP by 30 times that noise over the step;
+- `rtol` and `dot_tol` become at least `100 eps` (relative to `|J v|`, and
+  to `|w| |v|` times the larger of `|J v| / |v|`, `|J^T w| / |w|` and 1).
+
+A wrong rule is still caught: a sign error or a missing term is off by
+O(1), far above 1e-3. `RuleReport.precision` names the dtype and
+`RuleReport.notes` says what was done and the tolerances used.
 """
 
 from __future__ import annotations
@@ -44,13 +65,27 @@ __all__ = ["check_rules", "RuleReport", "taylor_test"]
 class RuleReport:
     """What `check_rules` measured. Errors are relative (JVP, second order)
     or relative to `|w||v|` (dot-product test); `skipped` says why a check
-    did not run."""
+    did not run. `precision` is the least precise float dtype among the
+    values checked ("float64" unless the function computes in lower
+    precision), and `notes` says how the checks were adapted to it (see
+    the module docstring); the two are shown only when not float64."""
 
     name: str
     jvp_error: float | None = None
     vjp_error: float | None = None
     second_order_error: float | None = None
     skipped: dict = dataclasses.field(default_factory=dict)
+    precision: str = "float64"
+    notes: list = dataclasses.field(default_factory=list)
+
+    def __repr__(self) -> str:
+        fields = [f"name={self.name!r}", f"jvp_error={self.jvp_error!r}",
+                  f"vjp_error={self.vjp_error!r}",
+                  f"second_order_error={self.second_order_error!r}",
+                  f"skipped={self.skipped!r}"]
+        if self.precision != "float64" or self.notes:
+            fields += [f"precision={self.precision!r}", f"notes={self.notes!r}"]
+        return f"RuleReport({', '.join(fields)})"
 
 
 _COMPILED: dict[int, tuple] = {}
@@ -92,31 +127,109 @@ def _norm(xs) -> float:
     return float(np.sqrt(sum(np.sum(np.abs(np.asarray(x)) ** 2) for x in xs)))
 
 
-def _fd_directional(graph: Graph, args, diff: list[int], dirs) -> list[np.ndarray]:
-    """Richardson-extrapolated central differences of `graph` along `dirs`."""
+def _step(args, diff: list[int], dirs, rel: float) -> float:
+    """The step along `dirs` that moves the inputs by `rel` of their size."""
     scale = max([1.0] + [float(np.max(np.abs(args[i]))) for i in diff if args[i].size])
     vmax = max([1e-300] + [float(np.max(np.abs(d))) for d in dirs if d.size])
-    h = 1e-4 * scale / vmax
+    return rel * scale / vmax
+
+
+def _shifted(args, diff: list[int], dirs, step: float) -> list:
+    out = list(args)
+    for i, d in zip(diff, dirs):
+        out[i] = args[i] + step * d
+    return out
+
+
+def _fd_directional(graph: Graph, args, diff: list[int], dirs,
+                    rel_step: float = 1e-4) -> tuple[list[np.ndarray], float]:
+    """Richardson-extrapolated central differences of `graph` along `dirs`,
+    and the step `h` they used."""
+    h = _step(args, diff, dirs, rel_step)
 
     def central(step):
-        plus, minus = list(args), list(args)
-        for i, d in zip(diff, dirs):
-            plus[i] = args[i] + step * d
-            minus[i] = args[i] - step * d
-        fp, fm = _run(graph, plus), _run(graph, minus)
-        return [(a - b) / (2 * step) for a, b in zip(fp, fm)]
+        fp = _run(graph, _shifted(args, diff, dirs, step))
+        fm = _run(graph, _shifted(args, diff, dirs, -step))
+        return [(np.asarray(a, np.result_type(a, np.float64)) - b) / (2 * step)
+                for a, b in zip(fp, fm)]
 
     d1, d2 = central(h), central(h / 2)
-    return [(4 * b - a) / 3 for a, b in zip(d1, d2)]
+    return [(4 * b - a) / 3 for a, b in zip(d1, d2)], h
 
 
-def _rel_error(got: list, want: list, out_scale: float) -> float:
+class _Precision:
+    """How the checks adapt to the least precise float dtype in the graphs
+    checked (see the module docstring). For float64 they are as documented
+    at the top: step 1e-4, the tolerances given, no noise allowance."""
+
+    def __init__(self, graphs, rtol: float, dot_tol: float):
+        eps = np.finfo(np.float64).eps
+        dtype = np.dtype(np.float64)
+        for t in _value_types(graphs):
+            d = getattr(t, "dtype", None)
+            if d is not None and np.dtype(d).kind in "fc" and np.finfo(d).eps > eps:
+                eps, dtype = float(np.finfo(d).eps), np.finfo(d).dtype
+        self.dtype = dtype
+        self.eps = eps
+        self.low = dtype != np.float64
+        self.rel_step = eps ** (1 / 3) if self.low else 1e-4
+        self.rtol = max(rtol, 100 * eps) if self.low else rtol
+        self.dot_tol = max(dot_tol, 100 * eps) if self.low else dot_tol
+
+    def noise(self, graph: Graph, args, diff: list[int], dirs, outs, keep: list[int]) -> float:
+        """The rounding noise of `graph`'s outputs `keep` near `args` along
+        `dirs` (a norm over those outputs); 0 in float64."""
+        if not self.low:
+            return 0.0
+        sigma = _step(args, diff, dirs, min(1e3 * self.eps, self.rel_step / 10))
+        vals = [_run(graph, _shifted(args, diff, dirs, k * sigma)) for k in (-2, -1, 0, 1, 2)]
+        # fourth differences cancel the smooth part (up to cubic terms); for
+        # independent noise of size nu their size is sqrt(70) nu
+        fourth = [vals[0][k].astype(np.result_type(vals[0][k], np.float64))
+                  - 4 * vals[1][k] + 6 * vals[2][k] - 4 * vals[3][k] + vals[4][k]
+                  for k in keep]
+        measured = _norm(fourth) / np.sqrt(70.0)
+        return max(measured, 0.5 * self.eps * _norm([outs[k] for k in keep]))
+
+    def note(self, report: "RuleReport", what: str) -> None:
+        report.precision = self.dtype.name
+        report.notes.append(what)
+
+    def why(self) -> str:
+        """For an error message: where the tolerances came from."""
+        if not self.low:
+            return ""
+        return (f" (scaled for the {self.dtype.name} values in the graph: eps "
+                f"{self.eps:.2e}, step {self.rel_step:.2e} relative)")
+
+
+def _value_types(graphs):
+    """The types of every value in `graphs` and in the graphs their nodes hold."""
+    todo = list(graphs)
+    while todo:
+        g = todo.pop()
+        yield from g.in_types
+        yield from g.out_types
+        for node in g.nodes:
+            yield from (a.type for a in node.inputs)
+            yield from (v.type for v in node.outputs)
+            todo.extend(node.subgraphs)
+
+
+def _rel_error(got: list, want: list, out_scale: float,
+               noise: float = 0.0) -> tuple[float, float]:
+    """`(|got - want| / max(|got|, |want|), the part of that ratio that the
+    absolute allowance `noise` makes up)`."""
     num = _norm([np.asarray(g) - np.asarray(w) for g, w in zip(got, want)])
     den = max(_norm(got), _norm(want))
     floor = 1e-12 * max(1.0, out_scale)
     if den <= floor:
-        return 0.0 if num <= floor else float("inf")
-    return num / den
+        if num <= max(floor, noise):
+            return 0.0, 0.0
+        if noise == 0.0:
+            return float("inf"), 0.0
+    den = max(den, 1e-300)
+    return num / den, noise / den
 
 
 def _describe(args) -> str:
@@ -249,15 +362,22 @@ def _second_order(graph, args, diff, diff_out, ws, rng, report, rtol, where, nam
         report.skipped["second_order"] = str(e)
         return
     dirs = [_random_like(rng, x) for x in xs]
+    prec = _Precision([graph, g2, jg2], rtol, dot_tol)
     res = _run(jg2, xs + dirs)
     n = len(g2.outputs)
-    fd = _fd_directional(g2, xs, list(range(len(xs))), dirs)
-    err = _rel_error(res[n:], fd, _norm(res[:n]))
+    every = list(range(len(xs)))
+    fd, h = _fd_directional(g2, xs, every, dirs, prec.rel_step)
+    noise = prec.noise(g2, xs, every, dirs, res[:n], list(range(n)))
+    err, allowance = _rel_error(res[n:], fd, _norm(res[:n]), 30 * noise / h)
+    tol = prec.rtol + allowance
     report.second_order_error = err
-    if not err <= rtol:
+    if prec.low:
+        prec.note(report, f"second order: finite differences of the VJP with step "
+                          f"{prec.rel_step:.2e} relative; tolerance {tol:.2e}")
+    if not err <= tol:
         raise RuleError(f"second order (the JVP of the VJP) disagrees with finite "
-                        f"differences of the VJP: relative error {err:.3e} > {rtol:g}, "
-                        f"{where}.", op=name)
+                        f"differences of the VJP: relative error {err:.3e} > {tol:.3g}"
+                        f"{prec.why()}, {where}.", op=name)
 
 
 def taylor_test(f: Callable, x, dx, *, grad: Callable | None = None, h0: float | None = None,

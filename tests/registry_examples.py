@@ -92,6 +92,13 @@ def _fft_example(x, z):
             fft_p.bind(x, kind="irfft_adjoint", **adj))
 
 
+def _logsumexp(x):
+    """`stop_gradient` as it is used: the shift `m` does not change the value,
+    so finite differences agree with the derivative that holds `m` fixed."""
+    m = sd.stop_gradient(snp.max(x))
+    return m + snp.log(snp.sum(snp.exp(x - m)))
+
+
 EXAMPLES = {name: _unary_example(name) for name in UNARY}
 EXAMPLES.update({name: _binary_example(name) for name in BINARY})
 EXAMPLES.update({
@@ -129,16 +136,22 @@ EXAMPLES.update({
     "linalg.solve": (lambda a, b, d, c: (sd.linalg.solve(a + 4.0 * snp.eye(3), b),
                                          sd.linalg.solve(_square(d), c, solver="splu")),
                      (_f64(3, 3), _f64(3, 2), _f64(6), _f64(4))),
-    "linalg.factor": (lambda b: _factor_example(b, transpose=False), (_f64(3, 2),)),
+    "linalg.factor": (lambda a, b, d, c: _factor_example(a, b, d, c, transpose=False),
+                      (_f64(3, 3), _f64(3, 2), _f64(6), _f64(4))),
     "linalg.solve_operator": (
         lambda th, b: sd.linalg.solve(
             sd.linalg.operator(lambda v: snp.exp(th) * v + 0.3 * (_A33 @ v), (3, 3)), b,
             solver="gmres", tol=1e-13),
         (_f64(3), _f64(3))),
-    "linalg.backsolve": (lambda b: _factor_example(b, transpose=True), (_f64(3),)),
+    "linalg.backsolve": (lambda a, b, d, c: _factor_example(a, b, d, c, transpose=True),
+                         (_f64(3, 3), _f64(3), _f64(6), _f64(4, 2))),
+    "linalg.rcond": (lambda a, d: _rcond_example(a, d, shared=False), (_f64(3, 3), _f64(6))),
+    "linalg.factor_rcond": (lambda a, d: _rcond_example(a, d, shared=True),
+                            (_f64(3, 3), _f64(6))),
     "fft": (_fft_example, (_f64(4, 6), _c128(4, 6))),
     "call": (lambda x, y: sd.call(sd.trace(lambda a, b: (a * b, a - b), x, y), x, y),
              (_f64(3), _f64(3))),
+    "stop_gradient": (lambda x: _logsumexp(x), (_f64(5),)),
 })
 
 

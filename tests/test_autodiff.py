@@ -58,6 +58,12 @@ def test_complex_binary_rules(name, rng):
                            seed=int(rng.integers(2**31)))
 
 
+def test_convert_rules_between_real_and_complex(rng):
+    sd.testing.check_rules(
+        lambda x, z: (snp.astype(x, np.complex128), snp.astype(z, np.float64)),
+        rng.standard_normal(4), _c(rng, 3), seed=int(rng.integers(2**31)))
+
+
 @pytest.mark.parametrize("fn", [
     lambda a, b: a @ b,
     lambda a, b: snp.einsum("ij,jk->ki", a, b),
@@ -279,6 +285,72 @@ def test_has_aux():
 def test_jvp_tangent_type_must_match():
     with pytest.raises(ShapeError, match="jvp: a tangent must have its primal's shape"):
         sd.jvp(lambda x: x * 2, (np.ones(3),), (np.ones(2),))
+    with pytest.raises(DTypeError, match=r"jvp: a tangent must have its primal's dtype: "
+                                         r"primal f64\[3\] needs a float64 tangent, got "
+                                         r"f32\[3\]"):
+        sd.jvp(lambda x: x * 2, (np.ones(3),), (np.ones(3, np.float32),))
+
+
+def test_vjp_cotangent_dtype_is_a_dtype_error():
+    _, vjp_fn = sd.vjp(lambda x: snp.sin(x), np.ones(3))
+    with pytest.raises(DTypeError, match=r"vjp: a cotangent must have its output's dtype: "
+                                         r"output f64\[3\] needs a float64 cotangent, got "
+                                         r"f32\[3\]"):
+        vjp_fn(np.ones(3, np.float32))
+    with pytest.raises(ShapeError, match=r"cotangent must have its output's shape: output "
+                                         r"f64\[3\], cotangent f64\[2\]"):
+        vjp_fn(np.ones(2))
+
+    def inside(x):  # the same check while tracing
+        _, pullback = sd.vjp(lambda x: snp.sin(x), x)
+        return pullback(snp.astype(x, np.float32))
+
+    with pytest.raises(DTypeError, match="needs a float64 cotangent, got f32"):
+        sd.trace(inside, np.ones(3))
+
+
+# ---------------------------------------------------------------------------
+# stop_gradient
+
+
+def test_stop_gradient_is_identity_with_zero_derivative(x64):
+    f = lambda x: x * sd.stop_gradient(x) + snp.sin(sd.stop_gradient(x) * x)  # noqa: E731
+    fj = lambda x: x * jax.lax.stop_gradient(x) + jnp.sin(jax.lax.stop_gradient(x) * x)  # noqa
+    x = 0.7
+    assert float(sd.function(f)(x)) == pytest.approx(float(fj(x)), rel=1e-15)
+    _close(sd.grad(f)(x), jax.grad(fj)(x), 1e-14)
+    _close(sd.jvp(f, (x,), (1.0,)), jax.jvp(fj, (x,), (1.0,)), 1e-14)
+    _close(sd.vjp(f, x)[1](1.0), jax.vjp(fj, x)[1](1.0), 1e-14)
+    _close(sd.grad(sd.grad(f))(x), jax.grad(jax.grad(fj))(x), 1e-14)
+    _close(sd.hvp(lambda v: snp.sum(f(v)), np.full(2, x), np.ones(2)),
+           jax.jvp(jax.grad(lambda v: jnp.sum(fj(v))), (np.full(2, x),), (np.ones(2),))[1],
+           1e-14)
+    assert float(sd.grad(lambda x: sd.stop_gradient(x) ** 2)(3.0)) == 0.0
+
+
+def test_stop_gradient_passes_non_floats_and_pytrees_through():
+    n = np.arange(3)
+    assert sd.stop_gradient(n) is n
+    out = sd.stop_gradient({"a": np.ones(2), "n": n, "s": 2.0})
+    assert out["n"] is n and float(out["s"]) == 2.0
+    np.testing.assert_array_equal(out["a"], np.ones(2))
+    g = sd.trace(lambda x, k: sd.stop_gradient((x, k)), np.ones(2), n)
+    assert [nd.primitive.name for nd in g.nodes] == ["stop_gradient"]  # not on `k`
+
+
+def test_stop_gradient_survives_optimize():
+    def f(x):
+        c = sd.stop_gradient(snp.cos(x))
+        return snp.sum(snp.sin(x) * c * 1.0)
+
+    x = np.linspace(0.0, 1.0, 4)
+    g = sd.graph.passes.optimize(sd.trace(f, x))
+    assert "stop_gradient" in str(g)
+    vg = sd.graph.vjp_graph(g)
+    fwd = sd.graph.evaluate(vg.forward, x)
+    (gx,) = sd.graph.evaluate(vg.backward, *fwd[1:], np.float64(1.0))
+    np.testing.assert_allclose(gx, np.cos(x) * np.cos(x), rtol=1e-14)
+    np.testing.assert_allclose(sd.grad(f)(x), np.cos(x) * np.cos(x), rtol=1e-14)
 
 
 def test_missing_jvp_rule_is_named():
@@ -287,3 +359,73 @@ def test_missing_jvp_rule_is_named():
     p.def_impl(lambda x: x * 2)
     with pytest.raises(sd.errors.MissingRuleError, match="`test_ad_nojvp` has no JVP rule"):
         sd.grad(lambda x: snp.sum(p(x)))(np.ones(2))
+
+
+# ---------------------------------------------------------------------------
+# derivative nodes point at the user's line of the node they come from
+
+
+def _line_of(fn, text: str) -> int:
+    """The line number of the first line of `fn`'s source containing `text`."""
+    import inspect
+
+    lines, start = inspect.getsourcelines(fn)
+    return start + next(i for i, line in enumerate(lines) if text in line)
+
+
+def _singular_objective(p):
+    a = snp.asarray(np.array([[1.0, 2.0], [2.0, 4.0]])) * p
+    x = sd.linalg.solve(a, np.ones(2))
+    return snp.sum(x)
+
+
+def test_run_time_error_inside_grad_names_the_users_line():
+    this = test_run_time_error_inside_grad_names_the_users_line
+    with pytest.raises(sd.errors.SingularMatrixError) as excinfo:
+        sd.grad(_singular_objective)(1.0)  # the line of the call: not the one named
+    text = str(excinfo.value)
+    assert f"test_autodiff.py:{_line_of(_singular_objective, 'sd.linalg.solve')}" in text
+    assert f"test_autodiff.py:{_line_of(this, 'sd.grad(_singular_objective)')}" not in text
+
+
+def test_derivative_graph_shows_the_users_lines():
+    def f(x):
+        y = snp.sin(x) * x
+        return snp.sum(y ** 2)
+
+    g = sd.trace(sd.grad(f), np.ones(3))
+    lines = {_line_of(f, "snp.sin(x) * x"), _line_of(f, "snp.sum(y ** 2)")}
+    call_line = _line_of(test_derivative_graph_shows_the_users_lines, "sd.trace(sd.grad(f)")
+    sources = [n.source.line for n in g.nodes if n.source is not None]
+    assert set(sources) <= lines | {call_line}, g
+    # every node but the seed cotangent (`1.0`, made by `sd.grad` itself)
+    # comes from one of f's lines
+    assert sum(line == call_line for line in sources) == 1, g
+    assert {n.source.line for n in g.nodes if n.primitive.name == "cos"} == \
+        {_line_of(f, "snp.sin(x) * x")}
+    sd.graph.verify(g)
+    # forward mode the same
+    j = sd.trace(lambda x: sd.jvp(f, (x,), (snp.ones_like(x),))[1], np.ones(3))
+    assert {n.source.line for n in j.nodes if n.primitive.name == "cos"} == \
+        {_line_of(f, "snp.sin(x) * x")}
+
+
+def test_rule_error_while_differentiating_names_the_users_line():
+    # a JVP that uses a primitive without a transpose rule: reverse mode
+    # transposes the JVP and fails; the error names the line of `p(x)` in f
+    q = sd.primitive("test_ad_src_no_transpose")
+    q.def_abstract_eval(lambda t: t)
+    q.def_impl(lambda t: 2 * t)
+    p = sd.primitive("test_ad_src_outer")
+    p.def_abstract_eval(lambda x: x)
+    p.def_impl(lambda x: x ** 2)
+    p.def_jvp(lambda primals, tangents: (p(primals[0]), q(tangents[0]) * primals[0]))
+
+    def f(x):
+        y = snp.exp(x)
+        return snp.sum(p(y))
+
+    with pytest.raises(sd.errors.MissingRuleError,
+                       match="`test_ad_src_no_transpose` has no transpose rule") as excinfo:
+        sd.grad(f)(np.ones(2))
+    assert f"test_autodiff.py:{_line_of(f, 'p(y)')}" in str(excinfo.value)

@@ -884,6 +884,82 @@ def test_numpy_functions_without_sciad_equivalent_raise_tracer_error(rng, f):
         sd.function(f)(rand(rng, (3,), F64))
 
 
+def test_dispatch_is_by_numpy_function_not_by_name(rng):
+    # numpy.emath.sqrt is called `sqrt` too, but returns complex numbers for
+    # negative input: it must not run snp.sqrt (NaN there)
+    x = np.array([-4.0, 1.0, 9.0])
+    with pytest.raises(TracerError) as excinfo:
+        sd.function(lambda a: np.emath.sqrt(a))(x)
+    text = str(excinfo.value)
+    assert "numpy.emath.sqrt has no sciad equivalent" in text
+    assert "snp.sqrt(snp.astype(x, complex))" in text
+    assert THIS_FILE in text
+    np.testing.assert_allclose(
+        sd.function(lambda a: snp.sqrt(snp.astype(a, complex)))(x), np.emath.sqrt(x))
+
+    # the aliases NumPy gives one function object, and numpy.fft, still dispatch
+    y = rand(rng, (2, 4), F64, 0.1, 2)
+    f = lambda a: (np.sqrt(a), np.sum(a, axis=1), np.fft.rfft(a), np.absolute(-a),  # noqa
+                   np.abs(-a), np.conj(a), np.true_divide(a, 3.0), np.mod(a, 0.7),
+                   np.amax(a, axis=0), np.amin(a), np.bitwise_not(a > 1), a @ np.ones(4),
+                   np.matmul(np.ones(2), a))
+    check(compiled(f, y), f(y))
+    g = sd.trace(f, y)
+    assert {n.primitive.name for n in g.nodes} >= {"sqrt", "reduce_sum", "fft", "abs",
+                                                   "div", "remainder", "reduce_max",
+                                                   "reduce_min", "invert", "matmul"}
+
+
+def sqrt(x):
+    """Another library's `sqrt`, dispatched the NumPy way (NEP 18)."""
+    return x.__array_function__(sqrt, (type(x),), (x,), {})
+
+
+def test_a_foreign_function_named_like_a_numpy_one_is_not_run_as_it(rng):
+    with pytest.raises(TracerError) as excinfo:
+        sd.trace(lambda a: sqrt(a), rand(rng, (3,), F64, 0.1, 2))
+    text = str(excinfo.value)
+    assert f"{__name__}.sqrt has no sciad equivalent" in text
+    assert "`snp.sqrt` implements `numpy.sqrt`, which is a different function" in text
+
+
+def test_numpy_arguments_are_bound_by_numpys_signature(rng):
+    x = rand(rng, (3, 4), F64)
+    # positionally, NumPy's fourth argument of `sum` is `out`, sciad's `keepdims`
+    f = lambda a: (np.sum(a, 0, None, None, True), np.mean(a, 1, keepdims=True),  # noqa
+                   np.reshape(a, shape=(4, 3)), np.einsum("ij->j", a, optimize=True),
+                   np.pad(a, 1, constant_values=2.0), np.clip(a, -1.0, 1.0))
+    check(compiled(f, x), f(x))
+    for bad, shown in [(lambda a: np.sum(a, initial=1.0), "`initial=1.0`"),
+                       (lambda a: np.reshape(a, (4, 3), order="F"), "`order='F'`"),
+                       (lambda a: np.sin(a, dtype=np.float32), "`dtype`")]:
+        with pytest.raises(TracerError, match=f"runs `sciad.numpy.[a-z]+`, which does "
+                                              f"not support {shown}"):
+            sd.trace(bad, x)
+    with pytest.raises(TracerError, match="numpy.linalg.solve has no sciad equivalent.*"
+                                          "sd.linalg.solve"):
+        sd.trace(lambda a: np.linalg.solve(a[:, :3], a[:, 3]), x)
+
+
+def test_every_numpy_namesake_is_dispatched_or_left_out_on_purpose():
+    from sciad._numpy_interop import NUMPY_FUNCTIONS
+    from sciad.graph._trace import _numpy_dispatch
+
+    # not dispatched: `norm` is `numpy.linalg.norm` (dispatched as such);
+    # `array`'s first parameter is `object`, and a traced value never reaches it
+    left_out = {"norm", "array"}
+    public = {k for k, v in vars(snp).items() if callable(v) and not k.startswith("_")
+              and getattr(v, "__module__", None) == "sciad.numpy"}
+    namesakes = {k for k in public if callable(getattr(np, k, None))}
+    for name in sorted(namesakes - left_out):
+        assert _numpy_dispatch.get(getattr(np, name)) is getattr(snp, name), name
+    assert set(NUMPY_FUNCTIONS) <= namesakes
+    assert _numpy_dispatch[np.linalg.norm] is snp.norm
+    for name in sd.fft.__all__:
+        assert _numpy_dispatch[getattr(np.fft, name)] is getattr(sd.fft, name)
+    assert all(not isinstance(k, str) for k in _numpy_dispatch)
+
+
 # ---------------------------------------------------------------------------
 # errors
 

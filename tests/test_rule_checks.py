@@ -147,6 +147,66 @@ def test_check_rules_insists_on_float64():
 
 
 # ---------------------------------------------------------------------------
+# functions that compute in lower precision than their float64 inputs
+
+
+@pytest.mark.parametrize("fn", [
+    pytest.param(lambda x: snp.astype(x, np.float32), id="astype-float32"),
+    pytest.param(lambda x: snp.astype(snp.sin(snp.astype(x, np.float32)), np.float64),
+                 id="float32-inside"),
+    pytest.param(lambda x: 100.0 + snp.astype(x, np.complex64) * 2.0, id="complex64"),
+    pytest.param(lambda x: sd.fft.rfft(snp.astype(x, np.float32)), id="rfft-float32"),
+])
+def test_lower_precision_functions_pass_with_scaled_tolerances(fn, rng):
+    for _ in range(3):  # fresh inputs and directions, seeded by the test's name
+        report = sd.testing.check_rules(fn, rng.standard_normal(8),
+                                        seed=int(rng.integers(2**31)))
+    assert report.precision == "float32"
+    assert report.jvp_error < 1e-3 and report.second_order_error < 1e-3
+    assert any("finite differences with step 4.92e-03 relative" in n for n in report.notes)
+    assert "precision='float32'" in repr(report)
+    # float64 functions are checked as before, and say nothing about it
+    plain = sd.testing.check_rules(lambda x: snp.sin(x), rng.standard_normal(3),
+                                   seed=int(rng.integers(2**31)))
+    assert plain.precision == "float64" and not plain.notes
+    assert "precision" not in repr(plain)
+
+
+def test_convert_primitive_to_float32_passes(rng):
+    report = sd.testing.check_rules(sd.primitives.convert_p, rng.standard_normal(5),
+                                    seed=int(rng.integers(2**31)), dtype=np.dtype(np.float32))
+    assert report.precision == "float32" and report.jvp_error < 1e-4
+
+
+def _sin32(jvp_factor: float):
+    """sin computed in float32 (a float32 output for a float64 input)."""
+    p = _prim("sin32")
+    p.def_abstract_eval(lambda x: sd.TensorType(x.shape, np.float32))
+    p.def_impl(lambda x: jnp.sin(x).astype(jnp.float32))
+
+    @p.def_jvp
+    def _jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        return p(x), snp.astype(jvp_factor * t * snp.cos(x), np.float32)
+
+    return p
+
+
+def test_float32_output_rules_are_still_checked(rng):
+    x = rng.standard_normal(6)
+    seed = int(rng.integers(2**31))
+    report = sd.testing.check_rules(_sin32(1.0), x, seed=seed)
+    assert report.precision == "float32" and report.jvp_error < 1e-4
+    with pytest.raises(RuleError, match=r"JVP rule disagrees with central finite "
+                                        r"differences: relative error 2\.0.*scaled for "
+                                        r"the float32 values in the graph"):
+        sd.testing.check_rules(_sin32(-1.0), x, seed=seed)
+    # a JVP off by 1% is far beyond float32's finite differences (about 1e-5)
+    with pytest.raises(RuleError, match=r"relative error 9\.[89]\d\de-03"):
+        sd.testing.check_rules(_sin32(1.01), x, seed=seed)
+
+
+# ---------------------------------------------------------------------------
 # taylor_test
 
 

@@ -19,6 +19,10 @@ Conventions:
   boolean values never do; their tangents are symbolic `Zero`s.
 - A `Zero(type)` is a symbolic zero: rules receive it and may return it;
   nothing is materialized for it unless a rule must (`instantiate`).
+- Nodes emitted on behalf of a node (its re-emission, its rules' nodes) carry
+  that node's `source` (`emitting_for`), so a derivative node, and an error
+  raised when it runs, names the user's line that created the node it comes
+  from, not the line that called `sd.grad`.
 - Complex numbers follow JAX: the transpose of a C-linear map is its plain
   (unconjugated) transpose, so `grad` of a real function of `z` is the
   conjugate of the Wirtinger-style gradient (`grad(|z|**2)(z) = 2 conj(z)`),
@@ -259,12 +263,10 @@ def jvp_eval(graph: Graph, primals: Sequence, tangents: Sequence):
         return Zero(_tangent_type(a.type)) if isinstance(a, Literal) else tenv[a]
 
     for node in graph.nodes:
-        try:
+        with emitting_for(node.source):  # also names the node in a rule's error
             outs, touts = jvp_node(node.primitive, [read(a) for a in node.inputs],
                                    [read_t(a) for a in node.inputs], dict(node.params),
                                    [v.type for v in node.outputs])
-        except (RuleError, MissingRuleError) as e:
-            raise e.with_source(node.source)
         for v, o, t in zip(node.outputs, outs, touts):
             env[v], tenv[v] = o, t
     return [read(a) for a in graph.outputs], [read_t(a) for a in graph.outputs]
@@ -301,8 +303,9 @@ def transpose_eval(graph: Graph, linear: Sequence[bool], values: Sequence,
             lin_nodes.append(node)
             lin_vars.update(node.outputs)
         else:
-            for v, o in zip(node.outputs, _bind(node.primitive, [read(a) for a in node.inputs],
-                                                dict(node.params))):
+            with emitting_for(node.source):
+                outs = _bind(node.primitive, [read(a) for a in node.inputs], dict(node.params))
+            for v, o in zip(node.outputs, outs):
                 env[v] = o
 
     ct_env: dict[Var, Any] = {}
@@ -323,7 +326,8 @@ def transpose_eval(graph: Graph, linear: Sequence[bool], values: Sequence,
         args = [UndefinedPrimal(a.type) if isinstance(a, Var) and a in lin_vars
                 else read(a) for a in node.inputs]
         ct_arg = tuple(node_cts) if prim.multiple_results else node_cts[0]
-        in_cts = prim.transpose_rule(ct_arg, *args, **node.params)
+        with emitting_for(node.source):
+            in_cts = prim.transpose_rule(ct_arg, *args, **node.params)
         in_cts = _as_ct_tuple(prim, in_cts, len(node.inputs), "transpose rule", node)
         for a, arg, ct in zip(node.inputs, args, in_cts):
             if ct is None or isinstance(ct, Zero):
@@ -333,7 +337,8 @@ def transpose_eval(graph: Graph, linear: Sequence[bool], values: Sequence,
                                 f"nonlinear operand {arg!r}; return None there.",
                                 op=prim.name, source=node.source)
             _check_tangent(prim, a.type, ct, "transpose rule")
-            ct_env[a] = add_tangents(ct_env.get(a, Zero(a.type)), ct)
+            with emitting_for(node.source):
+                ct_env[a] = add_tangents(ct_env.get(a, Zero(a.type)), ct)
     return [ct_env.get(v, Zero(_tangent_type(v.type)))
             for v, is_lin in zip(graph.inputs, linear) if is_lin]
 
@@ -401,8 +406,9 @@ def vjp_eval(graph: Graph, primals: Sequence):
         return literal_operand(a) if isinstance(a, Literal) else env[a]
 
     for node in graph.nodes:
-        for v, o in zip(node.outputs, _bind(node.primitive, [read(a) for a in node.inputs],
-                                            dict(node.params))):
+        with emitting_for(node.source):
+            node_outs = _bind(node.primitive, [read(a) for a in node.inputs], dict(node.params))
+        for v, o in zip(node.outputs, node_outs):
             env[v] = o
     outs = [read(a) for a in graph.outputs]
 
@@ -417,18 +423,16 @@ def vjp_eval(graph: Graph, primals: Sequence):
                 continue
             if not any(isinstance(a, Var) and is_differentiable(a.type) for a in node.inputs):
                 continue
-            try:
+            with emitting_for(node.source):  # also names the node in a rule's error
                 in_cts = vjp_node(node.primitive, [read(a) for a in node.inputs],
                                   [env[v] for v in node.outputs], node_cts,
                                   dict(node.params), node)
-            except (RuleError, MissingRuleError) as e:
-                raise e.with_source(node.source)
-            for a, ct in zip(node.inputs, in_cts):
-                if ct is None or isinstance(ct, Zero) or not isinstance(a, Var):
-                    continue
-                if not is_differentiable(a.type):
-                    continue
-                ct_env[a] = add_tangents(ct_env.get(a, Zero(a.type)), ct)
+                for a, ct in zip(node.inputs, in_cts):
+                    if ct is None or isinstance(ct, Zero) or not isinstance(a, Var):
+                        continue
+                    if not is_differentiable(a.type):
+                        continue
+                    ct_env[a] = add_tangents(ct_env.get(a, Zero(a.type)), ct)
         return [ct_env.get(v, Zero(_tangent_type(v.type))) for v in graph.inputs]
 
     return outs, backward

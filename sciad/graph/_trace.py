@@ -18,16 +18,54 @@ import numpy as np
 
 from ..errors import DTypeError, SciadError, TracerError
 from ._core import Graph, Literal, Node, Primitive, Var
-from ._source import source_from_traceback, user_source
+from ._source import SourceInfo, source_from_traceback, user_source
 from ._types import AbstractType, SparseArray, SparseType, TensorType
 
 
 class _State(threading.local):
     def __init__(self):
         self.stack: list[GraphBuilder] = []
+        # the source of the node the AD transforms are emitting nodes for
+        self.source: SourceInfo | None = None
 
 
 _state = _State()
+
+
+class emitting_for:
+    """`with emitting_for(node.source):` attributes what is recorded inside
+    to that node.
+
+    The AD transforms emit nodes on behalf of a node of the graph they
+    differentiate: its re-emission, and the nodes of its JVP, VJP and
+    transpose rules. The innermost user frame is then the line that called
+    `sd.grad(f)(x)`, so those nodes would all point there; instead they (and
+    the sciad errors raised while they are recorded) carry the source of the
+    node they stand for, the line in `f`. A `None` source (a graph built by
+    hand) leaves the enclosing one in place.
+    """
+
+    __slots__ = ("source", "_outer")
+
+    def __init__(self, source: SourceInfo | None):
+        self.source = source
+
+    def __enter__(self) -> None:
+        self._outer = _state.source
+        if self.source is not None:
+            _state.source = self.source
+
+    def __exit__(self, typ, err, tb) -> bool:
+        _state.source = self._outer
+        if isinstance(err, SciadError) and self.source is not None:
+            err.with_source(self.source)
+        return False
+
+
+def current_source() -> SourceInfo | None:
+    """The source of a node recorded now: the node being differentiated (see
+    `emitting_for`), else the innermost user frame."""
+    return _state.source or user_source()
 
 
 class GraphBuilder:
@@ -80,7 +118,7 @@ def _foreign_tracer(x: "Tracer", op: str) -> TracerError:
         f"a traced value {x._var.type.str_short()} from a finished trace "
         f"({x._builder.name}) was used. Values computed inside a traced function "
         "cannot be kept and used after it returns; return them instead.", op=op,
-        source=user_source())
+        source=current_source())
 
 
 def literal_of(x, op: str = "trace") -> Literal:
@@ -96,18 +134,18 @@ def literal_of(x, op: str = "trace") -> Literal:
         raise TracerError(
             "a JAX traced value cannot be captured as a sciad constant. Pass it as "
             "an argument of the sciad function (or use `sd.to_jax`).", op=op,
-            source=user_source())
+            source=current_source())
     if isinstance(x, (Graph, Var)) or callable(x) and not hasattr(x, "__array__"):
         raise TypeError(f"{op}: expected an array or a scalar operand, got {x!r}.")
     try:
         value = np.asarray(x)
     except Exception as e:
         raise DTypeError(f"cannot use {type(x).__name__} {x!r} as an array: {e}",
-                         op=op, source=user_source()) from None
+                         op=op, source=current_source()) from None
     if value.dtype == object or value.dtype.kind in "USVMm":
         raise DTypeError(
             f"expected a numeric array or scalar, got {type(x).__name__} with dtype "
-            f"{value.dtype}.", op=op, source=user_source())
+            f"{value.dtype}.", op=op, source=current_source())
     return Literal(value)
 
 
@@ -190,7 +228,7 @@ class Tracer:
             "tracing. Python control flow on traced values (`if x > 0:`, "
             "`while err > tol:`) needs a data-dependent control-flow op "
             "(`sd.cond` / `sd.while_loop`); for elementwise choices use "
-            "`snp.where(cond, a, b)`.", op="trace", source=user_source())
+            "`snp.where(cond, a, b)`.", op="trace", source=current_source())
 
     def __bool__(self):
         self._concrete("the truth value")
@@ -208,37 +246,37 @@ class Tracer:
         self._concrete("using it as an index")
 
     # NumPy's dispatch protocols (NEP 13, NEP 18): `np.sin(x)`, `np.sum(x)` and
-    # `ndarray * x` on a traced `x` run the `sciad.numpy` function of that name.
+    # `ndarray * x` on a traced `x` run the sciad function registered for that
+    # NumPy function object (see `sciad._numpy_interop`); others raise.
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        fn = _numpy_dispatch.get(ufunc.__name__) if method == "__call__" else None
-        if fn is None or "out" in kwargs:
-            self._no_numpy(f"numpy.{ufunc.__name__}" + ("" if method == "__call__"
-                                                        else f".{method}"))
-        return fn(*inputs, **kwargs)
+        return _numpy_call(ufunc, method, inputs, kwargs, self)
 
     def __array_function__(self, func, types, args, kwargs):
-        fn = _numpy_dispatch.get(func.__name__)
-        if fn is None:
-            self._no_numpy(f"numpy.{func.__name__}")
-        return fn(*args, **kwargs)
-
-    def _no_numpy(self, what: str):
-        raise TracerError(
-            f"{what} has no sciad equivalent, so it cannot take a traced value "
-            f"{self._var.type.str_short()}. Use `sciad.numpy` (snp) functions inside "
-            "traced functions.", op="trace", source=user_source())
+        return _numpy_call(func, None, args, kwargs, self)
 
     def __array__(self, *args, **kwargs):
         raise TracerError(
             f"a traced value {self._var.type.str_short()} cannot be converted to a "
             "NumPy array. Use `sciad.numpy` (snp) functions instead of `numpy` ones "
-            "inside traced functions.", op="trace", source=user_source())
+            "inside traced functions.", op="trace", source=current_source())
 
     __hash__ = None  # `==` builds a graph node, so tracers are unhashable
 
 
-# numpy function/ufunc name -> sciad.numpy function; filled by sciad.numpy
-_numpy_dispatch: dict[str, Callable] = {}
+# NumPy function or ufunc object (not its name) -> the sciad function with its
+# semantics, and the handler that uses the table; both set by
+# `sciad._numpy_interop.install` when `sciad.numpy` is imported
+_numpy_dispatch: dict[object, Callable] = {}
+_numpy_handler: Callable | None = None
+
+
+def _numpy_call(func, method, args, kwargs, tracer: Tracer):
+    if _numpy_handler is None:
+        raise TracerError(
+            f"NumPy's `{getattr(func, '__name__', func)}` cannot take a traced value "
+            f"{tracer.type.str_short()}. Use `sciad.numpy` (snp) functions inside traced "
+            "functions.", op="trace", source=current_source())
+    return _numpy_handler(func, method, args, kwargs, tracer)
 
 
 def _check_params(prim: Primitive, params: dict) -> None:
@@ -263,7 +301,7 @@ def bind(prim: Primitive, args: Sequence, params: dict):
     atoms = tuple(builder.atom(a, prim.name) for a in args)
     out_types = _abstract_eval(prim, [a.type for a in atoms], params)
     outs = tuple(Var(t) for t in out_types)
-    builder.nodes.append(Node(prim, atoms, outs, params, frozenset(), user_source()))
+    builder.nodes.append(Node(prim, atoms, outs, params, frozenset(), current_source()))
     tracers = tuple(Tracer(builder, v) for v in outs)
     return tracers if prim.multiple_results else tracers[0]
 
@@ -274,7 +312,7 @@ def _abstract_eval(prim: Primitive, in_types, params):
     except SciadError as e:
         if e.op is None:
             e.op = prim.name
-        raise e.with_source(user_source()) from None
+        raise e.with_source(current_source()) from None
 
 
 def _eager(prim: Primitive, args, params):
@@ -405,7 +443,7 @@ def trace_flat(fn: Callable, args: tuple, kwargs: dict | None = None, *,
             f"a traced value {t.type.str_short()} of the enclosing trace "
             f"({t._builder.name}) was used inside a nested trace. Pass it as an "
             "argument to the inner function instead of capturing it.", op="trace",
-            source=user_source())
+            source=current_source())
     return graph, in_tree, out_tree
 
 

@@ -1,12 +1,14 @@
 """The built-in primitives, one module per family, each rule beside its op."""
 
 from . import _call, _contract, _creation, _elementwise, _fft, _indexing, _reduce, _shape, _sparse, _linalg
+from . import _stop_gradient
 from ._call import call as call, call_p as call_p
 from ._from_jax import primitive_from_jax as primitive_from_jax
 from ._contract import einsum_p as einsum_p, matmul_p as matmul_p, parse_spec as parse_spec
 from ._creation import arange_p as arange_p, eye_p as eye_p, full_p as full_p
 from ._creation import linspace_p as linspace_p
 from ._fft import fft_p as fft_p
+from ._stop_gradient import stop_gradient as stop_gradient, stop_gradient_p as stop_gradient_p
 from ._elementwise import (
     binary_primitives as binary_primitives,
     convert_p as convert_p,
@@ -31,3 +33,4 @@ from ._shape import (
 )
 
 del _call, _contract, _creation, _elementwise, _fft, _indexing, _reduce, _shape, _sparse, _linalg
+del _stop_gradient
