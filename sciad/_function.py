@@ -62,6 +62,10 @@ class Function(functools.partial):
     run-time checks and re-raises their failures as sciad errors. (Before
     the first trace, and once a graph with checks was traced, the wrapper
     is used.)
+
+    `sciad.config.enable_checks` is part of the cache key: there is one
+    `jax.jit` object per setting, and the function switches to the one of
+    the current setting when it changes.
     """
 
     def __new__(cls, fn: Callable, *, static_argnums: int | Sequence[int] = (),
@@ -76,6 +80,20 @@ class Function(functools.partial):
         # asynchronously; on a GPU the program is still running on return).
         sync = False
         global_x64 = bool(_X64.value)  # (inside a trace, the scoped value is on)
+        jitted_by_checks: dict[bool, Callable] = {}
+
+        def jitted_for(checks: bool):
+            j = jitted_by_checks.get(checks)
+            if j is None:
+                def body(*args, **kwargs):
+                    return holder[0]._traced_body(*args, **kwargs)
+
+                body.__name__ = body.__qualname__ = getattr(fn, "__name__", "function")
+                j = jitted_by_checks[checks] = jax.jit(
+                    body, static_argnums=static_argnums, static_argnames=static_argnames)
+            return j
+
+        current = [jitted_for(config.enable_checks)]
 
         def set_sync():
             nonlocal sync
@@ -90,19 +108,18 @@ class Function(functools.partial):
             # without the wrapper: if its check fails, the error arrives as
             # JAX's runtime error carrying sciad's message, not as the sciad
             # exception; later calls get the wrapper.)
-            if global_x64 and not sync and holder[0].func is not jitted:
-                holder[0]._use(jitted)
+            if global_x64 and not sync and holder[0].func is not current[0]:
+                holder[0]._use(current[0])
 
-        def body(*args, **kwargs):
-            return holder[0]._traced_body(*args, **kwargs)
+        def checks_changed():
+            current[0] = jitted_for(config.enable_checks)
+            if holder[0].func in jitted_by_checks.values():
+                holder[0]._use(current[0])
 
-        body.__name__ = body.__qualname__ = getattr(fn, "__name__", "function")
-        jitted = jax.jit(body, static_argnums=static_argnums,
-                         static_argnames=static_argnames)
         if global_x64:
             def call(*args, **kwargs):
                 try:
-                    out = jitted(*args, **kwargs)
+                    out = current[0](*args, **kwargs)
                     if sync:  # run-time checks: their errors surface here
                         jax.block_until_ready(out)
                     return out
@@ -116,7 +133,7 @@ class Function(functools.partial):
                 # `jax.enable_x64` context manager ~2 us.
                 prev = _X64.swap_local(True)
                 try:
-                    out = jitted(*args, **kwargs)
+                    out = current[0](*args, **kwargs)
                     if sync:
                         jax.block_until_ready(out)
                     return out
@@ -132,9 +149,11 @@ class Function(functools.partial):
         self.static_argnums = static_argnums
         self.static_argnames = static_argnames
         self.graphs: list[Graph] = []  # one per traced signature, in order
-        self._jitted = jitted
+        self._current = current
         self._set_sync = set_sync
         self._traced_without_checks = traced_without_checks
+        self._checks_changed = checks_changed
+        config.watch_checks(self)
         return self
 
     def _use(self, func: Callable) -> None:
@@ -186,7 +205,7 @@ class Function(functools.partial):
     def lower(self, *args, **kwargs):
         """JAX's `Lowered` for these arguments (`.as_text()` shows StableHLO)."""
         with config.x64_scope():
-            return self._jitted.lower(*args, **kwargs)
+            return self._current[0].lower(*args, **kwargs)
 
     @property
     def trace_count(self) -> int:

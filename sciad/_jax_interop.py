@@ -36,8 +36,9 @@ from jax.extend.core import Primitive as JaxPrimitive
 from jax.interpreters import ad, batching, mlir
 
 from . import config
-from .errors import NotSupportedError, SciadError
-from .graph import Graph, Literal, format_node, is_differentiable, jvp_graph, lower
+from .errors import NotSupportedError, SciadError, runtime_error_from
+from .graph import Graph, Literal, format_node, is_differentiable, lower
+from .graph._types import FactorType, leaf_types
 from .graph import trace_flat, verify, vjp_graph
 from .graph.passes import optimize
 
@@ -48,8 +49,62 @@ _tree = jax.tree_util
 # One graph as a JAX function with sciad's derivatives
 
 
+def _flat_lower(graph: Graph) -> Callable:
+    """`graph` lowered as a function of flat arrays: each value is the arrays
+    of its type's `leaf_types` (one for a tensor or a sparse matrix's data,
+    several for a factorization), inputs and outputs alike."""
+    lowered = lower(graph)
+    in_sizes = [len(leaf_types(v.type)) for v in graph.inputs]
+    out_kinds = [isinstance(a.type, FactorType) for a in graph.outputs]
+
+    def run(*leaves):
+        args, i = [], 0
+        for v, k in zip(graph.inputs, in_sizes):
+            args.append(tuple(leaves[i:i + k]) if isinstance(v.type, FactorType)
+                        else leaves[i])
+            i += k
+        flat = []
+        for o, is_factor in zip(lowered(*args), out_kinds):
+            flat.extend(o if is_factor else (o,))
+        return flat
+
+    run.__name__ = graph.name
+    return run
+
+
+def _leaf_positions(values) -> tuple[list[int], int]:
+    """The position of each value's first leaf, and the number of leaves."""
+    starts, i = [], 0
+    for v in values:
+        starts.append(i)
+        i += len(leaf_types(v.type))
+    return starts, i
+
+
+def _tangent_graph(graph: Graph) -> Graph:
+    """`(*primals, *tangents of the float and complex inputs) -> tangents of
+    the float and complex outputs` (a factorization output has none)."""
+    from .graph import Zero, instantiate, jvp_eval
+
+    diff = [i for i, v in enumerate(graph.inputs) if is_differentiable(v.type)]
+    n = len(graph.inputs)
+
+    def fn(*args):
+        tangents: list = [Zero(v.type.update()) for v in graph.inputs]
+        for i, t in zip(diff, args[n:]):
+            tangents[i] = t
+        _, touts = jvp_eval(graph, args[:n], tangents)
+        return [instantiate(t) for t, a in zip(touts, graph.outputs)
+                if is_differentiable(a.type)]
+
+    in_types = list(graph.in_types) + [graph.inputs[i].type.update() for i in diff]
+    g, _, _ = trace_flat(fn, tuple(in_types), name=f"tangent_{graph.name}")
+    return g
+
+
 class _GraphFn:
-    """`graph` as a `jax.custom_jvp` of flat JAX arrays (`self.fn`).
+    """`graph` as a `jax.custom_jvp` of flat JAX arrays (`self.fn`): the
+    leaves of its inputs (see `_flat_lower`) in, of its outputs out.
 
     The derivative graphs are built on first use: a function only ever
     differentiated in reverse mode never needs JVP rules beyond those its
@@ -59,13 +114,17 @@ class _GraphFn:
 
     def __init__(self, graph: Graph):
         self.graph = graph
-        self.n_in = len(graph.inputs)
-        self.n_out = len(graph.outputs)
-        self.diff_in = [i for i, v in enumerate(graph.inputs)
+        in_starts, self.n_in = _leaf_positions(graph.inputs)
+        out_starts, self.n_out = _leaf_positions(graph.outputs)
+        self.out_leaf_types = [t for a in graph.outputs for t in leaf_types(a.type)]
+        # differentiable values are tensors or sparse data: one leaf each
+        self.diff_in = [in_starts[i] for i, v in enumerate(graph.inputs)
                         if is_differentiable(v.type)]
-        self.diff_out = [i for i, a in enumerate(graph.outputs)
+        self.diff_out = [out_starts[i] for i, a in enumerate(graph.outputs)
                          if is_differentiable(a.type)]
-        self.run = jax.jit(lower(graph))
+        self.diff_out_types = [graph.outputs[i].type for i, a in enumerate(graph.outputs)
+                               if is_differentiable(a.type)]
+        self.run = jax.jit(_flat_lower(graph))
         self.fn = jax.custom_jvp(self._primal)
         self.fn.defjvp(self._jvp)
         self._vjp: tuple | None = None
@@ -76,8 +135,10 @@ class _GraphFn:
 
     # -- derivative graphs, built once each ---------------------------------
     def vjp(self):
-        """`(jitted forward, backward _GraphFn, n_saved)`, or the `SciadError`
-        that building the VJP raised (re-raised only if reverse mode is used)."""
+        """`(forward, backward _GraphFn, n_saved)`, or the `SciadError`
+        that building the VJP raised (re-raised only if reverse mode is used).
+        The forward's results are the outputs' leaves, then the saved
+        values' (a factorization saved for the backward pass is its arrays)."""
         if self._vjp is None:
             try:
                 v = vjp_graph(self.graph)
@@ -86,8 +147,10 @@ class _GraphFn:
                 if config.enable_checks:
                     verify(forward)
                     verify(backward)
-                self._vjp = (jax.jit(lower(forward)), _GraphFn(backward),
-                             len(forward.outputs) - self.n_out)
+                # the forward half is a _GraphFn too: at second order (the
+                # rule itself differentiated) its derivatives are sciad's
+                self._vjp = (_GraphFn(forward).fn, _GraphFn(backward),
+                             _leaf_positions(forward.outputs)[1] - self.n_out)
             except SciadError as e:
                 self._vjp = (e,)
         return self._vjp
@@ -96,33 +159,62 @@ class _GraphFn:
         """`(lowered, _GraphFn)` of the tangent map `(*primals, *tangents) ->
         tangents of the float and complex outputs`, from `jvp_graph`."""
         if self._tangent is None:
-            jg = jvp_graph(self.graph)
-            outs = tuple(jg.outputs[self.n_out + i] for i in self.diff_out)
-            t = optimize(Graph(jg.inputs, jg.nodes, outs, f"tangent_{self.graph.name}"))
+            t = optimize(_tangent_graph(self.graph))
             if config.enable_checks:
                 verify(t)
-            self._tangent = (lower(t), _GraphFn(t))
+            self._tangent = (_flat_lower(t), _GraphFn(t))
         return self._tangent
 
     # -- the custom JVP rule -------------------------------------------------
     def _jvp(self, primals, tangents):
-        primals = list(primals)
-        out_types = [a.type for a in self.graph.outputs]
+        primals = [_canonical(p) for p in primals]
+        tangents = [_canonical(t) for t in tangents]
         if not self.diff_in or not self.diff_out:
             outs = self.run(*primals)
-            return outs, [_zero_tangent(t.shape, t.dtype) for t in out_types]
+            return outs, [_zero_tangent(t.shape, t.dtype) for t in self.out_leaf_types]
         vjp = self.vjp()
         if isinstance(vjp[0], SciadError):
             outs, saved = self.run(*primals), []
         else:
-            res = vjp[0](*primals)
+            res = _raising(vjp[0], primals)
             outs, saved = res[: self.n_out], res[self.n_out:]
         t_in = [tangents[i] for i in self.diff_in]
         t_diff = iter(linear_p.bind(*primals, *saved, *t_in, fn=self,
                                     n_saved=len(saved), levels=()))
-        touts = [next(t_diff) if i in self.diff_out else _zero_tangent(t.shape, t.dtype)
-                 for i, t in enumerate(out_types)]
+        diff_out = set(self.diff_out)
+        touts = [next(t_diff) if i in diff_out else _zero_tangent(t.shape, t.dtype)
+                 for i, t in enumerate(self.out_leaf_types)]
         return list(outs), touts
+
+
+def _canonical(x):
+    """A JAX value for `x`: JAX hands rules the caller's own NumPy values
+    where it does not trace them, also as the value inside a `vmap` tracer
+    (which a `custom_jvp` called with it then trips over, inside `jit`).
+    `float0` zeros stay as they are."""
+    if isinstance(x, jax.core.Tracer) and isinstance(getattr(x, "val", None), np.ndarray):
+        return x + np.zeros((), x.dtype)  # the same values, as a JAX array
+    if isinstance(x, (jax.Array, jax.core.Tracer)) or (
+            isinstance(x, np.ndarray) and x.dtype == jax.dtypes.float0):
+        return x
+    return jnp.asarray(x)
+
+
+def _raising(f: Callable, args):
+    """`f(*args)`; where it runs here (not traced by an enclosing
+    `jax.jit`), a failed run-time check is raised as the sciad error it
+    names, not as JAX's runtime error carrying its text. (Under your own
+    `jax.jit` the program runs after this returns: see `sciad.errors.unwrapped`.)"""
+    try:
+        out = f(*args)
+        if not any(isinstance(a, jax.core.Tracer) for a in jax.tree_util.tree_leaves(args)):
+            out = jax.block_until_ready(out)
+        return out
+    except Exception as e:
+        err = runtime_error_from(e)
+        if err is None:
+            raise
+        raise err from None
 
 
 def _zero_tangent(shape, dtype):
@@ -175,8 +267,8 @@ def _linear_impl(*args, fn: _GraphFn, n_saved: int, levels):
 
 def _linear_abstract_eval(*avals, fn: _GraphFn, n_saved: int, levels):
     prefix = tuple(size for _, size in reversed(levels))
-    return [jax.core.ShapedArray(prefix + fn.graph.outputs[i].type.shape,
-                                 fn.graph.outputs[i].type.dtype) for i in fn.diff_out]
+    return [jax.core.ShapedArray(prefix + t.shape, t.dtype)
+            for t in (leaf_types(u)[0] for u in fn.diff_out_types)]
 
 
 def _linear_jvp(primals, tangents, *, fn: _GraphFn, n_saved: int, levels):
@@ -216,7 +308,7 @@ def _linear_transpose(cts, *args, fn: _GraphFn, n_saved: int, levels):
     b = backward.fn
     for in_axes, size in levels:
         b = _vmap_transposed(b, in_axes, size, fn, n_saved, len(cts))
-    t_cts = b(*saved, *cts)
+    t_cts = _raising(b, [*saved, *cts])
     return [None] * (fn.n_in + n_saved) + [c if lin else None
                                            for c, lin in zip(t_cts, linear)]
 
@@ -325,12 +417,13 @@ class _ToJax:
         leaves, in_tree = _tree.tree_flatten((args, kwargs))
         leaves = [x if isinstance(x, jax.Array) else jnp.asarray(x) for x in leaves]
         x64 = config.x64_enabled()
-        key = (in_tree, tuple((tuple(x.shape), np.dtype(x.dtype)) for x in leaves), x64)
+        key = (in_tree, tuple((tuple(x.shape), np.dtype(x.dtype)) for x in leaves),
+               bool(config.enable_checks), x64)
         entry = self._cache.get(key)
         if entry is None:
             entry = self._compile(key, args, kwargs, leaves)
         gfn, out_tree = entry
-        return _tree.tree_unflatten(out_tree, list(gfn.fn(*leaves)))
+        return _tree.tree_unflatten(out_tree, list(_raising(gfn.fn, leaves)))
 
     @property
     def trace_count(self) -> int:

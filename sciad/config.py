@@ -1,36 +1,78 @@
 """Global switches.
 
-- `enable_checks` (default False): verify every graph after each pass and
-  transform, and check structure tags where they are introduced. The test
-  suite turns it on; it costs trace time, never run time.
+- `enable_checks` (default False): the expensive checks. Verify every graph
+  after each pass and transform (trace time), and estimate the condition
+  number of every sparse direct solve (a few extra triangular solves per
+  factorization, run time), so an ill-conditioned sparse system warns even
+  when its residual is small. The cheap checks (finiteness, symmetry tags,
+  the backward error of direct solves, solver status) are always on. It is
+  part of the compile cache key: an `sd.function` or `sd.to_jax` function
+  traced with checks off is traced again when they are on, and the other
+  way round. The test suite turns it on.
 
-Float64: sciad follows NumPy's dtypes exactly. Every sciad computation (an
-`sd.function` call, an eager `sciad.numpy` op, lowering) runs inside JAX's
-scoped `jax.enable_x64(True)` context, so float64 inputs stay float64 and
-your other JAX code keeps the configuration you gave it. If JAX's x64 mode is
-already on globally (`JAX_ENABLE_X64=1` or
-`jax.config.update("jax_enable_x64", True)`), sciad skips the scope, which
-saves about a microsecond per call.
+Float64 (see README.md, "Float64"): importing sciad turns on JAX's x64 mode
+(`jax_enable_x64`), so that float64 values stay float64 inside sciad and in
+whatever your code does with its results (`a * 2.0` on an `sd.function`
+result stays float64, as with NumPy). Your explicit choice wins: if the
+environment sets `JAX_ENABLE_X64` (to anything), or `SCIAD_ENABLE_X64=0`,
+sciad leaves the switch as it is. With x64 off, sciad still computes in
+float64 (inside JAX's scoped `jax.enable_x64(True)` around each call), but
+its float64 results become float32 as soon as JAX code outside sciad
+touches them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
+import types
+import weakref
 
 import jax
 
-enable_checks: bool = False
+enable_checks: bool  # a property of this module (see `_Config`), False at first
+
+_checks = False
+# objects compiled per setting of `enable_checks` (`sd.function`s): told when
+# it changes, so a call never runs a program traced under the other setting
+_watchers: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def watch_checks(obj) -> None:
+    """Calls `obj._checks_changed()` whenever `enable_checks` changes (held
+    weakly)."""
+    _watchers.add(obj)
+
+
+class _Config(types.ModuleType):
+    @property
+    def enable_checks(self) -> bool:
+        return _checks
+
+    @enable_checks.setter
+    def enable_checks(self, value) -> None:
+        global _checks
+        value = bool(value)
+        if value != _checks:
+            _checks = value
+            for obj in list(_watchers):
+                obj._checks_changed()
+
+
+sys.modules[__name__].__class__ = _Config
 
 
 @contextlib.contextmanager
 def checks(enabled: bool = True):
     """Temporarily sets `enable_checks`."""
-    global enable_checks
-    old, enable_checks = enable_checks, enabled
+    module = sys.modules[__name__]
+    old = module.enable_checks
+    module.enable_checks = enabled
     try:
         yield
     finally:
-        enable_checks = old
+        module.enable_checks = old
 
 
 def x64_enabled() -> bool:
@@ -43,3 +85,25 @@ def x64_scope():
     if jax.enable_x64.value:
         return contextlib.nullcontext()
     return jax.enable_x64(True)
+
+
+_OFF = ("0", "false", "no", "off")
+
+
+def _x64_at_import() -> str:
+    """Turns JAX's x64 mode on unless the environment made a choice; returns
+    what decided (shown by `x64_policy`)."""
+    choice = os.environ.get("SCIAD_ENABLE_X64")
+    if choice is not None:
+        if choice.strip().lower() in _OFF:
+            return "kept: SCIAD_ENABLE_X64=" + choice
+        jax.config.update("jax_enable_x64", True)
+        return "on: SCIAD_ENABLE_X64=" + choice
+    if "JAX_ENABLE_X64" in os.environ:
+        return "kept: JAX_ENABLE_X64=" + os.environ["JAX_ENABLE_X64"]
+    jax.config.update("jax_enable_x64", True)
+    return "on: turned on when sciad was imported"
+
+
+#: how JAX's x64 mode was set when sciad was imported (a sentence)
+x64_policy: str = _x64_at_import()

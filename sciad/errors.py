@@ -27,6 +27,9 @@ __all__ = [
     "StructureError",
     "NonFiniteError",
     "ConvergenceError",
+    "SciadWarning",
+    "unwrapped",
+    "IllConditionedWarning",
 ]
 
 
@@ -154,6 +157,17 @@ class ConvergenceError(SciadError, RuntimeError):
         super().__init__(message, op=op, source=source)
 
 
+class SciadWarning(UserWarning):
+    """Base class of the warnings sciad issues."""
+
+
+class IllConditionedWarning(SciadWarning):
+    """A linear system whose condition number exceeds `1/eps` of its dtype:
+    the solution satisfies a nearby system (its residual is small) but may
+    have no correct digits. The message gives the condition estimate; see
+    `sd.linalg.cond` and `solve(..., throw=False)`'s `SolveInfo.rcond`."""
+
+
 # Errors found while a compiled program runs travel out of XLA as text (JAX
 # re-raises them as `JaxRuntimeError`); `sd.function` turns text carrying this
 # marker back into the sciad error it names.
@@ -194,3 +208,42 @@ def runtime_error_from(err: BaseException) -> SciadError | None:
         for k, v in extra.items():
             setattr(err, k, v)
     return err
+
+
+class unwrapped:
+    """A context (and decorator) turning JAX's runtime error that carries a
+    sciad error into that sciad error.
+
+    `sd.function`, eager calls and `sd.to_jax` functions called directly do
+    this themselves. A program you compile yourself (`jax.jit` of code that
+    calls an `sd.to_jax` function) runs under JAX's own dispatch, so a
+    failed check (a singular matrix, say) reaches you as
+    `jax.errors.JaxRuntimeError` with sciad's message in its text:
+
+    ```python
+    with sd.errors.unwrapped():
+        x = jax.jit(step)(params)      # raises SingularMatrixError, not JaxRuntimeError
+        x.block_until_ready()          # (JAX dispatches asynchronously)
+    ```
+    """
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        if value is None or isinstance(value, SciadError):
+            return False
+        err = runtime_error_from(value)
+        if err is None:
+            return False
+        raise err from None
+
+    def __call__(self, fn):
+        import functools
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with self:
+                return fn(*args, **kwargs)
+
+        return wrapper

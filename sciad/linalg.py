@@ -29,10 +29,10 @@ import numpy as np
 from .errors import DTypeError, ShapeError
 from .graph import Tracer
 from .primitives._linalg import (DENSE_DIRECT, ITERATIVE, SPARSE_DIRECT, _clean,
-                                 linalg_solve_p)
+                                 linalg_rcond_p, linalg_solve_p)
 from .sparse import astype as _sparse_astype, issparse
 
-__all__ = ["solve", "operator", "Operator", "SolveInfo", "SOLVERS"]
+__all__ = ["solve", "cond", "operator", "Operator", "SolveInfo", "SOLVERS"]
 
 #: every solver name `solve` accepts, besides "auto"
 SOLVERS = DENSE_DIRECT + SPARSE_DIRECT + ITERATIVE
@@ -128,11 +128,62 @@ def _solve_operator(A: Operator, b, solver: str, tol, atol: float, maxiter, thro
 
 
 class SolveInfo(NamedTuple):
-    """How a solve with `throw=False` went: `converged` (a bool), and the
-    `residual` `||A x - b|| / ||b||` it reached (2-norm, over all columns)."""
+    """How a solve with `throw=False` went.
+
+    - `converged`: a bool: the solve would have raised nothing with
+      `throw=True` (finite; for a direct solve, a backward error within the
+      bound and a system that is not singular to working precision; for an
+      iterative one, the residual within the tolerance).
+    - `residual`: the relative residual `||A x - b|| / ||b||` (2-norm, over
+      all columns).
+    - `rcond`: the reciprocal condition estimate `1 / (||A||_1 ||A^-1||_1)`
+      from the solve's factorization (a few extra triangular solves); NaN for
+      iterative solves. Below the dtype's `eps`, the matrix is singular to
+      working precision.
+    - `backward_error`: `||A x - b|| / (||A|| ||x|| + ||b||)` (inf-norms,
+      the worst column): how far `x` is from solving a nearby system.
+    """
 
     converged: object
     residual: object
+    rcond: object = None
+    backward_error: object = None
+
+
+def _prepare(A, b, assume, op: str):
+    """`(A, b, tags, sparse, dtype)`: the operands promoted to one float or
+    complex dtype, and the structure `A` has (its tags and `assume`)."""
+    from . import numpy as snp
+
+    if assume not in _ASSUME:
+        raise ShapeError(f"`assume` must be one of {sorted(k for k in _ASSUME if k)} or None, "
+                         f"got {assume!r}.", op=op)
+    sparse = issparse(A)
+    if not sparse:
+        A = snp.asarray(A)
+    dtype = np.result_type(A.dtype, *(() if b is None else (b.dtype,)))
+    if dtype.kind not in "fc":
+        dtype = np.result_type(dtype, np.float64)
+    if b is not None:
+        b = snp.astype(b, dtype)
+    if sparse:
+        A = _sparse_astype(A, dtype)
+        tags = A.type.tags | _ASSUME[assume]
+        if tags != A.type.tags:
+            from .primitives._sparse import assemble, gather
+            from .sparse import _check_tags
+
+            _check_tags(A.type.pattern, tags, op)
+            A = assemble(gather(A), A.type.pattern, None, tags)
+    else:
+        A = snp.astype(A, dtype)
+        tags = (A.type.tags if isinstance(A, Tracer) else frozenset()) | _ASSUME[assume]
+    return A, b, tags, sparse, dtype
+
+
+def _structure(tags) -> str | None:
+    """The `assume` param of a solve: what it relies on."""
+    return "spd" if "spd" in tags else "symmetric" if "symmetric" in tags else None
 
 
 def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float | None = None,
@@ -156,19 +207,20 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
       shows in the printed graph.
     - `assume`: a structure you vouch for, as in SciPy: `"symmetric"`,
       `"spd"` (`"pos"`), `"hermitian"`, or `"general"`. It adds to `A`'s own
-      tags; with a symmetric `A` the adjoint solve is the forward one.
+      tags. It is checked when the program runs (symmetry to `sqrt(eps)`
+      relative, O(nnz); positive definiteness by Cholesky itself): a claim
+      the values contradict raises `StructureError`.
     - `tol`, `atol`, `maxiter`, `preconditioner`: for iterative solvers: the
       relative and absolute tolerance on the residual (`tol` defaults to
       1e-10 in float64 and 1e-5 in float32), the iteration limit, and
       `"jacobi"` for a diagonal preconditioner. The adjoint solve uses the
       same settings with the transposed operator.
-
     - `throw`: with `False`, a failed solve raises nothing: the result is
-      `(x, SolveInfo(converged, residual))`, the residual measured with one
-      more product `A @ x` (`converged`: finite and `residual <= tol` for an
-      iterative solver, `<= sqrt(eps)` for a direct one). Derivatives of `x`
-      are computed with solves that do raise, so a gradient is never taken
-      silently from a failed solve.
+      `(x, SolveInfo(converged, residual, rcond, backward_error))`, measured
+      with one more product `A @ x` and, for a direct solve, a condition
+      estimate from its factorization. Derivatives of `x` are computed with
+      solves that do raise, so a gradient is never taken silently from a
+      failed solve.
 
     **Returns:**
 
@@ -176,10 +228,22 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
     `throw=False`, `(x, info)`).
 
     **Raises** (when the program runs, naming this call's line):
-    `SingularMatrixError`, `NotPositiveDefiniteError`, `NonFiniteError` (NaN
-    or inf in `A` or `b`), `ConvergenceError` (an iterative solve that did
-    not reach its tolerance, with the residual and iteration count). A
-    structurally singular sparse matrix fails at trace time.
+
+    - `SingularMatrixError`: a zero pivot; a system singular to working
+      precision (condition number above `1/eps` and a solution that does
+      not satisfy it to `sqrt(eps)`); or a solve whose backward error stays
+      above `min(10 n eps, sqrt(eps))` after a step of iterative refinement.
+      The message gives the backward error and the condition estimate.
+    - `NotPositiveDefiniteError` (Cholesky breakdown), `StructureError` (a
+      tag or `assume` the values contradict), `NonFiniteError` (NaN or inf
+      in `A` or `b`), `ConvergenceError` (an iterative solve that did not
+      reach its tolerance, with the residual and iteration count).
+
+    A matrix whose condition estimate exceeds `1/eps` but whose solution
+    has a small residual gives an `IllConditionedWarning` (dense matrices
+    always; sparse ones when the residual calls for an estimate, or always
+    with `sd.config.enable_checks` on, since a sparse estimate costs a few
+    extra solves). A structurally singular sparse matrix fails at trace time.
     """
     from . import numpy as snp
 
@@ -192,30 +256,8 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
         if throw:
             return x
         r = A.matvec(x) - b if len(x.shape) == 1 else None
-        return x, _info_from_residual(r, b, x, tol if tol is not None else 1e-10, atol)
-    if assume not in _ASSUME:
-        raise ShapeError(f"`assume` must be one of {sorted(k for k in _ASSUME if k)} or None, "
-                         f"got {assume!r}.", op=op)
-    sparse = issparse(A)
-    if not sparse:
-        A = snp.asarray(A)
-    b = snp.asarray(b)
-    dtype = np.result_type(A.dtype, b.dtype)
-    if dtype.kind not in "fc":
-        dtype = np.result_type(dtype, np.float64)
-    b = snp.astype(b, dtype)
-    if sparse:
-        A = _sparse_astype(A, dtype)
-        tags = A.type.tags | _ASSUME[assume]
-        if tags != A.type.tags:
-            from .primitives._sparse import assemble, gather
-            from .sparse import _check_tags
-
-            _check_tags(A.type.pattern, tags, op)
-            A = assemble(gather(A), A.type.pattern, None, tags)
-    else:
-        A = snp.astype(A, dtype)
-        tags = (A.type.tags if isinstance(A, Tracer) else frozenset()) | _ASSUME[assume]
+        return x, _info(r, b, x, None, None, tol if tol is not None else 1e-10, atol)
+    A, b, tags, sparse, dtype = _prepare(A, snp.asarray(b), assume, op)
     if solver == "auto":
         solver = _choose(sparse, tags, dtype)
     if solver not in SOLVERS:
@@ -233,18 +275,21 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
     elif (tol, maxiter, preconditioner) != (None, None, None) or atol != 0.0:
         raise ShapeError(f"the direct solver {solver!r} takes no `tol`, `atol`, `maxiter` "
                          "or `preconditioner`.", op=op)
-    if not sparse and {"symmetric", "spd"} & tags:
-        params["assume"] = "spd" if "spd" in tags else "symmetric"
+    params["assume"] = _structure(tags)
     if throw:
         return linalg_solve_p.bind(A, b, **_clean(params))
     x = linalg_solve_p.bind(A, b, **_clean(dict(params, throw=False)))
-    tol = tol if solver in ITERATIVE else float(np.sqrt(np.finfo(dtype).eps))
-    return x, _info_from_residual(A @ x - b, b, x, tol, atol)
+    rcond = None
+    if solver not in ITERATIVE:
+        rparams = {"solver": solver, "constant": True,
+                   **({"pattern": params["pattern"]} if sparse else {})}
+        rcond = linalg_rcond_p.bind(A, **rparams)
+    return x, _info(A @ x - b, b, x, A, rcond, tol if solver in ITERATIVE else None, atol)
 
 
-def _info_from_residual(r, b, x, tol: float, atol: float) -> SolveInfo:
-    """Converged: `||r|| <= tol ||b|| + atol` (the iterative solvers' own test)
-    with everything finite. A NaN or inf in `x` makes the residual one too."""
+def _info(r, b, x, A, rcond, tol: float | None, atol: float) -> SolveInfo:
+    """The `SolveInfo` of `x` with residual `r = A x - b`. `tol` None: a
+    direct solve, judged like `throw=True` would (see `solve`)."""
     from . import numpy as snp
 
     if r is None:  # several right-hand sides of a matrix-free operator
@@ -253,5 +298,83 @@ def _info_from_residual(r, b, x, tol: float, atol: float) -> SolveInfo:
     rnorm = snp.sqrt(snp.sum(snp.abs(r) ** 2))
     bnorm = snp.sqrt(snp.sum(snp.abs(b) ** 2))
     residual = rnorm / snp.where(bnorm > 0, bnorm, 1.0)
-    converged = snp.logical_and(rnorm <= tol * bnorm + atol, snp.isfinite(residual))
-    return SolveInfo(converged, residual)
+    residual = snp.where((bnorm > 0) | (rnorm > 0), residual, 0.0)
+    finite = snp.isfinite(residual)
+    real = np.finfo(np.dtype(x.dtype)).dtype
+    eta = snp.asarray(np.nan, real)
+    if A is not None:
+        axis = 0
+        if issparse(A):  # row sums of |A|, on the pattern
+            from .sparse import data as _data, with_data
+
+            absA = with_data(A, snp.abs(_data(A)))
+            anorm = snp.max(absA @ snp.ones(A.shape[1], real))
+        else:
+            anorm = snp.max(snp.sum(snp.abs(A), axis=1))
+        rn = snp.max(snp.abs(r), axis=axis)
+        xn = snp.max(snp.abs(x), axis=axis)
+        bn = snp.max(snp.abs(b), axis=axis)
+        den = anorm * xn + bn
+        eta = snp.max(snp.where(den > 0, rn / snp.where(den > 0, den, 1.0),
+                                snp.where(rn > 0, np.inf, 0.0)))
+    if tol is not None:  # iterative: its own test
+        converged = snp.logical_and(rnorm <= tol * bnorm + atol, finite)
+        rc = snp.asarray(np.nan, real) if rcond is None else rcond
+        return SolveInfo(converged, residual, rc, eta)
+    from .primitives._checks import eps_of, refine_above
+
+    eps = eps_of(x.dtype)
+    n = x.shape[0]
+    singular = snp.logical_and(rcond < eps, residual > np.sqrt(eps))
+    converged = snp.logical_and(snp.logical_and(finite, eta <= refine_above(x.dtype, n)),
+                                snp.logical_not(singular))
+    return SolveInfo(converged, residual, rcond, eta)
+
+
+def cond(A, p=1, *, estimate: bool = True, solver: str = "auto", constant: bool = False):
+    """The condition number of a square matrix, `||A||_p ||A^-1||_p`.
+
+    **Arguments:**
+
+    - `A`: a square dense array or sparse matrix.
+    - `p`: the norm: `1` or `np.inf` (estimated or exact), `2` or `"fro"`
+      (exact, dense only).
+    - `estimate`: `True` (the default) for the 1-norm (or inf-norm)
+      estimate from a factorization of `A`: Hager's method refined by
+      Higham (LAPACK's `xGECON`) for dense matrices, SciPy's `onenormest`
+      with the SuperLU factors for sparse ones, usually within a factor 3
+      of the true value, for a few triangular solves. `False`: exact, from
+      the inverse or an SVD (dense matrices only).
+    - `solver`: the factorization for the estimate (`"auto"`: as `solve`
+      picks it; `"lu"`, `"cholesky"`, `"splu"`, `"spsolve"`). In a graph
+      that also solves with `A`, the estimate shares that solve's
+      factorization.
+    - `constant`: `True` to use the result as a diagnostic inside a
+      differentiated function: its derivative is then zero (as under
+      `sd.stop_gradient`). By default a condition number is not
+      differentiated: differentiating through it raises `NotSupportedError`
+      (the estimate is only piecewise smooth).
+
+    **Returns:**
+
+    A real scalar; `inf` for a singular matrix.
+    """
+    from . import numpy as snp
+
+    op = "linalg.cond"
+    A, _, tags, sparse, dtype = _prepare(A, None, None, op)
+    if solver == "auto":
+        solver = _choose(sparse, tags, dtype)
+    if p not in (1, np.inf, 2, "fro"):
+        raise ShapeError(f"`p` is 1, inf, 2 or 'fro', got {p!r}.", op=op)
+    params = {"solver": solver, "norm": p}
+    if sparse:
+        params["pattern"] = A.type.pattern
+    if not estimate:
+        params["exact"] = True
+    if constant:
+        params["constant"] = True
+    if p == 1:
+        params.pop("norm")
+    rc = linalg_rcond_p.bind(A, **params)
+    return snp.where(rc > 0, 1.0 / snp.where(rc > 0, rc, 1.0), np.inf)

@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import DTypeError, MissingRuleError, RuleError
+from .errors import DTypeError, MissingRuleError, NotSupportedError, RuleError
 from .graph import Graph, Primitive, lower, trace
 from .graph._autodiff import is_differentiable, jvp_graph, type_of, vjp_graph
 
@@ -294,48 +294,76 @@ def check_rules(p_or_fn: Primitive | Callable, *args, rtol: float = 1e-6,
         report.skipped["all"] = "no float or complex output"
         return report
     dirs = [_random_like(rng, args[i]) for i in diff]
-    fd = _fd_directional(graph, args, diff, dirs)
-
-    # 1. JVP against finite differences
-    jv = None
+    jg = None
     try:
         jg = jvp_graph(graph)
     except MissingRuleError as e:
         report.skipped["jvp"] = str(e)
-    else:
+    except NotSupportedError as e:  # an op that is not differentiated on purpose
+        report.skipped["all"] = f"not differentiable: {e}"
+        return report
+    prec = _Precision([graph] if jg is None else [graph, jg], rtol, dot_tol)
+    fd, h = _fd_directional(graph, args, diff, dirs, prec.rel_step)
+    noise = prec.noise(graph, args, diff, dirs, outs, diff_out)
+
+    # 1. JVP against finite differences
+    jv = None
+    if jg is not None:
         res = _run(jg, args + dirs)
         jv = res[len(graph.outputs):]
-        err = _rel_error([jv[k] for k in diff_out], [fd[k] for k in diff_out], out_scale)
+        err, allowance = _rel_error([jv[k] for k in diff_out], [fd[k] for k in diff_out],
+                                    out_scale, 30 * noise / h)
+        tol = prec.rtol + allowance
         report.jvp_error = err
-        if not err <= rtol:
+        if prec.low:
+            prec.note(report, f"jvp: finite differences with step {prec.rel_step:.2e} "
+                              f"relative; tolerance {tol:.2e} = rtol {prec.rtol:.2e} + "
+                              f"{allowance:.2e} for the measured rounding noise "
+                              f"{noise:.2e} of the outputs")
+        if not err <= tol:
             raise RuleError(f"the JVP rule disagrees with central finite differences: "
-                            f"relative error {err:.3e} > {rtol:g}, {where}.", op=name)
+                            f"relative error {err:.3e} > {tol:.3g}{prec.why()}, {where}.",
+                            op=name)
 
     # 2. VJP against JVP: <w, J v> = <J^T w, v>
     ws = [_random_like(rng, outs[k]) for k in diff_out]
     vg = vjp_graph(graph)
+    # the VJP's own values may be less precise than the function's
+    prec = _Precision([g for g in (graph, jg, vg.forward, vg.backward) if g is not None],
+                      rtol, dot_tol)
     fwd = _run(vg.forward, args)
     saved = fwd[len(graph.outputs):]
     cts = _run(vg.backward, saved + ws)
     jv_used = jv if jv is not None else fd
     lhs = sum(_pair(w, jv_used[k]) for w, k in zip(ws, diff_out))
     rhs = sum(_pair(c, d) for c, d in zip(cts, dirs))
-    tol = (dot_tol if jv is not None else rtol) * _norm(ws) * _norm(dirs)
+    wv = _norm(ws) * _norm(dirs)
+    if prec.low:  # rounding is relative to the size of J: not 1 in general
+        jw = _norm([jv_used[k] for k in diff_out]) / max(_norm(dirs), 1e-300)
+        jtw = _norm(cts) / max(_norm(ws), 1e-300)
+        wv *= max(1.0, jw, jtw)
+    tol = (prec.dot_tol if jv is not None else prec.rtol) * wv
+    if jv is None:
+        tol += 30 * noise / h * _norm(ws)
     err = abs(lhs - rhs) / max(_norm(ws) * _norm(dirs), 1e-300)
     report.vjp_error = err
+    if prec.low:
+        prec.note(report, f"vjp: dot-product tolerance {tol:.2e} (absolute)")
     if not abs(lhs - rhs) <= tol:
         against = "the JVP" if jv is not None else "finite differences (no JVP rule)"
         raise RuleError(f"the VJP disagrees with {against} in the dot-product test: "
                         f"<w, J v> = {lhs:.12e} but <J^T w, v> = {rhs:.12e} (difference "
-                        f"{abs(lhs - rhs):.3e} > {tol:.3e}), {where}.", op=name)
+                        f"{abs(lhs - rhs):.3e} > {tol:.3e}){prec.why()}, {where}.", op=name)
 
     # 3. second order: the JVP of x -> J(x)^T w
     if second_order:
-        _second_order(graph, args, diff, diff_out, ws, rng, report, rtol, where, name)
+        _second_order(graph, args, diff, diff_out, ws, rng, report, rtol, dot_tol, where,
+                      name)
     return report
 
 
-def _second_order(graph, args, diff, diff_out, ws, rng, report, rtol, where, name):
+def _second_order(graph, args, diff, diff_out, ws, rng, report, rtol, dot_tol, where,
+                  name):
     from ._transforms import vjp as sd_vjp
     from .graph import instantiate
     from .primitives import call

@@ -71,14 +71,38 @@ def _square(d):
     return off + sd.sparse.coo_matrix((np.full(4, 4.0), (np.arange(4), np.arange(4))))
 
 
-def _factor_example(b, transpose):
-    """A factorization used by a plain and a transposed solve (the matrix is
-    a constant: a factor carries no derivative for it)."""
+def _factor_example(a, b, d, c, transpose):
+    """A dense and a sparse factorization, each used by a plain and (if
+    `transpose`) a transposed solve; the matrices are traced, so the
+    backsolves' derivatives reach them."""
     from sciad.primitives._linalg import linalg_backsolve_p, linalg_factor_p
 
-    f = linalg_factor_p.bind(_A33, solver="lu")
-    x = linalg_backsolve_p.bind(f, b, solver="lu")
-    return linalg_backsolve_p.bind(f, x, solver="lu", transpose=True) if transpose else x
+    a = a + 4.0 * snp.eye(3)
+    f = linalg_factor_p.bind(a, solver="lu")
+    x = linalg_backsolve_p.bind(f, a, b, solver="lu")
+    S = _square(d)
+    p = S.type.pattern
+    fs = linalg_factor_p.bind(S, solver="splu", pattern=p, uses=2 if transpose else 1)
+    y = linalg_backsolve_p.bind(fs, S, c, solver="splu", pattern=p)
+    if transpose:
+        x = linalg_backsolve_p.bind(f, a, x, solver="lu", transpose=True)
+        y = linalg_backsolve_p.bind(fs, S, y, solver="splu", pattern=p, transpose=True)
+    return x, y
+
+
+def _rcond_example(a, d, shared):
+    """Condition estimates of a dense and a sparse matrix, from a
+    factorization of their own or (`shared`) from a given one."""
+    from sciad.primitives._linalg import linalg_factor_p, linalg_factor_rcond_p
+
+    a = a + 4.0 * snp.eye(3)
+    S = _square(d)
+    if not shared:
+        return sd.linalg.cond(a), sd.linalg.cond(S), sd.linalg.cond(a, np.inf)
+    p = S.type.pattern
+    return (linalg_factor_rcond_p.bind(linalg_factor_p.bind(a, solver="lu"), a, solver="lu"),
+            linalg_factor_rcond_p.bind(linalg_factor_p.bind(S, solver="splu", pattern=p), S,
+                                       solver="splu", pattern=p))
 
 
 def _fft_example(x, z):

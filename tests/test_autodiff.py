@@ -15,22 +15,20 @@ from sciad.errors import DTypeError, RuleError, ShapeError
 
 BUILTINS = sorted(builtin_primitives())
 
-# The registry example of `convert` goes to float32, where finite differences
-# cannot reach 1e-6: check the float64 <-> complex128 conversions instead.
-RULE_EXAMPLES = dict(EXAMPLES)
-RULE_EXAMPLES["convert"] = (
-    lambda x, z: (snp.astype(x, np.complex128), snp.astype(z, np.float64)),
-    (np.random.default_rng(0).standard_normal(4),
-     np.random.default_rng(1).standard_normal(3) * (1 + 1j)))
+# diagnostics that are not differentiated: differentiating them raises
+NOT_DIFFERENTIATED = {"linalg.rcond", "linalg.factor_rcond"}
 
 
 @pytest.mark.parametrize("name", BUILTINS)
 def test_every_primitive_passes_check_rules(name, rng):
-    fn, args = RULE_EXAMPLES[name]
+    fn, args = EXAMPLES[name]
     args = [np.asarray(a) for a in args]
     report = sd.testing.check_rules(fn, *args, seed=int(rng.integers(2**31)))
     graph = sd.trace(fn, *args)
     assert any(n.primitive.name == name for n in graph.nodes)
+    if name in NOT_DIFFERENTIATED:
+        assert report.skipped["all"].startswith("not differentiable"), report
+        return
     if any(sd.graph.is_differentiable(a.type) for a in graph.inputs) and any(
             sd.graph.is_differentiable(a.type) for a in graph.outputs):
         assert report.jvp_error is not None and report.vjp_error is not None

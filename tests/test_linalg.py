@@ -243,8 +243,13 @@ def test_value_and_grad_factors_once(rng, tags):
     assert not any(n.primitive.name == "linalg.solve" for n in g.nodes)
     backsolves = [n for n in g.nodes if n.primitive.name == "linalg.backsolve"]
     assert len(backsolves) == 4  # two forward, two adjoint
+    # the adjoint solves are transposed solves with the same factor, spd or not
+    # (as cheap as plain ones, and their residual is checked against A^T)
     transposed = [n for n in backsolves if n.params.get("transpose")]
-    assert len(transposed) == (0 if tags else 2)  # spd: the adjoint solve is the plain one
+    assert len(transposed) == 2
+    factor = _factor_nodes(g)[0]
+    assert factor.params.get("uses") == 4  # the last backsolve releases it
+    assert factor.params.get("assume") == ("spd" if tags else None)
     v = rng.standard_normal(M.nnz)
     if tags:  # a direction that keeps the matrix symmetric, as its tag says
         _, perm = sd.graph.Pattern(M.shape, M.indptr, M.indices).transposed()
@@ -355,8 +360,9 @@ def test_trace_time_errors():
 
 
 def test_host_callbacks_keep_float64_exact_whatever_the_thread(rng):
-    """Callback arguments and results cross as uint32 words, so no thread's
-    x64 setting can round them to float32."""
+    """Host calls get the program's buffers as they are and return 64-bit
+    results as uint32 words, so no thread's x64 setting can round them to
+    float32 (JAX's own callbacks convert with the running thread's setting)."""
     from sciad.solvers import _host
 
     x = rng.standard_normal(5) * (1 + 1e-12)  # not representable in float32
@@ -368,8 +374,8 @@ def test_host_callbacks_keep_float64_exact_whatever_the_thread(rng):
         return a * 3.0, c * 1j
 
     def f(a, c):
-        return _host.callback(host, (jax.ShapeDtypeStruct(a.shape, a.dtype),
-                                     jax.ShapeDtypeStruct(c.shape, c.dtype)), a, c)
+        return _host.host_call(host, (jax.ShapeDtypeStruct(a.shape, a.dtype),
+                                      jax.ShapeDtypeStruct(c.shape, c.dtype)), a, c)
 
     with jax.enable_x64(True):
         a3, cj = jax.jit(f)(jnp.asarray(x), jnp.asarray(z))
@@ -380,25 +386,43 @@ def test_host_callbacks_keep_float64_exact_whatever_the_thread(rng):
     np.testing.assert_array_equal(np.asarray(batched[0][1]), 2 * x * 3.0)
 
 
-def test_checks_verify_structure_tags_at_run_time():
+@pytest.mark.parametrize("solver", ["splu", "spsolve", "cg"])
+def test_structure_tags_are_verified_by_default(solver):
     from sciad.errors import StructureError
 
     rows, cols = np.array([0, 0, 1, 1]), np.array([0, 1, 0, 1])
 
     def f(d, b):
         A = sd.sparse.coo_matrix((d, (rows, cols)), shape=(2, 2), tags={"spd"})
-        return sd.linalg.solve(A, b)
+        return sd.linalg.solve(A, b, solver=solver)
 
-    with sd.config.checks(True):
-        with pytest.raises(StructureError, match=r"tagged spd but is not symmetric: max "
-                                                 r"\|A - A.T\| / max \|A\| = 3\.3"):
+    with sd.config.checks(False):  # cheap checks are on whatever the setting
+        with pytest.raises(StructureError, match=r"declared spd \(a tag, or `assume=`\) but "
+                           r"is not symmetric: max \|A - A.T\| / max \|A\| = 3\.3"):
             sd.function(f)(np.array([3.0, 1.0, 0.0, 2.0]), np.ones(2))
         with pytest.raises(StructureError, match="diagonal entry <= 0"):
             sd.function(f)(np.array([-3.0, 1.0, 1.0, 2.0]), np.ones(2))
         x = sd.function(f)(np.array([3.0, 1.0, 1.0, 2.0]), np.ones(2))
     np.testing.assert_allclose(np.asarray(x), np.linalg.solve([[3, 1], [1, 2]], [1, 1]))
-    with sd.config.checks(False):  # unchecked: the tag is trusted
-        sd.function(f)(np.array([3.0, 1.0, 0.0, 2.0]), np.ones(2))
+
+
+@pytest.mark.parametrize("assume", ["spd", "symmetric"])
+def test_dense_assume_is_verified(rng, assume):
+    """A non-symmetric matrix solved with `assume="spd"` went to Cholesky (x
+    35% off); with `assume="symmetric"` the value was right and the gradient
+    (whose adjoint solve took A for A.T) 62% off. Both raise now."""
+    from sciad.errors import StructureError
+
+    A = rng.standard_normal((5, 5)) + 5 * np.eye(5)
+    b = rng.standard_normal(5)
+    f = sd.function(lambda A, b: sd.linalg.solve(A, b, assume=assume))
+    g = sd.function(sd.grad(lambda A, b: snp.sum(sd.linalg.solve(A, b, assume=assume) ** 2)))
+    with pytest.raises(StructureError, match=f"declared {assume}"):
+        f(A, b)
+    with pytest.raises(StructureError, match=f"declared {assume}"):
+        g(A, b)
+    S = A + A.T + 10 * np.eye(5)
+    np.testing.assert_allclose(np.asarray(f(S, b)), np.linalg.solve(S, b), rtol=1e-12)
 
 
 def test_throw_false_returns_an_explicit_status(rng):

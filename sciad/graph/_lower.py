@@ -9,26 +9,58 @@ implementation whose result disagrees with the node's type is an error too
 
 from __future__ import annotations
 
-import threading
+import warnings
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import errors as _errors
 from ..errors import LoweringError, MissingRuleError, SciadError
 from ._core import Graph, Node
 from ._interpret import Interpreter, node_error
 from ._types import TensorType, runtime_type
 
 
-_state = threading.local()
+@dataclass(frozen=True)
+class Site:
+    """Where a run-time check runs: the op, the user's source line and the
+    node's printed form. Lowering passes one (`site=`) to the implementation
+    of a primitive declared with `runtime_checks=True`; its `fail` and
+    `warn`, called on the host while the program runs, name them."""
+
+    op: str | None = None
+    source: object = None
+    text: str | None = None
+
+    @classmethod
+    def of(cls, node) -> "Site":
+        from ._print import format_node
+
+        return cls(node.primitive.name, node.source, format_node(node))
+
+    def fail(self, cls: type, message: str, **extra):
+        """Raises `cls(message)` for this site, as the text that crosses XLA."""
+        if self.text:
+            message = f"{message}\n  while running: {self.text}"
+        raise RuntimeError(_errors.runtime_error_text(cls, message, op=self.op,
+                                                      source=self.source, **extra))
+
+    def warn(self, category: type, message: str) -> None:
+        """Warns with `category`, attributed to the user's line (shown once
+        per line and text: Python's default filter, with a registry per file)."""
+        text = f"{self.op}: {message}" if self.op else message
+        src = self.source
+        filename = getattr(src, "file", None) or "<sciad>"
+        lineno = getattr(src, "line", None) or 0
+        registry = _registries.setdefault(filename, {})
+        warnings.warn_explicit(text, category, filename, lineno, module=filename,
+                               registry=registry)
 
 
-def current_node() -> Node | None:
-    """The node being lowered (for implementations whose run-time checks
-    name it), or None outside lowering."""
-    return getattr(_state, "node", None)
+_registries: dict[str, dict] = {}
 
 
 class LowerInterpreter(Interpreter):
@@ -43,15 +75,15 @@ class LowerInterpreter(Interpreter):
             raise MissingRuleError(
                 f"has no implementation, so it cannot be lowered. Define one with "
                 f"`@{prim.name}_p.def_impl`.", op=prim.name, source=node.source)
-        prev, _state.node = getattr(_state, "node", None), node
         try:
-            out = impl(*invals, **node.params)
+            if prim.runtime_checks:
+                out = impl(*invals, site=Site.of(node), **node.params)
+            else:
+                out = impl(*invals, **node.params)
         except SciadError as e:
             raise e.with_source(node.source)
         except Exception as e:
             raise node_error(LoweringError, node, e, "the JAX implementation") from e
-        finally:
-            _state.node = prev
         outs = tuple(out) if prim.multiple_results else (out,)
         if len(outs) != len(node.outputs):
             raise LoweringError(
@@ -88,11 +120,17 @@ def lower(graph: Graph) -> Callable[..., list]:
 
 def evaluate(graph: Graph, *args) -> list:
     """Compiles and runs `graph` on concrete inputs; returns a list of arrays.
-    An error found by a run-time check (a singular matrix, a solver that did
-    not converge) is raised as the sciad error it names."""
+
+    Each argument must have its input's type (the run-time arrays of it: a
+    sparse matrix's data vector, a `SparseArray`, or a factorization's
+    tuple); a wrong shape or dtype is a `ShapeError` / `DTypeError` naming
+    the input, not a program compiled for other types. An error found by a
+    run-time check (a singular matrix, a solver that did not converge) is
+    raised as the sciad error it names."""
     from ..config import x64_scope
     from ..errors import runtime_error_from
 
+    args = _checked_args(graph, args)
     with x64_scope():
         try:
             return jax.block_until_ready(jax.jit(lower(graph))(*args))
@@ -101,3 +139,40 @@ def evaluate(graph: Graph, *args) -> list:
             if err is None:
                 raise
             raise err from None
+
+
+def _checked_args(graph: Graph, args) -> list:
+    from ..errors import DTypeError, ShapeError
+    from ._types import FactorType, SparseArray, leaf_types
+
+    if len(args) != len(graph.inputs):
+        raise TypeError(f"evaluate: graph {graph.name!r} takes {len(graph.inputs)} inputs, "
+                        f"got {len(args)}.")
+    out = []
+    for k, (v, a) in enumerate(zip(graph.inputs, args)):
+        if isinstance(a, SparseArray):
+            if a.type.pattern != getattr(v.type, "pattern", None):
+                raise ShapeError(f"input {k} is {v.type.str_short()}, got a sparse matrix "
+                                 f"{a.type.str_short()}.", op="evaluate")
+            a = a.data
+        want = leaf_types(v.type)
+        if want is None:
+            out.append(a)
+            continue
+        if isinstance(a, (bool, int, float, complex)) and len(want) == 1:
+            a = np.asarray(a, want[0].dtype)  # a Python scalar takes the input's dtype
+        got = tuple(a) if isinstance(v.type, FactorType) and isinstance(a, tuple) else (a,)
+        if len(got) != len(want):
+            raise ShapeError(f"input {k} is {v.type.str_short()} ({len(want)} arrays), got "
+                             f"{len(got)}.", op="evaluate")
+        for g, w in zip(got, want):
+            shape, dtype = tuple(np.shape(g)), np.dtype(getattr(g, "dtype", np.asarray(g).dtype))
+            if shape != w.shape:
+                raise ShapeError(f"input {k} ({v.hint or 'unnamed'}) is {v.type.str_short()}, "
+                                 f"got an array of shape {shape}.", op="evaluate")
+            if dtype != w.dtype:
+                raise DTypeError(f"input {k} ({v.hint or 'unnamed'}) is {v.type.str_short()}, "
+                                 f"got dtype {dtype}; convert it first "
+                                 f"(`.astype(np.{w.dtype.name})`).", op="evaluate")
+        out.append(a if len(got) == 1 and not isinstance(v.type, FactorType) else tuple(got))
+    return out

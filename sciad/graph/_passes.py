@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ._core import Atom, Graph, Literal, Node, Var
-from ._types import TensorType
+from ._types import FactorType as _FactorType, TensorType
 from ._verify import verify
 
 _Run = Callable[[Graph], Graph]
@@ -533,14 +533,22 @@ def share_factors(graph: Graph) -> Graph:
     """One factorization per matrix: direct solves become factor + backsolve.
 
     Every `linalg.solve` node with a direct solver (`lu`, `cholesky`, `splu`,
-    ...) is replaced by a `linalg.backsolve[transpose]` node reading a
-    `linalg.factor` node; all solves with the same matrix operand (the same
-    `Var`, or equal constants) and solver share that one factor, placed
-    before the first of them. A transposed solve with a symmetric matrix (a
-    `symmetric` tag, `spd` on a real matrix, or a dense solve's `assume`)
-    becomes a plain one. Run after differentiation (the adjoint's transposed
-    solves are then in the graph), as `optimize` does; the factor and
-    backsolve nodes have no derivative rules for the matrix.
+    ...) is replaced by a `linalg.backsolve(F, a, b)` node reading a
+    `linalg.factor(a) -> F` node, and every 1-norm `linalg.rcond` estimate by
+    a `linalg.factor_rcond(F, a)`; all of them with the same matrix operand
+    (the same `Var`, or equal constants) and solver share that one factor,
+    placed before the first of them. Run after differentiation (the
+    adjoint's transposed solves are then in the graph), as `optimize` does;
+    a backsolve keeps the matrix operand, so its derivative rules are the
+    solve's and the graph can still be differentiated.
+
+    Each factor node's params are then set from its readers: `assume` the
+    strongest structure a solve relies on, `throw=False` if no reader raises
+    (a `throw=False` solve, a condition estimate), and, for a factorization
+    held on the host (`splu`), `uses` the number of nodes reading it, so the
+    last one releases it when the program runs (None where the factor is a
+    graph output or read by another kind of node: it is then kept until the
+    host store's bound pushes it out).
 
     **Arguments:**
 
@@ -553,24 +561,31 @@ def share_factors(graph: Graph) -> Graph:
     return _finish(graph, _memo(_share_factors_graph)(graph))
 
 
+_HELD_ON_HOST = ("splu",)
+_ASSUME_ORDER = (None, "symmetric", "spd")
+
+
 def _share_factors_graph(graph: Graph, run: _Run) -> Graph:
     from ._core import lookup_primitive
 
     factor_p = lookup_primitive("linalg.factor")
     backsolve_p = lookup_primitive("linalg.backsolve")
-    if factor_p is None or backsolve_p is None:
+    frcond_p = lookup_primitive("linalg.factor_rcond")
+    if factor_p is None or backsolve_p is None or frcond_p is None:
         return _forward(graph, run, lambda node: node)
     factors: dict[tuple, Var] = {}
     new_nodes: list[Node] = []
     env: dict[Var, Atom] = {}
     for node in graph.nodes:
         node = _map_subgraphs(_with_inputs(node, _subst(node.inputs, env)), run)
-        params = dict(node.params)
-        if (node.primitive.name != "linalg.solve" or params.get("solver")
-                not in factor_p.methods or not params.get("throw", True)):
+        name, params = node.primitive.name, dict(node.params)
+        solve = name == "linalg.solve" and params.get("solver") in factor_p.methods
+        rcond = (name == "linalg.rcond" and params.get("solver") in factor_p.methods
+                 and not params.get("exact", False) and params.get("norm", 1) == 1)
+        if not (solve or rcond):
             new_nodes.append(node)
             continue
-        a, b = node.inputs
+        a = node.inputs[0]
         solver, pattern = params["solver"], params.get("pattern")
         fparams = {"solver": solver} if pattern is None else {"solver": solver,
                                                               "pattern": pattern}
@@ -580,14 +595,54 @@ def _share_factors_graph(graph: Graph, run: _Run) -> Graph:
             (ftype,) = factor_p.abstract_eval(a.type, **fparams)
             f = factors[key] = Var(ftype)
             new_nodes.append(Node(factor_p, (a,), (f,), fparams, frozenset(), node.source))
-        transpose = params.get("transpose", False)
-        tags = set(a.type.tags) | ({params["assume"]} if params.get("assume") else set())
-        if "symmetric" in tags or ("spd" in tags and a.type.dtype.kind != "c"):
-            transpose = False
-        bparams = dict(fparams, **({"transpose": True} if transpose else {}))
-        new_nodes.append(Node(backsolve_p, (f, b), node.outputs, bparams, node.effects,
-                              node.source))
-    return _rebuild(graph, new_nodes, _subst(graph.outputs, env))
+        if solve:
+            bparams = {k: v for k, v in params.items()
+                       if k in ("solver", "pattern", "transpose", "assume", "throw")}
+            new_nodes.append(Node(backsolve_p, (f, a, node.inputs[1]), node.outputs, bparams,
+                                  node.effects, node.source))
+        else:
+            rparams = dict(fparams, **({"constant": True} if params.get("constant") else {}))
+            new_nodes.append(Node(frcond_p, (f, a), node.outputs, rparams, node.effects,
+                                  node.source))
+    return _rebuild(graph, _factor_params(new_nodes, graph.outputs, factor_p),
+                    _subst(graph.outputs, env))
+
+
+def _factor_params(nodes: list[Node], outputs, factor_p) -> list[Node]:
+    """The factor nodes' `assume`, `throw` and `uses` from their readers."""
+    readers: dict[Var, list[Node]] = {}
+    for node in nodes:
+        for a in node.inputs:
+            if isinstance(a, Var) and isinstance(a.type, _FactorType):
+                readers.setdefault(a, []).append(node)
+    escaping = {a for a in outputs if isinstance(a, Var)}
+    out = []
+    for node in nodes:
+        if node.primitive is not factor_p:
+            out.append(node)
+            continue
+        f = node.outputs[0]
+        users = readers.get(f, [])
+        known = all(u.primitive.name in ("linalg.backsolve", "linalg.factor_rcond")
+                    for u in users) and f not in escaping
+        params = dict(node.params)
+        assumes = [u.params.get("assume") for u in users
+                   if u.primitive.name == "linalg.backsolve"] + [params.get("assume")]
+        assume = max(assumes, key=_ASSUME_ORDER.index)
+        params.pop("assume", None)
+        if assume is not None:
+            params["assume"] = assume
+        params.pop("throw", None)
+        if known and not any(u.primitive.name == "linalg.backsolve"
+                             and u.params.get("throw", True) for u in users):
+            params["throw"] = False
+        params.pop("uses", None)
+        if params["solver"] in _HELD_ON_HOST:
+            params["uses"] = len(users) if known else None
+            if params["uses"] is None:
+                params.pop("uses")
+        out.append(node if params == dict(node.params) else node.replace(params=params))
+    return out
 
 
 # --------------------------------------------------------------------------

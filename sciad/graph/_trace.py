@@ -336,13 +336,33 @@ def _eager(prim: Primitive, args, params):
             f"has no implementation; define one with `@{prim.name}_p.def_impl`.",
             op=prim.name)
     with x64_scope():
-        out = prim.impl_rule(*values, **params)
+        if prim.runtime_checks:
+            from ._lower import Site
+
+            out = _run_checked(prim, values, params, Site(prim.name, current_source()))
+        else:
+            out = prim.impl_rule(*values, **params)
     if all(isinstance(t, TensorType) for t in out_types):
         return out
     outs = tuple(out) if prim.multiple_results else (out,)
     outs = tuple(SparseArray(o, t) if isinstance(t, SparseType) else o
                  for o, t in zip(outs, out_types))
     return outs if prim.multiple_results else outs[0]
+
+
+def _run_checked(prim: Primitive, values, params, site):
+    """An implementation with run-time checks, run eagerly: its result is
+    waited for, and a failed check is raised as the sciad error it names
+    (not JAX's runtime error carrying its text)."""
+    from ..errors import runtime_error_from
+
+    try:
+        return jax.block_until_ready(prim.impl_rule(*values, site=site, **params))
+    except Exception as e:  # JaxRuntimeError, or the host function's own error
+        err = runtime_error_from(e)
+        if err is None:
+            raise
+        raise err from None
 
 
 # --------------------------------------------------------------------------

@@ -505,13 +505,25 @@ def value_type(x) -> AbstractType:
     return TensorType.of(x)
 
 
+# method -> function(FactorType) -> the TensorTypes of its run-time arrays;
+# filled by the primitives that make factorizations (`linalg.factor`)
+_FACTOR_LAYOUTS: dict[str, Any] = {}
+
+
+def register_factor_layout(method: str, layout) -> None:
+    """How a factorization of `method` is held at run time: `layout(t)` gives
+    the `TensorType`s of the arrays that make up a value of `FactorType` `t`."""
+    _FACTOR_LAYOUTS[method] = layout
+
+
 @dataclass(frozen=True, slots=True)
 class FactorType(AbstractType):
     """A factorization of an `n x n` matrix (`method`: "lu", "cholesky", ...),
     made once and used by every solve with that matrix. Not differentiable:
     it appears only after differentiation, when the factor-sharing pass
-    rewrites `linalg.solve` nodes. Its run-time value is the backend's
-    factor (arrays, or a handle)."""
+    rewrites `linalg.solve` nodes. Its run-time value is a tuple of arrays
+    (`leaf_types`): a dense factorization's arrays, or a handle to one kept
+    on the host."""
 
     shape: tuple[int, int]
     dtype: np.dtype
@@ -524,6 +536,13 @@ class FactorType(AbstractType):
 
     def update(self, **kw) -> "FactorType":
         return self
+
+    @property
+    def leaf_types(self) -> tuple[TensorType, ...]:
+        """The types of the arrays a value of this type is made of."""
+        layout = _FACTOR_LAYOUTS.get(self.method)
+        assert layout is not None, f"no run-time layout for factorizations {self.method!r}"
+        return tuple(layout(self))
 
     def str_short(self) -> str:
         n, m = self.shape
@@ -540,3 +559,13 @@ class FactorType(AbstractType):
 register_type_kind("factor", lambda d: FactorType(
     tuple(d["shape"]), dtype_from_short(d["dtype"]), str(d["method"]),
     Pattern.from_json(d["pattern"]) if d.get("pattern") is not None else None))
+
+
+def leaf_types(t: AbstractType) -> tuple[TensorType, ...] | None:
+    """The types of the run-time arrays of a value of type `t`, in order: a
+    tensor's own, a sparse matrix's data vector, a factorization's arrays;
+    None for types without a run-time form."""
+    if isinstance(t, FactorType):
+        return t.leaf_types
+    rt = runtime_type(t)
+    return None if rt is None else (rt,)

@@ -1,92 +1,196 @@
-"""Run-time checks in lowered code: a predicate computed by XLA that, when
-true, raises a sciad error naming the node being lowered and its source line.
+"""Run-time checks: what a solve measures, judged on the host, as an error
+or a warning that names the node and the user's line.
 
-The error leaves XLA as text (a host callback raises); `sd.function` and
-`sd.graph.evaluate` turn that text back into the sciad exception (see
-`sciad.errors.runtime_error_from`). A check costs one host callback (a
-device-to-host copy of a flag on a GPU) per call of the compiled program:
-nothing next to a factorization or a Krylov solve, which is where it is
-used.
+A primitive whose implementation checks at run time is declared with
+`Primitive(..., runtime_checks=True)`; lowering then passes it the `site`
+of the node (its op, source line and printed form), which the checks name.
+Checks run on the host: sparse factorizations and solves measure there
+anyway (`sciad.solvers.sparse_direct`), and computations in the program
+(dense factorizations, Krylov solves) hand their measures to one host call
+(`check`) whose result the checked value is tied to (`tie`), so XLA can
+neither drop the check nor run what follows without it. One host call per
+factorization and one per solve: about 10 us each on the CPU.
+
+An error leaves XLA as text (`sciad.errors.runtime_error_text`);
+`sd.function`, eager calls, `sd.graph.evaluate` and `sd.to_jax` functions
+turn it back into the sciad exception (`sciad.errors.runtime_error_from`).
+
+The policy for direct solves (`judge_solve`), with `eps` the dtype's
+machine epsilon:
+
+- the normwise backward error `||b - A x|| / (||A|| ||x|| + ||b||)` must be
+  at most `refine_above = min(10 n eps, sqrt(eps))`; above it, one step of
+  iterative refinement is taken, and if it stays above, the solve failed
+  (a `SingularMatrixError`: the matrix is numerically singular, badly
+  scaled, or not what its tags claim);
+- a matrix whose condition estimate exceeds `1/eps` is singular to working
+  precision: if the solution does not satisfy the system to `sqrt(eps)`
+  (relative residual), the system has no accurate solution
+  (`SingularMatrixError`); otherwise the solution is only inaccurate and an
+  `IllConditionedWarning` says so.
 """
 
 from __future__ import annotations
-
-import logging
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import RUNTIME_MARKER, runtime_error_text
-from ..graph._lower import current_node
+from ..errors import (IllConditionedWarning, NonFiniteError, NotPositiveDefiniteError,
+                      SingularMatrixError, StructureError)
+from ..graph import Site
 
 
-class _DropSciadRuntimeErrors(logging.Filter):
-    """JAX logs a failing callback's traceback before re-raising it; a sciad
-    run-time check failing is an ordinary error the user gets as an
-    exception, so its log record is dropped (other callbacks' are kept)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not (exc is not None and RUNTIME_MARKER in str(exc))
+def eps_of(dtype) -> float:
+    return float(np.finfo(np.dtype(dtype)).eps)
 
 
-logging.getLogger("jax._src.callback").addFilter(_DropSciadRuntimeErrors())
+def refine_above(dtype, n: int) -> float:
+    """The largest backward error a direct solve may have (see the module
+    docstring)."""
+    eps = eps_of(dtype)
+    return min(10.0 * max(n, 1) * eps, float(np.sqrt(eps)))
 
 
-def raise_if(pred, cls: type, message: str, **values):
-    """At run time, raises `cls(message.format(**values))` where `pred` holds.
+def symmetry_tolerance(dtype) -> float:
+    """`max |A - A^T| / max |A|` above which a `symmetric`/`spd` tag is wrong."""
+    return float(np.sqrt(eps_of(dtype)))
 
-    Returns a token (an int32 zero) that the caller must `tie` into the value
-    it returns: the check is a host callback whose result that value then
-    depends on, so XLA can neither drop it nor run the rest without it, and
-    its error surfaces from the call that computed the value (on a GPU as on
-    the CPU). `values` are scalars computed by XLA (a residual, an iteration
-    count) that the message and the error's attributes may use; under `vmap`
-    the first failing element is reported.
-    """
-    node = current_node()
-    op = node.primitive.name if node is not None else None
-    source = node.source if node is not None else None
-    where = ""
-    if node is not None:
-        from ..graph import format_node
 
-        where = f"\n  while running: {format_node(node)}"
-    names = list(values)
+def _cond_text(rcond: float) -> str:
+    if rcond is None or np.isnan(rcond):
+        return "not estimated"
+    if rcond <= 0:
+        return "infinite"
+    return f"about {1.0 / rcond:.0e}"
 
-    def host(pred, *vals):
-        pred = np.asarray(pred)
-        vals = [np.asarray(v) for v in vals]
-        batch = np.broadcast_shapes(pred.shape, *(v.shape for v in vals))
-        if pred.any():
-            first = int(np.argmax(np.broadcast_to(pred, batch).ravel()))
-            scalars = {k: np.broadcast_to(v, batch).ravel()[first].item()
-                       for k, v in zip(names, vals)}
-            raise RuntimeError(runtime_error_text(
-                cls, message.format(**scalars) + where, op=op, source=source, **scalars))
-        return np.zeros(batch, np.int32)
 
-    # Only bool and 32-bit values cross: the callback's thread may not have
-    # sciad's x64 scope (see sciad.solvers._host).
-    vals = [jnp.asarray(values[k]).astype(jnp.float32) if jnp.issubdtype(
-        jnp.asarray(values[k]).dtype, jnp.floating) else jnp.asarray(values[k]).astype(jnp.int32)
-        for k in names]
-    return jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.int32), pred, *vals,
-                             vmap_method="expand_dims")
+# ---------------------------------------------------------------------------
+# judgements (host side)
+
+
+def judge_matrix(site: Site, *, dtype, tags=frozenset(), nonfinite=False, asymmetry=0.0,
+                 min_diagonal=np.inf):
+    """A matrix about to be factored (or solved with): finite, symmetric if
+    declared so (a tag, or `assume=`), with a positive diagonal if declared
+    positive definite (a necessary condition; definiteness itself shows in
+    a Cholesky factorization)."""
+    if np.any(nonfinite):
+        site.fail(NonFiniteError, "the matrix holds NaN or infinite values.")
+    claimed = "/".join(sorted({"symmetric", "spd"} & set(tags))) or "symmetric"
+    asym = float(np.max(asymmetry, initial=0.0))
+    tol = symmetry_tolerance(dtype)
+    if not asym <= tol:
+        site.fail(StructureError,
+                  f"the matrix is declared {claimed} (a tag, or `assume=`) but is not "
+                  f"symmetric: max |A - A.T| / max |A| = {asym:.3e} > {tol:.1e}. Drop the "
+                  "claim, or symmetrize the matrix.", asymmetry=asym)
+    dmin = float(np.min(min_diagonal, initial=np.inf))
+    if "spd" in tags and not dmin > 0:
+        site.fail(StructureError,
+                  f"the matrix is declared spd (a tag, or `assume=`) but has a diagonal "
+                  f"entry <= 0 (the smallest is {dmin:.3e}), so it is not positive "
+                  "definite.", min_diagonal=dmin)
+
+
+def judge_factor(site: Site, *, dtype, solver: str, tags=frozenset(), nonfinite=False,
+                 asymmetry=0.0, min_diagonal=np.inf, singular=False, rcond=np.nan):
+    """A factorization: the matrix checks, then breakdown."""
+    judge_matrix(site, dtype=dtype, tags=tags, nonfinite=nonfinite, asymmetry=asymmetry,
+                 min_diagonal=min_diagonal)
+    if np.any(singular):
+        if solver == "cholesky":
+            site.fail(NotPositiveDefiniteError,
+                      "the Cholesky factorization broke down: the matrix is not positive "
+                      "definite. Solve with solver='lu' if it is only symmetric.")
+        site.fail(SingularMatrixError,
+                  "the matrix is singular: the factorization found a zero pivot.",
+                  rcond=0.0)
+
+
+def judge_solve(site: Site, *, dtype, n: int, nonfinite=False, backward_error=0.0,
+                residual=0.0, rcond=np.nan, refined=False):
+    """A direct solve's measures (see the module docstring)."""
+    eps = eps_of(dtype)
+    if np.any(nonfinite):
+        site.fail(NonFiniteError, "the right-hand side holds NaN or infinite values.")
+    eta, rel, rc = float(backward_error), float(residual), float(rcond)
+    tau = refine_above(dtype, n)
+    if np.isnan(eta):
+        site.fail(SingularMatrixError, "the matrix is singular: the factorization found a "
+                  "zero pivot.", rcond=0.0)
+    if not eta <= tau:
+        site.fail(SingularMatrixError,
+                  f"the solve is inaccurate: its backward error ||b - A x|| / (||A|| ||x|| + "
+                  f"||b||) = {eta:.2e} stays above {tau:.1e} after a step of iterative "
+                  f"refinement (condition number {_cond_text(rc)}). The matrix is "
+                  "numerically singular, badly scaled, or not what its tags (or `assume=`) "
+                  "claim.", backward_error=eta, rcond=rc)
+    if not np.isnan(rc) and rc < eps:
+        if not rel <= np.sqrt(eps):
+            site.fail(SingularMatrixError,
+                      f"the matrix is singular to working precision (condition number "
+                      f"{_cond_text(rc)} > 1/eps = {1 / eps:.1e} for {np.dtype(dtype)}) and "
+                      f"the solution does not satisfy the system: relative residual "
+                      f"||b - A x|| / ||b|| = {rel:.2e}. The system has no accurate "
+                      "solution; check the matrix for a null space (a missing boundary "
+                      "condition, a disconnected part).",
+                      backward_error=eta, residual=rel, rcond=rc)
+        site.warn(IllConditionedWarning,
+                  f"the matrix is ill-conditioned: condition number {_cond_text(rc)} exceeds "
+                  f"1/eps = {1 / eps:.1e} for {np.dtype(dtype)}, so the solution may have "
+                  "no correct digits (its residual is small: it solves a nearby system).")
+
+
+# ---------------------------------------------------------------------------
+# checks of values computed in the program
+
+
+def check(judge, site: Site, /, **measures):
+    """One host call running `judge(site, **measures)` on values computed in
+    the program (scalars or arrays of any dtype, batched under `vmap`); the
+    result is a token (an int32 zero, batched like the measures) to `tie`
+    into the checked value. Static keyword values (dtypes, tags, solver
+    names) are passed as they are."""
+    names, values, static = [], [], {}
+    for k, v in measures.items():
+        if isinstance(v, (jax.Array, jax.core.Tracer)) or (
+                isinstance(v, np.ndarray) and v.ndim):
+            names.append(k)
+            values.append(jnp.asarray(v))
+        else:
+            static[k] = v
+    shapes = [tuple(v.shape) for v in values]
+
+    def host(*vals):
+        batch = np.broadcast_shapes(*(np.shape(v)[:np.ndim(v) - len(s)]
+                                      for v, s in zip(vals, shapes)))
+        k = int(np.prod(batch, dtype=np.int64))
+        flat = [np.broadcast_to(v, batch + s).reshape((k,) + s) for v, s in zip(vals, shapes)]
+        for i in range(k):  # the first failing batch element is reported
+            judge(site, **static, **{n: f[i] for n, f in zip(names, flat)})
+        return (np.zeros(batch, np.int32),)
+
+    from ..solvers._host import host_call
+
+    (tok,) = host_call(host, (jax.ShapeDtypeStruct((), jnp.int32),), *values)
+    return tok
 
 
 def tie(value, *tokens):
-    """`value` made to depend on check tokens (it is unchanged: they are 0)."""
+    """`value` made to depend on check tokens (it is unchanged: they are 0).
+    The token is added to the smallest numeric leaf of a tuple (a factor's
+    pivots or its condition estimate), so it costs next to nothing."""
     if not tokens:
         return value
     total = tokens[0]
     for t in tokens[1:]:
         total = total + t
     leaves, treedef = jax.tree_util.tree_flatten(value)
-    for i, leaf in enumerate(leaves):
-        dt = jnp.asarray(leaf).dtype
-        if jnp.issubdtype(dt, jnp.number):
-            leaves[i] = leaf + total.astype(dt)
-            return jax.tree_util.tree_unflatten(treedef, leaves)
-    raise AssertionError("tie: no numeric leaf to carry the check; this is a bug in sciad")
+    numeric = [i for i, leaf in enumerate(leaves)
+               if jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.number)]
+    assert numeric, "tie: no numeric leaf to carry the check; this is a bug in sciad"
+    i = min(numeric, key=lambda j: jnp.size(leaves[j]))
+    leaf = leaves[i]
+    leaves[i] = leaf + total.astype(jnp.asarray(leaf).dtype)
+    return jax.tree_util.tree_unflatten(treedef, leaves)

@@ -1,9 +1,10 @@
-"""Linear solves with implicit derivative rules, and factorizations as values.
+"""Linear solves with implicit derivative rules, factorizations as values, and
+condition estimates.
 
-`linalg.solve[solver, transpose](a, b)`: `x = op(a)^-1 b` with `op` the
-identity or the (plain, unconjugated) transpose, for dense or sparse square
-`a` and `b` of shape `(n,)` or `(n, k)`. Its rules never differentiate
-through a solver's internals:
+`linalg.solve[solver, transpose, assume, ...](a, b)`: `x = op(a)^-1 b` with
+`op` the identity or the (plain, unconjugated) transpose, for dense or sparse
+square `a` and `b` of shape `(n,)` or `(n, k)`. Its rules never
+differentiate through a solver's internals:
 
 - JVP: `dx = op(a)^-1 (db - op(da) x)`: one more solve with the same matrix.
 - VJP: `lam = op(a)^-T xbar`, `bbar = lam`, `abar = -lam x^T` (for `op` the
@@ -11,41 +12,61 @@ through a solver's internals:
   (`sparse.sddmm`): a transposed solve with the same matrix and `nnz` numbers.
 - transpose (linear in `b`): `bbar = op(a)^-T ct`.
 
-With a `symmetric` tag (or `spd` on a real matrix) the transposed solve is
-the plain one. Direct solves are rewritten after differentiation by the
-`share_factors` pass into `linalg.factor` (once per matrix) and
-`linalg.backsolve[transpose]` nodes, so the adjoint reuses the forward
-factorization.
+Direct solves are rewritten by the `share_factors` pass into
+`linalg.factor(a) -> F` (once per matrix) and `linalg.backsolve(F, a, b)`
+nodes. A backsolve still takes the matrix: its rules are the solve's (so a
+graph differentiated after factor sharing, as `sd.to_jax` does, still
+carries the matrix's derivative), its checks measure the residual with it,
+and a host factorization that is no longer held is made again from it.
+`linalg.rcond(a)` (and `linalg.factor_rcond(F, a)` after sharing) is the
+reciprocal condition estimate `1 / (||A||_1 ||A^-1||_1)`; it is not
+differentiated (with `constant=True`, as `SolveInfo.rcond` and
+`sd.linalg.cond(..., constant=True)`, its derivative is zero: a diagnostic,
+as under `stop_gradient`).
 
-Failures are errors, never NaN: a structurally singular sparse matrix (an
+`assume` is the structure a solve relies on (`"symmetric"` or `"spd"`, from
+`sd.linalg.solve`'s `assume=` and the matrix's tags): Cholesky reads one
+triangle of an `spd` matrix, and the symmetric iterative solvers take the
+adjoint solve to be the forward one. It is checked when the program runs.
+
+Failures are errors, never NaN or a silently wrong value (the policy is in
+`sciad.primitives._checks`): a structurally singular sparse matrix (an
 empty row or column) fails at trace time; NaN or inf in `a` or `b`
-(`NonFiniteError`), a zero pivot (`SingularMatrixError`), a Cholesky
-breakdown (`NotPositiveDefiniteError`) and an iterative solve that does not
-converge (`ConvergenceError`) fail when the program runs, naming the node and
-the user's line.
+(`NonFiniteError`), an asymmetric matrix solved as symmetric
+(`StructureError`), a zero pivot or a numerically singular system
+(`SingularMatrixError`), a Cholesky breakdown (`NotPositiveDefiniteError`),
+a solve whose backward error a step of iterative refinement cannot bring
+down (`SingularMatrixError`) and an iterative solve that does not converge
+(`ConvergenceError`) fail when the program runs, naming the node and the
+user's line; an ill-conditioned matrix warns (`IllConditionedWarning`).
 """
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .. import solvers
-from ..errors import (ConvergenceError, DTypeError, NonFiniteError, NotPositiveDefiniteError,
-                      ShapeError, SingularMatrixError, StructureError)
-from ..graph import Primitive, SparseType, TensorType, Zero, is_linear, is_zero
-from ..graph._types import FactorType, Pattern
-from ._checks import raise_if, tie
+from ..errors import (ConvergenceError, DTypeError, NonFiniteError, NotSupportedError,
+                      ShapeError, SingularMatrixError)
+from ..graph import Graph, Param, Primitive, SparseType, TensorType, Zero, is_linear, is_zero
+from ..graph._types import FactorType, Pattern, register_factor_layout
+from ..solvers._host import host_call
+from ._checks import check, judge_factor, judge_matrix, judge_solve, refine_above, tie
 from ._sparse import sparse_matmul_p, sparse_sddmm_p
 
-DENSE_DIRECT = ("lu", "cholesky")
+DENSE_DIRECT = solvers.dense.METHODS
 SPARSE_DIRECT = solvers.sparse_direct.METHODS
 ITERATIVE = solvers.iterative.METHODS
 PRECONDITIONERS = ("jacobi",)
+ASSUME = ("symmetric", "spd")
 
 
 def _is_symmetric(t, assume: str | None = None) -> bool:
-    """Whether `t`'s tags (or a dense solve's `assume` param) make `a.T == a`."""
+    """Whether `t`'s tags (or a solve's `assume` param) make `a.T == a`."""
     tags = set(t.tags) | ({assume} if assume else set())
     return "symmetric" in tags or ("spd" in tags and t.dtype.kind != "c")
 
@@ -77,15 +98,15 @@ def _check_matrix(a, b, solver: str, pattern, op: str, assume: str | None = None
                          f"{b.str_short()} (`sd.linalg.solve` promotes for you).", op=op)
     if a.dtype.kind not in "fc":
         raise DTypeError(f"solves need float or complex values, got {a.str_short()}.", op=op)
-    if assume is not None and (isinstance(a, SparseType) or assume not in ("symmetric", "spd")):
-        raise ShapeError(f"`assume` is 'symmetric' or 'spd' for a dense matrix (a sparse one "
-                         f"carries tags), got {assume!r}.", op=op)
+    if assume is not None and assume not in ASSUME:
+        raise ShapeError(f"`assume` is 'symmetric' or 'spd', got {assume!r}.", op=op)
     if solver == "cholesky" and a.dtype.kind == "c" and "hermitian" not in a.tags \
             and "spd" not in a.tags and assume != "spd":
         raise ShapeError("a complex Cholesky solve needs a Hermitian positive definite "
                          "matrix (tag it `spd`).", op=op)
     if solver in ITERATIVE and a.dtype.kind == "c":
-        raise DTypeError("the iterative solvers take real matrices; use a direct solver "
+        raise DTypeError(f"the iterative solvers take real matrices, got {a.str_short()}; "
+                         f"use a direct solver ({', '.join(map(repr, DENSE_DIRECT if isinstance(a, TensorType) else SPARSE_DIRECT))}) "
                          "for complex ones.", op=op)
     if isinstance(a, SparseType):
         empty_rows, empty_cols = a.pattern.empty_lines()
@@ -97,38 +118,14 @@ def _check_matrix(a, b, solver: str, pattern, op: str, assume: str | None = None
                 "entry.", op=op)
 
 
+def _checks_on() -> bool:
+    from .. import config
+
+    return bool(config.enable_checks)
+
+
 # ---------------------------------------------------------------------------
-# linalg.solve
-
-
-linalg_solve_p = Primitive("linalg.solve")
-#: its lowering raises from run-time checks (sd.function waits for results)
-linalg_solve_p.runtime_checks = True
-
-
-@linalg_solve_p.def_abstract_eval
-def _solve_shape(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=None,
-                 maxiter=None, preconditioner=None, throw=True, assume=None):
-    _check_matrix(a, b, solver, pattern, "linalg.solve", assume)
-    if solver in ITERATIVE:
-        if rtol is None or atol is None or not (rtol >= 0 and atol >= 0) \
-                or rtol == atol == 0:
-            raise ShapeError(f"an iterative solve needs tolerances rtol >= 0 and atol >= 0, "
-                             f"not both 0; got rtol={rtol}, atol={atol}.", op="linalg.solve")
-        if maxiter is not None and maxiter < 1:
-            raise ShapeError(f"`maxiter` must be positive, got {maxiter}.", op="linalg.solve")
-        if preconditioner not in (None,) + PRECONDITIONERS:
-            raise ShapeError(f"unknown preconditioner {preconditioner!r}; choose one of "
-                             f"{PRECONDITIONERS}.", op="linalg.solve")
-        if preconditioner == "jacobi" and isinstance(a, SparseType) and \
-                np.any(a.pattern.diagonal_positions() < 0):
-            raise SingularMatrixError(
-                "the Jacobi preconditioner needs every diagonal entry stored; "
-                f"{a.str_short()} lacks some.", op="linalg.solve")
-    elif (rtol, atol, maxiter, preconditioner) != (None, None, None, None):
-        raise ShapeError(f"the direct solver {solver!r} takes no tolerances, `maxiter` or "
-                         "preconditioner.", op="linalg.solve")
-    return TensorType(b.shape, b.dtype)
+# run-time pieces shared by the primitives (JAX values in, JAX values out)
 
 
 def _matvec(a, pattern: Pattern | None, transpose: bool):
@@ -139,118 +136,181 @@ def _matvec(a, pattern: Pattern | None, transpose: bool):
     return lambda x: jnp.matmul(m, x, precision="highest")
 
 
-# Each check returns tokens (see `_checks.raise_if`); `tie` makes a value
-# depend on them. The checks are ordered by tying: the matrix is checked
-# before it is factored, the factor before it is used, so the first problem
-# is the one reported (NaN in the matrix, not the singular factor it makes).
+def _asymmetry(a, pattern):
+    """`max |A - A^T| / max |A|` (0 for a zero matrix)."""
+    at = a[pattern.transposed()[1]] if pattern is not None else a.T
+    scale = jnp.max(jnp.abs(a), initial=0.0)
+    return jnp.max(jnp.abs(a - at), initial=0.0) / jnp.where(scale > 0, scale, 1.0)
 
 
-def _check_tags(a, pattern) -> list:
-    """With `sciad.config.enable_checks` on, the values of a matrix tagged
-    `symmetric` / `spd` are checked against the tag when the program runs:
-    `a == a.T` to 1e-12 relative, and (spd) a positive diagonal. (Positive
-    definiteness itself shows in a Cholesky solve, as
-    `NotPositiveDefiniteError`.)"""
-    from .. import config
-    from ..graph._lower import current_node
-
-    node = current_node()
-    if not config.enable_checks or node is None:
-        return []
-    tags = node.inputs[0].type.tags
-    if not {"symmetric", "spd"} & tags:
-        return []
-    if pattern is not None:
-        _, perm = pattern.transposed()
-        at, diag = a[perm], a[pattern.diagonal_positions()]
-    else:
-        at, diag = a.T, jnp.diagonal(a)
-    scale = jnp.max(jnp.abs(a))
-    asym = jnp.max(jnp.abs(a - at)) / jnp.where(scale > 0, scale, 1.0)
-    tokens = [raise_if(asym > 1e-12, StructureError,
-                       "the matrix is tagged " + "/".join(sorted({"symmetric", "spd"} & tags))
-                       + " but is not symmetric: max |A - A.T| / max |A| = {asymmetry:.3e}.",
-                       asymmetry=asym)]
-    if "spd" in tags:
-        tokens.append(raise_if(jnp.any(jnp.real(diag) <= 0), StructureError,
-                               "the matrix is tagged spd but has a diagonal entry <= 0."))
-    return tokens
-
-
-def _checked_matrix(a, pattern):
-    """`a`, after checks that it is finite (and matches its tags)."""
-    tok = raise_if(~jnp.all(jnp.isfinite(a)), NonFiniteError,
-                   "the matrix holds NaN or infinite values.")
-    return tie(a, tok, *_check_tags(a, pattern))
-
-
-def _checked_rhs(b):
-    return tie(b, raise_if(~jnp.all(jnp.isfinite(b)), NonFiniteError,
-                           "the right-hand side holds NaN or infinite values."))
-
-
-def _checked_factor(factor, solver: str, pattern):
-    ok = _factor_ok(factor, solver, pattern)
-    if solver == "cholesky":
-        tok = raise_if(~ok, NotPositiveDefiniteError,
-                       "the Cholesky factorization broke down: the matrix is not positive "
-                       "definite. Solve with solver='lu' if it is only symmetric.")
-    else:
-        tok = raise_if(~ok, SingularMatrixError,
-                       "the matrix is singular: the factorization found a zero pivot.")
-    return tie(factor, tok)
-
-
-def _checked_solution(x):
-    return tie(x, raise_if(~jnp.all(jnp.isfinite(x)), SingularMatrixError,
-                           "the solution is not finite: the matrix is singular to working "
-                           "precision."))
-
-
-def _factor_impl(a, solver: str, pattern):
+def _min_diagonal(a, pattern):
+    """The smallest real part of a diagonal entry (0 where a sparse pattern
+    stores none)."""
     if pattern is None:
-        return solvers.dense.FACTOR[solver](a)
-    return solvers.sparse_direct.factor(solver, pattern, a)
+        return jnp.min(jnp.real(jnp.diagonal(a)), initial=jnp.inf)
+    pos = pattern.diagonal_positions()
+    d = jnp.where(jnp.asarray(pos >= 0), jnp.real(a[np.maximum(pos, 0)]), 0.0)
+    return jnp.min(d, initial=jnp.inf)
 
 
-def _factor_ok(factor, solver: str, pattern):
+def _matrix_measures(a, pattern, assume) -> dict:
+    """What `judge_matrix` checks, computed in the program."""
+    out = dict(nonfinite=~jnp.all(jnp.isfinite(a)))
+    if assume in ASSUME:
+        out["asymmetry"] = _asymmetry(a, pattern)
+    if assume == "spd":
+        out["min_diagonal"] = _min_diagonal(a, pattern)
+    return out
+
+
+def _norm_inf(a, pattern, transpose: bool):
+    """`||op(a)||_inf` from the values."""
     if pattern is None:
-        return solvers.dense.OK[solver](factor)
-    return solvers.sparse_direct.ok(solver, factor)
+        return jnp.max(jnp.sum(jnp.abs(a), axis=0 if transpose else 1), initial=0.0)
+    idx = pattern.indices if transpose else pattern.rows
+    n = pattern.shape[1] if transpose else pattern.shape[0]
+    return jnp.max(jax.ops.segment_sum(jnp.abs(a), jnp.asarray(idx), n), initial=0.0)
 
 
-def _backsolve_impl(factor, b, solver: str, pattern, transpose: bool):
-    if pattern is None:
-        return solvers.dense.SOLVE[solver](factor, b, transpose)
-    return solvers.sparse_direct.solve(solver, pattern, factor, b, transpose)
+def _measures(apply, x, b, anorm_inf):
+    """`(backward_error, relative_residual)` of `x` for `apply(x) = b`
+    (2-D `b`: the worst column)."""
+    r = b - apply(x)
+    axis = 0
+    rn = jnp.max(jnp.abs(r), axis=axis)
+    xn = jnp.max(jnp.abs(x), axis=axis)
+    bn = jnp.max(jnp.abs(b), axis=axis)
+    den = anorm_inf * xn + bn
+    eta = jnp.where(den > 0, rn / jnp.where(den > 0, den, 1), jnp.where(rn > 0, jnp.inf, 0))
+    rel = jnp.where(bn > 0, rn / jnp.where(bn > 0, bn, 1), jnp.where(rn > 0, jnp.inf, 0))
+    return r, jnp.max(eta), jnp.max(rel)
 
 
-@linalg_solve_p.def_impl
-def _solve_impl(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=None,
-                maxiter=None, preconditioner=None, throw=True, assume=None):
-    if throw:
-        a, b = _checked_matrix(a, pattern), _checked_rhs(b)
-    if solver in ITERATIVE:
-        inv_diag = None
-        if preconditioner == "jacobi":
-            diag = a[pattern.diagonal_positions()] if pattern is not None else jnp.diagonal(a)
-            inv_diag = 1.0 / diag
-        x, ok, rel, steps = solvers.iterative.solve(
-            _matvec(a, pattern, transpose), b, method=solver, rtol=rtol, atol=atol,
-            maxiter=maxiter, inv_diag=inv_diag)
+def _factor_layout(t: FactorType):
+    n = t.shape[0]
+    real = np.finfo(t.dtype).dtype
+    if t.method == "lu":
+        return (TensorType((n, n), t.dtype), TensorType((n,), np.int32), TensorType((), real))
+    if t.method == "cholesky":
+        return (TensorType((n, n), t.dtype), TensorType((), real))
+    if t.method == "splu":
+        return (TensorType((), np.int32),)
+    return (TensorType((t.pattern.nnz,), t.dtype),)  # spsolve: the matrix itself
+
+
+for _m in DENSE_DIRECT + SPARSE_DIRECT:
+    register_factor_layout(_m, _factor_layout)
+
+
+def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
+    """The factorization of `a` as a tuple of arrays (see `_factor_layout`),
+    checked when `throw`: finite, symmetric if `assume` says so, no
+    breakdown. A dense factorization carries its condition estimate."""
+    dtype = np.dtype(a.dtype)
+    if pattern is not None and solver == "splu":
+        report = None
         if throw:
-            x = tie(x, raise_if(
-                ~ok, ConvergenceError,
-                f"{solver} did not converge: relative residual {{residual:.3e}} after "
-                f"{{iterations}} iterations (rtol={rtol:g}, atol={atol:g}, "
-                f"maxiter={maxiter}).", residual=rel, iterations=steps,
-                tolerance=jnp.asarray(rtol)))
+            report = functools.partial(judge_factor, site, dtype=dtype, solver=solver,
+                                       tags=frozenset({assume} if assume else ()))
+        return solvers.sparse_direct.factor(solver, pattern, a, uses=uses,
+                                            assume=assume if throw else None, report=report)
+    if pattern is not None:  # spsolve: checked here, "factored" by every solve
+        (f,) = solvers.sparse_direct.factor(solver, pattern, a)
+        if throw:
+            f = tie(f, check(judge_matrix, site, dtype=dtype,
+                             tags=frozenset({assume} if assume else ()),
+                             **_matrix_measures(a, pattern, assume)))
+        return (f,)
+    f = solvers.dense.factor(solver, a)
+    ok = solvers.dense.ok(solver, f)
+    tags = frozenset({assume} if assume else ())
+    measures = dict(singular=~ok, **_matrix_measures(a, None, assume))
+    names = list(measures)
+    real = np.finfo(dtype).dtype
+
+    def host(m, anorm, *vals):
+        # one host call: LAPACK's condition estimate from the factor, and
+        # the checks of the factorization
+        batch = np.broadcast_shapes(m.shape[:-2], anorm.shape, *(v.shape for v in vals))
+        k = int(np.prod(batch, dtype=np.int64))
+        ms = np.broadcast_to(m, batch + m.shape[-2:]).reshape((k,) + m.shape[-2:])
+        an = np.broadcast_to(anorm, batch).reshape(k)
+        vals = [np.broadcast_to(v, batch).reshape(k) for v in vals]
+        rc = np.zeros(k, real)
+        for i in range(k):
+            status = {n: v[i] for n, v in zip(names, vals)}
+            if throw:
+                judge_factor(site, dtype=dtype, solver=solver, tags=tags, **status)
+            if not status["singular"] and not status["nonfinite"]:
+                rc[i] = solvers.dense.rcond_host(solver, ms[i], float(an[i]))
+        return np.zeros(batch, np.int32), rc.reshape(batch)
+
+    tok, rcond = host_call(host, (jax.ShapeDtypeStruct((), jnp.int32),
+                                  jax.ShapeDtypeStruct((), real)),
+                           f[0], solvers.dense.norm1(a), *measures.values())
+    return tie((*f, rcond), tok)
+
+
+def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
+    """`op(a) x = b` with a factorization of `a`, checked when `throw`: the
+    backward error (one step of iterative refinement above the bound), the
+    residual against the condition estimate (see `sciad.primitives._checks`)."""
+    dtype = np.dtype(b.dtype)
+    n = b.shape[0]
+    tau = refine_above(dtype, n)
+    if pattern is not None and solver == "splu":
+        report = None
+        if throw:
+            report = functools.partial(judge_solve, site, dtype=dtype, n=n)
+        return solvers.sparse_direct.solve(
+            solver, pattern, factor, a, b, transpose, refine_above=tau if throw else np.inf,
+            estimate=("always" if _checks_on() else "on_residual") if throw else "never",
+            report=report)
+    if pattern is not None:
+        solve = functools.partial(solvers.sparse_direct.solve, solver, pattern, factor, a,
+                                  transpose=transpose, refine_above=tau)
+        rcond_of = lambda: solvers.sparse_direct.rcond_estimate(  # noqa: E731
+            solver, pattern, factor, a)
+    else:
+        *f, rc = factor
+        solve = lambda v: solvers.dense.solve(solver, f, v, transpose)  # noqa: E731
+        rcond_of = lambda: rc  # noqa: E731
+    x = solve(b)
+    if not throw:
         return x
-    factor = _factor_impl(a, solver, pattern)
-    if throw:
-        factor = _checked_factor(factor, solver, pattern)
-    x = _backsolve_impl(factor, b, solver, pattern, transpose)
-    return _checked_solution(x) if throw else x
+    apply = _matvec(a, pattern, transpose)
+    anorm = _norm_inf(a, pattern, transpose)
+    r, eta, rel = _measures(apply, x, b, anorm)
+
+    def refine(args):
+        x, r = args
+        x = x + solve(r)
+        _, eta, rel = _measures(apply, x, b, anorm)
+        return x, eta, rel, jnp.asarray(True)
+
+    x, eta, rel, refined = jax.lax.cond(
+        eta > tau, refine, lambda args: (args[0], eta, rel, jnp.asarray(False)), (x, r))
+    if pattern is None:
+        rcond = rcond_of()
+    else:  # a sparse estimate costs solves: only where the residual calls for one
+        real = np.finfo(dtype).dtype
+        want = _checks_on()
+        rcond = rcond_of() if want else jax.lax.cond(
+            (rel > np.sqrt(np.finfo(dtype).eps)) | (eta > tau), rcond_of,
+            lambda: jnp.asarray(np.nan, real))
+    return tie(x, check(judge_solve, site, dtype=dtype, n=n,
+                        nonfinite=~jnp.all(jnp.isfinite(b)), backward_error=eta,
+                        residual=rel, rcond=rcond, refined=refined))
+
+
+def _rcond_with(factor, a, *, solver, pattern):
+    if pattern is not None:
+        return solvers.sparse_direct.rcond_estimate(solver, pattern, factor, a)
+    return factor[-1]
+
+
+# ---------------------------------------------------------------------------
+# derivative rules shared by `linalg.solve` and `linalg.backsolve`
 
 
 def _apply(a, x, pattern, transpose: bool):
@@ -280,12 +340,10 @@ def _neg(x):
     return unary_primitives["neg"].bind(x)
 
 
-def _transposed_params(a_type, params: dict) -> dict:
-    """Params of the solve with `op(a)^T`: the same solve for a symmetric `a`."""
-    out = dict(params, throw=True)
-    if not _is_symmetric(a_type, params.get("assume")):
-        out["transpose"] = not params.get("transpose", False)
-    return _clean(out)
+def _type(x):
+    from ..graph._autodiff import type_of
+
+    return type_of(x)
 
 
 def _clean(params: dict) -> dict:
@@ -295,32 +353,34 @@ def _clean(params: dict) -> dict:
     return {k: v for k, v in params.items() if k not in defaults or defaults[k] != v}
 
 
-def _type(x):
-    from ..graph._autodiff import type_of
+def _derivative_params(params: dict, flip: bool) -> dict:
+    """Params of a solve a rule emits: the same solve (its adjoint if `flip`),
+    always raising on failure. A direct solve's adjoint is the transposed
+    solve (as cheap, and its residual is measured with the right matrix); a
+    symmetric iterative solve's adjoint is the solve itself."""
+    out = dict(params, throw=True)
+    symmetric = params.get("assume") in ASSUME
+    if flip and not (symmetric and params["solver"] in ITERATIVE):
+        out["transpose"] = not params.get("transpose", False)
+    return _clean(out)
 
-    return type_of(x)
 
-
-@linalg_solve_p.def_jvp
-def _solve_jvp(primals, tangents, **params):
-    (a, b), (da, db) = primals, tangents
-    x = linalg_solve_p.bind(a, b, **params)
+def _solve_jvp_rule(bind, a, x, da, db, params: dict):
+    """`dx = op(a)^-1 (db - op(da) x)`; `bind(rhs, params)` emits the solve."""
     rhs = db
     if not is_zero(da):
         term = _neg(_apply(da, x, params.get("pattern"), params.get("transpose", False)))
         rhs = term if is_zero(rhs) else rhs + term
     if is_zero(rhs):
-        return x, Zero(_type(x).update())
-    return x, linalg_solve_p.bind(a, rhs, **_clean(dict(params, throw=True)))
+        return Zero(_type(x).update())
+    return bind(rhs, _derivative_params(params, flip=False))
 
 
-@linalg_solve_p.def_vjp
-def _solve_vjp(primals, x, ct, **params):
-    a, b = primals
-    a_type = _type(a)
-    lam = linalg_solve_p.bind(a, ct, **_transposed_params(a_type, params))
+def _solve_vjp_rule(bind, a, x, ct, params: dict):
+    """`(abar, bbar)` for `x = op(a)^-1 b`."""
     from ..graph import Tracer
 
+    lam = bind(ct, _derivative_params(params, flip=True))
     a_ct = None
     if isinstance(a, Tracer):  # a constant matrix needs no cotangent
         pattern = params.get("pattern")
@@ -331,84 +391,301 @@ def _solve_vjp(primals, x, ct, **params):
     return a_ct, lam
 
 
+# ---------------------------------------------------------------------------
+# linalg.solve
+
+
+_PATTERN = Param((Pattern, None), default=None)
+_ASSUME = Param((str, None), default=None)
+_THROW = Param(bool, default=True)
+_TRANSPOSE = Param(bool, default=False)
+
+linalg_solve_p = Primitive("linalg.solve", runtime_checks=True, params={
+    "solver": str, "pattern": _PATTERN, "transpose": _TRANSPOSE,
+    "rtol": Param((float, None), default=None), "atol": Param((float, None), default=None),
+    "maxiter": Param((int, None), default=None),
+    "preconditioner": Param((str, None), default=None), "throw": _THROW, "assume": _ASSUME})
+
+
+@linalg_solve_p.def_abstract_eval
+def _solve_shape(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=None,
+                 maxiter=None, preconditioner=None, throw=True, assume=None):
+    _check_matrix(a, b, solver, pattern, "linalg.solve", assume)
+    if solver in ITERATIVE:
+        if rtol is None or atol is None or not (rtol >= 0 and atol >= 0) \
+                or rtol == atol == 0:
+            raise ShapeError(f"an iterative solve needs tolerances rtol >= 0 and atol >= 0, "
+                             f"not both 0; got rtol={rtol}, atol={atol}.", op="linalg.solve")
+        if maxiter is not None and maxiter < 1:
+            raise ShapeError(f"`maxiter` must be positive, got {maxiter}.", op="linalg.solve")
+        if preconditioner not in (None,) + PRECONDITIONERS:
+            raise ShapeError(f"unknown preconditioner {preconditioner!r}; choose one of "
+                             f"{PRECONDITIONERS}.", op="linalg.solve")
+        if preconditioner == "jacobi" and isinstance(a, SparseType) and \
+                np.any(a.pattern.diagonal_positions() < 0):
+            raise SingularMatrixError(
+                "the Jacobi preconditioner needs every diagonal entry stored; "
+                f"{a.str_short()} lacks some.", op="linalg.solve")
+    elif (rtol, atol, maxiter, preconditioner) != (None, None, None, None):
+        raise ShapeError(f"the direct solver {solver!r} takes no tolerances, `maxiter` or "
+                         "preconditioner.", op="linalg.solve")
+    return TensorType(b.shape, b.dtype)
+
+
+def judge_krylov(site, *, dtype, solver: str, rtol: float, atol: float, maxiter,
+                 tags=frozenset(), nonfinite_a=False, asymmetry=0.0, min_diagonal=np.inf,
+                 nonfinite_b=False, converged=True, residual=0.0, iterations=0):
+    """An iterative solve: the matrix, the right-hand side, convergence."""
+    judge_matrix(site, dtype=dtype, tags=tags, nonfinite=nonfinite_a, asymmetry=asymmetry,
+                 min_diagonal=min_diagonal)
+    if np.any(nonfinite_b):
+        site.fail(NonFiniteError, "the right-hand side holds NaN or infinite values.")
+    if not np.all(converged):
+        res, its = float(residual), int(iterations)
+        site.fail(ConvergenceError,
+                  f"{solver} did not converge: relative residual {res:.3e} after {its} "
+                  f"iterations (rtol={rtol:g}, atol={atol:g}, maxiter={maxiter}).",
+                  residual=res, iterations=its, tolerance=float(rtol))
+
+
+def _iterative_solve(matvec, a, b, *, solver, pattern, rtol, atol, maxiter, inv_diag,
+                     throw, assume, site):
+    x, ok, rel, steps = solvers.iterative.solve(
+        matvec, b, method=solver, rtol=rtol, atol=atol, maxiter=maxiter, inv_diag=inv_diag)
+    if not throw:
+        return x
+    extra = {}
+    if a is not None:
+        extra = _matrix_measures(a, pattern, assume)
+        extra["nonfinite_a"] = extra.pop("nonfinite")
+    return tie(x, check(judge_krylov, site, dtype=np.dtype(b.dtype), solver=solver,
+                        rtol=rtol, atol=atol, maxiter=maxiter,
+                        tags=frozenset({assume} if assume else ()),
+                        nonfinite_b=~jnp.all(jnp.isfinite(b)), converged=ok, residual=rel,
+                        iterations=steps, **extra))
+
+
+@linalg_solve_p.def_impl
+def _solve_impl(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=None,
+                maxiter=None, preconditioner=None, throw=True, assume=None, site=None):
+    from ..graph import Site
+
+    site = site or Site("linalg.solve")
+    if solver in ITERATIVE:
+        inv_diag = None
+        if preconditioner == "jacobi":
+            diag = a[pattern.diagonal_positions()] if pattern is not None else jnp.diagonal(a)
+            inv_diag = 1.0 / diag
+        return _iterative_solve(_matvec(a, pattern, transpose), a, b, solver=solver,
+                                pattern=pattern, rtol=rtol, atol=atol, maxiter=maxiter,
+                                inv_diag=inv_diag, throw=throw, assume=assume, site=site)
+    factor = _make_factor(a, solver=solver, pattern=pattern, assume=assume, throw=throw,
+                          uses=1, site=site)
+    return _solve_with(factor, a, b, solver=solver, pattern=pattern, transpose=transpose,
+                       throw=throw, site=site)
+
+
+@linalg_solve_p.def_jvp
+def _solve_jvp(primals, tangents, **params):
+    (a, b), (da, db) = primals, tangents
+    x = linalg_solve_p.bind(a, b, **params)
+    return x, _solve_jvp_rule(lambda rhs, p: linalg_solve_p.bind(a, rhs, **p), a, x, da, db,
+                              params)
+
+
+@linalg_solve_p.def_vjp
+def _solve_vjp(primals, x, ct, **params):
+    a, b = primals
+    return _solve_vjp_rule(lambda rhs, p: linalg_solve_p.bind(a, rhs, **p), a, x, ct, params)
+
+
 @linalg_solve_p.def_transpose
 def _solve_transpose(ct, a, b, **params):
     assert not is_linear(a) and is_linear(b), "linalg.solve is linear in `b` only"
-    return None, linalg_solve_p.bind(a, ct, **_transposed_params(_type(a), params))
+    return None, linalg_solve_p.bind(a, ct, **_derivative_params(params, flip=True))
 
 
 # ---------------------------------------------------------------------------
 # factorizations as values
 
 
-linalg_factor_p = Primitive("linalg.factor")
-linalg_factor_p.runtime_checks = True
+linalg_factor_p = Primitive("linalg.factor", runtime_checks=True, params={
+    "solver": str, "pattern": _PATTERN, "assume": _ASSUME, "throw": _THROW,
+    "uses": Param((int, None), default=None)})
 #: the solvers whose solves `share_factors` splits into factor + backsolve
 linalg_factor_p.methods = frozenset(DENSE_DIRECT + SPARSE_DIRECT)
 
 
 @linalg_factor_p.def_abstract_eval
-def _factor_shape(a, *, solver, pattern=None):
+def _factor_shape(a, *, solver, pattern=None, assume=None, throw=True, uses=None):
     if solver not in linalg_factor_p.methods:
         raise ShapeError(f"{solver!r} is not a direct solver.", op="linalg.factor")
-    _check_matrix(a, TensorType((a.shape[0],), a.dtype), solver, pattern, "linalg.factor")
+    _check_matrix(a, TensorType((a.shape[0],), a.dtype), solver, pattern, "linalg.factor",
+                  assume)
+    if uses is not None and (not isinstance(uses, int) or uses < 0):
+        raise ShapeError(f"`uses` is the number of solves reading the factor (an int >= 0) "
+                         f"or None, got {uses!r}.", op="linalg.factor")
     return FactorType(a.shape, a.dtype, solver, pattern)
 
 
 @linalg_factor_p.def_impl
-def _factor_prim_impl(a, *, solver, pattern=None):
-    factor = _factor_impl(_checked_matrix(a, pattern), solver, pattern)
-    return _checked_factor(factor, solver, pattern)
+def _factor_impl(a, *, solver, pattern=None, assume=None, throw=True, uses=None, site=None):
+    from ..graph import Site
+
+    return _make_factor(a, solver=solver, pattern=pattern, assume=assume, throw=throw,
+                        uses=uses, site=site or Site("linalg.factor"))
 
 
-linalg_backsolve_p = Primitive("linalg.backsolve")
-linalg_backsolve_p.runtime_checks = True
+linalg_backsolve_p = Primitive("linalg.backsolve", runtime_checks=True, params={
+    "solver": str, "pattern": _PATTERN, "transpose": _TRANSPOSE, "assume": _ASSUME,
+    "throw": _THROW})
 
 
 @linalg_backsolve_p.def_abstract_eval
-def _backsolve_shape(f, b, *, solver, pattern=None, transpose=False):
+def _backsolve_shape(f, a, b, *, solver, pattern=None, transpose=False, assume=None,
+                     throw=True):
+    op = "linalg.backsolve"
     if not isinstance(f, FactorType):
         raise DTypeError(f"needs a factorization (linalg.factor), got {f.str_short()}.",
-                         op="linalg.backsolve")
+                         op=op)
     if (f.method, f.pattern) != (solver, pattern):
         raise ShapeError(f"the params (solver={solver!r}, pattern={pattern}) differ from "
-                         f"the factorization's {f.str_short()}.", op="linalg.backsolve")
-    n = f.shape[0]
-    if not isinstance(b, TensorType) or b.ndim not in (1, 2) or b.shape[0] != n \
-            or b.dtype != f.dtype:
-        raise ShapeError(f"`b` must be {f.dtype} of shape ({n},) or ({n}, k) to match "
-                         f"{f.str_short()}, got {b.str_short()}.", op="linalg.backsolve")
+                         f"the factorization's {f.str_short()}.", op=op)
+    _check_matrix(a, b, solver, pattern, op, assume)
+    if (f.shape, f.dtype) != (a.shape, a.dtype):
+        raise ShapeError(f"the factorization {f.str_short()} is not of a matrix like "
+                         f"{a.str_short()}.", op=op)
     return TensorType(b.shape, b.dtype)
 
 
 @linalg_backsolve_p.def_impl
-def _backsolve_prim_impl(factor, b, *, solver, pattern=None, transpose=False):
-    x = _backsolve_impl(factor, _checked_rhs(b), solver, pattern, transpose)
-    return _checked_solution(x)
+def _backsolve_impl(factor, a, b, *, solver, pattern=None, transpose=False, assume=None,
+                    throw=True, site=None):
+    from ..graph import Site
 
+    return _solve_with(factor, a, b, solver=solver, pattern=pattern, transpose=transpose,
+                       throw=throw, site=site or Site("linalg.backsolve"))
+
+
+# The factor carries no derivative: the matrix operand does, so the rules are
+# the solve's, emitting backsolves with the same factor.
 
 @linalg_backsolve_p.def_jvp
 def _backsolve_jvp(primals, tangents, **params):
-    (f, b), (_, db) = primals, tangents
-    x = linalg_backsolve_p.bind(f, b, **params)
-    if is_zero(db):
-        return x, Zero(_type(x).update())
-    return x, linalg_backsolve_p.bind(f, db, **params)
+    (f, a, b), (_, da, db) = primals, tangents
+    x = linalg_backsolve_p.bind(f, a, b, **params)
+    return x, _solve_jvp_rule(lambda rhs, p: linalg_backsolve_p.bind(f, a, rhs, **p), a, x,
+                              da, db, params)
+
+
+@linalg_backsolve_p.def_vjp
+def _backsolve_vjp(primals, x, ct, **params):
+    f, a, b = primals
+    a_ct, b_ct = _solve_vjp_rule(lambda rhs, p: linalg_backsolve_p.bind(f, a, rhs, **p), a,
+                                 x, ct, params)
+    return None, a_ct, b_ct
 
 
 @linalg_backsolve_p.def_transpose
-def _backsolve_transpose(ct, f, b, **params):
-    flipped = _clean(dict(params, transpose=not params.get("transpose", False)))
-    flipped.pop("throw", None)
-    return None, linalg_backsolve_p.bind(f, ct, **flipped)
+def _backsolve_transpose(ct, f, a, b, **params):
+    assert not is_linear(a) and is_linear(b), "linalg.backsolve is linear in `b` only"
+    return None, None, linalg_backsolve_p.bind(f, a, ct,
+                                               **_derivative_params(params, flip=True))
+
+
+# ---------------------------------------------------------------------------
+# condition estimates
+
+
+_CONSTANT = Param(bool, default=False)
+linalg_rcond_p = Primitive("linalg.rcond", runtime_checks=True, params={
+    "solver": str, "pattern": _PATTERN, "norm": Param((int, float, str), default=1),
+    "exact": Param(bool, default=False), "constant": _CONSTANT})
+linalg_factor_rcond_p = Primitive("linalg.factor_rcond", runtime_checks=True, params={
+    "solver": str, "pattern": _PATTERN, "constant": _CONSTANT})
+
+NORMS = (1, np.inf, 2, "fro")
+
+
+def _rcond_type(a) -> TensorType:
+    return TensorType((), np.finfo(a.dtype).dtype)
+
+
+@linalg_rcond_p.def_abstract_eval
+def _rcond_shape(a, *, solver, pattern=None, norm=1, exact=False, constant=False):
+    op = "linalg.rcond"
+    if solver not in linalg_factor_p.methods:
+        raise ShapeError(f"a condition estimate factors the matrix: `solver` is a direct "
+                         f"solver, got {solver!r}.", op=op)
+    _check_matrix(a, TensorType((a.shape[0],), a.dtype), solver, pattern, op)
+    if norm not in NORMS:
+        raise ShapeError(f"`norm` is one of 1, inf, 2, 'fro', got {norm!r}.", op=op)
+    if not exact and norm not in (1, np.inf):
+        raise ShapeError(f"a condition estimate is of the 1- or inf-norm; norm={norm!r} "
+                         "needs `exact=True` (an SVD or inverse of a dense matrix).", op=op)
+    if exact and pattern is not None:
+        raise NotSupportedError("the exact condition number of a sparse matrix needs its "
+                                "dense inverse; use the estimate (`estimate=True`), or "
+                                "`A.todense()` for a small matrix.", op=op)
+    return _rcond_type(a)
+
+
+@linalg_rcond_p.def_impl
+def _rcond_impl(a, *, solver, pattern=None, norm=1, exact=False, constant=False, site=None):
+    from ..graph import Site
+
+    if exact:
+        c = jnp.linalg.cond(a, p={1: 1, np.inf: jnp.inf, 2: 2, "fro": "fro"}[norm])
+        return jnp.where(jnp.isfinite(c), 1.0 / c, 0.0).astype(np.finfo(a.dtype).dtype)
+    if norm == np.inf:  # ||A||_inf ||A^-1||_inf = the 1-norm condition of A^T
+        a = a[pattern.transposed()[1]] if pattern is not None else a.T
+        pattern = pattern.transposed()[0] if pattern is not None else None
+    factor = _make_factor(a, solver=solver, pattern=pattern, assume=None, throw=False,
+                          uses=1, site=site or Site("linalg.rcond"))
+    return _rcond_with(factor, a, solver=solver, pattern=pattern)
+
+
+def _rcond_jvp(primals, tangents, *, constant=False, **params):
+    # A diagnostic (`SolveInfo.rcond`, `cond(..., constant=True)`) is a
+    # constant to differentiation, as under `stop_gradient`; a condition
+    # number asked for is not differentiated: the estimate is piecewise.
+    if constant:
+        prim = linalg_rcond_p if len(primals) == 1 else linalg_factor_rcond_p
+        out = prim.bind(*primals, constant=constant, **params)
+        return out, Zero(_type(out).update())
+    raise NotSupportedError(
+        "a condition number is not differentiated by sciad (the estimate is piecewise). To "
+        "use `sd.linalg.cond` as a diagnostic inside a differentiated function, pass it "
+        "`constant=True` (its derivative is then zero, as under `sd.stop_gradient`).")
+
+
+linalg_rcond_p.def_jvp(_rcond_jvp)
+linalg_factor_rcond_p.def_jvp(_rcond_jvp)
+
+
+@linalg_factor_rcond_p.def_abstract_eval
+def _factor_rcond_shape(f, a, *, solver, pattern=None, constant=False):
+    op = "linalg.factor_rcond"
+    if not isinstance(f, FactorType) or (f.method, f.pattern) != (solver, pattern):
+        raise ShapeError(f"needs a {solver!r} factorization of `a`, got {f.str_short()}.",
+                         op=op)
+    _check_matrix(a, TensorType((a.shape[0],), a.dtype), solver, pattern, op)
+    return _rcond_type(a)
+
+
+@linalg_factor_rcond_p.def_impl
+def _factor_rcond_impl(factor, a, *, solver, pattern=None, constant=False, site=None):
+    return _rcond_with(factor, a, solver=solver, pattern=pattern)
 
 
 # ---------------------------------------------------------------------------
 # matrix-free operators
 
 
-linalg_solve_operator_p = Primitive("linalg.solve_operator")
-linalg_solve_operator_p.runtime_checks = True
+linalg_solve_operator_p = Primitive("linalg.solve_operator", runtime_checks=True, params={
+    "graph": Graph, "solver": str, "rtol": float, "atol": float,
+    "maxiter": Param((int, None), default=None), "transpose": _TRANSPOSE,
+    "symmetric": Param(bool, default=False), "throw": _THROW})
 #: `graph`: the matvec, `(v, *params) -> (A(params) v,)`, linear in `v`
 
 
@@ -429,7 +706,8 @@ def _operator_check(graph, n_params: int, b, op: str):
                          f"({v.shape[0]}, k) to match the operator, got {b.str_short()}.",
                          op=op)
     if v.dtype.kind != "f":
-        raise DTypeError("the iterative solvers take real operators.", op=op)
+        raise DTypeError(f"the iterative solvers take real operators, got one on "
+                         f"{v.str_short()}.", op=op)
 
 
 @linalg_solve_operator_p.def_abstract_eval
@@ -451,10 +729,8 @@ def _solve_operator_shape(*args, graph, solver, rtol, atol, maxiter=None, transp
 
 @linalg_solve_operator_p.def_impl
 def _solve_operator_impl(*args, graph, solver, rtol, atol, maxiter=None, transpose=False,
-                         symmetric=False, throw=True):
-    import jax
-
-    from ..graph import lower
+                         symmetric=False, throw=True, site=None):
+    from ..graph import Site, lower
 
     *params, b = args
     f = lower(graph)
@@ -468,17 +744,9 @@ def _solve_operator_impl(*args, graph, solver, rtol, atol, maxiter=None, transpo
         mv = lambda v: matvec_t(v)[0]  # noqa: E731
     else:
         mv = matvec
-    if throw:
-        b = _checked_rhs(b)
-    x, ok, rel, steps = solvers.iterative.solve(mv, b, method=solver, rtol=rtol, atol=atol,
-                                                maxiter=maxiter)
-    if throw:
-        x = tie(x, raise_if(
-            ~ok, ConvergenceError,
-            f"{solver} did not converge: relative residual {{residual:.3e}} after "
-            f"{{iterations}} iterations (rtol={rtol:g}, atol={atol:g}, maxiter={maxiter}).",
-            residual=rel, iterations=steps, tolerance=jnp.asarray(rtol)))
-    return x
+    return _iterative_solve(mv, None, b, solver=solver, pattern=None, rtol=rtol, atol=atol,
+                            maxiter=maxiter, inv_diag=None, throw=throw, assume=None,
+                            site=site or Site("linalg.solve_operator"))
 
 
 def _operator_params(params: dict, flip: bool) -> dict:

@@ -1,20 +1,49 @@
-"""Host callbacks that keep 64-bit values exact.
+"""`host_call`: run a Python function on the host from a compiled program.
 
-`jax.pure_callback` converts a callback's arguments (and results) with the
-x64 setting of the thread the callback runs on. With JAX's x64 mode off
-globally (sciad turns it on only in a scope around its own calls), that
-thread may be an XLA worker where float64 silently becomes float32. So
-64-bit arrays cross as uint32 words: bitcast in the program, viewed back on
-the host, and the same way for results.
+sciad's host-side work (SuperLU factorizations and solves, the checks that
+turn a failed computation into an error) goes through one JAX primitive,
+`sciad_host_call`, instead of `jax.pure_callback`, for two reasons measured
+on the 2-core CPU machine:
+
+- cost: `jax.pure_callback` `device_put`s every argument (making JAX arrays
+  of them) and copies every result; a trivial callback cost 0.19-0.30 ms. The
+  primitive lowers through XLA's Python FFI callback directly, so the
+  function receives the program's buffers as NumPy arrays: about 10 us a
+  call. Time stepping and Newton loops are many small solves, so this is
+  the fixed cost of each one.
+- exact dtypes: `device_put` converts with the x64 setting of the thread the
+  callback runs on, which may be an XLA worker without sciad's x64 scope
+  (float64 silently became float32). Arguments here arrive as they are.
+  Results are still checked by JAX against that thread's setting, so 64-bit
+  results cross as uint32 words (bitcast in the program, viewed back on the
+  host: no copies).
+
+The FFI lowering is `jax.interpreters.mlir.emit_python_callback` (what JAX's
+own CPU `spsolve` lowers with); where it is missing (another JAX version),
+`host_call` falls back to `jax.pure_callback` with 64-bit arguments as words
+too: slower, equally exact.
+
+Under `jax.vmap` the function gets batched arguments with the batch axes in
+front (an unbatched argument gets axes of size 1: broadcast it) and must
+return results with those axes in front (JAX's "expand_dims" convention).
+The primitive is never differentiated: sciad differentiates its graphs
+before lowering.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+try:  # the FFI lowering of Python callbacks (see the docstring)
+    from jax.interpreters.mlir import emit_python_callback as _emit_python_callback
+except ImportError:  # pragma: no cover - depends on the JAX version
+    _emit_python_callback = None
 
 
 def _wide(dtype) -> bool:
@@ -49,41 +78,101 @@ def host_from_words(w: np.ndarray, dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     if not _wide(dtype):
         return np.asarray(w)
-    w = np.ascontiguousarray(w)
-    return w.view(dtype).reshape(w.shape[:-1])
+    w = np.asarray(w, order="C")
+    return w.reshape(-1).view(dtype).reshape(w.shape[:-1])
 
 
 def host_to_words(a: np.ndarray) -> np.ndarray:
-    """`to_words` on the host."""
+    """`to_words` on the host (a view of a contiguous array)."""
     if not _wide(a.dtype):
         return a
-    a = np.ascontiguousarray(a)
-    return a.view(np.uint32).reshape(a.shape + (-1,))
+    a = np.asarray(a, order="C")  # (a 0-d array's dtype cannot be viewed: flatten)
+    return a.reshape(-1).view(np.uint32).reshape(a.shape + (-1,))
 
 
-def words_struct(shape, dtype) -> jax.ShapeDtypeStruct:
+def _words_struct(shape, dtype) -> jax.ShapeDtypeStruct:
     dtype = np.dtype(dtype)
     if not _wide(dtype):
         return jax.ShapeDtypeStruct(tuple(shape), dtype)
     return jax.ShapeDtypeStruct(tuple(shape) + (dtype.itemsize // 4,), jnp.uint32)
 
 
-def callback(fn: Callable, result: tuple, *args, vmap_method: str = "expand_dims"):
-    """`jax.pure_callback(fn, result, *args)` with 64-bit arrays kept exact.
+class _HostFn:
+    """The host side of one call site: `fn` on NumPy arrays of the declared
+    dtypes, results returned as words. Hashed by identity (it is a param of
+    the primitive: equal call sites are not merged)."""
 
-    `fn` receives NumPy arrays of the arguments' own dtypes (batched along
-    leading axes under `vmap`) and returns arrays of `result`'s dtypes;
-    `result` is a tuple of `jax.ShapeDtypeStruct`s.
+    __slots__ = ("fn", "in_dtypes", "out_dtypes", "in_words", "__weakref__")
+
+    def __init__(self, fn: Callable, in_dtypes, out_dtypes, in_words: bool):
+        self.fn = fn
+        self.in_dtypes = tuple(in_dtypes)
+        self.out_dtypes = tuple(out_dtypes)
+        self.in_words = in_words
+
+    def __call__(self, *args):
+        if self.in_words:
+            args = [host_from_words(a, dt) for a, dt in zip(args, self.in_dtypes)]
+        outs = self.fn(*args)
+        return tuple(host_to_words(np.asarray(o, dt)) for o, dt in zip(outs, self.out_dtypes))
+
+
+host_call_p = Primitive("sciad_host_call")
+host_call_p.multiple_results = True
+
+
+def _host_call_abstract_eval(*avals, host, results):
+    return [jax.core.ShapedArray(r.shape, r.dtype) for r in results]
+
+
+def _host_call_lowering(ctx, *args, host, results):
+    outs, _, _ = _emit_python_callback(ctx, host, None, list(args), ctx.avals_in,
+                                       ctx.avals_out, has_side_effect=False,
+                                       returns_token=False)
+    return outs
+
+
+def _host_call_impl(*args, host, results):
+    # outside jit: run it here (a raise is the host function's own exception)
+    outs = host(*[np.asarray(a) for a in args])
+    return [jnp.asarray(o) for o in outs]
+
+
+def _host_call_batch(args, dims, *, host, results):
+    # an unbatched operand's axis is None (JAX's `not_mapped`)
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    moved = [jnp.moveaxis(a, d, 0) if d is not None else a[None]
+             for a, d in zip(args, dims)]
+    out_results = tuple(jax.ShapeDtypeStruct((size,) + tuple(r.shape), r.dtype)
+                        for r in results)
+    return host_call_p.bind(*moved, host=host, results=out_results), [0] * len(results)
+
+
+host_call_p.def_abstract_eval(_host_call_abstract_eval)
+host_call_p.def_impl(_host_call_impl)
+batching.primitive_batchers[host_call_p] = _host_call_batch
+if _emit_python_callback is not None:
+    mlir.register_lowering(host_call_p, _host_call_lowering, cacheable=False)
+
+
+def host_call(fn: Callable, results: Sequence[jax.ShapeDtypeStruct], *args) -> tuple:
+    """`fn(*args)` run on the host, with exact dtypes both ways.
+
+    `fn` receives NumPy arrays of the arguments' own dtypes (with leading
+    batch axes under `jax.vmap`) and returns one array per entry of
+    `results` (tuples of `jax.ShapeDtypeStruct`), of that dtype. An exception
+    raised by `fn` stops the program; it reaches the caller as JAX's runtime
+    error carrying its text (see `sciad.errors.runtime_error_from`).
     """
+    args = [jnp.asarray(a) for a in args]
     in_dtypes = [np.dtype(a.dtype) for a in args]
-    out_dtypes = [np.dtype(r.dtype) for r in result]
-
-    def host(*words):
-        vals = [host_from_words(w, dt) for w, dt in zip(words, in_dtypes)]
-        outs = fn(*vals)
-        return tuple(host_to_words(np.asarray(o, dt)) for o, dt in zip(outs, out_dtypes))
-
-    structs = tuple(words_struct(r.shape, r.dtype) for r in result)
-    outs = jax.pure_callback(host, structs, *[to_words(a) for a in args],
-                             vmap_method=vmap_method)
+    out_dtypes = [np.dtype(r.dtype) for r in results]
+    structs = tuple(_words_struct(r.shape, r.dtype) for r in results)
+    if _emit_python_callback is not None:
+        host = _HostFn(fn, in_dtypes, out_dtypes, in_words=False)
+        outs = host_call_p.bind(*args, host=host, results=structs)
+    else:  # pragma: no cover - depends on the JAX version
+        host = _HostFn(fn, in_dtypes, out_dtypes, in_words=True)
+        outs = jax.pure_callback(host, structs, *[to_words(a) for a in args],
+                                 vmap_method="expand_dims")
     return tuple(from_words(o, dt) for o, dt in zip(outs, out_dtypes))

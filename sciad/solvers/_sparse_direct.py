@@ -1,23 +1,29 @@
 """Sparse direct solvers with factor reuse.
 
 - `"splu"` (CPU): SciPy's SuperLU (`permc_spec="MMD_AT_PLUS_A"`) on the host,
-  through `jax.pure_callback`. The factorization stays on the host; the
-  compiled program holds a small handle to it, and every solve with it (plain
-  or transposed) is a pair of triangular solves.
+  through `host_call`. The factorization stays on the host; the compiled
+  program holds a handle to it (an int32), and every solve with it (plain or
+  transposed) is a pair of triangular solves.
 - `"spsolve"` (GPU, or anywhere): `jax.experimental.sparse.linalg.spsolve`
-  (cuSOLVER on NVIDIA GPUs). It has no factor to keep, so the "factor" is the
-  matrix itself and every solve factors again.
+  (cuSOLVER on NVIDIA GPUs). It has no factor to keep, so the "factor" is
+  the matrix itself and every solve factors again.
 
-Handles: each `factor` call site (one per `linalg.factor` node in a compiled
-program) owns one slot of the host store; running it replaces what the slot
-held, so memory stays bounded by the number of factor nodes. The handle is
-`(slot, generation)`; a solve with a handle whose factor has since been
-replaced (the same compiled program running in two threads at once) raises
-instead of using the wrong factor. Batched (vmapped) calls keep one factor
-per batch element in the slot.
+Factor handles are values. Each run of a factorization makes new handles
+(one per batch element), so concurrent calls of one compiled program never
+share a factor. A handle is released by the last solve that uses it: the
+factorization is told how many solves of the program read it (`uses`, known
+from the graph), and each solve counts one down; a handle whose solves are
+not all in one program (`uses=None`: a factor saved for a backward pass that
+runs later, or never, or twice) is kept until the store's bound pushes it
+out. Every solve also receives the matrix's values, so a solve whose handle
+was released or pushed out (a second backward pass, a program run twice by
+XLA) factors again instead of failing: the store is a cache whose contents
+never change a result.
 
-`factor(method, pattern, data)`, `solve(method, pattern, factor, b, transpose)`
-and `ok(method, factor)` are what the primitives call.
+`factor(...)`, `solve(...)` and `rcond_estimate(...)` are what the primitives
+call. Checks are done in the same host calls: each takes a host-side
+`report(**status)` from the caller, which turns a status into an error or a
+warning (the solver only measures).
 """
 
 from __future__ import annotations
@@ -25,145 +31,358 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import threading
+from collections import OrderedDict
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._host import callback
+from ._host import host_call
 
 METHODS = ("splu", "spsolve")
 
-_lock = threading.Lock()
-_slots: dict[int, tuple[int, list]] = {}  # slot -> (generation, [factor per batch element])
-_next_slot = itertools.count(1)
-_next_gen = itertools.count(1)
+#: factors kept at most whose uses are not counted (saved for a later
+#: program); the oldest beyond it are dropped
+MAX_KEPT = 8
+#: factors kept at most whose uses are counted: more than any one program
+#: holds at once; beyond it the oldest are dropped (a program that failed
+#: before its last solve leaves its factors behind)
+MAX_COUNTED = 32
 
 
-class SpluFactor:
-    """The run-time value of a SuperLU factorization: `generation` and `ok`
-    (arrays), and the host `slot` holding the factor (static). A pytree, so
-    it can cross `jax.jit` boundaries as a saved value."""
+class _Store:
+    """Handle -> SuperLU factor (of `A^T`, see `_factor_one`), with how many
+    solves may still use it (None: not counted). Oldest first, bounded by
+    `MAX_KEPT` and `MAX_COUNTED`."""
 
-    __slots__ = ("generation", "ok", "slot")
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.entries: OrderedDict[int, list] = OrderedDict()  # handle -> [lu, uses]
+        self._ids = itertools.count(1)
 
-    def __init__(self, generation, ok, slot: int):
-        self.generation, self.ok, self.slot = generation, ok, slot
+    def new_handle(self) -> int:
+        with self.lock:
+            return next(self._ids) % (2**31 - 1) + 1
+
+    def put(self, handle: int, lu, uses: int | None) -> None:
+        with self.lock:
+            self.entries[handle] = [lu, uses]
+            dropped = []
+            for counted, bound in ((False, MAX_KEPT), (True, MAX_COUNTED)):
+                kind = [h for h, e in self.entries.items() if (e[1] is not None) == counted]
+                while len(kind) > bound:
+                    dropped.append(self.entries.pop(kind.pop(0)))
+        _drop_on_worker(dropped)
+
+    def get(self, handle: int):
+        with self.lock:
+            entry = self.entries.get(handle)
+            return None if entry is None else entry[0]
+
+    def used(self, handles) -> None:
+        """One solve of each of `handles` ran: release those whose last use it was."""
+        dropped = []
+        with self.lock:
+            for h in handles:
+                entry = self.entries.get(h)
+                if entry is not None and entry[1] is not None:
+                    entry[1] -= 1
+                    if entry[1] <= 0:
+                        dropped.append(self.entries.pop(h))
+        _drop_on_worker(dropped)
+
+    def __len__(self) -> int:
+        return len(self.entries)
 
 
-jax.tree_util.register_pytree_node(
-    SpluFactor, lambda f: ((f.generation, f.ok), f.slot),
-    lambda slot, kids: SpluFactor(kids[0], kids[1], slot))
+_store = _Store()
 
 
-class StaleFactorError(RuntimeError):
-    """A solve with a factorization that was replaced before the solve ran."""
+def held() -> int:
+    """How many factorizations the host store holds now (for tests and
+    benchmarks: 0 between calls of programs whose factors are all used)."""
+    return len(_store)
 
 
 # SuperLU runs on one host thread of its own, and its factors are dropped
 # there. XLA calls the callbacks from whichever worker thread runs them, and
 # a SuperLU factor released on another thread than the one that made it was
 # not given back (a pure-SciPy loop alternating two threads grew by one
-# factor per call; a 16,384-unknown gradient loop in sciad grew to 690 MB);
-# on one thread memory stays flat.
+# factor per call); on one thread memory stays flat. Solves run on the
+# calling thread (a hop to the worker costs ~40 us, more than a small solve).
 _worker = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="sciad-superlu")
+
+
+def _drop_on_worker(entries: list) -> None:
+    if entries:
+        box = [e[0] for e in entries]
+        entries.clear()
+        _worker.submit(box.clear)  # the last references go on the worker
+
+
+def _factor_one(pattern, d: np.ndarray):
+    """SuperLU of `A^T` (A's CSR arrays read as CSC; no conversion): the solves
+    swap their transpose flag. None if SuperLU finds `A` exactly singular."""
+    import scipy.sparse as sp
+    import scipy.sparse.linalg as spl
+
+    n = pattern.shape[0]
+    at = sp.csc_matrix((d, pattern.indices, pattern.indptr), shape=(n, n))
+    try:
+        return spl.splu(at, permc_spec="MMD_AT_PLUS_A")
+    except RuntimeError:  # "Factor is exactly singular"
+        return None
+
+
+def _csr(pattern, d: np.ndarray):
+    import scipy.sparse as sp
+
+    return sp.csr_matrix((d, pattern.indices, pattern.indptr), shape=pattern.shape)
+
+
+def _lu_solve(lu, b: np.ndarray, transpose: bool) -> np.ndarray:
+    """`A x = b` (or `A^T x = b`) with `lu` the SuperLU of `A^T`."""
+    return lu.solve(b, trans="N" if transpose else "T")
+
+
+def matrix_norms(pattern, d: np.ndarray) -> tuple[float, float]:
+    """`(||A||_1, ||A||_inf)` from the stored values."""
+    a = np.abs(d)
+    n, m = pattern.shape
+    cols = np.bincount(pattern.indices, weights=a, minlength=m)
+    rows = np.bincount(pattern.rows, weights=a, minlength=n)
+    return float(cols.max(initial=0.0)), float(rows.max(initial=0.0))
+
+
+def _rcond_here(pattern, d: np.ndarray, lu) -> float:
+    """`1 / (||A||_1 ||A^-1||_1)`, the inverse norm estimated with
+    `scipy.sparse.linalg.onenormest` (Higham and Tisseur's block method) on
+    solves with the factor: a few pairs of triangular solves."""
+    import scipy.sparse.linalg as spl
+
+    if lu is None:
+        return 0.0
+    n = pattern.shape[0]
+    anorm = matrix_norms(pattern, d)[0]
+    if n == 0 or anorm == 0.0:
+        return 0.0 if n else float("inf")
+
+    def solve_h(v):  # A^H x = v
+        return np.conj(_lu_solve(lu, np.conj(v), True))
+
+    op = spl.LinearOperator((n, n), matvec=lambda v: _lu_solve(lu, v, False),
+                            rmatvec=solve_h, dtype=d.dtype)
+    if n <= 4:  # onenormest needs n > t; exact here
+        inv = np.column_stack([_lu_solve(lu, e, False) for e in np.eye(n, dtype=d.dtype)])
+        inv_norm = float(np.abs(inv).sum(axis=0).max())
+    else:
+        inv_norm = float(spl.onenormest(op))
+    return 1.0 / (anorm * inv_norm) if inv_norm > 0 else float("inf")
+
+
+def factor(method: str, pattern, data, *, uses: int | None = None,
+           assume: str | None = None, rcond: bool = False, report: Callable | None = None):
+    """The factor of the sparse matrix with `pattern` and values `data`
+    (leading batch axes allowed), as a tuple of arrays.
+
+    For `"splu"`, on the host: `report(nonfinite=, asymmetry=, min_diagonal=,
+    singular=, rcond=)` (arrays over the batch; `asymmetry` is
+    `max |A - A^T| / max |A|` when `assume` is "symmetric" or "spd",
+    `min_diagonal` the smallest real diagonal entry when it is "spd", `rcond`
+    the estimate when asked for, else NaN) is called before the factor is
+    kept; it may raise. `uses`: the number of
+    solves that will read it (see the module docstring). For `"spsolve"` the
+    factor is `(data,)` and the caller checks in the program.
+    """
+    if method == "spsolve":
+        return (data,)
+    assert method == "splu", method
+    n_batch = data.ndim - 1
+
+    def host(d):
+        batch = d.shape[:-1]
+        flat = d.reshape((-1, d.shape[-1]))
+        k = flat.shape[0]
+        nonfinite = ~np.isfinite(flat).all(axis=1)
+        asym = np.zeros(k)
+        dmin = np.full(k, np.inf)
+        if assume in ("symmetric", "spd"):
+            _, perm = pattern.transposed()
+            scale = np.abs(flat).max(axis=1, initial=0.0)
+            asym = np.abs(flat - flat[:, perm]).max(axis=1, initial=0.0) / np.where(
+                scale > 0, scale, 1.0)
+        if assume == "spd":
+            pos = pattern.diagonal_positions()
+            diag = np.where(pos >= 0, np.real(flat[:, np.maximum(pos, 0)]), 0.0)
+            dmin = diag.min(axis=1, initial=np.inf)
+        lus = [None if bad else _on_worker(_factor_one, pattern, row)
+               for row, bad in zip(flat, nonfinite)]
+        singular = np.array([lu is None and not bad for lu, bad in zip(lus, nonfinite)])
+        rc = np.full(k, np.nan)
+        if rcond:
+            rc = np.array([_rcond_here(pattern, row, lu) for row, lu in zip(flat, lus)])
+        handles = np.array([_store.new_handle() for _ in range(k)], np.int32)
+        try:
+            if report is not None:
+                report(nonfinite=nonfinite.reshape(batch), asymmetry=asym.reshape(batch),
+                       min_diagonal=dmin.reshape(batch), singular=singular.reshape(batch),
+                       rcond=rc.reshape(batch))
+        except BaseException:
+            _drop_on_worker([[lu] for lu in lus])
+            raise
+        for h, lu in zip(handles, lus):
+            _store.put(int(h), lu, uses)
+        return (handles.reshape(batch),)
+
+    (h,) = host_call(host, (jax.ShapeDtypeStruct(data.shape[:n_batch], jnp.int32),), data)
+    return (h,)
 
 
 def _on_worker(fn, *args):
     return _worker.submit(fn, *args).result()
 
 
-def _host_factor(slot: int, pattern, data: np.ndarray):
-    return _on_worker(_host_factor_here, slot, pattern, data)
+def solve(method: str, pattern, factor: tuple, data, b, transpose: bool, *,
+          refine_above: float, estimate: str = "never", report: Callable | None = None):
+    """Solves `A x = b` (or `A^T x = b`) with a factor from `factor`.
 
+    For `"splu"`, on the host, with the checks of a direct solve: the
+    residual `r = b - op(A) x` and the normwise backward error
+    `||r||_inf / (||A||_inf ||x||_inf + ||b||_inf)` (per column, the
+    largest); above `refine_above`, one step of iterative refinement
+    (`x += op(A)^-1 r`) and the measures again. `estimate`: `"always"` or
+    `"on_residual"` (only when the relative residual `||r|| / ||b||` exceeds
+    `sqrt(eps)` or the backward error stays above `refine_above`) computes
+    the condition estimate `rcond` with the factor. Then
+    `report(nonfinite=, backward_error=, residual=, rcond=, refined=)` (scalars over
+    the batch: the worst element) may raise or warn. Returns `x`.
 
-def _host_solve(slot: int, transpose: bool, core_ndim: int, gen, b):
-    return _on_worker(_host_solve_here, slot, transpose, core_ndim, gen, b)
-
-
-def _host_factor_here(slot: int, pattern, data: np.ndarray):
-    """Factors each matrix of the batch `data (..., nnz)`; returns (generation, ok)."""
-    import scipy.sparse as sp
-    import scipy.sparse.linalg as spl
-
-    with _lock:  # drop the slot's old factor first: one factor per slot at a time
-        _slots.pop(slot, None)
-    data = np.asarray(data)
-    batch = data.shape[:-1]
-    flat = data.reshape(-1, data.shape[-1])
-    n = pattern.shape[0]
-    factors, oks = [], []
-    for d in flat:
-        # A's CSR arrays read as CSC are A^T: factor that (no conversion) and
-        # swap the solve's transpose flag.
-        at = sp.csc_matrix((d, pattern.indices, pattern.indptr), shape=(n, n))
-        try:
-            lu = spl.splu(at, permc_spec="MMD_AT_PLUS_A")
-            ok = True
-        except RuntimeError:  # "Factor is exactly singular"
-            lu, ok = None, False
-        factors.append(lu)
-        oks.append(ok)
-    gen = next(_next_gen) % 2**31
-    with _lock:
-        _slots[slot] = (gen, factors)
-    return (np.full(batch, gen, np.int32), np.asarray(oks, bool).reshape(batch))
-
-
-def _host_solve_here(slot: int, transpose: bool, core_ndim: int, gen: np.ndarray,
-                     b: np.ndarray):
-    gen = np.asarray(gen)
-    b = np.asarray(b)
-    with _lock:
-        held_gen, factors = _slots.get(slot, (None, []))
-    if gen.size and np.any(gen != held_gen):
-        raise StaleFactorError(
-            "a sparse factorization was replaced before a solve with it ran: the same "
-            "compiled function ran in two threads at once. Call it from one thread at a "
-            "time, or use solver='spsolve'.")
-    core = b.shape[b.ndim - core_ndim:]
-    batch = np.broadcast_shapes(gen.shape, b.shape[:b.ndim - core_ndim])
-    n_b = int(np.prod(batch, dtype=np.int64))
-    flat_b = np.broadcast_to(b, batch + core).reshape((n_b,) + core)
-    out = np.empty(flat_b.shape, b.dtype)
-    trans = "N" if transpose else "T"  # the factor is of A^T
-    for i in range(n_b):
-        lu = factors[i] if len(factors) == n_b else factors[0]
-        out[i] = np.nan if lu is None else lu.solve(np.asarray(flat_b[i]), trans=trans)
-    return (out.reshape(batch + core),)
-
-
-def factor(method: str, pattern, data):
-    """The factor of the sparse matrix with `pattern` and values `data`."""
-    if method == "spsolve":
-        return (data,)
-    assert method == "splu", method
-    with _lock:
-        slot = next(_next_slot)
-    batch_shape = data.shape[:-1]
-    out = (jax.ShapeDtypeStruct(batch_shape, jnp.int32),
-           jax.ShapeDtypeStruct(batch_shape, jnp.bool_))
-    gen, ok = callback(lambda d: _host_factor(slot, pattern, d), out, data)
-    return SpluFactor(gen, ok, slot)
-
-
-def ok(method: str, factor) -> jax.Array:
-    """False where the factorization found the matrix singular."""
-    if method == "spsolve":
-        return jnp.asarray(True)
-    return jnp.all(factor.ok)
-
-
-def solve(method: str, pattern, factor, b, transpose: bool):
-    """Solves `A x = b` (or `A^T x = b`) with a factor from `factor`."""
+    For `"spsolve"`: the plain solve; the caller checks in the program.
+    """
     if method == "spsolve":
         return _spsolve(pattern, factor[0], b, transpose)
-    gen, slot = factor.generation, factor.slot
-    core_ndim = b.ndim
-    (x,) = callback(lambda g, bb: _host_solve(slot, transpose, core_ndim, g, bb),
-                    (jax.ShapeDtypeStruct(b.shape, b.dtype),), gen, b)
+    (handles,) = factor
+    dtype = np.dtype(b.dtype)
+    eps = float(np.finfo(dtype).eps)
+
+    def host(h, d, bb):
+        b_core = bb.ndim - h.ndim  # 1 or 2; leading axes are batch axes (vmap)
+        batch = np.broadcast_shapes(h.shape, d.shape[:-1], bb.shape[:h.ndim])
+        k = int(np.prod(batch, dtype=np.int64))
+        core_shape = bb.shape[bb.ndim - b_core:]
+        hs = np.broadcast_to(h, batch).reshape(k)
+        ds = np.broadcast_to(d, batch + d.shape[-1:]).reshape((k, d.shape[-1]))
+        bs = np.broadcast_to(bb, batch + core_shape).reshape((k,) + core_shape)
+        out = np.empty(bs.shape, dtype)
+        worst = dict(nonfinite=False, backward_error=0.0, residual=0.0, rcond=np.nan,
+                     refined=False)
+        for i in range(k):
+            x, status = _solve_checked(pattern, int(hs[i]), ds[i], bs[i], transpose,
+                                       refine_above, estimate, eps)
+            out[i] = x
+            _merge_worst(worst, status)
+        _store.used(set(int(v) for v in np.unique(hs)))
+        if report is not None:
+            report(**worst)
+        return (out.reshape(batch + core_shape),)
+
+    (x,) = host_call(host, (jax.ShapeDtypeStruct(b.shape, b.dtype),), handles, data, b)
     return x
+
+
+def _merge_worst(worst: dict, status: dict) -> None:
+    worst["nonfinite"] |= status["nonfinite"]
+    worst["refined"] |= status["refined"]
+    for k in ("backward_error", "residual"):
+        if not status[k] <= worst[k]:  # NaN wins
+            worst[k] = status[k]
+    rc = status["rcond"]
+    if not np.isnan(rc) and (np.isnan(worst["rcond"]) or rc < worst["rcond"]):
+        worst["rcond"] = rc
+
+
+def measures(apply: Callable, x: np.ndarray, b: np.ndarray, anorm_inf: float):
+    """`(r, backward_error, relative_residual)` of `x` for `apply(x) = b`
+    (columns of a 2-D `b` measured separately, the worst reported)."""
+    r = b - apply(x)
+    x2, b2, r2 = (v.reshape(v.shape[0], -1) for v in (x, b, r))
+    rn = np.abs(r2).max(axis=0, initial=0.0)
+    xn = np.abs(x2).max(axis=0, initial=0.0)
+    bn = np.abs(b2).max(axis=0, initial=0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        den = anorm_inf * xn + bn
+        eta = np.where(den > 0, rn / np.where(den > 0, den, 1.0), np.where(rn > 0, np.inf, 0.0))
+        rel = np.where(bn > 0, rn / np.where(bn > 0, bn, 1.0), np.where(rn > 0, np.inf, 0.0))
+    worst = lambda v: float(v.max(initial=0.0)) if not np.isnan(v).any() else float("nan")  # noqa: E731
+    return r, worst(eta), worst(rel)
+
+
+def _solve_checked(pattern, handle: int, d: np.ndarray, b: np.ndarray, transpose: bool,
+                   refine_above: float, estimate: str, eps: float):
+    status = dict(nonfinite=bool(not np.isfinite(b).all()), backward_error=0.0, residual=0.0,
+                  rcond=np.nan, refined=False)
+    if status["nonfinite"]:
+        return np.full(b.shape, np.nan, b.dtype), status
+    lu = _store.get(handle)
+    if lu is None:  # released or pushed out: factor again (on the worker)
+        lu = _on_worker(_factor_one, pattern, d) if np.isfinite(d).all() else None
+        if lu is not None:
+            _store.put(handle, lu, 1)  # dropped by this solve's `used`
+    if lu is None:
+        status.update(backward_error=np.nan, residual=np.nan, rcond=0.0)
+        return np.full(b.shape, np.nan, b.dtype), status
+    a = _csr(pattern, d)
+    apply = (lambda v: a.T @ v) if transpose else (lambda v: a @ v)
+    anorm_inf = matrix_norms(pattern, d)[0 if transpose else 1]
+    x = _lu_solve(lu, b, transpose)
+    r, eta, rel = measures(apply, x, b, anorm_inf)
+    if not eta <= refine_above:
+        x = x + _lu_solve(lu, r, transpose)
+        r, eta, rel = measures(apply, x, b, anorm_inf)
+        status["refined"] = True
+    status.update(backward_error=eta, residual=rel)
+    if estimate == "always" or (estimate == "on_residual" and (
+            not rel <= np.sqrt(eps) or not eta <= refine_above)):
+        status["rcond"] = _rcond_here(pattern, d, lu)
+    return x.astype(b.dtype, copy=False), status
+
+
+def rcond_estimate(method: str, pattern, factor: tuple, data):
+    """The 1-norm reciprocal condition estimate `1 / (||A||_1 ||A^-1||_1)` of
+    the matrix with values `data` (leading batch axes allowed)."""
+    real = np.finfo(np.dtype(data.dtype)).dtype
+    if method == "spsolve":  # no factor to keep: SuperLU on the host, for the estimate
+        def host(d):
+            batch = d.shape[:-1]
+            flat = d.reshape((-1, d.shape[-1]))
+            out = [_rcond_here(pattern, row, _on_worker(_factor_one, pattern, row)
+                               if np.isfinite(row).all() else None) for row in flat]
+            return (np.asarray(out, real).reshape(batch),)
+
+        (rc,) = host_call(host, (jax.ShapeDtypeStruct(data.shape[:-1], real),), data)
+        return rc
+    (handles,) = factor
+
+    def host(h, d):
+        batch = np.broadcast_shapes(h.shape, d.shape[:-1])
+        k = int(np.prod(batch, dtype=np.int64))
+        hs = np.broadcast_to(h, batch).reshape(k)
+        ds = np.broadcast_to(d, batch + d.shape[-1:]).reshape((k, d.shape[-1]))
+        out = np.empty(k, real)
+        for i in range(k):
+            lu = _store.get(int(hs[i]))
+            if lu is None:
+                lu = _on_worker(_factor_one, pattern, ds[i]) if np.isfinite(ds[i]).all() \
+                    else None
+            out[i] = _rcond_here(pattern, ds[i], lu)
+        _store.used(set(int(v) for v in np.unique(hs)))
+        return (out.reshape(batch),)
+
+    (rc,) = host_call(host, (jax.ShapeDtypeStruct(
+        jnp.broadcast_shapes(handles.shape, data.shape[:-1]), real),), handles, data)
+    return rc
 
 
 def _spsolve(pattern, data, b, transpose: bool):
