@@ -1,8 +1,22 @@
-"""Krylov solvers through lineax: CG, GMRES and BiCGStab on a matrix-free
-`matvec`, with an optional Jacobi (diagonal) preconditioner.
+"""Krylov solvers on a matrix-free `matvec`: CG and GMRES through lineax,
+BiCGStab here, each with an optional Jacobi (diagonal) preconditioner.
 
 `solve` returns `(x, converged, relative_residual, steps)`; it never raises.
-A matrix of right-hand sides is solved column by column (`jax.vmap`).
+Converged means `||A x - b||_2 <= rtol ||b||_2 + atol` with everything
+finite. A matrix of right-hand sides is solved column by column (`jax.vmap`).
+
+Each column is solved in scaled units, so that neither its size nor the
+matrix's reaches the solvers (whose squared norms and dot products over- or
+underflow beyond about 1e+-154, and whose GMRES takes a residual below
+machine epsilon, absolutely, for a breakdown):
+
+    u = b / s,   B = k A,   B y = u,   x = s k y
+
+with `s` and `k` powers of two (exact), `s` from `max |b|` and `k` from
+`max |A u|`. The test becomes `||u - B y|| <= rtol ||u|| + atol / s`,
+the same inequality divided by `s`, so every tolerance is relative to the
+column's own size; `atol` is added, never substituted for it. A zero
+column gives `x = 0` exactly, with no step taken.
 """
 
 from __future__ import annotations
@@ -12,51 +26,173 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import lineax as lx
+from jax import lax
 
 METHODS = ("cg", "gmres", "bicgstab")
 
+_HIGHEST = lax.Precision.HIGHEST
 
-def _solver(method: str, rtol: float, atol: float, maxiter: int | None):
-    if method == "cg":
-        return lx.CG(rtol=rtol, atol=atol, max_steps=maxiter)
-    if method == "gmres":
-        return lx.GMRES(rtol=rtol, atol=atol, max_steps=maxiter)
+
+def _pow2(e, dtype):
+    """`2**e` exactly, built from its bits (`e` is clipped to the normal range).
+    (Not `jnp.ldexp`: XLA flushes subnormal intermediates, so it is not exact.)"""
+    fi = jnp.finfo(dtype)
+    itype = jnp.dtype(f"int{fi.bits}")
+    bias = fi.maxexp - 1
+    e = jnp.clip(e, fi.minexp, bias).astype(itype)
+    return lax.bitcast_convert_type((e + bias) << fi.nmant, dtype)
+
+
+def _exponent(v):
+    """`e` with `max |v| / 2**e` in `[0.5, 1)` (read from its bits), clipped
+    so that `2**±e` are normal; 0 for a zero or non-finite `v`. Also
+    whether `v == 0`."""
+    fi = jnp.finfo(v.dtype)
+    m = jnp.max(jnp.abs(v))
+    field = lax.bitcast_convert_type(m, jnp.dtype(f"int{fi.bits}")) >> fi.nmant
+    e = jnp.clip(field - (fi.maxexp - 2), fi.minexp, fi.maxexp - 2)
+    return jnp.where(jnp.isfinite(m) & (m > 0), e, 0), m == 0
+
+
+def _bicgstab(op: Callable, u, tol, maxiter: int, restarts: int = 3):
+    """BiCGStab (van der Vorst 1992) for `op(z) = u` from `z = 0`, until
+    `||u - op(z)||_2 <= tol`; returns `(z, steps)`.
+
+    Written here because `lx.BiCGStab` forms `omega = (t.s) / (t.t)` even
+    after the half step has solved the system (`s = 0`, so `t = 0`): the
+    identity matrix, or any `b` that is an eigenvector, gives NaN. Here the
+    half step's iterate is kept, and a breakdown (`rho`, `rhat.v`, `omega`
+    zero, or a non-finite iterate) stops with the last finite iterate.
+
+    A cycle runs until its updated residual is `<= tol / 2`; the true one
+    can drift above `tol`, so a cycle whose true residual is too large is
+    followed by another from its iterate (at most `restarts` more)."""
+    one = jnp.ones((), u.dtype)
+    dot = lambda a, c: jnp.dot(a, c, precision=_HIGHEST)  # noqa: E731
+
+    def cycle(z, r, steps):
+        rhat, zero = r, jnp.zeros_like(r)
+
+        def cond(c):
+            *_, step, done = c
+            return ~done & (step < maxiter)
+
+        def body(c):
+            z, r, p, v, rho, alpha, omega, step, _ = c
+            rho_new = dot(rhat, r)
+            p_new = r + (rho_new / rho) * (alpha / omega) * (p - omega * v)
+            v_new = op(p_new)
+            rv = dot(rhat, v_new)
+            alpha_new = rho_new / jnp.where(rv == 0, one, rv)
+            h = z + alpha_new * p_new
+            s = r - alpha_new * v_new
+            t = op(s)
+            tt = dot(t, t)
+            omega_new = jnp.where(tt > 0, dot(t, s) / jnp.where(tt > 0, tt, one), 0)
+            half = jnp.linalg.norm(s) <= tol / 2
+            z_new = jnp.where(half, h, h + omega_new * s)
+            r_new = jnp.where(half, s, s - omega_new * t)
+            broken = (rho_new == 0) | (rv == 0) | ~jnp.all(jnp.isfinite(z_new))
+            z_new, r_new = jnp.where(broken, z, z_new), jnp.where(broken, r, r_new)
+            done = broken | half | (omega_new == 0) | (jnp.linalg.norm(r_new) <= tol / 2)
+            return (z_new, r_new, p_new, v_new, rho_new, alpha_new, omega_new, step + 1,
+                    done)
+
+        init = (z, r, zero, zero, one, one, one, steps, jnp.linalg.norm(r) <= tol / 2)
+        out = lax.while_loop(cond, body, init)
+        return out[0], out[7]
+
+    def cond(c):
+        _, r, steps, k = c
+        return (jnp.linalg.norm(r) > tol) & (steps < maxiter) & (k <= restarts)
+
+    def body(c):
+        z, r, steps, k = c
+        z, steps = cycle(z, r, steps)
+        return z, u - op(z), steps, k + 1
+
+    z, _, steps, _ = lax.while_loop(cond, body, (jnp.zeros_like(u), u, jnp.array(0), 0))
+    return z, steps
+
+
+def _krylov(method: str, op: Callable, u, rtol: float, tol, maxiter: int | None,
+            precond):
+    """Solves `op(y) = u` (`u` of order 1) to `||u - op(y)|| <= tol`;
+    returns `(y, steps)`. `precond` is CG's (left) preconditioner."""
+    maxiter = 10 * u.size if maxiter is None else maxiter
     if method == "bicgstab":
-        return lx.BiCGStab(rtol=rtol, atol=atol, max_steps=maxiter)
-    raise ValueError(f"unknown iterative method {method!r}")
+        return _bicgstab(op, u, tol, maxiter)
+    # lineax's test is elementwise, `|r_i| <= atol + rtol |u_i|` for all i
+    # (and `|diff_i| <= atol + rtol |y_i|` for its last step). With
+    # atol = tol / (2 sqrt(n)) and rtol / 2 the right-hand sides have a 2-norm
+    # <= tol/2 + rtol ||u|| / 2 <= tol, so meeting it implies the 2-norm
+    # test (no false success), and a residual spread evenly meets it at about
+    # ||r|| = tol/2. atol > 0 even where u_i = 0 (a localized source).
+    n = u.size
+    kwargs = dict(rtol=rtol / 2, atol=tol / (2 * n**0.5), max_steps=maxiter)
+    struct = jax.ShapeDtypeStruct(u.shape, u.dtype)
+    options = {}
+    if method == "cg":
+        psd = (lx.positive_semidefinite_tag, lx.symmetric_tag)
+        operator = lx.FunctionLinearOperator(op, struct, tags=psd)
+        solver = lx.CG(**kwargs)
+        if precond is not None:
+            options["preconditioner"] = lx.TaggedLinearOperator(
+                lx.DiagonalLinearOperator(precond), lx.positive_semidefinite_tag)
+    else:
+        operator = lx.FunctionLinearOperator(op, struct)
+        solver = lx.GMRES(**kwargs)
+    sol = lx.linear_solve(operator, u, solver, options=options, throw=False)
+    return sol.value, sol.stats["num_steps"]
 
 
 def _solve_vector(matvec: Callable, b, method: str, rtol: float, atol: float,
                   maxiter: int | None, inv_diag):
-    """Converged means `||A x - b||_2 <= rtol ||b||_2 + atol` (SciPy's test).
+    e_b, b_zero = _exponent(b)
+    u = b * _pow2(-e_b, b.dtype)
+    # GMRES and BiCGStab are preconditioned on the right, `A M z = u` with
+    # `y = M z`, so that the residual they test is the true one (lineax's
+    # GMRES tests `M r` against a scale made from `b`). CG needs a
+    # symmetric preconditioner and takes it on the left.
+    right = inv_diag if method != "cg" else None
 
-    lineax tests elementwise, `|r_i| <= atol + rtol |b_i|` (and the same for
-    the last step against `x`), which a right-hand side with near-zero
-    entries (a localized source) may never meet. Its `atol` is therefore set
-    to `rtol ||b|| / sqrt(n) + atol`: meeting that elementwise test implies
-    the 2-norm one."""
-    struct = jax.ShapeDtypeStruct(b.shape, b.dtype)
-    bnorm = jnp.linalg.norm(b)
-    lx_atol = rtol * bnorm / jnp.sqrt(max(b.size, 1)) + atol
-    tags = (lx.positive_semidefinite_tag, lx.symmetric_tag) if method == "cg" else ()
-    op = lx.FunctionLinearOperator(matvec, struct, tags=tags)
-    options = {}
-    if inv_diag is not None:
-        options["preconditioner"] = lx.DiagonalLinearOperator(inv_diag) if method != "cg" \
-            else lx.TaggedLinearOperator(lx.DiagonalLinearOperator(inv_diag),
-                                         lx.positive_semidefinite_tag)
-    sol = lx.linear_solve(op, b, _solver(method, rtol, lx_atol, maxiter), options=options,
-                          throw=False)
-    x = sol.value
-    rnorm = jnp.linalg.norm(matvec(x) - b)
-    rel = rnorm / jnp.where(bnorm > 0, bnorm, 1.0)
-    ok = jnp.all(jnp.isfinite(x)) & (rnorm <= rtol * bnorm + atol)
-    return x, ok, rel, sol.stats["num_steps"]
+    def precondition(z):
+        return z if right is None else right * z
+
+    e_a, _ = _exponent(matvec(precondition(u)))
+    k = _pow2(-e_a, b.dtype)
+
+    def op(z):
+        return k * matvec(precondition(z))
+
+    unorm = jnp.linalg.norm(u)
+    atol_u = atol * _pow2(-e_b, b.dtype)  # inf if it overflows: then any x does
+    tol = rtol * unorm + atol_u
+    left = None if method != "cg" or inv_diag is None else inv_diag * _pow2(e_a, b.dtype)
+    z, steps = _krylov(method, op, u, rtol, tol, maxiter, left)
+    y = precondition(z)
+    # x = s k y = y 2**d, |d| <= 2044: two normal factors with exponents of
+    # one sign, so the product is exact unless x itself over- or underflows.
+    # Then `y_x`, the y that the returned x stands for, is not y, and it is
+    # y_x whose residual is judged.
+    d = e_b - e_a
+    d1 = jnp.clip(d, jnp.finfo(b.dtype).minexp, -jnp.finfo(b.dtype).minexp)
+    f1, f2 = _pow2(d1, b.dtype), _pow2(d - d1, b.dtype)
+    x = y * f1 * f2
+    y_x = x / f2 / f1
+    rnorm = jnp.linalg.norm(u - k * matvec(y_x))
+    ok = jnp.all(jnp.isfinite(x)) & jnp.isfinite(rnorm) & (rnorm <= tol)
+    rel = rnorm / jnp.where(b_zero, 1, unorm)
+    x = jnp.where(b_zero, 0, x)
+    return (x, ok | b_zero, jnp.where(b_zero, 0, rel),
+            jnp.where(b_zero, 0, steps).astype(jnp.int32))
 
 
 def solve(matvec: Callable, b, *, method: str, rtol: float, atol: float,
           maxiter: int | None, inv_diag=None):
     """Solves `matvec(x) = b` for `b` of shape `(n,)` or `(n, k)`."""
+    if method not in METHODS:
+        raise ValueError(f"unknown iterative method {method!r}; choose one of {METHODS}.")
     if b.ndim == 1:
         return _solve_vector(matvec, b, method, rtol, atol, maxiter, inv_diag)
     cols = jax.vmap(lambda col: _solve_vector(matvec, col, method, rtol, atol, maxiter,
