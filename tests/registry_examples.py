@@ -160,15 +160,15 @@ EXAMPLES.update({
     "linalg.solve": (lambda a, b, d, c: (sd.linalg.solve(a + 4.0 * snp.eye(3), b),
                                          sd.linalg.solve(_square(d), c, solver="splu")),
                      (_f64(3, 3), _f64(3, 2), _f64(6), _f64(4))),
-    "linalg.factor": (lambda a, b, d, c: _factor_example(a, b, d, c, transpose=False),
-                      (_f64(3, 3), _f64(3, 2), _f64(6), _f64(4))),
+    # (one example for the factorization and its solves: the registry walks
+    # run an example shared by several primitives once)
+    "linalg.factor": (lambda a, b, d, c: _factor_example(a, b, d, c, transpose=True),
+                      (_f64(3, 3), _f64(3), _f64(6), _f64(4, 2))),
     "linalg.solve_operator": (
         lambda th, b: sd.linalg.solve(
             sd.linalg.operator(lambda v: snp.exp(th) * v + 0.3 * (_A33 @ v), (3, 3)), b,
-            solver="gmres", tol=1e-13),
+            solver="bicgstab", tol=1e-13),
         (_f64(3), _f64(3))),
-    "linalg.backsolve": (lambda a, b, d, c: _factor_example(a, b, d, c, transpose=True),
-                         (_f64(3, 3), _f64(3), _f64(6), _f64(4, 2))),
     "linalg.rcond": (lambda a, d: _rcond_example(a, d, shared=False), (_f64(3, 3), _f64(6))),
     "linalg.factor_rcond": (lambda a, d: _rcond_example(a, d, shared=True),
                             (_f64(3, 3), _f64(6))),
@@ -177,6 +177,21 @@ EXAMPLES.update({
              (_f64(3), _f64(3))),
     "stop_gradient": (lambda x: _logsumexp(x), (_f64(5),)),
 })
+
+
+EXAMPLES["linalg.backsolve"] = EXAMPLES["linalg.factor"]
+
+
+def distinct_examples(names):
+    """`{name: example}` with one name per distinct example object (several
+    primitives may share one), for the walks that run each example once."""
+    seen, out = set(), {}
+    for name in names:
+        ex = EXAMPLES[name]
+        if id(ex) not in seen:
+            seen.add(id(ex))
+            out[name] = ex
+    return out
 
 
 def builtin_primitives():

@@ -351,18 +351,34 @@ def _eager(prim: Primitive, args, params):
 
 
 def _run_checked(prim: Primitive, values, params, site):
-    """An implementation with run-time checks, run eagerly: its result is
-    waited for, and a failed check is raised as the sciad error it names
-    (not JAX's runtime error carrying its text)."""
+    """An implementation with run-time checks, run eagerly: compiled once per
+    (primitive, params, call site) rather than op by op (its checks and
+    solvers are many small ops), its result waited for, and a failed check
+    raised as the sciad error it names (not JAX's runtime error carrying
+    its text)."""
     from ..errors import runtime_error_from
 
+    key = (prim, tuple(sorted(params.items())), site)
     try:
-        return jax.block_until_ready(prim.impl_rule(*values, site=site, **params))
+        fn = _EAGER_CHECKED.get(key)
+    except TypeError:  # an unhashable param value: run it op by op
+        key, fn = None, None
+    if fn is None:
+        fn = jax.jit(lambda *xs: prim.impl_rule(*xs, site=site, **params))
+        if key is not None:
+            if len(_EAGER_CHECKED) >= 64:
+                _EAGER_CHECKED.pop(next(iter(_EAGER_CHECKED)))
+            _EAGER_CHECKED[key] = fn
+    try:
+        return jax.block_until_ready(fn(*values))
     except Exception as e:  # JaxRuntimeError, or the host function's own error
         err = runtime_error_from(e)
         if err is None:
             raise
         raise err from None
+
+
+_EAGER_CHECKED: dict = {}
 
 
 # --------------------------------------------------------------------------

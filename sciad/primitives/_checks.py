@@ -32,6 +32,8 @@ machine epsilon:
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,10 +43,12 @@ from ..errors import (IllConditionedWarning, NonFiniteError, NotPositiveDefinite
 from ..graph import Site
 
 
+@functools.lru_cache(maxsize=None)
 def eps_of(dtype) -> float:
     return float(np.finfo(np.dtype(dtype)).eps)
 
 
+@functools.lru_cache(maxsize=None)
 def refine_above(dtype, n: int) -> float:
     """The largest backward error a direct solve may have (see the module
     docstring)."""
@@ -52,6 +56,7 @@ def refine_above(dtype, n: int) -> float:
     return min(10.0 * max(n, 1) * eps, float(np.sqrt(eps)))
 
 
+@functools.lru_cache(maxsize=None)
 def symmetry_tolerance(dtype) -> float:
     """`max |A - A^T| / max |A|` above which a `symmetric`/`spd` tag is wrong."""
     return float(np.sqrt(eps_of(dtype)))
@@ -75,6 +80,10 @@ def judge_matrix(site: Site, *, dtype, tags=frozenset(), nonfinite=False, asymme
     declared so (a tag, or `assume=`), with a positive diagonal if declared
     positive definite (a necessary condition; definiteness itself shows in
     a Cholesky factorization)."""
+    if (not np.ndim(nonfinite) and not nonfinite and np.ndim(asymmetry) == 0
+            and asymmetry <= symmetry_tolerance(dtype)
+            and ("spd" not in tags or np.ndim(min_diagonal) == 0 and min_diagonal > 0)):
+        return  # the common case, quickly: a check is part of every solve
     if np.any(nonfinite):
         site.fail(NonFiniteError, "the matrix holds NaN or infinite values.")
     claimed = "/".join(sorted({"symmetric", "spd"} & set(tags))) or "symmetric"
@@ -98,6 +107,8 @@ def judge_factor(site: Site, *, dtype, solver: str, tags=frozenset(), nonfinite=
     """A factorization: the matrix checks, then breakdown."""
     judge_matrix(site, dtype=dtype, tags=tags, nonfinite=nonfinite, asymmetry=asymmetry,
                  min_diagonal=min_diagonal)
+    if np.ndim(singular) == 0 and not singular:
+        return
     if np.any(singular):
         if solver == "cholesky":
             site.fail(NotPositiveDefiniteError,
@@ -112,10 +123,12 @@ def judge_solve(site: Site, *, dtype, n: int, nonfinite=False, backward_error=0.
                 residual=0.0, rcond=np.nan, refined=False):
     """A direct solve's measures (see the module docstring)."""
     eps = eps_of(dtype)
+    tau = refine_above(dtype, n)
+    eta, rel, rc = float(backward_error), float(residual), float(rcond)
+    if eta <= tau and not nonfinite and not rc < eps:
+        return  # the common case, quickly: a solve is many microseconds here
     if np.any(nonfinite):
         site.fail(NonFiniteError, "the right-hand side holds NaN or infinite values.")
-    eta, rel, rc = float(backward_error), float(residual), float(rcond)
-    tau = refine_above(dtype, n)
     if np.isnan(eta):
         site.fail(SingularMatrixError, "the matrix is singular: the factorization found a "
                   "zero pivot.", rcond=0.0)
@@ -146,12 +159,14 @@ def judge_solve(site: Site, *, dtype, n: int, nonfinite=False, backward_error=0.
 # checks of values computed in the program
 
 
-def check(judge, site: Site, /, **measures):
+def check(judge, site: Site, /, *, when=None, **measures):
     """One host call running `judge(site, **measures)` on values computed in
     the program (scalars or arrays of any dtype, batched under `vmap`); the
     result is a token (an int32 zero, batched like the measures) to `tie`
     into the checked value. Static keyword values (dtypes, tags, solver
-    names) are passed as they are."""
+    names) are passed as they are. With `when` (a traced bool), the host is
+    called only where it holds (`lax.cond`; under `vmap`, everywhere): the
+    judgement of measures that pass costs no host call."""
     names, values, static = [], [], {}
     for k, v in measures.items():
         if isinstance(v, (jax.Array, jax.core.Tracer)) or (
@@ -173,8 +188,13 @@ def check(judge, site: Site, /, **measures):
 
     from ..solvers._host import host_call
 
-    (tok,) = host_call(host, (jax.ShapeDtypeStruct((), jnp.int32),), *values)
-    return tok
+    def call(values):
+        (tok,) = host_call(host, (jax.ShapeDtypeStruct((), jnp.int32),), *values)
+        return tok
+
+    if when is None:
+        return call(values)
+    return jax.lax.cond(when, call, lambda _: jnp.zeros((), jnp.int32), values)
 
 
 def tie(value, *tokens):

@@ -173,17 +173,16 @@ def _norm_inf(a, pattern, transpose: bool):
 
 
 def _measures(apply, x, b, anorm_inf):
-    """`(backward_error, relative_residual)` of `x` for `apply(x) = b`
-    (2-D `b`: the worst column)."""
-    r = b - apply(x)
-    axis = 0
-    rn = jnp.max(jnp.abs(r), axis=axis)
-    xn = jnp.max(jnp.abs(x), axis=axis)
-    bn = jnp.max(jnp.abs(b), axis=axis)
+    """`(r, backward_error, relative_residual, max |b|)` of `x` for
+    `apply(x) = b`, with `r = apply(x) - b` (2-D `b`: the worst column)."""
+    r = apply(x) - b
+    rn = jnp.max(jnp.abs(r), axis=0)
+    xn = jnp.max(jnp.abs(x), axis=0)
+    bn = jnp.max(jnp.abs(b), axis=0)
     den = anorm_inf * xn + bn
     eta = jnp.where(den > 0, rn / jnp.where(den > 0, den, 1), jnp.where(rn > 0, jnp.inf, 0))
     rel = jnp.where(bn > 0, rn / jnp.where(bn > 0, bn, 1), jnp.where(rn > 0, jnp.inf, 0))
-    return r, jnp.max(eta), jnp.max(rel)
+    return r, jnp.max(eta), jnp.max(rel), jnp.max(bn)
 
 
 def _factor_layout(t: FactorType):
@@ -200,6 +199,9 @@ def _factor_layout(t: FactorType):
 
 for _m in DENSE_DIRECT + SPARSE_DIRECT:
     register_factor_layout(_m, _factor_layout)
+
+
+_ZERO_TOKEN = np.zeros((), np.int32)
 
 
 def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
@@ -231,6 +233,13 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
     def host(m, anorm, *vals):
         # one host call: LAPACK's condition estimate from the factor, and
         # the checks of the factorization
+        if m.ndim == 2:  # (unbatched: the common case, without the loop's overhead)
+            status = dict(zip(names, vals))
+            if throw:
+                judge_factor(site, dtype=dtype, solver=solver, tags=tags, **status)
+            rc = 0.0 if status["singular"] or status["nonfinite"] else \
+                solvers.dense.rcond_host(solver, m, float(anorm))
+            return _ZERO_TOKEN, np.asarray(rc, real)
         batch = np.broadcast_shapes(m.shape[:-2], anorm.shape, *(v.shape for v in vals))
         k = int(np.prod(batch, dtype=np.int64))
         ms = np.broadcast_to(m, batch + m.shape[-2:]).reshape((k,) + m.shape[-2:])
@@ -252,55 +261,53 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
 
 
 def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
-    """`op(a) x = b` with a factorization of `a`, checked when `throw`: the
-    backward error (one step of iterative refinement above the bound), the
-    residual against the condition estimate (see `sciad.primitives._checks`)."""
+    """`op(a) x = b` with a factorization of `a`, checked when `throw` (see
+    `sciad.primitives._checks`): the backward error and the residual
+    against the condition estimate.
+
+    A SuperLU solve is checked on the host in the call that solves (one
+    host call per solve), with a step of iterative refinement where the
+    backward error is above the bound (a factor of a slightly different
+    matrix, reused, is then still good enough). Dense and `spsolve` solves
+    are measured in the program, and the host is called only where a
+    measure is off (to raise or warn)."""
     dtype = np.dtype(b.dtype)
     n = b.shape[0]
     tau = refine_above(dtype, n)
-    if pattern is not None and solver == "splu":
-        report = None
-        if throw:
-            report = functools.partial(judge_solve, site, dtype=dtype, n=n)
+    eps = np.finfo(dtype).eps
+    real = np.finfo(dtype).dtype
+    host_solver = pattern is not None and solver == "splu"
+    if host_solver and throw:
         return solvers.sparse_direct.solve(
-            solver, pattern, factor, a, b, transpose, refine_above=tau if throw else np.inf,
-            estimate=("always" if _checks_on() else "on_residual") if throw else "never",
-            report=report)
+            solver, pattern, factor, a, b, transpose, refine_above=tau,
+            estimate="always" if _checks_on() else "on_residual",
+            report=functools.partial(judge_solve, site, dtype=dtype, n=n))
     if pattern is not None:
         solve = functools.partial(solvers.sparse_direct.solve, solver, pattern, factor, a,
-                                  transpose=transpose, refine_above=tau)
-        rcond_of = lambda: solvers.sparse_direct.rcond_estimate(  # noqa: E731
-            solver, pattern, factor, a)
+                                  transpose=transpose)
     else:
         *f, rc = factor
         solve = lambda v: solvers.dense.solve(solver, f, v, transpose)  # noqa: E731
-        rcond_of = lambda: rc  # noqa: E731
     x = solve(b)
     if not throw:
         return x
     apply = _matvec(a, pattern, transpose)
     anorm = _norm_inf(a, pattern, transpose)
-    r, eta, rel = _measures(apply, x, b, anorm)
-
-    def refine(args):
-        x, r = args
-        x = x + solve(r)
-        _, eta, rel = _measures(apply, x, b, anorm)
-        return x, eta, rel, jnp.asarray(True)
-
-    x, eta, rel, refined = jax.lax.cond(
-        eta > tau, refine, lambda args: (args[0], eta, rel, jnp.asarray(False)), (x, r))
+    _, eta, rel, bnorm = _measures(apply, x, b, anorm)
+    nonfinite = ~jnp.isfinite(bnorm)
+    # (No refinement in the program: LU with partial pivoting and Cholesky are
+    # backward stable, and a conditional second solve per solve doubled the
+    # compile time of small programs; a sparse solve refines on the host.)
     if pattern is None:
-        rcond = rcond_of()
-    else:  # a sparse estimate costs solves: only where the residual calls for one
-        real = np.finfo(dtype).dtype
-        want = _checks_on()
-        rcond = rcond_of() if want else jax.lax.cond(
-            (rel > np.sqrt(np.finfo(dtype).eps)) | (eta > tau), rcond_of,
+        rcond = rc
+    else:  # spsolve: an estimate costs solves, only where the residual calls for one
+        rcond = jax.lax.cond(
+            _checks_on() | (rel > np.sqrt(eps)) | ~(eta <= tau) | nonfinite,
+            lambda: solvers.sparse_direct.rcond_estimate(solver, pattern, factor, a),
             lambda: jnp.asarray(np.nan, real))
-    return tie(x, check(judge_solve, site, dtype=dtype, n=n,
-                        nonfinite=~jnp.all(jnp.isfinite(b)), backward_error=eta,
-                        residual=rel, rcond=rcond, refined=refined))
+    bad = nonfinite | ~(eta <= tau) | (rcond < eps)
+    return tie(x, check(judge_solve, site, when=bad, dtype=dtype, n=n, nonfinite=nonfinite,
+                        backward_error=eta, residual=rel, rcond=rcond))
 
 
 def _rcond_with(factor, a, *, solver, pattern):

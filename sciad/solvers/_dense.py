@@ -8,6 +8,8 @@ A factor is a tuple of arrays: `(lu, piv)` for LU, `(c,)` for Cholesky
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import numpy as np
@@ -52,20 +54,23 @@ def rcond_host(method: str, m: np.ndarray, anorm: float) -> float:
     lower triangle) and `||A||_1`, by LAPACK's `xGECON` / `xPOCON` (Hager's
     method as refined by Higham: usually within a factor 3, for a few
     triangular solves, O(n^2)). 0 for a singular matrix."""
-    from scipy.linalg import lapack
-
     m = np.asarray(m)
-    n = m.shape[0]
-    if n == 0:
+    if m.shape[0] == 0:
         return float("inf")
     if not (anorm > 0 and np.isfinite(anorm)):
         return 0.0
-    name = "gecon" if method == "lu" else "pocon"
-    (con,) = lapack.get_lapack_funcs((name,), (m,))
+    con = _lapack_con(method, m.dtype)
     if method == "lu":
-        if not np.all(np.diagonal(m) != 0):
-            return 0.0
         rcond, info = con(m, anorm, norm="1")
     else:
         rcond, info = con(m, anorm, uplo="L")
     return float(rcond) if info == 0 else float("nan")
+
+
+@functools.lru_cache(maxsize=None)
+def _lapack_con(method: str, dtype):
+    from scipy.linalg import lapack
+
+    (con,) = lapack.get_lapack_funcs(("gecon" if method == "lu" else "pocon",),
+                                     dtype=np.dtype(dtype))
+    return con

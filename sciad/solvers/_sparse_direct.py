@@ -51,6 +51,50 @@ MAX_KEPT = 8
 MAX_COUNTED = 32
 
 
+class _Factored:
+    """What a handle stands for: the SuperLU factor of `A^T` (see
+    `_factor_one`; None if `A` is not finite or exactly singular), the 1-
+    and inf-norms of `A`, and its condition estimate once computed."""
+
+    __slots__ = ("lu", "norm1", "norm_inf", "rcond")
+
+    def __init__(self, pattern, data: np.ndarray, lu):
+        self.lu = lu
+        self.norm1, self.norm_inf = matrix_norms(pattern, data)
+        self.rcond: float | None = None
+
+    @classmethod
+    def make(cls, pattern, data: np.ndarray) -> "_Factored":
+        """Factors `data` (on the SuperLU thread)."""
+        lu = _on_worker(_factor_one, pattern, data) if np.isfinite(data).all() else None
+        return cls(pattern, data, lu)
+
+    def get_rcond(self, pattern, data: np.ndarray) -> float:
+        if self.rcond is None:
+            self.rcond = _rcond_here(pattern, data, self.lu, self.norm1)
+        return self.rcond
+
+
+def _apply(pattern, data: np.ndarray, x: np.ndarray, transpose: bool) -> np.ndarray:
+    """`op(A) x` from the CSR arrays (A's arrays read as CSC are A^T), with
+    SciPy's compiled kernels and none of its per-call checks: a time step's
+    small solves are a few microseconds each."""
+    n, m = pattern.shape
+    if _sparsetools is None or x.ndim != 1 or data.dtype != x.dtype:
+        a = _csr(pattern, data)
+        return (a.T @ x) if transpose else (a @ x)
+    y = np.zeros(m if transpose else n, x.dtype)
+    kernel = _sparsetools.csc_matvec if transpose else _sparsetools.csr_matvec
+    kernel(*((m, n) if transpose else (n, m)), pattern.indptr, pattern.indices, data, x, y)
+    return y
+
+
+try:  # SciPy's compiled sparse kernels (private, but stable for years)
+    from scipy.sparse import _sparsetools
+except ImportError:  # pragma: no cover
+    _sparsetools = None
+
+
 class _Store:
     """Handle -> SuperLU factor (of `A^T`, see `_factor_one`), with how many
     solves may still use it (None: not counted). Oldest first, bounded by
@@ -58,24 +102,25 @@ class _Store:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.entries: OrderedDict[int, list] = OrderedDict()  # handle -> [lu, uses]
+        self.entries: OrderedDict[int, list] = OrderedDict()  # handle -> [_Factored, uses]
         self._ids = itertools.count(1)
 
     def new_handle(self) -> int:
         with self.lock:
             return next(self._ids) % (2**31 - 1) + 1
 
-    def put(self, handle: int, lu, uses: int | None) -> None:
+    def put(self, handle: int, factored: _Factored, uses: int | None) -> None:
         with self.lock:
-            self.entries[handle] = [lu, uses]
-            dropped = []
+            old = self.entries.pop(handle, None)
+            dropped = [] if old is None else [old]
+            self.entries[handle] = [factored, uses]
             for counted, bound in ((False, MAX_KEPT), (True, MAX_COUNTED)):
                 kind = [h for h, e in self.entries.items() if (e[1] is not None) == counted]
                 while len(kind) > bound:
                     dropped.append(self.entries.pop(kind.pop(0)))
         _drop_on_worker(dropped)
 
-    def get(self, handle: int):
+    def get(self, handle: int) -> _Factored | None:
         with self.lock:
             entry = self.entries.get(handle)
             return None if entry is None else entry[0]
@@ -116,8 +161,13 @@ _worker = concurrent.futures.ThreadPoolExecutor(max_workers=1,
 
 
 def _drop_on_worker(entries: list) -> None:
+    """Releases the factors of `entries` (`[_Factored, ...]` lists) on the
+    SuperLU thread."""
     if entries:
-        box = [e[0] for e in entries]
+        box = [e[0].lu for e in entries if e[0] is not None]
+        for e in entries:
+            if e[0] is not None:
+                e[0].lu = None
         entries.clear()
         _worker.submit(box.clear)  # the last references go on the worker
 
@@ -156,7 +206,7 @@ def matrix_norms(pattern, d: np.ndarray) -> tuple[float, float]:
     return float(cols.max(initial=0.0)), float(rows.max(initial=0.0))
 
 
-def _rcond_here(pattern, d: np.ndarray, lu) -> float:
+def _rcond_here(pattern, d: np.ndarray, lu, anorm: float | None = None) -> float:
     """`1 / (||A||_1 ||A^-1||_1)`, the inverse norm estimated with
     `scipy.sparse.linalg.onenormest` (Higham and Tisseur's block method) on
     solves with the factor: a few pairs of triangular solves."""
@@ -165,7 +215,7 @@ def _rcond_here(pattern, d: np.ndarray, lu) -> float:
     if lu is None:
         return 0.0
     n = pattern.shape[0]
-    anorm = matrix_norms(pattern, d)[0]
+    anorm = matrix_norms(pattern, d)[0] if anorm is None else anorm
     if n == 0 or anorm == 0.0:
         return 0.0 if n else float("inf")
 
@@ -217,12 +267,11 @@ def factor(method: str, pattern, data, *, uses: int | None = None,
             pos = pattern.diagonal_positions()
             diag = np.where(pos >= 0, np.real(flat[:, np.maximum(pos, 0)]), 0.0)
             dmin = diag.min(axis=1, initial=np.inf)
-        lus = [None if bad else _on_worker(_factor_one, pattern, row)
-               for row, bad in zip(flat, nonfinite)]
-        singular = np.array([lu is None and not bad for lu, bad in zip(lus, nonfinite)])
+        made = [_Factored.make(pattern, row) for row in flat]
+        singular = np.array([f.lu is None and not bad for f, bad in zip(made, nonfinite)])
         rc = np.full(k, np.nan)
         if rcond:
-            rc = np.array([_rcond_here(pattern, row, lu) for row, lu in zip(flat, lus)])
+            rc = np.array([f.get_rcond(pattern, row) for f, row in zip(made, flat)])
         handles = np.array([_store.new_handle() for _ in range(k)], np.int32)
         try:
             if report is not None:
@@ -230,10 +279,10 @@ def factor(method: str, pattern, data, *, uses: int | None = None,
                        min_diagonal=dmin.reshape(batch), singular=singular.reshape(batch),
                        rcond=rc.reshape(batch))
         except BaseException:
-            _drop_on_worker([[lu] for lu in lus])
+            _drop_on_worker([[f] for f in made])
             raise
-        for h, lu in zip(handles, lus):
-            _store.put(int(h), lu, uses)
+        for h, f in zip(handles, made):
+            _store.put(int(h), f, uses)
         return (handles.reshape(batch),)
 
     (h,) = host_call(host, (jax.ShapeDtypeStruct(data.shape[:n_batch], jnp.int32),), data)
@@ -245,7 +294,8 @@ def _on_worker(fn, *args):
 
 
 def solve(method: str, pattern, factor: tuple, data, b, transpose: bool, *,
-          refine_above: float, estimate: str = "never", report: Callable | None = None):
+          refine_above: float = np.inf, estimate: str = "never",
+          report: Callable | None = None):
     """Solves `A x = b` (or `A^T x = b`) with a factor from `factor`.
 
     For `"splu"`, on the host, with the checks of a direct solve: the
@@ -257,7 +307,8 @@ def solve(method: str, pattern, factor: tuple, data, b, transpose: bool, *,
     `sqrt(eps)` or the backward error stays above `refine_above`) computes
     the condition estimate `rcond` with the factor. Then
     `report(nonfinite=, backward_error=, residual=, rcond=, refined=)` (scalars over
-    the batch: the worst element) may raise or warn. Returns `x`.
+    the batch: the worst element) may raise or warn. Returns `x`. With the
+    defaults, the plain solve (for a caller that checks in the program).
 
     For `"spsolve"`: the plain solve; the caller checks in the program.
     """
@@ -268,6 +319,13 @@ def solve(method: str, pattern, factor: tuple, data, b, transpose: bool, *,
     eps = float(np.finfo(dtype).eps)
 
     def host(h, d, bb):
+        if h.ndim == 0 and d.ndim == 1:  # one solve (the common case: no vmap)
+            x, status = _solve_checked(pattern, int(h), d, bb, transpose, refine_above,
+                                       estimate, eps)
+            _store.used((int(h),))
+            if report is not None:
+                report(**status)
+            return (x,)
         b_core = bb.ndim - h.ndim  # 1 or 2; leading axes are batch axes (vmap)
         batch = np.broadcast_shapes(h.shape, d.shape[:-1], bb.shape[:h.ndim])
         k = int(np.prod(batch, dtype=np.int64))
@@ -304,49 +362,63 @@ def _merge_worst(worst: dict, status: dict) -> None:
 
 
 def measures(apply: Callable, x: np.ndarray, b: np.ndarray, anorm_inf: float):
-    """`(r, backward_error, relative_residual)` of `x` for `apply(x) = b`
-    (columns of a 2-D `b` measured separately, the worst reported)."""
-    r = b - apply(x)
-    x2, b2, r2 = (v.reshape(v.shape[0], -1) for v in (x, b, r))
-    rn = np.abs(r2).max(axis=0, initial=0.0)
-    xn = np.abs(x2).max(axis=0, initial=0.0)
-    bn = np.abs(b2).max(axis=0, initial=0.0)
+    """`(r, backward_error, relative_residual)` of `x` for `apply(x) = b`,
+    with `r = apply(x) - b` (columns of a 2-D `b` measured separately, the
+    worst reported); NaN where a value is not finite."""
+    r = apply(x)
+    r -= b  # (the sign does not matter to the norms)
+    if b.ndim == 1:  # time steps are many small solves: Python scalars here
+        rn, xn, bn = (float(np.abs(v).max(initial=0.0)) for v in (r, x, b))
+        den = anorm_inf * xn + bn
+        eta = rn / den if den > 0 else (np.inf if rn > 0 else rn * 0.0)
+        rel = rn / bn if bn > 0 else (np.inf if rn > 0 else rn * 0.0)
+        return r, eta, rel
+    rn, xn, bn = (np.abs(v).max(axis=0, initial=0.0) for v in (r, x, b))
     with np.errstate(invalid="ignore", divide="ignore"):
         den = anorm_inf * xn + bn
         eta = np.where(den > 0, rn / np.where(den > 0, den, 1.0), np.where(rn > 0, np.inf, 0.0))
         rel = np.where(bn > 0, rn / np.where(bn > 0, bn, 1.0), np.where(rn > 0, np.inf, 0.0))
-    worst = lambda v: float(v.max(initial=0.0)) if not np.isnan(v).any() else float("nan")  # noqa: E731
-    return r, worst(eta), worst(rel)
+    return r, float(np.max(eta)), float(np.max(rel))
 
 
 def _solve_checked(pattern, handle: int, d: np.ndarray, b: np.ndarray, transpose: bool,
                    refine_above: float, estimate: str, eps: float):
-    status = dict(nonfinite=bool(not np.isfinite(b).all()), backward_error=0.0, residual=0.0,
-                  rcond=np.nan, refined=False)
-    if status["nonfinite"]:
-        return np.full(b.shape, np.nan, b.dtype), status
-    lu = _store.get(handle)
-    if lu is None:  # released or pushed out: factor again (on the worker)
-        lu = _on_worker(_factor_one, pattern, d) if np.isfinite(d).all() else None
-        if lu is not None:
-            _store.put(handle, lu, 1)  # dropped by this solve's `used`
-    if lu is None:
-        status.update(backward_error=np.nan, residual=np.nan, rcond=0.0)
-        return np.full(b.shape, np.nan, b.dtype), status
-    a = _csr(pattern, d)
-    apply = (lambda v: a.T @ v) if transpose else (lambda v: a @ v)
-    anorm_inf = matrix_norms(pattern, d)[0 if transpose else 1]
-    x = _lu_solve(lu, b, transpose)
-    r, eta, rel = measures(apply, x, b, anorm_inf)
-    if not eta <= refine_above:
-        x = x + _lu_solve(lu, r, transpose)
-        r, eta, rel = measures(apply, x, b, anorm_inf)
-        status["refined"] = True
-    status.update(backward_error=eta, residual=rel)
+    """One solve with the checks of a direct solve (see `solve`); returns
+    `(x, status)`. The residual is measured with the values `d` the node
+    reads, so a factor of another matrix would show as a large backward
+    error."""
+    f = _store.get(handle)
+    if f is None:  # released or pushed out: factor again, kept until `used`
+        f = _Factored.make(pattern, d)
+        _store.put(handle, f, 1)
+    if f.lu is None:
+        return np.full(b.shape, np.nan, b.dtype), dict(
+            nonfinite=not np.isfinite(b).all(), backward_error=np.nan, residual=np.nan,
+            rcond=0.0, refined=False)
+    x = _lu_solve(f.lu, b, transpose)
+    if refine_above == np.inf and estimate == "never":  # (unchecked)
+        return x, _UNCHECKED
+
+    def apply(v):
+        return _apply(pattern, d, v, transpose)
+
+    r, eta, rel = measures(apply, x, b, f.norm1 if transpose else f.norm_inf)
+    refined = False
+    if not eta <= refine_above and eta == eta:  # (not for NaN: nothing to refine)
+        x = x - _lu_solve(f.lu, r, transpose)
+        r, eta, rel = measures(apply, x, b, f.norm1 if transpose else f.norm_inf)
+        refined = True
+    rcond = np.nan
     if estimate == "always" or (estimate == "on_residual" and (
-            not rel <= np.sqrt(eps) or not eta <= refine_above)):
-        status["rcond"] = _rcond_here(pattern, d, lu)
-    return x.astype(b.dtype, copy=False), status
+            not rel <= eps ** 0.5 or not eta <= refine_above)):
+        rcond = f.get_rcond(pattern, d)
+    nonfinite = not rel == rel and not np.isfinite(b).all()
+    return x, dict(nonfinite=nonfinite, backward_error=eta, residual=rel, rcond=rcond,
+                   refined=refined)
+
+
+_UNCHECKED = dict(nonfinite=False, backward_error=0.0, residual=0.0, rcond=np.nan,
+                  refined=False)
 
 
 def rcond_estimate(method: str, pattern, factor: tuple, data):
@@ -357,8 +429,9 @@ def rcond_estimate(method: str, pattern, factor: tuple, data):
         def host(d):
             batch = d.shape[:-1]
             flat = d.reshape((-1, d.shape[-1]))
-            out = [_rcond_here(pattern, row, _on_worker(_factor_one, pattern, row)
-                               if np.isfinite(row).all() else None) for row in flat]
+            made = [_Factored.make(pattern, row) for row in flat]
+            out = [f.get_rcond(pattern, row) for f, row in zip(made, flat)]
+            _drop_on_worker([[f] for f in made])
             return (np.asarray(out, real).reshape(batch),)
 
         (rc,) = host_call(host, (jax.ShapeDtypeStruct(data.shape[:-1], real),), data)
@@ -372,11 +445,13 @@ def rcond_estimate(method: str, pattern, factor: tuple, data):
         ds = np.broadcast_to(d, batch + d.shape[-1:]).reshape((k, d.shape[-1]))
         out = np.empty(k, real)
         for i in range(k):
-            lu = _store.get(int(hs[i]))
-            if lu is None:
-                lu = _on_worker(_factor_one, pattern, ds[i]) if np.isfinite(ds[i]).all() \
-                    else None
-            out[i] = _rcond_here(pattern, ds[i], lu)
+            f = _store.get(int(hs[i]))
+            if f is None:
+                f = _Factored.make(pattern, ds[i])
+                out[i] = f.get_rcond(pattern, ds[i])
+                _drop_on_worker([[f]])
+            else:
+                out[i] = f.get_rcond(pattern, ds[i])
         _store.used(set(int(v) for v in np.unique(hs)))
         return (out.reshape(batch),)
 
