@@ -9,6 +9,7 @@ f_fast = sd.function(f)    # compiled by XLA, cached per input signature
 ```
 """
 
+from . import _numpy_interop, _traceback
 from . import config as config, errors as errors, graph as graph, primitives as primitives
 from . import numpy as numpy
 from . import sparse as sparse
@@ -33,3 +34,7 @@ from ._transforms import (
 )
 
 __version__ = "0.1.0"
+
+_traceback.register_with_jax()
+_traceback.wrap_public(numpy, linalg, fft, sparse, optimize)
+_numpy_interop.install()  # (the table names the wrapped functions)

@@ -35,6 +35,7 @@ import numpy as np
 from jax.extend.core import Primitive as JaxPrimitive
 from jax.interpreters import ad, batching, mlir
 
+from ._traceback import api_boundary
 from . import config
 from .errors import NotSupportedError, SciadError, runtime_error_from
 from .graph import Graph, Literal, format_node, is_differentiable, lower
@@ -413,6 +414,7 @@ class _ToJax:
         self._cache[key] = entry
         return entry
 
+    @api_boundary
     def __call__(self, *args, **kwargs):
         leaves, in_tree = _tree.tree_flatten((args, kwargs))
         leaves = [x if isinstance(x, jax.Array) else jnp.asarray(x) for x in leaves]

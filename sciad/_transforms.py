@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from ._traceback import api_boundary
 from ._function import function
 from .errors import DTypeError, ShapeError
 from .graph import Tracer, TensorType, Zero, instantiate, is_differentiable
@@ -80,6 +81,7 @@ class _Transformed:
         self.__name__ = f"{kind}_{getattr(fn, '__name__', 'f')}"
         self.__doc__ = f"The {kind} of `{getattr(fn, '__qualname__', fn)}` (sciad)."
 
+    @api_boundary
     def __call__(self, *args, **kwargs):
         if _in_trace((args, kwargs)):
             return self._inline(*args, **kwargs)

@@ -37,6 +37,7 @@ import jax
 import numpy as np
 import scipy.optimize
 
+from ._traceback import api_boundary
 from . import config
 from ._function import Function, function
 from ._transforms import grad, hvp, jacfwd, value_and_grad
@@ -341,6 +342,7 @@ def _to_device(args: tuple) -> tuple:
 # minimize
 
 
+@api_boundary
 def minimize(f: Callable, x0, args=(), method: str | Callable = "L-BFGS-B", bounds=None,
              tol: float | None = None, callback: Callable | None = None,
              options: dict | None = None) -> scipy.optimize.OptimizeResult:

@@ -54,6 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._traceback import api_boundary
 from .errors import DTypeError, MissingRuleError, NotSupportedError, RuleError
 from .graph import Graph, Primitive, lower, trace
 from .graph._autodiff import is_differentiable, jvp_graph, type_of, vjp_graph
@@ -236,6 +237,7 @@ def _describe(args) -> str:
     return ", ".join(type_of(a).str_short() for a in args)
 
 
+@api_boundary
 def check_rules(p_or_fn: Primitive | Callable, *args, rtol: float = 1e-6,
                 dot_tol: float = 1e-10, seed: int | None = None,
                 second_order: bool = True, **params) -> RuleReport:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
+from .._traceback import api_boundary
 from ..errors import RegistrationError
 from ._params import Param, as_declaration
 from ._source import SourceInfo, user_source
@@ -178,6 +179,7 @@ class Graph:
         return graph_to_json(self, indent=indent, hash=hash)
 
     @classmethod
+    @api_boundary
     def from_json(cls, text: str | bytes, *, max_nodes: int | None = None,
                   max_elements: int | None = None, max_depth: int | None = None,
                   require_hash: bool = False) -> "Graph":
@@ -323,6 +325,7 @@ class Primitive:
                 f"(e.g. `sd.graph.TensorType(shape, dtype)`), got {bad[0]!r}.")
         return out
 
+    @api_boundary
     def bind(self, *args, **params):
         from ._trace import bind
 

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._traceback import api_boundary
 from .. import errors as _errors
 from ..errors import LoweringError, MissingRuleError, SciadError
 from ._core import Graph, Node
@@ -118,6 +119,7 @@ def lower(graph: Graph) -> Callable[..., list]:
     return lowered
 
 
+@api_boundary
 def evaluate(graph: Graph, *args) -> list:
     """Compiles and runs `graph` on concrete inputs; returns a list of arrays.
 

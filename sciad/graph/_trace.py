@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from .._traceback import api_boundary
 from ..errors import DTypeError, SciadError, TracerError
 from ._core import Graph, Literal, Node, Primitive, Var
 from ._source import SourceInfo, source_from_traceback, user_source
@@ -483,6 +484,7 @@ def trace_flat(fn: Callable, args: tuple, kwargs: dict | None = None, *,
     return graph, in_tree, out_tree
 
 
+@api_boundary
 def trace(fn: Callable, *args, static_argnums: int | Sequence[int] = (), **kwargs) -> Graph:
     """Traces `fn(*args, **kwargs)` into a `Graph`.
 

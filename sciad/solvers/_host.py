@@ -14,9 +14,12 @@ on the 2-core CPU machine:
 - exact dtypes: `device_put` converts with the x64 setting of the thread the
   callback runs on, which may be an XLA worker without sciad's x64 scope
   (float64 silently became float32). Arguments here arrive as they are.
-  Results are still checked by JAX against that thread's setting, so 64-bit
-  results cross as uint32 words (bitcast in the program, viewed back on the
-  host: no copies).
+  Results are still checked by JAX against that thread's setting: with x64
+  on globally (sciad's default) every thread has it and results cross as
+  they are; otherwise 64-bit results cross as uint32 words (bitcast in the
+  program, viewed back on the host: no copies). (A program compiled with x64
+  on globally and run after it was turned off fails loudly: JAX finds the
+  result's dtype changed.)
 
 The FFI lowering is `jax.interpreters.mlir.emit_python_callback` (what JAX's
 own CPU `spsolve` lowers with); where it is missing (another JAX version),
@@ -102,18 +105,22 @@ class _HostFn:
     dtypes, results returned as words. Hashed by identity (it is a param of
     the primitive: equal call sites are not merged)."""
 
-    __slots__ = ("fn", "in_dtypes", "out_dtypes", "in_words", "__weakref__")
+    __slots__ = ("fn", "in_dtypes", "out_dtypes", "in_words", "out_words", "__weakref__")
 
-    def __init__(self, fn: Callable, in_dtypes, out_dtypes, in_words: bool):
+    def __init__(self, fn: Callable, in_dtypes, out_dtypes, in_words: bool,
+                 out_words: bool = True):
         self.fn = fn
         self.in_dtypes = tuple(in_dtypes)
         self.out_dtypes = tuple(out_dtypes)
         self.in_words = in_words
+        self.out_words = out_words
 
     def __call__(self, *args):
         if self.in_words:
             args = [host_from_words(a, dt) for a, dt in zip(args, self.in_dtypes)]
         outs = self.fn(*args)
+        if not self.out_words:
+            return tuple(np.asarray(o, dt) for o, dt in zip(outs, self.out_dtypes))
         return tuple(host_to_words(np.asarray(o, dt)) for o, dt in zip(outs, self.out_dtypes))
 
 
@@ -167,6 +174,11 @@ def host_call(fn: Callable, results: Sequence[jax.ShapeDtypeStruct], *args) -> t
     args = [jnp.asarray(a) for a in args]
     in_dtypes = [np.dtype(a.dtype) for a in args]
     out_dtypes = [np.dtype(r.dtype) for r in results]
+    if _emit_python_callback is not None and jax.enable_x64.get_global():
+        # every thread has x64: results cross as they are
+        structs = tuple(jax.ShapeDtypeStruct(tuple(r.shape), r.dtype) for r in results)
+        host = _HostFn(fn, in_dtypes, out_dtypes, in_words=False, out_words=False)
+        return tuple(host_call_p.bind(*args, host=host, results=structs))
     structs = tuple(_words_struct(r.shape, r.dtype) for r in results)
     if _emit_python_callback is not None:
         host = _HostFn(fn, in_dtypes, out_dtypes, in_words=False)

@@ -75,15 +75,17 @@ class _Factored:
         return self.rcond
 
 
-def _apply(pattern, data: np.ndarray, x: np.ndarray, transpose: bool) -> np.ndarray:
-    """`op(A) x` from the CSR arrays (A's arrays read as CSC are A^T), with
-    SciPy's compiled kernels and none of its per-call checks: a time step's
-    small solves are a few microseconds each."""
+def _residual(pattern, data: np.ndarray, x: np.ndarray, b: np.ndarray,
+              transpose: bool) -> np.ndarray:
+    """`op(A) x - b` from the CSR arrays (A's arrays read as CSC are A^T), with
+    SciPy's compiled kernels (which add `op(A) x` to their output, here
+    `-b`) and none of its per-call checks: a time step's small solves are a
+    few microseconds each."""
     n, m = pattern.shape
-    if _sparsetools is None or x.ndim != 1 or data.dtype != x.dtype:
+    if _sparsetools is None or x.ndim != 1 or data.dtype != x.dtype or b.dtype != x.dtype:
         a = _csr(pattern, data)
-        return (a.T @ x) if transpose else (a @ x)
-    y = np.zeros(m if transpose else n, x.dtype)
+        return ((a.T @ x) if transpose else (a @ x)) - b
+    y = np.negative(b)
     kernel = _sparsetools.csc_matvec if transpose else _sparsetools.csr_matvec
     kernel(*((m, n) if transpose else (n, m)), pattern.indptr, pattern.indices, data, x, y)
     return y
@@ -124,6 +126,18 @@ class _Store:
         with self.lock:
             entry = self.entries.get(handle)
             return None if entry is None else entry[0]
+
+    def used_one(self, handle: int) -> None:
+        """`used((handle,))`, for the one solve of the common case."""
+        with self.lock:
+            entry = self.entries.get(handle)
+            if entry is None or entry[1] is None:
+                return
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del self.entries[handle]
+        _drop_on_worker([entry])
 
     def used(self, handles) -> None:
         """One solve of each of `handles` ran: release those whose last use it was."""
@@ -320,10 +334,11 @@ def solve(method: str, pattern, factor: tuple, data, b, transpose: bool, *,
 
     def host(h, d, bb):
         if h.ndim == 0 and d.ndim == 1:  # one solve (the common case: no vmap)
-            x, status = _solve_checked(pattern, int(h), d, bb, transpose, refine_above,
+            handle = int(h)
+            x, status = _solve_checked(pattern, handle, d, bb, transpose, refine_above,
                                        estimate, eps)
-            _store.used((int(h),))
-            if report is not None:
+            _store.used_one(handle)
+            if report is not None and status is not None:
                 report(**status)
             return (x,)
         b_core = bb.ndim - h.ndim  # 1 or 2; leading axes are batch axes (vmap)
@@ -340,7 +355,8 @@ def solve(method: str, pattern, factor: tuple, data, b, transpose: bool, *,
             x, status = _solve_checked(pattern, int(hs[i]), ds[i], bs[i], transpose,
                                        refine_above, estimate, eps)
             out[i] = x
-            _merge_worst(worst, status)
+            if status is not None:
+                _merge_worst(worst, status)
         _store.used(set(int(v) for v in np.unique(hs)))
         if report is not None:
             report(**worst)
@@ -361,32 +377,37 @@ def _merge_worst(worst: dict, status: dict) -> None:
         worst["rcond"] = rc
 
 
-def measures(apply: Callable, x: np.ndarray, b: np.ndarray, anorm_inf: float):
-    """`(r, backward_error, relative_residual)` of `x` for `apply(x) = b`,
-    with `r = apply(x) - b` (columns of a 2-D `b` measured separately, the
-    worst reported); NaN where a value is not finite."""
-    r = apply(x)
-    r -= b  # (the sign does not matter to the norms)
+def measures(r: np.ndarray, x: np.ndarray, b: np.ndarray, anorm_inf: float):
+    """`(backward_error, relative_residual)` of `x` for `op(A) x = b` with
+    the residual `r` (columns of a 2-D `b` measured separately, the worst
+    reported); NaN where a value is not finite."""
     if b.ndim == 1:  # time steps are many small solves: Python scalars here
-        rn, xn, bn = (float(np.abs(v).max(initial=0.0)) for v in (r, x, b))
+        if not b.size:
+            return 0.0, 0.0
+        # (one buffer: three numpy calls instead of six, a few microseconds)
+        both = np.concatenate((r, x, b))
+        both = np.abs(both, out=both) if both.dtype.kind == "f" else np.abs(both)
+        rn, xn, bn = both.reshape(3, b.size).max(axis=1).tolist()
         den = anorm_inf * xn + bn
         eta = rn / den if den > 0 else (np.inf if rn > 0 else rn * 0.0)
         rel = rn / bn if bn > 0 else (np.inf if rn > 0 else rn * 0.0)
-        return r, eta, rel
+        return eta, rel
     rn, xn, bn = (np.abs(v).max(axis=0, initial=0.0) for v in (r, x, b))
     with np.errstate(invalid="ignore", divide="ignore"):
         den = anorm_inf * xn + bn
         eta = np.where(den > 0, rn / np.where(den > 0, den, 1.0), np.where(rn > 0, np.inf, 0.0))
         rel = np.where(bn > 0, rn / np.where(bn > 0, bn, 1.0), np.where(rn > 0, np.inf, 0.0))
-    return r, float(np.max(eta)), float(np.max(rel))
+    return float(np.max(eta)), float(np.max(rel))
 
 
 def _solve_checked(pattern, handle: int, d: np.ndarray, b: np.ndarray, transpose: bool,
                    refine_above: float, estimate: str, eps: float):
     """One solve with the checks of a direct solve (see `solve`); returns
-    `(x, status)`. The residual is measured with the values `d` the node
-    reads, so a factor of another matrix would show as a large backward
-    error."""
+    `(x, status)`, the status None where there is nothing to report (the
+    backward error within `refine_above` without refinement, no condition
+    estimate below `eps`, all finite). The residual is measured with the
+    values `d` the node reads, so a factor of another matrix would show as
+    a large backward error."""
     f = _store.get(handle)
     if f is None:  # released or pushed out: factor again, kept until `used`
         f = _Factored.make(pattern, d)
@@ -397,28 +418,27 @@ def _solve_checked(pattern, handle: int, d: np.ndarray, b: np.ndarray, transpose
             rcond=0.0, refined=False)
     x = _lu_solve(f.lu, b, transpose)
     if refine_above == np.inf and estimate == "never":  # (unchecked)
-        return x, _UNCHECKED
+        return x, None
 
-    def apply(v):
-        return _apply(pattern, d, v, transpose)
-
-    r, eta, rel = measures(apply, x, b, f.norm1 if transpose else f.norm_inf)
+    anorm = f.norm1 if transpose else f.norm_inf
+    r = _residual(pattern, d, x, b, transpose)
+    eta, rel = measures(r, x, b, anorm)
     refined = False
     if not eta <= refine_above and eta == eta:  # (not for NaN: nothing to refine)
         x = x - _lu_solve(f.lu, r, transpose)
-        r, eta, rel = measures(apply, x, b, f.norm1 if transpose else f.norm_inf)
+        r = _residual(pattern, d, x, b, transpose)
+        eta, rel = measures(r, x, b, anorm)
         refined = True
     rcond = np.nan
     if estimate == "always" or (estimate == "on_residual" and (
             not rel <= eps ** 0.5 or not eta <= refine_above)):
         rcond = f.get_rcond(pattern, d)
+    elif not refined and eta <= refine_above:
+        return x, None  # the common case: nothing to report
     nonfinite = not rel == rel and not np.isfinite(b).all()
     return x, dict(nonfinite=nonfinite, backward_error=eta, residual=rel, rcond=rcond,
                    refined=refined)
 
-
-_UNCHECKED = dict(nonfinite=False, backward_error=0.0, residual=0.0, rcond=np.nan,
-                  refined=False)
 
 
 def rcond_estimate(method: str, pattern, factor: tuple, data):
