@@ -35,8 +35,10 @@ one right-hand side (the example's first source `f`):
   operator and preconditioner, `jax.grad`, jitted. lineax tests the residual
   elementwise against `atol + rtol |f_i|`, which with `atol = 0` this localized
   source never meets (it runs to 10 N steps and fails), so `atol = 1e-10
-  ||f|| / sqrt(N^2)` (as sciad's CG does); its preconditioner is held constant
-  (`stop_gradient`: lineax cannot differentiate its `options`).
+  ||f|| / sqrt(N^2)`, which makes its test imply `||r|| <= 1e-10 ||f||` (sciad's
+  CG, on lineax too, takes half of each tolerance for the same guarantee);
+  its preconditioner is held constant (`stop_gradient`: lineax cannot
+  differentiate its `options`).
 - `klujax`: `klujax.solve(rows, cols, vals, f)`, `jax.grad`, jitted; the index
   arrays are jit arguments (not constants baked into the program).
 - `jax-dense`: `jnp.linalg.solve` on the densified matrix, `jax.grad`, jitted;
@@ -59,10 +61,14 @@ against SciPy's hand adjoint (rel. 2-norm error; direct solvers must agree to
 1e-8, the CG-based ones to 1e-6), then alternate one forward and one gradient
 call for R rounds (R from a time budget, the order flipping every round, gc
 off) and report the medians. The relative residual `||A u - f|| / ||f||` of
-each method's solution is checked in NumPy. Peak memory is the process's
-peak RSS (`VmHWM`: imports, compilation and the timed calls) minus its RSS
-after the imports and inputs: a cheap upper bound of what the block needed,
-with XLA's compilation included. Wall time is the measure; the process's CPU
+each method's solution is checked in NumPy. Memory, from the process's RSS:
+"peak" is its peak RSS (`VmHWM`: imports, compilation and the timed calls)
+minus its RSS after the imports and inputs, a cheap upper bound of what the
+block needed, with XLA's compilation included; "held" the RSS after the first
+calls above the same base (compiled programs, caches); "call peak" the peak
+RSS during the timed calls (the peak counter reset before them through
+`/proc/self/clear_refs`) above the RSS just before them: what one call needs,
+the figure the memory target compares. Wall time is the measure; the process's CPU
 time per call (all threads) is shown too, being less sensitive to other load
 on the machine (but it counts spinning XLA and OpenBLAS threads).
 
@@ -72,12 +78,18 @@ order flipping every batch), so that both see the same load; the per-batch
 ratios of their gradient times are reported with the pooled medians.
 
 `sciad-parts` (also its own subprocess per N) times the pieces of sciad's
-direct solve: the host factorization and triangular solves (timed by
-wrapping sciad's host callbacks from this script; nothing in sciad/ is
-changed), SuperLU on the same arrays on the main thread, the entries +
-assembly alone, a program with one pass-through host callback and one with
-one run-time check, and the same objective with sciad's run-time checks
-patched out; and the memory the process holds between calls.
+direct solve: the host factorization and the checked host solves (timed by
+wrapping the functions sciad's host calls run, from this script; nothing in
+sciad/ is changed), SuperLU and a plain triangular solve on the same arrays
+on the main thread, the entries + assembly alone, and a program with one
+pass-through host call; and the memory the process holds between calls.
+
+Many small solves (`--no-steps` skips it): 50 backward-Euler steps of a 1-D
+heat equation with one 512 x 512 matrix from a log-conductivity `m`, the
+value and gradient of a misfit of the last state: sciad (`sd.linalg.solve`
+in a Python loop; the graph shares one factorization) against SciPy's splu
+with the adjoint steps written by hand, paired like the direct solvers.
+Target: sciad's gradient at most 2x SciPy's.
 
 The Markdown tables go to stdout and to bench/results/inverse_poisson.md.
 """
@@ -114,6 +126,7 @@ DIRECT_RTOL, CG_RTOL = 1e-8, 1e-6
 # targets from the issue
 RATIO_TARGET, RATIO_AT = 1.15, (256,)
 VS_SCIPY_TARGET, VS_SCIPY_GOAL, VS_SCIPY_AT = 1.2, 1.0, (128, 256)
+MEMORY_TARGET, MEMORY_AT = 1.5, (256,)
 
 # key: (label, kind, largest N it runs at)
 METHODS = {
@@ -128,6 +141,15 @@ METHODS = {
 }
 ORDER = tuple(METHODS)
 CHILD_TIMEOUT = 420
+
+# the many-small-solves case: STEPS backward-Euler steps of a 1-D heat
+# equation with one STEP_N x STEP_N matrix (value and gradient)
+STEPS, STEP_N, STEP_DT = 50, 512, 1e-3
+STEPS_TARGET = 2.0
+STEP_METHODS = {
+    "scipy-steps": "SciPy splu + hand adjoint",
+    "sciad-steps": "sciad (splu, one shared factorization)",
+}
 
 
 # ---------------------------------------------------------------------------
@@ -218,6 +240,131 @@ def make_inputs(n: int, path: str) -> None:
     err = np.max(np.abs(sd_vals - vals)) / np.max(np.abs(vals))
     assert err < 1e-14, f"entries_np differs from the example's entries: {err:.2e}"
     np.savez(path, n=n, h=P.h, rows=rows, cols=cols, f=f, d=d, m=m)
+
+
+def step_entries_np(n: int, h: float, m):
+    """The stored values of `I + dt L(m)` (1-D, `-(k u')'` with Dirichlet ends,
+    face conductivities the average of the two nodes', the end node's own at
+    the boundary faces): `[diagonal, lower, upper]`; also returns exp(m)."""
+    import numpy as np
+
+    k = np.exp(m)
+    kf = 0.5 * (k[:-1] + k[1:])
+    c = STEP_DT / (h * h)
+    diag = 1.0 + c * (np.concatenate([k[:1], kf]) + np.concatenate([kf, k[-1:]]))
+    return np.concatenate([diag, -c * kf, -c * kf]), k
+
+
+def step_entries_vjp(n: int, h: float, k, g):
+    """dJ/dm from dJ/d(entries) `g`: the transpose of `step_entries_np`."""
+    import numpy as np
+
+    c = STEP_DT / (h * h)
+    gd, gl, gu = g[:n] * c, g[n:2 * n - 1] * c, g[2 * n - 1:] * c
+    gkf = gd[1:] + gd[:-1] - gl - gu  # each face enters two diagonals and both off-diagonals
+    gk = np.zeros(n)
+    gk[0] += gd[0]
+    gk[-1] += gd[-1]
+    gk[:-1] += 0.5 * gkf
+    gk[1:] += 0.5 * gkf
+    return gk * k
+
+
+def step_pattern(n: int):
+    import numpy as np
+
+    i = np.arange(n)
+    return (np.concatenate([i, i[1:], i[:-1]]), np.concatenate([i, i[:-1], i[1:]]))
+
+
+def make_step_inputs(path: str) -> None:
+    """The steps case's pattern, initial state, data and evaluation point."""
+    import numpy as np
+    import scipy.sparse as sp
+    import scipy.sparse.linalg as spl
+
+    n = STEP_N
+    h = 1.0 / (n + 1)
+    x = np.linspace(h, 1 - h, n)
+    rows, cols = step_pattern(n)
+    u0 = np.exp(-((x - 0.3) / 0.05) ** 2)
+    m_true = 0.8 * np.sin(3 * np.pi * x)
+    vals, _ = step_entries_np(n, h, m_true)
+    lu = spl.splu(sp.csc_matrix(sp.coo_matrix((vals, (rows, cols)), shape=(n, n))))
+    u = u0
+    for _ in range(STEPS):
+        u = lu.solve(u)
+    d = u + 0.01 * np.max(np.abs(u)) * np.random.default_rng(0).standard_normal(n)
+    np.savez(path, n=n, h=h, rows=rows, cols=cols, u0=u0, d=d, m=0.5 * m_true)
+
+
+def build_scipy_steps(inp):
+    """SciPy's SuperLU once, the steps, and the adjoint steps by hand."""
+    import numpy as np
+    import scipy.sparse as sp
+    import scipy.sparse.linalg as spl
+
+    n, h, rows, cols, u0, d = (inp[k] for k in ("n", "h", "rows", "cols", "u0", "d"))
+
+    def factor(m):
+        vals, k = step_entries_np(n, h, m)
+        A = sp.csc_matrix(sp.coo_matrix((vals, (rows, cols)), shape=(n, n)))
+        return spl.splu(A), k
+
+    def fwd(m):
+        lu, _ = factor(m)
+        u = u0
+        for _ in range(STEPS):
+            u = lu.solve(u)
+        r = u - d
+        return 0.5 * float(np.sum(r * r))
+
+    def grad(m):
+        lu, k = factor(m)
+        us = [u0]
+        for _ in range(STEPS):
+            us.append(lu.solve(us[-1]))
+        r = us[-1] - d
+        lam, g_vals = r, np.zeros(len(rows))
+        for j in range(STEPS, 0, -1):        # A u_j = u_{j-1}
+            lam = lu.solve(lam, trans="T")
+            g_vals -= lam[rows] * us[j][cols]
+        return 0.5 * float(np.sum(r * r)), step_entries_vjp(n, h, k, g_vals)
+
+    m = inp["m"]
+    v = np.random.default_rng(1).standard_normal(m.shape)
+    eps = 1e-6
+    fd = (fwd(m + eps * v) - fwd(m - eps * v)) / (2 * eps)
+    gv = float(grad(m)[1] @ v)
+    return fwd, grad, (m,), {"fd_rel_err": abs(fd - gv) / abs(gv)}
+
+
+def build_sciad_steps(inp):
+    """The same steps with `sd.linalg.solve` (the graph shares one factorization
+    among the 50 solves and their 50 adjoint solves)."""
+    import jax
+
+    import sciad as sd
+    import sciad.numpy as snp
+
+    n, h = int(inp["n"]), float(inp["h"])
+    rows, cols = inp["rows"], inp["cols"]
+    c = STEP_DT / (h * h)
+
+    def J(m, u0, d):
+        k = snp.exp(m)
+        kf = 0.5 * (k[:-1] + k[1:])
+        diag = 1.0 + c * (snp.concatenate([k[:1], kf]) + snp.concatenate([kf, k[-1:]]))
+        A = sd.sparse.coo_matrix((snp.concatenate([diag, -c * kf, -c * kf]), (rows, cols)),
+                                 shape=(n, n), tags={"spd"})
+        u = u0
+        for _ in range(STEPS):
+            u = sd.linalg.solve(A, u)
+        r = u - d
+        return 0.5 * snp.sum(r * r)
+
+    args = tuple(jax.device_put(inp[k]) for k in ("m", "u0", "d"))
+    return sd.function(J), sd.function(sd.value_and_grad(J)), args, {}
 
 
 # ---------------------------------------------------------------------------
@@ -464,6 +611,16 @@ def _hwm_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _reset_hwm() -> None:
+    """Resets this process's VmHWM to its current RSS (Linux >= 4.0), so that
+    the peak of the timed calls alone can be read."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
 def _block(x):
     if hasattr(x, "block_until_ready"):
         x.block_until_ready()
@@ -519,17 +676,23 @@ def prepare_child(method: str, n: int, workdir: str):
     reference: (result dict, fwd, grad, args)."""
     import numpy as np
 
-    if method != "scipy":
-        import jax
+    import jax  # (every child: the harness uses it to wait for results)
 
+    if not method.startswith("scipy"):
         jax.config.update("jax_enable_x64", True)
         import sciad  # noqa: F401  (imported before the baseline RSS, like jax)
     import scipy.sparse as sp
+    import scipy.sparse.linalg  # noqa: F401
 
-    inp = dict(np.load(os.path.join(workdir, f"inputs_{n}.npz")))
+    steps = method in STEP_METHODS
+    inp = dict(np.load(os.path.join(workdir, "steps.npz" if steps else f"inputs_{n}.npz")))
     inp["n"], inp["h"] = int(inp["n"]), float(inp["h"])
     rss0 = _rss_mb()
-    if method == "scipy":
+    if method == "scipy-steps":
+        fwd, grad, args, extra = build_scipy_steps(inp)
+    elif method == "sciad-steps":
+        fwd, grad, args, extra = build_sciad_steps(inp)
+    elif method == "scipy":
         fwd, grad, args, solution, extra = build_scipy(inp)
     elif method.startswith("sciad-"):
         fwd, grad, args, solution, extra = build_sciad(inp, method.split("-", 1)[1])
@@ -542,13 +705,14 @@ def prepare_child(method: str, n: int, workdir: str):
     assert g.dtype == np.float64 and g.shape == inp["m"].shape
 
     # correctness, before timing
-    N = n * n
-    vals, _ = entries_np(n, inp["h"], inp["m"])
-    A = sp.csr_matrix(sp.coo_matrix((vals, (inp["rows"], inp["cols"])), shape=(N, N)))
-    u = np.asarray(solution(inp["m"]), dtype=np.float64)
-    res["residual"] = float(np.linalg.norm(A @ u - inp["f"]) / np.linalg.norm(inp["f"]))
-    ref_path = os.path.join(workdir, f"ref_{n}.npz")
-    if method == "scipy":
+    if not steps:
+        N = n * n
+        vals, _ = entries_np(n, inp["h"], inp["m"])
+        A = sp.csr_matrix(sp.coo_matrix((vals, (inp["rows"], inp["cols"])), shape=(N, N)))
+        u = np.asarray(solution(inp["m"]), dtype=np.float64)
+        res["residual"] = float(np.linalg.norm(A @ u - inp["f"]) / np.linalg.norm(inp["f"]))
+    ref_path = os.path.join(workdir, "ref_steps.npz" if steps else f"ref_{n}.npz")
+    if method in ("scipy", "scipy-steps"):
         np.savez(ref_path, value=val, grad=g)
     ref = np.load(ref_path)
     res["value"] = val
@@ -556,6 +720,12 @@ def prepare_child(method: str, n: int, workdir: str):
     res["fwd_value_rel_err"] = abs(val_f - float(ref["value"])) / abs(float(ref["value"]))
     res["grad_rel_err"] = float(np.linalg.norm(g - ref["grad"]) / np.linalg.norm(ref["grad"]))
     res["rss_base_mb"] = rss0
+    # the peak so far (imports of the method, build, compile, first calls); then
+    # the peak counter restarts, for the timed calls alone
+    res["rss_first_peak_mb"] = _hwm_mb()
+    gc.collect()
+    res["rss_ready_mb"] = _rss_mb()
+    _reset_hwm()
     return res, fwd, grad, args
 
 
@@ -566,7 +736,8 @@ def run_child(method: str, n: int, workdir: str, budget: float, rmin: int, rmax:
     times = _alternate({"fwd": fwd, "grad": grad}, args, budget, rmin, rmax, fixed)
     for k in ("fwd", "grad", "fwd_cpu", "grad_cpu"):
         res[k] = _stats_ms(times[k])
-    res["rss_peak_mb"] = _hwm_mb()
+    res["rss_calls_peak_mb"] = _hwm_mb()
+    res["rss_peak_mb"] = max(res["rss_first_peak_mb"], res["rss_calls_peak_mb"])
     return res
 
 
@@ -585,7 +756,7 @@ def serve_child(method: str, n: int, workdir: str) -> None:
                            warmup=len(cmd) < 3 or cmd[2] == "1",
                            flip=len(cmd) > 3 and cmd[3] == "1")
         print(json.dumps(times), flush=True)
-    print(json.dumps({"rss_peak_mb": _hwm_mb()}), flush=True)
+    print(json.dumps({"rss_calls_peak_mb": _hwm_mb()}), flush=True)
 
 
 def run_parts(n: int, workdir: str, budget: float, rmin: int, rmax: int,
@@ -601,8 +772,6 @@ def run_parts(n: int, workdir: str, budget: float, rmin: int, rmax: int,
 
     import sciad as sd
     import sciad.numpy as snp
-    from sciad.errors import NonFiniteError
-    from sciad.primitives import _checks, _linalg
     from sciad.solvers import _host, _sparse_direct
 
     inp = dict(np.load(os.path.join(workdir, f"inputs_{n}.npz")))
@@ -616,50 +785,42 @@ def run_parts(n: int, workdir: str, budget: float, rmin: int, rmax: int,
         return 0.5 * snp.sum(r * r)
 
     # host time inside the callbacks, by wrapping the module functions the
-    # callbacks look up when they run
+    # callbacks look up when they run: SuperLU (on sciad's SuperLU thread) and
+    # one checked solve (triangular solves, residual, backward error)
     host = {"factor": [], "solve": []}
-    orig_factor, orig_solve = _sparse_direct._host_factor, _sparse_direct._host_solve
+    orig_factor, orig_solve = _sparse_direct._factor_one, _sparse_direct._solve_checked
 
-    def timed_factor(*a, **k):
-        t0 = time.perf_counter()
-        out = orig_factor(*a, **k)
-        host["factor"].append(time.perf_counter() - t0)
-        return out
+    def timed(key, fn):
+        def wrapped(*a, **k):
+            t0 = time.perf_counter()
+            out = fn(*a, **k)
+            host[key].append(time.perf_counter() - t0)
+            return out
+        return wrapped
 
-    def timed_solve(*a, **k):
-        t0 = time.perf_counter()
-        out = orig_solve(*a, **k)
-        host["solve"].append(time.perf_counter() - t0)
-        return out
-
-    _sparse_direct._host_factor, _sparse_direct._host_solve = timed_factor, timed_solve
-    fwd, grad = sd.function(J), sd.function(sd.value_and_grad(J))
-    _block(fwd(*args)), _block(grad(*args))
-    out = {"n": n, "rss_compiled_mb": _rss_mb() - rss0}
-    t = _alternate({"fwd": fwd, "grad": grad}, args, budget, rmin, rmax, fixed)
+    _sparse_direct._factor_one = timed("factor", orig_factor)
+    _sparse_direct._solve_checked = timed("solve", orig_solve)
+    try:
+        fwd, grad = sd.function(J), sd.function(sd.value_and_grad(J))
+        _block(fwd(*args)), _block(grad(*args))
+        out = {"n": n, "rss_compiled_mb": _rss_mb() - rss0}
+        t = _alternate({"fwd": fwd, "grad": grad}, args, budget, rmin, rmax, fixed)
+    finally:
+        _sparse_direct._factor_one, _sparse_direct._solve_checked = orig_factor, orig_solve
     out.update(fwd=_stats_ms(t["fwd"]), grad=_stats_ms(t["grad"]))
     out["factorizations"] = len(host["factor"])  # timed and warm-up calls
     out["host_factor_ms"] = statistics.median(host["factor"]) * 1e3
     out["host_solve_ms"] = statistics.median(host["solve"]) * 1e3
-    _sparse_direct._host_factor, _sparse_direct._host_solve = orig_factor, orig_solve
-    # memory: what the process holds between calls, and how much of it is the
-    # factorizations sciad keeps in its host slots (one per compiled factor node)
+    # memory: what the process holds between calls (no factorization: each is
+    # released after its last solve)
     gc.collect()
     out["rss_after_mb"], out["hwm_mb"] = _rss_mb() - rss0, _hwm_mb() - rss0
-    out["slots"] = len(_sparse_direct._slots)
-    held = [lu for _, lus in _sparse_direct._slots.values() for lu in lus if lu is not None]
-    lu_nnz = held[0].L.nnz + held[0].U.nnz if held else 0
-    del held
-    # released on the thread that made them where sciad has one: SciPy's SuperLU
-    # frees a factor's memory only from the thread that allocated it
-    getattr(_sparse_direct, "_on_worker", lambda fn: fn())(_sparse_direct._slots.clear)
-    gc.collect()
-    out["rss_freed_mb"] = out["rss_after_mb"] - (_rss_mb() - rss0)
-    out["lu_nnz"] = int(lu_nnz)
+    out["held_factors"] = _sparse_direct.held()
     out["growth_per_factor_mb"] = (out["rss_after_mb"] - out["rss_compiled_mb"]) / max(
         out["factorizations"], 1)
 
     # SuperLU on the main thread, same CSC arrays as sciad's callback builds
+    # (the CSR arrays of A read as CSC: the factor of A^T), and its plain solve
     pattern = sd.sparse.coo_matrix((np.ones(len(P.rows)), (P.rows, P.cols)),
                                    shape=(n * n, n * n)).type.pattern
     data = np.asarray(sd.function(lambda m: sd.sparse.data(ex.stiffness(P, m)))(args[0]))
@@ -668,13 +829,19 @@ def run_parts(n: int, workdir: str, budget: float, rmin: int, rmax: int,
         at = sp.csc_matrix((data, pattern.indices, pattern.indptr), shape=(n * n, n * n))
         return spl.splu(at, permc_spec="MMD_AT_PLUS_A")
 
-    splu_main()
-    ts = []
-    for _ in range(max(3, min(len(t["fwd"]), 9))):
-        t0 = time.perf_counter()
-        splu_main()
-        ts.append(time.perf_counter() - t0)
-    out["splu_main_ms"] = statistics.median(ts) * 1e3
+    lu = splu_main()
+    out["lu_nnz"] = int(lu.L.nnz + lu.U.nnz)
+    f_np = np.asarray(args[1])
+    for key, fn in (("splu_main_ms", splu_main),
+                    ("plain_solve_ms", lambda: lu.solve(f_np, trans="T"))):
+        fn()
+        ts = []
+        for _ in range(max(5, min(len(t["fwd"]), 21))):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        out[key] = statistics.median(ts) * 1e3
+    del lu
 
     m = args[0]
     entries_fn = sd.function(lambda m: ex.entries(P, m))
@@ -684,39 +851,17 @@ def run_parts(n: int, workdir: str, budget: float, rmin: int, rmax: int,
                    rmin, rmax, fixed)
     out["entries"], out["assembled"] = _stats_ms(t["entries"]), _stats_ms(t["assembled"])
 
-    # one host callback (sciad's 64-bit-exact wrapper) passing the vector through,
-    # one sciad run-time check (a finiteness test, as on a solve's right-hand side),
-    # neither
+    # one sciad host call passing the vector through, against none
     N = n * n
     struct = (jax.ShapeDtypeStruct((N,), jnp.float64),)
-    one_cb = jax.jit(lambda x: _host.callback(lambda v: (v,), struct, x)[0])
-
-    def check(x):
-        tok = _checks.raise_if(~jnp.all(jnp.isfinite(x)), NonFiniteError, "not finite")
-        tie = getattr(_checks, "tie", None)  # the check's token, where sciad has one
-        return tie(x + 1.0, tok) if tie is not None and tok is not None else x + 1.0
-
-    one_dbg = jax.jit(check)
+    one_cb = jax.jit(lambda x: _host.host_call(lambda v: (v,), struct, x + 1.0)[0])
     plain = jax.jit(lambda x: x + 1.0)
-    for fn in (one_cb, one_dbg, plain):
+    for fn in (one_cb, plain):
         _block(fn(args[1]))
-    t = _alternate({"cb": one_cb, "dbg": one_dbg, "plain": plain}, (args[1],), budget / 4,
+    t = _alternate({"cb": one_cb, "plain": plain}, (args[1],), budget / 4,
                    max(rmin, 21), max(rmax, 51), fixed)
     out["callback"] = _stats_ms(t["cb"])
-    out["debug_callback"] = _stats_ms(t["dbg"])
     out["plain"] = _stats_ms(t["plain"])
-
-    # the same objective with sciad's run-time checks patched out (a constant zero
-    # token where the caller ties one into its result)
-    orig_raise = _linalg.raise_if
-    _linalg.raise_if = lambda *a, **k: jnp.zeros((), jnp.int32)
-    try:
-        fwd_nc, grad_nc = sd.function(J), sd.function(sd.value_and_grad(J))
-        _block(fwd_nc(*args)), _block(grad_nc(*args))
-        t = _alternate({"fwd": fwd_nc, "grad": grad_nc}, args, budget, rmin, rmax, fixed)
-    finally:
-        _linalg.raise_if = orig_raise
-    out["nochecks_fwd"], out["nochecks_grad"] = _stats_ms(t["fwd"]), _stats_ms(t["grad"])
     out["graph_nodes"] = len(sd.graph.passes.optimize(
         sd.trace(sd.value_and_grad(J), *(np.asarray(a) for a in args))).nodes)
     return out
@@ -778,11 +923,12 @@ class _Server:
         return out
 
 
-def paired(n: int, work: str, batch_s: float, batches: int) -> dict:
-    """SciPy and sciad direct, each in its own process, timed in alternating
-    batches (the order flipping every batch): both see the same load. Returns
-    their results (samples pooled) and the per-batch ratios."""
-    keys = ("scipy", "sciad-direct")  # scipy first: it writes the reference gradient
+def paired(n: int, work: str, batch_s: float, batches: int,
+           keys=("scipy", "sciad-direct")) -> dict:
+    """SciPy and sciad (`keys`: the reference first, it writes the reference
+    gradient), each in its own process, timed in alternating batches (the
+    order flipping every batch): both see the same load. Returns their
+    results (samples pooled) and the per-batch ratios."""
     servers, results = {}, {}
     try:
         for key in keys:
@@ -806,14 +952,14 @@ def paired(n: int, work: str, batch_s: float, batches: int) -> dict:
                     pooled[key][c] += t[c]
                 med[key] = {c: statistics.median(t[c]) for c in ratios}
             for c in ratios:
-                ratios[c].append(med["sciad-direct"][c] / med["scipy"][c])
+                ratios[c].append(med[keys[1]][c] / med[keys[0]][c])
         for key in keys:
             results[key].update({c: _stats_ms(v) for c, v in pooled[key].items()})
         pair = {}
         for c, v in ratios.items():
             q = statistics.quantiles(v, n=4) if len(v) >= 2 else [v[0]] * 3
             pair[c] = {"median": statistics.median(v), "q1": q[0], "q3": q[2]}
-        results["sciad-direct"]["paired"] = dict(pair, batches=batches, rounds=rounds)
+        results[keys[1]]["paired"] = dict(pair, batches=batches, rounds=rounds)
     except RuntimeError as e:
         for key in keys:
             if "fwd" not in results.get(key, {}):
@@ -821,12 +967,15 @@ def paired(n: int, work: str, batch_s: float, batches: int) -> dict:
     finally:
         for key, srv in servers.items():
             final = srv.close()
-            if "rss_peak_mb" in final and "error" not in results.get(key, {}):
-                results[key]["rss_peak_mb"] = final["rss_peak_mb"]
+            r = results.get(key, {})
+            if "rss_calls_peak_mb" in final and "error" not in r:
+                r["rss_calls_peak_mb"] = final["rss_calls_peak_mb"]
+                r["rss_peak_mb"] = max(r["rss_first_peak_mb"], final["rss_calls_peak_mb"])
     return results
 
 
-def measure(sizes, methods, quick: bool, repeats: int | None, parts: bool) -> dict:
+def measure(sizes, methods, quick: bool, repeats: int | None, parts: bool,
+            steps: bool = True) -> dict:
     budget, rmin, rmax = (0.5, 3, 9) if quick else (2.5, 5, 41)
     batch_s, batches = (0.3, 3) if quick else (1.0, 8)
     timing = ["--budget", str(budget), "--rmin", str(rmin), "--rmax", str(rmax)]
@@ -871,13 +1020,39 @@ def measure(sizes, methods, quick: bool, repeats: int | None, parts: bool) -> di
                 breakdown.append(res)
             print(f"  N={n} done in {time.perf_counter() - t0:.1f} s", file=sys.stderr,
                   flush=True)
-    return {"results": results, "breakdown": breakdown}
+        step_results = {}
+        if steps:
+            t0 = time.perf_counter()
+            make_step_inputs(os.path.join(work, "steps.npz"))
+            step_results = paired(STEP_N, work, batch_s, batches, keys=tuple(STEP_METHODS))
+            print(f"  steps done in {time.perf_counter() - t0:.1f} s", file=sys.stderr,
+                  flush=True)
+    return {"results": results, "breakdown": breakdown, "steps": step_results}
 
 
 def _peak(r: dict) -> str:
     if "rss_peak_mb" not in r or "rss_base_mb" not in r:
         return "–"
     return f"{r['rss_peak_mb'] - r['rss_base_mb']:.0f}"
+
+
+def _call_peak(r: dict) -> float | None:
+    """The timed calls' peak RSS above the RSS just before them (MB)."""
+    if "rss_calls_peak_mb" not in r or "rss_ready_mb" not in r:
+        return None
+    return max(r["rss_calls_peak_mb"] - r["rss_ready_mb"], 0.0)
+
+
+def _held(r: dict) -> float | None:
+    """RSS after the first calls above the RSS after imports and inputs (MB):
+    compiled programs and whatever a call leaves behind."""
+    if "rss_ready_mb" not in r or "rss_base_mb" not in r:
+        return None
+    return r["rss_ready_mb"] - r["rss_base_mb"]
+
+
+def _mb(x: float | None) -> str:
+    return "–" if x is None else f"{x:.0f}"
 
 
 def _fmt_ms(x: float) -> str:
@@ -901,6 +1076,56 @@ def git_state() -> str:
     return text + "."
 
 
+def render_steps(st: dict) -> list[str]:
+    """The many-small-solves section."""
+    if not st:
+        return []
+    lines = [
+        "", "## Many small solves", "",
+        f"{STEPS} backward-Euler steps of a 1-D heat equation, `(I + dt L(m)) u_k+1 = u_k` "
+        f"with one {STEP_N} x {STEP_N} tridiagonal matrix whose values come from the "
+        "log-conductivity `m`, J(m) = 0.5 ||u_50 - d||^2; value and gradient. SciPy "
+        "factors once and runs the steps and the adjoint steps by hand (50 solves and 50 "
+        "transposed solves with one LU); sciad traces the Python loop, and its graph "
+        "shares one factorization among all 100 solves. Run paired like the direct "
+        "solvers above (medians over all rounds).",
+        "",
+        "| method | forward ms | gradient ms | gradient IQR | vs SciPy | grad err "
+        "| peak MB | held MB | call peak MB | R |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    sc = st.get("scipy-steps", {})
+    for key, label in STEP_METHODS.items():
+        r = st.get(key)
+        if r is None:
+            continue
+        if "error" in r:
+            lines.append(f"| {label} | failed: {r['error']} |||||||||")
+            continue
+        gr = r["grad"]["ms"]
+        vs = f"{gr / sc['grad']['ms']:.2f}" if "grad" in sc else "–"
+        lines.append(
+            f"| {label} | {_fmt_ms(r['fwd']['ms'])} | {_fmt_ms(gr)} "
+            f"| {_fmt_ms(r['grad']['q1'])}–{_fmt_ms(r['grad']['q3'])} | {vs} "
+            f"| {r['grad_rel_err']:.1e} | {_peak(r)} | {_mb(_held(r))} "
+            f"| {_mb(_call_peak(r))} | {r['grad']['repeats']} |")
+    r = st.get("sciad-steps", {})
+    if "grad" in r and "grad" in sc:
+        vs = r["grad"]["ms"] / sc["grad"]["ms"]
+        pr = r.get("paired", {}).get("grad")
+        spread = (f" (per-batch ratios: median {pr['median']:.2f}, IQR "
+                  f"{pr['q1']:.2f}–{pr['q3']:.2f} over {r['paired']['batches']} batches)"
+                  if pr else "")
+        ok = r["grad_rel_err"] <= DIRECT_RTOL
+        lines += ["", f"- sciad gradient / SciPy hand adjoint = {vs:.2f}{spread} "
+                  f"(target <= {STEPS_TARGET}): target met: {yes_no(vs <= STEPS_TARGET)}; "
+                  f"gradient agrees to {DIRECT_RTOL:g}: {yes_no(ok)}"]
+    if "fd_rel_err" in sc:
+        lines.append(f"- SciPy's hand adjoint against a central difference: relative "
+                     f"error {sc['fd_rel_err']:.1e}.")
+    return lines
+
+
 def render(data: dict, machine: dict, argv: str) -> str:
     res = data["results"]
     by = {(r["n"], r["method"]): r for r in res}
@@ -921,12 +1146,14 @@ def render(data: dict, machine: dict, argv: str) -> str:
         "\"grad err\" is ||g - g_SciPy|| / ||g_SciPy|| (checked before timing: "
         f"<= {DIRECT_RTOL:g} for direct solvers, <= {CG_RTOL:g} for CG-based ones); "
         "\"residual\" is ||A u - f|| / ||f|| of the method's own solution. \"peak MB\" is the "
-        "process's maximum RSS above its RSS after imports and inputs (compilation "
-        "included).",
+        "process's maximum RSS above its RSS after imports and inputs (compilation and "
+        "first calls included); \"held MB\" its RSS after the first calls above the same "
+        "base (compiled programs, caches); \"call peak MB\" the maximum RSS during the "
+        "timed calls above the RSS just before them: the memory a call needs.",
         "",
         "| N | method | forward ms | gradient ms | gradient IQR | grad/fwd | vs SciPy "
-        "| grad err | check | residual | peak MB | R |",
-        "|---:|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|",
+        "| grad err | check | residual | peak MB | held MB | call peak MB | R |",
+        "|---:|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for n in sizes:
         sc = by.get((n, "scipy"), {})
@@ -938,7 +1165,7 @@ def render(data: dict, machine: dict, argv: str) -> str:
             if key == "unrolled-cg" and "cg_steps" in r:
                 label += f", K={r['cg_steps']}"
             if "error" in r:
-                lines.append(f"| {n} | {label} | failed: {r['error']} ||||||||||")
+                lines.append(f"| {n} | {label} | failed: {r['error']} ||||||||||||")
                 continue
             fw, gr = r["fwd"]["ms"], r["grad"]["ms"]
             vs = f"{gr / sc['grad']['ms']:.2f}" if "grad" in sc else "–"
@@ -951,7 +1178,8 @@ def render(data: dict, machine: dict, argv: str) -> str:
                 f"| {n} | {label} | {_fmt_ms(fw)} | {_fmt_ms(gr)} "
                 f"| {_fmt_ms(r['grad']['q1'])}–{_fmt_ms(r['grad']['q3'])} | {gr / fw:.2f} | {vs} "
                 f"| {r['grad_rel_err']:.1e} | {check} | {r['residual']:.1e} "
-                f"| {_peak(r)} | {r['grad']['repeats']} |")
+                f"| {_peak(r)} | {_mb(_held(r))} | {_mb(_call_peak(r))} "
+                f"| {r['grad']['repeats']} |")
     skipped = [f"`{k}` (N <= {v[2]})" for k, v in METHODS.items() if v[2] is not None
                and any(n > v[2] for n in sizes)]
     if skipped:
@@ -1007,10 +1235,19 @@ def render(data: dict, machine: dict, argv: str) -> str:
                          f"(target <= {VS_SCIPY_TARGET}, goal <= {VS_SCIPY_GOAL}): "
                          f"target met: {yes_no(vs <= VS_SCIPY_TARGET)}, goal met: "
                          f"{yes_no(vs <= VS_SCIPY_GOAL)}")
+        if sc and "error" not in sc and n in MEMORY_AT:
+            mine, ref = _call_peak(r), _call_peak(sc)
+            if mine is not None and ref:
+                lines.append(
+                    f"- N={n}: peak memory of sciad direct's calls / SciPy's = "
+                    f"{mine:.0f} / {ref:.0f} MB = {mine / ref:.2f} (target <= "
+                    f"{MEMORY_TARGET}): target met: {yes_no(mine <= MEMORY_TARGET * ref)}; "
+                    f"whole process (compilation and first calls included): "
+                    f"{_peak(r)} / {_peak(sc)} MB")
         if r["grad_rel_err"] > DIRECT_RTOL:
             lines.append(f"- N={n}: sciad direct gradient error {r['grad_rel_err']:.1e} "
                          f"> {DIRECT_RTOL:g}: **NO**")
-    if not any(n in RATIO_AT + VS_SCIPY_AT for n in sizes):
+    if not any(n in RATIO_AT + VS_SCIPY_AT + MEMORY_AT for n in sizes):
         lines.append(f"(no target size among {sizes}: targets are at N = "
                      f"{sorted(set(RATIO_AT + VS_SCIPY_AT))})")
 
@@ -1021,67 +1258,50 @@ def render(data: dict, machine: dict, argv: str) -> str:
             "", "## Where the time goes", "",
             "sciad direct, from `sciad-parts` (its own process per N; medians, ms): the "
             "forward and gradient calls; inside them, the time spent in sciad's host "
-            "factorization callback (`csc_matrix` of the static pattern + SuperLU, on an XLA "
-            "worker thread) and in one host triangular-solve callback; SuperLU on the same "
-            "arrays called on the main thread of that process; the rest of a call (the XLA "
-            "program, callback transfers, run-time checks) = call - host time (forward: one "
-            "factorization and one solve; gradient: one factorization and two solves); the "
-            "same objective with sciad's run-time checks (`raise_if`: a host callback "
-            "each) patched out; the entries + `sparse.assemble` part alone; the extra cost "
-            "of one sciad host callback passing an N²-vector through and of one sciad "
-            "run-time check (finiteness of that vector), each over a jitted `x + 1`; the "
-            "nodes of the optimized value-and-gradient graph.",
+            "factorization (SuperLU of the CSC view of the static pattern, on sciad's "
+            "SuperLU thread) and in one host solve with its checks (triangular solves, "
+            "residual, backward error); SuperLU and one plain triangular solve on the same "
+            "arrays, called on the main thread; the rest of a call (the XLA program, the host "
+            "call transfers) = call - host time (forward: one factorization and one solve; "
+            "gradient: one factorization and two solves); the entries + `sparse.assemble` "
+            "part alone; the extra cost of one sciad host call passing an N²-vector "
+            "through, over a jitted `x + 1`; the nodes of the optimized value-and-gradient "
+            "graph.",
             "",
-            "| N | fwd | grad | grad/fwd | host factor | SuperLU, main thread | host solve "
-            "| fwd rest | grad rest | fwd no checks | grad no checks | entries+assemble "
-            "| 1 callback | 1 check | nodes |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| N | fwd | grad | grad/fwd | host factor | SuperLU, main thread "
+            "| host solve, checked | plain solve | fwd rest | grad rest | entries+assemble "
+            "| 1 host call | nodes |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for b in bd:
             hf, hs = b["host_factor_ms"], b["host_solve_ms"]
             fw, gr = b["fwd"]["ms"], b["grad"]["ms"]
-            nf, ng = b["nochecks_fwd"]["ms"], b["nochecks_grad"]["ms"]
             lines.append(
                 f"| {b['n']} | {_fmt_ms(fw)} | {_fmt_ms(gr)} | {gr / fw:.2f} | {_fmt_ms(hf)} "
-                f"| {_fmt_ms(b['splu_main_ms'])} | {hs:.3f} "
+                f"| {_fmt_ms(b['splu_main_ms'])} | {hs:.3f} | {b['plain_solve_ms']:.3f} "
                 f"| {fw - hf - hs:.2f} | {gr - hf - 2 * hs:.2f} "
-                f"| {_fmt_ms(nf)} | {_fmt_ms(ng)} "
                 f"| {b['assembled']['ms']:.3f} "
-                f"| {b['callback']['ms'] - b['plain']['ms']:.3f} "
-                f"| {b['debug_callback']['ms'] - b['plain']['ms']:.3f} | {b['graph_nodes']} |")
+                f"| {b['callback']['ms'] - b['plain']['ms']:.3f} | {b['graph_nodes']} |")
         if bd:
             lines += [
                 "",
                 "sciad direct, memory in that process (MB above its RSS after imports and "
                 "inputs): after compiling both programs; held between calls after the timed "
                 "rounds; the peak; the growth from the first to the last of these, per "
-                "factorization (timed and warm-up calls); and how much RSS dropping the "
-                "factorizations held in sciad's host slots (one per compiled factor node, "
-                "kept until the next call replaces it) gave back.",
+                "factorization (timed and warm-up calls); and the factorizations sciad's "
+                "host store still holds between calls (each is released after the last "
+                "solve that reads it).",
                 "",
                 "| N | after compile | between calls | peak | growth per factorization "
-                "| slots | freed by dropping them | nnz(L)+nnz(U) | one LU (values + indices) |",
-                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+                "| factors held | nnz(L)+nnz(U) | one LU (values + indices) |",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|",
             ]
-            leaky = False
             for b in bd:
                 lu_mb = b["lu_nnz"] * 12 / 2**20
-                leaky |= b["growth_per_factor_mb"] > 0.5 * lu_mb > 1
                 lines.append(
                     f"| {b['n']} | {b['rss_compiled_mb']:.0f} | {b['rss_after_mb']:.0f} "
                     f"| {b['hwm_mb']:.0f} | {b['growth_per_factor_mb']:.1f} ({b['factorizations']} "
-                    f"calls) | {b['slots']} | {b['rss_freed_mb']:.0f} | {b['lu_nnz']} "
-                    f"| {lu_mb:.1f} |")
-            if leaky:
-                lines += [
-                    "",
-                    "The RSS grows by about one factorization per call. SciPy's SuperLU "
-                    "wrapper (1.17 here) tracks its allocations per thread and frees a "
-                    "pointer only from the thread that allocated it: a factorization "
-                    "released on another thread than the one that made it (e.g. replaced "
-                    "in its slot by a callback on another XLA worker thread) is never "
-                    "freed. Plain SciPy, on one thread, does not grow.",
-                ]
+                    f"calls) | {b['held_factors']} | {b['lu_nnz']} | {lu_mb:.1f} |")
         lines += [
             "",
             "SciPy, the pieces of the hand adjoint (medians, ms; `lu nnz` = nnz(L) + nnz(U)):",
@@ -1100,6 +1320,7 @@ def render(data: dict, machine: dict, argv: str) -> str:
                 f"| {p['solve']:.3f} | {p['solve_T']:.3f} | {p['sddmm']:.3f} "
                 f"| {p['entries_vjp']:.3f} | {r['lu_nnz']} |")
 
+    lines += render_steps(data.get("steps") or {})
     lines += [
         "", "## First call (information)", "",
         "Seconds: build, trace, compile and run once (SciPy: just the run).", "",
@@ -1126,6 +1347,7 @@ def main(argv=None) -> int:
                    help="fixed rounds per block (default: from a time budget)")
     p.add_argument("--quick", action="store_true", help="small sizes, short budgets")
     p.add_argument("--no-parts", action="store_true", help="skip sciad's time breakdown")
+    p.add_argument("--no-steps", action="store_true", help="skip the many-small-solves case")
     p.add_argument("--no-write", action="store_true",
                    help="do not write bench/results/inverse_poisson.md")
     p.add_argument("--child", nargs=3, metavar=("METHOD", "N", "DIR"), help=argparse.SUPPRESS)
@@ -1157,7 +1379,8 @@ def main(argv=None) -> int:
     load = load_average()
     t0 = time.perf_counter()
     print(f"measuring N = {sizes} ...", file=sys.stderr, flush=True)
-    data = measure(sizes, methods, args.quick, args.repeats, not args.no_parts)
+    data = measure(sizes, methods, args.quick, args.repeats, not args.no_parts,
+                   not args.no_steps)
     data["git"] = git_state()
     print(f"  done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 

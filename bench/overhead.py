@@ -8,9 +8,9 @@ Run from the repository root:
 
 What it measures, in two float64 configurations:
 
-- `global`: `jax.config.update("jax_enable_x64", True)` at start-up (typical for
+- `global`: `jax.config.update("jax_enable_x64", True)` at start-up (sciad's default; typical for
   scientific users); sciad skips its x64 scope.
-- `scoped`: x64 off globally. Each `sd.function` call enters sciad's scoped
+- `scoped`: x64 off globally (`SCIAD_ENABLE_X64=0`). Each `sd.function` call enters sciad's scoped
   `jax.enable_x64(True)`; the JAX baseline runs its timing loop inside one
   `with jax.enable_x64(True):` block, so both compute in float64. Global x64
   cannot be switched off once on, so this configuration runs in a subprocess
@@ -191,6 +191,8 @@ def measure(mode: str, repeats: int | None, quick: bool) -> dict:
 
     if mode == "global":
         jax.config.update("jax_enable_x64", True)
+    else:  # importing sciad turns x64 on unless told not to
+        os.environ["SCIAD_ENABLE_X64"] = "0"
     import jax.numpy as jnp  # noqa: F401  (imported after the x64 switch)
     import numpy as np
 

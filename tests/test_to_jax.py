@@ -375,29 +375,22 @@ def test_to_jax_derivatives_of_every_primitive(name, rng):
         # sciad's own: gradient and forward mode (second order through
         # sd.to_jax: test_forward_mode_and_higher_derivatives, and through
         # solves in test_numerical_honesty.py)
-        def sd_all(*a):
-            def g(*d):
-                full = list(a)
-                for i, x in zip(diff, d):
-                    full[i] = x
-                return loss_sd(*full)
-            d0 = tuple(a[i] for i in diff)
-            grads = sd.grad(g, argnums=tuple(range(len(diff))))(*d0)
-            _, tout = sd.jvp(lambda *d: fn(*[d[diff.index(i)] if i in diff else a[i]
-                                              for i in range(len(a))]), d0, tuple(v))
-            return grads, tout
-
-        def jax_all(*a):
-            def g(*d):
-                full = list(a)
-                for i, x in zip(diff, d):
-                    full[i] = x
-                return loss_jax(*full)
-            d0 = tuple(a[i] for i in diff)
-            grads = jax.grad(g, argnums=tuple(range(len(diff))))(*d0)
-            _, tout = jax.jvp(lambda *d: F(*[d[diff.index(i)] if i in diff else a[i]
+        def derivatives(loss, f, grad, jvp):
+            def run(*a):
+                def g(*d):
+                    full = list(a)
+                    for i, x in zip(diff, d):
+                        full[i] = x
+                    return loss(*full)
+                d0 = tuple(a[i] for i in diff)
+                grads = grad(g, argnums=tuple(range(len(diff))))(*d0)
+                _, tout = jvp(lambda *d: f(*[d[diff.index(i)] if i in diff else a[i]
                                              for i in range(len(a))]), d0, tuple(v))
-            return grads, tout
+                return grads, tout
+            return run
+
+        sd_all = derivatives(loss_sd, fn, sd.grad, sd.jvp)
+        jax_all = derivatives(loss_jax, F, jax.grad, jax.jvp)
 
         float_out = [w is not None for w in weights]
 
