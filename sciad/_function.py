@@ -18,7 +18,7 @@ import jax
 
 from . import config
 from ._traceback import api_boundary
-from .errors import NotSupportedError, runtime_error_from
+from .errors import NotSupportedError, reraise as _reraise
 
 JaxRuntimeError = jax.errors.JaxRuntimeError
 from .graph import Graph, lower, trace_flat, verify
@@ -26,15 +26,6 @@ from .graph._trace import runtime_leaves, wrap_outputs
 from .graph.passes import optimize
 
 _X64 = jax.enable_x64  # JAX's x64 state object (global value + thread-local override)
-
-
-def _reraise(err: BaseException):
-    """A run-time check's error (singular matrix, no convergence, ...) as the
-    sciad error it names; any other error as it is."""
-    sciad_err = runtime_error_from(err)
-    if sciad_err is None:
-        raise err
-    raise sciad_err from None
 
 
 def _has_runtime_checks(graph: Graph) -> bool:

@@ -37,7 +37,7 @@ from jax.interpreters import ad, batching, mlir
 
 from ._traceback import api_boundary
 from . import config
-from .errors import NotSupportedError, SciadError, runtime_error_from
+from .errors import NotSupportedError, SciadError, reraise
 from .graph import Graph, Literal, format_node, is_differentiable, lower
 from .graph._types import FactorType, leaf_types
 from .graph import trace_flat, verify, vjp_graph
@@ -212,10 +212,7 @@ def _raising(f: Callable, args):
             out = jax.block_until_ready(out)
         return out
     except Exception as e:
-        err = runtime_error_from(e)
-        if err is None:
-            raise
-        raise err from None
+        reraise(e)
 
 
 def _zero_tangent(shape, dtype):

@@ -8,6 +8,8 @@ was expected, what was received, and the user's source line.
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 __all__ = [
     "SciadError",
     "ShapeError",
@@ -208,6 +210,15 @@ def runtime_error_from(err: BaseException) -> SciadError | None:
         for k, v in extra.items():
             setattr(err, k, v)
     return err
+
+
+def reraise(err: BaseException) -> NoReturn:
+    """Raises `err` as the sciad error it carries (a run-time check's error
+    leaving XLA as JAX's runtime error, or a host function's), or as it is."""
+    sciad_err = runtime_error_from(err)
+    if sciad_err is None:
+        raise err
+    raise sciad_err from None
 
 
 class unwrapped:

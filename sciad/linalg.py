@@ -28,7 +28,7 @@ import numpy as np
 
 from .errors import DTypeError, ShapeError
 from .graph import Tracer
-from .primitives._linalg import (DENSE_DIRECT, ITERATIVE, SPARSE_DIRECT, _clean,
+from .primitives._linalg import (DENSE_DIRECT, ITERATIVE, NORMS, SPARSE_DIRECT, _clean,
                                  linalg_rcond_p, linalg_solve_p)
 from .sparse import astype as _sparse_astype, issparse
 
@@ -365,7 +365,7 @@ def cond(A, p=1, *, estimate: bool = True, solver: str = "auto", constant: bool 
     A, _, tags, sparse, dtype = _prepare(A, None, None, op)
     if solver == "auto":
         solver = _choose(sparse, tags, dtype)
-    if p not in (1, np.inf, 2, "fro"):
+    if p not in NORMS:
         raise ShapeError(f"`p` is 1, inf, 2 or 'fro', got {p!r}.", op=op)
     params = {"solver": solver, "norm": p}
     if sparse:

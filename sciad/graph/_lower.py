@@ -130,17 +130,14 @@ def evaluate(graph: Graph, *args) -> list:
     run-time check (a singular matrix, a solver that did not converge) is
     raised as the sciad error it names."""
     from ..config import x64_scope
-    from ..errors import runtime_error_from
+    from ..errors import reraise
 
     args = _checked_args(graph, args)
     with x64_scope():
         try:
             return jax.block_until_ready(jax.jit(lower(graph))(*args))
         except Exception as e:  # JaxRuntimeError, or ValueError from a callback
-            err = runtime_error_from(e)
-            if err is None:
-                raise
-            raise err from None
+            reraise(e)
 
 
 def _checked_args(graph: Graph, args) -> list:

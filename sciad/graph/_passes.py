@@ -596,8 +596,7 @@ def _share_factors_graph(graph: Graph, run: _Run) -> Graph:
             f = factors[key] = Var(ftype)
             new_nodes.append(Node(factor_p, (a,), (f,), fparams, frozenset(), node.source))
         if solve:
-            bparams = {k: v for k, v in params.items()
-                       if k in ("solver", "pattern", "transpose", "assume", "throw")}
+            bparams = {k: v for k, v in params.items() if k in backsolve_p.params}
             new_nodes.append(Node(backsolve_p, (f, a, node.inputs[1]), node.outputs, bparams,
                                   node.effects, node.source))
         else:
@@ -637,10 +636,8 @@ def _factor_params(nodes: list[Node], outputs, factor_p) -> list[Node]:
                              and u.params.get("throw", True) for u in users):
             params["throw"] = False
         params.pop("uses", None)
-        if params["solver"] in _HELD_ON_HOST:
-            params["uses"] = len(users) if known else None
-            if params["uses"] is None:
-                params.pop("uses")
+        if params["solver"] in _HELD_ON_HOST and known:
+            params["uses"] = len(users)
         out.append(node if params == dict(node.params) else node.replace(params=params))
     return out
 

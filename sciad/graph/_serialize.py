@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import ResourceLimitError, SerializationError, VerificationError
 from ._core import Graph, Literal, Node, Var, lookup_primitive
-from ._params import describe_value
+from ._params import describe_value, shown_params
 from ._source import SourceInfo
 from ._types import _SHORT, AbstractType, TensorType, runtime_type, type_from_json
 
@@ -547,8 +547,7 @@ class _Decoder:
         problem = prim.param_problem(params, explicit=True)
         if problem is not None:
             raise _fail(problem)
-        if prim.params:  # the canonical form in memory leaves defaults out
-            params = {k: v for k, v in params.items() if not prim.params[k].is_default(v)}
+        params = shown_params(prim.params, params)  # in memory, defaults are left out
         outs = []
         for k, o in enumerate(_list(item["outputs"], "a node's \"outputs\"")):
             frame.part = f"result {k}"

@@ -357,12 +357,12 @@ def _run_checked(prim: Primitive, values, params, site):
     solvers are many small ops), its result waited for, and a failed check
     raised as the sciad error it names (not JAX's runtime error carrying
     its text)."""
-    from ..errors import runtime_error_from
+    from ..errors import reraise
 
     key = (prim, tuple(sorted(params.items())), site)
     try:
         fn = _EAGER_CHECKED.get(key)
-    except TypeError:  # an unhashable param value: run it op by op
+    except TypeError:  # an unhashable param value: compiled, not cached
         key, fn = None, None
     if fn is None:
         fn = jax.jit(lambda *xs: prim.impl_rule(*xs, site=site, **params))
@@ -373,10 +373,7 @@ def _run_checked(prim: Primitive, values, params, site):
     try:
         return jax.block_until_ready(fn(*values))
     except Exception as e:  # JaxRuntimeError, or the host function's own error
-        err = runtime_error_from(e)
-        if err is None:
-            raise
-        raise err from None
+        reraise(e)
 
 
 _EAGER_CHECKED: dict = {}

@@ -9,7 +9,7 @@ anyway (`sciad.solvers.sparse_direct`), and computations in the program
 (dense factorizations, Krylov solves) hand their measures to one host call
 (`check`) whose result the checked value is tied to (`tie`), so XLA can
 neither drop the check nor run what follows without it. One host call per
-factorization and one per solve: about 10 us each on the CPU.
+factorization and one per solve: about 20 us each on the CPU.
 
 An error leaves XLA as text (`sciad.errors.runtime_error_text`);
 `sd.function`, eager calls, `sd.graph.evaluate` and `sd.to_jax` functions
@@ -103,7 +103,7 @@ def judge_matrix(site: Site, *, dtype, tags=frozenset(), nonfinite=False, asymme
 
 
 def judge_factor(site: Site, *, dtype, solver: str, tags=frozenset(), nonfinite=False,
-                 asymmetry=0.0, min_diagonal=np.inf, singular=False, rcond=np.nan):
+                 asymmetry=0.0, min_diagonal=np.inf, singular=False):
     """A factorization: the matrix checks, then breakdown."""
     judge_matrix(site, dtype=dtype, tags=tags, nonfinite=nonfinite, asymmetry=asymmetry,
                  min_diagonal=min_diagonal)

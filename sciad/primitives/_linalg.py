@@ -54,6 +54,7 @@ from ..errors import (ConvergenceError, DTypeError, NonFiniteError, NotSupported
                       ShapeError, SingularMatrixError)
 from ..graph import Graph, Param, Primitive, SparseType, TensorType, Zero, is_linear, is_zero
 from ..graph._types import FactorType, Pattern, register_factor_layout
+from ..graph._params import shown_params
 from ..solvers._host import host_call
 from ._checks import check, judge_factor, judge_matrix, judge_solve, refine_above, tie
 from ._sparse import sparse_matmul_p, sparse_sddmm_p
@@ -209,49 +210,45 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
     checked when `throw`: finite, symmetric if `assume` says so, no
     breakdown. A dense factorization carries its condition estimate."""
     dtype = np.dtype(a.dtype)
+    tags = frozenset({assume} if assume else ())
     if pattern is not None and solver == "splu":
         report = None
         if throw:
             report = functools.partial(judge_factor, site, dtype=dtype, solver=solver,
-                                       tags=frozenset({assume} if assume else ()))
+                                       tags=tags)
         return solvers.sparse_direct.factor(solver, pattern, a, uses=uses,
                                             assume=assume if throw else None, report=report)
     if pattern is not None:  # spsolve: checked here, "factored" by every solve
         (f,) = solvers.sparse_direct.factor(solver, pattern, a)
         if throw:
-            f = tie(f, check(judge_matrix, site, dtype=dtype,
-                             tags=frozenset({assume} if assume else ()),
+            f = tie(f, check(judge_matrix, site, dtype=dtype, tags=tags,
                              **_matrix_measures(a, pattern, assume)))
         return (f,)
     f = solvers.dense.factor(solver, a)
     ok = solvers.dense.ok(solver, f)
-    tags = frozenset({assume} if assume else ())
     measures = dict(singular=~ok, **_matrix_measures(a, None, assume))
     names = list(measures)
     real = np.finfo(dtype).dtype
+
+    def one(m, anorm, status) -> float:
+        if throw:
+            judge_factor(site, dtype=dtype, solver=solver, tags=tags, **status)
+        if status["singular"] or status["nonfinite"]:
+            return 0.0
+        return solvers.dense.rcond_host(solver, m, float(anorm))
 
     def host(m, anorm, *vals):
         # one host call: LAPACK's condition estimate from the factor, and
         # the checks of the factorization
         if m.ndim == 2:  # (unbatched: the common case, without the loop's overhead)
-            status = dict(zip(names, vals))
-            if throw:
-                judge_factor(site, dtype=dtype, solver=solver, tags=tags, **status)
-            rc = 0.0 if status["singular"] or status["nonfinite"] else \
-                solvers.dense.rcond_host(solver, m, float(anorm))
-            return _ZERO_TOKEN, np.asarray(rc, real)
+            return _ZERO_TOKEN, np.asarray(one(m, anorm, dict(zip(names, vals))), real)
         batch = np.broadcast_shapes(m.shape[:-2], anorm.shape, *(v.shape for v in vals))
         k = int(np.prod(batch, dtype=np.int64))
         ms = np.broadcast_to(m, batch + m.shape[-2:]).reshape((k,) + m.shape[-2:])
         an = np.broadcast_to(anorm, batch).reshape(k)
         vals = [np.broadcast_to(v, batch).reshape(k) for v in vals]
-        rc = np.zeros(k, real)
-        for i in range(k):
-            status = {n: v[i] for n, v in zip(names, vals)}
-            if throw:
-                judge_factor(site, dtype=dtype, solver=solver, tags=tags, **status)
-            if not status["singular"] and not status["nonfinite"]:
-                rc[i] = solvers.dense.rcond_host(solver, ms[i], float(an[i]))
+        rc = np.array([one(ms[i], an[i], {n: v[i] for n, v in zip(names, vals)})
+                       for i in range(k)], real)
         return np.zeros(batch, np.int32), rc.reshape(batch)
 
     tok, rcond = host_call(host, (jax.ShapeDtypeStruct((), jnp.int32),
@@ -354,10 +351,10 @@ def _type(x):
 
 
 def _clean(params: dict) -> dict:
-    """Params with defaults left out, so equal solves print (and CSE) alike."""
-    defaults = {"pattern": None, "transpose": False, "rtol": None, "atol": None,
-                "maxiter": None, "preconditioner": None, "throw": True, "assume": None}
-    return {k: v for k, v in params.items() if k not in defaults or defaults[k] != v}
+    """Params with declared defaults left out, so equal solves print (and
+    CSE) alike. (A backsolve's params are a subset of the solve's, with the
+    same defaults.)"""
+    return shown_params(linalg_solve_p.params, params)
 
 
 def _derivative_params(params: dict, flip: bool) -> dict:

@@ -8,7 +8,7 @@ on the 2-core CPU machine:
 - cost: `jax.pure_callback` `device_put`s every argument (making JAX arrays
   of them) and copies every result; a trivial callback cost 0.19-0.30 ms. The
   primitive lowers through XLA's Python FFI callback directly, so the
-  function receives the program's buffers as NumPy arrays: about 10 us a
+  function receives the program's buffers as NumPy arrays: about 20 us a
   call. Time stepping and Newton loops are many small solves, so this is
   the fixed cost of each one.
 - exact dtypes: `device_put` converts with the x64 setting of the thread the
@@ -102,13 +102,14 @@ def _words_struct(shape, dtype) -> jax.ShapeDtypeStruct:
 
 class _HostFn:
     """The host side of one call site: `fn` on NumPy arrays of the declared
-    dtypes, results returned as words. Hashed by identity (it is a param of
-    the primitive: equal call sites are not merged)."""
+    dtypes (given as words if `in_words`), results returned as words if
+    `out_words`. Hashed by identity (it is a param of the primitive: equal
+    call sites are not merged)."""
 
     __slots__ = ("fn", "in_dtypes", "out_dtypes", "in_words", "out_words", "__weakref__")
 
     def __init__(self, fn: Callable, in_dtypes, out_dtypes, in_words: bool,
-                 out_words: bool = True):
+                 out_words: bool):
         self.fn = fn
         self.in_dtypes = tuple(in_dtypes)
         self.out_dtypes = tuple(out_dtypes)
@@ -118,10 +119,8 @@ class _HostFn:
     def __call__(self, *args):
         if self.in_words:
             args = [host_from_words(a, dt) for a, dt in zip(args, self.in_dtypes)]
-        outs = self.fn(*args)
-        if not self.out_words:
-            return tuple(np.asarray(o, dt) for o, dt in zip(outs, self.out_dtypes))
-        return tuple(host_to_words(np.asarray(o, dt)) for o, dt in zip(outs, self.out_dtypes))
+        outs = tuple(np.asarray(o, dt) for o, dt in zip(self.fn(*args), self.out_dtypes))
+        return tuple(map(host_to_words, outs)) if self.out_words else outs
 
 
 host_call_p = Primitive("sciad_host_call")
@@ -174,17 +173,17 @@ def host_call(fn: Callable, results: Sequence[jax.ShapeDtypeStruct], *args) -> t
     args = [jnp.asarray(a) for a in args]
     in_dtypes = [np.dtype(a.dtype) for a in args]
     out_dtypes = [np.dtype(r.dtype) for r in results]
-    if _emit_python_callback is not None and jax.enable_x64.get_global():
-        # every thread has x64: results cross as they are
-        structs = tuple(jax.ShapeDtypeStruct(tuple(r.shape), r.dtype) for r in results)
-        host = _HostFn(fn, in_dtypes, out_dtypes, in_words=False, out_words=False)
-        return tuple(host_call_p.bind(*args, host=host, results=structs))
-    structs = tuple(_words_struct(r.shape, r.dtype) for r in results)
-    if _emit_python_callback is not None:
-        host = _HostFn(fn, in_dtypes, out_dtypes, in_words=False)
+    ffi = _emit_python_callback is not None
+    # with x64 on globally every thread has it: results cross as they are
+    words = not (ffi and jax.enable_x64.get_global())
+    structs = tuple(_words_struct(r.shape, r.dtype) if words
+                    else jax.ShapeDtypeStruct(tuple(r.shape), r.dtype) for r in results)
+    host = _HostFn(fn, in_dtypes, out_dtypes, in_words=not ffi, out_words=words)
+    if ffi:
         outs = host_call_p.bind(*args, host=host, results=structs)
     else:  # pragma: no cover - depends on the JAX version
-        host = _HostFn(fn, in_dtypes, out_dtypes, in_words=True)
         outs = jax.pure_callback(host, structs, *[to_words(a) for a in args],
                                  vmap_method="expand_dims")
+    if not words:
+        return tuple(outs)
     return tuple(from_words(o, dt) for o, dt in zip(outs, out_dtypes))

@@ -69,9 +69,11 @@ class _Factored:
         lu = _on_worker(_factor_one, pattern, data) if np.isfinite(data).all() else None
         return cls(pattern, data, lu)
 
-    def get_rcond(self, pattern, data: np.ndarray) -> float:
+    def get_rcond(self, pattern, data: np.ndarray, lu) -> float:
+        """The condition estimate, computed once; `lu` is this factor's
+        SuperLU object as the caller holds it (see `_Store.get`)."""
         if self.rcond is None:
-            self.rcond = _rcond_here(pattern, data, self.lu, self.norm1)
+            self.rcond = _rcond_here(pattern, data, lu, self.norm1)
         return self.rcond
 
 
@@ -114,32 +116,23 @@ class _Store:
     def put(self, handle: int, factored: _Factored, uses: int | None) -> None:
         with self.lock:
             old = self.entries.pop(handle, None)
-            dropped = [] if old is None else [old]
+            dropped = [] if old is None else [old[0]]
             self.entries[handle] = [factored, uses]
             for counted, bound in ((False, MAX_KEPT), (True, MAX_COUNTED)):
                 kind = [h for h, e in self.entries.items() if (e[1] is not None) == counted]
                 while len(kind) > bound:
-                    dropped.append(self.entries.pop(kind.pop(0)))
+                    dropped.append(self.entries.pop(kind.pop(0))[0])
         _drop_on_worker(dropped)
 
-    def get(self, handle: int) -> _Factored | None:
+    def get(self, handle: int) -> tuple[_Factored, object] | None:
+        """`(factored, its SuperLU object)`, read under the lock: an entry in
+        the store is not yet released, so the caller holds a live factor
+        even if another call pushes the entry out (and releases it) meanwhile."""
         with self.lock:
             entry = self.entries.get(handle)
-            return None if entry is None else entry[0]
+            return None if entry is None else (entry[0], entry[0].lu)
 
-    def used_one(self, handle: int) -> None:
-        """`used((handle,))`, for the one solve of the common case."""
-        with self.lock:
-            entry = self.entries.get(handle)
-            if entry is None or entry[1] is None:
-                return
-            entry[1] -= 1
-            if entry[1] > 0:
-                return
-            del self.entries[handle]
-        _drop_on_worker([entry])
-
-    def used(self, handles) -> None:
+    def used(self, *handles: int) -> None:
         """One solve of each of `handles` ran: release those whose last use it was."""
         dropped = []
         with self.lock:
@@ -148,7 +141,7 @@ class _Store:
                 if entry is not None and entry[1] is not None:
                     entry[1] -= 1
                     if entry[1] <= 0:
-                        dropped.append(self.entries.pop(h))
+                        dropped.append(self.entries.pop(h)[0])
         _drop_on_worker(dropped)
 
     def __len__(self) -> int:
@@ -174,15 +167,12 @@ _worker = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="sciad-superlu")
 
 
-def _drop_on_worker(entries: list) -> None:
-    """Releases the factors of `entries` (`[_Factored, ...]` lists) on the
-    SuperLU thread."""
-    if entries:
-        box = [e[0].lu for e in entries if e[0] is not None]
-        for e in entries:
-            if e[0] is not None:
-                e[0].lu = None
-        entries.clear()
+def _drop_on_worker(factored: list[_Factored]) -> None:
+    """Releases the SuperLU objects of `factored` on the SuperLU thread."""
+    box = [f.lu for f in factored if f.lu is not None]
+    for f in factored:
+        f.lu = None
+    if box:
         _worker.submit(box.clear)  # the last references go on the worker
 
 
@@ -220,7 +210,7 @@ def matrix_norms(pattern, d: np.ndarray) -> tuple[float, float]:
     return float(cols.max(initial=0.0)), float(rows.max(initial=0.0))
 
 
-def _rcond_here(pattern, d: np.ndarray, lu, anorm: float | None = None) -> float:
+def _rcond_here(pattern, d: np.ndarray, lu, anorm: float) -> float:
     """`1 / (||A||_1 ||A^-1||_1)`, the inverse norm estimated with
     `scipy.sparse.linalg.onenormest` (Higham and Tisseur's block method) on
     solves with the factor: a few pairs of triangular solves."""
@@ -229,7 +219,6 @@ def _rcond_here(pattern, d: np.ndarray, lu, anorm: float | None = None) -> float
     if lu is None:
         return 0.0
     n = pattern.shape[0]
-    anorm = matrix_norms(pattern, d)[0] if anorm is None else anorm
     if n == 0 or anorm == 0.0:
         return 0.0 if n else float("inf")
 
@@ -247,16 +236,15 @@ def _rcond_here(pattern, d: np.ndarray, lu, anorm: float | None = None) -> float
 
 
 def factor(method: str, pattern, data, *, uses: int | None = None,
-           assume: str | None = None, rcond: bool = False, report: Callable | None = None):
+           assume: str | None = None, report: Callable | None = None):
     """The factor of the sparse matrix with `pattern` and values `data`
     (leading batch axes allowed), as a tuple of arrays.
 
     For `"splu"`, on the host: `report(nonfinite=, asymmetry=, min_diagonal=,
-    singular=, rcond=)` (arrays over the batch; `asymmetry` is
-    `max |A - A^T| / max |A|` when `assume` is "symmetric" or "spd",
-    `min_diagonal` the smallest real diagonal entry when it is "spd", `rcond`
-    the estimate when asked for, else NaN) is called before the factor is
-    kept; it may raise. `uses`: the number of
+    singular=)` (arrays over the batch; `asymmetry` is `max |A - A^T| /
+    max |A|` when `assume` is "symmetric" or "spd", `min_diagonal` the
+    smallest real diagonal entry when it is "spd") is called before the
+    factor is kept; it may raise. `uses`: the number of
     solves that will read it (see the module docstring). For `"spsolve"` the
     factor is `(data,)` and the caller checks in the program.
     """
@@ -283,17 +271,13 @@ def factor(method: str, pattern, data, *, uses: int | None = None,
             dmin = diag.min(axis=1, initial=np.inf)
         made = [_Factored.make(pattern, row) for row in flat]
         singular = np.array([f.lu is None and not bad for f, bad in zip(made, nonfinite)])
-        rc = np.full(k, np.nan)
-        if rcond:
-            rc = np.array([f.get_rcond(pattern, row) for f, row in zip(made, flat)])
         handles = np.array([_store.new_handle() for _ in range(k)], np.int32)
         try:
             if report is not None:
                 report(nonfinite=nonfinite.reshape(batch), asymmetry=asym.reshape(batch),
-                       min_diagonal=dmin.reshape(batch), singular=singular.reshape(batch),
-                       rcond=rc.reshape(batch))
+                       min_diagonal=dmin.reshape(batch), singular=singular.reshape(batch))
         except BaseException:
-            _drop_on_worker([[f] for f in made])
+            _drop_on_worker(made)
             raise
         for h, f in zip(handles, made):
             _store.put(int(h), f, uses)
@@ -337,7 +321,7 @@ def solve(method: str, pattern, factor: tuple, data, b, transpose: bool, *,
             handle = int(h)
             x, status = _solve_checked(pattern, handle, d, bb, transpose, refine_above,
                                        estimate, eps)
-            _store.used_one(handle)
+            _store.used(handle)
             if report is not None and status is not None:
                 report(**status)
             return (x,)
@@ -357,7 +341,7 @@ def solve(method: str, pattern, factor: tuple, data, b, transpose: bool, *,
             out[i] = x
             if status is not None:
                 _merge_worst(worst, status)
-        _store.used(set(int(v) for v in np.unique(hs)))
+        _store.used(*np.unique(hs).tolist())
         if report is not None:
             report(**worst)
         return (out.reshape(batch + core_shape),)
@@ -408,15 +392,18 @@ def _solve_checked(pattern, handle: int, d: np.ndarray, b: np.ndarray, transpose
     estimate below `eps`, all finite). The residual is measured with the
     values `d` the node reads, so a factor of another matrix would show as
     a large backward error."""
-    f = _store.get(handle)
-    if f is None:  # released or pushed out: factor again, kept until `used`
+    got = _store.get(handle)
+    if got is None:  # released or pushed out: factor again, kept until `used`
         f = _Factored.make(pattern, d)
         _store.put(handle, f, 1)
-    if f.lu is None:
+        lu = f.lu
+    else:
+        f, lu = got
+    if lu is None:
         return np.full(b.shape, np.nan, b.dtype), dict(
             nonfinite=not np.isfinite(b).all(), backward_error=np.nan, residual=np.nan,
             rcond=0.0, refined=False)
-    x = _lu_solve(f.lu, b, transpose)
+    x = _lu_solve(lu, b, transpose)
     if refine_above == np.inf and estimate == "never":  # (unchecked)
         return x, None
 
@@ -425,20 +412,19 @@ def _solve_checked(pattern, handle: int, d: np.ndarray, b: np.ndarray, transpose
     eta, rel = measures(r, x, b, anorm)
     refined = False
     if not eta <= refine_above and eta == eta:  # (not for NaN: nothing to refine)
-        x = x - _lu_solve(f.lu, r, transpose)
+        x = x - _lu_solve(lu, r, transpose)
         r = _residual(pattern, d, x, b, transpose)
         eta, rel = measures(r, x, b, anorm)
         refined = True
     rcond = np.nan
     if estimate == "always" or (estimate == "on_residual" and (
             not rel <= eps ** 0.5 or not eta <= refine_above)):
-        rcond = f.get_rcond(pattern, d)
+        rcond = f.get_rcond(pattern, d, lu)
     elif not refined and eta <= refine_above:
         return x, None  # the common case: nothing to report
     nonfinite = not rel == rel and not np.isfinite(b).all()
     return x, dict(nonfinite=nonfinite, backward_error=eta, residual=rel, rcond=rcond,
                    refined=refined)
-
 
 
 def rcond_estimate(method: str, pattern, factor: tuple, data):
@@ -450,8 +436,8 @@ def rcond_estimate(method: str, pattern, factor: tuple, data):
             batch = d.shape[:-1]
             flat = d.reshape((-1, d.shape[-1]))
             made = [_Factored.make(pattern, row) for row in flat]
-            out = [f.get_rcond(pattern, row) for f, row in zip(made, flat)]
-            _drop_on_worker([[f] for f in made])
+            out = [f.get_rcond(pattern, row, f.lu) for f, row in zip(made, flat)]
+            _drop_on_worker(made)
             return (np.asarray(out, real).reshape(batch),)
 
         (rc,) = host_call(host, (jax.ShapeDtypeStruct(data.shape[:-1], real),), data)
@@ -465,14 +451,14 @@ def rcond_estimate(method: str, pattern, factor: tuple, data):
         ds = np.broadcast_to(d, batch + d.shape[-1:]).reshape((k, d.shape[-1]))
         out = np.empty(k, real)
         for i in range(k):
-            f = _store.get(int(hs[i]))
-            if f is None:
+            got = _store.get(int(hs[i]))
+            if got is None:  # released or pushed out: factored for the estimate alone
                 f = _Factored.make(pattern, ds[i])
-                out[i] = f.get_rcond(pattern, ds[i])
-                _drop_on_worker([[f]])
+                out[i] = f.get_rcond(pattern, ds[i], f.lu)
+                _drop_on_worker([f])
             else:
-                out[i] = f.get_rcond(pattern, ds[i])
-        _store.used(set(int(v) for v in np.unique(hs)))
+                out[i] = got[0].get_rcond(pattern, ds[i], got[1])
+        _store.used(*np.unique(hs).tolist())
         return (out.reshape(batch),)
 
     (rc,) = host_call(host, (jax.ShapeDtypeStruct(
