@@ -23,6 +23,7 @@ from .graph import Graph as Graph, TensorType as TensorType
 from .graph import primitive as primitive, trace as trace
 from .primitives import call as call, primitive_from_jax as primitive_from_jax
 from .primitives import stop_gradient as stop_gradient
+from .primitives import Binomial as Binomial, fori_loop as fori_loop, scan as scan
 from ._transforms import (
     grad as grad,
     hvp as hvp,

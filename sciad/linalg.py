@@ -101,7 +101,7 @@ def operator(matvec, shape, dtype=np.float64, *, tags=()) -> Operator:
 def _solve_operator(A: Operator, b, solver: str, tol, atol: float, maxiter, throw: bool):
     from . import numpy as snp
     from .graph import TensorType
-    from .graph._trace import trace_flat
+    from .graph._body import trace_body
     from .primitives._linalg import linalg_solve_operator_p
 
     op = "linalg.solve"
@@ -112,9 +112,8 @@ def _solve_operator(A: Operator, b, solver: str, tol, atol: float, maxiter, thro
                          f"({', '.join(map(repr, ITERATIVE))}), got {solver!r}.", op=op)
     b = snp.astype(snp.asarray(b), A.dtype)
     n = A.shape[0]
-    graph, _, _, captured = trace_flat(lambda v: [snp.asarray(A.matvec(v))],
-                                       (TensorType((n,), A.dtype),), closure=True,
-                                       name="matvec")
+    graph, captured, _ = trace_body(lambda v: [snp.asarray(A.matvec(v))],
+                                    (TensorType((n,), A.dtype),), name="matvec")
     if tol is None:
         tol = 1e-10 if np.finfo(A.dtype).bits >= 64 else 1e-5
     params = dict(graph=graph, solver=solver, rtol=float(tol), atol=float(atol))

@@ -792,14 +792,77 @@ def outer(a, b):
 # ---------------------------------------------------------------------------
 # indexing
 
+def _has_traced(idx) -> bool:
+    return isinstance(idx, _Tracer) or (isinstance(idx, tuple) and _builtins.any(
+        isinstance(i, _Tracer) for i in idx))
+
+
+def _traced_index(x, idx, op: str):
+    """An index holding traced integer scalars, split into a static index for
+    the rest (traced positions as full slices) and, per traced position, the
+    axis it indexes in the statically indexed result and its start (negative
+    values counted from the end, as NumPy does)."""
+    from .errors import IndexingError
+
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    n_real = _builtins.sum(1 for i in idx if i is not None and i is not Ellipsis)
+    items, axis_of = [], []
+    k = out_axis = 0
+    for i in idx:
+        if i is Ellipsis:
+            items.append(i)
+            skip = x.ndim - n_real
+            k += skip
+            out_axis += skip
+        elif isinstance(i, _Tracer):
+            if i.shape != () or i.dtype.kind not in "iu":
+                raise IndexingError(
+                    f"a traced index must be an integer scalar, got {i.type.str_short()} "
+                    "(integer-array and boolean-mask indices are not supported here; "
+                    "use `snp.where`).", op=op)
+            if k >= x.ndim:
+                raise IndexingError(f"too many indices for an array of {x.ndim} "
+                                    "dimensions.", op=op)
+            d = x.shape[k]
+            start = where(i < 0, i + d, i)
+            axis_of.append((out_axis, start))
+            items.append(slice(None))
+            k += 1
+            out_axis += 1
+        elif i is None:
+            items.append(i)
+            out_axis += 1
+        elif isinstance(i, slice):
+            items.append(i)
+            k += 1
+            out_axis += 1
+        else:  # a static int drops its axis
+            items.append(i)
+            k += 1
+    return tuple(items), axis_of
+
+
+def _dynamic_window(y, axis_of):
+    """Starts (zeros except at the traced axes) and window sizes (ones there)."""
+    starts = [_np.int64(0)] * y.ndim
+    sizes = list(y.shape)
+    for ax, start in axis_of:
+        starts[ax] = astype(start, _np.int64)
+        sizes[ax] = 1
+    return starts, tuple(sizes)
+
+
 def _getitem(x, idx):
     x = _as_array(x, "getitem")
-    if isinstance(idx, _Tracer) or (isinstance(idx, tuple) and _builtins.any(
-            isinstance(i, _Tracer) for i in idx)):
-        from .errors import IndexingError
-
-        raise IndexingError("indexing with a traced value is not supported: only static "
-                            "ints, slices, None and `...`.", op="getitem")
+    if _has_traced(idx):
+        # `x[i]` with a traced `i`: the static part of the index first, then a
+        # window of size 1 at `i` on each traced axis, which is then dropped
+        static, axis_of = _traced_index(x, idx, "getitem")
+        y = _getitem(x, static)
+        starts, sizes = _dynamic_window(y, axis_of)
+        win = _P.dynamic_slice_p.bind(y, *starts, sizes=sizes)
+        keep = tuple(d for a, d in enumerate(sizes) if a not in {ax for ax, _ in axis_of})
+        return reshape(win, keep)
     index = _P.normalize_index(idx, tuple(x.shape))
     if _builtins.all(isinstance(it, tuple) and it[0] == 0 and it[1] == d and it[2] == 1
                      for it, d in zip(index.items, x.shape)) and len(index.items) == x.ndim:
@@ -817,13 +880,34 @@ class _IndexUpdate:
 
     def _update(self, prim, v, op):
         x = self.x
+        if _has_traced(self.idx):
+            return self._dynamic_update(prim is _P.index_add_p, v, op)
         index = _P.normalize_index(self.idx, tuple(x.shape), op)
         target = index.out_shape(tuple(x.shape))
         v = broadcast_to(_convert(_as_array(v, op), x.dtype), target)
         return prim.bind(x, v, index=index)
 
+    def _dynamic_update(self, add: bool, v, op):
+        from .errors import IndexingError
+
+        x = self.x
+        static, axis_of = _traced_index(x, self.idx, op)
+        if _builtins.any(not (isinstance(i, slice) and i == slice(None)) and i is not Ellipsis
+                         for i in static):
+            raise IndexingError(
+                "an update at a traced index takes traced or static ints and full "
+                "slices (`:`) only, e.g. `x.at[i].set(v)` or `x.at[:, i].add(v)`.", op=op)
+        starts, sizes = _dynamic_window(x, axis_of)
+        traced_axes = {ax for ax, _ in axis_of}
+        target = tuple(d for a, d in enumerate(sizes) if a not in traced_axes)
+        v = reshape(broadcast_to(_convert(_as_array(v, op), x.dtype), target), sizes)
+        if add:
+            v = _P.dynamic_slice_p.bind(x, *starts, sizes=sizes) + v
+        return _P.dynamic_update_slice_p.bind(x, v, *starts)
+
     def set(self, values):
-        """A copy of `x` with `x[idx] = values`."""
+        """A copy of `x` with `x[idx] = values`. A traced integer index `i`
+        (a loop counter) is clamped into range, as in JAX."""
         return self._update(_P.index_set_p, values, "index_set")
 
     def add(self, values):

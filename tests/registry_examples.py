@@ -123,6 +123,15 @@ def _logsumexp(x):
     return m + snp.log(snp.sum(snp.exp(x - m)))
 
 
+def _scan_example(k, u0, xs, checkpoints=None):
+    # an explicit diffusion step with a source: carry, per-step input, closure
+    def step(u, x):
+        u = u + 0.2 * k * (snp.roll(u, 1) - u) + 0.1 * snp.sin(x)
+        return u, snp.sum(u * x)
+    u, ys = sd.scan(step, u0, xs, checkpoints=checkpoints)
+    return snp.sum(u ** 2) + snp.sum(ys)
+
+
 EXAMPLES = {name: _unary_example(name) for name in UNARY}
 EXAMPLES.update({name: _binary_example(name) for name in BINARY})
 EXAMPLES.update({
@@ -176,6 +185,12 @@ EXAMPLES.update({
     "call": (lambda x, y: sd.call(sd.trace(lambda a, b: (a * b, a - b), x, y), x, y),
              (_f64(3), _f64(3))),
     "stop_gradient": (lambda x: _logsumexp(x), (_f64(5),)),
+    "dynamic_slice": (lambda x, i: x[i, 1:] * 2.0, (_f64(4, 3), np.int64(2))),
+    "dynamic_update_slice": (lambda x, v, i: x.at[i].set(v) + x.at[:, i - 1].add(v[0]),
+                             (_f64(3, 3), _f64(3), np.int64(1))),
+    "scan": (lambda k, u0, xs: _scan_example(k, u0, xs), (_pos(4), _f64(4), _f64(5, 4))),
+    "scan_adjoint": (lambda k, u0, xs: sd.grad(_scan_example, argnums=(0, 1, 2))(
+        k, u0, xs, checkpoints=2), (_pos(4), _f64(4), _f64(5, 4))),
 })
 
 

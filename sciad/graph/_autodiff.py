@@ -396,18 +396,56 @@ def vjp_node(prim: Primitive, primals: Sequence, outs: Sequence, cts: Sequence,
     return _derived_vjp(prim, primals, cts, params)
 
 
+def _split_fwd(prim: Primitive, args: list, params: dict, node: Node):
+    """The forward half of a two-part VJP: the outputs (as a tuple) and the
+    residuals the backward half gets."""
+    if prim.vjp_bwd_rule is None:
+        raise MissingRuleError(
+            f"`{prim.name}` defines `def_vjp_fwd` without `def_vjp_bwd`; define both.",
+            op=prim.name, source=node.source)
+    outs, res = prim.vjp_fwd_rule(args, **params)
+    outs = tuple(outs) if prim.multiple_results else (outs,)
+    if len(outs) != len(node.outputs):
+        raise RuleError(f"the vjp_fwd rule returned {len(outs)} outputs for "
+                        f"{len(node.outputs)}.", op=prim.name, source=node.source)
+    for v, o in zip(node.outputs, outs):
+        if type_of(o) != v.type:
+            raise RuleError(f"the vjp_fwd rule returned {type_of(o).str_short()} for an "
+                            f"output of type {v.type.str_short()}.", op=prim.name,
+                            source=node.source)
+    return outs, res
+
+
+def _split_bwd(prim: Primitive, res, cts: Sequence, primals: Sequence, params: dict,
+               node: Node) -> list:
+    ct_arg = tuple(cts) if prim.multiple_results else cts[0]
+    in_cts = _as_ct_tuple(prim, prim.vjp_bwd_rule(res, ct_arg, **params), len(primals),
+                          "vjp_bwd rule", node)
+    for p, ct in zip(primals, in_cts):
+        if ct is not None and not isinstance(ct, Zero):
+            _check_tangent(prim, type_of(p), ct, "vjp_bwd rule")
+    return list(in_cts)
+
+
 def vjp_eval(graph: Graph, primals: Sequence):
     """Emits `graph` into the current trace; returns `(outs, backward)` where
     `backward(cts)` emits the reverse pass and returns a cotangent (or `Zero`)
     per input. `backward` must be called in the same trace."""
     env: dict[Var, Any] = dict(zip(graph.inputs, primals))
+    residuals: dict[Node, Any] = {}  # nodes differentiated in two halves
 
     def read(a):
         return literal_operand(a) if isinstance(a, Literal) else env[a]
 
     for node in graph.nodes:
+        prim = node.primitive
         with emitting_for(node.source):
-            node_outs = _bind(node.primitive, [read(a) for a in node.inputs], dict(node.params))
+            args = [read(a) for a in node.inputs]
+            if prim.vjp_fwd_rule is not None and any(
+                    isinstance(a, Var) and is_differentiable(a.type) for a in node.inputs):
+                node_outs, residuals[node] = _split_fwd(prim, args, dict(node.params), node)
+            else:
+                node_outs = _bind(prim, args, dict(node.params))
         for v, o in zip(node.outputs, node_outs):
             env[v] = o
     outs = [read(a) for a in graph.outputs]
@@ -424,9 +462,14 @@ def vjp_eval(graph: Graph, primals: Sequence):
             if not any(isinstance(a, Var) and is_differentiable(a.type) for a in node.inputs):
                 continue
             with emitting_for(node.source):  # also names the node in a rule's error
-                in_cts = vjp_node(node.primitive, [read(a) for a in node.inputs],
-                                  [env[v] for v in node.outputs], node_cts,
-                                  dict(node.params), node)
+                if node in residuals:
+                    in_cts = _split_bwd(node.primitive, residuals[node], node_cts,
+                                        [read(a) for a in node.inputs], dict(node.params),
+                                        node)
+                else:
+                    in_cts = vjp_node(node.primitive, [read(a) for a in node.inputs],
+                                      [env[v] for v in node.outputs], node_cts,
+                                      dict(node.params), node)
                 for a, ct in zip(node.inputs, in_cts):
                     if ct is None or isinstance(ct, Zero) or not isinstance(a, Var):
                         continue

@@ -205,7 +205,8 @@ class Graph:
 
 _REGISTRY: dict[str, "Primitive"] = {}
 
-_RULES = ("impl", "abstract_eval", "jvp", "vjp", "transpose", "batch", "simplify")
+_RULES = ("impl", "abstract_eval", "jvp", "vjp", "vjp_fwd", "vjp_bwd", "transpose", "batch",
+          "simplify", "dce", "hoist")
 
 
 class Primitive:
@@ -217,9 +218,23 @@ class Primitive:
       that lowering calls.
     - `def_jvp`, `def_vjp`, `def_transpose`, `def_batch`: derivative and
       batching rules, written with sciad ops.
+    - `def_vjp_fwd(fn)` and `def_vjp_bwd(fn)`: reverse mode in two halves,
+      for a primitive whose backward pass needs values its forward pass
+      computes (a loop's per-step residuals): `fn(primals, **params) ->
+      (outs, residuals)` is emitted in place of the node, and
+      `fn(residuals, cts, **params) -> in_cts` in the backward pass. They
+      take precedence over `def_vjp`.
     - `def_simplify(fn)`: `fn(node, producer) -> Atom | Node | None`, a
       rewrite that the `simplify` pass tries on each node of this primitive
       (see `sciad.graph.passes.simplify`).
+    - `def_dce(fn)`: `fn(node, used_outputs) -> Node | None` for a node
+      with a body: a node computing only the used outputs (the same output
+      `Var`s) from only the operands they need, or None to keep the node.
+      The `dce` pass calls it, so a loop's unused outputs and carries go.
+    - `def_hoist(fn)`: `fn(node) -> (nodes, node) | None` for a loop: the
+      nodes of its body that are the same at every step, re-made to run
+      before it (with new output `Var`s), and the node reading their
+      results as consts. The `hoist` pass calls it.
 
     `p(*args, **params)` (or `p.bind`) adds a node while tracing and runs the
     implementation eagerly otherwise.
@@ -261,6 +276,10 @@ class Primitive:
         self.transpose_rule: Callable | None = None
         self.batch_rule: Callable | None = None
         self.simplify_rule: Callable | None = None
+        self.vjp_fwd_rule: Callable | None = None
+        self.vjp_bwd_rule: Callable | None = None
+        self.dce_rule: Callable | None = None
+        self.hoist_rule: Callable | None = None
         if register:
             _register(self)
 
@@ -297,6 +316,18 @@ class Primitive:
 
     def def_simplify(self, fn):
         return self._def("simplify", fn)
+
+    def def_vjp_fwd(self, fn):
+        return self._def("vjp_fwd", fn)
+
+    def def_vjp_bwd(self, fn):
+        return self._def("vjp_bwd", fn)
+
+    def def_dce(self, fn):
+        return self._def("dce", fn)
+
+    def def_hoist(self, fn):
+        return self._def("hoist", fn)
 
     @property
     def rules(self) -> tuple[str, ...]:

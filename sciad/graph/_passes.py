@@ -1,5 +1,5 @@
 """Graph-to-graph passes: `dce`, `cse`, `fold_constants`, `simplify`,
-`share_factors`, `optimize`.
+`share_factors`, `hoist`, `optimize`.
 
 Every pass has the shape `def dce(graph: Graph) -> Graph`. It builds a new graph
 and never changes its input; it keeps `graph.inputs` (the same `Var`s, in the same
@@ -161,7 +161,17 @@ def _dce_graph(graph: Graph, run: _Run) -> Graph:
     kept: list[Node] = []
     for node in reversed(graph.nodes):
         if _has_effects(node) or any(v in live for v in node.outputs):
-            kept.append(_map_subgraphs(node, run))
+            node = _map_subgraphs(node, run)
+            rule = node.primitive.dce_rule
+            if rule is not None and not _has_effects(node):
+                # a node with a body drops its unused outputs (and what only
+                # they needed, inside the body and among its operands)
+                new = rule(node, [v in live for v in node.outputs])
+                if new is not None:
+                    assert all(v in node.outputs for v in new.outputs), \
+                        f"{node.primitive.name}: a dce rule must keep output Vars"
+                    node = new
+            kept.append(node)
             live.update(a for a in node.inputs if isinstance(a, Var))
     kept.reverse()
     return _rebuild(graph, kept, graph.outputs)
@@ -643,12 +653,53 @@ def _factor_params(nodes: list[Node], outputs, factor_p) -> list[Node]:
 
 
 # --------------------------------------------------------------------------
+# hoist
+
+
+def hoist(graph: Graph) -> Graph:
+    """Loop-invariant code motion: the nodes of a loop's body that read only
+    the loop's consts (the same values at every step) move out of the loop
+    and run once before it; the body reads their results as consts.
+
+    Each loop primitive says how with its `def_hoist` rule. After
+    differentiation and `share_factors` this moves the factorization of a
+    matrix that does not change across an implicit time loop out of the loop
+    (and out of its adjoint loop), so the matrix is factored once per solve
+    of the whole loop, not once per step. Nodes with effects stay.
+
+    **Arguments:**
+
+    - `graph`: the graph to rewrite. It is not changed.
+
+    **Returns:**
+
+    A new `Graph` with the same inputs and outputs.
+    """
+    return _finish(graph, _memo(_hoist_graph)(graph))
+
+
+def _hoist_graph(graph: Graph, run: _Run) -> Graph:
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        node = _map_subgraphs(node, run)
+        rule = node.primitive.hoist_rule
+        res = rule(node) if rule is not None and not node.effects else None
+        if res is None:
+            nodes.append(node)
+            continue
+        outer, new = res
+        nodes.extend(outer)
+        nodes.append(new)
+    return _rebuild(graph, nodes, graph.outputs)
+
+
+# --------------------------------------------------------------------------
 # optimize
 
 
 def optimize(graph: Graph, max_rounds: int = 10) -> Graph:
-    """`simplify`, `fold_constants`, `cse`, `share_factors` and `dce`, repeated
-    until the graph stops changing.
+    """`simplify`, `fold_constants`, `cse`, `share_factors`, `hoist` and `dce`,
+    repeated until the graph stops changing.
 
     One pass can open work for another (a folded constant may be a `1` that
     `simplify` removes; a simplified expression may duplicate another), so the
@@ -665,7 +716,7 @@ def optimize(graph: Graph, max_rounds: int = 10) -> Graph:
     A new `Graph` with the same inputs and output types.
     """
     for _ in range(max_rounds):
-        new = dce(share_factors(cse(fold_constants(simplify(graph)))))
+        new = dce(hoist(share_factors(cse(fold_constants(simplify(graph))))))
         # the passes keep a node object they do not change (and its subgraphs)
         done = _same(new.nodes, graph.nodes) and _same(new.outputs, graph.outputs)
         graph = new

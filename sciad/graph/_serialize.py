@@ -263,11 +263,20 @@ def _encode_float(v: float):
 class _Encoder:
     def __init__(self):
         self.ids: dict[Var, int] = {}
+        self.next = 0
 
     def var_id(self, v: Var) -> int:
         i = self.ids.get(v)
         if i is None:
-            i = self.ids[v] = len(self.ids)
+            i = self.define(v)
+        return i
+
+    def define(self, v: Var) -> int:
+        """A new id for `v` where a graph defines it: two bodies may share a
+        `Var` object (a loop's forward body and its adjoint's), and in the
+        file, as once loaded, each defines its own value."""
+        i = self.ids[v] = self.next
+        self.next += 1
         return i
 
     def atom(self, a) -> dict:
@@ -318,14 +327,14 @@ class _Encoder:
         return {k: self.param(v) for k, v in sorted(params.items())}
 
     def graph(self, g: Graph) -> dict:
-        inputs = [{"id": self.var_id(v), "type": v.type.to_json(),
+        inputs = [{"id": self.define(v), "type": v.type.to_json(),
                    **({"hint": v.hint} if v.hint else {})} for v in g.inputs]
         nodes = []
         for i, n in enumerate(g.nodes):
             item = {
                 "op": n.primitive.name,
                 "inputs": [self.atom(a) for a in n.inputs],
-                "outputs": [{"id": self.var_id(v), "type": v.type.to_json()}
+                "outputs": [{"id": self.define(v), "type": v.type.to_json()}
                             for v in n.outputs],
                 "params": self.params(g, i, n),
             }

@@ -1,8 +1,10 @@
 """The built-in primitives, one module per family, each rule beside its op."""
 
 from . import _call, _contract, _creation, _elementwise, _fft, _indexing, _reduce, _shape, _sparse, _linalg
-from . import _stop_gradient
+from . import _stop_gradient, _control
 from ._call import call as call, call_p as call_p
+from ._control import Binomial as Binomial, fori_loop as fori_loop, scan as scan
+from ._control import scan_adjoint_p as scan_adjoint_p, scan_p as scan_p
 from ._from_jax import primitive_from_jax as primitive_from_jax
 from ._contract import einsum_p as einsum_p, matmul_p as matmul_p, parse_spec as parse_spec
 from ._creation import arange_p as arange_p, eye_p as eye_p, full_p as full_p
@@ -17,6 +19,8 @@ from ._elementwise import (
 )
 from ._indexing import (
     StaticIndex as StaticIndex,
+    dynamic_slice_p as dynamic_slice_p,
+    dynamic_update_slice_p as dynamic_update_slice_p,
     getitem_p as getitem_p,
     index_add_p as index_add_p,
     index_set_p as index_set_p,
@@ -33,4 +37,4 @@ from ._shape import (
 )
 
 del _call, _contract, _creation, _elementwise, _fft, _indexing, _reduce, _shape, _sparse, _linalg
-del _stop_gradient
+del _stop_gradient, _control

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import DTypeError, IndexingError, ShapeError
 from ..graph import Primitive, TensorType, instantiate, is_linear, register_param_type, zeros
+from ..graph._autodiff import type_of
 from ._util import tensor
 
 
@@ -208,3 +209,99 @@ def _index_set_transpose(ct, x, v, *, index):
 def _index_add_transpose(ct, x, v, *, index):
     return (ct if is_linear(x) else None,
             getitem_p.bind(ct, index=index) if is_linear(v) else None)
+
+
+# ---------------------------------------------------------------------------
+# Traced indices: `dynamic_slice` and `dynamic_update_slice`, which loop
+# bodies need (`x[i]`, `x.at[i].set(v)` with `i` a loop counter). The start
+# of the window on each axis is an integer scalar operand; as in JAX (and
+# XLA), a start is clamped so that the window stays inside the array.
+
+dynamic_slice_p = Primitive("dynamic_slice", params={"sizes": tuple[int, ...]})
+dynamic_update_slice_p = Primitive("dynamic_update_slice", params={})
+
+
+def _check_starts(x: TensorType, starts, op: str) -> None:
+    if len(starts) != len(x.shape):
+        raise ShapeError(f"needs one start per axis of {x.str_short()}, got {len(starts)}.",
+                         op=op)
+    for k, s in enumerate(starts):
+        if not isinstance(s, TensorType) or s.shape != () or s.dtype.kind not in "iu":
+            raise IndexingError(f"start {k} must be an integer scalar, got "
+                                f"{s.str_short()}.", op=op)
+
+
+@dynamic_slice_p.def_abstract_eval
+def _dynamic_slice_shape(x, *starts, sizes):
+    op = "dynamic_slice"
+    x = tensor(x, op)
+    _check_starts(x, starts, op)
+    if len(sizes) != len(x.shape) or any(not 0 <= s <= d for s, d in zip(sizes, x.shape)):
+        raise ShapeError(f"window sizes {tuple(sizes)} do not fit {x.str_short()}.", op=op)
+    return TensorType(tuple(sizes), x.dtype)
+
+
+@dynamic_slice_p.def_impl
+def _dynamic_slice_impl(x, *starts, sizes):
+    import jax
+
+    return jax.lax.dynamic_slice(x, starts, sizes)
+
+
+@dynamic_update_slice_p.def_abstract_eval
+def _dynamic_update_slice_shape(x, update, *starts):
+    op = "dynamic_update_slice"
+    x, update = tensor(x, op), tensor(update, op)
+    _check_starts(x, starts, op)
+    if len(update.shape) != len(x.shape) or any(u > d for u, d in zip(update.shape,
+                                                                       x.shape)):
+        raise ShapeError(f"the update {update.str_short()} does not fit in "
+                         f"{x.str_short()}.", op=op)
+    if update.dtype != x.dtype:
+        raise DTypeError(f"the update's dtype must be {x.dtype}, got {update.str_short()}.",
+                         op=op)
+    return x.update()
+
+
+@dynamic_update_slice_p.def_impl
+def _dynamic_update_slice_impl(x, update, *starts):
+    import jax
+
+    return jax.lax.dynamic_update_slice(x, update, starts)
+
+
+# Both are linear in their array operands (for fixed starts):
+#   dynamic_slice:        ct_x = dynamic_update_slice(0, ct)
+#   dynamic_update_slice: ct_x = dynamic_update_slice(ct, 0), ct_update = dynamic_slice(ct)
+# (the clamping is the same on both sides, so the pairs are exact transposes).
+
+@dynamic_slice_p.def_jvp
+def _dynamic_slice_jvp(primals, tangents, *, sizes):
+    x, *starts = primals
+    return (dynamic_slice_p.bind(x, *starts, sizes=sizes),
+            dynamic_slice_p.bind(instantiate(tangents[0]), *starts, sizes=sizes))
+
+
+@dynamic_slice_p.def_transpose
+def _dynamic_slice_transpose(ct, x, *starts, sizes):
+    assert is_linear(x) and not any(is_linear(s) for s in starts)
+    return (dynamic_update_slice_p.bind(zeros(x.type), ct, *starts),
+            *([None] * len(starts)))
+
+
+@dynamic_update_slice_p.def_jvp
+def _dynamic_update_slice_jvp(primals, tangents):
+    x, u, *starts = primals
+    tx, tu = tangents[:2]
+    return (dynamic_update_slice_p.bind(x, u, *starts),
+            dynamic_update_slice_p.bind(instantiate(tx), instantiate(tu), *starts))
+
+
+@dynamic_update_slice_p.def_transpose
+def _dynamic_update_slice_transpose(ct, x, u, *starts):
+    ct_x = ct_u = None
+    if is_linear(x):
+        ct_x = dynamic_update_slice_p.bind(ct, zeros(type_of(u)), *starts)
+    if is_linear(u):
+        ct_u = dynamic_slice_p.bind(ct, *starts, sizes=tuple(type_of(u).shape))
+    return (ct_x, ct_u, *([None] * len(starts)))

@@ -690,7 +690,8 @@ linalg_solve_operator_p = Primitive("linalg.solve_operator", runtime_checks=True
     "graph": Graph, "solver": str, "rtol": float, "atol": float,
     "maxiter": Param((int, None), default=None), "transpose": _TRANSPOSE,
     "symmetric": Param(bool, default=False), "throw": _THROW})
-#: `graph`: the matvec, `(v, *params) -> (A(params) v,)`, linear in `v`
+#: `graph`: the matvec as a closed body, `(*params, v) -> (A(params) v,)`, linear
+#: in `v`; the operands are `(*params, b)`
 
 
 def _operator_check(graph, n_params: int, b, op: str):
@@ -698,8 +699,8 @@ def _operator_check(graph, n_params: int, b, op: str):
 
     if not isinstance(graph, Graph) or len(graph.inputs) != n_params + 1 \
             or len(graph.outputs) != 1:
-        raise ShapeError("the matvec graph must map (v, *params) to one vector.", op=op)
-    v = graph.inputs[0].type
+        raise ShapeError("the matvec graph must map (*params, v) to one vector.", op=op)
+    v = graph.inputs[-1].type
     out = graph.outputs[0].type
     if not isinstance(v, TensorType) or v.ndim != 1 or out != v:
         raise ShapeError(f"the matvec must map a vector to a vector of the same type, "
@@ -720,7 +721,7 @@ def _solve_operator_shape(*args, graph, solver, rtol, atol, maxiter=None, transp
     *params, b = args
     op = "linalg.solve_operator"
     _operator_check(graph, len(params), b, op)
-    if tuple(params) != graph.in_types[1:]:
+    if tuple(params) != graph.in_types[:-1]:
         raise ShapeError("the operator's params do not match its matvec graph.", op=op)
     if solver not in ITERATIVE:
         raise ShapeError(f"a matrix-free operator needs an iterative solver "
@@ -740,7 +741,7 @@ def _solve_operator_impl(*args, graph, solver, rtol, atol, maxiter=None, transpo
     f = lower(graph)
 
     def matvec(v):
-        return f(v, *params)[0]
+        return f(*params, v)[0]
 
     if transpose and not symmetric:
         struct = jax.ShapeDtypeStruct((b.shape[0],), b.dtype)
@@ -768,7 +769,7 @@ def _matvec_tangent(graph, v, params, dparams):
     """`(dA) v`: the tangent of `A(params) v` for parameter tangents `dparams`."""
     from ..graph import jvp_eval
 
-    _, touts = jvp_eval(graph, [v, *params], [Zero(_type(v).update()), *dparams])
+    _, touts = jvp_eval(graph, [*params, v], [*dparams, Zero(_type(v).update())])
     return touts[0]
 
 
@@ -817,13 +818,13 @@ def _solve_operator_vjp(primals, x, ct, **kw):
         # A^T x = b, <lam, d(A^T) x> = <x, (dA) lam>: the same with x and lam swapped.
         v, w = (lam, x) if kw.get("transpose") and not kw.get("symmetric") else (x, lam)
         if len(v.shape) == 1:
-            _, backward = vjp_eval(kw["graph"], [v, *params])
-            cts = backward([w])[1:]
+            _, backward = vjp_eval(kw["graph"], [*params, v])
+            cts = backward([w])[:-1]
         else:  # several right-hand sides: sum over the columns
             cts = None
             for j in range(v.shape[1]):
-                _, backward = vjp_eval(kw["graph"], [v[:, j], *params])
-                col = backward([w[:, j]])[1:]
+                _, backward = vjp_eval(kw["graph"], [*params, v[:, j]])
+                col = backward([w[:, j]])[:-1]
                 cts = col if cts is None else [c if is_zero(d) else d if is_zero(c) else c + d
                                                for c, d in zip(cts, col)]
         param_cts = [None if is_zero(c) or not isinstance(p, Tracer) else _neg(c)

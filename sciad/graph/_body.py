@@ -1,0 +1,225 @@
+"""Closed bodies: how a node holds a function.
+
+A higher-order node (`call`, `linalg.solve_operator`, `scan`, `while`, `cond`,
+and later `root`, `odeint`, `eigsh`) holds its function as a `Graph` param,
+its *body*, and passes it operands in one fixed order:
+
+    body inputs = (*consts, *carries, *per-step inputs)
+
+- `consts` are the values the function closed over (traced values of the
+  enclosing function, which become explicit operands of the node), and any
+  other operand that is the same for every application (a loop-invariant
+  matrix, the parameters of a matrix-free operator);
+- `carries` are the state a loop threads from one step to the next (a
+  `while` loop's state, a scan's carry);
+- per-step inputs are the slices of stacked operands a scan reads at each
+  step (`xs`), or the vector a matvec is applied to.
+
+A node's params say how many of each there are (`num_consts`, `num_carry`),
+so printing, verification, serialization and the passes treat every body
+alike, and the rules below (tracing, inlining, differentiating, hoisting and
+pruning a body) are written once.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+
+from ._core import Graph, Literal, Node, Var
+from ._types import AbstractType
+
+_tree = jax.tree_util
+
+
+def trace_body(fn: Callable, in_types: Sequence[AbstractType], *, name: str):
+    """Traces `fn(*args)` (flat arguments of `in_types`) as a closed body.
+
+    Returns `(graph, consts, out_tree)`: `graph.inputs` are the closed-over
+    values first, then `fn`'s arguments; `consts` are the values to pass for
+    the former (traced values of enclosing traces); `out_tree` is the pytree
+    structure of `fn`'s result, whose leaves are `graph.outputs`.
+    """
+    from ._trace import trace_flat
+
+    graph, _, out_tree, consts = trace_flat(lambda *a: fn(*a), tuple(in_types),
+                                            closure=True, name=name)
+    n = len(in_types)
+    if consts:
+        graph = graph.replace(inputs=graph.inputs[n:] + graph.inputs[:n])
+    return graph, list(consts), out_tree
+
+
+def inline(graph: Graph, args: Sequence) -> list:
+    """Emits `graph`'s nodes into the current trace on `args` (each node keeps
+    its source line); returns its outputs."""
+    from ._autodiff import _bind, literal_operand
+    from ._trace import emitting_for
+
+    env: dict[Var, object] = dict(zip(graph.inputs, args))
+
+    def read(a):
+        return literal_operand(a) if isinstance(a, Literal) else env[a]
+
+    for node in graph.nodes:
+        with emitting_for(node.source):
+            outs = _bind(node.primitive, [read(a) for a in node.inputs], dict(node.params))
+        env.update(zip(node.outputs, outs))
+    return [read(a) for a in graph.outputs]
+
+
+def permute(graph: Graph, inputs: Sequence[int] | None = None,
+            outputs: Sequence[int] | None = None) -> Graph:
+    """`graph` with its inputs (outputs) listed in the order `inputs`
+    (`outputs`) gives, as indices into the current lists. Outputs may be
+    dropped or repeated; inputs must be a permutation."""
+    ins = graph.inputs if inputs is None else tuple(graph.inputs[i] for i in inputs)
+    assert inputs is None or sorted(inputs) == list(range(len(graph.inputs))), \
+        "permute: inputs must be a permutation"
+    outs = graph.outputs if outputs is None else tuple(graph.outputs[i] for i in outputs)
+    return graph.replace(inputs=ins, outputs=outs)
+
+
+def jvp_body(graph: Graph, nonzero: Sequence[bool], *, name: str | None = None,
+             instantiate: Sequence[bool] | None = None):
+    """The JVP of a body for tangents on the inputs flagged `nonzero`.
+
+    Returns `(jgraph, out_nonzero)`: `jgraph` maps `(*primals,
+    *tangents[nonzero])` to `(*outs, *tangent_outs[out_nonzero])`, where
+    `out_nonzero[i]` says whether output `i`'s tangent is not symbolically
+    zero (or `instantiate[i]` asks for it anyway, as zeros). The tangent
+    graph is written with sciad ops, so it can be differentiated again.
+    """
+    from ._autodiff import Zero, _tangent_type, instantiate as inst, is_differentiable, jvp_eval
+    from ._trace import trace_flat
+
+    n = len(graph.inputs)
+    nonzero = [bool(z) and is_differentiable(v.type) for z, v in zip(nonzero, graph.inputs)]
+    force = list(instantiate) if instantiate is not None else [False] * len(graph.outputs)
+    t_types = [graph.inputs[i].type.update() for i in range(n) if nonzero[i]]
+    out_nz: list[bool] = []
+
+    def fn(*args):
+        primals = args[:n]
+        it = iter(args[n:])
+        tangents = [next(it) if nz else Zero(_tangent_type(v.type))
+                    for v, nz in zip(graph.inputs, nonzero)]
+        outs, touts = jvp_eval(graph, primals, tangents)
+        out_nz[:] = [(not isinstance(t, Zero) or f) and is_differentiable(a.type)
+                     for t, f, a in zip(touts, force, graph.outputs)]
+        return list(outs) + [inst(t) for t, nz in zip(touts, out_nz) if nz]
+
+    jg, _, _ = trace_flat(fn, tuple(graph.in_types) + tuple(t_types),
+                          name=name or f"jvp_{graph.name}")
+    return jg, out_nz
+
+
+def live_inputs(graph: Graph, used_outputs: Sequence[bool]) -> tuple[Graph, list[bool]]:
+    """`graph` with only its used outputs (and the nodes they need), and which
+    of its inputs those still read. Nodes with effects are kept."""
+    from ._passes import _has_effects
+
+    outs = [a for a, u in zip(graph.outputs, used_outputs) if u]
+    live = {a for a in outs if isinstance(a, Var)}
+    kept: list[Node] = []
+    for node in reversed(graph.nodes):
+        if _has_effects(node) or any(v in live for v in node.outputs):
+            kept.append(node)
+            live.update(a for a in node.inputs if isinstance(a, Var))
+    kept.reverse()
+    new = graph.replace(nodes=tuple(kept), outputs=tuple(outs))
+    return new, [v in live for v in graph.inputs]
+
+
+def drop_inputs(graph: Graph, keep: Sequence[bool]) -> Graph:
+    """`graph` without the inputs not flagged in `keep` (they must be unused)."""
+    return graph.replace(inputs=tuple(v for v, k in zip(graph.inputs, keep) if k))
+
+
+def invariant_nodes(graph: Graph, num_consts: int) -> list[bool]:
+    """For each node of a loop body, whether it reads only the body's consts
+    and constants (directly or through other such nodes): a loop-invariant
+    value, the same at every step. Nodes with effects or subgraphs that
+    hold effects never are."""
+    from ._passes import _has_effects
+
+    inv: set[Var] = set(graph.inputs[:num_consts])
+    flags = []
+    for node in graph.nodes:
+        ok = (not _has_effects(node)
+              and all(isinstance(a, Literal) or a in inv for a in node.inputs))
+        if ok:
+            inv.update(node.outputs)
+        flags.append(ok)
+    return flags
+
+
+def split_invariant(graph: Graph, num_consts: int):
+    """Splits a loop body into its loop-invariant part and the rest.
+
+    Returns None if no node is invariant, else `(nodes, needed, body)`:
+    the invariant nodes (reading the body's const inputs), the values among
+    their outputs that the rest reads, and the rest as a body whose inputs
+    are `(*consts, *needed, *others)` (the `needed` values as new consts)."""
+    flags = invariant_nodes(graph, num_consts)
+    if not any(flags):
+        return None
+    inv_nodes = [n for n, f in zip(graph.nodes, flags) if f]
+    rest = [n for n, f in zip(graph.nodes, flags) if not f]
+    inv_vars = {v for n in inv_nodes for v in n.outputs}
+    needed: list[Var] = []
+    seen: set[Var] = set()
+    for a in [a for n in rest for a in n.inputs] + list(graph.outputs):
+        if isinstance(a, Var) and a in inv_vars and a not in seen:
+            seen.add(a)
+            needed.append(a)
+    new_vars = [Var(v.type, v.hint) for v in needed]
+    env = dict(zip(needed, new_vars))
+
+    def s(a):
+        return env.get(a, a) if isinstance(a, Var) else a
+
+    nodes = tuple(n.replace(inputs=tuple(s(a) for a in n.inputs)) for n in rest)
+    body = graph.replace(inputs=graph.inputs[:num_consts] + tuple(new_vars)
+                         + graph.inputs[num_consts:],
+                         nodes=nodes, outputs=tuple(s(a) for a in graph.outputs))
+    return inv_nodes, needed, body
+
+
+def hoist(graph: Graph, num_consts: int, consts: Sequence) -> tuple[Graph, list]:
+    """Loop-invariant code motion, at trace time: the body's nodes that only
+    read its consts are emitted once, in the current trace, on `consts`, and
+    the values the rest of the body reads from them become new consts.
+
+    Returns `(body, consts)`, the new body (with its consts first, as ever)
+    and the operands to pass for them. An implicit time step whose matrix
+    does not change across steps so factors it once per loop, not per step.
+    (The `hoist` pass does the same on a finished graph.)
+    """
+    split = split_invariant(graph, num_consts)
+    if split is None:
+        return graph, list(consts)
+    inv_nodes, needed, body = split
+    sub = Graph(graph.inputs[:num_consts], tuple(inv_nodes), tuple(needed),
+                f"{graph.name}_invariant")
+    return body, list(consts) + inline(sub, list(consts))
+
+
+def hoist_nodes(graph: Graph, num_consts: int, const_atoms: Sequence):
+    """Loop-invariant code motion on a finished graph: `(outer_nodes,
+    new_atoms, body)`, the invariant nodes re-made to read `const_atoms`
+    (the node's operands) with fresh output `Var`s, the atoms to pass for
+    the new consts, and the new body; None if nothing is invariant."""
+    split = split_invariant(graph, num_consts)
+    if split is None:
+        return None
+    inv_nodes, needed, body = split
+    env: dict[Var, object] = dict(zip(graph.inputs[:num_consts], const_atoms))
+    outer = []
+    for n in inv_nodes:
+        outs = tuple(Var(v.type, v.hint) for v in n.outputs)
+        env.update(zip(n.outputs, outs))
+        outer.append(n.replace(inputs=tuple(env.get(a, a) if isinstance(a, Var) else a
+                                            for a in n.inputs), outputs=outs))
+    return outer, [env[v] for v in needed], body

@@ -1,0 +1,918 @@
+"""Loops as nodes: `scan` (and `fori_loop`, built on it), with reverse mode
+that stores each step's residuals or checkpoints carries on a binomial
+(revolve) schedule.
+
+`scan[body, num_consts, num_carry, length, reverse, checkpoints]` applies its
+body `length` times. Its operands follow the closed-body convention
+(`sciad.graph._body`): `(*consts, *init, *xs)`, and the body maps `(*consts,
+*carry, *x)` (one slice of each `xs` operand) to `(*carry, *y)`. The node's
+outputs are the final carry and the `y`s stacked along a new leading axis.
+
+Rules, each a loop itself, so every order of differentiation is a loop:
+
+- JVP: a scan over the body's JVP graph, with consts, carries and per-step
+  inputs extended by their tangents. A carry's tangent is symbolically zero
+  only if it stays zero through the body (a fixed point over the carries).
+- VJP, `checkpoints=None`: the body is split by `vjp_graph` into what the
+  forward pass computes and saves and what the backward pass does with it.
+  The forward scan runs the former and stacks the saved values of each step
+  (values that only read consts are hoisted out of the loop, and the saved
+  consts and per-step inputs are not stacked again); the backward pass is a
+  reverse scan over the latter, carrying the carries' cotangents and the sums
+  of the consts' cotangents, its per-step outputs the cotangents of `xs`.
+  Where a saved value cannot be stacked (a sparse matrix or a factorization
+  computed in a step), each step's carry is stored and the backward step
+  recomputes the body's forward part.
+- VJP, `checkpoints=Binomial(s)`: the forward scan stores nothing; the
+  backward pass is one `scan_adjoint` node that re-runs the forward steps
+  from at most `s` stored carries, on the binomial schedule of
+  `checkpoint_schedules.MultistageCheckpointSchedule` (Griewank and Walther's
+  revolve: the fewest recomputed steps for `s` snapshots), and runs each
+  step's backward part with the step recomputed. Its JVP is a `scan_adjoint`
+  on the two bodies' JVPs with the same schedule, so Hessian-vector products
+  (forward over reverse) keep the memory bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import ShapeError
+from ..graph import Graph, Literal, Param, Primitive, TensorType, Var, Zero
+from ..graph import is_differentiable, is_zero
+from ..graph import instantiate, lower
+from ..graph._autodiff import type_of, vjp_eval, vjp_graph
+from ..graph._body import (drop_inputs, hoist, hoist_nodes, jvp_body, live_inputs, permute,
+                           trace_body)
+from ..graph._serialize import register_param_type
+from ..graph._trace import Tracer, is_value_leaf
+
+_tree = jax.tree_util
+
+
+# ---------------------------------------------------------------------------
+# checkpoint schedules
+
+
+@dataclass(frozen=True)
+class Binomial:
+    """Binomial checkpointing (revolve): reverse mode stores at most
+    `snapshots` carries and recomputes the forward steps between them, the
+    fewest recomputations any schedule with that many snapshots needs
+    (Griewank and Walther). The gradient is the same as storing every step.
+    `sd.scan(..., checkpoints=s)` with an int `s` means `Binomial(s)`."""
+
+    snapshots: int
+
+    def __post_init__(self):
+        if not isinstance(self.snapshots, int) or isinstance(self.snapshots, bool) \
+                or self.snapshots < 1:
+            raise ShapeError(f"a binomial schedule needs snapshots >= 1 (an int), got "
+                             f"{self.snapshots!r}.", op="scan")
+
+    def __str__(self) -> str:
+        return f"binomial({self.snapshots})"
+
+
+register_param_type(Binomial, "binomial", lambda b: b.snapshots, lambda s: Binomial(int(s)))
+
+
+def as_schedule(checkpoints, op: str):
+    """`checkpoints` as a schedule param: None (store every step), or a
+    `Binomial`."""
+    if checkpoints is None or isinstance(checkpoints, Binomial):
+        return checkpoints
+    if isinstance(checkpoints, (int, np.integer)) and not isinstance(checkpoints, bool):
+        return Binomial(int(checkpoints))
+    raise ShapeError(f"`checkpoints` must be None, an int (the number of stored carries) "
+                     f"or `sd.Binomial(s)`, got {checkpoints!r}.", op=op)
+
+
+# ---------------------------------------------------------------------------
+# scan
+
+
+scan_p = Primitive("scan", multiple_results=True, params={
+    "body": Graph, "num_consts": int, "num_carry": int, "length": int,
+    "reverse": Param(bool, default=False),
+    "checkpoints": Param((Binomial, None), default=None)})
+
+
+def _groups(seq, nc: int, nk: int):
+    seq = list(seq)
+    return seq[:nc], seq[nc:nc + nk], seq[nc + nk:]
+
+
+def _stacked(t, length: int) -> TensorType:
+    return TensorType((length,) + tuple(t.shape), t.dtype)
+
+
+@scan_p.def_abstract_eval
+def _scan_shape(*in_types, body, num_consts, num_carry, length, reverse=False,
+                checkpoints=None):
+    op = "scan"
+    if not isinstance(body, Graph):
+        raise ShapeError(f"`body` must be a Graph, got {body!r}.", op=op)
+    if length < 0 or num_consts < 0 or num_carry < 0:
+        raise ShapeError(f"needs length, num_consts, num_carry >= 0, got {length}, "
+                         f"{num_consts}, {num_carry}.", op=op)
+    if len(in_types) != len(body.inputs) or num_consts + num_carry > len(in_types) \
+            or num_carry > len(body.outputs):
+        raise ShapeError(f"the body takes {len(body.inputs)} inputs and gives "
+                         f"{len(body.outputs)} outputs; the node has {len(in_types)} "
+                         f"operands, {num_consts} consts and {num_carry} carries.", op=op)
+    consts, carry, xs = _groups(in_types, num_consts, num_carry)
+    bconsts, bcarry, bxs = _groups(body.in_types, num_consts, num_carry)
+    if tuple(consts) != tuple(bconsts):
+        raise ShapeError("the consts do not match the body's inputs.", op=op)
+    for k, (t, b, o) in enumerate(zip(carry, bcarry, body.out_types)):
+        if not (t == b == o):
+            raise ShapeError(f"carry {k} is {t.str_short()}; the body takes "
+                             f"{b.str_short()} and returns {o.str_short()}.", op=op)
+    for k, (t, b) in enumerate(zip(xs, bxs)):
+        if not isinstance(t, TensorType) or t != _stacked(b, length):
+            raise ShapeError(f"xs {k} must be {_stacked(b, length).str_short()} (length "
+                             f"{length} of the body's {b.str_short()}), got "
+                             f"{t.str_short()}.", op=op)
+    ys = body.out_types[num_carry:]
+    for t in ys:
+        if not isinstance(t, TensorType):
+            raise ShapeError(f"per-step outputs must be arrays, got {t.str_short()}.", op=op)
+    return tuple(carry) + tuple(_stacked(t, length) for t in ys)
+
+
+@scan_p.def_impl
+def _scan_impl(*args, body, num_consts, num_carry, length, reverse=False, checkpoints=None):
+    f = lower(body)
+    consts, init, xs = _groups(args, num_consts, num_carry)
+
+    def step(carry, x):
+        outs = f(*consts, *carry, *x)
+        return tuple(outs[:num_carry]), tuple(jnp.asarray(y) for y in outs[num_carry:])
+
+    carry, ys = jax.lax.scan(step, tuple(init), tuple(xs), length=length, reverse=reverse)
+    return (*carry, *ys)
+
+
+def _params(body, nc, nk, length, reverse, checkpoints) -> dict:
+    out = dict(body=body, num_consts=nc, num_carry=nk, length=length)
+    if reverse:
+        out["reverse"] = True
+    if checkpoints is not None:
+        out["checkpoints"] = checkpoints
+    return out
+
+
+# -- forward mode -----------------------------------------------------------
+
+
+def grouped_jvp(graph: Graph, nz: Sequence[bool], in_sizes: Sequence[int],
+                out_sizes: Sequence[int], force: Sequence[bool]):
+    """The JVP of a body, its inputs and outputs grouped by the closed-body
+    convention: each group's primals, then the tangents of its members
+    flagged nonzero (inputs: `nz`; outputs: not symbolically zero, or
+    `force`d). Returns `(graph, out_nz)`."""
+    jg, out_nz = jvp_body(graph, nz, instantiate=force)
+    return permute(jg, inputs=_group_order(nz, in_sizes),
+                   outputs=_group_order(out_nz, out_sizes)), out_nz
+
+
+def _group_order(nz, sizes) -> list[int]:
+    n = len(nz)
+    tpos, k = {}, n
+    for i in range(n):
+        if nz[i]:
+            tpos[i] = k
+            k += 1
+    order, lo = [], 0
+    for size in sizes:
+        order += list(range(lo, lo + size)) + [tpos[i] for i in range(lo, lo + size)
+                                               if nz[i]]
+        lo += size
+    return order
+
+
+def _scan_body_jvp(body: Graph, nc: int, nk: int, nz: list[bool]):
+    """The JVP of a scan body, grouped `(consts, dconsts, carry, dcarry, xs,
+    dxs) -> (carry, dcarry, ys, dys)`; a carry's tangent is present where it
+    is not zero at the fixed point of the loop."""
+    nz = [bool(z) and is_differentiable(v.type) for z, v in zip(nz, body.inputs)]
+    n, nout = len(body.inputs), len(body.outputs)
+    sizes_in, sizes_out = (nc, nk, n - nc - nk), (nk, nout - nk)
+    while True:
+        force = nz[nc:nc + nk] + [False] * (nout - nk)
+        jg, out_nz = grouped_jvp(body, nz, sizes_in, sizes_out, force)
+        carry_nz = [a or b for a, b in zip(nz[nc:nc + nk], out_nz[:nk])]
+        if carry_nz == nz[nc:nc + nk]:
+            return jg, nz, out_nz
+        nz[nc:nc + nk] = carry_nz
+
+
+def _interleave(primals, tangents, nz, lo, hi):
+    return list(primals[lo:hi]) + [instantiate(tangents[i]) for i in range(lo, hi) if nz[i]]
+
+
+@scan_p.def_jvp
+def _scan_jvp(primals, tangents, *, body, num_consts, num_carry, length, reverse=False,
+              checkpoints=None):
+    nc, nk, n = num_consts, num_carry, len(primals)
+    nz0 = [not is_zero(t) for t in tangents]
+    jg, nz, out_nz = _scan_body_jvp(body, nc, nk, nz0)
+    args = (_interleave(primals, tangents, nz, 0, nc)
+            + _interleave(primals, tangents, nz, nc, nc + nk)
+            + _interleave(primals, tangents, nz, nc + nk, n))
+    nc2 = nc + sum(nz[:nc])
+    nk2 = nk + sum(nz[nc:nc + nk])
+    res = list(scan_p.bind(*args, **_params(jg, nc2, nk2, length, reverse, checkpoints)))
+    carry, dcarry = res[:nk], iter(res[nk:nk2])
+    ys, dys = res[nk2:nk2 + len(body.outputs) - nk], iter(res[nk2 + len(body.outputs) - nk:])
+    outs = carry + ys
+    touts = []
+    for i, o in enumerate(outs):
+        it = dcarry if i < nk else dys
+        touts.append(next(it) if out_nz[i] else Zero(type_of(o).update()))
+    return tuple(outs), tuple(touts)
+
+
+# -- dead outputs and carries ---------------------------------------------------
+
+
+@scan_p.def_dce
+def _scan_dce(node, used):
+    p = node.params
+    body, nc, nk = p["body"], p["num_consts"], p["num_carry"]
+    carry_live = list(used[:nk])
+    ys_used = list(used[nk:])
+    while True:
+        g, in_live = live_inputs(body, carry_live + ys_used)
+        new = [a or b for a, b in zip(carry_live, in_live[nc:nc + nk])]
+        if new == carry_live:
+            break
+        carry_live = new
+    keep = in_live[:nc] + carry_live + in_live[nc + nk:]
+    if all(keep) and all(carry_live) and all(ys_used):
+        return None
+    g = drop_inputs(g, keep)
+    outs = [v for v, u in zip(node.outputs, carry_live + ys_used) if u]
+    params = dict(p, body=g, num_consts=sum(keep[:nc]), num_carry=sum(carry_live))
+    return node.replace(inputs=tuple(a for a, k in zip(node.inputs, keep) if k),
+                        outputs=tuple(outs), params=params)
+
+
+@scan_p.def_hoist
+def _scan_hoist(node):
+    nc = node.params["num_consts"]
+    res = hoist_nodes(node.params["body"], nc, node.inputs[:nc])
+    if res is None:
+        return None
+    outer, atoms, body = res
+    params = dict(node.params, body=body, num_consts=nc + len(atoms))
+    return outer, node.replace(inputs=node.inputs[:nc] + tuple(atoms) + node.inputs[nc:],
+                               params=params)
+
+
+# -- reverse mode ---------------------------------------------------------------
+
+
+def _needs_ct(x) -> bool:
+    return isinstance(x, Tracer) and is_differentiable(type_of(x))
+
+
+@scan_p.def_vjp_fwd
+def _scan_vjp_fwd(primals, *, body, num_consts, num_carry, length, reverse=False,
+                  checkpoints=None):
+    params = _params(body, num_consts, num_carry, length, reverse, checkpoints)
+    if checkpoints is None:
+        return _residual_fwd(vjp_graph(body), primals, params)
+    outs = scan_p.bind(*primals, **params)
+    return outs, ("checkpointed", primals)
+
+
+@scan_p.def_vjp_bwd
+def _scan_vjp_bwd(res, cts, *, body, num_consts, num_carry, length, reverse=False,
+                  checkpoints=None):
+    kind = res[0]
+    if kind == "residuals":
+        return _residual_bwd(res, cts, body, num_consts, num_carry, length, reverse)
+    if kind == "carries":
+        return _carry_bwd(res, cts, body, num_consts, num_carry, length, reverse)
+    return _checkpointed_bwd(res, cts, body, num_consts, num_carry, length, reverse,
+                             checkpoints)
+
+
+def _residual_fwd(vg, primals, params):
+    """The forward scan of reverse mode: the body's forward part (from
+    `vjp_graph`), its values that only read consts hoisted out, stacking each
+    step's saved values except consts and per-step inputs (the backward scan
+    reads those from the operands). If a value to stack is not an array (a
+    sparse matrix or a factorization computed in a step), each step's carry
+    is stored instead and the backward step recomputes the forward part."""
+    nout = len(params["body"].outputs)
+    nc, nk, length = params["num_consts"], params["num_carry"], params["length"]
+    consts, init, xs = _groups(primals, nc, nk)
+    fwd, consts2 = hoist(vg.forward, nc, consts)
+    nc2 = len(consts2)
+    pos = {v: i for i, v in enumerate(fwd.inputs)}
+    where, stack = [], []
+    for a in fwd.outputs[nout:]:
+        i = pos.get(a) if isinstance(a, Var) else None
+        if isinstance(a, Literal):
+            where.append(("lit", a))
+        elif i is not None and i < nc2:
+            where.append(("const", i))
+        elif i is not None and i >= nc2 + nk:
+            where.append(("x", i - nc2 - nk))
+        else:
+            if not isinstance(a.type, TensorType):
+                return _carry_fallback(primals, params)
+            where.append(("stack", len(stack)))
+            stack.append(nout + len(where) - 1)
+    fbody = permute(fwd, outputs=list(range(nout)) + stack)
+    p = dict(params, body=fbody, num_consts=nc2)
+    res = scan_p.bind(*consts2, *init, *xs, **p)
+    outs, stacked = tuple(res[:nout]), list(res[nout:])
+    return outs, ("residuals", primals, consts2, stacked, where, vg)
+
+
+def _carry_fallback(primals, params):
+    outs, carries = _carry_fwd(primals, params)
+    return outs, ("carries", primals, carries)
+
+
+def _residual_bwd(res, cts, body, nc, nk, length, reverse):
+    _, primals, consts2, stacked, where, vg = res
+    consts, init, xs = _groups(primals, nc, nk)
+    nout = len(body.outputs)
+    nc2 = len(consts2)
+    diff_in = [i for i, v in enumerate(body.inputs) if is_differentiable(v.type)]
+    diff_out = [i for i, a in enumerate(body.outputs) if is_differentiable(a.type)]
+    ct_carry0 = [instantiate(cts[i]) for i in range(nk) if i in diff_out]
+    ct_carry_idx = [i for i in range(nk) if i in diff_out]
+    acc_idx = [i for i in diff_in if i < nc and _needs_ct(consts[i])]
+    acc0 = [instantiate(Zero(type_of(consts[i]).update())) for i in acc_idx]
+    cty_idx = [i for i in diff_out if i >= nk and not is_zero(cts[i])]
+    x_idx = [i for i in diff_in if i >= nc + nk]
+    n_ctc, n_acc = len(ct_carry_idx), len(acc_idx)
+    nx, nst, nty = len(xs), len(stacked), len(cty_idx)
+    types = ([type_of(c) for c in consts2] + [type_of(c) for c in ct_carry0]
+             + [type_of(a) for a in acc0]
+             + [TensorType(type_of(s).shape[1:], type_of(s).dtype) for s in stacked]
+             + [TensorType(type_of(x).shape[1:], type_of(x).dtype) for x in xs]
+             + [TensorType(type_of(cts[i]).shape[1:], type_of(cts[i]).dtype)
+                for i in cty_idx])
+
+    def step(*args):
+        from ..graph._body import inline
+
+        c2 = args[:nc2]
+        ctc = args[nc2:nc2 + n_ctc]
+        acc = args[nc2 + n_ctc:nc2 + n_ctc + n_acc]
+        k = nc2 + n_ctc + n_acc
+        st, xsl, cty = args[k:k + nst], args[k + nst:k + nst + nx], args[k + nst + nx:]
+        saved = []
+        for kind, i in where:
+            saved.append(i.value if kind == "lit" else c2[i] if kind == "const"
+                         else xsl[i] if kind == "x" else st[i])
+        out_ct = {i: c for i, c in zip(ct_carry_idx, ctc)}
+        out_ct.update(zip(cty_idx, cty))
+        ct_in = [out_ct[i] if i in out_ct else instantiate(Zero(body.outputs[i].type.update()))
+                 for i in diff_out]
+        in_cts = dict(zip(diff_in, inline(vg.backward, saved + ct_in)))
+        new_ctc = [in_cts[nc + i] for i in ct_carry_idx]
+        new_acc = [a + in_cts[i] for a, i in zip(acc, acc_idx)]
+        return new_ctc + new_acc + [in_cts[i] for i in x_idx]
+
+    g, bconsts, _ = trace_body(step, types, name=f"{body.name}_bwd")
+    args = list(bconsts) + list(consts2) + ct_carry0 + acc0 + stacked + list(xs) + [
+        cts[i] for i in cty_idx]
+    out = scan_p.bind(*args, **_params(g, len(bconsts) + nc2, n_ctc + n_acc, length,
+                                       not reverse, None))
+    return _assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, x_idx, out)
+
+
+def _assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, x_idx, out):
+    n_ctc, n_acc = len(ct_carry_idx), len(acc_idx)
+    in_cts: list = [None] * len(primals)
+    for i, c in zip(ct_carry_idx, out[:n_ctc]):
+        in_cts[nc + i] = c
+    for i, c in zip(acc_idx, out[n_ctc:n_ctc + n_acc]):
+        in_cts[i] = c
+    for i, c in zip(x_idx, out[n_ctc + n_acc:]):
+        if _needs_ct(primals[i]):
+            in_cts[i] = c
+    return tuple(in_cts)
+
+
+def _carry_fwd(primals, params):
+    """The forward scan with each step's incoming carry stacked as well."""
+    body, nc, nk = params["body"], params["num_consts"], params["num_carry"]
+    nout = len(body.outputs)
+    for v in body.inputs[nc:nc + nk]:
+        if not isinstance(v.type, TensorType):
+            raise ShapeError(f"reverse mode through a scan stores its carries; a carry of "
+                             f"type {v.type.str_short()} cannot be stored. Make it an "
+                             "array, or a const of the loop.", op="scan")
+    g = body.replace(outputs=body.outputs + body.inputs[nc:nc + nk])
+    res = scan_p.bind(*primals, **dict(params, body=g))
+    return tuple(res[:nout]), list(res[nout:])
+
+
+def step_vjp_graph(body: Graph, nc: int, nk: int, ct_carry_idx, acc_idx, cty_idx, x_idx):
+    """The backward part of one step, with the step's forward part recomputed:
+    `(*consts, *ct_carry, *acc, *carry, *x, *ct_y) -> (*ct_carry, *acc, *ct_x)`
+    (cotangents of the carries flagged in `ct_carry_idx`, sums of the consts'
+    in `acc_idx`, `ct_y` for the outputs in `cty_idx`)."""
+    types = ([v.type for v in body.inputs[:nc]]
+             + [body.inputs[nc + i].type.update() for i in ct_carry_idx]
+             + [body.inputs[i].type.update() for i in acc_idx]
+             + [v.type for v in body.inputs[nc:]]
+             + [body.outputs[i].type.update() for i in cty_idx])
+    n_ctc, n_acc = len(ct_carry_idx), len(acc_idx)
+    nout = len(body.outputs)
+
+    def step(*args):
+        consts = args[:nc]
+        ctc = args[nc:nc + n_ctc]
+        acc = args[nc + n_ctc:nc + n_ctc + n_acc]
+        k = nc + n_ctc + n_acc
+        rest = args[k:k + len(body.inputs) - nc]
+        cty = args[k + len(body.inputs) - nc:]
+        _, backward = vjp_eval(body, list(consts) + list(rest))
+        ct = [Zero(body.outputs[i].type.update()) for i in range(nout)]
+        for i, c in zip(ct_carry_idx, ctc):
+            ct[i] = c
+        for i, c in zip(cty_idx, cty):
+            ct[i] = c
+        in_cts = backward(ct)
+        return ([instantiate(in_cts[nc + i]) for i in ct_carry_idx]
+                + [a + instantiate(in_cts[i]) for a, i in zip(acc, acc_idx)]
+                + [instantiate(in_cts[i]) for i in x_idx])
+
+    g, bconsts, _ = trace_body(step, types, name=f"{body.name}_step_vjp")
+    assert not bconsts, "a body's step VJP closes over nothing"
+    return g
+
+
+def _ct_plan(body, nc, nk, primals, cts):
+    diff_in = [i for i, v in enumerate(body.inputs) if is_differentiable(v.type)]
+    ct_carry_idx = [i for i in range(nk) if is_differentiable(body.outputs[i].type)]
+    acc_idx = [i for i in diff_in if i < nc and _needs_ct(primals[i])]
+    cty_idx = [i for i in range(nk, len(body.outputs))
+               if is_differentiable(body.outputs[i].type) and not is_zero(cts[i])]
+    x_idx = [i for i in diff_in if i >= nc + nk]
+    return ct_carry_idx, acc_idx, cty_idx, x_idx
+
+
+def _carry_bwd(res, cts, body, nc, nk, length, reverse):
+    _, primals, carries = res
+    consts, init, xs = _groups(primals, nc, nk)
+    ct_carry_idx, acc_idx, cty_idx, x_idx = _ct_plan(body, nc, nk, primals, cts)
+    v = step_vjp_graph(body, nc, nk, ct_carry_idx, acc_idx, cty_idx, x_idx)
+    ctc0 = [instantiate(cts[i]) for i in ct_carry_idx]
+    acc0 = [instantiate(Zero(type_of(primals[i]).update())) for i in acc_idx]
+    out = scan_p.bind(*consts, *ctc0, *acc0, *carries, *xs, *[cts[i] for i in cty_idx],
+                      **_params(v, nc, len(ctc0) + len(acc0), length, not reverse, None))
+    return _assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, x_idx, out)
+
+
+def _checkpointed_bwd(res, cts, body, nc, nk, length, reverse, checkpoints):
+    _, primals = res
+    consts, init, xs = _groups(primals, nc, nk)
+    for v in body.inputs[nc:nc + nk]:
+        if not isinstance(v.type, TensorType):
+            raise ShapeError(f"checkpointing stores carries; a carry of type "
+                             f"{v.type.str_short()} cannot be stored.", op="scan")
+    ct_carry_idx, acc_idx, cty_idx, x_idx = _ct_plan(body, nc, nk, primals, cts)
+    v = step_vjp_graph(body, nc, nk, ct_carry_idx, acc_idx, cty_idx, x_idx)
+    ctc0 = [instantiate(cts[i]) for i in ct_carry_idx]
+    acc0 = [instantiate(Zero(type_of(primals[i]).update())) for i in acc_idx]
+    out = scan_adjoint_p.bind(
+        *consts, *init, *xs, *ctc0, *acc0, *[cts[i] for i in cty_idx],
+        body=live_inputs(body, [True] * nk + [False] * (len(body.outputs) - nk))[0],
+        step=v, num_consts=nc, num_carry=nk, num_ct_carry=len(ctc0),
+        num_acc=len(acc0), length=length, **({"reverse": True} if reverse else {}),
+        snapshots=checkpoints.snapshots)
+    return _assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, x_idx, out)
+
+
+# ---------------------------------------------------------------------------
+# scan_adjoint: the backward pass of a checkpointed scan
+
+
+scan_adjoint_p = Primitive("scan_adjoint", multiple_results=True, params={
+    "body": Graph, "step": Graph, "num_consts": int, "num_carry": int,
+    "num_ct_carry": int, "num_acc": int, "length": int,
+    "reverse": Param(bool, default=False), "snapshots": int})
+#: operands `(*consts, *init, *xs, *ct_carry, *acc, *ct_ys)`; `body` is the
+#: forward step `(*consts, *carry, *x) -> (*carry, *y)` and `step` its
+#: backward part `(*consts, *ct_carry, *acc, *carry, *x, *ct_y) -> (*ct_carry,
+#: *acc, *ct_x)`. Outputs: the cotangents of the first carry, the
+#: accumulated `acc` and the stacked `ct_x`s, as a reverse scan of `step` over
+#: the carries of `body` would give them; the carries are recomputed from at
+#: most `snapshots` stored ones.
+
+
+def _adjoint_groups(args, nc, nk, nxs, nctc, nacc):
+    args = list(args)
+    a, k = [], 0
+    for size in (nc, nk, nxs, nctc, nacc):
+        a.append(args[k:k + size])
+        k += size
+    a.append(args[k:])
+    return a
+
+
+@scan_adjoint_p.def_abstract_eval
+def _scan_adjoint_shape(*in_types, body, step, num_consts, num_carry, num_ct_carry,
+                        num_acc, length, reverse=False, snapshots):
+    op = "scan_adjoint"
+    nx = len(body.inputs) - num_consts - num_carry
+    consts, carry, xs, ctc, acc, cty = _adjoint_groups(in_types, num_consts, num_carry, nx,
+                                                       num_ct_carry, num_acc)
+    _scan_shape(*consts, *carry, *xs, body=body, num_consts=num_consts,
+                num_carry=num_carry, length=length)
+    if snapshots < 1:
+        raise ShapeError(f"needs snapshots >= 1, got {snapshots}.", op=op)
+    want = (list(consts) + list(ctc) + list(acc) + list(carry)
+            + [TensorType(t.shape[1:], t.dtype) for t in xs]
+            + [TensorType(t.shape[1:], t.dtype) for t in cty])
+    if tuple(want) != step.in_types:
+        raise ShapeError("the step graph's inputs do not match the operands.", op=op)
+    souts = step.out_types
+    if tuple(souts[:num_ct_carry + num_acc]) != tuple(ctc) + tuple(acc):
+        raise ShapeError("the step graph's carries do not match the operands.", op=op)
+    return tuple(ctc) + tuple(acc) + tuple(_stacked(t, length)
+                                           for t in souts[num_ct_carry + num_acc:])
+
+
+def revolve_actions(length: int, snapshots: int) -> np.ndarray:
+    """The binomial schedule for `length` steps and `snapshots` stored
+    carries as rows `(kind, a, b)`: kind 0 stores the carry in slot `a`, 1
+    advances it from step `a` to step `b`, 2 loads it from slot `a`, 3 runs
+    the backward part of step `a` (the carry is then that step's input)."""
+    import checkpoint_schedules as cs
+
+    rows: list[tuple[int, int, int]] = []
+    if length == 0:
+        return np.zeros((0, 3), np.int32)
+    slots: dict[int, int] = {}
+    free = list(range(snapshots))[::-1]
+    pos = 0
+    for act in cs.MultistageCheckpointSchedule(length, snapshots, 0):
+        if isinstance(act, cs.Forward):
+            assert pos == act.n0, "revolve: the schedule advances from another step"
+            if act.write_ics:
+                slot = free.pop()
+                slots[act.n0] = slot
+                rows.append((0, slot, 0))
+            end = act.n1 - 1 if act.write_adj_deps else act.n1
+            if end > pos:
+                rows.append((1, pos, end))
+            pos = end
+        elif isinstance(act, cs.Reverse):
+            assert act.n1 - act.n0 == 1 and pos == act.n0, \
+                "revolve: a reverse action must be one step from its input"
+            rows.append((3, act.n0, 0))
+            pos = -1
+        elif isinstance(act, (cs.Copy, cs.Move)):
+            rows.append((2, slots[act.n], 0))
+            pos = act.n
+            if isinstance(act, cs.Move):
+                free.append(slots.pop(act.n))
+        elif isinstance(act, cs.EndReverse):
+            break
+    return np.asarray(rows, np.int32)
+
+
+@scan_adjoint_p.def_impl
+def _scan_adjoint_impl(*args, body, step, num_consts, num_carry, num_ct_carry, num_acc,
+                       length, reverse=False, snapshots):
+    nc, nk = num_consts, num_carry
+    nx = len(body.inputs) - nc - nk
+    consts, init, xs, ctc0, acc0, cty = _adjoint_groups(args, nc, nk, nx, num_ct_carry,
+                                                        num_acc)
+    fb, fs = lower(body), lower(step)
+    rows = revolve_actions(length, min(snapshots, max(length, 1)))
+    kinds, a_, b_ = (jnp.asarray(rows[:, j]) for j in range(3))
+    n_ctx = len(step.outputs) - num_ct_carry - num_acc
+    x_types = [t for t in step.out_types[num_ct_carry + num_acc:]]
+
+    def index(k):
+        return length - 1 - k if reverse else k
+
+    def at(arrs, k):
+        return [jax.lax.dynamic_index_in_dim(x, k, keepdims=False) for x in arrs]
+
+    def advance(carry, lo, hi):
+        def one(k, c):
+            return tuple(fb(*consts, *c, *at(xs, index(k)))[:nk])
+        return jax.lax.fori_loop(lo, hi, one, tuple(carry))
+
+    buf0 = tuple(jnp.zeros((max(snapshots, 1),) + jnp.shape(c), jnp.asarray(c).dtype)
+                 for c in init)
+    ctx0 = tuple(jnp.zeros((length,) + t.shape, t.dtype) for t in x_types)
+
+    def run(i, state):
+        buf, carry, ctc, acc, ctx = state
+        kind, a, b = kinds[i], a_[i], b_[i]
+
+        def store(_):
+            return (tuple(s.at[a].set(c) for s, c in zip(buf, carry)), carry, ctc, acc, ctx)
+
+        def adv(_):
+            return (buf, advance(carry, a, b), ctc, acc, ctx)
+
+        def load(_):
+            return (buf, tuple(s[a] for s in buf), ctc, acc, ctx)
+
+        def back(_):
+            k = index(a)
+            out = fs(*consts, *ctc, *acc, *carry, *at(xs, k), *at(cty, k))
+            nctc = tuple(out[:num_ct_carry])
+            nacc = tuple(out[num_ct_carry:num_ct_carry + num_acc])
+            nctx = tuple(jax.lax.dynamic_update_index_in_dim(s, jnp.asarray(v, s.dtype), k, 0)
+                         for s, v in zip(ctx, out[num_ct_carry + num_acc:]))
+            return (buf, carry, nctc, nacc, nctx)
+
+        return jax.lax.switch(kind, (store, adv, load, back), None)
+
+    state = (buf0, tuple(init), tuple(ctc0), tuple(acc0), ctx0)
+    _, _, ctc, acc, ctx = jax.lax.fori_loop(0, rows.shape[0], run, state)
+    assert len(ctx) == n_ctx
+    return (*ctc, *acc, *ctx)
+
+
+@scan_adjoint_p.def_jvp
+def _scan_adjoint_jvp(primals, tangents, *, body, step, num_consts, num_carry,
+                      num_ct_carry, num_acc, length, reverse=False, snapshots):
+    # The backward pass is a fixed composition of forward steps and backward
+    # steps; its JVP is the same composition of their JVPs: the same schedule
+    # on the JVP of `body` (carries with their tangents) and of `step`, every
+    # differentiable value with its tangent.
+    nc, nk, nctc, nacc = num_consts, num_carry, num_ct_carry, num_acc
+    nx = len(body.inputs) - nc - nk
+    sizes = (nc, nk, nx, nctc, nacc, len(primals) - nc - nk - nx - nctc - nacc)
+    diff = [is_differentiable(type_of(p)) for p in primals]
+    bnz = [is_differentiable(t) for t in body.in_types]
+    bforce = [is_differentiable(t) for t in body.out_types]
+    bj, _ = grouped_jvp(body, bnz, (nc, nk, nx), (nk, len(body.outputs) - nk), bforce)
+    snz = [is_differentiable(t) for t in step.in_types]
+    sforce = [is_differentiable(t) for t in step.out_types]
+    nctx = len(step.outputs) - nctc - nacc
+    sj, _ = grouped_jvp(step, snz, (nc, nctc, nacc, nk, nx, sizes[5]), (nctc, nacc, nctx),
+                        sforce)
+    groups, lo = [], 0
+    for size in sizes:
+        groups.append(list(primals[lo:lo + size])
+                      + [instantiate(tangents[i]) for i in range(lo, lo + size) if diff[i]])
+        lo += size
+    out = scan_adjoint_p.bind(
+        *[a for g in groups for a in g], body=bj, step=sj,
+        num_consts=len(groups[0]), num_carry=len(groups[1]),
+        num_ct_carry=len(groups[3]), num_acc=len(groups[4]), length=length,
+        **({"reverse": True} if reverse else {}), snapshots=snapshots)
+    outs, touts, k = [], [], 0
+    for lo, size in ((0, nctc), (nctc, nacc), (nctc + nacc, nctx)):
+        kinds = step.out_types[lo:lo + size]
+        outs += out[k:k + size]
+        k += size
+        for t in kinds:
+            if is_differentiable(t):
+                touts.append(out[k])
+                k += 1
+            else:
+                touts.append(Zero(t.update()))
+    return tuple(outs), tuple(touts)
+
+
+@scan_adjoint_p.def_hoist
+def _scan_adjoint_hoist(node):
+    # the forward body and the step share their consts: what either hoists
+    # becomes a const of both
+    p = node.params
+    nc = p["num_consts"]
+    consts = node.inputs[:nc]
+    rb = hoist_nodes(p["body"], nc, consts)
+    rs = hoist_nodes(p["step"], nc, consts)
+    if rb is None and rs is None:
+        return None
+    outer, atoms = [], []
+    body, step = p["body"], p["step"]
+    nb = ns = 0
+    if rb is not None:
+        outer += rb[0]
+        atoms += rb[1]
+        body, nb = rb[2], len(rb[1])
+    if rs is not None:
+        outer += rs[0]
+        atoms += rs[1]
+        step, ns = rs[2], len(rs[1])
+    body = _with_unused_inputs(body, nc + nb, [a.type for a in atoms[nb:]])
+    step = _with_unused_inputs(step, nc, [a.type for a in atoms[:nb]])
+    params = dict(p, body=body, step=step, num_consts=nc + nb + ns)
+    return outer, node.replace(inputs=consts + tuple(atoms) + node.inputs[nc:],
+                               params=params)
+
+
+def _with_unused_inputs(graph: Graph, at: int, types) -> Graph:
+    new = tuple(Var(t) for t in types)
+    return graph.replace(inputs=graph.inputs[:at] + new + graph.inputs[at:])
+
+
+def _adjoint_by_scans(*args, body, step, num_consts, num_carry, num_ct_carry, num_acc,
+                      length, reverse=False, snapshots):
+    """What a `scan_adjoint` node computes, as two plain scans: the forward
+    scan storing every step's carry, then the reverse scan of `step`."""
+    nc, nk = num_consts, num_carry
+    nx = len(body.inputs) - nc - nk
+    consts, init, xs, ctc, acc, cty = _adjoint_groups(args, nc, nk, nx, num_ct_carry,
+                                                      num_acc)
+    fwd = body.replace(outputs=body.outputs[:nk] + body.inputs[nc:nc + nk])
+    carries = scan_p.bind(*consts, *init, *xs,
+                          **_params(fwd, nc, nk, length, reverse, None))[nk:]
+    return scan_p.bind(*consts, *ctc, *acc, *carries, *xs, *cty,
+                       **_params(step, nc, num_ct_carry + num_acc, length, not reverse,
+                                 None))
+
+
+@scan_adjoint_p.def_vjp
+def _scan_adjoint_vjp(primals, outs, cts, **params):
+    # Reverse over reverse: the VJP of the same computation with every carry
+    # stored (the schedule bounds the memory of the first reverse pass, not
+    # of this second one; forward over reverse, `sd.hvp`, keeps the bound).
+    from ..graph._trace import trace_flat
+
+    g, _, _ = trace_flat(lambda *a: list(_adjoint_by_scans(*a, **params)),
+                         tuple(type_of(p) for p in primals), name="scan_adjoint")
+    _, backward = vjp_eval(g, list(primals))
+    return tuple(backward(list(cts)))
+
+
+# ---------------------------------------------------------------------------
+# public functions
+
+
+def _flat_types(leaves, what: str, op: str):
+    from ..graph._trace import _leaf_type
+
+    return [_leaf_type(x, what) for x in leaves]
+
+
+def scan(f: Callable, init, xs=None, length: int | None = None, reverse: bool = False,
+         checkpoints=None):
+    """Loops `f` over the leading axis of `xs`, carrying a state: JAX's
+    `lax.scan`, as one node of the graph.
+
+    ```python
+    def step(u, _):
+        u = u + dt * (D @ u)
+        return u, u[probe]
+    u_final, trace = sd.scan(step, u0, length=1000)
+    ```
+
+    Differentiable in forward and reverse mode and at second order in
+    `init`, `xs` and every traced value `f` closes over. Reverse mode stores
+    each step's residuals (as JAX's scan does); with `checkpoints=s` it stores
+    at most `s` carries and recomputes the steps between them (binomial
+    checkpointing), for the same gradient.
+
+    **Arguments:**
+
+    - `f`: `(carry, x) -> (carry, y)`, written with sciad ops. The carry it
+        returns must have `init`'s structure, shapes and dtypes.
+    - `init`: the initial carry, a pytree of arrays.
+    - `xs`: a pytree of arrays scanned along their leading axis (all of one
+        length), or None.
+    - `length`: the number of steps; needed when `xs` is None, checked
+        against `xs` otherwise.
+    - `reverse`: run from the last element of `xs` to the first (the `y`s are
+        still stacked in `xs`'s order).
+    - `checkpoints`: None (reverse mode stores every step's residuals), an
+        int `s` or `sd.Binomial(s)` (at most `s` stored carries).
+
+    **Returns:**
+
+    `(carry, ys)`: the final carry, and the `y`s stacked along a new leading
+    axis (a pytree of `f`'s `y` structure).
+    """
+    op = "scan"
+    checkpoints = as_schedule(checkpoints, op)
+    if not callable(f):
+        raise ShapeError(f"`f` must be a function (carry, x) -> (carry, y), got "
+                         f"{type(f).__name__}.", op=op)
+    init_leaves, init_tree = _tree.tree_flatten(init, is_leaf=is_value_leaf)
+    xs_leaves, xs_tree = _tree.tree_flatten(xs, is_leaf=is_value_leaf)
+    carry_types = _flat_types(init_leaves, "a leaf of `init`", op)
+    xs_types = _flat_types(xs_leaves, "a leaf of `xs`", op)
+    lengths = {t.shape[0] for t in xs_types if len(t.shape) >= 1}
+    if any(len(t.shape) == 0 for t in xs_types):
+        raise ShapeError("every leaf of `xs` needs a leading axis to scan over, got a "
+                         "scalar.", op=op)
+    if len(lengths) > 1:
+        raise ShapeError(f"the leaves of `xs` must share their leading length, got "
+                         f"{sorted(lengths)}.", op=op)
+    if length is None:
+        if not lengths:
+            raise ShapeError("needs `length` when `xs` is None.", op=op)
+        length = lengths.pop()
+    else:
+        if not isinstance(length, (int, np.integer)) or isinstance(length, bool) \
+                or length < 0:
+            raise ShapeError(f"`length` must be an int >= 0, got {length!r}.", op=op)
+        length = int(length)
+        if lengths and lengths != {length}:
+            raise ShapeError(f"`length` is {length} but `xs` has leading length "
+                             f"{lengths.pop()}.", op=op)
+    x_types = [TensorType(t.shape[1:], t.dtype) for t in xs_types]
+    nk = len(carry_types)
+    y_tree: list = []
+
+    def flat_body(*args):
+        carry = _tree.tree_unflatten(init_tree, args[:nk])
+        x = _tree.tree_unflatten(xs_tree, args[nk:])
+        out = f(carry, x)
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise ShapeError(f"`f` must return a pair (carry, y), got "
+                             f"{type(out).__name__}.", op=op)
+        new_carry, y = out
+        c_leaves, c_tree = _tree.tree_flatten(new_carry, is_leaf=is_value_leaf)
+        if c_tree != init_tree:
+            raise ShapeError(f"`f` must return a carry of `init`'s structure {init_tree}, "
+                             f"got {c_tree}.", op=op)
+        y_leaves, yt = _tree.tree_flatten(y, is_leaf=is_value_leaf)
+        y_tree.append(yt)
+        return list(c_leaves) + list(y_leaves)
+
+    body, consts, _ = trace_body(flat_body, carry_types + x_types,
+                                 name=getattr(f, "__name__", "body").replace("<lambda>",
+                                                                             "lambda"))
+    nc = len(consts)
+    paths = [_tree.keystr(p) for p, _ in _tree.tree_flatten_with_path(
+        init, is_leaf=is_value_leaf)[0]]
+    for k, (t, o) in enumerate(zip(carry_types, body.out_types[:nk])):
+        if t != o:
+            raise ShapeError(f"the carry{paths[k]} enters `f` as {t.str_short()} and "
+                             f"leaves it as {o.str_short()}; a carry keeps its shape and "
+                             "dtype (convert with `.astype`).", op=op)
+    body, consts = hoist(body, nc, consts)
+    body, consts = prune_consts(body, consts)
+    for v, path in zip(body.inputs[len(consts):], paths):
+        v.hint = "carry" + path if path else "carry"
+    xpaths = [_tree.keystr(p) for p, _ in _tree.tree_flatten_with_path(
+        xs, is_leaf=is_value_leaf)[0]]
+    for v, path in zip(body.inputs[len(consts) + nk:], xpaths):
+        v.hint = "x" + path if path else "x"
+    outs = scan_p.bind(*consts, *init_leaves, *xs_leaves,
+                       **_params(body, len(consts), nk, length, bool(reverse), checkpoints))
+    carry = _tree.tree_unflatten(init_tree, list(outs[:nk]))
+    ys = _tree.tree_unflatten(y_tree[0], list(outs[nk:]))
+    return carry, ys
+
+
+def prune_consts(body: Graph, consts: list) -> tuple[Graph, list]:
+    """`body` without the consts it does not read (and `consts` without them)."""
+    _, used = live_inputs(body, [True] * len(body.outputs))
+    nc = len(consts)
+    keep = used[:nc] + [True] * (len(body.inputs) - nc)
+    if all(keep):
+        return body, consts
+    return drop_inputs(body, keep), [c for c, k in zip(consts, keep) if k]
+
+
+def fori_loop(lower: int, upper: int, body_fun: Callable, init_val, checkpoints=None):
+    """`val = body_fun(i, val)` for `i` in `range(lower, upper)`: JAX's
+    `lax.fori_loop` with static bounds, as a `scan` node (so reverse mode and
+    `checkpoints` work as for `sd.scan`).
+
+    **Arguments:**
+
+    - `lower`, `upper`: Python ints (the trip count is static).
+    - `body_fun`: `(i, val) -> val`, with `i` a traced int64 scalar.
+    - `init_val`: the initial value, a pytree of arrays.
+    - `checkpoints`: as for `sd.scan`.
+
+    **Returns:**
+
+    The final value.
+    """
+    op = "fori_loop"
+    for name, v in (("lower", lower), ("upper", upper)):
+        if isinstance(v, Tracer) or not isinstance(v, (int, np.integer)) \
+                or isinstance(v, bool):
+            raise ShapeError(f"`{name}` must be a Python int (the trip count is static), "
+                             f"got {v!r}. A loop whose bound is computed needs "
+                             "`sd.while_loop`.", op=op)
+    lower, upper = int(lower), int(upper)
+    n = max(upper - lower, 0)
+
+    def step(carry, _):
+        i, val = carry
+        return (i + 1, body_fun(i, val)), None
+
+    (_, val), _ = scan(step, (np.int64(lower), init_val), length=n, checkpoints=checkpoints)
+    return val

@@ -1,0 +1,264 @@
+"""Loops as nodes: `sd.scan` and `sd.fori_loop` against JAX's `lax.scan`, in
+forward and reverse mode and at second order; checkpointed reverse mode
+against storing every step; the binomial schedule itself; dead carries and
+loop-invariant hoisting; errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sciad as sd
+import sciad.numpy as snp
+from sciad.errors import ShapeError
+from sciad.graph.passes import dce, optimize
+from sciad.primitives._control import revolve_actions
+
+N, STEPS = 6, 12
+
+
+def _heat_jax(k, u0, d, steps=STEPS):
+    def step(u, _):
+        lap = jnp.roll(u, 1) + jnp.roll(u, -1) - 2 * u
+        u = u + 0.1 * k * lap
+        return u, u[0] ** 2
+    u, ys = jax.lax.scan(step, u0, length=steps)
+    return jnp.sum((u - d) ** 2) + jnp.sum(ys)
+
+
+def _heat_sd(k, u0, d, steps=STEPS, checkpoints=None):
+    def step(u, _):
+        lap = snp.roll(u, 1) + snp.roll(u, -1) - 2 * u
+        u = u + 0.1 * k * lap
+        return u, u[0] ** 2
+    u, ys = sd.scan(step, u0, length=steps, checkpoints=checkpoints)
+    return snp.sum((u - d) ** 2) + snp.sum(ys)
+
+
+@pytest.fixture
+def heat(rng):
+    return rng.uniform(0.5, 1.5, N), np.sin(np.linspace(0, 3, N)), rng.normal(size=N)
+
+
+@pytest.mark.parametrize("checkpoints", [None, 1, 3, 100])
+def test_heat_value_grad_and_hvp_match_jax(heat, rng, checkpoints):
+    k, u0, d = heat
+    v = rng.normal(size=N)
+    f = lambda k, u0: _heat_sd(k, u0, d, checkpoints=checkpoints)  # noqa: E731
+    fj = lambda k, u0: _heat_jax(k, u0, d)  # noqa: E731
+    value, (gk, gu) = sd.value_and_grad(f, argnums=(0, 1))(k, u0)
+    np.testing.assert_allclose(value, fj(k, u0), rtol=1e-13)
+    wk, wu = jax.grad(fj, argnums=(0, 1))(k, u0)
+    np.testing.assert_allclose(gk, wk, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(gu, wu, rtol=1e-12, atol=1e-14)
+    h = sd.hvp(lambda k: f(k, u0), k, v)
+    hj = jax.jvp(jax.grad(lambda k: fj(k, u0)), (k,), (v,))[1]
+    np.testing.assert_allclose(h, hj, rtol=1e-11, atol=1e-13)
+
+
+def test_checkpointed_gradient_equals_store_all(heat):
+    k, u0, d = heat
+    want = sd.grad(lambda k: _heat_sd(k, u0, d, steps=40))(k)
+    for s in (2, 5, 40):
+        got = sd.grad(lambda k: _heat_sd(k, u0, d, steps=40, checkpoints=s))(k)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+
+
+def test_forward_mode_and_grad_of_grad(heat, rng):
+    k, u0, d = heat
+    v = rng.normal(size=N)
+    f = lambda k: _heat_sd(k, u0, d)  # noqa: E731
+    fj = lambda k: _heat_jax(k, u0, d)  # noqa: E731
+    _, t = sd.jvp(f, (k,), (v,))
+    np.testing.assert_allclose(t, jax.jvp(fj, (k,), (v,))[1], rtol=1e-12)
+    # reverse over reverse, through the scan and through the checkpointed adjoint
+    g2 = sd.grad(lambda k: snp.sum(sd.grad(f)(k) * v))(k)
+    g2j = jax.grad(lambda k: jnp.sum(jax.grad(fj)(k) * v))(k)
+    np.testing.assert_allclose(g2, g2j, rtol=1e-11, atol=1e-13)
+    fc = lambda k: _heat_sd(k, u0, d, checkpoints=2)  # noqa: E731
+    g2c = sd.grad(lambda k: snp.sum(sd.grad(fc)(k) * v))(k)
+    np.testing.assert_allclose(g2c, g2j, rtol=1e-11, atol=1e-13)
+
+
+def test_check_rules_on_a_scan(heat):
+    k, u0, d = heat
+    sd.testing.check_rules(lambda k, u0: _heat_sd(k, u0, d, steps=5), k, u0)
+    sd.testing.check_rules(lambda k, u0: _heat_sd(k, u0, d, steps=5, checkpoints=2), k, u0)
+
+
+def test_pytrees_xs_reverse_and_integer_carries(rng):
+    xs = {"a": rng.normal(size=(7, 3)), "b": rng.normal(size=7)}
+    w = rng.normal(size=3)
+
+    def f_sd(w, xs):
+        def step(c, x):
+            i, s = c
+            s = snp.tanh(s * w + x["a"]) + x["b"]
+            return (i + 1, s), {"s": s, "i": i}
+        (n, s), ys = sd.scan(step, (0, snp.zeros(3)), xs, reverse=True)
+        return snp.sum(s ** 2) + snp.sum(ys["s"][::2] * w), n, ys["i"]
+
+    def f_jax(w, xs):
+        def step(c, x):
+            i, s = c
+            s = jnp.tanh(s * w + x["a"]) + x["b"]
+            return (i + 1, s), {"s": s, "i": i}
+        (n, s), ys = jax.lax.scan(step, (0, jnp.zeros(3)), xs, reverse=True)
+        return jnp.sum(s ** 2) + jnp.sum(ys["s"][::2] * w), n, ys["i"]
+
+    out = sd.function(f_sd)(w, xs)
+    want = f_jax(w, xs)
+    np.testing.assert_allclose(out[0], want[0], rtol=1e-13)
+    assert int(out[1]) == 7
+    np.testing.assert_array_equal(out[2], want[2])
+    g = sd.grad(lambda w, xs: f_sd(w, xs)[0], argnums=(0, 1))(w, xs)
+    gj = jax.grad(lambda w, xs: f_jax(w, xs)[0], argnums=(0, 1))(w, xs)
+    np.testing.assert_allclose(g[0], gj[0], rtol=1e-12)
+    np.testing.assert_allclose(g[1]["a"], gj[1]["a"], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(g[1]["b"], gj[1]["b"], rtol=1e-12, atol=1e-15)
+
+
+def test_fori_loop_with_an_implicit_step_factors_once(rng):
+    # backward Euler on a 1-D Laplacian: the matrix is loop-invariant, so its
+    # factorization is hoisted out of the loop, forward and in the adjoint
+    n = 8
+    lap = (np.diag(-2.0 * np.ones(n)) + np.diag(np.ones(n - 1), 1)
+           + np.diag(np.ones(n - 1), -1))
+    u0 = rng.normal(size=n)
+
+    def f(kappa):
+        A = snp.eye(n) - 0.1 * kappa * lap
+
+        def body(i, u):
+            return sd.linalg.solve(A, u + 0.01 * snp.sin(u))
+        return snp.sum(sd.fori_loop(0, 15, body, u0) ** 2)
+
+    def fj(kappa):
+        A = jnp.eye(n) - 0.1 * kappa * lap
+        return jnp.sum(jax.lax.fori_loop(0, 15, lambda i, u: jnp.linalg.solve(
+            A, u + 0.01 * jnp.sin(u)), u0) ** 2)
+
+    kappa = 1.3
+    np.testing.assert_allclose(sd.function(f)(kappa), fj(kappa), rtol=1e-12)
+    np.testing.assert_allclose(sd.grad(f)(kappa), jax.grad(fj)(kappa), rtol=1e-10)
+    g = optimize(sd.trace(sd.grad(f), kappa))
+    text = g.pretty(source=False)
+    top = [n.primitive.name for n in g.nodes]
+    assert top.count("linalg.factor") == 1, text  # once, outside both loops
+    assert "linalg.factor" not in "".join(str(b) for n in g.nodes for b in n.subgraphs)
+
+
+def test_closures_over_traced_values_are_operands(rng):
+    a = rng.normal(size=4)
+
+    def f(a, b):
+        c, _ = sd.scan(lambda c, _: (c * snp.cos(a) + b, None), snp.ones(4), length=5)
+        return snp.sum(c)
+
+    def fj(a, b):
+        c, _ = jax.lax.scan(lambda c, _: (c * jnp.cos(a) + b, None), jnp.ones(4), length=5)
+        return jnp.sum(c)
+
+    g = sd.trace(f, a, 0.5)
+    (scan,) = [n for n in g.nodes if n.primitive.name == "scan"]
+    assert scan.params["num_consts"] == 2  # cos(a) (hoisted) and b
+    got = sd.grad(f, argnums=(0, 1))(a, 0.5)
+    want = jax.grad(fj, argnums=(0, 1))(a, 0.5)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-12)
+
+
+def test_dce_drops_dead_carries_and_outputs():
+    def f(x):
+        def step(c, _):
+            a, b, n = c
+            return (a * 2.0, b + a, n + 1), (a, b)
+        (a, b, n), (ys_a, ys_b) = sd.scan(step, (x, x, 0), length=3)
+        return a + ys_a[1]  # b, n and ys_b are dead; a needs nothing else
+
+    g = dce(sd.trace(f, 1.0))
+    (scan,) = [n for n in g.nodes if n.primitive.name == "scan"]
+    assert scan.params["num_carry"] == 1 and len(scan.outputs) == 2, str(g)
+    assert len(scan.params["body"].nodes) == 1, str(g)
+    np.testing.assert_allclose(sd.graph.evaluate(g, 1.5)[0], 12.0 + 3.0)
+
+
+def test_revolve_schedule_bounds_and_order():
+    for n, s in ((1, 1), (10, 3), (57, 4), (200, 16), (30, 40)):
+        rows = revolve_actions(n, min(s, n))
+        kinds = rows[:, 0]
+        reversed_steps = rows[kinds == 3, 1].tolist()
+        assert reversed_steps == list(range(n - 1, -1, -1))
+        assert set(rows[kinds == 0, 1].tolist()) <= set(range(s))
+        advanced = sum(int(b - a) for k, a, b in rows if k == 1)
+        assert advanced < n * (1 + np.log2(max(n, 2)))  # binomial: O(n log n) at worst
+
+
+def test_graph_prints_the_schedule(heat):
+    k, u0, d = heat
+    text = sd.trace(sd.grad(lambda k: _heat_sd(k, u0, d, checkpoints=3)), k).pretty(
+        source=False)
+    assert "checkpoints=binomial(3)" in text and "scan_adjoint[" in text
+    assert "snapshots=3" in text
+
+
+def test_eager_scan_on_arrays():
+    c, ys = sd.scan(lambda c, x: (c + x, c * x), 0.0, np.arange(4.0))
+    assert float(c) == 6.0
+    np.testing.assert_allclose(ys, [0.0, 0.0, 2.0, 9.0])
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(ShapeError, match="needs `length` when `xs` is None"):
+        sd.trace(lambda x: sd.scan(lambda c, _: (c, None), x)[0], 1.0)
+    with pytest.raises(ShapeError, match=r"enters `f` as f32\[2\] and leaves it as f64\[2\]"):
+        sd.trace(lambda x: sd.scan(lambda c, _: (c + snp.ones(2), None), x, length=2)[0],
+                 np.ones(2, np.float32))
+    with pytest.raises(ShapeError, match="share their leading length"):
+        sd.trace(lambda a, b: sd.scan(lambda c, x: (c, None), 0.0, (a, b))[0],
+                 np.ones(3), np.ones(4))
+    with pytest.raises(ShapeError, match="`length` is 5 but `xs` has leading length 3"):
+        sd.trace(lambda a: sd.scan(lambda c, x: (c, None), 0.0, a, length=5)[0], np.ones(3))
+    with pytest.raises(ShapeError, match="`checkpoints` must be None, an int"):
+        sd.trace(lambda x: sd.scan(lambda c, _: (c, None), x, length=2,
+                                   checkpoints="all")[0], 1.0)
+    with pytest.raises(ShapeError, match="snapshots >= 1"):
+        sd.Binomial(0)
+    with pytest.raises(ShapeError, match="must be a Python int"):
+        sd.trace(lambda n, x: sd.fori_loop(0, n, lambda i, v: v, x), 3, 1.0)
+    with pytest.raises(ShapeError, match="must return a pair"):
+        sd.trace(lambda x: sd.scan(lambda c, _: c, x, length=2), 1.0)
+
+
+def test_traced_indices_in_a_loop_body_match_jax(rng):
+    X, w = rng.normal(size=(5, 4)), rng.normal(size=4)
+
+    def f(X, w):
+        def body(i, acc):
+            acc = acc.at[i].set(snp.sum(X[i] * w))
+            return acc.at[-1].add(X[i, 2] * X[:, 1][i] + X[..., i - 5, 0])
+        return snp.sum(sd.fori_loop(0, 5, body, snp.zeros(5)) ** 2)
+
+    def fj(X, w):
+        X = jnp.asarray(X)
+
+        def body(i, acc):
+            acc = acc.at[i].set(jnp.sum(X[i] * w))
+            return acc.at[-1].add(X[i, 2] * X[:, 1][i] + X[..., i - 5, 0])
+        return jnp.sum(jax.lax.fori_loop(0, 5, body, jnp.zeros(5)) ** 2)
+
+    np.testing.assert_allclose(sd.function(f)(X, w), fj(X, w), rtol=1e-13)
+    g = sd.grad(f, argnums=(0, 1))(X, w)
+    gj = jax.grad(fj, argnums=(0, 1))(X, w)
+    np.testing.assert_allclose(g[0], gj[0], rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(g[1], gj[1], rtol=1e-12, atol=1e-14)
+    sd.testing.check_rules(f, X, w)
+
+
+def test_traced_index_errors():
+    from sciad.errors import IndexingError
+
+    with pytest.raises(IndexingError, match="must be an integer scalar"):
+        sd.trace(lambda x, i: x[i], np.ones(3), np.ones(()))
+    with pytest.raises(IndexingError, match="traced or static ints and full slices"):
+        sd.trace(lambda x, i: x.at[i, 1:].set(0.0), np.ones((3, 3)), np.int64(0))
