@@ -189,8 +189,8 @@ EXAMPLES.update({
     "dynamic_update_slice": (lambda x, v, i: x.at[i].set(v) + x.at[:, i - 1].add(v[0]),
                              (_f64(3, 3), _f64(3), np.int64(1))),
     "scan": (lambda k, u0, xs: _scan_example(k, u0, xs), (_pos(4), _f64(4), _f64(5, 4))),
-    "scan_adjoint": (lambda k, u0, xs: sd.grad(_scan_example, argnums=(0, 1, 2))(
-        k, u0, xs, checkpoints=2), (_pos(4), _f64(4), _f64(5, 4))),
+    "scan_adjoint": (lambda k, u0: sd.grad(_scan_example, argnums=(0, 1))(
+        k, u0, np.linspace(0.0, 1.0, 6).reshape(3, 2), checkpoints=2), (_pos(2), _f64(2))),
 })
 
 

@@ -618,28 +618,35 @@ def _scan_adjoint_impl(*args, body, step, num_consts, num_carry, num_ct_carry, n
     ctx0 = tuple(jnp.zeros((length,) + t.shape, t.dtype) for t in x_types)
 
     def run(i, state):
+        # One action per iteration, without a switch over the whole state
+        # (which would copy the snapshot buffer on every action): the store
+        # and the load touch one slot, the advance runs 0 steps unless it is
+        # one, and only the backward step (with its small operands) is a cond.
         buf, carry, ctc, acc, ctx = state
         kind, a, b = kinds[i], a_[i], b_[i]
+        slot = jnp.where((kind == 0) | (kind == 2), a, 0)
+        buf = tuple(jax.lax.dynamic_update_index_in_dim(
+            s, jnp.where(kind == 0, c, s[slot]), slot, 0) for s, c in zip(buf, carry))
+        carry = tuple(jnp.where(kind == 2, s[slot], c) for s, c in zip(buf, carry))
+        carry = advance(carry, a, jnp.where(kind == 1, b, a))
+        k = index(jnp.where(kind == 3, a, 0))
 
-        def store(_):
-            return (tuple(s.at[a].set(c) for s, c in zip(buf, carry)), carry, ctc, acc, ctx)
-
-        def adv(_):
-            return (buf, advance(carry, a, b), ctc, acc, ctx)
-
-        def load(_):
-            return (buf, tuple(s[a] for s in buf), ctc, acc, ctx)
-
-        def back(_):
-            k = index(a)
+        def back(ops):
+            ctc, acc = ops
             out = fs(*consts, *ctc, *acc, *carry, *at(xs, k), *at(cty, k))
-            nctc = tuple(out[:num_ct_carry])
-            nacc = tuple(out[num_ct_carry:num_ct_carry + num_acc])
-            nctx = tuple(jax.lax.dynamic_update_index_in_dim(s, jnp.asarray(v, s.dtype), k, 0)
-                         for s, v in zip(ctx, out[num_ct_carry + num_acc:]))
-            return (buf, carry, nctc, nacc, nctx)
+            return (tuple(out[:num_ct_carry]),
+                    tuple(out[num_ct_carry:num_ct_carry + num_acc]),
+                    tuple(jnp.asarray(v, t.dtype) for v, t in
+                          zip(out[num_ct_carry + num_acc:], x_types)))
 
-        return jax.lax.switch(kind, (store, adv, load, back), None)
+        def skip(ops):
+            ctc, acc = ops
+            return ctc, acc, tuple(jnp.zeros(t.shape, t.dtype) for t in x_types)
+
+        ctc, acc, ctx_k = jax.lax.cond(kind == 3, back, skip, (ctc, acc))
+        ctx = tuple(jax.lax.dynamic_update_index_in_dim(
+            s, jnp.where(kind == 3, v, s[k]), k, 0) for s, v in zip(ctx, ctx_k))
+        return buf, carry, ctc, acc, ctx
 
     state = (buf0, tuple(init), tuple(ctc0), tuple(acc0), ctx0)
     _, _, ctc, acc, ctx = jax.lax.fori_loop(0, rows.shape[0], run, state)
