@@ -381,6 +381,16 @@ def _derived_vjp(prim: Primitive, primals: Sequence, cts: Sequence, params: dict
     return out
 
 
+def _checked_in_cts(prim: Primitive, res, primals: Sequence, what: str, node) -> list:
+    """A VJP rule's result as a list of cotangents, one per operand, each of
+    its operand's type."""
+    res = _as_ct_tuple(prim, res, len(primals), what, node)
+    for p, ct in zip(primals, res):
+        if ct is not None and not isinstance(ct, Zero):
+            _check_tangent(prim, type_of(p), ct, what)
+    return list(res)
+
+
 def vjp_node(prim: Primitive, primals: Sequence, outs: Sequence, cts: Sequence,
              params: dict, node: Node | None = None) -> list:
     """Cotangents of `prim`'s operands for output cotangents `cts`."""
@@ -388,11 +398,7 @@ def vjp_node(prim: Primitive, primals: Sequence, outs: Sequence, cts: Sequence,
         ct_arg = tuple(cts) if prim.multiple_results else cts[0]
         out_arg = tuple(outs) if prim.multiple_results else outs[0]
         res = prim.vjp_rule(primals, out_arg, ct_arg, **params)
-        res = _as_ct_tuple(prim, res, len(primals), "VJP rule", node)
-        for p, ct in zip(primals, res):
-            if ct is not None and not isinstance(ct, Zero):
-                _check_tangent(prim, type_of(p), ct, "VJP rule")
-        return list(res)
+        return _checked_in_cts(prim, res, primals, "VJP rule", node)
     return _derived_vjp(prim, primals, cts, params)
 
 
@@ -419,12 +425,8 @@ def _split_fwd(prim: Primitive, args: list, params: dict, node: Node):
 def _split_bwd(prim: Primitive, res, cts: Sequence, primals: Sequence, params: dict,
                node: Node) -> list:
     ct_arg = tuple(cts) if prim.multiple_results else cts[0]
-    in_cts = _as_ct_tuple(prim, prim.vjp_bwd_rule(res, ct_arg, **params), len(primals),
-                          "vjp_bwd rule", node)
-    for p, ct in zip(primals, in_cts):
-        if ct is not None and not isinstance(ct, Zero):
-            _check_tangent(prim, type_of(p), ct, "vjp_bwd rule")
-    return list(in_cts)
+    return _checked_in_cts(prim, prim.vjp_bwd_rule(res, ct_arg, **params), primals,
+                           "vjp_bwd rule", node)
 
 
 def vjp_eval(graph: Graph, primals: Sequence):

@@ -313,7 +313,7 @@ def _residual_fwd(vg, primals, params):
     sparse matrix or a factorization computed in a step), each step's carry
     is stored instead and the backward step recomputes the forward part."""
     nout = len(params["body"].outputs)
-    nc, nk, length = params["num_consts"], params["num_carry"], params["length"]
+    nc, nk = params["num_consts"], params["num_carry"]
     consts, init, xs = _groups(primals, nc, nk)
     fwd, consts2 = hoist(vg.forward, nc, consts)
     nc2 = len(consts2)
@@ -346,19 +346,14 @@ def _carry_fallback(primals, params):
 
 def _residual_bwd(res, cts, body, nc, nk, length, reverse):
     _, primals, consts2, stacked, where, vg = res
-    consts, init, xs = _groups(primals, nc, nk)
-    nout = len(body.outputs)
+    xs = primals[nc + nk:]
     nc2 = len(consts2)
     diff_in = [i for i, v in enumerate(body.inputs) if is_differentiable(v.type)]
     diff_out = [i for i, a in enumerate(body.outputs) if is_differentiable(a.type)]
-    ct_carry0 = [instantiate(cts[i]) for i in range(nk) if i in diff_out]
-    ct_carry_idx = [i for i in range(nk) if i in diff_out]
-    acc_idx = [i for i in diff_in if i < nc and _needs_ct(consts[i])]
-    acc0 = [instantiate(Zero(type_of(consts[i]).update())) for i in acc_idx]
-    cty_idx = [i for i in diff_out if i >= nk and not is_zero(cts[i])]
-    x_idx = [i for i in diff_in if i >= nc + nk]
+    ct_carry_idx, acc_idx, cty_idx, x_idx = _ct_plan(body, nc, nk, primals, cts)
+    ct_carry0, acc0 = _ct_inits(primals, cts, ct_carry_idx, acc_idx)
     n_ctc, n_acc = len(ct_carry_idx), len(acc_idx)
-    nx, nst, nty = len(xs), len(stacked), len(cty_idx)
+    nx, nst = len(xs), len(stacked)
     types = ([type_of(c) for c in consts2] + [type_of(c) for c in ct_carry0]
              + [type_of(a) for a in acc0]
              + [TensorType(type_of(s).shape[1:], type_of(s).dtype) for s in stacked]
@@ -408,15 +403,28 @@ def _assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, x_idx, out):
     return tuple(in_cts)
 
 
+def _check_storable(body: Graph, nc: int, nk: int) -> None:
+    """Reverse mode that stores carries (every step's, or checkpoints) needs
+    arrays there."""
+    for v in body.inputs[nc:nc + nk]:
+        if not isinstance(v.type, TensorType):
+            raise ShapeError(f"reverse mode through this scan stores its carries; a carry "
+                             f"of type {v.type.str_short()} cannot be stored. Make it an "
+                             "array, or a const of the loop.", op="scan")
+
+
+def _ct_inits(primals, cts, ct_carry_idx, acc_idx):
+    """The backward loop's initial carries: the final carries' cotangents, and
+    zeros for the sums of the consts' cotangents."""
+    return ([instantiate(cts[i]) for i in ct_carry_idx],
+            [instantiate(Zero(type_of(primals[i]).update())) for i in acc_idx])
+
+
 def _carry_fwd(primals, params):
     """The forward scan with each step's incoming carry stacked as well."""
     body, nc, nk = params["body"], params["num_consts"], params["num_carry"]
     nout = len(body.outputs)
-    for v in body.inputs[nc:nc + nk]:
-        if not isinstance(v.type, TensorType):
-            raise ShapeError(f"reverse mode through a scan stores its carries; a carry of "
-                             f"type {v.type.str_short()} cannot be stored. Make it an "
-                             "array, or a const of the loop.", op="scan")
+    _check_storable(body, nc, nk)
     g = body.replace(outputs=body.outputs + body.inputs[nc:nc + nk])
     res = scan_p.bind(*primals, **dict(params, body=g))
     return tuple(res[:nout]), list(res[nout:])
@@ -473,8 +481,7 @@ def _carry_bwd(res, cts, body, nc, nk, length, reverse):
     consts, init, xs = _groups(primals, nc, nk)
     ct_carry_idx, acc_idx, cty_idx, x_idx = _ct_plan(body, nc, nk, primals, cts)
     v = step_vjp_graph(body, nc, nk, ct_carry_idx, acc_idx, cty_idx, x_idx)
-    ctc0 = [instantiate(cts[i]) for i in ct_carry_idx]
-    acc0 = [instantiate(Zero(type_of(primals[i]).update())) for i in acc_idx]
+    ctc0, acc0 = _ct_inits(primals, cts, ct_carry_idx, acc_idx)
     out = scan_p.bind(*consts, *ctc0, *acc0, *carries, *xs, *[cts[i] for i in cty_idx],
                       **_params(v, nc, len(ctc0) + len(acc0), length, not reverse, None))
     return _assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, x_idx, out)
@@ -483,14 +490,10 @@ def _carry_bwd(res, cts, body, nc, nk, length, reverse):
 def _checkpointed_bwd(res, cts, body, nc, nk, length, reverse, checkpoints):
     _, primals = res
     consts, init, xs = _groups(primals, nc, nk)
-    for v in body.inputs[nc:nc + nk]:
-        if not isinstance(v.type, TensorType):
-            raise ShapeError(f"checkpointing stores carries; a carry of type "
-                             f"{v.type.str_short()} cannot be stored.", op="scan")
+    _check_storable(body, nc, nk)
     ct_carry_idx, acc_idx, cty_idx, x_idx = _ct_plan(body, nc, nk, primals, cts)
     v = step_vjp_graph(body, nc, nk, ct_carry_idx, acc_idx, cty_idx, x_idx)
-    ctc0 = [instantiate(cts[i]) for i in ct_carry_idx]
-    acc0 = [instantiate(Zero(type_of(primals[i]).update())) for i in acc_idx]
+    ctc0, acc0 = _ct_inits(primals, cts, ct_carry_idx, acc_idx)
     out = scan_adjoint_p.bind(
         *consts, *init, *xs, *ctc0, *acc0, *[cts[i] for i in cty_idx],
         body=live_inputs(body, [True] * nk + [False] * (len(body.outputs) - nk))[0],
@@ -764,7 +767,7 @@ def _scan_adjoint_vjp(primals, outs, cts, **params):
 # public functions
 
 
-def _flat_types(leaves, what: str, op: str):
+def _flat_types(leaves, what: str):
     from ..graph._trace import _leaf_type
 
     return [_leaf_type(x, what) for x in leaves]
@@ -814,8 +817,8 @@ def scan(f: Callable, init, xs=None, length: int | None = None, reverse: bool = 
                          f"{type(f).__name__}.", op=op)
     init_leaves, init_tree = _tree.tree_flatten(init, is_leaf=is_value_leaf)
     xs_leaves, xs_tree = _tree.tree_flatten(xs, is_leaf=is_value_leaf)
-    carry_types = _flat_types(init_leaves, "a leaf of `init`", op)
-    xs_types = _flat_types(xs_leaves, "a leaf of `xs`", op)
+    carry_types = _flat_types(init_leaves, "a leaf of `init`")
+    xs_types = _flat_types(xs_leaves, "a leaf of `xs`")
     lengths = {t.shape[0] for t in xs_types if len(t.shape) >= 1}
     if any(len(t.shape) == 0 for t in xs_types):
         raise ShapeError("every leaf of `xs` needs a leading axis to scan over, got a "
