@@ -31,7 +31,7 @@ _X64 = jax.enable_x64  # JAX's x64 state object (global value + thread-local ove
 def _has_runtime_checks(graph: Graph) -> bool:
     """Whether a node (or a subgraph's) is of a primitive whose lowering
     raises from run-time checks (`primitive.runtime_checks`)."""
-    return any(getattr(n.primitive, "runtime_checks", False)
+    return any(n.primitive.runtime_checks
                or any(_has_runtime_checks(g) for g in n.subgraphs) for n in graph.nodes)
 
 

@@ -1,12 +1,15 @@
 """Graph passes: golden text before and after, idempotence, unchanged results."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import sciad as sd
 import sciad.numpy as snp
-from sciad.graph import Graph, Node, TensorType, Var, passes
+from sciad.errors import RegistrationError
+from sciad.graph import Factored, Graph, Node, Primitive, TensorType, Var, passes
 from sciad.primitives import broadcast_to_p, convert_p, reshape_p, transpose_p
+from sciad.primitives._linalg import linalg_backsolve_p, linalg_factor_p
 
 
 def check_pass(pass_fn, graph, before, after, *args):
@@ -266,6 +269,89 @@ graph f(%x: f64[3], %z: c128[3]) {
     check_pass(passes.simplify, sd.trace(f, x, z), text, text, x, z)
 
 
+# Every rewrite above is a `def_simplify` rule of its op, beside the op; the
+# pass only calls rules. A rule is defined once per primitive, built-in or not,
+# so a user's rewrite goes on the user's own primitive.
+
+scale_p = sd.primitive("test_passes_scale", params={"c": float})
+scale_p.def_abstract_eval(lambda x, *, c: x)
+scale_p.def_impl(lambda x, *, c: x * c)
+
+
+@scale_p.def_simplify
+def _scale_simplify(node, producer):
+    # scale(scale(x, a), b) -> scale(x, a * b); scale(x, 1) -> x
+    x, c = node.inputs[0], node.params["c"]
+    inner = producer(x)
+    if inner is not None and inner.primitive is scale_p:
+        return node.replace(inputs=inner.inputs, params={"c": inner.params["c"] * c})
+    return x if c == 1.0 else None
+
+
+def scaled(x, m):
+    y = scale_p(scale_p(x * 1.0, c=4.0), c=0.25)
+    return scale_p(y, c=3.0), snp.reshape(snp.reshape(m, (6,)), (3, 2))
+
+
+def test_simplify_calls_a_user_primitives_rule_beside_the_built_in_ones(rng):
+    x, m = rng.standard_normal(3), rng.standard_normal((2, 3))
+    check_pass(passes.simplify, sd.trace(scaled, x, m), """\
+graph scaled(%x: f64[3], %m: f64[2,3]) {
+  %0 = mul %x, 1.0                  : f64[3]
+  %1 = test_passes_scale[c=4.0] %0  : f64[3]
+  %2 = test_passes_scale[c=0.25] %1 : f64[3]
+  %3 = test_passes_scale[c=3.0] %2  : f64[3]
+  %4 = reshape[shape=(6,)] %m       : f64[6]
+  %5 = reshape[shape=(3, 2)] %4     : f64[3,2]
+  return %3, %5
+}""", """\
+graph scaled(%x: f64[3], %m: f64[2,3]) {
+  %0 = test_passes_scale[c=3.0] %x : f64[3]
+  %1 = reshape[shape=(3, 2)] %m    : f64[3,2]
+  return %0, %1
+}""", x, m)
+
+
+def test_simplify_calls_the_rules_of_built_in_ops(rng, monkeypatch):
+    mul_p = sd.graph.lookup_primitive("mul")
+    seen = []
+    rule = mul_p.simplify_rule
+
+    def spy(node, producer):
+        seen.append(node)
+        return rule(node, producer)
+
+    monkeypatch.setattr(mul_p, "simplify_rule", spy)
+    x = rng.standard_normal(3)
+    check_pass(passes.simplify, sd.trace(lambda x: snp.sin(x) * 1.0, x), """\
+graph lambda(%x: f64[3]) {
+  %0 = sin %x      : f64[3]
+  %1 = mul %0, 1.0 : f64[3]
+  return %1
+}""", """\
+graph lambda(%x: f64[3]) {
+  %0 = sin %x : f64[3]
+  return %0
+}""", x)
+    assert seen and all(n.primitive is mul_p for n in seen)
+    # no rewrite of reshape is made but by its rule
+    monkeypatch.setattr(reshape_p, "simplify_rule", lambda node, producer: None)
+    m = rng.standard_normal((2, 3))
+    text = """\
+graph lambda(%m: f64[2,3]) {
+  %0 = reshape[shape=(6,)] %m   : f64[6]
+  %1 = reshape[shape=(2, 3)] %0 : f64[2,3]
+  return %1
+}"""
+    check_pass(passes.simplify, sd.trace(lambda m: snp.reshape(snp.reshape(m, (6,)), (2, 3)), m),
+               text, text, m)
+
+
+def test_a_built_in_ops_simplify_rule_is_defined_once():
+    with pytest.raises(RegistrationError, match="simplify rule is already defined"):
+        sd.graph.lookup_primitive("mul").def_simplify(lambda node, producer: None)
+
+
 # ---------------------------------------------------------------------------
 # subgraphs and optimize
 
@@ -442,3 +528,39 @@ def test_simplify_pow_one_and_constant_select():
     # complex x ** 1 is left alone (computed through exp and log: not exact)
     z = np.array([1 + 2j])
     assert passes.simplify(sd.trace(lambda z: z ** (1.0 + 0j), z)).nodes
+
+
+# ---------------------------------------------------------------------------
+# share_factors: keyed on the `factored` trait, not on op names
+
+lu_solve_p = Primitive("test_passes_lu_solve", params={}, factored=lambda params: Factored(
+    linalg_factor_p, {"solver": "lu"}, linalg_backsolve_p, {"solver": "lu"}))
+lu_solve_p.def_abstract_eval(lambda a, b: b)
+lu_solve_p.def_impl(lambda a, b: jnp.linalg.solve(a, b))
+
+
+def two_solves(a, b):
+    return lu_solve_p(a, b) + sd.linalg.solve(a, 2.0 * b, solver="lu")
+
+
+def test_share_factors_follows_the_factored_trait(rng):
+    # a solve-like primitive declaring `factored` shares the factorization of
+    # its matrix with the built-in solves
+    a = rng.standard_normal((3, 3)) + 3 * np.eye(3)
+    b = rng.standard_normal(3)
+    check_pass(passes.share_factors, sd.trace(two_solves, a, b), """\
+graph two_solves(%a: f64[3,3], %b: f64[3]) {
+  %0 = test_passes_lu_solve %a, %b      : f64[3]
+  %1 = mul 2.0, %b                      : f64[3]
+  %2 = linalg.solve[solver='lu'] %a, %1 : f64[3]
+  %3 = add %0, %2                       : f64[3]
+  return %3
+}""", """\
+graph two_solves(%a: f64[3,3], %b: f64[3]) {
+  %0 = linalg.factor[solver='lu'] %a            : factor<lu, f64>[3,3]
+  %1 = linalg.backsolve[solver='lu'] %0, %a, %b : f64[3]
+  %2 = mul 2.0, %b                              : f64[3]
+  %3 = linalg.backsolve[solver='lu'] %0, %a, %2 : f64[3]
+  %4 = add %1, %3                               : f64[3]
+  return %4
+}""", a, b)

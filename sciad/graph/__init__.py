@@ -1,6 +1,7 @@
 """The IR and everything that reads or rewrites it."""
 
 from ._core import (
+    Factored as Factored,
     Graph as Graph,
     Literal as Literal,
     Node as Node,

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import DTypeError, MissingRuleError, RuleError
 from ._core import Graph, Literal, Node, Primitive, Var
+from ._interpret import Interpreter
 from ._trace import emitting_for
 from ._types import AbstractType, SparseArray, SparseType, TensorType
 
@@ -247,33 +248,76 @@ def jvp_node(prim: Primitive, primals: Sequence, tangents: Sequence, params: dic
     return outs, tuple(fixed)
 
 
+class _JVPInterpreter(Interpreter):
+    """Emits each node's JVP into the current trace; every value is a pair
+    `(primal, tangent)`."""
+
+    def literal(self, lit: Literal):
+        return literal_operand(lit), Zero(_tangent_type(lit.type))
+
+    def run_node(self, node: Node, invals: Sequence) -> list:
+        with emitting_for(node.source):  # also names the node in a rule's error
+            outs, touts = jvp_node(node.primitive, [p for p, _ in invals],
+                                   [t for _, t in invals], dict(node.params),
+                                   [v.type for v in node.outputs])
+        return list(zip(outs, touts))
+
+
 def jvp_eval(graph: Graph, primals: Sequence, tangents: Sequence):
     """Emits `graph` and its JVP into the current trace.
 
     `primals` are tracers or constants, `tangents` tracers or `Zero`s. Returns
     `(outs, tangent_outs)` lists.
     """
-    env: dict[Var, Any] = dict(zip(graph.inputs, primals))
-    tenv: dict[Var, Any] = dict(zip(graph.inputs, tangents))
-
-    def read(a):
-        return literal_operand(a) if isinstance(a, Literal) else env[a]
-
-    def read_t(a):
-        return Zero(_tangent_type(a.type)) if isinstance(a, Literal) else tenv[a]
-
-    for node in graph.nodes:
-        with emitting_for(node.source):  # also names the node in a rule's error
-            outs, touts = jvp_node(node.primitive, [read(a) for a in node.inputs],
-                                   [read_t(a) for a in node.inputs], dict(node.params),
-                                   [v.type for v in node.outputs])
-        for v, o, t in zip(node.outputs, outs, touts):
-            env[v], tenv[v] = o, t
-    return [read(a) for a in graph.outputs], [read_t(a) for a in graph.outputs]
+    pairs = _JVPInterpreter(graph).run(*zip(primals, tangents))
+    return [p for p, _ in pairs], [t for _, t in pairs]
 
 
 # ---------------------------------------------------------------------------
 # Transposition of linear graphs, and reverse mode
+
+
+class _Emit(Interpreter):
+    """Emits each node again into the current trace, on the values of its
+    operands (tracers or constants); a re-emitted node keeps its source."""
+
+    def literal(self, lit: Literal):
+        return literal_operand(lit)
+
+    def run_node(self, node: Node, invals: Sequence) -> tuple:
+        with emitting_for(node.source):
+            return _bind(node.primitive, invals, dict(node.params))
+
+
+class _EmitNonlinear(_Emit):
+    """Emits the nodes of a graph that do not depend on its linear inputs
+    (whose values are `UndefinedPrimal`s); the others, whose outputs are
+    linear too, are set aside in `linear_nodes` for transposition."""
+
+    def __init__(self, graph: Graph):
+        super().__init__(graph)
+        self.linear_nodes: list[Node] = []
+
+    def run_node(self, node: Node, invals: Sequence):
+        if any(isinstance(x, UndefinedPrimal) for x in invals):
+            self.linear_nodes.append(node)
+            return [UndefinedPrimal(v.type) for v in node.outputs]
+        return super().run_node(node, invals)
+
+
+def _backward(nodes: Sequence[Node], ct_env: dict, node_cts: Callable) -> None:
+    """The reverse pass over `nodes`: each node whose outputs have a nonzero
+    cotangent in `ct_env` gets its operands' from `node_cts(node, cts)` (a
+    cotangent, or None or a `Zero`, per operand), added into `ct_env`."""
+    for node in reversed(nodes):
+        cts = [ct_env.pop(v, Zero(_tangent_type(v.type))) for v in node.outputs]
+        if all(isinstance(c, Zero) for c in cts):
+            continue
+        with emitting_for(node.source):  # also names the node in a rule's error
+            in_cts = node_cts(node, cts)
+            for a, ct in zip(node.inputs, in_cts):
+                if ct is not None and not isinstance(ct, Zero):
+                    ct_env[a] = add_tangents(ct_env.get(a, Zero(a.type)), ct)
 
 
 def transpose_eval(graph: Graph, linear: Sequence[bool], values: Sequence,
@@ -285,50 +329,27 @@ def transpose_eval(graph: Graph, linear: Sequence[bool], values: Sequence,
     per output. Emits the nonlinear nodes on `values`, then the transposed
     linear nodes in reverse; returns a cotangent (or `Zero`) per linear input.
     """
-    env: dict[Var, Any] = {}
-    lin_vars: set[Var] = set()
     it = iter(values)
-    for v, is_lin in zip(graph.inputs, linear):
-        if is_lin:
-            lin_vars.add(v)
-        else:
-            env[v] = next(it)
-
-    def read(a):
-        return literal_operand(a) if isinstance(a, Literal) else env[a]
-
-    lin_nodes: list[Node] = []
-    for node in graph.nodes:
-        if any(isinstance(a, Var) and a in lin_vars for a in node.inputs):
-            lin_nodes.append(node)
-            lin_vars.update(node.outputs)
-        else:
-            with emitting_for(node.source):
-                outs = _bind(node.primitive, [read(a) for a in node.inputs], dict(node.params))
-            for v, o in zip(node.outputs, outs):
-                env[v] = o
+    fwd = _EmitNonlinear(graph)
+    fwd.run(*(UndefinedPrimal(v.type) if is_lin else next(it)
+              for v, is_lin in zip(graph.inputs, linear)))
 
     ct_env: dict[Var, Any] = {}
     for a, ct in zip(graph.outputs, cts):
-        if isinstance(a, Var) and a in lin_vars and not isinstance(ct, Zero):
+        if isinstance(a, Var) and is_linear(fwd.read(a)) and not isinstance(ct, Zero):
             ct_env[a] = add_tangents(ct_env.get(a, Zero(a.type)), ct)
 
-    for node in reversed(lin_nodes):
+    def transpose_node(node: Node, node_cts: list) -> tuple:
         prim = node.primitive
-        node_cts = [ct_env.pop(v, Zero(_tangent_type(v.type))) for v in node.outputs]
-        if all(isinstance(c, Zero) for c in node_cts):
-            continue
         if prim.transpose_rule is None:
             raise MissingRuleError(
                 f"`{prim.name}` has no transpose rule, so it cannot be differentiated "
                 f"in reverse mode. Define `@{prim.name}_p.def_transpose`, or a VJP with "
                 f"`@{prim.name}_p.def_vjp`.", op=prim.name, source=node.source)
-        args = [UndefinedPrimal(a.type) if isinstance(a, Var) and a in lin_vars
-                else read(a) for a in node.inputs]
+        args = [fwd.read(a) for a in node.inputs]
         ct_arg = tuple(node_cts) if prim.multiple_results else node_cts[0]
-        with emitting_for(node.source):
-            in_cts = prim.transpose_rule(ct_arg, *args, **node.params)
-        in_cts = _as_ct_tuple(prim, in_cts, len(node.inputs), "transpose rule", node)
+        in_cts = _as_ct_tuple(prim, prim.transpose_rule(ct_arg, *args, **node.params),
+                              len(node.inputs), "transpose rule", node)
         for a, arg, ct in zip(node.inputs, args, in_cts):
             if ct is None or isinstance(ct, Zero):
                 continue
@@ -337,8 +358,9 @@ def transpose_eval(graph: Graph, linear: Sequence[bool], values: Sequence,
                                 f"nonlinear operand {arg!r}; return None there.",
                                 op=prim.name, source=node.source)
             _check_tangent(prim, a.type, ct, "transpose rule")
-            with emitting_for(node.source):
-                ct_env[a] = add_tangents(ct_env.get(a, Zero(a.type)), ct)
+        return in_cts
+
+    _backward(fwd.linear_nodes, ct_env, transpose_node)
     return [ct_env.get(v, Zero(_tangent_type(v.type)))
             for v, is_lin in zip(graph.inputs, linear) if is_lin]
 
@@ -429,55 +451,54 @@ def _split_bwd(prim: Primitive, res, cts: Sequence, primals: Sequence, params: d
                            "vjp_bwd rule", node)
 
 
+class _VJPForward(_Emit):
+    """Emits the forward nodes; a node differentiated in two halves (its
+    primitive has a `vjp_fwd` rule) emits that half and keeps its residuals."""
+
+    def __init__(self, graph: Graph):
+        super().__init__(graph)
+        self.residuals: dict[Node, Any] = {}
+
+    def run_node(self, node: Node, invals: Sequence):
+        if node.primitive.vjp_fwd_rule is not None and _has_differentiable_input(node):
+            with emitting_for(node.source):
+                outs, self.residuals[node] = _split_fwd(node.primitive, invals,
+                                                        dict(node.params), node)
+            return outs
+        return super().run_node(node, invals)
+
+
+def _has_differentiable_input(node: Node) -> bool:
+    return any(isinstance(a, Var) and is_differentiable(a.type) for a in node.inputs)
+
+
 def vjp_eval(graph: Graph, primals: Sequence):
     """Emits `graph` into the current trace; returns `(outs, backward)` where
     `backward(cts)` emits the reverse pass and returns a cotangent (or `Zero`)
     per input. `backward` must be called in the same trace."""
-    env: dict[Var, Any] = dict(zip(graph.inputs, primals))
-    residuals: dict[Node, Any] = {}  # nodes differentiated in two halves
+    fwd = _VJPForward(graph)
+    outs = fwd.run(*primals)
 
-    def read(a):
-        return literal_operand(a) if isinstance(a, Literal) else env[a]
-
-    for node in graph.nodes:
-        prim = node.primitive
-        with emitting_for(node.source):
-            args = [read(a) for a in node.inputs]
-            if prim.vjp_fwd_rule is not None and any(
-                    isinstance(a, Var) and is_differentiable(a.type) for a in node.inputs):
-                node_outs, residuals[node] = _split_fwd(prim, args, dict(node.params), node)
-            else:
-                node_outs = _bind(prim, args, dict(node.params))
-        for v, o in zip(node.outputs, node_outs):
-            env[v] = o
-    outs = [read(a) for a in graph.outputs]
+    def vjp_of(node: Node, cts: list) -> list:
+        if not _has_differentiable_input(node):
+            return []
+        primals = [fwd.read(a) for a in node.inputs]
+        if node in fwd.residuals:
+            in_cts = _split_bwd(node.primitive, fwd.residuals[node], cts, primals,
+                                dict(node.params), node)
+        else:
+            in_cts = vjp_node(node.primitive, primals, [fwd.read(v) for v in node.outputs],
+                              cts, dict(node.params), node)
+        # constants and integer operands take no cotangent
+        return [ct if isinstance(a, Var) and is_differentiable(a.type) else None
+                for a, ct in zip(node.inputs, in_cts)]
 
     def backward(cts: Sequence) -> list:
         ct_env: dict[Var, Any] = {}
         for a, ct in zip(graph.outputs, cts):
             if isinstance(a, Var) and is_differentiable(a.type) and not isinstance(ct, Zero):
                 ct_env[a] = add_tangents(ct_env.get(a, Zero(a.type)), ct)
-        for node in reversed(graph.nodes):
-            node_cts = [ct_env.pop(v, Zero(_tangent_type(v.type))) for v in node.outputs]
-            if all(isinstance(c, Zero) for c in node_cts):
-                continue
-            if not any(isinstance(a, Var) and is_differentiable(a.type) for a in node.inputs):
-                continue
-            with emitting_for(node.source):  # also names the node in a rule's error
-                if node in residuals:
-                    in_cts = _split_bwd(node.primitive, residuals[node], node_cts,
-                                        [read(a) for a in node.inputs], dict(node.params),
-                                        node)
-                else:
-                    in_cts = vjp_node(node.primitive, [read(a) for a in node.inputs],
-                                      [env[v] for v in node.outputs], node_cts,
-                                      dict(node.params), node)
-                for a, ct in zip(node.inputs, in_cts):
-                    if ct is None or isinstance(ct, Zero) or not isinstance(a, Var):
-                        continue
-                    if not is_differentiable(a.type):
-                        continue
-                    ct_env[a] = add_tangents(ct_env.get(a, Zero(a.type)), ct)
+        _backward(graph.nodes, ct_env, vjp_of)
         return [ct_env.get(v, Zero(_tangent_type(v.type))) for v in graph.inputs]
 
     return outs, backward

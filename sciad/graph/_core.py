@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
@@ -108,7 +108,8 @@ class Node:
 
     @property
     def subgraphs(self) -> tuple["Graph", ...]:
-        return tuple(_graphs_in(self.params.values()))
+        # in the order of the param names, as printed and stored
+        return tuple(_graphs_in(v for _, v in sorted(self.params.items())))
 
     def __str__(self) -> str:
         from ._print import format_node
@@ -235,16 +236,41 @@ class Primitive:
       nodes of its body that are the same at every step, re-made to run
       before it (with new output `Var`s), and the node reading their
       results as consts. The `hoist` pass calls it.
+    - `def_cost(fn)`: `fn(node, body) -> Cost`, the estimated FLOPs of a
+      node and the memory it needs while it runs beyond its operands and
+      results (a loop's body and stored carries, a factorization's fill);
+      `body(graph)` gives a body's own `GraphCost`. `sd.cost` calls it
+      (without one, a node costs a FLOP per output element).
 
     `p(*args, **params)` (or `p.bind`) adds a node while tracing and runs the
     implementation eagerly otherwise.
 
-    `runtime_checks=True` declares that the implementation checks its
-    values when the program runs (a solve finding its matrix singular):
-    lowering then passes it `site=` (a `sciad.primitives.Site`: the node's
-    op, source line and text, for its messages), and `sd.function` waits for
-    the results of programs holding such nodes, so that a failed check
-    raises from the call that ran it.
+    Traits, declared as keyword arguments when the primitive is made and
+    read as plain attributes (a transform or pass asks a node's primitive,
+    never its name):
+
+    - `runtime_checks=True` declares that the implementation checks its
+      values when the program runs (a solve finding its matrix singular):
+      lowering then passes it `site=` (a `sciad.primitives.Site`: the node's
+      op, source line and text, for its messages), and `sd.function` waits
+      for the results of programs holding such nodes, so that a failed
+      check raises from the call that ran it.
+    - `factored(params) -> Factored | None`, for a solve-like op: how a node
+      with these params computes from a factorization of its first operand
+      (the factor primitive and its params, the primitive reading the
+      factorization and its params), or None where it does not (an
+      iterative solver). `share_factors` then makes one factorization per
+      matrix and rewrites every such node to read it.
+    - `reads_factor=True` declares that the primitive reads a factorization
+      operand and does nothing else with it (a backsolve, a condition
+      estimate from a factor), so a factorization whose readers all declare
+      it knows all its uses.
+    - `fit_to_readers(params, readers, complete) -> params`, for a primitive
+      making a factorization that nodes share: the node's params, given the
+      nodes that read its result (`complete`: all of them declare
+      `reads_factor`, and the factorization is not a graph output).
+      `share_factors` calls it on every factorization node (which
+      structure to assume, whether to raise, when to free it).
 
     `params` declares the static params the rules take: a mapping from each
     name to a `Param` (or a bare type spec, for a required param), e.g.
@@ -257,6 +283,9 @@ class Primitive:
 
     def __init__(self, name: str, *, multiple_results: bool = False,
                  runtime_checks: bool = False,
+                 factored: Callable[[Mapping[str, Any]], Factored | None] | None = None,
+                 reads_factor: bool = False,
+                 fit_to_readers: Callable[..., Mapping[str, Any]] | None = None,
                  params: Mapping[str, Param | Any] | None = None,
                  register: bool = True, _source: SourceInfo | None = None):
         if not isinstance(name, str) or not name or any(c.isspace() for c in name):
@@ -266,6 +295,9 @@ class Primitive:
         self.name = name
         self.multiple_results = bool(multiple_results)
         self.runtime_checks = bool(runtime_checks)
+        self.factored = factored
+        self.reads_factor = bool(reads_factor)
+        self.fit_to_readers = fit_to_readers
         #: the declared params, `{name: Param}`, or None (undeclared: any params)
         self.params: Mapping[str, Param] | None = as_declaration(name, params)
         self.defined_at = _source or _definition_site()
@@ -280,6 +312,7 @@ class Primitive:
         self.vjp_bwd_rule: Callable | None = None
         self.dce_rule: Callable | None = None
         self.hoist_rule: Callable | None = None
+        self.cost_rule: Callable | None = None
         if register:
             _register(self)
 
@@ -328,6 +361,9 @@ class Primitive:
 
     def def_hoist(self, fn):
         return self._def("hoist", fn)
+
+    def def_cost(self, fn):
+        return self._def("cost", fn)
 
     @property
     def rules(self) -> tuple[str, ...]:
@@ -379,6 +415,20 @@ class Primitive:
         if self.params is not None:
             declared = f", params=({', '.join(f'{k}: {p}' for k, p in self.params.items())})"
         return f"Primitive({self.name!r}{declared}, rules=[{', '.join(self.rules)}])"
+
+
+class Factored(NamedTuple):
+    """How a node of a solve-like primitive computes from a shared
+    factorization of its first operand (a primitive's `factored` trait
+    gives it): `F = factor(operands[0], **factor_params)`, then
+    `reader(F, *operands, **reader_params)` computes the node's outputs.
+    Nodes whose factor and `factor_params` are equal, on the same matrix,
+    share one `F`."""
+
+    factor: Primitive
+    factor_params: Mapping[str, Any]
+    reader: Primitive
+    reader_params: Mapping[str, Any]
 
 
 def _definition_site() -> SourceInfo | None:

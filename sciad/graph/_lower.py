@@ -110,10 +110,8 @@ def lower(graph: Graph) -> Callable[..., list]:
     Call it inside `jax.jit` (as `sd.function` does) for one compiled XLA
     program; called directly it runs op by op.
     """
-    interp = LowerInterpreter(graph)
-
     def lowered(*args):
-        return interp.run(*args)
+        return LowerInterpreter(graph).run(*args)
 
     lowered.__name__ = graph.name
     return lowered

@@ -365,15 +365,18 @@ def simplify(graph: Graph) -> Graph:
     - `reshape(reshape(x, s1), s2)` -> `reshape(x, s2)`, and a reshape to `x`'s
         own shape -> `x`;
     - `broadcast_to` to `x`'s own shape, `convert` to `x`'s own dtype -> `x`;
-    - the rewrites that primitives define with `def_simplify`: a rule
-        `fn(node, producer)` gets the node and `producer(atom)` (the node that
-        computes an operand, or None) and returns the value that replaces the
-        node's output, a new node computing it, or None. The built-in one
-        folds a Fourier transform applied to its inverse (`ifft(fft(x))`,
-        `irfft(rfft(x))`, with the same axes, lengths and norm) to `x`, and so
+    - a Fourier transform applied to its inverse (`ifft(fft(x))`,
+        `irfft(rfft(x))`, with the same axes, lengths and norm) -> `x`, and so
         the pairs that reverse mode creates from them. These are identities
         of exact arithmetic: the folded graph skips the transforms' rounding
         (about 1e-16 relative), the one place where this pass changes values.
+
+    Each rewrite is its primitive's `def_simplify` rule, defined beside the
+    op (the ones above are the built-in ops' rules), and a user primitive
+    takes part the same way: a rule `fn(node, producer)` gets the node and
+    `producer(atom)` (the node that computes an operand, or None) and
+    returns the value that replaces the node's output, a new node computing
+    it, or None. A replacement must have exactly the output's type.
 
     "1" and "0" are `Literal`s whose every element is 1 (or 0), or outputs of a
     `full` node with that value. A rewrite is made only if the replaced value has
@@ -405,91 +408,13 @@ def simplify(graph: Graph) -> Graph:
     return _finish(graph, _memo(_dce_graph)(run(graph)))
 
 
-def _is_const(a: Atom, value, producer: dict[Var, Node]) -> bool:
-    if isinstance(a, Literal):
-        return bool(np.all(a.value == value))
-    node = producer.get(a)
-    return (node is not None and node.primitive.name == "full"
-            and bool(np.all(np.asarray(node.params.get("value")) == value)))
-
-
-def _same_type(a: Atom, v: Var) -> bool:
-    return a.type == v.type
-
-
 def _rewrite(node: Node, producer: dict[Var, Node]) -> Atom | Node | None:
-    """One rewrite of `node`: an atom that replaces its output, a new node with
-    the same output, or None."""
-    name, ins, params = node.primitive.name, node.inputs, node.params
-    if len(node.outputs) != 1:
-        return None
-    out = node.outputs[0]
-
-    def src(a: Atom, prim_name: str) -> Node | None:
-        p = producer.get(a) if isinstance(a, Var) else None
-        return p if p is not None and p.primitive.name == prim_name else None
-
-    def ok(a: Atom) -> Atom | None:
-        return a if _same_type(a, out) else None
-
-    if name in ("mul", "div", "add", "sub") and len(ins) == 2:
-        x, y = ins
-        exact_one = getattr(out.type, "dtype", None) is not None and \
-            out.type.dtype.kind != "c"
-        if name == "mul" and exact_one:
-            if _is_const(y, 1, producer) and ok(x):
-                return x
-            if _is_const(x, 1, producer) and ok(y):
-                return y
-        if name == "div" and exact_one and _is_const(y, 1, producer) and ok(x):
-            return x
-        if name in ("add", "sub") and _is_const(y, 0, producer) and ok(x):
-            return x
-        if name == "add" and _is_const(x, 0, producer) and ok(y):
-            return y
-        return None
-    if name == "pow" and len(ins) == 2:
-        x, y = ins
-        real = getattr(out.type, "dtype", None) is not None and out.type.dtype.kind == "f"
-        if real and _is_const(y, 1, producer) and ok(x):  # x ** 1 == x, even inf and nan
-            return x
-        return None
-    if name == "select" and len(ins) == 3:
-        c = ins[0]
-        for value, branch in ((True, ins[1]), (False, ins[2])):
-            if _is_const(c, value, producer) and ok(branch):
-                return branch
-        return None
-    if name in ("neg", "conj") and len(ins) == 1:
-        inner = src(ins[0], name)
-        return ok(inner.inputs[0]) if inner is not None else None
-    if name == "transpose" and len(ins) == 1:
-        perm = tuple(params["perm"])
-        inner = src(ins[0], "transpose")
-        if inner is not None:
-            x, first = inner.inputs[0], tuple(inner.params["perm"])
-            perm = tuple(first[p] for p in perm)
-            if perm != tuple(range(len(perm))):
-                return node.replace(inputs=(x,), params={**params, "perm": perm})
-            return ok(x)
-        return ok(ins[0]) if perm == tuple(range(len(perm))) else None
-    if name == "reshape" and len(ins) == 1:
-        inner = src(ins[0], "reshape")
-        if inner is not None:
-            x = inner.inputs[0]
-            return x if _same_type(x, out) else node.replace(inputs=(x,))
-        return ok(ins[0])
-    if name in ("broadcast_to", "convert") and len(ins) == 1:
-        return ok(ins[0])
+    """One rewrite of `node` by its primitive's simplify rule: an atom that
+    replaces its output, a new node with the same output, or None."""
     rule = node.primitive.simplify_rule
-    if rule is not None:
-        return _checked_rewrite(node, rule(node, lambda a: _producer_of(a, producer)))
-    return None
-
-
-def _producer_of(a: Atom, producer: dict[Var, Node]) -> Node | None:
-    """The node that computes `a` (None for a graph input or a `Literal`)."""
-    return producer.get(a) if isinstance(a, Var) else None
+    if rule is None or len(node.outputs) != 1:
+        return None
+    return _checked_rewrite(node, rule(node, producer.get))
 
 
 def _checked_rewrite(node: Node, new) -> Atom | Node | None:
@@ -542,23 +467,28 @@ def _simplify_graph(graph: Graph, run: _Run) -> Graph:
 def share_factors(graph: Graph) -> Graph:
     """One factorization per matrix: direct solves become factor + backsolve.
 
-    Every `linalg.solve` node with a direct solver (`lu`, `cholesky`, `splu`,
-    ...) is replaced by a `linalg.backsolve(F, a, b)` node reading a
+    A node whose primitive declares the `factored` trait, and whose params it
+    accepts, is replaced by a node reading a factorization of its first
+    operand: every `linalg.solve` with a direct solver (`lu`, `cholesky`,
+    `splu`, ...) by a `linalg.backsolve(F, a, b)` reading a
     `linalg.factor(a) -> F` node, and every 1-norm `linalg.rcond` estimate by
-    a `linalg.factor_rcond(F, a)`; all of them with the same matrix operand
-    (the same `Var`, or equal constants) and solver share that one factor,
-    placed before the first of them. Run after differentiation (the
-    adjoint's transposed solves are then in the graph), as `optimize` does;
-    a backsolve keeps the matrix operand, so its derivative rules are the
-    solve's and the graph can still be differentiated.
+    a `linalg.factor_rcond(F, a)`. All of them with the same matrix operand
+    (the same `Var`, or equal constants) and factor params (the solver, the
+    pattern) share that one factor, placed before the first of them. Run
+    after differentiation (the adjoint's transposed solves are then in the
+    graph), as `optimize` does; a backsolve keeps the matrix operand, so its
+    derivative rules are the solve's and the graph can still be
+    differentiated.
 
-    Each factor node's params are then set from its readers: `assume` the
+    Each factor node's params are then set from its readers by its
+    primitive's `fit_to_readers` trait: for `linalg.factor`, `assume` the
     strongest structure a solve relies on, `throw=False` if no reader raises
     (a `throw=False` solve, a condition estimate), and, for a factorization
     held on the host (`splu`), `uses` the number of nodes reading it, so the
     last one releases it when the program runs (None where the factor is a
-    graph output or read by another kind of node: it is then kept until the
-    host store's bound pushes it out).
+    graph output or read by a node whose primitive does not declare
+    `reads_factor`: it is then kept until the host store's bound pushes it
+    out).
 
     **Arguments:**
 
@@ -571,54 +501,30 @@ def share_factors(graph: Graph) -> Graph:
     return _finish(graph, _memo(_share_factors_graph)(graph))
 
 
-_HELD_ON_HOST = ("splu",)
-_ASSUME_ORDER = (None, "symmetric", "spd")
-
-
 def _share_factors_graph(graph: Graph, run: _Run) -> Graph:
-    from ._core import lookup_primitive
-
-    factor_p = lookup_primitive("linalg.factor")
-    backsolve_p = lookup_primitive("linalg.backsolve")
-    frcond_p = lookup_primitive("linalg.factor_rcond")
-    if factor_p is None or backsolve_p is None or frcond_p is None:
-        return _forward(graph, run, lambda node: node)
     factors: dict[tuple, Var] = {}
     new_nodes: list[Node] = []
-    env: dict[Var, Atom] = {}
     for node in graph.nodes:
-        node = _map_subgraphs(_with_inputs(node, _subst(node.inputs, env)), run)
-        name, params = node.primitive.name, dict(node.params)
-        solve = name == "linalg.solve" and params.get("solver") in factor_p.methods
-        rcond = (name == "linalg.rcond" and params.get("solver") in factor_p.methods
-                 and not params.get("exact", False) and params.get("norm", 1) == 1)
-        if not (solve or rcond):
+        node = _map_subgraphs(node, run)
+        factored = node.primitive.factored
+        how = factored(node.params) if factored is not None else None
+        if how is None:
             new_nodes.append(node)
             continue
-        a = node.inputs[0]
-        solver, pattern = params["solver"], params.get("pattern")
-        fparams = {"solver": solver} if pattern is None else {"solver": solver,
-                                                              "pattern": pattern}
-        key = (_atom_key(a), solver, pattern)
+        a, fparams = node.inputs[0], dict(how.factor_params)
+        key = (how.factor, _atom_key(a), tuple(sorted(fparams.items())))
         f = factors.get(key)
         if f is None:
-            (ftype,) = factor_p.abstract_eval(a.type, **fparams)
+            (ftype,) = how.factor.abstract_eval(a.type, **fparams)
             f = factors[key] = Var(ftype)
-            new_nodes.append(Node(factor_p, (a,), (f,), fparams, frozenset(), node.source))
-        if solve:
-            bparams = {k: v for k, v in params.items() if k in backsolve_p.params}
-            new_nodes.append(Node(backsolve_p, (f, a, node.inputs[1]), node.outputs, bparams,
-                                  node.effects, node.source))
-        else:
-            rparams = dict(fparams, **({"constant": True} if params.get("constant") else {}))
-            new_nodes.append(Node(frcond_p, (f, a), node.outputs, rparams, node.effects,
-                                  node.source))
-    return _rebuild(graph, _factor_params(new_nodes, graph.outputs, factor_p),
-                    _subst(graph.outputs, env))
+            new_nodes.append(Node(how.factor, (a,), (f,), fparams, frozenset(), node.source))
+        new_nodes.append(Node(how.reader, (f, *node.inputs), node.outputs,
+                              dict(how.reader_params), node.effects, node.source))
+    return _rebuild(graph, _fit_factors(new_nodes, graph.outputs), graph.outputs)
 
 
-def _factor_params(nodes: list[Node], outputs, factor_p) -> list[Node]:
-    """The factor nodes' `assume`, `throw` and `uses` from their readers."""
+def _fit_factors(nodes: list[Node], outputs) -> list[Node]:
+    """The factor nodes' params from their readers (`fit_to_readers`)."""
     readers: dict[Var, list[Node]] = {}
     for node in nodes:
         for a in node.inputs:
@@ -627,27 +533,14 @@ def _factor_params(nodes: list[Node], outputs, factor_p) -> list[Node]:
     escaping = {a for a in outputs if isinstance(a, Var)}
     out = []
     for node in nodes:
-        if node.primitive is not factor_p:
+        fit = node.primitive.fit_to_readers
+        if fit is None:
             out.append(node)
             continue
         f = node.outputs[0]
         users = readers.get(f, [])
-        known = all(u.primitive.name in ("linalg.backsolve", "linalg.factor_rcond")
-                    for u in users) and f not in escaping
-        params = dict(node.params)
-        assumes = [u.params.get("assume") for u in users
-                   if u.primitive.name == "linalg.backsolve"] + [params.get("assume")]
-        assume = max(assumes, key=_ASSUME_ORDER.index)
-        params.pop("assume", None)
-        if assume is not None:
-            params["assume"] = assume
-        params.pop("throw", None)
-        if known and not any(u.primitive.name == "linalg.backsolve"
-                             and u.params.get("throw", True) for u in users):
-            params["throw"] = False
-        params.pop("uses", None)
-        if params["solver"] in _HELD_ON_HOST and known:
-            params["uses"] = len(users)
+        complete = f not in escaping and all(u.primitive.reads_factor for u in users)
+        params = dict(fit(node.params, users, complete))
         out.append(node if params == dict(node.params) else node.replace(params=params))
     return out
 

@@ -106,7 +106,7 @@ def _node_parts(node: Node, namer: Namer) -> tuple[str, str]:
     params = ""
     # a param at its declared default is not shown, whether the node holds it
     # or leaves it out: one text for one computation
-    shown = shown_params(getattr(node.primitive, "params", None), node.params)
+    shown = shown_params(node.primitive.params, node.params)
     if shown:
         params = "[" + ", ".join(f"{k}={format_param(v)}"
                                  for k, v in sorted(shown.items())) + "]"

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ShapeError
-from ..graph import Primitive, TensorType
+from ..graph import Literal, Primitive, TensorType
 from ._util import INTS, SCALAR
 
 full_p = Primitive("full", params={"shape": INTS, "dtype": np.dtype, "value": SCALAR})
@@ -24,6 +24,17 @@ def _full_shape(*, shape, dtype, value):
 @full_p.def_impl
 def _full_impl(*, shape, dtype, value):
     return jnp.full(shape, value, dtype=dtype)
+
+
+def is_constant(a, value, producer) -> bool:
+    """Whether the operand `a` is `value` everywhere, as the simplify rules
+    see it: a `Literal` whose every element is `value`, or the output of a
+    `full` node of that value (`producer(a)` is the node computing `a`)."""
+    if isinstance(a, Literal):
+        return bool(np.all(a.value == value))
+    node = producer(a)
+    return (node is not None and node.primitive is full_p
+            and bool(np.all(np.asarray(node.params["value"]) == value)))
 
 
 def arange_length(start, stop, step) -> int:

@@ -17,7 +17,16 @@ import numpy as np
 
 from ..errors import DTypeError
 from ..graph import Primitive, TensorType, Zero, add_tangents, instantiate, is_linear
-from ._util import broadcast_shapes, broadcast_tangent, same_dtype, snp, tensor, unbroadcast
+from ._creation import is_constant
+from ._util import (
+    broadcast_shapes,
+    broadcast_tangent,
+    if_same_type,
+    same_dtype,
+    snp,
+    tensor,
+    unbroadcast,
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -413,3 +422,91 @@ def _convert_transpose(ct, x, *, dtype):
     # complex -> real keeps the real part, whose transpose embeds; real ->
     # complex embeds, whose transpose keeps the real part: convert back either way.
     return (convert_p.bind(ct, dtype=x.dtype),)
+
+
+# ---------------------------------------------------------------------------
+# Simplify rules (the `simplify` pass): rewrites that give exactly the same
+# values. "1" and "0" are constants (`is_constant`); a rewrite is made only if
+# the value replacing the output has exactly its type, so `x * ones((2, 3))`
+# with `x` of shape (3,) stays. Not rewritten: `x * 0` (NaN where `x` is NaN or
+# infinite) and complex `x * 1`, `x / 1` (the product computes `b * 0` for the
+# imaginary part of 1, NaN for an infinite `b`, and may flip a zero's sign).
+# `x + 0` -> `x` keeps a -0.0 where -0.0 + 0.0 is +0.0, as XLA's simplifier does.
+
+def _exact_one(node) -> bool:
+    """Whether `x * 1 == x` exactly for the node's dtype: real and integer."""
+    return node.outputs[0].type.dtype.kind != "c"
+
+
+@binary_primitives["mul"].def_simplify
+def _mul_simplify(node, producer):
+    x, y = node.inputs
+    if not _exact_one(node):
+        return None
+    if is_constant(y, 1, producer) and if_same_type(x, node):
+        return x
+    if is_constant(x, 1, producer):
+        return if_same_type(y, node)
+    return None
+
+
+@binary_primitives["div"].def_simplify
+def _div_simplify(node, producer):
+    x, y = node.inputs
+    if _exact_one(node) and is_constant(y, 1, producer):
+        return if_same_type(x, node)
+    return None
+
+
+@binary_primitives["add"].def_simplify
+def _add_simplify(node, producer):
+    x, y = node.inputs
+    if is_constant(y, 0, producer) and if_same_type(x, node):
+        return x
+    if is_constant(x, 0, producer):
+        return if_same_type(y, node)
+    return None
+
+
+@binary_primitives["sub"].def_simplify
+def _sub_simplify(node, producer):
+    x, y = node.inputs
+    return if_same_type(x, node) if is_constant(y, 0, producer) else None
+
+
+@binary_primitives["pow"].def_simplify
+def _pow_simplify(node, producer):
+    # x ** 1 == x for real x, even inf and nan; complex powers go through exp
+    # and log, which are not exact
+    x, y = node.inputs
+    if node.outputs[0].type.dtype.kind == "f" and is_constant(y, 1, producer):
+        return if_same_type(x, node)
+    return None
+
+
+def _involution_simplify(node, producer):
+    # neg(neg(x)) -> x, conj(conj(x)) -> x
+    inner = producer(node.inputs[0])
+    if inner is None or inner.primitive is not node.primitive:
+        return None
+    return if_same_type(inner.inputs[0], node)
+
+
+unary_primitives["neg"].def_simplify(_involution_simplify)
+unary_primitives["conj"].def_simplify(_involution_simplify)
+
+
+@select_p.def_simplify
+def _select_simplify(node, producer):
+    # a constant condition (all true, or all false) picks one branch
+    c, x, y = node.inputs
+    for value, branch in ((True, x), (False, y)):
+        if is_constant(c, value, producer) and if_same_type(branch, node):
+            return branch
+    return None
+
+
+@convert_p.def_simplify
+def _convert_simplify(node, producer):
+    # a conversion to the operand's own dtype
+    return if_same_type(node.inputs[0], node)

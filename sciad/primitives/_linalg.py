@@ -52,7 +52,8 @@ import numpy as np
 from .. import solvers
 from ..errors import (ConvergenceError, DTypeError, NonFiniteError, NotSupportedError,
                       ShapeError, SingularMatrixError)
-from ..graph import Graph, Param, Primitive, SparseType, TensorType, Zero, is_linear, is_zero
+from ..graph import (Factored, Graph, Param, Primitive, SparseType, TensorType, Zero,
+                     is_linear, is_zero)
 from ..graph._types import FactorType, Pattern, register_factor_layout
 from ..graph._params import shown_params
 from ..solvers._host import host_call
@@ -404,7 +405,29 @@ _ASSUME = Param((str, None), default=None)
 _THROW = Param(bool, default=True)
 _TRANSPOSE = Param(bool, default=False)
 
-linalg_solve_p = Primitive("linalg.solve", runtime_checks=True, params={
+#: the direct solvers: a solve with one of them is a backsolve reading a
+#: factorization (`linalg.factor`), which `share_factors` shares
+FACTOR_METHODS = frozenset(DENSE_DIRECT + SPARSE_DIRECT)
+
+
+def _factor_params(params) -> dict:
+    """The params of the factorization that a solve (or estimate) with
+    `params` makes of its matrix."""
+    pattern = params.get("pattern")
+    return {"solver": params["solver"]} if pattern is None else \
+        {"solver": params["solver"], "pattern": pattern}
+
+
+def _solve_factored(params) -> Factored | None:
+    # a direct solve is a backsolve with a factorization of its matrix
+    if params.get("solver") not in FACTOR_METHODS:
+        return None
+    return Factored(linalg_factor_p, _factor_params(params), linalg_backsolve_p,
+                    {k: v for k, v in params.items() if k in linalg_backsolve_p.params})
+
+
+linalg_solve_p = Primitive("linalg.solve", runtime_checks=True, factored=_solve_factored,
+                           params={
     "solver": str, "pattern": _PATTERN, "transpose": _TRANSPOSE,
     "rtol": Param((float, None), default=None), "atol": Param((float, None), default=None),
     "maxiter": Param((int, None), default=None),
@@ -513,16 +536,45 @@ def _solve_transpose(ct, a, b, **params):
 # factorizations as values
 
 
-linalg_factor_p = Primitive("linalg.factor", runtime_checks=True, params={
+_HELD_ON_HOST = ("splu",)  # factorizations kept on the host, freed after their last use
+
+
+def _raises(reader) -> bool:
+    """Whether a node reading a factorization raises on a bad one: its
+    `throw` param (a condition estimate declares none and never raises)."""
+    declared = reader.primitive.params or {}
+    return "throw" in declared and bool(reader.params.get("throw",
+                                                          declared["throw"].default))
+
+
+def _factor_fit(params, readers, complete) -> dict:
+    # `assume`: the strongest structure a reader relies on; `throw=False` if
+    # no reader raises; `uses`, for a factorization held on the host: the
+    # number of readers, so that the last one frees it (None where a reader
+    # is not known: it is then kept until the host store's bound pushes it out)
+    params = dict(params)
+    assumes = [u.params.get("assume") for u in readers if u.primitive.reads_factor]
+    assume = max(assumes + [params.pop("assume", None)], key=((None,) + ASSUME).index)
+    if assume is not None:
+        params["assume"] = assume
+    params.pop("throw", None)
+    if complete and not any(_raises(u) for u in readers):
+        params["throw"] = False
+    params.pop("uses", None)
+    if params["solver"] in _HELD_ON_HOST and complete:
+        params["uses"] = len(readers)
+    return params
+
+
+linalg_factor_p = Primitive("linalg.factor", runtime_checks=True,
+                            fit_to_readers=_factor_fit, params={
     "solver": str, "pattern": _PATTERN, "assume": _ASSUME, "throw": _THROW,
     "uses": Param((int, None), default=None)})
-#: the solvers whose solves `share_factors` splits into factor + backsolve
-linalg_factor_p.methods = frozenset(DENSE_DIRECT + SPARSE_DIRECT)
 
 
 @linalg_factor_p.def_abstract_eval
 def _factor_shape(a, *, solver, pattern=None, assume=None, throw=True, uses=None):
-    if solver not in linalg_factor_p.methods:
+    if solver not in FACTOR_METHODS:
         raise ShapeError(f"{solver!r} is not a direct solver.", op="linalg.factor")
     _check_matrix(a, TensorType((a.shape[0],), a.dtype), solver, pattern, "linalg.factor",
                   assume)
@@ -540,7 +592,8 @@ def _factor_impl(a, *, solver, pattern=None, assume=None, throw=True, uses=None,
                         uses=uses, site=site or Site("linalg.factor"))
 
 
-linalg_backsolve_p = Primitive("linalg.backsolve", runtime_checks=True, params={
+linalg_backsolve_p = Primitive("linalg.backsolve", runtime_checks=True, reads_factor=True,
+                               params={
     "solver": str, "pattern": _PATTERN, "transpose": _TRANSPOSE, "assume": _ASSUME,
     "throw": _THROW})
 
@@ -602,10 +655,25 @@ def _backsolve_transpose(ct, f, a, b, **params):
 
 
 _CONSTANT = Param(bool, default=False)
-linalg_rcond_p = Primitive("linalg.rcond", runtime_checks=True, params={
+
+
+def _rcond_factored(params) -> Factored | None:
+    # the 1-norm estimate reads a factorization of the matrix; the inf-norm
+    # one (of the transpose) and an exact condition number do not
+    if params.get("solver") not in FACTOR_METHODS or params.get("exact", False) \
+            or params.get("norm", 1) != 1:
+        return None
+    fparams = _factor_params(params)
+    return Factored(linalg_factor_p, fparams, linalg_factor_rcond_p,
+                    dict(fparams, **({"constant": True} if params.get("constant") else {})))
+
+
+linalg_rcond_p = Primitive("linalg.rcond", runtime_checks=True, factored=_rcond_factored,
+                           params={
     "solver": str, "pattern": _PATTERN, "norm": Param((int, float, str), default=1),
     "exact": Param(bool, default=False), "constant": _CONSTANT})
-linalg_factor_rcond_p = Primitive("linalg.factor_rcond", runtime_checks=True, params={
+linalg_factor_rcond_p = Primitive("linalg.factor_rcond", runtime_checks=True,
+                                  reads_factor=True, params={
     "solver": str, "pattern": _PATTERN, "constant": _CONSTANT})
 
 NORMS = (1, np.inf, 2, "fro")
@@ -618,7 +686,7 @@ def _rcond_type(a) -> TensorType:
 @linalg_rcond_p.def_abstract_eval
 def _rcond_shape(a, *, solver, pattern=None, norm=1, exact=False, constant=False):
     op = "linalg.rcond"
-    if solver not in linalg_factor_p.methods:
+    if solver not in FACTOR_METHODS:
         raise ShapeError(f"a condition estimate factors the matrix: `solver` is a direct "
                          f"solver, got {solver!r}.", op=op)
     _check_matrix(a, TensorType((a.shape[0],), a.dtype), solver, pattern, op)
@@ -839,3 +907,101 @@ def _solve_operator_transpose(ct, *args, **kw):
         "linalg.solve_operator is linear in `b` only"
     return (*([None] * len(params)),
             linalg_solve_operator_p.bind(*params, ct, **_operator_params(kw, flip=True)))
+
+
+# ---------------------------------------------------------------------------
+# cost (`sd.cost`): a factorization's FLOPs from its size (dense) or from its
+# pattern's fill (sparse); a solve with factors, two FLOPs per stored entry
+# per right-hand side; an iterative solve, per iteration (its count is known
+# only when it runs)
+
+
+def _factor_flops(n: int, solver: str, pattern) -> float:
+    from ..graph._cost import sparse_lu_fill
+
+    if pattern is not None:
+        return sparse_lu_fill(pattern).flops
+    return (1.0 / 3.0 if solver == "cholesky" else 2.0 / 3.0) * n ** 3
+
+
+def _per_rhs(n: int, pattern) -> float:
+    from ..graph._cost import sparse_lu_fill
+
+    if pattern is not None:
+        fill = sparse_lu_fill(pattern)
+        return 2.0 * (fill.nnz_l + fill.nnz_u)
+    return 2.0 * n * n
+
+
+def _rhs(b, n: int) -> int:
+    from ..graph._cost import size
+
+    return max(size(b.type) // max(n, 1), 1)
+
+
+def _iteration_flops(a, b, pattern) -> float:
+    from ..graph._cost import size
+
+    n = b.type.shape[0]
+    return (2.0 * (pattern.nnz if pattern is not None else n * n) + 10.0 * n) * _rhs(b, n)
+
+
+@linalg_factor_p.def_cost
+def _factor_cost(node, body):
+    from ..graph._cost import Cost
+
+    p = node.params
+    return Cost(_factor_flops(node.inputs[0].type.shape[0], p["solver"], p.get("pattern")))
+
+
+@linalg_backsolve_p.def_cost
+def _backsolve_cost(node, body):
+    from ..graph._cost import Cost
+
+    _, a, b = node.inputs
+    n = a.type.shape[0]
+    return Cost(_per_rhs(n, node.params.get("pattern")) * _rhs(b, n))
+
+
+@linalg_solve_p.def_cost
+def _solve_cost(node, body):
+    from ..graph._cost import Cost, _si, nbytes
+
+    p = node.params
+    a, b = node.inputs
+    n = a.type.shape[0]
+    if p["solver"] in ITERATIVE:
+        per = _iteration_flops(a, b, p.get("pattern"))
+        return Cost(per, 0, f"per iteration ({_si(per)})")
+    f = FactorType(a.type.shape, a.type.dtype, p["solver"], p.get("pattern"))
+    return Cost(_factor_flops(n, p["solver"], p.get("pattern"))
+                + _per_rhs(n, p.get("pattern")) * _rhs(b, n), nbytes(f))
+
+
+@linalg_solve_operator_p.def_cost
+def _solve_operator_cost(node, body):
+    from ..graph._cost import Cost, _si
+
+    mv = body(node.params["graph"])
+    n = node.inputs[-1].type.shape[0]
+    per = mv.flops + 10.0 * n
+    return Cost(per, mv.peak, f"per iteration ({_si(per)})")
+
+
+@linalg_rcond_p.def_cost
+def _rcond_cost(node, body):
+    from ..graph._cost import Cost
+
+    a = node.inputs[0]
+    n = a.type.shape[0]
+    p = node.params
+    return Cost(_factor_flops(n, p["solver"], p.get("pattern"))
+                + 10 * _per_rhs(n, p.get("pattern")))
+
+
+@linalg_factor_rcond_p.def_cost
+def _factor_rcond_cost(node, body):
+    from ..graph._cost import Cost
+
+    n = node.inputs[1].type.shape[0]
+    return Cost(10 * _per_rhs(n, node.params.get("pattern")))

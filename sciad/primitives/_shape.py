@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..graph import Primitive, TensorType, instantiate, is_linear
-from ._util import INTS, SCALAR, normalize_axis, same_dtype, tensor, unbroadcast
+from ._util import INTS, SCALAR, if_same_type, normalize_axis, same_dtype, tensor, unbroadcast
 
 reshape_p = Primitive("reshape", params={"shape": INTS})
 
@@ -31,6 +31,16 @@ def _reshape_impl(x, *, shape):
     return jnp.reshape(x, shape)
 
 
+@reshape_p.def_simplify
+def _reshape_simplify(node, producer):
+    # reshape(reshape(x, s1), s2) -> reshape(x, s2); a reshape to x's own shape -> x
+    inner = producer(node.inputs[0])
+    if inner is not None and inner.primitive is reshape_p:
+        x = inner.inputs[0]
+        return x if if_same_type(x, node) else node.replace(inputs=(x,))
+    return if_same_type(node.inputs[0], node)
+
+
 transpose_p = Primitive("transpose", params={"perm": INTS})
 
 
@@ -46,6 +56,19 @@ def _transpose_shape(x, *, perm):
 @transpose_p.def_impl
 def _transpose_impl(x, *, perm):
     return jnp.transpose(x, perm)
+
+
+@transpose_p.def_simplify
+def _transpose_simplify(node, producer):
+    # transpose(transpose(x, p1), p2) -> transpose(x, p1[p2]); by the identity -> x
+    perm, x = tuple(node.params["perm"]), node.inputs[0]
+    inner = producer(x)
+    if inner is not None and inner.primitive is transpose_p:
+        first = tuple(inner.params["perm"])
+        x, perm = inner.inputs[0], tuple(first[p] for p in perm)
+        if perm != tuple(range(len(perm))):
+            return node.replace(inputs=(x,), params={**node.params, "perm": perm})
+    return if_same_type(x, node) if perm == tuple(range(len(perm))) else None
 
 
 broadcast_to_p = Primitive("broadcast_to", params={"shape": INTS})
@@ -66,6 +89,12 @@ def _broadcast_to_shape(x, *, shape):
 @broadcast_to_p.def_impl
 def _broadcast_to_impl(x, *, shape):
     return jnp.broadcast_to(x, shape)
+
+
+@broadcast_to_p.def_simplify
+def _broadcast_to_simplify(node, producer):
+    # a broadcast to the operand's own shape
+    return if_same_type(node.inputs[0], node)
 
 
 concatenate_p = Primitive("concatenate", params={"axis": int})

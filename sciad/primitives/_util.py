@@ -74,6 +74,12 @@ def normalize_axes(axes, ndim: int, op: str) -> tuple[int, ...]:
     return out
 
 
+def if_same_type(a, node):
+    """`a` if it can replace `node`'s output in a simplify rule (it has
+    exactly the output's type: dtype, shape and tags), else None."""
+    return a if a.type == node.outputs[0].type else None
+
+
 def is_float_or_complex(dtype: np.dtype) -> bool:
     return dtype.kind in "fc"
 
