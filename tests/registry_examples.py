@@ -132,6 +132,16 @@ def _scan_example(k, u0, xs, checkpoints=None):
     return snp.sum(u ** 2) + snp.sum(ys)
 
 
+def _while_example(x, a):
+    # a data-dependent step count (doubling until the sum passes 10, far from
+    # the threshold for these inputs), the carry scaled by a closed-over value
+    def body(s):
+        u, k = s
+        return u * (1.5 + 0.1 * snp.sin(a)), k + 1
+    u, k = sd.while_loop(lambda s: snp.sum(s[0]) < 10.0, body, (x, 0), max_steps=20)
+    return u * a
+
+
 EXAMPLES = {name: _unary_example(name) for name in UNARY}
 EXAMPLES.update({name: _binary_example(name) for name in BINARY})
 EXAMPLES.update({
@@ -191,6 +201,12 @@ EXAMPLES.update({
     "scan": (lambda k, u0, xs: _scan_example(k, u0, xs), (_pos(4), _f64(4), _f64(5, 4))),
     "scan_adjoint": (lambda k, u0: sd.grad(_scan_example, argnums=(0, 1))(
         k, u0, np.linspace(0.0, 1.0, 6).reshape(3, 2), checkpoints=2), (_pos(2), _f64(2))),
+    "cond": (lambda x, a: sd.cond(snp.sum(x) > 0, lambda x: snp.sin(x) * a,
+                                  lambda x: x ** 3 + x, x), (_f64(3), _f64())),
+    "while": (lambda x, a: _while_example(x, a), (_pos(2), _pos())),
+    "checkpoint": (lambda x, a: sd.checkpoint(lambda x: snp.sin(x * a) ** 2)(x), (_f64(3), _f64())),
+    "optimization_barrier": (lambda x, y: sd.primitives.barrier_p.bind(x, y)[0] * y,
+                             (_f64(3), _f64(3))),
 })
 
 

@@ -116,3 +116,30 @@ def test_spectral_inverse_heat_objective_taylor_grad_and_fold(rng):
     kinds = [n.params["kind"] for n in g.nodes if n.primitive.name == "fft"]
     assert sorted(set(kinds)) == ["irfft", "irfft_adjoint", "rfft", "rfft_adjoint"]
     assert len(kinds) == 4 * (problem.steps + 1)
+
+
+def test_wave_inversion_fits_the_traces_with_checkpoints(capsys):
+    ex = _load("wave_inversion")
+    res, rates, history, m_true = ex.main(n=24, steps=160, shots=2, maxiter=6, plot=None)
+    assert np.all(np.abs(rates - 2.0) < 0.1), rates
+    out = capsys.readouterr().out
+    start = float(out.split("(from ")[1].split(")")[0])  # the objective at m = 0
+    assert res.fun < 0.05 * start, (res.fun, start)
+    assert np.linalg.norm(res.x - m_true) < np.linalg.norm(m_true)
+    lines = [ln for ln in out.splitlines() if ln.startswith("gradient memory")]
+    assert len(lines) == 2 and "binomial(" in lines[1]
+    peaks = [float(ln.split("peak ")[1].split(" MiB")[0]) for ln in lines]
+    assert peaks[1] < 0.5 * peaks[0]  # checkpointing bounds the gradient's memory
+
+
+def test_wave_inversion_checkpointed_gradient_equals_store_all(rng):
+    import sciad as sd
+
+    ex = _load("wave_inversion")
+    survey = ex.Survey(16, 60, 2)
+    data = np.asarray(sd.function(lambda m: ex.simulate(survey, ex.velocity(survey, m)))(
+        0.1 * rng.standard_normal(256)))
+    m = 0.05 * rng.standard_normal(256)
+    g_all = sd.grad(lambda m: ex.objective(m, data, survey, None))(m)
+    g_ck = sd.grad(lambda m: ex.objective(m, data, survey, 4))(m)
+    np.testing.assert_allclose(g_ck, g_all, rtol=1e-12, atol=1e-15 * np.max(np.abs(g_all)))

@@ -1,10 +1,13 @@
 """The built-in primitives, one module per family, each rule beside its op."""
 
 from . import _call, _contract, _creation, _elementwise, _fft, _indexing, _reduce, _shape, _sparse, _linalg
-from . import _stop_gradient, _control
+from . import _stop_gradient, _control, _cond, _while
 from ._call import call as call, call_p as call_p
 from ._control import Binomial as Binomial, fori_loop as fori_loop, scan as scan
 from ._control import scan_adjoint_p as scan_adjoint_p, scan_p as scan_p
+from ._cond import barrier_p as barrier_p, checkpoint as checkpoint, checkpoint_p as checkpoint_p
+from ._cond import cond as cond, cond_p as cond_p
+from ._while import while_loop as while_loop, while_p as while_p
 from ._from_jax import primitive_from_jax as primitive_from_jax
 from ._contract import einsum_p as einsum_p, matmul_p as matmul_p, parse_spec as parse_spec
 from ._creation import arange_p as arange_p, eye_p as eye_p, full_p as full_p
@@ -37,4 +40,4 @@ from ._shape import (
 )
 
 del _call, _contract, _creation, _elementwise, _fft, _indexing, _reduce, _shape, _sparse, _linalg
-del _stop_gradient, _control
+del _stop_gradient, _control, _cond, _while

@@ -62,3 +62,11 @@ def _call_vjp(primals, outs, cts, *, graph):
     # function) rather than a transposition of its JVP.
     _, backward = vjp_eval(graph, primals)
     return tuple(backward(list(cts)))
+
+
+@call_p.def_cost
+def _call_cost(node, body):
+    from ..graph._cost import Cost
+
+    b = body(node.params["graph"])
+    return Cost(b.flops, b.peak)

@@ -4,6 +4,7 @@ operands) and `einsum` (an explicit `spec` such as `'ij,jk->ik'`)."""
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from ..errors import ShapeError
 from ..graph import Primitive, TensorType, Zero, add_tangents, is_linear
@@ -168,3 +169,27 @@ def _einsum_transpose(ct, *xs, spec):
     cts: list = [None] * len(xs)
     cts[i] = res
     return tuple(cts)
+
+
+# -- cost (`sd.cost`): a multiply and an add per term of the contraction ---------
+
+
+@matmul_p.def_cost
+def _matmul_cost(node, body):
+    from ..graph._cost import Cost, size
+
+    a = node.inputs[0].type
+    k = a.shape[-1] if a.shape else 1
+    return Cost(2.0 * size(node.outputs[0].type) * k)
+
+
+@einsum_p.def_cost
+def _einsum_cost(node, body):
+    from ..graph._cost import Cost
+
+    ins, _ = node.params["spec"].split("->")
+    dims: dict[str, int] = {}
+    for letters, a in zip(ins.split(","), node.inputs):
+        dims.update(zip(letters, a.type.shape))
+    terms = float(np.prod([float(d) for d in dims.values()])) if dims else 1.0
+    return Cost(2.0 * terms)

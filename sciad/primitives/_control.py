@@ -926,3 +926,38 @@ def fori_loop(lower: int, upper: int, body_fun: Callable, init_val, checkpoints=
 
     (_, val), _ = scan(step, (np.int64(lower), init_val), length=n, checkpoints=checkpoints)
     return val
+
+
+# ---------------------------------------------------------------------------
+# cost (`sd.cost`)
+
+
+def _carry_bytes(body: Graph, nc: int, nk: int) -> int:
+    from ..graph._cost import nbytes
+
+    return sum(nbytes(v.type) for v in body.inputs[nc:nc + nk])
+
+
+@scan_p.def_cost
+def _scan_cost(node, body):
+    from ..graph._cost import Cost, steps_note
+
+    p = node.params
+    b, n = body(p["body"]), p["length"]
+    return Cost(n * b.flops, b.peak, steps_note(n, b.flops))
+
+
+@scan_adjoint_p.def_cost
+def _scan_adjoint_cost(node, body):
+    from ..graph._cost import Cost
+
+    p = node.params
+    n, s = p["length"], p["snapshots"]
+    fb, st = body(p["body"]), body(p["step"])
+    actions = revolve_actions(n, s)
+    advances = actions[actions[:, 0] == 1]
+    recomputed = int(np.sum(advances[:, 2] - advances[:, 1])) if len(advances) else 0
+    temp = s * _carry_bytes(p["body"], p["num_consts"], p["num_carry"]) + max(fb.peak,
+                                                                            st.peak)
+    return Cost(recomputed * fb.flops + n * st.flops, temp,
+                f"{n} steps, binomial({s}): {recomputed} forward steps recomputed")

@@ -200,3 +200,15 @@ def _fft_simplify(node, producer):
     if any(p[k] != q[k] for k in ("axes", "lengths", "norm")):
         return None
     return inner.inputs[0]
+
+
+@fft_p.def_cost
+def _fft_cost(node, body):
+    # 5 n log2 n real FLOPs per complex transform of length n (half for a
+    # real one), over every transform in the batch
+    from ..graph._cost import Cost, size
+
+    n = float(np.prod(node.params["lengths"])) if node.params["lengths"] else 1.0
+    elems = max(size(node.inputs[0].type), size(node.outputs[0].type))
+    real = node.params["kind"] != "fft" and node.params["kind"] != "ifft"
+    return Cost((2.5 if real else 5.0) * elems * np.log2(max(n, 2.0)))

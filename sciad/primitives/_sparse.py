@@ -395,3 +395,13 @@ sparse_sample_p.def_jvp(_linear_jvp(sparse_sample_p))
 @sparse_sample_p.def_transpose
 def _sample_transpose(ct, d, *, pattern):
     return (sparse_todense_p.bind(ct, pattern=pattern),)
+
+
+@sparse_matmul_p.def_cost
+def _sparse_matmul_cost(node, body):
+    # a multiply and an add per stored entry and column of the dense operand
+    from ..graph._cost import Cost, size
+
+    a, x = node.inputs
+    cols = max(size(x.type) // max(x.type.shape[0], 1), 1)
+    return Cost(2.0 * node.params["pattern"].nnz * cols)
