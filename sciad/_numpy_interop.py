@@ -45,7 +45,8 @@ NUMPY_FUNCTIONS = (
     "real", "imag", "angle", "where", "clip", "astype",
     "sum", "prod", "max", "min", "amax", "amin", "mean",
     "reshape", "ravel", "transpose", "swapaxes", "moveaxis", "broadcast_to",
-    "expand_dims", "squeeze", "concatenate", "stack", "pad", "roll", "diff",
+    "expand_dims", "squeeze", "concatenate", "stack", "pad", "roll", "diff", "flip",
+    "take", "take_along_axis", "cumsum", "sort", "argsort",
     # creation: reached through NumPy's `like=` argument, or an array argument
     "full", "zeros", "ones", "full_like", "zeros_like", "ones_like", "arange",
     "linspace", "eye", "asarray",

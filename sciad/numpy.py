@@ -26,10 +26,14 @@ import jax as _jax
 import numpy as _np
 
 from . import primitives as _P
-from .errors import DTypeError as _DTypeError, ShapeError as _ShapeError
+from .errors import DTypeError as _DTypeError, NotSupportedError as _NotSupportedError
+from .errors import ShapeError as _ShapeError
 from .graph import Tracer as _Tracer
 from .graph._types import SparseArray as _SparseArray, SparseType as _SparseType
 from .primitives._elementwise import BINARY as _BINARY, UNARY as _UNARY
+from .primitives._indexing import _is_int
+from .primitives._take import normalize_indices as _normalize_indices
+from .primitives._util import broadcast_shapes as _broadcast_shapes
 from .primitives._util import normalize_axes as _normalize_axes
 from .primitives._util import normalize_axis as _normalize_axis
 
@@ -615,6 +619,193 @@ def diff(a, n: int = 1, axis: int = -1):
     return a
 
 
+
+def flip(m, axis=None):
+    """`m` with the order of its elements reversed along `axis` (all axes by
+    default)."""
+    m = _as_array(m, "flip")
+    axes = _normalize_axes(axis, m.ndim, "flip")
+    return _getitem(m, tuple(slice(None, None, -1) if i in axes else slice(None)
+                             for i in range(m.ndim)))
+
+
+def cumsum(a, axis=None, dtype=None):
+    """Running sums along `axis` (of the flattened array by default), with
+    NumPy's accumulation dtype (bools and small ints sum in the default
+    integer)."""
+    a = _as_array(a, "cumsum")
+    if axis is None:
+        a, axis = ravel(a), 0
+    axis = _normalize_axis(axis, a.ndim, "cumsum")
+    target = _canonical_dtype(dtype) or _acc_dtype(_np.cumsum, a.dtype)
+    if target != a.dtype:
+        a = astype(a, target)
+    return _P.cumsum_p.bind(a, axis=axis, reverse=False)
+
+
+def sort(a, axis=-1, kind=None, order=None, *, stable=None):
+    """`a` sorted along `axis` (the flattened array for `axis=None`). The sort
+    is stable whatever `kind` asks for. Its derivative carries each tangent
+    along with its value; between equal values it is one-sided."""
+    a = _as_array(a, "sort")
+    if order is not None:
+        raise _NotSupportedError("sorting by fields (`order=`) is for structured arrays, "
+                                 "which sciad does not have.", op="sort")
+    if axis is None:
+        a, axis = ravel(a), 0
+    return _P.sort_p.bind(a, axis=_normalize_axis(axis, a.ndim, "sort"))
+
+
+def argsort(a, axis=-1, kind=None, order=None, *, stable=None):
+    """The indices that sort `a` along `axis` (stable), as int64."""
+    a = _as_array(a, "argsort")
+    if order is not None:
+        raise _NotSupportedError("sorting by fields (`order=`) is for structured arrays, "
+                                 "which sciad does not have.", op="argsort")
+    if axis is None:
+        a, axis = ravel(a), 0
+    return _P.argsort_p.bind(a, axis=_normalize_axis(axis, a.ndim, "argsort"))
+
+
+_TAKE_MODES = ("raise", "wrap", "clip", "promise_in_bounds")
+
+
+def _in_range(indices, size: int, mode, op: str, distinct: bool = False):
+    """Integer `indices` into an axis of `size`, brought into `[0, size)` by
+    `mode` (see `take`): concrete ones now, traced ones by an
+    `index_bounds` node that checks them when the program runs."""
+    from .errors import IndexingError
+
+    mode = "raise" if mode is None else mode
+    if mode not in _TAKE_MODES:
+        raise IndexingError(f"`mode` must be one of {_TAKE_MODES}, got {mode!r}.", op=op)
+    if isinstance(indices, _Tracer):
+        if indices.dtype.kind not in "iu":
+            what = ("a traced boolean mask selects a number of elements known only when "
+                    "the program runs; use `snp.where`" if indices.dtype == _np.bool_
+                    else "indices must be integers")
+            raise IndexingError(f"{what}, got {indices.type.str_short()}.", op=op)
+        if mode == "promise_in_bounds":
+            return indices
+        return _P.index_bounds_p.bind(indices, size=int(size), mode=mode,
+                                      distinct=bool(distinct))
+    arr = _np.asarray(indices)
+    if arr.dtype == _np.bool_ or arr.dtype.kind not in "iu" and arr.size:
+        raise IndexingError(f"indices must be integers, got an array of {arr.dtype}.",
+                            op=op)
+    arr = arr.astype(_np.int64)
+    if mode == "promise_in_bounds":
+        mode = "raise"  # concrete indices are checked anyway: it costs nothing
+    return asarray(_normalize_indices(arr, int(size), mode, distinct, op))
+
+
+def take(a, indices, axis=None, mode=None):
+    """Elements of `a` at integer `indices` along `axis` (of the flattened
+    array for `axis=None`), as `numpy.take`: the result has shape
+    `a.shape[:axis] + indices.shape + a.shape[axis + 1:]`.
+
+    `mode` says what an index outside the axis means: "raise" (the default,
+    NumPy's: negative indices count from the end, others outside
+    `[-n, n)` raise an `IndexingError`; concrete indices when the program is
+    traced, traced indices when it runs), "wrap" (modulo `n`), "clip" (into
+    `[0, n - 1]`), or "promise_in_bounds" (the caller guarantees
+    `0 <= i < n`; nothing is checked). The derivative with respect to `a`
+    adds the cotangents back at the indices (`scatter_add`); the indices
+    have none."""
+    a = _as_array(a, "take")
+    if axis is None:
+        a, axis = ravel(a), 0
+    axis = _normalize_axis(axis, a.ndim, "take")
+    i = _in_range(indices, a.shape[axis], mode, "take")
+    return _P.take_p.bind(a, i, axis=axis)
+
+
+def take_along_axis(arr, indices, axis, mode=None):
+    """`arr` picked at `indices` along `axis` (`numpy.take_along_axis`):
+    `indices` has `arr`'s number of dimensions and broadcasts against it on
+    the other axes; `axis=None` works on the flattened array. `mode` is
+    `take`'s. With the indices from `argsort`, this sorts `arr` (and its
+    derivative)."""
+    from .errors import IndexingError
+
+    arr = _as_array(arr, "take_along_axis")
+    if axis is None:
+        arr, axis = ravel(arr), 0
+    axis = _normalize_axis(axis, arr.ndim, "take_along_axis")
+    nd = _builtins.len(_shape(indices))
+    if nd != arr.ndim:
+        raise IndexingError(f"`indices` must have the {arr.ndim} dimensions of "
+                            f"{arr.type.str_short()}, got shape {_shape(indices)}.",
+                            op="take_along_axis")
+    i = _in_range(indices, arr.shape[axis], mode, "take_along_axis")
+    outer = [d for k, d in enumerate(arr.shape) if k != axis]
+    inner = [d for k, d in enumerate(i.shape) if k != axis]
+    bshape = _broadcast_shapes([tuple(outer), tuple(inner)], "take_along_axis")
+    bshape = list(bshape)
+    out_shape = tuple(bshape[:axis] + [i.shape[axis]] + bshape[axis:])
+    # one gather from the flattened array at linear indices: the other axes'
+    # offsets (a constant, 0 on the axes `arr` broadcasts) plus `i`'s
+    strides = _np.cumprod((arr.shape[1:] + (1,))[::-1])[::-1].astype(_np.int64)
+    base = _np.zeros(out_shape, _np.int64)
+    for k, n in enumerate(out_shape):
+        if k != axis and arr.shape[k] != 1:
+            shape = [1] * len(out_shape)
+            shape[k] = n
+            base = base + (_np.arange(n, dtype=_np.int64) * strides[k]).reshape(shape)
+    lin = add(asarray(base), multiply(broadcast_to(astype(i, _np.int64), out_shape),
+                                      _np.int64(strides[axis])))
+    return _P.take_p.bind(ravel(arr), lin, axis=0)
+
+
+def _array_index(i) -> bool:
+    """An integer-array (or concrete boolean-mask) entry of an index."""
+    if isinstance(i, _Tracer):
+        return i.ndim > 0 or i.dtype == _np.bool_
+    if isinstance(i, (list, _np.ndarray)):
+        return True
+    return isinstance(i, _jax.Array) and i.ndim > 0
+
+
+def _split_array_index(x, idx, op: str):
+    """An index with one integer-array entry, as (the rest of the index with
+    that entry a full slice, the axis of the rest's result that the array
+    indexes, the array, whether NumPy moves the array's axes to the front)."""
+    from .errors import IndexingError
+
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    arrays = [k for k, i in enumerate(idx) if _array_index(i)]
+    if _builtins.len(arrays) > 1:
+        raise IndexingError(
+            "one integer-array index per indexing expression: index one axis, then the "
+            "next, or use `snp.take_along_axis`.", op=op)
+    (pos,) = arrays
+    arr = idx[pos]
+    if not isinstance(arr, _Tracer):
+        arr = _np.asarray(arr)
+        if arr.dtype == _np.bool_:  # a concrete mask: the positions it selects
+            if arr.ndim != 1:
+                raise IndexingError(f"a boolean mask indexes one axis here; got one of "
+                                    f"shape {arr.shape}.", op=op)
+            arr = _np.flatnonzero(arr)
+    if _builtins.any(isinstance(i, _Tracer) for k, i in enumerate(idx) if k != pos):
+        raise IndexingError("a traced scalar index and an integer-array index in one "
+                            "expression are not supported: index one, then the other.",
+                            op=op)
+    # NumPy's rule: the static ints are advanced indices too; if they and the
+    # array are not side by side, the array's axes move to the front
+    advanced = [k for k, i in enumerate(idx) if k == pos or _is_int(i)]
+    to_front = advanced != list(range(advanced[0], advanced[-1] + 1))
+    n_real = _builtins.sum(1 for i in idx if i is not None and i is not Ellipsis)
+    axis = 0
+    for i in idx[:pos]:
+        if i is Ellipsis:
+            axis += x.ndim - n_real
+        elif i is None or isinstance(i, slice):
+            axis += 1
+    rest = idx[:pos] + (slice(None),) + idx[pos + 1:]
+    return rest, axis, arr, to_front
+
+
 # ---------------------------------------------------------------------------
 # creation
 
@@ -852,8 +1043,24 @@ def _dynamic_window(y, axis_of):
     return starts, tuple(sizes)
 
 
-def _getitem(x, idx):
+def _getitem(x, idx, mode=None):
     x = _as_array(x, "getitem")
+    if _builtins.any(_array_index(i) for i in (idx if isinstance(idx, tuple) else (idx,))):
+        # one integer-array index: the rest of the index, then a `take`
+        rest, axis, arr, to_front = _split_array_index(x, idx, "getitem")
+        y = _getitem(x, rest)
+        i = _in_range(arr, y.shape[axis], mode, "getitem")
+        out = _P.take_p.bind(y, i, axis=axis)
+        if to_front and axis:
+            k = i.ndim
+            out = moveaxis(out, tuple(range(axis, axis + k)), tuple(range(k)))
+        return out
+    if mode not in (None, "clip"):
+        from .errors import IndexingError
+
+        raise IndexingError(f"`mode` applies to integer-array indices; got mode={mode!r} "
+                            "for a scalar or slice index (a traced scalar is clamped into "
+                            "range, as in JAX).", op="getitem")
     if _has_traced(idx):
         # `x[i]` with a traced `i`: the static part of the index first, then a
         # window of size 1 at `i` on each traced axis, which is then dropped
@@ -878,8 +1085,16 @@ class _IndexUpdate:
     def __init__(self, x, idx):
         self.x, self.idx = x, idx
 
-    def _update(self, prim, v, op):
+    def _update(self, prim, v, op, mode=None):
         x = self.x
+        idx = self.idx if isinstance(self.idx, tuple) else (self.idx,)
+        if _builtins.any(_array_index(i) for i in idx):
+            return self._scatter(prim is _P.index_add_p, v, op, mode)
+        if mode not in (None, "clip"):
+            from .errors import IndexingError
+
+            raise IndexingError(f"`mode` applies to integer-array indices; got "
+                                f"mode={mode!r} for a scalar or slice index.", op=op)
         if _has_traced(self.idx):
             return self._dynamic_update(prim is _P.index_add_p, v, op)
         index = _P.normalize_index(self.idx, tuple(x.shape), op)
@@ -905,17 +1120,37 @@ class _IndexUpdate:
             v = _P.dynamic_slice_p.bind(x, *starts, sizes=sizes) + v
         return _P.dynamic_update_slice_p.bind(x, v, *starts)
 
-    def set(self, values):
+    def _scatter(self, add: bool, v, op, mode):
+        from .errors import IndexingError
+
+        x = self.x
+        rest, axis, arr, _ = _split_array_index(x, self.idx, op)
+        if _builtins.any(not (isinstance(i, slice) and i == slice(None)) and i is not Ellipsis
+                         for i in rest):
+            raise IndexingError(
+                "an update at an integer-array index takes full slices (`:`, `...`) "
+                "besides the array, e.g. `x.at[idx].add(v)` or `x.at[:, idx].set(v)`.",
+                op=op)
+        i = _in_range(arr, x.shape[axis], mode, op, distinct=not add)
+        target = tuple(x.shape[:axis]) + tuple(i.shape) + tuple(x.shape[axis + 1:])
+        v = broadcast_to(_convert(_as_array(v, op), x.dtype), target)
+        prim = _P.scatter_add_p if add else _P.scatter_set_p
+        return prim.bind(x, v, i, axis=axis)
+
+    def set(self, values, *, mode=None):
         """A copy of `x` with `x[idx] = values`. A traced integer index `i`
-        (a loop counter) is clamped into range, as in JAX."""
-        return self._update(_P.index_set_p, values, "index_set")
+        (a loop counter) is clamped into range, as in JAX. Integer-array
+        indices follow `snp.take`'s `mode` and must be distinct (checked)."""
+        return self._update(_P.index_set_p, values, "index_set", mode)
 
-    def add(self, values):
-        """A copy of `x` with `x[idx] += values`."""
-        return self._update(_P.index_add_p, values, "index_add")
+    def add(self, values, *, mode=None):
+        """A copy of `x` with `x[idx] += values`; repeated integer-array
+        indices accumulate."""
+        return self._update(_P.index_add_p, values, "index_add", mode)
 
-    def get(self):
-        return _getitem(self.x, self.idx)
+    def get(self, *, mode=None):
+        """`x[idx]`, with `snp.take`'s `mode` for an integer-array index."""
+        return _getitem(self.x, self.idx, mode)
 
 
 class _At:
@@ -953,10 +1188,11 @@ def _install_tracer_methods() -> None:
         "__xor__": bitwise_xor, "__rxor__": _swap(bitwise_xor),
         "__invert__": invert,
         "__neg__": negative, "__pos__": lambda self: self, "__abs__": abs,
-        "__getitem__": _getitem,
+        "__getitem__": lambda self, idx: _getitem(self, idx),
         "sum": sum, "mean": mean, "max": max, "min": min, "prod": prod,
         "ravel": ravel, "flatten": ravel, "squeeze": squeeze, "astype": astype,
-        "conj": conj, "conjugate": conj, "dot": dot, "swapaxes": swapaxes,
+        "conj": conj, "conjugate": conj, "cumsum": cumsum,
+        "sort": sort, "argsort": argsort, "take": take, "dot": dot, "swapaxes": swapaxes,
         "reshape": lambda self, *shape, **kw: reshape(
             self, shape[0] if len(shape) == 1 else shape, **kw),
         "transpose": lambda self, *axes: transpose(

@@ -1,7 +1,7 @@
 """The built-in primitives, one module per family, each rule beside its op."""
 
 from . import _call, _contract, _creation, _elementwise, _fft, _indexing, _reduce, _shape, _sparse, _linalg
-from . import _stop_gradient, _control, _cond, _while
+from . import _stop_gradient, _control, _cond, _while, _take
 from ._call import call as call, call_p as call_p
 from ._control import Binomial as Binomial, fori_loop as fori_loop, scan as scan
 from ._control import scan_adjoint_p as scan_adjoint_p, scan_p as scan_p
@@ -29,7 +29,15 @@ from ._indexing import (
     index_set_p as index_set_p,
     normalize_index as normalize_index,
 )
-from ._reduce import reduce_primitives as reduce_primitives
+from ._reduce import cumsum_p as cumsum_p, reduce_primitives as reduce_primitives
+from ._take import (
+    argsort_p as argsort_p,
+    index_bounds_p as index_bounds_p,
+    scatter_add_p as scatter_add_p,
+    scatter_set_p as scatter_set_p,
+    sort_p as sort_p,
+    take_p as take_p,
+)
 from ._shape import (
     broadcast_to_p as broadcast_to_p,
     concatenate_p as concatenate_p,
@@ -40,4 +48,4 @@ from ._shape import (
 )
 
 del _call, _contract, _creation, _elementwise, _fft, _indexing, _reduce, _shape, _sparse, _linalg
-del _stop_gradient, _control, _cond, _while
+del _stop_gradient, _control, _cond, _while, _take

@@ -110,3 +110,42 @@ def _reduce_prod_jvp(primals, tangents, *, axes):
     grid = snp.broadcast_to(snp.reshape(xr, lead + (1, n)), lead + (n, n))
     others = snp.prod(snp.where(snp.eye(n, dtype=bool), snp.ones((), x.dtype), grid), axis=-1)
     return y, snp.sum(tr * others, axis=-1)
+
+
+# ---------------------------------------------------------------------------
+# `cumsum[axis, reverse](x)`: running sums along one axis (from the end with
+# `reverse`). Linear; its transpose is the running sum the other way, so a
+# transpose of a transpose is the original op.
+
+cumsum_p = Primitive("cumsum", params={"axis": int, "reverse": bool})
+
+
+@cumsum_p.def_abstract_eval
+def _cumsum_shape(x, *, axis, reverse):
+    x = tensor(x, "cumsum")
+    if x.ndim == 0 or normalize_axes((axis,), x.ndim, "cumsum") != (axis,):
+        raise ShapeError(f"`axis` must be in [0, {x.ndim}), got {axis} for "
+                         f"{x.str_short()}.", op="cumsum")
+    if x.dtype == np.bool_:
+        raise DTypeError("sums of bools are counts: convert to an integer dtype first.",
+                         op="cumsum")
+    return x.update()
+
+
+@cumsum_p.def_impl
+def _cumsum_impl(x, *, axis, reverse):
+    import jax
+
+    return jax.lax.cumsum(x, axis=axis, reverse=reverse)
+
+
+@cumsum_p.def_jvp
+def _cumsum_jvp(primals, tangents, *, axis, reverse):
+    (x,), (t,) = primals, tangents
+    return (cumsum_p.bind(x, axis=axis, reverse=reverse),
+            cumsum_p.bind(t, axis=axis, reverse=reverse))
+
+
+@cumsum_p.def_transpose
+def _cumsum_transpose(ct, x, *, axis, reverse):
+    return (cumsum_p.bind(ct, axis=axis, reverse=not reverse),)

@@ -1,0 +1,292 @@
+"""Integer-array indexing along one axis, and sorting.
+
+- `index_bounds[size, mode, distinct](i)`: integer indices into an axis of
+  `size`, brought into `[0, size)` by NumPy's `mode`: "raise" (negative
+  indices count from the end; anything outside `[-size, size)` is an
+  `IndexingError` when the program runs), "wrap" (modulo `size`) or "clip"
+  (to `[0, size - 1]`; negative indices clip to 0, as in NumPy). With
+  `distinct`, repeated indices (after the mode) are an `IndexingError` too:
+  `x.at[i].set(v)` needs them distinct for its derivative to be defined.
+  Concrete indices are checked by `sciad.numpy` when the program is traced,
+  so this node appears only for traced ones. Its one host call is made only
+  when a check fails.
+- `take[axis](x, i)`: `x` gathered at in-range indices `i` along `axis`;
+  the result has shape `x.shape[:axis] + i.shape + x.shape[axis + 1:]`
+  (`numpy.take`).
+- `scatter_add[axis](x, v, i)`: `x` with `v` added at `i` along `axis`
+  (repeated indices accumulate); `v` has `take`'s result shape.
+- `scatter_set[axis](x, v, i)`: `x` with `v` written at distinct `i`.
+- `sort[axis](x)`, `argsort[axis](x)`: NumPy's (stable) sort along an axis.
+
+The three index ops are linear in `x` and `v` and pair up as transposes:
+`take^T = scatter_add(0, ., i)`, `scatter_add^T = (ct, take(ct, i))`,
+`scatter_set^T = (scatter_set(ct, 0, i), take(ct, i))`. The indices are
+integers and get no cotangent. `sort`'s tangent is the tangent taken at
+`argsort(x)`: exact where the values are distinct, and where two are equal
+the tangent of the one placed first (a one-sided derivative, as JAX's).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import DTypeError, IndexingError, ShapeError
+from ..graph import Primitive, TensorType, instantiate, is_linear, zeros
+from ..graph._autodiff import type_of
+from ._checks import check, tie
+from ._util import normalize_axis, tensor
+
+MODES = ("raise", "wrap", "clip")
+
+
+def _int_indices(i, op: str) -> TensorType:
+    if not isinstance(i, TensorType) or i.dtype.kind not in "iu":
+        raise IndexingError(f"indices must be an integer array, got "
+                            f"{getattr(i, 'str_short', lambda: i)()}.", op=op)
+    return i
+
+
+# ---------------------------------------------------------------------------
+# index_bounds
+
+index_bounds_p = Primitive("index_bounds", params={"size": int, "mode": str,
+                                                   "distinct": bool},
+                           runtime_checks=True)
+
+
+@index_bounds_p.def_abstract_eval
+def _index_bounds_shape(i, *, size, mode, distinct):
+    op = "index_bounds"
+    i = _int_indices(i, op)
+    if mode not in MODES:
+        raise IndexingError(f"`mode` must be one of {MODES}, got {mode!r}.", op=op)
+    if size < 0 or (size == 0 and i.size > 0 and mode != "raise"):
+        raise IndexingError(f"cannot index an empty axis with mode {mode!r}.", op=op)
+    return i
+
+
+def normalize_indices(i: np.ndarray, size: int, mode: str, distinct: bool, op: str):
+    """Concrete indices brought into `[0, size)`, checked when traced."""
+    i = np.asarray(i)
+    if mode == "raise":
+        bad = (i < -size) | (i >= size)
+        if bad.any():
+            first = int(i[bad].flat[0])
+            count = int(bad.sum())
+            raise IndexingError(f"index {first} is out of bounds for an axis of size "
+                                f"{size} ({count} of {i.size} indices "
+                                f"{'is' if count == 1 else 'are'}).", op=op)
+        out = np.where(i < 0, i + size, i)
+    elif mode == "wrap":
+        out = np.mod(i, size) if size else i
+    else:
+        out = np.clip(i, 0, max(size - 1, 0))
+    if distinct and np.unique(out).size != out.size:
+        raise IndexingError(_repeated_text(out), op=op)
+    return out.astype(np.int64 if out.dtype.kind in "iu" else out.dtype, copy=False)
+
+
+def _repeated_text(out) -> str:
+    vals, counts = np.unique(np.asarray(out).ravel(), return_counts=True)
+    rep = vals[counts > 1]
+    s = "s" if rep.size != 1 else ""
+    return (f"`.at[i].set(v)` needs distinct indices, but {rep.size} index value{s} "
+            f"repeat{'' if s else 's'} (first: {int(rep[0])}). Use "
+            "`.at[i].add(v)` to accumulate, or make the indices distinct.")
+
+
+def _judge_indices(site, *, size, mode, total=0, out_of_range=False, first=0, repeated=False,
+                   first_repeated=0, count=0):
+    if out_of_range:
+        count = int(count)
+        site.fail(IndexingError, f"index {int(first)} is out of bounds for an axis of size "
+                  f"{size} ({count} of {total} indices {'is' if count == 1 else 'are'}). "
+                  "Check the indices, or pass "
+                  "mode='wrap' or mode='clip'.")
+    if repeated:
+        site.fail(IndexingError, f"`.at[i].set(v)` needs distinct indices, but index "
+                  f"{int(first_repeated)} repeats. Use `.at[i].add(v)` to accumulate, or "
+                  "make the indices distinct.")
+
+
+@index_bounds_p.def_impl
+def _index_bounds_impl(i, *, size, mode, distinct, site=None):
+    if mode == "wrap":
+        out = jnp.mod(i, size)
+    elif mode == "clip":
+        out = jnp.clip(i, 0, size - 1)
+    else:
+        out = jnp.where(i < 0, i + size, i)
+    measures = {}
+    if mode == "raise":
+        bad = (i < -size) | (i >= size)
+        measures.update(out_of_range=jnp.any(bad), count=jnp.sum(bad),
+                        first=jnp.where(jnp.any(bad), i.ravel()[jnp.argmax(bad.ravel())], 0))
+    if distinct and i.size > 1:
+        s = jnp.sort(out.ravel())
+        dup = s[1:] == s[:-1]
+        measures.update(repeated=jnp.any(dup),
+                        first_repeated=s[1:][jnp.argmax(dup)])
+    if not measures:
+        return out
+    failing = jnp.zeros((), bool)
+    for key in ("out_of_range", "repeated"):
+        if key in measures:
+            failing = failing | measures[key]
+    token = check(_judge_indices, site, when=failing, size=size, mode=mode, total=int(i.size),
+                  **measures)
+    return tie(out, token)
+
+
+# ---------------------------------------------------------------------------
+# take, scatter_add, scatter_set
+
+take_p = Primitive("take", params={"axis": int})
+
+
+def _take_shape_of(x: TensorType, i: TensorType, axis: int) -> tuple[int, ...]:
+    return x.shape[:axis] + i.shape + x.shape[axis + 1:]
+
+
+def _check_axis(x: TensorType, axis: int, op: str) -> None:
+    if x.ndim == 0 or normalize_axis(axis, x.ndim, op) != axis:
+        raise ShapeError(f"`axis` must be in [0, {x.ndim}), got {axis} for "
+                         f"{x.str_short()}.", op=op)
+
+
+@take_p.def_abstract_eval
+def _take_shape(x, i, *, axis):
+    x, i = tensor(x, "take"), _int_indices(i, "take")
+    _check_axis(x, axis, "take")
+    if x.shape[axis] == 0 and i.size:
+        raise IndexingError(f"cannot take from the empty axis {axis} of {x.str_short()}.",
+                            op="take")
+    return TensorType(_take_shape_of(x, i, axis), x.dtype)
+
+
+@take_p.def_impl
+def _take_impl(x, i, *, axis):
+    # `index_bounds` (or the caller) put the indices in range
+    return jnp.take(x, i, axis=axis, mode="clip")
+
+
+def _ix(axis, i):
+    return (slice(None),) * axis + (i,)
+
+
+def _make_scatter(name: str) -> Primitive:
+    p = Primitive(name, params={"axis": int})
+
+    @p.def_abstract_eval
+    def _shape(x, v, i, *, axis):
+        x, v, i = tensor(x, name), tensor(v, name), _int_indices(i, name)
+        _check_axis(x, axis, name)
+        want = _take_shape_of(x, i, axis)
+        if v.shape != want:
+            raise ShapeError(f"the update must have shape {want} (x.shape[:axis] + "
+                             f"indices.shape + x.shape[axis+1:]), got {v.str_short()}.",
+                             op=name)
+        if v.dtype != x.dtype:
+            raise DTypeError(f"the update's dtype must be {x.dtype}, got "
+                             f"{v.str_short()}.", op=name)
+        return x.update()
+
+    return p
+
+
+scatter_add_p = _make_scatter("scatter_add")
+scatter_set_p = _make_scatter("scatter_set")
+
+
+@scatter_add_p.def_impl
+def _scatter_add_impl(x, v, i, *, axis):
+    return x.at[_ix(axis, i)].add(v, mode="clip")
+
+
+@scatter_set_p.def_impl
+def _scatter_set_impl(x, v, i, *, axis):
+    return x.at[_ix(axis, i)].set(v, mode="clip", unique_indices=True)
+
+
+# linear in (x, v) for fixed indices
+
+@take_p.def_jvp
+def _take_jvp(primals, tangents, *, axis):
+    (x, i), t = primals, tangents[0]
+    return take_p.bind(x, i, axis=axis), take_p.bind(instantiate(t), i, axis=axis)
+
+
+@take_p.def_transpose
+def _take_transpose(ct, x, i, *, axis):
+    assert is_linear(x) and not is_linear(i)
+    return scatter_add_p.bind(zeros(type_of(x)), ct, i, axis=axis), None
+
+
+def _scatter_jvp(prim):
+    def jvp(primals, tangents, *, axis):
+        (x, v, i), (tx, tv) = primals, tangents[:2]
+        return (prim.bind(x, v, i, axis=axis),
+                prim.bind(instantiate(tx), instantiate(tv), i, axis=axis))
+    return jvp
+
+
+scatter_add_p.def_jvp(_scatter_jvp(scatter_add_p))
+scatter_set_p.def_jvp(_scatter_jvp(scatter_set_p))
+
+
+@scatter_add_p.def_transpose
+def _scatter_add_transpose(ct, x, v, i, *, axis):
+    return (ct if is_linear(x) else None,
+            take_p.bind(ct, i, axis=axis) if is_linear(v) else None, None)
+
+
+@scatter_set_p.def_transpose
+def _scatter_set_transpose(ct, x, v, i, *, axis):
+    ct_x = scatter_set_p.bind(ct, zeros(type_of(v)), i, axis=axis) if is_linear(x) else None
+    return ct_x, take_p.bind(ct, i, axis=axis) if is_linear(v) else None, None
+
+
+# ---------------------------------------------------------------------------
+# sort, argsort
+
+sort_p = Primitive("sort", params={"axis": int})
+argsort_p = Primitive("argsort", params={"axis": int})
+
+
+@sort_p.def_abstract_eval
+def _sort_shape(x, *, axis):
+    x = tensor(x, "sort")
+    _check_axis(x, axis, "sort")
+    if x.dtype.kind == "c":
+        raise DTypeError(f"complex values have no order (NumPy sorts them "
+                         f"lexicographically; sciad does not), got {x.str_short()}.",
+                         op="sort")
+    return x.update()
+
+
+@argsort_p.def_abstract_eval
+def _argsort_shape(x, *, axis):
+    _sort_shape(x, axis=axis)
+    return TensorType(x.shape, np.dtype(np.int64))
+
+
+@sort_p.def_impl
+def _sort_impl(x, *, axis):
+    return jnp.sort(x, axis=axis, stable=True)
+
+
+@argsort_p.def_impl
+def _argsort_impl(x, *, axis):
+    return jnp.argsort(x, axis=axis, stable=True).astype(jnp.int64)
+
+
+@sort_p.def_jvp
+def _sort_jvp(primals, tangents, *, axis):
+    from ._util import snp
+
+    (x,), (t,) = primals, tangents
+    order = argsort_p.bind(x, axis=axis)
+    return sort_p.bind(x, axis=axis), snp.take_along_axis(instantiate(t), order, axis,
+                                                          mode="promise_in_bounds")
+
