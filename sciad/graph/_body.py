@@ -54,19 +54,9 @@ def trace_body(fn: Callable, in_types: Sequence[AbstractType], *, name: str):
 def inline(graph: Graph, args: Sequence) -> list:
     """Emits `graph`'s nodes into the current trace on `args` (each node keeps
     its source line); returns its outputs."""
-    from ._autodiff import _bind, literal_operand
-    from ._trace import emitting_for
+    from ._autodiff import _Emit
 
-    env: dict[Var, object] = dict(zip(graph.inputs, args))
-
-    def read(a):
-        return literal_operand(a) if isinstance(a, Literal) else env[a]
-
-    for node in graph.nodes:
-        with emitting_for(node.source):
-            outs = _bind(node.primitive, [read(a) for a in node.inputs], dict(node.params))
-        env.update(zip(node.outputs, outs))
-    return [read(a) for a in graph.outputs]
+    return list(_Emit(graph).run(*args))
 
 
 def permute(graph: Graph, inputs: Sequence[int] | None = None,

@@ -290,3 +290,16 @@ def _sort_jvp(primals, tangents, *, axis):
     return sort_p.bind(x, axis=axis), snp.take_along_axis(instantiate(t), order, axis,
                                                           mode="promise_in_bounds")
 
+
+
+@sort_p.def_cost
+def _sort_cost(node, body):
+    # about n log2 n comparisons per sorted line of n values
+    from ..graph._cost import Cost, size
+
+    x = node.inputs[0].type
+    n = x.shape[node.params["axis"]]
+    return Cost(float(size(x)) * np.log2(max(n, 2)))
+
+
+argsort_p.def_cost(_sort_cost)
