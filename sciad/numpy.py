@@ -12,8 +12,14 @@ Semantics follow NumPy: broadcasting, dtype promotion (NEP 50: Python
 scalars are "weak" and take the array's dtype), accumulation dtypes of
 `sum`/`mean`, and `keepdims`. Inside a traced function each call adds nodes
 to the graph; outside one, the call runs eagerly on JAX and returns a JAX
-array. Indexing is static (ints, slices, `None`, `...`); `x.at[idx].set(v)`
-and `.add(v)` are functional updates.
+array. Indexes are static (ints, slices, `None`, `...`), traced integer
+scalars (clamped into range, as in JAX: loop counters), or one integer
+array per expression, concrete or traced (NumPy's placement of the result's
+axes; out-of-range entries raise an `IndexingError` unless `mode` says
+"wrap" or "clip"; a concrete boolean mask is its integer positions).
+`x.at[idx].set(v)` and `.add(v)` are functional updates. Shapes are static:
+functions whose result's shape depends on values (`unique`, `nonzero`, a
+traced mask) are not here.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ def _operand(x, op: str):
     if isinstance(x, (_Tracer, _np.ndarray, _jax.Array)) or _is_weak(x):
         return x
     if isinstance(x, (list, tuple)):
-        if any(isinstance(v, _Tracer) for v in _jax.tree_util.tree_leaves(x)):
+        if _builtins.any(isinstance(v, _Tracer) for v in _jax.tree_util.tree_leaves(x)):
             return stack([_operand(v, op) for v in x])
     try:
         arr = _np.asarray(x)
@@ -643,28 +649,26 @@ def cumsum(a, axis=None, dtype=None):
     return _P.cumsum_p.bind(a, axis=axis, reverse=False)
 
 
+def _sorting(prim, a, axis, order, op: str):
+    a = _as_array(a, op)
+    if order is not None:
+        raise _NotSupportedError("sorting by fields (`order=`) is for structured arrays, "
+                                 "which sciad does not have.", op=op)
+    if axis is None:
+        a, axis = ravel(a), 0
+    return prim.bind(a, axis=_normalize_axis(axis, a.ndim, op))
+
+
 def sort(a, axis=-1, kind=None, order=None, *, stable=None):
     """`a` sorted along `axis` (the flattened array for `axis=None`). The sort
     is stable whatever `kind` asks for. Its derivative carries each tangent
     along with its value; between equal values it is one-sided."""
-    a = _as_array(a, "sort")
-    if order is not None:
-        raise _NotSupportedError("sorting by fields (`order=`) is for structured arrays, "
-                                 "which sciad does not have.", op="sort")
-    if axis is None:
-        a, axis = ravel(a), 0
-    return _P.sort_p.bind(a, axis=_normalize_axis(axis, a.ndim, "sort"))
+    return _sorting(_P.sort_p, a, axis, order, "sort")
 
 
 def argsort(a, axis=-1, kind=None, order=None, *, stable=None):
     """The indices that sort `a` along `axis` (stable), as int64."""
-    a = _as_array(a, "argsort")
-    if order is not None:
-        raise _NotSupportedError("sorting by fields (`order=`) is for structured arrays, "
-                                 "which sciad does not have.", op="argsort")
-    if axis is None:
-        a, axis = ravel(a), 0
-    return _P.argsort_p.bind(a, axis=_normalize_axis(axis, a.ndim, "argsort"))
+    return _sorting(_P.argsort_p, a, axis, order, "argsort")
 
 
 _TAKE_MODES = ("raise", "wrap", "clip", "promise_in_bounds")
@@ -1164,6 +1168,657 @@ class _At:
 
 
 # ---------------------------------------------------------------------------
+# more of NumPy, written with the ops above (their derivatives follow)
+
+def log2(x):
+    """Elementwise base-2 logarithm."""
+    x = _as_array(x, "log2")
+    return divide(log(x), _np.log(2.0)) if _is_inexact(x) else log2(_float(x))
+
+
+def log10(x):
+    """Elementwise base-10 logarithm."""
+    x = _as_array(x, "log10")
+    return divide(log(x), _np.log(10.0)) if _is_inexact(x) else log10(_float(x))
+
+
+def exp2(x):
+    """Elementwise `2 ** x`."""
+    x = _as_array(x, "exp2")
+    return exp(multiply(x, _np.log(2.0))) if _is_inexact(x) else exp2(_float(x))
+
+
+def reciprocal(x):
+    """Elementwise `1 / x` (integer division for integers, as in NumPy)."""
+    x = _as_array(x, "reciprocal")
+    return divide(_np.ones((), x.dtype), x) if _is_inexact(x) else \
+        floor_divide(_np.ones((), x.dtype), x)
+
+
+def deg2rad(x):
+    """Degrees to radians."""
+    return multiply(_float(_as_array(x, "deg2rad")), _np.pi / 180.0)
+
+
+def rad2deg(x):
+    """Radians to degrees."""
+    return multiply(_float(_as_array(x, "rad2deg")), 180.0 / _np.pi)
+
+
+radians, degrees = deg2rad, rad2deg
+
+
+def logaddexp(x1, x2):
+    """`log(exp(x1) + exp(x2))` without overflow."""
+    x1, x2 = _float(_as_array(x1, "logaddexp")), _float(_as_array(x2, "logaddexp"))
+    hi = maximum(x1, x2)
+    return add(hi, log1p(exp(negative(abs(subtract(x1, x2))))))
+
+
+def heaviside(x1, x2):
+    """0 where `x1 < 0`, `x2` where `x1 == 0`, 1 where `x1 > 0`."""
+    x1 = _as_array(x1, "heaviside")
+    one = ones_like(x1)
+    return where(less(x1, 0), zeros_like(x1), where(equal(x1, 0), x2, one))
+
+
+def logical_xor(x1, x2):
+    """Elementwise exclusive or of truth values."""
+    return not_equal(astype(_as_array(x1, "logical_xor"), bool),
+                     astype(_as_array(x2, "logical_xor"), bool))
+
+
+def isnan(x):
+    """Elementwise: is `x` NaN."""
+    x = _as_array(x, "isnan")
+    return not_equal(x, x) if _is_inexact(x) else zeros_like(x, dtype=bool)
+
+
+def isinf(x):
+    """Elementwise: is `x` infinite."""
+    x = _as_array(x, "isinf")
+    if not _is_inexact(x):
+        return zeros_like(x, dtype=bool)
+    return logical_and(logical_not(isfinite(x)), logical_not(isnan(x)))
+
+
+def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):
+    """NaN to `nan`, infinities to `posinf`/`neginf` (the dtype's largest
+    finite values by default)."""
+    x = _as_array(x, "nan_to_num")
+    if not _is_inexact(x):
+        return x
+    if x.dtype.kind == "c":
+        return add(nan_to_num(real(x), nan=nan, posinf=posinf, neginf=neginf),
+                   multiply(nan_to_num(imag(x), nan=nan, posinf=posinf, neginf=neginf), 1j))
+    big = _np.finfo(x.dtype).max
+    x = where(isnan(x), _np.asarray(nan, x.dtype), x)
+    x = where(equal(x, _np.inf), _np.asarray(big if posinf is None else posinf, x.dtype), x)
+    return where(equal(x, -_np.inf), _np.asarray(-big if neginf is None else neginf, x.dtype),
+                 x)
+
+
+def _is_inexact(x) -> bool:
+    return _dtype(x).kind in "fc"
+
+
+def _float(x):
+    """`x` as NumPy's ufuncs see it: integers and bools become float64."""
+    return x if _is_inexact(x) else astype(x, _np.float64)
+
+
+def any(a, axis=None, keepdims: bool = False):
+    """Is any element true (along `axis`)."""
+    return _reduce("reduce_max", astype(_as_array(a, "any"), bool), axis, keepdims)
+
+
+def all(a, axis=None, keepdims: bool = False):
+    """Are all elements true (along `axis`)."""
+    return _reduce("reduce_min", astype(_as_array(a, "all"), bool), axis, keepdims)
+
+
+def count_nonzero(a, axis=None, keepdims: bool = False):
+    """How many elements are nonzero (along `axis`), as int64."""
+    return sum(astype(astype(_as_array(a, "count_nonzero"), bool), _np.int64), axis=axis,
+               keepdims=keepdims)
+
+
+def _arg_extremum(a, axis, keepdims, reducer, op):
+    a = _as_array(a, op)
+    shape, flat = a.shape, axis is None
+    if flat:
+        a, axis = ravel(a), 0
+    axis = _normalize_axis(axis, a.ndim, op)
+    n = a.shape[axis]
+    if n == 0:
+        raise _ShapeError(f"attempt to get {op} of an empty sequence.", op=op)
+    ext = reducer(a, axis=axis, keepdims=True)
+    hit = equal(a, ext)
+    if _is_inexact(a):  # NaN wins, as in NumPy
+        hit = logical_or(hit, isnan(a))
+    pos = reshape(arange(n, dtype=_np.int64), tuple(n if k == axis else 1
+                                                     for k in range(a.ndim)))
+    first = min(where(hit, pos, _np.int64(n)), axis=axis, keepdims=keepdims)
+    return reshape(first, (1,) * len(shape)) if keepdims and shape is not None and \
+        flat else first
+
+
+def argmax(a, axis=None, keepdims: bool = False):
+    """The index of the (first) largest value, flattened or along `axis`."""
+    return _arg_extremum(a, axis, keepdims, max, "argmax")
+
+
+def argmin(a, axis=None, keepdims: bool = False):
+    """The index of the (first) smallest value, flattened or along `axis`."""
+    return _arg_extremum(a, axis, keepdims, min, "argmin")
+
+
+def var(a, axis=None, dtype=None, ddof=0, keepdims: bool = False):
+    """Variance over `axis`, `sum(|a - mean|^2) / (N - ddof)`."""
+    a = _as_array(a, "var")
+    axes = _normalize_axes(axis, a.ndim, "var")
+    d = subtract(a, mean(a, axis=axes, dtype=dtype, keepdims=True))
+    sq = multiply(d, conj(d)) if d.dtype.kind == "c" else multiply(d, d)
+    if sq.dtype.kind == "c":
+        sq = real(sq)
+    count = int(_np.prod([a.shape[i] for i in axes], dtype=_np.int64))
+    return divide(sum(sq, axis=axes, keepdims=keepdims), _np.asarray(count - ddof, sq.dtype))
+
+
+def std(a, axis=None, dtype=None, ddof=0, keepdims: bool = False):
+    """Standard deviation over `axis` (its derivative is infinite where the
+    values are all equal)."""
+    return sqrt(var(a, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims))
+
+
+def average(a, axis=None, weights=None):
+    """Mean over `axis`, weighted by `weights` if given (as in NumPy, 1-D
+    weights run along a single `axis`)."""
+    a = _as_array(a, "average")
+    if weights is None:
+        return mean(a, axis=axis)
+    w = _as_array(weights, "average")
+    if w.shape != a.shape:
+        if axis is None or w.ndim != 1 or not isinstance(axis, (int, _np.integer)):
+            raise _ShapeError(f"weights of shape {w.shape} differ from {a.shape}: pass "
+                              "1-D weights with a single `axis`.", op="average")
+        ax = _normalize_axis(axis, a.ndim, "average")
+        w = reshape(w, tuple(w.shape[0] if k == ax else 1 for k in range(a.ndim)))
+        w = broadcast_to(w, a.shape)
+    return divide(sum(multiply(a, w), axis=axis), sum(w, axis=axis))
+
+
+def median(a, axis=None, keepdims: bool = False):
+    """The median over `axis` (of the flattened array by default)."""
+    return quantile(a, 0.5, axis=axis, keepdims=keepdims)
+
+
+def quantile(a, q, axis=None, keepdims: bool = False, *, method: str = "linear"):
+    """Quantiles `q` (static, in [0, 1]) over `axis`, NumPy's default
+    ("linear") interpolation between the sorted values. A scalar `q` gives
+    the reduced shape; an array of `q`s adds a leading axis."""
+    if method != "linear":
+        raise _NotSupportedError(f"method={method!r}: only 'linear' is supported.",
+                                 op="quantile")
+    a = _float(_as_array(a, "quantile"))
+    qs = _np.asarray(q, _np.float64)
+    if isinstance(q, _Tracer) or not ((qs >= 0) & (qs <= 1)).all():
+        raise _ShapeError(f"quantiles must be static numbers in [0, 1], got {q}.",
+                          op="quantile")
+    if axis is None:
+        shape, axes = a.shape, tuple(range(a.ndim))
+        a, axis = ravel(a), 0
+    else:
+        axis = _normalize_axis(axis, a.ndim, "quantile")
+        shape, axes = a.shape, (axis,)
+    n = a.shape[axis]
+    s = moveaxis(sort(a, axis=axis), axis, 0)
+    pos = qs * (n - 1)
+    lo = _np.floor(pos).astype(_np.int64)
+    hi = _np.minimum(lo + 1, n - 1)
+    frac = (pos - lo).reshape(qs.shape + (1,) * (s.ndim - 1))
+    out = add(multiply(take(s, lo.ravel(), axis=0).reshape(qs.shape + s.shape[1:]),
+                       _np.asarray(1.0 - frac, s.dtype)),
+              multiply(take(s, hi.ravel(), axis=0).reshape(qs.shape + s.shape[1:]),
+                       _np.asarray(frac, s.dtype)))
+    if keepdims:
+        out = reshape(out, qs.shape + tuple(1 if k in axes else d for k, d in enumerate(shape)))
+    return out
+
+
+def percentile(a, q, axis=None, keepdims: bool = False, *, method: str = "linear"):
+    """Percentiles `q` (static, in [0, 100]); see `quantile`."""
+    return quantile(a, _np.asarray(q, _np.float64) / 100.0, axis=axis, keepdims=keepdims,
+                    method=method)
+
+
+def copy(a):
+    """`a` itself: sciad's arrays are values, never mutated in place."""
+    return _as_array(a, "copy")
+
+
+def atleast_1d(*arys):
+    """Each array with at least one dimension."""
+    out = [reshape(a, (1,)) if _as_array(a, "atleast_1d").ndim == 0 else _as_array(a, "")
+           for a in arys]
+    return out[0] if len(out) == 1 else out
+
+
+def atleast_2d(*arys):
+    """Each array with at least two dimensions (a 1-D one as a row)."""
+    out = []
+    for a in arys:
+        a = _as_array(a, "atleast_2d")
+        out.append(reshape(a, (1,) * (2 - a.ndim) + tuple(a.shape)) if a.ndim < 2 else a)
+    return out[0] if len(out) == 1 else out
+
+
+def empty(shape, dtype=float):
+    """An array of `shape` (zeros: there is no uninitialized memory here)."""
+    return zeros(shape, dtype)
+
+
+def empty_like(prototype, dtype=None, shape=None):
+    """`zeros_like` (see `empty`)."""
+    return zeros_like(prototype, dtype=dtype, shape=shape)
+
+
+def identity(n: int, dtype=float):
+    """The `n x n` identity matrix."""
+    return eye(n, dtype=dtype)
+
+
+def meshgrid(*xi, indexing: str = "xy", sparse: bool = False, copy: bool = True):
+    """Coordinate arrays from 1-D coordinate vectors (`indexing="xy"`:
+    Cartesian, the first two axes swapped; `"ij"`: matrix indexing)."""
+    if indexing not in ("xy", "ij"):
+        raise _ShapeError(f"`indexing` must be 'xy' or 'ij', got {indexing!r}.",
+                          op="meshgrid")
+    xs = [ravel(_as_array(x, "meshgrid")) for x in xi]
+    nd = len(xs)
+    shape = [x.shape[0] for x in xs]
+    if indexing == "xy" and nd > 1:
+        shape[0], shape[1] = shape[1], shape[0]
+    out = []
+    for k, x in enumerate(xs):
+        ax = k
+        if indexing == "xy" and nd > 1 and k < 2:
+            ax = 1 - k
+        s = [1] * nd
+        s[ax] = x.shape[0]
+        g = reshape(x, tuple(s))
+        out.append(g if sparse else broadcast_to(g, tuple(shape)))
+    return out
+
+
+def tile(A, reps):
+    """`A` repeated `reps` times along each axis (`numpy.tile`)."""
+    A = _as_array(A, "tile")
+    reps = (int(reps),) if isinstance(reps, (int, _np.integer)) else tuple(int(r) for r in reps)
+    nd = _builtins.max(A.ndim, len(reps))
+    reps = (1,) * (nd - len(reps)) + reps
+    A = reshape(A, (1,) * (nd - A.ndim) + tuple(A.shape))
+    # broadcast each axis against a new one of size r before it, then merge
+    inter = []
+    for r, d in zip(reps, A.shape):
+        inter += [r, d]
+    g = broadcast_to(reshape(A, tuple(v for d in A.shape for v in (1, d))), tuple(inter))
+    return reshape(g, tuple(r * d for r, d in zip(reps, A.shape)))
+
+
+def repeat(a, repeats, axis=None):
+    """Each element repeated `repeats` times (static: an int, or one per
+    element along `axis`)."""
+    a = _as_array(a, "repeat")
+    if axis is None:
+        a, axis = ravel(a), 0
+    axis = _normalize_axis(axis, a.ndim, "repeat")
+    if isinstance(repeats, _Tracer):
+        raise _ShapeError("`repeats` must be static: the result's length depends on it.",
+                          op="repeat")
+    reps = _np.broadcast_to(_np.asarray(repeats, _np.int64), (a.shape[axis],))
+    if (reps < 0).any():
+        raise _ShapeError(f"`repeats` must be non-negative, got {repeats}.", op="repeat")
+    return take(a, _np.repeat(_np.arange(a.shape[axis]), reps), axis=axis)
+
+
+def hstack(tup):
+    """Arrays joined along the second axis (the first for 1-D arrays)."""
+    arrs = atleast_1d(*tup) if len(tup) > 1 else [atleast_1d(*tup)]
+    return concatenate(arrs, axis=0 if arrs[0].ndim == 1 else 1)
+
+
+def vstack(tup):
+    """Arrays joined along the first axis (1-D arrays as rows)."""
+    arrs = atleast_2d(*tup) if len(tup) > 1 else [atleast_2d(*tup)]
+    return concatenate(arrs, axis=0)
+
+
+def column_stack(tup):
+    """1-D arrays as columns (2-D ones as they are), joined along axis 1."""
+    cols = []
+    for a in tup:
+        a = _as_array(a, "column_stack")
+        cols.append(reshape(a, (a.shape[0] if a.ndim else 1, 1)) if a.ndim < 2 else a)
+    return concatenate(cols, axis=1)
+
+
+def split(ary, indices_or_sections, axis: int = 0):
+    """`ary` split along `axis` into equal sections (an int, which must
+    divide the axis) or at static indices."""
+    ary = _as_array(ary, "split")
+    axis = _normalize_axis(axis, ary.ndim, "split")
+    n = ary.shape[axis]
+    if isinstance(indices_or_sections, (int, _np.integer)):
+        k = int(indices_or_sections)
+        if k <= 0 or n % k:
+            raise _ShapeError(f"array split does not result in an equal division: "
+                              f"{n} into {k}.", op="split")
+        cuts = [n // k * j for j in range(1, k)]
+    else:
+        cuts = [int(c) for c in indices_or_sections]
+    edges = [0] + cuts + [n]
+    head = (slice(None),) * axis
+    return [_getitem(ary, head + (slice(_builtins.min(lo, n), _builtins.max(
+        _builtins.min(hi, n), _builtins.min(lo, n))),)) for lo, hi in zip(edges, edges[1:])]
+
+
+def fliplr(m):
+    """`m` reversed along its second axis."""
+    return flip(m, 1)
+
+
+def flipud(m):
+    """`m` reversed along its first axis."""
+    return flip(m, 0)
+
+
+def rot90(m, k: int = 1, axes=(0, 1)):
+    """`m` rotated by 90 degrees `k` times in the plane of `axes`."""
+    m = _as_array(m, "rot90")
+    a0, a1 = (_normalize_axis(a, m.ndim, "rot90") for a in axes)
+    if a0 == a1:
+        raise _ShapeError("`axes` must be two different axes.", op="rot90")
+    k %= 4
+    if k == 0:
+        return m
+    if k == 2:
+        return flip(flip(m, a0), a1)
+    perm = list(range(m.ndim))
+    perm[a0], perm[a1] = perm[a1], perm[a0]
+    return transpose(flip(m, a1), perm) if k == 1 else flip(transpose(m, perm), a1)
+
+
+def _tri_mask(n, m, k, lower: bool):
+    i = _np.arange(n)[:, None]
+    j = _np.arange(m)[None, :]
+    return (j <= i + k) if lower else (j >= i + k)
+
+
+def tril(m, k: int = 0):
+    """`m` with the entries above the `k`-th diagonal zeroed (last two axes)."""
+    m = _as_array(m, "tril")
+    return where(_tri_mask(m.shape[-2], m.shape[-1], k, True), m, zeros((), m.dtype))
+
+
+def triu(m, k: int = 0):
+    """`m` with the entries below the `k`-th diagonal zeroed (last two axes)."""
+    m = _as_array(m, "triu")
+    return where(_tri_mask(m.shape[-2], m.shape[-1], k, False), m, zeros((), m.dtype))
+
+
+def diagonal(a, offset: int = 0, axis1: int = 0, axis2: int = 1):
+    """The `offset` diagonal of `a` over `axis1`, `axis2` (appended last)."""
+    from .errors import DTypeError
+
+    if _is_sparse(a):
+        if offset or (axis1, axis2) != (0, 1):
+            raise DTypeError("a sparse matrix's diagonal takes no offset or axes.",
+                             op="diagonal")
+        return _sparse_module().diagonal(a)
+    a = _as_array(a, "diagonal")
+    a1, a2 = (_normalize_axis(x, a.ndim, "diagonal") for x in (axis1, axis2))
+    rest = [k for k in range(a.ndim) if k not in (a1, a2)]
+    t = transpose(a, tuple(rest) + (a1, a2))
+    n, m = t.shape[-2], t.shape[-1]
+    i = _np.arange(_builtins.max(0, _builtins.min(n, m - offset) if offset >= 0
+                                 else _builtins.min(n + offset, m)))
+    rows, cols = (i, i + offset) if offset >= 0 else (i - offset, i)
+    flat = reshape(t, tuple(t.shape[:-2]) + (n * m,))
+    return take(flat, rows * m + cols, axis=flat.ndim - 1)
+
+
+def diag(v, k: int = 0):
+    """The `k`-th diagonal of a 2-D `v`, or a 2-D array with the 1-D `v` on
+    its `k`-th diagonal."""
+    v = _as_array(v, "diag")
+    if v.ndim == 2:
+        return diagonal(v, k)
+    if v.ndim != 1:
+        raise _ShapeError(f"input must be 1-D or 2-D, got {v.type.str_short()}.", op="diag")
+    n = v.shape[0] + _builtins.abs(k)
+    i = _np.arange(v.shape[0])
+    pos = (i * n + i + k) if k >= 0 else ((i - k) * n + i)
+    return reshape(zeros(n * n, v.dtype).at[pos].set(v), (n, n))
+
+
+def trace(a, offset: int = 0, axis1: int = 0, axis2: int = 1):
+    """The sum along a diagonal."""
+    return sum(diagonal(a, offset, axis1, axis2), axis=-1)
+
+
+def cross(a, b, axis: int = -1):
+    """The cross product of 3-vectors along `axis` (of both)."""
+    a, b = _as_array(a, "cross"), _as_array(b, "cross")
+    a, b = moveaxis(a, axis, -1), moveaxis(b, axis, -1)
+    if a.shape[-1] != 3 or b.shape[-1] != 3:
+        raise _ShapeError(f"needs 3-vectors along `axis`, got {a.type.str_short()} and "
+                          f"{b.type.str_short()}.", op="cross")
+    a0, a1, a2 = (a[..., k] for k in range(3))
+    b0, b1, b2 = (b[..., k] for k in range(3))
+    return stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=-1)
+
+
+def kron(a, b):
+    """The Kronecker product."""
+    a, b = _as_array(a, "kron"), _as_array(b, "kron")
+    nd = _builtins.max(a.ndim, b.ndim)
+    a = reshape(a, (1,) * (nd - a.ndim) + tuple(a.shape))
+    b = reshape(b, (1,) * (nd - b.ndim) + tuple(b.shape))
+    ia = tuple(v for d in a.shape for v in (d, 1))
+    ib = tuple(v for d in b.shape for v in (1, d))
+    prod_ = multiply(reshape(a, ia), reshape(b, ib))
+    return reshape(prod_, tuple(x * y for x, y in zip(a.shape, b.shape)))
+
+
+def polyval(p, x):
+    """The polynomial with coefficients `p` (highest power first) at `x`."""
+    p = _as_array(p, "polyval")
+    x = _as_array(x, "polyval")
+    y = zeros_like(x, dtype=_result_type(p, x, op="polyval"))
+    for k in range(p.shape[0]):
+        y = add(multiply(y, x), p[k])
+    return y
+
+
+def searchsorted(a, v, side: str = "left", sorter=None):
+    """Indices where `v` would be inserted into the sorted 1-D `a` to keep it
+    sorted (NumPy's `side`), as int64."""
+    a = _as_array(a, "searchsorted")
+    if sorter is not None:
+        a = take(a, sorter)
+    dtype = _result_type(a, v, op="searchsorted")
+    return _P.searchsorted_p.bind(_convert(a, dtype), _convert(_as_array(v, "searchsorted"),
+                                                               dtype), side=side)
+
+
+def digitize(x, bins, right: bool = False):
+    """The index of the bin of each `x` in increasing `bins` (NumPy's rule)."""
+    return searchsorted(bins, x, side="left" if right else "right")
+
+
+def interp(x, xp, fp, left=None, right=None, period=None):
+    """Piecewise-linear interpolation of the points `(xp, fp)` (`xp`
+    increasing) at `x`, as `numpy.interp`: `fp[0]`/`fp[-1]` (or `left`/
+    `right`) outside. Differentiable in `x`, `xp` and `fp`; at a data
+    point the derivative in `x` is the right-hand segment's slope."""
+    if period is not None:
+        raise _NotSupportedError("`period` is not supported.", op="interp")
+    xp, fp = _float(_as_array(xp, "interp")), _as_array(fp, "interp")
+    x = _float(_as_array(x, "interp"))
+    if xp.ndim != 1 or fp.ndim != 1 or xp.shape != fp.shape or xp.shape[0] == 0:
+        raise _ShapeError(f"`xp` and `fp` must be 1-D of one non-zero length, got "
+                          f"{xp.type.str_short()} and {fp.type.str_short()}.", op="interp")
+    n = xp.shape[0]
+    dtype = _result_type(x, xp, op="interp")
+    x, xp = _convert(x, dtype), _convert(xp, dtype)
+    if n == 1:
+        return broadcast_to(fp[0], x.shape) * ones_like(x)
+    j = clip(searchsorted(xp, x, side="right") - 1, 0, n - 2)
+    x0, x1 = take(xp, j, mode="promise_in_bounds"), take(xp, j + 1, mode="promise_in_bounds")
+    f0, f1 = take(fp, j, mode="promise_in_bounds"), take(fp, j + 1, mode="promise_in_bounds")
+    dx = x1 - x0
+    t = (x - x0) / where(dx == 0, ones_like(dx), dx)
+    y = f0 + t * (f1 - f0)
+    y = where(x < xp[0], fp[0] if left is None else left, y)
+    return where(x > xp[-1], fp[-1] if right is None else right, y)
+
+
+def trapezoid(y, x=None, dx: float = 1.0, axis: int = -1):
+    """The trapezoidal rule along `axis`, with sample points `x` or spacing
+    `dx`."""
+    y = _as_array(y, "trapezoid")
+    axis = _normalize_axis(axis, y.ndim, "trapezoid")
+    head = (slice(None),) * axis
+    avg = (y[head + (slice(1, None),)] + y[head + (slice(None, -1),)]) / 2.0
+    if x is None:
+        return sum(avg, axis=axis) * dx
+    x = _as_array(x, "trapezoid")
+    d = diff(x, axis=-1 if x.ndim == 1 else axis)
+    if x.ndim == 1:
+        d = reshape(d, tuple(d.shape[0] if k == axis else 1 for k in range(y.ndim)))
+    return sum(avg * d, axis=axis)
+
+
+def gradient(f, *varargs, axis=None, edge_order: int = 1):
+    """Second-order central differences inside, one-sided (first or second
+    order, `edge_order`) at the ends, per axis (`numpy.gradient`); `varargs`
+    are scalar spacings (one for all axes, or one per axis)."""
+    f = _float(_as_array(f, "gradient"))
+    axes = _normalize_axes(axis, f.ndim, "gradient")
+    if _builtins.any(isinstance(h, _Tracer) or _np.ndim(h) for h in varargs):
+        raise _NotSupportedError("spacings must be static scalars (coordinate arrays are "
+                                 "not supported).", op="gradient")
+    hs = [1.0] * len(axes) if not varargs else [float(varargs[0])] * len(axes) \
+        if len(varargs) == 1 else [float(h) for h in varargs]
+    if len(hs) != len(axes):
+        raise _ShapeError(f"{len(varargs)} spacings for {len(axes)} axes.", op="gradient")
+    if edge_order not in (1, 2):
+        raise _ShapeError("`edge_order` must be 1 or 2.", op="gradient")
+    out = []
+    for ax, h in zip(axes, hs):
+        n = f.shape[ax]
+        if n < edge_order + 1:
+            raise _ShapeError(f"axis {ax} has {n} points: at least {edge_order + 1} are "
+                              f"needed for edge_order={edge_order}.", op="gradient")
+
+        def s(i, _ax=ax):  # one index, or a slice, along the axis
+            return f[(slice(None),) * _ax + (i,)]
+
+        inner = (s(slice(2, None)) - s(slice(0, -2))) / (2.0 * h)
+        if edge_order == 1:
+            lo = (s(1) - s(0)) / h
+            hi = (s(-1) - s(-2)) / h
+        else:
+            lo = (-1.5 * s(0) + 2.0 * s(1) - 0.5 * s(2)) / h
+            hi = (0.5 * s(-3) - 2.0 * s(-2) + 1.5 * s(-1)) / h
+        out.append(concatenate([expand_dims(lo, ax), inner, expand_dims(hi, ax)], axis=ax))
+    return out[0] if len(out) == 1 else out
+
+
+def bincount(x, weights=None, minlength: int = 0, *, length: int | None = None):
+    """Counts (or summed `weights`) of each non-negative integer in `x`. The
+    result's length is static: `max(x) + 1` (at least `minlength`) for
+    concrete `x`; for traced `x`, pass `length` (values at or above it are an
+    `IndexingError` when the program runs)."""
+    from .errors import IndexingError
+
+    if isinstance(x, _Tracer):
+        if length is None:
+            raise IndexingError("traced values need a static `length=` (the result's "
+                                "length would depend on their maximum).", op="bincount")
+        n = int(length)
+        xi = x
+    else:
+        xi = _np.asarray(x)
+        if xi.size and xi.min() < 0:
+            raise IndexingError("`x` must be non-negative.", op="bincount")
+        n = _builtins.max(int(xi.max()) + 1 if xi.size else 0, int(minlength))
+        if length is not None:
+            n = int(length)
+    w = ones(_shape(x), _np.int64) if weights is None else _float(_as_array(weights,
+                                                                              "bincount"))
+    return zeros(n, w.dtype).at[xi].add(w)
+
+
+def convolve(a, v, mode: str = "full"):
+    """The discrete linear convolution of 1-D `a` and `v` (modes "full",
+    "same", "valid", as in NumPy), as one gather of sliding windows and a
+    contraction: suited to short kernels (use `sciad.fft` for long ones)."""
+    a, v = _as_array(a, "convolve"), _as_array(v, "convolve")
+    if a.ndim != 1 or v.ndim != 1 or not a.shape[0] or not v.shape[0]:
+        raise _ShapeError(f"needs two non-empty 1-D arrays, got {a.type.str_short()} and "
+                          f"{v.type.str_short()}.", op="convolve")
+    if mode not in ("full", "same", "valid"):
+        raise _ShapeError(f"`mode` must be 'full', 'same' or 'valid', got {mode!r}.",
+                          op="convolve")
+    if v.shape[0] > a.shape[0]:
+        a, v = v, a
+    n, m = a.shape[0], v.shape[0]
+    dtype = _result_type(a, v, op="convolve")
+    ap = pad(_convert(a, dtype), (m - 1, m - 1))
+    full_len = n + m - 1
+    start = {"full": 0, "same": (m - 1) // 2, "valid": m - 1}[mode]
+    length = {"full": full_len, "same": n, "valid": n - m + 1}[mode]
+    idx = (start + _np.arange(length))[:, None] + _np.arange(m)[None, :]
+    win = take(ap, idx)
+    return einsum("ij,j->i", win, flip(_convert(v, dtype)))
+
+
+def correlate(a, v, mode: str = "valid"):
+    """The cross-correlation of 1-D `a` and `v` (`numpy.correlate`)."""
+    v = _as_array(v, "correlate")
+    return convolve(a, flip(conj(v)), mode) if _as_array(a, "correlate").shape[0] >= \
+        v.shape[0] else flip(convolve(flip(_as_array(a, "")), conj(v), mode))
+
+
+def isclose(a, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False):
+    """Elementwise `|a - b| <= atol + rtol |b|` (infinities equal themselves)."""
+    a, b = _float(_as_array(a, "isclose")), _float(_as_array(b, "isclose"))
+    close = less_equal(abs(subtract(a, b)), add(atol, multiply(rtol, abs(b))))
+    close = logical_or(logical_and(close, isfinite(subtract(a, b))), equal(a, b))
+    if equal_nan:
+        close = logical_or(close, logical_and(isnan(a), isnan(b)))
+    return close
+
+
+def allclose(a, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False):
+    """Are all elements `isclose`."""
+    return all(isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan))
+
+
+def array_equal(a1, a2, equal_nan: bool = False):
+    """Same shape and elements."""
+    a1, a2 = _as_array(a1, "array_equal"), _as_array(a2, "array_equal")
+    if a1.shape != a2.shape:
+        return asarray(False)
+    eq = equal(a1, a2)
+    if equal_nan:
+        eq = logical_or(eq, logical_and(isnan(a1), isnan(a2)))
+    return all(eq)
+
+
+# ---------------------------------------------------------------------------
 # methods and operators of traced values
 
 def _swap(f):
@@ -1192,7 +1847,9 @@ def _install_tracer_methods() -> None:
         "sum": sum, "mean": mean, "max": max, "min": min, "prod": prod,
         "ravel": ravel, "flatten": ravel, "squeeze": squeeze, "astype": astype,
         "conj": conj, "conjugate": conj, "cumsum": cumsum,
-        "sort": sort, "argsort": argsort, "take": take, "dot": dot, "swapaxes": swapaxes,
+        "sort": sort, "argsort": argsort, "take": take, "argmax": argmax, "argmin": argmin,
+        "any": any, "all": all, "var": var, "std": std, "trace": trace, "repeat": repeat,
+        "copy": copy, "clip": clip, "dot": dot, "swapaxes": swapaxes,
         "reshape": lambda self, *shape, **kw: reshape(
             self, shape[0] if len(shape) == 1 else shape, **kw),
         "transpose": lambda self, *axes: transpose(
@@ -1204,7 +1861,7 @@ def _install_tracer_methods() -> None:
     T.T = property(lambda self: transpose(self))
     # sparse matrices (the methods refuse dense values with a clear message)
     T.todense = T.toarray = lambda self: _sparse_module().todense(self)
-    T.diagonal = lambda self: _sparse_module().diagonal(self)
+    T.diagonal = lambda self, offset=0, axis1=0, axis2=1: diagonal(self, offset, axis1, axis2)
     T.data = property(lambda self: _sparse_module().data(self))
     T.mT = property(lambda self: swapaxes(self, -1, -2))
     T.real = property(real)

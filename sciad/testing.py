@@ -90,16 +90,18 @@ class RuleReport:
 
 
 _COMPILED: dict[int, tuple] = {}
+_OP_BY_OP_NODES = 60
 
 
 def _run(graph: Graph, args) -> list[np.ndarray]:
-    """Runs `graph` op by op (no XLA compile: quick for small checks), or
-    compiled once if it holds solver nodes (an iterative solver's loop run
-    op by op is slow)."""
+    """Runs `graph` op by op (no XLA compile of the whole: quick for small
+    checks), or compiled once if it holds solver nodes (an iterative
+    solver's loop run op by op is slow) or many nodes (op by op, each op
+    of a new shape is an XLA compile of its own)."""
     from ._function import _has_runtime_checks
 
     fn = lower(graph)
-    if _has_runtime_checks(graph):
+    if len(graph.nodes) > _OP_BY_OP_NODES or _has_runtime_checks(graph):
         hit = _COMPILED.get(id(graph))
         if hit is None or hit[0] is not graph:
             hit = _COMPILED[id(graph)] = (graph, jax.jit(fn))

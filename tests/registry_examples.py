@@ -217,6 +217,8 @@ EXAMPLES.update({
     "sort": (lambda x: snp.sort(x, axis=0) * x, (_f64(4, 3),)),
     "argsort": (lambda x: snp.take_along_axis(x, snp.argsort(x ** 2, axis=1), 1),
                 (_f64(3, 4),)),
+    "searchsorted": (lambda xp, fp, x: snp.interp(x, xp, fp),
+                     (np.array([0.0, 0.3, 0.5, 1.0]), _f64(4), np.array([0.1, 0.45, 0.7]))),
     "optimization_barrier": (lambda x, y: sd.primitives.barrier_p.bind(x, y)[0] * y,
                              (_f64(3), _f64(3))),
 })

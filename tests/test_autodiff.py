@@ -11,7 +11,7 @@ import pytest
 import sciad as sd
 import sciad.numpy as snp
 from registry_examples import EXAMPLES, builtin_primitives, distinct_examples
-from sciad.errors import DTypeError, RuleError, ShapeError
+from sciad.errors import DTypeError, ShapeError
 
 BUILTINS = sorted(builtin_primitives())
 

@@ -1207,7 +1207,7 @@ def test_take_along_axis_broadcasts_like_numpy():
         idx = i if axis == 1 else np.swapaxes(np.array([[[0, 4]]]), 1, 1)
         want = np.take_along_axis(np.broadcast_to(a, (3, 4, 5)) if axis == 1 else a, idx,
                                   axis=axis)
-        got = sd.function(lambda a, j: snp.take_along_axis(
+        got = sd.function(lambda a, j, axis=axis: snp.take_along_axis(
             snp.broadcast_to(a, (3, 4, 5)) if axis == 1 else a, j, axis))(a, idx)
         np.testing.assert_array_equal(got, want)
     want = np.take_along_axis(_A345[:, :1, :], np.array([[[2]], [[0]]]), axis=0)
@@ -1262,7 +1262,7 @@ def test_gathers_and_scatters_inside_a_checkpointed_scan():
         jf = lambda u0, c: run(u0, c, jax.numpy, jax.lax.scan)  # noqa: E731
         want, want_g = jf(u0, c), jax.grad(jf, argnums=(0, 1))(u0, c)
     for kw in ({}, {"checkpoints": 3}):
-        sf = lambda u0, c: run(u0, c, snp, sd.scan, **kw)  # noqa: E731
+        sf = lambda u0, c, kw=kw: run(u0, c, snp, sd.scan, **kw)  # noqa: E731
         np.testing.assert_allclose(sd.function(sf)(u0, c), want, rtol=1e-13)
         g = sd.grad(sf, argnums=(0, 1))(u0, c)
         np.testing.assert_allclose(g[0], want_g[0], rtol=1e-12, atol=1e-14)

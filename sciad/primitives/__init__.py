@@ -35,6 +35,7 @@ from ._take import (
     index_bounds_p as index_bounds_p,
     scatter_add_p as scatter_add_p,
     scatter_set_p as scatter_set_p,
+    searchsorted_p as searchsorted_p,
     sort_p as sort_p,
     take_p as take_p,
 )

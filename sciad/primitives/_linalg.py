@@ -940,8 +940,6 @@ def _rhs(b, n: int) -> int:
 
 
 def _iteration_flops(a, b, pattern) -> float:
-    from ..graph._cost import size
-
     n = b.type.shape[0]
     return (2.0 * (pattern.nnz if pattern is not None else n * n) + 10.0 * n) * _rhs(b, n)
 

@@ -303,3 +303,39 @@ def _sort_cost(node, body):
 
 
 argsort_p.def_cost(_sort_cost)
+
+
+# ---------------------------------------------------------------------------
+# `searchsorted[side](a, v)`: where each of `v` would go in the sorted 1-D
+# `a` (NumPy's `side`: "left" or "right"). Integer-valued: no derivative.
+
+searchsorted_p = Primitive("searchsorted", params={"side": str})
+
+
+@searchsorted_p.def_abstract_eval
+def _searchsorted_shape(a, v, *, side):
+    op = "searchsorted"
+    a, v = tensor(a, op), tensor(v, op)
+    if a.ndim != 1:
+        raise ShapeError(f"the sorted array must be 1-D, got {a.str_short()}.", op=op)
+    if side not in ("left", "right"):
+        raise ShapeError(f"`side` must be 'left' or 'right', got {side!r}.", op=op)
+    if a.dtype != v.dtype:
+        raise DTypeError(f"operands must share one dtype, got {a.str_short()} and "
+                         f"{v.str_short()}.", op=op)
+    if a.dtype.kind == "c":
+        raise DTypeError(f"complex values have no order, got {a.str_short()}.", op=op)
+    return TensorType(v.shape, np.dtype(np.int64))
+
+
+@searchsorted_p.def_impl
+def _searchsorted_impl(a, v, *, side):
+    return jnp.searchsorted(a, v, side=side).astype(jnp.int64)
+
+
+@searchsorted_p.def_cost
+def _searchsorted_cost(node, body):
+    from ..graph._cost import Cost, size
+
+    n = node.inputs[0].type.shape[0]
+    return Cost(float(size(node.inputs[1].type)) * np.log2(max(n, 2)))

@@ -1,0 +1,143 @@
+"""The NumPy functions simulation scripts reach for beyond the core ops
+(statistics, stacking and splitting, triangles and diagonals, interpolation,
+quadrature, finite differences, convolution), against NumPy itself.
+
+They are written with sciad's ops, so their derivatives come from those ops'
+rules; `check_rules` checks them together. Every case runs in one compiled
+function, so the whole table compiles once.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import sciad as sd
+import sciad.numpy as snp
+from sciad.errors import IndexingError, NotSupportedError, ShapeError
+
+_R = np.random.default_rng(5)
+A = _R.standard_normal((3, 4))
+XP = np.sort(_R.uniform(0.0, 1.0, 6))
+FP = _R.standard_normal(6)
+XQ = np.linspace(-0.2, 1.2, 9)
+W = np.arange(1.0, 5.0)
+
+
+def _cases(xp):
+    """name -> a function of `A` written against the module `xp`."""
+    return {
+        "log2": lambda a: xp.log2(xp.abs(a)),
+        "log10": lambda a: xp.log10(xp.abs(a)),
+        "exp2": lambda a: xp.exp2(a),
+        "reciprocal": lambda a: xp.reciprocal(a),
+        "deg2rad": lambda a: (xp.deg2rad(a), xp.radians(a), xp.rad2deg(a), xp.degrees(a)),
+        "logaddexp": lambda a: xp.logaddexp(a, 2 * a),
+        "heaviside": lambda a: xp.heaviside(xp.floor(a), 0.5),
+        "logical_xor": lambda a: xp.logical_xor(a > 0, a < 1),
+        "isnan-isinf": lambda a: (xp.isnan(xp.log(a)), xp.isinf(1 / xp.floor(a))),
+        "nan_to_num": lambda a: xp.nan_to_num(xp.log(a) / xp.floor(a)),
+        "any-all": lambda a: (xp.any(a > 1, axis=0), xp.all(a > -1),
+                              xp.count_nonzero(a > 0, axis=1)),
+        "argmax": lambda a: (xp.argmax(a, axis=1), xp.argmin(a),
+                             xp.argmax(xp.floor(a), axis=0, keepdims=True),
+                             xp.argmin(a, keepdims=True)),
+        "var-std": lambda a: (xp.var(a, axis=1, ddof=1), xp.std(a), xp.var(a, keepdims=True)),
+        "average": lambda a: xp.average(a, axis=1, weights=W),
+        "median": lambda a: (xp.median(a, axis=0), xp.median(a)),
+        "quantile": lambda a: (xp.quantile(a, [0.1, 0.75], axis=1, keepdims=True),
+                               xp.percentile(a, 30)),
+        "meshgrid": lambda a: (*xp.meshgrid(a[0], a[1, :3]),
+                               *xp.meshgrid(a[0], a[1, :3], a[2, :2], indexing="ij")),
+        "tile": lambda a: (xp.tile(a, (2, 1, 3)), xp.tile(a[0], 2)),
+        "repeat": lambda a: (xp.repeat(a, [1, 0, 2], axis=0), xp.repeat(a, 2)),
+        "stack": lambda a: (xp.hstack([a, a[:, :1]]), xp.vstack([a, a[0]]),
+                            xp.column_stack([a[0], a.T])),
+        "split": lambda a: (*xp.split(a, [1, 3, 9], axis=1), *xp.split(a, 2, axis=1)),
+        "flip": lambda a: (xp.fliplr(a), xp.flipud(a)),
+        "rot90": lambda a: (xp.rot90(a), xp.rot90(a, 2), xp.rot90(a, 3), xp.rot90(a, -1)),
+        "triangles": lambda a: (xp.tril(a, -1), xp.triu(a, 1)),
+        "diagonal": lambda a: (xp.diagonal(a, 1), xp.diagonal(a, -1), xp.diag(a),
+                               xp.diag(a[0], 1), xp.diag(a[0], -2), xp.trace(a, 1)),
+        "cross-kron": lambda a: (xp.cross(a[:, :3], a[:, 1:]), xp.kron(a[:2, :2], a)),
+        "polyval": lambda a: xp.polyval(a[0], a[1]),
+        "trapezoid": lambda a: (xp.trapezoid(a), xp.trapezoid(a, dx=0.5, axis=0),
+                                xp.trapezoid(a, x=np.arange(4.0) ** 2)),
+        "gradient": lambda a: (*xp.gradient(a, 0.5), xp.gradient(a, axis=1, edge_order=2)),
+        "convolve": lambda a: (xp.convolve(a[0], a[1, :3]), xp.convolve(a[0], a[1, :3], "same"),
+                               xp.convolve(a[0], a[1, :2], "valid"),
+                               xp.correlate(a[0], a[1, :3], "full")),
+        "isclose": lambda a: (xp.isclose(a, a + 1e-9), xp.allclose(a, a * 1.1),
+                              xp.array_equal(a, a)),
+        "atleast": lambda a: (xp.atleast_1d(a[0, 0]), xp.atleast_2d(a[0])),
+        "interp": lambda a: (xp.interp(XQ, XP, FP), xp.interp(a, XP, FP, left=-1.0),
+                             xp.digitize(XQ, XP), xp.searchsorted(XP, a, side="right")),
+        "bincount": lambda a: xp.bincount(np.array([0, 3, 3, 5]), a[0]),
+    }
+
+
+def test_functions_match_numpy():
+    names = list(_cases(np))
+    with np.errstate(all="ignore"):
+        wants = [_cases(np)[n](A) for n in names]
+    gots = sd.function(lambda a: [_cases(snp)[n](a) for n in names])(A)
+    for name, got, want in zip(names, gots, wants):
+        got = got if isinstance(got, (tuple, list)) else [got]
+        want = want if isinstance(want, (tuple, list)) else [want]
+        assert len(got) == len(want), name
+        for x, y in zip(got, want):
+            y = np.asarray(y)
+            assert (np.shape(x), np.asarray(x).dtype) == (y.shape, y.dtype), name
+            np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+def test_derivatives_of_the_composites():
+    # (no ties, points off the interpolation knots: derivatives are smooth there)
+    def f(a, xq, xp, fp):
+        return (snp.logaddexp(a, 2 * a), snp.std(a, axis=0), snp.median(a, axis=1),
+                snp.quantile(a, 0.3), snp.average(a, axis=1, weights=W),
+                snp.interp(xq, xp, fp), snp.trapezoid(a ** 2, x=xp[:4]),
+                snp.gradient(a * a[0], 0.3, axis=1), snp.convolve(a[0], a[1, :2]),
+                snp.kron(a[:2, :2], a[0]), snp.cross(a[:, :3], a[:, 1:]),
+                snp.polyval(a[0], a[1]), snp.trace(a @ a.T), snp.tril(a) + snp.rot90(a).T,
+                snp.repeat(a, 2, axis=1), snp.log10(a ** 2) + snp.exp2(a))
+    # (second order: each primitive used here is checked at second order in the
+    # registry walk, tests/test_autodiff.py)
+    sd.testing.check_rules(f, A, XQ[1:-1] + 1e-3, XP, FP, second_order=False)
+
+
+def test_interp_gradient_matches_jax():
+    def f(x, xp, fp, m=snp):
+        return m.sum(m.interp(x, xp, fp) ** 2)
+
+    args = (XQ + 1e-3, XP, FP)
+    with sd.config.x64_scope():
+        want = jax.grad(lambda *a: f(*a, m=jax.numpy), argnums=(0, 1, 2))(*args)
+    for g, w in zip(sd.grad(f, argnums=(0, 1, 2))(*args), want):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
+
+
+def test_bincount_with_traced_values_needs_a_length():
+    f = sd.function(lambda i, w: snp.bincount(i, w, length=6))
+    np.testing.assert_allclose(f(np.array([0, 3, 3, 5]), W), np.bincount([0, 3, 3, 5], W,
+                                                                          minlength=6))
+    with pytest.raises(IndexingError, match="out of bounds"):
+        f(np.array([0, 6, 3, 5]), W)
+    with pytest.raises(IndexingError, match="length="):
+        sd.trace(lambda i: snp.bincount(i), np.array([0, 1]))
+
+
+@pytest.mark.parametrize("f, err, match", [
+    (lambda a: snp.repeat(a, a[0, :3].astype(np.int64), axis=0), ShapeError, "static"),
+    (lambda a: snp.split(a, 3, axis=1), ShapeError, "equal division"),
+    (lambda a: snp.quantile(a, 1.5), ShapeError, r"\[0, 1\]"),
+    (lambda a: snp.quantile(a, 0.5, method="nearest"), NotSupportedError, "linear"),
+    (lambda a: snp.gradient(a, np.arange(3.0)), NotSupportedError, "static scalars"),
+    (lambda a: snp.convolve(a, a[0]), ShapeError, "1-D"),
+    (lambda a: snp.cross(a, a), ShapeError, "3-vectors"),
+    (lambda a: snp.argmax(a[:, :0], axis=1), ShapeError, "empty"),
+])
+def test_errors_name_the_function(f, err, match):
+    with pytest.raises(err, match=match):
+        sd.trace(f, A)
