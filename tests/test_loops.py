@@ -40,7 +40,7 @@ def heat(rng):
     return rng.uniform(0.5, 1.5, N), np.sin(np.linspace(0, 3, N)), rng.normal(size=N)
 
 
-@pytest.mark.parametrize("checkpoints", [None, 1, 3, 100])
+@pytest.mark.parametrize("checkpoints", [None, 1, 3, 100, sd.EveryK(4)])
 def test_heat_value_grad_and_hvp_match_jax(heat, rng, checkpoints):
     k, u0, d = heat
     v = rng.normal(size=N)
@@ -194,12 +194,38 @@ def test_revolve_schedule_bounds_and_order():
         assert advanced < n * (1 + np.log2(max(n, 2)))  # binomial: O(n log n) at worst
 
 
+def test_every_k_schedule_bounds_and_order():
+    for n in (1, 2, 7, 16, 17, 60):
+        for k in (1, 2, 3, 4, 8, 100):
+            sched = sd.EveryK(k)
+            rows, pos, slots, done = sched.actions(n).tolist(), 0, {}, []
+            for kind, a, b in rows:  # run the actions on step numbers
+                if kind == 0:
+                    slots[a] = pos
+                elif kind == 1:
+                    assert pos == a
+                    pos = b
+                elif kind == 2:
+                    pos = slots[a]
+                else:
+                    assert pos == a
+                    done.append(a)
+                    pos = None
+            assert done == list(range(n - 1, -1, -1))
+            assert len(slots) <= sched.slots(n) <= -(-n // min(k, n)) + min(k, n) - 1 or n == 0
+            assert sum(b - a for kind, a, b in rows if kind == 1) < 2 * n
+    with pytest.raises(ShapeError, match="k >= 1"):
+        sd.EveryK(0)
+
+
 def test_graph_prints_the_schedule(heat):
     k, u0, d = heat
-    text = sd.trace(sd.grad(lambda k: _heat_sd(k, u0, d, checkpoints=3)), k).pretty(
-        source=False)
-    assert "checkpoints=binomial(3)" in text and "scan_adjoint[" in text
-    assert "snapshots=3" in text
+    for ck, shown in ((3, "binomial(3)"), (sd.EveryK(5), "every_k(5)")):
+        g = sd.trace(sd.grad(lambda k, ck=ck: _heat_sd(k, u0, d, checkpoints=ck)), k)
+        text = g.pretty(source=False)
+        assert f"checkpoints={shown}" in text and f"schedule={shown}" in text
+        again = sd.graph.Graph.from_json(g.to_json())
+        assert again.pretty(source=False) == text
 
 
 def test_eager_scan_on_arrays():

@@ -3,7 +3,7 @@
 from . import _call, _contract, _creation, _elementwise, _fft, _indexing, _reduce, _shape, _sparse, _linalg
 from . import _stop_gradient, _control, _cond, _while, _take
 from ._call import call as call, call_p as call_p
-from ._control import Binomial as Binomial, fori_loop as fori_loop, scan as scan
+from ._control import Binomial as Binomial, EveryK as EveryK, fori_loop as fori_loop, scan as scan
 from ._control import scan_adjoint_p as scan_adjoint_p, scan_p as scan_p
 from ._cond import barrier_p as barrier_p, checkpoint as checkpoint, checkpoint_p as checkpoint_p
 from ._cond import cond as cond, cond_p as cond_p

@@ -78,19 +78,82 @@ class Binomial:
     def __str__(self) -> str:
         return f"binomial({self.snapshots})"
 
+    def slots(self, length: int) -> int:
+        """The carries stored at most, for `length` steps."""
+        return min(self.snapshots, max(length, 1))
+
+    def actions(self, length: int) -> np.ndarray:
+        """The schedule as `scan_adjoint`'s action rows (`revolve_actions`)."""
+        return revolve_actions(length, self.slots(length))
+
+
+@dataclass(frozen=True)
+class EveryK:
+    """Periodic checkpointing: reverse mode runs forward from the start,
+    storing every `k`-th carry, then re-runs each segment of `k` steps once
+    from its stored start, keeping the segment's carries for the backward
+    parts. At most `ceil(length / k) + k - 1` stored carries (about
+    `2 sqrt(length)` for `k` near `sqrt(length)`) and fewer than `2 length`
+    recomputed steps, whatever `k`. For the same number of stored carries a
+    `Binomial` schedule never recomputes more (revolve is optimal); this is
+    the simple policy many simulation codes use, to compare against. The
+    gradient is the same as storing every step."""
+
+    k: int
+
+    def __post_init__(self):
+        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
+            raise ShapeError(f"an every-k schedule needs k >= 1 (an int), got {self.k!r}.",
+                             op="scan")
+
+    def __str__(self) -> str:
+        return f"every_k({self.k})"
+
+    def slots(self, length: int) -> int:
+        k = min(self.k, max(length, 1))
+        return max(-(-length // k) + k - 1, 1)
+
+    def actions(self, length: int) -> np.ndarray:
+        # rows as in `revolve_actions`: 0 store in slot a, 1 advance a -> b,
+        # 2 load slot a, 3 backward part of step a
+        k = min(self.k, max(length, 1))
+        starts = list(range(0, length, k))
+        rows: list[tuple[int, int, int]] = []
+        for j, s0 in enumerate(starts):
+            rows.append((0, j, 0))
+            if j + 1 < len(starts):
+                rows.append((1, s0, s0 + k))
+        m = len(starts)
+        for j in reversed(range(m)):
+            s0, e = starts[j], min(starts[j] + k, length)
+            if j + 1 < m:
+                rows.append((2, j, 0))
+            for t in range(s0, e - 1):  # the segment's carries, but the last
+                rows.append((0, m + t - s0, 0))
+                rows.append((1, t, t + 1))
+            rows.append((3, e - 1, 0))
+            for t in reversed(range(s0, e - 1)):
+                rows.append((2, m + t - s0, 0))
+                rows.append((3, t, 0))
+        return np.asarray(rows, np.int32).reshape(-1, 3)
+
 
 register_param_type(Binomial, "binomial", lambda b: b.snapshots, lambda s: Binomial(int(s)))
+register_param_type(EveryK, "every_k", lambda b: b.k, lambda k: EveryK(int(k)))
+
+#: the checkpoint schedules (a loop's `checkpoints` param, besides None)
+SCHEDULES = (Binomial, EveryK)
 
 
 def as_schedule(checkpoints, op: str):
-    """`checkpoints` as a schedule param: None (store every step), or a
-    `Binomial`."""
-    if checkpoints is None or isinstance(checkpoints, Binomial):
+    """`checkpoints` as a schedule param: None (store every step), a
+    `Binomial` or an `EveryK`."""
+    if checkpoints is None or isinstance(checkpoints, SCHEDULES):
         return checkpoints
     if isinstance(checkpoints, (int, np.integer)) and not isinstance(checkpoints, bool):
         return Binomial(int(checkpoints))
-    raise ShapeError(f"`checkpoints` must be None, an int (the number of stored carries) "
-                     f"or `sd.Binomial(s)`, got {checkpoints!r}.", op=op)
+    raise ShapeError(f"`checkpoints` must be None, an int (the number of stored carries), "
+                     f"`sd.Binomial(s)` or `sd.EveryK(k)`, got {checkpoints!r}.", op=op)
 
 
 # ---------------------------------------------------------------------------
@@ -100,7 +163,7 @@ def as_schedule(checkpoints, op: str):
 scan_p = Primitive("scan", multiple_results=True, params={
     "body": Graph, "num_consts": int, "num_carry": int, "length": int,
     "reverse": Param(bool, default=False),
-    "checkpoints": Param((Binomial, None), default=None)})
+    "checkpoints": Param((*SCHEDULES, None), default=None)})
 
 
 def _groups(seq, nc: int, nk: int):
@@ -499,7 +562,7 @@ def _checkpointed_bwd(res, cts, body, nc, nk, length, reverse, checkpoints):
         body=live_inputs(body, [True] * nk + [False] * (len(body.outputs) - nk))[0],
         step=v, num_consts=nc, num_carry=nk, num_ct_carry=len(ctc0),
         num_acc=len(acc0), length=length, **({"reverse": True} if reverse else {}),
-        snapshots=checkpoints.snapshots)
+        schedule=checkpoints)
     return _assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, x_idx, out)
 
 
@@ -510,14 +573,14 @@ def _checkpointed_bwd(res, cts, body, nc, nk, length, reverse, checkpoints):
 scan_adjoint_p = Primitive("scan_adjoint", multiple_results=True, params={
     "body": Graph, "step": Graph, "num_consts": int, "num_carry": int,
     "num_ct_carry": int, "num_acc": int, "length": int,
-    "reverse": Param(bool, default=False), "snapshots": int})
+    "reverse": Param(bool, default=False), "schedule": SCHEDULES})
 #: operands `(*consts, *init, *xs, *ct_carry, *acc, *ct_ys)`; `body` is the
 #: forward step `(*consts, *carry, *x) -> (*carry, *y)` and `step` its
 #: backward part `(*consts, *ct_carry, *acc, *carry, *x, *ct_y) -> (*ct_carry,
 #: *acc, *ct_x)`. Outputs: the cotangents of the first carry, the
 #: accumulated `acc` and the stacked `ct_x`s, as a reverse scan of `step` over
-#: the carries of `body` would give them; the carries are recomputed from at
-#: most `snapshots` stored ones.
+#: the carries of `body` would give them; the carries are recomputed from
+#: the ones `schedule` stores.
 
 
 def _adjoint_groups(args, nc, nk, nxs, nctc, nacc):
@@ -532,15 +595,16 @@ def _adjoint_groups(args, nc, nk, nxs, nctc, nacc):
 
 @scan_adjoint_p.def_abstract_eval
 def _scan_adjoint_shape(*in_types, body, step, num_consts, num_carry, num_ct_carry,
-                        num_acc, length, reverse=False, snapshots):
+                        num_acc, length, reverse=False, schedule):
     op = "scan_adjoint"
     nx = len(body.inputs) - num_consts - num_carry
     consts, carry, xs, ctc, acc, cty = _adjoint_groups(in_types, num_consts, num_carry, nx,
                                                        num_ct_carry, num_acc)
     _scan_shape(*consts, *carry, *xs, body=body, num_consts=num_consts,
                 num_carry=num_carry, length=length)
-    if snapshots < 1:
-        raise ShapeError(f"needs snapshots >= 1, got {snapshots}.", op=op)
+    if not isinstance(schedule, SCHEDULES):
+        raise ShapeError(f"`schedule` must be one of {[c.__name__ for c in SCHEDULES]}, got "
+                         f"{schedule!r}.", op=op)
     want = (list(consts) + list(ctc) + list(acc) + list(carry)
             + [TensorType(t.shape[1:], t.dtype) for t in xs]
             + [TensorType(t.shape[1:], t.dtype) for t in cty])
@@ -594,13 +658,14 @@ def revolve_actions(length: int, snapshots: int) -> np.ndarray:
 
 @scan_adjoint_p.def_impl
 def _scan_adjoint_impl(*args, body, step, num_consts, num_carry, num_ct_carry, num_acc,
-                       length, reverse=False, snapshots):
+                       length, reverse=False, schedule):
     nc, nk = num_consts, num_carry
     nx = len(body.inputs) - nc - nk
     consts, init, xs, ctc0, acc0, cty = _adjoint_groups(args, nc, nk, nx, num_ct_carry,
                                                         num_acc)
     fb, fs = lower(body), lower(step)
-    rows = revolve_actions(length, min(snapshots, max(length, 1)))
+    rows = schedule.actions(length)
+    snapshots = schedule.slots(length)
     kinds, a_, b_ = (jnp.asarray(rows[:, j]) for j in range(3))
     n_ctx = len(step.outputs) - num_ct_carry - num_acc
     x_types = [t for t in step.out_types[num_ct_carry + num_acc:]]
@@ -659,7 +724,7 @@ def _scan_adjoint_impl(*args, body, step, num_consts, num_carry, num_ct_carry, n
 
 @scan_adjoint_p.def_jvp
 def _scan_adjoint_jvp(primals, tangents, *, body, step, num_consts, num_carry,
-                      num_ct_carry, num_acc, length, reverse=False, snapshots):
+                      num_ct_carry, num_acc, length, reverse=False, schedule):
     # The backward pass is a fixed composition of forward steps and backward
     # steps; its JVP is the same composition of their JVPs: the same schedule
     # on the JVP of `body` (carries with their tangents) and of `step`, every
@@ -685,7 +750,7 @@ def _scan_adjoint_jvp(primals, tangents, *, body, step, num_consts, num_carry,
         *[a for g in groups for a in g], body=bj, step=sj,
         num_consts=len(groups[0]), num_carry=len(groups[1]),
         num_ct_carry=len(groups[3]), num_acc=len(groups[4]), length=length,
-        **({"reverse": True} if reverse else {}), snapshots=snapshots)
+        **({"reverse": True} if reverse else {}), schedule=schedule)
     outs, touts, k = [], [], 0
     for lo, size in ((0, nctc), (nctc, nacc), (nctc + nacc, nctx)):
         kinds = step.out_types[lo:lo + size]
@@ -735,7 +800,7 @@ def _with_unused_inputs(graph: Graph, at: int, types) -> Graph:
 
 
 def _adjoint_by_scans(*args, body, step, num_consts, num_carry, num_ct_carry, num_acc,
-                      length, reverse=False, snapshots):
+                      length, reverse=False, schedule):
     """What a `scan_adjoint` node computes, as two plain scans: the forward
     scan storing every step's carry, then the reverse scan of `step`."""
     nc, nk = num_consts, num_carry
@@ -803,7 +868,9 @@ def scan(f: Callable, init, xs=None, length: int | None = None, reverse: bool = 
     - `reverse`: run from the last element of `xs` to the first (the `y`s are
         still stacked in `xs`'s order).
     - `checkpoints`: None (reverse mode stores every step's residuals), an
-        int `s` or `sd.Binomial(s)` (at most `s` stored carries).
+        int `s` or `sd.Binomial(s)` (at most `s` stored carries, binomial
+        recomputation), or `sd.EveryK(k)` (every `k`-th carry stored, one
+        extra forward pass).
 
     **Returns:**
 
@@ -952,12 +1019,12 @@ def _scan_adjoint_cost(node, body):
     from ..graph._cost import Cost
 
     p = node.params
-    n, s = p["length"], p["snapshots"]
+    n, sched = p["length"], p["schedule"]
     fb, st = body(p["body"]), body(p["step"])
-    actions = revolve_actions(n, s)
+    actions = sched.actions(n)
     advances = actions[actions[:, 0] == 1]
     recomputed = int(np.sum(advances[:, 2] - advances[:, 1])) if len(advances) else 0
-    temp = s * _carry_bytes(p["body"], p["num_consts"], p["num_carry"]) + max(fb.peak,
-                                                                            st.peak)
+    temp = sched.slots(n) * _carry_bytes(p["body"], p["num_consts"], p["num_carry"]) + \
+        max(fb.peak, st.peak)
     return Cost(recomputed * fb.flops + n * st.flops, temp,
-                f"{n} steps, binomial({s}): {recomputed} forward steps recomputed")
+                f"{n} steps, {sched}: {recomputed} forward steps recomputed")

@@ -40,7 +40,7 @@ from ..graph._body import drop_inputs, hoist, hoist_nodes, inline, live_inputs, 
 from ..graph._trace import Tracer, is_value_leaf
 from ._checks import check, tie
 from ._cond import _sig, _union_inputs, cond_p
-from ._control import Binomial, _checkpointed_bwd, _scan_body_jvp, _with_unused_inputs
+from ._control import SCHEDULES, Binomial, _checkpointed_bwd, _scan_body_jvp, _with_unused_inputs
 from ._control import as_schedule
 
 _tree = jax.tree_util
@@ -48,7 +48,7 @@ _tree = jax.tree_util
 while_p = Primitive("while", multiple_results=True, runtime_checks=True, params={
     "cond_body": Graph, "body": Graph, "num_consts": int,
     "max_steps": Param((int, None), default=None),
-    "checkpoints": Param((Binomial, None), default=None)})
+    "checkpoints": Param((*SCHEDULES, None), default=None)})
 
 
 @while_p.def_abstract_eval
@@ -249,9 +249,9 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
     - `max_steps`: None, or an int bounding the steps. A loop still running
         after `max_steps` steps raises `sciad.errors.ConvergenceError` when
         the program runs.
-    - `checkpoints`: the snapshots of reverse mode (an int or
-        `sd.Binomial(s)`); by default about log2(max_steps). Needs
-        `max_steps`.
+    - `checkpoints`: reverse mode's schedule (an int or `sd.Binomial(s)`:
+        at most `s` stored carries; or `sd.EveryK(k)`); by default
+        `Binomial` with about log2(max_steps) snapshots. Needs `max_steps`.
 
     **Returns:**
 
