@@ -73,10 +73,8 @@ def normalize_indices(i: np.ndarray, size: int, mode: str, distinct: bool, op: s
         bad = (i < -size) | (i >= size)
         if bad.any():
             first = int(i[bad].flat[0])
-            count = int(bad.sum())
             raise IndexingError(f"index {first} is out of bounds for an axis of size "
-                                f"{size} ({count} of {i.size} indices "
-                                f"{'is' if count == 1 else 'are'}).", op=op)
+                                f"{size}{_how_many(int(bad.sum()), i.size)}.", op=op)
         out = np.where(i < 0, i + size, i)
     elif mode == "wrap":
         out = np.mod(i, size) if size else i
@@ -85,6 +83,12 @@ def normalize_indices(i: np.ndarray, size: int, mode: str, distinct: bool, op: s
     if distinct and np.unique(out).size != out.size:
         raise IndexingError(_repeated_text(out), op=op)
     return out.astype(np.int64 if out.dtype.kind in "iu" else out.dtype, copy=False)
+
+
+def _how_many(count: int, total: int) -> str:
+    if total <= 1:
+        return ""
+    return f" ({count} of {total} indices {'is' if count == 1 else 'are'})"
 
 
 def _repeated_text(out) -> str:
@@ -99,10 +103,8 @@ def _repeated_text(out) -> str:
 def _judge_indices(site, *, size, mode, total=0, out_of_range=False, first=0, repeated=False,
                    first_repeated=0, count=0):
     if out_of_range:
-        count = int(count)
         site.fail(IndexingError, f"index {int(first)} is out of bounds for an axis of size "
-                  f"{size} ({count} of {total} indices {'is' if count == 1 else 'are'}). "
-                  "Check the indices, or pass "
+                  f"{size}{_how_many(int(count), total)}. Check the indices, or pass "
                   "mode='wrap' or mode='clip'.")
     if repeated:
         site.fail(IndexingError, f"`.at[i].set(v)` needs distinct indices, but index "
