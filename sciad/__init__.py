@@ -34,6 +34,7 @@ from ._transforms import (
     jvp as jvp,
     value_and_grad as value_and_grad,
     vjp as vjp,
+    vmap as vmap,
 )
 
 __version__ = "0.1.0"

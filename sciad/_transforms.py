@@ -347,3 +347,108 @@ def jacrev(f: Callable, argnums: int = 0):
 
     return _Transformed(inline, f, "jacrev")
 
+
+
+# ---------------------------------------------------------------------------
+# batching
+
+
+def _axes_for(axes, tree, what: str) -> list:
+    """`axes` (an int, None, or a pytree prefix of `tree`) as one axis per
+    leaf of `tree`, in `jax.tree_util` order."""
+    out: list = []
+
+    def walk(a, sub):
+        if a is None or isinstance(a, (int, np.integer)):
+            out.extend([None if a is None else int(a)] * len(_tree.tree_leaves(sub)))
+        elif isinstance(a, (tuple, list)) and isinstance(sub, (tuple, list)) and \
+                len(a) == len(sub):
+            for x, y in zip(a, sub):
+                walk(x, y)
+        elif isinstance(a, dict) and isinstance(sub, dict) and set(a) == set(sub):
+            for k in sorted(sub):
+                walk(a[k], sub[k])
+        else:
+            raise ShapeError(f"`{what}` must be an int, None, or a pytree prefix of "
+                             f"{_tree.tree_structure(tree)}, got {axes!r}.", op="vmap")
+
+    walk(axes, tree)
+    return out
+
+
+def _vmap_inline(f, in_axes, out_axes, args: tuple):
+    from .graph._batch import batch_graph, to_front
+
+    leaves = _tree.tree_leaves(args)
+    axes = _axes_for(in_axes, args, "in_axes")
+    per, dims, size = [], [], None
+    for x, a in zip(leaves, axes):
+        t = type_of(x)
+        if a is None:
+            per.append(x)
+            dims.append(None)
+            continue
+        if not isinstance(t, TensorType) or not -len(t.shape) <= a < len(t.shape):
+            raise ShapeError(f"in_axes {a} does not exist in an argument of type "
+                             f"{t.str_short() if hasattr(t, 'str_short') else t}.", op="vmap")
+        a %= len(t.shape)
+        if size is None:
+            size = t.shape[a]
+        elif t.shape[a] != size:
+            raise ShapeError(f"the mapped axes have different sizes: {size} and "
+                             f"{t.shape[a]} (an argument of type {t.str_short()}).", op="vmap")
+        per.append(TensorType(t.shape[:a] + t.shape[a + 1:], t.dtype))
+        dims.append(a)
+    if size is None:
+        raise ShapeError("vmap needs at least one mapped argument (in_axes all None).",
+                         op="vmap")
+    per_args = _tree.tree_unflatten(_tree.tree_structure(args), per)
+    graph, _, out_tree, captured = trace_flat(f, tuple(per_args), closure=True,
+                                              name=getattr(f, "__name__", "vmap"))
+    outs = batch_graph(graph, list(leaves) + captured, dims + [None] * len(captured))
+    o_axes = _axes_for(out_axes, _tree.tree_unflatten(out_tree, [0] * len(outs)),
+                       "out_axes")
+    from . import numpy as snp
+
+    result = []
+    for (v, d), a in zip(outs, o_axes):
+        if a is None:
+            if d is not None:
+                raise ShapeError("out_axes=None for an output that depends on the mapped "
+                                 "arguments.", op="vmap")
+            result.append(v)
+            continue
+        v = snp.asarray(v)
+        v = to_front(v, d) if d is not None else snp.broadcast_to(
+            snp.reshape(v, (1,) + tuple(v.shape)), (size,) + tuple(v.shape))
+        result.append(snp.moveaxis(v, 0, a) if a != 0 else v)
+    return _tree.tree_unflatten(out_tree, result)
+
+
+def vmap(f: Callable, in_axes=0, out_axes=0):
+    """The batched `f`: maps `f` over an axis of its arguments, as
+    `jax.vmap`, as a graph transform. `f` is traced once on one example's
+    shapes, and every node of its graph is replaced by its batch rule's
+    whole-batch computation (a primitive without one runs one example at a
+    time, with a warning), so the batched program is an ordinary graph:
+    it prints, differentiates, optimizes and lowers.
+
+    **Arguments:**
+
+    - `f`: a function of arrays (pytrees in and out).
+    - `in_axes`: the mapped axis of each argument: an int, None (not
+      mapped), or a tuple with one entry (int, None or a pytree prefix) per
+      positional argument.
+    - `out_axes`: where the batch axis goes in each output (an int, None for
+      outputs that do not depend on the mapped arguments, or a pytree prefix
+      of the outputs).
+
+    **Returns:**
+
+    The batched function.
+    """
+    def inline(*args):
+        return _vmap_inline(f, in_axes, out_axes, args)
+
+    inline.__name__ = f"vmap_{getattr(f, '__name__', 'f')}"
+    return _Transformed(inline, f, "vmap")

@@ -32,6 +32,7 @@ __all__ = [
     "SciadWarning",
     "unwrapped",
     "IllConditionedWarning",
+    "BatchFallbackWarning",
 ]
 
 
@@ -161,6 +162,11 @@ class ConvergenceError(SciadError, RuntimeError):
 
 class SciadWarning(UserWarning):
     """Base class of the warnings sciad issues."""
+
+
+class BatchFallbackWarning(SciadWarning):
+    """`sd.vmap` met a primitive without a batch rule and maps it one example
+    at a time (a node per example). Shown once per primitive."""
 
 
 class IllConditionedWarning(SciadWarning):

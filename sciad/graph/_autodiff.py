@@ -623,3 +623,12 @@ def check_linear_dtype(x, op: str) -> None:
         raise DTypeError(f"can only differentiate with respect to float or complex "
                          f"arrays, got {t.str_short()}.", op=op)
 
+
+
+def _install_batch_rules() -> None:
+    from ._batch import front_rule
+
+    add_any_p.def_batch(front_rule(add_any_p))
+
+
+_install_batch_rules()

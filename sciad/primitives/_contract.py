@@ -193,3 +193,66 @@ def _einsum_cost(node, body):
         dims.update(zip(letters, a.type.shape))
     terms = float(np.prod([float(d) for d in dims.values()])) if dims else 1.0
     return Cost(2.0 * terms)
+
+
+# ---------------------------------------------------------------------------
+# Batch rules. einsum: a new letter for the batch axis, on the batched
+# operands and first in the result. matmul: 1-D operands are made 2-D (as
+# matmul reads them), batched ones get the batch axis first and size-1 axes
+# so that matmul's own broadcasting of leading axes lines the batch up; the
+# added axes are dropped from the result.
+
+def _install_batch_rules() -> None:
+    from ..graph._batch import to_front
+    from ._util import snp
+
+    def einsum_rule(args, dims, *, spec):
+        ins, out = parse_spec(spec, len(args))
+        z = next(c for c in "zyxwvutsrqponmlkjihgfedcbaZYXWVUTSRQPONMLKJIHGFEDCBA"
+                 if c not in spec)
+        ops, subs = [], []
+        for a, d, s in zip(args, dims, ins):
+            if d is None:
+                ops.append(a)
+                subs.append(s)
+            else:
+                ops.append(to_front(a, d))
+                subs.append(z + s)
+        return einsum_p.bind(*ops, spec=",".join(subs) + "->" + z + out), 0
+
+    def matmul_rule(args, dims):
+        (a, b), (da, db) = args, dims
+        ra, rb = len(a.shape) - (da is not None), len(b.shape) - (db is not None)
+
+        def two_d(x, d, r, where):
+            if r != 1:
+                return x, d
+            x = to_front(x, d) if d is not None else x
+            lead = tuple(x.shape[:-1])
+            k = x.shape[-1]
+            return snp.reshape(x, lead + ((1, k) if where == "row" else (k, 1))), \
+                (None if d is None else 0)
+
+        a, da = two_d(a, da, ra, "row")
+        b, db = two_d(b, db, rb, "col")
+        n = max(len(a.shape) - (da is not None), len(b.shape) - (db is not None)) - 2
+        ops = []
+        for x, d in ((a, da), (b, db)):
+            if d is None:
+                ops.append(x)
+                continue
+            x = to_front(x, d)
+            k = len(x.shape) - 3
+            ops.append(snp.reshape(x, (x.shape[0],) + (1,) * (n - k) + tuple(x.shape[1:])))
+        out = matmul_p.bind(*ops)
+        if ra == 1:
+            out = snp.squeeze(out, axis=-2)
+        if rb == 1:
+            out = snp.squeeze(out, axis=-1)
+        return out, 0
+
+    einsum_p.def_batch(einsum_rule)
+    matmul_p.def_batch(matmul_rule)
+
+
+_install_batch_rules()

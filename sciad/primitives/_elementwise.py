@@ -510,3 +510,16 @@ def _select_simplify(node, producer):
 def _convert_simplify(node, producer):
     # a conversion to the operand's own dtype
     return if_same_type(node.inputs[0], node)
+
+
+# ---------------------------------------------------------------------------
+# Batch rules: every op here broadcasts its operands elementwise.
+
+def _install_batch_rules() -> None:
+    from ..graph._batch import elementwise_rule
+
+    for p in (*unary_primitives.values(), *binary_primitives.values(), select_p, convert_p):
+        p.def_batch(elementwise_rule(p))
+
+
+_install_batch_rules()

@@ -212,3 +212,12 @@ def _fft_cost(node, body):
     elems = max(size(node.inputs[0].type), size(node.outputs[0].type))
     real = node.params["kind"] != "fft" and node.params["kind"] != "ifft"
     return Cost((2.5 if real else 5.0) * elems * np.log2(max(n, 2.0)))
+
+
+def _install_batch_rule() -> None:
+    from ..graph._batch import front_rule, shift_axes
+
+    fft_p.def_batch(front_rule(fft_p, shift_axes("axes")))
+
+
+_install_batch_rule()

@@ -305,3 +305,82 @@ def _dynamic_update_slice_transpose(ct, x, u, *starts):
     if is_linear(u):
         ct_u = dynamic_slice_p.bind(ct, *starts, sizes=tuple(type_of(u).shape))
     return (ct_x, ct_u, *([None] * len(starts)))
+
+
+# ---------------------------------------------------------------------------
+# Batch rules: the batch axis leads, and the index gets a full slice for it.
+# A batched start of a dynamic slice (each example at its own offset) is a
+# gather: it runs one example at a time for now.
+
+def _prefixed(index: StaticIndex, size: int) -> StaticIndex:
+    return StaticIndex(((0, size, 1),) + index.items)
+
+
+def _install_batch_rules() -> None:
+    from ..graph._batch import batch_size_of, batched_front, to_front
+    from ._take import batched_take
+    from ._util import snp
+
+    def getitem_rule(args, dims, *, index):
+        (x,), (d,) = args, dims
+        x = to_front(x, d)
+        return getitem_p.bind(x, index=_prefixed(index, x.shape[0])), 0
+
+    def update_rule(prim):
+        def rule(args, dims, *, index):
+            size = batch_size_of(args, dims)
+            x, v = (batched_front(a, d, size) for a, d in zip(args, dims))
+            return prim.bind(x, v, index=_prefixed(index, size)), 0
+        return rule
+
+    def clamped(start, d, n, w, size):
+        # each example's start (batch axis first), clamped as XLA clamps it
+        start = batched_front(start, d, size)
+        return snp.clip(snp.astype(start, np.int64), 0, n - w)
+
+    def dynamic_slice_rule(args, dims, *, sizes):
+        (x, *starts), (d, *sd) = args, dims
+        size = batch_size_of(args, dims)
+        x = batched_front(x, d, size)
+        fixed = [np.int64(0) if s is not None else st for st, s in zip(starts, sd)]
+        # the axes whose start is the same for every example: one slice
+        whole = tuple(x.shape[k + 1] if s is not None else w
+                      for k, (w, s) in enumerate(zip(sizes, sd)))
+        x = dynamic_slice_p.bind(x, np.int64(0), *fixed, sizes=(size,) + whole)
+        # each example at its own start: a gather of the window on that axis
+        for k, (st, s) in enumerate(zip(starts, sd)):
+            if s is not None:
+                first = clamped(st, s, x.shape[k + 1], sizes[k], size)
+                idx = snp.reshape(first, (size, 1)) + snp.arange(sizes[k], dtype=np.int64)
+                x = batched_take(x, idx, k)
+        return x, 0
+
+    def dynamic_update_slice_rule(args, dims):
+        (x, u, *starts), (dx, du, *sd) = args, dims
+        size = batch_size_of(args, dims)
+        x, u = batched_front(x, dx, size), batched_front(u, du, size)
+        if all(s is None for s in sd):
+            return dynamic_update_slice_p.bind(x, u, np.int64(0), *starts), 0
+        # each example's window: the update spread over the whole array (a
+        # gather on each axis) and a mask of where it lands
+        mask = None
+        for k, st in enumerate(starts):
+            n, w = x.shape[k + 1], u.shape[k + 1]
+            first = clamped(st, sd[k], n, w, size)
+            j = snp.arange(n, dtype=np.int64) - snp.reshape(first, (size, 1))
+            inside = (j >= 0) & (j < w)
+            u = batched_take(u, snp.clip(j, 0, w - 1), k)
+            shape = [size] + [1] * (len(x.shape) - 1)
+            shape[k + 1] = n
+            inside = snp.reshape(inside, tuple(shape))
+            mask = inside if mask is None else mask & inside
+        return snp.where(mask, u, x), 0
+
+    getitem_p.def_batch(getitem_rule)
+    index_set_p.def_batch(update_rule(index_set_p))
+    index_add_p.def_batch(update_rule(index_add_p))
+    dynamic_slice_p.def_batch(dynamic_slice_rule)
+    dynamic_update_slice_p.def_batch(dynamic_update_slice_rule)
+
+
+_install_batch_rules()

@@ -149,3 +149,17 @@ def _cumsum_jvp(primals, tangents, *, axis, reverse):
 @cumsum_p.def_transpose
 def _cumsum_transpose(ct, x, *, axis, reverse):
     return (cumsum_p.bind(ct, axis=axis, reverse=not reverse),)
+
+
+# ---------------------------------------------------------------------------
+# Batch rules: the batch axis leads, the reduced (or scanned) axes move up.
+
+def _install_batch_rules() -> None:
+    from ..graph._batch import front_rule, shift_axes
+
+    for p in reduce_primitives.values():
+        p.def_batch(front_rule(p, shift_axes("axes")))
+    cumsum_p.def_batch(front_rule(cumsum_p, shift_axes("axis")))
+
+
+_install_batch_rules()

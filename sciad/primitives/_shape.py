@@ -246,3 +246,36 @@ def _roll_transpose(ct, x, *, shifts, axes):
         ct = snp.pad(ct[head + (slice(s, n),)], widths_hi) + \
             snp.pad(ct[head + (slice(0, s),)], widths_lo)
     return (ct,)
+
+
+# ---------------------------------------------------------------------------
+# Batch rules: the batch axis leads; the params describe one more axis.
+
+def _install_batch_rules() -> None:
+    from ..graph._batch import front_rule, shift_axes, to_front
+
+    def reshape_rule(args, dims, *, shape):
+        (x,), (d,) = args, dims
+        x = to_front(x, d)
+        return reshape_p.bind(x, shape=(x.shape[0],) + tuple(shape)), 0
+
+    def broadcast_rule(args, dims, *, shape):
+        from ._util import snp
+
+        (x,), (d,) = args, dims
+        x = to_front(x, d)
+        b, rest = x.shape[0], tuple(x.shape[1:])
+        x = snp.reshape(x, (b,) + (1,) * (len(shape) - len(rest)) + rest)
+        return broadcast_to_p.bind(x, shape=(b,) + tuple(shape)), 0
+
+    reshape_p.def_batch(reshape_rule)
+    broadcast_to_p.def_batch(broadcast_rule)
+    transpose_p.def_batch(front_rule(transpose_p, lambda perm: {
+        "perm": (0,) + tuple(int(p) + 1 for p in perm)}))
+    concatenate_p.def_batch(front_rule(concatenate_p, shift_axes("axis")))
+    pad_p.def_batch(front_rule(pad_p, lambda widths, value: {
+        "widths": ((0, 0),) + tuple(tuple(w) for w in widths), "value": value}))
+    roll_p.def_batch(front_rule(roll_p, shift_axes("axes")))
+
+
+_install_batch_rules()

@@ -84,3 +84,12 @@ def stop_gradient(x):
 def _stop_one(x):
     dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype  # a Python scalar
     return stop_gradient_p.bind(x) if np.dtype(dtype).kind in "fc" else x
+
+
+def _install_batch_rule() -> None:
+    from ..graph._batch import elementwise_rule
+
+    stop_gradient_p.def_batch(elementwise_rule(stop_gradient_p))
+
+
+_install_batch_rule()

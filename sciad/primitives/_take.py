@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import DTypeError, IndexingError, ShapeError
-from ..graph import Primitive, TensorType, instantiate, is_linear, zeros
+from ..graph import Param, Primitive, TensorType, instantiate, is_linear, zeros
 from ..graph._autodiff import type_of
 from ._checks import check, tie
 from ._util import normalize_axis, tensor
@@ -51,14 +51,19 @@ def _int_indices(i, op: str) -> TensorType:
 # index_bounds
 
 index_bounds_p = Primitive("index_bounds", params={"size": int, "mode": str,
-                                                   "distinct": bool},
+                                                   "distinct": bool,
+                                                   "batch_dims": Param(int, default=0)},
                            runtime_checks=True)
+#: (`batch_dims`: the leading axes of `i` that run over examples of a batch;
+#: with `distinct`, the indices must be distinct within each example.)
 
 
 @index_bounds_p.def_abstract_eval
-def _index_bounds_shape(i, *, size, mode, distinct):
+def _index_bounds_shape(i, *, size, mode, distinct, batch_dims=0):
     op = "index_bounds"
     i = _int_indices(i, op)
+    if not 0 <= batch_dims <= i.ndim:
+        raise IndexingError(f"`batch_dims` must be in [0, {i.ndim}], got {batch_dims}.", op=op)
     if mode not in MODES:
         raise IndexingError(f"`mode` must be one of {MODES}, got {mode!r}.", op=op)
     if size < 0 or (size == 0 and i.size > 0 and mode != "raise"):
@@ -113,7 +118,7 @@ def _judge_indices(site, *, size, mode, total=0, out_of_range=False, first=0, re
 
 
 @index_bounds_p.def_impl
-def _index_bounds_impl(i, *, size, mode, distinct, site=None):
+def _index_bounds_impl(i, *, size, mode, distinct, batch_dims=0, site=None):
     if mode == "wrap":
         out = jnp.mod(i, size)
     elif mode == "clip":
@@ -125,11 +130,12 @@ def _index_bounds_impl(i, *, size, mode, distinct, site=None):
         bad = (i < -size) | (i >= size)
         measures.update(out_of_range=jnp.any(bad), count=jnp.sum(bad),
                         first=jnp.where(jnp.any(bad), i.ravel()[jnp.argmax(bad.ravel())], 0))
-    if distinct and i.size > 1:
-        s = jnp.sort(out.ravel())
-        dup = s[1:] == s[:-1]
+    per = int(np.prod(i.shape[batch_dims:], dtype=np.int64))
+    if distinct and per > 1:
+        s = jnp.sort(out.reshape(-1, per), axis=1)  # within each example
+        dup = (s[:, 1:] == s[:, :-1]).ravel()
         measures.update(repeated=jnp.any(dup),
-                        first_repeated=s[1:][jnp.argmax(dup)])
+                        first_repeated=s[:, 1:].ravel()[jnp.argmax(dup)])
     if not measures:
         return out
     failing = jnp.zeros((), bool)
@@ -341,3 +347,103 @@ def _searchsorted_cost(node, body):
 
     n = node.inputs[0].type.shape[0]
     return Cost(float(size(node.inputs[1].type)) * np.log2(max(n, 2)))
+
+
+# ---------------------------------------------------------------------------
+# Batch rules.
+#
+# With the indices unbatched, the batch axis of `x` (and `v`) leads and
+# `axis` moves up. With batched indices, each example indexes its own slice:
+# `x`'s batch axis and indexed axis are merged into one axis of `B * n`
+# entries, each example's indices are offset by `b * n`, and one `take` (or
+# scatter) on the merged axis does the whole batch; the axes are then put
+# back in place.
+
+def _merged(x, axis):
+    """`x` (batch axis first) as `(B * n, *other axes)`: the batch axis and
+    `axis` (of the example) merged, the example's other axes in order."""
+    from ._util import snp
+
+    b, n = x.shape[0], x.shape[axis + 1]
+    x = snp.moveaxis(x, axis + 1, 1)
+    return snp.reshape(x, (b * n,) + tuple(x.shape[2:]))
+
+
+def _offset(i, n: int):
+    from ._util import snp
+
+    b = i.shape[0]
+    return i + snp.reshape(snp.arange(b, dtype=np.int64) * n, (b,) + (1,) * (len(i.shape) - 1))
+
+
+def batched_take(x, i, axis: int):
+    """`take` of each example's `x` at its own indices `i` along `axis` (of
+    the example), both with the batch axis first; the result too."""
+    from ._util import snp
+
+    pre, k = axis, len(i.shape) - 1
+    out = take_p.bind(_merged(x, axis), _offset(i, x.shape[axis + 1]), axis=0)
+    # (B, *i, *pre, *post) -> (B, *pre, *i, *post)
+    perm = (0,) + tuple(range(1 + k, 1 + k + pre)) + tuple(range(1, 1 + k)) + \
+        tuple(range(1 + k + pre, len(out.shape)))
+    return snp.transpose(out, perm)
+
+
+def _install_batch_rules() -> None:
+    from ..graph._batch import batch_size_of, batched_front, front_rule, shift_axes, to_front
+    from ._util import snp
+
+    def take_rule(args, dims, *, axis):
+        (x, i), (dx, di) = args, dims
+        if di is None:
+            return take_p.bind(to_front(x, dx), i, axis=axis + 1), 0
+        if dx is None:  # one array, every example's indices: their batch dim stays
+            return take_p.bind(x, i, axis=axis), axis + di
+        return batched_take(to_front(x, dx), to_front(i, di), axis), 0
+
+    def scatter_rule(prim):
+        def rule(args, dims, *, axis):
+            (x, v, i), (dx, dv, di) = args, dims
+            size = batch_size_of(args, dims)
+            x, v = batched_front(x, dx, size), batched_front(v, dv, size)
+            if di is None:
+                return prim.bind(x, v, i, axis=axis + 1), 0
+            i = to_front(i, di)
+            n, pre, k = x.shape[axis + 1], axis, len(i.shape) - 1
+            # v: (B, *pre, *i, *post) -> (B, *i, *pre, *post), the merged layout
+            perm = (0,) + tuple(range(1 + pre, 1 + pre + k)) + tuple(range(1, 1 + pre)) + \
+                tuple(range(1 + pre + k, len(v.shape)))
+            out = prim.bind(_merged(x, axis), snp.transpose(v, perm), _offset(i, n), axis=0)
+            out = snp.reshape(out, (size, n) + tuple(out.shape[1:]))
+            return snp.moveaxis(out, 1, axis + 1), 0
+        return rule
+
+    def index_bounds_rule(args, dims, *, size, mode, distinct, batch_dims=0):
+        (i,), (d,) = args, dims
+        i = snp.moveaxis(i, d, batch_dims) if d != batch_dims else i
+        return index_bounds_p.bind(i, size=size, mode=mode, distinct=distinct,
+                                   batch_dims=batch_dims + 1), batch_dims
+
+    def searchsorted_rule(args, dims, *, side):
+        (a, v), (da, dv) = args, dims
+        if da is None:
+            return searchsorted_p.bind(a, v, side=side), dv
+        # each example's own sorted array: count the entries before each value
+        size = batch_size_of(args, dims)
+        a, v = to_front(a, da), batched_front(v, dv, size)
+        k = len(v.shape) - 1
+        a = snp.reshape(a, (size,) + (1,) * k + (a.shape[1],))
+        v = snp.expand_dims(snp.astype(v, a.dtype), -1)
+        before = (a < v) if side == "left" else (a <= v)
+        return snp.sum(snp.astype(before, np.int64), axis=-1), 0
+
+    index_bounds_p.def_batch(index_bounds_rule)
+    take_p.def_batch(take_rule)
+    scatter_add_p.def_batch(scatter_rule(scatter_add_p))
+    scatter_set_p.def_batch(scatter_rule(scatter_set_p))
+    sort_p.def_batch(front_rule(sort_p, shift_axes("axis")))
+    argsort_p.def_batch(front_rule(argsort_p, shift_axes("axis")))
+    searchsorted_p.def_batch(searchsorted_rule)
+
+
+_install_batch_rules()

@@ -1,0 +1,176 @@
+"""Batching: the graph transform behind `sd.vmap`.
+
+A batched value is a pair `(value, dim)`: `dim` is the axis of `value` that
+runs over the batch, or None for a value that is the same for every example
+(a constant, a closed-over array, an `in_axes=None` argument). `BatchEmit`
+walks a graph traced on one example's shapes and emits, for each node, the
+batched computation into the current trace: a node none of whose operands is
+batched is emitted as it is; otherwise its primitive's batch rule
+(`Primitive.def_batch`) runs on the operands and their batch dims and
+returns the outputs and theirs. The result is an ordinary graph of whole
+operations on batched arrays, which prints, optimizes and lowers like any
+other.
+
+A batch rule has the signature `rule(args, dims, **params) -> (out, dim)`
+(lists of outputs and dims for a primitive with multiple results), written
+with sciad ops; the helpers below move a batch dim to the front and give an
+unbatched operand a batch axis. A primitive without a rule falls back to a
+sequential map (one node per example, stacked), with a one-time warning
+naming it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Sequence
+
+from ..errors import BatchFallbackWarning, ShapeError
+from ._core import Literal, Node, Primitive
+from ._interpret import Interpreter
+
+
+_warned: set[str] = set()
+
+
+def _snp():
+    from .. import numpy
+
+    return numpy
+
+
+def batch_size_of(args: Sequence, dims: Sequence) -> int:
+    sizes = {a.shape[d] for a, d in zip(args, dims) if d is not None}
+    if len(sizes) != 1:
+        raise ShapeError(f"batched operands disagree on the batch size: {sorted(sizes)}.",
+                         op="vmap")
+    return sizes.pop()
+
+
+def to_front(x, d):
+    """`x` with its batch dim `d` first (unchanged if `d` is 0)."""
+    return x if d == 0 else _snp().moveaxis(x, d, 0)
+
+
+def batched_front(x, d, size: int):
+    """`x` with a leading batch axis of `size`: moved there, or broadcast
+    for an unbatched `x` (`d` None)."""
+    snp = _snp()
+    if d is None:
+        x = snp.asarray(x)
+        return snp.broadcast_to(snp.reshape(x, (1,) + tuple(x.shape)), (size,) + tuple(x.shape))
+    return to_front(x, d)
+
+
+def sequential_batch(prim: Primitive, args, dims, params: dict):
+    """The fallback: `prim` applied to each example, the results stacked."""
+    snp = _snp()
+    if prim.name not in _warned:
+        _warned.add(prim.name)
+        from ._trace import current_source
+
+        src = current_source()
+        warnings.warn_explicit(
+            f"primitive {prim.name!r} has no batch rule: sd.vmap maps it one example at a "
+            "time (a node per example). Give it one with `def_batch`.", BatchFallbackWarning,
+            getattr(src, "file", None) or "<sciad>", getattr(src, "line", None) or 0)
+    from ._autodiff import _bind
+
+    size = batch_size_of(args, dims)
+    per = []
+    for b in range(size):
+        ex = [a if d is None else _index(a, d, b) for a, d in zip(args, dims)]
+        out = _bind(prim, ex, dict(params))
+        per.append(out)
+    outs = [snp.stack([p[k] for p in per]) for k in range(len(per[0]))]
+    return outs, [0] * len(outs)
+
+
+def _index(a, d, b):
+    idx = (slice(None),) * d + (b,)
+    return a[idx]
+
+
+class BatchEmit(Interpreter):
+    """Emits the batched form of each node into the current trace; values
+    are `(value, dim)` pairs."""
+
+    def literal(self, lit: Literal):
+        from ._autodiff import literal_operand
+
+        return literal_operand(lit), None
+
+    def run_node(self, node: Node, invals: Sequence):
+        from ._autodiff import _bind
+        from ._trace import emitting_for
+
+        args = [v for v, _ in invals]
+        dims = [d for _, d in invals]
+        prim = node.primitive
+        with emitting_for(node.source):
+            if all(d is None for d in dims):
+                return [(o, None) for o in _bind(prim, args, dict(node.params))]
+            rule = prim.batch_rule
+            if rule is None:
+                outs, odims = sequential_batch(prim, args, dims, node.params)
+            else:
+                outs, odims = rule(args, dims, **node.params)
+                if not prim.multiple_results:
+                    outs, odims = [outs], [odims]
+        return list(zip(outs, odims))
+
+
+def batch_graph(graph, args: Sequence, dims: Sequence) -> list:
+    """Emits `graph` batched on `args` (with batch dims `dims`) into the
+    current trace; returns its outputs as `(value, dim)` pairs."""
+    return BatchEmit(graph).run(*zip(args, dims))
+
+
+# ---------------------------------------------------------------------------
+# rules shared by families of primitives
+
+
+def elementwise_rule(prim: Primitive):
+    """The batch rule of an op that broadcasts its operands (NumPy's rule):
+    each batched operand gets its batch axis first and size-1 axes up to
+    the result's rank, so that the batch axis lines up; unbatched operands
+    broadcast from the right as before."""
+    def rule(args, dims, **params):
+        snp = _snp()
+        ranks = [len(a.shape) - (d is not None) for a, d in zip(args, dims)]
+        r = max(ranks)
+        ops = []
+        for a, d, k in zip(args, dims, ranks):
+            if d is None:
+                ops.append(a)
+                continue
+            a = to_front(a, d)
+            ops.append(a if k == r else snp.reshape(a, (a.shape[0],) + (1,) * (r - k)
+                                                    + tuple(a.shape[1:])))
+        return prim.bind(*ops, **params), 0
+    return rule
+
+
+def front_rule(prim: Primitive, shift=None):
+    """The batch rule of an op on operands of one shape (or whose batch axis
+    can lead): every operand gets a leading batch axis (broadcast if
+    unbatched), and `shift(params)` gives the params for the extra axis."""
+    def rule(args, dims, **params):
+        size = batch_size_of(args, dims)
+        ops = [batched_front(a, d, size) for a, d in zip(args, dims)]
+        out = prim.bind(*ops, **(shift(**params) if shift else params))
+        if prim.multiple_results:
+            return list(out), [0] * len(out)
+        return out, 0
+    return rule
+
+
+def shift_axes(*names: str):
+    """A `shift` for `front_rule`: the named params (an axis or a tuple of
+    axes) move up by one."""
+    def shift(**params):
+        out = dict(params)
+        for n in names:
+            v = params[n]
+            out[n] = tuple(int(a) + 1 for a in v) if isinstance(v, tuple) else int(v) + 1
+        return out
+    return shift

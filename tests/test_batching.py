@@ -1,0 +1,161 @@
+"""`sd.vmap`: batch rules on the primitives, against a loop over examples and
+against `jax.vmap` of the same JAX code; the transform's pytree axes, its
+composition with derivatives, and the sequential fallback."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sciad as sd
+import sciad.numpy as snp
+from registry_examples import EXAMPLES, builtin_primitives
+from sciad.errors import ShapeError
+from sciad.errors import BatchFallbackWarning
+
+BUILTINS = sorted(builtin_primitives())
+BATCHED = [n for n in BUILTINS if sd.graph.lookup_primitive(n).batch_rule is not None]
+
+# Built-in primitives still without a batch rule (they batch as a sequential
+# map, with a warning). The list must match the registry exactly: a rule
+# added removes its name here, and a new primitive must come with a rule.
+PENDING = {
+    "arange", "eye", "full", "linspace", "zeros",  # no operands: never batched
+    "call", "checkpoint", "cond", "optimization_barrier", "scan", "scan_adjoint",
+    "while",
+    "linalg.backsolve", "linalg.factor", "linalg.factor_rcond", "linalg.rcond",
+    "linalg.solve", "linalg.solve_operator",
+    "sparse.assemble", "sparse.gather", "sparse.matmul", "sparse.sample", "sparse.sddmm",
+    "sparse.todense", "sparse.transpose",
+}
+
+
+def test_batch_rule_coverage_is_as_listed():
+    missing = {n for n in BUILTINS if sd.graph.lookup_primitive(n).batch_rule is None}
+    assert missing == PENDING, (
+        f"with no batch rule but not listed: {sorted(missing - PENDING)}; listed but "
+        f"with a rule now: {sorted(PENDING - missing)}")
+
+
+def _batch_of(args, rng, size=3):
+    """`size` examples around each argument: float arrays perturbed by 1%,
+    others repeated."""
+    out = []
+    for a in args:
+        a = np.asarray(a)
+        if a.dtype.kind in "fc":
+            out.append(np.stack([a * (1 + 0.01 * rng.standard_normal(a.shape))
+                                 for _ in range(size)]))
+        else:
+            out.append(np.stack([a] * size))
+    return out
+
+
+@pytest.mark.parametrize("name", BATCHED)
+def test_batch_rule_agrees_with_a_loop(name, rng):
+    fn, args = EXAMPLES[name]
+    batch = _batch_of(args, rng)
+    one = sd.function(fn)
+    want = [one(*[b[k] for b in batch]) for k in range(3)]
+    want = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *want)
+    variants = [0] + ([(0,) + (None,) * (len(args) - 1)] if len(args) > 1 else [])
+    for in_axes in variants:
+        ins = batch if in_axes == 0 else [batch[0]] + [np.asarray(a) for a in args[1:]]
+        if in_axes != 0:
+            w = [one(batch[0][k], *args[1:]) for k in range(3)]
+            w = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *w)
+        else:
+            w = want
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", BatchFallbackWarning)
+            graph = sd.trace(sd.vmap(fn, in_axes=in_axes), *ins)
+        assert not [c for c in caught if f"'{name}'" in str(c.message)], \
+            f"{name} fell back to a sequential map:\n{graph}"
+        got = sd.graph.evaluate(graph, *ins)
+        got = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(w), got)
+        jax.tree_util.tree_map(
+            lambda g, e: np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-12), got, w)
+
+
+def _model(xp):
+    def f(a, idx, b):
+        return (xp.take(a, idx, axis=1),
+                xp.sum(xp.sin(a) @ b, axis=0) + xp.einsum("ij,jk->k", a, b) + a[0] @ b[:, 0]
+                + (a[:, 0] @ a)[:2],
+                a.at[:, idx].add(1.0), xp.sort(a, axis=0), xp.cumsum(a.T, axis=1),
+                a[1:, ::-1].reshape(-1), xp.pad(a, ((1, 0), (0, 2))),
+                xp.fft.rfft(a, axis=0), xp.where(a > 0, a, b[:3, :1]))
+    return f
+
+
+@pytest.mark.parametrize("in_axes, out_axes", [((0, 0, None), 0), ((2, None, 1), 1)])
+def test_vmap_matches_jax_vmap(rng, in_axes, out_axes):
+    x, i, y = rng.standard_normal((5, 3, 4)), rng.integers(0, 4, (5, 2)), \
+        rng.standard_normal((4, 2))
+    if in_axes[0] == 2:
+        x, i, y = np.moveaxis(x, 0, 2), i[0], np.stack([y] * 5, 1)
+    got = sd.vmap(_model(snp), in_axes=in_axes, out_axes=out_axes)(x, i, y)
+    with sd.config.x64_scope():
+        want = jax.vmap(_model(jnp), in_axes=in_axes, out_axes=out_axes)(x, i, y)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-13, atol=1e-13)
+
+
+def test_vmap_composes_with_derivatives(rng):
+    x, w = rng.standard_normal((4, 6)), rng.standard_normal(6)
+
+    def loss(x, w, xp=snp):
+        return xp.sum(xp.tanh(x * w) ** 2) + xp.max(xp.cumsum(x))
+
+    per_example = sd.vmap(sd.grad(loss, argnums=1), in_axes=(0, None))(x, w)
+    grad_of_batch = sd.grad(lambda w: snp.sum(sd.vmap(loss, in_axes=(0, None))(x, w)))(w)
+    with sd.config.x64_scope():
+        jl = lambda x, w: loss(x, w, jnp)  # noqa: E731
+        want = jax.vmap(jax.grad(jl, argnums=1), in_axes=(0, None))(x, w)
+    np.testing.assert_allclose(per_example, want, rtol=1e-13)
+    np.testing.assert_allclose(grad_of_batch, want.sum(0), rtol=1e-12)
+    hv = sd.vmap(lambda v: sd.hvp(lambda w: loss(x[0], w), w, v))(np.eye(6))
+    with sd.config.x64_scope():
+        hj = jax.hessian(lambda w: jl(x[0], w))(w)
+    np.testing.assert_allclose(hv, hj, rtol=1e-11, atol=1e-12)
+
+
+def test_vmap_pytrees_and_nesting(rng):
+    tree = {"a": rng.standard_normal((3, 2)), "b": (rng.standard_normal(3), 2.0)}
+    f = sd.vmap(lambda t: {"s": t["a"].sum() * t["b"][0] + t["b"][1]},
+                in_axes=({"a": 0, "b": (0, None)},))
+    np.testing.assert_allclose(f(tree)["s"], tree["a"].sum(1) * tree["b"][0] + 2.0)
+    m = rng.standard_normal((2, 3, 4))
+    nested = sd.vmap(sd.vmap(lambda r: snp.sum(r ** 2)))(m)
+    np.testing.assert_allclose(nested, (m ** 2).sum(-1), rtol=1e-14)
+    unmapped_out = sd.vmap(lambda x, c: (x * 2, c + 1.0), in_axes=(0, None),
+                           out_axes=(0, None))(m[0], np.ones(4))
+    np.testing.assert_allclose(unmapped_out[1], 2.0)
+
+
+def test_vmap_errors():
+    with pytest.raises(ShapeError, match="different sizes"):
+        sd.vmap(lambda a, b: a + b)(np.ones(3), np.ones(4))
+    with pytest.raises(ShapeError, match="in_axes"):
+        sd.vmap(lambda a: a, in_axes=(0, 0))(np.ones(3))
+    with pytest.raises(ShapeError, match="at least one mapped"):
+        sd.vmap(lambda a: a, in_axes=None)(np.ones(3))
+    with pytest.raises(ShapeError, match="out_axes=None"):
+        sd.vmap(lambda a: a * 2, out_axes=None)(np.ones(3))
+
+
+def test_user_primitive_without_a_rule_maps_sequentially_with_one_warning(rng):
+    p = sd.primitive("test_batching.cube")
+    p.def_abstract_eval(lambda x: x)
+    p.def_impl(lambda x: x ** 3)
+    x = rng.standard_normal((4, 3))
+    with pytest.warns(BatchFallbackWarning, match="test_batching.cube"):
+        out = sd.vmap(lambda v: p.bind(v) + 1.0)(x)
+    np.testing.assert_allclose(out, x ** 3 + 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BatchFallbackWarning)
+        sd.vmap(lambda v: p.bind(v) * 2.0)(x)  # warned once per primitive
