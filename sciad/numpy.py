@@ -1170,22 +1170,22 @@ class _At:
 # ---------------------------------------------------------------------------
 # more of NumPy, written with the ops above (their derivatives follow)
 
+_LN2, _LN10 = float(_np.log(2.0)), float(_np.log(10.0))  # weak: they keep x's dtype
+
+
 def log2(x):
     """Elementwise base-2 logarithm."""
-    x = _as_array(x, "log2")
-    return divide(log(x), _np.log(2.0)) if _is_inexact(x) else log2(_float(x))
+    return divide(log(_as_array(x, "log2")), _LN2)
 
 
 def log10(x):
     """Elementwise base-10 logarithm."""
-    x = _as_array(x, "log10")
-    return divide(log(x), _np.log(10.0)) if _is_inexact(x) else log10(_float(x))
+    return divide(log(_as_array(x, "log10")), _LN10)
 
 
 def exp2(x):
     """Elementwise `2 ** x`."""
-    x = _as_array(x, "exp2")
-    return exp(multiply(x, _np.log(2.0))) if _is_inexact(x) else exp2(_float(x))
+    return exp(multiply(_ufunc_float(_as_array(x, "exp2"), op="exp2"), _LN2))
 
 
 def reciprocal(x):
@@ -1197,12 +1197,12 @@ def reciprocal(x):
 
 def deg2rad(x):
     """Degrees to radians."""
-    return multiply(_float(_as_array(x, "deg2rad")), _np.pi / 180.0)
+    return multiply(_ufunc_float(_as_array(x, "deg2rad"), op="deg2rad"), _np.pi / 180.0)
 
 
 def rad2deg(x):
     """Radians to degrees."""
-    return multiply(_float(_as_array(x, "rad2deg")), 180.0 / _np.pi)
+    return multiply(_ufunc_float(_as_array(x, "rad2deg"), op="rad2deg"), 180.0 / _np.pi)
 
 
 radians, degrees = deg2rad, rad2deg
@@ -1210,16 +1210,18 @@ radians, degrees = deg2rad, rad2deg
 
 def logaddexp(x1, x2):
     """`log(exp(x1) + exp(x2))` without overflow."""
-    x1, x2 = _float(_as_array(x1, "logaddexp")), _float(_as_array(x2, "logaddexp"))
+    x1, x2 = _ufunc_float(_operand(x1, "logaddexp"), _operand(x2, "logaddexp"),
+                          op="logaddexp")
     hi = maximum(x1, x2)
     return add(hi, log1p(exp(negative(abs(subtract(x1, x2))))))
 
 
 def heaviside(x1, x2):
     """0 where `x1 < 0`, `x2` where `x1 == 0`, 1 where `x1 > 0`."""
+    x1, x2 = _ufunc_float(_operand(x1, "heaviside"), _operand(x2, "heaviside"),
+                          op="heaviside")
     x1 = _as_array(x1, "heaviside")
-    one = ones_like(x1)
-    return where(less(x1, 0), zeros_like(x1), where(equal(x1, 0), x2, one))
+    return where(less(x1, 0), zeros_like(x1), where(equal(x1, 0), x2, ones_like(x1)))
 
 
 def logical_xor(x1, x2):
@@ -1262,8 +1264,19 @@ def _is_inexact(x) -> bool:
     return _dtype(x).kind in "fc"
 
 
+def _ufunc_float(*xs, op: str):
+    """The operands in the dtype a NumPy float ufunc (`sqrt`, `logaddexp`,
+    ...) computes in: their promoted dtype (weak Python scalars included),
+    then float16 for int8 and bools, float32 for int16, float64 for wider
+    ints."""
+    dtype = _acc_dtype(_np.sqrt, _result_type(*xs, op=op))
+    out = [_convert(x, dtype) for x in xs]
+    return out[0] if len(out) == 1 else out
+
+
 def _float(x):
-    """`x` as NumPy's ufuncs see it: integers and bools become float64."""
+    """`x` as NumPy's statistics, interpolation and differences see it:
+    integers and bools become float64."""
     return x if _is_inexact(x) else astype(x, _np.float64)
 
 

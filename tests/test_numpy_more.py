@@ -92,6 +92,22 @@ def test_functions_match_numpy():
             np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-12, err_msg=name)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int8, np.int16, np.int64, np.bool_])
+def test_float_functions_take_numpys_dtypes(dtype):
+    # float32 stays float32, small integers compute in float16/float32, as
+    # NumPy's ufuncs do (eagerly: no compile)
+    x = np.arange(1, 4).astype(dtype)
+    cases = [(f, (x,)) for f in ("log2", "log10", "exp2", "deg2rad", "rad2deg")]
+    if dtype is not np.bool_:
+        cases += [("logaddexp", (x, x)), ("logaddexp", (x, 1.5)),
+                  ("heaviside", (x - 2, 0.5)), ("heaviside", (x - 2, x))]
+    for name, args in cases:
+        got, want = getattr(snp, name)(*args), getattr(np, name)(*args)
+        assert got.dtype == want.dtype, (name, dtype, got.dtype, want.dtype)
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-3,
+                                   err_msg=name)
+
+
 def test_derivatives_of_the_composites():
     # (no ties, points off the interpolation knots: derivatives are smooth there)
     def f(a, xq, xp, fp):
