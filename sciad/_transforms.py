@@ -348,7 +348,6 @@ def jacrev(f: Callable, argnums: int = 0):
     return _Transformed(inline, f, "jacrev")
 
 
-
 # ---------------------------------------------------------------------------
 # batching
 
@@ -377,7 +376,7 @@ def _axes_for(axes, tree, what: str) -> list:
 
 
 def _vmap_inline(f, in_axes, out_axes, args: tuple):
-    from .graph._batch import batch_graph, to_front
+    from .graph._batch import batch_graph, batched_front
 
     leaves = _tree.tree_leaves(args)
     axes = _axes_for(in_axes, args, "in_axes")
@@ -418,9 +417,7 @@ def _vmap_inline(f, in_axes, out_axes, args: tuple):
                                  "arguments.", op="vmap")
             result.append(v)
             continue
-        v = snp.asarray(v)
-        v = to_front(v, d) if d is not None else snp.broadcast_to(
-            snp.reshape(v, (1,) + tuple(v.shape)), (size,) + tuple(v.shape))
+        v = batched_front(v, d, size)
         result.append(snp.moveaxis(v, 0, a) if a != 0 else v)
     return _tree.tree_unflatten(out_tree, result)
 

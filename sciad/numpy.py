@@ -625,7 +625,6 @@ def diff(a, n: int = 1, axis: int = -1):
     return a
 
 
-
 def flip(m, axis=None):
     """`m` with the order of its elements reversed along `axis` (all axes by
     default)."""
@@ -1047,6 +1046,17 @@ def _dynamic_window(y, axis_of):
     return starts, tuple(sizes)
 
 
+def _no_mode(mode, op: str) -> None:
+    """Refuses a `mode` other than clamping for an index without an integer
+    array."""
+    if mode not in (None, "clip"):
+        from .errors import IndexingError
+
+        raise IndexingError(f"`mode` applies to integer-array indices; got mode={mode!r} "
+                            "for a scalar or slice index (a traced scalar is clamped into "
+                            "range, as in JAX).", op=op)
+
+
 def _getitem(x, idx, mode=None):
     x = _as_array(x, "getitem")
     if _builtins.any(_array_index(i) for i in (idx if isinstance(idx, tuple) else (idx,))):
@@ -1059,12 +1069,7 @@ def _getitem(x, idx, mode=None):
             k = i.ndim
             out = moveaxis(out, tuple(range(axis, axis + k)), tuple(range(k)))
         return out
-    if mode not in (None, "clip"):
-        from .errors import IndexingError
-
-        raise IndexingError(f"`mode` applies to integer-array indices; got mode={mode!r} "
-                            "for a scalar or slice index (a traced scalar is clamped into "
-                            "range, as in JAX).", op="getitem")
+    _no_mode(mode, "getitem")
     if _has_traced(idx):
         # `x[i]` with a traced `i`: the static part of the index first, then a
         # window of size 1 at `i` on each traced axis, which is then dropped
@@ -1094,11 +1099,7 @@ class _IndexUpdate:
         idx = self.idx if isinstance(self.idx, tuple) else (self.idx,)
         if _builtins.any(_array_index(i) for i in idx):
             return self._scatter(prim is _P.index_add_p, v, op, mode)
-        if mode not in (None, "clip"):
-            from .errors import IndexingError
-
-            raise IndexingError(f"`mode` applies to integer-array indices; got "
-                                f"mode={mode!r} for a scalar or slice index.", op=op)
+        _no_mode(mode, op)
         if _has_traced(self.idx):
             return self._dynamic_update(prim is _P.index_add_p, v, op)
         index = _P.normalize_index(self.idx, tuple(x.shape), op)

@@ -624,7 +624,6 @@ def check_linear_dtype(x, op: str) -> None:
                          f"arrays, got {t.str_short()}.", op=op)
 
 
-
 def _install_batch_rules() -> None:
     from ._batch import front_rule
 

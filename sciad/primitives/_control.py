@@ -869,8 +869,8 @@ def scan(f: Callable, init, xs=None, length: int | None = None, reverse: bool = 
         still stacked in `xs`'s order).
     - `checkpoints`: None (reverse mode stores every step's residuals), an
         int `s` or `sd.Binomial(s)` (at most `s` stored carries, binomial
-        recomputation), or `sd.EveryK(k)` (every `k`-th carry stored, one
-        extra forward pass).
+        recomputation), or `sd.EveryK(k)` (every `k`-th carry stored, fewer
+        than `2 length` steps recomputed).
 
     **Returns:**
 

@@ -310,7 +310,8 @@ def _dynamic_update_slice_transpose(ct, x, u, *starts):
 # ---------------------------------------------------------------------------
 # Batch rules: the batch axis leads, and the index gets a full slice for it.
 # A batched start of a dynamic slice (each example at its own offset) is a
-# gather: it runs one example at a time for now.
+# gather of the window (`batched_take`); a dynamic update at batched starts
+# is the update gathered into place under a mask.
 
 def _prefixed(index: StaticIndex, size: int) -> StaticIndex:
     return StaticIndex(((0, size, 1),) + index.items)

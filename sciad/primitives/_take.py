@@ -78,8 +78,8 @@ def normalize_indices(i: np.ndarray, size: int, mode: str, distinct: bool, op: s
         bad = (i < -size) | (i >= size)
         if bad.any():
             first = int(i[bad].flat[0])
-            raise IndexingError(f"index {first} is out of bounds for an axis of size "
-                                f"{size}{_how_many(int(bad.sum()), i.size)}.", op=op)
+            raise IndexingError(_out_of_bounds_text(first, size, int(bad.sum()), i.size),
+                                op=op)
         out = np.where(i < 0, i + size, i)
     elif mode == "wrap":
         out = np.mod(i, size) if size else i
@@ -90,10 +90,10 @@ def normalize_indices(i: np.ndarray, size: int, mode: str, distinct: bool, op: s
     return out.astype(np.int64 if out.dtype.kind in "iu" else out.dtype, copy=False)
 
 
-def _how_many(count: int, total: int) -> str:
-    if total <= 1:
-        return ""
-    return f" ({count} of {total} indices {'is' if count == 1 else 'are'})"
+def _out_of_bounds_text(first: int, size: int, count: int, total: int) -> str:
+    many = "" if total <= 1 else \
+        f" ({count} of {total} indices {'is' if count == 1 else 'are'})"
+    return f"index {first} is out of bounds for an axis of size {size}{many}."
 
 
 def _repeated_text(out) -> str:
@@ -108,9 +108,8 @@ def _repeated_text(out) -> str:
 def _judge_indices(site, *, size, mode, total=0, out_of_range=False, first=0, repeated=False,
                    first_repeated=0, count=0):
     if out_of_range:
-        site.fail(IndexingError, f"index {int(first)} is out of bounds for an axis of size "
-                  f"{size}{_how_many(int(count), total)}. Check the indices, or pass "
-                  "mode='wrap' or mode='clip'.")
+        site.fail(IndexingError, _out_of_bounds_text(int(first), size, int(count), total)
+                  + " Check the indices, or pass mode='wrap' or mode='clip'.")
     if repeated:
         site.fail(IndexingError, f"`.at[i].set(v)` needs distinct indices, but index "
                   f"{int(first_repeated)} repeats. Use `.at[i].add(v)` to accumulate, or "
@@ -138,10 +137,7 @@ def _index_bounds_impl(i, *, size, mode, distinct, batch_dims=0, site=None):
                         first_repeated=s[:, 1:].ravel()[jnp.argmax(dup)])
     if not measures:
         return out
-    failing = jnp.zeros((), bool)
-    for key in ("out_of_range", "repeated"):
-        if key in measures:
-            failing = failing | measures[key]
+    failing = measures.get("out_of_range", False) | measures.get("repeated", False)
     token = check(_judge_indices, site, when=failing, size=size, mode=mode, total=int(i.size),
                   **measures)
     return tie(out, token)
@@ -297,7 +293,6 @@ def _sort_jvp(primals, tangents, *, axis):
     order = argsort_p.bind(x, axis=axis)
     return sort_p.bind(x, axis=axis), snp.take_along_axis(instantiate(t), order, axis,
                                                           mode="promise_in_bounds")
-
 
 
 @sort_p.def_cost
