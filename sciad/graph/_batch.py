@@ -24,7 +24,7 @@ from __future__ import annotations
 import warnings
 from typing import Sequence
 
-from ..errors import BatchFallbackWarning, ShapeError
+from ..errors import BatchFallbackWarning, NotSupportedError, ShapeError
 from ._core import Literal, Node, Primitive
 from ._interpret import Interpreter
 
@@ -174,3 +174,67 @@ def shift_axes(*names: str):
             out[n] = tuple(int(a) + 1 for a in v) if isinstance(v, tuple) else int(v) + 1
         return out
     return shift
+
+
+# ---------------------------------------------------------------------------
+# bodies: how higher-order nodes batch
+
+
+def batched_type(t, size: int):
+    """The type of a value batched at axis 0 whose examples have type `t`."""
+    from ._types import TensorType
+
+    if not isinstance(t, TensorType):
+        raise NotSupportedError(f"a body operand of type {t.str_short()} cannot carry a batch "
+                                "axis (only arrays can).", op="vmap")
+    return t.update(shape=(size,) + tuple(t.shape), tags=t.tags)
+
+
+def batch_body(graph, batched: Sequence[bool], size: int,
+               force: Sequence[bool] | None = None, *, name: str | None = None):
+    """The batched form of a closed body, as a new closed body.
+
+    `batched[i]` says whether input `i` carries a batch axis (of `size`, at
+    axis 0); the new body's inputs have those axes. Returns `(body,
+    out_batched)`: the new body's outputs carry a batch axis at 0 where
+    `out_batched` says so, which is where the batched computation gives one
+    or `force` asks for one (an unbatched value is then broadcast). A loop
+    asks for its carries' batch axes to be a fixed point by forcing the
+    carries that enter batched."""
+    from ._trace import trace_flat
+
+    in_types = [batched_type(t, size) if b else t for t, b in zip(graph.in_types, batched)]
+    force = list(force or ())
+    force += [False] * (len(graph.outputs) - len(force))
+    out_b: list[bool] = []
+
+    def fn(*args):
+        outs = batch_graph(graph, args, [0 if b else None for b in batched])
+        out_b[:] = [d is not None or f for (_, d), f in zip(outs, force)]
+        return [batched_front(o, d, size) if b else o for (o, d), b in zip(outs, out_b)]
+
+    g, _, _ = trace_flat(fn, tuple(in_types), name=name or graph.name)
+    return g, out_b
+
+
+def carry_fixed_point(batch, batched: list[bool], lo: int, hi: int, out_lo: int = 0):
+    """Batches a loop body until its carries' batch flags are a fixed point.
+
+    `batched[lo:hi]` are the carries' flags (on the body's inputs), which
+    the body returns as outputs `out_lo:out_lo + hi - lo`; `batch(flags,
+    force)` batches the body. A carry is batched if it enters batched or the
+    body makes it so. Returns `(body, flags, out_batched)`."""
+    flags = list(batched)
+    while True:
+        force = [False] * out_lo + flags[lo:hi]
+        body, out_b = batch(flags, force)
+        new = [a or b for a, b in zip(flags[lo:hi], out_b[out_lo:out_lo + hi - lo])]
+        if new == flags[lo:hi]:
+            return body, flags, out_b
+        flags[lo:hi] = new
+
+
+def front_where(args, dims, flags, size: int) -> list:
+    """The operands of a batched body node: those flagged batched with their
+    batch axis first (broadcast if they have none), the others as they are."""
+    return [batched_front(a, d, size) if f else a for a, d, f in zip(args, dims, flags)]

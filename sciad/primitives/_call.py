@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..errors import ShapeError
 from ..graph import (Graph, Primitive, Zero, instantiate, is_differentiable, is_linear,
                      jvp_graph, lower, transpose_eval, vjp_eval)
+from ..graph._batch import batch_body, batch_size_of, front_where
 
 call_p = Primitive("call", multiple_results=True, params={"graph": Graph})
 
@@ -62,6 +63,15 @@ def _call_vjp(primals, outs, cts, *, graph):
     # function) rather than a transposition of its JVP.
     _, backward = vjp_eval(graph, primals)
     return tuple(backward(list(cts)))
+
+
+@call_p.def_batch
+def _call_batch(args, dims, *, graph):
+    size = batch_size_of(args, dims)
+    flags = [d is not None for d in dims]
+    g, out_b = batch_body(graph, flags, size)
+    res = call_p.bind(*front_where(args, dims, flags, size), graph=g)
+    return list(res), [0 if b else None for b in out_b]
 
 
 @call_p.def_cost

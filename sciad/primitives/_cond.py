@@ -36,10 +36,12 @@ from typing import Callable
 import jax
 import numpy as np
 
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, NotSupportedError, ShapeError
 from ..graph import Graph, Literal, Primitive, TensorType, Var, Zero
 from ..graph import instantiate, is_differentiable, is_zero, lower
 from ..graph._autodiff import type_of, vjp_eval, vjp_graph, zeros
+from ..graph._batch import batch_body, batch_graph, batch_size_of, batched_front, front_where
+from ..graph._batch import to_front
 from ..graph._body import drop_inputs, inline, jvp_body, live_inputs, trace_body
 from ..graph._trace import Tracer, is_value_leaf
 
@@ -463,6 +465,61 @@ def _tracing() -> bool:
     from ..graph._trace import current_builder
 
     return current_builder() is not None
+
+
+# ---------------------------------------------------------------------------
+# batching (`sd.vmap`)
+
+
+@cond_p.def_batch
+def _cond_batch(args, dims, *, true_body, false_body):
+    # One predicate for the batch: a `cond` of the batched branches (an output
+    # is batched if it is in either branch). A predicate per example: both
+    # branches run on the whole batch and each example's result is selected,
+    # as `jax.vmap` of `lax.cond` does; a branch's run-time checks then see
+    # the examples that do not take it too.
+    from .. import numpy as snp
+
+    size = batch_size_of(args, dims)
+    flags = [d is not None for d in dims[1:]]
+    ops = front_where(args[1:], dims[1:], flags, size)
+    if dims[0] is None:
+        (gt, bt), (gf, bf) = (batch_body(b, flags, size) for b in (true_body, false_body))
+        out = [a or b for a, b in zip(bt, bf)]
+        if bt != out:
+            gt, _ = batch_body(true_body, flags, size, out)
+        if bf != out:
+            gf, _ = batch_body(false_body, flags, size, out)
+        res = cond_p.bind(args[0], *ops, true_body=gt, false_body=gf)
+        return list(res), [0 if b else None for b in out]
+    in_dims = [0 if f else None for f in flags]
+    t, f = (batch_graph(b, ops, in_dims) for b in (true_body, false_body))
+    pred = to_front(args[0], dims[0])
+    outs = []
+    for (a, da), (b, db) in zip(t, f):
+        if not isinstance(type_of(a), TensorType):
+            raise NotSupportedError(
+                f"a branch returns a {type_of(a).str_short()}, which cannot be selected per "
+                "example: under sd.vmap a cond whose predicate differs between examples runs "
+                "both branches and selects, which needs array outputs.", op="cond")
+        a, b = batched_front(a, da, size), batched_front(b, db, size)
+        ndim = len(type_of(a).shape)
+        outs.append(snp.where(snp.reshape(pred, (size,) + (1,) * (ndim - 1)), a, b))
+    return outs, [0] * len(outs)
+
+
+@checkpoint_p.def_batch
+def _checkpoint_batch(args, dims, *, body):
+    size = batch_size_of(args, dims)
+    flags = [d is not None for d in dims]
+    g, out_b = batch_body(body, flags, size)
+    res = checkpoint_p.bind(*front_where(args, dims, flags, size), body=g)
+    return list(res), [0 if b else None for b in out_b]
+
+
+@barrier_p.def_batch
+def _barrier_batch(args, dims):
+    return list(barrier_p.bind(*args)), list(dims)
 
 
 # ---------------------------------------------------------------------------

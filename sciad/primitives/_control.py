@@ -47,6 +47,7 @@ from ..graph import Graph, Literal, Param, Primitive, TensorType, Var, Zero
 from ..graph import is_differentiable, is_zero
 from ..graph import instantiate, lower
 from ..graph._autodiff import type_of, vjp_eval, vjp_graph
+from ..graph._batch import batch_body, batch_size_of, batched_front, carry_fixed_point, front_where
 from ..graph._body import (drop_inputs, hoist, hoist_nodes, jvp_body, live_inputs, permute,
                            trace_body)
 from ..graph._serialize import register_param_type
@@ -993,6 +994,70 @@ def fori_loop(lower: int, upper: int, body_fun: Callable, init_val, checkpoints=
 
     (_, val), _ = scan(step, (np.int64(lower), init_val), length=n, checkpoints=checkpoints)
     return val
+
+
+# ---------------------------------------------------------------------------
+# batching (`sd.vmap`): a loop of batched steps
+
+
+def _second(a, d):
+    """A stacked (per-step) operand with its batch axis second, after the
+    step axis; None if it has none."""
+    from .. import numpy as snp
+
+    return None if d is None else (a if d == 1 else snp.moveaxis(a, d, 1))
+
+
+@scan_p.def_batch
+def _scan_batch(args, dims, *, body, num_consts, num_carry, length, reverse=False,
+                checkpoints=None):
+    # The body is batched on its consts', carries' and per-step slices' batch
+    # flags, the carries' flags a fixed point; stacked operands and results
+    # keep the step axis first and carry the batch axis second.
+    nc, nk = num_consts, num_carry
+    size = batch_size_of(args, dims)
+    flags = [d is not None for d in dims]
+    g, flags, out_b = carry_fixed_point(
+        lambda f, force: batch_body(body, f, size, force), flags, nc, nc + nk)
+    ops = (front_where(args[:nc + nk], dims[:nc + nk], flags, size)
+           + [a if d is None else _second(a, d) for a, d in zip(args[nc + nk:], dims[nc + nk:])])
+    outs = scan_p.bind(*ops, **_params(g, nc, nk, length, reverse, checkpoints))
+    return list(outs), [0 if b else None for b in out_b[:nk]] + \
+        [1 if b else None for b in out_b[nk:]]
+
+
+@scan_adjoint_p.def_batch
+def _scan_adjoint_batch(args, dims, *, body, step, num_consts, num_carry, num_ct_carry,
+                        num_acc, length, reverse=False, schedule):
+    # The forward body's carries are batched to their fixed point first (the
+    # step reads them but does not change them), then the step's cotangent
+    # carries and accumulators to theirs.
+    nc, nk, nctc, nacc = num_consts, num_carry, num_ct_carry, num_acc
+    nx = len(body.inputs) - nc - nk
+    size = batch_size_of(args, dims)
+    consts, carry, xs, ctc, acc, cty = _adjoint_groups(
+        [d is not None for d in dims], nc, nk, nx, nctc, nacc)
+    gb, fb, _ = carry_fixed_point(
+        lambda f, force: batch_body(body, f, size, force), consts + carry + xs, nc, nc + nk)
+    carry = fb[nc:nc + nk]
+    gs, fs, os_ = carry_fixed_point(
+        lambda f, force: batch_body(step, f, size, force), consts + ctc + acc + carry + xs + cty,
+        nc, nc + nctc + nacc)
+    ctc, acc = fs[nc:nc + nctc], fs[nc + nctc:nc + nctc + nacc]
+    flags = consts + carry + xs + ctc + acc + cty
+    g = _adjoint_groups(list(zip(args, dims, flags)), nc, nk, nx, nctc, nacc)
+    ops = []
+    for k, group in enumerate(g):
+        for a, d, f in group:
+            if k in (2, 5):
+                ops.append(a if d is None else _second(a, d))
+            else:
+                ops.append(batched_front(a, d, size) if f else a)
+    outs = scan_adjoint_p.bind(*ops, body=gb, step=gs, num_consts=nc, num_carry=nk,
+                               num_ct_carry=nctc, num_acc=nacc, length=length,
+                               **({"reverse": True} if reverse else {}), schedule=schedule)
+    return list(outs), ([0 if b else None for b in os_[:nctc + nacc]]
+                        + [1 if b else None for b in os_[nctc + nacc:]])
 
 
 # ---------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from ..errors import ConvergenceError, DTypeError, NotSupportedError, ShapeError
 from ..graph import Graph, Param, Primitive, TensorType, Var, Zero
 from ..graph import instantiate, is_zero, lower
 from ..graph._autodiff import type_of
+from ..graph._batch import batch_body, batch_size_of, carry_fixed_point, front_where
 from ..graph._body import drop_inputs, hoist, hoist_nodes, inline, live_inputs, trace_body
 from ..graph._trace import Tracer, is_value_leaf
 from ._checks import check, tie
@@ -214,6 +215,57 @@ def _while_vjp_bwd(primals, cts, *, cond_body, body, num_consts, max_steps=None,
     schedule = checkpoints or Binomial(default_snapshots(max_steps))
     return _checkpointed_bwd(("checkpointed", primals), cts, step, nc, nk, max_steps, False,
                              schedule)
+
+
+# -- batching (`sd.vmap`) ---------------------------------------------------------
+
+
+@while_p.def_batch
+def _while_batch(args, dims, *, cond_body, body, num_consts, max_steps=None,
+                 checkpoints=None):
+    # The body is batched with its carries' flags at a fixed point. If the
+    # predicate is then the same for every example, that is the loop. If it
+    # differs (per-example stopping), every carry is batched, the loop runs
+    # while any example's predicate holds, and a step leaves the examples
+    # whose predicate is false as they are: each stops where it would alone.
+    # `max_steps` bounds the steps of the longest-running example.
+    nc, n = num_consts, len(args)
+    size = batch_size_of(args, dims)
+    flags = [d is not None for d in dims]
+    gb, flags, _ = carry_fixed_point(lambda f, force: batch_body(body, f, size, force),
+                                     flags, nc, n)
+    gc, (pred_b,) = batch_body(cond_body, flags, size)
+    if pred_b:
+        flags = flags[:nc] + [True] * (n - nc)
+        gc, gb = _per_example_loop(cond_body, body, flags, size, nc)
+    outs = while_p.bind(*front_where(args, dims, flags, size), cond_body=gc, body=gb,
+                        num_consts=nc, **_extra(max_steps, checkpoints))
+    return list(outs), [0 if f else None for f in flags[nc:]]
+
+
+def _per_example_loop(cond_body: Graph, body: Graph, flags, size: int, nc: int):
+    """The predicate and body of a batched loop whose examples stop at
+    different steps: `any(pred)`, and a step that updates only the examples
+    whose predicate holds."""
+    from .. import numpy as snp
+    from ..graph._trace import trace_flat
+
+    gc, _ = batch_body(cond_body, flags, size)
+    gb, _ = batch_body(body, flags, size, [True] * (len(flags) - nc))
+    types = tuple(gb.in_types)
+
+    def pred(*a):
+        return [snp.any(inline(gc, a)[0])]
+
+    def step(*a):
+        (p,) = inline(gc, a)
+        new = inline(gb, a)
+        return [snp.where(snp.reshape(p, (size,) + (1,) * (len(type_of(c).shape) - 1)), v, c)
+                for v, c in zip(new, a[nc:])]
+
+    c, _, _ = trace_flat(pred, types, name=cond_body.name)
+    b, _, _ = trace_flat(step, types, name=body.name)
+    return c, b
 
 
 # -- public function --------------------------------------------------------------
