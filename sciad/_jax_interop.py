@@ -39,7 +39,7 @@ from ._traceback import api_boundary
 from . import config
 from .errors import NotSupportedError, SciadError, reraise
 from .graph import Graph, Literal, format_node, is_differentiable, lower
-from .graph._types import FactorType, leaf_types
+from .graph._types import holds_tuple, leaf_types
 from .graph import trace_flat, verify, vjp_graph
 from .graph.passes import optimize
 
@@ -56,13 +56,12 @@ def _flat_lower(graph: Graph) -> Callable:
     several for a factorization), inputs and outputs alike."""
     lowered = lower(graph)
     in_sizes = [len(leaf_types(v.type)) for v in graph.inputs]
-    out_kinds = [isinstance(a.type, FactorType) for a in graph.outputs]
+    out_kinds = [holds_tuple(a.type) for a in graph.outputs]
 
     def run(*leaves):
         args, i = [], 0
         for v, k in zip(graph.inputs, in_sizes):
-            args.append(tuple(leaves[i:i + k]) if isinstance(v.type, FactorType)
-                        else leaves[i])
+            args.append(tuple(leaves[i:i + k]) if holds_tuple(v.type) else leaves[i])
             i += k
         flat = []
         for o, is_factor in zip(lowered(*args), out_kinds):

@@ -142,6 +142,14 @@ def _while_example(x, a):
     return u * a
 
 
+def _map_example(d, c, a, b):
+    """Batches of matrices: sparse ones on one pattern with their own
+    right-hand sides, dense ones against a shared right-hand side."""
+    xs = sd.vmap(lambda d, c: sd.linalg.solve(_square(d), c, solver="splu"))(d, c)
+    xd = sd.vmap(lambda a: sd.linalg.solve(a + 4.0 * snp.eye(3), b))(a)
+    return xs, xd
+
+
 EXAMPLES = {name: _unary_example(name) for name in UNARY}
 EXAMPLES.update({name: _binary_example(name) for name in BINARY})
 EXAMPLES.update({
@@ -219,6 +227,8 @@ EXAMPLES.update({
                 (_f64(3, 4),)),
     "searchsorted": (lambda xp, fp, x: snp.interp(x, xp, fp),
                      (np.array([0.0, 0.3, 0.5, 1.0]), _f64(4), np.array([0.1, 0.45, 0.7]))),
+    "map": (lambda d, c, a, b: _map_example(d, c, a, b),
+            (_f64(2, 6), _f64(2, 4), _f64(2, 3, 3), _f64(3))),
     "optimization_barrier": (lambda x, y: sd.primitives.barrier_p.bind(x, y)[0] * y,
                              (_f64(3), _f64(3))),
 })

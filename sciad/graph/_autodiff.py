@@ -39,7 +39,7 @@ from ..errors import DTypeError, MissingRuleError, RuleError
 from ._core import Graph, Literal, Node, Primitive, Var
 from ._interpret import Interpreter
 from ._trace import emitting_for
-from ._types import AbstractType, SparseArray, SparseType, TensorType
+from ._types import AbstractType, BatchedType, SparseArray, SparseType, TensorType
 
 
 # ---------------------------------------------------------------------------
@@ -104,12 +104,15 @@ def type_of(x) -> AbstractType:
 
 def is_differentiable(t: AbstractType) -> bool:
     """Whether values of type `t` carry tangents: float and complex arrays and
-    sparse matrices (whose tangents are sparse on the same pattern)."""
+    sparse matrices (whose tangents are sparse on the same pattern), and
+    batches of sparse matrices."""
+    while isinstance(t, BatchedType):
+        t = t.inner
     return isinstance(t, (TensorType, SparseType)) and t.dtype.kind in "fc"
 
 
 def _tangent_type(t: AbstractType) -> AbstractType:
-    return t.update() if isinstance(t, (TensorType, SparseType)) else t
+    return t.update() if is_differentiable(t) or isinstance(t, (TensorType, SparseType)) else t
 
 
 add_any_p = Primitive("add_any", params={})

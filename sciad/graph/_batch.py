@@ -24,9 +24,10 @@ from __future__ import annotations
 import warnings
 from typing import Sequence
 
-from ..errors import BatchFallbackWarning, NotSupportedError, ShapeError
+from ..errors import BatchFallbackWarning, ShapeError
 from ._core import Literal, Node, Primitive
 from ._interpret import Interpreter
+from ._types import BatchedType, TensorType
 
 
 _warned: set[str] = set()
@@ -38,8 +39,15 @@ def _snp():
     return numpy
 
 
+def _size_at(a, d) -> int:
+    from ._autodiff import type_of
+
+    t = type_of(a)
+    return t.size if isinstance(t, BatchedType) else t.shape[d]
+
+
 def batch_size_of(args: Sequence, dims: Sequence) -> int:
-    sizes = {a.shape[d] for a, d in zip(args, dims) if d is not None}
+    sizes = {_size_at(a, d) for a, d in zip(args, dims) if d is not None}
     if len(sizes) != 1:
         raise ShapeError(f"batched operands disagree on the batch size: {sorted(sizes)}.",
                          op="vmap")
@@ -47,18 +55,29 @@ def batch_size_of(args: Sequence, dims: Sequence) -> int:
 
 
 def to_front(x, d):
-    """`x` with its batch dim `d` first (unchanged if `d` is 0)."""
+    """`x` with its batch dim `d` first (unchanged if `d` is 0; a batch of
+    sparse matrices or factorizations always has it first)."""
     return x if d == 0 else _snp().moveaxis(x, d, 0)
 
 
 def batched_front(x, d, size: int):
     """`x` with a leading batch axis of `size`: moved there, or broadcast
     for an unbatched `x` (`d` None)."""
+    from ._autodiff import type_of
+
     snp = _snp()
-    if d is None:
-        x = snp.asarray(x)
-        return snp.broadcast_to(snp.reshape(x, (1,) + tuple(x.shape)), (size,) + tuple(x.shape))
-    return to_front(x, d)
+    if d is not None:
+        return to_front(x, d)
+    t = type_of(x)
+    if not isinstance(t, TensorType):  # a sparse matrix or a factorization, repeated
+        from ._trace import trace_flat
+        from ..primitives._map import map_p
+
+        body, _, _ = trace_flat(lambda v: [v], (t,), name="repeat")
+        (out,) = map_p.bind(x, body=body, batched=(False,), size=size)
+        return out
+    x = snp.asarray(x)
+    return snp.broadcast_to(snp.reshape(x, (1,) + tuple(x.shape)), (size,) + tuple(x.shape))
 
 
 def sequential_batch(prim: Primitive, args, dims, params: dict):
@@ -92,7 +111,16 @@ def _index(a, d, b):
 
 class BatchEmit(Interpreter):
     """Emits the batched form of each node into the current trace; values
-    are `(value, dim)` pairs."""
+    are `(value, dim)` pairs.
+
+    `spmd_axis` (a mesh axis name, or None) is the axis of a device mesh
+    that the batch is split over (`sd.vmap(..., spmd_axis_name=...)`): it
+    is given to the rules that map a body over the batch (`map` nodes),
+    which then run each device's share of the examples on that device."""
+
+    def __init__(self, graph, spmd_axis: str | None = None):
+        super().__init__(graph)
+        self.spmd_axis = spmd_axis
 
     def literal(self, lit: Literal):
         from ._autodiff import literal_operand
@@ -100,7 +128,7 @@ class BatchEmit(Interpreter):
         return literal_operand(lit), None
 
     def run_node(self, node: Node, invals: Sequence):
-        from ._autodiff import _bind
+        from ._autodiff import _bind, type_of
         from ._trace import emitting_for
 
         args = [v for v, _ in invals]
@@ -110,19 +138,27 @@ class BatchEmit(Interpreter):
             if all(d is None for d in dims):
                 return [(o, None) for o in _bind(prim, args, dict(node.params))]
             rule = prim.batch_rule
+            if rule is not None and not getattr(rule, "maps", False) and any(
+                    not isinstance(type_of(a), TensorType) for a in args):
+                # a rule written for arrays, given a sparse matrix or a factorization
+                from ..primitives._map import map_rule
+
+                rule = map_rule(prim)
             if rule is None:
                 outs, odims = sequential_batch(prim, args, dims, node.params)
             else:
-                outs, odims = rule(args, dims, **node.params)
+                extra = {"spmd_axis": self.spmd_axis} if getattr(rule, "maps", False) else {}
+                outs, odims = rule(args, dims, **extra, **node.params)
                 if not prim.multiple_results:
                     outs, odims = [outs], [odims]
         return list(zip(outs, odims))
 
 
-def batch_graph(graph, args: Sequence, dims: Sequence) -> list:
+def batch_graph(graph, args: Sequence, dims: Sequence, spmd_axis: str | None = None) -> list:
     """Emits `graph` batched on `args` (with batch dims `dims`) into the
-    current trace; returns its outputs as `(value, dim)` pairs."""
-    return BatchEmit(graph).run(*zip(args, dims))
+    current trace; returns its outputs as `(value, dim)` pairs. `spmd_axis`:
+    see `BatchEmit`."""
+    return BatchEmit(graph, spmd_axis).run(*zip(args, dims))
 
 
 # ---------------------------------------------------------------------------
@@ -181,13 +217,18 @@ def shift_axes(*names: str):
 
 
 def batched_type(t, size: int):
-    """The type of a value batched at axis 0 whose examples have type `t`."""
-    from ._types import TensorType
+    """The type of a value batched at axis 0 whose examples have type `t`:
+    an array with one more axis, or a `BatchedType`."""
+    if isinstance(t, TensorType):
+        return t.update(shape=(size,) + tuple(t.shape), tags=t.tags)
+    return BatchedType(t, size)
 
-    if not isinstance(t, TensorType):
-        raise NotSupportedError(f"a body operand of type {t.str_short()} cannot carry a batch "
-                                "axis (only arrays can).", op="vmap")
-    return t.update(shape=(size,) + tuple(t.shape), tags=t.tags)
+
+def example_type(t):
+    """The type of one example of a value batched at axis 0."""
+    if isinstance(t, BatchedType):
+        return t.inner
+    return t.update(shape=tuple(t.shape[1:]), tags=t.tags)
 
 
 def batch_body(graph, batched: Sequence[bool], size: int,

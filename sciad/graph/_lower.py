@@ -140,7 +140,7 @@ def evaluate(graph: Graph, *args) -> list:
 
 def _checked_args(graph: Graph, args) -> list:
     from ..errors import DTypeError, ShapeError
-    from ._types import FactorType, SparseArray, leaf_types
+    from ._types import SparseArray, holds_tuple, leaf_types
 
     if len(args) != len(graph.inputs):
         raise TypeError(f"evaluate: graph {graph.name!r} takes {len(graph.inputs)} inputs, "
@@ -158,7 +158,7 @@ def _checked_args(graph: Graph, args) -> list:
             continue
         if isinstance(a, (bool, int, float, complex)) and len(want) == 1:
             a = np.asarray(a, want[0].dtype)  # a Python scalar takes the input's dtype
-        got = tuple(a) if isinstance(v.type, FactorType) and isinstance(a, tuple) else (a,)
+        got = tuple(a) if holds_tuple(v.type) and isinstance(a, tuple) else (a,)
         if len(got) != len(want):
             raise ShapeError(f"input {k} is {v.type.str_short()} ({len(want)} arrays), got "
                              f"{len(got)}.", op="evaluate")
@@ -171,5 +171,5 @@ def _checked_args(graph: Graph, args) -> list:
                 raise DTypeError(f"input {k} ({v.hint or 'unnamed'}) is {v.type.str_short()}, "
                                  f"got dtype {dtype}; convert it first "
                                  f"(`.astype(np.{w.dtype.name})`).", op="evaluate")
-        out.append(a if len(got) == 1 and not isinstance(v.type, FactorType) else tuple(got))
+        out.append(a if len(got) == 1 and not holds_tuple(v.type) else tuple(got))
     return out

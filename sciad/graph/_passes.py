@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ._core import Atom, Graph, Literal, Node, Var
-from ._types import FactorType as _FactorType, TensorType
+from ._types import TensorType, holds_tuple
 from ._verify import verify
 
 _Run = Callable[[Graph], Graph]
@@ -505,11 +505,12 @@ def _share_factors_graph(graph: Graph, run: _Run) -> Graph:
     factors: dict[tuple, Var] = {}
     new_nodes: list[Node] = []
     for node in graph.nodes:
-        node = _map_subgraphs(node, run)
+        # (a node that reads a shared factor is rewritten whole: a `map` of
+        # one solve becomes a map of a backsolve, not a map of its own factor)
         factored = node.primitive.factored
         how = factored(node.params) if factored is not None else None
         if how is None:
-            new_nodes.append(node)
+            new_nodes.append(_map_subgraphs(node, run))
             continue
         a, fparams = node.inputs[0], dict(how.factor_params)
         key = (how.factor, _atom_key(a), tuple(sorted(fparams.items())))
@@ -528,7 +529,7 @@ def _fit_factors(nodes: list[Node], outputs) -> list[Node]:
     readers: dict[Var, list[Node]] = {}
     for node in nodes:
         for a in node.inputs:
-            if isinstance(a, Var) and isinstance(a.type, _FactorType):
+            if isinstance(a, Var) and holds_tuple(a.type):  # a factor, or a batch of them
                 readers.setdefault(a, []).append(node)
     escaping = {a for a in outputs if isinstance(a, Var)}
     out = []

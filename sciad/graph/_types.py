@@ -448,6 +448,9 @@ def runtime_type(t: AbstractType) -> TensorType | None:
         return t
     if isinstance(t, SparseType):
         return t.data_type
+    if isinstance(t, BatchedType):  # (a batch of sparse matrices: of their data)
+        inner = runtime_type(t.inner)
+        return None if inner is None else TensorType((t.size,) + inner.shape, t.dtype)
     return None
 
 
@@ -561,11 +564,58 @@ register_type_kind("factor", lambda d: FactorType(
     Pattern.from_json(d["pattern"]) if d.get("pattern") is not None else None))
 
 
+@dataclass(frozen=True, slots=True)
+class BatchedType(AbstractType):
+    """A batch of `size` values of a type that is not an array: sparse
+    matrices on one pattern, factorizations of such matrices (a batch of
+    arrays is an array with one more axis). Its run-time arrays are
+    `inner`'s with a leading axis of `size`. `sd.vmap` makes them, and only
+    `map` nodes (`sciad.primitives._map`) read them."""
+
+    inner: AbstractType
+    size: int
+
+    def __post_init__(self):
+        assert not isinstance(self.inner, TensorType), "a batch of arrays is an array"
+        object.__setattr__(self, "size", int(self.size))
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.inner.dtype
+
+    @property
+    def tags(self) -> frozenset:
+        return getattr(self.inner, "tags", frozenset())
+
+    def update(self, **kw) -> "BatchedType":
+        return BatchedType(self.inner.update(**kw), self.size)
+
+    def str_short(self) -> str:
+        return f"{self.size} x {self.inner.str_short()}"
+
+    def to_json(self) -> dict:
+        return {"kind": "batched", "size": self.size, "inner": self.inner.to_json()}
+
+
+register_type_kind("batched", lambda d: BatchedType(type_from_json(d["inner"]), d["size"]))
+
+
+def holds_tuple(t: AbstractType) -> bool:
+    """Whether a value of type `t` is a tuple of arrays at run time (a
+    factorization, or a batch of them) rather than one array."""
+    return isinstance(t, FactorType) or (isinstance(t, BatchedType) and holds_tuple(t.inner))
+
+
 def leaf_types(t: AbstractType) -> tuple[TensorType, ...] | None:
     """The types of the run-time arrays of a value of type `t`, in order: a
-    tensor's own, a sparse matrix's data vector, a factorization's arrays;
-    None for types without a run-time form."""
+    tensor's own, a sparse matrix's data vector, a factorization's arrays
+    (for a batch of values, each with a leading batch axis); None for types
+    without a run-time form."""
     if isinstance(t, FactorType):
         return t.leaf_types
+    if isinstance(t, BatchedType):
+        inner = leaf_types(t.inner)
+        return None if inner is None else tuple(
+            x.update(shape=(t.size,) + tuple(x.shape)) for x in inner)
     rt = runtime_type(t)
     return None if rt is None else (rt,)

@@ -58,6 +58,7 @@ from ..graph._types import FactorType, Pattern, register_factor_layout
 from ..graph._params import shown_params
 from ..solvers._host import host_call
 from ._checks import check, judge_factor, judge_matrix, judge_solve, refine_above, tie
+from ._map import columns_rule, map_rule
 from ._sparse import sparse_matmul_p, sparse_sddmm_p
 
 DENSE_DIRECT = solvers.dense.METHODS
@@ -1003,3 +1004,19 @@ def _factor_rcond_cost(node, body):
 
     n = node.inputs[1].type.shape[0]
     return Cost(10 * _per_rhs(n, node.params.get("pattern")))
+
+
+# ---------------------------------------------------------------------------
+# batching (`sd.vmap`): right-hand sides as columns; batches of matrices as
+# maps, whose factorizations `share_factors` shares (see `_map`)
+
+
+def _install_batch_rules() -> None:
+    for p in (linalg_solve_p, linalg_backsolve_p):
+        p.def_batch(columns_rule(p))
+    for p in (linalg_factor_p, linalg_rcond_p, linalg_factor_rcond_p,
+              linalg_solve_operator_p):
+        p.def_batch(map_rule(p))
+
+
+_install_batch_rules()

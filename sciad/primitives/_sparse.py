@@ -37,6 +37,7 @@ from ..graph import (Param, Primitive, SparseType, TensorType, is_linear,
 from ..graph._autodiff import register_zeros
 from ..graph._types import Pattern
 from ._contract import _multilinear_jvp
+from ._map import columns_rule, map_rule
 from ._shape import _linear_jvp
 
 # ---------------------------------------------------------------------------
@@ -405,3 +406,18 @@ def _sparse_matmul_cost(node, body):
     a, x = node.inputs
     cols = max(size(x.type) // max(x.type.shape[0], 1), 1)
     return Cost(2.0 * node.params["pattern"].nnz * cols)
+
+
+# ---------------------------------------------------------------------------
+# batching (`sd.vmap`): a batch of vectors times one matrix is one product with
+# a block of columns; anything with a batch of matrices is a `map`
+
+
+def _install_batch_rules() -> None:
+    sparse_matmul_p.def_batch(columns_rule(sparse_matmul_p))
+    for p in (sparse_assemble_p, sparse_gather_p, sparse_sddmm_p, sparse_transpose_p,
+              sparse_todense_p, sparse_sample_p):
+        p.def_batch(map_rule(p))
+
+
+_install_batch_rules()

@@ -1,0 +1,345 @@
+"""`map`: a body applied to every example of a batch, as one node.
+
+`map[body, batched, size](*args)` applies its closed body to `size`
+examples at once: operand `i` holds one value per example (a leading axis of
+`size`; for a sparse matrix or a factorization a `BatchedType`) where
+`batched[i]`, and one value shared by all examples otherwise. Every output
+has the leading batch axis. It is lowered as `jax.vmap` of the body, so XLA
+batches what it can (dense factorizations, triangular solves, Krylov
+iterations) and a host call gets the whole batch in one call (SuperLU
+factors and solves each matrix of the batch in that call).
+
+It is the batch rule of the primitives whose operands are not just arrays
+(sparse matrices, factorizations, matrix-free operators): `map_rule(prim)`
+wraps one node of `prim` in a `map`. A batch of sparse matrices on one
+pattern is so one `map[sparse.assemble]` node, its factorization one
+`map[linalg.factor]` node (one symbolic analysis for the pattern, a numeric
+factorization per matrix), and every solve with it, the adjoint's included,
+a `map[linalg.backsolve]` reading that factor.
+
+Rules, each a `map` itself:
+
+- JVP: a `map` of the body's JVP; a tangent is batched where its primal is.
+- VJP: a `map` of the body's per-example backward pass, reading the
+  operands, the outputs and their cotangents (a one-node body uses its
+  primitive's VJP rule on the given outputs, so nothing is recomputed); the
+  cotangent of an operand shared by all examples is the sum over the batch
+  of the per-example ones.
+- batching (a `map` under another `sd.vmap`): a `map` of the `map`.
+
+Devices: a `map` with `spmd_axis` set (`sd.vmap(..., spmd_axis_name=...)`)
+is lowered as `jax.shard_map` of the `jax.vmap` over that mesh axis: each
+device maps the body over its own examples, so a host call (SuperLU) runs
+on every device for its share of the batch rather than gathering the batch
+on one. The mesh is the one the operands are sharded over (JAX's abstract
+mesh of their type), else the current one (`jax.set_mesh`, or the one
+`sd.function` sets from its arguments' shardings); the batch must divide
+evenly over the axis. The derivative and batch rules keep `spmd_axis`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+from ..errors import ShapeError
+from ..graph import Graph, Param, Primitive, SparseType, Zero, instantiate, is_zero, lower
+from ..graph._autodiff import _bind, is_differentiable, type_of, vjp_eval, vjp_node
+from ..graph._batch import batch_graph, batch_size_of, batched_front, batched_type
+from ..graph._batch import example_type, to_front
+from ..graph._core import Factored, Node, Var
+from ..graph._body import jvp_body
+from ..graph._types import BatchedType
+
+@functools.lru_cache(maxsize=1024)
+def _single_body(prim: Primitive, params: tuple, in_types: tuple, source) -> Graph:
+    """The body that is one node of `prim` (its params given as sorted
+    items) on operands of `in_types`, recorded at `source`; the same `Graph`
+    object for the same arguments, so that nodes holding it are equal (the
+    key `share_factors` shares factorizations by)."""
+    ins = tuple(Var(t) for t in in_types)
+    outs = tuple(Var(t) for t in prim.abstract_eval(*in_types, **dict(params)))
+    node = Node(prim, ins, outs, dict(params), frozenset(), source)
+    return Graph(ins, (node,), outs, prim.name.replace(".", "_"))
+
+
+def axis_param(spmd_axis: str | None) -> dict:
+    """The `spmd_axis` param of a `map` node, left out at its default."""
+    return {} if spmd_axis is None else {"spmd_axis": spmd_axis}
+
+
+def _map_factored(params) -> Factored | None:
+    # A map of one solve-like node on a batch of matrices computes from a
+    # batch of factorizations: `share_factors` then gives each batch of
+    # matrices one map[factor] node, read by every map of solves with it
+    # (the adjoint's transposed solves included).
+    node = _one_node(params["body"])
+    if node is None or node.primitive.factored is None or not params["batched"][0]:
+        return None
+    how = node.primitive.factored(dict(node.params))
+    if how is None:
+        return None
+    size, ins = params["size"], tuple(v.type for v in node.inputs)
+    fbody = _single_body(how.factor, tuple(sorted(how.factor_params.items())), ins[:1],
+                         node.source)
+    rbody = _single_body(how.reader, tuple(sorted(how.reader_params.items())),
+                         tuple(fbody.out_types) + ins, node.source)
+    axis = axis_param(params.get("spmd_axis"))
+    return Factored(map_p, {"body": fbody, "batched": (True,), "size": size, **axis}, map_p,
+                    {"body": rbody, "batched": (True,) + tuple(params["batched"]),
+                     "size": size, **axis})
+
+
+def _map_fit(params, readers, complete) -> dict:
+    # a map of a factorization takes its params from the nodes its readers map
+    node = _one_node(params["body"])
+    fit = node.primitive.fit_to_readers if node is not None else None
+    if fit is None:
+        return params
+    inner = [(_one_node(u.params["body"]) or u) if u.primitive is map_p else u
+             for u in readers]
+    new = dict(fit(dict(node.params), inner, complete))
+    if new == dict(node.params):
+        return params
+    return dict(params, body=_single_body(node.primitive, tuple(sorted(new.items())),
+                                          tuple(v.type for v in node.inputs), node.source))
+
+
+map_p = Primitive("map", multiple_results=True, factored=_map_factored, reads_factor=True,
+                  fit_to_readers=_map_fit, params={
+                      "body": Graph, "batched": tuple[bool, ...], "size": int,
+                      "spmd_axis": Param((str, None), default=None)})
+
+
+@map_p.def_abstract_eval
+def _map_shape(*in_types, body, batched, size, spmd_axis=None):
+    op = "map"
+    if not isinstance(body, Graph):
+        raise ShapeError(f"`body` must be a Graph, got {body!r}.", op=op)
+    if len(batched) != len(in_types) or len(body.inputs) != len(in_types):
+        raise ShapeError(f"the body takes {len(body.inputs)} operands and `batched` flags "
+                         f"{len(batched)}, got {len(in_types)} operands.", op=op)
+    if size < 0:
+        raise ShapeError(f"`size` must be >= 0, got {size}.", op=op)
+    for k, (t, b, v) in enumerate(zip(in_types, batched, body.inputs)):
+        want = batched_type(v.type, size) if b else v.type
+        if t != want:
+            raise ShapeError(f"operand {k} must be {want.str_short()}, got {t.str_short()}.",
+                             op=op)
+    return tuple(batched_type(t, size) for t in body.out_types)
+
+
+@map_p.def_impl
+def _map_impl(*args, body, batched, size, spmd_axis=None):
+    f = lower(body)
+    in_axes = tuple(0 if b else None for b in batched)
+    axis = spmd_axis
+    if axis is None:
+        return tuple(jax.vmap(lambda *a: tuple(f(*a)), in_axes=in_axes, axis_size=size)(*args))
+    from jax.sharding import AxisType, PartitionSpec as P
+
+    mesh = _mesh_with(axis, args)
+    n = mesh.shape[axis]
+    if size % n:
+        raise ShapeError(f"a batch of {size} examples cannot be split evenly over the "
+                         f"{n} devices of mesh axis {axis!r}; make the batch a multiple "
+                         f"of {n}.", op="vmap")
+
+    def local(*a):
+        return tuple(jax.vmap(lambda *e: tuple(f(*e)), in_axes=in_axes,
+                              axis_size=size // n)(*a))
+
+    specs = tuple(P(axis) if b else P() for b in batched)
+    if AxisType.Explicit in mesh.axis_types:
+        # Over a mesh with explicit axes an operand's type holds its layout,
+        # which must be the one shard_map is given: split along the batch, or
+        # whole on every device. (Over automatic axes shard_map reshards.)
+        args = [jax.tree_util.tree_map(lambda x: jax.reshard(x, spec), a)
+                for a, spec in zip(args, specs)]
+    return tuple(jax.shard_map(local, mesh=mesh, in_specs=specs,
+                               out_specs=P(axis), check_vma=False)(*args))
+
+
+def _leaves(a) -> list:
+    return list(a) if isinstance(a, tuple) else [a]
+
+
+def _mesh_with(axis: str, args):
+    """The mesh that has `axis`: the one the operands are sharded over, else
+    the one set with `jax.set_mesh`."""
+    meshes = [getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+              for a in args for x in _leaves(a)]
+    meshes.append(jax.sharding.get_abstract_mesh())
+    for m in meshes:
+        if m is not None and not m.empty and axis in m.axis_names:
+            return m
+    raise ShapeError(f"`spmd_axis_name={axis!r}` names a mesh axis, but no mesh with "
+                     f"that axis is known here: pass arrays sharded over a mesh with "
+                     f"axis {axis!r} (`jax.device_put(x, NamedSharding(mesh, P({axis!r})))`, "
+                     f"or `sd.function(..., in_shardings=...)`), or call it inside "
+                     f"`with jax.set_mesh(mesh):`.", op="vmap")
+
+
+def _one_node(body: Graph):
+    """The node of a body that is one node applied to the body's inputs,
+    else None."""
+    if len(body.nodes) != 1:
+        return None
+    node = body.nodes[0]
+    if tuple(node.inputs) != tuple(body.inputs) or tuple(node.outputs) != tuple(body.outputs):
+        return None
+    return node
+
+
+# The derivatives of a map are the body's per-example derivative graphs,
+# batched: each of their nodes by its own batch rule, so a solve in them
+# becomes a map of one solve again, which shares the forward map's factors.
+
+
+@map_p.def_jvp
+def _map_jvp(primals, tangents, *, body, batched, size, spmd_axis=None):
+    nz = [not is_zero(t) and is_differentiable(v.type) for t, v in zip(tangents, body.inputs)]
+    jg, out_nz = jvp_body(body, nz)
+    dims = [0 if b else None for b in batched]
+    args = list(primals) + [instantiate(t) for t, z in zip(tangents, nz) if z]
+    res = [batched_front(o, d, size) for o, d in
+           batch_graph(jg, args, dims + [d for d, z in zip(dims, nz) if z], spmd_axis)]
+    n = len(body.outputs)
+    it = iter(res[n:])
+    return tuple(res[:n]), tuple(next(it) if z else Zero(type_of(o).update())
+                                 for o, z in zip(res[:n], out_nz))
+
+
+@map_p.def_vjp
+def _map_vjp(primals, outs, cts, *, body, batched, size, spmd_axis=None):
+    from .. import numpy as snp
+    from ..graph._trace import trace_flat
+    from ._sparse import assemble, gather
+
+    n_in, n_out = len(body.inputs), len(body.outputs)
+    diff = [is_differentiable(v.type) for v in body.inputs]
+    ct_nz = [not is_zero(c) for c in cts]
+    node = _one_node(body)
+
+    def backward(*a):
+        p, o, c = a[:n_in], a[n_in:n_in + n_out], iter(a[n_in + n_out:])
+        full = [next(c) if z else Zero(v.type.update()) for v, z in zip(body.outputs, ct_nz)]
+        if node is not None:  # the rule on the given outputs: nothing recomputed
+            in_cts = vjp_node(node.primitive, list(p), list(o), full, dict(node.params), node)
+        else:
+            _, bwd = vjp_eval(body, list(p))
+            in_cts = bwd(full)
+        res = []
+        for v, ct, d, b in zip(body.inputs, in_cts, diff, batched):
+            if not d:
+                continue
+            ct = instantiate(ct if ct is not None else Zero(v.type.update()))
+            if not b and isinstance(v.type, SparseType):
+                ct = gather(ct)  # its data, summed over the batch below
+            res.append(ct)
+        return res
+
+    types = (list(body.in_types) + list(body.out_types)
+             + [t for t, z in zip(body.out_types, ct_nz) if z])
+    g, _, _ = trace_flat(backward, tuple(types), name=f"{body.name}_vjp")
+    dims = [0 if b else None for b in batched] + [0] * (n_out + sum(ct_nz))
+    res = iter(batch_graph(g, [*primals, *outs, *[c for c, z in zip(cts, ct_nz) if z]], dims,
+                           spmd_axis))
+    out = []
+    for v, d, b in zip(body.inputs, diff, batched):
+        if not d:
+            out.append(None)
+            continue
+        ct, cd = next(res)
+        if b:
+            ct = batched_front(ct, cd, size)
+        else:  # shared by the examples: the sum of their cotangents
+            ct = snp.sum(ct, axis=cd) if cd is not None else ct * size
+            if isinstance(v.type, SparseType):
+                ct = assemble(ct, v.type.pattern)
+        out.append(ct)
+    return tuple(out)
+
+
+def map_rule(prim: Primitive):
+    """The batch rule that maps `prim` over the batch: one `map` node whose
+    body is one node of `prim` on one example's operands. For primitives
+    whose operands are not only arrays, and whose implementation JAX can
+    vmap."""
+    def rule(args, dims, spmd_axis=None, **params):
+        from ..graph._trace import current_source
+
+        size = batch_size_of(args, dims)
+        ops = [a if d is None else to_front(a, d) for a, d in zip(args, dims)]
+        types = tuple(type_of(a) if d is None else example_type(type_of(o))
+                      for a, o, d in zip(args, ops, dims))
+        if prim is map_p:  # a map of a map: the outer one splits the batch over devices
+            params.pop("spmd_axis", None)
+        body = _single_body(prim, tuple(sorted(params.items())), types, current_source())
+        outs = list(map_p.bind(*ops, body=body, batched=tuple(d is not None for d in dims),
+                               size=size, **axis_param(spmd_axis)))
+        if prim.multiple_results:
+            return outs, [0] * len(outs)
+        return outs[0], 0
+    rule.maps = True
+    return rule
+
+
+map_p.def_batch(map_rule(map_p))
+
+
+def _zeros_batched(t: BatchedType):
+    # a batch of zeros of a non-array type: the zero of one example, for all
+    from ..graph._autodiff import zeros
+    from ..graph._trace import trace_flat
+
+    body, _, _ = trace_flat(lambda: [zeros(t.inner)], (), name="zeros")
+    (out,) = map_p.bind(body=body, batched=(), size=t.size)
+    return out
+
+
+def _register():
+    from ..graph._autodiff import register_zeros
+
+    register_zeros(BatchedType, _zeros_batched)
+
+
+_register()
+
+
+@map_p.def_cost
+def _map_cost(node, body):
+    from ..graph._cost import Cost
+
+    b = body(node.params["body"])
+    n = node.params["size"]
+    return Cost(n * b.flops, n * b.peak, f"{n} examples")
+
+
+
+def columns_rule(prim: Primitive):
+    """The batch rule of an op `op(*mats, b)` linear in its last operand, a
+    vector `(n,)` or a block of columns `(n, k)`, that takes blocks of any
+    width: with the matrices shared, a batch of `b`s is one op on the block
+    of all their columns (a batch of right-hand sides against one matrix:
+    one factorization, one multi-column solve); with batched matrices, a
+    `map` (`map_rule`)."""
+    fallback = map_rule(prim)
+
+    def rule(args, dims, spmd_axis=None, **params):
+        from .. import numpy as snp
+
+        if any(d is not None for d in dims[:-1]):
+            return fallback(args, dims, spmd_axis=spmd_axis, **params)
+        b, d = args[-1], dims[-1]
+        shape = type_of(b).shape
+        size = shape[d]
+        cols = snp.moveaxis(b, d, 1)  # (n, B) or (n, B, k)
+        if len(shape) == 2:
+            return prim.bind(*args[:-1], cols, **params), 1
+        n, k = cols.shape[0], cols.shape[2]
+        x = prim.bind(*args[:-1], snp.reshape(cols, (n, size * k)), **params)
+        return snp.reshape(x, (type_of(x).shape[0], size, k)), 1
+    rule.maps = True
+    return rule
