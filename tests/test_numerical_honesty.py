@@ -161,8 +161,9 @@ def test_hilbert_warns_and_reports_rcond():
     H = sla.hilbert(14)
     b = H @ np.ones(14)
     f = sd.function(lambda A, b: sd.linalg.solve(A, b))
-    with pytest.warns(IllConditionedWarning, match=r"condition number about 1e\+18 exceeds "
-                                                   r"1/eps"):
+    # (the estimate of a condition number near 1e18 varies with the LAPACK build)
+    with pytest.warns(IllConditionedWarning, match=r"condition number about \de\+1[78] "
+                                                   r"exceeds 1/eps"):
         f(H, b)
     x, info = sd.function(lambda A, b: sd.linalg.solve(A, b, throw=False))(H, b)
     np.testing.assert_allclose(float(info.rcond), 1 / np.linalg.cond(H, 1), rtol=0.5)
