@@ -11,10 +11,12 @@ as text, back into sciad's exceptions.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Callable, Sequence
 
 import jax
+from jax.sharding import AxisType, PartitionSpec
 
 from . import config
 from ._traceback import api_boundary
@@ -61,10 +63,13 @@ class Function(functools.partial):
     """
 
     def __new__(cls, fn: Callable, *, static_argnums: int | Sequence[int] = (),
-                static_argnames: str | Sequence[str] = ()):
+                static_argnames: str | Sequence[str] = (), in_shardings=None,
+                out_shardings=None):
         static_argnums = _as_tuple(static_argnums)
         static_argnames = _as_tuple(static_argnames)
         holder: list[Function] = []
+        shardings = {k: v for k, v in (("in_shardings", in_shardings),
+                                       ("out_shardings", out_shardings)) if v is not None}
         # Set when a traced graph holds run-time checks (a solve that may find
         # its matrix singular): calls then wait for their results, so that a
         # failed check raises from the call itself, as a sciad error, rather
@@ -82,7 +87,8 @@ class Function(functools.partial):
 
                 body.__name__ = body.__qualname__ = getattr(fn, "__name__", "function")
                 j = jitted_by_checks[checks] = jax.jit(
-                    body, static_argnums=static_argnums, static_argnames=static_argnames)
+                    body, static_argnums=static_argnums, static_argnames=static_argnames,
+                    **shardings)
             return j
 
         current = [jitted_for(config.enable_checks)]
@@ -142,6 +148,7 @@ class Function(functools.partial):
         self.fn = fn
         self.static_argnums = static_argnums
         self.static_argnames = static_argnames
+        self._shardings = (in_shardings, out_shardings)
         self.graphs: list[Graph] = []  # one per traced signature, in order
         self._current = current
         self._set_sync = set_sync
@@ -193,8 +200,33 @@ class Function(functools.partial):
             self._set_sync()
         else:
             self._traced_without_checks()
-        outs = lower(lowered)(*runtime_leaves(dyn))
+        leaves = runtime_leaves(dyn)
+        run = lower(lowered)
+        mesh = self._mesh(leaves)
+        if mesh is not None and AxisType.Explicit in mesh.axis_types:
+            # JAX's explicit sharding types every value with its layout and
+            # asks each operation for one; sciad's programs run with the
+            # compiler choosing layouts (automatic axes) and hand back whole
+            # results, which `out_shardings` then lays out.
+            run = jax.sharding.auto_axes(run, out_sharding=PartitionSpec())
+        with (jax.sharding.use_abstract_mesh(mesh) if mesh is not None
+              else contextlib.nullcontext()):
+            outs = run(*leaves)
         return jax.tree_util.tree_unflatten(out_tree, wrap_outputs(outs, graph.out_types))
+
+    def _mesh(self, leaves):
+        """The device mesh that the arguments (or the given shardings) lay the
+        computation over, if there is one and `jax.set_mesh` set none: batched
+        nodes split over one of its axes (`sd.vmap(..., spmd_axis_name=...)`)
+        find it while lowering, as they find `jax.set_mesh`'s."""
+        if not jax.sharding.get_abstract_mesh().empty:
+            return None
+        found = [getattr(getattr(s, "mesh", None), "abstract_mesh", None)
+                 for s in jax.tree_util.tree_leaves(self._shardings)]
+        found += [getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+                  for x in jax.tree_util.tree_leaves(leaves) if hasattr(x, "shape")]
+        meshes = {m for m in found if m is not None and not m.empty}
+        return meshes.pop() if len(meshes) == 1 else None
 
     def lower(self, *args, **kwargs):
         """JAX's `Lowered` for these arguments (`.as_text()` shows StableHLO)."""
@@ -211,7 +243,8 @@ class Function(functools.partial):
 
 
 def function(fn: Callable | None = None, *, static_argnums: int | Sequence[int] = (),
-             static_argnames: str | Sequence[str] = ()):
+             static_argnames: str | Sequence[str] = (), in_shardings=None,
+             out_shardings=None):
     """Compiles `fn` through sciad's graph and XLA, caching per signature.
 
     **Arguments:**
@@ -220,6 +253,11 @@ def function(fn: Callable | None = None, *, static_argnums: int | Sequence[int] 
       `sciad.numpy` and primitives.
     - `static_argnums` / `static_argnames`: arguments passed as Python values
       (hashable); each distinct value is its own signature.
+    - `in_shardings` / `out_shardings`: how the arguments and results are laid
+      out over devices, passed to `jax.jit` as they are (a
+      `jax.sharding.NamedSharding` per argument, a pytree prefix, or one for
+      all). With `sd.vmap(..., spmd_axis_name=...)` inside, each device then
+      computes its own examples of the batch.
 
     **Returns:**
 
@@ -228,7 +266,8 @@ def function(fn: Callable | None = None, *, static_argnums: int | Sequence[int] 
     `.graphs` the graphs traced so far. Usable as a decorator, with or
     without arguments.
     """
+    kw = dict(static_argnums=static_argnums, static_argnames=static_argnames,
+              in_shardings=in_shardings, out_shardings=out_shardings)
     if fn is None:
-        return lambda f: Function(f, static_argnums=static_argnums,
-                                  static_argnames=static_argnames)
-    return Function(fn, static_argnums=static_argnums, static_argnames=static_argnames)
+        return lambda f: Function(f, **kw)
+    return Function(fn, **kw)

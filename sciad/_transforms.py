@@ -375,7 +375,7 @@ def _axes_for(axes, tree, what: str) -> list:
     return out
 
 
-def _vmap_inline(f, in_axes, out_axes, args: tuple):
+def _vmap_inline(f, in_axes, out_axes, args: tuple, spmd_axis_name=None):
     from .graph._batch import batch_graph, batched_front
 
     leaves = _tree.tree_leaves(args)
@@ -404,7 +404,8 @@ def _vmap_inline(f, in_axes, out_axes, args: tuple):
     per_args = _tree.tree_unflatten(_tree.tree_structure(args), per)
     graph, _, out_tree, captured = trace_flat(f, tuple(per_args), closure=True,
                                               name=getattr(f, "__name__", "vmap"))
-    outs = batch_graph(graph, list(leaves) + captured, dims + [None] * len(captured))
+    outs = batch_graph(graph, list(leaves) + captured, dims + [None] * len(captured),
+                       spmd_axis_name)
     o_axes = _axes_for(out_axes, _tree.tree_unflatten(out_tree, [0] * len(outs)),
                        "out_axes")
     from . import numpy as snp
@@ -422,7 +423,7 @@ def _vmap_inline(f, in_axes, out_axes, args: tuple):
     return _tree.tree_unflatten(out_tree, result)
 
 
-def vmap(f: Callable, in_axes=0, out_axes=0):
+def vmap(f: Callable, in_axes=0, out_axes=0, *, spmd_axis_name: str | None = None):
     """The batched `f`: maps `f` over an axis of its arguments, as
     `jax.vmap`, as a graph transform. `f` is traced once on one example's
     shapes, and every node of its graph is replaced by its batch rule's
@@ -439,13 +440,24 @@ def vmap(f: Callable, in_axes=0, out_axes=0):
     - `out_axes`: where the batch axis goes in each output (an int, None for
       outputs that do not depend on the mapped arguments, or a pytree prefix
       of the outputs).
+    - `spmd_axis_name`: the axis of a device mesh that the batch is split
+      over (as in `jax.vmap`). The batched solves, factorizations and other
+      `map` nodes then run under `jax.shard_map`: each device handles its
+      own examples, host-call solves included, and the batch size must be a
+      multiple of the axis' device count. The mesh is the one the arguments
+      are sharded over (`sd.function(..., in_shardings=...)` or arrays put
+      with a `NamedSharding`), else `jax.set_mesh`'s.
 
     **Returns:**
 
     The batched function.
     """
+    if spmd_axis_name is not None and not isinstance(spmd_axis_name, str):
+        raise ShapeError(f"`spmd_axis_name` must be a mesh axis name (a str), got "
+                         f"{spmd_axis_name!r}.", op="vmap")
+
     def inline(*args):
-        return _vmap_inline(f, in_axes, out_axes, args)
+        return _vmap_inline(f, in_axes, out_axes, args, spmd_axis_name)
 
     inline.__name__ = f"vmap_{getattr(f, '__name__', 'f')}"
     return _Transformed(inline, f, "vmap")

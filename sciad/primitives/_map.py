@@ -136,7 +136,7 @@ def _map_impl(*args, body, batched, size, spmd_axis=None):
     in_axes = tuple(0 if b else None for b in batched)
     axis = spmd_axis
     if axis is None:
-        return tuple(jax.vmap(lambda *a: tuple(f(*a)), in_axes=in_axes, axis_size=size)(*args))
+        return _mapped(f, in_axes, size, args)
     from jax.sharding import AxisType, PartitionSpec as P
 
     mesh = _mesh_with(axis, args)
@@ -147,8 +147,7 @@ def _map_impl(*args, body, batched, size, spmd_axis=None):
                          f"of {n}.", op="vmap")
 
     def local(*a):
-        return tuple(jax.vmap(lambda *e: tuple(f(*e)), in_axes=in_axes,
-                              axis_size=size // n)(*a))
+        return _mapped(f, in_axes, size // n, a)
 
     specs = tuple(P(axis) if b else P() for b in batched)
     if AxisType.Explicit in mesh.axis_types:
@@ -159,6 +158,26 @@ def _map_impl(*args, body, batched, size, spmd_axis=None):
                 for a, spec in zip(args, specs)]
     return tuple(jax.shard_map(local, mesh=mesh, in_specs=specs,
                                out_specs=P(axis), check_vma=False)(*args))
+
+
+def _mapped(f, in_axes, size: int, args) -> tuple:
+    """`f` over the examples: `jax.vmap`, or one example after another in one
+    loop (`jax.lax.map`) where an implementation has no JAX batching rule
+    (JAX's `spsolve`)."""
+    try:
+        return tuple(jax.vmap(lambda *a: tuple(f(*a)), in_axes=in_axes, axis_size=size)(*args))
+    except Exception as e:  # (sciad's lowering wraps the failing node's error)
+        if not isinstance(e, NotImplementedError) and not isinstance(
+                e.__cause__, NotImplementedError):
+            raise
+    shared = [a for a, ax in zip(args, in_axes) if ax is None]
+    per = [a for a, ax in zip(args, in_axes) if ax is not None]
+
+    def one(xs):
+        it, sh = iter(xs), iter(shared)
+        return tuple(f(*[next(sh) if ax is None else next(it) for ax in in_axes]))
+
+    return tuple(jax.lax.map(one, tuple(per)))
 
 
 def _leaves(a) -> list:

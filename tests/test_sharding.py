@@ -1,0 +1,152 @@
+"""Batches split over devices: `sd.vmap(..., spmd_axis_name=...)` inside
+`sd.function(..., in_shardings=..., out_shardings=...)`, on 4 simulated host
+devices.
+
+XLA's device count is fixed when JAX starts, so the sharded runs happen in
+one child process (`_CHILD`) that prints its findings as JSON; the tests
+read them. The child compares every sharded result with the unsharded one
+and records the batch size each host call (SuperLU factorizations and
+solves) received, which shows whether each device solved its own share.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import sciad as sd
+import sciad.numpy as snp
+
+_CHILD = textwrap.dedent(r'''
+    import json, os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import jax, numpy as np
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    import sciad as sd, sciad.numpy as snp
+    from sciad.solvers import _host
+
+    calls = []
+    _call = _host._HostFn.__call__
+    def recording(self, *args):
+        calls.append([list(np.shape(a)) for a in args])
+        return _call(self, *args)
+    _host._HostFn.__call__ = recording
+
+    N = 10
+    i = np.arange(N)
+    r = np.concatenate([i, i[1:], i[:-1]]); c = np.concatenate([i, i[:-1], i[1:]])
+
+    def loss(k, b):
+        vals = snp.where(r == c, 4.0 + k[r], -0.5 - 0.1 * (k[r] + k[c]))
+        A = sd.sparse.coo_matrix((vals, (r, c)), shape=(N, N))
+        return snp.sum(sd.linalg.solve(A, b, solver="splu") ** 2)
+
+    def total(axis):
+        return lambda K, B: snp.sum(sd.vmap(loss, spmd_axis_name=axis)(K, B))
+
+    rng = np.random.default_rng(0)
+    K, B = rng.uniform(0.5, 1.5, (8, N)), rng.standard_normal((8, N))
+    want_f = np.asarray(sd.function(sd.vmap(loss))(K, B))
+    want_g = np.asarray(sd.function(sd.grad(total(None)))(K, B))
+    out = {"devices": len(jax.devices())}
+    for kind in ("auto", "explicit"):
+        mesh = jax.make_mesh((4,), ("batch",), axis_types=(
+            AxisType.Auto if kind == "auto" else AxisType.Explicit,))
+        sh = NamedSharding(mesh, P("batch"))
+        f = sd.function(sd.vmap(loss, spmd_axis_name="batch"), in_shardings=(sh, sh),
+                        out_shardings=sh)
+        g = sd.function(sd.grad(total("batch")), in_shardings=(sh, sh), out_shardings=sh)
+        calls.clear()
+        y = f(K, B)
+        fcalls = list(calls)
+        calls.clear()
+        dK = g(jax.device_put(K, sh), jax.device_put(B, sh))
+        out[kind] = {
+            "f_err": float(np.max(np.abs(np.asarray(y) - want_f))),
+            "g_err": float(np.max(np.abs(np.asarray(dK) - want_g) / np.abs(want_g).max())),
+            "f_spec": y.sharding.spec[0], "g_spec": dK.sharding.spec[0],
+            "f_devices": len(y.sharding.device_set),
+            "f_call_batches": sorted({s[0][0] for s in fcalls if s and s[0]}),
+            "g_call_batches": sorted({s[0][0] for s in calls if s and s[0]}),
+            "f_calls": len(fcalls),
+        }
+    # a batch that does not divide over the devices, and an axis without a mesh
+    mesh = jax.make_mesh((4,), ("batch",), axis_types=(AxisType.Auto,))
+    sh = NamedSharding(mesh, P("batch"))
+    errors = {}
+    try:
+        sd.function(sd.vmap(loss, spmd_axis_name="batch"))(K, B)
+    except Exception as e:
+        errors["no_mesh"] = [type(e).__name__, str(e)]
+    with jax.set_mesh(mesh):
+        try:
+            sd.function(sd.vmap(loss, spmd_axis_name="batch"))(K[:6], B[:6])
+        except Exception as e:
+            errors["uneven"] = [type(e).__name__, str(e)]
+    out["errors"] = errors
+    print("RESULT " + json.dumps(out))
+''')
+
+
+@pytest.fixture(scope="module")
+def child():
+    env = dict(os.environ, SCIAD_TRACEBACK_FILTERING="on")
+    proc = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
+                          timeout=300, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.parametrize("kind", ["auto", "explicit"])
+def test_sharded_batch_equals_unsharded_and_stays_sharded(child, kind):
+    r = child[kind]
+    assert child["devices"] == 4
+    assert r["f_err"] < 1e-13 and r["g_err"] < 1e-13
+    assert r["f_spec"] == r["g_spec"] == "batch" and r["f_devices"] == 4
+
+
+@pytest.mark.parametrize("kind", ["auto", "explicit"])
+def test_each_device_solves_its_own_examples(child, kind):
+    # 8 examples over 4 devices: every host call (factorization, solve,
+    # check) gets 2 examples, never the gathered 8
+    r = child[kind]
+    assert r["f_calls"] >= 4
+    assert r["f_call_batches"] == [2] and r["g_call_batches"] == [2]
+
+
+def test_sharding_errors_name_the_fix(child):
+    errs = child["errors"]
+    name, msg = errs["no_mesh"]
+    assert name == "ShapeError" and "no mesh with that axis" in msg and "in_shardings" in msg
+    name, msg = errs["uneven"]
+    assert name == "ShapeError" and "6 examples cannot be split evenly" in msg
+
+
+def test_spmd_axis_name_is_a_param_of_the_batched_solves(rng):
+    N = 6
+    K, B = rng.uniform(0.5, 1.5, (4, N, N)), rng.standard_normal((4, N))
+
+    def solve(a, b):
+        return sd.linalg.solve(a + 4 * snp.eye(N), b)
+
+    text = str(sd.trace(sd.vmap(solve, spmd_axis_name="batch"), K, B))
+    assert "spmd_axis='batch'" in text
+    assert "spmd_axis" not in str(sd.trace(sd.vmap(solve), K, B))
+    with pytest.raises(sd.errors.ShapeError, match="must be a mesh axis name"):
+        sd.vmap(solve, spmd_axis_name=3)
+    # without devices to split over, a one-device mesh runs it as it is
+    import jax
+    from jax.sharding import AxisType
+
+    mesh = jax.make_mesh((1,), ("batch",), axis_types=(AxisType.Auto,))
+    with jax.set_mesh(mesh):
+        got = sd.function(sd.vmap(solve, spmd_axis_name="batch"))(K, B)
+    np.testing.assert_allclose(got, [np.linalg.solve(a + 4 * np.eye(N), b)
+                                     for a, b in zip(K, B)], rtol=1e-12)
