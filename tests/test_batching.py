@@ -359,3 +359,29 @@ def test_matrix_free_operators_batch_through_their_matvec(rng):
     np.testing.assert_allclose(got, [solve(t) for t in th], rtol=1e-10)
     np.testing.assert_allclose(g, [sd.grad(lambda t: snp.sum(solve(t) ** 2))(t) for t in th],
                                rtol=1e-8)
+
+
+@pytest.mark.parametrize("solver", ["splu", "cg"])
+def test_jax_vmap_of_to_jax_shares_factors_in_value_grad_and_hvp(rng, solver):
+    # two solves with one matrix: one factorization, read by both solves and
+    # by the adjoint's transposed solves, saved between JAX's forward and
+    # backward passes and batched by jax.vmap
+    def f(k, b):
+        A = _stiffness(k)
+        x = sd.linalg.solve(A, b, solver=solver)
+        return snp.sum(x ** 2) + snp.sum(sd.linalg.solve(A, x, solver=solver))
+
+    K, B, V = (rng.uniform(0.5, 1.5, (3, _N)), rng.standard_normal((3, _N)),
+               rng.standard_normal((3, _N)))
+    jf = sd.to_jax(f)
+    with sd.config.x64_scope():
+        val, (gk, gb) = jax.jit(jax.vmap(jax.value_and_grad(jf, argnums=(0, 1))))(K, B)
+        hv = jax.vmap(lambda k, b, v: jax.jvp(lambda k: jax.grad(jf)(k, b), (k,), (v,))[1])(
+            K, B, V)
+    for j in range(3):
+        v, (wk, wb) = sd.value_and_grad(f, argnums=(0, 1))(K[j], B[j])
+        np.testing.assert_allclose(val[j], v, rtol=1e-12)
+        np.testing.assert_allclose(gk[j], wk, rtol=1e-10)
+        np.testing.assert_allclose(gb[j], wb, rtol=1e-10)
+        np.testing.assert_allclose(hv[j], sd.hvp(lambda k: f(k, B[j]), K[j], V[j]),
+                                   rtol=1e-9)

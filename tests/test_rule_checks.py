@@ -251,3 +251,28 @@ def test_primitive_from_jax_multiple_results_and_integer_inputs(rng):
     with pytest.raises(sd.errors.RegistrationError, match="multiple_results=True"):
         q = sd.primitive_from_jax(lambda x: (x, x), f"test_pfj_{next(_ids)}")
         sd.trace(lambda x: q(x), x)
+
+
+def test_a_wrong_batch_rule_is_caught_and_a_missing_one_noted(rng):
+    p = _sin_like()
+    report = sd.testing.check_rules(p, rng.standard_normal(3))
+    assert report.batch_error < 1e-14
+    assert any("one example at a time" in n for n in report.notes)  # no rule: a loop
+
+    q = _sin_like()
+
+    @q.def_batch
+    def _batch(args, dims):
+        (x,), (d,) = args, dims
+        return q(snp.flip(x, axis=d)), d  # mixes up the examples
+
+    with pytest.raises(RuleError, match=r"batching: sd.vmap against a loop over examples, "
+                                        r"example 0: relative error"):
+        sd.testing.check_rules(q, rng.standard_normal(3))
+
+
+def test_check_rules_batches_only_float_inputs(rng):
+    # an integer array is shared by the examples: only x is batched
+    report = sd.testing.check_rules(lambda x, k: snp.roll(x, 1) * k, rng.standard_normal(4),
+                                    np.arange(4))
+    assert report.batch_error < 1e-14 and not report.notes
