@@ -271,20 +271,63 @@ def hvp(f: Callable, x, v):
 
 # ---------------------------------------------------------------------------
 # Jacobians
+#
+# A Jacobian is one batched derivative, not one derivative per basis vector:
+# the tangent map `t -> J t` (jacfwd) or the cotangent map `c -> c J` of an
+# output (jacrev) is traced once as a graph, and that graph is batched
+# (`batch_graph`, the transform behind `sd.vmap`) over the identity basis.
+# The primal computation in it does not depend on the basis, so it is
+# emitted once, unbatched; the derivative nodes become whole-batch
+# operations (a matmul becomes one matmul with an extra axis, a solve one
+# solve with many right-hand sides). The graph grows with the program, not
+# with the size of the Jacobian.
 
 
 def _basis(t: TensorType):
-    """The `t.size` unit vectors of type `t`, as constants."""
-    eye = np.eye(t.size, dtype=t.dtype)
-    return [eye[i].reshape(t.shape) for i in range(t.size)]
-
-
-def _stack_leaves(rows: list, out_shape: tuple, in_shape: tuple, axis: int, dtype):
+    """The `t.size` unit vectors of type `t`, stacked along a leading axis:
+    `eye(n)` reshaped to `(n,) + t.shape`, one node."""
     from . import numpy as snp
 
-    if not rows:
-        return snp.zeros(out_shape + in_shape, dtype)
-    return snp.reshape(snp.stack(rows, axis=axis), out_shape + in_shape)
+    return snp.reshape(snp.eye(t.size, dtype=t.dtype), (t.size,) + tuple(t.shape))
+
+
+def _jacobian_leaf(v, d, size: int, out_shape: tuple, in_shape: tuple, rows: bool):
+    """A batched derivative `(v, d)` (batch dim `d`, `size` examples) as a
+    Jacobian leaf of shape `out_shape + in_shape`. With `rows` (jacrev) the
+    batch runs over the output's elements and goes first; otherwise
+    (jacfwd) it runs over the input's elements and goes last."""
+    from . import numpy as snp
+    from .graph._batch import batched_front
+
+    if d is None:  # the same for every basis vector (a constant derivative)
+        v, d = batched_front(v, d, size), 0
+    to = 0 if rows else len(v.shape) - 1
+    if d != to:
+        v = snp.moveaxis(v, d, to)
+    return snp.reshape(v, tuple(out_shape) + tuple(in_shape))
+
+
+def _batched_map(fn: Callable, arg_type: TensorType, name: str) -> list:
+    """Traces `fn`, a linear map of one argument of type `arg_type` that
+    returns a list of derivatives (arrays or `Zero`s), and emits it batched
+    over the identity basis of `arg_type`. Returns one entry per result:
+    `(value, batch_dim)`, or None where the result was a `Zero`."""
+    from .graph._batch import batch_graph
+    from .graph._passes import dce
+
+    zero: list[bool] = []
+
+    def nonzero(t):
+        results = fn(t)
+        zero.extend(isinstance(r, Zero) for r in results)
+        return [r for r in results if not isinstance(r, Zero)]
+
+    graph, _, _, captured = trace_flat(nonzero, (arg_type,), closure=True, name=name)
+    if all(zero):
+        return [None] * len(zero)
+    outs = iter(batch_graph(dce(graph), [_basis(arg_type)] + list(captured),
+                            [0] + [None] * len(captured)))
+    return [None if z else next(outs) for z in zero]
 
 
 def _jacobian_setup(f, argnums, args, op: str):
@@ -299,6 +342,10 @@ def _jacobian_setup(f, argnums, args, op: str):
         raise ShapeError(f"the argument in `argnums` must be one array, got "
                          f"{type(x).__name__}.", op=op)
     _check_differentiable(x, op, "the argument in `argnums`")
+    if not isinstance(type_of(x), TensorType):
+        raise ShapeError(f"the argument in `argnums` must be a dense array, got "
+                         f"{type_of(x).str_short()}. For a sparse matrix, differentiate "
+                         "with respect to the array of its values.", op=op)
 
     def g(xi):
         full = list(args)
@@ -306,43 +353,101 @@ def _jacobian_setup(f, argnums, args, op: str):
         return f(*full)
 
     graph, _, out_tree, captured = _trace(g, (x,), op)
+    for a in graph.outputs:
+        if not isinstance(a.type, TensorType):
+            raise ShapeError(f"{op} needs `f` to return arrays, got an output of type "
+                             f"{a.type.str_short()}.", op=op)
     return x, type_of(x), graph, out_tree, captured
 
 
 def jacfwd(f: Callable, argnums: int = 0):
-    """The Jacobian by forward mode: one JVP per input element. For an input
-    of shape `I` and output of shape `O` the Jacobian has shape `O + I`."""
+    """The Jacobian of `f` with respect to its argument `argnums`, by forward
+    mode.
+
+    Computed as one batched JVP: the tangent map `t -> J t` is traced once
+    and batched over the `n` unit vectors of the input (as `sd.vmap` does),
+    so the graph has the size of one JVP, whatever `n`. Best when the input
+    has fewer elements than the outputs.
+
+    **Arguments:**
+
+    - `f`: a function of arrays returning an array or a pytree of arrays.
+    - `argnums`: the position (an int) of the argument to differentiate, one
+      float or complex array; the other arguments are held fixed.
+
+    **Returns:**
+
+    A function of `f`'s arguments returning the Jacobian: for an input of
+    shape `I`, a pytree like `f`'s output with a leaf of shape `O + I` for
+    each output leaf of shape `O` (zeros where the output does not depend on
+    the input).
+    """
 
     def inline(*args):
         x, tx, graph, out_tree, captured = _jacobian_setup(f, argnums, args, "jacfwd")
-        cols = []
-        for e in _basis(tx):
-            _, touts = jvp_eval(graph, [x] + captured,
-                                [e] + [Zero(type_of(c).update()) for c in captured])
-            cols.append([instantiate(t) for t in touts])
-        leaves = [_stack_leaves([c[k] for c in cols], a.type.shape, tx.shape, -1,
-                                a.type.dtype) for k, a in enumerate(graph.outputs)]
+        zeros = [Zero(type_of(c).update()) for c in captured]
+
+        def tangents(t):
+            return jvp_eval(graph, [x] + captured, [t] + zeros)[1]
+
+        from . import numpy as snp
+
+        cols = (_batched_map(tangents, tx.update(), "jacfwd_tangents") if tx.size
+                else [None] * len(graph.outputs))
+        leaves = []
+        for a, col in zip(graph.outputs, cols):
+            shape = tuple(a.type.shape) + tuple(tx.shape)
+            leaves.append(snp.zeros(shape, a.type.dtype) if col is None else
+                          _jacobian_leaf(*col, tx.size, a.type.shape, tx.shape, rows=False))
         return _tree.tree_unflatten(out_tree, leaves)
 
     return _Transformed(inline, f, "jacfwd")
 
 
 def jacrev(f: Callable, argnums: int = 0):
-    """The Jacobian by reverse mode: one backward pass per output element.
-    For an input of shape `I` and output of shape `O` it has shape `O + I`."""
+    """The Jacobian of `f` with respect to its argument `argnums`, by reverse
+    mode.
+
+    Computed as one forward pass and one batched backward pass per output
+    leaf: the cotangent map `c -> c J` of the output is traced once and
+    batched over the output's `m` unit vectors (as `sd.vmap` does), so the
+    graph has the size of one VJP, whatever `m`. Best when the outputs have
+    fewer elements than the input.
+
+    **Arguments:**
+
+    - `f`: a function of arrays returning an array or a pytree of arrays.
+    - `argnums`: the position (an int) of the argument to differentiate, one
+      float or complex array; the other arguments are held fixed.
+
+    **Returns:**
+
+    A function of `f`'s arguments returning the Jacobian: for an input of
+    shape `I`, a pytree like `f`'s output with a leaf of shape `O + I` for
+    each output leaf of shape `O` (zeros where the output does not depend on
+    the input).
+    """
 
     def inline(*args):
         x, tx, graph, out_tree, captured = _jacobian_setup(f, argnums, args, "jacrev")
         outs, backward = vjp_eval(graph, [x] + captured)
+        from . import numpy as snp
+
         leaves = []
         for k, o in enumerate(outs):
             to = type_of(o)
-            rows = []
-            for e in _basis(to):
-                cts = [Zero(type_of(a).update()) for a in outs]
-                cts[k] = e
-                rows.append(instantiate(backward(cts)[0]))
-            leaves.append(_stack_leaves(rows, to.shape, tx.shape, 0, tx.dtype))
+            row = None
+            if to.size and tx.size and is_differentiable(to):
+
+                def cotangent(c, k=k):
+                    cts = [Zero(type_of(a).update()) for a in outs]
+                    cts[k] = c
+                    return [backward(cts)[0]]
+
+                (row,) = _batched_map(cotangent, to.update(), "jacrev_cotangents")
+            shape = tuple(to.shape) + tuple(tx.shape)
+            leaves.append(snp.zeros(shape, tx.dtype) if row is None else
+                          _jacobian_leaf(*row, to.size, to.shape, tx.shape, rows=True))
         return _tree.tree_unflatten(out_tree, leaves)
 
     return _Transformed(inline, f, "jacrev")
