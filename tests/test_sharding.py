@@ -76,6 +76,18 @@ _CHILD = textwrap.dedent(r'''
             "g_call_batches": sorted({s[0][0] for s in calls if s and s[0]}),
             "f_calls": len(fcalls),
         }
+    # many right-hand sides against one matrix
+    mesh = jax.make_mesh((4,), ("batch",), axis_types=(AxisType.Auto,))
+    sh, rep = NamedSharding(mesh, P("batch")), NamedSharding(mesh, P())
+    shared = lambda k, B: snp.sum(sd.vmap(loss, in_axes=(None, 0), spmd_axis_name="batch")(k, B))
+    unshared = lambda k, B: snp.sum(sd.vmap(loss, in_axes=(None, 0))(k, B))
+    gs = sd.function(sd.grad(shared), in_shardings=(rep, sh), out_shardings=rep)
+    want = np.asarray(sd.function(sd.grad(unshared))(K[0], B))
+    gs(K[0], B)
+    calls.clear()
+    dk = gs(K[0], B)
+    out["shared"] = {"g_err": float(np.max(np.abs(np.asarray(dk) - want))),
+                     "shapes": sorted({tuple(s) for call in calls for s in call})}
     # a batch that does not divide over the devices, and an axis without a mesh
     mesh = jax.make_mesh((4,), ("batch",), axis_types=(AxisType.Auto,))
     sh = NamedSharding(mesh, P("batch"))
@@ -121,6 +133,14 @@ def test_each_device_solves_its_own_examples(child, kind):
     assert r["f_call_batches"] == [2] and r["g_call_batches"] == [2]
 
 
+def test_shared_matrix_each_device_solves_its_own_columns(child):
+    # 8 right-hand sides over 4 devices: solves of 2 columns each, never 8
+    r = child["shared"]
+    shapes = {tuple(s) for s in r["shapes"]}
+    assert r["g_err"] < 1e-12
+    assert (2, 10) in shapes and not any(8 in s for s in shapes)
+
+
 def test_sharding_errors_name_the_fix(child):
     errs = child["errors"]
     name, msg = errs["no_mesh"]
@@ -150,3 +170,37 @@ def test_spmd_axis_name_is_a_param_of_the_batched_solves(rng):
         got = sd.function(sd.vmap(solve, spmd_axis_name="batch"))(K, B)
     np.testing.assert_allclose(got, [np.linalg.solve(a + 4 * np.eye(N), b)
                                      for a, b in zip(K, B)], rtol=1e-12)
+
+
+def test_a_shared_matrix_split_over_devices_is_factored_once(rng):
+    # many right-hand sides against one matrix, split over a mesh axis: one
+    # factorization, read by the maps of the solves and of the adjoint's
+    # transposed solves (each device solves its own columns)
+    import jax
+    from jax.sharding import AxisType
+
+    N = 8
+    k, B = rng.uniform(0.5, 1.5, N), rng.standard_normal((4, N))
+    i = np.arange(N)
+    r = np.concatenate([i, i[1:], i[:-1]])
+    c = np.concatenate([i, i[:-1], i[1:]])
+
+    def loss(k, b):
+        vals = snp.where(r == c, 4.0 + k[r], -0.5 - 0.1 * (k[r] + k[c]))
+        A = sd.sparse.coo_matrix((vals, (r, c)), shape=(N, N))
+        return snp.sum(sd.linalg.solve(A, b, solver="splu") ** 2)
+
+    def total(k, B, axis):
+        return snp.sum(sd.vmap(loss, in_axes=(None, 0), spmd_axis_name=axis)(k, B))
+
+    g = sd.graph.passes.optimize(sd.trace(sd.grad(lambda k, B: total(k, B, "batch")), k, B))
+    (factor,) = [n for n in g.nodes if n.primitive.name == "linalg.factor"]
+    assert "uses" not in factor.params  # read on every device: kept, not counted
+    readers = [n for n in g.nodes if factor.outputs[0] in n.inputs]
+    assert [n.primitive.name for n in readers] == ["map", "map"]
+    assert all(n.params["spmd_axis"] == "batch" for n in readers)
+    mesh = jax.make_mesh((1,), ("batch",), axis_types=(AxisType.Auto,))
+    with jax.set_mesh(mesh):
+        got = sd.function(sd.grad(lambda k, B: total(k, B, "batch")))(k, B)
+    want = sd.function(sd.grad(lambda k, B: total(k, B, None)))(k, B)
+    np.testing.assert_allclose(got, want, rtol=1e-12)

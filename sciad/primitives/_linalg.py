@@ -58,7 +58,7 @@ from ..graph._types import FactorType, Pattern, register_factor_layout
 from ..graph._params import shown_params
 from ..solvers._host import host_call
 from ._checks import check, judge_factor, judge_matrix, judge_solve, refine_above, tie
-from ._map import columns_rule, map_rule
+from ._map import columns_rule, map_rule, on_devices, reader_nodes
 from ._sparse import sparse_matmul_p, sparse_sddmm_p
 
 DENSE_DIRECT = solvers.dense.METHODS
@@ -554,6 +554,8 @@ def _factor_fit(params, readers, complete) -> dict:
     # number of readers, so that the last one frees it (None where a reader
     # is not known: it is then kept until the host store's bound pushes it out)
     params = dict(params)
+    devices = on_devices(readers)  # read on several devices: not counted, kept
+    readers = reader_nodes(readers)
     assumes = [u.params.get("assume") for u in readers if u.primitive.reads_factor]
     assume = max(assumes + [params.pop("assume", None)], key=((None,) + ASSUME).index)
     if assume is not None:
@@ -562,7 +564,7 @@ def _factor_fit(params, readers, complete) -> dict:
     if complete and not any(_raises(u) for u in readers):
         params["throw"] = False
     params.pop("uses", None)
-    if params["solver"] in _HELD_ON_HOST and complete:
+    if params["solver"] in _HELD_ON_HOST and complete and not devices:
         params["uses"] = len(readers)
     return params
 

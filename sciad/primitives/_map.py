@@ -73,22 +73,42 @@ def _map_factored(params) -> Factored | None:
     # A map of one solve-like node on a batch of matrices computes from a
     # batch of factorizations: `share_factors` then gives each batch of
     # matrices one map[factor] node, read by every map of solves with it
-    # (the adjoint's transposed solves included).
+    # (the adjoint's transposed solves included). With the matrix shared by
+    # the examples (a batch split over devices, see `columns_rule`), one
+    # factor node, read by maps of solves: each device solves its examples.
     node = _one_node(params["body"])
-    if node is None or node.primitive.factored is None or not params["batched"][0]:
+    if node is None or node.primitive.factored is None:
         return None
     how = node.primitive.factored(dict(node.params))
     if how is None:
         return None
     size, ins = params["size"], tuple(v.type for v in node.inputs)
+    factor_type = how.factor.abstract_eval(ins[0], **how.factor_params)
+    rbody = _single_body(how.reader, tuple(sorted(how.reader_params.items())),
+                         tuple(factor_type) + ins, node.source)
+    axis = axis_param(params.get("spmd_axis"))
+    batched = params["batched"][0]
+    reader = {"body": rbody, "batched": (batched,) + tuple(params["batched"]), "size": size,
+              **axis}
+    if not batched:
+        return Factored(how.factor, how.factor_params, map_p, reader)
     fbody = _single_body(how.factor, tuple(sorted(how.factor_params.items())), ins[:1],
                          node.source)
-    rbody = _single_body(how.reader, tuple(sorted(how.reader_params.items())),
-                         tuple(fbody.out_types) + ins, node.source)
-    axis = axis_param(params.get("spmd_axis"))
     return Factored(map_p, {"body": fbody, "batched": (True,), "size": size, **axis}, map_p,
-                    {"body": rbody, "batched": (True,) + tuple(params["batched"]),
-                     "size": size, **axis})
+                    reader)
+
+
+def reader_nodes(readers) -> list:
+    """The nodes that read a factorization, a `map` of one node counted as
+    that node (for a factorization's `fit_to_readers`)."""
+    return [(_one_node(u.params["body"]) or u) if u.primitive is map_p else u
+            for u in readers]
+
+
+def on_devices(readers) -> bool:
+    """Whether a reader is a `map` split over devices: each device then reads
+    a shared factorization, so it is read more times than it has readers."""
+    return any(u.primitive is map_p and u.params.get("spmd_axis") for u in readers)
 
 
 def _map_fit(params, readers, complete) -> dict:
@@ -97,8 +117,7 @@ def _map_fit(params, readers, complete) -> dict:
     fit = node.primitive.fit_to_readers if node is not None else None
     if fit is None:
         return params
-    inner = [(_one_node(u.params["body"]) or u) if u.primitive is map_p else u
-             for u in readers]
+    inner = reader_nodes(readers)
     new = dict(fit(dict(node.params), inner, complete))
     if new == dict(node.params):
         return params
@@ -343,13 +362,16 @@ def columns_rule(prim: Primitive):
     width: with the matrices shared, a batch of `b`s is one op on the block
     of all their columns (a batch of right-hand sides against one matrix:
     one factorization, one multi-column solve); with batched matrices, a
-    `map` (`map_rule`)."""
+    `map` (`map_rule`). A batch split over devices (`spmd_axis`) is a `map`
+    too, so that each device solves its own examples; with the matrices
+    shared, `share_factors` then factors them once, and the maps read that
+    factorization (`_map_factored`)."""
     fallback = map_rule(prim)
 
     def rule(args, dims, spmd_axis=None, **params):
         from .. import numpy as snp
 
-        if any(d is not None for d in dims[:-1]):
+        if spmd_axis is not None or any(d is not None for d in dims[:-1]):
             return fallback(args, dims, spmd_axis=spmd_axis, **params)
         b, d = args[-1], dims[-1]
         shape = type_of(b).shape
