@@ -387,3 +387,22 @@ def test_jax_vmap_of_to_jax_shares_factors_in_value_grad_and_hvp(rng, solver):
         if solver == "splu":
             np.testing.assert_allclose(hv[j], sd.hvp(lambda k: f(k, B[j]), K[j], V[j]),
                                        rtol=1e-9)
+
+
+def test_a_large_batch_factors_each_matrix_once(rng, monkeypatch):
+    # more matrices than the host store's count bound: none is pushed out
+    # before its solves read it (which would factor it again)
+    from sciad.solvers import _sparse_direct
+
+    calls = []
+    one = _sparse_direct._factor_one
+    monkeypatch.setattr(_sparse_direct, "_factor_one", lambda p, d: calls.append(1) or one(p, d))
+    size = _sparse_direct.MAX_COUNTED + 8
+    K, B = rng.uniform(0.5, 1.5, (size, _N)), rng.standard_normal((size, _N))
+    g = sd.function(sd.grad(lambda K, B: snp.sum(sd.vmap(_loss)(K, B))))
+    g(K, B)
+    calls.clear()
+    got = g(K, B)
+    assert len(calls) == size
+    np.testing.assert_allclose(got[:2], [sd.grad(_loss)(k, b) for k, b in zip(K[:2], B[:2])],
+                               rtol=1e-12)

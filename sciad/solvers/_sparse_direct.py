@@ -44,12 +44,16 @@ from ._host import host_call
 METHODS = ("splu", "spsolve")
 
 #: factors kept at most whose uses are not counted (saved for a later
-#: program); the oldest beyond it are dropped
+#: program); the oldest beyond it are dropped, except those just stored
 MAX_KEPT = 8
-#: factors kept at most whose uses are counted: more than any one program
-#: holds at once; beyond it the oldest are dropped (a program that failed
-#: before its last solve leaves its factors behind)
+#: factors kept whose uses are counted (a program that failed before its
+#: last solve leaves its factors behind): the oldest are dropped while there
+#: are more than this many AND they take more than `MAX_BYTES` (the batches
+#: of small factors that several devices hold at once stay)
 MAX_COUNTED = 32
+#: the memory (factor entries and their indices) that counted factors may
+#: take beyond their count bound
+MAX_BYTES = 256 * 2**20
 
 
 class _Factored:
@@ -57,10 +61,11 @@ class _Factored:
     `_factor_one`; None if `A` is not finite or exactly singular), the 1-
     and inf-norms of `A`, and its condition estimate once computed."""
 
-    __slots__ = ("lu", "norm1", "norm_inf", "rcond", "worker")
+    __slots__ = ("lu", "norm1", "norm_inf", "rcond", "worker", "nbytes")
 
     def __init__(self, pattern, data: np.ndarray, lu, worker: int):
         self.lu = lu
+        self.nbytes = 0 if lu is None else int(lu.nnz) * (data.dtype.itemsize + 4)
         self.norm1, self.norm_inf = matrix_norms(pattern, data)
         self.rcond: float | None = None
         self.worker = worker  # the SuperLU thread that made `lu` (and releases it)
@@ -116,7 +121,9 @@ except ImportError:  # pragma: no cover
 class _Store:
     """Handle -> SuperLU factor (of `A^T`, see `_factor_one`), with how many
     solves may still use it (None: not counted). Oldest first, bounded by
-    `MAX_KEPT` and `MAX_COUNTED`."""
+    `MAX_KEPT`, `MAX_COUNTED` and `MAX_BYTES`; the factors of one `put`
+    (a batch's, which its program is about to read) are never pushed out
+    by that put."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -127,15 +134,26 @@ class _Store:
         with self.lock:
             return next(self._ids) % (2**31 - 1) + 1
 
-    def put(self, handle: int, factored: _Factored, uses: int | None) -> None:
+    def put(self, handles, made: list[_Factored], uses: int | None) -> None:
+        """Stores `made[i]` under `handles[i]`."""
+        dropped = []
         with self.lock:
-            old = self.entries.pop(handle, None)
-            dropped = [] if old is None else [old[0]]
-            self.entries[handle] = [factored, uses]
-            for counted, bound in ((False, MAX_KEPT), (True, MAX_COUNTED)):
+            for h, f in zip(handles, made):
+                old = self.entries.pop(int(h), None)
+                if old is not None:
+                    dropped.append(old[0])
+                self.entries[int(h)] = [f, uses]
+            new = {int(h) for h in handles}
+            for counted, bound, limit in ((False, MAX_KEPT, -1), (True, MAX_COUNTED, MAX_BYTES)):
                 kind = [h for h, e in self.entries.items() if (e[1] is not None) == counted]
-                while len(kind) > bound:
-                    dropped.append(self.entries.pop(kind.pop(0))[0])
+                size = sum(self.entries[h][0].nbytes for h in kind)
+                old = [h for h in kind if h not in new]
+                while old and len(kind) > bound and size > limit:
+                    h = old.pop(0)
+                    kind.remove(h)
+                    f = self.entries.pop(h)[0]
+                    size -= f.nbytes
+                    dropped.append(f)
         _drop_on_worker(dropped)
 
     def get(self, handle: int) -> tuple[_Factored, object] | None:
@@ -302,8 +320,7 @@ def factor(method: str, pattern, data, *, uses: int | None = None,
         except BaseException:
             _drop_on_worker(made)
             raise
-        for h, f in zip(handles, made):
-            _store.put(int(h), f, uses)
+        _store.put(handles, made, uses)
         return (handles.reshape(batch),)
 
     (h,) = host_call(host, (jax.ShapeDtypeStruct(data.shape[:n_batch], jnp.int32),), data)
@@ -414,7 +431,7 @@ def _solve_checked(pattern, handle: int, d: np.ndarray, b: np.ndarray, transpose
     got = _store.get(handle)
     if got is None:  # released or pushed out: factor again, kept until `used`
         f = _Factored.make(pattern, d)
-        _store.put(handle, f, 1)
+        _store.put([handle], [f], 1)
         lu = f.lu
     else:
         f, lu = got
