@@ -551,7 +551,10 @@ def vmap(f: Callable, in_axes=0, out_axes=0, *, spmd_axis_name: str | None = Non
       own examples, host-call solves included, and the batch size must be a
       multiple of the axis' device count. The mesh is the one the arguments
       are sharded over (`sd.function(..., in_shardings=...)` or arrays put
-      with a `NamedSharding`), else `jax.set_mesh`'s.
+      with a `NamedSharding`), else `jax.set_mesh`'s; with no mesh at all
+      it runs on one device, so one script serves one device and many. With
+      a shared matrix (`in_axes=(None, 0)`), each device factors it once
+      and solves its own right-hand sides.
 
     **Returns:**
 

@@ -33,8 +33,8 @@ device maps the body over its own examples, so a host call (SuperLU) runs
 on every device for its share of the batch rather than gathering the batch
 on one. The mesh is the one the operands are sharded over (JAX's abstract
 mesh of their type), else the current one (`jax.set_mesh`, or the one
-`sd.function` sets from its arguments' shardings); the batch must divide
-evenly over the axis. The derivative and batch rules keep `spmd_axis`.
+`sd.function` sets from its arguments' shardings; with no mesh at all, the
+map runs on one device); the batch must divide evenly over the axis. The derivative and batch rules keep `spmd_axis`.
 """
 
 from __future__ import annotations
@@ -159,6 +159,8 @@ def _map_impl(*args, body, batched, size, spmd_axis=None):
     from jax.sharding import AxisType, PartitionSpec as P
 
     mesh = _mesh_with(axis, args)
+    if mesh is None:
+        return _mapped(f, in_axes, size, args)
     n = mesh.shape[axis]
     if size % n:
         raise ShapeError(f"a batch of {size} examples cannot be split evenly over the "
@@ -205,18 +207,22 @@ def _leaves(a) -> list:
 
 def _mesh_with(axis: str, args):
     """The mesh that has `axis`: the one the operands are sharded over, else
-    the one set with `jax.set_mesh`."""
+    the one set with `jax.set_mesh`; None where no mesh is known at all (the
+    program runs on one device, as if on a mesh of one)."""
     meshes = [getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
               for a in args for x in _leaves(a)]
     meshes.append(jax.sharding.get_abstract_mesh())
+    meshes = [m for m in meshes if m is not None and not m.empty]
     for m in meshes:
-        if m is not None and not m.empty and axis in m.axis_names:
+        if axis in m.axis_names:
             return m
-    raise ShapeError(f"`spmd_axis_name={axis!r}` names a mesh axis, but no mesh with "
-                     f"that axis is known here: pass arrays sharded over a mesh with "
-                     f"axis {axis!r} (`jax.device_put(x, NamedSharding(mesh, P({axis!r})))`, "
-                     f"or `sd.function(..., in_shardings=...)`), or call it inside "
-                     f"`with jax.set_mesh(mesh):`.", op="vmap")
+    if not meshes:
+        return None
+    names = sorted({n for m in meshes for n in m.axis_names})
+    raise ShapeError(f"`spmd_axis_name={axis!r}` names a mesh axis, but the mesh here has "
+                     f"axes {names}: name one of them, or shard the arguments over a mesh "
+                     f"with axis {axis!r} (`sd.function(..., in_shardings="
+                     f"NamedSharding(mesh, P({axis!r})))`).", op="vmap")
 
 
 def _one_node(body: Graph):
