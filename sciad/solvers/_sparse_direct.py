@@ -199,9 +199,17 @@ def held() -> int:
 # of several devices run at once (SuperLU releases the GIL: 1.8x on 2 cores
 # for 8 factorizations of a 14,400-unknown Laplacian). Solves run on the
 # calling thread (a hop to a worker costs ~40 us, more than a small solve).
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity, as `taskset` sets it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not on Linux
+        return os.cpu_count() or 1
+
+
 _workers = [concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                   thread_name_prefix=f"sciad-superlu-{i}")
-            for i in range(max(1, min(os.cpu_count() or 1, 8)))]
+            for i in range(max(1, min(_usable_cores(), 8)))]
 _next_worker = itertools.count()
 
 
