@@ -406,3 +406,18 @@ def test_a_large_batch_factors_each_matrix_once(rng, monkeypatch):
     assert len(calls) == size
     np.testing.assert_allclose(got[:2], [sd.grad(_loss)(k, b) for k, b in zip(K[:2], B[:2])],
                                rtol=1e-12)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_a_batch_of_one_runs_unbatched(rng, dense):
+    # (a map of size 1 lowers to its body on the one example)
+    def loss(k, b):
+        A = _stiffness(k)
+        return snp.sum(sd.linalg.solve(A.todense() if dense else A, b) ** 2)
+
+    K, B = rng.uniform(0.5, 1.5, (1, _N)), rng.standard_normal((1, _N))
+    total = sd.function(sd.value_and_grad(lambda K, B: snp.sum(sd.vmap(loss)(K, B))))
+    v, g = total(K, B)
+    wv, wg = sd.value_and_grad(loss)(K[0], B[0])
+    np.testing.assert_allclose(v, wv, rtol=1e-13)
+    np.testing.assert_allclose(g, wg[None], rtol=1e-12)

@@ -184,7 +184,12 @@ def _map_impl(*args, body, batched, size, spmd_axis=None):
 def _mapped(f, in_axes, size: int, args) -> tuple:
     """`f` over the examples: `jax.vmap`, or one example after another in one
     loop (`jax.lax.map`) where an implementation has no JAX batching rule
-    (JAX's `spsolve`)."""
+    (JAX's `spsolve`). A batch of one runs `f` once, unbatched (a batched
+    host call costs more than a plain one)."""
+    tm = jax.tree_util.tree_map
+    if size == 1:
+        outs = f(*[a if ax is None else tm(lambda x: x[0], a) for a, ax in zip(args, in_axes)])
+        return tuple(tm(lambda x: x[None], o) for o in outs)
     try:
         return tuple(jax.vmap(lambda *a: tuple(f(*a)), in_axes=in_axes, axis_size=size)(*args))
     except Exception as e:  # (sciad's lowering wraps the failing node's error)
