@@ -27,6 +27,7 @@ __all__ = [
     "SingularMatrixError",
     "NotPositiveDefiniteError",
     "StructureError",
+    "DegenerateEigenvalueError",
     "NonFiniteError",
     "ConvergenceError",
     "SciadWarning",
@@ -134,6 +135,14 @@ class SingularMatrixError(SciadError, ValueError):
 class NotPositiveDefiniteError(SciadError, ValueError):
     """A matrix assumed (or tagged) symmetric positive definite whose Cholesky
     factorization broke down."""
+
+
+class DegenerateEigenvalueError(SciadError, ValueError):
+    """A derivative through an eigendecomposition that depends on the choice
+    of eigenvectors inside a cluster of (numerically) repeated eigenvalues,
+    or on the order of the eigenvalues inside one, where it is not defined.
+    Functions of whole clusters (their eigenvalue sums, spectral projectors)
+    differentiate fine."""
 
 
 class StructureError(SciadError, ValueError):

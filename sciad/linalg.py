@@ -32,7 +32,7 @@ from .primitives._linalg import (DENSE_DIRECT, ITERATIVE, NORMS, SPARSE_DIRECT, 
                                  linalg_rcond_p, linalg_solve_p)
 from .sparse import astype as _sparse_astype, issparse
 
-__all__ = ["solve", "cond", "operator", "Operator", "SolveInfo", "SOLVERS"]
+__all__ = ["solve", "cond", "eigh", "eigvalsh", "operator", "Operator", "SolveInfo", "SOLVERS"]
 
 #: every solver name `solve` accepts, besides "auto"
 SOLVERS = DENSE_DIRECT + SPARSE_DIRECT + ITERATIVE
@@ -377,3 +377,62 @@ def cond(A, p=1, *, estimate: bool = True, solver: str = "auto", constant: bool 
         params.pop("norm")
     rc = linalg_rcond_p.bind(A, **params)
     return snp.where(rc > 0, 1.0 / snp.where(rc > 0, rc, 1.0), np.inf)
+
+
+def _dense_hermitian(A, op: str):
+    from . import numpy as snp
+
+    if issparse(A):
+        raise ShapeError(f"`A` is a sparse matrix: {op} is dense (convert with "
+                         "`A.todense()`; a sparse partial eigensolver is to come).", op=op)
+    A = snp.asarray(A)
+    if A.dtype.kind in "biu":
+        A = snp.astype(A, np.float64)
+    return A
+
+
+def eigh(A, *, degenerate_tol: float | None = None):
+    """The eigenvalues and eigenvectors of a Hermitian (real symmetric) matrix.
+
+    Differentiable in forward and reverse mode, to any order, and safe at
+    repeated eigenvalues: see "Degenerate eigenvalues" below.
+
+    **Arguments:**
+
+    - `A`: a dense `(n, n)` float or complex array (or a stack `(..., n, n)`).
+      Its Hermitian part `(A + A^H) / 2` is decomposed (SciPy reads one
+      triangle; for a Hermitian `A` they agree).
+    - `degenerate_tol`: eigenvalues closer than `degenerate_tol * max|w|`
+      form one cluster (default `sqrt(eps)`: 1.5e-8 in float64, 3.5e-4 in
+      float32).
+
+    **Returns:**
+
+    `(w, v)`: `w` the eigenvalues in ascending order (real, shape `(..., n)`),
+    `v` the unit eigenvectors as columns (`A @ v = v * w`), as SciPy's
+    `scipy.linalg.eigh` and NumPy's `numpy.linalg.eigh`.
+
+    **Degenerate eigenvalues.** Inside a cluster of (numerically) repeated
+    eigenvalues the eigenvectors are any orthonormal basis of the cluster's
+    subspace. Derivatives of functions that do not depend on that choice are
+    exact and finite at any gap, zero included: sums of a cluster's
+    eigenvalues, its spectral projector `v_c @ v_c.conj().T`, spectral
+    functions `v @ diag(f(w)) @ v^H`, eigenvalues and eigenvectors of
+    clusters of one. A gradient that does depend on it (one eigenvector of
+    a cluster, one eigenvalue of a cluster apart from the others, or the
+    phase of a complex eigenvector) raises `DegenerateEigenvalueError`
+    naming the cluster and its gap, never a NaN: it is checked when the
+    gradient is computed (reverse mode). Forward mode (`sd.jvp`) returns
+    the derivative in the gauge where `v^H dv` is zero inside clusters.
+    """
+    from .primitives._eigen import eigh as _eigh
+
+    return tuple(_eigh(_dense_hermitian(A, "linalg.eigh"), degenerate_tol))
+
+
+def eigvalsh(A, *, degenerate_tol: float | None = None):
+    """The eigenvalues of a Hermitian (real symmetric) matrix, ascending
+    (`eigh(A)[0]`; see `eigh` for the derivatives at repeated eigenvalues:
+    a function of the eigenvalues that treats a cluster's eigenvalues alike,
+    such as their sum, differentiates at any gap)."""
+    return eigh(A, degenerate_tol=degenerate_tol)[0]

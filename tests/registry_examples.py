@@ -150,6 +150,13 @@ def _map_example(d, c, a, b):
     return xs, xd
 
 
+def _eigh_example(a):
+    """Functions of an eigendecomposition that do not depend on the sign of
+    an eigenvector: the eigenvalues and a spectral function."""
+    w, v = sd.linalg.eigh(a)
+    return w ** 2, v @ snp.diag(snp.sin(w)) @ v.T
+
+
 EXAMPLES = {name: _unary_example(name) for name in UNARY}
 EXAMPLES.update({name: _binary_example(name) for name in BINARY})
 EXAMPLES.update({
@@ -227,6 +234,10 @@ EXAMPLES.update({
                 (_f64(3, 4),)),
     "searchsorted": (lambda xp, fp, x: snp.interp(x, xp, fp),
                      (np.array([0.0, 0.3, 0.5, 1.0]), _f64(4), np.array([0.1, 0.45, 0.7]))),
+    "linalg.eigh": (_eigh_example, (_f64(3, 3),)),
+    "linalg.eigh_guard": (lambda a: sd.grad(lambda a: snp.sum(_eigh_example(a)[1] ** 2)
+                                            + snp.sum(sd.linalg.eigvalsh(a) ** 3))(a),
+                          (_f64(3, 3),)),
     "map": (lambda d, c, a, b: _map_example(d, c, a, b),
             (_f64(2, 6), _f64(2, 4), _f64(2, 3, 3), _f64(3))),
     "optimization_barrier": (lambda x, y: sd.primitives.barrier_p.bind(x, y)[0] * y,

@@ -1,0 +1,144 @@
+"""Dense Hermitian eigendecompositions: `sd.linalg.eigh` / `eigvalsh` against
+NumPy and JAX, their rules, and the degeneracy policy (finite, correct
+derivatives of cluster-invariant functions at any gap; a clear error for
+gradients that depend on the basis inside a cluster)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sciad as sd
+import sciad.numpy as snp
+from sciad.errors import DegenerateEigenvalueError
+
+
+def _hermitian(rng, n, dtype=np.float64):
+    a = rng.standard_normal((n, n))
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * rng.standard_normal((n, n))
+    return ((a + a.conj().T) / 2).astype(dtype)
+
+
+def _with_spectrum(rng, w):
+    q, _ = np.linalg.qr(rng.standard_normal((len(w), len(w))))
+    return (q * np.asarray(w)) @ q.T
+
+
+def _spectral(A):
+    """A gauge-invariant function of the decomposition: v f(w) v^H, and w."""
+    w, v = sd.linalg.eigh(A)
+    return snp.real(v @ snp.diag(snp.exp(w / 4)) @ snp.conj(v.T)), w ** 2
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128, np.float32])
+def test_values_and_vectors_match_numpy(rng, dtype):
+    A = _hermitian(rng, 6, dtype)
+    w, v = sd.linalg.eigh(A)
+    wn, _ = np.linalg.eigh(A)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    assert np.asarray(w).dtype == np.finfo(dtype).dtype and np.asarray(v).dtype == dtype
+    np.testing.assert_allclose(w, wn, rtol=tol, atol=tol)
+    assert np.all(np.diff(np.asarray(w)) >= 0)
+    np.testing.assert_allclose(A @ v, np.asarray(v) * np.asarray(w), atol=50 * tol)
+    np.testing.assert_allclose(np.conj(np.asarray(v).T) @ v, np.eye(6), atol=50 * tol)
+    np.testing.assert_allclose(sd.linalg.eigvalsh(A), wn, rtol=tol, atol=tol)
+
+
+def test_a_stack_and_vmap_match_a_loop(rng):
+    As = np.stack([_hermitian(rng, 4) for _ in range(3)])
+    w, _ = sd.linalg.eigh(As)
+    np.testing.assert_allclose(w, np.linalg.eigvalsh(As), rtol=1e-12)
+    got = sd.vmap(_spectral)(As)
+    for k in range(3):
+        for g, want in zip(got, _spectral(As[k])):
+            np.testing.assert_allclose(g[k], want, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_rules_of_gauge_invariant_functions(rng, dtype):
+    # JVP against finite differences, VJP by the dot-product test, second
+    # order, and batching (sd.testing.check_rules)
+    A = _hermitian(rng, 5, dtype)
+    report = sd.testing.check_rules(_spectral, A)
+    assert report.jvp_error < 1e-7 and report.second_order_error < 1e-6
+
+
+def test_gradients_match_jax_away_from_degeneracy(rng):
+    A = _hermitian(rng, 5)
+
+    def f(A, xp, eigh):
+        w, v = eigh(A)
+        return xp.sum(w ** 3) + xp.sum(v[:, 1] ** 2 * xp.arange(5.0)) + xp.sum(
+            (v @ xp.diag(xp.tanh(w)) @ v.T) * A)
+
+    g = sd.grad(lambda A: f(A, snp, sd.linalg.eigh))(A)
+    with sd.config.x64_scope():
+        want = jax.grad(lambda A: f((A + A.T) / 2, jnp, jnp.linalg.eigh))(A)
+    np.testing.assert_allclose(g, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("gap", [0.0, 1e-12, 1e-8])
+def test_cluster_invariant_gradients_are_finite_and_right_at_any_gap(rng, gap):
+    A = _with_spectrum(rng, [1.0, 2.0, 2.0 + gap, 3.5, 5.0])
+    M = rng.standard_normal((5, 5))
+
+    def f(A):  # the projector of the cluster {1, 2} and its eigenvalue sum
+        w, v = sd.linalg.eigh(A)
+        vc = v[:, 1:3]
+        return snp.sum((vc @ vc.T) * M) + 3.0 * snp.sum(w[1:3]) + snp.sum(w ** 2)
+
+    g = np.asarray(sd.grad(f)(A))
+    assert np.all(np.isfinite(g))
+    # against central finite differences of the (smooth) cluster functions
+    d = _hermitian(rng, 5)
+    h = 1e-5
+    fd = (float(f(A + h * d)) - float(f(A - h * d))) / (2 * h)
+    np.testing.assert_allclose(np.sum(g * d), fd, rtol=1e-7)
+    # forward mode agrees
+    _, t = sd.jvp(f, (A,), (d,))
+    np.testing.assert_allclose(t, np.sum(g * d), rtol=1e-9)
+
+
+@pytest.mark.parametrize("gap", [0.0, 1e-12, 1e-8])
+def test_basis_dependent_gradients_in_a_cluster_raise(rng, gap):
+    A = _with_spectrum(rng, [1.0, 2.0, 2.0 + gap, 3.5, 5.0])
+    with pytest.raises(DegenerateEigenvalueError,
+                       match=r"linalg.eigh: eigenvalues 1..2 .* one cluster .* the choice "
+                             r"of eigenvectors inside the cluster"):
+        sd.grad(lambda A: snp.sum(sd.linalg.eigh(A)[1][:, 1] ** 2 * snp.arange(5.0)))(A)
+    with pytest.raises(DegenerateEigenvalueError, match="one eigenvalue of the cluster"):
+        sd.grad(lambda A: sd.linalg.eigvalsh(A)[1])(A)
+
+
+def test_a_lower_tolerance_resolves_a_small_gap(rng):
+    A = _with_spectrum(rng, [1.0, 2.0, 2.0 + 1e-6, 3.5, 5.0])
+
+    def f(A, xp, eigh):
+        return xp.sum(eigh(A)[1][:, 1] ** 2 * xp.arange(5.0))
+
+    with pytest.raises(DegenerateEigenvalueError):
+        sd.grad(lambda A: f(A, snp, lambda A: sd.linalg.eigh(A, degenerate_tol=1e-5)))(A)
+    g = sd.grad(lambda A: f(A, snp, lambda A: sd.linalg.eigh(A, degenerate_tol=1e-9)))(A)
+    with sd.config.x64_scope():
+        want = jax.grad(lambda A: f((A + A.T) / 2, jnp, jnp.linalg.eigh))(A)
+    np.testing.assert_allclose(g, want, rtol=1e-6)
+
+
+def test_the_phase_of_a_complex_eigenvector_is_a_gauge(rng):
+    A = _hermitian(rng, 4, np.complex128)
+    with pytest.raises(DegenerateEigenvalueError, match="phase of eigenvector"):
+        sd.grad(lambda A: snp.real(snp.sum(sd.linalg.eigh(A)[1][:, 2])))(A)
+    g = sd.grad(lambda A: snp.sum(snp.abs(sd.linalg.eigh(A)[1][:, 2]) ** 2 * snp.arange(4.0)))(A)
+    assert np.all(np.isfinite(g))
+
+
+def test_bad_input_is_refused_at_trace_time(rng):
+    with pytest.raises(sd.errors.ShapeError, match="square matrix"):
+        sd.linalg.eigh(np.ones((3, 4)))
+    with pytest.raises(sd.errors.ShapeError, match="sparse matrix"):
+        sd.linalg.eigh(sd.sparse.from_dense(np.eye(3)))
+    w = sd.linalg.eigvalsh(np.diag([3, 1, 2]))  # integers compute in float64
+    np.testing.assert_array_equal(w, [1.0, 2.0, 3.0])
