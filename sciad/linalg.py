@@ -32,7 +32,7 @@ from .primitives._linalg import (DENSE_DIRECT, ITERATIVE, NORMS, SPARSE_DIRECT, 
                                  linalg_rcond_p, linalg_solve_p)
 from .sparse import astype as _sparse_astype, issparse
 
-__all__ = ["solve", "cond", "eigh", "eigvalsh", "operator", "Operator", "SolveInfo", "SOLVERS"]
+__all__ = ["solve", "cond", "eigh", "eigvalsh", "eigsh", "funm_hermitian", "svd", "operator", "Operator", "SolveInfo", "SOLVERS"]
 
 #: every solver name `solve` accepts, besides "auto"
 SOLVERS = DENSE_DIRECT + SPARSE_DIRECT + ITERATIVE
@@ -391,8 +391,9 @@ def _dense_hermitian(A, op: str):
     return A
 
 
-def eigh(A, *, degenerate_tol: float | None = None):
-    """The eigenvalues and eigenvectors of a Hermitian (real symmetric) matrix.
+def eigh(A, B=None, *, degenerate_tol: float | None = None):
+    """The eigenvalues and eigenvectors of a Hermitian (real symmetric) matrix,
+    or of the generalized problem `A v = w B v` with `B` positive definite.
 
     Differentiable in forward and reverse mode, to any order, and safe at
     repeated eigenvalues: see "Degenerate eigenvalues" below.
@@ -402,6 +403,10 @@ def eigh(A, *, degenerate_tol: float | None = None):
     - `A`: a dense `(n, n)` float or complex array (or a stack `(..., n, n)`).
       Its Hermitian part `(A + A^H) / 2` is decomposed (SciPy reads one
       triangle; for a Hermitian `A` they agree).
+    - `B`: None, or a Hermitian positive definite matrix of `A`'s shape (a
+      mass matrix): then `A v = w B v`, with `v^H B v = I` (SciPy's
+      normalization). A `B` that is not positive definite raises
+      `NotPositiveDefiniteError` when the program runs.
     - `degenerate_tol`: eigenvalues closer than `degenerate_tol * max|w|`
       form one cluster (default `sqrt(eps)`: 1.5e-8 in float64, 3.5e-4 in
       float32).
@@ -414,25 +419,192 @@ def eigh(A, *, degenerate_tol: float | None = None):
 
     **Degenerate eigenvalues.** Inside a cluster of (numerically) repeated
     eigenvalues the eigenvectors are any orthonormal basis of the cluster's
-    subspace. Derivatives of functions that do not depend on that choice are
-    exact and finite at any gap, zero included: sums of a cluster's
-    eigenvalues, its spectral projector `v_c @ v_c.conj().T`, spectral
-    functions `v @ diag(f(w)) @ v^H`, eigenvalues and eigenvectors of
-    clusters of one. A gradient that does depend on it (one eigenvector of
-    a cluster, one eigenvalue of a cluster apart from the others, or the
-    phase of a complex eigenvector) raises `DegenerateEigenvalueError`
-    naming the cluster and its gap, never a NaN: it is checked when the
-    gradient is computed (reverse mode). Forward mode (`sd.jvp`) returns
-    the derivative in the gauge where `v^H dv` is zero inside clusters.
+    subspace, and the eigenvalues' order inside it follows the perturbation.
+    Exact, finite derivatives at any gap (zero included):
+
+    - functions of the eigenvalues that treat a cluster's alike (the sum of
+      a cluster's eigenvalues, `sum(g(w))`, the lowest eigenvalue when it is
+      simple);
+    - eigenvalues and eigenvectors of simple eigenvalues, whatever the
+      clusters elsewhere in the spectrum;
+    - spectral functions `f(A) = v diag(f(w)) v^H` through
+      `sd.linalg.funm_hermitian`, one node with the divided-difference rule.
+
+    A gradient that depends on a cluster's eigenvectors, on one eigenvalue
+    of a cluster apart from the others, on a cluster's eigenvalues and on
+    eigenvectors together (`v @ diag(f(w)) @ v.T` written out: use
+    `funm_hermitian`), or on the phase of a complex eigenvector raises
+    `DegenerateEigenvalueError` naming the cluster and its gap, never a NaN
+    and never a wrong value. It is checked when the gradient is computed
+    (reverse mode). Forward mode (`sd.jvp`, and so `sd.hvp`) cannot know
+    the loss: at repeated eigenvalues it returns the derivative in the gauge
+    where `v^H dv` is zero inside clusters and `dw` is the diagonal of `v^H dA
+    v`, which is right only for the cluster-invariant functions above; check
+    such derivatives with reverse mode.
     """
     from .primitives._eigen import eigh as _eigh
 
-    return tuple(_eigh(_dense_hermitian(A, "linalg.eigh"), degenerate_tol))
+    A = _dense_hermitian(A, "linalg.eigh")
+    if B is not None:
+        from . import numpy as snp
+
+        B = _dense_hermitian(B, "linalg.eigh")
+        if tuple(B.shape) != tuple(A.shape):
+            raise ShapeError(f"`B` must have `A`'s shape {tuple(A.shape)}, got "
+                             f"{tuple(B.shape)}.", op="linalg.eigh")
+        dtype = np.result_type(A.dtype, B.dtype)
+        A, B = snp.astype(A, dtype), snp.astype(B, dtype)
+    return tuple(_eigh(A, B, degenerate_tol))
 
 
-def eigvalsh(A, *, degenerate_tol: float | None = None):
+def eigvalsh(A, B=None, *, degenerate_tol: float | None = None):
     """The eigenvalues of a Hermitian (real symmetric) matrix, ascending
     (`eigh(A)[0]`; see `eigh` for the derivatives at repeated eigenvalues:
     a function of the eigenvalues that treats a cluster's eigenvalues alike,
     such as their sum, differentiates at any gap)."""
-    return eigh(A, degenerate_tol=degenerate_tol)[0]
+    return eigh(A, B, degenerate_tol=degenerate_tol)[0]
+
+
+def svd(A, full_matrices: bool = False, compute_uv: bool = True, *,
+        degenerate_tol: float | None = None):
+    """The thin singular value decomposition `A = u @ diag(s) @ vh`, as
+    NumPy's `numpy.linalg.svd(A, full_matrices=False)`.
+
+    Differentiable in forward and reverse mode, to any order, and safe at
+    repeated and zero singular values: see "Degenerate singular values"
+    below.
+
+    **Arguments:**
+
+    - `A`: a dense `(m, n)` float or complex array (or a stack `(..., m, n)`).
+    - `full_matrices`: must be False (the thin SVD, `k = min(m, n)`
+      columns); the full one's extra columns are any basis of a complement
+      and have no derivative.
+    - `compute_uv`: False for the singular values alone.
+    - `degenerate_tol`: singular values closer than `degenerate_tol * max(s)`
+      form one cluster, and those below it the zero cluster (default
+      `sqrt(eps)`: 1.5e-8 in float64, 3.5e-4 in float32).
+
+    **Returns:**
+
+    `(u, s, vh)`: `u` `(..., m, k)` and `vh` `(..., k, n)` with orthonormal
+    columns and rows, `s` `(..., k)` real, descending; or `s` alone with
+    `compute_uv=False`.
+
+    **Degenerate singular values.** Inside a cluster of (numerically)
+    repeated singular values, the pairs `(u_c, v_c)` are defined up to one
+    common unitary rotation (for complex `A`, each pair up to a common
+    phase); for the zero singular values, `u_z` and `v_z` are any bases of
+    the null spaces, separately, and a singular value itself has a kink
+    (`|x|`). Gradients are exact and finite at any gap, zero included, for
+    losses that do not depend on those choices and weight a cluster's
+    singular values alike (and zero ones not at all): `s**2`, the sum of a
+    cluster's singular values, `u_c @ vh_c`, projectors `u_c @ u_c^H` and
+    `vh_c^H @ vh_c`, `u @ diag(s**3) @ vh` at zero singular values,
+    singular triplets of clusters of one. Any other gradient raises `DegenerateEigenvalueError` naming the
+    cluster and its gap, never a NaN or a silently wrong value: one singular
+    vector of a cluster or of a null space, one singular value of a cluster
+    apart from the others, the phase of a complex singular vector, the
+    nuclear norm `sum(s)` of a rank-deficient matrix (take its subgradient
+    `u @ vh` yourself), and also the smooth `u_c @ diag(s_c) @ vh_c` (its
+    derivative needs how the cluster splits, which the decomposition's
+    derivatives do not carry: write it as `A @ vh_c^H @ vh_c`). It is
+    checked when the gradient is computed (reverse mode). Forward mode
+    (`sd.jvp`) is not checked: it returns the derivative in the gauge where
+    `u_c^H du_c + v_c^H dv_c` is zero inside clusters.
+    """
+    from . import numpy as snp
+    from .primitives._svd import svd as _svd
+
+    op = "linalg.svd"
+    if full_matrices:
+        raise ShapeError("only the thin SVD is supported: pass `full_matrices=False` (the "
+                         "full one's extra columns are an arbitrary basis with no "
+                         "derivative).", op=op)
+    if issparse(A):
+        raise ShapeError("`A` is a sparse matrix: svd is dense (convert with "
+                         "`A.todense()`).", op=op)
+    A = snp.asarray(A)
+    if A.dtype.kind in "biu":
+        A = snp.astype(A, np.float64)
+    out = _svd(A, compute_uv, degenerate_tol)
+    if not compute_uv:
+        return out[0]
+    s, u, vh = out
+    return u, s, vh
+
+
+def funm_hermitian(A, f: str, *, degenerate_tol: float | None = None):
+    """A function of a Hermitian matrix, `v @ diag(f(w)) @ v^H` for `A = v
+    diag(w) v^H`: `f` one of "exp", "log", "sqrt", "inv_sqrt" (`A^(-1/2)`),
+    "inv".
+
+    One node whose derivative is the divided-difference (Daleckii-Krein)
+    rule `dF = v (D o (v^H dA v)) v^H`, `D_ij = (f(w_i) - f(w_j)) / (w_i -
+    w_j)` and `f'` where the two eigenvalues are within `degenerate_tol *
+    max|w|`: exact and finite at repeated eigenvalues, forward and reverse
+    mode. Second derivatives (`sd.hvp`) are exact where the eigenvalues are
+    distinct; at repeated eigenvalues they are not yet (they need the second
+    divided differences). "log", "sqrt" and "inv_sqrt" need `A` positive definite
+    (`NotPositiveDefiniteError` when the program runs otherwise), "inv" a
+    nonsingular `A` (`SingularMatrixError`).
+    """
+    from .primitives._eigen import FUNCTIONS, eigh_apply
+
+    if f not in FUNCTIONS:
+        raise ShapeError(f"`f` must be one of {sorted(FUNCTIONS)}, got {f!r}.",
+                         op="linalg.eigh_apply")
+    return eigh_apply(_dense_hermitian(A, "linalg.eigh_apply"), f, degenerate_tol)
+
+
+def eigsh(A, k: int = 6, *, which: str | None = None, sigma: float | None = None,
+          tol: float = 0, maxiter: int | None = None, degenerate_tol: float | None = None):
+    """`k` eigenvalues and eigenvectors of a real symmetric sparse matrix, by
+    ARPACK (`scipy.sparse.linalg.eigsh`) on the host.
+
+    Differentiable in forward and reverse mode, to any order, by implicit
+    differentiation (never through ARPACK's iterations); the cotangent of `A`
+    stays on its sparsity pattern (`sparse.sddmm`), never a dense `n x n`.
+
+    **Arguments:**
+
+    - `A`: a real (float64) symmetric sparse matrix of shape `(n, n)`
+      (`sd.sparse.coo_matrix`, `csr_matrix`). A matrix that is not symmetric
+      raises `StructureError` when the program runs.
+    - `k`: how many eigenpairs, `1 <= k < n`.
+    - `which`: SciPy's: `"SA"` (smallest algebraic), `"LA"` (largest),
+      `"SM"` (smallest magnitude), `"LM"` (largest magnitude). Default
+      `"SA"`, or `"LM"` with `sigma` (the eigenvalues nearest `sigma`).
+    - `sigma`: None, or a shift: shift-invert mode, as SciPy's, where
+      `which` refers to `1 / (w - sigma)`. SciPy factors `A - sigma I` on
+      the host (SuperLU) at each call.
+    - `tol`: ARPACK's relative accuracy (0: machine precision).
+    - `maxiter`: ARPACK's limit on restarts (default SciPy's, `10 n`). If
+      ARPACK does not converge, `ConvergenceError` is raised when the
+      program runs, saying how many pairs converged (`.converged`).
+    - `degenerate_tol`: computed eigenvalues closer than
+      `degenerate_tol * max|w|` form one cluster (default `sqrt(eps)`).
+
+    **Returns:**
+
+    `(w, v)`: `w` the `k` eigenvalues in ascending order (shape `(k,)`), `v`
+    the unit eigenvectors as columns (shape `(n, k)`, `A @ v = v * w`), each
+    with its entry of largest magnitude positive. ARPACK starts from a fixed
+    vector, so runs are reproducible.
+
+    **Derivatives.** `dw_i = v_i^T dA v_i`. The eigenvectors' derivatives
+    take one sparse solve per computed pair, with the bordered matrix
+    `[[A - w_i I, v], [v^T, 0]]` (`sd.linalg.solve`); it is singular when
+    `w_i` is also an eigenvalue outside the computed set (`k` cuts a cluster
+    of repeated eigenvalues in two), and then the eigenvectors have no
+    derivative. A loss of `w` alone needs no solve.
+
+    **Degenerate eigenvalues.** As in `eigh`: sums of a cluster's
+    eigenvalues differentiate exactly; a reverse-mode gradient that depends
+    on one eigenvalue of a cluster apart from the others, or on the
+    eigenvectors inside a cluster, raises `DegenerateEigenvalueError`.
+    """
+    from .primitives._eigsh import eigsh as _eigsh
+
+    return _eigsh(A, k, which=which, sigma=sigma, tol=tol, maxiter=maxiter,
+                  degenerate_tol=degenerate_tol)

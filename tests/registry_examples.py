@@ -150,11 +150,34 @@ def _map_example(d, c, a, b):
     return xs, xd
 
 
+def _eigsh_example(c):
+    """The two smallest eigenvalues of a 1-D Laplacian with coefficients `c`
+    (`len(c) - 1` unknowns), from a sparse matrix."""
+    n = len(c) - 1
+    i = np.arange(n)
+    off = -c[1:-1]
+    a = sd.sparse.coo_matrix((snp.concatenate([c[:-1] + c[1:], off, off]),
+                              (np.concatenate([i, i[:-1], i[1:]]),
+                               np.concatenate([i, i[1:], i[:-1]]))), shape=(n, n))
+    w, _ = sd.linalg.eigsh(a, k=2)
+    return w ** 2
+
+
 def _eigh_example(a):
     """Functions of an eigendecomposition that do not depend on the sign of
     an eigenvector: the eigenvalues and a spectral function."""
     w, v = sd.linalg.eigh(a)
     return w ** 2, v @ snp.diag(snp.sin(w)) @ v.T
+
+
+def _svd_example(a):
+    """Functions of a thin SVD that do not depend on the signs of the
+    singular vectors: the squared singular values and u sin(s) vh."""
+    u, s, vh = sd.linalg.svd(a)
+    return s ** 2, u @ snp.diag(snp.sin(s)) @ vh
+
+
+_SVD_ARG = np.random.default_rng(99).standard_normal((4, 3))  # (not from _R: keeps its stream)
 
 
 EXAMPLES = {name: _unary_example(name) for name in UNARY}
@@ -235,9 +258,16 @@ EXAMPLES.update({
     "searchsorted": (lambda xp, fp, x: snp.interp(x, xp, fp),
                      (np.array([0.0, 0.3, 0.5, 1.0]), _f64(4), np.array([0.1, 0.45, 0.7]))),
     "linalg.eigh": (_eigh_example, (_f64(3, 3),)),
+    "linalg.eigsh": (_eigsh_example, (np.random.default_rng(7).uniform(1.0, 2.0, 9),)),
+    "linalg.eigh_apply": (lambda a, m: (sd.linalg.eigvalsh(a, m @ m.T + 3.0 * snp.eye(3)) ** 2,
+                                        sd.linalg.funm_hermitian(a, "exp")),
+                          (_f64(3, 3), _f64(3, 3))),
     "linalg.eigh_guard": (lambda a: sd.grad(lambda a: snp.sum(_eigh_example(a)[1] ** 2)
                                             + snp.sum(sd.linalg.eigvalsh(a) ** 3))(a),
                           (_f64(3, 3),)),
+    "linalg.svd": (_svd_example, (_SVD_ARG,)),
+    "linalg.svd_guard": (lambda a: sd.grad(lambda a: snp.sum(_svd_example(a)[1] ** 2) + snp.sum(
+        sd.linalg.svd(a, compute_uv=False) ** 3))(a), (_SVD_ARG,)),
     "map": (lambda d, c, a, b: _map_example(d, c, a, b),
             (_f64(2, 6), _f64(2, 4), _f64(2, 3, 3), _f64(3))),
     "optimization_barrier": (lambda x, y: sd.primitives.barrier_p.bind(x, y)[0] * y,

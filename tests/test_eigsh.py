@@ -1,0 +1,247 @@
+"""`sd.linalg.eigsh`: k eigenpairs of a sparse symmetric matrix by ARPACK on
+the host, differentiated implicitly with the cotangent kept on the pattern."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+import sciad as sd
+import sciad.numpy as snp
+from sciad.errors import ConvergenceError, DegenerateEigenvalueError, DTypeError, ShapeError
+
+M = 20  # a 20 x 20 grid: n = 400
+
+
+def _grid(m):
+    """The static part of a 2-D Dirichlet Laplacian on an m x m grid: the
+    edges between neighbours, and each node's number of boundary sides."""
+    idx = np.arange(m * m).reshape(m, m)
+    ep = np.concatenate([idx[:, :-1].ravel(), idx[:-1, :].ravel()])
+    eq = np.concatenate([idx[:, 1:].ravel(), idx[1:, :].ravel()])
+    degree = np.bincount(np.concatenate([ep, eq]), minlength=m * m)
+    return ep, eq, 4 - degree
+
+
+def laplacian(c, m=M):
+    """`-div(c grad u)` with node coefficients `c` (m*m of them): edge weights
+    `(c_p + c_q) / 2`, boundary sides weighted `c_p`. Symmetric positive
+    definite; its pattern does not depend on `c`."""
+    ep, eq, bnd = _grid(m)
+    n = m * m
+    we = (c[ep] + c[eq]) / 2
+    i = np.arange(n)
+    data = snp.concatenate([-we, -we, we, we, c * bnd])
+    rows = np.concatenate([ep, eq, ep, eq, i])
+    cols = np.concatenate([eq, ep, ep, eq, i])
+    return sd.sparse.coo_matrix((data, (rows, cols)), shape=(n, n))
+
+
+def laplacian_scipy(c, m=M):
+    ep, eq, bnd = _grid(m)
+    n = m * m
+    we = (c[ep] + c[eq]) / 2
+    i = np.arange(n)
+    data = np.concatenate([-we, -we, we, we, c * bnd])
+    rows = np.concatenate([ep, eq, ep, eq, i])
+    cols = np.concatenate([eq, ep, ep, eq, i])
+    return sp.coo_matrix((data, (rows, cols)), shape=(n, n)).tocsr()
+
+
+@pytest.fixture
+def coef(rng):
+    return 1.0 + 0.5 * rng.uniform(size=M * M)
+
+
+def _assert_same_vectors(v, ref, tol=1e-7):
+    # eigenvectors agree up to sign
+    signs = np.sign(np.sum(v * ref, axis=0))
+    np.testing.assert_allclose(v, ref * signs, atol=tol)
+
+
+@pytest.mark.parametrize("mode", ["SA", "shift-invert"])
+def test_values_and_vectors_match_scipy_and_numpy(coef, mode):
+    kw = dict(which="SA") if mode == "SA" else dict(sigma=0.0)
+    w, v = sd.linalg.eigsh(laplacian(coef), k=4, **kw)
+    w, v = np.asarray(w), np.asarray(v)
+    a = laplacian_scipy(coef)
+    ref_w, ref_v = spla.eigsh(a, k=4, **(kw if mode == "SA" else dict(sigma=0.0,
+                                                                        which="LM")))
+    order = np.argsort(ref_w)
+    ref_w, ref_v = ref_w[order], ref_v[:, order]
+    dense_w, dense_v = np.linalg.eigh(a.toarray())
+    assert w.shape == (4,) and v.shape == (400, 4)
+    assert np.all(np.diff(w) > 0)
+    np.testing.assert_allclose(w, ref_w, rtol=1e-10)
+    np.testing.assert_allclose(w, dense_w[:4], rtol=1e-10)
+    _assert_same_vectors(v, ref_v)
+    _assert_same_vectors(v, dense_v[:, :4])
+    np.testing.assert_allclose(a @ v, v * w, atol=1e-9)
+    # the sign convention: each vector's largest entry is positive
+    assert np.all(v[np.argmax(np.abs(v), axis=0), np.arange(4)] > 0)
+
+
+def _losses():
+    return {"sum": lambda w: snp.sum(w), "sum_sq": lambda w: snp.sum(w ** 2)}
+
+
+@pytest.mark.parametrize("loss", ["sum", "sum_sq"])
+@pytest.mark.parametrize("mode", ["SA", "shift-invert"])
+def test_eigenvalue_gradients(coef, rng, loss, mode):
+    g_of_w = _losses()[loss]
+    kw = dict(which="SA") if mode == "SA" else dict(sigma=0.0)
+
+    def f(c):
+        return g_of_w(sd.linalg.eigsh(laplacian(c), k=4, **kw)[0])
+
+    def f_dense(c):
+        return g_of_w(sd.linalg.eigh(sd.sparse.todense(laplacian(c)))[0][:4])
+
+    grad = np.asarray(sd.grad(f)(coef))
+    np.testing.assert_allclose(grad, np.asarray(sd.grad(f_dense)(coef)), rtol=1e-8,
+                               atol=1e-12)
+    # central differences along random directions
+    for _ in range(2):
+        d = rng.standard_normal(coef.shape)
+        h = 1e-5
+        fd = (float(f(coef + h * d)) - float(f(coef - h * d))) / (2 * h)
+        np.testing.assert_allclose(grad @ d, fd, rtol=1e-6)
+    # forward mode agrees
+    d = rng.standard_normal(coef.shape)
+    _, tangent = sd.jvp(f, (coef,), (d,))
+    np.testing.assert_allclose(float(tangent), grad @ d, rtol=1e-9)
+
+
+def test_eigenvector_gradient_matches_dense(rng):
+    m = 8
+    c = 1.0 + 0.5 * rng.uniform(size=m * m)
+    u = rng.standard_normal(m * m)
+
+    def loss(v):  # sign-invariant in each eigenvector
+        return snp.sum((u @ v) ** 2)
+
+    grad = sd.grad(lambda c: loss(sd.linalg.eigsh(laplacian(c, m), k=3)[1]))(c)
+    dense = sd.grad(lambda c: loss(sd.linalg.eigh(sd.sparse.todense(laplacian(c, m)))[1]
+                                   [:, :3]))(c)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(dense), rtol=1e-7, atol=1e-12)
+
+
+def test_check_rules_small():
+    from registry_examples import EXAMPLES
+
+    fn, args = EXAMPLES["linalg.eigsh"]
+    sd.testing.check_rules(fn, *[np.asarray(a) for a in args], seed=0)
+
+
+def test_check_rules_eigenvectors():
+    rng = np.random.default_rng(3)
+    c = 1.0 + 0.5 * rng.uniform(size=9)
+    u = rng.standard_normal(9)
+
+    def fn(c):
+        w, v = sd.linalg.eigsh(laplacian(c, 3), k=2)
+        return snp.sum((u @ v) ** 2) + snp.sum(w ** 3)
+
+    sd.testing.check_rules(fn, c, seed=1)
+
+
+def _node_names(graph):
+    names = set()
+    for node in graph.nodes:
+        names.add(node.primitive.name)
+        body = node.params.get("body") if hasattr(node.params, "get") else None
+        if body is not None and hasattr(body, "nodes"):
+            names |= _node_names(body)
+    return names
+
+
+def test_cotangent_stays_on_the_pattern(coef):
+    def values(c):
+        return snp.sum(sd.linalg.eigsh(laplacian(c), k=4)[0] ** 2)
+
+    def vectors(c):
+        return snp.sum(sd.linalg.eigsh(laplacian(c), k=4)[1] ** 4)
+
+    for f in (values, vectors):
+        names = _node_names(sd.trace(sd.grad(f), coef))
+        assert "sparse.sddmm" in names
+        assert "sparse.todense" not in names and "sparse.sample" not in names
+    # a loss of the eigenvalues alone needs no linear solve
+    assert not {n for n in _node_names(sd.trace(sd.grad(values), coef))
+                if n.startswith("linalg.solve") or n.startswith("linalg.backsolve")}
+
+
+def test_repeated_eigenvalues():
+    # constant coefficient on a square grid: w_1 = w_2 (modes (1,2) and (2,1))
+    m = 8
+    c = np.ones(m * m)
+    w, _ = sd.linalg.eigsh(laplacian(c, m), k=4)
+    w = np.asarray(w)
+    assert abs(w[2] - w[1]) < 1e-10 and w[3] - w[2] > 1e-2
+    # a cluster's sum differentiates
+    grad = sd.grad(lambda c: snp.sum(sd.linalg.eigsh(laplacian(c, m), k=4)[0]))(c)
+    dense = sd.grad(lambda c: snp.sum(sd.linalg.eigh(sd.sparse.todense(laplacian(c, m)))[0]
+                                      [:4]))(c)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(dense), rtol=1e-8, atol=1e-12)
+    # one eigenvalue of the cluster, or one of its eigenvectors, does not
+    with pytest.raises(DegenerateEigenvalueError):
+        sd.grad(lambda c: sd.linalg.eigsh(laplacian(c, m), k=4)[0][1])(c)
+    with pytest.raises(DegenerateEigenvalueError):
+        sd.grad(lambda c: snp.sum(sd.linalg.eigsh(laplacian(c, m), k=4)[1][:, 2] ** 4))(c)
+
+
+def test_batched_over_coefficients(rng):
+    m = 4
+    cs = 1.0 + 0.5 * rng.uniform(size=(3, m * m))
+
+    def f(c):
+        return sd.linalg.eigsh(laplacian(c, m), k=2)[0]
+
+    got = np.asarray(sd.vmap(f)(cs))
+    want = np.stack([np.linalg.eigvalsh(laplacian_scipy(c, m).toarray())[:2] for c in cs])
+    np.testing.assert_allclose(got, want, rtol=1e-10)
+
+
+def test_no_convergence_raises(coef):
+    with pytest.raises(ConvergenceError, match="converged") as info:
+        sd.linalg.eigsh(laplacian(coef), k=4, maxiter=1)
+    assert info.value.op == "linalg.eigsh"
+    assert 0 <= info.value.converged < 4
+
+
+def test_trace_time_errors(coef):
+    a = laplacian(np.ones(9), 3)
+    with pytest.raises(ShapeError, match="linalg.eigsh.*1 <= k < n"):
+        sd.trace(lambda c: sd.linalg.eigsh(laplacian(c, 3), k=9)[0], np.ones(9))
+    with pytest.raises(ShapeError, match="1 <= k < n"):
+        sd.linalg.eigsh(a, k=0)
+    with pytest.raises(ShapeError, match="`which` must be one of"):
+        sd.linalg.eigsh(a, k=2, which="BE")
+    rect = sd.sparse.coo_matrix((np.ones(3), (np.arange(3), np.arange(3))), shape=(3, 4))
+    with pytest.raises(ShapeError, match="linalg.eigsh.*must be square"):
+        sd.linalg.eigsh(rect, k=1)
+    with pytest.raises(DTypeError, match="linalg.eigsh.*sparse matrix"):
+        sd.linalg.eigsh(np.eye(4), k=1)
+
+
+def test_asymmetric_matrix_raises():
+    from sciad.errors import StructureError
+
+    a = sd.sparse.coo_matrix((np.array([2.0, 1.0, 2.0, 2.0]),
+                              (np.array([0, 0, 1, 2]), np.array([0, 1, 1, 2]))),
+                             shape=(3, 3))
+    with pytest.raises(StructureError, match="symmetric"):
+        sd.linalg.eigsh(a, k=1)
+
+
+def test_eigenvectors_of_a_cluster_cut_by_k_raise():
+    # k=2 keeps one of the repeated pair w_1 = w_2: its eigenvector has no
+    # derivative, and the bordered solve says so rather than returning noise
+    from sciad.errors import SingularMatrixError
+
+    m = 8
+    c = np.ones(m * m)
+    with pytest.raises(SingularMatrixError):
+        sd.grad(lambda c: snp.sum(sd.linalg.eigsh(laplacian(c, m), k=2)[1][:, 1] ** 4))(c)
