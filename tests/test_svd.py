@@ -112,8 +112,18 @@ def test_complex_gradients_match_jax_away_from_degeneracy(rng):
     np.testing.assert_allclose(g, want, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
-@pytest.mark.parametrize("shape", [(6, 4), (4, 4), (4, 6)])
+def _cases(*default):
+    """Every (shape, dtype) pair: `default` ones in the default run, the others
+    marked slow (the default suite stays within its time budget)."""
+    out = []
+    for shape in [(6, 4), (4, 4), (4, 6)]:
+        for dtype in [np.float64, np.complex128]:
+            marks = () if (shape, dtype) in default else (pytest.mark.slow,)
+            out.append(pytest.param(shape, dtype, marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("shape, dtype", _cases(((6, 4), np.float64), ((4, 6), np.complex128)))
 @pytest.mark.parametrize("gap", [0.0, 1e-12, 1e-8])
 def test_cluster_invariant_gradients_are_finite_and_right_at_any_gap(rng, gap, shape, dtype):
     A = _with_singular_values(rng, *shape, [5.0, 2.0 + gap, 2.0, 0.5], dtype)
@@ -194,8 +204,8 @@ def test_the_phase_of_complex_singular_vectors_is_a_gauge(rng):
     np.testing.assert_allclose(np.real(np.sum(g * d)), fd, rtol=1e-7)
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
-@pytest.mark.parametrize("shape", [(6, 4), (4, 4), (4, 6)])
+@pytest.mark.parametrize("shape, dtype", _cases(((6, 4), np.float64), ((4, 4), np.complex128),
+                                                 ((4, 6), np.float64)))
 def test_zero_singular_values(rng, shape, dtype):
     # rank 2: two zero singular values; s^2 and u s^3 vh are smooth there
     A = _with_singular_values(rng, *shape, [3.0, 1.5, 0.0, 0.0], dtype)
