@@ -41,7 +41,8 @@ out.png` for the figure (needs matplotlib: `pip install -e ".[plot]"`).
 from __future__ import annotations
 
 import argparse
-import inspect
+import importlib.util
+import os
 import time
 
 import jax
@@ -51,6 +52,18 @@ from jax.sharding import PartitionSpec as P
 
 import sciad as sd
 import sciad.numpy as snp
+
+
+def _load_single_source():
+    # examples/inverse_poisson.py, loaded by path (examples/ is no package)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inverse_poisson.py")
+    spec = importlib.util.spec_from_file_location("_inverse_poisson_example", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_single = _load_single_source()
 
 NOISE = 0.01
 ALPHA = 1e-2  # smoothness weight on |grad m|^2: the misfit lands near the noise level
@@ -70,53 +83,22 @@ def _halton(k: int, base: int) -> np.ndarray:
     return out
 
 
-class Problem:
-    """The grid, the static sparsity pattern, the sources and the receivers."""
+class Problem(_single.Problem):
+    """examples/inverse_poisson.py's grid, sparsity pattern and true field,
+    with `sources` sources of its own and the receivers."""
 
     def __init__(self, n: int = 48, sources: int = 16):
-        self.n, self.S = n, sources
-        self.h = 1.0 / (n + 1)
-        idx = np.arange(n * n).reshape(n, n)
-        right_p, right_q = idx[:, :-1].ravel(), idx[:, 1:].ravel()  # horizontal faces
-        down_p, down_q = idx[:-1, :].ravel(), idx[1:, :].ravel()  # vertical faces
-        diag = idx.ravel()
-        # COO coordinates, in the order `entries` below produces the values
-        self.rows = np.concatenate([diag, right_p, right_q, down_p, down_q])
-        self.cols = np.concatenate([diag, right_q, right_p, down_q, down_p])
-        x = (np.arange(n) + 1) * self.h
-        self.X, self.Y = np.meshgrid(x, x, indexing="xy")
+        super().__init__(n)
+        self.S = sources
         # source centres: Halton points in [0.1, 0.9]^2
         self.centers = 0.1 + 0.8 * np.stack([_halton(sources, 2), _halton(sources, 3)], 1)
         self.F = np.stack([np.exp(-((self.X - cx) ** 2 + (self.Y - cy) ** 2) / (2 * WIDTH))
                            .ravel() for cx, cy in self.centers])  # (S, n*n)
-        self.receivers = idx[1::3, 1::3].ravel()  # every third node, both ways
-
-    def true_field(self) -> np.ndarray:
-        X, Y = self.X, self.Y
-        m = 0.3 * np.sin(2 * np.pi * X) * np.cos(np.pi * Y)
-        m += 0.8 * np.exp(-((X - 0.35) ** 2 + (Y - 0.6) ** 2) / 0.01)
-        m += 0.6 * ((np.abs(X - 0.7) < 0.12) & (np.abs(Y - 0.3) < 0.12))
-        return m.ravel()
+        self.receivers = np.arange(n * n).reshape(n, n)[1::3, 1::3].ravel()  # every third node
 
 
-def stiffness(problem: Problem, m):
-    """The SPD stiffness matrix for the nodal log-conductivity `m`: face
-    conductivities are averages of the two nodes' (the node's own on the
-    boundary faces)."""
-    n, h2 = problem.n, problem.h ** 2
-    k = snp.reshape(snp.exp(m), (n, n))
-    kx = 0.5 * (k[:, :-1] + k[:, 1:])
-    ky = 0.5 * (k[:-1, :] + k[1:, :])
-    left = snp.concatenate([k[:, :1], kx], axis=1)
-    right = snp.concatenate([kx, k[:, -1:]], axis=1)
-    up = snp.concatenate([k[:1, :], ky], axis=0)
-    down = snp.concatenate([ky, k[-1:, :]], axis=0)
-    diag = (left + right + up + down) / h2
-    offx, offy = -snp.ravel(kx) / h2, -snp.ravel(ky) / h2
-    values = snp.concatenate([snp.ravel(diag), offx, offx, offy, offy])
-    N = n * n
-    return sd.sparse.coo_matrix((values, (problem.rows, problem.cols)), shape=(N, N),
-                                tags={"spd"})
+# the SPD stiffness matrix for the nodal log-conductivity `m`
+stiffness = _single.stiffness
 
 
 def observe(problem: Problem, m, f):
@@ -178,13 +160,6 @@ def factorizations(graph) -> list[str]:
 
 # ---------------------------------------------------------------------------
 # sharding the sources over the devices
-
-
-def sharding_available() -> bool:
-    """Whether this sciad has `sd.function(in_shardings=...)` and
-    `sd.vmap(spmd_axis_name=...)`."""
-    return ("in_shardings" in inspect.signature(sd.function).parameters
-            and "spmd_axis_name" in inspect.signature(sd.vmap).parameters)
 
 
 def source_sharding(devices=None):
@@ -258,9 +233,7 @@ def main(n: int = 48, sources: int = 16, maxiter: int = 200, ensemble: int = 8,
     # the sources split over the devices (a mesh of one on one device)
     fun, args = (lambda m, F, D: objective(m, F, D, sigma, problem)), (F, D)
     ndev = len(jax.devices())
-    if not sharding_available():
-        say("sharding: this sciad has no `in_shardings`/`spmd_axis_name` yet; unsharded")
-    elif sources % ndev:
+    if sources % ndev:
         say(f"sharding: {sources} sources do not split evenly over {ndev} devices; unsharded")
     else:
         t = time.perf_counter()
