@@ -107,6 +107,25 @@ def median_time(fn, repeats: int) -> tuple[float, object]:
 # ---------------------------------------------------------------------------
 # reporting
 
+_EXAMPLE_MODULES: dict = {}
+
+
+def load_example(path: str):
+    """The example script at `path` as a module, loaded once per process (by
+    path: examples/ is no package, and examples/inverse_poisson.py's name
+    clashes with bench/inverse_poisson.py's)."""
+    import importlib.util
+
+    mod = _EXAMPLE_MODULES.get(path)
+    if mod is None:
+        name = "_example_" + os.path.splitext(os.path.basename(path))[0]
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _EXAMPLE_MODULES[path] = mod
+    return mod
+
+
 def load_average() -> str:
     """The 1-minute load average, formatted, or "n/a" where there is none."""
     try:

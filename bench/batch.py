@@ -94,8 +94,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
-import inspect
 import json
 import os
 import statistics
@@ -115,6 +113,7 @@ ROOT = os.path.dirname(HERE)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
+from _harness import load_example as _harness_load_example  # noqa: E402
 from _harness import (  # noqa: E402
     command_line, load_average, machine_info, publish, report_head, summary, yes_no,
 )
@@ -150,17 +149,8 @@ VARIANTS = {
 # the problem
 
 def load_example():
-    """examples/inverse_poisson.py as a module (its name clashes with
-    bench/inverse_poisson.py's), loaded once per process."""
-    if load_example.module is None:
-        spec = importlib.util.spec_from_file_location("_example_inverse_poisson", EXAMPLE)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        load_example.module = mod
-    return load_example.module
-
-
-load_example.module = None
+    """examples/inverse_poisson.py as a module (see `_harness.load_example`)."""
+    return _harness_load_example(EXAMPLE)
 
 
 def make_batch(n: int, size: int, seed: int = 0):
@@ -323,21 +313,16 @@ class FactorCounter:
 
 
 def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    from sciad.solvers._sparse_direct import _usable_cores
+
+    return _usable_cores()
 
 
-def _superlu_threads():
-    """The threads sciad's host calls factor on (private; "?" if unknown)."""
-    try:
-        from sciad.solvers import _sparse_direct as mod
-    except ImportError:
-        return "?"
-    if hasattr(mod, "_workers"):
-        return len(mod._workers)
-    return 1 if hasattr(mod, "_worker") else "?"
+def _superlu_threads() -> int:
+    """The threads sciad's host calls factor on (a private pool)."""
+    from sciad.solvers import _sparse_direct
+
+    return len(_sparse_direct._workers)
 
 
 SERIAL = "unsharded, 1 SuperLU thread"
@@ -345,14 +330,12 @@ SERIAL = "unsharded, 1 SuperLU thread"
 
 def _one_superlu_thread():
     """`run(fn)`: calls `fn()` (and waits for it) with sciad's SuperLU host
-    threads cut to the first one, then restores them; None where sciad has
-    no such pool. A diagnostic from the script (nothing in sciad/ changes):
-    every factor made meanwhile is made, and released, on that thread."""
-    try:
-        from sciad.solvers import _sparse_direct as mod
-        pool = mod._workers
-    except (ImportError, AttributeError):
-        return None
+    threads cut to the first one, then restores them. A diagnostic from the
+    script (nothing in sciad/ changes): every factor made meanwhile is made,
+    and released, on that thread."""
+    from sciad.solvers import _sparse_direct as mod
+
+    pool = mod._workers
 
     def run(fn):
         mod._workers = pool[:1]
@@ -363,12 +346,10 @@ def _one_superlu_thread():
     return run
 
 
-def _max_counted():
-    try:
-        from sciad.solvers._sparse_direct import MAX_COUNTED
-        return MAX_COUNTED
-    except ImportError:
-        return "?"
+def _max_counted() -> int:
+    from sciad.solvers._sparse_direct import MAX_COUNTED
+
+    return MAX_COUNTED
 
 
 def _count_cell(c) -> str:
@@ -508,18 +489,6 @@ def case_rhs(n: int, size: int, repeats: int, batch_s: float, counter: FactorCou
 # ---------------------------------------------------------------------------
 # case 3: sharding over simulated host devices (a child process per device count)
 
-def sharding_api() -> str | None:
-    """None if sciad has the sharding API, else what is missing."""
-    import sciad as sd
-
-    missing = []
-    if "spmd_axis_name" not in inspect.signature(sd.vmap).parameters:
-        missing.append("`sd.vmap(..., spmd_axis_name=)`")
-    if "in_shardings" not in inspect.signature(sd.function).parameters:
-        missing.append("`sd.function(..., in_shardings=)`")
-    return " and ".join(missing) + " not available" if missing else None
-
-
 def shard_child(devices: int, n: int, size: int, repeats: int, batch_s: float) -> dict:
     """Runs in a process whose XLA_FLAGS set the host device count: times the
     sharded program over `devices` devices (and, with more than one, over a
@@ -537,10 +506,6 @@ def shard_child(devices: int, n: int, size: int, repeats: int, batch_s: float) -
     out = {"devices": devices, "B": size, "jax_devices": len(jax.devices()),
            "platform": jax.default_backend(), "usable_cpus": _usable_cpus(),
            "superlu_threads": _superlu_threads()}
-    missing = sharding_api()
-    if missing:
-        out["error"] = missing
-        return out
     if len(jax.devices()) < devices:
         out["error"] = f"only {len(jax.devices())} devices (wanted {devices})"
         return out

@@ -98,7 +98,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import os
 import resource
@@ -113,6 +112,7 @@ ROOT = os.path.dirname(HERE)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
+from _harness import load_example as _harness_load_example  # noqa: E402
 from _harness import (  # noqa: E402
     command_line, load_average, machine_info, publish, report_head, timed_call, yes_no,
 )
@@ -156,17 +156,8 @@ STEP_METHODS = {
 # the problem, in NumPy (shared by the children)
 
 def load_example():
-    """examples/inverse_poisson.py as a module (its name clashes with this file's),
-    loaded once per process."""
-    if load_example.module is None:
-        spec = importlib.util.spec_from_file_location("_example_inverse_poisson", EXAMPLE)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        load_example.module = mod
-    return load_example.module
-
-
-load_example.module = None
+    """examples/inverse_poisson.py as a module (see `_harness.load_example`)."""
+    return _harness_load_example(EXAMPLE)
 
 
 def entries_np(n: int, h: float, m):
