@@ -12,6 +12,7 @@ import pytest
 
 import sciad as sd
 import sciad.numpy as snp
+from helpers import assert_gradient_matches_fd
 from sciad.errors import DegenerateEigenvalueError
 
 
@@ -136,14 +137,8 @@ def test_cluster_invariant_gradients_are_finite_and_right_at_any_gap(rng, gap, s
                 + 3.0 * snp.sum(s[1:3]) + snp.sum(s ** 2)
                 + snp.sum(snp.real(A @ snp.conj(vhc.T) @ vhc) * M))  # = u_c s_c vh_c
 
-    g = np.asarray(sd.grad(f)(A))
-    assert np.all(np.isfinite(g))
-    d = _matrix(rng, shape, dtype)
-    h = 1e-5
-    fd = (float(f(A + h * d)) - float(f(A - h * d))) / (2 * h)
-    np.testing.assert_allclose(np.real(np.sum(g * d)), fd, rtol=1e-7)
-    _, t = sd.jvp(f, (A,), (d,))  # forward mode agrees
-    np.testing.assert_allclose(t, np.real(np.sum(g * d)), rtol=1e-9)
+    # against central finite differences, and forward mode agrees
+    assert_gradient_matches_fd(f, A, _matrix(rng, shape, dtype), forward=True)
 
 
 def test_a_smooth_loss_weighting_a_cluster_unequally_raises(rng):
@@ -197,11 +192,7 @@ def test_the_phase_of_complex_singular_vectors_is_a_gauge(rng):
         u, s, vh = sd.linalg.svd(A)
         return snp.sum(snp.real(u[:, 1:2] @ vh[1:2]) * M)
 
-    g = sd.grad(f)(A)
-    d = _matrix(rng, (4, 3), np.complex128)
-    h = 1e-5
-    fd = (float(f(A + h * d)) - float(f(A - h * d))) / (2 * h)
-    np.testing.assert_allclose(np.real(np.sum(g * d)), fd, rtol=1e-7)
+    assert_gradient_matches_fd(f, A, _matrix(rng, (4, 3), np.complex128))
 
 
 @pytest.mark.parametrize("shape, dtype", _cases(((6, 4), np.float64), ((4, 4), np.complex128),
@@ -215,12 +206,7 @@ def test_zero_singular_values(rng, shape, dtype):
         u, s, vh = sd.linalg.svd(A)
         return snp.sum(s ** 2) + snp.sum(snp.real(u @ snp.diag(s ** 3) @ vh) * M)
 
-    g = np.asarray(sd.grad(f)(A))
-    assert np.all(np.isfinite(g))
-    d = _matrix(rng, shape, dtype)
-    h = 1e-5
-    fd = (float(f(A + h * d)) - float(f(A - h * d))) / (2 * h)
-    np.testing.assert_allclose(np.real(np.sum(g * d)), fd, rtol=1e-7)
+    assert_gradient_matches_fd(f, A, _matrix(rng, shape, dtype))
     with pytest.raises(DegenerateEigenvalueError, match="are zero .*a basis of a null space"):
         sd.grad(lambda A: snp.sum(snp.abs(sd.linalg.svd(A)[0][:, 3]) ** 2
                                   * snp.arange(shape[0])))(A)

@@ -59,17 +59,25 @@ def _real(dtype) -> np.dtype:
     return np.finfo(np.dtype(dtype)).dtype
 
 
-@eigh_p.def_abstract_eval
-def _eigh_shape(a, *, degenerate_tol):
-    op = "linalg.eigh"
-    if not isinstance(a, TensorType) or len(a.shape) < 2 or a.shape[-1] != a.shape[-2]:
-        raise ShapeError(f"`a` must be a square matrix (or a stack of them, (..., n, n)), "
-                         f"got {a.str_short()}.", op=op)
+def check_operand(a, degenerate_tol, *, op: str, square: bool) -> None:
+    """The trace-time checks of a decomposition's matrix operand (`linalg.eigh`,
+    `linalg.svd`): a (square) float or complex matrix or stack of them, and a
+    cluster tolerance >= 0."""
+    if not isinstance(a, TensorType) or len(a.shape) < 2 or (
+            square and a.shape[-1] != a.shape[-2]):
+        what = "square matrix (or a stack of them, (..., n, n))" if square else \
+            "matrix (or a stack of them, (..., m, n))"
+        raise ShapeError(f"`a` must be a {what}, got {a.str_short()}.", op=op)
     if a.dtype.kind not in "fc":
         raise DTypeError(f"`a` must be float or complex, got {a.str_short()}; convert it "
                          "first (`.astype(np.float64)`).", op=op)
     if not degenerate_tol >= 0:
         raise ShapeError(f"`degenerate_tol` must be >= 0, got {degenerate_tol!r}.", op=op)
+
+
+@eigh_p.def_abstract_eval
+def _eigh_shape(a, *, degenerate_tol):
+    check_operand(a, degenerate_tol, op="linalg.eigh", square=True)
     n = a.shape[-1]
     return (TensorType(tuple(a.shape[:-1]), _real(a.dtype)),
             TensorType(tuple(a.shape[:-2]) + (n, n), a.dtype))

@@ -45,7 +45,7 @@ import jax
 
 from ..errors import ShapeError
 from ..graph import Graph, Param, Primitive, SparseType, Zero, instantiate, is_zero, lower
-from ..graph._autodiff import _bind, is_differentiable, type_of, vjp_eval, vjp_node
+from ..graph._autodiff import is_differentiable, type_of, vjp_eval, vjp_node
 from ..graph._batch import batch_graph, batch_size_of, batched_front, batched_type
 from ..graph._batch import example_type, to_front
 from ..graph._core import Factored, Node, Var

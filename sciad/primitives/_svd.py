@@ -67,11 +67,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import DTypeError, DegenerateEigenvalueError, ShapeError
+from ..errors import DegenerateEigenvalueError, ShapeError
 from ..graph import Primitive, TensorType, instantiate, is_linear
 from ..graph._batch import front_rule
 from ._checks import check as host_check, tie
-from ._eigen import default_tol
+from ._eigen import check_operand, default_tol
 
 svd_p = Primitive("linalg.svd", multiple_results=True,
                   params={"compute_uv": bool, "degenerate_tol": float})
@@ -83,15 +83,7 @@ def _real(dtype) -> np.dtype:
 
 @svd_p.def_abstract_eval
 def _svd_shape(a, *, compute_uv, degenerate_tol):
-    op = "linalg.svd"
-    if not isinstance(a, TensorType) or len(a.shape) < 2:
-        raise ShapeError(f"`a` must be a matrix (or a stack of them, (..., m, n)), got "
-                         f"{a.str_short()}.", op=op)
-    if a.dtype.kind not in "fc":
-        raise DTypeError(f"`a` must be float or complex, got {a.str_short()}; convert it "
-                         "first (`.astype(np.float64)`).", op=op)
-    if not degenerate_tol >= 0:
-        raise ShapeError(f"`degenerate_tol` must be >= 0, got {degenerate_tol!r}.", op=op)
+    check_operand(a, degenerate_tol, op="linalg.svd", square=False)
     *batch, m, n = a.shape
     k = min(m, n)
     s = TensorType(tuple(batch) + (k,), _real(a.dtype))
