@@ -84,7 +84,8 @@ def _leaf_positions(values) -> tuple[list[int], int]:
 def _tangent_graph(graph: Graph) -> Graph:
     """`(*primals, *tangents of the float and complex inputs) -> tangents of
     the float and complex outputs` (a factorization output has none)."""
-    from .graph import Zero, instantiate, jvp_eval
+    from ._transforms import _jvp_emit
+    from .graph import Zero
 
     diff = [i for i, v in enumerate(graph.inputs) if is_differentiable(v.type)]
     n = len(graph.inputs)
@@ -93,9 +94,8 @@ def _tangent_graph(graph: Graph) -> Graph:
         tangents: list = [Zero(v.type.update()) for v in graph.inputs]
         for i, t in zip(diff, args[n:]):
             tangents[i] = t
-        _, touts = jvp_eval(graph, args[:n], tangents)
-        return [instantiate(t) for t, a in zip(touts, graph.outputs)
-                if is_differentiable(a.type)]
+        _, touts = _jvp_emit(graph, list(args[:n]), tangents, f"jvp_{graph.name}")
+        return [t for t, a in zip(touts, graph.outputs) if is_differentiable(a.type)]
 
     in_types = list(graph.in_types) + [graph.inputs[i].type.update() for i in diff]
     g, _, _ = trace_flat(fn, tuple(in_types), name=f"tangent_{graph.name}")

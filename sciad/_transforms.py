@@ -21,7 +21,7 @@ from ._traceback import api_boundary
 from ._function import function
 from .errors import DTypeError, ShapeError
 from .graph import Tracer, TensorType, Zero, instantiate, is_differentiable
-from .graph._autodiff import jvp_eval, type_of, vjp_eval
+from .graph._autodiff import _Emit, jvp_eval, type_of, vjp_eval
 from .graph._trace import current_builder, trace_flat
 
 _tree = jax.tree_util
@@ -104,6 +104,90 @@ def _run(inline: Callable, *args):
 # forward mode
 
 
+def _checks_cotangents(graph) -> bool:
+    """Whether `graph` (bodies included) holds a node whose transpose checks
+    its cotangents (`Primitive(checks_cotangents=True)`)."""
+    return any(node.primitive.checks_cotangents or any(map(_checks_cotangents,
+                                                           node.subgraphs))
+               for node in graph.nodes)
+
+
+def _forward_checks(graph, n_linear: int, values: list) -> list:
+    """Forward mode's gauge checks. `graph` is a tangent map, linear in its
+    first `n_linear` inputs (`values`: the others). Where it holds nodes
+    that check the cotangents they receive when transposed (the guards of
+    eigendecompositions: a derivative must not depend on the basis chosen
+    inside a cluster of repeated eigenvalues), the map is transposed once on
+    a fixed random cotangent, which passes every guard with a check. A map
+    that is gauge-invariant transposes every cotangent to a gauge-invariant
+    one, and a map that is not does so for almost no cotangent, so this is
+    the reverse-mode check applied to the forward computation (one extra
+    transposed pass, only where such guards are). Returns the values to
+    keep alive (`_keep`) so that the checks run."""
+    from . import numpy as snp
+    from .graph._autodiff import transpose_eval
+    from .sparse import data
+
+    if not _checks_cotangents(graph):
+        return []
+    rng = np.random.default_rng(0)
+    cts = []
+    for a in graph.outputs:
+        t = a.type
+        if isinstance(t, TensorType) and t.dtype.kind in "fc" and t.size:
+            u = rng.standard_normal(t.shape)
+            if t.dtype.kind == "c":
+                u = u + 1j * rng.standard_normal(t.shape)
+            cts.append(snp.asarray(u.astype(t.dtype)))
+        else:
+            cts.append(Zero(t.update()))
+    in_cts = transpose_eval(graph, [True] * n_linear + [False] * len(values), values, cts)
+    return [c if isinstance(type_of(c), TensorType) else data(c)
+            for c in in_cts if not isinstance(c, Zero)]
+
+
+def _keep(values: list, extra: list) -> list:
+    """`values`, made to depend on `extra` so that neither sciad nor XLA
+    drops `extra`'s computation (the checks in it): the first array of
+    `values` gets `0 * s` added, `s` the sum of `extra` (0 where that is not
+    finite), which leaves it unchanged (`x * 0` is never folded: NaN)."""
+    from . import numpy as snp
+
+    arrays = [i for i, v in enumerate(values) if isinstance(type_of(v), TensorType)]
+    if not extra or not arrays:
+        return values
+    s = sum(snp.sum(snp.real(e)) for e in extra)
+    zero = snp.where(snp.isfinite(s), s, 0.0) * 0.0
+    out = list(values)
+    i = arrays[0]
+    out[i] = out[i] + snp.astype(zero, type_of(out[i]).dtype)
+    return out
+
+
+def _jvp_emit(graph, primals: list, tangents: list, name: str):
+    """`jvp_eval(graph, primals, tangents)` with forward mode's gauge checks
+    (`_forward_checks`); tangent outputs instantiated."""
+    live = [i for i, t in enumerate(tangents) if not isinstance(t, Zero)]
+    if not live:
+        outs, touts = jvp_eval(graph, primals, tangents)
+        return outs, [instantiate(t) for t in touts]
+
+    def tangent_map(*ts):
+        full = list(tangents)
+        for i, t in zip(live, ts):
+            full[i] = t
+        outs, touts = jvp_eval(graph, primals, full)
+        return list(outs) + [instantiate(t) for t in touts]
+
+    lin, _, _, captured = trace_flat(tangent_map, tuple(tangents[i] for i in live),
+                                     closure=True, name=name)
+    captured = list(captured)
+    res = _Emit(lin).run(*[tangents[i] for i in live], *captured)
+    n = len(graph.outputs)
+    touts = _keep(res[n:], _forward_checks(lin, len(live), captured))
+    return res[:n], touts
+
+
 def _jvp_inline(f, primals: tuple, tangents: tuple):
     p_leaves, p_tree = _tree.tree_flatten(primals)
     t_leaves, t_tree = _tree.tree_flatten(tangents)
@@ -116,10 +200,10 @@ def _jvp_inline(f, primals: tuple, tangents: tuple):
     graph, _, out_tree, captured = _trace(f, primals, "jvp")
     tans = [t if is_differentiable(type_of(p)) else Zero(type_of(p).update())
             for p, t in zip(p_leaves, t_leaves)]
-    outs, touts = jvp_eval(graph, list(p_leaves) + captured,
-                           tans + [Zero(type_of(c).update()) for c in captured])
-    return (_tree.tree_unflatten(out_tree, outs),
-            _tree.tree_unflatten(out_tree, [instantiate(t) for t in touts]))
+    outs, touts = _jvp_emit(graph, list(p_leaves) + captured,
+                            tans + [Zero(type_of(c).update()) for c in captured],
+                            f"jvp_{graph.name}")
+    return _tree.tree_unflatten(out_tree, outs), _tree.tree_unflatten(out_tree, touts)
 
 
 def jvp(f: Callable, primals: Sequence, tangents: Sequence):
@@ -307,11 +391,14 @@ def _jacobian_leaf(v, d, size: int, out_shape: tuple, in_shape: tuple, rows: boo
     return snp.reshape(v, tuple(out_shape) + tuple(in_shape))
 
 
-def _batched_map(fn: Callable, arg_type: TensorType, name: str) -> list:
+def _batched_map(fn: Callable, arg_type: TensorType, name: str,
+                 forward: bool = False) -> list:
     """Traces `fn`, a linear map of one argument of type `arg_type` that
     returns a list of derivatives (arrays or `Zero`s), and emits it batched
     over the identity basis of `arg_type`. Returns one entry per result:
-    `(value, batch_dim)`, or None where the result was a `Zero`."""
+    `(value, batch_dim)`, or None where the result was a `Zero`. A
+    `forward` (tangent) map gets forward mode's gauge checks
+    (`_forward_checks`)."""
     from .graph._batch import batch_graph
     from .graph._passes import dce
 
@@ -325,8 +412,13 @@ def _batched_map(fn: Callable, arg_type: TensorType, name: str) -> list:
     graph, _, _, captured = trace_flat(nonzero, (arg_type,), closure=True, name=name)
     if all(zero):
         return [None] * len(zero)
-    outs = iter(batch_graph(dce(graph), [_basis(arg_type)] + list(captured),
-                            [0] + [None] * len(captured)))
+    graph = dce(graph)
+    res = batch_graph(graph, [_basis(arg_type)] + list(captured),
+                      [0] + [None] * len(captured))
+    if forward:
+        kept = _keep([v for v, _ in res], _forward_checks(graph, 1, list(captured)))
+        res = [(v, d) for v, (_, d) in zip(kept, res)]
+    outs = iter(res)
     return [None if z else next(outs) for z in zero]
 
 
@@ -392,7 +484,8 @@ def jacfwd(f: Callable, argnums: int = 0):
 
         from . import numpy as snp
 
-        cols = (_batched_map(tangents, tx.update(), "jacfwd_tangents") if tx.size
+        cols = (_batched_map(tangents, tx.update(), "jacfwd_tangents", forward=True)
+                if tx.size
                 else [None] * len(graph.outputs))
         leaves = []
         for a, col in zip(graph.outputs, cols):

@@ -425,22 +425,28 @@ def eigh(A, B=None, *, degenerate_tol: float | None = None):
     - functions of the eigenvalues that treat a cluster's alike (the sum of
       a cluster's eigenvalues, `sum(g(w))`, the lowest eigenvalue when it is
       simple);
+    - functions of a cluster's eigenvectors that do not depend on the basis
+      chosen inside it: its spectral projector `v_c @ v_c^H`;
     - eigenvalues and eigenvectors of simple eigenvalues, whatever the
       clusters elsewhere in the spectrum;
     - spectral functions `f(A) = v diag(f(w)) v^H` through
       `sd.linalg.funm_hermitian`, one node with the divided-difference rule.
 
-    A gradient that depends on a cluster's eigenvectors, on one eigenvalue
-    of a cluster apart from the others, on a cluster's eigenvalues and on
-    eigenvectors together (`v @ diag(f(w)) @ v.T` written out: use
-    `funm_hermitian`), or on the phase of a complex eigenvector raises
-    `DegenerateEigenvalueError` naming the cluster and its gap, never a NaN
-    and never a wrong value. It is checked when the gradient is computed
-    (reverse mode). Forward mode (`sd.jvp`, and so `sd.hvp`) cannot know
-    the loss: at repeated eigenvalues it returns the derivative in the gauge
-    where `v^H dv` is zero inside clusters and `dw` is the diagonal of `v^H dA
-    v`, which is right only for the cluster-invariant functions above; check
-    such derivatives with reverse mode.
+    A derivative that depends on a cluster's eigenvectors (one of them, not
+    its projector), on one eigenvalue of a cluster apart from the others, on
+    a cluster's eigenvalues and on eigenvectors of the same call together
+    (`v @ diag(f(w)) @ v.T` written out: use `funm_hermitian`; a sum of an
+    eigenvalue term and a projector term: take them from two calls), or on
+    the phase of a complex eigenvector raises `DegenerateEigenvalueError`
+    naming the cluster and its gap, never a NaN and never a wrong value.
+    Reverse mode checks the cotangents the loss sends back. Forward mode
+    (`sd.jvp`, `sd.hvp`, `sd.jacfwd`, `jax.jvp` of `sd.to_jax`) is checked
+    too: it transposes its tangent map once on a random cotangent (an extra
+    reverse pass over the derivative, only in programs with eigendecompositions).
+    Second order at a cluster: the Hessian of the cluster's eigenvalue sum
+    or of its projector is exact; that of another symmetric function of its
+    eigenvalues (`sum(w_c**2)`) needs the whole block `v_c^H dA v_c` and is
+    refused (`trace(funm_hermitian(A, f))` has it, for the functions there).
     """
     from .primitives._eigen import eigh as _eigh
 
@@ -509,9 +515,10 @@ def svd(A, full_matrices: bool = False, compute_uv: bool = True, *,
     `u @ vh` yourself), and also the smooth `u_c @ diag(s_c) @ vh_c` (its
     derivative needs how the cluster splits, which the decomposition's
     derivatives do not carry: write it as `A @ vh_c^H @ vh_c`). It is
-    checked when the gradient is computed (reverse mode). Forward mode
-    (`sd.jvp`) is not checked: it returns the derivative in the gauge where
-    `u_c^H du_c + v_c^H dv_c` is zero inside clusters.
+    checked in reverse mode and, as in `eigh`, in forward mode. Singular
+    values and singular vectors of one call are not differentiated together
+    at a cluster: take a sum of a singular-value term and a singular-vector
+    term from two calls.
     """
     from . import numpy as snp
     from .primitives._svd import svd as _svd
@@ -600,9 +607,10 @@ def eigsh(A, k: int = 6, *, which: str | None = None, sigma: float | None = None
     derivative. A loss of `w` alone needs no solve.
 
     **Degenerate eigenvalues.** As in `eigh`: sums of a cluster's
-    eigenvalues differentiate exactly; a reverse-mode gradient that depends
-    on one eigenvalue of a cluster apart from the others, or on the
-    eigenvectors inside a cluster, raises `DegenerateEigenvalueError`.
+    eigenvalues and its projector differentiate exactly; a derivative
+    (forward or reverse mode) that depends on one eigenvalue of a cluster
+    apart from the others, or on the basis inside a cluster, raises
+    `DegenerateEigenvalueError`.
     """
     from .primitives._eigsh import eigsh as _eigsh
 

@@ -214,3 +214,47 @@ def test_a_mass_matrix_that_is_not_positive_definite_raises(rng):
         sd.linalg.eigh(A, np.diag([1.0, 2.0, -1.0, 3.0]))
     with pytest.raises(sd.errors.ShapeError, match="`B` must have `A`'s shape"):
         sd.linalg.eigh(A, np.eye(3))
+
+
+@pytest.mark.parametrize("gap", [0.0, 1e-12, 1e-8])
+def test_a_cluster_projector_differentiates_at_any_gap(rng, gap):
+    # P_c = v_c v_c^T is smooth where the cluster is apart from the rest of
+    # the spectrum, whatever its own spread: reverse and forward mode
+    A = _with_spectrum(rng, [1.0, 2.0, 2.0 + gap, 3.5, 5.0])
+    M = rng.standard_normal((5, 5))
+
+    def f(A):
+        vc = sd.linalg.eigh(A)[1][:, 1:3]
+        return snp.sum((vc @ vc.T) * M)
+
+    assert_gradient_matches_fd(f, A, _hermitian(rng, 5), forward=True)
+
+
+def test_forward_mode_is_checked_at_a_cluster(rng):
+    # forward mode transposes its tangent map once (random cotangent), so
+    # the guards judge it as they judge reverse mode
+    A = _with_spectrum(rng, [1.0, 2.0, 2.0, 3.5, 5.0])
+    d = _hermitian(rng, 5)
+    for f in (lambda A: sd.linalg.eigvalsh(A)[1],
+              lambda A: snp.sum(sd.linalg.eigh(A)[1][:, 1] ** 2 * snp.arange(5.0))):
+        with pytest.raises(DegenerateEigenvalueError, match="eigenvalues 1..2"):
+            sd.jvp(f, (A,), (d,))
+    with pytest.raises(DegenerateEigenvalueError, match="eigenvalues 1..2"):
+        sd.jacfwd(lambda A: sd.linalg.eigvalsh(A)[:3])(A)
+    with pytest.raises(DegenerateEigenvalueError, match="eigenvalues 1..2"):
+        jax.jvp(sd.to_jax(lambda A: sd.linalg.eigvalsh(A)[1]), (A,), (d,))
+    # second order: the Hessian of a symmetric function of a cluster's
+    # eigenvalues needs the whole block v_c^T dA v_c (funm_hermitian's rule),
+    # which eigh's tangents do not carry: refused
+    with pytest.raises(DegenerateEigenvalueError, match="eigenvalues 1..2"):
+        sd.hvp(lambda A: snp.sum(sd.linalg.eigvalsh(A)[1:3] ** 2), A, d)
+
+    # the cluster's sum: forward mode and its Hessian are right
+    def cluster(A):
+        return snp.sum(sd.linalg.eigvalsh(A)[1:3])
+
+    g = sd.grad(cluster)
+    h = 1e-6
+    want = (np.asarray(g(A + h * d)) - np.asarray(g(A - h * d))) / (2 * h)
+    np.testing.assert_allclose(sd.hvp(cluster, A, d), want, atol=1e-7)
+    np.testing.assert_allclose(sd.jvp(cluster, (A,), (d,))[1], np.sum(g(A) * d), rtol=1e-12)

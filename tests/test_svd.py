@@ -130,15 +130,32 @@ def test_cluster_invariant_gradients_are_finite_and_right_at_any_gap(rng, gap, s
     A = _with_singular_values(rng, *shape, [5.0, 2.0 + gap, 2.0, 0.5], dtype)
     M, N = _matrix(rng, shape), _matrix(rng, (shape[0], shape[0]))
 
-    def f(A):  # the cluster {1, 2}: u_c vh_c, u_c u_c^H, the sum of s_c; and s^2
-        u, s, vh = sd.linalg.svd(A)
+    def vectors(A, usv=None):  # the cluster {1, 2}: u_c vh_c, u_c u_c^H, u_c s_c vh_c
+        u, s, vh = sd.linalg.svd(A) if usv is None else usv
         uc, vhc = u[:, 1:3], vh[1:3]
         return (snp.sum(snp.real(uc @ vhc) * M) + snp.sum(snp.real(uc @ snp.conj(uc.T)) * N)
-                + 3.0 * snp.sum(s[1:3]) + snp.sum(s ** 2)
-                + snp.sum(snp.real(A @ snp.conj(vhc.T) @ vhc) * M))  # = u_c s_c vh_c
+                + snp.sum(snp.real(A @ snp.conj(vhc.T) @ vhc) * M))
+
+    def values(A, s=None):  # the sum of s_c, and s^2
+        s = sd.linalg.svd(A, compute_uv=False) if s is None else s
+        return 3.0 * snp.sum(s[1:3]) + snp.sum(s ** 2)
 
     # against central finite differences, and forward mode agrees
-    assert_gradient_matches_fd(f, A, _matrix(rng, shape, dtype), forward=True)
+    d = _matrix(rng, shape, dtype)
+    assert_gradient_matches_fd(vectors, A, d, forward=True)
+    assert_gradient_matches_fd(values, A, d, forward=True)
+    # added, they are two calls, each checked, and right
+    assert_gradient_matches_fd(lambda A: vectors(A) + values(A), A, d)
+
+    # the singular values and vectors of one call used together: first-order
+    # information cannot tell this from a function weighting the cluster's
+    # vectors by its singular values, so it is refused
+    def together(A):
+        usv = sd.linalg.svd(A)
+        return vectors(A, usv) + values(A, usv[1])
+
+    with pytest.raises(DegenerateEigenvalueError, match="separate calls"):
+        sd.grad(together)(A)
 
 
 def test_a_smooth_loss_weighting_a_cluster_unequally_raises(rng):

@@ -141,7 +141,9 @@ def _add_any_jvp(primals, tangents):
 
 @add_any_p.def_transpose
 def _add_any_transpose(ct, x, y):
-    return ct, ct
+    # a tangent map may add an instantiated zero (a constant, not linear):
+    # it gets no cotangent
+    return ct if is_linear(x) else None, ct if is_linear(y) else None
 
 
 zeros_p = Primitive("zeros", params={"shape": tuple[int, ...], "dtype": np.dtype})

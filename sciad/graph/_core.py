@@ -265,6 +265,13 @@ class Primitive:
       operand and does nothing else with it (a backsolve, a condition
       estimate from a factor), so a factorization whose readers all declare
       it knows all its uses.
+    - `checks_cotangents=True` declares a linear map (the identity, say)
+      whose transpose checks the cotangents it receives: the gauge guards
+      of eigendecompositions, which refuse a loss that depends on the basis
+      chosen inside a cluster of repeated eigenvalues. Forward mode has no
+      cotangents, so `sd.jvp` (and `hvp`, `jacfwd`) transposes a tangent map
+      holding such nodes once, on a fixed random cotangent, and ties the
+      result to its own: the checks judge forward mode too.
     - `fit_to_readers(params, readers, complete) -> params`, for a primitive
       making a factorization that nodes share: the node's params, given the
       nodes that read its result (`complete`: all of them declare
@@ -285,6 +292,7 @@ class Primitive:
                  runtime_checks: bool = False,
                  factored: Callable[[Mapping[str, Any]], Factored | None] | None = None,
                  reads_factor: bool = False,
+                 checks_cotangents: bool = False,
                  fit_to_readers: Callable[..., Mapping[str, Any]] | None = None,
                  params: Mapping[str, Param | Any] | None = None,
                  register: bool = True, _source: SourceInfo | None = None):
@@ -297,6 +305,7 @@ class Primitive:
         self.runtime_checks = bool(runtime_checks)
         self.factored = factored
         self.reads_factor = bool(reads_factor)
+        self.checks_cotangents = bool(checks_cotangents)
         self.fit_to_readers = fit_to_readers
         #: the declared params, `{name: Param}`, or None (undeclared: any params)
         self.params: Mapping[str, Param] | None = as_declaration(name, params)

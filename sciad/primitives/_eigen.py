@@ -26,11 +26,15 @@ or one eigenvalue of it apart from the others) has no derivative there.
 It is caught in reverse mode, where the loss's cotangents arrive: `w` and
 `v` pass through `linalg.eigh_guard` in the JVP, an identity whose transpose
 (`eigh_guard` with `check=True`) tests on the host that the cotangents are
-gauge-invariant, that is, inside each cluster `w_bar` is constant and
-`G = v^T v_bar` is Hermitian (and, for complex `v`, `Im G_ii = 0`: an
-eigenvector's phase is a gauge too), and raises `DegenerateEigenvalueError`
-naming the node, the cluster and its gap otherwise. Forward mode cannot
-know the loss and is not checked.
+gauge-invariant, that is, inside each cluster `w_bar` is constant, the
+block of `G = v^H v_bar` is Hermitian, and `w_bar` is zero if any
+eigenvector is used (first-order cotangents cannot tell `sum(w_c) + <X,
+P_c>` from `<X, v diag(g(w)) v^H>`, whose derivative needs all of `v_c^H dA
+v_c`); for complex `v`, `Im G_ii = 0` (an eigenvector's phase is a gauge
+too). Otherwise it raises `DegenerateEigenvalueError` naming the node, the
+cluster and its gap. Forward mode has no cotangents: `sd.jvp` transposes
+its tangent map once on a random cotangent (`Primitive(checks_cotangents=
+True)`), which the same checks judge.
 
 `degenerate_tol` defaults to `sqrt(eps)` of the dtype (1.5e-8 for float64):
 closer eigenvalues have eigenvectors whose derivatives would be larger than
@@ -132,6 +136,7 @@ eigh_p.def_batch(front_rule(eigh_p))
 
 
 eigh_guard_p = Primitive("linalg.eigh_guard", multiple_results=True, runtime_checks=True,
+                         checks_cotangents=True,
                          params={"degenerate_tol": float, "check": bool,
                                  "op": Param(str, default="linalg.eigh"),
                                  "values_used": Param(bool, default=True),
@@ -222,13 +227,25 @@ def _judge_one(site, tol, complex_, values_used, vectors_used, w_bar, g, w):
     small_w = 1e3 * max(eps * len(w), tol) * float(np.max(np.abs(w_bar), initial=0.0))
     small_g = 1e3 * eps * len(w) * float(np.max(np.abs(g), initial=0.0))
     for i, j in _clusters(w, tol):
-        bw, bv = w_bar[i:j], g[:, i:j]
-        touched_v = vectors_used and float(np.max(np.abs(bv), initial=0.0)) > small_g
-        if touched_v or (vectors_used and float(np.max(np.abs(bw), initial=0.0)) > small_w):
-            what = ("eigenvectors of the cluster" if touched_v else
-                    "eigenvalues of the cluster together with eigenvectors (a function "
-                    "such as v f(w) v^H)")
-            _fail_cluster(site, w, i, j, tol, what)
+        bw, block = w_bar[i:j], g[i:j, i:j]
+        # the cluster's basis is a gauge: its cotangent block must be Hermitian
+        # (a function of the projector v_c v_c^H passes, one eigenvector does not)
+        if vectors_used and float(np.max(np.abs(block - np.conj(block.T)),
+                                         initial=0.0)) > small_g:
+            _fail_cluster(site, w, i, j, tol, "eigenvectors of the cluster (the basis "
+                                              "chosen inside it)")
+        # first-order cotangents cannot tell `sum(w_c) + <X, P_c>` from the
+        # basis-dependent `<X, v diag(g(w)) v^H>` (whose derivative needs the
+        # off-diagonal of v_c^H dA v_c; at g(w_c) = 0 its cluster vectors get
+        # no cotangent at all): a cluster's eigenvalues are not differentiated
+        # together with eigenvectors
+        if vectors_used and float(np.max(np.abs(bw), initial=0.0)) > small_w:
+            _fail_cluster(site, w, i, j, tol, "eigenvalues of the cluster together with "
+                                              "eigenvectors (for v f(w) v^H use "
+                                              "`funm_hermitian`; for a sum of an "
+                                              "eigenvalue term and an eigenvector term, "
+                                              "each invariant, take them from separate "
+                                              "calls: each call is checked on its own)")
         if float(np.ptp(bw)) > small_w:
             _fail_cluster(site, w, i, j, tol, "one eigenvalue of the cluster apart from "
                                               "the others")

@@ -188,6 +188,7 @@ def _svd_cost(node, body):
 
 
 svd_guard_p = Primitive("linalg.svd_guard", multiple_results=True, runtime_checks=True,
+                        checks_cotangents=True,
                         params={"degenerate_tol": float, "check": bool})
 
 
@@ -356,6 +357,17 @@ def _judge_one(site, tol, complex_, s, s_bar, vectors, rest_u, rest_v):
                   "not smooth there (|x|)", off, tol, zero=True)
     if vectors is None:
         return
+    # as in eigh_guard: first-order cotangents cannot tell a cluster's
+    # singular values used with singular vectors in a basis-invariant way
+    # from `u diag(g(s)) vh` (whose derivative needs the off-diagonal of the
+    # cluster's block of u^H dA v): refused together
+    for i, j in clusters:
+        big = float(np.max(np.abs(s_bar[i:j]), initial=0.0))
+        if j - i > 1 and big > slack * size:
+            _fail(site, s, i, j, "singular values of the cluster together with singular "
+                  "vectors (such as u diag(f(s)) vh; for a sum of a singular-value term "
+                  "and a singular-vector term, each invariant, take them from "
+                  "separate calls: each call is checked on its own)", big, tol)
     gu, gv, ub, vb = vectors
     size = max(float(ub), float(vb), float(np.max(np.abs(gu), initial=0.0)),
                float(np.max(np.abs(gv), initial=0.0)))
