@@ -564,14 +564,16 @@ def funm_hermitian(A, f: str, *, degenerate_tol: float | None = None):
     return eigh_apply(_dense_hermitian(A, "linalg.eigh_apply"), f, degenerate_tol)
 
 
-def eigsh(A, k: int = 6, *, which: str | None = None, sigma: float | None = None,
+def eigsh(A, k: int = 6, M=None, *, which: str | None = None, sigma: float | None = None,
           tol: float = 0, maxiter: int | None = None, degenerate_tol: float | None = None):
-    """`k` eigenvalues and eigenvectors of a real symmetric sparse matrix, by
-    ARPACK (`scipy.sparse.linalg.eigsh`) on the host.
+    """`k` eigenvalues and eigenvectors of a real symmetric sparse matrix, or
+    of the generalized problem `A v = w M v`, by ARPACK
+    (`scipy.sparse.linalg.eigsh`) on the host.
 
     Differentiable in forward and reverse mode, to any order, by implicit
-    differentiation (never through ARPACK's iterations); the cotangent of `A`
-    stays on its sparsity pattern (`sparse.sddmm`), never a dense `n x n`.
+    differentiation (never through ARPACK's iterations); the cotangents of
+    `A` and `M` stay on their sparsity patterns (`sparse.sddmm`), never a
+    dense `n x n`.
 
     **Arguments:**
 
@@ -579,11 +581,15 @@ def eigsh(A, k: int = 6, *, which: str | None = None, sigma: float | None = None
       (`sd.sparse.coo_matrix`, `csr_matrix`). A matrix that is not symmetric
       raises `StructureError` when the program runs.
     - `k`: how many eigenpairs, `1 <= k < n`.
+    - `M`: None, or a symmetric positive definite sparse matrix of `A`'s
+      shape (a mass matrix; its own pattern): then `A v = w M v` with `v^T M
+      v = I`, SciPy's normalization. A diagonal that is not positive raises
+      `NotPositiveDefiniteError` when the program runs.
     - `which`: SciPy's: `"SA"` (smallest algebraic), `"LA"` (largest),
       `"SM"` (smallest magnitude), `"LM"` (largest magnitude). Default
       `"SA"`, or `"LM"` with `sigma` (the eigenvalues nearest `sigma`).
     - `sigma`: None, or a shift: shift-invert mode, as SciPy's, where
-      `which` refers to `1 / (w - sigma)`. SciPy factors `A - sigma I` on
+      `which` refers to `1 / (w - sigma)`. SciPy factors `A - sigma M` on
       the host (SuperLU) at each call.
     - `tol`: ARPACK's relative accuracy (0: machine precision).
     - `maxiter`: ARPACK's limit on restarts (default SciPy's, `10 n`). If
@@ -595,24 +601,27 @@ def eigsh(A, k: int = 6, *, which: str | None = None, sigma: float | None = None
     **Returns:**
 
     `(w, v)`: `w` the `k` eigenvalues in ascending order (shape `(k,)`), `v`
-    the unit eigenvectors as columns (shape `(n, k)`, `A @ v = v * w`), each
-    with its entry of largest magnitude positive. ARPACK starts from a fixed
-    vector, so runs are reproducible.
+    the eigenvectors as columns (shape `(n, k)`, `A @ v = M @ v * w`, unit
+    or M-orthonormal), each with its entry of largest magnitude positive.
+    ARPACK starts from a fixed vector, so runs are reproducible. It computes
+    `k + 1` pairs: the next eigenvalue tells whether `k` cuts a cluster of
+    repeated eigenvalues (below). A matrix with `k + 2 >= n` is solved
+    densely.
 
-    **Derivatives.** `dw_i = v_i^T dA v_i`. The eigenvectors' derivatives
-    take one sparse solve per computed pair, with the bordered matrix
-    `[[A - w_i I, v], [v^T, 0]]` (`sd.linalg.solve`); it is singular when
-    `w_i` is also an eigenvalue outside the computed set (`k` cuts a cluster
-    of repeated eigenvalues in two), and then the eigenvectors have no
-    derivative. A loss of `w` alone needs no solve.
+    **Derivatives.** `dw_i = v_i^T (dA - w_i dM) v_i`. The eigenvectors'
+    derivatives take one sparse solve per computed pair, with the bordered
+    matrix `[[A - w_i M, M v], [v^T M, 0]]` (`sd.linalg.solve`). A loss of
+    `w` alone needs no solve.
 
     **Degenerate eigenvalues.** As in `eigh`: sums of a cluster's
     eigenvalues and its projector differentiate exactly; a derivative
     (forward or reverse mode) that depends on one eigenvalue of a cluster
     apart from the others, or on the basis inside a cluster, raises
-    `DegenerateEigenvalueError`.
+    `DegenerateEigenvalueError`. So does any derivative of the computed part
+    of a cluster that `k` cuts (the next eigenvalue is repeated with the
+    last computed ones): raise `k` to hold the whole cluster.
     """
     from .primitives._eigsh import eigsh as _eigsh
 
-    return _eigsh(A, k, which=which, sigma=sigma, tol=tol, maxiter=maxiter,
+    return _eigsh(A, k, M, which=which, sigma=sigma, tol=tol, maxiter=maxiter,
                   degenerate_tol=degenerate_tol)

@@ -236,12 +236,56 @@ def test_asymmetric_matrix_raises():
         sd.linalg.eigsh(a, k=1)
 
 
-def test_eigenvectors_of_a_cluster_cut_by_k_raise():
-    # k=2 keeps one of the repeated pair w_1 = w_2: its eigenvector has no
-    # derivative, and the bordered solve says so rather than returning noise
-    from sciad.errors import SingularMatrixError
-
+def test_a_cluster_cut_by_k_raises():
+    # k=2 keeps one of the repeated pair w_1 = w_2 (ARPACK computes k + 1 and
+    # sees the next is repeated): neither its eigenvalue nor its eigenvector
+    # has a derivative, forward or reverse; the simple w_0 still has one
     m = 8
     c = np.ones(m * m)
-    with pytest.raises(SingularMatrixError):
-        sd.grad(lambda c: snp.sum(sd.linalg.eigsh(laplacian(c, m), k=2)[1][:, 1] ** 4))(c)
+    d = np.random.default_rng(3).standard_normal(m * m)
+    for f in (lambda c: sd.linalg.eigsh(laplacian(c, m), k=2)[0][1],
+              lambda c: snp.sum(sd.linalg.eigsh(laplacian(c, m), k=2)[1][:, 1] ** 4)):
+        with pytest.raises(DegenerateEigenvalueError, match="`k` cuts a cluster"):
+            sd.grad(f)(c)
+        with pytest.raises(DegenerateEigenvalueError, match="`k` cuts a cluster"):
+            sd.jvp(f, (c,), (d,))
+    g = sd.grad(lambda c: sd.linalg.eigsh(laplacian(c, m), k=2)[0][0])(c)
+    want = sd.grad(lambda c: sd.linalg.eigvalsh(sd.sparse.todense(laplacian(c, m)))[0])(c)
+    np.testing.assert_allclose(g, want, rtol=1e-9, atol=1e-13)
+
+
+def _mass(rho, m=M):
+    """A lumped mass matrix: diagonal, `rho` on it."""
+    i = np.arange(m * m)
+    return sd.sparse.coo_matrix((rho, (i, i)), shape=(m * m, m * m))
+
+
+@pytest.mark.parametrize("sigma", [None, 0.0])
+def test_the_generalized_problem_matches_scipy_and_differentiates(rng, sigma):
+    m = 8
+    coef, rho = 1.0 + rng.uniform(size=m * m), 1.0 + rng.uniform(size=m * m)
+    w, v = sd.linalg.eigsh(laplacian(coef, m), k=3, M=_mass(rho, m), sigma=sigma)
+    a = laplacian_scipy(coef, m).toarray()
+    import scipy.linalg as sla
+
+    ref = sla.eigh(a, np.diag(rho))[0][:3]
+    np.testing.assert_allclose(w, ref, rtol=1e-10)
+    v = np.asarray(v)
+    np.testing.assert_allclose(a @ v, (rho[:, None] * v) * np.asarray(w), atol=1e-9)
+    np.testing.assert_allclose(v.T @ (rho[:, None] * v), np.eye(3), atol=1e-10)
+
+    def f(coef, rho):  # eigenvalues, and a sign-free function of the vectors
+        w, v = sd.linalg.eigsh(laplacian(coef, m), k=3, M=_mass(rho, m), sigma=sigma)
+        return w ** 2, snp.sum(v ** 2 * snp.arange(m * m * 1.0)[:, None], axis=0)
+
+    report = sd.testing.check_rules(f, coef, rho, batch=False)
+    assert report.jvp_error < 1e-6 and report.vjp_error < 1e-9
+
+
+def test_a_mass_matrix_that_is_not_positive_definite_raises(coef):
+    rho = np.ones(M * M)
+    rho[5] = -1.0
+    with pytest.raises(sd.errors.NotPositiveDefiniteError, match="`M` must be positive"):
+        sd.linalg.eigsh(laplacian(coef), k=2, M=_mass(rho))
+    with pytest.raises(ShapeError, match="`M` must have `A`'s shape"):
+        sd.linalg.eigsh(laplacian(coef), k=2, M=_mass(np.ones(16), 4))

@@ -144,24 +144,29 @@ eigh_guard_p = Primitive("linalg.eigh_guard", multiple_results=True, runtime_che
 
 
 @eigh_guard_p.def_abstract_eval
-def _guard_shape(tw, tv, w, v, *, degenerate_tol, check, op="linalg.eigh", values_used=True,
-                 vectors_used=True):
+def _guard_shape(tw, tv, w, v, *edge, degenerate_tol, check, op="linalg.eigh",
+                 values_used=True, vectors_used=True):
     if tw.shape != w.shape or tv.shape != v.shape:
         raise ShapeError(f"the tangents must have the shapes of w {w.str_short()} and v "
                          f"{v.str_short()}, got {tw.str_short()} and {tv.str_short()}.",
+                         op="linalg.eigh_guard")
+    if len(edge) > 1 or (edge and tuple(edge[0].shape) != tuple(w.shape[:-1])):
+        raise ShapeError("the optional fifth operand, the next eigenvalue beyond a partial "
+                         f"set, must have the shape {tuple(w.shape[:-1])}.",
                          op="linalg.eigh_guard")
     return tw, tv
 
 
 @eigh_guard_p.def_impl
-def _guard_impl(tw, tv, w, v, *, degenerate_tol, check, op="linalg.eigh", values_used=True,
-                vectors_used=True, site=None):
+def _guard_impl(tw, tv, w, v, *edge, degenerate_tol, check, op="linalg.eigh",
+                values_used=True, vectors_used=True, site=None):
     if not check:
         return tw, tv
     g = jnp.matmul(jnp.swapaxes(v, -1, -2), tv)  # v^T v_bar
+    extra = dict(edge=edge[0]) if edge else {}
     token = host_check(_judge_gauge, site, op=op, tol=degenerate_tol,
                        complex_=bool(jnp.iscomplexobj(v)), values_used=values_used,
-                       vectors_used=vectors_used, w_bar=tw, g=g, w=w)
+                       vectors_used=vectors_used, w_bar=tw, g=g, w=w, **extra)
     return tie(tw, token), tv
 
 
@@ -170,25 +175,25 @@ def _guard_jvp(primals, tangents, **params):
     # An identity in (tw, tv). The tangent of a checked cotangent is not
     # itself a cotangent of the loss, so it passes unguarded: the check stays
     # on the primal.
-    tw, tv, w, v = primals
+    tw, tv, *rest = primals
     dw, dv = instantiate(tangents[0]), instantiate(tangents[1])
-    out = eigh_guard_p.bind(tw, tv, w, v, **params)
+    out = eigh_guard_p.bind(tw, tv, *rest, **params)
     if params["check"]:
         return out, (dw, dv)
-    return out, eigh_guard_p.bind(dw, dv, w, v, **params)
+    return out, eigh_guard_p.bind(dw, dv, *rest, **params)
 
 
 @eigh_guard_p.def_transpose
-def _guard_transpose(cts, tw, tv, w, v, *, degenerate_tol, check, op="linalg.eigh",
+def _guard_transpose(cts, tw, tv, *rest, degenerate_tol, check, op="linalg.eigh",
                      values_used=True, vectors_used=True):
     # Which cotangents are symbolic zeros says which outputs the loss uses at
     # all: a loss of the eigenvalues alone, of the eigenvectors alone, or of both.
-    assert is_linear(tw) and is_linear(tv) and not is_linear(w) and not is_linear(v)
+    assert is_linear(tw) and is_linear(tv) and not any(map(is_linear, rest))
     cw, cv = cts
     used = dict(values_used=not is_zero(cw), vectors_used=not is_zero(cv))
-    out = eigh_guard_p.bind(instantiate(cw), instantiate(cv), w, v,
+    out = eigh_guard_p.bind(instantiate(cw), instantiate(cv), *rest,
                             degenerate_tol=degenerate_tol, check=not check, op=op, **used)
-    return out[0], out[1], None, None
+    return (out[0], out[1]) + (None,) * len(rest)
 
 
 eigh_guard_p.def_batch(front_rule(eigh_guard_p))
@@ -207,7 +212,8 @@ def _clusters(w: np.ndarray, tol: float) -> list[tuple[int, int]]:
     return out
 
 
-def _judge_gauge(site, *, op, tol, complex_, values_used, vectors_used, w_bar, g, w):
+def _judge_gauge(site, *, op, tol, complex_, values_used, vectors_used, w_bar, g, w,
+                 edge=None):
     """Host side, for each matrix of a stack (see the module docstring)."""
     from ..graph import Site
 
@@ -215,17 +221,20 @@ def _judge_gauge(site, *, op, tol, complex_, values_used, vectors_used, w_bar, g
     w, w_bar, g = np.asarray(w), np.asarray(w_bar), np.asarray(g)
     n = w.shape[-1]
     ws = w.reshape((-1, n))
-    for wk, bk, gk in zip(ws, w_bar.reshape((-1, n)), g.reshape((-1, n, n))):
-        _judge_one(site, tol, complex_, values_used, vectors_used, bk, gk, wk)
+    edges = [None] * len(ws) if edge is None else np.asarray(edge).reshape(-1)
+    for wk, bk, gk, ek in zip(ws, w_bar.reshape((-1, n)), g.reshape((-1, n, n)), edges):
+        _judge_one(site, tol, complex_, values_used, vectors_used, bk, gk, wk, ek)
 
 
-def _judge_one(site, tol, complex_, values_used, vectors_used, w_bar, g, w):
+def _judge_one(site, tol, complex_, values_used, vectors_used, w_bar, g, w, edge=None):
     eps = float(np.finfo(w.dtype).eps)
     # cotangents below this (relative to the largest) count as zero; inside a
     # cluster of width `gap` the eigenvalue cotangents of a symmetric function
     # of the eigenvalues differ by about its second derivative times `gap`
     small_w = 1e3 * max(eps * len(w), tol) * float(np.max(np.abs(w_bar), initial=0.0))
     small_g = 1e3 * eps * len(w) * float(np.max(np.abs(g), initial=0.0))
+    if edge is not None and np.isfinite(edge):
+        _judge_cut(site, tol, w, float(edge), w_bar, g, small_w, small_g)
     for i, j in _clusters(w, tol):
         bw, block = w_bar[i:j], g[i:j, i:j]
         # the cluster's basis is a gauge: its cotangent block must be Hermitian
@@ -258,6 +267,31 @@ def _judge_one(site, tol, complex_, values_used, vectors_used, w_bar, g, w):
                       "eigenvectors are defined up to a phase): differentiate a function "
                       "that does not change when an eigenvector is multiplied by "
                       "exp(i phi), such as |v|^2 or v v^H.", eigenvector=k)
+
+
+def _judge_cut(site, tol, w, edge, w_bar, g, small_w, small_g):
+    """A partial eigensolver (`linalg.eigsh`) computed `w`; `edge` is the next
+    eigenvalue it would have computed. Computed eigenvalues repeated with it
+    belong to a cluster that `k` cuts: nothing about them is differentiable
+    (their sum is not that of the whole cluster)."""
+    scale = max(float(np.max(np.abs(w), initial=0.0)), abs(edge))
+    cut = np.flatnonzero(np.abs(w - edge) <= tol * scale)
+    if not cut.size:
+        return
+    for i, j in _clusters(w, tol):  # the whole computed part of the cluster
+        if i <= cut[0] < j or i <= cut[-1] < j:
+            cut = np.arange(min(i, cut[0]), max(j, cut[-1] + 1))
+    if (float(np.max(np.abs(w_bar[cut]), initial=0.0)) > small_w
+            or float(np.max(np.abs(g[:, cut]), initial=0.0)) > small_g):
+        i, j = int(cut[0]), int(cut[-1]) + 1
+        site.fail(DegenerateEigenvalueError,
+                  f"eigenvalues {i}..{j - 1} ({w[i]:.10g} to {w[j - 1]:.10g}) are repeated "
+                  f"with the next eigenvalue beyond the {len(w)} computed ({edge:.10g}, "
+                  f"within degenerate_tol {tol:.1e}): `k` cuts a cluster of repeated "
+                  "eigenvalues in two, and the derivative depends on its computed part, "
+                  "which is not differentiable (the split is arbitrary). Raise `k` to "
+                  "include the whole cluster, and differentiate a function that treats it "
+                  "alike (the sum of its eigenvalues).", cluster=[i, j - 1], edge=edge)
 
 
 def _fail_cluster(site, w, i, j, tol, what):

@@ -56,9 +56,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import (ConvergenceError, DTypeError, NonFiniteError, ShapeError,
-                      StructureError)
-from ..graph import Param, Primitive, SparseType, instantiate
+from ..errors import (ConvergenceError, DTypeError, NonFiniteError,
+                      NotPositiveDefiniteError, ShapeError, StructureError)
+from ..graph import Param, Primitive, SparseType, Zero, instantiate, is_zero
 from ..graph._types import Pattern, TensorType
 from ..solvers._host import host_call
 from ._checks import symmetry_tolerance
@@ -75,26 +75,39 @@ eigsh_p = Primitive("linalg.eigsh", multiple_results=True, runtime_checks=True, 
     "tol": Param(float, default=0.0),
     "maxiter": Param((int, None), default=None),
     "degenerate_tol": float,
+    "mass_pattern": Param((Pattern, None), default=None),
 })
 
 
-@eigsh_p.def_abstract_eval
-def _eigsh_shape(a, *, pattern, k, which, sigma=None, tol=0.0, maxiter=None,
-                 degenerate_tol):
-    op = "linalg.eigsh"
-    if not isinstance(a, SparseType):
-        raise DTypeError(f"`A` must be a sparse matrix (`sd.sparse.coo_matrix`, "
-                         f"`csr_matrix`), got {a.str_short()}; use `sd.linalg.eigh` for "
-                         "a dense one.", op=op)
-    n, m = a.shape
+def _check_matrix(t, name: str, pattern, op: str) -> None:
+    if not isinstance(t, SparseType):
+        raise DTypeError(f"`{name}` must be a sparse matrix (`sd.sparse.coo_matrix`, "
+                         f"`csr_matrix`), got {t.str_short()}; use `sd.linalg.eigh` for "
+                         "dense ones.", op=op)
+    n, m = t.shape
     if n != m:
-        raise ShapeError(f"`A` must be square, got {a.str_short()}.", op=op)
-    if a.pattern != pattern:
-        raise ShapeError(f"the operand's pattern {a.pattern} differs from the node's "
-                         f"`pattern` param {pattern}.", op=op)
-    if a.dtype != np.float64:
-        raise DTypeError(f"`A` must be real float64, got {a.str_short()} (complex "
+        raise ShapeError(f"`{name}` must be square, got {t.str_short()}.", op=op)
+    if t.pattern != pattern:
+        raise ShapeError(f"the operand `{name}`'s pattern {t.pattern} differs from the "
+                         f"node's param {pattern}.", op=op)
+    if t.dtype != np.float64:
+        raise DTypeError(f"`{name}` must be real float64, got {t.str_short()} (complex "
                          "Hermitian and float32 matrices are not supported yet).", op=op)
+
+
+@eigsh_p.def_abstract_eval
+def _eigsh_shape(a, *m, pattern, k, which, sigma=None, tol=0.0, maxiter=None,
+                 degenerate_tol, mass_pattern=None):
+    op = "linalg.eigsh"
+    _check_matrix(a, "A", pattern, op)
+    if (mass_pattern is None) != (not m) or len(m) > 1:
+        raise ShapeError("takes `A`, or `A` and `M` with the `mass_pattern` param.", op=op)
+    n = a.shape[0]
+    if m:
+        _check_matrix(m[0], "M", mass_pattern, op)
+        if m[0].shape != a.shape:
+            raise ShapeError(f"`M` must have `A`'s shape {a.shape}, got "
+                             f"{m[0].str_short()}.", op=op)
     if not 1 <= k < n:
         raise ShapeError(f"`k` must satisfy 1 <= k < n = {n} (ARPACK computes fewer "
                          f"than n eigenpairs), got k={k}. For all of them use "
@@ -109,7 +122,8 @@ def _eigsh_shape(a, *, pattern, k, which, sigma=None, tol=0.0, maxiter=None,
                          op=op)
     if not degenerate_tol >= 0:
         raise ShapeError(f"`degenerate_tol` must be >= 0, got {degenerate_tol!r}.", op=op)
-    return TensorType((k,), np.dtype(np.float64)), TensorType((n, k), np.dtype(np.float64))
+    f64 = np.dtype(np.float64)
+    return TensorType((k,), f64), TensorType((n, k), f64), TensorType((), f64)
 
 
 def _start_vector(n: int) -> np.ndarray:
@@ -118,8 +132,19 @@ def _start_vector(n: int) -> np.ndarray:
     return np.random.default_rng(0).standard_normal(n)
 
 
-def _eigsh_host(data, *, pattern, k, which, sigma, tol, maxiter, site):
-    """ARPACK on each matrix of a batch (leading axes of `data`)."""
+def _key(w, which: str, sigma):
+    """ARPACK's order of wantedness for `which` (on `1 / (w - sigma)` in
+    shift-invert mode): the most wanted eigenvalues have the smallest key."""
+    x = w if sigma is None else 1.0 / (w - sigma)
+    return {"SA": x, "LA": -x, "LM": -np.abs(x), "SM": np.abs(x)}[which]
+
+
+def _eigsh_host(data, mdata=None, *, pattern, mass_pattern, k, which, sigma, tol, maxiter,
+                site):
+    """ARPACK on each matrix of a batch (leading axes of `data`): the `k`
+    wanted eigenpairs, and the next eigenvalue in ARPACK's order (`k + 1`
+    are computed; a small matrix is solved densely)."""
+    import scipy.linalg as sla
     import scipy.sparse as sp
     import scipy.sparse.linalg as spla
 
@@ -127,58 +152,82 @@ def _eigsh_host(data, *, pattern, k, which, sigma, tol, maxiter, site):
     data = np.asarray(data)
     batch = data.shape[:-1]
     flat = data.reshape((-1, pattern.nnz))
-    ws = np.empty((len(flat), k))
-    vs = np.empty((len(flat), n, k))
+    mflat = None if mdata is None else np.broadcast_to(
+        np.asarray(mdata), batch + (mass_pattern.nnz,)).reshape((-1, mass_pattern.nnz))
+    ws, vs, edges = np.empty((len(flat), k)), np.empty((len(flat), n, k)), np.empty(len(flat))
     v0 = _start_vector(n)
-    for b, d in enumerate(flat):
+
+    def matrix(d, p, name):
         if not np.all(np.isfinite(d)):
-            site.fail(NonFiniteError, "the matrix holds NaN or infinite values.")
-        m = sp.csr_matrix((d, pattern.indices, pattern.indptr), shape=pattern.shape)
+            site.fail(NonFiniteError, f"`{name}` holds NaN or infinite values.")
+        m = sp.csr_matrix((d, p.indices, p.indptr), shape=p.shape)
         scale = float(np.max(np.abs(d), initial=0.0))
         asym = float(abs(m - m.T).max()) / scale if scale > 0 else 0.0
         if not asym <= symmetry_tolerance(np.float64):
             site.fail(StructureError,
-                      f"`A` must be symmetric, but max |A - A.T| / max |A| = {asym:.3e}. "
-                      "Symmetrize it (`(A + A.T) / 2`).", asymmetry=asym)
-        try:
-            w, v = spla.eigsh(m, k=k, which=which, sigma=sigma, tol=tol, maxiter=maxiter,
-                              v0=v0)
-        except spla.ArpackNoConvergence as e:
-            got = len(e.eigenvalues)
-            site.fail(ConvergenceError,
-                      f"ARPACK did not converge: {got} of the k={k} eigenpairs converged "
-                      f"(which={which!r}, sigma={sigma}, tol={tol:g}, maxiter={maxiter}). "
-                      "Raise `maxiter`, loosen `tol`, or for eigenvalues in the interior "
-                      "or near a value use shift-invert (`sigma`).",
-                      converged=got, iterations=maxiter, tolerance=float(tol))
+                      f"`{name}` must be symmetric, but max |{name} - {name}.T| / "
+                      f"max |{name}| = {asym:.3e}. Symmetrize it.", asymmetry=asym)
+        return m
+
+    for b, d in enumerate(flat):
+        a = matrix(d, pattern, "A")
+        mm = None if mflat is None else matrix(mflat[b], mass_pattern, "M")
+        if mm is not None and not float(mm.diagonal().min(initial=np.inf)) > 0:
+            site.fail(NotPositiveDefiniteError, "`M` must be positive definite, but its "
+                      f"diagonal has the entry {float(mm.diagonal().min()):.3e}.")
+        if k + 1 >= n - 1:  # ARPACK needs k < n - 1 (k + 1 wanted): small, dense
+            try:
+                w, v = sla.eigh(a.toarray(), None if mm is None else mm.toarray())
+            except np.linalg.LinAlgError:
+                site.fail(NotPositiveDefiniteError, "`M` must be positive definite.")
+            order = np.argsort(_key(w, which, sigma), kind="stable")[:k + 1]
+            w, v = w[order], v[:, order]
+        else:
+            try:
+                w, v = spla.eigsh(a, k=k + 1, M=mm, which=which, sigma=sigma, tol=tol,
+                                  maxiter=maxiter, v0=v0)
+            except spla.ArpackNoConvergence as e:
+                got = len(e.eigenvalues)
+                site.fail(ConvergenceError,
+                          f"ARPACK did not converge: {got} of the {k + 1} eigenpairs "
+                          f"converged (k={k} and the next, which={which!r}, sigma={sigma}, "
+                          f"tol={tol:g}, maxiter={maxiter}). Raise `maxiter`, loosen "
+                          "`tol`, or for eigenvalues in the interior or near a value use "
+                          "shift-invert (`sigma`).",
+                          converged=got, iterations=maxiter, tolerance=float(tol))
+        last = int(np.argmax(_key(w, which, sigma)))
+        edges[b] = w[last]
+        keep = np.delete(np.arange(k + 1), last)
+        w, v = w[keep], v[:, keep]
         order = np.argsort(w)
         w, v = w[order], v[:, order]
         big = np.argmax(np.abs(v), axis=0)
         v = v * np.where(v[big, np.arange(k)] < 0, -1.0, 1.0)
         ws[b], vs[b] = w, v
-    return ws.reshape(batch + (k,)), vs.reshape(batch + (n, k))
+    return ws.reshape(batch + (k,)), vs.reshape(batch + (n, k)), edges.reshape(batch)
 
 
 @eigsh_p.def_impl
-def _eigsh_impl(data, *, pattern, k, which, sigma=None, tol=0.0, maxiter=None,
-                degenerate_tol, site=None):
+def _eigsh_impl(data, *mdata, pattern, k, which, sigma=None, tol=0.0, maxiter=None,
+                degenerate_tol, mass_pattern=None, site=None):
     from ..graph import Site
 
     site = site or Site("linalg.eigsh")
     n = pattern.shape[0]
 
-    def host(d):
-        return _eigsh_host(d, pattern=pattern, k=k, which=which, sigma=sigma, tol=tol,
-                           maxiter=maxiter, site=site)
+    def host(d, *m):
+        return _eigsh_host(d, *m, pattern=pattern, mass_pattern=mass_pattern, k=k,
+                           which=which, sigma=sigma, tol=tol, maxiter=maxiter, site=site)
 
-    w, v = host_call(host, (jax.ShapeDtypeStruct((k,), jnp.float64),
-                            jax.ShapeDtypeStruct((n, k), jnp.float64)), data)
-    return w, v
+    return tuple(host_call(host, (jax.ShapeDtypeStruct((k,), jnp.float64),
+                                  jax.ShapeDtypeStruct((n, k), jnp.float64),
+                                  jax.ShapeDtypeStruct((), jnp.float64)), data, *mdata))
 
 
-def _bordered(a, w_i, v):
-    """`[[a - w_i I, V], [V^T, 0]]` as a sparse matrix (its data built from
-    `a`'s, `w_i` and `V`: differentiable in all three)."""
+def _bordered(a, m, w_i, v, mv):
+    """`[[a - w_i m, m V], [V^T m, 0]]` (`m` the identity where None) as a
+    sparse matrix, its data built from `a`'s, `m`'s, `w_i` and `m V`:
+    differentiable in all of them."""
     from .. import numpy as snp
     from .. import sparse
 
@@ -186,45 +235,69 @@ def _bordered(a, w_i, v):
     n, k = t.shape[0], v.shape[1]
     p = t.pattern
     ar = np.arange(n)
-    border_r = np.repeat(ar, k)                 # V[r, j] at (r, n + j), row-major
+    border_r = np.repeat(ar, k)                 # (m V)[r, j] at (r, n + j), row-major
     border_c = n + np.tile(np.arange(k), n)
-    row = np.concatenate([p.rows, ar, border_r, border_c])
-    col = np.concatenate([p.indices, ar, border_c, border_r])
-    flat_v = snp.reshape(v, (n * k,))
-    data = snp.concatenate([sparse.data(a), -w_i * snp.ones((n,), np.float64), flat_v,
-                            flat_v])
+    if m is None:
+        mp_rows, mp_cols, m_data = ar, ar, -w_i * snp.ones((n,), np.float64)
+    else:
+        mp = m.type.pattern
+        mp_rows, mp_cols, m_data = mp.rows, mp.indices, -w_i * sparse.data(m)
+    row = np.concatenate([p.rows, mp_rows, border_r, border_c])
+    col = np.concatenate([p.indices, mp_cols, border_c, border_r])
+    flat = snp.reshape(mv, (n * k,))
+    data = snp.concatenate([sparse.data(a), m_data, flat, flat])
     return sparse.coo_matrix((data, (row, col)), shape=(n + k, n + k))
+
+
+def _sym_times(d, v):
+    """`(d + d^T) / 2 @ V` for a sparse tangent `d`: two products whose
+    transposes are `sddmm`s on `d`'s pattern."""
+    from .. import numpy as snp
+    from .. import sparse
+
+    return (sparse.matmul(d, v) + snp.transpose(sparse.matmul(snp.transpose(v), d))) / 2
 
 
 @eigsh_p.def_jvp
 def _eigsh_jvp(primals, tangents, **params):
-    # a v_i = w_i v_i, |v_i| = 1: dw_i = v_i^T dA v_i, and dv_i = V (F o C)_i + x_i
-    # (the computed subspace, as `linalg.eigh`, plus the bordered solve for the
-    # rest; see the module docstring)
+    # A v_i = w_i M v_i, V^T M V = I. With dK_i = dA - w_i dM (symmetric
+    # parts) and c_ji = v_j^T dK_i v_i: dw_i = c_ii, and dv_i = V a_i + x_i,
+    # a_ji = c_ji / (w_i - w_j) apart, -(v_j^T dM v_i) / 2 inside a cluster
+    # (the normalization; 0 without M), and x_i the part M-orthogonal to V,
+    # from the bordered solve (module docstring)
     from .. import numpy as snp
     from .. import sparse
     from ..linalg import solve
 
-    (a,), (da,) = primals, tangents
-    w, v = eigsh_p.bind(a, **params)
+    a, m = primals[0], (primals[1] if len(primals) > 1 else None)
+    w, v, edge = eigsh_p.bind(*primals, **params)
     tol = params["degenerate_tol"]
     n, k = v.shape
-    da = instantiate(da)
-    dav = sparse.matmul(da, v)                                 # dA V: sddmm when transposed
-    dsv = (dav + snp.transpose(sparse.matmul(snp.transpose(v), da))) / 2  # dS V
-    dw = snp.sum(v * dav, axis=0)
+    dsv = _sym_times(instantiate(tangents[0]), v)              # dS_A V
+    mv = v if m is None else sparse.matmul(m, v)
+    dmv = None
+    if m is not None and not is_zero(tangents[1]):
+        dmv = _sym_times(instantiate(tangents[1]), v)          # dS_M V
+        dsv = dsv - dmv * w                                    # column i: dK_i v_i
+    dw = snp.sum(v * dsv, axis=0)
     c = snp.matmul(snp.transpose(v), dsv)
-    inside = snp.matmul(v, _gaps(w, tol) * c)
+    gaps = _gaps(w, tol)
+    a_in = gaps * c
+    if dmv is not None:
+        a_in = a_in - snp.where(gaps == 0, snp.matmul(snp.transpose(v), dmv), 0.0) / 2
+    inside = snp.matmul(v, a_in)
     outside = []
     for i in range(k):
         rhs = snp.concatenate([-dsv[:, i], snp.zeros((k,), np.float64)])
-        outside.append(solve(_bordered(a, w[i], v), rhs)[:n])
+        outside.append(solve(_bordered(a, m, w[i], v, mv), rhs)[:n])
     # The guard judges `V^T vbar`, which only the computed-subspace part sees;
     # the solves stay outside it, so that a loss of `w` alone (a zero `vbar`)
-    # transposes to no solve at all.
-    dw, inside = eigh_guard_p.bind(dw, inside, w, v, degenerate_tol=tol, check=False,
+    # transposes to no solve at all. `edge` (the next eigenvalue) lets it
+    # refuse a cluster that `k` cuts.
+    dw, inside = eigh_guard_p.bind(dw, inside, w, v, edge, degenerate_tol=tol, check=False,
                                    op="linalg.eigsh")
-    return (w, v), (dw, inside + snp.stack(outside, axis=1))
+    dedge = Zero(TensorType((), np.dtype(np.float64)))
+    return (w, v, edge), (dw, inside + snp.stack(outside, axis=1), dedge)
 
 
 eigsh_p.def_batch(map_rule(eigsh_p))
@@ -250,16 +323,19 @@ def _eigsh_cost(node, body):
     return Cost(float(flops))
 
 
-def eigsh(a, k: int = 6, *, which: str | None = None, sigma=None, tol: float = 0.0,
-          maxiter: int | None = None, degenerate_tol: float | None = None):
-    """`eigsh_p` with SciPy's defaults resolved (see `sciad.linalg.eigsh`)."""
+def eigsh(a, k: int = 6, m=None, *, which: str | None = None, sigma=None,
+          tol: float = 0.0, maxiter: int | None = None,
+          degenerate_tol: float | None = None):
+    """`eigsh_p` with SciPy's defaults resolved (see `sciad.linalg.eigsh`);
+    returns `(w, v)`."""
     op = "linalg.eigsh"
-    t = getattr(a, "type", None)
-    if not isinstance(t, SparseType):
-        shown = t.str_short() if t is not None else type(a).__name__
-        raise DTypeError(f"`A` must be a sparse matrix (`sd.sparse.coo_matrix`, "
-                         f"`csr_matrix`), got {shown}; use `sd.linalg.eigh` for a dense "
-                         "one.", op=op)
+    for name, x in (("A", a), ("M", m)):
+        t = getattr(x, "type", None)
+        if x is not None and not isinstance(t, SparseType):
+            shown = t.str_short() if t is not None else type(x).__name__
+            raise DTypeError(f"`{name}` must be a sparse matrix (`sd.sparse.coo_matrix`, "
+                             f"`csr_matrix`), got {shown}; use `sd.linalg.eigh` for dense "
+                             "ones.", op=op)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise ShapeError(f"`k` must be an int, got {k!r}.", op=op)
     if which is None:
@@ -269,6 +345,9 @@ def eigsh(a, k: int = 6, *, which: str | None = None, sigma=None, tol: float = 0
     if maxiter is not None:
         maxiter = int(maxiter)
     tol_d = default_tol(np.float64) if degenerate_tol is None else float(degenerate_tol)
-    return tuple(eigsh_p.bind(a, pattern=t.pattern, k=int(k), which=str(which),
-                              sigma=sigma, tol=float(tol), maxiter=maxiter,
-                              degenerate_tol=tol_d))
+    operands = (a,) if m is None else (a, m)
+    w, v, _ = eigsh_p.bind(*operands, pattern=a.type.pattern, k=int(k), which=str(which),
+                           sigma=sigma, tol=float(tol), maxiter=maxiter,
+                           degenerate_tol=tol_d,
+                           mass_pattern=None if m is None else m.type.pattern)
+    return w, v
