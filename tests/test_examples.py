@@ -246,3 +246,23 @@ def test_multi_source_sharded_equals_unsharded():
     r = json.loads(lines[-1][len("RESULT "):])
     assert r["devices"] == r["F_devices"] == 4
     assert r["v_err"] < 1e-13 and r["g_err"] < 1e-12, r
+
+
+def test_eigen_design_raises_the_fundamental_and_opens_the_gap(capsys):
+    ex = _load("eigen_design")
+    out = ex.main(n=16, maxiter=8, plot=None)
+    for name, r in out["rates"].items():
+        assert np.all(np.abs(r - 2.0) < 0.1), (name, r)
+    w0, w1, w2 = out["w0"], out["w1"], out["w2"]
+    # the uniform square: lambda_2 = lambda_3 (the degenerate case), close to
+    # the continuum's 2 pi^2 and 5 pi^2
+    assert abs(w0[2] - w0[1]) < 1e-9 * w0[1]
+    np.testing.assert_allclose(w0[:3], np.pi ** 2 * np.array([2.0, 5.0, 5.0]), rtol=0.03)
+    assert w1[0] > 1.3 * w0[0]
+    assert (w2[1] + w2[2]) / (2 * w2[0]) > 1.3 * (w0[1] + w0[2]) / (2 * w0[0])
+    mem = ex.Membrane(16)
+    for res in (out["res1"], out["res2"]):  # the mass budget holds
+        np.testing.assert_allclose(np.mean(ex.mem_density(mem, res.x)), 1.0, rtol=1e-12)
+        assert np.all(np.abs(res.x) <= ex.BOUND + 1e-12)
+    text = capsys.readouterr().out
+    assert "DegenerateEigenvalueError" in text and "eigenvalues 1..2" in text
