@@ -261,7 +261,6 @@ def render(dense, sparse, dense_jax, machine: dict, argv: str) -> str:
         "| unknowns | dense JAX ms | sciad sparse ms | JAX/sciad | note |",
         "|---:|---:|---:|---:|---|",
     ]
-    sd_by_n = {r["n"]: r["sd_ms"] for r in sparse}
     for r in dense_jax:
         lines.append(f"| {r['n']:,} | {r['jax_ms']:.1f} | — | — | measured |")
     if dense_jax:

@@ -578,8 +578,13 @@ def eigsh(A, k: int = 6, M=None, *, which: str | None = None, sigma: float | Non
     **Arguments:**
 
     - `A`: a real (float64) symmetric sparse matrix of shape `(n, n)`
-      (`sd.sparse.coo_matrix`, `csr_matrix`). A matrix that is not symmetric
-      raises `StructureError` when the program runs.
+      (`sd.sparse.coo_matrix`, `csr_matrix`), or a matrix-free symmetric
+      operator (`sd.linalg.operator(matvec, (n, n))`, its matvec written in
+      sciad ops and closing over the parameters to differentiate). A matrix
+      that is not symmetric raises `StructureError` when the program runs
+      (an operator: when `V^T A V` is not). An operator takes no `M` or
+      `sigma`; its eigenvectors' derivatives solve the bordered systems
+      matrix-free (GMRES, relative tolerance 1e-12).
     - `k`: how many eigenpairs, `1 <= k < n`.
     - `M`: None, or a symmetric positive definite sparse matrix of `A`'s
       shape (a mass matrix; its own pattern): then `A v = w M v` with `v^T M
@@ -621,7 +626,20 @@ def eigsh(A, k: int = 6, M=None, *, which: str | None = None, sigma: float | Non
     of a cluster that `k` cuts (the next eigenvalue is repeated with the
     last computed ones): raise `k` to hold the whole cluster.
     """
-    from .primitives._eigsh import eigsh as _eigsh
+    from .primitives._eigsh import eigsh as _eigsh, eigsh_operator
 
+    if isinstance(A, Operator):
+        op = "linalg.eigsh"
+        if M is not None or sigma is not None:
+            raise ShapeError("a matrix-free operator takes neither `M` nor `sigma` (shift-"
+                             "invert needs a factorization): pass a sparse matrix, or "
+                             "fold `M` into the operator.", op=op)
+        if A.dtype != np.float64:
+            raise DTypeError(f"a matrix-free operator must act on float64 vectors, got "
+                             f"{A.dtype}.", op=op)
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise ShapeError(f"`k` must be an int, got {k!r}.", op=op)
+        return eigsh_operator(A, k, which, float(tol),
+                              None if maxiter is None else int(maxiter), degenerate_tol)
     return _eigsh(A, k, M, which=which, sigma=sigma, tol=tol, maxiter=maxiter,
                   degenerate_tol=degenerate_tol)

@@ -163,6 +163,22 @@ def _eigsh_example(c):
     return w ** 2
 
 
+def _eigsh_operator_example(c):
+    """The two smallest eigenvalues of the 1-D Laplacian of `_eigsh_example`,
+    matrix-free (its matvec closes over `c`), and a sign-free function of an
+    eigenvector."""
+    n = len(c) - 1
+
+    def matvec(x):
+        left = snp.concatenate([snp.zeros((1,)), x[:-1]])
+        right = snp.concatenate([x[1:], snp.zeros((1,))])
+        return (c[:-1] + c[1:]) * x - c[:-1] * left * (snp.arange(n) > 0) \
+            - c[1:] * right * (snp.arange(n) < n - 1)
+
+    w, v = sd.linalg.eigsh(sd.linalg.operator(matvec, (n, n)), k=2)
+    return w ** 2, snp.sum(v[:, 0] ** 2 * snp.arange(n * 1.0))
+
+
 def _eigh_example(a):
     """Functions of an eigendecomposition that do not depend on the sign of
     an eigenvector: the eigenvalues and a spectral function."""
@@ -259,6 +275,8 @@ EXAMPLES.update({
                      (np.array([0.0, 0.3, 0.5, 1.0]), _f64(4), np.array([0.1, 0.45, 0.7]))),
     "linalg.eigh": (_eigh_example, (_f64(3, 3),)),
     "linalg.eigsh": (_eigsh_example, (np.random.default_rng(7).uniform(1.0, 2.0, 9),)),
+    "linalg.eigsh_operator": (_eigsh_operator_example,
+                              (np.random.default_rng(8).uniform(1.0, 2.0, 9),)),
     "linalg.eigh_apply": (lambda a, m: (sd.linalg.eigvalsh(a, m @ m.T + 3.0 * snp.eye(3)) ** 2,
                                         sd.linalg.funm_hermitian(a, "exp")),
                           (_f64(3, 3), _f64(3, 3))),

@@ -58,7 +58,7 @@ import numpy as np
 
 from ..errors import (ConvergenceError, DTypeError, NonFiniteError,
                       NotPositiveDefiniteError, ShapeError, StructureError)
-from ..graph import Param, Primitive, SparseType, Zero, instantiate, is_zero
+from ..graph import Graph, Param, Primitive, SparseType, Zero, instantiate, is_zero
 from ..graph._types import Pattern, TensorType
 from ..solvers._host import host_call
 from ._checks import symmetry_tolerance
@@ -108,10 +108,15 @@ def _eigsh_shape(a, *m, pattern, k, which, sigma=None, tol=0.0, maxiter=None,
         if m[0].shape != a.shape:
             raise ShapeError(f"`M` must have `A`'s shape {a.shape}, got "
                              f"{m[0].str_short()}.", op=op)
+    return _checked_results(n, k, which, tol, maxiter, degenerate_tol, op)
+
+
+def _checked_results(n, k, which, tol, maxiter, degenerate_tol, op):
+    """The options' trace-time checks; the result types `(w, v, edge)`."""
     if not 1 <= k < n:
         raise ShapeError(f"`k` must satisfy 1 <= k < n = {n} (ARPACK computes fewer "
                          f"than n eigenpairs), got k={k}. For all of them use "
-                         "`sd.linalg.eigh(sd.sparse.todense(A))`.", op=op)
+                         "`sd.linalg.eigh` of the dense matrix.", op=op)
     if which not in WHICH:
         raise ShapeError(f"`which` must be one of {WHICH}, got {which!r} ('BE' is not "
                          "supported).", op=op)
@@ -187,24 +192,32 @@ def _eigsh_host(data, mdata=None, *, pattern, mass_pattern, k, which, sigma, tol
                 w, v = spla.eigsh(a, k=k + 1, M=mm, which=which, sigma=sigma, tol=tol,
                                   maxiter=maxiter, v0=v0)
             except spla.ArpackNoConvergence as e:
-                got = len(e.eigenvalues)
-                site.fail(ConvergenceError,
-                          f"ARPACK did not converge: {got} of the {k + 1} eigenpairs "
-                          f"converged (k={k} and the next, which={which!r}, sigma={sigma}, "
-                          f"tol={tol:g}, maxiter={maxiter}). Raise `maxiter`, loosen "
-                          "`tol`, or for eigenvalues in the interior or near a value use "
-                          "shift-invert (`sigma`).",
-                          converged=got, iterations=maxiter, tolerance=float(tol))
-        last = int(np.argmax(_key(w, which, sigma)))
-        edges[b] = w[last]
-        keep = np.delete(np.arange(k + 1), last)
-        w, v = w[keep], v[:, keep]
-        order = np.argsort(w)
-        w, v = w[order], v[:, order]
-        big = np.argmax(np.abs(v), axis=0)
-        v = v * np.where(v[big, np.arange(k)] < 0, -1.0, 1.0)
-        ws[b], vs[b] = w, v
+                _no_convergence(site, e, k, which, sigma, tol, maxiter)
+        ws[b], vs[b], edges[b] = _finish(w, v, k, which, sigma)
     return ws.reshape(batch + (k,)), vs.reshape(batch + (n, k)), edges.reshape(batch)
+
+
+def _finish(w, v, k: int, which: str, sigma):
+    """From ARPACK's `k + 1` pairs: the `k` wanted ones sorted ascending, each
+    vector's largest entry positive, and the next eigenvalue (`edge`)."""
+    last = int(np.argmax(_key(w, which, sigma)))
+    keep = np.delete(np.arange(k + 1), last)
+    edge = w[last]
+    w, v = w[keep], v[:, keep]
+    order = np.argsort(w)
+    w, v = w[order], v[:, order]
+    big = np.argmax(np.abs(v), axis=0)
+    return w, v * np.where(v[big, np.arange(k)] < 0, -1.0, 1.0), edge
+
+
+def _no_convergence(site, e, k, which, sigma, tol, maxiter):
+    got = len(e.eigenvalues)
+    site.fail(ConvergenceError,
+              f"ARPACK did not converge: {got} of the {k + 1} eigenpairs converged (k={k} "
+              f"and the next, which={which!r}, sigma={sigma}, tol={tol:g}, "
+              f"maxiter={maxiter}). Raise `maxiter`, loosen `tol`, or for eigenvalues in "
+              "the interior or near a value use shift-invert (`sigma`).",
+              converged=got, iterations=maxiter, tolerance=float(tol))
 
 
 @eigsh_p.def_impl
@@ -350,4 +363,182 @@ def eigsh(a, k: int = 6, m=None, *, which: str | None = None, sigma=None,
                            sigma=sigma, tol=float(tol), maxiter=maxiter,
                            degenerate_tol=tol_d,
                            mass_pattern=None if m is None else m.type.pattern)
+    return w, v
+
+
+# ---------------------------------------------------------------------------
+# matrix-free: `linalg.eigsh_operator[graph, k, which, ...](*params)`, the
+# operator a closed body `(*params, v) -> (A(params) v,)`
+
+
+eigsh_operator_p = Primitive("linalg.eigsh_operator", multiple_results=True,
+                             runtime_checks=True, params={
+                                 "graph": Graph, "k": int, "which": str,
+                                 "tol": Param(float, default=0.0),
+                                 "maxiter": Param((int, None), default=None),
+                                 "degenerate_tol": float})
+
+
+@eigsh_operator_p.def_abstract_eval
+def _operator_shape(*params, graph, k, which, tol=0.0, maxiter=None, degenerate_tol):
+    op = "linalg.eigsh"
+    if not isinstance(graph, Graph) or len(graph.inputs) != len(params) + 1 \
+            or len(graph.outputs) != 1 or tuple(params) != tuple(graph.in_types[:-1]):
+        raise ShapeError("the matvec graph must map (*params, v) to one vector, and the "
+                         "operands must be its params.", op=op)
+    v, out = graph.inputs[-1].type, graph.outputs[0].type
+    if not isinstance(v, TensorType) or v.ndim != 1 or out != v or v.dtype != np.float64:
+        raise ShapeError(f"the operator's matvec must map a float64 vector to one of the "
+                         f"same shape, got {v.str_short()} -> {out.str_short()}.", op=op)
+    return _checked_results(v.shape[0], k, which, tol, maxiter, degenerate_tol, op)
+
+
+def _operator_host(matvec, n, k, which, tol, maxiter, site):
+    """ARPACK on a matrix-free operator (`matvec` a host function), for one
+    operator (matrix-free operators are not batched on the host: a batch
+    runs as a `lax.map` of the primitive)."""
+    import scipy.sparse.linalg as spla
+
+    from ..config import x64_scope
+
+    def mv(x):
+        with x64_scope():
+            y = np.asarray(matvec(np.asarray(x, np.float64).reshape(n)))
+        if not np.all(np.isfinite(y)):
+            site.fail(NonFiniteError, "the operator's matvec returned NaN or infinite "
+                                      "values.")
+        return y
+
+    op = spla.LinearOperator((n, n), matvec=mv, dtype=np.float64)
+    if k + 1 >= n - 1:  # ARPACK needs k < n - 1: the dense matrix, column by column
+        dense = np.stack([mv(e) for e in np.eye(n)], axis=1)
+        w, v = np.linalg.eigh((dense + dense.T) / 2)
+        order = np.argsort(_key(w, which, None), kind="stable")[:k + 1]
+        w, v = w[order], v[:, order]
+    else:
+        try:
+            w, v = spla.eigsh(op, k=k + 1, which=which, tol=tol, maxiter=maxiter,
+                              v0=_start_vector(n))
+        except spla.ArpackNoConvergence as e:
+            _no_convergence(site, e, k, which, None, tol, maxiter)
+    # ARPACK trusts the operator to be symmetric: check it on the result
+    av = np.stack([mv(v[:, j]) for j in range(v.shape[1])], axis=1)
+    sym = float(np.max(np.abs(v.T @ av - (v.T @ av).T)))
+    scale = float(np.max(np.abs(w), initial=0.0)) or 1.0
+    if not sym <= 1e3 * np.sqrt(np.finfo(np.float64).eps) * scale:
+        site.fail(StructureError,
+                  f"the operator must be symmetric, but on its computed eigenvectors "
+                  f"max |V^T A V - (V^T A V)^T| = {sym:.3e} (max |w| {scale:.3e}).",
+                  asymmetry=sym)
+    return _finish(w, v, k, which, None)
+
+
+@eigsh_operator_p.def_impl
+def _operator_impl(*params, graph, k, which, tol=0.0, maxiter=None, degenerate_tol,
+                   site=None):
+    from ..graph import Site, lower
+
+    site = site or Site("linalg.eigsh")
+    n = graph.inputs[-1].type.shape[0]
+    f = jax.jit(lower(graph))
+
+    ranks = [len(t.shape) for t in graph.in_types[:-1]]
+
+    def host(*arrays):
+        # under `vmap` the params arrive with leading batch axes: one
+        # eigenproblem per example
+        batch = np.shape(arrays[0])[:np.ndim(arrays[0]) - ranks[0]] if arrays else ()
+        count = int(np.prod(batch, dtype=np.int64))
+        flat = [np.broadcast_to(a, batch + np.shape(a)[np.ndim(a) - r:]).reshape(
+            (count,) + np.shape(a)[np.ndim(a) - r:]) for a, r in zip(arrays, ranks)]
+        outs = [_operator_host(lambda x, b=b: f(*(a[b] for a in flat), x)[0], n, k, which,
+                               tol, maxiter, site) for b in range(count)]
+        return (np.stack([o[0] for o in outs]).reshape(batch + (k,)),
+                np.stack([o[1] for o in outs]).reshape(batch + (n, k)),
+                np.array([o[2] for o in outs]).reshape(batch))
+
+    return tuple(host_call(host, (jax.ShapeDtypeStruct((k,), jnp.float64),
+                                  jax.ShapeDtypeStruct((n, k), jnp.float64),
+                                  jax.ShapeDtypeStruct((), jnp.float64)), *params))
+
+
+def _bordered_operator(matvec, n: int, w_i, v):
+    """`[[A - w_i I, V], [V^T, 0]]` as a matrix-free operator (symmetric)."""
+    from .. import numpy as snp
+    from ..linalg import operator
+
+    k = v.shape[1]
+
+    def mv(z):
+        x, y = z[:n], z[n:]
+        return snp.concatenate([matvec(x) - w_i * x + snp.matmul(v, y),
+                                snp.matmul(snp.transpose(v), x)])
+
+    return operator(mv, (n + k, n + k), tags="symmetric")
+
+
+@eigsh_operator_p.def_jvp
+def _operator_jvp(primals, tangents, **params):
+    # as `linalg.eigsh`'s (M = I), with dA v_i the tangent of the matvec at
+    # v_i (dA is symmetric: A(p) is for every p) and the bordered systems
+    # solved matrix-free (`solve` with GMRES, tol 1e-12)
+    from .. import numpy as snp
+    from ..graph import jvp_eval
+    from ..graph._body import inline
+    from ..linalg import solve
+
+    graph, tol = params["graph"], params["degenerate_tol"]
+    w, v, edge = eigsh_operator_p.bind(*primals, **params)
+    n, k = v.shape
+    zero_v = Zero(TensorType((n,), np.dtype(np.float64)))
+    cols = []
+    for i in range(k):
+        _, (t,) = jvp_eval(graph, [*primals, v[:, i]], [*tangents, zero_v])
+        cols.append(instantiate(t))
+    dav = snp.stack(cols, axis=1)                              # dA V
+    dw = snp.sum(v * dav, axis=0)
+    c = snp.matmul(snp.transpose(v), dav)
+    inside = snp.matmul(v, _gaps(w, tol) * c)
+
+    def matvec(x):
+        return inline(graph, [*primals, x])[0]
+
+    outside = []
+    for i in range(k):
+        rhs = snp.concatenate([-dav[:, i], snp.zeros((k,), np.float64)])
+        outside.append(solve(_bordered_operator(matvec, n, w[i], v), rhs, "gmres",
+                             tol=1e-12)[:n])
+    dw, inside = eigh_guard_p.bind(dw, inside, w, v, edge, degenerate_tol=tol, check=False,
+                                   op="linalg.eigsh")
+    dedge = Zero(TensorType((), np.dtype(np.float64)))
+    return (w, v, edge), (dw, inside + snp.stack(outside, axis=1), dedge)
+
+
+eigsh_operator_p.def_batch(map_rule(eigsh_operator_p))
+
+
+@eigsh_operator_p.def_cost
+def _operator_cost(node, body):
+    # as `linalg.eigsh`'s without shift-invert, the product one matvec
+    from ..graph._cost import Cost
+
+    p = node.params
+    mv = body(p["graph"])
+    n, k = p["graph"].inputs[-1].type.shape[0], p["k"]
+    ncv = min(max(2 * k + 3, 20), n)
+    return Cost(float(10.0 * ncv * (mv.flops + 4.0 * n * ncv)), mv.peak)
+
+
+def eigsh_operator(a, k: int, which: str | None, tol: float, maxiter, degenerate_tol):
+    """`eigsh_operator_p` for a `sciad.linalg.Operator` (see `sciad.linalg.eigsh`)."""
+    from .. import numpy as snp
+    from ..graph._body import trace_body
+
+    n = a.shape[0]
+    graph, captured, _ = trace_body(lambda x: [snp.asarray(a.matvec(x))],
+                                    (TensorType((n,), np.dtype(np.float64)),), name="matvec")
+    tol_d = default_tol(np.float64) if degenerate_tol is None else float(degenerate_tol)
+    w, v, _ = eigsh_operator_p.bind(*captured, graph=graph, k=int(k),
+                                    which="SA" if which is None else str(which),
+                                    tol=float(tol), maxiter=maxiter, degenerate_tol=tol_d)
     return w, v
