@@ -249,7 +249,8 @@ def _describe(args) -> str:
 @api_boundary
 def check_rules(p_or_fn: Primitive | Callable, *args, rtol: float = 1e-6,
                 dot_tol: float = 1e-10, seed: int | None = None,
-                second_order: bool = True, batch: bool = True, **params) -> RuleReport:
+                second_order: bool = True, batch: bool = True, gauge=None,
+                **params) -> RuleReport:
     """Checks the derivative rules of a primitive (or of a whole function).
 
     **Arguments:**
@@ -266,6 +267,15 @@ def check_rules(p_or_fn: Primitive | Callable, *args, rtol: float = 1e-6,
     - `second_order`: also check the JVP of the VJP.
     - `batch`: also check `sd.vmap` of the function against a loop over
       examples and against eager calls.
+    - `gauge`: for outputs defined up to a sign or phase per vector (the
+      eigenvectors of `linalg.eigh`, the singular vectors of `linalg.svd`), a
+      mapping from the output's index to `"columns"` (each column is such a
+      vector) or `"rows"`. Each of those vectors is multiplied by the sign
+      (the unit phase) that makes its entry of largest magnitude at the given
+      inputs real and positive; that entry's index is fixed, so the result is
+      a smooth function of the input where the vector is determined, and
+      every check runs on it. This checks the whole derivative of the
+      vectors, not only of a gauge-invariant function of them.
 
     **Returns:**
 
@@ -284,6 +294,8 @@ def check_rules(p_or_fn: Primitive | Callable, *args, rtol: float = 1e-6,
             return p_or_fn(*xs, **params)
 
     args = [np.asarray(a) for a in args]
+    if gauge:
+        fn = _fixing_gauge(fn, args, gauge)
     diff = [i for i, a in enumerate(args) if is_differentiable(type_of(a))]
     for i in diff:
         if args[i].dtype not in (np.float64, np.complex128):
@@ -376,6 +388,39 @@ def check_rules(p_or_fn: Primitive | Callable, *args, rtol: float = 1e-6,
         _second_order(graph, args, diff, diff_out, ws, rng, report, rtol, dot_tol, where,
                       name)
     return report
+
+
+def _fixing_gauge(fn: Callable, args: list, gauge) -> Callable:
+    """`fn` with the vectors that `gauge` names given a fixed sign or phase
+    (see `check_rules`)."""
+    from . import numpy as snp
+    from .errors import ShapeError
+
+    base = fn(*args)
+    multiple = isinstance(base, (tuple, list))
+    outs = list(base) if multiple else [base]
+    picks = {}
+    for i, how in dict(gauge).items():
+        if how not in ("columns", "rows") or not -len(outs) <= i < len(outs):
+            raise ShapeError(f"`gauge` maps an output index (of {len(outs)}) to "
+                             f"'columns' or 'rows', got {i!r}: {how!r}.", op="check_rules")
+        v = np.asarray(outs[i])
+        axis = -2 if how == "columns" else -1  # the axis each vector runs along
+        idx = np.expand_dims(np.argmax(np.abs(v), axis=axis), axis)
+        shape = [1] * v.ndim
+        shape[axis] = v.shape[axis]
+        picks[i % len(outs)] = ((np.arange(v.shape[axis]).reshape(shape) == idx).astype(
+            v.dtype), axis)
+
+    def fixed(*xs):
+        res = fn(*xs)
+        out = list(res) if multiple else [res]
+        for i, (onehot, axis) in picks.items():
+            p = snp.sum(out[i] * onehot, axis=axis, keepdims=True)
+            out[i] = out[i] * (snp.conj(p) / snp.abs(p))
+        return tuple(out) if multiple else out[0]
+
+    return fixed
 
 
 def _check_batching(fn, graph, args, outs, rng, report, where, name, eager: bool) -> None:

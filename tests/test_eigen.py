@@ -258,3 +258,19 @@ def test_forward_mode_is_checked_at_a_cluster(rng):
     want = (np.asarray(g(A + h * d)) - np.asarray(g(A - h * d))) / (2 * h)
     np.testing.assert_allclose(sd.hvp(cluster, A, d), want, atol=1e-7)
     np.testing.assert_allclose(sd.jvp(cluster, (A,), (d,))[1], np.sum(g(A) * d), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_check_rules_compares_eigenvectors_up_to_sign_or_phase(rng, dtype):
+    # gauge={1: "columns"}: each eigenvector's phase fixed by its largest
+    # entry, so the whole derivative of v is checked (not only invariants)
+    from sciad.primitives._eigen import eigh_p
+
+    A = _hermitian(rng, 4, dtype)
+    report = sd.testing.check_rules(eigh_p, A, degenerate_tol=1.5e-8, gauge={1: "columns"})
+    assert report.jvp_error < 1e-8 and report.second_order_error < 1e-8
+    if dtype == np.complex128:  # the raw vectors: LAPACK's phases are not the JVP's gauge
+        with pytest.raises(sd.errors.RuleError, match="finite differences"):
+            sd.testing.check_rules(eigh_p, A, degenerate_tol=1.5e-8, batch=False)
+    with pytest.raises(sd.errors.ShapeError, match="'columns' or 'rows'"):
+        sd.testing.check_rules(eigh_p, A, degenerate_tol=1.5e-8, gauge={1: "diagonal"})

@@ -331,3 +331,11 @@ def test_a_matrix_free_operator_refuses_what_it_cannot_do():
     bad = sd.linalg.operator(lambda x: snp.concatenate([x[1:], x[:1]]) * 2.0 + x, (5, 5))
     with pytest.raises(sd.errors.StructureError, match="operator must be symmetric"):
         sd.linalg.eigsh(bad, 2)
+
+
+def test_check_rules_compares_the_eigenvectors_up_to_sign(rng):
+    m = 6
+    c = 1.0 + 0.5 * rng.uniform(size=m * m)
+    report = sd.testing.check_rules(lambda c: sd.linalg.eigsh(laplacian(c, m), 3), c,
+                                    gauge={1: "columns"}, batch=False)
+    assert report.jvp_error < 1e-6 and report.vjp_error < 1e-9

@@ -241,3 +241,11 @@ def test_bad_input_is_refused_at_trace_time():
         sd.linalg.svd(sd.sparse.from_dense(np.eye(3)))
     s = sd.linalg.svd(np.diag([3, 1, 2]), compute_uv=False)  # integers: float64
     np.testing.assert_array_equal(s, [3.0, 2.0, 1.0])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_check_rules_compares_singular_vectors_up_to_sign_or_phase(rng, dtype):
+    A = _matrix(rng, (5, 3), dtype)
+    report = sd.testing.check_rules(lambda A: sd.linalg.svd(A), A,
+                                    gauge={0: "columns", 2: "rows"})
+    assert report.jvp_error < 1e-8 and report.second_order_error < 1e-8
