@@ -274,3 +274,26 @@ def test_check_rules_compares_eigenvectors_up_to_sign_or_phase(rng, dtype):
             sd.testing.check_rules(eigh_p, A, degenerate_tol=1.5e-8, batch=False)
     with pytest.raises(sd.errors.ShapeError, match="'columns' or 'rows'"):
         sd.testing.check_rules(eigh_p, A, degenerate_tol=1.5e-8, gauge={1: "diagonal"})
+
+
+def test_a_special_basis_does_not_hide_a_basis_dependent_loss(rng):
+    # At diag(1, 2, 2, 3) LAPACK's cluster basis is (e1, e2), where (v_1)_1^2
+    # has the cotangent of the invariant P_11 (both stationary under rotations
+    # in the cluster). eigh turns each cluster's basis by a fixed random
+    # rotation, so the guard's first-order test sees the difference.
+    A = np.diag([1.0, 2.0, 2.0, 3.0])
+    w, v = (np.asarray(x) for x in sd.linalg.eigh(A))
+    np.testing.assert_allclose(A @ v, v * w, atol=1e-14)
+    np.testing.assert_allclose(v.T @ v, np.eye(4), atol=1e-14)
+    assert abs(v[1, 1]) < 1 - 1e-3  # not LAPACK's unit vector
+    with pytest.raises(DegenerateEigenvalueError, match="eigenvectors of the cluster"):
+        sd.grad(lambda A: sd.linalg.eigh(A)[1][1, 1] ** 2)(A)
+
+    def p11(A):  # the cluster projector's entry: invariant, differentiable
+        vc = sd.linalg.eigh(A)[1][:, 1:3]
+        return (vc @ vc.T)[1, 1]
+
+    d = _hermitian(rng, 4)
+    g = np.asarray(sd.grad(p11)(A))
+    fd = (float(p11(A + 1e-5 * d)) - float(p11(A - 1e-5 * d))) / 2e-5
+    np.testing.assert_allclose(np.sum(g * d), fd, atol=1e-8)

@@ -249,3 +249,13 @@ def test_check_rules_compares_singular_vectors_up_to_sign_or_phase(rng, dtype):
     report = sd.testing.check_rules(lambda A: sd.linalg.svd(A), A,
                                     gauge={0: "columns", 2: "rows"})
     assert report.jvp_error < 1e-8 and report.second_order_error < 1e-8
+
+
+def test_a_special_basis_does_not_hide_a_basis_dependent_loss():
+    # as for eigh: at diag(3, 2, 2) (and at zero singular values) LAPACK's
+    # unit vectors would let one singular vector's square pass
+    for s in ([3.0, 2.0, 2.0], [3.0, 0.0, 0.0]):
+        A = np.zeros((4, 3))
+        A[:3, :3] = np.diag(s)
+        with pytest.raises(DegenerateEigenvalueError):
+            sd.grad(lambda A: sd.linalg.svd(A)[0][1, 1] ** 2)(A)

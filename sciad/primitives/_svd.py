@@ -98,7 +98,34 @@ def _svd_impl(a, *, compute_uv, degenerate_tol):
     if not compute_uv:
         return (jnp.linalg.svd(a, full_matrices=False, compute_uv=False),)
     u, s, vh = jnp.linalg.svd(a, full_matrices=False)
+    u, vh = _random_cluster_bases(s, u, vh, degenerate_tol)
     return s, u, vh
+
+
+def _random_cluster_bases(s, u, vh, tol: float):
+    """`u`, `vh` with the pairs inside each cluster of repeated singular
+    values turned by one fixed pseudo-random rotation, and the zero cluster's
+    left and right vectors by two (null-space bases, each any): as
+    `linalg.eigh`'s (`_eigen._random_cluster_bases`), so that a loss of one
+    basis cannot pass the guard by being stationary at LAPACK's special one."""
+    import jax
+
+    from ._eigen import cluster_ids, cluster_rotation
+
+    k = s.shape[-1]
+    if k < 2:
+        return u, vh
+    ids = cluster_ids(s, tol)
+    zero = s <= tol * jnp.max(s, axis=-1, keepdims=True)
+
+    def turn(u, vh):
+        q = cluster_rotation(ids, u.dtype, 0)
+        both = jnp.expand_dims(zero, -1) & jnp.expand_dims(zero, -2)
+        qv = jnp.where(both, cluster_rotation(ids, u.dtype, 1), q)
+        return jnp.matmul(u, q), jnp.matmul(jnp.conj(jnp.swapaxes(qv, -1, -2)), vh)
+
+    clustered = jnp.any(ids[..., -1] < k - 1) | jnp.any(zero)
+    return jax.lax.cond(clustered, turn, lambda u, vh: (u, vh), u, vh)
 
 
 def _swap(x):
