@@ -166,26 +166,34 @@ def _keep(values: list, extra: list) -> list:
 
 def _jvp_emit(graph, primals: list, tangents: list, name: str):
     """`jvp_eval(graph, primals, tangents)` with forward mode's gauge checks
-    (`_forward_checks`); tangent outputs instantiated."""
+    (`_forward_checks`). The tangents of float and complex outputs are
+    instantiated; the others (a factorization's) are `Zero`s."""
     live = [i for i, t in enumerate(tangents) if not isinstance(t, Zero)]
+    diff = [is_differentiable(a.type) for a in graph.outputs]
+
+    def instantiated(touts):
+        return [instantiate(t) if d else Zero(a.type.update())
+                for t, d, a in zip(touts, diff, graph.outputs)]
+
     if not live:
         outs, touts = jvp_eval(graph, primals, tangents)
-        return outs, [instantiate(t) for t in touts]
+        return outs, instantiated(touts)
 
     def tangent_map(*ts):
         full = list(tangents)
         for i, t in zip(live, ts):
             full[i] = t
         outs, touts = jvp_eval(graph, primals, full)
-        return list(outs) + [instantiate(t) for t in touts]
+        return list(outs) + [t for t, d in zip(instantiated(touts), diff) if d]
 
     lin, _, _, captured = trace_flat(tangent_map, tuple(tangents[i] for i in live),
                                      closure=True, name=name)
     captured = list(captured)
     res = _Emit(lin).run(*[tangents[i] for i in live], *captured)
     n = len(graph.outputs)
-    touts = _keep(res[n:], _forward_checks(lin, len(live), captured))
-    return res[:n], touts
+    kept = iter(_keep(res[n:], _forward_checks(lin, len(live), captured)))
+    return res[:n], [next(kept) if d else Zero(a.type.update())
+                     for d, a in zip(diff, graph.outputs)]
 
 
 def _jvp_inline(f, primals: tuple, tangents: tuple):
@@ -203,7 +211,8 @@ def _jvp_inline(f, primals: tuple, tangents: tuple):
     outs, touts = _jvp_emit(graph, list(p_leaves) + captured,
                             tans + [Zero(type_of(c).update()) for c in captured],
                             f"jvp_{graph.name}")
-    return _tree.tree_unflatten(out_tree, outs), _tree.tree_unflatten(out_tree, touts)
+    return (_tree.tree_unflatten(out_tree, outs),
+            _tree.tree_unflatten(out_tree, [instantiate(t) for t in touts]))
 
 
 def jvp(f: Callable, primals: Sequence, tangents: Sequence):

@@ -292,17 +292,26 @@ def _eigsh_jvp(primals, tangents, **params):
     if m is not None and not is_zero(tangents[1]):
         dmv = _sym_times(instantiate(tangents[1]), v)          # dS_M V
         dsv = dsv - dmv * w                                    # column i: dK_i v_i
-    dw = snp.sum(v * dsv, axis=0)
-    c = snp.matmul(snp.transpose(v), dsv)
     gaps = _gaps(w, tol)
-    a_in = gaps * c
+    a_in = gaps * snp.matmul(snp.transpose(v), dsv)
     if dmv is not None:
         a_in = a_in - snp.where(gaps == 0, snp.matmul(snp.transpose(v), dmv), 0.0) / 2
+    return _pair_tangents(w, v, edge, dsv, a_in, tol,
+                          lambda i, rhs: solve(_bordered(a, m, w[i], v, mv), rhs))
+
+
+def _pair_tangents(w, v, edge, dkv, a_in, tol: float, bordered_solve):
+    """The JVP's results from `dK_i v_i` (`dkv`, column `i`) and the
+    coefficients `a_in` of the tangents in the computed subspace:
+    `dw_i = v_i^T dK_i v_i`, `dv = V a_in + x` with `x_i` from
+    `bordered_solve(i, [-dK_i v_i; 0])`."""
+    from .. import numpy as snp
+
+    n, k = v.shape
+    dw = snp.sum(v * dkv, axis=0)
     inside = snp.matmul(v, a_in)
-    outside = []
-    for i in range(k):
-        rhs = snp.concatenate([-dsv[:, i], snp.zeros((k,), np.float64)])
-        outside.append(solve(_bordered(a, m, w[i], v, mv), rhs)[:n])
+    outside = [bordered_solve(i, snp.concatenate([-dkv[:, i], snp.zeros((k,), np.float64)]))
+               [:n] for i in range(k)]
     # The guard judges `V^T vbar`, which only the computed-subspace part sees;
     # the solves stay outside it, so that a loss of `w` alone (a zero `vbar`)
     # transposes to no solve at all. `edge` (the next eigenvalue) lets it
@@ -496,22 +505,14 @@ def _operator_jvp(primals, tangents, **params):
         _, (t,) = jvp_eval(graph, [*primals, v[:, i]], [*tangents, zero_v])
         cols.append(instantiate(t))
     dav = snp.stack(cols, axis=1)                              # dA V
-    dw = snp.sum(v * dav, axis=0)
-    c = snp.matmul(snp.transpose(v), dav)
-    inside = snp.matmul(v, _gaps(w, tol) * c)
+    a_in = _gaps(w, tol) * snp.matmul(snp.transpose(v), dav)
 
     def matvec(x):
         return inline(graph, [*primals, x])[0]
 
-    outside = []
-    for i in range(k):
-        rhs = snp.concatenate([-dav[:, i], snp.zeros((k,), np.float64)])
-        outside.append(solve(_bordered_operator(matvec, n, w[i], v), rhs, "gmres",
-                             tol=1e-12)[:n])
-    dw, inside = eigh_guard_p.bind(dw, inside, w, v, edge, degenerate_tol=tol, check=False,
-                                   op="linalg.eigsh")
-    dedge = Zero(TensorType((), np.dtype(np.float64)))
-    return (w, v, edge), (dw, inside + snp.stack(outside, axis=1), dedge)
+    return _pair_tangents(
+        w, v, edge, dav, a_in, tol,
+        lambda i, rhs: solve(_bordered_operator(matvec, n, w[i], v), rhs, "gmres", tol=1e-12))
 
 
 eigsh_operator_p.def_batch(map_rule(eigsh_operator_p))
