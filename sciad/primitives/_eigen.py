@@ -104,24 +104,23 @@ def cluster_ids(w, tol: float):
 
 
 def cluster_rotation(ids, dtype, seed: int = 0):
-    """A block-diagonal orthogonal (unitary, for a complex `dtype`) matrix,
-    one fixed pseudo-random block per cluster (`ids` from `cluster_ids`: the
-    cluster of each index, ascending), the identity's shape `(..., n, n)`:
-    the eigenvectors of a fixed random Hermitian matrix restricted to each
-    cluster, the clusters' blocks kept apart and in order."""
-    import jax
-
+    """A block-diagonal orthogonal matrix, one fixed pseudo-random reflection
+    `I - 2 u_c u_c^T / |u_c|^2` per cluster of two or more (`ids` from
+    `cluster_ids`: the cluster of each index, ascending), the identity on the
+    others; shape `(..., n, n)`. `u` is a fixed irregular sequence (`seed`
+    picks another): a reflection in a generic direction turns a special
+    basis (unit vectors) into a generic one, and it costs a few elementwise
+    operations to build and to compile."""
     n = ids.shape[-1]
-    keys = jax.random.split(jax.random.key(seed))
-    g = jax.random.normal(keys[0], (n, n), dtype=np.dtype(_real(dtype)))
-    if np.dtype(dtype).kind == "c":
-        g = g + 1j * jax.random.normal(keys[1], (n, n), dtype=np.dtype(_real(dtype)))
-    g = (g + jnp.conj(g.T)) / 2
+    i = jnp.arange(n, dtype=jnp.float64)
+    u = jnp.cos(2.399963 * i + 0.7 + 1.3 * seed) + 1.5  # in [0.5, 2.5]: never zero
     same = jnp.expand_dims(ids, -1) == jnp.expand_dims(ids, -2)
-    t = jnp.where(same, g.astype(dtype), 0)
-    bound = jnp.max(jnp.sum(jnp.abs(t), axis=-1), axis=-1, keepdims=True)
-    shift = (ids * (2 * bound + 1)).astype(dtype)
-    return jnp.linalg.eigh(t + jnp.expand_dims(shift, -1) * jnp.eye(n, dtype=dtype))[1]
+    size = jnp.sum(same, axis=-1)
+    u = jnp.where(size > 1, u, 0.0)                      # singletons stay
+    norm2 = jnp.sum(jnp.where(same, jnp.expand_dims(u * u, -2), 0.0), axis=-1)
+    h = jnp.where(same, jnp.expand_dims(u, -1) * jnp.expand_dims(u, -2), 0.0)
+    h = jnp.eye(n) - 2.0 * h / jnp.expand_dims(jnp.where(norm2 > 0, norm2, 1.0), -1)
+    return h.astype(dtype)
 
 
 def _random_cluster_bases(w, v, tol: float):
@@ -133,8 +132,9 @@ def _random_cluster_bases(w, v, tol: float):
     a diagonal matrix), and at a special basis a loss that depends on it can
     be stationary under rotations inside the cluster and pass the guard's
     first-order test (`(v_1)_1^2` at `diag(1, 2, 2, 3)` has the cotangent of
-    the invariant `P_11`). At a random basis it is not, with probability
-    one. The rotation runs only where some cluster exists (`lax.cond`). A
+    the invariant `P_11`). At a generic basis it is not. The turn
+    (`cluster_rotation`, a reflection per cluster) runs only where some
+    cluster exists (`lax.cond`). A
     cluster's vectors then satisfy `A v = v w` to its spread (at most
     `degenerate_tol * max|w|`) rather than to rounding: vectors of a cluster
     are that ill-determined anyway (only their span is not)."""
