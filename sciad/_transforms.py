@@ -21,7 +21,7 @@ from ._traceback import api_boundary
 from ._function import function
 from .errors import DTypeError, ShapeError
 from .graph import Tracer, TensorType, Zero, instantiate, is_differentiable
-from .graph._autodiff import _Emit, jvp_eval, type_of, vjp_eval
+from .graph._autodiff import jvp_eval, type_of, vjp_eval
 from .graph._trace import current_builder, trace_flat
 
 _tree = jax.tree_util
@@ -167,7 +167,13 @@ def _keep(values: list, extra: list) -> list:
 def _jvp_emit(graph, primals: list, tangents: list, name: str):
     """`jvp_eval(graph, primals, tangents)` with forward mode's gauge checks
     (`_forward_checks`). The tangents of float and complex outputs are
-    instantiated; the others (a factorization's) are `Zero`s."""
+    instantiated; the others (a factorization's) are `Zero`s.
+
+    The JVP is emitted directly; only where it emitted a node that checks
+    its cotangents is the tangent map traced again on its own (as a graph
+    to transpose: its nodes merge with the emitted ones in `cse`)."""
+    from .graph._trace import current_builder
+
     live = [i for i, t in enumerate(tangents) if not isinstance(t, Zero)]
     diff = [is_differentiable(a.type) for a in graph.outputs]
 
@@ -175,25 +181,27 @@ def _jvp_emit(graph, primals: list, tangents: list, name: str):
         return [instantiate(t) if d else Zero(a.type.update())
                 for t, d, a in zip(touts, diff, graph.outputs)]
 
-    if not live:
-        outs, touts = jvp_eval(graph, primals, tangents)
-        return outs, instantiated(touts)
+    builder = current_builder()
+    start = len(builder.nodes)
+    outs, touts = jvp_eval(graph, primals, tangents)
+    touts = instantiated(touts)
+    if not live or not any(node.primitive.checks_cotangents or
+                           any(map(_checks_cotangents, node.subgraphs))
+                           for node in builder.nodes[start:]):
+        return outs, touts
 
     def tangent_map(*ts):
         full = list(tangents)
         for i, t in zip(live, ts):
             full[i] = t
-        outs, touts = jvp_eval(graph, primals, full)
-        return list(outs) + [t for t, d in zip(instantiated(touts), diff) if d]
+        return [t for t, d in zip(instantiated(jvp_eval(graph, primals, full)[1]), diff)
+                if d]
 
     lin, _, _, captured = trace_flat(tangent_map, tuple(tangents[i] for i in live),
                                      closure=True, name=name)
-    captured = list(captured)
-    res = _Emit(lin).run(*[tangents[i] for i in live], *captured)
-    n = len(graph.outputs)
-    kept = iter(_keep(res[n:], _forward_checks(lin, len(live), captured)))
-    return res[:n], [next(kept) if d else Zero(a.type.update())
-                     for d, a in zip(diff, graph.outputs)]
+    kept = iter(_keep([t for t, d in zip(touts, diff) if d],
+                      _forward_checks(lin, len(live), list(captured))))
+    return outs, [next(kept) if d else t for t, d in zip(touts, diff)]
 
 
 def _jvp_inline(f, primals: tuple, tangents: tuple):

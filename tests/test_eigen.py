@@ -58,8 +58,11 @@ def test_a_stack_and_vmap_match_a_loop(rng):
             np.testing.assert_allclose(g[k], want, rtol=1e-12, atol=1e-13)
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize("dtype", [np.float64,
+                                   pytest.param(np.complex128, marks=pytest.mark.slow)])
 def test_rules_of_gauge_invariant_functions(rng, dtype):
+    # (complex128 runs by default in the gauge test, which checks the vectors
+    # themselves)
     # JVP against finite differences, VJP by the dot-product test, second
     # order, and batching (sd.testing.check_rules)
     A = _hermitian(rng, 5, dtype)

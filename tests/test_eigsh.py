@@ -260,7 +260,7 @@ def _mass(rho, m=M):
     return sd.sparse.coo_matrix((rho, (i, i)), shape=(m * m, m * m))
 
 
-@pytest.mark.parametrize("sigma", [None, 0.0])
+@pytest.mark.parametrize("sigma", [None, pytest.param(0.0, marks=pytest.mark.slow)])
 def test_the_generalized_problem_matches_scipy_and_differentiates(rng, sigma):
     m = 8
     coef, rho = 1.0 + rng.uniform(size=m * m), 1.0 + rng.uniform(size=m * m)

@@ -70,9 +70,13 @@ def test_a_stack_and_vmap_match_a_loop(rng):
         np.testing.assert_allclose(g[k], sd.grad(loss)(As[k]), rtol=1e-12, atol=1e-13)
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
-@pytest.mark.parametrize("shape", [(5, 3), (3, 4)])
-def test_rules_of_gauge_invariant_functions(rng, dtype, shape):
+@pytest.mark.parametrize("shape, dtype", [
+    ((5, 3), np.float64), pytest.param((5, 3), np.complex128, marks=pytest.mark.slow),
+    pytest.param((3, 4), np.float64, marks=pytest.mark.slow),
+    pytest.param((3, 4), np.complex128, marks=pytest.mark.slow)])
+def test_rules_of_gauge_invariant_functions(rng, shape, dtype):
+    # (complex128 runs by default in the gauge test below, which checks the
+    # vectors themselves)
     # JVP against finite differences, VJP by the dot-product test, second
     # order, and batching (sd.testing.check_rules)
     A = _matrix(rng, shape, dtype)
@@ -243,7 +247,8 @@ def test_bad_input_is_refused_at_trace_time():
     np.testing.assert_array_equal(s, [3.0, 2.0, 1.0])
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize("dtype", [pytest.param(np.float64, marks=pytest.mark.slow),
+                                   np.complex128])
 def test_check_rules_compares_singular_vectors_up_to_sign_or_phase(rng, dtype):
     A = _matrix(rng, (5, 3), dtype)
     report = sd.testing.check_rules(lambda A: sd.linalg.svd(A), A,
