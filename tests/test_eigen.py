@@ -58,11 +58,11 @@ def test_a_stack_and_vmap_match_a_loop(rng):
             np.testing.assert_allclose(g[k], want, rtol=1e-12, atol=1e-13)
 
 
-@pytest.mark.parametrize("dtype", [np.float64,
-                                   pytest.param(np.complex128, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
 def test_rules_of_gauge_invariant_functions(rng, dtype):
-    # (complex128 runs by default in the gauge test, which checks the vectors
-    # themselves)
+    # (by default, the registry checks a real eigh's invariant functions and
+    # the gauge test below the vectors themselves, in complex128)
     # JVP against finite differences, VJP by the dot-product test, second
     # order, and batching (sd.testing.check_rules)
     A = _hermitian(rng, 5, dtype)
@@ -263,7 +263,8 @@ def test_forward_mode_is_checked_at_a_cluster(rng):
     np.testing.assert_allclose(sd.jvp(cluster, (A,), (d,))[1], np.sum(g(A) * d), rtol=1e-12)
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize("dtype", [pytest.param(np.float64, marks=pytest.mark.slow),
+                                   np.complex128])
 def test_check_rules_compares_eigenvectors_up_to_sign_or_phase(rng, dtype):
     # gauge={1: "columns"}: each eigenvector's phase fixed by its largest
     # entry, so the whole derivative of v is checked (not only invariants)

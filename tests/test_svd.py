@@ -54,6 +54,7 @@ def test_values_match_numpy(rng, dtype, shape):
     np.testing.assert_allclose(sd.linalg.svd(A, compute_uv=False), sn, rtol=tol, atol=tol)
 
 
+@pytest.mark.slow  # (the registry's batching test covers svd by default)
 def test_a_stack_and_vmap_match_a_loop(rng):
     As = _matrix(rng, (3, 4, 2))
     np.testing.assert_allclose(sd.linalg.svd(As, compute_uv=False),
@@ -70,8 +71,9 @@ def test_a_stack_and_vmap_match_a_loop(rng):
         np.testing.assert_allclose(g[k], sd.grad(loss)(As[k]), rtol=1e-12, atol=1e-13)
 
 
-@pytest.mark.parametrize("shape, dtype", [
-    ((5, 3), np.float64), pytest.param((5, 3), np.complex128, marks=pytest.mark.slow),
+@pytest.mark.parametrize("shape, dtype", [  # (the registry checks a real SVD by default)
+    pytest.param((5, 3), np.float64, marks=pytest.mark.slow),
+    pytest.param((5, 3), np.complex128, marks=pytest.mark.slow),
     pytest.param((3, 4), np.float64, marks=pytest.mark.slow),
     pytest.param((3, 4), np.complex128, marks=pytest.mark.slow)])
 def test_rules_of_gauge_invariant_functions(rng, shape, dtype):
@@ -128,8 +130,17 @@ def _cases(*default):
     return out
 
 
-@pytest.mark.parametrize("shape, dtype", _cases(((6, 4), np.float64), ((4, 6), np.complex128)))
-@pytest.mark.parametrize("gap", [0.0, 1e-12, 1e-8])
+def _gap_cases():
+    """Every (gap, shape, dtype): each gap once by default (both dtypes at
+    gap 0), the others slow."""
+    default = {(0.0, (6, 4), np.float64), (0.0, (4, 6), np.complex128),
+               (1e-12, (6, 4), np.float64), (1e-8, (4, 6), np.complex128)}
+    return [pytest.param(gap, p.values[0], p.values[1],
+                         marks=() if (gap,) + tuple(p.values) in default else (pytest.mark.slow,))
+            for gap in (0.0, 1e-12, 1e-8) for p in _cases()]
+
+
+@pytest.mark.parametrize("gap, shape, dtype", _gap_cases())
 def test_cluster_invariant_gradients_are_finite_and_right_at_any_gap(rng, gap, shape, dtype):
     A = _with_singular_values(rng, *shape, [5.0, 2.0 + gap, 2.0, 0.5], dtype)
     M, N = _matrix(rng, shape), _matrix(rng, (shape[0], shape[0]))
