@@ -104,12 +104,11 @@ def _run(inline: Callable, *args):
 # forward mode
 
 
-def _checks_cotangents(graph) -> bool:
-    """Whether `graph` (bodies included) holds a node whose transpose checks
-    its cotangents (`Primitive(checks_cotangents=True)`)."""
-    return any(node.primitive.checks_cotangents or any(map(_checks_cotangents,
-                                                           node.subgraphs))
-               for node in graph.nodes)
+def _checks_cotangents(nodes) -> bool:
+    """Whether `nodes` (their bodies included) hold one whose transpose
+    checks its cotangents (`Primitive(checks_cotangents=True)`)."""
+    return any(node.primitive.checks_cotangents or
+               any(_checks_cotangents(g.nodes) for g in node.subgraphs) for node in nodes)
 
 
 def _forward_checks(graph, n_linear: int, values: list) -> list:
@@ -128,7 +127,7 @@ def _forward_checks(graph, n_linear: int, values: list) -> list:
     from .graph._autodiff import transpose_eval
     from .sparse import data
 
-    if not _checks_cotangents(graph):
+    if not _checks_cotangents(graph.nodes):
         return []
     rng = np.random.default_rng(0)
     cts = []
@@ -185,9 +184,7 @@ def _jvp_emit(graph, primals: list, tangents: list, name: str):
     start = len(builder.nodes)
     outs, touts = jvp_eval(graph, primals, tangents)
     touts = instantiated(touts)
-    if not live or not any(node.primitive.checks_cotangents or
-                           any(map(_checks_cotangents, node.subgraphs))
-                           for node in builder.nodes[start:]):
+    if not live or not _checks_cotangents(builder.nodes[start:]):
         return outs, touts
 
     def tangent_map(*ts):

@@ -25,29 +25,26 @@ def _grid(m):
     return ep, eq, 4 - degree
 
 
-def laplacian(c, m=M):
-    """`-div(c grad u)` with node coefficients `c` (m*m of them): edge weights
-    `(c_p + c_q) / 2`, boundary sides weighted `c_p`. Symmetric positive
-    definite; its pattern does not depend on `c`."""
+def _laplacian_coo(c, m, xp):
+    """`-div(c grad u)` with node coefficients `c` (m*m of them), as COO
+    `(data, (rows, cols))` with `data` in `xp` ops: edge weights `(c_p + c_q)
+    / 2`, boundary sides weighted `c_p`. Symmetric positive definite; its
+    pattern does not depend on `c`."""
     ep, eq, bnd = _grid(m)
-    n = m * m
     we = (c[ep] + c[eq]) / 2
-    i = np.arange(n)
-    data = snp.concatenate([-we, -we, we, we, c * bnd])
-    rows = np.concatenate([ep, eq, ep, eq, i])
-    cols = np.concatenate([eq, ep, ep, eq, i])
-    return sd.sparse.coo_matrix((data, (rows, cols)), shape=(n, n))
+    i = np.arange(m * m)
+    return (xp.concatenate([-we, -we, we, we, c * bnd]),
+            (np.concatenate([ep, eq, ep, eq, i]), np.concatenate([eq, ep, ep, eq, i])))
+
+
+def laplacian(c, m=M):
+    """`_laplacian_coo` as a sciad sparse matrix."""
+    return sd.sparse.coo_matrix(_laplacian_coo(c, m, snp), shape=(m * m, m * m))
 
 
 def laplacian_scipy(c, m=M):
-    ep, eq, bnd = _grid(m)
-    n = m * m
-    we = (c[ep] + c[eq]) / 2
-    i = np.arange(n)
-    data = np.concatenate([-we, -we, we, we, c * bnd])
-    rows = np.concatenate([ep, eq, ep, eq, i])
-    cols = np.concatenate([eq, ep, ep, eq, i])
-    return sp.coo_matrix((data, (rows, cols)), shape=(n, n)).tocsr()
+    """`_laplacian_coo` as a SciPy CSR matrix."""
+    return sp.coo_matrix(_laplacian_coo(c, m, np), shape=(m * m, m * m)).tocsr()
 
 
 @pytest.fixture

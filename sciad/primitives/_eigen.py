@@ -94,11 +94,22 @@ def _eigh_impl(a, *, degenerate_tol):
     return w, _random_cluster_bases(w, v, degenerate_tol)
 
 
+def cluster_width(w, tol: float):
+    """`tol * max|w|` per matrix (keeping the last axis): how close two
+    eigenvalues (singular values) must be to be one cluster."""
+    return tol * jnp.max(jnp.abs(w), axis=-1, keepdims=True)
+
+
+def any_cluster(w, tol: float):
+    """Whether any two neighbours of the sorted `w` (any stack) are one
+    cluster: a scalar bool."""
+    return jnp.any(jnp.abs(jnp.diff(w, axis=-1)) <= cluster_width(w, tol))
+
+
 def cluster_ids(w, tol: float):
     """Each ascending eigenvalue's cluster number (neighbours within `tol *
     max|w|` chain into one cluster, as `_clusters` on the host)."""
-    near = tol * jnp.max(jnp.abs(w), axis=-1, keepdims=True)
-    apart = jnp.abs(jnp.diff(w, axis=-1)) > near
+    apart = jnp.abs(jnp.diff(w, axis=-1)) > cluster_width(w, tol)
     return jnp.concatenate([jnp.zeros(w.shape[:-1] + (1,), jnp.int32),
                             jnp.cumsum(apart, axis=-1, dtype=jnp.int32)], axis=-1)
 
@@ -143,9 +154,8 @@ def _random_cluster_bases(w, v, tol: float):
     n = w.shape[-1]
     if n < 2:
         return v
-    ids = cluster_ids(w, tol)
-    return jax.lax.cond(jnp.any(ids[..., -1] < n - 1),
-                        lambda v: jnp.matmul(v, cluster_rotation(ids, v.dtype)),
+    return jax.lax.cond(any_cluster(w, tol),
+                        lambda v: jnp.matmul(v, cluster_rotation(cluster_ids(w, tol), v.dtype)),
                         lambda v: v, v)
 
 
@@ -221,12 +231,12 @@ def _guard_impl(tw, tv, w, v, *edge, degenerate_tol, check, op="linalg.eigh",
     # repeated eigenvalues (or one cut by a partial solver's `k`), or complex
     # eigenvectors (their phases). Otherwise the check costs O(n) here, not
     # the n^3 of `v^T v_bar`, which the host computes when it is called.
-    near = degenerate_tol * jnp.max(jnp.abs(w), axis=-1, keepdims=True)
-    when = jnp.any(jnp.abs(jnp.diff(w, axis=-1)) <= near)
+    when = any_cluster(w, degenerate_tol)
     extra = {}
     if edge:
         extra["edge"] = edge[0]
-        when = when | jnp.any(jnp.abs(w - jnp.expand_dims(edge[0], -1)) <= near)
+        when = when | jnp.any(jnp.abs(w - jnp.expand_dims(edge[0], -1))
+                              <= cluster_width(w, degenerate_tol))
     complex_ = bool(jnp.iscomplexobj(v))
     token = host_check(_judge_gauge, site, when=None if complex_ and vectors_used else when,
                        op=op, tol=degenerate_tol, complex_=complex_, values_used=values_used,

@@ -185,8 +185,6 @@ def _eigsh_host(data, mdata=None, *, pattern, mass_pattern, k, which, sigma, tol
                 w, v = sla.eigh(a.toarray(), None if mm is None else mm.toarray())
             except np.linalg.LinAlgError:
                 site.fail(NotPositiveDefiniteError, "`M` must be positive definite.")
-            order = np.argsort(_key(w, which, sigma), kind="stable")[:k + 1]
-            w, v = w[order], v[:, order]
         else:
             try:
                 w, v = spla.eigsh(a, k=k + 1, M=mm, which=which, sigma=sigma, tol=tol,
@@ -198,12 +196,12 @@ def _eigsh_host(data, mdata=None, *, pattern, mass_pattern, k, which, sigma, tol
 
 
 def _finish(w, v, k: int, which: str, sigma):
-    """From ARPACK's `k + 1` pairs: the `k` wanted ones sorted ascending, each
-    vector's largest entry positive, and the next eigenvalue (`edge`)."""
-    last = int(np.argmax(_key(w, which, sigma)))
-    keep = np.delete(np.arange(k + 1), last)
-    edge = w[last]
-    w, v = w[keep], v[:, keep]
+    """From `k + 1` or more eigenpairs (ARPACK's, or a dense solver's all):
+    the `k` most wanted sorted ascending, each vector's largest entry
+    positive, and the next eigenvalue in ARPACK's order (`edge`)."""
+    wanted = np.argsort(_key(w, which, sigma), kind="stable")[:k + 1]
+    edge = w[wanted[-1]]
+    w, v = w[wanted[:-1]], v[:, wanted[:-1]]
     order = np.argsort(w)
     w, v = w[order], v[:, order]
     big = np.argmax(np.abs(v), axis=0)
@@ -285,7 +283,6 @@ def _eigsh_jvp(primals, tangents, **params):
     a, m = primals[0], (primals[1] if len(primals) > 1 else None)
     w, v, edge = eigsh_p.bind(*primals, **params)
     tol = params["degenerate_tol"]
-    n, k = v.shape
     dsv = _sym_times(instantiate(tangents[0]), v)              # dS_A V
     mv = v if m is None else sparse.matmul(m, v)
     dmv = None
@@ -422,8 +419,6 @@ def _operator_host(matvec, n, k, which, tol, maxiter, site):
     if k + 1 >= n - 1:  # ARPACK needs k < n - 1: the dense matrix, column by column
         dense = np.stack([mv(e) for e in np.eye(n)], axis=1)
         w, v = np.linalg.eigh((dense + dense.T) / 2)
-        order = np.argsort(_key(w, which, None), kind="stable")[:k + 1]
-        w, v = w[order], v[:, order]
     else:
         try:
             w, v = spla.eigsh(op, k=k + 1, which=which, tol=tol, maxiter=maxiter,

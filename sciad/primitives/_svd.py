@@ -71,7 +71,7 @@ from ..errors import DegenerateEigenvalueError, ShapeError
 from ..graph import Primitive, TensorType, instantiate, is_linear
 from ..graph._batch import front_rule
 from ._checks import check as host_check, tie
-from ._eigen import check_operand, default_tol
+from ._eigen import any_cluster, check_operand, cluster_width, default_tol
 
 svd_p = Primitive("linalg.svd", multiple_results=True,
                   params={"compute_uv": bool, "degenerate_tol": float})
@@ -112,11 +112,10 @@ def _random_cluster_bases(s, u, vh, tol: float):
 
     from ._eigen import cluster_ids, cluster_rotation
 
-    k = s.shape[-1]
-    if k < 2:
+    if s.shape[-1] < 2:
         return u, vh
     ids = cluster_ids(s, tol)
-    zero = s <= tol * jnp.max(s, axis=-1, keepdims=True)
+    zero = s <= cluster_width(s, tol)
 
     def turn(u, vh):
         q = cluster_rotation(ids, u.dtype, 0)
@@ -124,8 +123,12 @@ def _random_cluster_bases(s, u, vh, tol: float):
         qv = jnp.where(both, cluster_rotation(ids, u.dtype, 1), q)
         return jnp.matmul(u, q), jnp.matmul(jnp.conj(jnp.swapaxes(qv, -1, -2)), vh)
 
-    clustered = jnp.any(ids[..., -1] < k - 1) | jnp.any(zero)
-    return jax.lax.cond(clustered, turn, lambda u, vh: (u, vh), u, vh)
+    return jax.lax.cond(_clustered(s, tol), turn, lambda u, vh: (u, vh), u, vh)
+
+
+def _clustered(s, tol: float):
+    """Whether any singular values (any stack) are repeated or zero."""
+    return any_cluster(s, tol) | jnp.any(s <= cluster_width(s, tol))
 
 
 def _swap(x):
@@ -251,9 +254,7 @@ def _guard_impl(*args, degenerate_tol, check, site=None):
     # zero one is (or for complex vectors, whose phases it checks); it
     # computes u^T u_bar and vh_bar vh^T itself, so that otherwise the check
     # costs O(k) here.
-    sv = primals[0]
-    near = degenerate_tol * jnp.max(sv, axis=-1, keepdims=True)
-    when = jnp.any(jnp.abs(jnp.diff(sv, axis=-1)) <= near) | jnp.any(sv <= near)
+    when = _clustered(primals[0], degenerate_tol)
     complex_ = bool(jnp.iscomplexobj(primals[-1]))
     token = host_check(_judge_gauge, site, when=None if complex_ and len(ts) == 3 else when,
                        tol=degenerate_tol, complex_=complex_, **measures)
