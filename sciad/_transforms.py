@@ -406,10 +406,11 @@ def _jacobian_leaf(v, d, size: int, out_shape: tuple, in_shape: tuple, rows: boo
 
 
 def _batched_map(fn: Callable, arg_type: TensorType, name: str,
-                 forward: bool = False) -> list:
+                 forward: bool = False, basis=None) -> list:
     """Traces `fn`, a linear map of one argument of type `arg_type` that
     returns a list of derivatives (arrays or `Zero`s), and emits it batched
-    over the identity basis of `arg_type`. Returns one entry per result:
+    over the identity basis of `arg_type` (or over `basis`, a stack of
+    vectors along a leading axis: a coloring's seeds). Returns one entry per result:
     `(value, batch_dim)`, or None where the result was a `Zero`. A
     `forward` (tangent) map gets forward mode's gauge checks
     (`_forward_checks`)."""
@@ -427,7 +428,7 @@ def _batched_map(fn: Callable, arg_type: TensorType, name: str,
     if all(zero):
         return [None] * len(zero)
     graph = dce(graph)
-    res = batch_graph(graph, [_basis(arg_type)] + list(captured),
+    res = batch_graph(graph, [_basis(arg_type) if basis is None else basis] + list(captured),
                       [0] + [None] * len(captured))
     if forward:
         kept = _keep([v for v, _ in res], _forward_checks(graph, 1, list(captured)))

@@ -33,6 +33,7 @@ __all__ = [
     "SciadWarning",
     "unwrapped",
     "IllConditionedWarning",
+    "SparsityWarning",
     "BatchFallbackWarning",
 ]
 
@@ -176,6 +177,12 @@ class SciadWarning(UserWarning):
 class BatchFallbackWarning(SciadWarning):
     """`sd.vmap` met a primitive without a batch rule and maps it one example
     at a time (a node per example). Shown once per primitive."""
+
+
+class SparsityWarning(SciadWarning):
+    """A Jacobian-sparsity interpretation met a primitive without a sparsity
+    rule and took its outputs to depend on every element of its operands
+    (sound, but the pattern may be denser than it is)."""
 
 
 class IllConditionedWarning(SciadWarning):

@@ -43,7 +43,7 @@ from .primitives._sparse import (
 __all__ = [
     "SparseArray", "SparseType", "Pattern", "issparse", "csr_matrix", "coo_matrix",
     "from_scipy", "from_dense", "sample", "sddmm", "matmul", "transpose", "diagonal", "todense", "data",
-    "with_data", "astype",
+    "with_data", "astype", "jacobian_sparsity", "jacobian",
 ]
 
 
@@ -436,3 +436,25 @@ def _install_sparse_array_methods() -> None:
 
 
 _install_sparse_array_methods()
+
+
+def jacobian_sparsity(f, *args, argnums: int = 0):
+    from ._sparse_jacobian import jacobian_sparsity as impl
+
+    return impl(f, *args, argnums=argnums)
+
+
+def jacobian(f, argnums: int = 0, *, mode: str = "auto"):
+    from ._sparse_jacobian import jacobian as impl
+
+    return impl(f, argnums, mode=mode)
+
+
+def _doc_from_impl() -> None:
+    from . import _sparse_jacobian as impl
+
+    jacobian_sparsity.__doc__ = impl.jacobian_sparsity.__doc__
+    jacobian.__doc__ = impl.jacobian.__doc__
+
+
+_doc_from_impl()

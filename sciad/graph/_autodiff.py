@@ -633,6 +633,9 @@ def _install_batch_rules() -> None:
     from ._batch import front_rule
 
     add_any_p.def_batch(front_rule(add_any_p))
+    from ._sparsity import elementwise
+
+    add_any_p.def_sparsity(lambda outs, x, y: elementwise(outs[0], x, y))
 
 
 _install_batch_rules()

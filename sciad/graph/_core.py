@@ -207,7 +207,7 @@ class Graph:
 _REGISTRY: dict[str, "Primitive"] = {}
 
 _RULES = ("impl", "abstract_eval", "jvp", "vjp", "vjp_fwd", "vjp_bwd", "transpose", "batch",
-          "simplify", "dce", "hoist")
+          "sparsity", "simplify", "dce", "hoist")
 
 
 class Primitive:
@@ -225,6 +225,14 @@ class Primitive:
       (outs, residuals)` is emitted in place of the node, and
       `fn(residuals, cts, **params) -> in_cts` in the backward pass. They
       take precedence over `def_vjp`.
+    - `def_sparsity(fn)`: `fn(*deps, **params) -> pattern(s)`, the
+      Jacobian-sparsity rule: given each operand's `sciad.graph.Deps`
+      (which elements of the differentiated inputs each of its elements
+      depends on, as a boolean SciPy CSR matrix, and a constant operand's
+      value), the same for each output. `sd.sparse.jacobian_sparsity` and
+      the Newton solves interpret graphs with it (see
+      `sciad.graph._sparsity`); a primitive without one is taken as dense,
+      with a warning.
     - `def_simplify(fn)`: `fn(node, producer) -> Atom | Node | None`, a
       rewrite that the `simplify` pass tries on each node of this primitive
       (see `sciad.graph.passes.simplify`).
@@ -316,6 +324,7 @@ class Primitive:
         self.vjp_rule: Callable | None = None
         self.transpose_rule: Callable | None = None
         self.batch_rule: Callable | None = None
+        self.sparsity_rule: Callable | None = None
         self.simplify_rule: Callable | None = None
         self.vjp_fwd_rule: Callable | None = None
         self.vjp_bwd_rule: Callable | None = None
@@ -355,6 +364,9 @@ class Primitive:
 
     def def_batch(self, fn):
         return self._def("batch", fn)
+
+    def def_sparsity(self, fn):
+        return self._def("sparsity", fn)
 
     def def_simplify(self, fn):
         return self._def("simplify", fn)

@@ -8,6 +8,7 @@ from ..errors import ShapeError
 from ..graph import (Graph, Primitive, Zero, instantiate, is_differentiable, is_linear,
                      jvp_graph, lower, transpose_eval, vjp_eval)
 from ..graph._batch import batch_body, batch_size_of, front_where
+from ..graph._sparsity import body_rule
 
 call_p = Primitive("call", multiple_results=True, params={"graph": Graph})
 
@@ -80,3 +81,7 @@ def _call_cost(node, body):
 
     b = body(node.params["graph"])
     return Cost(b.flops, b.peak)
+
+
+# Sparsity: the body's, on the operands.
+call_p.def_sparsity(body_rule(lambda params: params["graph"]))

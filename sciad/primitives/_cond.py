@@ -540,3 +540,24 @@ def _checkpoint_cost(node, body):
 
     b = body(node.params["body"])
     return Cost(b.flops, b.peak)
+
+
+# ---------------------------------------------------------------------------
+# Sparsity: a checkpoint is its body; a barrier passes its operands on; a
+# cond's outputs depend on what either branch's do (and not on the
+# predicate, a boolean).
+
+def _install_sparsity_rules() -> None:
+    from ..graph._sparsity import body_rule, sparsity_eval, union
+
+    checkpoint_p.def_sparsity(body_rule(lambda params: params["body"]))
+    barrier_p.def_sparsity(lambda outs, *deps: [d.matrix for d in deps])
+
+    @cond_p.def_sparsity
+    def _cond_sparsity(outs, pred, *deps, true_body, false_body):
+        a = sparsity_eval(true_body, deps)
+        b = sparsity_eval(false_body, deps)
+        return [union(x.matrix, y.matrix) for x, y in zip(a, b)]
+
+
+_install_sparsity_rules()

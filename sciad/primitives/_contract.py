@@ -256,3 +256,31 @@ def _install_batch_rules() -> None:
 
 
 _install_batch_rules()
+
+
+# ---------------------------------------------------------------------------
+# Sparsity: an output element depends on the operand elements of the terms
+# summed into it, leaving out terms with a constant zero factor (a constant
+# stencil's zeros stay zeros).
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+@einsum_p.def_sparsity
+def _einsum_sparsity(outs, *deps, spec):
+    from ..graph._sparsity import contraction
+
+    return contraction(outs[0], spec, *deps)
+
+
+@matmul_p.def_sparsity
+def _matmul_sparsity(outs, a, b):
+    from ..graph._sparsity import contraction
+
+    batch = len(outs[0].shape) - (len(a.shape) >= 2) - (len(b.shape) >= 2)
+    lb = _LETTERS[:batch]
+    m, j, k = "xyz"
+    ta = lb[batch - (len(a.shape) - 2):] + m + j if len(a.shape) >= 2 else j
+    tb = lb[batch - (len(b.shape) - 2):] + j + k if len(b.shape) >= 2 else j
+    res = lb + (m if len(a.shape) >= 2 else "") + (k if len(b.shape) >= 2 else "")
+    return contraction(outs[0], f"{ta},{tb}->{res}", a, b)

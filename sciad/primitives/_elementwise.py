@@ -517,9 +517,12 @@ def _convert_simplify(node, producer):
 
 def _install_batch_rules() -> None:
     from ..graph._batch import elementwise_rule
+    from ..graph._sparsity import elementwise
 
     for p in (*unary_primitives.values(), *binary_primitives.values(), select_p, convert_p):
         p.def_batch(elementwise_rule(p))
+        # Sparsity: each output element depends on the elements it is made from.
+        p.def_sparsity(lambda outs, *deps, **params: elementwise(outs[0], *deps))
 
 
 _install_batch_rules()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -209,6 +210,31 @@ def _index_set_transpose(ct, x, v, *, index):
 def _index_add_transpose(ct, x, v, *, index):
     return (ct if is_linear(x) else None,
             getitem_p.bind(ct, index=index) if is_linear(v) else None)
+
+
+# Sparsity: a slice and a `set` move elements; an `add` also sums the update
+# into the elements it lands on (found by indexing the output's element ids).
+
+def _index_add_sparsity(outs, x, v, *, index):
+    from ..config import x64_scope
+    from ..graph._sparsity import scatter_add
+
+    # the output element each element of `v` lands on
+    with x64_scope(), jax.ensure_compile_time_eval():
+        landed = np.asarray(getitem_p.impl_rule(
+            jnp.arange(x.size, dtype=jnp.int64).reshape(x.shape), index=index))
+    return scatter_add(outs[0], x, v, landed)
+
+
+def _install_sparsity_rules() -> None:
+    from ..graph._sparsity import moves
+
+    getitem_p.def_sparsity(moves(getitem_p.impl_rule))
+    index_set_p.def_sparsity(moves(index_set_p.impl_rule))
+    index_add_p.def_sparsity(_index_add_sparsity)
+
+
+_install_sparsity_rules()
 
 
 # ---------------------------------------------------------------------------

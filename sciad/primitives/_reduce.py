@@ -163,3 +163,26 @@ def _install_batch_rules() -> None:
 
 
 _install_batch_rules()
+
+
+# ---------------------------------------------------------------------------
+# Sparsity: an output element depends on the elements reduced into it (a
+# cumulative sum: on the whole axis, which is sound and simple).
+
+def _reduce_sparsity(outs, x, *, axes):
+    from ..graph._sparsity import axes_groups, grouped
+
+    return grouped(outs[0], x, axes_groups(x.shape, axes),
+                   np.arange(int(np.prod(outs[0].shape, dtype=np.int64))))
+
+
+def _cumsum_sparsity(outs, x, *, axis, reverse):
+    from ..graph._sparsity import axes_groups, grouped
+
+    g = axes_groups(x.shape, (axis,))
+    return grouped(outs[0], x, g, g)
+
+
+for _p in reduce_primitives.values():
+    _p.def_sparsity(_reduce_sparsity)
+cumsum_p.def_sparsity(_cumsum_sparsity)

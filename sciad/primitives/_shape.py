@@ -279,3 +279,18 @@ def _install_batch_rules() -> None:
 
 
 _install_batch_rules()
+
+
+# ---------------------------------------------------------------------------
+# Sparsity: these ops move elements; their implementations, run on element
+# ids, say where each output element comes from (a pad's fill: from nowhere).
+
+def _install_sparsity_rules() -> None:
+    from ..graph._sparsity import moves
+
+    for p in (reshape_p, transpose_p, broadcast_to_p, concatenate_p, roll_p):
+        p.def_sparsity(moves(p.impl_rule))
+    pad_p.def_sparsity(moves(pad_p.impl_rule, value=-1))
+
+
+_install_sparsity_rules()

@@ -421,3 +421,90 @@ def _install_batch_rules() -> None:
 
 
 _install_batch_rules()
+
+
+# ---------------------------------------------------------------------------
+# sparsity (`sd.sparse.jacobian_sparsity`): the stored entries keep their
+# structure; a product's output row depends on its row's entries and on the
+# vector elements their columns read (a constant matrix's explicit zeros
+# included: the pattern is structural)
+
+
+def _install_sparsity_rules() -> None:
+    import scipy.sparse as sp
+
+    from ..graph._sparsity import (Deps, by_ids, contraction, empty, select_rows, union,
+                                   value_shape)
+
+    @sparse_assemble_p.def_sparsity
+    def _assemble(outs, x, *, pattern, index=None, tags=frozenset()):
+        if index is None:
+            return x.matrix
+        a = index.array
+        keep = np.nonzero((a >= 0) & (a < pattern.nnz))[0]
+        # duplicates are summed: an entry depends on every element sent to it
+        sel = sp.csr_matrix((np.ones(keep.size, bool), (a[keep], keep)),
+                            shape=(pattern.nnz, x.size))
+        return sel @ x.matrix
+
+    @sparse_gather_p.def_sparsity
+    def _gather(outs, a, *, index=None):
+        if index is None:
+            return a.matrix
+        i = index.array
+        valid = (i >= 0) & (i < a.size)
+        return by_ids(lambda ids: np.where(valid, ids[np.where(valid, i, 0)], -1), a)
+
+    @sparse_matmul_p.def_sparsity
+    def _matmul(outs, a, x, *, pattern, transpose=False):
+        rows, cols = pattern.rows, pattern.indices
+        if transpose:
+            rows, cols = cols, rows
+        q = int(np.prod(x.shape[1:], dtype=np.int64))
+        t = np.arange(q)
+        out_i = (rows[:, None] * q + t).ravel()          # output element of each term
+        ent = np.repeat(np.arange(pattern.nnz), q)      # the matrix entry in it
+        vec = (cols[:, None] * q + t).ravel()           # the vector element in it
+        size = int(np.prod(value_shape(outs[0]), dtype=np.int64))
+        parts = []
+        for d, src, other, other_src in ((a, ent, x, vec), (x, vec, a, ent)):
+            if not d.matrix.nnz:
+                continue
+            live = np.ones(src.size, bool) if other.value is None \
+                else other.mask().ravel()[other_src]
+            sel = sp.csr_matrix((np.ones(int(live.sum()), bool), (out_i[live], src[live])),
+                                shape=(size, d.size))
+            parts.append(sel @ d.matrix)
+        return union(*parts) if parts else empty(size, a.columns)
+
+    @sparse_sddmm_p.def_sparsity
+    def _sddmm(outs, u, v, *, pattern):
+        # data[k] = sum_t u[row_k, t] v[col_k, t]: a contraction over (k, t)
+        k = pattern.nnz
+        q = int(np.prod(u.shape[1:], dtype=np.int64))
+        uu = select_rows(u.matrix, (pattern.rows[:, None] * q + np.arange(q)).ravel())
+        vv = select_rows(v.matrix, (pattern.indices[:, None] * q + np.arange(q)).ravel())
+        mu = None if u.value is None else np.asarray(u.value).reshape(-1, q)[pattern.rows]
+        mv = None if v.value is None else np.asarray(v.value).reshape(-1, q)[pattern.indices]
+        return contraction(outs[0], "kt,kt->k",
+                           Deps(uu, (k, q), mu), Deps(vv, (k, q), mv))
+
+    @sparse_transpose_p.def_sparsity
+    def _transpose(outs, a, *, pattern):
+        _, perm = pattern.transposed()
+        return by_ids(lambda ids: ids[perm], a)
+
+    @sparse_todense_p.def_sparsity
+    def _todense(outs, a, *, pattern):
+        def place(ids):
+            out = np.full(pattern.shape, -1, np.int64)
+            out[pattern.rows, pattern.indices] = ids
+            return out
+        return by_ids(place, a)
+
+    @sparse_sample_p.def_sparsity
+    def _sample(outs, d, *, pattern):
+        return by_ids(lambda ids: ids[pattern.rows, pattern.indices], d)
+
+
+_install_sparsity_rules()

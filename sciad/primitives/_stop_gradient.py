@@ -93,3 +93,11 @@ def _install_batch_rule() -> None:
 
 
 _install_batch_rule()
+
+
+@stop_gradient_p.def_sparsity
+def _stop_gradient_sparsity(outs, x):
+    # no derivative flows through: structurally zero
+    from ..graph._sparsity import empty
+
+    return empty(x.size, x.columns)
