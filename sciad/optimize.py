@@ -46,7 +46,7 @@ from .graph import Tracer
 from .graph._autodiff import type_of
 from .graph._trace import is_value_leaf
 
-__all__ = ["minimize", "METHODS"]
+__all__ = ["minimize", "METHODS", "root", "fixed_point", "RootResult"]
 
 _tree = jax.tree_util
 _OP = "optimize.minimize"
@@ -483,3 +483,221 @@ def minimize(f: Callable, x0, args=(), method: str | Callable = "L-BFGS-B", boun
     if "allvecs" in res:
         res.allvecs = [spec.unflatten(np.asarray(v)) for v in res.allvecs]
     return res
+
+
+# ---------------------------------------------------------------------------
+# root and fixed_point
+
+
+class RootResult(NamedTuple):
+    """The result of `root` and `fixed_point` (SciPy's names)."""
+
+    #: the root (of `x0`'s shape)
+    x: Any
+    #: whether the solve converged (a bool, traced inside a trace)
+    success: Any
+    #: the iterations taken
+    nit: Any
+    #: `||F(x)||_inf`, the residual's largest entry in magnitude
+    residual: Any
+    #: 0 converged, 1 iteration limit, 2 singular Jacobian, 3 line search
+    #: failed, 4 non-finite residual, 5 stagnation
+    status: Any
+
+    @property
+    def message(self) -> str:
+        from .solvers._nonlinear import STATUS
+
+        return STATUS.get(int(self.status), "unknown status")
+
+
+_ROOT_OP = "optimize.root"
+_ROOT_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: unknowns up to which `jac=None` takes a dense Jacobian
+DENSE_UP_TO = 256
+
+
+def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: float,
+                 atol: float, maxiter: int, memory: int, throw: bool, op: str) -> RootResult:
+    from . import numpy as snp
+    from .graph._body import trace_body
+    from .graph._sparsity import graph_sparsity
+    from .primitives._root import JACOBIANS, root_p, _coloring
+    from ._sparse_jacobian import _pattern
+
+    x0 = snp.asarray(x0)
+    tx = type_of(x0)
+    if tx.dtype.kind != "f":
+        if tx.dtype.kind in "iub":
+            x0 = snp.astype(x0, np.float64)
+            tx = type_of(x0)
+        else:
+            raise DTypeError(f"`x0` must be a real float array, got {tx.str_short()}.", op=op)
+    leaves, treedef = _tree.tree_flatten(args, is_leaf=is_value_leaf)
+    leaves = [snp.asarray(a) for a in leaves]
+
+    def body(*a):
+        *ls, x = a
+        out = fun(x, *_tree.tree_unflatten(treedef, ls))
+        if isinstance(out, (tuple, list, dict)) or out is None:
+            raise ShapeError(f"`fun` must return one array, got a {type(out).__name__}.",
+                             op=op)
+        out = snp.asarray(out)
+        to = type_of(out)
+        if to.size != tx.size:
+            raise ShapeError(f"`fun` must return as many values as x has ({tx.size}, for x "
+                             f"of shape {tx.shape}), got {to.str_short()}.", op=op)
+        if to.dtype != tx.dtype:
+            out = snp.astype(out, tx.dtype)
+        return out
+
+    graph, consts, _ = trace_body(body, [type_of(a) for a in leaves] + [tx],
+                                  name=getattr(fun, "__name__", "fun"))
+    n = tx.size
+    if jac is None:
+        jac = "dense" if n <= DENSE_UP_TO else "sparse"
+        if kind == "fixed_point":
+            jac = "gmres"
+    if jac not in JACOBIANS:
+        raise ShapeError(f"`jac` must be None or one of {JACOBIANS}, got {jac!r}.", op=op)
+    pattern, colors = None, 0
+    if jac == "sparse":
+        wrt = [False] * (len(graph.inputs) - 1) + [True]
+        p = graph_sparsity(graph, wrt)
+        if kind == "fixed_point":  # F = G(x) - x
+            import scipy.sparse as sp
+
+            p = (p + sp.eye(n, dtype=bool, format="csr")).astype(bool)
+        pattern = _pattern(p)
+        colors = int(_coloring(pattern).max(initial=-1)) + 1
+    outs = root_p.bind(*consts, *leaves, x0, graph=graph, kind=kind, method=method, jac=jac,
+                       pattern=pattern, colors=colors, tol=float(tol), atol=float(atol),
+                       maxiter=int(maxiter), memory=int(memory), throw=bool(throw))
+    x, nit, residual, status = outs
+    return RootResult(x, status == 0, nit, residual, status)
+
+
+def _root_call(fun: Callable, x0, args, op: str, **kw) -> RootResult:
+    from ._transforms import _in_trace
+
+    if not isinstance(args, tuple):
+        args = (args,)
+    if not callable(fun):
+        raise DTypeError(f"`fun` must be a function, got {type(fun).__name__}.", op=op)
+    if _in_trace((x0, args)):
+        return _root_inline(fun, x0, args, op=op, **kw)
+    key = tuple(sorted(kw.items()))
+    try:
+        table = _ROOT_CACHE.setdefault(fun, {})
+        fref = weakref.ref(fun)
+    except TypeError:
+        table, fref = {}, (lambda: fun)
+    fn = table.get(key)
+    if fn is None:
+        def solve(x0, *args):
+            return tuple(_root_inline(fref(), x0, args, op=op, **kw))
+
+        solve.__name__ = f"root_{getattr(fun, '__name__', 'fun')}"
+        fn = table[key] = function(solve)
+    x, success, nit, residual, status = fn(x0, *_to_device(args))
+    return RootResult(x, bool(success), int(nit), float(residual), int(status))
+
+
+@api_boundary
+def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = None,
+         tol: float = 1e-10, atol: float = 0.0, maxiter: int = 50,
+         throw: bool = True) -> RootResult:
+    """Solves `fun(x, *args) = 0`, as one differentiable node.
+
+    The whole solve is one `optimize.root` node holding `fun`'s graph; it
+    runs Newton's method with a backtracking line search in the compiled
+    program. The iterations are never differentiated: the derivative of the
+    root comes from the implicit function theorem at the root, `dx =
+    -(dF/dx)^-1 (dF/dargs) dargs`, one linear solve with the Jacobian at the
+    root (its transpose in reverse mode, with the same factorization), so
+    `sd.grad`, `sd.jvp`, `sd.hvp` and `jax.grad(sd.to_jax(...))` through a
+    root are exact whatever the iteration did, at any order.
+
+    **Arguments:**
+
+    - `fun`: the residual, `fun(x, *args) -> F`, written with sciad ops; `F`
+      has as many elements as `x`.
+    - `x0`: the starting point, a real float array of any shape.
+    - `args`: extra arguments (a tuple of arrays or pytrees); derivatives
+      with respect to them flow through the root.
+    - `method`: `"newton"`, or `"newton_krylov"` (Newton with matrix-free
+      GMRES steps, the same as `jac="gmres"`).
+    - `jac`: how the Jacobian `dF/dx` is formed and solved, in Newton's steps
+      and in the derivatives:
+        - `"sparse"`: its pattern detected from `fun`'s graph
+          (`sd.sparse.jacobian_sparsity`), its values from one JVP per color
+          of the pattern's columns, solved by sparse LU (SuperLU);
+        - `"dense"`: by forward mode, solved by dense LU;
+        - `"gmres"`: matrix-free (JVPs of `fun`), solved by GMRES;
+        - `None` (the default): dense up to 256 unknowns, else sparse.
+    - `tol`, `atol`: converged when `||F(x)||_inf <= max(atol, tol *
+      ||F(x0)||_inf)`.
+    - `maxiter`: the most Newton iterations.
+    - `throw`: raise `sciad.errors.ConvergenceError` when the solve fails
+      (the default), with the iterations, the residual against the tolerance
+      and a diagnosis (iteration limit, singular Jacobian, failed line search,
+      non-finite values, stagnation). With `throw=False` the result says so
+      (`success`, `status`), and a derivative of a failed solve raises.
+
+    **Returns:**
+
+    A `RootResult`: `x` (the root, of `x0`'s shape), `success`, `nit`,
+    `residual` (`||F(x)||_inf`) and `status`, traced values inside a trace
+    and Python numbers outside.
+    """
+    methods = {"newton": None, "newton_krylov": "gmres"}
+    if not isinstance(method, str) or method.lower() not in methods:
+        raise ShapeError(f"`method` must be 'newton' or 'newton_krylov', got {method!r}.",
+                         op=_ROOT_OP)
+    if methods[method.lower()] is not None:
+        if jac not in (None, "gmres"):
+            raise ShapeError(f"method='newton_krylov' is matrix-free; got jac={jac!r}.",
+                             op=_ROOT_OP)
+        jac = "gmres"
+    return _root_call(fun, x0, args, _ROOT_OP, kind="root", method="newton", jac=jac,
+                      tol=tol, atol=atol, maxiter=maxiter, memory=0, throw=throw)
+
+
+@api_boundary
+def fixed_point(f: Callable, x0, args=(), method: str = "anderson", memory: int = 5,
+                jac: str | None = "gmres", tol: float = 1e-10, atol: float = 0.0,
+                maxiter: int = 500, throw: bool = True) -> RootResult:
+    """Solves `x = f(x, *args)`, as one differentiable node.
+
+    Iterates `x <- f(x)` with Anderson acceleration (mixing the last
+    `memory` iterates; `memory=0` or `method="picard"` is the plain
+    iteration) in the compiled program. As for `root`, the derivative of
+    the fixed point comes from the implicit function theorem, `dx = (I -
+    df/dx)^-1 (df/dargs) dargs`, never from the iterations.
+
+    **Arguments:**
+
+    - `f`: the map, `f(x, *args) -> x'` of `x`'s shape.
+    - `x0`, `args`: as for `root`.
+    - `method`: `"anderson"` or `"picard"`.
+    - `memory`: Anderson's depth.
+    - `jac`: how the derivatives solve with `I - df/dx`: `"gmres"` (the
+      default: matrix-free, the natural choice for a contraction),
+      `"sparse"` (pattern detected from `f`'s graph) or `"dense"`.
+    - `tol`, `atol`: converged when `||f(x) - x||_inf <= max(atol, tol *
+      ||f(x0) - x0||_inf)`.
+    - `maxiter`, `throw`: as for `root`.
+
+    **Returns:**
+
+    A `RootResult`, as for `root`; `residual` is `||f(x) - x||_inf`.
+    """
+    op = "optimize.fixed_point"
+    if not isinstance(method, str) or method.lower() not in ("anderson", "picard"):
+        raise ShapeError(f"`method` must be 'anderson' or 'picard', got {method!r}.", op=op)
+    if method.lower() == "picard":
+        memory = 0
+    if not isinstance(memory, (int, np.integer)) or memory < 0:
+        raise ShapeError(f"`memory` must be an int >= 0, got {memory!r}.", op=op)
+    return _root_call(f, x0, args, op, kind="fixed_point", method="anderson", jac=jac,
+                      tol=tol, atol=atol, maxiter=maxiter, memory=int(memory), throw=throw)

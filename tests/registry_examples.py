@@ -196,6 +196,27 @@ def _svd_example(a):
 _SVD_ARG = np.random.default_rng(99).standard_normal((4, 3))  # (not from _R: keeps its stream)
 
 
+def _diffusion(u, c, f):
+    """A 1-D nonlinear reaction-diffusion residual with coefficients `c`."""
+    up = snp.pad(u, 1)
+    return c * (2.0 * up[1:-1] - up[:-2] - up[2:]) + u ** 3 - f
+
+
+def _root_example(c, f):
+    """The root of `_diffusion` with the sparse Jacobian (its detected
+    tridiagonal pattern), and a fixed point with Anderson acceleration."""
+    r = sd.optimize.root(_diffusion, snp.zeros(4), (c, f), jac="sparse")
+    p = sd.optimize.fixed_point(lambda x, c: 0.5 * snp.cos(x * c), snp.zeros(4), (c,))
+    return r.x, r.residual, p.x
+
+
+def _root_guard_example(c, f):
+    """The gradient of a root solved with `throw=False`: guarded."""
+    def loss(c):
+        return snp.sum(sd.optimize.root(_diffusion, snp.zeros(4), (c, f), throw=False).x ** 2)
+    return sd.grad(loss)(c)
+
+
 EXAMPLES = {name: _unary_example(name) for name in UNARY}
 EXAMPLES.update({name: _binary_example(name) for name in BINARY})
 EXAMPLES.update({
@@ -288,6 +309,8 @@ EXAMPLES.update({
         sd.linalg.svd(a, compute_uv=False) ** 3))(a), (_SVD_ARG,)),
     "map": (lambda d, c, a, b: _map_example(d, c, a, b),
             (_f64(2, 6), _f64(2, 4), _f64(2, 3, 3), _f64(3))),
+    "optimize.root": (_root_example, (_pos(4), _f64(4))),
+    "optimize.root_guard": (_root_guard_example, (_pos(4), _f64(4))),
     "optimization_barrier": (lambda x, y: sd.primitives.barrier_p.bind(x, y)[0] * y,
                              (_f64(3), _f64(3))),
 })

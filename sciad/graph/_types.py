@@ -244,7 +244,8 @@ class Pattern:
         return self._key[:6]
 
     def __str__(self) -> str:
-        return f"#{self.fingerprint()}"
+        n, m = self.shape
+        return f"#{self.fingerprint()}<{n}x{m}, nnz={self.nnz}>"
 
     def __repr__(self) -> str:
         return f"Pattern(shape={self.shape}, nnz={self.nnz}, #{self.fingerprint()})"

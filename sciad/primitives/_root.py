@@ -1,0 +1,411 @@
+"""`optimize.root`: a nonlinear solve as one node, with implicit derivatives.
+
+The node holds the residual as a closed body, `(*consts, x) -> (F,)` (for a
+fixed-point problem, the map `G` with `F(x) = G(x) - x`), and its operands
+are `(*consts, x0)`. It lowers to the loops of `sciad.solvers._nonlinear`
+(Newton with a line search, or Anderson-accelerated fixed-point iteration);
+those iterations are never differentiated. Its outputs are the root `x`, the
+iteration count, `||F(x)||_inf` and a status code.
+
+Derivatives come from the implicit function theorem at the root:
+
+    dx = -(dF/dx)^-1 (dF/dconsts) dconsts,
+
+written with sciad ops over the body's graph: the tangent `(dF/dconsts)
+dconsts` is the body's JVP; `dF/dx` is the Jacobian at the root, sparse (the
+pattern detected from the body's graph, its values by colored JVPs), dense,
+or a matrix-free operator (GMRES); and the solve is `linalg.solve`. The
+reverse mode is the transpose of that tangent map (one transposed solve with
+the same factorization, then the body's VJP), and second order follows,
+because every piece is a differentiable sciad op. A root solve that did not
+converge has no derivative: with `throw=False`, the tangents pass through
+`optimize.root_guard`, which raises when the solve failed.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..errors import ConvergenceError, DTypeError, ShapeError
+from ..graph import Graph, Param, Primitive, TensorType, Zero, is_zero
+from ..graph._autodiff import jvp_eval, type_of
+from ..graph._types import Pattern
+from ._checks import check, tie
+
+KINDS = ("root", "fixed_point")
+METHODS = {"root": ("newton",), "fixed_point": ("anderson",)}
+JACOBIANS = ("sparse", "dense", "gmres")
+#: relative tolerance of the matrix-free (GMRES) solves: of Newton-Krylov's
+#: steps (inexact Newton), and of the derivatives (which need it tight)
+KRYLOV_STEP_RTOL = 1e-6
+KRYLOV_DERIVATIVE_RTOL = 1e-12
+
+root_p = Primitive("optimize.root", multiple_results=True, runtime_checks=True, params={
+    "graph": Graph, "kind": str, "method": str, "jac": str,
+    "pattern": Param((Pattern, None), default=None), "colors": Param(int, default=0),
+    "tol": float, "atol": float, "maxiter": int, "memory": Param(int, default=0),
+    "throw": Param(bool, default=True)})
+#: `graph`: the residual (kind "root") or the fixed-point map (kind
+#: "fixed_point") as a closed body `(*consts, x) -> (F,)`; `jac`: how Newton's
+#: systems and the derivatives' are solved; `pattern` (with `jac="sparse"`):
+#: the Jacobian's structure detected from `graph`, `colors` its number of
+#: colors (JVPs per Jacobian)
+
+
+@root_p.def_abstract_eval
+def _root_shape(*args, graph, kind, method, jac, pattern=None, colors=0, tol, atol, maxiter,
+                memory=0, throw=True):
+    op = "optimize.root"
+    *consts, x = args
+    if kind not in KINDS or method not in METHODS[kind]:
+        raise ShapeError(f"unknown kind/method {kind!r}/{method!r}.", op=op)
+    if jac not in JACOBIANS:
+        raise ShapeError(f"`jac` must be one of {JACOBIANS}, got {jac!r}.", op=op)
+    if not isinstance(x, TensorType) or x.dtype.kind != "f":
+        raise DTypeError(f"`x0` must be a real float array, got {x.str_short()}.", op=op)
+    if tuple(graph.in_types) != tuple(consts) + (x,):
+        raise ShapeError("the residual's graph does not take the node's operands.", op=op)
+    (out,) = graph.out_types if len(graph.outputs) == 1 else (None,)
+    if not isinstance(out, TensorType) or out.size != x.size or out.dtype != x.dtype:
+        raise ShapeError(f"`fun` must return one array of x's size and dtype "
+                         f"({x.size} elements of {x.dtype}), got "
+                         f"{', '.join(t.str_short() for t in graph.out_types)}.", op=op)
+    if jac == "sparse" and (pattern is None or pattern.shape != (x.size, x.size)):
+        raise ShapeError(f"a sparse Jacobian needs a ({x.size}, {x.size}) pattern, got "
+                         f"{pattern!r}.", op=op)
+    if not (tol >= 0 and atol >= 0) or tol == atol == 0 or maxiter < 0 or memory < 0:
+        raise ShapeError(f"needs tol >= 0 and atol >= 0 (not both 0), maxiter >= 0 and "
+                         f"memory >= 0; got tol={tol}, atol={atol}, maxiter={maxiter}, "
+                         f"memory={memory}.", op=op)
+    i32 = TensorType((), np.dtype(np.int32))
+    return x, i32, TensorType((), x.dtype), i32
+
+
+def _coloring(pattern: Pattern) -> np.ndarray:
+    import scipy.sparse as sp
+
+    from ..graph._sparsity import coloring
+
+    return coloring(sp.csr_matrix((np.ones(pattern.nnz, bool), pattern.indices,
+                                   pattern.indptr), shape=pattern.shape))
+
+
+@functools.lru_cache(maxsize=128)
+def _newton_graphs(graph: Graph, kind: str, jac: str, pattern: Pattern | None):
+    """The graphs Newton's loop runs, built with sciad's own rules (so a user
+    primitive's JVP rule is what Newton uses, and a body whose lowering JAX
+    cannot differentiate, a sparse solve's host call, still works): the flat
+    residual `(*consts, x) -> (F,)`, and `(*consts, x) -> (J's values,)`
+    (sparse), `-> (J,)` (dense) or `(*consts, x, v) -> (J v,)` (gmres)."""
+    from .. import sparse
+    from ..graph._trace import trace_flat
+
+    flat = _flat_body(graph, kind)
+    types = flat.in_types
+    if jac == "gmres":
+        zeros = [Zero(t.update()) for t in types[:-1]]
+
+        def fn(*a):
+            *args, v = a
+            return [jvp_eval(flat, list(args), zeros + [v])[1][0]]
+
+        jgraph = trace_flat(fn, tuple(types) + (types[-1],), name="jvp")[0]
+    else:
+        def fn(*a):
+            J = jacobian_at(graph, _unflat_x(graph, list(a)), kind=kind, jac=jac,
+                            pattern=pattern)
+            return [sparse.data(J) if jac == "sparse" else J]
+
+        jgraph = trace_flat(fn, tuple(types), name="jacobian")[0]
+    return flat, jgraph
+
+
+def _unflat_x(graph: Graph, args: list) -> list:
+    from .. import numpy as snp
+
+    return args[:-1] + [snp.reshape(args[-1], graph.inputs[-1].type.shape)]
+
+
+def linear_solver(jac: str, pattern: Pattern | None, jacobian):
+    """The `LinearSolve` Newton uses for `jac`, given the lowered graph
+    `jacobian` of `_newton_graphs` (on the node's consts)."""
+    from ..solvers import _nonlinear
+
+    if jac == "sparse":
+        return _nonlinear.sparse_lu(pattern, lambda x: jacobian(x)[0])
+    if jac == "dense":
+        return _nonlinear.dense_lu(lambda x: jacobian(x)[0])
+    return _nonlinear.gmres(lambda x, v: jacobian(x, v)[0], KRYLOV_STEP_RTOL)
+
+
+def judge_root(site, *, status, nit, residual, goal, kind, method, jac, maxiter):
+    """Raises the `ConvergenceError` of a failed root solve, with a diagnosis."""
+    from ..solvers._nonlinear import STATUS
+
+    status, nit = int(status), int(nit)
+    if status == 0:
+        return
+    residual, goal = float(residual), float(goal)
+    what = {"newton": f"Newton's method ({jac} Jacobian)",
+            "anderson": "the Anderson-accelerated fixed-point iteration"}[method]
+    advice = {
+        1: (f"Raise `maxiter` (it is {maxiter}), start closer to the root, or loosen `tol`."
+            if method == "newton" or residual > 10 * goal else
+            f"Raise `maxiter` (it is {maxiter}); a fixed-point iteration converges only "
+            "linearly, at the rate of the map's contraction."),
+        2: "The Jacobian is singular at an iterate: the root may be singular (a Jacobian "
+           "without full rank: a missing equation or boundary condition), there may be no "
+           "root near `x0`, or an iterate hit a critical point of `fun`; check `fun`, or "
+           "start elsewhere.",
+        3: "The Newton direction is not a descent direction for ||F||: the Jacobian may be "
+           "wrong (a user primitive's JVP rule, a non-differentiable `fun`), or ||F|| is at "
+           "its floor of rounding errors above the tolerance (loosen `tol`/`atol`).",
+        4: "`fun` returned NaN or infinite values at `x0`, or every iterate it tried "
+           "gave them: check its domain (a log or sqrt of a negative value).",
+        5: "Convergence is slow: the root may be singular (Newton then converges only "
+           "linearly), the Jacobian inexact, or the map not contractive.",
+    }[status]
+    against = (f"against the tolerance {goal:.3e}" if np.isfinite(goal) else
+               "(no tolerance: ||F(x0)|| is not finite)")
+    site.fail(ConvergenceError,
+              f"{what} did not converge: {STATUS[status]}, after {nit} iterations; "
+              f"||F||_inf = {residual:.3e} {against}. {advice}",
+              residual=residual, tolerance=goal, iterations=nit)
+
+
+@root_p.def_impl
+def _root_impl(*args, graph, kind, method, jac, pattern=None, colors=0, tol, atol, maxiter,
+               memory=0, throw=True, site=None):
+    import jax.numpy as jnp
+
+    from ..graph import Site, lower
+    from ..solvers import _nonlinear
+
+    *consts, x0 = args
+    flat, jgraph = _newton_graphs(graph, kind, jac, pattern)
+    residual, jacobian = lower(flat), lower(jgraph)
+    shape = x0.shape
+
+    def F(x):
+        return residual(*consts, x)[0]
+
+    x = jnp.reshape(x0, (-1,))
+    if kind == "root":
+        linear = linear_solver(jac, pattern, lambda *a: jacobian(*consts, *a))
+        res = _nonlinear.newton(F, x, linear, tol=tol, atol=atol, maxiter=maxiter)
+    else:  # the map G(x) = F(x) + x
+        res = _nonlinear.anderson(lambda x: F(x) + x, x, memory=memory, tol=tol, atol=atol,
+                                  maxiter=maxiter)
+    out = jnp.reshape(res.x, shape)
+    if throw:
+        out = tie(out, check(judge_root, site or Site("optimize.root"),
+                             when=res.status != 0, status=res.status, nit=res.nit,
+                             residual=res.residual, goal=res.goal, kind=kind, method=method,
+                             jac=jac, maxiter=maxiter))
+    return out, res.nit, res.residual, res.status
+
+
+# ---------------------------------------------------------------------------
+# derivatives: the implicit function theorem, in sciad ops
+
+
+def jacobian_at(graph: Graph, args: list, *, kind: str, jac: str, pattern):
+    """`dF/dx` at `args = (*consts, x)` for a solve of `jac`'s kind: a sparse
+    matrix (colored JVPs of the body), a dense one, or None for matrix-free
+    (see `apply_inverse`)."""
+    from .. import numpy as snp
+    from .._sparse_jacobian import Structure, emit
+
+    x = args[-1]
+    n = int(np.prod(x.shape, dtype=np.int64))
+    flat = _flat_body(graph, kind)
+    fargs = list(args[:-1]) + [snp.reshape(x, (n,))]
+    if jac == "sparse":
+        return emit(flat, fargs, len(fargs) - 1, Structure(pattern, _coloring(pattern), False))
+    if jac == "dense":
+        dense = Pattern.from_coo((n, n), np.repeat(np.arange(n), n), np.tile(np.arange(n), n))[0]
+        J = emit(flat, fargs, len(fargs) - 1, Structure(dense, np.arange(n), False))
+        return J.todense()
+    return None
+
+
+def _flat_body(graph: Graph, kind: str) -> Graph:
+    """The residual `F` on a flat `x`: `(*consts, x_flat) -> (F_flat,)`
+    (`G(x) - x` for a fixed-point map)."""
+    from .. import numpy as snp
+    from ..graph._body import inline, trace_body
+
+    x_type = graph.inputs[-1].type
+    n = x_type.size
+
+    def F(*a):
+        *c, xf = a
+        x = snp.reshape(xf, x_type.shape)
+        (out,) = inline(graph, [*c, x])
+        out = snp.reshape(out, (n,))
+        return out - xf if kind == "fixed_point" else out
+
+    types = [v.type for v in graph.inputs[:-1]] + [TensorType((n,), x_type.dtype)]
+    flat, consts, _ = trace_body(F, types, name=f"{graph.name}_flat")
+    assert not consts, "a closed body captures nothing"
+    return flat
+
+
+def apply_inverse(graph: Graph, consts: list, x, rhs, *, kind: str, jac: str, pattern,
+                  transpose: bool = False):
+    """`(dF/dx)^-1 rhs` (`(dF/dx)^-T rhs` if `transpose`) at the root `x`, for
+    a flat `rhs`."""
+    from .. import linalg
+    from .. import numpy as snp
+    from ..graph._autodiff import vjp_eval
+
+    n = rhs.shape[0]
+    J = jacobian_at(graph, list(consts) + [x], kind=kind, jac=jac, pattern=pattern)
+    if J is not None:
+        return linalg.solve(J.T if transpose else J, rhs)
+    flat = _flat_body(graph, kind)
+    fargs = list(consts) + [snp.reshape(x, (n,))]
+    zeros = [Zero(type_of(a).update()) for a in fargs[:-1]]
+
+    def matvec(v):
+        if transpose:  # v -> J^T v: the body's VJP in x
+            return vjp_eval(flat, fargs)[1]([v])[-1]
+        return jvp_eval(flat, fargs, zeros + [v])[1][0]
+
+    op = linalg.operator(matvec, (n, n), rhs.dtype)
+    return linalg.solve(op, rhs, solver="gmres", tol=KRYLOV_DERIVATIVE_RTOL)
+
+
+@root_p.def_jvp
+def _root_jvp(primals, tangents, **params):
+    from .. import numpy as snp
+
+    *consts, x0 = primals
+    *dconsts, _ = tangents  # the root does not depend on where the iteration starts
+    outs = root_p.bind(*primals, **params)
+    x, _, _, status = outs
+    zeros_out = [Zero(type_of(o).update()) for o in outs[1:]]
+    if all(is_zero(t) for t in dconsts):
+        return outs, [Zero(type_of(x).update())] + zeros_out
+    graph, kind = params["graph"], params["kind"]
+    n = int(np.prod(x.shape, dtype=np.int64))
+    # dF = (dF/dconsts) dconsts at the root (for G: the same, as x does not move)
+    _, (dF,) = jvp_eval(graph, [*consts, x], [*dconsts, Zero(type_of(x).update())])
+    if is_zero(dF):
+        return outs, [Zero(type_of(x).update())] + zeros_out
+    if not params.get("throw", True):
+        dF = root_guard_p.bind(status, dF)
+    dx = apply_inverse(graph, consts, x, snp.reshape(dF, (n,)), kind=kind, jac=params["jac"],
+                       pattern=params.get("pattern"))
+    return outs, [snp.reshape(-dx, x.shape)] + zeros_out
+
+
+@root_p.def_vjp
+def _root_vjp(primals, outs, cts, **params):
+    # lam = (dF/dx)^-T xbar at the root; constsbar = -(dF/dconsts)^T lam
+    from .. import numpy as snp
+    from ..graph import Tracer
+    from ..graph._autodiff import vjp_eval
+
+    *consts, _ = primals
+    x, _, _, status = outs
+    ct = cts[0]
+    none = [None] * len(primals)
+    if is_zero(ct) or not any(isinstance(c, Tracer) for c in consts):
+        return none
+    graph, kind = params["graph"], params["kind"]
+    if not params.get("throw", True):
+        ct = root_guard_p.bind(status, ct)
+    n = int(np.prod(x.shape, dtype=np.int64))
+    lam = apply_inverse(graph, consts, x, snp.reshape(ct, (n,)), kind=kind, jac=params["jac"],
+                        pattern=params.get("pattern"), transpose=True)
+    _, backward = vjp_eval(graph, [*consts, x])
+    back = backward([snp.reshape(lam, x.shape)])[:-1]
+    return [None if is_zero(b) or not isinstance(c, Tracer) else -b
+            for c, b in zip(consts, back)] + [None]
+
+
+@root_p.def_sparsity
+def _root_sparsity(outs, *deps, **params):
+    # the root depends on every constant the residual reads (its Jacobian's
+    # inverse is dense in general)
+    from ..graph._sparsity import dense
+
+    return [dense(t, *deps) for t in outs]
+
+
+# ---------------------------------------------------------------------------
+# the guard: no derivative of a failed solve
+
+
+root_guard_p = Primitive("optimize.root_guard", runtime_checks=True, params={})
+#: `root_guard(status, t)`: `t`, after checking that the root solve whose
+#: `status` it reads converged; linear in `t` (its transpose is itself)
+
+
+@root_guard_p.def_abstract_eval
+def _guard_shape(status, t):
+    if not isinstance(status, TensorType) or status.dtype != np.int32:
+        raise DTypeError(f"`status` must be int32, got {status.str_short()}.",
+                         op="optimize.root_guard")
+    return t
+
+
+def judge_derivative(site, *, status):
+    from ..solvers._nonlinear import STATUS
+
+    status = int(status)
+    if status:
+        site.fail(ConvergenceError,
+                  f"cannot differentiate a root solve that failed ({STATUS[status]}): the "
+                  "implicit function theorem holds only at a root. Check `.success` before "
+                  "differentiating, or solve with `throw=True` to see the diagnosis.")
+
+
+@root_guard_p.def_impl
+def _guard_impl(status, t, *, site=None):
+    from ..graph import Site
+
+    return tie(t, check(judge_derivative, site or Site("optimize.root_guard"),
+                        when=(status != 0).any(), status=status))
+
+
+@root_guard_p.def_jvp
+def _guard_jvp(primals, tangents):
+    (status, t), (_, dt) = primals, tangents
+    out = root_guard_p.bind(status, t)
+    return out, Zero(type_of(out).update()) if is_zero(dt) else root_guard_p.bind(status, dt)
+
+
+@root_guard_p.def_transpose
+def _guard_transpose(ct, status, t):
+    return None, root_guard_p.bind(status, ct)
+
+
+@root_guard_p.def_batch
+def _guard_batch(args, dims):
+    from ..graph._batch import batch_size_of, batched_front
+
+    size = batch_size_of(args, dims)
+    status, t = (batched_front(a, d, size) for a, d in zip(args, dims))
+    return root_guard_p.bind(status, t), 0
+
+
+@root_guard_p.def_sparsity
+def _guard_sparsity(outs, status, t):
+    return t.matrix
+
+
+def _install_batch_rule() -> None:
+    # a batch of root solves is a `map` of one: lowered as `jax.vmap` of the
+    # solve, every example iterates until all have converged (a converged
+    # example's state no longer changes), and SuperLU gets the batch's
+    # Jacobians in one host call per iteration
+    from ._map import map_rule
+
+    root_p.def_batch(map_rule(root_p))
+
+
+_install_batch_rule()

@@ -1,0 +1,258 @@
+"""Nonlinear solves in JAX: Newton with a backtracking line search, and
+Anderson-accelerated fixed-point iteration.
+
+These are the loops the `optimize.root` primitive lowers to, written as plain
+JAX functions of a residual `F: R^n -> R^n` so that other nodes (the Newton
+solves of implicit ODE steps) call them too. The Jacobian's handling is a
+`LinearSolve`: how to solve `J(x) d = r` at an iterate, given `F` and `x`:
+
+- `sparse_lu(pattern, colors)`: `J` from one JVP per color (the pattern and
+  its coloring detected from the residual's graph), factored by SuperLU on
+  the host;
+- `dense_lu()`: `J` by `jax.jacfwd`, LU in the program;
+- `gmres(rtol)`: matrix-free, GMRES (lineax) on `v -> J(x) v` (a JVP).
+
+Each returns the step and whether the solve succeeded. The loops never raise:
+they return the iterate, the iteration count, the residual's max-norm and a
+status (`STATUS`), and the caller decides (`optimize.root` raises a
+`ConvergenceError` with a diagnosis, or returns `success=False`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._host import host_call
+
+#: status codes of the loops, and what each says
+STATUS = {
+    0: "converged",
+    1: "the iteration limit was reached",
+    2: "the Jacobian is singular (its factorization failed or gave a non-finite step)",
+    3: "the line search failed: no step along the Newton direction reduced ||F||",
+    4: "the residual is not finite",
+    5: "the iteration stagnated: ||F|| fell by less than 1% in 10 consecutive iterations",
+}
+CONVERGED, MAXITER, SINGULAR, LINE_SEARCH, NONFINITE, STAGNATION = range(6)
+
+#: how many halvings of the step the line search tries
+LINE_SEARCH_STEPS = 30
+#: Armijo's sufficient-decrease constant
+ARMIJO = 1e-4
+
+
+class LinearSolve(NamedTuple):
+    """How Newton solves `J(x) d = r`: `solve(x, r) -> (d, ok)`."""
+
+    solve: Callable
+    name: str
+
+
+def _norm(v):
+    return jnp.max(jnp.abs(v), initial=0.0)
+
+
+def colored_values(F: Callable, pattern, colors: np.ndarray) -> Callable:
+    """`x -> the values of J(x)` on `pattern` (CSR order), from one JVP of
+    `F` (JAX's) per color of the columns."""
+    rows, cols = pattern.rows, pattern.indices
+    n = pattern.shape[1]
+    seeds = np.zeros((int(colors.max(initial=-1)) + 1, n))
+    seeds[colors, np.arange(n)] = 1.0
+    where = colors[cols]
+
+    def values(x):
+        products = jax.vmap(lambda v: jax.jvp(F, (x,), (v,))[1])(jnp.asarray(seeds, x.dtype))
+        return products[where, rows]
+
+    return values
+
+
+def sparse_lu(pattern, values: Callable) -> LinearSolve:
+    """`J(x)` on `pattern`, its values from `values(x)` (CSR order; see
+    `colored_values`), solved by SuperLU on the host: one host call per
+    Newton iteration, factor and solve."""
+    from . import _sparse_direct
+
+    def one(d, b):
+        lu = _sparse_direct._factor_one(pattern, d)  # of A^T: solve transposed
+        if lu is None:
+            return np.zeros_like(b), False
+        x = lu.solve(b, trans="T")
+        return x, bool(np.isfinite(x).all())
+
+    def host(d, b):
+        if d.ndim == 1 and b.ndim == 1:
+            x, ok = one(d, b)
+            return x, np.asarray(ok)
+        # under `jax.vmap` (a `map` of root solves): one host call per iteration
+        batch = np.broadcast_shapes(d.shape[:-1], b.shape[:-1])
+        ds = np.broadcast_to(d, batch + d.shape[-1:]).reshape(-1, d.shape[-1])
+        bs = np.broadcast_to(b, batch + b.shape[-1:]).reshape(-1, b.shape[-1])
+        res = [one(di, bi) for di, bi in zip(ds, bs)]
+        xs = np.stack([r[0] for r in res]).reshape(batch + b.shape[-1:])
+        return xs, np.array([r[1] for r in res]).reshape(batch)
+
+    def solve(x, r):
+        return host_call(host, (jax.ShapeDtypeStruct(r.shape, r.dtype),
+                                jax.ShapeDtypeStruct((), jnp.bool_)), values(x), r)
+
+    return LinearSolve(solve, "sparse LU")
+
+
+def dense_lu(matrix: Callable) -> LinearSolve:
+    """`J(x) = matrix(x)` (e.g. `jax.jacfwd(F)`), LU-factored in the program;
+    a tiny pivot counts as singular."""
+    def solve(x, r):
+        lu, piv = jax.scipy.linalg.lu_factor(matrix(x))
+        d = jax.scipy.linalg.lu_solve((lu, piv), r)
+        diag = jnp.abs(jnp.diagonal(lu))
+        eps = jnp.finfo(x.dtype).eps
+        ok = jnp.all(jnp.isfinite(d)) & (jnp.min(diag) > eps * jnp.max(diag) * x.shape[0])
+        return d, ok
+
+    return LinearSolve(solve, "dense LU")
+
+
+def gmres(jvp: Callable, rtol: float, maxiter: int | None = None) -> LinearSolve:
+    """Matrix-free: GMRES (lineax) on `v -> J(x) v = jvp(x, v)`, to relative
+    tolerance `rtol` (an inexact Newton step); a step that is not finite
+    counts as a failed solve."""
+    import lineax as lx
+
+    def solve(x, r):
+        struct = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        op = lx.FunctionLinearOperator(lambda v: jvp(x, v), struct)
+        sol = lx.linear_solve(op, r, lx.GMRES(rtol=rtol, atol=0.0, max_steps=maxiter,
+                                              restart=min(50, x.shape[0])), throw=False)
+        d = sol.value
+        return d, jnp.all(jnp.isfinite(d))
+
+    return LinearSolve(solve, "GMRES")
+
+
+class Result(NamedTuple):
+    x: jax.Array
+    nit: jax.Array       # int32
+    residual: jax.Array  # ||F(x)||_inf
+    status: jax.Array    # int32, see STATUS
+    goal: jax.Array      # the tolerance on ||F||_inf it was held to
+
+
+def _tolerance(f0_norm, tol, atol):
+    return jnp.maximum(atol, tol * f0_norm)
+
+
+def newton(F: Callable, x0, linear: LinearSolve, *, tol: float, atol: float,
+           maxiter: int) -> Result:
+    """Newton's method on `F(x) = 0` with a backtracking (Armijo) line search
+    on `||F||^2 / 2`: stops when `||F(x)||_inf <= max(atol, tol *
+    ||F(x0)||_inf)`."""
+    f0 = F(x0)
+    f0n = _norm(f0)
+    goal = _tolerance(f0n, tol, atol)
+    status0 = jnp.where(jnp.all(jnp.isfinite(f0)), MAXITER, NONFINITE).astype(jnp.int32)
+    status0 = jnp.where((status0 == MAXITER) & (f0n <= goal), CONVERGED, status0)
+
+    def cond(s):
+        x, fx, k, status, slow = s
+        return (status == MAXITER) & (k < maxiter)
+
+    def body(s):
+        x, fx, k, status, slow = s
+        d, ok = linear.solve(x, -fx)
+        phi0 = 0.5 * jnp.vdot(fx, fx).real
+
+        def ls_cond(t):
+            alpha, xt, ft, accepted, i = t
+            return ~accepted & (i < LINE_SEARCH_STEPS)
+
+        def ls_body(t):
+            alpha, _, _, _, i = t
+            alpha = jnp.where(i == 0, 1.0, alpha * 0.5)
+            xt = x + alpha * d
+            ft = F(xt)
+            phi = 0.5 * jnp.vdot(ft, ft).real
+            accepted = jnp.isfinite(phi) & (phi <= (1.0 - 2.0 * ARMIJO * alpha) * phi0)
+            return alpha, xt, ft, accepted, i + 1
+
+        init = (jnp.ones((), x.real.dtype), x, fx, jnp.zeros((), bool), jnp.zeros((), jnp.int32))
+        alpha, xt, ft, accepted, _ = jax.lax.while_loop(ls_cond, ls_body, init)
+        fn_old, fn_new = _norm(fx), _norm(ft)
+        slow = jnp.where(accepted & (fn_new > 0.99 * fn_old), slow + 1, 0)
+        new_status = jnp.where(~ok, SINGULAR,
+                               jnp.where(~accepted, LINE_SEARCH,
+                                         jnp.where(fn_new <= goal, CONVERGED,
+                                                   jnp.where(slow >= 10, STAGNATION,
+                                                             MAXITER)))).astype(jnp.int32)
+        keep = ok & accepted
+        x = jnp.where(keep, xt, x)
+        fx = jnp.where(keep, ft, fx)
+        return x, fx, k + 1, new_status, slow
+
+    state = (x0, f0, jnp.zeros((), jnp.int32), status0, jnp.zeros((), jnp.int32))
+    x, fx, k, status, _ = jax.lax.while_loop(cond, body, state)
+    return Result(x, k, _norm(fx), status, goal)
+
+
+def anderson(G: Callable, x0, *, memory: int, tol: float, atol: float, maxiter: int,
+             damping: float = 1.0) -> Result:
+    """Fixed-point iteration `x = G(x)` with Anderson acceleration of depth
+    `memory` (0: plain Picard iteration), on the residual `F(x) = G(x) - x`:
+    stops when `||F(x)||_inf <= max(atol, tol * ||F(x0)||_inf)`. The mixing
+    coefficients solve a small regularized least-squares problem over the
+    last `memory` residual differences (Walker and Ni's type-II form)."""
+    n = x0.shape[0]
+    m = max(int(memory), 0)
+    g0 = G(x0)
+    f0 = g0 - x0
+    f0n = _norm(f0)
+    goal = _tolerance(f0n, tol, atol)
+    status0 = jnp.where(jnp.all(jnp.isfinite(f0)), MAXITER, NONFINITE).astype(jnp.int32)
+    status0 = jnp.where((status0 == MAXITER) & (f0n <= goal), CONVERGED, status0)
+    dtype = x0.dtype
+    zeros = jnp.zeros((max(m, 1), n), dtype)
+
+    def cond(s):
+        return (s[4] == MAXITER) & (s[3] < maxiter)
+
+    def body(s):
+        x, g, f, k, status, slow, dF, dG = s
+        if m:
+            # mixing: minimise ||f - dF^T gamma|| over the stored differences
+            count = jnp.minimum(k, m)
+            live = (jnp.arange(m) < count)[:, None]
+            A = jnp.where(live, dF, 0.0)
+            B = jnp.where(live, dG, 0.0)
+            gram = A @ A.T.conj()
+            reg = 1e-10 * (jnp.trace(gram).real + 1e-300)
+            gram = gram + (reg + jnp.where(live[:, 0], 0.0, 1.0)) * jnp.eye(m, dtype=dtype)
+            gamma = jnp.linalg.solve(gram, A.conj() @ f)
+            x_new = g + (damping - 1.0) * f - (B.T @ gamma) - (damping - 1.0) * (A.T @ gamma)
+        else:
+            x_new = x + damping * f
+        g_new = G(x_new)
+        f_new = g_new - x_new
+        if m:
+            slot = k % m
+            dF = dF.at[slot].set(f_new - f)
+            dG = dG.at[slot].set(g_new - g)
+        fn_old, fn_new = _norm(f), _norm(f_new)
+        slow = jnp.where(fn_new > 0.99 * fn_old, slow + 1, 0)
+        finite = jnp.all(jnp.isfinite(f_new))
+        new_status = jnp.where(~finite, NONFINITE,
+                               jnp.where(fn_new <= goal, CONVERGED,
+                                         jnp.where(slow >= 10, STAGNATION,
+                                                   MAXITER))).astype(jnp.int32)
+        keep = finite
+        return (jnp.where(keep, x_new, x), jnp.where(keep, g_new, g),
+                jnp.where(keep, f_new, f), k + 1, new_status, slow, dF, dG)
+
+    state = (x0, g0, f0, jnp.zeros((), jnp.int32), status0, jnp.zeros((), jnp.int32),
+             zeros, zeros)
+    x, g, f, k, status, _, _, _ = jax.lax.while_loop(cond, body, state)
+    return Result(x, k, _norm(f), status, goal)

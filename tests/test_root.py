@@ -1,0 +1,231 @@
+"""`sd.optimize.root` and `sd.optimize.fixed_point`: roots against SciPy,
+implicit derivatives (first and second order, forward and reverse, through
+`jax.grad(sd.to_jax(...))`) against finite differences, the three Jacobian
+kinds, batching, and the failures: each diagnosis, `throw=False`, and the
+refused derivative of a failed solve."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+import scipy.optimize
+
+import sciad as sd
+import sciad.numpy as snp
+from sciad.errors import ConvergenceError, ShapeError
+
+N = 12
+
+
+def diffusion(u, f, c=1.0):
+    """-(k(u) u')' - f on a 1-D grid, k = c (1 + u^2), zero Dirichlet ends."""
+    h = 1.0 / (u.shape[0] + 1)
+    up = snp.pad(u, (1, 1))
+    k = c * (1.0 + up ** 2)
+    flux = 0.5 * (k[1:] + k[:-1]) * (up[1:] - up[:-1]) / h
+    return -(flux[1:] - flux[:-1]) / h - f
+
+
+def diffusion_np(u, f, c=1.0):
+    h = 1.0 / (u.shape[0] + 1)
+    up = np.pad(u, (1, 1))
+    k = c * (1.0 + up ** 2)
+    flux = 0.5 * (k[1:] + k[:-1]) * (up[1:] - up[:-1]) / h
+    return -(flux[1:] - flux[:-1]) / h - f
+
+
+@pytest.mark.parametrize("jac", ["sparse", "dense", "gmres"])
+def test_root_agrees_with_scipy(jac, rng):
+    f = 20.0 + 5.0 * rng.standard_normal(N)
+    res = sd.optimize.root(diffusion, np.zeros(N), (f,), jac=jac)
+    want = scipy.optimize.root(diffusion_np, np.zeros(N), (f,), tol=1e-13).x
+    assert res.success and res.status == 0 and 1 <= res.nit <= 10
+    assert res.residual <= 1e-10 * np.abs(f).max()
+    np.testing.assert_allclose(np.asarray(res.x), want, rtol=1e-9, atol=1e-12)
+
+
+def test_the_detected_pattern_is_the_stencil_and_the_graph_shows_it():
+    f = np.ones(N)
+    graph = sd.trace(lambda f: sd.optimize.root(diffusion, snp.zeros(N), (f,),
+                                                jac="sparse").x, f)
+    (node,) = [n for n in graph.nodes if n.primitive.name == "optimize.root"]
+    pattern = node.params["pattern"]
+    dense = np.zeros((N, N), bool)
+    dense[pattern.rows, pattern.indices] = True
+    want = np.abs(np.subtract.outer(np.arange(N), np.arange(N))) <= 1
+    np.testing.assert_array_equal(dense, want)
+    assert node.params["colors"] == 3
+    text = str(graph)
+    assert "optimize.root[" in text and f"<{N}x{N}, nnz={3 * N - 2}>" in text
+    assert "colors=3" in text and "graph diffusion(" in text
+
+
+def test_two_dimensional_root_with_sparse_jacobian():
+    m = 8
+
+    def bratu(u, lam):
+        U = snp.pad(snp.reshape(u, (m, m)), 1)
+        lap = (U[:-2, 1:-1] + U[2:, 1:-1] + U[1:-1, :-2] + U[1:-1, 2:] - 4 * U[1:-1, 1:-1])
+        return snp.reshape(lap * (m + 1) ** 2 + lam * snp.exp(U[1:-1, 1:-1]), (m * m,))
+
+    res = sd.optimize.root(bratu, np.zeros(m * m), (np.asarray(2.0),), jac="sparse")
+    u = np.asarray(res.x).reshape(m, m)
+    U = np.pad(u, 1)
+    lap = U[:-2, 1:-1] + U[2:, 1:-1] + U[1:-1, :-2] + U[1:-1, 2:] - 4 * u
+    assert np.abs(lap * (m + 1) ** 2 + 2.0 * np.exp(u)).max() < 1e-8
+    assert u.max() > 0.05  # the lower branch, not the trivial start
+
+
+@pytest.mark.parametrize("jac", ["sparse", "dense", "gmres"])
+def test_implicit_rules_pass_check_rules(jac, rng):
+    # JVP against finite differences, VJP by the dot-product test, second
+    # order and batching: in the source `f` and the coefficient `c`
+    def solve(f, c):
+        return sd.optimize.root(lambda u, f, c: diffusion(u, f, c), snp.zeros(6), (f, c),
+                                jac=jac).x
+
+    sd.testing.check_rules(solve, 10.0 + rng.standard_normal(6), np.asarray(1.3),
+                           batch=jac == "sparse")
+
+
+def test_gradient_and_hvp_against_finite_differences(rng):
+    f0 = 10.0 + rng.standard_normal(N)
+    target = rng.standard_normal(N) * 0.1
+
+    def loss(f):
+        u = sd.optimize.root(diffusion, snp.zeros(N), (f,), jac="sparse").x
+        return snp.sum((u - target) ** 2)
+
+    d = rng.standard_normal(N)
+    g = np.asarray(sd.grad(loss)(f0))
+    eps = 1e-5
+    fd = (loss(f0 + eps * d) - loss(f0 - eps * d)) / (2 * eps)
+    assert abs(g @ d - fd) <= 1e-7 * abs(fd)
+    hv = np.asarray(sd.hvp(loss, f0, d))
+    fd_h = (np.asarray(sd.grad(loss)(f0 + eps * d)) - np.asarray(sd.grad(loss)(f0 - eps * d)))
+    np.testing.assert_allclose(hv, fd_h / (2 * eps), rtol=1e-6, atol=1e-9)
+    rates = sd.testing.taylor_test(loss, f0, d)
+    assert min(rates) > 1.9
+
+
+def test_jax_grad_of_to_jax_through_a_root(rng):
+    def loss(f):
+        return snp.sum(sd.optimize.root(diffusion, snp.zeros(N), (f,), jac="sparse").x ** 3)
+
+    f0 = 10.0 + rng.standard_normal(N)
+    with sd.config.x64_scope():
+        g = jax.grad(sd.to_jax(loss))(jax.numpy.asarray(f0))
+    np.testing.assert_allclose(np.asarray(g), np.asarray(sd.grad(loss)(f0)), rtol=1e-12)
+
+
+def test_the_iterations_are_not_differentiated(rng):
+    # the derivative is the implicit one: a solve stopped early (loose tol)
+    # still differentiates as the root it reached, exactly: d/df of the root
+    # solve equals that of the exact solution map to the solve's accuracy
+    f0 = 10.0 + rng.standard_normal(N)
+
+    def x_of(f, tol):
+        return sd.optimize.root(diffusion, snp.zeros(N), (f,), jac="dense", tol=tol).x
+
+    jt = np.asarray(sd.jacfwd(lambda f: x_of(f, 1e-12))(f0))
+    jl = np.asarray(sd.jacfwd(lambda f: x_of(f, 1e-4))(f0))
+    np.testing.assert_allclose(jl, jt, rtol=1e-3, atol=1e-6)
+    graph = sd.trace(sd.grad(lambda f: snp.sum(x_of(f, 1e-12))), f0)
+    assert sum(n.primitive.name == "optimize.root" for n in graph.nodes) == 1
+
+
+def test_vmap_of_root_is_one_map_and_agrees_with_a_loop(rng):
+    F = rng.uniform(5.0, 15.0, (3, N))
+
+    def solve(f):
+        return sd.optimize.root(diffusion, snp.zeros(N), (f,), jac="sparse").x
+
+    got = np.asarray(sd.vmap(solve)(F))
+    want = np.stack([np.asarray(solve(f)) for f in F])
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+    graph = sd.trace(sd.vmap(solve), F)
+    assert [n.primitive.name for n in graph.nodes if n.primitive.name == "map"] == ["map"]
+
+
+def test_fixed_point_agrees_with_scipy_and_differentiates(rng):
+    a = rng.uniform(0.3, 0.9, 5)
+    res = sd.optimize.fixed_point(lambda x, a: a * snp.cos(x), np.zeros(5), (a,))
+    want = scipy.optimize.fixed_point(lambda x: a * np.cos(x), np.zeros(5), xtol=1e-14)
+    assert res.success
+    np.testing.assert_allclose(np.asarray(res.x), want, rtol=1e-10)
+    picard = sd.optimize.fixed_point(lambda x, a: a * snp.cos(x), np.zeros(5), (a,),
+                                     method="picard")
+    assert picard.success and picard.nit > res.nit
+    x = np.asarray(res.x)
+    J = np.asarray(sd.jacfwd(lambda a: sd.optimize.fixed_point(
+        lambda x, a: a * snp.cos(x), snp.zeros(5), (a,)).x)(a))
+    np.testing.assert_allclose(J, np.diag(np.cos(x) / (1 + a * np.sin(x))), rtol=1e-9,
+                               atol=1e-12)
+    sd.testing.check_rules(lambda a: sd.optimize.fixed_point(
+        lambda x, a: a * snp.cos(x), snp.zeros(5), (a,), jac="dense").x, a, batch=False)
+
+
+# ---------------------------------------------------------------------------
+# failures
+
+
+def test_iteration_limit_names_iterations_residual_and_tolerance():
+    with pytest.raises(ConvergenceError) as e:
+        sd.optimize.root(lambda x: snp.exp(x) - 1e6, np.zeros(2), maxiter=3)
+    msg = str(e.value)
+    assert "iteration limit" in msg and "after 3 iterations" in msg
+    assert "||F||_inf = " in msg and "against the tolerance" in msg and "maxiter" in msg
+    assert e.value.iterations == 3 and e.value.residual > e.value.tolerance > 0
+    assert "test_root.py" in msg  # the user's line
+
+
+# a user primitive whose JVP rule has the wrong sign: Newton's direction
+# then climbs ||F||, and the line search finds no decrease
+_cubic_p = sd.primitive("test_root.cubic_wrong_jvp", params={})
+_cubic_p.def_abstract_eval(lambda x: x)
+_cubic_p.def_impl(lambda x: x ** 3 + x - 2.0)
+
+
+@_cubic_p.def_jvp
+def _cubic_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return _cubic_p.bind(x), -(3.0 * x ** 2 + 1.0) * t
+
+
+@pytest.mark.parametrize("fun, x0, words", [
+    (lambda x: x ** 2 + 1.0, np.ones(2), "Jacobian is singular"),       # no real root
+    (lambda x: snp.log(x), -np.ones(2), "not finite"),                   # outside the domain
+    (lambda x: _cubic_p(x), np.zeros(2), "line search failed"),          # a wrong JVP rule
+    (lambda x: snp.abs(x) ** (1 / 3) * snp.sign(x), np.ones(2), "iteration limit"),
+])
+def test_each_failure_has_its_diagnosis(fun, x0, words):
+    with pytest.raises(ConvergenceError, match=words):
+        sd.optimize.root(fun, x0, jac="dense")
+
+
+def test_throw_false_returns_the_status_and_refuses_the_derivative():
+    def solve(c):
+        return sd.optimize.root(lambda x, c: x ** 2 + c, snp.ones(2), (c,), throw=False)
+
+    res = solve(np.ones(2))
+    assert not res.success and res.status == 2 and "singular" in res.message
+    ok = solve(-np.ones(2))
+    assert ok.success
+    g = np.asarray(sd.grad(lambda c: snp.sum(solve(c).x))(-np.ones(2)))
+    np.testing.assert_allclose(g, -0.5 * np.ones(2))
+    with pytest.raises(ConvergenceError, match="cannot differentiate a root solve that failed"):
+        sd.grad(lambda c: snp.sum(solve(c).x))(np.ones(2))
+    with pytest.raises(ConvergenceError, match="cannot differentiate"):
+        sd.jvp(lambda c: solve(c).x, (np.ones(2),), (np.ones(2),))
+
+
+def test_bad_input_is_refused_at_trace_time():
+    with pytest.raises(ShapeError, match="as many values as x has"):
+        sd.optimize.root(lambda x: snp.sum(x), np.zeros(3))
+    with pytest.raises(ShapeError, match="`jac` must be"):
+        sd.optimize.root(lambda x: x, np.zeros(3), jac="banded")
+    with pytest.raises(ShapeError, match="`method` must be"):
+        sd.optimize.root(lambda x: x, np.zeros(3), method="hybr")
+    with pytest.raises(sd.errors.DTypeError, match="real float"):
+        sd.optimize.root(lambda x: x, np.zeros(3, complex))
