@@ -573,7 +573,7 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
     outs = root_p.bind(*consts, *leaves, x0, graph=graph, kind=kind, method=method, jac=jac,
                        pattern=pattern, colors=colors, tol=float(tol), atol=float(atol),
                        maxiter=int(maxiter), memory=int(memory), throw=bool(throw))
-    x, nit, residual, status = outs
+    x, nit, residual, status = outs[:4]
     return RootResult(x, status == 0, nit, residual, status)
 
 

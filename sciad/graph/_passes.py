@@ -538,7 +538,8 @@ def _fit_factors(nodes: list[Node], outputs) -> list[Node]:
         if fit is None:
             out.append(node)
             continue
-        f = node.outputs[0]
+        # the factorization: the node's first output that is one
+        f = next((v for v in node.outputs if holds_tuple(v.type)), node.outputs[0])
         users = readers.get(f, [])
         complete = f not in escaping and all(u.primitive.reads_factor for u in users)
         params = dict(fit(node.params, users, complete))

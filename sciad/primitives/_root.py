@@ -46,17 +46,22 @@ root_p = Primitive("optimize.root", multiple_results=True, runtime_checks=True, 
     "graph": Graph, "kind": str, "method": str, "jac": str,
     "pattern": Param((Pattern, None), default=None), "colors": Param(int, default=0),
     "tol": float, "atol": float, "maxiter": int, "memory": Param(int, default=0),
-    "throw": Param(bool, default=True)})
+    "throw": Param(bool, default=True), "uses": Param((int, None), default=None)},
+    fit_to_readers=lambda params, readers, complete: _root_fit(params, readers, complete))
 #: `graph`: the residual (kind "root") or the fixed-point map (kind
 #: "fixed_point") as a closed body `(*consts, x) -> (F,)`; `jac`: how Newton's
 #: systems and the derivatives' are solved; `pattern` (with `jac="sparse"`):
 #: the Jacobian's structure detected from `graph`, `colors` its number of
-#: colors (JVPs per Jacobian)
+#: colors (JVPs per Jacobian). With a sparse Jacobian the node has a fifth
+#: output, the factorization of the last Newton iteration's Jacobian (held
+#: on the host), which the derivatives' solves with the Jacobian at the root
+#: read and refine (`linalg.backsolve`); `uses`, set by `share_factors`, is
+#: how many of them do (0: none, so the loop keeps no factorization)
 
 
 @root_p.def_abstract_eval
 def _root_shape(*args, graph, kind, method, jac, pattern=None, colors=0, tol, atol, maxiter,
-                memory=0, throw=True):
+                memory=0, throw=True, uses=None):
     op = "optimize.root"
     *consts, x = args
     if kind not in KINDS or method not in METHODS[kind]:
@@ -80,7 +85,35 @@ def _root_shape(*args, graph, kind, method, jac, pattern=None, colors=0, tol, at
                          f"memory >= 0; got tol={tol}, atol={atol}, maxiter={maxiter}, "
                          f"memory={memory}.", op=op)
     i32 = TensorType((), np.dtype(np.int32))
-    return x, i32, TensorType((), x.dtype), i32
+    outs = (x, i32, TensorType((), x.dtype), i32)
+    if _keeps_factor(kind, jac):
+        outs += (_factor_type(pattern, x.dtype),)
+    return outs
+
+
+def _keeps_factor(kind: str, jac: str) -> bool:
+    return kind == "root" and jac == "sparse"
+
+
+def _factor_type(pattern: Pattern, dtype):
+    from ..graph import SparseType
+    from ._linalg import linalg_factor_p
+
+    (t,) = linalg_factor_p.abstract_eval(SparseType(pattern, dtype), solver="splu",
+                                         pattern=pattern)
+    return t
+
+
+def _root_fit(params, readers, complete) -> dict:
+    # `uses`: how many solves read the kept factorization (so the last one
+    # frees it, and none means none is kept); None where not all are known
+    from ._map import on_devices
+
+    params = dict(params)
+    params.pop("uses", None)
+    if complete and not on_devices(readers):
+        params["uses"] = len(readers)
+    return params
 
 
 def _coloring(pattern: Pattern) -> np.ndarray:
@@ -128,13 +161,14 @@ def _unflat_x(graph: Graph, args: list) -> list:
     return args[:-1] + [snp.reshape(args[-1], graph.inputs[-1].type.shape)]
 
 
-def linear_solver(jac: str, pattern: Pattern | None, jacobian):
+def linear_solver(jac: str, pattern: Pattern | None, jacobian, uses: int | None = None):
     """The `LinearSolve` Newton uses for `jac`, given the lowered graph
     `jacobian` of `_newton_graphs` (on the node's consts)."""
     from ..solvers import _nonlinear
 
     if jac == "sparse":
-        return _nonlinear.sparse_lu(pattern, lambda x: jacobian(x)[0])
+        return _nonlinear.sparse_lu(pattern, lambda x: jacobian(x)[0], keep=uses != 0,
+                                    uses=uses)
     if jac == "dense":
         return _nonlinear.dense_lu(lambda x: jacobian(x)[0])
     return _nonlinear.gmres(lambda x, v: jacobian(x, v)[0], KRYLOV_STEP_RTOL)
@@ -177,7 +211,7 @@ def judge_root(site, *, status, nit, residual, goal, kind, method, jac, maxiter)
 
 @root_p.def_impl
 def _root_impl(*args, graph, kind, method, jac, pattern=None, colors=0, tol, atol, maxiter,
-               memory=0, throw=True, site=None):
+               memory=0, throw=True, uses=None, site=None):
     import jax.numpy as jnp
 
     from ..graph import Site, lower
@@ -193,7 +227,7 @@ def _root_impl(*args, graph, kind, method, jac, pattern=None, colors=0, tol, ato
 
     x = jnp.reshape(x0, (-1,))
     if kind == "root":
-        linear = linear_solver(jac, pattern, lambda *a: jacobian(*consts, *a))
+        linear = linear_solver(jac, pattern, lambda *a: jacobian(*consts, *a), uses=uses)
         res = _nonlinear.newton(F, x, linear, tol=tol, atol=atol, maxiter=maxiter)
     else:  # the map G(x) = F(x) + x
         res = _nonlinear.anderson(lambda x: F(x) + x, x, memory=memory, tol=tol, atol=atol,
@@ -204,7 +238,10 @@ def _root_impl(*args, graph, kind, method, jac, pattern=None, colors=0, tol, ato
                              when=res.status != 0, status=res.status, nit=res.nit,
                              residual=res.residual, goal=res.goal, kind=kind, method=method,
                              jac=jac, maxiter=maxiter))
-    return out, res.nit, res.residual, res.status
+    outs = (out, res.nit, res.residual, res.status)
+    if _keeps_factor(kind, jac):
+        outs += ((res.aux,),)
+    return outs
 
 
 # ---------------------------------------------------------------------------
@@ -224,10 +261,15 @@ def jacobian_at(graph: Graph, args: list, *, kind: str, jac: str, pattern):
     fargs = list(args[:-1]) + [snp.reshape(x, (n,))]
     if jac == "sparse":
         return emit(flat, fargs, len(fargs) - 1, Structure(pattern, _coloring(pattern), False))
-    if jac == "dense":
-        dense = Pattern.from_coo((n, n), np.repeat(np.arange(n), n), np.tile(np.arange(n), n))[0]
-        J = emit(flat, fargs, len(fargs) - 1, Structure(dense, np.arange(n), False))
-        return J.todense()
+    if jac == "dense":  # one batched JVP over the unit vectors, as `sd.jacfwd`
+        from .._transforms import _batched_map, _jacobian_leaf
+
+        zeros = [Zero(type_of(a).update()) for a in fargs[:-1]]
+        (col,) = _batched_map(lambda t: jvp_eval(flat, fargs, zeros + [t])[1],
+                              type_of(fargs[-1]).update(), "jacobian_columns", forward=True)
+        if col is None:
+            return snp.zeros((n, n), type_of(x).dtype)
+        return _jacobian_leaf(*col, n, (n,), (n,), rows=False)
     return None
 
 
@@ -254,15 +296,24 @@ def _flat_body(graph: Graph, kind: str) -> Graph:
 
 
 def apply_inverse(graph: Graph, consts: list, x, rhs, *, kind: str, jac: str, pattern,
-                  transpose: bool = False):
+                  transpose: bool = False, factor=None):
     """`(dF/dx)^-1 rhs` (`(dF/dx)^-T rhs` if `transpose`) at the root `x`, for
-    a flat `rhs`."""
+    a flat `rhs`. With `factor` (the root node's last Newton factorization),
+    the solve reads it: `linalg.backsolve` checks the backward error with
+    the Jacobian at the root and refines, so the result is that of the
+    Jacobian at the root without factoring it again."""
     from .. import linalg
     from .. import numpy as snp
     from ..graph._autodiff import vjp_eval
+    from ._linalg import linalg_backsolve_p
 
     n = rhs.shape[0]
     J = jacobian_at(graph, list(consts) + [x], kind=kind, jac=jac, pattern=pattern)
+    if J is not None and factor is not None:
+        params = {"solver": "splu", "pattern": pattern}
+        if transpose:
+            params["transpose"] = True
+        return linalg_backsolve_p.bind(factor, J, rhs, **params)
     if J is not None:
         return linalg.solve(J.T if transpose else J, rhs)
     flat = _flat_body(graph, kind)
@@ -285,7 +336,7 @@ def _root_jvp(primals, tangents, **params):
     *consts, x0 = primals
     *dconsts, _ = tangents  # the root does not depend on where the iteration starts
     outs = root_p.bind(*primals, **params)
-    x, _, _, status = outs
+    x, _, _, status, *factor = outs
     zeros_out = [Zero(type_of(o).update()) for o in outs[1:]]
     if all(is_zero(t) for t in dconsts):
         return outs, [Zero(type_of(x).update())] + zeros_out
@@ -298,7 +349,7 @@ def _root_jvp(primals, tangents, **params):
     if not params.get("throw", True):
         dF = root_guard_p.bind(status, dF)
     dx = apply_inverse(graph, consts, x, snp.reshape(dF, (n,)), kind=kind, jac=params["jac"],
-                       pattern=params.get("pattern"))
+                       pattern=params.get("pattern"), factor=factor[0] if factor else None)
     return outs, [snp.reshape(-dx, x.shape)] + zeros_out
 
 
@@ -310,7 +361,7 @@ def _root_vjp(primals, outs, cts, **params):
     from ..graph._autodiff import vjp_eval
 
     *consts, _ = primals
-    x, _, _, status = outs
+    x, _, _, status, *factor = outs
     ct = cts[0]
     none = [None] * len(primals)
     if is_zero(ct) or not any(isinstance(c, Tracer) for c in consts):
@@ -320,7 +371,8 @@ def _root_vjp(primals, outs, cts, **params):
         ct = root_guard_p.bind(status, ct)
     n = int(np.prod(x.shape, dtype=np.int64))
     lam = apply_inverse(graph, consts, x, snp.reshape(ct, (n,)), kind=kind, jac=params["jac"],
-                        pattern=params.get("pattern"), transpose=True)
+                        pattern=params.get("pattern"), transpose=True,
+                        factor=factor[0] if factor else None)
     _, backward = vjp_eval(graph, [*consts, x])
     back = backward([snp.reshape(lam, x.shape)])[:-1]
     return [None if is_zero(b) or not isinstance(c, Tracer) else -b

@@ -26,7 +26,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._host import host_call
 
 #: status codes of the loops, and what each says
 STATUS = {
@@ -46,10 +45,13 @@ ARMIJO = 1e-4
 
 
 class LinearSolve(NamedTuple):
-    """How Newton solves `J(x) d = r`: `solve(x, r) -> (d, ok)`."""
+    """How Newton solves `J(x) d = r`: `solve(x, r, aux) -> (d, ok, aux)`.
+    `aux` is an int32 the solver threads through the iterations (the handle
+    of the sparse LU it keeps, 0 for none); `init` is its first value."""
 
     solve: Callable
     name: str
+    init: int = 0
 
 
 def _norm(v):
@@ -72,34 +74,18 @@ def colored_values(F: Callable, pattern, colors: np.ndarray) -> Callable:
     return values
 
 
-def sparse_lu(pattern, values: Callable) -> LinearSolve:
+def sparse_lu(pattern, values: Callable, *, keep: bool = False,
+              uses: int | None = None) -> LinearSolve:
     """`J(x)` on `pattern`, its values from `values(x)` (CSR order; see
-    `colored_values`), solved by SuperLU on the host: one host call per
-    Newton iteration, factor and solve."""
+    `colored_values`), factored and solved by SuperLU on the host: one host
+    call per Newton iteration. With `keep`, the last factorization is kept
+    in the host store and its handle returned as the loop's `aux` (see
+    `sciad.solvers._sparse_direct.newton_solve`), for `uses` later solves."""
     from . import _sparse_direct
 
-    def one(d, b):
-        lu = _sparse_direct._factor_one(pattern, d)  # of A^T: solve transposed
-        if lu is None:
-            return np.zeros_like(b), False
-        x = lu.solve(b, trans="T")
-        return x, bool(np.isfinite(x).all())
-
-    def host(d, b):
-        if d.ndim == 1 and b.ndim == 1:
-            x, ok = one(d, b)
-            return x, np.asarray(ok)
-        # under `jax.vmap` (a `map` of root solves): one host call per iteration
-        batch = np.broadcast_shapes(d.shape[:-1], b.shape[:-1])
-        ds = np.broadcast_to(d, batch + d.shape[-1:]).reshape(-1, d.shape[-1])
-        bs = np.broadcast_to(b, batch + b.shape[-1:]).reshape(-1, b.shape[-1])
-        res = [one(di, bi) for di, bi in zip(ds, bs)]
-        xs = np.stack([r[0] for r in res]).reshape(batch + b.shape[-1:])
-        return xs, np.array([r[1] for r in res]).reshape(batch)
-
-    def solve(x, r):
-        return host_call(host, (jax.ShapeDtypeStruct(r.shape, r.dtype),
-                                jax.ShapeDtypeStruct((), jnp.bool_)), values(x), r)
+    def solve(x, r, handle):
+        return _sparse_direct.newton_solve(pattern, handle, values(x), r, keep=keep,
+                                           uses=uses)
 
     return LinearSolve(solve, "sparse LU")
 
@@ -107,13 +93,13 @@ def sparse_lu(pattern, values: Callable) -> LinearSolve:
 def dense_lu(matrix: Callable) -> LinearSolve:
     """`J(x) = matrix(x)` (e.g. `jax.jacfwd(F)`), LU-factored in the program;
     a tiny pivot counts as singular."""
-    def solve(x, r):
+    def solve(x, r, aux):
         lu, piv = jax.scipy.linalg.lu_factor(matrix(x))
         d = jax.scipy.linalg.lu_solve((lu, piv), r)
         diag = jnp.abs(jnp.diagonal(lu))
         eps = jnp.finfo(x.dtype).eps
         ok = jnp.all(jnp.isfinite(d)) & (jnp.min(diag) > eps * jnp.max(diag) * x.shape[0])
-        return d, ok
+        return d, ok, aux
 
     return LinearSolve(solve, "dense LU")
 
@@ -124,13 +110,13 @@ def gmres(jvp: Callable, rtol: float, maxiter: int | None = None) -> LinearSolve
     counts as a failed solve."""
     import lineax as lx
 
-    def solve(x, r):
+    def solve(x, r, aux):
         struct = jax.ShapeDtypeStruct(x.shape, x.dtype)
         op = lx.FunctionLinearOperator(lambda v: jvp(x, v), struct)
         sol = lx.linear_solve(op, r, lx.GMRES(rtol=rtol, atol=0.0, max_steps=maxiter,
                                               restart=min(50, x.shape[0])), throw=False)
         d = sol.value
-        return d, jnp.all(jnp.isfinite(d))
+        return d, jnp.all(jnp.isfinite(d)), aux
 
     return LinearSolve(solve, "GMRES")
 
@@ -141,6 +127,7 @@ class Result(NamedTuple):
     residual: jax.Array  # ||F(x)||_inf
     status: jax.Array    # int32, see STATUS
     goal: jax.Array      # the tolerance on ||F||_inf it was held to
+    aux: jax.Array       # the linear solver's last `aux` (a kept factor's handle)
 
 
 def _tolerance(f0_norm, tol, atol):
@@ -159,12 +146,11 @@ def newton(F: Callable, x0, linear: LinearSolve, *, tol: float, atol: float,
     status0 = jnp.where((status0 == MAXITER) & (f0n <= goal), CONVERGED, status0)
 
     def cond(s):
-        x, fx, k, status, slow = s
-        return (status == MAXITER) & (k < maxiter)
+        return (s[3] == MAXITER) & (s[2] < maxiter)
 
     def body(s):
-        x, fx, k, status, slow = s
-        d, ok = linear.solve(x, -fx)
+        x, fx, k, status, slow, aux = s
+        d, ok, aux = linear.solve(x, -fx, aux)
         phi0 = 0.5 * jnp.vdot(fx, fx).real
 
         def ls_cond(t):
@@ -192,11 +178,12 @@ def newton(F: Callable, x0, linear: LinearSolve, *, tol: float, atol: float,
         keep = ok & accepted
         x = jnp.where(keep, xt, x)
         fx = jnp.where(keep, ft, fx)
-        return x, fx, k + 1, new_status, slow
+        return x, fx, k + 1, new_status, slow, aux
 
-    state = (x0, f0, jnp.zeros((), jnp.int32), status0, jnp.zeros((), jnp.int32))
-    x, fx, k, status, _ = jax.lax.while_loop(cond, body, state)
-    return Result(x, k, _norm(fx), status, goal)
+    state = (x0, f0, jnp.zeros((), jnp.int32), status0, jnp.zeros((), jnp.int32),
+             jnp.asarray(linear.init, jnp.int32))
+    x, fx, k, status, _, aux = jax.lax.while_loop(cond, body, state)
+    return Result(x, k, _norm(fx), status, goal, aux)
 
 
 def anderson(G: Callable, x0, *, memory: int, tol: float, atol: float, maxiter: int,
@@ -255,4 +242,4 @@ def anderson(G: Callable, x0, *, memory: int, tol: float, atol: float, maxiter: 
     state = (x0, g0, f0, jnp.zeros((), jnp.int32), status0, jnp.zeros((), jnp.int32),
              zeros, zeros)
     x, g, f, k, status, _, _, _ = jax.lax.while_loop(cond, body, state)
-    return Result(x, k, _norm(f), status, goal)
+    return Result(x, k, _norm(f), status, goal, jnp.zeros((), jnp.int32))

@@ -43,6 +43,13 @@ from ._host import host_call
 
 METHODS = ("splu", "spsolve")
 
+#: the most steps of iterative refinement a checked solve takes while its
+#: backward error is above the bound and falls: one restores a backward
+#: stable solve; more make a factor of a nearby matrix (the last Newton
+#: iteration's Jacobian, reused for the adjoint at the root) as good as
+#: the matrix's own (each step gains the factor's relative distance)
+REFINE_STEPS = 4
+
 #: factors kept at most whose uses are not counted (saved for a later
 #: program); the oldest beyond it are dropped, except those just stored
 MAX_KEPT = 8
@@ -174,6 +181,16 @@ class _Store:
                     entry[1] -= 1
                     if entry[1] <= 0:
                         dropped.append(self.entries.pop(h)[0])
+        _drop_on_worker(dropped)
+
+    def discard(self, *handles: int) -> None:
+        """Releases `handles` (those still held), whatever their counts."""
+        dropped = []
+        with self.lock:
+            for h in handles:
+                entry = self.entries.pop(int(h), None)
+                if entry is not None:
+                    dropped.append(entry[0])
         _drop_on_worker(dropped)
 
     def __len__(self) -> int:
@@ -455,11 +472,16 @@ def _solve_checked(pattern, handle: int, d: np.ndarray, b: np.ndarray, transpose
     r = _residual(pattern, d, x, b, transpose)
     eta, rel = measures(r, x, b, anorm)
     refined = False
-    if not eta <= refine_above and eta == eta:  # (not for NaN: nothing to refine)
-        x = x - _lu_solve(lu, r, transpose)
-        r = _residual(pattern, d, x, b, transpose)
-        eta, rel = measures(r, x, b, anorm)
+    for _ in range(REFINE_STEPS):  # (not for NaN: nothing to refine)
+        if eta <= refine_above or eta != eta:
+            break
+        x_new = x - _lu_solve(lu, r, transpose)
+        r_new = _residual(pattern, d, x_new, b, transpose)
+        eta_new, rel_new = measures(r_new, x_new, b, anorm)
         refined = True
+        if not eta_new < eta:  # no progress: keep the better one
+            break
+        x, r, eta, rel = x_new, r_new, eta_new, rel_new
     rcond = np.nan
     if estimate == "always" or (estimate == "on_residual" and (
             not rel <= eps ** 0.5 or not eta <= refine_above)):
@@ -522,3 +544,48 @@ def _spsolve(pattern, data, b, transpose: bool):
         return spsolve(data, indices, indptr, b)
     # spsolve has no batching rule: one solve per column
     return jax.lax.map(lambda col: spsolve(data, indices, indptr, col), b.T).T
+
+
+def newton_solve(pattern, handle, data, b, *, keep: bool, uses: int | None):
+    """One Newton step's linear solve `A d = b` (A on `pattern` with values
+    `data`), factoring `A` on the host: returns `(d, ok, handle)`.
+
+    With `keep`, the factor is stored under a new handle (read later by
+    `linalg.backsolve`: the adjoint at the root reuses the last Newton
+    factorization, refined) and `handle`, the previous iteration's, is
+    released; `uses` counts the solves that will read the last one (None:
+    kept until the store's bound pushes it out). `ok` is False where `A` is
+    exactly singular or the step is not finite. Leading batch axes (a `map`
+    of root solves) are looped over, in one host call."""
+    def one(h, d, bb):
+        if h > 0:
+            _store.discard(int(h))
+        made = _Factored.make(pattern, d)
+        if made.lu is None:
+            _drop_on_worker([made])
+            return np.zeros_like(bb), False, 0
+        x = _lu_solve(made.lu, bb, False)
+        ok = bool(np.isfinite(x).all())
+        if keep and ok:
+            new = _store.new_handle()
+            _store.put([new], [made], uses)
+            return x, ok, new
+        _drop_on_worker([made])
+        return x, ok, 0
+
+    def host(h, d, bb):
+        if h.ndim == 0 and d.ndim == 1 and bb.ndim == 1:
+            x, ok, new = one(int(h), d, bb)
+            return x, np.asarray(ok), np.asarray(new, np.int32)
+        batch = np.broadcast_shapes(h.shape, d.shape[:-1], bb.shape[:-1])
+        hs = np.broadcast_to(h, batch).reshape(-1)
+        ds = np.broadcast_to(d, batch + d.shape[-1:]).reshape(-1, d.shape[-1])
+        bs = np.broadcast_to(bb, batch + bb.shape[-1:]).reshape(-1, bb.shape[-1])
+        res = [one(int(hi), di, bi) for hi, di, bi in zip(hs, ds, bs)]
+        return (np.stack([r[0] for r in res]).reshape(batch + bb.shape[-1:]),
+                np.array([r[1] for r in res]).reshape(batch),
+                np.array([r[2] for r in res], np.int32).reshape(batch))
+
+    return host_call(host, (jax.ShapeDtypeStruct(b.shape, b.dtype),
+                            jax.ShapeDtypeStruct((), jnp.bool_),
+                            jax.ShapeDtypeStruct((), jnp.int32)), handle, data, b)
