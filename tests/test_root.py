@@ -229,3 +229,28 @@ def test_bad_input_is_refused_at_trace_time():
         sd.optimize.root(lambda x: x, np.zeros(3), method="hybr")
     with pytest.raises(sd.errors.DTypeError, match="real float"):
         sd.optimize.root(lambda x: x, np.zeros(3, complex))
+
+
+@pytest.mark.parametrize("distance", [1e-6, 0.5])
+def test_a_kept_factor_of_a_nearby_matrix_is_refined_or_replaced(distance, rng):
+    # the adjoint at a root reads the last Newton iteration's factor: a solve
+    # with the factor of a nearby matrix refines to the matrix's own accuracy,
+    # and one of a far matrix is factored again
+    import scipy.sparse as sp
+
+    from sciad.graph import Pattern
+    from sciad.solvers import _sparse_direct as sdir
+
+    n = 30
+    A = (sp.random(n, n, density=0.2, random_state=3) + 4 * sp.eye(n)).tocsr()
+    A.sort_indices()
+    pattern = Pattern(A.shape, A.indptr, A.indices)
+    B = A.copy()
+    B.data = B.data * (1 + distance * rng.standard_normal(B.nnz))
+    b = rng.standard_normal(n)
+    with sd.config.x64_scope():
+        (h,) = jax.jit(lambda d: sdir.factor("splu", pattern, d, uses=1))(A.data)
+        x = jax.jit(lambda h, d, b: sdir.solve("splu", pattern, (h,), d, b, False,
+                                               refine_above=1e-14))(h, B.data, b)
+    np.testing.assert_allclose(B @ np.asarray(x), b, rtol=0, atol=1e-12)
+    assert sdir.held() == 0

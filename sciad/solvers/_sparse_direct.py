@@ -183,6 +183,19 @@ class _Store:
                         dropped.append(self.entries.pop(h)[0])
         _drop_on_worker(dropped)
 
+    def replace(self, handle: int, f: _Factored) -> None:
+        """`f` in place of `handle`'s factor (its count kept); stored anew
+        (uncounted) if it was released meanwhile."""
+        dropped = []
+        with self.lock:
+            entry = self.entries.get(int(handle))
+            if entry is None:
+                self.entries[int(handle)] = [f, None]
+            else:
+                dropped.append(entry[0])
+                entry[0] = f
+        _drop_on_worker(dropped)
+
     def discard(self, *handles: int) -> None:
         """Releases `handles` (those still held), whatever their counts."""
         dropped = []
@@ -468,6 +481,36 @@ def _solve_checked(pattern, handle: int, d: np.ndarray, b: np.ndarray, transpose
     if refine_above == np.inf and estimate == "never":  # (unchecked)
         return x, None
 
+    x, eta, rel, refined = _refine(pattern, f, lu, d, b, x, transpose, refine_above)
+    if not eta <= refine_above and eta == eta and got is not None:
+        # a kept factor of another matrix (a Newton iteration's, reused at
+        # the root) that refinement could not bring close: factor the
+        # matrix itself, for this solve and the handle's later ones
+        f = _Factored.make(pattern, d)
+        _store.replace(handle, f)
+        lu = f.lu
+        if lu is None:
+            return np.full(b.shape, np.nan, b.dtype), dict(
+                nonfinite=not np.isfinite(b).all(), backward_error=np.nan,
+                residual=np.nan, rcond=0.0, refined=False)
+        x = _lu_solve(lu, b, transpose)
+        x, eta, rel, _ = _refine(pattern, f, lu, d, b, x, transpose, refine_above)
+        refined = True
+    rcond = np.nan
+    if estimate == "always" or (estimate == "on_residual" and (
+            not rel <= eps ** 0.5 or not eta <= refine_above)):
+        rcond = f.get_rcond(pattern, d, lu)
+    elif not refined and eta <= refine_above:
+        return x, None  # the common case: nothing to report
+    nonfinite = not rel == rel and not np.isfinite(b).all()
+    return x, dict(nonfinite=nonfinite, backward_error=eta, residual=rel, rcond=rcond,
+                   refined=refined)
+
+
+def _refine(pattern, f: _Factored, lu, d, b, x, transpose: bool, refine_above: float):
+    """Steps of iterative refinement of `x` for `op(A) x = b` (A's values
+    `d`, `lu` a factor of it or of a nearby matrix) while the backward error
+    is above `refine_above` and falls: `(x, eta, rel, refined)`."""
     anorm = f.norm1 if transpose else f.norm_inf
     r = _residual(pattern, d, x, b, transpose)
     eta, rel = measures(r, x, b, anorm)
@@ -482,15 +525,7 @@ def _solve_checked(pattern, handle: int, d: np.ndarray, b: np.ndarray, transpose
         if not eta_new < eta:  # no progress: keep the better one
             break
         x, r, eta, rel = x_new, r_new, eta_new, rel_new
-    rcond = np.nan
-    if estimate == "always" or (estimate == "on_residual" and (
-            not rel <= eps ** 0.5 or not eta <= refine_above)):
-        rcond = f.get_rcond(pattern, d, lu)
-    elif not refined and eta <= refine_above:
-        return x, None  # the common case: nothing to report
-    nonfinite = not rel == rel and not np.isfinite(b).all()
-    return x, dict(nonfinite=nonfinite, backward_error=eta, residual=rel, rcond=rcond,
-                   refined=refined)
+    return x, eta, rel, refined
 
 
 def rcond_estimate(method: str, pattern, factor: tuple, data):
