@@ -513,8 +513,34 @@ class RootResult(NamedTuple):
 
 _ROOT_OP = "optimize.root"
 _ROOT_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-#: unknowns up to which `jac=None` takes a dense Jacobian
-DENSE_UP_TO = 256
+#: `jac=None` takes a dense Jacobian up to this many unknowns, or where the
+#: detected pattern fills more than `DENSE_ABOVE` of the matrix
+DENSE_UP_TO = 64
+DENSE_ABOVE = 0.2
+
+
+def _is_array(x) -> bool:
+    """A leaf of `args` that is a value (an operand of the node), not a static
+    object the residual reads (a problem description, a callable)."""
+    from .graph import SparseArray
+
+    return isinstance(x, (np.ndarray, np.generic, jax.Array, Tracer, SparseArray, int, float,
+                          complex, bool))
+
+
+def _split_args(args):
+    """`args`' leaves: the values (operands) and the static objects, and how
+    to put them back together."""
+    leaves, treedef = _tree.tree_flatten(args, is_leaf=is_value_leaf)
+    dynamic = [i for i, a in enumerate(leaves) if _is_array(a)]
+    static = {i: a for i, a in enumerate(leaves) if not _is_array(a)}
+
+    def rebuild(values):
+        full = dict(static)
+        full.update(zip(dynamic, values))
+        return _tree.tree_unflatten(treedef, [full[i] for i in range(len(leaves))])
+
+    return [leaves[i] for i in dynamic], static, rebuild
 
 
 def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: float,
@@ -533,12 +559,12 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
             tx = type_of(x0)
         else:
             raise DTypeError(f"`x0` must be a real float array, got {tx.str_short()}.", op=op)
-    leaves, treedef = _tree.tree_flatten(args, is_leaf=is_value_leaf)
-    leaves = [snp.asarray(a) for a in leaves]
+    values, _, rebuild = _split_args(args)
+    leaves = [snp.asarray(a) for a in values]
 
     def body(*a):
         *ls, x = a
-        out = fun(x, *_tree.tree_unflatten(treedef, ls))
+        out = fun(x, *rebuild(ls))
         if isinstance(out, (tuple, list, dict)) or out is None:
             raise ShapeError(f"`fun` must return one array, got a {type(out).__name__}.",
                              op=op)
@@ -554,20 +580,23 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
     graph, consts, _ = trace_body(body, [type_of(a) for a in leaves] + [tx],
                                   name=getattr(fun, "__name__", "fun"))
     n = tx.size
-    if jac is None:
-        jac = "dense" if n <= DENSE_UP_TO else "sparse"
-        if kind == "fixed_point":
-            jac = "gmres"
-    if jac not in JACOBIANS:
+    if jac not in JACOBIANS + (None,):
         raise ShapeError(f"`jac` must be None or one of {JACOBIANS}, got {jac!r}.", op=op)
+    if jac is None and kind == "fixed_point":
+        jac = "gmres"
+    elif jac is None and n <= DENSE_UP_TO:
+        jac = "dense"
     pattern, colors = None, 0
-    if jac == "sparse":
+    if jac in ("sparse", None):
         wrt = [False] * (len(graph.inputs) - 1) + [True]
         p = graph_sparsity(graph, wrt)
         if kind == "fixed_point":  # F = G(x) - x
             import scipy.sparse as sp
 
             p = (p + sp.eye(n, dtype=bool, format="csr")).astype(bool)
+        if jac is None:
+            jac = "dense" if p.nnz > DENSE_ABOVE * n * n else "sparse"
+    if jac == "sparse":
         pattern = _pattern(p)
         colors = int(_coloring(pattern).max(initial=-1)) + 1
     outs = root_p.bind(*consts, *leaves, x0, graph=graph, kind=kind, method=method, jac=jac,
@@ -586,20 +615,23 @@ def _root_call(fun: Callable, x0, args, op: str, **kw) -> RootResult:
         raise DTypeError(f"`fun` must be a function, got {type(fun).__name__}.", op=op)
     if _in_trace((x0, args)):
         return _root_inline(fun, x0, args, op=op, **kw)
-    key = tuple(sorted(kw.items()))
+    values, static, rebuild = _split_args(args)
+    # compiled once per function, options and static objects (by identity,
+    # held by the cache entry so that an id is not reused meanwhile)
+    key = (tuple(sorted(kw.items())), tuple((i, id(a)) for i, a in static.items()))
     try:
         table = _ROOT_CACHE.setdefault(fun, {})
         fref = weakref.ref(fun)
     except TypeError:
         table, fref = {}, (lambda: fun)
-    fn = table.get(key)
-    if fn is None:
-        def solve(x0, *args):
-            return tuple(_root_inline(fref(), x0, args, op=op, **kw))
+    entry = table.get(key)
+    if entry is None:
+        def solve(x0, *values):
+            return tuple(_root_inline(fref(), x0, rebuild(list(values)), op=op, **kw))
 
         solve.__name__ = f"root_{getattr(fun, '__name__', 'fun')}"
-        fn = table[key] = function(solve)
-    x, success, nit, residual, status = fn(x0, *_to_device(args))
+        entry = table[key] = (function(solve), static)
+    x, success, nit, residual, status = entry[0](x0, *_to_device(tuple(values)))
     return RootResult(x, bool(success), int(nit), float(residual), int(status))
 
 
@@ -634,7 +666,8 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
           of the pattern's columns, solved by sparse LU (SuperLU);
         - `"dense"`: by forward mode, solved by dense LU;
         - `"gmres"`: matrix-free (JVPs of `fun`), solved by GMRES;
-        - `None` (the default): dense up to 256 unknowns, else sparse.
+        - `None` (the default): dense up to 64 unknowns or where the
+          detected pattern fills more than a fifth of the matrix, else sparse.
     - `tol`, `atol`: converged when `||F(x)||_inf <= max(atol, tol *
       ||F(x0)||_inf)`.
     - `maxiter`: the most Newton iterations.

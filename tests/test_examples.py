@@ -266,3 +266,20 @@ def test_eigen_design_raises_the_fundamental_and_opens_the_gap(capsys):
         assert np.all(np.abs(res.x) <= ex.BOUND + 1e-12)
     text = capsys.readouterr().out
     assert "DegenerateEigenvalueError" in text and "eigenvalues 1..2" in text
+
+
+def test_nonlinear_inverse_recovers_the_coefficient(capsys):
+    ex = _load("nonlinear_inverse")
+    res, rates, history, m_true, graph = ex.main(n=16, maxiter=25, plot=None)
+    assert np.all(np.abs(rates - 2.0) < 0.1), rates
+    assert history[-1] < 0.5 * history[0]
+    err = np.linalg.norm(res.x - m_true) / np.linalg.norm(m_true)
+    assert err < 0.8, err
+    # the state is one root node, its Jacobian's 5-point pattern detected
+    roots = [n for n in graph.nodes if n.primitive.name == "optimize.root"]
+    assert len(roots) == 1
+    p = roots[0].params["pattern"]
+    assert p.shape == (256, 256) and p.nnz == 5 * 256 - 4 * 16
+    out = capsys.readouterr().out
+    assert "optimize.root[" in out and "pattern=#" in out and "nnz=1216" in out
+    assert "colors" in out and "Taylor test" in out
