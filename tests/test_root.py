@@ -77,16 +77,41 @@ def test_two_dimensional_root_with_sparse_jacobian():
     assert u.max() > 0.05  # the lower branch, not the trivial start
 
 
-@pytest.mark.parametrize("jac", ["sparse", "dense", "gmres"])
-def test_implicit_rules_pass_check_rules(jac, rng):
-    # JVP against finite differences, VJP by the dot-product test, second
-    # order and batching: in the source `f` and the coefficient `c`
+def _solve(jac):
     def solve(f, c):
         return sd.optimize.root(lambda u, f, c: diffusion(u, f, c), snp.zeros(6), (f, c),
                                 jac=jac).x
+    return solve
 
-    sd.testing.check_rules(solve, 10.0 + rng.standard_normal(6), np.asarray(1.3),
-                           batch=jac == "sparse")
+
+def test_implicit_rules_pass_check_rules(rng):
+    # JVP against finite differences, VJP by the dot-product test, second
+    # order and batching: in the source `f` and the coefficient `c`
+    sd.testing.check_rules(_solve("sparse"), 10.0 + rng.standard_normal(6), np.asarray(1.3))
+
+
+@pytest.mark.parametrize("jac", ["dense", "gmres"])
+def test_dense_and_matrix_free_derivatives_agree_with_sparse(jac, rng):
+    f, c = 10.0 + rng.standard_normal(6), np.asarray(1.3)
+    w = rng.standard_normal(6)
+
+    def loss(solve):
+        return lambda f, c: snp.sum(w * solve(f, c) ** 2)
+
+    want = sd.grad(loss(_solve("sparse")), argnums=(0, 1))(f, c)
+    got = sd.grad(loss(_solve(jac)), argnums=(0, 1))(f, c)
+    for g, h in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(h), rtol=1e-9)
+    _, t_want = sd.jvp(_solve("sparse"), (f, c), (w, np.asarray(0.5)))
+    _, t_got = sd.jvp(_solve(jac), (f, c), (w, np.asarray(0.5)))
+    np.testing.assert_allclose(np.asarray(t_got), np.asarray(t_want), rtol=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("jac", ["dense", "gmres"])
+def test_implicit_rules_pass_check_rules_dense_and_matrix_free(jac, rng):
+    sd.testing.check_rules(_solve(jac), 10.0 + rng.standard_normal(6), np.asarray(1.3),
+                           batch=False)
 
 
 def test_gradient_and_hvp_against_finite_differences(rng):
@@ -162,6 +187,14 @@ def test_fixed_point_agrees_with_scipy_and_differentiates(rng):
         lambda x, a: a * snp.cos(x), snp.zeros(5), (a,)).x)(a))
     np.testing.assert_allclose(J, np.diag(np.cos(x) / (1 + a * np.sin(x))), rtol=1e-9,
                                atol=1e-12)
+    g = np.asarray(sd.grad(lambda a: snp.sum(sd.optimize.fixed_point(
+        lambda x, a: a * snp.cos(x), snp.zeros(5), (a,), jac="sparse").x))(a))
+    np.testing.assert_allclose(g, np.cos(x) / (1 + a * np.sin(x)), rtol=1e-9)
+
+
+@pytest.mark.slow
+def test_fixed_point_rules_pass_check_rules(rng):
+    a = rng.uniform(0.3, 0.9, 5)
     sd.testing.check_rules(lambda a: sd.optimize.fixed_point(
         lambda x, a: a * snp.cos(x), snp.zeros(5), (a,), jac="dense").x, a, batch=False)
 
