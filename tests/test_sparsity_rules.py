@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import sciad as sd
+import sciad.numpy as snp
 from registry_examples import EXAMPLES, builtin_primitives
 from sciad.graph._sparsity import input_deps, sparsity_eval
 
@@ -21,13 +22,7 @@ WITH_RULE = [n for n in BUILTINS if sd.graph.lookup_primitive(n).sparsity_rule i
 # Built-in primitives without a sparsity rule: a graph holding one gets a
 # dense pattern for its outputs, with a warning. The list must match the
 # registry exactly: a rule added removes its name here.
-PENDING = {
-    "dynamic_slice", "dynamic_update_slice", "fft", "linalg.backsolve", "linalg.eigh",
-    "linalg.eigh_apply", "linalg.eigh_guard", "linalg.eigsh", "linalg.eigsh_operator",
-    "linalg.factor", "linalg.factor_rcond", "linalg.rcond", "linalg.solve",
-    "linalg.solve_operator", "linalg.svd", "linalg.svd_guard", "map", "scan", "scan_adjoint",
-    "scatter_add", "scatter_set", "sort", "take", "while",
-}
+PENDING: set[str] = set()
 # no operands, or no float output: the interpretation never asks for a rule
 NEVER_ASKED = {"arange", "eye", "full", "linspace", "zeros", "argsort", "searchsorted",
                "index_bounds"}
@@ -43,6 +38,32 @@ def test_sparsity_rule_coverage_is_as_listed():
 
 def _inexact(a) -> bool:
     return np.asarray(a).dtype.kind in "fc"
+
+
+def _jacobian_fn(graph, lowered, args, outs, i, direction):
+    """`x -> ` the derivative of the float outputs' real and imaginary parts
+    along real perturbations `direction * t` of argument `i` at `x`, compiled
+    once: by JAX's forward mode of the lowered graph, or (where the lowering
+    calls the host, which JAX cannot differentiate) by sciad's."""
+    def f(t, x, call, xp):
+        full = list(args)
+        full[i] = x + direction * t
+        res = call(*full)
+        flat = xp.concatenate([xp.ravel(res[o]) for o in outs])
+        return xp.stack([flat.real, flat.imag])
+
+    by_jax = jax.jit(jax.jacfwd(lambda t, x: f(t, x, lambda *a: lowered(*a), jax.numpy)))
+    by_sciad = sd.jacfwd(lambda t, x: f(t, x, lambda *a: sd.call(graph, *a), sd.numpy))
+
+    def jac(x):
+        t = np.zeros(np.shape(x))
+        try:
+            with sd.config.x64_scope():
+                return np.asarray(by_jax(t, x))
+        except sd.errors.LoweringError:
+            return np.asarray(by_sciad(t, x))
+
+    return jac
 
 
 @pytest.mark.parametrize("name", WITH_RULE)
@@ -67,20 +88,95 @@ def test_sparsity_rule_is_sound(name, rng):
         # random points so that no entry is zero by chance; the derivative of
         # an output's real and imaginary parts
         for direction in ([1.0, 1j] if x0.dtype.kind == "c" else [1.0]):
-            def f(t, x, i=i, direction=direction):
-                full = [jax.numpy.asarray(a) for a in args]
-                full[i] = x + direction * t
-                res = lowered(*full)
-                flat = jax.numpy.concatenate([jax.numpy.ravel(res[o]) for o in outs])
-                return jax.numpy.stack([flat.real, flat.imag])
-
-            with sd.config.x64_scope():
-                for _ in range(2):
-                    x = x0 * (1 + 0.05 * rng.standard_normal(x0.shape))
-                    jac = np.asarray(jax.jacfwd(f)(np.zeros(x0.shape), x))
-                    assert np.isfinite(jac).all(), f"{name}: a non-finite Jacobian"
-                    nonzero |= (jac != 0).any(axis=0).reshape(pattern.shape)
+            jac_at = _jacobian_fn(graph, lowered, args, outs, i, direction)
+            for _ in range(2):
+                x = x0 * (1 + 0.05 * rng.standard_normal(x0.shape))
+                try:
+                    jac = jac_at(x)
+                except sd.errors.NotSupportedError as e:  # a condition number
+                    pytest.skip(f"no reference Jacobian: {e}")
+                assert np.isfinite(jac).all(), f"{name}: a non-finite Jacobian"
+                nonzero |= (jac != 0).any(axis=0).reshape(pattern.shape)
         missed = np.argwhere(nonzero & ~pattern)
         assert not missed.size, (f"{name}: the pattern misses Jacobian entries (output "
                                  f"element, input element) {missed[:5].tolist()} of "
                                  f"argument {i}")
+
+
+# ---------------------------------------------------------------------------
+# sharp patterns: exact where the rule can be
+
+
+def _circular_band(n: int, width: int) -> np.ndarray:
+    i = np.arange(n)
+    d = np.abs(i[:, None] - i[None, :])
+    return np.minimum(d, n - d) <= width
+
+
+def test_scan_of_a_stencil_is_banded():
+    # three explicit steps of a periodic 3-point stencil: the final state's
+    # band is 3 wide, each stacked step's as wide as its step (not dense)
+    n, k = 12, 3
+
+    def step(u, _):
+        u = u + 0.1 * (snp.roll(u, 1) - 2.0 * u + snp.roll(u, -1))
+        return u, u
+
+    def f(u0):
+        u, ys = sd.scan(step, u0, length=k)
+        return snp.concatenate([u, snp.ravel(ys)])
+
+    got = sd.sparse.jacobian_sparsity(f, np.ones(n)).toarray()
+    want = np.vstack([_circular_band(n, k)] + [_circular_band(n, t + 1) for t in range(k)])
+    np.testing.assert_array_equal(got, want)
+
+
+def test_scan_outputs_read_their_own_step():
+    # a long scan (past the steps followed one by one): each output reads its
+    # own slice of xs and the carry grows by nothing, so block diagonal
+    def f(xs):
+        _, ys = sd.scan(lambda c, x: (c * 2.0, snp.sin(x) * c), np.ones(2), xs)
+        return snp.ravel(ys)
+
+    got = sd.sparse.jacobian_sparsity(f, np.ones((150, 2))).toarray()
+    np.testing.assert_array_equal(got, np.eye(300, dtype=bool))
+
+
+def test_fft_along_one_axis_is_block_structured():
+    got = sd.sparse.jacobian_sparsity(lambda x: sd.fft.fft(x, axis=0).real,
+                                      np.ones((4, 3))).toarray()
+    # output (i, j) reads the column j: every x[:, j]
+    np.testing.assert_array_equal(got, np.kron(np.ones((4, 4), bool), np.eye(3, dtype=bool)))
+
+
+def test_dynamic_slice_with_constant_start_selects():
+    from sciad.primitives._indexing import dynamic_slice_p
+
+    # the start on axis 1 is clamped to 1 (XLA's rule), as the op clamps it
+    got = sd.sparse.jacobian_sparsity(
+        lambda x: dynamic_slice_p.bind(x, np.int64(1), np.int64(5), sizes=(2, 2)),
+        np.ones((4, 3))).toarray()
+    want = np.zeros((4, 12), bool)
+    want[np.arange(4), [4, 5, 7, 8]] = True
+    np.testing.assert_array_equal(got, want)
+
+
+def test_dynamic_slice_with_traced_start_reads_its_reach():
+    from sciad.primitives._indexing import dynamic_slice_p
+
+    def f(x):
+        i = snp.astype(snp.sum(x) > 0, np.int64)  # traced: any start in [0, 4]
+        return dynamic_slice_p.bind(x, i, sizes=(2,))
+
+    got = sd.sparse.jacobian_sparsity(f, np.ones(6)).toarray()
+    np.testing.assert_array_equal(got, np.eye(2, 6, dtype=bool) | np.eye(2, 6, 1, dtype=bool)
+                                  | np.eye(2, 6, 2, dtype=bool) | np.eye(2, 6, 3, dtype=bool)
+                                  | np.eye(2, 6, 4, dtype=bool))
+
+
+def test_take_with_constant_indices_selects():
+    got = sd.sparse.jacobian_sparsity(lambda x: snp.take(x, np.array([3, 0, 3]), axis=1),
+                                      np.ones((2, 4))).toarray()
+    want = np.zeros((6, 8), bool)
+    want[np.arange(6), [3, 0, 3, 7, 4, 7]] = True
+    np.testing.assert_array_equal(got, want)

@@ -51,3 +51,4 @@ from ._autodiff import (
     zeros_p as zeros_p,
 )
 from . import passes as passes
+from ._sparsity import Deps as Deps

@@ -37,7 +37,7 @@ import scipy.sparse as sp
 from ..errors import ShapeError, SparsityWarning
 from ._core import Graph, Literal, Node
 from ._interpret import Interpreter
-from ._types import AbstractType, SparseType, TensorType
+from ._types import AbstractType, BatchedType, FactorType, SparseType, TensorType
 
 #: the most dependency entries one value may hold (a dense 7,000 x 7,000
 #: Jacobian); beyond it the interpretation stops with an error instead of
@@ -73,9 +73,14 @@ class Deps(NamedTuple):
 
 
 def value_shape(t: AbstractType) -> tuple[int, ...]:
-    """The shape of a value's elements: a sparse matrix's is its data vector's."""
+    """The shape of a value's elements: a sparse matrix's is its data vector's;
+    a factorization is one element (it depends on its whole matrix)."""
     if isinstance(t, SparseType):
         return (t.pattern.nnz,)
+    if isinstance(t, FactorType):
+        return (1,)
+    if isinstance(t, BatchedType):  # a batch of sparse matrices or factorizations
+        return (t.size,) + value_shape(t.inner)
     return tuple(t.shape)
 
 
@@ -434,3 +439,79 @@ def coloring(pattern: sp.csr_matrix, *, rows: bool = False) -> np.ndarray:
         out = _COLORINGS[key] = color_columns(p)
         out.setflags(write=False)
     return out
+
+
+# ---------------------------------------------------------------------------
+# bodies applied to slices (`scan`'s per-step inputs, `map`'s examples)
+
+
+def symbolic_slices(deps: Sequence[Deps], length: int, shapes: Sequence[tuple],
+                    n: int) -> tuple[list[Deps], sp.csr_matrix]:
+    """For a body interpreted once for all the slices of stacked operands
+    (`deps`, each `length` slices of `shapes[j]` along its leading axis),
+    the body's inputs for a slice, and the slices' dependencies.
+
+    The slices get `K` columns of their own after the `n` real ones (one per
+    element of a slice, across the operands): slice operand `j`'s input is
+    the identity onto its columns, and the body's other inputs get `K` empty
+    columns (`pad_columns`). An output of the body so interpreted has real
+    columns (what it depends on whatever the slice) and symbolic ones (the
+    elements of its slice it depends on), which `substitute` replaces by
+    those of each slice. Every rule selects and unites rows, so this gives
+    for each slice what interpreting the body on that slice would (or a
+    superset, where a rule asks whether an operand depends on anything).
+    Returns `(inputs, x)`: `x`, `(length * K, n)`, holds slice `t`'s rows
+    (the operands' in order) at `t * K ...`."""
+    sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+    K = int(sum(sizes))
+    inputs, idx, start, off = [], [], 0, 0
+    for d, s, k in zip(deps, shapes, sizes):
+        eye = sp.csr_matrix((np.ones(k, bool), (np.arange(k), n + start + np.arange(k))),
+                            shape=(k, n + K))
+        inputs.append(Deps(eye, tuple(s)))
+        idx.append(off + np.arange(length, dtype=np.int64)[:, None] * k + np.arange(k))
+        start += k
+        off += d.size
+    if K and length:
+        stacked = sp.vstack([d.matrix for d in deps], format="csr") if len(deps) > 1 \
+            else deps[0].matrix
+        x = select_rows(stacked, np.concatenate(idx, axis=1).ravel())
+    else:
+        x = empty(length * K, n)
+    return inputs, x
+
+
+def pad_columns(d: Deps, k: int) -> Deps:
+    """`d` with `k` more (empty) columns: a real operand beside symbolic slices."""
+    if not k:
+        return d
+    return Deps(_bool(sp.hstack([d.matrix, empty(d.size, k)], format="csr")), d.shape,
+                d.value)
+
+
+def substitute(out: sp.csr_matrix, n: int, x: sp.csr_matrix, length: int) -> sp.csr_matrix:
+    """A body output's pattern `out` (`(m, n + K)`, see `symbolic_slices`)
+    for each of the `length` slices whose rows `x` (`(length * K, n)`)
+    holds, stacked: `(length * m, n)`, slice `t`'s at `t * m ...`: its real
+    columns, and the rows of slice `t` its symbolic columns name."""
+    m, K = out.shape[0], out.shape[1] - n
+    tiled = select_rows(_bool(out[:, :n]), np.tile(np.arange(m, dtype=np.int64), length))
+    sym = _bool(out[:, n:]) if K else None
+    if sym is None or not sym.nnz:
+        return tiled
+    _check_entries(length * sym.nnz)
+    per = sp.kron(sp.eye(length, dtype=bool, format="csr"), sym, format="csr")
+    return union(tiled, _bool(_bool(per) @ x))
+
+
+def any_slice(out: sp.csr_matrix, n: int, x: sp.csr_matrix) -> sp.csr_matrix:
+    """`out` (`(m, n + K)`) for a slice that may be any of those in `x`
+    (`(length * K, n)`): its real columns, and the rows of every slice its
+    symbolic columns name; `(m, n)`."""
+    K = out.shape[1] - n
+    real = _bool(out[:, :n])
+    if not K or not x.shape[0]:
+        return real
+    t = np.arange(x.shape[0], dtype=np.int64)
+    fold = sp.csr_matrix((np.ones(t.size, bool), (t % K, t)), shape=(K, t.size))
+    return union(real, _bool(_bool(out[:, n:]) @ _bool(fold @ x)))

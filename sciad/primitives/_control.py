@@ -1061,6 +1061,130 @@ def _scan_adjoint_batch(args, dims, *, body, step, num_consts, num_carry, num_ct
 
 
 # ---------------------------------------------------------------------------
+# sparsity (`sd.sparse.jacobian_sparsity`)
+#
+# A loop's patterns come from interpreting its body step after step, the
+# per-step inputs as symbolic columns (`symbolic_slices`), so that each
+# step's outputs depend on the slice of `xs` that step reads, not on all of
+# them. A scan of at most `SPARSITY_STEPS` steps is followed exactly, one
+# step after another (a stencil's band grows one step at a time), stopping
+# early where the carries' patterns stop changing. A longer one, and a
+# `while` loop (which may stop after any step), iterate the union of the
+# carries' patterns (a slice read: any of them) to its fixed point, which
+# is monotone and so holds after every step; past `SPARSITY_STEPS`
+# iterations without one, every output depends on every operand.
+
+#: the most steps a loop's sparsity rule interprets its body for
+SPARSITY_STEPS = 100
+
+
+def loop_sparsity(body: Graph, consts, init, xs, steps: int | None, *, exact: bool,
+                  reverse: bool = False):
+    """The patterns of a loop's final carries and stacked per-step outputs,
+    from the `Deps` of its consts, initial carries and stacked per-step
+    inputs: `(carries, ys)` (CSR matrices), or None past `SPARSITY_STEPS`
+    without a fixed point. `steps`: the body's applications (at most, where
+    not `exact`: a `while` loop's `max_steps`, or None)."""
+    import scipy.sparse as sp
+
+    from ..graph._sparsity import (Deps, any_slice, pad_columns, select_rows, sparsity_eval,
+                                   substitute, symbolic_slices, union, value_shape)
+
+    nc, nk = len(consts), len(init)
+    n = (list(consts) + list(init) + list(xs))[0].columns
+    length = steps or 0
+    shapes = [value_shape(v.type) for v in body.inputs[nc + nk:]]
+    x_in, x_rows = symbolic_slices(xs, length, shapes, n)
+    K = int(sum(d.size for d in x_in))
+    c_in = [pad_columns(d, K) for d in consts]
+    carry_shapes = [d.shape for d in init]
+    carries = [d.matrix for d in init]
+    follow = exact and steps is not None and steps <= SPARSITY_STEPS
+    limit = steps if follow else min(SPARSITY_STEPS, SPARSITY_STEPS if steps is None else steps)
+    records, fixed = [], False
+    for i in range(limit):
+        res = sparsity_eval(body, c_in + [pad_columns(Deps(c, s), K) for c, s in
+                                          zip(carries, carry_shapes)] + x_in)
+        records.append([r.matrix for r in res[nk:]])
+        # whatever slice the later steps read, their carries stay within these
+        grown = [union(c, any_slice(r.matrix, n, x_rows)) for c, r in zip(carries, res[:nk])]
+        fixed = all(g.nnz == c.nnz for g, c in zip(grown, carries))
+        if fixed:
+            break
+        if follow:  # step `i` reads its own slice
+            p = length - 1 - i if reverse else i
+            rows = select_rows(x_rows, p * K + np.arange(K))
+            carries = [substitute(r.matrix, n, rows, 1) for r in res[:nk]]
+        else:
+            carries = grown
+    if not fixed and not (steps is not None and limit == steps):
+        return None
+    ys = []
+    for j, v in enumerate(body.outputs[nk:]):
+        m = int(np.prod(value_shape(v.type), dtype=np.int64))
+        if not length:
+            ys.append(sp.csr_matrix((0, n), dtype=bool))
+            continue
+        # step `s` reads slice `p(s)` and sees the carries of record `min(s, last)`
+        blocks, dest, last = [], [], len(records) - 1
+        for r, rec in enumerate(records):
+            step = np.arange(r, length if r == last else r + 1, dtype=np.int64)
+            p = length - 1 - step if reverse else step
+            rows = select_rows(x_rows, (p[:, None] * K + np.arange(K)).ravel())
+            blocks.append(substitute(rec[j], n, rows, p.size))
+            dest.append((p[:, None] * m + np.arange(m)).ravel())
+        stacked = sp.vstack(blocks, format="csr") if len(blocks) > 1 else blocks[0]
+        ys.append(select_rows(stacked, np.argsort(np.concatenate(dest), kind="stable")))
+    return carries, ys
+
+
+def dense_sizes(sizes, deps) -> list:
+    """Patterns of `sizes` rows, each on every element of every operand."""
+    from ..graph._sparsity import _check_entries, all_of, select_rows
+
+    row = all_of(*deps)
+    _check_entries(int(sum(sizes)) * row.nnz)
+    return [select_rows(row, np.zeros(k, np.int64)) for k in sizes]
+
+
+def _install_sparsity_rules() -> None:
+    from ..graph._sparsity import Deps, value_shape
+    from ..graph._sparsity import _size as size
+
+    @scan_p.def_sparsity
+    def _scan_sparsity(outs, *deps, body, num_consts, num_carry, length, reverse=False,
+                       checkpoints=None):
+        consts, init, xs = _groups(deps, num_consts, num_carry)
+        res = loop_sparsity(body, consts, init, xs, length, exact=True, reverse=reverse)
+        if res is None:
+            return dense_sizes([size(t) for t in outs], deps)
+        return list(res[0]) + list(res[1])
+
+    @scan_adjoint_p.def_sparsity
+    def _scan_adjoint_sparsity(outs, *deps, body, step, num_consts, num_carry, num_ct_carry,
+                               num_acc, length, reverse=False, schedule):
+        # what `_adjoint_by_scans` computes: the forward scan stacking each
+        # step's carry, then the reverse scan of `step` over them
+        nc, nk = num_consts, num_carry
+        nx = len(body.inputs) - nc - nk
+        consts, init, xs, ctc, acc, cty = _adjoint_groups(deps, nc, nk, nx, num_ct_carry,
+                                                          num_acc)
+        fwd = body.replace(outputs=body.outputs[:nk] + body.inputs[nc:nc + nk])
+        res = loop_sparsity(fwd, consts, init, xs, length, exact=True, reverse=reverse)
+        if res is not None:
+            carries = [Deps(m, (length,) + value_shape(v.type))
+                       for m, v in zip(res[1], body.inputs[nc:nc + nk])]
+            res = loop_sparsity(step, consts, ctc + acc, carries + xs + cty, length,
+                                exact=True, reverse=not reverse)
+        if res is None:
+            return dense_sizes([size(t) for t in outs], deps)
+        return list(res[0]) + list(res[1])
+
+
+_install_sparsity_rules()
+
+
+# ---------------------------------------------------------------------------
 # cost (`sd.cost`)
 
 

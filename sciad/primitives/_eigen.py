@@ -529,3 +529,26 @@ def _guard_cost(node, body):
     if not node.params["check"]:
         return Cost(0.0)
     return Cost(3.0 * size(node.inputs[2].type))
+
+
+# ---------------------------------------------------------------------------
+# Sparsity: each output of a decomposition (or a spectral function) of a
+# stack of matrices depends on every entry of its own matrix; the guard is
+# the identity in the tangents it passes.
+
+
+def _install_sparsity_rules() -> None:
+    from ..graph._sparsity import axes_groups, grouped
+
+    def per_matrix(outs, a, **params):
+        g = axes_groups(a.shape, (-2, -1))
+        res = [grouped(t, a, g, axes_groups(t.shape, (-1,) if t.ndim == len(a.shape) - 1
+                                            else (-2, -1))) for t in outs]
+        return res if len(outs) > 1 else res[0]
+
+    eigh_p.def_sparsity(per_matrix)
+    eigh_apply_p.def_sparsity(per_matrix)
+    eigh_guard_p.def_sparsity(lambda outs, tw, tv, *rest, **params: [tw.matrix, tv.matrix])
+
+
+_install_sparsity_rules()

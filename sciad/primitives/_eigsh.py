@@ -538,3 +538,21 @@ def eigsh_operator(a, k: int, which: str | None, tol: float, maxiter, degenerate
                                     which="SA" if which is None else str(which),
                                     tol=float(tol), maxiter=maxiter, degenerate_tol=tol_d)
     return w, v
+
+
+# ---------------------------------------------------------------------------
+# Sparsity: every eigenpair (and the next eigenvalue) depends on every entry
+# of the matrices (the operator's params).
+
+
+def _install_sparsity_rules() -> None:
+    from ..graph._sparsity import dense
+
+    def rule(outs, *deps, **params):
+        return [dense(t, *deps) for t in outs]
+
+    eigsh_p.def_sparsity(rule)
+    eigsh_operator_p.def_sparsity(rule)
+
+
+_install_sparsity_rules()

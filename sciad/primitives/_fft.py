@@ -214,6 +214,17 @@ def _fft_cost(node, body):
     return Cost((2.5 if real else 5.0) * elems * np.log2(max(n, 2.0)))
 
 
+# Sparsity: an output element depends on every input element of its line
+# (the elements that share its position on the axes not transformed, whose
+# sizes the transform keeps; along the transformed ones it mixes them all).
+
+@fft_p.def_sparsity
+def _fft_sparsity(outs, x, *, kind, axes, lengths, norm):
+    from ..graph._sparsity import axes_groups, grouped
+
+    return grouped(outs[0], x, axes_groups(x.shape, axes), axes_groups(outs[0].shape, axes))
+
+
 def _install_batch_rule() -> None:
     from ..graph._batch import front_rule, shift_axes
 

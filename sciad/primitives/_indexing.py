@@ -333,6 +333,63 @@ def _dynamic_update_slice_transpose(ct, x, u, *starts):
     return (ct_x, ct_u, *([None] * len(starts)))
 
 
+# Sparsity: per axis, the positions of the operand a position of the window
+# can be (a constant start, clamped as XLA clamps it: one; a traced start:
+# any that keeps the window inside); an element's are their product. A
+# dynamic update keeps an element of `x` unless the window covers it
+# whatever the starts, and takes the update's elements that can land on it.
+
+def _clamped(start, n: int, w: int):
+    return None if start.value is None else min(max(int(start.value), 0), n - w)
+
+
+def _window(n: int, w: int, start) -> np.ndarray:
+    """`(w, n)` bool: whether window position `o` can be position `j`."""
+    s = np.arange(n)[None, :] - np.arange(w)[:, None]  # the start that makes it so
+    first = _clamped(start, n, w)
+    return (s >= 0) & (s <= n - w) if first is None else s == first
+
+
+def _product(ms):
+    """The Kronecker product of per-axis bool matrices, as a CSR matrix."""
+    import scipy.sparse as sp
+
+    from ..graph._sparsity import _check_entries
+
+    ms = [sp.csr_matrix(m) for m in ms]
+    _check_entries(int(np.prod([m.nnz for m in ms], dtype=np.int64)))
+    out = sp.csr_matrix(np.ones((1, 1), bool))
+    for m in ms:
+        out = sp.kron(out, m, format="csr")
+    return out
+
+
+def _dynamic_slice_sparsity(outs, x, *starts, sizes):
+    from ..graph._sparsity import _bool
+
+    return _bool(_product(_window(n, w, s) for n, w, s in zip(x.shape, sizes, starts))
+                 @ x.matrix)
+
+
+def _dynamic_update_slice_sparsity(outs, x, update, *starts):
+    from ..graph._sparsity import _bool, select_rows, union
+
+    covered = np.ones((), bool)
+    for n, w, s in zip(x.shape, update.shape, starts):
+        p, first = np.arange(n), _clamped(s, n, w)
+        surely = (p >= n - w) & (p < w) if first is None else (p >= first) & (p < first + w)
+        covered = np.multiply.outer(covered, surely)
+    kept = select_rows(x.matrix, np.where(covered.ravel(), -1, np.arange(x.size)))
+    if not update.matrix.nnz:
+        return kept
+    lands = _product(_window(n, w, s).T for n, w, s in zip(x.shape, update.shape, starts))
+    return union(kept, _bool(lands @ update.matrix))
+
+
+dynamic_slice_p.def_sparsity(_dynamic_slice_sparsity)
+dynamic_update_slice_p.def_sparsity(_dynamic_update_slice_sparsity)
+
+
 # ---------------------------------------------------------------------------
 # Batch rules: the batch axis leads, and the index gets a full slice for it.
 # A batched start of a dynamic slice (each example at its own offset) is a

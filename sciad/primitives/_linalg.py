@@ -1022,3 +1022,37 @@ def _install_batch_rules() -> None:
 
 
 _install_batch_rules()
+
+
+# ---------------------------------------------------------------------------
+# Sparsity: a solution depends on every entry of the matrix (its factor, the
+# operator's params) and on the whole column of `b` it solves for (the
+# columns are solved independently, also by the iterative solvers); a
+# factorization and a condition estimate on every entry of the matrix; a
+# diagnostic estimate (`constant`, derivative zero) on nothing.
+
+
+def _install_sparsity_rules() -> None:
+    from ..graph._sparsity import axes_groups, dense, empty, grouped, union
+
+    def solution(out, mats, b):
+        cols = axes_groups(b.shape, (0,))
+        parts = [grouped(out, b, cols, cols)]
+        if mats:
+            parts.append(dense(out, *mats))
+        return union(*parts)
+
+    def estimate(outs, *deps, constant=False, **params):
+        return empty(1, deps[0].columns) if constant else dense(outs[0], *deps)
+
+    linalg_solve_p.def_sparsity(lambda outs, a, b, **params: solution(outs[0], [a], b))
+    linalg_backsolve_p.def_sparsity(
+        lambda outs, f, a, b, **params: solution(outs[0], [f, a], b))
+    linalg_solve_operator_p.def_sparsity(
+        lambda outs, *args, **params: solution(outs[0], args[:-1], args[-1]))
+    linalg_factor_p.def_sparsity(lambda outs, a, **params: dense(outs[0], a))
+    linalg_rcond_p.def_sparsity(estimate)
+    linalg_factor_rcond_p.def_sparsity(estimate)
+
+
+_install_sparsity_rules()

@@ -357,6 +357,28 @@ def _register():
 _register()
 
 
+# Sparsity: the body interpreted once, each example's slices of the batched
+# operands as symbolic columns (`symbolic_slices`): example `b`'s outputs
+# depend on what the body reads of the shared operands and on the elements
+# of example `b` it reads.
+
+
+@map_p.def_sparsity
+def _map_sparsity(outs, *deps, body, batched, size, spmd_axis=None):
+    from ..graph._sparsity import (pad_columns, sparsity_eval, substitute, symbolic_slices,
+                                   value_shape)
+
+    n = deps[0].columns
+    sliced = [d for d, b in zip(deps, batched) if b]
+    shapes = [value_shape(v.type) for v, b in zip(body.inputs, batched) if b]
+    x_in, x_rows = symbolic_slices(sliced, size, shapes, n)
+    K = int(sum(d.size for d in x_in))
+    it = iter(x_in)
+    res = sparsity_eval(body, [next(it) if b else pad_columns(d, K)
+                               for d, b in zip(deps, batched)])
+    return [substitute(r.matrix, n, x_rows, size) for r in res]
+
+
 @map_p.def_cost
 def _map_cost(node, body):
     from ..graph._cost import Cost

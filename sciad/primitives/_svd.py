@@ -440,3 +440,25 @@ def svd(a, compute_uv: bool = True, degenerate_tol: float | None = None):
     dtype = np.result_type(getattr(a, "dtype", np.float64), np.float32)
     tol = default_tol(dtype) if degenerate_tol is None else float(degenerate_tol)
     return svd_p.bind(a, compute_uv=bool(compute_uv), degenerate_tol=tol)
+
+
+# ---------------------------------------------------------------------------
+# Sparsity: `s`, `u` and `vh` of each matrix of a stack depend on every entry
+# of that matrix; the guard is the identity in the tangents it passes.
+
+
+def _install_sparsity_rules() -> None:
+    from ..graph._sparsity import axes_groups, grouped
+
+    @svd_p.def_sparsity
+    def _svd_sparsity(outs, a, **params):
+        g = axes_groups(a.shape, (-2, -1))
+        return [grouped(t, a, g, axes_groups(t.shape, (-1,) if t.ndim == len(a.shape) - 1
+                                             else (-2, -1))) for t in outs]
+
+    @svd_guard_p.def_sparsity
+    def _guard_sparsity(outs, *deps, **params):
+        return [d.matrix for d in _split(deps)[0]]
+
+
+_install_sparsity_rules()

@@ -442,3 +442,61 @@ def _install_batch_rules() -> None:
 
 
 _install_batch_rules()
+
+
+# ---------------------------------------------------------------------------
+# Sparsity. With constant indices, `take` and the scatters move elements to
+# known places (clipped into range as the implementations clip them); with
+# traced ones, an element may be any of its line along `axis`. A scatter
+# keeps an element of `x` unless a constant index surely writes over it
+# (`scatter_set`); `sort` mixes each line along its axis.
+
+def _clipped(i, n: int) -> np.ndarray:
+    return np.clip(np.asarray(i.value, np.int64), 0, max(n - 1, 0))
+
+
+def _line_groups(shape, axis: int, k: int = 1) -> np.ndarray:
+    """Each element's line: its position on the axes but `axis ... axis + k`."""
+    from ..graph._sparsity import axes_groups
+
+    return axes_groups(shape, tuple(range(axis, axis + k)))
+
+
+def _take_sparsity(outs, x, i, *, axis):
+    from ..graph._sparsity import by_ids, grouped
+
+    if i.value is not None:
+        idx = _clipped(i, x.shape[axis])
+        return by_ids(lambda ids: np.take(ids, idx, axis=axis), x)
+    return grouped(outs[0], x, _line_groups(x.shape, axis),
+                   _line_groups(outs[0].shape, axis, len(i.shape)))
+
+
+def _scatter_sparsity(overwrites: bool):
+    def rule(outs, x, v, i, *, axis):
+        from ..graph._sparsity import Deps, grouped, scatter_add, select_rows, union
+
+        if i.value is None:
+            return union(x.matrix, grouped(outs[0], v, _line_groups(v.shape, axis, len(i.shape)),
+                                           _line_groups(x.shape, axis)))
+        ids = np.arange(x.size, dtype=np.int64).reshape(x.shape)
+        positions = np.take(ids, _clipped(i, x.shape[axis]), axis=axis).ravel()
+        if overwrites:
+            keep = np.arange(x.size, dtype=np.int64)
+            keep[positions] = -1
+            x = Deps(select_rows(x.matrix, keep), x.shape)
+        return scatter_add(outs[0], x, v, positions)
+    return rule
+
+
+def _sort_sparsity(outs, x, *, axis):
+    from ..graph._sparsity import grouped
+
+    g = _line_groups(x.shape, axis)
+    return grouped(outs[0], x, g, g)
+
+
+take_p.def_sparsity(_take_sparsity)
+scatter_add_p.def_sparsity(_scatter_sparsity(overwrites=False))
+scatter_set_p.def_sparsity(_scatter_sparsity(overwrites=True))
+sort_p.def_sparsity(_sort_sparsity)

@@ -375,6 +375,24 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
 
 
 # ---------------------------------------------------------------------------
+# sparsity: the union of the carries' patterns over the steps, to its fixed
+# point (the loop may stop after any step), interpreted at most
+# `max_steps` times; dense past `SPARSITY_STEPS` iterations without one
+# (`loop_sparsity`). The predicate selects a step count, not values.
+
+
+@while_p.def_sparsity
+def _while_sparsity(outs, *deps, cond_body, body, num_consts, max_steps=None,
+                    checkpoints=None):
+    from ..graph._sparsity import _size
+    from ._control import dense_sizes, loop_sparsity
+
+    res = loop_sparsity(body, deps[:num_consts], deps[num_consts:], [], max_steps,
+                        exact=False)
+    return dense_sizes([_size(t) for t in outs], deps) if res is None else res[0]
+
+
+# ---------------------------------------------------------------------------
 # cost (`sd.cost`)
 
 
