@@ -204,17 +204,18 @@ def _diffusion(u, c, f):
 
 def _root_example(c, f):
     """The root of `_diffusion` with the sparse Jacobian (its detected
-    tridiagonal pattern), and a fixed point with Anderson acceleration."""
+    tridiagonal pattern)."""
     r = sd.optimize.root(_diffusion, snp.zeros(4), (c, f), jac="sparse")
-    p = sd.optimize.fixed_point(lambda x, c: 0.5 * snp.cos(x * c), snp.zeros(4), (c,))
-    return r.x, r.residual, p.x
+    return r.x, r.residual
 
 
 def _root_guard_example(c, f):
-    """The gradient of a root solved with `throw=False`: guarded."""
-    def loss(c):
-        return snp.sum(sd.optimize.root(_diffusion, snp.zeros(4), (c, f), throw=False).x ** 2)
-    return sd.grad(loss)(c)
+    """A root solved with `throw=False`, its value passed through the guard
+    that a derivative of it goes through."""
+    from sciad.primitives._root import root_guard_p
+
+    r = sd.optimize.root(_diffusion, snp.zeros(4), (c, f), jac="dense", throw=False)
+    return root_guard_p.bind(r.status, r.x)
 
 
 EXAMPLES = {name: _unary_example(name) for name in UNARY}

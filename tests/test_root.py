@@ -45,6 +45,18 @@ def test_root_agrees_with_scipy(jac, rng):
     np.testing.assert_allclose(np.asarray(res.x), want, rtol=1e-9, atol=1e-12)
 
 
+def test_newton_krylov_is_matrix_free(rng):
+    f = 20.0 + 5.0 * rng.standard_normal(N)
+    res = sd.optimize.root(diffusion, np.zeros(N), (f,), method="newton_krylov")
+    ref = sd.optimize.root(diffusion, np.zeros(N), (f,), jac="sparse")
+    np.testing.assert_allclose(np.asarray(res.x), np.asarray(ref.x), rtol=1e-9)
+    graph = sd.trace(lambda f: sd.optimize.root(diffusion, snp.zeros(N), (f,),
+                                                method="newton_krylov").x, f)
+    assert "jac='gmres'" in str(graph) and "pattern=" not in str(graph)
+    with pytest.raises(ShapeError, match="matrix-free"):
+        sd.optimize.root(diffusion, np.zeros(N), (f,), method="newton_krylov", jac="dense")
+
+
 def test_the_detected_pattern_is_the_stencil_and_the_graph_shows_it():
     f = np.ones(N)
     graph = sd.trace(lambda f: sd.optimize.root(diffusion, snp.zeros(N), (f,),
