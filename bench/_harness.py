@@ -10,7 +10,9 @@ script also inserts its own directory there in case it is loaded another way.
   `summary` turns two variants' per-repeat times into medians, the ratio of
   the medians and the interquartile range of the pairwise (same-repeat) ratios.
 - `timed_call` times one call (the first: trace and compile); `median_time` is
-  the median wall time of a one-off step (tracing, lowering).
+  the median wall time of a one-off step (tracing, lowering); `medians` the
+  median time per call of several functions timed in interleaved batches,
+  `HostCall` wrapping a NumPy/SciPy function for it.
 - `load_average`, `machine_info`, `cpu_model` and `machine_lines` describe the
   machine for the Markdown header, `report_head` is a result file's first lines
   and `yes_no` a "target met" cell; `write_text` writes a result file atomically.
@@ -102,6 +104,30 @@ def median_time(fn, repeats: int) -> tuple[float, object]:
         out = fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times), out
+
+
+def medians(fns: dict, args, repeats: int, seconds: float = 0.3) -> dict:
+    """Median seconds per call of each of `fns` (`{name: fn}`), timed in
+    interleaved batches of about `seconds` each (see `interleaved`)."""
+    t = min(timed_call(f, args)[0] for f in fns.values())
+    calls = max(1, round(seconds / max(t, 1e-6)))
+    times = interleaved({k: (f, False) for k, f in fns.items()}, args, calls, repeats)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+class HostCall:
+    """A host (NumPy/SciPy) function made timeable with the JAX ones: its
+    call returns this object, whose `block_until_ready` is a no-op."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        self.out = self.fn(*args)
+        return self
+
+    def block_until_ready(self):
+        return self
 
 
 # ---------------------------------------------------------------------------

@@ -47,8 +47,8 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 from _harness import (  # noqa: E402  (bench/ must be on sys.path first)
-    command_line, interleaved, load_average, machine_info, publish, report_head,
-    timed_call, yes_no,
+    HostCall, command_line, load_average, machine_info, medians, publish, report_head,
+    yes_no,
 )
 
 RESULTS = os.path.join(HERE, "results", "eigen.md")
@@ -58,34 +58,6 @@ DENSE_JAX, QUICK_DENSE_JAX = (32, 64), (16,)
 REPEATS, QUICK_REPEATS = 7, 3
 K = 6
 DENSE_TARGET, SPARSE_TARGET, JAX_TARGET = 1.1, 1.5, 50.0
-
-
-def _median(xs):
-    import statistics
-
-    return statistics.median(xs)
-
-
-def _time(fns: dict, args, repeats: int) -> dict:
-    """Median seconds per call of each function (interleaved batches)."""
-    t = min(timed_call(f, args)[0] for f in fns.values())
-    calls = max(1, round(0.3 / max(t, 1e-6)))
-    times = interleaved({k: (f, False) for k, f in fns.items()}, args, calls, repeats)
-    return {k: _median(v) for k, v in times.items()}
-
-
-class _Ready:
-    """A host function's result, with `block_until_ready` (for the harness)."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __call__(self, *args):
-        self.fn(*args)
-        return self
-
-    def block_until_ready(self):
-        return self
 
 
 # ---------------------------------------------------------------------------
@@ -140,7 +112,7 @@ def measure_dense(sizes, repeats: int) -> list[dict]:
         err = float(np.max(np.abs(np.asarray(gs) - np.asarray(gj))) / np.max(np.abs(gj)))
         assert abs(float(vs) - float(vj)) <= 1e-10 * abs(float(vj)) and err <= 1e-8, err
         wrapped = {k: (lambda f: lambda *x: f(*x)[1])(f) for k, f in fns.items()}
-        t = _time(wrapped, args, repeats)
+        t = medians(wrapped, args, repeats)
         out.append({"n": n, "sd_ms": 1e3 * t["sciad"], "jax_ms": 1e3 * t["jax"],
                     "ratio": t["sciad"] / t["jax"], "err": err})
     return out
@@ -183,7 +155,7 @@ def measure_sparse(sizes, repeats: int) -> list[dict]:
         fd = (float(f(c + h * dc)) - float(f(c - h * dc))) / (2 * h)
         fd_err = abs(float(np.asarray(grad) @ dc) - fd) / abs(fd)
         assert fd_err <= 1e-6, fd_err
-        t = _time({"sciad": lambda c: vg(c)[1], "scipy": _Ready(scipy_forward)}, (c,),
+        t = medians({"sciad": lambda c: vg(c)[1], "scipy": HostCall(scipy_forward)}, (c,),
                   repeats)
         out.append({"m": m, "n": m * m, "sd_ms": 1e3 * t["sciad"], "scipy_ms": 1e3 * t["scipy"],
                     "ratio": t["sciad"] / t["scipy"], "fd_err": fd_err})
@@ -210,7 +182,7 @@ def measure_dense_jax(sizes, repeats: int) -> list[dict]:
 
         fn = jax.jit(jax.value_and_grad(loss))
         c = 1.0 + 0.5 * np.random.default_rng(m).uniform(size=n)
-        t = _time({"jax": lambda c: fn(c)[1]}, (c,), max(1, repeats // 2))
+        t = medians({"jax": lambda c: fn(c)[1]}, (c,), max(1, repeats // 2))
         out.append({"m": m, "n": n, "jax_ms": 1e3 * t["jax"]})
     return out
 

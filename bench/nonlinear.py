@@ -49,8 +49,8 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 from _harness import (  # noqa: E402  (bench/ must be on sys.path first)
-    command_line, interleaved, load_average, machine_info, publish, report_head,
-    timed_call, yes_no,
+    HostCall, command_line, load_average, machine_info, medians, publish, report_head,
+    yes_no,
 )
 
 RESULTS = os.path.join(HERE, "results", "nonlinear.md")
@@ -89,32 +89,20 @@ def problem(N: int):
     return f, d
 
 
-def _median(xs):
-    import statistics
+def sciad_solve_and_loss(N: int):
+    """`solve(f)` (the root's result) and `loss(f, d)` with sciad."""
+    import sciad as sd
+    import sciad.numpy as snp
 
-    return statistics.median(xs)
+    F = residual(snp, N)
 
+    def solve(f):
+        return sd.optimize.root(F, snp.zeros(N * N), (f,))
 
-def _time(fns: dict, args, repeats: int) -> dict:
-    """Median seconds per call of each function (interleaved batches)."""
-    t = min(timed_call(f, args)[0] for f in fns.values())
-    calls = max(1, round(0.3 / max(t, 1e-6)))
-    times = interleaved({k: (f, False) for k, f in fns.items()}, args, calls, repeats)
-    return {k: _median(v) for k, v in times.items()}
+    def loss(f, d):
+        return 0.5 * snp.sum((solve(f).x - d) ** 2)
 
-
-class _Ready:
-    """A host function's result, with `block_until_ready` (for the harness)."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __call__(self, *args):
-        self.out = self.fn(*args)
-        return self
-
-    def block_until_ready(self):
-        return self
+    return solve, loss
 
 
 def scipy_newton(N: int):
@@ -162,13 +150,7 @@ def measure_sparse(sizes, repeats: int) -> list[dict]:
         print(f"  N = {N} ({N * N} unknowns) ...", file=sys.stderr, flush=True)
         F = residual(snp, N)
         f, d = problem(N)
-
-        def solve(f):
-            return sd.optimize.root(F, snp.zeros(N * N), (f,))
-
-        def loss(f, d):
-            return 0.5 * snp.sum((solve(f).x - d) ** 2)
-
+        solve, loss = sciad_solve_and_loss(N)
         fwd = sd.function(lambda f: solve(f).x)
         vg = sd.function(sd.value_and_grad(loss))
         res = solve(f)
@@ -180,9 +162,9 @@ def measure_sparse(sizes, repeats: int) -> list[dict]:
         v_sc, g_sc = sc_vg(f, d)
         gerr = float(np.abs(np.asarray(grad) - g_sc).max() / np.abs(g_sc).max())
         assert gerr <= 1e-6, gerr
-        t = _time({"fwd": lambda f, d: fwd(f), "vg": lambda f, d: vg(f, d)[1],
-                   "scipy": _Ready(lambda f, d: sc_fwd(f)),
-                   "scipy_adj": _Ready(sc_vg)}, (f, d), repeats)
+        t = medians({"fwd": lambda f, d: fwd(f), "vg": lambda f, d: vg(f, d)[1],
+                   "scipy": HostCall(lambda f, d: sc_fwd(f)),
+                   "scipy_adj": HostCall(sc_vg)}, (f, d), repeats)
         # the colored Jacobian against F alone
         Fc = sd.function(lambda u: F(u, f))
         Jc = sd.function(lambda u: sd.sparse.data(sd.sparse.jacobian(lambda u: F(u, f))(u)))
@@ -190,7 +172,7 @@ def measure_sparse(sizes, repeats: int) -> list[dict]:
         graph = sd.trace(lambda f: solve(f).x, f)
         colors = [n for n in graph.nodes if n.primitive.name == "optimize.root"][0] \
             .params["colors"]
-        tj = _time({"F": Fc, "J": Jc}, (u,), repeats)
+        tj = medians({"F": Fc, "J": Jc}, (u,), repeats)
         out.append({"N": N, "n": N * N, "nit": res.nit, "nit_sc": k_sc, "colors": colors,
                     "fwd_ms": 1e3 * t["fwd"], "vg_ms": 1e3 * t["vg"],
                     "scipy_ms": 1e3 * t["scipy"], "scipy_adj_ms": 1e3 * t["scipy_adj"],
@@ -207,14 +189,13 @@ def measure_dense(sizes, repeats: int) -> list[dict]:
     import optimistix as optx
 
     import sciad as sd
-    import sciad.numpy as snp
 
     out = []
     for N in sizes:
         print(f"  dense peers, N = {N} ...", file=sys.stderr, flush=True)
         F = residual(jnp, N)
         f, d = problem(N)
-        nit = sd.optimize.root(residual(snp, N), np.zeros(N * N), (f,)).nit
+        nit = sciad_solve_and_loss(N)[0](f).nit
 
         def optx_loss(f, d):
             sol = optx.root_find(lambda u, f: F(u, f), optx.Newton(rtol=1e-12, atol=1e-12),
@@ -230,14 +211,12 @@ def measure_dense(sizes, repeats: int) -> list[dict]:
 
         fns = {"optx": jax.jit(jax.value_and_grad(optx_loss)),
                "unrolled": jax.jit(jax.value_and_grad(unrolled_loss))}
-        sd_vg = sd.function(sd.value_and_grad(
-            lambda f, d: 0.5 * snp.sum((sd.optimize.root(residual(snp, N), snp.zeros(N * N),
-                                                         (f,)).x - d) ** 2)))
+        sd_vg = sd.function(sd.value_and_grad(sciad_solve_and_loss(N)[1]))
         gs = np.asarray(sd_vg(f, d)[1])
         for k, fn in fns.items():
             g = np.asarray(fn(f, d)[1])
             assert np.abs(g - gs).max() <= 1e-6 * np.abs(gs).max(), k
-        t = _time({"optx": lambda f, d: fns["optx"](f, d)[1],
+        t = medians({"optx": lambda f, d: fns["optx"](f, d)[1],
                    "unrolled": lambda f, d: fns["unrolled"](f, d)[1],
                    "sciad": lambda f, d: sd_vg(f, d)[1]}, (f, d), max(1, repeats // 2))
         out.append({"N": N, "n": N * N, "optx_ms": 1e3 * t["optx"],
