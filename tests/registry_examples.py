@@ -339,3 +339,22 @@ def builtin_primitives():
     root = os.path.dirname(sd.__file__)
     return {name: p for name, p in sd.graph.registered_primitives().items()
             if p.defined_at is not None and p.defined_at.file.startswith(root)}
+
+
+def marked_slow(names, slow):
+    """`names` as pytest params, those in `slow` marked `slow`: a sweep over the
+    registry leaves out of the default run the primitives whose rules their own
+    family's tests check (the default suite has a time budget)."""
+    import pytest
+
+    return [pytest.param(n, marks=pytest.mark.slow) if n in slow else n for n in names]
+
+
+def elementwise_representatives(names, keep=("add", "sin", "select", "convert")):
+    """The elementwise primitives share their batch rule and their graph form:
+    a sweep checking those runs a few of them by default, the rest slow."""
+    import pytest
+
+    shared = set(UNARY) | set(BINARY)
+    return [pytest.param(n, marks=pytest.mark.slow) if n in shared and n not in keep else n
+            for n in names]

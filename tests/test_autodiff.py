@@ -10,7 +10,7 @@ import pytest
 
 import sciad as sd
 import sciad.numpy as snp
-from registry_examples import EXAMPLES, builtin_primitives, distinct_examples
+from registry_examples import EXAMPLES, builtin_primitives, distinct_examples, marked_slow
 from sciad.errors import DTypeError, ShapeError
 
 BUILTINS = sorted(builtin_primitives())
@@ -19,7 +19,15 @@ BUILTINS = sorted(builtin_primitives())
 NOT_DIFFERENTIATED = {"linalg.rcond", "linalg.factor_rcond"}
 
 
-@pytest.mark.parametrize("name", sorted(distinct_examples(BUILTINS)))
+# checked by their families' own rule tests (test_eigen, test_svd, test_eigsh,
+# test_linalg, test_root), with their gauges and solvers: slow here
+FAMILY_CHECKED = {"linalg.svd_guard", "linalg.eigh_guard", "linalg.eigh", "linalg.eigh_apply",
+                  "linalg.svd", "linalg.solve_operator", "linalg.backsolve",
+                  "linalg.eigsh_operator", "optimize.root_guard"}
+
+
+@pytest.mark.parametrize("name", marked_slow(sorted(distinct_examples(BUILTINS)),
+                                             FAMILY_CHECKED))
 def test_every_primitive_passes_check_rules(name, rng):
     fn, args = EXAMPLES[name]
     args = [np.asarray(a) for a in args]
@@ -125,7 +133,7 @@ def x64():
         yield
 
 
-@pytest.mark.parametrize("case", sorted(COMPOSITES))
+@pytest.mark.parametrize("case", marked_slow(sorted(COMPOSITES), {"divpow", "mlp"}))
 def test_transforms_agree_with_jax(case, rng, x64):
     f_sd, f_jax = COMPOSITES[case]
     x = rng.standard_normal((3, 4))

@@ -13,7 +13,7 @@ import pytest
 
 import sciad as sd
 import sciad.numpy as snp
-from registry_examples import EXAMPLES, builtin_primitives
+from registry_examples import EXAMPLES, builtin_primitives, elementwise_representatives
 from sciad.errors import ShapeError
 from sciad.errors import BatchFallbackWarning
 
@@ -49,7 +49,7 @@ def _batch_of(args, rng, size=3):
     return out
 
 
-@pytest.mark.parametrize("name", BATCHED)
+@pytest.mark.parametrize("name", elementwise_representatives(BATCHED))
 def test_batch_rule_agrees_with_a_loop(name, rng):
     fn, args = EXAMPLES[name]
     batch = _batch_of(args, rng)
@@ -347,6 +347,7 @@ def test_a_singular_matrix_in_a_batch_raises(rng):
         f(A)
 
 
+@pytest.mark.slow  # ~8 s; the registry's batch sweep covers linalg.solve_operator
 def test_matrix_free_operators_batch_through_their_matvec(rng):
     th, b = rng.uniform(-0.5, 0.5, (3, 4)), rng.standard_normal(4)
 
@@ -361,7 +362,7 @@ def test_matrix_free_operators_batch_through_their_matvec(rng):
                                rtol=1e-8)
 
 
-@pytest.mark.parametrize("solver", ["splu", "cg"])
+@pytest.mark.parametrize("solver", ["splu", pytest.param("cg", marks=pytest.mark.slow)])
 def test_jax_vmap_of_to_jax_shares_factors_in_value_grad_and_hvp(rng, solver):
     # two solves with one matrix: one factorization, read by both solves and
     # by the adjoint's transposed solves, saved between JAX's forward and

@@ -124,7 +124,8 @@ def test_dense_solve_rules(rng, solver, assume):
 
 
 @pytest.mark.parametrize("solver,tags", [
-    ("splu", ()), ("splu", ("spd",)), ("spsolve", ()), ("cg", ("spd",)),
+    ("splu", ()), ("splu", ("spd",)), pytest.param("spsolve", (), marks=pytest.mark.slow),
+    pytest.param("cg", ("spd",), marks=pytest.mark.slow),
     pytest.param("bicgstab", (), marks=pytest.mark.slow)])  # ~20 s op by op
 def test_sparse_solve_rules(rng, solver, tags):
     M = _spd_csr(rng, 8)
@@ -480,6 +481,7 @@ def test_matrix_free_solve_gradients_match_dense_jax(rng, nrhs):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-8, atol=1e-11)
 
 
+@pytest.mark.slow  # ~10 s; the registry's check_rules covers linalg.solve_operator
 def test_matrix_free_rules_first_and_second_order(rng):
     n = 6
     L = 0.3 * rng.standard_normal((n, n))

@@ -80,6 +80,7 @@ def test_forward_mode_and_grad_of_grad(heat, rng):
     np.testing.assert_allclose(g2c, g2j, rtol=1e-11, atol=1e-13)
 
 
+@pytest.mark.slow  # ~6 s; the registry's check_rules covers scan
 def test_check_rules_on_a_scan(heat):
     k, u0, d = heat
     sd.testing.check_rules(lambda k, u0: _heat_sd(k, u0, d, steps=5), k, u0)

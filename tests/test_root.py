@@ -96,6 +96,7 @@ def _solve(jac):
     return solve
 
 
+@pytest.mark.slow  # the registry's check_rules runs the same (tests/registry_examples.py)
 def test_implicit_rules_pass_check_rules(rng):
     # JVP against finite differences, VJP by the dot-product test, second
     # order and batching: in the source `f` and the coefficient `c`

@@ -20,6 +20,11 @@ BUILTINS = sorted(builtin_primitives())
 WITH_RULE = [n for n in BUILTINS if sd.graph.lookup_primitive(n).sparsity_rule is not None]
 
 
+# rules that pass operands through or are dense, whose examples are costly to
+# differentiate: slow
+SLOW = {"linalg.svd_guard", "linalg.eigh_guard", "linalg.backsolve", "linalg.solve_operator"}
+
+
 def _one_per_rule(names):
     """The first primitive of each distinct rule (the elementwise ops share one,
     made per primitive from the same code) and example; the others run in the
@@ -28,7 +33,8 @@ def _one_per_rule(names):
     for n in names:
         # (several primitives share an example: it is checked once)
         keys = {sd.graph.lookup_primitive(n).sparsity_rule.__code__, id(EXAMPLES[n])}
-        out.append(n if not keys & seen else pytest.param(n, marks=pytest.mark.slow))
+        slow = n in SLOW or keys & seen
+        out.append(pytest.param(n, marks=pytest.mark.slow) if slow else n)
         seen |= keys
     return out
 

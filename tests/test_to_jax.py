@@ -290,7 +290,8 @@ def test_optimistix_bfgs_on_rosenbrock():
 # Every primitive through `sd.to_jax`: JAX's transforms of the wrapped
 # function agree with sciad's own derivatives of the registry example.
 
-from registry_examples import EXAMPLES, builtin_primitives, distinct_examples  # noqa: E402
+from registry_examples import (  # noqa: E402
+    EXAMPLES, builtin_primitives, distinct_examples, marked_slow)
 
 _BUILTINS = sorted(distinct_examples(sorted(builtin_primitives())))
 # diagnostics that are not differentiated (they raise if asked to be)
@@ -349,7 +350,11 @@ def _loss(fn, weights, xp):
     return loss
 
 
-@pytest.mark.parametrize("name", sorted(_GROUPS))
+# (the eigen and matrix-free families' `to_jax` paths are also tested in
+# their own files: slow here)
+@pytest.mark.parametrize("name", marked_slow(sorted(_GROUPS), {
+    "linalg.svd_guard", "linalg.eigh_guard", "linalg.eigh_apply", "linalg.solve_operator",
+    "linalg.backsolve", "map", "linalg.svd"}))
 def test_to_jax_derivatives_of_every_primitive(name, rng):
     fn, args = _group_example(_GROUPS[name])
     args = [np.asarray(a) for a in args]
