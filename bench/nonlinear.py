@@ -197,8 +197,10 @@ def measure_dense(sizes, repeats: int) -> list[dict]:
         f, d = problem(N)
         nit = sciad_solve_and_loss(N)[0](f).nit
 
+        atol = TOL * float(np.abs(f).max())  # the same rule: |F| <= 1e-10 |F(0)|
+
         def optx_loss(f, d):
-            sol = optx.root_find(lambda u, f: F(u, f), optx.Newton(rtol=1e-12, atol=1e-12),
+            sol = optx.root_find(lambda u, f: F(u, f), optx.Newton(rtol=TOL, atol=atol),
                                  jnp.zeros(N * N), args=f, max_steps=50)
             return 0.5 * jnp.sum((sol.value - d) ** 2)
 
