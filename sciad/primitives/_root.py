@@ -186,7 +186,7 @@ def judge_root(site, *, status, nit, residual, goal, kind, method, jac, maxiter)
             "anderson": "the Anderson-accelerated fixed-point iteration"}[method]
     advice = {
         1: (f"Raise `maxiter` (it is {maxiter}), start closer to the root, or loosen `tol`."
-            if method == "newton" or residual > 10 * goal else
+            if method == "newton" else
             f"Raise `maxiter` (it is {maxiter}); a fixed-point iteration converges only "
             "linearly, at the rate of the map's contraction."),
         2: "The Jacobian is singular at an iterate: the root may be singular (a Jacobian "
