@@ -301,3 +301,39 @@ def test_a_kept_factor_of_a_nearby_matrix_is_refined_or_replaced(distance, rng):
                                                refine_above=1e-14))(h, B.data, b)
     np.testing.assert_allclose(B @ np.asarray(x), b, rtol=0, atol=1e-12)
     assert sdir.held() <= held  # its one use released it
+
+
+def test_the_jax_level_newton_serves_other_nodes(rng):
+    # the loop `optimize.root` lowers to, called on a plain JAX residual with
+    # the pattern and coloring of sciad's detection (as an implicit time step
+    # will): the root of the 1-D diffusion, as `root` finds it
+    import jax.numpy as jnp
+
+    from sciad.primitives._root import _coloring
+    from sciad.solvers import _nonlinear
+    from sciad._sparse_jacobian import _pattern
+
+    f = 20.0 + 5.0 * rng.standard_normal(N)
+    pattern = _pattern(sd.sparse.jacobian_sparsity(diffusion, np.zeros(N), f))
+
+    def F(u):
+        return _diffusion_jnp(u, f)
+
+    with sd.config.x64_scope():
+        values = _nonlinear.colored_values(F, pattern, _coloring(pattern))
+        res = jax.jit(lambda x0: _nonlinear.newton(
+            F, x0, _nonlinear.sparse_lu(pattern, values), tol=1e-10, atol=0.0,
+            maxiter=20))(jnp.zeros(N))
+    assert int(res.status) == 0 and int(res.aux) == 0  # nothing kept
+    want = sd.optimize.root(diffusion, np.zeros(N), (f,), jac="sparse").x
+    np.testing.assert_allclose(np.asarray(res.x), np.asarray(want), rtol=1e-10)
+
+
+def _diffusion_jnp(u, f):
+    import jax.numpy as jnp
+
+    h = 1.0 / (u.shape[0] + 1)
+    up = jnp.pad(u, (1, 1))
+    k = 1.0 + up ** 2
+    flux = 0.5 * (k[1:] + k[:-1]) * (up[1:] - up[:-1]) / h
+    return -(flux[1:] - flux[:-1]) / h - f
