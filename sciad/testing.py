@@ -19,7 +19,10 @@ on fresh random directions:
 3. Second order: the JVP of `x -> J(x)^T w` against its finite differences,
    where both rules are defined (skipped, and reported, where a rule needed
    for it is missing).
-4. Batching: the function under `sd.vmap` on two examples (the inputs, and
+4. A primitive's sparsity rule (`def_sparsity`), where it has one: the
+   Jacobian, one JVP per input element (inputs of at most 256 elements),
+   has no nonzero outside the pattern the rule declares.
+5. Batching: the function under `sd.vmap` on two examples (the inputs, and
    the float inputs scaled by `1 + 0.01 r` with random `r`; other inputs
    shared), against the traced graph run on each example (looped) and, for
    a primitive, against the primitive called eagerly on arrays: relative
@@ -82,6 +85,8 @@ class RuleReport:
     vjp_error: float | None = None
     second_order_error: float | None = None
     batch_error: float | None = None
+    #: whether a primitive's sparsity rule was checked against its JVP
+    sparsity_checked: bool = False
     skipped: dict = dataclasses.field(default_factory=dict)
     precision: str = "float64"
     notes: list = dataclasses.field(default_factory=list)
@@ -387,7 +392,48 @@ def check_rules(p_or_fn: Primitive | Callable, *args, rtol: float = 1e-6,
     if second_order:
         _second_order(graph, args, diff, diff_out, ws, rng, report, rtol, dot_tol, where,
                       name)
+
+    # 4. a primitive's sparsity rule: its pattern holds every nonzero of the JVP's
+    if isinstance(p_or_fn, Primitive) and p_or_fn.sparsity_rule is not None \
+            and jg is not None:
+        _check_sparsity(graph, jg, args, diff, diff_out, report, where, name)
     return report
+
+
+#: inputs up to this many elements get their sparsity rule checked (one JVP
+#: per element)
+SPARSITY_CHECK_SIZE = 256
+
+
+def _check_sparsity(graph, jg, args, diff, diff_out, report, where: str, name: str) -> None:
+    """The Jacobian, one JVP per input element, against the pattern the
+    primitive's sparsity rule gives: a nonzero outside it is an error (a
+    numerical zero inside it is not: the pattern is structural)."""
+    from .graph._sparsity import input_deps, sparsity_eval
+
+    for pos, i in enumerate(diff):
+        size = int(np.size(args[i]))
+        if size > SPARSITY_CHECK_SIZE:
+            report.skipped["sparsity"] = (f"input {i} has {size} elements (more than "
+                                          f"{SPARSITY_CHECK_SIZE}, one JVP each)")
+            continue
+        deps = sparsity_eval(graph, input_deps(graph.in_types,
+                                               [k == i for k in range(len(args))]))
+        pattern = np.vstack([deps[k].matrix.toarray() for k in diff_out])
+        nonzero = np.zeros(pattern.shape, bool)
+        zeros = [np.zeros_like(args[k]) for k in diff]
+        for j in range(size):
+            d = list(zeros)
+            d[pos] = np.zeros_like(args[i])
+            d[pos].flat[j] = 1
+            res = _run(jg, args + d)[len(graph.outputs):]
+            nonzero[:, j] = np.concatenate([np.ravel(res[k]) for k in diff_out]) != 0
+        missed = np.argwhere(nonzero & ~pattern)
+        report.sparsity_checked = True
+        if missed.size:
+            raise RuleError(f"the sparsity rule misses Jacobian entries: (output element, "
+                            f"input element) {missed[:5].tolist()} of input {i} are nonzero "
+                            f"in the JVP but outside the declared pattern, {where}.", op=name)
 
 
 def _fixing_gauge(fn: Callable, args: list, gauge) -> Callable:

@@ -276,3 +276,31 @@ def test_check_rules_batches_only_float_inputs(rng):
     report = sd.testing.check_rules(lambda x, k: snp.roll(x, 1) * k, rng.standard_normal(4),
                                     np.arange(4))
     assert report.batch_error < 1e-14 and not report.notes
+
+
+def test_a_wrong_sparsity_rule_is_caught(rng):
+    # a cumulative sum declared elementwise: its JVP has entries below the
+    # diagonal that the declared pattern leaves out
+    p = sd.primitive("test_rule_checks.cumsum_declared_diagonal", params={})
+    p.def_abstract_eval(lambda x: x)
+    p.def_impl(lambda x: jnp.cumsum(x))
+    p.def_jvp(lambda primals, tangents: (p.bind(*primals), snp.cumsum(tangents[0])))
+    p.def_transpose(lambda ct, x: (snp.flip(snp.cumsum(snp.flip(ct))),))
+    p.def_sparsity(lambda outs, x: x.matrix)
+    with pytest.raises(RuleError, match="sparsity rule misses Jacobian entries"):
+        sd.testing.check_rules(p, rng.standard_normal(5), second_order=False, batch=False)
+
+    q = sd.primitive("test_rule_checks.cumsum_declared_right", params={})
+    q.def_abstract_eval(lambda x: x)
+    q.def_impl(lambda x: jnp.cumsum(x))
+    q.def_jvp(lambda primals, tangents: (q.bind(*primals), snp.cumsum(tangents[0])))
+    q.def_transpose(lambda ct, x: (snp.flip(snp.cumsum(snp.flip(ct))),))
+
+    @q.def_sparsity
+    def _lower_triangle(outs, x):
+        import scipy.sparse as sps
+
+        return (sps.csr_matrix(np.tril(np.ones((x.size, x.size), bool))) @ x.matrix)
+
+    report = sd.testing.check_rules(q, rng.standard_normal(5), second_order=False, batch=False)
+    assert report.sparsity_checked
