@@ -18,21 +18,19 @@ from sciad.errors import ConvergenceError, ShapeError
 N = 12
 
 
-def diffusion(u, f, c=1.0):
-    """-(k(u) u')' - f on a 1-D grid, k = c (1 + u^2), zero Dirichlet ends."""
-    h = 1.0 / (u.shape[0] + 1)
-    up = snp.pad(u, (1, 1))
-    k = c * (1.0 + up ** 2)
-    flux = 0.5 * (k[1:] + k[:-1]) * (up[1:] - up[:-1]) / h
-    return -(flux[1:] - flux[:-1]) / h - f
+def residual_in(xp):
+    """`-(k(u) u')' - f` on a 1-D grid, `k = c (1 + u^2)`, zero Dirichlet ends,
+    written with `xp` (sciad.numpy, NumPy or jax.numpy)."""
+    def diffusion(u, f, c=1.0):
+        h = 1.0 / (u.shape[0] + 1)
+        up = xp.pad(u, (1, 1))
+        k = c * (1.0 + up ** 2)
+        flux = 0.5 * (k[1:] + k[:-1]) * (up[1:] - up[:-1]) / h
+        return -(flux[1:] - flux[:-1]) / h - f
+    return diffusion
 
 
-def diffusion_np(u, f, c=1.0):
-    h = 1.0 / (u.shape[0] + 1)
-    up = np.pad(u, (1, 1))
-    k = c * (1.0 + up ** 2)
-    flux = 0.5 * (k[1:] + k[:-1]) * (up[1:] - up[:-1]) / h
-    return -(flux[1:] - flux[:-1]) / h - f
+diffusion, diffusion_np = residual_in(snp), residual_in(np)
 
 
 @pytest.mark.parametrize("jac", ["sparse", "dense", "gmres"])
@@ -317,7 +315,7 @@ def test_the_jax_level_newton_serves_other_nodes(rng):
     pattern = _pattern(sd.sparse.jacobian_sparsity(diffusion, np.zeros(N), f))
 
     def F(u):
-        return _diffusion_jnp(u, f)
+        return residual_in(jnp)(u, f)
 
     with sd.config.x64_scope():
         values = _nonlinear.colored_values(F, pattern, _coloring(pattern))
@@ -328,12 +326,3 @@ def test_the_jax_level_newton_serves_other_nodes(rng):
     want = sd.optimize.root(diffusion, np.zeros(N), (f,), jac="sparse").x
     np.testing.assert_allclose(np.asarray(res.x), np.asarray(want), rtol=1e-10)
 
-
-def _diffusion_jnp(u, f):
-    import jax.numpy as jnp
-
-    h = 1.0 / (u.shape[0] + 1)
-    up = jnp.pad(u, (1, 1))
-    k = 1.0 + up ** 2
-    flux = 0.5 * (k[1:] + k[:-1]) * (up[1:] - up[:-1]) / h
-    return -(flux[1:] - flux[:-1]) / h - f
