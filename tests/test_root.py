@@ -326,3 +326,12 @@ def test_the_jax_level_newton_serves_other_nodes(rng):
     want = sd.optimize.root(diffusion, np.zeros(N), (f,), jac="sparse").x
     np.testing.assert_allclose(np.asarray(res.x), np.asarray(want), rtol=1e-10)
 
+
+
+def test_cost_reports_a_newton_iteration():
+    f = np.ones(N)
+    report = sd.cost(lambda f: sd.optimize.root(diffusion, snp.zeros(N), (f,), jac="sparse").x, f)
+    (row,) = [r for r in report.rows if r.node.primitive.name == "optimize.root"]
+    assert "per Newton iteration" in row.note
+    body = sd.cost(lambda u: diffusion(u, f), np.zeros(N)).flops
+    assert row.flops > 3 * 3 * body  # three colors of JVPs, and more

@@ -461,3 +461,33 @@ def _install_batch_rule() -> None:
 
 
 _install_batch_rule()
+
+
+@root_p.def_cost
+def _root_cost(node, body):
+    # per iteration (their number is known only when it runs): the residual
+    # at the iterate and at a line-search point, the Jacobian (one JVP per
+    # color, or per unknown if dense; a matrix-free step: a Krylov solve of
+    # JVPs, counted as 20), and the factorization and solve of the step
+    from ..graph._cost import Cost, _si, nbytes
+    from ._linalg import _factor_flops, _per_rhs
+
+    p = node.params
+    F = body(p["graph"])
+    n = node.inputs[-1].type.size
+    if p["kind"] == "fixed_point":
+        per = F.flops + 10.0 * n * max(p.get("memory", 0), 1)
+        return Cost(per, F.peak, f"per iteration ({_si(per)})")
+    jvp = 3.0 * F.flops  # a JVP of the residual: about three evaluations
+    if p["jac"] == "sparse":
+        pattern = p["pattern"]
+        per = 2.0 * F.flops + p["colors"] * jvp + _factor_flops(n, "lu", pattern) \
+            + _per_rhs(n, pattern)
+        temp = nbytes(node.outputs[-1].type)
+    elif p["jac"] == "dense":
+        per = 2.0 * F.flops + n * jvp + _factor_flops(n, "lu", None) + _per_rhs(n, None)
+        temp = 8 * n * n
+    else:
+        per = 2.0 * F.flops + 20 * (jvp + 10.0 * n)
+        temp = 0
+    return Cost(per, temp + F.peak, f"per Newton iteration ({_si(per)})")
