@@ -335,3 +335,13 @@ def test_cost_reports_a_newton_iteration():
     assert "per Newton iteration" in row.note
     body = sd.cost(lambda u: diffusion(u, f), np.zeros(N)).flops
     assert row.flops > 3 * 3 * body  # three colors of JVPs, and more
+
+
+def test_float32_defaults_to_a_reachable_tolerance_and_diagnoses_the_floor():
+    f = np.full(N, 10.0, np.float32)
+    res = sd.optimize.root(diffusion, np.zeros(N, np.float32), (f,), jac="sparse")
+    assert res.success and res.x.dtype == np.float32
+    want = sd.optimize.root(diffusion, np.zeros(N), (f.astype(np.float64),), jac="sparse").x
+    np.testing.assert_allclose(np.asarray(res.x), np.asarray(want), rtol=1e-4)
+    with pytest.raises(ConvergenceError, match="floor of rounding errors in float32"):
+        sd.optimize.root(diffusion, np.zeros(N, np.float32), (f,), jac="sparse", tol=1e-12)

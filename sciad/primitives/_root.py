@@ -174,7 +174,7 @@ def linear_solver(jac: str, pattern: Pattern | None, jacobian, uses: int | None 
     return _nonlinear.gmres(lambda x, v: jacobian(x, v)[0], KRYLOV_STEP_RTOL)
 
 
-def judge_root(site, *, status, nit, residual, goal, kind, method, jac, maxiter):
+def judge_root(site, *, status, nit, residual, goal, kind, method, jac, maxiter, tol, dtype):
     """Raises the `ConvergenceError` of a failed root solve, with a diagnosis."""
     from ..solvers._nonlinear import STATUS
 
@@ -201,6 +201,12 @@ def judge_root(site, *, status, nit, residual, goal, kind, method, jac, maxiter)
         5: "Convergence is slow: the root may be singular (Newton then converges only "
            "linearly), the Jacobian inexact, or the map not contractive.",
     }[status]
+    if status in (3, 5) and np.isfinite(goal) and tol > 0:
+        floor = 1e3 * float(np.finfo(dtype).eps) * goal / tol  # ~1000 eps ||F(x0)||
+        if residual <= floor:
+            advice = (f"||F|| has reached its floor of rounding errors in {np.dtype(dtype)} "
+                      f"(about {floor:.1e}, 1000 eps times ||F(x0)||) above the tolerance: "
+                      "loosen `tol` or `atol`.")
     against = (f"against the tolerance {goal:.3e}" if np.isfinite(goal) else
                "(no tolerance: ||F(x0)|| is not finite)")
     site.fail(ConvergenceError,
@@ -237,7 +243,7 @@ def _root_impl(*args, graph, kind, method, jac, pattern=None, colors=0, tol, ato
         out = tie(out, check(judge_root, site or Site("optimize.root"),
                              when=res.status != 0, status=res.status, nit=res.nit,
                              residual=res.residual, goal=res.goal, kind=kind, method=method,
-                             jac=jac, maxiter=maxiter))
+                             jac=jac, maxiter=maxiter, tol=tol, dtype=np.dtype(x0.dtype)))
     outs = (out, res.nit, res.residual, res.status)
     if _keeps_factor(kind, jac):
         outs += ((res.aux,),)
