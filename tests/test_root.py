@@ -345,3 +345,29 @@ def test_float32_defaults_to_a_reachable_tolerance_and_diagnoses_the_floor():
     np.testing.assert_allclose(np.asarray(res.x), np.asarray(want), rtol=1e-4)
     with pytest.raises(ConvergenceError, match="floor of rounding errors in float32"):
         sd.optimize.root(diffusion, np.zeros(N, np.float32), (f,), jac="sparse", tol=1e-12)
+
+
+def test_a_residual_with_a_sparse_solve_inside(rng):
+    # Newton's Jacobian comes from sciad's rules of the body, so a body whose
+    # lowering calls the host (SuperLU) works; the solve's pattern is dense
+    import scipy.sparse as sp
+
+    n = 10
+    L = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(n, n)).tocsr()
+
+    def F(u, f):
+        w = sd.linalg.solve(sd.sparse.from_scipy(L), u)
+        return u + 0.1 * w ** 3 - f
+
+    f = 1.0 + 0.1 * rng.standard_normal(n)
+    res = sd.optimize.root(F, np.zeros(n), (f,))
+    u = np.asarray(res.x)
+    np.testing.assert_allclose(u + 0.1 * sp.linalg.spsolve(L.tocsc(), u) ** 3, f, atol=1e-9)
+    d = rng.standard_normal(n)
+
+    def loss(f):
+        return snp.sum(sd.optimize.root(F, snp.zeros(n), (f,)).x ** 2)
+
+    g = np.asarray(sd.grad(loss)(f))
+    fd = (float(loss(f + 1e-6 * d)) - float(loss(f - 1e-6 * d))) / 2e-6
+    assert abs(g @ d - fd) <= 1e-6 * abs(fd)
