@@ -54,9 +54,8 @@ def structure_of(pattern: sp.csr_matrix, mode: str = "auto") -> Structure:
         raise ShapeError(f"`mode` must be 'auto', 'forward' or 'reverse', got {mode!r}.",
                          op="sparse.jacobian")
     pat = _pattern(pattern)
-    csr = sp.csr_matrix((np.ones(pat.nnz, bool), pat.indices, pat.indptr), shape=pat.shape)
-    cols = coloring(csr) if mode != "reverse" else None
-    rows = coloring(csr, rows=True) if mode == "reverse" or (
+    cols = coloring(pat) if mode != "reverse" else None
+    rows = coloring(pat, rows=True) if mode == "reverse" or (
         mode == "auto" and pat.shape[0] < pat.shape[1]) else None
     if cols is None or (rows is not None and rows.max(initial=-1) < cols.max(initial=-1)):
         return Structure(pat, rows, True)

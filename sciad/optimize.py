@@ -555,7 +555,8 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
     from . import numpy as snp
     from .graph._body import trace_body
     from .graph._sparsity import graph_sparsity
-    from .primitives._root import JACOBIANS, root_p, _coloring
+    from .graph._sparsity import coloring
+    from .primitives._root import JACOBIANS, root_p
     from ._sparse_jacobian import _pattern
 
     x0 = snp.asarray(x0)
@@ -605,7 +606,7 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
             jac = "dense" if p.nnz > DENSE_ABOVE * n * n else "sparse"
     if jac == "sparse":
         pattern = _pattern(p)
-        colors = int(_coloring(pattern).max(initial=-1)) + 1
+        colors = int(coloring(pattern).max(initial=-1)) + 1
     outs = root_p.bind(*consts, *leaves, x0, graph=graph, kind=kind, method=method, jac=jac,
                        pattern=pattern, colors=colors,
                        tol=float(default_tol(tx.dtype) if tol is None else tol), atol=float(atol),

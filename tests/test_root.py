@@ -307,7 +307,7 @@ def test_the_jax_level_newton_serves_other_nodes(rng):
     # will): the root of the 1-D diffusion, as `root` finds it
     import jax.numpy as jnp
 
-    from sciad.primitives._root import _coloring
+    from sciad.graph._sparsity import coloring
     from sciad.solvers import _nonlinear
     from sciad._sparse_jacobian import _pattern
 
@@ -318,7 +318,7 @@ def test_the_jax_level_newton_serves_other_nodes(rng):
         return residual_in(jnp)(u, f)
 
     with sd.config.x64_scope():
-        values = _nonlinear.colored_values(F, pattern, _coloring(pattern))
+        values = _nonlinear.colored_values(F, pattern, coloring(pattern))
         res = jax.jit(lambda x0: _nonlinear.newton(
             F, x0, _nonlinear.sparse_lu(pattern, values), tol=1e-10, atol=0.0,
             maxiter=20))(jnp.zeros(N))

@@ -19,7 +19,7 @@ def _sparsity(outs, *deps, **params):  # outs: the output types
 `deps[i]` is a `Deps`: the operand's dependency matrix, its shape, and its
 value where it is a constant (a literal, or computed from literals only), so
 a product with a constant stencil keeps the stencil's zeros. The helpers
-below (`elementwise`, `dense`, `grouped`, `by_ids`, `contraction`) cover
+below (`elementwise`, `dense`, `along`, `grouped`, `by_ids`, `contraction`) cover
 most rules. Integer and boolean values never carry dependencies. A primitive
 without a rule is taken as dense in all its operands, with a
 `SparsityWarning` naming it.
@@ -37,7 +37,7 @@ import scipy.sparse as sp
 from ..errors import ShapeError, SparsityWarning
 from ._core import Graph, Literal, Node
 from ._interpret import Interpreter
-from ._types import AbstractType, BatchedType, FactorType, SparseType, TensorType
+from ._types import AbstractType, BatchedType, FactorType, Pattern, SparseType, TensorType
 
 #: the most dependency entries one value may hold (a dense 7,000 x 7,000
 #: Jacobian); beyond it the interpretation stops with an error instead of
@@ -145,10 +145,16 @@ def all_of(*deps: Deps) -> sp.csr_matrix:
 
 def dense(out: AbstractType, *deps: Deps) -> sp.csr_matrix:
     """Every output element depends on every element of every operand."""
+    (m,) = dense_all((out,), *deps)
+    return m
+
+
+def dense_all(outs: Sequence[AbstractType], *deps: Deps) -> list[sp.csr_matrix]:
+    """`dense` for each of a node's outputs (the bound on entries over all)."""
     row = all_of(*deps)
-    size = _size(out)
-    _check_entries(size * row.nnz)
-    return select_rows(row, np.zeros(size, np.int64))
+    sizes = [_size(t) for t in outs]
+    _check_entries(int(sum(sizes)) * row.nnz)
+    return [select_rows(row, np.zeros(k, np.int64)) for k in sizes]
 
 
 def _check_entries(k: int) -> None:
@@ -171,6 +177,16 @@ def grouped(out: AbstractType, dep: Deps, in_group: np.ndarray,
     per_group = _bool(onehot @ dep.matrix)
     _check_entries(int(np.diff(per_group.indptr)[np.asarray(out_group).ravel()].sum()))
     return select_rows(per_group, out_group)
+
+
+def along(out: AbstractType, dep: Deps, axes: Sequence[int],
+          out_axes: Sequence[int] | None = None) -> sp.csr_matrix:
+    """Each output element depends on every operand element of its line
+    along `axes` (the operand's) / `out_axes` (the output's; default
+    `axes`): the elements that share its position on the other axes
+    (reductions, cumulative sums, sorts, FFTs, decompositions per matrix)."""
+    return grouped(out, dep, axes_groups(dep.shape, axes),
+                   axes_groups(value_shape(out), axes if out_axes is None else out_axes))
 
 
 def axes_groups(shape: tuple, axes: Sequence[int]) -> np.ndarray:
@@ -248,10 +264,10 @@ def contraction(out: AbstractType, spec: str, *deps: Deps) -> sp.csr_matrix:
 
 
 class _Sparsity(Interpreter):
-    def __init__(self, graph: Graph, n: int, missing: dict):
+    def __init__(self, graph: Graph, n: int, missing: set):
         super().__init__(graph)
         self.n = n
-        self.missing = missing  # primitive name -> a node's source, for one warning each
+        self.missing = missing  # the primitives without a rule, for one warning
 
     def literal(self, lit: Literal) -> Deps:
         shape = value_shape(lit.type)
@@ -267,8 +283,8 @@ class _Sparsity(Interpreter):
         prim = node.primitive
         rule = prim.sparsity_rule
         if rule is None:
-            self.missing.setdefault(prim.name, node.source)
-            res = [dense(t, *invals) for t in outs]
+            self.missing.add(prim.name)
+            res = dense_all(outs, *invals)
         else:
             res = rule(tuple(outs), *invals, **node.params)
             res = list(res) if prim.multiple_results else [res]
@@ -314,13 +330,13 @@ def sparsity_eval(graph: Graph, deps: Sequence[Deps]) -> list[Deps]:
     """Interprets `graph` on its inputs' `Deps`; returns its outputs'. Rules of
     higher-order primitives call it on their bodies."""
     n = deps[0].columns if deps else 0
-    missing: dict = {}
+    missing: set = set()
     outs = _Sparsity(graph, n, missing).run(*deps)
     _warn_missing(missing)
     return outs
 
 
-def _warn_missing(missing: dict) -> None:
+def _warn_missing(missing: set) -> None:
     if missing:
         names = ", ".join(sorted(missing))
         warnings.warn(
@@ -424,9 +440,12 @@ def _pattern_key(p: sp.csr_matrix):
 _COLORINGS: dict = {}
 
 
-def coloring(pattern: sp.csr_matrix, *, rows: bool = False) -> np.ndarray:
-    """`color_columns` of `pattern` (of its transpose, `rows=True`), computed
-    once per pattern."""
+def coloring(pattern, *, rows: bool = False) -> np.ndarray:
+    """`color_columns` of `pattern` (a boolean CSR matrix or a `Pattern`; its
+    transpose's, `rows=True`), computed once per pattern."""
+    if isinstance(pattern, Pattern):
+        pattern = sp.csr_matrix((np.ones(pattern.nnz, bool), pattern.indices, pattern.indptr),
+                                shape=pattern.shape)
     p = sp.csr_matrix(pattern, dtype=bool)
     if rows:
         p = p.T.tocsr()

@@ -1138,18 +1138,8 @@ def loop_sparsity(body: Graph, consts, init, xs, steps: int | None, *, exact: bo
     return carries, ys
 
 
-def dense_sizes(sizes, deps) -> list:
-    """Patterns of `sizes` rows, each on every element of every operand."""
-    from ..graph._sparsity import _check_entries, all_of, select_rows
-
-    row = all_of(*deps)
-    _check_entries(int(sum(sizes)) * row.nnz)
-    return [select_rows(row, np.zeros(k, np.int64)) for k in sizes]
-
-
 def _install_sparsity_rules() -> None:
-    from ..graph._sparsity import Deps, value_shape
-    from ..graph._sparsity import _size as size
+    from ..graph._sparsity import Deps, dense_all, value_shape
 
     @scan_p.def_sparsity
     def _scan_sparsity(outs, *deps, body, num_consts, num_carry, length, reverse=False,
@@ -1157,7 +1147,7 @@ def _install_sparsity_rules() -> None:
         consts, init, xs = _groups(deps, num_consts, num_carry)
         res = loop_sparsity(body, consts, init, xs, length, exact=True, reverse=reverse)
         if res is None:
-            return dense_sizes([size(t) for t in outs], deps)
+            return dense_all(outs, *deps)
         return list(res[0]) + list(res[1])
 
     @scan_adjoint_p.def_sparsity
@@ -1177,7 +1167,7 @@ def _install_sparsity_rules() -> None:
             res = loop_sparsity(step, consts, ctc + acc, carries + xs + cty, length,
                                 exact=True, reverse=not reverse)
         if res is None:
-            return dense_sizes([size(t) for t in outs], deps)
+            return dense_all(outs, *deps)
         return list(res[0]) + list(res[1])
 
 

@@ -537,17 +537,19 @@ def _guard_cost(node, body):
 # the identity in the tangents it passes.
 
 
+def per_matrix_sparsity(outs, a, **params):
+    """The sparsity rule of a decomposition of a stack of matrices `a`: each
+    output (a stack of vectors or of matrices) depends on every entry of its
+    own matrix."""
+    from ..graph._sparsity import along
+
+    return [along(t, a, (-2, -1), (-1,) if t.ndim == len(a.shape) - 1 else (-2, -1))
+            for t in outs]
+
+
 def _install_sparsity_rules() -> None:
-    from ..graph._sparsity import axes_groups, grouped
-
-    def per_matrix(outs, a, **params):
-        g = axes_groups(a.shape, (-2, -1))
-        res = [grouped(t, a, g, axes_groups(t.shape, (-1,) if t.ndim == len(a.shape) - 1
-                                            else (-2, -1))) for t in outs]
-        return res if len(outs) > 1 else res[0]
-
-    eigh_p.def_sparsity(per_matrix)
-    eigh_apply_p.def_sparsity(per_matrix)
+    eigh_p.def_sparsity(per_matrix_sparsity)
+    eigh_apply_p.def_sparsity(lambda outs, a, **params: per_matrix_sparsity(outs, a)[0])
     eigh_guard_p.def_sparsity(lambda outs, tw, tv, *rest, **params: [tw.matrix, tv.matrix])
 
 

@@ -546,10 +546,10 @@ def eigsh_operator(a, k: int, which: str | None, tol: float, maxiter, degenerate
 
 
 def _install_sparsity_rules() -> None:
-    from ..graph._sparsity import dense
+    from ..graph._sparsity import dense_all
 
     def rule(outs, *deps, **params):
-        return [dense(t, *deps) for t in outs]
+        return dense_all(outs, *deps)
 
     eigsh_p.def_sparsity(rule)
     eigsh_operator_p.def_sparsity(rule)

@@ -220,9 +220,9 @@ def _fft_cost(node, body):
 
 @fft_p.def_sparsity
 def _fft_sparsity(outs, x, *, kind, axes, lengths, norm):
-    from ..graph._sparsity import axes_groups, grouped
+    from ..graph._sparsity import along
 
-    return grouped(outs[0], x, axes_groups(x.shape, axes), axes_groups(outs[0].shape, axes))
+    return along(outs[0], x, axes)
 
 
 def _install_batch_rule() -> None:

@@ -1033,11 +1033,10 @@ _install_batch_rules()
 
 
 def _install_sparsity_rules() -> None:
-    from ..graph._sparsity import axes_groups, dense, empty, grouped, union
+    from ..graph._sparsity import along, dense, empty, union
 
     def solution(out, mats, b):
-        cols = axes_groups(b.shape, (0,))
-        parts = [grouped(out, b, cols, cols)]
+        parts = [along(out, b, (0,))]
         if mats:
             parts.append(dense(out, *mats))
         return union(*parts)

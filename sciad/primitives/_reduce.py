@@ -170,17 +170,15 @@ _install_batch_rules()
 # cumulative sum: on the whole axis, which is sound and simple).
 
 def _reduce_sparsity(outs, x, *, axes):
-    from ..graph._sparsity import axes_groups, grouped
+    from ..graph._sparsity import along
 
-    return grouped(outs[0], x, axes_groups(x.shape, axes),
-                   np.arange(int(np.prod(outs[0].shape, dtype=np.int64))))
+    return along(outs[0], x, axes, ())
 
 
 def _cumsum_sparsity(outs, x, *, axis, reverse):
-    from ..graph._sparsity import axes_groups, grouped
+    from ..graph._sparsity import along
 
-    g = axes_groups(x.shape, (axis,))
-    return grouped(outs[0], x, g, g)
+    return along(outs[0], x, (axis,))
 
 
 for _p in reduce_primitives.values():

@@ -116,15 +116,6 @@ def _root_fit(params, readers, complete) -> dict:
     return params
 
 
-def _coloring(pattern: Pattern) -> np.ndarray:
-    import scipy.sparse as sp
-
-    from ..graph._sparsity import coloring
-
-    return coloring(sp.csr_matrix((np.ones(pattern.nnz, bool), pattern.indices,
-                                   pattern.indptr), shape=pattern.shape))
-
-
 @functools.lru_cache(maxsize=128)
 def _newton_graphs(graph: Graph, kind: str, jac: str, pattern: Pattern | None):
     """The graphs Newton's loop runs, built with sciad's own rules (so a user
@@ -260,13 +251,14 @@ def jacobian_at(graph: Graph, args: list, *, kind: str, jac: str, pattern):
     (see `apply_inverse`)."""
     from .. import numpy as snp
     from .._sparse_jacobian import Structure, emit
+    from ..graph._sparsity import coloring
 
     x = args[-1]
     n = int(np.prod(x.shape, dtype=np.int64))
     flat = _flat_body(graph, kind)
     fargs = list(args[:-1]) + [snp.reshape(x, (n,))]
     if jac == "sparse":
-        return emit(flat, fargs, len(fargs) - 1, Structure(pattern, _coloring(pattern), False))
+        return emit(flat, fargs, len(fargs) - 1, Structure(pattern, coloring(pattern), False))
     if jac == "dense":  # one batched JVP over the unit vectors, as `sd.jacfwd`
         from .._transforms import _batched_map, _jacobian_leaf
 
@@ -389,9 +381,9 @@ def _root_vjp(primals, outs, cts, **params):
 def _root_sparsity(outs, *deps, **params):
     # the root depends on every constant the residual reads (its Jacobian's
     # inverse is dense in general)
-    from ..graph._sparsity import dense
+    from ..graph._sparsity import dense_all
 
-    return [dense(t, *deps) for t in outs]
+    return dense_all(outs, *deps)
 
 
 # ---------------------------------------------------------------------------

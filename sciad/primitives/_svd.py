@@ -71,7 +71,7 @@ from ..errors import DegenerateEigenvalueError, ShapeError
 from ..graph import Primitive, TensorType, instantiate, is_linear
 from ..graph._batch import front_rule
 from ._checks import check as host_check, tie
-from ._eigen import any_cluster, check_operand, cluster_width, default_tol
+from ._eigen import any_cluster, check_operand, cluster_width, default_tol, per_matrix_sparsity
 
 svd_p = Primitive("linalg.svd", multiple_results=True,
                   params={"compute_uv": bool, "degenerate_tol": float})
@@ -448,13 +448,7 @@ def svd(a, compute_uv: bool = True, degenerate_tol: float | None = None):
 
 
 def _install_sparsity_rules() -> None:
-    from ..graph._sparsity import axes_groups, grouped
-
-    @svd_p.def_sparsity
-    def _svd_sparsity(outs, a, **params):
-        g = axes_groups(a.shape, (-2, -1))
-        return [grouped(t, a, g, axes_groups(t.shape, (-1,) if t.ndim == len(a.shape) - 1
-                                             else (-2, -1))) for t in outs]
+    svd_p.def_sparsity(per_matrix_sparsity)
 
     @svd_guard_p.def_sparsity
     def _guard_sparsity(outs, *deps, **params):

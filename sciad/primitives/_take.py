@@ -490,10 +490,9 @@ def _scatter_sparsity(overwrites: bool):
 
 
 def _sort_sparsity(outs, x, *, axis):
-    from ..graph._sparsity import grouped
+    from ..graph._sparsity import along
 
-    g = _line_groups(x.shape, axis)
-    return grouped(outs[0], x, g, g)
+    return along(outs[0], x, (axis,))
 
 
 take_p.def_sparsity(_take_sparsity)

@@ -384,12 +384,12 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
 @while_p.def_sparsity
 def _while_sparsity(outs, *deps, cond_body, body, num_consts, max_steps=None,
                     checkpoints=None):
-    from ..graph._sparsity import _size
-    from ._control import dense_sizes, loop_sparsity
+    from ..graph._sparsity import dense_all
+    from ._control import loop_sparsity
 
     res = loop_sparsity(body, deps[:num_consts], deps[num_consts:], [], max_steps,
                         exact=False)
-    return dense_sizes([_size(t) for t in outs], deps) if res is None else res[0]
+    return dense_all(outs, *deps) if res is None else res[0]
 
 
 # ---------------------------------------------------------------------------
