@@ -129,11 +129,9 @@ def _newton_graphs(graph: Graph, kind: str, jac: str, pattern: Pattern | None):
     flat = _flat_body(graph, kind)
     types = flat.in_types
     if jac == "gmres":
-        zeros = [Zero(t.update()) for t in types[:-1]]
-
         def fn(*a):
             *args, v = a
-            return [jvp_eval(flat, list(args), zeros + [v])[1][0]]
+            return [_jvp_in_x(flat, list(args), v)]
 
         jgraph = trace_flat(fn, tuple(types) + (types[-1],), name="jvp")[0]
     else:
@@ -259,18 +257,21 @@ def jacobian_at(graph: Graph, args: list, *, kind: str, jac: str, pattern):
     fargs = list(args[:-1]) + [snp.reshape(x, (n,))]
     if jac == "sparse":
         return emit(flat, fargs, len(fargs) - 1, Structure(pattern, coloring(pattern), False))
-    if jac == "dense":  # one batched JVP over the unit vectors, as `sd.jacfwd`
-        from .._transforms import _batched_map, _jacobian_leaf
+    if jac == "dense":  # one batched JVP over the unit vectors
+        from .._transforms import jacfwd
+        from ..graph._body import inline
 
-        zeros = [Zero(type_of(a).update()) for a in fargs[:-1]]
-        (col,) = _batched_map(lambda t: jvp_eval(flat, fargs, zeros + [t])[1],
-                              type_of(fargs[-1]).update(), "jacobian_columns", forward=True)
-        if col is None:
-            return snp.zeros((n, n), type_of(x).dtype)
-        return _jacobian_leaf(*col, n, (n,), (n,), rows=False)
+        return jacfwd(lambda xf: inline(flat, fargs[:-1] + [xf])[0])(fargs[-1])
     return None
 
 
+def _jvp_in_x(flat: Graph, fargs: list, v):
+    """`(dF/dx) v` at `fargs = (*consts, x)`: the flat body's JVP in `x`."""
+    zeros = [Zero(type_of(a).update()) for a in fargs[:-1]]
+    return jvp_eval(flat, fargs, zeros + [v])[1][0]
+
+
+@functools.lru_cache(maxsize=128)
 def _flat_body(graph: Graph, kind: str) -> Graph:
     """The residual `F` on a flat `x`: `(*consts, x_flat) -> (F_flat,)`
     (`G(x) - x` for a fixed-point map)."""
@@ -316,12 +317,11 @@ def apply_inverse(graph: Graph, consts: list, x, rhs, *, kind: str, jac: str, pa
         return linalg.solve(J.T if transpose else J, rhs)
     flat = _flat_body(graph, kind)
     fargs = list(consts) + [snp.reshape(x, (n,))]
-    zeros = [Zero(type_of(a).update()) for a in fargs[:-1]]
 
     def matvec(v):
         if transpose:  # v -> J^T v: the body's VJP in x
             return vjp_eval(flat, fargs)[1]([v])[-1]
-        return jvp_eval(flat, fargs, zeros + [v])[1][0]
+        return _jvp_in_x(flat, fargs, v)
 
     op = linalg.operator(matvec, (n, n), rhs.dtype)
     return linalg.solve(op, rhs, solver="gmres", tol=KRYLOV_DERIVATIVE_RTOL)
