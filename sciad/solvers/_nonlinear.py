@@ -4,13 +4,13 @@ Anderson-accelerated fixed-point iteration.
 These are the loops the `optimize.root` primitive lowers to, written as plain
 JAX functions of a residual `F: R^n -> R^n` so that other nodes (the Newton
 solves of implicit ODE steps) call them too. The Jacobian's handling is a
-`LinearSolve`: how to solve `J(x) d = r` at an iterate, given `F` and `x`:
+`LinearSolve`: how to solve `J(x) d = r` at an iterate:
 
-- `sparse_lu(pattern, colors)`: `J` from one JVP per color (the pattern and
-  its coloring detected from the residual's graph), factored by SuperLU on
-  the host;
-- `dense_lu()`: `J` by `jax.jacfwd`, LU in the program;
-- `gmres(rtol)`: matrix-free, GMRES (lineax) on `v -> J(x) v` (a JVP).
+- `sparse_lu(pattern, values)`: `J`'s values on its pattern from `values(x)`
+  (`colored_values`: one JVP per color of the pattern detected from the
+  residual's graph), factored by SuperLU on the host;
+- `dense_lu(matrix)`: `J = matrix(x)` (`jax.jacfwd`), LU in the program;
+- `gmres(jvp, rtol)`: matrix-free, GMRES (lineax) on `v -> J(x) v`.
 
 Each returns the step and whether the solve succeeded. The loops never raise:
 they return the iterate, the iteration count, the residual's max-norm and a
@@ -130,8 +130,20 @@ class Result(NamedTuple):
     aux: jax.Array       # the linear solver's last `aux` (a kept factor's handle)
 
 
-def _tolerance(f0_norm, tol, atol):
-    return jnp.maximum(atol, tol * f0_norm)
+def _start(f0, tol: float, atol: float):
+    """The tolerance `max(atol, tol ||F(x0)||_inf)` and the first status:
+    non-finite, converged already, or iterating."""
+    f0n = _norm(f0)
+    goal = jnp.maximum(atol, tol * f0n)
+    status = jnp.where(~jnp.all(jnp.isfinite(f0)), NONFINITE,
+                       jnp.where(f0n <= goal, CONVERGED, MAXITER)).astype(jnp.int32)
+    return goal, status
+
+
+def _status(fn_new, goal, slow):
+    """After an accepted step: converged, stagnated, or still iterating."""
+    return jnp.where(fn_new <= goal, CONVERGED,
+                     jnp.where(slow >= 10, STAGNATION, MAXITER)).astype(jnp.int32)
 
 
 def newton(F: Callable, x0, linear: LinearSolve, *, tol: float, atol: float,
@@ -140,10 +152,7 @@ def newton(F: Callable, x0, linear: LinearSolve, *, tol: float, atol: float,
     on `||F||^2 / 2`: stops when `||F(x)||_inf <= max(atol, tol *
     ||F(x0)||_inf)`."""
     f0 = F(x0)
-    f0n = _norm(f0)
-    goal = _tolerance(f0n, tol, atol)
-    status0 = jnp.where(jnp.all(jnp.isfinite(f0)), MAXITER, NONFINITE).astype(jnp.int32)
-    status0 = jnp.where((status0 == MAXITER) & (f0n <= goal), CONVERGED, status0)
+    goal, status0 = _start(f0, tol, atol)
 
     def cond(s):
         return (s[3] == MAXITER) & (s[2] < maxiter)
@@ -170,11 +179,8 @@ def newton(F: Callable, x0, linear: LinearSolve, *, tol: float, atol: float,
         alpha, xt, ft, accepted, _ = jax.lax.while_loop(ls_cond, ls_body, init)
         fn_old, fn_new = _norm(fx), _norm(ft)
         slow = jnp.where(accepted & (fn_new > 0.99 * fn_old), slow + 1, 0)
-        new_status = jnp.where(~ok, SINGULAR,
-                               jnp.where(~accepted, LINE_SEARCH,
-                                         jnp.where(fn_new <= goal, CONVERGED,
-                                                   jnp.where(slow >= 10, STAGNATION,
-                                                             MAXITER)))).astype(jnp.int32)
+        new_status = jnp.where(~ok, SINGULAR, jnp.where(~accepted, LINE_SEARCH,
+                                                        _status(fn_new, goal, slow)))
         keep = ok & accepted
         x = jnp.where(keep, xt, x)
         fx = jnp.where(keep, ft, fx)
@@ -197,10 +203,7 @@ def anderson(G: Callable, x0, *, memory: int, tol: float, atol: float, maxiter: 
     m = max(int(memory), 0)
     g0 = G(x0)
     f0 = g0 - x0
-    f0n = _norm(f0)
-    goal = _tolerance(f0n, tol, atol)
-    status0 = jnp.where(jnp.all(jnp.isfinite(f0)), MAXITER, NONFINITE).astype(jnp.int32)
-    status0 = jnp.where((status0 == MAXITER) & (f0n <= goal), CONVERGED, status0)
+    goal, status0 = _start(f0, tol, atol)
     dtype = x0.dtype
     zeros = jnp.zeros((max(m, 1), n), dtype)
 
@@ -231,10 +234,7 @@ def anderson(G: Callable, x0, *, memory: int, tol: float, atol: float, maxiter: 
         fn_old, fn_new = _norm(f), _norm(f_new)
         slow = jnp.where(fn_new > 0.99 * fn_old, slow + 1, 0)
         finite = jnp.all(jnp.isfinite(f_new))
-        new_status = jnp.where(~finite, NONFINITE,
-                               jnp.where(fn_new <= goal, CONVERGED,
-                                         jnp.where(slow >= 10, STAGNATION,
-                                                   MAXITER))).astype(jnp.int32)
+        new_status = jnp.where(~finite, NONFINITE, _status(fn_new, goal, slow))
         keep = finite
         return (jnp.where(keep, x_new, x), jnp.where(keep, g_new, g),
                 jnp.where(keep, f_new, f), k + 1, new_status, slow, dF, dG)

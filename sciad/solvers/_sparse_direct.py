@@ -474,9 +474,7 @@ def _solve_checked(pattern, handle: int, d: np.ndarray, b: np.ndarray, transpose
     else:
         f, lu = got
     if lu is None:
-        return np.full(b.shape, np.nan, b.dtype), dict(
-            nonfinite=not np.isfinite(b).all(), backward_error=np.nan, residual=np.nan,
-            rcond=0.0, refined=False)
+        return _no_factor(b)
     x = _lu_solve(lu, b, transpose)
     if refine_above == np.inf and estimate == "never":  # (unchecked)
         return x, None
@@ -490,9 +488,7 @@ def _solve_checked(pattern, handle: int, d: np.ndarray, b: np.ndarray, transpose
         _store.replace(handle, f)
         lu = f.lu
         if lu is None:
-            return np.full(b.shape, np.nan, b.dtype), dict(
-                nonfinite=not np.isfinite(b).all(), backward_error=np.nan,
-                residual=np.nan, rcond=0.0, refined=False)
+            return _no_factor(b)
         x = _lu_solve(lu, b, transpose)
         x, eta, rel, _ = _refine(pattern, f, lu, d, b, x, transpose, refine_above)
         refined = True
@@ -505,6 +501,14 @@ def _solve_checked(pattern, handle: int, d: np.ndarray, b: np.ndarray, transpose
     nonfinite = not rel == rel and not np.isfinite(b).all()
     return x, dict(nonfinite=nonfinite, backward_error=eta, residual=rel, rcond=rcond,
                    refined=refined)
+
+
+def _no_factor(b: np.ndarray):
+    """The result of a solve with no factor (the matrix is exactly singular,
+    or not finite): NaN, and the status that says so."""
+    return np.full(b.shape, np.nan, b.dtype), dict(
+        nonfinite=not np.isfinite(b).all(), backward_error=np.nan, residual=np.nan,
+        rcond=0.0, refined=False)
 
 
 def _refine(pattern, f: _Factored, lu, d, b, x, transpose: bool, refine_above: float):
