@@ -315,19 +315,25 @@ def _build(fref: Callable, spec: _Spec, kind: str) -> Function:
     return function(hess)
 
 
+def _cached(f: Callable, key, build: Callable):
+    """`build(fref)` for `f` and `key`, made once and kept in `_CACHE` while
+    `f` lives (`fref()` gives `f`: the cache must not keep it alive); made
+    every time for an `f` that is not weakly referenceable or hashable."""
+    try:
+        table = _CACHE.setdefault(f, {})
+        fref = weakref.ref(f)
+    except TypeError:
+        return build(lambda: f)
+    entry = table.get(key)
+    if entry is None:
+        entry = table[key] = build(fref)
+    return entry
+
+
 def _compiled(f: Callable, spec: _Spec, kind: str) -> Function:
     """`f`'s compiled `kind` ("value", "value_and_grad", "hessp", "hess") for
     this x0 layout; `sd.function` caches per signature of the arguments."""
-    try:
-        table = _CACHE.setdefault(f, {})
-        fref = weakref.ref(f)  # the cache must not keep `f` alive
-    except TypeError:  # not weakly referenceable or not hashable: no cache
-        table, fref = {}, (lambda: f)
-    key = (spec.key, kind)
-    fn = table.get(key)
-    if fn is None:
-        fn = table[key] = _build(fref, spec, kind)
-    return fn
+    return _cached(f, (spec.key, kind), lambda fref: _build(fref, spec, kind))
 
 
 def _to_device(args: tuple) -> tuple:
@@ -512,7 +518,6 @@ class RootResult(NamedTuple):
 
 
 _ROOT_OP = "optimize.root"
-_ROOT_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def default_tol(dtype) -> float:
     """The relative tolerance on `||F||_inf` when none is given: 1e-10 in
     float64, a thousand times the machine epsilon in lower precision (1.2e-4
@@ -625,22 +630,19 @@ def _root_call(fun: Callable, x0, args, op: str, **kw) -> RootResult:
     if _in_trace((x0, args)):
         return _root_inline(fun, x0, args, op=op, **kw)
     values, static, rebuild = _split_args(args)
-    # compiled once per function, options and static objects (by identity,
-    # held by the cache entry so that an id is not reused meanwhile)
-    key = (tuple(sorted(kw.items())), tuple((i, id(a)) for i, a in static.items()))
-    try:
-        table = _ROOT_CACHE.setdefault(fun, {})
-        fref = weakref.ref(fun)
-    except TypeError:
-        table, fref = {}, (lambda: fun)
-    entry = table.get(key)
-    if entry is None:
+
+    def build(fref):
         def solve(x0, *values):
             return tuple(_root_inline(fref(), x0, rebuild(list(values)), op=op, **kw))
 
         solve.__name__ = f"root_{getattr(fun, '__name__', 'fun')}"
-        entry = table[key] = (function(solve), static)
-    x, success, nit, residual, status = entry[0](x0, *_to_device(tuple(values)))
+        return function(solve), static
+
+    # compiled once per function, options and static objects (by identity,
+    # held by the cache entry so that an id is not reused meanwhile)
+    key = (op, tuple(sorted(kw.items())), tuple((i, id(a)) for i, a in static.items()))
+    fn, _ = _cached(fun, key, build)
+    x, success, nit, residual, status = fn(x0, *_to_device(tuple(values)))
     return RootResult(x, bool(success), int(nit), float(residual), int(status))
 
 
