@@ -23,7 +23,7 @@ from ._traceback import api_boundary
 from .errors import ShapeError
 from .graph import Graph, TensorType, Zero
 from .graph._autodiff import jvp_eval, type_of, vjp_eval
-from .graph._sparsity import coloring, graph_sparsity
+from .graph._sparsity import color_seeds, coloring, graph_sparsity
 from .graph._types import Pattern
 
 
@@ -90,8 +90,7 @@ def emit(graph: Graph, args: list, wrt: int, st: Structure):
     k = np.arange(st.pattern.nnz)
     rows, cols = st.pattern.rows, st.pattern.indices
     if not st.rows:
-        seeds = np.zeros((c, n), tx.dtype)
-        seeds[st.colors, np.arange(n)] = 1
+        seeds = color_seeds(st.colors, n, tx.dtype)
         zeros = [Zero(type_of(a).update()) for a in args]
 
         def products(t):
@@ -105,8 +104,7 @@ def emit(graph: Graph, args: list, wrt: int, st: Structure):
         where = st.colors[cols] * m + rows
         size = m
     else:
-        seeds = np.zeros((c, m), to.dtype)
-        seeds[st.colors, np.arange(m)] = 1
+        seeds = color_seeds(st.colors, m, to.dtype)
         _, backward = vjp_eval(graph, args)
 
         def products(ct):

@@ -433,6 +433,14 @@ def color_columns(pattern: sp.csr_matrix) -> np.ndarray:
     return colors
 
 
+def color_seeds(colors: np.ndarray, n: int, dtype=np.float64) -> np.ndarray:
+    """The `(n_colors, n)` seed vectors of a coloring: row `c` is the sum of
+    the unit vectors of the columns (rows) of color `c`."""
+    seeds = np.zeros((int(colors.max(initial=-1)) + 1, n), dtype)
+    seeds[colors, np.arange(n)] = 1
+    return seeds
+
+
 def _pattern_key(p: sp.csr_matrix):
     return (p.shape, p.indptr.tobytes(), p.indices.tobytes())
 
