@@ -16,6 +16,7 @@ from . import sparse as sparse
 from . import linalg as linalg
 from . import fft as fft
 from . import optimize as optimize
+from . import ode as ode
 from . import testing as testing
 from ._function import Function as Function, function as function
 from ._jax_interop import to_jax as to_jax

@@ -1,0 +1,367 @@
+"""Ordinary differential equations as differentiable nodes.
+
+```python
+import numpy as np
+import sciad as sd
+import sciad.numpy as snp
+import sciad.ode
+
+def lotka_volterra(t, y, theta):
+    prey, pred = y[0], y[1]
+    a, b, c, d = theta[0], theta[1], theta[2], theta[3]
+    return snp.stack([a * prey - b * prey * pred, -c * pred + d * prey * pred])
+
+ts = np.linspace(0.0, 10.0, 21)
+theta = np.array([1.5, 1.0, 3.0, 1.0])
+
+def loss(theta):
+    ys = sd.ode.odeint(lotka_volterra, np.array([1.0, 1.0]), ts, theta)
+    return snp.sum(ys[-1] ** 2)
+
+sd.grad(loss)(theta)       # the discrete adjoint of the steps taken
+sd.hvp(loss, theta, v)     # second order: forward over reverse
+```
+
+`odeint` is one `ode.odeint` node holding the vector field's graph. diffrax
+takes the steps (explicit Runge-Kutta methods, and ESDIRK methods for stiff
+problems whose Newton systems use the Jacobian's sparsity detected from the
+graph), controls the step size and detects failure; sciad owns the
+derivative rules (see `sciad.primitives._ode`):
+
+- forward mode is an `odeint` node on the forward-sensitivity system, which
+  takes the primal's steps;
+- reverse mode is, by default (`adjoint="checkpoint"`), the discrete adjoint
+  of those steps with binomial checkpointing: the exact gradient of the
+  computed solution, consistent with forward mode to rounding. The
+  continuous adjoint (`adjoint="backsolve"`) solves the adjoint equation
+  backwards with the state; it needs the memory of one state only but is
+  accurate only to the solver's tolerance, and unstable for stiff or
+  dissipative problems.
+
+Derivatives flow to `y0`, `args` and the times `ts` (the initial time
+included).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import numpy as np
+
+from ._traceback import api_boundary
+from .errors import DTypeError, ShapeError
+from .graph import Tracer
+from .graph._autodiff import type_of
+from .primitives._ode import ADJOINTS, FIXED_ONLY, SOLVERS
+
+__all__ = ["odeint", "solve_ivp", "ODEResult", "SOLVERS"]
+
+_tree = jax.tree_util
+_OP = "ode.odeint"
+
+#: states up to this size get a dense Newton matrix in implicit solvers
+#: (when `jac=None`); above it, the pattern detected from `f`'s graph is
+#: used if it fills at most `DENSE_ABOVE` of the matrix
+DENSE_UP_TO = 64
+DENSE_ABOVE = 0.2
+
+
+def _check_times(ts, op: str):
+    """Trace-time checks of concrete output times."""
+    if isinstance(ts, Tracer):
+        t = type_of(ts)
+        if len(t.shape) != 1 or t.shape[0] < 2:
+            raise ShapeError(f"`ts` must be a 1-d array of at least 2 times, got {t}.", op=op)
+        return
+    arr = np.asarray(ts)
+    if arr.ndim != 1 or arr.shape[0] < 2:
+        raise ShapeError(f"`ts` must be a 1-d array of at least 2 times (ts[0] is the "
+                         f"initial time), got shape {arr.shape}.", op=op)
+    if arr.dtype.kind not in "fiu" or not np.all(np.isfinite(arr)):
+        raise ShapeError(f"`ts` must hold finite real times, got {arr!r}.", op=op)
+    steps = np.diff(arr.astype(np.float64))
+    if np.any(steps <= 0):
+        i = int(np.argmax(steps <= 0))
+        what = "t1 < t0" if arr.shape[0] == 2 else "the times are not strictly increasing"
+        raise ShapeError(f"{what}: ts[{i}] = {arr[i]!r}, ts[{i + 1}] = {arr[i + 1]!r}. "
+                         f"Integrating backwards in time: substitute s = -t.", op=op)
+
+
+def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, dt0, adaptive,
+                   jac, checkpoints, throw, op):
+    from . import numpy as snp
+    from .graph._body import trace_body
+    from .graph._sparsity import graph_sparsity
+    from .optimize import _split_args
+    from .primitives._ode import odeint_p
+    from ._sparse_jacobian import _pattern
+
+    leaves, ytree = _tree.tree_flatten(y0, is_leaf=lambda v: isinstance(v, Tracer))
+    if not leaves:
+        raise ShapeError("`y0` has no arrays.", op=op)
+    leaves = [snp.asarray(v) for v in leaves]
+    kinds = {type_of(v).dtype.kind for v in leaves}
+    if not kinds <= set("fiub"):
+        raise DTypeError(f"`y0` must hold real float arrays, got "
+                         f"{', '.join(type_of(v).str_short() for v in leaves)}.", op=op)
+    dtype = np.result_type(*[type_of(v).dtype for v in leaves])
+    if dtype.kind != "f":
+        dtype = type_of(snp.asarray(0.0)).dtype
+    leaves = [snp.astype(v, dtype) for v in leaves]
+    shapes = [type_of(v).shape for v in leaves]
+    sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+    n = sum(sizes)
+    flat0 = snp.concatenate([snp.reshape(v, (-1,)) for v in leaves]) if len(leaves) > 1 \
+        else snp.reshape(leaves[0], (-1,))
+    ts = snp.astype(snp.asarray(ts), dtype)
+
+    def unflatten(y):
+        parts, k = [], 0
+        for shape, size in zip(shapes, sizes):
+            parts.append(snp.reshape(y[k:k + size], shape))
+            k += size
+        return _tree.tree_unflatten(ytree, parts)
+
+    values, _, rebuild = _split_args(args)
+    vals = [snp.asarray(a) for a in values]
+
+    def field(*a):
+        *ls, t, y = a
+        out = f(t, unflatten(y), rebuild(ls))
+        outs, otree = _tree.tree_flatten(out, is_leaf=lambda v: isinstance(v, Tracer))
+        if otree != ytree:
+            raise ShapeError(f"`f` must return a pytree like y0 ({ytree}), got {otree}.",
+                             op=op)
+        outs = [snp.asarray(o) for o in outs]
+        for o, shape in zip(outs, shapes):
+            if type_of(o).shape != shape:
+                raise ShapeError(f"`f` must return arrays of y0's shapes {shapes}, got "
+                                 f"{[type_of(o).shape for o in outs]}.", op=op)
+        outs = [snp.reshape(snp.astype(o, dtype), (-1,)) for o in outs]
+        return snp.concatenate(outs) if len(outs) > 1 else outs[0]
+
+    scalar = type_of(snp.zeros((), dtype))
+    graph, consts, _ = trace_body(field, [type_of(v) for v in vals] +
+                                  [scalar, type_of(flat0)],
+                                  name=getattr(f, "__name__", "f"))
+    implicit = SOLVERS[solver][1]
+    pattern = None
+    if not implicit:
+        jac = "dense"
+    else:
+        if jac not in (None, "dense", "sparse"):
+            raise ShapeError(f"`jac` must be None, 'dense' or 'sparse', got {jac!r}.", op=op)
+        if jac is None and n <= DENSE_UP_TO:
+            jac = "dense"
+        if jac in (None, "sparse"):
+            import scipy.sparse as sp
+
+            wrt = [False] * (len(graph.inputs) - 1) + [True]
+            p = graph_sparsity(graph, wrt)
+            p = (p + sp.eye(n, dtype=bool, format="csr")).astype(bool)
+            if jac is None:
+                jac = "dense" if p.nnz > DENSE_ABOVE * n * n else "sparse"
+            if jac == "sparse":
+                pattern = _pattern(p)
+    params = dict(graph=graph, solver=solver, rtol=float(rtol), atol=float(atol),
+                  max_steps=int(max_steps), adaptive=bool(adaptive), jac=jac,
+                  adjoint=adjoint, throw=bool(throw))
+    if dt0 is not None:
+        params["dt0"] = float(dt0)
+    if pattern is not None:
+        params["pattern"] = pattern
+    if checkpoints is not None:
+        params["checkpoints"] = int(checkpoints)
+    ys, status, nsteps, *_ = odeint_p.bind(*consts, *vals, flat0, ts, **params)
+    T = type_of(ts).shape[0]
+    parts, k = [], 0
+    for shape, size in zip(shapes, sizes):
+        parts.append(snp.reshape(ys[:, k:k + size], (T,) + tuple(shape)))
+        k += size
+    return _tree.tree_unflatten(ytree, parts), status, nsteps
+
+
+def _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive, checkpoints, op):
+    if not isinstance(solver, str) or solver.lower() not in SOLVERS:
+        raise ShapeError(f"unknown solver {solver!r}; one of {', '.join(SOLVERS)}.", op=op)
+    solver = solver.lower()
+    if adjoint not in ADJOINTS:
+        raise ShapeError(f"`adjoint` must be one of {ADJOINTS}, got {adjoint!r}.", op=op)
+    if not (isinstance(rtol, (int, float)) and rtol > 0 and isinstance(atol, (int, float))
+            and atol >= 0):
+        raise ShapeError(f"needs rtol > 0 and atol >= 0, got rtol={rtol!r}, atol={atol!r}.",
+                         op=op)
+    if not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
+        raise ShapeError(f"`max_steps` must be an int >= 1, got {max_steps!r}.", op=op)
+    if dt0 is not None and not (isinstance(dt0, (int, float)) and np.isfinite(dt0)
+                                and dt0 > 0):
+        raise ShapeError(f"`dt0` must be None or a step size > 0, got {dt0!r}.", op=op)
+    if (not adaptive or solver in FIXED_ONLY) and dt0 is None:
+        raise ShapeError(f"constant steps (adaptive=False, or the {solver} solver, which "
+                         f"has no error estimate) need `dt0`.", op=op)
+    if checkpoints is not None and (not isinstance(checkpoints, (int, np.integer))
+                                    or checkpoints < 1):
+        raise ShapeError(f"`checkpoints` must be None or an int >= 1, got {checkpoints!r}.",
+                         op=op)
+    return solver, bool(adaptive) and solver not in FIXED_ONLY
+
+
+class ODEResult(NamedTuple):
+    """What `odeint(..., throw=False)` returns: `ys` (as for `throw=True`),
+    `status` (0 on success; see `sciad.primitives._ode.STATUS`) and `steps`,
+    the accepted steps. Traced values inside a trace, arrays outside."""
+
+    ys: Any
+    status: Any
+    steps: Any
+
+    @property
+    def success(self):
+        return self.status == 0
+
+
+@api_boundary
+def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float = 1e-6,
+           atol: float = 1e-9, adjoint: str = "checkpoint", max_steps: int = 4096,
+           dt0: float | None = None, adaptive: bool = True, jac: str | None = None,
+           checkpoints: int | None = None, throw: bool = True):
+    """Solves `dy/dt = f(t, y, args)` from `y(ts[0]) = y0`; returns `y` at `ts`.
+
+    **Arguments:**
+
+    - `f`: the vector field `f(t, y, args)`, written with sciad ops, returning a
+      pytree like `y`.
+    - `y0`: the initial state, a pytree of real float arrays.
+    - `ts`: the output times, strictly increasing; `ts[0]` is the initial
+      time. Concrete times are checked when traced; traced ones (to
+      differentiate with respect to them) when the program runs.
+    - `args`: passed to `f` (a pytree of arrays; static objects allowed).
+    - `solver`: explicit `"tsit5"` (the default), `"dopri5"`, `"dopri8"`,
+      `"bosh3"`, `"heun"`, `"euler"` (constant steps only); stiff
+      (ESDIRK): `"kvaerno3"`, `"kvaerno4"`, `"kvaerno5"`,
+      `"implicit_euler"`.
+    - `rtol`, `atol`: the local error tolerances of the step-size control.
+    - `adjoint`: reverse mode, `"checkpoint"` (the default: the discrete
+      adjoint of the steps taken, exact for the computed solution) or
+      `"backsolve"` (the continuous adjoint solved backwards with the
+      state: memory of one state, but accurate only to the tolerance, and
+      unstable on stiff or dissipative problems).
+    - `max_steps`: the most steps (accepted and rejected); reaching it is an
+      error. It also bounds the checkpointed reverse pass's loop.
+    - `dt0`: the initial step (None: chosen automatically), or the step of
+      constant stepping (`adaptive=False`).
+    - `jac`: the Newton matrix `I - h gamma df/dy` of implicit solvers:
+      `"dense"`, `"sparse"` (the pattern of `df/dy` detected from `f`'s
+      graph, values by colored JVPs, factored by SuperLU) or None (dense up
+      to 64 states or above a fifth of fill, else sparse).
+    - `checkpoints`: states stored by the checkpointed reverse pass (None:
+      about log2(max_steps)).
+    - `throw`: raise `sciad.errors.ConvergenceError` when the integration
+      fails (the step limit, a collapsed step size, a non-finite state),
+      naming the time reached, the last step size and a diagnosis. With
+      `throw=False`, an `ODEResult(ys, status, steps)` is returned instead.
+
+    **Returns:**
+
+    `y` at `ts`: a pytree like `y0` whose arrays have a leading axis of
+    `len(ts)`; or an `ODEResult` with `throw=False`.
+    """
+    from ._transforms import _in_trace
+
+    op = _OP
+    if not callable(f):
+        raise DTypeError(f"`f` must be a function, got {type(f).__name__}.", op=op)
+    solver, adaptive = _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive,
+                                      checkpoints, op)
+    _check_times(ts, op)
+    kw = dict(solver=solver, rtol=rtol, atol=atol, adjoint=adjoint, max_steps=int(max_steps),
+              dt0=dt0, adaptive=adaptive, jac=jac, checkpoints=checkpoints, throw=throw, op=op)
+    if _in_trace((y0, ts, args)):
+        ys, status, steps = _odeint_inline(f, y0, ts, args, **kw)
+        return ys if throw else ODEResult(ys, status, steps)
+    return _odeint_eager(f, y0, ts, args, kw)
+
+
+def _odeint_eager(f, y0, ts, args, kw):
+    from ._function import function
+    from .optimize import _cached, _split_args, _to_device
+
+    values, static, rebuild = _split_args(args)
+
+    def build(fref):
+        def solve(y0, ts, *values):
+            return _odeint_inline(fref(), y0, ts, rebuild(list(values)), **kw)
+
+        solve.__name__ = f"odeint_{getattr(f, '__name__', 'f')}"
+        return function(solve), static
+
+    key = (_OP, tuple(sorted((k, repr(v)) for k, v in kw.items())),
+           tuple((i, id(a)) for i, a in static.items()))
+    fn, _ = _cached(f, key, build)
+    ys, status, steps = fn(y0, np.asarray(ts), *_to_device(tuple(values)))
+    return ys if kw["throw"] else ODEResult(ys, int(status), int(steps))
+
+
+#: SciPy's method names -> sciad's solvers
+SCIPY_METHODS = {"RK45": "dopri5", "RK23": "bosh3", "DOP853": "dopri8", "Radau": "kvaerno5",
+                 "BDF": "kvaerno5", "LSODA": "kvaerno5"}
+
+
+class IVPResult(NamedTuple):
+    """`solve_ivp`'s result, with SciPy's field names: `t`, `y` (states
+    along the last axis: `(n, len(t))`), `success`, `status` (sciad's
+    code), `message`."""
+
+    t: Any
+    y: Any
+    success: Any
+    status: Any
+    message: str
+
+
+@api_boundary
+def solve_ivp(fun: Callable, t_span, y0, method: str = "RK45", t_eval=None, args=(),
+              rtol: float = 1e-3, atol: float = 1e-6, **options) -> IVPResult:
+    """`scipy.integrate.solve_ivp`'s interface to `odeint`: `fun(t, y, *args)`,
+    `y0` a 1-d array, `t_eval` the output times (default: `t_span`'s two
+    ends, as sciad's outputs have a static size), SciPy's method names
+    (`"RK45"` is Dormand-Prince 5(4), `"DOP853"` an 8th-order
+    Dormand-Prince, `"RK23"` Bogacki-Shampine; the stiff `"Radau"`, `"BDF"`
+    and `"LSODA"` map to the ESDIRK method `"kvaerno5"`) or sciad's,
+    SciPy's default tolerances. `options` go to `odeint` (`adjoint`,
+    `max_steps`, `jac`, `first_step` as `dt0`, ...). Never raises on a
+    failed integration: `success` and `message` say so."""
+    from .primitives._ode import STATUS
+
+    op = "ode.solve_ivp"
+    if method in SCIPY_METHODS:
+        solver = SCIPY_METHODS[method]
+    elif isinstance(method, str) and method.lower() in SOLVERS:
+        solver = method.lower()
+    else:
+        raise ShapeError(f"unknown method {method!r}; one of {list(SCIPY_METHODS)} or "
+                         f"{list(SOLVERS)}.", op=op)
+    if len(t_span) != 2:
+        raise ShapeError(f"`t_span` must be (t0, t1), got {t_span!r}.", op=op)
+    if "first_step" in options:
+        options["dt0"] = options.pop("first_step")
+    if not isinstance(args, tuple):
+        args = (args,)
+    ts = t_span if t_eval is None else t_eval
+    if t_eval is not None and not isinstance(t_eval, Tracer) and not isinstance(
+            t_span[0], Tracer):
+        t_eval = np.asarray(t_eval)
+        if t_eval.ndim == 1 and t_eval.size and (t_eval[0] != t_span[0]):
+            ts = np.concatenate([[t_span[0]], t_eval])
+    res = odeint(lambda t, y, a: fun(t, y, *a), y0, ts, args, solver=solver, rtol=rtol,
+                 atol=atol, throw=False, **options)
+    ys = res.ys if ts is t_eval or t_eval is None or len(np.shape(ts)) == 0 or \
+        np.shape(ts)[0] == np.shape(t_eval)[0] else res.ys[1:]
+    status = res.status
+    message = STATUS[status] if isinstance(status, int) else "see `status`"
+    from . import numpy as snp
+
+    y = snp.transpose(ys) if isinstance(ys, Tracer) else np.asarray(ys).T
+    return IVPResult(t_eval if t_eval is not None else np.asarray(t_span), y, res.success,
+                     status, message)

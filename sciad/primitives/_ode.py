@@ -1,0 +1,537 @@
+"""`ode.odeint`: an initial value problem as one node, with sciad-owned
+derivative rules.
+
+The node holds the vector field as a closed body `(*consts, t, y) -> (dy/dt,)`
+on a flat state `y` of `N` elements, and its operands are `(*consts, y0,
+ts)`. It lowers to `diffrax.diffeqsolve` (diffrax steps, controls the step
+size and detects failure), with the steps clipped to land on every output
+time. Its outputs are
+
+- `ys`: the state at `ts`, `(len(ts), N)`;
+- `status` (0 success, see `STATUS`), the number of accepted steps;
+- `grid`: the accepted step times (`max_steps + 1` of them, padded with the
+  final time), and `slots`: for each step, the index of the output time it
+  lands on (or -1). The derivative rules read them; they carry no
+  derivative.
+
+Rules, each made of sciad nodes, so every order of differentiation holds:
+
+- JVP: one `odeint` node on the forward-sensitivity system `(y, dy)`, with
+  `dy' = (df/dy) dy + (df/dconsts) dconsts` from the JVP of the body. Its
+  error control reads only the `y` part (`error_size`), so it takes the
+  steps the primal takes: the tangent is the derivative of the computed
+  solution on its step grid. Tangents of the times: `dy(t_i) += f(t_i, y_i)
+  dt_i`, and `dy0 -= f(t0, y0) dt0` for the initial time.
+- VJP, `adjoint="checkpoint"` (the default): the discrete adjoint of the
+  steps taken. The steps are re-run on the recorded grid by a sciad
+  `while` loop (one Runge-Kutta step of the solver's tableau per iteration;
+  an implicit stage is an `optimize.root` node), and the reverse pass is
+  that loop's checkpointed reverse pass (binomial schedule). The gradient is
+  that of the computed solution to rounding for explicit solvers (to the
+  Newton tolerance for implicit ones), and agrees with the JVP.
+- VJP, `adjoint="backsolve"`: the continuous adjoint, `lambda' = -(df/dy)^T
+  lambda`, solved backwards together with `y` (re-integrated backwards) and
+  the parameters' cotangents, one `odeint` node per output interval. Its
+  memory is that of one state; its gradient is accurate to the solver's
+  tolerance only, and unstable where the backward `y` is (stiff or
+  dissipative problems). Never the default.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..errors import ConvergenceError, DTypeError, ShapeError
+from ..graph import Graph, Param, Primitive, TensorType, Zero, is_zero
+from ..graph._autodiff import jvp_eval, type_of
+from ..graph._types import Pattern
+from ._checks import check, tie
+
+#: solver name -> (diffrax class name, implicit)
+SOLVERS = {
+    "tsit5": ("Tsit5", False), "dopri5": ("Dopri5", False), "dopri8": ("Dopri8", False),
+    "bosh3": ("Bosh3", False), "heun": ("Heun", False), "euler": ("Euler", False),
+    "kvaerno3": ("Kvaerno3", True), "kvaerno4": ("Kvaerno4", True),
+    "kvaerno5": ("Kvaerno5", True), "implicit_euler": ("ImplicitEuler", True),
+}
+#: solvers without an embedded error estimate: constant steps only
+FIXED_ONLY = ("euler",)
+ADJOINTS = ("checkpoint", "backsolve")
+JACOBIANS = ("dense", "sparse")
+#: the replayed implicit stages' Newton tolerance on the scaled residual
+STAGE_ATOL = 1e-13
+
+STATUS = {
+    0: "success",
+    1: "the step limit (max_steps) was reached",
+    2: "the step size fell below its minimum",
+    3: "the state became NaN or infinite",
+    4: "the output times are not increasing",
+}
+
+odeint_p = Primitive("ode.odeint", multiple_results=True, runtime_checks=True, params={
+    "graph": Graph, "solver": str, "rtol": float, "atol": float, "max_steps": int,
+    "dt0": Param((float, None), default=None), "adaptive": Param(bool, default=True),
+    "error_size": Param((int, None), default=None),
+    "jac": Param(str, default="dense"), "pattern": Param((Pattern, None), default=None),
+    "adjoint": Param(str, default="checkpoint"),
+    "checkpoints": Param((int, None), default=None), "throw": Param(bool, default=True)})
+#: `graph`: the vector field `(*consts, t, y) -> (dy/dt,)` on a flat `y`;
+#: `error_size`: the step-size control reads only the first `error_size`
+#: elements of the state (None: all; the sensitivity systems of the JVP set
+#: it to the primal's size); `jac` and `pattern`: how the Newton systems of
+#: an implicit solver are formed and solved (sparse: the pattern of
+#: `df/dy` detected from `graph`, values by colored JVPs, SuperLU);
+#: `adjoint`, `checkpoints`: the reverse mode (see the module docstring;
+#: `checkpoints` is the number of stored states of the checkpointed one,
+#: None for about log2(max_steps))
+
+
+@odeint_p.def_abstract_eval
+def _odeint_shape(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptive=True,
+                  error_size=None, jac="dense", pattern=None, adjoint="checkpoint",
+                  checkpoints=None, throw=True):
+    op = "ode.odeint"
+    *consts, y0, ts = args
+    if solver not in SOLVERS:
+        raise ShapeError(f"unknown solver {solver!r}; one of {sorted(SOLVERS)}.", op=op)
+    if adjoint not in ADJOINTS or jac not in JACOBIANS:
+        raise ShapeError(f"`adjoint` must be one of {ADJOINTS} and `jac` one of "
+                         f"{JACOBIANS}, got {adjoint!r} and {jac!r}.", op=op)
+    if not isinstance(y0, TensorType) or y0.dtype.kind != "f" or len(y0.shape) != 1:
+        raise DTypeError(f"`y0` must be a flat real float array, got {y0}.", op=op)
+    if not isinstance(ts, TensorType) or len(ts.shape) != 1 or ts.shape[0] < 2 \
+            or ts.dtype != y0.dtype:
+        raise ShapeError(f"`ts` must be a 1-d array of at least 2 times of y0's dtype "
+                         f"({y0.dtype}), got {ts}.", op=op)
+    n = y0.shape[0]
+    scalar = TensorType((), y0.dtype)
+    if tuple(graph.in_types) != tuple(consts) + (scalar, y0):
+        raise ShapeError("the vector field's graph does not take the node's operands.", op=op)
+    outs = graph.out_types
+    if len(outs) != 1 or outs[0] != y0:
+        raise ShapeError(f"the vector field must return one array like y ({y0}), got "
+                         f"{', '.join(map(str, outs))}.", op=op)
+    if not (rtol > 0 and atol >= 0) or max_steps < 1 or (dt0 is not None and not dt0 > 0):
+        raise ShapeError(f"needs rtol > 0, atol >= 0, max_steps >= 1 and dt0 > 0, got "
+                         f"rtol={rtol}, atol={atol}, max_steps={max_steps}, dt0={dt0}.",
+                         op=op)
+    if not adaptive and dt0 is None:
+        raise ShapeError("constant steps (adaptive=False) need `dt0`.", op=op)
+    if jac == "sparse" and (pattern is None or pattern.shape != (n, n)):
+        raise ShapeError(f"a sparse Jacobian needs an ({n}, {n}) pattern, got {pattern!r}.",
+                         op=op)
+    i32 = np.dtype(np.int32)
+    return (TensorType((ts.shape[0], n), y0.dtype), TensorType((), i32), TensorType((), i32),
+            TensorType((max_steps + 1,), y0.dtype), TensorType((max_steps,), i32))
+
+
+def _diffrax_solver(solver: str, jac: str, pattern, rtol: float, atol: float):
+    import diffrax
+
+    name, implicit = SOLVERS[solver]
+    cls = getattr(diffrax, name)
+    if not implicit:
+        return cls()
+    if jac == "sparse":
+        from ..solvers._ode import SparseNewtonSolver
+
+        linear = SparseNewtonSolver(pattern)
+        return cls(root_finder=diffrax.VeryChord(rtol=rtol, atol=atol, linear_solver=linear))
+    return cls(root_finder=diffrax.VeryChord(rtol=rtol, atol=atol))
+
+
+def judge_ode(site, *, status, t_reached, h_last, steps, accepted, ymax, y0max, t0, t1,
+              solver, max_steps):
+    """Raises the `ConvergenceError` of a failed integration, with a
+    diagnosis."""
+    status = int(status)
+    if status == 0:
+        return
+    t, h = float(t_reached), float(h_last)
+    steps, accepted, ymax, y0max = int(steps), int(accepted), float(ymax), float(y0max)
+    implicit = SOLVERS[solver][1]
+    where = (f"at t = {t:.6g} (integrating from {float(t0):.6g} to {float(t1):.6g}), "
+             f"after {steps} steps ({accepted} accepted), the last accepted step size "
+             f"{h:.3e}, max |y| = {ymax:.3e}")
+    if status == 4:
+        site.fail(ShapeError, "the output times `ts` must be strictly increasing.")
+    tiny = h <= 1e3 * np.finfo(np.float64).eps * max(abs(t), 1.0) or accepted == 0
+    if status == 3 or not np.isfinite(ymax):
+        advice = ("The state became NaN or infinite: the vector field is not finite there "
+                  "(a log or sqrt of a negative value, a division by zero), or the "
+                  "solution blows up.")
+    elif ymax > 1e8 * max(y0max, 1.0):
+        advice = ("The solution grows without bound: a finite-time blow-up near that time, "
+                  "or an unstable model. Check the vector field and its parameters.")
+    elif tiny and implicit:
+        advice = ("The step size collapsed: the implicit stages' Newton iterations fail "
+                  "(a singular or wrong Jacobian, non-finite values of f), or the solution "
+                  "is not smooth there (a discontinuity: integrate up to it and restart).")
+    elif tiny:
+        advice = ("The step size collapsed: the vector field is not finite near the state "
+                  "reached, or the solution is not smooth there (a discontinuity: "
+                  "integrate up to it and restart).")
+    elif not implicit:
+        advice = (f"The problem is likely stiff (an explicit solver needs tiny steps to "
+                  f"stay stable): use a stiff solver (solver='kvaerno5'), or raise "
+                  f"`max_steps` (it is {max_steps}).")
+    else:
+        advice = f"Raise `max_steps` (it is {max_steps}), or loosen `rtol`/`atol`."
+    site.fail(ConvergenceError,
+              f"the {solver} integration failed: {STATUS[status]}, {where}. {advice}",
+              residual=t, tolerance=float(t1), iterations=steps)
+
+
+@odeint_p.def_impl
+def _odeint_impl(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptive=True,
+                 error_size=None, jac="dense", pattern=None, adjoint="checkpoint",
+                 checkpoints=None, throw=True, site=None):
+    import diffrax
+    import jax.numpy as jnp
+    import optimistix as optx
+
+    from ..graph import Site, lower
+
+    *consts, y0, ts = args
+    field = lower(graph)
+    n = y0.shape[0]
+    m = n if error_size is None else error_size
+    norm = optx.rms_norm if m == n else (lambda e: optx.rms_norm(e[:m]))
+    term = diffrax.ODETerm(lambda t, y, a: field(*a, t, y)[0])
+    if adaptive:
+        inner = diffrax.PIDController(rtol=rtol, atol=atol, norm=norm)
+    else:
+        inner = diffrax.ConstantStepSize()
+    controller = diffrax.ClipStepSizeController(inner, step_ts=ts)
+    keep = lambda t, y, a: (t, jnp.max(jnp.abs(y[:m])))  # noqa: E731
+    saveat = diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts),
+                                  diffrax.SubSaveAt(steps=True, fn=keep)])
+    sol = diffrax.diffeqsolve(term, _diffrax_solver(solver, jac, pattern, rtol, atol),
+                              t0=ts[0], t1=ts[-1], dt0=dt0, y0=y0, args=tuple(consts),
+                              saveat=saveat, stepsize_controller=controller,
+                              max_steps=max_steps, throw=False,
+                              adjoint=diffrax.ForwardMode())
+    ys, (tsteps, ymaxs) = sol.ys
+    accepted = sol.stats["num_accepted_steps"].astype(jnp.int32)
+    steps = sol.stats["num_steps"].astype(jnp.int32)
+    R = diffrax.RESULTS
+    status = jnp.where(sol.result == R.successful, 0,
+                       jnp.where(sol.result == R.dt_min_reached, 2, 1)).astype(jnp.int32)
+    status = jnp.where(jnp.any(jnp.diff(ts) <= 0), 4, status)
+    done = jnp.isfinite(tsteps)
+    status = jnp.where((status == 0) & ~jnp.all(jnp.isfinite(ys)), 3, status)
+    grid = jnp.concatenate([ts[:1], jnp.where(done, tsteps, ts[-1])])
+    hit = jnp.clip(jnp.searchsorted(ts, grid[1:]), 0, ts.shape[0] - 1)
+    slots = jnp.where(done & (ts[hit] == grid[1:]), hit, -1).astype(jnp.int32)
+    if throw:
+        last = jnp.maximum(accepted - 1, 0)
+        ys = tie(ys, check(judge_ode, site or Site("ode.odeint"), when=status != 0,
+                           status=status, t_reached=grid[accepted],
+                           h_last=grid[accepted] - grid[last], steps=steps, accepted=accepted,
+                           ymax=jnp.where(accepted > 0, ymaxs[last], jnp.inf),
+                           y0max=jnp.max(jnp.abs(y0[:m])), t0=ts[0], t1=ts[-1],
+                           solver=solver, max_steps=max_steps))
+    return ys, status, accepted, grid, slots
+
+
+def _params(params: dict, **changes) -> dict:
+    out = dict(params)
+    out.update(changes)
+    return {k: v for k, v in out.items() if v is not None or k in ("dt0",)}
+
+
+# ---------------------------------------------------------------------------
+# forward mode: the forward-sensitivity system
+
+
+@functools.lru_cache(maxsize=128)
+def _sensitivity_body(graph: Graph, nonzero: tuple) -> Graph:
+    """`(*consts, *dconsts[nonzero], t, [y, dy]) -> ([f, (df/dy) dy + (df/dc) dc],)`."""
+    from .. import numpy as snp
+    from ..graph._body import trace_body
+
+    *ctypes, ttype, ytype = graph.in_types
+    n = ytype.shape[0]
+
+    def body(*a):
+        nc = len(ctypes)
+        consts, rest = list(a[:nc]), list(a[nc:])
+        dconsts = [rest.pop(0) if nz else Zero(t.update()) for nz, t in zip(nonzero, ctypes)]
+        t, Y = rest
+        y, dy = Y[:n], Y[n:]
+        (f,), (df,) = jvp_eval(graph, [*consts, t, y], [*dconsts, Zero(ttype.update()), dy])
+        df = snp.zeros_like(f) if is_zero(df) else df
+        return snp.concatenate([f, df])
+
+    types = list(ctypes) + [t for nz, t in zip(nonzero, ctypes) if nz] + \
+        [ttype, TensorType((2 * n,), ytype.dtype)]
+    g, consts, _ = trace_body(body, types, name=f"{graph.name}_jvp")
+    assert not consts
+    return g
+
+
+def field_at(graph: Graph, consts, t, y):
+    """The vector field at one `(t, y)`, emitted into the current trace."""
+    from ..graph._body import inline
+
+    return inline(graph, [*consts, t, y])[0]
+
+
+def _fields_at(graph: Graph, consts, ts, ys):
+    """`f(ts[i], ys[i])` for every output time, stacked."""
+    from .. import numpy as snp
+
+    return snp.stack([field_at(graph, consts, ts[i], ys[i]) for i in range(ts.shape[0])])
+
+
+def _augmented_pattern(params: dict, g: Graph):
+    if params.get("jac", "dense") != "sparse":
+        return None
+    from .._sparse_jacobian import _pattern
+    from ..graph._sparsity import graph_sparsity
+
+    wrt = [False] * (len(g.inputs) - 1) + [True]
+    return _pattern(graph_sparsity(g, wrt))
+
+
+@odeint_p.def_jvp
+def _odeint_jvp(primals, tangents, **params):
+    from .. import numpy as snp
+
+    *consts, y0, ts = primals
+    *dconsts, dy0, dts = tangents
+    graph = params["graph"]
+    nonzero = tuple(not is_zero(t) for t in dconsts)
+    if not any(nonzero) and is_zero(dy0) and is_zero(dts):
+        outs = odeint_p.bind(*primals, **params)
+        return outs, [Zero(type_of(o).update()) for o in outs]
+    n = y0.shape[0]
+    dy0 = snp.zeros_like(y0) if is_zero(dy0) else dy0
+    if not is_zero(dts):
+        dy0 = dy0 - field_at(graph, consts, ts[0], y0) * dts[0]
+    aug = _sensitivity_body(graph, nonzero)
+    extra = [t for t in dconsts if not is_zero(t)]
+    p = _params(params, graph=aug, error_size=params.get("error_size") or n,
+                pattern=_augmented_pattern(params, aug))
+    ys_aug, *rest = odeint_p.bind(*consts, *extra, snp.concatenate([y0, dy0]), ts, **p)
+    ys, dys = ys_aug[:, :n], ys_aug[:, n:]
+    if not is_zero(dts):
+        dys = dys + _fields_at(graph, consts, ts, ys) * dts[:, None]
+    outs = [ys, *rest]
+    return outs, [dys] + [Zero(type_of(o).update()) for o in rest]
+
+
+# ---------------------------------------------------------------------------
+# reverse mode
+
+
+def _tableau(solver: str):
+    """`(c, A, b)` of the solver's Runge-Kutta method (A lower triangular,
+    its diagonal nonzero for implicit stages)."""
+    import diffrax
+
+    if solver == "implicit_euler":
+        return np.array([1.0]), np.array([[1.0]]), np.array([1.0])
+    tab = getattr(diffrax, SOLVERS[solver][0]).tableau
+    s = len(tab.b_sol)
+    A = np.zeros((s, s))
+    for i, row in enumerate(tab.a_lower, start=1):
+        A[i, :i] = row
+    if tab.a_diagonal is not None:
+        A[np.diag_indices(s)] = tab.a_diagonal
+    c = np.concatenate([[tab.c1], tab.c])
+    return c, A, np.asarray(tab.b_sol)
+
+
+def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, floor: float):
+    """One step of `solver`'s Runge-Kutta method from `(t, y)` with step `h`,
+    in sciad ops: an implicit stage is an `optimize.root` node."""
+    from .. import numpy as snp
+    from .. import optimize
+    from ._stop_gradient import stop_gradient
+
+    c, A, b = _tableau(solver)
+    ks = []
+    for i in range(len(b)):
+        yi = y
+        for j in range(i):
+            if A[i, j] != 0.0:
+                yi = yi + (h * float(A[i, j])) * ks[j]
+        ti = t + float(c[i]) * h
+        if A[i, i] == 0.0:
+            ks.append(field_at(graph, consts, ti, yi))
+            continue
+        gamma = float(A[i, i])
+
+        def stage(z, yi, hg, ti, w):
+            return (z - yi - hg * field_at(graph, consts, ti, z)) * w
+
+        # each equation scaled by its state's magnitude (floored by
+        # atol/rtol), so that a tolerance near rounding suits every component
+        w = stop_gradient(1.0 / (snp.abs(yi) + floor))
+        z = optimize.root(stage, yi, (yi, h * gamma, ti, w), jac=jac, tol=1e-12,
+                          atol=STAGE_ATOL).x
+        ks.append(field_at(graph, consts, ti, z))
+    out = y
+    for i, bi in enumerate(b):
+        if bi != 0.0:
+            out = out + (h * float(bi)) * ks[i]
+    return out
+
+
+def _replay(graph: Graph, solver: str, jac: str, max_steps: int, snapshots, grid, slots,
+            nsteps, T: int, floor: float):
+    """`(*consts, y0) -> ys`: the steps the forward solve took, re-run on its
+    grid by a `while` loop, writing the state into `ys` at each output time."""
+    from .. import numpy as snp
+    from ..primitives import while_loop
+
+    def replay(*a):
+        *consts, y0 = a
+        rows = snp.arange(T)
+        ys0 = snp.where((rows == 0)[:, None], y0[None, :], snp.zeros((T, y0.shape[0]),
+                                                                     y0.dtype))
+
+        def step(s):
+            k, y, ys = s
+            t = grid[k]
+            y1 = rk_step(graph, consts, solver, t, grid[k + 1] - t, y, jac, floor)
+            ys = snp.where((rows == slots[k])[:, None], y1[None, :], ys)
+            return k + 1, y1, ys
+
+        _, _, ys = while_loop(lambda s: s[0] < nsteps, step,
+                              (snp.zeros((), np.int32), y0, ys0), max_steps=max_steps,
+                              checkpoints=snapshots)
+        return ys
+
+    return replay
+
+
+def _discrete_vjp(primals, outs, ct, params):
+    """Cotangents of `(*consts, y0)`: the reverse pass of the replayed steps."""
+    from ..graph._autodiff import vjp_eval
+    from ..graph._body import trace_body
+
+    *consts, y0, ts = primals
+    _, _, nsteps, grid, slots = outs
+    replay = _replay(params["graph"], params["solver"], params.get("jac", "dense"),
+                     params["max_steps"], params.get("checkpoints"), grid, slots, nsteps,
+                     ts.shape[0], max(params["atol"] / params["rtol"], 1e-300))
+    types = [type_of(c) for c in consts] + [type_of(y0)]
+    g, closed, _ = trace_body(replay, types, name="replay")
+    _, backward = vjp_eval(g, [*closed, *consts, y0])
+    return backward([ct])[len(closed):]
+
+
+def _backsolve_vjp(primals, outs, ct, params):
+    """Cotangents of `(*consts, y0)` by the continuous adjoint, solved
+    backwards with the state, one `odeint` per output interval."""
+    from .. import numpy as snp
+    from ..graph import Tracer
+    from ..graph._autodiff import vjp_eval
+    from ..graph._body import trace_body
+
+    *consts, y0, ts = primals
+    ys = outs[0]
+    graph = params["graph"]
+    n = y0.shape[0]
+    wanted = [isinstance(c, Tracer) and type_of(c).dtype.kind == "f" for c in consts]
+    sizes = [type_of(c).size for c, w in zip(consts, wanted) if w]
+    ctypes = [type_of(c) for c in consts]
+    dtype = type_of(y0).dtype
+
+    def body(*a):  # in reversed time s = -t: dS/ds = -dS/dt
+        *cs, s, S = a
+        y, lam = S[:n], S[n:2 * n]
+        t = -s
+        (f,), back = vjp_eval(graph, [*cs, t, y])
+        bars = back([lam])
+        cbars = [snp.reshape(b, (-1,)) if not is_zero(b) else snp.zeros((k,), dtype)
+                 for b, w, k in zip(bars[:len(cs)], wanted, [c.size for c in ctypes]) if w]
+        ybar = bars[-1] if not is_zero(bars[-1]) else snp.zeros((n,), dtype)
+        return snp.concatenate([-f, ybar, *cbars])
+
+    total = 2 * n + sum(sizes)
+    g, closed, _ = trace_body(body, ctypes + [TensorType((), dtype),
+                                              TensorType((total,), dtype)], name="adjoint")
+    assert not closed
+    p = _params(params, graph=g, error_size=None, jac="dense", pattern=None,
+                adjoint="backsolve", dt0=None)
+    T = ts.shape[0]
+    S = snp.concatenate([ys[T - 1], ct[T - 1], snp.zeros((sum(sizes),), dtype)])
+    for i in range(T - 2, -1, -1):
+        span = snp.stack([-ts[i + 1], -ts[i]])
+        S = odeint_p.bind(*consts, S, span, **p)[0][1]
+        S = snp.concatenate([S[:n], S[n:2 * n] + ct[i], S[2 * n:]])
+    lam0, acc = S[n:2 * n], S[2 * n:]
+    cbars, k = [], 0
+    for c, w in zip(consts, wanted):
+        if w:
+            size = type_of(c).size
+            cbars.append(snp.reshape(acc[k:k + size], type_of(c).shape))
+            k += size
+        else:
+            cbars.append(None)
+    return cbars + [lam0]
+
+
+@odeint_p.def_vjp
+def _odeint_vjp(primals, outs, cts, **params):
+    from .. import numpy as snp
+
+    *consts, y0, ts = primals
+    ct = cts[0]
+    if is_zero(ct):
+        return [None] * len(primals)
+    graph = params["graph"]
+    if params.get("adjoint", "checkpoint") == "backsolve":
+        bars = _backsolve_vjp(primals, outs, ct, params)
+    else:
+        bars = _discrete_vjp(primals, outs, ct, params)
+    bars = [None if b is None or is_zero(b) else b for b in bars]
+    ybar0 = bars[-1]
+    # the output times: y(t_i) moves with t_i at f(t_i, y_i); the initial
+    # time moves the whole solution: dy/dt0 = -Phi f(t0, y0)
+    F = _fields_at(graph, consts, ts, outs[0])
+    tbar = snp.sum(F * ct, axis=1)
+    if ybar0 is not None:
+        tbar = tbar - snp.where(snp.arange(ts.shape[0]) == 0, snp.sum(F[0] * ybar0), 0.0)
+    return bars + [tbar]
+
+
+@odeint_p.def_sparsity
+def _odeint_sparsity(outs, *deps, **params):
+    from ..graph._sparsity import dense_all
+
+    return dense_all(outs, *deps)
+
+
+def _install_batch_rule() -> None:
+    # a batch of integrations is a `map` of one: `jax.vmap` of diffrax's
+    # loop (every example steps until all are done)
+    from ._map import map_rule
+
+    odeint_p.def_batch(map_rule(odeint_p))
+
+
+_install_batch_rule()
+
+
+@odeint_p.def_cost
+def _odeint_cost(node, body):
+    # per step (their number is known only when it runs): one evaluation of
+    # the vector field per stage, and for an implicit solver a Newton
+    # iteration per implicit stage
+    from ..graph._cost import Cost, _si
+
+    p = node.params
+    F = body(p["graph"])
+    c, A, b = _tableau(p["solver"])
+    n = node.inputs[-2].type.size
+    per = len(b) * (F.flops + 4.0 * n)
+    if SOLVERS[p["solver"]][1]:
+        per += float(np.count_nonzero(np.diag(A))) * (F.flops + 2.0 * n * n)
+    return Cost(per, F.peak, f"per step ({_si(per)})")
