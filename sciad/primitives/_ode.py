@@ -158,7 +158,12 @@ def judge_ode(site, *, status, t_reached, h_last, steps, accepted, ymax, y0max, 
              f"{h:.3e}, max |y| = {ymax:.3e}")
     if status == 4:
         site.fail(ShapeError, "the output times `ts` must be strictly increasing.")
-    tiny = h <= 1e3 * np.finfo(np.float64).eps * max(abs(t), 1.0) or accepted == 0
+    # a collapsed step: at the rounding floor of t, or a millionth of the
+    # mean step so far (an explicit solver on a stiff problem instead keeps
+    # steps near its stability limit)
+    mean = (t - float(t0)) / max(accepted, 1)
+    tiny = h <= 1e3 * np.finfo(np.float64).eps * max(abs(t), 1.0) or accepted == 0 \
+        or h < 1e-6 * mean
     if status == 3 or not np.isfinite(ymax):
         advice = ("The state became NaN or infinite: the vector field is not finite there "
                   "(a log or sqrt of a negative value, a division by zero), or the "
@@ -171,9 +176,9 @@ def judge_ode(site, *, status, t_reached, h_last, steps, accepted, ymax, y0max, 
                   "(a singular or wrong Jacobian, non-finite values of f), or the solution "
                   "is not smooth there (a discontinuity: integrate up to it and restart).")
     elif tiny:
-        advice = ("The step size collapsed: the vector field is not finite near the state "
-                  "reached, or the solution is not smooth there (a discontinuity: "
-                  "integrate up to it and restart).")
+        advice = ("The step size collapsed: the vector field is singular or not finite "
+                  "near the state reached (NaN values are rejected steps), or the solution "
+                  "is not smooth there (a discontinuity: integrate up to it and restart).")
     elif not implicit:
         advice = (f"The problem is likely stiff (an explicit solver needs tiny steps to "
                   f"stay stable): use a stiff solver (solver='kvaerno5'), or raise "
@@ -203,8 +208,10 @@ def _odeint_impl(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptive
     term = diffrax.ODETerm(lambda t, y, a: field(*a, t, y)[0])
     if adaptive:
         inner = diffrax.PIDController(rtol=rtol, atol=atol, norm=norm)
-    else:
-        inner = diffrax.ConstantStepSize()
+    else:  # constant steps of dt0 (shortened to land on the output times):
+        # every step is accepted (no error is large against an infinite
+        # atol; a non-finite one is still rejected) and grows back to dt0
+        inner = diffrax.PIDController(rtol=0.0, atol=np.inf, norm=norm, dtmax=dt0)
     controller = diffrax.ClipStepSizeController(inner, step_ts=ts)
     keep = lambda t, y, a: (t, jnp.max(jnp.abs(y[:m])))  # noqa: E731
     saveat = diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts),
@@ -433,6 +440,7 @@ def _backsolve_vjp(primals, outs, ct, params):
     from ..graph import Tracer
     from ..graph._autodiff import vjp_eval
     from ..graph._body import trace_body
+    from ._control import scan
 
     *consts, y0, ts = primals
     ys = outs[0]
@@ -462,10 +470,13 @@ def _backsolve_vjp(primals, outs, ct, params):
                 adjoint="backsolve", dt0=None)
     T = ts.shape[0]
     S = snp.concatenate([ys[T - 1], ct[T - 1], snp.zeros((sum(sizes),), dtype)])
-    for i in range(T - 2, -1, -1):
-        span = snp.stack([-ts[i + 1], -ts[i]])
-        S = odeint_p.bind(*consts, S, span, **p)[0][1]
-        S = snp.concatenate([S[:n], S[n:2 * n] + ct[i], S[2 * n:]])
+
+    def interval(S, x):  # from ts[i + 1] back to ts[i], then the jump of ct[i]
+        lo, hi, c = x
+        S = odeint_p.bind(*consts, S, snp.stack([-hi, -lo]), **p)[0][1]
+        return snp.concatenate([S[:n], S[n:2 * n] + c, S[2 * n:]]), None
+
+    S, _ = scan(interval, S, (ts[:-1], ts[1:], ct[:-1]), reverse=True)
     lam0, acc = S[n:2 * n], S[2 * n:]
     cbars, k = [], 0
     for c, w in zip(consts, wanted):

@@ -1,0 +1,230 @@
+"""`sd.ode.odeint`: solutions against SciPy (explicit and stiff solvers),
+derivatives with respect to `y0`, `args` and the times (forward mode, both
+adjoints, second order, through `jax.grad(sd.to_jax(...))`) against finite
+differences and each other, pytrees, batching, `solve_ivp`, and the
+failures: trace-time errors and each run-time diagnosis."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+import scipy.integrate
+
+import sciad as sd
+import sciad.numpy as snp
+from sciad.errors import ConvergenceError, ShapeError
+
+TS = np.linspace(0.0, 4.0, 9)
+THETA = np.array([1.5, 1.0, 3.0, 1.0])
+Y0 = np.array([1.0, 1.0])
+TIGHT = dict(rtol=1e-10, atol=1e-10)
+
+
+def lotka_volterra(t, y, th):
+    return snp.stack([th[0] * y[0] - th[1] * y[0] * y[1],
+                      -th[2] * y[1] + th[3] * y[0] * y[1]])
+
+
+def lotka_volterra_np(t, y, th):
+    return [th[0] * y[0] - th[1] * y[0] * y[1], -th[2] * y[1] + th[3] * y[0] * y[1]]
+
+
+def loss(th, y0, ts, **kw):
+    ys = sd.ode.odeint(lotka_volterra, y0, ts, th, **{**TIGHT, **kw})
+    return snp.sum(ys[:, 0] ** 2 + 0.5 * ys[:, 1])
+
+
+def fd_grad(f, x, eps=1e-6):
+    return np.array([(f(x + eps * e) - f(x - eps * e)) / (2 * eps) for e in np.eye(x.size)])
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """The compiled loss and its gradient (checkpointed adjoint) in all
+    three arguments, shared by the tests below."""
+    return sd.function(loss), sd.function(sd.grad(loss, argnums=(0, 1, 2)))
+
+
+def test_explicit_solution_agrees_with_scipy():
+    ys = sd.ode.odeint(lotka_volterra, Y0, TS, THETA, solver="dopri5", **TIGHT)
+    ref = scipy.integrate.solve_ivp(lotka_volterra_np, TS[[0, -1]], Y0, "DOP853", TS,
+                                    args=(THETA,), rtol=1e-13, atol=1e-13).y.T
+    assert ys.shape == (TS.size, 2)
+    np.testing.assert_allclose(np.asarray(ys), ref, rtol=1e-8, atol=1e-9)
+
+
+def robertson(t, y, k):
+    return snp.stack([-k[0] * y[0] + k[2] * y[1] * y[2],
+                      k[0] * y[0] - k[2] * y[1] * y[2] - k[1] * y[1] ** 2,
+                      k[1] * y[1] ** 2])
+
+
+K = np.array([0.04, 3e7, 1e4])
+TS_STIFF = np.array([0.0, 1.0, 10.0, 100.0])
+
+
+def test_stiff_solution_and_gradient():
+    """Robertson's kinetics with Kvaerno5: the solution against SciPy's
+    Radau, and the discrete adjoint (whose replayed implicit stages are root
+    nodes) against finite differences in the log of the rates."""
+    def conc(logk):
+        return sd.ode.odeint(robertson, np.array([1.0, 0.0, 0.0]), TS_STIFF, snp.exp(logk),
+                             solver="kvaerno5", rtol=1e-8, atol=1e-10)
+
+    ys = conc(np.log(K))
+    ref = scipy.integrate.solve_ivp(
+        lambda t, y: [
+            -K[0] * y[0] + K[2] * y[1] * y[2],
+            K[0] * y[0] - K[2] * y[1] * y[2] - K[1] * y[1] ** 2, K[1] * y[1] ** 2],
+        (0, 100), [1, 0, 0], "Radau", TS_STIFF, rtol=1e-12, atol=1e-14).y.T
+    np.testing.assert_allclose(np.asarray(ys), ref, rtol=1e-5, atol=1e-9)
+    objective = lambda logk: snp.sum(conc(logk)[:, 0])  # noqa: E731
+    g = sd.grad(objective)(np.log(K))
+    fd = fd_grad(sd.function(objective), np.log(K), eps=1e-5)
+    np.testing.assert_allclose(np.asarray(g), fd, rtol=1e-5, atol=1e-9)
+
+
+def test_gradients_against_finite_differences(compiled):
+    """The checkpointed adjoint in `theta`, `y0` and every output time (the
+    initial one included) against central differences of the compiled
+    solve."""
+    f, g = compiled
+    gth, gy0, gts = (np.asarray(v) for v in g(THETA, Y0, TS))
+    np.testing.assert_allclose(gth, fd_grad(lambda th: f(th, Y0, TS), THETA), rtol=1e-6)
+    np.testing.assert_allclose(gy0, fd_grad(lambda y: f(THETA, y, TS), Y0), rtol=1e-6)
+    np.testing.assert_allclose(gts, fd_grad(lambda ts: f(THETA, Y0, ts), TS), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_forward_mode_is_an_odeint_of_the_sensitivities_and_agrees_with_reverse(compiled):
+    _, g = compiled
+    v = (np.array([0.1, -0.2, 0.3, 0.05]), np.array([0.3, -0.1]),
+         np.linspace(0.0, 0.1, TS.size))
+    graph = sd.trace(lambda th, y0, ts: sd.jvp(loss, (th, y0, ts), (th, y0, ts))[1],
+                     THETA, Y0, TS)
+    assert str(graph).count("ode.odeint[") == 1, "one node: the sensitivity system"
+    _, jv = sd.jvp(loss, (THETA, Y0, TS), v)
+    dot = sum(float(np.dot(np.asarray(a), b)) for a, b in zip(g(THETA, Y0, TS), v))
+    np.testing.assert_allclose(float(jv), dot, rtol=1e-9)
+
+
+def test_backsolve_adjoint_agrees_to_the_tolerance(compiled):
+    _, g = compiled
+    back = sd.grad(lambda th, y0, ts: loss(th, y0, ts, adjoint="backsolve"),
+                   argnums=(0, 1, 2))(THETA, Y0, TS)
+    for a, b in zip(back, g(THETA, Y0, TS)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-7, atol=1e-7)
+
+
+def test_hessian_vector_product_against_differences_of_the_gradient(compiled):
+    _, g = compiled
+    v = np.array([0.1, 0.2, -0.3, 0.1])
+    hv = sd.hvp(lambda th: loss(th, Y0, TS), THETA, v)
+    eps = 1e-5
+    fd = (np.asarray(g(THETA + eps * v, Y0, TS)[0]) -
+          np.asarray(g(THETA - eps * v, Y0, TS)[0])) / (2 * eps)
+    np.testing.assert_allclose(np.asarray(hv), fd, rtol=1e-5)
+
+
+def test_check_rules_with_constant_steps():
+    """`check_rules` on a small decay-with-forcing problem on constant steps
+    (a smooth function of its inputs, so finite differences are sharp):
+    JVP against differences, VJP against JVP, second order, batching. (The
+    times' derivative is that of the exact solution, `f(t_i, y_i)`, not of
+    the discretization: it is checked against differences at a tight
+    tolerance above.)"""
+    def f(k, y0):
+        def field(t, y, k):
+            return -k * y + snp.sin(t) * y[::-1]
+        return sd.ode.odeint(field, y0, np.array([0.0, 0.5, 1.0]), k, solver="tsit5",
+                             adaptive=False, dt0=0.1)
+
+    sd.testing.check_rules(f, np.array([0.7, 1.3]), np.array([1.0, -0.5]))
+
+
+def test_pytree_state_and_args():
+    def field(t, y, p):
+        return {"x": y["v"], "v": -p["w"] ** 2 * y["x"]}
+
+    def final_x(w):
+        ys = sd.ode.odeint(field, {"x": snp.asarray(1.0), "v": snp.asarray(0.0)},
+                           np.array([0.0, 1.0]), {"w": w}, **TIGHT)
+        return ys["x"][-1]
+
+    np.testing.assert_allclose(float(sd.function(final_x)(2.0)), np.cos(2.0), rtol=1e-8)
+    np.testing.assert_allclose(float(sd.grad(final_x)(2.0)), -np.sin(2.0), rtol=1e-7)
+
+
+def test_composes_with_jax_grad_and_vmap():
+    f = sd.to_jax(lambda th: loss(th, Y0, TS))
+    g = jax.grad(f)(THETA)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(sd.grad(lambda th: loss(th, Y0, TS))(THETA)),
+                               rtol=1e-10)
+    batch = np.stack([Y0, 1.5 * Y0])
+    ys = sd.vmap(lambda y0: sd.ode.odeint(lotka_volterra, y0, TS, THETA, **TIGHT))(batch)
+    one = sd.ode.odeint(lotka_volterra, batch[1], TS, THETA, **TIGHT)
+    np.testing.assert_allclose(np.asarray(ys[1]), np.asarray(one), rtol=1e-12)
+
+
+def test_solve_ivp_has_scipys_interface():
+    res = sd.ode.solve_ivp(lotka_volterra_np_sd := (lambda t, y, a, b, c, d: snp.stack(
+        [a * y[0] - b * y[0] * y[1], -c * y[1] + d * y[0] * y[1]])), (0.0, 4.0), Y0,
+        t_eval=TS[1:], args=tuple(THETA), rtol=1e-10, atol=1e-10)
+    ref = scipy.integrate.solve_ivp(lotka_volterra_np, (0.0, 4.0), Y0, t_eval=TS[1:],
+                                    args=(THETA,), rtol=1e-12, atol=1e-12)
+    assert res.success and res.status == 0 and res.y.shape == ref.y.shape
+    np.testing.assert_allclose(np.asarray(res.y), ref.y, rtol=1e-7)
+    del lotka_volterra_np_sd
+
+
+# ---------------------------------------------------------------------------
+# failures
+
+
+@pytest.mark.parametrize("ts, kw, match", [
+    (np.array([0.0, 1.0, 1.0]), {}, "not strictly increasing"),
+    (np.array([1.0, 0.0]), {}, "t1 < t0"),
+    (np.array([0.0]), {}, "at least 2 times"),
+    (TS, {"dt0": 0.0}, "dt0"),
+    (TS, {"solver": "rk4"}, "unknown solver"),
+    (TS, {"adjoint": "magic"}, "adjoint"),
+    (TS, {"adaptive": False}, "need `dt0`"),
+])
+def test_trace_time_errors(ts, kw, match):
+    with pytest.raises(ShapeError, match=match) as err:
+        sd.trace(lambda th: sd.ode.odeint(lotka_volterra, Y0, ts, th, **kw), THETA)
+    assert err.value.op == "ode.odeint" and "test_ode.py" in str(err.value)
+
+
+def test_wrong_field_output_is_a_trace_time_error():
+    with pytest.raises(ShapeError, match="shapes"):
+        sd.trace(lambda y0: sd.ode.odeint(lambda t, y, a: y[:1], y0, TS), Y0)
+
+
+def test_stiff_problem_with_an_explicit_solver_is_diagnosed():
+    with pytest.raises(ConvergenceError, match="likely stiff") as err:
+        sd.ode.odeint(robertson, np.array([1.0, 0.0, 0.0]), TS_STIFF, K, max_steps=200)
+    msg = str(err.value)
+    assert "step limit" in msg and "at t = " in msg and "last accepted step size" in msg
+    assert "test_ode.py" in msg
+
+
+def test_blow_up_and_singular_fields_are_diagnosed():
+    with pytest.raises(ConvergenceError, match="grows without bound") as err:
+        sd.ode.odeint(lambda t, y, a: y ** 2, np.array([1.0]), np.array([0.0, 2.0]))
+    assert "at t = 1 " in str(err.value)  # y = 1 / (1 - t)
+    # y' = -1 / (y - 1/2) reaches its pole at t = 1/8; past t = 0.3, NaN
+    for field, at in [(lambda t, y, a: -1.0 / (y - 0.5), "at t = 0.125"),
+                      (lambda t, y, a: snp.where(t > 0.3, np.nan, -y), "at t = 0.3 ")]:
+        with pytest.raises(ConvergenceError, match="step size collapsed") as err:
+            sd.ode.odeint(field, np.array([1.0]), np.array([0.0, 1.0]), max_steps=500)
+        assert at in str(err.value) and "singular or not finite" in str(err.value)
+
+
+def test_throw_false_returns_the_status():
+    res = sd.ode.odeint(robertson, np.array([1.0, 0.0, 0.0]), TS_STIFF, K, max_steps=50,
+                        throw=False)
+    assert not res.success and res.status == 1 and res.steps <= 50
+    ok = sd.ode.odeint(lotka_volterra, Y0, TS, THETA, throw=False)
+    assert ok.success and ok.steps > 0
