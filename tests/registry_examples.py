@@ -218,6 +218,15 @@ def _root_guard_example(c, f):
     return root_guard_p.bind(r.status, r.x)
 
 
+def _odeint_example(k, y0):
+    """A forced linear system on constant steps (a smooth function of its
+    inputs): the states at three times."""
+    def field(t, y, k):
+        return -k * y + snp.sin(t) * y[::-1]
+
+    return sd.ode.odeint(field, y0, np.array([0.0, 0.3, 0.6]), k, adaptive=False, dt0=0.15)
+
+
 EXAMPLES = {name: _unary_example(name) for name in UNARY}
 EXAMPLES.update({name: _binary_example(name) for name in BINARY})
 EXAMPLES.update({
@@ -280,6 +289,8 @@ EXAMPLES.update({
     "cond": (lambda x, a: sd.cond(snp.sum(x) > 0, lambda x: snp.sin(x) * a,
                                   lambda x: x ** 3 + x, x), (_f64(3), _f64())),
     "while": (lambda x, a: _while_example(x, a), (_pos(2), _pos())),
+    "while_adjoint": (lambda x, a: sd.grad(lambda x, a: snp.sum(_while_example(x, a) ** 2),
+                                           argnums=(0, 1))(x, a), (_pos(2), _pos())),
     "checkpoint": (lambda x, a: sd.checkpoint(lambda x: snp.sin(x * a) ** 2)(x), (_f64(3), _f64())),
     "index_bounds": (lambda x, i: x[i] * 2.0, (_f64(5, 2), np.array([[4, -1], [0, 2]]))),
     "take": (lambda x, i: snp.take(x, i, axis=1, mode="wrap"),
@@ -312,6 +323,7 @@ EXAMPLES.update({
             (_f64(2, 6), _f64(2, 4), _f64(2, 3, 3), _f64(3))),
     "optimize.root": (_root_example, (_pos(4), _f64(4))),
     "optimize.root_guard": (_root_guard_example, (_pos(4), _f64(4))),
+    "ode.odeint": (_odeint_example, (_pos(2), _f64(2))),
     "optimization_barrier": (lambda x, y: sd.primitives.barrier_p.bind(x, y)[0] * y,
                              (_f64(3), _f64(3))),
 })

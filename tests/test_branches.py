@@ -156,7 +156,7 @@ def _grow_jax_bounded(x, a, steps):
     return jnp.sum(u * jnp.cos(x))
 
 
-@pytest.mark.parametrize("checkpoints", [None, 1, 40])
+@pytest.mark.parametrize("checkpoints", [None, 1, 40, sd.Segments(2)])
 def test_while_value_jvp_grad_hvp_match_jax(rng, checkpoints):
     x, a, v = rng.uniform(0.5, 1.0, 4), 0.4, rng.normal(size=4)
     (value, k), (want, kj) = _grow_sd(x, a), _grow_jax(x, a)
@@ -271,3 +271,22 @@ def test_checkpointed_scan_body_stacks_only_carries(rng):
     assert len(fwd1.outputs) == 2 < len(fwd0.outputs)
     np.testing.assert_allclose(sd.graph.evaluate(g1, u0)[0], sd.graph.evaluate(g0, u0)[0],
                                rtol=1e-14)
+
+
+def test_while_reverse_pass_runs_over_the_steps_taken_not_max_steps(rng):
+    """The default reverse pass is one `while_adjoint` node over the steps
+    the loop ran: a bound 10,000 times the steps costs nothing, and the
+    gradient and hvp are those of the loop run for its known step count."""
+    x, a, v = rng.uniform(0.5, 1.0, 4), 0.4, rng.normal(size=4)
+    k = int(_grow_jax(x, a)[1])
+    f = lambda x, a: _grow_sd(x, a, max_steps=10_000 * k)[0]  # noqa: E731
+    graph = sd.trace(sd.grad(f, argnums=(0, 1)), x, a)
+    adj = [n for n in graph.nodes if n.primitive.name == "while_adjoint"]
+    assert len(adj) == 1 and adj[0].params["snapshots"] == int(np.ceil(np.sqrt(10_000 * k)))
+    g = sd.grad(f, argnums=(0, 1))(x, a)
+    gj = jax.grad(_grow_jax_bounded, argnums=(0, 1))(x, a, k)
+    for p, q in zip(g, gj):
+        np.testing.assert_allclose(p, q, rtol=1e-12)
+    h = sd.hvp(lambda x: f(x, a), x, v)
+    hj = jax.jvp(jax.grad(lambda x: _grow_jax_bounded(x, a, k)), (x,), (v,))[1]
+    np.testing.assert_allclose(h, hj, rtol=1e-11)

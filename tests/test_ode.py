@@ -127,22 +127,6 @@ def test_hessian_vector_product_against_differences_of_the_gradient(compiled):
     np.testing.assert_allclose(np.asarray(hv), fd, rtol=1e-5)
 
 
-def test_check_rules_with_constant_steps():
-    """`check_rules` on a small decay-with-forcing problem on constant steps
-    (a smooth function of its inputs, so finite differences are sharp):
-    JVP against differences, VJP against JVP, second order, batching. (The
-    times' derivative is that of the exact solution, `f(t_i, y_i)`, not of
-    the discretization: it is checked against differences at a tight
-    tolerance above.)"""
-    def f(k, y0):
-        def field(t, y, k):
-            return -k * y + snp.sin(t) * y[::-1]
-        return sd.ode.odeint(field, y0, np.array([0.0, 0.5, 1.0]), k, solver="tsit5",
-                             adaptive=False, dt0=0.1)
-
-    sd.testing.check_rules(f, np.array([0.7, 1.3]), np.array([1.0, -0.5]))
-
-
 def test_pytree_state_and_args():
     def field(t, y, p):
         return {"x": y["v"], "v": -p["w"] ** 2 * y["x"]}

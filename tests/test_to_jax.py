@@ -350,11 +350,11 @@ def _loss(fn, weights, xp):
     return loss
 
 
-# (the eigen and matrix-free families' `to_jax` paths are also tested in
+# (the eigen, matrix-free and ODE families' `to_jax` paths are also tested in
 # their own files: slow here)
 @pytest.mark.parametrize("name", marked_slow(sorted(_GROUPS), {
     "linalg.svd_guard", "linalg.eigh_guard", "linalg.eigh_apply", "linalg.solve_operator",
-    "linalg.backsolve", "map", "linalg.svd"}))
+    "linalg.backsolve", "map", "linalg.svd", "ode.odeint"}))
 def test_to_jax_derivatives_of_every_primitive(name, rng):
     fn, args = _group_example(_GROUPS[name])
     args = [np.asarray(a) for a in args]

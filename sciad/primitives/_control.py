@@ -139,7 +139,31 @@ class EveryK:
         return np.asarray(rows, np.int32).reshape(-1, 3)
 
 
+@dataclass(frozen=True)
+class Segments:
+    """Two-level checkpointing of a `while` loop over the steps it ran (a
+    number known only when it runs): reverse mode re-runs the loop storing
+    `snapshots` carries evenly spaced over those steps, then re-runs each
+    segment once from its stored start, keeping the segment's carries for the
+    backward parts. At most `snapshots + ceil(max_steps / snapshots)` stored
+    carries, every step recomputed twice, and a cost that grows with the
+    steps run, not with `max_steps`. A `while` loop's default (with about
+    `sqrt(max_steps)` snapshots)."""
+
+    snapshots: int
+
+    def __post_init__(self):
+        if not isinstance(self.snapshots, int) or isinstance(self.snapshots, bool) \
+                or self.snapshots < 1:
+            raise ShapeError(f"a segments schedule needs snapshots >= 1 (an int), got "
+                             f"{self.snapshots!r}.", op="while")
+
+    def __str__(self) -> str:
+        return f"segments({self.snapshots})"
+
+
 register_param_type(Binomial, "binomial", lambda b: b.snapshots, lambda s: Binomial(int(s)))
+register_param_type(Segments, "segments", lambda b: b.snapshots, lambda s: Segments(int(s)))
 register_param_type(EveryK, "every_k", lambda b: b.k, lambda k: EveryK(int(k)))
 
 #: the checkpoint schedules (a loop's `checkpoints` param, besides None)

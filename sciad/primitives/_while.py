@@ -13,14 +13,19 @@ the carries.
 - JVP: a `while` of the body's JVP, the predicate reading only primals. A
   carry's tangent is symbolically zero only if it stays zero through the
   body (a fixed point, as for `scan`).
-- VJP: only with `max_steps`. The loop is then the scan of `max_steps`
-  steps `carry = cond(pred(carry), body, identity)(carry)`, whose steps
-  after the predicate turns false do nothing; its backward pass is the
-  checkpointed backward pass of that scan (`scan_adjoint`, the binomial
-  schedule of `checkpoints` snapshots, by default about log2(max_steps)),
-  so reverse mode stores a bounded number of carries however many steps
-  run. The forward pass is the `while` itself, exiting early. Without
-  `max_steps` reverse mode is an error that says what to do instead.
+- VJP: only with `max_steps`. By default (`checkpoints=None` or
+  `Segments(s)`) the forward pass counts its steps, and the backward pass is
+  one `while_adjoint` node over the steps that ran: it re-runs them storing
+  `s` evenly spaced carries (s about sqrt(max_steps)), then re-runs each
+  segment once, keeping its carries for the backward parts. It stores at
+  most `s + ceil(max_steps / s)` carries and its cost grows with the steps
+  run, not with `max_steps`. Its JVP is a `while_adjoint` of the JVPs (so
+  `sd.hvp` keeps the bound); its VJP stores every carry. With a `Binomial`
+  or `EveryK` schedule the loop is instead the scan of `max_steps` steps
+  `carry = cond(pred(carry), body, identity)(carry)`, and its backward pass
+  that scan's checkpointed one (`scan_adjoint`), whose cost grows with
+  `max_steps`. Without `max_steps` reverse mode is an error that says what
+  to do instead.
 """
 
 from __future__ import annotations
@@ -41,15 +46,15 @@ from ..graph._body import drop_inputs, hoist, hoist_nodes, inline, live_inputs, 
 from ..graph._trace import Tracer, is_value_leaf
 from ._checks import check, tie
 from ._cond import _sig, _union_inputs, cond_p
-from ._control import SCHEDULES, Binomial, _checkpointed_bwd, _scan_body_jvp, _with_unused_inputs
-from ._control import as_schedule
+from ._control import SCHEDULES, Binomial, Segments, _checkpointed_bwd, _scan_body_jvp
+from ._control import _with_unused_inputs, as_schedule
 
 _tree = jax.tree_util
 
 while_p = Primitive("while", multiple_results=True, runtime_checks=True, params={
     "cond_body": Graph, "body": Graph, "num_consts": int,
     "max_steps": Param((int, None), default=None),
-    "checkpoints": Param((*SCHEDULES, None), default=None)})
+    "checkpoints": Param((*SCHEDULES, Segments, None), default=None)})
 
 
 @while_p.def_abstract_eval
@@ -192,6 +197,30 @@ def _bounded_step(cond_body: Graph, body: Graph, nc: int) -> Graph:
     return g
 
 
+def default_segments(max_steps: int) -> int:
+    """The snapshots of a bounded loop's default reverse mode (`Segments`):
+    about sqrt(max_steps), which minimizes the stored carries."""
+    return max(1, math.ceil(math.sqrt(max(max_steps, 1))))
+
+
+def _counted(cond_body: Graph, body: Graph, nc: int):
+    """The loop's predicate and body with a step counter (an int32 carry,
+    last), so that reverse mode knows the steps the loop ran."""
+    i32 = TensorType((), np.dtype(np.int32))
+    types = [v.type for v in body.inputs] + [i32]
+
+    def pred(*a):
+        return inline(cond_body, a[:-1])
+
+    def step(*a):
+        return inline(body, a[:-1]) + [a[-1] + 1]
+
+    c, cc, _ = trace_body(pred, types, name=cond_body.name)
+    b, bc, _ = trace_body(step, types, name=body.name)
+    assert not cc and not bc, "a counted loop closes over nothing"
+    return c, b
+
+
 @while_p.def_vjp_fwd
 def _while_vjp_fwd(primals, *, cond_body, body, num_consts, max_steps=None,
                    checkpoints=None):
@@ -202,19 +231,238 @@ def _while_vjp_fwd(primals, *, cond_body, body, num_consts, max_steps=None,
             "`sd.fori_loop` or `sd.scan` if the step count is known, or write the loop's "
             "result as the solution of an equation and differentiate that implicitly.",
             op="while")
-    outs = while_p.bind(*primals, cond_body=cond_body, body=body, num_consts=num_consts,
-                        **_extra(max_steps, checkpoints))
-    return tuple(outs), primals
+    if checkpoints is not None and not isinstance(checkpoints, Segments):
+        outs = while_p.bind(*primals, cond_body=cond_body, body=body, num_consts=num_consts,
+                            **_extra(max_steps, checkpoints))
+        return tuple(outs), (primals, None)
+    from .. import numpy as snp
+
+    cb, bb = _counted(cond_body, body, num_consts)
+    outs = while_p.bind(*primals, snp.zeros((), np.int32), cond_body=cb, body=bb,
+                        num_consts=num_consts, **_extra(max_steps, checkpoints))
+    return tuple(outs[:-1]), (primals, outs[-1])
 
 
 @while_p.def_vjp_bwd
-def _while_vjp_bwd(primals, cts, *, cond_body, body, num_consts, max_steps=None,
+def _while_vjp_bwd(res, cts, *, cond_body, body, num_consts, max_steps=None,
                    checkpoints=None):
+    from ._control import _assemble_cts, _check_storable, _ct_inits, _ct_plan, step_vjp_graph
+
+    primals, steps = res
     nc, nk = num_consts, len(primals) - num_consts
-    step = _bounded_step(cond_body, body, nc)
-    schedule = checkpoints or Binomial(default_snapshots(max_steps))
-    return _checkpointed_bwd(("checkpointed", primals), cts, step, nc, nk, max_steps, False,
-                             schedule)
+    if steps is None:
+        step = _bounded_step(cond_body, body, nc)
+        schedule = checkpoints or Binomial(default_snapshots(max_steps))
+        return _checkpointed_bwd(("checkpointed", primals), cts, step, nc, nk, max_steps,
+                                 False, schedule)
+    _check_storable(body, nc, nk)
+    ct_carry_idx, acc_idx, _, _ = _ct_plan(body, nc, nk, primals, cts)
+    v = step_vjp_graph(body, nc, nk, ct_carry_idx, acc_idx, [], [])
+    ctc0, acc0 = _ct_inits(primals, cts, ct_carry_idx, acc_idx)
+    snapshots = checkpoints.snapshots if checkpoints else default_segments(max_steps)
+    out = while_adjoint_p.bind(steps, *primals, *ctc0, *acc0, body=body, step=v,
+                               num_consts=nc, num_ct_carry=len(ctc0), num_acc=len(acc0),
+                               max_steps=max_steps, snapshots=snapshots)
+    return _assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, [], out)
+
+
+# -- while_adjoint: the reverse pass over the steps a loop ran --------------------
+
+
+while_adjoint_p = Primitive("while_adjoint", multiple_results=True, params={
+    "body": Graph, "step": Graph, "num_consts": int, "num_ct_carry": int, "num_acc": int,
+    "max_steps": int, "snapshots": int})
+#: operands `(steps, *consts, *init, *ct_carry, *acc)`: `body` is the loop's
+#: step `(*consts, *carry) -> (*carry)`, run `steps` times from `init`;
+#: `step` its backward part `(*consts, *ct_carry, *acc, *carry) -> (*ct_carry,
+#: *acc)`. Outputs: the cotangents of `init` and the accumulated `acc`, as a
+#: reverse loop of `step` over the `steps` carries would give them. The
+#: carries are recomputed on the `Segments(snapshots)` schedule: at most
+#: `snapshots + ceil(max_steps / snapshots)` are stored at once.
+
+
+def _adjoint_split(args, nc, nctc, nacc):
+    steps, rest = args[0], list(args[1:])
+    nk = len(rest) - nc - nctc - nacc
+    return (steps, rest[:nc], rest[nc:nc + nk], rest[nc + nk:nc + nk + nctc],
+            rest[nc + nk + nctc:])
+
+
+@while_adjoint_p.def_abstract_eval
+def _while_adjoint_shape(*in_types, body, step, num_consts, num_ct_carry, num_acc,
+                         max_steps, snapshots):
+    op = "while_adjoint"
+    steps, consts, carry, ctc, acc = _adjoint_split(in_types, num_consts, num_ct_carry,
+                                                    num_acc)
+    if steps != TensorType((), np.dtype(np.int32)):
+        raise DTypeError(f"`steps` must be an int32 scalar, got {steps}.", op=op)
+    if tuple(body.in_types) != tuple(consts) + tuple(carry) or \
+            tuple(body.out_types) != tuple(carry):
+        raise ShapeError("the body does not take and return the operands' carries.", op=op)
+    if tuple(step.in_types) != tuple(consts) + tuple(ctc) + tuple(acc) + tuple(carry) or \
+            tuple(step.out_types) != tuple(ctc) + tuple(acc):
+        raise ShapeError("the step graph does not match the operands.", op=op)
+    if max_steps < 0 or snapshots < 1:
+        raise ShapeError(f"needs max_steps >= 0 and snapshots >= 1, got {max_steps} and "
+                         f"{snapshots}.", op=op)
+    return tuple(ctc) + tuple(acc)
+
+
+@while_adjoint_p.def_impl
+def _while_adjoint_impl(*args, body, step, num_consts, num_ct_carry, num_acc, max_steps,
+                        snapshots):
+    steps, consts, init, ctc0, acc0 = _adjoint_split(args, num_consts, num_ct_carry,
+                                                     num_acc)
+    fb, fs = lower(body), lower(step)
+    n = jnp.asarray(steps, jnp.int32)
+    s = snapshots
+    seglen = max(-(-max(max_steps, 1) // s), 1)  # the longest segment
+    seg = jnp.maximum((n + s - 1) // s, 1)      # this run's segment length
+    nseg = (n + seg - 1) // seg
+
+    def advance(c):
+        return tuple(fb(*consts, *c))
+
+    def store(buf, c, slot, when):
+        return tuple(jax.lax.dynamic_update_index_in_dim(b, jnp.where(when, v, b[slot]), slot, 0)
+                     for b, v in zip(buf, c))
+
+    def fwd(k, state):  # the snapshots: the carry entering every seg-th step
+        buf, c = state
+        buf = store(buf, c, jnp.minimum(k // seg, s - 1), k % seg == 0)
+        return buf, advance(c)
+
+    buf0 = tuple(jnp.zeros((s,) + jnp.shape(c), jnp.asarray(c).dtype) for c in init)
+    buf, _ = jax.lax.fori_loop(0, n, fwd, (buf0, tuple(init)))
+    sb0 = tuple(jnp.zeros((seglen,) + jnp.shape(c), jnp.asarray(c).dtype) for c in init)
+
+    def segment(jj, state):  # the segments in reverse: recompute, then back
+        ctc, acc = state
+        j = nseg - 1 - jj
+        lo = j * seg
+        hi = jnp.minimum(lo + seg, n)
+
+        def rec(k, st):
+            sb, c = st
+            return store(sb, c, k - lo, True), advance(c)
+
+        sb, _ = jax.lax.fori_loop(lo, hi, rec, (sb0, tuple(b[j] for b in buf)))
+
+        def back(kk, st):
+            ctc, acc = st
+            c = tuple(b[hi - 1 - kk - lo] for b in sb)
+            out = fs(*consts, *ctc, *acc, *c)
+            return tuple(out[:num_ct_carry]), tuple(out[num_ct_carry:])
+
+        return jax.lax.fori_loop(0, hi - lo, back, (ctc, acc))
+
+    ctc, acc = jax.lax.fori_loop(0, nseg, segment, (tuple(ctc0), tuple(acc0)))
+    return (*ctc, *acc)
+
+
+@while_adjoint_p.def_jvp
+def _while_adjoint_jvp(primals, tangents, *, body, step, num_consts, num_ct_carry, num_acc,
+                       max_steps, snapshots):
+    # the reverse pass is a fixed composition of forward and backward steps;
+    # its JVP is the same composition of their JVPs, on the same schedule
+    from ._control import grouped_jvp
+    from ..graph import is_differentiable
+
+    nc, nctc, nacc = num_consts, num_ct_carry, num_acc
+    nk = len(primals) - 1 - nc - nctc - nacc
+    sizes = (nc, nk, nctc, nacc)
+    rest = primals[1:]
+    diff = [is_differentiable(type_of(p)) for p in rest]
+    bj, _ = grouped_jvp(body, [is_differentiable(t) for t in body.in_types], (nc, nk), (nk,),
+                        [is_differentiable(t) for t in body.out_types])
+    sj, _ = grouped_jvp(step, [is_differentiable(t) for t in step.in_types],
+                        (nc, nctc, nacc, nk), (nctc, nacc),
+                        [is_differentiable(t) for t in step.out_types])
+    groups, lo = [], 0
+    for size in sizes:
+        groups.append(list(rest[lo:lo + size])
+                      + [instantiate(tangents[1 + i]) for i in range(lo, lo + size) if diff[i]])
+        lo += size
+    g0, g1, g2, g3 = groups
+    out = while_adjoint_p.bind(primals[0], *g0, *g1, *g2, *g3, body=bj, step=sj,
+                               num_consts=len(g0), num_ct_carry=len(g2), num_acc=len(g3),
+                               max_steps=max_steps, snapshots=snapshots)
+    outs, touts, k = [], [], 0
+    for lo, size in ((0, nctc), (nctc, nacc)):  # each group: primals, then tangents
+        outs += out[k:k + size]
+        k += size
+        for t in step.out_types[lo:lo + size]:
+            if is_differentiable(t):
+                touts.append(out[k])
+                k += 1
+            else:
+                touts.append(Zero(t.update()))
+    return tuple(outs), tuple(touts)
+
+
+def _adjoint_by_scans(*args, body, step, num_consts, num_ct_carry, num_acc, max_steps,
+                      snapshots):
+    """What a `while_adjoint` node computes, as two scans of `max_steps` steps
+    that do nothing past `steps`: the forward one stacking every carry, then
+    the reverse one of `step`."""
+    from ._cond import cond
+    from ._control import scan
+    from .. import numpy as snp
+
+    steps, consts, init, ctc, acc = _adjoint_split(args, num_consts, num_ct_carry, num_acc)
+    nctc = num_ct_carry
+
+    def fwd(c, _):
+        k, cs = c
+        new = cond(k < steps, lambda cs: tuple(inline(body, list(consts) + list(cs))),
+                   lambda cs: tuple(cs), tuple(cs))
+        return (k + 1, new), tuple(cs)
+
+    _, carries = scan(fwd, (snp.zeros((), np.int32), tuple(init)), length=max_steps)
+
+    def bwd(state, x):
+        k, cs = x
+        new = cond(k < steps,
+                   lambda st: tuple(inline(step, list(consts) + list(st) + list(cs))),
+                   lambda st: tuple(st), tuple(state))
+        return new, None
+
+    out, _ = scan(bwd, tuple(ctc) + tuple(acc),
+                  (snp.arange(max_steps, dtype=np.int32), carries), reverse=True)
+    assert len(out) == nctc + num_acc
+    return list(out)
+
+
+@while_adjoint_p.def_vjp
+def _while_adjoint_vjp(primals, outs, cts, **params):
+    # reverse over reverse: the VJP of the same computation with every carry
+    # stored, as bounded scans (forward over reverse, `sd.hvp`, keeps the
+    # checkpointing of the first reverse pass)
+    from ..graph._autodiff import vjp_eval
+    from ..graph._trace import trace_flat
+
+    g, _, _ = trace_flat(lambda *a: _adjoint_by_scans(*a, **params),
+                         tuple(type_of(p) for p in primals), name="while_adjoint")
+    _, backward = vjp_eval(g, list(primals))
+    return tuple(backward(list(cts)))
+
+
+@while_adjoint_p.def_sparsity
+def _while_adjoint_sparsity(outs, *deps, **params):
+    from ..graph._sparsity import dense_all
+
+    return dense_all(outs, *deps)
+
+
+def _install_adjoint_batch_rule() -> None:
+    # a batch of reverse passes: `jax.vmap` of the loops (each example runs
+    # its own number of steps)
+    from ._map import map_rule
+
+    while_adjoint_p.def_batch(map_rule(while_adjoint_p))
+
+
+_install_adjoint_batch_rule()
 
 
 # -- batching (`sd.vmap`) ---------------------------------------------------------
@@ -285,12 +533,11 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
     ```
 
     Forward mode (`sd.jvp`) works always. Reverse mode (`sd.grad`) needs
-    `max_steps`: the gradient is then computed as that of a loop of
-    `max_steps` steps that stop changing the carry once `cond_fun` turns
-    false, checkpointed so that it stores at most `checkpoints` carries (a
-    binomial schedule). Its cost grows with `max_steps`, not the steps run:
-    give a tight bound. A loop whose result solves an equation is better
-    differentiated implicitly than through its iterations.
+    `max_steps`: the backward pass runs over the steps the loop ran,
+    re-running them from about sqrt(max_steps) stored carries (two-level
+    checkpointing: at most about 2 sqrt(max_steps) carries are stored, and
+    each step is recomputed twice). A loop whose result solves an equation is
+    better differentiated implicitly than through its iterations.
 
     **Arguments:**
 
@@ -301,9 +548,13 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
     - `max_steps`: None, or an int bounding the steps. A loop still running
         after `max_steps` steps raises `sciad.errors.ConvergenceError` when
         the program runs.
-    - `checkpoints`: reverse mode's schedule (an int or `sd.Binomial(s)`:
-        at most `s` stored carries; or `sd.EveryK(k)`); by default
-        `Binomial` with about log2(max_steps) snapshots. Needs `max_steps`.
+    - `checkpoints`: reverse mode's schedule. By default
+        `sd.Segments(s)` with s about sqrt(max_steps) (see above). An int or
+        `sd.Binomial(s)` (at most `s` stored carries) or `sd.EveryK(k)`
+        checkpoint the loop as a scan of `max_steps` steps that stop
+        changing the carry once `cond_fun` turns false: fewer stored
+        carries, but a cost that grows with `max_steps`, not the steps run.
+        Needs `max_steps`.
 
     **Returns:**
 
@@ -319,7 +570,8 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
             raise ShapeError(f"`max_steps` must be None or a Python int >= 0, got "
                              f"{max_steps!r}.", op=op)
         max_steps = int(max_steps)
-    checkpoints = as_schedule(checkpoints, op)
+    if not isinstance(checkpoints, Segments):
+        checkpoints = as_schedule(checkpoints, op)
     if checkpoints is not None and max_steps is None:
         raise ShapeError("`checkpoints` needs `max_steps` (reverse mode checkpoints a "
                          "loop of max_steps steps).", op=op)
