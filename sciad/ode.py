@@ -31,12 +31,12 @@ derivative rules (see `sciad.primitives._ode`):
 - forward mode is an `odeint` node on the forward-sensitivity system, which
   takes the primal's steps;
 - reverse mode is, by default (`adjoint="checkpoint"`), the discrete adjoint
-  of those steps with binomial checkpointing: the exact gradient of the
-  computed solution, consistent with forward mode to rounding. The
-  continuous adjoint (`adjoint="backsolve"`) solves the adjoint equation
-  backwards with the state; it needs the memory of one state only but is
-  accurate only to the solver's tolerance, and unstable for stiff or
-  dissipative problems.
+  of those steps with checkpointing: the exact gradient of the computed
+  solution, consistent with forward mode to rounding. The continuous
+  adjoints solve the adjoint equation backwards, against the interpolated
+  forward solution (`"interpolated"`) or with the state integrated backwards
+  too (`"backsolve"`, memory of one state, but accurate only to the
+  solver's tolerance and unstable for stiff or dissipative problems).
 
 Derivatives flow to `y0`, `args` and the times `ts` (the initial time
 included).
@@ -242,11 +242,22 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       (ESDIRK): `"kvaerno3"`, `"kvaerno4"`, `"kvaerno5"`,
       `"implicit_euler"`.
     - `rtol`, `atol`: the local error tolerances of the step-size control.
-    - `adjoint`: reverse mode, `"checkpoint"` (the default: the discrete
-      adjoint of the steps taken, exact for the computed solution) or
-      `"backsolve"` (the continuous adjoint solved backwards with the
-      state: memory of one state, but accurate only to the tolerance, and
-      unstable on stiff or dissipative problems).
+    - `adjoint`: reverse mode:
+        - `"checkpoint"` (the default): the discrete adjoint of the steps
+          taken, the exact gradient of the computed solution (to rounding;
+          to the Newton tolerance for implicit solvers), consistent with
+          forward mode. The steps are re-run from about sqrt(max_steps)
+          stored states (two-level checkpointing).
+        - `"interpolated"`: the continuous adjoint equation solved backwards
+          against the forward solution interpolated (cubic Hermite) from
+          its states at every step, which the forward pass stores
+          (`max_steps + 1` states). Stable for stiff problems; accurate to
+          the tolerance and the interpolation.
+        - `"backsolve"`: the continuous adjoint solved backwards together
+          with the state. Memory of one state, but accurate only to the
+          tolerance, and unstable where integrating the state backwards is
+          (stiff or dissipative problems): an approximation, never the
+          default.
     - `max_steps`: the most steps (accepted and rejected); reaching it is an
       error. It also bounds the checkpointed reverse pass's loop.
     - `dt0`: the initial step (None: chosen automatically), or the step of

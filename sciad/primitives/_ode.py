@@ -29,12 +29,15 @@ Rules, each made of sciad nodes, so every order of differentiation holds:
   that loop's checkpointed reverse pass (binomial schedule). The gradient is
   that of the computed solution to rounding for explicit solvers (to the
   Newton tolerance for implicit ones), and agrees with the JVP.
-- VJP, `adjoint="backsolve"`: the continuous adjoint, `lambda' = -(df/dy)^T
-  lambda`, solved backwards together with `y` (re-integrated backwards) and
-  the parameters' cotangents, one `odeint` node per output interval. Its
-  memory is that of one state; its gradient is accurate to the solver's
-  tolerance only, and unstable where the backward `y` is (stiff or
-  dissipative problems). Never the default.
+- VJP, `adjoint="interpolated"` or `"backsolve"`: the continuous adjoint,
+  `lambda' = -(df/dy)^T lambda`, solved backwards with the parameters'
+  cotangents by `odeint` nodes (a scan over the output intervals). The
+  state on the way back is the forward solution interpolated from its
+  states at every step (a sixth output of the node, `(max_steps + 1, N)`)
+  or, for "backsolve", integrated backwards with the adjoint: memory of one
+  state, but unstable where the backward integration is (stiff or
+  dissipative problems), and never the default. Both are accurate to the
+  solver's tolerance (and the interpolation's) only.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ SOLVERS = {
 }
 #: solvers without an embedded error estimate: constant steps only
 FIXED_ONLY = ("euler",)
-ADJOINTS = ("checkpoint", "backsolve")
+ADJOINTS = ("checkpoint", "backsolve", "interpolated")
 JACOBIANS = ("dense", "sparse")
 #: the replayed implicit stages' Newton tolerance on the scaled residual
 STAGE_ATOL = 1e-13
@@ -124,8 +127,11 @@ def _odeint_shape(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptiv
         raise ShapeError(f"a sparse Jacobian needs an ({n}, {n}) pattern, got {pattern!r}.",
                          op=op)
     i32 = np.dtype(np.int32)
-    return (TensorType((ts.shape[0], n), y0.dtype), TensorType((), i32), TensorType((), i32),
+    outs = (TensorType((ts.shape[0], n), y0.dtype), TensorType((), i32), TensorType((), i32),
             TensorType((max_steps + 1,), y0.dtype), TensorType((max_steps,), i32))
+    if adjoint == "interpolated":  # the states at the step times
+        outs += (TensorType((max_steps + 1, n), y0.dtype),)
+    return outs
 
 
 def _diffrax_solver(solver: str, jac: str, pattern, rtol: float, atol: float):
@@ -213,7 +219,8 @@ def _odeint_impl(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptive
         # atol; a non-finite one is still rejected) and grows back to dt0
         inner = diffrax.PIDController(rtol=0.0, atol=np.inf, norm=norm, dtmax=dt0)
     controller = diffrax.ClipStepSizeController(inner, step_ts=ts)
-    keep = lambda t, y, a: (t, jnp.max(jnp.abs(y[:m])))  # noqa: E731
+    dense = adjoint == "interpolated"
+    keep = lambda t, y, a: (t, jnp.max(jnp.abs(y[:m])), y if dense else None)  # noqa: E731
     saveat = diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts),
                                   diffrax.SubSaveAt(steps=True, fn=keep)])
     sol = diffrax.diffeqsolve(term, _diffrax_solver(solver, jac, pattern, rtol, atol),
@@ -221,7 +228,7 @@ def _odeint_impl(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptive
                               saveat=saveat, stepsize_controller=controller,
                               max_steps=max_steps, throw=False,
                               adjoint=diffrax.ForwardMode())
-    ys, (tsteps, ymaxs) = sol.ys
+    ys, (tsteps, ymaxs, ysteps) = sol.ys
     accepted = sol.stats["num_accepted_steps"].astype(jnp.int32)
     steps = sol.stats["num_steps"].astype(jnp.int32)
     R = diffrax.RESULTS
@@ -241,7 +248,10 @@ def _odeint_impl(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptive
                            ymax=jnp.where(accepted > 0, ymaxs[last], jnp.inf),
                            y0max=jnp.max(jnp.abs(y0[:m])), t0=ts[0], t1=ts[-1],
                            solver=solver, max_steps=max_steps))
-    return ys, status, accepted, grid, slots
+    if not dense:
+        return ys, status, accepted, grid, slots
+    states = jnp.concatenate([y0[None], jnp.where(done[:, None], ysteps, 0.0)])
+    return ys, status, accepted, grid, slots, states
 
 
 def _params(params: dict, **changes) -> dict:
@@ -323,12 +333,14 @@ def _odeint_jvp(primals, tangents, **params):
     extra = [t for t in dconsts if not is_zero(t)]
     p = _params(params, graph=aug, error_size=params.get("error_size") or n,
                 pattern=_augmented_pattern(params, aug))
-    ys_aug, *rest = odeint_p.bind(*consts, *extra, snp.concatenate([y0, dy0]), ts, **p)
+    ys_aug, status, steps, grid, slots, *dense = odeint_p.bind(
+        *consts, *extra, snp.concatenate([y0, dy0]), ts, **p)
     ys, dys = ys_aug[:, :n], ys_aug[:, n:]
     if not is_zero(dts):
         dys = dys + _fields_at(graph, consts, ts, ys) * dts[:, None]
-    outs = [ys, *rest]
-    return outs, [dys] + [Zero(type_of(o).update()) for o in rest]
+    rest = [status, steps, grid, slots]
+    outs = [ys, *rest] + [d[:, :n] for d in dense]
+    return outs, [dys] + [Zero(type_of(o).update()) for o in rest] + [d[:, n:] for d in dense]
 
 
 # ---------------------------------------------------------------------------
@@ -433,9 +445,30 @@ def _discrete_vjp(primals, outs, ct, params):
     return backward([ct])[len(closed):]
 
 
-def _backsolve_vjp(primals, outs, ct, params):
-    """Cotangents of `(*consts, y0)` by the continuous adjoint, solved
-    backwards with the state, one `odeint` per output interval."""
+def hermite(dense, grid, nsteps, graph: Graph, consts, t):
+    """The forward solution at `t` from its states at the step times: the
+    cubic Hermite interpolant on the step containing `t` (its slopes are the
+    vector field at the step's ends)."""
+    from .. import numpy as snp
+
+    k = snp.clip(snp.searchsorted(grid, t, side="right") - 1, 0, nsteps - 1)
+    t0, t1 = grid[k], grid[k + 1]
+    y0, y1 = dense[k], dense[k + 1]
+    h = t1 - t0
+    f0, f1 = field_at(graph, consts, t0, y0), field_at(graph, consts, t1, y1)
+    s = (t - t0) / h
+    s2, s3 = s * s, s * s * s
+    return ((2 * s3 - 3 * s2 + 1) * y0 + (s3 - 2 * s2 + s) * h * f0
+            + (3 * s2 - 2 * s3) * y1 + (s3 - s2) * h * f1)
+
+
+def _continuous_vjp(primals, outs, ct, params, interpolated: bool):
+    """Cotangents of `(*consts, y0)` by the continuous adjoint, `lambda' =
+    -(df/dy)^T lambda` and `constsbar' = -(df/dconsts)^T lambda`, solved
+    backwards in time by one `odeint` per output interval (a scan), with the
+    jump `lambda += ct[i]` at each output time. The state on the way back is
+    re-integrated backwards with the adjoint ("backsolve"), or interpolated
+    from the forward solve's states at its steps ("interpolated")."""
     from .. import numpy as snp
     from ..graph import Tracer
     from ..graph._autodiff import vjp_eval
@@ -443,41 +476,50 @@ def _backsolve_vjp(primals, outs, ct, params):
     from ._control import scan
 
     *consts, y0, ts = primals
-    ys = outs[0]
+    ys, _, nsteps, grid, _, *dense = outs
     graph = params["graph"]
     n = y0.shape[0]
     wanted = [isinstance(c, Tracer) and type_of(c).dtype.kind == "f" for c in consts]
-    sizes = [type_of(c).size for c, w in zip(consts, wanted) if w]
     ctypes = [type_of(c) for c in consts]
+    sizes = [t.size for t, w in zip(ctypes, wanted) if w]
     dtype = type_of(y0).dtype
+    extra = [dense[0], grid, nsteps] if interpolated else []
+    m = len(ctypes)
 
     def body(*a):  # in reversed time s = -t: dS/ds = -dS/dt
-        *cs, s, S = a
-        y, lam = S[:n], S[n:2 * n]
+        cs, rest = list(a[:m]), list(a[m:])
+        s, S = rest[-2], rest[-1]
         t = -s
+        if interpolated:
+            y, lam = hermite(*rest[:3], graph, cs, t), S[:n]
+        else:
+            y, lam = S[:n], S[n:2 * n]
         (f,), back = vjp_eval(graph, [*cs, t, y])
         bars = back([lam])
-        cbars = [snp.reshape(b, (-1,)) if not is_zero(b) else snp.zeros((k,), dtype)
-                 for b, w, k in zip(bars[:len(cs)], wanted, [c.size for c in ctypes]) if w]
+        cbars = [snp.reshape(b, (-1,)) if not is_zero(b) else snp.zeros((t_.size,), dtype)
+                 for b, w, t_ in zip(bars[:m], wanted, ctypes) if w]
         ybar = bars[-1] if not is_zero(bars[-1]) else snp.zeros((n,), dtype)
-        return snp.concatenate([-f, ybar, *cbars])
+        return snp.concatenate(([] if interpolated else [-f]) + [ybar, *cbars])
 
-    total = 2 * n + sum(sizes)
-    g, closed, _ = trace_body(body, ctypes + [TensorType((), dtype),
-                                              TensorType((total,), dtype)], name="adjoint")
+    lead = 0 if interpolated else n  # where lambda starts in the state
+    total = lead + n + sum(sizes)
+    g, closed, _ = trace_body(body, ctypes + [type_of(e) for e in extra] +
+                              [TensorType((), dtype), TensorType((total,), dtype)],
+                              name="adjoint")
     assert not closed
     p = _params(params, graph=g, error_size=None, jac="dense", pattern=None,
                 adjoint="backsolve", dt0=None)
     T = ts.shape[0]
-    S = snp.concatenate([ys[T - 1], ct[T - 1], snp.zeros((sum(sizes),), dtype)])
+    S = snp.concatenate(([] if interpolated else [ys[T - 1]]) +
+                        [ct[T - 1], snp.zeros((sum(sizes),), dtype)])
 
     def interval(S, x):  # from ts[i + 1] back to ts[i], then the jump of ct[i]
         lo, hi, c = x
-        S = odeint_p.bind(*consts, S, snp.stack([-hi, -lo]), **p)[0][1]
-        return snp.concatenate([S[:n], S[n:2 * n] + c, S[2 * n:]]), None
+        S = odeint_p.bind(*consts, *extra, S, snp.stack([-hi, -lo]), **p)[0][1]
+        return snp.concatenate([S[:lead], S[lead:lead + n] + c, S[lead + n:]]), None
 
     S, _ = scan(interval, S, (ts[:-1], ts[1:], ct[:-1]), reverse=True)
-    lam0, acc = S[n:2 * n], S[2 * n:]
+    lam0, acc = S[lead:lead + n], S[lead + n:]
     cbars, k = [], 0
     for c, w in zip(consts, wanted):
         if w:
@@ -498,8 +540,9 @@ def _odeint_vjp(primals, outs, cts, **params):
     if is_zero(ct):
         return [None] * len(primals)
     graph = params["graph"]
-    if params.get("adjoint", "checkpoint") == "backsolve":
-        bars = _backsolve_vjp(primals, outs, ct, params)
+    adjoint = params.get("adjoint", "checkpoint")
+    if adjoint in ("backsolve", "interpolated"):
+        bars = _continuous_vjp(primals, outs, ct, params, adjoint == "interpolated")
     else:
         bars = _discrete_vjp(primals, outs, ct, params)
     bars = [None if b is None or is_zero(b) else b for b in bars]
