@@ -63,8 +63,12 @@ SOLVERS = {
 FIXED_ONLY = ("euler",)
 ADJOINTS = ("checkpoint", "backsolve", "interpolated")
 JACOBIANS = ("dense", "sparse")
-#: the replayed implicit stages' Newton tolerance on the scaled residual
-STAGE_ATOL = 1e-13
+#: the replayed implicit stages' Newton tolerance on the residual scaled by
+#: `|y| + atol/rtol`: this fraction of the ODE's rtol (Newton converges
+#: quadratically, so the stages are then solved far below the local error
+#: the steps were accepted with), floored at this many eps (rounding)
+STAGE_RTOL = 1e-3
+STAGE_FLOOR_EPS = 100.0
 
 STATUS = {
     0: "success",
@@ -365,7 +369,7 @@ def _tableau(solver: str):
     return c, A, np.asarray(tab.b_sol)
 
 
-def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, floor: float):
+def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, atol: float):
     """One step of `solver`'s Runge-Kutta method from `(t, y)` with step `h`,
     in sciad ops: an implicit stage is an `optimize.root` node."""
     from .. import numpy as snp
@@ -389,10 +393,11 @@ def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, floor: float):
             return (z - yi - hg * field_at(graph, consts, ti, z)) * w
 
         # each equation scaled by its state's magnitude (floored by
-        # atol/rtol), so that a tolerance near rounding suits every component
-        w = stop_gradient(1.0 / (snp.abs(yi) + floor))
+        # atol/rtol), as the step-size control measures errors
+        w = stop_gradient(1.0 / (snp.abs(yi) + max(atol / rtol, 1e-300)))
+        eps = float(np.finfo(type_of(y).dtype).eps)
         z = optimize.root(stage, yi, (yi, h * gamma, ti, w), jac=jac, tol=1e-12,
-                          atol=STAGE_ATOL).x
+                          atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps)).x
         ks.append(field_at(graph, consts, ti, z))
     out = y
     for i, bi in enumerate(b):
@@ -402,7 +407,7 @@ def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, floor: float):
 
 
 def _replay(graph: Graph, solver: str, jac: str, max_steps: int, snapshots, grid, slots,
-            nsteps, T: int, floor: float):
+            nsteps, T: int, rtol: float, atol: float):
     """`(*consts, y0) -> ys`: the steps the forward solve took, re-run on its
     grid by a `while` loop, writing the state into `ys` at each output time."""
     from .. import numpy as snp
@@ -417,7 +422,7 @@ def _replay(graph: Graph, solver: str, jac: str, max_steps: int, snapshots, grid
         def step(s):
             k, y, ys = s
             t = grid[k]
-            y1 = rk_step(graph, consts, solver, t, grid[k + 1] - t, y, jac, floor)
+            y1 = rk_step(graph, consts, solver, t, grid[k + 1] - t, y, jac, rtol, atol)
             ys = snp.where((rows == slots[k])[:, None], y1[None, :], ys)
             return k + 1, y1, ys
 
@@ -438,7 +443,7 @@ def _discrete_vjp(primals, outs, ct, params):
     _, _, nsteps, grid, slots = outs
     replay = _replay(params["graph"], params["solver"], params.get("jac", "dense"),
                      params["max_steps"], params.get("checkpoints"), grid, slots, nsteps,
-                     ts.shape[0], max(params["atol"] / params["rtol"], 1e-300))
+                     ts.shape[0], params["rtol"], params["atol"])
     types = [type_of(c) for c in consts] + [type_of(y0)]
     g, closed, _ = trace_body(replay, types, name="replay")
     _, backward = vjp_eval(g, [*closed, *consts, y0])
