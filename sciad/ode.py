@@ -246,8 +246,8 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
         - `"checkpoint"` (the default): the discrete adjoint of the steps
           taken, the exact gradient of the computed solution (to rounding;
           to the Newton tolerance for implicit solvers), consistent with
-          forward mode. The steps are re-run from about sqrt(max_steps)
-          stored states (two-level checkpointing).
+          forward mode. The steps are re-run on the recorded step grid,
+          and their reverse pass stores states as `checkpoints` says.
         - `"interpolated"`: the continuous adjoint equation solved backwards
           against the forward solution interpolated (cubic Hermite) from
           its states at every step, which the forward pass stores
@@ -266,8 +266,10 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       `"dense"`, `"sparse"` (the pattern of `df/dy` detected from `f`'s
       graph, values by colored JVPs, factored by SuperLU) or None (dense up
       to 64 states or above a fifth of fill, else sparse).
-    - `checkpoints`: states stored by the checkpointed reverse pass (None:
-      about log2(max_steps)).
+    - `checkpoints`: the states the checkpointed reverse pass stores evenly
+      over the steps of each output interval, re-running the steps between
+      them (`sd.Segments`). None: as many as 64 MiB holds, at least about
+      sqrt(max_steps); a small system then stores every step.
     - `throw`: raise `sciad.errors.ConvergenceError` when the integration
       fails (the step limit, a collapsed step size, a non-finite state),
       naming the time reached, the last step size and a diagnosis. With
@@ -359,20 +361,24 @@ def solve_ivp(fun: Callable, t_span, y0, method: str = "RK45", t_eval=None, args
         options["dt0"] = options.pop("first_step")
     if not isinstance(args, tuple):
         args = (args,)
-    ts = t_span if t_eval is None else t_eval
-    if t_eval is not None and not isinstance(t_eval, Tracer) and not isinstance(
-            t_span[0], Tracer):
-        t_eval = np.asarray(t_eval)
-        if t_eval.ndim == 1 and t_eval.size and (t_eval[0] != t_span[0]):
-            ts = np.concatenate([[t_span[0]], t_eval])
-    res = odeint(lambda t, y, a: fun(t, y, *a), y0, ts, args, solver=solver, rtol=rtol,
-                 atol=atol, throw=False, **options)
-    ys = res.ys if ts is t_eval or t_eval is None or len(np.shape(ts)) == 0 or \
-        np.shape(ts)[0] == np.shape(t_eval)[0] else res.ys[1:]
-    status = res.status
-    message = STATUS[status] if isinstance(status, int) else "see `status`"
     from . import numpy as snp
 
+    t0 = t_span[0]
+    drop = False  # the initial time prepended to t_eval: its row dropped
+    if t_eval is None:
+        ts = t_eval = t_span
+    elif isinstance(t_eval, Tracer) or isinstance(t0, Tracer):
+        ts, drop = snp.concatenate([snp.reshape(snp.asarray(t0), (1,)),
+                                    snp.asarray(t_eval)]), True
+    elif np.asarray(t_eval).ravel()[:1].tolist() != [t0]:
+        ts, drop = np.concatenate([[t0], np.asarray(t_eval, np.float64)]), True
+    else:
+        ts = t_eval
+    res = odeint(lambda t, y, a: fun(t, y, *a), y0, ts, args, solver=solver, rtol=rtol,
+                 atol=atol, throw=False, **options)
+    ys = res.ys[1:] if drop else res.ys
+    status = res.status
+    message = STATUS[status] if isinstance(status, int) else "see `status`"
     y = snp.transpose(ys) if isinstance(ys, Tracer) else np.asarray(ys).T
-    return IVPResult(t_eval if t_eval is not None else np.asarray(t_span), y, res.success,
-                     status, message)
+    return IVPResult(t_eval if isinstance(t_eval, Tracer) else np.asarray(t_eval), y,
+                     res.success, status, message)

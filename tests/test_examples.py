@@ -7,6 +7,7 @@ import importlib.util
 import os
 
 import numpy as np
+import pytest
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples")
 
@@ -283,3 +284,23 @@ def test_nonlinear_inverse_recovers_the_coefficient(capsys):
     out = capsys.readouterr().out
     assert "optimize.root[" in out and "pattern=#" in out and "nnz=1216" in out
     assert "colors" in out and "Taylor test" in out
+
+
+@pytest.mark.slow
+def test_ode_fit_passes_its_taylor_tests_and_shows_the_sparse_jacobian(capsys):
+    """Both fits, few iterations, a small Brusselator: the Taylor tests, a
+    falling objective, and the detected pattern of the Newton matrices."""
+    ex = _load("ode_fit")
+    out = ex.main(n=8, maxiter=3, plot=None)
+    for name in ("kinetics", "brusselator"):
+        res, rates, history = out[name][:3]
+        assert np.all(np.abs(rates - 2.0) < 0.15), (name, rates)
+        assert history[-1] < history[0]
+    node = out["brusselator"][4]
+    assert node.params["jac"] == "sparse"
+    # u and v interleaved: a band of width 5 (each cell's pair, its neighbours' same
+    # species), plus the diagonal
+    assert node.params["pattern"].nnz == 16 + 2 * 8 + 2 * 2 * 7
+    text = capsys.readouterr().out
+    assert "detected Jacobian of f plus the diagonal: 16 x 16" in text
+    assert "Taylor test" in text and "ode.odeint[" in text

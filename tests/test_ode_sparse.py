@@ -48,6 +48,7 @@ def heat_sd(t, y, k):
     return laplacian(y, snp) + k * y * (1 - y)
 
 
+@pytest.mark.slow  # (the solver inside diffrax: the next test)
 def test_standalone_solve_matches_dense_lu():
     """`lineax.linear_solve` on the Jacobian of a function with a tridiagonal
     Jacobian (minus the diagonal: the solver adds it) against `lx.LU()`:
@@ -99,6 +100,21 @@ def test_kvaerno5_with_the_sparse_solver_matches_the_dense_root_finder():
     assert _ode.held() <= 8 + 1  # hundreds of steps, a few factors kept
 
 
+def test_odeint_jac_sparse_matches_dense():
+    """The solution of `sd.ode.odeint(jac="sparse")`, whose node shows the
+    detected pattern, against `jac="dense"`."""
+    def solve(k, jac):
+        return sd.ode.odeint(heat_sd, Y0, TS, k, solver="kvaerno5", rtol=1e-8, atol=1e-8,
+                             jac=jac)
+
+    graph = sd.trace(functools.partial(solve, jac="sparse"), 5.0)
+    (node,) = [n for n in graph.nodes if n.primitive.name == "ode.odeint"]
+    assert node.params["jac"] == "sparse" and node.params["pattern"].nnz == 3 * 16 - 2
+    np.testing.assert_allclose(np.asarray(solve(5.0, "sparse")),
+                               np.asarray(solve(5.0, "dense")), rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.slow
 def test_odeint_jac_sparse_matches_dense_with_derivatives():
     """`sd.ode.odeint(jac="sparse")`: the solution, its reverse-mode gradient
     (the discrete adjoint) and its forward mode (an odeint of the

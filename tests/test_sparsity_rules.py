@@ -22,7 +22,8 @@ WITH_RULE = [n for n in BUILTINS if sd.graph.lookup_primitive(n).sparsity_rule i
 
 # rules that pass operands through or are dense, whose examples are costly to
 # differentiate: slow
-SLOW = {"linalg.svd_guard", "linalg.eigh_guard", "linalg.backsolve", "linalg.solve_operator"}
+SLOW = {"linalg.svd_guard", "linalg.eigh_guard", "linalg.backsolve", "linalg.solve_operator",
+        "ode.odeint"}  # (odeint's rule is `dense_all`, the same as root's and while's)
 
 
 def _one_per_rule(names):

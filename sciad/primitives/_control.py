@@ -146,8 +146,8 @@ class Segments:
     `snapshots` carries evenly spaced over those steps, then re-runs each
     segment once from its stored start, keeping the segment's carries for the
     backward parts. At most `snapshots + ceil(max_steps / snapshots)` stored
-    carries, every step recomputed twice, and a cost that grows with the
-    steps run, not with `max_steps`. A `while` loop's default (with about
+    carries, every step recomputed at most twice, and a cost that grows with
+    the steps run, not with `max_steps`. A `while` loop's default (with about
     `sqrt(max_steps)` snapshots)."""
 
     snapshots: int

@@ -10,9 +10,9 @@ time. Its outputs are
 - `ys`: the state at `ts`, `(len(ts), N)`;
 - `status` (0 success, see `STATUS`), the number of accepted steps;
 - `grid`: the accepted step times (`max_steps + 1` of them, padded with the
-  final time), and `slots`: for each step, the index of the output time it
-  lands on (or -1). The derivative rules read them; they carry no
-  derivative.
+  final time), and `marks`: for each output time, the number of steps taken
+  to reach it (a step lands on each). The derivative rules read them; they
+  carry no derivative.
 
 Rules, each made of sciad nodes, so every order of differentiation holds:
 
@@ -23,10 +23,11 @@ Rules, each made of sciad nodes, so every order of differentiation holds:
   solution on its step grid. Tangents of the times: `dy(t_i) += f(t_i, y_i)
   dt_i`, and `dy0 -= f(t0, y0) dt0` for the initial time.
 - VJP, `adjoint="checkpoint"` (the default): the discrete adjoint of the
-  steps taken. The steps are re-run on the recorded grid by a sciad
-  `while` loop (one Runge-Kutta step of the solver's tableau per iteration;
-  an implicit stage is an `optimize.root` node), and the reverse pass is
-  that loop's checkpointed reverse pass (binomial schedule). The gradient is
+  steps taken. The steps are re-run on the recorded grid: a `scan` over the
+  output intervals, each a `while` loop of Runge-Kutta steps of the
+  solver's tableau (an implicit stage is an `optimize.root` node, started
+  from the previous stage's slope), and the reverse pass is those loops'
+  (`while_adjoint`: two-level checkpointing over the steps taken). The gradient is
   that of the computed solution to rounding for explicit solvers (to the
   Newton tolerance for implicit ones), and agrees with the JVP.
 - VJP, `adjoint="interpolated"` or `"backsolve"`: the continuous adjoint,
@@ -63,6 +64,14 @@ SOLVERS = {
 FIXED_ONLY = ("euler",)
 ADJOINTS = ("checkpoint", "backsolve", "interpolated")
 JACOBIANS = ("dense", "sparse")
+#: implicit solvers: the chord iterations of a stage stop when their
+#: estimated error is below this fraction of the step's tolerance (diffrax's
+#: default, 0.01, rejected half the steps of a stiff reaction-diffusion
+#: problem for Newton "divergence"; 0.1 is within Hairer and Wanner's range),
+#: and the step-size controller's PID gains (diffrax's suggestion for stiff
+#: problems)
+NEWTON_KAPPA = 0.1
+STIFF_PID = {"pcoeff": 0.3, "icoeff": 0.4}
 #: the replayed implicit stages' Newton tolerance on the residual scaled by
 #: `|y| + atol/rtol`: this fraction of the ODE's rtol (Newton converges
 #: quadratically, so the stages are then solved far below the local error
@@ -76,6 +85,7 @@ STATUS = {
     2: "the step size fell below its minimum",
     3: "the state became NaN or infinite",
     4: "the output times are not increasing",
+    5: "the solver failed (an implicit step's Newton iteration or linear solve)",
 }
 
 odeint_p = Primitive("ode.odeint", multiple_results=True, runtime_checks=True, params={
@@ -92,8 +102,8 @@ odeint_p = Primitive("ode.odeint", multiple_results=True, runtime_checks=True, p
 #: an implicit solver are formed and solved (sparse: the pattern of
 #: `df/dy` detected from `graph`, values by colored JVPs, SuperLU);
 #: `adjoint`, `checkpoints`: the reverse mode (see the module docstring;
-#: `checkpoints` is the number of stored states of the checkpointed one,
-#: None for about log2(max_steps))
+#: `checkpoints` is the number of states the checkpointed one stores evenly
+#: over each output interval's steps, `sd.Segments`; None: `snapshots_for`)
 
 
 @odeint_p.def_abstract_eval
@@ -132,7 +142,7 @@ def _odeint_shape(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptiv
                          op=op)
     i32 = np.dtype(np.int32)
     outs = (TensorType((ts.shape[0], n), y0.dtype), TensorType((), i32), TensorType((), i32),
-            TensorType((max_steps + 1,), y0.dtype), TensorType((max_steps,), i32))
+            TensorType((max_steps + 1,), y0.dtype), TensorType((ts.shape[0],), i32))
     if adjoint == "interpolated":  # the states at the step times
         outs += (TensorType((max_steps + 1, n), y0.dtype),)
     return outs
@@ -141,16 +151,41 @@ def _odeint_shape(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptiv
 def _diffrax_solver(solver: str, jac: str, pattern, rtol: float, atol: float):
     import diffrax
 
-    name, implicit = SOLVERS[solver]
-    cls = getattr(diffrax, name)
+    implicit = SOLVERS[solver][1]
+    cls = _solver_class(solver)
     if not implicit:
         return cls()
+    extra = {}
     if jac == "sparse":
         from ..solvers._ode import SparseNewtonSolver
 
-        linear = SparseNewtonSolver(pattern)
-        return cls(root_finder=diffrax.VeryChord(rtol=rtol, atol=atol, linear_solver=linear))
-    return cls(root_finder=diffrax.VeryChord(rtol=rtol, atol=atol))
+        extra["linear_solver"] = SparseNewtonSolver(pattern)
+    return cls(root_finder=diffrax.VeryChord(rtol=rtol, atol=atol, kappa=NEWTON_KAPPA, **extra))
+
+
+@functools.lru_cache(maxsize=None)
+def _solver_class(solver: str):
+    """diffrax's class for `solver`. Its implicit Euler is wrapped so that a
+    failed Newton iteration makes the step's error infinite (as diffrax's
+    Runge-Kutta methods do): the step is retried shorter instead of ending
+    the solve."""
+    import diffrax
+    import jax
+    import jax.numpy as jnp
+
+    cls = getattr(diffrax, SOLVERS[solver][0])
+    if solver != "implicit_euler":
+        return cls
+
+    class ImplicitEuler(cls):
+        def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+            y1, err, dense, state, result = super().step(terms, t0, t1, y0, args,
+                                                         solver_state, made_jump)
+            ok = result == diffrax.RESULTS.successful
+            err = jax.tree_util.tree_map(lambda e: jnp.where(ok, e, jnp.inf), err)
+            return y1, err, dense, state, result
+
+    return ImplicitEuler
 
 
 def judge_ode(site, *, status, t_reached, h_last, steps, accepted, ymax, y0max, t0, t1,
@@ -216,12 +251,19 @@ def _odeint_impl(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptive
     m = n if error_size is None else error_size
     norm = optx.rms_norm if m == n else (lambda e: optx.rms_norm(e[:m]))
     term = diffrax.ODETerm(lambda t, y, a: field(*a, t, y)[0])
-    if adaptive:
+    if adaptive and SOLVERS[solver][1]:  # PID gains for stiff problems: fewer rejections
+        inner = diffrax.PIDController(rtol=rtol, atol=atol, norm=norm, **STIFF_PID)
+    elif adaptive:
         inner = diffrax.PIDController(rtol=rtol, atol=atol, norm=norm)
     else:  # constant steps of dt0 (shortened to land on the output times):
-        # every step is accepted (no error is large against an infinite
-        # atol; a non-finite one is still rejected) and grows back to dt0
-        inner = diffrax.PIDController(rtol=0.0, atol=np.inf, norm=norm, dtmax=dt0)
+        # every step with a finite error is accepted; a failed (an implicit
+        # step's Newton iteration: diffrax makes its error infinite) or
+        # non-finite one is rejected and retried shorter, and the steps grow
+        # back to dt0
+        def finite(e):  # 0 for any finite error, inf for a failed or non-finite step
+            return jnp.where(jnp.all(jnp.isfinite(e[:m])), 0.0, jnp.inf)
+
+        inner = diffrax.PIDController(rtol=0.0, atol=1.0, norm=finite, dtmax=dt0)
     controller = diffrax.ClipStepSizeController(inner, step_ts=ts)
     dense = adjoint == "interpolated"
     keep = lambda t, y, a: (t, jnp.max(jnp.abs(y[:m])), y if dense else None)  # noqa: E731
@@ -236,14 +278,14 @@ def _odeint_impl(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptive
     accepted = sol.stats["num_accepted_steps"].astype(jnp.int32)
     steps = sol.stats["num_steps"].astype(jnp.int32)
     R = diffrax.RESULTS
-    status = jnp.where(sol.result == R.successful, 0,
-                       jnp.where(sol.result == R.dt_min_reached, 2, 1)).astype(jnp.int32)
+    status = jnp.select([sol.result == R.successful, sol.result == R.max_steps_reached,
+                         sol.result == R.dt_min_reached], [0, 1, 2], 5).astype(jnp.int32)
     status = jnp.where(jnp.any(jnp.diff(ts) <= 0), 4, status)
     done = jnp.isfinite(tsteps)
     status = jnp.where((status == 0) & ~jnp.all(jnp.isfinite(ys)), 3, status)
     grid = jnp.concatenate([ts[:1], jnp.where(done, tsteps, ts[-1])])
-    hit = jnp.clip(jnp.searchsorted(ts, grid[1:]), 0, ts.shape[0] - 1)
-    slots = jnp.where(done & (ts[hit] == grid[1:]), hit, -1).astype(jnp.int32)
+    valid = jnp.where(jnp.arange(grid.shape[0]) <= accepted, grid, jnp.inf)
+    marks = jnp.minimum(jnp.searchsorted(valid, ts), accepted).astype(jnp.int32)
     if throw:
         last = jnp.maximum(accepted - 1, 0)
         ys = tie(ys, check(judge_ode, site or Site("ode.odeint"), when=status != 0,
@@ -253,9 +295,9 @@ def _odeint_impl(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptive
                            y0max=jnp.max(jnp.abs(y0[:m])), t0=ts[0], t1=ts[-1],
                            solver=solver, max_steps=max_steps))
     if not dense:
-        return ys, status, accepted, grid, slots
+        return ys, status, accepted, grid, marks
     states = jnp.concatenate([y0[None], jnp.where(done[:, None], ysteps, 0.0)])
-    return ys, status, accepted, grid, slots, states
+    return ys, status, accepted, grid, marks, states
 
 
 def _params(params: dict, **changes) -> dict:
@@ -337,12 +379,12 @@ def _odeint_jvp(primals, tangents, **params):
     extra = [t for t in dconsts if not is_zero(t)]
     p = _params(params, graph=aug, error_size=params.get("error_size") or n,
                 pattern=_augmented_pattern(params, aug))
-    ys_aug, status, steps, grid, slots, *dense = odeint_p.bind(
+    ys_aug, status, steps, grid, marks, *dense = odeint_p.bind(
         *consts, *extra, snp.concatenate([y0, dy0]), ts, **p)
     ys, dys = ys_aug[:, :n], ys_aug[:, n:]
     if not is_zero(dts):
         dys = dys + _fields_at(graph, consts, ts, ys) * dts[:, None]
-    rest = [status, steps, grid, slots]
+    rest = [status, steps, grid, marks]
     outs = [ys, *rest] + [d[:, :n] for d in dense]
     return outs, [dys] + [Zero(type_of(o).update()) for o in rest] + [d[:, n:] for d in dense]
 
@@ -396,7 +438,11 @@ def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, a
         # atol/rtol), as the step-size control measures errors
         w = stop_gradient(1.0 / (snp.abs(yi) + max(atol / rtol, 1e-300)))
         eps = float(np.finfo(type_of(y).dtype).eps)
-        z = optimize.root(stage, yi, (yi, h * gamma, ti, w), jac=jac, tol=1e-12,
+        # the first Newton iterate: the previous stage's slope carried over
+        # (an explicit Euler predictor for a first stage)
+        k0 = ks[-1] if ks else field_at(graph, consts, t, y)
+        z = optimize.root(stage, yi + (h * gamma) * k0, (yi, h * gamma, ti, w), jac=jac,
+                          tol=1e-12,
                           atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps)).x
         ks.append(field_at(graph, consts, ti, z))
     out = y
@@ -406,30 +452,47 @@ def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, a
     return out
 
 
-def _replay(graph: Graph, solver: str, jac: str, max_steps: int, snapshots, grid, slots,
-            nsteps, T: int, rtol: float, atol: float):
+#: the memory the checkpointed reverse pass may fill with stored states
+#: (its number of snapshots is chosen so, between sqrt(max_steps) and
+#: max_steps: a small system stores every step and replays each once)
+SNAPSHOT_BYTES = 64 * 2 ** 20
+
+
+def snapshots_for(max_steps: int, n: int, itemsize: int) -> int:
+    """The default snapshots of the replay's reverse pass: as many as
+    `SNAPSHOT_BYTES` holds, at least about sqrt(max_steps)."""
+    low = max(1, int(np.ceil(np.sqrt(max_steps))))
+    return int(min(max_steps, max(low, SNAPSHOT_BYTES // max(n * itemsize, 1))))
+
+
+def _replay(graph: Graph, solver: str, jac: str, max_steps: int, snapshots: int, grid, marks,
+            rtol: float, atol: float):
     """`(*consts, y0) -> ys`: the steps the forward solve took, re-run on its
-    grid by a `while` loop, writing the state into `ys` at each output time."""
+    grid: a scan over the output intervals, each a `while` loop of the steps
+    from one output time to the next (whose reverse pass stores
+    `snapshots` states)."""
     from .. import numpy as snp
-    from ..primitives import while_loop
+    from ._control import Segments, scan
+    from ._while import while_loop
 
     def replay(*a):
         *consts, y0 = a
-        rows = snp.arange(T)
-        ys0 = snp.where((rows == 0)[:, None], y0[None, :], snp.zeros((T, y0.shape[0]),
-                                                                     y0.dtype))
 
-        def step(s):
-            k, y, ys = s
-            t = grid[k]
-            y1 = rk_step(graph, consts, solver, t, grid[k + 1] - t, y, jac, rtol, atol)
-            ys = snp.where((rows == slots[k])[:, None], y1[None, :], ys)
-            return k + 1, y1, ys
+        def interval(y, x):
+            lo, hi = x
 
-        _, _, ys = while_loop(lambda s: s[0] < nsteps, step,
-                              (snp.zeros((), np.int32), y0, ys0), max_steps=max_steps,
-                              checkpoints=snapshots)
-        return ys
+            def step(s):
+                k, y = s
+                t = grid[k]
+                return k + 1, rk_step(graph, consts, solver, t, grid[k + 1] - t, y, jac, rtol,
+                                      atol)
+
+            _, y = while_loop(lambda s: s[0] < hi, step, (lo, y), max_steps=max_steps,
+                              checkpoints=Segments(snapshots))
+            return y, y
+
+        _, ys = scan(interval, y0, (marks[:-1], marks[1:]))
+        return snp.concatenate([y0[None], ys])
 
     return replay
 
@@ -440,10 +503,13 @@ def _discrete_vjp(primals, outs, ct, params):
     from ..graph._body import trace_body
 
     *consts, y0, ts = primals
-    _, _, nsteps, grid, slots = outs
+    _, _, _, grid, marks = outs[:5]
+    t = type_of(y0)
+    snapshots = params.get("checkpoints") or snapshots_for(params["max_steps"], t.size,
+                                                           t.dtype.itemsize)
     replay = _replay(params["graph"], params["solver"], params.get("jac", "dense"),
-                     params["max_steps"], params.get("checkpoints"), grid, slots, nsteps,
-                     ts.shape[0], params["rtol"], params["atol"])
+                     params["max_steps"], snapshots, grid, marks, params["rtol"],
+                     params["atol"])
     types = [type_of(c) for c in consts] + [type_of(y0)]
     g, closed, _ = trace_body(replay, types, name="replay")
     _, backward = vjp_eval(g, [*closed, *consts, y0])
@@ -512,7 +578,9 @@ def _continuous_vjp(primals, outs, ct, params, interpolated: bool):
                               [TensorType((), dtype), TensorType((total,), dtype)],
                               name="adjoint")
     assert not closed
-    p = _params(params, graph=g, error_size=None, jac="dense", pattern=None,
+    # (an implicit solver's Newton matrices: sparse if the forward's are, the
+    # pattern detected from the adjoint system's own graph: f's transposed)
+    p = _params(params, graph=g, error_size=None, pattern=_augmented_pattern(params, g),
                 adjoint="backsolve", dt0=None)
     T = ts.shape[0]
     S = snp.concatenate(([] if interpolated else [ys[T - 1]]) +

@@ -332,8 +332,11 @@ def _while_adjoint_impl(*args, body, step, num_consts, num_ct_carry, num_acc, ma
         buf = store(buf, c, jnp.minimum(k // seg, s - 1), k % seg == 0)
         return buf, advance(c)
 
+    # (up to the last segment's start: the steps after it are run in phase 2)
     buf0 = tuple(jnp.zeros((s,) + jnp.shape(c), jnp.asarray(c).dtype) for c in init)
-    buf, _ = jax.lax.fori_loop(0, n, fwd, (buf0, tuple(init)))
+    last = jnp.maximum(nseg - 1, 0)
+    buf, c = jax.lax.fori_loop(0, last * seg, fwd, (buf0, tuple(init)))
+    buf = store(buf, c, jnp.minimum(last, s - 1), nseg > 0)
     sb0 = tuple(jnp.zeros((seglen,) + jnp.shape(c), jnp.asarray(c).dtype) for c in init)
 
     def segment(jj, state):  # the segments in reverse: recompute, then back
@@ -346,7 +349,9 @@ def _while_adjoint_impl(*args, body, step, num_consts, num_ct_carry, num_acc, ma
             sb, c = st
             return store(sb, c, k - lo, True), advance(c)
 
-        sb, _ = jax.lax.fori_loop(lo, hi, rec, (sb0, tuple(b[j] for b in buf)))
+        # (the carries entering the segment's steps: its last step is not run)
+        sb, c = jax.lax.fori_loop(lo, hi - 1, rec, (sb0, tuple(b[j] for b in buf)))
+        sb = store(sb, c, hi - 1 - lo, True)
 
         def back(kk, st):
             ctc, acc = st
@@ -536,7 +541,7 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
     `max_steps`: the backward pass runs over the steps the loop ran,
     re-running them from about sqrt(max_steps) stored carries (two-level
     checkpointing: at most about 2 sqrt(max_steps) carries are stored, and
-    each step is recomputed twice). A loop whose result solves an equation is
+    each step is recomputed at most twice). A loop whose result solves an equation is
     better differentiated implicitly than through its iterations.
 
     **Arguments:**
