@@ -776,17 +776,25 @@ def _scan_adjoint_jvp(primals, tangents, *, body, step, num_consts, num_carry,
         num_consts=len(groups[0]), num_carry=len(groups[1]),
         num_ct_carry=len(groups[3]), num_acc=len(groups[4]), length=length,
         **({"reverse": True} if reverse else {}), schedule=schedule)
-    outs, touts, k = [], [], 0
-    for lo, size in ((0, nctc), (nctc, nacc), (nctc + nacc, nctx)):
-        kinds = step.out_types[lo:lo + size]
+    return split_grouped(out, step.out_types, (nctc, nacc, nctx))
+
+
+def split_grouped(out, types, sizes):
+    """The primal outputs and their tangents (symbolic zeros where a type is
+    not differentiable) of a node whose outputs are grouped as `grouped_jvp`
+    orders them: each group's primals, then its differentiable members'
+    tangents."""
+    outs, touts, k, lo = [], [], 0, 0
+    for size in sizes:
         outs += out[k:k + size]
         k += size
-        for t in kinds:
+        for t in types[lo:lo + size]:
             if is_differentiable(t):
                 touts.append(out[k])
                 k += 1
             else:
                 touts.append(Zero(t.update()))
+        lo += size
     return tuple(outs), tuple(touts)
 
 

@@ -370,7 +370,7 @@ def _while_adjoint_jvp(primals, tangents, *, body, step, num_consts, num_ct_carr
                        max_steps, snapshots):
     # the reverse pass is a fixed composition of forward and backward steps;
     # its JVP is the same composition of their JVPs, on the same schedule
-    from ._control import grouped_jvp
+    from ._control import grouped_jvp, split_grouped
     from ..graph import is_differentiable
 
     nc, nctc, nacc = num_consts, num_ct_carry, num_acc
@@ -392,17 +392,7 @@ def _while_adjoint_jvp(primals, tangents, *, body, step, num_consts, num_ct_carr
     out = while_adjoint_p.bind(primals[0], *g0, *g1, *g2, *g3, body=bj, step=sj,
                                num_consts=len(g0), num_ct_carry=len(g2), num_acc=len(g3),
                                max_steps=max_steps, snapshots=snapshots)
-    outs, touts, k = [], [], 0
-    for lo, size in ((0, nctc), (nctc, nacc)):  # each group: primals, then tangents
-        outs += out[k:k + size]
-        k += size
-        for t in step.out_types[lo:lo + size]:
-            if is_differentiable(t):
-                touts.append(out[k])
-                k += 1
-            else:
-                touts.append(Zero(t.update()))
-    return tuple(outs), tuple(touts)
+    return split_grouped(out, step.out_types, (nctc, nacc))
 
 
 def _adjoint_by_scans(*args, body, step, num_consts, num_ct_carry, num_acc, max_steps,
