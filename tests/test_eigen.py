@@ -99,6 +99,7 @@ def test_cluster_invariant_gradients_are_finite_and_right_at_any_gap(rng, gap):
     assert_gradient_matches_fd(f, A, _hermitian(rng, 5), forward=True)
 
 
+@pytest.mark.slow  # (the default suite's time budget)
 def test_spectral_functions_at_a_multiple_of_the_identity(rng):
     # every eigenvalue repeated: the divided differences are all f'(2)
     d = _hermitian(rng, 4)

@@ -163,7 +163,8 @@ def _rule_cases(rng):
     return cases
 
 
-@pytest.mark.parametrize("norm", ("backward", "ortho", "forward"))
+@pytest.mark.parametrize("norm", ("backward", pytest.param("ortho", marks=pytest.mark.slow),
+                                  pytest.param("forward", marks=pytest.mark.slow)))
 def test_check_rules_every_kind(rng, norm):
     for kind, x, axes, lengths in _rule_cases(rng):
         report = sd.testing.check_rules(fft_p, x, kind=kind, axes=axes, lengths=lengths,

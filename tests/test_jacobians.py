@@ -107,6 +107,7 @@ def test_scan(sd_jac, jax_jac, rng):
     _close(got, want)
 
 
+@pytest.mark.slow  # (the default suite's time budget)
 def test_hessians(rng):
     def g(x, xp):
         return xp.sum(xp.tanh(x) ** 3) * xp.prod(xp.cos(x)) + xp.sum(x[:-1] * x[1:])

@@ -257,6 +257,7 @@ def test_errors_name_the_problem():
         sd.trace(lambda x: sd.scan(lambda c, _: c, x, length=2), 1.0)
 
 
+@pytest.mark.slow  # (the default suite's time budget)
 def test_traced_indices_in_a_loop_body_match_jax(rng):
     X, w = rng.normal(size=(5, 4)), rng.normal(size=4)
 

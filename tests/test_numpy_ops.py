@@ -1239,6 +1239,7 @@ def test_numpy_functions_dispatch_on_traced_values():
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.slow  # (the default suite's time budget)
 def test_gathers_and_scatters_inside_a_checkpointed_scan():
     # semi-Lagrangian advection on a periodic grid: each step gathers the
     # state at the departure points (traced indices) and scatters a source

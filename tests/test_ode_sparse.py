@@ -92,6 +92,7 @@ def _diffrax_solve(linear_solver):
     return sol.ys, sol.stats["num_steps"]
 
 
+@pytest.mark.slow  # (the default suite's time budget)
 def test_kvaerno5_with_the_sparse_solver_matches_the_dense_root_finder():
     ys, steps = jax.jit(lambda: _diffrax_solve(SparseNewtonSolver(_pattern(TRIDIAGONAL))))()
     ref, ref_steps = jax.jit(lambda: _diffrax_solve(None))()

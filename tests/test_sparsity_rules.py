@@ -23,7 +23,9 @@ WITH_RULE = [n for n in BUILTINS if sd.graph.lookup_primitive(n).sparsity_rule i
 # rules that pass operands through or are dense, whose examples are costly to
 # differentiate: slow
 SLOW = {"linalg.svd_guard", "linalg.eigh_guard", "linalg.backsolve", "linalg.solve_operator",
-        "ode.odeint"}  # (odeint's rule is `dense_all`, the same as root's and while's)
+        "ode.odeint", "optimize.root_guard", "map"}
+# (odeint's rule is `dense_all`, as root's and while's; the guard's example
+# is a root solve; map's rule is its body's, checked with every primitive)
 
 
 def _one_per_rule(names):
