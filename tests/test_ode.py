@@ -139,6 +139,13 @@ def test_continuous_adjoints_agree_to_their_accuracy(compiled, adjoint, tol):
     for a, b in zip(back, g(THETA, Y0, TS)):
         scale = np.abs(np.asarray(b)).max()
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=tol * scale)
+    # constant steps: the adjoint integrates on steps of the same dt0 (an
+    # adjoint node without it was refused at trace time)
+    graph = sd.trace(sd.grad(lambda th: snp.sum(sd.ode.odeint(
+        lotka_volterra, Y0, TS, th, adaptive=False, dt0=0.05, adjoint=adjoint))), THETA)
+    nodes = [n for n in _nodes(graph) if n.primitive.name == "ode.odeint"]
+    assert len(nodes) == 2 and all(n.params["dt0"] == 0.05 and not n.params["adaptive"]
+                                   for n in nodes)
 
 
 @pytest.mark.slow  # (second order: also the registry's check_rules sweep, jvp of vjp)

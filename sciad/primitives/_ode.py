@@ -301,9 +301,10 @@ def _odeint_impl(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptive
 
 
 def _params(params: dict, **changes) -> dict:
+    """`params` with `changes`; a None value means the param's default."""
     out = dict(params)
     out.update(changes)
-    return {k: v for k, v in out.items() if v is not None or k in ("dt0",)}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 # ---------------------------------------------------------------------------
@@ -580,8 +581,9 @@ def _continuous_vjp(primals, outs, ct, params, interpolated: bool):
     assert not closed
     # (an implicit solver's Newton matrices: sparse if the forward's are, the
     # pattern detected from the adjoint system's own graph: f's transposed)
+    # (the forward's step settings: with constant steps, the same dt0)
     p = _params(params, graph=g, error_size=None, pattern=_augmented_pattern(params, g),
-                adjoint="backsolve", dt0=None)
+                adjoint="backsolve")
     T = ts.shape[0]
     S = snp.concatenate(([] if interpolated else [ys[T - 1]]) +
                         [ct[T - 1], snp.zeros((sum(sizes),), dtype)])
