@@ -609,6 +609,7 @@ def _continuous_vjp(primals, outs, ct, params, interpolated: bool):
 @odeint_p.def_vjp
 def _odeint_vjp(primals, outs, cts, **params):
     from .. import numpy as snp
+    from ..graph import Tracer
 
     *consts, y0, ts = primals
     ct = cts[0]
@@ -621,6 +622,8 @@ def _odeint_vjp(primals, outs, cts, **params):
     else:
         bars = _discrete_vjp(primals, outs, ct, params)
     bars = [None if b is None or is_zero(b) else b for b in bars]
+    if not isinstance(ts, Tracer):  # constant times: no cotangent to form
+        return bars + [None]
     ybar0 = bars[-1]
     # the output times: y(t_i) moves with t_i at f(t_i, y_i); the initial
     # time moves the whole solution: dy/dt0 = -Phi f(t0, y0)
