@@ -46,6 +46,32 @@ def _pattern(p: sp.csr_matrix) -> Pattern:
     return Pattern(p.shape, p.indptr, p.indices)
 
 
+#: `newton_jacobian(jac=None)` takes a dense Jacobian up to this many unknowns,
+#: or where the detected pattern fills more than `DENSE_ABOVE` of the matrix
+DENSE_UP_TO = 64
+DENSE_ABOVE = 0.2
+
+
+def newton_jacobian(graph, jac: str | None, *, identity: bool = False):
+    """`(jac, pattern)` for the Newton systems of a node whose body `graph`
+    maps `(..., x)` to a residual of `x`'s size (a root's residual, an ODE's
+    vector field): `jac` as given, or for None dense up to `DENSE_UP_TO`
+    unknowns or above `DENSE_ABOVE` fill, else sparse; `pattern`, for
+    sparse, detected from `graph` in its last input, with the diagonal added
+    if `identity` (an `I - c J` matrix)."""
+    from .graph._sparsity import graph_sparsity
+
+    n = graph.inputs[-1].type.size
+    if jac == "dense" or (jac is None and n <= DENSE_UP_TO):
+        return "dense", None
+    p = graph_sparsity(graph, [False] * (len(graph.inputs) - 1) + [True])
+    if identity:
+        p = (p + sp.eye(n, dtype=bool, format="csr")).astype(bool)
+    if jac is None:
+        jac = "dense" if p.nnz > DENSE_ABOVE * n * n else "sparse"
+    return jac, _pattern(p) if jac == "sparse" else None
+
+
 def structure_of(pattern: sp.csr_matrix, mode: str = "auto") -> Structure:
     """The coloring of `pattern` that takes fewer products: columns (JVPs),
     or rows (VJPs) where that needs fewer colors (`mode="auto"`); or the one

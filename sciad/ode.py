@@ -60,11 +60,6 @@ __all__ = ["odeint", "solve_ivp", "ODEResult", "SOLVERS"]
 _tree = jax.tree_util
 _OP = "ode.odeint"
 
-#: states up to this size get a dense Newton matrix in implicit solvers
-#: (when `jac=None`); above it, the pattern detected from `f`'s graph is
-#: used if it fills at most `DENSE_ABOVE` of the matrix
-DENSE_UP_TO = 64
-DENSE_ABOVE = 0.2
 
 
 def _check_times(ts, op: str):
@@ -92,10 +87,9 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
                    jac, checkpoints, throw, op):
     from . import numpy as snp
     from .graph._body import trace_body
-    from .graph._sparsity import graph_sparsity
     from .optimize import _split_args
     from .primitives._ode import odeint_p
-    from ._sparse_jacobian import _pattern
+    from ._sparse_jacobian import newton_jacobian
 
     leaves, ytree = _tree.tree_flatten(y0, is_leaf=lambda v: isinstance(v, Tracer))
     if not leaves:
@@ -111,15 +105,14 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
     leaves = [snp.astype(v, dtype) for v in leaves]
     shapes = [type_of(v).shape for v in leaves]
     sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
-    n = sum(sizes)
     flat0 = snp.concatenate([snp.reshape(v, (-1,)) for v in leaves]) if len(leaves) > 1 \
         else snp.reshape(leaves[0], (-1,))
     ts = snp.astype(snp.asarray(ts), dtype)
 
-    def unflatten(y):
+    def unflatten(y, lead=()):  # a flat state (`lead` leading axes) as y0's pytree
         parts, k = [], 0
         for shape, size in zip(shapes, sizes):
-            parts.append(snp.reshape(y[k:k + size], shape))
+            parts.append(snp.reshape(y[..., k:k + size], tuple(lead) + tuple(shape)))
             k += size
         return _tree.tree_unflatten(ytree, parts)
 
@@ -145,25 +138,13 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
     graph, consts, _ = trace_body(field, [type_of(v) for v in vals] +
                                   [scalar, type_of(flat0)],
                                   name=getattr(f, "__name__", "f"))
-    implicit = SOLVERS[solver][1]
+    if jac not in (None, "dense", "sparse"):
+        raise ShapeError(f"`jac` must be None, 'dense' or 'sparse', got {jac!r}.", op=op)
     pattern = None
-    if not implicit:
+    if not SOLVERS[solver][1]:  # explicit: no Newton systems
         jac = "dense"
-    else:
-        if jac not in (None, "dense", "sparse"):
-            raise ShapeError(f"`jac` must be None, 'dense' or 'sparse', got {jac!r}.", op=op)
-        if jac is None and n <= DENSE_UP_TO:
-            jac = "dense"
-        if jac in (None, "sparse"):
-            import scipy.sparse as sp
-
-            wrt = [False] * (len(graph.inputs) - 1) + [True]
-            p = graph_sparsity(graph, wrt)
-            p = (p + sp.eye(n, dtype=bool, format="csr")).astype(bool)
-            if jac is None:
-                jac = "dense" if p.nnz > DENSE_ABOVE * n * n else "sparse"
-            if jac == "sparse":
-                pattern = _pattern(p)
+    else:  # Newton matrices I - h gamma df/dy
+        jac, pattern = newton_jacobian(graph, jac, identity=True)
     params = dict(graph=graph, solver=solver, rtol=float(rtol), atol=float(atol),
                   max_steps=int(max_steps), adaptive=bool(adaptive), jac=jac,
                   adjoint=adjoint, throw=bool(throw))
@@ -174,12 +155,7 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
     if checkpoints is not None:
         params["checkpoints"] = int(checkpoints)
     ys, status, nsteps, *_ = odeint_p.bind(*consts, *vals, flat0, ts, **params)
-    T = type_of(ts).shape[0]
-    parts, k = [], 0
-    for shape, size in zip(shapes, sizes):
-        parts.append(snp.reshape(ys[:, k:k + size], (T,) + tuple(shape)))
-        k += size
-    return _tree.tree_unflatten(ytree, parts), status, nsteps
+    return unflatten(ys, type_of(ts).shape), status, nsteps
 
 
 def _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive, checkpoints, op):

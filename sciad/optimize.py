@@ -525,10 +525,6 @@ def default_tol(dtype) -> float:
     return max(1e-10, 1e3 * float(np.finfo(dtype).eps))
 
 
-#: `jac=None` takes a dense Jacobian up to this many unknowns, or where the
-#: detected pattern fills more than `DENSE_ABOVE` of the matrix
-DENSE_UP_TO = 64
-DENSE_ABOVE = 0.2
 
 
 def _is_array(x) -> bool:
@@ -559,10 +555,9 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
                  atol: float, maxiter: int, memory: int, throw: bool, op: str) -> RootResult:
     from . import numpy as snp
     from .graph._body import trace_body
-    from .graph._sparsity import graph_sparsity
     from .graph._sparsity import coloring
     from .primitives._root import JACOBIANS, root_p
-    from ._sparse_jacobian import _pattern
+    from ._sparse_jacobian import newton_jacobian
 
     x0 = snp.asarray(x0)
     tx = type_of(x0)
@@ -592,25 +587,14 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
 
     graph, consts, _ = trace_body(body, [type_of(a) for a in leaves] + [tx],
                                   name=getattr(fun, "__name__", "fun"))
-    n = tx.size
     if jac not in JACOBIANS + (None,):
         raise ShapeError(f"`jac` must be None or one of {JACOBIANS}, got {jac!r}.", op=op)
     if jac is None and kind == "fixed_point":
         jac = "gmres"
-    elif jac is None and n <= DENSE_UP_TO:
-        jac = "dense"
     pattern, colors = None, 0
-    if jac in ("sparse", None):
-        wrt = [False] * (len(graph.inputs) - 1) + [True]
-        p = graph_sparsity(graph, wrt)
-        if kind == "fixed_point":  # F = G(x) - x
-            import scipy.sparse as sp
-
-            p = (p + sp.eye(n, dtype=bool, format="csr")).astype(bool)
-        if jac is None:
-            jac = "dense" if p.nnz > DENSE_ABOVE * n * n else "sparse"
+    if jac != "gmres":  # (a fixed-point map's residual is G(x) - x)
+        jac, pattern = newton_jacobian(graph, jac, identity=kind == "fixed_point")
     if jac == "sparse":
-        pattern = _pattern(p)
         colors = int(coloring(pattern).max(initial=-1)) + 1
     outs = root_p.bind(*consts, *leaves, x0, graph=graph, kind=kind, method=method, jac=jac,
                        pattern=pattern, colors=colors,
