@@ -352,13 +352,13 @@ def _fields_at(graph: Graph, consts, ts, ys):
 
 
 def _augmented_pattern(params: dict, g: Graph):
+    """The Newton matrices' pattern of a derived system `g` (the sensitivity
+    or adjoint system) where the node's are sparse, else None."""
     if params.get("jac", "dense") != "sparse":
         return None
-    from .._sparse_jacobian import _pattern
-    from ..graph._sparsity import graph_sparsity
+    from .._sparse_jacobian import newton_jacobian
 
-    wrt = [False] * (len(g.inputs) - 1) + [True]
-    return _pattern(graph_sparsity(g, wrt))
+    return newton_jacobian(g, "sparse", identity=True)[1]
 
 
 @odeint_p.def_jvp
