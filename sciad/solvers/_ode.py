@@ -143,13 +143,9 @@ def _solve(pattern, handle, values, b, transpose: bool, conj: bool):
     def host(h, d, bb):
         if h.ndim == 0:  # one solve (no vmap)
             return (_solve_one(pattern, int(h), d, bb, transpose, conj),)
-        batch = np.broadcast_shapes(h.shape, d.shape[:-1], bb.shape[:-1])
-        k = int(np.prod(batch, dtype=np.int64))
-        hs = np.broadcast_to(h, batch).reshape(k)
-        ds = np.broadcast_to(d, batch + d.shape[-1:]).reshape((k, d.shape[-1]))
-        bs = np.broadcast_to(bb, batch + bb.shape[-1:]).reshape((k, bb.shape[-1]))
-        out = np.stack([_solve_one(pattern, int(hi), di, bi, transpose, conj)
-                        for hi, di, bi in zip(hs, ds, bs)])
+        batch, examples = _sparse_direct.each_example(h, d, bb)
+        out = np.stack([_solve_one(pattern, hi, di, bi, transpose, conj)
+                        for hi, di, bi in examples])
         return (out.reshape(batch + bb.shape[-1:]),)
 
     (x,) = host_call(host, (jax.ShapeDtypeStruct(b.shape, b.dtype),), handle, values, b)

@@ -585,6 +585,18 @@ def _spsolve(pattern, data, b, transpose: bool):
     return jax.lax.map(lambda col: spsolve(data, indices, indptr, col), b.T).T
 
 
+def each_example(h: np.ndarray, d: np.ndarray, b: np.ndarray):
+    """A batched host call's operands, one example at a time: handles `h`,
+    matrix values `d` (last axis the entries) and vectors `b` (last axis the
+    unknowns), their leading axes broadcast. Returns the batch shape and the
+    examples `(handle as an int, values, vector)`."""
+    batch = np.broadcast_shapes(h.shape, d.shape[:-1], b.shape[:-1])
+    hs = np.broadcast_to(h, batch).reshape(-1)
+    ds = np.broadcast_to(d, batch + d.shape[-1:]).reshape(-1, d.shape[-1])
+    bs = np.broadcast_to(b, batch + b.shape[-1:]).reshape(-1, b.shape[-1])
+    return batch, [(int(hi), di, bi) for hi, di, bi in zip(hs, ds, bs)]
+
+
 def newton_solve(pattern, handle, data, b, *, keep: bool, uses: int | None):
     """One Newton step's linear solve `A d = b` (A on `pattern` with values
     `data`), factoring `A` on the host: returns `(d, ok, handle)`.
@@ -616,11 +628,8 @@ def newton_solve(pattern, handle, data, b, *, keep: bool, uses: int | None):
         if h.ndim == 0 and d.ndim == 1 and bb.ndim == 1:
             x, ok, new = one(int(h), d, bb)
             return x, np.asarray(ok), np.asarray(new, np.int32)
-        batch = np.broadcast_shapes(h.shape, d.shape[:-1], bb.shape[:-1])
-        hs = np.broadcast_to(h, batch).reshape(-1)
-        ds = np.broadcast_to(d, batch + d.shape[-1:]).reshape(-1, d.shape[-1])
-        bs = np.broadcast_to(bb, batch + bb.shape[-1:]).reshape(-1, bb.shape[-1])
-        res = [one(int(hi), di, bi) for hi, di, bi in zip(hs, ds, bs)]
+        batch, examples = each_example(h, d, bb)
+        res = [one(*ex) for ex in examples]
         return (np.stack([r[0] for r in res]).reshape(batch + bb.shape[-1:]),
                 np.array([r[1] for r in res]).reshape(batch),
                 np.array([r[2] for r in res], np.int32).reshape(batch))
