@@ -273,22 +273,11 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
 
 
 def _odeint_eager(f, y0, ts, args, kw):
-    from ._function import function
-    from .optimize import _cached, _split_args, _to_device
+    from .optimize import compiled_call
 
-    values, static, rebuild = _split_args(args)
-
-    def build(fref):
-        def solve(y0, ts, *values):
-            return _odeint_inline(fref(), y0, ts, rebuild(list(values)), **kw)
-
-        solve.__name__ = f"odeint_{getattr(f, '__name__', 'f')}"
-        return function(solve), static
-
-    key = (_OP, tuple(sorted((k, repr(v)) for k, v in kw.items())),
-           tuple((i, id(a)) for i, a in static.items()))
-    fn, _ = _cached(f, key, build)
-    ys, status, steps = fn(y0, np.asarray(ts), *_to_device(tuple(values)))
+    ys, status, steps = compiled_call(
+        lambda f, y0, ts, args: _odeint_inline(f, y0, ts, args, **kw), f,
+        (y0, np.asarray(ts)), args, key=(_OP, tuple(sorted(kw.items()))), name="odeint")
     return ys if kw["throw"] else ODEResult(ys, int(status), int(steps))
 
 

@@ -613,21 +613,29 @@ def _root_call(fun: Callable, x0, args, op: str, **kw) -> RootResult:
         raise DTypeError(f"`fun` must be a function, got {type(fun).__name__}.", op=op)
     if _in_trace((x0, args)):
         return _root_inline(fun, x0, args, op=op, **kw)
+    x, success, nit, residual, status = compiled_call(
+        lambda fun, x0, args: tuple(_root_inline(fun, x0, args, op=op, **kw)), fun, (x0,),
+        args, key=(op, tuple(sorted(kw.items()))), name="root")
+    return RootResult(x, bool(success), int(nit), float(residual), int(status))
+
+
+def compiled_call(inline: Callable, fun: Callable, leading: tuple, args, *, key, name: str):
+    """`inline(fun, *leading, args)` (a call that traces `fun` into a node)
+    outside a trace: compiled once per `fun`, `key` (the options) and the
+    static objects in `args` (by identity, held by the cache entry so that
+    an id is not reused meanwhile), then called on `leading` and `args`'
+    values."""
     values, static, rebuild = _split_args(args)
 
     def build(fref):
-        def solve(x0, *values):
-            return tuple(_root_inline(fref(), x0, rebuild(list(values)), op=op, **kw))
+        def solve(*a):
+            return inline(fref(), *a[:len(leading)], rebuild(list(a[len(leading):])))
 
-        solve.__name__ = f"root_{getattr(fun, '__name__', 'fun')}"
+        solve.__name__ = f"{name}_{getattr(fun, '__name__', 'fun')}"
         return function(solve), static
 
-    # compiled once per function, options and static objects (by identity,
-    # held by the cache entry so that an id is not reused meanwhile)
-    key = (op, tuple(sorted(kw.items())), tuple((i, id(a)) for i, a in static.items()))
-    fn, _ = _cached(fun, key, build)
-    x, success, nit, residual, status = fn(x0, *_to_device(tuple(values)))
-    return RootResult(x, bool(success), int(nit), float(residual), int(status))
+    fn, _ = _cached(fun, (key, tuple((i, id(a)) for i, a in static.items())), build)
+    return fn(*leading, *_to_device(tuple(values)))
 
 
 @api_boundary
