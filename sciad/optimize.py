@@ -660,8 +660,13 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
     - `x0`: the starting point, a real float array of any shape.
     - `args`: extra arguments (a tuple of arrays or pytrees); derivatives
       with respect to them flow through the root.
-    - `method`: `"newton"`, or `"newton_krylov"` (Newton with matrix-free
-      GMRES steps, the same as `jac="gmres"`).
+    - `method`: `"newton"`; `"chord"` (Newton keeping the Jacobian's
+      factorization while each iteration at least halves `||F||_inf`, and
+      factoring again when one does not: for expensive Jacobians and good
+      starting points, such as the stages of an implicit time step; needs a
+      sparse or dense `jac`); or `"newton_krylov"` (Newton with matrix-free
+      GMRES steps, the same as `jac="gmres"`). The derivatives are the same
+      whatever the method: the implicit function theorem at the root.
     - `jac`: how the Jacobian `dF/dx` is formed and solved, in Newton's steps
       and in the derivatives:
         - `"sparse"`: its pattern detected from `fun`'s graph
@@ -686,16 +691,20 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
     `residual` (`||F(x)||_inf`) and `status`, traced values inside a trace
     and Python numbers outside.
     """
-    methods = {"newton": None, "newton_krylov": "gmres"}
+    methods = {"newton": None, "chord": None, "newton_krylov": "gmres"}
     if not isinstance(method, str) or method.lower() not in methods:
-        raise ShapeError(f"`method` must be 'newton' or 'newton_krylov', got {method!r}.",
-                         op=_ROOT_OP)
-    if methods[method.lower()] is not None:
+        raise ShapeError(f"`method` must be 'newton', 'chord' or 'newton_krylov', got "
+                         f"{method!r}.", op=_ROOT_OP)
+    method = method.lower()
+    if methods[method] is not None:
         if jac not in (None, "gmres"):
             raise ShapeError(f"method='newton_krylov' is matrix-free; got jac={jac!r}.",
                              op=_ROOT_OP)
-        jac = "gmres"
-    return _root_call(fun, x0, args, _ROOT_OP, kind="root", method="newton", jac=jac,
+        jac, method = "gmres", "newton"
+    elif method == "chord" and jac == "gmres":
+        raise ShapeError("method='chord' keeps a factorization of the Jacobian: it needs "
+                         "jac='sparse', 'dense' or None, got jac='gmres'.", op=_ROOT_OP)
+    return _root_call(fun, x0, args, _ROOT_OP, kind="root", method=method, jac=jac,
                       tol=tol, atol=atol, maxiter=maxiter, memory=0, throw=throw)
 
 

@@ -144,3 +144,37 @@ def test_odeint_jac_sparse_matches_dense_with_derivatives():
 
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__, "-v", "--durations=0"])
+
+
+def test_factors_made_and_let_go_on_different_threads_do_not_leak():
+    """A single factorization is made on the calling thread (an XLA worker
+    in a program) and released on it however many threads let it go: a
+    SuperLU factor released on another thread is never given back (this loop
+    then grows by about 0.7 MB per factor, 140 MB here)."""
+    import concurrent.futures
+
+    from sciad.solvers import _sparse_direct as sdir
+
+    n = 400
+    a = sp.random(n, n, density=0.02, random_state=0, format="csr") + 5.0 * sp.eye(n)
+    pattern = _pattern(a.astype(bool))
+    values = np.asarray(a[pattern.rows, pattern.indices]).ravel()
+    pools = [concurrent.futures.ThreadPoolExecutor(1) for _ in range(2)]
+
+    def rss_mb():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096 / 2 ** 20
+
+    def churn(times):
+        for k in range(times):
+            made = pools[k % 2].submit(sdir._Factored.make, pattern, values).result()
+            assert made.worker < 0  # made here, not on a SuperLU worker
+            pools[(k + 1) % 2].submit(sdir._drop_on_worker, [made]).result()
+
+    churn(50)  # allocator warm-up
+    before = rss_mb()
+    churn(200)
+    grown = rss_mb() - before
+    for pool in pools:
+        pool.shutdown()
+    assert grown < 40.0, f"{grown:.0f} MB kept by 200 released factors"

@@ -55,6 +55,33 @@ def test_newton_krylov_is_matrix_free(rng):
         sd.optimize.root(diffusion, np.zeros(N), (f,), method="newton_krylov", jac="dense")
 
 
+@pytest.mark.parametrize("jac", ["sparse", "dense"])
+def test_the_chord_method_factors_once_and_differentiates_as_newton(jac, rng, monkeypatch):
+    # from a start near the root, the chord method keeps its first
+    # factorization; the root and its (implicit) derivative are Newton's
+    from sciad.solvers import _sparse_direct as sdir
+
+    f = 20.0 + 5.0 * rng.standard_normal(N)
+    x0 = np.asarray(sd.optimize.root(diffusion, np.zeros(N), (f,)).x) * 1.01
+    factored = []
+    make = sdir._factor_one
+    monkeypatch.setattr(sdir, "_factor_one", lambda *a: factored.append(1) or make(*a))
+
+    def solve(f, method):
+        return sd.optimize.root(diffusion, x0, (f,), method=method, jac=jac)
+
+    chord, newton = solve(f, "chord"), solve(f, "newton")
+    assert chord.success and chord.nit >= newton.nit >= 2
+    if jac == "sparse":
+        assert len(factored) == 1 + newton.nit  # chord: one; Newton: one per iteration
+    np.testing.assert_allclose(np.asarray(chord.x), np.asarray(newton.x), rtol=1e-9)
+    g = [np.asarray(sd.grad(lambda f: snp.sum(solve(f, m).x ** 2))(f)) for m in
+         ("chord", "newton")]
+    np.testing.assert_allclose(g[0], g[1], rtol=1e-8)
+    with pytest.raises(ShapeError, match="chord.*factorization"):
+        sd.optimize.root(diffusion, x0, (f,), method="chord", jac="gmres")
+
+
 def test_the_detected_pattern_is_the_stencil_and_the_graph_shows_it():
     f = np.ones(N)
     graph = sd.trace(lambda f: sd.optimize.root(diffusion, snp.zeros(N), (f,),
@@ -320,7 +347,7 @@ def test_the_jax_level_newton_serves_other_nodes(rng):
     with sd.config.x64_scope():
         values = _nonlinear.colored_values(F, pattern, coloring(pattern))
         res = jax.jit(lambda x0: _nonlinear.newton(
-            F, x0, _nonlinear.sparse_lu(pattern, values), tol=1e-10, atol=0.0,
+            F, x0, _nonlinear.sparse_lu(pattern, values, x0.dtype), tol=1e-10, atol=0.0,
             maxiter=20))(jnp.zeros(N))
     assert int(res.status) == 0 and int(res.aux) == 0  # nothing kept
     want = sd.optimize.root(diffusion, np.zeros(N), (f,), jac="sparse").x

@@ -35,7 +35,7 @@ from ..graph._types import Pattern
 from ._checks import check, tie
 
 KINDS = ("root", "fixed_point")
-METHODS = {"root": ("newton",), "fixed_point": ("anderson",)}
+METHODS = {"root": ("newton", "chord"), "fixed_point": ("anderson",)}
 JACOBIANS = ("sparse", "dense", "gmres")
 #: relative tolerance of the matrix-free (GMRES) solves: of Newton-Krylov's
 #: steps (inexact Newton), and of the derivatives (which need it tight)
@@ -77,6 +77,9 @@ def _root_shape(*args, graph, kind, method, jac, pattern=None, colors=0, tol, at
         raise ShapeError(f"`fun` must return one array of x's size and dtype "
                          f"({x.size} elements of {x.dtype}), got "
                          f"{', '.join(t.str_short() for t in graph.out_types)}.", op=op)
+    if method == "chord" and jac == "gmres":
+        raise ShapeError("the chord method keeps a factorization: it needs jac='sparse' or "
+                         "'dense', got jac='gmres'.", op=op)
     if jac == "sparse" and (pattern is None or pattern.shape != (x.size, x.size)):
         raise ShapeError(f"a sparse Jacobian needs a ({x.size}, {x.size}) pattern, got "
                          f"{pattern!r}.", op=op)
@@ -150,16 +153,18 @@ def _unflat_x(graph: Graph, args: list) -> list:
     return args[:-1] + [snp.reshape(args[-1], graph.inputs[-1].type.shape)]
 
 
-def linear_solver(jac: str, pattern: Pattern | None, jacobian, uses: int | None = None):
+def linear_solver(jac: str, pattern: Pattern | None, jacobian, x, uses: int | None = None,
+                  chord: bool = False):
     """The `LinearSolve` Newton uses for `jac`, given the lowered graph
-    `jacobian` of `_newton_graphs` (on the node's consts)."""
+    `jacobian` of `_newton_graphs` (on the node's consts), for the flat
+    unknowns `x`; `chord`: it keeps its factorization over iterations."""
     from ..solvers import _nonlinear
 
     if jac == "sparse":
-        return _nonlinear.sparse_lu(pattern, lambda x: jacobian(x)[0], keep=uses != 0,
-                                    uses=uses)
+        return _nonlinear.sparse_lu(pattern, lambda x: jacobian(x)[0], x.dtype,
+                                    keep=uses != 0, uses=uses, chord=chord)
     if jac == "dense":
-        return _nonlinear.dense_lu(lambda x: jacobian(x)[0])
+        return _nonlinear.dense_lu(lambda x: jacobian(x)[0], x.shape[0], x.dtype, chord=chord)
     return _nonlinear.gmres(lambda x, v: jacobian(x, v)[0], KRYLOV_STEP_RTOL)
 
 
@@ -172,10 +177,11 @@ def judge_root(site, *, status, nit, residual, goal, kind, method, jac, maxiter,
         return
     residual, goal = float(residual), float(goal)
     what = {"newton": f"Newton's method ({jac} Jacobian)",
+            "chord": f"the chord method ({jac} Jacobian)",
             "anderson": "the Anderson-accelerated fixed-point iteration"}[method]
     advice = {
         1: (f"Raise `maxiter` (it is {maxiter}), start closer to the root, or loosen `tol`."
-            if method == "newton" else
+            if method != "anderson" else
             f"Raise `maxiter` (it is {maxiter}); a fixed-point iteration converges only "
             "linearly, at the rate of the map's contraction."),
         2: "The Jacobian is singular at an iterate: the root may be singular (a Jacobian "
@@ -222,8 +228,11 @@ def _root_impl(*args, graph, kind, method, jac, pattern=None, colors=0, tol, ato
 
     x = jnp.reshape(x0, (-1,))
     if kind == "root":
-        linear = linear_solver(jac, pattern, lambda *a: jacobian(*consts, *a), uses=uses)
-        res = _nonlinear.newton(F, x, linear, tol=tol, atol=atol, maxiter=maxiter)
+        chord = method == "chord"
+        linear = linear_solver(jac, pattern, lambda *a: jacobian(*consts, *a), x, uses=uses,
+                               chord=chord)
+        res = _nonlinear.newton(F, x, linear, tol=tol, atol=atol, maxiter=maxiter,
+                                chord=chord)
     else:  # the map G(x) = F(x) + x
         res = _nonlinear.anderson(lambda x: F(x) + x, x, memory=memory, tol=tol, atol=atol,
                                   maxiter=maxiter)

@@ -12,7 +12,13 @@ solves of implicit ODE steps) call them too. The Jacobian's handling is a
 - `dense_lu(matrix)`: `J = matrix(x)` (`jax.jacfwd`), LU in the program;
 - `gmres(jvp, rtol)`: matrix-free, GMRES (lineax) on `v -> J(x) v`.
 
-Each returns the step and whether the solve succeeded. The loops never raise:
+Each returns the step and whether the solve succeeded. `newton(...,
+chord=True)` keeps a factorization over iterations (the chord method): it
+factors `J` at the first iterate, and again only after an iteration that
+did not at least halve `||F||` (or whose step failed), so a good start
+costs one factorization and a few solves.
+
+The loops never raise:
 they return the iterate, the iteration count, the residual's max-norm and a
 status (`STATUS`), and the caller decides (`optimize.root` raises a
 `ConvergenceError` with a diagnosis, or returns `success=False`).
@@ -20,7 +26,7 @@ status (`STATUS`), and the caller decides (`optimize.root` raises a
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,16 +48,24 @@ CONVERGED, MAXITER, SINGULAR, LINE_SEARCH, NONFINITE, STAGNATION = range(6)
 LINE_SEARCH_STEPS = 30
 #: Armijo's sufficient-decrease constant
 ARMIJO = 1e-4
+#: the chord method factors the Jacobian again after an iteration that
+#: reduced `||F||_inf` by less than this factor
+CHORD_RATE = 0.5
 
 
 class LinearSolve(NamedTuple):
-    """How Newton solves `J(x) d = r`: `solve(x, r, aux) -> (d, ok, aux)`.
-    `aux` is an int32 the solver threads through the iterations (the handle
-    of the sparse LU it keeps, 0 for none); `init` is its first value."""
+    """How Newton solves `J(x) d = r`: `solve(x, r, aux, fresh) -> (d, ok,
+    aux)`. `aux` is what the solver threads through the iterations (for a
+    sparse LU, the handle of the factor it keeps, 0 for none, and the values
+    it factored); `init` is its first value, `handle(aux)` the kept
+    factor's handle. `fresh` (a traced bool): factor `J(x)` anew; else the
+    solver may solve with the factor in `aux` (the chord method), where it
+    has one."""
 
     solve: Callable
     name: str
-    init: int = 0
+    init: Any = 0
+    handle: Callable = lambda aux: jnp.zeros((), jnp.int32)
 
 
 def _norm(v):
@@ -74,34 +88,51 @@ def colored_values(F: Callable, pattern, colors: np.ndarray) -> Callable:
     return values
 
 
-def sparse_lu(pattern, values: Callable, *, keep: bool = False,
-              uses: int | None = None) -> LinearSolve:
+def sparse_lu(pattern, values: Callable, dtype, *, keep: bool = False,
+              uses: int | None = None, chord: bool = False) -> LinearSolve:
     """`J(x)` on `pattern`, its values from `values(x)` (CSR order; see
     `colored_values`), factored and solved by SuperLU on the host: one host
-    call per Newton iteration. With `keep`, the last factorization is kept
-    in the host store and its handle returned as the loop's `aux` (see
-    `sciad.solvers._sparse_direct.newton_solve`), for `uses` later solves."""
+    call per Newton iteration. With `keep` (or `chord`), the last
+    factorization is kept in the host store and its handle threaded through
+    the loop (see `sciad.solvers._sparse_direct.newton_solve`); `uses`
+    later solves read the one left at the end. With `chord`, an iteration
+    not asked for a `fresh` factor solves with the kept one (the values it
+    factored ride in `aux`, so a factor the store let go is made again from
+    them: the result never depends on the store)."""
     from . import _sparse_direct
 
-    def solve(x, r, handle):
-        return _sparse_direct.newton_solve(pattern, handle, values(x), r, keep=keep,
-                                           uses=uses)
+    def solve(x, r, aux, fresh):
+        handle, data = aux
+        data = jnp.where(fresh, values(x), data) if chord else values(x)
+        d, ok, handle = _sparse_direct.newton_solve(pattern, handle, data, r,
+                                                    keep=keep or chord, uses=uses,
+                                                    fresh=fresh if chord else None)
+        return d, ok, (handle, data)
 
-    return LinearSolve(solve, "sparse LU")
+    init = (jnp.zeros((), jnp.int32), jnp.zeros((pattern.nnz,), dtype))
+    return LinearSolve(solve, "sparse LU", init, lambda aux: aux[0])
 
 
-def dense_lu(matrix: Callable) -> LinearSolve:
+def dense_lu(matrix: Callable, n: int, dtype, *, chord: bool = False) -> LinearSolve:
     """`J(x) = matrix(x)` (e.g. `jax.jacfwd(F)`), LU-factored in the program;
-    a tiny pivot counts as singular."""
-    def solve(x, r, aux):
-        lu, piv = jax.scipy.linalg.lu_factor(matrix(x))
+    a tiny pivot counts as singular. With `chord`, an iteration not asked
+    for a `fresh` factor solves with the one in `aux`."""
+    def factor(x):
+        return jax.scipy.linalg.lu_factor(matrix(x))
+
+    def solve(x, r, aux, fresh):
+        if chord:
+            lu, piv = jax.lax.cond(fresh, factor, lambda x: aux, x)
+        else:
+            lu, piv = factor(x)
         d = jax.scipy.linalg.lu_solve((lu, piv), r)
         diag = jnp.abs(jnp.diagonal(lu))
         eps = jnp.finfo(x.dtype).eps
         ok = jnp.all(jnp.isfinite(d)) & (jnp.min(diag) > eps * jnp.max(diag) * x.shape[0])
-        return d, ok, aux
+        return d, ok, (lu, piv) if chord else aux
 
-    return LinearSolve(solve, "dense LU")
+    init = (jnp.zeros((n, n), dtype), jnp.zeros((n,), jnp.int32)) if chord else 0
+    return LinearSolve(solve, "dense LU", init)
 
 
 def gmres(jvp: Callable, rtol: float, maxiter: int | None = None) -> LinearSolve:
@@ -110,7 +141,7 @@ def gmres(jvp: Callable, rtol: float, maxiter: int | None = None) -> LinearSolve
     counts as a failed solve."""
     import lineax as lx
 
-    def solve(x, r, aux):
+    def solve(x, r, aux, fresh):
         struct = jax.ShapeDtypeStruct(x.shape, x.dtype)
         op = lx.FunctionLinearOperator(lambda v: jvp(x, v), struct)
         sol = lx.linear_solve(op, r, lx.GMRES(rtol=rtol, atol=0.0, max_steps=maxiter,
@@ -127,7 +158,7 @@ class Result(NamedTuple):
     residual: jax.Array  # ||F(x)||_inf
     status: jax.Array    # int32, see STATUS
     goal: jax.Array      # the tolerance on ||F||_inf it was held to
-    aux: jax.Array       # the linear solver's last `aux` (a kept factor's handle)
+    aux: jax.Array       # the handle of the factor the linear solver kept (0: none)
 
 
 def _start(f0, tol: float, atol: float):
@@ -147,10 +178,13 @@ def _status(fn_new, goal, slow):
 
 
 def newton(F: Callable, x0, linear: LinearSolve, *, tol: float, atol: float,
-           maxiter: int) -> Result:
+           maxiter: int, chord: bool = False) -> Result:
     """Newton's method on `F(x) = 0` with a backtracking (Armijo) line search
     on `||F||^2 / 2`: stops when `||F(x)||_inf <= max(atol, tol *
-    ||F(x0)||_inf)`."""
+    ||F(x0)||_inf)`. With `chord`, the Jacobian's factorization is kept while
+    each iteration at least halves `||F||_inf` (`CHORD_RATE`); an iteration
+    with a kept factor whose step fails (singular, or no descent) is retried
+    with a fresh one, so only a fresh factor's failure ends the solve."""
     f0 = F(x0)
     goal, status0 = _start(f0, tol, atol)
 
@@ -158,8 +192,8 @@ def newton(F: Callable, x0, linear: LinearSolve, *, tol: float, atol: float,
         return (s[3] == MAXITER) & (s[2] < maxiter)
 
     def body(s):
-        x, fx, k, status, slow, aux = s
-        d, ok, aux = linear.solve(x, -fx, aux)
+        x, fx, k, status, slow, aux, fresh = s
+        d, ok, aux = linear.solve(x, -fx, aux, fresh)
         phi0 = 0.5 * jnp.vdot(fx, fx).real
 
         def ls_cond(t):
@@ -182,14 +216,17 @@ def newton(F: Callable, x0, linear: LinearSolve, *, tol: float, atol: float,
         new_status = jnp.where(~ok, SINGULAR, jnp.where(~accepted, LINE_SEARCH,
                                                         _status(fn_new, goal, slow)))
         keep = ok & accepted
+        if chord:  # a kept factor's failure is retried with a fresh one
+            new_status = jnp.where(keep | fresh, new_status, MAXITER).astype(jnp.int32)
+            fresh = ~keep | (fn_new > CHORD_RATE * fn_old)
         x = jnp.where(keep, xt, x)
         fx = jnp.where(keep, ft, fx)
-        return x, fx, k + 1, new_status, slow, aux
+        return x, fx, k + 1, new_status, slow, aux, fresh
 
     state = (x0, f0, jnp.zeros((), jnp.int32), status0, jnp.zeros((), jnp.int32),
-             jnp.asarray(linear.init, jnp.int32))
-    x, fx, k, status, _, aux = jax.lax.while_loop(cond, body, state)
-    return Result(x, k, _norm(fx), status, goal, aux)
+             jax.tree_util.tree_map(jnp.asarray, linear.init), jnp.ones((), bool))
+    x, fx, k, status, _, aux, _ = jax.lax.while_loop(cond, body, state)
+    return Result(x, k, _norm(fx), status, goal, linear.handle(aux))
 
 
 def anderson(G: Callable, x0, *, memory: int, tol: float, atol: float, maxiter: int,

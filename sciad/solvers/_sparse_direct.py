@@ -75,7 +75,9 @@ class _Factored:
         self.nbytes = 0 if lu is None else int(lu.nnz) * (data.dtype.itemsize + 4)
         self.norm1, self.norm_inf = matrix_norms(pattern, data)
         self.rcond: float | None = None
-        self.worker = worker  # the SuperLU thread that made `lu` (and releases it)
+        # the SuperLU thread that made `lu` (and releases it): a worker's
+        # index, or -1 - the ident of the calling thread that made it
+        self.worker = worker
 
     @classmethod
     def make(cls, pattern, data: np.ndarray) -> "_Factored":
@@ -86,7 +88,15 @@ class _Factored:
     def make_many(cls, pattern, rows) -> list["_Factored"]:
         """Factors each of `rows` (the values of matrices on `pattern`), spread
         over the SuperLU threads: SuperLU releases the GIL, so a batch's
-        factorizations (and those of devices calling at once) run in parallel."""
+        factorizations (and those of devices calling at once) run in parallel.
+        A single one is made on the calling thread: the hop to a worker and
+        back (0.2-0.6 ms, thread wake-ups) cost more than a time step's
+        factorization (0.15 ms at 512 unknowns)."""
+        _release_here()
+        if len(rows) == 1:
+            d = rows[0]
+            lu = _factor_one(pattern, d) if np.isfinite(d).all() else None
+            return [cls(pattern, d, lu, -1 - threading.get_ident())]
         jobs = []
         for d in rows:
             w = next(_next_worker) % len(_workers)
@@ -243,16 +253,39 @@ _workers = [concurrent.futures.ThreadPoolExecutor(max_workers=1,
 _next_worker = itertools.count()
 
 
+# factors made on a calling thread (an XLA worker) and let go on another:
+# released the next time their thread factors (a thread of XLA's pools lives
+# as long as the process and keeps calling back)
+_pending: dict[int, list] = {}
+_pending_lock = threading.Lock()
+
+
+def _release_here() -> None:
+    """Releases the factors this thread made that others let go."""
+    me = threading.get_ident()
+    if me in _pending:
+        with _pending_lock:
+            box = _pending.pop(me, [])
+        box.clear()
+
+
 def _drop_on_worker(factored: list[_Factored]) -> None:
     """Releases the SuperLU objects of `factored`, each on the thread that
-    made it."""
+    made it (now if that is this one)."""
     boxes: dict[int, list] = {}
     for f in factored:
         if f.lu is not None:
             boxes.setdefault(f.worker, []).append(f.lu)
         f.lu = None
+    me = -1 - threading.get_ident()
     for w, box in boxes.items():
-        _workers[w].submit(box.clear)  # the last references go on that worker
+        if w >= 0:
+            _workers[w].submit(box.clear)  # the last references go on that worker
+        elif w == me:
+            box.clear()
+        else:
+            with _pending_lock:
+                _pending.setdefault(-1 - w, []).extend(box)
 
 
 def _factor_one(pattern, d: np.ndarray):
@@ -597,7 +630,7 @@ def each_example(h: np.ndarray, d: np.ndarray, b: np.ndarray):
     return batch, [(int(hi), di, bi) for hi, di, bi in zip(hs, ds, bs)]
 
 
-def newton_solve(pattern, handle, data, b, *, keep: bool, uses: int | None):
+def newton_solve(pattern, handle, data, b, *, keep: bool, uses: int | None, fresh=None):
     """One Newton step's linear solve `A d = b` (A on `pattern` with values
     `data`), factoring `A` on the host: returns `(d, ok, handle)`.
 
@@ -607,8 +640,24 @@ def newton_solve(pattern, handle, data, b, *, keep: bool, uses: int | None):
     released; `uses` counts the solves that will read the last one (None:
     kept until the store's bound pushes it out). `ok` is False where `A` is
     exactly singular or the step is not finite. Leading batch axes (a `map`
-    of root solves) are looped over, in one host call."""
-    def one(h, d, bb):
+    of root solves) are looped over, in one host call.
+
+    `fresh` (a traced bool, the chord method): where False and `handle` is
+    a factor, solve with it (`data` are then the values it factored: made
+    again from them if the store let it go) instead of factoring `data`."""
+    def one(h, d, bb, fr):
+        if not fr and h > 0:
+            got = _store.get(h)
+            lu = None if got is None else got[1]
+            if lu is None:  # let go: the same values, factored again
+                made = _Factored.make(pattern, d)
+                if made.lu is None:
+                    _drop_on_worker([made])
+                    return np.zeros_like(bb), False, h
+                _store.put([h], [made], uses if uses != 0 else None)
+                lu = made.lu
+            x = _lu_solve(lu, bb, False)
+            return x, bool(np.isfinite(x).all()), h
         if h > 0:
             _store.discard(int(h))
         made = _Factored.make(pattern, d)
@@ -617,23 +666,25 @@ def newton_solve(pattern, handle, data, b, *, keep: bool, uses: int | None):
             return np.zeros_like(bb), False, 0
         x = _lu_solve(made.lu, bb, False)
         ok = bool(np.isfinite(x).all())
-        if keep and ok:
+        if keep and (ok or fresh is not None):
             new = _store.new_handle()
-            _store.put([new], [made], uses)
+            _store.put([new], [made], uses if uses != 0 else None)
             return x, ok, new
         _drop_on_worker([made])
         return x, ok, 0
 
-    def host(h, d, bb):
-        if h.ndim == 0 and d.ndim == 1 and bb.ndim == 1:
-            x, ok, new = one(int(h), d, bb)
+    def host(h, d, bb, fr):
+        if h.ndim == 0 and d.ndim == 1 and bb.ndim == 1 and fr.ndim == 0:
+            x, ok, new = one(int(h), d, bb, bool(fr))
             return x, np.asarray(ok), np.asarray(new, np.int32)
         batch, examples = each_example(h, d, bb)
-        res = [one(*ex) for ex in examples]
+        frs = np.broadcast_to(fr, batch).reshape(-1)
+        res = [one(*ex, bool(f)) for ex, f in zip(examples, frs)]
         return (np.stack([r[0] for r in res]).reshape(batch + bb.shape[-1:]),
                 np.array([r[1] for r in res]).reshape(batch),
                 np.array([r[2] for r in res], np.int32).reshape(batch))
 
+    fresh = jnp.ones((), bool) if fresh is None else fresh
     return host_call(host, (jax.ShapeDtypeStruct(b.shape, b.dtype),
                             jax.ShapeDtypeStruct((), jnp.bool_),
-                            jax.ShapeDtypeStruct((), jnp.int32)), handle, data, b)
+                            jax.ShapeDtypeStruct((), jnp.int32)), handle, data, b, fresh)
