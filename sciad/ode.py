@@ -222,8 +222,12 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
         - `"checkpoint"` (the default): the discrete adjoint of the steps
           taken, the exact gradient of the computed solution (to rounding;
           to the Newton tolerance for implicit solvers), consistent with
-          forward mode. The steps are re-run on the recorded step grid,
-          and their reverse pass stores states as `checkpoints` says.
+          forward mode. Where the states at every step fit in 64 MiB
+          (`max_steps + 1` states; `checkpoints=None`), the forward pass
+          records them and the reverse pass re-runs each step once from its
+          state for its linearisation. Otherwise the steps are re-run on the
+          recorded step grid, and their reverse pass stores states as
+          `checkpoints` says.
         - `"interpolated"`: the continuous adjoint equation solved backwards
           against the forward solution interpolated (cubic Hermite) from
           its states at every step, which the forward pass stores
@@ -244,8 +248,9 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       to 64 states or above a fifth of fill, else sparse).
     - `checkpoints`: the states the checkpointed reverse pass stores evenly
       over the steps of each output interval, re-running the steps between
-      them (`sd.Segments`). None: as many as 64 MiB holds, at least about
-      sqrt(max_steps); a small system then stores every step.
+      them (`sd.Segments`). None: every step's state, recorded by the
+      forward pass, where they fit in 64 MiB; else as many as 64 MiB
+      holds, at least about sqrt(max_steps).
     - `throw`: raise `sciad.errors.ConvergenceError` when the integration
       fails (the step limit, a collapsed step size, a non-finite state),
       naming the time reached, the last step size and a diagnosis. With

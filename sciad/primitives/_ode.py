@@ -13,6 +13,9 @@ time. Its outputs are
   final time), and `marks`: for each output time, the number of steps taken
   to reach it (a step lands on each). The derivative rules read them; they
   carry no derivative.
+- `states` (for the interpolated adjoint, and the checkpointed one where
+  they fit its memory, `records_states`): the state at every step,
+  `(max_steps + 1, N)`, padded with zeros.
 
 Rules, each made of sciad nodes, so every order of differentiation holds:
 
@@ -23,13 +26,18 @@ Rules, each made of sciad nodes, so every order of differentiation holds:
   solution on its step grid. Tangents of the times: `dy(t_i) += f(t_i, y_i)
   dt_i`, and `dy0 -= f(t0, y0) dt0` for the initial time.
 - VJP, `adjoint="checkpoint"` (the default): the discrete adjoint of the
-  steps taken. The steps are re-run on the recorded grid: a `scan` over the
-  output intervals, each a `while` loop of Runge-Kutta steps of the
-  solver's tableau (an implicit stage is an `optimize.root` node, started
-  from the previous stage's slope), and the reverse pass is those loops'
-  (`while_adjoint`: two-level checkpointing over the steps taken). The gradient is
-  that of the computed solution to rounding for explicit solvers (to the
-  Newton tolerance for implicit ones), and agrees with the JVP.
+  steps taken. Where the states at every step fit `SNAPSHOT_BYTES`, the node
+  records them (a sixth output) and the reverse pass runs down the steps,
+  re-running each once from its state for its linearisation
+  (`_stored_vjp`). Otherwise the steps are re-run on the recorded grid: a
+  `scan` over the output intervals, each a `while` loop of Runge-Kutta
+  steps, and the reverse pass is those loops' (`while_adjoint`: two-level
+  checkpointing over the steps taken). A step is the solver's tableau in
+  sciad ops (`rk_step`; an implicit stage is an `optimize.root` node
+  solved by the chord method, started from the previous stage's slope).
+  The gradient is that of the computed solution to rounding for explicit
+  solvers (to the Newton tolerance for implicit ones), and agrees with the
+  JVP.
 - VJP, `adjoint="interpolated"` or `"backsolve"`: the continuous adjoint,
   `lambda' = -(df/dy)^T lambda`, solved backwards with the parameters'
   cotangents by `odeint` nodes (a scan over the output intervals). The
@@ -143,9 +151,21 @@ def _odeint_shape(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptiv
     i32 = np.dtype(np.int32)
     outs = (TensorType((ts.shape[0], n), y0.dtype), TensorType((), i32), TensorType((), i32),
             TensorType((max_steps + 1,), y0.dtype), TensorType((ts.shape[0],), i32))
-    if adjoint == "interpolated":  # the states at the step times
-        outs += (TensorType((max_steps + 1, n), y0.dtype),)
+    if records_states(adjoint, checkpoints, max_steps, error_size or n, y0.dtype.itemsize):
+        outs += (TensorType((max_steps + 1, n), y0.dtype),)  # the states at the step times
     return outs
+
+
+def records_states(adjoint: str, checkpoints, max_steps: int, n: int, itemsize: int) -> bool:
+    """Whether the node outputs its state at every step: for the interpolated
+    adjoint, and for the checkpointed one where they all fit its memory
+    (`snapshots_for`, `checkpoints` not set): its reverse pass then re-runs
+    each step once from its stored state, and never the whole solve. `n`:
+    the primal's size (a sensitivity system records as its primal does)."""
+    if adjoint == "interpolated":
+        return True
+    return adjoint == "checkpoint" and checkpoints is None and \
+        snapshots_for(max_steps, n, itemsize) >= max_steps
 
 
 def _diffrax_solver(solver: str, jac: str, pattern, rtol: float, atol: float):
@@ -265,7 +285,7 @@ def _odeint_impl(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptive
 
         inner = diffrax.PIDController(rtol=0.0, atol=1.0, norm=finite, dtmax=dt0)
     controller = diffrax.ClipStepSizeController(inner, step_ts=ts)
-    dense = adjoint == "interpolated"
+    dense = records_states(adjoint, checkpoints, max_steps, m, np.dtype(y0.dtype).itemsize)
     keep = lambda t, y, a: (t, jnp.max(jnp.abs(y[:m])), y if dense else None)  # noqa: E731
     saveat = diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts),
                                   diffrax.SubSaveAt(steps=True, fn=keep)])
@@ -442,8 +462,8 @@ def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, a
         # the first Newton iterate: the previous stage's slope carried over
         # (an explicit Euler predictor for a first stage)
         k0 = ks[-1] if ks else field_at(graph, consts, t, y)
-        z = optimize.root(stage, yi + (h * gamma) * k0, (yi, h * gamma, ti, w), jac=jac,
-                          tol=1e-12,
+        z = optimize.root(stage, yi + (h * gamma) * k0, (yi, h * gamma, ti, w),
+                          method="chord", jac=jac, tol=1e-12,
                           atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps)).x
         ks.append(field_at(graph, consts, ti, z))
     out = y
@@ -515,6 +535,81 @@ def _discrete_vjp(primals, outs, ct, params):
     g, closed, _ = trace_body(replay, types, name="replay")
     _, backward = vjp_eval(g, [*closed, *consts, y0])
     return backward([ct])[len(closed):]
+
+
+@functools.lru_cache(maxsize=128)
+def _step_graph(graph: Graph, solver: str, jac: str, rtol: float, atol: float) -> Graph:
+    """`(*consts, t, h, y) -> (y after one step of `solver`,)` (`rk_step`)."""
+    from ..graph._body import trace_body
+
+    *ctypes, ttype, ytype = graph.in_types
+    m = len(ctypes)
+
+    def step(*a):
+        return rk_step(graph, list(a[:m]), solver, a[m], a[m + 1], a[m + 2], jac, rtol, atol)
+
+    g, closed, _ = trace_body(step, list(ctypes) + [ttype, ttype, ytype], name="rk_step")
+    assert not closed
+    return g
+
+
+def _stored_vjp(primals, outs, ct, params):
+    """Cotangents of `(*consts, y0)`: the discrete adjoint of the steps taken,
+    linearised at the states the forward solve recorded at every step (its
+    `states` output): the steps' reverse passes in a reverse scan over the
+    output intervals, each a `while` loop down the interval's steps, adding
+    `ct[i]` at output time `i`. Each step is re-run once, from its stored
+    state, for its linearisation (an implicit stage's Newton solve)."""
+    from .. import numpy as snp
+    from ..graph import Tracer
+    from ..graph._autodiff import vjp_eval
+    from ._control import scan
+    from ._while import while_loop
+
+    *consts, y0, ts = primals
+    _, _, _, grid, marks, states = outs
+    step = _step_graph(params["graph"], params["solver"], params.get("jac", "dense"),
+                       params["rtol"], params["atol"])
+    n, dtype = y0.shape[0], type_of(y0).dtype
+    wanted = [isinstance(c, Tracer) and type_of(c).dtype.kind == "f" for c in consts]
+    shapes = [type_of(c).shape for c, w in zip(consts, wanted) if w]
+    sizes = [int(np.prod(sh, dtype=np.int64)) for sh in shapes]
+
+    def back(k, lam, acc):  # the reverse pass of step k
+        t = grid[k]
+        _, pullback = vjp_eval(step, [*consts, t, grid[k + 1] - t, states[k]])
+        bars = pullback([lam])
+        cb = [snp.zeros((sz,), dtype) if is_zero(b) else snp.reshape(b, (-1,))
+              for b, w, sz in zip(bars[:len(consts)], wanted, sizes + [0] * len(consts))
+              if w]
+        lam = snp.zeros((n,), dtype) if is_zero(bars[-1]) else bars[-1]
+        return lam, (acc + snp.concatenate(cb)) if cb else acc
+
+    def interval(carry, x):  # from output time i + 1 back to i, then ct[i]
+        lam, acc = carry
+        lo, hi, c = x
+
+        def body(s):
+            k, lam, acc = s
+            lam, acc = back(k, lam, acc)
+            return k - 1, lam, acc
+
+        _, lam, acc = while_loop(lambda s: s[0] >= lo, body, (hi - 1, lam, acc),
+                                 max_steps=params["max_steps"])
+        return (lam + c, acc), None
+
+    T = ts.shape[0]
+    init = (ct[T - 1], snp.zeros((sum(sizes),), dtype))
+    (lam, acc), _ = scan(interval, init, (marks[:-1], marks[1:], ct[:-1]), reverse=True)
+    bars, k = [], 0
+    for c, w in zip(consts, wanted):
+        if w:
+            size = type_of(c).size
+            bars.append(snp.reshape(acc[k:k + size], type_of(c).shape))
+            k += size
+        else:
+            bars.append(None)
+    return bars + [lam]
 
 
 def hermite(dense, grid, nsteps, graph: Graph, consts, t):
@@ -619,6 +714,8 @@ def _odeint_vjp(primals, outs, cts, **params):
     adjoint = params.get("adjoint", "checkpoint")
     if adjoint in ("backsolve", "interpolated"):
         bars = _continuous_vjp(primals, outs, ct, params, adjoint == "interpolated")
+    elif len(outs) == 6:  # the states at every step: each step re-run once
+        bars = _stored_vjp(primals, outs, ct, params)
     else:
         bars = _discrete_vjp(primals, outs, ct, params)
     bars = [None if b is None or is_zero(b) else b for b in bars]
