@@ -115,6 +115,33 @@ def test_odeint_jac_sparse_matches_dense():
                                np.asarray(solve(5.0, "dense")), rtol=1e-8, atol=1e-10)
 
 
+def test_the_factorization_is_kept_over_steps_and_results_do_not_depend_on_the_store(
+        monkeypatch):
+    """A step of the same `h gamma` solves with the last factorization (the
+    controller holds the step size where it would change it little): far
+    fewer factorizations than steps. The decision reads only the solve's own
+    state, and a factor the store let go is made again from its values, so
+    a solve gives the same result to the bit after other solves."""
+    from sciad.solvers import _sparse_direct as sdir
+
+    factored = []
+    make = sdir._factor_one
+    monkeypatch.setattr(sdir, "_factor_one", lambda *a: factored.append(1) or make(*a))
+
+    @sd.function
+    def solve(k):
+        return sd.ode.odeint(heat_sd, Y0, TS, k, solver="kvaerno5", rtol=1e-8, atol=1e-8,
+                             jac="sparse", throw=False)
+
+    first = solve(5.0)
+    steps, made = int(first.steps), len(factored)
+    assert int(first.status) == 0 and 0 < made < steps / 2, (made, steps)
+    solve(7.0)
+    for h in list(_ode._store.entries):  # as if other solves had pushed them out
+        _ode._store.discard(h)
+    np.testing.assert_array_equal(np.asarray(solve(5.0).ys), np.asarray(first.ys))
+
+
 @pytest.mark.slow
 def test_odeint_jac_sparse_matches_dense_with_derivatives():
     """`sd.ode.odeint(jac="sparse")`: the solution, its reverse-mode gradient
@@ -141,9 +168,6 @@ def test_odeint_jac_sparse_matches_dense_with_derivatives():
     _, dys = sd.jvp(functools.partial(solve, jac="sparse"), (5.0,), (1.0,))
     np.testing.assert_allclose(np.asarray(dys), dys_ref, rtol=1e-8, atol=1e-10)
 
-
-if __name__ == "__main__":  # pragma: no cover
-    pytest.main([__file__, "-v", "--durations=0"])
 
 
 def test_factors_made_and_let_go_on_different_threads_do_not_leak():
@@ -178,3 +202,7 @@ def test_factors_made_and_let_go_on_different_threads_do_not_leak():
     for pool in pools:
         pool.shutdown()
     assert grown < 40.0, f"{grown:.0f} MB kept by 200 released factors"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    pytest.main([__file__, "-v", "--durations=0"])

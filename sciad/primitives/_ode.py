@@ -175,12 +175,15 @@ def _diffrax_solver(solver: str, jac: str, pattern, rtol: float, atol: float):
     cls = _solver_class(solver)
     if not implicit:
         return cls()
+    chord = diffrax.VeryChord
     extra = {}
-    if jac == "sparse":
-        from ..solvers._ode import SparseNewtonSolver
+    if jac == "sparse":  # SuperLU, its factorization kept over steps
+        from ..solvers._ode import SparseNewtonSolver, patient_chord, reusing
 
         extra["linear_solver"] = SparseNewtonSolver(pattern)
-    return cls(root_finder=diffrax.VeryChord(rtol=rtol, atol=atol, kappa=NEWTON_KAPPA, **extra))
+        cls = reusing(cls, float(np.max(np.diag(_tableau(solver)[1]))))
+        chord = patient_chord()
+    return cls(root_finder=chord(rtol=rtol, atol=atol, kappa=NEWTON_KAPPA, **extra))
 
 
 @functools.lru_cache(maxsize=None)
@@ -272,7 +275,12 @@ def _odeint_impl(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptive
     norm = optx.rms_norm if m == n else (lambda e: optx.rms_norm(e[:m]))
     term = diffrax.ODETerm(lambda t, y, a: field(*a, t, y)[0])
     if adaptive and SOLVERS[solver][1]:  # PID gains for stiff problems: fewer rejections
-        inner = diffrax.PIDController(rtol=rtol, atol=atol, norm=norm, **STIFF_PID)
+        if jac == "sparse":  # a kept factorization fits a held step size
+            from ..solvers._ode import holding
+
+            inner = holding()(rtol=rtol, atol=atol, norm=norm, **STIFF_PID)
+        else:
+            inner = diffrax.PIDController(rtol=rtol, atol=atol, norm=norm, **STIFF_PID)
     elif adaptive:
         inner = diffrax.PIDController(rtol=rtol, atol=atol, norm=norm)
     else:  # constant steps of dt0 (shortened to land on the output times):
