@@ -75,9 +75,7 @@ class _Factored:
         self.nbytes = 0 if lu is None else int(lu.nnz) * (data.dtype.itemsize + 4)
         self.norm1, self.norm_inf = matrix_norms(pattern, data)
         self.rcond: float | None = None
-        # the SuperLU thread that made `lu` (and releases it): a worker's
-        # index, or -1 - the ident of the calling thread that made it
-        self.worker = worker
+        self.worker = worker  # the SuperLU thread that made `lu` (and releases it)
 
     @classmethod
     def make(cls, pattern, data: np.ndarray) -> "_Factored":
@@ -88,15 +86,7 @@ class _Factored:
     def make_many(cls, pattern, rows) -> list["_Factored"]:
         """Factors each of `rows` (the values of matrices on `pattern`), spread
         over the SuperLU threads: SuperLU releases the GIL, so a batch's
-        factorizations (and those of devices calling at once) run in parallel.
-        A single one is made on the calling thread: the hop to a worker and
-        back (0.2-0.6 ms, thread wake-ups) cost more than a time step's
-        factorization (0.15 ms at 512 unknowns)."""
-        _release_here()
-        if len(rows) == 1:
-            d = rows[0]
-            lu = _factor_one(pattern, d) if np.isfinite(d).all() else None
-            return [cls(pattern, d, lu, -1 - threading.get_ident())]
+        factorizations (and those of devices calling at once) run in parallel."""
         jobs = []
         for d in rows:
             w = next(_next_worker) % len(_workers)
@@ -231,6 +221,11 @@ def held() -> int:
 
 # SuperLU factorizations run on host threads of sciad's own, one executor of
 # one thread each, and each factor is dropped on the thread that made it.
+# (SciPy's SuperLU frees a factor's memory only on the Python thread state
+# that allocated it, which it records per thread state; XLA runs callbacks
+# on its own threads, each callback with a new thread state, so a factor
+# made in a callback is never given back: 0.27 MB per factorization at 512
+# unknowns when the ODE steps factored in their callbacks.)
 # XLA calls the callbacks from whichever worker thread runs them, and a
 # SuperLU factor released on another thread than the one that made it was
 # not given back (a pure-SciPy loop alternating two threads grew by one
@@ -253,39 +248,16 @@ _workers = [concurrent.futures.ThreadPoolExecutor(max_workers=1,
 _next_worker = itertools.count()
 
 
-# factors made on a calling thread (an XLA worker) and let go on another:
-# released the next time their thread factors (a thread of XLA's pools lives
-# as long as the process and keeps calling back)
-_pending: dict[int, list] = {}
-_pending_lock = threading.Lock()
-
-
-def _release_here() -> None:
-    """Releases the factors this thread made that others let go."""
-    me = threading.get_ident()
-    if me in _pending:
-        with _pending_lock:
-            box = _pending.pop(me, [])
-        box.clear()
-
-
 def _drop_on_worker(factored: list[_Factored]) -> None:
     """Releases the SuperLU objects of `factored`, each on the thread that
-    made it (now if that is this one)."""
+    made it."""
     boxes: dict[int, list] = {}
     for f in factored:
         if f.lu is not None:
             boxes.setdefault(f.worker, []).append(f.lu)
         f.lu = None
-    me = -1 - threading.get_ident()
     for w, box in boxes.items():
-        if w >= 0:
-            _workers[w].submit(box.clear)  # the last references go on that worker
-        elif w == me:
-            box.clear()
-        else:
-            with _pending_lock:
-                _pending.setdefault(-1 - w, []).extend(box)
+        _workers[w].submit(box.clear)  # the last references go on that worker
 
 
 def _factor_one(pattern, d: np.ndarray):
