@@ -102,7 +102,8 @@ odeint_p = Primitive("ode.odeint", multiple_results=True, runtime_checks=True, p
     "error_size": Param((int, None), default=None),
     "jac": Param(str, default="dense"), "pattern": Param((Pattern, None), default=None),
     "adjoint": Param(str, default="checkpoint"),
-    "checkpoints": Param((int, None), default=None), "throw": Param(bool, default=True)})
+    "checkpoints": Param((int, None), default=None), "throw": Param(bool, default=True),
+    "record": Param(bool, default=True)})
 #: `graph`: the vector field `(*consts, t, y) -> (dy/dt,)` on a flat `y`;
 #: `error_size`: the step-size control reads only the first `error_size`
 #: elements of the state (None: all; the sensitivity systems of the JVP set
@@ -111,13 +112,16 @@ odeint_p = Primitive("ode.odeint", multiple_results=True, runtime_checks=True, p
 #: `df/dy` detected from `graph`, values by colored JVPs, SuperLU);
 #: `adjoint`, `checkpoints`: the reverse mode (see the module docstring;
 #: `checkpoints` is the number of states the checkpointed one stores evenly
-#: over each output interval's steps, `sd.Segments`; None: `snapshots_for`)
+#: over each output interval's steps, `sd.Segments`; None: `snapshots_for`);
+#: `record`: the node outputs its step grid (and states): set False by `dce`
+#: where nothing reads them (a solve that is not differentiated), which
+#: spares the loop its recording
 
 
 @odeint_p.def_abstract_eval
 def _odeint_shape(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptive=True,
                   error_size=None, jac="dense", pattern=None, adjoint="checkpoint",
-                  checkpoints=None, throw=True):
+                  checkpoints=None, throw=True, record=True):
     op = "ode.odeint"
     *consts, y0, ts = args
     if solver not in SOLVERS:
@@ -149,8 +153,10 @@ def _odeint_shape(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptiv
         raise ShapeError(f"a sparse Jacobian needs an ({n}, {n}) pattern, got {pattern!r}.",
                          op=op)
     i32 = np.dtype(np.int32)
-    outs = (TensorType((ts.shape[0], n), y0.dtype), TensorType((), i32), TensorType((), i32),
-            TensorType((max_steps + 1,), y0.dtype), TensorType((ts.shape[0],), i32))
+    outs = (TensorType((ts.shape[0], n), y0.dtype), TensorType((), i32), TensorType((), i32))
+    if not record:
+        return outs
+    outs += (TensorType((max_steps + 1,), y0.dtype), TensorType((ts.shape[0],), i32))
     if records_states(adjoint, checkpoints, max_steps, error_size or n, y0.dtype.itemsize):
         outs += (TensorType((max_steps + 1, n), y0.dtype),)  # the states at the step times
     return outs
@@ -168,13 +174,15 @@ def records_states(adjoint: str, checkpoints, max_steps: int, n: int, itemsize: 
         snapshots_for(max_steps, n, itemsize) >= max_steps
 
 
-def _diffrax_solver(solver: str, jac: str, pattern, rtol: float, atol: float):
+def _diffrax_solver(solver: str, jac: str, pattern, rtol: float, atol: float, m: int):
+    """diffrax's solver for `solver`, tracking its last accepted step (of
+    the first `m` state elements: see `_tracking`)."""
     import diffrax
 
     implicit = SOLVERS[solver][1]
     cls = _solver_class(solver)
     if not implicit:
-        return cls()
+        return _tracking(cls, m)()
     chord = diffrax.VeryChord
     extra = {}
     if jac == "sparse":  # SuperLU, its factorization kept over steps
@@ -183,7 +191,36 @@ def _diffrax_solver(solver: str, jac: str, pattern, rtol: float, atol: float):
         extra["linear_solver"] = SparseNewtonSolver(pattern)
         cls = reusing(cls, float(np.max(np.diag(_tableau(solver)[1]))))
         chord = patient_chord()
-    return cls(root_finder=chord(rtol=rtol, atol=atol, kappa=NEWTON_KAPPA, **extra))
+    return _tracking(cls, m)(root_finder=chord(rtol=rtol, atol=atol, kappa=NEWTON_KAPPA,
+                                               **extra))
+
+
+@functools.lru_cache(maxsize=None)
+def _tracking(cls, m: int):
+    """`cls` keeping `(t, h, max |y[:m]|)` of its last step in its state:
+    diffrax keeps a step's solver state only when it accepts the step, so
+    the final state (`SaveAt(solver_state=True)`) tells the time reached,
+    the last accepted step size and the state's size there, for the
+    diagnosis of a failed solve, without recording every step (`max |y|` is
+    infinite before a first accepted step)."""
+    import jax.numpy as jnp
+
+    class Tracking(cls):
+        def init(self, terms, t0, t1, y0, args):
+            dt = jnp.result_type(y0)
+            return super().init(terms, t0, t1, y0, args), (
+                jnp.asarray(t0, dt), jnp.zeros((), dt), jnp.full((), jnp.inf, dt))
+
+        def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+            y1, err, dense, state, result = super().step(terms, t0, t1, y0, args,
+                                                         solver_state[0], made_jump)
+            dt = jnp.result_type(y0)
+            last = (jnp.asarray(t1, dt), jnp.asarray(t1 - t0, dt),
+                    jnp.max(jnp.abs(y1[:m])).astype(dt))
+            return y1, err, dense, (state, last), result
+
+    Tracking.__name__ = Tracking.__qualname__ = f"Tracking{cls.__name__}"
+    return Tracking
 
 
 @functools.lru_cache(maxsize=None)
@@ -261,7 +298,7 @@ def judge_ode(site, *, status, t_reached, h_last, steps, accepted, ymax, y0max, 
 @odeint_p.def_impl
 def _odeint_impl(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptive=True,
                  error_size=None, jac="dense", pattern=None, adjoint="checkpoint",
-                 checkpoints=None, throw=True, site=None):
+                 checkpoints=None, throw=True, record=True, site=None):
     import diffrax
     import jax.numpy as jnp
     import optimistix as optx
@@ -293,35 +330,38 @@ def _odeint_impl(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptive
 
         inner = diffrax.PIDController(rtol=0.0, atol=1.0, norm=finite, dtmax=dt0)
     controller = diffrax.ClipStepSizeController(inner, step_ts=ts)
-    dense = records_states(adjoint, checkpoints, max_steps, m, np.dtype(y0.dtype).itemsize)
-    keep = lambda t, y, a: (t, jnp.max(jnp.abs(y[:m])), y if dense else None)  # noqa: E731
-    saveat = diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts),
-                                  diffrax.SubSaveAt(steps=True, fn=keep)])
-    sol = diffrax.diffeqsolve(term, _diffrax_solver(solver, jac, pattern, rtol, atol),
+    dense = record and records_states(adjoint, checkpoints, max_steps, m,
+                                      np.dtype(y0.dtype).itemsize)
+    subs = [diffrax.SubSaveAt(ts=ts)]
+    if record:  # the accepted steps' times (and states)
+        subs.append(diffrax.SubSaveAt(steps=True, fn=lambda t, y, a: (t, y if dense else None)))
+    # (the last accepted step, for the diagnosis: in the solver's state)
+    sol = diffrax.diffeqsolve(term, _diffrax_solver(solver, jac, pattern, rtol, atol, m),
                               t0=ts[0], t1=ts[-1], dt0=dt0, y0=y0, args=tuple(consts),
-                              saveat=saveat, stepsize_controller=controller,
-                              max_steps=max_steps, throw=False,
-                              adjoint=diffrax.ForwardMode())
-    ys, (tsteps, ymaxs, ysteps) = sol.ys
+                              saveat=diffrax.SaveAt(subs=subs, solver_state=True),
+                              stepsize_controller=controller, max_steps=max_steps,
+                              throw=False, adjoint=diffrax.ForwardMode())
+    ys = sol.ys[0]
+    t_reached, h_last, ymax = sol.solver_state[1]
     accepted = sol.stats["num_accepted_steps"].astype(jnp.int32)
     steps = sol.stats["num_steps"].astype(jnp.int32)
     R = diffrax.RESULTS
     status = jnp.select([sol.result == R.successful, sol.result == R.max_steps_reached,
                          sol.result == R.dt_min_reached], [0, 1, 2], 5).astype(jnp.int32)
     status = jnp.where(jnp.any(jnp.diff(ts) <= 0), 4, status)
-    done = jnp.isfinite(tsteps)
     status = jnp.where((status == 0) & ~jnp.all(jnp.isfinite(ys)), 3, status)
+    if throw:
+        ys = tie(ys, check(judge_ode, site or Site("ode.odeint"), when=status != 0,
+                           status=status, t_reached=t_reached, h_last=h_last, steps=steps,
+                           accepted=accepted, ymax=ymax, y0max=jnp.max(jnp.abs(y0[:m])),
+                           t0=ts[0], t1=ts[-1], solver=solver, max_steps=max_steps))
+    if not record:
+        return ys, status, accepted
+    tsteps, ysteps = sol.ys[1]
+    done = jnp.isfinite(tsteps)
     grid = jnp.concatenate([ts[:1], jnp.where(done, tsteps, ts[-1])])
     valid = jnp.where(jnp.arange(grid.shape[0]) <= accepted, grid, jnp.inf)
     marks = jnp.minimum(jnp.searchsorted(valid, ts), accepted).astype(jnp.int32)
-    if throw:
-        last = jnp.maximum(accepted - 1, 0)
-        ys = tie(ys, check(judge_ode, site or Site("ode.odeint"), when=status != 0,
-                           status=status, t_reached=grid[accepted],
-                           h_last=grid[accepted] - grid[last], steps=steps, accepted=accepted,
-                           ymax=jnp.where(accepted > 0, ymaxs[last], jnp.inf),
-                           y0max=jnp.max(jnp.abs(y0[:m])), t0=ts[0], t1=ts[-1],
-                           solver=solver, max_steps=max_steps))
     if not dense:
         return ys, status, accepted, grid, marks
     states = jnp.concatenate([y0[None], jnp.where(done[:, None], ysteps, 0.0)])
@@ -408,12 +448,12 @@ def _odeint_jvp(primals, tangents, **params):
     extra = [t for t in dconsts if not is_zero(t)]
     p = _params(params, graph=aug, error_size=params.get("error_size") or n,
                 pattern=_augmented_pattern(params, aug))
-    ys_aug, status, steps, grid, marks, *dense = odeint_p.bind(
-        *consts, *extra, snp.concatenate([y0, dy0]), ts, **p)
+    ys_aug, *more = odeint_p.bind(*consts, *extra, snp.concatenate([y0, dy0]), ts, **p)
     ys, dys = ys_aug[:, :n], ys_aug[:, n:]
     if not is_zero(dts):
         dys = dys + _fields_at(graph, consts, ts, ys) * dts[:, None]
-    rest = [status, steps, grid, marks]
+    # status, steps (and the grid and marks where recorded), the states
+    rest, dense = (more[:4], more[4:]) if params.get("record", True) else (more, [])
     outs = [ys, *rest] + [d[:, :n] for d in dense]
     return outs, [dys] + [Zero(type_of(o).update()) for o in rest] + [d[:, n:] for d in dense]
 
@@ -718,6 +758,9 @@ def _odeint_vjp(primals, outs, cts, **params):
     ct = cts[0]
     if is_zero(ct):
         return [None] * len(primals)
+    if not params.get("record", True):  # (a node `dce` spared the recording)
+        params = {k: v for k, v in params.items() if k != "record"}
+        outs = odeint_p.bind(*primals, **params)
     graph = params["graph"]
     adjoint = params.get("adjoint", "checkpoint")
     if adjoint in ("backsolve", "interpolated"):
@@ -737,6 +780,15 @@ def _odeint_vjp(primals, outs, cts, **params):
     if ybar0 is not None:
         tbar = tbar - snp.where(snp.arange(ts.shape[0]) == 0, snp.sum(F[0] * ybar0), 0.0)
     return bars + [tbar]
+
+
+@odeint_p.def_dce
+def _odeint_dce(node, used):
+    # nothing reads the step grid, marks or states (no reverse pass): the
+    # loop need not record its steps
+    if not node.params.get("record", True) or any(used[3:]):
+        return None
+    return node.replace(outputs=node.outputs[:3], params={**node.params, "record": False})
 
 
 @odeint_p.def_sparsity
