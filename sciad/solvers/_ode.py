@@ -261,7 +261,6 @@ def reusing(cls, gamma: float):
     factors again; a rejected step's state is dropped. The decision reads
     only the solver's state: a solve's result never depends on other
     solves."""
-    import diffrax
 
     class Reusing(cls):
         def init(self, terms, t0, t1, y0, args):
