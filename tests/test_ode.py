@@ -280,15 +280,21 @@ def test_reverse_mode_reruns_each_step_once_or_replays_with_checkpoints():
 def test_a_solve_nothing_differentiates_records_no_steps():
     """`dce` (in every compiled program) sets `record=False` on a solve
     whose step grid and states nothing reads: its loop records no steps, and
-    the node has three outputs. A graph holding such a node still
-    differentiates (the reverse rule solves again, recording)."""
-    from sciad.graph._body import inline
-
+    the node has three outputs."""
     graph = sd.trace(lambda th: loss(th, Y0, TS), THETA)
     fast = sd.graph.passes.optimize(graph)
     (node,) = [n for n in _nodes(fast) if n.primitive.name == "ode.odeint"]
     assert node.params["record"] is False and len(node.outputs) == 3
     assert float(sd.graph.evaluate(fast, THETA)[0]) == float(sd.graph.evaluate(graph, THETA)[0])
+
+
+@pytest.mark.slow
+def test_a_node_that_records_no_steps_still_differentiates():
+    """The reverse rule meeting a `record=False` node solves again,
+    recording."""
+    from sciad.graph._body import inline
+
+    fast = sd.graph.passes.optimize(sd.trace(lambda th: loss(th, Y0, TS), THETA))
     np.testing.assert_allclose(np.asarray(sd.grad(lambda th: inline(fast, [th])[0])(THETA)),
                                np.asarray(sd.grad(lambda th: loss(th, Y0, TS))(THETA)),
                                rtol=1e-12)
