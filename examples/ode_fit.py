@@ -29,7 +29,7 @@ sequence, which move the solution by about the tolerance: the Brusselator
 is solved at rtol 1e-8, so that those jumps stay below the Taylor test's
 smallest remainders.
 
-Run: `python examples/ode_fit.py` (about a minute on two cores); `--n 32`
+Run: `python examples/ode_fit.py` (about 80 s on two cores); `--n 32`
 for a quicker reaction-diffusion part, `--plot out.png` for the figure
 (needs matplotlib: `pip install -e ".[plot]"`).
 """

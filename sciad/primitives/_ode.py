@@ -648,6 +648,14 @@ def _stored_vjp(primals, outs, ct, params):
     T = ts.shape[0]
     init = (ct[T - 1], snp.zeros((sum(sizes),), dtype))
     (lam, acc), _ = scan(interval, init, (marks[:-1], marks[1:], ct[:-1]), reverse=True)
+    return _unflatten_cotangents(acc, consts, wanted) + [lam]
+
+
+def _unflatten_cotangents(acc, consts, wanted) -> list:
+    """The consts' cotangents accumulated flat in `acc` (those `wanted`, in
+    order; None for the others)."""
+    from .. import numpy as snp
+
     bars, k = [], 0
     for c, w in zip(consts, wanted):
         if w:
@@ -656,7 +664,7 @@ def _stored_vjp(primals, outs, ct, params):
             k += size
         else:
             bars.append(None)
-    return bars + [lam]
+    return bars
 
 
 def hermite(dense, grid, nsteps, graph: Graph, consts, t):
@@ -736,16 +744,7 @@ def _continuous_vjp(primals, outs, ct, params, interpolated: bool):
         return snp.concatenate([S[:lead], S[lead:lead + n] + c, S[lead + n:]]), None
 
     S, _ = scan(interval, S, (ts[:-1], ts[1:], ct[:-1]), reverse=True)
-    lam0, acc = S[lead:lead + n], S[lead + n:]
-    cbars, k = [], 0
-    for c, w in zip(consts, wanted):
-        if w:
-            size = type_of(c).size
-            cbars.append(snp.reshape(acc[k:k + size], type_of(c).shape))
-            k += size
-        else:
-            cbars.append(None)
-    return cbars + [lam0]
+    return _unflatten_cotangents(S[lead + n:], consts, wanted) + [S[lead:lead + n]]
 
 
 @odeint_p.def_vjp
