@@ -105,7 +105,7 @@ def test_auto_choice_is_visible_in_the_graph(rng):
 
 
 @pytest.mark.parametrize("solver,assume", [
-    ("lu", None), ("lu", "symmetric"), ("cholesky", "spd"),
+    ("lu", None), pytest.param("lu", "symmetric", marks=pytest.mark.slow), ("cholesky", "spd"),
     # the same rules as the direct solvers'; checking them op by op through
     # lineax's loops takes ~20 s
     pytest.param("gmres", None, marks=pytest.mark.slow)])

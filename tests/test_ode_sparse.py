@@ -101,45 +101,36 @@ def test_kvaerno5_with_the_sparse_solver_matches_the_dense_root_finder():
     assert _ode.held() <= 8 + 1  # hundreds of steps, a few factors kept
 
 
-def test_odeint_jac_sparse_matches_dense():
+def test_odeint_jac_sparse_matches_dense_and_keeps_its_factorization(monkeypatch):
     """The solution of `sd.ode.odeint(jac="sparse")`, whose node shows the
-    detected pattern, against `jac="dense"`."""
-    def solve(k, jac):
+    detected pattern, against `jac="dense"`. A step of the same `h gamma`
+    solves with the last factorization (the controller holds the step size
+    where it would change it little): far fewer factorizations than steps.
+    The decision reads only the solve's own state, and a factor the store
+    let go is made again from its values, so a solve gives the same result
+    to the bit after other solves."""
+    from sciad.solvers import _sparse_direct as sdir
+
+    def solve(k, jac, throw=True):
         return sd.ode.odeint(heat_sd, Y0, TS, k, solver="kvaerno5", rtol=1e-8, atol=1e-8,
-                             jac=jac)
+                             jac=jac, throw=throw)
 
     graph = sd.trace(functools.partial(solve, jac="sparse"), 5.0)
     (node,) = [n for n in graph.nodes if n.primitive.name == "ode.odeint"]
     assert node.params["jac"] == "sparse" and node.params["pattern"].nnz == 3 * 16 - 2
-    np.testing.assert_allclose(np.asarray(solve(5.0, "sparse")),
-                               np.asarray(solve(5.0, "dense")), rtol=1e-8, atol=1e-10)
-
-
-def test_the_factorization_is_kept_over_steps_and_results_do_not_depend_on_the_store(
-        monkeypatch):
-    """A step of the same `h gamma` solves with the last factorization (the
-    controller holds the step size where it would change it little): far
-    fewer factorizations than steps. The decision reads only the solve's own
-    state, and a factor the store let go is made again from its values, so
-    a solve gives the same result to the bit after other solves."""
-    from sciad.solvers import _sparse_direct as sdir
-
     factored = []
     make = sdir._factor_one
     monkeypatch.setattr(sdir, "_factor_one", lambda *a: factored.append(1) or make(*a))
-
-    @sd.function
-    def solve(k):
-        return sd.ode.odeint(heat_sd, Y0, TS, k, solver="kvaerno5", rtol=1e-8, atol=1e-8,
-                             jac="sparse", throw=False)
-
-    first = solve(5.0)
+    sparse = sd.function(lambda k: solve(k, "sparse", throw=False))
+    first = sparse(5.0)
     steps, made = int(first.steps), len(factored)
     assert int(first.status) == 0 and 0 < made < steps / 2, (made, steps)
-    solve(7.0)
+    np.testing.assert_allclose(np.asarray(first.ys), np.asarray(solve(5.0, "dense")),
+                               rtol=1e-8, atol=1e-10)
+    sparse(7.0)
     for h in list(_ode._store.entries):  # as if other solves had pushed them out
         _ode._store.discard(h)
-    np.testing.assert_array_equal(np.asarray(solve(5.0).ys), np.asarray(first.ys))
+    np.testing.assert_array_equal(np.asarray(sparse(5.0).ys), np.asarray(first.ys))
 
 
 @pytest.mark.slow

@@ -128,7 +128,8 @@ def test_sparse_matrix_as_argument_and_result(rng):
     np.testing.assert_allclose(np.asarray(gA.data), 2 * r[rows] * x[cols], rtol=1e-12)
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize("dtype", [pytest.param(np.float64, marks=pytest.mark.slow),
+                                   np.complex128])
 def test_rules_of_a_composite_sparse_function(rng, dtype):
     M = _random_csr(rng, 6, 4, dtype=dtype)
     x = rng.standard_normal((4, 2)).astype(dtype)
