@@ -244,8 +244,12 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       constant stepping (`adaptive=False`).
     - `jac`: the Newton matrix `I - h gamma df/dy` of implicit solvers:
       `"dense"`, `"sparse"` (the pattern of `df/dy` detected from `f`'s
-      graph, values by colored JVPs, factored by SuperLU) or None (dense up
-      to 64 states or above a fifth of fill, else sparse).
+      graph, values by colored JVPs, factored by SuperLU, the factorization
+      kept over steps of the same size, for up to 20 steps: the step-size
+      controller holds the step where it would grow it by less than 1.2x) or
+      None (dense up to 64 states or above a fifth of fill, else sparse). A
+      stage's chord iterations stop as RADAU5's do, by their contraction
+      rate.
     - `checkpoints`: the states the checkpointed reverse pass stores evenly
       over the steps of each output interval, re-running the steps between
       them (`sd.Segments`). None: every step's state, recorded by the
