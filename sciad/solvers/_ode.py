@@ -29,8 +29,8 @@ result. Handles are never shared between batch elements or calls.
 
 Kept over steps (`reusing`, with `holding`'s step-size controller): as BDF
 codes do, a step of the same `h gamma` as the last factorization's solves
-with it (the Jacobian of an earlier state: chord iterations, which diffrax's
-`VeryChord` checks for convergence), for up to `MAX_AGE` steps. The
+with it (the Jacobian of an earlier state: chord iterations, stopped by
+their contraction rate, `patient_chord`), for up to `MAX_AGE` steps. The
 controller holds the step size where it would grow it by at most `HOLD`
 times, so that the kept factor fits; a failed Newton iteration fails the
 step, whose shorter retry factors anew.
