@@ -298,3 +298,25 @@ def test_a_node_that_records_no_steps_still_differentiates():
     np.testing.assert_allclose(np.asarray(sd.grad(lambda th: inline(fast, [th])[0])(THETA)),
                                np.asarray(sd.grad(lambda th: loss(th, Y0, TS))(THETA)),
                                rtol=1e-12)
+
+
+def test_a_param_the_field_does_not_differentiate_beside_one_it_does():
+    """`args` with an int array, a float vector whose cotangent is a
+    symbolic zero (read only through `stop_gradient`) and a scalar: each
+    param's cotangent keeps its own size in the adjoint's flat accumulator
+    (the stored-states adjoint once sized them out of order)."""
+    def f(t, y, p):
+        k, a, b = p
+        return -b * y * snp.astype(k, y.dtype)[0] + snp.sum(sd.stop_gradient(a)) * 0.0
+
+    ts = np.linspace(0.0, 1.0, 3)
+
+    def loss(a, b):
+        ys = sd.ode.odeint(f, np.array([1.0, 2.0]), ts, (np.array([1]), a, b), rtol=1e-10,
+                           atol=1e-12)
+        return snp.sum(ys ** 2)
+
+    ga, gb = sd.grad(loss, argnums=(0, 1))(np.array([0.3, 0.4]), 0.5)
+    np.testing.assert_array_equal(np.asarray(ga), np.zeros(2))
+    want = np.sum(-2.0 * ts * 5.0 * np.exp(-2.0 * 0.5 * ts))  # y = y0 exp(-b t)
+    np.testing.assert_allclose(float(gb), want, rtol=1e-8)

@@ -608,7 +608,6 @@ def _stored_vjp(primals, outs, ct, params):
     `ct[i]` at output time `i`. Each step is re-run once, from its stored
     state, for its linearisation (an implicit stage's Newton solve)."""
     from .. import numpy as snp
-    from ..graph import Tracer
     from ..graph._autodiff import vjp_eval
     from ._control import scan
     from ._while import while_loop
@@ -618,17 +617,14 @@ def _stored_vjp(primals, outs, ct, params):
     step = _step_graph(params["graph"], params["solver"], params.get("jac", "dense"),
                        params["rtol"], params["atol"])
     n, dtype = y0.shape[0], type_of(y0).dtype
-    wanted = [isinstance(c, Tracer) and type_of(c).dtype.kind == "f" for c in consts]
-    shapes = [type_of(c).shape for c, w in zip(consts, wanted) if w]
-    sizes = [int(np.prod(sh, dtype=np.int64)) for sh in shapes]
+    ctypes = [type_of(c) for c in consts]
+    wanted = _wanted(consts)
 
     def back(k, lam, acc):  # the reverse pass of step k
         t = grid[k]
         _, pullback = vjp_eval(step, [*consts, t, grid[k + 1] - t, states[k]])
         bars = pullback([lam])
-        cb = [snp.zeros((sz,), dtype) if is_zero(b) else snp.reshape(b, (-1,))
-              for b, w, sz in zip(bars[:len(consts)], wanted, sizes + [0] * len(consts))
-              if w]
+        cb = _flat_cotangents(bars, ctypes, wanted, dtype)
         lam = snp.zeros((n,), dtype) if is_zero(bars[-1]) else bars[-1]
         return lam, (acc + snp.concatenate(cb)) if cb else acc
 
@@ -646,9 +642,26 @@ def _stored_vjp(primals, outs, ct, params):
         return (lam + c, acc), None
 
     T = ts.shape[0]
-    init = (ct[T - 1], snp.zeros((sum(sizes),), dtype))
+    init = (ct[T - 1], snp.zeros((sum(t.size for t, w in zip(ctypes, wanted) if w),), dtype))
     (lam, acc), _ = scan(interval, init, (marks[:-1], marks[1:], ct[:-1]), reverse=True)
     return _unflatten_cotangents(acc, consts, wanted) + [lam]
+
+
+def _wanted(consts) -> list:
+    """Which consts the adjoints accumulate cotangents for: the traced real
+    float ones."""
+    from ..graph import Tracer
+
+    return [isinstance(c, Tracer) and type_of(c).dtype.kind == "f" for c in consts]
+
+
+def _flat_cotangents(bars, ctypes, wanted, dtype) -> list:
+    """The `wanted` consts' cotangents among `bars`, each flat (zeros for a
+    symbolic zero), in order: one step's share of the flat accumulator."""
+    from .. import numpy as snp
+
+    return [snp.zeros((t.size,), dtype) if is_zero(b) else snp.reshape(b, (-1,))
+            for b, t, w in zip(bars, ctypes, wanted) if w]
 
 
 def _unflatten_cotangents(acc, consts, wanted) -> list:
@@ -692,7 +705,6 @@ def _continuous_vjp(primals, outs, ct, params, interpolated: bool):
     re-integrated backwards with the adjoint ("backsolve"), or interpolated
     from the forward solve's states at its steps ("interpolated")."""
     from .. import numpy as snp
-    from ..graph import Tracer
     from ..graph._autodiff import vjp_eval
     from ..graph._body import trace_body
     from ._control import scan
@@ -701,7 +713,7 @@ def _continuous_vjp(primals, outs, ct, params, interpolated: bool):
     ys, _, nsteps, grid, _, *dense = outs
     graph = params["graph"]
     n = y0.shape[0]
-    wanted = [isinstance(c, Tracer) and type_of(c).dtype.kind == "f" for c in consts]
+    wanted = _wanted(consts)
     ctypes = [type_of(c) for c in consts]
     sizes = [t.size for t, w in zip(ctypes, wanted) if w]
     dtype = type_of(y0).dtype
@@ -718,8 +730,7 @@ def _continuous_vjp(primals, outs, ct, params, interpolated: bool):
             y, lam = S[:n], S[n:2 * n]
         (f,), back = vjp_eval(graph, [*cs, t, y])
         bars = back([lam])
-        cbars = [snp.reshape(b, (-1,)) if not is_zero(b) else snp.zeros((t_.size,), dtype)
-                 for b, w, t_ in zip(bars[:m], wanted, ctypes) if w]
+        cbars = _flat_cotangents(bars[:m], ctypes, wanted, dtype)
         ybar = bars[-1] if not is_zero(bars[-1]) else snp.zeros((n,), dtype)
         return snp.concatenate(([] if interpolated else [-f]) + [ybar, *cbars])
 
