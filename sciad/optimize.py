@@ -525,8 +525,6 @@ def default_tol(dtype) -> float:
     return max(1e-10, 1e3 * float(np.finfo(dtype).eps))
 
 
-
-
 def _is_array(x) -> bool:
     """A leaf of `args` that is a value (an operand of the node), not a static
     object the residual reads (a problem description, a callable)."""

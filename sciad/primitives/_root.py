@@ -228,11 +228,9 @@ def _root_impl(*args, graph, kind, method, jac, pattern=None, colors=0, tol, ato
 
     x = jnp.reshape(x0, (-1,))
     if kind == "root":
-        chord = method == "chord"
         linear = linear_solver(jac, pattern, lambda *a: jacobian(*consts, *a), x, uses=uses,
-                               chord=chord)
-        res = _nonlinear.newton(F, x, linear, tol=tol, atol=atol, maxiter=maxiter,
-                                chord=chord)
+                               chord=method == "chord")
+        res = _nonlinear.newton(F, x, linear, tol=tol, atol=atol, maxiter=maxiter)
     else:  # the map G(x) = F(x) + x
         res = _nonlinear.anderson(lambda x: F(x) + x, x, memory=memory, tol=tol, atol=atol,
                                   maxiter=maxiter)

@@ -12,11 +12,11 @@ solves of implicit ODE steps) call them too. The Jacobian's handling is a
 - `dense_lu(matrix)`: `J = matrix(x)` (`jax.jacfwd`), LU in the program;
 - `gmres(jvp, rtol)`: matrix-free, GMRES (lineax) on `v -> J(x) v`.
 
-Each returns the step and whether the solve succeeded. `newton(...,
-chord=True)` keeps a factorization over iterations (the chord method): it
-factors `J` at the first iterate, and again only after an iteration that
-did not at least halve `||F||` (or whose step failed), so a good start
-costs one factorization and a few solves.
+Each returns the step and whether the solve succeeded. A sparse or dense
+LU made with `chord=True` keeps its factorization over Newton's iterations
+(the chord method): it factors `J` at the first iterate, and again only
+after an iteration that did not at least halve `||F||` (or whose step
+failed), so a good start costs one factorization and a few solves.
 
 The loops never raise:
 they return the iterate, the iteration count, the residual's max-norm and a
@@ -58,14 +58,14 @@ class LinearSolve(NamedTuple):
     aux)`. `aux` is what the solver threads through the iterations (for a
     sparse LU, the handle of the factor it keeps, 0 for none, and the values
     it factored); `init` is its first value, `handle(aux)` the kept
-    factor's handle. `fresh` (a traced bool): factor `J(x)` anew; else the
-    solver may solve with the factor in `aux` (the chord method), where it
-    has one."""
+    factor's handle. `fresh` (a traced bool): factor `J(x)` anew; else a
+    `chord` solver solves with the factor in `aux` (see `newton`)."""
 
     solve: Callable
     name: str
     init: Any = 0
     handle: Callable = lambda aux: jnp.zeros((), jnp.int32)
+    chord: bool = False
 
 
 def _norm(v):
@@ -110,7 +110,7 @@ def sparse_lu(pattern, values: Callable, dtype, *, keep: bool = False,
         return d, ok, (handle, data)
 
     init = (jnp.zeros((), jnp.int32), jnp.zeros((pattern.nnz,), dtype))
-    return LinearSolve(solve, "sparse LU", init, lambda aux: aux[0])
+    return LinearSolve(solve, "sparse LU", init, lambda aux: aux[0], chord)
 
 
 def dense_lu(matrix: Callable, n: int, dtype, *, chord: bool = False) -> LinearSolve:
@@ -132,7 +132,7 @@ def dense_lu(matrix: Callable, n: int, dtype, *, chord: bool = False) -> LinearS
         return d, ok, (lu, piv) if chord else aux
 
     init = (jnp.zeros((n, n), dtype), jnp.zeros((n,), jnp.int32)) if chord else 0
-    return LinearSolve(solve, "dense LU", init)
+    return LinearSolve(solve, "dense LU", init, chord=chord)
 
 
 def gmres(jvp: Callable, rtol: float, maxiter: int | None = None) -> LinearSolve:
@@ -178,13 +178,14 @@ def _status(fn_new, goal, slow):
 
 
 def newton(F: Callable, x0, linear: LinearSolve, *, tol: float, atol: float,
-           maxiter: int, chord: bool = False) -> Result:
+           maxiter: int) -> Result:
     """Newton's method on `F(x) = 0` with a backtracking (Armijo) line search
     on `||F||^2 / 2`: stops when `||F(x)||_inf <= max(atol, tol *
-    ||F(x0)||_inf)`. With `chord`, the Jacobian's factorization is kept while
-    each iteration at least halves `||F||_inf` (`CHORD_RATE`); an iteration
-    with a kept factor whose step fails (singular, or no descent) is retried
-    with a fresh one, so only a fresh factor's failure ends the solve."""
+    ||F(x0)||_inf)`. With a `chord` linear solver, the Jacobian's
+    factorization is kept while each iteration at least halves `||F||_inf`
+    (`CHORD_RATE`); an iteration with a kept factor whose step fails
+    (singular, or no descent) is retried with a fresh one, so only a fresh
+    factor's failure ends the solve."""
     f0 = F(x0)
     goal, status0 = _start(f0, tol, atol)
 
@@ -216,7 +217,7 @@ def newton(F: Callable, x0, linear: LinearSolve, *, tol: float, atol: float,
         new_status = jnp.where(~ok, SINGULAR, jnp.where(~accepted, LINE_SEARCH,
                                                         _status(fn_new, goal, slow)))
         keep = ok & accepted
-        if chord:  # a kept factor's failure is retried with a fresh one
+        if linear.chord:  # a kept factor's failure is retried with a fresh one
             new_status = jnp.where(keep | fresh, new_status, MAXITER).astype(jnp.int32)
             fresh = ~keep | (fn_new > CHORD_RATE * fn_old)
         x = jnp.where(keep, xt, x)

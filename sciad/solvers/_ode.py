@@ -131,13 +131,7 @@ def _solve_one(pattern, handle: int, d: np.ndarray, b: np.ndarray, transpose: bo
     `b` and the solution."""
     if handle == IDENTITY:
         return b.copy()
-    got = _store.get(handle)
-    if got is None:  # pushed out: factor again, under the same handle
-        f = _sparse_direct._Factored.make(pattern, d)
-        _store.put([handle], [f], None)
-        lu = f.lu
-    else:
-        lu = got[1]
+    lu = _store.get_or_make(pattern, handle, d, None)[1]  # (made again if let go)
     if lu is None:  # exactly singular, or not finite
         return np.full(b.shape, np.nan, b.dtype)
     if conj:

@@ -171,6 +171,18 @@ class _Store:
             entry = self.entries.get(handle)
             return None if entry is None else (entry[0], entry[0].lu)
 
+    def get_or_make(self, pattern, handle: int, data: np.ndarray, uses: int | None):
+        """`(factored, its SuperLU object, kept)`: `handle`'s factor as `get`
+        gives it (kept True), or, where the store let it go, `data` (the
+        values it factored) factored again and stored under `handle`, with
+        `uses` (kept False), so a result never depends on the store."""
+        got = self.get(handle)
+        if got is not None:
+            return got[0], got[1], True
+        f = _Factored.make(pattern, data)
+        self.put([handle], [f], uses)
+        return f, f.lu, False
+
     def used(self, *handles: int) -> None:
         """One solve of each of `handles` ran: release those whose last use it was."""
         dropped = []
@@ -471,13 +483,8 @@ def _solve_checked(pattern, handle: int, d: np.ndarray, b: np.ndarray, transpose
     estimate below `eps`, all finite). The residual is measured with the
     values `d` the node reads, so a factor of another matrix would show as
     a large backward error."""
-    got = _store.get(handle)
-    if got is None:  # released or pushed out: factor again, kept until `used`
-        f = _Factored.make(pattern, d)
-        _store.put([handle], [f], 1)
-        lu = f.lu
-    else:
-        f, lu = got
+    # (released or pushed out: factored again, kept until `used`)
+    f, lu, kept = _store.get_or_make(pattern, handle, d, 1)
     if lu is None:
         return _no_factor(b)
     x = _lu_solve(lu, b, transpose)
@@ -485,7 +492,7 @@ def _solve_checked(pattern, handle: int, d: np.ndarray, b: np.ndarray, transpose
         return x, None
 
     x, eta, rel, refined = _refine(pattern, f, lu, d, b, x, transpose, refine_above)
-    if not eta <= refine_above and eta == eta and got is not None:
+    if not eta <= refine_above and eta == eta and kept:
         # a kept factor of another matrix (a Newton iteration's, reused at
         # the root) that refinement could not bring close: factor the
         # matrix itself, for this solve and the handle's later ones
@@ -619,15 +626,9 @@ def newton_solve(pattern, handle, data, b, *, keep: bool, uses: int | None, fres
     again from them if the store let it go) instead of factoring `data`."""
     def one(h, d, bb, fr):
         if not fr and h > 0:
-            got = _store.get(h)
-            lu = None if got is None else got[1]
-            if lu is None:  # let go: the same values, factored again
-                made = _Factored.make(pattern, d)
-                if made.lu is None:
-                    _drop_on_worker([made])
-                    return np.zeros_like(bb), False, h
-                _store.put([h], [made], uses if uses != 0 else None)
-                lu = made.lu
+            lu = _store.get_or_make(pattern, h, d, uses if uses != 0 else None)[1]
+            if lu is None:  # exactly singular, or not finite
+                return np.zeros_like(bb), False, h
             x = _lu_solve(lu, bb, False)
             return x, bool(np.isfinite(x).all()), h
         if h > 0:
