@@ -61,7 +61,6 @@ _tree = jax.tree_util
 _OP = "ode.odeint"
 
 
-
 def _check_times(ts, op: str):
     """Trace-time checks of concrete output times."""
     if isinstance(ts, Tracer):

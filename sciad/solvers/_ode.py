@@ -232,11 +232,12 @@ HOLD = 1.2
 
 def newton_values(pattern, field, t, y, hg):
     """The values of `I - hg df/dy` at `(t, y)` on `pattern` (with its
-    diagonal), from one JVP of `field(t, y)` per color."""
-    seeds, where, eye = _structure(pattern)
-    products = jax.vmap(lambda v: jax.jvp(lambda z: field(t, z), (y,), (v,))[1])(
-        jnp.asarray(seeds, y.dtype))
-    return jnp.asarray(eye, y.dtype) - hg * products[where, pattern.rows]
+    diagonal), from one JVP of `field(t, y)` per color (`colored_values`)."""
+    from ..graph._sparsity import coloring
+    from ._nonlinear import colored_values
+
+    jacobian = colored_values(lambda z: field(t, z), pattern, coloring(pattern))(y)
+    return jnp.asarray(_structure(pattern)[2], y.dtype) - hg * jacobian
 
 
 @functools.lru_cache(maxsize=None)
