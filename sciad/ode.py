@@ -53,7 +53,7 @@ from ._traceback import api_boundary
 from .errors import DTypeError, ShapeError
 from .graph import Tracer
 from .graph._autodiff import type_of
-from .primitives._ode import ADJOINTS, FIXED_ONLY, SOLVERS
+from .primitives._ode import ADJOINTS, FIXED_ONLY, IMEX, SOLVERS
 
 __all__ = ["odeint", "solve_ivp", "ODEResult", "SOLVERS"]
 
@@ -87,7 +87,7 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
     from . import numpy as snp
     from .graph._body import trace_body
     from .optimize import _split_args
-    from .primitives._ode import odeint_p
+    from .primitives._ode import odeint_p, part_of
     from ._sparse_jacobian import newton_jacobian
 
     leaves, ytree = _tree.tree_flatten(y0, is_leaf=lambda v: isinstance(v, Tracer))
@@ -118,20 +118,30 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
     values, _, rebuild = _split_args(args)
     vals = [snp.asarray(a) for a in values]
 
-    def field(*a):
-        *ls, t, y = a
-        out = f(t, unflatten(y), rebuild(ls))
+    def flat_value(fn, t, y, a, name):  # fn(t, y, a), checked, as a flat state
+        out = fn(t, y, a)
         outs, otree = _tree.tree_flatten(out, is_leaf=lambda v: isinstance(v, Tracer))
         if otree != ytree:
-            raise ShapeError(f"`f` must return a pytree like y0 ({ytree}), got {otree}.",
-                             op=op)
+            raise ShapeError(f"`{name}` must return a pytree like y0 ({ytree}), got "
+                             f"{otree}.", op=op)
         outs = [snp.asarray(o) for o in outs]
         for o, shape in zip(outs, shapes):
             if type_of(o).shape != shape:
-                raise ShapeError(f"`f` must return arrays of y0's shapes {shapes}, got "
+                raise ShapeError(f"`{name}` must return arrays of y0's shapes {shapes}, got "
                                  f"{[type_of(o).shape for o in outs]}.", op=op)
         outs = [snp.reshape(snp.astype(o, dtype), (-1,)) for o in outs]
         return snp.concatenate(outs) if len(outs) > 1 else outs[0]
+
+    imex = solver in IMEX
+
+    def field(*a):  # [dy/dt], or an IMEX solver's [non-stiff part, stiff part]
+        *ls, t, y = a
+        y, a = unflatten(y), rebuild(ls)
+        if not isinstance(f, tuple):
+            out = flat_value(f, t, y, a, "f")
+            return [snp.zeros_like(out), out] if imex else [out]
+        parts = [flat_value(fn, t, y, a, name) for fn, name in zip(f, ("f[0]", "f[1]"))]
+        return parts if imex else [parts[0] + parts[1]]
 
     scalar = type_of(snp.zeros((), dtype))
     graph, consts, _ = trace_body(field, [type_of(v) for v in vals] +
@@ -142,8 +152,8 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
     pattern = None
     if not SOLVERS[solver][1]:  # explicit: no Newton systems
         jac = "dense"
-    else:  # Newton matrices I - h gamma df/dy
-        jac, pattern = newton_jacobian(graph, jac, identity=True)
+    else:  # Newton matrices I - h gamma df/dy (of an IMEX field's stiff part)
+        jac, pattern = newton_jacobian(part_of(graph, -1), jac, identity=True)
     params = dict(graph=graph, solver=solver, rtol=float(rtol), atol=float(atol),
                   max_steps=int(max_steps), adaptive=bool(adaptive), jac=jac,
                   adjoint=adjoint, throw=bool(throw))
@@ -206,7 +216,11 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
     **Arguments:**
 
     - `f`: the vector field `f(t, y, args)`, written with sciad ops, returning a
-      pytree like `y`.
+      pytree like `y`; or a pair `(f_nonstiff, f_stiff)` of such functions,
+      whose sum is the field. The IMEX solvers step the first part
+      explicitly and the second implicitly (their Newton systems hold only
+      its Jacobian); other solvers step the sum. An IMEX solver given one
+      function treats all of it as stiff.
     - `y0`: the initial state, a pytree of real float arrays.
     - `ts`: the output times, strictly increasing; `ts[0]` is the initial
       time. Concrete times are checked when traced; traced ones (to
@@ -215,7 +229,11 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
     - `solver`: explicit `"tsit5"` (the default), `"dopri5"`, `"dopri8"`,
       `"bosh3"`, `"heun"`, `"euler"` (constant steps only); stiff
       (ESDIRK): `"kvaerno3"`, `"kvaerno4"`, `"kvaerno5"`,
-      `"implicit_euler"`.
+      `"implicit_euler"`; IMEX (additive Runge-Kutta, for a stiff part such
+      as diffusion beside a non-stiff one such as reactions or advection):
+      `"kencarp3"`, `"kencarp4"`, `"kencarp5"`. The continuous adjoints
+      integrate an IMEX problem's summed field with the Kvaerno method of
+      the same order.
     - `rtol`, `atol`: the local error tolerances of the step-size control.
     - `adjoint`: reverse mode:
         - `"checkpoint"` (the default): the discrete adjoint of the steps
@@ -267,8 +285,14 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
     from ._transforms import _in_trace
 
     op = _OP
-    if not callable(f):
-        raise DTypeError(f"`f` must be a function, got {type(f).__name__}.", op=op)
+    if isinstance(f, list):
+        f = tuple(f)
+    if not (callable(f) or (isinstance(f, tuple) and len(f) == 2
+                            and all(callable(g) for g in f))):
+        what = (f"a {len(f)}-tuple of {', '.join(type(g).__name__ for g in f)}"
+                if isinstance(f, tuple) else type(f).__name__)
+        raise DTypeError(f"`f` must be a function, or a pair of functions (its non-stiff "
+                         f"and stiff parts, for the IMEX solvers), got {what}.", op=op)
     solver, adaptive = _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive,
                                       checkpoints, op)
     _check_times(ts, op)
@@ -283,9 +307,16 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
 def _odeint_eager(f, y0, ts, args, kw):
     from .optimize import compiled_call
 
-    ys, status, steps = compiled_call(
-        lambda f, y0, ts, args: _odeint_inline(f, y0, ts, args, **kw), f,
-        (y0, np.asarray(ts)), args, key=(_OP, tuple(sorted(kw.items()))), name="odeint")
+    key = (_OP, tuple(sorted(kw.items())))
+    if isinstance(f, tuple):  # a split field: compiled once per first part and
+        # second (which the cache entry holds, so its id is not reused)
+        second = f[1]
+        key, f = key + (id(second),), f[0]
+        inline = (lambda g, y0, ts, args: _odeint_inline((g, second), y0, ts, args, **kw))
+    else:
+        inline = (lambda g, y0, ts, args: _odeint_inline(g, y0, ts, args, **kw))
+    ys, status, steps = compiled_call(inline, f, (y0, np.asarray(ts)), args, key=key,
+                                      name="odeint")
     return ys if kw["throw"] else ODEResult(ys, int(status), int(steps))
 
 

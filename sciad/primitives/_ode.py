@@ -3,7 +3,9 @@ derivative rules.
 
 The node holds the vector field as a closed body `(*consts, t, y) -> (dy/dt,)`
 on a flat state `y` of `N` elements, and its operands are `(*consts, y0,
-ts)`. It lowers to `diffrax.diffeqsolve` (diffrax steps, controls the step
+ts)`. For the IMEX solvers (`IMEX`, the KenCarp methods) the body has two
+outputs, the non-stiff and the stiff part of `dy/dt`, whose sum is the
+field: the first is stepped explicitly, the second implicitly. It lowers to `diffrax.diffeqsolve` (diffrax steps, controls the step
 size and detects failure), with the steps clipped to land on every output
 time. Its outputs are
 
@@ -67,7 +69,14 @@ SOLVERS = {
     "bosh3": ("Bosh3", False), "heun": ("Heun", False), "euler": ("Euler", False),
     "kvaerno3": ("Kvaerno3", True), "kvaerno4": ("Kvaerno4", True),
     "kvaerno5": ("Kvaerno5", True), "implicit_euler": ("ImplicitEuler", True),
+    "kencarp3": ("KenCarp3", True), "kencarp4": ("KenCarp4", True),
+    "kencarp5": ("KenCarp5", True),
 }
+#: IMEX solvers (additive Runge-Kutta: an explicit tableau for the first
+#: part of the field, an ESDIRK one for the second, stiff part), and the
+#: ESDIRK solver of the same order that the continuous adjoints integrate
+#: the summed field with
+IMEX = {"kencarp3": "kvaerno3", "kencarp4": "kvaerno4", "kencarp5": "kvaerno5"}
 #: solvers without an embedded error estimate: constant steps only
 FIXED_ONLY = ("euler",)
 ADJOINTS = ("checkpoint", "backsolve", "interpolated")
@@ -140,9 +149,11 @@ def _odeint_shape(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptiv
     if tuple(graph.in_types) != tuple(consts) + (scalar, y0):
         raise ShapeError("the vector field's graph does not take the node's operands.", op=op)
     outs = graph.out_types
-    if len(outs) != 1 or outs[0] != y0:
-        raise ShapeError(f"the vector field must return one array like y ({y0}), got "
-                         f"{', '.join(map(str, outs))}.", op=op)
+    parts = 2 if solver in IMEX else 1
+    if len(outs) != parts or any(o != y0 for o in outs):
+        what = "two arrays (its non-stiff and stiff parts)" if parts == 2 else "one array"
+        raise ShapeError(f"the vector field of {solver} must return {what} like y ({y0}), "
+                         f"got {', '.join(map(str, outs))}.", op=op)
     if not (rtol > 0 and atol >= 0) or max_steps < 1 or (dt0 is not None and not dt0 > 0):
         raise ShapeError(f"needs rtol > 0, atol >= 0, max_steps >= 1 and dt0 > 0, got "
                          f"rtol={rtol}, atol={atol}, max_steps={max_steps}, dt0={dt0}.",
@@ -186,7 +197,7 @@ def _diffrax_solver(solver: str, jac: str, pattern, rtol: float, atol: float, m:
     extra = {}
     if jac == "sparse":  # SuperLU, its factorization kept over steps
         extra["linear_solver"] = SparseNewtonSolver(pattern)
-        cls = reusing(cls, float(np.max(np.diag(_tableau(solver)[1]))))
+        cls = reusing(cls, float(np.max(np.diag(_tableaus(solver)[1][-1]))))
     # (stages stop as RADAU5's do: diffrax's VeryChord fails a stage not
     # converged after two iterations, and so rejects steps a chord iteration
     # would have finished: 67 steps against 26 for a stiff heat equation)
@@ -305,11 +316,12 @@ def _odeint_impl(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptive
     from ..graph import Site, lower
 
     *consts, y0, ts = args
-    field = lower(graph)
     n = y0.shape[0]
     m = n if error_size is None else error_size
     norm = optx.rms_norm if m == n else (lambda e: optx.rms_norm(e[:m]))
-    term = diffrax.ODETerm(lambda t, y, a: field(*a, t, y)[0])
+    terms = [diffrax.ODETerm(lambda t, y, a, part=lower(part_of(graph, i)): part(*a, t, y)[0])
+             for i in range(len(graph.outputs))]
+    term = terms[0] if len(terms) == 1 else diffrax.MultiTerm(*terms)
     if adaptive and SOLVERS[solver][1]:  # PID gains for stiff problems: fewer rejections
         if jac == "sparse":  # a kept factorization fits a held step size
             from ..solvers._ode import holding
@@ -380,7 +392,9 @@ def _params(params: dict, **changes) -> dict:
 
 @functools.lru_cache(maxsize=128)
 def _sensitivity_body(graph: Graph, nonzero: tuple) -> Graph:
-    """`(*consts, *dconsts[nonzero], t, [y, dy]) -> ([f, (df/dy) dy + (df/dc) dc],)`."""
+    """`(*consts, *dconsts[nonzero], t, [y, dy]) -> ([f, (df/dy) dy + (df/dc) dc],)`;
+    for each of an IMEX field's parts (their split kept: the stiff part's
+    sensitivity is stepped implicitly with it)."""
     from .. import numpy as snp
     from ..graph._body import trace_body
 
@@ -393,9 +407,9 @@ def _sensitivity_body(graph: Graph, nonzero: tuple) -> Graph:
         dconsts = [rest.pop(0) if nz else Zero(t.update()) for nz, t in zip(nonzero, ctypes)]
         t, Y = rest
         y, dy = Y[:n], Y[n:]
-        (f,), (df,) = jvp_eval(graph, [*consts, t, y], [*dconsts, Zero(ttype.update()), dy])
-        df = snp.zeros_like(f) if is_zero(df) else df
-        return snp.concatenate([f, df])
+        fs, dfs = jvp_eval(graph, [*consts, t, y], [*dconsts, Zero(ttype.update()), dy])
+        return [snp.concatenate([f, snp.zeros_like(f) if is_zero(df) else df])
+                for f, df in zip(fs, dfs)]
 
     types = list(ctypes) + [t for nz, t in zip(nonzero, ctypes) if nz] + \
         [ttype, TensorType((2 * n,), ytype.dtype)]
@@ -405,10 +419,27 @@ def _sensitivity_body(graph: Graph, nonzero: tuple) -> Graph:
 
 
 def field_at(graph: Graph, consts, t, y):
-    """The vector field at one `(t, y)`, emitted into the current trace."""
+    """The vector field at one `(t, y)`, emitted into the current trace (the
+    sum of an IMEX field's parts)."""
     from ..graph._body import inline
 
-    return inline(graph, [*consts, t, y])[0]
+    first, *rest = inline(graph, [*consts, t, y])
+    for part in rest:
+        first = first + part
+    return first
+
+
+@functools.lru_cache(maxsize=256)
+def part_of(graph: Graph, i: int) -> Graph:
+    """The body of the field's part `i` alone (`graph` itself for a field of
+    one part; `-1`: the stiff part, whose Jacobian the Newton systems
+    hold)."""
+    from ..graph._body import permute
+    from ..graph._passes import dce
+
+    if len(graph.outputs) == 1:
+        return graph
+    return dce(permute(graph, outputs=[i % len(graph.outputs)]))
 
 
 def _fields_at(graph: Graph, consts, ts, ys):
@@ -425,7 +456,7 @@ def _augmented_pattern(params: dict, g: Graph):
         return None
     from .._sparse_jacobian import newton_jacobian
 
-    return newton_jacobian(g, "sparse", identity=True)[1]
+    return newton_jacobian(part_of(g, -1), "sparse", identity=True)[1]
 
 
 @odeint_p.def_jvp
@@ -461,62 +492,74 @@ def _odeint_jvp(primals, tangents, **params):
 # reverse mode
 
 
-def _tableau(solver: str):
-    """`(c, A, b)` of the solver's Runge-Kutta method (A lower triangular,
-    its diagonal nonzero for implicit stages)."""
+@functools.lru_cache(maxsize=None)
+def _tableaus(solver: str):
+    """`(c, As, b)` of the solver's Runge-Kutta method: one matrix `A` (lower
+    triangular, its diagonal nonzero for implicit stages) per part of the
+    field, the explicit one and then the implicit one for an IMEX method
+    (whose parts share `c` and `b`)."""
     import diffrax
 
     if solver == "implicit_euler":
-        return np.array([1.0]), np.array([[1.0]]), np.array([1.0])
+        return np.array([1.0]), (np.array([[1.0]]),), np.array([1.0])
     tab = getattr(diffrax, SOLVERS[solver][0]).tableau
-    s = len(tab.b_sol)
-    A = np.zeros((s, s))
-    for i, row in enumerate(tab.a_lower, start=1):
-        A[i, :i] = row
-    if tab.a_diagonal is not None:
-        A[np.diag_indices(s)] = tab.a_diagonal
-    c = np.concatenate([[tab.c1], tab.c])
-    return c, A, np.asarray(tab.b_sol)
+    tabs = tab.tableaus if isinstance(tab, diffrax.MultiButcherTableau) else (tab,)
+    s = len(tabs[0].b_sol)
+    As = []
+    for t in tabs:
+        A = np.zeros((s, s))
+        for i, row in enumerate(t.a_lower, start=1):
+            A[i, :i] = row
+        if t.a_diagonal is not None:
+            A[np.diag_indices(s)] = t.a_diagonal
+        As.append(A)
+        assert np.array_equal(t.b_sol, tabs[0].b_sol) and np.array_equal(t.c, tabs[0].c)
+    return np.concatenate([[tabs[0].c1], tabs[0].c]), tuple(As), np.asarray(tabs[0].b_sol)
 
 
 def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, atol: float):
     """One step of `solver`'s Runge-Kutta method from `(t, y)` with step `h`,
-    in sciad ops: an implicit stage is an `optimize.root` node."""
+    in sciad ops: an implicit stage is an `optimize.root` node. An IMEX
+    method's stages weigh the slopes of the field's parts by their own
+    tableaus, and solve for the stiff part only."""
     from .. import numpy as snp
     from .. import optimize
+    from ..graph._body import inline
     from ._stop_gradient import stop_gradient
 
-    c, A, b = _tableau(solver)
-    ks = []
+    c, As, b = _tableaus(solver)
+    stiff = part_of(graph, -1)
+    ks = []  # per stage: the slopes of the field's parts
     for i in range(len(b)):
         yi = y
         for j in range(i):
-            if A[i, j] != 0.0:
-                yi = yi + (h * float(A[i, j])) * ks[j]
+            for A, k in zip(As, ks[j]):
+                if A[i, j] != 0.0:
+                    yi = yi + (h * float(A[i, j])) * k
         ti = t + float(c[i]) * h
-        if A[i, i] == 0.0:
-            ks.append(field_at(graph, consts, ti, yi))
+        gamma = float(As[-1][i, i])
+        if gamma == 0.0:
+            ks.append(inline(graph, [*consts, ti, yi]))
             continue
-        gamma = float(A[i, i])
 
         def stage(z, yi, hg, ti, w):
-            return (z - yi - hg * field_at(graph, consts, ti, z)) * w
+            return (z - yi - hg * field_at(stiff, consts, ti, z)) * w
 
         # each equation scaled by its state's magnitude (floored by
         # atol/rtol), as the step-size control measures errors
         w = stop_gradient(1.0 / (snp.abs(yi) + max(atol / rtol, 1e-300)))
         eps = float(np.finfo(type_of(y).dtype).eps)
-        # the first Newton iterate: the previous stage's slope carried over
-        # (an explicit Euler predictor for a first stage)
-        k0 = ks[-1] if ks else field_at(graph, consts, t, y)
+        # the first Newton iterate: the previous stage's stiff slope carried
+        # over (an explicit Euler predictor for a first stage)
+        k0 = ks[-1][-1] if ks else field_at(stiff, consts, t, y)
         z = optimize.root(stage, yi + (h * gamma) * k0, (yi, h * gamma, ti, w),
                           method="chord", jac=jac, tol=1e-12,
                           atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps)).x
-        ks.append(field_at(graph, consts, ti, z))
+        ks.append(inline(graph, [*consts, ti, z]))
     out = y
     for i, bi in enumerate(b):
-        if bi != 0.0:
-            out = out + (h * float(bi)) * ks[i]
+        for k in ks[i] if bi != 0.0 else ():
+            out = out + (h * float(bi)) * k
     return out
 
 
@@ -728,8 +771,9 @@ def _continuous_vjp(primals, outs, ct, params, interpolated: bool):
             y, lam = hermite(*rest[:3], graph, cs, t), S[:n]
         else:
             y, lam = S[:n], S[n:2 * n]
-        (f,), back = vjp_eval(graph, [*cs, t, y])
-        bars = back([lam])
+        fs, back = vjp_eval(graph, [*cs, t, y])  # (an IMEX field: its parts summed)
+        f = fs[0] if len(fs) == 1 else fs[0] + fs[1]
+        bars = back([lam] * len(fs))
         cbars = _flat_cotangents(bars[:m], ctypes, wanted, dtype)
         ybar = bars[-1] if not is_zero(bars[-1]) else snp.zeros((n,), dtype)
         return snp.concatenate(([] if interpolated else [-f]) + [ybar, *cbars])
@@ -742,9 +786,10 @@ def _continuous_vjp(primals, outs, ct, params, interpolated: bool):
     assert not closed
     # (an implicit solver's Newton matrices: sparse if the forward's are, the
     # pattern detected from the adjoint system's own graph: f's transposed)
-    # (the forward's step settings: with constant steps, the same dt0)
+    # (the forward's step settings: with constant steps, the same dt0; an
+    # IMEX solver's summed field by the ESDIRK method of its order)
     p = _params(params, graph=g, error_size=None, pattern=_augmented_pattern(params, g),
-                adjoint="backsolve")
+                adjoint="backsolve", solver=IMEX.get(params["solver"], params["solver"]))
     T = ts.shape[0]
     S = snp.concatenate(([] if interpolated else [ys[T - 1]]) +
                         [ct[T - 1], snp.zeros((sum(sizes),), dtype)])
@@ -827,9 +872,9 @@ def _odeint_cost(node, body):
 
     p = node.params
     F = body(p["graph"])
-    c, A, b = _tableau(p["solver"])
+    c, As, b = _tableaus(p["solver"])
     n = node.inputs[-2].type.size
     per = len(b) * (F.flops + 4.0 * n)
     if SOLVERS[p["solver"]][1]:
-        per += float(np.count_nonzero(np.diag(A))) * (F.flops + 2.0 * n * n)
+        per += float(np.count_nonzero(np.diag(As[-1]))) * (F.flops + 2.0 * n * n)
     return Cost(per, F.peak, f"per step ({_si(per)})")

@@ -257,6 +257,8 @@ def reusing(cls, gamma: float):
     only the solver's state: a solve's result never depends on other
     solves."""
 
+    import diffrax
+
     class Reusing(cls):
         def init(self, terms, t0, t1, y0, args):
             inner = super().init(terms, t0, t1, y0, args)
@@ -271,8 +273,11 @@ def reusing(cls, gamma: float):
             hg = gamma * (t1 - t0)
             keep = (jnp.abs(hg - hg_kept) <= 1e-12 * jnp.abs(hg)) & (age < MAX_AGE)
 
+            # (an IMEX method's Newton systems hold its stiff, last, term)
+            stiff = terms.terms[-1] if isinstance(terms, diffrax.MultiTerm) else terms
+
             def fresh(_):
-                v = newton_values(linear.pattern, lambda t, z: terms.vf(t, z, args), t0, y0,
+                v = newton_values(linear.pattern, lambda t, z: stiff.vf(t, z, args), t0, y0,
                                   hg)
                 return v, _factor(linear.pattern, v)
 
@@ -332,13 +337,23 @@ def patient_chord():
 
     class PatientChord(diffrax.VeryChord):
         def terminate(self, fn, y, args, options, state, tags):
-            del fn, y, args, options, tags
+            del fn, args, options, tags
             two = state.step >= 2
             size = state.diffsize
             rate = size / state.diffsize_prev
             contracts = jnp.isfinite(rate) & (rate < 1)
             small = size < 10.0 ** (2 - jnp.finfo(size.dtype).precision)
-            done = two & (small | (contracts & (size * rate / (1 - rate) < self.kappa)))
+            # an update at the iterate's rounding level: the iterate cannot
+            # move, so its rate says nothing (KenCarp's stages iterate on
+            # h f, whose tolerance scale is atol: a linear stiff part
+            # converges in one iteration, and the second's rate of about 1
+            # had failed nearly every step of a heat equation)
+            dmax, ymax = (jnp.max(jnp.stack([jnp.max(jnp.abs(v)) for v in
+                                             jax.tree_util.tree_leaves(tree)]))
+                          for tree in (state.diff, y))
+            stuck = (state.step >= 1) & (dmax <= 16 * jnp.finfo(dmax.dtype).eps * ymax)
+            done = stuck | (two & (small | (contracts & (size * rate / (1 - rate)
+                                                          < self.kappa))))
             left = CHORD_ITERATIONS - state.step
             hopeless = ~contracts | (size * rate ** left / (1 - rate) > self.kappa)
             fail = two & ~done & hopeless
