@@ -550,7 +550,8 @@ def _split_args(args):
 
 
 def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: float,
-                 atol: float, maxiter: int, memory: int, throw: bool, op: str) -> RootResult:
+                 atol: float, maxiter: int, memory: int, throw: bool, op: str,
+                 jac0=None) -> RootResult:
     from . import numpy as snp
     from .graph._body import trace_body
     from .graph._sparsity import coloring
@@ -594,26 +595,59 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
         jac, pattern = newton_jacobian(graph, jac, identity=kind == "fixed_point")
     if jac == "sparse":
         colors = int(coloring(pattern).max(initial=-1)) + 1
-    outs = root_p.bind(*consts, *leaves, x0, graph=graph, kind=kind, method=method, jac=jac,
-                       pattern=pattern, colors=colors,
+    start = [] if jac0 is None else [_start_matrix(jac0, jac, pattern, tx, op)]
+    outs = root_p.bind(*consts, *leaves, x0, *start, graph=graph, kind=kind, method=method,
+                       jac=jac, pattern=pattern, colors=colors,
                        tol=float(default_tol(tx.dtype) if tol is None else tol), atol=float(atol),
-                       maxiter=int(maxiter), memory=int(memory), throw=bool(throw))
+                       maxiter=int(maxiter), memory=int(memory), throw=bool(throw),
+                       jac0=jac0 is not None)
     x, nit, residual, status = outs[:4]
     return RootResult(x, status == 0, nit, residual, status)
 
 
-def _root_call(fun: Callable, x0, args, op: str, **kw) -> RootResult:
+def _start_matrix(jac0, jac: str, pattern, tx, op: str):
+    """`root(jac0=...)`'s matrix as the node's operand: its values on the
+    detected pattern (sparse) or the dense matrix, without derivative."""
+    from . import numpy as snp
+    from . import sparse
+    from .primitives._stop_gradient import stop_gradient
+
+    n = tx.size
+    if sparse.issparse(jac0):
+        t = type_of(jac0)
+        if jac == "sparse" and t.pattern != pattern:
+            raise ShapeError(f"`jac0` must be on the Jacobian's detected pattern "
+                             f"({pattern.shape}, {pattern.nnz} entries), got {t.pattern.shape} "
+                             f"with {t.pattern.nnz}: build it from `fun` "
+                             f"(sd.sparse.jacobian), or pass a dense array.", op=op)
+        jac0 = sparse.data(jac0) if jac == "sparse" else sparse.todense(jac0)
+    else:
+        jac0 = snp.asarray(jac0)
+        if type_of(jac0).shape != (n, n):
+            raise ShapeError(f"`jac0` must be an ({n}, {n}) matrix (x has {n} elements), "
+                             f"got {type_of(jac0).str_short()}.", op=op)
+        if jac == "sparse":
+            jac0 = sparse.data(sparse.sample(jac0, pattern))
+    return stop_gradient(snp.astype(jac0, tx.dtype))
+
+
+def _root_call(fun: Callable, x0, args, op: str, jac0=None, **kw) -> RootResult:
     from ._transforms import _in_trace
 
     if not isinstance(args, tuple):
         args = (args,)
     if not callable(fun):
         raise DTypeError(f"`fun` must be a function, got {type(fun).__name__}.", op=op)
-    if _in_trace((x0, args)):
-        return _root_inline(fun, x0, args, op=op, **kw)
+    if jac0 is not None and kw["method"] != "chord":
+        raise ShapeError(f"`jac0` starts the chord method: it needs method='chord', got "
+                         f"{kw['method']!r}.", op=op)
+    if _in_trace((x0, args, jac0)):
+        return _root_inline(fun, x0, args, op=op, jac0=jac0, **kw)
+    leading = (x0,) if jac0 is None else (x0, jac0)
     x, success, nit, residual, status = compiled_call(
-        lambda fun, x0, args: tuple(_root_inline(fun, x0, args, op=op, **kw)), fun, (x0,),
-        args, key=(op, tuple(sorted(kw.items()))), name="root")
+        lambda fun, x0, *a: tuple(_root_inline(fun, x0, a[-1], op=op,
+                                               jac0=a[0] if len(a) == 2 else None, **kw)),
+        fun, leading, args, key=(op, jac0 is None, tuple(sorted(kw.items()))), name="root")
     return RootResult(x, bool(success), int(nit), float(residual), int(status))
 
 
@@ -639,7 +673,7 @@ def compiled_call(inline: Callable, fun: Callable, leading: tuple, args, *, key,
 @api_boundary
 def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = None,
          tol: float | None = None, atol: float = 0.0, maxiter: int = 50,
-         throw: bool = True) -> RootResult:
+         throw: bool = True, jac0=None) -> RootResult:
     """Solves `fun(x, *args) = 0`, as one differentiable node.
 
     The whole solve is one `optimize.root` node holding `fun`'s graph; it
@@ -682,6 +716,14 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
       and a diagnosis (iteration limit, singular Jacobian, failed line search,
       non-finite values, stagnation). With `throw=False` the result says so
       (`success`, `status`), and a derivative of a failed solve raises.
+    - `jac0` (the chord method): the matrix its first iterations solve with,
+      instead of the Jacobian at `x0`: a sparse matrix on the pattern
+      detected from `fun` (`sd.sparse.jacobian` of `fun` builds one) or a
+      dense `(n, n)` array, for instance a Jacobian at a nearby point. It is
+      factored again only where the iterations stop contracting. With
+      `jac="sparse"`, roots given the same matrix values share one
+      factorization (the stages of an implicit time step). No derivative
+      flows through it: the root's does not depend on it.
 
     **Returns:**
 
@@ -703,7 +745,7 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
         raise ShapeError("method='chord' keeps a factorization of the Jacobian: it needs "
                          "jac='sparse', 'dense' or None, got jac='gmres'.", op=_ROOT_OP)
     return _root_call(fun, x0, args, _ROOT_OP, kind="root", method=method, jac=jac,
-                      tol=tol, atol=atol, maxiter=maxiter, memory=0, throw=throw)
+                      tol=tol, atol=atol, maxiter=maxiter, memory=0, throw=throw, jac0=jac0)
 
 
 @api_boundary

@@ -134,21 +134,35 @@ def test_odeint_jac_sparse_matches_dense_and_keeps_its_factorization(monkeypatch
 
 
 @pytest.mark.slow
-def test_odeint_jac_sparse_matches_dense_with_derivatives():
+def test_odeint_jac_sparse_matches_dense_with_derivatives(monkeypatch):
     """`sd.ode.odeint(jac="sparse")`: the solution, its reverse-mode gradient
     (the discrete adjoint) and its forward mode (an odeint of the
     sensitivity system, whose Newton matrices are solved sparsely too)
     against the forward mode of `jac="dense"` (cheaper to compile than its
-    reverse mode; the two agree to ~1e-11)."""
-    def solve(k, jac):
+    reverse mode; the two agree to ~1e-11). The reverse pass's implicit
+    stages share one factorization per step (`root(jac0=...)`), not one
+    per stage."""
+    from sciad.solvers import _sparse_direct as sdir
+
+    def solve(k, jac, throw=True):
         return sd.ode.odeint(heat_sd, Y0, TS, k, solver="kvaerno5", rtol=1e-8, atol=1e-8,
-                             jac=jac)
+                             jac=jac, throw=throw)
 
     def loss(k):
         ys = solve(k, "sparse")
         return snp.sum(ys[-1] ** 2), ys
 
-    (_, ys), g = sd.value_and_grad(loss, has_aux=True)(5.0)
+    factored = []
+    make = sdir._factor_one
+    monkeypatch.setattr(sdir, "_factor_one", lambda *a: factored.append(1) or make(*a))
+    value_and_grad = sd.function(sd.value_and_grad(loss, has_aux=True))
+    value_and_grad(5.0)
+    factored.clear()
+    (_, ys), g = value_and_grad(5.0)
+    total = len(factored)
+    factored.clear()
+    steps = int(sd.function(lambda k: solve(k, "sparse", throw=False).steps)(5.0))
+    assert total - len(factored) <= 1.3 * steps, (total, len(factored), steps)
     ys_ref, dys_ref = (np.asarray(v) for v in
                        sd.jvp(functools.partial(solve, jac="dense"), (5.0,), (1.0,)))
     g_ref = np.sum(2 * ys_ref[-1] * dys_ref[-1])

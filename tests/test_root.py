@@ -82,6 +82,59 @@ def test_the_chord_method_factors_once_and_differentiates_as_newton(jac, rng, mo
         sd.optimize.root(diffusion, x0, (f,), method="chord", jac="gmres")
 
 
+def test_chord_roots_started_with_one_matrix_share_its_factorization(rng, monkeypatch):
+    """`jac0`: the chord's first matrix. Two roots given the same sparse
+    matrix (a Jacobian near both roots, as the stages of an implicit time
+    step are) factor it once between them; their roots and implicit
+    derivatives are Newton's. A dense `jac0` works too, and with a start
+    already at the root the derivative still reads the shared factor."""
+    from sciad.solvers import _sparse_direct as sdir
+
+    f = 20.0 + 5.0 * rng.standard_normal(N)
+    g = f * 1.02
+    x0 = np.asarray(sd.optimize.root(diffusion, np.zeros(N), (f,)).x)
+    factored = []
+    make = sdir._factor_one
+    monkeypatch.setattr(sdir, "_factor_one", lambda *a: factored.append(1) or make(*a))
+
+    def both(f, g, jac="sparse"):
+        J0 = sd.sparse.jacobian(lambda x: diffusion(x, f))(x0)
+        if jac == "dense":
+            J0 = sd.sparse.todense(J0)
+        a = sd.optimize.root(diffusion, x0 * 1.01, (f,), method="chord", jac="sparse", jac0=J0)
+        b = sd.optimize.root(diffusion, x0 * 0.99, (g,), method="chord", jac="sparse", jac0=J0)
+        return a.x, b.x, a.nit + b.nit
+
+    xa, xb, nit = sd.function(both)(f, g)
+    assert len(factored) == 1 and int(nit) >= 4, (len(factored), nit)
+    for x, rhs in ((xa, f), (xb, g)):
+        ref = sd.optimize.root(diffusion, np.zeros(N), (rhs,), jac="sparse")
+        np.testing.assert_allclose(np.asarray(x), np.asarray(ref.x), rtol=1e-9)
+    np.testing.assert_allclose(np.asarray(sd.function(lambda f, g: both(f, g, "dense"))(f, g)[0]),
+                               np.asarray(xa), rtol=1e-9)
+
+    def loss(f, start):  # (started at the root: no iteration, the factor shared)
+        J0 = sd.sparse.jacobian(lambda x: diffusion(x, f))(x0)
+        return snp.sum(sd.optimize.root(diffusion, start, (f,), method="chord",
+                                        jac="sparse", jac0=J0, atol=1e-9).x ** 2)
+
+    want = sd.grad(lambda f: snp.sum(sd.optimize.root(diffusion, np.zeros(N), (f,)).x ** 2))(f)
+    for start in (x0 * 1.01, x0):
+        np.testing.assert_allclose(np.asarray(sd.grad(loss)(f, start)), np.asarray(want),
+                                   rtol=1e-8)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(method="newton", jac0=np.eye(N)), "needs method='chord'"),
+    (dict(method="chord", jac="sparse", jac0=np.eye(N + 1)), r"must be an \(12, 12\) matrix"),
+    (dict(method="chord", jac="sparse", jac0=sd.sparse.from_dense(np.eye(N))),
+     "detected pattern"),
+])
+def test_a_wrong_jac0_is_refused(kw, match):
+    with pytest.raises(ShapeError, match=match):
+        sd.trace(lambda f: sd.optimize.root(diffusion, snp.zeros(N), (f,), **kw).x, np.ones(N))
+
+
 def test_the_detected_pattern_is_the_stencil_and_the_graph_shows_it():
     f = np.ones(N)
     graph = sd.trace(lambda f: sd.optimize.root(diffusion, snp.zeros(N), (f,),

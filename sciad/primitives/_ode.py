@@ -517,18 +517,31 @@ def _tableaus(solver: str):
     return np.concatenate([[tabs[0].c1], tabs[0].c]), tuple(As), np.asarray(tabs[0].b_sol)
 
 
-def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, atol: float):
+def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, atol: float,
+            y_next=None):
     """One step of `solver`'s Runge-Kutta method from `(t, y)` with step `h`,
     in sciad ops: an implicit stage is an `optimize.root` node. An IMEX
     method's stages weigh the slopes of the field's parts by their own
-    tableaus, and solve for the stiff part only."""
+    tableaus, and solve for the stiff part only. `y_next`, the step's
+    result where known (a recorded state), starts each implicit stage's
+    iterations from the cubic Hermite interpolant between `y` and it."""
     from .. import numpy as snp
-    from .. import optimize
+    from .. import optimize, sparse
     from ..graph._body import inline
     from ._stop_gradient import stop_gradient
 
     c, As, b = _tableaus(solver)
     stiff = part_of(graph, -1)
+
+    def stage(z, yi, hg, ti, w):
+        return (z - yi - hg * field_at(stiff, consts, ti, z)) * w
+
+    # each equation scaled by the step's state's magnitude (floored by
+    # atol/rtol), as the step-size control measures errors
+    w = stop_gradient(1.0 / (snp.abs(y) + max(atol / rtol, 1e-300)))
+    eps = float(np.finfo(type_of(y).dtype).eps)
+    jac0 = {}  # h gamma -> the stages' first chord matrix (sparse)
+    guesses = []  # with y_next: the field at the step's ends
     ks = []  # per stage: the slopes of the field's parts
     for i in range(len(b)):
         yi = y
@@ -541,20 +554,26 @@ def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, a
         if gamma == 0.0:
             ks.append(inline(graph, [*consts, ti, yi]))
             continue
-
-        def stage(z, yi, hg, ti, w):
-            return (z - yi - hg * field_at(stiff, consts, ti, z)) * w
-
-        # each equation scaled by its state's magnitude (floored by
-        # atol/rtol), as the step-size control measures errors
-        w = stop_gradient(1.0 / (snp.abs(yi) + max(atol / rtol, 1e-300)))
-        eps = float(np.finfo(type_of(y).dtype).eps)
-        # the first Newton iterate: the previous stage's stiff slope carried
-        # over (an explicit Euler predictor for a first stage)
-        k0 = ks[-1][-1] if ks else field_at(stiff, consts, t, y)
-        z = optimize.root(stage, yi + (h * gamma) * k0, (yi, h * gamma, ti, w),
+        if jac == "sparse" and gamma not in jac0:
+            # one matrix, at the step's start, for all the stages' chord
+            # iterations: the stages share its factorization (one per step,
+            # not one per stage), and their derivatives' transposed solves
+            # refine with it against the Jacobian at their roots
+            ys = stop_gradient(y)
+            jac0[gamma] = sparse.jacobian(stage)(ys, ys, h * gamma, t, w)
+        if y_next is not None:  # the first Newton iterate: interpolated
+            if not guesses:
+                guesses.append(stop_gradient(field_at(graph, consts, t, y)))
+                guesses.append(stop_gradient(field_at(graph, consts, t + h, y_next)))
+            z0 = _hermite_at(float(c[i]), h, stop_gradient(y), stop_gradient(y_next), *guesses)
+        else:  # the previous stage's stiff slope carried over (an explicit
+            # Euler predictor for a first stage)
+            k0 = ks[-1][-1] if ks else field_at(stiff, consts, t, y)
+            z0 = yi + (h * gamma) * k0
+        z = optimize.root(stage, z0, (yi, h * gamma, ti, w),
                           method="chord", jac=jac, tol=1e-12,
-                          atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps)).x
+                          atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps),
+                          jac0=jac0.get(gamma)).x
         ks.append(inline(graph, [*consts, ti, z]))
     out = y
     for i, bi in enumerate(b):
@@ -629,16 +648,20 @@ def _discrete_vjp(primals, outs, ct, params):
 
 @functools.lru_cache(maxsize=128)
 def _step_graph(graph: Graph, solver: str, jac: str, rtol: float, atol: float) -> Graph:
-    """`(*consts, t, h, y) -> (y after one step of `solver`,)` (`rk_step`)."""
+    """`(*consts, t, h, y, y_next) -> (y after one step of `solver`,)`
+    (`rk_step`; `y_next`, the recorded result, only starts the implicit
+    stages' iterations)."""
     from ..graph._body import trace_body
 
     *ctypes, ttype, ytype = graph.in_types
     m = len(ctypes)
 
     def step(*a):
-        return rk_step(graph, list(a[:m]), solver, a[m], a[m + 1], a[m + 2], jac, rtol, atol)
+        return rk_step(graph, list(a[:m]), solver, a[m], a[m + 1], a[m + 2], jac, rtol, atol,
+                       y_next=a[m + 3])
 
-    g, closed, _ = trace_body(step, list(ctypes) + [ttype, ttype, ytype], name="rk_step")
+    g, closed, _ = trace_body(step, list(ctypes) + [ttype, ttype, ytype, ytype],
+                              name="rk_step")
     assert not closed
     return g
 
@@ -665,10 +688,10 @@ def _stored_vjp(primals, outs, ct, params):
 
     def back(k, lam, acc):  # the reverse pass of step k
         t = grid[k]
-        _, pullback = vjp_eval(step, [*consts, t, grid[k + 1] - t, states[k]])
+        _, pullback = vjp_eval(step, [*consts, t, grid[k + 1] - t, states[k], states[k + 1]])
         bars = pullback([lam])
         cb = _flat_cotangents(bars, ctypes, wanted, dtype)
-        lam = snp.zeros((n,), dtype) if is_zero(bars[-1]) else bars[-1]
+        lam = snp.zeros((n,), dtype) if is_zero(bars[-2]) else bars[-2]
         return lam, (acc + snp.concatenate(cb)) if cb else acc
 
     def interval(carry, x):  # from output time i + 1 back to i, then ct[i]
@@ -723,6 +746,14 @@ def _unflatten_cotangents(acc, consts, wanted) -> list:
     return bars
 
 
+def _hermite_at(s: float, h, y0, y1, f0, f1):
+    """The cubic Hermite interpolant of `(y0, f0)` and `(y1, f1)` a step `h`
+    apart, at the fraction `s` of the step."""
+    s2, s3 = s * s, s * s * s
+    return ((2 * s3 - 3 * s2 + 1) * y0 + (s3 - 2 * s2 + s) * h * f0
+            + (3 * s2 - 2 * s3) * y1 + (s3 - s2) * h * f1)
+
+
 def hermite(dense, grid, nsteps, graph: Graph, consts, t):
     """The forward solution at `t` from its states at the step times: the
     cubic Hermite interpolant on the step containing `t` (its slopes are the
@@ -734,10 +765,7 @@ def hermite(dense, grid, nsteps, graph: Graph, consts, t):
     y0, y1 = dense[k], dense[k + 1]
     h = t1 - t0
     f0, f1 = field_at(graph, consts, t0, y0), field_at(graph, consts, t1, y1)
-    s = (t - t0) / h
-    s2, s3 = s * s, s * s * s
-    return ((2 * s3 - 3 * s2 + 1) * y0 + (s3 - 2 * s2 + s) * h * f0
-            + (3 * s2 - 2 * s3) * y1 + (s3 - s2) * h * f1)
+    return _hermite_at((t - t0) / h, h, y0, y1, f0, f1)
 
 
 def _continuous_vjp(primals, outs, ct, params, interpolated: bool):

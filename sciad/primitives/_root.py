@@ -46,7 +46,8 @@ root_p = Primitive("optimize.root", multiple_results=True, runtime_checks=True, 
     "graph": Graph, "kind": str, "method": str, "jac": str,
     "pattern": Param((Pattern, None), default=None), "colors": Param(int, default=0),
     "tol": float, "atol": float, "maxiter": int, "memory": Param(int, default=0),
-    "throw": Param(bool, default=True), "uses": Param((int, None), default=None)},
+    "throw": Param(bool, default=True), "uses": Param((int, None), default=None),
+    "jac0": Param(bool, default=False)},
     fit_to_readers=lambda params, readers, complete: _root_fit(params, readers, complete))
 #: `graph`: the residual (kind "root") or the fixed-point map (kind
 #: "fixed_point") as a closed body `(*consts, x) -> (F,)`; `jac`: how Newton's
@@ -56,14 +57,26 @@ root_p = Primitive("optimize.root", multiple_results=True, runtime_checks=True, 
 #: output, the factorization of the last Newton iteration's Jacobian (held
 #: on the host), which the derivatives' solves with the Jacobian at the root
 #: read and refine (`linalg.backsolve`); `uses`, set by `share_factors`, is
-#: how many of them do (0: none, so the loop keeps no factorization)
+#: how many of them do (0: none, so the loop keeps no factorization);
+#: `jac0` (the chord method): the last operand, after `x0`, is the matrix
+#: its first iterations solve with (a sparse Jacobian's values on `pattern`,
+#: or a dense `(n, n)` array), which carries no derivative
+
+
+def operands(args, jac0: bool = False):
+    """`(consts, x0, jac0 or None)` of a root node's operands."""
+    if jac0:
+        *consts, x0, j0 = args
+        return consts, x0, j0
+    *consts, x0 = args
+    return consts, x0, None
 
 
 @root_p.def_abstract_eval
 def _root_shape(*args, graph, kind, method, jac, pattern=None, colors=0, tol, atol, maxiter,
-                memory=0, throw=True, uses=None):
+                memory=0, throw=True, uses=None, jac0=False):
     op = "optimize.root"
-    *consts, x = args
+    consts, x, j0 = operands(args, jac0)
     if kind not in KINDS or method not in METHODS[kind]:
         raise ShapeError(f"unknown kind/method {kind!r}/{method!r}.", op=op)
     if jac not in JACOBIANS:
@@ -83,6 +96,13 @@ def _root_shape(*args, graph, kind, method, jac, pattern=None, colors=0, tol, at
     if jac == "sparse" and (pattern is None or pattern.shape != (x.size, x.size)):
         raise ShapeError(f"a sparse Jacobian needs a ({x.size}, {x.size}) pattern, got "
                          f"{pattern!r}.", op=op)
+    if jac0:
+        want = TensorType((pattern.nnz,) if jac == "sparse" else (x.size, x.size), x.dtype)
+        if method != "chord" or j0 != want:
+            raise ShapeError(f"`jac0` starts the chord method with a matrix: it needs "
+                             f"method='chord' and {want.str_short()} (the Jacobian's "
+                             f"{'values' if jac == 'sparse' else 'entries'}), got "
+                             f"method={method!r} and {j0.str_short()}.", op=op)
     if not (tol >= 0 and atol >= 0) or tol == atol == 0 or maxiter < 0 or memory < 0:
         raise ShapeError(f"needs tol >= 0 and atol >= 0 (not both 0), maxiter >= 0 and "
                          f"memory >= 0; got tol={tol}, atol={atol}, maxiter={maxiter}, "
@@ -154,17 +174,19 @@ def _unflat_x(graph: Graph, args: list) -> list:
 
 
 def linear_solver(jac: str, pattern: Pattern | None, jacobian, x, uses: int | None = None,
-                  chord: bool = False):
+                  chord: bool = False, start=None):
     """The `LinearSolve` Newton uses for `jac`, given the lowered graph
     `jacobian` of `_newton_graphs` (on the node's consts), for the flat
-    unknowns `x`; `chord`: it keeps its factorization over iterations."""
+    unknowns `x`; `chord`: it keeps its factorization over iterations;
+    `start`: the matrix a chord's first iterations solve with."""
     from ..solvers import _nonlinear
 
     if jac == "sparse":
         return _nonlinear.sparse_lu(pattern, lambda x: jacobian(x)[0], x.dtype,
-                                    keep=uses != 0, uses=uses, chord=chord)
+                                    keep=uses != 0, uses=uses, chord=chord, start=start)
     if jac == "dense":
-        return _nonlinear.dense_lu(lambda x: jacobian(x)[0], x.shape[0], x.dtype, chord=chord)
+        return _nonlinear.dense_lu(lambda x: jacobian(x)[0], x.shape[0], x.dtype, chord=chord,
+                                   start=start)
     return _nonlinear.gmres(lambda x, v: jacobian(x, v)[0], KRYLOV_STEP_RTOL)
 
 
@@ -212,13 +234,13 @@ def judge_root(site, *, status, nit, residual, goal, kind, method, jac, maxiter,
 
 @root_p.def_impl
 def _root_impl(*args, graph, kind, method, jac, pattern=None, colors=0, tol, atol, maxiter,
-               memory=0, throw=True, uses=None, site=None):
+               memory=0, throw=True, uses=None, jac0=False, site=None):
     import jax.numpy as jnp
 
     from ..graph import Site, lower
     from ..solvers import _nonlinear
 
-    *consts, x0 = args
+    consts, x0, j0 = operands(args, jac0)
     flat, jgraph = _newton_graphs(graph, kind, jac, pattern)
     residual, jacobian = lower(flat), lower(jgraph)
     shape = x0.shape
@@ -229,7 +251,7 @@ def _root_impl(*args, graph, kind, method, jac, pattern=None, colors=0, tol, ato
     x = jnp.reshape(x0, (-1,))
     if kind == "root":
         linear = linear_solver(jac, pattern, lambda *a: jacobian(*consts, *a), x, uses=uses,
-                               chord=method == "chord")
+                               chord=method == "chord", start=j0)
         res = _nonlinear.newton(F, x, linear, tol=tol, atol=atol, maxiter=maxiter)
     else:  # the map G(x) = F(x) + x
         res = _nonlinear.anderson(lambda x: F(x) + x, x, memory=memory, tol=tol, atol=atol,
@@ -338,8 +360,9 @@ def apply_inverse(graph: Graph, consts: list, x, rhs, *, kind: str, jac: str, pa
 def _root_jvp(primals, tangents, **params):
     from .. import numpy as snp
 
-    *consts, x0 = primals
-    *dconsts, _ = tangents  # the root does not depend on where the iteration starts
+    consts, _, _ = operands(primals, params.get("jac0", False))
+    # (the root does not depend on where the iteration starts, nor on jac0)
+    dconsts = tangents[:len(consts)]
     outs = root_p.bind(*primals, **params)
     x, _, _, status, *factor = outs
     zeros_out = [Zero(type_of(o).update()) for o in outs[1:]]
@@ -365,7 +388,7 @@ def _root_vjp(primals, outs, cts, **params):
     from ..graph import Tracer
     from ..graph._autodiff import vjp_eval
 
-    *consts, _ = primals
+    consts, _, _ = operands(primals, params.get("jac0", False))
     x, _, _, status, *factor = outs
     ct = cts[0]
     none = [None] * len(primals)
@@ -381,7 +404,7 @@ def _root_vjp(primals, outs, cts, **params):
     _, backward = vjp_eval(graph, [*consts, x])
     back = backward([snp.reshape(lam, x.shape)])[:-1]
     return [None if is_zero(b) or not isinstance(c, Tracer) else -b
-            for c, b in zip(consts, back)] + [None]
+            for c, b in zip(consts, back)] + [None] * (len(primals) - len(consts))
 
 
 @root_p.def_sparsity
@@ -479,7 +502,7 @@ def _root_cost(node, body):
 
     p = node.params
     F = body(p["graph"])
-    n = node.inputs[-1].type.size
+    n = node.inputs[len(node.inputs) - 1 - p.get("jac0", False)].type.size
     if p["kind"] == "fixed_point":
         per = F.flops + 10.0 * n * max(p.get("memory", 0), 1)
         return Cost(per, F.peak, f"per iteration ({_si(per)})")

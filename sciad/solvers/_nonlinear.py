@@ -59,13 +59,16 @@ class LinearSolve(NamedTuple):
     sparse LU, the handle of the factor it keeps, 0 for none, and the values
     it factored); `init` is its first value, `handle(aux)` the kept
     factor's handle. `fresh` (a traced bool): factor `J(x)` anew; else a
-    `chord` solver solves with the factor in `aux` (see `newton`)."""
+    `chord` solver solves with the factor in `aux` (see `newton`);
+    `started`: `init` holds a matrix (`jac0`) that the first iteration
+    solves with, instead of factoring `J(x0)`."""
 
     solve: Callable
     name: str
     init: Any = 0
     handle: Callable = lambda aux: jnp.zeros((), jnp.int32)
     chord: bool = False
+    started: bool = False
 
 
 def _norm(v):
@@ -89,7 +92,7 @@ def colored_values(F: Callable, pattern, colors: np.ndarray) -> Callable:
 
 
 def sparse_lu(pattern, values: Callable, dtype, *, keep: bool = False,
-              uses: int | None = None, chord: bool = False) -> LinearSolve:
+              uses: int | None = None, chord: bool = False, start=None) -> LinearSolve:
     """`J(x)` on `pattern`, its values from `values(x)` (CSR order; see
     `colored_values`), factored and solved by SuperLU on the host: one host
     call per Newton iteration. With `keep` (or `chord`), the last
@@ -98,7 +101,10 @@ def sparse_lu(pattern, values: Callable, dtype, *, keep: bool = False,
     later solves read the one left at the end. With `chord`, an iteration
     not asked for a `fresh` factor solves with the kept one (the values it
     factored ride in `aux`, so a factor the store let go is made again from
-    them: the result never depends on the store)."""
+    them: the result never depends on the store). `start`: the values of
+    the matrix the chord's first iterations solve with; roots started with
+    the same values share one factorization (`_sparse_direct.newton_solve`).
+    """
     from . import _sparse_direct
 
     def solve(x, r, aux, fresh):
@@ -109,14 +115,24 @@ def sparse_lu(pattern, values: Callable, dtype, *, keep: bool = False,
                                                     fresh=fresh if chord else None)
         return d, ok, (handle, data)
 
-    init = (jnp.zeros((), jnp.int32), jnp.zeros((pattern.nnz,), dtype))
-    return LinearSolve(solve, "sparse LU", init, lambda aux: aux[0], chord)
+    init = (jnp.zeros((), jnp.int32),
+            jnp.zeros((pattern.nnz,), dtype) if start is None else start)
+
+    def handle(aux):  # (a root started converged never factored: the shared factor)
+        if start is None:
+            return aux[0]
+        return jax.lax.cond(aux[0] == 0, lambda: _sparse_direct.shared_handle(pattern, start),
+                            lambda: aux[0])
+
+    return LinearSolve(solve, "sparse LU", init, handle, chord, start is not None)
 
 
-def dense_lu(matrix: Callable, n: int, dtype, *, chord: bool = False) -> LinearSolve:
+def dense_lu(matrix: Callable, n: int, dtype, *, chord: bool = False,
+             start=None) -> LinearSolve:
     """`J(x) = matrix(x)` (e.g. `jax.jacfwd(F)`), LU-factored in the program;
     a tiny pivot counts as singular. With `chord`, an iteration not asked
-    for a `fresh` factor solves with the one in `aux`."""
+    for a `fresh` factor solves with the one in `aux`, at first that of the
+    matrix `start` if given."""
     def factor(x):
         return jax.scipy.linalg.lu_factor(matrix(x))
 
@@ -131,8 +147,12 @@ def dense_lu(matrix: Callable, n: int, dtype, *, chord: bool = False) -> LinearS
         ok = jnp.all(jnp.isfinite(d)) & (jnp.min(diag) > eps * jnp.max(diag) * x.shape[0])
         return d, ok, (lu, piv) if chord else aux
 
-    init = (jnp.zeros((n, n), dtype), jnp.zeros((n,), jnp.int32)) if chord else 0
-    return LinearSolve(solve, "dense LU", init, chord=chord)
+    if start is not None:
+        lu, piv = jax.scipy.linalg.lu_factor(start)
+        init = (lu, piv.astype(jnp.int32))
+    else:
+        init = (jnp.zeros((n, n), dtype), jnp.zeros((n,), jnp.int32)) if chord else 0
+    return LinearSolve(solve, "dense LU", init, chord=chord, started=start is not None)
 
 
 def gmres(jvp: Callable, rtol: float, maxiter: int | None = None) -> LinearSolve:
@@ -225,7 +245,8 @@ def newton(F: Callable, x0, linear: LinearSolve, *, tol: float, atol: float,
         return x, fx, k + 1, new_status, slow, aux, fresh
 
     state = (x0, f0, jnp.zeros((), jnp.int32), status0, jnp.zeros((), jnp.int32),
-             jax.tree_util.tree_map(jnp.asarray, linear.init), jnp.ones((), bool))
+             jax.tree_util.tree_map(jnp.asarray, linear.init),
+             jnp.asarray(not linear.started))
     x, fx, k, status, _, aux, _ = jax.lax.while_loop(cond, body, state)
     return Result(x, k, _norm(fx), status, goal, linear.handle(aux))
 

@@ -29,6 +29,7 @@ warning (the solver only measures).
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import itertools
 import os
 import threading
@@ -136,6 +137,8 @@ class _Store:
         self.lock = threading.Lock()
         self.entries: OrderedDict[int, list] = OrderedDict()  # handle -> [_Factored, uses]
         self._ids = itertools.count(1)
+        #: (pattern, digest of the values) -> (handle, _Factored): see `shared`
+        self.by_values: OrderedDict[tuple, tuple] = OrderedDict()
 
     def new_handle(self) -> int:
         with self.lock:
@@ -182,6 +185,39 @@ class _Store:
         f = _Factored.make(pattern, data)
         self.put([handle], [f], uses)
         return f, f.lu, False
+
+    def shared(self, pattern, data: np.ndarray) -> tuple[int, _Factored]:
+        """`(handle, factored)` of the matrix with values `data`: the factor
+        a previous call made of the same values, while the store holds it
+        unchanged, else a new one (stored uncounted). Chord roots started
+        with one matrix (the stages of an implicit time step) so share one
+        factorization; a result never depends on whether they did, as the
+        factor is of the same values."""
+        key = (pattern, hashlib.blake2b(np.ascontiguousarray(data).tobytes(),
+                                        digest_size=16).digest())
+        with self.lock:
+            handle, f = self.by_values.get(key, (0, None))
+            entry = self.entries.get(handle)
+            if entry is not None and entry[0] is f:
+                self.by_values.move_to_end(key)
+                return handle, f
+        f = _Factored.make(pattern, data)
+        handle = self.new_handle()
+        self.put([handle], [f], None)
+        with self.lock:
+            self.by_values[key] = (handle, f)
+            while len(self.by_values) > MAX_KEPT:
+                self.by_values.popitem(last=False)
+        return handle, f
+
+    def release(self, handle: int) -> None:
+        """Releases a Newton iteration's previous factor, unless it is a
+        shared one (`shared`), which other roots (and their derivatives'
+        solves) still read."""
+        with self.lock:
+            if any(h == handle for h, _ in self.by_values.values()):
+                return
+        self.discard(handle)
 
     def used(self, *handles: int) -> None:
         """One solve of each of `handles` ran: release those whose last use it was."""
@@ -609,6 +645,20 @@ def each_example(h: np.ndarray, d: np.ndarray, b: np.ndarray):
     return batch, [(int(hi), di, bi) for hi, di, bi in zip(hs, ds, bs)]
 
 
+def shared_handle(pattern, data):
+    """The handle of the shared factor of the matrix with values `data`
+    (`_Store.shared`): a chord root started with it (`jac0`) that converged
+    without iterating gives its derivatives this factor."""
+    def host(d):
+        if d.ndim == 1:
+            return (np.asarray(_store.shared(pattern, d)[0], np.int32),)
+        flat = d.reshape((-1, d.shape[-1]))
+        return (np.array([_store.shared(pattern, r)[0] for r in flat],
+                         np.int32).reshape(d.shape[:-1]),)
+
+    return host_call(host, (jax.ShapeDtypeStruct(data.shape[:-1], jnp.int32),), data)[0]
+
+
 def newton_solve(pattern, handle, data, b, *, keep: bool, uses: int | None, fresh=None):
     """One Newton step's linear solve `A d = b` (A on `pattern` with values
     `data`), factoring `A` on the host: returns `(d, ok, handle)`.
@@ -623,8 +673,18 @@ def newton_solve(pattern, handle, data, b, *, keep: bool, uses: int | None, fres
 
     `fresh` (a traced bool, the chord method): where False and `handle` is
     a factor, solve with it (`data` are then the values it factored: made
-    again from them if the store let it go) instead of factoring `data`."""
+    again from them if the store let it go) instead of factoring `data`.
+    With no handle yet, `data` are a chord's given first matrix (`jac0`):
+    factored once for all the roots given the same values (`_Store.shared`)."""
+    chord = fresh is not None
+
     def one(h, d, bb, fr):
+        if not fr and h == 0 and chord:  # a chord's given first matrix
+            h, f = _store.shared(pattern, d)
+            if f.lu is None:
+                return np.zeros_like(bb), False, h
+            x = _lu_solve(f.lu, bb, False)
+            return x, bool(np.isfinite(x).all()), h
         if not fr and h > 0:
             lu = _store.get_or_make(pattern, h, d, uses if uses != 0 else None)[1]
             if lu is None:  # exactly singular, or not finite
@@ -632,14 +692,14 @@ def newton_solve(pattern, handle, data, b, *, keep: bool, uses: int | None, fres
             x = _lu_solve(lu, bb, False)
             return x, bool(np.isfinite(x).all()), h
         if h > 0:
-            _store.discard(int(h))
+            _store.release(int(h))
         made = _Factored.make(pattern, d)
         if made.lu is None:
             _drop_on_worker([made])
             return np.zeros_like(bb), False, 0
         x = _lu_solve(made.lu, bb, False)
         ok = bool(np.isfinite(x).all())
-        if keep and (ok or fresh is not None):
+        if keep and (ok or chord):
             new = _store.new_handle()
             _store.put([new], [made], uses if uses != 0 else None)
             return x, ok, new
