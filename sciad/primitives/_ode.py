@@ -36,7 +36,10 @@ Rules, each made of sciad nodes, so every order of differentiation holds:
   steps, and the reverse pass is those loops' (`while_adjoint`: two-level
   checkpointing over the steps taken). A step is the solver's tableau in
   sciad ops (`rk_step`; an implicit stage is an `optimize.root` node
-  solved by the chord method, started from the previous stage's slope).
+  solved by the chord method, started from the previous stage's slope or,
+  where the next state is recorded, from the Hermite interpolant to it; with
+  sparse Newton matrices a step's stages share one factorization, of the
+  matrix at the step's start: `root(jac0=...)`).
   The gradient is that of the computed solution to rounding for explicit
   solvers (to the Newton tolerance for implicit ones), and agrees with the
   JVP.
