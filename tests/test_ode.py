@@ -320,3 +320,34 @@ def test_a_param_the_field_does_not_differentiate_beside_one_it_does():
     np.testing.assert_array_equal(np.asarray(ga), np.zeros(2))
     want = np.sum(-2.0 * ts * 5.0 * np.exp(-2.0 * 0.5 * ts))  # y = y0 exp(-b t)
     np.testing.assert_allclose(float(gb), want, rtol=1e-8)
+
+
+def test_second_order_in_the_times_and_reverse_over_reverse():
+    """`y(T) = y0 exp(-k T)`: the mixed derivative in `k` and the output time
+    `T` (the reverse pass runs on the step grid, whose last point is `T`:
+    it moves with it) and `d2/dk2` by reverse over reverse (the reverse
+    pass reads the states at every step, which then get cotangents),
+    against the closed forms."""
+    def y_end(k, T):
+        return sd.ode.odeint(lambda t, y, k: -k * y, np.array([1.5]), snp.stack([0.0, T]), k,
+                             **TIGHT)[-1, 0]
+
+    k, T = 0.7, 1.9
+    e = 1.5 * np.exp(-k * T)
+    mixed = sd.grad(lambda T: sd.grad(y_end)(k, T))(T)
+    np.testing.assert_allclose(float(mixed), -e + k * T * e, rtol=1e-8)
+    np.testing.assert_allclose(float(sd.grad(sd.grad(y_end))(k, T)), T * T * e, rtol=1e-8)
+
+
+def test_a_gradient_taken_inside_another_trace_of_a_constant_argument():
+    """`sd.grad(g)(0.7)` inside a traced function: the node's VJP gets its
+    primals as constants, and still forms their cotangents (it had formed
+    only traced ones': a zero gradient), for the parameters and the times."""
+    def y_end(k, T):
+        return sd.ode.odeint(lambda t, y, k: -k * y, np.array([1.5]), snp.stack([0.0, T]),
+                             k, **TIGHT)[-1, 0]
+
+    want = np.asarray(sd.grad(y_end, argnums=(0, 1))(0.7, 1.9))
+    got = sd.function(lambda s: s * snp.stack(sd.grad(y_end, argnums=(0, 1))(0.7, 1.9)))(1.0)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12)
+    assert np.all(np.abs(want) > 0.1)

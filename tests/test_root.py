@@ -124,6 +124,20 @@ def test_chord_roots_started_with_one_matrix_share_its_factorization(rng, monkey
                                    rtol=1e-8)
 
 
+def test_a_gradient_taken_inside_another_trace_of_a_constant_argument(rng):
+    """`sd.grad(g)(f)` inside a traced function, `f` a constant: the root's
+    VJP gets its primals as constants and still forms their cotangents."""
+    f = 20.0 + 5.0 * rng.standard_normal(N)
+
+    def g(f):
+        return snp.sum(sd.optimize.root(diffusion, np.zeros(N), (f,), jac="dense").x ** 2)
+
+    want = np.asarray(sd.grad(g)(f))
+    got = sd.function(lambda s: s * sd.grad(g)(f))(1.0)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12)
+    assert np.abs(want).max() > 0
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(method="newton", jac0=np.eye(N)), "needs method='chord'"),
     (dict(method="chord", jac="sparse", jac0=np.eye(N + 1)), r"must be an \(12, 12\) matrix"),

@@ -60,7 +60,7 @@ import functools
 
 import numpy as np
 
-from ..errors import ConvergenceError, DTypeError, ShapeError
+from ..errors import ConvergenceError, DTypeError, NotSupportedError, ShapeError
 from ..graph import Graph, Param, Primitive, TensorType, Zero, is_zero
 from ..graph._autodiff import jvp_eval, type_of
 from ..graph._types import Pattern
@@ -669,13 +669,15 @@ def _step_graph(graph: Graph, solver: str, jac: str, rtol: float, atol: float) -
     return g
 
 
-def _stored_vjp(primals, outs, ct, params):
+def _stored_vjp(primals, outs, ct, params, ct_states=None):
     """Cotangents of `(*consts, y0)`: the discrete adjoint of the steps taken,
     linearised at the states the forward solve recorded at every step (its
     `states` output): the steps' reverse passes in a reverse scan over the
     output intervals, each a `while` loop down the interval's steps, adding
     `ct[i]` at output time `i`. Each step is re-run once, from its stored
-    state, for its linearisation (an implicit stage's Newton solve)."""
+    state, for its linearisation (an implicit stage's Newton solve).
+    `ct_states`: cotangents of the states at every step, added as the pass
+    reaches them."""
     from .. import numpy as snp
     from ..graph._autodiff import vjp_eval
     from ._control import scan
@@ -690,6 +692,8 @@ def _stored_vjp(primals, outs, ct, params):
     wanted = _wanted(consts)
 
     def back(k, lam, acc):  # the reverse pass of step k
+        if ct_states is not None:
+            lam = lam + ct_states[k + 1]
         t = grid[k]
         _, pullback = vjp_eval(step, [*consts, t, grid[k + 1] - t, states[k], states[k + 1]])
         bars = pullback([lam])
@@ -713,15 +717,16 @@ def _stored_vjp(primals, outs, ct, params):
     T = ts.shape[0]
     init = (ct[T - 1], snp.zeros((sum(t.size for t, w in zip(ctypes, wanted) if w),), dtype))
     (lam, acc), _ = scan(interval, init, (marks[:-1], marks[1:], ct[:-1]), reverse=True)
+    if ct_states is not None:
+        lam = lam + ct_states[0]
     return _unflatten_cotangents(acc, consts, wanted) + [lam]
 
 
 def _wanted(consts) -> list:
-    """Which consts the adjoints accumulate cotangents for: the traced real
-    float ones."""
-    from ..graph import Tracer
-
-    return [isinstance(c, Tracer) and type_of(c).dtype.kind == "f" for c in consts]
+    """Which consts the adjoints accumulate cotangents for: the real float
+    ones. (Concrete ones too: a gradient taken inside another trace, of an
+    argument given as a constant, gets its primals as constants.)"""
+    return [type_of(c).dtype.kind == "f" for c in consts]
 
 
 def _flat_cotangents(bars, ctypes, wanted, dtype) -> list:
@@ -837,25 +842,40 @@ def _continuous_vjp(primals, outs, ct, params, interpolated: bool):
 @odeint_p.def_vjp
 def _odeint_vjp(primals, outs, cts, **params):
     from .. import numpy as snp
-    from ..graph import Tracer
 
     *consts, y0, ts = primals
     ct = cts[0]
-    if is_zero(ct):
+    # (the states at every step get cotangents where a reverse pass that
+    # read them is differentiated in reverse mode again)
+    ct_states = cts[5] if len(cts) > 5 and not is_zero(cts[5]) else None
+    if is_zero(ct) and ct_states is None:
         return [None] * len(primals)
+    if is_zero(ct):
+        ct = snp.zeros(type_of(outs[0]).shape, type_of(outs[0]).dtype)
     if not params.get("record", True):  # (a node `dce` spared the recording)
         params = {k: v for k, v in params.items() if k != "record"}
         outs = odeint_p.bind(*primals, **params)
+    if type_of(ts).dtype.kind == "f":
+        # the steps land on the output times (marks): those grid points move
+        # with them, which the reverse pass's derivatives (second order in
+        # the times) read; the steps between are held
+        outs = [*outs[:3], outs[3].at[outs[4]].set(ts), *outs[4:]]
     graph = params["graph"]
     adjoint = params.get("adjoint", "checkpoint")
+    if ct_states is not None and not (adjoint == "checkpoint" and len(outs) == 6):
+        raise NotSupportedError(
+            "reverse mode over the reverse mode of an ode.odeint node with "
+            f"adjoint={adjoint!r}: its cotangent of the states at every step is not "
+            "formed. Use forward over reverse (sd.hvp, sd.jvp of sd.grad), or "
+            "adjoint='checkpoint'.", op="ode.odeint")
     if adjoint in ("backsolve", "interpolated"):
         bars = _continuous_vjp(primals, outs, ct, params, adjoint == "interpolated")
     elif len(outs) == 6:  # the states at every step: each step re-run once
-        bars = _stored_vjp(primals, outs, ct, params)
+        bars = _stored_vjp(primals, outs, ct, params, ct_states)
     else:
         bars = _discrete_vjp(primals, outs, ct, params)
     bars = [None if b is None or is_zero(b) else b for b in bars]
-    if not isinstance(ts, Tracer):  # constant times: no cotangent to form
+    if type_of(ts).dtype.kind != "f":  # (integer times: no cotangent)
         return bars + [None]
     ybar0 = bars[-1]
     # the output times: y(t_i) moves with t_i at f(t_i, y_i); the initial
@@ -909,3 +929,4 @@ def _odeint_cost(node, body):
     if SOLVERS[p["solver"]][1]:
         per += float(np.count_nonzero(np.diag(As[-1]))) * (F.flops + 2.0 * n * n)
     return Cost(per, F.peak, f"per step ({_si(per)})")
+
