@@ -39,7 +39,9 @@ derivative rules (see `sciad.primitives._ode`):
   solver's tolerance and unstable for stiff or dissipative problems).
 
 Derivatives flow to `y0`, `args` and the times `ts` (the initial time
-included).
+included). `odeint_event` integrates up to a terminal event, whose time is
+differentiated by the implicit function theorem (a root node of the event
+function along the solution).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from .graph import Tracer
 from .graph._autodiff import type_of
 from .primitives._ode import ADJOINTS, FIXED_ONLY, IMEX, SOLVERS
 
-__all__ = ["odeint", "solve_ivp", "ODEResult", "SOLVERS"]
+__all__ = ["odeint", "odeint_event", "solve_ivp", "Event", "ODEResult", "SOLVERS"]
 
 _tree = jax.tree_util
 _OP = "ode.odeint"
@@ -83,7 +85,7 @@ def _check_times(ts, op: str):
 
 
 def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, dt0, adaptive,
-                   jac, checkpoints, throw, op):
+                   jac, checkpoints, throw, op, every_step: bool = False):
     from . import numpy as snp
     from .graph._body import trace_body
     from .optimize import _split_args
@@ -163,7 +165,11 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
         params["pattern"] = pattern
     if checkpoints is not None:
         params["checkpoints"] = int(checkpoints)
-    ys, status, nsteps, *_ = odeint_p.bind(*consts, *vals, flat0, ts, **params)
+    ys, status, nsteps, *more = odeint_p.bind(*consts, *vals, flat0, ts, **params)
+    if every_step:  # (the interpolated adjoint's node: its step grid and states)
+        grid, _, states = more
+        return (unflatten(ys, type_of(ts).shape), status, nsteps, grid,
+                unflatten(states, type_of(grid).shape))
     return unflatten(ys, type_of(ts).shape), status, nsteps
 
 
@@ -285,14 +291,7 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
     from ._transforms import _in_trace
 
     op = _OP
-    if isinstance(f, list):
-        f = tuple(f)
-    if not (callable(f) or (isinstance(f, tuple) and len(f) == 2
-                            and all(callable(g) for g in f))):
-        what = (f"a {len(f)}-tuple of {', '.join(type(g).__name__ for g in f)}"
-                if isinstance(f, tuple) else type(f).__name__)
-        raise DTypeError(f"`f` must be a function, or a pair of functions (its non-stiff "
-                         f"and stiff parts, for the IMEX solvers), got {what}.", op=op)
+    f = _check_field(f, op)
     solver, adaptive = _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive,
                                       checkpoints, op)
     _check_times(ts, op)
@@ -318,6 +317,180 @@ def _odeint_eager(f, y0, ts, args, kw):
     ys, status, steps = compiled_call(inline, f, (y0, np.asarray(ts)), args, key=key,
                                       name="odeint")
     return ys if kw["throw"] else ODEResult(ys, int(status), int(steps))
+
+
+class Event(NamedTuple):
+    """What `odeint_event` returns: the event's time `t` and the state `y`
+    there (a pytree like `y0`)."""
+
+    t: Any
+    y: Any
+
+
+#: the regula falsi (Illinois) iterations that locate an event on the
+#: interpolant of the step where it lies (each halves the bracket at worst;
+#: Illinois converges superlinearly)
+EVENT_ITERATIONS = 40
+
+
+def _check_field(f, op):
+    if isinstance(f, list):
+        f = tuple(f)
+    if not (callable(f) or (isinstance(f, tuple) and len(f) == 2
+                            and all(callable(g) for g in f))):
+        what = (f"a {len(f)}-tuple of {', '.join(type(g).__name__ for g in f)}"
+                if isinstance(f, tuple) else type(f).__name__)
+        raise DTypeError(f"`f` must be a function, or a pair of functions (its non-stiff "
+                         f"and stiff parts, for the IMEX solvers), got {what}.", op=op)
+    return f
+
+
+@api_boundary
+def odeint_event(f: Callable, y0, t_span, event: Callable, args=(), *, direction: int = 0,
+                 solver: str = "tsit5", rtol: float = 1e-6, atol: float = 1e-9,
+                 adjoint: str = "checkpoint", max_steps: int = 4096, dt0: float | None = None,
+                 jac: str | None = None, checkpoints: int | None = None) -> Event:
+    """Integrates `dy/dt = f(t, y, args)` from `y(t_span[0]) = y0` up to a
+    terminal event: the first time `t*` in `(t0, t1]` where `event(t, y,
+    args)` (a scalar) crosses zero; returns `Event(t*, y(t*))`.
+
+    **Arguments:** `f`, `y0`, `args` and the solver options as for `odeint`;
+    `t_span = (t0, t1)`; `event(t, y, args)`, written with sciad ops,
+    returning a scalar; `direction`: +1 for upward crossings only, -1 for
+    downward ones, 0 for either.
+
+    The event is located on the solution's steps: the first step whose end
+    crosses, then the root of the event function along the step's cubic
+    Hermite interpolant. The span is integrated to its end to find it, so
+    the field must be integrable past the event. No crossing raises
+    `ConvergenceError` ("no event") when the program runs.
+
+    **Derivatives:** `t*` is the root of `phi(t) = event(t, y(t), args)`,
+    differentiated by the implicit function theorem (an `optimize.root`
+    node at `t*`): `dt*/dtheta = -(dphi/dtheta) / (dphi/dt)`, with `dphi/dt =
+    d event/dt + grad_y event . f(t*, y*)` and `dphi/dtheta` through the ODE's
+    own derivative rules (`adjoint`), so `t*` and `y(t*) = odeint(..., [t0,
+    t*])` have derivatives in `y0`, `args` and the span, at every order. At a
+    grazing event (`dphi/dt = 0`) the event time has no derivative.
+    """
+    from ._transforms import _in_trace
+
+    op = "ode.odeint_event"
+    f = _check_field(f, op)
+    if not callable(event):
+        raise DTypeError(f"`event` must be a function event(t, y, args), got "
+                         f"{type(event).__name__}.", op=op)
+    if direction not in (-1, 0, 1):
+        raise ShapeError(f"`direction` must be -1, 0 or 1, got {direction!r}.", op=op)
+    if not isinstance(t_span, Tracer) and len(t_span) != 2:
+        raise ShapeError(f"`t_span` must be (t0, t1), got {t_span!r}.", op=op)
+    solver, adaptive = _check_options(solver, rtol, atol, adjoint, max_steps, dt0, True,
+                                      checkpoints, op)
+    if not any(isinstance(t, Tracer) for t in t_span):
+        _check_times(np.asarray([float(t) for t in t_span]), op)
+    kw = dict(solver=solver, rtol=rtol, atol=atol, adjoint=adjoint, max_steps=int(max_steps),
+              dt0=dt0, adaptive=adaptive, jac=jac, checkpoints=checkpoints, throw=True, op=op)
+    if _in_trace((y0, t_span, args)):
+        return _event_inline(f, y0, t_span, event, args, direction, kw)
+    from .optimize import compiled_call
+
+    key = (op, direction, id(event), tuple(sorted(kw.items())))
+    first, rest = (f[0], (f[1],)) if isinstance(f, tuple) else (f, ())
+
+    def inline(g, y0, span, args):  # (the cache entry holds `event` and `rest`)
+        return tuple(_event_inline((g, *rest) if rest else g, y0, span, event, args,
+                                   direction, kw))
+
+    t, y = compiled_call(inline, first, (y0, np.asarray(t_span, np.float64)), args, key=key,
+                         name="odeint_event")
+    return Event(t, y)
+
+
+def _event_inline(f, y0, t_span, event, args, direction: int, kw) -> Event:
+    from . import numpy as snp
+    from . import optimize
+    from ._transforms import jvp, vmap
+    from .primitives._control import fori_loop
+    from .primitives._ode import event_guard_p
+    from .primitives._stop_gradient import stop_gradient
+
+    op = kw["op"]
+    span = snp.stack([snp.asarray(t) for t in t_span]) if not isinstance(t_span, Tracer) \
+        else t_span
+    t0 = span[0]
+
+    def g(t, y):  # the event function, checked: a real scalar
+        out = snp.asarray(event(t, y, args))
+        if type_of(out).size != 1 or type_of(out).dtype.kind not in "fiu":
+            raise ShapeError(f"`event` must return a real scalar, got "
+                             f"{type_of(out).str_short()}.", op=op)
+        return snp.reshape(snp.astype(out, type_of(t).dtype), ())
+
+    def at(t, y):  # the field (its parts summed)
+        if isinstance(f, tuple):
+            return _tree.tree_map(lambda a, b: a + b, f[0](t, y, args), f[1](t, y, args))
+        return f(t, y, args)
+
+    # where: the first step whose end crosses zero (the detection solve is
+    # not differentiated)
+    _, _, nsteps, grid, states = _odeint_inline(
+        f, y0, span, args, every_step=True, **{**kw, "adjoint": "interpolated",
+                                                 "checkpoints": None})
+    grid = stop_gradient(grid)
+    states = _tree.tree_map(stop_gradient, states)
+    gs = vmap(g)(grid, states)
+    prev, cur = gs[:-1], gs[1:]
+    up, down = (prev < 0) & (cur >= 0), (prev > 0) & (cur <= 0)
+    cross = {1: up, -1: down, 0: up | down}[direction]
+    cross = cross & (snp.arange(1, grid.shape[0]) <= nsteps)
+    found = snp.any(cross)
+    i = snp.argmax(cross)
+    ta, tb = grid[i], grid[i + 1]
+    ya, yb = (_tree.tree_map(lambda s: s[j], states) for j in (i, i + 1))
+    fa, fb = at(ta, ya), at(tb, yb)
+    h = tb - ta
+
+    def interpolant(t):  # the step's cubic Hermite interpolant at t
+        s = (t - ta) / h
+        s2, s3 = s * s, s * s * s
+        return _tree.tree_map(
+            lambda y0_, y1_, f0_, f1_: ((2 * s3 - 3 * s2 + 1) * y0_ + (s3 - 2 * s2 + s) * h * f0_
+                                        + (3 * s2 - 2 * s3) * y1_ + (s3 - s2) * h * f1_),
+            ya, yb, fa, fb)
+
+    def illinois(_, c):  # regula falsi with Illinois' halving, on [a, b]
+        a, b, ga, gb, side = c
+        t = snp.where(gb != ga, (a * gb - b * ga) / (gb - ga), 0.5 * (a + b))
+        gt = g(t, interpolant(t))
+        left = gt * ga > 0  # the root lies in [t, b]
+        a, ga_new = snp.where(left, t, a), snp.where(left, gt, ga)
+        b, gb_new = snp.where(left, b, t), snp.where(left, gb, gt)
+        # the end kept twice in a row has its value halved
+        gb_new = snp.where(left & (side == 1), 0.5 * gb_new, gb_new)
+        ga_new = snp.where(~left & (side == -1), 0.5 * ga_new, ga_new)
+        return a, b, ga_new, gb_new, snp.where(left, 1, -1)
+
+    a, b, ga, gb, _ = fori_loop(0, EVENT_ITERATIONS, illinois,
+                                (ta, tb, prev[i], cur[i], snp.asarray(0)))
+    t_star = snp.where(snp.abs(ga) < snp.abs(gb), a, b)
+    t_star = stop_gradient(snp.where(found, t_star, span[1]))
+
+    def phi(t):  # the event function along the solution: t* is its root
+        ys, _, _ = _odeint_inline(f, y0, snp.stack([t0, t]), args, **kw)
+        return g(t, _tree.tree_map(lambda v: v[-1], ys))
+
+    # one Newton step on phi itself: the interpolant's root is accurate to
+    # the interpolation (O(h^4)), this one to the solver's tolerance
+    value, slope = jvp(phi, (t_star,), (snp.ones_like(t_star),))
+    newton = t_star - value / slope
+    t_star = stop_gradient(snp.where(snp.isfinite(newton) & (newton > ta) & (newton <= tb),
+                                     newton, t_star))
+    # (the root node takes no iteration, atol=inf: it gives t* the implicit
+    # function theorem's derivatives, at every order)
+    t_ev = optimize.root(phi, t_star, jac="dense", atol=float("inf")).x
+    t_ev = event_guard_p.bind(found, stop_gradient(span), t_ev, direction=direction)
+    ys, _, _ = _odeint_inline(f, y0, snp.stack([t0, t_ev]), args, **kw)
+    return Event(t_ev, _tree.tree_map(lambda v: v[-1], ys))
 
 
 #: SciPy's method names -> sciad's solvers

@@ -209,6 +209,15 @@ def _root_example(c, f):
     return r.x, r.residual
 
 
+def _event_guard_example(t):
+    """The guard an event time passes through (`sd.ode.odeint_event`), on a
+    function of its input (the events themselves: tests/test_ode_event.py)."""
+    from sciad.primitives._ode import event_guard_p
+
+    return event_guard_p.bind(snp.all(t > 0.0), snp.stack([0.0, 10.0]), t * snp.sin(t),
+                              direction=-1)
+
+
 def _root_guard_example(c, f):
     """A root solved with `throw=False`, its value passed through the guard
     that a derivative of it goes through."""
@@ -323,6 +332,7 @@ EXAMPLES.update({
             (_f64(2, 6), _f64(2, 4), _f64(2, 3, 3), _f64(3))),
     "optimize.root": (_root_example, (_pos(4), _f64(4))),
     "optimize.root_guard": (_root_guard_example, (_pos(4), _f64(4))),
+    "ode.event_guard": (_event_guard_example, (_pos(3),)),
     "ode.odeint": (_odeint_example, (_pos(2), _f64(2))),
     "optimization_barrier": (lambda x, y: sd.primitives.barrier_p.bind(x, y)[0] * y,
                              (_f64(3), _f64(3))),
