@@ -245,10 +245,31 @@ def jvp(f: Callable, primals: Sequence, tangents: Sequence):
 # reverse mode
 
 
+def _traced(leaves: list) -> list:
+    """The float leaves given as constants, as values of the current trace:
+    a reverse pass emitted inside another trace (`sd.grad(g)(0.7)` in a
+    traced function) hands its rules their primals, and rules that form
+    cotangents only for traced operands (a constant matrix needs none)
+    would otherwise give none for the very arguments being differentiated."""
+    from . import numpy as snp
+    from .primitives._stop_gradient import stop_gradient_p
+
+    if current_builder() is None:
+        return leaves
+    out = []
+    for x in leaves:
+        if not isinstance(x, Tracer):
+            a = snp.asarray(x)
+            if np.dtype(a.dtype).kind in "fc":
+                x = stop_gradient_p.bind(a)  # (a constant: no outer derivative to stop)
+        out.append(x)
+    return out
+
+
 def _vjp_inline(f, primals: tuple, has_aux: bool):
     p_leaves, p_tree = _tree.tree_flatten(primals)
     graph, _, full_tree, captured = _trace(f, primals, "vjp")
-    outs, backward = vjp_eval(graph, list(p_leaves) + captured)
+    outs, backward = vjp_eval(graph, _traced(list(p_leaves)) + captured)
     if has_aux:
         kids = full_tree.children() if full_tree.num_nodes > 1 else []
         if len(kids) != 2:
@@ -538,7 +559,7 @@ def jacrev(f: Callable, argnums: int = 0):
 
     def inline(*args):
         x, tx, graph, out_tree, captured = _jacobian_setup(f, argnums, args, "jacrev")
-        outs, backward = vjp_eval(graph, [x] + captured)
+        outs, backward = vjp_eval(graph, _traced([x]) + captured)
         from . import numpy as snp
 
         leaves = []

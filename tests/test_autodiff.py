@@ -438,3 +438,24 @@ def test_rule_error_while_differentiating_names_the_users_line():
                        match="`test_ad_src_no_transpose` has no transpose rule") as excinfo:
         sd.grad(f)(np.ones(2))
     assert f"test_autodiff.py:{_line_of(f, 'p(y)')}" in str(excinfo.value)
+
+
+def test_a_gradient_of_a_constant_argument_inside_another_trace():
+    """`sd.grad(g)(0.7)` inside a traced function: the reverse pass is
+    emitted into that trace, and the argument, a constant there, is lifted
+    into it (rules form cotangents only for traced operands: a constant
+    matrix needs none). It had given zero through solves, loops and
+    branches."""
+    A = np.array([[4.0, 1.0], [1.0, 3.0]])
+    cases = [
+        (lambda A: snp.sum(sd.linalg.solve(A, np.array([1.0, 2.0])) ** 2), A),
+        (lambda a: sd.scan(lambda c, x: (c * a + x, None), 1.0, snp.arange(3.0))[0], 1.5),
+        (lambda a: sd.cond(a > 0, lambda a: a * a, lambda a: -a, a), 1.5),
+        (lambda a: sd.while_loop(lambda s: s[0] < 3, lambda s: (s[0] + 1, s[1] * a), (0, a),
+                                 max_steps=5)[1], 1.5),
+    ]
+    for g, x in cases:
+        want = np.asarray(sd.grad(g)(x))
+        got = sd.function(lambda s: s * sd.grad(g)(x))(1.0)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12)
+        assert np.abs(want).max() > 0

@@ -340,9 +340,10 @@ def test_second_order_in_the_times_and_reverse_over_reverse():
 
 
 def test_a_gradient_taken_inside_another_trace_of_a_constant_argument():
-    """`sd.grad(g)(0.7)` inside a traced function: the node's VJP gets its
-    primals as constants, and still forms their cotangents (it had formed
-    only traced ones': a zero gradient), for the parameters and the times."""
+    """`sd.grad(g)(0.7)` inside a traced function: the arguments, constants
+    in that trace, are lifted into it, so the node's VJP forms their
+    cotangents (it forms only traced operands': it had given zero), for the
+    parameters and the times (also tests/test_autodiff.py)."""
     def y_end(k, T):
         return sd.ode.odeint(lambda t, y, k: -k * y, np.array([1.5]), snp.stack([0.0, T]),
                              k, **TIGHT)[-1, 0]

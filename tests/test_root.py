@@ -125,8 +125,9 @@ def test_chord_roots_started_with_one_matrix_share_its_factorization(rng, monkey
 
 
 def test_a_gradient_taken_inside_another_trace_of_a_constant_argument(rng):
-    """`sd.grad(g)(f)` inside a traced function, `f` a constant: the root's
-    VJP gets its primals as constants and still forms their cotangents."""
+    """`sd.grad(g)(f)` inside a traced function, `f` a constant there: it is
+    lifted into the trace, so the root's VJP forms its cotangent (it had
+    given zero; also tests/test_autodiff.py)."""
     f = 20.0 + 5.0 * rng.standard_normal(N)
 
     def g(f):

@@ -723,10 +723,12 @@ def _stored_vjp(primals, outs, ct, params, ct_states=None):
 
 
 def _wanted(consts) -> list:
-    """Which consts the adjoints accumulate cotangents for: the real float
-    ones. (Concrete ones too: a gradient taken inside another trace, of an
-    argument given as a constant, gets its primals as constants.)"""
-    return [type_of(c).dtype.kind == "f" for c in consts]
+    """Which consts the adjoints accumulate cotangents for: the traced real
+    float ones (a differentiated argument is always traced: `sd.grad` lifts
+    one given as a constant)."""
+    from ..graph import Tracer
+
+    return [isinstance(c, Tracer) and type_of(c).dtype.kind == "f" for c in consts]
 
 
 def _flat_cotangents(bars, ctypes, wanted, dtype) -> list:
@@ -842,6 +844,7 @@ def _continuous_vjp(primals, outs, ct, params, interpolated: bool):
 @odeint_p.def_vjp
 def _odeint_vjp(primals, outs, cts, **params):
     from .. import numpy as snp
+    from ..graph import Tracer
 
     *consts, y0, ts = primals
     ct = cts[0]
@@ -855,7 +858,7 @@ def _odeint_vjp(primals, outs, cts, **params):
     if not params.get("record", True):  # (a node `dce` spared the recording)
         params = {k: v for k, v in params.items() if k != "record"}
         outs = odeint_p.bind(*primals, **params)
-    if type_of(ts).dtype.kind == "f":
+    if isinstance(ts, Tracer):
         # the steps land on the output times (marks): those grid points move
         # with them, which the reverse pass's derivatives (second order in
         # the times) read; the steps between are held
@@ -875,7 +878,7 @@ def _odeint_vjp(primals, outs, cts, **params):
     else:
         bars = _discrete_vjp(primals, outs, ct, params)
     bars = [None if b is None or is_zero(b) else b for b in bars]
-    if type_of(ts).dtype.kind != "f":  # (integer times: no cotangent)
+    if not isinstance(ts, Tracer):  # constant times: no cotangent to form
         return bars + [None]
     ybar0 = bars[-1]
     # the output times: y(t_i) moves with t_i at f(t_i, y_i); the initial

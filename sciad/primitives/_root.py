@@ -385,15 +385,14 @@ def _root_jvp(primals, tangents, **params):
 def _root_vjp(primals, outs, cts, **params):
     # lam = (dF/dx)^-T xbar at the root; constsbar = -(dF/dconsts)^T lam
     from .. import numpy as snp
+    from ..graph import Tracer
     from ..graph._autodiff import vjp_eval
 
     consts, _, _ = operands(primals, params.get("jac0", False))
     x, _, _, status, *factor = outs
     ct = cts[0]
     none = [None] * len(primals)
-    # (every float const: a gradient taken inside another trace, of an
-    # argument given as a constant, gets its primals as constants)
-    if is_zero(ct) or not any(type_of(c).dtype.kind in "fc" for c in consts):
+    if is_zero(ct) or not any(isinstance(c, Tracer) for c in consts):
         return none
     graph, kind = params["graph"], params["kind"]
     if not params.get("throw", True):
@@ -404,7 +403,7 @@ def _root_vjp(primals, outs, cts, **params):
                         factor=factor[0] if factor else None)
     _, backward = vjp_eval(graph, [*consts, x])
     back = backward([snp.reshape(lam, x.shape)])[:-1]
-    return [None if is_zero(b) or type_of(c).dtype.kind not in "fc" else -b
+    return [None if is_zero(b) or not isinstance(c, Tracer) else -b
             for c, b in zip(consts, back)] + [None] * (len(primals) - len(consts))
 
 
