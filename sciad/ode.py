@@ -46,6 +46,7 @@ function along the solution).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -411,7 +412,7 @@ def _event_inline(f, y0, t_span, event, args, direction: int, kw) -> Event:
     from . import optimize
     from ._transforms import jvp, vmap
     from .primitives._control import fori_loop
-    from .primitives._ode import event_guard_p
+    from .primitives._ode import _hermite_at, event_guard_p
     from .primitives._stop_gradient import stop_gradient
 
     op = kw["op"]
@@ -451,12 +452,7 @@ def _event_inline(f, y0, t_span, event, args, direction: int, kw) -> Event:
     h = tb - ta
 
     def interpolant(t):  # the step's cubic Hermite interpolant at t
-        s = (t - ta) / h
-        s2, s3 = s * s, s * s * s
-        return _tree.tree_map(
-            lambda y0_, y1_, f0_, f1_: ((2 * s3 - 3 * s2 + 1) * y0_ + (s3 - 2 * s2 + s) * h * f0_
-                                        + (3 * s2 - 2 * s3) * y1_ + (s3 - s2) * h * f1_),
-            ya, yb, fa, fb)
+        return _tree.tree_map(functools.partial(_hermite_at, (t - ta) / h, h), ya, yb, fa, fb)
 
     def illinois(_, c):  # regula falsi with Illinois' halving, on [a, b]
         a, b, ga, gb, side = c
