@@ -53,7 +53,7 @@ import jax
 import numpy as np
 
 from ._traceback import api_boundary
-from .errors import DTypeError, ShapeError
+from .errors import DTypeError, NotSupportedError, ShapeError
 from .graph import Tracer
 from .graph._autodiff import type_of
 from .primitives._ode import ADJOINTS, FIXED_ONLY, IMEX, SOLVERS
@@ -516,8 +516,10 @@ def solve_ivp(fun: Callable, t_span, y0, method: str = "RK45", t_eval=None, args
     Dormand-Prince, `"RK23"` Bogacki-Shampine; the stiff `"Radau"`, `"BDF"`
     and `"LSODA"` map to the ESDIRK method `"kvaerno5"`) or sciad's,
     SciPy's default tolerances. `options` go to `odeint` (`adjoint`,
-    `max_steps`, `jac`, `first_step` as `dt0`, ...). Never raises on a
-    failed integration: `success` and `message` say so."""
+    `max_steps`, `jac`, `first_step` as `dt0`, ...); SciPy's `events`,
+    `dense_output` and `vectorized` are refused, naming what to use
+    (`odeint_event` for a terminal event). Never raises on a failed
+    integration: `success` and `message` say so."""
     from .primitives._ode import STATUS
 
     op = "ode.solve_ivp"
@@ -532,6 +534,12 @@ def solve_ivp(fun: Callable, t_span, y0, method: str = "RK45", t_eval=None, args
         raise ShapeError(f"`t_span` must be (t0, t1), got {t_span!r}.", op=op)
     if "first_step" in options:
         options["dt0"] = options.pop("first_step")
+    instead = {"events": "sd.ode.odeint_event (a terminal event, its time differentiable)",
+               "dense_output": "t_eval (the outputs' times are static)",
+               "vectorized": "nothing: the field is traced once, not called per column"}
+    for name in sorted(set(options) & set(instead)):
+        raise NotSupportedError(f"SciPy's `{name}` has no counterpart in solve_ivp; use "
+                                f"{instead[name]}.", op=op)
     if not isinstance(args, tuple):
         args = (args,)
     from . import numpy as snp
