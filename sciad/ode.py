@@ -304,19 +304,24 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
     return _odeint_eager(f, y0, ts, args, kw)
 
 
-def _odeint_eager(f, y0, ts, args, kw):
+def _compiled_call(inline, f, leading: tuple, args, key: tuple, name: str):
+    """`optimize.compiled_call` of `inline(f, *leading, args)` for a field
+    `f` that may be a pair: compiled once per first part and second, the
+    second held by the cache entry (through `inline`'s closure), so that its
+    id in the key is not reused meanwhile."""
     from .optimize import compiled_call
 
-    key = (_OP, tuple(sorted(kw.items())))
-    if isinstance(f, tuple):  # a split field: compiled once per first part and
-        # second (which the cache entry holds, so its id is not reused)
-        second = f[1]
-        key, f = key + (id(second),), f[0]
-        inline = (lambda g, y0, ts, args: _odeint_inline((g, second), y0, ts, args, **kw))
-    else:
-        inline = (lambda g, y0, ts, args: _odeint_inline(g, y0, ts, args, **kw))
-    ys, status, steps = compiled_call(inline, f, (y0, np.asarray(ts)), args, key=key,
-                                      name="odeint")
+    if not isinstance(f, tuple):
+        return compiled_call(inline, f, leading, args, key=key, name=name)
+    first, second = f
+    return compiled_call(lambda g, *a: inline((g, second), *a), first, leading, args,
+                         key=key + (id(second),), name=name)
+
+
+def _odeint_eager(f, y0, ts, args, kw):
+    ys, status, steps = _compiled_call(
+        lambda f, y0, ts, args: _odeint_inline(f, y0, ts, args, **kw), f, (y0, np.asarray(ts)),
+        args, (_OP, tuple(sorted(kw.items()))), "odeint")
     return ys if kw["throw"] else ODEResult(ys, int(status), int(steps))
 
 
@@ -393,17 +398,11 @@ def odeint_event(f: Callable, y0, t_span, event: Callable, args=(), *, direction
               dt0=dt0, adaptive=adaptive, jac=jac, checkpoints=checkpoints, throw=True, op=op)
     if _in_trace((y0, t_span, args)):
         return _event_inline(f, y0, t_span, event, args, direction, kw)
-    from .optimize import compiled_call
-
-    key = (op, direction, id(event), tuple(sorted(kw.items())))
-    first, rest = (f[0], (f[1],)) if isinstance(f, tuple) else (f, ())
-
-    def inline(g, y0, span, args):  # (the cache entry holds `event` and `rest`)
-        return tuple(_event_inline((g, *rest) if rest else g, y0, span, event, args,
-                                   direction, kw))
-
-    t, y = compiled_call(inline, first, (y0, np.asarray(t_span, np.float64)), args, key=key,
-                         name="odeint_event")
+    t, y = _compiled_call(  # (the cache entry holds `event`: its id is in the key)
+        lambda f, y0, span, args: tuple(_event_inline(f, y0, span, event, args, direction,
+                                                      kw)),
+        f, (y0, np.asarray(t_span, np.float64)), args,
+        (op, direction, id(event), tuple(sorted(kw.items()))), "odeint_event")
     return Event(t, y)
 
 
@@ -537,9 +536,10 @@ def solve_ivp(fun: Callable, t_span, y0, method: str = "RK45", t_eval=None, args
     instead = {"events": "sd.ode.odeint_event (a terminal event, its time differentiable)",
                "dense_output": "t_eval (the outputs' times are static)",
                "vectorized": "nothing: the field is traced once, not called per column"}
-    for name in sorted(set(options) & set(instead)):
-        raise NotSupportedError(f"SciPy's `{name}` has no counterpart in solve_ivp; use "
-                                f"{instead[name]}.", op=op)
+    refused = sorted(set(options) & set(instead))
+    if refused:
+        raise NotSupportedError(f"SciPy's `{refused[0]}` has no counterpart in solve_ivp; use "
+                                f"{instead[refused[0]]}.", op=op)
     if not isinstance(args, tuple):
         args = (args,)
     from . import numpy as snp

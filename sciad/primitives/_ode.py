@@ -5,9 +5,10 @@ The node holds the vector field as a closed body `(*consts, t, y) -> (dy/dt,)`
 on a flat state `y` of `N` elements, and its operands are `(*consts, y0,
 ts)`. For the IMEX solvers (`IMEX`, the KenCarp methods) the body has two
 outputs, the non-stiff and the stiff part of `dy/dt`, whose sum is the
-field: the first is stepped explicitly, the second implicitly. It lowers to `diffrax.diffeqsolve` (diffrax steps, controls the step
-size and detects failure), with the steps clipped to land on every output
-time. Its outputs are
+field: the first is stepped explicitly, the second implicitly. It lowers
+to `diffrax.diffeqsolve` (diffrax steps, controls the step size and
+detects failure), with the steps clipped to land on every output time. Its
+outputs are
 
 - `ys`: the state at `ts`, `(len(ts), N)`;
 - `status` (0 success, see `STATUS`), the number of accepted steps;
@@ -426,7 +427,12 @@ def field_at(graph: Graph, consts, t, y):
     sum of an IMEX field's parts)."""
     from ..graph._body import inline
 
-    first, *rest = inline(graph, [*consts, t, y])
+    return summed(inline(graph, [*consts, t, y]))
+
+
+def summed(parts: list):
+    """The field from the values of its parts (one, or an IMEX field's two)."""
+    first, *rest = parts
     for part in rest:
         first = first + part
     return first
@@ -810,7 +816,7 @@ def _continuous_vjp(primals, outs, ct, params, interpolated: bool):
         else:
             y, lam = S[:n], S[n:2 * n]
         fs, back = vjp_eval(graph, [*cs, t, y])  # (an IMEX field: its parts summed)
-        f = fs[0] if len(fs) == 1 else fs[0] + fs[1]
+        f = summed(fs)
         bars = back([lam] * len(fs))
         cbars = _flat_cotangents(bars[:m], ctypes, wanted, dtype)
         ybar = bars[-1] if not is_zero(bars[-1]) else snp.zeros((n,), dtype)
