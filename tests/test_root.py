@@ -139,6 +139,18 @@ def test_a_gradient_taken_inside_another_trace_of_a_constant_argument(rng):
     assert np.abs(want).max() > 0
 
 
+def test_a_root_started_with_jac0_passes_check_rules(rng):
+    """The node with its `jac0` operand (no derivative flows through it):
+    JVP against differences, VJP against JVP, second order, and `sd.vmap`
+    (a `map` of the node, the operand batched with the others)."""
+    def solve(f):
+        x0 = 0.01 * f
+        J0 = sd.sparse.jacobian(lambda x: diffusion(x, f))(x0)
+        return sd.optimize.root(diffusion, x0, (f,), method="chord", jac="sparse", jac0=J0).x
+
+    sd.testing.check_rules(solve, 5.0 + rng.random(N))
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(method="newton", jac0=np.eye(N)), "needs method='chord'"),
     (dict(method="chord", jac="sparse", jac0=np.eye(N + 1)), r"must be an \(12, 12\) matrix"),
