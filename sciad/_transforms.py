@@ -21,6 +21,7 @@ from ._traceback import api_boundary
 from ._function import function
 from .errors import DTypeError, ShapeError
 from .graph import Tracer, TensorType, Zero, instantiate, is_differentiable
+from .graph._core import must_run
 from .graph._autodiff import jvp_eval, type_of, vjp_eval
 from .graph._trace import current_builder, trace_flat
 
@@ -446,9 +447,9 @@ def _batched_map(fn: Callable, arg_type: TensorType, name: str,
         return [r for r in results if not isinstance(r, Zero)]
 
     graph, _, _, captured = trace_flat(nonzero, (arg_type,), closure=True, name=name)
-    if all(zero):
-        return [None] * len(zero)
     graph = dce(graph)
+    if all(zero) and not any(must_run(n) for n in graph.nodes):
+        return [None] * len(zero)  # (else its checks run: a failed solve fails this map)
     res = batch_graph(graph, [_basis(arg_type) if basis is None else basis] + list(captured),
                       [0] + [None] * len(captured))
     if forward:

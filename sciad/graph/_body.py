@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import jax
 
-from ._core import Graph, Literal, Node, Var
+from ._core import Graph, Literal, Node, Var, has_effects, must_run
 from ._types import AbstractType
 
 _tree = jax.tree_util
@@ -107,14 +107,13 @@ def jvp_body(graph: Graph, nonzero: Sequence[bool], *, name: str | None = None,
 
 def live_inputs(graph: Graph, used_outputs: Sequence[bool]) -> tuple[Graph, list[bool]]:
     """`graph` with only its used outputs (and the nodes they need), and which
-    of its inputs those still read. Nodes with effects are kept."""
-    from ._passes import _has_effects
-
+    of its inputs those still read. Nodes that must run (`must_run`: effects,
+    or checks that may raise) are kept."""
     outs = [a for a, u in zip(graph.outputs, used_outputs) if u]
     live = {a for a in outs if isinstance(a, Var)}
     kept: list[Node] = []
     for node in reversed(graph.nodes):
-        if _has_effects(node) or any(v in live for v in node.outputs):
+        if must_run(node) or any(v in live for v in node.outputs):
             kept.append(node)
             live.update(a for a in node.inputs if isinstance(a, Var))
     kept.reverse()
@@ -132,12 +131,10 @@ def invariant_nodes(graph: Graph, num_consts: int) -> list[bool]:
     and constants (directly or through other such nodes): a loop-invariant
     value, the same at every step. Nodes with effects or subgraphs that
     hold effects never are."""
-    from ._passes import _has_effects
-
     inv: set[Var] = set(graph.inputs[:num_consts])
     flags = []
     for node in graph.nodes:
-        ok = (not _has_effects(node)
+        ok = (not has_effects(node)
               and all(isinstance(a, Literal) or a in inv for a in node.inputs))
         if ok:
             inv.update(node.outputs)

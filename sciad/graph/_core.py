@@ -117,6 +117,27 @@ class Node:
         return format_node(self)
 
 
+def has_effects(node: Node) -> bool:
+    """Effects of `node` itself or of any node in its subgraphs."""
+    return bool(node.effects) or any(has_effects(n) for g in node.subgraphs
+                                     for n in g.nodes)
+
+
+def can_fail(node: Node) -> bool:
+    """Whether running `node` checks its values and may raise: its primitive
+    declares `runtime_checks`, or a node in one of its subgraphs does. Such a
+    node is kept by dead-code elimination even where nothing reads its
+    results, so that a program derived from one that fails fails too."""
+    return node.primitive.runtime_checks or any(can_fail(n) for g in node.subgraphs
+                                                for n in g.nodes)
+
+
+def must_run(node: Node) -> bool:
+    """Whether `node` runs whether or not its results are used: it has
+    effects, or it can fail (`can_fail`)."""
+    return has_effects(node) or can_fail(node)
+
+
 def _graphs_in(values) -> Iterator["Graph"]:
     for v in values:
         if isinstance(v, Graph):

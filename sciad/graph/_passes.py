@@ -18,7 +18,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ._core import Atom, Graph, Literal, Node, Var
+from ._core import Atom, Graph, Literal, Node, Var, has_effects, must_run
 from ._types import TensorType, holds_tuple
 from ._verify import verify
 
@@ -98,12 +98,6 @@ def _map_subgraphs(node: Node, run: _Run) -> Node:
     return node.replace(params=params)
 
 
-def _has_effects(node: Node) -> bool:
-    """Effects of the node itself or of any node in its subgraphs."""
-    return bool(node.effects) or any(_has_effects(n) for g in node.subgraphs
-                                     for n in g.nodes)
-
-
 def _forward(graph: Graph, run: _Run, visit: Callable[[Node], Node | tuple]) -> Graph:
     """Walks the nodes in order. Each node, with its inputs substituted and its
     subgraphs rewritten, goes to `visit`, which returns the node to keep (maybe a
@@ -140,9 +134,15 @@ def dce(graph: Graph) -> Graph:
     """Dead-code elimination: drops the nodes whose results the outputs do not need.
 
     A node is kept if one of its outputs is used, directly or through other kept
-    nodes, by `graph.outputs`, or if it has effects (`node.effects`, or effects
-    of a node in one of its subgraphs). A node with several outputs is kept or
-    dropped whole. Subgraphs are cleaned too; their inputs and outputs stay.
+    nodes, by `graph.outputs`, or if it must run whether or not it is used
+    (`must_run`): it has effects (`node.effects`, or effects of a node in one
+    of its subgraphs), or it checks its values when it runs and may raise (a
+    solve, a bounded loop, a guard: `Primitive(runtime_checks=True)`, or such
+    a node in a subgraph). So a program derived from one that fails (a
+    gradient that needs none of a failed solve's results, say) fails too. A
+    node with several outputs is kept or dropped whole, except that a node
+    with a body drops its unused outputs through its `dce` rule. Subgraphs
+    are cleaned too; their inputs and outputs stay.
 
     **Arguments:**
 
@@ -160,13 +160,14 @@ def _dce_graph(graph: Graph, run: _Run) -> Graph:
     live = {a for a in graph.outputs if isinstance(a, Var)}
     kept: list[Node] = []
     for node in reversed(graph.nodes):
-        if _has_effects(node) or any(v in live for v in node.outputs):
+        used = [v in live for v in node.outputs]
+        if any(used) or must_run(node):
             node = _map_subgraphs(node, run)
             rule = node.primitive.dce_rule
-            if rule is not None and not _has_effects(node):
+            if rule is not None and any(used) and not has_effects(node):
                 # a node with a body drops its unused outputs (and what only
                 # they needed, inside the body and among its operands)
-                new = rule(node, [v in live for v in node.outputs])
+                new = rule(node, used)
                 if new is not None:
                     assert all(v in node.outputs for v in new.outputs), \
                         f"{node.primitive.name}: a dce rule must keep output Vars"
@@ -258,7 +259,7 @@ def _cse_graph(graph: Graph, run: _Run) -> Graph:
     seen: dict[tuple, tuple[Var, ...]] = {}
 
     def visit(node: Node):
-        if _has_effects(node):
+        if has_effects(node):
             return node
         try:
             key = (node.primitive, tuple(_atom_key(a) for a in node.inputs),
@@ -310,7 +311,7 @@ def fold_constants(graph: Graph, max_size: int = 1024) -> Graph:
 def _foldable(node: Node, max_size: int) -> bool:
     return (node.primitive.impl_rule is not None
             and all(isinstance(a, Literal) for a in node.inputs)
-            and not _has_effects(node) and not node.subgraphs
+            and not has_effects(node) and not node.subgraphs
             and all(isinstance(v.type, TensorType) and not v.type.tags
                     and v.type.size <= max_size for v in node.outputs))
 

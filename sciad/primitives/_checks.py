@@ -189,7 +189,8 @@ def check(judge, site: Site, /, *, when=None, **measures):
     from ..solvers._host import host_call
 
     def call(values):
-        (tok,) = host_call(host, (jax.ShapeDtypeStruct((), jnp.int32),), *values)
+        (tok,) = host_call(host, (jax.ShapeDtypeStruct((), jnp.int32),), *values,
+                           effect=True)
         return tok
 
     if when is None:

@@ -66,6 +66,7 @@ from ..graph import Graph, Param, Primitive, TensorType, Zero, is_zero
 from ..graph._autodiff import jvp_eval, type_of
 from ..graph._types import Pattern
 from ._checks import check, tie
+from ._root import root_guard_p
 
 #: solver name -> (diffrax class name, implicit)
 SOLVERS = {
@@ -489,6 +490,8 @@ def _odeint_jvp(primals, tangents, **params):
                 pattern=_augmented_pattern(params, aug))
     ys_aug, *more = odeint_p.bind(*consts, *extra, snp.concatenate([y0, dy0]), ts, **p)
     ys, dys = ys_aug[:, :n], ys_aug[:, n:]
+    if not params.get("throw", True):
+        dys = root_guard_p.bind(more[0], dys, of="odeint")  # no derivative of a failure
     if not is_zero(dts):
         dys = dys + _fields_at(graph, consts, ts, ys) * dts[:, None]
     # status, steps (and the grid and marks where recorded), the states
@@ -854,6 +857,8 @@ def _odeint_vjp(primals, outs, cts, **params):
 
     *consts, y0, ts = primals
     ct = cts[0]
+    if not params.get("throw", True) and not is_zero(ct):
+        ct = root_guard_p.bind(outs[1], ct, of="odeint")  # no derivative of a failure
     # (the states at every step get cotangents where a reverse pass that
     # read them is differentiated in reverse mode again)
     ct_states = cts[5] if len(cts) > 5 and not is_zero(cts[5]) else None

@@ -420,61 +420,87 @@ def _root_sparsity(outs, *deps, **params):
 # the guard: no derivative of a failed solve
 
 
-root_guard_p = Primitive("optimize.root_guard", runtime_checks=True, params={})
-#: `root_guard(status, t)`: `t`, after checking that the root solve whose
-#: `status` it reads converged; linear in `t` (its transpose is itself)
+root_guard_p = Primitive("optimize.root_guard", runtime_checks=True,
+                         params={"of": Param(str, default="root")})
+#: `root_guard(status, t)`: `t`, after checking that the solve whose `status`
+#: it reads succeeded; linear in `t` (its transpose is itself). `of` names the
+#: solve: "root" (`optimize.root`, `STATUS` of `sciad.solvers._nonlinear`) or
+#: "odeint" (`ode.odeint` with `throw=False`, its `STATUS`). The derivatives
+#: of a solve that may fail without raising pass through it.
+
+
+def _status_table(of: str) -> tuple[dict, str]:
+    """The status texts of the solve a guard follows, and what to do."""
+    if of == "odeint":
+        # (imported here: `_ode` imports this module for the guard)
+        from ._ode import STATUS
+
+        return STATUS, ("an ODE solution's derivative is that of the integration that "
+                        "reached the final time. Check the status before differentiating "
+                        "(a `throw=False` solve), or integrate with `throw=True` to see "
+                        "the diagnosis")
+    from ..solvers._nonlinear import STATUS
+
+    return STATUS, ("the implicit function theorem holds only at a root. Check `.success` "
+                    "before differentiating, or solve with `throw=True` to see the "
+                    "diagnosis")
 
 
 @root_guard_p.def_abstract_eval
-def _guard_shape(status, t):
+def _guard_shape(status, t, *, of="root"):
     if not isinstance(status, TensorType) or status.dtype != np.int32:
         raise DTypeError(f"`status` must be int32, got {status.str_short()}.",
+                         op="optimize.root_guard")
+    if of not in ("root", "odeint"):
+        raise ShapeError(f"`of` must be 'root' or 'odeint', got {of!r}.",
                          op="optimize.root_guard")
     return t
 
 
-def judge_derivative(site, *, status):
-    from ..solvers._nonlinear import STATUS
-
-    status = int(status)
-    if status:
+def judge_derivative(site, *, status, of="root"):
+    # (batched where the guard is: one status per example)
+    failed = np.asarray(status).ravel()
+    failed = failed[failed != 0]
+    if failed.size:
+        table, advice = _status_table(of)
+        what = "a root solve" if of == "root" else "an ODE integration"
         site.fail(ConvergenceError,
-                  f"cannot differentiate a root solve that failed ({STATUS[status]}): the "
-                  "implicit function theorem holds only at a root. Check `.success` before "
-                  "differentiating, or solve with `throw=True` to see the diagnosis.")
+                  f"cannot differentiate {what} that failed ({table[int(failed[0])]}): "
+                  f"{advice}.")
 
 
 @root_guard_p.def_impl
-def _guard_impl(status, t, *, site=None):
+def _guard_impl(status, t, *, of="root", site=None):
     from ..graph import Site
 
     return tie(t, check(judge_derivative, site or Site("optimize.root_guard"),
-                        when=(status != 0).any(), status=status))
+                        when=(status != 0).any(), status=status, of=of))
 
 
 @root_guard_p.def_jvp
-def _guard_jvp(primals, tangents):
+def _guard_jvp(primals, tangents, *, of="root"):
     (status, t), (_, dt) = primals, tangents
-    out = root_guard_p.bind(status, t)
-    return out, Zero(type_of(out).update()) if is_zero(dt) else root_guard_p.bind(status, dt)
+    out = root_guard_p.bind(status, t, of=of)
+    return out, (Zero(type_of(out).update()) if is_zero(dt)
+                 else root_guard_p.bind(status, dt, of=of))
 
 
 @root_guard_p.def_transpose
-def _guard_transpose(ct, status, t):
-    return None, root_guard_p.bind(status, ct)
+def _guard_transpose(ct, status, t, *, of="root"):
+    return None, root_guard_p.bind(status, ct, of=of)
 
 
 @root_guard_p.def_batch
-def _guard_batch(args, dims):
+def _guard_batch(args, dims, *, of="root"):
     from ..graph._batch import batch_size_of, batched_front
 
     size = batch_size_of(args, dims)
     status, t = (batched_front(a, d, size) for a, d in zip(args, dims))
-    return root_guard_p.bind(status, t), 0
+    return root_guard_p.bind(status, t, of=of), 0
 
 
 @root_guard_p.def_sparsity
-def _guard_sparsity(outs, status, t):
+def _guard_sparsity(outs, status, t, *, of="root"):
     return t.matrix
 
 

@@ -31,6 +31,13 @@ front (an unbatched argument gets axes of size 1: broadcast it) and must
 return results with those axes in front (JAX's "expand_dims" convention).
 The primitive is never differentiated: sciad differentiates its graphs
 before lowering.
+
+A call made with `effect=True` (the run-time checks, `sciad.primitives`'
+`check`) carries a JAX effect and is lowered as side-effecting, so neither
+JAX's dead-code elimination (of `jax.jit`, `jax.grad`'s partial evaluation,
+`lax.cond`) nor XLA's removes it when its result is unused: a check runs
+whenever the computation it judges runs, whichever of that computation's
+results a program reads.
 """
 
 from __future__ import annotations
@@ -42,6 +49,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
+
+try:  # JAX's effect registry (no public API): declares a check's effect
+    from jax._src import effects as _effects
+except ImportError:  # pragma: no cover - depends on the JAX version
+    _effects = None
 
 try:  # the FFI lowering of Python callbacks (see the docstring)
     from jax.interpreters.mlir import emit_python_callback as _emit_python_callback
@@ -123,45 +135,64 @@ class _HostFn:
         return tuple(map(host_to_words, outs)) if self.out_words else outs
 
 
+if _effects is not None:
+    class CheckEffect(_effects.Effect):
+        """A run-time check: kept when its result is unused, allowed wherever
+        JAX allows its own debug callbacks (control flow, `jax.checkpoint`,
+        custom derivatives), unordered."""
+
+        __str__ = lambda self: "SciadCheck"  # noqa: E731
+
+    check_effect = CheckEffect()
+    for _set in (_effects.lowerable_effects, _effects.control_flow_allowed_effects,
+                 _effects.remat_allowed_effects, _effects.custom_derivatives_allowed_effects,
+                 _effects.partial_eval_kept_effects):
+        _set.add_type(CheckEffect)
+else:  # pragma: no cover - depends on the JAX version
+    check_effect = None
+
 host_call_p = Primitive("sciad_host_call")
 host_call_p.multiple_results = True
 
 
-def _host_call_abstract_eval(*avals, host, results):
-    return [jax.core.ShapedArray(r.shape, r.dtype) for r in results]
+def _host_call_abstract_eval(*avals, host, results, effect=False):
+    outs = [jax.core.ShapedArray(r.shape, r.dtype) for r in results]
+    return outs, ({check_effect} if effect and check_effect is not None else set())
 
 
-def _host_call_lowering(ctx, *args, host, results):
+def _host_call_lowering(ctx, *args, host, results, effect=False):
     outs, _, _ = _emit_python_callback(ctx, host, None, list(args), ctx.avals_in,
-                                       ctx.avals_out, has_side_effect=False,
+                                       ctx.avals_out, has_side_effect=bool(effect),
                                        returns_token=False)
     return outs
 
 
-def _host_call_impl(*args, host, results):
+def _host_call_impl(*args, host, results, effect=False):
     # outside jit: run it here (a raise is the host function's own exception)
     outs = host(*[np.asarray(a) for a in args])
     return [jnp.asarray(o) for o in outs]
 
 
-def _host_call_batch(args, dims, *, host, results):
+def _host_call_batch(args, dims, *, host, results, effect=False):
     # an unbatched operand's axis is None (JAX's `not_mapped`)
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     moved = [jnp.moveaxis(a, d, 0) if d is not None else a[None]
              for a, d in zip(args, dims)]
     out_results = tuple(jax.ShapeDtypeStruct((size,) + tuple(r.shape), r.dtype)
                         for r in results)
-    return host_call_p.bind(*moved, host=host, results=out_results), [0] * len(results)
+    return (host_call_p.bind(*moved, host=host, results=out_results, effect=effect),
+            [0] * len(results))
 
 
-host_call_p.def_abstract_eval(_host_call_abstract_eval)
+host_call_p.def_effectful_abstract_eval(_host_call_abstract_eval)
 host_call_p.def_impl(_host_call_impl)
 batching.primitive_batchers[host_call_p] = _host_call_batch
 if _emit_python_callback is not None:
     mlir.register_lowering(host_call_p, _host_call_lowering, cacheable=False)
 
 
-def host_call(fn: Callable, results: Sequence[jax.ShapeDtypeStruct], *args) -> tuple:
+def host_call(fn: Callable, results: Sequence[jax.ShapeDtypeStruct], *args,
+              effect: bool = False) -> tuple:
     """`fn(*args)` run on the host, with exact dtypes both ways.
 
     `fn` receives NumPy arrays of the arguments' own dtypes (with leading
@@ -169,6 +200,8 @@ def host_call(fn: Callable, results: Sequence[jax.ShapeDtypeStruct], *args) -> t
     `results` (tuples of `jax.ShapeDtypeStruct`), of that dtype. An exception
     raised by `fn` stops the program; it reaches the caller as JAX's runtime
     error carrying its text (see `sciad.errors.runtime_error_from`).
+    With `effect=True` the call is side-effecting (see the module
+    docstring): it runs even where nothing reads its results.
     """
     args = [jnp.asarray(a) for a in args]
     in_dtypes = [np.dtype(a.dtype) for a in args]
@@ -180,7 +213,9 @@ def host_call(fn: Callable, results: Sequence[jax.ShapeDtypeStruct], *args) -> t
                     else jax.ShapeDtypeStruct(tuple(r.shape), r.dtype) for r in results)
     host = _HostFn(fn, in_dtypes, out_dtypes, in_words=not ffi, out_words=words)
     if ffi:
-        outs = host_call_p.bind(*args, host=host, results=structs)
+        outs = host_call_p.bind(*args, host=host, results=structs, effect=effect)
+    elif effect:  # pragma: no cover - depends on the JAX version
+        outs = jax.experimental.io_callback(host, structs, *[to_words(a) for a in args])
     else:  # pragma: no cover - depends on the JAX version
         outs = jax.pure_callback(host, structs, *[to_words(a) for a in args],
                                  vmap_method="expand_dims")
