@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._host import host_call
+from ._measures import ratio
 
 METHODS = ("splu", "spsolve")
 
@@ -505,10 +506,8 @@ def measures(r: np.ndarray, x: np.ndarray, b: np.ndarray, anorm_inf: float):
         return eta, rel
     rn, xn, bn = (np.abs(v).max(axis=0, initial=0.0) for v in (r, x, b))
     with np.errstate(invalid="ignore", divide="ignore"):
-        den = anorm_inf * xn + bn
-        eta = np.where(den > 0, rn / np.where(den > 0, den, 1.0), np.where(rn > 0, np.inf, 0.0))
-        rel = np.where(bn > 0, rn / np.where(bn > 0, bn, 1.0), np.where(rn > 0, np.inf, 0.0))
-    return float(np.max(eta)), float(np.max(rel))
+        eta, rel = ratio(rn, anorm_inf * xn + bn), ratio(rn, bn)
+    return float(np.max(eta, initial=0.0)), float(np.max(rel, initial=0.0))
 
 
 def _solve_checked(pattern, handle: int, d: np.ndarray, b: np.ndarray, transpose: bool,

@@ -1,0 +1,150 @@
+"""NaN is a failure: every numerical check in sciad reads a NaN measure as
+failing (`if not x <= tol: fail`), never as passing (`if x > tol: fail`).
+
+Each check has a test here that feeds NaN to its measure, directly (the
+host-side judge, on a `Site`) or through an input that produces it, and
+asserts the sciad error it must raise."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import sciad as sd
+import sciad.numpy as snp
+from sciad.errors import (ConvergenceError, NonFiniteError, NotPositiveDefiniteError,
+                          SingularMatrixError, StructureError, runtime_error_from)
+from sciad.graph import Site
+from sciad.primitives import _checks
+from sciad.solvers import sparse_direct
+from sciad.solvers._measures import ratio
+
+NAN = float("nan")
+
+
+def judged(judge, **measures):
+    """The sciad error `judge` raises on `measures` (None if it passes)."""
+    try:
+        judge(Site("test.op"), **measures)
+    except RuntimeError as e:  # (a run-time check's error, as it leaves XLA)
+        return runtime_error_from(e)
+    return None
+
+
+# ---------------------------------------------------------------------------
+# direct solves: the singular systems of the issue, and the measures
+
+
+def _neumann(n=40):
+    """The 1-D Neumann Laplacian: rows sum to zero exactly, SuperLU meets an
+    exactly zero pivot (`spsolve` returned NaN, with only SciPy's warning)."""
+    M = sp.diags([-np.ones(n - 1), 2.0 * np.ones(n), -np.ones(n - 1)], [-1, 0, 1]).tolil()
+    M[0, 0] = M[n - 1, n - 1] = 1.0
+    return M.tocsr()
+
+
+SINGULAR = {
+    "neumann": _neumann(),
+    "rank1": sp.csr_matrix(np.outer(np.arange(1.0, 5.0), np.arange(1.0, 5.0))),
+    "zero": sp.csr_matrix((np.zeros(4), np.arange(4), np.arange(5)), shape=(4, 4)),  # stored
+}
+
+
+def _solve_sum(M, solver):
+    """`d, b -> sum(solve(A(d), b))` for the matrix `M`'s pattern (sparse
+    solvers) or for dense `A` (`d` the dense matrix)."""
+    if solver in ("lu", "cholesky"):
+        return lambda d, b: snp.sum(sd.linalg.solve(d, b, solver=solver))
+    M = sp.csr_matrix(M)
+    M.sort_indices()
+
+    def f(d, b):
+        A = sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape)
+        return snp.sum(sd.linalg.solve(A, b, solver=solver))
+
+    return f
+
+
+def _operands(M, solver):
+    M = sp.csr_matrix(M)
+    M.sort_indices()
+    b = np.linspace(1.0, 2.0, M.shape[0])  # not in the range of any of them
+    return (M.toarray() if solver in ("lu", "cholesky") else M.data), b
+
+
+def _raises_for_each_mode(M, solver, error, match=None):
+    f = _solve_sum(M, solver)
+    d, b = _operands(M, solver)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (SciPy's MatrixRankWarning, from JAX's spsolve)
+        with pytest.raises(error, match=match):
+            sd.function(f)(d, b)
+        with pytest.raises(error, match=match):
+            sd.grad(f, argnums=(0, 1))(d, b)
+
+
+@pytest.mark.parametrize("case", sorted(SINGULAR))
+def test_spsolve_of_a_singular_matrix_raises_instead_of_nan(case):
+    """`spsolve` returns NaN for these; the backward error of a NaN solution
+    read 0 (`where(rn > 0, inf, 0)` is 0 for NaN), so with checks off (the
+    condition estimate then runs only where a measure is off) NaN came out,
+    forward and as the gradient."""
+    with sd.config.checks(False):
+        _raises_for_each_mode(SINGULAR[case], "spsolve", SingularMatrixError,
+                              match="the solve returned NaN or infinite values")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checks", [False, True])
+@pytest.mark.parametrize("solver, error", [
+    ("spsolve", SingularMatrixError), ("splu", SingularMatrixError),
+    ("lu", SingularMatrixError), ("cholesky", NotPositiveDefiniteError),
+    ("cg", ConvergenceError), ("gmres", ConvergenceError), ("bicgstab", ConvergenceError)])
+@pytest.mark.parametrize("case", sorted(SINGULAR))
+def test_every_solver_raises_on_the_singular_systems(case, solver, error, checks):
+    with sd.config.checks(checks):
+        _raises_for_each_mode(SINGULAR[case], solver, error)
+
+
+def test_a_nan_solution_fails_judge_solve():
+    for measures in (dict(backward_error=NAN), dict(residual=NAN),
+                     dict(backward_error=NAN, residual=NAN, rcond=0.0)):
+        err = judged(_checks.judge_solve, dtype=np.float64, n=4, **measures)
+        assert isinstance(err, SingularMatrixError), measures
+        assert "returned NaN or infinite values" in str(err)
+    assert judged(_checks.judge_solve, dtype=np.float64, n=4) is None  # (the measures pass)
+
+
+def test_a_nan_matrix_measure_fails_judge_matrix():
+    err = judged(_checks.judge_matrix, dtype=np.float64, tags={"symmetric"}, asymmetry=NAN)
+    assert isinstance(err, StructureError) and "not symmetric" in str(err)
+    err = judged(_checks.judge_matrix, dtype=np.float64, tags={"spd"}, min_diagonal=NAN)
+    assert isinstance(err, StructureError) and "diagonal" in str(err)
+
+
+def test_the_measures_of_a_nan_solution_are_nan():
+    """The solve's measures, on the host (SuperLU, several right-hand sides)
+    and the guarded division they share: NaN stays NaN."""
+    np.testing.assert_array_equal(ratio(np.array([1.0, 0.0, 1.0, NAN, 0.0]),
+                                        np.array([2.0, 0.0, 0.0, 0.0, NAN])),
+                                  [0.5, 0.0, np.inf, NAN, NAN])
+    x = np.full((3, 2), NAN)
+    r, b = np.full((3, 2), NAN), np.ones((3, 2))
+    eta, rel = sparse_direct.measures(r, x, b, 0.0)  # (a zero matrix: no `den > 0`)
+    assert np.isnan(eta) and np.isnan(rel)
+    eta, rel = sparse_direct.measures(r[:, 0], x[:, 0], b[:, 0], 0.0)
+    assert np.isnan(eta) and np.isnan(rel)
+
+
+def test_throw_false_reports_the_nan_backward_error():
+    M = SINGULAR["zero"]
+    A = sd.sparse.csr_matrix((M.data, M.indices, M.indptr), shape=M.shape)
+    with sd.config.checks(False), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        x, info = sd.linalg.solve(A, np.ones(4), solver="spsolve", throw=False)
+    assert np.isnan(np.asarray(x)).all()
+    assert not bool(info.converged) and np.isnan(float(info.backward_error))  # (was 0)
+    assert np.isnan(float(info.residual))
