@@ -148,3 +148,20 @@ def test_throw_false_reports_the_nan_backward_error():
     assert np.isnan(np.asarray(x)).all()
     assert not bool(info.converged) and np.isnan(float(info.backward_error))  # (was 0)
     assert np.isnan(float(info.residual))
+
+
+# ---------------------------------------------------------------------------
+# ODEs: the output times, the step control
+
+
+def test_output_times_with_nan_are_refused_when_the_program_runs():
+    """Concrete `ts` are checked at trace time; traced ones by the node. Its
+    test was `any(diff(ts) <= 0)`, false for NaN (NaN inside `ts` passed,
+    as a wrong diagnosis of the state; at an end, and any non-increasing
+    `ts`, diffrax stopped with an error of its own, not a sciad error)."""
+    f = sd.function(lambda ts: sd.ode.odeint(lambda t, y, a: -y, np.array([1.0]), ts))
+    np.testing.assert_allclose(np.asarray(f(np.array([0.0, 0.5, 1.0])))[:, 0],
+                               np.exp([0.0, -0.5, -1.0]), rtol=1e-5)
+    for ts in ([0.0, NAN, 1.0], [NAN, 0.5, 1.0], [0.0, 0.5, NAN], [0.0, 1.0, 0.5]):
+        with pytest.raises(sd.errors.ShapeError, match="must be finite and strictly increasing"):
+            f(np.array(ts))
