@@ -165,3 +165,83 @@ def test_output_times_with_nan_are_refused_when_the_program_runs():
     for ts in ([0.0, NAN, 1.0], [NAN, 0.5, 1.0], [0.0, 0.5, NAN], [0.0, 1.0, 0.5]):
         with pytest.raises(sd.errors.ShapeError, match="must be finite and strictly increasing"):
             f(np.array(ts))
+
+
+# ---------------------------------------------------------------------------
+# the guards of eigen- and singular value derivatives, and eigsh's results
+
+
+def _nan_matrix():
+    a = np.diag([1.0, 2.0, 3.0])
+    a[0, 1] = a[1, 0] = NAN
+    return a
+
+
+def test_a_nan_eigendecomposition_fails_the_guard():
+    """NaN eigenvalues were never judged (`|w_i - w_j| <= width` is false for
+    NaN: no cluster, no host call), and the gradient came out NaN."""
+    with pytest.raises(NonFiniteError, match="eigenvalues are NaN"):
+        sd.grad(lambda a: snp.sum(sd.linalg.eigh(a)[1][:, 0] ** 2 * snp.arange(3.0)))(
+            _nan_matrix())
+    with pytest.raises(NonFiniteError, match="singular values are NaN"):
+        sd.grad(lambda a: snp.sum(sd.linalg.svd(a, compute_uv=False)))(_nan_matrix())
+
+
+def test_nan_cotangents_inside_a_cluster_fail_the_guards():
+    """Inside a cluster the guard compares the cotangents' spread with a
+    slack made from their size: NaN passed both (`nan > nan` is false)."""
+    from sciad.primitives import _eigen, _svd
+
+    w, v = np.array([1.0, 2.0, 2.0, 3.0]), np.eye(4)
+    common = dict(op="linalg.eigh", tol=1e-8, complex_=False, v=v, w=w)
+    err = judged(_eigen._judge_gauge, values_used=True, vectors_used=False,
+                 w_bar=np.array([1.0, NAN, 1.0, 1.0]), v_bar=np.zeros((4, 4)), **common)
+    assert isinstance(err, NonFiniteError) and "cotangent" in str(err)
+    v_bar = np.zeros((4, 4))
+    v_bar[1, 2] = NAN
+    err = judged(_eigen._judge_gauge, values_used=False, vectors_used=True,
+                 w_bar=np.zeros(4), v_bar=v_bar, **common)
+    assert isinstance(err, NonFiniteError)
+    assert judged(_eigen._judge_gauge, values_used=True, vectors_used=False,  # (it passes)
+                  w_bar=np.array([1.0, 1.0, 1.0, 0.0]), v_bar=np.zeros((4, 4)),
+                  **common) is None
+    err = judged(_svd._judge_gauge, tol=1e-8, complex_=False, s=np.array([3.0, 1.0, 1.0]),
+                 s_bar=np.array([1.0, NAN, 1.0]))
+    assert isinstance(err, NonFiniteError) and "cotangent" in str(err)
+    err = judged(_eigen._judge_gauge, values_used=True, vectors_used=False,  # eigsh's next
+                 w_bar=np.ones(4), v_bar=np.zeros((4, 4)), edge=np.array(NAN), **common)
+    assert isinstance(err, NonFiniteError)
+
+
+def test_a_nan_matrix_function_domain_is_non_finite_not_indefinite():
+    from sciad.primitives import _eigen
+
+    err = judged(_eigen._judge_domain, fn="log", domain="positive definite",
+                 smallest=np.array([NAN]))
+    assert isinstance(err, NonFiniteError)
+    err = judged(_eigen._judge_domain, fn="log", domain="positive definite",
+                 smallest=np.array([-1.0]))
+    assert isinstance(err, NotPositiveDefiniteError)
+
+
+def _diagonal(values):
+    n = len(values)
+    return sd.sparse.csr_matrix((np.asarray(values, float), np.arange(n), np.arange(n + 1)),
+                                shape=(n, n))
+
+
+def test_eigsh_refuses_a_singular_shift_and_nan_eigenpairs(monkeypatch):
+    A = _diagonal(np.arange(1.0, 31.0))
+    with pytest.raises(SingularMatrixError, match="sigma=3.0 is an eigenvalue"):
+        sd.linalg.eigsh(A, k=3, sigma=3.0)  # (was SciPy's RuntimeError inside JAX's)
+    w, _ = sd.linalg.eigsh(A, k=3, sigma=3.0 + 3e-8)
+    np.testing.assert_allclose(np.asarray(w), [2.0, 3.0, 4.0], rtol=1e-10)
+
+    import scipy.sparse.linalg as spla
+
+    def nan_eigsh(a, k, **kw):
+        return np.full(k, NAN), np.full((a.shape[0], k), NAN)
+
+    monkeypatch.setattr(spla, "eigsh", nan_eigsh)
+    with pytest.raises(ConvergenceError, match="NaN or infinite eigenpairs"):
+        sd.linalg.eigsh(_diagonal(np.arange(1.0, 32.0)), k=3)
