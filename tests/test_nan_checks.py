@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import warnings
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 import sciad as sd
 import sciad.numpy as snp
-from sciad.errors import (ConvergenceError, NonFiniteError, NotPositiveDefiniteError,
+from sciad.errors import (ConvergenceError, NonFiniteError, NotPositiveDefiniteError, RuleError,
                           SingularMatrixError, StructureError, runtime_error_from)
 from sciad.graph import Site
 from sciad.primitives import _checks
@@ -245,3 +246,39 @@ def test_eigsh_refuses_a_singular_shift_and_nan_eigenpairs(monkeypatch):
     monkeypatch.setattr(spla, "eigsh", nan_eigsh)
     with pytest.raises(ConvergenceError, match="NaN or infinite eigenpairs"):
         sd.linalg.eigsh(_diagonal(np.arange(1.0, 32.0)), k=3)
+
+
+# ---------------------------------------------------------------------------
+# sd.testing.check_rules
+
+
+def test_check_rules_fails_on_nan(rng):
+    """Its comparisons are `not err <= tol`; the batching check took the
+    largest error with Python's `max`, which drops a NaN after the first
+    output (`max(0.0, nan)` is 0.0)."""
+    def sin_like(nan_in_batch=False, nan_in_jvp=False):
+        p = sd.primitive(f"test_nan_checks.sin_{rng.integers(2**40)}")
+        p.def_abstract_eval(lambda x: x)
+        p.def_impl(jnp.sin)
+
+        @p.def_jvp
+        def _jvp(primals, tangents):
+            (x,), (t,) = primals, tangents
+            return p(x), t * snp.cos(x) * (NAN if nan_in_jvp else 1.0)
+
+        @p.def_batch
+        def _batch(args, dims):
+            return p(args[0]) * (NAN if nan_in_batch else 1.0), dims[0]
+
+        return p
+
+    x = rng.standard_normal(3)
+    ok = sin_like()
+    sd.testing.check_rules(lambda x: [2.0 * x, ok(x)], x)  # (the checks pass)
+    bad = sin_like(nan_in_batch=True)
+    with pytest.raises(RuleError, match=r"batching: .* relative error nan"):
+        sd.testing.check_rules(lambda x: [2.0 * x, bad(x)], x, second_order=False)
+    with pytest.raises(RuleError, match=r"JVP rule disagrees .* relative error nan"):
+        sd.testing.check_rules(sin_like(nan_in_jvp=True), x, batch=False)
+    with pytest.raises(NonFiniteError, match="outputs hold NaN or infinite values"):
+        sd.testing.check_rules(ok, np.array([0.5, NAN]), batch=False)
