@@ -13,13 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.sparse as sp
+import scipy.sparse.linalg as spla
 
 import sciad as sd
 import sciad.numpy as snp
 from sciad.errors import (ConvergenceError, NonFiniteError, NotPositiveDefiniteError, RuleError,
                           SingularMatrixError, StructureError, runtime_error_from)
 from sciad.graph import Site
-from sciad.primitives import _checks
+from sciad.primitives import _checks, _eigen, _svd
+from sciad.primitives._linalg import judge_krylov
 from sciad.solvers import sparse_direct
 from sciad.solvers._measures import ratio
 
@@ -191,8 +193,6 @@ def test_a_nan_eigendecomposition_fails_the_guard():
 def test_nan_cotangents_inside_a_cluster_fail_the_guards():
     """Inside a cluster the guard compares the cotangents' spread with a
     slack made from their size: NaN passed both (`nan > nan` is false)."""
-    from sciad.primitives import _eigen, _svd
-
     w, v = np.array([1.0, 2.0, 2.0, 3.0]), np.eye(4)
     common = dict(op="linalg.eigh", tol=1e-8, complex_=False, v=v, w=w)
     err = judged(_eigen._judge_gauge, values_used=True, vectors_used=False,
@@ -215,8 +215,6 @@ def test_nan_cotangents_inside_a_cluster_fail_the_guards():
 
 
 def test_a_nan_matrix_function_domain_is_non_finite_not_indefinite():
-    from sciad.primitives import _eigen
-
     err = judged(_eigen._judge_domain, fn="log", domain="positive definite",
                  smallest=np.array([NAN]))
     assert isinstance(err, NonFiniteError)
@@ -237,8 +235,6 @@ def test_eigsh_refuses_a_singular_shift_and_nan_eigenpairs(monkeypatch):
         sd.linalg.eigsh(A, k=3, sigma=3.0)  # (was SciPy's RuntimeError inside JAX's)
     w, _ = sd.linalg.eigsh(A, k=3, sigma=3.0 + 3e-8)
     np.testing.assert_allclose(np.asarray(w), [2.0, 3.0, 4.0], rtol=1e-10)
-
-    import scipy.sparse.linalg as spla
 
     def nan_eigsh(a, k, **kw):
         return np.full(k, NAN), np.full((a.shape[0], k), NAN)
@@ -282,3 +278,50 @@ def test_check_rules_fails_on_nan(rng):
         sd.testing.check_rules(sin_like(nan_in_jvp=True), x, batch=False)
     with pytest.raises(NonFiniteError, match="outputs hold NaN or infinite values"):
         sd.testing.check_rules(ok, np.array([0.5, NAN]), batch=False)
+
+
+# ---------------------------------------------------------------------------
+# Krylov, Newton, loops and ODE step control: their tests already read NaN as
+# failing (`isfinite(x) & (r <= tol)`, a step's `ok`, a bool bound); a NaN
+# produced inside each must end in its error
+
+
+def test_a_krylov_solve_that_breaks_down_to_nan_does_not_converge():
+    with pytest.raises(ConvergenceError, match="relative residual nan"):
+        sd.linalg.solve(np.zeros((3, 3)), np.ones(3), solver="cg")  # (alpha = 0/0)
+    err = judged(judge_krylov, dtype=np.float64, solver="cg", rtol=1e-10,
+                 atol=0.0, maxiter=None, converged=False, residual=NAN, iterations=3)
+    assert isinstance(err, ConvergenceError) and np.isnan(err.residual)
+
+
+def test_a_newton_step_through_a_nan_jacobian_is_a_singular_jacobian():
+    """`sqrt'(0) = inf`: the step is NaN, and its `ok` (finite and a pivot
+    above eps) says the Jacobian is singular."""
+    with pytest.raises(ConvergenceError, match="the Jacobian is singular"):
+        sd.optimize.root(lambda x: snp.sqrt(x) + x - 1.0, np.zeros(2), jac="dense")
+
+
+def test_a_nan_carry_under_a_nan_safe_predicate_reaches_the_loop_bound():
+    """The bound is a bool and a count; the predicate is the user's, and the
+    documented form `~(err <= tol)` keeps a NaN iterate running into it."""
+    def run(x0):
+        step = lambda s: (snp.sqrt(s[0]) - 1.0, s[1] + 1)  # noqa: E731 (NaN from x < 0)
+        return sd.while_loop(lambda s: ~(snp.abs(s[0]) <= 1e-12), step, (x0, 0),
+                             max_steps=20)
+
+    f = sd.function(run)
+    assert int(f(1.0)[1]) == 1
+    with pytest.raises(ConvergenceError, match="max_steps=20"):
+        f(-2.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("solver", ["tsit5", "kvaerno5"])
+def test_a_nan_vector_field_fails_the_integration(solver):
+    """NaN errors reject steps (diffrax: `error < 1` is false for NaN; the
+    implicit stages' chord iteration fails on NaN), the step size collapses,
+    and the node's check names the time reached."""
+    with pytest.raises(ConvergenceError, match="at t = 0.3 ") as err:
+        sd.ode.odeint(lambda t, y, a: snp.where(t > 0.3, NAN, -y), np.array([1.0]),
+                      np.array([0.0, 1.0]), solver=solver, max_steps=200)
+    assert "step size collapsed" in str(err.value)
