@@ -302,7 +302,9 @@ def _info(r, b, x, A, rcond, tol: float | None, atol: float) -> SolveInfo:
     finite = snp.isfinite(residual)
     real = np.finfo(np.dtype(x.dtype)).dtype
     eta = snp.asarray(np.nan, real)
-    if A is not None:
+    if A is not None and x.shape[0] == 0:  # no unknowns: no error (and no max to take)
+        eta = snp.zeros((), real)
+    elif A is not None:
         axis = 0
         if issparse(A):  # row sums of |A|, on the pattern
             from .sparse import data as _data, with_data

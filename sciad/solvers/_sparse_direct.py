@@ -323,6 +323,12 @@ def _factor_one(pattern, d: np.ndarray):
         return None
 
 
+def _rows(d: np.ndarray) -> np.ndarray:
+    """The values of each matrix of a batch (leading axes), one row each
+    (`reshape(-1, nnz)` cannot tell the rows of a pattern with no entries)."""
+    return d.reshape((int(np.prod(d.shape[:-1], dtype=np.int64)), d.shape[-1]))
+
+
 def _csr(pattern, d: np.ndarray):
     import scipy.sparse as sp
 
@@ -388,7 +394,7 @@ def factor(method: str, pattern, data, *, uses: int | None = None,
 
     def host(d):
         batch = d.shape[:-1]
-        flat = d.reshape((-1, d.shape[-1]))
+        flat = _rows(d)
         k = flat.shape[0]
         nonfinite = ~np.isfinite(flat).all(axis=1)
         asym = np.zeros(k)
@@ -586,7 +592,7 @@ def rcond_estimate(method: str, pattern, factor: tuple, data):
     if method == "spsolve":  # no factor to keep: SuperLU on the host, for the estimate
         def host(d):
             batch = d.shape[:-1]
-            flat = d.reshape((-1, d.shape[-1]))
+            flat = _rows(d)
             made = _Factored.make_many(pattern, flat)
             out = [f.get_rcond(pattern, row, f.lu) for f, row in zip(made, flat)]
             _drop_on_worker(made)
@@ -651,7 +657,7 @@ def shared_handle(pattern, data):
     def host(d):
         if d.ndim == 1:
             return (np.asarray(_store.shared(pattern, d)[0], np.int32),)
-        flat = d.reshape((-1, d.shape[-1]))
+        flat = _rows(d)
         return (np.array([_store.shared(pattern, r)[0] for r in flat],
                          np.int32).reshape(d.shape[:-1]),)
 
