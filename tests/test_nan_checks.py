@@ -153,6 +153,25 @@ def test_throw_false_reports_the_nan_backward_error():
     assert np.isnan(float(info.residual))
 
 
+def test_a_nan_inverse_norm_is_a_singular_condition_estimate():
+    """SuperLU's condition estimate: an inverse norm of NaN (solves with the
+    factor that overflowed) gave rcond = inf, a perfectly conditioned matrix."""
+    class NanFactor:
+        def solve(self, b, trans="N"):
+            return np.full_like(b, NAN)
+
+    for n in (3, 8):  # (exact inverse, and onenormest)
+        M = sp.identity(n, format="csr")
+        pattern = sd.graph.Pattern(M.shape, M.indptr, M.indices)
+        assert sparse_direct._rcond_here(pattern, M.data, NanFactor(), 1.0) == 0.0
+        assert sparse_direct._rcond_here(pattern, M.data, _superlu(M), 1.0) == 1.0
+
+
+def _superlu(M):
+    """A SuperLU factor as `sparse_direct` keeps it: of `A^T`."""
+    return spla.splu(sp.csc_matrix(M.T), permc_spec="MMD_AT_PLUS_A")
+
+
 # ---------------------------------------------------------------------------
 # ODEs: the output times, the step control
 
@@ -325,3 +344,4 @@ def test_a_nan_vector_field_fails_the_integration(solver):
         sd.ode.odeint(lambda t, y, a: snp.where(t > 0.3, NAN, -y), np.array([1.0]),
                       np.array([0.0, 1.0]), solver=solver, max_steps=200)
     assert "step size collapsed" in str(err.value)
+

@@ -371,7 +371,9 @@ def _rcond_here(pattern, d: np.ndarray, lu, anorm: float) -> float:
         inv_norm = float(np.abs(inv).sum(axis=0).max())
     else:
         inv_norm = float(spl.onenormest(op))
-    return 1.0 / (anorm * inv_norm) if inv_norm > 0 else float("inf")
+    # (an inverse whose norm is NaN, solves that overflowed, is as singular
+    # as it gets: 0, never the inf of a perfectly conditioned matrix)
+    return 1.0 / (anorm * inv_norm) if inv_norm > 0 else 0.0
 
 
 def factor(method: str, pattern, data, *, uses: int | None = None,
