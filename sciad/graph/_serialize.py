@@ -20,9 +20,9 @@ limit (a file of 1e6 nodes had been parsed whole, 59 s and 1.7 GB, before
 its node count was read). Then it checks how deeply the file nests
 (`max_depth`), and, while it decodes, the same limits per graph and node
 (naming where), before it builds what the file describes: elements from the
-declared shapes, before any base64 is decoded. A file over a limit is a `ResourceLimitError`. Any other problem is
-a `SerializationError`: those two are the only exceptions `graph_from_json`
-raises for bad input.
+declared shapes, before any base64 is decoded. A file over a limit is a
+`ResourceLimitError`. Any other problem is a `SerializationError`: those two
+are the only exceptions `graph_from_json` raises for bad input.
 """
 
 from __future__ import annotations
