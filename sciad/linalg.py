@@ -30,6 +30,7 @@ from .errors import DTypeError, ShapeError
 from .graph import Tracer
 from .primitives._linalg import (DENSE_DIRECT, ITERATIVE, NORMS, SPARSE_DIRECT, _clean,
                                  linalg_rcond_p, linalg_solve_p)
+from .solvers._measures import ratio
 from .sparse import astype as _sparse_astype, issparse
 
 __all__ = ["solve", "cond", "eigh", "eigvalsh", "eigsh", "funm_hermitian", "svd", "operator", "Operator", "SolveInfo", "SOLVERS"]
@@ -297,11 +298,13 @@ def _info(r, b, x, A, rcond, tol: float | None, atol: float) -> SolveInfo:
     rnorm = snp.sqrt(snp.sum(snp.abs(r) ** 2))
     bnorm = snp.sqrt(snp.sum(snp.abs(b) ** 2))
     residual = rnorm / snp.where(bnorm > 0, bnorm, 1.0)
-    residual = snp.where((bnorm > 0) | (rnorm > 0), residual, 0.0)
+    residual = snp.where((bnorm > 0) | ~(rnorm <= 0), residual, 0.0)  # (NaN stays)
     finite = snp.isfinite(residual)
     real = np.finfo(np.dtype(x.dtype)).dtype
     eta = snp.asarray(np.nan, real)
-    if A is not None:
+    if A is not None and x.shape[0] == 0:  # no unknowns: no error (and no max to take)
+        eta = snp.zeros((), real)
+    elif A is not None:
         axis = 0
         if issparse(A):  # row sums of |A|, on the pattern
             from .sparse import data as _data, with_data
@@ -313,9 +316,7 @@ def _info(r, b, x, A, rcond, tol: float | None, atol: float) -> SolveInfo:
         rn = snp.max(snp.abs(r), axis=axis)
         xn = snp.max(snp.abs(x), axis=axis)
         bn = snp.max(snp.abs(b), axis=axis)
-        den = anorm * xn + bn
-        eta = snp.max(snp.where(den > 0, rn / snp.where(den > 0, den, 1.0),
-                                snp.where(rn > 0, np.inf, 0.0)))
+        eta = snp.max(ratio(rn, anorm * xn + bn, snp))
     if tol is not None:  # iterative: its own test
         converged = snp.logical_and(rnorm <= tol * bnorm + atol, finite)
         rc = snp.asarray(np.nan, real) if rcond is None else rcond
@@ -324,7 +325,7 @@ def _info(r, b, x, A, rcond, tol: float | None, atol: float) -> SolveInfo:
 
     eps = eps_of(x.dtype)
     n = x.shape[0]
-    singular = snp.logical_and(rcond < eps, residual > np.sqrt(eps))
+    singular = snp.logical_and(rcond < eps, ~(residual <= np.sqrt(eps)))
     converged = snp.logical_and(snp.logical_and(finite, eta <= refine_above(x.dtype, n)),
                                 snp.logical_not(singular))
     return SolveInfo(converged, residual, rcond, eta)

@@ -31,6 +31,8 @@ on fresh random directions:
 
 Tolerances are not scaled by array size. A failure raises `RuleError`
 naming the rule, the error and the tolerance, and the input types and seed.
+An error that is NaN (a rule that returns NaN) fails. Outputs that are not
+finite at the inputs raise `NonFiniteError`: no derivative is checked there.
 
 Lower precision. The inputs are float64, but a function may compute in
 float32 (`snp.astype(x, np.float32)`, a float32 user primitive), in its
@@ -64,7 +66,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._traceback import api_boundary
-from .errors import DTypeError, MissingRuleError, NotSupportedError, RuleError
+from .errors import DTypeError, MissingRuleError, NonFiniteError, NotSupportedError, RuleError
 from .graph import Graph, Primitive, lower, trace
 from .graph._autodiff import is_differentiable, jvp_graph, type_of, vjp_graph
 
@@ -284,7 +286,8 @@ def check_rules(p_or_fn: Primitive | Callable, *args, rtol: float = 1e-6,
 
     **Returns:**
 
-    A `RuleReport`. Raises `RuleError` on the first check that fails.
+    A `RuleReport`. Raises `RuleError` on the first check that fails
+    (`NonFiniteError` where the function's outputs are not finite).
     """
     if isinstance(p_or_fn, Primitive):
         prim = p_or_fn
@@ -319,6 +322,10 @@ def check_rules(p_or_fn: Primitive | Callable, *args, rtol: float = 1e-6,
     graph = trace(fn, *args)
     outs = _run(graph, args)
     out_scale = _norm(outs)
+    if not np.isfinite(out_scale):  # (finite differences there are NaN: nothing to check)
+        raise NonFiniteError(f"the function's outputs hold NaN or infinite values at the "
+                             f"inputs, where its derivatives cannot be checked; choose "
+                             f"inputs inside its domain, {where}.", op=name)
     if batch:
         _check_batching(fn, graph, args, outs, rng, report, where, name,
                         eager=isinstance(p_or_fn, Primitive))
@@ -506,10 +513,11 @@ def _check_batching(fn, graph, args, outs, rng, report, where, name, eager: bool
     tol = max(1e-10, 100 * low)
 
     def rel(got, want) -> float:
-        scale = max(_norm(want), 1e-300)
-        return max((float(np.max(np.abs(np.asarray(g, np.complex128)
-                                        - np.asarray(w, np.complex128)), initial=0.0))
-                    for g, w in zip(got, want)), default=0.0) / scale
+        # (np.max, not Python's max: max(0.0, nan) is 0.0, so a NaN in any
+        # output but the first passed)
+        diffs = [np.max(np.abs(np.asarray(g, np.complex128) - np.asarray(w, np.complex128)),
+                        initial=0.0) for g, w in zip(got, want)]
+        return float(np.max(diffs, initial=0.0)) / max(_norm(want), 1e-300)
 
     if len(batched) != len(looped[0]) or len(eager) != len(looped[0]):
         raise RuleError(f"the batched function returns {len(batched)} arrays and the eager "

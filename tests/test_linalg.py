@@ -100,6 +100,30 @@ def test_auto_choice_is_visible_in_the_graph(rng):
     assert "solver='cholesky'" in str(g)
 
 
+def test_a_system_of_no_unknowns_is_solved_as_numpy_does():
+    """`np.linalg.solve` of a (0, 0) matrix returns an empty array (of a
+    (0, k) right-hand side, (0, k)); it was a LoweringError (a max over no
+    entries in the solve's checks), for every solver."""
+    A = np.zeros((0, 0))
+    S = sd.sparse.csr_matrix((np.zeros(0), np.zeros(0, np.int32), np.zeros(1, np.int32)),
+                             shape=(0, 0))
+    for solver in ("lu", "cholesky", "splu", "spsolve", "cg", "gmres", "bicgstab"):
+        for b in (np.zeros(0), np.zeros((0, 3))):
+            x = sd.linalg.solve(S if solver in ("splu", "spsolve") else A, b, solver=solver)
+            assert x.shape == np.linalg.solve(A, b).shape and x.dtype == np.float64, solver
+    f = sd.function(lambda A, b: sd.linalg.solve(A, b))
+    assert f(A, np.zeros((0, 2))).shape == (0, 2)
+    gA, gb = sd.grad(lambda A, b: snp.sum(sd.linalg.solve(A, b)), argnums=(0, 1))(
+        A, np.zeros(0))
+    assert gA.shape == (0, 0) and gb.shape == (0,)
+    x, dx = sd.jvp(lambda A, b: sd.linalg.solve(A, b), (A, np.zeros((0, 2))),
+                   (A, np.zeros((0, 2))))
+    assert x.shape == dx.shape == (0, 2)
+    for M in (A, S):
+        x, info = sd.linalg.solve(M, np.zeros(0), throw=False)
+        assert x.shape == (0,) and bool(info.converged) and float(info.backward_error) == 0
+
+
 # ---------------------------------------------------------------------------
 # derivative rules
 

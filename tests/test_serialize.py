@@ -134,6 +134,49 @@ def test_defect_node_count_has_a_default_limit():
         Graph.from_json(text)
 
 
+def test_a_million_node_file_is_refused_while_it_is_read(monkeypatch):
+    """It had been parsed whole (59 s, 1.7 GB for one as `to_json` writes it)
+    before its node count was read: the parser now counts nodes as it reads
+    them and stops at the first one over `max_nodes`."""
+    from sciad.graph import _serialize
+
+    node = '{"op": "neg", "inputs": [{"var": 0}], "outputs": []}'
+    text = ('{"format": "sciad.graph", "version": 1, "graph": {"name": "g", "inputs": [], '
+            '"nodes": [' + ", ".join([node] * 1_000_000) + '], "outputs": []}}')
+    seen = {"objects": 0}
+    read = _serialize._Reader.__call__
+
+    def counted(self, d):
+        seen["objects"] += 1
+        return read(self, d)
+
+    monkeypatch.setattr(_serialize._Reader, "__call__", counted)
+    with pytest.raises(ResourceLimitError, match="more than max_nodes=100_000 nodes "
+                                                 r"\(counted while the file is read"):
+        Graph.from_json(text)
+    assert seen["objects"] == 2 * 100_001  # (each node and its operand: then it stopped)
+
+
+def test_limits_while_reading_bytes_and_param_tuples():
+    text = sd.trace(lambda a: snp.sum(a, axis=0), np.ones((2, 3))).to_json()
+    Graph.from_json(text, max_bytes=len(text))
+    with pytest.raises(ResourceLimitError, match=f"the text is {len(text) + 3} bytes long, "
+                                                 f"over max_bytes={len(text) + 2}"):
+        Graph.from_json(text.encode() + b"   ", max_bytes=len(text) + 2)
+    with pytest.raises(SerializationError, match="`max_bytes` must be a positive int"):
+        Graph.from_json(text, max_bytes=0)
+    doc = json.loads(text)  # a param tuple of 10**6 items (its JSON is 3 MB)
+    _node(doc["graph"], "reduce_sum")["params"]["axes"] = {"tuple": [0] * 10**6}
+    with pytest.raises(ResourceLimitError, match="param tuples hold more than "
+                                                 "max_elements=1_000 elements"):
+        _load_doc(doc, max_elements=1000)
+    # a small file is parsed whole: the decoder names where it is over
+    _node(doc["graph"], "reduce_sum")["params"]["axes"] = {"tuple": [0] * 2000}
+    with pytest.raises(ResourceLimitError, match=r"param `axes` of node 0 \(reduce_sum\).*"
+                                                 "a tuple param of 2_000 items brings"):
+        _load_doc(doc, max_elements=1000)
+
+
 # ---------------------------------------------------------------------------
 # Limits, with small overrides
 

@@ -204,14 +204,15 @@ class Graph:
     @api_boundary
     def from_json(cls, text: str | bytes, *, max_nodes: int | None = None,
                   max_elements: int | None = None, max_depth: int | None = None,
-                  require_hash: bool = False) -> "Graph":
+                  max_bytes: int | None = None, require_hash: bool = False) -> "Graph":
         """Rebuilds and verifies a graph written by `to_json`, within limits on
         its size (None: the defaults). See `sciad.graph.graph_from_json`."""
         from ._serialize import graph_from_json
 
         limits = {k: v for k, v in (("max_nodes", max_nodes),
                                     ("max_elements", max_elements),
-                                    ("max_depth", max_depth)) if v is not None}
+                                    ("max_depth", max_depth),
+                                    ("max_bytes", max_bytes)) if v is not None}
         return graph_from_json(text, require_hash=require_hash, **limits)
 
     def verify(self) -> "Graph":

@@ -11,14 +11,18 @@ param deleted from a file is an error, not a node that computes something
 else. An optional `"sha256"` of the document's canonical form detects a file
 modified or corrupted after it was written.
 
-The loader is safe on files from elsewhere. Past parsing the JSON text
-(whose cost is proportional to its length), it checks how deeply the file
-nests (`max_depth`), how many nodes it holds (`max_nodes`) and how many array
-elements it would decode (`max_elements`, from the declared shapes, before
-any base64 is decoded) before it builds what the file describes; a file over
-a limit is a `ResourceLimitError`. Any other problem is a
-`SerializationError`: those two are the only exceptions `graph_from_json`
-raises for bad input.
+The loader is safe on files from elsewhere. It refuses a text longer than
+`max_bytes` before parsing it, and counts while the JSON parser reads (one
+call per object): nodes against `max_nodes`, and the declared elements of
+arrays and the items of param tuples against `max_elements`; past the first
+`READ_BEFORE_STOPPING` values it stops the parse at the first object over a
+limit (a file of 1e6 nodes had been parsed whole, 59 s and 1.7 GB, before
+its node count was read). Then it checks how deeply the file nests
+(`max_depth`), and, while it decodes, the same limits per graph and node
+(naming where), before it builds what the file describes: elements from the
+declared shapes, before any base64 is decoded. A file over a limit is a
+`ResourceLimitError`. Any other problem is a `SerializationError`: those two
+are the only exceptions `graph_from_json` raises for bad input.
 """
 
 from __future__ import annotations
@@ -55,6 +59,10 @@ VERSION = 1
 MAX_NODES = 100_000
 MAX_ELEMENTS = 100_000_000
 MAX_DEPTH = 64
+#: the longest text the loader parses: room for MAX_ELEMENTS float64
+#: elements in base64 (1.07 GB) and MAX_NODES nodes of a few kB each; JSON
+#: parsed into Python objects takes several times its length in memory
+MAX_BYTES = 2**31
 
 #: NumPy's limit on the number of dimensions of an array.
 MAX_NDIM = 64
@@ -165,6 +173,54 @@ class _Budget:
 # against it too.
 _ACTIVE: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar(
     "sciad_graph_loader", default=None)
+
+
+#: values the JSON parser reads (objects, and the items of param tuples)
+#: before `_Reader` may stop it: about 0.1 s of parsing. A file that small is
+#: parsed whole, and the decoder names the graph and node over a limit.
+READ_BEFORE_STOPPING = 100_000
+
+
+class _Reader:
+    """`json.loads`'s `object_hook`: counts what the file holds as the parser
+    reads it, object by object, and past `READ_BEFORE_STOPPING` values stops
+    the parse at the first object over a limit. A node is an object with an
+    `"op"` and its `"inputs"` or `"outputs"` (a params object may hold an
+    `"op"`, not those); an array's elements are those of its declared shape;
+    a param tuple's, its items (the decoder counts the same, per graph and
+    node)."""
+
+    __slots__ = ("max_nodes", "max_elements", "nodes", "elements", "read")
+
+    def __init__(self, max_nodes: int, max_elements: int):
+        self.max_nodes, self.max_elements = max_nodes, max_elements
+        self.nodes = self.elements = self.read = 0
+
+    def __call__(self, d: dict) -> dict:
+        self.read += 1
+        if "op" in d and ("inputs" in d or "outputs" in d):
+            self.nodes += 1
+            if self.nodes > self.max_nodes and self.read > READ_BEFORE_STOPPING:
+                raise self.over(f"it holds more than max_nodes={self.max_nodes:_} nodes")
+        elif len(d) == 1 and isinstance(d.get("tuple", d.get("frozenset")), list):
+            items = len(next(iter(d.values())))
+            self.read += items
+            self.count(items)
+        elif "data" in d and isinstance(d.get("shape"), list) and all(
+                isinstance(n, int) and n > 0 for n in d["shape"]):
+            self.count(math.prod(d["shape"]))  # (a bad shape: the decoder says why)
+        return d
+
+    def count(self, n: int) -> None:
+        self.elements += n
+        if self.elements > self.max_elements and self.read > READ_BEFORE_STOPPING:
+            raise self.over(f"its arrays and param tuples hold more than "
+                            f"max_elements={self.max_elements:_} elements")
+
+    def over(self, what: str) -> ResourceLimitError:
+        return ResourceLimitError(f"{what} (counted while the file is read: the parser "
+                                  f"stopped there). Pass a larger limit to `Graph.from_json` "
+                                  "if you trust the file.", op="from_json")
 
 
 def _fail(message: str) -> SerializationError:
@@ -503,6 +559,7 @@ class _Decoder:
             return _dtype_named(payload, "a dtype param")
         if tag in ("tuple", "frozenset"):
             items = _list(payload, f"a {tag} param")
+            self.budget.add_elements(len(items), f"a {tag} param of {len(items):_} items")
             self.budget.enter()
             try:
                 values = [self.param(x) for x in items]
@@ -646,7 +703,7 @@ def _check_limit(name: str, value) -> int:
 
 def graph_from_json(text: str | bytes, *, max_nodes: int = MAX_NODES,
                     max_elements: int = MAX_ELEMENTS, max_depth: int = MAX_DEPTH,
-                    require_hash: bool = False) -> Graph:
+                    max_bytes: int = MAX_BYTES, require_hash: bool = False) -> Graph:
     """Rebuilds a graph from `graph_to_json` output and verifies it.
 
     Safe on files from elsewhere: it executes nothing the file names, and it
@@ -659,12 +716,15 @@ def graph_from_json(text: str | bytes, *, max_nodes: int = MAX_NODES,
         (subgraphs in params included). Default `MAX_NODES` (100_000).
     - `max_elements`: the most array elements the loader decodes (constants,
         sparse patterns and their columns, index maps, scalar params), counted
-        from the declared shapes before any data is decoded; also the most
-        elements any one declared value type may have. Default
-        `MAX_ELEMENTS` (100_000_000).
+        from the declared shapes before any data is decoded (and the items of
+        param tuples); also the most elements any one declared value type
+        may have. Default `MAX_ELEMENTS`
+        (100_000_000).
     - `max_depth`: how deeply graphs (in params of nodes such as `call`) and
         param tuples may nest; the JSON text may nest at most
         `8 * max_depth + 16` levels. Default `MAX_DEPTH` (64).
+    - `max_bytes`: the longest text parsed (bytes, or characters of a
+        `str`), checked before parsing. Default `MAX_BYTES` (2**31).
     - `require_hash`: refuse a file without a `"sha256"` content hash
         (`graph.to_json(hash=True)` writes one). A hash that is present is
         always checked.
@@ -685,6 +745,15 @@ def graph_from_json(text: str | bytes, *, max_nodes: int = MAX_NODES,
     max_nodes = _check_limit("max_nodes", max_nodes)
     max_elements = _check_limit("max_elements", max_elements)
     max_depth = _check_limit("max_depth", max_depth)
+    max_bytes = _check_limit("max_bytes", max_bytes)
+    size = text.nbytes if isinstance(text, memoryview) else \
+        len(text) if isinstance(text, (str, bytes, bytearray)) else 0
+    if size > max_bytes:
+        unit = "characters" if isinstance(text, str) else "bytes"
+        raise ResourceLimitError(f"the text is {size:_} {unit} long, over max_bytes="
+                                 f"{max_bytes:_} (checked before parsing it). Pass a larger "
+                                 "limit to `Graph.from_json` if you trust the file.",
+                                 op="from_json")
     if isinstance(text, (bytes, bytearray, memoryview)):
         try:
             text = bytes(text).decode("utf-8")
@@ -700,7 +769,8 @@ def graph_from_json(text: str | bytes, *, max_nodes: int = MAX_NODES,
         f"the most a graph file of max_depth={max_depth} has. Pass a larger limit to "
         "`Graph.from_json` if you trust the file.", op="from_json")
     try:
-        doc = json.loads(text, parse_constant=_reject_constant)
+        doc = json.loads(text, parse_constant=_reject_constant,
+                         object_hook=_Reader(max_nodes, max_elements))
     except RecursionError:  # (C's parser gives up near 1000 levels)
         raise too_deep from None
     except SerializationError:

@@ -28,6 +28,11 @@ machine epsilon:
   (relative residual), the system has no accurate solution
   (`SingularMatrixError`); otherwise the solution is only inaccurate and an
   `IllConditionedWarning` says so.
+
+NaN is a failure. A measure that cannot be taken is NaN (a NaN solution's
+backward error and residual: `sciad.solvers._measures.ratio`), and every
+judgement reads it as failing, `if not x <= tol: fail`, never `if x > tol:
+fail` (false for NaN). A NaN condition estimate alone means "not estimated".
 """
 
 from __future__ import annotations
@@ -125,13 +130,17 @@ def judge_solve(site: Site, *, dtype, n: int, nonfinite=False, backward_error=0.
     eps = eps_of(dtype)
     tau = refine_above(dtype, n)
     eta, rel, rc = float(backward_error), float(residual), float(rcond)
-    if eta <= tau and not nonfinite and not rc < eps:
+    if eta <= tau and rel == rel and not nonfinite and not rc < eps:
         return  # the common case, quickly: a solve is many microseconds here
     if np.any(nonfinite):
         site.fail(NonFiniteError, "the right-hand side holds NaN or infinite values.")
-    if np.isnan(eta):
-        site.fail(SingularMatrixError, "the matrix is singular: the factorization found a "
-                  "zero pivot.", rcond=0.0)
+    if np.isnan(eta) or np.isnan(rel):  # a NaN solution of a finite system
+        site.fail(SingularMatrixError,
+                  "the matrix is singular: the solve returned NaN or infinite values for a "
+                  "finite matrix and right-hand side (a zero pivot, or a matrix so badly "
+                  f"scaled that the solve overflowed; condition number {_cond_text(rc)}). "
+                  "Check the matrix for a null space (a missing boundary condition, a "
+                  "disconnected part).", backward_error=eta, residual=rel, rcond=rc)
     if not eta <= tau:
         site.fail(SingularMatrixError,
                   f"the solve is inaccurate: its backward error ||b - A x|| / (||A|| ||x|| + "

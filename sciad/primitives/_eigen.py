@@ -46,7 +46,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import DTypeError, DegenerateEigenvalueError, ShapeError
+from ..errors import DTypeError, DegenerateEigenvalueError, NonFiniteError, ShapeError
 from ..graph import Param, Primitive, TensorType, instantiate, is_linear, is_zero
 from ..graph._batch import front_rule
 from ._checks import check as host_check, tie
@@ -231,12 +231,13 @@ def _guard_impl(tw, tv, w, v, *edge, degenerate_tol, check, op="linalg.eigh",
     # repeated eigenvalues (or one cut by a partial solver's `k`), or complex
     # eigenvectors (their phases). Otherwise the check costs O(n) here, not
     # the n^3 of `v^T v_bar`, which the host computes when it is called.
-    when = any_cluster(w, degenerate_tol)
+    # (and where an eigenvalue is NaN: whether it is in a cluster is unknown)
+    when = any_cluster(w, degenerate_tol) | ~jnp.all(jnp.isfinite(w))
     extra = {}
     if edge:
         extra["edge"] = edge[0]
-        when = when | jnp.any(jnp.abs(w - jnp.expand_dims(edge[0], -1))
-                              <= cluster_width(w, degenerate_tol))
+        when = when | ~jnp.all(jnp.abs(w - jnp.expand_dims(edge[0], -1))
+                               > cluster_width(w, degenerate_tol))
     complex_ = bool(jnp.iscomplexobj(v))
     token = host_check(_judge_gauge, site, when=None if complex_ and vectors_used else when,
                        op=op, tol=degenerate_tol, complex_=complex_, values_used=values_used,
@@ -302,20 +303,33 @@ def _judge_gauge(site, *, op, tol, complex_, values_used, vectors_used, w_bar, v
 
 
 def _judge_one(site, tol, complex_, values_used, vectors_used, w_bar, g, w, edge=None):
+    if not np.all(np.isfinite(w)) or (edge is not None and np.isnan(edge)):
+        site.fail(NonFiniteError, "the eigenvalues are NaN or infinite (the matrix holds NaN "
+                  "or infinite values), where the derivative is not defined.")
+    clusters = _clusters(w, tol)
+    cut = edge is not None and np.isfinite(edge)
+    if not (clusters or cut or (complex_ and vectors_used)):
+        return  # nothing to judge (a batch's matrix without a cluster)
+    if not (np.all(np.isfinite(w_bar)) and np.all(np.isfinite(g))):
+        site.fail(NonFiniteError, "the cotangent of the eigenvalues and eigenvectors (the "
+                  "derivative of the loss with respect to them) holds NaN or infinite "
+                  "values, so whether the derivative depends on the basis chosen inside a "
+                  "cluster of repeated eigenvalues cannot be judged. Check the loss where it "
+                  "reads them.")
     eps = float(np.finfo(w.dtype).eps)
     # cotangents below this (relative to the largest) count as zero; inside a
     # cluster of width `gap` the eigenvalue cotangents of a symmetric function
     # of the eigenvalues differ by about its second derivative times `gap`
     small_w = 1e3 * max(eps * len(w), tol) * float(np.max(np.abs(w_bar), initial=0.0))
     small_g = 1e3 * eps * len(w) * float(np.max(np.abs(g), initial=0.0))
-    if edge is not None and np.isfinite(edge):
+    if cut:
         _judge_cut(site, tol, w, float(edge), w_bar, g, small_w, small_g)
-    for i, j in _clusters(w, tol):
+    for i, j in clusters:
         bw, block = w_bar[i:j], g[i:j, i:j]
         # the cluster's basis is a gauge: its cotangent block must be Hermitian
         # (a function of the projector v_c v_c^H passes, one eigenvector does not)
-        if vectors_used and float(np.max(np.abs(block - np.conj(block.T)),
-                                         initial=0.0)) > small_g:
+        if vectors_used and not float(np.max(np.abs(block - np.conj(block.T)),
+                                             initial=0.0)) <= small_g:
             _fail_cluster(site, w, i, j, tol, "eigenvectors of the cluster (the basis "
                                               "chosen inside it)")
         # first-order cotangents cannot tell `sum(w_c) + <X, P_c>` from the
@@ -323,19 +337,19 @@ def _judge_one(site, tol, complex_, values_used, vectors_used, w_bar, g, w, edge
         # off-diagonal of v_c^H dA v_c; at g(w_c) = 0 its cluster vectors get
         # no cotangent at all): a cluster's eigenvalues are not differentiated
         # together with eigenvectors
-        if vectors_used and float(np.max(np.abs(bw), initial=0.0)) > small_w:
+        if vectors_used and not float(np.max(np.abs(bw), initial=0.0)) <= small_w:
             _fail_cluster(site, w, i, j, tol, "eigenvalues of the cluster together with "
                                               "eigenvectors (for v f(w) v^H use "
                                               "`funm_hermitian`; for a sum of an "
                                               "eigenvalue term and an eigenvector term, "
                                               "each invariant, take them from separate "
                                               "calls: each call is checked on its own)")
-        if float(np.ptp(bw)) > small_w:
+        if not float(np.ptp(bw)) <= small_w:
             _fail_cluster(site, w, i, j, tol, "one eigenvalue of the cluster apart from "
                                               "the others")
     if complex_ and vectors_used:
         im = np.abs(np.imag(np.diagonal(g)))
-        if float(np.max(im, initial=0.0)) > small_g:
+        if not float(np.max(im, initial=0.0)) <= small_g:
             k = int(np.argmax(im))
             site.fail(DegenerateEigenvalueError,
                       f"the derivative depends on the phase of eigenvector {k} (complex "
@@ -356,8 +370,8 @@ def _judge_cut(site, tol, w, edge, w_bar, g, small_w, small_g):
     for i, j in _clusters(w, tol):  # the whole computed part of the cluster
         if i <= cut[0] < j or i <= cut[-1] < j:
             cut = np.arange(min(i, cut[0]), max(j, cut[-1] + 1))
-    if (float(np.max(np.abs(w_bar[cut]), initial=0.0)) > small_w
-            or float(np.max(np.abs(g[:, cut]), initial=0.0)) > small_g):
+    if not (float(np.max(np.abs(w_bar[cut]), initial=0.0)) <= small_w
+            and float(np.max(np.abs(g[:, cut]), initial=0.0)) <= small_g):
         i, j = int(cut[0]), int(cut[-1]) + 1
         site.fail(DegenerateEigenvalueError,
                   f"eigenvalues {i}..{j - 1} ({w[i]:.10g} to {w[j - 1]:.10g}) are repeated "
@@ -436,6 +450,10 @@ def _judge_domain(site, *, fn, domain, smallest):
     from ..errors import NotPositiveDefiniteError, SingularMatrixError
 
     low = float(np.min(smallest))
+    if np.isnan(low):
+        site.fail(NonFiniteError, f"`{fn}` of a matrix (`funm_hermitian`'s `A`, or the `B` of "
+                  "a generalized eigenproblem) needs its eigenvalues, but they are NaN: the "
+                  "matrix holds NaN or infinite values.")
     cls = NotPositiveDefiniteError if domain == "positive definite" else SingularMatrixError
     site.fail(cls, f"`{fn}` of a matrix (`funm_hermitian`'s `A`, or the `B` of a "
                    f"generalized eigenproblem) needs it {domain}, but its smallest eigenvalue "

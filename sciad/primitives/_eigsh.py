@@ -45,9 +45,10 @@ and `dv` pass through `linalg.eigh_guard`, whose transpose raises
 eigenvalue of a cluster apart from the others or on the basis inside it.
 
 Failures when the program runs: ARPACK's non-convergence
-(`ConvergenceError`, with the number of pairs that did converge), NaN or
-infinity in `a` (`NonFiniteError`), an `a` that is not symmetric
-(`StructureError`).
+(`ConvergenceError`, with the number of pairs that did converge, or pairs
+that are not finite), NaN or infinity in `a` (`NonFiniteError`), an `a`
+that is not symmetric (`StructureError`), a `sigma` that is an eigenvalue
+(`SingularMatrixError`: shift-invert factors `a - sigma M`).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import (ConvergenceError, DTypeError, NonFiniteError,
-                      NotPositiveDefiniteError, ShapeError, StructureError)
+                      NotPositiveDefiniteError, ShapeError, SingularMatrixError,
+                      StructureError)
 from ..graph import Graph, Param, Primitive, SparseType, Zero, instantiate, is_zero
 from ..graph._types import Pattern, TensorType
 from ..solvers._host import host_call
@@ -191,6 +193,14 @@ def _eigsh_host(data, mdata=None, *, pattern, mass_pattern, k, which, sigma, tol
                                   maxiter=maxiter, v0=v0)
             except spla.ArpackNoConvergence as e:
                 _no_convergence(site, e, k, which, sigma, tol, maxiter)
+            except RuntimeError as e:  # SuperLU's "Factor is exactly singular"
+                if sigma is None or "singular" not in str(e):
+                    raise
+                site.fail(SingularMatrixError,
+                          f"shift-invert factors `A - sigma M`, which is singular: sigma="
+                          f"{sigma!r} is an eigenvalue. Move sigma off it (by 1e-8 |sigma|, "
+                          "say): the eigenvalues nearest it are found all the same.")
+        _finite_pairs(site, w, v)
         ws[b], vs[b], edges[b] = _finish(w, v, k, which, sigma)
     return ws.reshape(batch + (k,)), vs.reshape(batch + (n, k)), edges.reshape(batch)
 
@@ -206,6 +216,15 @@ def _finish(w, v, k: int, which: str, sigma):
     w, v = w[order], v[:, order]
     big = np.argmax(np.abs(v), axis=0)
     return w, v * np.where(v[big, np.arange(k)] < 0, -1.0, 1.0), edge
+
+
+def _finite_pairs(site, w, v):
+    """ARPACK's (or LAPACK's) eigenpairs, finite for a finite matrix: NaN
+    there is a failure, never a result."""
+    if not (np.all(np.isfinite(w)) and np.all(np.isfinite(v))):
+        site.fail(ConvergenceError, "the eigensolver returned NaN or infinite eigenpairs for "
+                  "a finite matrix. Raise `maxiter`, or use shift-invert (`sigma`) near the "
+                  "eigenvalues wanted.")
 
 
 def _no_convergence(site, e, k, which, sigma, tol, maxiter):
@@ -425,6 +444,7 @@ def _operator_host(matvec, n, k, which, tol, maxiter, site):
                               v0=_start_vector(n))
         except spla.ArpackNoConvergence as e:
             _no_convergence(site, e, k, which, None, tol, maxiter)
+    _finite_pairs(site, w, v)
     # ARPACK trusts the operator to be symmetric: check it on the result
     av = np.stack([mv(v[:, j]) for j in range(v.shape[1])], axis=1)
     sym = float(np.max(np.abs(v.T @ av - (v.T @ av).T)))

@@ -57,6 +57,7 @@ from ..graph import (Factored, Graph, Param, Primitive, SparseType, TensorType, 
 from ..graph._types import FactorType, Pattern, register_factor_layout
 from ..graph._params import shown_params
 from ..solvers._host import host_call
+from ..solvers._measures import ratio
 from ._checks import check, judge_factor, judge_matrix, judge_solve, refine_above, tie
 from ._map import columns_rule, map_rule, on_devices, reader_nodes
 from ._sparse import sparse_matmul_p, sparse_sddmm_p
@@ -179,13 +180,11 @@ def _measures(apply, x, b, anorm_inf):
     """`(r, backward_error, relative_residual, max |b|)` of `x` for
     `apply(x) = b`, with `r = apply(x) - b` (2-D `b`: the worst column)."""
     r = apply(x) - b
-    rn = jnp.max(jnp.abs(r), axis=0)
-    xn = jnp.max(jnp.abs(x), axis=0)
-    bn = jnp.max(jnp.abs(b), axis=0)
-    den = anorm_inf * xn + bn
-    eta = jnp.where(den > 0, rn / jnp.where(den > 0, den, 1), jnp.where(rn > 0, jnp.inf, 0))
-    rel = jnp.where(bn > 0, rn / jnp.where(bn > 0, bn, 1), jnp.where(rn > 0, jnp.inf, 0))
-    return r, jnp.max(eta), jnp.max(rel), jnp.max(bn)
+    rn, xn, bn = (jnp.max(jnp.abs(v), axis=0, initial=0.0) for v in (r, x, b))
+    eta = ratio(rn, anorm_inf * xn + bn, jnp)  # (NaN for a NaN x: it fails the checks)
+    rel = ratio(rn, bn, jnp)
+    worst = functools.partial(jnp.max, initial=0.0)  # (NaN wins; 0 for no columns)
+    return r, worst(eta), worst(rel), worst(bn)
 
 
 def _factor_layout(t: FactorType):
@@ -301,7 +300,7 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
         rcond = rc
     else:  # spsolve: an estimate costs solves, only where the residual calls for one
         rcond = jax.lax.cond(
-            _checks_on() | (rel > np.sqrt(eps)) | ~(eta <= tau) | nonfinite,
+            _checks_on() | ~(rel <= np.sqrt(eps)) | ~(eta <= tau) | nonfinite,
             lambda: solvers.sparse_direct.rcond_estimate(solver, pattern, factor, a),
             lambda: jnp.asarray(np.nan, real))
     bad = nonfinite | ~(eta <= tau) | (rcond < eps)

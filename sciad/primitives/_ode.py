@@ -277,7 +277,8 @@ def judge_ode(site, *, status, t_reached, h_last, steps, accepted, ymax, y0max, 
              f"after {steps} steps ({accepted} accepted), the last accepted step size "
              f"{h:.3e}, max |y| = {ymax:.3e}")
     if status == 4:
-        site.fail(ShapeError, "the output times `ts` must be strictly increasing.")
+        site.fail(ShapeError, "the output times `ts` must be finite and strictly increasing "
+                              f"(from {float(t0):.6g} to {float(t1):.6g}).")
     # a collapsed step: at the rounding floor of t, or a millionth of the
     # mean step so far (an explicit solver on a stiff problem instead keeps
     # steps near its stability limit)
@@ -321,6 +322,11 @@ def _odeint_impl(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptive
     from ..graph import Site, lower
 
     *consts, y0, ts = args
+    # times that do not increase (NaN among them: `> 0` is false for NaN)
+    # fail with status 4 below; diffrax would stop on them with an error of
+    # its own, so it integrates over 0, 1, 2, ... instead
+    given, ts_ok = ts, jnp.all(jnp.diff(ts) > 0)
+    ts = jnp.where(ts_ok, ts, jnp.arange(ts.shape[0], dtype=ts.dtype))
     n = y0.shape[0]
     m = n if error_size is None else error_size
     norm = optx.rms_norm if m == n else (lambda e: optx.rms_norm(e[:m]))
@@ -364,13 +370,13 @@ def _odeint_impl(*args, graph, solver, rtol, atol, max_steps, dt0=None, adaptive
     R = diffrax.RESULTS
     status = jnp.select([sol.result == R.successful, sol.result == R.max_steps_reached,
                          sol.result == R.dt_min_reached], [0, 1, 2], 5).astype(jnp.int32)
-    status = jnp.where(jnp.any(jnp.diff(ts) <= 0), 4, status)
+    status = jnp.where(ts_ok, status, 4)
     status = jnp.where((status == 0) & ~jnp.all(jnp.isfinite(ys)), 3, status)
     if throw:
         ys = tie(ys, check(judge_ode, site or Site("ode.odeint"), when=status != 0,
                            status=status, t_reached=t_reached, h_last=h_last, steps=steps,
                            accepted=accepted, ymax=ymax, y0max=jnp.max(jnp.abs(y0[:m])),
-                           t0=ts[0], t1=ts[-1], solver=solver, max_steps=max_steps))
+                           t0=given[0], t1=given[-1], solver=solver, max_steps=max_steps))
     if not record:
         return ys, status, accepted
     tsteps, ysteps = sol.ys[1]

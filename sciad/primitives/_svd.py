@@ -67,7 +67,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import DegenerateEigenvalueError, ShapeError
+from ..errors import DegenerateEigenvalueError, NonFiniteError, ShapeError
 from ..graph import Primitive, TensorType, instantiate, is_linear
 from ..graph._batch import front_rule
 from ._checks import check as host_check, tie
@@ -127,8 +127,9 @@ def _random_cluster_bases(s, u, vh, tol: float):
 
 
 def _clustered(s, tol: float):
-    """Whether any singular values (any stack) are repeated or zero."""
-    return any_cluster(s, tol) | jnp.any(s <= cluster_width(s, tol))
+    """Whether any singular values (any stack) are repeated or zero (or NaN:
+    whether they are is unknown)."""
+    return any_cluster(s, tol) | ~jnp.all(s > cluster_width(s, tol))
 
 
 def _swap(x):
@@ -372,18 +373,31 @@ def _fail(site, s, i, j, what, off, tol, zero=False):
 
 
 def _judge_one(site, tol, complex_, s, s_bar, vectors, rest_u, rest_v):
+    if not np.all(np.isfinite(s)):
+        site.fail(NonFiniteError, "the singular values are NaN or infinite (the matrix holds "
+                  "NaN or infinite values), where the derivative is not defined.")
     eps = float(np.finfo(s.dtype).eps) * max(len(s), 1)
     slack = 1e3 * max(eps, tol)  # as eigh_guard's: f'' gap is allowed, O(1) is not
     clusters, z = _clusters(s, tol)
+    if not (any(j - i > 1 for i, j in clusters) or z < len(s)
+            or (complex_ and vectors is not None)):
+        return  # nothing to judge (a batch's matrix without a cluster)
+    if not (np.all(np.isfinite(s_bar)) and (vectors is None or all(
+            np.all(np.isfinite(x)) for x in vectors))):
+        site.fail(NonFiniteError, "the cotangent of the singular values and vectors (the "
+                  "derivative of the loss with respect to them) holds NaN or infinite values, "
+                  "so whether the derivative depends on the basis chosen inside a cluster of "
+                  "repeated (or zero) singular values cannot be judged. Check the loss where "
+                  "it reads them.")
     size = float(np.max(np.abs(s_bar), initial=0.0))
     for i, j in clusters:
         off = float(np.ptp(s_bar[i:j])) if j - i > 1 else 0.0
-        if off > slack * size:
+        if not off <= slack * size:
             _fail(site, s, i, j, "one singular value of the cluster apart from the "
                   "others (s_bar varies across it)", off, tol)
     if z < len(s):
         off = float(np.max(np.abs(s_bar[z:])))
-        if off > slack * size:
+        if not off <= slack * size:
             _fail(site, s, z, len(s), "the zero singular values themselves, which are "
                   "not smooth there (|x|)", off, tol, zero=True)
     if vectors is None:
@@ -394,7 +408,7 @@ def _judge_one(site, tol, complex_, s, s_bar, vectors, rest_u, rest_v):
     # cluster's block of u^H dA v): refused together
     for i, j in clusters:
         big = float(np.max(np.abs(s_bar[i:j]), initial=0.0))
-        if j - i > 1 and big > slack * size:
+        if j - i > 1 and not big <= slack * size:
             _fail(site, s, i, j, "singular values of the cluster together with singular "
                   "vectors (such as u diag(f(s)) vh; for a sum of a singular-value term "
                   "and a singular-vector term, each invariant, take them from "
@@ -409,7 +423,7 @@ def _judge_one(site, tol, complex_, s, s_bar, vectors, rest_u, rest_v):
     for i, j in clusters:
         block = g[i:j, i:j]
         off = float(np.max(np.abs(block - np.conj(block.T)), initial=0.0))
-        if off > limit:
+        if not off <= limit:
             if j - i == 1:
                 if complex_:
                     site.fail(DegenerateEigenvalueError,
@@ -425,11 +439,11 @@ def _judge_one(site, tol, complex_, s, s_bar, vectors, rest_u, rest_v):
         k = len(s)
         for name, gz in (("left", gu[z:, z:]), ("right", gv[z:, z:])):
             off = float(np.max(np.abs(gz - np.conj(gz.T)), initial=0.0))
-            if off > limit:
+            if not off <= limit:
                 _fail(site, s, z, k, f"the choice of {name} singular vectors for the "
                       "zero singular values (a basis of a null space)", off, tol, zero=True)
         for name, rest in (("left", rest_u), ("right", rest_v)):
-            if rest is not None and float(np.max(rest[z:], initial=0.0)) > limit:
+            if rest is not None and not float(np.max(rest[z:], initial=0.0)) <= limit:
                 _fail(site, s, z, k, f"the choice of {name} singular vectors for the "
                       "zero singular values (a basis of a null space)",
                       float(np.max(rest[z:])), tol, zero=True)

@@ -523,9 +523,12 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
     def newton(s):
         x, k = s
         return x - (x * x - a) / (2 * x), k + 1
-    x, k = sd.while_loop(lambda s: abs(s[0] ** 2 - a) > 1e-12, newton, (a, 0),
+    x, k = sd.while_loop(lambda s: ~(abs(s[0] ** 2 - a) <= 1e-12), newton, (a, 0),
                          max_steps=50)
     ```
+
+    (`~(err <= tol)`, not `err > tol`: a NaN iterate keeps the loop running
+    to `max_steps`, which raises, instead of ending it as if it converged.)
 
     Forward mode (`sd.jvp`) works always. Reverse mode (`sd.grad`) needs
     `max_steps`: the backward pass runs over the steps the loop ran,

@@ -193,6 +193,9 @@ def solve(matvec: Callable, b, *, method: str, rtol: float, atol: float,
     """Solves `matvec(x) = b` for `b` of shape `(n,)` or `(n, k)`."""
     if method not in METHODS:
         raise ValueError(f"unknown iterative method {method!r}; choose one of {METHODS}.")
+    if b.shape[0] == 0:  # a system of no unknowns: solved, in no steps (NumPy's answer)
+        zero = jnp.zeros((), b.real.dtype)
+        return b, jnp.ones((), bool), zero, jnp.zeros((), jnp.int32)
     if b.ndim == 1:
         return _solve_vector(matvec, b, method, rtol, atol, maxiter, inv_diag)
     cols = jax.vmap(lambda col: _solve_vector(matvec, col, method, rtol, atol, maxiter,

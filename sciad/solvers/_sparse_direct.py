@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._host import host_call
+from ._measures import ratio
 
 METHODS = ("splu", "spsolve")
 
@@ -322,6 +323,12 @@ def _factor_one(pattern, d: np.ndarray):
         return None
 
 
+def _rows(d: np.ndarray) -> np.ndarray:
+    """The values of each matrix of a batch (leading axes), one row each
+    (`reshape(-1, nnz)` cannot tell the rows of a pattern with no entries)."""
+    return d.reshape((int(np.prod(d.shape[:-1], dtype=np.int64)), d.shape[-1]))
+
+
 def _csr(pattern, d: np.ndarray):
     import scipy.sparse as sp
 
@@ -364,7 +371,9 @@ def _rcond_here(pattern, d: np.ndarray, lu, anorm: float) -> float:
         inv_norm = float(np.abs(inv).sum(axis=0).max())
     else:
         inv_norm = float(spl.onenormest(op))
-    return 1.0 / (anorm * inv_norm) if inv_norm > 0 else float("inf")
+    # (an inverse whose norm is NaN, solves that overflowed, is as singular
+    # as it gets: 0, never the inf of a perfectly conditioned matrix)
+    return 1.0 / (anorm * inv_norm) if inv_norm > 0 else 0.0
 
 
 def factor(method: str, pattern, data, *, uses: int | None = None,
@@ -387,7 +396,7 @@ def factor(method: str, pattern, data, *, uses: int | None = None,
 
     def host(d):
         batch = d.shape[:-1]
-        flat = d.reshape((-1, d.shape[-1]))
+        flat = _rows(d)
         k = flat.shape[0]
         nonfinite = ~np.isfinite(flat).all(axis=1)
         asym = np.zeros(k)
@@ -505,10 +514,8 @@ def measures(r: np.ndarray, x: np.ndarray, b: np.ndarray, anorm_inf: float):
         return eta, rel
     rn, xn, bn = (np.abs(v).max(axis=0, initial=0.0) for v in (r, x, b))
     with np.errstate(invalid="ignore", divide="ignore"):
-        den = anorm_inf * xn + bn
-        eta = np.where(den > 0, rn / np.where(den > 0, den, 1.0), np.where(rn > 0, np.inf, 0.0))
-        rel = np.where(bn > 0, rn / np.where(bn > 0, bn, 1.0), np.where(rn > 0, np.inf, 0.0))
-    return float(np.max(eta)), float(np.max(rel))
+        eta, rel = ratio(rn, anorm_inf * xn + bn), ratio(rn, bn)
+    return float(np.max(eta, initial=0.0)), float(np.max(rel, initial=0.0))
 
 
 def _solve_checked(pattern, handle: int, d: np.ndarray, b: np.ndarray, transpose: bool,
@@ -587,7 +594,7 @@ def rcond_estimate(method: str, pattern, factor: tuple, data):
     if method == "spsolve":  # no factor to keep: SuperLU on the host, for the estimate
         def host(d):
             batch = d.shape[:-1]
-            flat = d.reshape((-1, d.shape[-1]))
+            flat = _rows(d)
             made = _Factored.make_many(pattern, flat)
             out = [f.get_rcond(pattern, row, f.lu) for f, row in zip(made, flat)]
             _drop_on_worker(made)
@@ -652,7 +659,7 @@ def shared_handle(pattern, data):
     def host(d):
         if d.ndim == 1:
             return (np.asarray(_store.shared(pattern, d)[0], np.int32),)
-        flat = d.reshape((-1, d.shape[-1]))
+        flat = _rows(d)
         return (np.array([_store.shared(pattern, r)[0] for r in flat],
                          np.int32).reshape(d.shape[:-1]),)
 
