@@ -1362,48 +1362,193 @@ def average(a, axis=None, weights=None):
     return divide(sum(multiply(a, w), axis=axis), sum(w, axis=axis))
 
 
-def median(a, axis=None, keepdims: bool = False):
-    """The median over `axis` (of the flattened array by default)."""
-    return quantile(a, 0.5, axis=axis, keepdims=keepdims)
+def _sorted_slices(a, axis, out, op: str):
+    """`a` as NumPy's `median` and `quantile` see it: the axes that `axis`
+    names (a tuple, one axis, or all for None) flattened into one leading
+    axis and sorted along it (NaN last), and the shape `keepdims` gives the
+    result."""
+    if out is not None:
+        raise _NotSupportedError("`out=`: sciad's arrays are values, not buffers; use the "
+                                 "result.", op=op)
+    a = _as_array(a, op)
+    if a.dtype.kind == "c":
+        raise _DTypeError(f"complex values have no order (NumPy's {op} sorts them "
+                          f"lexicographically, sciad does not), got {a.type.str_short()}.",
+                          op=op)
+    axes = _normalize_axes(axis, a.ndim, op)
+    kept = tuple(k for k in range(a.ndim) if k not in axes)
+    count = int(_np.prod([a.shape[k] for k in axes], dtype=_np.int64))
+    flat = reshape(transpose(a, axes + kept), (count,) + tuple(a.shape[k] for k in kept))
+    keep_shape = tuple(1 if k in axes else d for k, d in enumerate(a.shape))
+    return sort(flat, axis=0), keep_shape
 
 
-def quantile(a, q, axis=None, keepdims: bool = False, *, method: str = "linear"):
-    """Quantiles `q` (static, in [0, 1]) over `axis`, NumPy's default
-    ("linear") interpolation between the sorted values. A scalar `q` gives
-    the reduced shape; an array of `q`s adds a leading axis."""
-    if method != "linear":
-        raise _NotSupportedError(f"method={method!r}: only 'linear' is supported.",
-                                 op="quantile")
-    a = _float(_as_array(a, "quantile"))
-    qs = _np.asarray(q, _np.float64)
-    if isinstance(q, _Tracer) or not ((qs >= 0) & (qs <= 1)).all():
-        raise _ShapeError(f"quantiles must be static numbers in [0, 1], got {q}.",
-                          op="quantile")
-    if axis is None:
-        shape, axes = a.shape, tuple(range(a.ndim))
-        a, axis = ravel(a), 0
+def _nan_last(s, result):
+    """NumPy's rule: a slice holding NaN (sorted last) gives NaN, its own."""
+    if not _is_inexact(s) or s.shape[0] == 0:
+        return result
+    last = s[s.shape[0] - 1]
+    return where(isnan(last), last, result)
+
+
+def median(a, axis=None, out=None, overwrite_input: bool = False, keepdims: bool = False):
+    """The median over `axis` (an int, a tuple of ints, or None: all),
+    `numpy.median`: the middle of the sorted values, or the mean of the two
+    middle ones; NaN in a slice makes its median NaN, and an empty slice's
+    is NaN. (`overwrite_input` changes nothing: sciad's arrays are values.)
+    Its derivative is that of the middle value(s), through `sort`.
+
+    ```python
+    snp.median(np.array([[10.0, 7, 4], [3, 2, 1]]), axis=(0, 1))   # 3.5
+    snp.median(np.array([10.0, np.nan, 4]))                         # nan, as NumPy's
+    ```
+    """
+    s, keep_shape = _sorted_slices(a, axis, out, "median")
+    n = s.shape[0]
+    half = n // 2
+    result = _nan_last(s, mean(s[half - 1 + n % 2:half + 1], axis=0))
+    return reshape(result, keep_shape) if keepdims else result
+
+
+def _discrete_index(index, take_previous):
+    """NumPy's `_discrete_interpolation_to_boundaries`: the integer index
+    next to `index`, the previous one where `take_previous(gamma, index)`."""
+    previous = _np.floor(index)
+    pick = _np.where(take_previous(index - previous, index), previous, previous + 1)
+    return _np.maximum(pick.astype(_np.intp), 0)
+
+
+def _hyndman_fan(alpha: float, beta: float):
+    return lambda n, q: n * q + (alpha + q * (1 - alpha - beta)) - 1
+
+
+def _fractional(gamma, index):
+    return gamma
+
+
+# NumPy's quantile methods (`numpy.quantile`'s `method`): the virtual index
+# into the sorted slice of `n` values for the quantiles `q` (static), and how
+# `gamma`, its fractional part, is adjusted; None where the index is an
+# integer and the method picks that element (no interpolation)
+_QUANTILE_METHODS = {
+    "inverted_cdf": (lambda n, q: _discrete_index(n * q - 1, lambda g, i: g == 0), None),
+    "averaged_inverted_cdf": (lambda n, q: n * q - 1,
+                              lambda g, i: _np.where(g == 0, 0.5, 1.0)),
+    "closest_observation": (lambda n, q: _discrete_index(
+        n * q - 1 - 0.5, lambda g, i: (g == 0) & (_np.floor(i) % 2 == 1)), None),
+    "interpolated_inverted_cdf": (_hyndman_fan(0, 1), _fractional),
+    "hazen": (_hyndman_fan(0.5, 0.5), _fractional),
+    "weibull": (_hyndman_fan(0, 0), _fractional),
+    "linear": (lambda n, q: (n - 1) * q, _fractional),
+    "median_unbiased": (_hyndman_fan(1 / 3.0, 1 / 3.0), _fractional),
+    "normal_unbiased": (_hyndman_fan(3 / 8.0, 3 / 8.0), _fractional),
+    "lower": (lambda n, q: _np.floor((n - 1) * q).astype(_np.intp), None),
+    "higher": (lambda n, q: _np.ceil((n - 1) * q).astype(_np.intp), None),
+    "midpoint": (lambda n, q: 0.5 * (_np.floor((n - 1) * q) + _np.ceil((n - 1) * q)),
+                 lambda g, i: _np.where(i % 1 == 0, 0.0, 0.5)),
+    "nearest": (lambda n, q: _np.around((n - 1) * q).astype(_np.intp), None),
+}
+
+
+def _quantile(a, q, axis, out, method, keepdims, weights, weak: bool, op: str):
+    """`numpy.quantile`'s computation on quantiles `q` already in [0, 1]
+    (`weak`: they were a Python scalar, whose dtype yields to `a`'s)."""
+    if method not in _QUANTILE_METHODS:
+        raise _ShapeError(f"method={method!r} is not one of NumPy's methods "
+                          f"{list(_QUANTILE_METHODS)}.", op=op)
+    if weights is not None:
+        raise _NotSupportedError("`weights=` (NumPy's, for method='inverted_cdf' only) is "
+                                 "not supported; for a weighted mean use `average`.", op=op)
+    if q.ndim > 2:
+        raise _ShapeError(f"`q` must be a scalar or 1-d, got shape {q.shape}.", op=op)
+    s, keep_shape = _sorted_slices(a, axis, out, op)
+    n = s.shape[0]
+    if n == 0:
+        from .errors import IndexingError
+
+        raise IndexingError("an empty slice has no quantiles (NumPy raises too).", op=op)
+    virtual, fix_gamma = _QUANTILE_METHODS[method]
+    index = _np.asanyarray(virtual(n, q))
+    rest = s.shape[1:]
+
+    def at(indices, values):  # the sorted values at static indices, `index`'s shape first
+        picked = take(values, _np.asarray(indices).astype(_np.intp).ravel(), axis=0)
+        return reshape(picked, index.shape + rest)
+
+    if fix_gamma is None or (method == "linear" and index.dtype.kind in "iub"):
+        result = at(index, s)
     else:
-        axis = _normalize_axis(axis, a.ndim, "quantile")
-        shape, axes = a.shape, (axis,)
-    n = a.shape[axis]
-    s = moveaxis(sort(a, axis=axis), axis, 0)
-    pos = qs * (n - 1)
-    lo = _np.floor(pos).astype(_np.int64)
-    hi = _np.minimum(lo + 1, n - 1)
-    frac = (pos - lo).reshape(qs.shape + (1,) * (s.ndim - 1))
-    out = add(multiply(take(s, lo.ravel(), axis=0).reshape(qs.shape + s.shape[1:]),
-                       _np.asarray(1.0 - frac, s.dtype)),
-              multiply(take(s, hi.ravel(), axis=0).reshape(qs.shape + s.shape[1:]),
-                       _np.asarray(frac, s.dtype)))
-    if keepdims:
-        out = reshape(out, qs.shape + tuple(1 if k in axes else d for k, d in enumerate(shape)))
-    return out
+        if s.dtype == _np.bool_:
+            raise _DTypeError(f"method={method!r} interpolates between values, and NumPy's "
+                              "booleans have no subtraction; use a method that picks a "
+                              "value ('lower', 'nearest', ...) or convert to numbers.", op=op)
+        # NumPy's `_get_indexes`, `_get_gamma` and `_lerp`, on static indices:
+        # past the ends both neighbours are the end value
+        previous = _np.array(_np.floor(index))
+        after = _np.array(previous + 1)
+        previous[index >= n - 1], after[index >= n - 1] = -1, -1
+        previous[index < 0], after[index < 0] = 0, 0
+        gamma = _np.asanyarray(fix_gamma(index - previous, index), dtype=index.dtype)
+        # a Python-scalar `q` yields to `a`'s dtype (NEP 50), an array does not
+        tdtype = (s.dtype if _is_inexact(s) else _np.dtype(_np.float64)) if weak else \
+            gamma.dtype
+        lo, hi = at(previous, s), at(after, s)
+        shape = index.shape + (1,) * len(rest)
+        # NumPy's `_lerp`: the difference in `a`'s dtype, from the nearer end,
+        # `1 - t` in `t`'s own precision
+        upper = (gamma >= 0.5).reshape(shape)
+        t, u = (_np.asarray(x, tdtype).reshape(shape) for x in (gamma, 1 - gamma))
+        # (functions, not operators: eagerly these are JAX arrays, whose
+        # operators promote as JAX does, int64 * float32 to float32)
+        diff = subtract(hi, lo)
+        result = where(upper, subtract(hi, multiply(diff, u)), add(lo, multiply(diff, t)))
+    result = _nan_last(s, result)
+    return reshape(result, index.shape + keep_shape) if keepdims else result
 
 
-def percentile(a, q, axis=None, keepdims: bool = False, *, method: str = "linear"):
-    """Percentiles `q` (static, in [0, 100]); see `quantile`."""
-    return quantile(a, _np.asarray(q, _np.float64) / 100.0, axis=axis, keepdims=keepdims,
-                    method=method)
+def _static_quantiles(q, op: str):
+    if isinstance(q, _Tracer):
+        raise _ShapeError(f"quantiles must be static numbers (they set which sorted values "
+                          f"are used), got a traced {q.type.str_short()}.", op=op)
+    return _np.asanyarray(q)
+
+
+def quantile(a, q, axis=None, out=None, overwrite_input: bool = False, method: str = "linear",
+             keepdims: bool = False, *, weights=None):
+    """Quantiles `q` (static, in [0, 1]) over `axis` (an int, a tuple of
+    ints, or None: all), `numpy.quantile`: every NumPy `method`, NumPy's
+    result dtype, NaN in a slice makes its quantiles NaN. A scalar `q` gives
+    the reduced shape; an array of `q`s adds its axes in front. The
+    derivative is that of the sorted values interpolated (`sort`'s: between
+    equal values one-sided). (`overwrite_input` changes nothing; `weights`
+    is not supported.)
+
+    ```python
+    snp.quantile(np.array([1.0, 2, 3, 4]), [0.25, 0.5])         # [1.75 2.5]
+    snp.quantile(np.array([1.0, 2, 3, 4]), 0.3, method="lower")  # 1.0
+    ```
+    """
+    qs = _static_quantiles(q, "quantile")
+    if not ((qs >= 0) & (qs <= 1)).all():
+        raise _ShapeError(f"quantiles must be in [0, 1], got {q}.", op="quantile")
+    return _quantile(a, qs, axis, out, method, keepdims, weights,
+                     type(q) in (int, float), "quantile")
+
+
+def percentile(a, q, axis=None, out=None, overwrite_input: bool = False,
+               method: str = "linear", keepdims: bool = False, *, weights=None):
+    """Percentiles `q` (static, in [0, 100]), `numpy.percentile`: `quantile`
+    of `q / 100`.
+
+    ```python
+    snp.percentile(np.array([1.0, 2, 3, 4]), 50)   # 2.5
+    ```
+    """
+    qs = _np.true_divide(_static_quantiles(q, "percentile"), 100)
+    if not ((qs >= 0) & (qs <= 1)).all():
+        raise _ShapeError(f"percentiles must be in [0, 100], got {q}.", op="percentile")
+    return _quantile(a, _np.asanyarray(qs), axis, out, method, keepdims, weights,
+                     type(q) in (int, float), "percentile")
 
 
 def copy(a):
