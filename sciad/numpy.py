@@ -1816,31 +1816,109 @@ def digitize(x, bins, right: bool = False):
     return searchsorted(bins, x, side="left" if right else "right")
 
 
-def interp(x, xp, fp, left=None, right=None, period=None):
-    """Piecewise-linear interpolation of the points `(xp, fp)` (`xp`
-    increasing) at `x`, as `numpy.interp`: `fp[0]`/`fp[-1]` (or `left`/
-    `right`) outside. Differentiable in `x`, `xp` and `fp`; at a data
-    point the derivative in `x` is the right-hand segment's slope."""
-    if period is not None:
-        raise _NotSupportedError("`period` is not supported.", op="interp")
-    xp, fp = _float(_as_array(xp, "interp")), _as_array(fp, "interp")
-    x = _float(_as_array(x, "interp"))
-    if xp.ndim != 1 or fp.ndim != 1 or xp.shape != fp.shape or xp.shape[0] == 0:
-        raise _ShapeError(f"`xp` and `fp` must be 1-D of one non-zero length, got "
-                          f"{xp.type.str_short()} and {fp.type.str_short()}.", op="interp")
+def _interp_line(x, xp, fp, reciprocal: bool):
+    """NumPy's `arr_interp` at `x` between the first and last of `n >= 2`
+    increasing knots `xp` (float64; `fp` real), `reciprocal`: the slope as
+    `arr_interp_complex` forms it, times `1 / dx`.
+
+    Where the point's segment is finite it is `slope * (x - x_a) + f_a`, anchored
+    at the segment's left knot (at the right one on the last knot): exact at
+    the knots, whose derivative in `x` is the right-hand slope (the left-hand
+    one at the last knot). Elsewhere (a segment with an infinite or NaN
+    value) the value is NumPy's: `f_j` at a knot, else the line from the
+    left, or the right where that is NaN, or `f_j` where both are NaN and
+    `f_j == f_(j+1)`; its derivative is zero (the value is not finite), and
+    the masks keep its infinities out of every other point's derivative."""
     n = xp.shape[0]
-    dtype = _result_type(x, xp, op="interp")
-    x, xp = _convert(x, dtype), _convert(xp, dtype)
-    if n == 1:
-        return broadcast_to(fp[0], x.shape) * ones_like(x)
-    j = clip(searchsorted(xp, x, side="right") - 1, 0, n - 2)
+    j = searchsorted(xp, x, side="right") - 1                 # -1 .. n - 1
+    last = equal(j, n - 1)
+    j = clip(j, 0, n - 2)
     x0, x1 = take(xp, j, mode="promise_in_bounds"), take(xp, j + 1, mode="promise_in_bounds")
     f0, f1 = take(fp, j, mode="promise_in_bounds"), take(fp, j + 1, mode="promise_in_bounds")
-    dx = x1 - x0
-    t = (x - x0) / where(dx == 0, ones_like(dx), dx)
-    y = f0 + t * (f1 - f0)
-    y = where(x < xp[0], fp[0] if left is None else left, y)
-    return where(x > xp[-1], fp[-1] if right is None else right, y)
+    inside = logical_and(greater_equal(x, xp[0]), less_equal(x, xp[n - 1]))   # NaN: False
+    width, rise = subtract(x1, x0), subtract(f1, f0)
+    finite = logical_and(logical_and(isfinite(rise), isfinite(width)), greater(width, 0))
+    rise, width = where(finite, rise, 0), where(finite, width, 1)
+    slope = multiply(rise, divide(1.0, width)) if reciprocal else divide(rise, width)
+    good = logical_and(logical_and(inside, finite), isfinite(slope))
+    xa, fa = where(last, x1, x0), where(last, f1, f0)
+    line = add(multiply(where(good, slope, 0),
+                        subtract(where(good, x, 0), where(good, xa, 0))), fa)
+    # NumPy's value where the segment is not finite (a constant here)
+    x, x0, x1, f0, f1 = (_P.stop_gradient(v) for v in (x, x0, x1, f0, f1))
+    raw = divide(subtract(f1, f0), subtract(x1, x0))
+    first = add(multiply(raw, subtract(x, x0)), f0)
+    other = add(multiply(raw, subtract(x, x1)), f1)
+    other = where(logical_and(isnan(other), equal(f0, f1)), f0, other)
+    knot = logical_and(inside, logical_or(last, equal(x, x0)))
+    return where(good, line, where(knot, fa, where(isnan(first), other, first)))
+
+
+def _from_parts(re, im):
+    """`re + i im` (float64 parts) with either part infinite or NaN: `im * 1j`
+    alone would make the real part NaN (`inf * 0`), so the imaginary part's
+    infinities and NaN are added as complex constants."""
+    c = _np.dtype(_np.complex128)
+    finite = isfinite(im)
+    out = add(_convert(re, c), multiply(_convert(where(finite, im, 0.0), c), c.type(1j)))
+    special = where(isnan(im), c.type(complex(0.0, _np.nan)),
+                    where(greater(im, 0), c.type(complex(0.0, _np.inf)),
+                          c.type(complex(0.0, -_np.inf))))
+    return add(out, where(finite, c.type(0), special))
+
+
+def interp(x, xp, fp, left=None, right=None, period=None):
+    """Piecewise-linear interpolation of the points `(xp, fp)` (`xp`
+    increasing, not checked) at `x`, `numpy.interp`: float64 results
+    (complex128 for complex `fp`), `fp[0]`/`fp[-1]` (or `left`/`right`)
+    outside, `fp[j]` exactly at a knot `xp[j]`, NumPy's values next to
+    infinite `fp`, NaN at a NaN `x`; one knot gives `left`, `fp[0]`, `right`.
+
+    Differentiable in `x`, `xp`, `fp`, `left` and `right`. At a knot the
+    derivative in `x` is the right-hand segment's slope (the left-hand one
+    at the last knot); where the value is not finite it is zero, and an
+    infinite `fp` does not reach the derivative at any other point.
+
+    ```python
+    snp.interp(np.array([1.0, 2, 3, 4, 5]), np.array([1.0, 2, 3, 4, 5]),
+               np.array([1.0, 2, np.inf, np.inf, 4]))      # [1. 2. inf inf 4.]
+    snp.interp(np.array([0.0, 1, 2]), np.array([1.0]), np.array([5.0]),
+               left=-1.0, right=9.0)                       # [-1. 5. 9.]
+    ```
+    """
+    op = "interp"
+    if period is not None:
+        raise _NotSupportedError("`period` is not supported; map `x` and `xp` into one "
+                                 "period and repeat the end knots yourself.", op=op)
+    x, xp, fp = (_as_array(v, op) for v in (x, xp, fp))
+    for name, v in (("x", x), ("xp", xp)):
+        if v.dtype.kind == "c":
+            raise _DTypeError(f"`{name}` must be real, got {v.type.str_short()}.", op=op)
+    if xp.ndim != 1 or fp.ndim != 1 or xp.shape != fp.shape or xp.shape[0] == 0:
+        raise _ShapeError(f"`xp` and `fp` must be 1-D of one non-zero length, got "
+                          f"{xp.type.str_short()} and {fp.type.str_short()}.", op=op)
+    dtype = _np.dtype(_np.complex128 if fp.dtype.kind == "c" else _np.float64)
+    x, xp, fp = _convert(x, _np.float64), _convert(xp, _np.float64), _convert(fp, dtype)
+    ends = []
+    for name, v, default in (("left", left, fp[0]), ("right", right, fp[xp.shape[0] - 1])):
+        if v is None:
+            ends.append(default)
+            continue
+        v = _as_array(v, op)
+        if v.dtype.kind == "c" and dtype.kind != "c":
+            raise _DTypeError(f"`{name}` is complex, but `fp` is real (NumPy refuses it "
+                              "too): pass a real value, or complex `fp`.", op=op)
+        ends.append(_convert(v, dtype))
+    n = xp.shape[0]
+    if n == 1:  # NumPy's: even a NaN `x` takes `fp[0]`
+        inner = broadcast_to(fp[0], x.shape)
+    elif dtype.kind == "c":  # each part on its own, with NumPy's complex slope
+        inner = _from_parts(_interp_line(x, xp, real(fp), True),
+                            _interp_line(x, xp, imag(fp), True))
+        inner = where(isnan(x), _convert(x, dtype), inner)
+    else:
+        inner = where(isnan(x), x, _interp_line(x, xp, fp, False))
+    return where(less(x, xp[0]), ends[0], where(greater(x, xp[n - 1]), ends[1], inner))
 
 
 def trapezoid(y, x=None, dx: float = 1.0, axis: int = -1):

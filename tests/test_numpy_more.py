@@ -186,6 +186,59 @@ def test_the_median_of_a_slice_with_nan_differentiates_as_numpy_picks_it():
     np.testing.assert_array_equal(g, [[0, 0, 0, 0], [0.5, 0, 0, 1.5]])
 
 
+def test_interp_is_numpys_at_knots_infinities_and_one_knot():
+    # next to infinite `fp` the exact knots had become NaN ([1, nan, inf,
+    # nan, nan]), and one knot had ignored `left` and `right`
+    inf, nan = np.inf, np.nan
+    x = np.array([-inf, -1.0, 0, 0.5, 1, 1.5, 2, 2.5, 3, 3.2, 4, 4.5, 5, 6, inf, nan])
+    cases = [(x[4:13:2], np.arange(1.0, 6.0), np.array([1.0, 2, inf, inf, 4]), None, None),
+             (x, np.arange(1.0, 6.0), np.array([1.0, -inf, inf, 3, nan]), None, None),
+             (x, np.array([0.0, 1, 1, 2, 4]), np.array([inf, 1, 1, 2, -inf]), -7.0, 8.0),
+             (x, np.array([0.0, 0, 1]), np.array([1, 2, 3]), nan, inf),
+             (x, np.array([-inf, 0, 1, inf]), np.array([0.0, 1, 4, 9]), None, None),
+             (np.array([0.0, 1, 2, nan]), np.array([1.0]), np.array([5.0]), -1.0, 9.0),
+             (x, np.arange(1.0, 6.0), np.array([1 + 1j, 2 - 1j, inf, complex(1, inf),
+                                                complex(nan, 2)]), None, None),
+             (x.astype(np.float32)[:-1].reshape(3, 5), np.arange(5, dtype=np.float32),
+              np.arange(5, dtype=np.float32) ** 2, None, None)]
+    assert np.array_equal(snp.interp(*cases[0][:3]), [1, 2, inf, inf, 4])
+    f = sd.function(lambda *a: [snp.interp(x, xp, fp, left, right)
+                                for (x, xp, fp), (_, _, _, left, right) in zip(a, cases)])
+    gots = f(*[c[:3] for c in cases])
+    for (x, xp, fp, left, right), got in zip(cases, gots):
+        want = np.interp(x, xp, fp, left, right)
+        assert np.asarray(got).dtype == want.dtype and got.shape == want.shape
+        # (to an ulp: compiled, XLA may fuse the line's product and sum)
+        np.testing.assert_allclose(got, want, rtol=4e-16, atol=0)
+    with pytest.raises(sd.errors.DTypeError, match="`left` is complex"):
+        snp.interp(x, np.arange(3.0), np.arange(3.0), left=1j)
+
+
+def test_interp_derivatives_away_from_the_knots_are_finite_differences():
+    # points inside finite segments, beside points at a knot next to an
+    # infinite value, at infinity and NaN: the loss of the finite values has
+    # the derivatives of central differences, none of them NaN
+    xp, fp = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0]), np.array([0.0, 1.0, 4.0, np.inf, 9.0, 3.0])
+    x = np.array([0.3, 1.6, 4.25, 4.7, 2.0, 3.0, np.nan, np.inf, 2.5])
+    used = np.array([1.0, 2.0, -1.0, 0.5, 0, 0, 0, 0, 0])   # the finite values' points
+
+    def loss(x, xp, fp):
+        y = snp.interp(x, xp, fp)
+        return snp.sum(snp.where(used != 0, y, 0.0) * used)
+
+    grads = sd.grad(loss, argnums=(0, 1, 2))(x, xp, fp)
+    loss, h = sd.function(loss), 1e-6
+    for k, (g, a) in enumerate(zip(grads, (x, xp, fp))):
+        assert not np.any(np.isnan(g)), k
+        for i in np.flatnonzero(np.isfinite(a)):
+            e = np.zeros_like(a)
+            e[i] = h
+            up, down = ([x, xp, fp] for _ in range(2))
+            up[k], down[k] = a + e, a - e
+            fd = (float(loss(*up)) - float(loss(*down))) / (2 * h)
+            np.testing.assert_allclose(g[i], fd, rtol=1e-6, atol=1e-8, err_msg=f"{k} {i}")
+
+
 def test_interp_gradient_matches_jax():
     def f(x, xp, fp, m=snp):
         return m.sum(m.interp(x, xp, fp) ** 2)
