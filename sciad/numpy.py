@@ -1364,9 +1364,9 @@ def average(a, axis=None, weights=None):
 
 def _sorted_slices(a, axis, out, op: str):
     """`a` as NumPy's `median` and `quantile` see it: the axes that `axis`
-    names (a tuple, one axis, or all for None) flattened into one leading
-    axis and sorted along it (NaN last), and the shape `keepdims` gives the
-    result."""
+    names (a tuple, one axis, or all for None) flattened into one last axis
+    and sorted along it (NaN last; the last axis, where XLA sorts fastest),
+    and the shape `keepdims` gives the result."""
     if out is not None:
         raise _NotSupportedError("`out=`: sciad's arrays are values, not buffers; use the "
                                  "result.", op=op)
@@ -1375,20 +1375,23 @@ def _sorted_slices(a, axis, out, op: str):
         raise _DTypeError(f"complex values have no order (NumPy's {op} sorts them "
                           f"lexicographically, sciad does not), got {a.type.str_short()}.",
                           op=op)
-    axes = _normalize_axes(axis, a.ndim, op)
+    shape, axes = a.shape, _normalize_axes(axis, a.ndim, op)
     kept = tuple(k for k in range(a.ndim) if k not in axes)
-    count = int(_np.prod([a.shape[k] for k in axes], dtype=_np.int64))
-    flat = reshape(transpose(a, axes + kept), (count,) + tuple(a.shape[k] for k in kept))
-    keep_shape = tuple(1 if k in axes else d for k, d in enumerate(a.shape))
-    return sort(flat, axis=0), keep_shape
+    count = int(_np.prod([shape[k] for k in axes], dtype=_np.int64))
+    if kept + axes != tuple(range(a.ndim)):
+        a = transpose(a, kept + axes)
+    flat = reshape(a, tuple(shape[k] for k in kept) + (count,))
+    # NumPy's rule: a slice holding NaN (sorted last) gives NaN. Seen on the
+    # unsorted values: a use of the sorted ones' last would keep `sort` in a
+    # gradient beside the `argsort` its derivative takes (twice the time).
+    nan = any(isnan(flat), axis=-1) if _is_inexact(flat) and count else None
+    return sort(flat, axis=-1), nan, tuple(1 if k in axes else d for k, d in enumerate(shape))
 
 
-def _nan_last(s, result):
-    """NumPy's rule: a slice holding NaN (sorted last) gives NaN, its own."""
-    if not _is_inexact(s) or s.shape[0] == 0:
-        return result
-    last = s[s.shape[0] - 1]
-    return where(isnan(last), last, result)
+def _nan_where(nan, result):
+    """`result`, NaN where `nan` (a slice held NaN): a constant, whose
+    derivative is zero."""
+    return result if nan is None else where(nan, _np.asarray(_np.nan, result.dtype), result)
 
 
 def median(a, axis=None, out=None, overwrite_input: bool = False, keepdims: bool = False):
@@ -1396,17 +1399,18 @@ def median(a, axis=None, out=None, overwrite_input: bool = False, keepdims: bool
     `numpy.median`: the middle of the sorted values, or the mean of the two
     middle ones; NaN in a slice makes its median NaN, and an empty slice's
     is NaN. (`overwrite_input` changes nothing: sciad's arrays are values.)
-    Its derivative is that of the middle value(s), through `sort`.
+    Its derivative is that of the middle value(s), through `sort` (zero for
+    a NaN result).
 
     ```python
     snp.median(np.array([[10.0, 7, 4], [3, 2, 1]]), axis=(0, 1))   # 3.5
     snp.median(np.array([10.0, np.nan, 4]))                         # nan, as NumPy's
     ```
     """
-    s, keep_shape = _sorted_slices(a, axis, out, "median")
-    n = s.shape[0]
+    s, nan, keep_shape = _sorted_slices(a, axis, out, "median")
+    n = s.shape[-1]
     half = n // 2
-    result = _nan_last(s, mean(s[half - 1 + n % 2:half + 1], axis=0))
+    result = _nan_where(nan, mean(s[..., half - 1 + n % 2:half + 1], axis=-1))
     return reshape(result, keep_shape) if keepdims else result
 
 
@@ -1461,19 +1465,22 @@ def _quantile(a, q, axis, out, method, keepdims, weights, weak: bool, op: str):
                                  "not supported; for a weighted mean use `average`.", op=op)
     if q.ndim > 2:
         raise _ShapeError(f"`q` must be a scalar or 1-d, got shape {q.shape}.", op=op)
-    s, keep_shape = _sorted_slices(a, axis, out, op)
-    n = s.shape[0]
+    s, nan, keep_shape = _sorted_slices(a, axis, out, op)
+    n = s.shape[-1]
     if n == 0:
         from .errors import IndexingError
 
         raise IndexingError("an empty slice has no quantiles (NumPy raises too).", op=op)
     virtual, fix_gamma = _QUANTILE_METHODS[method]
     index = _np.asanyarray(virtual(n, q))
-    rest = s.shape[1:]
+    rest = s.shape[:-1]
 
     def at(indices, values):  # the sorted values at static indices, `index`'s shape first
-        picked = take(values, _np.asarray(indices).astype(_np.intp).ravel(), axis=0)
-        return reshape(picked, index.shape + rest)
+        picked = take(values, _np.asarray(indices).astype(_np.intp).ravel(), axis=-1)
+        picked = reshape(picked, rest + index.shape)
+        if not (rest and index.shape):
+            return picked
+        return moveaxis(picked, tuple(range(len(rest), picked.ndim)), tuple(range(index.ndim)))
 
     if fix_gamma is None or (method == "linear" and index.dtype.kind in "iub"):
         result = at(index, s)
@@ -1502,7 +1509,7 @@ def _quantile(a, q, axis, out, method, keepdims, weights, weak: bool, op: str):
         # operators promote as JAX does, int64 * float32 to float32)
         diff = subtract(hi, lo)
         result = where(upper, subtract(hi, multiply(diff, u)), add(lo, multiply(diff, t)))
-    result = _nan_last(s, result)
+    result = _nan_where(nan, result)
     return reshape(result, index.shape + keep_shape) if keepdims else result
 
 
@@ -1837,13 +1844,14 @@ def _interp_line(x, xp, fp, reciprocal: bool):
     f0, f1 = take(fp, j, mode="promise_in_bounds"), take(fp, j + 1, mode="promise_in_bounds")
     inside = logical_and(greater_equal(x, xp[0]), less_equal(x, xp[n - 1]))   # NaN: False
     width, rise = subtract(x1, x0), subtract(f1, f0)
+    # (the masks by `finite` and `good` drop the NaN cotangents, 0 * inf, that
+    # the unused lines of the other points would send back)
     finite = logical_and(logical_and(isfinite(rise), isfinite(width)), greater(width, 0))
-    rise, width = where(finite, rise, 0), where(finite, width, 1)
+    width = where(finite, width, 1.0)
     slope = multiply(rise, divide(1.0, width)) if reciprocal else divide(rise, width)
     good = logical_and(logical_and(inside, finite), isfinite(slope))
     xa, fa = where(last, x1, x0), where(last, f1, f0)
-    line = add(multiply(where(good, slope, 0),
-                        subtract(where(good, x, 0), where(good, xa, 0))), fa)
+    line = add(multiply(where(good, slope, 0.0), subtract(x, xa)), fa)
     # NumPy's value where the segment is not finite (a constant here)
     x, x0, x1, f0, f1 = (_P.stop_gradient(v) for v in (x, x0, x1, f0, f1))
     raw = divide(subtract(f1, f0), subtract(x1, x0))
