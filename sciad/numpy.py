@@ -1819,8 +1819,32 @@ def searchsorted(a, v, side: str = "left", sorter=None):
 
 
 def digitize(x, bins, right: bool = False):
-    """The index of the bin of each `x` in increasing `bins` (NumPy's rule)."""
-    return searchsorted(bins, x, side="left" if right else "right")
+    """The index of the bin of each `x` in monotonic `bins`, increasing or
+    decreasing (`numpy.digitize`), as int64. Concrete `bins` that are
+    neither raise, as in NumPy; traced ones are taken as decreasing where
+    `bins[-1] < bins[0]`, else as increasing.
+
+    ```python
+    snp.digitize(np.array([0.5, 2.5]), np.array([0.0, 1, 2, 3]))   # [1 3]
+    snp.digitize(np.array([0.5, 2.5]), np.array([3.0, 2, 1, 0]))   # [3 1]
+    ```
+    """
+    bins = _as_array(bins, "digitize")
+    if bins.ndim != 1:
+        raise _ShapeError(f"`bins` must be 1-D, got {bins.type.str_short()}.", op="digitize")
+    side, n = "left" if right else "right", bins.shape[0]
+    if not isinstance(bins, _Tracer):
+        steps = _np.diff(_np.asarray(bins))
+        if (steps >= 0).all():
+            return searchsorted(bins, x, side=side)
+        if not (steps <= 0).all():
+            raise _ShapeError("`bins` must be monotonically increasing or decreasing (NumPy's "
+                              "rule).", op="digitize")
+    # decreasing: NumPy's `len(bins) - searchsorted(bins[::-1], x)`
+    down = subtract(_np.int64(n), searchsorted(flip(bins), x, side=side))
+    if not isinstance(bins, _Tracer):
+        return down
+    return where(less(bins[n - 1], bins[0]), down, searchsorted(bins, x, side=side))
 
 
 def _interp_line(x, xp, fp, reciprocal: bool):

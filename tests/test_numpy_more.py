@@ -239,6 +239,20 @@ def test_interp_derivatives_away_from_the_knots_are_finite_differences():
             np.testing.assert_allclose(g[i], fd, rtol=1e-6, atol=1e-8, err_msg=f"{k} {i}")
 
 
+def test_digitize_takes_decreasing_bins_as_numpy():
+    # decreasing bins had been searched as increasing ones ([0 0 0 4 ...]
+    # for NumPy's [4 3 3 2 ...]); concrete ones, and traced ones
+    x = np.array([-1.0, 0, 0.5, 1, 2.5, 3, 4, np.nan])
+    f = sd.function(lambda x, b: [snp.digitize(x, b), snp.digitize(x, b, right=True)])
+    for bins in (np.arange(4.0), np.arange(4.0)[::-1].copy(), np.array([2.0, 2, 1])):
+        for got in (f(x, bins), [snp.digitize(x, bins), snp.digitize(x, bins, right=True)]):
+            for g, right in zip(got, (False, True)):
+                assert np.asarray(g).dtype == np.int64
+                np.testing.assert_array_equal(g, np.digitize(x, bins, right=right))
+    with pytest.raises(ShapeError, match="monotonically increasing or decreasing"):
+        snp.digitize(x, np.array([0.0, 2, 1]))
+
+
 def test_interp_gradient_matches_jax():
     def f(x, xp, fp, m=snp):
         return m.sum(m.interp(x, xp, fp) ** 2)
