@@ -591,12 +591,18 @@ def eigsh(A, k: int = 6, M=None, *, which: str | None = None, sigma: float | Non
       shape (a mass matrix; its own pattern): then `A v = w M v` with `v^T M
       v = I`, SciPy's normalization. A diagonal that is not positive raises
       `NotPositiveDefiniteError` when the program runs.
-    - `which`: SciPy's: `"SA"` (smallest algebraic), `"LA"` (largest),
-      `"SM"` (smallest magnitude), `"LM"` (largest magnitude). Default
-      `"SA"`, or `"LM"` with `sigma` (the eigenvalues nearest `sigma`).
+    - `which`: SciPy's, and SciPy's default `"LM"` (largest magnitude):
+      `"SM"` (smallest magnitude), `"LA"` (largest algebraic), `"SA"`
+      (smallest algebraic), `"BE"` (`k // 2` from each end, the extra one
+      of an odd `k` from the high end; `k >= 2`; two ARPACK runs, `"SA"`
+      and `"LA"`).
+      For the smallest eigenvalues of a positive definite `A` say
+      `which="SA"`, or `sigma=0` (shift-invert, much faster).
     - `sigma`: None, or a shift: shift-invert mode, as SciPy's, where
-      `which` refers to `1 / (w - sigma)`. SciPy factors `A - sigma M` on
-      the host (SuperLU) at each call.
+      `which` refers to `1 / (w - sigma)`: the default `"LM"` gives the
+      eigenvalues nearest `sigma`, `"LA"` those just above it, `"SA"` those
+      just below. SciPy factors `A - sigma M` on the host (SuperLU) at each
+      call.
     - `tol`: ARPACK's relative accuracy (0: machine precision).
     - `maxiter`: ARPACK's limit on restarts (default SciPy's, `10 n`). If
       ARPACK does not converge, `ConvergenceError` is raised when the
@@ -606,7 +612,8 @@ def eigsh(A, k: int = 6, M=None, *, which: str | None = None, sigma: float | Non
 
     **Returns:**
 
-    `(w, v)`: `w` the `k` eigenvalues in ascending order (shape `(k,)`), `v`
+    `(w, v)`: `w` the `k` eigenvalues in ascending order, as SciPy returns
+    them for every `which` and `sigma` (shape `(k,)`), `v`
     the eigenvectors as columns (shape `(n, k)`, `A @ v = M @ v * w`, unit
     or M-orthonormal), each with its entry of largest magnitude positive.
     ARPACK starts from a fixed vector, so runs are reproducible. It computes
@@ -626,11 +633,44 @@ def eigsh(A, k: int = 6, M=None, *, which: str | None = None, sigma: float | Non
     `DegenerateEigenvalueError`. So does any derivative of the computed part
     of a cluster that `k` cuts (the next eigenvalue is repeated with the
     last computed ones): raise `k` to hold the whole cluster.
-    """
-    from .primitives._eigsh import eigsh as _eigsh, eigsh_operator
 
+    ```python
+    n = 100                                     # the 1-D Laplacian, tridiag(-1, 2, -1)
+    i = np.arange(n)
+    A = sd.sparse.coo_matrix((np.concatenate([np.full(n, 2.0), -np.ones(2 * n - 2)]),
+                              (np.concatenate([i, i[:-1], i[1:]]),
+                               np.concatenate([i, i[1:], i[:-1]]))), shape=(n, n))
+    sd.linalg.eigsh(A, 3)[0]                    # [3.9913 3.9961 3.9990]: "LM", SciPy's
+    sd.linalg.eigsh(A, 3, which="SA")[0]        # [0.00097 0.00387 0.00871]
+    sd.linalg.eigsh(A, 3, sigma=0.0)[0]         # the same three, by shift-invert
+    ```
+    """
+    from .primitives._eigsh import WHICH, eigsh as _eigsh, eigsh_operator
+
+    op = "linalg.eigsh"
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise ShapeError(f"`k` must be an int, got {k!r}.", op=op)
+    if which == "BE":
+        if k < 2:
+            raise ShapeError(f"which='BE' needs k >= 2 (ARPACK refuses one eigenpair from "
+                             f"both ends, and so does SciPy), got k={k}. For the largest "
+                             "eigenvalue say which='LA'.", op=op)
+        # SciPy's "BE": k // 2 wanted from the low end, the rest (one more if
+        # k is odd) from the high end, in ascending order. Two runs, each with
+        # its own next eigenvalue, so a cluster that either end cuts is seen.
+        from . import numpy as snp
+
+        low = int(k) // 2
+        (wl, vl), (wh, vh) = (eigsh(A, j, M, which=end, sigma=sigma, tol=tol,
+                                    maxiter=maxiter, degenerate_tol=degenerate_tol)
+                              for j, end in ((low, "SA"), (int(k) - low, "LA")))
+        return snp.concatenate([wl, wh]), snp.concatenate([vl, vh], axis=1)
+    if which is None:
+        which = "LM"
+    if which not in WHICH:
+        raise ShapeError(f"`which` must be one of {WHICH + ('BE',)} (SciPy's), got "
+                         f"{which!r}.", op=op)
     if isinstance(A, Operator):
-        op = "linalg.eigsh"
         if M is not None or sigma is not None:
             raise ShapeError("a matrix-free operator takes neither `M` nor `sigma` (shift-"
                              "invert needs a factorization): pass a sparse matrix, or "
@@ -638,8 +678,6 @@ def eigsh(A, k: int = 6, M=None, *, which: str | None = None, sigma: float | Non
         if A.dtype != np.float64:
             raise DTypeError(f"a matrix-free operator must act on float64 vectors, got "
                              f"{A.dtype}.", op=op)
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise ShapeError(f"`k` must be an int, got {k!r}.", op=op)
         return eigsh_operator(A, k, which, float(tol),
                               None if maxiter is None else int(maxiter), degenerate_tol)
     return _eigsh(A, k, M, which=which, sigma=sigma, tol=tol, maxiter=maxiter,

@@ -1362,48 +1362,200 @@ def average(a, axis=None, weights=None):
     return divide(sum(multiply(a, w), axis=axis), sum(w, axis=axis))
 
 
-def median(a, axis=None, keepdims: bool = False):
-    """The median over `axis` (of the flattened array by default)."""
-    return quantile(a, 0.5, axis=axis, keepdims=keepdims)
+def _sorted_slices(a, axis, out, op: str):
+    """`a` as NumPy's `median` and `quantile` see it: the axes that `axis`
+    names (a tuple, one axis, or all for None) flattened into one last axis
+    and sorted along it (NaN last; the last axis, where XLA sorts fastest),
+    and the shape `keepdims` gives the result."""
+    if out is not None:
+        raise _NotSupportedError("`out=`: sciad's arrays are values, not buffers; use the "
+                                 "result.", op=op)
+    a = _as_array(a, op)
+    if a.dtype.kind == "c":
+        raise _DTypeError(f"complex values have no order (NumPy's {op} sorts them "
+                          f"lexicographically, sciad does not), got {a.type.str_short()}.",
+                          op=op)
+    shape, axes = a.shape, _normalize_axes(axis, a.ndim, op)
+    kept = tuple(k for k in range(a.ndim) if k not in axes)
+    count = int(_np.prod([shape[k] for k in axes], dtype=_np.int64))
+    if kept + axes != tuple(range(a.ndim)):
+        a = transpose(a, kept + axes)
+    flat = reshape(a, tuple(shape[k] for k in kept) + (count,))
+    # NumPy's rule: a slice holding NaN (sorted last) gives NaN. Seen on the
+    # unsorted values: a use of the sorted ones' last would keep `sort` in a
+    # gradient beside the `argsort` its derivative takes (twice the time).
+    nan = any(isnan(flat), axis=-1) if _is_inexact(flat) and count else None
+    return sort(flat, axis=-1), nan, tuple(1 if k in axes else d for k, d in enumerate(shape))
 
 
-def quantile(a, q, axis=None, keepdims: bool = False, *, method: str = "linear"):
-    """Quantiles `q` (static, in [0, 1]) over `axis`, NumPy's default
-    ("linear") interpolation between the sorted values. A scalar `q` gives
-    the reduced shape; an array of `q`s adds a leading axis."""
-    if method != "linear":
-        raise _NotSupportedError(f"method={method!r}: only 'linear' is supported.",
-                                 op="quantile")
-    a = _float(_as_array(a, "quantile"))
-    qs = _np.asarray(q, _np.float64)
-    if isinstance(q, _Tracer) or not ((qs >= 0) & (qs <= 1)).all():
-        raise _ShapeError(f"quantiles must be static numbers in [0, 1], got {q}.",
-                          op="quantile")
-    if axis is None:
-        shape, axes = a.shape, tuple(range(a.ndim))
-        a, axis = ravel(a), 0
+def _nan_where(nan, result):
+    """`result`, NaN where `nan` (a slice held NaN): a constant, whose
+    derivative is zero."""
+    return result if nan is None else where(nan, _np.asarray(_np.nan, result.dtype), result)
+
+
+def median(a, axis=None, out=None, overwrite_input: bool = False, keepdims: bool = False):
+    """The median over `axis` (an int, a tuple of ints, or None: all),
+    `numpy.median`: the middle of the sorted values, or the mean of the two
+    middle ones; NaN in a slice makes its median NaN, and an empty slice's
+    is NaN. (`overwrite_input` changes nothing: sciad's arrays are values.)
+    Its derivative is that of the middle value(s), through `sort` (zero for
+    a NaN result).
+
+    ```python
+    snp.median(np.array([[10.0, 7, 4], [3, 2, 1]]), axis=(0, 1))   # 3.5
+    snp.median(np.array([10.0, np.nan, 4]))                         # nan, as NumPy's
+    ```
+    """
+    s, nan, keep_shape = _sorted_slices(a, axis, out, "median")
+    n = s.shape[-1]
+    half = n // 2
+    result = _nan_where(nan, mean(s[..., half - 1 + n % 2:half + 1], axis=-1))
+    return reshape(result, keep_shape) if keepdims else result
+
+
+def _discrete_index(index, take_previous):
+    """NumPy's `_discrete_interpolation_to_boundaries`: the integer index
+    next to `index`, the previous one where `take_previous(gamma, index)`."""
+    previous = _np.floor(index)
+    pick = _np.where(take_previous(index - previous, index), previous, previous + 1)
+    return _np.maximum(pick.astype(_np.intp), 0)
+
+
+def _hyndman_fan(alpha: float, beta: float):
+    return lambda n, q: n * q + (alpha + q * (1 - alpha - beta)) - 1
+
+
+def _fractional(gamma, index):
+    return gamma
+
+
+# NumPy's quantile methods (`numpy.quantile`'s `method`): the virtual index
+# into the sorted slice of `n` values for the quantiles `q` (static), and how
+# `gamma`, its fractional part, is adjusted; None where the index is an
+# integer and the method picks that element (no interpolation)
+_QUANTILE_METHODS = {
+    "inverted_cdf": (lambda n, q: _discrete_index(n * q - 1, lambda g, i: g == 0), None),
+    "averaged_inverted_cdf": (lambda n, q: n * q - 1,
+                              lambda g, i: _np.where(g == 0, 0.5, 1.0)),
+    "closest_observation": (lambda n, q: _discrete_index(
+        n * q - 1 - 0.5, lambda g, i: (g == 0) & (_np.floor(i) % 2 == 1)), None),
+    "interpolated_inverted_cdf": (_hyndman_fan(0, 1), _fractional),
+    "hazen": (_hyndman_fan(0.5, 0.5), _fractional),
+    "weibull": (_hyndman_fan(0, 0), _fractional),
+    "linear": (lambda n, q: (n - 1) * q, _fractional),
+    "median_unbiased": (_hyndman_fan(1 / 3.0, 1 / 3.0), _fractional),
+    "normal_unbiased": (_hyndman_fan(3 / 8.0, 3 / 8.0), _fractional),
+    "lower": (lambda n, q: _np.floor((n - 1) * q).astype(_np.intp), None),
+    "higher": (lambda n, q: _np.ceil((n - 1) * q).astype(_np.intp), None),
+    "midpoint": (lambda n, q: 0.5 * (_np.floor((n - 1) * q) + _np.ceil((n - 1) * q)),
+                 lambda g, i: _np.where(i % 1 == 0, 0.0, 0.5)),
+    "nearest": (lambda n, q: _np.around((n - 1) * q).astype(_np.intp), None),
+}
+
+
+def _quantile(a, q, axis, out, method, keepdims, weights, weak: bool, op: str):
+    """`numpy.quantile`'s computation on quantiles `q` already in [0, 1]
+    (`weak`: they were a Python scalar, whose dtype yields to `a`'s)."""
+    if method not in _QUANTILE_METHODS:
+        raise _ShapeError(f"method={method!r} is not one of NumPy's methods "
+                          f"{list(_QUANTILE_METHODS)}.", op=op)
+    if weights is not None:
+        raise _NotSupportedError("`weights=` (NumPy's, for method='inverted_cdf' only) is "
+                                 "not supported; for a weighted mean use `average`.", op=op)
+    if q.ndim > 2:
+        raise _ShapeError(f"`q` must be a scalar or 1-d, got shape {q.shape}.", op=op)
+    s, nan, keep_shape = _sorted_slices(a, axis, out, op)
+    n = s.shape[-1]
+    if n == 0:
+        from .errors import IndexingError
+
+        raise IndexingError("an empty slice has no quantiles (NumPy raises too).", op=op)
+    virtual, fix_gamma = _QUANTILE_METHODS[method]
+    index = _np.asanyarray(virtual(n, q))
+    rest = s.shape[:-1]
+
+    def at(indices, values):  # the sorted values at static indices, `index`'s shape first
+        picked = take(values, _np.asarray(indices).astype(_np.intp).ravel(), axis=-1)
+        picked = reshape(picked, rest + index.shape)
+        if not (rest and index.shape):
+            return picked
+        return moveaxis(picked, tuple(range(len(rest), picked.ndim)), tuple(range(index.ndim)))
+
+    if fix_gamma is None or (method == "linear" and index.dtype.kind in "iub"):
+        result = at(index, s)
     else:
-        axis = _normalize_axis(axis, a.ndim, "quantile")
-        shape, axes = a.shape, (axis,)
-    n = a.shape[axis]
-    s = moveaxis(sort(a, axis=axis), axis, 0)
-    pos = qs * (n - 1)
-    lo = _np.floor(pos).astype(_np.int64)
-    hi = _np.minimum(lo + 1, n - 1)
-    frac = (pos - lo).reshape(qs.shape + (1,) * (s.ndim - 1))
-    out = add(multiply(take(s, lo.ravel(), axis=0).reshape(qs.shape + s.shape[1:]),
-                       _np.asarray(1.0 - frac, s.dtype)),
-              multiply(take(s, hi.ravel(), axis=0).reshape(qs.shape + s.shape[1:]),
-                       _np.asarray(frac, s.dtype)))
-    if keepdims:
-        out = reshape(out, qs.shape + tuple(1 if k in axes else d for k, d in enumerate(shape)))
-    return out
+        if s.dtype == _np.bool_:
+            raise _DTypeError(f"method={method!r} interpolates between values, and NumPy's "
+                              "booleans have no subtraction; use a method that picks a "
+                              "value ('lower', 'nearest', ...) or convert to numbers.", op=op)
+        # NumPy's `_get_indexes`, `_get_gamma` and `_lerp`, on static indices:
+        # past the ends both neighbours are the end value
+        previous = _np.array(_np.floor(index))
+        after = _np.array(previous + 1)
+        previous[index >= n - 1], after[index >= n - 1] = -1, -1
+        previous[index < 0], after[index < 0] = 0, 0
+        gamma = _np.asanyarray(fix_gamma(index - previous, index), dtype=index.dtype)
+        # a Python-scalar `q` yields to `a`'s dtype (NEP 50), an array does not
+        tdtype = (s.dtype if _is_inexact(s) else _np.dtype(_np.float64)) if weak else \
+            gamma.dtype
+        lo, hi = at(previous, s), at(after, s)
+        shape = index.shape + (1,) * len(rest)
+        # NumPy's `_lerp`: the difference in `a`'s dtype, from the nearer end,
+        # `1 - t` in `t`'s own precision
+        upper = (gamma >= 0.5).reshape(shape)
+        t, u = (_np.asarray(x, tdtype).reshape(shape) for x in (gamma, 1 - gamma))
+        # (functions, not operators: eagerly these are JAX arrays, whose
+        # operators promote as JAX does, int64 * float32 to float32)
+        diff = subtract(hi, lo)
+        result = where(upper, subtract(hi, multiply(diff, u)), add(lo, multiply(diff, t)))
+    result = _nan_where(nan, result)
+    return reshape(result, index.shape + keep_shape) if keepdims else result
 
 
-def percentile(a, q, axis=None, keepdims: bool = False, *, method: str = "linear"):
-    """Percentiles `q` (static, in [0, 100]); see `quantile`."""
-    return quantile(a, _np.asarray(q, _np.float64) / 100.0, axis=axis, keepdims=keepdims,
-                    method=method)
+def _static_quantiles(q, op: str):
+    if isinstance(q, _Tracer):
+        raise _ShapeError(f"quantiles must be static numbers (they set which sorted values "
+                          f"are used), got a traced {q.type.str_short()}.", op=op)
+    return _np.asanyarray(q)
+
+
+def quantile(a, q, axis=None, out=None, overwrite_input: bool = False, method: str = "linear",
+             keepdims: bool = False, *, weights=None):
+    """Quantiles `q` (static, in [0, 1]) over `axis` (an int, a tuple of
+    ints, or None: all), `numpy.quantile`: every NumPy `method`, NumPy's
+    result dtype, NaN in a slice makes its quantiles NaN. A scalar `q` gives
+    the reduced shape; an array of `q`s adds its axes in front. The
+    derivative is that of the sorted values interpolated (`sort`'s: between
+    equal values one-sided). (`overwrite_input` changes nothing; `weights`
+    is not supported.)
+
+    ```python
+    snp.quantile(np.array([1.0, 2, 3, 4]), [0.25, 0.5])         # [1.75 2.5]
+    snp.quantile(np.array([1.0, 2, 3, 4]), 0.3, method="lower")  # 1.0
+    ```
+    """
+    qs = _static_quantiles(q, "quantile")
+    if not ((qs >= 0) & (qs <= 1)).all():
+        raise _ShapeError(f"quantiles must be in [0, 1], got {q}.", op="quantile")
+    return _quantile(a, qs, axis, out, method, keepdims, weights,
+                     type(q) in (int, float), "quantile")
+
+
+def percentile(a, q, axis=None, out=None, overwrite_input: bool = False,
+               method: str = "linear", keepdims: bool = False, *, weights=None):
+    """Percentiles `q` (static, in [0, 100]), `numpy.percentile`: `quantile`
+    of `q / 100`.
+
+    ```python
+    snp.percentile(np.array([1.0, 2, 3, 4]), 50)   # 2.5
+    ```
+    """
+    qs = _np.true_divide(_static_quantiles(q, "percentile"), 100)
+    if not ((qs >= 0) & (qs <= 1)).all():
+        raise _ShapeError(f"percentiles must be in [0, 100], got {q}.", op="percentile")
+    return _quantile(a, _np.asanyarray(qs), axis, out, method, keepdims, weights,
+                     type(q) in (int, float), "percentile")
 
 
 def copy(a):
@@ -1667,35 +1819,138 @@ def searchsorted(a, v, side: str = "left", sorter=None):
 
 
 def digitize(x, bins, right: bool = False):
-    """The index of the bin of each `x` in increasing `bins` (NumPy's rule)."""
-    return searchsorted(bins, x, side="left" if right else "right")
+    """The index of the bin of each `x` in monotonic `bins`, increasing or
+    decreasing (`numpy.digitize`), as int64. Concrete `bins` that are
+    neither raise, as in NumPy; traced ones are taken as decreasing where
+    `bins[-1] < bins[0]`, else as increasing.
+
+    ```python
+    snp.digitize(np.array([0.5, 2.5]), np.array([0.0, 1, 2, 3]))   # [1 3]
+    snp.digitize(np.array([0.5, 2.5]), np.array([3.0, 2, 1, 0]))   # [3 1]
+    ```
+    """
+    bins = _as_array(bins, "digitize")
+    if bins.ndim != 1:
+        raise _ShapeError(f"`bins` must be 1-D, got {bins.type.str_short()}.", op="digitize")
+    side, n = "left" if right else "right", bins.shape[0]
+    if not isinstance(bins, _Tracer):
+        steps = _np.diff(_np.asarray(bins))
+        if (steps >= 0).all():
+            return searchsorted(bins, x, side=side)
+        if not (steps <= 0).all():
+            raise _ShapeError("`bins` must be monotonically increasing or decreasing (NumPy's "
+                              "rule).", op="digitize")
+    # decreasing: NumPy's `len(bins) - searchsorted(bins[::-1], x)`
+    down = subtract(_np.int64(n), searchsorted(flip(bins), x, side=side))
+    if not isinstance(bins, _Tracer):
+        return down
+    return where(less(bins[n - 1], bins[0]), down, searchsorted(bins, x, side=side))
+
+
+def _interp_line(x, xp, fp, reciprocal: bool):
+    """NumPy's `arr_interp` at `x` between the first and last of `n >= 2`
+    increasing knots `xp` (float64; `fp` real), `reciprocal`: the slope as
+    `arr_interp_complex` forms it, times `1 / dx`.
+
+    Where the point's segment is finite it is `slope * (x - x_a) + f_a`, anchored
+    at the segment's left knot (at the right one on the last knot): exact at
+    the knots, whose derivative in `x` is the right-hand slope (the left-hand
+    one at the last knot). Elsewhere (a segment with an infinite or NaN
+    value) the value is NumPy's: `f_j` at a knot, else the line from the
+    left, or the right where that is NaN, or `f_j` where both are NaN and
+    `f_j == f_(j+1)`; its derivative is zero (the value is not finite), and
+    the masks keep its infinities out of every other point's derivative."""
+    n = xp.shape[0]
+    j = searchsorted(xp, x, side="right") - 1                 # -1 .. n - 1
+    last = equal(j, n - 1)
+    j = clip(j, 0, n - 2)
+    x0, x1 = take(xp, j, mode="promise_in_bounds"), take(xp, j + 1, mode="promise_in_bounds")
+    f0, f1 = take(fp, j, mode="promise_in_bounds"), take(fp, j + 1, mode="promise_in_bounds")
+    inside = logical_and(greater_equal(x, xp[0]), less_equal(x, xp[n - 1]))   # NaN: False
+    width, rise = subtract(x1, x0), subtract(f1, f0)
+    # (the masks by `finite` and `good` drop the NaN cotangents, 0 * inf, that
+    # the unused lines of the other points would send back)
+    finite = logical_and(logical_and(isfinite(rise), isfinite(width)), greater(width, 0))
+    width = where(finite, width, 1.0)
+    slope = multiply(rise, divide(1.0, width)) if reciprocal else divide(rise, width)
+    good = logical_and(logical_and(inside, finite), isfinite(slope))
+    xa, fa = where(last, x1, x0), where(last, f1, f0)
+    line = add(multiply(where(good, slope, 0.0), subtract(x, xa)), fa)
+    # NumPy's value where the segment is not finite (a constant here)
+    x, x0, x1, f0, f1 = (_P.stop_gradient(v) for v in (x, x0, x1, f0, f1))
+    raw = divide(subtract(f1, f0), subtract(x1, x0))
+    first = add(multiply(raw, subtract(x, x0)), f0)
+    other = add(multiply(raw, subtract(x, x1)), f1)
+    other = where(logical_and(isnan(other), equal(f0, f1)), f0, other)
+    knot = logical_and(inside, logical_or(last, equal(x, x0)))
+    return where(good, line, where(knot, fa, where(isnan(first), other, first)))
+
+
+def _from_parts(re, im):
+    """`re + i im` (float64 parts) with either part infinite or NaN: `im * 1j`
+    alone would make the real part NaN (`inf * 0`), so the imaginary part's
+    infinities and NaN are added as complex constants."""
+    c = _np.dtype(_np.complex128)
+    finite = isfinite(im)
+    out = add(_convert(re, c), multiply(_convert(where(finite, im, 0.0), c), c.type(1j)))
+    special = where(isnan(im), c.type(complex(0.0, _np.nan)),
+                    where(greater(im, 0), c.type(complex(0.0, _np.inf)),
+                          c.type(complex(0.0, -_np.inf))))
+    return add(out, where(finite, c.type(0), special))
 
 
 def interp(x, xp, fp, left=None, right=None, period=None):
     """Piecewise-linear interpolation of the points `(xp, fp)` (`xp`
-    increasing) at `x`, as `numpy.interp`: `fp[0]`/`fp[-1]` (or `left`/
-    `right`) outside. Differentiable in `x`, `xp` and `fp`; at a data
-    point the derivative in `x` is the right-hand segment's slope."""
+    increasing, not checked) at `x`, `numpy.interp`: float64 results
+    (complex128 for complex `fp`), `fp[0]`/`fp[-1]` (or `left`/`right`)
+    outside, `fp[j]` exactly at a knot `xp[j]`, NumPy's values next to
+    infinite `fp`, NaN at a NaN `x`; one knot gives `left`, `fp[0]`, `right`.
+
+    Differentiable in `x`, `xp`, `fp`, `left` and `right`. At a knot the
+    derivative in `x` is the right-hand segment's slope (the left-hand one
+    at the last knot); where the value is not finite it is zero, and an
+    infinite `fp` does not reach the derivative at any other point.
+
+    ```python
+    snp.interp(np.array([1.0, 2, 3, 4, 5]), np.array([1.0, 2, 3, 4, 5]),
+               np.array([1.0, 2, np.inf, np.inf, 4]))      # [1. 2. inf inf 4.]
+    snp.interp(np.array([0.0, 1, 2]), np.array([1.0]), np.array([5.0]),
+               left=-1.0, right=9.0)                       # [-1. 5. 9.]
+    ```
+    """
+    op = "interp"
     if period is not None:
-        raise _NotSupportedError("`period` is not supported.", op="interp")
-    xp, fp = _float(_as_array(xp, "interp")), _as_array(fp, "interp")
-    x = _float(_as_array(x, "interp"))
+        raise _NotSupportedError("`period` is not supported; map `x` and `xp` into one "
+                                 "period and repeat the end knots yourself.", op=op)
+    x, xp, fp = (_as_array(v, op) for v in (x, xp, fp))
+    for name, v in (("x", x), ("xp", xp)):
+        if v.dtype.kind == "c":
+            raise _DTypeError(f"`{name}` must be real, got {v.type.str_short()}.", op=op)
     if xp.ndim != 1 or fp.ndim != 1 or xp.shape != fp.shape or xp.shape[0] == 0:
         raise _ShapeError(f"`xp` and `fp` must be 1-D of one non-zero length, got "
-                          f"{xp.type.str_short()} and {fp.type.str_short()}.", op="interp")
+                          f"{xp.type.str_short()} and {fp.type.str_short()}.", op=op)
+    dtype = _np.dtype(_np.complex128 if fp.dtype.kind == "c" else _np.float64)
+    x, xp, fp = _convert(x, _np.float64), _convert(xp, _np.float64), _convert(fp, dtype)
+    ends = []
+    for name, v, default in (("left", left, fp[0]), ("right", right, fp[xp.shape[0] - 1])):
+        if v is None:
+            ends.append(default)
+            continue
+        v = _as_array(v, op)
+        if v.dtype.kind == "c" and dtype.kind != "c":
+            raise _DTypeError(f"`{name}` is complex, but `fp` is real (NumPy refuses it "
+                              "too): pass a real value, or complex `fp`.", op=op)
+        ends.append(_convert(v, dtype))
     n = xp.shape[0]
-    dtype = _result_type(x, xp, op="interp")
-    x, xp = _convert(x, dtype), _convert(xp, dtype)
-    if n == 1:
-        return broadcast_to(fp[0], x.shape) * ones_like(x)
-    j = clip(searchsorted(xp, x, side="right") - 1, 0, n - 2)
-    x0, x1 = take(xp, j, mode="promise_in_bounds"), take(xp, j + 1, mode="promise_in_bounds")
-    f0, f1 = take(fp, j, mode="promise_in_bounds"), take(fp, j + 1, mode="promise_in_bounds")
-    dx = x1 - x0
-    t = (x - x0) / where(dx == 0, ones_like(dx), dx)
-    y = f0 + t * (f1 - f0)
-    y = where(x < xp[0], fp[0] if left is None else left, y)
-    return where(x > xp[-1], fp[-1] if right is None else right, y)
+    if n == 1:  # NumPy's: even a NaN `x` takes `fp[0]`
+        inner = broadcast_to(fp[0], x.shape)
+    elif dtype.kind == "c":  # each part on its own, with NumPy's complex slope
+        inner = _from_parts(_interp_line(x, xp, real(fp), True),
+                            _interp_line(x, xp, imag(fp), True))
+        inner = where(isnan(x), _convert(x, dtype), inner)
+    else:
+        inner = where(isnan(x), x, _interp_line(x, xp, fp, False))
+    return where(less(x, xp[0]), ends[0], where(greater(x, xp[n - 1]), ends[1], inner))
 
 
 def trapezoid(y, x=None, dx: float = 1.0, axis: int = -1):

@@ -494,9 +494,10 @@ SCIPY_METHODS = {"RK45": "dopri5", "RK23": "bosh3", "DOP853": "dopri8", "Radau":
 
 
 class IVPResult(NamedTuple):
-    """`solve_ivp`'s result, with SciPy's field names: `t`, `y` (states
-    along the last axis: `(n, len(t))`), `success`, `status` (sciad's
-    code), `message`."""
+    """`solve_ivp`'s result, with SciPy's field names and meanings: `t`,
+    `y` (states along the last axis: `(n, len(t))`), `success`, `status`
+    (SciPy's: 0 the end of `t_span` was reached, -1 the integration
+    failed), `message` (what failed: sciad's diagnosis)."""
 
     t: Any
     y: Any
@@ -505,20 +506,115 @@ class IVPResult(NamedTuple):
     message: str
 
 
+def _ivp_args(args, op: str) -> tuple:
+    """SciPy's rule: `args` unpacks into `fun(t, y, *args)` (a list or an
+    array too, element by element)."""
+    if args is None:
+        return ()
+    try:
+        return tuple(args)
+    except TypeError:
+        raise DTypeError(f"`args` must unpack into fun's extra arguments, `fun(t, y, *args)`, "
+                         f"as SciPy's, got {args!r}: pass args=({args!r},).", op=op) from None
+
+
+def _ivp_state(y0, op: str):
+    """SciPy's rule: `y0` a 1-d array of real numbers, as float64 (a list
+    of numbers or of traced scalars is one), finite where it is concrete."""
+    from . import numpy as snp
+
+    if isinstance(y0, Tracer) or any(isinstance(v, Tracer) for v in _tree.tree_leaves(y0)):
+        y = snp.asarray(y0)
+        shape, kind = tuple(y.shape), y.dtype.kind
+    else:
+        y = np.asarray(y0)
+        shape, kind = y.shape, y.dtype.kind
+    if kind == "c":
+        raise DTypeError("complex `y0` is not supported: integrate its real and imaginary "
+                         "parts as separate states.", op=op)
+    if kind not in "biuf":
+        raise DTypeError(f"`y0` must hold real numbers, got an array of {y.dtype}.", op=op)
+    if len(shape) != 1:
+        raise ShapeError(f"`y0` must be 1-dimensional, as SciPy's, got shape {shape}: for a "
+                         "scalar pass [y0]; for a state of any shape or a pytree use "
+                         "`sd.ode.odeint`.", op=op)
+    if isinstance(y, np.ndarray):
+        if not np.all(np.isfinite(y)):
+            raise ShapeError(f"all components of `y0` must be finite, got {y!r}.", op=op)
+        return y.astype(np.float64)
+    return snp.astype(y, np.float64)
+
+
+def _ivp_times(t0, t1, t_eval, backward: bool, op: str):
+    """odeint's output times for SciPy's `t_span` and `t_eval` (in the
+    integration's direction, so negated backwards), the rows of its output
+    that SciPy returns, and SciPy's `t`."""
+    from . import numpy as snp
+
+    traced = isinstance(t0, Tracer) or isinstance(t1, Tracer)
+    sign = -1.0 if backward else 1.0
+    if t_eval is None:
+        ends = snp.stack([snp.asarray(t0, np.float64), snp.asarray(t1, np.float64)]) \
+            if traced else np.array([t0, t1], np.float64)
+        return ends * sign, slice(None), ends
+    if isinstance(t_eval, Tracer):
+        if len(type_of(t_eval).shape) != 1:
+            raise ShapeError(f"`t_eval` must be 1-dimensional, got {type_of(t_eval)}.", op=op)
+        # (its first time must follow t0: checked when the program runs)
+        first = snp.reshape(snp.asarray(t0, np.float64), (1,))
+        return snp.concatenate([first, snp.asarray(t_eval, np.float64)]), slice(1, None), \
+            t_eval
+    te = np.asarray(t_eval, np.float64)
+    if te.ndim != 1:
+        raise ShapeError(f"`t_eval` must be 1-dimensional, got shape {te.shape}.", op=op)
+    if not traced:
+        lo, hi = min(float(t0), float(t1)), max(float(t0), float(t1))
+        if not np.all((te >= lo) & (te <= hi)):
+            raise ShapeError(f"values in `t_eval` are not within `t_span` ({t0}, {t1}), as "
+                             f"SciPy requires, got {te!r}.", op=op)
+        if not np.all(np.diff(te) * sign > 0):
+            raise ShapeError(f"values in `t_eval` must be strictly {'de' if backward else 'in'}"
+                             f"creasing (the direction of `t_span`), got {te!r}.", op=op)
+    if traced or te.size == 0 or te[0] != float(t0):
+        ts, rows = snp.concatenate([snp.reshape(snp.asarray(t0, np.float64), (1,)), te]) \
+            if traced else np.concatenate([[float(t0)], te]), slice(1, None)
+    else:
+        ts, rows = te, slice(None)
+    if ts.shape[0] < 2:  # t_eval is [] or [t0]: odeint still needs an interval
+        ts, rows = np.array([float(t0), float(t1)]), slice(0, te.size)
+    return ts * sign, rows, te
+
+
 @api_boundary
 def solve_ivp(fun: Callable, t_span, y0, method: str = "RK45", t_eval=None, args=(),
               rtol: float = 1e-3, atol: float = 1e-6, **options) -> IVPResult:
-    """`scipy.integrate.solve_ivp`'s interface to `odeint`: `fun(t, y, *args)`,
-    `y0` a 1-d array, `t_eval` the output times (default: `t_span`'s two
-    ends, as sciad's outputs have a static size), SciPy's method names
-    (`"RK45"` is Dormand-Prince 5(4), `"DOP853"` an 8th-order
-    Dormand-Prince, `"RK23"` Bogacki-Shampine; the stiff `"Radau"`, `"BDF"`
-    and `"LSODA"` map to the ESDIRK method `"kvaerno5"`) or sciad's,
-    SciPy's default tolerances. `options` go to `odeint` (`adjoint`,
-    `max_steps`, `jac`, `first_step` as `dt0`, ...); SciPy's `events`,
-    `dense_output` and `vectorized` are refused, naming what to use
-    (`odeint_event` for a terminal event). Never raises on a failed
-    integration: `success` and `message` say so."""
+    """`scipy.integrate.solve_ivp`'s interface to `odeint`, with SciPy's
+    rules for its inputs and outputs: `fun(t, y, *args)` returning an array
+    or a list (`args` unpacked, a list or an array too), `y0` a 1-d array
+    or a list of numbers (as float64), `t_span` backwards too (`t1 < t0`),
+    `t_eval` within `t_span` and sorted in its direction (default: the two
+    ends of `t_span`, as sciad's outputs have a static size; SciPy returns
+    the solver's steps), and the result's `y` of shape `(n, len(t))`,
+    `status` 0 or -1. SciPy's method names (`"RK45"` is Dormand-Prince
+    5(4), `"DOP853"` an 8th-order Dormand-Prince, `"RK23"`
+    Bogacki-Shampine; the stiff `"Radau"`, `"BDF"` and `"LSODA"` map to the
+    ESDIRK method `"kvaerno5"`) or sciad's, SciPy's default tolerances.
+    `options` go to `odeint` (`adjoint`, `max_steps`, `jac`, `first_step` as
+    `dt0`, ...); SciPy's `events`, `dense_output` and `vectorized` are
+    refused, naming what to use (`odeint_event` for a terminal event).
+    Never raises on a failed integration: `success`, `status` and `message`
+    say so (and `y` is not finite past the failure).
+
+    ```python
+    res = sd.ode.solve_ivp(lambda t, y, k: [-k * y[0], y[0]], (0.0, 2.0), [1.0, 0.0],
+                           t_eval=[1.0, 2.0], args=(0.5,), rtol=1e-8)
+    res.y      # [[0.6065 0.3679] [0.7869 1.2642]]: exp(-t / 2), 2 (1 - exp(-t / 2))
+    res.status, res.message                                   # 0 'success'
+    sd.ode.solve_ivp(lambda t, y: [-y[0]], (1.0, 0.0), [1.0], t_eval=[0.5, 0.0]).y
+    # [[1.6487 2.7183]]: backwards, e^(1 - t)
+    ```
+    """
+    from . import numpy as snp
     from .primitives._ode import STATUS
 
     op = "ode.solve_ivp"
@@ -540,26 +636,25 @@ def solve_ivp(fun: Callable, t_span, y0, method: str = "RK45", t_eval=None, args
     if refused:
         raise NotSupportedError(f"SciPy's `{refused[0]}` has no counterpart in solve_ivp; use "
                                 f"{instead[refused[0]]}.", op=op)
-    if not isinstance(args, tuple):
-        args = (args,)
-    from . import numpy as snp
+    args, y0 = _ivp_args(args, op), _ivp_state(y0, op)
+    t0, t1 = t_span
+    # backwards (SciPy's t1 < t0) is forwards in s = -t: dy/ds = -fun(-s, y)
+    backward = not isinstance(t0, Tracer) and not isinstance(t1, Tracer) and \
+        float(t1) < float(t0)
+    ts, rows, t = _ivp_times(t0, t1, t_eval, backward, op)
 
-    t0 = t_span[0]
-    drop = False  # the initial time prepended to t_eval: its row dropped
-    if t_eval is None:
-        ts = t_eval = t_span
-    elif isinstance(t_eval, Tracer) or isinstance(t0, Tracer):
-        ts, drop = snp.concatenate([snp.reshape(snp.asarray(t0), (1,)),
-                                    snp.asarray(t_eval)]), True
-    elif np.asarray(t_eval).ravel()[:1].tolist() != [t0]:
-        ts, drop = np.concatenate([[t0], np.asarray(t_eval, np.float64)]), True
+    def field(t, y, a):  # SciPy's: whatever `fun` returns, as a float64 array
+        dy = snp.astype(snp.asarray(fun(-t if backward else t, y, *a)), np.float64)
+        return -dy if backward else dy
+
+    res = odeint(field, y0, ts, args, solver=solver, rtol=rtol, atol=atol, throw=False,
+                 **options)
+    code = res.status
+    if isinstance(code, Tracer):
+        status, message = snp.where(code == 0, 0, -1), "see `success` (known when it runs)"
     else:
-        ts = t_eval
-    res = odeint(lambda t, y, a: fun(t, y, *a), y0, ts, args, solver=solver, rtol=rtol,
-                 atol=atol, throw=False, **options)
-    ys = res.ys[1:] if drop else res.ys
-    status = res.status
-    message = STATUS[status] if isinstance(status, int) else "see `status`"
+        status, message = (0 if int(code) == 0 else -1), STATUS[int(code)]
+    ys = res.ys[rows]
     y = snp.transpose(ys) if isinstance(ys, Tracer) else np.asarray(ys).T
-    return IVPResult(t_eval if isinstance(t_eval, Tracer) else np.asarray(t_eval), y,
+    return IVPResult(t if isinstance(t, Tracer) else np.asarray(t, np.float64), y,
                      res.success, status, message)

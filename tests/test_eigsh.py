@@ -80,6 +80,86 @@ def test_values_and_vectors_match_scipy_and_numpy(coef, mode):
     assert np.all(v[np.argmax(np.abs(v), axis=0), np.arange(4)] > 0)
 
 
+def _tridiag(n, shift=0.0):
+    """The 1-D Laplacian tridiag(-1, 2, -1) minus `shift` I, as a sciad and a
+    SciPy sparse matrix (`shift=1.5` makes it indefinite)."""
+    i = np.arange(n)
+    data = np.concatenate([np.full(n, 2.0 - shift), -np.ones(2 * n - 2)])
+    ij = (np.concatenate([i, i[:-1], i[1:]]), np.concatenate([i, i[1:], i[:-1]]))
+    return (sd.sparse.coo_matrix((data, ij), shape=(n, n)),
+            sp.coo_matrix((data, ij), shape=(n, n)).tocsr())
+
+
+def test_the_default_is_scipys_largest_magnitude():
+    # the issue's call: the three smallest came back where SciPy gives the
+    # three largest (its default which="LM"), on a matrix and an operator
+    a, ref = _tridiag(40)
+    want = spla.eigsh(ref, k=3)[0]
+    assert want[0] > 3.9
+    np.testing.assert_allclose(sd.linalg.eigsh(a, k=3)[0], want, rtol=1e-12)
+    op = sd.linalg.operator(lambda x: sd.sparse.matmul(a, x), (40, 40))
+    np.testing.assert_allclose(sd.linalg.eigsh(op, k=3)[0], want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("sigma", [None, 0.3])
+@pytest.mark.parametrize("which", ["LM", "SM", "LA", "SA", "BE"])
+def test_every_which_matches_scipy_values_and_order(which, sigma):
+    # indefinite, so that "LM" is not "LA" nor "SM" "SA"; with `sigma`,
+    # `which` refers to 1 / (w - sigma), as in SciPy; ascending, as SciPy's
+    a, ref = _tridiag(40, shift=1.5)
+    w, v = sd.linalg.eigsh(a, k=5, which=which, sigma=sigma)
+    want = spla.eigsh(ref, k=5, which=which, sigma=sigma)[0]
+    np.testing.assert_allclose(w, want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ref @ np.asarray(v), np.asarray(v) * np.asarray(w), atol=1e-9)
+    np.testing.assert_allclose(np.asarray(v).T @ np.asarray(v), np.eye(5), atol=1e-10)
+
+
+def _both_ends(a, d, vectors=True):
+    """A loss of "BE" (two low, two high) eigenpairs of `a + t diag(d)`."""
+    def f(t):
+        w, v = sd.linalg.eigsh(a + t * d, k=4, which="BE")
+        out = snp.sum(w * np.arange(1.0, 5.0))
+        return out + snp.sum(v ** 2 * np.arange(12.0)[:, None]) if vectors else out
+
+    return f
+
+
+def test_both_ends_differentiate_and_see_a_cluster_cut_at_either_end():
+    a, ref = _tridiag(12)
+    w = np.linalg.eigvalsh(ref.toarray())
+    np.testing.assert_allclose(sd.linalg.eigsh(a, k=4, which="BE")[0], w[[0, 1, 10, 11]],
+                               rtol=1e-12)
+    # the eigenvalues of both runs: the gradient against central differences
+    # (the eigenvectors': `test_check_rules_both_ends`)
+    i = np.arange(12)
+    f = _both_ends(a, sd.sparse.coo_matrix((np.linspace(0.0, 1.0, 12) ** 2, (i, i)),
+                                           shape=(12, 12)), vectors=False)
+    h = 1e-6
+    np.testing.assert_allclose(sd.grad(f)(0.3), (f(0.3 + h) - f(0.3 - h)) / (2 * h),
+                               rtol=1e-6)
+    # two copies of the Laplacian side by side: every eigenvalue a repeated
+    # pair, and k=2 cuts the lowest pair and the highest; each end's run
+    # sees its own cut, so neither derivative passes
+    r, c = ref.tocoo().row, ref.tocoo().col
+    two = sd.sparse.coo_matrix((np.concatenate([ref.tocoo().data] * 2),
+                                (np.concatenate([r, r + 12]), np.concatenate([c, c + 12]))),
+                               shape=(24, 24))
+    for end in (0, 1):
+        with pytest.raises(DegenerateEigenvalueError, match="`k` cuts a cluster"):
+            sd.grad(lambda s: sd.linalg.eigsh(two * s, k=2, which="BE")[0][end])(1.0)
+    with pytest.raises(ShapeError, match="which='BE' needs k >= 2"):
+        sd.linalg.eigsh(a, k=1, which="BE")
+
+
+@pytest.mark.slow
+def test_check_rules_both_ends():
+    a, _ = _tridiag(12)
+    i = np.arange(12)
+    d = sd.sparse.coo_matrix((np.linspace(0.0, 1.0, 12) ** 2, (i, i)), shape=(12, 12))
+    report = sd.testing.check_rules(_both_ends(a, d), 0.3, batch=False)
+    assert report.jvp_error < 1e-6 and report.vjp_error < 1e-9
+
+
 def _losses():
     return {"sum": lambda w: snp.sum(w), "sum_sq": lambda w: snp.sum(w ** 2)}
 
@@ -119,7 +199,7 @@ def test_eigenvector_gradient_matches_dense(rng):
     def loss(v):  # sign-invariant in each eigenvector
         return snp.sum((u @ v) ** 2)
 
-    grad = sd.grad(lambda c: loss(sd.linalg.eigsh(laplacian(c, m), k=3)[1]))(c)
+    grad = sd.grad(lambda c: loss(sd.linalg.eigsh(laplacian(c, m), k=3, which="SA")[1]))(c)
     dense = sd.grad(lambda c: loss(sd.linalg.eigh(sd.sparse.todense(laplacian(c, m)))[1]
                                    [:, :3]))(c)
     np.testing.assert_allclose(np.asarray(grad), np.asarray(dense), rtol=1e-7, atol=1e-12)
@@ -138,7 +218,7 @@ def test_check_rules_eigenvectors():
     u = rng.standard_normal(9)
 
     def fn(c):
-        w, v = sd.linalg.eigsh(laplacian(c, 3), k=2)
+        w, v = sd.linalg.eigsh(laplacian(c, 3), k=2, which="SA")
         return snp.sum((u @ v) ** 2) + snp.sum(w ** 3)
 
     sd.testing.check_rules(fn, c, seed=1)
@@ -156,10 +236,10 @@ def _node_names(graph):
 
 def test_cotangent_stays_on_the_pattern(coef):
     def values(c):
-        return snp.sum(sd.linalg.eigsh(laplacian(c), k=4)[0] ** 2)
+        return snp.sum(sd.linalg.eigsh(laplacian(c), k=4, which="SA")[0] ** 2)
 
     def vectors(c):
-        return snp.sum(sd.linalg.eigsh(laplacian(c), k=4)[1] ** 4)
+        return snp.sum(sd.linalg.eigsh(laplacian(c), k=4, which="SA")[1] ** 4)
 
     for f in (values, vectors):
         names = _node_names(sd.trace(sd.grad(f), coef))
@@ -174,19 +254,20 @@ def test_repeated_eigenvalues():
     # constant coefficient on a square grid: w_1 = w_2 (modes (1,2) and (2,1))
     m = 8
     c = np.ones(m * m)
-    w, _ = sd.linalg.eigsh(laplacian(c, m), k=4)
+    w, _ = sd.linalg.eigsh(laplacian(c, m), k=4, which="SA")
     w = np.asarray(w)
     assert abs(w[2] - w[1]) < 1e-10 and w[3] - w[2] > 1e-2
     # a cluster's sum differentiates
-    grad = sd.grad(lambda c: snp.sum(sd.linalg.eigsh(laplacian(c, m), k=4)[0]))(c)
+    grad = sd.grad(lambda c: snp.sum(sd.linalg.eigsh(laplacian(c, m), k=4, which="SA")[0]))(c)
     dense = sd.grad(lambda c: snp.sum(sd.linalg.eigh(sd.sparse.todense(laplacian(c, m)))[0]
                                       [:4]))(c)
     np.testing.assert_allclose(np.asarray(grad), np.asarray(dense), rtol=1e-8, atol=1e-12)
     # one eigenvalue of the cluster, or one of its eigenvectors, does not
     with pytest.raises(DegenerateEigenvalueError):
-        sd.grad(lambda c: sd.linalg.eigsh(laplacian(c, m), k=4)[0][1])(c)
+        sd.grad(lambda c: sd.linalg.eigsh(laplacian(c, m), k=4, which="SA")[0][1])(c)
     with pytest.raises(DegenerateEigenvalueError):
-        sd.grad(lambda c: snp.sum(sd.linalg.eigsh(laplacian(c, m), k=4)[1][:, 2] ** 4))(c)
+        sd.grad(lambda c: snp.sum(sd.linalg.eigsh(laplacian(c, m), k=4, which="SA")[1][:, 2]
+                                  ** 4))(c)
 
 
 def test_batched_over_coefficients(rng):
@@ -194,7 +275,7 @@ def test_batched_over_coefficients(rng):
     cs = 1.0 + 0.5 * rng.uniform(size=(3, m * m))
 
     def f(c):
-        return sd.linalg.eigsh(laplacian(c, m), k=2)[0]
+        return sd.linalg.eigsh(laplacian(c, m), k=2, which="SA")[0]
 
     got = np.asarray(sd.vmap(f)(cs))
     want = np.stack([np.linalg.eigvalsh(laplacian_scipy(c, m).toarray())[:2] for c in cs])
@@ -203,7 +284,7 @@ def test_batched_over_coefficients(rng):
 
 def test_no_convergence_raises(coef):
     with pytest.raises(ConvergenceError, match="converged") as info:
-        sd.linalg.eigsh(laplacian(coef), k=4, maxiter=1)
+        sd.linalg.eigsh(laplacian(coef), k=4, which="SA", maxiter=1)
     assert info.value.op == "linalg.eigsh"
     assert 0 <= info.value.converged < 4
 
@@ -211,11 +292,11 @@ def test_no_convergence_raises(coef):
 def test_trace_time_errors(coef):
     a = laplacian(np.ones(9), 3)
     with pytest.raises(ShapeError, match="linalg.eigsh.*1 <= k < n"):
-        sd.trace(lambda c: sd.linalg.eigsh(laplacian(c, 3), k=9)[0], np.ones(9))
+        sd.trace(lambda c: sd.linalg.eigsh(laplacian(c, 3), k=9, which="SA")[0], np.ones(9))
     with pytest.raises(ShapeError, match="1 <= k < n"):
         sd.linalg.eigsh(a, k=0)
-    with pytest.raises(ShapeError, match="`which` must be one of"):
-        sd.linalg.eigsh(a, k=2, which="BE")
+    with pytest.raises(ShapeError, match="`which` must be one of.*'BE'.*got 'la'"):
+        sd.linalg.eigsh(a, k=2, which="la")
     rect = sd.sparse.coo_matrix((np.ones(3), (np.arange(3), np.arange(3))), shape=(3, 4))
     with pytest.raises(ShapeError, match="linalg.eigsh.*must be square"):
         sd.linalg.eigsh(rect, k=1)
@@ -240,13 +321,14 @@ def test_a_cluster_cut_by_k_raises():
     m = 8
     c = np.ones(m * m)
     d = np.random.default_rng(3).standard_normal(m * m)
-    for f in (lambda c: sd.linalg.eigsh(laplacian(c, m), k=2)[0][1],
-              lambda c: snp.sum(sd.linalg.eigsh(laplacian(c, m), k=2)[1][:, 1] ** 4)):
+    for f in (lambda c: sd.linalg.eigsh(laplacian(c, m), k=2, which="SA")[0][1],
+              lambda c: snp.sum(sd.linalg.eigsh(laplacian(c, m), k=2, which="SA")[1][:, 1]
+                                ** 4)):
         with pytest.raises(DegenerateEigenvalueError, match="`k` cuts a cluster"):
             sd.grad(f)(c)
         with pytest.raises(DegenerateEigenvalueError, match="`k` cuts a cluster"):
             sd.jvp(f, (c,), (d,))
-    g = sd.grad(lambda c: sd.linalg.eigsh(laplacian(c, m), k=2)[0][0])(c)
+    g = sd.grad(lambda c: sd.linalg.eigsh(laplacian(c, m), k=2, which="SA")[0][0])(c)
     want = sd.grad(lambda c: sd.linalg.eigvalsh(sd.sparse.todense(laplacian(c, m)))[0])(c)
     np.testing.assert_allclose(g, want, rtol=1e-9, atol=1e-13)
 
@@ -261,7 +343,8 @@ def _mass(rho, m=M):
 def test_the_generalized_problem_matches_scipy_and_differentiates(rng, sigma):
     m = 8
     coef, rho = 1.0 + rng.uniform(size=m * m), 1.0 + rng.uniform(size=m * m)
-    w, v = sd.linalg.eigsh(laplacian(coef, m), k=3, M=_mass(rho, m), sigma=sigma)
+    which = "SA" if sigma is None else "LM"  # the lowest three, either way
+    w, v = sd.linalg.eigsh(laplacian(coef, m), k=3, M=_mass(rho, m), sigma=sigma, which=which)
     a = laplacian_scipy(coef, m).toarray()
     import scipy.linalg as sla
 
@@ -272,7 +355,8 @@ def test_the_generalized_problem_matches_scipy_and_differentiates(rng, sigma):
     np.testing.assert_allclose(v.T @ (rho[:, None] * v), np.eye(3), atol=1e-10)
 
     def f(coef, rho):  # eigenvalues, and a sign-free function of the vectors
-        w, v = sd.linalg.eigsh(laplacian(coef, m), k=3, M=_mass(rho, m), sigma=sigma)
+        w, v = sd.linalg.eigsh(laplacian(coef, m), k=3, M=_mass(rho, m), sigma=sigma,
+                               which=which)
         return w ** 2, snp.sum(v ** 2 * snp.arange(m * m * 1.0)[:, None], axis=0)
 
     report = sd.testing.check_rules(f, coef, rho, batch=False)
@@ -302,13 +386,13 @@ def _operator(c, m):
 def test_a_matrix_free_operator_matches_the_sparse_matrix(rng):
     m = 8
     c = 1.0 + 0.5 * rng.uniform(size=m * m)
-    w, v = sd.linalg.eigsh(_operator(c, m), 3)
-    ws, vs = sd.linalg.eigsh(laplacian(c, m), 3)
+    w, v = sd.linalg.eigsh(_operator(c, m), 3, which="SA")
+    ws, vs = sd.linalg.eigsh(laplacian(c, m), 3, which="SA")
     np.testing.assert_allclose(w, ws, rtol=1e-12)
     _assert_same_vectors(np.asarray(v), np.asarray(vs), 1e-10)
 
     def f(c, A):  # eigenvalues and a sign-free function of the eigenvectors
-        w, v = sd.linalg.eigsh(A(c, m), 3)
+        w, v = sd.linalg.eigsh(A(c, m), 3, which="SA")
         return snp.sum(w * np.arange(1.0, 4.0)) + snp.sum(v ** 2 * np.arange(m * m * 1.0)[:, None])
 
     # derivatives through the matvec's graph and matrix-free bordered solves
@@ -317,7 +401,7 @@ def test_a_matrix_free_operator_matches_the_sparse_matrix(rng):
                                sd.grad(lambda c: f(c, laplacian))(c), rtol=1e-9, atol=1e-12)
     # a cluster (the square's repeated pair) is refused as for a matrix
     with pytest.raises(DegenerateEigenvalueError, match="eigenvalues 1..2"):
-        sd.grad(lambda c: sd.linalg.eigsh(_operator(c, m), 3)[0][1])(np.ones(m * m))
+        sd.grad(lambda c: sd.linalg.eigsh(_operator(c, m), 3, which="SA")[0][1])(np.ones(m * m))
 
 
 def test_a_matrix_free_operator_refuses_what_it_cannot_do():
@@ -333,6 +417,6 @@ def test_a_matrix_free_operator_refuses_what_it_cannot_do():
 def test_check_rules_compares_the_eigenvectors_up_to_sign(rng):
     m = 6
     c = 1.0 + 0.5 * rng.uniform(size=m * m)
-    report = sd.testing.check_rules(lambda c: sd.linalg.eigsh(laplacian(c, m), 3), c,
-                                    gauge={1: "columns"}, batch=False)
+    report = sd.testing.check_rules(lambda c: sd.linalg.eigsh(laplacian(c, m), 3, which="SA"),
+                                    c, gauge={1: "columns"}, batch=False)
     assert report.jvp_error < 1e-6 and report.vjp_error < 1e-9

@@ -180,16 +180,88 @@ def test_composes_with_jax_grad(compiled):
 
 
 def test_solve_ivp_has_scipys_interface():
-    res = sd.ode.solve_ivp(lotka_volterra_np_sd := (lambda t, y, a, b, c, d: snp.stack(
-        [a * y[0] - b * y[0] * y[1], -c * y[1] + d * y[0] * y[1]])), (0.0, 4.0), Y0,
-        t_eval=TS[1:], args=tuple(THETA), rtol=1e-10, atol=1e-10)
+    # SciPy's forms: `y0` a list, `fun` returning a list, `args` a list
+    # unpacked into it (the list state had come back transposed, (T, n))
+    res = sd.ode.solve_ivp(lambda t, y, a, b, c, d: [a * y[0] - b * y[0] * y[1],
+                                                     -c * y[1] + d * y[0] * y[1]],
+                           (0.0, 4.0), [1.0, 1.0], t_eval=TS[1:], args=list(THETA),
+                           rtol=1e-10, atol=1e-10)
     ref = scipy.integrate.solve_ivp(lotka_volterra_np, (0.0, 4.0), Y0, t_eval=TS[1:],
                                     args=(THETA,), rtol=1e-12, atol=1e-12)
-    assert res.success and res.status == 0 and res.y.shape == ref.y.shape
+    assert res.success and res.status == 0 and res.y.shape == ref.y.shape == (2, 8)
     np.testing.assert_allclose(np.asarray(res.y), ref.y, rtol=1e-7)
-    del lotka_volterra_np_sd
+    np.testing.assert_array_equal(res.t, ref.t)
     with pytest.raises(NotSupportedError, match="`events`.*odeint_event"):
         sd.ode.solve_ivp(lambda t, y: -y, (0.0, 1.0), Y0, events=lambda t, y: y[0] - 0.5)
+
+
+def _decay(t, y, k, c):  # a list, as SciPy's examples return it
+    return [-k * y[0], k * y[0] - c * y[1] + 0.1 * t]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("y0, fun, args", [
+    ([1.0, 0.5], _decay, [0.7, 0.3]),                       # a list: it had come back (T, n)
+    ((1, 0), lambda t, y, k, c: snp.stack(_decay(t, y, k, c)), np.array([0.7, 0.3])),
+    (np.array([1.0, 0.5], np.float32), lambda t, y, k, c: tuple(_decay(t, y, k, c)),
+     (0.7, 0.3)),
+])
+def test_solve_ivp_takes_scipys_input_forms(y0, fun, args):
+    # y0 a list, tuple or array (ints, float32), fun returning a list, tuple
+    # or array, args unpacked from a list or an array: SciPy's y, (n, len(t))
+    te = np.array([0.5, 1.0, 2.0])
+    res = sd.ode.solve_ivp(fun, (0.0, 2.0), y0, t_eval=te, args=args, rtol=1e-10, atol=1e-12)
+    ref = scipy.integrate.solve_ivp(_decay, (0.0, 2.0), y0, t_eval=te, args=args, rtol=1e-12,
+                                    atol=1e-13)
+    assert res.y.shape == ref.y.shape == (2, 3) and res.y.dtype == ref.y.dtype
+    np.testing.assert_allclose(res.y, ref.y, rtol=1e-8)
+    np.testing.assert_array_equal(res.t, ref.t)
+    assert res.status == ref.status == 0 and res.success
+
+
+@pytest.mark.slow
+def test_solve_ivp_times_as_scipy():
+    # backwards (t1 < t0), t_eval from t0, only t0, empty, and the default
+    # (the ends of t_span, where SciPy returns its steps)
+    f = lambda t, y: [-y[0] + 0.1 * t]     # noqa: E731
+    kw = dict(rtol=1e-10, atol=1e-12)
+    for t_span, t_eval in [((2.0, 0.0), [1.5, 0.5, 0.0]), ((2.0, 0.5), None),
+                           ((0.0, 1.0), [0.0]), ((0.0, 1.0), [0.0, 1.0])]:
+        res = sd.ode.solve_ivp(f, t_span, [1.0], t_eval=t_eval, **kw)
+        ref = scipy.integrate.solve_ivp(f, t_span, [1.0], t_eval=t_eval or list(t_span), **kw)
+        assert res.y.shape == ref.y.shape, t_span
+        np.testing.assert_allclose(res.y, ref.y, rtol=1e-8, err_msg=str(t_span))
+        np.testing.assert_array_equal(res.t, ref.t)
+    res = sd.ode.solve_ivp(f, (0.0, 1.0), [1.0], t_eval=[])
+    assert res.y.shape == (1, 0) and res.t.shape == (0,)   # (SciPy's y: an empty list)
+
+
+def test_solve_ivp_failure_is_scipys_status():
+    # SciPy's status -1 (sciad's code 1, the step limit, had read as SciPy's
+    # "a termination event occurred")
+    fun = lambda t, y: [y[0] ** 2]     # noqa: E731
+    res = sd.ode.solve_ivp(fun, (0.0, 10.0), [1.0], t_eval=[0.5, 5.0])
+    ref = scipy.integrate.solve_ivp(fun, (0.0, 10.0), [1.0], t_eval=[0.5, 5.0])
+    assert res.status == ref.status == -1 and not res.success and not ref.success
+    assert "step" in res.message and np.isinf(res.y[0, 1])
+    np.testing.assert_allclose([res.y[0, 0], ref.y[0, 0]], 2.0, rtol=1e-3)   # 1 / (1 - t)
+
+
+@pytest.mark.parametrize("kw, err, match", [
+    (dict(y0=1.0), ShapeError, "`y0` must be 1-dimensional"),
+    (dict(y0=np.ones((2, 1))), ShapeError, "`y0` must be 1-dimensional"),
+    (dict(y0=[1.0, np.nan]), ShapeError, "must be finite"),
+    (dict(args=0.5), sd.errors.DTypeError, r"pass args=\(0.5,\)"),
+    (dict(t_eval=[0.5, 1.5]), ShapeError, "not within `t_span`"),
+    (dict(t_eval=[0.5, np.nan]), ShapeError, "not within `t_span`"),
+    (dict(t_eval=[0.7, 0.5]), ShapeError, "strictly increasing"),
+    (dict(t_eval=[[0.5]]), ShapeError, "`t_eval` must be 1-dimensional"),
+])
+def test_solve_ivp_refuses_what_scipy_refuses(kw, err, match):
+    # (before anything is traced: no compile)
+    call = {"fun": lambda t, y, *a: -y, "t_span": (0.0, 1.0), "y0": [1.0, 2.0], **kw}
+    with pytest.raises(err, match=match):
+        sd.ode.solve_ivp(**call)
 
 
 # ---------------------------------------------------------------------------

@@ -4,9 +4,11 @@
 `a` is a square sparse matrix (at run time its data vector on `pattern`);
 `w` (`f64[k]`, ascending) and `v` (`f64[n, k]`, unit columns, `a v = v
 diag(w)`) are what `scipy.sparse.linalg.eigsh(a, k, which=..., sigma=...)`
-returns, sorted. With `sigma`, ARPACK runs in shift-invert mode and SciPy
-factors `a - sigma I` itself (SuperLU, on the host, each call): `which`
-then refers to `1 / (w - sigma)`, as in SciPy. The start vector is fixed
+returns, in SciPy's ascending order (`which` defaults to SciPy's "LM";
+SciPy's "BE" is an "SA" node and an "LA" node, built by
+`sciad.linalg.eigsh`). With `sigma`, ARPACK runs in shift-invert mode and
+SciPy factors `a - sigma I` itself (SuperLU, on the host, each call):
+`which` then refers to `1 / (w - sigma)`, as in SciPy. The start vector is fixed
 (a seeded random vector), so a run is reproducible; each eigenvector's
 sign is fixed too (its entry of largest magnitude is positive).
 
@@ -120,8 +122,8 @@ def _checked_results(n, k, which, tol, maxiter, degenerate_tol, op):
                          f"than n eigenpairs), got k={k}. For all of them use "
                          "`sd.linalg.eigh` of the dense matrix.", op=op)
     if which not in WHICH:
-        raise ShapeError(f"`which` must be one of {WHICH}, got {which!r} ('BE' is not "
-                         "supported).", op=op)
+        raise ShapeError(f"`which` must be one of {WHICH}, got {which!r} (SciPy's 'BE' "
+                         "is two nodes, 'SA' and 'LA': see `sd.linalg.eigsh`).", op=op)
     if not tol >= 0:
         raise ShapeError(f"`tol` must be >= 0, got {tol!r}.", op=op)
     if maxiter is not None and maxiter < 1:
@@ -377,7 +379,7 @@ def eigsh(a, k: int = 6, m=None, *, which: str | None = None, sigma=None,
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise ShapeError(f"`k` must be an int, got {k!r}.", op=op)
     if which is None:
-        which = "SA" if sigma is None else "LM"
+        which = "LM"  # SciPy's default, with or without `sigma`
     if sigma is not None:
         sigma = float(sigma)
     if maxiter is not None:
@@ -555,7 +557,7 @@ def eigsh_operator(a, k: int, which: str | None, tol: float, maxiter, degenerate
                                     (TensorType((n,), np.dtype(np.float64)),), name="matvec")
     tol_d = default_tol(np.float64) if degenerate_tol is None else float(degenerate_tol)
     w, v, _ = eigsh_operator_p.bind(*captured, graph=graph, k=int(k),
-                                    which="SA" if which is None else str(which),
+                                    which="LM" if which is None else str(which),
                                     tol=float(tol), maxiter=maxiter, degenerate_tol=tol_d)
     return w, v
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Sequence
 
 import numpy as np
@@ -56,7 +57,15 @@ def same_dtype(types: Sequence[TensorType], op: str) -> np.dtype:
 
 
 def normalize_axis(axis: int, ndim: int, op: str) -> int:
-    axis = int(axis)
+    # NumPy's rule: an integer, not a bool (`int()` would take 1.5 as 1)
+    given = axis
+    try:
+        axis = None if isinstance(axis, (bool, np.bool_)) else operator.index(axis)
+    except TypeError:
+        axis = None
+    if axis is None:
+        many = " (this function takes one axis)" if isinstance(given, (tuple, list)) else ""
+        raise ShapeError(f"`axis` must be an integer{many}, got {given!r}.", op=op)
     if not -ndim <= axis < ndim:
         raise ShapeError(f"axis {axis} is out of bounds for an array of {ndim} "
                          f"dimension{'s' if ndim != 1 else ''}.", op=op)
@@ -66,7 +75,7 @@ def normalize_axis(axis: int, ndim: int, op: str) -> int:
 def normalize_axes(axes, ndim: int, op: str) -> tuple[int, ...]:
     if axes is None:
         return tuple(range(ndim))
-    if isinstance(axes, (int, np.integer)):
+    if not isinstance(axes, (tuple, list)):  # one axis (NumPy's rule)
         axes = (axes,)
     out = tuple(normalize_axis(a, ndim, op) for a in axes)
     if len(set(out)) != len(out):
