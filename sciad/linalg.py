@@ -435,8 +435,10 @@ def eigh(A, B=None, *, degenerate_tol: float | None = None):
     A derivative that depends on a cluster's eigenvectors (one of them, not
     its projector), on one eigenvalue of a cluster apart from the others, on
     a cluster's eigenvalues and on eigenvectors of the same call together
-    (`v @ diag(f(w)) @ v.T` written out: use `funm_hermitian`; a sum of an
-    eigenvalue term and a projector term: take them from two calls), or on
+    (`v @ diag(f(w)) @ v.T` written out: use `funm_hermitian`; a sum of a
+    cluster's eigenvalues plus a projector term: write the sum as
+    `trace(v_c^H A v_c)`; calls repeated on one matrix are one
+    decomposition, differentiated and checked as one), or on
     the phase of a complex eigenvector raises `DegenerateEigenvalueError`
     naming the cluster and its gap, never a NaN and never a wrong value.
     Reverse mode checks the cotangents the loss sends back. Forward mode
@@ -516,9 +518,11 @@ def svd(A, full_matrices: bool = False, compute_uv: bool = True, *,
     derivative needs how the cluster splits, which the decomposition's
     derivatives do not carry: write it as `A @ vh_c^H @ vh_c`). It is
     checked in reverse mode and, as in `eigh`, in forward mode. Singular
-    values and singular vectors of one call are not differentiated together
-    at a cluster: take a sum of a singular-value term and a singular-vector
-    term from two calls.
+    values and singular vectors of one decomposition are not differentiated
+    together at a cluster: for a sum of a singular-value term and a
+    singular-vector term, take the singular values from `svd(A,
+    compute_uv=False)`, checked on its own (repeated `svd(A)` calls on one
+    matrix are one decomposition, differentiated and checked as one).
     """
     from . import numpy as snp
     from .primitives._svd import svd as _svd

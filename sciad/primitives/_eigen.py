@@ -326,10 +326,11 @@ def _judge_one(site, tol, complex_, values_used, vectors_used, w_bar, g, w, edge
         if vectors_used and float(np.max(np.abs(bw), initial=0.0)) > small_w:
             _fail_cluster(site, w, i, j, tol, "eigenvalues of the cluster together with "
                                               "eigenvectors (for v f(w) v^H use "
-                                              "`funm_hermitian`; for a sum of an "
-                                              "eigenvalue term and an eigenvector term, "
-                                              "each invariant, take them from separate "
-                                              "calls: each call is checked on its own)")
+                                              "`funm_hermitian`; for a sum of the "
+                                              "cluster's eigenvalues plus an invariant "
+                                              "eigenvector term, write the sum as "
+                                              "trace(v_c^H A v_c): repeated calls on one "
+                                              "matrix are one decomposition)")
         if float(np.ptp(bw)) > small_w:
             _fail_cluster(site, w, i, j, tol, "one eigenvalue of the cluster apart from "
                                               "the others")
