@@ -551,7 +551,7 @@ def _split_args(args):
 
 def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: float,
                  atol: float, maxiter: int, memory: int, throw: bool, op: str,
-                 jac0=None) -> RootResult:
+                 jac0=None, at_floor: bool = False) -> RootResult:
     from . import numpy as snp
     from .graph._body import trace_body
     from .graph._sparsity import coloring
@@ -600,7 +600,7 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
                        jac=jac, pattern=pattern, colors=colors,
                        tol=float(default_tol(tx.dtype) if tol is None else tol), atol=float(atol),
                        maxiter=int(maxiter), memory=int(memory), throw=bool(throw),
-                       jac0=jac0 is not None)
+                       jac0=jac0 is not None, at_floor=bool(at_floor))
     x, nit, residual, status = outs[:4]
     return RootResult(x, status == 0, nit, residual, status)
 
@@ -673,7 +673,7 @@ def compiled_call(inline: Callable, fun: Callable, leading: tuple, args, *, key,
 @api_boundary
 def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = None,
          tol: float | None = None, atol: float = 0.0, maxiter: int = 50,
-         throw: bool = True, jac0=None) -> RootResult:
+         throw: bool = True, jac0=None, at_floor: bool = False) -> RootResult:
     """Solves `fun(x, *args) = 0`, as one differentiable node.
 
     The whole solve is one `optimize.root` node holding `fun`'s graph; it
@@ -724,6 +724,12 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
       `jac="sparse"`, roots given the same matrix values share one
       factorization (the stages of an implicit time step). No derivative
       flows through it: the root's does not depend on it.
+    - `at_floor`: also converged when the iterations stall (or run out) with
+      `||F||_inf` at its floor of rounding errors, measured at the last
+      iterate (how much `F` changes when `x` moves by a few units in its
+      last place), where the tolerance asks for more than floating point
+      allows: for a tolerance that is not known to be reachable. By default
+      such a solve fails, saying that `||F||` is at its floor.
 
     **Returns:**
 
@@ -745,7 +751,8 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
         raise ShapeError("method='chord' keeps a factorization of the Jacobian: it needs "
                          "jac='sparse', 'dense' or None, got jac='gmres'.", op=_ROOT_OP)
     return _root_call(fun, x0, args, _ROOT_OP, kind="root", method=method, jac=jac,
-                      tol=tol, atol=atol, maxiter=maxiter, memory=0, throw=throw, jac0=jac0)
+                      tol=tol, atol=atol, maxiter=maxiter, memory=0, throw=throw, jac0=jac0,
+                      at_floor=bool(at_floor))
 
 
 @api_boundary

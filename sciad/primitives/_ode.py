@@ -96,7 +96,10 @@ STIFF_PID = {"pcoeff": 0.3, "icoeff": 0.4}
 #: the replayed implicit stages' Newton tolerance on the residual scaled by
 #: `|y| + atol/rtol`: this fraction of the ODE's rtol (Newton converges
 #: quadratically, so the stages are then solved far below the local error
-#: the steps were accepted with), floored at this many eps (rounding)
+#: the steps were accepted with), floored at this many eps; and a stage
+#: that stalls at its measured floor of rounding errors has converged
+#: (`optimize.root`'s `at_floor`), since that floor grows with `h` times the
+#: field's Jacobian (stiffness) and can lie above any fixed tolerance
 STAGE_RTOL = 1e-3
 STAGE_FLOOR_EPS = 100.0
 
@@ -582,7 +585,7 @@ def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, a
         z = optimize.root(stage, z0, (yi, h * gamma, ti, w),
                           method="chord", jac=jac, tol=1e-12,
                           atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps),
-                          jac0=jac0.get(gamma)).x
+                          jac0=jac0.get(gamma), at_floor=True).x
         ks.append(inline(graph, [*consts, ti, z]))
     out = y
     for i, bi in enumerate(b):
