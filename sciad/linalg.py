@@ -28,6 +28,7 @@ import numpy as np
 
 from .errors import DTypeError, ShapeError
 from .graph import Tracer
+from .numpy import _as_array
 from .primitives._linalg import (DENSE_DIRECT, ITERATIVE, NORMS, SPARSE_DIRECT, _clean,
                                  linalg_rcond_p, linalg_solve_p)
 from .sparse import astype as _sparse_astype, issparse
@@ -159,7 +160,7 @@ def _prepare(A, b, assume, op: str):
                          f"got {assume!r}.", op=op)
     sparse = issparse(A)
     if not sparse:
-        A = snp.asarray(A)
+        A = _as_array(A, op)
     dtype = np.result_type(A.dtype, *(() if b is None else (b.dtype,)))
     if dtype.kind not in "fc":
         dtype = np.result_type(dtype, np.float64)
@@ -385,7 +386,7 @@ def _dense_hermitian(A, op: str):
     if issparse(A):
         raise ShapeError(f"`A` is a sparse matrix: {op} is dense (convert with "
                          "`A.todense()`; a sparse partial eigensolver is to come).", op=op)
-    A = snp.asarray(A)
+    A = _as_array(A, op)
     if A.dtype.kind in "biu":
         A = snp.astype(A, np.float64)
     return A
@@ -535,7 +536,7 @@ def svd(A, full_matrices: bool = False, compute_uv: bool = True, *,
     if issparse(A):
         raise ShapeError("`A` is a sparse matrix: svd is dense (convert with "
                          "`A.todense()`).", op=op)
-    A = snp.asarray(A)
+    A = _as_array(A, op)
     if A.dtype.kind in "biu":
         A = snp.astype(A, np.float64)
     out = _svd(A, compute_uv, degenerate_tol)

@@ -70,6 +70,11 @@ def _operand(x, op: str):
     if isinstance(x, (list, tuple)):
         if _builtins.any(isinstance(v, _Tracer) for v in _jax.tree_util.tree_leaves(x)):
             return stack([_operand(v, op) for v in x])
+    if type(x).__module__.startswith("scipy.sparse"):
+        raise _DTypeError(f"a scipy.sparse matrix ({type(x).__name__}) is not an array: "
+                          "convert it with `sd.sparse.from_scipy(A)` (sparse products and "
+                          "`sd.linalg.solve` take it), or with `A.toarray()` for a dense "
+                          "array.", op=op)
     try:
         arr = _np.asarray(x)
     except Exception:

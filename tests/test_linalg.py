@@ -360,6 +360,21 @@ def test_trace_time_errors():
         sd.trace(lambda A, b: sd.linalg.solve(A, b, solver="splu"), np.eye(2), np.ones(2))
 
 
+def test_a_scipy_sparse_matrix_says_to_convert_it():
+    A = sp.eye(3, format="csr")
+    with pytest.raises(sd.errors.DTypeError,
+                       match=r"linalg.solve: a scipy.sparse matrix \(csr_matrix\) is not an "
+                             r"array: convert it with `sd.sparse.from_scipy\(A\)`") as err:
+        sd.linalg.solve(A, np.ones(3))
+    assert isinstance(err.value, TypeError)
+    with pytest.raises(sd.errors.DTypeError, match=r"linalg.eigh: .*from_scipy"):
+        sd.linalg.eigh(A)
+    with pytest.raises(sd.errors.DTypeError, match=r"add: a scipy.sparse matrix .*from_scipy"):
+        snp.add(sp.eye(3, format="coo"), 1.0)
+    x = sd.linalg.solve(sd.sparse.from_scipy(A), np.ones(3))  # as advised
+    np.testing.assert_allclose(x, np.ones(3))
+
+
 def test_host_callbacks_keep_float64_exact_whatever_the_thread(rng):
     """Host calls get the program's buffers as they are and return 64-bit
     results as uint32 words, so no thread's x64 setting can round them to
