@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .errors import DTypeError, ShapeError
+from .errors import DTypeError, InvalidOptionError, ShapeError
 from .graph import Tracer
 from .numpy import _as_array
 from .primitives._linalg import (DENSE_DIRECT, ITERATIVE, NORMS, SPARSE_DIRECT, _clean,
@@ -109,8 +109,8 @@ def _solve_operator(A: Operator, b, solver: str, tol, atol: float, maxiter, thro
     if solver == "auto":
         solver = "cg" if "spd" in A.tags else "gmres"
     if solver not in ITERATIVE:
-        raise ShapeError(f"a matrix-free operator needs an iterative solver "
-                         f"({', '.join(map(repr, ITERATIVE))}), got {solver!r}.", op=op)
+        raise InvalidOptionError(f"a matrix-free operator needs an iterative solver "
+                                 f"({', '.join(map(repr, ITERATIVE))}), got {solver!r}.", op=op)
     b = snp.astype(snp.asarray(b), A.dtype)
     n = A.shape[0]
     graph, captured, _ = trace_body(lambda v: [snp.asarray(A.matvec(v))],
@@ -156,8 +156,9 @@ def _prepare(A, b, assume, op: str):
     from . import numpy as snp
 
     if assume not in _ASSUME:
-        raise ShapeError(f"`assume` must be one of {sorted(k for k in _ASSUME if k)} or None, "
-                         f"got {assume!r}.", op=op)
+        raise InvalidOptionError(f"`assume` must be one of "
+                                 f"{sorted(k for k in _ASSUME if k)} or None, got {assume!r}.",
+                                 op=op)
     sparse = issparse(A)
     if not sparse:
         A = _as_array(A, op)
@@ -250,8 +251,8 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
     op = "linalg.solve"
     if isinstance(A, Operator):
         if preconditioner is not None or assume is not None:
-            raise ShapeError("a matrix-free operator takes no `preconditioner` or `assume` "
-                             "(give `tags` to `sd.linalg.operator`).", op=op)
+            raise InvalidOptionError("a matrix-free operator takes no `preconditioner` or `assume` "
+                                     "(give `tags` to `sd.linalg.operator`).", op=op)
         x = _solve_operator(A, b, solver, tol, atol, maxiter, throw)
         if throw:
             return x
@@ -261,8 +262,8 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
     if solver == "auto":
         solver = _choose(sparse, tags, dtype)
     if solver not in SOLVERS:
-        raise ShapeError(f"unknown solver {solver!r}; choose 'auto' or one of "
-                         f"{', '.join(map(repr, SOLVERS))}.", op=op)
+        raise InvalidOptionError(f"unknown solver {solver!r}; choose 'auto' or one of "
+                                 f"{', '.join(map(repr, SOLVERS))}.", op=op)
     params: dict = {"solver": solver}
     if sparse:
         params["pattern"] = A.type.pattern
@@ -273,8 +274,8 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
                       maxiter=None if maxiter is None else int(maxiter),
                       preconditioner=preconditioner)
     elif (tol, maxiter, preconditioner) != (None, None, None) or atol != 0.0:
-        raise ShapeError(f"the direct solver {solver!r} takes no `tol`, `atol`, `maxiter` "
-                         "or `preconditioner`.", op=op)
+        raise InvalidOptionError(f"the direct solver {solver!r} takes no `tol`, `atol`, `maxiter` "
+                                 "or `preconditioner`.", op=op)
     params["assume"] = _structure(tags)
     if throw:
         return linalg_solve_p.bind(A, b, **_clean(params))
@@ -366,7 +367,7 @@ def cond(A, p=1, *, estimate: bool = True, solver: str = "auto", constant: bool 
     if solver == "auto":
         solver = _choose(sparse, tags, dtype)
     if p not in NORMS:
-        raise ShapeError(f"`p` is 1, inf, 2 or 'fro', got {p!r}.", op=op)
+        raise InvalidOptionError(f"`p` is 1, inf, 2 or 'fro', got {p!r}.", op=op)
     params = {"solver": solver, "norm": p}
     if sparse:
         params["pattern"] = A.type.pattern
@@ -530,9 +531,9 @@ def svd(A, full_matrices: bool = False, compute_uv: bool = True, *,
 
     op = "linalg.svd"
     if full_matrices:
-        raise ShapeError("only the thin SVD is supported: pass `full_matrices=False` (the "
-                         "full one's extra columns are an arbitrary basis with no "
-                         "derivative).", op=op)
+        raise InvalidOptionError("only the thin SVD is supported: pass `full_matrices=False` (the "
+                                 "full one's extra columns are an arbitrary basis with no "
+                                 "derivative).", op=op)
     if issparse(A):
         raise ShapeError("`A` is a sparse matrix: svd is dense (convert with "
                          "`A.todense()`).", op=op)
@@ -564,8 +565,8 @@ def funm_hermitian(A, f: str, *, degenerate_tol: float | None = None):
     from .primitives._eigen import FUNCTIONS, eigh_apply
 
     if f not in FUNCTIONS:
-        raise ShapeError(f"`f` must be one of {sorted(FUNCTIONS)}, got {f!r}.",
-                         op="linalg.eigh_apply")
+        raise InvalidOptionError(f"`f` must be one of {sorted(FUNCTIONS)}, got {f!r}.",
+                                 op="linalg.eigh_apply")
     return eigh_apply(_dense_hermitian(A, "linalg.eigh_apply"), f, degenerate_tol)
 
 

@@ -26,7 +26,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .errors import DTypeError, ShapeError, StructureError
+from .errors import DTypeError, InvalidOptionError, ShapeError, StructureError
 from .graph import Tracer
 from .graph._types import KNOWN_TAGS, Pattern, SparseArray, SparseType
 from .primitives._sparse import (
@@ -57,8 +57,8 @@ def _tags(tags, op: str) -> frozenset:
     tags = frozenset([tags] if isinstance(tags, str) else (tags or ()))
     unknown = tags - KNOWN_TAGS
     if unknown:
-        raise ShapeError(f"unknown structure tag(s) {sorted(unknown)}; known: "
-                         f"{sorted(KNOWN_TAGS)}.", op=op)
+        raise InvalidOptionError(f"unknown structure tag(s) {sorted(unknown)}; known: "
+                                 f"{sorted(KNOWN_TAGS)}.", op=op)
     return tags
 
 

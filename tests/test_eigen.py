@@ -13,7 +13,7 @@ import pytest
 import sciad as sd
 import sciad.numpy as snp
 from helpers import assert_gradient_matches_fd
-from sciad.errors import DegenerateEigenvalueError
+from sciad.errors import DegenerateEigenvalueError, InvalidOptionError
 
 
 def _hermitian(rng, n, dtype=np.float64):
@@ -118,7 +118,7 @@ def test_spectral_functions_at_a_multiple_of_the_identity(rng):
     assert report.second_order_error < 1e-6
     with pytest.raises(sd.errors.NotPositiveDefiniteError, match="smallest eigenvalue"):
         sd.linalg.funm_hermitian(-np.eye(3), "sqrt")
-    with pytest.raises(sd.errors.ShapeError, match="must be one of"):
+    with pytest.raises(InvalidOptionError, match="must be one of"):
         sd.linalg.funm_hermitian(np.eye(3), "cos")
 
 
@@ -177,6 +177,11 @@ def test_bad_input_is_refused_at_trace_time(rng):
         sd.linalg.eigh(np.ones((3, 4)))
     with pytest.raises(sd.errors.ShapeError, match="sparse matrix"):
         sd.linalg.eigh(sd.sparse.from_dense(np.eye(3)))
+    # an option's value is not a shape, and a NumPy number prints as a number
+    for tol, shown in ((np.float64(-1.0), "-1.0"), (np.nan, "nan")):
+        with pytest.raises(InvalidOptionError, match=rf"`degenerate_tol` must be >= 0, got "
+                                                     rf"{shown}\.\n"):
+            sd.linalg.eigh(np.eye(3), degenerate_tol=tol)
     w = sd.linalg.eigvalsh(np.diag([3, 1, 2]))  # integers compute in float64
     np.testing.assert_array_equal(w, [1.0, 2.0, 3.0])
 

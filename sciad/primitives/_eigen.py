@@ -46,7 +46,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import DTypeError, DegenerateEigenvalueError, ShapeError
+from ..errors import (DTypeError, DegenerateEigenvalueError, InvalidOptionError, ShapeError,
+                      plain)
 from ..graph import Param, Primitive, TensorType, instantiate, is_linear, is_zero
 from ..graph._batch import front_rule
 from ._checks import check as host_check, tie
@@ -76,7 +77,8 @@ def check_operand(a, degenerate_tol, *, op: str, square: bool) -> None:
         raise DTypeError(f"`a` must be float or complex, got {a.str_short()}; convert it "
                          "first (`.astype(np.float64)`).", op=op)
     if not degenerate_tol >= 0:
-        raise ShapeError(f"`degenerate_tol` must be >= 0, got {degenerate_tol!r}.", op=op)
+        raise InvalidOptionError(f"`degenerate_tol` must be >= 0, got {plain(degenerate_tol)}.",
+                                 op=op)
 
 
 @eigh_p.def_abstract_eval
@@ -414,8 +416,8 @@ eigh_apply_p = Primitive("linalg.eigh_apply", runtime_checks=True,
 @eigh_apply_p.def_abstract_eval
 def _apply_shape(a, *, fn, degenerate_tol):
     if fn not in FUNCTIONS:
-        raise ShapeError(f"`fn` must be one of {sorted(FUNCTIONS)}, got {fn!r}.",
-                         op="linalg.eigh_apply")
+        raise InvalidOptionError(f"`fn` must be one of {sorted(FUNCTIONS)}, got {fn!r}.",
+                                 op="linalg.eigh_apply")
     _eigh_shape(a, degenerate_tol=degenerate_tol)
     return a
 

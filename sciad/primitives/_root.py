@@ -28,7 +28,7 @@ import functools
 
 import numpy as np
 
-from ..errors import ConvergenceError, DTypeError, ShapeError
+from ..errors import ConvergenceError, DTypeError, InvalidOptionError, ShapeError
 from ..graph import Graph, Param, Primitive, TensorType, Zero, is_zero
 from ..graph._autodiff import jvp_eval, type_of
 from ..graph._types import Pattern
@@ -81,9 +81,9 @@ def _root_shape(*args, graph, kind, method, jac, pattern=None, colors=0, tol, at
     op = "optimize.root"
     consts, x, j0 = operands(args, jac0)
     if kind not in KINDS or method not in METHODS[kind]:
-        raise ShapeError(f"unknown kind/method {kind!r}/{method!r}.", op=op)
+        raise InvalidOptionError(f"unknown kind/method {kind!r}/{method!r}.", op=op)
     if jac not in JACOBIANS:
-        raise ShapeError(f"`jac` must be one of {JACOBIANS}, got {jac!r}.", op=op)
+        raise InvalidOptionError(f"`jac` must be one of {JACOBIANS}, got {jac!r}.", op=op)
     if not isinstance(x, TensorType) or x.dtype.kind != "f":
         raise DTypeError(f"`x0` must be a real float array, got {x.str_short()}.", op=op)
     if tuple(graph.in_types) != tuple(consts) + (x,):
@@ -94,8 +94,8 @@ def _root_shape(*args, graph, kind, method, jac, pattern=None, colors=0, tol, at
                          f"({x.size} elements of {x.dtype}), got "
                          f"{', '.join(t.str_short() for t in graph.out_types)}.", op=op)
     if method == "chord" and jac == "gmres":
-        raise ShapeError("the chord method keeps a factorization: it needs jac='sparse' or "
-                         "'dense', got jac='gmres'.", op=op)
+        raise InvalidOptionError("the chord method keeps a factorization: it needs jac='sparse' or "
+                                 "'dense', got jac='gmres'.", op=op)
     if jac == "sparse" and (pattern is None or pattern.shape != (x.size, x.size)):
         raise ShapeError(f"a sparse Jacobian needs a ({x.size}, {x.size}) pattern, got "
                          f"{pattern!r}.", op=op)
@@ -107,9 +107,9 @@ def _root_shape(*args, graph, kind, method, jac, pattern=None, colors=0, tol, at
                              f"{'values' if jac == 'sparse' else 'entries'}), got "
                              f"method={method!r} and {j0.str_short()}.", op=op)
     if not (tol >= 0 and atol >= 0) or tol == atol == 0 or maxiter < 0 or memory < 0:
-        raise ShapeError(f"needs tol >= 0 and atol >= 0 (not both 0), maxiter >= 0 and "
-                         f"memory >= 0; got tol={tol}, atol={atol}, maxiter={maxiter}, "
-                         f"memory={memory}.", op=op)
+        raise InvalidOptionError(f"needs tol >= 0 and atol >= 0 (not both 0), maxiter >= 0 and "
+                                 f"memory >= 0; got tol={tol}, atol={atol}, maxiter={maxiter}, "
+                                 f"memory={memory}.", op=op)
     i32 = TensorType((), np.dtype(np.int32))
     outs = (x, i32, TensorType((), x.dtype), i32)
     if _keeps_factor(kind, jac):
