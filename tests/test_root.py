@@ -151,14 +151,15 @@ def test_a_root_started_with_jac0_passes_check_rules(rng):
     sd.testing.check_rules(solve, 5.0 + rng.random(N))
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(method="newton", jac0=np.eye(N)), "needs method='chord'"),
-    (dict(method="chord", jac="sparse", jac0=np.eye(N + 1)), r"must be an \(12, 12\) matrix"),
-    (dict(method="chord", jac="sparse", jac0=sd.sparse.from_dense(np.eye(N))),
+@pytest.mark.parametrize("kw, cls, match", [
+    (dict(method="newton", jac0=np.eye(N)), InvalidOptionError, "needs method='chord'"),
+    (dict(method="chord", jac="sparse", jac0=np.eye(N + 1)), ShapeError,
+     r"must be an \(12, 12\) matrix"),
+    (dict(method="chord", jac="sparse", jac0=sd.sparse.from_dense(np.eye(N))), ShapeError,
      "detected pattern"),
 ])
-def test_a_wrong_jac0_is_refused(kw, match):
-    with pytest.raises(ShapeError, match=match):
+def test_a_wrong_jac0_is_refused(kw, cls, match):
+    with pytest.raises(cls, match=match):
         sd.trace(lambda f: sd.optimize.root(diffusion, snp.zeros(N), (f,), **kw).x, np.ones(N))
 
 
