@@ -266,6 +266,19 @@ def test_a_step_limit_is_diagnosed_from_the_steps(kw, match):
     assert "stiff" not in str(err.value)
 
 
+def test_the_step_limit_diagnosis_with_nan():
+    # a NaN step size or state is never read as a healthy step count
+    from sciad.graph import Site
+    from sciad.primitives._ode import judge_ode
+
+    kw = dict(status=1, t_reached=1.0, steps=100, accepted=95, y0max=1.0, t0=0.0, t1=10.0,
+              solver="tsit5", max_steps=100, rtol=1e-6)
+    for h, ymax, want in ((np.nan, 1.0, "step size collapsed"), (0.1, np.nan, "NaN or infinite")):
+        with pytest.raises(RuntimeError, match=want) as err:
+            judge_ode(Site("ode.odeint"), h_last=h, ymax=ymax, **kw)
+        assert "too small for the span" not in str(err.value)
+
+
 @pytest.mark.slow  # (a reverse pass to compile)
 def test_a_failed_forward_solve_is_reported_as_such_under_a_derivative():
     # the interpolated adjoint integrates back from where the forward solve

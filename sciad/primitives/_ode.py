@@ -298,7 +298,7 @@ def judge_ode(site, *, status, t_reached, h_last, steps, accepted, ymax, y0max, 
     # steps near its stability limit)
     mean = (t - t0) / max(accepted, 1)
     tiny = h <= 1e3 * np.finfo(np.float64).eps * max(abs(t), 1.0) or accepted == 0 \
-        or h < 1e-6 * mean
+        or h < 1e-6 * mean or not np.isfinite(h)
     # the steps the whole span needs at the last accepted step size
     need = accepted + (t1 - t) / h if h > 0 else np.inf
     eps = float(np.finfo(np.float64).eps)
