@@ -20,7 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ._traceback import api_boundary
-from .errors import ShapeError
+from .errors import InvalidOptionError, ShapeError
 from .graph import Graph, TensorType, Zero
 from .graph._autodiff import jvp_eval, type_of, vjp_eval
 from .graph._sparsity import color_seeds, coloring, graph_sparsity
@@ -77,8 +77,8 @@ def structure_of(pattern: sp.csr_matrix, mode: str = "auto") -> Structure:
     or rows (VJPs) where that needs fewer colors (`mode="auto"`); or the one
     `mode` names (`"forward"`, `"reverse"`)."""
     if mode not in ("auto", "forward", "reverse"):
-        raise ShapeError(f"`mode` must be 'auto', 'forward' or 'reverse', got {mode!r}.",
-                         op="sparse.jacobian")
+        raise InvalidOptionError(f"`mode` must be 'auto', 'forward' or 'reverse', got {mode!r}.",
+                                 op="sparse.jacobian")
     pat = _pattern(pattern)
     cols = coloring(pat) if mode != "reverse" else None
     rows = coloring(pat, rows=True) if mode == "reverse" or (

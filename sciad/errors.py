@@ -13,6 +13,7 @@ from typing import NoReturn
 __all__ = [
     "SciadError",
     "ShapeError",
+    "InvalidOptionError",
     "DTypeError",
     "IndexingError",
     "TracerError",
@@ -32,10 +33,19 @@ __all__ = [
     "ConvergenceError",
     "SciadWarning",
     "unwrapped",
+    "plain",
     "IllConditionedWarning",
     "SparsityWarning",
     "BatchFallbackWarning",
 ]
+
+
+def plain(x) -> str:
+    """`repr(x)` with NumPy scalars and arrays shown as Python numbers and
+    lists, for messages: `10.0`, not `np.float64(10.0)`."""
+    if type(x).__module__ == "numpy" and hasattr(x, "tolist"):
+        return repr(x.tolist())
+    return repr(x)
 
 
 class SciadError(Exception):
@@ -72,6 +82,13 @@ class SciadError(Exception):
 
 class ShapeError(SciadError, ValueError):
     """Shapes that do not fit an operation, found at trace time."""
+
+
+class InvalidOptionError(SciadError, ValueError):
+    """An argument's value an operation does not accept, found before it runs:
+    an unknown option (a solver's or a method's name), a tolerance or a step
+    count out of range, output times that do not increase. Shapes that do
+    not fit are `ShapeError`s."""
 
 
 class DTypeError(SciadError, TypeError):
@@ -147,9 +164,9 @@ class DegenerateEigenvalueError(SciadError, ValueError):
 
 
 class StructureError(SciadError, ValueError):
-    """A matrix whose values contradict a structure tag it carries
-    (`symmetric`, `spd`), found by the checks `sciad.config.enable_checks`
-    turns on."""
+    """A matrix that contradicts a structure tag it carries (`symmetric`,
+    `spd`): its pattern, at trace time, or its values, by the checks
+    `sciad.config.enable_checks` turns on."""
 
 
 class NonFiniteError(SciadError, FloatingPointError):

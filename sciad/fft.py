@@ -37,7 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import numpy as snp
-from .errors import DTypeError, NotSupportedError, ShapeError
+from .errors import DTypeError, InvalidOptionError, NotSupportedError, ShapeError, plain
 from .graph import Tracer
 from .primitives._fft import NORMS, fft_p, half_length
 from .numpy import _type_str
@@ -60,7 +60,7 @@ _SWAP_NORM = {"backward": "forward", "ortho": "ortho", "forward": "backward"}
 def _norm(norm, op: str) -> str:
     norm = "backward" if norm is None else norm
     if norm not in NORMS:
-        raise ShapeError(f"`norm` must be one of {NORMS} or None, got {norm!r}.", op=op)
+        raise InvalidOptionError(f"`norm` must be one of {NORMS} or None, got {norm!r}.", op=op)
     return norm
 
 
@@ -331,13 +331,13 @@ def _spacing(d, op: str):
         return d
     d = np.asarray(d)
     if d.ndim != 0 or d.dtype.kind not in "biuf":
-        raise ShapeError(f"the sample spacing `d` must be a real scalar, got {d!r}.", op=op)
+        raise ShapeError(f"the sample spacing `d` must be a real scalar, got {plain(d)}.", op=op)
     return float(d)
 
 
 def _count(n, op: str) -> int:
     if isinstance(n, Tracer) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ShapeError(f"`n` must be a positive int, got {n!r}.", op=op)
+        raise InvalidOptionError(f"`n` must be a positive int, got {plain(n)}.", op=op)
     return int(n)
 
 

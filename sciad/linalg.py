@@ -26,8 +26,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .errors import DTypeError, ShapeError
+from .errors import DTypeError, InvalidOptionError, ShapeError
 from .graph import Tracer
+from .numpy import _as_array
 from .primitives._linalg import (DENSE_DIRECT, ITERATIVE, NORMS, SPARSE_DIRECT, _clean,
                                  linalg_rcond_p, linalg_solve_p)
 from .solvers._measures import ratio
@@ -109,8 +110,8 @@ def _solve_operator(A: Operator, b, solver: str, tol, atol: float, maxiter, thro
     if solver == "auto":
         solver = "cg" if "spd" in A.tags else "gmres"
     if solver not in ITERATIVE:
-        raise ShapeError(f"a matrix-free operator needs an iterative solver "
-                         f"({', '.join(map(repr, ITERATIVE))}), got {solver!r}.", op=op)
+        raise InvalidOptionError(f"a matrix-free operator needs an iterative solver "
+                                 f"({', '.join(map(repr, ITERATIVE))}), got {solver!r}.", op=op)
     b = snp.astype(snp.asarray(b), A.dtype)
     n = A.shape[0]
     graph, captured, _ = trace_body(lambda v: [snp.asarray(A.matvec(v))],
@@ -156,11 +157,12 @@ def _prepare(A, b, assume, op: str):
     from . import numpy as snp
 
     if assume not in _ASSUME:
-        raise ShapeError(f"`assume` must be one of {sorted(k for k in _ASSUME if k)} or None, "
-                         f"got {assume!r}.", op=op)
+        raise InvalidOptionError(f"`assume` must be one of "
+                                 f"{sorted(k for k in _ASSUME if k)} or None, got {assume!r}.",
+                                 op=op)
     sparse = issparse(A)
     if not sparse:
-        A = snp.asarray(A)
+        A = _as_array(A, op)
     dtype = np.result_type(A.dtype, *(() if b is None else (b.dtype,)))
     if dtype.kind not in "fc":
         dtype = np.result_type(dtype, np.float64)
@@ -250,8 +252,8 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
     op = "linalg.solve"
     if isinstance(A, Operator):
         if preconditioner is not None or assume is not None:
-            raise ShapeError("a matrix-free operator takes no `preconditioner` or `assume` "
-                             "(give `tags` to `sd.linalg.operator`).", op=op)
+            raise InvalidOptionError("a matrix-free operator takes no `preconditioner` or `assume` "
+                                     "(give `tags` to `sd.linalg.operator`).", op=op)
         x = _solve_operator(A, b, solver, tol, atol, maxiter, throw)
         if throw:
             return x
@@ -261,8 +263,8 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
     if solver == "auto":
         solver = _choose(sparse, tags, dtype)
     if solver not in SOLVERS:
-        raise ShapeError(f"unknown solver {solver!r}; choose 'auto' or one of "
-                         f"{', '.join(map(repr, SOLVERS))}.", op=op)
+        raise InvalidOptionError(f"unknown solver {solver!r}; choose 'auto' or one of "
+                                 f"{', '.join(map(repr, SOLVERS))}.", op=op)
     params: dict = {"solver": solver}
     if sparse:
         params["pattern"] = A.type.pattern
@@ -273,8 +275,8 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
                       maxiter=None if maxiter is None else int(maxiter),
                       preconditioner=preconditioner)
     elif (tol, maxiter, preconditioner) != (None, None, None) or atol != 0.0:
-        raise ShapeError(f"the direct solver {solver!r} takes no `tol`, `atol`, `maxiter` "
-                         "or `preconditioner`.", op=op)
+        raise InvalidOptionError(f"the direct solver {solver!r} takes no `tol`, `atol`, `maxiter` "
+                                 "or `preconditioner`.", op=op)
     params["assume"] = _structure(tags)
     if throw:
         return linalg_solve_p.bind(A, b, **_clean(params))
@@ -366,7 +368,7 @@ def cond(A, p=1, *, estimate: bool = True, solver: str = "auto", constant: bool 
     if solver == "auto":
         solver = _choose(sparse, tags, dtype)
     if p not in NORMS:
-        raise ShapeError(f"`p` is 1, inf, 2 or 'fro', got {p!r}.", op=op)
+        raise InvalidOptionError(f"`p` is 1, inf, 2 or 'fro', got {p!r}.", op=op)
     params = {"solver": solver, "norm": p}
     if sparse:
         params["pattern"] = A.type.pattern
@@ -386,7 +388,7 @@ def _dense_hermitian(A, op: str):
     if issparse(A):
         raise ShapeError(f"`A` is a sparse matrix: {op} is dense (convert with "
                          "`A.todense()`; a sparse partial eigensolver is to come).", op=op)
-    A = snp.asarray(A)
+    A = _as_array(A, op)
     if A.dtype.kind in "biu":
         A = snp.astype(A, np.float64)
     return A
@@ -436,8 +438,10 @@ def eigh(A, B=None, *, degenerate_tol: float | None = None):
     A derivative that depends on a cluster's eigenvectors (one of them, not
     its projector), on one eigenvalue of a cluster apart from the others, on
     a cluster's eigenvalues and on eigenvectors of the same call together
-    (`v @ diag(f(w)) @ v.T` written out: use `funm_hermitian`; a sum of an
-    eigenvalue term and a projector term: take them from two calls), or on
+    (`v @ diag(f(w)) @ v.T` written out: use `funm_hermitian`; a sum of a
+    cluster's eigenvalues plus a projector term: write the sum as
+    `trace(v_c^H A v_c)`; calls repeated on one matrix are one
+    decomposition, differentiated and checked as one), or on
     the phase of a complex eigenvector raises `DegenerateEigenvalueError`
     naming the cluster and its gap, never a NaN and never a wrong value.
     Reverse mode checks the cotangents the loss sends back. Forward mode
@@ -517,22 +521,24 @@ def svd(A, full_matrices: bool = False, compute_uv: bool = True, *,
     derivative needs how the cluster splits, which the decomposition's
     derivatives do not carry: write it as `A @ vh_c^H @ vh_c`). It is
     checked in reverse mode and, as in `eigh`, in forward mode. Singular
-    values and singular vectors of one call are not differentiated together
-    at a cluster: take a sum of a singular-value term and a singular-vector
-    term from two calls.
+    values and singular vectors of one decomposition are not differentiated
+    together at a cluster: for a sum of a singular-value term and a
+    singular-vector term, take the singular values from `svd(A,
+    compute_uv=False)`, checked on its own (repeated `svd(A)` calls on one
+    matrix are one decomposition, differentiated and checked as one).
     """
     from . import numpy as snp
     from .primitives._svd import svd as _svd
 
     op = "linalg.svd"
     if full_matrices:
-        raise ShapeError("only the thin SVD is supported: pass `full_matrices=False` (the "
-                         "full one's extra columns are an arbitrary basis with no "
-                         "derivative).", op=op)
+        raise InvalidOptionError("only the thin SVD is supported: pass `full_matrices=False` (the "
+                                 "full one's extra columns are an arbitrary basis with no "
+                                 "derivative).", op=op)
     if issparse(A):
         raise ShapeError("`A` is a sparse matrix: svd is dense (convert with "
                          "`A.todense()`).", op=op)
-    A = snp.asarray(A)
+    A = _as_array(A, op)
     if A.dtype.kind in "biu":
         A = snp.astype(A, np.float64)
     out = _svd(A, compute_uv, degenerate_tol)
@@ -560,8 +566,8 @@ def funm_hermitian(A, f: str, *, degenerate_tol: float | None = None):
     from .primitives._eigen import FUNCTIONS, eigh_apply
 
     if f not in FUNCTIONS:
-        raise ShapeError(f"`f` must be one of {sorted(FUNCTIONS)}, got {f!r}.",
-                         op="linalg.eigh_apply")
+        raise InvalidOptionError(f"`f` must be one of {sorted(FUNCTIONS)}, got {f!r}.",
+                                 op="linalg.eigh_apply")
     return eigh_apply(_dense_hermitian(A, "linalg.eigh_apply"), f, degenerate_tol)
 
 

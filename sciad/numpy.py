@@ -33,7 +33,8 @@ import numpy as _np
 
 from . import primitives as _P
 from .errors import DTypeError as _DTypeError, NotSupportedError as _NotSupportedError
-from .errors import ShapeError as _ShapeError
+from .errors import InvalidOptionError as _InvalidOptionError, ShapeError as _ShapeError
+from .errors import plain as _plain
 from .graph import Tracer as _Tracer
 from .graph._types import SparseArray as _SparseArray, SparseType as _SparseType
 from .primitives._elementwise import BINARY as _BINARY, UNARY as _UNARY
@@ -70,6 +71,11 @@ def _operand(x, op: str):
     if isinstance(x, (list, tuple)):
         if _builtins.any(isinstance(v, _Tracer) for v in _jax.tree_util.tree_leaves(x)):
             return stack([_operand(v, op) for v in x])
+    if type(x).__module__.startswith("scipy.sparse"):
+        raise _DTypeError(f"a scipy.sparse matrix ({type(x).__name__}) is not an array: "
+                          "convert it with `sd.sparse.from_scipy(A)` (sparse products and "
+                          "`sd.linalg.solve` take it), or with `A.toarray()` for a dense "
+                          "array.", op=op)
     try:
         arr = _np.asarray(x)
     except Exception:
@@ -857,7 +863,7 @@ def _static_number(x, op: str, what: str):
                           f"{x.type.str_short()}.", op=op)
     x = x.item() if isinstance(x, (_np.generic, _np.ndarray)) else x
     if not isinstance(x, (int, float, complex)):
-        raise _DTypeError(f"`{what}` must be a number, got {x!r}.", op=op)
+        raise _DTypeError(f"`{what}` must be a number, got {_plain(x)}.", op=op)
     return x
 
 
@@ -1598,8 +1604,8 @@ def meshgrid(*xi, indexing: str = "xy", sparse: bool = False, copy: bool = True)
     """Coordinate arrays from 1-D coordinate vectors (`indexing="xy"`:
     Cartesian, the first two axes swapped; `"ij"`: matrix indexing)."""
     if indexing not in ("xy", "ij"):
-        raise _ShapeError(f"`indexing` must be 'xy' or 'ij', got {indexing!r}.",
-                          op="meshgrid")
+        raise _InvalidOptionError(f"`indexing` must be 'xy' or 'ij', got {indexing!r}.",
+                                  op="meshgrid")
     xs = [ravel(_as_array(x, "meshgrid")) for x in xi]
     nd = len(xs)
     shape = [x.shape[0] for x in xs]

@@ -53,7 +53,8 @@ import jax
 import numpy as np
 
 from ._traceback import api_boundary
-from .errors import DTypeError, NotSupportedError, ShapeError
+from .errors import (DTypeError, InvalidOptionError, NotSupportedError, SciadWarning,
+                     ShapeError, plain)
 from .graph import Tracer
 from .graph._autodiff import type_of
 from .primitives._ode import ADJOINTS, FIXED_ONLY, IMEX, SOLVERS
@@ -75,14 +76,17 @@ def _check_times(ts, op: str):
     if arr.ndim != 1 or arr.shape[0] < 2:
         raise ShapeError(f"`ts` must be a 1-d array of at least 2 times (ts[0] is the "
                          f"initial time), got shape {arr.shape}.", op=op)
-    if arr.dtype.kind not in "fiu" or not np.all(np.isfinite(arr)):
-        raise ShapeError(f"`ts` must hold finite real times, got {arr!r}.", op=op)
+    if arr.dtype.kind not in "fiu":
+        raise DTypeError(f"`ts` must hold real times, got dtype {arr.dtype}.", op=op)
+    if not np.all(np.isfinite(arr)):
+        raise InvalidOptionError(f"`ts` must hold finite times, got {plain(arr)}.", op=op)
     steps = np.diff(arr.astype(np.float64))
-    if np.any(steps <= 0):
-        i = int(np.argmax(steps <= 0))
-        what = "t1 < t0" if arr.shape[0] == 2 else "the times are not strictly increasing"
-        raise ShapeError(f"{what}: ts[{i}] = {arr[i]!r}, ts[{i + 1}] = {arr[i + 1]!r}. "
-                         f"Integrating backwards in time: substitute s = -t.", op=op)
+    if not np.all(steps > 0):
+        i = int(np.argmax(~(steps > 0)))
+        what = "t1 <= t0" if arr.shape[0] == 2 else "the times are not strictly increasing"
+        raise InvalidOptionError(
+            f"{what}: ts[{i}] = {plain(arr[i])}, ts[{i + 1}] = {plain(arr[i + 1])}. "
+            f"Integrating backwards in time: substitute s = -t.", op=op)
 
 
 def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, dt0, adaptive,
@@ -151,7 +155,8 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
                                   [scalar, type_of(flat0)],
                                   name=getattr(f, "__name__", "f"))
     if jac not in (None, "dense", "sparse"):
-        raise ShapeError(f"`jac` must be None, 'dense' or 'sparse', got {jac!r}.", op=op)
+        raise InvalidOptionError(f"`jac` must be None, 'dense' or 'sparse', got {jac!r}.",
+                                 op=op)
     pattern = None
     if not SOLVERS[solver][1]:  # explicit: no Newton systems
         jac = "dense"
@@ -174,29 +179,49 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
     return unflatten(ys, type_of(ts).shape), status, nsteps
 
 
+#: the smallest `rtol` an error estimate can meet: SciPy's, 100 eps of float64
+MIN_RTOL = 100 * float(np.finfo(np.float64).eps)
+
+
 def _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive, checkpoints, op):
+    """The options, checked: `(solver, adaptive, rtol)`, the solver's name in
+    lower case and `rtol` raised to `MIN_RTOL` (with a warning) as SciPy's
+    `solve_ivp` does."""
     if not isinstance(solver, str) or solver.lower() not in SOLVERS:
-        raise ShapeError(f"unknown solver {solver!r}; one of {', '.join(SOLVERS)}.", op=op)
+        raise InvalidOptionError(f"unknown solver {plain(solver)}; one of "
+                                 f"{', '.join(SOLVERS)}.", op=op)
     solver = solver.lower()
     if adjoint not in ADJOINTS:
-        raise ShapeError(f"`adjoint` must be one of {ADJOINTS}, got {adjoint!r}.", op=op)
+        raise InvalidOptionError(f"`adjoint` must be one of {ADJOINTS}, got "
+                                 f"{plain(adjoint)}.", op=op)
     if not (isinstance(rtol, (int, float)) and rtol > 0 and isinstance(atol, (int, float))
             and atol >= 0):
-        raise ShapeError(f"needs rtol > 0 and atol >= 0, got rtol={rtol!r}, atol={atol!r}.",
-                         op=op)
+        raise InvalidOptionError(f"needs rtol > 0 and atol >= 0, got rtol={plain(rtol)}, "
+                                 f"atol={plain(atol)}.", op=op)
+    if rtol < MIN_RTOL:
+        from .graph import Site
+        from .graph._source import user_source
+
+        Site(op, user_source()).warn(
+            SciadWarning, f"rtol={float(rtol):g} is below 100 eps ({MIN_RTOL:.2e}), under "
+            f"the rounding errors of the error estimate: it is raised to {MIN_RTOL:.2e}, "
+            "as SciPy's solve_ivp does.")
+        rtol = MIN_RTOL
     if not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
-        raise ShapeError(f"`max_steps` must be an int >= 1, got {max_steps!r}.", op=op)
+        raise InvalidOptionError(f"`max_steps` must be an int >= 1, got {plain(max_steps)}.",
+                                 op=op)
     if dt0 is not None and not (isinstance(dt0, (int, float)) and np.isfinite(dt0)
                                 and dt0 > 0):
-        raise ShapeError(f"`dt0` must be None or a step size > 0, got {dt0!r}.", op=op)
+        raise InvalidOptionError(f"`dt0` must be None or a step size > 0, got "
+                                 f"{plain(dt0)}.", op=op)
     if (not adaptive or solver in FIXED_ONLY) and dt0 is None:
-        raise ShapeError(f"constant steps (adaptive=False, or the {solver} solver, which "
-                         f"has no error estimate) need `dt0`.", op=op)
+        raise InvalidOptionError(f"constant steps (adaptive=False, or the {solver} solver, "
+                                 f"which has no error estimate) need `dt0`.", op=op)
     if checkpoints is not None and (not isinstance(checkpoints, (int, np.integer))
                                     or checkpoints < 1):
-        raise ShapeError(f"`checkpoints` must be None or an int >= 1, got {checkpoints!r}.",
-                         op=op)
-    return solver, bool(adaptive) and solver not in FIXED_ONLY
+        raise InvalidOptionError(f"`checkpoints` must be None or an int >= 1, got "
+                                 f"{plain(checkpoints)}.", op=op)
+    return solver, bool(adaptive) and solver not in FIXED_ONLY, float(rtol)
 
 
 class ODEResult(NamedTuple):
@@ -293,8 +318,8 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
 
     op = _OP
     f = _check_field(f, op)
-    solver, adaptive = _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive,
-                                      checkpoints, op)
+    solver, adaptive, rtol = _check_options(solver, rtol, atol, adjoint, max_steps, dt0,
+                                            adaptive, checkpoints, op)
     _check_times(ts, op)
     kw = dict(solver=solver, rtol=rtol, atol=atol, adjoint=adjoint, max_steps=int(max_steps),
               dt0=dt0, adaptive=adaptive, jac=jac, checkpoints=checkpoints, throw=throw, op=op)
@@ -387,11 +412,12 @@ def odeint_event(f: Callable, y0, t_span, event: Callable, args=(), *, direction
         raise DTypeError(f"`event` must be a function event(t, y, args), got "
                          f"{type(event).__name__}.", op=op)
     if direction not in (-1, 0, 1):
-        raise ShapeError(f"`direction` must be -1, 0 or 1, got {direction!r}.", op=op)
+        raise InvalidOptionError(f"`direction` must be -1, 0 or 1, got {plain(direction)}.",
+                                 op=op)
     if not isinstance(t_span, Tracer) and len(t_span) != 2:
         raise ShapeError(f"`t_span` must be (t0, t1), got {t_span!r}.", op=op)
-    solver, adaptive = _check_options(solver, rtol, atol, adjoint, max_steps, dt0, True,
-                                      checkpoints, op)
+    solver, adaptive, rtol = _check_options(solver, rtol, atol, adjoint, max_steps, dt0,
+                                            True, checkpoints, op)
     if not any(isinstance(t, Tracer) for t in t_span):
         _check_times(np.asarray([float(t) for t in t_span]), op)
     kw = dict(solver=solver, rtol=rtol, atol=atol, adjoint=adjoint, max_steps=int(max_steps),
@@ -623,8 +649,8 @@ def solve_ivp(fun: Callable, t_span, y0, method: str = "RK45", t_eval=None, args
     elif isinstance(method, str) and method.lower() in SOLVERS:
         solver = method.lower()
     else:
-        raise ShapeError(f"unknown method {method!r}; one of {list(SCIPY_METHODS)} or "
-                         f"{list(SOLVERS)}.", op=op)
+        raise InvalidOptionError(f"unknown method {method!r}; one of {list(SCIPY_METHODS)} "
+                                 f"or {list(SOLVERS)}.", op=op)
     if len(t_span) != 2:
         raise ShapeError(f"`t_span` must be (t0, t1), got {t_span!r}.", op=op)
     if "first_step" in options:

@@ -41,7 +41,8 @@ from ._traceback import api_boundary
 from . import config
 from ._function import Function, function
 from ._transforms import grad, hvp, jacfwd, value_and_grad
-from .errors import DTypeError, NonFiniteError, NotSupportedError, ShapeError, TracerError
+from .errors import (DTypeError, InvalidOptionError, NonFiniteError, NotSupportedError,
+                     ShapeError, TracerError, plain)
 from .graph import Tracer
 from .graph._autodiff import type_of
 from .graph._trace import is_value_leaf
@@ -240,9 +241,10 @@ def _flat_bounds(bounds, spec: _Spec) -> scipy.optimize.Bounds:
         keep = False
     elif isinstance(bounds, (list, tuple)) and len(bounds) == 2:
         if _scipy_pairs(bounds, n) and _fits(spec, bounds[0]):
-            raise ShapeError(f"`bounds={bounds!r}` is ambiguous for this x0 of two scalars: "
-                             "it reads both as SciPy's per-element `(lo, hi)` pairs and as "
-                             "`(lower, upper)`. Pass `scipy.optimize.Bounds(lb, ub)`.", op=_OP)
+            raise InvalidOptionError(
+                f"`bounds={bounds!r}` is ambiguous for this x0 of two scalars: it reads both "
+                "as SciPy's per-element `(lo, hi)` pairs and as `(lower, upper)`. Pass "
+                "`scipy.optimize.Bounds(lb, ub)`.", op=_OP)
         lb = _side(bounds[0], spec, -np.inf, "lower")
         ub = _side(bounds[1], spec, np.inf, "upper")
         keep = False
@@ -258,13 +260,13 @@ def _flat_bounds(bounds, spec: _Spec) -> scipy.optimize.Bounds:
     for name, side in (("lower", lb), ("upper", ub)):
         bad = np.flatnonzero(np.isnan(side))
         if bad.size:
-            raise ShapeError(f"the {name} bound of {spec.name_of(int(bad[0]))} is NaN; use "
-                             "None or ±inf for no bound.", op=_OP)
+            raise InvalidOptionError(f"the {name} bound of {spec.name_of(int(bad[0]))} is NaN; use "
+                                     "None or ±inf for no bound.", op=_OP)
     bad = np.flatnonzero(lb > ub)
     if bad.size:
         i = int(bad[0])
-        raise ShapeError(f"the lower bound of {spec.name_of(i)} is above its upper bound: "
-                         f"{lb[i]} > {ub[i]}.", op=_OP)
+        raise InvalidOptionError(f"the lower bound of {spec.name_of(i)} is above its upper bound: "
+                                 f"{lb[i]} > {ub[i]}.", op=_OP)
     return scipy.optimize.Bounds(lb, ub, keep_feasible=keep)
 
 
@@ -421,8 +423,8 @@ def minimize(f: Callable, x0, args=(), method: str | Callable = "L-BFGS-B", boun
     elif isinstance(method, str) and method.lower() in METHODS:
         meth = method.lower()
     else:
-        raise ShapeError(f"unknown method {method!r}; choose one of {', '.join(METHODS)} "
-                         "(any case) or pass a minimizer callable.", op=_OP)
+        raise InvalidOptionError(f"unknown method {method!r}; choose one of {', '.join(METHODS)} "
+                                 "(any case) or pass a minimizer callable.", op=_OP)
 
     kw: dict = {}
     if bounds is not None:
@@ -551,7 +553,7 @@ def _split_args(args):
 
 def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: float,
                  atol: float, maxiter: int, memory: int, throw: bool, op: str,
-                 jac0=None) -> RootResult:
+                 jac0=None, at_floor: bool = False) -> RootResult:
     from . import numpy as snp
     from .graph._body import trace_body
     from .graph._sparsity import coloring
@@ -587,7 +589,7 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
     graph, consts, _ = trace_body(body, [type_of(a) for a in leaves] + [tx],
                                   name=getattr(fun, "__name__", "fun"))
     if jac not in JACOBIANS + (None,):
-        raise ShapeError(f"`jac` must be None or one of {JACOBIANS}, got {jac!r}.", op=op)
+        raise InvalidOptionError(f"`jac` must be None or one of {JACOBIANS}, got {jac!r}.", op=op)
     if jac is None and kind == "fixed_point":
         jac = "gmres"
     pattern, colors = None, 0
@@ -600,7 +602,7 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
                        jac=jac, pattern=pattern, colors=colors,
                        tol=float(default_tol(tx.dtype) if tol is None else tol), atol=float(atol),
                        maxiter=int(maxiter), memory=int(memory), throw=bool(throw),
-                       jac0=jac0 is not None)
+                       jac0=jac0 is not None, at_floor=bool(at_floor))
     x, nit, residual, status = outs[:4]
     return RootResult(x, status == 0, nit, residual, status)
 
@@ -639,8 +641,8 @@ def _root_call(fun: Callable, x0, args, op: str, jac0=None, **kw) -> RootResult:
     if not callable(fun):
         raise DTypeError(f"`fun` must be a function, got {type(fun).__name__}.", op=op)
     if jac0 is not None and kw["method"] != "chord":
-        raise ShapeError(f"`jac0` starts the chord method: it needs method='chord', got "
-                         f"{kw['method']!r}.", op=op)
+        raise InvalidOptionError(f"`jac0` starts the chord method: it needs method='chord', got "
+                                 f"{kw['method']!r}.", op=op)
     if _in_trace((x0, args, jac0)):
         return _root_inline(fun, x0, args, op=op, jac0=jac0, **kw)
     leading = (x0,) if jac0 is None else (x0, jac0)
@@ -673,7 +675,7 @@ def compiled_call(inline: Callable, fun: Callable, leading: tuple, args, *, key,
 @api_boundary
 def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = None,
          tol: float | None = None, atol: float = 0.0, maxiter: int = 50,
-         throw: bool = True, jac0=None) -> RootResult:
+         throw: bool = True, jac0=None, at_floor: bool = False) -> RootResult:
     """Solves `fun(x, *args) = 0`, as one differentiable node.
 
     The whole solve is one `optimize.root` node holding `fun`'s graph; it
@@ -724,6 +726,12 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
       `jac="sparse"`, roots given the same matrix values share one
       factorization (the stages of an implicit time step). No derivative
       flows through it: the root's does not depend on it.
+    - `at_floor`: also converged when the iterations stall (or run out) with
+      `||F||_inf` at its floor of rounding errors, measured at the last
+      iterate (how much `F` changes when `x` moves by a few units in its
+      last place), where the tolerance asks for more than floating point
+      allows: for a tolerance that is not known to be reachable. By default
+      such a solve fails, saying that `||F||` is at its floor.
 
     **Returns:**
 
@@ -733,19 +741,20 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
     """
     methods = {"newton": None, "chord": None, "newton_krylov": "gmres"}
     if not isinstance(method, str) or method.lower() not in methods:
-        raise ShapeError(f"`method` must be 'newton', 'chord' or 'newton_krylov', got "
-                         f"{method!r}.", op=_ROOT_OP)
+        raise InvalidOptionError(f"`method` must be 'newton', 'chord' or 'newton_krylov', got "
+                                 f"{method!r}.", op=_ROOT_OP)
     method = method.lower()
     if methods[method] is not None:
         if jac not in (None, "gmres"):
-            raise ShapeError(f"method='newton_krylov' is matrix-free; got jac={jac!r}.",
-                             op=_ROOT_OP)
+            raise InvalidOptionError(f"method='newton_krylov' is matrix-free; got jac={jac!r}.",
+                                     op=_ROOT_OP)
         jac, method = "gmres", "newton"
     elif method == "chord" and jac == "gmres":
-        raise ShapeError("method='chord' keeps a factorization of the Jacobian: it needs "
-                         "jac='sparse', 'dense' or None, got jac='gmres'.", op=_ROOT_OP)
+        raise InvalidOptionError("method='chord' keeps a factorization of the Jacobian: it needs "
+                                 "jac='sparse', 'dense' or None, got jac='gmres'.", op=_ROOT_OP)
     return _root_call(fun, x0, args, _ROOT_OP, kind="root", method=method, jac=jac,
-                      tol=tol, atol=atol, maxiter=maxiter, memory=0, throw=throw, jac0=jac0)
+                      tol=tol, atol=atol, maxiter=maxiter, memory=0, throw=throw, jac0=jac0,
+                      at_floor=bool(at_floor))
 
 
 @api_boundary
@@ -779,10 +788,10 @@ def fixed_point(f: Callable, x0, args=(), method: str = "anderson", memory: int 
     """
     op = "optimize.fixed_point"
     if not isinstance(method, str) or method.lower() not in ("anderson", "picard"):
-        raise ShapeError(f"`method` must be 'anderson' or 'picard', got {method!r}.", op=op)
+        raise InvalidOptionError(f"`method` must be 'anderson' or 'picard', got {method!r}.", op=op)
     if method.lower() == "picard":
         memory = 0
     if not isinstance(memory, (int, np.integer)) or memory < 0:
-        raise ShapeError(f"`memory` must be an int >= 0, got {memory!r}.", op=op)
+        raise InvalidOptionError(f"`memory` must be an int >= 0, got {plain(memory)}.", op=op)
     return _root_call(f, x0, args, op, kind="fixed_point", method="anderson", jac=jac,
                       tol=tol, atol=atol, maxiter=maxiter, memory=int(memory), throw=throw)

@@ -26,7 +26,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .errors import DTypeError, ShapeError
+from .errors import DTypeError, InvalidOptionError, ShapeError, StructureError
 from .graph import Tracer
 from .graph._types import KNOWN_TAGS, Pattern, SparseArray, SparseType
 from .primitives._sparse import (
@@ -57,8 +57,8 @@ def _tags(tags, op: str) -> frozenset:
     tags = frozenset([tags] if isinstance(tags, str) else (tags or ()))
     unknown = tags - KNOWN_TAGS
     if unknown:
-        raise ShapeError(f"unknown structure tag(s) {sorted(unknown)}; known: "
-                         f"{sorted(KNOWN_TAGS)}.", op=op)
+        raise InvalidOptionError(f"unknown structure tag(s) {sorted(unknown)}; known: "
+                                 f"{sorted(KNOWN_TAGS)}.", op=op)
     return tags
 
 
@@ -70,9 +70,10 @@ def _check_tags(pattern: Pattern, tags: frozenset, op: str) -> None:
             raise ShapeError(f"a {pattern.shape} matrix cannot be tagged "
                              f"{sorted(tags)}: it is not square.", op=op)
         if not pattern.is_structurally_symmetric():
-            raise ShapeError(f"the pattern is not symmetric, so the matrix cannot be "
-                             f"tagged {sorted(tags & {'symmetric', 'spd', 'hermitian'})}.",
-                             op=op)
+            raise StructureError(f"the pattern is not symmetric, so the matrix cannot be "
+                                 f"tagged {sorted(tags & {'symmetric', 'spd', 'hermitian'})}"
+                                 f": give a symmetric pattern (with explicit zeros where "
+                                 f"needed), or drop the tag (and `assume=`).", op=op)
 
 
 def _static_ints(x, name: str, op: str) -> np.ndarray:

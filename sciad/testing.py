@@ -447,7 +447,7 @@ def _fixing_gauge(fn: Callable, args: list, gauge) -> Callable:
     """`fn` with the vectors that `gauge` names given a fixed sign or phase
     (see `check_rules`)."""
     from . import numpy as snp
-    from .errors import ShapeError
+    from .errors import InvalidOptionError
 
     base = fn(*args)
     multiple = isinstance(base, (tuple, list))
@@ -455,8 +455,8 @@ def _fixing_gauge(fn: Callable, args: list, gauge) -> Callable:
     picks = {}
     for i, how in dict(gauge).items():
         if how not in ("columns", "rows") or not -len(outs) <= i < len(outs):
-            raise ShapeError(f"`gauge` maps an output index (of {len(outs)}) to "
-                             f"'columns' or 'rows', got {i!r}: {how!r}.", op="check_rules")
+            raise InvalidOptionError(f"`gauge` maps an output index (of {len(outs)}) to "
+                                     f"'columns' or 'rows', got {i!r}: {how!r}.", op="check_rules")
         v = np.asarray(outs[i])
         axis = -2 if how == "columns" else -1  # the axis each vector runs along
         idx = np.expand_dims(np.argmax(np.abs(v), axis=axis), axis)

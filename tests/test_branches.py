@@ -10,7 +10,8 @@ import pytest
 
 import sciad as sd
 import sciad.numpy as snp
-from sciad.errors import ConvergenceError, DTypeError, NotSupportedError, ShapeError
+from sciad.errors import (ConvergenceError, DTypeError, InvalidOptionError, NotSupportedError,
+                          ShapeError)
 from sciad.graph.passes import dce, optimize
 
 
@@ -193,7 +194,7 @@ def test_while_errors_name_the_problem(rng):
     x = rng.uniform(0.5, 1.0, 4)
     with pytest.raises(NotSupportedError, match="max_steps=N.*fori_loop"):
         sd.grad(lambda x: _grow_sd(x, 0.4, max_steps=None)[0])(x)
-    with pytest.raises(ShapeError, match="`checkpoints` needs `max_steps`"):
+    with pytest.raises(InvalidOptionError, match="`checkpoints` needs `max_steps`"):
         sd.trace(lambda x: _grow_sd(x, 0.4, max_steps=None, checkpoints=3), x)
     with pytest.raises(DTypeError, match="cond_fun.*bool scalar, got f64\\[\\]"):
         sd.trace(lambda x: sd.while_loop(lambda u: snp.sum(u), lambda u: u, x), x)
@@ -201,7 +202,7 @@ def test_while_errors_name_the_problem(rng):
                                          "as f32\\[4\\]"):
         sd.trace(lambda x: sd.while_loop(lambda u: u[0] < 1, lambda u: u.astype(
             np.float32), x), x)
-    with pytest.raises(ShapeError, match="`max_steps` must be None or a Python int"):
+    with pytest.raises(InvalidOptionError, match="`max_steps` must be None or a Python int"):
         sd.trace(lambda x: sd.while_loop(lambda u: u[0] < 1, lambda u: u, x,
                                          max_steps=2.5), x)
 

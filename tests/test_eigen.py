@@ -13,7 +13,7 @@ import pytest
 import sciad as sd
 import sciad.numpy as snp
 from helpers import assert_gradient_matches_fd
-from sciad.errors import DegenerateEigenvalueError
+from sciad.errors import DegenerateEigenvalueError, InvalidOptionError
 
 
 def _hermitian(rng, n, dtype=np.float64):
@@ -118,7 +118,7 @@ def test_spectral_functions_at_a_multiple_of_the_identity(rng):
     assert report.second_order_error < 1e-6
     with pytest.raises(sd.errors.NotPositiveDefiniteError, match="smallest eigenvalue"):
         sd.linalg.funm_hermitian(-np.eye(3), "sqrt")
-    with pytest.raises(sd.errors.ShapeError, match="must be one of"):
+    with pytest.raises(InvalidOptionError, match="must be one of"):
         sd.linalg.funm_hermitian(np.eye(3), "cos")
 
 
@@ -177,6 +177,11 @@ def test_bad_input_is_refused_at_trace_time(rng):
         sd.linalg.eigh(np.ones((3, 4)))
     with pytest.raises(sd.errors.ShapeError, match="sparse matrix"):
         sd.linalg.eigh(sd.sparse.from_dense(np.eye(3)))
+    # an option's value is not a shape, and a NumPy number prints as a number
+    for tol, shown in ((np.float64(-1.0), "-1.0"), (np.nan, "nan")):
+        with pytest.raises(InvalidOptionError, match=rf"`degenerate_tol` must be >= 0, got "
+                                                     rf"{shown}\.\n"):
+            sd.linalg.eigh(np.eye(3), degenerate_tol=tol)
     w = sd.linalg.eigvalsh(np.diag([3, 1, 2]))  # integers compute in float64
     np.testing.assert_array_equal(w, [1.0, 2.0, 3.0])
 
@@ -277,7 +282,7 @@ def test_check_rules_compares_eigenvectors_up_to_sign_or_phase(rng, dtype):
     if dtype == np.complex128:  # the raw vectors: LAPACK's phases are not the JVP's gauge
         with pytest.raises(sd.errors.RuleError, match="finite differences"):
             sd.testing.check_rules(eigh_p, A, degenerate_tol=1.5e-8, batch=False)
-    with pytest.raises(sd.errors.ShapeError, match="'columns' or 'rows'"):
+    with pytest.raises(InvalidOptionError, match="'columns' or 'rows'"):
         sd.testing.check_rules(eigh_p, A, degenerate_tol=1.5e-8, gauge={1: "diagonal"})
 
 
@@ -302,3 +307,79 @@ def test_a_special_basis_does_not_hide_a_basis_dependent_loss(rng):
     g = np.asarray(sd.grad(p11)(A))
     fd = (float(p11(A + 1e-5 * d)) - float(p11(A - 1e-5 * d))) / 2e-5
     np.testing.assert_allclose(np.sum(g * d), fd, atol=1e-8)
+
+
+def test_calls_repeated_on_one_matrix_are_one_decomposition(rng):
+    # each of eigvalsh(A)[1] and eigvalsh(A)[2] alone has no derivative at
+    # w_1 = w_2; their sum has: the cluster's projector v_c v_c^T. Two calls
+    # on one matrix are one node before any derivative, so the guard judges
+    # the whole function, as with one call
+    q, _ = np.linalg.qr(rng.standard_normal((4, 4)))
+    A = (q * np.array([1.0, 2.0, 2.0, 3.5])) @ q.T
+    d = _hermitian(rng, 4)
+    want = q[:, 1:3] @ q[:, 1:3].T
+
+    def two(A):
+        return sd.linalg.eigvalsh(A)[1] + sd.linalg.eigh(A)[0][2]
+
+    np.testing.assert_allclose(sd.grad(two)(A), want, atol=1e-13)
+    np.testing.assert_allclose(sd.jvp(two, (A,), (d,))[1], np.sum(want * d), atol=1e-13)
+
+
+@pytest.mark.slow
+def test_repeated_calls_under_every_transform(rng):
+    A = _with_spectrum(rng, [1.0, 2.0, 2.0, 3.5])
+    d = _hermitian(rng, 4)
+
+    def one(A):
+        w = sd.linalg.eigvalsh(A)
+        return w[1] + w[2]
+
+    def two(A):
+        return sd.linalg.eigvalsh(A)[1] + sd.linalg.eigvalsh(A)[2]
+
+    def recomputed(A):  # A @ A.T twice: equal nodes, merged first
+        return sd.linalg.eigvalsh(A @ A.T)[1] + sd.linalg.eigvalsh(A @ A.T)[2]
+
+    want = assert_gradient_matches_fd(one, A, d)
+    np.testing.assert_allclose(sd.jacrev(two)(A), want, rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(jax.grad(sd.to_jax(two))(A), want, rtol=1e-13, atol=1e-15)
+    _, t = jax.jvp(sd.to_jax(two), (A,), (d,))
+    np.testing.assert_allclose(t, np.sum(want * d), rtol=1e-12)
+    g = sd.grad(two)
+    fd = (np.asarray(g(A + 1e-6 * d)) - np.asarray(g(A - 1e-6 * d))) / 2e-6
+    np.testing.assert_allclose(sd.hvp(two, A, d), fd, atol=1e-7)
+    B = _with_spectrum(rng, [1.0, np.sqrt(2.0), np.sqrt(2.0), 2.0])  # B B^T: w_1 = w_2
+    assert_gradient_matches_fd(recomputed, B, d, forward=True)
+    # a function without a derivative is refused as before, however many calls
+    with pytest.raises(DegenerateEigenvalueError, match="one eigenvalue of the cluster"):
+        sd.grad(lambda A: sd.linalg.eigvalsh(A)[1] + 2.0 * sd.linalg.eigvalsh(A)[2])(A)
+
+
+def test_an_eigenvalue_sum_with_a_projector_term_through_the_trace(rng):
+    # a cluster's eigenvalues and eigenvectors of one decomposition are not
+    # differentiated together (first order cannot tell their sum from a
+    # basis-dependent v f(w) v^T); the message says to write the eigenvalue
+    # sum as trace(v_c^T A v_c), which differentiates
+    A = _with_spectrum(rng, [1.0, 2.0, 2.0, 3.5])
+    M = rng.standard_normal((4, 4))
+
+    def together(A):
+        w, v = sd.linalg.eigh(A)
+        vc = v[:, 1:3]
+        return snp.sum(w[1:3]) + snp.sum((vc @ vc.T) * M)
+
+    with pytest.raises(DegenerateEigenvalueError, match=r"trace\(v_c\^H A v_c\)"):
+        sd.grad(together)(A)
+
+
+@pytest.mark.slow
+def test_the_advised_trace_form_differentiates(rng):
+    A = _with_spectrum(rng, [1.0, 2.0, 2.0, 3.5])
+    M = rng.standard_normal((4, 4))
+
+    def through_trace(A):
+        vc = sd.linalg.eigh(A)[1][:, 1:3]
+        return snp.trace(vc.T @ A @ vc) + snp.sum((vc @ vc.T) * M)
+
+    assert_gradient_matches_fd(through_trace, A, _hermitian(rng, 4))

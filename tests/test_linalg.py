@@ -14,8 +14,8 @@ import scipy.sparse.linalg as spl
 
 import sciad as sd
 import sciad.numpy as snp
-from sciad.errors import (ConvergenceError, NonFiniteError, NotPositiveDefiniteError,
-                          ShapeError, SingularMatrixError)
+from sciad.errors import (ConvergenceError, InvalidOptionError, NonFiniteError,
+                          NotPositiveDefiniteError, ShapeError, SingularMatrixError)
 
 
 def _spd_csr(rng, n, dtype=np.float64):
@@ -375,13 +375,28 @@ def test_trace_time_errors():
         sd.trace(lambda A, b: sd.linalg.solve(A, b), np.eye(3), np.ones(4))
     with pytest.raises(ShapeError, match="must be a square matrix"):
         sd.trace(lambda A, b: sd.linalg.solve(A, b), np.ones((3, 2)), np.ones(3))
-    with pytest.raises(ShapeError, match="unknown solver 'qr'"):
+    with pytest.raises(InvalidOptionError, match="unknown solver 'qr'"):
         sd.trace(lambda A, b: sd.linalg.solve(A, b, solver="qr"), np.eye(2), np.ones(2))
-    with pytest.raises(ShapeError, match="takes no `tol`"):
+    with pytest.raises(InvalidOptionError, match="takes no `tol`"):
         sd.trace(lambda A, b: sd.linalg.solve(A, b, solver="lu", tol=1e-3), np.eye(2),
                  np.ones(2))
-    with pytest.raises(ShapeError, match="solver 'splu' does not take a dense matrix"):
+    with pytest.raises(InvalidOptionError, match="solver 'splu' does not take a dense matrix"):
         sd.trace(lambda A, b: sd.linalg.solve(A, b, solver="splu"), np.eye(2), np.ones(2))
+
+
+def test_a_scipy_sparse_matrix_says_to_convert_it():
+    A = sp.eye(3, format="csr")
+    with pytest.raises(sd.errors.DTypeError,
+                       match=r"linalg.solve: a scipy.sparse matrix \(csr_matrix\) is not an "
+                             r"array: convert it with `sd.sparse.from_scipy\(A\)`") as err:
+        sd.linalg.solve(A, np.ones(3))
+    assert isinstance(err.value, TypeError)
+    with pytest.raises(sd.errors.DTypeError, match=r"linalg.eigh: .*from_scipy"):
+        sd.linalg.eigh(A)
+    with pytest.raises(sd.errors.DTypeError, match=r"add: a scipy.sparse matrix .*from_scipy"):
+        snp.add(sp.eye(3, format="coo"), 1.0)
+    x = sd.linalg.solve(sd.sparse.from_scipy(A), np.ones(3))  # as advised
+    np.testing.assert_allclose(x, np.ones(3))
 
 
 def test_host_callbacks_keep_float64_exact_whatever_the_thread(rng):
@@ -528,7 +543,7 @@ def test_matrix_free_rules_first_and_second_order(rng):
 
 def test_matrix_free_errors(rng):
     op = sd.linalg.operator(lambda v: 2.0 * v, (3, 3))
-    with pytest.raises(ShapeError, match="needs an iterative solver"):
+    with pytest.raises(InvalidOptionError, match="needs an iterative solver"):
         sd.trace(lambda b: sd.linalg.solve(op, b, solver="lu"), np.ones(3))
     with pytest.raises(ShapeError, match="square shape"):
         sd.linalg.operator(lambda v: v, (3, 2))

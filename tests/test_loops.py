@@ -10,7 +10,7 @@ import pytest
 
 import sciad as sd
 import sciad.numpy as snp
-from sciad.errors import ShapeError
+from sciad.errors import InvalidOptionError, ShapeError
 from sciad.graph.passes import dce, optimize
 from sciad.primitives._control import revolve_actions
 
@@ -246,10 +246,10 @@ def test_errors_name_the_problem():
                  np.ones(3), np.ones(4))
     with pytest.raises(ShapeError, match="`length` is 5 but `xs` has leading length 3"):
         sd.trace(lambda a: sd.scan(lambda c, x: (c, None), 0.0, a, length=5)[0], np.ones(3))
-    with pytest.raises(ShapeError, match="`checkpoints` must be None, an int"):
+    with pytest.raises(InvalidOptionError, match="`checkpoints` must be None, an int"):
         sd.trace(lambda x: sd.scan(lambda c, _: (c, None), x, length=2,
                                    checkpoints="all")[0], 1.0)
-    with pytest.raises(ShapeError, match="snapshots >= 1"):
+    with pytest.raises(InvalidOptionError, match="snapshots >= 1"):
         sd.Binomial(0)
     with pytest.raises(ShapeError, match="must be a Python int"):
         sd.trace(lambda n, x: sd.fori_loop(0, n, lambda i, v: v, x), 3, 1.0)

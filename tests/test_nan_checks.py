@@ -185,7 +185,7 @@ def test_output_times_with_nan_are_refused_when_the_program_runs():
     np.testing.assert_allclose(np.asarray(f(np.array([0.0, 0.5, 1.0])))[:, 0],
                                np.exp([0.0, -0.5, -1.0]), rtol=1e-5)
     for ts in ([0.0, NAN, 1.0], [NAN, 0.5, 1.0], [0.0, 0.5, NAN], [0.0, 1.0, 0.5]):
-        with pytest.raises(sd.errors.ShapeError, match="must be finite and strictly increasing"):
+        with pytest.raises(sd.errors.InvalidOptionError, match="must be finite and strictly increasing"):
             f(np.array(ts))
 
 

@@ -13,7 +13,7 @@ import scipy.integrate
 
 import sciad as sd
 import sciad.numpy as snp
-from sciad.errors import ConvergenceError, NotSupportedError, ShapeError
+from sciad.errors import ConvergenceError, InvalidOptionError, NotSupportedError, ShapeError
 
 TS = np.linspace(0.0, 4.0, 9)
 THETA = np.array([1.5, 1.0, 3.0, 1.0])
@@ -99,6 +99,25 @@ def test_stiff_gradient_with_adaptive_steps():
     """Kvaerno5 with adaptive steps: the discrete adjoint against differences
     in the log of the rates."""
     objective = lambda logk: snp.sum(_robertson_conc(logk)[:, 0])  # noqa: E731
+    g = sd.grad(objective)(np.log(K))
+    fd = fd_grad(sd.function(objective), np.log(K), eps=1e-5)
+    np.testing.assert_allclose(np.asarray(g), fd, rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.slow
+def test_stiff_gradient_at_tolerances_near_the_rounding_floor():
+    """Kvaerno5 to t = 1e4 at rtol=1e-10, atol=1e-14: the replayed implicit
+    stages' own tolerance (1e-3 rtol) lies below their floor of rounding
+    errors on the long steps (the chord iterations stalled at ||F|| = 1.4e-13
+    against 1e-13); a stage at its floor has converged, and the gradient
+    agrees with differences."""
+    ts = np.array([0.0, 1e-2, 1.0, 1e2, 1e4])
+
+    def objective(logk):
+        ys = sd.ode.odeint(robertson, np.array([1.0, 0.0, 0.0]), ts, snp.exp(logk),
+                           solver="kvaerno5", rtol=1e-10, atol=1e-14)
+        return snp.sum(ys[:, 0]) + 1e4 * snp.sum(ys[:, 1])
+
     g = sd.grad(objective)(np.log(K))
     fd = fd_grad(sd.function(objective), np.log(K), eps=1e-5)
     np.testing.assert_allclose(np.asarray(g), fd, rtol=1e-5, atol=1e-9)
@@ -268,19 +287,82 @@ def test_solve_ivp_refuses_what_scipy_refuses(kw, err, match):
 # failures
 
 
-@pytest.mark.parametrize("ts, kw, match", [
-    (np.array([0.0, 1.0, 1.0]), {}, "not strictly increasing"),
-    (np.array([1.0, 0.0]), {}, "t1 < t0"),
-    (np.array([0.0]), {}, "at least 2 times"),
-    (TS, {"dt0": 0.0}, "dt0"),
-    (TS, {"solver": "rk4"}, "unknown solver"),
-    (TS, {"adjoint": "magic"}, "adjoint"),
-    (TS, {"adaptive": False}, "need `dt0`"),
+@pytest.mark.parametrize("ts, kw, cls, match", [
+    (np.array([0.0, 1.0, 1.0]), {}, InvalidOptionError,
+     r"not strictly increasing: ts\[1\] = 1.0, ts\[2\] = 1.0\. Integrating backwards"),
+    (np.array([1.0, 0.0]), {}, InvalidOptionError, r"t1 <= t0: ts\[0\] = 1.0, ts\[1\] = 0.0"),
+    (np.array([0.0, np.nan]), {}, InvalidOptionError, r"finite times, got \[0.0, nan\]"),
+    (np.array([0.0]), {}, ShapeError, "at least 2 times"),
+    (TS, {"dt0": 0.0}, InvalidOptionError, "dt0"),
+    (TS, {"solver": "rk4"}, InvalidOptionError, "unknown solver 'rk4'; one of tsit5"),
+    (TS, {"adjoint": "magic"}, InvalidOptionError, "adjoint"),
+    (TS, {"adaptive": False}, InvalidOptionError, "need `dt0`"),
+    (TS, {"rtol": 0.0}, InvalidOptionError, r"needs rtol > 0 and atol >= 0, got rtol=0.0"),
+    (TS, {"rtol": np.nan}, InvalidOptionError, r"got rtol=nan"),
+    (TS, {"atol": np.float64(np.nan)}, InvalidOptionError, r"atol=nan\.\n"),
+    (TS, {"max_steps": np.int64(0)}, InvalidOptionError, r"an int >= 1, got 0\.\n"),
 ])
-def test_trace_time_errors(ts, kw, match):
-    with pytest.raises(ShapeError, match=match) as err:
+def test_trace_time_errors(ts, kw, cls, match):
+    # an invalid option is not a shape, and numbers print as numbers (not np.float64(1.0))
+    with pytest.raises(cls, match=match) as err:
         sd.trace(lambda th: sd.ode.odeint(lotka_volterra, Y0, ts, th, **kw), THETA)
     assert err.value.op == "ode.odeint" and "test_ode.py" in str(err.value)
+    assert "np." not in str(err.value)
+
+
+def test_a_tolerance_below_100_eps_warns_and_is_raised_as_in_scipy():
+    with pytest.warns(sd.errors.SciadWarning,
+                      match=r"ode.odeint: rtol=1e-20 is below 100 eps \(2.22e-14\).* raised "
+                            r"to 2.22e-14, as SciPy's solve_ivp does"):
+        graph = sd.trace(lambda th: sd.ode.odeint(lotka_volterra, Y0, TS, th, rtol=1e-20),
+                         THETA)
+    (node,) = [n for n in graph.nodes if n.primitive.name == "ode.odeint"]
+    assert node.params["rtol"] == 100 * np.finfo(np.float64).eps
+
+
+@pytest.mark.parametrize("kw, match", [
+    # the span needs ~120 steps of the last one (0.09): too few max_steps, not stiffness
+    ({"max_steps": 20}, r"`max_steps` \(it is 20\) is too small for the span at this step "
+                        r"size: about 1\d\d steps of 0.0\d+ cover \[0, 10\]\. Raise "
+                        r"`max_steps` to about \d+"),
+    # rtol = 100 eps: every step is short
+    ({"rtol": 2.3e-14, "atol": 1e-20, "max_steps": 300},
+     r"The tolerance is near the rounding level \(rtol = 2.3e-14, 104 eps\)"),
+])
+def test_a_step_limit_is_diagnosed_from_the_steps(kw, match):
+    ts = np.linspace(0.0, 10.0, 11)
+    with pytest.raises(ConvergenceError, match=match) as err:
+        sd.ode.odeint(lambda t, y, a: snp.stack([1.5 * y[0] - y[0] * y[1],
+                                                 -3.0 * y[1] + y[0] * y[1]]),
+                      np.array([10.0, 5.0]), ts, **kw)
+    assert "stiff" not in str(err.value)
+
+
+def test_the_step_limit_diagnosis_with_nan():
+    # a NaN step size or state is never read as a healthy step count
+    from sciad.graph import Site
+    from sciad.primitives._ode import judge_ode
+
+    kw = dict(status=1, t_reached=1.0, steps=100, accepted=95, y0max=1.0, t0=0.0, t1=10.0,
+              solver="tsit5", max_steps=100, rtol=1e-6)
+    for h, ymax, want in ((np.nan, 1.0, "step size collapsed"), (0.1, np.nan, "NaN or infinite")):
+        with pytest.raises(RuntimeError, match=want) as err:
+            judge_ode(Site("ode.odeint"), h_last=h, ymax=ymax, **kw)
+        assert "too small for the span" not in str(err.value)
+
+
+@pytest.mark.slow  # (a reverse pass to compile)
+def test_a_failed_forward_solve_is_reported_as_such_under_a_derivative():
+    # the interpolated adjoint integrates back from where the forward solve
+    # stopped: the forward's own failure is reported, not the adjoint's
+    def loss(y0):
+        return snp.sum(sd.ode.odeint(lotka_volterra, y0, TS, THETA, max_steps=5,
+                                     adjoint="interpolated"))
+
+    with pytest.raises(ConvergenceError, match=r"integrating from 0 to .*`max_steps` \(it is "
+                                               r"5\) is too small") as err:
+        sd.grad(loss)(Y0)
+    assert "integrating from -" not in str(err.value)
 
 
 def test_wrong_field_output_is_a_trace_time_error():

@@ -11,7 +11,7 @@ import pytest
 
 import sciad as sd
 import sciad.numpy as snp
-from sciad.errors import ConvergenceError, ShapeError
+from sciad.errors import ConvergenceError, InvalidOptionError, ShapeError
 
 TIGHT = dict(rtol=1e-10, atol=1e-12)
 
@@ -89,6 +89,6 @@ def test_no_event_and_a_wrong_event_are_errors():
                             direction=-1)
     with pytest.raises(ShapeError, match="must return a real scalar"):
         sd.ode.odeint_event(ball, np.array([0.0, 10.0]), (0.0, 1.0), lambda t, y, g: y, 9.81)
-    with pytest.raises(ShapeError, match="`direction` must be -1, 0 or 1"):
+    with pytest.raises(InvalidOptionError, match="`direction` must be -1, 0 or 1, got 2"):
         sd.ode.odeint_event(ball, np.array([0.0, 10.0]), (0.0, 1.0), height(3.0), 9.81,
                             direction=2)

@@ -13,7 +13,7 @@ import scipy.optimize
 
 import sciad as sd
 import sciad.numpy as snp
-from sciad.errors import ConvergenceError, ShapeError
+from sciad.errors import ConvergenceError, InvalidOptionError, ShapeError
 
 N = 12
 
@@ -51,7 +51,7 @@ def test_newton_krylov_is_matrix_free(rng):
     graph = sd.trace(lambda f: sd.optimize.root(diffusion, snp.zeros(N), (f,),
                                                 method="newton_krylov").x, f)
     assert "jac='gmres'" in str(graph) and "pattern=" not in str(graph)
-    with pytest.raises(ShapeError, match="matrix-free"):
+    with pytest.raises(InvalidOptionError, match="matrix-free"):
         sd.optimize.root(diffusion, np.zeros(N), (f,), method="newton_krylov", jac="dense")
 
 
@@ -78,7 +78,7 @@ def test_the_chord_method_factors_once_and_differentiates_as_newton(jac, rng, mo
     g = [np.asarray(sd.grad(lambda f: snp.sum(solve(f, m).x ** 2))(f)) for m in
          ("chord", "newton")]
     np.testing.assert_allclose(g[0], g[1], rtol=1e-8)
-    with pytest.raises(ShapeError, match="chord.*factorization"):
+    with pytest.raises(InvalidOptionError, match="chord.*factorization"):
         sd.optimize.root(diffusion, x0, (f,), method="chord", jac="gmres")
 
 
@@ -151,14 +151,15 @@ def test_a_root_started_with_jac0_passes_check_rules(rng):
     sd.testing.check_rules(solve, 5.0 + rng.random(N))
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(method="newton", jac0=np.eye(N)), "needs method='chord'"),
-    (dict(method="chord", jac="sparse", jac0=np.eye(N + 1)), r"must be an \(12, 12\) matrix"),
-    (dict(method="chord", jac="sparse", jac0=sd.sparse.from_dense(np.eye(N))),
+@pytest.mark.parametrize("kw, cls, match", [
+    (dict(method="newton", jac0=np.eye(N)), InvalidOptionError, "needs method='chord'"),
+    (dict(method="chord", jac="sparse", jac0=np.eye(N + 1)), ShapeError,
+     r"must be an \(12, 12\) matrix"),
+    (dict(method="chord", jac="sparse", jac0=sd.sparse.from_dense(np.eye(N))), ShapeError,
      "detected pattern"),
 ])
-def test_a_wrong_jac0_is_refused(kw, match):
-    with pytest.raises(ShapeError, match=match):
+def test_a_wrong_jac0_is_refused(kw, cls, match):
+    with pytest.raises(cls, match=match):
         sd.trace(lambda f: sd.optimize.root(diffusion, snp.zeros(N), (f,), **kw).x, np.ones(N))
 
 
@@ -374,9 +375,9 @@ def test_throw_false_returns_the_status_and_refuses_the_derivative():
 def test_bad_input_is_refused_at_trace_time():
     with pytest.raises(ShapeError, match="as many values as x has"):
         sd.optimize.root(lambda x: snp.sum(x), np.zeros(3))
-    with pytest.raises(ShapeError, match="`jac` must be"):
+    with pytest.raises(InvalidOptionError, match="`jac` must be"):
         sd.optimize.root(lambda x: x, np.zeros(3), jac="banded")
-    with pytest.raises(ShapeError, match="`method` must be"):
+    with pytest.raises(InvalidOptionError, match="`method` must be"):
         sd.optimize.root(lambda x: x, np.zeros(3), method="hybr")
     with pytest.raises(sd.errors.DTypeError, match="real float"):
         sd.optimize.root(lambda x: x, np.zeros(3, complex))
@@ -452,6 +453,79 @@ def test_float32_defaults_to_a_reachable_tolerance_and_diagnoses_the_floor():
     np.testing.assert_allclose(np.asarray(res.x), np.asarray(want), rtol=1e-4)
     with pytest.raises(ConvergenceError, match="floor of rounding errors in float32"):
         sd.optimize.root(diffusion, np.zeros(N, np.float32), (f,), jac="sparse", tol=1e-12)
+
+
+def _steep(x):  # a unit in the last place of x near sqrt(2) moves F by ~1e-7
+    return 1e8 * (x * x - 2.0)
+
+
+def test_a_tolerance_below_the_rounding_floor_is_diagnosed_or_met_at_the_floor():
+    # ||F|| cannot go below ~1e-8 here (F(fl(sqrt 2)) = 4.4e-8): atol=1e-12
+    # asks for more than floating point allows
+    with pytest.raises(ConvergenceError,
+                       match=r"floor of rounding errors in float64 \(about [0-9.]+e-0[67]:.* "
+                             r"no iterate can do better; loosen `tol`/`atol` above"):
+        sd.optimize.root(_steep, np.ones(2), tol=0.0, atol=1e-12, jac="dense")
+    res = sd.optimize.root(_steep, np.ones(2), tol=0.0, atol=1e-12, jac="dense",
+                           at_floor=True)
+    assert res.success and 1e-12 < res.residual < 1e-6
+    np.testing.assert_allclose(res.x, np.sqrt(2.0), rtol=4e-16)
+
+
+def _bratu(u, lam):  # -u'' = lam exp(u) on (0, 1), u(0) = u(1) = 0, 16 cells
+    h = 1.0 / 16
+    up = snp.concatenate([snp.zeros(1), u, snp.zeros(1)])
+    return -(up[2:] - 2.0 * up[1:-1] + up[:-2]) / h ** 2 - lam * snp.exp(u)
+
+
+def test_a_stall_far_above_the_rounding_floor_says_there_may_be_no_solution():
+    # Bratu's problem has no solution past its fold (lam ~ 3.51): Newton
+    # stalls at a minimum of ||F|| of about 1, far above rounding; at_floor
+    # does not make that a root
+    assert sd.optimize.root(_bratu, np.zeros(15), (3.0,)).success
+    for at_floor in (False, True):
+        with pytest.raises(ConvergenceError,
+                           match=r"stalls far above its floor of rounding errors .* there may "
+                                 r"be no solution near `x0`, or none at all \(a parameter "
+                                 r"beyond a fold"):
+            sd.optimize.root(_bratu, np.zeros(15), (4.0,), at_floor=at_floor)
+
+
+def test_the_floor_diagnosis_and_acceptance_with_nan():
+    # a NaN residual or floor is neither at the floor nor far above it
+    import jax.numpy as jnp
+
+    from sciad.graph import Site
+    from sciad.primitives._root import judge_root
+    from sciad.solvers import _nonlinear
+
+    kw = dict(status=3, nit=4, goal=1e-10, kind="root", method="newton", jac="dense",
+              maxiter=50, tol=1e-10, dtype=np.dtype(np.float64))
+    for residual, floor in ((np.nan, 1e-9), (1e-9, np.nan), (1.0, np.nan)):
+        with pytest.raises(RuntimeError, match="the Jacobian may be wrong") as e:
+            judge_root(Site("optimize.root"), residual=residual, floor=floor, **kw)
+        assert "do better" not in str(e.value) and "far above" not in str(e.value)
+    # and a stalled solve with a NaN residual or floor has not converged
+    with sd.config.x64_scope():
+        x, stalled = jnp.ones(2), jnp.int32(_nonlinear.LINE_SEARCH)
+        for fx, F in ((x, lambda x: x * jnp.nan), (x * jnp.nan, lambda x: x)):
+            status, _ = _nonlinear._finish(F, x, fx, stalled, at_floor=True)
+            assert int(status) == _nonlinear.LINE_SEARCH
+
+
+def test_the_replayed_implicit_stages_accept_their_rounding_floor():
+    # the roots whose tolerance sciad sets itself (an implicit step's stages,
+    # replayed for the discrete adjoint) must not be tighter than rounding
+    from sciad.primitives._ode import rk_step
+
+    def field(t, y, k):
+        return -k * y
+
+    graph = sd.trace(field, 0.0, np.ones(2), 1.0)
+    step = sd.trace(lambda y, h: rk_step(graph, [1e3], "kvaerno5", 0.0, h, y, "dense",
+                                         1e-10, 1e-14), np.ones(2), 0.1)
+    roots = [n for n in step.nodes if n.primitive.name == "optimize.root"]
+    assert roots and all(n.params["at_floor"] for n in roots)
 
 
 def test_a_residual_with_a_sparse_solve_inside(rng):

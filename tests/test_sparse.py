@@ -12,7 +12,7 @@ import scipy.sparse as sp
 
 import sciad as sd
 import sciad.numpy as snp
-from sciad.errors import DTypeError, ShapeError
+from sciad.errors import DTypeError, InvalidOptionError, ShapeError
 
 
 def _random_csr(rng, n, m, density=0.4, dtype=np.float64):
@@ -156,9 +156,15 @@ def test_constant_sparse_matrix_prints_and_round_trips(rng):
 
 
 def test_tags_are_checked_against_the_pattern():
-    with pytest.raises(ShapeError, match="pattern is not symmetric"):
+    # a tag the pattern contradicts is a StructureError (as the README says), not a shape's
+    with pytest.raises(sd.errors.StructureError, match="pattern is not symmetric"):
         sd.sparse.coo_matrix((np.ones(2), ([0, 1], [1, 1])), shape=(2, 2), tags={"spd"})
-    with pytest.raises(ShapeError, match="unknown structure tag"):
+    A = sd.sparse.coo_matrix((np.ones(3), ([0, 1, 1], [0, 1, 0])), shape=(2, 2))
+    with pytest.raises(sd.errors.StructureError,
+                       match=r"linalg.solve: the pattern is not symmetric, so the matrix "
+                             r"cannot be tagged \['spd', 'symmetric'\]: .* drop the tag"):
+        sd.linalg.solve(A, np.ones(2), assume="spd")
+    with pytest.raises(InvalidOptionError, match="unknown structure tag"):
         sd.sparse.coo_matrix((np.ones(1), ([0], [0])), shape=(1, 1), tags={"posdef"})
     A = sd.sparse.coo_matrix((np.ones(2), ([0, 1], [1, 0])), shape=(2, 2),
                              tags={"symmetric"})

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 
 import sciad as sd
 import sciad.numpy as snp
-from sciad.errors import SparsityWarning
+from sciad.errors import InvalidOptionError, SparsityWarning
 from sciad.graph._sparsity import color_columns
 
 
@@ -127,5 +127,5 @@ def test_a_primitive_without_a_rule_is_dense_with_a_warning():
 def test_bad_input():
     with pytest.raises(sd.errors.ShapeError, match="one array"):
         sd.sparse.jacobian_sparsity(lambda x: (x, x), np.ones(3))
-    with pytest.raises(sd.errors.ShapeError, match="mode"):
+    with pytest.raises(InvalidOptionError, match="mode"):
         sd.sparse.jacobian(lambda x: x, mode="sideways")(np.ones(3))

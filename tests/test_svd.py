@@ -13,7 +13,7 @@ import pytest
 import sciad as sd
 import sciad.numpy as snp
 from helpers import assert_gradient_matches_fd
-from sciad.errors import DegenerateEigenvalueError
+from sciad.errors import DegenerateEigenvalueError, InvalidOptionError
 
 
 def _matrix(rng, shape, dtype=np.float64):
@@ -158,7 +158,8 @@ def test_cluster_invariant_gradients_are_finite_and_right_at_any_gap(rng, gap, s
     d = _matrix(rng, shape, dtype)
     assert_gradient_matches_fd(vectors, A, d, forward=True)
     assert_gradient_matches_fd(values, A, d, forward=True)
-    # added, they are two calls, each checked, and right
+    # added, they are two decompositions (`compute_uv=False` is its own
+    # node), each checked, and right
     assert_gradient_matches_fd(lambda A: vectors(A) + values(A), A, d)
 
     # the singular values and vectors of one call used together: first-order
@@ -168,8 +169,32 @@ def test_cluster_invariant_gradients_are_finite_and_right_at_any_gap(rng, gap, s
         usv = sd.linalg.svd(A)
         return vectors(A, usv) + values(A, usv[1])
 
-    with pytest.raises(DegenerateEigenvalueError, match="separate calls"):
+    with pytest.raises(DegenerateEigenvalueError,
+                       match=r"from `svd\(A, compute_uv=False\)`"):
         sd.grad(together)(A)
+
+
+def test_calls_repeated_on_one_matrix_are_one_decomposition(rng):
+    # s[1] and s[2] of a cluster have no derivative apart; their sum has,
+    # u_c vh_c, also when each comes from its own call (one node before any
+    # derivative)
+    u, _ = np.linalg.qr(rng.standard_normal((5, 4)))
+    v, _ = np.linalg.qr(rng.standard_normal((4, 4)))
+    A = (u * np.array([5.0, 2.0, 2.0, 0.5])) @ v.T
+    want = u[:, 1:3] @ v[:, 1:3].T
+    g = sd.grad(lambda A: sd.linalg.svd(A)[1][1] + sd.linalg.svd(A)[1][2])(A)
+    np.testing.assert_allclose(g, want, atol=1e-13)
+
+
+@pytest.mark.slow
+def test_repeated_calls_of_singular_values_alone(rng):
+    A = _with_singular_values(rng, 5, 4, [5.0, 2.0, 2.0, 0.5])
+    d = _matrix(rng, (5, 4))
+    want = assert_gradient_matches_fd(lambda A: snp.sum(sd.linalg.svd(A)[1][1:3]), A, d)
+    g = assert_gradient_matches_fd(
+        lambda A: sd.linalg.svd(A, compute_uv=False)[1] + sd.linalg.svd(A, compute_uv=False)[2],
+        A, d, forward=True)
+    np.testing.assert_allclose(g, want, rtol=1e-13, atol=1e-15)
 
 
 def test_a_smooth_loss_weighting_a_cluster_unequally_raises(rng):
@@ -249,7 +274,7 @@ def test_zero_singular_values(rng, shape, dtype):
 def test_bad_input_is_refused_at_trace_time():
     with pytest.raises(sd.errors.ShapeError, match="linalg.svd.*must be a matrix"):
         sd.linalg.svd(np.ones(3))
-    with pytest.raises(sd.errors.ShapeError, match="thin SVD"):
+    with pytest.raises(InvalidOptionError, match="thin SVD"):
         sd.linalg.svd(np.ones((3, 2)), full_matrices=True)
     with pytest.raises(sd.errors.ShapeError, match="sparse matrix"):
         sd.linalg.svd(sd.sparse.from_dense(np.eye(3)))

@@ -103,6 +103,43 @@ def test_numpy_functions_without_sciad_equivalent_fail_clearly(rng):
         sd.trace(lambda x: np.asarray(x), rng.standard_normal(3))
 
 
+@pytest.mark.parametrize("fn, match", [
+    (jnp.sin, r"trace: JAX's `sin` was given a sciad traced value: .* Use `snp.sin` "
+              r"\(`import sciad.numpy as snp`\)"),
+    (jnp.sum, r"JAX's `sum` .* Use `snp.sum`"),
+    (jnp.fft.fft, r"JAX's `fft` .* Use `sd.fft.fft` in functions"),
+    (jnp.linalg.inv, r"JAX's `inv` .* Use `sciad.numpy` .* `sd.primitive_from_jax"),
+])
+def test_a_jax_function_on_a_traced_value_says_what_to_use(rng, fn, match):
+    with pytest.raises(TracerError, match=match) as err:  # (a TypeError, as JAX's was)
+        sd.grad(lambda x: snp.sum(fn(x)))(rng.standard_normal((3, 3)))
+    assert isinstance(err.value, TypeError) and "test_trace.py" in str(err.value)
+
+
+def test_other_type_errors_in_a_traced_function_pass_unchanged(rng):
+    def f(x):
+        return x + len(3)
+
+    with pytest.raises(TypeError, match="has no len") as err:
+        sd.trace(f, rng.standard_normal(3))
+    assert not isinstance(err.value, TracerError)
+
+
+@pytest.mark.parametrize("index, text", [(0, "0"), ((slice(1, 3), Ellipsis), "1:3, ..."),
+                                         ((slice(None), 2), ":, 2"), ([0, 1], "idx")])
+def test_item_assignment_says_to_use_at_set(rng, index, text):
+    def f(x):
+        x[index] = 1.0
+        return x
+
+    at = text.replace(".", r"\.")
+    with pytest.raises(TracerError, match=rf"cannot be changed in place \(`x\[{at}\] = "
+                                          rf"\.\.\.`\).* Write `x = x\.at\[{at}\]\.set"
+                                          rf"\(value\)`") as err:
+        sd.trace(f, rng.standard_normal((3, 3)))
+    assert isinstance(err.value, TypeError) and "test_trace.py" in str(err.value)
+
+
 def test_numpy_array_on_the_left_defers_to_tracer(rng):
     c = rng.standard_normal(3)
     g = sd.trace(lambda x: c * x - c, rng.standard_normal(3))

@@ -38,6 +38,7 @@ import numpy as np
 from ..errors import DTypeError, MissingRuleError, RuleError
 from ._core import Graph, Literal, Node, Primitive, Var
 from ._interpret import Interpreter
+from ._passes import merge_duplicates
 from ._trace import emitting_for
 from ._types import AbstractType, BatchedType, SparseArray, SparseType, TensorType
 
@@ -272,8 +273,10 @@ def jvp_eval(graph: Graph, primals: Sequence, tangents: Sequence):
     """Emits `graph` and its JVP into the current trace.
 
     `primals` are tracers or constants, `tangents` tracers or `Zero`s. Returns
-    `(outs, tangent_outs)` lists.
+    `(outs, tangent_outs)` lists. Equal nodes of `graph` are one node first
+    (`merge_duplicates`), as in reverse mode.
     """
+    graph = merge_duplicates(graph)
     pairs = _JVPInterpreter(graph).run(*zip(primals, tangents))
     return [p for p, _ in pairs], [t for _, t in pairs]
 
@@ -480,7 +483,12 @@ def _has_differentiable_input(node: Node) -> bool:
 def vjp_eval(graph: Graph, primals: Sequence):
     """Emits `graph` into the current trace; returns `(outs, backward)` where
     `backward(cts)` emits the reverse pass and returns a cotangent (or `Zero`)
-    per input. `backward` must be called in the same trace."""
+    per input. `backward` must be called in the same trace.
+
+    Equal nodes of `graph` are one node first (`merge_duplicates`): a value
+    computed twice gets one cotangent, the sum of its uses', so the checks
+    on a node's cotangents judge the whole function's derivative."""
+    graph = merge_duplicates(graph)
     fwd = _VJPForward(graph)
     outs = fwd.run(*primals)
 

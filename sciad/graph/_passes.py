@@ -203,6 +203,23 @@ def cse(graph: Graph) -> Graph:
     return _finish(graph, _memo(_cse_graph)(graph))
 
 
+def merge_duplicates(graph: Graph) -> Graph:
+    """`cse` of `graph`'s own nodes, for the transforms: its subgraphs are
+    left as they are (a transform that differentiates a body merges that
+    body's duplicates when it gets to it), and `graph` itself comes back
+    when nothing merges.
+
+    Differentiation runs it first, so that a value computed twice (two
+    `eigvalsh(A)` of one matrix, or of two equal `A @ A.T`) is one node and
+    gets the sum of its uses' cotangents: a check on the cotangents a node
+    receives (the gauge guard of `linalg.eigh` and `linalg.svd`) judges
+    the derivative of the whole function, not of each use apart, which
+    alone may have none (`eigvalsh(A)[1] + eigvalsh(A)[2]` at `w_1 = w_2`
+    is differentiable; each term is not).
+    """
+    return _cse_graph(graph, lambda g: g)
+
+
 def _param_key(v):
     """A hashable key under which two params are equal only if they mean the same:
     `1`, `1.0` and `True` differ, and so do `0.0` and `-0.0`."""

@@ -261,7 +261,66 @@ class Tracer:
             "NumPy array. Use `sciad.numpy` (snp) functions instead of `numpy` ones "
             "inside traced functions.", op="trace", source=current_source())
 
+    def __setitem__(self, index, value):
+        at = _index_text(index)
+        raise TracerError(
+            f"a traced value {self._var.type.str_short()} cannot be changed in place "
+            f"(`x[{at}] = ...`): sciad's arrays are immutable, as JAX's. Write "
+            f"`x = x.at[{at}].set(value)` (or `.add(value)`), which returns the updated "
+            "array.", op="trace", source=current_source())
+
     __hash__ = None  # `==` builds a graph node, so tracers are unhashable
+
+
+def _index_text(index) -> str:
+    """`index` as written between brackets: `0`, `1:3`, `:, 2`, `...`; `idx`
+    for an index that is not a simple one."""
+    def one(i):
+        if isinstance(i, slice):
+            if i.step is None:
+                return ":".join("" if v is None else str(v) for v in (i.start, i.stop))
+            return ":".join("" if v is None else str(v) for v in (i.start, i.stop, i.step))
+        if i is Ellipsis:
+            return "..."
+        if i is None:
+            return "None"
+        if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
+            return str(int(i))
+        raise TypeError
+
+    try:
+        return ", ".join(map(one, index)) if isinstance(index, tuple) else one(index)
+    except TypeError:
+        return "idx"
+
+
+#: where JAX's message on an argument it cannot take names the function
+_JAX_FUNCTION = re.compile(r"argument to <function (\w+)|^([\w.]+) requires ndarray")
+
+
+def _jax_on_tracer(err: TypeError) -> TracerError | None:
+    """The `TracerError` for JAX's `TypeError` on a sciad traced value passed
+    to a JAX function (`jnp.sin(x)`), naming the `sciad.numpy` function to
+    use where there is one; None for another `TypeError`."""
+    text = str(err)
+    if f"{Tracer.__module__}.Tracer" not in text:
+        return None
+    m = _JAX_FUNCTION.search(text)
+    name = (m.group(1) or m.group(2)).rsplit(".", 1)[-1].lstrip("_") if m else None
+    if name and name.startswith("reduce_"):  # jnp.sum is jax's `_reduce_sum`
+        name = name[len("reduce_"):]
+    what = f"`{name}`" if name else "a function"
+    # (the sciad functions with NumPy's semantics: `sciad.numpy` fills the table)
+    known = {getattr(f, "__name__", None): getattr(f, "__module__", "") for f in
+             _numpy_dispatch.values()}
+    module = {"sciad.numpy": "snp", "sciad.fft": "sd.fft"}.get(known.get(name))
+    use = (f"`{module}.{name}`" if module == "sd.fft" else
+           f"`snp.{name}` (`import sciad.numpy as snp`)" if module else
+           "`sciad.numpy` (`import sciad.numpy as snp`)")
+    return TracerError(
+        f"JAX's {what} was given a sciad traced value: JAX functions cannot take "
+        f"sciad's values. Use {use} in functions that sciad traces; to run JAX code "
+        "as one node, wrap it with `sd.primitive_from_jax(fn, name)`.", op="trace")
 
 
 # NumPy function or ufunc object (not its name) -> the sciad function with its
@@ -458,6 +517,11 @@ def trace_flat(fn: Callable, args: tuple, kwargs: dict | None = None, *,
         # errors raised before a node was recorded (e.g. by sciad.numpy's
         # argument checks) get the user's line from the traceback
         raise e.with_source(source_from_traceback(e.__traceback__))
+    except TypeError as e:  # a JAX function given a traced value
+        err = _jax_on_tracer(e)
+        if err is None:
+            raise
+        raise err.with_source(source_from_traceback(e.__traceback__)) from e
     finally:
         _state.stack.pop()
         builder.alive = False

@@ -384,7 +384,7 @@ class SparseType(AbstractType):
     tags: frozenset = field(default=frozenset())
 
     def __post_init__(self):
-        from ..errors import ShapeError
+        from ..errors import InvalidOptionError, ShapeError
 
         if not isinstance(self.pattern, Pattern):
             raise ShapeError(f"SparseType needs a Pattern, got {self.pattern!r}.",
@@ -393,8 +393,8 @@ class SparseType(AbstractType):
         tags = frozenset(self.tags)
         unknown = tags - KNOWN_TAGS
         if unknown:
-            raise ShapeError(f"unknown structure tag(s) {sorted(unknown)}; known: "
-                             f"{sorted(KNOWN_TAGS)}.", op="sparse")
+            raise InvalidOptionError(f"unknown structure tag(s) {sorted(unknown)}; known: "
+                                     f"{sorted(KNOWN_TAGS)}.", op="sparse")
         object.__setattr__(self, "tags", tags)
 
     format = "csr"

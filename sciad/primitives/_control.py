@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import InvalidOptionError, ShapeError, plain
 from ..graph import Graph, Literal, Param, Primitive, TensorType, Var, Zero
 from ..graph import is_differentiable, is_zero
 from ..graph import instantiate, lower
@@ -73,8 +73,8 @@ class Binomial:
     def __post_init__(self):
         if not isinstance(self.snapshots, int) or isinstance(self.snapshots, bool) \
                 or self.snapshots < 1:
-            raise ShapeError(f"a binomial schedule needs snapshots >= 1 (an int), got "
-                             f"{self.snapshots!r}.", op="scan")
+            raise InvalidOptionError(f"a binomial schedule needs snapshots >= 1 (an int), got "
+                                     f"{plain(self.snapshots)}.", op="scan")
 
     def __str__(self) -> str:
         return f"binomial({self.snapshots})"
@@ -155,8 +155,8 @@ class Segments:
     def __post_init__(self):
         if not isinstance(self.snapshots, int) or isinstance(self.snapshots, bool) \
                 or self.snapshots < 1:
-            raise ShapeError(f"a segments schedule needs snapshots >= 1 (an int), got "
-                             f"{self.snapshots!r}.", op="while")
+            raise InvalidOptionError(f"a segments schedule needs snapshots >= 1 (an int), got "
+                                     f"{plain(self.snapshots)}.", op="while")
 
     def __str__(self) -> str:
         return f"segments({self.snapshots})"
@@ -177,8 +177,9 @@ def as_schedule(checkpoints, op: str):
         return checkpoints
     if isinstance(checkpoints, (int, np.integer)) and not isinstance(checkpoints, bool):
         return Binomial(int(checkpoints))
-    raise ShapeError(f"`checkpoints` must be None, an int (the number of stored carries), "
-                     f"`sd.Binomial(s)` or `sd.EveryK(k)`, got {checkpoints!r}.", op=op)
+    raise InvalidOptionError(f"`checkpoints` must be None, an int (the number of stored carries), "
+                             f"`sd.Binomial(s)` or `sd.EveryK(k)`, got {plain(checkpoints)}.",
+                             op=op)
 
 
 # ---------------------------------------------------------------------------
@@ -628,8 +629,8 @@ def _scan_adjoint_shape(*in_types, body, step, num_consts, num_carry, num_ct_car
     _scan_shape(*consts, *carry, *xs, body=body, num_consts=num_consts,
                 num_carry=num_carry, length=length)
     if not isinstance(schedule, SCHEDULES):
-        raise ShapeError(f"`schedule` must be one of {[c.__name__ for c in SCHEDULES]}, got "
-                         f"{schedule!r}.", op=op)
+        raise InvalidOptionError(f"`schedule` must be one of "
+                                 f"{[c.__name__ for c in SCHEDULES]}, got {schedule!r}.", op=op)
     want = (list(consts) + list(ctc) + list(acc) + list(carry)
             + [TensorType(t.shape[1:], t.dtype) for t in xs]
             + [TensorType(t.shape[1:], t.dtype) for t in cty])
@@ -933,7 +934,7 @@ def scan(f: Callable, init, xs=None, length: int | None = None, reverse: bool = 
     else:
         if not isinstance(length, (int, np.integer)) or isinstance(length, bool) \
                 or length < 0:
-            raise ShapeError(f"`length` must be an int >= 0, got {length!r}.", op=op)
+            raise InvalidOptionError(f"`length` must be an int >= 0, got {plain(length)}.", op=op)
         length = int(length)
         if lengths and lengths != {length}:
             raise ShapeError(f"`length` is {length} but `xs` has leading length "
@@ -1015,7 +1016,7 @@ def fori_loop(lower: int, upper: int, body_fun: Callable, init_val, checkpoints=
         if isinstance(v, Tracer) or not isinstance(v, (int, np.integer)) \
                 or isinstance(v, bool):
             raise ShapeError(f"`{name}` must be a Python int (the trip count is static), "
-                             f"got {v!r}. A loop whose bound is computed needs "
+                             f"got {plain(v)}. A loop whose bound is computed needs "
                              "`sd.while_loop`.", op=op)
     lower, upper = int(lower), int(upper)
     n = max(upper - lower, 0)

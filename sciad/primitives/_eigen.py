@@ -46,7 +46,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import DTypeError, DegenerateEigenvalueError, NonFiniteError, ShapeError
+from ..errors import (DTypeError, DegenerateEigenvalueError, InvalidOptionError,
+                      NonFiniteError, ShapeError, plain)
 from ..graph import Param, Primitive, TensorType, instantiate, is_linear, is_zero
 from ..graph._batch import front_rule
 from ._checks import check as host_check, tie
@@ -76,7 +77,8 @@ def check_operand(a, degenerate_tol, *, op: str, square: bool) -> None:
         raise DTypeError(f"`a` must be float or complex, got {a.str_short()}; convert it "
                          "first (`.astype(np.float64)`).", op=op)
     if not degenerate_tol >= 0:
-        raise ShapeError(f"`degenerate_tol` must be >= 0, got {degenerate_tol!r}.", op=op)
+        raise InvalidOptionError(f"`degenerate_tol` must be >= 0, got {plain(degenerate_tol)}.",
+                                 op=op)
 
 
 @eigh_p.def_abstract_eval
@@ -340,10 +342,11 @@ def _judge_one(site, tol, complex_, values_used, vectors_used, w_bar, g, w, edge
         if vectors_used and not float(np.max(np.abs(bw), initial=0.0)) <= small_w:
             _fail_cluster(site, w, i, j, tol, "eigenvalues of the cluster together with "
                                               "eigenvectors (for v f(w) v^H use "
-                                              "`funm_hermitian`; for a sum of an "
-                                              "eigenvalue term and an eigenvector term, "
-                                              "each invariant, take them from separate "
-                                              "calls: each call is checked on its own)")
+                                              "`funm_hermitian`; for a sum of the "
+                                              "cluster's eigenvalues plus an invariant "
+                                              "eigenvector term, write the sum as "
+                                              "trace(v_c^H A v_c): repeated calls on one "
+                                              "matrix are one decomposition)")
         if not float(np.ptp(bw)) <= small_w:
             _fail_cluster(site, w, i, j, tol, "one eigenvalue of the cluster apart from "
                                               "the others")
@@ -427,8 +430,8 @@ eigh_apply_p = Primitive("linalg.eigh_apply", runtime_checks=True,
 @eigh_apply_p.def_abstract_eval
 def _apply_shape(a, *, fn, degenerate_tol):
     if fn not in FUNCTIONS:
-        raise ShapeError(f"`fn` must be one of {sorted(FUNCTIONS)}, got {fn!r}.",
-                         op="linalg.eigh_apply")
+        raise InvalidOptionError(f"`fn` must be one of {sorted(FUNCTIONS)}, got {fn!r}.",
+                                 op="linalg.eigh_apply")
     _eigh_shape(a, degenerate_tol=degenerate_tol)
     return a
 

@@ -59,9 +59,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import (ConvergenceError, DTypeError, NonFiniteError,
+from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NonFiniteError,
                       NotPositiveDefiniteError, ShapeError, SingularMatrixError,
-                      StructureError)
+                      StructureError, plain)
 from ..graph import Graph, Param, Primitive, SparseType, Zero, instantiate, is_zero
 from ..graph._types import Pattern, TensorType
 from ..solvers._host import host_call
@@ -122,15 +122,17 @@ def _checked_results(n, k, which, tol, maxiter, degenerate_tol, op):
                          f"than n eigenpairs), got k={k}. For all of them use "
                          "`sd.linalg.eigh` of the dense matrix.", op=op)
     if which not in WHICH:
-        raise ShapeError(f"`which` must be one of {WHICH}, got {which!r} (SciPy's 'BE' "
-                         "is two nodes, 'SA' and 'LA': see `sd.linalg.eigsh`).", op=op)
+        raise InvalidOptionError(f"`which` must be one of {WHICH}, got {which!r} (SciPy's "
+                                 "'BE' is two nodes, 'SA' and 'LA': see `sd.linalg.eigsh`).",
+                                 op=op)
     if not tol >= 0:
-        raise ShapeError(f"`tol` must be >= 0, got {tol!r}.", op=op)
+        raise InvalidOptionError(f"`tol` must be >= 0, got {plain(tol)}.", op=op)
     if maxiter is not None and maxiter < 1:
-        raise ShapeError(f"`maxiter` must be a positive integer or None, got {maxiter!r}.",
-                         op=op)
+        raise InvalidOptionError(f"`maxiter` must be a positive integer or None, got "
+                                 f"{plain(maxiter)}.", op=op)
     if not degenerate_tol >= 0:
-        raise ShapeError(f"`degenerate_tol` must be >= 0, got {degenerate_tol!r}.", op=op)
+        raise InvalidOptionError(f"`degenerate_tol` must be >= 0, got {plain(degenerate_tol)}.",
+                                 op=op)
     f64 = np.dtype(np.float64)
     return TensorType((k,), f64), TensorType((n, k), f64), TensorType((), f64)
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, InvalidOptionError, ShapeError
 from ..graph import Primitive, TensorType
 from ._shape import _linear_jvp
 from ._util import INTS, normalize_axis, tensor
@@ -80,9 +80,9 @@ def _real_of(dtype: np.dtype) -> np.dtype:
 
 def _check_params(x: TensorType, kind, axes, lengths, norm) -> None:
     if kind not in KINDS:
-        raise ShapeError(f"`kind` must be one of {KINDS}, got {kind!r}.", op="fft")
+        raise InvalidOptionError(f"`kind` must be one of {KINDS}, got {kind!r}.", op="fft")
     if norm not in NORMS:
-        raise ShapeError(f"`norm` must be one of {NORMS}, got {norm!r}.", op="fft")
+        raise InvalidOptionError(f"`norm` must be one of {NORMS}, got {norm!r}.", op="fft")
     axes, lengths = tuple(axes), tuple(lengths)
     if not axes or len(axes) != len(lengths):
         raise ShapeError(f"`axes` {axes} and `lengths` {lengths} must be non-empty and "

@@ -50,8 +50,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import solvers
-from ..errors import (ConvergenceError, DTypeError, NonFiniteError, NotSupportedError,
-                      ShapeError, SingularMatrixError)
+from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NonFiniteError,
+                      NotSupportedError, ShapeError, SingularMatrixError, plain)
 from ..graph import (Factored, Graph, Param, Primitive, SparseType, TensorType, Zero,
                      is_linear, is_zero)
 from ..graph._types import FactorType, Pattern, register_factor_layout
@@ -88,9 +88,9 @@ def _check_matrix(a, b, solver: str, pattern, op: str, assume: str | None = None
     else:
         raise DTypeError(f"`a` must be a dense or sparse matrix, got {a.str_short()}.", op=op)
     if solver not in kinds:
-        raise ShapeError(f"solver {solver!r} does not take a "
-                         f"{'sparse' if isinstance(a, SparseType) else 'dense'} matrix; "
-                         f"choose one of {', '.join(map(repr, kinds))}.", op=op)
+        raise InvalidOptionError(f"solver {solver!r} does not take a "
+                                 f"{'sparse' if isinstance(a, SparseType) else 'dense'} matrix; "
+                                 f"choose one of {', '.join(map(repr, kinds))}.", op=op)
     if a.ndim != 2 or a.shape[0] != a.shape[1]:
         raise ShapeError(f"`a` must be a square matrix, got {a.str_short()}.", op=op)
     n = a.shape[0]
@@ -441,21 +441,23 @@ def _solve_shape(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol
     if solver in ITERATIVE:
         if rtol is None or atol is None or not (rtol >= 0 and atol >= 0) \
                 or rtol == atol == 0:
-            raise ShapeError(f"an iterative solve needs tolerances rtol >= 0 and atol >= 0, "
-                             f"not both 0; got rtol={rtol}, atol={atol}.", op="linalg.solve")
+            raise InvalidOptionError(f"an iterative solve needs tolerances rtol >= 0 and "
+                                     f"atol >= 0, not both 0; got rtol={rtol}, atol={atol}.",
+                                     op="linalg.solve")
         if maxiter is not None and maxiter < 1:
-            raise ShapeError(f"`maxiter` must be positive, got {maxiter}.", op="linalg.solve")
+            raise InvalidOptionError(f"`maxiter` must be positive, got {maxiter}.",
+                                     op="linalg.solve")
         if preconditioner not in (None,) + PRECONDITIONERS:
-            raise ShapeError(f"unknown preconditioner {preconditioner!r}; choose one of "
-                             f"{PRECONDITIONERS}.", op="linalg.solve")
+            raise InvalidOptionError(f"unknown preconditioner {preconditioner!r}; choose one of "
+                                     f"{PRECONDITIONERS}.", op="linalg.solve")
         if preconditioner == "jacobi" and isinstance(a, SparseType) and \
                 np.any(a.pattern.diagonal_positions() < 0):
             raise SingularMatrixError(
                 "the Jacobi preconditioner needs every diagonal entry stored; "
                 f"{a.str_short()} lacks some.", op="linalg.solve")
     elif (rtol, atol, maxiter, preconditioner) != (None, None, None, None):
-        raise ShapeError(f"the direct solver {solver!r} takes no tolerances, `maxiter` or "
-                         "preconditioner.", op="linalg.solve")
+        raise InvalidOptionError(f"the direct solver {solver!r} takes no tolerances, `maxiter` or "
+                                 "preconditioner.", op="linalg.solve")
     return TensorType(b.shape, b.dtype)
 
 
@@ -577,12 +579,12 @@ linalg_factor_p = Primitive("linalg.factor", runtime_checks=True,
 @linalg_factor_p.def_abstract_eval
 def _factor_shape(a, *, solver, pattern=None, assume=None, throw=True, uses=None):
     if solver not in FACTOR_METHODS:
-        raise ShapeError(f"{solver!r} is not a direct solver.", op="linalg.factor")
+        raise InvalidOptionError(f"{solver!r} is not a direct solver.", op="linalg.factor")
     _check_matrix(a, TensorType((a.shape[0],), a.dtype), solver, pattern, "linalg.factor",
                   assume)
     if uses is not None and (not isinstance(uses, int) or uses < 0):
-        raise ShapeError(f"`uses` is the number of solves reading the factor (an int >= 0) "
-                         f"or None, got {uses!r}.", op="linalg.factor")
+        raise InvalidOptionError(f"`uses` is the number of solves reading the factor (an int >= 0) "
+                                 f"or None, got {plain(uses)}.", op="linalg.factor")
     return FactorType(a.shape, a.dtype, solver, pattern)
 
 
@@ -689,8 +691,8 @@ def _rcond_type(a) -> TensorType:
 def _rcond_shape(a, *, solver, pattern=None, norm=1, exact=False, constant=False):
     op = "linalg.rcond"
     if solver not in FACTOR_METHODS:
-        raise ShapeError(f"a condition estimate factors the matrix: `solver` is a direct "
-                         f"solver, got {solver!r}.", op=op)
+        raise InvalidOptionError(f"a condition estimate factors the matrix: `solver` is a direct "
+                                 f"solver, got {solver!r}.", op=op)
     _check_matrix(a, TensorType((a.shape[0],), a.dtype), solver, pattern, op)
     if norm not in NORMS:
         raise ShapeError(f"`norm` is one of 1, inf, 2, 'fro', got {norm!r}.", op=op)
@@ -794,11 +796,11 @@ def _solve_operator_shape(*args, graph, solver, rtol, atol, maxiter=None, transp
     if tuple(params) != graph.in_types[:-1]:
         raise ShapeError("the operator's params do not match its matvec graph.", op=op)
     if solver not in ITERATIVE:
-        raise ShapeError(f"a matrix-free operator needs an iterative solver "
-                         f"({', '.join(map(repr, ITERATIVE))}), got {solver!r}.", op=op)
+        raise InvalidOptionError(f"a matrix-free operator needs an iterative solver "
+                                 f"({', '.join(map(repr, ITERATIVE))}), got {solver!r}.", op=op)
     if not (rtol >= 0 and atol >= 0) or rtol == atol == 0:
-        raise ShapeError(f"needs rtol >= 0 and atol >= 0, not both 0; got rtol={rtol}, "
-                         f"atol={atol}.", op=op)
+        raise InvalidOptionError(f"needs rtol >= 0 and atol >= 0, not both 0; got rtol={rtol}, "
+                                 f"atol={atol}.", op=op)
     return TensorType(b.shape, b.dtype)
 
 

@@ -43,7 +43,7 @@ import functools
 
 import jax
 
-from ..errors import ShapeError
+from ..errors import InvalidOptionError, ShapeError
 from ..graph import Graph, Param, Primitive, SparseType, Zero, instantiate, is_zero, lower
 from ..graph._autodiff import is_differentiable, type_of, vjp_eval, vjp_node
 from ..graph._batch import batch_graph, batch_size_of, batched_front, batched_type
@@ -140,7 +140,7 @@ def _map_shape(*in_types, body, batched, size, spmd_axis=None):
         raise ShapeError(f"the body takes {len(body.inputs)} operands and `batched` flags "
                          f"{len(batched)}, got {len(in_types)} operands.", op=op)
     if size < 0:
-        raise ShapeError(f"`size` must be >= 0, got {size}.", op=op)
+        raise InvalidOptionError(f"`size` must be >= 0, got {size}.", op=op)
     for k, (t, b, v) in enumerate(zip(in_types, batched, body.inputs)):
         want = batched_type(v.type, size) if b else v.type
         if t != want:

@@ -28,7 +28,7 @@ import functools
 
 import numpy as np
 
-from ..errors import ConvergenceError, DTypeError, ShapeError
+from ..errors import ConvergenceError, DTypeError, InvalidOptionError, ShapeError
 from ..graph import Graph, Param, Primitive, TensorType, Zero, is_zero
 from ..graph._autodiff import jvp_eval, type_of
 from ..graph._types import Pattern
@@ -47,7 +47,7 @@ root_p = Primitive("optimize.root", multiple_results=True, runtime_checks=True, 
     "pattern": Param((Pattern, None), default=None), "colors": Param(int, default=0),
     "tol": float, "atol": float, "maxiter": int, "memory": Param(int, default=0),
     "throw": Param(bool, default=True), "uses": Param((int, None), default=None),
-    "jac0": Param(bool, default=False)},
+    "jac0": Param(bool, default=False), "at_floor": Param(bool, default=False)},
     fit_to_readers=lambda params, readers, complete: _root_fit(params, readers, complete))
 #: `graph`: the residual (kind "root") or the fixed-point map (kind
 #: "fixed_point") as a closed body `(*consts, x) -> (F,)`; `jac`: how Newton's
@@ -60,7 +60,10 @@ root_p = Primitive("optimize.root", multiple_results=True, runtime_checks=True, 
 #: how many of them do (0: none, so the loop keeps no factorization);
 #: `jac0` (the chord method): the last operand, after `x0`, is the matrix
 #: its first iterations solve with (a sparse Jacobian's values on `pattern`,
-#: or a dense `(n, n)` array), which carries no derivative
+#: or a dense `(n, n)` array), which carries no derivative; `at_floor`: a
+#: solve that stalls with ||F|| at its measured rounding floor has converged
+#: (for the roots whose tolerance sciad sets itself, so that it is never
+#: tighter than rounding allows: an implicit ODE stage's)
 
 
 def operands(args, jac0: bool = False):
@@ -74,13 +77,13 @@ def operands(args, jac0: bool = False):
 
 @root_p.def_abstract_eval
 def _root_shape(*args, graph, kind, method, jac, pattern=None, colors=0, tol, atol, maxiter,
-                memory=0, throw=True, uses=None, jac0=False):
+                memory=0, throw=True, uses=None, jac0=False, at_floor=False):
     op = "optimize.root"
     consts, x, j0 = operands(args, jac0)
     if kind not in KINDS or method not in METHODS[kind]:
-        raise ShapeError(f"unknown kind/method {kind!r}/{method!r}.", op=op)
+        raise InvalidOptionError(f"unknown kind/method {kind!r}/{method!r}.", op=op)
     if jac not in JACOBIANS:
-        raise ShapeError(f"`jac` must be one of {JACOBIANS}, got {jac!r}.", op=op)
+        raise InvalidOptionError(f"`jac` must be one of {JACOBIANS}, got {jac!r}.", op=op)
     if not isinstance(x, TensorType) or x.dtype.kind != "f":
         raise DTypeError(f"`x0` must be a real float array, got {x.str_short()}.", op=op)
     if tuple(graph.in_types) != tuple(consts) + (x,):
@@ -91,8 +94,8 @@ def _root_shape(*args, graph, kind, method, jac, pattern=None, colors=0, tol, at
                          f"({x.size} elements of {x.dtype}), got "
                          f"{', '.join(t.str_short() for t in graph.out_types)}.", op=op)
     if method == "chord" and jac == "gmres":
-        raise ShapeError("the chord method keeps a factorization: it needs jac='sparse' or "
-                         "'dense', got jac='gmres'.", op=op)
+        raise InvalidOptionError("the chord method keeps a factorization: it needs jac='sparse' or "
+                                 "'dense', got jac='gmres'.", op=op)
     if jac == "sparse" and (pattern is None or pattern.shape != (x.size, x.size)):
         raise ShapeError(f"a sparse Jacobian needs a ({x.size}, {x.size}) pattern, got "
                          f"{pattern!r}.", op=op)
@@ -104,9 +107,9 @@ def _root_shape(*args, graph, kind, method, jac, pattern=None, colors=0, tol, at
                              f"{'values' if jac == 'sparse' else 'entries'}), got "
                              f"method={method!r} and {j0.str_short()}.", op=op)
     if not (tol >= 0 and atol >= 0) or tol == atol == 0 or maxiter < 0 or memory < 0:
-        raise ShapeError(f"needs tol >= 0 and atol >= 0 (not both 0), maxiter >= 0 and "
-                         f"memory >= 0; got tol={tol}, atol={atol}, maxiter={maxiter}, "
-                         f"memory={memory}.", op=op)
+        raise InvalidOptionError(f"needs tol >= 0 and atol >= 0 (not both 0), maxiter >= 0 and "
+                                 f"memory >= 0; got tol={tol}, atol={atol}, maxiter={maxiter}, "
+                                 f"memory={memory}.", op=op)
     i32 = TensorType((), np.dtype(np.int32))
     outs = (x, i32, TensorType((), x.dtype), i32)
     if _keeps_factor(kind, jac):
@@ -190,14 +193,24 @@ def linear_solver(jac: str, pattern: Pattern | None, jacobian, x, uses: int | No
     return _nonlinear.gmres(lambda x, v: jacobian(x, v)[0], KRYLOV_STEP_RTOL)
 
 
-def judge_root(site, *, status, nit, residual, goal, kind, method, jac, maxiter, tol, dtype):
-    """Raises the `ConvergenceError` of a failed root solve, with a diagnosis."""
+#: a stalled solve's ||F|| within this factor of its measured rounding
+#: floor is at the floor; one more than `FAR_ABOVE_FLOOR` times it stalls
+#: far above it (an obstacle, not rounding)
+AT_FLOOR = 10.0
+FAR_ABOVE_FLOOR = 1e3
+
+
+def judge_root(site, *, status, nit, residual, goal, floor, kind, method, jac, maxiter, tol,
+               dtype):
+    """Raises the `ConvergenceError` of a failed root solve, with a diagnosis.
+    `floor`: ||F||'s rounding floor at the last iterate
+    (`solvers._nonlinear.rounding_floor`)."""
     from ..solvers._nonlinear import STATUS
 
     status, nit = int(status), int(nit)
     if status == 0:
         return
-    residual, goal = float(residual), float(goal)
+    residual, goal, floor = float(residual), float(goal), float(floor)
     what = {"newton": f"Newton's method ({jac} Jacobian)",
             "chord": f"the chord method ({jac} Jacobian)",
             "anderson": "the Anderson-accelerated fixed-point iteration"}[method]
@@ -218,12 +231,20 @@ def judge_root(site, *, status, nit, residual, goal, kind, method, jac, maxiter,
         5: "Convergence is slow: the root may be singular (Newton then converges only "
            "linearly), the Jacobian inexact, or the map not contractive.",
     }[status]
-    if status in (3, 5) and np.isfinite(goal) and tol > 0:
-        floor = 1e3 * float(np.finfo(dtype).eps) * goal / tol  # ~1000 eps ||F(x0)||
-        if residual <= floor:
-            advice = (f"||F|| has reached its floor of rounding errors in {np.dtype(dtype)} "
-                      f"(about {floor:.1e}, 1000 eps times ||F(x0)||) above the tolerance: "
-                      "loosen `tol` or `atol`.")
+    # (NaN residuals or floors fail both comparisons: the advice above stays)
+    if status in (1, 3, 5) and residual <= AT_FLOOR * floor:
+        advice = (f"||F|| has reached its floor of rounding errors in {np.dtype(dtype)} "
+                  f"(about {floor:.1e}: F changes that much when x moves by a few units in "
+                  f"its last place) above the tolerance: no iterate can do better; loosen "
+                  f"`tol`/`atol` above {AT_FLOOR * floor:.0e}.")
+    elif status in (3, 5) and residual > FAR_ABOVE_FLOOR * floor:
+        advice = (f"||F|| stalls far above its floor of rounding errors (about {floor:.1e}) "
+                  f"at a minimum of ||F|| that is not a root: there may be no solution near "
+                  f"`x0`, or none at all (a parameter beyond a fold or turning point, where "
+                  f"the branch of solutions ends); else the root is singular or the "
+                  f"Jacobian wrong (a user primitive's JVP rule, a non-differentiable "
+                  f"`fun`). Check that a solution exists (continue in the parameter from "
+                  f"one that has one), or start elsewhere.")
     against = (f"against the tolerance {goal:.3e}" if np.isfinite(goal) else
                "(no tolerance: ||F(x0)|| is not finite)")
     site.fail(ConvergenceError,
@@ -234,7 +255,7 @@ def judge_root(site, *, status, nit, residual, goal, kind, method, jac, maxiter,
 
 @root_p.def_impl
 def _root_impl(*args, graph, kind, method, jac, pattern=None, colors=0, tol, atol, maxiter,
-               memory=0, throw=True, uses=None, jac0=False, site=None):
+               memory=0, throw=True, uses=None, jac0=False, at_floor=False, site=None):
     import jax.numpy as jnp
 
     from ..graph import Site, lower
@@ -252,15 +273,17 @@ def _root_impl(*args, graph, kind, method, jac, pattern=None, colors=0, tol, ato
     if kind == "root":
         linear = linear_solver(jac, pattern, lambda *a: jacobian(*consts, *a), x, uses=uses,
                                chord=method == "chord", start=j0)
-        res = _nonlinear.newton(F, x, linear, tol=tol, atol=atol, maxiter=maxiter)
+        res = _nonlinear.newton(F, x, linear, tol=tol, atol=atol, maxiter=maxiter,
+                                at_floor=at_floor)
     else:  # the map G(x) = F(x) + x
         res = _nonlinear.anderson(lambda x: F(x) + x, x, memory=memory, tol=tol, atol=atol,
-                                  maxiter=maxiter)
+                                  maxiter=maxiter, at_floor=at_floor)
     out = jnp.reshape(res.x, shape)
     if throw:
         out = tie(out, check(judge_root, site or Site("optimize.root"),
                              when=res.status != 0, status=res.status, nit=res.nit,
-                             residual=res.residual, goal=res.goal, kind=kind, method=method,
+                             residual=res.residual, goal=res.goal, floor=res.floor,
+                             kind=kind, method=method,
                              jac=jac, maxiter=maxiter, tol=tol, dtype=np.dtype(x0.dtype)))
     outs = (out, res.nit, res.residual, res.status)
     if _keeps_factor(kind, jac):

@@ -411,8 +411,9 @@ def _judge_one(site, tol, complex_, s, s_bar, vectors, rest_u, rest_v):
         if j - i > 1 and not big <= slack * size:
             _fail(site, s, i, j, "singular values of the cluster together with singular "
                   "vectors (such as u diag(f(s)) vh; for a sum of a singular-value term "
-                  "and a singular-vector term, each invariant, take them from "
-                  "separate calls: each call is checked on its own)", big, tol)
+                  "and a singular-vector term, each invariant, take the singular values "
+                  "from `svd(A, compute_uv=False)`, which is checked on its own: repeated "
+                  "calls of `svd(A)` on one matrix are one decomposition)", big, tol)
     gu, gv, ub, vb = vectors
     size = max(float(ub), float(vb), float(np.max(np.abs(gu), initial=0.0)),
                float(np.max(np.abs(gv), initial=0.0)))

@@ -31,7 +31,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import DTypeError, IndexingError, ShapeError
+from ..errors import DTypeError, IndexingError, InvalidOptionError, ShapeError
 from ..graph import Param, Primitive, TensorType, instantiate, is_linear, zeros
 from ..graph._autodiff import type_of
 from ._checks import check, tie
@@ -322,7 +322,7 @@ def _searchsorted_shape(a, v, *, side):
     if a.ndim != 1:
         raise ShapeError(f"the sorted array must be 1-D, got {a.str_short()}.", op=op)
     if side not in ("left", "right"):
-        raise ShapeError(f"`side` must be 'left' or 'right', got {side!r}.", op=op)
+        raise InvalidOptionError(f"`side` must be 'left' or 'right', got {side!r}.", op=op)
     if a.dtype != v.dtype:
         raise DTypeError(f"operands must share one dtype, got {a.str_short()} and "
                          f"{v.str_short()}.", op=op)

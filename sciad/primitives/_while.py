@@ -37,7 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import ConvergenceError, DTypeError, NotSupportedError, ShapeError
+from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NotSupportedError,
+                      ShapeError, plain)
 from ..graph import Graph, Param, Primitive, TensorType, Var, Zero
 from ..graph import instantiate, is_zero, lower
 from ..graph._autodiff import type_of
@@ -74,7 +75,7 @@ def _while_shape(*in_types, cond_body, body, num_consts, max_steps=None, checkpo
     if len(ct) != 1 or ct[0] != TensorType((), np.bool_):
         raise DTypeError(f"the predicate must return one bool scalar, got {_sig(ct)}.", op=op)
     if max_steps is not None and max_steps < 0:
-        raise ShapeError(f"`max_steps` must be >= 0, got {max_steps}.", op=op)
+        raise InvalidOptionError(f"`max_steps` must be >= 0, got {max_steps}.", op=op)
     return carry
 
 
@@ -303,8 +304,8 @@ def _while_adjoint_shape(*in_types, body, step, num_consts, num_ct_carry, num_ac
             tuple(step.out_types) != tuple(ctc) + tuple(acc):
         raise ShapeError("the step graph does not match the operands.", op=op)
     if max_steps < 0 or snapshots < 1:
-        raise ShapeError(f"needs max_steps >= 0 and snapshots >= 1, got {max_steps} and "
-                         f"{snapshots}.", op=op)
+        raise InvalidOptionError(f"needs max_steps >= 0 and snapshots >= 1, got {max_steps} and "
+                                 f"{snapshots}.", op=op)
     return tuple(ctc) + tuple(acc)
 
 
@@ -565,14 +566,14 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
     if max_steps is not None:
         if isinstance(max_steps, Tracer) or not isinstance(max_steps, (int, np.integer)) \
                 or isinstance(max_steps, bool) or max_steps < 0:
-            raise ShapeError(f"`max_steps` must be None or a Python int >= 0, got "
-                             f"{max_steps!r}.", op=op)
+            raise InvalidOptionError(f"`max_steps` must be None or a Python int >= 0, got "
+                                     f"{plain(max_steps)}.", op=op)
         max_steps = int(max_steps)
     if not isinstance(checkpoints, Segments):
         checkpoints = as_schedule(checkpoints, op)
     if checkpoints is not None and max_steps is None:
-        raise ShapeError("`checkpoints` needs `max_steps` (reverse mode checkpoints a "
-                         "loop of max_steps steps).", op=op)
+        raise InvalidOptionError("`checkpoints` needs `max_steps` (reverse mode checkpoints a "
+                                 "loop of max_steps steps).", op=op)
     from ._cond import _leaf_types
 
     leaves, tree = _tree.tree_flatten(init_val, is_leaf=is_value_leaf)

@@ -22,6 +22,14 @@ The loops never raise:
 they return the iterate, the iteration count, the residual's max-norm and a
 status (`STATUS`), and the caller decides (`optimize.root` raises a
 `ConvergenceError` with a diagnosis, or returns `success=False`).
+
+A solve that does not converge also measures the floor of rounding errors
+of `||F||` at its last iterate (`rounding_floor`): a residual at that floor
+is as small as floating point allows there, whatever the tolerance, while
+one that stalls far above it has met an obstacle (no root nearby, a
+singular or wrong Jacobian). With `at_floor`, a solve that stalls at its
+floor has converged: for the solves whose tolerance sciad sets itself (an
+implicit ODE stage's), which must never be tighter than rounding allows.
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ ARMIJO = 1e-4
 #: the chord method factors the Jacobian again after an iteration that
 #: reduced `||F||_inf` by less than this factor
 CHORD_RATE = 0.5
+#: how far (in units in the last place) `rounding_floor` moves the iterate
+FLOOR_ULPS = 4.0
 
 
 class LinearSolve(NamedTuple):
@@ -179,6 +189,37 @@ class Result(NamedTuple):
     status: jax.Array    # int32, see STATUS
     goal: jax.Array      # the tolerance on ||F||_inf it was held to
     aux: jax.Array       # the handle of the factor the linear solver kept (0: none)
+    floor: jax.Array     # ||F||'s rounding floor at x (`rounding_floor`; 0 if converged)
+
+
+def rounding_floor(F: Callable, x, fx):
+    """The floor of rounding errors of `||F||_inf` near the iterate `x`
+    (`fx = F(x)`): how much `F` changes when every element of `x` moves by
+    `FLOOR_ULPS` units in its last place, in two sign patterns (one alone
+    may cancel in a row), the larger. The root itself is only represented
+    to half a unit in each element, and `F` is evaluated with rounding
+    errors of the same order (the cancellation of its terms included), so
+    no iterate can be expected to make `||F||` much smaller than this.
+
+    Two evaluations of `F`. Elements of `x` that are zero do not move: a
+    residual whose scale comes from them alone has a floor of 0."""
+    eps = jnp.finfo(x.dtype).eps
+    u = (FLOOR_ULPS * eps) * jnp.abs(x)
+    sign = jnp.where(jnp.arange(x.shape[0]) % 2 == 0, 1.0, -1.0).astype(x.dtype)
+    return jnp.maximum(_norm(F(x + u) - fx), _norm(F(x + u * sign) - fx))
+
+
+def _finish(F: Callable, x, fx, status, at_floor: bool):
+    """`(status, floor)` after the loop: the rounding floor is measured where
+    the solve did not converge, and with `at_floor` a solve that stopped
+    (stalled, or out of iterations) with `||F||` at it has converged."""
+    fn = _norm(fx)
+    floor = jax.lax.cond(status == CONVERGED, lambda: jnp.zeros((), fn.dtype),
+                         lambda: rounding_floor(F, x, fx).astype(fn.dtype))
+    if at_floor:
+        stalled = (status == MAXITER) | (status == LINE_SEARCH) | (status == STAGNATION)
+        status = jnp.where(stalled & (fn <= floor), CONVERGED, status).astype(jnp.int32)
+    return status, floor
 
 
 def _start(f0, tol: float, atol: float):
@@ -198,14 +239,15 @@ def _status(fn_new, goal, slow):
 
 
 def newton(F: Callable, x0, linear: LinearSolve, *, tol: float, atol: float,
-           maxiter: int) -> Result:
+           maxiter: int, at_floor: bool = False) -> Result:
     """Newton's method on `F(x) = 0` with a backtracking (Armijo) line search
     on `||F||^2 / 2`: stops when `||F(x)||_inf <= max(atol, tol *
-    ||F(x0)||_inf)`. With a `chord` linear solver, the Jacobian's
-    factorization is kept while each iteration at least halves `||F||_inf`
-    (`CHORD_RATE`); an iteration with a kept factor whose step fails
-    (singular, or no descent) is retried with a fresh one, so only a fresh
-    factor's failure ends the solve."""
+    ||F(x0)||_inf)`, or with `at_floor` also when it stalls with `||F||` at
+    its rounding floor (see the module docstring). With a `chord` linear
+    solver, the Jacobian's factorization is kept while each iteration at
+    least halves `||F||_inf` (`CHORD_RATE`); an iteration with a kept factor
+    whose step fails (singular, or no descent) is retried with a fresh one,
+    so only a fresh factor's failure ends the solve."""
     f0 = F(x0)
     goal, status0 = _start(f0, tol, atol)
 
@@ -248,11 +290,12 @@ def newton(F: Callable, x0, linear: LinearSolve, *, tol: float, atol: float,
              jax.tree_util.tree_map(jnp.asarray, linear.init),
              jnp.asarray(not linear.started))
     x, fx, k, status, _, aux, _ = jax.lax.while_loop(cond, body, state)
-    return Result(x, k, _norm(fx), status, goal, linear.handle(aux))
+    status, floor = _finish(F, x, fx, status, at_floor)
+    return Result(x, k, _norm(fx), status, goal, linear.handle(aux), floor)
 
 
 def anderson(G: Callable, x0, *, memory: int, tol: float, atol: float, maxiter: int,
-             damping: float = 1.0) -> Result:
+             damping: float = 1.0, at_floor: bool = False) -> Result:
     """Fixed-point iteration `x = G(x)` with Anderson acceleration of depth
     `memory` (0: plain Picard iteration), on the residual `F(x) = G(x) - x`:
     stops when `||F(x)||_inf <= max(atol, tol * ||F(x0)||_inf)`. The mixing
@@ -301,4 +344,5 @@ def anderson(G: Callable, x0, *, memory: int, tol: float, atol: float, maxiter: 
     state = (x0, g0, f0, jnp.zeros((), jnp.int32), status0, jnp.zeros((), jnp.int32),
              zeros, zeros)
     x, g, f, k, status, _, _, _ = jax.lax.while_loop(cond, body, state)
-    return Result(x, k, _norm(f), status, goal, jnp.zeros((), jnp.int32))
+    status, floor = _finish(lambda x: G(x) - x, x, f, status, at_floor)
+    return Result(x, k, _norm(f), status, goal, jnp.zeros((), jnp.int32), floor)
