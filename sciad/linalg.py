@@ -674,8 +674,8 @@ def eigsh(A, k: int = 6, M=None, *, which: str | None = None, sigma: float | Non
     if which is None:
         which = "LM"
     if which not in WHICH:
-        raise ShapeError(f"`which` must be one of {WHICH + ('BE',)} (SciPy's), got "
-                         f"{which!r}.", op=op)
+        raise InvalidOptionError(f"`which` must be one of {WHICH + ('BE',)} (SciPy's), got "
+                                 f"{which!r}.", op=op)
     if isinstance(A, Operator):
         if M is not None or sigma is not None:
             raise ShapeError("a matrix-free operator takes neither `M` nor `sigma` (shift-"

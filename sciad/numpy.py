@@ -345,35 +345,48 @@ def _reduce(name: str, a, axis, keepdims: bool, dtype=None):
     return _keep(out, a.shape, axes, keepdims)
 
 
-def sum(a, axis=None, dtype=None, keepdims: bool = False):
+def _no_out(out, op: str) -> None:
+    """NumPy's `out=` (at its position in NumPy's signature, so that a
+    positional argument means what it means there) is refused by name."""
+    if out is not None:
+        raise _NotSupportedError("`out=` is not supported: sciad values are immutable; "
+                                 "use the returned array.", op=op)
+
+
+def sum(a, axis=None, dtype=None, out=None, keepdims: bool = False):
     """Sum over `axis` (all axes by default), NumPy's accumulation dtype."""
+    _no_out(out, "sum")
     a = _as_array(a, "sum")
     dtype = _canonical_dtype(dtype) or _acc_dtype(_np.sum, _dtype(a))
     return _reduce("reduce_sum", a, axis, keepdims, dtype)
 
 
-def prod(a, axis=None, dtype=None, keepdims: bool = False):
+def prod(a, axis=None, dtype=None, out=None, keepdims: bool = False):
     """Product over `axis` (all axes by default)."""
+    _no_out(out, "prod")
     a = _as_array(a, "prod")
     dtype = _canonical_dtype(dtype) or _acc_dtype(_np.prod, _dtype(a))
     return _reduce("reduce_prod", a, axis, keepdims, dtype)
 
 
-def max(a, axis=None, keepdims: bool = False):
+def max(a, axis=None, out=None, keepdims: bool = False):
     """Maximum over `axis` (all axes by default)."""
+    _no_out(out, "max")
     return _reduce("reduce_max", a, axis, keepdims)
 
 
-def min(a, axis=None, keepdims: bool = False):
+def min(a, axis=None, out=None, keepdims: bool = False):
     """Minimum over `axis` (all axes by default)."""
+    _no_out(out, "min")
     return _reduce("reduce_min", a, axis, keepdims)
 
 
 amax, amin = max, min
 
 
-def mean(a, axis=None, dtype=None, keepdims: bool = False):
+def mean(a, axis=None, dtype=None, out=None, keepdims: bool = False):
     """Mean over `axis`; integers average in float64, as in NumPy."""
+    _no_out(out, "mean")
     a = _as_array(a, "mean")
     dtype = _canonical_dtype(dtype) or _acc_dtype(_np.mean, _dtype(a))
     axes = _normalize_axes(axis, a.ndim, "mean")
@@ -1333,8 +1346,9 @@ def argmin(a, axis=None, keepdims: bool = False):
     return _arg_extremum(a, axis, keepdims, min, "argmin")
 
 
-def var(a, axis=None, dtype=None, ddof=0, keepdims: bool = False):
+def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims: bool = False):
     """Variance over `axis`, `sum(|a - mean|^2) / (N - ddof)`."""
+    _no_out(out, "var")
     a = _as_array(a, "var")
     axes = _normalize_axes(axis, a.ndim, "var")
     d = subtract(a, mean(a, axis=axes, dtype=dtype, keepdims=True))
@@ -1345,9 +1359,10 @@ def var(a, axis=None, dtype=None, ddof=0, keepdims: bool = False):
     return divide(sum(sq, axis=axes, keepdims=keepdims), _np.asarray(count - ddof, sq.dtype))
 
 
-def std(a, axis=None, dtype=None, ddof=0, keepdims: bool = False):
+def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims: bool = False):
     """Standard deviation over `axis` (its derivative is infinite where the
     values are all equal)."""
+    _no_out(out, "std")
     return sqrt(var(a, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims))
 
 

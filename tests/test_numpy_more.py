@@ -298,3 +298,16 @@ def test_bincount_with_traced_values_needs_a_length():
 def test_errors_name_the_function(f, err, match):
     with pytest.raises(err, match=match):
         sd.trace(f, A)
+
+
+@pytest.mark.parametrize("name", ["sum", "prod", "max", "min", "mean", "var", "std"])
+def test_reductions_take_numpys_positional_out(name):
+    """The fourth positional argument of NumPy's `sum`, `mean`, `var`, ...
+    (the third of `max`, `min`) is `out`: refused by name, never read as
+    `keepdims` or `ddof`."""
+    a = np.arange(6.0).reshape(2, 3)
+    pos = (0, np.zeros(3)) if name in ("max", "min") else (0, None, np.zeros(3))
+    with pytest.raises(sd.errors.NotSupportedError, match="`out=` is not supported"):
+        getattr(snp, name)(a, *pos)
+    np.testing.assert_allclose(getattr(snp, name)(a, 0, keepdims=True),
+                               getattr(np, name)(a, 0, keepdims=True))
