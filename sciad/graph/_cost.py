@@ -170,7 +170,10 @@ def _graph_cost(graph: Graph, body) -> GraphCost:
 
 def _peak(graph: Graph, temps: Sequence[int]) -> int:
     """The most bytes the graph's own values occupy at once, each value from
-    the node computing it to its last reader (outputs to the end)."""
+    the node computing it to its last reader (outputs to the end). A result
+    of the type of an operand that the node reads last takes that operand's
+    memory (as XLA updates in place: a loop's carried buffer, an element-wise
+    op on a dead value)."""
     n = len(graph.nodes)
     last: dict[Var, int] = {}
     for i, node in enumerate(graph.nodes):
@@ -181,14 +184,25 @@ def _peak(graph: Graph, temps: Sequence[int]) -> int:
         if isinstance(a, Var):
             last[a] = n
     frees: dict[int, int] = {}
+    made: set[Var] = set()  # the values the graph's nodes compute
     live = peak = 0
     for i, node in enumerate(graph.nodes):
-        out = sum(nbytes(v.type) for v in node.outputs)
+        dying = [a for a in dict.fromkeys(node.inputs)
+                 if isinstance(a, Var) and a in made and last[a] == i]
+        out = 0
+        for v in node.outputs:
+            same = next((a for a in dying if a.type == v.type), None)
+            if same is not None:  # v takes the memory `same` leaves
+                dying.remove(same)
+                frees[i] -= nbytes(v.type)
+            else:
+                out += nbytes(v.type)
         peak = max(peak, live + out + temps[i])
         live += out
         for v in node.outputs:  # a result nobody reads is freed at once
             frees.setdefault(last.get(v, i), 0)
             frees[last.get(v, i)] += nbytes(v.type)
+        made.update(node.outputs)
         live -= frees.pop(i, 0)
     return peak
 
