@@ -1288,11 +1288,13 @@ def _carry_bytes(body: Graph, nc: int, nk: int) -> int:
 
 @scan_p.def_cost
 def _scan_cost(node, body):
-    from ..graph._cost import Cost, steps_note
+    from ..graph._cost import Cost, loop_body_peak, steps_note
 
     p = node.params
-    b, n = body(p["body"]), p["length"]
-    return Cost(n * b.flops, b.peak, steps_note(n, b.flops))
+    g, nc, nk = p["body"], p["num_consts"], p["num_carry"]
+    b, n = body(g), p["length"]
+    peak = loop_body_peak(g, b, g.inputs[nc:nc + nk])
+    return Cost(n * b.flops, peak, steps_note(n, b.flops))
 
 
 @scan_adjoint_p.def_cost
