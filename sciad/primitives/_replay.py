@@ -23,13 +23,15 @@ first run's stores can be made by the forward pass itself (`Runs.forward`),
 so that the backward pass does not run the loop forward once more first.
 
 Memory. The stored carries and the kept residuals share one buffer of
-carry-sized *cells*, given out by their lifetimes: a carry the schedule
-stores only for the backward parts that follow at once is not stored, its
-step's residuals are, in its cell. So the replay holds at most as many
-cells as the schedule holds carries, plus one. A step's residuals go in a
-cell where, dtype by dtype, they have no more elements than the carry;
-otherwise the cell holds the carry itself and the backward part recomputes
-the forward part from it.
+carry-sized *cells*: a run keeps its residuals in the first cells (a fixed
+place, which the loops index fastest), and a stored carry takes the highest
+cell free from its store to the last run that loads it. A carry the
+schedule stores only for the backward parts that follow at once is not
+stored: its step's residuals are. So the replay holds at most one cell more
+than the schedule holds carries, and a scratch cell. A step's residuals go
+in a cell where, dtype by dtype, they have no more elements than the
+carry; otherwise the cell holds the carry itself and the backward part
+recomputes the forward part from it.
 """
 
 from __future__ import annotations
@@ -237,45 +239,50 @@ def _packing(cell_types, value_types):
     """How values of `value_types` lie in a cell of `cell_types` (a carry):
     dtype by dtype, the values' elements one after another from the start of
     the cell's elements of that dtype (the cell's arrays of it, one after
-    another). Returns `(pack, unpack)`."""
+    another). Returns `(touched, pack, unpack)`: the positions of the cell's
+    arrays the values reach (only those are written and read), `pack(values)
+    -> arrays` for those positions and `unpack(arrays) -> values`."""
     if tuple(value_types) == tuple(cell_types):
-        return tuple, tuple
+        return tuple(range(len(cell_types))), tuple, tuple
 
-    def by_dtype(types):
-        out: dict = {}
-        for i, t in enumerate(types):
-            out.setdefault(t.dtype, []).append(i)
-        return out
+    def size(t) -> int:
+        return int(np.prod(t.shape, dtype=np.int64))
 
-    cell_of, value_of = by_dtype(cell_types), by_dtype(value_types)
-
-    def flat(arrays, idx):
-        return jnp.concatenate([jnp.ravel(arrays[i]) for i in idx])
+    touched: list[int] = []
+    for d, m in _elements(value_types).items():
+        k = 0
+        for i, t in enumerate(cell_types):
+            if t.dtype == d and k < m:
+                touched.append(i)
+                k += size(t)
+    touched.sort()
+    cells = {d: [i for i in touched if cell_types[i].dtype == d] for d in
+             _elements(value_types)}
 
     def pack(values):
-        out = [None] * len(cell_types)
-        for d, idx in cell_of.items():
-            n = sum(int(np.prod(cell_types[i].shape, dtype=np.int64)) for i in idx)
-            v = flat(values, value_of[d]) if d in value_of else jnp.zeros((0,), d)
-            v = jnp.concatenate([v, jnp.zeros((n - v.shape[0],), d)])
-            k = 0
+        out = {}
+        for d, idx in cells.items():
+            v = jnp.concatenate([jnp.ravel(x) for x, t in zip(values, value_types)
+                                 if t.dtype == d])
+            n = sum(size(cell_types[i]) for i in idx)
+            v, k = jnp.concatenate([v, jnp.zeros((n - v.shape[0],), d)]), 0
             for i in idx:
-                m = int(np.prod(cell_types[i].shape, dtype=np.int64))
-                out[i] = v[k:k + m].reshape(cell_types[i].shape)
-                k += m
-        return tuple(out)
+                out[i] = v[k:k + size(cell_types[i])].reshape(cell_types[i].shape)
+                k += size(cell_types[i])
+        return tuple(out[i] for i in touched)
 
-    def unpack(cell):
+    def unpack(arrays):
+        at = dict(zip(touched, arrays))
         out = [None] * len(value_types)
-        for d, idx in value_of.items():
-            v, k = flat(cell, cell_of[d]), 0
-            for i in idx:
-                m = int(np.prod(value_types[i].shape, dtype=np.int64))
-                out[i] = v[k:k + m].reshape(value_types[i].shape)
-                k += m
+        for d, idx in cells.items():
+            v, k = jnp.concatenate([jnp.ravel(at[i]) for i in idx]), 0
+            for j, t in enumerate(value_types):
+                if t.dtype == d:
+                    out[j] = v[k:k + size(t)].reshape(t.shape)
+                    k += size(t)
         return tuple(out)
 
-    return pack, unpack
+    return tuple(touched), pack, unpack
 
 
 # ---------------------------------------------------------------------------
@@ -299,7 +306,7 @@ def replay(runs: Runs, length: int, reverse: bool, advance, residuals, backward,
     ct_xs)`."""
     table = jnp.asarray(runs.runs if stored is None else runs.stored())
     stores = jnp.asarray(runs.stores if len(runs.stores) else np.zeros((1, 2), np.int32))
-    pack, unpack = _packing(tuple(carry_types), tuple(res_types))
+    touched, pack, unpack = _packing(tuple(carry_types), tuple(res_types))
 
     def index(k):
         return length - 1 - k if reverse else k
@@ -310,6 +317,13 @@ def replay(runs: Runs, length: int, reverse: bool, advance, residuals, backward,
 
     def get(buf, i):
         return tuple(jax.lax.dynamic_index_in_dim(s, i, 0, keepdims=False) for s in buf)
+
+    def put_kept(buf, vals, i):  # residuals: into the arrays of the cell they reach
+        new = dict(zip(touched, put([buf[j] for j in touched], vals, i)))
+        return tuple(new.get(j, s) for j, s in enumerate(buf))
+
+    def get_kept(buf, i):
+        return get([buf[j] for j in touched], i)
 
     def forward(lo, hi, carry):
         return jax.lax.fori_loop(lo, hi, lambda t, c: advance(index(t), c), carry)
@@ -331,15 +345,15 @@ def replay(runs: Runs, length: int, reverse: bool, advance, residuals, backward,
             carry, buf = st
             k = index(t)
             res = pack(residuals(k, carry))
-            return advance(k, carry), put(buf, res, hi - t)
+            return advance(k, carry), put_kept(buf, res, hi - t)
 
         carry, buf = jax.lax.fori_loop(r0, hi, keep, (carry, buf))
-        buf = put(buf, pack(residuals(index(hi), carry)), 0)
+        buf = put_kept(buf, pack(residuals(index(hi), carry)), 0)
 
         def back(j, st):
             acc, ct_xs = st
             k = index(hi - j)
-            acc, ct_x = backward(k, unpack(get(buf, j)), acc)
+            acc, ct_x = backward(k, unpack(get_kept(buf, j)), acc)
             return acc, tuple(jax.lax.dynamic_update_index_in_dim(s, v, k, 0)
                               for s, v in zip(ct_xs, ct_x))
 
