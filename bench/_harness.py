@@ -30,30 +30,33 @@ import time
 # ---------------------------------------------------------------------------
 # measurement
 
-def batch(fn, args, n: int) -> float:
-    """Seconds for `n` calls `fn(*args)`, each output block_until_ready'd."""
-    t0 = time.perf_counter()
+def batch(fn, args, n: int, clock=time.perf_counter) -> float:
+    """Seconds for `n` calls `fn(*args)`, each output block_until_ready'd, by
+    `clock` (wall time; `time.process_time` counts the process's CPU time,
+    steadier than wall time on a machine others are using)."""
+    t0 = clock()
     for _ in range(n):
         fn(*args).block_until_ready()
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
-def interleaved(variants: dict, args, n: int, repeats: int) -> dict:
+def interleaved(variants: dict, args, n: int, repeats: int, clock=time.perf_counter) -> dict:
     """Alternates batches of `n` calls of each variant; the order flips each repeat.
 
     `variants` maps a name to `(fn, in_x64_block)`; `in_x64_block` runs the
     batch inside one `with jax.enable_x64(True):` (the scoped JAX baseline).
     Every variant is called a few times first (all should be compiled
-    already), then the garbage collector is off while timing.
-    Returns each variant's per-repeat seconds per call: `{name: [s, ...]}`.
+    already), then the garbage collector is off while timing. `clock`: see
+    `batch`. Returns each variant's per-repeat seconds per call: `{name: [s,
+    ...]}`.
     """
     import jax
 
     def run(fn, in_block, k):
         if in_block:
             with jax.enable_x64(True):
-                return batch(fn, args, k)
-        return batch(fn, args, k)
+                return batch(fn, args, k, clock)
+        return batch(fn, args, k, clock)
 
     for fn, in_block in variants.values():  # warm up (all are compiled already)
         run(fn, in_block, max(3, n // 10))

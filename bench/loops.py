@@ -17,14 +17,25 @@ it measures, for the value-and-gradient function:
   temporary buffers: the stored states or residuals and the work arrays), the
   same measure for every variant;
 
-for four variants: sciad storing every step (`sd.scan`), JAX's `lax.scan`
+for these variants: sciad storing every step (`sd.scan`), JAX's `lax.scan`
 (which stores every step's residuals), sciad with `checkpoints=s` (binomial,
 s = 2 log2(steps)) and, as the checkpointed JAX peer, equinox's
 `eqxi.scan(kind="checkpointed", checkpoints=s)` (online binomial
 checkpointing). Ratios are sciad / JAX at equal memory policy.
 
-    .venv/bin/python bench/loops.py            # about 3-6 minutes on 2 cores
-    .venv/bin/python bench/loops.py --quick    # about 1 minute
+Then checkpointing at equal memory against the JAX one writes by hand: a
+nested scan, an outer `lax.scan` over segments of `k` steps whose body, an
+inner `lax.scan`, is wrapped in `jax.checkpoint` (it holds a carry per
+segment and one segment's residuals). Beside it sciad with `sd.EveryK(k)`, `k`
+the divisor of the step count nearest its square root, and with
+`sd.Binomial(s)`, `s` such that it holds as many carries as `EveryK(k)`;
+the nested scan's segment length is the divisor of the step count that
+makes its memory (XLA's) nearest to theirs. Ratios are sciad / nested scan;
+the target is at most 1.2 for every schedule.
+
+    .venv/bin/python bench/loops.py            # about 10-15 minutes on 2 cores
+    .venv/bin/python bench/loops.py --quick    # about 3 minutes
+    .venv/bin/python bench/loops.py --cpu-time # steady times in process CPU time
 
 The Markdown table goes to stdout and to bench/results/loops.md.
 """
@@ -52,6 +63,7 @@ import numpy as np  # noqa: E402
 import _harness  # noqa: E402
 import sciad as sd  # noqa: E402
 import sciad.numpy as snp  # noqa: E402
+from sciad.primitives._control import checkpoint_runs  # noqa: E402  (the schedule's cells)
 
 
 # ---------------------------------------------------------------------------
@@ -135,6 +147,21 @@ def _sd_scan(s):
     return scan
 
 
+def _nested_scan(k):
+    """Checkpointing as one writes it with JAX: segments of `k` steps, each an
+    inner scan under `jax.checkpoint`, stepped by an outer scan."""
+    def scan(step, init, length):
+        def segment(c, _):
+            return jax.lax.scan(step, c, None, length=k)
+        c, ys = jax.lax.scan(jax.checkpoint(segment), init, None, length=length // k)
+        return c, jax.tree_util.tree_map(lambda y: y.reshape((length,) + y.shape[2:]), ys)
+    return scan
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 # ---------------------------------------------------------------------------
 # measurement
 
@@ -149,8 +176,9 @@ class _VG:
             self.vg = sd.function(sd.value_and_grad(f))
             self.lower = self.vg.lower
         else:
-            f = make(jnp, _jax_scan if s is None else _eqx_scan(s))
-            self.vg = jax.jit(jax.value_and_grad(f))
+            scan = (_jax_scan if s is None else _nested_scan(s) if kind == "nested"
+                    else _eqx_scan(s))
+            self.vg = jax.jit(jax.value_and_grad(make(jnp, scan)))
             self.lower = self.vg.lower
 
     def fn(self, *args):
@@ -163,11 +191,31 @@ def _temp_mb(variant, args) -> float:
     return (ma.temp_size_in_bytes) / 1e6
 
 
-def run_case(problem: str, steps: int, repeats: int) -> dict:
+def _equal_memory(make, args, steps: int):
+    """The schedules compared at equal memory: `EveryK(k)`, `Binomial(s)` with
+    the cells of `EveryK(k)`, and the nested scan's segment length whose
+    memory is nearest theirs (from the divisors near the best one)."""
+    divisors = _divisors(steps)
+    k = min(divisors, key=lambda d: abs(d - math.sqrt(steps)))
+    cells = checkpoint_runs(sd.EveryK(k), steps).cells
+    s = cells  # (a binomial schedule's cells are its snapshots and one more)
+    while s > 1 and checkpoint_runs(sd.Binomial(s), steps).cells > cells:
+        s -= 1
+    target = _temp_mb(_VG("sciad", make, sd.EveryK(k)), args)
+    near = [d for d in divisors if k / 4 <= d <= 4 * k and d < steps]
+    kn = min(near, key=lambda d: abs(_temp_mb(_VG("nested", make, d), args) - target))
+    return k, s, kn
+
+
+def run_case(problem: str, steps: int, repeats: int, clock=time.perf_counter) -> dict:
     make, args = {"heat": heat_problem, "wave": wave_problem}[problem](steps)
     s = max(2, int(round(2 * math.log2(steps))))
+    k, sb, kn = _equal_memory(make, args, steps)
     variants = {"sciad": _VG("sciad", make, None), "jax": _VG("jax", make, None),
-                "sciad-ckpt": _VG("sciad", make, s), "eqx-ckpt": _VG("eqx", make, s)}
+                "sciad-ckpt": _VG("sciad", make, s), "eqx-ckpt": _VG("eqx", make, s),
+                "nested": _VG("nested", make, kn), "sciad-everyk": _VG("sciad", make,
+                                                                      sd.EveryK(k)),
+                "sciad-binomial": _VG("sciad", make, sd.Binomial(sb))}
     first, temp = {}, {}
     for name, v in variants.items():
         t0 = time.perf_counter()
@@ -180,9 +228,10 @@ def run_case(problem: str, steps: int, repeats: int) -> dict:
     one = statistics.median(_harness.batch(variants["jax"].fn, args, 1) for _ in range(3))
     n = max(1, int(0.2 / max(one, 1e-6)))
     times = _harness.interleaved({k: (v.fn, False) for k, v in variants.items()}, args, n,
-                                 repeats)
+                                 repeats, clock)
     med = {k: statistics.median(t) for k, t in times.items()}
-    return dict(problem=problem, steps=steps, s=s, first=first, temp=temp, med=med, err=err)
+    return dict(problem=problem, steps=steps, s=s, k=k, sb=sb, kn=kn, first=first, temp=temp,
+                med=med, err=err)
 
 
 def table(rows) -> str:
@@ -200,23 +249,47 @@ def table(rows) -> str:
     return head + "\n".join(out) + "\n"
 
 
+def equal_memory_table(rows) -> str:
+    head = ("| problem | steps | variant | first call (s) | steady (ms) | ratio | temp MB |"
+            " max rel. grad diff | target met |\n|---|---|---|---|---|---|---|---|---|\n")
+    out = []
+    for r in rows:
+        for name, label in (("nested", f"nested scan + jax.checkpoint (k={r['kn']})"),
+                            ("sciad-everyk", f"sciad EveryK({r['k']})"),
+                            ("sciad-binomial", f"sciad Binomial({r['sb']})")):
+            ratio = r["med"][name] / r["med"]["nested"]
+            met = "" if name == "nested" else _harness.yes_no(ratio <= 1.2)
+            out.append(f"| {r['problem']} | {r['steps']} | {label} | {r['first'][name]:.2f} | "
+                       f"{r['med'][name] * 1e3:.2f} | {ratio:.2f} | {r['temp'][name]:.2f} | "
+                       f"{r['err'][name]:.1e} | {met} |")
+    return head + "\n".join(out) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time calls by the process's CPU time (on a shared machine)")
     a = ap.parse_args()
+    clock = time.process_time if a.cpu_time else time.perf_counter
     cases = [("heat", 200), ("heat", 2000), ("wave", 200), ("wave", 2000)]
     if not a.quick:
         cases += [("heat", 20000), ("wave", 20000)]
     rows = []
     for problem, steps in cases:
-        r = run_case(problem, steps, a.repeats if not a.quick else 3)
+        r = run_case(problem, steps, a.repeats if not a.quick else 3, clock)
         rows.append(r)
         print(f"{problem} {steps}: done", file=sys.stderr)
     head = _harness.report_head("Loops: sciad.scan against jax.lax.scan",
                                 "python bench/loops.py " + " ".join(sys.argv[1:]),
                                 _harness.machine_info())
-    text = "\n".join(head) + "\n\n" + table(rows)
+    if a.cpu_time:
+        head.append("Steady times are the process's CPU time per call (`--cpu-time`: the "
+                    "machine was shared).")
+    text = ("\n".join(head) + "\n\n" + table(rows) + "\nCheckpointing at equal memory: "
+            "sciad's schedules against a nested `lax.scan` whose segments are under "
+            "`jax.checkpoint` (target: ratio <= 1.2).\n\n" + equal_memory_table(rows))
     print(text)
     if not a.quick:
         _harness.write_text(os.path.join(os.path.dirname(__file__), "results", "loops.md"),

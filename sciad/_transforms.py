@@ -662,9 +662,10 @@ def vmap(f: Callable, in_axes=0, out_axes=0, *, spmd_axis_name: str | None = Non
     """The batched `f`: maps `f` over an axis of its arguments, as
     `jax.vmap`, as a graph transform. `f` is traced once on one example's
     shapes, and every node of its graph is replaced by its batch rule's
-    whole-batch computation (a primitive without one runs one example at a
-    time, with a warning), so the batched program is an ordinary graph:
-    it prints, differentiates, optimizes and lowers.
+    whole-batch computation (a primitive without one is one `map` node,
+    `jax.vmap` of its implementation, with a warning), so the batched
+    program is an ordinary graph: it prints, differentiates, optimizes and
+    lowers.
 
     **Arguments:**
 

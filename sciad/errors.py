@@ -192,8 +192,9 @@ class SciadWarning(UserWarning):
 
 
 class BatchFallbackWarning(SciadWarning):
-    """`sd.vmap` met a primitive without a batch rule and maps it one example
-    at a time (a node per example). Shown once per primitive."""
+    """`sd.vmap` met a primitive without a batch rule and maps it over the
+    batch as one `map` node (`jax.vmap` of its implementation). Shown once
+    per primitive."""
 
 
 class SparsityWarning(SciadWarning):

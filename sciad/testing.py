@@ -27,7 +27,8 @@ on fresh random directions:
    shared), against the traced graph run on each example (looped) and, for
    a primitive, against the primitive called eagerly on arrays: relative
    error <= 1e-10 (or `100 eps` of a lower precision). A primitive without
-   a batch rule runs one example at a time there, which the report notes.
+   a batch rule is mapped over the examples there (a `map` node), which the
+   report notes.
 
 Tolerances are not scaled by array size. A failure raises `RuleError`
 naming the rule, the error and the tolerance, and the input types and seed.
@@ -503,8 +504,8 @@ def _check_batching(fn, graph, args, outs, rng, report, where, name, eager: bool
         warnings.simplefilter("always", BatchFallbackWarning)
         bgraph = trace(vmap(of_floats), *stacked)
     if any(issubclass(w.category, BatchFallbackWarning) for w in caught):
-        report.notes.append("batch: a primitive without a batch rule ran one example "
-                            "at a time")
+        report.notes.append("batch: a primitive without a batch rule was mapped over the "
+                            "examples (a `map` node)")
     batched = _leaves(_run(bgraph, stacked))
     looped = [_leaves(outs), _leaves(_run(graph, second))]
     eager = _leaves(fn(*args)) if eager else _leaves(outs)

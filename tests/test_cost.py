@@ -81,3 +81,28 @@ def test_sparse_factorization_fill_from_its_pattern(rng):
     assert fac.flops >= fill  # at least a FLOP per entry of the factors
     solves = [r for r in rep.rows if r.node.primitive.name == "linalg.backsolve"]
     assert solves and all(r.flops >= 2 * fill for r in solves)
+
+
+def test_peak_memory_counts_updates_in_place(rng):
+    # each op reads the last value of its type: XLA writes its result there
+    x = rng.normal(size=1000)
+    rep = sd.cost(lambda x: snp.sin(snp.exp(x * 2.0) + 1.0) * 3.0, x, compare_xla=True)
+    assert rep.peak == x.nbytes, rep.peak
+    xla = rep.xla["program"]
+    assert rep.peak <= xla["temp"] + xla["output"], (rep.peak, xla)
+    # a value still read later is not overwritten
+    two = sd.cost(lambda x: snp.sin(x * 2.0) + x * 2.0, x)
+    assert two.peak == 2 * x.nbytes, two.peak
+
+
+def test_a_loop_updates_its_carried_buffer_in_place():
+    def fill(buf):
+        return sd.fori_loop(0, 10, lambda i, b: b.at[i].set(b[i] + 1.0), buf)
+
+    buf = np.zeros(1000)
+    rep = sd.cost(fill, buf, compare_xla=True)
+    (loop,) = [r for r in rep.rows if r.node.primitive.name == "scan"]
+    assert loop.flops < 10 * 50, loop.flops  # a few FLOPs per step, not one per element
+    assert loop.temp < buf.nbytes, loop.temp  # the carried buffer is not copied
+    xla = rep.xla["program"]
+    assert rep.peak <= 2 * (xla["temp"] + xla["output"]), (rep.peak, xla)

@@ -12,7 +12,8 @@ import sciad as sd
 import sciad.numpy as snp
 from sciad.errors import InvalidOptionError, ShapeError
 from sciad.graph.passes import dce, optimize
-from sciad.primitives._control import revolve_actions
+from sciad.primitives._control import checkpoint_runs, revolve_actions
+from sciad.primitives._replay import split_step
 
 N, STEPS = 6, 12
 
@@ -217,6 +218,101 @@ def test_every_k_schedule_bounds_and_order():
             assert sum(b - a for kind, a, b in rows if kind == 1) < 2 * n
     with pytest.raises(ShapeError, match="k >= 1"):
         sd.EveryK(0)
+
+
+def _replay_on_step_numbers(runs, n: int, stored: bool) -> int:
+    """Runs `runs` on step numbers (a cell holds ("carry", t) or ("res", t)):
+    each backward part must read its own step's residuals, in the order
+    n - 1, ..., 0. Returns the steps advanced."""
+    cells = [None] * (runs.cells + 1)
+    if stored:  # what the forward pass writes
+        for t in range(n):
+            cells[runs.forward[t]] = ("carry", t)
+    else:
+        cells[runs.start] = ("carry", 0)
+    done, advanced = [], 0
+    for load, lo, r0, hi, at, count in (runs.stored() if stored else runs.runs).tolist():
+        assert cells[load] == ("carry", lo)
+        pos = lo
+        for t, cell in runs.stores[at:at + count].tolist():
+            advanced, pos = advanced + t - pos, t
+            cells[cell] = ("carry", t)
+        advanced += hi - pos
+        for t in range(r0, hi + 1):
+            cells[hi - t] = ("res", t)
+        for j in range(hi - r0 + 1):
+            assert cells[j] == ("res", hi - j)
+            done.append(hi - j)
+    assert done == list(range(n - 1, -1, -1))
+    return advanced
+
+
+def test_schedules_compile_to_runs_that_replay_them():
+    for n in (1, 2, 7, 17, 60, 200):
+        for p in (1, 2, 3, 8, 100):
+            for sched in (sd.Binomial(p), sd.EveryK(p)):
+                rows, runs = sched.actions(n), checkpoint_runs(sched, n)
+                want = sum(b - a for kind, a, b in rows.tolist() if kind == 1)
+                assert _replay_on_step_numbers(runs, n, False) == want
+                # the forward pass makes the first run's stores: that stretch is not rerun
+                assert _replay_on_step_numbers(runs, n, True) == want - runs.runs[0, 2]
+                # a cell for each carry the schedule stores, the kept residuals in
+                # the place of those it keeps for the next backward parts
+                assert runs.cells <= sched.slots(n) + 1, (sched, n)
+
+
+def _loop(a, c0, xs, checkpoints, reverse=False, leaves=1, rich=False):
+    def step(c, x):
+        u = c[0]
+        # linear in the carry: the backward part reads one array (`lap`), and
+        # with two carries (a leapfrog) half a carry
+        lap = snp.roll(u, 1) - u
+        new = u + 0.3 * a * lap + x if leaves == 1 else 2 * u - c[1] + 0.1 * a * lap
+        if rich:  # a backward part that reads more than a carry's worth
+            new = snp.tanh(new) * snp.cos(u)
+        return (new,) + c[:leaves - 1], snp.sum(new)
+    c, ys = sd.scan(step, (c0,) * leaves, xs, reverse=reverse, checkpoints=checkpoints)
+    return sum(snp.sum(v ** 2) for v in c) + snp.sum(ys * snp.arange(1.0, 14.0))
+
+
+@pytest.mark.parametrize("leaves, rich, kind", [
+    pytest.param(1, False, "res", marks=pytest.mark.slow), (2, False, "res"),
+    pytest.param(1, True, "carry", marks=pytest.mark.slow)])
+def test_checkpointed_backward_parts_read_residuals_or_recompute(rng, leaves, rich, kind):
+    a, c0, xs = rng.normal(size=4), rng.normal(size=4), rng.normal(size=(13, 4))
+    g = sd.trace(sd.grad(lambda a: _loop(a, c0, xs, 3, leaves=leaves, rich=rich)), a)
+    (adj,) = [n for n in g.nodes if n.primitive.name == "scan_adjoint"]
+    p = adj.params
+    nc, nk = p["num_consts"], p["num_carry"]
+    split = split_step(p["step"], nc, nk, len(p["body"].inputs) - nc - nk,
+                       p["num_ct_carry"] + p["num_acc"])
+    # residuals no larger than the carry are kept (packed into its cell: one
+    # array in a two-array carry); larger ones are not, and the carry is
+    assert (split.residuals.nodes != ()) == (kind == "res"), split.residuals
+    for reverse, schedules in ((False, (3,)), (True, (sd.EveryK(4),))):
+        want = sd.grad(lambda a, c0, xs: _loop(a, c0, xs, None, reverse, leaves, rich),
+                       argnums=(0, 1, 2))(a, c0, xs)
+        for ck in schedules:
+            got = sd.grad(lambda a, c0, xs: _loop(a, c0, xs, ck, reverse, leaves, rich),
+                          argnums=(0, 1, 2))(a, c0, xs)
+            for x, y in zip(got, want):
+                np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-14)
+
+
+def test_checkpointed_forward_pass_stores_the_first_checkpoints(heat):
+    k, u0, d = heat
+    for ck in (sd.EveryK(5), sd.Binomial(4)):
+        g = sd.trace(sd.grad(lambda k: _heat_sd(k, u0, d, steps=40, checkpoints=ck)), k)
+        (fwd,) = [n for n in g.nodes if n.primitive.name == "scan"]
+        (adj,) = [n for n in g.nodes if n.primitive.name == "scan_adjoint"]
+        assert fwd.params["num_carry"] == 2 and adj.params["stored"], g
+        # so the backward pass does not run the loop forward once more first
+        note = str(sd.cost(sd.grad(lambda k: _heat_sd(k, u0, d, steps=40, checkpoints=ck)),
+                           k))
+        runs = checkpoint_runs(ck, 40)
+        rows = ck.actions(40)
+        advanced = sum(b - a for kind, a, b in rows.tolist() if kind == 1)
+        assert f"{advanced - runs.runs[0, 2]} forward steps recomputed" in note, note
 
 
 def test_graph_prints_the_schedule(heat):

@@ -257,7 +257,7 @@ def test_a_wrong_batch_rule_is_caught_and_a_missing_one_noted(rng):
     p = _sin_like()
     report = sd.testing.check_rules(p, rng.standard_normal(3))
     assert report.batch_error < 1e-14
-    assert any("one example at a time" in n for n in report.notes)  # no rule: a loop
+    assert any("without a batch rule was mapped" in n for n in report.notes)  # no rule
 
     q = _sin_like()
 

@@ -14,15 +14,16 @@ other.
 A batch rule has the signature `rule(args, dims, **params) -> (out, dim)`
 (lists of outputs and dims for a primitive with multiple results), written
 with sciad ops; the helpers below move a batch dim to the front and give an
-unbatched operand a batch axis. A primitive without a rule falls back to a
-sequential map (one node per example, stacked), with a one-time warning
-naming it.
+unbatched operand a batch axis. A primitive without a rule is mapped over
+the batch as one `map` node (`jax.vmap` of its implementation when
+lowered), with a one-time warning naming it: the graph's size does not
+depend on the batch size.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..errors import BatchFallbackWarning, ShapeError
 from ._core import Literal, Node, Primitive
@@ -31,6 +32,19 @@ from ._types import BatchedType, TensorType
 
 
 _warned: set[str] = set()
+
+# `map_rule(prim)`: the batch rule that maps `prim` over the batch as one
+# `map` node. The `map` primitive lives above this layer, so it registers
+# its rule maker here when imported (as non-tensor types register `zeros`).
+_map_rule: Callable[[Primitive], Callable] | None = None
+
+
+def register_map_rule(make: Callable[[Primitive], Callable]) -> None:
+    """How a primitive is mapped over a batch as one node: for a primitive
+    without a batch rule, and one whose rule is for arrays only, given a
+    sparse matrix or a factorization."""
+    global _map_rule
+    _map_rule = make
 
 
 def _snp():
@@ -80,33 +94,22 @@ def batched_front(x, d, size: int):
     return snp.broadcast_to(snp.reshape(x, (1,) + tuple(x.shape)), (size,) + tuple(x.shape))
 
 
-def sequential_batch(prim: Primitive, args, dims, params: dict):
-    """The fallback: `prim` applied to each example, the results stacked."""
-    snp = _snp()
+def fallback_rule(prim: Primitive) -> Callable:
+    """The batch rule of a primitive without one: a `map` node of one
+    example's node, whatever the batch size (lowered as `jax.vmap` of the
+    implementation; see `map`). Warns once per primitive."""
     if prim.name not in _warned:
         _warned.add(prim.name)
         from ._trace import current_source
 
         src = current_source()
         warnings.warn_explicit(
-            f"primitive {prim.name!r} has no batch rule: sd.vmap maps it one example at a "
-            "time (a node per example). Give it one with `def_batch`.", BatchFallbackWarning,
+            f"primitive {prim.name!r} has no batch rule: sd.vmap maps it over the batch as "
+            "one `map` node (`jax.vmap` of its implementation, its derivatives mapped the "
+            "same way). Give it one with `def_batch`.", BatchFallbackWarning,
             getattr(src, "file", None) or "<sciad>", getattr(src, "line", None) or 0)
-    from ._autodiff import _bind
-
-    size = batch_size_of(args, dims)
-    per = []
-    for b in range(size):
-        ex = [a if d is None else _index(a, d, b) for a, d in zip(args, dims)]
-        out = _bind(prim, ex, dict(params))
-        per.append(out)
-    outs = [snp.stack([p[k] for p in per]) for k in range(len(per[0]))]
-    return outs, [0] * len(outs)
-
-
-def _index(a, d, b):
-    idx = (slice(None),) * d + (b,)
-    return a[idx]
+    assert _map_rule is not None, "sciad.primitives was not imported; this is a bug in sciad."
+    return _map_rule(prim)
 
 
 class BatchEmit(Interpreter):
@@ -138,19 +141,16 @@ class BatchEmit(Interpreter):
             if all(d is None for d in dims):
                 return [(o, None) for o in _bind(prim, args, dict(node.params))]
             rule = prim.batch_rule
-            if rule is not None and not getattr(rule, "maps", False) and any(
+            if rule is None:
+                rule = fallback_rule(prim)
+            elif not getattr(rule, "maps", False) and any(
                     not isinstance(type_of(a), TensorType) for a in args):
                 # a rule written for arrays, given a sparse matrix or a factorization
-                from ..primitives._map import map_rule
-
-                rule = map_rule(prim)
-            if rule is None:
-                outs, odims = sequential_batch(prim, args, dims, node.params)
-            else:
-                extra = {"spmd_axis": self.spmd_axis} if getattr(rule, "maps", False) else {}
-                outs, odims = rule(args, dims, **extra, **node.params)
-                if not prim.multiple_results:
-                    outs, odims = [outs], [odims]
+                rule = _map_rule(prim)
+            extra = {"spmd_axis": self.spmd_axis} if getattr(rule, "maps", False) else {}
+            outs, odims = rule(args, dims, **extra, **node.params)
+            if not prim.multiple_results:
+                outs, odims = [outs], [odims]
         return list(zip(outs, odims))
 
 

@@ -168,9 +168,13 @@ def _graph_cost(graph: Graph, body) -> GraphCost:
                      _peak(graph, [r.temp for r in rows]))
 
 
-def _peak(graph: Graph, temps: Sequence[int]) -> int:
+def _peak(graph: Graph, temps: Sequence[int], reusable: Sequence[Var] = ()) -> int:
     """The most bytes the graph's own values occupy at once, each value from
-    the node computing it to its last reader (outputs to the end)."""
+    the node computing it to its last reader (outputs to the end). A result
+    of the type of an operand that the node reads last takes that operand's
+    memory (as XLA updates in place: a loop's carried buffer, an element-wise
+    op on a dead value), also where that operand is one of the inputs in
+    `reusable` (a loop body's carries, which XLA updates in place)."""
     n = len(graph.nodes)
     last: dict[Var, int] = {}
     for i, node in enumerate(graph.nodes):
@@ -181,16 +185,38 @@ def _peak(graph: Graph, temps: Sequence[int]) -> int:
         if isinstance(a, Var):
             last[a] = n
     frees: dict[int, int] = {}
+    made: set[Var] = set()  # the values the graph's nodes compute
+    borrowed: set[Var] = set(reusable)  # values in memory the graph does not count
     live = peak = 0
     for i, node in enumerate(graph.nodes):
-        out = sum(nbytes(v.type) for v in node.outputs)
+        dying = [a for a in dict.fromkeys(node.inputs) if isinstance(a, Var)
+                 and (a in made or a in borrowed) and last.get(a) == i]
+        out = 0
+        for v in node.outputs:
+            same = next((a for a in dying if a.type == v.type), None)
+            if same is None:
+                out += nbytes(v.type)
+                continue
+            dying.remove(same)  # v takes the memory `same` leaves
+            if same in borrowed:
+                borrowed.add(v)
+            else:
+                frees[i] -= nbytes(v.type)
         peak = max(peak, live + out + temps[i])
         live += out
         for v in node.outputs:  # a result nobody reads is freed at once
-            frees.setdefault(last.get(v, i), 0)
-            frees[last.get(v, i)] += nbytes(v.type)
+            if v not in borrowed:
+                frees.setdefault(last.get(v, i), 0)
+                frees[last.get(v, i)] += nbytes(v.type)
+        made.update(v for v in node.outputs if v not in borrowed)
         live -= frees.pop(i, 0)
     return peak
+
+
+def loop_body_peak(graph: Graph, cost: GraphCost, carries: Sequence[Var]) -> int:
+    """The peak memory of a loop body (`cost`, its `graph_cost`) whose
+    `carries` (inputs) XLA updates in place."""
+    return _peak(graph, [r.temp for r in cost.rows], carries)
 
 
 def saved_values(gradient: Graph, num_primals: int) -> dict[Var, Node | None]:

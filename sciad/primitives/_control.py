@@ -23,18 +23,22 @@ Rules, each a loop itself, so every order of differentiation is a loop:
   Where a saved value cannot be stacked (a sparse matrix or a factorization
   computed in a step), each step's carry is stored and the backward step
   recomputes the body's forward part.
-- VJP, `checkpoints=Binomial(s)`: the forward scan stores nothing; the
-  backward pass is one `scan_adjoint` node that re-runs the forward steps
-  from at most `s` stored carries, on the binomial schedule of
+- VJP, `checkpoints=Binomial(s)` (or `EveryK(k)`): the forward scan stores
+  only the carries the schedule stores first (`_stored_fwd`); the backward
+  pass is one `scan_adjoint` node that re-runs the forward steps from at most
+  `s` stored carries, on the binomial schedule of
   `checkpoint_schedules.MultistageCheckpointSchedule` (Griewank and Walther's
-  revolve: the fewest recomputed steps for `s` snapshots), and runs each
-  step's backward part with the step recomputed. Its JVP is a `scan_adjoint`
-  on the two bodies' JVPs with the same schedule, so Hessian-vector products
-  (forward over reverse) keep the memory bound.
+  revolve: the fewest recomputed steps for `s` snapshots). It is replayed as
+  runs of plain loops (`_replay`): the steps whose backward parts come next
+  are advanced keeping their residuals (in the place of their carries, where
+  no larger), and their backward parts read them. Its JVP is a
+  `scan_adjoint` on the two bodies' JVPs with the same schedule, so
+  Hessian-vector products (forward over reverse) keep the memory bound.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -46,12 +50,15 @@ from ..errors import InvalidOptionError, ShapeError, plain
 from ..graph import Graph, Literal, Param, Primitive, TensorType, Var, Zero
 from ..graph import is_differentiable, is_zero
 from ..graph import instantiate, lower
-from ..graph._autodiff import type_of, vjp_eval, vjp_graph
+from ..graph._autodiff import type_of, vjp_eval, vjp_graph, zeros
 from ..graph._batch import batch_body, batch_size_of, batched_front, carry_fixed_point, front_where
-from ..graph._body import (drop_inputs, hoist, hoist_nodes, jvp_body, live_inputs, permute,
-                           trace_body)
+from ..graph._body import (drop_inputs, hoist, hoist_nodes, inline, jvp_body, live_inputs,
+                           permute, trace_body)
 from ..graph._serialize import register_param_type
 from ..graph._trace import Tracer, is_value_leaf
+from ._indexing import dynamic_update_slice_p
+from ._replay import Runs, compile_runs, replay, split_step
+from ._shape import reshape_p
 
 _tree = jax.tree_util
 
@@ -93,7 +100,7 @@ class EveryK:
     """Periodic checkpointing: reverse mode runs forward from the start,
     storing every `k`-th carry, then re-runs each segment of `k` steps once
     from its stored start, keeping the segment's carries for the backward
-    parts. At most `ceil(length / k) + k - 1` stored carries (about
+    parts. At most `ceil(length / k) + k - 2` stored carries (about
     `2 sqrt(length)` for `k` near `sqrt(length)`) and fewer than `2 length`
     recomputed steps, whatever `k`. For the same number of stored carries a
     `Binomial` schedule never recomputes more (revolve is optimal); this is
@@ -112,7 +119,7 @@ class EveryK:
 
     def slots(self, length: int) -> int:
         k = min(self.k, max(length, 1))
-        return max(-(-length // k) + k - 1, 1)
+        return max(-(-length // k) + max(k - 2, 0), 1)
 
     def actions(self, length: int) -> np.ndarray:
         # rows as in `revolve_actions`: 0 store in slot a, 1 advance a -> b,
@@ -125,16 +132,22 @@ class EveryK:
             if j + 1 < len(starts):
                 rows.append((1, s0, s0 + k))
         m = len(starts)
+
+        def slot(j, t):  # the slot of the carry at step t of segment j
+            s0 = starts[j]
+            return j if t == s0 else m + t - s0 - 1
+
         for j in reversed(range(m)):
             s0, e = starts[j], min(starts[j] + k, length)
             if j + 1 < m:
                 rows.append((2, j, 0))
             for t in range(s0, e - 1):  # the segment's carries, but the last
-                rows.append((0, m + t - s0, 0))
+                if t > s0:  # (its first is in slot j)
+                    rows.append((0, slot(j, t), 0))
                 rows.append((1, t, t + 1))
             rows.append((3, e - 1, 0))
             for t in reversed(range(s0, e - 1)):
-                rows.append((2, m + t - s0, 0))
+                rows.append((2, slot(j, t), 0))
                 rows.append((3, t, 0))
         return np.asarray(rows, np.int32).reshape(-1, 3)
 
@@ -378,8 +391,7 @@ def _scan_vjp_fwd(primals, *, body, num_consts, num_carry, length, reverse=False
     params = _params(body, num_consts, num_carry, length, reverse, checkpoints)
     if checkpoints is None:
         return _residual_fwd(vjp_graph(body), primals, params)
-    outs = scan_p.bind(*primals, **params)
-    return outs, ("checkpointed", primals)
+    return _stored_fwd(primals, params)
 
 
 @scan_p.def_vjp_bwd
@@ -426,6 +438,41 @@ def _residual_fwd(vg, primals, params):
     res = scan_p.bind(*consts2, *init, *xs, **p)
     outs, stacked = tuple(res[:nout]), list(res[nout:])
     return outs, ("residuals", primals, consts2, stacked, where, vg)
+
+
+def _stored_fwd(primals, params):
+    """The forward scan of checkpointed reverse mode. Besides its outputs it
+    writes the carries that the backward pass's first run starts from (the
+    schedule's first stores, `Runs.forward`) into cells, an extra carry per
+    carry: the backward pass then does not run the loop forward again."""
+    body, nc, nk = params["body"], params["num_consts"], params["num_carry"]
+    if not all(isinstance(v.type, TensorType) for v in body.inputs[nc:nc + nk]):
+        outs = scan_p.bind(*primals, **params)  # (the backward pass says why it cannot)
+        return outs, ("checkpointed", primals)
+    runs = checkpoint_runs(params["checkpoints"], params["length"])
+    consts, init, xs = _groups(primals, nc, nk)
+    carry_types = [v.type for v in body.inputs[nc:nc + nk]]
+    cells = [zeros(TensorType((runs.cells + 1,) + tuple(t.shape), t.dtype))
+             for t in carry_types]
+    zero = np.zeros((), np.int64)  # (indices are int64, as `x.at[i]` makes them)
+
+    def step(*args):
+        consts, carry = args[:nc], args[nc:nc + nk]
+        buf, x, cell = args[nc + nk:nc + 2 * nk], args[nc + 2 * nk:-1], args[-1]
+        outs = inline(body, list(consts) + list(carry) + list(x))
+        buf = [dynamic_update_slice_p.bind(b, reshape_p.bind(c, shape=(1,) + tuple(t.shape)),
+                                           cell, *[zero] * len(t.shape))
+               for b, c, t in zip(buf, carry, carry_types)]
+        return list(outs[:nk]) + buf + list(outs[nk:])
+
+    types = (list(body.in_types[:nc + nk]) + [type_of(b) for b in cells]
+             + list(body.in_types[nc + nk:]) + [TensorType((), np.int64)])
+    g, bconsts, _ = trace_body(step, types, name=f"{body.name}_stores")
+    table = runs.forward[::-1] if params.get("reverse") else runs.forward
+    res = scan_p.bind(*bconsts, *consts, *init, *cells, *xs, table.astype(np.int64),
+                      **dict(params, body=g, num_consts=len(bconsts) + nc, num_carry=2 * nk))
+    outs = tuple(res[:nk]) + tuple(res[2 * nk:])
+    return outs, ("checkpointed", primals, tuple(res[nk:2 * nk]))
 
 
 def _carry_fallback(primals, params):
@@ -577,18 +624,19 @@ def _carry_bwd(res, cts, body, nc, nk, length, reverse):
 
 
 def _checkpointed_bwd(res, cts, body, nc, nk, length, reverse, checkpoints):
-    _, primals = res
+    primals, stored = res[1], res[2:]  # (the cells `_stored_fwd` wrote, if any)
     consts, init, xs = _groups(primals, nc, nk)
     _check_storable(body, nc, nk)
     ct_carry_idx, acc_idx, cty_idx, x_idx = _ct_plan(body, nc, nk, primals, cts)
     v = step_vjp_graph(body, nc, nk, ct_carry_idx, acc_idx, cty_idx, x_idx)
     ctc0, acc0 = _ct_inits(primals, cts, ct_carry_idx, acc_idx)
+    cells = list(stored[0]) if stored else []
     out = scan_adjoint_p.bind(
-        *consts, *init, *xs, *ctc0, *acc0, *[cts[i] for i in cty_idx],
+        *consts, *init, *xs, *ctc0, *acc0, *[cts[i] for i in cty_idx], *cells,
         body=live_inputs(body, [True] * nk + [False] * (len(body.outputs) - nk))[0],
         step=v, num_consts=nc, num_carry=nk, num_ct_carry=len(ctc0),
         num_acc=len(acc0), length=length, **({"reverse": True} if reverse else {}),
-        schedule=checkpoints)
+        schedule=checkpoints, **({"stored": True} if cells else {}))
     return _assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, x_idx, out)
 
 
@@ -599,14 +647,35 @@ def _checkpointed_bwd(res, cts, body, nc, nk, length, reverse, checkpoints):
 scan_adjoint_p = Primitive("scan_adjoint", multiple_results=True, params={
     "body": Graph, "step": Graph, "num_consts": int, "num_carry": int,
     "num_ct_carry": int, "num_acc": int, "length": int,
-    "reverse": Param(bool, default=False), "schedule": SCHEDULES})
-#: operands `(*consts, *init, *xs, *ct_carry, *acc, *ct_ys)`; `body` is the
-#: forward step `(*consts, *carry, *x) -> (*carry, *y)` and `step` its
-#: backward part `(*consts, *ct_carry, *acc, *carry, *x, *ct_y) -> (*ct_carry,
-#: *acc, *ct_x)`. Outputs: the cotangents of the first carry, the
+    "reverse": Param(bool, default=False), "schedule": SCHEDULES,
+    "stored": Param(bool, default=False)})
+#: operands `(*consts, *init, *xs, *ct_carry, *acc, *ct_ys)`, and with
+#: `stored` the cells the forward pass wrote (`_stored_fwd`), one per carry;
+#: `body` is the forward step `(*consts, *carry, *x) -> (*carry, *y)` and
+#: `step` its backward part `(*consts, *ct_carry, *acc, *carry, *x, *ct_y) ->
+#: (*ct_carry, *acc, *ct_x)`. Outputs: the cotangents of the first carry, the
 #: accumulated `acc` and the stacked `ct_x`s, as a reverse scan of `step` over
 #: the carries of `body` would give them; the carries are recomputed from
-#: the ones `schedule` stores.
+#: the ones `schedule` stores (`_replay`). The stored cells are the carries
+#: at steps of that loop, so they spare the recomputation but change nothing:
+#: the rules treat them as constants (no tangent, no cotangent), each node
+#: derived from this one recomputing them, and they must hold what
+#: `_stored_fwd` writes.
+
+
+def _unstored(args, params: dict):
+    """A `scan_adjoint`'s operands and params without its stored cells (the
+    node computes the same without them)."""
+    if not params.get("stored"):
+        return list(args), params
+    nk = params["num_carry"]
+    return list(args[:len(args) - nk]), {k: v for k, v in params.items() if k != "stored"}
+
+
+@functools.lru_cache(maxsize=64)
+def checkpoint_runs(schedule, length: int) -> Runs:
+    """`schedule` on `length` steps, compiled into runs (`_replay`)."""
+    return compile_runs(schedule.actions(length), length)
 
 
 def _adjoint_groups(args, nc, nk, nxs, nctc, nacc):
@@ -621,9 +690,21 @@ def _adjoint_groups(args, nc, nk, nxs, nctc, nacc):
 
 @scan_adjoint_p.def_abstract_eval
 def _scan_adjoint_shape(*in_types, body, step, num_consts, num_carry, num_ct_carry,
-                        num_acc, length, reverse=False, schedule):
+                        num_acc, length, reverse=False, schedule, stored=False):
     op = "scan_adjoint"
     nx = len(body.inputs) - num_consts - num_carry
+    if stored:
+        if not isinstance(schedule, SCHEDULES):
+            raise ShapeError(f"`schedule` must be one of {[c.__name__ for c in SCHEDULES]}, "
+                             f"got {schedule!r}.", op=op)
+        n = checkpoint_runs(schedule, length).cells + 1
+        in_types, cells = in_types[:len(in_types) - num_carry], in_types[-num_carry:]
+        carry = in_types[num_consts:num_consts + num_carry]
+        for k, (c, t) in enumerate(zip(cells, carry)):
+            want = TensorType((n,) + tuple(t.shape), t.dtype)
+            if c != want:
+                raise ShapeError(f"stored cells {k} must be {want.str_short()}, got "
+                                 f"{c.str_short()}.", op=op)
     consts, carry, xs, ctc, acc, cty = _adjoint_groups(in_types, num_consts, num_carry, nx,
                                                        num_ct_carry, num_acc)
     _scan_shape(*consts, *carry, *xs, body=body, num_consts=num_consts,
@@ -684,77 +765,57 @@ def revolve_actions(length: int, snapshots: int) -> np.ndarray:
 
 @scan_adjoint_p.def_impl
 def _scan_adjoint_impl(*args, body, step, num_consts, num_carry, num_ct_carry, num_acc,
-                       length, reverse=False, schedule):
-    nc, nk = num_consts, num_carry
+                       length, reverse=False, schedule, stored=False):
+    # The schedule's actions compiled into runs of advances and backward
+    # steps, the backward steps reading kept residuals (`_replay`).
+    nc, nk, nacc = num_consts, num_carry, num_ct_carry + num_acc
     nx = len(body.inputs) - nc - nk
+    cells = args[len(args) - nk:] if stored else None
+    args = args[:len(args) - nk] if stored else args
     consts, init, xs, ctc0, acc0, cty = _adjoint_groups(args, nc, nk, nx, num_ct_carry,
                                                         num_acc)
-    fb, fs = lower(body), lower(step)
-    rows = schedule.actions(length)
-    snapshots = schedule.slots(length)
-    kinds, a_, b_ = (jnp.asarray(rows[:, j]) for j in range(3))
-    n_ctx = len(step.outputs) - num_ct_carry - num_acc
-    x_types = [t for t in step.out_types[num_ct_carry + num_acc:]]
-
-    def index(k):
-        return length - 1 - k if reverse else k
+    x_types = step.out_types[nacc:]
+    ct_xs = tuple(jnp.zeros((length,) + t.shape, t.dtype) for t in x_types)
+    if length == 0:
+        return (*ctc0, *acc0, *ct_xs)
+    split = split_step(step, nc, nk, nx, nacc)
+    fb, fr, fs = lower(body), lower(split.residuals), lower(split.backward)
+    once = lower(split.once)(*consts) if split.once is not None else ()
 
     def at(arrs, k):
         return [jax.lax.dynamic_index_in_dim(x, k, keepdims=False) for x in arrs]
 
-    def advance(carry, lo, hi):
-        def one(k, c):
-            return tuple(fb(*consts, *c, *at(xs, index(k)))[:nk])
-        return jax.lax.fori_loop(lo, hi, one, tuple(carry))
+    def advance(k, carry):
+        return tuple(fb(*consts, *carry, *at(xs, k))[:nk])
 
-    buf0 = tuple(jnp.zeros((max(snapshots, 1),) + jnp.shape(c), jnp.asarray(c).dtype)
-                 for c in init)
-    ctx0 = tuple(jnp.zeros((length,) + t.shape, t.dtype) for t in x_types)
+    def residuals(k, carry):
+        return tuple(fr(*consts, *carry, *at(xs, k)))
 
-    def run(i, state):
-        # One action per iteration, without a switch over the whole state
-        # (which would copy the snapshot buffer on every action): the store
-        # and the load touch one slot, the advance runs 0 steps unless it is
-        # one, and only the backward step (with its small operands) is a cond.
-        buf, carry, ctc, acc, ctx = state
-        kind, a, b = kinds[i], a_[i], b_[i]
-        slot = jnp.where((kind == 0) | (kind == 2), a, 0)
-        buf = tuple(jax.lax.dynamic_update_index_in_dim(
-            s, jnp.where(kind == 0, c, s[slot]), slot, 0) for s, c in zip(buf, carry))
-        carry = tuple(jnp.where(kind == 2, s[slot], c) for s, c in zip(buf, carry))
-        carry = advance(carry, a, jnp.where(kind == 1, b, a))
-        k = index(jnp.where(kind == 3, a, 0))
+    def backward(k, res, acc):
+        x = at(xs, k)
+        saved = [res[j] if kind == "res" else consts[j] if kind == "const" else
+                 x[j] if kind == "x" else once[j] for kind, j in split.where]
+        out = fs(*saved, *acc, *at(cty, k))
+        return (tuple(out[:nacc]),
+                tuple(jnp.asarray(v, t.dtype) for v, t in zip(out[nacc:], x_types)))
 
-        def back(ops):
-            ctc, acc = ops
-            out = fs(*consts, *ctc, *acc, *carry, *at(xs, k), *at(cty, k))
-            return (tuple(out[:num_ct_carry]),
-                    tuple(out[num_ct_carry:num_ct_carry + num_acc]),
-                    tuple(jnp.asarray(v, t.dtype) for v, t in
-                          zip(out[num_ct_carry + num_acc:], x_types)))
-
-        def skip(ops):
-            ctc, acc = ops
-            return ctc, acc, tuple(jnp.zeros(t.shape, t.dtype) for t in x_types)
-
-        ctc, acc, ctx_k = jax.lax.cond(kind == 3, back, skip, (ctc, acc))
-        ctx = tuple(jax.lax.dynamic_update_index_in_dim(
-            s, jnp.where(kind == 3, v, s[k]), k, 0) for s, v in zip(ctx, ctx_k))
-        return buf, carry, ctc, acc, ctx
-
-    state = (buf0, tuple(init), tuple(ctc0), tuple(acc0), ctx0)
-    _, _, ctc, acc, ctx = jax.lax.fori_loop(0, rows.shape[0], run, state)
-    assert len(ctx) == n_ctx
-    return (*ctc, *acc, *ctx)
+    acc, ct_xs = replay(checkpoint_runs(schedule, length), length, reverse, advance,
+                        residuals, backward, tuple(init), body.in_types[nc:nc + nk],
+                        split.residuals.out_types, (*ctc0, *acc0), ct_xs, stored=cells)
+    return (*acc, *ct_xs)
 
 
 @scan_adjoint_p.def_jvp
 def _scan_adjoint_jvp(primals, tangents, *, body, step, num_consts, num_carry,
-                      num_ct_carry, num_acc, length, reverse=False, schedule):
+                      num_ct_carry, num_acc, length, reverse=False, schedule, stored=False):
     # The backward pass is a fixed composition of forward steps and backward
     # steps; its JVP is the same composition of their JVPs: the same schedule
     # on the JVP of `body` (carries with their tangents) and of `step`, every
-    # differentiable value with its tangent.
+    # differentiable value with its tangent. (Stored cells are left out: the
+    # JVP node recomputes them with their tangents.)
+    if stored:
+        n = len(primals) - num_carry
+        primals, tangents = primals[:n], tangents[:n]
     nc, nk, nctc, nacc = num_consts, num_carry, num_ct_carry, num_acc
     nx = len(body.inputs) - nc - nk
     sizes = (nc, nk, nx, nctc, nacc, len(primals) - nc - nk - nx - nctc - nacc)
@@ -834,10 +895,12 @@ def _with_unused_inputs(graph: Graph, at: int, types) -> Graph:
 
 
 def _adjoint_by_scans(*args, body, step, num_consts, num_carry, num_ct_carry, num_acc,
-                      length, reverse=False, schedule):
+                      length, reverse=False, schedule, stored=False):
     """What a `scan_adjoint` node computes, as two plain scans: the forward
     scan storing every step's carry, then the reverse scan of `step`."""
     nc, nk = num_consts, num_carry
+    if stored:
+        args = args[:len(args) - nk]
     nx = len(body.inputs) - nc - nk
     consts, init, xs, ctc, acc, cty = _adjoint_groups(args, nc, nk, nx, num_ct_carry,
                                                       num_acc)
@@ -856,10 +919,11 @@ def _scan_adjoint_vjp(primals, outs, cts, **params):
     # of this second one; forward over reverse, `sd.hvp`, keeps the bound).
     from ..graph._trace import trace_flat
 
+    args, params = _unstored(primals, params)
     g, _, _ = trace_flat(lambda *a: list(_adjoint_by_scans(*a, **params)),
-                         tuple(type_of(p) for p in primals), name="scan_adjoint")
-    _, backward = vjp_eval(g, list(primals))
-    return tuple(backward(list(cts)))
+                         tuple(type_of(p) for p in args), name="scan_adjoint")
+    _, backward = vjp_eval(g, list(args))
+    return tuple(backward(list(cts))) + (None,) * (len(primals) - len(args))
 
 
 # ---------------------------------------------------------------------------
@@ -1061,11 +1125,14 @@ def _scan_batch(args, dims, *, body, num_consts, num_carry, length, reverse=Fals
 
 @scan_adjoint_p.def_batch
 def _scan_adjoint_batch(args, dims, *, body, step, num_consts, num_carry, num_ct_carry,
-                        num_acc, length, reverse=False, schedule):
+                        num_acc, length, reverse=False, schedule, stored=False):
     # The forward body's carries are batched to their fixed point first (the
     # step reads them but does not change them), then the step's cotangent
-    # carries and accumulators to theirs.
+    # carries and accumulators to theirs. (Stored cells are left out: the
+    # batched node recomputes them.)
     nc, nk, nctc, nacc = num_consts, num_carry, num_ct_carry, num_acc
+    if stored:
+        args, dims = args[:len(args) - nk], dims[:len(dims) - nk]
     nx = len(body.inputs) - nc - nk
     size = batch_size_of(args, dims)
     consts, carry, xs, ctc, acc, cty = _adjoint_groups(
@@ -1185,10 +1252,13 @@ def _install_sparsity_rules() -> None:
 
     @scan_adjoint_p.def_sparsity
     def _scan_adjoint_sparsity(outs, *deps, body, step, num_consts, num_carry, num_ct_carry,
-                               num_acc, length, reverse=False, schedule):
+                               num_acc, length, reverse=False, schedule, stored=False):
         # what `_adjoint_by_scans` computes: the forward scan stacking each
-        # step's carry, then the reverse scan of `step` over them
+        # step's carry, then the reverse scan of `step` over them (stored
+        # cells hold carries of that scan: they add nothing)
         nc, nk = num_consts, num_carry
+        if stored:
+            deps = deps[:len(deps) - nk]
         nx = len(body.inputs) - nc - nk
         consts, init, xs, ctc, acc, cty = _adjoint_groups(deps, nc, nk, nx, num_ct_carry,
                                                           num_acc)
@@ -1219,11 +1289,13 @@ def _carry_bytes(body: Graph, nc: int, nk: int) -> int:
 
 @scan_p.def_cost
 def _scan_cost(node, body):
-    from ..graph._cost import Cost, steps_note
+    from ..graph._cost import Cost, loop_body_peak, steps_note
 
     p = node.params
-    b, n = body(p["body"]), p["length"]
-    return Cost(n * b.flops, b.peak, steps_note(n, b.flops))
+    g, nc, nk = p["body"], p["num_consts"], p["num_carry"]
+    b, n = body(g), p["length"]
+    peak = loop_body_peak(g, b, g.inputs[nc:nc + nk])
+    return Cost(n * b.flops, peak, steps_note(n, b.flops))
 
 
 @scan_adjoint_p.def_cost
@@ -1236,7 +1308,12 @@ def _scan_adjoint_cost(node, body):
     actions = sched.actions(n)
     advances = actions[actions[:, 0] == 1]
     recomputed = int(np.sum(advances[:, 2] - advances[:, 1])) if len(advances) else 0
-    temp = sched.slots(n) * _carry_bytes(p["body"], p["num_consts"], p["num_carry"]) + \
+    runs = checkpoint_runs(sched, n)
+    cells = runs.cells + 1
+    if p.get("stored") and len(runs.runs):  # the forward pass ran the first stretch
+        recomputed -= int(runs.runs[0, 2])
+        cells = 0  # (and holds the cells: an operand)
+    temp = cells * _carry_bytes(p["body"], p["num_consts"], p["num_carry"]) + \
         max(fb.peak, st.peak)
     return Cost(recomputed * fb.flops + n * st.flops, temp,
                 f"{n} steps, {sched}: {recomputed} forward steps recomputed")

@@ -3,8 +3,11 @@
 The node's shape rule is `jax.eval_shape` of `fn`, its implementation `fn`
 itself, and its derivatives come from JAX's own AD of `fn`: the JVP rule
 emits a companion node `<name>.jvp` (computing `jax.jvp(fn)`), the VJP rule a
-companion node `<name>.vjp` (computing `jax.vjp(fn)`). The companions are
-made the same way, on first use, so derivatives of any order work.
+companion node `<name>.vjp` (computing `jax.vjp(fn)`). Its batch rule is
+JAX's batching of `fn` the same way: one companion node `<name>.vmap`
+(computing `jax.vmap(fn)`, the batch axis first). The companions are made
+the same way, on first use, so derivatives of any order, of batched nodes
+and batches of derivatives work.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 from ..errors import RegistrationError
 from ..graph import Primitive, TensorType, Zero, instantiate, is_differentiable, lookup_primitive
 from ..graph._autodiff import type_of
+from ..graph._batch import to_front
 from ..graph._source import user_source
 
 
@@ -49,7 +53,13 @@ def primitive_from_jax(fn: Callable, name: str, *, multiple_results: bool = Fals
     **Returns:**
 
     The `Primitive`; `p(*args)` adds one node. Its JVP and VJP are JAX's AD of
-    `fn`, emitted as the companion nodes `<name>.jvp` and `<name>.vjp`.
+    `fn`, emitted as the companion nodes `<name>.jvp` and `<name>.vjp`; under
+    `sd.vmap` it is one `<name>.vmap` node, `jax.vmap(fn)`.
+
+    ```python
+    p = sd.primitive_from_jax(lambda x: jnp.cumsum(jnp.sin(x)), "cumsin")
+    sd.vmap(p)(np.ones((100, 3)))  # one node: cumsin.vmap, jax.vmap of the function
+    ```
     """
     if not callable(fn):
         raise RegistrationError(f"`fn` must be a JAX function, got {fn!r}.",
@@ -102,11 +112,20 @@ def primitive_from_jax(fn: Callable, name: str, *, multiple_results: bool = Fals
             out[i] = r
         return tuple(out)
 
+    @p.def_batch
+    def _batch(args, dims):
+        batched = tuple(i for i, d in enumerate(dims) if d is not None)
+        comp = _companion(p, "vmap", len(args), batched)
+        res = comp.bind(*[a if d is None else to_front(a, d) for a, d in zip(args, dims)])
+        res = tuple(res)
+        return (res, (0,) * len(res)) if multiple_results else (res[0], 0)
+
     return p
 
 
 def _companion(p: Primitive, kind: str, n_in: int, diff: tuple[int, ...]) -> Primitive:
-    """The primitive computing JAX's JVP or VJP of `p.jax_fn`, made once."""
+    """The primitive computing JAX's JVP, VJP or batching of `p.jax_fn`, made
+    once. `diff`: the positions differentiated, or batched (at axis 0)."""
     name = f"{p.name}.{kind}" + ("" if len(diff) == n_in else
                                  "[" + ",".join(map(str, diff)) + "]")
     found = lookup_primitive(name)
@@ -125,6 +144,10 @@ def _companion(p: Primitive, kind: str, n_in: int, diff: tuple[int, ...]) -> Pri
             out, tout = jax.jvp(lambda *d: fn(*merge(d)), tuple(primals[i] for i in diff),
                                 tuple(tans))
             return as_tuple(out) + as_tuple(tout)
+    elif kind == "vmap":
+        def comp_fn(*args):
+            in_axes = tuple(0 if i in diff else None for i in range(n_in))
+            return as_tuple(jax.vmap(fn, in_axes=in_axes)(*args))
     else:
         def comp_fn(*args):
             primals, cts = args[:n_in], args[n_in:]

@@ -296,6 +296,14 @@ def _dynamic_update_slice_impl(x, update, *starts):
     return jax.lax.dynamic_update_slice(x, update, starts)
 
 
+@dynamic_update_slice_p.def_cost
+def _dynamic_update_slice_cost(node, body):
+    # XLA writes the update into the array in place: a copy of the update
+    from ..graph._cost import Cost, size
+
+    return Cost(float(size(node.inputs[1].type)))
+
+
 # Both are linear in their array operands (for fixed starts):
 #   dynamic_slice:        ct_x = dynamic_update_slice(0, ct)
 #   dynamic_update_slice: ct_x = dynamic_update_slice(ct, 0), ct_update = dynamic_slice(ct)

@@ -350,8 +350,10 @@ def _zeros_batched(t: BatchedType):
 
 def _register():
     from ..graph._autodiff import register_zeros
+    from ..graph._batch import register_map_rule
 
     register_zeros(BatchedType, _zeros_batched)
+    register_map_rule(map_rule)
 
 
 _register()
