@@ -985,13 +985,14 @@ def scan(f: Callable, init, xs=None, length: int | None = None, reverse: bool = 
 
 
 def prune_consts(body: Graph, consts: list) -> tuple[Graph, list]:
-    """`body` without the consts it does not read (and `consts` without them)."""
-    _, used = live_inputs(body, [True] * len(body.outputs))
+    """`body` without the consts it does not read (and `consts` without them).
+    Its dead nodes go too: one may read a const that no output needs."""
+    live, used = live_inputs(body, [True] * len(body.outputs))
     nc = len(consts)
     keep = used[:nc] + [True] * (len(body.inputs) - nc)
     if all(keep):
         return body, consts
-    return drop_inputs(body, keep), [c for c, k in zip(consts, keep) if k]
+    return drop_inputs(live, keep), [c for c, k in zip(consts, keep) if k]
 
 
 def fori_loop(lower: int, upper: int, body_fun: Callable, init_val, checkpoints=None):
