@@ -213,3 +213,49 @@ def hoist_nodes(graph: Graph, num_consts: int, const_atoms: Sequence):
         outer.append(n.replace(inputs=tuple(env.get(a, a) if isinstance(a, Var) else a
                                             for a in n.inputs), outputs=outs))
     return outer, [env[v] for v in needed], body
+
+
+def nonlinear_body(graph: Graph, linear: Sequence[bool], outputs: Sequence[int], *,
+                   name: str) -> Graph:
+    """The part of `graph` that computes its `outputs` (indices), which must
+    not depend on its inputs flagged `linear`: a graph of its other inputs
+    (the primal part of a loop body in a tangent map)."""
+    from ._autodiff import emit_nonlinear, is_linear
+
+    types = [v.type for v, f in zip(graph.inputs, linear) if not f]
+
+    def fn(*values):
+        outs = emit_nonlinear(graph, linear, values)
+        assert not any(is_linear(outs[i]) for i in outputs), \
+            f"nonlinear_body: an output of {graph.name} depends on the linear inputs"
+        return [outs[i] for i in outputs]
+
+    g, consts, _ = trace_body(fn, types, name=name)
+    assert not consts, "a body's nonlinear part closes over nothing"
+    return g
+
+
+def transpose_body(graph: Graph, linear: Sequence[bool], given: Sequence[bool], *,
+                   name: str) -> Graph:
+    """The transpose of a body linear in its inputs flagged `linear`:
+    `(*others, *cts) -> (*linear_cts)`, with `others` its other inputs in
+    order, `cts` the cotangents of its outputs flagged `given` (the rest
+    have none) and a cotangent per linear input, zeros where it gets none.
+    The nonlinear nodes it needs are emitted in it again (the primal part of
+    a loop step, recomputed in the transposed step)."""
+    from ._autodiff import Zero, instantiate, transpose_eval
+
+    others = [v.type for v, f in zip(graph.inputs, linear) if not f]
+    ct_types = [a.type.update() for a, g in zip(graph.outputs, given) if g]
+    n = len(others)
+
+    def fn(*args):
+        it = iter(args[n:])
+        cts = [next(it) if g else Zero(a.type.update())
+               for a, g in zip(graph.outputs, given)]
+        lin_cts = transpose_eval(graph, linear, args[:n], cts)
+        return [instantiate(c) for c in lin_cts]
+
+    g, consts, _ = trace_body(fn, others + ct_types, name=name)
+    assert not consts, "a body's transpose closes over nothing"
+    return g

@@ -53,7 +53,8 @@ def _call_jvp(primals, tangents, *, graph):
 def _call_transpose(cts, *args, graph):
     linear = [is_linear(a) for a in args]
     values = [a for a in args if not is_linear(a)]
-    lin_cts = iter(transpose_eval(graph, linear, values, cts))
+    lin_cts = iter(transpose_eval(graph, linear, values, cts,
+                                  [a for a in args if is_linear(a)]))
     return tuple(next(lin_cts) if lin else None for lin in linear)
 
 
