@@ -44,12 +44,13 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..graph import Graph, Literal, Param, Primitive, TensorType, Var, Zero
-from ..graph import is_differentiable, is_zero
-from ..graph import instantiate, lower
-from ..graph._autodiff import type_of, vjp_eval, vjp_graph
+from ..graph import is_differentiable, is_linear, is_zero
+from ..graph import add_tangents, instantiate, lower, transpose_eval
+from ..graph._autodiff import (expansion_transpose, graph_linear_outputs, jvp_primal,
+                               type_of, vjp_eval, vjp_graph)
 from ..graph._batch import batch_body, batch_size_of, batched_front, carry_fixed_point, front_where
-from ..graph._body import (drop_inputs, hoist, hoist_nodes, jvp_body, live_inputs, permute,
-                           trace_body)
+from ..graph._body import (drop_inputs, hoist, hoist_nodes, jvp_body, live_inputs,
+                           nonlinear_body, permute, trace_body)
 from ..graph._serialize import register_param_type
 from ..graph._trace import Tracer, is_value_leaf
 
@@ -786,7 +787,10 @@ def split_grouped(out, types, sizes):
     tangents."""
     outs, touts, k, lo = [], [], 0, 0
     for size in sizes:
-        outs += out[k:k + size]
+        # (the primal results come out of the node that computes their
+        # tangents: marked for transposition, see `jvp_primal`)
+        outs += [jvp_primal(o) if is_differentiable(t) else o
+                 for o, t in zip(out[k:k + size], types[lo:lo + size])]
         k += size
         for t in types[lo:lo + size]:
             if is_differentiable(t):
@@ -1027,6 +1031,144 @@ def fori_loop(lower: int, upper: int, body_fun: Callable, init_val, checkpoints=
 
     (_, val), _ = scan(step, (np.int64(lower), init_val), length=n, checkpoints=checkpoints)
     return val
+
+
+# ---------------------------------------------------------------------------
+# transposition: a scan in a tangent map
+#
+# The JVP of a scan is a scan carrying primals and tangents, linear in its
+# tangent operands; forward mode's gauge checks transpose it (as does the
+# VJP derived from a JVP). Its transpose runs the primal part forward
+# (`nonlinear_body`), stacking the primal carries each step starts from,
+# then the body's transpose (`transpose_body`: the step's primal part
+# recomputed, its tangent part transposed node by node) in reverse, carrying
+# the linear carries' cotangents and the sums of the linear consts'. With a
+# checkpoint schedule the two are one `scan_adjoint` node on that schedule.
+
+
+def loop_linearity(body: Graph, linear: Sequence[bool], nc: int, nk: int):
+    """`(linear, out_linear)`: the flags of a loop body's inputs, its carries
+    made linear where the body makes them depend on a linear input (to a
+    fixed point), and which of its outputs then depend on linear inputs. A
+    carry that becomes linear from an initial value that is not is a tangent
+    carry started from zeros (a JVP instantiates a symbolic zero there); the
+    map is linear only if that value is zero, and its start is taken so."""
+    lin = list(linear)
+    while True:
+        out = graph_linear_outputs(body, lin)
+        new = [a or b for a, b in zip(lin[nc:nc + nk], out[:nk])]
+        if new == lin[nc:nc + nk]:
+            return lin, out
+        lin[nc:nc + nk] = new
+
+
+def transposed_step(body: Graph, lin: Sequence[bool], given: Sequence[int], nc: int,
+                    nk: int):
+    """The two bodies of a loop's transpose, for a body `(*consts, *carry, *x)
+    -> (*carry, *y)` with inputs flagged `lin` (`loop_linearity`) and
+    cotangents for its outputs `given` (indices): `fb`, the primal step
+    `(*consts, *carry, *x) -> (*carry)` over the inputs not flagged, and `st`,
+    the transposed step `(*consts, *ct_carry, *acc, *carry, *x, *ct_y) ->
+    (*ct_carry, *acc, *ct_x)` over those and the linear carries'
+    cotangents, the sums of the linear consts' and the linear `x`s' (the
+    operand layout of `scan_adjoint`)."""
+    n = len(body.inputs)
+    nl = [i for i in range(n) if not lin[i]]
+    nl_k = [k for k in range(nk) if not lin[nc + k]]
+    lk = [k for k in range(nk) if lin[nc + k]]
+    lc = [i for i in range(nc) if lin[i]]
+    lx = [i for i in range(nc + nk, n) if lin[i]]
+    fb = nonlinear_body(body, lin, nl_k, name=f"{body.name}_primal")
+    types = ([body.inputs[i].type for i in nl if i < nc]
+             + [body.inputs[nc + k].type.update() for k in lk]
+             + [body.inputs[i].type.update() for i in lc]
+             + [body.inputs[i].type for i in nl if i >= nc]
+             + [body.outputs[j].type.update() for j in given])
+    n_c = sum(1 for i in nl if i < nc)
+
+    def step(*a):
+        it = iter(a)
+        consts = [next(it) for _ in range(n_c)]
+        ct_k = [next(it) for _ in lk]
+        acc = [next(it) for _ in lc]
+        rest = [next(it) for i in nl if i >= nc]
+        cts = [Zero(o.type.update()) for o in body.outputs]
+        for k, c in zip(lk, ct_k):
+            cts[k] = c
+        for j, c in zip(given, it):
+            cts[j] = c
+        got = dict(zip([i for i in range(n) if lin[i]],
+                       transpose_eval(body, lin, consts + rest, cts)))
+        return ([instantiate(got[nc + k]) for k in lk]
+                + [add_tangents(s, got[i]) for s, i in zip(acc, lc)]
+                + [instantiate(got[i]) for i in lx])
+
+    st, bconsts, _ = trace_body(step, types, name=f"{body.name}_transpose")
+    assert not bconsts, "a body's transpose closes over nothing"
+    return fb, st
+
+
+def _storable_primal_carries(body: Graph, carries: Sequence[int], nc: int, op: str) -> None:
+    for k in carries:
+        t = body.inputs[nc + k].type
+        if not isinstance(t, TensorType):
+            raise ShapeError(f"transposing this loop (forward mode's checks do) stores its "
+                             f"primal carries, and a carry of type {t.str_short()} cannot be "
+                             "stored. Make it a const of the loop.", op=op)
+
+
+@scan_p.def_transpose
+def _scan_transpose(cts, *args, body, num_consts, num_carry, length, reverse=False,
+                    checkpoints=None):
+    nc, nk, n = num_consts, num_carry, len(args)
+    lin, out_lin = loop_linearity(body, [is_linear(a) for a in args], nc, nk)
+    lk = [k for k in range(nk) if lin[nc + k]]
+    nl_k = [k for k in range(nk) if not lin[nc + k]]
+    lc = [i for i in range(nc) if lin[i]]
+    lx = [i for i in range(nc + nk, n) if lin[i]]
+    given = [j for j in range(nk, len(body.outputs)) if out_lin[j] and not is_zero(cts[j])]
+    fb, st = transposed_step(body, lin, given, nc, nk)
+    consts = [a for a, f in zip(args[:nc], lin[:nc]) if not f]
+    init = [args[nc + k] for k in nl_k]
+    xs = [a for a, f in zip(args[nc + nk:], lin[nc + nk:]) if not f]
+    ct0 = ([instantiate(cts[k]) for k in lk]
+           + [instantiate(Zero(body.inputs[i].type.update())) for i in lc])
+    cty = [cts[j] for j in given]
+    _storable_primal_carries(body, nl_k, nc, "scan")
+    if checkpoints is not None and nl_k:
+        out = scan_adjoint_p.bind(*consts, *init, *xs, *ct0, *cty, body=fb, step=st,
+                                  num_consts=len(consts), num_carry=len(nl_k),
+                                  num_ct_carry=len(lk), num_acc=len(lc), length=length,
+                                  **({"reverse": True} if reverse else {}),
+                                  schedule=checkpoints)
+    else:
+        stacked = []
+        if nl_k:  # the primal carry each step starts from
+            g = fb.replace(outputs=fb.outputs + fb.inputs[len(consts):len(consts) + len(nl_k)])
+            stacked = scan_p.bind(*consts, *init, *xs, **_params(g, len(consts), len(nl_k),
+                                                                 length, reverse, None))
+            stacked = list(stacked[len(nl_k):])
+        out = scan_p.bind(*consts, *ct0, *stacked, *xs, *cty,
+                          **_params(st, len(consts), len(ct0), length, not reverse, None))
+    out = iter(out)
+    in_cts: list = [None] * n
+    for k in lk:
+        c = next(out)
+        if is_linear(args[nc + k]):
+            in_cts[nc + k] = c
+    for i in lc + lx:
+        in_cts[i] = next(out)
+    return tuple(in_cts)
+
+
+def _install_adjoint_transpose() -> None:
+    # a `scan_adjoint` in a tangent map (forward over a checkpointed reverse
+    # pass, `sd.hvp`) is transposed as the two plain scans it stands for,
+    # storing every carry (as its VJP does)
+    scan_adjoint_p.def_transpose(expansion_transpose(scan_adjoint_p, _adjoint_by_scans))
+
+
+_install_adjoint_transpose()
 
 
 # ---------------------------------------------------------------------------
