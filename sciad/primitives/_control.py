@@ -1243,23 +1243,30 @@ def _scan_adjoint_batch(args, dims, *, body, step, num_consts, num_carry, num_ct
 # step's outputs depend on the slice of `xs` that step reads, not on all of
 # them. A scan of at most `SPARSITY_STEPS` steps is followed exactly, one
 # step after another (a stencil's band grows one step at a time), stopping
-# early where the carries' patterns stop changing. A longer one, and a
-# `while` loop (which may stop after any step), iterate the union of the
-# carries' patterns (a slice read: any of them) to its fixed point, which
-# is monotone and so holds after every step; past `SPARSITY_STEPS`
-# iterations without one, every output depends on every operand.
+# early where the carries' patterns stop changing. The values of carries
+# that are constants (a `fori_loop`'s index) are followed too, so a step
+# reading `x[i]` reads that element, not any. A `while` loop is followed
+# exactly as long as its predicate's value is a constant (a loop counting
+# its steps), and stops where it is false. A longer scan, and a `while`
+# loop whose predicate reads the data (it may stop after any step),
+# iterate the union of the carries' patterns (a slice read: any of them;
+# a carry's value kept only where it is the same at every step) to its
+# fixed point, which is monotone and so holds after every step; past
+# `SPARSITY_STEPS` iterations without one, every output depends on every
+# operand.
 
 #: the most steps a loop's sparsity rule interprets its body for
 SPARSITY_STEPS = 100
 
 
 def loop_sparsity(body: Graph, consts, init, xs, steps: int | None, *, exact: bool,
-                  reverse: bool = False):
+                  reverse: bool = False, cond: Graph | None = None):
     """The patterns of a loop's final carries and stacked per-step outputs,
     from the `Deps` of its consts, initial carries and stacked per-step
     inputs: `(carries, ys)` (CSR matrices), or None past `SPARSITY_STEPS`
     without a fixed point. `steps`: the body's applications (at most, where
-    not `exact`: a `while` loop's `max_steps`, or None)."""
+    not `exact`: a `while` loop's `max_steps`, or None). `cond`: a `while`
+    loop's predicate `(*consts, *carry) -> (bool,)`."""
     import scipy.sparse as sp
 
     from ..graph._sparsity import (Deps, any_slice, pad_columns, select_rows, sparsity_eval,
@@ -1274,24 +1281,36 @@ def loop_sparsity(body: Graph, consts, init, xs, steps: int | None, *, exact: bo
     c_in = [pad_columns(d, K) for d in consts]
     carry_shapes = [d.shape for d in init]
     carries = [d.matrix for d in init]
+    values = [d.value for d in init]
     follow = exact and steps is not None and steps <= SPARSITY_STEPS
     limit = steps if follow else min(SPARSITY_STEPS, SPARSITY_STEPS if steps is None else steps)
+    known = cond is not None  # the predicate's value is a constant so far
     records, fixed = [], False
     for i in range(limit):
-        res = sparsity_eval(body, c_in + [pad_columns(Deps(c, s), K) for c, s in
-                                          zip(carries, carry_shapes)] + x_in)
+        ins = [pad_columns(Deps(c, s, v), K) for c, s, v in zip(carries, carry_shapes, values)]
+        if known:
+            (pred,) = sparsity_eval(cond, c_in + ins)
+            known = pred.value is not None
+            if known and not bool(pred.value):
+                fixed = True  # the loop stops here
+                break
+        res = sparsity_eval(body, c_in + ins + x_in)
         records.append([r.matrix for r in res[nk:]])
         # whatever slice the later steps read, their carries stay within these
         grown = [union(c, any_slice(r.matrix, n, x_rows)) for c, r in zip(carries, res[:nk])]
-        fixed = all(g.nnz == c.nnz for g, c in zip(grown, carries))
+        new = [r.value for r in res[:nk]]
+        fixed = all(g.nnz == c.nnz for g, c in zip(grown, carries)) and all(
+            _same_value(a, b) for a, b in zip(values, new))
         if fixed:
             break
-        if follow:  # step `i` reads its own slice
+        if follow or known:  # step `i` reads its own slice
             p = length - 1 - i if reverse else i
             rows = select_rows(x_rows, p * K + np.arange(K))
             carries = [substitute(r.matrix, n, rows, 1) for r in res[:nk]]
+            values = new
         else:
             carries = grown
+            values = [a if _same_value(a, b) else None for a, b in zip(values, new)]
     if not fixed and not (steps is not None and limit == steps):
         return None
     ys = []
@@ -1311,6 +1330,13 @@ def loop_sparsity(body: Graph, consts, init, xs, steps: int | None, *, exact: bo
         stacked = sp.vstack(blocks, format="csr") if len(blocks) > 1 else blocks[0]
         ys.append(select_rows(stacked, np.argsort(np.concatenate(dest), kind="stable")))
     return carries, ys
+
+
+def _same_value(a, b) -> bool:
+    """Whether two carry values (arrays, or None where not constant) agree."""
+    if a is None or b is None:
+        return a is None and b is None
+    return np.array_equal(a, b)
 
 
 def _install_sparsity_rules() -> None:

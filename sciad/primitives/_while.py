@@ -699,10 +699,12 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
 
 
 # ---------------------------------------------------------------------------
-# sparsity: the union of the carries' patterns over the steps, to its fixed
-# point (the loop may stop after any step), interpreted at most
-# `max_steps` times; dense past `SPARSITY_STEPS` iterations without one
-# (`loop_sparsity`). The predicate selects a step count, not values.
+# sparsity: followed step by step while the predicate's value is a constant
+# (a loop counting its steps), else the union of the carries' patterns over
+# the steps, to its fixed point (the loop may stop after any step),
+# interpreted at most `max_steps` times; dense past `SPARSITY_STEPS`
+# iterations without one (`loop_sparsity`). The predicate selects a step
+# count, not values.
 
 
 @while_p.def_sparsity
@@ -712,7 +714,7 @@ def _while_sparsity(outs, *deps, cond_body, body, num_consts, max_steps=None,
     from ._control import loop_sparsity
 
     res = loop_sparsity(body, deps[:num_consts], deps[num_consts:], [], max_steps,
-                        exact=False)
+                        exact=False, cond=cond_body)
     return dense_all(outs, *deps) if res is None else res[0]
 
 
