@@ -24,8 +24,8 @@ WITH_RULE = [n for n in BUILTINS if sd.graph.lookup_primitive(n).sparsity_rule i
 # differentiate: slow
 SLOW = {"linalg.svd_guard", "linalg.eigh_guard", "linalg.backsolve", "linalg.solve_operator",
         "ode.odeint", "optimize.root_guard", "map"}
-# (odeint's rule is `dense_all`, as root's and while's; the guard's example
-# is a root solve; map's rule is its body's, checked with every primitive)
+# (odeint's rule is `dense_all`; the guard's example is a root solve; map's
+# rule is its body's, checked with every primitive)
 
 
 def _one_per_rule(names):
@@ -315,3 +315,17 @@ def test_root_depends_through_the_residuals_closure(coupled, rng):
 def test_root_pattern_is_the_jacobians(coupled, rng):
     f, want = _root_of(coupled)
     np.testing.assert_array_equal(want, _true_pattern(f, rng.standard_normal(6), rng))
+
+
+def test_loop_whose_pattern_holds_still_stops_early(monkeypatch):
+    # the index's value moves at every step, but a step with it unknown
+    # grows nothing: the interpretation stops there, not after 100 steps
+    import sciad.graph._sparsity as sparsity
+
+    calls = []
+    real = sparsity.sparsity_eval
+    monkeypatch.setattr(sparsity, "sparsity_eval", lambda *a: calls.append(1) or real(*a))
+    got = sd.sparse.jacobian_sparsity(
+        lambda u: sd.fori_loop(0, 100, lambda i, u: snp.sin(u) * 0.5, u), np.ones(4))
+    np.testing.assert_array_equal(got.toarray(), np.eye(4, dtype=bool))
+    assert len(calls) < 10

@@ -1299,8 +1299,18 @@ def loop_sparsity(body: Graph, consts, init, xs, steps: int | None, *, exact: bo
         # whatever slice the later steps read, their carries stay within these
         grown = [union(c, any_slice(r.matrix, n, x_rows)) for c, r in zip(carries, res[:nk])]
         new = [r.value for r in res[:nk]]
-        fixed = all(g.nnz == c.nnz for g, c in zip(grown, carries)) and all(
-            _same_value(a, b) for a, b in zip(values, new))
+        still = all(g.nnz == c.nnz for g, c in zip(grown, carries))
+        fixed = still and all(_same_value(a, b) for a, b in zip(values, new))
+        if still and not fixed and nk == len(body.outputs):
+            # the patterns hold still but a carry's value moves (a loop's
+            # index): they hold for any value of it if a step with it
+            # unknown grows nothing (a loop with per-step outputs follows
+            # on, to keep theirs exact)
+            generic = [a if _same_value(a, b) else None for a, b in zip(values, new)]
+            res = sparsity_eval(body, c_in + [pad_columns(Deps(c, s, v), K) for c, s, v in
+                                              zip(carries, carry_shapes, generic)] + x_in)
+            fixed = all(union(c, any_slice(r.matrix, n, x_rows)).nnz == c.nnz
+                        for c, r in zip(carries, res[:nk]))
         if fixed:
             break
         if follow or known:  # step `i` reads its own slice
