@@ -20,7 +20,7 @@ import sciad.numpy as snp
 from registry_examples import builtin_primitives
 from sciad.errors import DegenerateEigenvalueError
 from sciad.graph import Graph, Var, instantiate, transpose_eval
-from sciad.graph._autodiff import linear_outputs
+from sciad.graph._autodiff import jvp_primal, known_zero, linear_outputs, vjp_transpose
 
 N = 4
 _R = np.random.default_rng(1)
@@ -292,6 +292,82 @@ def test_gauge_invariant_loss_passes_the_check_in_loops(loop):
     np.testing.assert_allclose(t, _fd(f, a, d), rtol=1e-6)
     with pytest.raises(DegenerateEigenvalueError):
         sd.jvp(lambda a: f(a) + _gauge_dependent(a), (a,), (d,))
+
+
+# a primitive whose JVP computes its primal and tangent results in one node
+# (as an ODE solved with its sensitivities does) and marks the primal part:
+# `joint(x, t) = [sin x, cos(x) t]`, linear in `t` where `x` is fixed and
+# transposed through its VJP there
+
+
+joint_p = sd.primitive("test_forward_in_loops.joint", params={})
+sin_p = sd.primitive("test_forward_in_loops.sin", params={})
+
+
+@joint_p.def_abstract_eval
+def _joint_shape(x, t):
+    return sd.TensorType((2 * x.shape[0],), x.dtype)
+
+
+@joint_p.def_impl
+def _joint_impl(x, t):
+    import jax.numpy as jnp
+
+    return jnp.concatenate([jnp.sin(x), jnp.cos(x) * t])
+
+
+@joint_p.def_vjp
+def _joint_vjp(primals, out, ct):
+    (x, t), n = primals, primals[0].shape[0]
+    return (snp.cos(x) * ct[:n] - snp.sin(x) * t * ct[n:], snp.cos(x) * ct[n:])
+
+
+joint_p.def_transpose(vjp_transpose(joint_p))
+
+
+@sin_p.def_abstract_eval
+def _sin_shape(x):
+    return x
+
+
+@sin_p.def_impl
+def _sin_impl(x):
+    import jax.numpy as jnp
+
+    return jnp.sin(x)
+
+
+@sin_p.def_jvp
+def _sin_jvp(primals, tangents):
+    (x,), (t,), n = primals, tangents, primals[0].shape[0]
+    both = joint_p.bind(x, instantiate(t))
+    return jvp_primal(both[:n]), both[n:]
+
+
+def joint(a, c):
+    return snp.sum(sin_p.bind(a * (1.0 + c)) ** 2)
+
+
+def test_node_computing_primal_and_tangent_in_a_branch_of_a_loop():
+    # the branch's primal result is marked, so the cond's primal output and
+    # the loop's primal carry are no tangents (a dce-based guess took the
+    # carry for one, started from zero: a silently wrong transpose)
+    f = cond_in_scan(joint)
+    check_jvp(f)
+    check_transpose(f)
+
+
+def test_known_zero():
+    assert known_zero(np.zeros(3)) and not known_zero(np.ones(3))
+    seen = []
+
+    def f(x):
+        seen.extend([known_zero(snp.zeros(3)), known_zero(instantiate(sd.graph.Zero(
+            sd.TensorType((3,), np.float64)))), known_zero(snp.ones(3)), known_zero(x * 0)])
+        return x
+
+    sd.trace(f, np.ones(3))
+    assert seen == [True, True, False, False]
 
 
 # ---------------------------------------------------------------------------

@@ -101,6 +101,26 @@ def is_linear(x) -> bool:
     return isinstance(x, UndefinedPrimal)
 
 
+def known_zero(x) -> bool:
+    """Whether `x` is zero by construction: a constant of zeros, or a traced
+    value made by a node without operands (`zeros`, `full`) whose value is
+    zeros (a JVP's instantiated symbolic zero)."""
+    from ._trace import Tracer
+
+    if isinstance(x, Tracer):
+        producer = next((n for n in reversed(x._builder.nodes) if x._var in n.outputs), None)
+        if producer is None or producer.inputs or producer.primitive.impl_rule is None:
+            return False
+        import jax
+
+        with jax.ensure_compile_time_eval():
+            out = producer.primitive.impl_rule(**producer.params)
+        out = out if producer.primitive.multiple_results else (out,)
+        return bool(np.all(np.asarray(out[producer.outputs.index(x._var)]) == 0))
+    return not isinstance(x, (UndefinedPrimal, Zero, SparseArray)) and bool(
+        np.all(np.asarray(x) == 0))
+
+
 def value_at_zero(x):
     """A transpose rule's operand where the linear inputs of the map are
     zero: `x` itself if it is not linear, else the value its `at_zero`
@@ -345,16 +365,20 @@ class _Emit(Interpreter):
 
 def linear_outputs(node: Node, linear: Sequence[bool]) -> list[bool]:
     """Which outputs of `node` depend on its operands flagged `linear`: none
-    where no operand is; else its float and complex outputs, less those its
-    primitive's `dce` rule computes without the linear operands (a loop in
-    a tangent map computes its primal carries and its tangent carries, and
-    only the latter read the tangents). Outputs of other types (integers, a
-    factorization) never depend on linear operands: a map that is linear in
-    them cannot. Nor does a `jvp_primal`."""
+    where no operand is; else its float and complex outputs, less those that
+    its primitive's `linearity` rule finds independent of the linear
+    operands (a loop in a tangent map computes its primal carries and its
+    tangent carries, and only the latter read the tangents), or, without
+    one, those its `dce` rule computes without them. Outputs of other types
+    (integers, a factorization) never depend on linear operands: a map that
+    is linear in them cannot. Nor does a `jvp_primal`."""
     n = len(node.outputs)
     if not any(linear) or node.primitive is jvp_primal_p:
         return [False] * n
     diff = [is_differentiable(v.type) for v in node.outputs]
+    if node.primitive.linearity_rule is not None:
+        flags = node.primitive.linearity_rule(list(linear), **node.params)
+        return [bool(f) and d for f, d in zip(flags, diff)]
     rule = node.primitive.dce_rule
     if rule is None or sum(diff) < 2:
         return diff

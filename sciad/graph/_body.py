@@ -107,7 +107,10 @@ def jvp_body(graph: Graph, nonzero: Sequence[bool], *, name: str | None = None,
 
 def live_inputs(graph: Graph, used_outputs: Sequence[bool]) -> tuple[Graph, list[bool]]:
     """`graph` with only its used outputs (and the nodes they need), and which
-    of its inputs those still read. Nodes with effects are kept."""
+    of its inputs those still read. Nodes with effects are kept. A node of
+    which only some outputs are needed (a loop whose tangent carries are
+    dead) becomes its `dce` rule's node for them, reading only what they
+    need."""
     from ._passes import _has_effects
 
     outs = [a for a, u in zip(graph.outputs, used_outputs) if u]
@@ -115,6 +118,10 @@ def live_inputs(graph: Graph, used_outputs: Sequence[bool]) -> tuple[Graph, list
     kept: list[Node] = []
     for node in reversed(graph.nodes):
         if _has_effects(node) or any(v in live for v in node.outputs):
+            rule = node.primitive.dce_rule
+            if rule is not None and not _has_effects(node) and \
+                    not all(v in live for v in node.outputs):
+                node = rule(node, [v in live for v in node.outputs]) or node
             kept.append(node)
             live.update(a for a in node.inputs if isinstance(a, Var))
     kept.reverse()

@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..errors import ShapeError
 from ..graph import (Graph, Primitive, Zero, instantiate, is_differentiable, is_linear,
                      jvp_graph, lower, transpose_eval, vjp_eval)
+from ..graph._autodiff import graph_linear_outputs
 from ..graph._batch import batch_body, batch_size_of, front_where
 from ..graph._sparsity import body_rule
 
@@ -47,6 +48,11 @@ def _call_jvp(primals, tangents, *, graph):
     touts = [t if is_differentiable(a.type) else Zero(a.type.update())
              for a, t in zip(graph.outputs, res[n:])]
     return tuple(res[:n]), tuple(touts)
+
+
+@call_p.def_linearity
+def _call_linearity(linear, *, graph):
+    return graph_linear_outputs(graph, linear)
 
 
 @call_p.def_transpose

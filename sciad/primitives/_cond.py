@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import DTypeError, NotSupportedError, ShapeError
 from ..graph import Graph, Literal, Primitive, TensorType, Var, Zero
 from ..graph import instantiate, is_differentiable, is_linear, is_zero, lower
-from ..graph._autodiff import type_of, vjp_eval, vjp_graph, zeros
+from ..graph._autodiff import graph_linear_outputs, type_of, vjp_eval, vjp_graph, zeros
 from ..graph._batch import batch_body, batch_graph, batch_size_of, batched_front, front_where
 from ..graph._batch import to_front
 from ..graph._body import drop_inputs, inline, jvp_body, live_inputs, trace_body
@@ -244,6 +244,12 @@ def _given(cts) -> list[bool]:
     return [not is_zero(c) for c in cts]
 
 
+@cond_p.def_linearity
+def _cond_linearity(linear, *, true_body, false_body):
+    t, f = (graph_linear_outputs(b, linear[1:]) for b in (true_body, false_body))
+    return [a or b for a, b in zip(t, f)]
+
+
 @cond_p.def_transpose
 def _cond_transpose(cts, pred, *args, true_body, false_body):
     linear = [is_linear(a) for a in args]
@@ -432,6 +438,9 @@ def _barrier_jvp(primals, tangents):
 @barrier_p.def_transpose
 def _barrier_transpose(cts, *args):
     return tuple(cts)
+
+
+checkpoint_p.def_linearity(lambda linear, body: graph_linear_outputs(body, linear))
 
 
 @checkpoint_p.def_transpose

@@ -47,7 +47,7 @@ from ..graph import Graph, Literal, Param, Primitive, TensorType, Var, Zero
 from ..graph import is_differentiable, is_linear, is_zero
 from ..graph import add_tangents, instantiate, lower, transpose_eval
 from ..graph._autodiff import (expansion_transpose, graph_linear_outputs, jvp_primal,
-                               type_of, vjp_eval, vjp_graph)
+                               known_zero, type_of, vjp_eval, vjp_graph)
 from ..graph._batch import batch_body, batch_size_of, batched_front, carry_fixed_point, front_where
 from ..graph._body import (drop_inputs, hoist, hoist_nodes, jvp_body, live_inputs,
                            nonlinear_body, permute, trace_body)
@@ -1062,6 +1062,17 @@ def loop_linearity(body: Graph, linear: Sequence[bool], nc: int, nk: int):
         lin[nc:nc + nk] = new
 
 
+def check_zero_starts(args, linear, lin, nc: int, nk: int, op: str) -> None:
+    """A carry that a loop's transpose takes as linear from a start that is
+    not a linear operand must start from zero (`loop_linearity`): else the
+    loop is not linear, and the transpose would be silently wrong."""
+    for k in range(nk):
+        if lin[nc + k] and not linear[nc + k]:
+            assert known_zero(args[nc + k]), (
+                f"{op}: transposing a loop whose carry {k} depends on the tangents but "
+                "starts from a value not known to be zero; this is a bug in sciad.")
+
+
 def transposed_step(body: Graph, lin: Sequence[bool], given: Sequence[int], nc: int,
                     nk: int):
     """The two bodies of a loop's transpose, for a body `(*consts, *carry, *x)
@@ -1108,6 +1119,15 @@ def transposed_step(body: Graph, lin: Sequence[bool], given: Sequence[int], nc: 
     return fb, st
 
 
+@scan_p.def_linearity
+def _scan_linearity(linear, *, body, num_consts, num_carry, length, reverse=False,
+                    checkpoints=None):
+    # a final carry as its carry (its start, after no steps), the stacked
+    # outputs as the body's
+    lin, out = loop_linearity(body, linear, num_consts, num_carry)
+    return lin[num_consts:num_consts + num_carry] + out[num_carry:]
+
+
 def _storable_primal_carries(body: Graph, carries: Sequence[int], nc: int, op: str) -> None:
     for k in carries:
         t = body.inputs[nc + k].type
@@ -1121,7 +1141,9 @@ def _storable_primal_carries(body: Graph, carries: Sequence[int], nc: int, op: s
 def _scan_transpose(cts, *args, body, num_consts, num_carry, length, reverse=False,
                     checkpoints=None):
     nc, nk, n = num_consts, num_carry, len(args)
-    lin, out_lin = loop_linearity(body, [is_linear(a) for a in args], nc, nk)
+    linear = [is_linear(a) for a in args]
+    lin, out_lin = loop_linearity(body, linear, nc, nk)
+    check_zero_starts(args, linear, lin, nc, nk, "scan")
     lk = [k for k in range(nk) if lin[nc + k]]
     nl_k = [k for k in range(nk) if not lin[nc + k]]
     lc = [i for i in range(nc) if lin[i]]

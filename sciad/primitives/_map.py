@@ -46,7 +46,8 @@ import jax
 from ..errors import ShapeError
 from ..graph import Graph, Param, Primitive, SparseType, Zero, instantiate, is_zero, lower
 from ..graph import is_linear
-from ..graph._autodiff import is_differentiable, type_of, vjp_eval, vjp_node
+from ..graph._autodiff import graph_linear_outputs, is_differentiable, type_of, vjp_eval
+from ..graph._autodiff import vjp_node
 from ..graph._batch import batch_graph, batch_size_of, batched_front, batched_type
 from ..graph._batch import example_type, to_front
 from ..graph._core import Factored, Node, Var
@@ -310,6 +311,11 @@ def _map_vjp(primals, outs, cts, *, body, batched, size, spmd_axis=None):
                 ct = assemble(ct, v.type.pattern)
         out.append(ct)
     return tuple(out)
+
+
+@map_p.def_linearity
+def _map_linearity(linear, *, body, batched, size, spmd_axis=None):
+    return graph_linear_outputs(body, linear)
 
 
 @map_p.def_transpose

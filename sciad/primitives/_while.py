@@ -477,10 +477,13 @@ _install_adjoint_batch_rule()
 def _while_transpose(cts, *args, cond_body, body, num_consts, max_steps=None,
                      checkpoints=None):
     from .. import numpy as snp
-    from ._control import _storable_primal_carries, loop_linearity, transposed_step
+    from ._control import (_storable_primal_carries, check_zero_starts, loop_linearity,
+                           transposed_step)
 
     nc, nk = num_consts, len(args) - num_consts
-    lin, _ = loop_linearity(body, [is_linear(a) for a in args], nc, nk)
+    linear = [is_linear(a) for a in args]
+    lin, _ = loop_linearity(body, linear, nc, nk)
+    check_zero_starts(args, linear, lin, nc, nk, "while")
     nl_k = [k for k in range(nk) if not lin[nc + k]]
     lk = [k for k in range(nk) if lin[nc + k]]
     lc = [i for i in range(nc) if lin[i]]
@@ -512,6 +515,14 @@ def _while_transpose(cts, *args, cond_body, body, num_consts, max_steps=None,
     for i in lc:
         in_cts[i] = next(out)
     return tuple(in_cts)
+
+
+@while_p.def_linearity
+def _while_linearity(linear, *, cond_body, body, num_consts, max_steps=None,
+                     checkpoints=None):
+    from ._control import loop_linearity
+
+    return loop_linearity(body, linear, num_consts, len(linear) - num_consts)[0][num_consts:]
 
 
 def _recomputing_transpose(fb: Graph, st: Graph, consts, init, ct0, steps) -> list:
