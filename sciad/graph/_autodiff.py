@@ -203,8 +203,8 @@ def _zeros_impl(*, shape, dtype):
 # looks linear to transposition, which would then take the primal results
 # for linear values; the marker says they are not, and a tangent map's
 # transposition takes their value where the tangents are zero
-# (`value_at_zero`). A loop's primal results need no marker: its `dce` rule
-# computes them without the tangents (`linear_outputs`).
+# (`value_at_zero`). A loop's primal results need no marker: its
+# `linearity` rule tells them from its tangent results (`linear_outputs`).
 jvp_primal_p = Primitive("jvp_primal", params={})
 
 
@@ -226,7 +226,16 @@ def _jvp_primal_jvp(primals, tangents):
 
 def jvp_primal(x):
     """`x`, a JVP rule's primal result taken out of a node that also
-    computes tangents, marked as not depending on them (`jvp_primal_p`)."""
+    computes tangents, marked as not depending on them (`jvp_primal_p`), so
+    that the tangent map transposes:
+
+    ```python
+    @my_p.def_jvp
+    def _my_jvp(primals, tangents):
+        both = my_with_sensitivity_p.bind(*primals, *tangents)   # [y, dy]
+        return sd.graph.jvp_primal(both[:n]), both[n:]
+    ```
+    """
     return jvp_primal_p.bind(x)
 
 
