@@ -262,6 +262,7 @@ EXAMPLES.update({
     "eye": (lambda x: x @ snp.eye(3, 3, 1), (_f64(2, 3),)),
     "add_any": (lambda x, y: sd.graph.add_any_p.bind(x, y), (_f64(2, 3), _f64(2, 3))),
     "zeros": (lambda x: x + sd.graph.zeros(sd.TensorType((3,), np.float64)), (_f64(3),)),
+    "jvp_primal": (lambda x: sd.graph.jvp_primal(x) * x, (_f64(3),)),
     "sparse.assemble": (lambda d: _coo(d).todense(), (_f64(9),)),
     "sparse.gather": (lambda d: _csr(d).diagonal() * 2.0, (_f64(8),)),
     "sparse.matmul": (lambda d, x, y: (_csr(d) @ x, y @ _csr(d)), (_f64(8), _f64(4, 3), _f64(5))),

@@ -170,6 +170,22 @@ def test_closures_over_traced_values_are_operands(rng):
     np.testing.assert_allclose(got[1], want[1], rtol=1e-12)
 
 
+def test_body_with_a_dead_value_reading_a_hoisted_const(rng):
+    # the dead `c + zeros(2)` read `zeros(2)`, hoisted out of the body as a
+    # const that no output needs: pruned from the body's inputs but not
+    # from that node, the body read an undefined value (a KeyError in jvp)
+    a = rng.normal(size=2)
+
+    def f(a):
+        def step(c, _):
+            c + snp.zeros(2)
+            return 0.5 * c + snp.sum(snp.sin(a * a)), None
+        return sd.scan(step, snp.asarray(0.3), length=2)[0]
+
+    _, t = sd.jvp(f, (a,), (np.ones(2),))
+    np.testing.assert_allclose(t, 1.5 * np.sum(2 * a * np.cos(a * a)), rtol=1e-12)
+
+
 def test_dce_drops_dead_carries_and_outputs():
     def f(x):
         def step(c, _):

@@ -24,8 +24,8 @@ WITH_RULE = [n for n in BUILTINS if sd.graph.lookup_primitive(n).sparsity_rule i
 # differentiate: slow
 SLOW = {"linalg.svd_guard", "linalg.eigh_guard", "linalg.backsolve", "linalg.solve_operator",
         "ode.odeint", "optimize.root_guard", "map"}
-# (odeint's rule is `dense_all`, as root's and while's; the guard's example
-# is a root solve; map's rule is its body's, checked with every primitive)
+# (odeint's rule is `dense_all`; the guard's example is a root solve; map's
+# rule is its body's, checked with every primitive)
 
 
 def _one_per_rule(names):
@@ -202,3 +202,130 @@ def test_take_with_constant_indices_selects():
     want = np.zeros((6, 8), bool)
     want[np.arange(6), [3, 0, 3, 7, 4, 7]] = True
     np.testing.assert_array_equal(got, want)
+
+
+def _true_pattern(f, x, rng) -> np.ndarray:
+    """The nonzeros of `f`'s Jacobian (`sd.jacfwd`) at two random points near
+    `x`: what a sound pattern holds and an exact one equals."""
+    nonzero, jacobian = False, sd.jacfwd(f)
+    for _ in range(2):
+        jac = np.asarray(jacobian(x + 0.1 * rng.standard_normal(x.shape)))
+        nonzero = nonzero | (jac.reshape(-1, x.size) != 0)
+    return nonzero
+
+
+@pytest.mark.parametrize("axis, reverse", [(0, False), (1, False), (1, True)])
+def test_cumsum_is_triangular(axis, reverse, rng):
+    # before: each element depended on its whole line
+    from sciad.primitives import cumsum_p
+
+    def f(x):
+        return snp.ravel(cumsum_p.bind(snp.sin(x), axis=axis, reverse=reverse))
+
+    x = rng.standard_normal((3, 4))
+    got = sd.sparse.jacobian_sparsity(f, x).toarray()
+    np.testing.assert_array_equal(got, _true_pattern(f, x, rng))
+    lines, line = (4, 3) if axis == 0 else (3, 4)
+    assert got.sum() == lines * line * (line + 1) // 2
+
+
+def test_fori_loop_reading_its_index_selects(rng):
+    # the index is a constant at every step followed, so `x[i]` is that
+    # element (before: any of them, a dense pattern)
+    def f(x):
+        return sd.fori_loop(0, 5, lambda i, c: c.at[i].set(snp.sin(x[i]) + c[i - 1]),
+                            snp.zeros(5))
+
+    x = rng.standard_normal(5)
+    got = sd.sparse.jacobian_sparsity(f, x).toarray()
+    np.testing.assert_array_equal(got, _true_pattern(f, x, rng))
+    np.testing.assert_array_equal(got, np.tri(5, dtype=bool))
+
+
+def test_loop_past_the_followed_steps_stays_sound(rng):
+    # past SPARSITY_STEPS the union over steps is iterated: the index's value
+    # differs between steps and is dropped, and step 0 (which adds nothing)
+    # must not pass for a fixed point
+    from sciad.primitives._control import SPARSITY_STEPS
+
+    n = SPARSITY_STEPS + 20
+
+    def f(x):
+        return sd.fori_loop(0, n, lambda i, c: c + snp.where(i > 0, x[i % 3], 0.0),
+                            snp.zeros(()))[None]
+
+    x = rng.standard_normal(3)
+    got = sd.sparse.jacobian_sparsity(f, x).toarray()
+    want = _true_pattern(f, x, rng)
+    assert want.all() and np.all(got >= want)
+
+
+def test_while_loop_counting_its_steps_is_followed(rng):
+    # the predicate reads only the counter: two steps exactly (before: the
+    # union over any number of steps, dense)
+    def f(x):
+        return sd.while_loop(lambda s: s[1] < 2,
+                             lambda s: (s[0] * snp.roll(s[0], 1), s[1] + 1), (x, 0))[0]
+
+    x = rng.standard_normal(5)
+    got = sd.sparse.jacobian_sparsity(f, x).toarray()
+    np.testing.assert_array_equal(got, _true_pattern(f, x, rng))
+    assert got.sum() == 15
+
+
+def test_while_loop_stopping_on_its_data_is_sound(rng):
+    # the steps depend on the data: the union over every number of steps
+    def f(x):
+        return sd.while_loop(lambda s: snp.sum(s[0] ** 2) > 1e-2,
+                             lambda s: (0.5 * s[0] + 0.1 * snp.roll(s[0], 1), s[1] + 1),
+                             (x, 0), max_steps=50)[0]
+
+    x = rng.standard_normal(4)
+    got = sd.sparse.jacobian_sparsity(f, x).toarray()
+    assert np.all(got >= _true_pattern(f, x, rng))
+
+
+def _root_of(coupled: bool):
+    # x_i solves x_i^3 + x_i = sin(y_i) (+ 0.1 x_{i-1} within each half, if
+    # coupled): dx/dy = J^-1 diag(cos y), J = 3 x^2 + 1 (+ the lag) is
+    # diagonal, or lower bidiagonal per half, whose inverse is full lower
+    # triangular there
+    def residual(z, p):
+        lag = snp.concatenate([snp.zeros(1), z[:2], snp.zeros(1), z[3:5]])
+        return z ** 3 + z - p + (0.1 * lag if coupled else 0.0)
+
+    def f(y):
+        return sd.optimize.root(residual, snp.zeros(6), args=(snp.sin(y),)).x
+
+    block = np.tri(3, dtype=bool) if coupled else np.eye(3, dtype=bool)
+    return f, np.kron(np.eye(2, dtype=bool), block)
+
+
+@pytest.mark.parametrize("coupled", [False, True])
+def test_root_depends_through_the_residuals_closure(coupled, rng):
+    # independent equations give independent roots, a chain its triangle
+    # (before: every root depended on every parameter)
+    f, want = _root_of(coupled)
+    got = sd.sparse.jacobian_sparsity(f, rng.standard_normal(6)).toarray()
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("coupled", [False, True])
+def test_root_pattern_is_the_jacobians(coupled, rng):
+    f, want = _root_of(coupled)
+    np.testing.assert_array_equal(want, _true_pattern(f, rng.standard_normal(6), rng))
+
+
+def test_loop_whose_pattern_holds_still_stops_early(monkeypatch):
+    # the index's value moves at every step, but a step with it unknown
+    # grows nothing: the interpretation stops there, not after 100 steps
+    import sciad.graph._sparsity as sparsity
+
+    calls = []
+    real = sparsity.sparsity_eval
+    monkeypatch.setattr(sparsity, "sparsity_eval", lambda *a: calls.append(1) or real(*a))
+    got = sd.sparse.jacobian_sparsity(
+        lambda u: sd.fori_loop(0, 100, lambda i, u: snp.sin(u) * 0.5, u), np.ones(4))
+    np.testing.assert_array_equal(got.toarray(), np.eye(4, dtype=bool))
+    assert len(calls) < 10

@@ -44,6 +44,8 @@ from ._autodiff import (
     is_zero as is_zero,
     jvp_eval as jvp_eval,
     jvp_graph as jvp_graph,
+    jvp_primal as jvp_primal,
+    jvp_primal_p as jvp_primal_p,
     transpose_eval as transpose_eval,
     vjp_eval as vjp_eval,
     vjp_graph as vjp_graph,

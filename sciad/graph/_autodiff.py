@@ -61,12 +61,18 @@ class Zero:
 
 class UndefinedPrimal:
     """Stands for a linear input in a transpose rule: the value is unknown,
-    only its type is. `is_linear(x)` tells such inputs apart."""
+    only its type is. `is_linear(x)` tells such inputs apart.
 
-    __slots__ = ("type",)
+    `value_at_zero(x)` gives the value it takes where the linear inputs of
+    the map being transposed are zero (`at_zero` computes it, emitting the
+    nodes that do; without it, zeros): a rule that transposes through its
+    VJP evaluates that at this point."""
 
-    def __init__(self, type: AbstractType):
+    __slots__ = ("type", "at_zero")
+
+    def __init__(self, type: AbstractType, at_zero: Callable[[], Any] | None = None):
         self.type = type
+        self.at_zero = at_zero
 
     @property
     def shape(self):
@@ -94,6 +100,35 @@ def is_zero(x) -> bool:
 
 def is_linear(x) -> bool:
     return isinstance(x, UndefinedPrimal)
+
+
+def known_zero(x) -> bool:
+    """Whether `x` is zero by construction: a constant of zeros, or a traced
+    value made by a node without operands (`zeros`, `full`) whose value is
+    zeros (a JVP's instantiated symbolic zero)."""
+    from ._trace import Tracer
+
+    if isinstance(x, Tracer):
+        producer = next((n for n in reversed(x._builder.nodes) if x._var in n.outputs), None)
+        if producer is None or producer.inputs or producer.primitive.impl_rule is None:
+            return False
+        import jax
+
+        with jax.ensure_compile_time_eval():
+            out = producer.primitive.impl_rule(**producer.params)
+        out = out if producer.primitive.multiple_results else (out,)
+        return bool(np.all(np.asarray(out[producer.outputs.index(x._var)]) == 0))
+    return not isinstance(x, (UndefinedPrimal, Zero, SparseArray)) and bool(
+        np.all(np.asarray(x) == 0))
+
+
+def value_at_zero(x):
+    """A transpose rule's operand where the linear inputs of the map are
+    zero: `x` itself if it is not linear, else the value its `at_zero`
+    emits (zeros for a linear input of the map)."""
+    if not is_linear(x):
+        return x
+    return x.at_zero() if x.at_zero is not None else zeros(x.type)
 
 
 def type_of(x) -> AbstractType:
@@ -160,6 +195,49 @@ def _zeros_impl(*, shape, dtype):
     import jax.numpy as jnp
 
     return jnp.zeros(shape, dtype)
+
+
+# A JVP rule whose primal results come out of a node that computes their
+# tangents too (an ODE solved together with its sensitivities, a reverse
+# pass differentiated with its own JVP) returns them through `jvp_primal`,
+# an identity. Such a node depends on the tangents, so every result of it
+# looks linear to transposition, which would then take the primal results
+# for linear values; the marker says they are not, and a tangent map's
+# transposition takes their value where the tangents are zero
+# (`value_at_zero`). A loop's primal results need no marker: its
+# `linearity` rule tells them from its tangent results (`linear_outputs`).
+jvp_primal_p = Primitive("jvp_primal", params={})
+
+
+@jvp_primal_p.def_abstract_eval
+def _jvp_primal_shape(x):
+    return x
+
+
+@jvp_primal_p.def_impl
+def _jvp_primal_impl(x):
+    return x
+
+
+@jvp_primal_p.def_jvp
+def _jvp_primal_jvp(primals, tangents):
+    # the marker stays on the primal; the tangent is not marked
+    return jvp_primal_p.bind(primals[0]), tangents[0]
+
+
+def jvp_primal(x):
+    """`x`, a JVP rule's primal result taken out of a node that also
+    computes tangents, marked as not depending on them (`jvp_primal_p`), so
+    that the tangent map transposes:
+
+    ```python
+    @my_p.def_jvp
+    def _my_jvp(primals, tangents):
+        both = my_with_sensitivity_p.bind(*primals, *tangents)   # [y, dy]
+        return sd.graph.jvp_primal(both[:n]), both[n:]
+    ```
+    """
+    return jvp_primal_p.bind(x)
 
 
 # type class -> function making a materialized zero of that type; the
@@ -297,20 +375,120 @@ class _Emit(Interpreter):
             return _bind(node.primitive, invals, dict(node.params))
 
 
+def linear_outputs(node: Node, linear: Sequence[bool]) -> list[bool]:
+    """Which outputs of `node` depend on its operands flagged `linear`: none
+    where no operand is; else its float and complex outputs, less those that
+    its primitive's `linearity` rule finds independent of the linear
+    operands (a loop in a tangent map computes its primal carries and its
+    tangent carries, and only the latter read the tangents), or, without
+    one, those its `dce` rule computes without them. Outputs of other types
+    (integers, a factorization) never depend on linear operands: a map that
+    is linear in them cannot. Nor does a `jvp_primal`."""
+    n = len(node.outputs)
+    if not any(linear) or node.primitive is jvp_primal_p:
+        return [False] * n
+    diff = [is_differentiable(v.type) for v in node.outputs]
+    if node.primitive.linearity_rule is not None:
+        flags = node.primitive.linearity_rule(list(linear), **node.params)
+        return [bool(f) and d for f, d in zip(flags, diff)]
+    rule = node.primitive.dce_rule
+    if rule is None or sum(diff) < 2:
+        return diff
+    lin_vars = {a for a, lin in zip(node.inputs, linear) if lin and isinstance(a, Var)}
+    out = []
+    for i, d in enumerate(diff):
+        sub = rule(node, [j == i for j in range(n)]) if d else None
+        out.append(d and any(isinstance(a, Var) and a in lin_vars
+                             for a in (node.inputs if sub is None else sub.inputs)))
+    return out
+
+
+def graph_linear_outputs(graph: Graph, linear: Sequence[bool]) -> list[bool]:
+    """Which outputs of `graph` depend on its inputs flagged `linear`
+    (`linear_outputs`, node by node)."""
+    lin: set[Var] = {v for v, f in zip(graph.inputs, linear) if f}
+    for node in graph.nodes:
+        flags = linear_outputs(node, [isinstance(a, Var) and a in lin for a in node.inputs])
+        lin.update(v for v, f in zip(node.outputs, flags) if f)
+    return [isinstance(a, Var) and a in lin for a in graph.outputs]
+
+
+class _Lazy:
+    """A value emitted only when a node reads it."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], Any]):
+        self.make = make
+
+
 class _EmitNonlinear(_Emit):
     """Emits the nodes of a graph that do not depend on its linear inputs
     (whose values are `UndefinedPrimal`s); the others, whose outputs are
-    linear too, are set aside in `linear_nodes` for transposition."""
+    linear too, are set aside in `linear_nodes` for transposition.
+
+    A node reading both (a loop of a tangent map, carrying primals and
+    tangents) is set aside whole, and its outputs that do not depend on the
+    linear operands (`linear_outputs`) get values: its `dce` rule's node for
+    them, emitted here (the loop of the primal carries alone), or, where
+    that reads a linear operand too, the node emitted where the linear
+    inputs are zero, emitted only if a node reads them. The value of a
+    `jvp_primal` of a linear value is taken there too. Each linear value
+    knows how to emit its own value at zero (`UndefinedPrimal.at_zero`)."""
 
     def __init__(self, graph: Graph):
         super().__init__(graph)
         self.linear_nodes: list[Node] = []
+        self._at_zero: dict[Node, tuple] = {}
+
+    def read(self, a):
+        x = super().read(a)
+        if isinstance(x, _Lazy):
+            x = x.make()
+            self.env[a] = x
+        return x
 
     def run_node(self, node: Node, invals: Sequence):
-        if any(isinstance(x, UndefinedPrimal) for x in invals):
-            self.linear_nodes.append(node)
-            return [UndefinedPrimal(v.type) for v in node.outputs]
-        return super().run_node(node, invals)
+        linear = [is_linear(x) for x in invals]
+        if not any(linear):
+            return super().run_node(node, invals)
+        if node.primitive is jvp_primal_p:
+            return [value_at_zero(invals[0])]
+        self.linear_nodes.append(node)
+        out_lin = linear_outputs(node, linear)
+        outs: list = [UndefinedPrimal(v.type, self._zero_of(node, i)) if lin else None
+                      for i, (v, lin) in enumerate(zip(node.outputs, out_lin))]
+        if all(out_lin):
+            return outs
+        known = [not f for f in out_lin]
+        rule = node.primitive.dce_rule
+        sub = rule(node, known) if rule is not None else None
+        lin_vars = {a for a, f in zip(node.inputs, linear) if f}
+        if sub is not None and not any(a in lin_vars for a in sub.inputs
+                                       if isinstance(a, Var)):
+            vals = dict(zip(sub.outputs, super().run_node(sub, [self.read(a)
+                                                               for a in sub.inputs])))
+            return [o if o is not None else vals[v] for o, v in zip(outs, node.outputs)]
+        return [o if o is not None else _Lazy(self._zero_of(node, i))
+                for i, o in enumerate(outs)]
+
+    def _zero_of(self, node: Node, i: int) -> Callable[[], Any]:
+        def make():
+            if node not in self._at_zero:
+                self._at_zero[node] = tuple(super(_EmitNonlinear, self).run_node(
+                    node, [value_at_zero(self.read(a)) for a in node.inputs]))
+            return self._at_zero[node][i]
+        return make
+
+
+def emit_nonlinear(graph: Graph, linear: Sequence[bool], values: Sequence) -> list:
+    """Emits the nodes of `graph` that do not depend on its inputs flagged
+    `linear` (`values`: the other inputs, in order); returns its outputs,
+    each a value or, where it depends on them, an `UndefinedPrimal`."""
+    it = iter(values)
+    fwd = _EmitNonlinear(graph)
+    return fwd.run(*(UndefinedPrimal(v.type) if lin else next(it)
+                     for v, lin in zip(graph.inputs, linear)))
 
 
 def _backward(nodes: Sequence[Node], ct_env: dict, node_cts: Callable) -> None:
@@ -329,17 +507,23 @@ def _backward(nodes: Sequence[Node], ct_env: dict, node_cts: Callable) -> None:
 
 
 def transpose_eval(graph: Graph, linear: Sequence[bool], values: Sequence,
-                   cts: Sequence) -> list:
+                   cts: Sequence, undefined: Sequence[UndefinedPrimal] | None = None
+                   ) -> list:
     """Transposes `graph` with respect to its inputs flagged `linear`.
 
     The graph must be linear in those inputs. `values` gives the other
     inputs (in order, skipping linear ones), `cts` a cotangent (or `Zero`)
     per output. Emits the nonlinear nodes on `values`, then the transposed
     linear nodes in reverse; returns a cotangent (or `Zero`) per linear input.
+    `undefined` may give the linear inputs' placeholders (a rule
+    transposing its body in place passes its own operands), so that their
+    values at zero are the enclosing map's.
     """
     it = iter(values)
+    lin_it = iter(undefined if undefined is not None else
+                  [UndefinedPrimal(v.type) for v, f in zip(graph.inputs, linear) if f])
     fwd = _EmitNonlinear(graph)
-    fwd.run(*(UndefinedPrimal(v.type) if is_lin else next(it)
+    fwd.run(*(next(lin_it) if is_lin else next(it)
               for v, is_lin in zip(graph.inputs, linear)))
 
     ct_env: dict[Var, Any] = {}
@@ -371,6 +555,42 @@ def transpose_eval(graph: Graph, linear: Sequence[bool], values: Sequence,
     _backward(fwd.linear_nodes, ct_env, transpose_node)
     return [ct_env.get(v, Zero(_tangent_type(v.type)))
             for v, is_lin in zip(graph.inputs, linear) if is_lin]
+
+
+def expansion_transpose(prim: Primitive, expand: Callable) -> Callable:
+    """The transpose rule of `prim` from `expand(*operands, **params)`, which
+    computes what a node of `prim` computes with other primitives (a
+    checkpointed reverse pass as plain loops): the expansion, traced on the
+    operands' types and transposed node by node."""
+    def rule(cts, *args, **params):
+        from ._trace import trace_flat
+
+        g, _, _ = trace_flat(lambda *a: list(expand(*a, **params)),
+                             tuple(type_of(a) for a in args),
+                             name=prim.name.replace(".", "_"))
+        linear = [is_linear(a) for a in args]
+        cts = list(cts) if prim.multiple_results else [cts]
+        lin_cts = iter(transpose_eval(g, linear, [a for a in args if not is_linear(a)], cts,
+                                      [a for a in args if is_linear(a)]))
+        return tuple(next(lin_cts) if f else None for f in linear)
+    return rule
+
+
+def vjp_transpose(prim: Primitive) -> Callable:
+    """The transpose rule of a primitive with a VJP whose tangent-map form is
+    linear in some operands only where the others are fixed (an ODE solved
+    together with its sensitivities): its VJP where the linear inputs of the
+    map are zero (`value_at_zero`), which is the map's transpose, as the
+    derivative of a linear map is the map. The VJP also does the work of the
+    cotangents of the other operands, which are dropped."""
+    def rule(cts, *args, **params):
+        linear = [is_linear(a) for a in args]
+        primals = [value_at_zero(a) for a in args]
+        outs = _bind(prim, primals, params)
+        cts = list(cts) if prim.multiple_results else [cts]
+        in_cts = vjp_node(prim, primals, outs, cts, params)
+        return tuple(c if f else None for c, f in zip(in_cts, linear))
+    return rule
 
 
 def _as_ct_tuple(prim, in_cts, n: int, what: str, node=None) -> tuple:
@@ -641,9 +861,14 @@ def _install_batch_rules() -> None:
     from ._batch import front_rule
 
     add_any_p.def_batch(front_rule(add_any_p))
+    jvp_primal_p.def_batch(lambda args, dims: (jvp_primal_p.bind(args[0]), dims[0]))
     from ._sparsity import elementwise
 
     add_any_p.def_sparsity(lambda outs, x, y: elementwise(outs[0], x, y))
+    jvp_primal_p.def_sparsity(lambda outs, x: x.matrix)
+    from ._cost import Cost
+
+    jvp_primal_p.def_cost(lambda node, body: Cost())
 
 
 _install_batch_rules()

@@ -108,12 +108,18 @@ def jvp_body(graph: Graph, nonzero: Sequence[bool], *, name: str | None = None,
 def live_inputs(graph: Graph, used_outputs: Sequence[bool]) -> tuple[Graph, list[bool]]:
     """`graph` with only its used outputs (and the nodes they need), and which
     of its inputs those still read. Nodes that must run (`must_run`: effects,
-    or checks that may raise) are kept."""
+    or checks that may raise) are kept. A node of which only some outputs
+    are needed (a loop whose tangent carries are dead) becomes its `dce`
+    rule's node for them, reading only what they need."""
     outs = [a for a, u in zip(graph.outputs, used_outputs) if u]
     live = {a for a in outs if isinstance(a, Var)}
     kept: list[Node] = []
     for node in reversed(graph.nodes):
-        if must_run(node) or any(v in live for v in node.outputs):
+        used = [v in live for v in node.outputs]
+        if must_run(node) or any(used):
+            rule = node.primitive.dce_rule
+            if rule is not None and not has_effects(node) and any(used) and not all(used):
+                node = rule(node, used) or node
             kept.append(node)
             live.update(a for a in node.inputs if isinstance(a, Var))
     kept.reverse()
@@ -210,3 +216,49 @@ def hoist_nodes(graph: Graph, num_consts: int, const_atoms: Sequence):
         outer.append(n.replace(inputs=tuple(env.get(a, a) if isinstance(a, Var) else a
                                             for a in n.inputs), outputs=outs))
     return outer, [env[v] for v in needed], body
+
+
+def nonlinear_body(graph: Graph, linear: Sequence[bool], outputs: Sequence[int], *,
+                   name: str) -> Graph:
+    """The part of `graph` that computes its `outputs` (indices), which must
+    not depend on its inputs flagged `linear`: a graph of its other inputs
+    (the primal part of a loop body in a tangent map)."""
+    from ._autodiff import emit_nonlinear, is_linear
+
+    types = [v.type for v, f in zip(graph.inputs, linear) if not f]
+
+    def fn(*values):
+        outs = emit_nonlinear(graph, linear, values)
+        assert not any(is_linear(outs[i]) for i in outputs), \
+            f"nonlinear_body: an output of {graph.name} depends on the linear inputs"
+        return [outs[i] for i in outputs]
+
+    g, consts, _ = trace_body(fn, types, name=name)
+    assert not consts, "a body's nonlinear part closes over nothing"
+    return g
+
+
+def transpose_body(graph: Graph, linear: Sequence[bool], given: Sequence[bool], *,
+                   name: str) -> Graph:
+    """The transpose of a body linear in its inputs flagged `linear`:
+    `(*others, *cts) -> (*linear_cts)`, with `others` its other inputs in
+    order, `cts` the cotangents of its outputs flagged `given` (the rest
+    have none) and a cotangent per linear input, zeros where it gets none.
+    The nonlinear nodes it needs are emitted in it again (the primal part of
+    a loop step, recomputed in the transposed step)."""
+    from ._autodiff import Zero, instantiate, transpose_eval
+
+    others = [v.type for v, f in zip(graph.inputs, linear) if not f]
+    ct_types = [a.type.update() for a, g in zip(graph.outputs, given) if g]
+    n = len(others)
+
+    def fn(*args):
+        it = iter(args[n:])
+        cts = [next(it) if g else Zero(a.type.update())
+               for a, g in zip(graph.outputs, given)]
+        lin_cts = transpose_eval(graph, linear, args[:n], cts)
+        return [instantiate(c) for c in lin_cts]
+
+    g, consts, _ = trace_body(fn, others + ct_types, name=name)
+    assert not consts, "a body's transpose closes over nothing"
+    return g

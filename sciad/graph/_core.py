@@ -229,7 +229,7 @@ class Graph:
 _REGISTRY: dict[str, "Primitive"] = {}
 
 _RULES = ("impl", "abstract_eval", "jvp", "vjp", "vjp_fwd", "vjp_bwd", "transpose", "batch",
-          "sparsity", "simplify", "dce", "hoist")
+          "sparsity", "simplify", "dce", "hoist", "linearity")
 
 
 class Primitive:
@@ -266,6 +266,12 @@ class Primitive:
       nodes of its body that are the same at every step, re-made to run
       before it (with new output `Var`s), and the node reading their
       results as consts. The `hoist` pass calls it.
+    - `def_linearity(fn)`: `fn(linear, **params) -> flags` for a node with
+      a body: which of its outputs depend on its operands flagged `linear`,
+      from its body's (`sciad.graph._autodiff.graph_linear_outputs`). A
+      loop of a tangent map computes primal carries beside tangent ones;
+      transposing the map asks this rule which are which (without it, the
+      node's `dce` rule answers, more coarsely).
     - `def_cost(fn)`: `fn(node, body) -> Cost`, the estimated FLOPs of a
       node and the memory it needs while it runs beyond its operands and
       results (a loop's body and stored carries, a factorization's fill);
@@ -352,6 +358,7 @@ class Primitive:
         self.vjp_bwd_rule: Callable | None = None
         self.dce_rule: Callable | None = None
         self.hoist_rule: Callable | None = None
+        self.linearity_rule: Callable | None = None
         self.cost_rule: Callable | None = None
         if register:
             _register(self)
@@ -404,6 +411,9 @@ class Primitive:
 
     def def_hoist(self, fn):
         return self._def("hoist", fn)
+
+    def def_linearity(self, fn):
+        return self._def("linearity", fn)
 
     def def_cost(self, fn):
         return self._def("cost", fn)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..errors import ShapeError
 from ..graph import (Graph, Primitive, Zero, instantiate, is_differentiable, is_linear,
                      jvp_graph, lower, transpose_eval, vjp_eval)
+from ..graph._autodiff import graph_linear_outputs
 from ..graph._batch import batch_body, batch_size_of, front_where
 from ..graph._sparsity import body_rule
 
@@ -49,11 +50,17 @@ def _call_jvp(primals, tangents, *, graph):
     return tuple(res[:n]), tuple(touts)
 
 
+@call_p.def_linearity
+def _call_linearity(linear, *, graph):
+    return graph_linear_outputs(graph, linear)
+
+
 @call_p.def_transpose
 def _call_transpose(cts, *args, graph):
     linear = [is_linear(a) for a in args]
     values = [a for a in args if not is_linear(a)]
-    lin_cts = iter(transpose_eval(graph, linear, values, cts))
+    lin_cts = iter(transpose_eval(graph, linear, values, cts,
+                                  [a for a in args if is_linear(a)]))
     return tuple(next(lin_cts) if lin else None for lin in linear)
 
 

@@ -38,11 +38,12 @@ import numpy as np
 
 from ..errors import DTypeError, NotSupportedError, ShapeError
 from ..graph import Graph, Literal, Primitive, TensorType, Var, Zero
-from ..graph import instantiate, is_differentiable, is_zero, lower
-from ..graph._autodiff import type_of, vjp_eval, vjp_graph, zeros
+from ..graph import instantiate, is_differentiable, is_linear, is_zero, lower
+from ..graph._autodiff import graph_linear_outputs, type_of, vjp_eval, vjp_graph, zeros
 from ..graph._batch import batch_body, batch_graph, batch_size_of, batched_front, front_where
 from ..graph._batch import to_front
 from ..graph._body import drop_inputs, inline, jvp_body, live_inputs, trace_body
+from ..graph._body import transpose_body
 from ..graph._trace import Tracer, is_value_leaf
 
 _tree = jax.tree_util
@@ -234,6 +235,32 @@ def _cond_vjp_bwd(res, cts, *, true_body, false_body):
     return tuple(in_cts)
 
 
+# -- transposition: a `cond` in a tangent map ------------------------------------
+# (its JVP, linear in the tangent operands): a `cond` of the two branches'
+# transposes, each recomputing what it needs of its primal part
+
+
+def _given(cts) -> list[bool]:
+    return [not is_zero(c) for c in cts]
+
+
+@cond_p.def_linearity
+def _cond_linearity(linear, *, true_body, false_body):
+    t, f = (graph_linear_outputs(b, linear[1:]) for b in (true_body, false_body))
+    return [a or b for a, b in zip(t, f)]
+
+
+@cond_p.def_transpose
+def _cond_transpose(cts, pred, *args, true_body, false_body):
+    linear = [is_linear(a) for a in args]
+    given = _given(cts)
+    tt, tf = (transpose_body(b, linear, given, name=f"{b.name}_transpose")
+              for b in (true_body, false_body))
+    out = iter(cond_p.bind(pred, *[a for a in args if not is_linear(a)],
+                           *[c for c, g in zip(cts, given) if g], true_body=tt, false_body=tf))
+    return (None,) + tuple(next(out) if f else None for f in linear)
+
+
 # -- public function --------------------------------------------------------------
 
 
@@ -411,6 +438,21 @@ def _barrier_jvp(primals, tangents):
 @barrier_p.def_transpose
 def _barrier_transpose(cts, *args):
     return tuple(cts)
+
+
+checkpoint_p.def_linearity(lambda linear, body: graph_linear_outputs(body, linear))
+
+
+@checkpoint_p.def_transpose
+def _checkpoint_transpose(cts, *args, body):
+    # a checkpoint of the body's transpose: its primal part is recomputed there
+    linear = [is_linear(a) for a in args]
+    given = _given(cts)
+    out = iter(checkpoint_p.bind(*[a for a in args if not is_linear(a)],
+                                 *[c for c, g in zip(cts, given) if g],
+                                 body=transpose_body(body, linear, given,
+                                                     name=f"{body.name}_transpose")))
+    return tuple(next(out) if f else None for f in linear)
 
 
 def checkpoint(f: Callable) -> Callable:

@@ -48,12 +48,13 @@ import numpy as np
 
 from ..errors import InvalidOptionError, ShapeError, plain
 from ..graph import Graph, Literal, Param, Primitive, TensorType, Var, Zero
-from ..graph import is_differentiable, is_zero
-from ..graph import instantiate, lower
-from ..graph._autodiff import type_of, vjp_eval, vjp_graph, zeros
+from ..graph import is_differentiable, is_linear, is_zero
+from ..graph import add_tangents, instantiate, lower, transpose_eval
+from ..graph._autodiff import (expansion_transpose, graph_linear_outputs, jvp_primal,
+                               known_zero, type_of, vjp_eval, vjp_graph, zeros)
 from ..graph._batch import batch_body, batch_size_of, batched_front, carry_fixed_point, front_where
 from ..graph._body import (drop_inputs, hoist, hoist_nodes, inline, jvp_body, live_inputs,
-                           permute, trace_body)
+                           nonlinear_body, permute, trace_body)
 from ..graph._serialize import register_param_type
 from ..graph._trace import Tracer, is_value_leaf
 from ._indexing import dynamic_update_slice_p
@@ -848,7 +849,10 @@ def split_grouped(out, types, sizes):
     tangents."""
     outs, touts, k, lo = [], [], 0, 0
     for size in sizes:
-        outs += out[k:k + size]
+        # (the primal results come out of the node that computes their
+        # tangents: marked for transposition, see `jvp_primal`)
+        outs += [jvp_primal(o) if is_differentiable(t) else o
+                 for o, t in zip(out[k:k + size], types[lo:lo + size])]
         k += size
         for t in types[lo:lo + size]:
             if is_differentiable(t):
@@ -1050,13 +1054,14 @@ def scan(f: Callable, init, xs=None, length: int | None = None, reverse: bool = 
 
 
 def prune_consts(body: Graph, consts: list) -> tuple[Graph, list]:
-    """`body` without the consts it does not read (and `consts` without them)."""
-    _, used = live_inputs(body, [True] * len(body.outputs))
+    """`body` without the consts it does not read (and `consts` without them).
+    Its dead nodes go too: one may read a const that no output needs."""
+    live, used = live_inputs(body, [True] * len(body.outputs))
     nc = len(consts)
     keep = used[:nc] + [True] * (len(body.inputs) - nc)
     if all(keep):
         return body, consts
-    return drop_inputs(body, keep), [c for c, k in zip(consts, keep) if k]
+    return drop_inputs(live, keep), [c for c, k in zip(consts, keep) if k]
 
 
 def fori_loop(lower: int, upper: int, body_fun: Callable, init_val, checkpoints=None):
@@ -1091,6 +1096,166 @@ def fori_loop(lower: int, upper: int, body_fun: Callable, init_val, checkpoints=
 
     (_, val), _ = scan(step, (np.int64(lower), init_val), length=n, checkpoints=checkpoints)
     return val
+
+
+# ---------------------------------------------------------------------------
+# transposition: a scan in a tangent map
+#
+# The JVP of a scan is a scan carrying primals and tangents, linear in its
+# tangent operands; forward mode's gauge checks transpose it (as does the
+# VJP derived from a JVP). Its transpose runs the primal part forward
+# (`nonlinear_body`), stacking the primal carries each step starts from,
+# then the body's transpose (`transpose_body`: the step's primal part
+# recomputed, its tangent part transposed node by node) in reverse, carrying
+# the linear carries' cotangents and the sums of the linear consts'. With a
+# checkpoint schedule the two are one `scan_adjoint` node on that schedule.
+
+
+def loop_linearity(body: Graph, linear: Sequence[bool], nc: int, nk: int):
+    """`(linear, out_linear)`: the flags of a loop body's inputs, its carries
+    made linear where the body makes them depend on a linear input (to a
+    fixed point), and which of its outputs then depend on linear inputs. A
+    carry that becomes linear from an initial value that is not is a tangent
+    carry started from zeros (a JVP instantiates a symbolic zero there); the
+    map is linear only if that value is zero, and its start is taken so."""
+    lin = list(linear)
+    while True:
+        out = graph_linear_outputs(body, lin)
+        new = [a or b for a, b in zip(lin[nc:nc + nk], out[:nk])]
+        if new == lin[nc:nc + nk]:
+            return lin, out
+        lin[nc:nc + nk] = new
+
+
+def check_zero_starts(args, linear, lin, nc: int, nk: int, op: str) -> None:
+    """A carry that a loop's transpose takes as linear from a start that is
+    not a linear operand must start from zero (`loop_linearity`): else the
+    loop is not linear, and the transpose would be silently wrong."""
+    for k in range(nk):
+        if lin[nc + k] and not linear[nc + k]:
+            assert known_zero(args[nc + k]), (
+                f"{op}: transposing a loop whose carry {k} depends on the tangents but "
+                "starts from a value not known to be zero; this is a bug in sciad.")
+
+
+def transposed_step(body: Graph, lin: Sequence[bool], given: Sequence[int], nc: int,
+                    nk: int):
+    """The two bodies of a loop's transpose, for a body `(*consts, *carry, *x)
+    -> (*carry, *y)` with inputs flagged `lin` (`loop_linearity`) and
+    cotangents for its outputs `given` (indices): `fb`, the primal step
+    `(*consts, *carry, *x) -> (*carry)` over the inputs not flagged, and `st`,
+    the transposed step `(*consts, *ct_carry, *acc, *carry, *x, *ct_y) ->
+    (*ct_carry, *acc, *ct_x)` over those and the linear carries'
+    cotangents, the sums of the linear consts' and the linear `x`s' (the
+    operand layout of `scan_adjoint`)."""
+    n = len(body.inputs)
+    nl = [i for i in range(n) if not lin[i]]
+    nl_k = [k for k in range(nk) if not lin[nc + k]]
+    lk = [k for k in range(nk) if lin[nc + k]]
+    lc = [i for i in range(nc) if lin[i]]
+    lx = [i for i in range(nc + nk, n) if lin[i]]
+    fb = nonlinear_body(body, lin, nl_k, name=f"{body.name}_primal")
+    types = ([body.inputs[i].type for i in nl if i < nc]
+             + [body.inputs[nc + k].type.update() for k in lk]
+             + [body.inputs[i].type.update() for i in lc]
+             + [body.inputs[i].type for i in nl if i >= nc]
+             + [body.outputs[j].type.update() for j in given])
+    n_c = sum(1 for i in nl if i < nc)
+
+    def step(*a):
+        it = iter(a)
+        consts = [next(it) for _ in range(n_c)]
+        ct_k = [next(it) for _ in lk]
+        acc = [next(it) for _ in lc]
+        rest = [next(it) for i in nl if i >= nc]
+        cts = [Zero(o.type.update()) for o in body.outputs]
+        for k, c in zip(lk, ct_k):
+            cts[k] = c
+        for j, c in zip(given, it):
+            cts[j] = c
+        got = dict(zip([i for i in range(n) if lin[i]],
+                       transpose_eval(body, lin, consts + rest, cts)))
+        return ([instantiate(got[nc + k]) for k in lk]
+                + [add_tangents(s, got[i]) for s, i in zip(acc, lc)]
+                + [instantiate(got[i]) for i in lx])
+
+    st, bconsts, _ = trace_body(step, types, name=f"{body.name}_transpose")
+    assert not bconsts, "a body's transpose closes over nothing"
+    return fb, st
+
+
+@scan_p.def_linearity
+def _scan_linearity(linear, *, body, num_consts, num_carry, length, reverse=False,
+                    checkpoints=None):
+    # a final carry as its carry (its start, after no steps), the stacked
+    # outputs as the body's
+    lin, out = loop_linearity(body, linear, num_consts, num_carry)
+    return lin[num_consts:num_consts + num_carry] + out[num_carry:]
+
+
+def _storable_primal_carries(body: Graph, carries: Sequence[int], nc: int, op: str) -> None:
+    for k in carries:
+        t = body.inputs[nc + k].type
+        if not isinstance(t, TensorType):
+            raise ShapeError(f"transposing this loop (forward mode's checks do) stores its "
+                             f"primal carries, and a carry of type {t.str_short()} cannot be "
+                             "stored. Make it a const of the loop.", op=op)
+
+
+@scan_p.def_transpose
+def _scan_transpose(cts, *args, body, num_consts, num_carry, length, reverse=False,
+                    checkpoints=None):
+    nc, nk, n = num_consts, num_carry, len(args)
+    linear = [is_linear(a) for a in args]
+    lin, out_lin = loop_linearity(body, linear, nc, nk)
+    check_zero_starts(args, linear, lin, nc, nk, "scan")
+    lk = [k for k in range(nk) if lin[nc + k]]
+    nl_k = [k for k in range(nk) if not lin[nc + k]]
+    lc = [i for i in range(nc) if lin[i]]
+    lx = [i for i in range(nc + nk, n) if lin[i]]
+    given = [j for j in range(nk, len(body.outputs)) if out_lin[j] and not is_zero(cts[j])]
+    fb, st = transposed_step(body, lin, given, nc, nk)
+    consts = [a for a, f in zip(args[:nc], lin[:nc]) if not f]
+    init = [args[nc + k] for k in nl_k]
+    xs = [a for a, f in zip(args[nc + nk:], lin[nc + nk:]) if not f]
+    ct0 = ([instantiate(cts[k]) for k in lk]
+           + [instantiate(Zero(body.inputs[i].type.update())) for i in lc])
+    cty = [cts[j] for j in given]
+    _storable_primal_carries(body, nl_k, nc, "scan")
+    if checkpoints is not None and nl_k:
+        out = scan_adjoint_p.bind(*consts, *init, *xs, *ct0, *cty, body=fb, step=st,
+                                  num_consts=len(consts), num_carry=len(nl_k),
+                                  num_ct_carry=len(lk), num_acc=len(lc), length=length,
+                                  **({"reverse": True} if reverse else {}),
+                                  schedule=checkpoints)
+    else:
+        stacked = []
+        if nl_k:  # the primal carry each step starts from
+            g = fb.replace(outputs=fb.outputs + fb.inputs[len(consts):len(consts) + len(nl_k)])
+            stacked = scan_p.bind(*consts, *init, *xs, **_params(g, len(consts), len(nl_k),
+                                                                 length, reverse, None))
+            stacked = list(stacked[len(nl_k):])
+        out = scan_p.bind(*consts, *ct0, *stacked, *xs, *cty,
+                          **_params(st, len(consts), len(ct0), length, not reverse, None))
+    out = iter(out)
+    in_cts: list = [None] * n
+    for k in lk:
+        c = next(out)
+        if is_linear(args[nc + k]):
+            in_cts[nc + k] = c
+    for i in lc + lx:
+        in_cts[i] = next(out)
+    return tuple(in_cts)
+
+
+def _install_adjoint_transpose() -> None:
+    # a `scan_adjoint` in a tangent map (forward over a checkpointed reverse
+    # pass, `sd.hvp`) is transposed as the two plain scans it stands for,
+    # storing every carry (as its VJP does)
+    scan_adjoint_p.def_transpose(expansion_transpose(scan_adjoint_p, _adjoint_by_scans))
+
+
+_install_adjoint_transpose()
 
 
 # ---------------------------------------------------------------------------
@@ -1168,23 +1333,30 @@ def _scan_adjoint_batch(args, dims, *, body, step, num_consts, num_carry, num_ct
 # step's outputs depend on the slice of `xs` that step reads, not on all of
 # them. A scan of at most `SPARSITY_STEPS` steps is followed exactly, one
 # step after another (a stencil's band grows one step at a time), stopping
-# early where the carries' patterns stop changing. A longer one, and a
-# `while` loop (which may stop after any step), iterate the union of the
-# carries' patterns (a slice read: any of them) to its fixed point, which
-# is monotone and so holds after every step; past `SPARSITY_STEPS`
-# iterations without one, every output depends on every operand.
+# early where the carries' patterns stop changing. The values of carries
+# that are constants (a `fori_loop`'s index) are followed too, so a step
+# reading `x[i]` reads that element, not any. A `while` loop is followed
+# exactly as long as its predicate's value is a constant (a loop counting
+# its steps), and stops where it is false. A longer scan, and a `while`
+# loop whose predicate reads the data (it may stop after any step),
+# iterate the union of the carries' patterns (a slice read: any of them;
+# a carry's value kept only where it is the same at every step) to its
+# fixed point, which is monotone and so holds after every step; past
+# `SPARSITY_STEPS` iterations without one, every output depends on every
+# operand.
 
 #: the most steps a loop's sparsity rule interprets its body for
 SPARSITY_STEPS = 100
 
 
 def loop_sparsity(body: Graph, consts, init, xs, steps: int | None, *, exact: bool,
-                  reverse: bool = False):
+                  reverse: bool = False, cond: Graph | None = None):
     """The patterns of a loop's final carries and stacked per-step outputs,
     from the `Deps` of its consts, initial carries and stacked per-step
     inputs: `(carries, ys)` (CSR matrices), or None past `SPARSITY_STEPS`
     without a fixed point. `steps`: the body's applications (at most, where
-    not `exact`: a `while` loop's `max_steps`, or None)."""
+    not `exact`: a `while` loop's `max_steps`, or None). `cond`: a `while`
+    loop's predicate `(*consts, *carry) -> (bool,)`."""
     import scipy.sparse as sp
 
     from ..graph._sparsity import (Deps, any_slice, pad_columns, select_rows, sparsity_eval,
@@ -1199,24 +1371,46 @@ def loop_sparsity(body: Graph, consts, init, xs, steps: int | None, *, exact: bo
     c_in = [pad_columns(d, K) for d in consts]
     carry_shapes = [d.shape for d in init]
     carries = [d.matrix for d in init]
+    values = [d.value for d in init]
     follow = exact and steps is not None and steps <= SPARSITY_STEPS
     limit = steps if follow else min(SPARSITY_STEPS, SPARSITY_STEPS if steps is None else steps)
+    known = cond is not None  # the predicate's value is a constant so far
     records, fixed = [], False
     for i in range(limit):
-        res = sparsity_eval(body, c_in + [pad_columns(Deps(c, s), K) for c, s in
-                                          zip(carries, carry_shapes)] + x_in)
+        ins = [pad_columns(Deps(c, s, v), K) for c, s, v in zip(carries, carry_shapes, values)]
+        if known:
+            (pred,) = sparsity_eval(cond, c_in + ins)
+            known = pred.value is not None
+            if known and not bool(pred.value):
+                fixed = True  # the loop stops here
+                break
+        res = sparsity_eval(body, c_in + ins + x_in)
         records.append([r.matrix for r in res[nk:]])
         # whatever slice the later steps read, their carries stay within these
         grown = [union(c, any_slice(r.matrix, n, x_rows)) for c, r in zip(carries, res[:nk])]
-        fixed = all(g.nnz == c.nnz for g, c in zip(grown, carries))
+        new = [r.value for r in res[:nk]]
+        still = all(g.nnz == c.nnz for g, c in zip(grown, carries))
+        fixed = still and all(_same_value(a, b) for a, b in zip(values, new))
+        if still and not fixed and nk == len(body.outputs):
+            # the patterns hold still but a carry's value moves (a loop's
+            # index): they hold for any value of it if a step with it
+            # unknown grows nothing (a loop with per-step outputs follows
+            # on, to keep theirs exact)
+            generic = [a if _same_value(a, b) else None for a, b in zip(values, new)]
+            res = sparsity_eval(body, c_in + [pad_columns(Deps(c, s, v), K) for c, s, v in
+                                              zip(carries, carry_shapes, generic)] + x_in)
+            fixed = all(union(c, any_slice(r.matrix, n, x_rows)).nnz == c.nnz
+                        for c, r in zip(carries, res[:nk]))
         if fixed:
             break
-        if follow:  # step `i` reads its own slice
+        if follow or known:  # step `i` reads its own slice
             p = length - 1 - i if reverse else i
             rows = select_rows(x_rows, p * K + np.arange(K))
             carries = [substitute(r.matrix, n, rows, 1) for r in res[:nk]]
+            values = new
         else:
             carries = grown
+            values = [a if _same_value(a, b) else None for a, b in zip(values, new)]
     if not fixed and not (steps is not None and limit == steps):
         return None
     ys = []
@@ -1236,6 +1430,13 @@ def loop_sparsity(body: Graph, consts, init, xs, steps: int | None, *, exact: bo
         stacked = sp.vstack(blocks, format="csr") if len(blocks) > 1 else blocks[0]
         ys.append(select_rows(stacked, np.argsort(np.concatenate(dest), kind="stable")))
     return carries, ys
+
+
+def _same_value(a, b) -> bool:
+    """Whether two carry values (arrays, or None where not constant) agree."""
+    if a is None or b is None:
+        return a is None and b is None
+    return np.array_equal(a, b)
 
 
 def _install_sparsity_rules() -> None:

@@ -45,7 +45,9 @@ import jax
 
 from ..errors import InvalidOptionError, ShapeError
 from ..graph import Graph, Param, Primitive, SparseType, Zero, instantiate, is_zero, lower
-from ..graph._autodiff import is_differentiable, type_of, vjp_eval, vjp_node
+from ..graph import is_linear
+from ..graph._autodiff import graph_linear_outputs, is_differentiable, type_of, vjp_eval
+from ..graph._autodiff import vjp_node
 from ..graph._batch import batch_graph, batch_size_of, batched_front, batched_type
 from ..graph._batch import example_type, to_front
 from ..graph._core import Factored, Node, Var
@@ -304,6 +306,48 @@ def _map_vjp(primals, outs, cts, *, body, batched, size, spmd_axis=None):
         if b:
             ct = batched_front(ct, cd, size)
         else:  # shared by the examples: the sum of their cotangents
+            ct = snp.sum(ct, axis=cd) if cd is not None else ct * size
+            if isinstance(v.type, SparseType):
+                ct = assemble(ct, v.type.pattern)
+        out.append(ct)
+    return tuple(out)
+
+
+@map_p.def_linearity
+def _map_linearity(linear, *, body, batched, size, spmd_axis=None):
+    return graph_linear_outputs(body, linear)
+
+
+@map_p.def_transpose
+def _map_transpose(cts, *args, body, batched, size, spmd_axis=None):
+    # a map of the body's per-example transpose; the cotangent of a linear
+    # operand shared by the examples is the sum of theirs
+    from .. import numpy as snp
+    from ..graph._body import inline, transpose_body
+    from ..graph._trace import trace_flat
+    from ._sparse import assemble, gather
+
+    linear = [is_linear(a) for a in args]
+    given = [not is_zero(c) for c in cts]
+    g = transpose_body(body, linear, given, name=f"{body.name}_transpose")
+    shared_sparse = [isinstance(v.type, SparseType) and not b
+                     for v, b, f in zip(body.inputs, batched, linear) if f]
+    if any(shared_sparse):  # their data, summed over the batch below
+        g, _, _ = trace_flat(lambda *a: [gather(c) if s else c for c, s in
+                                         zip(inline(g, a), shared_sparse)],
+                             tuple(g.in_types), name=g.name)
+    ops = [a for a in args if not is_linear(a)] + [c for c, z in zip(cts, given) if z]
+    dims = [0 if b else None for a, b in zip(args, batched) if not is_linear(a)]
+    res = iter(batch_graph(g, ops, dims + [0] * sum(given), spmd_axis))
+    out = []
+    for v, f, b in zip(body.inputs, linear, batched):
+        if not f:
+            out.append(None)
+            continue
+        ct, cd = next(res)
+        if b:
+            ct = batched_front(ct, cd, size)
+        else:
             ct = snp.sum(ct, axis=cd) if cd is not None else ct * size
             if isinstance(v.type, SparseType):
                 ct = assemble(ct, v.type.pattern)

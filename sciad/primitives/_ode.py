@@ -64,7 +64,7 @@ import numpy as np
 from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NotSupportedError,
                       ShapeError)
 from ..graph import Graph, Param, Primitive, TensorType, Zero, is_zero
-from ..graph._autodiff import jvp_eval, type_of
+from ..graph._autodiff import jvp_eval, jvp_primal, type_of, vjp_transpose
 from ..graph._types import Pattern
 from ._checks import check, tie
 from ._root import root_guard_p
@@ -540,15 +540,26 @@ def _odeint_jvp(primals, tangents, **params):
     p = _params(params, graph=aug, error_size=params.get("error_size") or n,
                 pattern=_augmented_pattern(params, aug))
     ys_aug, *more = odeint_p.bind(*consts, *extra, snp.concatenate([y0, dy0]), ts, **p)
-    ys, dys = ys_aug[:, :n], ys_aug[:, n:]
+    # (the primal results come out of the node that computes the tangents:
+    # marked so that a transposition of the tangent map takes them for
+    # primal values, see `jvp_primal`)
+    ys, dys = jvp_primal(ys_aug[:, :n]), ys_aug[:, n:]
     if not params.get("throw", True):
         dys = root_guard_p.bind(more[0], dys, of="odeint")  # no derivative of a failure
     if not is_zero(dts):
         dys = dys + _fields_at(graph, consts, ts, ys) * dts[:, None]
     # status, steps (and the grid and marks where recorded), the states
     rest, dense = (more[:4], more[4:]) if params.get("record", True) else (more, [])
-    outs = [ys, *rest] + [d[:, :n] for d in dense]
+    outs = [ys, *rest] + [jvp_primal(d[:, :n]) for d in dense]
     return outs, [dys] + [Zero(type_of(o).update()) for o in rest] + [d[:, n:] for d in dense]
+
+
+# The tangent-map form of an `odeint` (the JVP's, on the state `[y, dy]`) is
+# linear in the tangent operands only where the primal ones are fixed: it is
+# transposed as its VJP where the tangents are zero, which is the discrete
+# adjoint of the sensitivity system's steps (that of the primal part too,
+# whose cotangents are dropped).
+odeint_p.def_transpose(vjp_transpose(odeint_p))
 
 
 # ---------------------------------------------------------------------------

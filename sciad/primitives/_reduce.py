@@ -167,7 +167,7 @@ _install_batch_rules()
 
 # ---------------------------------------------------------------------------
 # Sparsity: an output element depends on the elements reduced into it (a
-# cumulative sum: on the whole axis, which is sound and simple).
+# cumulative sum: on those up to it along its axis, after it if `reverse`).
 
 def _reduce_sparsity(outs, x, *, axes):
     from ..graph._sparsity import along
@@ -176,9 +176,23 @@ def _reduce_sparsity(outs, x, *, axes):
 
 
 def _cumsum_sparsity(outs, x, *, axis, reverse):
-    from ..graph._sparsity import along
+    # in C order the line along `axis` is a (outer, L, inner) block: the
+    # selection is I_outer (x) T (x) I_inner, T the triangle of a line
+    import scipy.sparse as sp
 
-    return along(outs[0], x, (axis,))
+    from ..graph._sparsity import _bool, _check_entries
+
+    shape = x.shape
+    line = shape[axis]
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    _check_entries(outer * inner * line * (line + 1) // 2)
+    below, upto = np.tril_indices(line)
+    rows, cols = (upto, below) if reverse else (below, upto)
+    tri = sp.csr_matrix((np.ones(rows.size, bool), (rows, cols)), shape=(line, line))
+    sel = sp.kron(sp.eye(outer, dtype=bool), sp.kron(tri, sp.eye(inner, dtype=bool)),
+                  format="csr")
+    return _bool(_bool(sel) @ x.matrix)
 
 
 for _p in reduce_primitives.values():

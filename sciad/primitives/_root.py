@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import scipy.sparse as sp
 
 from ..errors import ConvergenceError, DTypeError, InvalidOptionError, ShapeError
 from ..graph import Graph, Param, Primitive, TensorType, Zero, is_zero
@@ -432,11 +433,34 @@ def _root_vjp(primals, outs, cts, **params):
 
 @root_p.def_sparsity
 def _root_sparsity(outs, *deps, **params):
-    # the root depends on every constant the residual reads (its Jacobian's
-    # inverse is dense in general)
-    from ..graph._sparsity import dense_all
+    # dx = -(dF/dx)^-1 (dF/dconsts) dconsts at the root: the body interpreted
+    # with x's elements as columns of their own gives the patterns P of
+    # dF/dx and Q of (dF/dconsts) dconsts, and x's is C Q, C the reflexive
+    # transitive closure of P (an inverse is a polynomial in its matrix, by
+    # Cayley-Hamilton, so (dF/dx)^-1 is within C). Exact where the residual
+    # couples x's elements as P says (the inverse of an irreducible block is
+    # full), so independent equations give independent roots. The start,
+    # `jac0` and the iteration's outputs carry no dependence on the data
+    # but through the root; `||F||` and the factorization take every
+    # constant's.
+    from ..graph._sparsity import Deps, _bool, _check_entries, dense_all, empty, pad_columns
+    from ..graph._sparsity import sparsity_eval, union
 
-    return dense_all(outs, *deps)
+    consts, x0, _ = operands(deps, params.get("jac0", False))
+    N, m = x0.columns, x0.size
+    rest = dense_all(outs[1:], Deps(empty(1, N), (1,)), *consts)
+    eye = sp.csr_matrix((np.ones(m, bool), (np.arange(m), N + np.arange(m))),
+                        shape=(m, N + m))
+    (f,) = sparsity_eval(params["graph"], [pad_columns(c, m) for c in consts]
+                         + [Deps(eye, x0.shape)])
+    q, closure = _bool(f.matrix[:, :N]), _bool(f.matrix[:, N:] + sp.eye(m, dtype=bool))
+    while True:  # squaring: paths of twice the length each time
+        _check_entries(closure.nnz)
+        wider = union(closure, _bool(closure @ closure))
+        if wider.nnz == closure.nnz:
+            break
+        closure = wider
+    return [_bool(closure @ q)] + list(rest)
 
 
 # ---------------------------------------------------------------------------

@@ -40,10 +40,11 @@ import numpy as np
 from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NotSupportedError,
                       ShapeError, plain)
 from ..graph import Graph, Param, Primitive, TensorType, Var, Zero
-from ..graph import instantiate, is_zero, lower
-from ..graph._autodiff import type_of
+from ..graph import instantiate, is_linear, is_zero, lower
+from ..graph._autodiff import expansion_transpose, type_of
 from ..graph._batch import batch_body, batch_size_of, carry_fixed_point, front_where
-from ..graph._body import drop_inputs, hoist, hoist_nodes, inline, live_inputs, trace_body
+from ..graph._body import (drop_inputs, hoist, hoist_nodes, inline, live_inputs,
+                           nonlinear_body, trace_body)
 from ..graph._trace import Tracer, is_value_leaf
 from ._checks import check, tie
 from ._cond import _sig, _union_inputs, cond_p
@@ -461,6 +462,93 @@ def _install_adjoint_batch_rule() -> None:
 _install_adjoint_batch_rule()
 
 
+# -- transposition: a `while` in a tangent map -------------------------------------
+#
+# The JVP of a while loop carries primals and tangents, and is linear in its
+# tangent operands for the steps its primal predicate lets it run. Its
+# transpose counts those steps with a loop of the primal part alone, then
+# runs the transposed step (`transposed_step`) back over them: with
+# `max_steps`, one `while_adjoint` node (the primal carries recomputed from
+# about sqrt(max_steps) stored ones, as reverse mode does); without a
+# bound, which no storage can be sized for, each step's primal carry is
+# recomputed from the start (steps^2 / 2 primal steps, no stored carries).
+
+
+@while_p.def_transpose
+def _while_transpose(cts, *args, cond_body, body, num_consts, max_steps=None,
+                     checkpoints=None):
+    from .. import numpy as snp
+    from ._control import (_storable_primal_carries, check_zero_starts, loop_linearity,
+                           transposed_step)
+
+    nc, nk = num_consts, len(args) - num_consts
+    linear = [is_linear(a) for a in args]
+    lin, _ = loop_linearity(body, linear, nc, nk)
+    check_zero_starts(args, linear, lin, nc, nk, "while")
+    nl_k = [k for k in range(nk) if not lin[nc + k]]
+    lk = [k for k in range(nk) if lin[nc + k]]
+    lc = [i for i in range(nc) if lin[i]]
+    fb, st = transposed_step(body, lin, [], nc, nk)
+    pred = nonlinear_body(cond_body, lin, [0], name=cond_body.name)
+    consts = [a for a, f in zip(args[:nc], lin[:nc]) if not f]
+    init = [args[nc + k] for k in nl_k]
+    ct0 = ([instantiate(cts[k]) for k in lk]
+           + [instantiate(Zero(body.inputs[i].type.update())) for i in lc])
+    m = len(consts)
+    cb, bb = _counted(pred, fb, m)
+    steps = while_p.bind(*consts, *init, snp.zeros((), np.int32), cond_body=cb, body=bb,
+                         num_consts=m, **_extra(max_steps, None))[-1]
+    if max_steps is not None:
+        _storable_primal_carries(body, nl_k, nc, "while")
+        snapshots = checkpoints.snapshots if isinstance(checkpoints, Segments) else \
+            default_segments(max_steps)
+        out = while_adjoint_p.bind(steps, *consts, *init, *ct0, body=fb, step=st,
+                                   num_consts=m, num_ct_carry=len(lk), num_acc=len(lc),
+                                   max_steps=max_steps, snapshots=snapshots)
+    else:
+        out = _recomputing_transpose(fb, st, consts, init, ct0, steps)
+    out = iter(out)
+    in_cts: list = [None] * len(args)
+    for k in lk:
+        c = next(out)
+        if is_linear(args[nc + k]):
+            in_cts[nc + k] = c
+    for i in lc:
+        in_cts[i] = next(out)
+    return tuple(in_cts)
+
+
+@while_p.def_linearity
+def _while_linearity(linear, *, cond_body, body, num_consts, max_steps=None,
+                     checkpoints=None):
+    from ._control import loop_linearity
+
+    return loop_linearity(body, linear, num_consts, len(linear) - num_consts)[0][num_consts:]
+
+
+def _recomputing_transpose(fb: Graph, st: Graph, consts, init, ct0, steps) -> list:
+    """The transposed steps of an unbounded loop that ran `steps` steps, the
+    last first, each primal carry recomputed from `init`."""
+    nct = len(ct0)
+
+    def back(s):
+        k, ct = s[0] - 1, s[1]
+        _, c = while_loop(lambda t: t[0] < k,
+                          lambda t: (t[0] + 1, tuple(inline(fb, [*consts, *t[1]]))),
+                          (np.int32(0), tuple(init)))
+        return k, tuple(inline(st, [*consts, *ct, *c]))
+
+    _, ct = while_loop(lambda s: s[0] > 0, back, (steps, tuple(ct0)))
+    assert len(ct) == nct
+    return list(ct)
+
+
+# a `while_adjoint` in a tangent map (forward over reverse, `sd.hvp`) is
+# transposed as the bounded scans it stands for, storing every carry (as
+# its VJP does)
+while_adjoint_p.def_transpose(expansion_transpose(while_adjoint_p, _adjoint_by_scans))
+
+
 # -- batching (`sd.vmap`) ---------------------------------------------------------
 
 
@@ -626,10 +714,12 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
 
 
 # ---------------------------------------------------------------------------
-# sparsity: the union of the carries' patterns over the steps, to its fixed
-# point (the loop may stop after any step), interpreted at most
-# `max_steps` times; dense past `SPARSITY_STEPS` iterations without one
-# (`loop_sparsity`). The predicate selects a step count, not values.
+# sparsity: followed step by step while the predicate's value is a constant
+# (a loop counting its steps), else the union of the carries' patterns over
+# the steps, to its fixed point (the loop may stop after any step),
+# interpreted at most `max_steps` times; dense past `SPARSITY_STEPS`
+# iterations without one (`loop_sparsity`). The predicate selects a step
+# count, not values.
 
 
 @while_p.def_sparsity
@@ -639,7 +729,7 @@ def _while_sparsity(outs, *deps, cond_body, body, num_consts, max_steps=None,
     from ._control import loop_sparsity
 
     res = loop_sparsity(body, deps[:num_consts], deps[num_consts:], [], max_steps,
-                        exact=False)
+                        exact=False, cond=cond_body)
     return dense_all(outs, *deps) if res is None else res[0]
 
 
