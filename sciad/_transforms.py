@@ -22,6 +22,7 @@ from ._function import function
 from .errors import DTypeError, ShapeError
 from .graph import Tracer, TensorType, Zero, instantiate, is_differentiable
 from .graph._autodiff import jvp_eval, type_of, vjp_eval
+from .graph._passes import dce
 from .graph._trace import current_builder, trace_flat
 
 _tree = jax.tree_util
@@ -35,7 +36,7 @@ def _in_trace(tree) -> bool:
 def _trace(f: Callable, args: tuple, op: str):
     graph, in_tree, out_tree, captured = trace_flat(
         f, tuple(args), closure=True, name=getattr(f, "__name__", op))
-    return graph, in_tree, out_tree, list(captured)
+    return dce(graph), in_tree, out_tree, list(captured)
 
 
 def _argnums(argnums, n: int, op: str) -> tuple[int, ...]:
@@ -269,7 +270,9 @@ def _traced(leaves: list) -> list:
 def _vjp_inline(f, primals: tuple, has_aux: bool):
     p_leaves, p_tree = _tree.tree_flatten(primals)
     graph, _, full_tree, captured = _trace(f, primals, "vjp")
-    outs, backward = vjp_eval(graph, _traced(list(p_leaves)) + captured)
+    # values closed over are held fixed: no rule forms their cotangents
+    outs, backward = vjp_eval(graph, _traced(list(p_leaves)) + captured,
+                              [True] * len(p_leaves) + [False] * len(captured))
     if has_aux:
         kids = full_tree.children() if full_tree.num_nodes > 1 else []
         if len(kids) != 2:
@@ -559,7 +562,8 @@ def jacrev(f: Callable, argnums: int = 0):
 
     def inline(*args):
         x, tx, graph, out_tree, captured = _jacobian_setup(f, argnums, args, "jacrev")
-        outs, backward = vjp_eval(graph, _traced([x]) + captured)
+        outs, backward = vjp_eval(graph, _traced([x]) + captured,
+                                  [True] + [False] * len(captured))
         from . import numpy as snp
 
         leaves = []

@@ -38,6 +38,7 @@ import numpy as np
 from ..errors import DTypeError, MissingRuleError, RuleError
 from ._core import Graph, Literal, Node, Primitive, Var
 from ._interpret import Interpreter
+from ._passes import dce
 from ._trace import emitting_for
 from ._types import AbstractType, BatchedType, SparseArray, SparseType, TensorType
 
@@ -380,12 +381,17 @@ def _as_ct_tuple(prim, in_cts, n: int, what: str, node=None) -> tuple:
     return tuple(in_cts)
 
 
-def _derived_vjp(prim: Primitive, primals: Sequence, cts: Sequence, params: dict):
+def _derived_vjp(prim: Primitive, primals: Sequence, cts: Sequence, params: dict,
+                 wrt: Sequence[bool] | None = None):
     """The VJP of one application of `prim` from its JVP rule: trace the JVP
-    with symbolic tangents into a graph linear in them, then transpose it."""
+    with symbolic tangents into a graph linear in them, then transpose it.
+    Only the operands flagged in `wrt` (default: every float and complex one)
+    get a tangent: the others' are `Zero`s, so the rule forms nothing for
+    them (`x ** c` with a constant `c` forms no `log(x)`)."""
     from ._trace import trace_flat
 
-    diff = [i for i, p in enumerate(primals) if is_differentiable(type_of(p))]
+    diff = [i for i, p in enumerate(primals)
+            if is_differentiable(type_of(p)) and (wrt is None or wrt[i])]
     if not diff:
         return [None] * len(primals)
     types = [_tangent_type(type_of(primals[i])) for i in diff]
@@ -419,14 +425,19 @@ def _checked_in_cts(prim: Primitive, res, primals: Sequence, what: str, node) ->
 
 
 def vjp_node(prim: Primitive, primals: Sequence, outs: Sequence, cts: Sequence,
-             params: dict, node: Node | None = None) -> list:
-    """Cotangents of `prim`'s operands for output cotangents `cts`."""
+             params: dict, node: Node | None = None,
+             wrt: Sequence[bool] | None = None) -> list:
+    """Cotangents of `prim`'s operands for output cotangents `cts`. `wrt`
+    flags the operands that need one (default: every float and complex
+    operand); the others get None."""
     if prim.vjp_rule is not None:
         ct_arg = tuple(cts) if prim.multiple_results else cts[0]
         out_arg = tuple(outs) if prim.multiple_results else outs[0]
         res = prim.vjp_rule(primals, out_arg, ct_arg, **params)
-        return _checked_in_cts(prim, res, primals, "VJP rule", node)
-    return _derived_vjp(prim, primals, cts, params)
+        in_cts = _checked_in_cts(prim, res, primals, "VJP rule", node)
+    else:
+        in_cts = _derived_vjp(prim, primals, cts, params, wrt)
+    return in_cts if wrt is None else [ct if w else None for ct, w in zip(in_cts, wrt)]
 
 
 def _split_fwd(prim: Primitive, args: list, params: dict, node: Node):
@@ -458,14 +469,16 @@ def _split_bwd(prim: Primitive, res, cts: Sequence, primals: Sequence, params: d
 
 class _VJPForward(_Emit):
     """Emits the forward nodes; a node differentiated in two halves (its
-    primitive has a `vjp_fwd` rule) emits that half and keeps its residuals."""
+    primitive has a `vjp_fwd` rule) emits that half and keeps its residuals,
+    where one of its operands is `active`."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, active: set[Var]):
         super().__init__(graph)
+        self.active = active
         self.residuals: dict[Node, Any] = {}
 
     def run_node(self, node: Node, invals: Sequence):
-        if node.primitive.vjp_fwd_rule is not None and _has_differentiable_input(node):
+        if node.primitive.vjp_fwd_rule is not None and _active_operands(node, self.active):
             with emitting_for(node.source):
                 outs, self.residuals[node] = _split_fwd(node.primitive, invals,
                                                         dict(node.params), node)
@@ -473,19 +486,43 @@ class _VJPForward(_Emit):
         return super().run_node(node, invals)
 
 
-def _has_differentiable_input(node: Node) -> bool:
-    return any(isinstance(a, Var) and is_differentiable(a.type) for a in node.inputs)
+def active_values(graph: Graph, wrt: Sequence[bool] | None = None) -> set[Var]:
+    """The values of `graph` that depend on the inputs flagged in `wrt`
+    (default: every float and complex input) through float or complex
+    values: those a reverse pass gives cotangents. Constants, integers and
+    what is computed from them alone are inactive, so a rule never forms a
+    derivative with respect to them (`x ** c` with a constant `c`, or with
+    `c` converted from an integer, forms no `log(x)`)."""
+    flags = wrt if wrt is not None else [True] * len(graph.inputs)
+    active = {v for v, w in zip(graph.inputs, flags) if w and is_differentiable(v.type)}
+    for node in graph.nodes:
+        if any(isinstance(a, Var) and a in active for a in node.inputs):
+            active.update(v for v in node.outputs if is_differentiable(v.type))
+    return active
 
 
-def vjp_eval(graph: Graph, primals: Sequence):
+def _active_operands(node: Node, active: set[Var]) -> list[bool] | None:
+    """Which operands of `node` are active, or None if none is."""
+    flags = [isinstance(a, Var) and a in active for a in node.inputs]
+    return flags if any(flags) else None
+
+
+def vjp_eval(graph: Graph, primals: Sequence, wrt: Sequence[bool] | None = None):
     """Emits `graph` into the current trace; returns `(outs, backward)` where
     `backward(cts)` emits the reverse pass and returns a cotangent (or `Zero`)
-    per input. `backward` must be called in the same trace."""
-    fwd = _VJPForward(graph)
+    per input.
+
+    `wrt` flags the inputs differentiated (default: every float and complex
+    input); the others get `Zero`s, and a node computed from them alone is
+    not differentiated at all (see `active_values`). `backward` must be
+    called in the same trace."""
+    active = active_values(graph, wrt)
+    fwd = _VJPForward(graph, active)
     outs = fwd.run(*primals)
 
     def vjp_of(node: Node, cts: list) -> list:
-        if not _has_differentiable_input(node):
+        flags = _active_operands(node, active)
+        if flags is None:
             return []
         primals = [fwd.read(a) for a in node.inputs]
         if node in fwd.residuals:
@@ -493,15 +530,14 @@ def vjp_eval(graph: Graph, primals: Sequence):
                                 dict(node.params), node)
         else:
             in_cts = vjp_node(node.primitive, primals, [fwd.read(v) for v in node.outputs],
-                              cts, dict(node.params), node)
-        # constants and integer operands take no cotangent
-        return [ct if isinstance(a, Var) and is_differentiable(a.type) else None
-                for a, ct in zip(node.inputs, in_cts)]
+                              cts, dict(node.params), node, flags)
+        # inactive operands (constants, integers, what only they give) take none
+        return [ct if f else None for f, ct in zip(flags, in_cts)]
 
     def backward(cts: Sequence) -> list:
         ct_env: dict[Var, Any] = {}
         for a, ct in zip(graph.outputs, cts):
-            if isinstance(a, Var) and is_differentiable(a.type) and not isinstance(ct, Zero):
+            if isinstance(a, Var) and a in active and not isinstance(ct, Zero):
                 ct_env[a] = add_tangents(ct_env.get(a, Zero(a.type)), ct)
         _backward(graph.nodes, ct_env, vjp_of)
         return [ct_env.get(v, Zero(_tangent_type(v.type))) for v in graph.inputs]
@@ -557,19 +593,23 @@ class VJPGraph:
         return f"{self.forward}\n{self.backward}"
 
 
-def vjp_graph(graph: Graph) -> VJPGraph:
+def vjp_graph(graph: Graph, wrt: Sequence[bool] | None = None) -> VJPGraph:
     """The VJP of `graph` as a forward graph (outputs, then saved values) and
     a backward graph (saved values and output cotangents -> a cotangent per
-    differentiable input, materialized)."""
+    differentiated input, materialized).
+
+    `wrt` flags the inputs differentiated (default: every float and complex
+    input); the backward graph has a cotangent output for each of those only,
+    and the forward graph saves only what the backward graph reads."""
     from ._trace import trace_flat
 
     n_in = len(graph.inputs)
     diff_out = [i for i, a in enumerate(graph.outputs) if is_differentiable(a.type)]
     ct_types = [graph.outputs[i].type.update() for i in diff_out]
-    diff_in = _differentiable_inputs(graph)
+    diff_in = [i for i in _differentiable_inputs(graph) if wrt is None or wrt[i]]
 
     def fn(*args):
-        outs, backward = vjp_eval(graph, args[:n_in])
+        outs, backward = vjp_eval(graph, args[:n_in], wrt)
         cts: list = [Zero(a.type.update()) for a in graph.outputs]
         for i, c in zip(diff_out, args[n_in:]):
             cts[i] = c
@@ -578,7 +618,9 @@ def vjp_graph(graph: Graph) -> VJPGraph:
 
     whole, _, _ = trace_flat(fn, tuple(graph.in_types) + tuple(ct_types),
                              name=f"vjp_{graph.name}")
-    return split_graph(whole, n_in, len(graph.outputs))
+    # a cotangent a rule formed and no output reads (a `def_vjp` rule's for
+    # an operand not differentiated) must not make its operands saved values
+    return split_graph(dce(whole), n_in, len(graph.outputs))
 
 
 def split_graph(whole: Graph, n_primal_inputs: int, n_outputs: int) -> VJPGraph:
