@@ -205,21 +205,40 @@ def _bind(prim: Primitive, args, params):
     return tuple(out) if prim.multiple_results else (out,)
 
 
-def _check_tangent(node_or_prim, primal_type: AbstractType, t, what: str):
-    prim = node_or_prim.primitive if isinstance(node_or_prim, Node) else node_or_prim
+def operand_name(prim: Primitive, i: int) -> str:
+    """Operand `i` of `prim` in a message: "operand 1 (`b`)", with its name
+    from the shape rule's signature where it has one."""
+    import inspect
+
+    try:
+        names = [q.name for q in
+                 inspect.signature(prim.abstract_eval_rule).parameters.values()
+                 if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):  # no rule, or one without a signature
+        names = []
+    return f"operand {i} (`{names[i]}`)" if i < len(names) else f"operand {i}"
+
+
+def _check_tangent(prim: Primitive, primal_type: AbstractType, t, what: str,
+                   where: str):
+    """A rule's tangent (for `where` = "output i") or cotangent (for an
+    operand, `operand_name`) `t` must have its value's shape and dtype."""
     if isinstance(t, Zero):
         return
+    output = where.startswith("output")
+    kind, of = ("tangent", "output") if output else ("cotangent", "operand")
     tt = type_of(t)
     want = _tangent_type(primal_type)
     if not is_differentiable(primal_type):
+        instead = "`Zero` (sciad.graph.Zero)" if output else "None"
         raise RuleError(
-            f"the {what} returned a tangent {tt.str_short()} for the non-differentiable "
-            f"output {primal_type.str_short()}; return `Zero` (sciad.graph.Zero) there.",
+            f"the {what} returned a {kind} {tt.str_short()} for {where}, of the "
+            f"non-differentiable type {primal_type.str_short()}; return {instead} there.",
             op=prim.name)
     if tt.update() != want.update():
         raise RuleError(
-            f"the {what} returned a tangent of type {tt.str_short()} for an output of "
-            f"type {want.str_short()}; a tangent has its primal's shape and dtype.",
+            f"the {what} returned a {kind} of type {tt.str_short()} for {where}, of "
+            f"type {want.str_short()}; a {kind} has its {of}'s shape and dtype.",
             op=prim.name)
 
 
@@ -248,8 +267,8 @@ def jvp_node(prim: Primitive, primals: Sequence, tangents: Sequence, params: dic
         raise RuleError(f"the JVP rule returned {len(touts)} tangents for {len(outs)} "
                         "outputs.", op=prim.name)
     fixed = []
-    for o, t in zip(outs, touts):
-        _check_tangent(prim, type_of(o), t, "JVP rule")
+    for k, (o, t) in enumerate(zip(outs, touts)):
+        _check_tangent(prim, type_of(o), t, "JVP rule", f"output {k}")
         fixed.append(t if t is not None else Zero(_tangent_type(type_of(o))))
     return outs, tuple(fixed)
 
@@ -356,14 +375,15 @@ def transpose_eval(graph: Graph, linear: Sequence[bool], values: Sequence,
         ct_arg = tuple(node_cts) if prim.multiple_results else node_cts[0]
         in_cts = _as_ct_tuple(prim, prim.transpose_rule(ct_arg, *args, **node.params),
                               len(node.inputs), "transpose rule", node)
-        for a, arg, ct in zip(node.inputs, args, in_cts):
+        for i, (a, arg, ct) in enumerate(zip(node.inputs, args, in_cts)):
             if ct is None or isinstance(ct, Zero):
                 continue
             if not is_linear(arg):
-                raise RuleError(f"the transpose rule returned a cotangent for the "
-                                f"nonlinear operand {arg!r}; return None there.",
+                raise RuleError(f"the transpose rule returned a cotangent for "
+                                f"{operand_name(prim, i)}, which it is not linear in "
+                                f"({arg!r}); return None there.",
                                 op=prim.name, source=node.source)
-            _check_tangent(prim, a.type, ct, "transpose rule")
+            _check_tangent(prim, a.type, ct, "transpose rule", operand_name(prim, i))
         return in_cts
 
     _backward(fwd.linear_nodes, ct_env, transpose_node)
@@ -418,9 +438,9 @@ def _checked_in_cts(prim: Primitive, res, primals: Sequence, what: str, node) ->
     """A VJP rule's result as a list of cotangents, one per operand, each of
     its operand's type."""
     res = _as_ct_tuple(prim, res, len(primals), what, node)
-    for p, ct in zip(primals, res):
+    for i, (p, ct) in enumerate(zip(primals, res)):
         if ct is not None and not isinstance(ct, Zero):
-            _check_tangent(prim, type_of(p), ct, what)
+            _check_tangent(prim, type_of(p), ct, what, operand_name(prim, i))
     return list(res)
 
 
