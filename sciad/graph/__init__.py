@@ -52,3 +52,4 @@ from ._autodiff import (
 )
 from . import passes as passes
 from ._sparsity import Deps as Deps
+from ._cost import Cost as Cost
