@@ -213,41 +213,31 @@ _RULES = ("impl", "abstract_eval", "jvp", "vjp", "vjp_fwd", "vjp_bwd", "transpos
 class Primitive:
     """An operation of the IR, with every rule it has stored on it.
 
-    - `def_abstract_eval(fn)`: `fn(*in_types, **params) -> out_type(s)`, the
+    Rules are defined with the `def_*` hooks (each method's docstring gives
+    what its rule receives and returns, with an example):
+
+    - `def_abstract_eval`: `fn(*in_types, **params) -> out_type(s)`, the
       shape/dtype rule; it raises `ShapeError` / `DTypeError` on bad input.
-    - `def_impl(fn)`: `fn(*jax_arrays, **params)`, the JAX implementation
-      that lowering calls.
-    - `def_jvp`, `def_vjp`, `def_transpose`, `def_batch`: derivative and
+    - `def_impl`: `fn(*jax_arrays, **params) -> array(s)`, the JAX
+      implementation that lowering calls.
+    - `def_jvp`: `fn(primals, tangents, **params) -> (out, tangent_out)`;
+      `def_vjp`: `fn(primals, out, ct, **params) -> in_cts`;
+      `def_transpose`: `fn(ct, *operands, **params) -> in_cts`;
+      `def_batch`: `fn(args, dims, **params) -> (out, dim)`: derivative and
       batching rules, written with sciad ops.
-    - `def_vjp_fwd(fn)` and `def_vjp_bwd(fn)`: reverse mode in two halves,
-      for a primitive whose backward pass needs values its forward pass
-      computes (a loop's per-step residuals): `fn(primals, **params) ->
-      (outs, residuals)` is emitted in place of the node, and
-      `fn(residuals, cts, **params) -> in_cts` in the backward pass. They
-      take precedence over `def_vjp`.
-    - `def_sparsity(fn)`: `fn(*deps, **params) -> pattern(s)`, the
-      Jacobian-sparsity rule: given each operand's `sciad.graph.Deps`
-      (which elements of the differentiated inputs each of its elements
-      depends on, as a boolean SciPy CSR matrix, and a constant operand's
-      value), the same for each output. `sd.sparse.jacobian_sparsity` and
-      the Newton solves interpret graphs with it (see
-      `sciad.graph._sparsity`); a primitive without one is taken as dense,
-      with a warning.
-    - `def_simplify(fn)`: `fn(node, producer) -> Atom | Node | None`, a
-      rewrite that the `simplify` pass tries on each node of this primitive
-      (see `sciad.graph.passes.simplify`).
-    - `def_dce(fn)`: `fn(node, used_outputs) -> Node | None` for a node
-      with a body: a node computing only the used outputs (the same output
-      `Var`s) from only the operands they need, or None to keep the node.
-      The `dce` pass calls it, so a loop's unused outputs and carries go.
-    - `def_hoist(fn)`: `fn(node) -> (nodes, node) | None` for a loop: the
-      nodes of its body that are the same at every step, re-made to run
-      before it (with new output `Var`s), and the node reading their
-      results as consts. The `hoist` pass calls it.
-    - `def_cost(fn)`: `fn(node, body) -> Cost`, the estimated FLOPs of a
-      node and the memory it needs while it runs beyond its operands and
-      results (a loop's body and stored carries, a factorization's fill);
-      `body(graph)` gives a body's own `GraphCost`. `sd.cost` calls it
+    - `def_vjp_fwd`: `fn(primals, **params) -> (out, residuals)` and
+      `def_vjp_bwd`: `fn(residuals, ct, **params) -> in_cts`: reverse mode
+      in two halves, for a primitive whose backward pass needs values its
+      forward pass computes (a loop's per-step residuals). They take
+      precedence over `def_vjp`.
+    - `def_sparsity`: `fn(out_types, *deps, **params) -> pattern(s)`, the
+      Jacobian-sparsity rule (see `sciad.graph.Deps`); a primitive without
+      one is taken as dense, with a warning.
+    - `def_simplify`: `fn(node, producer) -> Atom | Node | None`, a rewrite
+      for the `simplify` pass; `def_dce`: `fn(node, used) -> Node | None`,
+      dropping a node's unused outputs (a loop's); `def_hoist`: `fn(node) ->
+      (nodes, node) | None`, moving a loop's invariant part out of it;
+      `def_cost`: `fn(node, body) -> Cost`, the estimate `sd.cost` reports
       (without one, a node costs a FLOP per output element).
 
     `p(*args, **params)` (or `p.bind`) adds a node while tracing and runs the
