@@ -22,7 +22,6 @@ from ._function import function
 from .errors import DTypeError, ShapeError
 from .graph import Tracer, TensorType, Zero, instantiate, is_differentiable
 from .graph._autodiff import jvp_eval, type_of, vjp_eval
-from .graph._passes import dce
 from .graph._trace import current_builder, trace_flat
 
 _tree = jax.tree_util
@@ -36,7 +35,7 @@ def _in_trace(tree) -> bool:
 def _trace(f: Callable, args: tuple, op: str):
     graph, in_tree, out_tree, captured = trace_flat(
         f, tuple(args), closure=True, name=getattr(f, "__name__", op))
-    return dce(graph), in_tree, out_tree, list(captured)
+    return graph, in_tree, out_tree, list(captured)
 
 
 def _argnums(argnums, n: int, op: str) -> tuple[int, ...]:

@@ -233,3 +233,27 @@ def test_readme_custom_primitive_snippets_run_as_shown(scratch_registry):
         "impl", "abstract_eval", "jvp", "vjp", "batch", "sparsity")
     assert sd.graph.lookup_primitive("my_scale").rules == (
         "impl", "abstract_eval", "jvp", "transpose")
+
+
+def test_a_vjp_rule_knows_which_operands_the_reverse_pass_differentiates(rng):
+    # `needs_ct`: a traced operand held fixed (not in argnums, or computed
+    # only from such values and constants) needs no cotangent
+    seen = []
+    mul_p = sd.primitive("test_needs_ct_mul")
+    mul_p.def_abstract_eval(lambda x, c: x)
+    mul_p.def_impl(lambda x, c: x * c)
+
+    @mul_p.def_vjp
+    def _vjp(primals, out, ct):
+        x, c = primals
+        seen.append((sd.graph.needs_ct(x), sd.graph.needs_ct(c)))
+        return (ct * c if sd.graph.needs_ct(x) else None,
+                snp.sum(ct * x) if sd.graph.needs_ct(c) else None)
+
+    x, c = rng.standard_normal(3), np.float64(1.5)
+    g = sd.grad(lambda x, c: snp.sum(mul_p(x, 2.0 * c)))(x, c)
+    np.testing.assert_allclose(g, np.full(3, 3.0), rtol=1e-15)
+    gx, gc = sd.grad(lambda x, c: snp.sum(mul_p(x, 2.0 * c)), argnums=(0, 1))(x, c)
+    np.testing.assert_allclose(gc, 2.0 * np.sum(x), rtol=1e-14)
+    sd.grad(lambda x: snp.sum(mul_p(x, 2.0)))(x)  # a constant operand
+    assert seen == [(True, False), (True, True), (True, False)]

@@ -407,3 +407,8 @@ def test_second_order_through_a_loop_and_a_branch_with_an_exponent_held_fixed(x6
     np.testing.assert_allclose(own, want, rtol=1e-12)
     F = sd.to_jax(f)
     np.testing.assert_allclose(jax.vjp(jax.grad(F), x, c)[1](u)[0], want, rtol=1e-12)
+    # held fixed by the inner gradient, `c` still moves it: the mixed derivative
+    xp = np.abs(x)
+    mixed = sd.grad(lambda c: snp.sum(sd.grad(f)(xp, c) * u))(c)
+    np.testing.assert_allclose(mixed, jax.grad(lambda c: jnp.sum(jax.grad(f_jax)(xp, c) * u))(c),
+                               rtol=1e-12)

@@ -44,6 +44,7 @@ from ._autodiff import (
     is_zero as is_zero,
     jvp_eval as jvp_eval,
     jvp_graph as jvp_graph,
+    needs_ct as needs_ct,
     transpose_eval as transpose_eval,
     vjp_eval as vjp_eval,
     vjp_graph as vjp_graph,

@@ -39,7 +39,7 @@ from ..errors import DTypeError, MissingRuleError, RuleError
 from ._core import Graph, Literal, Node, Primitive, Var
 from ._interpret import Interpreter
 from ._passes import dce
-from ._trace import emitting_for
+from ._trace import Tracer, emitting_for
 from ._types import AbstractType, BatchedType, SparseArray, SparseType, TensorType
 
 
@@ -444,30 +444,65 @@ def _checked_in_cts(prim: Primitive, res, primals: Sequence, what: str, node) ->
     return list(res)
 
 
+# The operands the reverse pass being emitted holds fixed, for the rule it
+# is running: one set of ids per rule call, innermost last.
+_held_fixed: list[frozenset[int]] = []
+
+
+class _holding:
+    """While a VJP rule runs: its operands not flagged in `wrt` are held
+    fixed (`needs_ct` says so)."""
+
+    def __init__(self, primals: Sequence, wrt: Sequence[bool] | None):
+        self.ids = frozenset(id(p) for p, w in zip(primals, wrt) if not w) if wrt else (
+            frozenset())
+
+    def __enter__(self):
+        _held_fixed.append(self.ids)
+
+    def __exit__(self, *exc):
+        _held_fixed.pop()
+
+
+def needs_ct(x) -> bool:
+    """Whether a VJP rule must form a cotangent for its operand `x`: a traced
+    float or complex value that the reverse pass differentiates. A constant
+    needs none, nor a traced value the pass holds fixed (computed only from
+    constants, integers or inputs not differentiated): a rule that forms one
+    anyway builds, for `x ** c`, a `log(x)` that a second derivative then
+    meets (NaN for a negative `x`, times zero)."""
+    return (isinstance(x, Tracer) and is_differentiable(type_of(x))
+            and not (_held_fixed and id(x) in _held_fixed[-1]))
+
+
 def vjp_node(prim: Primitive, primals: Sequence, outs: Sequence, cts: Sequence,
              params: dict, node: Node | None = None,
              wrt: Sequence[bool] | None = None) -> list:
     """Cotangents of `prim`'s operands for output cotangents `cts`. `wrt`
     flags the operands that need one (default: every float and complex
-    operand); the others get None."""
+    operand); the others get None, and the rule sees them as held fixed
+    (`needs_ct`)."""
     if prim.vjp_rule is not None:
         ct_arg = tuple(cts) if prim.multiple_results else cts[0]
         out_arg = tuple(outs) if prim.multiple_results else outs[0]
-        res = prim.vjp_rule(primals, out_arg, ct_arg, **params)
+        with _holding(primals, wrt):
+            res = prim.vjp_rule(primals, out_arg, ct_arg, **params)
         in_cts = _checked_in_cts(prim, res, primals, "VJP rule", node)
     else:
         in_cts = _derived_vjp(prim, primals, cts, params, wrt)
     return in_cts if wrt is None else [ct if w else None for ct, w in zip(in_cts, wrt)]
 
 
-def _split_fwd(prim: Primitive, args: list, params: dict, node: Node):
+def _split_fwd(prim: Primitive, args: list, params: dict, node: Node,
+               wrt: Sequence[bool]):
     """The forward half of a two-part VJP: the outputs (as a tuple) and the
     residuals the backward half gets."""
     if prim.vjp_bwd_rule is None:
         raise MissingRuleError(
             f"`{prim.name}` defines `def_vjp_fwd` without `def_vjp_bwd`; define both.",
             op=prim.name, source=node.source)
-    outs, res = prim.vjp_fwd_rule(args, **params)
+    with _holding(args, wrt):
+        outs, res = prim.vjp_fwd_rule(args, **params)
     outs = tuple(outs) if prim.multiple_results else (outs,)
     if len(outs) != len(node.outputs):
         raise RuleError(f"the vjp_fwd rule returned {len(outs)} outputs for "
@@ -481,10 +516,11 @@ def _split_fwd(prim: Primitive, args: list, params: dict, node: Node):
 
 
 def _split_bwd(prim: Primitive, res, cts: Sequence, primals: Sequence, params: dict,
-               node: Node) -> list:
+               node: Node, wrt: Sequence[bool]) -> list:
     ct_arg = tuple(cts) if prim.multiple_results else cts[0]
-    return _checked_in_cts(prim, prim.vjp_bwd_rule(res, ct_arg, **params), primals,
-                           "vjp_bwd rule", node)
+    with _holding(primals, wrt):
+        in_cts = prim.vjp_bwd_rule(res, ct_arg, **params)
+    return _checked_in_cts(prim, in_cts, primals, "vjp_bwd rule", node)
 
 
 class _VJPForward(_Emit):
@@ -498,10 +534,11 @@ class _VJPForward(_Emit):
         self.residuals: dict[Node, Any] = {}
 
     def run_node(self, node: Node, invals: Sequence):
-        if node.primitive.vjp_fwd_rule is not None and _active_operands(node, self.active):
+        flags = _active_operands(node, self.active)
+        if node.primitive.vjp_fwd_rule is not None and flags is not None:
             with emitting_for(node.source):
                 outs, self.residuals[node] = _split_fwd(node.primitive, invals,
-                                                        dict(node.params), node)
+                                                        dict(node.params), node, flags)
             return outs
         return super().run_node(node, invals)
 
@@ -547,7 +584,7 @@ def vjp_eval(graph: Graph, primals: Sequence, wrt: Sequence[bool] | None = None)
         primals = [fwd.read(a) for a in node.inputs]
         if node in fwd.residuals:
             in_cts = _split_bwd(node.primitive, fwd.residuals[node], cts, primals,
-                                dict(node.params), node)
+                                dict(node.params), node, flags)
         else:
             in_cts = vjp_node(node.primitive, primals, [fwd.read(v) for v in node.outputs],
                               cts, dict(node.params), node, flags)

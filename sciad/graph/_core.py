@@ -427,10 +427,12 @@ class Primitive:
         cotangent (`out` and `ct` are tuples with `multiple_results`, where
         an output that takes no cotangent has a `sd.graph.Zero`), and returns
         one cotangent per operand, each with its operand's shape and dtype,
-        or None for an operand that takes none. Written with sciad ops, like
-        the JVP, so it can be differentiated again. Without it, reverse mode
-        transposes the JVP rule; `def_vjp_fwd`/`def_vjp_bwd` take
-        precedence over it.
+        or None for an operand that takes none: `sd.graph.needs_ct(x)` says
+        whether the reverse pass differentiates operand `x` (a constant, or a
+        value held fixed, needs none; its cotangent is dropped anyway).
+        Written with sciad ops, like the JVP, so it can be differentiated
+        again. Without it, reverse mode transposes the JVP rule;
+        `def_vjp_fwd`/`def_vjp_bwd` take precedence over it.
 
         ```python
         @cube_p.def_vjp
