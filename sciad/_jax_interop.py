@@ -16,6 +16,11 @@ loops. Its derivatives are sciad's, never JAX's AD of the lowered ops:
   primitive's `def_vjp`, else the transpose of its JVP).
 - Both halves are wrapped the same way in turn, so derivatives of any order
   (`jax.hessian`, `jax.jacfwd(jax.jacrev(f))`) stay sciad's.
+- The derivative graphs are built per set of differentiated inputs (the
+  JVP rule takes JAX's symbolic zeros): an input JAX does not differentiate
+  is a constant to sciad too, so no rule forms a derivative with respect to
+  it (`x ** c` with `c` an argument held fixed forms no `log(x)`, whose NaN
+  at a negative `x` a second derivative would otherwise multiply by zero).
 - Under `jax.vmap`, `sciad_linear` records the batch axes in its params and
   stays one linear primitive, so `jax.grad` of a function that vmaps `f`
   still transposes through sciad's backward graph.
@@ -32,6 +37,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import Primitive as JaxPrimitive
 from jax.interpreters import ad, batching, mlir
 
@@ -81,13 +87,12 @@ def _leaf_positions(values) -> tuple[list[int], int]:
     return starts, i
 
 
-def _tangent_graph(graph: Graph) -> Graph:
-    """`(*primals, *tangents of the float and complex inputs) -> tangents of
-    the float and complex outputs` (a factorization output has none)."""
+def _tangent_graph(graph: Graph, diff: list[int]) -> Graph:
+    """`(*primals, *tangents of the inputs `diff`) -> tangents of the float and
+    complex outputs` (a factorization output has none)."""
     from ._transforms import _jvp_emit
     from .graph import Zero
 
-    diff = [i for i, v in enumerate(graph.inputs) if is_differentiable(v.type)]
     n = len(graph.inputs)
 
     def fn(*args):
@@ -106,7 +111,8 @@ class _GraphFn:
     """`graph` as a `jax.custom_jvp` of flat JAX arrays (`self.fn`): the
     leaves of its inputs (see `_flat_lower`) in, of its outputs out.
 
-    The derivative graphs are built on first use: a function only ever
+    The derivative graphs are built on first use, once for each set of
+    inputs JAX differentiates (`wrt`, leaf positions): a function only ever
     differentiated in reverse mode never needs JVP rules beyond those its
     VJP derives from, and one only used forward never needs transpose rules.
     Hashed by identity: it is the `fn` param of `sciad_linear`.
@@ -118,30 +124,38 @@ class _GraphFn:
         out_starts, self.n_out = _leaf_positions(graph.outputs)
         self.out_leaf_types = [t for a in graph.outputs for t in leaf_types(a.type)]
         # differentiable values are tensors or sparse data: one leaf each
-        self.diff_in = [in_starts[i] for i, v in enumerate(graph.inputs)
-                        if is_differentiable(v.type)]
+        self.input_at = {in_starts[i]: i for i, v in enumerate(graph.inputs)
+                         if is_differentiable(v.type)}
+        self.diff_in = list(self.input_at)
         self.diff_out = [out_starts[i] for i, a in enumerate(graph.outputs)
                          if is_differentiable(a.type)]
         self.diff_out_types = [graph.outputs[i].type for i, a in enumerate(graph.outputs)
                                if is_differentiable(a.type)]
         self.run = jax.jit(_flat_lower(graph))
         self.fn = jax.custom_jvp(self._primal)
-        self.fn.defjvp(self._jvp)
-        self._vjp: tuple | None = None
-        self._tangent: tuple | None = None
+        self.fn.defjvp(self._jvp, symbolic_zeros=True)
+        self._vjp: dict[tuple[int, ...], tuple] = {}
+        self._tangent: dict[tuple[int, ...], tuple] = {}
 
     def _primal(self, *args):
         return self.run(*args)
 
     # -- derivative graphs, built once each ---------------------------------
-    def vjp(self):
-        """`(forward, backward _GraphFn, n_saved)`, or the `SciadError`
-        that building the VJP raised (re-raised only if reverse mode is used).
-        The forward's results are the outputs' leaves, then the saved
-        values' (a factorization saved for the backward pass is its arrays)."""
-        if self._vjp is None:
+    def _mask(self, wrt: tuple[int, ...]) -> list[bool]:
+        """The graph inputs at the leaf positions `wrt`, flagged."""
+        inputs = {self.input_at[i] for i in wrt}
+        return [i in inputs for i in range(len(self.graph.inputs))]
+
+    def vjp(self, wrt: tuple[int, ...]):
+        """`(forward, backward, n_saved)` (two `_GraphFn`s) for the inputs at
+        the leaf positions `wrt`, or the `SciadError` that building the VJP
+        raised (re-raised only if reverse mode is used). The forward's
+        results are the outputs' leaves, then the saved values' (a
+        factorization saved for the backward pass is its arrays); the
+        backward's, a cotangent per input in `wrt`."""
+        if wrt not in self._vjp:
             try:
-                v = vjp_graph(self.graph)
+                v = vjp_graph(self.graph, self._mask(wrt))
                 forward = optimize(v.forward)
                 backward = optimize(v.backward)
                 if config.enable_checks:
@@ -149,37 +163,39 @@ class _GraphFn:
                     verify(backward)
                 # the forward half is a _GraphFn too: at second order (the
                 # rule itself differentiated) its derivatives are sciad's
-                self._vjp = (_GraphFn(forward).fn, _GraphFn(backward),
-                             _leaf_positions(forward.outputs)[1] - self.n_out)
+                self._vjp[wrt] = (_GraphFn(forward), _GraphFn(backward),
+                                  _leaf_positions(forward.outputs)[1] - self.n_out)
             except SciadError as e:
-                self._vjp = (e,)
-        return self._vjp
+                self._vjp[wrt] = (e,)
+        return self._vjp[wrt]
 
-    def tangent(self):
-        """`(lowered, _GraphFn)` of the tangent map `(*primals, *tangents) ->
-        tangents of the float and complex outputs`, from `jvp_graph`."""
-        if self._tangent is None:
-            t = optimize(_tangent_graph(self.graph))
+    def tangent(self, wrt: tuple[int, ...]):
+        """`(lowered, _GraphFn)` of the tangent map `(*primals, *tangents of
+        the inputs at the leaf positions wrt) -> tangents of the float and
+        complex outputs`, from `jvp_graph`."""
+        if wrt not in self._tangent:
+            t = optimize(_tangent_graph(self.graph, [self.input_at[i] for i in wrt]))
             if config.enable_checks:
                 verify(t)
-            self._tangent = (_flat_lower(t), _GraphFn(t))
-        return self._tangent
+            self._tangent[wrt] = (_flat_lower(t), _GraphFn(t))
+        return self._tangent[wrt]
 
     # -- the custom JVP rule -------------------------------------------------
     def _jvp(self, primals, tangents):
         primals = [_canonical(p) for p in primals]
-        tangents = [_canonical(t) for t in tangents]
-        if not self.diff_in or not self.diff_out:
+        # JAX's symbolic zeros: the inputs it does not differentiate
+        wrt = tuple(i for i in self.diff_in if type(tangents[i]) is not SymbolicZero)
+        if not wrt or not self.diff_out:
             outs = self.run(*primals)
             return outs, [_zero_tangent(t.shape, t.dtype) for t in self.out_leaf_types]
-        vjp = self.vjp()
+        vjp = self.vjp(wrt)
         if isinstance(vjp[0], SciadError):
             outs, saved = self.run(*primals), []
         else:
-            res = _raising(vjp[0], primals)
+            res = _raising(vjp[0].fn, primals)
             outs, saved = res[: self.n_out], res[self.n_out:]
-        t_in = [tangents[i] for i in self.diff_in]
-        t_diff = iter(linear_p.bind(*primals, *saved, *t_in, fn=self,
+        t_in = [_canonical(tangents[i]) for i in wrt]
+        t_diff = iter(linear_p.bind(*primals, *saved, *t_in, fn=self, wrt=wrt,
                                     n_saved=len(saved), levels=()))
         diff_out = set(self.diff_out)
         touts = [next(t_diff) if i in diff_out else _zero_tangent(t.shape, t.dtype)
@@ -225,9 +241,10 @@ def _zero_tangent(shape, dtype):
 # ---------------------------------------------------------------------------
 # `sciad_linear`: the tangent map, linear in its last operands
 #
-# Operands: `(*primals, *saved, *tangents)`, tangents for the float and
-# complex inputs only. Results: tangents of the float and complex outputs.
-# Params: `fn` (the `_GraphFn`), `n_saved`, and `levels`, one
+# Operands: `(*primals, *saved, *tangents)`, tangents for the inputs
+# differentiated only. Results: tangents of the float and complex outputs.
+# Params: `fn` (the `_GraphFn`), `wrt` (the leaf positions of the inputs
+# differentiated), `n_saved`, and `levels`, one
 # `(in_axes, size)` per enclosing `jax.vmap`, innermost first; every result
 # has the batch dimensions in front, outermost first.
 
@@ -256,39 +273,50 @@ def _pick_primals_tangents(fn: _GraphFn, n_saved: int) -> Callable:
     return pick
 
 
-def _linear_impl(*args, fn: _GraphFn, n_saved: int, levels):
+def _linear_impl(*args, fn: _GraphFn, wrt, n_saved: int, levels):
     p, _, t = _split(args, fn, n_saved)
-    lowered, _ = fn.tangent()
+    lowered, _ = fn.tangent(wrt)
     return _vmapped(lowered, levels, _pick_primals_tangents(fn, n_saved))(*p, *t)
 
 
-def _linear_abstract_eval(*avals, fn: _GraphFn, n_saved: int, levels):
+def _linear_abstract_eval(*avals, fn: _GraphFn, wrt, n_saved: int, levels):
     prefix = tuple(size for _, size in reversed(levels))
     return [jax.core.ShapedArray(prefix + t.shape, t.dtype)
             for t in (leaf_types(u)[0] for u in fn.diff_out_types)]
 
 
-def _linear_jvp(primals, tangents, *, fn: _GraphFn, n_saved: int, levels):
+def _linear_jvp(primals, tangents, *, fn: _GraphFn, wrt, n_saved: int, levels):
     # d[J(p) t] = J(p) dt + (dJ(p)[dp]) t: the JVP of the tangent map itself,
     # through its own sciad-derived wrapper. `saved` is a function of `p`, so
     # its tangents carry nothing new.
-    out = linear_p.bind(*primals, fn=fn, n_saved=n_saved, levels=levels)
+    params = dict(fn=fn, wrt=wrt, n_saved=n_saved, levels=levels)
+    out = linear_p.bind(*primals, **params)
     p, saved, t = _split(primals, fn, n_saved)
     dp, _, dt = _split(tangents, fn, n_saved)
     if all(type(d) is ad.Zero for d in dp + dt):
         return out, [ad.Zero(jax.core.get_aval(o).to_tangent_aval()) for o in out]
-    dt = [ad.instantiate_zeros(d) for d in dt]
     if all(type(d) is ad.Zero for d in dp):  # linear: J(p) dt
-        return out, linear_p.bind(*p, *saved, *dt, fn=fn, n_saved=n_saved,
-                                  levels=levels)
-    dp = [ad.instantiate_zeros(d) for d in dp]
-    _, tangent_fn = fn.tangent()
+        return out, linear_p.bind(*p, *saved, *[ad.instantiate_zeros(d) for d in dt],
+                                  **params)
+    _, tangent_fn = fn.tangent(wrt)
     f = _vmapped(tangent_fn.fn, levels, _pick_primals_tangents(fn, n_saved))
-    _, tout = jax.jvp(f, (*p, *t), (*dp, *dt))
+    # only the operands with a tangent are differentiated: the others stay
+    # constants (JAX's symbolic zeros), so the tangent map's own derivative
+    # graphs leave them out (see `_GraphFn`)
+    args, tans = p + t, dp + dt
+    live = [i for i, d in enumerate(tans) if type(d) is not ad.Zero]
+
+    def g(*xs):
+        full = list(args)
+        for i, x in zip(live, xs):
+            full[i] = x
+        return f(*full)
+
+    _, tout = jax.jvp(g, tuple(args[i] for i in live), tuple(tans[i] for i in live))
     return out, list(tout)
 
 
-def _linear_transpose(cts, *args, fn: _GraphFn, n_saved: int, levels):
+def _linear_transpose(cts, *args, fn: _GraphFn, wrt, n_saved: int, levels):
     p, saved, t = _split(args, fn, n_saved)
     assert not any(ad.is_undefined_primal(x) for x in p + saved), (
         "sciad_linear is linear only in its tangent operands")
@@ -297,7 +325,7 @@ def _linear_transpose(cts, *args, fn: _GraphFn, n_saved: int, levels):
     linear = [ad.is_undefined_primal(x) for x in t]
     if not any(linear) or all(type(c) is ad.Zero for c in cts):
         return [None] * len(args)
-    vjp = fn.vjp()
+    vjp = fn.vjp(wrt)
     if isinstance(vjp[0], SciadError):
         raise vjp[0]
     _, backward, _ = vjp
@@ -326,18 +354,19 @@ def _vmap_transposed(b: Callable, in_axes, size: int, fn: _GraphFn, n_saved: int
     return f
 
 
-def _linear_batch(args, dims, *, fn: _GraphFn, n_saved: int, levels):
+def _linear_batch(args, dims, *, fn: _GraphFn, wrt, n_saved: int, levels):
     # `batching.not_mapped` is None; axes are stored non-negative
     dims = tuple(d % np.ndim(a) if isinstance(d, int) else None
                  for a, d in zip(args, dims))
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    outs = linear_p.bind(*args, fn=fn, n_saved=n_saved, levels=levels + ((dims, size),))
+    outs = linear_p.bind(*args, fn=fn, wrt=wrt, n_saved=n_saved,
+                         levels=levels + ((dims, size),))
     return outs, [0] * len(outs)
 
 
 # Eager evaluation (a `jax.jvp` outside `jax.jit`) compiles once per
 # (graph, levels) instead of dispatching the lowered ops one by one.
-linear_p.def_impl(jax.jit(_linear_impl, static_argnames=("fn", "n_saved", "levels")))
+linear_p.def_impl(jax.jit(_linear_impl, static_argnames=("fn", "wrt", "n_saved", "levels")))
 linear_p.def_abstract_eval(_linear_abstract_eval)
 ad.primitive_jvps[linear_p] = _linear_jvp
 ad.primitive_transposes[linear_p] = _linear_transpose

@@ -270,7 +270,9 @@ def _traced(leaves: list) -> list:
 def _vjp_inline(f, primals: tuple, has_aux: bool):
     p_leaves, p_tree = _tree.tree_flatten(primals)
     graph, _, full_tree, captured = _trace(f, primals, "vjp")
-    outs, backward = vjp_eval(graph, _traced(list(p_leaves)) + captured)
+    # values closed over are held fixed: no rule forms their cotangents
+    outs, backward = vjp_eval(graph, _traced(list(p_leaves)) + captured,
+                              [True] * len(p_leaves) + [False] * len(captured))
     if has_aux:
         kids = full_tree.children() if full_tree.num_nodes > 1 else []
         if len(kids) != 2:
@@ -560,7 +562,8 @@ def jacrev(f: Callable, argnums: int = 0):
 
     def inline(*args):
         x, tx, graph, out_tree, captured = _jacobian_setup(f, argnums, args, "jacrev")
-        outs, backward = vjp_eval(graph, _traced([x]) + captured)
+        outs, backward = vjp_eval(graph, _traced([x]) + captured,
+                                  [True] + [False] * len(captured))
         from . import numpy as snp
 
         leaves = []

@@ -22,3 +22,69 @@ def assert_gradient_matches_fd(f, A, d, *, h: float = 1e-5, rtol: float = 1e-7,
         _, t = sd.jvp(f, (A,), (d,))
         np.testing.assert_allclose(t, along, rtol=1e-9)
     return g
+
+
+# ---------------------------------------------------------------------------
+# Documented code: the README's snippets and docstring examples, run
+
+
+def _shown_value(text: str):
+    """A value as a snippet shows it in a comment: a Python literal, a NumPy
+    array as printed (`[0.5 1. ]`, `[[ True False] ...]`), or None for prose."""
+    import ast
+    import re
+
+    for candidate in (text, re.sub(r"(?<=[\w.\]])\s+(?=[-\w.\[])", ", ", text.strip())):
+        try:
+            return ast.literal_eval(candidate)
+        except (ValueError, SyntaxError):
+            continue
+    return None
+
+
+def _assert_shown(got, shown: str, where: str):
+    import re
+
+    if "..." in shown:  # abbreviated: not checked
+        return
+    value = _shown_value(shown)
+    if value is None:
+        if re.match(r"[A-Za-z_][\w.]*\(", shown):  # a repr
+            assert repr(got) == shown, f"{where}: got {got!r}, shown {shown}"
+        return  # prose
+    if np.asarray(value).dtype.kind == "b":
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(value), err_msg=where)
+    elif np.asarray(value).dtype.kind in "iufc":
+        np.testing.assert_allclose(np.asarray(got), np.asarray(value), rtol=1e-7,
+                                   atol=1e-12, err_msg=where)
+    else:
+        assert got == value, f"{where}: got {got!r}, shown {shown}"
+
+
+def run_documented(code: str, namespace: dict, where: str = "snippet") -> str:
+    """Runs `code` statement by statement in `namespace`; an expression
+    statement followed by a comment showing its value (on its line, or on the
+    comment lines right after it) must evaluate to that value. Returns what
+    the code printed."""
+    import ast
+    import contextlib
+    import io
+
+    lines = code.splitlines()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        for stmt in ast.parse(code).body:
+            src = ast.get_source_segment(code, stmt)
+            if not isinstance(stmt, ast.Expr):
+                exec(compile(ast.Module([stmt], []), where, "exec"), namespace)
+                continue
+            got = eval(compile(ast.Expression(stmt.value), where, "eval"), namespace)
+            tail = lines[stmt.end_lineno - 1][stmt.end_col_offset:].strip()
+            comment = [tail[1:].strip()] if tail.startswith("#") else []
+            k = stmt.end_lineno  # else the comment lines right below it
+            while not tail and k < len(lines) and lines[k].strip().startswith("#"):
+                comment.append(lines[k].strip()[1:].strip())
+                k += 1
+            if comment:
+                _assert_shown(got, " ".join(comment), f"{where}: {src}")
+    return out.getvalue()

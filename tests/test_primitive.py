@@ -150,3 +150,110 @@ def test_params_must_be_hashable(rng):
 def test_bad_primitive_names():
     with pytest.raises(RegistrationError, match="non-empty string"):
         sd.primitive("has space")
+
+
+# ---------------------------------------------------------------------------
+# The documented rule hooks: every `def_*` method's signature and example,
+# and the README's custom-primitive snippets, run as written
+
+
+_HOOKS = ["impl", "abstract_eval", "jvp", "vjp", "transpose", "batch", "sparsity",
+          "simplify", "vjp_fwd", "vjp_bwd", "dce", "hoist", "cost"]
+
+
+@pytest.fixture
+def scratch_registry():
+    """Primitives the documentation registers are forgotten afterwards."""
+    from sciad.graph import _core
+
+    before = dict(_core._REGISTRY)
+    yield
+    _core._REGISTRY.clear()
+    _core._REGISTRY.update(before)
+
+
+def _python_blocks(text: str) -> list[str]:
+    import re
+    import textwrap
+
+    return [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", text, re.S)]
+
+
+def test_every_rule_hook_has_a_docstring_with_its_signature_and_an_example():
+    from sciad.graph._core import _RULES
+
+    assert set(_HOOKS) == set(_RULES), "document the new hook and add it to _HOOKS"
+    for hook in _HOOKS:
+        doc = getattr(sd.graph.Primitive, f"def_{hook}").__doc__ or ""
+        assert "`fn(" in doc.split("\n\n")[0], f"def_{hook}: the signature comes first"
+        assert "->" in doc.split("\n\n")[0], f"def_{hook}: and what the rule returns"
+        assert _python_blocks(doc), f"def_{hook}: give an example"
+
+
+def test_rule_hook_examples_run_and_show_their_results(scratch_registry):
+    import jax.numpy as jnp
+    from helpers import run_documented
+
+    ns = {"np": np, "jnp": jnp, "sd": sd, "snp": snp}
+    for hook in _HOOKS:
+        for code in _python_blocks(getattr(sd.graph.Primitive, f"def_{hook}").__doc__):
+            run_documented(code, ns, f"def_{hook}")
+    assert sd.graph.lookup_primitive("doc_cube").rules == (
+        "impl", "abstract_eval", "jvp", "vjp", "batch", "sparsity")
+
+
+def test_readme_custom_primitive_snippets_run_as_shown(scratch_registry):
+    import os
+    import re
+
+    import jax.numpy as jnp
+    from helpers import run_documented
+
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")
+    text = open(path).read()
+    start = text.index("Your own primitives use the same protocol")
+    section = text[start:text.index("sd.primitive_from_jax", start)]
+    # each python block using a primitive of its own, and the printout after it
+    pieces = re.findall(r"```python\n(.*?)```\n(?:\n```\n(.*?)```)?", section, re.S)
+    ns = {"np": np, "sd": sd, "snp": snp, "jnp": jnp}
+    ran = 0
+    for code, shown in pieces:
+        if "_p" not in code:  # (the derivatives of a plain function, between them)
+            continue
+        printed = run_documented(code, ns, "README")
+        ran += 1
+        if shown:
+            def plain(t):
+                return [re.sub(r"\s*# \S+:\d+$", "", line).rstrip()
+                        for line in t.strip().splitlines()]
+            assert plain(printed) == plain(shown)
+    assert ran == 4
+    # the rules the README defines are the rules the primitives have
+    assert sd.graph.lookup_primitive("my_softplus").rules == (
+        "impl", "abstract_eval", "jvp", "vjp", "batch", "sparsity")
+    assert sd.graph.lookup_primitive("my_scale").rules == (
+        "impl", "abstract_eval", "jvp", "transpose")
+
+
+def test_a_vjp_rule_knows_which_operands_the_reverse_pass_differentiates(rng):
+    # `needs_ct`: a traced operand held fixed (not in argnums, or computed
+    # only from such values and constants) needs no cotangent
+    seen = []
+    mul_p = sd.primitive("test_needs_ct_mul")
+    mul_p.def_abstract_eval(lambda x, c: x)
+    mul_p.def_impl(lambda x, c: x * c)
+
+    @mul_p.def_vjp
+    def _vjp(primals, out, ct):
+        x, c = primals
+        seen.append((sd.graph.needs_ct(x), sd.graph.needs_ct(c)))
+        return (ct * c if sd.graph.needs_ct(x) else None,
+                snp.sum(ct * x) if sd.graph.needs_ct(c) else None)
+
+    x, c = rng.standard_normal(3), np.float64(1.5)
+    g = sd.grad(lambda x, c: snp.sum(mul_p(x, 2.0 * c)))(x, c)
+    np.testing.assert_allclose(g, np.full(3, 3.0), rtol=1e-15)
+    gx, gc = sd.grad(lambda x, c: snp.sum(mul_p(x, 2.0 * c)), argnums=(0, 1))(x, c)
+    np.testing.assert_allclose(gc, 2.0 * np.sum(x), rtol=1e-14)
+    sd.grad(lambda x: snp.sum(mul_p(x, 2.0)))(x)  # a constant operand
+    assert seen == [(True, False), (True, True), (True, False)]

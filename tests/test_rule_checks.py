@@ -136,9 +136,41 @@ def test_malformed_rule_output_is_named(rng):
     p.def_abstract_eval(lambda x: x)
     p.def_impl(jnp.sin)
     p.def_jvp(lambda primals, tangents: (p(primals[0]), snp.sum(tangents[0])))
-    with pytest.raises(RuleError, match=r"returned a tangent of type f64\[\] for an output "
-                                        r"of type f64\[3\]"):
+    with pytest.raises(RuleError, match=r"the JVP rule returned a tangent of type f64\[\] "
+                                        r"for output 0, of type f64\[3\]; a tangent has its "
+                                        r"output's shape and dtype"):
         sd.jvp(lambda x: p(x), (np.ones(3),), (np.ones(3),))
+
+
+def test_a_malformed_cotangent_names_its_operand():
+    # the VJP rule gives `y` a scalar: the message says operand, and which one
+    p = _prim("bad_ct")
+    p.def_abstract_eval(lambda x, y: x)
+    p.def_impl(lambda x, y: x * y)
+    p.def_vjp(lambda primals, out, ct: (ct * primals[1], snp.sum(ct * primals[0])))
+    with pytest.raises(RuleError, match=r"the VJP rule returned a cotangent of type f64\[\] "
+                                        r"for operand 1 \(`y`\), of type f64\[3\]; a "
+                                        r"cotangent has its operand's shape and dtype"):
+        sd.grad(lambda x, y: snp.sum(p(x, y)), argnums=(0, 1))(np.ones(3), np.ones(3))
+
+
+def test_a_malformed_transpose_names_its_operand():
+    p = _prim("bad_transpose")
+    p.def_abstract_eval(lambda a, v: v)
+    p.def_impl(lambda a, v: a * v)
+    p.def_jvp(lambda primals, tangents: (p(*primals), p(primals[0], tangents[1])))
+    p.def_transpose(lambda ct, a, v: (None, snp.sum(ct)))
+    with pytest.raises(RuleError, match=r"the transpose rule returned a cotangent of type "
+                                        r"f64\[\] for operand 1 \(`v`\), of type f64\[2\]"):
+        sd.grad(lambda v: snp.sum(p(3.0, v)))(np.ones(2))
+    q = _prim("nonlinear_transpose")
+    q.def_abstract_eval(lambda a, v: v)
+    q.def_impl(lambda a, v: a * v)
+    q.def_jvp(lambda primals, tangents: (q(*primals), q(primals[0], tangents[1])))
+    q.def_transpose(lambda ct, a, v: (ct, q(a, ct)))
+    with pytest.raises(RuleError, match=r"returned a cotangent for operand 0 \(`a`\), which "
+                                        r"it is not linear in"):
+        sd.grad(lambda v: snp.sum(q(np.full(2, 3.0), v)))(np.ones(2))
 
 
 def test_check_rules_insists_on_float64():

@@ -46,6 +46,7 @@ from ._autodiff import (
     jvp_graph as jvp_graph,
     jvp_primal as jvp_primal,
     jvp_primal_p as jvp_primal_p,
+    needs_ct as needs_ct,
     transpose_eval as transpose_eval,
     vjp_eval as vjp_eval,
     vjp_graph as vjp_graph,
@@ -54,3 +55,4 @@ from ._autodiff import (
 )
 from . import passes as passes
 from ._sparsity import Deps as Deps
+from ._cost import Cost as Cost

@@ -38,8 +38,8 @@ import numpy as np
 from ..errors import DTypeError, MissingRuleError, RuleError
 from ._core import Graph, Literal, Node, Primitive, Var
 from ._interpret import Interpreter
-from ._passes import merge_duplicates
-from ._trace import emitting_for
+from ._passes import dce, merge_duplicates
+from ._trace import Tracer, emitting_for
 from ._types import AbstractType, BatchedType, SparseArray, SparseType, TensorType
 
 
@@ -283,21 +283,40 @@ def _bind(prim: Primitive, args, params):
     return tuple(out) if prim.multiple_results else (out,)
 
 
-def _check_tangent(node_or_prim, primal_type: AbstractType, t, what: str):
-    prim = node_or_prim.primitive if isinstance(node_or_prim, Node) else node_or_prim
+def operand_name(prim: Primitive, i: int) -> str:
+    """Operand `i` of `prim` in a message: "operand 1 (`b`)", with its name
+    from the shape rule's signature where it has one."""
+    import inspect
+
+    try:
+        names = [q.name for q in
+                 inspect.signature(prim.abstract_eval_rule).parameters.values()
+                 if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):  # no rule, or one without a signature
+        names = []
+    return f"operand {i} (`{names[i]}`)" if i < len(names) else f"operand {i}"
+
+
+def _check_tangent(prim: Primitive, primal_type: AbstractType, t, what: str,
+                   where: str):
+    """A rule's tangent (for `where` = "output i") or cotangent (for an
+    operand, `operand_name`) `t` must have its value's shape and dtype."""
     if isinstance(t, Zero):
         return
+    output = where.startswith("output")
+    kind, of = ("tangent", "output") if output else ("cotangent", "operand")
     tt = type_of(t)
     want = _tangent_type(primal_type)
     if not is_differentiable(primal_type):
+        instead = "`Zero` (sciad.graph.Zero)" if output else "None"
         raise RuleError(
-            f"the {what} returned a tangent {tt.str_short()} for the non-differentiable "
-            f"output {primal_type.str_short()}; return `Zero` (sciad.graph.Zero) there.",
+            f"the {what} returned a {kind} {tt.str_short()} for {where}, of the "
+            f"non-differentiable type {primal_type.str_short()}; return {instead} there.",
             op=prim.name)
     if tt.update() != want.update():
         raise RuleError(
-            f"the {what} returned a tangent of type {tt.str_short()} for an output of "
-            f"type {want.str_short()}; a tangent has its primal's shape and dtype.",
+            f"the {what} returned a {kind} of type {tt.str_short()} for {where}, of "
+            f"type {want.str_short()}; a {kind} has its {of}'s shape and dtype.",
             op=prim.name)
 
 
@@ -326,8 +345,8 @@ def jvp_node(prim: Primitive, primals: Sequence, tangents: Sequence, params: dic
         raise RuleError(f"the JVP rule returned {len(touts)} tangents for {len(outs)} "
                         "outputs.", op=prim.name)
     fixed = []
-    for o, t in zip(outs, touts):
-        _check_tangent(prim, type_of(o), t, "JVP rule")
+    for k, (o, t) in enumerate(zip(outs, touts)):
+        _check_tangent(prim, type_of(o), t, "JVP rule", f"output {k}")
         fixed.append(t if t is not None else Zero(_tangent_type(type_of(o))))
     return outs, tuple(fixed)
 
@@ -542,14 +561,15 @@ def transpose_eval(graph: Graph, linear: Sequence[bool], values: Sequence,
         ct_arg = tuple(node_cts) if prim.multiple_results else node_cts[0]
         in_cts = _as_ct_tuple(prim, prim.transpose_rule(ct_arg, *args, **node.params),
                               len(node.inputs), "transpose rule", node)
-        for a, arg, ct in zip(node.inputs, args, in_cts):
+        for i, (a, arg, ct) in enumerate(zip(node.inputs, args, in_cts)):
             if ct is None or isinstance(ct, Zero):
                 continue
             if not is_linear(arg):
-                raise RuleError(f"the transpose rule returned a cotangent for the "
-                                f"nonlinear operand {arg!r}; return None there.",
+                raise RuleError(f"the transpose rule returned a cotangent for "
+                                f"{operand_name(prim, i)}, which it is not linear in "
+                                f"({arg!r}); return None there.",
                                 op=prim.name, source=node.source)
-            _check_tangent(prim, a.type, ct, "transpose rule")
+            _check_tangent(prim, a.type, ct, "transpose rule", operand_name(prim, i))
         return in_cts
 
     _backward(fwd.linear_nodes, ct_env, transpose_node)
@@ -603,12 +623,17 @@ def _as_ct_tuple(prim, in_cts, n: int, what: str, node=None) -> tuple:
     return tuple(in_cts)
 
 
-def _derived_vjp(prim: Primitive, primals: Sequence, cts: Sequence, params: dict):
+def _derived_vjp(prim: Primitive, primals: Sequence, cts: Sequence, params: dict,
+                 wrt: Sequence[bool] | None = None):
     """The VJP of one application of `prim` from its JVP rule: trace the JVP
-    with symbolic tangents into a graph linear in them, then transpose it."""
+    with symbolic tangents into a graph linear in them, then transpose it.
+    Only the operands flagged in `wrt` (default: every float and complex one)
+    get a tangent: the others' are `Zero`s, so the rule forms nothing for
+    them (`x ** c` with a constant `c` forms no `log(x)`)."""
     from ._trace import trace_flat
 
-    diff = [i for i, p in enumerate(primals) if is_differentiable(type_of(p))]
+    diff = [i for i, p in enumerate(primals)
+            if is_differentiable(type_of(p)) and (wrt is None or wrt[i])]
     if not diff:
         return [None] * len(primals)
     types = [_tangent_type(type_of(primals[i])) for i in diff]
@@ -635,31 +660,71 @@ def _checked_in_cts(prim: Primitive, res, primals: Sequence, what: str, node) ->
     """A VJP rule's result as a list of cotangents, one per operand, each of
     its operand's type."""
     res = _as_ct_tuple(prim, res, len(primals), what, node)
-    for p, ct in zip(primals, res):
+    for i, (p, ct) in enumerate(zip(primals, res)):
         if ct is not None and not isinstance(ct, Zero):
-            _check_tangent(prim, type_of(p), ct, what)
+            _check_tangent(prim, type_of(p), ct, what, operand_name(prim, i))
     return list(res)
 
 
+# The operands the reverse pass being emitted holds fixed, for the rule it
+# is running: one set of ids per rule call, innermost last.
+_held_fixed: list[frozenset[int]] = []
+
+
+class _holding:
+    """While a VJP rule runs: its operands not flagged in `wrt` are held
+    fixed (`needs_ct` says so)."""
+
+    def __init__(self, primals: Sequence, wrt: Sequence[bool] | None):
+        self.ids = frozenset(id(p) for p, w in zip(primals, wrt) if not w) if wrt else (
+            frozenset())
+
+    def __enter__(self):
+        _held_fixed.append(self.ids)
+
+    def __exit__(self, *exc):
+        _held_fixed.pop()
+
+
+def needs_ct(x) -> bool:
+    """Whether a VJP rule must form a cotangent for its operand `x`: a traced
+    float or complex value that the reverse pass differentiates. A constant
+    needs none, nor a traced value the pass holds fixed (computed only from
+    constants, integers or inputs not differentiated): a rule that forms one
+    anyway builds, for `x ** c`, a `log(x)` that a second derivative then
+    meets (NaN for a negative `x`, times zero)."""
+    return (isinstance(x, Tracer) and is_differentiable(type_of(x))
+            and not (_held_fixed and id(x) in _held_fixed[-1]))
+
+
 def vjp_node(prim: Primitive, primals: Sequence, outs: Sequence, cts: Sequence,
-             params: dict, node: Node | None = None) -> list:
-    """Cotangents of `prim`'s operands for output cotangents `cts`."""
+             params: dict, node: Node | None = None,
+             wrt: Sequence[bool] | None = None) -> list:
+    """Cotangents of `prim`'s operands for output cotangents `cts`. `wrt`
+    flags the operands that need one (default: every float and complex
+    operand); the others get None, and the rule sees them as held fixed
+    (`needs_ct`)."""
     if prim.vjp_rule is not None:
         ct_arg = tuple(cts) if prim.multiple_results else cts[0]
         out_arg = tuple(outs) if prim.multiple_results else outs[0]
-        res = prim.vjp_rule(primals, out_arg, ct_arg, **params)
-        return _checked_in_cts(prim, res, primals, "VJP rule", node)
-    return _derived_vjp(prim, primals, cts, params)
+        with _holding(primals, wrt):
+            res = prim.vjp_rule(primals, out_arg, ct_arg, **params)
+        in_cts = _checked_in_cts(prim, res, primals, "VJP rule", node)
+    else:
+        in_cts = _derived_vjp(prim, primals, cts, params, wrt)
+    return in_cts if wrt is None else [ct if w else None for ct, w in zip(in_cts, wrt)]
 
 
-def _split_fwd(prim: Primitive, args: list, params: dict, node: Node):
+def _split_fwd(prim: Primitive, args: list, params: dict, node: Node,
+               wrt: Sequence[bool]):
     """The forward half of a two-part VJP: the outputs (as a tuple) and the
     residuals the backward half gets."""
     if prim.vjp_bwd_rule is None:
         raise MissingRuleError(
             f"`{prim.name}` defines `def_vjp_fwd` without `def_vjp_bwd`; define both.",
             op=prim.name, source=node.source)
-    outs, res = prim.vjp_fwd_rule(args, **params)
+    with _holding(args, wrt):
+        outs, res = prim.vjp_fwd_rule(args, **params)
     outs = tuple(outs) if prim.multiple_results else (outs,)
     if len(outs) != len(node.outputs):
         raise RuleError(f"the vjp_fwd rule returned {len(outs)} outputs for "
@@ -673,63 +738,89 @@ def _split_fwd(prim: Primitive, args: list, params: dict, node: Node):
 
 
 def _split_bwd(prim: Primitive, res, cts: Sequence, primals: Sequence, params: dict,
-               node: Node) -> list:
+               node: Node, wrt: Sequence[bool]) -> list:
     ct_arg = tuple(cts) if prim.multiple_results else cts[0]
-    return _checked_in_cts(prim, prim.vjp_bwd_rule(res, ct_arg, **params), primals,
-                           "vjp_bwd rule", node)
+    with _holding(primals, wrt):
+        in_cts = prim.vjp_bwd_rule(res, ct_arg, **params)
+    return _checked_in_cts(prim, in_cts, primals, "vjp_bwd rule", node)
 
 
 class _VJPForward(_Emit):
     """Emits the forward nodes; a node differentiated in two halves (its
-    primitive has a `vjp_fwd` rule) emits that half and keeps its residuals."""
+    primitive has a `vjp_fwd` rule) emits that half and keeps its residuals,
+    where one of its operands is `active`."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, active: set[Var]):
         super().__init__(graph)
+        self.active = active
         self.residuals: dict[Node, Any] = {}
 
     def run_node(self, node: Node, invals: Sequence):
-        if node.primitive.vjp_fwd_rule is not None and _has_differentiable_input(node):
+        flags = _active_operands(node, self.active)
+        if node.primitive.vjp_fwd_rule is not None and flags is not None:
             with emitting_for(node.source):
                 outs, self.residuals[node] = _split_fwd(node.primitive, invals,
-                                                        dict(node.params), node)
+                                                        dict(node.params), node, flags)
             return outs
         return super().run_node(node, invals)
 
 
-def _has_differentiable_input(node: Node) -> bool:
-    return any(isinstance(a, Var) and is_differentiable(a.type) for a in node.inputs)
+def active_values(graph: Graph, wrt: Sequence[bool] | None = None) -> set[Var]:
+    """The values of `graph` that depend on the inputs flagged in `wrt`
+    (default: every float and complex input) through float or complex
+    values: those a reverse pass gives cotangents. Constants, integers and
+    what is computed from them alone are inactive, so a rule never forms a
+    derivative with respect to them (`x ** c` with a constant `c`, or with
+    `c` converted from an integer, forms no `log(x)`)."""
+    flags = wrt if wrt is not None else [True] * len(graph.inputs)
+    active = {v for v, w in zip(graph.inputs, flags) if w and is_differentiable(v.type)}
+    for node in graph.nodes:
+        if any(isinstance(a, Var) and a in active for a in node.inputs):
+            active.update(v for v in node.outputs if is_differentiable(v.type))
+    return active
 
 
-def vjp_eval(graph: Graph, primals: Sequence):
+def _active_operands(node: Node, active: set[Var]) -> list[bool] | None:
+    """Which operands of `node` are active, or None if none is."""
+    flags = [isinstance(a, Var) and a in active for a in node.inputs]
+    return flags if any(flags) else None
+
+
+def vjp_eval(graph: Graph, primals: Sequence, wrt: Sequence[bool] | None = None):
     """Emits `graph` into the current trace; returns `(outs, backward)` where
     `backward(cts)` emits the reverse pass and returns a cotangent (or `Zero`)
-    per input. `backward` must be called in the same trace.
+    per input.
 
-    Equal nodes of `graph` are one node first (`merge_duplicates`): a value
-    computed twice gets one cotangent, the sum of its uses', so the checks
-    on a node's cotangents judge the whole function's derivative."""
+    `wrt` flags the inputs differentiated (default: every float and complex
+    input); the others get `Zero`s, and a node computed from them alone is
+    not differentiated at all (see `active_values`). Equal nodes of `graph`
+    are one node first (`merge_duplicates`): a value computed twice gets one
+    cotangent, the sum of its uses', so the checks on a node's cotangents
+    judge the whole function's derivative. `backward` must be called in the
+    same trace."""
     graph = merge_duplicates(graph)
-    fwd = _VJPForward(graph)
+    active = active_values(graph, wrt)
+    fwd = _VJPForward(graph, active)
     outs = fwd.run(*primals)
 
     def vjp_of(node: Node, cts: list) -> list:
-        if not _has_differentiable_input(node):
+        flags = _active_operands(node, active)
+        if flags is None:
             return []
         primals = [fwd.read(a) for a in node.inputs]
         if node in fwd.residuals:
             in_cts = _split_bwd(node.primitive, fwd.residuals[node], cts, primals,
-                                dict(node.params), node)
+                                dict(node.params), node, flags)
         else:
             in_cts = vjp_node(node.primitive, primals, [fwd.read(v) for v in node.outputs],
-                              cts, dict(node.params), node)
-        # constants and integer operands take no cotangent
-        return [ct if isinstance(a, Var) and is_differentiable(a.type) else None
-                for a, ct in zip(node.inputs, in_cts)]
+                              cts, dict(node.params), node, flags)
+        # inactive operands (constants, integers, what only they give) take none
+        return [ct if f else None for f, ct in zip(flags, in_cts)]
 
     def backward(cts: Sequence) -> list:
         ct_env: dict[Var, Any] = {}
         for a, ct in zip(graph.outputs, cts):
-            if isinstance(a, Var) and is_differentiable(a.type) and not isinstance(ct, Zero):
+            if isinstance(a, Var) and a in active and not isinstance(ct, Zero):
                 ct_env[a] = add_tangents(ct_env.get(a, Zero(a.type)), ct)
         _backward(graph.nodes, ct_env, vjp_of)
         return [ct_env.get(v, Zero(_tangent_type(v.type))) for v in graph.inputs]
@@ -785,19 +876,23 @@ class VJPGraph:
         return f"{self.forward}\n{self.backward}"
 
 
-def vjp_graph(graph: Graph) -> VJPGraph:
+def vjp_graph(graph: Graph, wrt: Sequence[bool] | None = None) -> VJPGraph:
     """The VJP of `graph` as a forward graph (outputs, then saved values) and
     a backward graph (saved values and output cotangents -> a cotangent per
-    differentiable input, materialized)."""
+    differentiated input, materialized).
+
+    `wrt` flags the inputs differentiated (default: every float and complex
+    input); the backward graph has a cotangent output for each of those only,
+    and the forward graph saves only what the backward graph reads."""
     from ._trace import trace_flat
 
     n_in = len(graph.inputs)
     diff_out = [i for i, a in enumerate(graph.outputs) if is_differentiable(a.type)]
     ct_types = [graph.outputs[i].type.update() for i in diff_out]
-    diff_in = _differentiable_inputs(graph)
+    diff_in = [i for i in _differentiable_inputs(graph) if wrt is None or wrt[i]]
 
     def fn(*args):
-        outs, backward = vjp_eval(graph, args[:n_in])
+        outs, backward = vjp_eval(graph, args[:n_in], wrt)
         cts: list = [Zero(a.type.update()) for a in graph.outputs]
         for i, c in zip(diff_out, args[n_in:]):
             cts[i] = c
@@ -806,7 +901,9 @@ def vjp_graph(graph: Graph) -> VJPGraph:
 
     whole, _, _ = trace_flat(fn, tuple(graph.in_types) + tuple(ct_types),
                              name=f"vjp_{graph.name}")
-    return split_graph(whole, n_in, len(graph.outputs))
+    # a cotangent a rule formed and no output reads (a `def_vjp` rule's for
+    # an operand not differentiated) must not make its operands saved values
+    return split_graph(dce(whole), n_in, len(graph.outputs))
 
 
 def split_graph(whole: Graph, n_primal_inputs: int, n_outputs: int) -> VJPGraph:

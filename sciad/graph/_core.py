@@ -229,53 +229,41 @@ class Graph:
 _REGISTRY: dict[str, "Primitive"] = {}
 
 _RULES = ("impl", "abstract_eval", "jvp", "vjp", "vjp_fwd", "vjp_bwd", "transpose", "batch",
-          "sparsity", "simplify", "dce", "hoist", "linearity")
+          "sparsity", "simplify", "dce", "hoist", "linearity", "cost")
 
 
 class Primitive:
     """An operation of the IR, with every rule it has stored on it.
 
-    - `def_abstract_eval(fn)`: `fn(*in_types, **params) -> out_type(s)`, the
+    Rules are defined with the `def_*` hooks (each method's docstring gives
+    what its rule receives and returns, with an example):
+
+    - `def_abstract_eval`: `fn(*in_types, **params) -> out_type(s)`, the
       shape/dtype rule; it raises `ShapeError` / `DTypeError` on bad input.
-    - `def_impl(fn)`: `fn(*jax_arrays, **params)`, the JAX implementation
-      that lowering calls.
-    - `def_jvp`, `def_vjp`, `def_transpose`, `def_batch`: derivative and
+    - `def_impl`: `fn(*jax_arrays, **params) -> array(s)`, the JAX
+      implementation that lowering calls.
+    - `def_jvp`: `fn(primals, tangents, **params) -> (out, tangent_out)`;
+      `def_vjp`: `fn(primals, out, ct, **params) -> in_cts`;
+      `def_transpose`: `fn(ct, *operands, **params) -> in_cts`;
+      `def_batch`: `fn(args, dims, **params) -> (out, dim)`: derivative and
       batching rules, written with sciad ops.
-    - `def_vjp_fwd(fn)` and `def_vjp_bwd(fn)`: reverse mode in two halves,
-      for a primitive whose backward pass needs values its forward pass
-      computes (a loop's per-step residuals): `fn(primals, **params) ->
-      (outs, residuals)` is emitted in place of the node, and
-      `fn(residuals, cts, **params) -> in_cts` in the backward pass. They
-      take precedence over `def_vjp`.
-    - `def_sparsity(fn)`: `fn(*deps, **params) -> pattern(s)`, the
-      Jacobian-sparsity rule: given each operand's `sciad.graph.Deps`
-      (which elements of the differentiated inputs each of its elements
-      depends on, as a boolean SciPy CSR matrix, and a constant operand's
-      value), the same for each output. `sd.sparse.jacobian_sparsity` and
-      the Newton solves interpret graphs with it (see
-      `sciad.graph._sparsity`); a primitive without one is taken as dense,
-      with a warning.
-    - `def_simplify(fn)`: `fn(node, producer) -> Atom | Node | None`, a
-      rewrite that the `simplify` pass tries on each node of this primitive
-      (see `sciad.graph.passes.simplify`).
-    - `def_dce(fn)`: `fn(node, used_outputs) -> Node | None` for a node
-      with a body: a node computing only the used outputs (the same output
-      `Var`s) from only the operands they need, or None to keep the node.
-      The `dce` pass calls it, so a loop's unused outputs and carries go.
-    - `def_hoist(fn)`: `fn(node) -> (nodes, node) | None` for a loop: the
-      nodes of its body that are the same at every step, re-made to run
-      before it (with new output `Var`s), and the node reading their
-      results as consts. The `hoist` pass calls it.
-    - `def_linearity(fn)`: `fn(linear, **params) -> flags` for a node with
-      a body: which of its outputs depend on its operands flagged `linear`,
-      from its body's (`sciad.graph._autodiff.graph_linear_outputs`). A
-      loop of a tangent map computes primal carries beside tangent ones;
-      transposing the map asks this rule which are which (without it, the
-      node's `dce` rule answers, more coarsely).
-    - `def_cost(fn)`: `fn(node, body) -> Cost`, the estimated FLOPs of a
-      node and the memory it needs while it runs beyond its operands and
-      results (a loop's body and stored carries, a factorization's fill);
-      `body(graph)` gives a body's own `GraphCost`. `sd.cost` calls it
+    - `def_vjp_fwd`: `fn(primals, **params) -> (out, residuals)` and
+      `def_vjp_bwd`: `fn(residuals, ct, **params) -> in_cts`: reverse mode
+      in two halves, for a primitive whose backward pass needs values its
+      forward pass computes (a loop's per-step residuals). They take
+      precedence over `def_vjp`.
+    - `def_sparsity`: `fn(out_types, *deps, **params) -> pattern(s)`, the
+      Jacobian-sparsity rule (see `sciad.graph.Deps`); a primitive without
+      one is taken as dense, with a warning.
+    - `def_simplify`: `fn(node, producer) -> Atom | Node | None`, a rewrite
+      for the `simplify` pass; `def_dce`: `fn(node, used) -> Node | None`,
+      dropping a node's unused outputs (a loop's); `def_hoist`: `fn(node) ->
+      (nodes, node) | None`, moving a loop's invariant part out of it;
+      `def_cost`: `fn(node, body) -> Cost`, the estimate `sd.cost` reports
+    - `def_linearity`: `fn(linear, **params) -> flags` for a node with a
+      body: which of its outputs depend on its operands flagged `linear`
+      (a loop of a tangent map computes primal carries beside tangent ones;
+      transposing the map asks this rule which are which).
       (without one, a node costs a FLOP per output element).
 
     `p(*args, **params)` (or `p.bind`) adds a node while tracing and runs the
@@ -376,46 +364,360 @@ class Primitive:
         setattr(self, f"{rule}_rule", fn)
         return fn
 
+    # Each hook stores a rule and returns it unchanged, so it works as a
+    # decorator. The examples run in order (tests/test_primitive.py runs them),
+    # with `np`, `jnp`, `sd` and `snp` imported; later ones use `cube_p` of
+    # `def_impl`'s.
+
     def def_impl(self, fn):
+        """Defines the implementation: `fn(*arrays, **params) -> array`.
+
+        `fn` receives the operands as JAX arrays (a sparse matrix as the
+        array of its stored values, a factorization as its backend's arrays)
+        and the params, and returns the result: an array, or a sequence of
+        arrays for a primitive with `multiple_results`. Lowering calls it
+        inside `jax.jit`, and `p(*arrays)` calls it directly outside a
+        trace. A primitive made with `runtime_checks=True` also receives
+        `site=` (a `sciad.graph.Site`, for its messages).
+
+        ```python
+        cube_p = sd.primitive("doc_cube")
+        cube_p.def_abstract_eval(lambda x: x)
+
+        @cube_p.def_impl
+        def _cube_impl(x):
+            return x * x * x
+
+        sd.function(lambda x: cube_p(x) + 1.0)(np.arange(3.0))  # [1.0, 2.0, 9.0]
+        ```
+        """
         return self._def("impl", fn)
 
     def def_abstract_eval(self, fn):
+        """Defines the shape rule: `fn(*in_types, **params) -> out_type`.
+
+        `fn` receives each operand's type (`sd.TensorType`, with `.shape`,
+        `.dtype` and `.str_short()`; a sparse matrix's `SparseType`) and the
+        params, and returns the output's type (a sequence of types for a
+        primitive with `multiple_results`). It runs at trace time, so operands
+        it cannot take fail there with the op and both types, never inside
+        XLA: raise `sciad.errors.ShapeError` or `DTypeError`.
+
+        ```python
+        outer_p = sd.primitive("doc_outer")
+        outer_p.def_impl(jnp.outer)
+
+        @outer_p.def_abstract_eval
+        def _outer_shape(x, y):
+            if len(x.shape) != 1 or len(y.shape) != 1:
+                raise sd.errors.ShapeError(
+                    f"expects two vectors, got {x.str_short()} and {y.str_short()}.",
+                    op="doc_outer")
+            return sd.TensorType(x.shape + y.shape, x.dtype)
+
+        sd.trace(lambda x, y: outer_p(x, y), np.ones(2), np.ones(3)).out_types[0].shape
+        # (2, 3)
+        ```
+        """
         return self._def("abstract_eval", fn)
 
     def def_jvp(self, fn):
+        """Defines forward mode: `fn(primals, tangents, **params) -> (out,
+        tangent_out)`.
+
+        `primals` holds the operands (traced values or constants), `tangents`
+        one tangent per operand: a traced value of the operand's shape and
+        dtype, or a symbolic `sd.graph.Zero` for an operand not
+        differentiated (`sd.graph.is_zero(t)`; integers always). Return the
+        output, made with `p(...)` so that it stays one node, and its
+        tangent (a `Zero` where it is zero); both are tuples with
+        `multiple_results`. Write it with sciad ops (`sciad.numpy`,
+        primitives): the tangent is a graph that can be differentiated
+        again, and reverse mode, without `def_vjp`, transposes it.
+
+        ```python
+        @cube_p.def_jvp
+        def _cube_jvp(primals, tangents):
+            (x,), (t,) = primals, tangents
+            return cube_p(x), 3.0 * x * x * t
+
+        sd.jvp(lambda x: cube_p(x), (2.0,), (1.0,))  # (8.0, 12.0)
+        ```
+        """
         return self._def("jvp", fn)
 
     def def_vjp(self, fn):
+        """Defines reverse mode: `fn(primals, out, ct, **params) -> in_cts`.
+
+        For an adjoint you know better than the transposed JVP (a solve's,
+        a root's). `fn` receives the operands, the output and the output's
+        cotangent (`out` and `ct` are tuples with `multiple_results`, where
+        an output that takes no cotangent has a `sd.graph.Zero`), and returns
+        one cotangent per operand, each with its operand's shape and dtype,
+        or None for an operand that takes none: `sd.graph.needs_ct(x)` says
+        whether the reverse pass differentiates operand `x` (a constant, or a
+        value held fixed, needs none; its cotangent is dropped anyway).
+        Written with sciad ops, like the JVP, so it can be differentiated
+        again. Without it, reverse mode transposes the JVP rule;
+        `def_vjp_fwd`/`def_vjp_bwd` take precedence over it.
+
+        ```python
+        @cube_p.def_vjp
+        def _cube_vjp(primals, out, ct):
+            (x,) = primals
+            return (3.0 * x * x * ct,)
+
+        sd.grad(lambda x: cube_p(x))(2.0)  # 12.0
+        ```
+        """
         return self._def("vjp", fn)
 
     def def_transpose(self, fn):
+        """Defines the transpose of a linear map: `fn(ct, *operands, **params)
+        -> in_cts`.
+
+        For a primitive linear in some of its operands (a product in either
+        factor, an FFT), so that reverse mode can transpose a JVP that
+        applies it to tangents. The operands it is linear in arrive as
+        `sd.graph.UndefinedPrimal`s (`sd.graph.is_linear(x)`; they have
+        `.shape` and `.dtype`, no value), the others as values; `ct` is the
+        output's cotangent (a tuple with `multiple_results`). Return one
+        cotangent per operand, None for those it is not linear in.
+
+        ```python
+        twice_p = sd.primitive("doc_twice")
+        twice_p.def_abstract_eval(lambda x: x)
+        twice_p.def_impl(lambda x: 2.0 * x)
+        twice_p.def_jvp(lambda primals, tangents: (twice_p(*primals), twice_p(*tangents)))
+
+        @twice_p.def_transpose
+        def _twice_transpose(ct, x):
+            assert sd.graph.is_linear(x)
+            return (twice_p(ct),)
+
+        sd.grad(lambda x: snp.sum(twice_p(x) ** 2))(np.ones(2))  # [8.0, 8.0]
+        ```
+        """
         return self._def("transpose", fn)
 
     def def_batch(self, fn):
+        """Defines batching (`sd.vmap`): `fn(args, dims, **params) -> (out, dim)`.
+
+        `args` are the operands, `dims` the axis of each that runs over the
+        batch, or None for an operand that is the same for every example.
+        Return the batched output and its batch axis (a list of outputs and
+        a list of axes with `multiple_results`), written with sciad ops.
+        Without it, `sd.vmap` maps the primitive one example at a time, with
+        a `BatchFallbackWarning`.
+
+        ```python
+        @cube_p.def_batch
+        def _cube_batch(args, dims):
+            (x,), (d,) = args, dims
+            return cube_p(x), d  # elementwise: the batch axis stays where it is
+
+        sd.vmap(lambda x: cube_p(x), in_axes=1)(np.ones((2, 5))).shape  # (5, 2)
+        ```
+        """
         return self._def("batch", fn)
 
     def def_sparsity(self, fn):
+        """Defines the Jacobian-sparsity rule: `fn(out_types, *deps, **params)
+        -> pattern`.
+
+        `deps[i]` is operand `i` as a `sd.graph.Deps`: `.matrix`, a boolean
+        SciPy CSR matrix with one row per element of the operand (C order; a
+        sparse matrix's stored entries) and one column per element of the
+        differentiated inputs, marking which of them it depends on; `.shape`;
+        and `.value` where the operand is a constant (else None).
+        `out_types` are the output types. Return the same kind of matrix for
+        the output, one row per output element (a list with
+        `multiple_results`). `sd.sparse.jacobian_sparsity`,
+        `sd.sparse.jacobian` and Newton solves interpret graphs with it; a
+        primitive without one counts as dense, with a `SparsityWarning`.
+
+        ```python
+        # element i of the cube depends on element i of x only
+        cube_p.def_sparsity(lambda out_types, x: x.matrix)
+
+        sd.sparse.jacobian_sparsity(lambda x: cube_p(x[::-1]), np.ones(3)).nnz  # 3
+        ```
+        """
         return self._def("sparsity", fn)
 
     def def_simplify(self, fn):
+        """Defines a rewrite for the `simplify` pass: `fn(node, producer) ->
+        Atom | Node | None`.
+
+        The pass calls it on each node of this primitive with one output:
+        `node` is the `sd.graph.Node` (`.inputs`: `Var`s and `Literal`s,
+        `.params`), `producer(var)` the node that computes `var` (None for a
+        graph input). Return a value of exactly the output's type to use in
+        its place (a `Var` or a `Literal`), a node that computes the same
+        output `Var`, or None to leave the node as it is. It must give
+        exactly the same values (so `x * 0 -> 0` is wrong where `x` may be
+        NaN).
+
+        ```python
+        flip_p = sd.primitive("doc_flip")
+        flip_p.def_abstract_eval(lambda x: x)
+        flip_p.def_impl(lambda x: x[::-1])
+
+        @flip_p.def_simplify
+        def _flip_simplify(node, producer):
+            inner = producer(node.inputs[0])
+            if inner is not None and inner.primitive is flip_p:
+                return inner.inputs[0]  # flip(flip(x)) -> x
+            return None
+
+        g = sd.trace(lambda x: flip_p(flip_p(x)) * 2.0, np.ones(3))
+        len(sd.graph.passes.simplify(g).nodes)  # 1
+        ```
+        """
         return self._def("simplify", fn)
 
     def def_vjp_fwd(self, fn):
+        """Defines the forward half of a two-part reverse mode:
+        `fn(primals, **params) -> (out, residuals)`.
+
+        For a primitive whose backward pass needs values its forward pass
+        computes (a loop's per-step states). Reverse mode emits it in place
+        of the node: it returns the output (a tuple with
+        `multiple_results`) and residuals, any Python object holding traced
+        values, which `def_vjp_bwd`'s rule receives. Define both; they take
+        precedence over `def_vjp`.
+
+        ```python
+        exp_p = sd.primitive("doc_exp")
+        exp_p.def_abstract_eval(lambda x: x)
+        exp_p.def_impl(jnp.exp)
+
+        @exp_p.def_vjp_fwd
+        def _exp_fwd(primals):
+            y = exp_p(*primals)
+            return y, y  # the output is also what the backward half needs
+
+        @exp_p.def_vjp_bwd
+        def _exp_bwd(y, ct):
+            return (ct * y,)
+
+        sd.grad(lambda x: exp_p(x))(0.0)  # 1.0
+        ```
+        """
         return self._def("vjp_fwd", fn)
 
     def def_vjp_bwd(self, fn):
+        """Defines the backward half of a two-part reverse mode:
+        `fn(residuals, ct, **params) -> in_cts`.
+
+        `residuals` are what `def_vjp_fwd`'s rule returned, `ct` the
+        output's cotangent (a tuple with `multiple_results`, a
+        `sd.graph.Zero` for an output without one); return one cotangent per
+        operand, None for an operand that takes none, as `def_vjp` does.
+        Example: with `def_vjp_fwd`.
+
+        ```python
+        sd.grad(lambda x: exp_p(2.0 * x))(1.0)  # 14.7781121978613
+        ```
+        """
         return self._def("vjp_bwd", fn)
 
     def def_dce(self, fn):
+        """Defines dead-output removal: `fn(node, used) -> Node | None`.
+
+        For a primitive with several outputs (a loop's carries and stacked
+        results): `used[i]` says whether output `i` is read. Return a node
+        that computes only what is needed and keeps the used outputs' `Var`s
+        (a subset of `node.outputs`, perhaps with fewer operands and a
+        smaller body), or None to keep the node. The `dce` pass calls it,
+        after cleaning the node's bodies.
+
+        ```python
+        powers_p = sd.primitive("doc_powers", multiple_results=True, params={"n": int})
+        powers_p.def_abstract_eval(lambda x, *, n: [x] * n)
+        powers_p.def_impl(lambda x, *, n: [x ** (k + 1) for k in range(n)])
+
+        @powers_p.def_dce
+        def _powers_dce(node, used):
+            n = max((k + 1 for k, u in enumerate(used) if u), default=1)
+            if n == node.params["n"]:
+                return None
+            return node.replace(params={"n": n}, outputs=node.outputs[:n])
+
+        g = sd.trace(lambda x: powers_p(x, n=4)[1], np.ones(2))  # only x ** 2 is used
+        sd.graph.passes.dce(g).nodes[0].params["n"]  # 2
+        ```
+        """
         return self._def("dce", fn)
 
     def def_hoist(self, fn):
+        """Defines loop-invariant code motion: `fn(node) -> (nodes, node) |
+        None`.
+
+        For a loop: the nodes of its body that give the same values at every
+        step (they read only the loop's consts), re-made to run before it,
+        reading the node's operands, with fresh output `Var`s; and the loop
+        node taking their results as new consts. Return None when nothing
+        moves. The `hoist` pass calls it (for `scan`, see
+        `sciad.graph._body.hoist_nodes`). The contract holds for any
+        primitive; the example moves out a part of a node that has no body.
+
+        ```python
+        scaled_p = sd.primitive("doc_scaled")  # x * exp(a)
+        scaled_p.def_abstract_eval(lambda x, a: x)
+        scaled_p.def_impl(lambda x, a: x * jnp.exp(a))
+        exp_op, mul_op = sd.graph.lookup_primitive("exp"), sd.graph.lookup_primitive("mul")
+
+        @scaled_p.def_hoist
+        def _scaled_hoist(node):
+            x, a = node.inputs
+            e = sd.graph.Var(a.type)
+            return ([sd.graph.Node(exp_op, (a,), (e,))],
+                    sd.graph.Node(mul_op, (x, e), node.outputs))
+
+        g = sd.graph.passes.hoist(sd.trace(lambda x, a: scaled_p(x, a), np.ones(2), 0.5))
+        [n.primitive.name for n in g.nodes]  # ['exp', 'mul']
+        ```
+        """
         return self._def("hoist", fn)
 
     def def_linearity(self, fn):
+        """Defines the linearity rule of a node with a body:
+        `fn(linear, **params) -> flags`.
+
+        `linear` flags the node's operands that are tangents (the node is a
+        loop of a tangent map, computing primal carries beside tangent
+        ones); the rule returns, for each output, whether it depends on a
+        flagged operand (from its body's `graph_linear_outputs`).
+        Transposing a tangent map asks it which outputs are tangents;
+        without it, the node's `dce` rule answers, more coarsely.
+
+        Example (`call`, whose outputs are its body's)::
+
+            @call_p.def_linearity
+            def _call_linearity(linear, *, graph):
+                return graph_linear_outputs(graph, linear)
+        """
         return self._def("linearity", fn)
 
     def def_cost(self, fn):
+        """Defines the cost estimate: `fn(node, body) -> sd.graph.Cost`.
+
+        `Cost(flops, temp, note)`: all of the node's floating-point work,
+        the bytes it needs while it runs beyond its operands and results (a
+        loop's body and stored carries, a factorization's fill), and a note
+        for the report. `body(graph)` gives a body's own cost (`.flops`,
+        `.peak`). `sd.cost` calls it; without it a node costs a FLOP per
+        output element.
+
+        ```python
+        @outer_p.def_cost
+        def _outer_cost(node, body):
+            return sd.graph.Cost(flops=float(node.outputs[0].type.size), note="outer")
+
+        sd.cost(lambda x, y: outer_p(x, y), np.ones(20), np.ones(30)).flops  # 600.0
+        ```
+        """
         return self._def("cost", fn)
 
     @property

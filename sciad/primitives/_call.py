@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..errors import ShapeError
 from ..graph import (Graph, Primitive, Zero, instantiate, is_differentiable, is_linear,
                      jvp_graph, lower, transpose_eval, vjp_eval)
-from ..graph._autodiff import graph_linear_outputs
+from ..graph._autodiff import graph_linear_outputs, needs_ct
 from ..graph._batch import batch_body, batch_size_of, front_where
 from ..graph._sparsity import body_rule
 
@@ -69,7 +69,7 @@ def _call_vjp(primals, outs, cts, *, graph):
     # Reverse mode through the body, node by node, so that every primitive in
     # it uses its own VJP rule (an adjoint, or JAX's VJP for a wrapped JAX
     # function) rather than a transposition of its JVP.
-    _, backward = vjp_eval(graph, primals)
+    _, backward = vjp_eval(graph, primals, [needs_ct(p) for p in primals])
     return tuple(backward(list(cts)))
 
 

@@ -39,7 +39,8 @@ import numpy as np
 from ..errors import DTypeError, NotSupportedError, ShapeError
 from ..graph import Graph, Literal, Primitive, TensorType, Var, Zero
 from ..graph import instantiate, is_differentiable, is_linear, is_zero, lower
-from ..graph._autodiff import graph_linear_outputs, type_of, vjp_eval, vjp_graph, zeros
+from ..graph._autodiff import (graph_linear_outputs, needs_ct, type_of, vjp_eval, vjp_graph,
+                               zeros)
 from ..graph._batch import batch_body, batch_graph, batch_size_of, batched_front, front_where
 from ..graph._batch import to_front
 from ..graph._body import drop_inputs, inline, jvp_body, live_inputs, trace_body
@@ -50,7 +51,13 @@ _tree = jax.tree_util
 
 
 def _needs_ct(x) -> bool:
-    return isinstance(x, Tracer) and is_differentiable(type_of(x))
+    return needs_ct(x)
+
+
+def _wrt(args) -> list[bool]:
+    """The operands the reverse pass differentiates (the branches' VJPs
+    form cotangents for those only)."""
+    return [_needs_ct(a) for a in args]
 
 
 def _sig(types) -> str:
@@ -154,7 +161,7 @@ def _resolve(plan, args, res):
 def _cond_vjp_fwd(primals, *, true_body, false_body):
     pred, args = primals[0], list(primals[1:])
     nout = len(true_body.outputs)
-    vgs = [vjp_graph(b) for b in (true_body, false_body)]
+    vgs = [vjp_graph(b, _wrt(args)) for b in (true_body, false_body)]
     plans = [_saved_plan(vg, nout) for vg in vgs]
     if any(p is None for p in plans):
         outs = cond_p.bind(*primals, true_body=true_body, false_body=false_body)
@@ -186,7 +193,8 @@ def _cond_vjp_bwd(res, cts, *, true_body, false_body):
     bodies = (true_body, false_body)
     diff_in = [i for i, v in enumerate(true_body.inputs) if is_differentiable(v.type)]
     diff_out = [i for i, a in enumerate(true_body.outputs) if is_differentiable(a.type)]
-    need = [i for i in diff_in if _needs_ct(args[i])]
+    wrt = _wrt(args)
+    need = [i for i in diff_in if wrt[i]]
     ct_idx = [i for i in diff_out if not is_zero(cts[i])]
     if not need:
         return (None,) * len(primals)
@@ -201,7 +209,7 @@ def _cond_vjp_bwd(res, cts, *, true_body, false_body):
 
         def backward(k):
             def fn(*a):
-                _, bwd = vjp_eval(bodies[k], list(a[:na]))
+                _, bwd = vjp_eval(bodies[k], list(a[:na]), wrt)
                 ct = [Zero(o.type.update()) for o in bodies[k].outputs]
                 for i, c in zip(ct_idx, a[na:]):
                     ct[i] = c
@@ -219,7 +227,7 @@ def _cond_vjp_bwd(res, cts, *, true_body, false_body):
                 ct = dict(zip(ct_idx, a[na + len(extra):]))
                 ct_in = [ct[i] if i in ct else zeros(bodies[k].outputs[i].type.update())
                          for i in diff_out]
-                in_cts = dict(zip(diff_in, inline(vgs[k].backward, saved + ct_in)))
+                in_cts = dict(zip(need, inline(vgs[k].backward, saved + ct_in)))
                 return out_cts(bodies[k], in_cts)
             return fn
 

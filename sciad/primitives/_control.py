@@ -50,8 +50,9 @@ from ..errors import InvalidOptionError, ShapeError, plain
 from ..graph import Graph, Literal, Param, Primitive, TensorType, Var, Zero
 from ..graph import is_differentiable, is_linear, is_zero
 from ..graph import add_tangents, instantiate, lower, transpose_eval
-from ..graph._autodiff import (expansion_transpose, graph_linear_outputs, jvp_primal,
-                               known_zero, type_of, vjp_eval, vjp_graph, zeros)
+from ..graph._autodiff import (active_values, expansion_transpose, graph_linear_outputs,
+                               jvp_primal, known_zero, needs_ct, type_of, vjp_eval, vjp_graph,
+                               zeros)
 from ..graph._batch import batch_body, batch_size_of, batched_front, carry_fixed_point, front_where
 from ..graph._body import (drop_inputs, hoist, hoist_nodes, inline, jvp_body, live_inputs,
                            nonlinear_body, permute, trace_body)
@@ -383,7 +384,25 @@ def _scan_hoist(node):
 
 
 def _needs_ct(x) -> bool:
-    return isinstance(x, Tracer) and is_differentiable(type_of(x))
+    return needs_ct(x)
+
+
+def _body_wrt(body: Graph, nc: int, nk: int, primals) -> list[bool]:
+    """The body inputs a reverse pass through the loop differentiates: the
+    consts and per-step inputs that need cotangents, and the carries that do
+    or that such a value reaches over the steps. The body's VJPs form
+    cotangents for these only (a const held fixed gets none, so `u ** c`
+    forms no `log(u)`)."""
+    flags = [_needs_ct(p) for p in primals]
+    carry = flags[nc:nc + nk]
+    while True:
+        wrt = flags[:nc] + carry + flags[nc + nk:]
+        active = active_values(body, wrt)
+        new = [c or (isinstance(o, Var) and o in active)
+               for c, o in zip(carry, body.outputs[:nk])]
+        if new == carry:
+            return wrt
+        carry = new
 
 
 @scan_p.def_vjp_fwd
@@ -391,7 +410,8 @@ def _scan_vjp_fwd(primals, *, body, num_consts, num_carry, length, reverse=False
                   checkpoints=None):
     params = _params(body, num_consts, num_carry, length, reverse, checkpoints)
     if checkpoints is None:
-        return _residual_fwd(vjp_graph(body), primals, params)
+        wrt = _body_wrt(body, num_consts, num_carry, primals)
+        return _residual_fwd(vjp_graph(body, wrt), primals, params)
     return _stored_fwd(primals, params)
 
 
@@ -488,6 +508,7 @@ def _residual_bwd(res, cts, body, nc, nk, length, reverse):
     diff_in = [i for i, v in enumerate(body.inputs) if is_differentiable(v.type)]
     diff_out = [i for i, a in enumerate(body.outputs) if is_differentiable(a.type)]
     ct_carry_idx, acc_idx, cty_idx, x_idx = _ct_plan(body, nc, nk, primals, cts)
+    wrt = _body_wrt(body, nc, nk, primals)  # (as `vg` was made for)
     ct_carry0, acc0 = _ct_inits(primals, cts, ct_carry_idx, acc_idx)
     n_ctc, n_acc = len(ct_carry_idx), len(acc_idx)
     nx, nst = len(xs), len(stacked)
@@ -514,7 +535,8 @@ def _residual_bwd(res, cts, body, nc, nk, length, reverse):
         out_ct.update(zip(cty_idx, cty))
         ct_in = [out_ct[i] if i in out_ct else instantiate(Zero(body.outputs[i].type.update()))
                  for i in diff_out]
-        in_cts = dict(zip(diff_in, inline(vg.backward, saved + ct_in)))
+        in_cts = dict(zip([i for i in diff_in if wrt[i]],
+                          inline(vg.backward, saved + ct_in)))
         new_ctc = [in_cts[nc + i] for i in ct_carry_idx]
         new_acc = [a + in_cts[i] for a, i in zip(acc, acc_idx)]
         return new_ctc + new_acc + [in_cts[i] for i in x_idx]
@@ -579,6 +601,9 @@ def step_vjp_graph(body: Graph, nc: int, nk: int, ct_carry_idx, acc_idx, cty_idx
              + [body.outputs[i].type.update() for i in cty_idx])
     n_ctc, n_acc = len(ct_carry_idx), len(acc_idx)
     nout = len(body.outputs)
+    # the inputs whose cotangents are formed: no rule works for the others
+    wrt = ([i in acc_idx for i in range(nc)] + [i in ct_carry_idx for i in range(nk)]
+           + [i in x_idx for i in range(nc + nk, len(body.inputs))])
 
     def step(*args):
         consts = args[:nc]
@@ -587,7 +612,7 @@ def step_vjp_graph(body: Graph, nc: int, nk: int, ct_carry_idx, acc_idx, cty_idx
         k = nc + n_ctc + n_acc
         rest = args[k:k + len(body.inputs) - nc]
         cty = args[k + len(body.inputs) - nc:]
-        _, backward = vjp_eval(body, list(consts) + list(rest))
+        _, backward = vjp_eval(body, list(consts) + list(rest), wrt)
         ct = [Zero(body.outputs[i].type.update()) for i in range(nout)]
         for i, c in zip(ct_carry_idx, ctc):
             ct[i] = c
@@ -604,9 +629,14 @@ def step_vjp_graph(body: Graph, nc: int, nk: int, ct_carry_idx, acc_idx, cty_idx
 
 
 def _ct_plan(body, nc, nk, primals, cts):
-    diff_in = [i for i, v in enumerate(body.inputs) if is_differentiable(v.type)]
-    ct_carry_idx = [i for i in range(nk) if is_differentiable(body.outputs[i].type)]
-    acc_idx = [i for i in diff_in if i < nc and _needs_ct(primals[i])]
+    """Which cotangents the backward loop carries, sums and emits: of the
+    active carries (`_body_wrt`), of the consts that need them, of the
+    nonzero per-step outputs given, of the per-step inputs that need them."""
+    wrt = _body_wrt(body, nc, nk, primals)
+    diff_in = [i for i, v in enumerate(body.inputs) if is_differentiable(v.type) and wrt[i]]
+    ct_carry_idx = [i for i in range(nk) if is_differentiable(body.outputs[i].type)
+                    and wrt[nc + i]]
+    acc_idx = [i for i in diff_in if i < nc]
     cty_idx = [i for i in range(nk, len(body.outputs))
                if is_differentiable(body.outputs[i].type) and not is_zero(cts[i])]
     x_idx = [i for i in diff_in if i >= nc + nk]

@@ -321,8 +321,12 @@ def _binary_jvp_rules(x, y, tx, ty, out, name):
         return [None if zx else tx / y, None if zy else -(out * ty / y)]
     if name == "pow":
         terms = [None, None]
-        if not zx:  # d/dx x^y = y x^(y-1), taken as 0 where y == 0
-            terms[0] = tx * snp.where(y == 0, 0.0, y * snp.power(x, y - 1)).astype(out.dtype)
+        if not zx:  # d/dx x^y = y x^(y-1), taken as 0 where y == 0 (x^0 = 1).
+            # There the base is replaced by 1: at x = 0, x^(y-1) is infinite,
+            # and the derivatives of this rule would multiply it by a zero.
+            y0 = y == 0
+            base = snp.where(y0, 1.0, x).astype(x.dtype)
+            terms[0] = tx * snp.where(y0, 0.0, y * snp.power(base, y - 1)).astype(out.dtype)
         if not zy:  # d/dy x^y = log(x) x^y, taken as 0 where x == 0
             safe = snp.where(x == 0, 1.0, x).astype(x.dtype)
             terms[1] = ty * snp.where(x == 0, 0.0, snp.log(safe) * out).astype(out.dtype)

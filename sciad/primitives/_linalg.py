@@ -54,6 +54,7 @@ from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NonFinit
                       NotSupportedError, ShapeError, SingularMatrixError, plain)
 from ..graph import (Factored, Graph, Param, Primitive, SparseType, TensorType, Zero,
                      is_linear, is_zero)
+from ..graph._autodiff import needs_ct
 from ..graph._types import FactorType, Pattern, register_factor_layout
 from ..graph._params import shown_params
 from ..solvers._host import host_call
@@ -383,11 +384,9 @@ def _solve_jvp_rule(bind, a, x, da, db, params: dict):
 
 def _solve_vjp_rule(bind, a, x, ct, params: dict):
     """`(abar, bbar)` for `x = op(a)^-1 b`."""
-    from ..graph import Tracer
-
     lam = bind(ct, _derivative_params(params, flip=True))
     a_ct = None
-    if isinstance(a, Tracer):  # a constant matrix needs no cotangent
+    if needs_ct(a):  # a constant (or held) matrix needs no cotangent
         pattern = params.get("pattern")
         if params.get("transpose", False):
             a_ct = _outer(_neg(x), lam, pattern)
@@ -880,26 +879,27 @@ def _solve_operator_jvp(primals, tangents, **kw):
 
 @linalg_solve_operator_p.def_vjp
 def _solve_operator_vjp(primals, x, ct, **kw):
-    from ..graph import Tracer, vjp_eval
+    from ..graph import vjp_eval
 
     *params, b = primals
     lam = linalg_solve_operator_p.bind(*params, ct, **_operator_params(kw, flip=True))
     param_cts: list = [None] * len(params)
-    if any(isinstance(p, Tracer) for p in params):
+    wrt = [needs_ct(p) for p in params] + [False]
+    if any(wrt):
         # A x = b  =>  pbar = -(d(A(p) x)/dp)^T lam; for the transposed solve
         # A^T x = b, <lam, d(A^T) x> = <x, (dA) lam>: the same with x and lam swapped.
         v, w = (lam, x) if kw.get("transpose") and not kw.get("symmetric") else (x, lam)
         if len(v.shape) == 1:
-            _, backward = vjp_eval(kw["graph"], [*params, v])
+            _, backward = vjp_eval(kw["graph"], [*params, v], wrt)
             cts = backward([w])[:-1]
         else:  # several right-hand sides: sum over the columns
             cts = None
             for j in range(v.shape[1]):
-                _, backward = vjp_eval(kw["graph"], [*params, v[:, j]])
+                _, backward = vjp_eval(kw["graph"], [*params, v[:, j]], wrt)
                 col = backward([w[:, j]])[:-1]
                 cts = col if cts is None else [c if is_zero(d) else d if is_zero(c) else c + d
                                                for c, d in zip(cts, col)]
-        param_cts = [None if is_zero(c) or not isinstance(p, Tracer) else _neg(c)
+        param_cts = [None if is_zero(c) or not needs_ct(p) else _neg(c)
                      for p, c in zip(params, cts)]
     return (*param_cts, lam)
 

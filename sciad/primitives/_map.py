@@ -46,8 +46,8 @@ import jax
 from ..errors import InvalidOptionError, ShapeError
 from ..graph import Graph, Param, Primitive, SparseType, Zero, instantiate, is_zero, lower
 from ..graph import is_linear
-from ..graph._autodiff import graph_linear_outputs, is_differentiable, type_of, vjp_eval
-from ..graph._autodiff import vjp_node
+from ..graph._autodiff import (graph_linear_outputs, is_differentiable, needs_ct, type_of,
+                               vjp_eval, vjp_node)
 from ..graph._batch import batch_graph, batch_size_of, batched_front, batched_type
 from ..graph._batch import example_type, to_front
 from ..graph._core import Factored, Node, Var
@@ -269,7 +269,8 @@ def _map_vjp(primals, outs, cts, *, body, batched, size, spmd_axis=None):
     from ._sparse import assemble, gather
 
     n_in, n_out = len(body.inputs), len(body.outputs)
-    diff = [is_differentiable(v.type) for v in body.inputs]
+    # (an operand the reverse pass holds fixed gets no cotangent formed)
+    diff = [is_differentiable(v.type) and needs_ct(p) for v, p in zip(body.inputs, primals)]
     ct_nz = [not is_zero(c) for c in cts]
     node = _one_node(body)
 
@@ -277,9 +278,10 @@ def _map_vjp(primals, outs, cts, *, body, batched, size, spmd_axis=None):
         p, o, c = a[:n_in], a[n_in:n_in + n_out], iter(a[n_in + n_out:])
         full = [next(c) if z else Zero(v.type.update()) for v, z in zip(body.outputs, ct_nz)]
         if node is not None:  # the rule on the given outputs: nothing recomputed
-            in_cts = vjp_node(node.primitive, list(p), list(o), full, dict(node.params), node)
+            in_cts = vjp_node(node.primitive, list(p), list(o), full, dict(node.params), node,
+                              diff)
         else:
-            _, bwd = vjp_eval(body, list(p))
+            _, bwd = vjp_eval(body, list(p), diff)
             in_cts = bwd(full)
         res = []
         for v, ct, d, b in zip(body.inputs, in_cts, diff, batched):

@@ -64,7 +64,7 @@ import numpy as np
 from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NotSupportedError,
                       ShapeError)
 from ..graph import Graph, Param, Primitive, TensorType, Zero, is_zero
-from ..graph._autodiff import jvp_eval, jvp_primal, type_of, vjp_transpose
+from ..graph._autodiff import jvp_eval, jvp_primal, needs_ct, type_of, vjp_transpose
 from ..graph._types import Pattern
 from ._checks import check, tie
 from ._root import root_guard_p
@@ -797,9 +797,7 @@ def _wanted(consts) -> list:
     """Which consts the adjoints accumulate cotangents for: the traced real
     float ones (a differentiated argument is always traced: `sd.grad` lifts
     one given as a constant)."""
-    from ..graph import Tracer
-
-    return [isinstance(c, Tracer) and type_of(c).dtype.kind == "f" for c in consts]
+    return [needs_ct(c) and type_of(c).dtype.kind == "f" for c in consts]
 
 
 def _flat_cotangents(bars, ctypes, wanted, dtype) -> list:
@@ -931,7 +929,7 @@ def _odeint_vjp(primals, outs, cts, **params):
     if not params.get("record", True):  # (a node `dce` spared the recording)
         params = {k: v for k, v in params.items() if k != "record"}
         outs = odeint_p.bind(*primals, **params)
-    if isinstance(ts, Tracer):
+    if isinstance(ts, Tracer):  # (held here, an outer derivative may move them)
         # the steps land on the output times (marks): those grid points move
         # with them, which the reverse pass's derivatives (second order in
         # the times) read; the steps between are held
@@ -951,7 +949,7 @@ def _odeint_vjp(primals, outs, cts, **params):
     else:
         bars = _discrete_vjp(primals, outs, ct, params)
     bars = [None if b is None or is_zero(b) else b for b in bars]
-    if not isinstance(ts, Tracer):  # constant times: no cotangent to form
+    if not needs_ct(ts):  # constant (or held) times: no cotangent to form
         return bars + [None]
     ybar0 = bars[-1]
     # the output times: y(t_i) moves with t_i at f(t_i, y_i); the initial

@@ -31,7 +31,7 @@ import scipy.sparse as sp
 
 from ..errors import ConvergenceError, DTypeError, InvalidOptionError, ShapeError
 from ..graph import Graph, Param, Primitive, TensorType, Zero, is_zero
-from ..graph._autodiff import jvp_eval, type_of
+from ..graph._autodiff import jvp_eval, needs_ct, type_of
 from ..graph._types import Pattern
 from ._checks import check, tie
 
@@ -409,14 +409,13 @@ def _root_jvp(primals, tangents, **params):
 def _root_vjp(primals, outs, cts, **params):
     # lam = (dF/dx)^-T xbar at the root; constsbar = -(dF/dconsts)^T lam
     from .. import numpy as snp
-    from ..graph import Tracer
     from ..graph._autodiff import vjp_eval
 
     consts, _, _ = operands(primals, params.get("jac0", False))
     x, _, _, status, *factor = outs
     ct = cts[0]
     none = [None] * len(primals)
-    if is_zero(ct) or not any(isinstance(c, Tracer) for c in consts):
+    if is_zero(ct) or not any(needs_ct(c) for c in consts):
         return none
     graph, kind = params["graph"], params["kind"]
     if not params.get("throw", True):
@@ -425,9 +424,9 @@ def _root_vjp(primals, outs, cts, **params):
     lam = apply_inverse(graph, consts, x, snp.reshape(ct, (n,)), kind=kind, jac=params["jac"],
                         pattern=params.get("pattern"), transpose=True,
                         factor=factor[0] if factor else None)
-    _, backward = vjp_eval(graph, [*consts, x])
+    _, backward = vjp_eval(graph, [*consts, x], [needs_ct(c) for c in consts] + [False])
     back = backward([snp.reshape(lam, x.shape)])[:-1]
-    return [None if is_zero(b) or not isinstance(c, Tracer) else -b
+    return [None if is_zero(b) or not needs_ct(c) else -b
             for c, b in zip(consts, back)] + [None] * (len(primals) - len(consts))
 
 
