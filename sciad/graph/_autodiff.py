@@ -406,6 +406,8 @@ def linear_outputs(node: Node, linear: Sequence[bool]) -> list[bool]:
     n = len(node.outputs)
     if not any(linear) or node.primitive is jvp_primal_p:
         return [False] * n
+    if n == 1 and node.primitive.linearity_rule is None:
+        return [is_differentiable(node.outputs[0].type)]
     diff = [is_differentiable(v.type) for v in node.outputs]
     if node.primitive.linearity_rule is not None:
         flags = node.primitive.linearity_rule(list(linear), **node.params)
@@ -461,14 +463,15 @@ class _EmitNonlinear(_Emit):
         self._at_zero: dict[Node, tuple] = {}
 
     def read(self, a):
-        x = super().read(a)
+        # (Interpreter.read inlined: every operand of every node comes here)
+        x = literal_operand(a) if isinstance(a, Literal) else self.env[a]
         if isinstance(x, _Lazy):
             x = x.make()
             self.env[a] = x
         return x
 
     def run_node(self, node: Node, invals: Sequence):
-        linear = [is_linear(x) for x in invals]
+        linear = [isinstance(x, UndefinedPrimal) for x in invals]
         if not any(linear):
             return super().run_node(node, invals)
         if node.primitive is jvp_primal_p:
