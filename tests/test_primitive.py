@@ -158,7 +158,7 @@ def test_bad_primitive_names():
 
 
 _HOOKS = ["impl", "abstract_eval", "jvp", "vjp", "transpose", "batch", "sparsity",
-          "simplify", "vjp_fwd", "vjp_bwd", "dce", "hoist", "cost"]
+          "simplify", "vjp_fwd", "vjp_bwd", "dce", "hoist", "linearity", "cost"]
 
 
 @pytest.fixture

@@ -682,21 +682,28 @@ class Primitive:
         return self._def("hoist", fn)
 
     def def_linearity(self, fn):
-        """Defines the linearity rule of a node with a body:
-        `fn(linear, **params) -> flags`.
+        """Defines the linearity rule: `fn(linear, **params) -> flags`.
 
-        `linear` flags the node's operands that are tangents (the node is a
-        loop of a tangent map, computing primal carries beside tangent
-        ones); the rule returns, for each output, whether it depends on a
-        flagged operand (from its body's `graph_linear_outputs`).
-        Transposing a tangent map asks it which outputs are tangents;
-        without it, the node's `dce` rule answers, more coarsely.
+        For a node that can read primal values and tangents at once (a loop
+        of a tangent map carries both): `linear` flags the operands that are
+        tangents; the rule returns, for each output, whether it depends on a
+        flagged operand, so is a tangent itself. Transposing a tangent map
+        asks it which outputs are which; the loops answer from their bodies
+        (`sciad.graph._autodiff.graph_linear_outputs`). Without it, the
+        node's `dce` rule answers, more coarsely.
 
-        Example (`call`, whose outputs are its body's)::
+        ```python
+        pair_p = sd.primitive("doc_pair", multiple_results=True, params={})
+        pair_p.def_abstract_eval(lambda x, t: [x, t])
+        pair_p.def_impl(lambda x, t: [jnp.sin(x), jnp.cos(x) * t])
 
-            @call_p.def_linearity
-            def _call_linearity(linear, *, graph):
-                return graph_linear_outputs(graph, linear)
+        @pair_p.def_linearity
+        def _pair_linearity(linear):
+            # sin(x) reads x alone; cos(x) t is linear in t
+            return [linear[0], linear[1]]
+
+        pair_p.linearity_rule([False, True])  # [False, True]
+        ```
         """
         return self._def("linearity", fn)
 
