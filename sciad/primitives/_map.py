@@ -264,9 +264,8 @@ def _map_jvp(primals, tangents, *, body, batched, size, spmd_axis=None):
 
 @map_p.def_vjp
 def _map_vjp(primals, outs, cts, *, body, batched, size, spmd_axis=None):
-    from .. import numpy as snp
     from ..graph._trace import trace_flat
-    from ._sparse import assemble, gather
+    from ._sparse import gather
 
     n_in, n_out = len(body.inputs), len(body.outputs)
     # (an operand the reverse pass holds fixed gets no cotangent formed)
@@ -299,9 +298,19 @@ def _map_vjp(primals, outs, cts, *, body, batched, size, spmd_axis=None):
     dims = [0 if b else None for b in batched] + [0] * (n_out + sum(ct_nz))
     res = iter(batch_graph(g, [*primals, *outs, *[c for c, z in zip(cts, ct_nz) if z]], dims,
                            spmd_axis))
+    return _operand_cts(body, diff, batched, res, size)
+
+
+def _operand_cts(body, wanted, batched, res, size) -> tuple:
+    """The operands' cotangents from a batched backward body's results `res`
+    (`(value, batch_dim)` for each `wanted` operand): a batched operand's
+    with the batch in front, a shared one's summed over the examples."""
+    from .. import numpy as snp
+    from ._sparse import assemble
+
     out = []
-    for v, d, b in zip(body.inputs, diff, batched):
-        if not d:
+    for v, w, b in zip(body.inputs, wanted, batched):
+        if not w:
             out.append(None)
             continue
         ct, cd = next(res)
@@ -324,10 +333,9 @@ def _map_linearity(linear, *, body, batched, size, spmd_axis=None):
 def _map_transpose(cts, *args, body, batched, size, spmd_axis=None):
     # a map of the body's per-example transpose; the cotangent of a linear
     # operand shared by the examples is the sum of theirs
-    from .. import numpy as snp
     from ..graph._body import inline, transpose_body
     from ..graph._trace import trace_flat
-    from ._sparse import assemble, gather
+    from ._sparse import gather
 
     linear = [is_linear(a) for a in args]
     given = [not is_zero(c) for c in cts]
@@ -341,20 +349,7 @@ def _map_transpose(cts, *args, body, batched, size, spmd_axis=None):
     ops = [a for a in args if not is_linear(a)] + [c for c, z in zip(cts, given) if z]
     dims = [0 if b else None for a, b in zip(args, batched) if not is_linear(a)]
     res = iter(batch_graph(g, ops, dims + [0] * sum(given), spmd_axis))
-    out = []
-    for v, f, b in zip(body.inputs, linear, batched):
-        if not f:
-            out.append(None)
-            continue
-        ct, cd = next(res)
-        if b:
-            ct = batched_front(ct, cd, size)
-        else:
-            ct = snp.sum(ct, axis=cd) if cd is not None else ct * size
-            if isinstance(v.type, SparseType):
-                ct = assemble(ct, v.type.pattern)
-        out.append(ct)
-    return tuple(out)
+    return _operand_cts(body, linear, batched, res, size)
 
 
 def map_rule(prim: Primitive):
