@@ -190,8 +190,9 @@ EXTRA = {
                         False),
 }
 
-#: examples whose every transform is slow (an implicit solver's compile)
-SLOW = {"odeint kvaerno5"}
+#: examples whose every transform is slow (an implicit solver's compile, an
+#: event's five solves, the report's further ODE losses)
+SLOW = {"odeint kvaerno5", "ode.event_guard", "odeint sum(w * ys)", "odeint mean(ys[:, 1])"}
 
 
 def _ones(x):
@@ -222,10 +223,10 @@ TRANSFORMS = {
     "to_jax jvp": (True, lambda f, x: jax.jvp(sd.to_jax(f), (x,), (_ones(x),))),
 }
 
-#: by default every transform of two cheap representative failures, a few of
+#: by default every transform of two cheap representative failures, two of
 #: the ODE's, and the gradient of every other; the rest with -m slow
 DEFAULT = {"while": set(TRANSFORMS), "linalg.solve": set(TRANSFORMS),
-           "ode.odeint": {"grad", "hvp", "vmap(grad)", "to_jax jit(grad)"},
+           "ode.odeint": {"grad", "to_jax jit(grad)"},
            "optimize.root_guard": {"grad", "jacfwd", "to_jax jit(grad)"}}
 
 
