@@ -215,7 +215,9 @@ def host_call(fn: Callable, results: Sequence[jax.ShapeDtypeStruct], *args,
     if ffi:
         outs = host_call_p.bind(*args, host=host, results=structs, effect=effect)
     elif effect:  # pragma: no cover - depends on the JAX version
-        outs = jax.experimental.io_callback(host, structs, *[to_words(a) for a in args])
+        from jax.experimental import io_callback  # (a submodule: not loaded by `import jax`)
+
+        outs = io_callback(host, structs, *[to_words(a) for a in args])
     else:  # pragma: no cover - depends on the JAX version
         outs = jax.pure_callback(host, structs, *[to_words(a) for a in args],
                                  vmap_method="expand_dims")
