@@ -37,6 +37,10 @@ def _has_runtime_checks(graph: Graph) -> bool:
                or any(_has_runtime_checks(g) for g in n.subgraphs) for n in graph.nodes)
 
 
+def _unset(*args, **kwargs):  # a Function's target until its dispatch is made
+    raise AssertionError("sd.function: called before it was set up")
+
+
 def _as_tuple(x) -> tuple:
     if x is None:
         return ()
@@ -45,17 +49,102 @@ def _as_tuple(x) -> tuple:
     return tuple(x)
 
 
+class _Dispatch:
+    """Where one `Function`'s calls go, and the state that decides it.
+
+    - `by_checks`: one `jax.jit` object per `sciad.config.enable_checks`
+      setting (the setting is part of the cache key), made on first use;
+      `current` is the one of the current setting.
+    - `global_x64`: whether JAX's x64 mode was on globally when the function
+      was made. If not, calls enter JAX's scoped x64 state (`scoped`).
+    - `sync`: set once a traced graph holds run-time checks (a solve that may
+      find its matrix singular). Calls then wait for their results, so that a
+      failed check raises from the call itself, as a sciad error, rather than
+      later from whatever reads the result (JAX dispatches asynchronously; on
+      a GPU the program is still running on return).
+    - `entry`: the wrapper calls go through (`call` or `scoped`, bound once).
+    """
+
+    def __init__(self, owner: "Function", fn: Callable, jit_kwargs: dict):
+        self.owner = owner
+        self.name = getattr(fn, "__name__", "function")
+        self.jit_kwargs = jit_kwargs
+        self.global_x64 = bool(_X64.value)  # (inside a trace, the scoped value is on)
+        self.sync = False
+        self.by_checks: dict[bool, Callable] = {}
+        self.current = self.jitted_for(config.enable_checks)
+        self.entry = self.call if self.global_x64 else self.scoped
+
+    def jitted_for(self, checks: bool) -> Callable:
+        j = self.by_checks.get(checks)
+        if j is None:
+            owner = self.owner
+
+            def body(*args, **kwargs):
+                return owner._traced_body(*args, **kwargs)
+
+            body.__name__ = body.__qualname__ = self.name
+            j = self.by_checks[checks] = jax.jit(body, **self.jit_kwargs)
+        return j
+
+    def set_sync(self) -> None:
+        self.sync = True
+        if self.global_x64 and self.owner.func is not self.entry:
+            self.owner._use(self.entry)
+
+    def traced_without_checks(self) -> None:
+        # With global x64 and no checks so far, calls go straight into JAX's
+        # C++ dispatch: no Python frame of sciad's per call. (The one call
+        # that then traces a new signature with checks runs without the
+        # wrapper: if its check fails, the error arrives as JAX's runtime
+        # error carrying sciad's message, not as the sciad exception; later
+        # calls get the wrapper.)
+        if self.global_x64 and not self.sync and self.owner.func is not self.current:
+            self.owner._use(self.current)
+
+    def checks_changed(self) -> None:
+        self.current = self.jitted_for(config.enable_checks)
+        if self.owner.func in self.by_checks.values():
+            self.owner._use(self.current)
+
+    @api_boundary
+    def call(self, *args, **kwargs):
+        try:
+            out = self.current(*args, **kwargs)
+            if self.sync:  # run-time checks: their errors surface here
+                jax.block_until_ready(out)
+            return out
+        except Exception as e:  # a run-time check's error arrives as
+            _reraise(e)          # JaxRuntimeError or ValueError
+
+    @api_boundary
+    def scoped(self, *args, **kwargs):
+        # Swapping the thread-local value directly costs ~0.3 us; the
+        # `jax.enable_x64` context manager ~2 us.
+        prev = _X64.swap_local(True)
+        try:
+            out = self.current(*args, **kwargs)
+            if self.sync:
+                jax.block_until_ready(out)
+            return out
+        except Exception as e:
+            _reraise(e)
+        finally:
+            _X64.set_local(prev)
+
+
 class Function(functools.partial):
     """A sciad function compiled per input signature. See `sciad.function`.
 
     It is a `functools.partial` of its own `jax.jit` object when JAX's x64
     mode is on globally and no traced graph holds run-time checks: a call
     then runs no Python frame of sciad's. Otherwise it is a partial of one
-    small function around that `jax.jit` object, which enters JAX's scoped
-    x64 state (unless x64 is on globally), waits for results of graphs with
-    run-time checks and re-raises their failures as sciad errors. (Before
-    the first trace, and once a graph with checks was traced, the wrapper
-    is used.)
+    small method around that `jax.jit` object (`_Dispatch.call` or
+    `.scoped`), which enters JAX's scoped x64 state (unless x64 is on
+    globally), waits for results of graphs with run-time checks and re-raises
+    their failures as sciad errors. (Before the first trace, and once a graph
+    with checks was traced, the wrapper is used.) `_dispatch` holds the state
+    that decides which.
 
     `sciad.config.enable_checks` is part of the cache key: there is one
     `jax.jit` object per setting, and the function switches to the one of
@@ -67,95 +156,24 @@ class Function(functools.partial):
                 out_shardings=None):
         static_argnums = _as_tuple(static_argnums)
         static_argnames = _as_tuple(static_argnames)
-        holder: list[Function] = []
         shardings = {k: v for k, v in (("in_shardings", in_shardings),
                                        ("out_shardings", out_shardings)) if v is not None}
-        # Set when a traced graph holds run-time checks (a solve that may find
-        # its matrix singular): calls then wait for their results, so that a
-        # failed check raises from the call itself, as a sciad error, rather
-        # than later from whatever reads the result (JAX dispatches
-        # asynchronously; on a GPU the program is still running on return).
-        sync = False
-        global_x64 = bool(_X64.value)  # (inside a trace, the scoped value is on)
-        jitted_by_checks: dict[bool, Callable] = {}
-
-        def jitted_for(checks: bool):
-            j = jitted_by_checks.get(checks)
-            if j is None:
-                def body(*args, **kwargs):
-                    return holder[0]._traced_body(*args, **kwargs)
-
-                body.__name__ = body.__qualname__ = getattr(fn, "__name__", "function")
-                j = jitted_by_checks[checks] = jax.jit(
-                    body, static_argnums=static_argnums, static_argnames=static_argnames,
-                    **shardings)
-            return j
-
-        current = [jitted_for(config.enable_checks)]
-
-        def set_sync():
-            nonlocal sync
-            sync = True
-            if global_x64 and holder[0].func is not call:
-                holder[0]._use(call)
-
-        def traced_without_checks():
-            # With global x64 and no checks so far, calls go straight into
-            # JAX's C++ dispatch: no Python frame of sciad's per call. (The
-            # one call that then traces a new signature with checks runs
-            # without the wrapper: if its check fails, the error arrives as
-            # JAX's runtime error carrying sciad's message, not as the sciad
-            # exception; later calls get the wrapper.)
-            if global_x64 and not sync and holder[0].func is not current[0]:
-                holder[0]._use(current[0])
-
-        def checks_changed():
-            current[0] = jitted_for(config.enable_checks)
-            if holder[0].func in jitted_by_checks.values():
-                holder[0]._use(current[0])
-
-        if global_x64:
-            @api_boundary
-            def call(*args, **kwargs):
-                try:
-                    out = current[0](*args, **kwargs)
-                    if sync:  # run-time checks: their errors surface here
-                        jax.block_until_ready(out)
-                    return out
-                except Exception as e:  # a run-time check's error arrives as
-                    _reraise(e)          # JaxRuntimeError or ValueError
-
-            self = super().__new__(cls, call)
-        else:
-            @api_boundary
-            def scoped(*args, **kwargs):
-                # Swapping the thread-local value directly costs ~0.3 us; the
-                # `jax.enable_x64` context manager ~2 us.
-                prev = _X64.swap_local(True)
-                try:
-                    out = current[0](*args, **kwargs)
-                    if sync:
-                        jax.block_until_ready(out)
-                    return out
-                except Exception as e:  # a run-time check's error arrives as
-                    _reraise(e)          # JaxRuntimeError or ValueError
-                finally:
-                    _X64.set_local(prev)
-
-            self = super().__new__(cls, scoped)
-        holder.append(self)
+        self = super().__new__(cls, _unset)
+        dispatch = _Dispatch(self, fn, dict(static_argnums=static_argnums,
+                                            static_argnames=static_argnames, **shardings))
+        self._use(dispatch.entry)
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.static_argnums = static_argnums
         self.static_argnames = static_argnames
         self._shardings = (in_shardings, out_shardings)
         self.graphs: list[Graph] = []  # one per traced signature, in order
-        self._current = current
-        self._set_sync = set_sync
-        self._traced_without_checks = traced_without_checks
-        self._checks_changed = checks_changed
+        self._dispatch = dispatch
         config.watch_checks(self)
         return self
+
+    def _checks_changed(self) -> None:  # called by `config` (see watch_checks)
+        self._dispatch.checks_changed()
 
     def _use(self, func: Callable) -> None:
         """Makes calls go to `func` (the partial's function)."""
@@ -197,9 +215,9 @@ class Function(functools.partial):
         # needs) and carry dead and trivial nodes: clean them up before XLA.
         lowered = optimize(graph)
         if _has_runtime_checks(lowered):
-            self._set_sync()
+            self._dispatch.set_sync()
         else:
-            self._traced_without_checks()
+            self._dispatch.traced_without_checks()
         leaves = runtime_leaves(dyn)
         run = lower(lowered)
         mesh = self._mesh(leaves)
@@ -231,7 +249,7 @@ class Function(functools.partial):
     def lower(self, *args, **kwargs):
         """JAX's `Lowered` for these arguments (`.as_text()` shows StableHLO)."""
         with config.x64_scope():
-            return self._current[0].lower(*args, **kwargs)
+            return self._dispatch.current.lower(*args, **kwargs)
 
     @property
     def trace_count(self) -> int:
