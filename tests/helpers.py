@@ -25,7 +25,7 @@ def assert_gradient_matches_fd(f, A, d, *, h: float = 1e-5, rtol: float = 1e-7,
 
 
 # ---------------------------------------------------------------------------
-# Documented code: the README's snippets and docstring examples, run
+# Documented code: the docs' and README's snippets and docstring examples, run
 
 
 def _shown_value(text: str):
