@@ -78,8 +78,9 @@ def _norm(text: str) -> str:
 
 
 def _message_head(shown: str) -> str:
-    """The shown message up to the context sciad appends (the node, the line)."""
-    return _norm(re.split(r"\n\s*(?:while running:|at \S+:\d+|\.\.\.)", shown)[0])
+    """The shown message up to the context sciad appends (the node, the line),
+    or up to a "..." that abbreviates it."""
+    return _norm(re.split(r"\n\s*(?:while running:|at \S+:\d+)|\.\.\.", shown)[0])
 
 
 def _expect_raise(run, shown: str, where: str):
