@@ -32,7 +32,7 @@ import pytest
 import sciad as sd
 import sciad.numpy as snp
 
-from helpers import _assert_shown, run_documented
+from helpers import run_documented
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
@@ -138,9 +138,9 @@ def check_page(text: str, ns: dict, where: str, drifted: list | None = None) -> 
     for i, (code, shown) in enumerate(blocks):
         here = f"{where} block {i + 1}"
         if shown is not None and _RAISES.match(shown.strip()):
-            tree = ast.parse(code)
-            *head, last = tree.body
-            first_line = last.lineno - 1
+            last = ast.parse(code).body[-1]  # the statement that raises
+            first_line = min([last.lineno] + [d.lineno for d in
+                                              getattr(last, "decorator_list", ())]) - 1
             run_block("\n".join(code.splitlines()[:first_line]), ns, here)
             seg = "\n".join(code.splitlines()[first_line:])
             _expect_raise(lambda: exec(compile(seg, here, "exec"), ns), shown, here)
