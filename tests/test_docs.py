@@ -55,18 +55,20 @@ _BLOCK = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 
 
 def python_blocks(text: str):
-    """(code, shown) for each ```python block of a Markdown text: `shown` is
-    the plain ``` block right after it (only blank lines between), or None."""
-    blocks = [(m.group(1), m.group(2), m.start(), m.end()) for m in _BLOCK.finditer(text)]
+    """(code, shown, span) for each ```python block of a Markdown text:
+    `shown` is the plain ``` block right after it (only blank lines between),
+    or None; `span` is where `shown` sits in `text` (start, end)."""
+    blocks = [(m.group(1), m.group(2), m.start(), m.end(), m.span(2))
+              for m in _BLOCK.finditer(text)]
     out = []
-    for i, (lang, body, _, end) in enumerate(blocks):
+    for i, (lang, body, _, end, _) in enumerate(blocks):
         if lang != "python":
             continue
-        shown = None
+        shown = span = None
         if i + 1 < len(blocks) and blocks[i + 1][0] == "" \
                 and not text[end:blocks[i + 1][2]].strip():
-            shown = blocks[i + 1][1]
-        out.append((body, shown))
+            shown, span = blocks[i + 1][1], blocks[i + 1][4]
+        out.append((body, shown, span))
     return out
 
 
@@ -106,7 +108,10 @@ def _expect_raise(run, shown: str, where: str):
 
 def run_block(code: str, ns: dict, where: str) -> str:
     """Runs one block statement by statement (`helpers.run_documented`, plus
-    the statements shown to raise); returns what it printed."""
+    the statements shown to raise); returns what it printed. Source lines
+    are named after the page's file name (`loops.md:5`), as sciad prints
+    them in graphs and cost tables."""
+    filename = os.path.basename(where.split(" block ")[0])
     lines = code.splitlines()
     printed = io.StringIO()
     for stmt in ast.parse(code).body:
@@ -119,10 +124,13 @@ def run_block(code: str, ns: dict, where: str) -> str:
         first = min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", ())])
         seg = "\n".join(lines[first - 1:k])
         if _RAISES.match("\n".join(comment)):
-            _expect_raise(lambda: exec(compile(seg, where, "exec"), ns),
+            _expect_raise(lambda: exec(compile(seg, filename, "exec"), ns),
                           "\n".join(comment), f"{where}: {seg}")
             continue
-        printed.write(run_documented(seg, ns, where))
+        try:
+            printed.write(run_documented(seg, ns, filename))
+        except AssertionError as e:
+            raise AssertionError(f"{where}: {e}") from None
     return printed.getvalue()
 
 
@@ -133,9 +141,9 @@ def _plain(text: str):
 def check_page(text: str, ns: dict, where: str, drifted: list | None = None) -> int:
     """Runs every Python block of a page in `ns`; returns how many ran. With
     a list `drifted`, a printout that differs from the one shown is appended
-    to it as `(shown, printed)` instead of failing (to update a page)."""
+    to it as `(span, printed)` instead of failing (to update a page)."""
     blocks = python_blocks(text)
-    for i, (code, shown) in enumerate(blocks):
+    for i, (code, shown, span) in enumerate(blocks):
         here = f"{where} block {i + 1}"
         if shown is not None and _RAISES.match(shown.strip()):
             last = ast.parse(code).body[-1]  # the statement that raises
@@ -153,7 +161,7 @@ def check_page(text: str, ns: dict, where: str, drifted: list | None = None) -> 
             cut = next(j for j, line in enumerate(want) if "..." in line)
             assert got[:cut] == want[:cut], f"{here}: printed\n" + "\n".join(got)
         elif drifted is not None and got != want:
-            drifted.append((shown, "\n".join(got) + "\n"))
+            drifted.append((span, "\n".join(got) + "\n"))
         else:
             assert got == want, f"{here}: printed\n" + "\n".join(got)
     return len(blocks)
@@ -190,8 +198,8 @@ def _check_file(path: str, where: str) -> int:
         warnings.simplefilter("ignore", sd.errors.SciadWarning)
         ran = check_page(text, _namespace(), where, drifted)
     if drifted:
-        for shown, printed in drifted:
-            text = text.replace(shown, printed, 1)
+        for (start, end), printed in reversed(drifted):
+            text = text[:start] + printed + text[end:]
         with open(path, "w") as f:
             f.write(text)
     return ran
