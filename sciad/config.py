@@ -10,7 +10,7 @@
   traced with checks off is traced again when they are on, and the other
   way round. The test suite turns it on.
 
-Float64 (see README.md, "Float64"): importing sciad turns on JAX's x64 mode
+Float64 (see docs/getting-started.md, "Float64"): importing sciad turns on JAX's x64 mode
 (`jax_enable_x64`), so that float64 values stay float64 inside sciad and in
 whatever your code does with its results (`a * 2.0` on an `sd.function`
 result stays float64, as with NumPy). Your explicit choice wins: if the

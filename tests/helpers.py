@@ -25,7 +25,7 @@ def assert_gradient_matches_fd(f, A, d, *, h: float = 1e-5, rtol: float = 1e-7,
 
 
 # ---------------------------------------------------------------------------
-# Documented code: the README's snippets and docstring examples, run
+# Documented code: the docs' and README's snippets and docstring examples, run
 
 
 def _shown_value(text: str):
@@ -42,6 +42,17 @@ def _shown_value(text: str):
     return None
 
 
+def _shown_rtol(shown: str) -> float:
+    """The relative tolerance a shown number's digits imply (half a unit in
+    the last digit of its shortest mantissa; at least 1e-7): `2.0017` is
+    checked to 2.5e-5, `0.3535533905932738` to 1e-7."""
+    import re
+
+    digits = [len(m.lstrip("-+").replace(".", "").lstrip("0") or "0")
+              for m in re.findall(r"[-+]?\d*\.\d+|[-+]?\d+\.?", re.sub(r"e[-+]?\d+", "", shown))]
+    return max(1e-7, 0.5 * 10.0 ** (1 - min(digits))) if digits else 1e-7
+
+
 def _assert_shown(got, shown: str, where: str):
     import re
 
@@ -55,8 +66,8 @@ def _assert_shown(got, shown: str, where: str):
     if np.asarray(value).dtype.kind == "b":
         np.testing.assert_array_equal(np.asarray(got), np.asarray(value), err_msg=where)
     elif np.asarray(value).dtype.kind in "iufc":
-        np.testing.assert_allclose(np.asarray(got), np.asarray(value), rtol=1e-7,
-                                   atol=1e-12, err_msg=where)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(value),
+                                   rtol=_shown_rtol(shown), atol=1e-12, err_msg=where)
     else:
         assert got == value, f"{where}: got {got!r}, shown {shown}"
 

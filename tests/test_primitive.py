@@ -154,7 +154,7 @@ def test_bad_primitive_names():
 
 # ---------------------------------------------------------------------------
 # The documented rule hooks: every `def_*` method's signature and example,
-# and the README's custom-primitive snippets, run as written
+# (the custom-primitive guide's snippets run in tests/test_docs.py)
 
 
 _HOOKS = ["impl", "abstract_eval", "jvp", "vjp", "transpose", "batch", "sparsity",
@@ -200,39 +200,6 @@ def test_rule_hook_examples_run_and_show_their_results(scratch_registry):
             run_documented(code, ns, f"def_{hook}")
     assert sd.graph.lookup_primitive("doc_cube").rules == (
         "impl", "abstract_eval", "jvp", "vjp", "batch", "sparsity")
-
-
-def test_readme_custom_primitive_snippets_run_as_shown(scratch_registry):
-    import os
-    import re
-
-    import jax.numpy as jnp
-    from helpers import run_documented
-
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")
-    text = open(path).read()
-    start = text.index("Your own primitives use the same protocol")
-    section = text[start:text.index("sd.primitive_from_jax", start)]
-    # each python block using a primitive of its own, and the printout after it
-    pieces = re.findall(r"```python\n(.*?)```\n(?:\n```\n(.*?)```)?", section, re.S)
-    ns = {"np": np, "sd": sd, "snp": snp, "jnp": jnp}
-    ran = 0
-    for code, shown in pieces:
-        if "_p" not in code:  # (the derivatives of a plain function, between them)
-            continue
-        printed = run_documented(code, ns, "README")
-        ran += 1
-        if shown:
-            def plain(t):
-                return [re.sub(r"\s*# \S+:\d+$", "", line).rstrip()
-                        for line in t.strip().splitlines()]
-            assert plain(printed) == plain(shown)
-    assert ran == 4
-    # the rules the README defines are the rules the primitives have
-    assert sd.graph.lookup_primitive("my_softplus").rules == (
-        "impl", "abstract_eval", "jvp", "vjp", "batch", "sparsity")
-    assert sd.graph.lookup_primitive("my_scale").rules == (
-        "impl", "abstract_eval", "jvp", "transpose")
 
 
 def test_a_vjp_rule_knows_which_operands_the_reverse_pass_differentiates(rng):

@@ -1,0 +1,248 @@
+"""The documentation runs as written: every Python block of every page under
+docs/ (and of README.md) is executed, page by page in one namespace, and what
+it shows must be what it gives.
+
+What a block shows, and how it is checked:
+
+- a comment after an expression (on its line or on the comment lines right
+  below it): its value, as `helpers.run_documented` checks it (a literal, a
+  printed array, a repr; prose and anything with "..." are not checked);
+- a comment naming an exception or a warning (`# ShapeError: matmul: ...`):
+  the expression raises (warns) it, with that message up to "while running:";
+- a plain ``` block right after the Python block: what the block printed
+  (source-line comments `# file.py:12` aside), or, when it names an exception,
+  what the block's last statement raised. A shown printout with "..." in it
+  is abbreviated: its lines up to the first "..." must begin the printout.
+
+A page whose blocks take more than a few seconds has its test marked slow
+(`SLOW` below). Blocks in other languages (shell commands, text) are not run.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+import sciad as sd
+import sciad.numpy as snp
+
+from helpers import run_documented
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(ROOT, "docs")
+
+# pages whose examples compile long programs (seconds each): left to `-m slow`
+SLOW = {"guide/odes.md", "guide/eigen.md", "guide/nonlinear.md", "guide/batching.md",
+        "guide/linear-solves.md", "guide/loops.md"}
+
+
+def _pages():
+    found = []
+    for base, _, files in os.walk(DOCS):
+        for name in files:
+            if name.endswith(".md"):
+                found.append(os.path.relpath(os.path.join(base, name), DOCS))
+    return sorted(found)
+
+
+_BLOCK = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
+
+
+def python_blocks(text: str):
+    """(code, shown, span) for each ```python block of a Markdown text:
+    `shown` is the plain ``` block right after it (only blank lines between),
+    or None; `span` is where `shown` sits in `text` (start, end)."""
+    blocks = [(m.group(1), m.group(2), m.start(), m.end(), m.span(2))
+              for m in _BLOCK.finditer(text)]
+    out = []
+    for i, (lang, body, _, end, _) in enumerate(blocks):
+        if lang != "python":
+            continue
+        shown = span = None
+        if i + 1 < len(blocks) and blocks[i + 1][0] == "" \
+                and not text[end:blocks[i + 1][2]].strip():
+            shown, span = blocks[i + 1][1], blocks[i + 1][4]
+        out.append((body, shown, span))
+    return out
+
+
+_RAISES = re.compile(r"([A-Z]\w*(?:Error|Warning)): (.*)", re.S)
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _message_head(shown: str) -> str:
+    """The shown message up to the context sciad appends (the node, the line),
+    or up to a "..." that abbreviates it."""
+    return _norm(re.split(r"\n\s*(?:while running:|at \S+:\d+)|\.\.\.", shown)[0])
+
+
+def _expect_raise(run, shown: str, where: str):
+    """`run()` raises (or warns) what `shown` names, with its message."""
+    name, message = _RAISES.match(shown.strip()).groups()
+    head = _message_head(message)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            run()
+        except Exception as e:  # noqa: BLE001 -- the class is checked by name
+            assert type(e).__name__ == name, f"{where}: raised {e!r}, shows {name}"
+            got = _norm(str(e))
+            assert got.startswith(head), f"{where}: raised\n{got}\nshows\n{head}"
+            return
+    for w in caught:
+        if type(w.message).__name__ == name:
+            got = _norm(str(w.message))
+            assert got.startswith(head), f"{where}: warned\n{got}\nshows\n{head}"
+            return
+    raise AssertionError(f"{where}: shows {name}, but nothing was raised")
+
+
+def run_block(code: str, ns: dict, where: str) -> str:
+    """Runs one block statement by statement (`helpers.run_documented`, plus
+    the statements shown to raise); returns what it printed. Source lines
+    are named after the page's file name (`loops.md:5`), as sciad prints
+    them in graphs and cost tables."""
+    filename = os.path.basename(where.split(" block ")[0])
+    lines = code.splitlines()
+    printed = io.StringIO()
+    for stmt in ast.parse(code).body:
+        k = stmt.end_lineno  # the comment on its last line and the lines below
+        tail = lines[k - 1][stmt.end_col_offset:].strip()
+        comment = [tail[1:].strip()] if tail.startswith("#") else []
+        while not tail and k < len(lines) and lines[k].strip().startswith("#"):
+            comment.append(lines[k].strip()[1:].strip())
+            k += 1
+        first = min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", ())])
+        seg = "\n".join(lines[first - 1:k])
+        if _RAISES.match("\n".join(comment)):
+            _expect_raise(lambda: exec(compile(seg, filename, "exec"), ns),
+                          "\n".join(comment), f"{where}: {seg}")
+            continue
+        try:
+            printed.write(run_documented(seg, ns, filename))
+        except AssertionError as e:
+            raise AssertionError(f"{where}: {e}") from None
+    return printed.getvalue()
+
+
+def _plain(text: str):
+    return [re.sub(r"\s*# [^#]*:\d+$", "", line).rstrip() for line in text.strip("\n").splitlines()]
+
+
+def check_page(text: str, ns: dict, where: str, drifted: list | None = None) -> int:
+    """Runs every Python block of a page in `ns`; returns how many ran. With
+    a list `drifted`, a printout that differs from the one shown is appended
+    to it as `(span, printed)` instead of failing (to update a page)."""
+    blocks = python_blocks(text)
+    for i, (code, shown, span) in enumerate(blocks):
+        here = f"{where} block {i + 1}"
+        if shown is not None and _RAISES.match(shown.strip()):
+            last = ast.parse(code).body[-1]  # the statement that raises
+            first_line = min([last.lineno] + [d.lineno for d in
+                                              getattr(last, "decorator_list", ())]) - 1
+            run_block("\n".join(code.splitlines()[:first_line]), ns, here)
+            seg = "\n".join(code.splitlines()[first_line:])
+            _expect_raise(lambda: exec(compile(seg, here, "exec"), ns), shown, here)
+            continue
+        printed = run_block(code, ns, here)
+        if shown is None:
+            continue
+        want, got = _plain(shown), _plain(printed)
+        if any("..." in line for line in want):
+            cut = next(j for j, line in enumerate(want) if "..." in line)
+            assert got[:cut] == want[:cut], f"{here}: printed\n" + "\n".join(got)
+        elif drifted is not None and got != want:
+            drifted.append((span, "\n".join(got) + "\n"))
+        else:
+            assert got == want, f"{here}: printed\n" + "\n".join(got)
+    return len(blocks)
+
+
+@pytest.fixture
+def scratch_registry():
+    """Primitives the documentation registers are forgotten afterwards."""
+    from sciad.graph import _core
+
+    before = dict(_core._REGISTRY)
+    yield
+    _core._REGISTRY.clear()
+    _core._REGISTRY.update(before)
+
+
+def _namespace() -> dict:
+    import jax
+    import jax.numpy as jnp
+    import scipy
+
+    return {"np": np, "sd": sd, "snp": snp, "jax": jax, "jnp": jnp, "scipy": scipy,
+            "__name__": "__docs__"}
+
+
+def _check_file(path: str, where: str) -> int:
+    """`check_page` of one file; with SCIAD_UPDATE_DOCS=1 in the environment,
+    printouts that drifted are rewritten in the file instead of failing (then
+    review the diff: values shown in comments are never rewritten)."""
+    with open(path) as f:
+        text = f.read()
+    drifted = [] if os.environ.get("SCIAD_UPDATE_DOCS") == "1" else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sd.errors.SciadWarning)
+        ran = check_page(text, _namespace(), where, drifted)
+    if drifted:
+        for (start, end), printed in reversed(drifted):
+            text = text[:start] + printed + text[end:]
+        with open(path, "w") as f:
+            f.write(text)
+    return ran
+
+
+@pytest.mark.parametrize("page", [
+    pytest.param(p, marks=pytest.mark.slow) if p in SLOW else p for p in _pages()])
+def test_page_runs_as_shown(page, scratch_registry):
+    _check_file(os.path.join(DOCS, page), page)
+    if page == "guide/custom-primitives.md":
+        # the rules the page defines are the rules the primitives have
+        assert sd.graph.lookup_primitive("my_softplus").rules == (
+            "impl", "abstract_eval", "jvp", "vjp", "batch", "sparsity")
+        assert sd.graph.lookup_primitive("my_scale").rules == (
+            "impl", "abstract_eval", "jvp", "transpose")
+
+
+def test_readme_runs_as_shown(scratch_registry):
+    assert _check_file(os.path.join(ROOT, "README.md"), "README.md") >= 1
+
+
+def test_the_readme_fits_on_a_few_screens():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        assert len(f.read().splitlines()) <= 250
+
+
+def test_the_benchmarks_page_includes_every_report_once():
+    """docs/benchmarks.md holds no figures of its own: the MkDocs hook
+    (docs/hooks.py) includes each `bench/results/*.md` where the page says."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", os.path.join(DOCS, "hooks.py"))
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    with open(os.path.join(DOCS, "benchmarks.md")) as f:
+        page = f.read()
+    included = hooks._INCLUDE.findall(page)
+    reports = sorted(name[:-3] for name in os.listdir(os.path.join(ROOT, "bench", "results"))
+                     if name.endswith(".md"))
+    assert sorted(included) == reports
+    built = hooks.on_page_markdown(page, None, None, None)
+    assert "<!-- bench:" not in built and "| --- |" not in page
+    for name in reports:  # each report's first table row, as the page shows it
+        body = hooks.bench_table(name)
+        row = next(line for line in body.splitlines() if line.startswith("|"))
+        assert row in built
