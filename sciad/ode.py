@@ -52,6 +52,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import numpy as np
 
+from ._compile import _split_args, compiled_call
 from ._traceback import api_boundary
 from .errors import (DTypeError, InvalidOptionError, NotSupportedError, SciadWarning,
                      ShapeError, plain)
@@ -93,7 +94,6 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
                    jac, checkpoints, throw, op, every_step: bool = False):
     from . import numpy as snp
     from .graph._body import trace_body
-    from .optimize import _split_args
     from .primitives._ode import odeint_p, part_of
     from ._sparse_jacobian import newton_jacobian
 
@@ -330,12 +330,10 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
 
 
 def _compiled_call(inline, f, leading: tuple, args, key: tuple, name: str):
-    """`optimize.compiled_call` of `inline(f, *leading, args)` for a field
+    """`compiled_call` of `inline(f, *leading, args)` for a field
     `f` that may be a pair: compiled once per first part and second, the
     second held by the cache entry (through `inline`'s closure), so that its
     id in the key is not reused meanwhile."""
-    from .optimize import compiled_call
-
     if not isinstance(f, tuple):
         return compiled_call(inline, f, leading, args, key=key, name=name)
     first, second = f
