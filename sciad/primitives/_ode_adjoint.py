@@ -20,6 +20,8 @@ own loop.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from ..graph import TensorType, is_zero
 from ..graph._autodiff import needs_ct, type_of, vjp_eval
 from ..graph._body import trace_body
@@ -31,13 +33,16 @@ from ._ode_replay import replay_steps, snapshots_for, step_graph
 from ._while import while_loop
 
 
-class Adjoint:
+class Adjoint(ABC):
     """A reverse mode of `ode.odeint` (a strategy: its own loop for the
     cotangents), registered in `ADJOINTS` under `name`, the value of the
     node's `adjoint` param."""
 
     #: the `adjoint` param's value
     name: str = ""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
 
     def records_states(self, checkpoints, max_steps: int, n: int, itemsize: int) -> bool:
         """Whether the node outputs its state at every step for this
@@ -51,11 +56,11 @@ class Adjoint:
         for a node with outputs `outs` (an `OdeintOutputs`)."""
         return False
 
+    @abstractmethod
     def vjp(self, primals, outs, ct, params: dict, ct_states=None) -> list:
         """The cotangents of `(*consts, y0)` (None where none is formed) from
         `ct`, the cotangent of `ys`; `outs`: the node's outputs (an
         `OdeintOutputs`); `ct_states`: the states' cotangents, or None."""
-        raise NotImplementedError
 
 
 class Checkpoint(Adjoint):
@@ -116,8 +121,8 @@ def discrete_vjp(primals, outs, ct, params):
     snapshots = params.get("checkpoints") or snapshots_for(params["max_steps"], t.size,
                                                            t.dtype.itemsize)
     replay = replay_steps(params["body"], params["solver"], params.get("jac", "dense"),
-                     params["max_steps"], snapshots, grid, marks, params["rtol"],
-                     params["atol"])
+                          params["max_steps"], snapshots, grid, marks, params["rtol"],
+                          params["atol"])
     types = [type_of(c) for c in consts] + [type_of(y0)]
     g, closed, _ = trace_body(replay, types, name="replay")
     _, backward = vjp_eval(g, [*closed, *consts, y0])
