@@ -52,12 +52,25 @@ from typing import Any, Callable, NamedTuple
 import jax
 import numpy as np
 
+from . import numpy as snp
+from . import optimize
+from ._compile import _split_args, compiled_call
+from ._sparse_jacobian import newton_jacobian
 from ._traceback import api_boundary
+from ._transforms import _in_trace, jvp, vmap
 from .errors import (DTypeError, InvalidOptionError, NotSupportedError, SciadWarning,
                      ShapeError, plain)
-from .graph import Tracer
+from .graph import Site, Tracer
 from .graph._autodiff import type_of
-from .primitives._ode import ADJOINTS, FIXED_ONLY, IMEX, SOLVERS
+from .graph._body import trace_body
+from .graph._source import user_source
+from .primitives._control import fori_loop
+from .primitives._ode import STATUS, SOLVERS, OdeintOutputs, odeint_p
+from .primitives._ode_adjoint import ADJOINTS, INTERPOLATED
+from .primitives._ode_events import event_guard_p
+from .primitives._ode_field import part_of
+from .primitives._ode_interp import hermite_at
+from .primitives._stop_gradient import stop_gradient
 
 __all__ = ["odeint", "odeint_event", "solve_ivp", "Event", "ODEResult", "SOLVERS"]
 
@@ -91,12 +104,6 @@ def _check_times(ts, op: str):
 
 def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, dt0, adaptive,
                    jac, checkpoints, throw, op, every_step: bool = False):
-    from . import numpy as snp
-    from .graph._body import trace_body
-    from .optimize import _split_args
-    from .primitives._ode import odeint_p, part_of
-    from ._sparse_jacobian import newton_jacobian
-
     leaves, ytree = _tree.tree_flatten(y0, is_leaf=lambda v: isinstance(v, Tracer))
     if not leaves:
         raise ShapeError("`y0` has no arrays.", op=op)
@@ -139,7 +146,7 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
         outs = [snp.reshape(snp.astype(o, dtype), (-1,)) for o in outs]
         return snp.concatenate(outs) if len(outs) > 1 else outs[0]
 
-    imex = solver in IMEX
+    imex = SOLVERS[solver].imex
 
     def field(*a):  # [dy/dt], or an IMEX solver's [non-stiff part, stiff part]
         *ls, t, y = a
@@ -158,11 +165,11 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
         raise InvalidOptionError(f"`jac` must be None, 'dense' or 'sparse', got {jac!r}.",
                                  op=op)
     pattern = None
-    if not SOLVERS[solver][1]:  # explicit: no Newton systems
+    if not SOLVERS[solver].implicit:  # explicit: no Newton systems
         jac = "dense"
     else:  # Newton matrices I - h gamma df/dy (of an IMEX field's stiff part)
         jac, pattern = newton_jacobian(part_of(graph, -1), jac, identity=True)
-    params = dict(graph=graph, solver=solver, rtol=float(rtol), atol=float(atol),
+    params = dict(body=graph, solver=solver, rtol=float(rtol), atol=float(atol),
                   max_steps=int(max_steps), adaptive=bool(adaptive), jac=jac,
                   adjoint=adjoint, throw=bool(throw))
     if dt0 is not None:
@@ -171,9 +178,10 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
         params["pattern"] = pattern
     if checkpoints is not None:
         params["checkpoints"] = int(checkpoints)
-    ys, status, nsteps, *more = odeint_p.bind(*consts, *vals, flat0, ts, **params)
+    outs = OdeintOutputs.of(odeint_p.bind(*consts, *vals, flat0, ts, **params))
+    ys, status, nsteps = outs.ys, outs.status, outs.steps
     if every_step:  # (the interpolated adjoint's node: its step grid and states)
-        grid, _, states = more
+        grid, states = outs.grid, outs.states
         return (unflatten(ys, type_of(ts).shape), status, nsteps, grid,
                 unflatten(states, type_of(grid).shape))
     return unflatten(ys, type_of(ts).shape), status, nsteps
@@ -192,16 +200,13 @@ def _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive, checkp
                                  f"{', '.join(SOLVERS)}.", op=op)
     solver = solver.lower()
     if adjoint not in ADJOINTS:
-        raise InvalidOptionError(f"`adjoint` must be one of {ADJOINTS}, got "
+        raise InvalidOptionError(f"`adjoint` must be one of {tuple(ADJOINTS)}, got "
                                  f"{plain(adjoint)}.", op=op)
     if not (isinstance(rtol, (int, float)) and rtol > 0 and isinstance(atol, (int, float))
             and atol >= 0):
         raise InvalidOptionError(f"needs rtol > 0 and atol >= 0, got rtol={plain(rtol)}, "
                                  f"atol={plain(atol)}.", op=op)
     if rtol < MIN_RTOL:
-        from .graph import Site
-        from .graph._source import user_source
-
         Site(op, user_source()).warn(
             SciadWarning, f"rtol={float(rtol):g} is below 100 eps ({MIN_RTOL:.2e}), under "
             f"the rounding errors of the error estimate: it is raised to {MIN_RTOL:.2e}, "
@@ -214,14 +219,15 @@ def _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive, checkp
                                 and dt0 > 0):
         raise InvalidOptionError(f"`dt0` must be None or a step size > 0, got "
                                  f"{plain(dt0)}.", op=op)
-    if (not adaptive or solver in FIXED_ONLY) and dt0 is None:
+    fixed = not SOLVERS[solver].error_estimate  # (constant steps only)
+    if (not adaptive or fixed) and dt0 is None:
         raise InvalidOptionError(f"constant steps (adaptive=False, or the {solver} solver, "
                                  f"which has no error estimate) need `dt0`.", op=op)
     if checkpoints is not None and (not isinstance(checkpoints, (int, np.integer))
                                     or checkpoints < 1):
         raise InvalidOptionError(f"`checkpoints` must be None or an int >= 1, got "
                                  f"{plain(checkpoints)}.", op=op)
-    return solver, bool(adaptive) and solver not in FIXED_ONLY, float(rtol)
+    return solver, bool(adaptive) and not fixed, float(rtol)
 
 
 class ODEResult(NamedTuple):
@@ -314,8 +320,6 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
     `y` at `ts`: a pytree like `y0` whose arrays have a leading axis of
     `len(ts)`; or an `ODEResult` with `throw=False`.
     """
-    from ._transforms import _in_trace
-
     op = _OP
     f = _check_field(f, op)
     solver, adaptive, rtol = _check_options(solver, rtol, atol, adjoint, max_steps, dt0,
@@ -330,12 +334,10 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
 
 
 def _compiled_call(inline, f, leading: tuple, args, key: tuple, name: str):
-    """`optimize.compiled_call` of `inline(f, *leading, args)` for a field
+    """`compiled_call` of `inline(f, *leading, args)` for a field
     `f` that may be a pair: compiled once per first part and second, the
     second held by the cache entry (through `inline`'s closure), so that its
     id in the key is not reused meanwhile."""
-    from .optimize import compiled_call
-
     if not isinstance(f, tuple):
         return compiled_call(inline, f, leading, args, key=key, name=name)
     first, second = f
@@ -404,8 +406,6 @@ def odeint_event(f: Callable, y0, t_span, event: Callable, args=(), *, direction
     t*])` have derivatives in `y0`, `args` and the span, at every order. At a
     grazing event (`dphi/dt = 0`) the event time has no derivative.
     """
-    from ._transforms import _in_trace
-
     op = "ode.odeint_event"
     f = _check_field(f, op)
     if not callable(event):
@@ -433,13 +433,6 @@ def odeint_event(f: Callable, y0, t_span, event: Callable, args=(), *, direction
 
 
 def _event_inline(f, y0, t_span, event, args, direction: int, kw) -> Event:
-    from . import numpy as snp
-    from . import optimize
-    from ._transforms import jvp, vmap
-    from .primitives._control import fori_loop
-    from .primitives._ode import _hermite_at, event_guard_p
-    from .primitives._stop_gradient import stop_gradient
-
     op = kw["op"]
     span = snp.stack([snp.asarray(t) for t in t_span]) if not isinstance(t_span, Tracer) \
         else t_span
@@ -460,7 +453,7 @@ def _event_inline(f, y0, t_span, event, args, direction: int, kw) -> Event:
     # where: the first step whose end crosses zero (the detection solve is
     # not differentiated)
     _, _, nsteps, grid, states = _odeint_inline(
-        f, y0, span, args, every_step=True, **{**kw, "adjoint": "interpolated",
+        f, y0, span, args, every_step=True, **{**kw, "adjoint": INTERPOLATED.name,
                                                  "checkpoints": None})
     grid = stop_gradient(grid)
     states = _tree.tree_map(stop_gradient, states)
@@ -477,7 +470,7 @@ def _event_inline(f, y0, t_span, event, args, direction: int, kw) -> Event:
     h = tb - ta
 
     def interpolant(t):  # the step's cubic Hermite interpolant at t
-        return _tree.tree_map(functools.partial(_hermite_at, (t - ta) / h, h), ya, yb, fa, fb)
+        return _tree.tree_map(functools.partial(hermite_at, (t - ta) / h, h), ya, yb, fa, fb)
 
     def illinois(_, c):  # regula falsi with Illinois' halving, on [a, b]
         a, b, ga, gb, side = c
@@ -547,8 +540,6 @@ def _ivp_args(args, op: str) -> tuple:
 def _ivp_state(y0, op: str):
     """SciPy's rule: `y0` a 1-d array of real numbers, as float64 (a list
     of numbers or of traced scalars is one), finite where it is concrete."""
-    from . import numpy as snp
-
     if isinstance(y0, Tracer) or any(isinstance(v, Tracer) for v in _tree.tree_leaves(y0)):
         y = snp.asarray(y0)
         shape, kind = tuple(y.shape), y.dtype.kind
@@ -575,8 +566,6 @@ def _ivp_times(t0, t1, t_eval, backward: bool, op: str):
     """odeint's output times for SciPy's `t_span` and `t_eval` (in the
     integration's direction, so negated backwards), the rows of its output
     that SciPy returns, and SciPy's `t`."""
-    from . import numpy as snp
-
     traced = isinstance(t0, Tracer) or isinstance(t1, Tracer)
     sign = -1.0 if backward else 1.0
     if t_eval is None:
@@ -640,9 +629,6 @@ def solve_ivp(fun: Callable, t_span, y0, method: str = "RK45", t_eval=None, args
     # [[1.6487 2.7183]]: backwards, e^(1 - t)
     ```
     """
-    from . import numpy as snp
-    from .primitives._ode import STATUS
-
     op = "ode.solve_ivp"
     if method in SCIPY_METHODS:
         solver = SCIPY_METHODS[method]

@@ -39,6 +39,7 @@ import scipy.optimize
 
 from ._traceback import api_boundary
 from . import config
+from ._compile import _split_args, compiled_call
 from ._function import Function, function
 from ._transforms import grad, hvp, jacfwd, value_and_grad
 from .errors import (DTypeError, InvalidOptionError, NonFiniteError, NotSupportedError,
@@ -527,30 +528,6 @@ def default_tol(dtype) -> float:
     return max(1e-10, 1e3 * float(np.finfo(dtype).eps))
 
 
-def _is_array(x) -> bool:
-    """A leaf of `args` that is a value (an operand of the node), not a static
-    object the residual reads (a problem description, a callable)."""
-    from .graph import SparseArray
-
-    return isinstance(x, (np.ndarray, np.generic, jax.Array, Tracer, SparseArray, int, float,
-                          complex, bool))
-
-
-def _split_args(args):
-    """`args`' leaves: the values (operands) and the static objects, and how
-    to put them back together."""
-    leaves, treedef = _tree.tree_flatten(args, is_leaf=is_value_leaf)
-    dynamic = [i for i, a in enumerate(leaves) if _is_array(a)]
-    static = {i: a for i, a in enumerate(leaves) if not _is_array(a)}
-
-    def rebuild(values):
-        full = dict(static)
-        full.update(zip(dynamic, values))
-        return _tree.tree_unflatten(treedef, [full[i] for i in range(len(leaves))])
-
-    return [leaves[i] for i in dynamic], static, rebuild
-
-
 def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: float,
                  atol: float, maxiter: int, memory: int, throw: bool, op: str,
                  jac0=None, at_floor: bool = False) -> RootResult:
@@ -651,25 +628,6 @@ def _root_call(fun: Callable, x0, args, op: str, jac0=None, **kw) -> RootResult:
                                                jac0=a[0] if len(a) == 2 else None, **kw)),
         fun, leading, args, key=(op, jac0 is None, tuple(sorted(kw.items()))), name="root")
     return RootResult(x, bool(success), int(nit), float(residual), int(status))
-
-
-def compiled_call(inline: Callable, fun: Callable, leading: tuple, args, *, key, name: str):
-    """`inline(fun, *leading, args)` (a call that traces `fun` into a node)
-    outside a trace: compiled once per `fun`, `key` (the options) and the
-    static objects in `args` (by identity, held by the cache entry so that
-    an id is not reused meanwhile), then called on `leading` and `args`'
-    values."""
-    values, static, rebuild = _split_args(args)
-
-    def build(fref):
-        def solve(*a):
-            return inline(fref(), *a[:len(leading)], rebuild(list(a[len(leading):])))
-
-        solve.__name__ = f"{name}_{getattr(fun, '__name__', 'fun')}"
-        return function(solve), static
-
-    fn, _ = _cached(fun, (key, tuple((i, id(a)) for i, a in static.items())), build)
-    return fn(*leading, *_to_device(tuple(values)))
 
 
 @api_boundary

@@ -212,7 +212,7 @@ def _root_example(c, f):
 def _event_guard_example(t):
     """The guard an event time passes through (`sd.ode.odeint_event`), on a
     function of its input (the events themselves: tests/test_ode_event.py)."""
-    from sciad.primitives._ode import event_guard_p
+    from sciad.primitives._ode_events import event_guard_p
 
     return event_guard_p.bind(snp.all(t > 0.0), snp.stack([0.0, 10.0]), t * snp.sin(t),
                               direction=-1)

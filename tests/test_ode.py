@@ -508,3 +508,29 @@ def test_a_gradient_taken_inside_another_trace_of_a_constant_argument():
     got = sd.function(lambda s: s * snp.stack(sd.grad(y_end, argnums=(0, 1))(0.7, 1.9)))(1.0)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12)
     assert np.all(np.abs(want) > 0.1)
+
+
+def test_the_steppers_and_adjoints_are_records():
+    # each stepper's record agrees with its tableau (what the replay steps),
+    # an IMEX one names an ESDIRK stepper of its order for the summed field,
+    # and each adjoint strategy is registered under its own name
+    from sciad.primitives._ode import OdeintOutputs, odeint_p
+    from sciad.primitives._ode_adjoint import ADJOINTS
+    from sciad.solvers._ode_steppers import STEPPERS, tableau
+
+    assert sd.ode.SOLVERS is STEPPERS and sd.ode.SOLVERS["kvaerno5"][:2] == ("Kvaerno5", True)
+    for s in STEPPERS.values():
+        c, As, b = tableau(s)
+        assert len(As) == s.parts and all(A.shape == (len(b), len(b)) for A in As)
+        assert s.implicit == bool(np.any(np.diag(As[-1]))) and c.shape == b.shape
+        if s.imex:
+            summed = STEPPERS[s.summed]
+            assert summed.implicit and not summed.imex and summed.order == s.order
+    assert all(a.name == name for name, a in ADJOINTS.items())
+    # the node's outputs, by name: five with the step grid, six with the states
+    g = sd.trace(lambda t, y: [-y], 0.0, np.ones(2))
+    for adjoint, n in (("backsolve", 5), ("interpolated", 6)):
+        outs = OdeintOutputs.of(odeint_p.abstract_eval_rule(
+            sd.TensorType((2,), np.float64), sd.TensorType((3,), np.float64), body=g,
+            solver="tsit5", rtol=1e-6, atol=1e-9, max_steps=16, adjoint=adjoint))
+        assert len(outs.present()) == n and outs.ys.shape == (3, 2)

@@ -68,7 +68,7 @@ def test_a_linear_stiff_part_takes_few_steps():
 
     graph = sd.trace(lambda: solve().ys)
     (node,) = [n for n in graph.nodes if n.primitive.name == "ode.odeint"]
-    assert node.params["pattern"].nnz == 3 * N - 2 and len(node.params["graph"].outputs) == 2
+    assert node.params["pattern"].nnz == 3 * N - 2 and len(node.params["body"].outputs) == 2
     ref = scipy.integrate.solve_ivp(lambda t, y: laplacian(y, np), (0, TS[-1]), Y0, "Radau",
                                     TS, rtol=1e-12, atol=1e-12).y.T
     res = solve()

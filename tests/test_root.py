@@ -516,7 +516,7 @@ def test_the_floor_diagnosis_and_acceptance_with_nan():
 def test_the_replayed_implicit_stages_accept_their_rounding_floor():
     # the roots whose tolerance sciad sets itself (an implicit step's stages,
     # replayed for the discrete adjoint) must not be tighter than rounding
-    from sciad.primitives._ode import rk_step
+    from sciad.primitives._ode_replay import rk_step
 
     def field(t, y, k):
         return -k * y

@@ -1,7 +1,7 @@
 """The built-in primitives, one module per family, each rule beside its op."""
 
 from . import _call, _contract, _creation, _elementwise, _fft, _indexing, _reduce, _shape, _sparse, _linalg
-from . import _stop_gradient, _control, _cond, _while, _take, _map, _eigen, _svd, _eigsh, _root, _ode
+from . import _stop_gradient, _control, _cond, _while, _take, _map, _eigen, _svd, _eigsh, _root, _ode, _ode_events
 from ._call import call as call, call_p as call_p
 from ._control import Binomial as Binomial, EveryK as EveryK, fori_loop as fori_loop, scan as scan
 from ._control import Segments as Segments
@@ -50,4 +50,4 @@ from ._shape import (
 )
 
 del _call, _contract, _creation, _elementwise, _fft, _indexing, _reduce, _shape, _sparse, _linalg
-del _stop_gradient, _control, _cond, _while, _take, _map, _eigen, _svd, _eigsh, _root, _ode
+del _stop_gradient, _control, _cond, _while, _take, _map, _eigen, _svd, _eigsh, _root, _ode, _ode_events

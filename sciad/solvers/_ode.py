@@ -40,6 +40,10 @@ with a zero diagonal at the start of each step) is not factored: its handle
 is `IDENTITY` and its solves copy the vector. A singular or non-finite matrix
 gives a NaN solution, which lineax reports as a failed solve and diffrax
 answers with a smaller step.
+
+(diffrax and optimistix are imported inside the functions that subclass
+their classes: diffrax takes seconds to import, which `import sciad` does not
+pay.)
 """
 
 from __future__ import annotations
@@ -57,7 +61,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import _sparse_direct
+from ._coloring import color_seeds, coloring
 from ._host import host_call
+from ._nonlinear import colored_values
 
 #: the handle of an identity matrix (no factor: solves copy the vector)
 IDENTITY = -1
@@ -75,23 +81,23 @@ def held() -> int:
 
 def _with_diagonal(pattern):
     """`pattern` with its diagonal added where it lacks entries (a Newton
-    matrix `I - h gamma J` has them whatever `J`'s pattern is)."""
-    from .._sparse_jacobian import _pattern
-
+    matrix `I - h gamma J` has them whatever `J`'s pattern is); a pattern of
+    the same class (built from its `shape`, `indptr` and `indices`)."""
     if np.all(pattern.diagonal_positions() >= 0):
         return pattern
     n = pattern.shape[0]
     p = sp.csr_matrix((np.ones(pattern.nnz, bool), pattern.indices, pattern.indptr),
                       shape=pattern.shape)
-    return _pattern(p + sp.eye(n, dtype=bool, format="csr"))
+    p = sp.csr_matrix(p + sp.eye(n, dtype=bool, format="csr"), dtype=bool)
+    p.sum_duplicates()
+    p.sort_indices()
+    return type(pattern)(p.shape, p.indptr, p.indices)
 
 
 @functools.lru_cache(maxsize=32)
 def _structure(pattern):
     """`(seeds, color of each entry's column, identity values)` of `pattern`,
     computed once per pattern."""
-    from ..graph._sparsity import color_seeds, coloring
-
     colors = coloring(pattern)
     seeds = color_seeds(colors, pattern.shape[1])
     where = np.asarray(colors[pattern.indices], np.int64)
@@ -233,9 +239,6 @@ HOLD = 1.2
 def newton_values(pattern, field, t, y, hg):
     """The values of `I - hg df/dy` at `(t, y)` on `pattern` (with its
     diagonal), from one JVP of `field(t, y)` per color (`colored_values`)."""
-    from ..graph._sparsity import coloring
-    from ._nonlinear import colored_values
-
     jacobian = colored_values(lambda z: field(t, z), pattern, coloring(pattern))(y)
     return jnp.asarray(_structure(pattern)[2], y.dtype) - hg * jacobian
 

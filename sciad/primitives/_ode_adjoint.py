@@ -1,0 +1,273 @@
+"""The reverse modes of an `ode.odeint` node: one record per adjoint
+strategy (as diffrax's `AbstractAdjoint`s), registered by the name the
+node's `adjoint` param holds (`ADJOINTS`). The node's VJP rule asks the
+record: whether the node records its states at every step for it
+(`records_states`), whether it forms the cotangent of those states (reverse
+over reverse), and the cotangents themselves (`vjp`), each strategy with its
+own loop.
+
+- `Checkpoint` ("checkpoint", the default): the discrete adjoint of the
+  steps taken. Where the states at every step fit `SNAPSHOT_BYTES`, the
+  node records them and the reverse pass runs down the steps, re-running
+  each once from its state for its linearisation (`stored_vjp`); otherwise
+  the steps are replayed on the recorded grid and the reverse pass is that
+  of the replay's loops, checkpointed (`discrete_vjp`).
+- `Interpolated` ("interpolated") and `Backsolve` ("backsolve"): the
+  continuous adjoint, solved backwards by `odeint` nodes against the forward
+  solution interpolated from its recorded states, or integrated backwards
+  with the adjoint (`continuous_vjp`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from ..graph import TensorType, is_zero
+from ..graph._autodiff import needs_ct, type_of, vjp_eval
+from ..graph._body import trace_body
+from ..solvers._ode_steppers import STEPPERS
+from ._control import scan
+from ._ode_field import augmented_pattern, derived_params, summed
+from ._ode_interp import hermite
+from ._ode_replay import replay_steps, snapshots_for, step_graph
+from ._while import while_loop
+
+
+class Adjoint(ABC):
+    """A reverse mode of `ode.odeint` (a strategy: its own loop for the
+    cotangents), registered in `ADJOINTS` under `name`, the value of the
+    node's `adjoint` param."""
+
+    #: the `adjoint` param's value
+    name: str = ""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def records_states(self, checkpoints, max_steps: int, n: int, itemsize: int) -> bool:
+        """Whether the node outputs its state at every step for this
+        adjoint (`n`: the primal's size; a sensitivity system records as
+        its primal does)."""
+        return False
+
+    def forms_state_cotangents(self, outs) -> bool:
+        """Whether `vjp` takes cotangents of the states at every step (a
+        reverse pass that read them, differentiated in reverse mode again)
+        for a node with outputs `outs` (an `OdeintOutputs`)."""
+        return False
+
+    @abstractmethod
+    def vjp(self, primals, outs, ct, params: dict, ct_states=None) -> list:
+        """The cotangents of `(*consts, y0)` (None where none is formed) from
+        `ct`, the cotangent of `ys`; `outs`: the node's outputs (an
+        `OdeintOutputs`); `ct_states`: the states' cotangents, or None."""
+
+
+class Checkpoint(Adjoint):
+    """The discrete adjoint of the steps taken, exact for the computed
+    solution: each step re-run once from its recorded state where the states
+    at every step fit `SNAPSHOT_BYTES` (and `checkpoints` is not set), else
+    the steps replayed with `checkpoints` states stored per output interval
+    (`snapshots_for` by default)."""
+
+    name = "checkpoint"
+
+    def records_states(self, checkpoints, max_steps, n, itemsize):
+        return checkpoints is None and snapshots_for(max_steps, n, itemsize) >= max_steps
+
+    def forms_state_cotangents(self, outs):
+        return outs.states is not None
+
+    def vjp(self, primals, outs, ct, params, ct_states=None):
+        if outs.states is not None:  # the states at every step: each step re-run once
+            return stored_vjp(primals, outs, ct, params, ct_states)
+        return discrete_vjp(primals, outs, ct, params)
+
+
+class Interpolated(Adjoint):
+    """The continuous adjoint against the forward solution interpolated (cubic
+    Hermite) from its states at every step, which the node records."""
+
+    name = "interpolated"
+
+    def records_states(self, checkpoints, max_steps, n, itemsize):
+        return True
+
+    def vjp(self, primals, outs, ct, params, ct_states=None):
+        return continuous_vjp(primals, outs, ct, params, interpolated=True)
+
+
+class Backsolve(Adjoint):
+    """The continuous adjoint with the state integrated backwards with it:
+    memory of one state, but unstable where the backward integration is
+    (stiff or dissipative problems)."""
+
+    name = "backsolve"
+
+    def vjp(self, primals, outs, ct, params, ct_states=None):
+        return continuous_vjp(primals, outs, ct, params, interpolated=False)
+
+
+CHECKPOINT, BACKSOLVE, INTERPOLATED = Checkpoint(), Backsolve(), Interpolated()
+#: every adjoint strategy, by the name the node's `adjoint` param holds
+ADJOINTS: dict[str, Adjoint] = {a.name: a for a in (CHECKPOINT, BACKSOLVE, INTERPOLATED)}
+
+
+def discrete_vjp(primals, outs, ct, params):
+    """Cotangents of `(*consts, y0)`: the reverse pass of the replayed steps."""
+    *consts, y0, ts = primals
+    grid, marks = outs.grid, outs.marks
+    t = type_of(y0)
+    snapshots = params.get("checkpoints") or snapshots_for(params["max_steps"], t.size,
+                                                           t.dtype.itemsize)
+    replay = replay_steps(params["body"], params["solver"], params.get("jac", "dense"),
+                          params["max_steps"], snapshots, grid, marks, params["rtol"],
+                          params["atol"])
+    types = [type_of(c) for c in consts] + [type_of(y0)]
+    g, closed, _ = trace_body(replay, types, name="replay")
+    _, backward = vjp_eval(g, [*closed, *consts, y0])
+    return backward([ct])[len(closed):]
+
+
+def stored_vjp(primals, outs, ct, params, ct_states=None):
+    """Cotangents of `(*consts, y0)`: the discrete adjoint of the steps taken,
+    linearised at the states the forward solve recorded at every step (its
+    `states` output): the steps' reverse passes in a reverse scan over the
+    output intervals, each a `while` loop down the interval's steps, adding
+    `ct[i]` at output time `i`. Each step is re-run once, from its stored
+    state, for its linearisation (an implicit stage's Newton solve).
+    `ct_states`: cotangents of the states at every step, added as the pass
+    reaches them."""
+    from .. import numpy as snp  # (a cycle: sciad.numpy binds the primitives)
+
+    *consts, y0, ts = primals
+    grid, marks, states = outs.grid, outs.marks, outs.states
+    step = step_graph(params["body"], params["solver"], params.get("jac", "dense"),
+                       params["rtol"], params["atol"])
+    n, dtype = y0.shape[0], type_of(y0).dtype
+    ctypes = [type_of(c) for c in consts]
+    wanted = _wanted(consts)
+
+    def back(k, lam, acc):  # the reverse pass of step k
+        if ct_states is not None:
+            lam = lam + ct_states[k + 1]
+        t = grid[k]
+        _, pullback = vjp_eval(step, [*consts, t, grid[k + 1] - t, states[k], states[k + 1]])
+        bars = pullback([lam])
+        cb = _flat_cotangents(bars, ctypes, wanted, dtype)
+        lam = snp.zeros((n,), dtype) if is_zero(bars[-2]) else bars[-2]
+        return lam, (acc + snp.concatenate(cb)) if cb else acc
+
+    def interval(carry, x):  # from output time i + 1 back to i, then ct[i]
+        lam, acc = carry
+        lo, hi, c = x
+
+        def body(s):
+            k, lam, acc = s
+            lam, acc = back(k, lam, acc)
+            return k - 1, lam, acc
+
+        _, lam, acc = while_loop(lambda s: s[0] >= lo, body, (hi - 1, lam, acc),
+                                 max_steps=params["max_steps"])
+        return (lam + c, acc), None
+
+    T = ts.shape[0]
+    init = (ct[T - 1], snp.zeros((sum(t.size for t, w in zip(ctypes, wanted) if w),), dtype))
+    (lam, acc), _ = scan(interval, init, (marks[:-1], marks[1:], ct[:-1]), reverse=True)
+    if ct_states is not None:
+        lam = lam + ct_states[0]
+    return _unflatten_cotangents(acc, consts, wanted) + [lam]
+
+
+def continuous_vjp(primals, outs, ct, params, interpolated: bool):
+    """Cotangents of `(*consts, y0)` by the continuous adjoint, `lambda' =
+    -(df/dy)^T lambda` and `constsbar' = -(df/dconsts)^T lambda`, solved
+    backwards in time by one `odeint` per output interval (a scan), with the
+    jump `lambda += ct[i]` at each output time. The state on the way back is
+    re-integrated backwards with the adjoint ("backsolve"), or interpolated
+    from the forward solve's states at its steps ("interpolated")."""
+    from .. import numpy as snp  # (a cycle: sciad.numpy binds the primitives)
+    from ._ode import OdeintOutputs, odeint_p  # (a cycle: this adjoint is odeint nodes)
+
+    *consts, y0, ts = primals
+    ys, nsteps, grid = outs.ys, outs.steps, outs.grid
+    graph = params["body"]
+    n = y0.shape[0]
+    wanted = _wanted(consts)
+    ctypes = [type_of(c) for c in consts]
+    sizes = [t.size for t, w in zip(ctypes, wanted) if w]
+    dtype = type_of(y0).dtype
+    extra = [outs.states, grid, nsteps] if interpolated else []
+    m = len(ctypes)
+
+    def body(*a):  # in reversed time s = -t: dS/ds = -dS/dt
+        cs, rest = list(a[:m]), list(a[m:])
+        s, S = rest[-2], rest[-1]
+        t = -s
+        if interpolated:
+            y, lam = hermite(*rest[:3], graph, cs, t), S[:n]
+        else:
+            y, lam = S[:n], S[n:2 * n]
+        fs, back = vjp_eval(graph, [*cs, t, y])  # (an IMEX field: its parts summed)
+        f = summed(fs)
+        bars = back([lam] * len(fs))
+        cbars = _flat_cotangents(bars[:m], ctypes, wanted, dtype)
+        ybar = bars[-1] if not is_zero(bars[-1]) else snp.zeros((n,), dtype)
+        return snp.concatenate(([] if interpolated else [-f]) + [ybar, *cbars])
+
+    lead = 0 if interpolated else n  # where lambda starts in the state
+    total = lead + n + sum(sizes)
+    g, closed, _ = trace_body(body, ctypes + [type_of(e) for e in extra] +
+                              [TensorType((), dtype), TensorType((total,), dtype)],
+                              name="adjoint")
+    assert not closed
+    # (an implicit solver's Newton matrices: sparse if the forward's are, the
+    # pattern detected from the adjoint system's own graph: f's transposed)
+    # (the forward's step settings: with constant steps, the same dt0; an
+    # IMEX solver's summed field by the ESDIRK method of its order)
+    p = derived_params(params, body=g, error_size=None, pattern=augmented_pattern(params, g),
+                       adjoint=BACKSOLVE.name,
+                       solver=STEPPERS[params["solver"]].summed or params["solver"])
+    T = ts.shape[0]
+    S = snp.concatenate(([] if interpolated else [ys[T - 1]]) +
+                        [ct[T - 1], snp.zeros((sum(sizes),), dtype)])
+
+    def interval(S, x):  # from ts[i + 1] back to ts[i], then the jump of ct[i]
+        lo, hi, c = x
+        S = OdeintOutputs.of(odeint_p.bind(*consts, *extra, S, snp.stack([-hi, -lo]), **p)).ys[1]
+        return snp.concatenate([S[:lead], S[lead:lead + n] + c, S[lead + n:]]), None
+
+    S, _ = scan(interval, S, (ts[:-1], ts[1:], ct[:-1]), reverse=True)
+    return _unflatten_cotangents(S[lead + n:], consts, wanted) + [S[lead:lead + n]]
+
+
+def _wanted(consts) -> list:
+    """Which consts the adjoints accumulate cotangents for: the traced real
+    float ones (a differentiated argument is always traced: `sd.grad` lifts
+    one given as a constant)."""
+    return [needs_ct(c) and type_of(c).dtype.kind == "f" for c in consts]
+
+
+def _flat_cotangents(bars, ctypes, wanted, dtype) -> list:
+    """The `wanted` consts' cotangents among `bars`, each flat (zeros for a
+    symbolic zero), in order: one step's share of the flat accumulator."""
+    from .. import numpy as snp  # (a cycle: sciad.numpy binds the primitives)
+
+    return [snp.zeros((t.size,), dtype) if is_zero(b) else snp.reshape(b, (-1,))
+            for b, t, w in zip(bars, ctypes, wanted) if w]
+
+
+def _unflatten_cotangents(acc, consts, wanted) -> list:
+    """The consts' cotangents accumulated flat in `acc` (those `wanted`, in
+    order; None for the others)."""
+    from .. import numpy as snp  # (a cycle: sciad.numpy binds the primitives)
+
+    bars, k = [], 0
+    for c, w in zip(consts, wanted):
+        if w:
+            size = type_of(c).size
+            bars.append(snp.reshape(acc[k:k + size], type_of(c).shape))
+            k += size
+        else:
+            bars.append(None)
+    return bars

@@ -1,0 +1,61 @@
+"""The vector field of an `ode.odeint` node: its body `(*consts, t, y) ->
+(dy/dt,)` (or an IMEX field's two parts, whose sum is the field) evaluated
+in sciad ops, its parts alone, and the params of the derived systems (the
+sensitivity and adjoint systems) that its rules build as `odeint` nodes."""
+
+from __future__ import annotations
+
+import functools
+
+from .._sparse_jacobian import newton_jacobian
+from ..graph import Graph
+from ..graph._body import inline, permute
+from ..graph._passes import dce
+
+
+def field_at(graph: Graph, consts, t, y):
+    """The vector field at one `(t, y)`, emitted into the current trace (the
+    sum of an IMEX field's parts)."""
+    return summed(inline(graph, [*consts, t, y]))
+
+
+def summed(parts: list):
+    """The field from the values of its parts (one, or an IMEX field's two)."""
+    first, *rest = parts
+    for part in rest:
+        first = first + part
+    return first
+
+
+@functools.lru_cache(maxsize=256)
+def part_of(graph: Graph, i: int) -> Graph:
+    """The body of the field's part `i` alone (`graph` itself for a field of
+    one part; `-1`: the stiff part, whose Jacobian the Newton systems
+    hold)."""
+    if len(graph.outputs) == 1:
+        return graph
+    return dce(permute(graph, outputs=[i % len(graph.outputs)]))
+
+
+def fields_at(graph: Graph, consts, ts, ys):
+    """`f(ts[i], ys[i])` for every output time, stacked."""
+    from .. import numpy as snp  # (a cycle: sciad.numpy binds the primitives)
+
+    return snp.stack([field_at(graph, consts, ts[i], ys[i]) for i in range(ts.shape[0])])
+
+
+def augmented_pattern(params: dict, g: Graph):
+    """The Newton matrices' pattern of a derived system `g` (the sensitivity
+    or adjoint system) where the node's are sparse, else None."""
+    if params.get("jac", "dense") != "sparse":
+        return None
+    return newton_jacobian(part_of(g, -1), "sparse", identity=True)[1]
+
+
+def derived_params(params: dict, **changes) -> dict:
+    """The params of a derived `odeint` node (the sensitivity or adjoint
+    system): `params` with `changes`; a None value means the param's
+    default."""
+    out = dict(params)
+    out.update(changes)
+    return {k: v for k, v in out.items() if v is not None}

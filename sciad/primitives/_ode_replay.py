@@ -1,0 +1,158 @@
+"""The steps an `ode.odeint` node took, re-run in sciad ops: one step of a
+stepper's Runge-Kutta tableau (`rk_step`, an implicit stage an
+`optimize.root` node), a step as a graph (`step_graph`) and the whole solve
+replayed on its recorded step grid (`replay_steps`), whose reverse passes
+are the discrete (checkpointed) adjoint."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..graph import Graph
+from ..graph._autodiff import type_of
+from ..graph._body import inline, trace_body
+from ..solvers._ode_steppers import STEPPERS, tableau
+from ._control import Segments, scan
+from ._ode_field import field_at, part_of
+from ._ode_interp import hermite_at
+from ._stop_gradient import stop_gradient
+from ._while import while_loop
+
+#: the replayed implicit stages' Newton tolerance on the residual scaled by
+#: `|y| + atol/rtol`: this fraction of the ODE's rtol (Newton converges
+#: quadratically, so the stages are then solved far below the local error
+#: the steps were accepted with), floored at this many eps; and a stage
+#: that stalls at its measured floor of rounding errors has converged
+#: (`optimize.root`'s `at_floor`), since that floor grows with `h` times the
+#: field's Jacobian (stiffness) and can lie above any fixed tolerance
+STAGE_RTOL = 1e-3
+STAGE_FLOOR_EPS = 100.0
+
+
+def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, atol: float,
+            y_next=None):
+    """One step of the Runge-Kutta method of the stepper named `solver` from
+    `(t, y)` with step `h`, in sciad ops: an implicit stage is an
+    `optimize.root` node. An IMEX method's stages weigh the slopes of the
+    field's parts by their own tableaus, and solve for the stiff part only.
+    `y_next`, the step's result where known (a recorded state), starts each
+    implicit stage's iterations from the cubic Hermite interpolant between
+    `y` and it."""
+    # (cycles: sciad.numpy binds the primitives, and a stage is the public
+    # `optimize.root`, its chord matrix `sparse.jacobian`)
+    from .. import numpy as snp
+    from .. import optimize, sparse
+
+    c, As, b = tableau(STEPPERS[solver])
+    stiff = part_of(graph, -1)
+
+    def stage(z, yi, hg, ti, w):
+        return (z - yi - hg * field_at(stiff, consts, ti, z)) * w
+
+    # each equation scaled by the step's state's magnitude (floored by
+    # atol/rtol), as the step-size control measures errors
+    w = stop_gradient(1.0 / (snp.abs(y) + max(atol / rtol, 1e-300)))
+    eps = float(np.finfo(type_of(y).dtype).eps)
+    jac0 = {}  # h gamma -> the stages' first chord matrix (sparse)
+    guesses = []  # with y_next: the field at the step's ends
+    ks = []  # per stage: the slopes of the field's parts
+    for i in range(len(b)):
+        yi = y
+        for j in range(i):
+            for A, k in zip(As, ks[j]):
+                if A[i, j] != 0.0:
+                    yi = yi + (h * float(A[i, j])) * k
+        ti = t + float(c[i]) * h
+        gamma = float(As[-1][i, i])
+        if gamma == 0.0:
+            ks.append(inline(graph, [*consts, ti, yi]))
+            continue
+        if jac == "sparse" and gamma not in jac0:
+            # one matrix, at the step's start, for all the stages' chord
+            # iterations: the stages share its factorization (one per step,
+            # not one per stage), and their derivatives' transposed solves
+            # refine with it against the Jacobian at their roots
+            ys = stop_gradient(y)
+            jac0[gamma] = sparse.jacobian(stage)(ys, ys, h * gamma, t, w)
+        if y_next is not None:  # the first Newton iterate: interpolated
+            if not guesses:
+                guesses.append(stop_gradient(field_at(graph, consts, t, y)))
+                guesses.append(stop_gradient(field_at(graph, consts, t + h, y_next)))
+            z0 = hermite_at(float(c[i]), h, stop_gradient(y), stop_gradient(y_next), *guesses)
+        else:  # the previous stage's stiff slope carried over (an explicit
+            # Euler predictor for a first stage)
+            k0 = ks[-1][-1] if ks else field_at(stiff, consts, t, y)
+            z0 = yi + (h * gamma) * k0
+        z = optimize.root(stage, z0, (yi, h * gamma, ti, w),
+                          method="chord", jac=jac, tol=1e-12,
+                          atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps),
+                          jac0=jac0.get(gamma), at_floor=True).x
+        ks.append(inline(graph, [*consts, ti, z]))
+    out = y
+    for i, bi in enumerate(b):
+        for k in ks[i] if bi != 0.0 else ():
+            out = out + (h * float(bi)) * k
+    return out
+
+
+#: the memory the checkpointed reverse pass may fill with stored states
+#: (its number of snapshots is chosen so, between sqrt(max_steps) and
+#: max_steps: a small system stores every step and replays each once)
+SNAPSHOT_BYTES = 64 * 2 ** 20
+
+
+def snapshots_for(max_steps: int, n: int, itemsize: int) -> int:
+    """The default snapshots of the replay's reverse pass: as many as
+    `SNAPSHOT_BYTES` holds, at least about sqrt(max_steps)."""
+    low = max(1, int(np.ceil(np.sqrt(max_steps))))
+    return int(min(max_steps, max(low, SNAPSHOT_BYTES // max(n * itemsize, 1))))
+
+
+def replay_steps(graph: Graph, solver: str, jac: str, max_steps: int, snapshots: int, grid,
+                 marks, rtol: float, atol: float):
+    """`(*consts, y0) -> ys`: the steps the forward solve took, re-run on its
+    grid: a scan over the output intervals, each a `while` loop of the steps
+    from one output time to the next (whose reverse pass stores
+    `snapshots` states)."""
+    from .. import numpy as snp  # (a cycle: sciad.numpy binds the primitives)
+
+    def replay(*a):
+        *consts, y0 = a
+
+        def interval(y, x):
+            lo, hi = x
+
+            def step(s):
+                k, y = s
+                t = grid[k]
+                return k + 1, rk_step(graph, consts, solver, t, grid[k + 1] - t, y, jac, rtol,
+                                      atol)
+
+            _, y = while_loop(lambda s: s[0] < hi, step, (lo, y), max_steps=max_steps,
+                              checkpoints=Segments(snapshots))
+            return y, y
+
+        _, ys = scan(interval, y0, (marks[:-1], marks[1:]))
+        return snp.concatenate([y0[None], ys])
+
+    return replay
+
+
+@functools.lru_cache(maxsize=128)
+def step_graph(graph: Graph, solver: str, jac: str, rtol: float, atol: float) -> Graph:
+    """`(*consts, t, h, y, y_next) -> (y after one step of `solver`,)`
+    (`rk_step`; `y_next`, the recorded result, only starts the implicit
+    stages' iterations)."""
+    *ctypes, ttype, ytype = graph.in_types
+    m = len(ctypes)
+
+    def step(*a):
+        return rk_step(graph, list(a[:m]), solver, a[m], a[m + 1], a[m + 2], jac, rtol, atol,
+                       y_next=a[m + 3])
+
+    g, closed, _ = trace_body(step, list(ctypes) + [ttype, ttype, ytype, ytype],
+                              name="rk_step")
+    assert not closed
+    return g
