@@ -46,6 +46,7 @@ from .errors import (DTypeError, InvalidOptionError, NonFiniteError, NotSupporte
 from .graph import Tracer
 from .graph._autodiff import type_of
 from .graph._trace import is_value_leaf
+from .solvers._registry import lookup, names as _solver_names, records as _solver_records
 
 __all__ = ["minimize", "METHODS", "root", "fixed_point", "RootResult"]
 
@@ -557,7 +558,7 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
     from . import numpy as snp
     from .graph._body import trace_body
     from .graph._sparsity import coloring
-    from .primitives._root import JACOBIANS, root_p
+    from .primitives._root import RootOutputs, root_p
     from ._sparse_jacobian import newton_jacobian
 
     x0 = snp.asarray(x0)
@@ -588,23 +589,25 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
 
     graph, consts, _ = trace_body(body, [type_of(a) for a in leaves] + [tx],
                                   name=getattr(fun, "__name__", "fun"))
-    if jac not in JACOBIANS + (None,):
-        raise InvalidOptionError(f"`jac` must be None or one of {JACOBIANS}, got {jac!r}.", op=op)
+    if jac is not None and jac not in _solver_names("jacobian"):
+        raise InvalidOptionError(f"`jac` must be None or one of {_solver_names('jacobian')}, got "
+                                 f"{jac!r}.", op=op)
     if jac is None and kind == "fixed_point":
         jac = "gmres"
     pattern, colors = None, 0
-    if jac != "gmres":  # (a fixed-point map's residual is G(x) - x)
+    if jac is None or not lookup(jac, "jacobian").matrix_free:
+        # (a fixed-point map's residual is G(x) - x)
         jac, pattern = newton_jacobian(graph, jac, identity=kind == "fixed_point")
-    if jac == "sparse":
+    if lookup(jac, "jacobian").sparse:
         colors = int(coloring(pattern).max(initial=-1)) + 1
     start = [] if jac0 is None else [_start_matrix(jac0, jac, pattern, tx, op)]
-    outs = root_p.bind(*consts, *leaves, x0, *start, graph=graph, kind=kind, method=method,
+    outs = root_p.bind(*consts, *leaves, x0, *start, body=graph, kind=kind, method=method,
                        jac=jac, pattern=pattern, colors=colors,
                        tol=float(default_tol(tx.dtype) if tol is None else tol), atol=float(atol),
                        maxiter=int(maxiter), memory=int(memory), throw=bool(throw),
                        jac0=jac0 is not None, at_floor=bool(at_floor))
-    x, nit, residual, status = outs[:4]
-    return RootResult(x, status == 0, nit, residual, status)
+    o = RootOutputs.of(outs)
+    return RootResult(o.x, o.status == 0, o.nit, o.residual, o.status)
 
 
 def _start_matrix(jac0, jac: str, pattern, tx, op: str):
@@ -615,20 +618,21 @@ def _start_matrix(jac0, jac: str, pattern, tx, op: str):
     from .primitives._stop_gradient import stop_gradient
 
     n = tx.size
+    on_pattern = lookup(jac, "jacobian").sparse
     if sparse.issparse(jac0):
         t = type_of(jac0)
-        if jac == "sparse" and t.pattern != pattern:
+        if on_pattern and t.pattern != pattern:
             raise ShapeError(f"`jac0` must be on the Jacobian's detected pattern "
                              f"({pattern.shape}, {pattern.nnz} entries), got {t.pattern.shape} "
                              f"with {t.pattern.nnz}: build it from `fun` "
                              f"(sd.sparse.jacobian), or pass a dense array.", op=op)
-        jac0 = sparse.data(jac0) if jac == "sparse" else sparse.todense(jac0)
+        jac0 = sparse.data(jac0) if on_pattern else sparse.todense(jac0)
     else:
         jac0 = snp.asarray(jac0)
         if type_of(jac0).shape != (n, n):
             raise ShapeError(f"`jac0` must be an ({n}, {n}) matrix (x has {n} elements), "
                              f"got {type_of(jac0).str_short()}.", op=op)
-        if jac == "sparse":
+        if on_pattern:
             jac0 = sparse.data(sparse.sample(jac0, pattern))
     return stop_gradient(snp.astype(jac0, tx.dtype))
 
@@ -640,7 +644,7 @@ def _root_call(fun: Callable, x0, args, op: str, jac0=None, **kw) -> RootResult:
         args = (args,)
     if not callable(fun):
         raise DTypeError(f"`fun` must be a function, got {type(fun).__name__}.", op=op)
-    if jac0 is not None and kw["method"] != "chord":
+    if jac0 is not None and not lookup(kw["method"], "root").takes_jac0:
         raise InvalidOptionError(f"`jac0` starts the chord method: it needs method='chord', got "
                                  f"{kw['method']!r}.", op=op)
     if _in_trace((x0, args, jac0)):
@@ -670,6 +674,16 @@ def compiled_call(inline: Callable, fun: Callable, leading: tuple, args, *, key,
 
     fn, _ = _cached(fun, (key, tuple((i, id(a)) for i, a in static.items())), build)
     return fn(*leading, *_to_device(tuple(values)))
+
+
+def _root_method(method, kind: str, op: str):
+    """The root method record `method` names (case-insensitive), of `kind`."""
+    known = [r.name for r in _solver_records("root") if r.kind == kind]
+    name = method.lower() if isinstance(method, str) else method
+    if name not in known:
+        raise InvalidOptionError(f"`method` must be one of {', '.join(map(repr, known))}, got "
+                                 f"{method!r}.", op=op)
+    return lookup(name, "root")
 
 
 @api_boundary
@@ -739,19 +753,20 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
     `residual` (`||F(x)||_inf`) and `status`, traced values inside a trace
     and Python numbers outside.
     """
-    methods = {"newton": None, "chord": None, "newton_krylov": "gmres"}
-    if not isinstance(method, str) or method.lower() not in methods:
-        raise InvalidOptionError(f"`method` must be 'newton', 'chord' or 'newton_krylov', got "
-                                 f"{method!r}.", op=_ROOT_OP)
-    method = method.lower()
-    if methods[method] is not None:
-        if jac not in (None, "gmres"):
-            raise InvalidOptionError(f"method='newton_krylov' is matrix-free; got jac={jac!r}.",
-                                     op=_ROOT_OP)
-        jac, method = "gmres", "newton"
-    elif method == "chord" and jac == "gmres":
-        raise InvalidOptionError("method='chord' keeps a factorization of the Jacobian: it needs "
-                                 "jac='sparse', 'dense' or None, got jac='gmres'.", op=_ROOT_OP)
+    record = _root_method(method, "root", _ROOT_OP)
+    if record.jac is not None:  # (newton_krylov: Newton with a fixed Jacobian form)
+        if jac not in (None, record.jac):
+            raise InvalidOptionError(f"method={record.name!r} is matrix-free; got jac={jac!r}."
+                                     if lookup(record.jac, "jacobian").matrix_free else
+                                     f"method={record.name!r} takes jac={record.jac!r}; got "
+                                     f"jac={jac!r}.", op=_ROOT_OP)
+        jac = record.jac
+    elif record.chord and jac in _solver_names("jacobian") \
+            and lookup(jac, "jacobian").matrix_free:
+        raise InvalidOptionError(f"method={record.name!r} keeps a factorization of the Jacobian: "
+                                 f"it needs jac='sparse', 'dense' or None, got jac={jac!r}.",
+                                 op=_ROOT_OP)
+    method = record.node_method or record.name
     return _root_call(fun, x0, args, _ROOT_OP, kind="root", method=method, jac=jac,
                       tol=tol, atol=atol, maxiter=maxiter, memory=0, throw=throw, jac0=jac0,
                       at_floor=bool(at_floor))
@@ -787,11 +802,11 @@ def fixed_point(f: Callable, x0, args=(), method: str = "anderson", memory: int 
     A `RootResult`, as for `root`; `residual` is `||f(x) - x||_inf`.
     """
     op = "optimize.fixed_point"
-    if not isinstance(method, str) or method.lower() not in ("anderson", "picard"):
-        raise InvalidOptionError(f"`method` must be 'anderson' or 'picard', got {method!r}.", op=op)
-    if method.lower() == "picard":
-        memory = 0
+    record = _root_method(method, "fixed_point", op)
+    if record.memory is not None:  # (picard: Anderson of depth 0)
+        memory = record.memory
     if not isinstance(memory, (int, np.integer)) or memory < 0:
         raise InvalidOptionError(f"`memory` must be an int >= 0, got {plain(memory)}.", op=op)
-    return _root_call(f, x0, args, op, kind="fixed_point", method="anderson", jac=jac,
+    return _root_call(f, x0, args, op, kind="fixed_point",
+                      method=record.node_method or record.name, jac=jac,
                       tol=tol, atol=atol, maxiter=maxiter, memory=int(memory), throw=throw)
