@@ -486,7 +486,8 @@ def judge_krylov(site, *, dtype, solver: str, rtol: float, atol: float, maxiter,
 def _iterative_solve(matvec, a, b, *, solver, pattern, rtol, atol, maxiter, inv_diag,
                      throw, assume, site):
     x, ok, rel, steps = solvers.iterative.solve(
-        matvec, b, method=lookup(solver, "linear"), rtol=rtol, atol=atol, maxiter=maxiter, inv_diag=inv_diag)
+        matvec, b, method=lookup(solver, "linear"), rtol=rtol, atol=atol, maxiter=maxiter,
+        inv_diag=inv_diag)
     if not throw:
         return x
     extra = {}
@@ -802,7 +803,8 @@ def _solve_operator_shape(*args, graph, solver, rtol, atol, maxiter=None, transp
         raise ShapeError("the operator's params do not match its matvec graph.", op=op)
     if "operator" not in lookup(solver, "linear", op=op).matrices:
         raise InvalidOptionError(f"a matrix-free operator needs an iterative solver "
-                                 f"({', '.join(map(repr, names_for('operator')))}), got {solver!r}.", op=op)
+                                 f"({', '.join(map(repr, names_for('operator')))}), "
+                                 f"got {solver!r}.", op=op)
     if not (rtol >= 0 and atol >= 0) or rtol == atol == 0:
         raise InvalidOptionError(f"needs rtol >= 0 and atol >= 0, not both 0; got rtol={rtol}, "
                                  f"atol={atol}.", op=op)
