@@ -120,3 +120,26 @@ def test_records_say_what_they_take():
     assert lu.direct and not lu.sparse and lu.where == "device"
     assert splu.direct and splu.sparse and splu.where == "host" and splu.held_on_host
     assert solvers.lookup("cg").symmetric_adjoint and not lu.symmetric_adjoint
+
+
+def test_root_methods_are_records_and_the_node_names_its_parts():
+    from sciad.primitives._root import RootOutputs
+
+    assert solvers.lookup("chord", "root").takes_jac0
+    assert not solvers.lookup("newton", "root").takes_jac0
+    assert solvers.lookup("newton_krylov", "root").node_method == "newton"
+    assert solvers.lookup("gmres", "jacobian").matrix_free
+    assert solvers.lookup("sparse", "jacobian").keeps_factor
+    with pytest.raises(InvalidOptionError, match="unknown solver 'hybr'"):
+        solvers.lookup("hybr", "root")
+
+    def f(c):
+        return sd.optimize.root(lambda x, c: x ** 3 + x - c, sd.numpy.zeros(4), (c,),
+                                jac="sparse").x
+
+    graph = sd.trace(f, np.ones(4))
+    (node,) = [n for n in graph.nodes if n.primitive.name == "optimize.root"]
+    assert "body" in node.params and "graph" not in node.params
+    outs = RootOutputs.of(node.outputs)
+    assert outs.x.type.shape == (4,) and outs.factor is not None
+    np.testing.assert_allclose(np.asarray(f(np.full(4, 2.0))), np.ones(4), rtol=1e-10)

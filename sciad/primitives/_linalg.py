@@ -24,6 +24,10 @@ differentiated (with `constant=True`, as `SolveInfo.rcond` and
 `sd.linalg.cond(..., constant=True)`, its derivative is zero: a diagnostic,
 as under `stop_gradient`).
 
+`solver` names a record of `sciad.solvers` (`sciad.solvers._linear`): what
+it applies to, its factor layout, factorization and solves, where it runs,
+its checks and its cost; the rules here ask the record, never the name.
+
 `assume` is the structure a solve relies on (`"symmetric"` or `"spd"`, from
 `sd.linalg.solve`'s `assume=` and the matrix's tags): Cholesky reads one
 triangle of an `spd` matrix, and the symmetric iterative solvers take the

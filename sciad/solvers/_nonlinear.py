@@ -88,10 +88,12 @@ def _norm(v):
 def colored_values(F: Callable, pattern, colors: np.ndarray) -> Callable:
     """`x -> the values of J(x)` on `pattern` (CSR order), from one JVP of
     `F` (JAX's) per color of the columns."""
-    from ..graph._sparsity import color_seeds
-
     rows, cols = pattern.rows, pattern.indices
-    seeds = color_seeds(colors, pattern.shape[1])
+    # the seed of color c: the sum of the unit vectors of its columns (as
+    # `graph._sparsity.color_seeds`, which this layer does not import)
+    n = pattern.shape[1]
+    seeds = np.zeros((int(colors.max(initial=-1)) + 1, n))
+    seeds[colors, np.arange(n)] = 1
     where = colors[cols]
 
     def values(x):
