@@ -23,7 +23,8 @@ from ._traceback import api_boundary
 from .errors import InvalidOptionError, ShapeError
 from .graph import Graph, TensorType, Zero
 from .graph._autodiff import jvp_eval, type_of, vjp_eval
-from .graph._sparsity import color_seeds, coloring, graph_sparsity
+from .graph._sparsity import graph_sparsity
+from .solvers._coloring import color_seeds, coloring
 from .graph._types import Pattern
 
 

@@ -29,31 +29,21 @@ import numpy as np
 from .errors import DTypeError, InvalidOptionError, ShapeError
 from .graph import Tracer
 from .numpy import _as_array
-from .primitives._linalg import (DENSE_DIRECT, ITERATIVE, NORMS, SPARSE_DIRECT, _clean,
-                                 linalg_rcond_p, linalg_solve_p)
+from .primitives._linalg import NORMS, _clean, linalg_rcond_p, linalg_solve_p
+from .solvers._linear import names_for, resolve
 from .solvers._measures import ratio
+from .solvers._registry import names as _solver_names
 from .sparse import astype as _sparse_astype, issparse
 
 __all__ = ["solve", "cond", "eigh", "eigvalsh", "eigsh", "funm_hermitian", "svd", "operator", "Operator", "SolveInfo", "SOLVERS"]
 
-#: every solver name `solve` accepts, besides "auto"
-SOLVERS = DENSE_DIRECT + SPARSE_DIRECT + ITERATIVE
+#: every built-in solver name `solve` accepts, besides "auto" (the registered
+#: records, `sciad.solvers`)
+SOLVERS = _solver_names("linear")
 
 _ASSUME = {None: frozenset(), "general": frozenset(), "symmetric": frozenset({"symmetric"}),
            "spd": frozenset({"spd", "symmetric"}), "pos": frozenset({"spd", "symmetric"}),
            "hermitian": frozenset({"hermitian"})}
-
-
-def _choose(sparse: bool, tags: frozenset, dtype) -> str:
-    """The solver "auto" picks: by kind and tags.
-
-    Sparse matrices get SuperLU on the host on every platform: on an H100 at
-    65,536 unknowns (the flagship's matrix at N = 256) its forward solve took
-    0.29 s against 2.3 s for cuSOLVER's `spsolve`, which also refactors for
-    the adjoint. On a GPU, `solver="cg"` (spd) takes 0.07 s there."""
-    if not sparse:
-        return "cholesky" if "spd" in tags else "lu"
-    return "splu"
 
 
 class Operator:
@@ -107,11 +97,12 @@ def _solve_operator(A: Operator, b, solver: str, tol, atol: float, maxiter, thro
     from .primitives._linalg import linalg_solve_operator_p
 
     op = "linalg.solve"
-    if solver == "auto":
-        solver = "cg" if "spd" in A.tags else "gmres"
-    if solver not in ITERATIVE:
+    record = resolve(solver, matrix="operator", tags=A.tags, dtype=A.dtype, op=op)
+    if "operator" not in record.matrices:
         raise InvalidOptionError(f"a matrix-free operator needs an iterative solver "
-                                 f"({', '.join(map(repr, ITERATIVE))}), got {solver!r}.", op=op)
+                                 f"({', '.join(map(repr, names_for('operator')))}), got "
+                                 f"{solver!r}.", op=op)
+    solver = record.name
     b = snp.astype(snp.asarray(b), A.dtype)
     n = A.shape[0]
     graph, captured, _ = trace_body(lambda v: [snp.asarray(A.matvec(v))],
@@ -260,15 +251,13 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
         r = A.matvec(x) - b if len(x.shape) == 1 else None
         return x, _info(r, b, x, None, None, tol if tol is not None else 1e-10, atol)
     A, b, tags, sparse, dtype = _prepare(A, snp.asarray(b), assume, op)
-    if solver == "auto":
-        solver = _choose(sparse, tags, dtype)
-    if solver not in SOLVERS:
-        raise InvalidOptionError(f"unknown solver {solver!r}; choose 'auto' or one of "
-                                 f"{', '.join(map(repr, SOLVERS))}.", op=op)
+    record = resolve(solver, matrix="sparse" if sparse else "dense", tags=tags, dtype=dtype,
+                     op=op)
+    solver = record.name
     params: dict = {"solver": solver}
     if sparse:
         params["pattern"] = A.type.pattern
-    if solver in ITERATIVE:
+    if not record.direct:
         if tol is None:
             tol = 1e-10 if np.finfo(dtype).bits >= 64 else 1e-5
         params.update(rtol=float(tol), atol=float(atol),
@@ -282,11 +271,11 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
         return linalg_solve_p.bind(A, b, **_clean(params))
     x = linalg_solve_p.bind(A, b, **_clean(dict(params, throw=False)))
     rcond = None
-    if solver not in ITERATIVE:
+    if record.direct:
         rparams = {"solver": solver, "constant": True,
                    **({"pattern": params["pattern"]} if sparse else {})}
         rcond = linalg_rcond_p.bind(A, **rparams)
-    return x, _info(A @ x - b, b, x, A, rcond, tol if solver in ITERATIVE else None, atol)
+    return x, _info(A @ x - b, b, x, A, rcond, None if record.direct else tol, atol)
 
 
 def _info(r, b, x, A, rcond, tol: float | None, atol: float) -> SolveInfo:
@@ -365,8 +354,8 @@ def cond(A, p=1, *, estimate: bool = True, solver: str = "auto", constant: bool 
 
     op = "linalg.cond"
     A, _, tags, sparse, dtype = _prepare(A, None, None, op)
-    if solver == "auto":
-        solver = _choose(sparse, tags, dtype)
+    solver = resolve(solver, matrix="sparse" if sparse else "dense", tags=tags, dtype=dtype,
+                     op=op).name
     if p not in NORMS:
         raise InvalidOptionError(f"`p` is 1, inf, 2 or 'fro', got {p!r}.", op=op)
     params = {"solver": solver, "norm": p}

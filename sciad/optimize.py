@@ -30,7 +30,6 @@ signature, so calling `minimize` again with the same `f` and new values of
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -38,15 +37,14 @@ import numpy as np
 import scipy.optimize
 
 from ._traceback import api_boundary
-from . import config
-from ._compile import _split_args, compiled_call
+from ._compile import _split_args, cached as _cached, compiled_call, to_device as _to_device
 from ._function import Function, function
 from ._transforms import grad, hvp, jacfwd, value_and_grad
 from .errors import (DTypeError, InvalidOptionError, NonFiniteError, NotSupportedError,
                      ShapeError, TracerError, plain)
 from .graph import Tracer
 from .graph._autodiff import type_of
-from .graph._trace import is_value_leaf
+from .solvers._registry import lookup, names as _solver_names, records as _solver_records
 
 __all__ = ["minimize", "METHODS", "root", "fixed_point", "RootResult"]
 
@@ -275,9 +273,6 @@ def _flat_bounds(bounds, spec: _Spec) -> scipy.optimize.Bounds:
 # compiled objective, gradient and curvature, cached per objective
 
 
-_CACHE: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
-
-
 def _check_scalar(out) -> None:
     if isinstance(out, (tuple, list, dict)) or out is None:
         raise ShapeError(f"`f` must return a real scalar (the objective), got a "
@@ -318,33 +313,10 @@ def _build(fref: Callable, spec: _Spec, kind: str) -> Function:
     return function(hess)
 
 
-def _cached(f: Callable, key, build: Callable):
-    """`build(fref)` for `f` and `key`, made once and kept in `_CACHE` while
-    `f` lives (`fref()` gives `f`: the cache must not keep it alive); made
-    every time for an `f` that is not weakly referenceable or hashable."""
-    try:
-        table = _CACHE.setdefault(f, {})
-        fref = weakref.ref(f)
-    except TypeError:
-        return build(lambda: f)
-    entry = table.get(key)
-    if entry is None:
-        entry = table[key] = build(fref)
-    return entry
-
-
 def _compiled(f: Callable, spec: _Spec, kind: str) -> Function:
     """`f`'s compiled `kind` ("value", "value_and_grad", "hessp", "hess") for
     this x0 layout; `sd.function` caches per signature of the arguments."""
     return _cached(f, (spec.key, kind), lambda fref: _build(fref, spec, kind))
-
-
-def _to_device(args: tuple) -> tuple:
-    """NumPy arrays in `args` moved to the device once, not at every call."""
-    with config.x64_scope():
-        return _tree.tree_map(
-            lambda a: jax.device_put(a) if isinstance(a, np.ndarray) else a, args,
-            is_leaf=is_value_leaf)
 
 
 # ---------------------------------------------------------------------------
@@ -533,8 +505,8 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
                  jac0=None, at_floor: bool = False) -> RootResult:
     from . import numpy as snp
     from .graph._body import trace_body
-    from .graph._sparsity import coloring
-    from .primitives._root import JACOBIANS, root_p
+    from .solvers._coloring import coloring
+    from .primitives._root import RootOutputs, root_p
     from ._sparse_jacobian import newton_jacobian
 
     x0 = snp.asarray(x0)
@@ -565,23 +537,25 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
 
     graph, consts, _ = trace_body(body, [type_of(a) for a in leaves] + [tx],
                                   name=getattr(fun, "__name__", "fun"))
-    if jac not in JACOBIANS + (None,):
-        raise InvalidOptionError(f"`jac` must be None or one of {JACOBIANS}, got {jac!r}.", op=op)
+    if jac is not None and jac not in _solver_names("jacobian"):
+        raise InvalidOptionError(f"`jac` must be None or one of {_solver_names('jacobian')}, got "
+                                 f"{jac!r}.", op=op)
     if jac is None and kind == "fixed_point":
         jac = "gmres"
     pattern, colors = None, 0
-    if jac != "gmres":  # (a fixed-point map's residual is G(x) - x)
+    if jac is None or not lookup(jac, "jacobian").matrix_free:
+        # (a fixed-point map's residual is G(x) - x)
         jac, pattern = newton_jacobian(graph, jac, identity=kind == "fixed_point")
-    if jac == "sparse":
+    if lookup(jac, "jacobian").sparse:
         colors = int(coloring(pattern).max(initial=-1)) + 1
     start = [] if jac0 is None else [_start_matrix(jac0, jac, pattern, tx, op)]
-    outs = root_p.bind(*consts, *leaves, x0, *start, graph=graph, kind=kind, method=method,
+    outs = root_p.bind(*consts, *leaves, x0, *start, body=graph, kind=kind, method=method,
                        jac=jac, pattern=pattern, colors=colors,
                        tol=float(default_tol(tx.dtype) if tol is None else tol), atol=float(atol),
                        maxiter=int(maxiter), memory=int(memory), throw=bool(throw),
                        jac0=jac0 is not None, at_floor=bool(at_floor))
-    x, nit, residual, status = outs[:4]
-    return RootResult(x, status == 0, nit, residual, status)
+    o = RootOutputs.of(outs)
+    return RootResult(o.x, o.status == 0, o.nit, o.residual, o.status)
 
 
 def _start_matrix(jac0, jac: str, pattern, tx, op: str):
@@ -592,20 +566,21 @@ def _start_matrix(jac0, jac: str, pattern, tx, op: str):
     from .primitives._stop_gradient import stop_gradient
 
     n = tx.size
+    on_pattern = lookup(jac, "jacobian").sparse
     if sparse.issparse(jac0):
         t = type_of(jac0)
-        if jac == "sparse" and t.pattern != pattern:
+        if on_pattern and t.pattern != pattern:
             raise ShapeError(f"`jac0` must be on the Jacobian's detected pattern "
                              f"({pattern.shape}, {pattern.nnz} entries), got {t.pattern.shape} "
                              f"with {t.pattern.nnz}: build it from `fun` "
                              f"(sd.sparse.jacobian), or pass a dense array.", op=op)
-        jac0 = sparse.data(jac0) if jac == "sparse" else sparse.todense(jac0)
+        jac0 = sparse.data(jac0) if on_pattern else sparse.todense(jac0)
     else:
         jac0 = snp.asarray(jac0)
         if type_of(jac0).shape != (n, n):
             raise ShapeError(f"`jac0` must be an ({n}, {n}) matrix (x has {n} elements), "
                              f"got {type_of(jac0).str_short()}.", op=op)
-        if jac == "sparse":
+        if on_pattern:
             jac0 = sparse.data(sparse.sample(jac0, pattern))
     return stop_gradient(snp.astype(jac0, tx.dtype))
 
@@ -617,7 +592,7 @@ def _root_call(fun: Callable, x0, args, op: str, jac0=None, **kw) -> RootResult:
         args = (args,)
     if not callable(fun):
         raise DTypeError(f"`fun` must be a function, got {type(fun).__name__}.", op=op)
-    if jac0 is not None and kw["method"] != "chord":
+    if jac0 is not None and not lookup(kw["method"], "root").takes_jac0:
         raise InvalidOptionError(f"`jac0` starts the chord method: it needs method='chord', got "
                                  f"{kw['method']!r}.", op=op)
     if _in_trace((x0, args, jac0)):
@@ -628,6 +603,16 @@ def _root_call(fun: Callable, x0, args, op: str, jac0=None, **kw) -> RootResult:
                                                jac0=a[0] if len(a) == 2 else None, **kw)),
         fun, leading, args, key=(op, jac0 is None, tuple(sorted(kw.items()))), name="root")
     return RootResult(x, bool(success), int(nit), float(residual), int(status))
+
+
+def _root_method(method, kind: str, op: str):
+    """The root method record `method` names (case-insensitive), of `kind`."""
+    known = [r.name for r in _solver_records("root") if r.kind == kind]
+    name = method.lower() if isinstance(method, str) else method
+    if name not in known:
+        raise InvalidOptionError(f"`method` must be one of {', '.join(map(repr, known))}, got "
+                                 f"{method!r}.", op=op)
+    return lookup(name, "root")
 
 
 @api_boundary
@@ -697,19 +682,20 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
     `residual` (`||F(x)||_inf`) and `status`, traced values inside a trace
     and Python numbers outside.
     """
-    methods = {"newton": None, "chord": None, "newton_krylov": "gmres"}
-    if not isinstance(method, str) or method.lower() not in methods:
-        raise InvalidOptionError(f"`method` must be 'newton', 'chord' or 'newton_krylov', got "
-                                 f"{method!r}.", op=_ROOT_OP)
-    method = method.lower()
-    if methods[method] is not None:
-        if jac not in (None, "gmres"):
-            raise InvalidOptionError(f"method='newton_krylov' is matrix-free; got jac={jac!r}.",
-                                     op=_ROOT_OP)
-        jac, method = "gmres", "newton"
-    elif method == "chord" and jac == "gmres":
-        raise InvalidOptionError("method='chord' keeps a factorization of the Jacobian: it needs "
-                                 "jac='sparse', 'dense' or None, got jac='gmres'.", op=_ROOT_OP)
+    record = _root_method(method, "root", _ROOT_OP)
+    if record.jac is not None:  # (newton_krylov: Newton with a fixed Jacobian form)
+        if jac not in (None, record.jac):
+            raise InvalidOptionError(f"method={record.name!r} is matrix-free; got jac={jac!r}."
+                                     if lookup(record.jac, "jacobian").matrix_free else
+                                     f"method={record.name!r} takes jac={record.jac!r}; got "
+                                     f"jac={jac!r}.", op=_ROOT_OP)
+        jac = record.jac
+    elif record.chord and jac in _solver_names("jacobian") \
+            and lookup(jac, "jacobian").matrix_free:
+        raise InvalidOptionError(f"method={record.name!r} keeps a factorization of the Jacobian: "
+                                 f"it needs jac='sparse', 'dense' or None, got jac={jac!r}.",
+                                 op=_ROOT_OP)
+    method = record.node_method or record.name
     return _root_call(fun, x0, args, _ROOT_OP, kind="root", method=method, jac=jac,
                       tol=tol, atol=atol, maxiter=maxiter, memory=0, throw=throw, jac0=jac0,
                       at_floor=bool(at_floor))
@@ -745,11 +731,11 @@ def fixed_point(f: Callable, x0, args=(), method: str = "anderson", memory: int 
     A `RootResult`, as for `root`; `residual` is `||f(x) - x||_inf`.
     """
     op = "optimize.fixed_point"
-    if not isinstance(method, str) or method.lower() not in ("anderson", "picard"):
-        raise InvalidOptionError(f"`method` must be 'anderson' or 'picard', got {method!r}.", op=op)
-    if method.lower() == "picard":
-        memory = 0
+    record = _root_method(method, "fixed_point", op)
+    if record.memory is not None:  # (picard: Anderson of depth 0)
+        memory = record.memory
     if not isinstance(memory, (int, np.integer)) or memory < 0:
         raise InvalidOptionError(f"`memory` must be an int >= 0, got {plain(memory)}.", op=op)
-    return _root_call(f, x0, args, op, kind="fixed_point", method="anderson", jac=jac,
+    return _root_call(f, x0, args, op, kind="fixed_point",
+                      method=record.node_method or record.name, jac=jac,
                       tol=tol, atol=atol, maxiter=maxiter, memory=int(memory), throw=throw)

@@ -402,8 +402,8 @@ def test_a_kept_factor_of_a_nearby_matrix_is_refined_or_replaced(distance, rng):
     b = rng.standard_normal(n)
     held = sdir.held()
     with sd.config.x64_scope():
-        (h,) = jax.jit(lambda d: sdir.factor("splu", pattern, d, uses=1))(A.data)
-        x = jax.jit(lambda h, d, b: sdir.solve("splu", pattern, (h,), d, b, False,
+        (h,) = jax.jit(lambda d: sdir.factor(pattern, d, uses=1))(A.data)
+        x = jax.jit(lambda h, d, b: sdir.solve(pattern, (h,), d, b, False,
                                                refine_above=1e-14))(h, B.data, b)
     np.testing.assert_allclose(B @ np.asarray(x), b, rtol=0, atol=1e-12)
     assert sdir.held() <= held  # its one use released it
@@ -415,7 +415,7 @@ def test_the_jax_level_newton_serves_other_nodes(rng):
     # will): the root of the 1-D diffusion, as `root` finds it
     import jax.numpy as jnp
 
-    from sciad.graph._sparsity import coloring
+    from sciad.solvers._coloring import coloring
     from sciad.solvers import _nonlinear
     from sciad._sparse_jacobian import _pattern
 

@@ -14,7 +14,7 @@ import scipy.sparse as sp
 import sciad as sd
 import sciad.numpy as snp
 from sciad.errors import InvalidOptionError, SparsityWarning
-from sciad.graph._sparsity import color_columns
+from sciad.solvers._coloring import color_columns
 
 
 def laplacian_pattern(m: int) -> np.ndarray:

@@ -35,10 +35,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import ShapeError, SparsityWarning
-# (the columns' coloring is numerical code with no graph: it lives with the
-# solvers, which use it too; re-exported here for the modules above that
-# import it from here)
-from ..solvers._coloring import color_columns, color_seeds, coloring  # noqa: F401
 from ._core import Graph, Literal, Node
 from ._interpret import Interpreter
 from ._types import AbstractType, BatchedType, FactorType, SparseType, TensorType

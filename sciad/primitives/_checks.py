@@ -43,9 +43,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import (IllConditionedWarning, NonFiniteError, NotPositiveDefiniteError,
-                      SingularMatrixError, StructureError)
+from ..errors import IllConditionedWarning, NonFiniteError, SingularMatrixError, StructureError
 from ..graph import Site
+from ..solvers._registry import lookup
 
 
 @functools.lru_cache(maxsize=None)
@@ -114,14 +114,9 @@ def judge_factor(site: Site, *, dtype, solver: str, tags=frozenset(), nonfinite=
                  min_diagonal=min_diagonal)
     if np.ndim(singular) == 0 and not singular:
         return
-    if np.any(singular):
-        if solver == "cholesky":
-            site.fail(NotPositiveDefiniteError,
-                      "the Cholesky factorization broke down: the matrix is not positive "
-                      "definite. Solve with solver='lu' if it is only symmetric.")
-        site.fail(SingularMatrixError,
-                  "the matrix is singular: the factorization found a zero pivot.",
-                  rcond=0.0)
+    if np.any(singular):  # as the solver's record words it
+        cls, message, extra = lookup(solver, "linear").breakdown
+        site.fail(cls, message, **extra)
 
 
 def judge_solve(site: Site, *, dtype, n: int, nonfinite=False, backward_error=0.0,

@@ -24,6 +24,10 @@ differentiated (with `constant=True`, as `SolveInfo.rcond` and
 `sd.linalg.cond(..., constant=True)`, its derivative is zero: a diagnostic,
 as under `stop_gradient`).
 
+`solver` names a record of `sciad.solvers` (`sciad.solvers._linear`): what
+it applies to, its factor layout, factorization and solves, where it runs,
+its checks and its cost; the rules here ask the record, never the name.
+
 `assume` is the structure a solve relies on (`"symmetric"` or `"spd"`, from
 `sd.linalg.solve`'s `assume=` and the matrix's tags): Cholesky reads one
 triangle of an `spd` matrix, and the symmetric iterative solvers take the
@@ -59,13 +63,12 @@ from ..graph._types import FactorType, Pattern, register_factor_layout
 from ..graph._params import shown_params
 from ..solvers._host import host_call
 from ..solvers._measures import ratio
+from ..solvers._linear import names_for
+from ..solvers._registry import lookup, records
 from ._checks import check, judge_factor, judge_matrix, judge_solve, refine_above, tie
 from ._map import columns_rule, map_rule, on_devices, reader_nodes
 from ._sparse import sparse_matmul_p, sparse_sddmm_p
 
-DENSE_DIRECT = solvers.dense.METHODS
-SPARSE_DIRECT = solvers.sparse_direct.METHODS
-ITERATIVE = solvers.iterative.METHODS
 PRECONDITIONERS = ("jacobi",)
 ASSUME = ("symmetric", "spd")
 
@@ -77,21 +80,22 @@ def _is_symmetric(t, assume: str | None = None) -> bool:
 
 
 def _check_matrix(a, b, solver: str, pattern, op: str, assume: str | None = None):
+    """The solver's record, after checking that it solves `a x = b`."""
+    record = lookup(solver, "linear", op=op)
     if isinstance(a, SparseType):
         if pattern != a.pattern:
             raise ShapeError(f"the matrix's pattern {a.pattern} differs from the node's "
                              f"`pattern` param {pattern}.", op=op)
-        kinds = SPARSE_DIRECT + ITERATIVE
+        matrix = "sparse"
     elif isinstance(a, TensorType):
         if pattern is not None:
             raise ShapeError("a dense matrix takes no `pattern` param.", op=op)
-        kinds = DENSE_DIRECT + ITERATIVE
+        matrix = "dense"
     else:
         raise DTypeError(f"`a` must be a dense or sparse matrix, got {a.str_short()}.", op=op)
-    if solver not in kinds:
-        raise InvalidOptionError(f"solver {solver!r} does not take a "
-                                 f"{'sparse' if isinstance(a, SparseType) else 'dense'} matrix; "
-                                 f"choose one of {', '.join(map(repr, kinds))}.", op=op)
+    if matrix not in record.matrices:
+        cls, msg = record.rejects(matrix=matrix, dtype=a.dtype, tags=frozenset())
+        raise cls(msg, op=op)
     if a.ndim != 2 or a.shape[0] != a.shape[1]:
         raise ShapeError(f"`a` must be a square matrix, got {a.str_short()}.", op=op)
     n = a.shape[0]
@@ -105,14 +109,10 @@ def _check_matrix(a, b, solver: str, pattern, op: str, assume: str | None = None
         raise DTypeError(f"solves need float or complex values, got {a.str_short()}.", op=op)
     if assume is not None and assume not in ASSUME:
         raise ShapeError(f"`assume` is 'symmetric' or 'spd', got {assume!r}.", op=op)
-    if solver == "cholesky" and a.dtype.kind == "c" and "hermitian" not in a.tags \
-            and "spd" not in a.tags and assume != "spd":
-        raise ShapeError("a complex Cholesky solve needs a Hermitian positive definite "
-                         "matrix (tag it `spd`).", op=op)
-    if solver in ITERATIVE and a.dtype.kind == "c":
-        raise DTypeError(f"the iterative solvers take real matrices, got {a.str_short()}; "
-                         f"use a direct solver ({', '.join(map(repr, DENSE_DIRECT if isinstance(a, TensorType) else SPARSE_DIRECT))}) "
-                         "for complex ones.", op=op)
+    why = record.rejects(matrix=matrix, dtype=a.dtype, shown=a.str_short(),
+                         tags=frozenset(a.tags) | ({assume} if assume else frozenset()))
+    if why is not None:
+        raise why[0](why[1], op=op)
     if isinstance(a, SparseType):
         empty_rows, empty_cols = a.pattern.empty_lines()
         if empty_rows.size or empty_cols.size:
@@ -121,6 +121,7 @@ def _check_matrix(a, b, solver: str, pattern, op: str, assume: str | None = None
             raise SingularMatrixError(
                 f"{a.str_short()} is structurally singular: {which} has no stored "
                 "entry.", op=op)
+    return record
 
 
 def _checks_on() -> bool:
@@ -189,19 +190,25 @@ def _measures(apply, x, b, anorm_inf):
 
 
 def _factor_layout(t: FactorType):
-    n = t.shape[0]
-    real = np.finfo(t.dtype).dtype
-    if t.method == "lu":
-        return (TensorType((n, n), t.dtype), TensorType((n,), np.int32), TensorType((), real))
-    if t.method == "cholesky":
-        return (TensorType((n, n), t.dtype), TensorType((), real))
-    if t.method == "splu":
-        return (TensorType((), np.int32),)
-    return (TensorType((t.pattern.nnz,), t.dtype),)  # spsolve: the matrix itself
+    # the solver's arrays; a dense factorization carries its condition estimate
+    record = lookup(t.method, "linear")
+    arrays = tuple(TensorType(shape, dtype)
+                   for shape, dtype in record.factor_layout(t.shape[0], t.dtype, t.pattern))
+    if not record.sparse:
+        arrays += (TensorType((), np.finfo(t.dtype).dtype),)
+    return arrays
 
 
-for _m in DENSE_DIRECT + SPARSE_DIRECT:
-    register_factor_layout(_m, _factor_layout)
+def _register_layouts() -> None:
+    """Tells `FactorType` how each direct solver's factor is held (for the
+    built-in ones at import; a solver registered later, when a node first
+    factors with it)."""
+    for record in records("linear"):
+        if record.direct:
+            register_factor_layout(record.name, _factor_layout)
+
+
+_register_layouts()
 
 
 _ZERO_TOKEN = np.zeros((), np.int32)
@@ -213,21 +220,22 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
     breakdown. A dense factorization carries its condition estimate."""
     dtype = np.dtype(a.dtype)
     tags = frozenset({assume} if assume else ())
-    if pattern is not None and solver == "splu":
+    record = lookup(solver, "linear")
+    if record.host_checks:  # checked in the host call that factors
         report = None
         if throw:
             report = functools.partial(judge_factor, site, dtype=dtype, solver=solver,
                                        tags=tags)
-        return solvers.sparse_direct.factor(solver, pattern, a, uses=uses,
-                                            assume=assume if throw else None, report=report)
-    if pattern is not None:  # spsolve: checked here, "factored" by every solve
-        (f,) = solvers.sparse_direct.factor(solver, pattern, a)
+        return record.factor(a, pattern=pattern, uses=uses, assume=assume if throw else None,
+                             report=report)
+    if record.sparse:  # (spsolve) checked here, "factored" by every solve
+        f = record.factor(a, pattern=pattern)
         if throw:
-            f = tie(f, check(judge_matrix, site, dtype=dtype, tags=tags,
-                             **_matrix_measures(a, pattern, assume)))
-        return (f,)
-    f = solvers.dense.factor(solver, a)
-    ok = solvers.dense.ok(solver, f)
+            f = (tie(f[0], check(judge_matrix, site, dtype=dtype, tags=tags,
+                                 **_matrix_measures(a, pattern, assume))), *f[1:])
+        return tuple(f)
+    f = record.factor(a)
+    ok = record.ok(f)
     measures = dict(singular=~ok, **_matrix_measures(a, None, assume))
     names = list(measures)
     real = np.finfo(dtype).dtype
@@ -237,7 +245,7 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
             judge_factor(site, dtype=dtype, solver=solver, tags=tags, **status)
         if status["singular"] or status["nonfinite"]:
             return 0.0
-        return solvers.dense.rcond_host(solver, m, float(anorm))
+        return record.rcond_host(m, float(anorm))
 
     def host(m, anorm, *vals):
         # one host call: LAPACK's condition estimate from the factor, and
@@ -275,19 +283,17 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
     tau = refine_above(dtype, n)
     eps = np.finfo(dtype).eps
     real = np.finfo(dtype).dtype
-    host_solver = pattern is not None and solver == "splu"
-    if host_solver and throw:
-        return solvers.sparse_direct.solve(
-            solver, pattern, factor, a, b, transpose, refine_above=tau,
-            estimate="always" if _checks_on() else "on_residual",
-            report=functools.partial(judge_solve, site, dtype=dtype, n=n))
-    if pattern is not None:
-        solve = functools.partial(solvers.sparse_direct.solve, solver, pattern, factor, a,
-                                  transpose=transpose)
+    record = lookup(solver, "linear")
+    if record.host_checks and throw:  # checked (and refined) in the host call
+        return record.solve(factor, a, b, pattern=pattern, transpose=transpose,
+                            refine_above=tau,
+                            estimate="always" if _checks_on() else "on_residual",
+                            report=functools.partial(judge_solve, site, dtype=dtype, n=n))
+    if record.sparse:
+        x = record.solve(factor, a, b, pattern=pattern, transpose=transpose)
     else:
         *f, rc = factor
-        solve = lambda v: solvers.dense.solve(solver, f, v, transpose)  # noqa: E731
-    x = solve(b)
+        x = record.solve(tuple(f), a, b, transpose=transpose)
     if not throw:
         return x
     apply = _matvec(a, pattern, transpose)
@@ -297,12 +303,12 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
     # (No refinement in the program: LU with partial pivoting and Cholesky are
     # backward stable, and a conditional second solve per solve doubled the
     # compile time of small programs; a sparse solve refines on the host.)
-    if pattern is None:
+    if not record.sparse:
         rcond = rc
-    else:  # spsolve: an estimate costs solves, only where the residual calls for one
+    else:  # (spsolve) an estimate costs solves, only where the residual calls for one
         rcond = jax.lax.cond(
             _checks_on() | ~(rel <= np.sqrt(eps)) | ~(eta <= tau) | nonfinite,
-            lambda: solvers.sparse_direct.rcond_estimate(solver, pattern, factor, a),
+            lambda: record.rcond(factor, a, pattern=pattern),
             lambda: jnp.asarray(np.nan, real))
     bad = nonfinite | ~(eta <= tau) | (rcond < eps)
     return tie(x, check(judge_solve, site, when=bad, dtype=dtype, n=n, nonfinite=nonfinite,
@@ -310,9 +316,10 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
 
 
 def _rcond_with(factor, a, *, solver, pattern):
-    if pattern is not None:
-        return solvers.sparse_direct.rcond_estimate(solver, pattern, factor, a)
-    return factor[-1]
+    record = lookup(solver, "linear")
+    if record.sparse:
+        return record.rcond(factor, a, pattern=pattern)
+    return factor[-1]  # (a dense factorization carries its estimate)
 
 
 # ---------------------------------------------------------------------------
@@ -366,7 +373,7 @@ def _derivative_params(params: dict, flip: bool) -> dict:
     symmetric iterative solve's adjoint is the solve itself."""
     out = dict(params, throw=True)
     symmetric = params.get("assume") in ASSUME
-    if flip and not (symmetric and params["solver"] in ITERATIVE):
+    if flip and not (symmetric and lookup(params["solver"], "linear").symmetric_adjoint):
         out["transpose"] = not params.get("transpose", False)
     return _clean(out)
 
@@ -404,9 +411,13 @@ _ASSUME = Param((str, None), default=None)
 _THROW = Param(bool, default=True)
 _TRANSPOSE = Param(bool, default=False)
 
-#: the direct solvers: a solve with one of them is a backsolve reading a
-#: factorization (`linalg.factor`), which `share_factors` shares
-FACTOR_METHODS = frozenset(DENSE_DIRECT + SPARSE_DIRECT)
+def _is_direct(solver) -> bool:
+    """Whether `solver` names a direct solver: a solve with one is a backsolve
+    reading a factorization (`linalg.factor`), which `share_factors` shares."""
+    try:
+        return lookup(solver, "linear").direct
+    except InvalidOptionError:
+        return False
 
 
 def _factor_params(params) -> dict:
@@ -419,7 +430,7 @@ def _factor_params(params) -> dict:
 
 def _solve_factored(params) -> Factored | None:
     # a direct solve is a backsolve with a factorization of its matrix
-    if params.get("solver") not in FACTOR_METHODS:
+    if not _is_direct(params.get("solver")):
         return None
     return Factored(linalg_factor_p, _factor_params(params), linalg_backsolve_p,
                     {k: v for k, v in params.items() if k in linalg_backsolve_p.params})
@@ -436,8 +447,8 @@ linalg_solve_p = Primitive("linalg.solve", runtime_checks=True, factored=_solve_
 @linalg_solve_p.def_abstract_eval
 def _solve_shape(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=None,
                  maxiter=None, preconditioner=None, throw=True, assume=None):
-    _check_matrix(a, b, solver, pattern, "linalg.solve", assume)
-    if solver in ITERATIVE:
+    record = _check_matrix(a, b, solver, pattern, "linalg.solve", assume)
+    if not record.direct:
         if rtol is None or atol is None or not (rtol >= 0 and atol >= 0) \
                 or rtol == atol == 0:
             raise InvalidOptionError(f"an iterative solve needs tolerances rtol >= 0 and "
@@ -479,7 +490,8 @@ def judge_krylov(site, *, dtype, solver: str, rtol: float, atol: float, maxiter,
 def _iterative_solve(matvec, a, b, *, solver, pattern, rtol, atol, maxiter, inv_diag,
                      throw, assume, site):
     x, ok, rel, steps = solvers.iterative.solve(
-        matvec, b, method=solver, rtol=rtol, atol=atol, maxiter=maxiter, inv_diag=inv_diag)
+        matvec, b, method=lookup(solver, "linear"), rtol=rtol, atol=atol, maxiter=maxiter,
+        inv_diag=inv_diag)
     if not throw:
         return x
     extra = {}
@@ -499,7 +511,7 @@ def _solve_impl(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=
     from ..graph import Site
 
     site = site or Site("linalg.solve")
-    if solver in ITERATIVE:
+    if not lookup(solver, "linear").direct:
         inv_diag = None
         if preconditioner == "jacobi":
             diag = a[pattern.diagonal_positions()] if pattern is not None else jnp.diagonal(a)
@@ -537,9 +549,6 @@ def _solve_transpose(ct, a, b, **params):
 # factorizations as values
 
 
-_HELD_ON_HOST = ("splu",)  # factorizations kept on the host, freed after their last use
-
-
 def _raises(reader) -> bool:
     """Whether a node reading a factorization raises on a bad one: its
     `throw` param (a condition estimate declares none and never raises)."""
@@ -564,7 +573,8 @@ def _factor_fit(params, readers, complete) -> dict:
     if complete and not any(_raises(u) for u in readers):
         params["throw"] = False
     params.pop("uses", None)
-    if params["solver"] in _HELD_ON_HOST and complete and not devices:
+    # (a factorization kept on the host is freed after its last use)
+    if lookup(params["solver"], "linear").held_on_host and complete and not devices:
         params["uses"] = len(readers)
     return params
 
@@ -577,10 +587,11 @@ linalg_factor_p = Primitive("linalg.factor", runtime_checks=True,
 
 @linalg_factor_p.def_abstract_eval
 def _factor_shape(a, *, solver, pattern=None, assume=None, throw=True, uses=None):
-    if solver not in FACTOR_METHODS:
+    if not lookup(solver, "linear", op="linalg.factor").direct:
         raise InvalidOptionError(f"{solver!r} is not a direct solver.", op="linalg.factor")
     _check_matrix(a, TensorType((a.shape[0],), a.dtype), solver, pattern, "linalg.factor",
                   assume)
+    register_factor_layout(solver, _factor_layout)  # (a solver registered after import)
     if uses is not None and (not isinstance(uses, int) or uses < 0):
         raise InvalidOptionError(f"`uses` is the number of solves reading the factor (an int >= 0) "
                                  f"or None, got {plain(uses)}.", op="linalg.factor")
@@ -663,7 +674,7 @@ _CONSTANT = Param(bool, default=False)
 def _rcond_factored(params) -> Factored | None:
     # the 1-norm estimate reads a factorization of the matrix; the inf-norm
     # one (of the transpose) and an exact condition number do not
-    if params.get("solver") not in FACTOR_METHODS or params.get("exact", False) \
+    if not _is_direct(params.get("solver")) or params.get("exact", False) \
             or params.get("norm", 1) != 1:
         return None
     fparams = _factor_params(params)
@@ -689,7 +700,7 @@ def _rcond_type(a) -> TensorType:
 @linalg_rcond_p.def_abstract_eval
 def _rcond_shape(a, *, solver, pattern=None, norm=1, exact=False, constant=False):
     op = "linalg.rcond"
-    if solver not in FACTOR_METHODS:
+    if not lookup(solver, "linear", op=op).direct:
         raise InvalidOptionError(f"a condition estimate factors the matrix: `solver` is a direct "
                                  f"solver, got {solver!r}.", op=op)
     _check_matrix(a, TensorType((a.shape[0],), a.dtype), solver, pattern, op)
@@ -794,9 +805,10 @@ def _solve_operator_shape(*args, graph, solver, rtol, atol, maxiter=None, transp
     _operator_check(graph, len(params), b, op)
     if tuple(params) != graph.in_types[:-1]:
         raise ShapeError("the operator's params do not match its matvec graph.", op=op)
-    if solver not in ITERATIVE:
+    if "operator" not in lookup(solver, "linear", op=op).matrices:
         raise InvalidOptionError(f"a matrix-free operator needs an iterative solver "
-                                 f"({', '.join(map(repr, ITERATIVE))}), got {solver!r}.", op=op)
+                                 f"({', '.join(map(repr, names_for('operator')))}), "
+                                 f"got {solver!r}.", op=op)
     if not (rtol >= 0 and atol >= 0) or rtol == atol == 0:
         raise InvalidOptionError(f"needs rtol >= 0 and atol >= 0, not both 0; got rtol={rtol}, "
                                  f"atol={atol}.", op=op)
@@ -921,20 +933,20 @@ def _solve_operator_transpose(ct, *args, **kw):
 
 
 def _factor_flops(n: int, solver: str, pattern) -> float:
+    """The solver's cost model: a factorization (dense, or sparse from the
+    pattern's LU fill)."""
     from ..graph._cost import sparse_lu_fill
 
-    if pattern is not None:
-        return sparse_lu_fill(pattern).flops
-    return (1.0 / 3.0 if solver == "cholesky" else 2.0 / 3.0) * n ** 3
+    fill = sparse_lu_fill(pattern) if pattern is not None else None
+    return lookup(solver, "linear").factor_flops(n, fill)
 
 
-def _per_rhs(n: int, pattern) -> float:
+def _per_rhs(n: int, solver: str, pattern) -> float:
+    """The solver's cost model: a solve with the factor, per right-hand side."""
     from ..graph._cost import sparse_lu_fill
 
-    if pattern is not None:
-        fill = sparse_lu_fill(pattern)
-        return 2.0 * (fill.nnz_l + fill.nnz_u)
-    return 2.0 * n * n
+    fill = sparse_lu_fill(pattern) if pattern is not None else None
+    return lookup(solver, "linear").solve_flops(n, fill)
 
 
 def _rhs(b, n: int) -> int:
@@ -943,9 +955,10 @@ def _rhs(b, n: int) -> int:
     return max(size(b.type) // max(n, 1), 1)
 
 
-def _iteration_flops(a, b, pattern) -> float:
+def _iteration_flops(solver: str, b, pattern) -> float:
     n = b.type.shape[0]
-    return (2.0 * (pattern.nnz if pattern is not None else n * n) + 10.0 * n) * _rhs(b, n)
+    matvec = 2.0 * (pattern.nnz if pattern is not None else n * n)
+    return lookup(solver, "linear").iteration_flops(n, matvec) * _rhs(b, n)
 
 
 @linalg_factor_p.def_cost
@@ -962,7 +975,7 @@ def _backsolve_cost(node, body):
 
     _, a, b = node.inputs
     n = a.type.shape[0]
-    return Cost(_per_rhs(n, node.params.get("pattern")) * _rhs(b, n))
+    return Cost(_per_rhs(n, node.params["solver"], node.params.get("pattern")) * _rhs(b, n))
 
 
 @linalg_solve_p.def_cost
@@ -972,12 +985,12 @@ def _solve_cost(node, body):
     p = node.params
     a, b = node.inputs
     n = a.type.shape[0]
-    if p["solver"] in ITERATIVE:
-        per = _iteration_flops(a, b, p.get("pattern"))
+    if not lookup(p["solver"], "linear").direct:
+        per = _iteration_flops(p["solver"], b, p.get("pattern"))
         return Cost(per, 0, f"per iteration ({_si(per)})")
     f = FactorType(a.type.shape, a.type.dtype, p["solver"], p.get("pattern"))
     return Cost(_factor_flops(n, p["solver"], p.get("pattern"))
-                + _per_rhs(n, p.get("pattern")) * _rhs(b, n), nbytes(f))
+                + _per_rhs(n, p["solver"], p.get("pattern")) * _rhs(b, n), nbytes(f))
 
 
 @linalg_solve_operator_p.def_cost
@@ -998,7 +1011,7 @@ def _rcond_cost(node, body):
     n = a.type.shape[0]
     p = node.params
     return Cost(_factor_flops(n, p["solver"], p.get("pattern"))
-                + 10 * _per_rhs(n, p.get("pattern")))
+                + 10 * _per_rhs(n, p["solver"], p.get("pattern")))
 
 
 @linalg_factor_rcond_p.def_cost
@@ -1006,7 +1019,7 @@ def _factor_rcond_cost(node, body):
     from ..graph._cost import Cost
 
     n = node.inputs[1].type.shape[0]
-    return Cost(10 * _per_rhs(n, node.params.get("pattern")))
+    return Cost(10 * _per_rhs(n, node.params["solver"], node.params.get("pattern")))
 
 
 # ---------------------------------------------------------------------------

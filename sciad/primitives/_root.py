@@ -25,6 +25,7 @@ converge has no derivative: with `throw=False`, the tangents pass through
 from __future__ import annotations
 
 import functools
+from typing import Any, NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -33,33 +34,30 @@ from ..errors import ConvergenceError, DTypeError, InvalidOptionError, ShapeErro
 from ..graph import Graph, Param, Primitive, TensorType, Zero, is_zero
 from ..graph._autodiff import jvp_eval, needs_ct, type_of
 from ..graph._types import Pattern
+from ..solvers._registry import lookup
 from ._checks import check, tie
 
 KINDS = ("root", "fixed_point")
-METHODS = {"root": ("newton", "chord"), "fixed_point": ("anderson",)}
-JACOBIANS = ("sparse", "dense", "gmres")
-#: relative tolerance of the matrix-free (GMRES) solves: of Newton-Krylov's
-#: steps (inexact Newton), and of the derivatives (which need it tight)
-KRYLOV_STEP_RTOL = 1e-6
-KRYLOV_DERIVATIVE_RTOL = 1e-12
 
 root_p = Primitive("optimize.root", multiple_results=True, runtime_checks=True, params={
-    "graph": Graph, "kind": str, "method": str, "jac": str,
+    "body": Graph, "kind": str, "method": str, "jac": str,
     "pattern": Param((Pattern, None), default=None), "colors": Param(int, default=0),
     "tol": float, "atol": float, "maxiter": int, "memory": Param(int, default=0),
     "throw": Param(bool, default=True), "uses": Param((int, None), default=None),
     "jac0": Param(bool, default=False), "at_floor": Param(bool, default=False)},
     fit_to_readers=lambda params, readers, complete: _root_fit(params, readers, complete))
-#: `graph`: the residual (kind "root") or the fixed-point map (kind
-#: "fixed_point") as a closed body `(*consts, x) -> (F,)`; `jac`: how Newton's
-#: systems and the derivatives' are solved; `pattern` (with `jac="sparse"`):
-#: the Jacobian's structure detected from `graph`, `colors` its number of
-#: colors (JVPs per Jacobian). With a sparse Jacobian the node has a fifth
-#: output, the factorization of the last Newton iteration's Jacobian (held
+#: `body`: the residual (kind "root") or the fixed-point map (kind
+#: "fixed_point") as a closed body `(*consts, x) -> (F,)`; `method`: a root
+#: method record's name (`sciad.solvers._root_methods`); `jac`: how Newton's
+#: systems and the derivatives' are solved (a Jacobian record's name);
+#: `pattern` (with a sparse Jacobian): the Jacobian's structure detected from
+#: `body`, `colors` its number of colors (JVPs per Jacobian). With a Jacobian
+#: that keeps its factor the node has a fifth output (`RootOutputs.factor`),
+#: the factorization of the last Newton iteration's Jacobian (held
 #: on the host), which the derivatives' solves with the Jacobian at the root
 #: read and refine (`linalg.backsolve`); `uses`, set by `share_factors`, is
 #: how many of them do (0: none, so the loop keeps no factorization);
-#: `jac0` (the chord method): the last operand, after `x0`, is the matrix
+#: `jac0` (the chord method): the last operand (`RootOperands.jac0`), after `x0`, is the matrix
 #: its first iterations solve with (a sparse Jacobian's values on `pattern`,
 #: or a dense `(n, n)` array), which carries no derivative; `at_floor`: a
 #: solve that stalls with ||F|| at its measured rounding floor has converged
@@ -67,24 +65,53 @@ root_p = Primitive("optimize.root", multiple_results=True, runtime_checks=True, 
 #: tighter than rounding allows: an implicit ODE stage's)
 
 
-def operands(args, jac0: bool = False):
-    """`(consts, x0, jac0 or None)` of a root node's operands."""
+class RootOperands(NamedTuple):
+    """A root node's operands, named: `(*consts, x0[, jac0])`."""
+
+    consts: list
+    x0: Any
+    jac0: Any = None  # (the `jac0` param) the chord's first matrix
+
+
+def operands(args, jac0: bool = False) -> RootOperands:
+    """The `RootOperands` of a root node's operands."""
     if jac0:
         *consts, x0, j0 = args
-        return consts, x0, j0
+        return RootOperands(consts, x0, j0)
     *consts, x0 = args
-    return consts, x0, None
+    return RootOperands(consts, x0)
+
+
+class RootOutputs(NamedTuple):
+    """A root node's outputs, named: the root, the iteration count, `||F||_inf`,
+    the status code (`sciad.solvers._nonlinear.STATUS`) and, for a Jacobian
+    record that `keeps_factor`, the last Newton factorization."""
+
+    x: Any
+    nit: Any
+    residual: Any
+    status: Any
+    factor: Any = None
+
+    @classmethod
+    def of(cls, outs) -> "RootOutputs":
+        return cls(*outs)
+
+    def flat(self) -> tuple:
+        """The node's outputs (without an absent factor)."""
+        return tuple(self) if self.factor is not None else tuple(self)[:4]
 
 
 @root_p.def_abstract_eval
-def _root_shape(*args, graph, kind, method, jac, pattern=None, colors=0, tol, atol, maxiter,
+def _root_shape(*args, body, kind, method, jac, pattern=None, colors=0, tol, atol, maxiter,
                 memory=0, throw=True, uses=None, jac0=False, at_floor=False):
     op = "optimize.root"
+    graph = body
     consts, x, j0 = operands(args, jac0)
-    if kind not in KINDS or method not in METHODS[kind]:
+    record = lookup(method, "root", op=op, what="root method")
+    if kind not in KINDS or record.kind != kind or record.node_method is not None:
         raise InvalidOptionError(f"unknown kind/method {kind!r}/{method!r}.", op=op)
-    if jac not in JACOBIANS:
-        raise InvalidOptionError(f"`jac` must be one of {JACOBIANS}, got {jac!r}.", op=op)
+    jrec = lookup(jac, "jacobian", op=op, what="`jac`")
     if not isinstance(x, TensorType) or x.dtype.kind != "f":
         raise DTypeError(f"`x0` must be a real float array, got {x.str_short()}.", op=op)
     if tuple(graph.in_types) != tuple(consts) + (x,):
@@ -94,40 +121,40 @@ def _root_shape(*args, graph, kind, method, jac, pattern=None, colors=0, tol, at
         raise ShapeError(f"`fun` must return one array of x's size and dtype "
                          f"({x.size} elements of {x.dtype}), got "
                          f"{', '.join(t.str_short() for t in graph.out_types)}.", op=op)
-    if method == "chord" and jac == "gmres":
-        raise InvalidOptionError("the chord method keeps a factorization: it needs jac='sparse' or "
-                                 "'dense', got jac='gmres'.", op=op)
-    if jac == "sparse" and (pattern is None or pattern.shape != (x.size, x.size)):
+    if record.chord and jrec.matrix_free:
+        raise InvalidOptionError(f"the chord method keeps a factorization: it needs a Jacobian "
+                                 f"that is factored, got jac={jac!r}.", op=op)
+    if jrec.sparse and (pattern is None or pattern.shape != (x.size, x.size)):
         raise ShapeError(f"a sparse Jacobian needs a ({x.size}, {x.size}) pattern, got "
                          f"{pattern!r}.", op=op)
     if jac0:
-        want = TensorType((pattern.nnz,) if jac == "sparse" else (x.size, x.size), x.dtype)
-        if method != "chord" or j0 != want:
+        want = TensorType((pattern.nnz,) if jrec.sparse else (x.size, x.size), x.dtype)
+        if not record.takes_jac0 or j0 != want:
             raise ShapeError(f"`jac0` starts the chord method with a matrix: it needs "
                              f"method='chord' and {want.str_short()} (the Jacobian's "
-                             f"{'values' if jac == 'sparse' else 'entries'}), got "
+                             f"{'values' if jrec.sparse else 'entries'}), got "
                              f"method={method!r} and {j0.str_short()}.", op=op)
     if not (tol >= 0 and atol >= 0) or tol == atol == 0 or maxiter < 0 or memory < 0:
         raise InvalidOptionError(f"needs tol >= 0 and atol >= 0 (not both 0), maxiter >= 0 and "
                                  f"memory >= 0; got tol={tol}, atol={atol}, maxiter={maxiter}, "
                                  f"memory={memory}.", op=op)
     i32 = TensorType((), np.dtype(np.int32))
-    outs = (x, i32, TensorType((), x.dtype), i32)
-    if _keeps_factor(kind, jac):
-        outs += (_factor_type(pattern, x.dtype),)
-    return outs
+    factor = _factor_type(jac, pattern, x.dtype) if _keeps_factor(method, jac) else None
+    return RootOutputs(x, i32, TensorType((), x.dtype), i32, factor).flat()
 
 
-def _keeps_factor(kind: str, jac: str) -> bool:
-    return kind == "root" and jac == "sparse"
+def _keeps_factor(method: str, jac: str) -> bool:
+    """Whether a root node has the `factor` output: a Newton-like method with a
+    Jacobian record that keeps its factorization."""
+    return lookup(method, "root").uses_jacobian and lookup(jac, "jacobian").keeps_factor
 
 
-def _factor_type(pattern: Pattern, dtype):
+def _factor_type(jac: str, pattern: Pattern, dtype):
     from ..graph import SparseType
     from ._linalg import linalg_factor_p
 
-    (t,) = linalg_factor_p.abstract_eval(SparseType(pattern, dtype), solver="splu",
-                                         pattern=pattern)
+    (t,) = linalg_factor_p.abstract_eval(SparseType(pattern, dtype),
+                                         solver=lookup(jac, "jacobian").solver, pattern=pattern)
     return t
 
 
@@ -155,7 +182,8 @@ def _newton_graphs(graph: Graph, kind: str, jac: str, pattern: Pattern | None):
 
     flat = _flat_body(graph, kind)
     types = flat.in_types
-    if jac == "gmres":
+    jrec = lookup(jac, "jacobian")
+    if jrec.matrix_free:
         def fn(*a):
             *args, v = a
             return [_jvp_in_x(flat, list(args), v)]
@@ -165,7 +193,7 @@ def _newton_graphs(graph: Graph, kind: str, jac: str, pattern: Pattern | None):
         def fn(*a):
             J = jacobian_at(graph, _unflat_x(graph, list(a)), kind=kind, jac=jac,
                             pattern=pattern)
-            return [sparse.data(J) if jac == "sparse" else J]
+            return [sparse.data(J) if jrec.sparse else J]
 
         jgraph = trace_flat(fn, tuple(types), name="jacobian")[0]
     return flat, jgraph
@@ -175,23 +203,6 @@ def _unflat_x(graph: Graph, args: list) -> list:
     from .. import numpy as snp
 
     return args[:-1] + [snp.reshape(args[-1], graph.inputs[-1].type.shape)]
-
-
-def linear_solver(jac: str, pattern: Pattern | None, jacobian, x, uses: int | None = None,
-                  chord: bool = False, start=None):
-    """The `LinearSolve` Newton uses for `jac`, given the lowered graph
-    `jacobian` of `_newton_graphs` (on the node's consts), for the flat
-    unknowns `x`; `chord`: it keeps its factorization over iterations;
-    `start`: the matrix a chord's first iterations solve with."""
-    from ..solvers import _nonlinear
-
-    if jac == "sparse":
-        return _nonlinear.sparse_lu(pattern, lambda x: jacobian(x)[0], x.dtype,
-                                    keep=uses != 0, uses=uses, chord=chord, start=start)
-    if jac == "dense":
-        return _nonlinear.dense_lu(lambda x: jacobian(x)[0], x.shape[0], x.dtype, chord=chord,
-                                   start=start)
-    return _nonlinear.gmres(lambda x, v: jacobian(x, v)[0], KRYLOV_STEP_RTOL)
 
 
 #: a stalled solve's ||F|| within this factor of its measured rounding
@@ -212,14 +223,10 @@ def judge_root(site, *, status, nit, residual, goal, floor, kind, method, jac, m
     if status == 0:
         return
     residual, goal, floor = float(residual), float(goal), float(floor)
-    what = {"newton": f"Newton's method ({jac} Jacobian)",
-            "chord": f"the chord method ({jac} Jacobian)",
-            "anderson": "the Anderson-accelerated fixed-point iteration"}[method]
+    record = lookup(method, "root")
+    what = record.describe(jac)
     advice = {
-        1: (f"Raise `maxiter` (it is {maxiter}), start closer to the root, or loosen `tol`."
-            if method != "anderson" else
-            f"Raise `maxiter` (it is {maxiter}); a fixed-point iteration converges only "
-            "linearly, at the rate of the map's contraction."),
+        1: record.maxiter_advice(maxiter),
         2: "The Jacobian is singular at an iterate: the root may be singular (a Jacobian "
            "without full rank: a missing equation or boundary condition), there may be no "
            "root near `x0`, or an iterate hit a critical point of `fun`; check `fun`, or "
@@ -255,13 +262,13 @@ def judge_root(site, *, status, nit, residual, goal, floor, kind, method, jac, m
 
 
 @root_p.def_impl
-def _root_impl(*args, graph, kind, method, jac, pattern=None, colors=0, tol, atol, maxiter,
+def _root_impl(*args, body, kind, method, jac, pattern=None, colors=0, tol, atol, maxiter,
                memory=0, throw=True, uses=None, jac0=False, at_floor=False, site=None):
     import jax.numpy as jnp
 
     from ..graph import Site, lower
-    from ..solvers import _nonlinear
 
+    graph = body
     consts, x0, j0 = operands(args, jac0)
     flat, jgraph = _newton_graphs(graph, kind, jac, pattern)
     residual, jacobian = lower(flat), lower(jgraph)
@@ -271,14 +278,14 @@ def _root_impl(*args, graph, kind, method, jac, pattern=None, colors=0, tol, ato
         return residual(*consts, x)[0]
 
     x = jnp.reshape(x0, (-1,))
-    if kind == "root":
-        linear = linear_solver(jac, pattern, lambda *a: jacobian(*consts, *a), x, uses=uses,
-                               chord=method == "chord", start=j0)
-        res = _nonlinear.newton(F, x, linear, tol=tol, atol=atol, maxiter=maxiter,
-                                at_floor=at_floor)
-    else:  # the map G(x) = F(x) + x
-        res = _nonlinear.anderson(lambda x: F(x) + x, x, memory=memory, tol=tol, atol=atol,
-                                  maxiter=maxiter, at_floor=at_floor)
+    record = lookup(method, "root")
+    linear = None
+    if record.uses_jacobian:
+        linear = lookup(jac, "jacobian").linear_solve(
+            lambda *a: jacobian(*consts, *a), pattern=pattern, x=x, uses=uses,
+            chord=record.chord, start=j0)
+    res = record.run(F, x, linear=linear, tol=tol, atol=atol, maxiter=maxiter, memory=memory,
+                     at_floor=at_floor)
     out = jnp.reshape(res.x, shape)
     if throw:
         out = tie(out, check(judge_root, site or Site("optimize.root"),
@@ -286,10 +293,8 @@ def _root_impl(*args, graph, kind, method, jac, pattern=None, colors=0, tol, ato
                              residual=res.residual, goal=res.goal, floor=res.floor,
                              kind=kind, method=method,
                              jac=jac, maxiter=maxiter, tol=tol, dtype=np.dtype(x0.dtype)))
-    outs = (out, res.nit, res.residual, res.status)
-    if _keeps_factor(kind, jac):
-        outs += ((res.aux,),)
-    return outs
+    factor = (res.aux,) if _keeps_factor(method, jac) else None
+    return RootOutputs(out, res.nit, res.residual, res.status, factor).flat()
 
 
 # ---------------------------------------------------------------------------
@@ -302,20 +307,22 @@ def jacobian_at(graph: Graph, args: list, *, kind: str, jac: str, pattern):
     (see `apply_inverse`)."""
     from .. import numpy as snp
     from .._sparse_jacobian import Structure, emit
-    from ..graph._sparsity import coloring
+    from ..solvers._coloring import coloring
 
     x = args[-1]
     n = int(np.prod(x.shape, dtype=np.int64))
     flat = _flat_body(graph, kind)
     fargs = list(args[:-1]) + [snp.reshape(x, (n,))]
-    if jac == "sparse":
+    jrec = lookup(jac, "jacobian")
+    if jrec.matrix_free:
+        return None
+    if jrec.sparse:
         return emit(flat, fargs, len(fargs) - 1, Structure(pattern, coloring(pattern), False))
-    if jac == "dense":  # one batched JVP over the unit vectors
-        from .._transforms import jacfwd
-        from ..graph._body import inline
+    # dense: one batched JVP over the unit vectors
+    from .._transforms import jacfwd
+    from ..graph._body import inline
 
-        return jacfwd(lambda xf: inline(flat, fargs[:-1] + [xf])[0])(fargs[-1])
-    return None
+    return jacfwd(lambda xf: inline(flat, fargs[:-1] + [xf])[0])(fargs[-1])
 
 
 def _jvp_in_x(flat: Graph, fargs: list, v):
@@ -360,14 +367,15 @@ def apply_inverse(graph: Graph, consts: list, x, rhs, *, kind: str, jac: str, pa
     from ._linalg import linalg_backsolve_p
 
     n = rhs.shape[0]
+    jrec = lookup(jac, "jacobian")
     J = jacobian_at(graph, list(consts) + [x], kind=kind, jac=jac, pattern=pattern)
     if J is not None and factor is not None:
-        params = {"solver": "splu", "pattern": pattern}
+        params = {"solver": jrec.solver, "pattern": pattern}
         if transpose:
             params["transpose"] = True
         return linalg_backsolve_p.bind(factor, J, rhs, **params)
     if J is not None:
-        return linalg.solve(J.T if transpose else J, rhs)
+        return linalg.solve(J.T if transpose else J, rhs, solver=jrec.solver)
     flat = _flat_body(graph, kind)
     fargs = list(consts) + [snp.reshape(x, (n,))]
 
@@ -377,31 +385,32 @@ def apply_inverse(graph: Graph, consts: list, x, rhs, *, kind: str, jac: str, pa
         return _jvp_in_x(flat, fargs, v)
 
     op = linalg.operator(matvec, (n, n), rhs.dtype)
-    return linalg.solve(op, rhs, solver="gmres", tol=KRYLOV_DERIVATIVE_RTOL)
+    return linalg.solve(op, rhs, solver=jrec.solver, tol=jrec.derivative_rtol)
 
 
 @root_p.def_jvp
 def _root_jvp(primals, tangents, **params):
     from .. import numpy as snp
 
-    consts, _, _ = operands(primals, params.get("jac0", False))
+    consts = operands(primals, params.get("jac0", False)).consts
     # (the root does not depend on where the iteration starts, nor on jac0)
     dconsts = tangents[:len(consts)]
     outs = root_p.bind(*primals, **params)
-    x, _, _, status, *factor = outs
-    zeros_out = [Zero(type_of(o).update()) for o in outs[1:]]
+    o = RootOutputs.of(outs)
+    x = o.x
+    zeros_out = [Zero(type_of(v).update()) for v in outs[1:]]
     if all(is_zero(t) for t in dconsts):
         return outs, [Zero(type_of(x).update())] + zeros_out
-    graph, kind = params["graph"], params["kind"]
+    graph, kind = params["body"], params["kind"]
     n = int(np.prod(x.shape, dtype=np.int64))
     # dF = (dF/dconsts) dconsts at the root (for G: the same, as x does not move)
     _, (dF,) = jvp_eval(graph, [*consts, x], [*dconsts, Zero(type_of(x).update())])
     if is_zero(dF):
         return outs, [Zero(type_of(x).update())] + zeros_out
     if not params.get("throw", True):
-        dF = root_guard_p.bind(status, dF)
+        dF = root_guard_p.bind(o.status, dF)
     dx = apply_inverse(graph, consts, x, snp.reshape(dF, (n,)), kind=kind, jac=params["jac"],
-                       pattern=params.get("pattern"), factor=factor[0] if factor else None)
+                       pattern=params.get("pattern"), factor=o.factor)
     return outs, [snp.reshape(-dx, x.shape)] + zeros_out
 
 
@@ -411,19 +420,19 @@ def _root_vjp(primals, outs, cts, **params):
     from .. import numpy as snp
     from ..graph._autodiff import vjp_eval
 
-    consts, _, _ = operands(primals, params.get("jac0", False))
-    x, _, _, status, *factor = outs
-    ct = cts[0]
+    consts = operands(primals, params.get("jac0", False)).consts
+    o = RootOutputs.of(outs)
+    x = o.x
+    ct = RootOutputs.of(cts).x
     none = [None] * len(primals)
     if is_zero(ct) or not any(needs_ct(c) for c in consts):
         return none
-    graph, kind = params["graph"], params["kind"]
+    graph, kind = params["body"], params["kind"]
     if not params.get("throw", True):
-        ct = root_guard_p.bind(status, ct)
+        ct = root_guard_p.bind(o.status, ct)
     n = int(np.prod(x.shape, dtype=np.int64))
     lam = apply_inverse(graph, consts, x, snp.reshape(ct, (n,)), kind=kind, jac=params["jac"],
-                        pattern=params.get("pattern"), transpose=True,
-                        factor=factor[0] if factor else None)
+                        pattern=params.get("pattern"), transpose=True, factor=o.factor)
     _, backward = vjp_eval(graph, [*consts, x], [needs_ct(c) for c in consts] + [False])
     back = backward([snp.reshape(lam, x.shape)])[:-1]
     return [None if is_zero(b) or not needs_ct(c) else -b
@@ -450,7 +459,7 @@ def _root_sparsity(outs, *deps, **params):
     rest = dense_all(outs[1:], Deps(empty(1, N), (1,)), *consts)
     eye = sp.csr_matrix((np.ones(m, bool), (np.arange(m), N + np.arange(m))),
                         shape=(m, N + m))
-    (f,) = sparsity_eval(params["graph"], [pad_columns(c, m) for c in consts]
+    (f,) = sparsity_eval(params["body"], [pad_columns(c, m) for c in consts]
                          + [Deps(eye, x0.shape)])
     q, closure = _bool(f.matrix[:, :N]), _bool(f.matrix[:, N:] + sp.eye(m, dtype=bool))
     while True:  # squaring: paths of twice the length each time
@@ -573,21 +582,18 @@ def _root_cost(node, body):
     from ._linalg import _factor_flops, _per_rhs
 
     p = node.params
-    F = body(p["graph"])
-    n = node.inputs[len(node.inputs) - 1 - p.get("jac0", False)].type.size
-    if p["kind"] == "fixed_point":
+    F = body(p["body"])
+    n = operands(node.inputs, p.get("jac0", False)).x0.type.size
+    if not lookup(p["method"], "root").uses_jacobian:  # (Anderson)
         per = F.flops + 10.0 * n * max(p.get("memory", 0), 1)
         return Cost(per, F.peak, f"per iteration ({_si(per)})")
     jvp = 3.0 * F.flops  # a JVP of the residual: about three evaluations
-    if p["jac"] == "sparse":
-        pattern = p["pattern"]
-        per = 2.0 * F.flops + p["colors"] * jvp + _factor_flops(n, "lu", pattern) \
-            + _per_rhs(n, pattern)
-        temp = nbytes(node.outputs[-1].type)
-    elif p["jac"] == "dense":
-        per = 2.0 * F.flops + n * jvp + _factor_flops(n, "lu", None) + _per_rhs(n, None)
-        temp = 8 * n * n
-    else:
-        per = 2.0 * F.flops + 20 * (jvp + 10.0 * n)
-        temp = 0
+    jrec = lookup(p["jac"], "jacobian")
+    pattern = p.get("pattern")
+    factor = solve = 0.0
+    if lookup(jrec.solver, "linear").direct:
+        factor, solve = _factor_flops(n, jrec.solver, pattern), _per_rhs(n, jrec.solver, pattern)
+    per = 2.0 * F.flops + jrec.step_flops(n, jvp, p.get("colors", 0), factor, solve)
+    factor_out = RootOutputs.of(node.outputs).factor
+    temp = jrec.temp_bytes(n, 0 if factor_out is None else nbytes(factor_out.type))
     return Cost(per, temp + F.peak, f"per Newton iteration ({_si(per)})")

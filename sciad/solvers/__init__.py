@@ -1,12 +1,56 @@
-"""Numerical backends that lowering calls: plain JAX code, no graphs.
+"""Numerical backends that lowering calls: plain JAX/SciPy code, no graphs.
 
-Each solver returns its result together with what a caller needs to detect
-failure (pivots, residuals, iteration counts); turning that into an error is
-the primitives' business.
+Each solver is a record in one file, registered here by name (see
+`_registry`); the graph param that picks it stays the name. Each solver
+returns its result together with what a caller needs to detect failure
+(pivots, residuals, iteration counts); turning that into an error is the
+primitives' business.
+
+Adding a solver: one file with its record (an `AbstractDirectSolver` or
+`AbstractIterativeSolver` of `_linear`, a root method of `_root_methods`)
+and one `register(...)` line below.
 """
 
 from . import _dense as dense
 from . import _iterative as iterative
 from . import _sparse_direct as sparse_direct
+from ._anderson import Anderson
+from ._bicgstab import BiCGStab
+from ._cg import CG
+from ._cholesky import Cholesky
+from ._chord import Chord
+from ._gmres import GMRES
+from ._jacobian_dense import DenseJacobian
+from ._jacobian_gmres import GMRESJacobian
+from ._jacobian_sparse import SparseJacobian
+from ._lu import LU
+from ._newton import Newton
+from ._newton_krylov import NewtonKrylov
+from ._picard import Picard
+from ._registry import lookup, names, records, register, unregister
+from ._splu import SuperLU
+from ._spsolve import SpSolve
 
-__all__ = ["dense", "iterative", "sparse_direct"]
+# linear solvers, in the order error messages list them
+register(LU())
+register(Cholesky())
+register(SuperLU())
+register(SpSolve())
+register(CG())
+register(GMRES())
+register(BiCGStab())
+
+# root methods (and the names `sd.optimize.root` / `fixed_point` take for them)
+register(Newton())
+register(Chord())
+register(NewtonKrylov())
+register(Anderson())
+register(Picard())
+
+# how a root's Jacobian is formed and solved
+register(SparseJacobian())
+register(DenseJacobian())
+register(GMRESJacobian())
+
+__all__ = ["dense", "iterative", "sparse_direct", "lookup", "names", "records", "register",
+           "unregister"]

@@ -1,5 +1,6 @@
-"""Krylov solvers on a matrix-free `matvec`: CG and GMRES through lineax,
-BiCGStab here, each with an optional Jacobi (diagonal) preconditioner.
+"""The machinery of the Krylov solvers on a matrix-free `matvec` (the records
+`_cg.py` and `_gmres.py`, through lineax, and `_bicgstab.py`), each with an
+optional Jacobi (diagonal) preconditioner.
 
 `solve` returns `(x, converged, relative_residual, steps)`; it never raises.
 Converged means `||A x - b||_2 <= rtol ||b||_2 + atol` with everything
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 import lineax as lx
 from jax import lax
 
-METHODS = ("cg", "gmres", "bicgstab")
+from ._registry import lookup
 
 _HIGHEST = lax.Precision.HIGHEST
 
@@ -54,7 +55,7 @@ def _exponent(v):
     return jnp.where(jnp.isfinite(m) & (m > 0), e, 0), m == 0
 
 
-def _bicgstab(op: Callable, u, tol, maxiter: int, restarts: int = 3):
+def bicgstab(op: Callable, u, tol, maxiter: int, restarts: int = 3):
     """BiCGStab (van der Vorst 1992) for `op(z) = u` from `z = 0`, until
     `||u - op(z)||_2 <= tol`; returns `(z, steps)`.
 
@@ -115,13 +116,11 @@ def _bicgstab(op: Callable, u, tol, maxiter: int, restarts: int = 3):
     return z, steps
 
 
-def _krylov(method: str, op: Callable, u, rtol: float, tol, maxiter: int | None,
-            precond):
-    """Solves `op(y) = u` (`u` of order 1) to `||u - op(y)|| <= tol`;
-    returns `(y, steps)`. `precond` is CG's (left) preconditioner."""
-    maxiter = 10 * u.size if maxiter is None else maxiter
-    if method == "bicgstab":
-        return _bicgstab(op, u, tol, maxiter)
+def lineax_solve(solver_cls, op: Callable, u, rtol: float, tol, maxiter: int, *,
+                 tags=(), precond=None):
+    """Solves `op(y) = u` to `||u - op(y)||_2 <= tol` with lineax's
+    `solver_cls` (`lx.CG`, `lx.GMRES`); returns `(y, steps)`. `tags`: the
+    operator's lineax tags; `precond`: a left preconditioner's diagonal (PSD)."""
     # lineax's test is elementwise, `|r_i| <= atol + rtol |u_i|` for all i
     # (and `|diff_i| <= atol + rtol |y_i|` for its last step). With
     # atol = tol / (2 sqrt(n)) and rtol / 2 the right-hand sides have a 2-norm
@@ -129,24 +128,18 @@ def _krylov(method: str, op: Callable, u, rtol: float, tol, maxiter: int | None,
     # test (no false success), and a residual spread evenly meets it at about
     # ||r|| = tol/2. atol > 0 even where u_i = 0 (a localized source).
     n = u.size
-    kwargs = dict(rtol=rtol / 2, atol=tol / (2 * n**0.5), max_steps=maxiter)
+    solver = solver_cls(rtol=rtol / 2, atol=tol / (2 * n**0.5), max_steps=maxiter)
     struct = jax.ShapeDtypeStruct(u.shape, u.dtype)
+    operator = lx.FunctionLinearOperator(op, struct, tags=tags)
     options = {}
-    if method == "cg":
-        psd = (lx.positive_semidefinite_tag, lx.symmetric_tag)
-        operator = lx.FunctionLinearOperator(op, struct, tags=psd)
-        solver = lx.CG(**kwargs)
-        if precond is not None:
-            options["preconditioner"] = lx.TaggedLinearOperator(
-                lx.DiagonalLinearOperator(precond), lx.positive_semidefinite_tag)
-    else:
-        operator = lx.FunctionLinearOperator(op, struct)
-        solver = lx.GMRES(**kwargs)
+    if precond is not None:
+        options["preconditioner"] = lx.TaggedLinearOperator(
+            lx.DiagonalLinearOperator(precond), lx.positive_semidefinite_tag)
     sol = lx.linear_solve(operator, u, solver, options=options, throw=False)
     return sol.value, sol.stats["num_steps"]
 
 
-def _solve_vector(matvec: Callable, b, method: str, rtol: float, atol: float,
+def _solve_vector(matvec: Callable, b, method, rtol: float, atol: float,
                   maxiter: int | None, inv_diag):
     e_b, b_zero = _exponent(b)
     u = b * _pow2(-e_b, b.dtype)
@@ -154,7 +147,7 @@ def _solve_vector(matvec: Callable, b, method: str, rtol: float, atol: float,
     # `y = M z`, so that the residual they test is the true one (lineax's
     # GMRES tests `M r` against a scale made from `b`). CG needs a
     # symmetric preconditioner and takes it on the left.
-    right = inv_diag if method != "cg" else None
+    right = None if method.left_preconditioned else inv_diag
 
     def precondition(z):
         return z if right is None else right * z
@@ -168,8 +161,10 @@ def _solve_vector(matvec: Callable, b, method: str, rtol: float, atol: float,
     unorm = jnp.linalg.norm(u)
     atol_u = atol * _pow2(-e_b, b.dtype)  # inf if it overflows: then any x does
     tol = rtol * unorm + atol_u
-    left = None if method != "cg" or inv_diag is None else inv_diag * _pow2(e_a, b.dtype)
-    z, steps = _krylov(method, op, u, rtol, tol, maxiter, left)
+    left = None if not method.left_preconditioned or inv_diag is None \
+        else inv_diag * _pow2(e_a, b.dtype)
+    z, steps = method.krylov(op, u, rtol, tol, 10 * u.size if maxiter is None else maxiter,
+                             left)
     y = precondition(z)
     # x = s k y = y 2**d, |d| <= 2044: two normal factors with exponents of
     # one sign, so the product is exact unless x itself over- or underflows.
@@ -188,11 +183,13 @@ def _solve_vector(matvec: Callable, b, method: str, rtol: float, atol: float,
             jnp.where(b_zero, 0, steps).astype(jnp.int32))
 
 
-def solve(matvec: Callable, b, *, method: str, rtol: float, atol: float,
+def solve(matvec: Callable, b, *, method, rtol: float, atol: float,
           maxiter: int | None, inv_diag=None):
-    """Solves `matvec(x) = b` for `b` of shape `(n,)` or `(n, k)`."""
-    if method not in METHODS:
-        raise ValueError(f"unknown iterative method {method!r}; choose one of {METHODS}.")
+    """Solves `matvec(x) = b` for `b` of shape `(n,)` or `(n, k)` with the
+    Krylov method `method` (an `AbstractIterativeSolver`, or its name)."""
+    if isinstance(method, str):
+        method = lookup(method, "linear")
+    assert not method.direct, f"{method.name!r} is not an iterative solver"
     if b.shape[0] == 0:  # a system of no unknowns: solved, in no steps (NumPy's answer)
         zero = jnp.zeros((), b.real.dtype)
         return b, jnp.ones((), bool), zero, jnp.zeros((), jnp.int32)

@@ -40,6 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._coloring import color_seeds
+
 
 #: status codes of the loops, and what each says
 STATUS = {
@@ -88,10 +90,8 @@ def _norm(v):
 def colored_values(F: Callable, pattern, colors: np.ndarray) -> Callable:
     """`x -> the values of J(x)` on `pattern` (CSR order), from one JVP of
     `F` (JAX's) per color of the columns."""
-    from ..graph._sparsity import color_seeds
-
     rows, cols = pattern.rows, pattern.indices
-    seeds = color_seeds(colors, pattern.shape[1])
+    seeds = color_seeds(colors, pattern.shape[1])  # color c: the sum of its columns' units
     where = colors[cols]
 
     def values(x):

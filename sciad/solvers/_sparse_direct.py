@@ -1,12 +1,14 @@
-"""Sparse direct solvers with factor reuse.
+"""The machinery of the sparse direct solvers (the records `_splu.py` and
+`_spsolve.py`), with factor reuse.
 
-- `"splu"` (CPU): SciPy's SuperLU (`permc_spec="MMD_AT_PLUS_A"`) on the host,
-  through `host_call`. The factorization stays on the host; the compiled
-  program holds a handle to it (an int32), and every solve with it (plain or
-  transposed) is a pair of triangular solves.
-- `"spsolve"` (GPU, or anywhere): `jax.experimental.sparse.linalg.spsolve`
-  (cuSOLVER on NVIDIA GPUs). It has no factor to keep, so the "factor" is
-  the matrix itself and every solve factors again.
+- SuperLU (`"splu"`, CPU): SciPy's SuperLU (`permc_spec="MMD_AT_PLUS_A"`) on
+  the host, through `host_call`. The factorization stays on the host; the
+  compiled program holds a handle to it (an int32), and every solve with it
+  (plain or transposed) is a pair of triangular solves.
+- `spsolve` (`"spsolve"`, GPU, or anywhere):
+  `jax.experimental.sparse.linalg.spsolve` (cuSOLVER on NVIDIA GPUs). It has
+  no factor to keep, so the "factor" is the matrix itself and every solve
+  factors again.
 
 Factor handles are values. Each run of a factorization makes new handles
 (one per batch element), so concurrent calls of one compiled program never
@@ -42,8 +44,6 @@ import numpy as np
 
 from ._host import host_call
 from ._measures import ratio
-
-METHODS = ("splu", "spsolve")
 
 #: the most steps of iterative refinement a checked solve takes while its
 #: backward error is above the bound and falls: one restores a backward
@@ -376,22 +376,18 @@ def _rcond_here(pattern, d: np.ndarray, lu, anorm: float) -> float:
     return 1.0 / (anorm * inv_norm) if inv_norm > 0 else 0.0
 
 
-def factor(method: str, pattern, data, *, uses: int | None = None,
+def factor(pattern, data, *, uses: int | None = None,
            assume: str | None = None, report: Callable | None = None):
-    """The factor of the sparse matrix with `pattern` and values `data`
-    (leading batch axes allowed), as a tuple of arrays.
+    """The SuperLU factor of the sparse matrix with `pattern` and values `data`
+    (leading batch axes allowed), as a tuple of arrays: `(handles,)`.
 
-    For `"splu"`, on the host: `report(nonfinite=, asymmetry=, min_diagonal=,
-    singular=)` (arrays over the batch; `asymmetry` is `max |A - A^T| /
-    max |A|` when `assume` is "symmetric" or "spd", `min_diagonal` the
-    smallest real diagonal entry when it is "spd") is called before the
-    factor is kept; it may raise. `uses`: the number of
-    solves that will read it (see the module docstring). For `"spsolve"` the
-    factor is `(data,)` and the caller checks in the program.
+    On the host: `report(nonfinite=, asymmetry=, min_diagonal=, singular=)`
+    (arrays over the batch; `asymmetry` is `max |A - A^T| / max |A|` when
+    `assume` is "symmetric" or "spd", `min_diagonal` the smallest real
+    diagonal entry when it is "spd") is called before the factor is kept; it
+    may raise. `uses`: the number of solves that will read it (see the
+    module docstring).
     """
-    if method == "spsolve":
-        return (data,)
-    assert method == "splu", method
     n_batch = data.ndim - 1
 
     def host(d):
@@ -427,12 +423,12 @@ def factor(method: str, pattern, data, *, uses: int | None = None,
     return (h,)
 
 
-def solve(method: str, pattern, factor: tuple, data, b, transpose: bool, *,
+def solve(pattern, factor: tuple, data, b, transpose: bool, *,
           refine_above: float = np.inf, estimate: str = "never",
           report: Callable | None = None):
-    """Solves `A x = b` (or `A^T x = b`) with a factor from `factor`.
+    """Solves `A x = b` (or `A^T x = b`) with a SuperLU factor from `factor`.
 
-    For `"splu"`, on the host, with the checks of a direct solve: the
+    On the host, with the checks of a direct solve: the
     residual `r = b - op(A) x` and the normwise backward error
     `||r||_inf / (||A||_inf ||x||_inf + ||b||_inf)` (per column, the
     largest); above `refine_above`, one step of iterative refinement
@@ -443,11 +439,7 @@ def solve(method: str, pattern, factor: tuple, data, b, transpose: bool, *,
     `report(nonfinite=, backward_error=, residual=, rcond=, refined=)` (scalars over
     the batch: the worst element) may raise or warn. Returns `x`. With the
     defaults, the plain solve (for a caller that checks in the program).
-
-    For `"spsolve"`: the plain solve; the caller checks in the program.
     """
-    if method == "spsolve":
-        return _spsolve(pattern, factor[0], b, transpose)
     (handles,) = factor
     dtype = np.dtype(b.dtype)
     eps = float(np.finfo(dtype).eps)
@@ -587,21 +579,29 @@ def _refine(pattern, f: _Factored, lu, d, b, x, transpose: bool, refine_above: f
     return x, eta, rel, refined
 
 
-def rcond_estimate(method: str, pattern, factor: tuple, data):
+def rcond_unfactored(pattern, data):
     """The 1-norm reciprocal condition estimate `1 / (||A||_1 ||A^-1||_1)` of
-    the matrix with values `data` (leading batch axes allowed)."""
+    the matrix with values `data` (leading batch axes allowed), with SuperLU
+    factors made on the host for the estimate alone."""
     real = np.finfo(np.dtype(data.dtype)).dtype
-    if method == "spsolve":  # no factor to keep: SuperLU on the host, for the estimate
-        def host(d):
-            batch = d.shape[:-1]
-            flat = _rows(d)
-            made = _Factored.make_many(pattern, flat)
-            out = [f.get_rcond(pattern, row, f.lu) for f, row in zip(made, flat)]
-            _drop_on_worker(made)
-            return (np.asarray(out, real).reshape(batch),)
 
-        (rc,) = host_call(host, (jax.ShapeDtypeStruct(data.shape[:-1], real),), data)
-        return rc
+    def host(d):
+        batch = d.shape[:-1]
+        flat = _rows(d)
+        made = _Factored.make_many(pattern, flat)
+        out = [f.get_rcond(pattern, row, f.lu) for f, row in zip(made, flat)]
+        _drop_on_worker(made)
+        return (np.asarray(out, real).reshape(batch),)
+
+    (rc,) = host_call(host, (jax.ShapeDtypeStruct(data.shape[:-1], real),), data)
+    return rc
+
+
+def rcond_estimate(pattern, factor: tuple, data):
+    """The 1-norm reciprocal condition estimate `1 / (||A||_1 ||A^-1||_1)` of
+    the matrix with values `data` (leading batch axes allowed), from the
+    SuperLU factor `factor` (made again where the store let it go)."""
+    real = np.finfo(np.dtype(data.dtype)).dtype
     (handles,) = factor
 
     def host(h, d):
@@ -626,7 +626,9 @@ def rcond_estimate(method: str, pattern, factor: tuple, data):
     return rc
 
 
-def _spsolve(pattern, data, b, transpose: bool):
+def spsolve(pattern, data, b, transpose: bool):
+    """`A x = b` (`A^T x = b`) by `jax.experimental.sparse.linalg.spsolve`,
+    which factors `A` each time."""
     from jax.experimental.sparse.linalg import spsolve
 
     if transpose:

@@ -1,0 +1,58 @@
+"""The solver registry: a graph param names a solver, and this maps the name
+to its record.
+
+A record is one object in one file under `sciad.solvers` that says all there
+is to know about a solver (what it applies to, how it factors and solves,
+where it runs, how it is checked, what it costs); rules and passes look it up
+by the name their node holds (so graphs still print and serialize names) and
+ask it, instead of comparing names. Records come in families: `"linear"`
+(`sciad.solvers._linear`), `"root"` (root methods, `sciad.solvers._root_methods`)
+and `"jacobian"` (how a root method's linear systems are solved).
+
+Adding a solver is one new file and one `register(...)` line (the built-in
+ones are registered in `sciad/solvers/__init__.py`).
+"""
+
+from __future__ import annotations
+
+from ..errors import InvalidOptionError, RegistrationError
+
+_RECORDS: dict[str, dict[str, object]] = {}
+
+
+def register(record):
+    """Registers `record` under `(record.family, record.name)`; returns it.
+    A name is registered once per family (`unregister` it first)."""
+    family = _RECORDS.setdefault(record.family, {})
+    old = family.get(record.name)
+    if old is not None and old is not record:
+        raise RegistrationError(f"a {record.family} solver {record.name!r} is already "
+                                f"registered ({type(old).__module__}.{type(old).__name__}); "
+                                "unregister it first.")
+    family[record.name] = record
+    return record
+
+
+def unregister(name: str, family: str = "linear") -> None:
+    """Removes the record `name` of `family` (a no-op if there is none)."""
+    _RECORDS.get(family, {}).pop(name, None)
+
+
+def records(family: str = "linear") -> tuple:
+    """The records of `family`, in the order they were registered."""
+    return tuple(_RECORDS.get(family, {}).values())
+
+
+def names(family: str = "linear") -> tuple[str, ...]:
+    """The names of `family`'s records, in the order they were registered."""
+    return tuple(_RECORDS.get(family, {}))
+
+
+def lookup(name, family: str = "linear", *, op: str | None = None, what: str = "solver"):
+    """The record `name` of `family`; an unknown name raises
+    `InvalidOptionError` listing the known ones."""
+    record = _RECORDS.get(family, {}).get(name) if isinstance(name, str) else None
+    if record is None:
+        raise InvalidOptionError(f"unknown {what} {name!r}; choose one of "
+                                 f"{', '.join(map(repr, names(family)))}.", op=op)
+    return record
