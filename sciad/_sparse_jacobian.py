@@ -25,6 +25,7 @@ from .graph import Graph, TensorType, Zero
 from .graph._autodiff import jvp_eval, type_of, vjp_eval
 from .graph._sparsity import graph_sparsity
 from .solvers._coloring import color_seeds, coloring
+from .solvers._root_methods import sparse_jacobian
 from .graph._types import Pattern
 
 
@@ -63,14 +64,16 @@ def newton_jacobian(graph, jac: str | None, *, identity: bool = False):
     from .graph._sparsity import graph_sparsity
 
     n = graph.inputs[-1].type.size
-    if jac == "dense" or (jac is None and n <= DENSE_UP_TO):
+    if jac is None and n <= DENSE_UP_TO:
         return "dense", None
+    if jac is not None and not sparse_jacobian(jac):
+        return jac, None
     p = graph_sparsity(graph, [False] * (len(graph.inputs) - 1) + [True])
     if identity:
         p = (p + sp.eye(n, dtype=bool, format="csr")).astype(bool)
     if jac is None:
         jac = "dense" if p.nnz > DENSE_ABOVE * n * n else "sparse"
-    return jac, _pattern(p) if jac == "sparse" else None
+    return jac, _pattern(p) if sparse_jacobian(jac) else None
 
 
 def structure_of(pattern: sp.csr_matrix, mode: str = "auto") -> Structure:

@@ -67,6 +67,7 @@ from ..graph._cost import Cost, _si
 from ..graph._sparsity import dense_all
 from ..graph._types import Pattern
 from ..solvers._ode import holding
+from ..solvers._root_methods import sparse_jacobian
 from ..solvers._ode_steppers import STEPPERS, STIFF_PID, diffrax_solver, tableau
 from ._checks import check, tie
 from ._map import map_rule
@@ -177,7 +178,7 @@ def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive
                                  f"dt0={dt0}.", op=op)
     if not adaptive and dt0 is None:
         raise InvalidOptionError("constant steps (adaptive=False) need `dt0`.", op=op)
-    if jac == "sparse" and (pattern is None or pattern.shape != (n, n)):
+    if sparse_jacobian(jac) and (pattern is None or pattern.shape != (n, n)):
         raise ShapeError(f"a sparse Jacobian needs an ({n}, {n}) pattern, got {pattern!r}.",
                          op=op)
     i32 = np.dtype(np.int32)
@@ -300,7 +301,7 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
              for i in range(len(body.outputs))]
     term = terms[0] if len(terms) == 1 else diffrax.MultiTerm(*terms)
     if adaptive and stepper.implicit:  # PID gains for stiff problems: fewer rejections
-        if jac == "sparse":  # a kept factorization fits a held step size
+        if sparse_jacobian(jac):  # a kept factorization fits a held step size
             inner = holding()(rtol=rtol, atol=atol, norm=norm, **STIFF_PID)
         else:
             inner = diffrax.PIDController(rtol=rtol, atol=atol, norm=norm, **STIFF_PID)

@@ -13,6 +13,7 @@ import numpy as np
 from ..graph import Graph
 from ..graph._autodiff import type_of
 from ..graph._body import inline, trace_body
+from ..solvers._root_methods import sparse_jacobian
 from ..solvers._ode_steppers import STEPPERS, tableau
 from ._control import Segments, scan
 from ._ode_field import field_at, part_of
@@ -69,7 +70,7 @@ def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, a
         if gamma == 0.0:
             ks.append(inline(graph, [*consts, ti, yi]))
             continue
-        if jac == "sparse" and gamma not in jac0:
+        if sparse_jacobian(jac) and gamma not in jac0:
             # one matrix, at the step's start, for all the stages' chord
             # iterations: the stages share its factorization (one per step,
             # not one per stage), and their derivatives' transposed solves

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ._root_methods import sparse_jacobian
 from ._ode import SparseNewtonSolver, patient_chord, reusing
 
 #: implicit solvers: the chord iterations of a stage stop when their
@@ -155,7 +156,7 @@ def diffrax_solver(stepper: Stepper, jac: str, pattern, rtol: float, atol: float
     if not stepper.implicit:
         return tracking(cls, m)()
     extra = {}
-    if jac == "sparse":  # SuperLU, its factorization kept over steps
+    if sparse_jacobian(jac):  # SuperLU, its factorization kept over steps
         extra["linear_solver"] = SparseNewtonSolver(pattern)
         _, As, _ = tableau(stepper)  # (gamma: the implicit tableau's diagonal)
         cls = reusing(cls, float(np.max(np.diag(As[-1]))))

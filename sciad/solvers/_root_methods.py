@@ -15,6 +15,8 @@ the interface that `optimize.root`'s rules and `sd.optimize.root` /
 
 from __future__ import annotations
 
+from ._registry import lookup
+
 
 class AbstractRootMethod:
     """A root method: a record registered in the `"root"` family.
@@ -97,3 +99,9 @@ class AbstractNewtonJacobian:
     def temp_bytes(self, n: int, factor_bytes: int) -> int:
         """The memory a step holds (`factor_bytes`: the kept factorization's)."""
         return 0
+
+
+def sparse_jacobian(jac: str | None) -> bool:
+    """Whether the Jacobian form `jac` names (None: not chosen yet) is a
+    sparse matrix on a detected pattern (its record's `sparse`)."""
+    return jac is not None and lookup(jac, "jacobian").sparse
