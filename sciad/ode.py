@@ -436,7 +436,7 @@ def _event_inline(f, y0, t_span, event, args, direction: int, kw) -> Event:
     from . import numpy as snp
     from . import optimize
     from ._transforms import jvp, vmap
-    from .primitives._control import fori_loop
+    from .primitives._scan import fori_loop
     from .primitives._ode import _hermite_at, event_guard_p
     from .primitives._stop_gradient import stop_gradient
 

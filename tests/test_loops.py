@@ -12,7 +12,7 @@ import sciad as sd
 import sciad.numpy as snp
 from sciad.errors import InvalidOptionError, ShapeError
 from sciad.graph.passes import dce, optimize
-from sciad.primitives._control import checkpoint_runs, revolve_actions
+from sciad.primitives._schedules import checkpoint_runs, revolve_actions
 from sciad.primitives._replay import split_step
 
 N, STEPS = 6, 12

@@ -676,7 +676,8 @@ def _replay(graph: Graph, solver: str, jac: str, max_steps: int, snapshots: int,
     from one output time to the next (whose reverse pass stores
     `snapshots` states)."""
     from .. import numpy as snp
-    from ._control import Segments, scan
+    from ._schedules import Segments
+    from ._scan import scan
     from ._while import while_loop
 
     def replay(*a):
@@ -751,7 +752,7 @@ def _stored_vjp(primals, outs, ct, params, ct_states=None):
     reaches them."""
     from .. import numpy as snp
     from ..graph._autodiff import vjp_eval
-    from ._control import scan
+    from ._scan import scan
     from ._while import while_loop
 
     *consts, y0, ts = primals
@@ -857,7 +858,7 @@ def _continuous_vjp(primals, outs, ct, params, interpolated: bool):
     from .. import numpy as snp
     from ..graph._autodiff import vjp_eval
     from ..graph._body import trace_body
-    from ._control import scan
+    from ._scan import scan
 
     *consts, y0, ts = primals
     ys, _, nsteps, grid, _, *dense = outs

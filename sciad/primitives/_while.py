@@ -48,8 +48,13 @@ from ..graph._body import (drop_inputs, hoist, hoist_nodes, inline, live_inputs,
 from ..graph._trace import Tracer, is_value_leaf
 from ._checks import check, tie
 from ._cond import _sig, _union_inputs, cond_p
-from ._control import SCHEDULES, Binomial, Segments, _checkpointed_bwd, _scan_body_jvp
-from ._control import _with_unused_inputs, as_schedule
+from ._loop_adjoint import (assemble_cts, check_storable, check_zero_starts, ct_inits, ct_plan,
+                            grouped_jvp, loop_body_jvp, loop_linearity, split_grouped,
+                            step_vjp_graph, storable_primal_carries, transposed_step,
+                            with_unused_inputs)
+from ._loop_sparsity import loop_sparsity
+from ._scan import checkpointed_bwd, scan
+from ._schedules import SCHEDULES, Binomial, Segments, as_schedule
 
 _tree = jax.tree_util
 
@@ -117,12 +122,12 @@ def _while_jvp(primals, tangents, *, cond_body, body, num_consts, max_steps=None
                checkpoints=None):
     nc, nk = num_consts, len(primals) - num_consts
     nz0 = [not is_zero(t) for t in tangents]
-    jg, nz, _ = _scan_body_jvp(body, nc, nk, nz0)
+    jg, nz, _ = loop_body_jvp(body, nc, nk, nz0)
     tan = [instantiate(tangents[i]) for i in range(len(primals)) if nz[i]]
     n_dc = sum(nz[:nc])
     args = list(primals[:nc]) + tan[:n_dc] + list(primals[nc:]) + tan[n_dc:]
-    cb = _with_unused_inputs(cond_body, nc, [type_of(t) for t in tan[:n_dc]])
-    cb = _with_unused_inputs(cb, len(cb.inputs), [type_of(t) for t in tan[n_dc:]])
+    cb = with_unused_inputs(cond_body, nc, [type_of(t) for t in tan[:n_dc]])
+    cb = with_unused_inputs(cb, len(cb.inputs), [type_of(t) for t in tan[n_dc:]])
     res = while_p.bind(*args, cond_body=cb, body=jg, num_consts=nc + n_dc,
                        **_extra(max_steps, checkpoints))
     carry, dcarry = list(res[:nk]), iter(res[nk:])
@@ -168,7 +173,7 @@ def _while_hoist(node):
     if res is None:
         return None
     outer, atoms, body = res
-    cb = _with_unused_inputs(node.params["cond_body"], nc, [a.type for a in body.inputs[
+    cb = with_unused_inputs(node.params["cond_body"], nc, [a.type for a in body.inputs[
         nc:nc + len(atoms)]])
     params = dict(node.params, body=body, cond_body=cb, num_consts=nc + len(atoms))
     return outer, node.replace(inputs=node.inputs[:nc] + tuple(atoms) + node.inputs[nc:],
@@ -248,24 +253,23 @@ def _while_vjp_fwd(primals, *, cond_body, body, num_consts, max_steps=None,
 @while_p.def_vjp_bwd
 def _while_vjp_bwd(res, cts, *, cond_body, body, num_consts, max_steps=None,
                    checkpoints=None):
-    from ._control import _assemble_cts, _check_storable, _ct_inits, _ct_plan, step_vjp_graph
 
     primals, steps = res
     nc, nk = num_consts, len(primals) - num_consts
     if steps is None:
         step = _bounded_step(cond_body, body, nc)
         schedule = checkpoints or Binomial(default_snapshots(max_steps))
-        return _checkpointed_bwd(("checkpointed", primals), cts, step, nc, nk, max_steps,
+        return checkpointed_bwd(("checkpointed", primals), cts, step, nc, nk, max_steps,
                                  False, schedule)
-    _check_storable(body, nc, nk)
-    ct_carry_idx, acc_idx, _, _ = _ct_plan(body, nc, nk, primals, cts)
+    check_storable(body, nc, nk)
+    ct_carry_idx, acc_idx, _, _ = ct_plan(body, nc, nk, primals, cts)
     v = step_vjp_graph(body, nc, nk, ct_carry_idx, acc_idx, [], [])
-    ctc0, acc0 = _ct_inits(primals, cts, ct_carry_idx, acc_idx)
+    ctc0, acc0 = ct_inits(primals, cts, ct_carry_idx, acc_idx)
     snapshots = checkpoints.snapshots if checkpoints else default_segments(max_steps)
     out = while_adjoint_p.bind(steps, *primals, *ctc0, *acc0, body=body, step=v,
                                num_consts=nc, num_ct_carry=len(ctc0), num_acc=len(acc0),
                                max_steps=max_steps, snapshots=snapshots)
-    return _assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, [], out)
+    return assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, [], out)
 
 
 # -- while_adjoint: the reverse pass over the steps a loop ran --------------------
@@ -372,7 +376,6 @@ def _while_adjoint_jvp(primals, tangents, *, body, step, num_consts, num_ct_carr
                        max_steps, snapshots):
     # the reverse pass is a fixed composition of forward and backward steps;
     # its JVP is the same composition of their JVPs, on the same schedule
-    from ._control import grouped_jvp, split_grouped
     from ..graph import is_differentiable
 
     nc, nctc, nacc = num_consts, num_ct_carry, num_acc
@@ -403,7 +406,6 @@ def _adjoint_by_scans(*args, body, step, num_consts, num_ct_carry, num_acc, max_
     that do nothing past `steps`: the forward one stacking every carry, then
     the reverse one of `step`."""
     from ._cond import cond
-    from ._control import scan
     from .. import numpy as snp
 
     steps, consts, init, ctc, acc = _adjoint_split(args, num_consts, num_ct_carry, num_acc)
@@ -478,8 +480,6 @@ _install_adjoint_batch_rule()
 def _while_transpose(cts, *args, cond_body, body, num_consts, max_steps=None,
                      checkpoints=None):
     from .. import numpy as snp
-    from ._control import (_storable_primal_carries, check_zero_starts, loop_linearity,
-                           transposed_step)
 
     nc, nk = num_consts, len(args) - num_consts
     linear = [is_linear(a) for a in args]
@@ -499,7 +499,7 @@ def _while_transpose(cts, *args, cond_body, body, num_consts, max_steps=None,
     steps = while_p.bind(*consts, *init, snp.zeros((), np.int32), cond_body=cb, body=bb,
                          num_consts=m, **_extra(max_steps, None))[-1]
     if max_steps is not None:
-        _storable_primal_carries(body, nl_k, nc, "while")
+        storable_primal_carries(body, nl_k, nc, "while")
         snapshots = checkpoints.snapshots if isinstance(checkpoints, Segments) else \
             default_segments(max_steps)
         out = while_adjoint_p.bind(steps, *consts, *init, *ct0, body=fb, step=st,
@@ -521,7 +521,6 @@ def _while_transpose(cts, *args, cond_body, body, num_consts, max_steps=None,
 @while_p.def_linearity
 def _while_linearity(linear, *, cond_body, body, num_consts, max_steps=None,
                      checkpoints=None):
-    from ._control import loop_linearity
 
     return loop_linearity(body, linear, num_consts, len(linear) - num_consts)[0][num_consts:]
 
@@ -707,7 +706,7 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
     gb, gc = _union_inputs(gb, cb_consts, union), _union_inputs(gc, cc_consts, union)
     nc = len(union)
     gb, consts = hoist(gb, nc, union)
-    gc = _with_unused_inputs(gc, nc, [type_of(c) for c in consts[nc:]])
+    gc = with_unused_inputs(gc, nc, [type_of(c) for c in consts[nc:]])
     outs = while_p.bind(*consts, *leaves, cond_body=gc, body=gb, num_consts=len(consts),
                         **_extra(max_steps, checkpoints))
     return _tree.tree_unflatten(tree, list(outs))
@@ -726,7 +725,6 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
 def _while_sparsity(outs, *deps, cond_body, body, num_consts, max_steps=None,
                     checkpoints=None):
     from ..graph._sparsity import dense_all
-    from ._control import loop_sparsity
 
     res = loop_sparsity(body, deps[:num_consts], deps[num_consts:], [], max_steps,
                         exact=False, cond=cond_body)
