@@ -90,8 +90,8 @@ def test_subgraph_prints_nested(rng):
     inner = sd.trace(lambda a: (snp.sin(a),), x)
     g = sd.trace(lambda a: sd.call(inner, a)[0] * 2.0, x)
     text = g.pretty(source=False)
-    assert "call[graph=<graph lambda>] %a" in text
-    assert "    graph lambda(%a: f64[3]) {" in text
+    assert "call[body=<body lambda>] %a" in text
+    assert "    graph lambda(%a: f64[3]) [consts=1, carry=0, xs=0] {" in text
     assert "      %0 = sin %a" in text
 
 
@@ -111,7 +111,7 @@ def test_json_round_trip_is_lossless(xyz):
     g = sd.trace(f, *xyz)
     text = g.to_json()
     doc = json.loads(text)
-    assert doc["format"] == "sciad.graph" and doc["version"] == 1
+    assert doc["format"] == "sciad.graph" and doc["version"] == 2
     back = Graph.from_json(text)
     assert back.to_json() == text and str(back) == str(g)
     np.testing.assert_array_equal(sd.graph.evaluate(back, *xyz)[0],

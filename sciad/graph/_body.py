@@ -15,14 +15,16 @@ its *body*, and passes it operands in one fixed order:
 - per-step inputs are the slices of stacked operands a scan reads at each
   step (`xs`), or the vector a matvec is applied to.
 
-A node's params say how many of each there are (`num_consts`, `num_carry`),
-so printing, verification, serialization and the passes treat every body
-alike, and the rules below (tracing, inlining, differentiating, hoisting and
-pruning a body) are written once.
+A node holds its function as a `Body`: the graph together with how many
+of each there are (`num_consts`, `num_carry`, `num_xs`), so printing,
+verification, serialization and the passes treat every body alike, and the
+rules below (tracing, inlining, differentiating, hoisting and pruning a
+body) are written once.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import jax
@@ -31,6 +33,67 @@ from ._core import Graph, Literal, Node, Var, has_effects, must_run
 from ._types import AbstractType
 
 _tree = jax.tree_util
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Body(Graph):
+    """A closed graph with its operand layout: `inputs = (*consts, *carries,
+    *xs)`, `num_consts + num_carry + num_xs == len(inputs)` (`verify`
+    checks it).
+
+    A `Body` is a `Graph` (everything that reads a graph reads a body), and
+    `replace` keeps the type and the counts; the helpers of this module that
+    add or drop inputs (`drop_inputs`, `hoist`, `hoist_nodes`) update them.
+    """
+
+    num_consts: int = 0
+    num_carry: int = 0
+    num_xs: int = 0
+
+    @classmethod
+    def of(cls, graph: Graph, num_consts: int = 0, num_carry: int = 0) -> "Body":
+        """`graph` as a body of `num_consts` consts and `num_carry` carries;
+        its other inputs are per-step inputs."""
+        return cls(graph.inputs, graph.nodes, graph.outputs, graph.name, num_consts,
+                   num_carry, len(graph.inputs) - num_consts - num_carry)
+
+    @property
+    def layout(self) -> tuple[int, int, int]:
+        """`(num_consts, num_carry, num_xs)`."""
+        return self.num_consts, self.num_carry, self.num_xs
+
+    def groups(self, seq) -> tuple[list, list, list]:
+        """`seq` (the node's operands, or the body's inputs) split into
+        consts, carries and per-step inputs."""
+        seq = list(seq)
+        nc, nk = self.num_consts, self.num_carry
+        return seq[:nc], seq[nc:nc + nk], seq[nc + nk:]
+
+    def replace(self, **kw) -> "Body":
+        fields = dict(inputs=self.inputs, nodes=self.nodes, outputs=self.outputs,
+                      name=self.name, num_consts=self.num_consts, num_carry=self.num_carry,
+                      num_xs=self.num_xs)
+        fields.update(kw)
+        return Body(**fields)
+
+    def __repr__(self) -> str:
+        return (f"<Body {self.name}: {self.num_consts} consts, {self.num_carry} carries, "
+                f"{self.num_xs} xs, {len(self.nodes)} nodes, {len(self.outputs)} outputs>")
+
+
+def as_body(graph: Graph, num_consts: int = 0, num_carry: int = 0) -> Body:
+    """`graph` as a `Body` with the given counts (a `Body` already so is
+    returned as it is)."""
+    if type(graph) is Body and graph.num_consts == num_consts \
+            and graph.num_carry == num_carry:
+        return graph
+    return Body.of(graph, num_consts, num_carry)
+
+
+def applied_body(graph: Graph) -> Body:
+    """`graph` as the body of a function applied once (`call`, `cond`'s
+    branches, `checkpoint`): every operand is a const."""
+    return as_body(graph, len(graph.inputs))
 
 
 def trace_body(fn: Callable, in_types: Sequence[AbstractType], *, name: str):
@@ -128,8 +191,14 @@ def live_inputs(graph: Graph, used_outputs: Sequence[bool]) -> tuple[Graph, list
 
 
 def drop_inputs(graph: Graph, keep: Sequence[bool]) -> Graph:
-    """`graph` without the inputs not flagged in `keep` (they must be unused)."""
-    return graph.replace(inputs=tuple(v for v, k in zip(graph.inputs, keep) if k))
+    """`graph` without the inputs not flagged in `keep` (they must be unused);
+    a `Body`'s counts count the inputs kept."""
+    inputs = tuple(v for v, k in zip(graph.inputs, keep) if k)
+    if isinstance(graph, Body):
+        c, k, x = graph.groups(keep)
+        return graph.replace(inputs=inputs, num_consts=sum(c), num_carry=sum(k),
+                             num_xs=sum(x))
+    return graph.replace(inputs=inputs)
 
 
 def invariant_nodes(graph: Graph, num_consts: int) -> list[bool]:
@@ -177,6 +246,8 @@ def split_invariant(graph: Graph, num_consts: int):
     body = graph.replace(inputs=graph.inputs[:num_consts] + tuple(new_vars)
                          + graph.inputs[num_consts:],
                          nodes=nodes, outputs=tuple(s(a) for a in graph.outputs))
+    if isinstance(body, Body):
+        body = body.replace(num_consts=body.num_consts + len(new_vars))
     return inv_nodes, needed, body
 
 

@@ -47,7 +47,7 @@ from ..graph._body import (drop_inputs, hoist, hoist_nodes, inline, live_inputs,
                            nonlinear_body, trace_body)
 from ..graph._trace import Tracer, is_value_leaf
 from ._checks import check, tie
-from ._cond import _sig, _union_inputs, cond_p
+from ._cond import _sig, _union_inputs, cond_p, cond_params
 from ._loop_adjoint import (assemble_cts, check_storable, check_zero_starts, ct_inits, ct_plan,
                             grouped_jvp, loop_body_jvp, loop_linearity, split_grouped,
                             step_vjp_graph, storable_primal_carries, transposed_step,
@@ -197,7 +197,7 @@ def _bounded_step(cond_body: Graph, body: Graph, nc: int) -> Graph:
 
     def step(*a):
         (p,) = inline(cond_body, a)
-        return list(cond_p.bind(p, *a, true_body=body, false_body=identity))
+        return list(cond_p.bind(p, *a, **cond_params(body, identity)))
 
     g, consts, _ = trace_body(step, [v.type for v in body.inputs], name=f"{body.name}_bounded")
     assert not consts, "a bounded step closes over nothing"
