@@ -168,6 +168,23 @@ def jvp_body(graph: Graph, nonzero: Sequence[bool], *, name: str | None = None,
     return jg, out_nz
 
 
+def applied_batch_rule(prim):
+    """The batch rule of a node that applies its body once to its operands
+    (`call`, `checkpoint`): the same node on the body batched along the
+    batched operands (moved to the front), its outputs batched where the
+    batched body's are."""
+    from ._batch import batch_body, batch_size_of, front_where
+
+    def rule(args, dims, *, body):
+        size = batch_size_of(args, dims)
+        flags = [d is not None for d in dims]
+        g, out_b = batch_body(body, flags, size)
+        res = prim.bind(*front_where(args, dims, flags, size), body=applied_body(g))
+        return list(res), [0 if b else None for b in out_b]
+
+    return rule
+
+
 def live_inputs(graph: Graph, used_outputs: Sequence[bool]) -> tuple[Graph, list[bool]]:
     """`graph` with only its used outputs (and the nodes they need), and which
     of its inputs those still read. Nodes that must run (`must_run`: effects,

@@ -11,8 +11,7 @@ from ..errors import ShapeError
 from ..graph import (Body, Graph, Primitive, Zero, instantiate, is_differentiable, is_linear,
                      jvp_graph, lower, transpose_eval, vjp_eval)
 from ..graph._autodiff import graph_linear_outputs, needs_ct
-from ..graph._batch import batch_body, batch_size_of, front_where
-from ..graph._body import applied_body
+from ..graph._body import applied_batch_rule, applied_body
 from ..graph._serialize import register_v1_migration
 from ..graph._sparsity import body_rule
 
@@ -85,13 +84,7 @@ def _call_vjp(primals, outs, cts, *, body):
     return tuple(backward(list(cts)))
 
 
-@call_p.def_batch
-def _call_batch(args, dims, *, body):
-    size = batch_size_of(args, dims)
-    flags = [d is not None for d in dims]
-    g, out_b = batch_body(body, flags, size)
-    res = call_p.bind(*front_where(args, dims, flags, size), body=applied_body(g))
-    return list(res), [0 if b else None for b in out_b]
+call_p.def_batch(applied_batch_rule(call_p))
 
 
 @call_p.def_cost

@@ -43,8 +43,8 @@ from ..graph._autodiff import (graph_linear_outputs, needs_ct, type_of, vjp_eval
                                zeros)
 from ..graph._batch import batch_body, batch_graph, batch_size_of, batched_front, front_where
 from ..graph._batch import to_front
-from ..graph._body import applied_body, drop_inputs, inline, jvp_body, live_inputs, trace_body
-from ..graph._body import transpose_body
+from ..graph._body import (applied_batch_rule, applied_body, drop_inputs, inline, jvp_body,
+                           live_inputs, trace_body, transpose_body)
 from ..graph._serialize import register_v1_migration
 from ..graph._trace import Tracer, is_value_leaf
 
@@ -563,14 +563,7 @@ def _cond_batch(args, dims, *, true_body, false_body):
     return outs, [0] * len(outs)
 
 
-@checkpoint_p.def_batch
-def _checkpoint_batch(args, dims, *, body):
-    size = batch_size_of(args, dims)
-    flags = [d is not None for d in dims]
-    g, out_b = batch_body(body, flags, size)
-    res = checkpoint_p.bind(*front_where(args, dims, flags, size),
-                             body=applied_body(g))
-    return list(res), [0 if b else None for b in out_b]
+checkpoint_p.def_batch(applied_batch_rule(checkpoint_p))
 
 
 @barrier_p.def_batch
