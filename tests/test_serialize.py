@@ -580,19 +580,29 @@ def test_fuzz_hashed_files_reject_every_change():
 
 
 def _as_version_1(doc):
-    """A document as version 1 wrote it: bodies were plain `graph` params, and
-    `call` held its body as `graph` (what `register_v1_migration` reads)."""
+    """A document as version 1 wrote it: bodies were plain `graph` params, the
+    loops held their counts as `num_consts` (and scan `num_carry`), and
+    `call` and the matrix-free operators held their body as `graph` (what
+    `register_v1_migration` reads)."""
+    renamed = {"call", "linalg.eigsh_operator", "linalg.solve_operator"}
+
     def strip(v):
-        if isinstance(v, dict):
-            if set(v) == {"body"} and isinstance(v["body"], dict) and "layout" in v["body"]:
-                return {"graph": strip({k: x for k, x in v["body"].items() if k != "layout"})}
-            out = {k: strip(x) for k, x in v.items()}
-            if out.get("op") == "call":
-                out["params"] = {"graph": out["params"]["body"]}
-            return out
         if isinstance(v, list):
             return [strip(x) for x in v]
-        return v
+        if not isinstance(v, dict):
+            return v
+        if set(v) == {"body"} and isinstance(v["body"], dict) and "layout" in v["body"]:
+            return {"graph": strip({k: x for k, x in v["body"].items() if k != "layout"})}
+        out = {k: strip(x) for k, x in v.items()}
+        op, params = v.get("op"), v.get("params")
+        if op in ("scan", "scan_adjoint", "while", "while_adjoint"):
+            nc, nk, _ = params["body"]["body"]["layout"]
+            out["params"]["num_consts"] = nc
+            if op.startswith("scan"):
+                out["params"]["num_carry"] = nk
+        if op in renamed:
+            out["params"]["graph"] = out["params"].pop("body")
+        return out
 
     return {**strip(doc), "version": 1}
 
@@ -606,6 +616,24 @@ def test_version_1_files_still_load(rng):
     assert doc["version"] == 2
     old = _as_version_1(doc)
     assert '"layout"' not in json.dumps(old) and '"graph": {"graph"' in json.dumps(old)
+    back = _load_doc(old)
+    assert back.pretty(source=False) == g.pretty(source=False)
+    np.testing.assert_allclose(sd.graph.evaluate(back, x)[0], sd.graph.evaluate(g, x)[0])
+
+
+def test_version_1_loops_load(rng):
+    x = rng.standard_normal(3)
+    c = rng.standard_normal(3)
+
+    def f(x):
+        u, ys = sd.scan(lambda u, k: (u * c + k, u.sum()), x, x)
+        v = sd.while_loop(lambda v: v[0] < 10.0, lambda v: v * 2.0 + c, snp.abs(u) + 1.0,
+                          max_steps=50)
+        return v + ys.sum()
+
+    g = sd.trace(f, x)
+    old = _as_version_1(json.loads(g.to_json()))
+    assert '"num_consts"' in json.dumps(old) and '"layout"' not in json.dumps(old)
     back = _load_doc(old)
     assert back.pretty(source=False) == g.pretty(source=False)
     np.testing.assert_allclose(sd.graph.evaluate(back, x)[0], sd.graph.evaluate(g, x)[0])

@@ -84,8 +84,8 @@ class Body(Graph):
 def as_body(graph: Graph, num_consts: int = 0, num_carry: int = 0) -> Body:
     """`graph` as a `Body` with the given counts (a `Body` already so is
     returned as it is)."""
-    if type(graph) is Body and graph.num_consts == num_consts \
-            and graph.num_carry == num_carry:
+    if type(graph) is Body and graph.layout == (num_consts, num_carry, len(graph.inputs)
+                                                 - num_consts - num_carry):
         return graph
     return Body.of(graph, num_consts, num_carry)
 

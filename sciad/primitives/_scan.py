@@ -2,9 +2,10 @@
 that stores each step's residuals or checkpoints carries on a binomial
 (revolve) schedule.
 
-`scan[body, num_consts, num_carry, length, reverse, checkpoints]` applies its
-body `length` times. Its operands follow the closed-body convention
-(`sciad.graph._body`): `(*consts, *init, *xs)`, and the body maps `(*consts,
+`scan[body, length, reverse, checkpoints]` applies its body (a `Body`, which
+counts its consts and carries) `length` times. Its operands follow the
+closed-body convention (`sciad.graph._body`): `(*consts, *init, *xs)`, and
+the body maps `(*consts,
 *carry, *x)` (one slice of each `xs` operand) to `(*carry, *y)`. The node's
 outputs are the final carry and the `y`s stacked along a new leading axis.
 
@@ -50,7 +51,9 @@ from ..graph import is_differentiable, is_linear, is_zero
 from ..graph import instantiate, lower
 from ..graph._autodiff import expansion_transpose, type_of, vjp_eval, vjp_graph, zeros
 from ..graph._batch import batch_body, batch_size_of, batched_front, carry_fixed_point, front_where
-from ..graph._body import drop_inputs, hoist, hoist_nodes, inline, live_inputs, permute, trace_body
+from ..graph._body import (Body, as_body, drop_inputs, hoist, hoist_nodes, inline, live_inputs,
+                           permute, trace_body)
+from ..graph._serialize import register_v1_migration
 from ..graph._trace import Tracer, is_value_leaf
 from ._indexing import dynamic_update_slice_p
 from ._schedules import SCHEDULES, as_schedule, checkpoint_runs
@@ -70,7 +73,7 @@ _tree = jax.tree_util
 
 
 scan_p = Primitive("scan", multiple_results=True, params={
-    "body": Graph, "num_consts": int, "num_carry": int, "length": int,
+    "body": Body, "length": int,
     "reverse": Param(bool, default=False),
     "checkpoints": Param((*SCHEDULES, None), default=None)})
 
@@ -85,11 +88,11 @@ def _stacked(t, length: int) -> TensorType:
 
 
 @scan_p.def_abstract_eval
-def _scan_shape(*in_types, body, num_consts, num_carry, length, reverse=False,
-                checkpoints=None):
+def _scan_shape(*in_types, body, length, reverse=False, checkpoints=None):
     op = "scan"
-    if not isinstance(body, Graph):
-        raise ShapeError(f"`body` must be a Graph, got {body!r}.", op=op)
+    if not isinstance(body, Body):
+        raise ShapeError(f"`body` must be a Body, got {body!r}.", op=op)
+    num_consts, num_carry = body.num_consts, body.num_carry
     if length < 0 or num_consts < 0 or num_carry < 0:
         raise ShapeError(f"needs length, num_consts, num_carry >= 0, got {length}, "
                          f"{num_consts}, {num_carry}.", op=op)
@@ -119,7 +122,8 @@ def _scan_shape(*in_types, body, num_consts, num_carry, length, reverse=False,
 
 
 @scan_p.def_impl
-def _scan_impl(*args, body, num_consts, num_carry, length, reverse=False, checkpoints=None):
+def _scan_impl(*args, body, length, reverse=False, checkpoints=None):
+    num_consts, num_carry = body.num_consts, body.num_carry
     f = lower(body)
     consts, init, xs = _groups(args, num_consts, num_carry)
 
@@ -132,7 +136,7 @@ def _scan_impl(*args, body, num_consts, num_carry, length, reverse=False, checkp
 
 
 def _params(body, nc, nk, length, reverse, checkpoints) -> dict:
-    out = dict(body=body, num_consts=nc, num_carry=nk, length=length)
+    out = dict(body=as_body(body, nc, nk), length=length)
     if reverse:
         out["reverse"] = True
     if checkpoints is not None:
@@ -145,9 +149,8 @@ def _interleave(primals, tangents, nz, lo, hi):
 
 
 @scan_p.def_jvp
-def _scan_jvp(primals, tangents, *, body, num_consts, num_carry, length, reverse=False,
-              checkpoints=None):
-    nc, nk, n = num_consts, num_carry, len(primals)
+def _scan_jvp(primals, tangents, *, body, length, reverse=False, checkpoints=None):
+    nc, nk, n = body.num_consts, body.num_carry, len(primals)
     nz0 = [not is_zero(t) for t in tangents]
     jg, nz, out_nz = loop_body_jvp(body, nc, nk, nz0)
     args = (_interleave(primals, tangents, nz, 0, nc)
@@ -172,7 +175,8 @@ def _scan_jvp(primals, tangents, *, body, num_consts, num_carry, length, reverse
 @scan_p.def_dce
 def _scan_dce(node, used):
     p = node.params
-    body, nc, nk = p["body"], p["num_consts"], p["num_carry"]
+    body = p["body"]
+    nc, nk = body.num_consts, body.num_carry
     carry_live = list(used[:nk])
     ys_used = list(used[nk:])
     while True:
@@ -186,36 +190,35 @@ def _scan_dce(node, used):
         return None
     g = drop_inputs(g, keep)
     outs = [v for v, u in zip(node.outputs, carry_live + ys_used) if u]
-    params = dict(p, body=g, num_consts=sum(keep[:nc]), num_carry=sum(carry_live))
+    params = dict(p, body=g)  # (its counts count what it keeps)
     return node.replace(inputs=tuple(a for a, k in zip(node.inputs, keep) if k),
                         outputs=tuple(outs), params=params)
 
 
 @scan_p.def_hoist
 def _scan_hoist(node):
-    nc = node.params["num_consts"]
+    nc = node.params["body"].num_consts
     res = hoist_nodes(node.params["body"], nc, node.inputs[:nc])
     if res is None:
         return None
-    outer, atoms, body = res
-    params = dict(node.params, body=body, num_consts=nc + len(atoms))
+    outer, atoms, body = res  # (the hoisted values are new consts of `body`)
+    params = dict(node.params, body=body)
     return outer, node.replace(inputs=node.inputs[:nc] + tuple(atoms) + node.inputs[nc:],
                                params=params)
 
 
 @scan_p.def_vjp_fwd
-def _scan_vjp_fwd(primals, *, body, num_consts, num_carry, length, reverse=False,
-                  checkpoints=None):
-    params = _params(body, num_consts, num_carry, length, reverse, checkpoints)
+def _scan_vjp_fwd(primals, *, body, length, reverse=False, checkpoints=None):
+    params = _params(body, body.num_consts, body.num_carry, length, reverse, checkpoints)
     if checkpoints is None:
-        wrt = body_wrt(body, num_consts, num_carry, primals)
+        wrt = body_wrt(body, body.num_consts, body.num_carry, primals)
         return _residual_fwd(vjp_graph(body, wrt), primals, params)
     return _stored_fwd(primals, params)
 
 
 @scan_p.def_vjp_bwd
-def _scan_vjp_bwd(res, cts, *, body, num_consts, num_carry, length, reverse=False,
-                  checkpoints=None):
+def _scan_vjp_bwd(res, cts, *, body, length, reverse=False, checkpoints=None):
+    num_consts, num_carry = body.num_consts, body.num_carry
     kind = res[0]
     if kind == "residuals":
         return _residual_bwd(res, cts, body, num_consts, num_carry, length, reverse)
@@ -233,7 +236,7 @@ def _residual_fwd(vg, primals, params):
     sparse matrix or a factorization computed in a step), each step's carry
     is stored instead and the backward step recomputes the forward part."""
     nout = len(params["body"].outputs)
-    nc, nk = params["num_consts"], params["num_carry"]
+    nc, nk = params["body"].num_consts, params["body"].num_carry
     consts, init, xs = _groups(primals, nc, nk)
     fwd, consts2 = hoist(vg.forward, nc, consts)
     nc2 = len(consts2)
@@ -253,7 +256,7 @@ def _residual_fwd(vg, primals, params):
             where.append(("stack", len(stack)))
             stack.append(nout + len(where) - 1)
     fbody = permute(fwd, outputs=list(range(nout)) + stack)
-    p = dict(params, body=fbody, num_consts=nc2)
+    p = dict(params, body=as_body(fbody, nc2, nk))
     res = scan_p.bind(*consts2, *init, *xs, **p)
     outs, stacked = tuple(res[:nout]), list(res[nout:])
     return outs, ("residuals", primals, consts2, stacked, where, vg)
@@ -264,7 +267,8 @@ def _stored_fwd(primals, params):
     writes the carries that the backward pass's first run starts from (the
     schedule's first stores, `Runs.forward`) into cells, an extra carry per
     carry: the backward pass then does not run the loop forward again."""
-    body, nc, nk = params["body"], params["num_consts"], params["num_carry"]
+    body = params["body"]
+    nc, nk = body.num_consts, body.num_carry
     if not all(isinstance(v.type, TensorType) for v in body.inputs[nc:nc + nk]):
         outs = scan_p.bind(*primals, **params)  # (the backward pass says why it cannot)
         return outs, ("checkpointed", primals)
@@ -289,7 +293,7 @@ def _stored_fwd(primals, params):
     g, bconsts, _ = trace_body(step, types, name=f"{body.name}_stores")
     table = runs.forward[::-1] if params.get("reverse") else runs.forward
     res = scan_p.bind(*bconsts, *consts, *init, *cells, *xs, table.astype(np.int64),
-                      **dict(params, body=g, num_consts=len(bconsts) + nc, num_carry=2 * nk))
+                      **dict(params, body=as_body(g, len(bconsts) + nc, 2 * nk)))
     outs = tuple(res[:nk]) + tuple(res[2 * nk:])
     return outs, ("checkpointed", primals, tuple(res[nk:2 * nk]))
 
@@ -349,7 +353,8 @@ def _residual_bwd(res, cts, body, nc, nk, length, reverse):
 
 def _carry_fwd(primals, params):
     """The forward scan with each step's incoming carry stacked as well."""
-    body, nc, nk = params["body"], params["num_consts"], params["num_carry"]
+    body = params["body"]
+    nc, nk = body.num_consts, body.num_carry
     nout = len(body.outputs)
     check_storable(body, nc, nk)
     g = body.replace(outputs=body.outputs + body.inputs[nc:nc + nk])
@@ -378,8 +383,9 @@ def checkpointed_bwd(res, cts, body, nc, nk, length, reverse, checkpoints):
     cells = list(stored[0]) if stored else []
     out = scan_adjoint_p.bind(
         *consts, *init, *xs, *ctc0, *acc0, *[cts[i] for i in cty_idx], *cells,
-        body=live_inputs(body, [True] * nk + [False] * (len(body.outputs) - nk))[0],
-        step=v, num_consts=nc, num_carry=nk, num_ct_carry=len(ctc0),
+        body=as_body(live_inputs(body, [True] * nk + [False] * (len(body.outputs) - nk))[0],
+                     nc, nk),
+        step=v, num_ct_carry=len(ctc0),
         num_acc=len(acc0), length=length, **({"reverse": True} if reverse else {}),
         schedule=checkpoints, **({"stored": True} if cells else {}))
     return assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, x_idx, out)
@@ -390,8 +396,7 @@ def checkpointed_bwd(res, cts, body, nc, nk, length, reverse, checkpoints):
 
 
 scan_adjoint_p = Primitive("scan_adjoint", multiple_results=True, params={
-    "body": Graph, "step": Graph, "num_consts": int, "num_carry": int,
-    "num_ct_carry": int, "num_acc": int, "length": int,
+    "body": Body, "step": Graph, "num_ct_carry": int, "num_acc": int, "length": int,
     "reverse": Param(bool, default=False), "schedule": SCHEDULES,
     "stored": Param(bool, default=False)})
 #: operands `(*consts, *init, *xs, *ct_carry, *acc, *ct_ys)`, and with
@@ -413,7 +418,7 @@ def _unstored(args, params: dict):
     node computes the same without them)."""
     if not params.get("stored"):
         return list(args), params
-    nk = params["num_carry"]
+    nk = params["body"].num_carry
     return list(args[:len(args) - nk]), {k: v for k, v in params.items() if k != "stored"}
 
 
@@ -428,9 +433,12 @@ def _adjoint_groups(args, nc, nk, nxs, nctc, nacc):
 
 
 @scan_adjoint_p.def_abstract_eval
-def _scan_adjoint_shape(*in_types, body, step, num_consts, num_carry, num_ct_carry,
-                        num_acc, length, reverse=False, schedule, stored=False):
+def _scan_adjoint_shape(*in_types, body, step, num_ct_carry, num_acc, length, reverse=False,
+                        schedule, stored=False):
     op = "scan_adjoint"
+    if not isinstance(body, Body):
+        raise ShapeError(f"`body` must be a Body, got {body!r}.", op=op)
+    num_consts, num_carry = body.num_consts, body.num_carry
     nx = len(body.inputs) - num_consts - num_carry
     if stored:
         if not isinstance(schedule, SCHEDULES):
@@ -446,8 +454,7 @@ def _scan_adjoint_shape(*in_types, body, step, num_consts, num_carry, num_ct_car
                                  f"{c.str_short()}.", op=op)
     consts, carry, xs, ctc, acc, cty = _adjoint_groups(in_types, num_consts, num_carry, nx,
                                                        num_ct_carry, num_acc)
-    _scan_shape(*consts, *carry, *xs, body=body, num_consts=num_consts,
-                num_carry=num_carry, length=length)
+    _scan_shape(*consts, *carry, *xs, body=body, length=length)
     if not isinstance(schedule, SCHEDULES):
         raise InvalidOptionError(f"`schedule` must be one of "
                                  f"{[c.__name__ for c in SCHEDULES]}, got {schedule!r}.", op=op)
@@ -464,8 +471,9 @@ def _scan_adjoint_shape(*in_types, body, step, num_consts, num_carry, num_ct_car
 
 
 @scan_adjoint_p.def_impl
-def _scan_adjoint_impl(*args, body, step, num_consts, num_carry, num_ct_carry, num_acc,
-                       length, reverse=False, schedule, stored=False):
+def _scan_adjoint_impl(*args, body, step, num_ct_carry, num_acc, length, reverse=False,
+                       schedule, stored=False):
+    num_consts, num_carry = body.num_consts, body.num_carry
     # The schedule's actions compiled into runs of advances and backward
     # steps, the backward steps reading kept residuals (`_replay`).
     nc, nk, nacc = num_consts, num_carry, num_ct_carry + num_acc
@@ -506,8 +514,9 @@ def _scan_adjoint_impl(*args, body, step, num_consts, num_carry, num_ct_carry, n
 
 
 @scan_adjoint_p.def_jvp
-def _scan_adjoint_jvp(primals, tangents, *, body, step, num_consts, num_carry,
-                      num_ct_carry, num_acc, length, reverse=False, schedule, stored=False):
+def _scan_adjoint_jvp(primals, tangents, *, body, step, num_ct_carry, num_acc, length,
+                      reverse=False, schedule, stored=False):
+    num_consts, num_carry = body.num_consts, body.num_carry
     # The backward pass is a fixed composition of forward steps and backward
     # steps; its JVP is the same composition of their JVPs: the same schedule
     # on the JVP of `body` (carries with their tangents) and of `step`, every
@@ -534,9 +543,8 @@ def _scan_adjoint_jvp(primals, tangents, *, body, step, num_consts, num_carry,
                       + [instantiate(tangents[i]) for i in range(lo, lo + size) if diff[i]])
         lo += size
     out = scan_adjoint_p.bind(
-        *[a for g in groups for a in g], body=bj, step=sj,
-        num_consts=len(groups[0]), num_carry=len(groups[1]),
-        num_ct_carry=len(groups[3]), num_acc=len(groups[4]), length=length,
+        *[a for g in groups for a in g], body=as_body(bj, len(groups[0]), len(groups[1])),
+        step=sj, num_ct_carry=len(groups[3]), num_acc=len(groups[4]), length=length,
         **({"reverse": True} if reverse else {}), schedule=schedule)
     return split_grouped(out, step.out_types, (nctc, nacc, nctx))
 
@@ -546,7 +554,7 @@ def _scan_adjoint_hoist(node):
     # the forward body and the step share their consts: what either hoists
     # becomes a const of both
     p = node.params
-    nc = p["num_consts"]
+    nc, nk = p["body"].num_consts, p["body"].num_carry
     consts = node.inputs[:nc]
     rb = hoist_nodes(p["body"], nc, consts)
     rs = hoist_nodes(p["step"], nc, consts)
@@ -565,15 +573,16 @@ def _scan_adjoint_hoist(node):
         step, ns = rs[2], len(rs[1])
     body = with_unused_inputs(body, nc + nb, [a.type for a in atoms[nb:]])
     step = with_unused_inputs(step, nc, [a.type for a in atoms[:nb]])
-    params = dict(p, body=body, step=step, num_consts=nc + nb + ns)
+    params = dict(p, body=as_body(body, nc + nb + ns, nk), step=step)
     return outer, node.replace(inputs=consts + tuple(atoms) + node.inputs[nc:],
                                params=params)
 
 
-def _adjoint_by_scans(*args, body, step, num_consts, num_carry, num_ct_carry, num_acc,
-                      length, reverse=False, schedule, stored=False):
+def _adjoint_by_scans(*args, body, step, num_ct_carry, num_acc, length, reverse=False,
+                      schedule, stored=False):
     """What a `scan_adjoint` node computes, as two plain scans: the forward
     scan storing every step's carry, then the reverse scan of `step`."""
+    num_consts, num_carry = body.num_consts, body.num_carry
     nc, nk = num_consts, num_carry
     if stored:
         args = args[:len(args) - nk]
@@ -771,8 +780,8 @@ def fori_loop(lower: int, upper: int, body_fun: Callable, init_val, checkpoints=
 
 
 @scan_p.def_linearity
-def _scan_linearity(linear, *, body, num_consts, num_carry, length, reverse=False,
-                    checkpoints=None):
+def _scan_linearity(linear, *, body, length, reverse=False, checkpoints=None):
+    num_consts, num_carry = body.num_consts, body.num_carry
     # a final carry as its carry (its start, after no steps), the stacked
     # outputs as the body's
     lin, out = loop_linearity(body, linear, num_consts, num_carry)
@@ -780,9 +789,8 @@ def _scan_linearity(linear, *, body, num_consts, num_carry, length, reverse=Fals
 
 
 @scan_p.def_transpose
-def _scan_transpose(cts, *args, body, num_consts, num_carry, length, reverse=False,
-                    checkpoints=None):
-    nc, nk, n = num_consts, num_carry, len(args)
+def _scan_transpose(cts, *args, body, length, reverse=False, checkpoints=None):
+    nc, nk, n = body.num_consts, body.num_carry, len(args)
     linear = [is_linear(a) for a in args]
     lin, out_lin = loop_linearity(body, linear, nc, nk)
     check_zero_starts(args, linear, lin, nc, nk, "scan")
@@ -800,8 +808,8 @@ def _scan_transpose(cts, *args, body, num_consts, num_carry, length, reverse=Fal
     cty = [cts[j] for j in given]
     storable_primal_carries(body, nl_k, nc, "scan")
     if checkpoints is not None and nl_k:
-        out = scan_adjoint_p.bind(*consts, *init, *xs, *ct0, *cty, body=fb, step=st,
-                                  num_consts=len(consts), num_carry=len(nl_k),
+        out = scan_adjoint_p.bind(*consts, *init, *xs, *ct0, *cty,
+                                  body=as_body(fb, len(consts), len(nl_k)), step=st,
                                   num_ct_carry=len(lk), num_acc=len(lc), length=length,
                                   **({"reverse": True} if reverse else {}),
                                   schedule=checkpoints)
@@ -848,8 +856,8 @@ def _second(a, d):
 
 
 @scan_p.def_batch
-def _scan_batch(args, dims, *, body, num_consts, num_carry, length, reverse=False,
-                checkpoints=None):
+def _scan_batch(args, dims, *, body, length, reverse=False, checkpoints=None):
+    num_consts, num_carry = body.num_consts, body.num_carry
     # The body is batched on its consts', carries' and per-step slices' batch
     # flags, the carries' flags a fixed point; stacked operands and results
     # keep the step axis first and carry the batch axis second.
@@ -866,8 +874,9 @@ def _scan_batch(args, dims, *, body, num_consts, num_carry, length, reverse=Fals
 
 
 @scan_adjoint_p.def_batch
-def _scan_adjoint_batch(args, dims, *, body, step, num_consts, num_carry, num_ct_carry,
-                        num_acc, length, reverse=False, schedule, stored=False):
+def _scan_adjoint_batch(args, dims, *, body, step, num_ct_carry, num_acc, length,
+                        reverse=False, schedule, stored=False):
+    num_consts, num_carry = body.num_consts, body.num_carry
     # The forward body's carries are batched to their fixed point first (the
     # step reads them but does not change them), then the step's cotangent
     # carries and accumulators to theirs. (Stored cells are left out: the
@@ -895,7 +904,7 @@ def _scan_adjoint_batch(args, dims, *, body, step, num_consts, num_carry, num_ct
                 ops.append(a if d is None else _second(a, d))
             else:
                 ops.append(batched_front(a, d, size) if f else a)
-    outs = scan_adjoint_p.bind(*ops, body=gb, step=gs, num_consts=nc, num_carry=nk,
+    outs = scan_adjoint_p.bind(*ops, body=as_body(gb, nc, nk), step=gs,
                                num_ct_carry=nctc, num_acc=nacc, length=length,
                                **({"reverse": True} if reverse else {}), schedule=schedule)
     return list(outs), ([0 if b else None for b in os_[:nctc + nacc]]
@@ -906,17 +915,17 @@ def _install_sparsity_rules() -> None:
     from ..graph._sparsity import Deps, dense_all, value_shape
 
     @scan_p.def_sparsity
-    def _scan_sparsity(outs, *deps, body, num_consts, num_carry, length, reverse=False,
-                       checkpoints=None):
-        consts, init, xs = _groups(deps, num_consts, num_carry)
+    def _scan_sparsity(outs, *deps, body, length, reverse=False, checkpoints=None):
+        consts, init, xs = body.groups(deps)
         res = loop_sparsity(body, consts, init, xs, length, exact=True, reverse=reverse)
         if res is None:
             return dense_all(outs, *deps)
         return list(res[0]) + list(res[1])
 
     @scan_adjoint_p.def_sparsity
-    def _scan_adjoint_sparsity(outs, *deps, body, step, num_consts, num_carry, num_ct_carry,
-                               num_acc, length, reverse=False, schedule, stored=False):
+    def _scan_adjoint_sparsity(outs, *deps, body, step, num_ct_carry, num_acc, length,
+                               reverse=False, schedule, stored=False):
+        num_consts, num_carry = body.num_consts, body.num_carry
         # what `_adjoint_by_scans` computes: the forward scan stacking each
         # step's carry, then the reverse scan of `step` over them (stored
         # cells hold carries of that scan: they add nothing)
@@ -956,7 +965,8 @@ def _scan_cost(node, body):
     from ..graph._cost import Cost, loop_body_peak, steps_note
 
     p = node.params
-    g, nc, nk = p["body"], p["num_consts"], p["num_carry"]
+    g = p["body"]
+    nc, nk = g.num_consts, g.num_carry
     b, n = body(g), p["length"]
     peak = loop_body_peak(g, b, g.inputs[nc:nc + nk])
     return Cost(n * b.flops, peak, steps_note(n, b.flops))
@@ -977,7 +987,21 @@ def _scan_adjoint_cost(node, body):
     if p.get("stored") and len(runs.runs):  # the forward pass ran the first stretch
         recomputed -= int(runs.runs[0, 2])
         cells = 0  # (and holds the cells: an operand)
-    temp = cells * _carry_bytes(p["body"], p["num_consts"], p["num_carry"]) + \
+    temp = cells * _carry_bytes(p["body"], p["body"].num_consts, p["body"].num_carry) + \
         max(fb.peak, st.peak)
     return Cost(recomputed * fb.flops + n * st.flops, temp,
                 f"{n} steps, {sched}: {recomputed} forward steps recomputed")
+
+
+# ---------------------------------------------------------------------------
+# version-1 files: `num_consts` and `num_carry` were params of the node
+
+
+def _v1(params: dict) -> dict:
+    params = dict(params)
+    nc, nk = params.pop("num_consts"), params.pop("num_carry")
+    return {**params, "body": as_body(params["body"], nc, nk)}
+
+
+register_v1_migration("scan", _v1)
+register_v1_migration("scan_adjoint", _v1)
