@@ -39,7 +39,7 @@ Rules, each a loop itself, so every order of differentiation is a loop:
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -219,13 +219,42 @@ def _scan_vjp_fwd(primals, *, body, length, reverse=False, checkpoints=None):
 @scan_p.def_vjp_bwd
 def _scan_vjp_bwd(res, cts, *, body, length, reverse=False, checkpoints=None):
     num_consts, num_carry = body.num_consts, body.num_carry
-    kind = res[0]
-    if kind == "residuals":
+    if isinstance(res, Residuals):
         return _residual_bwd(res, cts, body, num_consts, num_carry, length, reverse)
-    if kind == "carries":
+    if isinstance(res, StoredCarries):
         return _carry_bwd(res, cts, body, num_consts, num_carry, length, reverse)
     return checkpointed_bwd(res, cts, body, num_consts, num_carry, length, reverse,
                              checkpoints)
+
+
+# What the forward pass of reverse mode leaves for the backward pass, one
+# layout per way of doing it (`def_vjp_fwd`'s residuals).
+
+
+class Residuals(NamedTuple):
+    """Each step's saved values (`checkpoints=None`): `stacked` the stacked
+    ones, `where` where each saved value of the backward body comes from,
+    `consts` the forward scan's consts (the hoisted values included) and
+    `vjp` the body's split `VJPGraph`."""
+    primals: tuple
+    consts: list
+    stacked: list
+    where: list
+    vjp: object
+
+
+class StoredCarries(NamedTuple):
+    """Each step's incoming carry, stacked (saved values that are not arrays
+    cannot be stacked: the backward step recomputes them)."""
+    primals: tuple
+    carries: list
+
+
+class Checkpointed(NamedTuple):
+    """The operands of a checkpointed loop, and the cells the forward pass
+    wrote (`_stored_fwd`; None if it wrote none)."""
+    primals: tuple
+    cells: tuple | None = None
 
 
 def _residual_fwd(vg, primals, params):
@@ -259,7 +288,7 @@ def _residual_fwd(vg, primals, params):
     p = dict(params, body=as_body(fbody, nc2, nk))
     res = scan_p.bind(*consts2, *init, *xs, **p)
     outs, stacked = tuple(res[:nout]), list(res[nout:])
-    return outs, ("residuals", primals, consts2, stacked, where, vg)
+    return outs, Residuals(primals, consts2, stacked, where, vg)
 
 
 def _stored_fwd(primals, params):
@@ -271,7 +300,7 @@ def _stored_fwd(primals, params):
     nc, nk = body.num_consts, body.num_carry
     if not all(isinstance(v.type, TensorType) for v in body.inputs[nc:nc + nk]):
         outs = scan_p.bind(*primals, **params)  # (the backward pass says why it cannot)
-        return outs, ("checkpointed", primals)
+        return outs, Checkpointed(primals)
     runs = checkpoint_runs(params["checkpoints"], params["length"])
     consts, init, xs = _groups(primals, nc, nk)
     carry_types = [v.type for v in body.inputs[nc:nc + nk]]
@@ -295,16 +324,16 @@ def _stored_fwd(primals, params):
     res = scan_p.bind(*bconsts, *consts, *init, *cells, *xs, table.astype(np.int64),
                       **dict(params, body=as_body(g, len(bconsts) + nc, 2 * nk)))
     outs = tuple(res[:nk]) + tuple(res[2 * nk:])
-    return outs, ("checkpointed", primals, tuple(res[nk:2 * nk]))
+    return outs, Checkpointed(primals, tuple(res[nk:2 * nk]))
 
 
 def _carry_fallback(primals, params):
     outs, carries = _carry_fwd(primals, params)
-    return outs, ("carries", primals, carries)
+    return outs, StoredCarries(primals, carries)
 
 
 def _residual_bwd(res, cts, body, nc, nk, length, reverse):
-    _, primals, consts2, stacked, where, vg = res
+    primals, consts2, stacked, where, vg = res
     xs = primals[nc + nk:]
     nc2 = len(consts2)
     diff_in = [i for i, v in enumerate(body.inputs) if is_differentiable(v.type)]
@@ -363,7 +392,7 @@ def _carry_fwd(primals, params):
 
 
 def _carry_bwd(res, cts, body, nc, nk, length, reverse):
-    _, primals, carries = res
+    primals, carries = res
     consts, init, xs = _groups(primals, nc, nk)
     ct_carry_idx, acc_idx, cty_idx, x_idx = ct_plan(body, nc, nk, primals, cts)
     v = step_vjp_graph(body, nc, nk, ct_carry_idx, acc_idx, cty_idx, x_idx)
@@ -374,13 +403,13 @@ def _carry_bwd(res, cts, body, nc, nk, length, reverse):
 
 
 def checkpointed_bwd(res, cts, body, nc, nk, length, reverse, checkpoints):
-    primals, stored = res[1], res[2:]  # (the cells `_stored_fwd` wrote, if any)
+    primals = res.primals
     consts, init, xs = _groups(primals, nc, nk)
     check_storable(body, nc, nk)
     ct_carry_idx, acc_idx, cty_idx, x_idx = ct_plan(body, nc, nk, primals, cts)
     v = step_vjp_graph(body, nc, nk, ct_carry_idx, acc_idx, cty_idx, x_idx)
     ctc0, acc0 = ct_inits(primals, cts, ct_carry_idx, acc_idx)
-    cells = list(stored[0]) if stored else []
+    cells = list(res.cells) if res.cells is not None else []
     out = scan_adjoint_p.bind(
         *consts, *init, *xs, *ctc0, *acc0, *[cts[i] for i in cty_idx], *cells,
         body=as_body(live_inputs(body, [True] * nk + [False] * (len(body.outputs) - nk))[0],

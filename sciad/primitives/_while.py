@@ -54,7 +54,7 @@ from ._loop_adjoint import (assemble_cts, check_storable, check_zero_starts, ct_
                             step_vjp_graph, storable_primal_carries, transposed_step,
                             with_unused_inputs)
 from ._loop_sparsity import loop_sparsity
-from ._scan import checkpointed_bwd, scan
+from ._scan import Checkpointed, checkpointed_bwd, scan
 from ._schedules import SCHEDULES, Binomial, Segments, as_schedule
 
 _tree = jax.tree_util
@@ -276,7 +276,7 @@ def _while_vjp_bwd(res, cts, *, cond_body, body, max_steps=None, checkpoints=Non
     if steps is None:
         step = _bounded_step(cond_body, body, nc)
         schedule = checkpoints or Binomial(default_snapshots(max_steps))
-        return checkpointed_bwd(("checkpointed", primals), cts, step, nc, nk, max_steps,
+        return checkpointed_bwd(Checkpointed(primals), cts, step, nc, nk, max_steps,
                                  False, schedule)
     check_storable(body, nc, nk)
     ct_carry_idx, acc_idx, _, _ = ct_plan(body, nc, nk, primals, cts)
