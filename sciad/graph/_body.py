@@ -306,6 +306,37 @@ def hoist_nodes(graph: Graph, num_consts: int, const_atoms: Sequence):
     return outer, [env[v] for v in needed], body
 
 
+def with_consts(graph: Graph, types) -> Graph:
+    """`graph` with unused inputs of `types` after its consts (new consts of a
+    `Body`, which then counts them)."""
+    nc = graph.num_consts if isinstance(graph, Body) else 0
+    new = tuple(Var(t) for t in types)
+    out = graph.replace(inputs=graph.inputs[:nc] + new + graph.inputs[nc:])
+    if isinstance(out, Body):
+        out = out.replace(num_consts=nc + len(new))
+    return out
+
+
+def hoist_rule(node: Node, *, also: Sequence[str] = ()):
+    """The `def_hoist` rule of a loop node whose `body` param is a `Body` and
+    whose operands start with its consts: the body's loop-invariant nodes
+    move out of the loop (`hoist_nodes`), the values the rest reads become
+    new consts, and the bodies named in `also` (a `while` loop's predicate,
+    which reads the same operands) get them as unused consts.
+    Returns `(outer_nodes, node)`, or None if nothing is invariant."""
+    body = node.params["body"]
+    nc = body.num_consts
+    res = hoist_nodes(body, nc, node.inputs[:nc])
+    if res is None:
+        return None
+    outer, atoms, body = res
+    params = dict(node.params, body=body)
+    for name in also:
+        params[name] = with_consts(node.params[name], [a.type for a in atoms])
+    return outer, node.replace(inputs=node.inputs[:nc] + tuple(atoms) + node.inputs[nc:],
+                               params=params)
+
+
 def nonlinear_body(graph: Graph, linear: Sequence[bool], outputs: Sequence[int], *,
                    name: str) -> Graph:
     """The part of `graph` that computes its `outputs` (indices), which must

@@ -51,8 +51,8 @@ from ..graph import is_differentiable, is_linear, is_zero
 from ..graph import instantiate, lower
 from ..graph._autodiff import expansion_transpose, type_of, vjp_eval, vjp_graph, zeros
 from ..graph._batch import batch_body, batch_size_of, batched_front, carry_fixed_point, front_where
-from ..graph._body import (Body, as_body, drop_inputs, hoist, hoist_nodes, inline, live_inputs,
-                           permute, trace_body)
+from ..graph._body import (Body, as_body, drop_inputs, hoist, hoist_nodes, hoist_rule, inline,
+                           live_inputs, permute, trace_body)
 from ..graph._serialize import register_v1_migration
 from ..graph._trace import Tracer, is_value_leaf
 from ._indexing import dynamic_update_slice_p
@@ -195,16 +195,7 @@ def _scan_dce(node, used):
                         outputs=tuple(outs), params=params)
 
 
-@scan_p.def_hoist
-def _scan_hoist(node):
-    nc = node.params["body"].num_consts
-    res = hoist_nodes(node.params["body"], nc, node.inputs[:nc])
-    if res is None:
-        return None
-    outer, atoms, body = res  # (the hoisted values are new consts of `body`)
-    params = dict(node.params, body=body)
-    return outer, node.replace(inputs=node.inputs[:nc] + tuple(atoms) + node.inputs[nc:],
-                               params=params)
+scan_p.def_hoist(hoist_rule)
 
 
 @scan_p.def_vjp_fwd

@@ -43,7 +43,7 @@ from ..graph import Body, Graph, Param, Primitive, TensorType, Var, Zero
 from ..graph import instantiate, is_linear, is_zero, lower
 from ..graph._autodiff import expansion_transpose, type_of
 from ..graph._batch import batch_body, batch_size_of, carry_fixed_point, front_where
-from ..graph._body import (as_body, drop_inputs, hoist, hoist_nodes, inline, live_inputs,
+from ..graph._body import (as_body, drop_inputs, hoist, hoist_rule, inline, live_inputs,
                            nonlinear_body, trace_body)
 from ..graph._serialize import register_v1_migration
 from ..graph._trace import Tracer, is_value_leaf
@@ -185,16 +185,7 @@ def _while_dce(node, used):
 
 @while_p.def_hoist
 def _while_hoist(node):
-    nc = node.params["body"].num_consts
-    res = hoist_nodes(node.params["body"], nc, node.inputs[:nc])
-    if res is None:
-        return None
-    outer, atoms, body = res
-    cb = with_unused_inputs(node.params["cond_body"], nc, [a.type for a in body.inputs[
-        nc:nc + len(atoms)]])
-    params = dict(node.params, **loop_bodies(cb, body, nc + len(atoms)))
-    return outer, node.replace(inputs=node.inputs[:nc] + tuple(atoms) + node.inputs[nc:],
-                               params=params)
+    return hoist_rule(node, also=("cond_body",))
 
 
 # -- reverse mode ---------------------------------------------------------------
