@@ -63,7 +63,7 @@ import numpy as np  # noqa: E402
 import _harness  # noqa: E402
 import sciad as sd  # noqa: E402
 import sciad.numpy as snp  # noqa: E402
-from sciad.primitives._control import checkpoint_runs  # noqa: E402  (the schedule's cells)
+from sciad.primitives._schedules import checkpoint_runs  # noqa: E402  (the schedule's cells)
 
 
 # ---------------------------------------------------------------------------

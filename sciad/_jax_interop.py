@@ -392,11 +392,10 @@ def _not_canonical(graph: Graph) -> str | None:
         if any(bad(v.type) for v in node.outputs) or any(
                 isinstance(a, Literal) and bad(a.type) for a in node.inputs):
             return format_node(node)
-        for value in node.params.values():
-            if isinstance(value, Graph):
-                found = _not_canonical(value)
-                if found is not None:
-                    return found
+        for sub in node.subgraphs:  # (bodies, in params or tuples of them)
+            found = _not_canonical(sub)
+            if found is not None:
+                return found
     for a in graph.outputs:
         if bad(a.type):
             return f"output {a.type.str_short()}"

@@ -93,7 +93,7 @@ def operator(matvec, shape, dtype=np.float64, *, tags=()) -> Operator:
 def _solve_operator(A: Operator, b, solver: str, tol, atol: float, maxiter, throw: bool):
     from . import numpy as snp
     from .graph import TensorType
-    from .graph._body import trace_body
+    from .graph._body import Body, trace_body
     from .primitives._linalg import linalg_solve_operator_p
 
     op = "linalg.solve"
@@ -109,7 +109,8 @@ def _solve_operator(A: Operator, b, solver: str, tol, atol: float, maxiter, thro
                                     (TensorType((n,), A.dtype),), name="matvec")
     if tol is None:
         tol = 1e-10 if np.finfo(A.dtype).bits >= 64 else 1e-5
-    params = dict(graph=graph, solver=solver, rtol=float(tol), atol=float(atol))
+    params = dict(body=Body.of(graph, len(captured)), solver=solver, rtol=float(tol),
+                  atol=float(atol))
     if maxiter is not None:
         params["maxiter"] = int(maxiter)
     if A.tags:

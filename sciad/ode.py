@@ -64,7 +64,7 @@ from .graph import Site, Tracer
 from .graph._autodiff import type_of
 from .graph._body import trace_body
 from .graph._source import user_source
-from .primitives._control import fori_loop
+from .primitives._scan import fori_loop
 from .primitives._ode import STATUS, SOLVERS, OdeintOutputs, odeint_p
 from .primitives._ode_adjoint import ADJOINTS, INTERPOLATED
 from .primitives._ode_events import event_guard_p

@@ -90,8 +90,8 @@ def test_subgraph_prints_nested(rng):
     inner = sd.trace(lambda a: (snp.sin(a),), x)
     g = sd.trace(lambda a: sd.call(inner, a)[0] * 2.0, x)
     text = g.pretty(source=False)
-    assert "call[graph=<graph lambda>] %a" in text
-    assert "    graph lambda(%a: f64[3]) {" in text
+    assert "call[body=<body lambda>] %a" in text
+    assert "    graph lambda(%a: f64[3]) [consts=1, carry=0, xs=0] {" in text
     assert "      %0 = sin %a" in text
 
 
@@ -111,7 +111,7 @@ def test_json_round_trip_is_lossless(xyz):
     g = sd.trace(f, *xyz)
     text = g.to_json()
     doc = json.loads(text)
-    assert doc["format"] == "sciad.graph" and doc["version"] == 1
+    assert doc["format"] == "sciad.graph" and doc["version"] == 2
     back = Graph.from_json(text)
     assert back.to_json() == text and str(back) == str(g)
     np.testing.assert_array_equal(sd.graph.evaluate(back, *xyz)[0],
@@ -223,3 +223,24 @@ def test_graphs_are_frozen(xyz):
         g.nodes = ()
     g2 = g.replace(name="renamed")
     assert g2.name == "renamed" and g.name == "f"
+
+
+def test_body_is_a_graph_with_its_layout(rng):
+    from sciad.graph import Body
+    from sciad.graph._body import drop_inputs
+
+    x = rng.standard_normal(3)
+    g = sd.trace(lambda c, u, k: (u * c + k, u.sum()), x, x, x)
+    body = Body.of(g, num_consts=1, num_carry=1)
+    assert isinstance(body, sd.graph.Graph) and body.layout == (1, 1, 1)
+    renamed = body.replace(name="step")
+    assert type(renamed) is Body and renamed.layout == (1, 1, 1)
+    assert body.groups("abc") == (["a"], ["b"], ["c"])
+    # dropping an input the body does not read: the counts count what stays
+    h = sd.trace(lambda c, u: (u * 2.0,), x, x)
+    dropped = drop_inputs(Body.of(h, num_consts=1, num_carry=1), [False, True])
+    assert dropped.layout == (0, 1, 0)
+    sd.graph.verify(dropped)
+    with pytest.raises(VerificationError, match="layout"):
+        sd.graph.verify(body.replace(num_xs=2))
+    assert "[consts=1, carry=1, xs=1]" in body.pretty(source=False)

@@ -12,7 +12,7 @@ import sciad as sd
 import sciad.numpy as snp
 from sciad.errors import InvalidOptionError, ShapeError
 from sciad.graph.passes import dce, optimize
-from sciad.primitives._control import checkpoint_runs, revolve_actions
+from sciad.primitives._schedules import checkpoint_runs, revolve_actions
 from sciad.primitives._replay import split_step
 
 N, STEPS = 6, 12
@@ -163,7 +163,7 @@ def test_closures_over_traced_values_are_operands(rng):
 
     g = sd.trace(f, a, 0.5)
     (scan,) = [n for n in g.nodes if n.primitive.name == "scan"]
-    assert scan.params["num_consts"] == 2  # cos(a) (hoisted) and b
+    assert scan.params["body"].num_consts == 2  # cos(a) (hoisted) and b
     got = sd.grad(f, argnums=(0, 1))(a, 0.5)
     want = jax.grad(fj, argnums=(0, 1))(a, 0.5)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
@@ -196,7 +196,7 @@ def test_dce_drops_dead_carries_and_outputs():
 
     g = dce(sd.trace(f, 1.0))
     (scan,) = [n for n in g.nodes if n.primitive.name == "scan"]
-    assert scan.params["num_carry"] == 1 and len(scan.outputs) == 2, str(g)
+    assert scan.params["body"].num_carry == 1 and len(scan.outputs) == 2, str(g)
     assert len(scan.params["body"].nodes) == 1, str(g)
     np.testing.assert_allclose(sd.graph.evaluate(g, 1.5)[0], 12.0 + 3.0)
 
@@ -299,7 +299,7 @@ def test_checkpointed_backward_parts_read_residuals_or_recompute(rng, leaves, ri
     g = sd.trace(sd.grad(lambda a: _loop(a, c0, xs, 3, leaves=leaves, rich=rich)), a)
     (adj,) = [n for n in g.nodes if n.primitive.name == "scan_adjoint"]
     p = adj.params
-    nc, nk = p["num_consts"], p["num_carry"]
+    nc, nk = p["body"].num_consts, p["body"].num_carry
     split = split_step(p["step"], nc, nk, len(p["body"].inputs) - nc - nk,
                        p["num_ct_carry"] + p["num_acc"])
     # residuals no larger than the carry are kept (packed into its cell: one
@@ -321,7 +321,7 @@ def test_checkpointed_forward_pass_stores_the_first_checkpoints(heat):
         g = sd.trace(sd.grad(lambda k: _heat_sd(k, u0, d, steps=40, checkpoints=ck)), k)
         (fwd,) = [n for n in g.nodes if n.primitive.name == "scan"]
         (adj,) = [n for n in g.nodes if n.primitive.name == "scan_adjoint"]
-        assert fwd.params["num_carry"] == 2 and adj.params["stored"], g
+        assert fwd.params["body"].num_carry == 2 and adj.params["stored"], g
         # so the backward pass does not run the loop forward once more first
         note = str(sd.cost(sd.grad(lambda k: _heat_sd(k, u0, d, steps=40, checkpoints=ck)),
                            k))

@@ -7,7 +7,7 @@ import pytest
 import sciad as sd
 import sciad.numpy as snp
 from sciad.errors import RegistrationError
-from sciad.graph import Factored, Graph, Node, Primitive, TensorType, Var, passes
+from sciad.graph import Body, Factored, Graph, Node, Primitive, TensorType, Var, passes
 from sciad.primitives import broadcast_to_p, convert_p, reshape_p, transpose_p
 from sciad.primitives._linalg import linalg_backsolve_p, linalg_factor_p
 
@@ -119,7 +119,7 @@ graph graph(%arg0: f64[3]) {
     assert len(passes.cse(g).nodes) == 3
     # a call whose body has effects has them too: kept though its result is unused
     out = Var(TensorType((3,), np.float64))
-    outer = Graph((x,), (Node(sd.primitives.call_p, (x,), (out,), {"graph": g}),), (x,))
+    outer = Graph((x,), (Node(sd.primitives.call_p, (x,), (out,), {"body": Body.of(g)}),), (x,))
     assert len(passes.dce(outer).nodes) == 1
     assert len(passes.optimize(outer).nodes) == 1
 
@@ -364,8 +364,8 @@ def body(a):
 
 BODY_CALLED_TWICE = """\
 graph twice(%x: f64[3]) {
-  %0 = call[graph=<graph body>] %x : f64[3]
-    graph body(%a: f64[3]) {
+  %0 = call[body=<body body>] %x : f64[3]
+    graph body(%a: f64[3]) [consts=1, carry=0, xs=0] {
       %0 = sin %a      : f64[3]
       %1 = sin %a      : f64[3]
       %2 = add %0, %1  : f64[3]
@@ -376,9 +376,9 @@ graph twice(%x: f64[3]) {
       %7 = add %4, %6  : f64[3]
       return %7
     }
-  %1 = mul %0, 2.0                 : f64[3]
-  %2 = call[graph=<graph body>] %x : f64[3]
-    graph body(%a: f64[3]) {
+  %1 = mul %0, 2.0               : f64[3]
+  %2 = call[body=<body body>] %x : f64[3]
+    graph body(%a: f64[3]) [consts=1, carry=0, xs=0] {
       %0 = sin %a      : f64[3]
       %1 = sin %a      : f64[3]
       %2 = add %0, %1  : f64[3]
@@ -389,7 +389,7 @@ graph twice(%x: f64[3]) {
       %7 = add %4, %6  : f64[3]
       return %7
     }
-  %3 = add %1, %2                  : f64[3]
+  %3 = add %1, %2                : f64[3]
   return %3
 }"""
 
@@ -407,12 +407,12 @@ def called_twice(rng):
 
 def test_passes_recurse_into_subgraphs(called_twice):
     g, x = called_twice
-    inner = g.nodes[0].params["graph"]
+    inner = g.nodes[0].params["body"]
     # one body, called twice: the two calls of the new body merge
     new = check_pass(passes.cse, g, BODY_CALLED_TWICE, """\
 graph twice(%x: f64[3]) {
-  %0 = call[graph=<graph body>] %x : f64[3]
-    graph body(%a: f64[3]) {
+  %0 = call[body=<body body>] %x : f64[3]
+    graph body(%a: f64[3]) [consts=1, carry=0, xs=0] {
       %0 = sin %a      : f64[3]
       %1 = add %0, %0  : f64[3]
       %2 = tanh %a     : f64[3]
@@ -422,18 +422,18 @@ graph twice(%x: f64[3]) {
       %6 = add %3, %5  : f64[3]
       return %6
     }
-  %1 = mul %0, 2.0                 : f64[3]
-  %2 = add %1, %0                  : f64[3]
+  %1 = mul %0, 2.0               : f64[3]
+  %2 = add %1, %0                : f64[3]
   return %2
 }""", x)
-    sub = new.nodes[0].params["graph"]
+    sub = new.nodes[0].params["body"]
     assert all(a is b for a, b in zip(sub.inputs, inner.inputs))
     assert sub.out_types == inner.out_types
     # the same new body is shared by both calls
     new = passes.dce(g)
-    assert new.nodes[0].params["graph"] is new.nodes[2].params["graph"]
-    assert new.nodes[0].params["graph"].pretty(source=False) == """\
-graph body(%a: f64[3]) {
+    assert new.nodes[0].params["body"] is new.nodes[2].params["body"]
+    assert new.nodes[0].params["body"].pretty(source=False) == """\
+graph body(%a: f64[3]) [consts=1, carry=0, xs=0] {
   %0 = sin %a      : f64[3]
   %1 = sin %a      : f64[3]
   %2 = add %0, %1  : f64[3]
@@ -452,8 +452,8 @@ def test_optimize(called_twice):
     g, x = called_twice
     check_pass(passes.optimize, g, BODY_CALLED_TWICE, """\
 graph twice(%x: f64[3]) {
-  %0 = call[graph=<graph body>] %x : f64[3]
-    graph body(%a: f64[3]) {
+  %0 = call[body=<body body>] %x : f64[3]
+    graph body(%a: f64[3]) [consts=1, carry=0, xs=0] {
       %0 = sin %a      : f64[3]
       %1 = add %0, %0  : f64[3]
       %2 = cos %a      : f64[3]
@@ -461,8 +461,8 @@ graph twice(%x: f64[3]) {
       %4 = add %1, %3  : f64[3]
       return %4
     }
-  %1 = mul %0, 2.0                 : f64[3]
-  %2 = add %1, %0                  : f64[3]
+  %1 = mul %0, 2.0               : f64[3]
+  %2 = add %1, %0                : f64[3]
   return %2
 }""", x)
 

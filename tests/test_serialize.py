@@ -60,17 +60,19 @@ def _load_doc(doc, **kw):
 
 
 def _nested_calls(depth: int) -> str:
-    """A file of `depth` `call`s, each in the `graph` param of the one around it
+    """A file of `depth` `call`s, each in the `body` param of the one around it
     (built as text: `json.dumps` itself would recurse too deeply)."""
     x = np.ones(3)
     leaf = sd.trace(lambda a: (snp.sin(a),), x)
     wrapper = json.loads(sd.trace(lambda a: sd.call(leaf, a), x).to_json())
-    wrapper["graph"]["nodes"][0]["params"]["graph"]["graph"] = "@@"
-    inner = json.dumps(json.loads(leaf.to_json())["graph"])
-    outer = json.dumps(wrapper["graph"])
-    for _ in range(depth):
-        inner = outer.replace('"@@"', inner)
-    return json.dumps({"format": "sciad.graph", "version": 1, "graph": "@@"}).replace(
+    wrapper["graph"]["nodes"][0]["params"]["body"]["body"] = "@@"
+    layout = {"layout": [1, 0, 0]}  # (a body: its graph and its layout)
+    inner = json.dumps({**json.loads(leaf.to_json())["graph"], **layout})
+    middle = json.dumps({**wrapper["graph"], **layout})
+    for _ in range(depth - 1):
+        inner = middle.replace('"@@"', inner)
+    inner = json.dumps(wrapper["graph"]).replace('"@@"', inner)
+    return json.dumps({"format": "sciad.graph", "version": 2, "graph": "@@"}).replace(
         '"@@"', inner)
 
 
@@ -185,7 +187,7 @@ def test_node_limit_counts_subgraphs_and_names_the_node(rng):
     g, _ = _call_graph(rng)  # 2 nodes outside, 3 in the body
     Graph.from_json(g.to_json(), max_nodes=5)
     with pytest.raises(ResourceLimitError,
-                       match=r"graph 'lambda', in param `graph` of node 0 \(call\) of "
+                       match=r"graph 'lambda', in param `body` of node 0 \(call\) of "
                              r"graph 'lambda': its 3 nodes bring the file's nodes to 5, over "
                              "max_nodes=4"):
         Graph.from_json(g.to_json(), max_nodes=4)
@@ -245,7 +247,7 @@ def test_depth_limit_counts_subgraphs_and_param_tuples():
     g = Graph.from_json(_nested_calls(10))
     np.testing.assert_allclose(sd.graph.evaluate(g, x)[0], np.sin(x))
     with pytest.raises(ResourceLimitError,
-                       match=r"graph 'lambda', in param `graph` of node 0 \(call\) of graph "
+                       match=r"graph 'lambda', in param `body` of node 0 \(call\) of graph "
                              r"'lambda', in .* nest 6 levels deep, over max_depth=5"):
         Graph.from_json(_nested_calls(7), max_depth=5)
     with pytest.raises(ResourceLimitError, match="JSON arrays and objects nest more than "
@@ -575,3 +577,63 @@ def test_fuzz_hashed_files_reject_every_change():
             if json.dumps(mutated, sort_keys=True) == canonical:
                 continue  # (a value replaced by an equal one)
             assert not _loads_or_serialization_error(mutated_text, require_hash=True), kind
+
+
+def _as_version_1(doc):
+    """A document as version 1 wrote it: bodies were plain `graph` params, the
+    loops held their counts as `num_consts` (and scan `num_carry`), and
+    `call` and the matrix-free operators held their body as `graph` (what
+    `register_v1_migration` reads)."""
+    renamed = {"call", "linalg.eigsh_operator", "linalg.solve_operator"}
+
+    def strip(v):
+        if isinstance(v, list):
+            return [strip(x) for x in v]
+        if not isinstance(v, dict):
+            return v
+        if set(v) == {"body"} and isinstance(v["body"], dict) and "layout" in v["body"]:
+            return {"graph": strip({k: x for k, x in v["body"].items() if k != "layout"})}
+        out = {k: strip(x) for k, x in v.items()}
+        op, params = v.get("op"), v.get("params")
+        if op in ("scan", "scan_adjoint", "while", "while_adjoint"):
+            nc, nk, _ = params["body"]["body"]["layout"]
+            out["params"]["num_consts"] = nc
+            if op.startswith("scan"):
+                out["params"]["num_carry"] = nk
+        if op in renamed:
+            out["params"]["graph"] = out["params"].pop("body")
+        return out
+
+    return {**strip(doc), "version": 1}
+
+
+def test_version_1_files_still_load(rng):
+    x = rng.standard_normal(3)
+    inner = sd.trace(lambda a: (snp.sin(a) * 2.0,), x)
+    g = sd.trace(lambda a: sd.call(inner, a)[0] + sd.cond(a[0] > 0, lambda b: b * 2.0,
+                                                          lambda b: b - 1.0, a), x)
+    doc = json.loads(g.to_json())
+    assert doc["version"] == 2
+    old = _as_version_1(doc)
+    assert '"layout"' not in json.dumps(old) and '"graph": {"graph"' in json.dumps(old)
+    back = _load_doc(old)
+    assert back.pretty(source=False) == g.pretty(source=False)
+    np.testing.assert_allclose(sd.graph.evaluate(back, x)[0], sd.graph.evaluate(g, x)[0])
+
+
+def test_version_1_loops_load(rng):
+    x = rng.standard_normal(3)
+    c = rng.standard_normal(3)
+
+    def f(x):
+        u, ys = sd.scan(lambda u, k: (u * c + k, u.sum()), x, x)
+        v = sd.while_loop(lambda v: v[0] < 10.0, lambda v: v * 2.0 + c, snp.abs(u) + 1.0,
+                          max_steps=50)
+        return v + ys.sum()
+
+    g = sd.trace(f, x)
+    old = _as_version_1(json.loads(g.to_json()))
+    assert '"num_consts"' in json.dumps(old) and '"layout"' not in json.dumps(old)
+    back = _load_doc(old)
+    assert back.pretty(source=False) == g.pretty(source=False)
+    np.testing.assert_allclose(sd.graph.evaluate(back, x)[0], sd.graph.evaluate(g, x)[0])

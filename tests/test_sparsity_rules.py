@@ -246,7 +246,7 @@ def test_loop_past_the_followed_steps_stays_sound(rng):
     # past SPARSITY_STEPS the union over steps is iterated: the index's value
     # differs between steps and is dropped, and step 0 (which adds nothing)
     # must not pass for a fixed point
-    from sciad.primitives._control import SPARSITY_STEPS
+    from sciad.primitives._loop_sparsity import SPARSITY_STEPS
 
     n = SPARSITY_STEPS + 20
 

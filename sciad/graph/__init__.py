@@ -11,6 +11,7 @@ from ._core import (
     primitive as primitive,
     registered_primitives as registered_primitives,
 )
+from ._body import Body as Body
 from ._interpret import Interpreter as Interpreter
 from ._params import Param as Param, REQUIRED as REQUIRED
 from ._lower import Site as Site, evaluate as evaluate, lower as lower
@@ -19,6 +20,7 @@ from ._serialize import (
     graph_from_json as graph_from_json,
     graph_to_json as graph_to_json,
     register_param_type as register_param_type,
+    register_v1_migration as register_v1_migration,
 )
 from ._source import SourceInfo as SourceInfo
 from ._trace import Tracer as Tracer, trace as trace, trace_flat as trace_flat

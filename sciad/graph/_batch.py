@@ -84,11 +84,12 @@ def batched_front(x, d, size: int):
         return to_front(x, d)
     t = type_of(x)
     if not isinstance(t, TensorType):  # a sparse matrix or a factorization, repeated
+        from ._body import Body
         from ._trace import trace_flat
         from ..primitives._map import map_p
 
         body, _, _ = trace_flat(lambda v: [v], (t,), name="repeat")
-        (out,) = map_p.bind(x, body=body, batched=(False,), size=size)
+        (out,) = map_p.bind(x, body=Body.of(body), batched=(False,), size=size)
         return out
     x = snp.asarray(x)
     return snp.broadcast_to(snp.reshape(x, (1,) + tuple(x.shape)), (size,) + tuple(x.shape))

@@ -15,14 +15,16 @@ its *body*, and passes it operands in one fixed order:
 - per-step inputs are the slices of stacked operands a scan reads at each
   step (`xs`), or the vector a matvec is applied to.
 
-A node's params say how many of each there are (`num_consts`, `num_carry`),
-so printing, verification, serialization and the passes treat every body
-alike, and the rules below (tracing, inlining, differentiating, hoisting and
-pruning a body) are written once.
+A node holds its function as a `Body`: the graph together with how many
+of each there are (`num_consts`, `num_carry`, `num_xs`), so printing,
+verification, serialization and the passes treat every body alike, and the
+rules below (tracing, inlining, differentiating, hoisting and pruning a
+body) are written once.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import jax
@@ -31,6 +33,67 @@ from ._core import Graph, Literal, Node, Var, has_effects, must_run
 from ._types import AbstractType
 
 _tree = jax.tree_util
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Body(Graph):
+    """A closed graph with its operand layout: `inputs = (*consts, *carries,
+    *xs)`, `num_consts + num_carry + num_xs == len(inputs)` (`verify`
+    checks it).
+
+    A `Body` is a `Graph` (everything that reads a graph reads a body), and
+    `replace` keeps the type and the counts; the helpers of this module that
+    add or drop inputs (`drop_inputs`, `hoist`, `hoist_nodes`) update them.
+    """
+
+    num_consts: int = 0
+    num_carry: int = 0
+    num_xs: int = 0
+
+    @classmethod
+    def of(cls, graph: Graph, num_consts: int = 0, num_carry: int = 0) -> "Body":
+        """`graph` as a body of `num_consts` consts and `num_carry` carries;
+        its other inputs are per-step inputs."""
+        return cls(graph.inputs, graph.nodes, graph.outputs, graph.name, num_consts,
+                   num_carry, len(graph.inputs) - num_consts - num_carry)
+
+    @property
+    def layout(self) -> tuple[int, int, int]:
+        """`(num_consts, num_carry, num_xs)`."""
+        return self.num_consts, self.num_carry, self.num_xs
+
+    def groups(self, seq) -> tuple[list, list, list]:
+        """`seq` (the node's operands, or the body's inputs) split into
+        consts, carries and per-step inputs."""
+        seq = list(seq)
+        nc, nk = self.num_consts, self.num_carry
+        return seq[:nc], seq[nc:nc + nk], seq[nc + nk:]
+
+    def replace(self, **kw) -> "Body":
+        fields = dict(inputs=self.inputs, nodes=self.nodes, outputs=self.outputs,
+                      name=self.name, num_consts=self.num_consts, num_carry=self.num_carry,
+                      num_xs=self.num_xs)
+        fields.update(kw)
+        return Body(**fields)
+
+    def __repr__(self) -> str:
+        return (f"<Body {self.name}: {self.num_consts} consts, {self.num_carry} carries, "
+                f"{self.num_xs} xs, {len(self.nodes)} nodes, {len(self.outputs)} outputs>")
+
+
+def as_body(graph: Graph, num_consts: int = 0, num_carry: int = 0) -> Body:
+    """`graph` as a `Body` with the given counts (a `Body` already so is
+    returned as it is)."""
+    if type(graph) is Body and graph.layout == (num_consts, num_carry, len(graph.inputs)
+                                                 - num_consts - num_carry):
+        return graph
+    return Body.of(graph, num_consts, num_carry)
+
+
+def applied_body(graph: Graph) -> Body:
+    """`graph` as the body of a function applied once (`call`, `cond`'s
+    branches, `checkpoint`): every operand is a const."""
+    return as_body(graph, len(graph.inputs))
 
 
 def trace_body(fn: Callable, in_types: Sequence[AbstractType], *, name: str):
@@ -105,6 +168,23 @@ def jvp_body(graph: Graph, nonzero: Sequence[bool], *, name: str | None = None,
     return jg, out_nz
 
 
+def applied_batch_rule(prim):
+    """The batch rule of a node that applies its body once to its operands
+    (`call`, `checkpoint`): the same node on the body batched along the
+    batched operands (moved to the front), its outputs batched where the
+    batched body's are."""
+    from ._batch import batch_body, batch_size_of, front_where
+
+    def rule(args, dims, *, body):
+        size = batch_size_of(args, dims)
+        flags = [d is not None for d in dims]
+        g, out_b = batch_body(body, flags, size)
+        res = prim.bind(*front_where(args, dims, flags, size), body=applied_body(g))
+        return list(res), [0 if b else None for b in out_b]
+
+    return rule
+
+
 def live_inputs(graph: Graph, used_outputs: Sequence[bool]) -> tuple[Graph, list[bool]]:
     """`graph` with only its used outputs (and the nodes they need), and which
     of its inputs those still read. Nodes that must run (`must_run`: effects,
@@ -128,8 +208,14 @@ def live_inputs(graph: Graph, used_outputs: Sequence[bool]) -> tuple[Graph, list
 
 
 def drop_inputs(graph: Graph, keep: Sequence[bool]) -> Graph:
-    """`graph` without the inputs not flagged in `keep` (they must be unused)."""
-    return graph.replace(inputs=tuple(v for v, k in zip(graph.inputs, keep) if k))
+    """`graph` without the inputs not flagged in `keep` (they must be unused);
+    a `Body`'s counts count the inputs kept."""
+    inputs = tuple(v for v, k in zip(graph.inputs, keep) if k)
+    if isinstance(graph, Body):
+        c, k, x = graph.groups(keep)
+        return graph.replace(inputs=inputs, num_consts=sum(c), num_carry=sum(k),
+                             num_xs=sum(x))
+    return graph.replace(inputs=inputs)
 
 
 def invariant_nodes(graph: Graph, num_consts: int) -> list[bool]:
@@ -177,6 +263,8 @@ def split_invariant(graph: Graph, num_consts: int):
     body = graph.replace(inputs=graph.inputs[:num_consts] + tuple(new_vars)
                          + graph.inputs[num_consts:],
                          nodes=nodes, outputs=tuple(s(a) for a in graph.outputs))
+    if isinstance(body, Body):
+        body = body.replace(num_consts=body.num_consts + len(new_vars))
     return inv_nodes, needed, body
 
 
@@ -216,6 +304,37 @@ def hoist_nodes(graph: Graph, num_consts: int, const_atoms: Sequence):
         outer.append(n.replace(inputs=tuple(env.get(a, a) if isinstance(a, Var) else a
                                             for a in n.inputs), outputs=outs))
     return outer, [env[v] for v in needed], body
+
+
+def with_consts(graph: Graph, types) -> Graph:
+    """`graph` with unused inputs of `types` after its consts (new consts of a
+    `Body`, which then counts them)."""
+    nc = graph.num_consts if isinstance(graph, Body) else 0
+    new = tuple(Var(t) for t in types)
+    out = graph.replace(inputs=graph.inputs[:nc] + new + graph.inputs[nc:])
+    if isinstance(out, Body):
+        out = out.replace(num_consts=nc + len(new))
+    return out
+
+
+def hoist_rule(node: Node, *, also: Sequence[str] = ()):
+    """The `def_hoist` rule of a loop node whose `body` param is a `Body` and
+    whose operands start with its consts: the body's loop-invariant nodes
+    move out of the loop (`hoist_nodes`), the values the rest reads become
+    new consts, and the bodies named in `also` (a `while` loop's predicate,
+    which reads the same operands) get them as unused consts.
+    Returns `(outer_nodes, node)`, or None if nothing is invariant."""
+    body = node.params["body"]
+    nc = body.num_consts
+    res = hoist_nodes(body, nc, node.inputs[:nc])
+    if res is None:
+        return None
+    outer, atoms, body = res
+    params = dict(node.params, body=body)
+    for name in also:
+        params[name] = with_consts(node.params[name], [a.type for a in atoms])
+    return outer, node.replace(inputs=node.inputs[:nc] + tuple(atoms) + node.inputs[nc:],
+                               params=params)
 
 
 def nonlinear_body(graph: Graph, linear: Sequence[bool], outputs: Sequence[int], *,

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ._body import Body
 from ._core import Graph, Literal, Node, Var
 from ._params import shown_params
 from ._types import TensorType, dtype_short
@@ -79,7 +80,13 @@ def format_literal(lit: Literal) -> str:
     return f"const<{lit.type.str_short()} #{lit.fingerprint()}>"
 
 
+def _layout(body) -> str:
+    return f"consts={body.num_consts}, carry={body.num_carry}, xs={body.num_xs}"
+
+
 def format_param(v: Any) -> str:
+    if isinstance(v, Body):
+        return f"<body {v.name}>"  # (its layout is printed with it, nested)
     if isinstance(v, Graph):
         return f"<graph {v.name}>"
     if isinstance(v, np.dtype) or isinstance(v, type) and issubclass(v, np.generic):
@@ -133,7 +140,8 @@ def format_graph(graph: Graph, *, source: bool = True, indent: str = "",
     namer = Namer() if namer is None else namer
     ins = ", ".join(f"{namer.input(v, i)}: {v.type.str_short()}"
                     for i, v in enumerate(graph.inputs))
-    lines = [f"{indent}graph {graph.name}({ins}) {{"]
+    layout = f" [{_layout(graph)}]" if isinstance(graph, Body) else ""
+    lines = [f"{indent}graph {graph.name}({ins}){layout} {{"]
     rows = [(*_node_parts(n, namer), n) for n in graph.nodes]
     w1 = min(max((len(r[0]) for r in rows), default=0), 60)
     w2 = min(max((len(r[1]) for r in rows), default=0), 28)

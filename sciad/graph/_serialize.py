@@ -1,6 +1,6 @@
 """JSON round trip of graphs.
 
-The format is versioned (`"format": "sciad.graph", "version": 1`). Loading
+The format is versioned (`"format": "sciad.graph", "version": 2`). Loading
 never executes code: ops are looked up by name in the primitive registry
 (an unknown name is a `SerializationError`), params are decoded by a fixed
 table of tags, and arrays are raw little-endian bytes in base64.
@@ -10,6 +10,13 @@ loader checks each node's params against the declaration (`Param`), so a
 param deleted from a file is an error, not a node that computes something
 else. An optional `"sha256"` of the document's canonical form detects a file
 modified or corrupted after it was written.
+
+A node's body (`sciad.graph.Body`) is written as its graph with a
+`"layout"`, `[num_consts, num_carry, num_xs]`. Version 1 files (written
+before bodies were a type) still load: a primitive whose params changed
+registers a migration (`register_v1_migration`) that rewrites a node's
+version-1 params into today's (`graph` renamed `body`, `num_consts` and
+`num_carry` moved into the body).
 
 The loader is safe on files from elsewhere. It refuses a text longer than
 `max_bytes` before parsing it, and counts while the JSON parser reads (one
@@ -39,13 +46,16 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import ResourceLimitError, SerializationError, VerificationError
+from ._body import Body
 from ._core import Graph, Literal, Node, Var, lookup_primitive
 from ._params import describe_value, shown_params
 from ._source import SourceInfo
 from ._types import _SHORT, AbstractType, TensorType, runtime_type, type_from_json
 
 FORMAT = "sciad.graph"
-VERSION = 1
+VERSION = 2
+#: the versions the loader reads (older ones through `register_v1_migration`)
+READABLE_VERSIONS = (1, 2)
 
 #: Default limits of `graph_from_json`. A real graph has about a hundred
 #: nodes (more after differentiating an unrolled loop) and arrays of 1e5 to
@@ -78,6 +88,7 @@ _JSON_LEVELS_SLACK = 16
 
 _DOC_KEYS = frozenset({"format", "version", "sha256", "graph"})
 _GRAPH_KEYS = frozenset({"name", "inputs", "nodes", "outputs"})
+_BODY_KEYS = _GRAPH_KEYS | {"layout"}
 _NODE_KEYS = frozenset({"op", "inputs", "outputs", "params", "effects", "source"})
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -95,6 +106,16 @@ def register_param_type(cls: type, tag: str, encode: Callable[[Any], Any],
     counts them.
     """
     _PARAM_CODECS[tag] = (cls, encode, decode)
+
+
+#: op name -> the function that rewrites a version-1 node's decoded params
+_V1_MIGRATIONS: dict[str, Callable[[dict], dict]] = {}
+
+
+def register_v1_migration(op: str, migrate: Callable[[dict], dict]) -> None:
+    """Makes version-1 files with `op` nodes load: `migrate` takes such a
+    node's decoded params (graphs as plain `Graph`s) and returns today's."""
+    _V1_MIGRATIONS[op] = migrate
 
 
 # --------------------------------------------------------------------------
@@ -359,6 +380,8 @@ class _Encoder:
             return {"tuple": [self.param(x) for x in v]}
         if isinstance(v, frozenset):
             return {"frozenset": sorted((self.param(x) for x in v), key=json.dumps)}
+        if isinstance(v, Body):
+            return {"body": {**self.graph(v), "layout": list(v.layout)}}
         if isinstance(v, Graph):
             return {"graph": self.graph(v)}
         for tag, (cls, encode, _) in _PARAM_CODECS.items():
@@ -473,8 +496,9 @@ def _int(value, what: str) -> int:
 class _Decoder:
     """Decodes one graph and the graphs in its params, within `budget`."""
 
-    def __init__(self, budget: _Budget):
+    def __init__(self, budget: _Budget, version: int = VERSION):
         self.budget = budget
+        self.version = version
         self.vars: dict[int, Var] = {}
 
     # -- values ----------------------------------------------------------------
@@ -572,7 +596,9 @@ class _Decoder:
             except TypeError:
                 raise _fail("a frozenset param holds an unhashable value.") from None
         if tag == "graph":
-            return _Decoder(self.budget).graph(payload)
+            return _Decoder(self.budget, self.version).graph(payload)
+        if tag == "body" and self.version >= 2:
+            return _Decoder(self.budget, self.version).graph(payload, body=True)
         if tag in _PARAM_CODECS:
             try:
                 return _PARAM_CODECS[tag][2](payload)
@@ -601,7 +627,9 @@ class _Decoder:
             ins.append(self.atom(a, "an operand"))
         frame.part = None
         raw = _obj(item.get("params", {}), "a node's \"params\"")
-        if prim.params is not None:  # unknown names first, before decoding their values
+        migrate = _V1_MIGRATIONS.get(op) if self.version == 1 else None
+        if prim.params is not None and migrate is None:
+            # unknown names first, before decoding their values
             unknown = [k for k in raw if k not in prim.params]
             if unknown:
                 raise _fail(prim.param_problem({unknown[0]: None}))
@@ -610,6 +638,12 @@ class _Decoder:
             frame.part = f"param `{k}`"
             params[k] = self.param(v)
         frame.part = None
+        if migrate is not None:
+            try:
+                params = migrate(params)
+            except Exception as e:
+                raise _fail(f"cannot read this version-1 node: {type(e).__name__}: "
+                            f"{e}") from None
         problem = prim.param_problem(params, explicit=True)
         if problem is not None:
             raise _fail(problem)
@@ -625,7 +659,7 @@ class _Decoder:
         return Node(prim, tuple(ins), tuple(outs), params, frozenset(effects),
                     _source(item.get("source")))
 
-    def graph(self, d) -> Graph:
+    def graph(self, d, body: bool = False) -> Graph:
         budget = self.budget
         d = _obj(d, "a graph")
         name = d.get("name", "graph")
@@ -635,7 +669,14 @@ class _Decoder:
         budget.frames.append(frame)
         budget.enter()
         try:
-            _keys(d, _GRAPH_KEYS, ("inputs", "nodes", "outputs"), "a graph")
+            if body:
+                _keys(d, _BODY_KEYS, ("inputs", "nodes", "outputs", "layout"), "a body")
+                layout = _list(d["layout"], "a body's \"layout\"")
+                if len(layout) != 3 or any(_int(n, "a body's count") < 0 for n in layout):
+                    raise _fail(f"a body's \"layout\" is [num_consts, num_carry, num_xs], "
+                                f"counts >= 0, got {describe_value(layout)}.")
+            else:
+                _keys(d, _GRAPH_KEYS, ("inputs", "nodes", "outputs"), "a graph")
             nodes_json = _list(d["nodes"], "a graph's \"nodes\"")
             budget.add_nodes(len(nodes_json))
             inputs = []
@@ -657,6 +698,8 @@ class _Decoder:
                 frame.part = f"output {k}"
                 outputs.append(self.atom(a, "an output"))
             frame.part = None
+            if body:
+                return Body(tuple(inputs), tuple(nodes), tuple(outputs), name, *layout)
             return Graph(tuple(inputs), tuple(nodes), tuple(outputs), name)
         finally:
             budget.leave()
@@ -784,10 +827,11 @@ def graph_from_json(text: str | bytes, *, max_nodes: int = MAX_NODES,
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SerializationError(f"not a sciad graph (expected \"format\": \"{FORMAT}\").",
                                  op="from_json")
-    if doc.get("version") != VERSION:
+    version = doc.get("version")
+    if type(version) is not int or version not in READABLE_VERSIONS:
         raise SerializationError(
-            f"graph format version {doc.get('version')!r:.40} is not "
-            f"supported; this sciad reads version {VERSION}.", op="from_json")
+            f"graph format version {version!r:.40} is not supported; this sciad reads "
+            f"versions {', '.join(map(str, READABLE_VERSIONS))}.", op="from_json")
     extra = sorted(set(doc) - _DOC_KEYS)
     if extra or "graph" not in doc:
         raise SerializationError(
@@ -797,7 +841,7 @@ def graph_from_json(text: str | bytes, *, max_nodes: int = MAX_NODES,
     budget = _Budget(max_nodes, max_elements, max_depth)
     token = _ACTIVE.set(budget)
     try:
-        graph = _Decoder(budget).graph(doc["graph"])
+        graph = _Decoder(budget, version).graph(doc["graph"])
     except RecursionError:
         raise ResourceLimitError(
             f"the graph nests too deeply for Python's recursion limit (with "

@@ -5,12 +5,14 @@
 - every node's params fit its primitive's declaration (`Param`s), if it has one;
 - every node's output types are what its primitive's shape rule gives for
   its input types and params;
-- subgraphs (params that are graphs) verify on their own.
+- subgraphs (params that are graphs) verify on their own;
+- a `Body`'s counts add up to its number of inputs.
 """
 
 from __future__ import annotations
 
 from ..errors import SciadError, VerificationError
+from ._body import Body
 from ._core import Graph, Literal, Node, Primitive, Var
 from ._print import Namer, format_node
 
@@ -26,6 +28,10 @@ def _fail(msg: str, node: Node | None, namer: Namer, graph: Graph) -> Verificati
 def verify(graph: Graph) -> None:
     """Raises `VerificationError` naming the first broken invariant."""
     namer = Namer()
+    if isinstance(graph, Body) and sum(graph.layout) != len(graph.inputs):
+        raise _fail(f"the body's layout ({graph.num_consts} consts, {graph.num_carry} "
+                    f"carries, {graph.num_xs} xs) does not add up to its "
+                    f"{len(graph.inputs)} inputs.", None, namer, graph)
     defined: set[Var] = set()
     for i, v in enumerate(graph.inputs):
         if not isinstance(v, Var):

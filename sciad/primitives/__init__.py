@@ -1,11 +1,11 @@
 """The built-in primitives, one module per family, each rule beside its op."""
 
 from . import _call, _contract, _creation, _elementwise, _fft, _indexing, _reduce, _shape, _sparse, _linalg
-from . import _stop_gradient, _control, _cond, _while, _take, _map, _eigen, _svd, _eigsh, _root, _ode, _ode_events
+from . import _stop_gradient, _scan, _cond, _while, _take, _map, _eigen, _svd, _eigsh, _root, _ode, _ode_events
 from ._call import call as call, call_p as call_p
-from ._control import Binomial as Binomial, EveryK as EveryK, fori_loop as fori_loop, scan as scan
-from ._control import Segments as Segments
-from ._control import scan_adjoint_p as scan_adjoint_p, scan_p as scan_p
+from ._schedules import Binomial as Binomial, EveryK as EveryK, Segments as Segments
+from ._scan import fori_loop as fori_loop, scan as scan
+from ._scan import scan_adjoint_p as scan_adjoint_p, scan_p as scan_p
 from ._cond import barrier_p as barrier_p, checkpoint as checkpoint, checkpoint_p as checkpoint_p
 from ._cond import cond as cond, cond_p as cond_p
 from ._while import while_loop as while_loop, while_p as while_p
@@ -50,4 +50,4 @@ from ._shape import (
 )
 
 del _call, _contract, _creation, _elementwise, _fft, _indexing, _reduce, _shape, _sparse, _linalg
-del _stop_gradient, _control, _cond, _while, _take, _map, _eigen, _svd, _eigsh, _root, _ode, _ode_events
+del _stop_gradient, _scan, _cond, _while, _take, _map, _eigen, _svd, _eigsh, _root, _ode, _ode_events

@@ -37,14 +37,15 @@ import jax
 import numpy as np
 
 from ..errors import DTypeError, NotSupportedError, ShapeError
-from ..graph import Graph, Literal, Primitive, TensorType, Var, Zero
+from ..graph import Body, Graph, Literal, Primitive, TensorType, Var, Zero
 from ..graph import instantiate, is_differentiable, is_linear, is_zero, lower
 from ..graph._autodiff import (graph_linear_outputs, needs_ct, type_of, vjp_eval, vjp_graph,
                                zeros)
 from ..graph._batch import batch_body, batch_graph, batch_size_of, batched_front, front_where
 from ..graph._batch import to_front
-from ..graph._body import drop_inputs, inline, jvp_body, live_inputs, trace_body
-from ..graph._body import transpose_body
+from ..graph._body import (applied_batch_rule, applied_body, drop_inputs, inline, jvp_body,
+                           live_inputs, trace_body, transpose_body)
+from ..graph._serialize import register_v1_migration
 from ..graph._trace import Tracer, is_value_leaf
 
 _tree = jax.tree_util
@@ -69,15 +70,20 @@ def _sig(types) -> str:
 
 
 cond_p = Primitive("cond", multiple_results=True,
-                   params={"true_body": Graph, "false_body": Graph})
+                   params={"true_body": Body, "false_body": Body})
+
+
+def cond_params(true_body: Graph, false_body: Graph) -> dict:
+    """The params of a `cond` node with these branches."""
+    return dict(true_body=applied_body(true_body), false_body=applied_body(false_body))
 
 
 @cond_p.def_abstract_eval
 def _cond_shape(pred, *in_types, true_body, false_body):
     op = "cond"
     for name, b in (("true_body", true_body), ("false_body", false_body)):
-        if not isinstance(b, Graph):
-            raise ShapeError(f"`{name}` must be a Graph, got {b!r}.", op=op)
+        if not isinstance(b, Body):
+            raise ShapeError(f"`{name}` must be a Body, got {b!r}.", op=op)
         if tuple(b.in_types) != tuple(in_types):
             raise ShapeError(f"{name} {b.name!r} takes {_sig(b.in_types)}, got "
                              f"{_sig(in_types)}.", op=op)
@@ -109,7 +115,7 @@ def _cond_jvp(primals, tangents, *, true_body, false_body):
     if nz_f != out_nz:
         jf, _ = jvp_body(false_body, nz, instantiate=out_nz)
     targs = [instantiate(t) for t, z in zip(tangents[1:], nz) if z]
-    res = cond_p.bind(pred, *args, *targs, true_body=jt, false_body=jf)
+    res = cond_p.bind(pred, *args, *targs, **cond_params(jt, jf))
     n = len(true_body.outputs)
     it = iter(res[n:])
     touts = [next(it) if z else Zero(type_of(o).update()) for o, z in zip(res[:n], out_nz)]
@@ -164,7 +170,7 @@ def _cond_vjp_fwd(primals, *, true_body, false_body):
     vgs = [vjp_graph(b, _wrt(args)) for b in (true_body, false_body)]
     plans = [_saved_plan(vg, nout) for vg in vgs]
     if any(p is None for p in plans):
-        outs = cond_p.bind(*primals, true_body=true_body, false_body=false_body)
+        outs = cond_p.bind(*primals, **cond_params(true_body, false_body))
         return tuple(outs), ("recompute", primals)
     res_types = [[a.type for a in p[1]] for p in plans]
     in_types = [type_of(a) for a in args]
@@ -180,7 +186,7 @@ def _cond_vjp_fwd(primals, *, true_body, false_body):
     bodies = [trace_body(forward(k), in_types, name=f"{b.name}_fwd")
               for k, b in enumerate((true_body, false_body))]
     assert not bodies[0][1] and not bodies[1][1], "a branch's forward part closes over nothing"
-    out = cond_p.bind(pred, *args, true_body=bodies[0][0], false_body=bodies[1][0])
+    out = cond_p.bind(pred, *args, **cond_params(bodies[0][0], bodies[1][0]))
     nt = len(res_types[0])
     return tuple(out[:nout]), ("residuals", primals, vgs, [p[0] for p in plans],
                                list(out[nout:nout + nt]), list(out[nout + nt:]))
@@ -235,8 +241,7 @@ def _cond_vjp_bwd(res, cts, *, true_body, false_body):
         type_of(c) for c in given]
     gs = [trace_body(backward(k), types, name=f"{b.name}_bwd") for k, b in enumerate(bodies)]
     assert not gs[0][1] and not gs[1][1], "a branch's backward part closes over nothing"
-    out = iter(cond_p.bind(pred, *args, *extra, *given, true_body=gs[0][0],
-                           false_body=gs[1][0]))
+    out = iter(cond_p.bind(pred, *args, *extra, *given, **cond_params(gs[0][0], gs[1][0])))
     in_cts: list = [None] * len(primals)
     for i in need:
         in_cts[1 + i] = next(out)
@@ -265,7 +270,7 @@ def _cond_transpose(cts, pred, *args, true_body, false_body):
     tt, tf = (transpose_body(b, linear, given, name=f"{b.name}_transpose")
               for b in (true_body, false_body))
     out = iter(cond_p.bind(pred, *[a for a in args if not is_linear(a)],
-                           *[c for c, g in zip(cts, given) if g], true_body=tt, false_body=tf))
+                           *[c for c, g in zip(cts, given) if g], **cond_params(tt, tf)))
     return (None,) + tuple(next(out) if f else None for f in linear)
 
 
@@ -356,7 +361,7 @@ def cond(pred, true_fun: Callable, false_fun: Callable, *operands):
             seen.add(id(c))
             union.append(c)
     gt, gf = _union_inputs(gt, ct, union), _union_inputs(gf, cf, union)
-    outs = cond_p.bind(pred, *union, *leaves, true_body=gt, false_body=gf)
+    outs = cond_p.bind(pred, *union, *leaves, **cond_params(gt, gf))
     return _tree.tree_unflatten(tt, list(outs))
 
 
@@ -364,14 +369,14 @@ def cond(pred, true_fun: Callable, false_fun: Callable, *operands):
 # checkpoint
 
 
-checkpoint_p = Primitive("checkpoint", multiple_results=True, params={"body": Graph})
+checkpoint_p = Primitive("checkpoint", multiple_results=True, params={"body": Body})
 barrier_p = Primitive("optimization_barrier", multiple_results=True, params={})
 
 
 @checkpoint_p.def_abstract_eval
 def _checkpoint_shape(*in_types, body):
-    if not isinstance(body, Graph):
-        raise ShapeError(f"`body` must be a Graph, got {body!r}.", op="checkpoint")
+    if not isinstance(body, Body):
+        raise ShapeError(f"`body` must be a Body, got {body!r}.", op="checkpoint")
     if tuple(body.in_types) != tuple(in_types):
         raise ShapeError(f"body {body.name!r} takes {_sig(body.in_types)}, got "
                          f"{_sig(in_types)}.", op="checkpoint")
@@ -388,7 +393,7 @@ def _checkpoint_jvp(primals, tangents, *, body):
     nz = [not is_zero(t) and is_differentiable(type_of(a)) for a, t in zip(primals, tangents)]
     jg, out_nz = jvp_body(body, nz)
     res = checkpoint_p.bind(*primals, *[instantiate(t) for t, z in zip(tangents, nz) if z],
-                            body=jg)
+                            body=applied_body(jg))
     n = len(body.outputs)
     it = iter(res[n:])
     return tuple(res[:n]), tuple(next(it) if z else Zero(type_of(o).update())
@@ -458,8 +463,8 @@ def _checkpoint_transpose(cts, *args, body):
     given = _given(cts)
     out = iter(checkpoint_p.bind(*[a for a in args if not is_linear(a)],
                                  *[c for c, g in zip(cts, given) if g],
-                                 body=transpose_body(body, linear, given,
-                                                     name=f"{body.name}_transpose")))
+                                 body=applied_body(transpose_body(
+                                     body, linear, given, name=f"{body.name}_transpose"))))
     return tuple(next(out) if f else None for f in linear)
 
 
@@ -502,7 +507,7 @@ def checkpoint(f: Callable) -> Callable:
             return list(out_leaves)
 
         g, consts, _ = trace_body(flat, _leaf_types(leaves, "an argument"), name=name)
-        outs = checkpoint_p.bind(*consts, *leaves, body=g)
+        outs = checkpoint_p.bind(*consts, *leaves, body=applied_body(g))
         return _tree.tree_unflatten(trees[0], list(outs))
 
     wrapped.__name__ = name
@@ -540,7 +545,7 @@ def _cond_batch(args, dims, *, true_body, false_body):
             gt, _ = batch_body(true_body, flags, size, out)
         if bf != out:
             gf, _ = batch_body(false_body, flags, size, out)
-        res = cond_p.bind(args[0], *ops, true_body=gt, false_body=gf)
+        res = cond_p.bind(args[0], *ops, **cond_params(gt, gf))
         return list(res), [0 if b else None for b in out]
     in_dims = [0 if f else None for f in flags]
     t, f = (batch_graph(b, ops, in_dims) for b in (true_body, false_body))
@@ -558,13 +563,7 @@ def _cond_batch(args, dims, *, true_body, false_body):
     return outs, [0] * len(outs)
 
 
-@checkpoint_p.def_batch
-def _checkpoint_batch(args, dims, *, body):
-    size = batch_size_of(args, dims)
-    flags = [d is not None for d in dims]
-    g, out_b = batch_body(body, flags, size)
-    res = checkpoint_p.bind(*front_where(args, dims, flags, size), body=g)
-    return list(res), [0 if b else None for b in out_b]
+checkpoint_p.def_batch(applied_batch_rule(checkpoint_p))
 
 
 @barrier_p.def_batch
@@ -611,3 +610,8 @@ def _install_sparsity_rules() -> None:
 
 
 _install_sparsity_rules()
+
+
+# version-1 files: the bodies were plain graphs
+register_v1_migration("cond", lambda p: cond_params(p["true_body"], p["false_body"]))
+register_v1_migration("checkpoint", lambda p: {"body": applied_body(p["body"])})

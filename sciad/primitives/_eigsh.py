@@ -62,7 +62,8 @@ import numpy as np
 from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NonFiniteError,
                       NotPositiveDefiniteError, ShapeError, SingularMatrixError,
                       StructureError, plain)
-from ..graph import Graph, Param, Primitive, SparseType, Zero, instantiate, is_zero
+from ..graph import Body, Param, Primitive, SparseType, Zero, instantiate, is_zero
+from ..graph._serialize import register_v1_migration
 from ..graph._types import Pattern, TensorType
 from ..solvers._host import host_call
 from ._checks import symmetry_tolerance
@@ -402,20 +403,20 @@ def eigsh(a, k: int = 6, m=None, *, which: str | None = None, sigma=None,
 
 eigsh_operator_p = Primitive("linalg.eigsh_operator", multiple_results=True,
                              runtime_checks=True, params={
-                                 "graph": Graph, "k": int, "which": str,
+                                 "body": Body, "k": int, "which": str,
                                  "tol": Param(float, default=0.0),
                                  "maxiter": Param((int, None), default=None),
                                  "degenerate_tol": float})
 
 
 @eigsh_operator_p.def_abstract_eval
-def _operator_shape(*params, graph, k, which, tol=0.0, maxiter=None, degenerate_tol):
+def _operator_shape(*params, body, k, which, tol=0.0, maxiter=None, degenerate_tol):
     op = "linalg.eigsh"
-    if not isinstance(graph, Graph) or len(graph.inputs) != len(params) + 1 \
-            or len(graph.outputs) != 1 or tuple(params) != tuple(graph.in_types[:-1]):
-        raise ShapeError("the matvec graph must map (*params, v) to one vector, and the "
+    if not isinstance(body, Body) or len(body.inputs) != len(params) + 1 \
+            or len(body.outputs) != 1 or tuple(params) != tuple(body.in_types[:-1]):
+        raise ShapeError("the matvec body must map (*params, v) to one vector, and the "
                          "operands must be its params.", op=op)
-    v, out = graph.inputs[-1].type, graph.outputs[0].type
+    v, out = body.inputs[-1].type, body.outputs[0].type
     if not isinstance(v, TensorType) or v.ndim != 1 or out != v or v.dtype != np.float64:
         raise ShapeError(f"the operator's matvec must map a float64 vector to one of the "
                          f"same shape, got {v.str_short()} -> {out.str_short()}.", op=op)
@@ -462,15 +463,15 @@ def _operator_host(matvec, n, k, which, tol, maxiter, site):
 
 
 @eigsh_operator_p.def_impl
-def _operator_impl(*params, graph, k, which, tol=0.0, maxiter=None, degenerate_tol,
+def _operator_impl(*params, body, k, which, tol=0.0, maxiter=None, degenerate_tol,
                    site=None):
     from ..graph import Site, lower
 
     site = site or Site("linalg.eigsh")
-    n = graph.inputs[-1].type.shape[0]
-    f = jax.jit(lower(graph))
+    n = body.inputs[-1].type.shape[0]
+    f = jax.jit(lower(body))
 
-    ranks = [len(t.shape) for t in graph.in_types[:-1]]
+    ranks = [len(t.shape) for t in body.in_types[:-1]]
 
     def host(*arrays):
         # under `vmap` the params arrive with leading batch axes: one
@@ -515,19 +516,19 @@ def _operator_jvp(primals, tangents, **params):
     from ..graph._body import inline
     from ..linalg import solve
 
-    graph, tol = params["graph"], params["degenerate_tol"]
+    body, tol = params["body"], params["degenerate_tol"]
     w, v, edge = eigsh_operator_p.bind(*primals, **params)
     n, k = v.shape
     zero_v = Zero(TensorType((n,), np.dtype(np.float64)))
     cols = []
     for i in range(k):
-        _, (t,) = jvp_eval(graph, [*primals, v[:, i]], [*tangents, zero_v])
+        _, (t,) = jvp_eval(body, [*primals, v[:, i]], [*tangents, zero_v])
         cols.append(instantiate(t))
     dav = snp.stack(cols, axis=1)                              # dA V
     a_in = _gaps(w, tol) * snp.matmul(snp.transpose(v), dav)
 
     def matvec(x):
-        return inline(graph, [*primals, x])[0]
+        return inline(body, [*primals, x])[0]
 
     return _pair_tangents(
         w, v, edge, dav, a_in, tol,
@@ -543,10 +544,20 @@ def _operator_cost(node, body):
     from ..graph._cost import Cost
 
     p = node.params
-    mv = body(p["graph"])
-    n, k = p["graph"].inputs[-1].type.shape[0], p["k"]
+    mv = body(p["body"])
+    n, k = p["body"].inputs[-1].type.shape[0], p["k"]
     ncv = min(max(2 * k + 3, 20), n)
     return Cost(float(10.0 * ncv * (mv.flops + 4.0 * n * ncv)), mv.peak)
+
+
+def _operator_v1(params: dict) -> dict:
+    # version-1 files: the matvec was the param `graph`, its params all consts
+    params = dict(params)
+    g = params.pop("graph")
+    return {**params, "body": Body.of(g, len(g.inputs) - 1)}
+
+
+register_v1_migration("linalg.eigsh_operator", _operator_v1)
 
 
 def eigsh_operator(a, k: int, which: str | None, tol: float, maxiter, degenerate_tol):
@@ -558,7 +569,7 @@ def eigsh_operator(a, k: int, which: str | None, tol: float, maxiter, degenerate
     graph, captured, _ = trace_body(lambda x: [snp.asarray(a.matvec(x))],
                                     (TensorType((n,), np.dtype(np.float64)),), name="matvec")
     tol_d = default_tol(np.float64) if degenerate_tol is None else float(degenerate_tol)
-    w, v, _ = eigsh_operator_p.bind(*captured, graph=graph, k=int(k),
+    w, v, _ = eigsh_operator_p.bind(*captured, body=Body.of(graph, len(captured)), k=int(k),
                                     which="LM" if which is None else str(which),
                                     tol=float(tol), maxiter=maxiter, degenerate_tol=tol_d)
     return w, v

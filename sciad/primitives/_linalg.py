@@ -56,9 +56,10 @@ import numpy as np
 from .. import solvers
 from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NonFiniteError,
                       NotSupportedError, ShapeError, SingularMatrixError, plain)
-from ..graph import (Factored, Graph, Param, Primitive, SparseType, TensorType, Zero,
+from ..graph import (Body, Factored, Param, Primitive, SparseType, TensorType, Zero,
                      is_linear, is_zero)
 from ..graph._autodiff import needs_ct
+from ..graph._serialize import register_v1_migration
 from ..graph._types import FactorType, Pattern, register_factor_layout
 from ..graph._params import shown_params
 from ..solvers._host import host_call
@@ -769,21 +770,30 @@ def _factor_rcond_impl(factor, a, *, solver, pattern=None, constant=False, site=
 
 
 linalg_solve_operator_p = Primitive("linalg.solve_operator", runtime_checks=True, params={
-    "graph": Graph, "solver": str, "rtol": float, "atol": float,
+    "body": Body, "solver": str, "rtol": float, "atol": float,
     "maxiter": Param((int, None), default=None), "transpose": _TRANSPOSE,
     "symmetric": Param(bool, default=False), "throw": _THROW})
-#: `graph`: the matvec as a closed body, `(*params, v) -> (A(params) v,)`, linear
-#: in `v`; the operands are `(*params, b)`
+#: `body`: the matvec as a closed body, `(*params, v) -> (A(params) v,)`, linear
+#: in `v` (its params the body's consts, `v` its one per-step input); the
+#: operands are `(*params, b)`
 
 
-def _operator_check(graph, n_params: int, b, op: str):
-    from ..graph import Graph
+def _operator_v1(params: dict) -> dict:
+    # version-1 files: the matvec was the param `graph`
+    params = dict(params)
+    g = params.pop("graph")
+    return {**params, "body": Body.of(g, len(g.inputs) - 1)}
 
-    if not isinstance(graph, Graph) or len(graph.inputs) != n_params + 1 \
-            or len(graph.outputs) != 1:
-        raise ShapeError("the matvec graph must map (*params, v) to one vector.", op=op)
-    v = graph.inputs[-1].type
-    out = graph.outputs[0].type
+
+register_v1_migration("linalg.solve_operator", _operator_v1)
+
+
+def _operator_check(body, n_params: int, b, op: str):
+    if not isinstance(body, Body) or len(body.inputs) != n_params + 1 \
+            or len(body.outputs) != 1:
+        raise ShapeError("the matvec body must map (*params, v) to one vector.", op=op)
+    v = body.inputs[-1].type
+    out = body.outputs[0].type
     if not isinstance(v, TensorType) or v.ndim != 1 or out != v:
         raise ShapeError(f"the matvec must map a vector to a vector of the same type, "
                          f"got {v.str_short()} -> {out.str_short()}.", op=op)
@@ -798,13 +808,13 @@ def _operator_check(graph, n_params: int, b, op: str):
 
 
 @linalg_solve_operator_p.def_abstract_eval
-def _solve_operator_shape(*args, graph, solver, rtol, atol, maxiter=None, transpose=False,
+def _solve_operator_shape(*args, body, solver, rtol, atol, maxiter=None, transpose=False,
                           symmetric=False, throw=True):
     *params, b = args
     op = "linalg.solve_operator"
-    _operator_check(graph, len(params), b, op)
-    if tuple(params) != graph.in_types[:-1]:
-        raise ShapeError("the operator's params do not match its matvec graph.", op=op)
+    _operator_check(body, len(params), b, op)
+    if tuple(params) != body.in_types[:-1]:
+        raise ShapeError("the operator's params do not match its matvec body.", op=op)
     if "operator" not in lookup(solver, "linear", op=op).matrices:
         raise InvalidOptionError(f"a matrix-free operator needs an iterative solver "
                                  f"({', '.join(map(repr, names_for('operator')))}), "
@@ -816,12 +826,12 @@ def _solve_operator_shape(*args, graph, solver, rtol, atol, maxiter=None, transp
 
 
 @linalg_solve_operator_p.def_impl
-def _solve_operator_impl(*args, graph, solver, rtol, atol, maxiter=None, transpose=False,
+def _solve_operator_impl(*args, body, solver, rtol, atol, maxiter=None, transpose=False,
                          symmetric=False, throw=True, site=None):
     from ..graph import Site, lower
 
     *params, b = args
-    f = lower(graph)
+    f = lower(body)
 
     def matvec(v):
         return f(*params, v)[0]
@@ -878,9 +888,9 @@ def _solve_operator_jvp(primals, tangents, **kw):
     rhs = db
     if not all(is_zero(t) for t in dparams):
         if kw.get("transpose") and not kw.get("symmetric"):
-            term = _matvec_tangent_transposed(kw["graph"], x, params, dparams)
+            term = _matvec_tangent_transposed(kw["body"], x, params, dparams)
         else:
-            term = _matvec_tangent(kw["graph"], x, params, dparams)
+            term = _matvec_tangent(kw["body"], x, params, dparams)
         if not is_zero(term):
             term = _neg(term)
             rhs = term if is_zero(rhs) else rhs + term
@@ -902,12 +912,12 @@ def _solve_operator_vjp(primals, x, ct, **kw):
         # A^T x = b, <lam, d(A^T) x> = <x, (dA) lam>: the same with x and lam swapped.
         v, w = (lam, x) if kw.get("transpose") and not kw.get("symmetric") else (x, lam)
         if len(v.shape) == 1:
-            _, backward = vjp_eval(kw["graph"], [*params, v], wrt)
+            _, backward = vjp_eval(kw["body"], [*params, v], wrt)
             cts = backward([w])[:-1]
         else:  # several right-hand sides: sum over the columns
             cts = None
             for j in range(v.shape[1]):
-                _, backward = vjp_eval(kw["graph"], [*params, v[:, j]], wrt)
+                _, backward = vjp_eval(kw["body"], [*params, v[:, j]], wrt)
                 col = backward([w[:, j]])[:-1]
                 cts = col if cts is None else [c if is_zero(d) else d if is_zero(c) else c + d
                                                for c, d in zip(cts, col)]
@@ -997,7 +1007,7 @@ def _solve_cost(node, body):
 def _solve_operator_cost(node, body):
     from ..graph._cost import Cost, _si
 
-    mv = body(node.params["graph"])
+    mv = body(node.params["body"])
     n = node.inputs[-1].type.shape[0]
     per = mv.flops + 10.0 * n
     return Cost(per, mv.peak, f"per iteration ({_si(per)})")

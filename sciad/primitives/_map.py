@@ -44,7 +44,7 @@ import functools
 import jax
 
 from ..errors import InvalidOptionError, ShapeError
-from ..graph import Graph, Param, Primitive, SparseType, Zero, instantiate, is_zero, lower
+from ..graph import Body, Graph, Param, Primitive, SparseType, Zero, instantiate, is_zero, lower
 from ..graph import is_linear
 from ..graph._autodiff import (graph_linear_outputs, is_differentiable, needs_ct, type_of,
                                vjp_eval, vjp_node)
@@ -52,10 +52,11 @@ from ..graph._batch import batch_graph, batch_size_of, batched_front, batched_ty
 from ..graph._batch import example_type, to_front
 from ..graph._core import Factored, Node, Var
 from ..graph._body import jvp_body
+from ..graph._serialize import register_v1_migration
 from ..graph._types import BatchedType
 
 @functools.lru_cache(maxsize=1024)
-def _single_body(prim: Primitive, params: tuple, in_types: tuple, source) -> Graph:
+def _single_body(prim: Primitive, params: tuple, in_types: tuple, source) -> Body:
     """The body that is one node of `prim` (its params given as sorted
     items) on operands of `in_types`, recorded at `source`; the same `Graph`
     object for the same arguments, so that nodes holding it are equal (the
@@ -63,7 +64,7 @@ def _single_body(prim: Primitive, params: tuple, in_types: tuple, source) -> Gra
     ins = tuple(Var(t) for t in in_types)
     outs = tuple(Var(t) for t in prim.abstract_eval(*in_types, **dict(params)))
     node = Node(prim, ins, outs, dict(params), frozenset(), source)
-    return Graph(ins, (node,), outs, prim.name.replace(".", "_"))
+    return Body.of(Graph(ins, (node,), outs, prim.name.replace(".", "_")))
 
 
 def axis_param(spmd_axis: str | None) -> dict:
@@ -129,15 +130,15 @@ def _map_fit(params, readers, complete) -> dict:
 
 map_p = Primitive("map", multiple_results=True, factored=_map_factored, reads_factor=True,
                   fit_to_readers=_map_fit, params={
-                      "body": Graph, "batched": tuple[bool, ...], "size": int,
+                      "body": Body, "batched": tuple[bool, ...], "size": int,
                       "spmd_axis": Param((str, None), default=None)})
 
 
 @map_p.def_abstract_eval
 def _map_shape(*in_types, body, batched, size, spmd_axis=None):
     op = "map"
-    if not isinstance(body, Graph):
-        raise ShapeError(f"`body` must be a Graph, got {body!r}.", op=op)
+    if not isinstance(body, Body):
+        raise ShapeError(f"`body` must be a Body, got {body!r}.", op=op)
     if len(batched) != len(in_types) or len(body.inputs) != len(in_types):
         raise ShapeError(f"the body takes {len(body.inputs)} operands and `batched` flags "
                          f"{len(batched)}, got {len(in_types)} operands.", op=op)
@@ -385,7 +386,7 @@ def _zeros_batched(t: BatchedType):
     from ..graph._trace import trace_flat
 
     body, _, _ = trace_flat(lambda: [zeros(t.inner)], (), name="zeros")
-    (out,) = map_p.bind(body=body, batched=(), size=t.size)
+    (out,) = map_p.bind(body=Body.of(body), batched=(), size=t.size)
     return out
 
 
@@ -460,3 +461,8 @@ def columns_rule(prim: Primitive):
         return snp.reshape(x, (type_of(x).shape[0], size, k)), 1
     rule.maps = True
     return rule
+
+
+# version-1 files: the body was a plain graph (its operands all per-example
+# inputs; `batched` says which vary)
+register_v1_migration("map", lambda p: {**p, "body": Body.of(p["body"])})

@@ -26,7 +26,7 @@ from ..graph import TensorType, is_zero
 from ..graph._autodiff import needs_ct, type_of, vjp_eval
 from ..graph._body import trace_body
 from ..solvers._ode_steppers import STEPPERS
-from ._control import scan
+from ._scan import scan
 from ._ode_field import augmented_pattern, derived_params, summed
 from ._ode_interp import hermite
 from ._ode_replay import replay_steps, snapshots_for, step_graph

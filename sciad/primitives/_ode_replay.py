@@ -15,7 +15,8 @@ from ..graph._autodiff import type_of
 from ..graph._body import inline, trace_body
 from ..solvers._root_methods import sparse_jacobian
 from ..solvers._ode_steppers import STEPPERS, tableau
-from ._control import Segments, scan
+from ._schedules import Segments
+from ._scan import scan
 from ._ode_field import field_at, part_of
 from ._ode_interp import hermite_at
 from ._stop_gradient import stop_gradient

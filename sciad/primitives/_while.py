@@ -1,7 +1,7 @@
 """`while`: a loop whose step count is computed (JAX's `lax.while_loop`), as
 one node holding its predicate and its body.
 
-`while[cond_body, body, num_consts, max_steps, checkpoints](*consts, *init)`
+`while[cond_body, body, max_steps, checkpoints](*consts, *init)`
 runs `carry = body(*consts, *carry)` while `cond_body(*consts, *carry)` (a
 bool scalar) holds. Both bodies follow the closed-body convention
 (`sciad.graph._body`): consts (the union of what either closes over), then
@@ -39,35 +39,57 @@ import numpy as np
 
 from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NotSupportedError,
                       ShapeError, plain)
-from ..graph import Graph, Param, Primitive, TensorType, Var, Zero
+from ..graph import Body, Graph, Param, Primitive, TensorType, Var, Zero
 from ..graph import instantiate, is_linear, is_zero, lower
 from ..graph._autodiff import expansion_transpose, type_of
 from ..graph._batch import batch_body, batch_size_of, carry_fixed_point, front_where
-from ..graph._body import (drop_inputs, hoist, hoist_nodes, inline, live_inputs,
+from ..graph._body import (as_body, drop_inputs, hoist, hoist_rule, inline, live_inputs,
                            nonlinear_body, trace_body)
+from ..graph._serialize import register_v1_migration
 from ..graph._trace import Tracer, is_value_leaf
 from ._checks import check, tie
-from ._cond import _sig, _union_inputs, cond_p
-from ._control import SCHEDULES, Binomial, Segments, _checkpointed_bwd, _scan_body_jvp
-from ._control import _with_unused_inputs, as_schedule
+from ._cond import _sig, _union_inputs, cond_p, cond_params
+from ._loop_adjoint import (assemble_cts, check_storable, check_zero_starts, ct_inits, ct_plan,
+                            grouped_jvp, loop_body_jvp, loop_linearity, split_grouped,
+                            step_vjp_graph, storable_primal_carries, transposed_step,
+                            with_unused_inputs)
+from ._loop_sparsity import loop_sparsity
+from ._scan import Checkpointed, checkpointed_bwd, scan
+from ._schedules import SCHEDULES, Binomial, Segments, as_schedule
 
 _tree = jax.tree_util
 
 while_p = Primitive("while", multiple_results=True, runtime_checks=True, params={
-    "cond_body": Graph, "body": Graph, "num_consts": int,
+    "cond_body": Body, "body": Body,
     "max_steps": Param((int, None), default=None),
     "checkpoints": Param((*SCHEDULES, Segments, None), default=None)})
 
 
+def carried_body(graph: Graph, num_consts: int) -> Body:
+    """A loop body `(*consts, *carry) -> ...` as a `Body` of `num_consts`
+    consts, its other inputs carries."""
+    return as_body(graph, num_consts, len(graph.inputs) - num_consts)
+
+
+def loop_bodies(cond_body: Graph, body: Graph, num_consts: int) -> dict:
+    """The body params of a `while` node with `num_consts` consts."""
+    return dict(cond_body=carried_body(cond_body, num_consts),
+                body=carried_body(body, num_consts))
+
+
 @while_p.def_abstract_eval
-def _while_shape(*in_types, cond_body, body, num_consts, max_steps=None, checkpoints=None):
+def _while_shape(*in_types, cond_body, body, max_steps=None, checkpoints=None):
     op = "while"
     for name, b in (("cond_body", cond_body), ("body", body)):
-        if not isinstance(b, Graph):
-            raise ShapeError(f"`{name}` must be a Graph, got {b!r}.", op=op)
+        if not isinstance(b, Body):
+            raise ShapeError(f"`{name}` must be a Body, got {b!r}.", op=op)
         if tuple(b.in_types) != tuple(in_types):
             raise ShapeError(f"{name} {b.name!r} takes {_sig(b.in_types)}, got "
                              f"{_sig(in_types)}.", op=op)
+    if cond_body.num_consts != body.num_consts:
+        raise ShapeError(f"cond_body has {cond_body.num_consts} consts, the body "
+                         f"{body.num_consts}.", op=op)
+    num_consts = body.num_consts
     carry = tuple(in_types[num_consts:])
     if tuple(body.out_types) != carry:
         raise ShapeError(f"the body returns {_sig(body.out_types)}, the carry is "
@@ -90,8 +112,8 @@ def _judge_steps(site, *, max_steps, steps=0, running=True):
 
 
 @while_p.def_impl
-def _while_impl(*args, cond_body, body, num_consts, max_steps=None, checkpoints=None,
-                site=None):
+def _while_impl(*args, cond_body, body, max_steps=None, checkpoints=None, site=None):
+    num_consts = body.num_consts
     fc, fb = lower(cond_body), lower(body)
     consts, init = args[:num_consts], tuple(args[num_consts:])
     if max_steps is None:
@@ -113,17 +135,17 @@ def _while_impl(*args, cond_body, body, num_consts, max_steps=None, checkpoints=
 
 
 @while_p.def_jvp
-def _while_jvp(primals, tangents, *, cond_body, body, num_consts, max_steps=None,
-               checkpoints=None):
+def _while_jvp(primals, tangents, *, cond_body, body, max_steps=None, checkpoints=None):
+    num_consts = body.num_consts
     nc, nk = num_consts, len(primals) - num_consts
     nz0 = [not is_zero(t) for t in tangents]
-    jg, nz, _ = _scan_body_jvp(body, nc, nk, nz0)
+    jg, nz, _ = loop_body_jvp(body, nc, nk, nz0)
     tan = [instantiate(tangents[i]) for i in range(len(primals)) if nz[i]]
     n_dc = sum(nz[:nc])
     args = list(primals[:nc]) + tan[:n_dc] + list(primals[nc:]) + tan[n_dc:]
-    cb = _with_unused_inputs(cond_body, nc, [type_of(t) for t in tan[:n_dc]])
-    cb = _with_unused_inputs(cb, len(cb.inputs), [type_of(t) for t in tan[n_dc:]])
-    res = while_p.bind(*args, cond_body=cb, body=jg, num_consts=nc + n_dc,
+    cb = with_unused_inputs(cond_body, nc, [type_of(t) for t in tan[:n_dc]])
+    cb = with_unused_inputs(cb, len(cb.inputs), [type_of(t) for t in tan[n_dc:]])
+    res = while_p.bind(*args, **loop_bodies(cb, jg, nc + n_dc),
                        **_extra(max_steps, checkpoints))
     carry, dcarry = list(res[:nk]), iter(res[nk:])
     touts = [next(dcarry) if nz[nc + i] else Zero(type_of(c).update())
@@ -143,7 +165,7 @@ def _extra(max_steps, checkpoints) -> dict:
 @while_p.def_dce
 def _while_dce(node, used):
     p = node.params
-    nc, cb = p["num_consts"], p["cond_body"]
+    nc, cb = p["body"].num_consts, p["cond_body"]
     _, cond_live = live_inputs(cb, [True])
     live = [u or c for u, c in zip(used, cond_live[nc:])]
     while True:
@@ -158,21 +180,12 @@ def _while_dce(node, used):
     return node.replace(inputs=tuple(a for a, k in zip(node.inputs, keep) if k),
                         outputs=tuple(v for v, k in zip(node.outputs, live) if k),
                         params=dict(p, cond_body=drop_inputs(cb, keep),
-                                    body=drop_inputs(g, keep), num_consts=sum(keep[:nc])))
+                                    body=drop_inputs(g, keep)))
 
 
 @while_p.def_hoist
 def _while_hoist(node):
-    nc = node.params["num_consts"]
-    res = hoist_nodes(node.params["body"], nc, node.inputs[:nc])
-    if res is None:
-        return None
-    outer, atoms, body = res
-    cb = _with_unused_inputs(node.params["cond_body"], nc, [a.type for a in body.inputs[
-        nc:nc + len(atoms)]])
-    params = dict(node.params, body=body, cond_body=cb, num_consts=nc + len(atoms))
-    return outer, node.replace(inputs=node.inputs[:nc] + tuple(atoms) + node.inputs[nc:],
-                               params=params)
+    return hoist_rule(node, also=("cond_body",))
 
 
 # -- reverse mode ---------------------------------------------------------------
@@ -192,7 +205,7 @@ def _bounded_step(cond_body: Graph, body: Graph, nc: int) -> Graph:
 
     def step(*a):
         (p,) = inline(cond_body, a)
-        return list(cond_p.bind(p, *a, true_body=body, false_body=identity))
+        return list(cond_p.bind(p, *a, **cond_params(body, identity)))
 
     g, consts, _ = trace_body(step, [v.type for v in body.inputs], name=f"{body.name}_bounded")
     assert not consts, "a bounded step closes over nothing"
@@ -224,8 +237,8 @@ def _counted(cond_body: Graph, body: Graph, nc: int):
 
 
 @while_p.def_vjp_fwd
-def _while_vjp_fwd(primals, *, cond_body, body, num_consts, max_steps=None,
-                   checkpoints=None):
+def _while_vjp_fwd(primals, *, cond_body, body, max_steps=None, checkpoints=None):
+    num_consts = body.num_consts
     if max_steps is None:
         raise NotSupportedError(
             "reverse mode through a while loop needs a bound on its steps: pass "
@@ -234,45 +247,44 @@ def _while_vjp_fwd(primals, *, cond_body, body, num_consts, max_steps=None,
             "result as the solution of an equation and differentiate that implicitly.",
             op="while")
     if checkpoints is not None and not isinstance(checkpoints, Segments):
-        outs = while_p.bind(*primals, cond_body=cond_body, body=body, num_consts=num_consts,
+        outs = while_p.bind(*primals, **loop_bodies(cond_body, body, num_consts),
                             **_extra(max_steps, checkpoints))
         return tuple(outs), (primals, None)
     from .. import numpy as snp
 
     cb, bb = _counted(cond_body, body, num_consts)
-    outs = while_p.bind(*primals, snp.zeros((), np.int32), cond_body=cb, body=bb,
-                        num_consts=num_consts, **_extra(max_steps, checkpoints))
+    outs = while_p.bind(*primals, snp.zeros((), np.int32), **loop_bodies(cb, bb, num_consts),
+                        **_extra(max_steps, checkpoints))
     return tuple(outs[:-1]), (primals, outs[-1])
 
 
 @while_p.def_vjp_bwd
-def _while_vjp_bwd(res, cts, *, cond_body, body, num_consts, max_steps=None,
-                   checkpoints=None):
-    from ._control import _assemble_cts, _check_storable, _ct_inits, _ct_plan, step_vjp_graph
+def _while_vjp_bwd(res, cts, *, cond_body, body, max_steps=None, checkpoints=None):
+    num_consts = body.num_consts
 
     primals, steps = res
     nc, nk = num_consts, len(primals) - num_consts
     if steps is None:
         step = _bounded_step(cond_body, body, nc)
         schedule = checkpoints or Binomial(default_snapshots(max_steps))
-        return _checkpointed_bwd(("checkpointed", primals), cts, step, nc, nk, max_steps,
+        return checkpointed_bwd(Checkpointed(primals), cts, step, nc, nk, max_steps,
                                  False, schedule)
-    _check_storable(body, nc, nk)
-    ct_carry_idx, acc_idx, _, _ = _ct_plan(body, nc, nk, primals, cts)
+    check_storable(body, nc, nk)
+    ct_carry_idx, acc_idx, _, _ = ct_plan(body, nc, nk, primals, cts)
     v = step_vjp_graph(body, nc, nk, ct_carry_idx, acc_idx, [], [])
-    ctc0, acc0 = _ct_inits(primals, cts, ct_carry_idx, acc_idx)
+    ctc0, acc0 = ct_inits(primals, cts, ct_carry_idx, acc_idx)
     snapshots = checkpoints.snapshots if checkpoints else default_segments(max_steps)
-    out = while_adjoint_p.bind(steps, *primals, *ctc0, *acc0, body=body, step=v,
-                               num_consts=nc, num_ct_carry=len(ctc0), num_acc=len(acc0),
+    out = while_adjoint_p.bind(steps, *primals, *ctc0, *acc0, body=carried_body(body, nc),
+                               step=v, num_ct_carry=len(ctc0), num_acc=len(acc0),
                                max_steps=max_steps, snapshots=snapshots)
-    return _assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, [], out)
+    return assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, [], out)
 
 
 # -- while_adjoint: the reverse pass over the steps a loop ran --------------------
 
 
 while_adjoint_p = Primitive("while_adjoint", multiple_results=True, params={
-    "body": Graph, "step": Graph, "num_consts": int, "num_ct_carry": int, "num_acc": int,
+    "body": Body, "step": Graph, "num_ct_carry": int, "num_acc": int,
     "max_steps": int, "snapshots": int})
 #: operands `(steps, *consts, *init, *ct_carry, *acc)`: `body` is the loop's
 #: step `(*consts, *carry) -> (*carry)`, run `steps` times from `init`;
@@ -291,9 +303,11 @@ def _adjoint_split(args, nc, nctc, nacc):
 
 
 @while_adjoint_p.def_abstract_eval
-def _while_adjoint_shape(*in_types, body, step, num_consts, num_ct_carry, num_acc,
-                         max_steps, snapshots):
+def _while_adjoint_shape(*in_types, body, step, num_ct_carry, num_acc, max_steps, snapshots):
     op = "while_adjoint"
+    if not isinstance(body, Body):
+        raise ShapeError(f"`body` must be a Body, got {body!r}.", op=op)
+    num_consts = body.num_consts
     steps, consts, carry, ctc, acc = _adjoint_split(in_types, num_consts, num_ct_carry,
                                                     num_acc)
     if steps != TensorType((), np.dtype(np.int32)):
@@ -311,8 +325,8 @@ def _while_adjoint_shape(*in_types, body, step, num_consts, num_ct_carry, num_ac
 
 
 @while_adjoint_p.def_impl
-def _while_adjoint_impl(*args, body, step, num_consts, num_ct_carry, num_acc, max_steps,
-                        snapshots):
+def _while_adjoint_impl(*args, body, step, num_ct_carry, num_acc, max_steps, snapshots):
+    num_consts = body.num_consts
     steps, consts, init, ctc0, acc0 = _adjoint_split(args, num_consts, num_ct_carry,
                                                      num_acc)
     fb, fs = lower(body), lower(step)
@@ -368,11 +382,11 @@ def _while_adjoint_impl(*args, body, step, num_consts, num_ct_carry, num_acc, ma
 
 
 @while_adjoint_p.def_jvp
-def _while_adjoint_jvp(primals, tangents, *, body, step, num_consts, num_ct_carry, num_acc,
-                       max_steps, snapshots):
+def _while_adjoint_jvp(primals, tangents, *, body, step, num_ct_carry, num_acc, max_steps,
+                       snapshots):
+    num_consts = body.num_consts
     # the reverse pass is a fixed composition of forward and backward steps;
     # its JVP is the same composition of their JVPs, on the same schedule
-    from ._control import grouped_jvp, split_grouped
     from ..graph import is_differentiable
 
     nc, nctc, nacc = num_consts, num_ct_carry, num_acc
@@ -391,19 +405,18 @@ def _while_adjoint_jvp(primals, tangents, *, body, step, num_consts, num_ct_carr
                       + [instantiate(tangents[1 + i]) for i in range(lo, lo + size) if diff[i]])
         lo += size
     g0, g1, g2, g3 = groups
-    out = while_adjoint_p.bind(primals[0], *g0, *g1, *g2, *g3, body=bj, step=sj,
-                               num_consts=len(g0), num_ct_carry=len(g2), num_acc=len(g3),
+    out = while_adjoint_p.bind(primals[0], *g0, *g1, *g2, *g3, body=carried_body(bj, len(g0)),
+                               step=sj, num_ct_carry=len(g2), num_acc=len(g3),
                                max_steps=max_steps, snapshots=snapshots)
     return split_grouped(out, step.out_types, (nctc, nacc))
 
 
-def _adjoint_by_scans(*args, body, step, num_consts, num_ct_carry, num_acc, max_steps,
-                      snapshots):
+def _adjoint_by_scans(*args, body, step, num_ct_carry, num_acc, max_steps, snapshots):
     """What a `while_adjoint` node computes, as two scans of `max_steps` steps
     that do nothing past `steps`: the forward one stacking every carry, then
     the reverse one of `step`."""
+    num_consts = body.num_consts
     from ._cond import cond
-    from ._control import scan
     from .. import numpy as snp
 
     steps, consts, init, ctc, acc = _adjoint_split(args, num_consts, num_ct_carry, num_acc)
@@ -475,11 +488,9 @@ _install_adjoint_batch_rule()
 
 
 @while_p.def_transpose
-def _while_transpose(cts, *args, cond_body, body, num_consts, max_steps=None,
-                     checkpoints=None):
+def _while_transpose(cts, *args, cond_body, body, max_steps=None, checkpoints=None):
+    num_consts = body.num_consts
     from .. import numpy as snp
-    from ._control import (_storable_primal_carries, check_zero_starts, loop_linearity,
-                           transposed_step)
 
     nc, nk = num_consts, len(args) - num_consts
     linear = [is_linear(a) for a in args]
@@ -496,14 +507,14 @@ def _while_transpose(cts, *args, cond_body, body, num_consts, max_steps=None,
            + [instantiate(Zero(body.inputs[i].type.update())) for i in lc])
     m = len(consts)
     cb, bb = _counted(pred, fb, m)
-    steps = while_p.bind(*consts, *init, snp.zeros((), np.int32), cond_body=cb, body=bb,
-                         num_consts=m, **_extra(max_steps, None))[-1]
+    steps = while_p.bind(*consts, *init, snp.zeros((), np.int32), **loop_bodies(cb, bb, m),
+                         **_extra(max_steps, None))[-1]
     if max_steps is not None:
-        _storable_primal_carries(body, nl_k, nc, "while")
+        storable_primal_carries(body, nl_k, nc, "while")
         snapshots = checkpoints.snapshots if isinstance(checkpoints, Segments) else \
             default_segments(max_steps)
-        out = while_adjoint_p.bind(steps, *consts, *init, *ct0, body=fb, step=st,
-                                   num_consts=m, num_ct_carry=len(lk), num_acc=len(lc),
+        out = while_adjoint_p.bind(steps, *consts, *init, *ct0, body=carried_body(fb, m),
+                                   step=st, num_ct_carry=len(lk), num_acc=len(lc),
                                    max_steps=max_steps, snapshots=snapshots)
     else:
         out = _recomputing_transpose(fb, st, consts, init, ct0, steps)
@@ -519,9 +530,8 @@ def _while_transpose(cts, *args, cond_body, body, num_consts, max_steps=None,
 
 
 @while_p.def_linearity
-def _while_linearity(linear, *, cond_body, body, num_consts, max_steps=None,
-                     checkpoints=None):
-    from ._control import loop_linearity
+def _while_linearity(linear, *, cond_body, body, max_steps=None, checkpoints=None):
+    num_consts = body.num_consts
 
     return loop_linearity(body, linear, num_consts, len(linear) - num_consts)[0][num_consts:]
 
@@ -553,8 +563,8 @@ while_adjoint_p.def_transpose(expansion_transpose(while_adjoint_p, _adjoint_by_s
 
 
 @while_p.def_batch
-def _while_batch(args, dims, *, cond_body, body, num_consts, max_steps=None,
-                 checkpoints=None):
+def _while_batch(args, dims, *, cond_body, body, max_steps=None, checkpoints=None):
+    num_consts = body.num_consts
     # The body is batched with its carries' flags at a fixed point. If the
     # predicate is then the same for every example, that is the loop. If it
     # differs (per-example stopping), every carry is batched, the loop runs
@@ -570,8 +580,8 @@ def _while_batch(args, dims, *, cond_body, body, num_consts, max_steps=None,
     if pred_b:
         flags = flags[:nc] + [True] * (n - nc)
         gc, gb = _per_example_loop(cond_body, body, flags, size, nc)
-    outs = while_p.bind(*front_where(args, dims, flags, size), cond_body=gc, body=gb,
-                        num_consts=nc, **_extra(max_steps, checkpoints))
+    outs = while_p.bind(*front_where(args, dims, flags, size), **loop_bodies(gc, gb, nc),
+                        **_extra(max_steps, checkpoints))
     return list(outs), [0 if f else None for f in flags[nc:]]
 
 
@@ -707,8 +717,8 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
     gb, gc = _union_inputs(gb, cb_consts, union), _union_inputs(gc, cc_consts, union)
     nc = len(union)
     gb, consts = hoist(gb, nc, union)
-    gc = _with_unused_inputs(gc, nc, [type_of(c) for c in consts[nc:]])
-    outs = while_p.bind(*consts, *leaves, cond_body=gc, body=gb, num_consts=len(consts),
+    gc = with_unused_inputs(gc, nc, [type_of(c) for c in consts[nc:]])
+    outs = while_p.bind(*consts, *leaves, **loop_bodies(gc, gb, len(consts)),
                         **_extra(max_steps, checkpoints))
     return _tree.tree_unflatten(tree, list(outs))
 
@@ -723,10 +733,9 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
 
 
 @while_p.def_sparsity
-def _while_sparsity(outs, *deps, cond_body, body, num_consts, max_steps=None,
-                    checkpoints=None):
+def _while_sparsity(outs, *deps, cond_body, body, max_steps=None, checkpoints=None):
+    num_consts = body.num_consts
     from ..graph._sparsity import dense_all
-    from ._control import loop_sparsity
 
     res = loop_sparsity(body, deps[:num_consts], deps[num_consts:], [], max_steps,
                         exact=False, cond=cond_body)
@@ -748,3 +757,19 @@ def _while_cost(node, body):
     note = (f"at most {steps_note(n, per)}" if n is not None
             else f"{steps_note(None, per)}, trip count unknown")
     return Cost(per * (n if n is not None else 1), max(b.peak, c.peak), note)
+
+
+# version-1 files: `num_consts` was a param of the node
+def _while_v1(params: dict) -> dict:
+    params = dict(params)
+    nc = params.pop("num_consts")
+    return {**params, **loop_bodies(params["cond_body"], params["body"], nc)}
+
+
+def _while_adjoint_v1(params: dict) -> dict:
+    params = dict(params)
+    return {**params, "body": carried_body(params["body"], params.pop("num_consts"))}
+
+
+register_v1_migration("while", _while_v1)
+register_v1_migration("while_adjoint", _while_adjoint_v1)

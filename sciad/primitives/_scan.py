@@ -2,9 +2,10 @@
 that stores each step's residuals or checkpoints carries on a binomial
 (revolve) schedule.
 
-`scan[body, num_consts, num_carry, length, reverse, checkpoints]` applies its
-body `length` times. Its operands follow the closed-body convention
-(`sciad.graph._body`): `(*consts, *init, *xs)`, and the body maps `(*consts,
+`scan[body, length, reverse, checkpoints]` applies its body (a `Body`, which
+counts its consts and carries) `length` times. Its operands follow the
+closed-body convention (`sciad.graph._body`): `(*consts, *init, *xs)`, and
+the body maps `(*consts,
 *carry, *x)` (one slice of each `xs` operand) to `(*carry, *y)`. The node's
 outputs are the final carry and the `y`s stacked along a new leading axis.
 
@@ -38,9 +39,7 @@ Rules, each a loop itself, so every order of differentiation is a loop:
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -49,152 +48,24 @@ import numpy as np
 from ..errors import InvalidOptionError, ShapeError, plain
 from ..graph import Graph, Literal, Param, Primitive, TensorType, Var, Zero
 from ..graph import is_differentiable, is_linear, is_zero
-from ..graph import add_tangents, instantiate, lower, transpose_eval
-from ..graph._autodiff import (active_values, expansion_transpose, graph_linear_outputs,
-                               jvp_primal, known_zero, needs_ct, type_of, vjp_eval, vjp_graph,
-                               zeros)
+from ..graph import instantiate, lower
+from ..graph._autodiff import expansion_transpose, type_of, vjp_eval, vjp_graph, zeros
 from ..graph._batch import batch_body, batch_size_of, batched_front, carry_fixed_point, front_where
-from ..graph._body import (drop_inputs, hoist, hoist_nodes, inline, jvp_body, live_inputs,
-                           nonlinear_body, permute, trace_body)
-from ..graph._serialize import register_param_type
+from ..graph._body import (Body, as_body, drop_inputs, hoist, hoist_nodes, hoist_rule, inline,
+                           live_inputs, permute, trace_body)
+from ..graph._serialize import register_v1_migration
 from ..graph._trace import Tracer, is_value_leaf
 from ._indexing import dynamic_update_slice_p
-from ._replay import Runs, compile_runs, replay, split_step
+from ._schedules import SCHEDULES, as_schedule, checkpoint_runs
+from ._loop_adjoint import (assemble_cts, body_wrt, check_storable, check_zero_starts, ct_inits,
+                            ct_plan, grouped_jvp, loop_body_jvp, loop_linearity, split_grouped,
+                            step_vjp_graph, storable_primal_carries, transposed_step,
+                            with_unused_inputs)
+from ._loop_sparsity import loop_sparsity
+from ._replay import replay, split_step
 from ._shape import reshape_p
 
 _tree = jax.tree_util
-
-
-# ---------------------------------------------------------------------------
-# checkpoint schedules
-
-
-@dataclass(frozen=True)
-class Binomial:
-    """Binomial checkpointing (revolve): reverse mode stores at most
-    `snapshots` carries and recomputes the forward steps between them, the
-    fewest recomputations any schedule with that many snapshots needs
-    (Griewank and Walther). The gradient is the same as storing every step.
-    `sd.scan(..., checkpoints=s)` with an int `s` means `Binomial(s)`."""
-
-    snapshots: int
-
-    def __post_init__(self):
-        if not isinstance(self.snapshots, int) or isinstance(self.snapshots, bool) \
-                or self.snapshots < 1:
-            raise InvalidOptionError(f"a binomial schedule needs snapshots >= 1 (an int), got "
-                                     f"{plain(self.snapshots)}.", op="scan")
-
-    def __str__(self) -> str:
-        return f"binomial({self.snapshots})"
-
-    def slots(self, length: int) -> int:
-        """The carries stored at most, for `length` steps."""
-        return min(self.snapshots, max(length, 1))
-
-    def actions(self, length: int) -> np.ndarray:
-        """The schedule as `scan_adjoint`'s action rows (`revolve_actions`)."""
-        return revolve_actions(length, self.slots(length))
-
-
-@dataclass(frozen=True)
-class EveryK:
-    """Periodic checkpointing: reverse mode runs forward from the start,
-    storing every `k`-th carry, then re-runs each segment of `k` steps once
-    from its stored start, keeping the segment's carries for the backward
-    parts. At most `ceil(length / k) + k - 2` stored carries (about
-    `2 sqrt(length)` for `k` near `sqrt(length)`) and fewer than `2 length`
-    recomputed steps, whatever `k`. For the same number of stored carries a
-    `Binomial` schedule never recomputes more (revolve is optimal); this is
-    the simple policy many simulation codes use, to compare against. The
-    gradient is the same as storing every step."""
-
-    k: int
-
-    def __post_init__(self):
-        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
-            raise ShapeError(f"an every-k schedule needs k >= 1 (an int), got {self.k!r}.",
-                             op="scan")
-
-    def __str__(self) -> str:
-        return f"every_k({self.k})"
-
-    def slots(self, length: int) -> int:
-        k = min(self.k, max(length, 1))
-        return max(-(-length // k) + max(k - 2, 0), 1)
-
-    def actions(self, length: int) -> np.ndarray:
-        # rows as in `revolve_actions`: 0 store in slot a, 1 advance a -> b,
-        # 2 load slot a, 3 backward part of step a
-        k = min(self.k, max(length, 1))
-        starts = list(range(0, length, k))
-        rows: list[tuple[int, int, int]] = []
-        for j, s0 in enumerate(starts):
-            rows.append((0, j, 0))
-            if j + 1 < len(starts):
-                rows.append((1, s0, s0 + k))
-        m = len(starts)
-
-        def slot(j, t):  # the slot of the carry at step t of segment j
-            s0 = starts[j]
-            return j if t == s0 else m + t - s0 - 1
-
-        for j in reversed(range(m)):
-            s0, e = starts[j], min(starts[j] + k, length)
-            if j + 1 < m:
-                rows.append((2, j, 0))
-            for t in range(s0, e - 1):  # the segment's carries, but the last
-                if t > s0:  # (its first is in slot j)
-                    rows.append((0, slot(j, t), 0))
-                rows.append((1, t, t + 1))
-            rows.append((3, e - 1, 0))
-            for t in reversed(range(s0, e - 1)):
-                rows.append((2, slot(j, t), 0))
-                rows.append((3, t, 0))
-        return np.asarray(rows, np.int32).reshape(-1, 3)
-
-
-@dataclass(frozen=True)
-class Segments:
-    """Two-level checkpointing of a `while` loop over the steps it ran (a
-    number known only when it runs): reverse mode re-runs the loop storing
-    `snapshots` carries evenly spaced over those steps, then re-runs each
-    segment once from its stored start, keeping the segment's carries for the
-    backward parts. At most `snapshots + ceil(max_steps / snapshots)` stored
-    carries, every step recomputed at most twice, and a cost that grows with
-    the steps run, not with `max_steps`. A `while` loop's default (with about
-    `sqrt(max_steps)` snapshots)."""
-
-    snapshots: int
-
-    def __post_init__(self):
-        if not isinstance(self.snapshots, int) or isinstance(self.snapshots, bool) \
-                or self.snapshots < 1:
-            raise InvalidOptionError(f"a segments schedule needs snapshots >= 1 (an int), got "
-                                     f"{plain(self.snapshots)}.", op="while")
-
-    def __str__(self) -> str:
-        return f"segments({self.snapshots})"
-
-
-register_param_type(Binomial, "binomial", lambda b: b.snapshots, lambda s: Binomial(int(s)))
-register_param_type(Segments, "segments", lambda b: b.snapshots, lambda s: Segments(int(s)))
-register_param_type(EveryK, "every_k", lambda b: b.k, lambda k: EveryK(int(k)))
-
-#: the checkpoint schedules (a loop's `checkpoints` param, besides None)
-SCHEDULES = (Binomial, EveryK)
-
-
-def as_schedule(checkpoints, op: str):
-    """`checkpoints` as a schedule param: None (store every step), a
-    `Binomial` or an `EveryK`."""
-    if checkpoints is None or isinstance(checkpoints, SCHEDULES):
-        return checkpoints
-    if isinstance(checkpoints, (int, np.integer)) and not isinstance(checkpoints, bool):
-        return Binomial(int(checkpoints))
-    raise InvalidOptionError(f"`checkpoints` must be None, an int (the number of stored carries), "
-                             f"`sd.Binomial(s)` or `sd.EveryK(k)`, got {plain(checkpoints)}.",
-                             op=op)
 
 
 # ---------------------------------------------------------------------------
@@ -202,7 +73,7 @@ def as_schedule(checkpoints, op: str):
 
 
 scan_p = Primitive("scan", multiple_results=True, params={
-    "body": Graph, "num_consts": int, "num_carry": int, "length": int,
+    "body": Body, "length": int,
     "reverse": Param(bool, default=False),
     "checkpoints": Param((*SCHEDULES, None), default=None)})
 
@@ -217,11 +88,11 @@ def _stacked(t, length: int) -> TensorType:
 
 
 @scan_p.def_abstract_eval
-def _scan_shape(*in_types, body, num_consts, num_carry, length, reverse=False,
-                checkpoints=None):
+def _scan_shape(*in_types, body, length, reverse=False, checkpoints=None):
     op = "scan"
-    if not isinstance(body, Graph):
-        raise ShapeError(f"`body` must be a Graph, got {body!r}.", op=op)
+    if not isinstance(body, Body):
+        raise ShapeError(f"`body` must be a Body, got {body!r}.", op=op)
+    num_consts, num_carry = body.num_consts, body.num_carry
     if length < 0 or num_consts < 0 or num_carry < 0:
         raise ShapeError(f"needs length, num_consts, num_carry >= 0, got {length}, "
                          f"{num_consts}, {num_carry}.", op=op)
@@ -251,7 +122,8 @@ def _scan_shape(*in_types, body, num_consts, num_carry, length, reverse=False,
 
 
 @scan_p.def_impl
-def _scan_impl(*args, body, num_consts, num_carry, length, reverse=False, checkpoints=None):
+def _scan_impl(*args, body, length, reverse=False, checkpoints=None):
+    num_consts, num_carry = body.num_consts, body.num_carry
     f = lower(body)
     consts, init, xs = _groups(args, num_consts, num_carry)
 
@@ -264,7 +136,7 @@ def _scan_impl(*args, body, num_consts, num_carry, length, reverse=False, checkp
 
 
 def _params(body, nc, nk, length, reverse, checkpoints) -> dict:
-    out = dict(body=body, num_consts=nc, num_carry=nk, length=length)
+    out = dict(body=as_body(body, nc, nk), length=length)
     if reverse:
         out["reverse"] = True
     if checkpoints is not None:
@@ -272,61 +144,15 @@ def _params(body, nc, nk, length, reverse, checkpoints) -> dict:
     return out
 
 
-# -- forward mode -----------------------------------------------------------
-
-
-def grouped_jvp(graph: Graph, nz: Sequence[bool], in_sizes: Sequence[int],
-                out_sizes: Sequence[int], force: Sequence[bool]):
-    """The JVP of a body, its inputs and outputs grouped by the closed-body
-    convention: each group's primals, then the tangents of its members
-    flagged nonzero (inputs: `nz`; outputs: not symbolically zero, or
-    `force`d). Returns `(graph, out_nz)`."""
-    jg, out_nz = jvp_body(graph, nz, instantiate=force)
-    return permute(jg, inputs=_group_order(nz, in_sizes),
-                   outputs=_group_order(out_nz, out_sizes)), out_nz
-
-
-def _group_order(nz, sizes) -> list[int]:
-    n = len(nz)
-    tpos, k = {}, n
-    for i in range(n):
-        if nz[i]:
-            tpos[i] = k
-            k += 1
-    order, lo = [], 0
-    for size in sizes:
-        order += list(range(lo, lo + size)) + [tpos[i] for i in range(lo, lo + size)
-                                               if nz[i]]
-        lo += size
-    return order
-
-
-def _scan_body_jvp(body: Graph, nc: int, nk: int, nz: list[bool]):
-    """The JVP of a scan body, grouped `(consts, dconsts, carry, dcarry, xs,
-    dxs) -> (carry, dcarry, ys, dys)`; a carry's tangent is present where it
-    is not zero at the fixed point of the loop."""
-    nz = [bool(z) and is_differentiable(v.type) for z, v in zip(nz, body.inputs)]
-    n, nout = len(body.inputs), len(body.outputs)
-    sizes_in, sizes_out = (nc, nk, n - nc - nk), (nk, nout - nk)
-    while True:
-        force = nz[nc:nc + nk] + [False] * (nout - nk)
-        jg, out_nz = grouped_jvp(body, nz, sizes_in, sizes_out, force)
-        carry_nz = [a or b for a, b in zip(nz[nc:nc + nk], out_nz[:nk])]
-        if carry_nz == nz[nc:nc + nk]:
-            return jg, nz, out_nz
-        nz[nc:nc + nk] = carry_nz
-
-
 def _interleave(primals, tangents, nz, lo, hi):
     return list(primals[lo:hi]) + [instantiate(tangents[i]) for i in range(lo, hi) if nz[i]]
 
 
 @scan_p.def_jvp
-def _scan_jvp(primals, tangents, *, body, num_consts, num_carry, length, reverse=False,
-              checkpoints=None):
-    nc, nk, n = num_consts, num_carry, len(primals)
+def _scan_jvp(primals, tangents, *, body, length, reverse=False, checkpoints=None):
+    nc, nk, n = body.num_consts, body.num_carry, len(primals)
     nz0 = [not is_zero(t) for t in tangents]
-    jg, nz, out_nz = _scan_body_jvp(body, nc, nk, nz0)
+    jg, nz, out_nz = loop_body_jvp(body, nc, nk, nz0)
     args = (_interleave(primals, tangents, nz, 0, nc)
             + _interleave(primals, tangents, nz, nc, nc + nk)
             + _interleave(primals, tangents, nz, nc + nk, n))
@@ -349,7 +175,8 @@ def _scan_jvp(primals, tangents, *, body, num_consts, num_carry, length, reverse
 @scan_p.def_dce
 def _scan_dce(node, used):
     p = node.params
-    body, nc, nk = p["body"], p["num_consts"], p["num_carry"]
+    body = p["body"]
+    nc, nk = body.num_consts, body.num_carry
     carry_live = list(used[:nk])
     ys_used = list(used[nk:])
     while True:
@@ -363,68 +190,62 @@ def _scan_dce(node, used):
         return None
     g = drop_inputs(g, keep)
     outs = [v for v, u in zip(node.outputs, carry_live + ys_used) if u]
-    params = dict(p, body=g, num_consts=sum(keep[:nc]), num_carry=sum(carry_live))
+    params = dict(p, body=g)  # (its counts count what it keeps)
     return node.replace(inputs=tuple(a for a, k in zip(node.inputs, keep) if k),
                         outputs=tuple(outs), params=params)
 
 
-@scan_p.def_hoist
-def _scan_hoist(node):
-    nc = node.params["num_consts"]
-    res = hoist_nodes(node.params["body"], nc, node.inputs[:nc])
-    if res is None:
-        return None
-    outer, atoms, body = res
-    params = dict(node.params, body=body, num_consts=nc + len(atoms))
-    return outer, node.replace(inputs=node.inputs[:nc] + tuple(atoms) + node.inputs[nc:],
-                               params=params)
-
-
-# -- reverse mode ---------------------------------------------------------------
-
-
-def _needs_ct(x) -> bool:
-    return needs_ct(x)
-
-
-def _body_wrt(body: Graph, nc: int, nk: int, primals) -> list[bool]:
-    """The body inputs a reverse pass through the loop differentiates: the
-    consts and per-step inputs that need cotangents, and the carries that do
-    or that such a value reaches over the steps. The body's VJPs form
-    cotangents for these only (a const held fixed gets none, so `u ** c`
-    forms no `log(u)`)."""
-    flags = [_needs_ct(p) for p in primals]
-    carry = flags[nc:nc + nk]
-    while True:
-        wrt = flags[:nc] + carry + flags[nc + nk:]
-        active = active_values(body, wrt)
-        new = [c or (isinstance(o, Var) and o in active)
-               for c, o in zip(carry, body.outputs[:nk])]
-        if new == carry:
-            return wrt
-        carry = new
+scan_p.def_hoist(hoist_rule)
 
 
 @scan_p.def_vjp_fwd
-def _scan_vjp_fwd(primals, *, body, num_consts, num_carry, length, reverse=False,
-                  checkpoints=None):
-    params = _params(body, num_consts, num_carry, length, reverse, checkpoints)
+def _scan_vjp_fwd(primals, *, body, length, reverse=False, checkpoints=None):
+    params = _params(body, body.num_consts, body.num_carry, length, reverse, checkpoints)
     if checkpoints is None:
-        wrt = _body_wrt(body, num_consts, num_carry, primals)
+        wrt = body_wrt(body, body.num_consts, body.num_carry, primals)
         return _residual_fwd(vjp_graph(body, wrt), primals, params)
     return _stored_fwd(primals, params)
 
 
 @scan_p.def_vjp_bwd
-def _scan_vjp_bwd(res, cts, *, body, num_consts, num_carry, length, reverse=False,
-                  checkpoints=None):
-    kind = res[0]
-    if kind == "residuals":
+def _scan_vjp_bwd(res, cts, *, body, length, reverse=False, checkpoints=None):
+    num_consts, num_carry = body.num_consts, body.num_carry
+    if isinstance(res, Residuals):
         return _residual_bwd(res, cts, body, num_consts, num_carry, length, reverse)
-    if kind == "carries":
+    if isinstance(res, StoredCarries):
         return _carry_bwd(res, cts, body, num_consts, num_carry, length, reverse)
-    return _checkpointed_bwd(res, cts, body, num_consts, num_carry, length, reverse,
+    return checkpointed_bwd(res, cts, body, num_consts, num_carry, length, reverse,
                              checkpoints)
+
+
+# What the forward pass of reverse mode leaves for the backward pass, one
+# layout per way of doing it (`def_vjp_fwd`'s residuals).
+
+
+class Residuals(NamedTuple):
+    """Each step's saved values (`checkpoints=None`): `stacked` the stacked
+    ones, `where` where each saved value of the backward body comes from,
+    `consts` the forward scan's consts (the hoisted values included) and
+    `vjp` the body's split `VJPGraph`."""
+    primals: tuple
+    consts: list
+    stacked: list
+    where: list
+    vjp: object
+
+
+class StoredCarries(NamedTuple):
+    """Each step's incoming carry, stacked (saved values that are not arrays
+    cannot be stacked: the backward step recomputes them)."""
+    primals: tuple
+    carries: list
+
+
+class Checkpointed(NamedTuple):
+    """The operands of a checkpointed loop, and the cells the forward pass
+    wrote (`_stored_fwd`; None if it wrote none)."""
+    primals: tuple
+    cells: tuple | None = None
 
 
 def _residual_fwd(vg, primals, params):
@@ -435,7 +256,7 @@ def _residual_fwd(vg, primals, params):
     sparse matrix or a factorization computed in a step), each step's carry
     is stored instead and the backward step recomputes the forward part."""
     nout = len(params["body"].outputs)
-    nc, nk = params["num_consts"], params["num_carry"]
+    nc, nk = params["body"].num_consts, params["body"].num_carry
     consts, init, xs = _groups(primals, nc, nk)
     fwd, consts2 = hoist(vg.forward, nc, consts)
     nc2 = len(consts2)
@@ -455,10 +276,10 @@ def _residual_fwd(vg, primals, params):
             where.append(("stack", len(stack)))
             stack.append(nout + len(where) - 1)
     fbody = permute(fwd, outputs=list(range(nout)) + stack)
-    p = dict(params, body=fbody, num_consts=nc2)
+    p = dict(params, body=as_body(fbody, nc2, nk))
     res = scan_p.bind(*consts2, *init, *xs, **p)
     outs, stacked = tuple(res[:nout]), list(res[nout:])
-    return outs, ("residuals", primals, consts2, stacked, where, vg)
+    return outs, Residuals(primals, consts2, stacked, where, vg)
 
 
 def _stored_fwd(primals, params):
@@ -466,10 +287,11 @@ def _stored_fwd(primals, params):
     writes the carries that the backward pass's first run starts from (the
     schedule's first stores, `Runs.forward`) into cells, an extra carry per
     carry: the backward pass then does not run the loop forward again."""
-    body, nc, nk = params["body"], params["num_consts"], params["num_carry"]
+    body = params["body"]
+    nc, nk = body.num_consts, body.num_carry
     if not all(isinstance(v.type, TensorType) for v in body.inputs[nc:nc + nk]):
         outs = scan_p.bind(*primals, **params)  # (the backward pass says why it cannot)
-        return outs, ("checkpointed", primals)
+        return outs, Checkpointed(primals)
     runs = checkpoint_runs(params["checkpoints"], params["length"])
     consts, init, xs = _groups(primals, nc, nk)
     carry_types = [v.type for v in body.inputs[nc:nc + nk]]
@@ -491,25 +313,25 @@ def _stored_fwd(primals, params):
     g, bconsts, _ = trace_body(step, types, name=f"{body.name}_stores")
     table = runs.forward[::-1] if params.get("reverse") else runs.forward
     res = scan_p.bind(*bconsts, *consts, *init, *cells, *xs, table.astype(np.int64),
-                      **dict(params, body=g, num_consts=len(bconsts) + nc, num_carry=2 * nk))
+                      **dict(params, body=as_body(g, len(bconsts) + nc, 2 * nk)))
     outs = tuple(res[:nk]) + tuple(res[2 * nk:])
-    return outs, ("checkpointed", primals, tuple(res[nk:2 * nk]))
+    return outs, Checkpointed(primals, tuple(res[nk:2 * nk]))
 
 
 def _carry_fallback(primals, params):
     outs, carries = _carry_fwd(primals, params)
-    return outs, ("carries", primals, carries)
+    return outs, StoredCarries(primals, carries)
 
 
 def _residual_bwd(res, cts, body, nc, nk, length, reverse):
-    _, primals, consts2, stacked, where, vg = res
+    primals, consts2, stacked, where, vg = res
     xs = primals[nc + nk:]
     nc2 = len(consts2)
     diff_in = [i for i, v in enumerate(body.inputs) if is_differentiable(v.type)]
     diff_out = [i for i, a in enumerate(body.outputs) if is_differentiable(a.type)]
-    ct_carry_idx, acc_idx, cty_idx, x_idx = _ct_plan(body, nc, nk, primals, cts)
-    wrt = _body_wrt(body, nc, nk, primals)  # (as `vg` was made for)
-    ct_carry0, acc0 = _ct_inits(primals, cts, ct_carry_idx, acc_idx)
+    ct_carry_idx, acc_idx, cty_idx, x_idx = ct_plan(body, nc, nk, primals, cts)
+    wrt = body_wrt(body, nc, nk, primals)  # (as `vg` was made for)
+    ct_carry0, acc0 = ct_inits(primals, cts, ct_carry_idx, acc_idx)
     n_ctc, n_acc = len(ct_carry_idx), len(acc_idx)
     nx, nst = len(xs), len(stacked)
     types = ([type_of(c) for c in consts2] + [type_of(c) for c in ct_carry0]
@@ -546,129 +368,47 @@ def _residual_bwd(res, cts, body, nc, nk, length, reverse):
         cts[i] for i in cty_idx]
     out = scan_p.bind(*args, **_params(g, len(bconsts) + nc2, n_ctc + n_acc, length,
                                        not reverse, None))
-    return _assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, x_idx, out)
-
-
-def _assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, x_idx, out):
-    n_ctc, n_acc = len(ct_carry_idx), len(acc_idx)
-    in_cts: list = [None] * len(primals)
-    for i, c in zip(ct_carry_idx, out[:n_ctc]):
-        in_cts[nc + i] = c
-    for i, c in zip(acc_idx, out[n_ctc:n_ctc + n_acc]):
-        in_cts[i] = c
-    for i, c in zip(x_idx, out[n_ctc + n_acc:]):
-        if _needs_ct(primals[i]):
-            in_cts[i] = c
-    return tuple(in_cts)
-
-
-def _check_storable(body: Graph, nc: int, nk: int) -> None:
-    """Reverse mode that stores carries (every step's, or checkpoints) needs
-    arrays there."""
-    for v in body.inputs[nc:nc + nk]:
-        if not isinstance(v.type, TensorType):
-            raise ShapeError(f"reverse mode through this scan stores its carries; a carry "
-                             f"of type {v.type.str_short()} cannot be stored. Make it an "
-                             "array, or a const of the loop.", op="scan")
-
-
-def _ct_inits(primals, cts, ct_carry_idx, acc_idx):
-    """The backward loop's initial carries: the final carries' cotangents, and
-    zeros for the sums of the consts' cotangents."""
-    return ([instantiate(cts[i]) for i in ct_carry_idx],
-            [instantiate(Zero(type_of(primals[i]).update())) for i in acc_idx])
+    return assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, x_idx, out)
 
 
 def _carry_fwd(primals, params):
     """The forward scan with each step's incoming carry stacked as well."""
-    body, nc, nk = params["body"], params["num_consts"], params["num_carry"]
+    body = params["body"]
+    nc, nk = body.num_consts, body.num_carry
     nout = len(body.outputs)
-    _check_storable(body, nc, nk)
+    check_storable(body, nc, nk)
     g = body.replace(outputs=body.outputs + body.inputs[nc:nc + nk])
     res = scan_p.bind(*primals, **dict(params, body=g))
     return tuple(res[:nout]), list(res[nout:])
 
 
-def step_vjp_graph(body: Graph, nc: int, nk: int, ct_carry_idx, acc_idx, cty_idx, x_idx):
-    """The backward part of one step, with the step's forward part recomputed:
-    `(*consts, *ct_carry, *acc, *carry, *x, *ct_y) -> (*ct_carry, *acc, *ct_x)`
-    (cotangents of the carries flagged in `ct_carry_idx`, sums of the consts'
-    in `acc_idx`, `ct_y` for the outputs in `cty_idx`)."""
-    types = ([v.type for v in body.inputs[:nc]]
-             + [body.inputs[nc + i].type.update() for i in ct_carry_idx]
-             + [body.inputs[i].type.update() for i in acc_idx]
-             + [v.type for v in body.inputs[nc:]]
-             + [body.outputs[i].type.update() for i in cty_idx])
-    n_ctc, n_acc = len(ct_carry_idx), len(acc_idx)
-    nout = len(body.outputs)
-    # the inputs whose cotangents are formed: no rule works for the others
-    wrt = ([i in acc_idx for i in range(nc)] + [i in ct_carry_idx for i in range(nk)]
-           + [i in x_idx for i in range(nc + nk, len(body.inputs))])
-
-    def step(*args):
-        consts = args[:nc]
-        ctc = args[nc:nc + n_ctc]
-        acc = args[nc + n_ctc:nc + n_ctc + n_acc]
-        k = nc + n_ctc + n_acc
-        rest = args[k:k + len(body.inputs) - nc]
-        cty = args[k + len(body.inputs) - nc:]
-        _, backward = vjp_eval(body, list(consts) + list(rest), wrt)
-        ct = [Zero(body.outputs[i].type.update()) for i in range(nout)]
-        for i, c in zip(ct_carry_idx, ctc):
-            ct[i] = c
-        for i, c in zip(cty_idx, cty):
-            ct[i] = c
-        in_cts = backward(ct)
-        return ([instantiate(in_cts[nc + i]) for i in ct_carry_idx]
-                + [a + instantiate(in_cts[i]) for a, i in zip(acc, acc_idx)]
-                + [instantiate(in_cts[i]) for i in x_idx])
-
-    g, bconsts, _ = trace_body(step, types, name=f"{body.name}_step_vjp")
-    assert not bconsts, "a body's step VJP closes over nothing"
-    return g
-
-
-def _ct_plan(body, nc, nk, primals, cts):
-    """Which cotangents the backward loop carries, sums and emits: of the
-    active carries (`_body_wrt`), of the consts that need them, of the
-    nonzero per-step outputs given, of the per-step inputs that need them."""
-    wrt = _body_wrt(body, nc, nk, primals)
-    diff_in = [i for i, v in enumerate(body.inputs) if is_differentiable(v.type) and wrt[i]]
-    ct_carry_idx = [i for i in range(nk) if is_differentiable(body.outputs[i].type)
-                    and wrt[nc + i]]
-    acc_idx = [i for i in diff_in if i < nc]
-    cty_idx = [i for i in range(nk, len(body.outputs))
-               if is_differentiable(body.outputs[i].type) and not is_zero(cts[i])]
-    x_idx = [i for i in diff_in if i >= nc + nk]
-    return ct_carry_idx, acc_idx, cty_idx, x_idx
-
-
 def _carry_bwd(res, cts, body, nc, nk, length, reverse):
-    _, primals, carries = res
+    primals, carries = res
     consts, init, xs = _groups(primals, nc, nk)
-    ct_carry_idx, acc_idx, cty_idx, x_idx = _ct_plan(body, nc, nk, primals, cts)
+    ct_carry_idx, acc_idx, cty_idx, x_idx = ct_plan(body, nc, nk, primals, cts)
     v = step_vjp_graph(body, nc, nk, ct_carry_idx, acc_idx, cty_idx, x_idx)
-    ctc0, acc0 = _ct_inits(primals, cts, ct_carry_idx, acc_idx)
+    ctc0, acc0 = ct_inits(primals, cts, ct_carry_idx, acc_idx)
     out = scan_p.bind(*consts, *ctc0, *acc0, *carries, *xs, *[cts[i] for i in cty_idx],
                       **_params(v, nc, len(ctc0) + len(acc0), length, not reverse, None))
-    return _assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, x_idx, out)
+    return assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, x_idx, out)
 
 
-def _checkpointed_bwd(res, cts, body, nc, nk, length, reverse, checkpoints):
-    primals, stored = res[1], res[2:]  # (the cells `_stored_fwd` wrote, if any)
+def checkpointed_bwd(res, cts, body, nc, nk, length, reverse, checkpoints):
+    primals = res.primals
     consts, init, xs = _groups(primals, nc, nk)
-    _check_storable(body, nc, nk)
-    ct_carry_idx, acc_idx, cty_idx, x_idx = _ct_plan(body, nc, nk, primals, cts)
+    check_storable(body, nc, nk)
+    ct_carry_idx, acc_idx, cty_idx, x_idx = ct_plan(body, nc, nk, primals, cts)
     v = step_vjp_graph(body, nc, nk, ct_carry_idx, acc_idx, cty_idx, x_idx)
-    ctc0, acc0 = _ct_inits(primals, cts, ct_carry_idx, acc_idx)
-    cells = list(stored[0]) if stored else []
+    ctc0, acc0 = ct_inits(primals, cts, ct_carry_idx, acc_idx)
+    cells = list(res.cells) if res.cells is not None else []
     out = scan_adjoint_p.bind(
         *consts, *init, *xs, *ctc0, *acc0, *[cts[i] for i in cty_idx], *cells,
-        body=live_inputs(body, [True] * nk + [False] * (len(body.outputs) - nk))[0],
-        step=v, num_consts=nc, num_carry=nk, num_ct_carry=len(ctc0),
+        body=as_body(live_inputs(body, [True] * nk + [False] * (len(body.outputs) - nk))[0],
+                     nc, nk),
+        step=v, num_ct_carry=len(ctc0),
         num_acc=len(acc0), length=length, **({"reverse": True} if reverse else {}),
         schedule=checkpoints, **({"stored": True} if cells else {}))
-    return _assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, x_idx, out)
+    return assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, x_idx, out)
 
 
 # ---------------------------------------------------------------------------
@@ -676,8 +416,7 @@ def _checkpointed_bwd(res, cts, body, nc, nk, length, reverse, checkpoints):
 
 
 scan_adjoint_p = Primitive("scan_adjoint", multiple_results=True, params={
-    "body": Graph, "step": Graph, "num_consts": int, "num_carry": int,
-    "num_ct_carry": int, "num_acc": int, "length": int,
+    "body": Body, "step": Graph, "num_ct_carry": int, "num_acc": int, "length": int,
     "reverse": Param(bool, default=False), "schedule": SCHEDULES,
     "stored": Param(bool, default=False)})
 #: operands `(*consts, *init, *xs, *ct_carry, *acc, *ct_ys)`, and with
@@ -699,14 +438,8 @@ def _unstored(args, params: dict):
     node computes the same without them)."""
     if not params.get("stored"):
         return list(args), params
-    nk = params["num_carry"]
+    nk = params["body"].num_carry
     return list(args[:len(args) - nk]), {k: v for k, v in params.items() if k != "stored"}
-
-
-@functools.lru_cache(maxsize=64)
-def checkpoint_runs(schedule, length: int) -> Runs:
-    """`schedule` on `length` steps, compiled into runs (`_replay`)."""
-    return compile_runs(schedule.actions(length), length)
 
 
 def _adjoint_groups(args, nc, nk, nxs, nctc, nacc):
@@ -720,9 +453,12 @@ def _adjoint_groups(args, nc, nk, nxs, nctc, nacc):
 
 
 @scan_adjoint_p.def_abstract_eval
-def _scan_adjoint_shape(*in_types, body, step, num_consts, num_carry, num_ct_carry,
-                        num_acc, length, reverse=False, schedule, stored=False):
+def _scan_adjoint_shape(*in_types, body, step, num_ct_carry, num_acc, length, reverse=False,
+                        schedule, stored=False):
     op = "scan_adjoint"
+    if not isinstance(body, Body):
+        raise ShapeError(f"`body` must be a Body, got {body!r}.", op=op)
+    num_consts, num_carry = body.num_consts, body.num_carry
     nx = len(body.inputs) - num_consts - num_carry
     if stored:
         if not isinstance(schedule, SCHEDULES):
@@ -738,8 +474,7 @@ def _scan_adjoint_shape(*in_types, body, step, num_consts, num_carry, num_ct_car
                                  f"{c.str_short()}.", op=op)
     consts, carry, xs, ctc, acc, cty = _adjoint_groups(in_types, num_consts, num_carry, nx,
                                                        num_ct_carry, num_acc)
-    _scan_shape(*consts, *carry, *xs, body=body, num_consts=num_consts,
-                num_carry=num_carry, length=length)
+    _scan_shape(*consts, *carry, *xs, body=body, length=length)
     if not isinstance(schedule, SCHEDULES):
         raise InvalidOptionError(f"`schedule` must be one of "
                                  f"{[c.__name__ for c in SCHEDULES]}, got {schedule!r}.", op=op)
@@ -755,48 +490,10 @@ def _scan_adjoint_shape(*in_types, body, step, num_consts, num_carry, num_ct_car
                                            for t in souts[num_ct_carry + num_acc:])
 
 
-def revolve_actions(length: int, snapshots: int) -> np.ndarray:
-    """The binomial schedule for `length` steps and `snapshots` stored
-    carries as rows `(kind, a, b)`: kind 0 stores the carry in slot `a`, 1
-    advances it from step `a` to step `b`, 2 loads it from slot `a`, 3 runs
-    the backward part of step `a` (the carry is then that step's input)."""
-    import checkpoint_schedules as cs
-
-    rows: list[tuple[int, int, int]] = []
-    if length == 0:
-        return np.zeros((0, 3), np.int32)
-    slots: dict[int, int] = {}
-    free = list(range(snapshots))[::-1]
-    pos = 0
-    for act in cs.MultistageCheckpointSchedule(length, snapshots, 0):
-        if isinstance(act, cs.Forward):
-            assert pos == act.n0, "revolve: the schedule advances from another step"
-            if act.write_ics:
-                slot = free.pop()
-                slots[act.n0] = slot
-                rows.append((0, slot, 0))
-            end = act.n1 - 1 if act.write_adj_deps else act.n1
-            if end > pos:
-                rows.append((1, pos, end))
-            pos = end
-        elif isinstance(act, cs.Reverse):
-            assert act.n1 - act.n0 == 1 and pos == act.n0, \
-                "revolve: a reverse action must be one step from its input"
-            rows.append((3, act.n0, 0))
-            pos = -1
-        elif isinstance(act, (cs.Copy, cs.Move)):
-            rows.append((2, slots[act.n], 0))
-            pos = act.n
-            if isinstance(act, cs.Move):
-                free.append(slots.pop(act.n))
-        elif isinstance(act, cs.EndReverse):
-            break
-    return np.asarray(rows, np.int32)
-
-
 @scan_adjoint_p.def_impl
-def _scan_adjoint_impl(*args, body, step, num_consts, num_carry, num_ct_carry, num_acc,
-                       length, reverse=False, schedule, stored=False):
+def _scan_adjoint_impl(*args, body, step, num_ct_carry, num_acc, length, reverse=False,
+                       schedule, stored=False):
+    num_consts, num_carry = body.num_consts, body.num_carry
     # The schedule's actions compiled into runs of advances and backward
     # steps, the backward steps reading kept residuals (`_replay`).
     nc, nk, nacc = num_consts, num_carry, num_ct_carry + num_acc
@@ -837,8 +534,9 @@ def _scan_adjoint_impl(*args, body, step, num_consts, num_carry, num_ct_carry, n
 
 
 @scan_adjoint_p.def_jvp
-def _scan_adjoint_jvp(primals, tangents, *, body, step, num_consts, num_carry,
-                      num_ct_carry, num_acc, length, reverse=False, schedule, stored=False):
+def _scan_adjoint_jvp(primals, tangents, *, body, step, num_ct_carry, num_acc, length,
+                      reverse=False, schedule, stored=False):
+    num_consts, num_carry = body.num_consts, body.num_carry
     # The backward pass is a fixed composition of forward steps and backward
     # steps; its JVP is the same composition of their JVPs: the same schedule
     # on the JVP of `body` (carries with their tangents) and of `step`, every
@@ -865,33 +563,10 @@ def _scan_adjoint_jvp(primals, tangents, *, body, step, num_consts, num_carry,
                       + [instantiate(tangents[i]) for i in range(lo, lo + size) if diff[i]])
         lo += size
     out = scan_adjoint_p.bind(
-        *[a for g in groups for a in g], body=bj, step=sj,
-        num_consts=len(groups[0]), num_carry=len(groups[1]),
-        num_ct_carry=len(groups[3]), num_acc=len(groups[4]), length=length,
+        *[a for g in groups for a in g], body=as_body(bj, len(groups[0]), len(groups[1])),
+        step=sj, num_ct_carry=len(groups[3]), num_acc=len(groups[4]), length=length,
         **({"reverse": True} if reverse else {}), schedule=schedule)
     return split_grouped(out, step.out_types, (nctc, nacc, nctx))
-
-
-def split_grouped(out, types, sizes):
-    """The primal outputs and their tangents (symbolic zeros where a type is
-    not differentiable) of a node whose outputs are grouped as `grouped_jvp`
-    orders them: each group's primals, then its differentiable members'
-    tangents."""
-    outs, touts, k, lo = [], [], 0, 0
-    for size in sizes:
-        # (the primal results come out of the node that computes their
-        # tangents: marked for transposition, see `jvp_primal`)
-        outs += [jvp_primal(o) if is_differentiable(t) else o
-                 for o, t in zip(out[k:k + size], types[lo:lo + size])]
-        k += size
-        for t in types[lo:lo + size]:
-            if is_differentiable(t):
-                touts.append(out[k])
-                k += 1
-            else:
-                touts.append(Zero(t.update()))
-        lo += size
-    return tuple(outs), tuple(touts)
 
 
 @scan_adjoint_p.def_hoist
@@ -899,7 +574,7 @@ def _scan_adjoint_hoist(node):
     # the forward body and the step share their consts: what either hoists
     # becomes a const of both
     p = node.params
-    nc = p["num_consts"]
+    nc, nk = p["body"].num_consts, p["body"].num_carry
     consts = node.inputs[:nc]
     rb = hoist_nodes(p["body"], nc, consts)
     rs = hoist_nodes(p["step"], nc, consts)
@@ -916,22 +591,18 @@ def _scan_adjoint_hoist(node):
         outer += rs[0]
         atoms += rs[1]
         step, ns = rs[2], len(rs[1])
-    body = _with_unused_inputs(body, nc + nb, [a.type for a in atoms[nb:]])
-    step = _with_unused_inputs(step, nc, [a.type for a in atoms[:nb]])
-    params = dict(p, body=body, step=step, num_consts=nc + nb + ns)
+    body = with_unused_inputs(body, nc + nb, [a.type for a in atoms[nb:]])
+    step = with_unused_inputs(step, nc, [a.type for a in atoms[:nb]])
+    params = dict(p, body=as_body(body, nc + nb + ns, nk), step=step)
     return outer, node.replace(inputs=consts + tuple(atoms) + node.inputs[nc:],
                                params=params)
 
 
-def _with_unused_inputs(graph: Graph, at: int, types) -> Graph:
-    new = tuple(Var(t) for t in types)
-    return graph.replace(inputs=graph.inputs[:at] + new + graph.inputs[at:])
-
-
-def _adjoint_by_scans(*args, body, step, num_consts, num_carry, num_ct_carry, num_acc,
-                      length, reverse=False, schedule, stored=False):
+def _adjoint_by_scans(*args, body, step, num_ct_carry, num_acc, length, reverse=False,
+                      schedule, stored=False):
     """What a `scan_adjoint` node computes, as two plain scans: the forward
     scan storing every step's carry, then the reverse scan of `step`."""
+    num_consts, num_carry = body.num_consts, body.num_carry
     nc, nk = num_consts, num_carry
     if stored:
         args = args[:len(args) - nk]
@@ -1128,114 +799,18 @@ def fori_loop(lower: int, upper: int, body_fun: Callable, init_val, checkpoints=
     return val
 
 
-# ---------------------------------------------------------------------------
-# transposition: a scan in a tangent map
-#
-# The JVP of a scan is a scan carrying primals and tangents, linear in its
-# tangent operands; forward mode's gauge checks transpose it (as does the
-# VJP derived from a JVP). Its transpose runs the primal part forward
-# (`nonlinear_body`), stacking the primal carries each step starts from,
-# then the body's transpose (`transpose_body`: the step's primal part
-# recomputed, its tangent part transposed node by node) in reverse, carrying
-# the linear carries' cotangents and the sums of the linear consts'. With a
-# checkpoint schedule the two are one `scan_adjoint` node on that schedule.
-
-
-def loop_linearity(body: Graph, linear: Sequence[bool], nc: int, nk: int):
-    """`(linear, out_linear)`: the flags of a loop body's inputs, its carries
-    made linear where the body makes them depend on a linear input (to a
-    fixed point), and which of its outputs then depend on linear inputs. A
-    carry that becomes linear from an initial value that is not is a tangent
-    carry started from zeros (a JVP instantiates a symbolic zero there); the
-    map is linear only if that value is zero, and its start is taken so."""
-    lin = list(linear)
-    while True:
-        out = graph_linear_outputs(body, lin)
-        new = [a or b for a, b in zip(lin[nc:nc + nk], out[:nk])]
-        if new == lin[nc:nc + nk]:
-            return lin, out
-        lin[nc:nc + nk] = new
-
-
-def check_zero_starts(args, linear, lin, nc: int, nk: int, op: str) -> None:
-    """A carry that a loop's transpose takes as linear from a start that is
-    not a linear operand must start from zero (`loop_linearity`): else the
-    loop is not linear, and the transpose would be silently wrong."""
-    for k in range(nk):
-        if lin[nc + k] and not linear[nc + k]:
-            assert known_zero(args[nc + k]), (
-                f"{op}: transposing a loop whose carry {k} depends on the tangents but "
-                "starts from a value not known to be zero; this is a bug in sciad.")
-
-
-def transposed_step(body: Graph, lin: Sequence[bool], given: Sequence[int], nc: int,
-                    nk: int):
-    """The two bodies of a loop's transpose, for a body `(*consts, *carry, *x)
-    -> (*carry, *y)` with inputs flagged `lin` (`loop_linearity`) and
-    cotangents for its outputs `given` (indices): `fb`, the primal step
-    `(*consts, *carry, *x) -> (*carry)` over the inputs not flagged, and `st`,
-    the transposed step `(*consts, *ct_carry, *acc, *carry, *x, *ct_y) ->
-    (*ct_carry, *acc, *ct_x)` over those and the linear carries'
-    cotangents, the sums of the linear consts' and the linear `x`s' (the
-    operand layout of `scan_adjoint`)."""
-    n = len(body.inputs)
-    nl = [i for i in range(n) if not lin[i]]
-    nl_k = [k for k in range(nk) if not lin[nc + k]]
-    lk = [k for k in range(nk) if lin[nc + k]]
-    lc = [i for i in range(nc) if lin[i]]
-    lx = [i for i in range(nc + nk, n) if lin[i]]
-    fb = nonlinear_body(body, lin, nl_k, name=f"{body.name}_primal")
-    types = ([body.inputs[i].type for i in nl if i < nc]
-             + [body.inputs[nc + k].type.update() for k in lk]
-             + [body.inputs[i].type.update() for i in lc]
-             + [body.inputs[i].type for i in nl if i >= nc]
-             + [body.outputs[j].type.update() for j in given])
-    n_c = sum(1 for i in nl if i < nc)
-
-    def step(*a):
-        it = iter(a)
-        consts = [next(it) for _ in range(n_c)]
-        ct_k = [next(it) for _ in lk]
-        acc = [next(it) for _ in lc]
-        rest = [next(it) for i in nl if i >= nc]
-        cts = [Zero(o.type.update()) for o in body.outputs]
-        for k, c in zip(lk, ct_k):
-            cts[k] = c
-        for j, c in zip(given, it):
-            cts[j] = c
-        got = dict(zip([i for i in range(n) if lin[i]],
-                       transpose_eval(body, lin, consts + rest, cts)))
-        return ([instantiate(got[nc + k]) for k in lk]
-                + [add_tangents(s, got[i]) for s, i in zip(acc, lc)]
-                + [instantiate(got[i]) for i in lx])
-
-    st, bconsts, _ = trace_body(step, types, name=f"{body.name}_transpose")
-    assert not bconsts, "a body's transpose closes over nothing"
-    return fb, st
-
-
 @scan_p.def_linearity
-def _scan_linearity(linear, *, body, num_consts, num_carry, length, reverse=False,
-                    checkpoints=None):
+def _scan_linearity(linear, *, body, length, reverse=False, checkpoints=None):
+    num_consts, num_carry = body.num_consts, body.num_carry
     # a final carry as its carry (its start, after no steps), the stacked
     # outputs as the body's
     lin, out = loop_linearity(body, linear, num_consts, num_carry)
     return lin[num_consts:num_consts + num_carry] + out[num_carry:]
 
 
-def _storable_primal_carries(body: Graph, carries: Sequence[int], nc: int, op: str) -> None:
-    for k in carries:
-        t = body.inputs[nc + k].type
-        if not isinstance(t, TensorType):
-            raise ShapeError(f"transposing this loop (forward mode's checks do) stores its "
-                             f"primal carries, and a carry of type {t.str_short()} cannot be "
-                             "stored. Make it a const of the loop.", op=op)
-
-
 @scan_p.def_transpose
-def _scan_transpose(cts, *args, body, num_consts, num_carry, length, reverse=False,
-                    checkpoints=None):
-    nc, nk, n = num_consts, num_carry, len(args)
+def _scan_transpose(cts, *args, body, length, reverse=False, checkpoints=None):
+    nc, nk, n = body.num_consts, body.num_carry, len(args)
     linear = [is_linear(a) for a in args]
     lin, out_lin = loop_linearity(body, linear, nc, nk)
     check_zero_starts(args, linear, lin, nc, nk, "scan")
@@ -1251,10 +826,10 @@ def _scan_transpose(cts, *args, body, num_consts, num_carry, length, reverse=Fal
     ct0 = ([instantiate(cts[k]) for k in lk]
            + [instantiate(Zero(body.inputs[i].type.update())) for i in lc])
     cty = [cts[j] for j in given]
-    _storable_primal_carries(body, nl_k, nc, "scan")
+    storable_primal_carries(body, nl_k, nc, "scan")
     if checkpoints is not None and nl_k:
-        out = scan_adjoint_p.bind(*consts, *init, *xs, *ct0, *cty, body=fb, step=st,
-                                  num_consts=len(consts), num_carry=len(nl_k),
+        out = scan_adjoint_p.bind(*consts, *init, *xs, *ct0, *cty,
+                                  body=as_body(fb, len(consts), len(nl_k)), step=st,
                                   num_ct_carry=len(lk), num_acc=len(lc), length=length,
                                   **({"reverse": True} if reverse else {}),
                                   schedule=checkpoints)
@@ -1301,8 +876,8 @@ def _second(a, d):
 
 
 @scan_p.def_batch
-def _scan_batch(args, dims, *, body, num_consts, num_carry, length, reverse=False,
-                checkpoints=None):
+def _scan_batch(args, dims, *, body, length, reverse=False, checkpoints=None):
+    num_consts, num_carry = body.num_consts, body.num_carry
     # The body is batched on its consts', carries' and per-step slices' batch
     # flags, the carries' flags a fixed point; stacked operands and results
     # keep the step axis first and carry the batch axis second.
@@ -1319,8 +894,9 @@ def _scan_batch(args, dims, *, body, num_consts, num_carry, length, reverse=Fals
 
 
 @scan_adjoint_p.def_batch
-def _scan_adjoint_batch(args, dims, *, body, step, num_consts, num_carry, num_ct_carry,
-                        num_acc, length, reverse=False, schedule, stored=False):
+def _scan_adjoint_batch(args, dims, *, body, step, num_ct_carry, num_acc, length,
+                        reverse=False, schedule, stored=False):
+    num_consts, num_carry = body.num_consts, body.num_carry
     # The forward body's carries are batched to their fixed point first (the
     # step reads them but does not change them), then the step's cotangent
     # carries and accumulators to theirs. (Stored cells are left out: the
@@ -1348,142 +924,28 @@ def _scan_adjoint_batch(args, dims, *, body, step, num_consts, num_carry, num_ct
                 ops.append(a if d is None else _second(a, d))
             else:
                 ops.append(batched_front(a, d, size) if f else a)
-    outs = scan_adjoint_p.bind(*ops, body=gb, step=gs, num_consts=nc, num_carry=nk,
+    outs = scan_adjoint_p.bind(*ops, body=as_body(gb, nc, nk), step=gs,
                                num_ct_carry=nctc, num_acc=nacc, length=length,
                                **({"reverse": True} if reverse else {}), schedule=schedule)
     return list(outs), ([0 if b else None for b in os_[:nctc + nacc]]
                         + [1 if b else None for b in os_[nctc + nacc:]])
 
 
-# ---------------------------------------------------------------------------
-# sparsity (`sd.sparse.jacobian_sparsity`)
-#
-# A loop's patterns come from interpreting its body step after step, the
-# per-step inputs as symbolic columns (`symbolic_slices`), so that each
-# step's outputs depend on the slice of `xs` that step reads, not on all of
-# them. A scan of at most `SPARSITY_STEPS` steps is followed exactly, one
-# step after another (a stencil's band grows one step at a time), stopping
-# early where the carries' patterns stop changing. The values of carries
-# that are constants (a `fori_loop`'s index) are followed too, so a step
-# reading `x[i]` reads that element, not any. A `while` loop is followed
-# exactly as long as its predicate's value is a constant (a loop counting
-# its steps), and stops where it is false. A longer scan, and a `while`
-# loop whose predicate reads the data (it may stop after any step),
-# iterate the union of the carries' patterns (a slice read: any of them;
-# a carry's value kept only where it is the same at every step) to its
-# fixed point, which is monotone and so holds after every step; past
-# `SPARSITY_STEPS` iterations without one, every output depends on every
-# operand.
-
-#: the most steps a loop's sparsity rule interprets its body for
-SPARSITY_STEPS = 100
-
-
-def loop_sparsity(body: Graph, consts, init, xs, steps: int | None, *, exact: bool,
-                  reverse: bool = False, cond: Graph | None = None):
-    """The patterns of a loop's final carries and stacked per-step outputs,
-    from the `Deps` of its consts, initial carries and stacked per-step
-    inputs: `(carries, ys)` (CSR matrices), or None past `SPARSITY_STEPS`
-    without a fixed point. `steps`: the body's applications (at most, where
-    not `exact`: a `while` loop's `max_steps`, or None). `cond`: a `while`
-    loop's predicate `(*consts, *carry) -> (bool,)`."""
-    import scipy.sparse as sp
-
-    from ..graph._sparsity import (Deps, any_slice, pad_columns, select_rows, sparsity_eval,
-                                   substitute, symbolic_slices, union, value_shape)
-
-    nc, nk = len(consts), len(init)
-    n = (list(consts) + list(init) + list(xs))[0].columns
-    length = steps or 0
-    shapes = [value_shape(v.type) for v in body.inputs[nc + nk:]]
-    x_in, x_rows = symbolic_slices(xs, length, shapes, n)
-    K = int(sum(d.size for d in x_in))
-    c_in = [pad_columns(d, K) for d in consts]
-    carry_shapes = [d.shape for d in init]
-    carries = [d.matrix for d in init]
-    values = [d.value for d in init]
-    follow = exact and steps is not None and steps <= SPARSITY_STEPS
-    limit = steps if follow else min(SPARSITY_STEPS, SPARSITY_STEPS if steps is None else steps)
-    known = cond is not None  # the predicate's value is a constant so far
-    records, fixed = [], False
-    for i in range(limit):
-        ins = [pad_columns(Deps(c, s, v), K) for c, s, v in zip(carries, carry_shapes, values)]
-        if known:
-            (pred,) = sparsity_eval(cond, c_in + ins)
-            known = pred.value is not None
-            if known and not bool(pred.value):
-                fixed = True  # the loop stops here
-                break
-        res = sparsity_eval(body, c_in + ins + x_in)
-        records.append([r.matrix for r in res[nk:]])
-        # whatever slice the later steps read, their carries stay within these
-        grown = [union(c, any_slice(r.matrix, n, x_rows)) for c, r in zip(carries, res[:nk])]
-        new = [r.value for r in res[:nk]]
-        still = all(g.nnz == c.nnz for g, c in zip(grown, carries))
-        fixed = still and all(_same_value(a, b) for a, b in zip(values, new))
-        if still and not fixed and nk == len(body.outputs):
-            # the patterns hold still but a carry's value moves (a loop's
-            # index): they hold for any value of it if a step with it
-            # unknown grows nothing (a loop with per-step outputs follows
-            # on, to keep theirs exact)
-            generic = [a if _same_value(a, b) else None for a, b in zip(values, new)]
-            res = sparsity_eval(body, c_in + [pad_columns(Deps(c, s, v), K) for c, s, v in
-                                              zip(carries, carry_shapes, generic)] + x_in)
-            fixed = all(union(c, any_slice(r.matrix, n, x_rows)).nnz == c.nnz
-                        for c, r in zip(carries, res[:nk]))
-        if fixed:
-            break
-        if follow or known:  # step `i` reads its own slice
-            p = length - 1 - i if reverse else i
-            rows = select_rows(x_rows, p * K + np.arange(K))
-            carries = [substitute(r.matrix, n, rows, 1) for r in res[:nk]]
-            values = new
-        else:
-            carries = grown
-            values = [a if _same_value(a, b) else None for a, b in zip(values, new)]
-    if not fixed and not (steps is not None and limit == steps):
-        return None
-    ys = []
-    for j, v in enumerate(body.outputs[nk:]):
-        m = int(np.prod(value_shape(v.type), dtype=np.int64))
-        if not length:
-            ys.append(sp.csr_matrix((0, n), dtype=bool))
-            continue
-        # step `s` reads slice `p(s)` and sees the carries of record `min(s, last)`
-        blocks, dest, last = [], [], len(records) - 1
-        for r, rec in enumerate(records):
-            step = np.arange(r, length if r == last else r + 1, dtype=np.int64)
-            p = length - 1 - step if reverse else step
-            rows = select_rows(x_rows, (p[:, None] * K + np.arange(K)).ravel())
-            blocks.append(substitute(rec[j], n, rows, p.size))
-            dest.append((p[:, None] * m + np.arange(m)).ravel())
-        stacked = sp.vstack(blocks, format="csr") if len(blocks) > 1 else blocks[0]
-        ys.append(select_rows(stacked, np.argsort(np.concatenate(dest), kind="stable")))
-    return carries, ys
-
-
-def _same_value(a, b) -> bool:
-    """Whether two carry values (arrays, or None where not constant) agree."""
-    if a is None or b is None:
-        return a is None and b is None
-    return np.array_equal(a, b)
-
-
 def _install_sparsity_rules() -> None:
     from ..graph._sparsity import Deps, dense_all, value_shape
 
     @scan_p.def_sparsity
-    def _scan_sparsity(outs, *deps, body, num_consts, num_carry, length, reverse=False,
-                       checkpoints=None):
-        consts, init, xs = _groups(deps, num_consts, num_carry)
+    def _scan_sparsity(outs, *deps, body, length, reverse=False, checkpoints=None):
+        consts, init, xs = body.groups(deps)
         res = loop_sparsity(body, consts, init, xs, length, exact=True, reverse=reverse)
         if res is None:
             return dense_all(outs, *deps)
         return list(res[0]) + list(res[1])
 
     @scan_adjoint_p.def_sparsity
-    def _scan_adjoint_sparsity(outs, *deps, body, step, num_consts, num_carry, num_ct_carry,
-                               num_acc, length, reverse=False, schedule, stored=False):
+    def _scan_adjoint_sparsity(outs, *deps, body, step, num_ct_carry, num_acc, length,
+                               reverse=False, schedule, stored=False):
+        num_consts, num_carry = body.num_consts, body.num_carry
         # what `_adjoint_by_scans` computes: the forward scan stacking each
         # step's carry, then the reverse scan of `step` over them (stored
         # cells hold carries of that scan: they add nothing)
@@ -1523,7 +985,8 @@ def _scan_cost(node, body):
     from ..graph._cost import Cost, loop_body_peak, steps_note
 
     p = node.params
-    g, nc, nk = p["body"], p["num_consts"], p["num_carry"]
+    g = p["body"]
+    nc, nk = g.num_consts, g.num_carry
     b, n = body(g), p["length"]
     peak = loop_body_peak(g, b, g.inputs[nc:nc + nk])
     return Cost(n * b.flops, peak, steps_note(n, b.flops))
@@ -1544,7 +1007,21 @@ def _scan_adjoint_cost(node, body):
     if p.get("stored") and len(runs.runs):  # the forward pass ran the first stretch
         recomputed -= int(runs.runs[0, 2])
         cells = 0  # (and holds the cells: an operand)
-    temp = cells * _carry_bytes(p["body"], p["num_consts"], p["num_carry"]) + \
+    temp = cells * _carry_bytes(p["body"], p["body"].num_consts, p["body"].num_carry) + \
         max(fb.peak, st.peak)
     return Cost(recomputed * fb.flops + n * st.flops, temp,
                 f"{n} steps, {sched}: {recomputed} forward steps recomputed")
+
+
+# ---------------------------------------------------------------------------
+# version-1 files: `num_consts` and `num_carry` were params of the node
+
+
+def _v1(params: dict) -> dict:
+    params = dict(params)
+    nc, nk = params.pop("num_consts"), params.pop("num_carry")
+    return {**params, "body": as_body(params["body"], nc, nk)}
+
+
+register_v1_migration("scan", _v1)
+register_v1_migration("scan_adjoint", _v1)

@@ -1,0 +1,197 @@
+"""Checkpoint schedules: which carries a loop's reverse pass stores.
+
+A loop's `checkpoints` param is None (store every step's residuals) or one
+of these: `Binomial(s)` (revolve: at most `s` stored carries, the fewest
+recomputed steps), `EveryK(k)` (a carry every `k` steps) and, for ODE
+solves, `Segments(s)`. A schedule gives its actions (`actions(length)`),
+which `checkpoint_runs` compiles into runs of plain loops (`_replay`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InvalidOptionError, ShapeError, plain
+from ..graph._serialize import register_param_type
+from ._replay import Runs, compile_runs
+
+
+
+# ---------------------------------------------------------------------------
+# checkpoint schedules
+
+
+@dataclass(frozen=True)
+class Binomial:
+    """Binomial checkpointing (revolve): reverse mode stores at most
+    `snapshots` carries and recomputes the forward steps between them, the
+    fewest recomputations any schedule with that many snapshots needs
+    (Griewank and Walther). The gradient is the same as storing every step.
+    `sd.scan(..., checkpoints=s)` with an int `s` means `Binomial(s)`."""
+
+    snapshots: int
+
+    def __post_init__(self):
+        if not isinstance(self.snapshots, int) or isinstance(self.snapshots, bool) \
+                or self.snapshots < 1:
+            raise InvalidOptionError(f"a binomial schedule needs snapshots >= 1 (an int), got "
+                                     f"{plain(self.snapshots)}.", op="scan")
+
+    def __str__(self) -> str:
+        return f"binomial({self.snapshots})"
+
+    def slots(self, length: int) -> int:
+        """The carries stored at most, for `length` steps."""
+        return min(self.snapshots, max(length, 1))
+
+    def actions(self, length: int) -> np.ndarray:
+        """The schedule as `scan_adjoint`'s action rows (`revolve_actions`)."""
+        return revolve_actions(length, self.slots(length))
+
+
+@dataclass(frozen=True)
+class EveryK:
+    """Periodic checkpointing: reverse mode runs forward from the start,
+    storing every `k`-th carry, then re-runs each segment of `k` steps once
+    from its stored start, keeping the segment's carries for the backward
+    parts. At most `ceil(length / k) + k - 2` stored carries (about
+    `2 sqrt(length)` for `k` near `sqrt(length)`) and fewer than `2 length`
+    recomputed steps, whatever `k`. For the same number of stored carries a
+    `Binomial` schedule never recomputes more (revolve is optimal); this is
+    the simple policy many simulation codes use, to compare against. The
+    gradient is the same as storing every step."""
+
+    k: int
+
+    def __post_init__(self):
+        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
+            raise ShapeError(f"an every-k schedule needs k >= 1 (an int), got {self.k!r}.",
+                             op="scan")
+
+    def __str__(self) -> str:
+        return f"every_k({self.k})"
+
+    def slots(self, length: int) -> int:
+        k = min(self.k, max(length, 1))
+        return max(-(-length // k) + max(k - 2, 0), 1)
+
+    def actions(self, length: int) -> np.ndarray:
+        # rows as in `revolve_actions`: 0 store in slot a, 1 advance a -> b,
+        # 2 load slot a, 3 backward part of step a
+        k = min(self.k, max(length, 1))
+        starts = list(range(0, length, k))
+        rows: list[tuple[int, int, int]] = []
+        for j, s0 in enumerate(starts):
+            rows.append((0, j, 0))
+            if j + 1 < len(starts):
+                rows.append((1, s0, s0 + k))
+        m = len(starts)
+
+        def slot(j, t):  # the slot of the carry at step t of segment j
+            s0 = starts[j]
+            return j if t == s0 else m + t - s0 - 1
+
+        for j in reversed(range(m)):
+            s0, e = starts[j], min(starts[j] + k, length)
+            if j + 1 < m:
+                rows.append((2, j, 0))
+            for t in range(s0, e - 1):  # the segment's carries, but the last
+                if t > s0:  # (its first is in slot j)
+                    rows.append((0, slot(j, t), 0))
+                rows.append((1, t, t + 1))
+            rows.append((3, e - 1, 0))
+            for t in reversed(range(s0, e - 1)):
+                rows.append((2, slot(j, t), 0))
+                rows.append((3, t, 0))
+        return np.asarray(rows, np.int32).reshape(-1, 3)
+
+
+@dataclass(frozen=True)
+class Segments:
+    """Two-level checkpointing of a `while` loop over the steps it ran (a
+    number known only when it runs): reverse mode re-runs the loop storing
+    `snapshots` carries evenly spaced over those steps, then re-runs each
+    segment once from its stored start, keeping the segment's carries for the
+    backward parts. At most `snapshots + ceil(max_steps / snapshots)` stored
+    carries, every step recomputed at most twice, and a cost that grows with
+    the steps run, not with `max_steps`. A `while` loop's default (with about
+    `sqrt(max_steps)` snapshots)."""
+
+    snapshots: int
+
+    def __post_init__(self):
+        if not isinstance(self.snapshots, int) or isinstance(self.snapshots, bool) \
+                or self.snapshots < 1:
+            raise InvalidOptionError(f"a segments schedule needs snapshots >= 1 (an int), got "
+                                     f"{plain(self.snapshots)}.", op="while")
+
+    def __str__(self) -> str:
+        return f"segments({self.snapshots})"
+
+
+register_param_type(Binomial, "binomial", lambda b: b.snapshots, lambda s: Binomial(int(s)))
+register_param_type(Segments, "segments", lambda b: b.snapshots, lambda s: Segments(int(s)))
+register_param_type(EveryK, "every_k", lambda b: b.k, lambda k: EveryK(int(k)))
+
+#: the checkpoint schedules (a loop's `checkpoints` param, besides None)
+SCHEDULES = (Binomial, EveryK)
+
+
+def as_schedule(checkpoints, op: str):
+    """`checkpoints` as a schedule param: None (store every step), a
+    `Binomial` or an `EveryK`."""
+    if checkpoints is None or isinstance(checkpoints, SCHEDULES):
+        return checkpoints
+    if isinstance(checkpoints, (int, np.integer)) and not isinstance(checkpoints, bool):
+        return Binomial(int(checkpoints))
+    raise InvalidOptionError(f"`checkpoints` must be None, an int (the number of stored carries), "
+                             f"`sd.Binomial(s)` or `sd.EveryK(k)`, got {plain(checkpoints)}.",
+                             op=op)
+
+
+@functools.lru_cache(maxsize=64)
+def checkpoint_runs(schedule, length: int) -> Runs:
+    """`schedule` on `length` steps, compiled into runs (`_replay`)."""
+    return compile_runs(schedule.actions(length), length)
+
+
+def revolve_actions(length: int, snapshots: int) -> np.ndarray:
+    """The binomial schedule for `length` steps and `snapshots` stored
+    carries as rows `(kind, a, b)`: kind 0 stores the carry in slot `a`, 1
+    advances it from step `a` to step `b`, 2 loads it from slot `a`, 3 runs
+    the backward part of step `a` (the carry is then that step's input)."""
+    import checkpoint_schedules as cs
+
+    rows: list[tuple[int, int, int]] = []
+    if length == 0:
+        return np.zeros((0, 3), np.int32)
+    slots: dict[int, int] = {}
+    free = list(range(snapshots))[::-1]
+    pos = 0
+    for act in cs.MultistageCheckpointSchedule(length, snapshots, 0):
+        if isinstance(act, cs.Forward):
+            assert pos == act.n0, "revolve: the schedule advances from another step"
+            if act.write_ics:
+                slot = free.pop()
+                slots[act.n0] = slot
+                rows.append((0, slot, 0))
+            end = act.n1 - 1 if act.write_adj_deps else act.n1
+            if end > pos:
+                rows.append((1, pos, end))
+            pos = end
+        elif isinstance(act, cs.Reverse):
+            assert act.n1 - act.n0 == 1 and pos == act.n0, \
+                "revolve: a reverse action must be one step from its input"
+            rows.append((3, act.n0, 0))
+            pos = -1
+        elif isinstance(act, (cs.Copy, cs.Move)):
+            rows.append((2, slots[act.n], 0))
+            pos = act.n
+            if isinstance(act, cs.Move):
+                free.append(slots.pop(act.n))
+        elif isinstance(act, cs.EndReverse):
+            break
+    return np.asarray(rows, np.int32)
