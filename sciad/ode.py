@@ -68,7 +68,7 @@ from .primitives._scan import fori_loop
 from .primitives._ode import STATUS, SOLVERS, OdeintOutputs, odeint_p
 from .primitives._ode_adjoint import ADJOINTS, INTERPOLATED
 from .primitives._ode_events import event_guard_p
-from .primitives._ode_field import part_of
+from .primitives._ode_field import field_body, part_of
 from .primitives._ode_interp import hermite_at
 from .primitives._stop_gradient import stop_gradient
 
@@ -169,7 +169,7 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
         jac = "dense"
     else:  # Newton matrices I - h gamma df/dy (of an IMEX field's stiff part)
         jac, pattern = newton_jacobian(part_of(graph, -1), jac, identity=True)
-    params = dict(body=graph, solver=solver, rtol=float(rtol), atol=float(atol),
+    params = dict(body=field_body(graph), solver=solver, rtol=float(rtol), atol=float(atol),
                   max_steps=int(max_steps), adaptive=bool(adaptive), jac=jac,
                   adjoint=adjoint, throw=bool(throw))
     if dt0 is not None:

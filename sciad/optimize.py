@@ -506,7 +506,7 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
     from . import numpy as snp
     from .graph._body import trace_body
     from .solvers._coloring import coloring
-    from .primitives._root import RootOutputs, root_p
+    from .primitives._root import RootOutputs, residual_body, root_p
     from ._sparse_jacobian import newton_jacobian
 
     x0 = snp.asarray(x0)
@@ -549,8 +549,8 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
     if lookup(jac, "jacobian").sparse:
         colors = int(coloring(pattern).max(initial=-1)) + 1
     start = [] if jac0 is None else [_start_matrix(jac0, jac, pattern, tx, op)]
-    outs = root_p.bind(*consts, *leaves, x0, *start, body=graph, kind=kind, method=method,
-                       jac=jac, pattern=pattern, colors=colors,
+    outs = root_p.bind(*consts, *leaves, x0, *start, body=residual_body(graph), kind=kind,
+                       method=method, jac=jac, pattern=pattern, colors=colors,
                        tol=float(default_tol(tx.dtype) if tol is None else tol), atol=float(atol),
                        maxiter=int(maxiter), memory=int(memory), throw=bool(throw),
                        jac0=jac0 is not None, at_floor=bool(at_floor))

@@ -62,7 +62,8 @@ from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NotSuppo
                       ShapeError)
 from ..graph import Graph, Param, Primitive, Site, TensorType, Tracer, Zero, is_zero, lower
 from ..graph._autodiff import jvp_eval, jvp_primal, needs_ct, type_of, vjp_transpose
-from ..graph._body import trace_body
+from ..graph._body import Body, trace_body
+from ..graph._serialize import register_v1_migration
 from ..graph._cost import Cost, _si
 from ..graph._sparsity import dense_all
 from ..graph._types import Pattern
@@ -72,7 +73,8 @@ from ..solvers._ode_steppers import STEPPERS, STIFF_PID, diffrax_solver, tableau
 from ._checks import check, tie
 from ._map import map_rule
 from ._ode_adjoint import ADJOINTS, CHECKPOINT
-from ._ode_field import augmented_pattern, derived_params, field_at, fields_at, part_of
+from ._ode_field import (augmented_pattern, derived_params, field_at, field_body, fields_at,
+                         part_of)
 from ._root import root_guard_p
 
 #: the steppers by name (`solver`), as `sd.ode.SOLVERS` shows them
@@ -88,7 +90,7 @@ STATUS = {
 }
 
 odeint_p = Primitive("ode.odeint", multiple_results=True, runtime_checks=True, params={
-    "body": Graph, "solver": str, "rtol": float, "atol": float, "max_steps": int,
+    "body": Body, "solver": str, "rtol": float, "atol": float, "max_steps": int,
     "dt0": Param((float, None), default=None), "adaptive": Param(bool, default=True),
     "error_size": Param((int, None), default=None),
     "jac": Param(str, default="dense"), "pattern": Param((Pattern, None), default=None),
@@ -524,3 +526,12 @@ def _odeint_cost(node, body_cost):
     if stepper.implicit:
         per += float(np.count_nonzero(np.diag(As[-1]))) * (F.flops + 2.0 * n * n)
     return Cost(per, F.peak, f"per step ({_si(per)})")
+
+
+def _odeint_v1(params: dict) -> dict:
+    # version-1 files: the body was the param `graph`
+    params = dict(params)
+    return {**params, "body": field_body(params.pop("graph"))}
+
+
+register_v1_migration("ode.odeint", _odeint_v1)

@@ -9,7 +9,7 @@ import functools
 
 from .._sparse_jacobian import newton_jacobian
 from ..graph import Graph
-from ..graph._body import inline, permute
+from ..graph._body import Body, as_body, inline, permute
 from ..graph._passes import dce
 
 
@@ -52,10 +52,18 @@ def augmented_pattern(params: dict, g: Graph):
     return newton_jacobian(part_of(g, -1), "sparse", identity=True)[1]
 
 
+def field_body(graph: Graph) -> Body:
+    """A vector field's graph `(*consts, t, y) -> (f,)` (or its parts) as
+    an `odeint` node's body: `t` and `y` are its per-step inputs."""
+    return as_body(graph, len(graph.inputs) - 2)
+
+
 def derived_params(params: dict, **changes) -> dict:
     """The params of a derived `odeint` node (the sensitivity or adjoint
-    system): `params` with `changes`; a None value means the param's
-    default."""
+    system): `params` with `changes` (a new `body` as a `Body`); a None
+    value means the param's default."""
     out = dict(params)
     out.update(changes)
+    if "body" in changes:
+        out["body"] = field_body(changes["body"])
     return {k: v for k, v in out.items() if v is not None}

@@ -33,6 +33,8 @@ import scipy.sparse as sp
 from ..errors import ConvergenceError, DTypeError, InvalidOptionError, ShapeError
 from ..graph import Graph, Param, Primitive, TensorType, Zero, is_zero
 from ..graph._autodiff import jvp_eval, needs_ct, type_of
+from ..graph._body import Body, as_body
+from ..graph._serialize import register_v1_migration
 from ..graph._types import Pattern
 from ..solvers._registry import lookup
 from ._checks import check, tie
@@ -40,12 +42,13 @@ from ._checks import check, tie
 KINDS = ("root", "fixed_point")
 
 root_p = Primitive("optimize.root", multiple_results=True, runtime_checks=True, params={
-    "body": Graph, "kind": str, "method": str, "jac": str,
+    "body": Body, "kind": str, "method": str, "jac": str,
     "pattern": Param((Pattern, None), default=None), "colors": Param(int, default=0),
     "tol": float, "atol": float, "maxiter": int, "memory": Param(int, default=0),
     "throw": Param(bool, default=True), "uses": Param((int, None), default=None),
     "jac0": Param(bool, default=False), "at_floor": Param(bool, default=False)},
     fit_to_readers=lambda params, readers, complete: _root_fit(params, readers, complete))
+
 #: `body`: the residual (kind "root") or the fixed-point map (kind
 #: "fixed_point") as a closed body `(*consts, x) -> (F,)`; `method`: a root
 #: method record's name (`sciad.solvers._root_methods`); `jac`: how Newton's
@@ -63,6 +66,21 @@ root_p = Primitive("optimize.root", multiple_results=True, runtime_checks=True, 
 #: solve that stalls with ||F|| at its measured rounding floor has converged
 #: (for the roots whose tolerance sciad sets itself, so that it is never
 #: tighter than rounding allows: an implicit ODE stage's)
+
+
+def residual_body(graph: Graph) -> Body:
+    """A residual's (fixed-point map's) graph `(*consts, x) -> (F,)` as a
+    root node's body: `x` is its one per-step input."""
+    return as_body(graph, len(graph.inputs) - 1)
+
+
+def _root_v1(params: dict) -> dict:
+    # version-1 files: the body was the param `graph`
+    params = dict(params)
+    return {**params, "body": residual_body(params.pop("graph"))}
+
+
+register_v1_migration("optimize.root", _root_v1)
 
 
 class RootOperands(NamedTuple):
