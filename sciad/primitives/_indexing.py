@@ -15,10 +15,18 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.sparse as sp
 
+from .. import _ops as ops
+from .._ops import is_int as _is_int
+from ..config import x64_scope
 from ..errors import DTypeError, IndexingError, ShapeError
 from ..graph import Primitive, TensorType, instantiate, is_linear, register_param_type, zeros
 from ..graph._autodiff import type_of
+from ..graph._batch import batch_size_of, batched_front, to_front
+from ..graph._cost import Cost, size
+from ..graph._sparsity import _bool, _check_entries, moves, scatter_add, select_rows, union
+from ._take import batched_take
 from ._util import tensor
 
 
@@ -64,10 +72,6 @@ register_param_type(
                                                       int(it[2]))
         for it in data)),
 )
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 def normalize_index(idx, shape: tuple[int, ...], op: str = "getitem") -> StaticIndex:
@@ -216,9 +220,6 @@ def _index_add_transpose(ct, x, v, *, index):
 # into the elements it lands on (found by indexing the output's element ids).
 
 def _index_add_sparsity(outs, x, v, *, index):
-    from ..config import x64_scope
-    from ..graph._sparsity import scatter_add
-
     # the output element each element of `v` lands on
     with x64_scope(), jax.ensure_compile_time_eval():
         landed = np.asarray(getitem_p.impl_rule(
@@ -227,8 +228,6 @@ def _index_add_sparsity(outs, x, v, *, index):
 
 
 def _install_sparsity_rules() -> None:
-    from ..graph._sparsity import moves
-
     getitem_p.def_sparsity(moves(getitem_p.impl_rule))
     index_set_p.def_sparsity(moves(index_set_p.impl_rule))
     index_add_p.def_sparsity(_index_add_sparsity)
@@ -269,8 +268,6 @@ def _dynamic_slice_shape(x, *starts, sizes):
 
 @dynamic_slice_p.def_impl
 def _dynamic_slice_impl(x, *starts, sizes):
-    import jax
-
     return jax.lax.dynamic_slice(x, starts, sizes)
 
 
@@ -291,15 +288,12 @@ def _dynamic_update_slice_shape(x, update, *starts):
 
 @dynamic_update_slice_p.def_impl
 def _dynamic_update_slice_impl(x, update, *starts):
-    import jax
-
     return jax.lax.dynamic_update_slice(x, update, starts)
 
 
 @dynamic_update_slice_p.def_cost
 def _dynamic_update_slice_cost(node, body):
     # XLA writes the update into the array in place: a copy of the update
-    from ..graph._cost import Cost, size
 
     return Cost(float(size(node.inputs[1].type)))
 
@@ -360,10 +354,6 @@ def _window(n: int, w: int, start) -> np.ndarray:
 
 def _product(ms):
     """The Kronecker product of per-axis bool matrices, as a CSR matrix."""
-    import scipy.sparse as sp
-
-    from ..graph._sparsity import _check_entries
-
     ms = [sp.csr_matrix(m) for m in ms]
     _check_entries(int(np.prod([m.nnz for m in ms], dtype=np.int64)))
     out = sp.csr_matrix(np.ones((1, 1), bool))
@@ -373,15 +363,11 @@ def _product(ms):
 
 
 def _dynamic_slice_sparsity(outs, x, *starts, sizes):
-    from ..graph._sparsity import _bool
-
     return _bool(_product(_window(n, w, s) for n, w, s in zip(x.shape, sizes, starts))
                  @ x.matrix)
 
 
 def _dynamic_update_slice_sparsity(outs, x, update, *starts):
-    from ..graph._sparsity import _bool, select_rows, union
-
     covered = np.ones((), bool)
     for n, w, s in zip(x.shape, update.shape, starts):
         p, first = np.arange(n), _clamped(s, n, w)
@@ -409,10 +395,6 @@ def _prefixed(index: StaticIndex, size: int) -> StaticIndex:
 
 
 def _install_batch_rules() -> None:
-    from ..graph._batch import batch_size_of, batched_front, to_front
-    from ._take import batched_take
-    from ._util import snp
-
     def getitem_rule(args, dims, *, index):
         (x,), (d,) = args, dims
         x = to_front(x, d)
@@ -428,7 +410,7 @@ def _install_batch_rules() -> None:
     def clamped(start, d, n, w, size):
         # each example's start (batch axis first), clamped as XLA clamps it
         start = batched_front(start, d, size)
-        return snp.clip(snp.astype(start, np.int64), 0, n - w)
+        return ops.clip(ops.astype(start, np.int64), 0, n - w)
 
     def dynamic_slice_rule(args, dims, *, sizes):
         (x, *starts), (d, *sd) = args, dims
@@ -443,7 +425,7 @@ def _install_batch_rules() -> None:
         for k, (st, s) in enumerate(zip(starts, sd)):
             if s is not None:
                 first = clamped(st, s, x.shape[k + 1], sizes[k], size)
-                idx = snp.reshape(first, (size, 1)) + snp.arange(sizes[k], dtype=np.int64)
+                idx = ops.reshape(first, (size, 1)) + ops.arange(sizes[k], dtype=np.int64)
                 x = batched_take(x, idx, k)
         return x, 0
 
@@ -459,14 +441,14 @@ def _install_batch_rules() -> None:
         for k, st in enumerate(starts):
             n, w = x.shape[k + 1], u.shape[k + 1]
             first = clamped(st, sd[k], n, w, size)
-            j = snp.arange(n, dtype=np.int64) - snp.reshape(first, (size, 1))
+            j = ops.arange(n, dtype=np.int64) - ops.reshape(first, (size, 1))
             inside = (j >= 0) & (j < w)
-            u = batched_take(u, snp.clip(j, 0, w - 1), k)
+            u = batched_take(u, ops.clip(j, 0, w - 1), k)
             shape = [size] + [1] * (len(x.shape) - 1)
             shape[k + 1] = n
-            inside = snp.reshape(inside, tuple(shape))
+            inside = ops.reshape(inside, tuple(shape))
             mask = inside if mask is None else mask & inside
-        return snp.where(mask, u, x), 0
+        return ops.where(mask, u, x), 0
 
     getitem_p.def_batch(getitem_rule)
     index_set_p.def_batch(update_rule(index_set_p))
