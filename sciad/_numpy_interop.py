@@ -23,6 +23,7 @@ result (`copy`, `optimize`, `subok`, `device`), and raises otherwise
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from typing import Any, Callable
 
@@ -226,8 +227,6 @@ def full_name(func) -> str:
 def _resolve(dotted: str):
     """`numpy.emath.sqrt` -> the object, by attribute access from `numpy`
     (`numpy.emath` is an attribute, not an importable module)."""
-    import importlib
-
     parts = dotted.split(".")
     try:
         obj = importlib.import_module(parts[0])

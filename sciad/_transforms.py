@@ -553,6 +553,7 @@ def jacrev(f: Callable, argnums: int = 0):
             to = type_of(o)
             row = None
             if to.size and tx.size and is_differentiable(to):
+
                 def cotangent(c, k=k):
                     cts = [Zero(type_of(a).update()) for a in outs]
                     cts[k] = c

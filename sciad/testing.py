@@ -60,6 +60,7 @@ O(1), far above 1e-3. `RuleReport.precision` names the dtype and
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Callable
 
 import jax
@@ -482,8 +483,6 @@ def _check_batching(fn, graph, args, outs, rng, report, where, name, eager: bool
     (a static count, an index array). `eager`: also call `fn` on arrays
     outside a trace (a primitive's eager path; a function written for
     traced values may use what arrays lack, such as `x.at`)."""
-    import warnings
-
     floats = [isinstance(a, np.ndarray) and a.dtype.kind in "fc" for a in args]
     if not any(floats):
         report.skipped["batch"] = "no float or complex input to batch"

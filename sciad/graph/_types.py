@@ -345,14 +345,14 @@ class Pattern:
         return cls(shape, indptr, u_cols), dest.astype(np.int64).ravel()
 
     def to_json(self) -> dict:
-        from ._serialize import _encode_array
+        from ._serialize import _encode_array  # (here: _serialize imports this module)
 
         return {"shape": list(self.shape), "indptr": _encode_array(self.indptr),
                 "indices": _encode_array(self.indices)}
 
     @classmethod
     def from_json(cls, d: dict) -> "Pattern":
-        from ._serialize import _charge, _decode_array, _decode_shape
+        from ._serialize import _charge, _decode_array, _decode_shape  # (a cycle, as above)
 
         shape = _decode_shape(d["shape"], "a sparse pattern", limit="dim")
         if len(shape) == 2:  # (else the constructor says what is wrong)

@@ -9,6 +9,7 @@ triangle), so a derivative in any direction `da` is that of `(da + da^H)/2`.
 `a v = v diag(w)`.
 
 Derivatives. With `C = v^H dA v` (`dA` the Hermitian part of the tangent):
+
     dw_i = Re C_ii,        dv = v (F o C),   F_ij = 1 / (w_j - w_i)   (i != j)
 
 and `F_ii = 0` (the gauge in which `v^H dv` has a zero diagonal). Two
