@@ -763,7 +763,6 @@ def _pad_widths(pad_width, ndim: int) -> tuple[tuple[int, int], ...]:
 def pad(array, pad_width, mode: str = "constant", constant_values=0):
     """Constant padding (`mode='constant'` only), NumPy's `pad_width` forms."""
     if mode != "constant":
-
         raise _NotSupportedError(f"mode={mode!r}; only 'constant' is supported.", op="pad")
     array = _as_array(array, "pad")
     if isinstance(constant_values, _Tracer) or _np.ndim(constant_values) != 0:
@@ -829,7 +828,6 @@ def _in_range(indices, size: int, mode, op: str, distinct: bool = False):
     """Integer `indices` into an axis of `size`, brought into `[0, size)` by
     `mode` (see `take`): concrete ones now, traced ones by an
     `index_bounds` node that checks them when the program runs."""
-
     mode = "raise" if mode is None else mode
     if mode not in _TAKE_MODES:
         raise _IndexingError(f"`mode` must be one of {_TAKE_MODES}, got {mode!r}.", op=op)
@@ -880,7 +878,6 @@ def take_along_axis(arr, indices, axis, mode=None):
     the other axes; `axis=None` works on the flattened array. `mode` is
     `take`'s. With the indices from `argsort`, this sorts `arr` (and its
     derivative)."""
-
     arr = _as_array(arr, "take_along_axis")
     if axis is None:
         arr, axis = ravel(arr), 0
@@ -923,7 +920,6 @@ def _split_array_index(x, idx, op: str):
     """An index with one integer-array entry, as (the rest of the index with
     that entry a full slice, the axis of the rest's result that the array
     indexes, the array, whether NumPy moves the array's axes to the front)."""
-
     idx = idx if isinstance(idx, tuple) else (idx,)
     arrays = [k for k, i in enumerate(idx) if _array_index(i)]
     if _builtins.len(arrays) > 1:
@@ -1000,7 +996,6 @@ def ones_like(a, dtype=None, shape=None):
 
 def _static_number(x, op: str, what: str):
     if isinstance(x, _Tracer):
-
         raise _TracerError(f"`{what}` must be a static number, got a traced value "
                           f"{x.type.str_short()}.", op=op)
     x = x.item() if isinstance(x, (_np.generic, _np.ndarray)) else x
@@ -1066,7 +1061,6 @@ def einsum(subscripts: str, *operands):
     """Einstein summation over `operands` (explicit or implicit form, no `...`)."""
     spec = subscripts.replace(" ", "")
     if "..." in spec:
-
         raise _NotSupportedError("ellipsis (`...`) subscripts are not supported; name "
                                 "every axis.", op="einsum")
     if "->" not in spec:

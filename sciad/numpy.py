@@ -195,7 +195,6 @@ def _traced_index(x, idx, op: str):
     the rest (traced positions as full slices) and, per traced position, the
     axis it indexes in the statically indexed result and its start (negative
     values counted from the end, as NumPy does)."""
-
     idx = idx if isinstance(idx, tuple) else (idx,)
     n_real = _builtins.sum(1 for i in idx if i is not None and i is not Ellipsis)
     items, axis_of = [], []
@@ -925,7 +924,6 @@ def triu(m, k: int = 0):
 
 def diagonal(a, offset: int = 0, axis1: int = 0, axis2: int = 1):
     """The `offset` diagonal of `a` over `axis1`, `axis2` (appended last)."""
-
     if _is_sparse(a):
         if offset or (axis1, axis2) != (0, 1):
             raise _DTypeError("a sparse matrix's diagonal takes no offset or axes.",
@@ -1190,7 +1188,6 @@ def bincount(x, weights=None, minlength: int = 0, *, length: int | None = None):
     result's length is static: `max(x) + 1` (at least `minlength`) for
     concrete `x`; for traced `x`, pass `length` (values at or above it are an
     `IndexingError` when the program runs)."""
-
     if isinstance(x, _Tracer):
         if length is None:
             raise _IndexingError("traced values need a static `length=` (the result's "

@@ -109,7 +109,6 @@ def known_zero(x) -> bool:
     """Whether `x` is zero by construction: a constant of zeros, or a traced
     value made by a node without operands (`zeros`, `full`) whose value is
     zeros (a JVP's instantiated symbolic zero)."""
-
     if isinstance(x, Tracer):
         producer = next((n for n in reversed(x._builder.nodes) if x._var in n.outputs), None)
         if producer is None or producer.inputs or producer.primitive.impl_rule is None:
@@ -285,7 +284,6 @@ def _bind(prim: Primitive, args, params):
 def operand_name(prim: Primitive, i: int) -> str:
     """Operand `i` of `prim` in a message: "operand 1 (`b`)", with its name
     from the shape rule's signature where it has one."""
-
     try:
         names = [q.name for q in
                  inspect.signature(prim.abstract_eval_rule).parameters.values()
@@ -630,7 +628,6 @@ def _derived_vjp(prim: Primitive, primals: Sequence, cts: Sequence, params: dict
     Only the operands flagged in `wrt` (default: every float and complex one)
     get a tangent: the others' are `Zero`s, so the rule forms nothing for
     them (`x ** c` with a constant `c` forms no `log(x)`)."""
-
     diff = [i for i, p in enumerate(primals)
             if is_differentiable(type_of(p)) and (wrt is None or wrt[i])]
     if not diff:
@@ -839,7 +836,6 @@ def jvp_graph(graph: Graph) -> Graph:
     """The JVP of `graph`: inputs `(*primals, *tangents)`, outputs
     `(*outs, *tangent_outs)`. Tangent inputs exist for the float and complex
     inputs only; tangent outputs are materialized (zeros where symbolic)."""
-
     diff = _differentiable_inputs(graph)
     in_types = list(graph.in_types) + [graph.inputs[i].type.update() for i in diff]
     n = len(graph.inputs)
@@ -882,7 +878,6 @@ def vjp_graph(graph: Graph, wrt: Sequence[bool] | None = None) -> VJPGraph:
     `wrt` flags the inputs differentiated (default: every float and complex
     input); the backward graph has a cotangent output for each of those only,
     and the forward graph saves only what the backward graph reads."""
-
     n_in = len(graph.inputs)
     diff_out = [i for i, a in enumerate(graph.outputs) if is_differentiable(a.type)]
     ct_types = [graph.outputs[i].type.update() for i in diff_out]

@@ -171,7 +171,6 @@ def _swap(x):
 def _gaps(w, tol: float):
     """`F`: `1 / (w_j - w_i)` for eigenvalues of different clusters, 0 inside
     a cluster (and on the diagonal)."""
-
     d = ops.expand_dims(w, -2) - ops.expand_dims(w, -1)  # d_ij = w_j - w_i
     scale = ops.max(ops.abs(w), axis=-1, keepdims=True)
     apart = ops.abs(d) > tol * ops.expand_dims(scale, -1)

@@ -144,7 +144,6 @@ def _coefficients(s, tol: float):
     """`(E, F, s_inv)` of the module docstring, with the cluster policy:
     `F_ij = 0` inside a cluster, `E_ij = 0` and `1/s_i = 0` in the zero
     cluster."""
-
     scale = ops.expand_dims(ops.max(s, axis=-1, keepdims=True), -1)   # (..., 1, 1)
     si, sj = ops.expand_dims(s, -1), ops.expand_dims(s, -2)
     d = sj - si

@@ -38,7 +38,8 @@ from ..graph import Param, Primitive, TensorType, instantiate, is_linear, zeros
 from ..graph._autodiff import type_of
 from ..graph._batch import batch_size_of, batched_front, front_rule, shift_axes, to_front
 from ..graph._cost import Cost, size
-from ..graph._sparsity import Deps, along, axes_groups, by_ids, grouped, scatter_add, select_rows, union
+from ..graph._sparsity import Deps, along, axes_groups, by_ids, grouped, scatter_add
+from ..graph._sparsity import select_rows, union
 from ._checks import check, tie
 from ._util import normalize_axis, tensor
 
@@ -323,7 +324,6 @@ def _searchsorted_cost(node, body):
 def _merged(x, axis):
     """`x` (batch axis first) as `(B * n, *other axes)`: the batch axis and
     `axis` (of the example) merged, the example's other axes in order."""
-
     b, n = x.shape[0], x.shape[axis + 1]
     x = ops.moveaxis(x, axis + 1, 1)
     return ops.reshape(x, (b * n,) + tuple(x.shape[2:]))
@@ -337,7 +337,6 @@ def _offset(i, n: int):
 def batched_take(x, i, axis: int):
     """`take` of each example's `x` at its own indices `i` along `axis` (of
     the example), both with the batch axis first; the result too."""
-
     pre, k = axis, len(i.shape) - 1
     out = take_p.bind(_merged(x, axis), _offset(i, x.shape[axis + 1]), axis=0)
     # (B, *i, *pre, *post) -> (B, *pre, *i, *post)
