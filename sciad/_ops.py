@@ -79,7 +79,7 @@ def normalize_axis(axis: int, ndim: int, op: str) -> int:
         raise _ShapeError(f"`axis` must be an integer{many}, got {given!r}.", op=op)
     if not -ndim <= axis < ndim:
         raise _ShapeError(f"axis {axis} is out of bounds for an array of {ndim} "
-                         f"dimension{'s' if ndim != 1 else ''}.", op=op)
+                          f"dimension{'s' if ndim != 1 else ''}.", op=op)
     return axis % ndim if ndim else 0
 
 
@@ -106,7 +106,7 @@ def normalize_indices(i: _np.ndarray, size: int, mode: str, distinct: bool, op: 
         if bad.any():
             first = int(i[bad].flat[0])
             raise _IndexingError(_out_of_bounds_text(first, size, int(bad.sum()), i.size),
-                                op=op)
+                                 op=op)
         out = _np.where(i < 0, i + size, i)
     elif mode == "wrap":
         out = _np.mod(i, size) if size else i
@@ -844,7 +844,7 @@ def _in_range(indices, size: int, mode, op: str, distinct: bool = False):
     arr = _np.asarray(indices)
     if arr.dtype == _np.bool_ or arr.dtype.kind not in "iu" and arr.size:
         raise _IndexingError(f"indices must be integers, got an array of {arr.dtype}.",
-                            op=op)
+                             op=op)
     arr = arr.astype(_np.int64)
     if mode == "promise_in_bounds":
         mode = "raise"  # concrete indices are checked anyway: it costs nothing
@@ -885,8 +885,8 @@ def take_along_axis(arr, indices, axis, mode=None):
     nd = _builtins.len(_shape(indices))
     if nd != arr.ndim:
         raise _IndexingError(f"`indices` must have the {arr.ndim} dimensions of "
-                            f"{arr.type.str_short()}, got shape {_shape(indices)}.",
-                            op="take_along_axis")
+                             f"{arr.type.str_short()}, got shape {_shape(indices)}.",
+                             op="take_along_axis")
     i = _in_range(indices, arr.shape[axis], mode, "take_along_axis")
     outer = [d for k, d in enumerate(arr.shape) if k != axis]
     inner = [d for k, d in enumerate(i.shape) if k != axis]
@@ -933,12 +933,12 @@ def _split_array_index(x, idx, op: str):
         if arr.dtype == _np.bool_:  # a concrete mask: the positions it selects
             if arr.ndim != 1:
                 raise _IndexingError(f"a boolean mask indexes one axis here; got one of "
-                                    f"shape {arr.shape}.", op=op)
+                                     f"shape {arr.shape}.", op=op)
             arr = _np.flatnonzero(arr)
     if _builtins.any(isinstance(i, _Tracer) for k, i in enumerate(idx) if k != pos):
         raise _IndexingError("a traced scalar index and an integer-array index in one "
-                            "expression are not supported: index one, then the other.",
-                            op=op)
+                             "expression are not supported: index one, then the other.",
+                             op=op)
     # NumPy's rule: the static ints are advanced indices too; if they and the
     # array are not side by side, the array's axes move to the front
     advanced = [k for k, i in enumerate(idx) if k == pos or is_int(i)]
@@ -997,7 +997,7 @@ def ones_like(a, dtype=None, shape=None):
 def _static_number(x, op: str, what: str):
     if isinstance(x, _Tracer):
         raise _TracerError(f"`{what}` must be a static number, got a traced value "
-                          f"{x.type.str_short()}.", op=op)
+                           f"{x.type.str_short()}.", op=op)
     x = x.item() if isinstance(x, (_np.generic, _np.ndarray)) else x
     if not isinstance(x, (int, float, complex)):
         raise _DTypeError(f"`{what}` must be a number, got {_plain(x)}.", op=op)
@@ -1062,7 +1062,7 @@ def einsum(subscripts: str, *operands):
     spec = subscripts.replace(" ", "")
     if "..." in spec:
         raise _NotSupportedError("ellipsis (`...`) subscripts are not supported; name "
-                                "every axis.", op="einsum")
+                                 "every axis.", op="einsum")
     if "->" not in spec:
         letters = spec.replace(",", "")
         spec = spec + "->" + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))

@@ -213,7 +213,7 @@ def _traced_index(x, idx, op: str):
                     "use `snp.where`).", op=op)
             if k >= x.ndim:
                 raise _IndexingError(f"too many indices for an array of {x.ndim} "
-                                    "dimensions.", op=op)
+                                     "dimensions.", op=op)
             d = x.shape[k]
             start = where(i < 0, i + d, i)
             axis_of.append((out_axis, start))
@@ -249,8 +249,8 @@ def _no_mode(mode, op: str) -> None:
     if mode not in (None, "clip"):
 
         raise _IndexingError(f"`mode` applies to integer-array indices; got mode={mode!r} "
-                            "for a scalar or slice index (a traced scalar is clamped into "
-                            "range, as in JAX).", op=op)
+                             "for a scalar or slice index (a traced scalar is clamped into "
+                             "range, as in JAX).", op=op)
 
 
 def _getitem(x, idx, mode=None):
@@ -927,7 +927,7 @@ def diagonal(a, offset: int = 0, axis1: int = 0, axis2: int = 1):
     if _is_sparse(a):
         if offset or (axis1, axis2) != (0, 1):
             raise _DTypeError("a sparse matrix's diagonal takes no offset or axes.",
-                             op="diagonal")
+                              op="diagonal")
         return _sparse.diagonal(a)
     a = _as_array(a, "diagonal")
     a1, a2 = (_normalize_axis(x, a.ndim, "diagonal") for x in (axis1, axis2))
@@ -1191,7 +1191,7 @@ def bincount(x, weights=None, minlength: int = 0, *, length: int | None = None):
     if isinstance(x, _Tracer):
         if length is None:
             raise _IndexingError("traced values need a static `length=` (the result's "
-                                "length would depend on their maximum).", op="bincount")
+                                 "length would depend on their maximum).", op="bincount")
         n = int(length)
         xi = x
     else:
