@@ -205,15 +205,15 @@ def _install_batch_rules() -> None:
         ins, out = parse_spec(spec, len(args))
         z = next(c for c in "zyxwvutsrqponmlkjihgfedcbaZYXWVUTSRQPONMLKJIHGFEDCBA"
                  if c not in spec)
-        ops, subs = [], []
+        operands, subs = [], []
         for a, d, s in zip(args, dims, ins):
             if d is None:
-                ops.append(a)
+                operands.append(a)
                 subs.append(s)
             else:
-                ops.append(to_front(a, d))
+                operands.append(to_front(a, d))
                 subs.append(z + s)
-        return einsum_p.bind(*ops, spec=",".join(subs) + "->" + z + out), 0
+        return einsum_p.bind(*operands, spec=",".join(subs) + "->" + z + out), 0
 
     def matmul_rule(args, dims):
         (a, b), (da, db) = args, dims
