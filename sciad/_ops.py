@@ -16,6 +16,7 @@ from __future__ import annotations
 import builtins as _builtins
 import functools as _functools
 import operator as _operator
+from dataclasses import dataclass as _dataclass
 from typing import Sequence as _Sequence
 
 import jax as _jax
@@ -27,6 +28,7 @@ from .errors import NotSupportedError as _NotSupportedError, ShapeError as _Shap
 from .errors import TracerError as _TracerError, plain as _plain
 from .graph import TensorType as _TensorType, Tracer as _Tracer
 from .graph import lookup_primitive as _lookup_primitive
+from .graph import register_param_type as _register_param_type
 from .graph._types import SparseArray as _SparseArray, SparseType as _SparseType
 
 _SPARSE = None  # see `set_sparse_handler`
@@ -130,6 +132,104 @@ def _repeated_text(out) -> str:
     return (f"`.at[i].set(v)` needs distinct indices, but {rep.size} index value{s} "
             f"repeat{'' if s else 's'} (first: {int(rep[0])}). Use "
             "`.at[i].add(v)` to accumulate, or make the indices distinct.")
+
+
+# ---------------------------------------------------------------------------
+# static indexes (the `index` param of getitem, index_set, index_add)
+
+@_dataclass(frozen=True)
+class StaticIndex:
+    items: tuple
+
+    def __str__(self) -> str:
+        parts = []
+        for it in self.items:
+            if it is None:
+                parts.append("None")
+            elif isinstance(it, int):
+                parts.append(str(it))
+            else:
+                start, stop, step = it
+                text = f"{start}:{'' if stop is None else stop}"
+                parts.append(text if step == 1 else f"{text}:{step}")
+        return "[" + ", ".join(parts) + "]"
+
+    def to_jax(self) -> tuple:
+        return tuple(slice(*it) if isinstance(it, tuple) else it for it in self.items)
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        out, k = [], 0
+        for it in self.items:
+            if it is None:
+                out.append(1)
+                continue
+            if isinstance(it, tuple):
+                start, stop, step = it
+                out.append(len(range(start, -1 if stop is None else stop, step)))
+            k += 1
+        return tuple(out) + tuple(shape[k:])
+
+
+_register_param_type(
+    StaticIndex, "index",
+    lambda ix: [it if it is None or isinstance(it, int) else list(it) for it in ix.items],
+    lambda data: StaticIndex(tuple(
+        it if it is None or isinstance(it, int) else (int(it[0]),
+                                                      None if it[1] is None else int(it[1]),
+                                                      int(it[2]))
+        for it in data)),
+)
+
+
+def normalize_index(idx, shape: tuple[int, ...], op: str = "getitem") -> StaticIndex:
+    """A NumPy basic index as a `StaticIndex` against `shape`."""
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    n_ellipsis = _builtins.sum(1 for i in idx if i is Ellipsis)
+    if n_ellipsis > 1:
+        raise _IndexingError("an index can have only one ellipsis (`...`).", op=op)
+    n_real = _builtins.sum(1 for i in idx if i is not None and i is not Ellipsis)
+    if n_real > len(shape):
+        raise _IndexingError(f"too many indices: {n_real} for an array of {len(shape)} "
+                            f"dimension{'s' if len(shape) != 1 else ''}.", op=op)
+    items, k = [], 0
+    for i in idx:
+        if i is Ellipsis:
+            for _ in range(len(shape) - n_real):
+                items.append((0, shape[k], 1))
+                k += 1
+        elif i is None:
+            items.append(None)
+        elif is_int(i):
+            d = shape[k]
+            if not -d <= int(i) < d:
+                raise _IndexingError(f"index {int(i)} is out of bounds for axis {k} with "
+                                    f"size {d}.", op=op)
+            items.append(int(i) % d)
+            k += 1
+        elif isinstance(i, slice):
+            for part in (i.start, i.stop, i.step):
+                if part is not None and not is_int(part):
+                    raise _IndexingError(
+                        f"slice bounds must be static ints or None, got {i}. Slicing by "
+                        "traced values is not supported.", op=op)
+            if i.step is not None and int(i.step) == 0:
+                raise _IndexingError("slice step cannot be zero.", op=op)
+            start, stop, step = slice(*(None if p is None else int(p)
+                                        for p in (i.start, i.stop, i.step))).indices(shape[k])
+            if not range(start, stop, step):  # canonical empty slice
+                start, stop, step = 0, 0, 1
+            items.append((start, None if stop < 0 else stop, step))
+            k += 1
+        else:
+            kind = type(i).__name__
+            raise _IndexingError(
+                f"unsupported index of type {kind}: only static ints, slices, None and "
+                "`...` are supported (no integer-array, boolean-mask or traced indices).",
+                op=op)
+    for d in shape[k:]:
+        items.append((0, d, 1))
+    return StaticIndex(tuple(items))
 
 
 # ---------------------------------------------------------------------------
@@ -1146,3 +1246,189 @@ def searchsorted(a, v, side: str = "left", sorter=None):
     dtype = _result_type(a, v, op="searchsorted")
     return _prim("searchsorted").bind(_convert(a, dtype), _convert(_as_array(v, "searchsorted"),
                                                                dtype), side=side)
+
+
+# ---------------------------------------------------------------------------
+# indexing
+
+def _has_traced(idx) -> bool:
+    return isinstance(idx, _Tracer) or (isinstance(idx, tuple) and _builtins.any(
+        isinstance(i, _Tracer) for i in idx))
+
+
+def _traced_index(x, idx, op: str):
+    """An index holding traced integer scalars, split into a static index for
+    the rest (traced positions as full slices) and, per traced position, the
+    axis it indexes in the statically indexed result and its start (negative
+    values counted from the end, as NumPy does)."""
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    n_real = _builtins.sum(1 for i in idx if i is not None and i is not Ellipsis)
+    items, axis_of = [], []
+    k = out_axis = 0
+    for i in idx:
+        if i is Ellipsis:
+            items.append(i)
+            skip = x.ndim - n_real
+            k += skip
+            out_axis += skip
+        elif isinstance(i, _Tracer):
+            if i.shape != () or i.dtype.kind not in "iu":
+                raise _IndexingError(
+                    f"a traced index must be an integer scalar, got {i.type.str_short()} "
+                    "(integer-array and boolean-mask indices are not supported here; "
+                    "use `snp.where`).", op=op)
+            if k >= x.ndim:
+                raise _IndexingError(f"too many indices for an array of {x.ndim} "
+                                     "dimensions.", op=op)
+            d = x.shape[k]
+            start = where(i < 0, i + d, i)
+            axis_of.append((out_axis, start))
+            items.append(slice(None))
+            k += 1
+            out_axis += 1
+        elif i is None:
+            items.append(i)
+            out_axis += 1
+        elif isinstance(i, slice):
+            items.append(i)
+            k += 1
+            out_axis += 1
+        else:  # a static int drops its axis
+            items.append(i)
+            k += 1
+    return tuple(items), axis_of
+
+
+def _dynamic_window(y, axis_of):
+    """Starts (zeros except at the traced axes) and window sizes (ones there)."""
+    starts = [_np.int64(0)] * y.ndim
+    sizes = list(y.shape)
+    for ax, start in axis_of:
+        starts[ax] = astype(start, _np.int64)
+        sizes[ax] = 1
+    return starts, tuple(sizes)
+
+
+def _no_mode(mode, op: str) -> None:
+    """Refuses a `mode` other than clamping for an index without an integer
+    array."""
+    if mode not in (None, "clip"):
+
+        raise _IndexingError(f"`mode` applies to integer-array indices; got mode={mode!r} "
+                             "for a scalar or slice index (a traced scalar is clamped into "
+                             "range, as in JAX).", op=op)
+
+
+def _getitem(x, idx, mode=None):
+    x = _as_array(x, "getitem")
+    if _builtins.any(_array_index(i) for i in (idx if isinstance(idx, tuple) else (idx,))):
+        # one integer-array index: the rest of the index, then a `take`
+        rest, axis, arr, to_front = _split_array_index(x, idx, "getitem")
+        y = _getitem(x, rest)
+        i = _in_range(arr, y.shape[axis], mode, "getitem")
+        out = _prim("take").bind(y, i, axis=axis)
+        if to_front and axis:
+            k = i.ndim
+            out = moveaxis(out, tuple(range(axis, axis + k)), tuple(range(k)))
+        return out
+    _no_mode(mode, "getitem")
+    if _has_traced(idx):
+        # `x[i]` with a traced `i`: the static part of the index first, then a
+        # window of size 1 at `i` on each traced axis, which is then dropped
+        static, axis_of = _traced_index(x, idx, "getitem")
+        y = _getitem(x, static)
+        starts, sizes = _dynamic_window(y, axis_of)
+        win = _prim("dynamic_slice").bind(y, *starts, sizes=sizes)
+        keep = tuple(d for a, d in enumerate(sizes) if a not in {ax for ax, _ in axis_of})
+        return reshape(win, keep)
+    index = normalize_index(idx, tuple(x.shape))
+    if _builtins.all(isinstance(it, tuple) and it[0] == 0 and it[1] == d and it[2] == 1
+                     for it, d in zip(index.items, x.shape)) and len(index.items) == x.ndim:
+        return x
+    return _prim("getitem").bind(x, index=index)
+
+
+class _IndexUpdate:
+    """`x.at[idx]`: functional updates `set(v)` and `add(v)`."""
+
+    __slots__ = ("x", "idx")
+
+    def __init__(self, x, idx):
+        self.x, self.idx = x, idx
+
+    def _update(self, prim, v, op, mode=None):
+        x = self.x
+        idx = self.idx if isinstance(self.idx, tuple) else (self.idx,)
+        if _builtins.any(_array_index(i) for i in idx):
+            return self._scatter(prim is _prim("index_add"), v, op, mode)
+        _no_mode(mode, op)
+        if _has_traced(self.idx):
+            return self._dynamic_update(prim is _prim("index_add"), v, op)
+        index = normalize_index(self.idx, tuple(x.shape), op)
+        target = index.out_shape(tuple(x.shape))
+        v = broadcast_to(_convert(_as_array(v, op), x.dtype), target)
+        return prim.bind(x, v, index=index)
+
+    def _dynamic_update(self, add: bool, v, op):
+
+        x = self.x
+        static, axis_of = _traced_index(x, self.idx, op)
+        if _builtins.any(not (isinstance(i, slice) and i == slice(None)) and i is not Ellipsis
+                         for i in static):
+            raise _IndexingError(
+                "an update at a traced index takes traced or static ints and full "
+                "slices (`:`) only, e.g. `x.at[i].set(v)` or `x.at[:, i].add(v)`.", op=op)
+        starts, sizes = _dynamic_window(x, axis_of)
+        traced_axes = {ax for ax, _ in axis_of}
+        target = tuple(d for a, d in enumerate(sizes) if a not in traced_axes)
+        v = reshape(broadcast_to(_convert(_as_array(v, op), x.dtype), target), sizes)
+        if add:
+            v = _prim("dynamic_slice").bind(x, *starts, sizes=sizes) + v
+        return _prim("dynamic_update_slice").bind(x, v, *starts)
+
+    def _scatter(self, add: bool, v, op, mode):
+
+        x = self.x
+        rest, axis, arr, _ = _split_array_index(x, self.idx, op)
+        if _builtins.any(not (isinstance(i, slice) and i == slice(None)) and i is not Ellipsis
+                         for i in rest):
+            raise _IndexingError(
+                "an update at an integer-array index takes full slices (`:`, `...`) "
+                "besides the array, e.g. `x.at[idx].add(v)` or `x.at[:, idx].set(v)`.",
+                op=op)
+        i = _in_range(arr, x.shape[axis], mode, op, distinct=not add)
+        target = tuple(x.shape[:axis]) + tuple(i.shape) + tuple(x.shape[axis + 1:])
+        v = broadcast_to(_convert(_as_array(v, op), x.dtype), target)
+        prim = _prim("scatter_add") if add else _prim("scatter_set")
+        return prim.bind(x, v, i, axis=axis)
+
+    def set(self, values, *, mode=None):
+        """A copy of `x` with `x[idx] = values`. A traced integer index `i`
+        (a loop counter) is clamped into range, as in JAX. Integer-array
+        indices follow `snp.take`'s `mode` and must be distinct (checked)."""
+        return self._update(_prim("index_set"), values, "index_set", mode)
+
+    def add(self, values, *, mode=None):
+        """A copy of `x` with `x[idx] += values`; repeated integer-array
+        indices accumulate."""
+        return self._update(_prim("index_add"), values, "index_add", mode)
+
+    def get(self, *, mode=None):
+        """`x[idx]`, with `snp.take`'s `mode` for an integer-array index."""
+        return _getitem(self.x, self.idx, mode)
+
+
+class _At:
+    __slots__ = ("x",)
+
+    def __init__(self, x):
+        self.x = x
+
+    def __getitem__(self, idx):
+        return _IndexUpdate(self.x, idx)
+
+
+def getitem(x, idx, mode=None):
+    """`x[idx]`, NumPy's indexing as `sciad.numpy` does it (`x[idx]` on a traced
+    value calls this): static indexes, traced integer scalars, one integer array."""
+    return _getitem(x, idx, mode)

@@ -10,119 +10,22 @@ or `None` (a new axis of size 1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
 
 from .. import _ops as ops
-from .._ops import is_int as _is_int
+from .._ops import StaticIndex as StaticIndex, normalize_index as normalize_index
 from ..config import x64_scope
 from ..errors import DTypeError, IndexingError, ShapeError
-from ..graph import Primitive, TensorType, instantiate, is_linear, register_param_type, zeros
+from ..graph import Primitive, TensorType, instantiate, is_linear, zeros
 from ..graph._autodiff import type_of
 from ..graph._batch import batch_size_of, batched_front, to_front
 from ..graph._cost import Cost, size
 from ..graph._sparsity import _bool, _check_entries, moves, scatter_add, select_rows, union
 from ._take import batched_take
 from ._util import tensor
-
-
-@dataclass(frozen=True)
-class StaticIndex:
-    items: tuple
-
-    def __str__(self) -> str:
-        parts = []
-        for it in self.items:
-            if it is None:
-                parts.append("None")
-            elif isinstance(it, int):
-                parts.append(str(it))
-            else:
-                start, stop, step = it
-                text = f"{start}:{'' if stop is None else stop}"
-                parts.append(text if step == 1 else f"{text}:{step}")
-        return "[" + ", ".join(parts) + "]"
-
-    def to_jax(self) -> tuple:
-        return tuple(slice(*it) if isinstance(it, tuple) else it for it in self.items)
-
-    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        out, k = [], 0
-        for it in self.items:
-            if it is None:
-                out.append(1)
-                continue
-            if isinstance(it, tuple):
-                start, stop, step = it
-                out.append(len(range(start, -1 if stop is None else stop, step)))
-            k += 1
-        return tuple(out) + tuple(shape[k:])
-
-
-register_param_type(
-    StaticIndex, "index",
-    lambda ix: [it if it is None or isinstance(it, int) else list(it) for it in ix.items],
-    lambda data: StaticIndex(tuple(
-        it if it is None or isinstance(it, int) else (int(it[0]),
-                                                      None if it[1] is None else int(it[1]),
-                                                      int(it[2]))
-        for it in data)),
-)
-
-
-def normalize_index(idx, shape: tuple[int, ...], op: str = "getitem") -> StaticIndex:
-    """A NumPy basic index as a `StaticIndex` against `shape`."""
-    if not isinstance(idx, tuple):
-        idx = (idx,)
-    n_ellipsis = sum(1 for i in idx if i is Ellipsis)
-    if n_ellipsis > 1:
-        raise IndexingError("an index can have only one ellipsis (`...`).", op=op)
-    n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
-    if n_real > len(shape):
-        raise IndexingError(f"too many indices: {n_real} for an array of {len(shape)} "
-                            f"dimension{'s' if len(shape) != 1 else ''}.", op=op)
-    items, k = [], 0
-    for i in idx:
-        if i is Ellipsis:
-            for _ in range(len(shape) - n_real):
-                items.append((0, shape[k], 1))
-                k += 1
-        elif i is None:
-            items.append(None)
-        elif _is_int(i):
-            d = shape[k]
-            if not -d <= int(i) < d:
-                raise IndexingError(f"index {int(i)} is out of bounds for axis {k} with "
-                                    f"size {d}.", op=op)
-            items.append(int(i) % d)
-            k += 1
-        elif isinstance(i, slice):
-            for part in (i.start, i.stop, i.step):
-                if part is not None and not _is_int(part):
-                    raise IndexingError(
-                        f"slice bounds must be static ints or None, got {i}. Slicing by "
-                        "traced values is not supported.", op=op)
-            if i.step is not None and int(i.step) == 0:
-                raise IndexingError("slice step cannot be zero.", op=op)
-            start, stop, step = slice(*(None if p is None else int(p)
-                                        for p in (i.start, i.stop, i.step))).indices(shape[k])
-            if not range(start, stop, step):  # canonical empty slice
-                start, stop, step = 0, 0, 1
-            items.append((start, None if stop < 0 else stop, step))
-            k += 1
-        else:
-            kind = type(i).__name__
-            raise IndexingError(
-                f"unsupported index of type {kind}: only static ints, slices, None and "
-                "`...` are supported (no integer-array, boolean-mask or traced indices).",
-                op=op)
-    for d in shape[k:]:
-        items.append((0, d, 1))
-    return StaticIndex(tuple(items))
 
 
 getitem_p = Primitive("getitem", params={"index": StaticIndex})
