@@ -9,7 +9,7 @@ f_fast = sd.function(f)    # compiled by XLA, cached per input signature
 ```
 """
 
-from . import _numpy_interop, _traceback
+from . import _traceback
 from . import config as config, errors as errors, graph as graph, primitives as primitives
 from . import numpy as numpy
 from . import sparse as sparse
@@ -18,6 +18,7 @@ from . import fft as fft
 from . import optimize as optimize
 from . import ode as ode
 from . import testing as testing
+from . import _numpy_interop
 from ._function import Function as Function, function as function
 from ._jax_interop import to_jax as to_jax
 from .graph import Graph as Graph, TensorType as TensorType

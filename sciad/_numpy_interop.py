@@ -23,13 +23,16 @@ result (`copy`, `optimize`, `subok`, `device`), and raises otherwise
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from typing import Any, Callable
 
 import numpy as np
 
+from . import fft, linalg, numpy as snp
 from .errors import TracerError
-from .graph._trace import current_source
+from .graph import _trace
+from .graph._trace import _numpy_dispatch, current_source
 
 # NumPy's functions (`numpy.<name>`) that `sciad.numpy.<name>` implements with
 # NumPy's semantics. Ufuncs first; their aliases (`abs`, `conj`, `true_divide`,
@@ -70,9 +73,6 @@ _IGNORED = frozenset({"copy", "optimize", "subok", "device"})
 
 def install() -> None:
     """Fills the `Tracer`'s dispatch table and installs `handle` as its handler."""
-    from . import fft, numpy as snp
-    from .graph import _trace
-
     table: dict[Any, Callable] = {}
     for namespace, names, sciad_ns in ((np, NUMPY_FUNCTIONS, snp),
                                        (np.linalg, NUMPY_LINALG_FUNCTIONS, snp),
@@ -91,8 +91,6 @@ def handle(func, method: str, args: tuple, kwargs: dict, tracer):
     """Runs NumPy's `func` (a ufunc when `method` is not None: NEP 13's method
     name) on `args` containing `tracer` with the sciad function registered for
     it; raises `TracerError` if there is none."""
-    from .graph._trace import _numpy_dispatch
-
     if method is not None and method != "__call__":
         _refuse(f"{full_name(func)}.{method}", tracer, _method_hint(func, method))
     fn = _numpy_dispatch.get(func)
@@ -229,8 +227,6 @@ def full_name(func) -> str:
 def _resolve(dotted: str):
     """`numpy.emath.sqrt` -> the object, by attribute access from `numpy`
     (`numpy.emath` is an attribute, not an importable module)."""
-    import importlib
-
     parts = dotted.split(".")
     try:
         obj = importlib.import_module(parts[0])
@@ -256,8 +252,6 @@ def _method_hint(ufunc, method: str) -> str | None:
 
 def _suggestion(func) -> str | None:
     """What to use instead of a NumPy function sciad does not dispatch."""
-    from . import numpy as snp
-
     full = full_name(func)
     name = getattr(func, "__name__", "")
     same = getattr(snp, name, None) if name and not name.startswith("_") else None
@@ -268,8 +262,6 @@ def _suggestion(func) -> str | None:
                 f"domain); for `{full}`'s complex result, convert first: "
                 f"`snp.{name}(snp.astype(x, complex))`.")
     if full.startswith("numpy.linalg."):
-        from . import linalg
-
         if callable(getattr(linalg, name, None)):
             return f"Use `sd.linalg.{name}` (its arguments differ from NumPy's)."
     if same is not None and getattr(np, name, None) is func:

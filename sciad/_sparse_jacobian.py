@@ -19,10 +19,13 @@ from typing import Callable, NamedTuple
 import numpy as np
 import scipy.sparse as sp
 
+from . import numpy as snp, sparse
 from ._traceback import api_boundary
+from ._transforms import _Transformed, _batched_map, _jacobian_setup
 from .errors import InvalidOptionError, ShapeError
 from .graph import Graph, TensorType, Zero
 from .graph._autodiff import jvp_eval, type_of, vjp_eval
+from .graph._batch import batched_front
 from .graph._sparsity import graph_sparsity
 from .solvers._coloring import color_seeds, coloring
 from .solvers._root_methods import sparse_jacobian
@@ -61,8 +64,6 @@ def newton_jacobian(graph, jac: str | None, *, identity: bool = False):
     unknowns or above `DENSE_ABOVE` fill, else sparse; `pattern`, for
     sparse, detected from `graph` in its last input, with the diagonal added
     if `identity` (an `I - c J` matrix)."""
-    from .graph._sparsity import graph_sparsity
-
     n = graph.inputs[-1].type.size
     if jac is None and n <= DENSE_UP_TO:
         return "dense", None
@@ -104,11 +105,6 @@ def emit(graph: Graph, args: list, wrt: int, st: Structure):
     """The Jacobian of `graph`'s single output with respect to its input
     `wrt`, at `args`, as a traced sparse matrix on `st.pattern`: one batched
     JVP (or VJP) over the colors' seeds."""
-    from . import numpy as snp
-    from . import sparse
-    from ._transforms import _batched_map
-    from .graph._batch import batched_front
-
     tx = type_of(args[wrt])
     to = graph.outputs[0].type
     m, n = st.pattern.shape
@@ -157,8 +153,6 @@ def emit(graph: Graph, args: list, wrt: int, st: Structure):
 
 
 def _setup(f: Callable, args: tuple, argnums: int, op: str):
-    from ._transforms import _jacobian_setup
-
     x, tx, graph, _, captured = _jacobian_setup(f, argnums, args, op)
     _single_output(graph, op)
     return x, tx, graph, captured
@@ -215,8 +209,6 @@ def jacobian(f: Callable, argnums: int = 0, *, mode: str = "auto"):
     `(f(x).size, x.size)` (a traced one inside a trace). Its values are
     differentiable like any sciad value.
     """
-    from ._transforms import _Transformed
-
     def inline(*args):
         x, tx, graph, captured = _setup(f, args, argnums, "sparse.jacobian")
         pattern = graph_sparsity(graph, [True] + [False] * len(captured))

@@ -24,6 +24,8 @@ import os
 import types
 from typing import Callable, TypeVar
 
+import jax
+
 F = TypeVar("F", bound=Callable)
 
 _SCIAD_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -37,8 +39,6 @@ _JAX_DIR = None
 def _jax_dir() -> str:
     global _JAX_DIR
     if _JAX_DIR is None:
-        import jax
-
         _JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
     return _JAX_DIR
 

@@ -17,13 +17,18 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from ._traceback import api_boundary
+from . import numpy as snp
 from ._function import function
+from ._traceback import api_boundary
 from .errors import DTypeError, ShapeError
 from .graph import Tracer, TensorType, Zero, instantiate, is_differentiable
+from .graph._autodiff import jvp_eval, transpose_eval, type_of, vjp_eval
+from .graph._batch import batch_graph, batched_front
 from .graph._core import must_run
-from .graph._autodiff import jvp_eval, type_of, vjp_eval
+from .graph._passes import dce
 from .graph._trace import current_builder, trace_flat
+from .primitives._stop_gradient import stop_gradient_p
+from .sparse import data
 
 _tree = jax.tree_util
 
@@ -124,10 +129,6 @@ def _forward_checks(graph, n_linear: int, values: list) -> list:
     the reverse-mode check applied to the forward computation (one extra
     transposed pass, only where such guards are). Returns the values to
     keep alive (`_keep`) so that the checks run."""
-    from . import numpy as snp
-    from .graph._autodiff import transpose_eval
-    from .sparse import data
-
     if not _checks_cotangents(graph.nodes):
         return []
     rng = np.random.default_rng(0)
@@ -151,8 +152,6 @@ def _keep(values: list, extra: list) -> list:
     drops `extra`'s computation (the checks in it): the first array of
     `values` gets `0 * s` added, `s` the sum of `extra` (0 where that is not
     finite), which leaves it unchanged (`x * 0` is never folded: NaN)."""
-    from . import numpy as snp
-
     arrays = [i for i, v in enumerate(values) if isinstance(type_of(v), TensorType)]
     if not extra or not arrays:
         return values
@@ -172,8 +171,6 @@ def _jvp_emit(graph, primals: list, tangents: list, name: str):
     The JVP is emitted directly; only where it emitted a node that checks
     its cotangents is the tangent map traced again on its own (as a graph
     to transpose: its nodes merge with the emitted ones in `cse`)."""
-    from .graph._trace import current_builder
-
     live = [i for i, t in enumerate(tangents) if not isinstance(t, Zero)]
     diff = [is_differentiable(a.type) for a in graph.outputs]
 
@@ -252,9 +249,6 @@ def _traced(leaves: list) -> list:
     traced function) hands its rules their primals, and rules that form
     cotangents only for traced operands (a constant matrix needs none)
     would otherwise give none for the very arguments being differentiated."""
-    from . import numpy as snp
-    from .primitives._stop_gradient import stop_gradient_p
-
     if current_builder() is None:
         return leaves
     out = []
@@ -345,7 +339,6 @@ def _value_and_grad_inline(f, argnums, has_aux: bool, op: str):
             shown = t.str_short() if t is not None else type(out).__name__
             raise ShapeError(f"needs `f` to return a real scalar, got {shown}. For other "
                              "outputs use `sd.vjp` or `sd.jacrev`.", op=op)
-        from . import numpy as snp
 
         grads = vjp_fn(snp.ones((), t.dtype))
         grads = grads[0] if isinstance(argnums, int) else grads
@@ -408,8 +401,6 @@ def hvp(f: Callable, x, v):
 def _basis(t: TensorType):
     """The `t.size` unit vectors of type `t`, stacked along a leading axis:
     `eye(n)` reshaped to `(n,) + t.shape`, one node."""
-    from . import numpy as snp
-
     return snp.reshape(snp.eye(t.size, dtype=t.dtype), (t.size,) + tuple(t.shape))
 
 
@@ -418,9 +409,6 @@ def _jacobian_leaf(v, d, size: int, out_shape: tuple, in_shape: tuple, rows: boo
     Jacobian leaf of shape `out_shape + in_shape`. With `rows` (jacrev) the
     batch runs over the output's elements and goes first; otherwise
     (jacfwd) it runs over the input's elements and goes last."""
-    from . import numpy as snp
-    from .graph._batch import batched_front
-
     if d is None:  # the same for every basis vector (a constant derivative)
         v, d = batched_front(v, d, size), 0
     to = 0 if rows else len(v.shape) - 1
@@ -438,9 +426,6 @@ def _batched_map(fn: Callable, arg_type: TensorType, name: str,
     `(value, batch_dim)`, or None where the result was a `Zero`. A
     `forward` (tangent) map gets forward mode's gauge checks
     (`_forward_checks`)."""
-    from .graph._batch import batch_graph
-    from .graph._passes import dce
-
     zero: list[bool] = []
 
     def nonzero(t):
@@ -521,8 +506,6 @@ def jacfwd(f: Callable, argnums: int = 0):
         def tangents(t):
             return jvp_eval(graph, [x] + captured, [t] + zeros)[1]
 
-        from . import numpy as snp
-
         cols = (_batched_map(tangents, tx.update(), "jacfwd_tangents", forward=True)
                 if tx.size
                 else [None] * len(graph.outputs))
@@ -564,7 +547,6 @@ def jacrev(f: Callable, argnums: int = 0):
         x, tx, graph, out_tree, captured = _jacobian_setup(f, argnums, args, "jacrev")
         outs, backward = vjp_eval(graph, _traced([x]) + captured,
                                   [True] + [False] * len(captured))
-        from . import numpy as snp
 
         leaves = []
         for k, o in enumerate(outs):
@@ -614,8 +596,6 @@ def _axes_for(axes, tree, what: str) -> list:
 
 
 def _vmap_inline(f, in_axes, out_axes, args: tuple, spmd_axis_name=None):
-    from .graph._batch import batch_graph, batched_front
-
     leaves = _tree.tree_leaves(args)
     axes = _axes_for(in_axes, args, "in_axes")
     per, dims, size = [], [], None
@@ -646,7 +626,6 @@ def _vmap_inline(f, in_axes, out_axes, args: tuple, spmd_axis_name=None):
                        spmd_axis_name)
     o_axes = _axes_for(out_axes, _tree.tree_unflatten(out_tree, [0] * len(outs)),
                        "out_axes")
-    from . import numpy as snp
 
     result = []
     for (v, d), a in zip(outs, o_axes):

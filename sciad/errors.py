@@ -8,6 +8,8 @@ was expected, what was received, and the user's source line.
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import NoReturn
 
 __all__ = [
@@ -219,8 +221,6 @@ RUNTIME_END = "[/sciad-runtime-error]"
 
 def runtime_error_text(cls: type, message: str, *, op=None, source=None, **extra) -> str:
     """The text a run-time check raises for `cls(message, op=..., **extra)`."""
-    import json
-
     doc = {"kind": cls.__name__, "op": op, "source": None if source is None else str(source),
            "message": message, "extra": extra}
     return f"{RUNTIME_MARKER}{json.dumps(doc)}{RUNTIME_END}"
@@ -228,8 +228,6 @@ def runtime_error_text(cls: type, message: str, *, op=None, source=None, **extra
 
 def runtime_error_from(err: BaseException) -> SciadError | None:
     """The sciad error carried in a JAX runtime error's text, if any."""
-    import json
-
     text = str(err)
     i = text.find(RUNTIME_MARKER)
     j = text.find(RUNTIME_END, i)
@@ -290,8 +288,6 @@ class unwrapped:
         raise err from None
 
     def __call__(self, fn):
-        import functools
-
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             with self:

@@ -5,7 +5,7 @@ import sciad as sd
 
 def smooth(u, sigma):
     k = sd.fft.rfftfreq(u.shape[-1]) * 2 * np.pi
-    return sd.fft.irfft(sd.fft.rfft(u) * snp.exp(-0.5 * (sigma * k) ** 2), n=u.shape[-1])
+    return sd.fft.irfft(sd.fft.rfft(u) * ops.exp(-0.5 * (sigma * k) ** 2), n=u.shape[-1])
 ```
 
 `fft, ifft, rfft, irfft, hfft, ihfft` (one axis), `fft2, ifft2, rfft2, irfft2`
@@ -36,12 +36,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import numpy as snp
+from . import _ops as ops
+from ._ops import _as_array, _is_sparse, _type_str, normalize_axis
 from .errors import DTypeError, InvalidOptionError, NotSupportedError, ShapeError, plain
 from .graph import Tracer
 from .primitives._fft import NORMS, fft_p, half_length
-from .numpy import _type_str
-from .primitives._util import normalize_axis
 
 __all__ = [
     "fft", "ifft", "rfft", "irfft", "hfft", "ihfft",
@@ -65,8 +64,6 @@ def _norm(norm, op: str) -> str:
 
 
 def _array(a, op: str):
-    from .numpy import _as_array, _is_sparse
-
     if _is_sparse(a):
         raise DTypeError("transforms dense arrays, got a sparse matrix (use "
                          "`.todense()` first).", op=op)
@@ -84,7 +81,7 @@ def _complex(a, op: str):
         want = np.dtype(np.complex128)
     else:
         raise DTypeError(f"expected a numeric array, got dtype {dt}.", op=op)
-    return snp.astype(a, want) if dt != want else a
+    return ops.astype(a, want) if dt != want else a
 
 
 def _real(a, op: str):
@@ -99,7 +96,7 @@ def _real(a, op: str):
         want = np.dtype(np.float64)
     else:
         raise DTypeError(f"expected a numeric array, got dtype {dt}.", op=op)
-    return snp.astype(a, want) if dt != want else a
+    return ops.astype(a, want) if dt != want else a
 
 
 def _resize(x, axis: int, size: int):
@@ -112,7 +109,7 @@ def _resize(x, axis: int, size: int):
         return x[index]
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, size - have)
-    return snp.pad(x, widths)
+    return ops.pad(x, widths)
 
 
 def _axes(a, axes, op: str) -> list[int]:
@@ -259,7 +256,7 @@ def irfft(a, n: int | None = None, axis: int = -1, norm: str | None = None):
 def hfft(a, n: int | None = None, axis: int = -1, norm: str | None = None):
     """The transform of a Hermitian-symmetric signal given by its first half
     (`numpy.fft.hfft`): a real spectrum of length `n` (default `2 * (m - 1)`)."""
-    conj = snp.conj(_complex(_array(a, "hfft"), "hfft"))
+    conj = ops.conj(_complex(_array(a, "hfft"), "hfft"))
     return _transform("irfft", conj, n, axis, _SWAP_NORM[_norm(norm, "hfft")], "hfft",
                       one_axis=True)
 
@@ -267,7 +264,7 @@ def hfft(a, n: int | None = None, axis: int = -1, norm: str | None = None):
 def ihfft(a, n: int | None = None, axis: int = -1, norm: str | None = None):
     """The inverse of `hfft` (`numpy.fft.ihfft`): the `n // 2 + 1` first terms
     of the inverse transform of a real signal."""
-    return snp.conj(_transform("rfft", a, n, axis, _SWAP_NORM[_norm(norm, "ihfft")], "ihfft",
+    return ops.conj(_transform("rfft", a, n, axis, _SWAP_NORM[_norm(norm, "ihfft")], "ihfft",
                                one_axis=True))
 
 
@@ -364,8 +361,8 @@ def rfftfreq(n: int, d=1.0, *, dtype=None):
 def _scale(k: np.ndarray, n: int, d, dtype):
     # as NumPy computes it: k * (1 / (n d))
     if isinstance(d, Tracer):
-        out = snp.asarray(k) * (1.0 / (d * n))
-        return out if dtype is None else snp.astype(out, dtype)
+        out = ops.asarray(k) * (1.0 / (d * n))
+        return out if dtype is None else ops.astype(out, dtype)
     out = k * (1.0 / (n * d))
     return out if dtype is None else out.astype(dtype)
 
@@ -385,7 +382,7 @@ def fftshift(x, axes: int | Sequence[int] | None = None):
     axes = _shift_axes(x, axes, "fftshift")
     if not axes:
         return x
-    return snp.roll(x, tuple(x.shape[a] // 2 for a in axes), axes)
+    return ops.roll(x, tuple(x.shape[a] // 2 for a in axes), axes)
 
 
 def ifftshift(x, axes: int | Sequence[int] | None = None):
@@ -394,4 +391,4 @@ def ifftshift(x, axes: int | Sequence[int] | None = None):
     axes = _shift_axes(x, axes, "ifftshift")
     if not axes:
         return x
-    return snp.roll(x, tuple(-(x.shape[a] // 2) for a in axes), axes)
+    return ops.roll(x, tuple(-(x.shape[a] // 2) for a in axes), axes)

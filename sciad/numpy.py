@@ -25,24 +25,126 @@ traced mask) are not here.
 from __future__ import annotations
 
 import builtins as _builtins
-import functools as _functools
-from typing import Any as _Any, Sequence as _Sequence
+import types as _types
+from typing import Any as _Any
 
-import jax as _jax
 import numpy as _np
 
+from . import _ops
 from . import primitives as _P
 from .errors import DTypeError as _DTypeError, NotSupportedError as _NotSupportedError
 from .errors import InvalidOptionError as _InvalidOptionError, ShapeError as _ShapeError
-from .errors import plain as _plain
+from .errors import IndexingError as _IndexingError
 from .graph import Tracer as _Tracer
-from .graph._types import SparseArray as _SparseArray, SparseType as _SparseType
-from .primitives._elementwise import BINARY as _BINARY, UNARY as _UNARY
-from .primitives._indexing import _is_int
-from .primitives._take import normalize_indices as _normalize_indices
-from .primitives._util import broadcast_shapes as _broadcast_shapes
-from .primitives._util import normalize_axes as _normalize_axes
-from .primitives._util import normalize_axis as _normalize_axis
+from ._ops import normalize_axes as _normalize_axes, normalize_axis as _normalize_axis
+from ._ops import _At, _acc_dtype, _as_array, _convert, _dtype, _getitem, _is_sparse
+from ._ops import _no_out, _operand, _result_type, _shape
+# the functions the op layer (`sciad._ops`) implements, with NumPy's semantics,
+# are this module's: rules use them there, users here
+from ._ops import (
+    negative as negative,
+    exp as exp,
+    log as log,
+    log1p as log1p,
+    expm1 as expm1,
+    sin as sin,
+    cos as cos,
+    tan as tan,
+    arcsin as arcsin,
+    arccos as arccos,
+    arctan as arctan,
+    sinh as sinh,
+    cosh as cosh,
+    tanh as tanh,
+    sqrt as sqrt,
+    abs as abs,
+    absolute as absolute,
+    sign as sign,
+    square as square,
+    floor as floor,
+    ceil as ceil,
+    isfinite as isfinite,
+    logical_not as logical_not,
+    add as add,
+    subtract as subtract,
+    multiply as multiply,
+    divide as divide,
+    true_divide as true_divide,
+    floor_divide as floor_divide,
+    remainder as remainder,
+    mod as mod,
+    power as power,
+    maximum as maximum,
+    minimum as minimum,
+    arctan2 as arctan2,
+    equal as equal,
+    not_equal as not_equal,
+    less as less,
+    less_equal as less_equal,
+    greater as greater,
+    greater_equal as greater_equal,
+    logical_and as logical_and,
+    logical_or as logical_or,
+    bitwise_and as bitwise_and,
+    bitwise_or as bitwise_or,
+    bitwise_xor as bitwise_xor,
+    invert as invert,
+    bitwise_not as bitwise_not,
+    real as real,
+    imag as imag,
+    conj as conj,
+    conjugate as conjugate,
+    angle as angle,
+    where as where,
+    clip as clip,
+    astype as astype,
+    sum as sum,
+    prod as prod,
+    max as max,
+    min as min,
+    amax as amax,
+    amin as amin,
+    mean as mean,
+    norm as norm,
+    reshape as reshape,
+    ravel as ravel,
+    transpose as transpose,
+    swapaxes as swapaxes,
+    moveaxis as moveaxis,
+    broadcast_to as broadcast_to,
+    expand_dims as expand_dims,
+    squeeze as squeeze,
+    concatenate as concatenate,
+    stack as stack,
+    pad as pad,
+    roll as roll,
+    cumsum as cumsum,
+    sort as sort,
+    argsort as argsort,
+    take as take,
+    take_along_axis as take_along_axis,
+    full as full,
+    zeros as zeros,
+    ones as ones,
+    full_like as full_like,
+    zeros_like as zeros_like,
+    ones_like as ones_like,
+    arange as arange,
+    linspace as linspace,
+    eye as eye,
+    asarray as asarray,
+    array as array,
+    matmul as matmul,
+    einsum as einsum,
+    tensordot as tensordot,
+    dot as dot,
+    vdot as vdot,
+    inner as inner,
+    outer as outer,
+    any as any,
+    all as all,
+    searchsorted as searchsorted,
+)
 
 pi = _np.pi
 e = _np.e
@@ -55,580 +157,7 @@ float32, float64 = _np.float32, _np.float64
 complex64, complex128 = _np.complex64, _np.complex128
 
 # ---------------------------------------------------------------------------
-# operand helpers
-
-_WEAK = (bool, int, float, complex)
-
-
-def _is_weak(x) -> bool:
-    return isinstance(x, _WEAK) and not isinstance(x, _np.generic)
-
-
-def _operand(x, op: str):
-    """`x` as a tracer, a JAX/NumPy array, or a (weak) Python scalar."""
-    if isinstance(x, (_Tracer, _np.ndarray, _jax.Array)) or _is_weak(x):
-        return x
-    if isinstance(x, (list, tuple)):
-        if _builtins.any(isinstance(v, _Tracer) for v in _jax.tree_util.tree_leaves(x)):
-            return stack([_operand(v, op) for v in x])
-    if type(x).__module__.startswith("scipy.sparse"):
-        raise _DTypeError(f"a scipy.sparse matrix ({type(x).__name__}) is not an array: "
-                          "convert it with `sd.sparse.from_scipy(A)` (sparse products and "
-                          "`sd.linalg.solve` take it), or with `A.toarray()` for a dense "
-                          "array.", op=op)
-    try:
-        arr = _np.asarray(x)
-    except Exception:
-        arr = None
-    if arr is None or arr.dtype == object or arr.dtype.kind not in "biufc":
-        raise _DTypeError(f"expected an array or a number, got {type(x).__name__}.", op=op)
-    return arr
-
-
-def _dtype(x) -> _np.dtype:
-    if _is_weak(x):
-        return _np.asarray(x).dtype
-    return _np.dtype(x.dtype)
-
-
-def _shape(x) -> tuple[int, ...]:
-    return () if _is_weak(x) else tuple(x.shape)
-
-
-def _result_type(*xs, op: str) -> _np.dtype:
-    try:
-        return _np.result_type(*(x if _is_weak(x) else _dtype(x) for x in xs))
-    except (TypeError, OverflowError) as err:
-        raise _DTypeError(f"no common dtype for operands: {err}", op=op) from None
-
-
-def _convert(x, dtype):
-    dtype = _np.dtype(dtype)
-    if _is_weak(x) or isinstance(x, (_np.ndarray, _np.generic)):
-        arr = _np.asarray(x)
-        if arr.dtype.kind == "c" and dtype.kind != "c":
-            arr = arr.real
-        return arr.astype(dtype, copy=False)
-    if _np.dtype(x.dtype) == dtype:
-        return x
-    return _P.convert_p.bind(x, dtype=dtype)
-
-
-def _as_array(x, op: str):
-    """Like `_operand`, with Python scalars made into 0-d NumPy arrays."""
-    x = _operand(x, op)
-    return _np.asarray(x) if _is_weak(x) else x
-
-
-def _canonical_dtype(dtype) -> _np.dtype | None:
-    return None if dtype is None else _np.dtype(dtype)
-
-
-# ---------------------------------------------------------------------------
-# elementwise
-
-def _is_sparse(x) -> bool:
-    t = type(x)
-    return t is _SparseArray or (t is _Tracer and type(x._var.type) is _SparseType)
-
-
-def _sparse_module():
-    from . import sparse
-
-    return sparse
-
-
-def _unary(name: str, x):
-    if _is_sparse(x):
-        return _sparse_module().unary_dispatch(name, x)
-    x = _operand(x, name)
-    ufunc = _UNARY[name][1]
-    dt = _dtype(x)
-    if isinstance(ufunc, _np.ufunc):
-        try:
-            dt = ufunc.resolve_dtypes((dt, None))[0]
-        except Exception:
-            raise _DTypeError(f"is not defined for {dt} operands.", op=name) from None
-    elif dt.kind not in "fc":
-        dt = _np.promote_types(dt, _np.float16)  # NumPy: uint8 -> float16, int64 -> float64
-    return _P.unary_primitives[name].bind(_convert(x, dt))
-
-
-_COMPARISONS = {"eq", "ne", "lt", "le", "gt", "ge"}
-# `x op v` for an integer `v` above (True) or below (False) every value of x
-_OUT_OF_RANGE = {"eq": (False, False), "ne": (True, True), "lt": (True, False),
-                 "le": (True, False), "gt": (False, True), "ge": (False, True)}
-_MIRROR = {"eq": "eq", "ne": "ne", "lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
-
-
-def _out_of_range(v, dtype: _np.dtype) -> bool | None:
-    """For a Python int `v` and an integer `dtype`: True if v is above its
-    range, False if below, None if it fits (or does not apply)."""
-    if not (isinstance(v, int) and not isinstance(v, bool) and _is_weak(v)
-            and dtype.kind in "iu"):
-        return None
-    info = _np.iinfo(dtype)
-    return True if v > info.max else False if v < info.min else None
-
-
-def _binary(name: str, x, y):
-    if _is_sparse(x) or _is_sparse(y):
-        return _sparse_module().binary_dispatch(name, x, y)
-    x, y = _operand(x, name), _operand(y, name)
-    for v, arr, op in ((y, x, name), (x, y, _MIRROR.get(name))):
-        if _is_weak(arr):
-            continue
-        above = _out_of_range(v, _dtype(arr))
-        if above is None:
-            continue
-        if name in _COMPARISONS:  # NumPy 2 compares with the exact Python value
-            value = _OUT_OF_RANGE[op][0 if above else 1]
-            return full_like(arr, value, dtype=_np.bool_)
-        raise _DTypeError(f"Python integer {v} is out of bounds for {_dtype(arr)} (NumPy "
-                          "raises OverflowError); convert the array to a wider dtype first.",
-                          op=name)
-    common = _result_type(x, y, op=name)
-    try:
-        dt = _BINARY[name][1].resolve_dtypes((common, common, None))[0]
-    except Exception:
-        raise _DTypeError(f"is not defined for {common} operands.", op=name) from None
-    return _P.binary_primitives[name].bind(_convert(x, dt), _convert(y, dt))
-
-
-def _def_unary(name: str, public: str):
-    def f(x):
-        return _unary(name, x)
-    f.__name__ = f.__qualname__ = public
-    f.__doc__ = f"Elementwise `numpy.{public}`."
-    return f
-
-
-def _def_binary(name: str, public: str):
-    def f(x1, x2):
-        return _binary(name, x1, x2)
-    f.__name__ = f.__qualname__ = public
-    f.__doc__ = f"Elementwise `numpy.{public}`, with broadcasting and NumPy's promotion."
-    return f
-
-
-negative = _def_unary("neg", "negative")
-exp = _def_unary("exp", "exp")
-log = _def_unary("log", "log")
-log1p = _def_unary("log1p", "log1p")
-expm1 = _def_unary("expm1", "expm1")
-sin = _def_unary("sin", "sin")
-cos = _def_unary("cos", "cos")
-tan = _def_unary("tan", "tan")
-arcsin = _def_unary("arcsin", "arcsin")
-arccos = _def_unary("arccos", "arccos")
-arctan = _def_unary("arctan", "arctan")
-sinh = _def_unary("sinh", "sinh")
-cosh = _def_unary("cosh", "cosh")
-tanh = _def_unary("tanh", "tanh")
-sqrt = _def_unary("sqrt", "sqrt")
-abs = absolute = _def_unary("abs", "abs")
-sign = _def_unary("sign", "sign")
-square = _def_unary("square", "square")
-floor = _def_unary("floor", "floor")
-ceil = _def_unary("ceil", "ceil")
-isfinite = _def_unary("isfinite", "isfinite")
-logical_not = _def_unary("logical_not", "logical_not")
-
-add = _def_binary("add", "add")
-subtract = _def_binary("sub", "subtract")
-multiply = _def_binary("mul", "multiply")
-divide = true_divide = _def_binary("div", "divide")
-floor_divide = _def_binary("floor_divide", "floor_divide")
-remainder = mod = _def_binary("remainder", "remainder")
-power = _def_binary("pow", "power")
-maximum = _def_binary("maximum", "maximum")
-minimum = _def_binary("minimum", "minimum")
-arctan2 = _def_binary("arctan2", "arctan2")
-equal = _def_binary("eq", "equal")
-not_equal = _def_binary("ne", "not_equal")
-less = _def_binary("lt", "less")
-less_equal = _def_binary("le", "less_equal")
-greater = _def_binary("gt", "greater")
-greater_equal = _def_binary("ge", "greater_equal")
-logical_and = _def_binary("logical_and", "logical_and")
-logical_or = _def_binary("logical_or", "logical_or")
-bitwise_and = _def_binary("bitwise_and", "bitwise_and")
-bitwise_or = _def_binary("bitwise_or", "bitwise_or")
-bitwise_xor = _def_binary("bitwise_xor", "bitwise_xor")
-invert = bitwise_not = _def_unary("invert", "invert")
-
-
-def real(val):
-    """The real part (the array itself for real input)."""
-    val = _operand(val, "real")
-    return _unary("real", val) if _dtype(val).kind == "c" else val
-
-
-def imag(val):
-    """The imaginary part (zeros for real input)."""
-    val = _operand(val, "imag")
-    return _unary("imag", val) if _dtype(val).kind == "c" else zeros_like(val)
-
-
-def conj(x):
-    """The complex conjugate (the array itself for real input)."""
-    x = _operand(x, "conj")
-    if _dtype(x).kind == "c":
-        return _unary("conj", x)
-    out_dtype = _np.conjugate.resolve_dtypes((_dtype(x), None))[-1]  # bool -> int8
-    return x if out_dtype == _dtype(x) else _convert(x, out_dtype)
-
-
-conjugate = conj
-
-
-def angle(z, deg: bool = False):
-    """The argument of complex `z` (0 or pi for real `z`), in radians or degrees."""
-    out = _unary("angle", z)
-    return multiply(out, 180.0 / pi) if deg else out
-
-
-def where(condition, x=None, y=None):
-    """`x` where `condition`, else `y` (NumPy's three-argument form)."""
-    if x is None or y is None:
-        raise _ShapeError(
-            "only the three-argument form where(condition, x, y) is supported: the "
-            "one-argument form returns data-dependent indices.", op="where")
-    condition = _operand(condition, "where")
-    if _dtype(condition) != _np.bool_:
-        condition = not_equal(condition, 0)
-    x, y = _operand(x, "where"), _operand(y, "where")
-    dt = _result_type(x, y, op="where")
-    return _P.select_p.bind(_convert(condition, _np.bool_), _convert(x, dt), _convert(y, dt))
-
-
-def clip(a, a_min=None, a_max=None, *, min=None, max=None):
-    """`minimum(maximum(a, a_min), a_max)`; either bound may be None."""
-    a_min = min if a_min is None else a_min
-    a_max = max if a_max is None else a_max
-    if a_min is None and a_max is None:
-        raise _ShapeError("one of `a_min` and `a_max` must be given.", op="clip")
-    out = a
-    if a_min is not None:
-        out = maximum(out, a_min)
-    if a_max is not None:
-        out = minimum(out, a_max)
-    return out
-
-
-def astype(x, dtype):
-    """`x` converted to `dtype` (complex to real drops the imaginary part)."""
-    x = _as_array(x, "astype")
-    return _convert(x, _np.dtype(dtype))
-
-
-# ---------------------------------------------------------------------------
-# reductions
-
-@_functools.lru_cache(maxsize=None)
-def _acc_dtype(fn, dtype: _np.dtype) -> _np.dtype:
-    return _np.dtype(fn(_np.ones(1, dtype)).dtype)
-
-
-def _keep(out, shape, axes, keepdims: bool):
-    if not keepdims:
-        return out
-    return reshape(out, tuple(1 if i in axes else d for i, d in enumerate(shape)))
-
-
-def _reduce(name: str, a, axis, keepdims: bool, dtype=None):
-    a = _as_array(a, name)
-    axes = tuple(sorted(_normalize_axes(axis, a.ndim, name)))
-    if dtype is not None:
-        a = _convert(a, dtype)
-    out = _P.reduce_primitives[name].bind(a, axes=axes) if axes else a
-    return _keep(out, a.shape, axes, keepdims)
-
-
-def _no_out(out, op: str) -> None:
-    """NumPy's `out=` (at its position in NumPy's signature, so that a
-    positional argument means what it means there) is refused by name."""
-    if out is not None:
-        raise _NotSupportedError("`out=` is not supported: sciad values are immutable; "
-                                 "use the returned array.", op=op)
-
-
-def sum(a, axis=None, dtype=None, out=None, keepdims: bool = False):
-    """Sum over `axis` (all axes by default), NumPy's accumulation dtype."""
-    _no_out(out, "sum")
-    a = _as_array(a, "sum")
-    dtype = _canonical_dtype(dtype) or _acc_dtype(_np.sum, _dtype(a))
-    return _reduce("reduce_sum", a, axis, keepdims, dtype)
-
-
-def prod(a, axis=None, dtype=None, out=None, keepdims: bool = False):
-    """Product over `axis` (all axes by default)."""
-    _no_out(out, "prod")
-    a = _as_array(a, "prod")
-    dtype = _canonical_dtype(dtype) or _acc_dtype(_np.prod, _dtype(a))
-    return _reduce("reduce_prod", a, axis, keepdims, dtype)
-
-
-def max(a, axis=None, out=None, keepdims: bool = False):
-    """Maximum over `axis` (all axes by default)."""
-    _no_out(out, "max")
-    return _reduce("reduce_max", a, axis, keepdims)
-
-
-def min(a, axis=None, out=None, keepdims: bool = False):
-    """Minimum over `axis` (all axes by default)."""
-    _no_out(out, "min")
-    return _reduce("reduce_min", a, axis, keepdims)
-
-
-amax, amin = max, min
-
-
-def mean(a, axis=None, dtype=None, out=None, keepdims: bool = False):
-    """Mean over `axis`; integers average in float64, as in NumPy."""
-    _no_out(out, "mean")
-    a = _as_array(a, "mean")
-    dtype = _canonical_dtype(dtype) or _acc_dtype(_np.mean, _dtype(a))
-    axes = _normalize_axes(axis, a.ndim, "mean")
-    count = int(_np.prod([a.shape[i] for i in axes], dtype=_np.int64))
-    total = sum(a, axis=axes, dtype=dtype, keepdims=keepdims)
-    return divide(total, _np.asarray(count, dtype))
-
-
-def _vector_norm(x, ord, axis, keepdims):
-    if ord is None or ord == 2:
-        s = x * x if _dtype(x).kind != "c" else square(abs(x))
-        return sqrt(sum(s, axis=axis, keepdims=keepdims))
-    ax = abs(x)
-    if ord == inf:
-        return max(ax, axis=axis, keepdims=keepdims)
-    if ord == -inf:
-        return min(ax, axis=axis, keepdims=keepdims)
-    if ord == 0:
-        return sum(astype(not_equal(x, 0), ax.dtype), axis=axis, keepdims=keepdims)
-    if ord == 1:
-        return sum(ax, axis=axis, keepdims=keepdims)
-    if isinstance(ord, str):
-        raise _ShapeError(f"invalid norm order {ord!r} for vectors.", op="norm")
-    return power(sum(power(ax, float(ord)), axis=axis, keepdims=keepdims), 1.0 / ord)
-
-
-def _matrix_norm(x, ord, axes, keepdims):
-    r, c = axes
-    if ord in (None, "fro"):
-        s = x * x if _dtype(x).kind != "c" else square(abs(x))
-        return sqrt(sum(s, axis=axes, keepdims=keepdims))
-    if ord in (1, -1, inf, -inf):
-        inner, outer = (r, c) if ord in (1, -1) else (c, r)
-        colsum = sum(abs(x), axis=inner, keepdims=True)
-        red = max if ord in (1, inf) else min
-        out = red(colsum, axis=outer, keepdims=True)
-        return out if keepdims else squeeze(out, axis=axes)
-    from .errors import NotSupportedError
-
-    raise NotSupportedError(
-        f"matrix norm ord={ord!r} needs singular values, which sciad.numpy does not "
-        "compute; use ord='fro', 1, -1, inf or -inf.", op="norm")
-
-
-def norm(x, ord=None, axis=None, keepdims: bool = False):
-    """`numpy.linalg.norm`: vector norms (ord None/2, 1, inf, -inf, 0, p) and
-    matrix norms (None/'fro', 1, -1, inf, -inf) over `axis`."""
-    x = _as_array(x, "norm")
-    if _dtype(x).kind not in "fc":
-        x = _convert(x, _np.float64)
-    if axis is None:
-        if ord is None:
-            axes = tuple(range(x.ndim))
-            s = x * x if _dtype(x).kind != "c" else square(abs(x))
-            return sqrt(sum(s, axis=axes, keepdims=keepdims))
-        axis = tuple(range(x.ndim))
-        if x.ndim not in (1, 2):
-            raise _ShapeError(f"ord={ord!r} needs a 1-D or 2-D array or an `axis`, got "
-                              f"{x.ndim} dimensions.", op="norm")
-    axes = _normalize_axes(axis, x.ndim, "norm")
-    if len(axes) == 1:
-        return _vector_norm(x, ord, axes, keepdims)
-    if len(axes) == 2:
-        return _matrix_norm(x, ord, axes, keepdims)
-    raise _ShapeError(f"`axis` must name 1 or 2 axes, got {axis}.", op="norm")
-
-
-# ---------------------------------------------------------------------------
-# shapes
-
-def reshape(a, newshape=None, *, shape=None):
-    """`a` with a new shape of the same size (one entry may be -1)."""
-    a = _as_array(a, "reshape")
-    newshape = shape if newshape is None else newshape
-    if isinstance(newshape, (int, _np.integer)):
-        newshape = (newshape,)
-    newshape = [int(d) for d in newshape]
-    if newshape.count(-1) > 1:
-        raise _ShapeError(f"can only infer one dimension, got {tuple(newshape)}.",
-                          op="reshape")
-    if -1 in newshape:
-        known = int(_np.prod([d for d in newshape if d != -1], dtype=_np.int64))
-        size = int(_np.prod(a.shape, dtype=_np.int64))
-        if known == 0 or size % known:
-            raise _ShapeError(f"cannot reshape {_type_str(a)} into shape {tuple(newshape)}.",
-                              op="reshape")
-        newshape[newshape.index(-1)] = size // known
-    newshape = tuple(newshape)
-    if newshape == tuple(a.shape):
-        return a
-    return _P.reshape_p.bind(a, shape=newshape)
-
-
-def _type_str(a) -> str:
-    from .graph import TensorType
-
-    return TensorType(_shape(a), _dtype(a)).str_short()
-
-
-def ravel(a):
-    """`a` flattened to 1-D (row-major)."""
-    a = _as_array(a, "ravel")
-    return reshape(a, (-1,))
-
-
-def transpose(a, axes=None):
-    """Axes permuted (reversed by default)."""
-    if _is_sparse(a) and axes is None:
-        return _sparse_module().unary_dispatch("transpose", a)
-    a = _as_array(a, "transpose")
-    perm = tuple(range(a.ndim))[::-1] if axes is None else \
-        tuple(_normalize_axis(i, a.ndim, "transpose") for i in axes)
-    if perm == tuple(range(a.ndim)):
-        return a
-    return _P.transpose_p.bind(a, perm=perm)
-
-
-def swapaxes(a, axis1: int, axis2: int):
-    a = _as_array(a, "swapaxes")
-    perm = list(range(a.ndim))
-    i, j = _normalize_axis(axis1, a.ndim, "swapaxes"), _normalize_axis(axis2, a.ndim, "swapaxes")
-    perm[i], perm[j] = perm[j], perm[i]
-    return transpose(a, perm)
-
-
-def moveaxis(a, source, destination):
-    """Moves axes `source` to positions `destination`, as NumPy does."""
-    a = _as_array(a, "moveaxis")
-    src = _normalize_axes(source, a.ndim, "moveaxis")
-    dst = _normalize_axes(destination, a.ndim, "moveaxis")
-    if len(src) != len(dst):
-        raise _ShapeError("`source` and `destination` must have the same number of "
-                          "elements.", op="moveaxis")
-    order = [n for n in range(a.ndim) if n not in src]
-    for d, s in sorted(zip(dst, src)):
-        order.insert(d, s)
-    return transpose(a, order)
-
-
-def broadcast_to(array, shape):
-    """`array` broadcast to `shape` (NumPy rules)."""
-    array = _as_array(array, "broadcast_to")
-    shape = (int(shape),) if isinstance(shape, (int, _np.integer)) else tuple(int(d) for d in shape)
-    if shape == tuple(array.shape):
-        return array
-    return _P.broadcast_to_p.bind(array, shape=shape)
-
-
-def expand_dims(a, axis):
-    """`a` with length-1 axes inserted at `axis` (an int or a tuple)."""
-    a = _as_array(a, "expand_dims")
-    axes = (axis,) if isinstance(axis, (int, _np.integer)) else tuple(axis)
-    nd = a.ndim + len(axes)
-    axes = _normalize_axes(axes, nd, "expand_dims")
-    it = iter(a.shape)
-    return reshape(a, tuple(1 if i in axes else next(it) for i in range(nd)))
-
-
-def squeeze(a, axis=None):
-    """`a` without its length-1 axes (or only those in `axis`, which must be 1)."""
-    a = _as_array(a, "squeeze")
-    if axis is None:
-        axes = tuple(i for i, d in enumerate(a.shape) if d == 1)
-    else:
-        axes = _normalize_axes(axis, a.ndim, "squeeze")
-        bad = [i for i in axes if a.shape[i] != 1]
-        if bad:
-            raise _ShapeError(f"cannot squeeze axis {bad[0]} of {_type_str(a)}: its size is "
-                              f"{a.shape[bad[0]]}, not 1.", op="squeeze")
-    return reshape(a, tuple(d for i, d in enumerate(a.shape) if i not in axes))
-
-
-def concatenate(arrays: _Sequence, axis: int | None = 0):
-    """Joins arrays along an existing axis (`axis=None` flattens them first)."""
-    arrays = [_as_array(x, "concatenate") for x in arrays]
-    if not arrays:
-        raise _ShapeError("needs at least one array.", op="concatenate")
-    if axis is None:
-        arrays, axis = [ravel(x) for x in arrays], 0
-    dt = _result_type(*arrays, op="concatenate")
-    arrays = [_convert(x, dt) for x in arrays]
-    if len(arrays) == 1:
-        return arrays[0]
-    return _P.concatenate_p.bind(*arrays, axis=_normalize_axis(axis, arrays[0].ndim,
-                                                                "concatenate"))
-
-
-def stack(arrays: _Sequence, axis: int = 0):
-    """Joins same-shape arrays along a new axis."""
-    arrays = [_as_array(x, "stack") for x in arrays]
-    if not arrays:
-        raise _ShapeError("needs at least one array.", op="stack")
-    shapes = {tuple(x.shape) for x in arrays}
-    if len(shapes) != 1:
-        raise _ShapeError(f"all arrays must have the same shape, got "
-                          f"{', '.join(_type_str(x) for x in arrays)}.", op="stack")
-    axis = _normalize_axis(axis, arrays[0].ndim + 1, "stack")
-    return concatenate([expand_dims(x, axis) for x in arrays], axis=axis)
-
-
-def _pad_widths(pad_width, ndim: int) -> tuple[tuple[int, int], ...]:
-    w = _np.asarray(pad_width, dtype=object)
-    if w.ndim == 0:
-        pairs = [(int(pad_width), int(pad_width))] * ndim
-    elif w.ndim == 1 and len(w) == 1:
-        pairs = [(int(w[0]), int(w[0]))] * ndim
-    elif w.ndim == 1 and len(w) == 2:
-        pairs = [(int(w[0]), int(w[1]))] * ndim
-    elif w.ndim == 2 and w.shape[1] == 2 and w.shape[0] in (1, ndim):
-        pairs = [(int(a), int(b)) for a, b in w] * (ndim if w.shape[0] == 1 else 1)
-    else:
-        raise _ShapeError(f"cannot use pad_width {pad_width!r} for an array of {ndim} "
-                          "dimensions.", op="pad")
-    return tuple(pairs)
-
-
-def pad(array, pad_width, mode: str = "constant", constant_values=0):
-    """Constant padding (`mode='constant'` only), NumPy's `pad_width` forms."""
-    if mode != "constant":
-        from .errors import NotSupportedError
-
-        raise NotSupportedError(f"mode={mode!r}; only 'constant' is supported.", op="pad")
-    array = _as_array(array, "pad")
-    if isinstance(constant_values, _Tracer) or _np.ndim(constant_values) != 0:
-        raise _ShapeError("`constant_values` must be a static scalar.", op="pad")
-    widths = _pad_widths(pad_width, array.ndim)
-    value = _np.asarray(constant_values).astype(_dtype(array)).item()
-    return _P.pad_p.bind(array, widths=widths, value=value)
-
-
-def roll(a, shift, axis=None):
-    """Elements shifted cyclically along `axis` (the flattened array by default)."""
-    a = _as_array(a, "roll")
-    if axis is None:
-        return reshape(roll(ravel(a), shift, 0), a.shape)
-    axes = (axis,) if isinstance(axis, (int, _np.integer)) else tuple(axis)
-    shifts = (shift,) * len(axes) if isinstance(shift, (int, _np.integer)) else tuple(shift)
-    if len(shifts) != len(axes):
-        raise _ShapeError(f"`shift` {shift} and `axis` {axis} differ in length.", op="roll")
-    axes = tuple(_normalize_axis(x, a.ndim, "roll") for x in axes)
-    return _P.roll_p.bind(a, shifts=tuple(int(s) for s in shifts), axes=axes)
-
+# differences and flips (by indexing)
 
 def diff(a, n: int = 1, axis: int = -1):
     """The `n`-th forward difference along `axis`."""
@@ -651,540 +180,6 @@ def flip(m, axis=None):
     axes = _normalize_axes(axis, m.ndim, "flip")
     return _getitem(m, tuple(slice(None, None, -1) if i in axes else slice(None)
                              for i in range(m.ndim)))
-
-
-def cumsum(a, axis=None, dtype=None):
-    """Running sums along `axis` (of the flattened array by default), with
-    NumPy's accumulation dtype (bools and small ints sum in the default
-    integer)."""
-    a = _as_array(a, "cumsum")
-    if axis is None:
-        a, axis = ravel(a), 0
-    axis = _normalize_axis(axis, a.ndim, "cumsum")
-    target = _canonical_dtype(dtype) or _acc_dtype(_np.cumsum, a.dtype)
-    if target != a.dtype:
-        a = astype(a, target)
-    return _P.cumsum_p.bind(a, axis=axis, reverse=False)
-
-
-def _sorting(prim, a, axis, order, op: str):
-    a = _as_array(a, op)
-    if order is not None:
-        raise _NotSupportedError("sorting by fields (`order=`) is for structured arrays, "
-                                 "which sciad does not have.", op=op)
-    if axis is None:
-        a, axis = ravel(a), 0
-    return prim.bind(a, axis=_normalize_axis(axis, a.ndim, op))
-
-
-def sort(a, axis=-1, kind=None, order=None, *, stable=None):
-    """`a` sorted along `axis` (the flattened array for `axis=None`). The sort
-    is stable whatever `kind` asks for. Its derivative carries each tangent
-    along with its value; between equal values it is one-sided."""
-    return _sorting(_P.sort_p, a, axis, order, "sort")
-
-
-def argsort(a, axis=-1, kind=None, order=None, *, stable=None):
-    """The indices that sort `a` along `axis` (stable), as int64."""
-    return _sorting(_P.argsort_p, a, axis, order, "argsort")
-
-
-_TAKE_MODES = ("raise", "wrap", "clip", "promise_in_bounds")
-
-
-def _in_range(indices, size: int, mode, op: str, distinct: bool = False):
-    """Integer `indices` into an axis of `size`, brought into `[0, size)` by
-    `mode` (see `take`): concrete ones now, traced ones by an
-    `index_bounds` node that checks them when the program runs."""
-    from .errors import IndexingError
-
-    mode = "raise" if mode is None else mode
-    if mode not in _TAKE_MODES:
-        raise IndexingError(f"`mode` must be one of {_TAKE_MODES}, got {mode!r}.", op=op)
-    if isinstance(indices, _Tracer):
-        if indices.dtype.kind not in "iu":
-            what = ("a traced boolean mask selects a number of elements known only when "
-                    "the program runs; use `snp.where`" if indices.dtype == _np.bool_
-                    else "indices must be integers")
-            raise IndexingError(f"{what}, got {indices.type.str_short()}.", op=op)
-        if mode == "promise_in_bounds":
-            return indices
-        return _P.index_bounds_p.bind(indices, size=int(size), mode=mode,
-                                      distinct=bool(distinct))
-    arr = _np.asarray(indices)
-    if arr.dtype == _np.bool_ or arr.dtype.kind not in "iu" and arr.size:
-        raise IndexingError(f"indices must be integers, got an array of {arr.dtype}.",
-                            op=op)
-    arr = arr.astype(_np.int64)
-    if mode == "promise_in_bounds":
-        mode = "raise"  # concrete indices are checked anyway: it costs nothing
-    return asarray(_normalize_indices(arr, int(size), mode, distinct, op))
-
-
-def take(a, indices, axis=None, mode=None):
-    """Elements of `a` at integer `indices` along `axis` (of the flattened
-    array for `axis=None`), as `numpy.take`: the result has shape
-    `a.shape[:axis] + indices.shape + a.shape[axis + 1:]`.
-
-    `mode` says what an index outside the axis means: "raise" (the default,
-    NumPy's: negative indices count from the end, others outside
-    `[-n, n)` raise an `IndexingError`; concrete indices when the program is
-    traced, traced indices when it runs), "wrap" (modulo `n`), "clip" (into
-    `[0, n - 1]`), or "promise_in_bounds" (the caller guarantees
-    `0 <= i < n`; nothing is checked). The derivative with respect to `a`
-    adds the cotangents back at the indices (`scatter_add`); the indices
-    have none."""
-    a = _as_array(a, "take")
-    if axis is None:
-        a, axis = ravel(a), 0
-    axis = _normalize_axis(axis, a.ndim, "take")
-    i = _in_range(indices, a.shape[axis], mode, "take")
-    return _P.take_p.bind(a, i, axis=axis)
-
-
-def take_along_axis(arr, indices, axis, mode=None):
-    """`arr` picked at `indices` along `axis` (`numpy.take_along_axis`):
-    `indices` has `arr`'s number of dimensions and broadcasts against it on
-    the other axes; `axis=None` works on the flattened array. `mode` is
-    `take`'s. With the indices from `argsort`, this sorts `arr` (and its
-    derivative)."""
-    from .errors import IndexingError
-
-    arr = _as_array(arr, "take_along_axis")
-    if axis is None:
-        arr, axis = ravel(arr), 0
-    axis = _normalize_axis(axis, arr.ndim, "take_along_axis")
-    nd = _builtins.len(_shape(indices))
-    if nd != arr.ndim:
-        raise IndexingError(f"`indices` must have the {arr.ndim} dimensions of "
-                            f"{arr.type.str_short()}, got shape {_shape(indices)}.",
-                            op="take_along_axis")
-    i = _in_range(indices, arr.shape[axis], mode, "take_along_axis")
-    outer = [d for k, d in enumerate(arr.shape) if k != axis]
-    inner = [d for k, d in enumerate(i.shape) if k != axis]
-    bshape = _broadcast_shapes([tuple(outer), tuple(inner)], "take_along_axis")
-    bshape = list(bshape)
-    out_shape = tuple(bshape[:axis] + [i.shape[axis]] + bshape[axis:])
-    # one gather from the flattened array at linear indices: the other axes'
-    # offsets (a constant, 0 on the axes `arr` broadcasts) plus `i`'s
-    strides = _np.cumprod((arr.shape[1:] + (1,))[::-1])[::-1].astype(_np.int64)
-    base = _np.zeros(out_shape, _np.int64)
-    for k, n in enumerate(out_shape):
-        if k != axis and arr.shape[k] != 1:
-            shape = [1] * len(out_shape)
-            shape[k] = n
-            base = base + (_np.arange(n, dtype=_np.int64) * strides[k]).reshape(shape)
-    lin = add(asarray(base), multiply(broadcast_to(astype(i, _np.int64), out_shape),
-                                      _np.int64(strides[axis])))
-    return _P.take_p.bind(ravel(arr), lin, axis=0)
-
-
-def _array_index(i) -> bool:
-    """An integer-array (or concrete boolean-mask) entry of an index."""
-    if isinstance(i, _Tracer):
-        return i.ndim > 0 or i.dtype == _np.bool_
-    if isinstance(i, (list, _np.ndarray)):
-        return True
-    return isinstance(i, _jax.Array) and i.ndim > 0
-
-
-def _split_array_index(x, idx, op: str):
-    """An index with one integer-array entry, as (the rest of the index with
-    that entry a full slice, the axis of the rest's result that the array
-    indexes, the array, whether NumPy moves the array's axes to the front)."""
-    from .errors import IndexingError
-
-    idx = idx if isinstance(idx, tuple) else (idx,)
-    arrays = [k for k, i in enumerate(idx) if _array_index(i)]
-    if _builtins.len(arrays) > 1:
-        raise IndexingError(
-            "one integer-array index per indexing expression: index one axis, then the "
-            "next, or use `snp.take_along_axis`.", op=op)
-    (pos,) = arrays
-    arr = idx[pos]
-    if not isinstance(arr, _Tracer):
-        arr = _np.asarray(arr)
-        if arr.dtype == _np.bool_:  # a concrete mask: the positions it selects
-            if arr.ndim != 1:
-                raise IndexingError(f"a boolean mask indexes one axis here; got one of "
-                                    f"shape {arr.shape}.", op=op)
-            arr = _np.flatnonzero(arr)
-    if _builtins.any(isinstance(i, _Tracer) for k, i in enumerate(idx) if k != pos):
-        raise IndexingError("a traced scalar index and an integer-array index in one "
-                            "expression are not supported: index one, then the other.",
-                            op=op)
-    # NumPy's rule: the static ints are advanced indices too; if they and the
-    # array are not side by side, the array's axes move to the front
-    advanced = [k for k, i in enumerate(idx) if k == pos or _is_int(i)]
-    to_front = advanced != list(range(advanced[0], advanced[-1] + 1))
-    n_real = _builtins.sum(1 for i in idx if i is not None and i is not Ellipsis)
-    axis = 0
-    for i in idx[:pos]:
-        if i is Ellipsis:
-            axis += x.ndim - n_real
-        elif i is None or isinstance(i, slice):
-            axis += 1
-    rest = idx[:pos] + (slice(None),) + idx[pos + 1:]
-    return rest, axis, arr, to_front
-
-
-# ---------------------------------------------------------------------------
-# creation
-
-def _shape_tuple(shape) -> tuple[int, ...]:
-    return (int(shape),) if isinstance(shape, (int, _np.integer)) else tuple(int(d) for d in shape)
-
-
-def full(shape, fill_value, dtype=None):
-    """An array of `shape` filled with `fill_value` (which may be traced)."""
-    shape = _shape_tuple(shape)
-    fill_value = _operand(fill_value, "full")
-    dtype = _canonical_dtype(dtype) or _dtype(fill_value)
-    if isinstance(fill_value, (_Tracer, _jax.Array)) or _np.ndim(fill_value) != 0:
-        return broadcast_to(_convert(fill_value, dtype), shape)
-    value = _np.asarray(fill_value).astype(dtype).item()
-    return _P.full_p.bind(shape=shape, dtype=dtype, value=value)
-
-
-def zeros(shape, dtype=float):
-    return full(shape, 0, dtype)
-
-
-def ones(shape, dtype=float):
-    return full(shape, 1, dtype)
-
-
-def full_like(a, fill_value, dtype=None, shape=None):
-    a = _as_array(a, "full_like")
-    return full(a.shape if shape is None else shape, fill_value,
-                _canonical_dtype(dtype) or _dtype(a))
-
-
-def zeros_like(a, dtype=None, shape=None):
-    return full_like(a, 0, dtype, shape)
-
-
-def ones_like(a, dtype=None, shape=None):
-    return full_like(a, 1, dtype, shape)
-
-
-def _static_number(x, op: str, what: str):
-    if isinstance(x, _Tracer):
-        from .errors import TracerError
-
-        raise TracerError(f"`{what}` must be a static number, got a traced value "
-                          f"{x.type.str_short()}.", op=op)
-    x = x.item() if isinstance(x, (_np.generic, _np.ndarray)) else x
-    if not isinstance(x, (int, float, complex)):
-        raise _DTypeError(f"`{what}` must be a number, got {_plain(x)}.", op=op)
-    return x
-
-
-def arange(start, stop=None, step=None, dtype=None):
-    """Evenly spaced values in [start, stop) with static bounds."""
-    if stop is None:
-        start, stop = 0, start
-    step = 1 if step is None else step
-    start, stop, step = (_static_number(v, "arange", n) for v, n in
-                         ((start, "start"), (stop, "stop"), (step, "step")))
-    dtype = _canonical_dtype(dtype) or _np.result_type(start, stop, step)
-    return _P.arange_p.bind(start=start, stop=stop, step=step, dtype=dtype)
-
-
-def linspace(start, stop, num: int = 50, endpoint: bool = True, dtype=None):
-    """`num` evenly spaced values from `start` to `stop` (static bounds)."""
-    start = _static_number(start, "linspace", "start")
-    stop = _static_number(stop, "linspace", "stop")
-    dtype = _canonical_dtype(dtype) or _np.result_type(start, stop, float(num))
-    return _P.linspace_p.bind(start=start, stop=stop, num=int(num), endpoint=bool(endpoint),
-                              dtype=dtype)
-
-
-def eye(N: int, M: int | None = None, k: int = 0, dtype=float):
-    """An `N x M` array with ones on the `k`-th diagonal."""
-    return _P.eye_p.bind(n=int(N), m=int(N if M is None else M), k=int(k),
-                         dtype=_np.dtype(dtype))
-
-
-def asarray(a, dtype=None):
-    """`a` as an array (a list of traced values is stacked)."""
-    a = _as_array(a, "asarray")
-    return a if dtype is None else _convert(a, dtype)
-
-
-array = asarray
-
-
-# ---------------------------------------------------------------------------
-# contractions
-
-def matmul(a, b):
-    """NumPy's `a @ b`: matrix product with batch broadcasting (and sparse
-    matrix products, see `sciad.sparse`)."""
-    if _is_sparse(a) or _is_sparse(b):
-        return _sparse_module().binary_dispatch("matmul", a, b)
-    a, b = _as_array(a, "matmul"), _as_array(b, "matmul")
-    dt = _result_type(a, b, op="matmul")
-    return _P.matmul_p.bind(_convert(a, dt), _convert(b, dt))
-
-
-def _letters(n: int, skip: str = "") -> str:
-    return "".join(c for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                   if c not in skip)[:n]
-
-
-def einsum(subscripts: str, *operands):
-    """Einstein summation over `operands` (explicit or implicit form, no `...`)."""
-    spec = subscripts.replace(" ", "")
-    if "..." in spec:
-        from .errors import NotSupportedError
-
-        raise NotSupportedError("ellipsis (`...`) subscripts are not supported; name "
-                                "every axis.", op="einsum")
-    if "->" not in spec:
-        letters = spec.replace(",", "")
-        spec = spec + "->" + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
-    ops = [_as_array(x, "einsum") for x in operands]
-    dt = _result_type(*ops, op="einsum")
-    return _P.einsum_p.bind(*(_convert(x, dt) for x in ops), spec=spec)
-
-
-def tensordot(a, b, axes=2):
-    """Sum of products over the given axes of `a` and `b`."""
-    a, b = _as_array(a, "tensordot"), _as_array(b, "tensordot")
-    if isinstance(axes, (int, _np.integer)):
-        ax_a = tuple(range(a.ndim - int(axes), a.ndim))
-        ax_b = tuple(range(int(axes)))
-    else:
-        ax_a, ax_b = axes
-        ax_a = (ax_a,) if isinstance(ax_a, (int, _np.integer)) else tuple(ax_a)
-        ax_b = (ax_b,) if isinstance(ax_b, (int, _np.integer)) else tuple(ax_b)
-    ax_a = _normalize_axes(ax_a, a.ndim, "tensordot")
-    ax_b = _normalize_axes(ax_b, b.ndim, "tensordot")
-    if len(ax_a) != len(ax_b):
-        raise _ShapeError(f"axes {ax_a} and {ax_b} differ in number.", op="tensordot")
-    la = _letters(a.ndim)
-    lb = list(_letters(b.ndim, la))
-    for i, j in zip(ax_a, ax_b):
-        lb[j] = la[i]
-    lb = "".join(lb)
-    out = "".join(c for i, c in enumerate(la) if i not in ax_a) + \
-        "".join(c for j, c in enumerate(lb) if j not in ax_b)
-    return einsum(f"{la},{lb}->{out}", a, b)
-
-
-def dot(a, b):
-    """NumPy's `dot`: products of scalars, vectors and matrices; for N-D,
-    a sum over the last axis of `a` and the second-to-last of `b`."""
-    a, b = _as_array(a, "dot"), _as_array(b, "dot")
-    if a.ndim == 0 or b.ndim == 0:
-        return multiply(a, b)
-    if a.ndim <= 2 and b.ndim <= 2:
-        return matmul(a, b)
-    return tensordot(a, b, axes=((a.ndim - 1,), (_builtins.max(b.ndim - 2, 0),)))
-
-
-def vdot(a, b):
-    """The dot product of flattened `a` and `b`, conjugating `a`."""
-    return einsum("i,i->", conj(ravel(_as_array(a, "vdot"))), ravel(_as_array(b, "vdot")))
-
-
-def inner(a, b):
-    """Sum of products over the last axes of `a` and `b`."""
-    a, b = _as_array(a, "inner"), _as_array(b, "inner")
-    if a.ndim == 0 or b.ndim == 0:
-        return multiply(a, b)
-    return tensordot(a, b, axes=((a.ndim - 1,), (b.ndim - 1,)))
-
-
-def outer(a, b):
-    """The outer product of flattened `a` and `b`."""
-    return einsum("i,j->ij", ravel(_as_array(a, "outer")), ravel(_as_array(b, "outer")))
-
-
-# ---------------------------------------------------------------------------
-# indexing
-
-def _has_traced(idx) -> bool:
-    return isinstance(idx, _Tracer) or (isinstance(idx, tuple) and _builtins.any(
-        isinstance(i, _Tracer) for i in idx))
-
-
-def _traced_index(x, idx, op: str):
-    """An index holding traced integer scalars, split into a static index for
-    the rest (traced positions as full slices) and, per traced position, the
-    axis it indexes in the statically indexed result and its start (negative
-    values counted from the end, as NumPy does)."""
-    from .errors import IndexingError
-
-    idx = idx if isinstance(idx, tuple) else (idx,)
-    n_real = _builtins.sum(1 for i in idx if i is not None and i is not Ellipsis)
-    items, axis_of = [], []
-    k = out_axis = 0
-    for i in idx:
-        if i is Ellipsis:
-            items.append(i)
-            skip = x.ndim - n_real
-            k += skip
-            out_axis += skip
-        elif isinstance(i, _Tracer):
-            if i.shape != () or i.dtype.kind not in "iu":
-                raise IndexingError(
-                    f"a traced index must be an integer scalar, got {i.type.str_short()} "
-                    "(integer-array and boolean-mask indices are not supported here; "
-                    "use `snp.where`).", op=op)
-            if k >= x.ndim:
-                raise IndexingError(f"too many indices for an array of {x.ndim} "
-                                    "dimensions.", op=op)
-            d = x.shape[k]
-            start = where(i < 0, i + d, i)
-            axis_of.append((out_axis, start))
-            items.append(slice(None))
-            k += 1
-            out_axis += 1
-        elif i is None:
-            items.append(i)
-            out_axis += 1
-        elif isinstance(i, slice):
-            items.append(i)
-            k += 1
-            out_axis += 1
-        else:  # a static int drops its axis
-            items.append(i)
-            k += 1
-    return tuple(items), axis_of
-
-
-def _dynamic_window(y, axis_of):
-    """Starts (zeros except at the traced axes) and window sizes (ones there)."""
-    starts = [_np.int64(0)] * y.ndim
-    sizes = list(y.shape)
-    for ax, start in axis_of:
-        starts[ax] = astype(start, _np.int64)
-        sizes[ax] = 1
-    return starts, tuple(sizes)
-
-
-def _no_mode(mode, op: str) -> None:
-    """Refuses a `mode` other than clamping for an index without an integer
-    array."""
-    if mode not in (None, "clip"):
-        from .errors import IndexingError
-
-        raise IndexingError(f"`mode` applies to integer-array indices; got mode={mode!r} "
-                            "for a scalar or slice index (a traced scalar is clamped into "
-                            "range, as in JAX).", op=op)
-
-
-def _getitem(x, idx, mode=None):
-    x = _as_array(x, "getitem")
-    if _builtins.any(_array_index(i) for i in (idx if isinstance(idx, tuple) else (idx,))):
-        # one integer-array index: the rest of the index, then a `take`
-        rest, axis, arr, to_front = _split_array_index(x, idx, "getitem")
-        y = _getitem(x, rest)
-        i = _in_range(arr, y.shape[axis], mode, "getitem")
-        out = _P.take_p.bind(y, i, axis=axis)
-        if to_front and axis:
-            k = i.ndim
-            out = moveaxis(out, tuple(range(axis, axis + k)), tuple(range(k)))
-        return out
-    _no_mode(mode, "getitem")
-    if _has_traced(idx):
-        # `x[i]` with a traced `i`: the static part of the index first, then a
-        # window of size 1 at `i` on each traced axis, which is then dropped
-        static, axis_of = _traced_index(x, idx, "getitem")
-        y = _getitem(x, static)
-        starts, sizes = _dynamic_window(y, axis_of)
-        win = _P.dynamic_slice_p.bind(y, *starts, sizes=sizes)
-        keep = tuple(d for a, d in enumerate(sizes) if a not in {ax for ax, _ in axis_of})
-        return reshape(win, keep)
-    index = _P.normalize_index(idx, tuple(x.shape))
-    if _builtins.all(isinstance(it, tuple) and it[0] == 0 and it[1] == d and it[2] == 1
-                     for it, d in zip(index.items, x.shape)) and len(index.items) == x.ndim:
-        return x
-    return _P.getitem_p.bind(x, index=index)
-
-
-class _IndexUpdate:
-    """`x.at[idx]`: functional updates `set(v)` and `add(v)`."""
-
-    __slots__ = ("x", "idx")
-
-    def __init__(self, x, idx):
-        self.x, self.idx = x, idx
-
-    def _update(self, prim, v, op, mode=None):
-        x = self.x
-        idx = self.idx if isinstance(self.idx, tuple) else (self.idx,)
-        if _builtins.any(_array_index(i) for i in idx):
-            return self._scatter(prim is _P.index_add_p, v, op, mode)
-        _no_mode(mode, op)
-        if _has_traced(self.idx):
-            return self._dynamic_update(prim is _P.index_add_p, v, op)
-        index = _P.normalize_index(self.idx, tuple(x.shape), op)
-        target = index.out_shape(tuple(x.shape))
-        v = broadcast_to(_convert(_as_array(v, op), x.dtype), target)
-        return prim.bind(x, v, index=index)
-
-    def _dynamic_update(self, add: bool, v, op):
-        from .errors import IndexingError
-
-        x = self.x
-        static, axis_of = _traced_index(x, self.idx, op)
-        if _builtins.any(not (isinstance(i, slice) and i == slice(None)) and i is not Ellipsis
-                         for i in static):
-            raise IndexingError(
-                "an update at a traced index takes traced or static ints and full "
-                "slices (`:`) only, e.g. `x.at[i].set(v)` or `x.at[:, i].add(v)`.", op=op)
-        starts, sizes = _dynamic_window(x, axis_of)
-        traced_axes = {ax for ax, _ in axis_of}
-        target = tuple(d for a, d in enumerate(sizes) if a not in traced_axes)
-        v = reshape(broadcast_to(_convert(_as_array(v, op), x.dtype), target), sizes)
-        if add:
-            v = _P.dynamic_slice_p.bind(x, *starts, sizes=sizes) + v
-        return _P.dynamic_update_slice_p.bind(x, v, *starts)
-
-    def _scatter(self, add: bool, v, op, mode):
-        from .errors import IndexingError
-
-        x = self.x
-        rest, axis, arr, _ = _split_array_index(x, self.idx, op)
-        if _builtins.any(not (isinstance(i, slice) and i == slice(None)) and i is not Ellipsis
-                         for i in rest):
-            raise IndexingError(
-                "an update at an integer-array index takes full slices (`:`, `...`) "
-                "besides the array, e.g. `x.at[idx].add(v)` or `x.at[:, idx].set(v)`.",
-                op=op)
-        i = _in_range(arr, x.shape[axis], mode, op, distinct=not add)
-        target = tuple(x.shape[:axis]) + tuple(i.shape) + tuple(x.shape[axis + 1:])
-        v = broadcast_to(_convert(_as_array(v, op), x.dtype), target)
-        prim = _P.scatter_add_p if add else _P.scatter_set_p
-        return prim.bind(x, v, i, axis=axis)
-
-    def set(self, values, *, mode=None):
-        """A copy of `x` with `x[idx] = values`. A traced integer index `i`
-        (a loop counter) is clamped into range, as in JAX. Integer-array
-        indices follow `snp.take`'s `mode` and must be distinct (checked)."""
-        return self._update(_P.index_set_p, values, "index_set", mode)
-
-    def add(self, values, *, mode=None):
-        """A copy of `x` with `x[idx] += values`; repeated integer-array
-        indices accumulate."""
-        return self._update(_P.index_add_p, values, "index_add", mode)
-
-    def get(self, *, mode=None):
-        """`x[idx]`, with `snp.take`'s `mode` for an integer-array index."""
-        return _getitem(self.x, self.idx, mode)
-
-
-class _At:
-    __slots__ = ("x",)
-
-    def __init__(self, x):
-        self.x = x
-
-    def __getitem__(self, idx):
-        return _IndexUpdate(self.x, idx)
 
 
 # ---------------------------------------------------------------------------
@@ -1300,14 +295,8 @@ def _float(x):
     return x if _is_inexact(x) else astype(x, _np.float64)
 
 
-def any(a, axis=None, keepdims: bool = False):
-    """Is any element true (along `axis`)."""
-    return _reduce("reduce_max", astype(_as_array(a, "any"), bool), axis, keepdims)
 
 
-def all(a, axis=None, keepdims: bool = False):
-    """Are all elements true (along `axis`)."""
-    return _reduce("reduce_min", astype(_as_array(a, "all"), bool), axis, keepdims)
 
 
 def count_nonzero(a, axis=None, keepdims: bool = False):
@@ -1489,9 +478,8 @@ def _quantile(a, q, axis, out, method, keepdims, weights, weak: bool, op: str):
     s, nan, keep_shape = _sorted_slices(a, axis, out, op)
     n = s.shape[-1]
     if n == 0:
-        from .errors import IndexingError
 
-        raise IndexingError("an empty slice has no quantiles (NumPy raises too).", op=op)
+        raise _IndexingError("an empty slice has no quantiles (NumPy raises too).", op=op)
     virtual, fix_gamma = _QUANTILE_METHODS[method]
     index = _np.asanyarray(virtual(n, q))
     rest = s.shape[:-1]
@@ -1756,13 +744,11 @@ def triu(m, k: int = 0):
 
 def diagonal(a, offset: int = 0, axis1: int = 0, axis2: int = 1):
     """The `offset` diagonal of `a` over `axis1`, `axis2` (appended last)."""
-    from .errors import DTypeError
-
     if _is_sparse(a):
         if offset or (axis1, axis2) != (0, 1):
-            raise DTypeError("a sparse matrix's diagonal takes no offset or axes.",
-                             op="diagonal")
-        return _sparse_module().diagonal(a)
+            raise _DTypeError("a sparse matrix's diagonal takes no offset or axes.",
+                              op="diagonal")
+        return _sparse.diagonal(a)
     a = _as_array(a, "diagonal")
     a1, a2 = (_normalize_axis(x, a.ndim, "diagonal") for x in (axis1, axis2))
     rest = [k for k in range(a.ndim) if k not in (a1, a2)]
@@ -1828,15 +814,6 @@ def polyval(p, x):
     return y
 
 
-def searchsorted(a, v, side: str = "left", sorter=None):
-    """Indices where `v` would be inserted into the sorted 1-D `a` to keep it
-    sorted (NumPy's `side`), as int64."""
-    a = _as_array(a, "searchsorted")
-    if sorter is not None:
-        a = take(a, sorter)
-    dtype = _result_type(a, v, op="searchsorted")
-    return _P.searchsorted_p.bind(_convert(a, dtype), _convert(_as_array(v, "searchsorted"),
-                                                               dtype), side=side)
 
 
 def digitize(x, bins, right: bool = False):
@@ -2031,18 +1008,16 @@ def bincount(x, weights=None, minlength: int = 0, *, length: int | None = None):
     result's length is static: `max(x) + 1` (at least `minlength`) for
     concrete `x`; for traced `x`, pass `length` (values at or above it are an
     `IndexingError` when the program runs)."""
-    from .errors import IndexingError
-
     if isinstance(x, _Tracer):
         if length is None:
-            raise IndexingError("traced values need a static `length=` (the result's "
-                                "length would depend on their maximum).", op="bincount")
+            raise _IndexingError("traced values need a static `length=` (the result's "
+                                 "length would depend on their maximum).", op="bincount")
         n = int(length)
         xi = x
     else:
         xi = _np.asarray(x)
         if xi.size and xi.min() < 0:
-            raise IndexingError("`x` must be non-negative.", op="bincount")
+            raise _IndexingError("`x` must be non-negative.", op="bincount")
         n = _builtins.max(int(xi.max()) + 1 if xi.size else 0, int(minlength))
         if length is not None:
             n = int(length)
@@ -2150,9 +1125,9 @@ def _install_tracer_methods() -> None:
         setattr(T, name, fn)
     T.T = property(lambda self: transpose(self))
     # sparse matrices (the methods refuse dense values with a clear message)
-    T.todense = T.toarray = lambda self: _sparse_module().todense(self)
+    T.todense = T.toarray = lambda self: _sparse.todense(self)
     T.diagonal = lambda self, offset=0, axis1=0, axis2=1: diagonal(self, offset, axis1, axis2)
-    T.data = property(lambda self: _sparse_module().data(self))
+    T.data = property(lambda self: _sparse.data(self))
     T.mT = property(lambda self: swapaxes(self, -1, -2))
     T.real = property(real)
     T.imag = property(imag)
@@ -2162,10 +1137,19 @@ def _install_tracer_methods() -> None:
 _install_tracer_methods()
 
 
-# `snp.fft`, as `numpy.fft` (imported last: it imports this module)
-from . import fft as fft  # noqa: E402
-from ._numpy_interop import install as _install_numpy_interop  # noqa: E402
+# sparse operands of the op layer's functions go to `sciad.sparse` (imported last,
+# same layer: it installs this module's functions as its arrays' operators)
+from . import sparse as _sparse  # noqa: E402
 
-# `np.sin(x)`, `np.sum(x)`, `np.fft.rfft(x)` on a traced `x` run the functions
-# above (and sciad.fft's), matched by NumPy function object, not by name
-_install_numpy_interop()
+_ops.set_sparse_handler(_sparse)
+
+# the op layer's public functions are `sciad.numpy`'s: tracebacks, the NumPy
+# dispatch table (`sciad._numpy_interop`) and error hints name them so
+for _name, _fn in list(globals().items()):
+    if isinstance(_fn, _types.FunctionType) and _fn.__module__ == _ops.__name__ \
+            and not _name.startswith("_"):
+        _fn.__module__ = __name__
+del _name, _fn
+
+# `snp.fft`, as `numpy.fft` (`sciad.fft` is built on the op layer, not on this module)
+from . import fft as fft  # noqa: E402

@@ -60,16 +60,23 @@ O(1), far above 1e-3. `RuleReport.precision` names the dtype and
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import numpy as snp
+from ._function import _has_runtime_checks, function
 from ._traceback import api_boundary
+from ._transforms import grad as sd_grad, vjp as sd_vjp, vmap
 from .errors import DTypeError, MissingRuleError, NonFiniteError, NotSupportedError, RuleError
-from .graph import Graph, Primitive, lower, trace
-from .graph._autodiff import is_differentiable, jvp_graph, type_of, vjp_graph
+from .errors import BatchFallbackWarning, InvalidOptionError, ShapeError
+from .graph import Graph, Primitive, instantiate, lower, trace
+from .graph._autodiff import Zero, is_differentiable, jvp_graph, type_of, vjp_graph
+from .graph._sparsity import input_deps, sparsity_eval
+from .primitives import call
 
 __all__ = ["check_rules", "RuleReport", "taylor_test"]
 
@@ -113,8 +120,6 @@ def _run(graph: Graph, args) -> list[np.ndarray]:
     checks), or compiled once if it holds solver nodes (an iterative
     solver's loop run op by op is slow) or many nodes (op by op, each op
     of a new shape is an XLA compile of its own)."""
-    from ._function import _has_runtime_checks
-
     fn = lower(graph)
     if len(graph.nodes) > _OP_BY_OP_NODES or _has_runtime_checks(graph):
         hit = _COMPILED.get(id(graph))
@@ -417,8 +422,6 @@ def _check_sparsity(graph, jg, args, diff, diff_out, report, where: str, name: s
     """The Jacobian, one JVP per input element, against the pattern the
     primitive's sparsity rule gives: a nonzero outside it is an error (a
     numerical zero inside it is not: the pattern is structural)."""
-    from .graph._sparsity import input_deps, sparsity_eval
-
     for pos, i in enumerate(diff):
         size = int(np.size(args[i]))
         if size > SPARSITY_CHECK_SIZE:
@@ -447,9 +450,6 @@ def _check_sparsity(graph, jg, args, diff, diff_out, report, where: str, name: s
 def _fixing_gauge(fn: Callable, args: list, gauge) -> Callable:
     """`fn` with the vectors that `gauge` names given a fixed sign or phase
     (see `check_rules`)."""
-    from . import numpy as snp
-    from .errors import InvalidOptionError
-
     base = fn(*args)
     multiple = isinstance(base, (tuple, list))
     outs = list(base) if multiple else [base]
@@ -483,11 +483,6 @@ def _check_batching(fn, graph, args, outs, rng, report, where, name, eager: bool
     (a static count, an index array). `eager`: also call `fn` on arrays
     outside a trace (a primitive's eager path; a function written for
     traced values may use what arrays lack, such as `x.at`)."""
-    import warnings
-
-    from ._transforms import vmap
-    from .errors import BatchFallbackWarning
-
     floats = [isinstance(a, np.ndarray) and a.dtype.kind in "fc" for a in args]
     if not any(floats):
         report.skipped["batch"] = "no float or complex input to batch"
@@ -541,11 +536,6 @@ def _leaves(x) -> list[np.ndarray]:
 
 def _second_order(graph, args, diff, diff_out, ws, rng, report, rtol, dot_tol, where,
                   name):
-    from ._transforms import vjp as sd_vjp
-    from .graph import instantiate
-    from .primitives import call
-    from .graph._autodiff import Zero
-
     def with_diff(xs):
         vals = list(args)
         for i, x in zip(diff, xs):
@@ -594,14 +584,9 @@ def taylor_test(f: Callable, x, dx, *, grad: Callable | None = None, h0: float |
     and about 1 when it is wrong. `f` is a real scalar function of one array,
     `grad` defaults to `sd.grad(f)`.
     """
-    from ._function import function
-    from ._transforms import grad as sd_grad
-
     x = np.asarray(x)
     dx = np.asarray(dx)
     if x.shape != dx.shape:
-        from .errors import ShapeError
-
         raise ShapeError(f"`dx` must have the shape of `x` {x.shape}, got {dx.shape}.",
                          op="taylor_test")
     f_c = function(f)

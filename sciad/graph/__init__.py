@@ -56,5 +56,6 @@ from ._autodiff import (
     zeros_p as zeros_p,
 )
 from . import passes as passes
+from . import _batch  # noqa: F401  (the batch rules of add_any and jvp_primal)
 from ._sparsity import Deps as Deps
 from ._cost import Cost as Cost

@@ -31,15 +31,18 @@ Conventions:
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from ..errors import DTypeError, MissingRuleError, RuleError
+from ..errors import DTypeError, MissingRuleError, RuleError, ShapeError
 from ._core import Graph, Literal, Node, Primitive, Var
 from ._interpret import Interpreter
 from ._passes import dce, merge_duplicates
-from ._trace import Tracer, emitting_for
+from ._trace import Tracer, emitting_for, trace_flat
 from ._types import AbstractType, BatchedType, SparseArray, SparseType, TensorType
 
 
@@ -106,13 +109,10 @@ def known_zero(x) -> bool:
     """Whether `x` is zero by construction: a constant of zeros, or a traced
     value made by a node without operands (`zeros`, `full`) whose value is
     zeros (a JVP's instantiated symbolic zero)."""
-    from ._trace import Tracer
-
     if isinstance(x, Tracer):
         producer = next((n for n in reversed(x._builder.nodes) if x._var in n.outputs), None)
         if producer is None or producer.inputs or producer.primitive.impl_rule is None:
             return False
-        import jax
 
         with jax.ensure_compile_time_eval():
             out = producer.primitive.impl_rule(**producer.params)
@@ -157,7 +157,6 @@ add_any_p = Primitive("add_any", params={})
 @add_any_p.def_abstract_eval
 def _add_any_shape(x, y):
     if x.update() != y.update():
-        from ..errors import ShapeError
 
         raise ShapeError(f"adds tangents of one type, got {x.str_short()} and "
                          f"{y.str_short()}.", op="add_any")
@@ -192,7 +191,6 @@ def _zeros_shape(*, shape, dtype):
 
 @zeros_p.def_impl
 def _zeros_impl(*, shape, dtype):
-    import jax.numpy as jnp
 
     return jnp.zeros(shape, dtype)
 
@@ -286,8 +284,6 @@ def _bind(prim: Primitive, args, params):
 def operand_name(prim: Primitive, i: int) -> str:
     """Operand `i` of `prim` in a message: "operand 1 (`b`)", with its name
     from the shape rule's signature where it has one."""
-    import inspect
-
     try:
         names = [q.name for q in
                  inspect.signature(prim.abstract_eval_rule).parameters.values()
@@ -586,7 +582,6 @@ def expansion_transpose(prim: Primitive, expand: Callable) -> Callable:
     checkpointed reverse pass as plain loops): the expansion, traced on the
     operands' types and transposed node by node."""
     def rule(cts, *args, **params):
-        from ._trace import trace_flat
 
         g, _, _ = trace_flat(lambda *a: list(expand(*a, **params)),
                              tuple(type_of(a) for a in args),
@@ -633,8 +628,6 @@ def _derived_vjp(prim: Primitive, primals: Sequence, cts: Sequence, params: dict
     Only the operands flagged in `wrt` (default: every float and complex one)
     get a tangent: the others' are `Zero`s, so the rule forms nothing for
     them (`x ** c` with a constant `c` forms no `log(x)`)."""
-    from ._trace import trace_flat
-
     diff = [i for i, p in enumerate(primals)
             if is_differentiable(type_of(p)) and (wrt is None or wrt[i])]
     if not diff:
@@ -843,8 +836,6 @@ def jvp_graph(graph: Graph) -> Graph:
     """The JVP of `graph`: inputs `(*primals, *tangents)`, outputs
     `(*outs, *tangent_outs)`. Tangent inputs exist for the float and complex
     inputs only; tangent outputs are materialized (zeros where symbolic)."""
-    from ._trace import trace_flat
-
     diff = _differentiable_inputs(graph)
     in_types = list(graph.in_types) + [graph.inputs[i].type.update() for i in diff]
     n = len(graph.inputs)
@@ -887,8 +878,6 @@ def vjp_graph(graph: Graph, wrt: Sequence[bool] | None = None) -> VJPGraph:
     `wrt` flags the inputs differentiated (default: every float and complex
     input); the backward graph has a cotangent output for each of those only,
     and the forward graph saves only what the backward graph reads."""
-    from ._trace import trace_flat
-
     n_in = len(graph.inputs)
     diff_out = [i for i, a in enumerate(graph.outputs) if is_differentiable(a.type)]
     ct_types = [graph.outputs[i].type.update() for i in diff_out]
@@ -957,18 +946,5 @@ def check_linear_dtype(x, op: str) -> None:
                          f"arrays, got {t.str_short()}.", op=op)
 
 
-def _install_batch_rules() -> None:
-    from ._batch import front_rule
-
-    add_any_p.def_batch(front_rule(add_any_p))
-    jvp_primal_p.def_batch(lambda args, dims: (jvp_primal_p.bind(args[0]), dims[0]))
-    from ._sparsity import elementwise
-
-    add_any_p.def_sparsity(lambda outs, x, y: elementwise(outs[0], x, y))
-    jvp_primal_p.def_sparsity(lambda outs, x: x.matrix)
-    from ._cost import Cost
-
-    jvp_primal_p.def_cost(lambda node, body: Cost())
-
-
-_install_batch_rules()
+# (the batch, sparsity and cost rules of `add_any` and `jvp_primal` are
+# registered by graph/_batch.py, _sparsity.py and _cost.py, which import this module)

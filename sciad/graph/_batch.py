@@ -25,9 +25,16 @@ from __future__ import annotations
 import warnings
 from typing import Callable, Sequence
 
+import jax
+import numpy as np
+
 from ..errors import BatchFallbackWarning, ShapeError
-from ._core import Literal, Node, Primitive
+from ._autodiff import add_any_p, jvp_primal_p, literal_operand, type_of
+from ._autodiff import _bind as _bind_node
+from ._body import Body
+from ._core import Literal, Node, Primitive, lookup_primitive
 from ._interpret import Interpreter
+from ._trace import Tracer, current_source, emitting_for, trace_flat
 from ._types import BatchedType, TensorType
 
 
@@ -47,15 +54,14 @@ def register_map_rule(make: Callable[[Primitive], Callable]) -> None:
     _map_rule = make
 
 
-def _snp():
-    from .. import numpy
-
-    return numpy
+def _bind(name: str, *args, **params):
+    """Binds the registered primitive `name` (this layer is below the op layer
+    and the primitives: the few array ops batching itself needs are bound by
+    name, as `sciad._ops` does)."""
+    return lookup_primitive(name).bind(*args, **params)
 
 
 def _size_at(a, d) -> int:
-    from ._autodiff import type_of
-
     t = type_of(a)
     return t.size if isinstance(t, BatchedType) else t.shape[d]
 
@@ -71,28 +77,30 @@ def batch_size_of(args: Sequence, dims: Sequence) -> int:
 def to_front(x, d):
     """`x` with its batch dim `d` first (unchanged if `d` is 0; a batch of
     sparse matrices or factorizations always has it first)."""
-    return x if d == 0 else _snp().moveaxis(x, d, 0)
+    if d == 0:
+        return x
+    ndim = len(x.shape)
+    d = d % ndim
+    if d == 0:
+        return x
+    return _bind("transpose", x, perm=(d,) + tuple(n for n in range(ndim) if n != d))
 
 
 def batched_front(x, d, size: int):
     """`x` with a leading batch axis of `size`: moved there, or broadcast
     for an unbatched `x` (`d` None)."""
-    from ._autodiff import type_of
-
-    snp = _snp()
     if d is not None:
         return to_front(x, d)
     t = type_of(x)
     if not isinstance(t, TensorType):  # a sparse matrix or a factorization, repeated
-        from ._body import Body
-        from ._trace import trace_flat
-        from ..primitives._map import map_p
-
         body, _, _ = trace_flat(lambda v: [v], (t,), name="repeat")
-        (out,) = map_p.bind(x, body=Body.of(body), batched=(False,), size=size)
+        (out,) = _bind("map", x, body=Body.of(body), batched=(False,), size=size)
         return out
-    x = snp.asarray(x)
-    return snp.broadcast_to(snp.reshape(x, (1,) + tuple(x.shape)), (size,) + tuple(x.shape))
+    if not isinstance(x, (Tracer, np.ndarray, jax.Array)):  # a Python or NumPy scalar
+        x = np.asarray(x)
+    shape = tuple(x.shape)
+    out = _bind("reshape", x, shape=(1,) + shape)
+    return out if size == 1 else _bind("broadcast_to", out, shape=(size,) + shape)
 
 
 def fallback_rule(prim: Primitive) -> Callable:
@@ -101,8 +109,6 @@ def fallback_rule(prim: Primitive) -> Callable:
     implementation; see `map`). Warns once per primitive."""
     if prim.name not in _warned:
         _warned.add(prim.name)
-        from ._trace import current_source
-
         src = current_source()
         warnings.warn_explicit(
             f"primitive {prim.name!r} has no batch rule: sd.vmap maps it over the batch as "
@@ -127,20 +133,15 @@ class BatchEmit(Interpreter):
         self.spmd_axis = spmd_axis
 
     def literal(self, lit: Literal):
-        from ._autodiff import literal_operand
-
         return literal_operand(lit), None
 
     def run_node(self, node: Node, invals: Sequence):
-        from ._autodiff import _bind, type_of
-        from ._trace import emitting_for
-
         args = [v for v, _ in invals]
         dims = [d for _, d in invals]
         prim = node.primitive
         with emitting_for(node.source):
             if all(d is None for d in dims):
-                return [(o, None) for o in _bind(prim, args, dict(node.params))]
+                return [(o, None) for o in _bind_node(prim, args, dict(node.params))]
             rule = prim.batch_rule
             if rule is None:
                 rule = fallback_rule(prim)
@@ -172,7 +173,6 @@ def elementwise_rule(prim: Primitive):
     the result's rank, so that the batch axis lines up; unbatched operands
     broadcast from the right as before."""
     def rule(args, dims, **params):
-        snp = _snp()
         ranks = [len(a.shape) - (d is not None) for a, d in zip(args, dims)]
         r = max(ranks)
         ops = []
@@ -181,8 +181,8 @@ def elementwise_rule(prim: Primitive):
                 ops.append(a)
                 continue
             a = to_front(a, d)
-            ops.append(a if k == r else snp.reshape(a, (a.shape[0],) + (1,) * (r - k)
-                                                    + tuple(a.shape[1:])))
+            ops.append(a if k == r else _bind("reshape", a, shape=(a.shape[0],) + (1,) * (r - k)
+                                              + tuple(a.shape[1:])))
         return prim.bind(*ops, **params), 0
     return rule
 
@@ -243,8 +243,6 @@ def batch_body(graph, batched: Sequence[bool], size: int,
     or `force` asks for one (an unbatched value is then broadcast). A loop
     asks for its carries' batch axes to be a fixed point by forcing the
     carries that enter batched."""
-    from ._trace import trace_flat
-
     in_types = [batched_type(t, size) if b else t for t, b in zip(graph.in_types, batched)]
     force = list(force or ())
     force += [False] * (len(graph.outputs) - len(force))
@@ -280,3 +278,8 @@ def front_where(args, dims, flags, size: int) -> list:
     """The operands of a batched body node: those flagged batched with their
     batch axis first (broadcast if they have none), the others as they are."""
     return [batched_front(a, d, size) if f else a for a, d, f in zip(args, dims, flags)]
+
+
+# the batch rules of the autodiff layer's own primitives
+add_any_p.def_batch(front_rule(add_any_p))
+jvp_primal_p.def_batch(lambda args, dims: (jvp_primal_p.bind(args[0]), dims[0]))

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from ..errors import SciadError
 from ._core import Atom, Graph, Literal, Node, Var
+from ._print import format_node
 
 
 class Interpreter:
@@ -57,7 +58,5 @@ class Interpreter:
 
 def node_error(cls, node: Node, err: BaseException, what: str) -> SciadError:
     """`err` re-raised as `cls`, with the node's printed line and source."""
-    from ._print import format_node
-
     msg = f"{what} failed: {type(err).__name__}: {err}\n  while running: {format_node(node)}"
     return cls(msg, op=node.primitive.name, source=node.source)

@@ -17,12 +17,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._traceback import api_boundary
 from .. import errors as _errors
-from ..errors import LoweringError, MissingRuleError, SciadError
+from .._traceback import api_boundary
+from ..config import x64_scope
+from ..errors import DTypeError, LoweringError, MissingRuleError, SciadError, ShapeError, reraise
 from ._core import Graph, Node
 from ._interpret import Interpreter, node_error
-from ._types import TensorType, runtime_type
+from ._print import format_node
+from ._types import SparseArray, TensorType, holds_tuple, leaf_types, runtime_type
 
 
 @dataclass(frozen=True)
@@ -38,8 +40,6 @@ class Site:
 
     @classmethod
     def of(cls, node) -> "Site":
-        from ._print import format_node
-
         return cls(node.primitive.name, node.source, format_node(node))
 
     def fail(self, cls: type, message: str, **extra):
@@ -127,9 +127,6 @@ def evaluate(graph: Graph, *args) -> list:
     the input, not a program compiled for other types. An error found by a
     run-time check (a singular matrix, a solver that did not converge) is
     raised as the sciad error it names."""
-    from ..config import x64_scope
-    from ..errors import reraise
-
     args = _checked_args(graph, args)
     with x64_scope():
         try:
@@ -139,9 +136,6 @@ def evaluate(graph: Graph, *args) -> list:
 
 
 def _checked_args(graph: Graph, args) -> list:
-    from ..errors import DTypeError, ShapeError
-    from ._types import SparseArray, holds_tuple, leaf_types
-
     if len(args) != len(graph.inputs):
         raise TypeError(f"evaluate: graph {graph.name!r} takes {len(graph.inputs)} inputs, "
                         f"got {len(args)}.")

@@ -24,6 +24,7 @@ import types
 import typing
 from types import MappingProxyType
 from typing import Any, Mapping
+from ..errors import RegistrationError
 
 __all__ = ["Param", "REQUIRED"]
 
@@ -165,14 +166,10 @@ class Param:
     def __init__(self, type, default=REQUIRED):
         problem = _spec_problem(type)
         if problem is not None:
-            from ..errors import RegistrationError
-
             raise RegistrationError(f"{problem}.", op="Param")
         self.type = type
         self.default = default
         if default is not REQUIRED and not _matches(default, type):
-            from ..errors import RegistrationError
-
             raise RegistrationError(f"the default {describe_value(default)} does not "
                                     f"match the declared type {describe(type)}.", op="Param")
 
@@ -206,7 +203,6 @@ def as_declaration(op: str, params: Mapping[str, Any] | None) -> Mapping[str, Pa
     """A `params=` mapping as `{name: Param}` (bare type specs made required)."""
     if params is None:
         return None
-    from ..errors import RegistrationError
 
     if not isinstance(params, Mapping):
         raise RegistrationError(f"`params` must map param names to `Param`s or types, "

@@ -34,7 +34,9 @@ import jax
 import numpy as np
 import scipy.sparse as sp
 
+from ..config import x64_scope
 from ..errors import ShapeError, SparsityWarning
+from ._autodiff import add_any_p, jvp_primal_p
 from ._core import Graph, Literal, Node
 from ._interpret import Interpreter
 from ._types import AbstractType, BatchedType, FactorType, SparseType, TensorType
@@ -316,8 +318,6 @@ def _constant(node: Node, invals: Sequence[Deps]):
                    for v in node.outputs):
         return None
     try:
-        from ..config import x64_scope
-
         with x64_scope(), jax.ensure_compile_time_eval():
             res = prim.impl_rule(*(d.value for d in invals), **node.params)
         res = res if prim.multiple_results else (res,)
@@ -385,8 +385,6 @@ def moves(impl: Callable, **fixed):
     **params)` on element ids (see `by_ids`), `fixed` overriding params (a
     pad's fill value: -1, no dependence)."""
     def rule(outs, *deps, **params):
-        from ..config import x64_scope
-
         def on_ids(*ids):
             with x64_scope(), jax.ensure_compile_time_eval():
                 return np.asarray(impl(*map(jax.numpy.asarray, ids), **{**params, **fixed}))
@@ -477,3 +475,8 @@ def any_slice(out: sp.csr_matrix, n: int, x: sp.csr_matrix) -> sp.csr_matrix:
     t = np.arange(x.shape[0], dtype=np.int64)
     fold = sp.csr_matrix((np.ones(t.size, bool), (t % K, t)), shape=(K, t.size))
     return union(real, _bool(_bool(out[:, n:]) @ _bool(fold @ x)))
+
+
+# the sparsity rules of the autodiff layer's own primitives
+add_any_p.def_sparsity(lambda outs, x, y: elementwise(outs[0], x, y))
+jvp_primal_p.def_sparsity(lambda outs, x: x.matrix)

@@ -16,9 +16,12 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from .. import config
 from .._traceback import api_boundary
-from ..errors import DTypeError, SciadError, TracerError
+from ..config import x64_scope
+from ..errors import DTypeError, MissingRuleError, SciadError, TracerError, reraise
 from ._core import Graph, Literal, Node, Primitive, Var
+from ._lower import Site
 from ._source import SourceInfo, source_from_traceback, user_source
 from ._types import AbstractType, SparseArray, SparseType, TensorType
 
@@ -377,9 +380,6 @@ def _abstract_eval(prim: Primitive, in_types, params):
 
 def _eager(prim: Primitive, args, params):
     """Runs `prim` on concrete values; the shape rule still checks them first."""
-    from ..config import x64_scope
-    from ..errors import MissingRuleError
-
     _check_params(prim, params)
     types, values = [], []
     for a in args:
@@ -397,8 +397,6 @@ def _eager(prim: Primitive, args, params):
             op=prim.name)
     with x64_scope():
         if prim.runtime_checks:
-            from ._lower import Site
-
             out = _run_checked(prim, values, params, Site(prim.name, current_source()))
         else:
             out = prim.impl_rule(*values, **params)
@@ -416,8 +414,6 @@ def _run_checked(prim: Primitive, values, params, site):
     solvers are many small ops), its result waited for, and a failed check
     raised as the sciad error it names (not JAX's runtime error carrying
     its text)."""
-    from ..errors import reraise
-
     key = (prim, tuple(sorted(params.items())), site)
     try:
         fn = _EAGER_CHECKED.get(key)
@@ -565,7 +561,6 @@ def trace(fn: Callable, *args, static_argnums: int | Sequence[int] = (), **kwarg
     if isinstance(static_argnums, int):
         static_argnums = (static_argnums,)
     graph, _, _ = trace_flat(fn, args, kwargs, static_argnums=static_argnums)
-    from .. import config
 
     if config.enable_checks:
         graph.verify()

@@ -11,7 +11,10 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
 import numpy as np
+
+from ..errors import DTypeError, InvalidOptionError, SerializationError, ShapeError
 
 _SHORT = {
     "float16": "f16",
@@ -53,8 +56,6 @@ def canonical_dtype(dtype) -> np.dtype:
     """The dtypes sciad supports: NumPy's bool, integer, float and complex."""
     dtype = np.dtype(dtype)
     if dtype.name not in _SHORT:
-        from ..errors import DTypeError
-
         raise DTypeError(
             f"dtype {dtype} is not supported; use one of "
             f"{', '.join(sorted(_SHORT))}."
@@ -96,8 +97,6 @@ class TensorType(AbstractType):
     def __post_init__(self):
         shape = tuple(int(d) for d in self.shape)
         if any(d < 0 for d in shape):
-            from ..errors import ShapeError
-
             raise ShapeError(f"TensorType: negative dimension in shape {shape}.")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
@@ -157,8 +156,6 @@ def _shown(data, limit: int = 120) -> str:
 
 
 def type_from_json(data: dict) -> AbstractType:
-    from ..errors import SerializationError
-
     try:
         decode = _TYPE_KINDS[data["kind"]]
     except (KeyError, TypeError):
@@ -190,8 +187,6 @@ class Pattern:
     __slots__ = ("shape", "indptr", "indices", "_key", "_cache", "__weakref__")
 
     def __init__(self, shape, indptr, indices):
-        from ..errors import ShapeError
-
         shape = tuple(int(d) for d in shape)
         indptr = np.array(indptr, dtype=np.int64).ravel()
         indices = np.array(indices, dtype=np.int64).ravel()
@@ -325,8 +320,6 @@ class Pattern:
     def from_coo(cls, shape, row, col) -> tuple["Pattern", np.ndarray]:
         """The canonical pattern of COO coordinates (duplicates merged) and, for
         each input entry, its data index in that pattern."""
-        from ..errors import ShapeError
-
         shape = tuple(int(d) for d in shape)
         row = np.asarray(row).ravel()
         col = np.asarray(col).ravel()
@@ -352,14 +345,14 @@ class Pattern:
         return cls(shape, indptr, u_cols), dest.astype(np.int64).ravel()
 
     def to_json(self) -> dict:
-        from ._serialize import _encode_array
+        from ._serialize import _encode_array  # (here: _serialize imports this module)
 
         return {"shape": list(self.shape), "indptr": _encode_array(self.indptr),
                 "indices": _encode_array(self.indices)}
 
     @classmethod
     def from_json(cls, d: dict) -> "Pattern":
-        from ._serialize import _charge, _decode_array, _decode_shape
+        from ._serialize import _charge, _decode_array, _decode_shape  # (a cycle, as above)
 
         shape = _decode_shape(d["shape"], "a sparse pattern", limit="dim")
         if len(shape) == 2:  # (else the constructor says what is wrong)
@@ -384,8 +377,6 @@ class SparseType(AbstractType):
     tags: frozenset = field(default=frozenset())
 
     def __post_init__(self):
-        from ..errors import InvalidOptionError, ShapeError
-
         if not isinstance(self.pattern, Pattern):
             raise ShapeError(f"SparseType needs a Pattern, got {self.pattern!r}.",
                              op="sparse")
@@ -470,8 +461,6 @@ class SparseArray:
     __array_priority__ = 1000
 
     def __init__(self, data, type: SparseType):
-        from ..errors import ShapeError
-
         if not isinstance(type, SparseType):
             raise ShapeError(f"SparseArray needs a SparseType, got {type!r}.", op="sparse")
         shape = tuple(getattr(data, "shape", np.shape(data)))
@@ -493,8 +482,6 @@ class SparseArray:
 
 
 def _register_sparse_pytree():
-    import jax
-
     jax.tree_util.register_pytree_node(
         SparseArray, lambda s: ((s.data,), s.type), lambda t, c: SparseArray(c[0], t))
 

@@ -6,9 +6,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import ShapeError
+from .. import _ops as ops
+from ..errors import NotSupportedError, ShapeError
 from ..graph import Primitive, TensorType, Zero, add_tangents, is_linear
-from ._util import broadcast_shapes, same_dtype, snp, tensor, unbroadcast
+from ..graph._batch import to_front
+from ..graph._cost import Cost, size
+from ..graph._sparsity import contraction
+from ._util import broadcast_shapes, same_dtype, tensor, unbroadcast
 
 matmul_p = Primitive("matmul", params={})
 
@@ -134,15 +138,15 @@ def _matmul_transpose(ct, a, b):
     # vector `b` a k x 1 column; the cotangent gets the matching unit axes.
     a2 = (1,) + a_shape if len(a_shape) == 1 else a_shape
     b2 = b_shape + (1,) if len(b_shape) == 1 else b_shape
-    ct2 = snp.expand_dims(ct, -2) if len(a_shape) == 1 else ct
-    ct2 = snp.expand_dims(ct2, -1) if len(b_shape) == 1 else ct2
+    ct2 = ops.expand_dims(ct, -2) if len(a_shape) == 1 else ct
+    ct2 = ops.expand_dims(ct2, -1) if len(b_shape) == 1 else ct2
     if is_linear(a):
-        b_val = snp.reshape(b, b2)
-        ct_a = matmul_p.bind(ct2, snp.swapaxes(b_val, -1, -2))
-        return snp.reshape(unbroadcast(ct_a, a2), a_shape), None
-    a_val = snp.reshape(a, a2)
-    ct_b = matmul_p.bind(snp.swapaxes(a_val, -1, -2), ct2)
-    return None, snp.reshape(unbroadcast(ct_b, b2), b_shape)
+        b_val = ops.reshape(b, b2)
+        ct_a = matmul_p.bind(ct2, ops.swapaxes(b_val, -1, -2))
+        return ops.reshape(unbroadcast(ct_a, a2), a_shape), None
+    a_val = ops.reshape(a, a2)
+    ct_b = matmul_p.bind(ops.swapaxes(a_val, -1, -2), ct2)
+    return None, ops.reshape(unbroadcast(ct_b, b2), b_shape)
 
 
 @einsum_p.def_transpose
@@ -153,11 +157,9 @@ def _einsum_transpose(ct, *xs, spec):
     (i,) = lin
     term = ins[i]
     if len(set(term)) != len(term):
-        from ..errors import NotSupportedError
-
         raise NotSupportedError(
             f"reverse mode through a repeated subscript in one operand ({spec!r}, a "
-            "diagonal) is not supported; multiply by `snp.eye` instead.", op="einsum")
+            "diagonal) is not supported; multiply by `ops.eye` instead.", op="einsum")
     others = [(t, x) for j, (t, x) in enumerate(zip(ins, xs)) if j != i]
     avail = set(out).union(*[set(t) for t, _ in others])
     target = "".join(c for c in term if c in avail)
@@ -165,7 +167,7 @@ def _einsum_transpose(ct, *xs, spec):
     res = einsum_p.bind(*[x for _, x in others], ct, spec=spec_t)
     if target != term:  # letters summed in this operand alone: broadcast back
         shape = tuple(d if c in avail else 1 for c, d in zip(term, xs[i].shape))
-        res = snp.broadcast_to(snp.reshape(res, shape), tuple(xs[i].shape))
+        res = ops.broadcast_to(ops.reshape(res, shape), tuple(xs[i].shape))
     cts: list = [None] * len(xs)
     cts[i] = res
     return tuple(cts)
@@ -176,8 +178,6 @@ def _einsum_transpose(ct, *xs, spec):
 
 @matmul_p.def_cost
 def _matmul_cost(node, body):
-    from ..graph._cost import Cost, size
-
     a = node.inputs[0].type
     k = a.shape[-1] if a.shape else 1
     return Cost(2.0 * size(node.outputs[0].type) * k)
@@ -185,8 +185,6 @@ def _matmul_cost(node, body):
 
 @einsum_p.def_cost
 def _einsum_cost(node, body):
-    from ..graph._cost import Cost
-
     ins, _ = node.params["spec"].split("->")
     dims: dict[str, int] = {}
     for letters, a in zip(ins.split(","), node.inputs):
@@ -203,22 +201,19 @@ def _einsum_cost(node, body):
 # added axes are dropped from the result.
 
 def _install_batch_rules() -> None:
-    from ..graph._batch import to_front
-    from ._util import snp
-
     def einsum_rule(args, dims, *, spec):
         ins, out = parse_spec(spec, len(args))
         z = next(c for c in "zyxwvutsrqponmlkjihgfedcbaZYXWVUTSRQPONMLKJIHGFEDCBA"
                  if c not in spec)
-        ops, subs = [], []
+        operands, subs = [], []
         for a, d, s in zip(args, dims, ins):
             if d is None:
-                ops.append(a)
+                operands.append(a)
                 subs.append(s)
             else:
-                ops.append(to_front(a, d))
+                operands.append(to_front(a, d))
                 subs.append(z + s)
-        return einsum_p.bind(*ops, spec=",".join(subs) + "->" + z + out), 0
+        return einsum_p.bind(*operands, spec=",".join(subs) + "->" + z + out), 0
 
     def matmul_rule(args, dims):
         (a, b), (da, db) = args, dims
@@ -230,25 +225,25 @@ def _install_batch_rules() -> None:
             x = to_front(x, d) if d is not None else x
             lead = tuple(x.shape[:-1])
             k = x.shape[-1]
-            return snp.reshape(x, lead + ((1, k) if where == "row" else (k, 1))), \
+            return ops.reshape(x, lead + ((1, k) if where == "row" else (k, 1))), \
                 (None if d is None else 0)
 
         a, da = two_d(a, da, ra, "row")
         b, db = two_d(b, db, rb, "col")
         n = max(len(a.shape) - (da is not None), len(b.shape) - (db is not None)) - 2
-        ops = []
+        operands = []
         for x, d in ((a, da), (b, db)):
             if d is None:
-                ops.append(x)
+                operands.append(x)
                 continue
             x = to_front(x, d)
             k = len(x.shape) - 3
-            ops.append(snp.reshape(x, (x.shape[0],) + (1,) * (n - k) + tuple(x.shape[1:])))
-        out = matmul_p.bind(*ops)
+            operands.append(ops.reshape(x, (x.shape[0],) + (1,) * (n - k) + tuple(x.shape[1:])))
+        out = matmul_p.bind(*operands)
         if ra == 1:
-            out = snp.squeeze(out, axis=-2)
+            out = ops.squeeze(out, axis=-2)
         if rb == 1:
-            out = snp.squeeze(out, axis=-1)
+            out = ops.squeeze(out, axis=-1)
         return out, 0
 
     einsum_p.def_batch(einsum_rule)
@@ -268,15 +263,11 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 @einsum_p.def_sparsity
 def _einsum_sparsity(outs, *deps, spec):
-    from ..graph._sparsity import contraction
-
     return contraction(outs[0], spec, *deps)
 
 
 @matmul_p.def_sparsity
 def _matmul_sparsity(outs, a, b):
-    from ..graph._sparsity import contraction
-
     batch = len(outs[0].shape) - (len(a.shape) >= 2) - (len(b.shape) >= 2)
     lb = _LETTERS[:batch]
     m, j, k = "xyz"

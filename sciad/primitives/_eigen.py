@@ -43,13 +43,18 @@ closer eigenvalues have eigenvectors whose derivatives would be larger than
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _ops as ops
 from ..errors import (DTypeError, DegenerateEigenvalueError, InvalidOptionError,
                       NonFiniteError, ShapeError, plain)
-from ..graph import Param, Primitive, TensorType, instantiate, is_linear, is_zero
+from ..errors import NotPositiveDefiniteError, SingularMatrixError
+from ..graph import Param, Primitive, Site, TensorType, instantiate, is_linear, is_zero
 from ..graph._batch import front_rule
+from ..graph._cost import Cost, size
+from ..graph._sparsity import along
 from ._checks import check as host_check, tie
 
 eigh_p = Primitive("linalg.eigh", multiple_results=True,
@@ -151,8 +156,6 @@ def _random_cluster_bases(w, v, tol: float):
     cluster's vectors then satisfy `A v = v w` to its spread (at most
     `degenerate_tol * max|w|`) rather than to rounding: vectors of a cluster
     are that ill-determined anyway (only their span is not)."""
-    import jax
-
     n = w.shape[-1]
     if n < 2:
         return v
@@ -162,35 +165,30 @@ def _random_cluster_bases(w, v, tol: float):
 
 
 def _swap(x):
-    from .. import numpy as snp
-
-    return snp.swapaxes(x, -1, -2)
+    return ops.swapaxes(x, -1, -2)
 
 
 def _gaps(w, tol: float):
     """`F`: `1 / (w_j - w_i)` for eigenvalues of different clusters, 0 inside
     a cluster (and on the diagonal)."""
-    from .. import numpy as snp
-
-    d = snp.expand_dims(w, -2) - snp.expand_dims(w, -1)  # d_ij = w_j - w_i
-    scale = snp.max(snp.abs(w), axis=-1, keepdims=True)
-    apart = snp.abs(d) > tol * snp.expand_dims(scale, -1)
-    return snp.where(apart, 1.0 / snp.where(apart, d, 1.0), 0.0)
+    d = ops.expand_dims(w, -2) - ops.expand_dims(w, -1)  # d_ij = w_j - w_i
+    scale = ops.max(ops.abs(w), axis=-1, keepdims=True)
+    apart = ops.abs(d) > tol * ops.expand_dims(scale, -1)
+    return ops.where(apart, 1.0 / ops.where(apart, d, 1.0), 0.0)
 
 
 @eigh_p.def_jvp
 def _eigh_jvp(primals, tangents, *, degenerate_tol):
     # A v = v diag(w): with C = v^H dA v, dw = diag(C), v^H dv = F o C (above)
-    from .. import numpy as snp
 
     (a,), (da,) = primals, tangents
     w, v = eigh_p.bind(a, degenerate_tol=degenerate_tol)
     da = instantiate(da)
-    dh = (da + snp.conj(_swap(da))) / 2
-    dhv = snp.matmul(dh, v)
-    dw = snp.real(snp.sum(snp.conj(v) * dhv, axis=-2))
-    c = snp.matmul(snp.conj(_swap(v)), dhv)
-    dv = snp.matmul(v, _gaps(w, degenerate_tol) * c)
+    dh = (da + ops.conj(_swap(da))) / 2
+    dhv = ops.matmul(dh, v)
+    dw = ops.real(ops.sum(ops.conj(v) * dhv, axis=-2))
+    c = ops.matmul(ops.conj(_swap(v)), dhv)
+    dv = ops.matmul(v, _gaps(w, degenerate_tol) * c)
     dw, dv = eigh_guard_p.bind(dw, dv, w, v, degenerate_tol=degenerate_tol, check=False)
     return (w, v), (dw, dv)
 
@@ -292,8 +290,6 @@ def _clusters(w: np.ndarray, tol: float) -> list[tuple[int, int]]:
 def _judge_gauge(site, *, op, tol, complex_, values_used, vectors_used, w_bar, v, v_bar, w,
                  edge=None):
     """Host side, for each matrix of a stack (see the module docstring)."""
-    from ..graph import Site
-
     site = Site(op, site.source, site.text)  # (the user's op, not the guard)
     w, w_bar = np.asarray(w), np.asarray(w_bar)
     g = np.matmul(np.swapaxes(np.asarray(v), -1, -2), np.asarray(v_bar))  # v^T v_bar
@@ -407,12 +403,6 @@ def _fail_cluster(site, w, i, j, tol, what):
 # the divided-difference (Daleckii-Krein) rule, smooth at repeated eigenvalues
 
 
-def _snp():
-    from .. import numpy as snp
-
-    return snp
-
-
 # f, f' (in sciad ops or jnp: both work on either), and the domain of f
 FUNCTIONS = {
     "exp": (lambda x, m: m.exp(x), lambda x, m: m.exp(x), None),
@@ -450,8 +440,6 @@ def _apply_impl(a, *, fn, degenerate_tol, site=None):
 
 
 def _judge_domain(site, *, fn, domain, smallest):
-    from ..errors import NotPositiveDefiniteError, SingularMatrixError
-
     low = float(np.min(smallest))
     if np.isnan(low):
         site.fail(NonFiniteError, f"`{fn}` of a matrix (`funm_hermitian`'s `A`, or the `B` of "
@@ -467,30 +455,28 @@ def _judge_domain(site, *, fn, domain, smallest):
 def _divided_differences(w, fn: str, tol: float):
     """`D_ij = (f(w_i) - f(w_j)) / (w_i - w_j)`, and `f'` at the mean where
     the two are within `tol * max|w|` (the limit; exact at repeated ones)."""
-    snp = _snp()
     f, df, _ = FUNCTIONS[fn]
-    fw = f(w, snp)
-    d = snp.expand_dims(w, -1) - snp.expand_dims(w, -2)
-    scale = snp.max(snp.abs(w), axis=-1, keepdims=True)
-    apart = snp.abs(d) > tol * snp.expand_dims(scale, -1)
-    diff = (snp.expand_dims(fw, -1) - snp.expand_dims(fw, -2)) / snp.where(apart, d, 1.0)
-    mean = (snp.expand_dims(w, -1) + snp.expand_dims(w, -2)) / 2
-    return snp.where(apart, diff, df(mean, snp))
+    fw = f(w, ops)
+    d = ops.expand_dims(w, -1) - ops.expand_dims(w, -2)
+    scale = ops.max(ops.abs(w), axis=-1, keepdims=True)
+    apart = ops.abs(d) > tol * ops.expand_dims(scale, -1)
+    diff = (ops.expand_dims(fw, -1) - ops.expand_dims(fw, -2)) / ops.where(apart, d, 1.0)
+    mean = (ops.expand_dims(w, -1) + ops.expand_dims(w, -2)) / 2
+    return ops.where(apart, diff, df(mean, ops))
 
 
 @eigh_apply_p.def_jvp
 def _apply_jvp(primals, tangents, *, fn, degenerate_tol):
     # F = v f(w) v^H: dF = v (D o C) v^H, C = v^H dA v (Daleckii-Krein)
-    snp = _snp()
     (a,), (da,) = primals, tangents
     out = eigh_apply_p.bind(a, fn=fn, degenerate_tol=degenerate_tol)
     w, v = eigh_p.bind(a, degenerate_tol=degenerate_tol)
     da = instantiate(da)
-    dh = (da + snp.conj(_swap(da))) / 2
-    vh = snp.conj(_swap(v))
-    c = snp.matmul(snp.matmul(vh, dh), v)
+    dh = (da + ops.conj(_swap(da))) / 2
+    vh = ops.conj(_swap(v))
+    c = ops.matmul(ops.matmul(vh, dh), v)
     dd = _divided_differences(w, fn, degenerate_tol)
-    return out, snp.matmul(snp.matmul(v, dd * c), vh)
+    return out, ops.matmul(ops.matmul(v, dd * c), vh)
 
 
 eigh_apply_p.def_batch(front_rule(eigh_apply_p))
@@ -498,8 +484,6 @@ eigh_apply_p.def_batch(front_rule(eigh_apply_p))
 
 @eigh_apply_p.def_cost
 def _apply_cost(node, body):
-    from ..graph._cost import Cost, size
-
     t = node.inputs[0].type
     n = t.shape[-1]
     per = (9.0 * n ** 3 + 2.0 * n ** 3) * (4.0 if t.dtype.kind == "c" else 1.0)
@@ -518,14 +502,13 @@ def eigh(a, b=None, degenerate_tol: float | None = None):
     SciPy's): with `S = b^(-1/2)` (a spectral function of `b`, one
     `eigh_apply` node, smooth at repeated eigenvalues of `b`), the eigenpairs
     `(w, y)` of `S a S` give `v = S y`."""
-    snp = _snp()
     dtype = np.result_type(getattr(a, "dtype", np.float64), np.float32)
     tol = default_tol(dtype) if degenerate_tol is None else float(degenerate_tol)
     if b is None:
         return eigh_p.bind(a, degenerate_tol=tol)
     half = eigh_apply_p.bind(b, fn="inv_sqrt", degenerate_tol=default_tol(dtype))
-    w, y = eigh_p.bind(snp.matmul(snp.matmul(half, a), half), degenerate_tol=tol)
-    return w, snp.matmul(half, y)
+    w, y = eigh_p.bind(ops.matmul(ops.matmul(half, a), half), degenerate_tol=tol)
+    return w, ops.matmul(half, y)
 
 
 @eigh_p.def_cost
@@ -533,7 +516,6 @@ def _eigh_cost(node, body):
     # LAPACK's divide-and-conquer syevd/heevd with vectors: about 9 n^3 real
     # FLOPs per matrix (4/3 n^3 for the tridiagonal reduction, the rest for
     # the vectors), 4x that for complex
-    from ..graph._cost import Cost, size
 
     t = node.inputs[0].type
     n = t.shape[-1]
@@ -545,7 +527,6 @@ def _eigh_cost(node, body):
 def _guard_cost(node, body):
     # an identity; checked: the eigenvalues' gaps (v^T v_bar on the host,
     # only where a cluster is)
-    from ..graph._cost import Cost, size
 
     if not node.params["check"]:
         return Cost(0.0)
@@ -562,8 +543,6 @@ def per_matrix_sparsity(outs, a, **params):
     """The sparsity rule of a decomposition of a stack of matrices `a`: each
     output (a stack of vectors or of matrices) depends on every entry of its
     own matrix."""
-    from ..graph._sparsity import along
-
     return [along(t, a, (-2, -1), (-1,) if t.ndim == len(a.shape) - 1 else (-2, -1))
             for t in outs]
 

@@ -15,15 +15,18 @@ import functools
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _ops as ops
+from .._ops import BINARY as BINARY, UNARY as UNARY
 from ..errors import DTypeError
 from ..graph import Primitive, TensorType, Zero, add_tangents, instantiate, is_linear
+from ..graph._batch import elementwise_rule
+from ..graph._sparsity import elementwise
 from ._creation import is_constant
 from ._util import (
     broadcast_shapes,
     broadcast_tangent,
     if_same_type,
     same_dtype,
-    snp,
     tensor,
     unbroadcast,
 )
@@ -42,18 +45,6 @@ def ufunc_out_dtype(ufunc: np.ufunc, dtypes: tuple[np.dtype, ...]) -> np.dtype |
     return loop[-1]
 
 
-def _real_dtype(dtype: np.dtype) -> np.dtype:
-    return np.finfo(dtype).dtype if dtype.kind == "c" else dtype
-
-
-def _float_or_complex_rule(name: str):
-    def rule(dtype: np.dtype) -> np.dtype:
-        if dtype.kind not in "fc":
-            raise DTypeError(f"expects a float or complex operand, got {dtype}.", op=name)
-        return _real_dtype(dtype)
-    return rule
-
-
 def _ufunc_rule(name: str, ufunc: np.ufunc):
     def rule(*dtypes: np.dtype) -> np.dtype:
         out = ufunc_out_dtype(ufunc, dtypes)
@@ -65,61 +56,6 @@ def _ufunc_rule(name: str, ufunc: np.ufunc):
         return out
     return rule
 
-
-# name -> (jax function, numpy ufunc or a dtype rule)
-UNARY = {
-    "neg": (jnp.negative, np.negative),
-    "exp": (jnp.exp, np.exp),
-    "log": (jnp.log, np.log),
-    "log1p": (jnp.log1p, np.log1p),
-    "expm1": (jnp.expm1, np.expm1),
-    "sin": (jnp.sin, np.sin),
-    "cos": (jnp.cos, np.cos),
-    "tan": (jnp.tan, np.tan),
-    "arcsin": (jnp.arcsin, np.arcsin),
-    "arccos": (jnp.arccos, np.arccos),
-    "arctan": (jnp.arctan, np.arctan),
-    "sinh": (jnp.sinh, np.sinh),
-    "cosh": (jnp.cosh, np.cosh),
-    "tanh": (jnp.tanh, np.tanh),
-    "sqrt": (jnp.sqrt, np.sqrt),
-    "abs": (jnp.abs, np.absolute),
-    "sign": (jnp.sign, np.sign),
-    "square": (jnp.square, np.square),
-    "floor": (jnp.floor, np.floor),
-    "ceil": (jnp.ceil, np.ceil),
-    "conj": (jnp.conj, np.conjugate),
-    "isfinite": (jnp.isfinite, np.isfinite),
-    "logical_not": (jnp.logical_not, np.logical_not),
-    "invert": (jnp.invert, np.invert),
-    "real": (jnp.real, _float_or_complex_rule("real")),
-    "imag": (jnp.imag, _float_or_complex_rule("imag")),
-    "angle": (jnp.angle, _float_or_complex_rule("angle")),
-}
-
-BINARY = {
-    "add": (jnp.add, np.add),
-    "sub": (jnp.subtract, np.subtract),
-    "mul": (jnp.multiply, np.multiply),
-    "div": (jnp.true_divide, np.true_divide),
-    "floor_divide": (jnp.floor_divide, np.floor_divide),
-    "remainder": (jnp.remainder, np.remainder),
-    "pow": (jnp.power, np.power),
-    "maximum": (jnp.maximum, np.maximum),
-    "minimum": (jnp.minimum, np.minimum),
-    "arctan2": (jnp.arctan2, np.arctan2),
-    "eq": (jnp.equal, np.equal),
-    "ne": (jnp.not_equal, np.not_equal),
-    "lt": (jnp.less, np.less),
-    "le": (jnp.less_equal, np.less_equal),
-    "gt": (jnp.greater, np.greater),
-    "ge": (jnp.greater_equal, np.greater_equal),
-    "logical_and": (jnp.logical_and, np.logical_and),
-    "logical_or": (jnp.logical_or, np.logical_or),
-    "bitwise_and": (jnp.bitwise_and, np.bitwise_and),
-    "bitwise_or": (jnp.bitwise_or, np.bitwise_or),
-    "bitwise_xor": (jnp.bitwise_xor, np.bitwise_xor),
-}
 
 # NumPy orders complex numbers lexicographically; XLA has no such order, so
 # these reject complex operands instead of disagreeing with NumPy.
@@ -218,19 +154,19 @@ def _convert_impl(x, *, dtype):
 
 def _abs_jvp(x, y, t):
     if x.dtype.kind != "c":
-        return t * snp.sign(x)
+        return t * ops.sign(x)
     # d|z| = Re(conj(z) dz) / |z|, taken as 0 at z = 0
-    safe = snp.where(y == 0, 1.0, y)
-    return snp.where(y == 0, 0.0, snp.real(snp.conj(x) * t) / safe)
+    safe = ops.where(y == 0, 1.0, y)
+    return ops.where(y == 0, 0.0, ops.real(ops.conj(x) * t) / safe)
 
 
 def _sign_jvp(x, y, t):
     if x.dtype.kind != "c":
         return Zero(TensorType(x.shape, x.dtype))
     # s = z/|z|: ds = (dz - s Re(conj(s) dz)) / |z|, taken as 0 at z = 0
-    r = snp.abs(x)
-    safe = snp.where(r == 0, 1.0, r)
-    return snp.where(r == 0, 0.0, (t - y * snp.real(snp.conj(y) * t)) / safe)
+    r = ops.abs(x)
+    safe = ops.where(r == 0, 1.0, r)
+    return ops.where(r == 0, 0.0, (t - y * ops.real(ops.conj(y) * t)) / safe)
 
 
 def _zero_jvp(x, y, t):
@@ -240,11 +176,11 @@ def _zero_jvp(x, y, t):
 def _angle_jvp(x, y, t):
     if x.dtype.kind != "c":
         return Zero(TensorType(y.shape, y.dtype))
-    return snp.imag(t / x)  # d arg(z) = Im(dz / z)
+    return ops.imag(t / x)  # d arg(z) = Im(dz / z)
 
 
 def _imag_jvp(x, y, t):
-    return snp.imag(t) if x.dtype.kind == "c" else Zero(TensorType(y.shape, y.dtype))
+    return ops.imag(t) if x.dtype.kind == "c" else Zero(TensorType(y.shape, y.dtype))
 
 
 _UNARY_JVP = {
@@ -253,14 +189,14 @@ _UNARY_JVP = {
     "log": lambda x, y, t: t / x,
     "log1p": lambda x, y, t: t / (1 + x),
     "expm1": lambda x, y, t: t * (y + 1),
-    "sin": lambda x, y, t: t * snp.cos(x),
-    "cos": lambda x, y, t: -(t * snp.sin(x)),
+    "sin": lambda x, y, t: t * ops.cos(x),
+    "cos": lambda x, y, t: -(t * ops.sin(x)),
     "tan": lambda x, y, t: t * (1 + y * y),
-    "arcsin": lambda x, y, t: t / snp.sqrt(1 - x * x),
-    "arccos": lambda x, y, t: -(t / snp.sqrt(1 - x * x)),
+    "arcsin": lambda x, y, t: t / ops.sqrt(1 - x * x),
+    "arccos": lambda x, y, t: -(t / ops.sqrt(1 - x * x)),
     "arctan": lambda x, y, t: t / (1 + x * x),
-    "sinh": lambda x, y, t: t * snp.cosh(x),
-    "cosh": lambda x, y, t: t * snp.sinh(x),
+    "sinh": lambda x, y, t: t * ops.cosh(x),
+    "cosh": lambda x, y, t: t * ops.sinh(x),
     "tanh": lambda x, y, t: t * (1 - y * y),
     "sqrt": lambda x, y, t: t / (2 * y),
     "abs": _abs_jvp,
@@ -268,8 +204,8 @@ _UNARY_JVP = {
     "square": lambda x, y, t: t * (2 * x),
     "floor": _zero_jvp,
     "ceil": _zero_jvp,
-    "conj": lambda x, y, t: snp.conj(t),
-    "real": lambda x, y, t: snp.real(t),
+    "conj": lambda x, y, t: ops.conj(t),
+    "real": lambda x, y, t: ops.real(t),
     "imag": _imag_jvp,
     "angle": _angle_jvp,
 }
@@ -287,25 +223,25 @@ def _install_unary_rules() -> None:
         p.def_jvp(jvp)
 
     unary_primitives["neg"].def_transpose(lambda ct, x: (-ct,))
-    unary_primitives["conj"].def_transpose(lambda ct, x: (snp.conj(ct),))
+    unary_primitives["conj"].def_transpose(lambda ct, x: (ops.conj(ct),))
 
     # real: C -> R; its transpose embeds a real cotangent as complex (JAX's rule)
     @unary_primitives["real"].def_transpose
     def _real_transpose(ct, x):
-        return (snp.astype(ct, x.dtype),)
+        return (ops.astype(ct, x.dtype),)
 
     # imag: C -> R, Im(v) = Re(-i v), so the transpose is -i times the cotangent
     @unary_primitives["imag"].def_transpose
     def _imag_transpose(ct, x):
         if x.dtype.kind != "c":
             return (None,)
-        return (snp.astype(ct, x.dtype) * np.asarray(-1j, x.dtype),)
+        return (ops.astype(ct, x.dtype) * np.asarray(-1j, x.dtype),)
 
 
 def _max_weight(x, y, greater):
     """1 where `x` wins, 0.5 on a tie, 0 where `y` wins."""
-    win = snp.greater(x, y) if greater else snp.less(x, y)
-    return snp.where(win, 1.0, snp.where(x == y, 0.5, 0.0)).astype(x.dtype)
+    win = ops.greater(x, y) if greater else ops.less(x, y)
+    return ops.where(win, 1.0, ops.where(x == y, 0.5, 0.0)).astype(x.dtype)
 
 
 def _binary_jvp_rules(x, y, tx, ty, out, name):
@@ -325,11 +261,11 @@ def _binary_jvp_rules(x, y, tx, ty, out, name):
             # There the base is replaced by 1: at x = 0, x^(y-1) is infinite,
             # and the derivatives of this rule would multiply it by a zero.
             y0 = y == 0
-            base = snp.where(y0, 1.0, x).astype(x.dtype)
-            terms[0] = tx * snp.where(y0, 0.0, y * snp.power(base, y - 1)).astype(out.dtype)
+            base = ops.where(y0, 1.0, x).astype(x.dtype)
+            terms[0] = tx * ops.where(y0, 0.0, y * ops.power(base, y - 1)).astype(out.dtype)
         if not zy:  # d/dy x^y = log(x) x^y, taken as 0 where x == 0
-            safe = snp.where(x == 0, 1.0, x).astype(x.dtype)
-            terms[1] = ty * snp.where(x == 0, 0.0, snp.log(safe) * out).astype(out.dtype)
+            safe = ops.where(x == 0, 1.0, x).astype(x.dtype)
+            terms[1] = ty * ops.where(x == 0, 0.0, ops.log(safe) * out).astype(out.dtype)
         return terms
     if name in ("maximum", "minimum"):
         w = _max_weight(x, y, name == "maximum")
@@ -338,7 +274,7 @@ def _binary_jvp_rules(x, y, tx, ty, out, name):
         r2 = x * x + y * y
         return [None if zx else tx * y / r2, None if zy else -(ty * x / r2)]
     if name == "remainder":  # x mod y = x - y floor(x / y)
-        return [None if zx else tx, None if zy else -(ty * snp.floor_divide(x, y))]
+        return [None if zx else tx, None if zy else -(ty * ops.floor_divide(x, y))]
     if name == "floor_divide":
         return [None, None]
     raise AssertionError(f"no JVP for {name}")
@@ -406,7 +342,7 @@ def _select_jvp(primals, tangents):
 @select_p.def_transpose
 def _select_transpose(ct, c, x, y):
     assert not is_linear(c)
-    zero = snp.zeros_like(ct)
+    zero = ops.zeros_like(ct)
     return (None,
             unbroadcast(select_p.bind(c, ct, zero), x.shape) if is_linear(x) else None,
             unbroadcast(select_p.bind(c, zero, ct), y.shape) if is_linear(y) else None)
@@ -520,9 +456,6 @@ def _convert_simplify(node, producer):
 # Batch rules: every op here broadcasts its operands elementwise.
 
 def _install_batch_rules() -> None:
-    from ..graph._batch import elementwise_rule
-    from ..graph._sparsity import elementwise
-
     for p in (*unary_primitives.values(), *binary_primitives.values(), select_p, convert_p):
         p.def_batch(elementwise_rule(p))
         # Sparsity: each output element depends on the elements it is made from.

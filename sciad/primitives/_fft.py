@@ -46,6 +46,9 @@ import numpy as np
 
 from ..errors import DTypeError, InvalidOptionError, ShapeError
 from ..graph import Primitive, TensorType
+from ..graph._batch import front_rule, shift_axes
+from ..graph._cost import Cost, size
+from ..graph._sparsity import along
 from ._shape import _linear_jvp
 from ._util import INTS, normalize_axis, tensor
 
@@ -206,7 +209,6 @@ def _fft_simplify(node, producer):
 def _fft_cost(node, body):
     # 5 n log2 n real FLOPs per complex transform of length n (half for a
     # real one), over every transform in the batch
-    from ..graph._cost import Cost, size
 
     n = float(np.prod(node.params["lengths"])) if node.params["lengths"] else 1.0
     elems = max(size(node.inputs[0].type), size(node.outputs[0].type))
@@ -220,14 +222,10 @@ def _fft_cost(node, body):
 
 @fft_p.def_sparsity
 def _fft_sparsity(outs, x, *, kind, axes, lengths, norm):
-    from ..graph._sparsity import along
-
     return along(outs[0], x, axes)
 
 
 def _install_batch_rule() -> None:
-    from ..graph._batch import front_rule, shift_axes
-
     fft_p.def_batch(front_rule(fft_p, shift_axes("axes")))
 
 

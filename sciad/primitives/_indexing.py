@@ -10,115 +10,22 @@ or `None` (a new axis of size 1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.sparse as sp
 
+from .. import _ops as ops
+from .._ops import StaticIndex as StaticIndex, normalize_index as normalize_index
+from ..config import x64_scope
 from ..errors import DTypeError, IndexingError, ShapeError
-from ..graph import Primitive, TensorType, instantiate, is_linear, register_param_type, zeros
+from ..graph import Primitive, TensorType, instantiate, is_linear, zeros
 from ..graph._autodiff import type_of
+from ..graph._batch import batch_size_of, batched_front, to_front
+from ..graph._cost import Cost, size
+from ..graph._sparsity import _bool, _check_entries, moves, scatter_add, select_rows, union
+from ._take import batched_take
 from ._util import tensor
-
-
-@dataclass(frozen=True)
-class StaticIndex:
-    items: tuple
-
-    def __str__(self) -> str:
-        parts = []
-        for it in self.items:
-            if it is None:
-                parts.append("None")
-            elif isinstance(it, int):
-                parts.append(str(it))
-            else:
-                start, stop, step = it
-                text = f"{start}:{'' if stop is None else stop}"
-                parts.append(text if step == 1 else f"{text}:{step}")
-        return "[" + ", ".join(parts) + "]"
-
-    def to_jax(self) -> tuple:
-        return tuple(slice(*it) if isinstance(it, tuple) else it for it in self.items)
-
-    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        out, k = [], 0
-        for it in self.items:
-            if it is None:
-                out.append(1)
-                continue
-            if isinstance(it, tuple):
-                start, stop, step = it
-                out.append(len(range(start, -1 if stop is None else stop, step)))
-            k += 1
-        return tuple(out) + tuple(shape[k:])
-
-
-register_param_type(
-    StaticIndex, "index",
-    lambda ix: [it if it is None or isinstance(it, int) else list(it) for it in ix.items],
-    lambda data: StaticIndex(tuple(
-        it if it is None or isinstance(it, int) else (int(it[0]),
-                                                      None if it[1] is None else int(it[1]),
-                                                      int(it[2]))
-        for it in data)),
-)
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
-def normalize_index(idx, shape: tuple[int, ...], op: str = "getitem") -> StaticIndex:
-    """A NumPy basic index as a `StaticIndex` against `shape`."""
-    if not isinstance(idx, tuple):
-        idx = (idx,)
-    n_ellipsis = sum(1 for i in idx if i is Ellipsis)
-    if n_ellipsis > 1:
-        raise IndexingError("an index can have only one ellipsis (`...`).", op=op)
-    n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
-    if n_real > len(shape):
-        raise IndexingError(f"too many indices: {n_real} for an array of {len(shape)} "
-                            f"dimension{'s' if len(shape) != 1 else ''}.", op=op)
-    items, k = [], 0
-    for i in idx:
-        if i is Ellipsis:
-            for _ in range(len(shape) - n_real):
-                items.append((0, shape[k], 1))
-                k += 1
-        elif i is None:
-            items.append(None)
-        elif _is_int(i):
-            d = shape[k]
-            if not -d <= int(i) < d:
-                raise IndexingError(f"index {int(i)} is out of bounds for axis {k} with "
-                                    f"size {d}.", op=op)
-            items.append(int(i) % d)
-            k += 1
-        elif isinstance(i, slice):
-            for part in (i.start, i.stop, i.step):
-                if part is not None and not _is_int(part):
-                    raise IndexingError(
-                        f"slice bounds must be static ints or None, got {i}. Slicing by "
-                        "traced values is not supported.", op=op)
-            if i.step is not None and int(i.step) == 0:
-                raise IndexingError("slice step cannot be zero.", op=op)
-            start, stop, step = slice(*(None if p is None else int(p)
-                                        for p in (i.start, i.stop, i.step))).indices(shape[k])
-            if not range(start, stop, step):  # canonical empty slice
-                start, stop, step = 0, 0, 1
-            items.append((start, None if stop < 0 else stop, step))
-            k += 1
-        else:
-            kind = type(i).__name__
-            raise IndexingError(
-                f"unsupported index of type {kind}: only static ints, slices, None and "
-                "`...` are supported (no integer-array, boolean-mask or traced indices).",
-                op=op)
-    for d in shape[k:]:
-        items.append((0, d, 1))
-    return StaticIndex(tuple(items))
 
 
 getitem_p = Primitive("getitem", params={"index": StaticIndex})
@@ -216,9 +123,6 @@ def _index_add_transpose(ct, x, v, *, index):
 # into the elements it lands on (found by indexing the output's element ids).
 
 def _index_add_sparsity(outs, x, v, *, index):
-    from ..config import x64_scope
-    from ..graph._sparsity import scatter_add
-
     # the output element each element of `v` lands on
     with x64_scope(), jax.ensure_compile_time_eval():
         landed = np.asarray(getitem_p.impl_rule(
@@ -227,8 +131,6 @@ def _index_add_sparsity(outs, x, v, *, index):
 
 
 def _install_sparsity_rules() -> None:
-    from ..graph._sparsity import moves
-
     getitem_p.def_sparsity(moves(getitem_p.impl_rule))
     index_set_p.def_sparsity(moves(index_set_p.impl_rule))
     index_add_p.def_sparsity(_index_add_sparsity)
@@ -269,8 +171,6 @@ def _dynamic_slice_shape(x, *starts, sizes):
 
 @dynamic_slice_p.def_impl
 def _dynamic_slice_impl(x, *starts, sizes):
-    import jax
-
     return jax.lax.dynamic_slice(x, starts, sizes)
 
 
@@ -291,15 +191,12 @@ def _dynamic_update_slice_shape(x, update, *starts):
 
 @dynamic_update_slice_p.def_impl
 def _dynamic_update_slice_impl(x, update, *starts):
-    import jax
-
     return jax.lax.dynamic_update_slice(x, update, starts)
 
 
 @dynamic_update_slice_p.def_cost
 def _dynamic_update_slice_cost(node, body):
     # XLA writes the update into the array in place: a copy of the update
-    from ..graph._cost import Cost, size
 
     return Cost(float(size(node.inputs[1].type)))
 
@@ -360,10 +257,6 @@ def _window(n: int, w: int, start) -> np.ndarray:
 
 def _product(ms):
     """The Kronecker product of per-axis bool matrices, as a CSR matrix."""
-    import scipy.sparse as sp
-
-    from ..graph._sparsity import _check_entries
-
     ms = [sp.csr_matrix(m) for m in ms]
     _check_entries(int(np.prod([m.nnz for m in ms], dtype=np.int64)))
     out = sp.csr_matrix(np.ones((1, 1), bool))
@@ -373,15 +266,11 @@ def _product(ms):
 
 
 def _dynamic_slice_sparsity(outs, x, *starts, sizes):
-    from ..graph._sparsity import _bool
-
     return _bool(_product(_window(n, w, s) for n, w, s in zip(x.shape, sizes, starts))
                  @ x.matrix)
 
 
 def _dynamic_update_slice_sparsity(outs, x, update, *starts):
-    from ..graph._sparsity import _bool, select_rows, union
-
     covered = np.ones((), bool)
     for n, w, s in zip(x.shape, update.shape, starts):
         p, first = np.arange(n), _clamped(s, n, w)
@@ -409,10 +298,6 @@ def _prefixed(index: StaticIndex, size: int) -> StaticIndex:
 
 
 def _install_batch_rules() -> None:
-    from ..graph._batch import batch_size_of, batched_front, to_front
-    from ._take import batched_take
-    from ._util import snp
-
     def getitem_rule(args, dims, *, index):
         (x,), (d,) = args, dims
         x = to_front(x, d)
@@ -428,7 +313,7 @@ def _install_batch_rules() -> None:
     def clamped(start, d, n, w, size):
         # each example's start (batch axis first), clamped as XLA clamps it
         start = batched_front(start, d, size)
-        return snp.clip(snp.astype(start, np.int64), 0, n - w)
+        return ops.clip(ops.astype(start, np.int64), 0, n - w)
 
     def dynamic_slice_rule(args, dims, *, sizes):
         (x, *starts), (d, *sd) = args, dims
@@ -443,7 +328,7 @@ def _install_batch_rules() -> None:
         for k, (st, s) in enumerate(zip(starts, sd)):
             if s is not None:
                 first = clamped(st, s, x.shape[k + 1], sizes[k], size)
-                idx = snp.reshape(first, (size, 1)) + snp.arange(sizes[k], dtype=np.int64)
+                idx = ops.reshape(first, (size, 1)) + ops.arange(sizes[k], dtype=np.int64)
                 x = batched_take(x, idx, k)
         return x, 0
 
@@ -459,14 +344,14 @@ def _install_batch_rules() -> None:
         for k, st in enumerate(starts):
             n, w = x.shape[k + 1], u.shape[k + 1]
             first = clamped(st, sd[k], n, w, size)
-            j = snp.arange(n, dtype=np.int64) - snp.reshape(first, (size, 1))
+            j = ops.arange(n, dtype=np.int64) - ops.reshape(first, (size, 1))
             inside = (j >= 0) & (j < w)
-            u = batched_take(u, snp.clip(j, 0, w - 1), k)
+            u = batched_take(u, ops.clip(j, 0, w - 1), k)
             shape = [size] + [1] * (len(x.shape) - 1)
             shape[k + 1] = n
-            inside = snp.reshape(inside, tuple(shape))
+            inside = ops.reshape(inside, tuple(shape))
             mask = inside if mask is None else mask & inside
-        return snp.where(mask, u, x), 0
+        return ops.where(mask, u, x), 0
 
     getitem_p.def_batch(getitem_rule)
     index_set_p.def_batch(update_rule(index_set_p))

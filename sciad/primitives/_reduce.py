@@ -4,12 +4,17 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.sparse as sp
 
+from .. import _ops as ops
 from ..errors import DTypeError, ShapeError
 from ..graph import Primitive, TensorType
-from ._util import INTS, normalize_axes, snp, tensor
+from ..graph._batch import front_rule, shift_axes
+from ..graph._sparsity import _bool, _check_entries, along
+from ._util import INTS, normalize_axes, tensor
 
 _REDUCERS = {
     "reduce_sum": jnp.sum,
@@ -64,7 +69,7 @@ def _kept_shape(shape, axes):
 
 def _expand(y, x_shape, axes):
     """`y` (reduced over `axes`) broadcast back to `x_shape`."""
-    return snp.broadcast_to(snp.reshape(y, _kept_shape(x_shape, axes)), x_shape)
+    return ops.broadcast_to(ops.reshape(y, _kept_shape(x_shape, axes)), x_shape)
 
 
 @reduce_sum_p.def_jvp
@@ -84,7 +89,7 @@ def _extremum_jvp(prim):
     def jvp(primals, tangents, *, axes):
         (x,), (t,) = primals, tangents
         y = prim.bind(x, axes=axes)
-        hit = snp.astype(x == _expand(y, x.shape, axes), x.dtype)
+        hit = ops.astype(x == _expand(y, x.shape, axes), x.dtype)
         count = reduce_sum_p.bind(hit, axes=axes)
         return y, reduce_sum_p.bind(t * hit, axes=axes) / count
     return jvp
@@ -105,11 +110,11 @@ def _reduce_prod_jvp(primals, tangents, *, axes):
     perm = tuple(keep) + tuple(axes)
     n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
     lead = tuple(x.shape[i] for i in keep)
-    xr = snp.reshape(snp.transpose(x, perm), lead + (n,))
-    tr = snp.reshape(snp.transpose(t, perm), lead + (n,))
-    grid = snp.broadcast_to(snp.reshape(xr, lead + (1, n)), lead + (n, n))
-    others = snp.prod(snp.where(snp.eye(n, dtype=bool), snp.ones((), x.dtype), grid), axis=-1)
-    return y, snp.sum(tr * others, axis=-1)
+    xr = ops.reshape(ops.transpose(x, perm), lead + (n,))
+    tr = ops.reshape(ops.transpose(t, perm), lead + (n,))
+    grid = ops.broadcast_to(ops.reshape(xr, lead + (1, n)), lead + (n, n))
+    others = ops.prod(ops.where(ops.eye(n, dtype=bool), ops.ones((), x.dtype), grid), axis=-1)
+    return y, ops.sum(tr * others, axis=-1)
 
 
 # ---------------------------------------------------------------------------
@@ -134,8 +139,6 @@ def _cumsum_shape(x, *, axis, reverse):
 
 @cumsum_p.def_impl
 def _cumsum_impl(x, *, axis, reverse):
-    import jax
-
     return jax.lax.cumsum(x, axis=axis, reverse=reverse)
 
 
@@ -155,8 +158,6 @@ def _cumsum_transpose(ct, x, *, axis, reverse):
 # Batch rules: the batch axis leads, the reduced (or scanned) axes move up.
 
 def _install_batch_rules() -> None:
-    from ..graph._batch import front_rule, shift_axes
-
     for p in reduce_primitives.values():
         p.def_batch(front_rule(p, shift_axes("axes")))
     cumsum_p.def_batch(front_rule(cumsum_p, shift_axes("axis")))
@@ -170,17 +171,12 @@ _install_batch_rules()
 # cumulative sum: on those up to it along its axis, after it if `reverse`).
 
 def _reduce_sparsity(outs, x, *, axes):
-    from ..graph._sparsity import along
-
     return along(outs[0], x, axes, ())
 
 
 def _cumsum_sparsity(outs, x, *, axis, reverse):
     # in C order the line along `axis` is a (outer, L, inner) block: the
     # selection is I_outer (x) T (x) I_inner, T the triangle of a line
-    import scipy.sparse as sp
-
-    from ..graph._sparsity import _bool, _check_entries
 
     shape = x.shape
     line = shape[axis]

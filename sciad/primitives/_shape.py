@@ -6,8 +6,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _ops as ops
 from ..errors import ShapeError
 from ..graph import Primitive, TensorType, instantiate, is_linear
+from ..graph._batch import front_rule, shift_axes, to_front
+from ..graph._sparsity import moves
 from ._util import INTS, SCALAR, if_same_type, normalize_axis, same_dtype, tensor, unbroadcast
 
 reshape_p = Primitive("reshape", params={"shape": INTS})
@@ -231,7 +234,6 @@ def _roll_transpose(ct, x, *, shifts, axes):
     # zero-padded back into place, added. XLA on the CPU fuses pads and adds
     # into the ops around them, but runs a roll's concatenate on its own: in
     # bench/spectral.py's gradient, that cost an extra 2 arrays of temporaries.
-    from ._util import snp
 
     for shift, axis in zip(shifts, axes):
         n = ct.shape[axis]
@@ -243,8 +245,8 @@ def _roll_transpose(ct, x, *, shifts, axes):
         widths_lo = [(0, 0)] * len(ct.shape)
         widths_hi[axis] = (0, s)              # ct[s:] moves to the front
         widths_lo[axis] = (n - s, 0)          # ct[:s] to the back
-        ct = snp.pad(ct[head + (slice(s, n),)], widths_hi) + \
-            snp.pad(ct[head + (slice(0, s),)], widths_lo)
+        ct = ops.pad(ct[head + (slice(s, n),)], widths_hi) + \
+            ops.pad(ct[head + (slice(0, s),)], widths_lo)
     return (ct,)
 
 
@@ -252,20 +254,16 @@ def _roll_transpose(ct, x, *, shifts, axes):
 # Batch rules: the batch axis leads; the params describe one more axis.
 
 def _install_batch_rules() -> None:
-    from ..graph._batch import front_rule, shift_axes, to_front
-
     def reshape_rule(args, dims, *, shape):
         (x,), (d,) = args, dims
         x = to_front(x, d)
         return reshape_p.bind(x, shape=(x.shape[0],) + tuple(shape)), 0
 
     def broadcast_rule(args, dims, *, shape):
-        from ._util import snp
-
         (x,), (d,) = args, dims
         x = to_front(x, d)
         b, rest = x.shape[0], tuple(x.shape[1:])
-        x = snp.reshape(x, (b,) + (1,) * (len(shape) - len(rest)) + rest)
+        x = ops.reshape(x, (b,) + (1,) * (len(shape) - len(rest)) + rest)
         return broadcast_to_p.bind(x, shape=(b,) + tuple(shape)), 0
 
     reshape_p.def_batch(reshape_rule)
@@ -286,8 +284,6 @@ _install_batch_rules()
 # ids, say where each output element comes from (a pad's fill: from nowhere).
 
 def _install_sparsity_rules() -> None:
-    from ..graph._sparsity import moves
-
     for p in (reshape_p, transpose_p, broadcast_to_p, concatenate_p, roll_p):
         p.def_sparsity(moves(p.impl_rule))
     pad_p.def_sparsity(moves(pad_p.impl_rule, value=-1))

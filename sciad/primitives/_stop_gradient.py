@@ -26,6 +26,8 @@ import numpy as np
 from ..errors import DTypeError
 from ..graph import Primitive, SparseType, TensorType, Zero
 from ..graph._autodiff import type_of
+from ..graph._batch import elementwise_rule
+from ..graph._sparsity import empty
 from ..graph._trace import is_value_leaf
 
 stop_gradient_p = Primitive("stop_gradient", params={})
@@ -87,8 +89,6 @@ def _stop_one(x):
 
 
 def _install_batch_rule() -> None:
-    from ..graph._batch import elementwise_rule
-
     stop_gradient_p.def_batch(elementwise_rule(stop_gradient_p))
 
 
@@ -98,6 +98,5 @@ _install_batch_rule()
 @stop_gradient_p.def_sparsity
 def _stop_gradient_sparsity(outs, x):
     # no derivative flows through: structurally zero
-    from ..graph._sparsity import empty
 
     return empty(x.size, x.columns)

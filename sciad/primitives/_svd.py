@@ -64,14 +64,18 @@ JVP, checks this on the host when transposed and raises
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _ops as ops
 from ..errors import DegenerateEigenvalueError, NonFiniteError, ShapeError
-from ..graph import Primitive, TensorType, instantiate, is_linear
+from ..graph import Primitive, Site, TensorType, Zero, instantiate, is_linear
 from ..graph._batch import front_rule
+from ..graph._cost import Cost, size
 from ._checks import check as host_check, tie
 from ._eigen import any_cluster, check_operand, cluster_width, default_tol, per_matrix_sparsity
+from ._eigen import cluster_ids, cluster_rotation
 
 svd_p = Primitive("linalg.svd", multiple_results=True,
                   params={"compute_uv": bool, "degenerate_tol": float})
@@ -108,10 +112,6 @@ def _random_cluster_bases(s, u, vh, tol: float):
     left and right vectors by two (null-space bases, each any): as
     `linalg.eigh`'s (`_eigen._random_cluster_bases`), so that a loss of one
     basis cannot pass the guard by being stationary at LAPACK's special one."""
-    import jax
-
-    from ._eigen import cluster_ids, cluster_rotation
-
     if s.shape[-1] < 2:
         return u, vh
     ids = cluster_ids(s, tol)
@@ -133,63 +133,56 @@ def _clustered(s, tol: float):
 
 
 def _swap(x):
-    from .. import numpy as snp
-
-    return snp.swapaxes(x, -1, -2)
+    return ops.swapaxes(x, -1, -2)
 
 
 def _h(x):
-    from .. import numpy as snp
-
-    return snp.conj(_swap(x))
+    return ops.conj(_swap(x))
 
 
 def _coefficients(s, tol: float):
     """`(E, F, s_inv)` of the module docstring, with the cluster policy:
     `F_ij = 0` inside a cluster, `E_ij = 0` and `1/s_i = 0` in the zero
     cluster."""
-    from .. import numpy as snp
-
-    scale = snp.expand_dims(snp.max(s, axis=-1, keepdims=True), -1)   # (..., 1, 1)
-    si, sj = snp.expand_dims(s, -1), snp.expand_dims(s, -2)
+    scale = ops.expand_dims(ops.max(s, axis=-1, keepdims=True), -1)   # (..., 1, 1)
+    si, sj = ops.expand_dims(s, -1), ops.expand_dims(s, -2)
     d = sj - si
-    apart = snp.abs(d) > tol * scale
-    f = snp.where(apart, 1.0 / snp.where(apart, d, 1.0), 0.0)
+    apart = ops.abs(d) > tol * scale
+    f = ops.where(apart, 1.0 / ops.where(apart, d, 1.0), 0.0)
     total = si + sj
     big = total > tol * scale  # not both in the zero cluster
-    e = snp.where(big, 1.0 / snp.where(big, total, 1.0), 0.0)
-    nonzero = s > tol * snp.max(s, axis=-1, keepdims=True)
-    s_inv = snp.where(nonzero, 1.0 / snp.where(nonzero, s, 1.0), 0.0)
+    e = ops.where(big, 1.0 / ops.where(big, total, 1.0), 0.0)
+    nonzero = s > tol * ops.max(s, axis=-1, keepdims=True)
+    s_inv = ops.where(nonzero, 1.0 / ops.where(nonzero, s, 1.0), 0.0)
     return e, f, s_inv
 
 
 @svd_p.def_jvp
 def _svd_jvp(primals, tangents, *, compute_uv, degenerate_tol):
     # A = U S V^H; dP = U^H dA V = Om_U S + dS - S Om_V (module docstring)
-    from .. import numpy as snp
 
     (a,), (da,) = primals, tangents
     s, u, vh = svd_p.bind(a, compute_uv=True, degenerate_tol=degenerate_tol)
     da = instantiate(da)
     v = _h(vh)
-    dav = snp.matmul(da, v)                                   # (..., m, k)
-    ds = snp.real(snp.sum(snp.conj(u) * dav, axis=-2))
+    dav = ops.matmul(da, v)                                   # (..., m, k)
+    ds = ops.real(ops.sum(ops.conj(u) * dav, axis=-2))
     guard = dict(degenerate_tol=degenerate_tol, check=False)
     if not compute_uv:
         (ds,) = svd_guard_p.bind(ds, s, **guard)
         return (s,), (ds,)
     m, n = a.shape[-2:]
-    dp = snp.matmul(_h(u), dav)                               # (..., k, k)
+    dp = ops.matmul(_h(u), dav)                               # (..., k, k)
     skew, herm = (dp - _h(dp)) / 2, (dp + _h(dp)) / 2
     e, f, s_inv = _coefficients(s, degenerate_tol)
-    du = snp.matmul(u, e * skew + f * herm)
-    dv = snp.matmul(v, f * herm - e * skew)
-    s_inv = snp.expand_dims(s_inv, -2)
+    du = ops.matmul(u, e * skew + f * herm)
+    dv = ops.matmul(v, f * herm - e * skew)
+    s_inv = ops.expand_dims(s_inv, -2)
     if m > n:  # (I - U U^H) dA V S^-1
-        du = du + (dav - snp.matmul(u, snp.matmul(_h(u), dav))) * s_inv
+        du = du + (dav - ops.matmul(u, ops.matmul(_h(u), dav))) * s_inv
     if n > m:  # (I - V V^H) dA^H U S^-1
-        dahu = snp.matmul(_h(da), u)
-        dv = dv + (dahu - snp.matmul(v, snp.matmul(vh, dahu))) * s_inv
+        dahu = ops.matmul(_h(da), u)
+        dv = dv + (dahu - ops.matmul(v, ops.matmul(vh, dahu))) * s_inv
     ds, du, dvh = svd_guard_p.bind(ds, du, _h(dv), s, u, vh, **guard)
     return (s, u, vh), (ds, du, dvh)
 
@@ -202,7 +195,6 @@ def _svd_cost(node, body):
     # LAPACK's gesdd, thin, per matrix with l = max(m, n), k = min(m, n):
     # about 4 l k^2 + 8 k^3 real FLOPs with the vectors (4 l k^2 - 4/3 k^3
     # without), 4x that for complex
-    from ..graph._cost import Cost, size
 
     t = node.inputs[0].type
     m, n = t.shape[-2:]
@@ -276,8 +268,6 @@ def _guard_jvp(primals, tangents, *, degenerate_tol, check):
 
 @svd_guard_p.def_transpose
 def _guard_transpose(cts, *args, degenerate_tol, check):
-    from ..graph import Zero
-
     ts, rest = _split(args)
     assert all(is_linear(t) for t in ts) and not any(is_linear(p) for p in rest)
     if len(cts) == 3 and all(isinstance(c, Zero) for c in cts[1:]):
@@ -297,7 +287,6 @@ svd_guard_p.def_batch(front_rule(svd_guard_p))
 def _guard_cost(node, body):
     # an identity; checked: the singular values' gaps (u^T u_bar and vh_bar
     # vh^T on the host, only where a cluster or a zero singular value is)
-    from ..graph._cost import Cost, size
 
     if not node.params["check"]:
         return Cost(0.0)
@@ -324,8 +313,6 @@ def _judge_gauge(site, *, tol, complex_, s, s_bar, u=None, vh=None, u_bar=None,
                  vh_bar=None):
     """Host side: the cotangents must not depend on the basis inside a
     cluster (module docstring), for each matrix of a stack."""
-    from ..graph import Site
-
     site = Site("linalg.svd", site.source, site.text)  # (the user's op, not the guard)
     s, s_bar = np.asarray(s), np.asarray(s_bar)
     k = s.shape[-1]

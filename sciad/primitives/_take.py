@@ -31,9 +31,15 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _ops as ops
+from .._ops import _out_of_bounds_text
 from ..errors import DTypeError, IndexingError, InvalidOptionError, ShapeError
 from ..graph import Param, Primitive, TensorType, instantiate, is_linear, zeros
 from ..graph._autodiff import type_of
+from ..graph._batch import batch_size_of, batched_front, front_rule, shift_axes, to_front
+from ..graph._cost import Cost, size
+from ..graph._sparsity import Deps, along, axes_groups, by_ids, grouped, scatter_add
+from ..graph._sparsity import select_rows, union
 from ._checks import check, tie
 from ._util import normalize_axis, tensor
 
@@ -69,40 +75,6 @@ def _index_bounds_shape(i, *, size, mode, distinct, batch_dims=0):
     if size < 0 or (size == 0 and i.size > 0 and mode != "raise"):
         raise IndexingError(f"cannot index an empty axis with mode {mode!r}.", op=op)
     return i
-
-
-def normalize_indices(i: np.ndarray, size: int, mode: str, distinct: bool, op: str):
-    """Concrete indices brought into `[0, size)`, checked when traced."""
-    i = np.asarray(i)
-    if mode == "raise":
-        bad = (i < -size) | (i >= size)
-        if bad.any():
-            first = int(i[bad].flat[0])
-            raise IndexingError(_out_of_bounds_text(first, size, int(bad.sum()), i.size),
-                                op=op)
-        out = np.where(i < 0, i + size, i)
-    elif mode == "wrap":
-        out = np.mod(i, size) if size else i
-    else:
-        out = np.clip(i, 0, max(size - 1, 0))
-    if distinct and np.unique(out).size != out.size:
-        raise IndexingError(_repeated_text(out), op=op)
-    return out.astype(np.int64 if out.dtype.kind in "iu" else out.dtype, copy=False)
-
-
-def _out_of_bounds_text(first: int, size: int, count: int, total: int) -> str:
-    many = "" if total <= 1 else \
-        f" ({count} of {total} indices {'is' if count == 1 else 'are'})"
-    return f"index {first} is out of bounds for an axis of size {size}{many}."
-
-
-def _repeated_text(out) -> str:
-    vals, counts = np.unique(np.asarray(out).ravel(), return_counts=True)
-    rep = vals[counts > 1]
-    s = "s" if rep.size != 1 else ""
-    return (f"`.at[i].set(v)` needs distinct indices, but {rep.size} index value{s} "
-            f"repeat{'' if s else 's'} (first: {int(rep[0])}). Use "
-            "`.at[i].add(v)` to accumulate, or make the indices distinct.")
 
 
 def _judge_indices(site, *, size, mode, total=0, out_of_range=False, first=0, repeated=False,
@@ -287,18 +259,15 @@ def _argsort_impl(x, *, axis):
 
 @sort_p.def_jvp
 def _sort_jvp(primals, tangents, *, axis):
-    from ._util import snp
-
     (x,), (t,) = primals, tangents
     order = argsort_p.bind(x, axis=axis)
-    return sort_p.bind(x, axis=axis), snp.take_along_axis(instantiate(t), order, axis,
+    return sort_p.bind(x, axis=axis), ops.take_along_axis(instantiate(t), order, axis,
                                                           mode="promise_in_bounds")
 
 
 @sort_p.def_cost
 def _sort_cost(node, body):
     # about n log2 n comparisons per sorted line of n values
-    from ..graph._cost import Cost, size
 
     x = node.inputs[0].type
     n = x.shape[node.params["axis"]]
@@ -338,8 +307,6 @@ def _searchsorted_impl(a, v, *, side):
 
 @searchsorted_p.def_cost
 def _searchsorted_cost(node, body):
-    from ..graph._cost import Cost, size
-
     n = node.inputs[0].type.shape[0]
     return Cost(float(size(node.inputs[1].type)) * np.log2(max(n, 2)))
 
@@ -357,37 +324,28 @@ def _searchsorted_cost(node, body):
 def _merged(x, axis):
     """`x` (batch axis first) as `(B * n, *other axes)`: the batch axis and
     `axis` (of the example) merged, the example's other axes in order."""
-    from ._util import snp
-
     b, n = x.shape[0], x.shape[axis + 1]
-    x = snp.moveaxis(x, axis + 1, 1)
-    return snp.reshape(x, (b * n,) + tuple(x.shape[2:]))
+    x = ops.moveaxis(x, axis + 1, 1)
+    return ops.reshape(x, (b * n,) + tuple(x.shape[2:]))
 
 
 def _offset(i, n: int):
-    from ._util import snp
-
     b = i.shape[0]
-    return i + snp.reshape(snp.arange(b, dtype=np.int64) * n, (b,) + (1,) * (len(i.shape) - 1))
+    return i + ops.reshape(ops.arange(b, dtype=np.int64) * n, (b,) + (1,) * (len(i.shape) - 1))
 
 
 def batched_take(x, i, axis: int):
     """`take` of each example's `x` at its own indices `i` along `axis` (of
     the example), both with the batch axis first; the result too."""
-    from ._util import snp
-
     pre, k = axis, len(i.shape) - 1
     out = take_p.bind(_merged(x, axis), _offset(i, x.shape[axis + 1]), axis=0)
     # (B, *i, *pre, *post) -> (B, *pre, *i, *post)
     perm = (0,) + tuple(range(1 + k, 1 + k + pre)) + tuple(range(1, 1 + k)) + \
         tuple(range(1 + k + pre, len(out.shape)))
-    return snp.transpose(out, perm)
+    return ops.transpose(out, perm)
 
 
 def _install_batch_rules() -> None:
-    from ..graph._batch import batch_size_of, batched_front, front_rule, shift_axes, to_front
-    from ._util import snp
-
     def take_rule(args, dims, *, axis):
         (x, i), (dx, di) = args, dims
         if di is None:
@@ -408,14 +366,14 @@ def _install_batch_rules() -> None:
             # v: (B, *pre, *i, *post) -> (B, *i, *pre, *post), the merged layout
             perm = (0,) + tuple(range(1 + pre, 1 + pre + k)) + tuple(range(1, 1 + pre)) + \
                 tuple(range(1 + pre + k, len(v.shape)))
-            out = prim.bind(_merged(x, axis), snp.transpose(v, perm), _offset(i, n), axis=0)
-            out = snp.reshape(out, (size, n) + tuple(out.shape[1:]))
-            return snp.moveaxis(out, 1, axis + 1), 0
+            out = prim.bind(_merged(x, axis), ops.transpose(v, perm), _offset(i, n), axis=0)
+            out = ops.reshape(out, (size, n) + tuple(out.shape[1:]))
+            return ops.moveaxis(out, 1, axis + 1), 0
         return rule
 
     def index_bounds_rule(args, dims, *, size, mode, distinct, batch_dims=0):
         (i,), (d,) = args, dims
-        i = snp.moveaxis(i, d, batch_dims) if d != batch_dims else i
+        i = ops.moveaxis(i, d, batch_dims) if d != batch_dims else i
         return index_bounds_p.bind(i, size=size, mode=mode, distinct=distinct,
                                    batch_dims=batch_dims + 1), batch_dims
 
@@ -427,10 +385,10 @@ def _install_batch_rules() -> None:
         size = batch_size_of(args, dims)
         a, v = to_front(a, da), batched_front(v, dv, size)
         k = len(v.shape) - 1
-        a = snp.reshape(a, (size,) + (1,) * k + (a.shape[1],))
-        v = snp.expand_dims(snp.astype(v, a.dtype), -1)
+        a = ops.reshape(a, (size,) + (1,) * k + (a.shape[1],))
+        v = ops.expand_dims(ops.astype(v, a.dtype), -1)
         before = (a < v) if side == "left" else (a <= v)
-        return snp.sum(snp.astype(before, np.int64), axis=-1), 0
+        return ops.sum(ops.astype(before, np.int64), axis=-1), 0
 
     index_bounds_p.def_batch(index_bounds_rule)
     take_p.def_batch(take_rule)
@@ -457,14 +415,10 @@ def _clipped(i, n: int) -> np.ndarray:
 
 def _line_groups(shape, axis: int, k: int = 1) -> np.ndarray:
     """Each element's line: its position on the axes but `axis ... axis + k`."""
-    from ..graph._sparsity import axes_groups
-
     return axes_groups(shape, tuple(range(axis, axis + k)))
 
 
 def _take_sparsity(outs, x, i, *, axis):
-    from ..graph._sparsity import by_ids, grouped
-
     if i.value is not None:
         idx = _clipped(i, x.shape[axis])
         return by_ids(lambda ids: np.take(ids, idx, axis=axis), x)
@@ -474,8 +428,6 @@ def _take_sparsity(outs, x, i, *, axis):
 
 def _scatter_sparsity(overwrites: bool):
     def rule(outs, x, v, i, *, axis):
-        from ..graph._sparsity import Deps, grouped, scatter_add, select_rows, union
-
         if i.value is None:
             return union(x.matrix, grouped(outs[0], v, _line_groups(v.shape, axis, len(i.shape)),
                                            _line_groups(x.shape, axis)))
@@ -490,8 +442,6 @@ def _scatter_sparsity(overwrites: bool):
 
 
 def _sort_sparsity(outs, x, *, axis):
-    from ..graph._sparsity import along
-
     return along(outs[0], x, (axis,))
 
 
