@@ -507,7 +507,7 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
     from .graph._body import trace_body
     from .solvers._coloring import coloring
     from .primitives._root import RootOutputs, residual_body, root_p
-    from ._sparse_jacobian import newton_jacobian
+    from .primitives._newton import newton_jacobian
 
     x0 = snp.asarray(x0)
     tx = type_of(x0)

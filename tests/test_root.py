@@ -417,7 +417,7 @@ def test_the_jax_level_newton_serves_other_nodes(rng):
 
     from sciad.solvers._coloring import coloring
     from sciad.solvers import _nonlinear
-    from sciad._sparse_jacobian import _pattern
+    from sciad.primitives._newton import _pattern
 
     f = 20.0 + 5.0 * rng.standard_normal(N)
     pattern = _pattern(sd.sparse.jacobian_sparsity(diffusion, np.zeros(N), f))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from .. import _ops as ops
 from ..graph import TensorType, is_zero
 from ..graph._autodiff import needs_ct, type_of, vjp_eval
 from ..graph._body import trace_body
@@ -138,7 +139,6 @@ def stored_vjp(primals, outs, ct, params, ct_states=None):
     state, for its linearisation (an implicit stage's Newton solve).
     `ct_states`: cotangents of the states at every step, added as the pass
     reaches them."""
-    from .. import numpy as snp  # (a cycle: sciad.numpy binds the primitives)
 
     *consts, y0, ts = primals
     grid, marks, states = outs.grid, outs.marks, outs.states
@@ -155,8 +155,8 @@ def stored_vjp(primals, outs, ct, params, ct_states=None):
         _, pullback = vjp_eval(step, [*consts, t, grid[k + 1] - t, states[k], states[k + 1]])
         bars = pullback([lam])
         cb = _flat_cotangents(bars, ctypes, wanted, dtype)
-        lam = snp.zeros((n,), dtype) if is_zero(bars[-2]) else bars[-2]
-        return lam, (acc + snp.concatenate(cb)) if cb else acc
+        lam = ops.zeros((n,), dtype) if is_zero(bars[-2]) else bars[-2]
+        return lam, (acc + ops.concatenate(cb)) if cb else acc
 
     def interval(carry, x):  # from output time i + 1 back to i, then ct[i]
         lam, acc = carry
@@ -172,7 +172,7 @@ def stored_vjp(primals, outs, ct, params, ct_states=None):
         return (lam + c, acc), None
 
     T = ts.shape[0]
-    init = (ct[T - 1], snp.zeros((sum(t.size for t, w in zip(ctypes, wanted) if w),), dtype))
+    init = (ct[T - 1], ops.zeros((sum(t.size for t, w in zip(ctypes, wanted) if w),), dtype))
     (lam, acc), _ = scan(interval, init, (marks[:-1], marks[1:], ct[:-1]), reverse=True)
     if ct_states is not None:
         lam = lam + ct_states[0]
@@ -186,7 +186,6 @@ def continuous_vjp(primals, outs, ct, params, interpolated: bool):
     jump `lambda += ct[i]` at each output time. The state on the way back is
     re-integrated backwards with the adjoint ("backsolve"), or interpolated
     from the forward solve's states at its steps ("interpolated")."""
-    from .. import numpy as snp  # (a cycle: sciad.numpy binds the primitives)
     from ._ode import OdeintOutputs, odeint_p  # (a cycle: this adjoint is odeint nodes)
 
     *consts, y0, ts = primals
@@ -212,8 +211,8 @@ def continuous_vjp(primals, outs, ct, params, interpolated: bool):
         f = summed(fs)
         bars = back([lam] * len(fs))
         cbars = _flat_cotangents(bars[:m], ctypes, wanted, dtype)
-        ybar = bars[-1] if not is_zero(bars[-1]) else snp.zeros((n,), dtype)
-        return snp.concatenate(([] if interpolated else [-f]) + [ybar, *cbars])
+        ybar = bars[-1] if not is_zero(bars[-1]) else ops.zeros((n,), dtype)
+        return ops.concatenate(([] if interpolated else [-f]) + [ybar, *cbars])
 
     lead = 0 if interpolated else n  # where lambda starts in the state
     total = lead + n + sum(sizes)
@@ -229,13 +228,13 @@ def continuous_vjp(primals, outs, ct, params, interpolated: bool):
                        adjoint=BACKSOLVE.name,
                        solver=STEPPERS[params["solver"]].summed or params["solver"])
     T = ts.shape[0]
-    S = snp.concatenate(([] if interpolated else [ys[T - 1]]) +
-                        [ct[T - 1], snp.zeros((sum(sizes),), dtype)])
+    S = ops.concatenate(([] if interpolated else [ys[T - 1]]) +
+                        [ct[T - 1], ops.zeros((sum(sizes),), dtype)])
 
     def interval(S, x):  # from ts[i + 1] back to ts[i], then the jump of ct[i]
         lo, hi, c = x
-        S = OdeintOutputs.of(odeint_p.bind(*consts, *extra, S, snp.stack([-hi, -lo]), **p)).ys[1]
-        return snp.concatenate([S[:lead], S[lead:lead + n] + c, S[lead + n:]]), None
+        S = OdeintOutputs.of(odeint_p.bind(*consts, *extra, S, ops.stack([-hi, -lo]), **p)).ys[1]
+        return ops.concatenate([S[:lead], S[lead:lead + n] + c, S[lead + n:]]), None
 
     S, _ = scan(interval, S, (ts[:-1], ts[1:], ct[:-1]), reverse=True)
     return _unflatten_cotangents(S[lead + n:], consts, wanted) + [S[lead:lead + n]]
@@ -251,22 +250,20 @@ def _wanted(consts) -> list:
 def _flat_cotangents(bars, ctypes, wanted, dtype) -> list:
     """The `wanted` consts' cotangents among `bars`, each flat (zeros for a
     symbolic zero), in order: one step's share of the flat accumulator."""
-    from .. import numpy as snp  # (a cycle: sciad.numpy binds the primitives)
 
-    return [snp.zeros((t.size,), dtype) if is_zero(b) else snp.reshape(b, (-1,))
+    return [ops.zeros((t.size,), dtype) if is_zero(b) else ops.reshape(b, (-1,))
             for b, t, w in zip(bars, ctypes, wanted) if w]
 
 
 def _unflatten_cotangents(acc, consts, wanted) -> list:
     """The consts' cotangents accumulated flat in `acc` (those `wanted`, in
     order; None for the others)."""
-    from .. import numpy as snp  # (a cycle: sciad.numpy binds the primitives)
 
     bars, k = [], 0
     for c, w in zip(consts, wanted):
         if w:
             size = type_of(c).size
-            bars.append(snp.reshape(acc[k:k + size], type_of(c).shape))
+            bars.append(ops.reshape(acc[k:k + size], type_of(c).shape))
             k += size
         else:
             bars.append(None)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import functools
 
-from .._sparse_jacobian import newton_jacobian
+from ._newton import newton_jacobian
+from .. import _ops as ops
 from ..graph import Graph
 from ..graph._body import Body, as_body, inline, permute
 from ..graph._passes import dce
@@ -39,9 +40,8 @@ def part_of(graph: Graph, i: int) -> Graph:
 
 def fields_at(graph: Graph, consts, ts, ys):
     """`f(ts[i], ys[i])` for every output time, stacked."""
-    from .. import numpy as snp  # (a cycle: sciad.numpy binds the primitives)
 
-    return snp.stack([field_at(graph, consts, ts[i], ys[i]) for i in range(ts.shape[0])])
+    return ops.stack([field_at(graph, consts, ts[i], ys[i]) for i in range(ts.shape[0])])
 
 
 def augmented_pattern(params: dict, g: Graph):

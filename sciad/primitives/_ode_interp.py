@@ -5,6 +5,7 @@ Newton iterate, an event's location)."""
 
 from __future__ import annotations
 
+from .. import _ops as ops
 from ..graph import Graph
 from ._ode_field import field_at
 
@@ -21,9 +22,8 @@ def hermite(dense, grid, nsteps, graph: Graph, consts, t):
     """The forward solution at `t` from its states at the step times: the
     cubic Hermite interpolant on the step containing `t` (its slopes are the
     vector field at the step's ends)."""
-    from .. import numpy as snp  # (a cycle: sciad.numpy binds the primitives)
 
-    k = snp.clip(snp.searchsorted(grid, t, side="right") - 1, 0, nsteps - 1)
+    k = ops.clip(ops.searchsorted(grid, t, side="right") - 1, 0, nsteps - 1)
     t0, t1 = grid[k], grid[k + 1]
     y0, y1 = dense[k], dense[k + 1]
     h = t1 - t0

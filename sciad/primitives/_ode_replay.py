@@ -10,6 +10,7 @@ import functools
 
 import numpy as np
 
+from .. import _ops as ops
 from ..graph import Graph
 from ..graph._autodiff import type_of
 from ..graph._body import inline, trace_body
@@ -42,9 +43,8 @@ def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, a
     `y_next`, the step's result where known (a recorded state), starts each
     implicit stage's iterations from the cubic Hermite interpolant between
     `y` and it."""
-    # (cycles: sciad.numpy binds the primitives, and a stage is the public
-    # `optimize.root`, its chord matrix `sparse.jacobian`)
-    from .. import numpy as snp
+    # (a cycle: a stage is the public `optimize.root`, its chord matrix
+    # `sparse.jacobian`)
     from .. import optimize, sparse
 
     c, As, b = tableau(STEPPERS[solver])
@@ -55,7 +55,7 @@ def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, a
 
     # each equation scaled by the step's state's magnitude (floored by
     # atol/rtol), as the step-size control measures errors
-    w = stop_gradient(1.0 / (snp.abs(y) + max(atol / rtol, 1e-300)))
+    w = stop_gradient(1.0 / (ops.abs(y) + max(atol / rtol, 1e-300)))
     eps = float(np.finfo(type_of(y).dtype).eps)
     jac0 = {}  # h gamma -> the stages' first chord matrix (sparse)
     guesses = []  # with y_next: the field at the step's ends
@@ -118,7 +118,6 @@ def replay_steps(graph: Graph, solver: str, jac: str, max_steps: int, snapshots:
     grid: a scan over the output intervals, each a `while` loop of the steps
     from one output time to the next (whose reverse pass stores
     `snapshots` states)."""
-    from .. import numpy as snp  # (a cycle: sciad.numpy binds the primitives)
 
     def replay(*a):
         *consts, y0 = a
@@ -137,7 +136,7 @@ def replay_steps(graph: Graph, solver: str, jac: str, max_steps: int, snapshots:
             return y, y
 
         _, ys = scan(interval, y0, (marks[:-1], marks[1:]))
-        return snp.concatenate([y0[None], ys])
+        return ops.concatenate([y0[None], ys])
 
     return replay
 

@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _ops as ops
 from ..errors import InvalidOptionError, ShapeError, plain
 from ..graph import Graph, Literal, Param, Primitive, TensorType, Var, Zero
 from ..graph import is_differentiable, is_linear, is_zero
@@ -870,9 +871,8 @@ _install_adjoint_transpose()
 def _second(a, d):
     """A stacked (per-step) operand with its batch axis second, after the
     step axis; None if it has none."""
-    from .. import numpy as snp
 
-    return None if d is None else (a if d == 1 else snp.moveaxis(a, d, 1))
+    return None if d is None else (a if d == 1 else ops.moveaxis(a, d, 1))
 
 
 @scan_p.def_batch
