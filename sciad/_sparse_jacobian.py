@@ -14,50 +14,16 @@ signature, when the function is traced; the Newton solves of
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable
 
-import numpy as np
 import scipy.sparse as sp
 
-from . import numpy as snp, sparse
 from ._traceback import api_boundary
-from ._transforms import _Transformed, _batched_map, _jacobian_setup
-from .errors import InvalidOptionError, ShapeError
-from .graph import Graph, TensorType, Zero
-from .graph._autodiff import jvp_eval, type_of, vjp_eval
-from .graph._batch import batched_front
-from .solvers._coloring import color_seeds, coloring
-from .graph._types import Pattern
+from ._transforms import _Transformed, _jacobian_setup
+from .errors import ShapeError
+from .graph import Graph, TensorType
 from .graph._sparsity import graph_sparsity
-from .primitives._newton import _pattern
-
-
-class Structure(NamedTuple):
-    """A Jacobian's pattern and the coloring its values are computed with."""
-
-    pattern: Pattern
-    colors: np.ndarray  # per column (rows=False) or per row (rows=True)
-    rows: bool
-
-    @property
-    def n_colors(self) -> int:
-        return int(self.colors.max(initial=-1)) + 1
-
-
-def structure_of(pattern: sp.csr_matrix, mode: str = "auto") -> Structure:
-    """The coloring of `pattern` that takes fewer products: columns (JVPs),
-    or rows (VJPs) where that needs fewer colors (`mode="auto"`); or the one
-    `mode` names (`"forward"`, `"reverse"`)."""
-    if mode not in ("auto", "forward", "reverse"):
-        raise InvalidOptionError(f"`mode` must be 'auto', 'forward' or 'reverse', got {mode!r}.",
-                                 op="sparse.jacobian")
-    pat = _pattern(pattern)
-    cols = coloring(pat) if mode != "reverse" else None
-    rows = coloring(pat, rows=True) if mode == "reverse" or (
-        mode == "auto" and pat.shape[0] < pat.shape[1]) else None
-    if cols is None or (rows is not None and rows.max(initial=-1) < cols.max(initial=-1)):
-        return Structure(pat, rows, True)
-    return Structure(pat, cols, False)
+from .primitives._jacobian import emit, structure_of
 
 
 def _single_output(graph: Graph, op: str) -> TensorType:
@@ -66,57 +32,6 @@ def _single_output(graph: Graph, op: str) -> TensorType:
                          f"{', '.join(a.type.str_short() for a in graph.outputs) or 'nothing'}.",
                          op=op)
     return graph.outputs[0].type
-
-
-def emit(graph: Graph, args: list, wrt: int, st: Structure):
-    """The Jacobian of `graph`'s single output with respect to its input
-    `wrt`, at `args`, as a traced sparse matrix on `st.pattern`: one batched
-    JVP (or VJP) over the colors' seeds."""
-    tx = type_of(args[wrt])
-    to = graph.outputs[0].type
-    m, n = st.pattern.shape
-    c = st.n_colors
-    dtype = np.result_type(tx.dtype, to.dtype)
-    if st.pattern.nnz == 0 or c == 0:
-        return sparse.csr_matrix((snp.zeros((st.pattern.nnz,), dtype), st.pattern.indices,
-                                  st.pattern.indptr), shape=(m, n))
-    k = np.arange(st.pattern.nnz)
-    rows, cols = st.pattern.rows, st.pattern.indices
-    if not st.rows:
-        seeds = color_seeds(st.colors, n, tx.dtype)
-        zeros = [Zero(type_of(a).update()) for a in args]
-
-        def products(t):
-            tangents = list(zeros)
-            tangents[wrt] = t
-            return jvp_eval(graph, args, tangents)[1]
-
-        basis = snp.asarray(seeds.reshape((c,) + tuple(tx.shape)))
-        (res,) = _batched_map(products, tx.update(), "jacobian_colors", forward=True,
-                              basis=basis)
-        where = st.colors[cols] * m + rows
-        size = m
-    else:
-        seeds = color_seeds(st.colors, m, to.dtype)
-        _, backward = vjp_eval(graph, args)
-
-        def products(ct):
-            return [backward([ct])[wrt]]
-
-        basis = snp.asarray(seeds.reshape((c,) + tuple(to.shape)))
-        (res,) = _batched_map(products, to.update(), "jacobian_colors", basis=basis)
-        where = st.colors[rows] * n + cols
-        size = n
-    if res is None:  # the output does not depend on the input
-        data = snp.zeros((st.pattern.nnz,), dtype)
-    else:
-        v, d = res
-        if d is None:
-            v, d = batched_front(v, d, c), 0
-        if d != 0:
-            v = snp.moveaxis(v, d, 0)
-        data = snp.take(snp.reshape(v, (c * size,)), where[k])
-    return sparse.csr_matrix((data, st.pattern.indices, st.pattern.indptr), shape=(m, n))
 
 
 def _setup(f: Callable, args: tuple, argnums: int, op: str):

@@ -22,13 +22,12 @@ from ._function import function
 from ._traceback import api_boundary
 from .errors import DTypeError, ShapeError
 from .graph import Tracer, TensorType, Zero, instantiate, is_differentiable
-from .graph._autodiff import jvp_eval, transpose_eval, type_of, vjp_eval
+from .graph._autodiff import jvp_eval, type_of, vjp_eval
 from .graph._batch import batch_graph, batched_front
-from .graph._core import must_run
-from .graph._passes import dce
 from .graph._trace import current_builder, trace_flat
+from .primitives._jacobian import (batched_map, checks_cotangents, forward_checks, jacobian_leaf,
+                                   keep)
 from .primitives._stop_gradient import stop_gradient_p
-from .sparse import data
 
 _tree = jax.tree_util
 
@@ -110,62 +109,9 @@ def _run(inline: Callable, *args):
 # forward mode
 
 
-def _checks_cotangents(nodes) -> bool:
-    """Whether `nodes` (their bodies included) hold one whose transpose
-    checks its cotangents (`Primitive(checks_cotangents=True)`)."""
-    return any(node.primitive.checks_cotangents or
-               any(_checks_cotangents(g.nodes) for g in node.subgraphs) for node in nodes)
-
-
-def _forward_checks(graph, n_linear: int, values: list) -> list:
-    """Forward mode's gauge checks. `graph` is a tangent map, linear in its
-    first `n_linear` inputs (`values`: the others). Where it holds nodes
-    that check the cotangents they receive when transposed (the guards of
-    eigendecompositions: a derivative must not depend on the basis chosen
-    inside a cluster of repeated eigenvalues), the map is transposed once on
-    a fixed random cotangent, which passes every guard with a check. A map
-    that is gauge-invariant transposes every cotangent to a gauge-invariant
-    one, and a map that is not does so for almost no cotangent, so this is
-    the reverse-mode check applied to the forward computation (one extra
-    transposed pass, only where such guards are). Returns the values to
-    keep alive (`_keep`) so that the checks run."""
-    if not _checks_cotangents(graph.nodes):
-        return []
-    rng = np.random.default_rng(0)
-    cts = []
-    for a in graph.outputs:
-        t = a.type
-        if isinstance(t, TensorType) and t.dtype.kind in "fc" and t.size:
-            u = rng.standard_normal(t.shape)
-            if t.dtype.kind == "c":
-                u = u + 1j * rng.standard_normal(t.shape)
-            cts.append(snp.asarray(u.astype(t.dtype)))
-        else:
-            cts.append(Zero(t.update()))
-    in_cts = transpose_eval(graph, [True] * n_linear + [False] * len(values), values, cts)
-    return [c if isinstance(type_of(c), TensorType) else data(c)
-            for c in in_cts if not isinstance(c, Zero)]
-
-
-def _keep(values: list, extra: list) -> list:
-    """`values`, made to depend on `extra` so that neither sciad nor XLA
-    drops `extra`'s computation (the checks in it): the first array of
-    `values` gets `0 * s` added, `s` the sum of `extra` (0 where that is not
-    finite), which leaves it unchanged (`x * 0` is never folded: NaN)."""
-    arrays = [i for i, v in enumerate(values) if isinstance(type_of(v), TensorType)]
-    if not extra or not arrays:
-        return values
-    s = sum(snp.sum(snp.real(e)) for e in extra)
-    zero = snp.where(snp.isfinite(s), s, 0.0) * 0.0
-    out = list(values)
-    i = arrays[0]
-    out[i] = out[i] + snp.astype(zero, type_of(out[i]).dtype)
-    return out
-
-
 def _jvp_emit(graph, primals: list, tangents: list, name: str):
     """`jvp_eval(graph, primals, tangents)` with forward mode's gauge checks
-    (`_forward_checks`). The tangents of float and complex outputs are
+    (`forward_checks`). The tangents of float and complex outputs are
     instantiated; the others (a factorization's) are `Zero`s.
 
     The JVP is emitted directly; only where it emitted a node that checks
@@ -182,7 +128,7 @@ def _jvp_emit(graph, primals: list, tangents: list, name: str):
     start = len(builder.nodes)
     outs, touts = jvp_eval(graph, primals, tangents)
     touts = instantiated(touts)
-    if not live or not _checks_cotangents(builder.nodes[start:]):
+    if not live or not checks_cotangents(builder.nodes[start:]):
         return outs, touts
 
     def tangent_map(*ts):
@@ -194,8 +140,8 @@ def _jvp_emit(graph, primals: list, tangents: list, name: str):
 
     lin, _, _, captured = trace_flat(tangent_map, tuple(tangents[i] for i in live),
                                      closure=True, name=name)
-    kept = iter(_keep([t for t, d in zip(touts, diff) if d],
-                      _forward_checks(lin, len(live), list(captured))))
+    kept = iter(keep([t for t, d in zip(touts, diff) if d],
+                     forward_checks(lin, len(live), list(captured))))
     return outs, [next(kept) if d else t for t, d in zip(touts, diff)]
 
 
@@ -398,54 +344,6 @@ def hvp(f: Callable, x, v):
 # with the size of the Jacobian.
 
 
-def _basis(t: TensorType):
-    """The `t.size` unit vectors of type `t`, stacked along a leading axis:
-    `eye(n)` reshaped to `(n,) + t.shape`, one node."""
-    return snp.reshape(snp.eye(t.size, dtype=t.dtype), (t.size,) + tuple(t.shape))
-
-
-def _jacobian_leaf(v, d, size: int, out_shape: tuple, in_shape: tuple, rows: bool):
-    """A batched derivative `(v, d)` (batch dim `d`, `size` examples) as a
-    Jacobian leaf of shape `out_shape + in_shape`. With `rows` (jacrev) the
-    batch runs over the output's elements and goes first; otherwise
-    (jacfwd) it runs over the input's elements and goes last."""
-    if d is None:  # the same for every basis vector (a constant derivative)
-        v, d = batched_front(v, d, size), 0
-    to = 0 if rows else len(v.shape) - 1
-    if d != to:
-        v = snp.moveaxis(v, d, to)
-    return snp.reshape(v, tuple(out_shape) + tuple(in_shape))
-
-
-def _batched_map(fn: Callable, arg_type: TensorType, name: str,
-                 forward: bool = False, basis=None) -> list:
-    """Traces `fn`, a linear map of one argument of type `arg_type` that
-    returns a list of derivatives (arrays or `Zero`s), and emits it batched
-    over the identity basis of `arg_type` (or over `basis`, a stack of
-    vectors along a leading axis: a coloring's seeds). Returns one entry per result:
-    `(value, batch_dim)`, or None where the result was a `Zero`. A
-    `forward` (tangent) map gets forward mode's gauge checks
-    (`_forward_checks`)."""
-    zero: list[bool] = []
-
-    def nonzero(t):
-        results = fn(t)
-        zero.extend(isinstance(r, Zero) for r in results)
-        return [r for r in results if not isinstance(r, Zero)]
-
-    graph, _, _, captured = trace_flat(nonzero, (arg_type,), closure=True, name=name)
-    graph = dce(graph)
-    if all(zero) and not any(must_run(n) for n in graph.nodes):
-        return [None] * len(zero)  # (else its checks run: a failed solve fails this map)
-    res = batch_graph(graph, [_basis(arg_type) if basis is None else basis] + list(captured),
-                      [0] + [None] * len(captured))
-    if forward:
-        kept = _keep([v for v, _ in res], _forward_checks(graph, 1, list(captured)))
-        res = [(v, d) for v, (_, d) in zip(kept, res)]
-    outs = iter(res)
-    return [None if z else next(outs) for z in zero]
-
-
 def _jacobian_setup(f, argnums, args, op: str):
     """Traces `f` as a function of its argument `argnums` (one array); the
     other arguments are held fixed (captured)."""
@@ -506,14 +404,14 @@ def jacfwd(f: Callable, argnums: int = 0):
         def tangents(t):
             return jvp_eval(graph, [x] + captured, [t] + zeros)[1]
 
-        cols = (_batched_map(tangents, tx.update(), "jacfwd_tangents", forward=True)
+        cols = (batched_map(tangents, tx.update(), "jacfwd_tangents", forward=True)
                 if tx.size
                 else [None] * len(graph.outputs))
         leaves = []
         for a, col in zip(graph.outputs, cols):
             shape = tuple(a.type.shape) + tuple(tx.shape)
             leaves.append(snp.zeros(shape, a.type.dtype) if col is None else
-                          _jacobian_leaf(*col, tx.size, a.type.shape, tx.shape, rows=False))
+                          jacobian_leaf(*col, tx.size, a.type.shape, tx.shape, rows=False))
         return _tree.tree_unflatten(out_tree, leaves)
 
     return _Transformed(inline, f, "jacfwd")
@@ -559,10 +457,10 @@ def jacrev(f: Callable, argnums: int = 0):
                     cts[k] = c
                     return [backward(cts)[0]]
 
-                (row,) = _batched_map(cotangent, to.update(), "jacrev_cotangents")
+                (row,) = batched_map(cotangent, to.update(), "jacrev_cotangents")
             shape = tuple(to.shape) + tuple(tx.shape)
             leaves.append(snp.zeros(shape, tx.dtype) if row is None else
-                          _jacobian_leaf(*row, to.size, to.shape, tx.shape, rows=True))
+                          jacobian_leaf(*row, to.size, to.shape, tx.shape, rows=True))
         return _tree.tree_unflatten(out_tree, leaves)
 
     return _Transformed(inline, f, "jacrev")

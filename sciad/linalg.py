@@ -29,8 +29,9 @@ import numpy as np
 from .errors import DTypeError, InvalidOptionError, ShapeError
 from .graph import Tracer
 from .numpy import _as_array
-from .primitives._linalg import NORMS, _clean, linalg_rcond_p, linalg_solve_p
-from .solvers._linear import names_for, resolve
+from .primitives._linalg import NORMS, _clean, linalg_rcond_p, linalg_solve_p, solve_operator
+from .primitives._linalg import solve_params
+from .solvers._linear import resolve
 from .solvers._measures import ratio
 from .solvers._registry import names as _solver_names
 from .sparse import astype as _sparse_astype, issparse
@@ -91,33 +92,8 @@ def operator(matvec, shape, dtype=np.float64, *, tags=()) -> Operator:
 
 
 def _solve_operator(A: Operator, b, solver: str, tol, atol: float, maxiter, throw: bool):
-    from . import numpy as snp
-    from .graph import TensorType
-    from .graph._body import Body, trace_body
-    from .primitives._linalg import linalg_solve_operator_p
-
-    op = "linalg.solve"
-    record = resolve(solver, matrix="operator", tags=A.tags, dtype=A.dtype, op=op)
-    if "operator" not in record.matrices:
-        raise InvalidOptionError(f"a matrix-free operator needs an iterative solver "
-                                 f"({', '.join(map(repr, names_for('operator')))}), got "
-                                 f"{solver!r}.", op=op)
-    solver = record.name
-    b = snp.astype(snp.asarray(b), A.dtype)
-    n = A.shape[0]
-    graph, captured, _ = trace_body(lambda v: [snp.asarray(A.matvec(v))],
-                                    (TensorType((n,), A.dtype),), name="matvec")
-    if tol is None:
-        tol = 1e-10 if np.finfo(A.dtype).bits >= 64 else 1e-5
-    params = dict(body=Body.of(graph, len(captured)), solver=solver, rtol=float(tol),
-                  atol=float(atol))
-    if maxiter is not None:
-        params["maxiter"] = int(maxiter)
-    if A.tags:
-        params["symmetric"] = True
-    if not throw:
-        params["throw"] = False
-    return linalg_solve_operator_p.bind(*captured, b, **params)
+    return solve_operator(A.matvec, A.shape[0], A.dtype, A.tags, b, solver, tol=tol, atol=atol,
+                          maxiter=maxiter, throw=throw)
 
 
 class SolveInfo(NamedTuple):
@@ -173,11 +149,6 @@ def _prepare(A, b, assume, op: str):
         A = snp.astype(A, dtype)
         tags = (A.type.tags if isinstance(A, Tracer) else frozenset()) | _ASSUME[assume]
     return A, b, tags, sparse, dtype
-
-
-def _structure(tags) -> str | None:
-    """The `assume` param of a solve: what it relies on."""
-    return "spd" if "spd" in tags else "symmetric" if "symmetric" in tags else None
 
 
 def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float | None = None,
@@ -252,22 +223,12 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
         r = A.matvec(x) - b if len(x.shape) == 1 else None
         return x, _info(r, b, x, None, None, tol if tol is not None else 1e-10, atol)
     A, b, tags, sparse, dtype = _prepare(A, snp.asarray(b), assume, op)
-    record = resolve(solver, matrix="sparse" if sparse else "dense", tags=tags, dtype=dtype,
-                     op=op)
+    record, params = solve_params(sparse, A.type.pattern if sparse else None, tags, dtype,
+                                  solver, tol=tol, atol=atol, maxiter=maxiter,
+                                  preconditioner=preconditioner, op=op)
     solver = record.name
-    params: dict = {"solver": solver}
-    if sparse:
-        params["pattern"] = A.type.pattern
     if not record.direct:
-        if tol is None:
-            tol = 1e-10 if np.finfo(dtype).bits >= 64 else 1e-5
-        params.update(rtol=float(tol), atol=float(atol),
-                      maxiter=None if maxiter is None else int(maxiter),
-                      preconditioner=preconditioner)
-    elif (tol, maxiter, preconditioner) != (None, None, None) or atol != 0.0:
-        raise InvalidOptionError(f"the direct solver {solver!r} takes no `tol`, `atol`, `maxiter` "
-                                 "or `preconditioner`.", op=op)
-    params["assume"] = _structure(tags)
+        tol = params["rtol"]
     if throw:
         return linalg_solve_p.bind(A, b, **_clean(params))
     x = linalg_solve_p.bind(A, b, **_clean(dict(params, throw=False)))

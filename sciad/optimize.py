@@ -36,14 +36,18 @@ import jax
 import numpy as np
 import scipy.optimize
 
+from . import numpy as snp, sparse
 from ._traceback import api_boundary
 from ._compile import _split_args, cached as _cached, compiled_call, to_device as _to_device
 from ._function import Function, function
-from ._transforms import grad, hvp, jacfwd, value_and_grad
+from ._transforms import _in_trace, grad, hvp, jacfwd, value_and_grad
 from .errors import (DTypeError, InvalidOptionError, NonFiniteError, NotSupportedError,
                      ShapeError, TracerError, plain)
 from .graph import Tracer
 from .graph._autodiff import type_of
+from .primitives._root import root_node
+from .primitives._stop_gradient import stop_gradient
+from .solvers._nonlinear import STATUS
 from .solvers._registry import lookup, names as _solver_names, records as _solver_records
 
 __all__ = ["minimize", "METHODS", "root", "fixed_point", "RootResult"]
@@ -98,8 +102,6 @@ class _Spec(NamedTuple):
 
     def unflatten_traced(self, z):
         """The same inside a trace: static slices of the traced vector."""
-        from . import numpy as snp
-
         if len(self.shapes) == 1 and self.shapes[0] == (self.size,) and \
                 self.dtypes[0] == np.float64:
             return _tree.tree_unflatten(self.treedef, [z])
@@ -487,84 +489,26 @@ class RootResult(NamedTuple):
 
     @property
     def message(self) -> str:
-        from .solvers._nonlinear import STATUS
-
         return STATUS.get(int(self.status), "unknown status")
 
 
 _ROOT_OP = "optimize.root"
-def default_tol(dtype) -> float:
-    """The relative tolerance on `||F||_inf` when none is given: 1e-10 in
-    float64, a thousand times the machine epsilon in lower precision (1.2e-4
-    in float32), above the floor of rounding errors."""
-    return max(1e-10, 1e3 * float(np.finfo(dtype).eps))
-
-
 def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: float,
                  atol: float, maxiter: int, memory: int, throw: bool, op: str,
                  jac0=None, at_floor: bool = False) -> RootResult:
-    from . import numpy as snp
-    from .graph._body import trace_body
-    from .solvers._coloring import coloring
-    from .primitives._root import RootOutputs, residual_body, root_p
-    from .primitives._newton import newton_jacobian
-
-    x0 = snp.asarray(x0)
-    tx = type_of(x0)
-    if tx.dtype.kind != "f":
-        if tx.dtype.kind in "iub":
-            x0 = snp.astype(x0, np.float64)
-            tx = type_of(x0)
-        else:
-            raise DTypeError(f"`x0` must be a real float array, got {tx.str_short()}.", op=op)
     values, _, rebuild = _split_args(args)
-    leaves = [snp.asarray(a) for a in values]
-
-    def body(*a):
-        *ls, x = a
-        out = fun(x, *rebuild(ls))
-        if isinstance(out, (tuple, list, dict)) or out is None:
-            raise ShapeError(f"`fun` must return one array, got a {type(out).__name__}.",
-                             op=op)
-        out = snp.asarray(out)
-        to = type_of(out)
-        if to.size != tx.size:
-            raise ShapeError(f"`fun` must return as many values as x has ({tx.size}, for x "
-                             f"of shape {tx.shape}), got {to.str_short()}.", op=op)
-        if to.dtype != tx.dtype:
-            out = snp.astype(out, tx.dtype)
-        return out
-
-    graph, consts, _ = trace_body(body, [type_of(a) for a in leaves] + [tx],
-                                  name=getattr(fun, "__name__", "fun"))
-    if jac is not None and jac not in _solver_names("jacobian"):
-        raise InvalidOptionError(f"`jac` must be None or one of {_solver_names('jacobian')}, got "
-                                 f"{jac!r}.", op=op)
-    if jac is None and kind == "fixed_point":
-        jac = "gmres"
-    pattern, colors = None, 0
-    if jac is None or not lookup(jac, "jacobian").matrix_free:
-        # (a fixed-point map's residual is G(x) - x)
-        jac, pattern = newton_jacobian(graph, jac, identity=kind == "fixed_point")
-    if lookup(jac, "jacobian").sparse:
-        colors = int(coloring(pattern).max(initial=-1)) + 1
-    start = [] if jac0 is None else [_start_matrix(jac0, jac, pattern, tx, op)]
-    outs = root_p.bind(*consts, *leaves, x0, *start, body=residual_body(graph), kind=kind,
-                       method=method, jac=jac, pattern=pattern, colors=colors,
-                       tol=float(default_tol(tx.dtype) if tol is None else tol), atol=float(atol),
-                       maxiter=int(maxiter), memory=int(memory), throw=bool(throw),
-                       jac0=jac0 is not None, at_floor=bool(at_floor))
-    o = RootOutputs.of(outs)
+    start = None if jac0 is None else (
+        lambda jac, pattern, tx: _start_matrix(jac0, jac, pattern, tx, op))
+    o = root_node(lambda x, *ls: fun(x, *rebuild(ls)), x0, values,
+                  name=getattr(fun, "__name__", "fun"), kind=kind, method=method, jac=jac,
+                  tol=tol, atol=atol, maxiter=maxiter, memory=memory, throw=throw, op=op,
+                  start=start, at_floor=at_floor)
     return RootResult(o.x, o.status == 0, o.nit, o.residual, o.status)
 
 
 def _start_matrix(jac0, jac: str, pattern, tx, op: str):
     """`root(jac0=...)`'s matrix as the node's operand: its values on the
     detected pattern (sparse) or the dense matrix, without derivative."""
-    from . import numpy as snp
-    from . import sparse
-    from .primitives._stop_gradient import stop_gradient
-
     n = tx.size
     on_pattern = lookup(jac, "jacobian").sparse
     if sparse.issparse(jac0):
@@ -586,8 +530,6 @@ def _start_matrix(jac0, jac: str, pattern, tx, op: str):
 
 
 def _root_call(fun: Callable, x0, args, op: str, jac0=None, **kw) -> RootResult:
-    from ._transforms import _in_trace
-
     if not isinstance(args, tuple):
         args = (args,)
     if not callable(fun):

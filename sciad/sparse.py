@@ -32,6 +32,7 @@ from .graph._types import KNOWN_TAGS, Pattern, SparseArray, SparseType
 from .primitives._sparse import (
     IndexMap,
     assemble,
+    assemble_at,
     gather,
     sparse_matmul_p,
     sparse_sample_p,
@@ -104,11 +105,7 @@ def _data_operand(data, op: str):
 
 def _assemble(data, pattern: Pattern, index: np.ndarray | None, tags: frozenset, op: str):
     _check_tags(pattern, tags, op)
-    imap = None
-    if index is not None and not (index.size == pattern.nnz
-                                  and np.array_equal(index, np.arange(pattern.nnz))):
-        imap = IndexMap(index)
-    return assemble(data, pattern, imap, tags)
+    return assemble_at(data, pattern, index, tags)
 
 
 def csr_matrix(arg, shape=None, *, tags: Iterable[str] = ()):

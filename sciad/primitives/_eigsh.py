@@ -59,16 +59,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..config import x64_scope
 from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NonFiniteError,
                       NotPositiveDefiniteError, ShapeError, SingularMatrixError,
                       StructureError, plain)
-from ..graph import Body, Param, Primitive, SparseType, Zero, instantiate, is_zero
+from .. import _ops as ops
+from ..graph import Body, Param, Primitive, Site, SparseType, Zero, instantiate, is_zero
+from ..graph import jvp_eval, lower
+from ..graph._body import inline, trace_body
+from ..graph._cost import Cost
+from ..graph._sparsity import dense_all
 from ..graph._serialize import register_v1_migration
 from ..graph._types import Pattern, TensorType
 from ..solvers._host import host_call
 from ._checks import symmetry_tolerance
 from ._eigen import _gaps, default_tol, eigh_guard_p
+from ._linalg import solve, solve_operator
 from ._map import map_rule
+from ._sparse import coo, gather, sparse_matmul_p
 
 WHICH = ("LM", "SM", "LA", "SA")
 
@@ -245,8 +253,6 @@ def _no_convergence(site, e, k, which, sigma, tol, maxiter):
 @eigsh_p.def_impl
 def _eigsh_impl(data, *mdata, pattern, k, which, sigma=None, tol=0.0, maxiter=None,
                 degenerate_tol, mass_pattern=None, site=None):
-    from ..graph import Site
-
     site = site or Site("linalg.eigsh")
     n = pattern.shape[0]
 
@@ -263,9 +269,6 @@ def _bordered(a, m, w_i, v, mv):
     """`[[a - w_i m, m V], [V^T m, 0]]` (`m` the identity where None) as a
     sparse matrix, its data built from `a`'s, `m`'s, `w_i` and `m V`:
     differentiable in all of them."""
-    from .. import numpy as snp
-    from .. import sparse
-
     t = a.type
     n, k = t.shape[0], v.shape[1]
     p = t.pattern
@@ -273,24 +276,23 @@ def _bordered(a, m, w_i, v, mv):
     border_r = np.repeat(ar, k)                 # (m V)[r, j] at (r, n + j), row-major
     border_c = n + np.tile(np.arange(k), n)
     if m is None:
-        mp_rows, mp_cols, m_data = ar, ar, -w_i * snp.ones((n,), np.float64)
+        mp_rows, mp_cols, m_data = ar, ar, -w_i * ops.ones((n,), np.float64)
     else:
         mp = m.type.pattern
-        mp_rows, mp_cols, m_data = mp.rows, mp.indices, -w_i * sparse.data(m)
+        mp_rows, mp_cols, m_data = mp.rows, mp.indices, -w_i * gather(m)
     row = np.concatenate([p.rows, mp_rows, border_r, border_c])
     col = np.concatenate([p.indices, mp_cols, border_c, border_r])
-    flat = snp.reshape(mv, (n * k,))
-    data = snp.concatenate([sparse.data(a), m_data, flat, flat])
-    return sparse.coo_matrix((data, (row, col)), shape=(n + k, n + k))
+    flat = ops.reshape(mv, (n * k,))
+    data = ops.concatenate([gather(a), m_data, flat, flat])
+    return coo(data, row, col, (n + k, n + k))
 
 
 def _sym_times(d, v):
     """`(d + d^T) / 2 @ V` for a sparse tangent `d`: two products whose
     transposes are `sddmm`s on `d`'s pattern."""
-    from .. import numpy as snp
-    from .. import sparse
-
-    return (sparse.matmul(d, v) + snp.transpose(sparse.matmul(snp.transpose(v), d))) / 2
+    p = d.type.pattern
+    return (sparse_matmul_p.bind(d, v, pattern=p)
+            + sparse_matmul_p.bind(d, v, pattern=p, transpose=True)) / 2
 
 
 @eigsh_p.def_jvp
@@ -300,23 +302,19 @@ def _eigsh_jvp(primals, tangents, **params):
     # a_ji = c_ji / (w_i - w_j) apart, -(v_j^T dM v_i) / 2 inside a cluster
     # (the normalization; 0 without M), and x_i the part M-orthogonal to V,
     # from the bordered solve (module docstring)
-    from .. import numpy as snp
-    from .. import sparse
-    from ..linalg import solve
-
     a, m = primals[0], (primals[1] if len(primals) > 1 else None)
     w, v, edge = eigsh_p.bind(*primals, **params)
     tol = params["degenerate_tol"]
     dsv = _sym_times(instantiate(tangents[0]), v)              # dS_A V
-    mv = v if m is None else sparse.matmul(m, v)
+    mv = v if m is None else sparse_matmul_p.bind(m, v, pattern=m.type.pattern)
     dmv = None
     if m is not None and not is_zero(tangents[1]):
         dmv = _sym_times(instantiate(tangents[1]), v)          # dS_M V
         dsv = dsv - dmv * w                                    # column i: dK_i v_i
     gaps = _gaps(w, tol)
-    a_in = gaps * snp.matmul(snp.transpose(v), dsv)
+    a_in = gaps * ops.matmul(ops.transpose(v), dsv)
     if dmv is not None:
-        a_in = a_in - snp.where(gaps == 0, snp.matmul(snp.transpose(v), dmv), 0.0) / 2
+        a_in = a_in - ops.where(gaps == 0, ops.matmul(ops.transpose(v), dmv), 0.0) / 2
     return _pair_tangents(w, v, edge, dsv, a_in, tol,
                           lambda i, rhs: solve(_bordered(a, m, w[i], v, mv), rhs))
 
@@ -326,12 +324,10 @@ def _pair_tangents(w, v, edge, dkv, a_in, tol: float, bordered_solve):
     coefficients `a_in` of the tangents in the computed subspace:
     `dw_i = v_i^T dK_i v_i`, `dv = V a_in + x` with `x_i` from
     `bordered_solve(i, [-dK_i v_i; 0])`."""
-    from .. import numpy as snp
-
     n, k = v.shape
-    dw = snp.sum(v * dkv, axis=0)
-    inside = snp.matmul(v, a_in)
-    outside = [bordered_solve(i, snp.concatenate([-dkv[:, i], snp.zeros((k,), np.float64)]))
+    dw = ops.sum(v * dkv, axis=0)
+    inside = ops.matmul(v, a_in)
+    outside = [bordered_solve(i, ops.concatenate([-dkv[:, i], ops.zeros((k,), np.float64)]))
                [:n] for i in range(k)]
     # The guard judges `V^T vbar`, which only the computed-subspace part sees;
     # the solves stay outside it, so that a loss of `w` alone (a zero `vbar`)
@@ -340,7 +336,7 @@ def _pair_tangents(w, v, edge, dkv, a_in, tol: float, bordered_solve):
     dw, inside = eigh_guard_p.bind(dw, inside, w, v, edge, degenerate_tol=tol, check=False,
                                    op="linalg.eigsh")
     dedge = Zero(TensorType((), np.dtype(np.float64)))
-    return (w, v, edge), (dw, inside + snp.stack(outside, axis=1), dedge)
+    return (w, v, edge), (dw, inside + ops.stack(outside, axis=1), dedge)
 
 
 eigsh_p.def_batch(map_rule(eigsh_p))
@@ -354,8 +350,6 @@ def _eigsh_cost(node, body):
     # eigenvalues (counted as 10). Shift-invert adds a sparse LU of
     # `a - sigma I` (counted as 20 nnz n^0.5) and replaces each product with
     # a pair of triangular solves.
-    from ..graph._cost import Cost
-
     p = node.params
     n, k, nnz = p["pattern"].shape[0], p["k"], p["pattern"].nnz
     ncv = min(max(2 * k + 1, 20), n)
@@ -429,8 +423,6 @@ def _operator_host(matvec, n, k, which, tol, maxiter, site):
     runs as a `lax.map` of the primitive)."""
     import scipy.sparse.linalg as spla
 
-    from ..config import x64_scope
-
     def mv(x):
         with x64_scope():
             y = np.asarray(matvec(np.asarray(x, np.float64).reshape(n)))
@@ -465,8 +457,6 @@ def _operator_host(matvec, n, k, which, tol, maxiter, site):
 @eigsh_operator_p.def_impl
 def _operator_impl(*params, body, k, which, tol=0.0, maxiter=None, degenerate_tol,
                    site=None):
-    from ..graph import Site, lower
-
     site = site or Site("linalg.eigsh")
     n = body.inputs[-1].type.shape[0]
     f = jax.jit(lower(body))
@@ -491,19 +481,14 @@ def _operator_impl(*params, body, k, which, tol=0.0, maxiter=None, degenerate_to
                                   jax.ShapeDtypeStruct((), jnp.float64)), *params))
 
 
-def _bordered_operator(matvec, n: int, w_i, v):
-    """`[[A - w_i I, V], [V^T, 0]]` as a matrix-free operator (symmetric)."""
-    from .. import numpy as snp
-    from ..linalg import operator
-
-    k = v.shape[1]
-
+def _bordered_matvec(matvec, n: int, w_i, v):
+    """The product with `[[A - w_i I, V], [V^T, 0]]` (symmetric), matrix-free."""
     def mv(z):
         x, y = z[:n], z[n:]
-        return snp.concatenate([matvec(x) - w_i * x + snp.matmul(v, y),
-                                snp.matmul(snp.transpose(v), x)])
+        return ops.concatenate([matvec(x) - w_i * x + ops.matmul(v, y),
+                                ops.matmul(ops.transpose(v), x)])
 
-    return operator(mv, (n + k, n + k), tags="symmetric")
+    return mv
 
 
 @eigsh_operator_p.def_jvp
@@ -511,11 +496,6 @@ def _operator_jvp(primals, tangents, **params):
     # as `linalg.eigsh`'s (M = I), with dA v_i the tangent of the matvec at
     # v_i (dA is symmetric: A(p) is for every p) and the bordered systems
     # solved matrix-free (`solve` with GMRES, tol 1e-12)
-    from .. import numpy as snp
-    from ..graph import jvp_eval
-    from ..graph._body import inline
-    from ..linalg import solve
-
     body, tol = params["body"], params["degenerate_tol"]
     w, v, edge = eigsh_operator_p.bind(*primals, **params)
     n, k = v.shape
@@ -524,15 +504,17 @@ def _operator_jvp(primals, tangents, **params):
     for i in range(k):
         _, (t,) = jvp_eval(body, [*primals, v[:, i]], [*tangents, zero_v])
         cols.append(instantiate(t))
-    dav = snp.stack(cols, axis=1)                              # dA V
-    a_in = _gaps(w, tol) * snp.matmul(snp.transpose(v), dav)
+    dav = ops.stack(cols, axis=1)                              # dA V
+    a_in = _gaps(w, tol) * ops.matmul(ops.transpose(v), dav)
 
     def matvec(x):
         return inline(body, [*primals, x])[0]
 
     return _pair_tangents(
         w, v, edge, dav, a_in, tol,
-        lambda i, rhs: solve(_bordered_operator(matvec, n, w[i], v), rhs, "gmres", tol=1e-12))
+        lambda i, rhs: solve_operator(_bordered_matvec(matvec, n, w[i], v), n + k,
+                                      np.dtype(np.float64), frozenset({"symmetric"}), rhs,
+                                      "gmres", tol=1e-12))
 
 
 eigsh_operator_p.def_batch(map_rule(eigsh_operator_p))
@@ -541,8 +523,6 @@ eigsh_operator_p.def_batch(map_rule(eigsh_operator_p))
 @eigsh_operator_p.def_cost
 def _operator_cost(node, body):
     # as `linalg.eigsh`'s without shift-invert, the product one matvec
-    from ..graph._cost import Cost
-
     p = node.params
     mv = body(p["body"])
     n, k = p["body"].inputs[-1].type.shape[0], p["k"]
@@ -562,11 +542,8 @@ register_v1_migration("linalg.eigsh_operator", _operator_v1)
 
 def eigsh_operator(a, k: int, which: str | None, tol: float, maxiter, degenerate_tol):
     """`eigsh_operator_p` for a `sciad.linalg.Operator` (see `sciad.linalg.eigsh`)."""
-    from .. import numpy as snp
-    from ..graph._body import trace_body
-
     n = a.shape[0]
-    graph, captured, _ = trace_body(lambda x: [snp.asarray(a.matvec(x))],
+    graph, captured, _ = trace_body(lambda x: [ops.asarray(a.matvec(x))],
                                     (TensorType((n,), np.dtype(np.float64)),), name="matvec")
     tol_d = default_tol(np.float64) if degenerate_tol is None else float(degenerate_tol)
     w, v, _ = eigsh_operator_p.bind(*captured, body=Body.of(graph, len(captured)), k=int(k),
@@ -581,8 +558,6 @@ def eigsh_operator(a, k: int, which: str | None, tol: float, maxiter, degenerate
 
 
 def _install_sparsity_rules() -> None:
-    from ..graph._sparsity import dense_all
-
     def rule(outs, *deps, **params):
         return dense_all(outs, *deps)
 

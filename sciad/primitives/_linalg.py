@@ -53,18 +53,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _ops as ops
 from .. import solvers
 from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NonFiniteError,
                       NotSupportedError, ShapeError, SingularMatrixError, plain)
 from ..graph import (Body, Factored, Param, Primitive, SparseType, TensorType, Zero,
                      is_linear, is_zero)
-from ..graph._autodiff import needs_ct
+from ..graph._autodiff import needs_ct, type_of
+from ..graph._body import trace_body
 from ..graph._serialize import register_v1_migration
 from ..graph._types import FactorType, Pattern, register_factor_layout
 from ..graph._params import shown_params
 from ..solvers._host import host_call
 from ..solvers._measures import ratio
-from ..solvers._linear import names_for
+from ..solvers._linear import names_for, resolve
 from ..solvers._registry import lookup, records
 from ._checks import check, judge_factor, judge_matrix, judge_solve, refine_above, tie
 from ._map import columns_rule, map_rule, on_devices, reader_nodes
@@ -355,8 +357,6 @@ def _neg(x):
 
 
 def _type(x):
-    from ..graph._autodiff import type_of
-
     return type_of(x)
 
 
@@ -1079,3 +1079,72 @@ def _install_sparsity_rules() -> None:
 
 
 _install_sparsity_rules()
+
+
+# ---------------------------------------------------------------------------
+# the solve nodes from operands already promoted to one dtype: the cores
+# `sciad.linalg.solve` and the rules that solve (the implicit function
+# theorem of a root, an eigenvector's bordered system) bind
+
+
+def solve_params(sparse: bool, pattern, tags: frozenset, dtype, solver: str, *, tol=None,
+                 atol: float = 0.0, maxiter=None, preconditioner=None,
+                 op: str = "linalg.solve"):
+    """`(record, params)` of a `linalg.solve` node on a dense or sparse
+    matrix (`pattern`, if sparse) with `tags`, of `dtype`: the solver
+    record `solver` names ("auto": the one for the matrix) and its params
+    (an iterative solver's tolerance defaults to 1e-10 in float64, 1e-5
+    below)."""
+    record = resolve(solver, matrix="sparse" if sparse else "dense", tags=tags, dtype=dtype,
+                     op=op)
+    params: dict = {"solver": record.name}
+    if sparse:
+        params["pattern"] = pattern
+    if not record.direct:
+        if tol is None:
+            tol = 1e-10 if np.finfo(dtype).bits >= 64 else 1e-5
+        params.update(rtol=float(tol), atol=float(atol),
+                      maxiter=None if maxiter is None else int(maxiter),
+                      preconditioner=preconditioner)
+    elif (tol, maxiter, preconditioner) != (None, None, None) or atol != 0.0:
+        raise InvalidOptionError(f"the direct solver {record.name!r} takes no `tol`, `atol`, "
+                                 "`maxiter` or `preconditioner`.", op=op)
+    params["assume"] = "spd" if "spd" in tags else "symmetric" if "symmetric" in tags else None
+    return record, params
+
+
+def solve(a, b, solver: str = "auto"):
+    """`A x = b` for a dense or sparse `a` and a dense `b` of its dtype (no
+    promotion: `sciad.linalg.solve` promotes), with a direct solver or
+    `"auto"`: one `linalg.solve` node."""
+    t = type_of(a)
+    _, params = solve_params(isinstance(t, SparseType), getattr(t, "pattern", None),
+                             t.tags, t.dtype, solver)
+    return linalg_solve_p.bind(a, b, **_clean(params))
+
+
+def solve_operator(matvec, n: int, dtype, tags: frozenset, b, solver: str, *, tol=None,
+                   atol: float = 0.0, maxiter=None, throw: bool = True):
+    """`A x = b` for the matrix-free `A v = matvec(v)` (`n` by `n`, of
+    `dtype`, with `tags`) and an iterative solver: one
+    `linalg.solve_operator` node holding `matvec`'s graph."""
+    op = "linalg.solve"
+    record = resolve(solver, matrix="operator", tags=tags, dtype=dtype, op=op)
+    if "operator" not in record.matrices:
+        raise InvalidOptionError(f"a matrix-free operator needs an iterative solver "
+                                 f"({', '.join(map(repr, names_for('operator')))}), got "
+                                 f"{solver!r}.", op=op)
+    b = ops.astype(ops.asarray(b), dtype)
+    graph, captured, _ = trace_body(lambda v: [ops.asarray(matvec(v))],
+                                    (TensorType((n,), dtype),), name="matvec")
+    if tol is None:
+        tol = 1e-10 if np.finfo(dtype).bits >= 64 else 1e-5
+    params = dict(body=Body.of(graph, len(captured)), solver=record.name, rtol=float(tol),
+                  atol=float(atol))
+    if maxiter is not None:
+        params["maxiter"] = int(maxiter)
+    if tags:
+        params["symmetric"] = True
+    if not throw:
+        params["throw"] = False
+    return linalg_solve_operator_p.bind(*captured, b, **params)

@@ -56,8 +56,10 @@ from __future__ import annotations
 import functools
 from typing import Any, NamedTuple
 
+import jax.numpy as jnp
 import numpy as np
 
+from .. import _ops as ops
 from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NotSupportedError,
                       ShapeError)
 from ..graph import Graph, Param, Primitive, Site, TensorType, Tracer, Zero, is_zero, lower
@@ -286,7 +288,6 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
     # (imported here: diffrax takes seconds to import, which `import sciad`
     # does not pay)
     import diffrax
-    import jax.numpy as jnp
     import optimistix as optx
 
     stepper = STEPPERS[solver]
@@ -372,7 +373,6 @@ def _sensitivity_body(graph: Graph, nonzero: tuple) -> Graph:
     """`(*consts, *dconsts[nonzero], t, [y, dy]) -> ([f, (df/dy) dy + (df/dc) dc],)`;
     for each of an IMEX field's parts (their split kept: the stiff part's
     sensitivity is stepped implicitly with it)."""
-    from .. import numpy as snp  # (a cycle: sciad.numpy binds the primitives)
 
     *ctypes, ttype, ytype = graph.in_types
     n = ytype.shape[0]
@@ -384,7 +384,7 @@ def _sensitivity_body(graph: Graph, nonzero: tuple) -> Graph:
         t, Y = rest
         y, dy = Y[:n], Y[n:]
         fs, dfs = jvp_eval(graph, [*consts, t, y], [*dconsts, Zero(ttype.update()), dy])
-        return [snp.concatenate([f, snp.zeros_like(f) if is_zero(df) else df])
+        return [ops.concatenate([f, ops.zeros_like(f) if is_zero(df) else df])
                 for f, df in zip(fs, dfs)]
 
     types = list(ctypes) + [t for nz, t in zip(nonzero, ctypes) if nz] + \
@@ -396,7 +396,6 @@ def _sensitivity_body(graph: Graph, nonzero: tuple) -> Graph:
 
 @odeint_p.def_jvp
 def _odeint_jvp(primals, tangents, **params):
-    from .. import numpy as snp  # (a cycle: sciad.numpy binds the primitives)
 
     *consts, y0, ts = primals
     *dconsts, dy0, dts = tangents
@@ -406,7 +405,7 @@ def _odeint_jvp(primals, tangents, **params):
         outs = odeint_p.bind(*primals, **params)
         return outs, [Zero(type_of(o).update()) for o in outs]
     n = y0.shape[0]
-    dy0 = snp.zeros_like(y0) if is_zero(dy0) else dy0
+    dy0 = ops.zeros_like(y0) if is_zero(dy0) else dy0
     if not is_zero(dts):
         dy0 = dy0 - field_at(graph, consts, ts[0], y0) * dts[0]
     aug = _sensitivity_body(graph, nonzero)
@@ -414,7 +413,7 @@ def _odeint_jvp(primals, tangents, **params):
     p = derived_params(params, body=aug, error_size=params.get("error_size") or n,
                        pattern=augmented_pattern(params, aug))
     outs = OdeintOutputs.of(
-        odeint_p.bind(*consts, *extra, snp.concatenate([y0, dy0]), ts, **p))
+        odeint_p.bind(*consts, *extra, ops.concatenate([y0, dy0]), ts, **p))
     # (the primal results come out of the node that computes the tangents:
     # marked so that a transposition of the tangent map takes them for
     # primal values, see `jvp_primal`)
@@ -447,7 +446,6 @@ odeint_p.def_transpose(vjp_transpose(odeint_p))
 
 @odeint_p.def_vjp
 def _odeint_vjp(primals, outs, cts, **params):
-    from .. import numpy as snp  # (a cycle: sciad.numpy binds the primitives)
 
     *consts, y0, ts = primals
     outs, cts = OdeintOutputs.of(outs), OdeintOutputs.of(cts)
@@ -460,7 +458,7 @@ def _odeint_vjp(primals, outs, cts, **params):
     if is_zero(ct) and ct_states is None:
         return [None] * len(primals)
     if is_zero(ct):
-        ct = snp.zeros(type_of(outs.ys).shape, type_of(outs.ys).dtype)
+        ct = ops.zeros(type_of(outs.ys).shape, type_of(outs.ys).dtype)
     if not params.get("record", True):  # (a node `dce` spared the recording)
         params = {k: v for k, v in params.items() if k != "record"}
         outs = OdeintOutputs.of(odeint_p.bind(*primals, **params))
@@ -485,9 +483,9 @@ def _odeint_vjp(primals, outs, cts, **params):
     # the output times: y(t_i) moves with t_i at f(t_i, y_i); the initial
     # time moves the whole solution: dy/dt0 = -Phi f(t0, y0)
     F = fields_at(graph, consts, ts, outs.ys)
-    tbar = snp.sum(F * ct, axis=1)
+    tbar = ops.sum(F * ct, axis=1)
     if ybar0 is not None:
-        tbar = tbar - snp.where(snp.arange(ts.shape[0]) == 0, snp.sum(F[0] * ybar0), 0.0)
+        tbar = tbar - ops.where(ops.arange(ts.shape[0]) == 0, ops.sum(F[0] * ybar0), 0.0)
     return bars + [tbar]
 
 

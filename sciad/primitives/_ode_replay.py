@@ -20,6 +20,9 @@ from ._schedules import Segments
 from ._scan import scan
 from ._ode_field import field_at, part_of
 from ._ode_interp import hermite_at
+from ._jacobian import colored_jacobian
+from ._root import root_node
+from ._sparse import gather
 from ._stop_gradient import stop_gradient
 from ._while import while_loop
 
@@ -34,19 +37,27 @@ STAGE_RTOL = 1e-3
 STAGE_FLOOR_EPS = 100.0
 
 
+def _chord_start(J):
+    """The `start` of a stage's root node: the values of `J`, a sparse
+    Jacobian of the stage's residual on its detected pattern, as the chord
+    method's first matrix (without derivative)."""
+    def start(jac, pattern, tx):
+        assert type_of(J).pattern == pattern, "a stage's chord matrix is on its pattern"
+        return stop_gradient(ops.astype(gather(J), tx.dtype))
+
+    return start
+
+
 def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, atol: float,
             y_next=None):
     """One step of the Runge-Kutta method of the stepper named `solver` from
     `(t, y)` with step `h`, in sciad ops: an implicit stage is an
-    `optimize.root` node. An IMEX method's stages weigh the slopes of the
+    `optimize.root` node (`root_node`), its chord matrix colored JVPs
+    (`colored_jacobian`). An IMEX method's stages weigh the slopes of the
     field's parts by their own tableaus, and solve for the stiff part only.
     `y_next`, the step's result where known (a recorded state), starts each
     implicit stage's iterations from the cubic Hermite interpolant between
     `y` and it."""
-    # (a cycle: a stage is the public `optimize.root`, its chord matrix
-    # `sparse.jacobian`)
-    from .. import optimize, sparse
-
     c, As, b = tableau(STEPPERS[solver])
     stiff = part_of(graph, -1)
 
@@ -77,7 +88,7 @@ def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, a
             # not one per stage), and their derivatives' transposed solves
             # refine with it against the Jacobian at their roots
             ys = stop_gradient(y)
-            jac0[gamma] = sparse.jacobian(stage)(ys, ys, h * gamma, t, w)
+            jac0[gamma] = colored_jacobian(stage, ys, ys, h * gamma, t, w)
         if y_next is not None:  # the first Newton iterate: interpolated
             if not guesses:
                 guesses.append(stop_gradient(field_at(graph, consts, t, y)))
@@ -87,10 +98,12 @@ def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, a
             # Euler predictor for a first stage)
             k0 = ks[-1][-1] if ks else field_at(stiff, consts, t, y)
             z0 = yi + (h * gamma) * k0
-        z = optimize.root(stage, z0, (yi, h * gamma, ti, w),
-                          method="chord", jac=jac, tol=1e-12,
-                          atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps),
-                          jac0=jac0.get(gamma), at_floor=True).x
+        start = jac0.get(gamma)
+        z = root_node(stage, z0, [yi, h * gamma, ti, w], name="stage", kind="root",
+                      method="chord", jac=jac, tol=1e-12,
+                      atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps), maxiter=50,
+                      memory=0, throw=True, op="optimize.root", at_floor=True,
+                      start=None if start is None else _chord_start(start)).x
         ks.append(inline(graph, [*consts, ti, z]))
     out = y
     for i, bi in enumerate(b):

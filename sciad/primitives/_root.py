@@ -30,14 +30,30 @@ from typing import Any, NamedTuple
 import numpy as np
 import scipy.sparse as sp
 
+import jax.numpy as jnp
+
+from .. import _ops as ops
 from ..errors import ConvergenceError, DTypeError, InvalidOptionError, ShapeError
-from ..graph import Graph, Param, Primitive, TensorType, Zero, is_zero
-from ..graph._autodiff import jvp_eval, needs_ct, type_of
-from ..graph._body import Body, as_body
+from ..graph import Graph, Param, Primitive, Site, SparseType, TensorType, Zero, is_zero, lower
+from ..graph._autodiff import jvp_eval, needs_ct, type_of, vjp_eval
+from ..graph._batch import batch_size_of, batched_front
+from ..graph._body import Body, as_body, inline, trace_body
+from ..graph._cost import Cost, _si, nbytes
 from ..graph._serialize import register_v1_migration
+from ..graph._sparsity import Deps, _bool, _check_entries, dense_all, empty, pad_columns
+from ..graph._sparsity import sparsity_eval, union
+from ..graph._trace import trace_flat
 from ..graph._types import Pattern
-from ..solvers._registry import lookup
+from ..solvers._coloring import coloring
+from ..solvers._nonlinear import STATUS
+from ..solvers._registry import lookup, names as _solver_names
 from ._checks import check, tie
+from ._jacobian import Structure, dense_jacobian, emit
+from ._linalg import _factor_flops, _per_rhs, linalg_backsolve_p, linalg_factor_p, solve
+from ._linalg import solve_operator
+from ._map import map_rule, on_devices
+from ._newton import newton_jacobian
+from ._sparse import gather
 
 KINDS = ("root", "fixed_point")
 
@@ -168,9 +184,6 @@ def _keeps_factor(method: str, jac: str) -> bool:
 
 
 def _factor_type(jac: str, pattern: Pattern, dtype):
-    from ..graph import SparseType
-    from ._linalg import linalg_factor_p
-
     (t,) = linalg_factor_p.abstract_eval(SparseType(pattern, dtype),
                                          solver=lookup(jac, "jacobian").solver, pattern=pattern)
     return t
@@ -179,8 +192,6 @@ def _factor_type(jac: str, pattern: Pattern, dtype):
 def _root_fit(params, readers, complete) -> dict:
     # `uses`: how many solves read the kept factorization (so the last one
     # frees it, and none means none is kept); None where not all are known
-    from ._map import on_devices
-
     params = dict(params)
     params.pop("uses", None)
     if complete and not on_devices(readers):
@@ -195,9 +206,6 @@ def _newton_graphs(graph: Graph, kind: str, jac: str, pattern: Pattern | None):
     cannot differentiate, a sparse solve's host call, still works): the flat
     residual `(*consts, x) -> (F,)`, and `(*consts, x) -> (J's values,)`
     (sparse), `-> (J,)` (dense) or `(*consts, x, v) -> (J v,)` (gmres)."""
-    from .. import sparse
-    from ..graph._trace import trace_flat
-
     flat = _flat_body(graph, kind)
     types = flat.in_types
     jrec = lookup(jac, "jacobian")
@@ -211,16 +219,14 @@ def _newton_graphs(graph: Graph, kind: str, jac: str, pattern: Pattern | None):
         def fn(*a):
             J = jacobian_at(graph, _unflat_x(graph, list(a)), kind=kind, jac=jac,
                             pattern=pattern)
-            return [sparse.data(J) if jrec.sparse else J]
+            return [gather(J) if jrec.sparse else J]
 
         jgraph = trace_flat(fn, tuple(types), name="jacobian")[0]
     return flat, jgraph
 
 
 def _unflat_x(graph: Graph, args: list) -> list:
-    from .. import numpy as snp
-
-    return args[:-1] + [snp.reshape(args[-1], graph.inputs[-1].type.shape)]
+    return args[:-1] + [ops.reshape(args[-1], graph.inputs[-1].type.shape)]
 
 
 #: a stalled solve's ||F|| within this factor of its measured rounding
@@ -235,8 +241,6 @@ def judge_root(site, *, status, nit, residual, goal, floor, kind, method, jac, m
     """Raises the `ConvergenceError` of a failed root solve, with a diagnosis.
     `floor`: ||F||'s rounding floor at the last iterate
     (`solvers._nonlinear.rounding_floor`)."""
-    from ..solvers._nonlinear import STATUS
-
     status, nit = int(status), int(nit)
     if status == 0:
         return
@@ -279,13 +283,74 @@ def judge_root(site, *, status, nit, residual, goal, floor, kind, method, jac, m
               residual=residual, tolerance=goal, iterations=nit)
 
 
+def default_tol(dtype) -> float:
+    """The relative tolerance on `||F||_inf` when none is given: 1e-10 in
+    float64, a thousand times the machine epsilon in lower precision (1.2e-4
+    in float32), above the floor of rounding errors."""
+    return max(1e-10, 1e3 * float(np.finfo(dtype).eps))
+
+
+def root_node(fun, x0, leaves: list, *, name: str, kind: str, method: str, jac, tol,
+              atol: float, maxiter: int, memory: int, throw: bool, op: str, start=None,
+              at_floor: bool = False) -> RootOutputs:
+    """One root node for `fun(x, *leaves) = 0` (`kind="root"`) or `x =
+    fun(x, *leaves)` (`"fixed_point"`), in the current trace: the residual
+    traced into its body (named `name`), the Jacobian form chosen
+    (`newton_jacobian`: `jac` None picks it from the detected pattern) and
+    `root_p` bound. What `optimize.root` and `optimize.fixed_point` emit,
+    and an implicit Runge-Kutta stage. `x0`: the start (integers become
+    float64); `leaves`: arrays; `start`: None, or `(jac, pattern, x_type)
+    -> operand`, the chord method's first matrix (`jac0`) as the node takes
+    it. Errors name `op`."""
+    x0 = ops.asarray(x0)
+    tx = type_of(x0)
+    if tx.dtype.kind != "f":
+        if tx.dtype.kind in "iub":
+            x0 = ops.astype(x0, np.float64)
+            tx = type_of(x0)
+        else:
+            raise DTypeError(f"`x0` must be a real float array, got {tx.str_short()}.", op=op)
+    leaves = [ops.asarray(a) for a in leaves]
+
+    def body(*a):
+        *ls, x = a
+        out = fun(x, *ls)
+        if isinstance(out, (tuple, list, dict)) or out is None:
+            raise ShapeError(f"`fun` must return one array, got a {type(out).__name__}.",
+                             op=op)
+        out = ops.asarray(out)
+        to = type_of(out)
+        if to.size != tx.size:
+            raise ShapeError(f"`fun` must return as many values as x has ({tx.size}, for x "
+                             f"of shape {tx.shape}), got {to.str_short()}.", op=op)
+        if to.dtype != tx.dtype:
+            out = ops.astype(out, tx.dtype)
+        return out
+
+    graph, consts, _ = trace_body(body, [type_of(a) for a in leaves] + [tx], name=name)
+    if jac is not None and jac not in _solver_names("jacobian"):
+        raise InvalidOptionError(f"`jac` must be None or one of {_solver_names('jacobian')}, got "
+                                 f"{jac!r}.", op=op)
+    if jac is None and kind == "fixed_point":
+        jac = "gmres"
+    pattern, colors = None, 0
+    if jac is None or not lookup(jac, "jacobian").matrix_free:
+        # (a fixed-point map's residual is G(x) - x)
+        jac, pattern = newton_jacobian(graph, jac, identity=kind == "fixed_point")
+    if lookup(jac, "jacobian").sparse:
+        colors = int(coloring(pattern).max(initial=-1)) + 1
+    first = [] if start is None else [start(jac, pattern, tx)]
+    outs = root_p.bind(*consts, *leaves, x0, *first, body=residual_body(graph), kind=kind,
+                       method=method, jac=jac, pattern=pattern, colors=colors,
+                       tol=float(default_tol(tx.dtype) if tol is None else tol), atol=float(atol),
+                       maxiter=int(maxiter), memory=int(memory), throw=bool(throw),
+                       jac0=start is not None, at_floor=bool(at_floor))
+    return RootOutputs.of(outs)
+
+
 @root_p.def_impl
 def _root_impl(*args, body, kind, method, jac, pattern=None, colors=0, tol, atol, maxiter,
                memory=0, throw=True, uses=None, jac0=False, at_floor=False, site=None):
-    import jax.numpy as jnp
-
-    from ..graph import Site, lower
-
     graph = body
     consts, x0, j0 = operands(args, jac0)
     flat, jgraph = _newton_graphs(graph, kind, jac, pattern)
@@ -323,24 +388,17 @@ def jacobian_at(graph: Graph, args: list, *, kind: str, jac: str, pattern):
     """`dF/dx` at `args = (*consts, x)` for a solve of `jac`'s kind: a sparse
     matrix (colored JVPs of the body), a dense one, or None for matrix-free
     (see `apply_inverse`)."""
-    from .. import numpy as snp
-    from .._sparse_jacobian import Structure, emit
-    from ..solvers._coloring import coloring
-
     x = args[-1]
     n = int(np.prod(x.shape, dtype=np.int64))
     flat = _flat_body(graph, kind)
-    fargs = list(args[:-1]) + [snp.reshape(x, (n,))]
+    fargs = list(args[:-1]) + [ops.reshape(x, (n,))]
     jrec = lookup(jac, "jacobian")
     if jrec.matrix_free:
         return None
     if jrec.sparse:
         return emit(flat, fargs, len(fargs) - 1, Structure(pattern, coloring(pattern), False))
     # dense: one batched JVP over the unit vectors
-    from .._transforms import jacfwd
-    from ..graph._body import inline
-
-    return jacfwd(lambda xf: inline(flat, fargs[:-1] + [xf])[0])(fargs[-1])
+    return dense_jacobian(flat, fargs, len(fargs) - 1)
 
 
 def _jvp_in_x(flat: Graph, fargs: list, v):
@@ -353,17 +411,14 @@ def _jvp_in_x(flat: Graph, fargs: list, v):
 def _flat_body(graph: Graph, kind: str) -> Graph:
     """The residual `F` on a flat `x`: `(*consts, x_flat) -> (F_flat,)`
     (`G(x) - x` for a fixed-point map)."""
-    from .. import numpy as snp
-    from ..graph._body import inline, trace_body
-
     x_type = graph.inputs[-1].type
     n = x_type.size
 
     def F(*a):
         *c, xf = a
-        x = snp.reshape(xf, x_type.shape)
+        x = ops.reshape(xf, x_type.shape)
         (out,) = inline(graph, [*c, x])
-        out = snp.reshape(out, (n,))
+        out = ops.reshape(out, (n,))
         return out - xf if kind == "fixed_point" else out
 
     types = [v.type for v in graph.inputs[:-1]] + [TensorType((n,), x_type.dtype)]
@@ -379,11 +434,6 @@ def apply_inverse(graph: Graph, consts: list, x, rhs, *, kind: str, jac: str, pa
     the solve reads it: `linalg.backsolve` checks the backward error with
     the Jacobian at the root and refines, so the result is that of the
     Jacobian at the root without factoring it again."""
-    from .. import linalg
-    from .. import numpy as snp
-    from ..graph._autodiff import vjp_eval
-    from ._linalg import linalg_backsolve_p
-
     n = rhs.shape[0]
     jrec = lookup(jac, "jacobian")
     J = jacobian_at(graph, list(consts) + [x], kind=kind, jac=jac, pattern=pattern)
@@ -393,23 +443,21 @@ def apply_inverse(graph: Graph, consts: list, x, rhs, *, kind: str, jac: str, pa
             params["transpose"] = True
         return linalg_backsolve_p.bind(factor, J, rhs, **params)
     if J is not None:
-        return linalg.solve(J.T if transpose else J, rhs, solver=jrec.solver)
+        return solve(J.T if transpose else J, rhs, jrec.solver)
     flat = _flat_body(graph, kind)
-    fargs = list(consts) + [snp.reshape(x, (n,))]
+    fargs = list(consts) + [ops.reshape(x, (n,))]
 
     def matvec(v):
         if transpose:  # v -> J^T v: the body's VJP in x
             return vjp_eval(flat, fargs)[1]([v])[-1]
         return _jvp_in_x(flat, fargs, v)
 
-    op = linalg.operator(matvec, (n, n), rhs.dtype)
-    return linalg.solve(op, rhs, solver=jrec.solver, tol=jrec.derivative_rtol)
+    return solve_operator(matvec, n, np.dtype(rhs.dtype), frozenset(), rhs, jrec.solver,
+                          tol=jrec.derivative_rtol)
 
 
 @root_p.def_jvp
 def _root_jvp(primals, tangents, **params):
-    from .. import numpy as snp
-
     consts = operands(primals, params.get("jac0", False)).consts
     # (the root does not depend on where the iteration starts, nor on jac0)
     dconsts = tangents[:len(consts)]
@@ -427,17 +475,14 @@ def _root_jvp(primals, tangents, **params):
         return outs, [Zero(type_of(x).update())] + zeros_out
     if not params.get("throw", True):
         dF = root_guard_p.bind(o.status, dF)
-    dx = apply_inverse(graph, consts, x, snp.reshape(dF, (n,)), kind=kind, jac=params["jac"],
+    dx = apply_inverse(graph, consts, x, ops.reshape(dF, (n,)), kind=kind, jac=params["jac"],
                        pattern=params.get("pattern"), factor=o.factor)
-    return outs, [snp.reshape(-dx, x.shape)] + zeros_out
+    return outs, [ops.reshape(-dx, x.shape)] + zeros_out
 
 
 @root_p.def_vjp
 def _root_vjp(primals, outs, cts, **params):
     # lam = (dF/dx)^-T xbar at the root; constsbar = -(dF/dconsts)^T lam
-    from .. import numpy as snp
-    from ..graph._autodiff import vjp_eval
-
     consts = operands(primals, params.get("jac0", False)).consts
     o = RootOutputs.of(outs)
     x = o.x
@@ -449,10 +494,10 @@ def _root_vjp(primals, outs, cts, **params):
     if not params.get("throw", True):
         ct = root_guard_p.bind(o.status, ct)
     n = int(np.prod(x.shape, dtype=np.int64))
-    lam = apply_inverse(graph, consts, x, snp.reshape(ct, (n,)), kind=kind, jac=params["jac"],
+    lam = apply_inverse(graph, consts, x, ops.reshape(ct, (n,)), kind=kind, jac=params["jac"],
                         pattern=params.get("pattern"), transpose=True, factor=o.factor)
     _, backward = vjp_eval(graph, [*consts, x], [needs_ct(c) for c in consts] + [False])
-    back = backward([snp.reshape(lam, x.shape)])[:-1]
+    back = backward([ops.reshape(lam, x.shape)])[:-1]
     return [None if is_zero(b) or not needs_ct(c) else -b
             for c, b in zip(consts, back)] + [None] * (len(primals) - len(consts))
 
@@ -469,8 +514,6 @@ def _root_sparsity(outs, *deps, **params):
     # `jac0` and the iteration's outputs carry no dependence on the data
     # but through the root; `||F||` and the factorization take every
     # constant's.
-    from ..graph._sparsity import Deps, _bool, _check_entries, dense_all, empty, pad_columns
-    from ..graph._sparsity import sparsity_eval, union
 
     consts, x0, _ = operands(deps, params.get("jac0", False))
     N, m = x0.columns, x0.size
@@ -506,14 +549,12 @@ def _status_table(of: str) -> tuple[dict, str]:
     """The status texts of the solve a guard follows, and what to do."""
     if of == "odeint":
         # (imported here: `_ode` imports this module for the guard)
-        from ._ode import STATUS
+        from ._ode import STATUS as ODE_STATUS
 
-        return STATUS, ("an ODE solution's derivative is that of the integration that "
+        return ODE_STATUS, ("an ODE solution's derivative is that of the integration that "
                         "reached the final time. Check the status before differentiating "
                         "(a `throw=False` solve), or integrate with `throw=True` to see "
                         "the diagnosis")
-    from ..solvers._nonlinear import STATUS
-
     return STATUS, ("the implicit function theorem holds only at a root. Check `.success` "
                     "before differentiating, or solve with `throw=True` to see the "
                     "diagnosis")
@@ -544,8 +585,6 @@ def judge_derivative(site, *, status, of="root"):
 
 @root_guard_p.def_impl
 def _guard_impl(status, t, *, of="root", site=None):
-    from ..graph import Site
-
     return tie(t, check(judge_derivative, site or Site("optimize.root_guard"),
                         when=(status != 0).any(), status=status, of=of))
 
@@ -565,8 +604,6 @@ def _guard_transpose(ct, status, t, *, of="root"):
 
 @root_guard_p.def_batch
 def _guard_batch(args, dims, *, of="root"):
-    from ..graph._batch import batch_size_of, batched_front
-
     size = batch_size_of(args, dims)
     status, t = (batched_front(a, d, size) for a, d in zip(args, dims))
     return root_guard_p.bind(status, t, of=of), 0
@@ -577,17 +614,11 @@ def _guard_sparsity(outs, status, t, *, of="root"):
     return t.matrix
 
 
-def _install_batch_rule() -> None:
-    # a batch of root solves is a `map` of one: lowered as `jax.vmap` of the
-    # solve, every example iterates until all have converged (a converged
-    # example's state no longer changes), and SuperLU gets the batch's
-    # Jacobians in one host call per iteration
-    from ._map import map_rule
-
-    root_p.def_batch(map_rule(root_p))
-
-
-_install_batch_rule()
+# a batch of root solves is a `map` of one: lowered as `jax.vmap` of the
+# solve, every example iterates until all have converged (a converged
+# example's state no longer changes), and SuperLU gets the batch's
+# Jacobians in one host call per iteration
+root_p.def_batch(map_rule(root_p))
 
 
 @root_p.def_cost
@@ -596,9 +627,6 @@ def _root_cost(node, body):
     # at the iterate and at a line-search point, the Jacobian (one JVP per
     # color, or per unknown if dense; a matrix-free step: a Krylov solve of
     # JVPs, counted as 20), and the factorization and solve of the step
-    from ..graph._cost import Cost, _si, nbytes
-    from ._linalg import _factor_flops, _per_rhs
-
     p = node.params
     F = body(p["body"])
     n = operands(node.inputs, p.get("jac0", False)).x0.type.size

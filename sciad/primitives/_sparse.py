@@ -175,6 +175,25 @@ def assemble(x, pattern: Pattern, index: IndexMap | None = None, tags=frozenset(
     return sparse_assemble_p.bind(x, **params)
 
 
+def assemble_at(x, pattern: Pattern, dest, tags=frozenset()):
+    """`assemble` of the values `x` at the entries `dest` of `pattern` (as
+    `Pattern.from_coo` gives them; duplicates are summed): no index where
+    `dest` is every entry in order."""
+    index = None
+    if dest is not None and not (dest.size == pattern.nnz
+                                 and np.array_equal(dest, np.arange(pattern.nnz))):
+        index = IndexMap(dest)
+    return assemble(x, pattern, index, tags)
+
+
+def coo(x, row, col, shape):
+    """A sparse matrix of shape `shape` with the values `x` at `(row, col)`
+    (duplicates summed), for rules: `sd.sparse.coo_matrix` without its
+    checks."""
+    pattern, dest = Pattern.from_coo(shape, row, col)
+    return assemble_at(x, pattern, dest)
+
+
 def gather(a, index: IndexMap | None = None):
     """`sparse.gather`, with a default index left out of the node."""
     return sparse_gather_p.bind(a) if index is None else sparse_gather_p.bind(a, index=index)
