@@ -41,12 +41,13 @@ from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import Primitive as JaxPrimitive
 from jax.interpreters import ad, batching, mlir
 
-from ._traceback import api_boundary
 from . import config
+from ._traceback import api_boundary
+from ._transforms import _jvp_emit
 from .errors import NotSupportedError, SciadError, reraise
-from .graph import Graph, Literal, format_node, is_differentiable, lower
+from .graph import (Graph, Literal, Zero, format_node, is_differentiable, lower, trace_flat, verify,
+                    vjp_graph)
 from .graph._types import holds_tuple, leaf_types
-from .graph import trace_flat, verify, vjp_graph
 from .graph.passes import optimize
 
 _tree = jax.tree_util
@@ -90,9 +91,6 @@ def _leaf_positions(values) -> tuple[list[int], int]:
 def _tangent_graph(graph: Graph, diff: list[int]) -> Graph:
     """`(*primals, *tangents of the inputs `diff`) -> tangents of the float and
     complex outputs` (a factorization output has none)."""
-    from ._transforms import _jvp_emit
-    from .graph import Zero
-
     n = len(graph.inputs)
 
     def fn(*args):

@@ -8,8 +8,9 @@ and evaluates one JVP per color, batched into one graph of the size of one
 JVP, then reads each entry from its color's product. Where the rows color
 with fewer colors (a function with fewer outputs than inputs), it uses one
 VJP per row color instead. The pattern and the coloring are computed once per
-signature, when the function is traced; the Newton solves of
-`sd.optimize.root` use the same machinery on their residual's graph.
+signature, when the function is traced. The machinery (`emit`,
+`structure_of`) lives in `sciad.primitives._jacobian`, where the Newton
+solves of `sd.optimize.root` use it on their residual's graph.
 """
 
 from __future__ import annotations

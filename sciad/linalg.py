@@ -26,15 +26,21 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import numpy as snp
 from .errors import DTypeError, InvalidOptionError, ShapeError
 from .graph import Tracer
 from .numpy import _as_array
-from .primitives._linalg import NORMS, _clean, linalg_rcond_p, linalg_solve_p, solve_operator
-from .primitives._linalg import solve_params
+from .primitives._checks import eps_of, refine_above
+from .primitives._eigen import FUNCTIONS, eigh as _eigh, eigh_apply
+from .primitives._eigsh import WHICH, eigsh as _eigsh, eigsh_operator
+from .primitives._linalg import (NORMS, _clean, linalg_rcond_p, linalg_solve_p, solve_operator,
+                                 solve_params)
+from .primitives._sparse import assemble, gather
+from .primitives._svd import svd as _svd
 from .solvers._linear import resolve
 from .solvers._measures import ratio
 from .solvers._registry import names as _solver_names
-from .sparse import astype as _sparse_astype, issparse
+from .sparse import _check_tags, astype as _sparse_astype, data as _data, issparse, with_data
 
 __all__ = ["solve", "cond", "eigh", "eigvalsh", "eigsh", "funm_hermitian", "svd", "operator", "Operator", "SolveInfo", "SOLVERS"]
 
@@ -122,8 +128,6 @@ class SolveInfo(NamedTuple):
 def _prepare(A, b, assume, op: str):
     """`(A, b, tags, sparse, dtype)`: the operands promoted to one float or
     complex dtype, and the structure `A` has (its tags and `assume`)."""
-    from . import numpy as snp
-
     if assume not in _ASSUME:
         raise InvalidOptionError(f"`assume` must be one of "
                                  f"{sorted(k for k in _ASSUME if k)} or None, got {assume!r}.",
@@ -140,9 +144,6 @@ def _prepare(A, b, assume, op: str):
         A = _sparse_astype(A, dtype)
         tags = A.type.tags | _ASSUME[assume]
         if tags != A.type.tags:
-            from .primitives._sparse import assemble, gather
-            from .sparse import _check_tags
-
             _check_tags(A.type.pattern, tags, op)
             A = assemble(gather(A), A.type.pattern, None, tags)
     else:
@@ -210,8 +211,6 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
     with `sd.config.enable_checks` on, since a sparse estimate costs a few
     extra solves). A structurally singular sparse matrix fails at trace time.
     """
-    from . import numpy as snp
-
     op = "linalg.solve"
     if isinstance(A, Operator):
         if preconditioner is not None or assume is not None:
@@ -243,8 +242,6 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
 def _info(r, b, x, A, rcond, tol: float | None, atol: float) -> SolveInfo:
     """The `SolveInfo` of `x` with residual `r = A x - b`. `tol` None: a
     direct solve, judged like `throw=True` would (see `solve`)."""
-    from . import numpy as snp
-
     if r is None:  # several right-hand sides of a matrix-free operator
         raise ShapeError("`throw=False` with a matrix-free operator takes one right-hand "
                          "side.", op="linalg.solve")
@@ -260,8 +257,6 @@ def _info(r, b, x, A, rcond, tol: float | None, atol: float) -> SolveInfo:
     elif A is not None:
         axis = 0
         if issparse(A):  # row sums of |A|, on the pattern
-            from .sparse import data as _data, with_data
-
             absA = with_data(A, snp.abs(_data(A)))
             anorm = snp.max(absA @ snp.ones(A.shape[1], real))
         else:
@@ -274,8 +269,6 @@ def _info(r, b, x, A, rcond, tol: float | None, atol: float) -> SolveInfo:
         converged = snp.logical_and(rnorm <= tol * bnorm + atol, finite)
         rc = snp.asarray(np.nan, real) if rcond is None else rcond
         return SolveInfo(converged, residual, rc, eta)
-    from .primitives._checks import eps_of, refine_above
-
     eps = eps_of(x.dtype)
     n = x.shape[0]
     singular = snp.logical_and(rcond < eps, ~(residual <= np.sqrt(eps)))
@@ -312,8 +305,6 @@ def cond(A, p=1, *, estimate: bool = True, solver: str = "auto", constant: bool 
 
     A real scalar; `inf` for a singular matrix.
     """
-    from . import numpy as snp
-
     op = "linalg.cond"
     A, _, tags, sparse, dtype = _prepare(A, None, None, op)
     solver = resolve(solver, matrix="sparse" if sparse else "dense", tags=tags, dtype=dtype,
@@ -334,8 +325,6 @@ def cond(A, p=1, *, estimate: bool = True, solver: str = "auto", constant: bool 
 
 
 def _dense_hermitian(A, op: str):
-    from . import numpy as snp
-
     if issparse(A):
         raise ShapeError(f"`A` is a sparse matrix: {op} is dense (convert with "
                          "`A.todense()`; a sparse partial eigensolver is to come).", op=op)
@@ -404,12 +393,8 @@ def eigh(A, B=None, *, degenerate_tol: float | None = None):
     eigenvalues (`sum(w_c**2)`) needs the whole block `v_c^H dA v_c` and is
     refused (`trace(funm_hermitian(A, f))` has it, for the functions there).
     """
-    from .primitives._eigen import eigh as _eigh
-
     A = _dense_hermitian(A, "linalg.eigh")
     if B is not None:
-        from . import numpy as snp
-
         B = _dense_hermitian(B, "linalg.eigh")
         if tuple(B.shape) != tuple(A.shape):
             raise ShapeError(f"`B` must have `A`'s shape {tuple(A.shape)}, got "
@@ -478,9 +463,6 @@ def svd(A, full_matrices: bool = False, compute_uv: bool = True, *,
     compute_uv=False)`, checked on its own (repeated `svd(A)` calls on one
     matrix are one decomposition, differentiated and checked as one).
     """
-    from . import numpy as snp
-    from .primitives._svd import svd as _svd
-
     op = "linalg.svd"
     if full_matrices:
         raise InvalidOptionError("only the thin SVD is supported: pass `full_matrices=False` (the "
@@ -514,8 +496,6 @@ def funm_hermitian(A, f: str, *, degenerate_tol: float | None = None):
     (`NotPositiveDefiniteError` when the program runs otherwise), "inv" a
     nonsingular `A` (`SingularMatrixError`).
     """
-    from .primitives._eigen import FUNCTIONS, eigh_apply
-
     if f not in FUNCTIONS:
         raise InvalidOptionError(f"`f` must be one of {sorted(FUNCTIONS)}, got {f!r}.",
                                  op="linalg.eigh_apply")
@@ -602,8 +582,6 @@ def eigsh(A, k: int = 6, M=None, *, which: str | None = None, sigma: float | Non
     sd.linalg.eigsh(A, 3, sigma=0.0)[0]         # the same three, by shift-invert
     ```
     """
-    from .primitives._eigsh import WHICH, eigsh as _eigsh, eigsh_operator
-
     op = "linalg.eigsh"
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise ShapeError(f"`k` must be an int, got {k!r}.", op=op)
@@ -615,8 +593,6 @@ def eigsh(A, k: int = 6, M=None, *, which: str | None = None, sigma: float | Non
         # SciPy's "BE": k // 2 wanted from the low end, the rest (one more if
         # k is odd) from the high end, in ascending order. Two runs, each with
         # its own next eigenvalue, so a cluster that either end cuts is seen.
-        from . import numpy as snp
-
         low = int(k) // 2
         (wl, vl), (wh, vh) = (eigsh(A, j, M, which=end, sigma=sigma, tol=tol,
                                     maxiter=maxiter, degenerate_tol=degenerate_tol)

@@ -26,6 +26,7 @@ from typing import Iterable
 
 import numpy as np
 
+from . import _sparse_jacobian, numpy as snp
 from .errors import DTypeError, InvalidOptionError, ShapeError, StructureError
 from .graph import Tracer
 from .graph._types import KNOWN_TAGS, Pattern, SparseArray, SparseType
@@ -88,8 +89,6 @@ def _static_ints(x, name: str, op: str) -> np.ndarray:
 
 
 def _data_operand(data, op: str):
-    from . import numpy as snp
-
     if isinstance(data, Tracer):
         d = data
     else:
@@ -212,8 +211,6 @@ def from_dense(D, *, tags: Iterable[str] = ()):
 
 def sample(D, pattern: Pattern):
     """The entries of dense `D` on `pattern`, as a sparse matrix."""
-    from . import numpy as snp
-
     D = snp.asarray(D)
     if np.dtype(D.dtype).kind not in "fc":
         D = snp.astype(D, np.float64)
@@ -224,8 +221,6 @@ def sddmm(u, v, pattern: Pattern):
     """`u @ v.T` kept on `pattern` (for vectors, the outer product `u v^T`):
     `data_k = sum_j u[r_k, j] v[c_k, j]`. The gradient of `A @ x` with
     respect to `A` is `sddmm(ct, x)`."""
-    from . import numpy as snp
-
     u, v = snp.asarray(u), snp.asarray(v)
     dtype = np.result_type(u.dtype, v.dtype, np.float32)
     return sparse_sddmm_p.bind(snp.astype(u, dtype), snp.astype(v, dtype), pattern=pattern)
@@ -259,8 +254,6 @@ def with_data(A, new_data):
 
 def astype(A, dtype):
     """`A` with its values converted to `dtype`."""
-    from . import numpy as snp
-
     t = _check_sparse(A, "sparse.astype")
     dtype = np.dtype(dtype)
     if dtype == t.dtype:
@@ -270,8 +263,6 @@ def astype(A, dtype):
 
 
 def _promote(A, x):
-    from . import numpy as snp
-
     xt = np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
     dtype = np.result_type(A.type.dtype, xt)
     if dtype.kind not in "fc":
@@ -282,8 +273,6 @@ def _promote(A, x):
 def matmul(A, x):
     """`A @ x` for sparse `A` and dense `x` of shape `(m,)` or `(m, k)`; also
     `x @ A` for dense `x` of shape `(n,)` or `(k, n)` and sparse `A`."""
-    from . import numpy as snp
-
     if issparse(A) and issparse(x):
         raise DTypeError("sparse @ sparse is not supported; multiply one of them by "
                          "a dense array.", op="sparse.matmul")
@@ -326,8 +315,6 @@ def todense(A):
 
 
 def _scale(A, s, op: str, divide: bool = False):
-    from . import numpy as snp
-
     t = _check_sparse(A, op)
     s = snp.asarray(s)
     if s.ndim != 0:
@@ -341,8 +328,6 @@ def _scale(A, s, op: str, divide: bool = False):
 
 
 def _negate(A):
-    from . import numpy as snp
-
     t = _check_sparse(A, "sparse.neg")
     keep = frozenset(x for x in t.tags if x != "spd")
     return assemble(snp.negative(data(A)), t.pattern, None, keep)
@@ -350,8 +335,6 @@ def _negate(A):
 
 def _add(A, B, sign: float):
     """`A + sign * B` for two sparse matrices; patterns are merged."""
-    from . import numpy as snp
-
     op = "sparse.add" if sign > 0 else "sparse.sub"
     ta, tb = _check_sparse(A, op), _check_sparse(B, op)
     if ta.shape != tb.shape:
@@ -413,8 +396,6 @@ def _shown(x) -> str:
 
 
 def _install_sparse_array_methods() -> None:
-    from . import numpy as snp
-
     def swap(f):
         return lambda self, other: f(other, self)
 
@@ -437,22 +418,12 @@ _install_sparse_array_methods()
 
 
 def jacobian_sparsity(f, *args, argnums: int = 0):
-    from ._sparse_jacobian import jacobian_sparsity as impl
-
-    return impl(f, *args, argnums=argnums)
+    return _sparse_jacobian.jacobian_sparsity(f, *args, argnums=argnums)
 
 
 def jacobian(f, argnums: int = 0, *, mode: str = "auto"):
-    from ._sparse_jacobian import jacobian as impl
-
-    return impl(f, argnums, mode=mode)
+    return _sparse_jacobian.jacobian(f, argnums, mode=mode)
 
 
-def _doc_from_impl() -> None:
-    from . import _sparse_jacobian as impl
-
-    jacobian_sparsity.__doc__ = impl.jacobian_sparsity.__doc__
-    jacobian.__doc__ = impl.jacobian.__doc__
-
-
-_doc_from_impl()
+jacobian_sparsity.__doc__ = _sparse_jacobian.jacobian_sparsity.__doc__
+jacobian.__doc__ = _sparse_jacobian.jacobian.__doc__

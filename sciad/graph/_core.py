@@ -17,8 +17,8 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple
 import numpy as np
 
 from .._traceback import api_boundary
-from ..errors import RegistrationError
-from ._params import Param, as_declaration
+from ..errors import MissingRuleError, RegistrationError
+from ._params import Param, as_declaration, param_problem
 from ._source import SourceInfo, user_source
 from ._types import AbstractType, TensorType, runtime_type
 
@@ -112,7 +112,7 @@ class Node:
         return tuple(_graphs_in(v for _, v in sorted(self.params.items())))
 
     def __str__(self) -> str:
-        from ._print import format_node
+        from ._print import format_node  # (a cycle: _print imports this module)
 
         return format_node(self)
 
@@ -174,13 +174,13 @@ class Graph:
         return Graph(**fields)
 
     def __str__(self) -> str:
-        from ._print import format_graph
+        from ._print import format_graph  # (a cycle: _print imports this module)
 
         return format_graph(self)
 
     def pretty(self, *, source: bool = True) -> str:
         """The SSA text; `source=False` leaves out the `# file:line` comments."""
-        from ._print import format_graph
+        from ._print import format_graph  # (a cycle: _print imports this module)
 
         return format_graph(self, source=source)
 
@@ -189,14 +189,14 @@ class Graph:
                 f" {len(self.outputs)} outputs>")
 
     def to_dot(self) -> str:
-        from ._print import to_dot
+        from ._print import to_dot  # (a cycle: _print imports this module)
 
         return to_dot(self)
 
     def to_json(self, *, indent: int | None = None, hash: bool = False) -> str:
         """The graph as JSON text; `hash=True` adds a sha256 content hash that
         `from_json` checks. See `sciad.graph.graph_to_json`."""
-        from ._serialize import graph_to_json
+        from ._serialize import graph_to_json  # (a cycle: _serialize imports this module)
 
         return graph_to_json(self, indent=indent, hash=hash)
 
@@ -207,7 +207,7 @@ class Graph:
                   max_bytes: int | None = None, require_hash: bool = False) -> "Graph":
         """Rebuilds and verifies a graph written by `to_json`, within limits on
         its size (None: the defaults). See `sciad.graph.graph_from_json`."""
-        from ._serialize import graph_from_json
+        from ._serialize import graph_from_json  # (a cycle: _serialize imports this module)
 
         limits = {k: v for k, v in (("max_nodes", max_nodes),
                                     ("max_elements", max_elements),
@@ -216,7 +216,7 @@ class Graph:
         return graph_from_json(text, require_hash=require_hash, **limits)
 
     def verify(self) -> "Graph":
-        from ._verify import verify
+        from ._verify import verify  # (a cycle: _verify imports this module)
 
         verify(self)
         return self
@@ -734,8 +734,6 @@ class Primitive:
     # -- use -----------------------------------------------------------------
     def abstract_eval(self, *in_types, **params) -> tuple[AbstractType, ...]:
         """The output types, always as a tuple."""
-        from ..errors import MissingRuleError
-
         if self.abstract_eval_rule is None:
             raise MissingRuleError(
                 "has no shape rule, so it cannot be traced. Define one with "
@@ -756,7 +754,7 @@ class Primitive:
 
     @api_boundary
     def bind(self, *args, **params):
-        from ._trace import bind
+        from ._trace import bind  # (a cycle: _trace imports this module)
 
         return bind(self, args, params)
 
@@ -768,8 +766,6 @@ class Primitive:
         ("missing param `pattern` (expected Pattern)."), or None; always None
         for an undeclared primitive. `explicit=True` (a graph file) also
         requires the params that have defaults."""
-        from ._params import param_problem
-
         return param_problem(self.params, params, explicit=explicit)
 
     def __repr__(self) -> str:

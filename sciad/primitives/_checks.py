@@ -45,6 +45,7 @@ import numpy as np
 
 from ..errors import IllConditionedWarning, NonFiniteError, SingularMatrixError, StructureError
 from ..graph import Site
+from ..solvers._host import host_call
 from ..solvers._registry import lookup
 
 
@@ -189,8 +190,6 @@ def check(judge, site: Site, /, *, when=None, **measures):
         for i in range(k):  # the first failing batch element is reported
             judge(site, **static, **{n: f[i] for n, f in zip(names, flat)})
         return (np.zeros(batch, np.int32),)
-
-    from ..solvers._host import host_call
 
     def call(values):
         (tok,) = host_call(host, (jax.ShapeDtypeStruct((), jnp.int32),), *values,

@@ -58,6 +58,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.linalg as sla
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
 
 from ..config import x64_scope
 from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NonFiniteError,
@@ -164,10 +167,6 @@ def _eigsh_host(data, mdata=None, *, pattern, mass_pattern, k, which, sigma, tol
     """ARPACK on each matrix of a batch (leading axes of `data`): the `k`
     wanted eigenpairs, and the next eigenvalue in ARPACK's order (`k + 1`
     are computed; a small matrix is solved densely)."""
-    import scipy.linalg as sla
-    import scipy.sparse as sp
-    import scipy.sparse.linalg as spla
-
     n = pattern.shape[0]
     data = np.asarray(data)
     batch = data.shape[:-1]
@@ -421,8 +420,6 @@ def _operator_host(matvec, n, k, which, tol, maxiter, site):
     """ARPACK on a matrix-free operator (`matvec` a host function), for one
     operator (matrix-free operators are not batched on the host: a batch
     runs as a `lax.map` of the primitive)."""
-    import scipy.sparse.linalg as spla
-
     def mv(x):
         with x64_scope():
             y = np.asarray(matvec(np.asarray(x, np.float64).reshape(n)))

@@ -53,22 +53,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _ops as ops
-from .. import solvers
+from .. import _ops as ops, config, solvers
 from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NonFiniteError,
                       NotSupportedError, ShapeError, SingularMatrixError, plain)
-from ..graph import (Body, Factored, Param, Primitive, SparseType, TensorType, Zero,
-                     is_linear, is_zero)
+from ..graph import (Body, Factored, Param, Primitive, Site, SparseType, TensorType, Zero,
+                     instantiate, is_linear, is_zero, jvp_eval, lower, vjp_eval)
 from ..graph._autodiff import needs_ct, type_of
 from ..graph._body import trace_body
-from ..graph._serialize import register_v1_migration
-from ..graph._types import FactorType, Pattern, register_factor_layout
+from ..graph._cost import Cost, _si, nbytes, size, sparse_lu_fill
 from ..graph._params import shown_params
+from ..graph._serialize import register_v1_migration
+from ..graph._sparsity import along, dense, empty, union
+from ..graph._trace import trace_flat
+from ..graph._types import FactorType, Pattern, register_factor_layout
 from ..solvers._host import host_call
-from ..solvers._measures import ratio
 from ..solvers._linear import names_for, resolve
+from ..solvers._measures import ratio
 from ..solvers._registry import lookup, records
 from ._checks import check, judge_factor, judge_matrix, judge_solve, refine_above, tie
+from ._contract import einsum_p
+from ._elementwise import unary_primitives
 from ._map import columns_rule, map_rule, on_devices, reader_nodes
 from ._sparse import sparse_matmul_p, sparse_sddmm_p
 
@@ -128,8 +132,6 @@ def _check_matrix(a, b, solver: str, pattern, op: str, assume: str | None = None
 
 
 def _checks_on() -> bool:
-    from .. import config
-
     return bool(config.enable_checks)
 
 
@@ -333,8 +335,6 @@ def _apply(a, x, pattern, transpose: bool):
     """`op(a) @ x` with sciad ops (a tangent `a`)."""
     if pattern is not None:
         return sparse_matmul_p.bind(a, x, pattern=pattern, transpose=transpose)
-    from ._contract import einsum_p
-
     vec = len(x.shape) == 1
     if transpose:
         return einsum_p.bind(a, x, spec="mk,m->k" if vec else "mk,mn->kn")
@@ -345,14 +345,10 @@ def _outer(u, v, pattern):
     """`u v^T` (summed over columns for matrices), on `pattern` if sparse."""
     if pattern is not None:
         return sparse_sddmm_p.bind(u, v, pattern=pattern)
-    from ._contract import einsum_p
-
     return einsum_p.bind(u, v, spec="m,k->mk" if len(u.shape) == 1 else "mn,kn->mk")
 
 
 def _neg(x):
-    from ._elementwise import unary_primitives
-
     return unary_primitives["neg"].bind(x)
 
 
@@ -509,8 +505,6 @@ def _iterative_solve(matvec, a, b, *, solver, pattern, rtol, atol, maxiter, inv_
 @linalg_solve_p.def_impl
 def _solve_impl(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=None,
                 maxiter=None, preconditioner=None, throw=True, assume=None, site=None):
-    from ..graph import Site
-
     site = site or Site("linalg.solve")
     if not lookup(solver, "linear").direct:
         inv_diag = None
@@ -601,8 +595,6 @@ def _factor_shape(a, *, solver, pattern=None, assume=None, throw=True, uses=None
 
 @linalg_factor_p.def_impl
 def _factor_impl(a, *, solver, pattern=None, assume=None, throw=True, uses=None, site=None):
-    from ..graph import Site
-
     return _make_factor(a, solver=solver, pattern=pattern, assume=assume, throw=throw,
                         uses=uses, site=site or Site("linalg.factor"))
 
@@ -633,8 +625,6 @@ def _backsolve_shape(f, a, b, *, solver, pattern=None, transpose=False, assume=N
 @linalg_backsolve_p.def_impl
 def _backsolve_impl(factor, a, b, *, solver, pattern=None, transpose=False, assume=None,
                     throw=True, site=None):
-    from ..graph import Site
-
     return _solve_with(factor, a, b, solver=solver, pattern=pattern, transpose=transpose,
                        throw=throw, site=site or Site("linalg.backsolve"))
 
@@ -719,8 +709,6 @@ def _rcond_shape(a, *, solver, pattern=None, norm=1, exact=False, constant=False
 
 @linalg_rcond_p.def_impl
 def _rcond_impl(a, *, solver, pattern=None, norm=1, exact=False, constant=False, site=None):
-    from ..graph import Site
-
     if exact:
         c = jnp.linalg.cond(a, p={1: 1, np.inf: jnp.inf, 2: 2, "fro": "fro"}[norm])
         return jnp.where(jnp.isfinite(c), 1.0 / c, 0.0).astype(np.finfo(a.dtype).dtype)
@@ -828,8 +816,6 @@ def _solve_operator_shape(*args, body, solver, rtol, atol, maxiter=None, transpo
 @linalg_solve_operator_p.def_impl
 def _solve_operator_impl(*args, body, solver, rtol, atol, maxiter=None, transpose=False,
                          symmetric=False, throw=True, site=None):
-    from ..graph import Site, lower
-
     *params, b = args
     f = lower(body)
 
@@ -860,8 +846,6 @@ def _operator_params(params: dict, flip: bool) -> dict:
 
 def _matvec_tangent(graph, v, params, dparams):
     """`(dA) v`: the tangent of `A(params) v` for parameter tangents `dparams`."""
-    from ..graph import jvp_eval
-
     _, touts = jvp_eval(graph, [*params, v], [*dparams, Zero(_type(v).update())])
     return touts[0]
 
@@ -869,13 +853,10 @@ def _matvec_tangent(graph, v, params, dparams):
 def _matvec_tangent_transposed(graph, x, params, dparams):
     """`(dA)^T x`: the gradient in `v` of `<x, (dA) v>`, which is linear in
     `v` (so any `v` will do: `x`)."""
-    from ..graph import TensorType as _T, instantiate, vjp_eval
-    from ..graph._trace import trace_flat
-
     t = _type(x)
     g2, _, _, caps = trace_flat(
         lambda v: [instantiate(_matvec_tangent(graph, v, params, dparams))],
-        (_T(t.shape, t.dtype),), closure=True, name="matvec_tangent")
+        (TensorType(t.shape, t.dtype),), closure=True, name="matvec_tangent")
     _, backward = vjp_eval(g2, [x, *caps])
     return backward([x])[0]
 
@@ -901,8 +882,6 @@ def _solve_operator_jvp(primals, tangents, **kw):
 
 @linalg_solve_operator_p.def_vjp
 def _solve_operator_vjp(primals, x, ct, **kw):
-    from ..graph import vjp_eval
-
     *params, b = primals
     lam = linalg_solve_operator_p.bind(*params, ct, **_operator_params(kw, flip=True))
     param_cts: list = [None] * len(params)
@@ -945,23 +924,17 @@ def _solve_operator_transpose(ct, *args, **kw):
 def _factor_flops(n: int, solver: str, pattern) -> float:
     """The solver's cost model: a factorization (dense, or sparse from the
     pattern's LU fill)."""
-    from ..graph._cost import sparse_lu_fill
-
     fill = sparse_lu_fill(pattern) if pattern is not None else None
     return lookup(solver, "linear").factor_flops(n, fill)
 
 
 def _per_rhs(n: int, solver: str, pattern) -> float:
     """The solver's cost model: a solve with the factor, per right-hand side."""
-    from ..graph._cost import sparse_lu_fill
-
     fill = sparse_lu_fill(pattern) if pattern is not None else None
     return lookup(solver, "linear").solve_flops(n, fill)
 
 
 def _rhs(b, n: int) -> int:
-    from ..graph._cost import size
-
     return max(size(b.type) // max(n, 1), 1)
 
 
@@ -973,16 +946,12 @@ def _iteration_flops(solver: str, b, pattern) -> float:
 
 @linalg_factor_p.def_cost
 def _factor_cost(node, body):
-    from ..graph._cost import Cost
-
     p = node.params
     return Cost(_factor_flops(node.inputs[0].type.shape[0], p["solver"], p.get("pattern")))
 
 
 @linalg_backsolve_p.def_cost
 def _backsolve_cost(node, body):
-    from ..graph._cost import Cost
-
     _, a, b = node.inputs
     n = a.type.shape[0]
     return Cost(_per_rhs(n, node.params["solver"], node.params.get("pattern")) * _rhs(b, n))
@@ -990,8 +959,6 @@ def _backsolve_cost(node, body):
 
 @linalg_solve_p.def_cost
 def _solve_cost(node, body):
-    from ..graph._cost import Cost, _si, nbytes
-
     p = node.params
     a, b = node.inputs
     n = a.type.shape[0]
@@ -1005,8 +972,6 @@ def _solve_cost(node, body):
 
 @linalg_solve_operator_p.def_cost
 def _solve_operator_cost(node, body):
-    from ..graph._cost import Cost, _si
-
     mv = body(node.params["body"])
     n = node.inputs[-1].type.shape[0]
     per = mv.flops + 10.0 * n
@@ -1015,8 +980,6 @@ def _solve_operator_cost(node, body):
 
 @linalg_rcond_p.def_cost
 def _rcond_cost(node, body):
-    from ..graph._cost import Cost
-
     a = node.inputs[0]
     n = a.type.shape[0]
     p = node.params
@@ -1026,8 +989,6 @@ def _rcond_cost(node, body):
 
 @linalg_factor_rcond_p.def_cost
 def _factor_rcond_cost(node, body):
-    from ..graph._cost import Cost
-
     n = node.inputs[1].type.shape[0]
     return Cost(10 * _per_rhs(n, node.params["solver"], node.params.get("pattern")))
 
@@ -1057,8 +1018,6 @@ _install_batch_rules()
 
 
 def _install_sparsity_rules() -> None:
-    from ..graph._sparsity import along, dense, empty, union
-
     def solution(out, mats, b):
         parts = [along(out, b, (0,))]
         if mats:

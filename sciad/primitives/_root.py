@@ -27,10 +27,9 @@ from __future__ import annotations
 import functools
 from typing import Any, NamedTuple
 
+import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
-
-import jax.numpy as jnp
 
 from .. import _ops as ops
 from ..errors import ConvergenceError, DTypeError, InvalidOptionError, ShapeError

@@ -32,9 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import DTypeError, ShapeError
-from ..graph import (Param, Primitive, SparseType, TensorType, is_linear,
-                     register_param_type)
+from ..graph import Param, Primitive, SparseType, TensorType, is_linear, register_param_type, zeros
 from ..graph._autodiff import register_zeros
+from ..graph._cost import Cost, size
+from ..graph._serialize import _decode_array, _encode_array
+from ..graph._sparsity import Deps, by_ids, contraction, empty, select_rows, union, value_shape
 from ..graph._types import Pattern
 from ._contract import _multilinear_jvp
 from ._map import columns_rule, map_rule
@@ -80,14 +82,10 @@ class IndexMap:
 
 
 def _encode_index(m: IndexMap):
-    from ..graph._serialize import _encode_array
-
     return _encode_array(m.array)
 
 
 def _decode_index(d) -> IndexMap:
-    from ..graph._serialize import _decode_array
-
     return IndexMap(_decode_array(d))
 
 
@@ -240,8 +238,6 @@ def _gather_transpose(ct, a, *, index=None):
 
 
 def _zeros_sparse(t: SparseType):
-    from ..graph import zeros
-
     return assemble(zeros(t.data_type), t.pattern)
 
 
@@ -420,8 +416,6 @@ def _sample_transpose(ct, d, *, pattern):
 @sparse_matmul_p.def_cost
 def _sparse_matmul_cost(node, body):
     # a multiply and an add per stored entry and column of the dense operand
-    from ..graph._cost import Cost, size
-
     a, x = node.inputs
     cols = max(size(x.type) // max(x.type.shape[0], 1), 1)
     return Cost(2.0 * node.params["pattern"].nnz * cols)
@@ -451,9 +445,6 @@ _install_batch_rules()
 
 def _install_sparsity_rules() -> None:
     import scipy.sparse as sp
-
-    from ..graph._sparsity import (Deps, by_ids, contraction, empty, select_rows, union,
-                                   value_shape)
 
     @sparse_assemble_p.def_sparsity
     def _assemble(outs, x, *, pattern, index=None, tags=frozenset()):

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _sparse_direct
 from ._coloring import color_seeds
 
 
@@ -115,8 +116,6 @@ def sparse_lu(pattern, values: Callable, dtype, *, keep: bool = False,
     the matrix the chord's first iterations solve with; roots started with
     the same values share one factorization (`_sparse_direct.newton_solve`).
     """
-    from . import _sparse_direct
-
     def solve(x, r, aux, fresh):
         handle, data = aux
         data = jnp.where(fresh, values(x), data) if chord else values(x)
