@@ -32,6 +32,9 @@ import jax
 from ._core import Graph, Literal, Node, Var, has_effects, must_run
 from ._types import AbstractType
 
+# _trace, _autodiff and _batch are imported inside the functions that use
+# them: each of them imports this module (Body), a cycle at import time.
+
 _tree = jax.tree_util
 
 

@@ -18,6 +18,9 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from .. import config
+from ..config import x64_scope
+from ..errors import RuleError
 from ._core import Atom, Graph, Literal, Node, Var, has_effects, must_run
 from ._types import TensorType, holds_tuple
 from ._verify import verify
@@ -117,7 +120,6 @@ def _forward(graph: Graph, run: _Run, visit: Callable[[Node], Node | tuple]) -> 
 
 
 def _finish(graph: Graph, out: Graph) -> Graph:
-    from .. import config
 
     if out is graph:
         out = graph.replace()
@@ -335,7 +337,6 @@ def _foldable(node: Node, max_size: int) -> bool:
 
 def _evaluate_node(node: Node) -> tuple[Literal, ...] | None:
     """The node's outputs as `Literal`s, or None if it cannot be evaluated exactly."""
-    from ..config import x64_scope
 
     prim = node.primitive
     try:
@@ -438,7 +439,6 @@ def _rewrite(node: Node, producer: dict[Var, Node]) -> Atom | Node | None:
 def _checked_rewrite(node: Node, new) -> Atom | Node | None:
     """A primitive's own simplify rule's result, checked: a replacement must
     have exactly the type of the value it replaces."""
-    from ..errors import RuleError
 
     out = node.outputs[0]
     if new is None or new is node:

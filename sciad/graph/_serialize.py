@@ -51,6 +51,7 @@ from ._core import Graph, Literal, Node, Var, lookup_primitive
 from ._params import describe_value, shown_params
 from ._source import SourceInfo
 from ._types import _SHORT, AbstractType, TensorType, runtime_type, type_from_json
+from ._verify import verify
 
 FORMAT = "sciad.graph"
 VERSION = 2
@@ -853,7 +854,6 @@ def graph_from_json(text: str | bytes, *, max_nodes: int = MAX_NODES,
                                  f"{type(e).__name__}: {e}", op="from_json") from e
     finally:
         _ACTIVE.reset(token)
-    from ._verify import verify
 
     try:
         verify(graph)

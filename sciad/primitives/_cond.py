@@ -36,17 +36,20 @@ from typing import Callable
 import jax
 import numpy as np
 
+from .. import _ops as ops
 from ..errors import DTypeError, NotSupportedError, ShapeError
 from ..graph import Body, Graph, Literal, Primitive, TensorType, Var, Zero
 from ..graph import instantiate, is_differentiable, is_linear, is_zero, lower
 from ..graph._autodiff import (graph_linear_outputs, needs_ct, type_of, vjp_eval, vjp_graph,
                                zeros)
+from ..graph._cost import Cost
 from ..graph._batch import batch_body, batch_graph, batch_size_of, batched_front, front_where
 from ..graph._batch import to_front
 from ..graph._body import (applied_batch_rule, applied_body, drop_inputs, inline, jvp_body,
                            live_inputs, trace_body, transpose_body)
 from ..graph._serialize import register_v1_migration
-from ..graph._trace import Tracer, is_value_leaf
+from ..graph._sparsity import body_rule, sparsity_eval, union
+from ..graph._trace import Tracer, _leaf_type, current_builder, is_value_leaf
 
 _tree = jax.tree_util
 
@@ -278,8 +281,6 @@ def _cond_transpose(cts, pred, *args, true_body, false_body):
 
 
 def _leaf_types(leaves, what: str):
-    from ..graph._trace import _leaf_type
-
     return [_leaf_type(x, what) for x in leaves]
 
 
@@ -517,8 +518,6 @@ def checkpoint(f: Callable) -> Callable:
 
 
 def _tracing() -> bool:
-    from ..graph._trace import current_builder
-
     return current_builder() is not None
 
 
@@ -533,11 +532,10 @@ def _cond_batch(args, dims, *, true_body, false_body):
     # branches run on the whole batch and each example's result is selected,
     # as `jax.vmap` of `lax.cond` does; a branch's run-time checks then see
     # the examples that do not take it too.
-    from .. import numpy as snp
 
     size = batch_size_of(args, dims)
     flags = [d is not None for d in dims[1:]]
-    ops = front_where(args[1:], dims[1:], flags, size)
+    operands = front_where(args[1:], dims[1:], flags, size)
     if dims[0] is None:
         (gt, bt), (gf, bf) = (batch_body(b, flags, size) for b in (true_body, false_body))
         out = [a or b for a, b in zip(bt, bf)]
@@ -545,10 +543,10 @@ def _cond_batch(args, dims, *, true_body, false_body):
             gt, _ = batch_body(true_body, flags, size, out)
         if bf != out:
             gf, _ = batch_body(false_body, flags, size, out)
-        res = cond_p.bind(args[0], *ops, **cond_params(gt, gf))
+        res = cond_p.bind(args[0], *operands, **cond_params(gt, gf))
         return list(res), [0 if b else None for b in out]
     in_dims = [0 if f else None for f in flags]
-    t, f = (batch_graph(b, ops, in_dims) for b in (true_body, false_body))
+    t, f = (batch_graph(b, operands, in_dims) for b in (true_body, false_body))
     pred = to_front(args[0], dims[0])
     outs = []
     for (a, da), (b, db) in zip(t, f):
@@ -559,7 +557,7 @@ def _cond_batch(args, dims, *, true_body, false_body):
                 "both branches and selects, which needs array outputs.", op="cond")
         a, b = batched_front(a, da, size), batched_front(b, db, size)
         ndim = len(type_of(a).shape)
-        outs.append(snp.where(snp.reshape(pred, (size,) + (1,) * (ndim - 1)), a, b))
+        outs.append(ops.where(ops.reshape(pred, (size,) + (1,) * (ndim - 1)), a, b))
     return outs, [0] * len(outs)
 
 
@@ -577,16 +575,12 @@ def _barrier_batch(args, dims):
 
 @cond_p.def_cost
 def _cond_cost(node, body):
-    from ..graph._cost import Cost
-
     t, f = body(node.params["true_body"]), body(node.params["false_body"])
     return Cost(max(t.flops, f.flops), max(t.peak, f.peak), "the costlier branch")
 
 
 @checkpoint_p.def_cost
 def _checkpoint_cost(node, body):
-    from ..graph._cost import Cost
-
     b = body(node.params["body"])
     return Cost(b.flops, b.peak)
 
@@ -597,8 +591,6 @@ def _checkpoint_cost(node, body):
 # predicate, a boolean).
 
 def _install_sparsity_rules() -> None:
-    from ..graph._sparsity import body_rule, sparsity_eval, union
-
     checkpoint_p.def_sparsity(body_rule(lambda params: params["body"]))
     barrier_p.def_sparsity(lambda outs, *deps: [d.matrix for d in deps])
 

@@ -51,11 +51,13 @@ from ..graph import Graph, Literal, Param, Primitive, TensorType, Var, Zero
 from ..graph import is_differentiable, is_linear, is_zero
 from ..graph import instantiate, lower
 from ..graph._autodiff import expansion_transpose, type_of, vjp_eval, vjp_graph, zeros
+from ..graph._cost import Cost, loop_body_peak, nbytes, steps_note
 from ..graph._batch import batch_body, batch_size_of, batched_front, carry_fixed_point, front_where
 from ..graph._body import (Body, as_body, drop_inputs, hoist, hoist_nodes, hoist_rule, inline,
                            live_inputs, permute, trace_body)
 from ..graph._serialize import register_v1_migration
-from ..graph._trace import Tracer, is_value_leaf
+from ..graph._sparsity import Deps, dense_all, value_shape
+from ..graph._trace import Tracer, _leaf_type, is_value_leaf, trace_flat
 from ._indexing import dynamic_update_slice_p
 from ._schedules import SCHEDULES, as_schedule, checkpoint_runs
 from ._loop_adjoint import (assemble_cts, body_wrt, check_storable, check_zero_starts, ct_inits,
@@ -343,8 +345,6 @@ def _residual_bwd(res, cts, body, nc, nk, length, reverse):
                 for i in cty_idx])
 
     def step(*args):
-        from ..graph._body import inline
-
         c2 = args[:nc2]
         ctc = args[nc2:nc2 + n_ctc]
         acc = args[nc2 + n_ctc:nc2 + n_ctc + n_acc]
@@ -623,7 +623,6 @@ def _scan_adjoint_vjp(primals, outs, cts, **params):
     # Reverse over reverse: the VJP of the same computation with every carry
     # stored (the schedule bounds the memory of the first reverse pass, not
     # of this second one; forward over reverse, `sd.hvp`, keeps the bound).
-    from ..graph._trace import trace_flat
 
     args, params = _unstored(primals, params)
     g, _, _ = trace_flat(lambda *a: list(_adjoint_by_scans(*a, **params)),
@@ -637,8 +636,6 @@ def _scan_adjoint_vjp(primals, outs, cts, **params):
 
 
 def _flat_types(leaves, what: str):
-    from ..graph._trace import _leaf_type
-
     return [_leaf_type(x, what) for x in leaves]
 
 
@@ -886,9 +883,9 @@ def _scan_batch(args, dims, *, body, length, reverse=False, checkpoints=None):
     flags = [d is not None for d in dims]
     g, flags, out_b = carry_fixed_point(
         lambda f, force: batch_body(body, f, size, force), flags, nc, nc + nk)
-    ops = (front_where(args[:nc + nk], dims[:nc + nk], flags, size)
+    operands = (front_where(args[:nc + nk], dims[:nc + nk], flags, size)
            + [a if d is None else _second(a, d) for a, d in zip(args[nc + nk:], dims[nc + nk:])])
-    outs = scan_p.bind(*ops, **_params(g, nc, nk, length, reverse, checkpoints))
+    outs = scan_p.bind(*operands, **_params(g, nc, nk, length, reverse, checkpoints))
     return list(outs), [0 if b else None for b in out_b[:nk]] + \
         [1 if b else None for b in out_b[nk:]]
 
@@ -917,14 +914,14 @@ def _scan_adjoint_batch(args, dims, *, body, step, num_ct_carry, num_acc, length
     ctc, acc = fs[nc:nc + nctc], fs[nc + nctc:nc + nctc + nacc]
     flags = consts + carry + xs + ctc + acc + cty
     g = _adjoint_groups(list(zip(args, dims, flags)), nc, nk, nx, nctc, nacc)
-    ops = []
+    operands = []
     for k, group in enumerate(g):
         for a, d, f in group:
             if k in (2, 5):
                 ops.append(a if d is None else _second(a, d))
             else:
                 ops.append(batched_front(a, d, size) if f else a)
-    outs = scan_adjoint_p.bind(*ops, body=as_body(gb, nc, nk), step=gs,
+    outs = scan_adjoint_p.bind(*operands, body=as_body(gb, nc, nk), step=gs,
                                num_ct_carry=nctc, num_acc=nacc, length=length,
                                **({"reverse": True} if reverse else {}), schedule=schedule)
     return list(outs), ([0 if b else None for b in os_[:nctc + nacc]]
@@ -932,8 +929,6 @@ def _scan_adjoint_batch(args, dims, *, body, step, num_ct_carry, num_acc, length
 
 
 def _install_sparsity_rules() -> None:
-    from ..graph._sparsity import Deps, dense_all, value_shape
-
     @scan_p.def_sparsity
     def _scan_sparsity(outs, *deps, body, length, reverse=False, checkpoints=None):
         consts, init, xs = body.groups(deps)
@@ -975,15 +970,11 @@ _install_sparsity_rules()
 
 
 def _carry_bytes(body: Graph, nc: int, nk: int) -> int:
-    from ..graph._cost import nbytes
-
     return sum(nbytes(v.type) for v in body.inputs[nc:nc + nk])
 
 
 @scan_p.def_cost
 def _scan_cost(node, body):
-    from ..graph._cost import Cost, loop_body_peak, steps_note
-
     p = node.params
     g = p["body"]
     nc, nk = g.num_consts, g.num_carry
@@ -994,8 +985,6 @@ def _scan_cost(node, body):
 
 @scan_adjoint_p.def_cost
 def _scan_adjoint_cost(node, body):
-    from ..graph._cost import Cost
-
     p = node.params
     n, sched = p["length"], p["schedule"]
     fb, st = body(p["body"]), body(p["step"])

@@ -37,23 +37,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _ops as ops
 from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NotSupportedError,
                       ShapeError, plain)
 from ..graph import Body, Graph, Param, Primitive, TensorType, Var, Zero
-from ..graph import instantiate, is_linear, is_zero, lower
-from ..graph._autodiff import expansion_transpose, type_of
+from ..graph import instantiate, is_differentiable, is_linear, is_zero, lower
+from ..graph._autodiff import expansion_transpose, type_of, vjp_eval
+from ..graph._cost import Cost, steps_note
 from ..graph._batch import batch_body, batch_size_of, carry_fixed_point, front_where
 from ..graph._body import (as_body, drop_inputs, hoist, hoist_rule, inline, live_inputs,
                            nonlinear_body, trace_body)
 from ..graph._serialize import register_v1_migration
-from ..graph._trace import Tracer, is_value_leaf
+from ..graph._sparsity import dense_all
+from ..graph._trace import Tracer, is_value_leaf, trace_flat
 from ._checks import check, tie
-from ._cond import _sig, _union_inputs, cond_p, cond_params
+from ._cond import _leaf_types, _sig, _union_inputs, cond, cond_p, cond_params
 from ._loop_adjoint import (assemble_cts, check_storable, check_zero_starts, ct_inits, ct_plan,
                             grouped_jvp, loop_body_jvp, loop_linearity, split_grouped,
                             step_vjp_graph, storable_primal_carries, transposed_step,
                             with_unused_inputs)
 from ._loop_sparsity import loop_sparsity
+from ._map import map_rule
 from ._scan import Checkpointed, checkpointed_bwd, scan
 from ._schedules import SCHEDULES, Binomial, Segments, as_schedule
 
@@ -250,10 +254,9 @@ def _while_vjp_fwd(primals, *, cond_body, body, max_steps=None, checkpoints=None
         outs = while_p.bind(*primals, **loop_bodies(cond_body, body, num_consts),
                             **_extra(max_steps, checkpoints))
         return tuple(outs), (primals, None)
-    from .. import numpy as snp
 
     cb, bb = _counted(cond_body, body, num_consts)
-    outs = while_p.bind(*primals, snp.zeros((), np.int32), **loop_bodies(cb, bb, num_consts),
+    outs = while_p.bind(*primals, ops.zeros((), np.int32), **loop_bodies(cb, bb, num_consts),
                         **_extra(max_steps, checkpoints))
     return tuple(outs[:-1]), (primals, outs[-1])
 
@@ -387,7 +390,6 @@ def _while_adjoint_jvp(primals, tangents, *, body, step, num_ct_carry, num_acc, 
     num_consts = body.num_consts
     # the reverse pass is a fixed composition of forward and backward steps;
     # its JVP is the same composition of their JVPs, on the same schedule
-    from ..graph import is_differentiable
 
     nc, nctc, nacc = num_consts, num_ct_carry, num_acc
     nk = len(primals) - 1 - nc - nctc - nacc
@@ -416,8 +418,6 @@ def _adjoint_by_scans(*args, body, step, num_ct_carry, num_acc, max_steps, snaps
     that do nothing past `steps`: the forward one stacking every carry, then
     the reverse one of `step`."""
     num_consts = body.num_consts
-    from ._cond import cond
-    from .. import numpy as snp
 
     steps, consts, init, ctc, acc = _adjoint_split(args, num_consts, num_ct_carry, num_acc)
     nctc = num_ct_carry
@@ -428,7 +428,7 @@ def _adjoint_by_scans(*args, body, step, num_ct_carry, num_acc, max_steps, snaps
                    lambda cs: tuple(cs), tuple(cs))
         return (k + 1, new), tuple(cs)
 
-    _, carries = scan(fwd, (snp.zeros((), np.int32), tuple(init)), length=max_steps)
+    _, carries = scan(fwd, (ops.zeros((), np.int32), tuple(init)), length=max_steps)
 
     def bwd(state, x):
         k, cs = x
@@ -438,7 +438,7 @@ def _adjoint_by_scans(*args, body, step, num_ct_carry, num_acc, max_steps, snaps
         return new, None
 
     out, _ = scan(bwd, tuple(ctc) + tuple(acc),
-                  (snp.arange(max_steps, dtype=np.int32), carries), reverse=True)
+                  (ops.arange(max_steps, dtype=np.int32), carries), reverse=True)
     assert len(out) == nctc + num_acc
     return list(out)
 
@@ -448,8 +448,6 @@ def _while_adjoint_vjp(primals, outs, cts, **params):
     # reverse over reverse: the VJP of the same computation with every carry
     # stored, as bounded scans (forward over reverse, `sd.hvp`, keeps the
     # checkpointing of the first reverse pass)
-    from ..graph._autodiff import vjp_eval
-    from ..graph._trace import trace_flat
 
     g, _, _ = trace_flat(lambda *a: _adjoint_by_scans(*a, **params),
                          tuple(type_of(p) for p in primals), name="while_adjoint")
@@ -459,15 +457,12 @@ def _while_adjoint_vjp(primals, outs, cts, **params):
 
 @while_adjoint_p.def_sparsity
 def _while_adjoint_sparsity(outs, *deps, **params):
-    from ..graph._sparsity import dense_all
-
     return dense_all(outs, *deps)
 
 
 def _install_adjoint_batch_rule() -> None:
     # a batch of reverse passes: `jax.vmap` of the loops (each example runs
     # its own number of steps)
-    from ._map import map_rule
 
     while_adjoint_p.def_batch(map_rule(while_adjoint_p))
 
@@ -490,7 +485,6 @@ _install_adjoint_batch_rule()
 @while_p.def_transpose
 def _while_transpose(cts, *args, cond_body, body, max_steps=None, checkpoints=None):
     num_consts = body.num_consts
-    from .. import numpy as snp
 
     nc, nk = num_consts, len(args) - num_consts
     linear = [is_linear(a) for a in args]
@@ -507,7 +501,7 @@ def _while_transpose(cts, *args, cond_body, body, max_steps=None, checkpoints=No
            + [instantiate(Zero(body.inputs[i].type.update())) for i in lc])
     m = len(consts)
     cb, bb = _counted(pred, fb, m)
-    steps = while_p.bind(*consts, *init, snp.zeros((), np.int32), **loop_bodies(cb, bb, m),
+    steps = while_p.bind(*consts, *init, ops.zeros((), np.int32), **loop_bodies(cb, bb, m),
                          **_extra(max_steps, None))[-1]
     if max_steps is not None:
         storable_primal_carries(body, nl_k, nc, "while")
@@ -589,20 +583,18 @@ def _per_example_loop(cond_body: Graph, body: Graph, flags, size: int, nc: int):
     """The predicate and body of a batched loop whose examples stop at
     different steps: `any(pred)`, and a step that updates only the examples
     whose predicate holds."""
-    from .. import numpy as snp
-    from ..graph._trace import trace_flat
 
     gc, _ = batch_body(cond_body, flags, size)
     gb, _ = batch_body(body, flags, size, [True] * (len(flags) - nc))
     types = tuple(gb.in_types)
 
     def pred(*a):
-        return [snp.any(inline(gc, a)[0])]
+        return [ops.any(inline(gc, a)[0])]
 
     def step(*a):
         (p,) = inline(gc, a)
         new = inline(gb, a)
-        return [snp.where(snp.reshape(p, (size,) + (1,) * (len(type_of(c).shape) - 1)), v, c)
+        return [ops.where(ops.reshape(p, (size,) + (1,) * (len(type_of(c).shape) - 1)), v, c)
                 for v, c in zip(new, a[nc:])]
 
     c, _, _ = trace_flat(pred, types, name=cond_body.name)
@@ -672,7 +664,6 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
     if checkpoints is not None and max_steps is None:
         raise InvalidOptionError("`checkpoints` needs `max_steps` (reverse mode checkpoints a "
                                  "loop of max_steps steps).", op=op)
-    from ._cond import _leaf_types
 
     leaves, tree = _tree.tree_flatten(init_val, is_leaf=is_value_leaf)
     types = _leaf_types(leaves, "a leaf of `init_val`")
@@ -735,7 +726,6 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
 @while_p.def_sparsity
 def _while_sparsity(outs, *deps, cond_body, body, max_steps=None, checkpoints=None):
     num_consts = body.num_consts
-    from ..graph._sparsity import dense_all
 
     res = loop_sparsity(body, deps[:num_consts], deps[num_consts:], [], max_steps,
                         exact=False, cond=cond_body)
@@ -748,8 +738,6 @@ def _while_sparsity(outs, *deps, cond_body, body, max_steps=None, checkpoints=No
 
 @while_p.def_cost
 def _while_cost(node, body):
-    from ..graph._cost import Cost, steps_note
-
     p = node.params
     b, c = body(p["body"]), body(p["cond_body"])
     per = b.flops + c.flops
