@@ -45,8 +45,8 @@ from ..graph._autodiff import (graph_linear_outputs, needs_ct, type_of, vjp_eval
 from ..graph._cost import Cost
 from ..graph._batch import batch_body, batch_graph, batch_size_of, batched_front, front_where
 from ..graph._batch import to_front
-from ..graph._body import (applied_batch_rule, applied_body, drop_inputs, inline, jvp_body,
-                           live_inputs, trace_body, transpose_body)
+from ..graph._body import (applied_batch_rule, applied_body, dce_rule, inline, jvp_body,
+                           trace_body, transpose_body)
 from ..graph._serialize import register_v1_migration
 from ..graph._sparsity import body_rule, sparsity_eval, union
 from ..graph._trace import Tracer, _leaf_type, current_builder, is_value_leaf
@@ -125,18 +125,8 @@ def _cond_jvp(primals, tangents, *, true_body, false_body):
     return tuple(res[:n]), tuple(touts)
 
 
-@cond_p.def_dce
-def _cond_dce(node, used):
-    p = node.params
-    gt, live_t = live_inputs(p["true_body"], used)
-    gf, live_f = live_inputs(p["false_body"], used)
-    keep = [a or b for a, b in zip(live_t, live_f)]
-    if all(keep) and all(used):
-        return None
-    return node.replace(
-        inputs=node.inputs[:1] + tuple(a for a, k in zip(node.inputs[1:], keep) if k),
-        outputs=tuple(v for v, u in zip(node.outputs, used) if u),
-        params=dict(p, true_body=drop_inputs(gt, keep), false_body=drop_inputs(gf, keep)))
+# (the predicate stays; an operand goes when neither branch reads it)
+cond_p.def_dce(dce_rule("true_body", "false_body", skip=1))
 
 
 # -- reverse mode ---------------------------------------------------------------
@@ -401,14 +391,7 @@ def _checkpoint_jvp(primals, tangents, *, body):
                                  for o, z in zip(res[:n], out_nz))
 
 
-@checkpoint_p.def_dce
-def _checkpoint_dce(node, used):
-    g, keep = live_inputs(node.params["body"], used)
-    if all(keep) and all(used):
-        return None
-    return node.replace(inputs=tuple(a for a, k in zip(node.inputs, keep) if k),
-                        outputs=tuple(v for v, u in zip(node.outputs, used) if u),
-                        params=dict(node.params, body=drop_inputs(g, keep)))
+checkpoint_p.def_dce(dce_rule("body"))
 
 
 @checkpoint_p.def_vjp_fwd

@@ -132,6 +132,14 @@ def _map_fit(params, readers, complete) -> dict:
                                           tuple(v.type for v in node.inputs), node.source))
 
 
+# The body's layout counts all its inputs as per-example inputs
+# (`Body.of(graph)`, no consts), not the shared ones as consts and the
+# batched ones as per-example inputs: `batched`
+# flags the operands in their own order (a node's operands, as its batch rule
+# or its derivative's map finds them, batched and shared interleaved), and
+# the body's inputs follow that order; a layout of two groups would need the
+# operands, the body's inputs and `batched` permuted at every bind and
+# unpermuted in every rule, for no rule that reads it.
 map_p = Primitive("map", multiple_results=True, factored=_map_factored, reads_factor=True,
                   fit_to_readers=_map_fit, params={
                       "body": Body, "batched": tuple[bool, ...], "size": int,

@@ -45,8 +45,8 @@ from ..graph import instantiate, is_differentiable, is_linear, is_zero, lower
 from ..graph._autodiff import expansion_transpose, type_of, vjp_eval
 from ..graph._cost import Cost, steps_note
 from ..graph._batch import batch_body, batch_size_of, carry_fixed_point, front_where
-from ..graph._body import (as_body, drop_inputs, hoist, hoist_rule, inline, live_inputs,
-                           nonlinear_body, trace_body)
+from ..graph._body import (as_body, dce_rule, hoist, hoist_rule, inline, nonlinear_body,
+                           trace_body)
 from ..graph._serialize import register_v1_migration
 from ..graph._sparsity import dense_all
 from ..graph._trace import Tracer, is_value_leaf, trace_flat
@@ -166,25 +166,8 @@ def _extra(max_steps, checkpoints) -> dict:
     return out
 
 
-@while_p.def_dce
-def _while_dce(node, used):
-    p = node.params
-    nc, cb = p["body"].num_consts, p["cond_body"]
-    _, cond_live = live_inputs(cb, [True])
-    live = [u or c for u, c in zip(used, cond_live[nc:])]
-    while True:
-        g, in_live = live_inputs(p["body"], live)
-        new = [a or b for a, b in zip(live, in_live[nc:])]
-        if new == live:
-            break
-        live = new
-    keep = [a or b for a, b in zip(in_live[:nc], cond_live[:nc])] + live
-    if all(keep):
-        return None
-    return node.replace(inputs=tuple(a for a, k in zip(node.inputs, keep) if k),
-                        outputs=tuple(v for v, k in zip(node.outputs, live) if k),
-                        params=dict(p, cond_body=drop_inputs(cb, keep),
-                                    body=drop_inputs(g, keep)))
+# (a carry the predicate reads stays, and with it what computes it)
+while_p.def_dce(dce_rule("body", loop=True, readers=("cond_body",)))
 
 
 @while_p.def_hoist
