@@ -53,8 +53,8 @@ from ..graph import instantiate, lower
 from ..graph._autodiff import expansion_transpose, type_of, vjp_eval, vjp_graph, zeros
 from ..graph._cost import Cost, loop_body_peak, nbytes, steps_note
 from ..graph._batch import batch_body, batch_size_of, batched_front, carry_fixed_point, front_where
-from ..graph._body import (Body, as_body, drop_inputs, hoist, hoist_nodes, hoist_rule, inline,
-                           live_inputs, permute, trace_body)
+from ..graph._body import (Body, as_body, dce_rule, drop_inputs, hoist, hoist_nodes, hoist_rule,
+                           inline, layout, live_inputs, permute, trace_body)
 from ..graph._serialize import register_v1_migration
 from ..graph._sparsity import Deps, dense_all, value_shape
 from ..graph._trace import Tracer, _leaf_type, is_value_leaf, trace_flat
@@ -79,6 +79,12 @@ scan_p = Primitive("scan", multiple_results=True, params={
     "body": Body, "length": int,
     "reverse": Param(bool, default=False),
     "checkpoints": Param((*SCHEDULES, None), default=None)})
+
+
+ScanOutputs = layout(
+    "ScanOutputs", ("carry", "ys"),
+    """A scan's outputs (and its body's): the final carries, then the stacked
+    per-step outputs. `split(outs, num_carry)`.""")
 
 
 def _groups(seq, nc: int, nk: int):
@@ -131,8 +137,8 @@ def _scan_impl(*args, body, length, reverse=False, checkpoints=None):
     consts, init, xs = _groups(args, num_consts, num_carry)
 
     def step(carry, x):
-        outs = f(*consts, *carry, *x)
-        return tuple(outs[:num_carry]), tuple(jnp.asarray(y) for y in outs[num_carry:])
+        outs = ScanOutputs.split(f(*consts, *carry, *x), num_carry)
+        return tuple(outs.carry), tuple(jnp.asarray(y) for y in outs.ys)
 
     carry, ys = jax.lax.scan(step, tuple(init), tuple(xs), length=length, reverse=reverse)
     return (*carry, *ys)
@@ -175,27 +181,7 @@ def _scan_jvp(primals, tangents, *, body, length, reverse=False, checkpoints=Non
 # -- dead outputs and carries ---------------------------------------------------
 
 
-@scan_p.def_dce
-def _scan_dce(node, used):
-    p = node.params
-    body = p["body"]
-    nc, nk = body.num_consts, body.num_carry
-    carry_live = list(used[:nk])
-    ys_used = list(used[nk:])
-    while True:
-        g, in_live = live_inputs(body, carry_live + ys_used)
-        new = [a or b for a, b in zip(carry_live, in_live[nc:nc + nk])]
-        if new == carry_live:
-            break
-        carry_live = new
-    keep = in_live[:nc] + carry_live + in_live[nc + nk:]
-    if all(keep) and all(carry_live) and all(ys_used):
-        return None
-    g = drop_inputs(g, keep)
-    outs = [v for v, u in zip(node.outputs, carry_live + ys_used) if u]
-    params = dict(p, body=g)  # (its counts count what it keeps)
-    return node.replace(inputs=tuple(a for a, k in zip(node.inputs, keep) if k),
-                        outputs=tuple(outs), params=params)
+scan_p.def_dce(dce_rule("body", loop=True))
 
 
 scan_p.def_hoist(hoist_rule)
@@ -305,11 +291,11 @@ def _stored_fwd(primals, params):
     def step(*args):
         consts, carry = args[:nc], args[nc:nc + nk]
         buf, x, cell = args[nc + nk:nc + 2 * nk], args[nc + 2 * nk:-1], args[-1]
-        outs = inline(body, list(consts) + list(carry) + list(x))
+        outs = ScanOutputs.split(inline(body, list(consts) + list(carry) + list(x)), nk)
         buf = [dynamic_update_slice_p.bind(b, reshape_p.bind(c, shape=(1,) + tuple(t.shape)),
                                            cell, *[zero] * len(t.shape))
                for b, c, t in zip(buf, carry, carry_types)]
-        return list(outs[:nk]) + buf + list(outs[nk:])
+        return outs.carry + buf + outs.ys
 
     types = (list(body.in_types[:nc + nk]) + [type_of(b) for b in cells]
              + list(body.in_types[nc + nk:]) + [TensorType((), np.int64)])
@@ -443,14 +429,19 @@ def _unstored(args, params: dict):
     return list(args[:len(args) - nk]), {k: v for k, v in params.items() if k != "stored"}
 
 
-def _adjoint_groups(args, nc, nk, nxs, nctc, nacc):
-    args = list(args)
-    a, k = [], 0
-    for size in (nc, nk, nxs, nctc, nacc):
-        a.append(args[k:k + size])
-        k += size
-    a.append(args[k:])
-    return a
+ScanAdjointOperands = layout(
+    "ScanAdjointOperands", ("consts", "carry", "xs", "ct_carry", "acc", "ct_ys"),
+    """A `scan_adjoint` node's operands (stored cells apart): the forward
+    scan's consts, initial carries and stacked per-step inputs, then the
+    cotangents of its final carries, the accumulators' initial values (the
+    consts' cotangents) and the stacked cotangents of its per-step outputs.
+    `split(ops, nc, nk, nx, nctc, nacc)`.""")
+
+ScanAdjointOutputs = layout(
+    "ScanAdjointOutputs", ("ct_carry", "acc", "ct_xs"),
+    """A `scan_adjoint` node's outputs (and its step's): the cotangents of the
+    initial carries, the accumulated cotangents of the consts, the stacked
+    cotangents of the per-step inputs. `split(outs, nctc, nacc)`.""")
 
 
 @scan_adjoint_p.def_abstract_eval
@@ -473,7 +464,7 @@ def _scan_adjoint_shape(*in_types, body, step, num_ct_carry, num_acc, length, re
             if c != want:
                 raise ShapeError(f"stored cells {k} must be {want.str_short()}, got "
                                  f"{c.str_short()}.", op=op)
-    consts, carry, xs, ctc, acc, cty = _adjoint_groups(in_types, num_consts, num_carry, nx,
+    consts, carry, xs, ctc, acc, cty = ScanAdjointOperands.split(in_types, num_consts, num_carry, nx,
                                                        num_ct_carry, num_acc)
     _scan_shape(*consts, *carry, *xs, body=body, length=length)
     if not isinstance(schedule, SCHEDULES):
@@ -484,11 +475,10 @@ def _scan_adjoint_shape(*in_types, body, step, num_ct_carry, num_acc, length, re
             + [TensorType(t.shape[1:], t.dtype) for t in cty])
     if tuple(want) != step.in_types:
         raise ShapeError("the step graph's inputs do not match the operands.", op=op)
-    souts = step.out_types
-    if tuple(souts[:num_ct_carry + num_acc]) != tuple(ctc) + tuple(acc):
+    souts = ScanAdjointOutputs.split(step.out_types, num_ct_carry, num_acc)
+    if souts.ct_carry + souts.acc != list(ctc) + list(acc):
         raise ShapeError("the step graph's carries do not match the operands.", op=op)
-    return tuple(ctc) + tuple(acc) + tuple(_stacked(t, length)
-                                           for t in souts[num_ct_carry + num_acc:])
+    return tuple(ctc) + tuple(acc) + tuple(_stacked(t, length) for t in souts.ct_xs)
 
 
 @scan_adjoint_p.def_impl
@@ -501,9 +491,9 @@ def _scan_adjoint_impl(*args, body, step, num_ct_carry, num_acc, length, reverse
     nx = len(body.inputs) - nc - nk
     cells = args[len(args) - nk:] if stored else None
     args = args[:len(args) - nk] if stored else args
-    consts, init, xs, ctc0, acc0, cty = _adjoint_groups(args, nc, nk, nx, num_ct_carry,
+    consts, init, xs, ctc0, acc0, cty = ScanAdjointOperands.split(args, nc, nk, nx, num_ct_carry,
                                                         num_acc)
-    x_types = step.out_types[nacc:]
+    x_types = ScanAdjointOutputs.split(step.out_types, num_ct_carry, num_acc).ct_xs
     ct_xs = tuple(jnp.zeros((length,) + t.shape, t.dtype) for t in x_types)
     if length == 0:
         return (*ctc0, *acc0, *ct_xs)
@@ -524,9 +514,9 @@ def _scan_adjoint_impl(*args, body, step, num_ct_carry, num_acc, length, reverse
         x = at(xs, k)
         saved = [res[j] if kind == "res" else consts[j] if kind == "const" else
                  x[j] if kind == "x" else once[j] for kind, j in split.where]
-        out = fs(*saved, *acc, *at(cty, k))
-        return (tuple(out[:nacc]),
-                tuple(jnp.asarray(v, t.dtype) for v, t in zip(out[nacc:], x_types)))
+        out = ScanAdjointOutputs.split(fs(*saved, *acc, *at(cty, k)), num_ct_carry, num_acc)
+        return (tuple(out.ct_carry + out.acc),
+                tuple(jnp.asarray(v, t.dtype) for v, t in zip(out.ct_xs, x_types)))
 
     acc, ct_xs = replay(checkpoint_runs(schedule, length), length, reverse, advance,
                         residuals, backward, tuple(init), body.in_types[nc:nc + nk],
@@ -608,11 +598,12 @@ def _adjoint_by_scans(*args, body, step, num_ct_carry, num_acc, length, reverse=
     if stored:
         args = args[:len(args) - nk]
     nx = len(body.inputs) - nc - nk
-    consts, init, xs, ctc, acc, cty = _adjoint_groups(args, nc, nk, nx, num_ct_carry,
+    consts, init, xs, ctc, acc, cty = ScanAdjointOperands.split(args, nc, nk, nx, num_ct_carry,
                                                       num_acc)
     fwd = body.replace(outputs=body.outputs[:nk] + body.inputs[nc:nc + nk])
-    carries = scan_p.bind(*consts, *init, *xs,
-                          **_params(fwd, nc, nk, length, reverse, None))[nk:]
+    carries = ScanOutputs.split(scan_p.bind(*consts, *init, *xs,
+                                            **_params(fwd, nc, nk, length, reverse, None)),
+                                nk).ys
     return scan_p.bind(*consts, *ctc, *acc, *carries, *xs, *cty,
                        **_params(step, nc, num_ct_carry + num_acc, length, not reverse,
                                  None))
@@ -745,10 +736,11 @@ def scan(f: Callable, init, xs=None, length: int | None = None, reverse: bool = 
         xs, is_leaf=is_value_leaf)[0]]
     for v, path in zip(body.inputs[len(consts) + nk:], xpaths):
         v.hint = "x" + path if path else "x"
-    outs = scan_p.bind(*consts, *init_leaves, *xs_leaves,
-                       **_params(body, len(consts), nk, length, bool(reverse), checkpoints))
-    carry = _tree.tree_unflatten(init_tree, list(outs[:nk]))
-    ys = _tree.tree_unflatten(y_tree[0], list(outs[nk:]))
+    outs = ScanOutputs.split(scan_p.bind(*consts, *init_leaves, *xs_leaves,
+                                         **_params(body, len(consts), nk, length, bool(reverse),
+                                                   checkpoints)), nk)
+    carry = _tree.tree_unflatten(init_tree, outs.carry)
+    ys = _tree.tree_unflatten(y_tree[0], outs.ys)
     return carry, ys
 
 
@@ -884,10 +876,11 @@ def _scan_batch(args, dims, *, body, length, reverse=False, checkpoints=None):
     g, flags, out_b = carry_fixed_point(
         lambda f, force: batch_body(body, f, size, force), flags, nc, nc + nk)
     operands = (front_where(args[:nc + nk], dims[:nc + nk], flags, size)
-           + [a if d is None else _second(a, d) for a, d in zip(args[nc + nk:], dims[nc + nk:])])
+                + [a if d is None else _second(a, d) for a, d in zip(args[nc + nk:], dims[nc + nk:])])
     outs = scan_p.bind(*operands, **_params(g, nc, nk, length, reverse, checkpoints))
-    return list(outs), [0 if b else None for b in out_b[:nk]] + \
-        [1 if b else None for b in out_b[nk:]]
+    out_b = ScanOutputs.split(out_b, nk)
+    return list(outs), ([0 if b else None for b in out_b.carry]
+                        + [1 if b else None for b in out_b.ys])
 
 
 @scan_adjoint_p.def_batch
@@ -903,7 +896,7 @@ def _scan_adjoint_batch(args, dims, *, body, step, num_ct_carry, num_acc, length
         args, dims = args[:len(args) - nk], dims[:len(dims) - nk]
     nx = len(body.inputs) - nc - nk
     size = batch_size_of(args, dims)
-    consts, carry, xs, ctc, acc, cty = _adjoint_groups(
+    consts, carry, xs, ctc, acc, cty = ScanAdjointOperands.split(
         [d is not None for d in dims], nc, nk, nx, nctc, nacc)
     gb, fb, _ = carry_fixed_point(
         lambda f, force: batch_body(body, f, size, force), consts + carry + xs, nc, nc + nk)
@@ -913,19 +906,22 @@ def _scan_adjoint_batch(args, dims, *, body, step, num_ct_carry, num_acc, length
         nc, nc + nctc + nacc)
     ctc, acc = fs[nc:nc + nctc], fs[nc + nctc:nc + nctc + nacc]
     flags = consts + carry + xs + ctc + acc + cty
-    g = _adjoint_groups(list(zip(args, dims, flags)), nc, nk, nx, nctc, nacc)
-    operands = []
-    for k, group in enumerate(g):
-        for a, d, f in group:
-            if k in (2, 5):
-                ops.append(a if d is None else _second(a, d))
-            else:
-                ops.append(batched_front(a, d, size) if f else a)
+    g = ScanAdjointOperands.split(zip(args, dims, flags), nc, nk, nx, nctc, nacc)
+
+    def front(group):  # batched where the flags say, the batch axis first
+        return [batched_front(a, d, size) if f else a for a, d, f in group]
+
+    def second(group):  # stacked: the step axis first, the batch axis second
+        return [a if d is None else _second(a, d) for a, d, _ in group]
+
+    operands = ScanAdjointOperands(front(g.consts), front(g.carry), second(g.xs),
+                                   front(g.ct_carry), front(g.acc), second(g.ct_ys)).flat()
     outs = scan_adjoint_p.bind(*operands, body=as_body(gb, nc, nk), step=gs,
                                num_ct_carry=nctc, num_acc=nacc, length=length,
                                **({"reverse": True} if reverse else {}), schedule=schedule)
-    return list(outs), ([0 if b else None for b in os_[:nctc + nacc]]
-                        + [1 if b else None for b in os_[nctc + nacc:]])
+    os_ = ScanAdjointOutputs.split(os_, nctc, nacc)
+    return list(outs), ([0 if b else None for b in os_.ct_carry + os_.acc]
+                        + [1 if b else None for b in os_.ct_xs])
 
 
 def _install_sparsity_rules() -> None:
@@ -948,7 +944,7 @@ def _install_sparsity_rules() -> None:
         if stored:
             deps = deps[:len(deps) - nk]
         nx = len(body.inputs) - nc - nk
-        consts, init, xs, ctc, acc, cty = _adjoint_groups(deps, nc, nk, nx, num_ct_carry,
+        consts, init, xs, ctc, acc, cty = ScanAdjointOperands.split(deps, nc, nk, nx, num_ct_carry,
                                                           num_acc)
         fwd = body.replace(outputs=body.outputs[:nk] + body.inputs[nc:nc + nk])
         res = loop_sparsity(fwd, consts, init, xs, length, exact=True, reverse=reverse)
