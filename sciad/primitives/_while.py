@@ -45,7 +45,7 @@ from ..graph import instantiate, is_differentiable, is_linear, is_zero, lower
 from ..graph._autodiff import expansion_transpose, type_of, vjp_eval
 from ..graph._cost import Cost, steps_note
 from ..graph._batch import batch_body, batch_size_of, carry_fixed_point, front_where
-from ..graph._body import (as_body, dce_rule, hoist, hoist_rule, inline, nonlinear_body,
+from ..graph._body import (as_body, dce_rule, hoist, hoist_rule, inline, layout, nonlinear_body,
                            trace_body)
 from ..graph._serialize import register_v1_migration
 from ..graph._sparsity import dense_all
@@ -281,11 +281,21 @@ while_adjoint_p = Primitive("while_adjoint", multiple_results=True, params={
 #: `snapshots + ceil(max_steps / snapshots)` are stored at once.
 
 
-def _adjoint_split(args, nc, nctc, nacc):
-    steps, rest = args[0], list(args[1:])
-    nk = len(rest) - nc - nctc - nacc
-    return (steps, rest[:nc], rest[nc:nc + nk], rest[nc + nk:nc + nk + nctc],
-            rest[nc + nk + nctc:])
+WhileAdjointOperands = layout(
+    "WhileAdjointOperands", ("steps", "consts", "carry", "ct_carry", "acc"),
+    """A `while_adjoint` node's operands: `[steps]` (one value), the loop's
+    consts and initial carries, the cotangents of its final carries and the
+    accumulators' initial values.""")
+
+WhileAdjointOutputs = layout(
+    "WhileAdjointOutputs", ("ct_carry", "acc"),
+    """A `while_adjoint` node's outputs (and its step's): the cotangents of
+    the initial carries, the accumulated cotangents of the consts.""")
+
+
+def _adjoint_split(args, nc, nctc, nacc) -> WhileAdjointOperands:
+    nk = len(args) - 1 - nc - nctc - nacc
+    return WhileAdjointOperands.split(args, 1, nc, nk, nctc)
 
 
 @while_adjoint_p.def_abstract_eval
@@ -294,7 +304,7 @@ def _while_adjoint_shape(*in_types, body, step, num_ct_carry, num_acc, max_steps
     if not isinstance(body, Body):
         raise ShapeError(f"`body` must be a Body, got {body!r}.", op=op)
     num_consts = body.num_consts
-    steps, consts, carry, ctc, acc = _adjoint_split(in_types, num_consts, num_ct_carry,
+    (steps,), consts, carry, ctc, acc = _adjoint_split(in_types, num_consts, num_ct_carry,
                                                     num_acc)
     if steps != TensorType((), np.dtype(np.int32)):
         raise DTypeError(f"`steps` must be an int32 scalar, got {steps}.", op=op)
@@ -313,7 +323,7 @@ def _while_adjoint_shape(*in_types, body, step, num_ct_carry, num_acc, max_steps
 @while_adjoint_p.def_impl
 def _while_adjoint_impl(*args, body, step, num_ct_carry, num_acc, max_steps, snapshots):
     num_consts = body.num_consts
-    steps, consts, init, ctc0, acc0 = _adjoint_split(args, num_consts, num_ct_carry,
+    (steps,), consts, init, ctc0, acc0 = _adjoint_split(args, num_consts, num_ct_carry,
                                                      num_acc)
     fb, fs = lower(body), lower(step)
     n = jnp.asarray(steps, jnp.int32)
@@ -358,8 +368,8 @@ def _while_adjoint_impl(*args, body, step, num_ct_carry, num_acc, max_steps, sna
         def back(kk, st):
             ctc, acc = st
             c = tuple(b[hi - 1 - kk - lo] for b in sb)
-            out = fs(*consts, *ctc, *acc, *c)
-            return tuple(out[:num_ct_carry]), tuple(out[num_ct_carry:])
+            out = WhileAdjointOutputs.split(fs(*consts, *ctc, *acc, *c), num_ct_carry)
+            return tuple(out.ct_carry), tuple(out.acc)
 
         return jax.lax.fori_loop(0, hi - lo, back, (ctc, acc))
 
@@ -402,7 +412,7 @@ def _adjoint_by_scans(*args, body, step, num_ct_carry, num_acc, max_steps, snaps
     the reverse one of `step`."""
     num_consts = body.num_consts
 
-    steps, consts, init, ctc, acc = _adjoint_split(args, num_consts, num_ct_carry, num_acc)
+    (steps,), consts, init, ctc, acc = _adjoint_split(args, num_consts, num_ct_carry, num_acc)
     nctc = num_ct_carry
 
     def fwd(c, _):
