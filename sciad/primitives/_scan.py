@@ -392,8 +392,8 @@ def checkpointed_bwd(res, cts, body, nc, nk, length, reverse, checkpoints):
         *consts, *init, *xs, *ctc0, *acc0, *[cts[i] for i in cty_idx], *cells,
         body=as_body(live_inputs(body, [True] * nk + [False] * (len(body.outputs) - nk))[0],
                      nc, nk),
-        step=v, num_ct_carry=len(ctc0),
-        num_acc=len(acc0), length=length, **({"reverse": True} if reverse else {}),
+        step=Body.of(v, nc, len(ctc0) + len(acc0)), length=length,
+        **({"reverse": True} if reverse else {}),
         schedule=checkpoints, **({"stored": True} if cells else {}))
     return assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, x_idx, out)
 
@@ -403,15 +403,17 @@ def checkpointed_bwd(res, cts, body, nc, nk, length, reverse, checkpoints):
 
 
 scan_adjoint_p = Primitive("scan_adjoint", multiple_results=True, params={
-    "body": Body, "step": Graph, "num_ct_carry": int, "num_acc": int, "length": int,
+    "body": Body, "step": Body, "length": int,
     "reverse": Param(bool, default=False), "schedule": SCHEDULES,
     "stored": Param(bool, default=False)})
-#: operands `(*consts, *init, *xs, *ct_carry, *acc, *ct_ys)`, and with
-#: `stored` the cells the forward pass wrote (`_stored_fwd`), one per carry;
-#: `body` is the forward step `(*consts, *carry, *x) -> (*carry, *y)` and
-#: `step` its backward part `(*consts, *ct_carry, *acc, *carry, *x, *ct_y) ->
-#: (*ct_carry, *acc, *ct_x)`. Outputs: the cotangents of the first carry, the
-#: accumulated `acc` and the stacked `ct_x`s, as a reverse scan of `step` over
+#: operands `(*consts, *init, *xs, *ct_carry, *ct_ys)` (`ScanAdjointOperands`),
+#: and with `stored` the cells the forward pass wrote (`_stored_fwd`), one
+#: per carry; `body` is the forward step `(*consts, *carry, *x) -> (*carry,
+#: *y)` and `step` its backward part, a body `(*consts, *ct_carry, *carry, *x,
+#: *ct_y) -> (*ct_carry, *ct_x)` whose carries `ct_carry` are the cotangents
+#: of the carries and the accumulated cotangents of the consts (its layout
+#: counts them). Outputs (`ScanAdjointOutputs`): the final `ct_carry` and
+#: the stacked `ct_x`s, as a reverse scan of `step` over
 #: the carries of `body` would give them; the carries are recomputed from
 #: the ones `schedule` stores (`_replay`). The stored cells are the carries
 #: at steps of that loop, so they spare the recomputation but change nothing:
@@ -430,28 +432,32 @@ def _unstored(args, params: dict):
 
 
 ScanAdjointOperands = layout(
-    "ScanAdjointOperands", ("consts", "carry", "xs", "ct_carry", "acc", "ct_ys"),
+    "ScanAdjointOperands", ("consts", "carry", "xs", "ct_carry", "ct_ys"),
     """A `scan_adjoint` node's operands (stored cells apart): the forward
     scan's consts, initial carries and stacked per-step inputs, then the
-    cotangents of its final carries, the accumulators' initial values (the
-    consts' cotangents) and the stacked cotangents of its per-step outputs.
-    `split(ops, nc, nk, nx, nctc, nacc)`.""")
+    step's initial carries (the cotangents of the final carries, then the
+    accumulators of the consts' cotangents) and the stacked cotangents of
+    the per-step outputs. `split(ops, nc, nk, nx, step.num_carry)`.""")
 
 ScanAdjointOutputs = layout(
-    "ScanAdjointOutputs", ("ct_carry", "acc", "ct_xs"),
-    """A `scan_adjoint` node's outputs (and its step's): the cotangents of the
-    initial carries, the accumulated cotangents of the consts, the stacked
-    cotangents of the per-step inputs. `split(outs, nctc, nacc)`.""")
+    "ScanAdjointOutputs", ("ct_carry", "ct_xs"),
+    """A `scan_adjoint` node's outputs (and its step's): the step's final
+    carries (the cotangents of the initial carries, the accumulated ones of
+    the consts), then the stacked cotangents of the per-step inputs.
+    `split(outs, step.num_carry)`.""")
 
 
 @scan_adjoint_p.def_abstract_eval
-def _scan_adjoint_shape(*in_types, body, step, num_ct_carry, num_acc, length, reverse=False,
+def _scan_adjoint_shape(*in_types, body, step, length, reverse=False,
                         schedule, stored=False):
     op = "scan_adjoint"
-    if not isinstance(body, Body):
-        raise ShapeError(f"`body` must be a Body, got {body!r}.", op=op)
+    for name, g in (("body", body), ("step", step)):
+        if not isinstance(g, Body):
+            raise ShapeError(f"`{name}` must be a Body, got {g!r}.", op=op)
     num_consts, num_carry = body.num_consts, body.num_carry
     nx = len(body.inputs) - num_consts - num_carry
+    if step.num_consts != num_consts:
+        raise ShapeError(f"the step has {step.num_consts} consts, the body {num_consts}.", op=op)
     if stored:
         if not isinstance(schedule, SCHEDULES):
             raise ShapeError(f"`schedule` must be one of {[c.__name__ for c in SCHEDULES]}, "
@@ -464,39 +470,38 @@ def _scan_adjoint_shape(*in_types, body, step, num_ct_carry, num_acc, length, re
             if c != want:
                 raise ShapeError(f"stored cells {k} must be {want.str_short()}, got "
                                  f"{c.str_short()}.", op=op)
-    consts, carry, xs, ctc, acc, cty = ScanAdjointOperands.split(in_types, num_consts, num_carry, nx,
-                                                       num_ct_carry, num_acc)
+    consts, carry, xs, ctc, cty = ScanAdjointOperands.split(in_types, num_consts, num_carry, nx,
+                                                            step.num_carry)
     _scan_shape(*consts, *carry, *xs, body=body, length=length)
     if not isinstance(schedule, SCHEDULES):
         raise InvalidOptionError(f"`schedule` must be one of "
                                  f"{[c.__name__ for c in SCHEDULES]}, got {schedule!r}.", op=op)
-    want = (list(consts) + list(ctc) + list(acc) + list(carry)
+    want = (list(consts) + list(ctc) + list(carry)
             + [TensorType(t.shape[1:], t.dtype) for t in xs]
             + [TensorType(t.shape[1:], t.dtype) for t in cty])
     if tuple(want) != step.in_types:
         raise ShapeError("the step graph's inputs do not match the operands.", op=op)
-    souts = ScanAdjointOutputs.split(step.out_types, num_ct_carry, num_acc)
-    if souts.ct_carry + souts.acc != list(ctc) + list(acc):
+    souts = ScanAdjointOutputs.split(step.out_types, step.num_carry)
+    if souts.ct_carry != list(ctc):
         raise ShapeError("the step graph's carries do not match the operands.", op=op)
-    return tuple(ctc) + tuple(acc) + tuple(_stacked(t, length) for t in souts.ct_xs)
+    return tuple(ctc) + tuple(_stacked(t, length) for t in souts.ct_xs)
 
 
 @scan_adjoint_p.def_impl
-def _scan_adjoint_impl(*args, body, step, num_ct_carry, num_acc, length, reverse=False,
+def _scan_adjoint_impl(*args, body, step, length, reverse=False,
                        schedule, stored=False):
     num_consts, num_carry = body.num_consts, body.num_carry
     # The schedule's actions compiled into runs of advances and backward
     # steps, the backward steps reading kept residuals (`_replay`).
-    nc, nk, nacc = num_consts, num_carry, num_ct_carry + num_acc
+    nc, nk, nacc = num_consts, num_carry, step.num_carry
     nx = len(body.inputs) - nc - nk
     cells = args[len(args) - nk:] if stored else None
     args = args[:len(args) - nk] if stored else args
-    consts, init, xs, ctc0, acc0, cty = ScanAdjointOperands.split(args, nc, nk, nx, num_ct_carry,
-                                                        num_acc)
-    x_types = ScanAdjointOutputs.split(step.out_types, num_ct_carry, num_acc).ct_xs
+    consts, init, xs, ctc0, cty = ScanAdjointOperands.split(args, nc, nk, nx, nacc)
+    x_types = ScanAdjointOutputs.split(step.out_types, nacc).ct_xs
     ct_xs = tuple(jnp.zeros((length,) + t.shape, t.dtype) for t in x_types)
     if length == 0:
-        return (*ctc0, *acc0, *ct_xs)
+        return (*ctc0, *ct_xs)
     split = split_step(step, nc, nk, nx, nacc)
     fb, fr, fs = lower(body), lower(split.residuals), lower(split.backward)
     once = lower(split.once)(*consts) if split.once is not None else ()
@@ -514,18 +519,18 @@ def _scan_adjoint_impl(*args, body, step, num_ct_carry, num_acc, length, reverse
         x = at(xs, k)
         saved = [res[j] if kind == "res" else consts[j] if kind == "const" else
                  x[j] if kind == "x" else once[j] for kind, j in split.where]
-        out = ScanAdjointOutputs.split(fs(*saved, *acc, *at(cty, k)), num_ct_carry, num_acc)
-        return (tuple(out.ct_carry + out.acc),
+        out = ScanAdjointOutputs.split(fs(*saved, *acc, *at(cty, k)), nacc)
+        return (tuple(out.ct_carry),
                 tuple(jnp.asarray(v, t.dtype) for v, t in zip(out.ct_xs, x_types)))
 
     acc, ct_xs = replay(checkpoint_runs(schedule, length), length, reverse, advance,
                         residuals, backward, tuple(init), body.in_types[nc:nc + nk],
-                        split.residuals.out_types, (*ctc0, *acc0), ct_xs, stored=cells)
+                        split.residuals.out_types, tuple(ctc0), ct_xs, stored=cells)
     return (*acc, *ct_xs)
 
 
 @scan_adjoint_p.def_jvp
-def _scan_adjoint_jvp(primals, tangents, *, body, step, num_ct_carry, num_acc, length,
+def _scan_adjoint_jvp(primals, tangents, *, body, step, length,
                       reverse=False, schedule, stored=False):
     num_consts, num_carry = body.num_consts, body.num_carry
     # The backward pass is a fixed composition of forward steps and backward
@@ -536,18 +541,17 @@ def _scan_adjoint_jvp(primals, tangents, *, body, step, num_ct_carry, num_acc, l
     if stored:
         n = len(primals) - num_carry
         primals, tangents = primals[:n], tangents[:n]
-    nc, nk, nctc, nacc = num_consts, num_carry, num_ct_carry, num_acc
+    nc, nk, nct = num_consts, num_carry, step.num_carry
     nx = len(body.inputs) - nc - nk
-    sizes = (nc, nk, nx, nctc, nacc, len(primals) - nc - nk - nx - nctc - nacc)
+    sizes = (nc, nk, nx, nct, len(primals) - nc - nk - nx - nct)
     diff = [is_differentiable(type_of(p)) for p in primals]
     bnz = [is_differentiable(t) for t in body.in_types]
     bforce = [is_differentiable(t) for t in body.out_types]
     bj, _ = grouped_jvp(body, bnz, (nc, nk, nx), (nk, len(body.outputs) - nk), bforce)
     snz = [is_differentiable(t) for t in step.in_types]
     sforce = [is_differentiable(t) for t in step.out_types]
-    nctx = len(step.outputs) - nctc - nacc
-    sj, _ = grouped_jvp(step, snz, (nc, nctc, nacc, nk, nx, sizes[5]), (nctc, nacc, nctx),
-                        sforce)
+    nctx = len(step.outputs) - nct
+    sj, _ = grouped_jvp(step, snz, (nc, nct, nk, nx, sizes[4]), (nct, nctx), sforce)
     groups, lo = [], 0
     for size in sizes:
         groups.append(list(primals[lo:lo + size])
@@ -555,9 +559,9 @@ def _scan_adjoint_jvp(primals, tangents, *, body, step, num_ct_carry, num_acc, l
         lo += size
     out = scan_adjoint_p.bind(
         *[a for g in groups for a in g], body=as_body(bj, len(groups[0]), len(groups[1])),
-        step=sj, num_ct_carry=len(groups[3]), num_acc=len(groups[4]), length=length,
+        step=Body.of(sj, len(groups[0]), len(groups[3])), length=length,
         **({"reverse": True} if reverse else {}), schedule=schedule)
-    return split_grouped(out, step.out_types, (nctc, nacc, nctx))
+    return split_grouped(out, step.out_types, (nct, nctx))
 
 
 @scan_adjoint_p.def_hoist
@@ -584,12 +588,13 @@ def _scan_adjoint_hoist(node):
         step, ns = rs[2], len(rs[1])
     body = with_unused_inputs(body, nc + nb, [a.type for a in atoms[nb:]])
     step = with_unused_inputs(step, nc, [a.type for a in atoms[:nb]])
-    params = dict(p, body=as_body(body, nc + nb + ns, nk), step=step)
+    params = dict(p, body=as_body(body, nc + nb + ns, nk),
+                  step=as_body(step, nc + nb + ns, p["step"].num_carry))
     return outer, node.replace(inputs=consts + tuple(atoms) + node.inputs[nc:],
                                params=params)
 
 
-def _adjoint_by_scans(*args, body, step, num_ct_carry, num_acc, length, reverse=False,
+def _adjoint_by_scans(*args, body, step, length, reverse=False,
                       schedule, stored=False):
     """What a `scan_adjoint` node computes, as two plain scans: the forward
     scan storing every step's carry, then the reverse scan of `step`."""
@@ -598,15 +603,13 @@ def _adjoint_by_scans(*args, body, step, num_ct_carry, num_acc, length, reverse=
     if stored:
         args = args[:len(args) - nk]
     nx = len(body.inputs) - nc - nk
-    consts, init, xs, ctc, acc, cty = ScanAdjointOperands.split(args, nc, nk, nx, num_ct_carry,
-                                                      num_acc)
+    consts, init, xs, ctc, cty = ScanAdjointOperands.split(args, nc, nk, nx, step.num_carry)
     fwd = body.replace(outputs=body.outputs[:nk] + body.inputs[nc:nc + nk])
     carries = ScanOutputs.split(scan_p.bind(*consts, *init, *xs,
                                             **_params(fwd, nc, nk, length, reverse, None)),
                                 nk).ys
-    return scan_p.bind(*consts, *ctc, *acc, *carries, *xs, *cty,
-                       **_params(step, nc, num_ct_carry + num_acc, length, not reverse,
-                                 None))
+    return scan_p.bind(*consts, *ctc, *carries, *xs, *cty,
+                       **_params(step, nc, step.num_carry, length, not reverse, None))
 
 
 @scan_adjoint_p.def_vjp
@@ -819,8 +822,8 @@ def _scan_transpose(cts, *args, body, length, reverse=False, checkpoints=None):
     storable_primal_carries(body, nl_k, nc, "scan")
     if checkpoints is not None and nl_k:
         out = scan_adjoint_p.bind(*consts, *init, *xs, *ct0, *cty,
-                                  body=as_body(fb, len(consts), len(nl_k)), step=st,
-                                  num_ct_carry=len(lk), num_acc=len(lc), length=length,
+                                  body=as_body(fb, len(consts), len(nl_k)),
+                                  step=Body.of(st, len(consts), len(lk) + len(lc)), length=length,
                                   **({"reverse": True} if reverse else {}),
                                   schedule=checkpoints)
     else:
@@ -884,29 +887,29 @@ def _scan_batch(args, dims, *, body, length, reverse=False, checkpoints=None):
 
 
 @scan_adjoint_p.def_batch
-def _scan_adjoint_batch(args, dims, *, body, step, num_ct_carry, num_acc, length,
+def _scan_adjoint_batch(args, dims, *, body, step, length,
                         reverse=False, schedule, stored=False):
     num_consts, num_carry = body.num_consts, body.num_carry
     # The forward body's carries are batched to their fixed point first (the
     # step reads them but does not change them), then the step's cotangent
     # carries and accumulators to theirs. (Stored cells are left out: the
     # batched node recomputes them.)
-    nc, nk, nctc, nacc = num_consts, num_carry, num_ct_carry, num_acc
+    nc, nk, nct = num_consts, num_carry, step.num_carry
     if stored:
         args, dims = args[:len(args) - nk], dims[:len(dims) - nk]
     nx = len(body.inputs) - nc - nk
     size = batch_size_of(args, dims)
-    consts, carry, xs, ctc, acc, cty = ScanAdjointOperands.split(
-        [d is not None for d in dims], nc, nk, nx, nctc, nacc)
+    consts, carry, xs, ctc, cty = ScanAdjointOperands.split(
+        [d is not None for d in dims], nc, nk, nx, nct)
     gb, fb, _ = carry_fixed_point(
         lambda f, force: batch_body(body, f, size, force), consts + carry + xs, nc, nc + nk)
     carry = fb[nc:nc + nk]
     gs, fs, os_ = carry_fixed_point(
-        lambda f, force: batch_body(step, f, size, force), consts + ctc + acc + carry + xs + cty,
-        nc, nc + nctc + nacc)
-    ctc, acc = fs[nc:nc + nctc], fs[nc + nctc:nc + nctc + nacc]
-    flags = consts + carry + xs + ctc + acc + cty
-    g = ScanAdjointOperands.split(zip(args, dims, flags), nc, nk, nx, nctc, nacc)
+        lambda f, force: batch_body(step, f, size, force), consts + ctc + carry + xs + cty,
+        nc, nc + nct)
+    ctc = fs[nc:nc + nct]
+    flags = consts + carry + xs + ctc + cty
+    g = ScanAdjointOperands.split(zip(args, dims, flags), nc, nk, nx, nct)
 
     def front(group):  # batched where the flags say, the batch axis first
         return [batched_front(a, d, size) if f else a for a, d, f in group]
@@ -915,12 +918,12 @@ def _scan_adjoint_batch(args, dims, *, body, step, num_ct_carry, num_acc, length
         return [a if d is None else _second(a, d) for a, d, _ in group]
 
     operands = ScanAdjointOperands(front(g.consts), front(g.carry), second(g.xs),
-                                   front(g.ct_carry), front(g.acc), second(g.ct_ys)).flat()
-    outs = scan_adjoint_p.bind(*operands, body=as_body(gb, nc, nk), step=gs,
-                               num_ct_carry=nctc, num_acc=nacc, length=length,
+                                   front(g.ct_carry), second(g.ct_ys)).flat()
+    outs = scan_adjoint_p.bind(*operands, body=as_body(gb, nc, nk), step=as_body(gs, nc, nct),
+                               length=length,
                                **({"reverse": True} if reverse else {}), schedule=schedule)
-    os_ = ScanAdjointOutputs.split(os_, nctc, nacc)
-    return list(outs), ([0 if b else None for b in os_.ct_carry + os_.acc]
+    os_ = ScanAdjointOutputs.split(os_, nct)
+    return list(outs), ([0 if b else None for b in os_.ct_carry]
                         + [1 if b else None for b in os_.ct_xs])
 
 
@@ -934,7 +937,7 @@ def _install_sparsity_rules() -> None:
         return list(res[0]) + list(res[1])
 
     @scan_adjoint_p.def_sparsity
-    def _scan_adjoint_sparsity(outs, *deps, body, step, num_ct_carry, num_acc, length,
+    def _scan_adjoint_sparsity(outs, *deps, body, step, length,
                                reverse=False, schedule, stored=False):
         num_consts, num_carry = body.num_consts, body.num_carry
         # what `_adjoint_by_scans` computes: the forward scan stacking each
@@ -944,14 +947,13 @@ def _install_sparsity_rules() -> None:
         if stored:
             deps = deps[:len(deps) - nk]
         nx = len(body.inputs) - nc - nk
-        consts, init, xs, ctc, acc, cty = ScanAdjointOperands.split(deps, nc, nk, nx, num_ct_carry,
-                                                          num_acc)
+        consts, init, xs, ctc, cty = ScanAdjointOperands.split(deps, nc, nk, nx, step.num_carry)
         fwd = body.replace(outputs=body.outputs[:nk] + body.inputs[nc:nc + nk])
         res = loop_sparsity(fwd, consts, init, xs, length, exact=True, reverse=reverse)
         if res is not None:
             carries = [Deps(m, (length,) + value_shape(v.type))
                        for m, v in zip(res[1], body.inputs[nc:nc + nk])]
-            res = loop_sparsity(step, consts, ctc + acc, carries + xs + cty, length,
+            res = loop_sparsity(step, consts, ctc, carries + xs + cty, length,
                                 exact=True, reverse=not reverse)
         if res is None:
             return dense_all(outs, *deps)
@@ -999,7 +1001,8 @@ def _scan_adjoint_cost(node, body):
 
 
 # ---------------------------------------------------------------------------
-# version-1 files: `num_consts` and `num_carry` were params of the node
+# version-1 files: `num_consts` and `num_carry` were params of the node (and
+# `scan_adjoint`'s step a plain graph)
 
 
 def _v1(params: dict) -> dict:
@@ -1008,5 +1011,12 @@ def _v1(params: dict) -> dict:
     return {**params, "body": as_body(params["body"], nc, nk)}
 
 
+def _adjoint_v1(params: dict) -> dict:
+    # and the step's carries were counted by `num_ct_carry` and `num_acc`
+    params = _v1(params)
+    nct = params.pop("num_ct_carry") + params.pop("num_acc")
+    return {**params, "step": as_body(params["step"], params["body"].num_consts, nct)}
+
+
 register_v1_migration("scan", _v1)
-register_v1_migration("scan_adjoint", _v1)
+register_v1_migration("scan_adjoint", _adjoint_v1)

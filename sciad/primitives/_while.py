@@ -261,7 +261,7 @@ def _while_vjp_bwd(res, cts, *, cond_body, body, max_steps=None, checkpoints=Non
     ctc0, acc0 = ct_inits(primals, cts, ct_carry_idx, acc_idx)
     snapshots = checkpoints.snapshots if checkpoints else default_segments(max_steps)
     out = while_adjoint_p.bind(steps, *primals, *ctc0, *acc0, body=carried_body(body, nc),
-                               step=v, num_ct_carry=len(ctc0), num_acc=len(acc0),
+                               step=Body.of(v, nc, len(ctc0) + len(acc0)),
                                max_steps=max_steps, snapshots=snapshots)
     return assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, [], out)
 
@@ -270,61 +270,56 @@ def _while_vjp_bwd(res, cts, *, cond_body, body, max_steps=None, checkpoints=Non
 
 
 while_adjoint_p = Primitive("while_adjoint", multiple_results=True, params={
-    "body": Body, "step": Graph, "num_ct_carry": int, "num_acc": int,
-    "max_steps": int, "snapshots": int})
-#: operands `(steps, *consts, *init, *ct_carry, *acc)`: `body` is the loop's
-#: step `(*consts, *carry) -> (*carry)`, run `steps` times from `init`;
-#: `step` its backward part `(*consts, *ct_carry, *acc, *carry) -> (*ct_carry,
-#: *acc)`. Outputs: the cotangents of `init` and the accumulated `acc`, as a
-#: reverse loop of `step` over the `steps` carries would give them. The
+    "body": Body, "step": Body, "max_steps": int, "snapshots": int})
+#: operands `(steps, *consts, *init, *ct_carry)` (`WhileAdjointOperands`):
+#: `body` is the loop's step `(*consts, *carry) -> (*carry)`, run `steps`
+#: times from `init`; `step` its backward part, a body `(*consts, *ct_carry,
+#: *carry) -> (*ct_carry)` whose carries are the cotangents of the carries
+#: and the accumulated cotangents of the consts (its layout counts them).
+#: Outputs: the final `ct_carry` (the cotangents of `init`, the accumulated
+#: ones of the consts), as a reverse loop of `step` over the `steps` carries
+#: would give them. The
 #: carries are recomputed on the `Segments(snapshots)` schedule: at most
 #: `snapshots + ceil(max_steps / snapshots)` are stored at once.
 
 
 WhileAdjointOperands = layout(
-    "WhileAdjointOperands", ("steps", "consts", "carry", "ct_carry", "acc"),
+    "WhileAdjointOperands", ("steps", "consts", "carry", "ct_carry"),
     """A `while_adjoint` node's operands: `[steps]` (one value), the loop's
-    consts and initial carries, the cotangents of its final carries and the
-    accumulators' initial values.""")
-
-WhileAdjointOutputs = layout(
-    "WhileAdjointOutputs", ("ct_carry", "acc"),
-    """A `while_adjoint` node's outputs (and its step's): the cotangents of
-    the initial carries, the accumulated cotangents of the consts.""")
+    consts and initial carries, then the step's initial carries (the
+    cotangents of the final carries, then the accumulators of the consts'
+    cotangents), which the node's outputs are the final values of.""")
 
 
-def _adjoint_split(args, nc, nctc, nacc) -> WhileAdjointOperands:
-    nk = len(args) - 1 - nc - nctc - nacc
-    return WhileAdjointOperands.split(args, 1, nc, nk, nctc)
+def _adjoint_split(args, body: Body) -> WhileAdjointOperands:
+    return WhileAdjointOperands.split(args, 1, body.num_consts, body.num_carry)
 
 
 @while_adjoint_p.def_abstract_eval
-def _while_adjoint_shape(*in_types, body, step, num_ct_carry, num_acc, max_steps, snapshots):
+def _while_adjoint_shape(*in_types, body, step, max_steps, snapshots):
     op = "while_adjoint"
-    if not isinstance(body, Body):
-        raise ShapeError(f"`body` must be a Body, got {body!r}.", op=op)
-    num_consts = body.num_consts
-    (steps,), consts, carry, ctc, acc = _adjoint_split(in_types, num_consts, num_ct_carry,
-                                                    num_acc)
+    for name, g in (("body", body), ("step", step)):
+        if not isinstance(g, Body):
+            raise ShapeError(f"`{name}` must be a Body, got {g!r}.", op=op)
+    (steps,), consts, carry, ctc = _adjoint_split(in_types, body)
     if steps != TensorType((), np.dtype(np.int32)):
         raise DTypeError(f"`steps` must be an int32 scalar, got {steps}.", op=op)
     if tuple(body.in_types) != tuple(consts) + tuple(carry) or \
             tuple(body.out_types) != tuple(carry):
         raise ShapeError("the body does not take and return the operands' carries.", op=op)
-    if tuple(step.in_types) != tuple(consts) + tuple(ctc) + tuple(acc) + tuple(carry) or \
-            tuple(step.out_types) != tuple(ctc) + tuple(acc):
+    if step.layout != (len(consts), len(ctc), len(carry)) or \
+            tuple(step.in_types) != tuple(consts) + tuple(ctc) + tuple(carry) or \
+            tuple(step.out_types) != tuple(ctc):
         raise ShapeError("the step graph does not match the operands.", op=op)
     if max_steps < 0 or snapshots < 1:
         raise InvalidOptionError(f"needs max_steps >= 0 and snapshots >= 1, got {max_steps} and "
                                  f"{snapshots}.", op=op)
-    return tuple(ctc) + tuple(acc)
+    return tuple(ctc)
 
 
 @while_adjoint_p.def_impl
-def _while_adjoint_impl(*args, body, step, num_ct_carry, num_acc, max_steps, snapshots):
-    num_consts = body.num_consts
-    (steps,), consts, init, ctc0, acc0 = _adjoint_split(args, num_consts, num_ct_carry,
-                                                     num_acc)
+def _while_adjoint_impl(*args, body, step, max_steps, snapshots):
+    (steps,), consts, init, ctc0 = _adjoint_split(args, body)
     fb, fs = lower(body), lower(step)
     n = jnp.asarray(steps, jnp.int32)
     s = snapshots
@@ -351,8 +346,7 @@ def _while_adjoint_impl(*args, body, step, num_ct_carry, num_acc, max_steps, sna
     buf = store(buf, c, jnp.minimum(last, s - 1), nseg > 0)
     sb0 = tuple(jnp.zeros((seglen,) + jnp.shape(c), jnp.asarray(c).dtype) for c in init)
 
-    def segment(jj, state):  # the segments in reverse: recompute, then back
-        ctc, acc = state
+    def segment(jj, ctc):  # the segments in reverse: recompute, then back
         j = nseg - 1 - jj
         lo = j * seg
         hi = jnp.minimum(lo + seg, n)
@@ -365,55 +359,47 @@ def _while_adjoint_impl(*args, body, step, num_ct_carry, num_acc, max_steps, sna
         sb, c = jax.lax.fori_loop(lo, hi - 1, rec, (sb0, tuple(b[j] for b in buf)))
         sb = store(sb, c, hi - 1 - lo, True)
 
-        def back(kk, st):
-            ctc, acc = st
+        def back(kk, ctc):
             c = tuple(b[hi - 1 - kk - lo] for b in sb)
-            out = WhileAdjointOutputs.split(fs(*consts, *ctc, *acc, *c), num_ct_carry)
-            return tuple(out.ct_carry), tuple(out.acc)
+            return tuple(fs(*consts, *ctc, *c))
 
-        return jax.lax.fori_loop(0, hi - lo, back, (ctc, acc))
+        return jax.lax.fori_loop(0, hi - lo, back, ctc)
 
-    ctc, acc = jax.lax.fori_loop(0, nseg, segment, (tuple(ctc0), tuple(acc0)))
-    return (*ctc, *acc)
+    return jax.lax.fori_loop(0, nseg, segment, tuple(ctc0))
 
 
 @while_adjoint_p.def_jvp
-def _while_adjoint_jvp(primals, tangents, *, body, step, num_ct_carry, num_acc, max_steps,
-                       snapshots):
+def _while_adjoint_jvp(primals, tangents, *, body, step, max_steps, snapshots):
     num_consts = body.num_consts
     # the reverse pass is a fixed composition of forward and backward steps;
     # its JVP is the same composition of their JVPs, on the same schedule
 
-    nc, nctc, nacc = num_consts, num_ct_carry, num_acc
-    nk = len(primals) - 1 - nc - nctc - nacc
-    sizes = (nc, nk, nctc, nacc)
+    nc, nk, nct = num_consts, body.num_carry, step.num_carry
+    sizes = (nc, nk, nct)
     rest = primals[1:]
     diff = [is_differentiable(type_of(p)) for p in rest]
     bj, _ = grouped_jvp(body, [is_differentiable(t) for t in body.in_types], (nc, nk), (nk,),
                         [is_differentiable(t) for t in body.out_types])
     sj, _ = grouped_jvp(step, [is_differentiable(t) for t in step.in_types],
-                        (nc, nctc, nacc, nk), (nctc, nacc),
+                        (nc, nct, nk), (nct,),
                         [is_differentiable(t) for t in step.out_types])
     groups, lo = [], 0
     for size in sizes:
         groups.append(list(rest[lo:lo + size])
                       + [instantiate(tangents[1 + i]) for i in range(lo, lo + size) if diff[i]])
         lo += size
-    g0, g1, g2, g3 = groups
-    out = while_adjoint_p.bind(primals[0], *g0, *g1, *g2, *g3, body=carried_body(bj, len(g0)),
-                               step=sj, num_ct_carry=len(g2), num_acc=len(g3),
+    g0, g1, g2 = groups
+    out = while_adjoint_p.bind(primals[0], *g0, *g1, *g2, body=carried_body(bj, len(g0)),
+                               step=Body.of(sj, len(g0), len(g2)),
                                max_steps=max_steps, snapshots=snapshots)
-    return split_grouped(out, step.out_types, (nctc, nacc))
+    return split_grouped(out, step.out_types, (nct,))
 
 
-def _adjoint_by_scans(*args, body, step, num_ct_carry, num_acc, max_steps, snapshots):
+def _adjoint_by_scans(*args, body, step, max_steps, snapshots):
     """What a `while_adjoint` node computes, as two scans of `max_steps` steps
     that do nothing past `steps`: the forward one stacking every carry, then
     the reverse one of `step`."""
-    num_consts = body.num_consts
-
-    (steps,), consts, init, ctc, acc = _adjoint_split(args, num_consts, num_ct_carry, num_acc)
-    nctc = num_ct_carry
+    (steps,), consts, init, ctc = _adjoint_split(args, body)
 
     def fwd(c, _):
         k, cs = c
@@ -430,9 +416,8 @@ def _adjoint_by_scans(*args, body, step, num_ct_carry, num_acc, max_steps, snaps
                    lambda st: tuple(st), tuple(state))
         return new, None
 
-    out, _ = scan(bwd, tuple(ctc) + tuple(acc),
-                  (ops.arange(max_steps, dtype=np.int32), carries), reverse=True)
-    assert len(out) == nctc + num_acc
+    out, _ = scan(bwd, tuple(ctc), (ops.arange(max_steps, dtype=np.int32), carries),
+                  reverse=True)
     return list(out)
 
 
@@ -501,7 +486,7 @@ def _while_transpose(cts, *args, cond_body, body, max_steps=None, checkpoints=No
         snapshots = checkpoints.snapshots if isinstance(checkpoints, Segments) else \
             default_segments(max_steps)
         out = while_adjoint_p.bind(steps, *consts, *init, *ct0, body=carried_body(fb, m),
-                                   step=st, num_ct_carry=len(lk), num_acc=len(lc),
+                                   step=Body.of(st, m, len(lk) + len(lc)),
                                    max_steps=max_steps, snapshots=snapshots)
     else:
         out = _recomputing_transpose(fb, st, consts, init, ct0, steps)
@@ -748,8 +733,12 @@ def _while_v1(params: dict) -> dict:
 
 
 def _while_adjoint_v1(params: dict) -> dict:
+    # (and its step was a plain graph, its carries counted by `num_ct_carry`
+    # and `num_acc`)
     params = dict(params)
-    return {**params, "body": carried_body(params["body"], params.pop("num_consts"))}
+    nc, nct = params.pop("num_consts"), params.pop("num_ct_carry") + params.pop("num_acc")
+    return {**params, "body": carried_body(params["body"], nc),
+            "step": as_body(params["step"], nc, nct)}
 
 
 register_v1_migration("while", _while_v1)
