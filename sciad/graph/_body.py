@@ -473,3 +473,43 @@ def transpose_body(graph: Graph, linear: Sequence[bool], given: Sequence[bool], 
     g, consts, _ = trace_body(fn, others + ct_types, name=name)
     assert not consts, "a body's transpose closes over nothing"
     return g
+
+
+def applied_linearity_rule(*names: str, skip: int = 0):
+    """The `def_linearity` rule of a node that applies its bodies (the params
+    `names`) once to its operands after `skip` leading ones that are never
+    linear (`cond`'s predicate): an output depends on the linear operands
+    where it does in any body (`graph_linear_outputs`)."""
+    from ._autodiff import graph_linear_outputs
+
+    def rule(linear, **params):
+        out = None
+        for name in names:
+            lin = graph_linear_outputs(params[name], list(linear[skip:]))
+            out = lin if out is None else [a or b for a, b in zip(out, lin)]
+        return out
+
+    return rule
+
+
+def applied_transpose_rule(prim, *names: str, skip: int = 0):
+    """The `def_transpose` rule of a node that applies its bodies (the params
+    `names`) once to its operands after `skip` leading ones that are never
+    linear (`cond`'s predicate): the same node on the bodies' transposes
+    (`transpose_body`), reading the non-linear operands and the given
+    cotangents; its outputs are the linear operands' cotangents."""
+    from ._autodiff import is_linear, is_zero
+
+    def rule(cts, *args, **params):
+        lead, operands = args[:skip], args[skip:]
+        linear = [is_linear(a) for a in operands]
+        given = [not is_zero(c) for c in cts]
+        bodies = {name: applied_body(transpose_body(params[name], linear, given,
+                                                    name=f"{params[name].name}_transpose"))
+                  for name in names}
+        out = iter(prim.bind(*lead, *[a for a, f in zip(operands, linear) if not f],
+                             *[c for c, g in zip(cts, given) if g], **dict(params, **bodies)))
+        return (None,) * skip + tuple(next(out) if f else None for f in linear)
+
+    return rule
+

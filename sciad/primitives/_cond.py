@@ -39,14 +39,13 @@ import numpy as np
 from .. import _ops as ops
 from ..errors import DTypeError, NotSupportedError, ShapeError
 from ..graph import Body, Graph, Literal, Primitive, TensorType, Var, Zero
-from ..graph import instantiate, is_differentiable, is_linear, is_zero, lower
-from ..graph._autodiff import (graph_linear_outputs, needs_ct, type_of, vjp_eval, vjp_graph,
-                               zeros)
+from ..graph import instantiate, is_differentiable, is_zero, lower
+from ..graph._autodiff import needs_ct, type_of, vjp_eval, vjp_graph, zeros
 from ..graph._cost import Cost
 from ..graph._batch import batch_body, batch_graph, batch_size_of, batched_front, front_where
 from ..graph._batch import to_front
-from ..graph._body import (applied_batch_rule, applied_body, dce_rule, inline, jvp_body,
-                           trace_body, transpose_body)
+from ..graph._body import (applied_batch_rule, applied_body, applied_linearity_rule,
+                           applied_transpose_rule, dce_rule, inline, jvp_body, trace_body)
 from ..graph._serialize import register_v1_migration
 from ..graph._sparsity import body_rule, sparsity_eval, union
 from ..graph._trace import Tracer, _leaf_type, current_builder, is_value_leaf
@@ -246,25 +245,9 @@ def _cond_vjp_bwd(res, cts, *, true_body, false_body):
 # transposes, each recomputing what it needs of its primal part
 
 
-def _given(cts) -> list[bool]:
-    return [not is_zero(c) for c in cts]
-
-
-@cond_p.def_linearity
-def _cond_linearity(linear, *, true_body, false_body):
-    t, f = (graph_linear_outputs(b, linear[1:]) for b in (true_body, false_body))
-    return [a or b for a, b in zip(t, f)]
-
-
-@cond_p.def_transpose
-def _cond_transpose(cts, pred, *args, true_body, false_body):
-    linear = [is_linear(a) for a in args]
-    given = _given(cts)
-    tt, tf = (transpose_body(b, linear, given, name=f"{b.name}_transpose")
-              for b in (true_body, false_body))
-    out = iter(cond_p.bind(pred, *[a for a in args if not is_linear(a)],
-                           *[c for c, g in zip(cts, given) if g], **cond_params(tt, tf)))
-    return (None,) + tuple(next(out) if f else None for f in linear)
+# (the predicate is never linear: a boolean)
+cond_p.def_linearity(applied_linearity_rule("true_body", "false_body", skip=1))
+cond_p.def_transpose(applied_transpose_rule(cond_p, "true_body", "false_body", skip=1))
 
 
 # -- public function --------------------------------------------------------------
@@ -437,19 +420,9 @@ def _barrier_transpose(cts, *args):
     return tuple(cts)
 
 
-checkpoint_p.def_linearity(lambda linear, body: graph_linear_outputs(body, linear))
-
-
-@checkpoint_p.def_transpose
-def _checkpoint_transpose(cts, *args, body):
-    # a checkpoint of the body's transpose: its primal part is recomputed there
-    linear = [is_linear(a) for a in args]
-    given = _given(cts)
-    out = iter(checkpoint_p.bind(*[a for a in args if not is_linear(a)],
-                                 *[c for c, g in zip(cts, given) if g],
-                                 body=applied_body(transpose_body(
-                                     body, linear, given, name=f"{body.name}_transpose"))))
-    return tuple(next(out) if f else None for f in linear)
+checkpoint_p.def_linearity(applied_linearity_rule("body"))
+# a checkpoint of the body's transpose: its primal part is recomputed there
+checkpoint_p.def_transpose(applied_transpose_rule(checkpoint_p, "body"))
 
 
 def checkpoint(f: Callable) -> Callable:
