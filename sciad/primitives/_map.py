@@ -277,7 +277,7 @@ def _map_jvp(primals, tangents, *, body, batched, size, spmd_axis=None):
 
 @map_p.def_vjp
 def _map_vjp(primals, outs, cts, *, body, batched, size, spmd_axis=None):
-    from ._sparse import gather  # here, not at the top: _sparse imports this module (map_rule, columns_rule)
+    from ._sparse import gather  # (here: _sparse imports this module)
 
     n_in, n_out = len(body.inputs), len(body.outputs)
     # (an operand the reverse pass holds fixed gets no cotangent formed)
@@ -317,7 +317,7 @@ def _operand_cts(body, wanted, batched, res, size) -> tuple:
     """The operands' cotangents from a batched backward body's results `res`
     (`(value, batch_dim)` for each `wanted` operand): a batched operand's
     with the batch in front, a shared one's summed over the examples."""
-    from ._sparse import assemble  # here, not at the top: _sparse imports this module (map_rule, columns_rule)
+    from ._sparse import assemble  # (here: _sparse imports this module)
 
     out = []
     for v, w, b in zip(body.inputs, wanted, batched):
@@ -344,7 +344,7 @@ def _map_linearity(linear, *, body, batched, size, spmd_axis=None):
 def _map_transpose(cts, *args, body, batched, size, spmd_axis=None):
     # a map of the body's per-example transpose; the cotangent of a linear
     # operand shared by the examples is the sum of theirs
-    from ._sparse import gather  # here, not at the top: _sparse imports this module (map_rule, columns_rule)
+    from ._sparse import gather  # (here: _sparse imports this module)
 
     linear = [is_linear(a) for a in args]
     given = [not is_zero(c) for c in cts]

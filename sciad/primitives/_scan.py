@@ -879,7 +879,8 @@ def _scan_batch(args, dims, *, body, length, reverse=False, checkpoints=None):
     g, flags, out_b = carry_fixed_point(
         lambda f, force: batch_body(body, f, size, force), flags, nc, nc + nk)
     operands = (front_where(args[:nc + nk], dims[:nc + nk], flags, size)
-                + [a if d is None else _second(a, d) for a, d in zip(args[nc + nk:], dims[nc + nk:])])
+                + [a if d is None else _second(a, d)
+                   for a, d in zip(args[nc + nk:], dims[nc + nk:])])
     outs = scan_p.bind(*operands, **_params(g, nc, nk, length, reverse, checkpoints))
     out_b = ScanOutputs.split(out_b, nk)
     return list(outs), ([0 if b else None for b in out_b.carry]
