@@ -128,6 +128,19 @@ def test_cond_dce_drops_unused_outputs_and_operands(rng):
     np.testing.assert_allclose(sd.graph.evaluate(graph, x, y)[0], f(x, y))
 
 
+def test_checkpoint_dce_drops_unused_outputs_and_operands(rng):
+    x, y = rng.normal(size=3), rng.normal(size=3)
+
+    def f(x, y):
+        return sd.checkpoint(lambda a, b: (snp.sin(a), b * 2.0))(x, y)[0]
+
+    graph = dce(sd.trace(f, x, y))
+    (node,) = _nodes(graph, "checkpoint")
+    assert len(node.outputs) == len(node.inputs) == 1
+    assert node.params["body"].layout == (1, 0, 0)
+    np.testing.assert_allclose(sd.graph.evaluate(graph, x, y)[0], np.sin(x))
+
+
 def test_while_dce_keeps_the_carries_the_predicate_and_the_result_read():
     # k: read by the predicate; u: the result, reading w (a const) and k;
     # v: dead (neither the predicate nor u reads it)
