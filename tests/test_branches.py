@@ -128,6 +128,39 @@ def test_cond_dce_drops_unused_outputs_and_operands(rng):
     np.testing.assert_allclose(sd.graph.evaluate(graph, x, y)[0], f(x, y))
 
 
+def test_checkpoint_dce_drops_unused_outputs_and_operands(rng):
+    x, y = rng.normal(size=3), rng.normal(size=3)
+
+    def f(x, y):
+        return sd.checkpoint(lambda a, b: (snp.sin(a), b * 2.0))(x, y)[0]
+
+    graph = dce(sd.trace(f, x, y))
+    (node,) = _nodes(graph, "checkpoint")
+    assert len(node.outputs) == len(node.inputs) == 1
+    assert node.params["body"].layout == (1, 0, 0)
+    np.testing.assert_allclose(sd.graph.evaluate(graph, x, y)[0], np.sin(x))
+
+
+def test_while_dce_keeps_the_carries_the_predicate_and_the_result_read():
+    # k: read by the predicate; u: the result, reading w (a const) and k;
+    # v: dead (neither the predicate nor u reads it)
+    x, w = np.linspace(0.1, 0.3, 3), np.linspace(1.0, 2.0, 3)
+
+    def f(x, w):
+        def body(s):
+            u, v, k = s
+            return u + w * k, v * 2.0 + w, k + 1.0
+        u, _, _ = sd.while_loop(lambda s: s[2] < 5.0, body, (x, x, 0.0), max_steps=10)
+        return u
+
+    graph = dce(sd.trace(f, x, w))
+    (node,) = _nodes(graph, "while")
+    body = node.params["body"]
+    assert len(node.outputs) == body.num_carry == 2  # u, k
+    assert node.params["cond_body"].layout == body.layout
+    np.testing.assert_allclose(sd.graph.evaluate(graph, x, w)[0], f(x, w))
+
+
 # ---------------------------------------------------------------------------
 # while_loop
 

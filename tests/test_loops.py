@@ -300,8 +300,7 @@ def test_checkpointed_backward_parts_read_residuals_or_recompute(rng, leaves, ri
     (adj,) = [n for n in g.nodes if n.primitive.name == "scan_adjoint"]
     p = adj.params
     nc, nk = p["body"].num_consts, p["body"].num_carry
-    split = split_step(p["step"], nc, nk, len(p["body"].inputs) - nc - nk,
-                       p["num_ct_carry"] + p["num_acc"])
+    split = split_step(p["step"], nc, nk, len(p["body"].inputs) - nc - nk, p["step"].num_carry)
     # residuals no larger than the carry are kept (packed into its cell: one
     # array in a two-array carry); larger ones are not, and the carry is
     assert (split.residuals.nodes != ()) == (kind == "res"), split.residuals

@@ -600,6 +600,9 @@ def _as_version_1(doc):
             out["params"]["num_consts"] = nc
             if op.startswith("scan"):
                 out["params"]["num_carry"] = nk
+        if op in ("scan_adjoint", "while_adjoint"):  # (the split is the migration's sum)
+            out["params"]["num_ct_carry"] = params["step"]["body"]["layout"][1]
+            out["params"]["num_acc"] = 0
         if op in renamed:
             out["params"]["graph"] = out["params"].pop("body")
         return out
@@ -634,6 +637,27 @@ def test_version_1_loops_load(rng):
     g = sd.trace(f, x)
     old = _as_version_1(json.loads(g.to_json()))
     assert '"num_consts"' in json.dumps(old) and '"layout"' not in json.dumps(old)
+    back = _load_doc(old)
+    assert back.pretty(source=False) == g.pretty(source=False)
+    np.testing.assert_allclose(sd.graph.evaluate(back, x)[0], sd.graph.evaluate(g, x)[0])
+
+
+def test_version_1_loop_adjoints_load(rng):
+    # scan_adjoint and while_adjoint: their step was a plain graph whose
+    # carries `num_ct_carry` and `num_acc` counted
+    x = rng.standard_normal(3)
+    c = rng.standard_normal(3)
+
+    def f(x):
+        u, ys = sd.scan(lambda u, k: (u * c + snp.sin(k), u.sum()), x, x, checkpoints=2)
+        v = sd.while_loop(lambda v: v[0] < 10.0, lambda v: v * 2.0 + c * c, snp.abs(u) + 1.0,
+                          max_steps=50)
+        return (v + ys.sum()).sum()
+
+    g = sd.trace(sd.grad(f), x)
+    assert {"scan_adjoint", "while_adjoint"} <= {n.primitive.name for n in g.nodes}
+    old = _as_version_1(json.loads(g.to_json()))
+    assert '"num_ct_carry"' in json.dumps(old) and '"layout"' not in json.dumps(old)
     back = _load_doc(old)
     assert back.pretty(source=False) == g.pretty(source=False)
     np.testing.assert_allclose(sd.graph.evaluate(back, x)[0], sd.graph.evaluate(g, x)[0])

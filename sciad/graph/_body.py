@@ -24,6 +24,8 @@ body) are written once.
 
 from __future__ import annotations
 
+import collections
+import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -31,6 +33,9 @@ import jax
 
 from ._core import Graph, Literal, Node, Var, has_effects, must_run
 from ._types import AbstractType
+
+# _trace, _autodiff and _batch are imported inside the functions that use
+# them: each of them imports this module (Body), a cycle at import time.
 
 _tree = jax.tree_util
 
@@ -79,6 +84,29 @@ class Body(Graph):
     def __repr__(self) -> str:
         return (f"<Body {self.name}: {self.num_consts} consts, {self.num_carry} carries, "
                 f"{self.num_xs} xs, {len(self.nodes)} nodes, {len(self.outputs)} outputs>")
+
+
+def layout(name: str, fields: Sequence[str], doc: str):
+    """A named layout of a node's flat operands or outputs: a `NamedTuple`
+    class of the groups `fields` (lists), so rules name a group
+    (`outs.carry`, `ops.ct_ys`) instead of slicing by counts.
+    `cls.split(seq, *sizes)` groups `seq` (the last group takes the rest;
+    `sizes` the others' lengths), `value.flat()` joins the groups again."""
+    base = collections.namedtuple(name, fields)
+
+    def split(cls, seq, *sizes):
+        seq, groups, k = list(seq), [], 0
+        for n in sizes:
+            groups.append(seq[k:k + n])
+            k += n
+        return cls(*groups, seq[k:])
+
+    def flat(self) -> list:
+        return [a for g in self for a in g]
+
+    return type(name, (base,), {"__slots__": (), "__doc__": doc,
+                                "__module__": sys._getframe(1).f_globals.get("__name__"),
+                                "split": classmethod(split), "flat": flat})
 
 
 def as_body(graph: Graph, num_consts: int = 0, num_carry: int = 0) -> Body:
@@ -216,6 +244,70 @@ def drop_inputs(graph: Graph, keep: Sequence[bool]) -> Graph:
         return graph.replace(inputs=inputs, num_consts=sum(c), num_carry=sum(k),
                              num_xs=sum(x))
     return graph.replace(inputs=inputs)
+
+
+def prune_bodies(bodies: Sequence[Body], used: Sequence[bool], *, loop: bool = False,
+                 readers: Sequence[Body] = ()):
+    """Dead-code elimination for a node of `bodies` that share one input
+    layout (the node's operands): `cond`'s branches, or the one body of
+    `call`, `checkpoint`, `scan` or `while`. `used` flags the node's
+    outputs, which are each body's outputs.
+
+    With `loop`, each body's first `num_carry` outputs are its next carries:
+    a carry stays live while its output is used or a live computation reads
+    it, up to a fixed point, and the node's outputs kept are the live
+    carries and the used per-step outputs. `readers` are bodies on the same
+    inputs whose outputs are always needed (a `while` loop's predicate);
+    they read what they read, and only lose inputs.
+
+    Returns None if nothing is dead, else `(keep, live, bodies, readers)`:
+    which operands (= body inputs) stay, which node outputs stay, and the
+    pruned bodies, whose counts count what they keep."""
+    first = bodies[0]
+    nc, nk = first.num_consts, first.num_carry
+    read = [False] * len(first.inputs)
+    for r in readers:
+        read = [a or b for a, b in zip(read, live_inputs(r, [True] * len(r.outputs))[1])]
+    live = list(used)
+    if loop:  # a carry the readers read is live
+        live[:nk] = [u or r for u, r in zip(used[:nk], read[nc:nc + nk])]
+    while True:
+        pruned = [live_inputs(b, live) for b in bodies]
+        keep = list(read)
+        for _, in_live in pruned:
+            keep = [a or b for a, b in zip(keep, in_live)]
+        if not loop:
+            break
+        carry = [a or b for a, b in zip(live[:nk], keep[nc:nc + nk])]
+        if carry == live[:nk]:
+            break
+        live[:nk] = carry
+    if loop:  # a carry is an operand and an output: both stay or both go
+        keep[nc:nc + nk] = live[:nk]
+    if all(keep) and all(live):
+        return None
+    return (keep, live, [drop_inputs(g, keep) for g, _ in pruned],
+            [drop_inputs(r, keep) for r in readers])
+
+
+def dce_rule(*names: str, loop: bool = False, readers: Sequence[str] = (), skip: int = 0):
+    """The `def_dce` rule of a node whose bodies are the params `names`
+    (after `skip` leading operands that always stay, `cond`'s predicate):
+    `prune_bodies` on them, with the params `readers` as readers."""
+    def rule(node: Node, used: Sequence[bool]):
+        p = node.params
+        res = prune_bodies([p[n] for n in names], used, loop=loop,
+                           readers=[p[n] for n in readers])
+        if res is None:
+            return None
+        keep, live, bodies, kept_readers = res
+        operands = node.inputs[skip:]
+        return node.replace(
+            inputs=node.inputs[:skip] + tuple(a for a, k in zip(operands, keep) if k),
+            outputs=tuple(v for v, k in zip(node.outputs, live) if k),
+            params=dict(p, **dict(zip(names, bodies)), **dict(zip(readers, kept_readers))))
+
+    return rule
 
 
 def invariant_nodes(graph: Graph, num_consts: int) -> list[bool]:
@@ -381,3 +473,43 @@ def transpose_body(graph: Graph, linear: Sequence[bool], given: Sequence[bool], 
     g, consts, _ = trace_body(fn, others + ct_types, name=name)
     assert not consts, "a body's transpose closes over nothing"
     return g
+
+
+def applied_linearity_rule(*names: str, skip: int = 0):
+    """The `def_linearity` rule of a node that applies its bodies (the params
+    `names`) once to its operands after `skip` leading ones that are never
+    linear (`cond`'s predicate): an output depends on the linear operands
+    where it does in any body (`graph_linear_outputs`)."""
+    from ._autodiff import graph_linear_outputs
+
+    def rule(linear, **params):
+        out = None
+        for name in names:
+            lin = graph_linear_outputs(params[name], list(linear[skip:]))
+            out = lin if out is None else [a or b for a, b in zip(out, lin)]
+        return out
+
+    return rule
+
+
+def applied_transpose_rule(prim, *names: str, skip: int = 0):
+    """The `def_transpose` rule of a node that applies its bodies (the params
+    `names`) once to its operands after `skip` leading ones that are never
+    linear (`cond`'s predicate): the same node on the bodies' transposes
+    (`transpose_body`), reading the non-linear operands and the given
+    cotangents; its outputs are the linear operands' cotangents."""
+    from ._autodiff import is_linear, is_zero
+
+    def rule(cts, *args, **params):
+        lead, operands = args[:skip], args[skip:]
+        linear = [is_linear(a) for a in operands]
+        given = [not is_zero(c) for c in cts]
+        bodies = {name: applied_body(transpose_body(params[name], linear, given,
+                                                    name=f"{params[name].name}_transpose"))
+                  for name in names}
+        out = iter(prim.bind(*lead, *[a for a, f in zip(operands, linear) if not f],
+                             *[c for c, g in zip(cts, given) if g], **dict(params, **bodies)))
+        return (None,) * skip + tuple(next(out) if f else None for f in linear)
+
+    return rule
+

@@ -10,8 +10,9 @@ import functools
 from ..errors import ShapeError
 from ..graph import (Body, Graph, Primitive, Zero, instantiate, is_differentiable, is_linear,
                      jvp_graph, lower, transpose_eval, vjp_eval)
-from ..graph._autodiff import graph_linear_outputs, needs_ct
-from ..graph._body import applied_batch_rule, applied_body
+from ..graph._autodiff import needs_ct
+from ..graph._cost import Cost
+from ..graph._body import applied_batch_rule, applied_body, applied_linearity_rule
 from ..graph._serialize import register_v1_migration
 from ..graph._sparsity import body_rule
 
@@ -61,9 +62,7 @@ def _call_jvp(primals, tangents, *, body):
     return tuple(res[:n]), tuple(touts)
 
 
-@call_p.def_linearity
-def _call_linearity(linear, *, body):
-    return graph_linear_outputs(body, linear)
+call_p.def_linearity(applied_linearity_rule("body"))
 
 
 @call_p.def_transpose
@@ -89,8 +88,6 @@ call_p.def_batch(applied_batch_rule(call_p))
 
 @call_p.def_cost
 def _call_cost(node, body):
-    from ..graph._cost import Cost
-
     b = body(node.params["body"])
     return Cost(b.flops, b.peak)
 

@@ -36,17 +36,19 @@ from typing import Callable
 import jax
 import numpy as np
 
+from .. import _ops as ops
 from ..errors import DTypeError, NotSupportedError, ShapeError
 from ..graph import Body, Graph, Literal, Primitive, TensorType, Var, Zero
-from ..graph import instantiate, is_differentiable, is_linear, is_zero, lower
-from ..graph._autodiff import (graph_linear_outputs, needs_ct, type_of, vjp_eval, vjp_graph,
-                               zeros)
+from ..graph import instantiate, is_differentiable, is_zero, lower
+from ..graph._autodiff import needs_ct, type_of, vjp_eval, vjp_graph, zeros
+from ..graph._cost import Cost
 from ..graph._batch import batch_body, batch_graph, batch_size_of, batched_front, front_where
 from ..graph._batch import to_front
-from ..graph._body import (applied_batch_rule, applied_body, drop_inputs, inline, jvp_body,
-                           live_inputs, trace_body, transpose_body)
+from ..graph._body import (applied_batch_rule, applied_body, applied_linearity_rule,
+                           applied_transpose_rule, dce_rule, inline, jvp_body, trace_body)
 from ..graph._serialize import register_v1_migration
-from ..graph._trace import Tracer, is_value_leaf
+from ..graph._sparsity import body_rule, sparsity_eval, union
+from ..graph._trace import Tracer, _leaf_type, current_builder, is_value_leaf
 
 _tree = jax.tree_util
 
@@ -122,18 +124,8 @@ def _cond_jvp(primals, tangents, *, true_body, false_body):
     return tuple(res[:n]), tuple(touts)
 
 
-@cond_p.def_dce
-def _cond_dce(node, used):
-    p = node.params
-    gt, live_t = live_inputs(p["true_body"], used)
-    gf, live_f = live_inputs(p["false_body"], used)
-    keep = [a or b for a, b in zip(live_t, live_f)]
-    if all(keep) and all(used):
-        return None
-    return node.replace(
-        inputs=node.inputs[:1] + tuple(a for a, k in zip(node.inputs[1:], keep) if k),
-        outputs=tuple(v for v, u in zip(node.outputs, used) if u),
-        params=dict(p, true_body=drop_inputs(gt, keep), false_body=drop_inputs(gf, keep)))
+# (the predicate stays; an operand goes when neither branch reads it)
+cond_p.def_dce(dce_rule("true_body", "false_body", skip=1))
 
 
 # -- reverse mode ---------------------------------------------------------------
@@ -253,33 +245,15 @@ def _cond_vjp_bwd(res, cts, *, true_body, false_body):
 # transposes, each recomputing what it needs of its primal part
 
 
-def _given(cts) -> list[bool]:
-    return [not is_zero(c) for c in cts]
-
-
-@cond_p.def_linearity
-def _cond_linearity(linear, *, true_body, false_body):
-    t, f = (graph_linear_outputs(b, linear[1:]) for b in (true_body, false_body))
-    return [a or b for a, b in zip(t, f)]
-
-
-@cond_p.def_transpose
-def _cond_transpose(cts, pred, *args, true_body, false_body):
-    linear = [is_linear(a) for a in args]
-    given = _given(cts)
-    tt, tf = (transpose_body(b, linear, given, name=f"{b.name}_transpose")
-              for b in (true_body, false_body))
-    out = iter(cond_p.bind(pred, *[a for a in args if not is_linear(a)],
-                           *[c for c, g in zip(cts, given) if g], **cond_params(tt, tf)))
-    return (None,) + tuple(next(out) if f else None for f in linear)
+# (the predicate is never linear: a boolean)
+cond_p.def_linearity(applied_linearity_rule("true_body", "false_body", skip=1))
+cond_p.def_transpose(applied_transpose_rule(cond_p, "true_body", "false_body", skip=1))
 
 
 # -- public function --------------------------------------------------------------
 
 
 def _leaf_types(leaves, what: str):
-    from ..graph._trace import _leaf_type
-
     return [_leaf_type(x, what) for x in leaves]
 
 
@@ -400,14 +374,7 @@ def _checkpoint_jvp(primals, tangents, *, body):
                                  for o, z in zip(res[:n], out_nz))
 
 
-@checkpoint_p.def_dce
-def _checkpoint_dce(node, used):
-    g, keep = live_inputs(node.params["body"], used)
-    if all(keep) and all(used):
-        return None
-    return node.replace(inputs=tuple(a for a, k in zip(node.inputs, keep) if k),
-                        outputs=tuple(v for v, u in zip(node.outputs, used) if u),
-                        params=dict(node.params, body=drop_inputs(g, keep)))
+checkpoint_p.def_dce(dce_rule("body"))
 
 
 @checkpoint_p.def_vjp_fwd
@@ -453,19 +420,9 @@ def _barrier_transpose(cts, *args):
     return tuple(cts)
 
 
-checkpoint_p.def_linearity(lambda linear, body: graph_linear_outputs(body, linear))
-
-
-@checkpoint_p.def_transpose
-def _checkpoint_transpose(cts, *args, body):
-    # a checkpoint of the body's transpose: its primal part is recomputed there
-    linear = [is_linear(a) for a in args]
-    given = _given(cts)
-    out = iter(checkpoint_p.bind(*[a for a in args if not is_linear(a)],
-                                 *[c for c, g in zip(cts, given) if g],
-                                 body=applied_body(transpose_body(
-                                     body, linear, given, name=f"{body.name}_transpose"))))
-    return tuple(next(out) if f else None for f in linear)
+checkpoint_p.def_linearity(applied_linearity_rule("body"))
+# a checkpoint of the body's transpose: its primal part is recomputed there
+checkpoint_p.def_transpose(applied_transpose_rule(checkpoint_p, "body"))
 
 
 def checkpoint(f: Callable) -> Callable:
@@ -517,8 +474,6 @@ def checkpoint(f: Callable) -> Callable:
 
 
 def _tracing() -> bool:
-    from ..graph._trace import current_builder
-
     return current_builder() is not None
 
 
@@ -533,11 +488,10 @@ def _cond_batch(args, dims, *, true_body, false_body):
     # branches run on the whole batch and each example's result is selected,
     # as `jax.vmap` of `lax.cond` does; a branch's run-time checks then see
     # the examples that do not take it too.
-    from .. import numpy as snp
 
     size = batch_size_of(args, dims)
     flags = [d is not None for d in dims[1:]]
-    ops = front_where(args[1:], dims[1:], flags, size)
+    operands = front_where(args[1:], dims[1:], flags, size)
     if dims[0] is None:
         (gt, bt), (gf, bf) = (batch_body(b, flags, size) for b in (true_body, false_body))
         out = [a or b for a, b in zip(bt, bf)]
@@ -545,10 +499,10 @@ def _cond_batch(args, dims, *, true_body, false_body):
             gt, _ = batch_body(true_body, flags, size, out)
         if bf != out:
             gf, _ = batch_body(false_body, flags, size, out)
-        res = cond_p.bind(args[0], *ops, **cond_params(gt, gf))
+        res = cond_p.bind(args[0], *operands, **cond_params(gt, gf))
         return list(res), [0 if b else None for b in out]
     in_dims = [0 if f else None for f in flags]
-    t, f = (batch_graph(b, ops, in_dims) for b in (true_body, false_body))
+    t, f = (batch_graph(b, operands, in_dims) for b in (true_body, false_body))
     pred = to_front(args[0], dims[0])
     outs = []
     for (a, da), (b, db) in zip(t, f):
@@ -559,7 +513,7 @@ def _cond_batch(args, dims, *, true_body, false_body):
                 "both branches and selects, which needs array outputs.", op="cond")
         a, b = batched_front(a, da, size), batched_front(b, db, size)
         ndim = len(type_of(a).shape)
-        outs.append(snp.where(snp.reshape(pred, (size,) + (1,) * (ndim - 1)), a, b))
+        outs.append(ops.where(ops.reshape(pred, (size,) + (1,) * (ndim - 1)), a, b))
     return outs, [0] * len(outs)
 
 
@@ -577,16 +531,12 @@ def _barrier_batch(args, dims):
 
 @cond_p.def_cost
 def _cond_cost(node, body):
-    from ..graph._cost import Cost
-
     t, f = body(node.params["true_body"]), body(node.params["false_body"])
     return Cost(max(t.flops, f.flops), max(t.peak, f.peak), "the costlier branch")
 
 
 @checkpoint_p.def_cost
 def _checkpoint_cost(node, body):
-    from ..graph._cost import Cost
-
     b = body(node.params["body"])
     return Cost(b.flops, b.peak)
 
@@ -597,8 +547,6 @@ def _checkpoint_cost(node, body):
 # predicate, a boolean).
 
 def _install_sparsity_rules() -> None:
-    from ..graph._sparsity import body_rule, sparsity_eval, union
-
     checkpoint_p.def_sparsity(body_rule(lambda params: params["body"]))
     barrier_p.def_sparsity(lambda outs, *deps: [d.matrix for d in deps])
 

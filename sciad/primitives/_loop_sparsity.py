@@ -4,9 +4,11 @@ shared by `scan` and `while`."""
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 
 from ..graph import Graph
-
+from ..graph._sparsity import (Deps, any_slice, pad_columns, select_rows, sparsity_eval,
+                               substitute, symbolic_slices, union, value_shape)
 
 
 # ---------------------------------------------------------------------------
@@ -41,11 +43,6 @@ def loop_sparsity(body: Graph, consts, init, xs, steps: int | None, *, exact: bo
     without a fixed point. `steps`: the body's applications (at most, where
     not `exact`: a `while` loop's `max_steps`, or None). `cond`: a `while`
     loop's predicate `(*consts, *carry) -> (bool,)`."""
-    import scipy.sparse as sp
-
-    from ..graph._sparsity import (Deps, any_slice, pad_columns, select_rows, sparsity_eval,
-                                   substitute, symbolic_slices, union, value_shape)
-
     nc, nk = len(consts), len(init)
     n = (list(consts) + list(init) + list(xs))[0].columns
     length = steps or 0

@@ -43,16 +43,20 @@ import functools
 
 import jax
 
+from .. import _ops as ops
 from ..errors import InvalidOptionError, ShapeError
 from ..graph import Body, Graph, Param, Primitive, SparseType, Zero, instantiate, is_zero, lower
 from ..graph import is_linear
-from ..graph._autodiff import (graph_linear_outputs, is_differentiable, needs_ct, type_of,
-                               vjp_eval, vjp_node)
+from ..graph._autodiff import (graph_linear_outputs, is_differentiable, needs_ct, register_zeros,
+                               type_of, vjp_eval, vjp_node, zeros)
 from ..graph._batch import batch_graph, batch_size_of, batched_front, batched_type
-from ..graph._batch import example_type, to_front
+from ..graph._batch import example_type, register_map_rule, to_front
+from ..graph._body import inline, jvp_body, transpose_body
+from ..graph._cost import Cost
 from ..graph._core import Factored, Node, Var
-from ..graph._body import jvp_body
 from ..graph._serialize import register_v1_migration
+from ..graph._sparsity import pad_columns, sparsity_eval, substitute, symbolic_slices, value_shape
+from ..graph._trace import current_source, trace_flat
 from ..graph._types import BatchedType
 
 @functools.lru_cache(maxsize=1024)
@@ -128,6 +132,14 @@ def _map_fit(params, readers, complete) -> dict:
                                           tuple(v.type for v in node.inputs), node.source))
 
 
+# The body's layout counts all its inputs as per-example inputs
+# (`Body.of(graph)`, no consts), not the shared ones as consts and the
+# batched ones as per-example inputs: `batched`
+# flags the operands in their own order (a node's operands, as its batch rule
+# or its derivative's map finds them, batched and shared interleaved), and
+# the body's inputs follow that order; a layout of two groups would need the
+# operands, the body's inputs and `batched` permuted at every bind and
+# unpermuted in every rule, for no rule that reads it.
 map_p = Primitive("map", multiple_results=True, factored=_map_factored, reads_factor=True,
                   fit_to_readers=_map_fit, params={
                       "body": Body, "batched": tuple[bool, ...], "size": int,
@@ -265,8 +277,7 @@ def _map_jvp(primals, tangents, *, body, batched, size, spmd_axis=None):
 
 @map_p.def_vjp
 def _map_vjp(primals, outs, cts, *, body, batched, size, spmd_axis=None):
-    from ..graph._trace import trace_flat
-    from ._sparse import gather
+    from ._sparse import gather  # (here: _sparse imports this module)
 
     n_in, n_out = len(body.inputs), len(body.outputs)
     # (an operand the reverse pass holds fixed gets no cotangent formed)
@@ -306,8 +317,7 @@ def _operand_cts(body, wanted, batched, res, size) -> tuple:
     """The operands' cotangents from a batched backward body's results `res`
     (`(value, batch_dim)` for each `wanted` operand): a batched operand's
     with the batch in front, a shared one's summed over the examples."""
-    from .. import numpy as snp
-    from ._sparse import assemble
+    from ._sparse import assemble  # (here: _sparse imports this module)
 
     out = []
     for v, w, b in zip(body.inputs, wanted, batched):
@@ -318,7 +328,7 @@ def _operand_cts(body, wanted, batched, res, size) -> tuple:
         if b:
             ct = batched_front(ct, cd, size)
         else:  # shared by the examples: the sum of their cotangents
-            ct = snp.sum(ct, axis=cd) if cd is not None else ct * size
+            ct = ops.sum(ct, axis=cd) if cd is not None else ct * size
             if isinstance(v.type, SparseType):
                 ct = assemble(ct, v.type.pattern)
         out.append(ct)
@@ -334,9 +344,7 @@ def _map_linearity(linear, *, body, batched, size, spmd_axis=None):
 def _map_transpose(cts, *args, body, batched, size, spmd_axis=None):
     # a map of the body's per-example transpose; the cotangent of a linear
     # operand shared by the examples is the sum of theirs
-    from ..graph._body import inline, transpose_body
-    from ..graph._trace import trace_flat
-    from ._sparse import gather
+    from ._sparse import gather  # (here: _sparse imports this module)
 
     linear = [is_linear(a) for a in args]
     given = [not is_zero(c) for c in cts]
@@ -347,9 +355,9 @@ def _map_transpose(cts, *args, body, batched, size, spmd_axis=None):
         g, _, _ = trace_flat(lambda *a: [gather(c) if s else c for c, s in
                                          zip(inline(g, a), shared_sparse)],
                              tuple(g.in_types), name=g.name)
-    ops = [a for a in args if not is_linear(a)] + [c for c, z in zip(cts, given) if z]
+    operands = [a for a in args if not is_linear(a)] + [c for c, z in zip(cts, given) if z]
     dims = [0 if b else None for a, b in zip(args, batched) if not is_linear(a)]
-    res = iter(batch_graph(g, ops, dims + [0] * sum(given), spmd_axis))
+    res = iter(batch_graph(g, operands, dims + [0] * sum(given), spmd_axis))
     return _operand_cts(body, linear, batched, res, size)
 
 
@@ -359,16 +367,14 @@ def map_rule(prim: Primitive):
     whose operands are not only arrays, and whose implementation JAX can
     vmap."""
     def rule(args, dims, spmd_axis=None, **params):
-        from ..graph._trace import current_source
-
         size = batch_size_of(args, dims)
-        ops = [a if d is None else to_front(a, d) for a, d in zip(args, dims)]
+        operands = [a if d is None else to_front(a, d) for a, d in zip(args, dims)]
         types = tuple(type_of(a) if d is None else example_type(type_of(o))
-                      for a, o, d in zip(args, ops, dims))
+                      for a, o, d in zip(args, operands, dims))
         if prim is map_p:  # a map of a map: the outer one splits the batch over devices
             params.pop("spmd_axis", None)
         body = _single_body(prim, tuple(sorted(params.items())), types, current_source())
-        outs = list(map_p.bind(*ops, body=body, batched=tuple(d is not None for d in dims),
+        outs = list(map_p.bind(*operands, body=body, batched=tuple(d is not None for d in dims),
                                size=size, **axis_param(spmd_axis)))
         if prim.multiple_results:
             return outs, [0] * len(outs)
@@ -382,8 +388,6 @@ map_p.def_batch(map_rule(map_p))
 
 def _zeros_batched(t: BatchedType):
     # a batch of zeros of a non-array type: the zero of one example, for all
-    from ..graph._autodiff import zeros
-    from ..graph._trace import trace_flat
 
     body, _, _ = trace_flat(lambda: [zeros(t.inner)], (), name="zeros")
     (out,) = map_p.bind(body=Body.of(body), batched=(), size=t.size)
@@ -391,9 +395,6 @@ def _zeros_batched(t: BatchedType):
 
 
 def _register():
-    from ..graph._autodiff import register_zeros
-    from ..graph._batch import register_map_rule
-
     register_zeros(BatchedType, _zeros_batched)
     register_map_rule(map_rule)
 
@@ -409,9 +410,6 @@ _register()
 
 @map_p.def_sparsity
 def _map_sparsity(outs, *deps, body, batched, size, spmd_axis=None):
-    from ..graph._sparsity import (pad_columns, sparsity_eval, substitute, symbolic_slices,
-                                   value_shape)
-
     n = deps[0].columns
     sliced = [d for d, b in zip(deps, batched) if b]
     shapes = [value_shape(v.type) for v, b in zip(body.inputs, batched) if b]
@@ -425,8 +423,6 @@ def _map_sparsity(outs, *deps, body, batched, size, spmd_axis=None):
 
 @map_p.def_cost
 def _map_cost(node, body):
-    from ..graph._cost import Cost
-
     b = body(node.params["body"])
     n = node.params["size"]
     return Cost(n * b.flops, n * b.peak, f"{n} examples")
@@ -446,19 +442,17 @@ def columns_rule(prim: Primitive):
     fallback = map_rule(prim)
 
     def rule(args, dims, spmd_axis=None, **params):
-        from .. import numpy as snp
-
         if spmd_axis is not None or any(d is not None for d in dims[:-1]):
             return fallback(args, dims, spmd_axis=spmd_axis, **params)
         b, d = args[-1], dims[-1]
         shape = type_of(b).shape
         size = shape[d]
-        cols = snp.moveaxis(b, d, 1)  # (n, B) or (n, B, k)
+        cols = ops.moveaxis(b, d, 1)  # (n, B) or (n, B, k)
         if len(shape) == 2:
             return prim.bind(*args[:-1], cols, **params), 1
         n, k = cols.shape[0], cols.shape[2]
-        x = prim.bind(*args[:-1], snp.reshape(cols, (n, size * k)), **params)
-        return snp.reshape(x, (type_of(x).shape[0], size, k)), 1
+        x = prim.bind(*args[:-1], ops.reshape(cols, (n, size * k)), **params)
+        return ops.reshape(x, (type_of(x).shape[0], size, k)), 1
     rule.maps = True
     return rule
 

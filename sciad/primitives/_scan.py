@@ -51,11 +51,13 @@ from ..graph import Graph, Literal, Param, Primitive, TensorType, Var, Zero
 from ..graph import is_differentiable, is_linear, is_zero
 from ..graph import instantiate, lower
 from ..graph._autodiff import expansion_transpose, type_of, vjp_eval, vjp_graph, zeros
+from ..graph._cost import Cost, loop_body_peak, nbytes, steps_note
 from ..graph._batch import batch_body, batch_size_of, batched_front, carry_fixed_point, front_where
-from ..graph._body import (Body, as_body, drop_inputs, hoist, hoist_nodes, hoist_rule, inline,
-                           live_inputs, permute, trace_body)
+from ..graph._body import (Body, as_body, dce_rule, drop_inputs, hoist, hoist_nodes, hoist_rule,
+                           inline, layout, live_inputs, permute, trace_body)
 from ..graph._serialize import register_v1_migration
-from ..graph._trace import Tracer, is_value_leaf
+from ..graph._sparsity import Deps, dense_all, value_shape
+from ..graph._trace import Tracer, _leaf_type, is_value_leaf, trace_flat
 from ._indexing import dynamic_update_slice_p
 from ._schedules import SCHEDULES, as_schedule, checkpoint_runs
 from ._loop_adjoint import (assemble_cts, body_wrt, check_storable, check_zero_starts, ct_inits,
@@ -77,6 +79,12 @@ scan_p = Primitive("scan", multiple_results=True, params={
     "body": Body, "length": int,
     "reverse": Param(bool, default=False),
     "checkpoints": Param((*SCHEDULES, None), default=None)})
+
+
+ScanOutputs = layout(
+    "ScanOutputs", ("carry", "ys"),
+    """A scan's outputs (and its body's): the final carries, then the stacked
+    per-step outputs. `split(outs, num_carry)`.""")
 
 
 def _groups(seq, nc: int, nk: int):
@@ -129,8 +137,8 @@ def _scan_impl(*args, body, length, reverse=False, checkpoints=None):
     consts, init, xs = _groups(args, num_consts, num_carry)
 
     def step(carry, x):
-        outs = f(*consts, *carry, *x)
-        return tuple(outs[:num_carry]), tuple(jnp.asarray(y) for y in outs[num_carry:])
+        outs = ScanOutputs.split(f(*consts, *carry, *x), num_carry)
+        return tuple(outs.carry), tuple(jnp.asarray(y) for y in outs.ys)
 
     carry, ys = jax.lax.scan(step, tuple(init), tuple(xs), length=length, reverse=reverse)
     return (*carry, *ys)
@@ -173,27 +181,7 @@ def _scan_jvp(primals, tangents, *, body, length, reverse=False, checkpoints=Non
 # -- dead outputs and carries ---------------------------------------------------
 
 
-@scan_p.def_dce
-def _scan_dce(node, used):
-    p = node.params
-    body = p["body"]
-    nc, nk = body.num_consts, body.num_carry
-    carry_live = list(used[:nk])
-    ys_used = list(used[nk:])
-    while True:
-        g, in_live = live_inputs(body, carry_live + ys_used)
-        new = [a or b for a, b in zip(carry_live, in_live[nc:nc + nk])]
-        if new == carry_live:
-            break
-        carry_live = new
-    keep = in_live[:nc] + carry_live + in_live[nc + nk:]
-    if all(keep) and all(carry_live) and all(ys_used):
-        return None
-    g = drop_inputs(g, keep)
-    outs = [v for v, u in zip(node.outputs, carry_live + ys_used) if u]
-    params = dict(p, body=g)  # (its counts count what it keeps)
-    return node.replace(inputs=tuple(a for a, k in zip(node.inputs, keep) if k),
-                        outputs=tuple(outs), params=params)
+scan_p.def_dce(dce_rule("body", loop=True))
 
 
 scan_p.def_hoist(hoist_rule)
@@ -303,11 +291,11 @@ def _stored_fwd(primals, params):
     def step(*args):
         consts, carry = args[:nc], args[nc:nc + nk]
         buf, x, cell = args[nc + nk:nc + 2 * nk], args[nc + 2 * nk:-1], args[-1]
-        outs = inline(body, list(consts) + list(carry) + list(x))
+        outs = ScanOutputs.split(inline(body, list(consts) + list(carry) + list(x)), nk)
         buf = [dynamic_update_slice_p.bind(b, reshape_p.bind(c, shape=(1,) + tuple(t.shape)),
                                            cell, *[zero] * len(t.shape))
                for b, c, t in zip(buf, carry, carry_types)]
-        return list(outs[:nk]) + buf + list(outs[nk:])
+        return outs.carry + buf + outs.ys
 
     types = (list(body.in_types[:nc + nk]) + [type_of(b) for b in cells]
              + list(body.in_types[nc + nk:]) + [TensorType((), np.int64)])
@@ -343,8 +331,6 @@ def _residual_bwd(res, cts, body, nc, nk, length, reverse):
                 for i in cty_idx])
 
     def step(*args):
-        from ..graph._body import inline
-
         c2 = args[:nc2]
         ctc = args[nc2:nc2 + n_ctc]
         acc = args[nc2 + n_ctc:nc2 + n_ctc + n_acc]
@@ -406,8 +392,8 @@ def checkpointed_bwd(res, cts, body, nc, nk, length, reverse, checkpoints):
         *consts, *init, *xs, *ctc0, *acc0, *[cts[i] for i in cty_idx], *cells,
         body=as_body(live_inputs(body, [True] * nk + [False] * (len(body.outputs) - nk))[0],
                      nc, nk),
-        step=v, num_ct_carry=len(ctc0),
-        num_acc=len(acc0), length=length, **({"reverse": True} if reverse else {}),
+        step=Body.of(v, nc, len(ctc0) + len(acc0)), length=length,
+        **({"reverse": True} if reverse else {}),
         schedule=checkpoints, **({"stored": True} if cells else {}))
     return assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, x_idx, out)
 
@@ -417,15 +403,17 @@ def checkpointed_bwd(res, cts, body, nc, nk, length, reverse, checkpoints):
 
 
 scan_adjoint_p = Primitive("scan_adjoint", multiple_results=True, params={
-    "body": Body, "step": Graph, "num_ct_carry": int, "num_acc": int, "length": int,
+    "body": Body, "step": Body, "length": int,
     "reverse": Param(bool, default=False), "schedule": SCHEDULES,
     "stored": Param(bool, default=False)})
-#: operands `(*consts, *init, *xs, *ct_carry, *acc, *ct_ys)`, and with
-#: `stored` the cells the forward pass wrote (`_stored_fwd`), one per carry;
-#: `body` is the forward step `(*consts, *carry, *x) -> (*carry, *y)` and
-#: `step` its backward part `(*consts, *ct_carry, *acc, *carry, *x, *ct_y) ->
-#: (*ct_carry, *acc, *ct_x)`. Outputs: the cotangents of the first carry, the
-#: accumulated `acc` and the stacked `ct_x`s, as a reverse scan of `step` over
+#: operands `(*consts, *init, *xs, *ct_carry, *ct_ys)` (`ScanAdjointOperands`),
+#: and with `stored` the cells the forward pass wrote (`_stored_fwd`), one
+#: per carry; `body` is the forward step `(*consts, *carry, *x) -> (*carry,
+#: *y)` and `step` its backward part, a body `(*consts, *ct_carry, *carry, *x,
+#: *ct_y) -> (*ct_carry, *ct_x)` whose carries `ct_carry` are the cotangents
+#: of the carries and the accumulated cotangents of the consts (its layout
+#: counts them). Outputs (`ScanAdjointOutputs`): the final `ct_carry` and
+#: the stacked `ct_x`s, as a reverse scan of `step` over
 #: the carries of `body` would give them; the carries are recomputed from
 #: the ones `schedule` stores (`_replay`). The stored cells are the carries
 #: at steps of that loop, so they spare the recomputation but change nothing:
@@ -443,24 +431,33 @@ def _unstored(args, params: dict):
     return list(args[:len(args) - nk]), {k: v for k, v in params.items() if k != "stored"}
 
 
-def _adjoint_groups(args, nc, nk, nxs, nctc, nacc):
-    args = list(args)
-    a, k = [], 0
-    for size in (nc, nk, nxs, nctc, nacc):
-        a.append(args[k:k + size])
-        k += size
-    a.append(args[k:])
-    return a
+ScanAdjointOperands = layout(
+    "ScanAdjointOperands", ("consts", "carry", "xs", "ct_carry", "ct_ys"),
+    """A `scan_adjoint` node's operands (stored cells apart): the forward
+    scan's consts, initial carries and stacked per-step inputs, then the
+    step's initial carries (the cotangents of the final carries, then the
+    accumulators of the consts' cotangents) and the stacked cotangents of
+    the per-step outputs. `split(ops, nc, nk, nx, step.num_carry)`.""")
+
+ScanAdjointOutputs = layout(
+    "ScanAdjointOutputs", ("ct_carry", "ct_xs"),
+    """A `scan_adjoint` node's outputs (and its step's): the step's final
+    carries (the cotangents of the initial carries, the accumulated ones of
+    the consts), then the stacked cotangents of the per-step inputs.
+    `split(outs, step.num_carry)`.""")
 
 
 @scan_adjoint_p.def_abstract_eval
-def _scan_adjoint_shape(*in_types, body, step, num_ct_carry, num_acc, length, reverse=False,
+def _scan_adjoint_shape(*in_types, body, step, length, reverse=False,
                         schedule, stored=False):
     op = "scan_adjoint"
-    if not isinstance(body, Body):
-        raise ShapeError(f"`body` must be a Body, got {body!r}.", op=op)
+    for name, g in (("body", body), ("step", step)):
+        if not isinstance(g, Body):
+            raise ShapeError(f"`{name}` must be a Body, got {g!r}.", op=op)
     num_consts, num_carry = body.num_consts, body.num_carry
     nx = len(body.inputs) - num_consts - num_carry
+    if step.num_consts != num_consts:
+        raise ShapeError(f"the step has {step.num_consts} consts, the body {num_consts}.", op=op)
     if stored:
         if not isinstance(schedule, SCHEDULES):
             raise ShapeError(f"`schedule` must be one of {[c.__name__ for c in SCHEDULES]}, "
@@ -473,40 +470,38 @@ def _scan_adjoint_shape(*in_types, body, step, num_ct_carry, num_acc, length, re
             if c != want:
                 raise ShapeError(f"stored cells {k} must be {want.str_short()}, got "
                                  f"{c.str_short()}.", op=op)
-    consts, carry, xs, ctc, acc, cty = _adjoint_groups(in_types, num_consts, num_carry, nx,
-                                                       num_ct_carry, num_acc)
+    consts, carry, xs, ctc, cty = ScanAdjointOperands.split(in_types, num_consts, num_carry, nx,
+                                                            step.num_carry)
     _scan_shape(*consts, *carry, *xs, body=body, length=length)
     if not isinstance(schedule, SCHEDULES):
         raise InvalidOptionError(f"`schedule` must be one of "
                                  f"{[c.__name__ for c in SCHEDULES]}, got {schedule!r}.", op=op)
-    want = (list(consts) + list(ctc) + list(acc) + list(carry)
+    want = (list(consts) + list(ctc) + list(carry)
             + [TensorType(t.shape[1:], t.dtype) for t in xs]
             + [TensorType(t.shape[1:], t.dtype) for t in cty])
     if tuple(want) != step.in_types:
         raise ShapeError("the step graph's inputs do not match the operands.", op=op)
-    souts = step.out_types
-    if tuple(souts[:num_ct_carry + num_acc]) != tuple(ctc) + tuple(acc):
+    souts = ScanAdjointOutputs.split(step.out_types, step.num_carry)
+    if souts.ct_carry != list(ctc):
         raise ShapeError("the step graph's carries do not match the operands.", op=op)
-    return tuple(ctc) + tuple(acc) + tuple(_stacked(t, length)
-                                           for t in souts[num_ct_carry + num_acc:])
+    return tuple(ctc) + tuple(_stacked(t, length) for t in souts.ct_xs)
 
 
 @scan_adjoint_p.def_impl
-def _scan_adjoint_impl(*args, body, step, num_ct_carry, num_acc, length, reverse=False,
+def _scan_adjoint_impl(*args, body, step, length, reverse=False,
                        schedule, stored=False):
     num_consts, num_carry = body.num_consts, body.num_carry
     # The schedule's actions compiled into runs of advances and backward
     # steps, the backward steps reading kept residuals (`_replay`).
-    nc, nk, nacc = num_consts, num_carry, num_ct_carry + num_acc
+    nc, nk, nacc = num_consts, num_carry, step.num_carry
     nx = len(body.inputs) - nc - nk
     cells = args[len(args) - nk:] if stored else None
     args = args[:len(args) - nk] if stored else args
-    consts, init, xs, ctc0, acc0, cty = _adjoint_groups(args, nc, nk, nx, num_ct_carry,
-                                                        num_acc)
-    x_types = step.out_types[nacc:]
+    consts, init, xs, ctc0, cty = ScanAdjointOperands.split(args, nc, nk, nx, nacc)
+    x_types = ScanAdjointOutputs.split(step.out_types, nacc).ct_xs
     ct_xs = tuple(jnp.zeros((length,) + t.shape, t.dtype) for t in x_types)
     if length == 0:
-        return (*ctc0, *acc0, *ct_xs)
+        return (*ctc0, *ct_xs)
     split = split_step(step, nc, nk, nx, nacc)
     fb, fr, fs = lower(body), lower(split.residuals), lower(split.backward)
     once = lower(split.once)(*consts) if split.once is not None else ()
@@ -524,18 +519,18 @@ def _scan_adjoint_impl(*args, body, step, num_ct_carry, num_acc, length, reverse
         x = at(xs, k)
         saved = [res[j] if kind == "res" else consts[j] if kind == "const" else
                  x[j] if kind == "x" else once[j] for kind, j in split.where]
-        out = fs(*saved, *acc, *at(cty, k))
-        return (tuple(out[:nacc]),
-                tuple(jnp.asarray(v, t.dtype) for v, t in zip(out[nacc:], x_types)))
+        out = ScanAdjointOutputs.split(fs(*saved, *acc, *at(cty, k)), nacc)
+        return (tuple(out.ct_carry),
+                tuple(jnp.asarray(v, t.dtype) for v, t in zip(out.ct_xs, x_types)))
 
     acc, ct_xs = replay(checkpoint_runs(schedule, length), length, reverse, advance,
                         residuals, backward, tuple(init), body.in_types[nc:nc + nk],
-                        split.residuals.out_types, (*ctc0, *acc0), ct_xs, stored=cells)
+                        split.residuals.out_types, tuple(ctc0), ct_xs, stored=cells)
     return (*acc, *ct_xs)
 
 
 @scan_adjoint_p.def_jvp
-def _scan_adjoint_jvp(primals, tangents, *, body, step, num_ct_carry, num_acc, length,
+def _scan_adjoint_jvp(primals, tangents, *, body, step, length,
                       reverse=False, schedule, stored=False):
     num_consts, num_carry = body.num_consts, body.num_carry
     # The backward pass is a fixed composition of forward steps and backward
@@ -546,18 +541,17 @@ def _scan_adjoint_jvp(primals, tangents, *, body, step, num_ct_carry, num_acc, l
     if stored:
         n = len(primals) - num_carry
         primals, tangents = primals[:n], tangents[:n]
-    nc, nk, nctc, nacc = num_consts, num_carry, num_ct_carry, num_acc
+    nc, nk, nct = num_consts, num_carry, step.num_carry
     nx = len(body.inputs) - nc - nk
-    sizes = (nc, nk, nx, nctc, nacc, len(primals) - nc - nk - nx - nctc - nacc)
+    sizes = (nc, nk, nx, nct, len(primals) - nc - nk - nx - nct)
     diff = [is_differentiable(type_of(p)) for p in primals]
     bnz = [is_differentiable(t) for t in body.in_types]
     bforce = [is_differentiable(t) for t in body.out_types]
     bj, _ = grouped_jvp(body, bnz, (nc, nk, nx), (nk, len(body.outputs) - nk), bforce)
     snz = [is_differentiable(t) for t in step.in_types]
     sforce = [is_differentiable(t) for t in step.out_types]
-    nctx = len(step.outputs) - nctc - nacc
-    sj, _ = grouped_jvp(step, snz, (nc, nctc, nacc, nk, nx, sizes[5]), (nctc, nacc, nctx),
-                        sforce)
+    nctx = len(step.outputs) - nct
+    sj, _ = grouped_jvp(step, snz, (nc, nct, nk, nx, sizes[4]), (nct, nctx), sforce)
     groups, lo = [], 0
     for size in sizes:
         groups.append(list(primals[lo:lo + size])
@@ -565,9 +559,9 @@ def _scan_adjoint_jvp(primals, tangents, *, body, step, num_ct_carry, num_acc, l
         lo += size
     out = scan_adjoint_p.bind(
         *[a for g in groups for a in g], body=as_body(bj, len(groups[0]), len(groups[1])),
-        step=sj, num_ct_carry=len(groups[3]), num_acc=len(groups[4]), length=length,
+        step=Body.of(sj, len(groups[0]), len(groups[3])), length=length,
         **({"reverse": True} if reverse else {}), schedule=schedule)
-    return split_grouped(out, step.out_types, (nctc, nacc, nctx))
+    return split_grouped(out, step.out_types, (nct, nctx))
 
 
 @scan_adjoint_p.def_hoist
@@ -594,12 +588,13 @@ def _scan_adjoint_hoist(node):
         step, ns = rs[2], len(rs[1])
     body = with_unused_inputs(body, nc + nb, [a.type for a in atoms[nb:]])
     step = with_unused_inputs(step, nc, [a.type for a in atoms[:nb]])
-    params = dict(p, body=as_body(body, nc + nb + ns, nk), step=step)
+    params = dict(p, body=as_body(body, nc + nb + ns, nk),
+                  step=as_body(step, nc + nb + ns, p["step"].num_carry))
     return outer, node.replace(inputs=consts + tuple(atoms) + node.inputs[nc:],
                                params=params)
 
 
-def _adjoint_by_scans(*args, body, step, num_ct_carry, num_acc, length, reverse=False,
+def _adjoint_by_scans(*args, body, step, length, reverse=False,
                       schedule, stored=False):
     """What a `scan_adjoint` node computes, as two plain scans: the forward
     scan storing every step's carry, then the reverse scan of `step`."""
@@ -608,14 +603,13 @@ def _adjoint_by_scans(*args, body, step, num_ct_carry, num_acc, length, reverse=
     if stored:
         args = args[:len(args) - nk]
     nx = len(body.inputs) - nc - nk
-    consts, init, xs, ctc, acc, cty = _adjoint_groups(args, nc, nk, nx, num_ct_carry,
-                                                      num_acc)
+    consts, init, xs, ctc, cty = ScanAdjointOperands.split(args, nc, nk, nx, step.num_carry)
     fwd = body.replace(outputs=body.outputs[:nk] + body.inputs[nc:nc + nk])
-    carries = scan_p.bind(*consts, *init, *xs,
-                          **_params(fwd, nc, nk, length, reverse, None))[nk:]
-    return scan_p.bind(*consts, *ctc, *acc, *carries, *xs, *cty,
-                       **_params(step, nc, num_ct_carry + num_acc, length, not reverse,
-                                 None))
+    carries = ScanOutputs.split(scan_p.bind(*consts, *init, *xs,
+                                            **_params(fwd, nc, nk, length, reverse, None)),
+                                nk).ys
+    return scan_p.bind(*consts, *ctc, *carries, *xs, *cty,
+                       **_params(step, nc, step.num_carry, length, not reverse, None))
 
 
 @scan_adjoint_p.def_vjp
@@ -623,7 +617,6 @@ def _scan_adjoint_vjp(primals, outs, cts, **params):
     # Reverse over reverse: the VJP of the same computation with every carry
     # stored (the schedule bounds the memory of the first reverse pass, not
     # of this second one; forward over reverse, `sd.hvp`, keeps the bound).
-    from ..graph._trace import trace_flat
 
     args, params = _unstored(primals, params)
     g, _, _ = trace_flat(lambda *a: list(_adjoint_by_scans(*a, **params)),
@@ -637,8 +630,6 @@ def _scan_adjoint_vjp(primals, outs, cts, **params):
 
 
 def _flat_types(leaves, what: str):
-    from ..graph._trace import _leaf_type
-
     return [_leaf_type(x, what) for x in leaves]
 
 
@@ -748,10 +739,11 @@ def scan(f: Callable, init, xs=None, length: int | None = None, reverse: bool = 
         xs, is_leaf=is_value_leaf)[0]]
     for v, path in zip(body.inputs[len(consts) + nk:], xpaths):
         v.hint = "x" + path if path else "x"
-    outs = scan_p.bind(*consts, *init_leaves, *xs_leaves,
-                       **_params(body, len(consts), nk, length, bool(reverse), checkpoints))
-    carry = _tree.tree_unflatten(init_tree, list(outs[:nk]))
-    ys = _tree.tree_unflatten(y_tree[0], list(outs[nk:]))
+    outs = ScanOutputs.split(scan_p.bind(*consts, *init_leaves, *xs_leaves,
+                                         **_params(body, len(consts), nk, length, bool(reverse),
+                                                   checkpoints)), nk)
+    carry = _tree.tree_unflatten(init_tree, outs.carry)
+    ys = _tree.tree_unflatten(y_tree[0], outs.ys)
     return carry, ys
 
 
@@ -830,8 +822,8 @@ def _scan_transpose(cts, *args, body, length, reverse=False, checkpoints=None):
     storable_primal_carries(body, nl_k, nc, "scan")
     if checkpoints is not None and nl_k:
         out = scan_adjoint_p.bind(*consts, *init, *xs, *ct0, *cty,
-                                  body=as_body(fb, len(consts), len(nl_k)), step=st,
-                                  num_ct_carry=len(lk), num_acc=len(lc), length=length,
+                                  body=as_body(fb, len(consts), len(nl_k)),
+                                  step=Body.of(st, len(consts), len(lk) + len(lc)), length=length,
                                   **({"reverse": True} if reverse else {}),
                                   schedule=checkpoints)
     else:
@@ -886,54 +878,57 @@ def _scan_batch(args, dims, *, body, length, reverse=False, checkpoints=None):
     flags = [d is not None for d in dims]
     g, flags, out_b = carry_fixed_point(
         lambda f, force: batch_body(body, f, size, force), flags, nc, nc + nk)
-    ops = (front_where(args[:nc + nk], dims[:nc + nk], flags, size)
-           + [a if d is None else _second(a, d) for a, d in zip(args[nc + nk:], dims[nc + nk:])])
-    outs = scan_p.bind(*ops, **_params(g, nc, nk, length, reverse, checkpoints))
-    return list(outs), [0 if b else None for b in out_b[:nk]] + \
-        [1 if b else None for b in out_b[nk:]]
+    operands = (front_where(args[:nc + nk], dims[:nc + nk], flags, size)
+                + [a if d is None else _second(a, d)
+                   for a, d in zip(args[nc + nk:], dims[nc + nk:])])
+    outs = scan_p.bind(*operands, **_params(g, nc, nk, length, reverse, checkpoints))
+    out_b = ScanOutputs.split(out_b, nk)
+    return list(outs), ([0 if b else None for b in out_b.carry]
+                        + [1 if b else None for b in out_b.ys])
 
 
 @scan_adjoint_p.def_batch
-def _scan_adjoint_batch(args, dims, *, body, step, num_ct_carry, num_acc, length,
+def _scan_adjoint_batch(args, dims, *, body, step, length,
                         reverse=False, schedule, stored=False):
     num_consts, num_carry = body.num_consts, body.num_carry
     # The forward body's carries are batched to their fixed point first (the
     # step reads them but does not change them), then the step's cotangent
     # carries and accumulators to theirs. (Stored cells are left out: the
     # batched node recomputes them.)
-    nc, nk, nctc, nacc = num_consts, num_carry, num_ct_carry, num_acc
+    nc, nk, nct = num_consts, num_carry, step.num_carry
     if stored:
         args, dims = args[:len(args) - nk], dims[:len(dims) - nk]
     nx = len(body.inputs) - nc - nk
     size = batch_size_of(args, dims)
-    consts, carry, xs, ctc, acc, cty = _adjoint_groups(
-        [d is not None for d in dims], nc, nk, nx, nctc, nacc)
+    consts, carry, xs, ctc, cty = ScanAdjointOperands.split(
+        [d is not None for d in dims], nc, nk, nx, nct)
     gb, fb, _ = carry_fixed_point(
         lambda f, force: batch_body(body, f, size, force), consts + carry + xs, nc, nc + nk)
     carry = fb[nc:nc + nk]
     gs, fs, os_ = carry_fixed_point(
-        lambda f, force: batch_body(step, f, size, force), consts + ctc + acc + carry + xs + cty,
-        nc, nc + nctc + nacc)
-    ctc, acc = fs[nc:nc + nctc], fs[nc + nctc:nc + nctc + nacc]
-    flags = consts + carry + xs + ctc + acc + cty
-    g = _adjoint_groups(list(zip(args, dims, flags)), nc, nk, nx, nctc, nacc)
-    ops = []
-    for k, group in enumerate(g):
-        for a, d, f in group:
-            if k in (2, 5):
-                ops.append(a if d is None else _second(a, d))
-            else:
-                ops.append(batched_front(a, d, size) if f else a)
-    outs = scan_adjoint_p.bind(*ops, body=as_body(gb, nc, nk), step=gs,
-                               num_ct_carry=nctc, num_acc=nacc, length=length,
+        lambda f, force: batch_body(step, f, size, force), consts + ctc + carry + xs + cty,
+        nc, nc + nct)
+    ctc = fs[nc:nc + nct]
+    flags = consts + carry + xs + ctc + cty
+    g = ScanAdjointOperands.split(zip(args, dims, flags), nc, nk, nx, nct)
+
+    def front(group):  # batched where the flags say, the batch axis first
+        return [batched_front(a, d, size) if f else a for a, d, f in group]
+
+    def second(group):  # stacked: the step axis first, the batch axis second
+        return [a if d is None else _second(a, d) for a, d, _ in group]
+
+    operands = ScanAdjointOperands(front(g.consts), front(g.carry), second(g.xs),
+                                   front(g.ct_carry), second(g.ct_ys)).flat()
+    outs = scan_adjoint_p.bind(*operands, body=as_body(gb, nc, nk), step=as_body(gs, nc, nct),
+                               length=length,
                                **({"reverse": True} if reverse else {}), schedule=schedule)
-    return list(outs), ([0 if b else None for b in os_[:nctc + nacc]]
-                        + [1 if b else None for b in os_[nctc + nacc:]])
+    os_ = ScanAdjointOutputs.split(os_, nct)
+    return list(outs), ([0 if b else None for b in os_.ct_carry]
+                        + [1 if b else None for b in os_.ct_xs])
 
 
 def _install_sparsity_rules() -> None:
-    from ..graph._sparsity import Deps, dense_all, value_shape
-
     @scan_p.def_sparsity
     def _scan_sparsity(outs, *deps, body, length, reverse=False, checkpoints=None):
         consts, init, xs = body.groups(deps)
@@ -943,7 +938,7 @@ def _install_sparsity_rules() -> None:
         return list(res[0]) + list(res[1])
 
     @scan_adjoint_p.def_sparsity
-    def _scan_adjoint_sparsity(outs, *deps, body, step, num_ct_carry, num_acc, length,
+    def _scan_adjoint_sparsity(outs, *deps, body, step, length,
                                reverse=False, schedule, stored=False):
         num_consts, num_carry = body.num_consts, body.num_carry
         # what `_adjoint_by_scans` computes: the forward scan stacking each
@@ -953,14 +948,13 @@ def _install_sparsity_rules() -> None:
         if stored:
             deps = deps[:len(deps) - nk]
         nx = len(body.inputs) - nc - nk
-        consts, init, xs, ctc, acc, cty = _adjoint_groups(deps, nc, nk, nx, num_ct_carry,
-                                                          num_acc)
+        consts, init, xs, ctc, cty = ScanAdjointOperands.split(deps, nc, nk, nx, step.num_carry)
         fwd = body.replace(outputs=body.outputs[:nk] + body.inputs[nc:nc + nk])
         res = loop_sparsity(fwd, consts, init, xs, length, exact=True, reverse=reverse)
         if res is not None:
             carries = [Deps(m, (length,) + value_shape(v.type))
                        for m, v in zip(res[1], body.inputs[nc:nc + nk])]
-            res = loop_sparsity(step, consts, ctc + acc, carries + xs + cty, length,
+            res = loop_sparsity(step, consts, ctc, carries + xs + cty, length,
                                 exact=True, reverse=not reverse)
         if res is None:
             return dense_all(outs, *deps)
@@ -975,15 +969,11 @@ _install_sparsity_rules()
 
 
 def _carry_bytes(body: Graph, nc: int, nk: int) -> int:
-    from ..graph._cost import nbytes
-
     return sum(nbytes(v.type) for v in body.inputs[nc:nc + nk])
 
 
 @scan_p.def_cost
 def _scan_cost(node, body):
-    from ..graph._cost import Cost, loop_body_peak, steps_note
-
     p = node.params
     g = p["body"]
     nc, nk = g.num_consts, g.num_carry
@@ -994,8 +984,6 @@ def _scan_cost(node, body):
 
 @scan_adjoint_p.def_cost
 def _scan_adjoint_cost(node, body):
-    from ..graph._cost import Cost
-
     p = node.params
     n, sched = p["length"], p["schedule"]
     fb, st = body(p["body"]), body(p["step"])
@@ -1014,7 +1002,8 @@ def _scan_adjoint_cost(node, body):
 
 
 # ---------------------------------------------------------------------------
-# version-1 files: `num_consts` and `num_carry` were params of the node
+# version-1 files: `num_consts` and `num_carry` were params of the node (and
+# `scan_adjoint`'s step a plain graph)
 
 
 def _v1(params: dict) -> dict:
@@ -1023,5 +1012,12 @@ def _v1(params: dict) -> dict:
     return {**params, "body": as_body(params["body"], nc, nk)}
 
 
+def _adjoint_v1(params: dict) -> dict:
+    # and the step's carries were counted by `num_ct_carry` and `num_acc`
+    params = _v1(params)
+    nct = params.pop("num_ct_carry") + params.pop("num_acc")
+    return {**params, "step": as_body(params["step"], params["body"].num_consts, nct)}
+
+
 register_v1_migration("scan", _v1)
-register_v1_migration("scan_adjoint", _v1)
+register_v1_migration("scan_adjoint", _adjoint_v1)

@@ -163,7 +163,7 @@ def revolve_actions(length: int, snapshots: int) -> np.ndarray:
     carries as rows `(kind, a, b)`: kind 0 stores the carry in slot `a`, 1
     advances it from step `a` to step `b`, 2 loads it from slot `a`, 3 runs
     the backward part of step `a` (the carry is then that step's input)."""
-    import checkpoint_schedules as cs
+    import checkpoint_schedules as cs  # here: only revolve needs it, and it takes ~0.1 s to import
 
     rows: list[tuple[int, int, int]] = []
     if length == 0:

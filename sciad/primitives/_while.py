@@ -37,23 +37,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _ops as ops
 from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NotSupportedError,
                       ShapeError, plain)
 from ..graph import Body, Graph, Param, Primitive, TensorType, Var, Zero
-from ..graph import instantiate, is_linear, is_zero, lower
-from ..graph._autodiff import expansion_transpose, type_of
+from ..graph import instantiate, is_differentiable, is_linear, is_zero, lower
+from ..graph._autodiff import expansion_transpose, type_of, vjp_eval
+from ..graph._cost import Cost, steps_note
 from ..graph._batch import batch_body, batch_size_of, carry_fixed_point, front_where
-from ..graph._body import (as_body, drop_inputs, hoist, hoist_rule, inline, live_inputs,
-                           nonlinear_body, trace_body)
+from ..graph._body import (as_body, dce_rule, hoist, hoist_rule, inline, layout, nonlinear_body,
+                           trace_body)
 from ..graph._serialize import register_v1_migration
-from ..graph._trace import Tracer, is_value_leaf
+from ..graph._sparsity import dense_all
+from ..graph._trace import Tracer, is_value_leaf, trace_flat
 from ._checks import check, tie
-from ._cond import _sig, _union_inputs, cond_p, cond_params
+from ._cond import _leaf_types, _sig, _union_inputs, cond, cond_p, cond_params
 from ._loop_adjoint import (assemble_cts, check_storable, check_zero_starts, ct_inits, ct_plan,
                             grouped_jvp, loop_body_jvp, loop_linearity, split_grouped,
                             step_vjp_graph, storable_primal_carries, transposed_step,
                             with_unused_inputs)
 from ._loop_sparsity import loop_sparsity
+from ._map import map_rule
 from ._scan import Checkpointed, checkpointed_bwd, scan
 from ._schedules import SCHEDULES, Binomial, Segments, as_schedule
 
@@ -162,25 +166,8 @@ def _extra(max_steps, checkpoints) -> dict:
     return out
 
 
-@while_p.def_dce
-def _while_dce(node, used):
-    p = node.params
-    nc, cb = p["body"].num_consts, p["cond_body"]
-    _, cond_live = live_inputs(cb, [True])
-    live = [u or c for u, c in zip(used, cond_live[nc:])]
-    while True:
-        g, in_live = live_inputs(p["body"], live)
-        new = [a or b for a, b in zip(live, in_live[nc:])]
-        if new == live:
-            break
-        live = new
-    keep = [a or b for a, b in zip(in_live[:nc], cond_live[:nc])] + live
-    if all(keep):
-        return None
-    return node.replace(inputs=tuple(a for a, k in zip(node.inputs, keep) if k),
-                        outputs=tuple(v for v, k in zip(node.outputs, live) if k),
-                        params=dict(p, cond_body=drop_inputs(cb, keep),
-                                    body=drop_inputs(g, keep)))
+# (a carry the predicate reads stays, and with it what computes it)
+while_p.def_dce(dce_rule("body", loop=True, readers=("cond_body",)))
 
 
 @while_p.def_hoist
@@ -250,10 +237,9 @@ def _while_vjp_fwd(primals, *, cond_body, body, max_steps=None, checkpoints=None
         outs = while_p.bind(*primals, **loop_bodies(cond_body, body, num_consts),
                             **_extra(max_steps, checkpoints))
         return tuple(outs), (primals, None)
-    from .. import numpy as snp
 
     cb, bb = _counted(cond_body, body, num_consts)
-    outs = while_p.bind(*primals, snp.zeros((), np.int32), **loop_bodies(cb, bb, num_consts),
+    outs = while_p.bind(*primals, ops.zeros((), np.int32), **loop_bodies(cb, bb, num_consts),
                         **_extra(max_steps, checkpoints))
     return tuple(outs[:-1]), (primals, outs[-1])
 
@@ -275,7 +261,7 @@ def _while_vjp_bwd(res, cts, *, cond_body, body, max_steps=None, checkpoints=Non
     ctc0, acc0 = ct_inits(primals, cts, ct_carry_idx, acc_idx)
     snapshots = checkpoints.snapshots if checkpoints else default_segments(max_steps)
     out = while_adjoint_p.bind(steps, *primals, *ctc0, *acc0, body=carried_body(body, nc),
-                               step=v, num_ct_carry=len(ctc0), num_acc=len(acc0),
+                               step=Body.of(v, nc, len(ctc0) + len(acc0)),
                                max_steps=max_steps, snapshots=snapshots)
     return assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, [], out)
 
@@ -284,51 +270,56 @@ def _while_vjp_bwd(res, cts, *, cond_body, body, max_steps=None, checkpoints=Non
 
 
 while_adjoint_p = Primitive("while_adjoint", multiple_results=True, params={
-    "body": Body, "step": Graph, "num_ct_carry": int, "num_acc": int,
-    "max_steps": int, "snapshots": int})
-#: operands `(steps, *consts, *init, *ct_carry, *acc)`: `body` is the loop's
-#: step `(*consts, *carry) -> (*carry)`, run `steps` times from `init`;
-#: `step` its backward part `(*consts, *ct_carry, *acc, *carry) -> (*ct_carry,
-#: *acc)`. Outputs: the cotangents of `init` and the accumulated `acc`, as a
-#: reverse loop of `step` over the `steps` carries would give them. The
+    "body": Body, "step": Body, "max_steps": int, "snapshots": int})
+#: operands `(steps, *consts, *init, *ct_carry)` (`WhileAdjointOperands`):
+#: `body` is the loop's step `(*consts, *carry) -> (*carry)`, run `steps`
+#: times from `init`; `step` its backward part, a body `(*consts, *ct_carry,
+#: *carry) -> (*ct_carry)` whose carries are the cotangents of the carries
+#: and the accumulated cotangents of the consts (its layout counts them).
+#: Outputs: the final `ct_carry` (the cotangents of `init`, the accumulated
+#: ones of the consts), as a reverse loop of `step` over the `steps` carries
+#: would give them. The
 #: carries are recomputed on the `Segments(snapshots)` schedule: at most
 #: `snapshots + ceil(max_steps / snapshots)` are stored at once.
 
 
-def _adjoint_split(args, nc, nctc, nacc):
-    steps, rest = args[0], list(args[1:])
-    nk = len(rest) - nc - nctc - nacc
-    return (steps, rest[:nc], rest[nc:nc + nk], rest[nc + nk:nc + nk + nctc],
-            rest[nc + nk + nctc:])
+WhileAdjointOperands = layout(
+    "WhileAdjointOperands", ("steps", "consts", "carry", "ct_carry"),
+    """A `while_adjoint` node's operands: `[steps]` (one value), the loop's
+    consts and initial carries, then the step's initial carries (the
+    cotangents of the final carries, then the accumulators of the consts'
+    cotangents), which the node's outputs are the final values of.""")
+
+
+def _adjoint_split(args, body: Body) -> WhileAdjointOperands:
+    return WhileAdjointOperands.split(args, 1, body.num_consts, body.num_carry)
 
 
 @while_adjoint_p.def_abstract_eval
-def _while_adjoint_shape(*in_types, body, step, num_ct_carry, num_acc, max_steps, snapshots):
+def _while_adjoint_shape(*in_types, body, step, max_steps, snapshots):
     op = "while_adjoint"
-    if not isinstance(body, Body):
-        raise ShapeError(f"`body` must be a Body, got {body!r}.", op=op)
-    num_consts = body.num_consts
-    steps, consts, carry, ctc, acc = _adjoint_split(in_types, num_consts, num_ct_carry,
-                                                    num_acc)
+    for name, g in (("body", body), ("step", step)):
+        if not isinstance(g, Body):
+            raise ShapeError(f"`{name}` must be a Body, got {g!r}.", op=op)
+    (steps,), consts, carry, ctc = _adjoint_split(in_types, body)
     if steps != TensorType((), np.dtype(np.int32)):
         raise DTypeError(f"`steps` must be an int32 scalar, got {steps}.", op=op)
     if tuple(body.in_types) != tuple(consts) + tuple(carry) or \
             tuple(body.out_types) != tuple(carry):
         raise ShapeError("the body does not take and return the operands' carries.", op=op)
-    if tuple(step.in_types) != tuple(consts) + tuple(ctc) + tuple(acc) + tuple(carry) or \
-            tuple(step.out_types) != tuple(ctc) + tuple(acc):
+    if step.layout != (len(consts), len(ctc), len(carry)) or \
+            tuple(step.in_types) != tuple(consts) + tuple(ctc) + tuple(carry) or \
+            tuple(step.out_types) != tuple(ctc):
         raise ShapeError("the step graph does not match the operands.", op=op)
     if max_steps < 0 or snapshots < 1:
         raise InvalidOptionError(f"needs max_steps >= 0 and snapshots >= 1, got {max_steps} and "
                                  f"{snapshots}.", op=op)
-    return tuple(ctc) + tuple(acc)
+    return tuple(ctc)
 
 
 @while_adjoint_p.def_impl
-def _while_adjoint_impl(*args, body, step, num_ct_carry, num_acc, max_steps, snapshots):
-    num_consts = body.num_consts
-    steps, consts, init, ctc0, acc0 = _adjoint_split(args, num_consts, num_ct_carry,
-                                                     num_acc)
+def _while_adjoint_impl(*args, body, step, max_steps, snapshots):
+    (steps,), consts, init, ctc0 = _adjoint_split(args, body)
     fb, fs = lower(body), lower(step)
     n = jnp.asarray(steps, jnp.int32)
     s = snapshots
@@ -355,8 +346,7 @@ def _while_adjoint_impl(*args, body, step, num_ct_carry, num_acc, max_steps, sna
     buf = store(buf, c, jnp.minimum(last, s - 1), nseg > 0)
     sb0 = tuple(jnp.zeros((seglen,) + jnp.shape(c), jnp.asarray(c).dtype) for c in init)
 
-    def segment(jj, state):  # the segments in reverse: recompute, then back
-        ctc, acc = state
+    def segment(jj, ctc):  # the segments in reverse: recompute, then back
         j = nseg - 1 - jj
         lo = j * seg
         hi = jnp.minimum(lo + seg, n)
@@ -369,58 +359,47 @@ def _while_adjoint_impl(*args, body, step, num_ct_carry, num_acc, max_steps, sna
         sb, c = jax.lax.fori_loop(lo, hi - 1, rec, (sb0, tuple(b[j] for b in buf)))
         sb = store(sb, c, hi - 1 - lo, True)
 
-        def back(kk, st):
-            ctc, acc = st
+        def back(kk, ctc):
             c = tuple(b[hi - 1 - kk - lo] for b in sb)
-            out = fs(*consts, *ctc, *acc, *c)
-            return tuple(out[:num_ct_carry]), tuple(out[num_ct_carry:])
+            return tuple(fs(*consts, *ctc, *c))
 
-        return jax.lax.fori_loop(0, hi - lo, back, (ctc, acc))
+        return jax.lax.fori_loop(0, hi - lo, back, ctc)
 
-    ctc, acc = jax.lax.fori_loop(0, nseg, segment, (tuple(ctc0), tuple(acc0)))
-    return (*ctc, *acc)
+    return jax.lax.fori_loop(0, nseg, segment, tuple(ctc0))
 
 
 @while_adjoint_p.def_jvp
-def _while_adjoint_jvp(primals, tangents, *, body, step, num_ct_carry, num_acc, max_steps,
-                       snapshots):
+def _while_adjoint_jvp(primals, tangents, *, body, step, max_steps, snapshots):
     num_consts = body.num_consts
     # the reverse pass is a fixed composition of forward and backward steps;
     # its JVP is the same composition of their JVPs, on the same schedule
-    from ..graph import is_differentiable
 
-    nc, nctc, nacc = num_consts, num_ct_carry, num_acc
-    nk = len(primals) - 1 - nc - nctc - nacc
-    sizes = (nc, nk, nctc, nacc)
+    nc, nk, nct = num_consts, body.num_carry, step.num_carry
+    sizes = (nc, nk, nct)
     rest = primals[1:]
     diff = [is_differentiable(type_of(p)) for p in rest]
     bj, _ = grouped_jvp(body, [is_differentiable(t) for t in body.in_types], (nc, nk), (nk,),
                         [is_differentiable(t) for t in body.out_types])
     sj, _ = grouped_jvp(step, [is_differentiable(t) for t in step.in_types],
-                        (nc, nctc, nacc, nk), (nctc, nacc),
+                        (nc, nct, nk), (nct,),
                         [is_differentiable(t) for t in step.out_types])
     groups, lo = [], 0
     for size in sizes:
         groups.append(list(rest[lo:lo + size])
                       + [instantiate(tangents[1 + i]) for i in range(lo, lo + size) if diff[i]])
         lo += size
-    g0, g1, g2, g3 = groups
-    out = while_adjoint_p.bind(primals[0], *g0, *g1, *g2, *g3, body=carried_body(bj, len(g0)),
-                               step=sj, num_ct_carry=len(g2), num_acc=len(g3),
+    g0, g1, g2 = groups
+    out = while_adjoint_p.bind(primals[0], *g0, *g1, *g2, body=carried_body(bj, len(g0)),
+                               step=Body.of(sj, len(g0), len(g2)),
                                max_steps=max_steps, snapshots=snapshots)
-    return split_grouped(out, step.out_types, (nctc, nacc))
+    return split_grouped(out, step.out_types, (nct,))
 
 
-def _adjoint_by_scans(*args, body, step, num_ct_carry, num_acc, max_steps, snapshots):
+def _adjoint_by_scans(*args, body, step, max_steps, snapshots):
     """What a `while_adjoint` node computes, as two scans of `max_steps` steps
     that do nothing past `steps`: the forward one stacking every carry, then
     the reverse one of `step`."""
-    num_consts = body.num_consts
-    from ._cond import cond
-    from .. import numpy as snp
-
-    steps, consts, init, ctc, acc = _adjoint_split(args, num_consts, num_ct_carry, num_acc)
-    nctc = num_ct_carry
+    (steps,), consts, init, ctc = _adjoint_split(args, body)
 
     def fwd(c, _):
         k, cs = c
@@ -428,7 +407,7 @@ def _adjoint_by_scans(*args, body, step, num_ct_carry, num_acc, max_steps, snaps
                    lambda cs: tuple(cs), tuple(cs))
         return (k + 1, new), tuple(cs)
 
-    _, carries = scan(fwd, (snp.zeros((), np.int32), tuple(init)), length=max_steps)
+    _, carries = scan(fwd, (ops.zeros((), np.int32), tuple(init)), length=max_steps)
 
     def bwd(state, x):
         k, cs = x
@@ -437,9 +416,8 @@ def _adjoint_by_scans(*args, body, step, num_ct_carry, num_acc, max_steps, snaps
                    lambda st: tuple(st), tuple(state))
         return new, None
 
-    out, _ = scan(bwd, tuple(ctc) + tuple(acc),
-                  (snp.arange(max_steps, dtype=np.int32), carries), reverse=True)
-    assert len(out) == nctc + num_acc
+    out, _ = scan(bwd, tuple(ctc), (ops.arange(max_steps, dtype=np.int32), carries),
+                  reverse=True)
     return list(out)
 
 
@@ -448,8 +426,6 @@ def _while_adjoint_vjp(primals, outs, cts, **params):
     # reverse over reverse: the VJP of the same computation with every carry
     # stored, as bounded scans (forward over reverse, `sd.hvp`, keeps the
     # checkpointing of the first reverse pass)
-    from ..graph._autodiff import vjp_eval
-    from ..graph._trace import trace_flat
 
     g, _, _ = trace_flat(lambda *a: _adjoint_by_scans(*a, **params),
                          tuple(type_of(p) for p in primals), name="while_adjoint")
@@ -459,15 +435,12 @@ def _while_adjoint_vjp(primals, outs, cts, **params):
 
 @while_adjoint_p.def_sparsity
 def _while_adjoint_sparsity(outs, *deps, **params):
-    from ..graph._sparsity import dense_all
-
     return dense_all(outs, *deps)
 
 
 def _install_adjoint_batch_rule() -> None:
     # a batch of reverse passes: `jax.vmap` of the loops (each example runs
     # its own number of steps)
-    from ._map import map_rule
 
     while_adjoint_p.def_batch(map_rule(while_adjoint_p))
 
@@ -490,7 +463,6 @@ _install_adjoint_batch_rule()
 @while_p.def_transpose
 def _while_transpose(cts, *args, cond_body, body, max_steps=None, checkpoints=None):
     num_consts = body.num_consts
-    from .. import numpy as snp
 
     nc, nk = num_consts, len(args) - num_consts
     linear = [is_linear(a) for a in args]
@@ -507,14 +479,14 @@ def _while_transpose(cts, *args, cond_body, body, max_steps=None, checkpoints=No
            + [instantiate(Zero(body.inputs[i].type.update())) for i in lc])
     m = len(consts)
     cb, bb = _counted(pred, fb, m)
-    steps = while_p.bind(*consts, *init, snp.zeros((), np.int32), **loop_bodies(cb, bb, m),
+    steps = while_p.bind(*consts, *init, ops.zeros((), np.int32), **loop_bodies(cb, bb, m),
                          **_extra(max_steps, None))[-1]
     if max_steps is not None:
         storable_primal_carries(body, nl_k, nc, "while")
         snapshots = checkpoints.snapshots if isinstance(checkpoints, Segments) else \
             default_segments(max_steps)
         out = while_adjoint_p.bind(steps, *consts, *init, *ct0, body=carried_body(fb, m),
-                                   step=st, num_ct_carry=len(lk), num_acc=len(lc),
+                                   step=Body.of(st, m, len(lk) + len(lc)),
                                    max_steps=max_steps, snapshots=snapshots)
     else:
         out = _recomputing_transpose(fb, st, consts, init, ct0, steps)
@@ -589,20 +561,18 @@ def _per_example_loop(cond_body: Graph, body: Graph, flags, size: int, nc: int):
     """The predicate and body of a batched loop whose examples stop at
     different steps: `any(pred)`, and a step that updates only the examples
     whose predicate holds."""
-    from .. import numpy as snp
-    from ..graph._trace import trace_flat
 
     gc, _ = batch_body(cond_body, flags, size)
     gb, _ = batch_body(body, flags, size, [True] * (len(flags) - nc))
     types = tuple(gb.in_types)
 
     def pred(*a):
-        return [snp.any(inline(gc, a)[0])]
+        return [ops.any(inline(gc, a)[0])]
 
     def step(*a):
         (p,) = inline(gc, a)
         new = inline(gb, a)
-        return [snp.where(snp.reshape(p, (size,) + (1,) * (len(type_of(c).shape) - 1)), v, c)
+        return [ops.where(ops.reshape(p, (size,) + (1,) * (len(type_of(c).shape) - 1)), v, c)
                 for v, c in zip(new, a[nc:])]
 
     c, _, _ = trace_flat(pred, types, name=cond_body.name)
@@ -672,7 +642,6 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
     if checkpoints is not None and max_steps is None:
         raise InvalidOptionError("`checkpoints` needs `max_steps` (reverse mode checkpoints a "
                                  "loop of max_steps steps).", op=op)
-    from ._cond import _leaf_types
 
     leaves, tree = _tree.tree_flatten(init_val, is_leaf=is_value_leaf)
     types = _leaf_types(leaves, "a leaf of `init_val`")
@@ -735,7 +704,6 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
 @while_p.def_sparsity
 def _while_sparsity(outs, *deps, cond_body, body, max_steps=None, checkpoints=None):
     num_consts = body.num_consts
-    from ..graph._sparsity import dense_all
 
     res = loop_sparsity(body, deps[:num_consts], deps[num_consts:], [], max_steps,
                         exact=False, cond=cond_body)
@@ -748,8 +716,6 @@ def _while_sparsity(outs, *deps, cond_body, body, max_steps=None, checkpoints=No
 
 @while_p.def_cost
 def _while_cost(node, body):
-    from ..graph._cost import Cost, steps_note
-
     p = node.params
     b, c = body(p["body"]), body(p["cond_body"])
     per = b.flops + c.flops
@@ -767,8 +733,12 @@ def _while_v1(params: dict) -> dict:
 
 
 def _while_adjoint_v1(params: dict) -> dict:
+    # (and its step was a plain graph, its carries counted by `num_ct_carry`
+    # and `num_acc`)
     params = dict(params)
-    return {**params, "body": carried_body(params["body"], params.pop("num_consts"))}
+    nc, nct = params.pop("num_consts"), params.pop("num_ct_carry") + params.pop("num_acc")
+    return {**params, "body": carried_body(params["body"], nc),
+            "step": as_body(params["step"], nc, nct)}
 
 
 register_v1_migration("while", _while_v1)
