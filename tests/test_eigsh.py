@@ -384,6 +384,7 @@ def _operator(c, m):
     return sd.linalg.operator(matvec, (m * m, m * m))
 
 
+@pytest.mark.slow
 def test_a_matrix_free_operator_matches_the_sparse_matrix(rng):
     m = 8
     c = 1.0 + 0.5 * rng.uniform(size=m * m)

@@ -113,6 +113,7 @@ def test_float_functions_take_numpys_dtypes(dtype):
                                    err_msg=name)
 
 
+@pytest.mark.slow
 def test_derivatives_of_the_composites():
     # (no ties, points off the interpolation knots: derivatives are smooth there)
     def f(a, xq, xp, fp):

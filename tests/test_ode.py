@@ -79,6 +79,7 @@ def test_stiff_solution_agrees_with_scipy():
                                atol=1e-9)
 
 
+@pytest.mark.slow
 def test_stiff_gradient_on_constant_steps():
     """The discrete adjoint of implicit steps (each stage a root node in the
     replay, differentiated implicitly) against differences: implicit Euler
@@ -147,7 +148,8 @@ def test_forward_mode_is_an_odeint_of_the_sensitivities_and_agrees_with_reverse(
     np.testing.assert_allclose(float(jv), dot, rtol=1e-9)
 
 
-@pytest.mark.parametrize("adjoint, tol", [("backsolve", 1e-7), ("interpolated", 2e-6)])
+@pytest.mark.parametrize("adjoint, tol", [pytest.param("backsolve", 1e-7, marks=pytest.mark.slow),
+                                          ("interpolated", 2e-6)])
 def test_continuous_adjoints_agree_to_their_accuracy(compiled, adjoint, tol):
     """The continuous adjoints against the discrete one: backsolve to the
     solver's tolerance, interpolated to its cubic Hermite interpolation's
@@ -190,6 +192,7 @@ def test_pytree_state_and_args():
     np.testing.assert_allclose(float(sd.function(final_x)(2.0)), np.cos(2.0), rtol=1e-8)
 
 
+@pytest.mark.slow
 def test_composes_with_jax_grad(compiled):
     """`jax.grad(sd.to_jax(...))` is sciad's adjoint. (`sd.vmap`: the batching
     sweep over the registry's example.)"""
@@ -407,6 +410,7 @@ def _nodes(graph):
                 yield from _nodes(v)
 
 
+@pytest.mark.slow
 def test_reverse_mode_reruns_each_step_once_or_replays_with_checkpoints():
     """The gradient's graph. By default (the states at every step fit in 64
     MiB) the forward node records its state at every step (a sixth output),
@@ -478,6 +482,7 @@ def test_a_param_the_field_does_not_differentiate_beside_one_it_does():
     np.testing.assert_allclose(float(gb), want, rtol=1e-8)
 
 
+@pytest.mark.slow
 def test_second_order_in_the_times_and_reverse_over_reverse():
     """`y(T) = y0 exp(-k T)`: the mixed derivative in `k` and the output time
     `T` (the reverse pass runs on the step grid, whose last point is `T`:
@@ -495,6 +500,7 @@ def test_second_order_in_the_times_and_reverse_over_reverse():
     np.testing.assert_allclose(float(sd.grad(sd.grad(y_end))(k, T)), T * T * e, rtol=1e-8)
 
 
+@pytest.mark.slow
 def test_a_gradient_taken_inside_another_trace_of_a_constant_argument():
     """`sd.grad(g)(0.7)` inside a traced function: the arguments, constants
     in that trace, are lifted into it, so the node's VJP forms their

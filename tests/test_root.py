@@ -139,6 +139,7 @@ def test_a_gradient_taken_inside_another_trace_of_a_constant_argument(rng):
     assert np.abs(want).max() > 0
 
 
+@pytest.mark.slow
 def test_a_root_started_with_jac0_passes_check_rules(rng):
     """The node with its `jac0` operand (no derivative flows through it):
     JVP against differences, VJP against JVP, second order, and `sd.vmap`
