@@ -55,7 +55,7 @@ import numpy as np
 from . import numpy as snp
 from . import optimize
 from ._compile import _split_args, compiled_call
-from .primitives._newton import newton_jacobian
+from .primitives._newton_systems import newton_jacobian
 from ._traceback import api_boundary
 from ._transforms import _in_trace, jvp, vmap
 from .errors import (DTypeError, InvalidOptionError, NotSupportedError, SciadWarning,

@@ -269,7 +269,7 @@ class _JaxLax:
 
 
 @pytest.mark.parametrize("in_axes", [(0, None), pytest.param((None, 0), marks=pytest.mark.slow),
-                                     (0, 0)])
+                                     pytest.param((0, 0), marks=pytest.mark.slow)])
 def test_loops_and_branches_batch_like_jax_vmap(rng, in_axes):
     xs, ws = rng.standard_normal((4, 5)), rng.standard_normal(4)
     x = xs if in_axes[0] == 0 else xs[0]

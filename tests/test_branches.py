@@ -190,7 +190,8 @@ def _grow_jax_bounded(x, a, steps):
     return jnp.sum(u * jnp.cos(x))
 
 
-@pytest.mark.parametrize("checkpoints", [None, 1, 40, sd.Segments(2)])
+@pytest.mark.parametrize("checkpoints", [None, pytest.param(1, marks=pytest.mark.slow),
+                                         pytest.param(40, marks=pytest.mark.slow), sd.Segments(2)])
 def test_while_value_jvp_grad_hvp_match_jax(rng, checkpoints):
     x, a, v = rng.uniform(0.5, 1.0, 4), 0.4, rng.normal(size=4)
     (value, k), (want, kj) = _grow_sd(x, a), _grow_jax(x, a)

@@ -165,8 +165,10 @@ def _losses():
     return {"sum": lambda w: snp.sum(w), "sum_sq": lambda w: snp.sum(w ** 2)}
 
 
-@pytest.mark.parametrize("loss", ["sum", "sum_sq"])
-@pytest.mark.parametrize("mode", ["SA", "shift-invert"])
+# (two of the four by default: each mode once, each loss once)
+@pytest.mark.parametrize("mode, loss", [("SA", "sum"), ("shift-invert", "sum_sq"),
+                                        pytest.param("SA", "sum_sq", marks=pytest.mark.slow),
+                                        pytest.param("shift-invert", "sum", marks=pytest.mark.slow)])
 def test_eigenvalue_gradients(coef, rng, loss, mode):
     g_of_w = _losses()[loss]
     kw = dict(which="SA") if mode == "SA" else dict(sigma=0.0)

@@ -110,7 +110,8 @@ def test_direct_solve_at_the_edges_of_floating_point(rng, method):
             _assert_solves(x[:, fits], s * A, b[:, fits])
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", ["cg"] + [pytest.param(m, marks=pytest.mark.slow)
+                                            for m in METHODS if m != "cg"])
 def test_public_solve_and_gradient_at_a_tiny_residual(rng, method):
     """`sd.linalg.solve` on a dense and a sparse (Jacobi-preconditioned)
     matrix with those columns, and its gradient where the loss's gradient

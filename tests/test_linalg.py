@@ -496,7 +496,7 @@ def _diffusion_operator(theta, L):
     return sd.linalg.operator(lambda v: snp.exp(theta) * v + L @ v, (L.shape[0],) * 2)
 
 
-@pytest.mark.parametrize("nrhs", [None, 2])
+@pytest.mark.parametrize("nrhs", [None, pytest.param(2, marks=pytest.mark.slow)])
 def test_matrix_free_solve_gradients_match_dense_jax(rng, nrhs):
     n = 10
     L = 0.3 * rng.standard_normal((n, n))

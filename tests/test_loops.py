@@ -41,7 +41,8 @@ def heat(rng):
     return rng.uniform(0.5, 1.5, N), np.sin(np.linspace(0, 3, N)), rng.normal(size=N)
 
 
-@pytest.mark.parametrize("checkpoints", [None, 1, 3, 100, sd.EveryK(4)])
+@pytest.mark.parametrize("checkpoints", [None, pytest.param(1, marks=pytest.mark.slow), 3, 100,
+                                         pytest.param(sd.EveryK(4), marks=pytest.mark.slow)])
 def test_heat_value_grad_and_hvp_match_jax(heat, rng, checkpoints):
     k, u0, d = heat
     v = rng.normal(size=N)

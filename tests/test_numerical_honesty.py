@@ -54,7 +54,8 @@ def _poisson(n):
 #    test_to_jax.py); here the flagship-like cases that were wrong
 
 
-@pytest.mark.parametrize("solver", [pytest.param("lu", marks=pytest.mark.slow), "splu", "spsolve"])
+@pytest.mark.parametrize("solver", [pytest.param("lu", marks=pytest.mark.slow), "splu",
+                                    pytest.param("spsolve", marks=pytest.mark.slow)])
 def test_to_jax_gradients_through_solves(rng, solver):
     n = 6
     sparse = solver in ("splu", "spsolve")

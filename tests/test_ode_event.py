@@ -24,8 +24,9 @@ def height(level):
     return lambda t, y, g: y[0] - level
 
 
-@pytest.mark.parametrize("direction", [-1, pytest.param(0, marks=pytest.mark.slow),
-                                       pytest.param(1, marks=pytest.mark.slow)])
+# (the event time's value by default: in the implicit-function-theorem test)
+@pytest.mark.slow
+@pytest.mark.parametrize("direction", [-1, 0, 1])
 def test_the_crossings_of_a_thrown_ball(direction):
     """Thrown up at 10 m/s: it passes 3 m going up at t_up and going down at
     t_down, `3 = 10 t - g t^2 / 2`; `direction` picks the crossing (either:

@@ -19,7 +19,7 @@ import scipy.sparse as sp
 
 import sciad as sd
 import sciad.numpy as snp
-from sciad.primitives._newton import _pattern
+from sciad.primitives._newton_systems import _pattern
 from sciad.solvers import _ode
 from sciad.solvers._ode import SparseNewtonSolver
 

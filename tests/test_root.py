@@ -55,7 +55,7 @@ def test_newton_krylov_is_matrix_free(rng):
         sd.optimize.root(diffusion, np.zeros(N), (f,), method="newton_krylov", jac="dense")
 
 
-@pytest.mark.parametrize("jac", ["sparse", "dense"])
+@pytest.mark.parametrize("jac", ["sparse", pytest.param("dense", marks=pytest.mark.slow)])
 def test_the_chord_method_factors_once_and_differentiates_as_newton(jac, rng, monkeypatch):
     # from a start near the root, the chord method keeps its first
     # factorization; the root and its (implicit) derivative are Newton's
@@ -210,7 +210,7 @@ def test_implicit_rules_pass_check_rules(rng):
     sd.testing.check_rules(_solve("sparse"), 10.0 + rng.standard_normal(6), np.asarray(1.3))
 
 
-@pytest.mark.parametrize("jac", ["dense", "gmres"])
+@pytest.mark.parametrize("jac", ["dense", pytest.param("gmres", marks=pytest.mark.slow)])
 def test_dense_and_matrix_free_derivatives_agree_with_sparse(jac, rng):
     f, c = 10.0 + rng.standard_normal(6), np.asarray(1.3)
     w = rng.standard_normal(6)
@@ -418,7 +418,7 @@ def test_the_jax_level_newton_serves_other_nodes(rng):
 
     from sciad.solvers._coloring import coloring
     from sciad.solvers import _nonlinear
-    from sciad.primitives._newton import _pattern
+    from sciad.primitives._newton_systems import _pattern
 
     f = 20.0 + 5.0 * rng.standard_normal(N)
     pattern = _pattern(sd.sparse.jacobian_sparsity(diffusion, np.zeros(N), f))

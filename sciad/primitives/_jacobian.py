@@ -24,7 +24,7 @@ from ..graph._sparsity import graph_sparsity
 from ..graph._trace import trace_flat
 from ..graph._types import Pattern
 from ..solvers._coloring import color_seeds, coloring
-from ._newton import _pattern
+from ._newton_systems import _pattern
 from ._sparse import assemble, gather
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 
-from ._newton import newton_jacobian
+from ._newton_systems import newton_jacobian
 from .. import _ops as ops
 from ..graph import Graph
 from ..graph._body import Body, as_body, inline, permute

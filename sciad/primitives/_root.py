@@ -51,7 +51,7 @@ from ._jacobian import Structure, dense_jacobian, emit
 from ._linalg import _factor_flops, _per_rhs, linalg_backsolve_p, linalg_factor_p, solve
 from ._linalg import solve_operator
 from ._map import map_rule, on_devices
-from ._newton import newton_jacobian
+from ._newton_systems import newton_jacobian
 from ._sparse import gather
 
 KINDS = ("root", "fixed_point")
