@@ -167,17 +167,6 @@ def check_page(text: str, ns: dict, where: str, drifted: list | None = None) -> 
     return len(blocks)
 
 
-@pytest.fixture
-def scratch_registry():
-    """Primitives the documentation registers are forgotten afterwards."""
-    from sciad.graph import _core
-
-    before = dict(_core._REGISTRY)
-    yield
-    _core._REGISTRY.clear()
-    _core._REGISTRY.update(before)
-
-
 def _namespace() -> dict:
     import jax
     import jax.numpy as jnp

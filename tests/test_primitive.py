@@ -161,17 +161,6 @@ _HOOKS = ["impl", "abstract_eval", "jvp", "vjp", "transpose", "batch", "sparsity
           "simplify", "vjp_fwd", "vjp_bwd", "dce", "hoist", "linearity", "cost"]
 
 
-@pytest.fixture
-def scratch_registry():
-    """Primitives the documentation registers are forgotten afterwards."""
-    from sciad.graph import _core
-
-    before = dict(_core._REGISTRY)
-    yield
-    _core._REGISTRY.clear()
-    _core._REGISTRY.update(before)
-
-
 def _python_blocks(text: str) -> list[str]:
     import re
     import textwrap
