@@ -594,17 +594,26 @@ def _scan_adjoint_hoist(node):
                                params=params)
 
 
+def _by_scans_parts(body: Body, step: Body, operands, stored: bool):
+    """A `scan_adjoint` node's operands as `_adjoint_by_scans` reads them
+    (`(consts, init, xs, ct_carry, ct_ys)`; a stored schedule's cells, the
+    last `num_carry` operands, dropped), and the forward body that also
+    outputs each step's incoming carry."""
+    nc, nk = body.num_consts, body.num_carry
+    if stored:
+        operands = operands[:len(operands) - nk]
+    nx = len(body.inputs) - nc - nk
+    parts = ScanAdjointOperands.split(operands, nc, nk, nx, step.num_carry)
+    fwd = body.replace(outputs=body.outputs[:nk] + body.inputs[nc:nc + nk])
+    return (*parts, fwd)
+
+
 def _adjoint_by_scans(*args, body, step, length, reverse=False,
                       schedule, stored=False):
     """What a `scan_adjoint` node computes, as two plain scans: the forward
     scan storing every step's carry, then the reverse scan of `step`."""
-    num_consts, num_carry = body.num_consts, body.num_carry
-    nc, nk = num_consts, num_carry
-    if stored:
-        args = args[:len(args) - nk]
-    nx = len(body.inputs) - nc - nk
-    consts, init, xs, ctc, cty = ScanAdjointOperands.split(args, nc, nk, nx, step.num_carry)
-    fwd = body.replace(outputs=body.outputs[:nk] + body.inputs[nc:nc + nk])
+    consts, init, xs, ctc, cty, fwd = _by_scans_parts(body, step, args, stored)
+    nc, nk = body.num_consts, body.num_carry
     carries = ScanOutputs.split(scan_p.bind(*consts, *init, *xs,
                                             **_params(fwd, nc, nk, length, reverse, None)),
                                 nk).ys
@@ -940,16 +949,11 @@ def _install_sparsity_rules() -> None:
     @scan_adjoint_p.def_sparsity
     def _scan_adjoint_sparsity(outs, *deps, body, step, length,
                                reverse=False, schedule, stored=False):
-        num_consts, num_carry = body.num_consts, body.num_carry
         # what `_adjoint_by_scans` computes: the forward scan stacking each
         # step's carry, then the reverse scan of `step` over them (stored
         # cells hold carries of that scan: they add nothing)
-        nc, nk = num_consts, num_carry
-        if stored:
-            deps = deps[:len(deps) - nk]
-        nx = len(body.inputs) - nc - nk
-        consts, init, xs, ctc, cty = ScanAdjointOperands.split(deps, nc, nk, nx, step.num_carry)
-        fwd = body.replace(outputs=body.outputs[:nk] + body.inputs[nc:nc + nk])
+        consts, init, xs, ctc, cty, fwd = _by_scans_parts(body, step, deps, stored)
+        nc, nk = body.num_consts, body.num_carry
         res = loop_sparsity(fwd, consts, init, xs, length, exact=True, reverse=reverse)
         if res is not None:
             carries = [Deps(m, (length,) + value_shape(v.type))
