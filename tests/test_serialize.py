@@ -582,9 +582,10 @@ def test_fuzz_hashed_files_reject_every_change():
 def _as_version_1(doc):
     """A document as version 1 wrote it: bodies were plain `graph` params, the
     loops held their counts as `num_consts` (and scan `num_carry`), and
-    `call` and the matrix-free operators held their body as `graph` (what
-    `register_v1_migration` reads)."""
-    renamed = {"call", "linalg.eigsh_operator", "linalg.solve_operator"}
+    `call`, the matrix-free operators, `optimize.root` and `ode.odeint` held
+    their body as `graph` (what `register_v1_migration` reads)."""
+    renamed = {"call", "linalg.eigsh_operator", "linalg.solve_operator", "optimize.root",
+               "ode.odeint"}
 
     def strip(v):
         if isinstance(v, list):
@@ -610,6 +611,13 @@ def _as_version_1(doc):
     return {**strip(doc), "version": 1}
 
 
+def _assert_loads_as(old, g, x):
+    """The version-1 document `old` loads as today's `g`: same text, same value at `x`."""
+    back = _load_doc(old)
+    assert back.pretty(source=False) == g.pretty(source=False)
+    np.testing.assert_allclose(sd.graph.evaluate(back, x)[0], sd.graph.evaluate(g, x)[0])
+
+
 def test_version_1_files_still_load(rng):
     x = rng.standard_normal(3)
     inner = sd.trace(lambda a: (snp.sin(a) * 2.0,), x)
@@ -619,9 +627,7 @@ def test_version_1_files_still_load(rng):
     assert doc["version"] == 2
     old = _as_version_1(doc)
     assert '"layout"' not in json.dumps(old) and '"graph": {"graph"' in json.dumps(old)
-    back = _load_doc(old)
-    assert back.pretty(source=False) == g.pretty(source=False)
-    np.testing.assert_allclose(sd.graph.evaluate(back, x)[0], sd.graph.evaluate(g, x)[0])
+    _assert_loads_as(old, g, x)
 
 
 def test_version_1_loops_load(rng):
@@ -637,9 +643,7 @@ def test_version_1_loops_load(rng):
     g = sd.trace(f, x)
     old = _as_version_1(json.loads(g.to_json()))
     assert '"num_consts"' in json.dumps(old) and '"layout"' not in json.dumps(old)
-    back = _load_doc(old)
-    assert back.pretty(source=False) == g.pretty(source=False)
-    np.testing.assert_allclose(sd.graph.evaluate(back, x)[0], sd.graph.evaluate(g, x)[0])
+    _assert_loads_as(old, g, x)
 
 
 def test_version_1_loop_adjoints_load(rng):
@@ -658,6 +662,23 @@ def test_version_1_loop_adjoints_load(rng):
     assert {"scan_adjoint", "while_adjoint"} <= {n.primitive.name for n in g.nodes}
     old = _as_version_1(json.loads(g.to_json()))
     assert '"num_ct_carry"' in json.dumps(old) and '"layout"' not in json.dumps(old)
-    back = _load_doc(old)
-    assert back.pretty(source=False) == g.pretty(source=False)
-    np.testing.assert_allclose(sd.graph.evaluate(back, x)[0], sd.graph.evaluate(g, x)[0])
+    _assert_loads_as(old, g, x)
+
+
+def test_version_1_roots_odes_and_operators_load(rng):
+    # optimize.root, ode.odeint and the matrix-free solve held their body as
+    # the param `graph`
+    x = 1.0 + rng.uniform(size=2)
+
+    def f(a):
+        r = sd.optimize.root(lambda y, a: y ** 3 - a, snp.ones(2), (a,)).x
+        ys = sd.ode.odeint(lambda t, y, k: -k * y, r, np.array([0.0, 0.5]), a[0])
+        op = sd.linalg.operator(lambda v: a * v, (2, 2), tags={"spd"})
+        return sd.linalg.solve(op, ys[-1], tol=1e-12)
+
+    g = sd.trace(f, x)
+    assert {"optimize.root", "ode.odeint", "linalg.solve_operator"} <= {
+        n.primitive.name for n in g.nodes}
+    old = _as_version_1(json.loads(g.to_json()))
+    assert '"layout"' not in json.dumps(old) and '"graph": {"graph"' in json.dumps(old)
+    _assert_loads_as(old, g, x)

@@ -119,6 +119,17 @@ def register_v1_migration(op: str, migrate: Callable[[dict], dict]) -> None:
     _V1_MIGRATIONS[op] = migrate
 
 
+def graph_param_v1(as_body: Callable[["Graph"], "Graph"]) -> Callable[[dict], dict]:
+    """The version-1 migration of a node whose body was the param `graph`:
+    the param renamed `body`, its graph made a `Body` by `as_body`."""
+    def migrate(params: dict) -> dict:
+        params = dict(params)
+        body = as_body(params.pop("graph"))
+        return {**params, "body": body}
+
+    return migrate
+
+
 # --------------------------------------------------------------------------
 # The loader's limits and where it is in the file
 

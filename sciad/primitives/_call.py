@@ -13,7 +13,7 @@ from ..graph import (Body, Graph, Primitive, Zero, instantiate, is_differentiabl
 from ..graph._autodiff import needs_ct
 from ..graph._cost import Cost
 from ..graph._body import applied_batch_rule, applied_body, applied_linearity_rule
-from ..graph._serialize import register_v1_migration
+from ..graph._serialize import graph_param_v1, register_v1_migration
 from ..graph._sparsity import body_rule
 
 call_p = Primitive("call", multiple_results=True, params={"body": Body})
@@ -96,9 +96,4 @@ def _call_cost(node, body):
 call_p.def_sparsity(body_rule(lambda params: params["body"]))
 
 
-def _call_v1(params: dict) -> dict:
-    # version-1 files: the body was the param `graph`
-    return {"body": applied_body(params["graph"])}
-
-
-register_v1_migration("call", _call_v1)
+register_v1_migration("call", graph_param_v1(applied_body))  # (was the param `graph`)

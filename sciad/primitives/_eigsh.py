@@ -72,7 +72,7 @@ from ..graph import jvp_eval, lower
 from ..graph._body import inline, trace_body
 from ..graph._cost import Cost
 from ..graph._sparsity import dense_all
-from ..graph._serialize import register_v1_migration
+from ..graph._serialize import graph_param_v1, register_v1_migration
 from ..graph._types import Pattern, TensorType
 from ..solvers._host import host_call
 from ._checks import symmetry_tolerance
@@ -527,14 +527,9 @@ def _operator_cost(node, body):
     return Cost(float(10.0 * ncv * (mv.flops + 4.0 * n * ncv)), mv.peak)
 
 
-def _operator_v1(params: dict) -> dict:
-    # version-1 files: the matvec was the param `graph`, its params all consts
-    params = dict(params)
-    g = params.pop("graph")
-    return {**params, "body": Body.of(g, len(g.inputs) - 1)}
-
-
-register_v1_migration("linalg.eigsh_operator", _operator_v1)
+# version-1 files: the matvec was the param `graph`, its params all consts
+register_v1_migration("linalg.eigsh_operator",
+                      graph_param_v1(lambda g: Body.of(g, len(g.inputs) - 1)))
 
 
 def eigsh_operator(a, k: int, which: str | None, tol: float, maxiter, degenerate_tol):

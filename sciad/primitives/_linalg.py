@@ -62,7 +62,7 @@ from ..graph._autodiff import needs_ct, type_of
 from ..graph._body import trace_body
 from ..graph._cost import Cost, _si, nbytes, size, sparse_lu_fill
 from ..graph._params import shown_params
-from ..graph._serialize import register_v1_migration
+from ..graph._serialize import graph_param_v1, register_v1_migration
 from ..graph._sparsity import along, dense, empty, union
 from ..graph._trace import trace_flat
 from ..graph._types import FactorType, Pattern, register_factor_layout
@@ -766,14 +766,9 @@ linalg_solve_operator_p = Primitive("linalg.solve_operator", runtime_checks=True
 #: operands are `(*params, b)`
 
 
-def _operator_v1(params: dict) -> dict:
-    # version-1 files: the matvec was the param `graph`
-    params = dict(params)
-    g = params.pop("graph")
-    return {**params, "body": Body.of(g, len(g.inputs) - 1)}
-
-
-register_v1_migration("linalg.solve_operator", _operator_v1)
+# version-1 files: the matvec was the param `graph`
+register_v1_migration("linalg.solve_operator",
+                      graph_param_v1(lambda g: Body.of(g, len(g.inputs) - 1)))
 
 
 def _operator_check(body, n_params: int, b, op: str):

@@ -65,7 +65,7 @@ from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NotSuppo
 from ..graph import Graph, Param, Primitive, Site, TensorType, Tracer, Zero, is_zero, lower
 from ..graph._autodiff import jvp_eval, jvp_primal, needs_ct, type_of, vjp_transpose
 from ..graph._body import Body, trace_body
-from ..graph._serialize import register_v1_migration
+from ..graph._serialize import graph_param_v1, register_v1_migration
 from ..graph._cost import Cost, _si
 from ..graph._sparsity import dense_all
 from ..graph._types import Pattern
@@ -526,10 +526,4 @@ def _odeint_cost(node, body_cost):
     return Cost(per, F.peak, f"per step ({_si(per)})")
 
 
-def _odeint_v1(params: dict) -> dict:
-    # version-1 files: the body was the param `graph`
-    params = dict(params)
-    return {**params, "body": field_body(params.pop("graph"))}
-
-
-register_v1_migration("ode.odeint", _odeint_v1)
+register_v1_migration("ode.odeint", graph_param_v1(field_body))  # (was the param `graph`)

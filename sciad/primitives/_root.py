@@ -38,7 +38,7 @@ from ..graph._autodiff import jvp_eval, needs_ct, type_of, vjp_eval
 from ..graph._batch import batch_size_of, batched_front
 from ..graph._body import Body, as_body, inline, trace_body
 from ..graph._cost import Cost, _si, nbytes
-from ..graph._serialize import register_v1_migration
+from ..graph._serialize import graph_param_v1, register_v1_migration
 from ..graph._sparsity import Deps, _bool, _check_entries, dense_all, empty, pad_columns
 from ..graph._sparsity import sparsity_eval, union
 from ..graph._trace import trace_flat
@@ -89,13 +89,7 @@ def residual_body(graph: Graph) -> Body:
     return as_body(graph, len(graph.inputs) - 1)
 
 
-def _root_v1(params: dict) -> dict:
-    # version-1 files: the body was the param `graph`
-    params = dict(params)
-    return {**params, "body": residual_body(params.pop("graph"))}
-
-
-register_v1_migration("optimize.root", _root_v1)
+register_v1_migration("optimize.root", graph_param_v1(residual_body))
 
 
 class RootOperands(NamedTuple):
