@@ -44,6 +44,7 @@ import numpy as np
 
 from ._host import host_call
 from ._measures import ratio
+from ._threads import one_blas_thread
 
 #: the most steps of iterative refinement a checked solve takes while its
 #: backward error is above the bound and falls: one restores a backward
@@ -90,12 +91,13 @@ class _Factored:
         over the SuperLU threads: SuperLU releases the GIL, so a batch's
         factorizations (and those of devices calling at once) run in parallel."""
         jobs = []
-        for d in rows:
-            w = next(_next_worker) % len(_workers)
-            jobs.append((d, w, _workers[w].submit(_factor_one, pattern, d)
-                         if np.isfinite(d).all() else None))
-        return [cls(pattern, d, None if job is None else job.result(), w)
-                for d, w, job in jobs]
+        with one_blas_thread():  # (the threads here, not BLAS's, use the cores)
+            for d in rows:
+                w = next(_next_worker) % len(_workers)
+                jobs.append((d, w, _workers[w].submit(_factor_one, pattern, d)
+                             if np.isfinite(d).all() else None))
+            return [cls(pattern, d, None if job is None else job.result(), w)
+                    for d, w, job in jobs]
 
     def get_rcond(self, pattern, data: np.ndarray, lu) -> float:
         """The condition estimate, computed once; `lu` is this factor's

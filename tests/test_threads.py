@@ -1,0 +1,70 @@
+"""Host work caps BLAS at one thread while it runs (`sciad.solvers._threads`)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import scipy.sparse as sp
+import threadpoolctl
+
+from sciad.graph._types import Pattern
+from sciad.solvers import _sparse_direct, _threads
+
+
+def _blas_threads() -> set[int]:
+    return {i["num_threads"] for i in threadpoolctl.threadpool_info()
+            if i["user_api"] == "blas"}
+
+
+def test_cap_is_reentrant_and_restores_the_setting():
+    before = _blas_threads()
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        with _threads.one_blas_thread():
+            assert _blas_threads() == {1} and _threads.active()
+            with _threads.one_blas_thread():  # nested: still capped
+                assert _blas_threads() == {1}
+            assert _blas_threads() == {1}  # the inner exit keeps the outer cap
+        assert _blas_threads() == {2} and not _threads.active()
+    assert _blas_threads() == before
+
+
+def test_overlapping_threads_share_one_cap():
+    entered, release = threading.Barrier(3), threading.Event()
+    seen = []
+
+    def work():
+        with _threads.one_blas_thread():
+            entered.wait()
+            release.wait()
+            seen.append(_blas_threads())
+
+    before = _blas_threads()
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    entered.wait()
+    assert _blas_threads() == {1}
+    release.set()
+    for t in threads:
+        t.join()
+    assert seen == [{1}, {1}]  # the first to leave did not lift the other's cap
+    assert _blas_threads() == before
+
+
+def test_factorizations_run_capped(monkeypatch):
+    a = sp.csr_matrix(sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(6, 6)))
+    pattern = Pattern(a.shape, a.indptr, a.indices)
+    inside = []
+    real = _sparse_direct._factor_one
+
+    def spy(pattern, d):
+        inside.append(_threads.active())
+        return real(pattern, d)
+
+    monkeypatch.setattr(_sparse_direct, "_factor_one", spy)
+    made = _sparse_direct._Factored.make_many(pattern, [a.data, 2 * a.data])
+    assert inside == [True, True] and not _threads.active()
+    x = made[0].lu.solve(np.ones(6), trans="T")
+    np.testing.assert_allclose(a @ x, np.ones(6), atol=1e-12)
+    _sparse_direct._drop_on_worker(made)
