@@ -115,12 +115,13 @@ class Structure:
         return out + [(self.n_coarse, self.n_coarse ** 2, 0)]
 
     def apply_flops(self) -> float:
-        """FLOPs of one V-cycle: per smoothed level, three products with `A_l`
-        (two sweeps, one residual), one with `P` and one with `P^T`, and the
-        vector updates; the coarsest, a dense product."""
+        """FLOPs of one V-cycle: per smoothed level, two products with `A_l`
+        (the residuals after the pre-smoothing from zero and before the
+        post-smoothing), one with `P` and one with `P^T`, and the vector
+        updates; the coarsest, a dense product."""
         f = 0.0
         for lv in self.levels:
-            f += 2.0 * (3 * lv.cols.size + 2 * lv.p_cols.size) + 8.0 * lv.n
+            f += 2.0 * (2 * lv.cols.size + 2 * lv.p_cols.size) + 6.0 * lv.n
         return f + 2.0 * self.n_coarse ** 2
 
     def nbytes(self, itemsize: int) -> int:
