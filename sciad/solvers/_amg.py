@@ -46,6 +46,10 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.sparse as sp
+from pyamg.aggregation import standard_aggregation
+from pyamg.util.linalg import approximate_spectral_radius
+from threadpoolctl import ThreadpoolController
 
 from ..errors import NotSupportedError, SingularMatrixError
 from ._host import host_call
@@ -134,16 +138,11 @@ class Structure:
 
 
 def _csr_ones(n, m, indptr, cols):
-    import scipy.sparse as sp
-
     return sp.csr_matrix((np.ones(len(cols)), cols, indptr), shape=(n, m))
 
 
 def _aggregate(a):
     """`(T, nc)`: the tentative prolongator of the 0/1 matrix `a`'s pattern."""
-    import scipy.sparse as sp
-    from pyamg.aggregation import standard_aggregation
-
     n = a.shape[0]
     c = (a + a.T).tocsr()
     c.setdiag(0)
@@ -248,8 +247,6 @@ def setup_count() -> int:
 def _thread_limit():
     global _controller
     if _controller is None:
-        from threadpoolctl import ThreadpoolController
-
         _controller = ThreadpoolController()
     return _controller.limit(limits=SETUP_THREADS)
 
@@ -280,9 +277,6 @@ def _dense_inverse(c: np.ndarray) -> np.ndarray:
 
 
 def _build_one(s: Structure, d: np.ndarray) -> tuple:
-    import scipy.sparse as sp
-    from pyamg.util.linalg import approximate_spectral_radius
-
     weights, ps, values = [], [], []
     if not np.isfinite(d).all():  # the solve's checks report it: no setup
         return None
