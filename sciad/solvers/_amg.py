@@ -49,11 +49,11 @@ import numpy as np
 import scipy.sparse as sp
 from pyamg.aggregation import standard_aggregation
 from pyamg.util.linalg import approximate_spectral_radius
-from threadpoolctl import ThreadpoolController
 
 from ..errors import NotSupportedError, SingularMatrixError
 from ._host import host_call
 from ._iterative import AbstractPreconditioner
+from ._threads import one_blas_thread
 
 #: the coarsest level is solved by a dense inverse once it has at most this
 #: many unknowns (pyamg's default is 10; a dense product of a few hundred
@@ -68,11 +68,6 @@ MAX_DENSE = 4096
 MAX_CACHED = 4
 #: patterns whose aggregation is kept
 MAX_PATTERNS = 8
-#: BLAS threads a host setup may use (it runs inside XLA's callback, next to
-#: the program's own threads)
-SETUP_THREADS = 1
-
-
 @dataclass(frozen=True, eq=False)
 class _Level:
     """One smoothed level: its matrix's pattern (`rows`, `cols`, CSR
@@ -235,20 +230,12 @@ def structure(pattern) -> Structure:
 _setups = 0
 _cache: OrderedDict = OrderedDict()
 _cache_lock = threading.Lock()
-_controller = None
 
 
 def setup_count() -> int:
     """How many hierarchies the host has built (not found in its cache) since
     the process started: for tests and benchmarks."""
     return _setups
-
-
-def _thread_limit():
-    global _controller
-    if _controller is None:
-        _controller = ThreadpoolController()
-    return _controller.limit(limits=SETUP_THREADS)
 
 
 def _scatter(m, n_cols: int, indptr, cols) -> np.ndarray:
@@ -322,7 +309,7 @@ def _setup_one(s: Structure, d: np.ndarray, dtype) -> tuple:
         if hit is not None and hit[0] is s:
             _cache.move_to_end(key)
             return hit[1]
-    with _thread_limit():
+    with one_blas_thread():
         arrays = _build_one(s, d)
     if arrays is None:
         arrays = tuple(np.zeros(shape, dtype) for shape, _ in s.layout(dtype))
