@@ -364,3 +364,19 @@ def test_one_symbolic_analysis_per_pattern(rng):
     sd.function(lambda d, b: 2 * sd.linalg.solve(_csr(M)(d), b, solver="klu"))(M.data,
                                                                               np.ones(9))
     assert _klu_ffi.cached_patterns() == before + 1
+
+
+def test_one_compiled_function_called_from_several_threads(rng):
+    """Each call makes and frees its own numeric factors: concurrent calls of
+    one program share none."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    M = _general_csr(rng, 40)
+    g = sd.function(sd.grad(lambda d, b: _loss(d, b, M), argnums=1))
+    bs = rng.standard_normal((8, 40))
+    D = M.toarray()
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda b: np.asarray(g(M.data, b)), list(bs) * 4))
+    for b, out in zip(list(bs) * 4, outs):
+        np.testing.assert_allclose(out, np.linalg.solve(D.T, 2 * np.linalg.solve(D, b)),
+                                   rtol=1e-9)
