@@ -50,6 +50,11 @@ class AbstractLinearSolver:
         wins); None: "auto" never picks it (it may still be asked for)."""
         return None
 
+    def preference_for(self, pattern, *, matrix: str, tags: frozenset, dtype) -> float | None:
+        """`preference` for a sparse matrix on `pattern` (None: unknown); a
+        solver whose speed depends on the pattern overrides it."""
+        return self.preference(matrix=matrix, tags=tags, dtype=dtype)
+
     def rejects(self, *, matrix: str, dtype, tags: frozenset, shown: str = ""):
         """Why this solver cannot solve such a system: `(exception class,
         message)`, or None where it can. `shown`: the matrix's type as the
@@ -79,6 +84,10 @@ class AbstractDirectSolver(AbstractLinearSolver):
       handle), freed by the last solve that reads it (`uses`).
     - `host_checks`: its factorization and solves are checked in its own host
       calls (`report` callbacks), not measured in the program.
+    - `frees_factor`: its factor holds resources the program makes and must
+      release (compiled handles): `factor` makes them only when given `uses`
+      (all readers in the program that factors), and `release(factor,
+      after)` frees them once the values `after` are computed.
     - `breakdown`: the exception class and message of a failed factorization,
       and the extra fields the exception carries.
     """
@@ -87,6 +96,7 @@ class AbstractDirectSolver(AbstractLinearSolver):
     sparse: bool = False
     held_on_host: bool = False
     host_checks: bool = False
+    frees_factor: bool = False
     breakdown = (SingularMatrixError,
                  "the matrix is singular: the factorization found a zero pivot.",
                  {"rcond": 0.0})
@@ -100,6 +110,11 @@ class AbstractDirectSolver(AbstractLinearSolver):
         on `pattern`), a tuple of arrays. A `host_checks` solver calls
         `report(**status)` on the host (it may raise); `uses`: the number of
         solves that will read a factor held on the host."""
+        raise NotImplementedError
+
+    def release(self, factor, after) -> None:
+        """A `frees_factor` solver: frees what `factor` holds, after the values
+        `after` (a list of JAX arrays) are computed."""
         raise NotImplementedError
 
     def solve(self, factor, a, b, *, pattern=None, transpose: bool = False, **checks):
@@ -166,11 +181,12 @@ def names_for(matrix: str) -> tuple[str, ...]:
     return tuple(r.name for r in records() if matrix in r.matrices)
 
 
-def choose(*, matrix: str, tags: frozenset, dtype):
-    """The record "auto" picks: the most preferred applicable one."""
+def choose(*, matrix: str, tags: frozenset, dtype, pattern=None):
+    """The record "auto" picks: the most preferred applicable one (for a
+    sparse matrix, given its `pattern`, as the records measured it)."""
     best, score = None, None
     for r in records():
-        s = r.preference(matrix=matrix, tags=tags, dtype=dtype)
+        s = r.preference_for(pattern, matrix=matrix, tags=tags, dtype=dtype)
         if s is not None and r.rejects(matrix=matrix, dtype=dtype, tags=tags) is None \
                 and (score is None or s > score):
             best, score = r, s
@@ -178,9 +194,10 @@ def choose(*, matrix: str, tags: frozenset, dtype):
     return best
 
 
-def resolve(name, *, matrix: str, tags: frozenset, dtype, op: str | None = None):
+def resolve(name, *, matrix: str, tags: frozenset, dtype, op: str | None = None,
+            pattern=None):
     """The record a solve asks for: `choose`'s if `name` is "auto", else the
     registered one (an unknown name raises `InvalidOptionError`)."""
     if name == "auto":
-        return choose(matrix=matrix, tags=tags, dtype=dtype)
+        return choose(matrix=matrix, tags=tags, dtype=dtype, pattern=pattern)
     return lookup(name, "linear", op=op)
