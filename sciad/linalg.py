@@ -169,8 +169,11 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
       on a GPU), a direct
       solver (`"lu"`, `"cholesky"` dense; `"splu"`, `"spsolve"` sparse), or an
       iterative one (`"cg"` for symmetric positive definite, `"gmres"`,
-      `"bicgstab"`). The choice is a param of the `linalg.solve` node, so it
-      shows in the printed graph.
+      `"bicgstab"`). `"amg"` is short for an iterative solve preconditioned by
+      algebraic multigrid (a sparse matrix): `"cg"` with
+      `preconditioner="amg"` where `A` is tagged or assumed `"spd"`, else
+      `"gmres"` with it. The choice is a param of the `linalg.solve` node,
+      so it shows in the printed graph.
     - `assume`: a structure you vouch for, as in SciPy: `"symmetric"`,
       `"spd"` (`"pos"`), `"hermitian"`, or `"general"`. It adds to `A`'s own
       tags. It is checked when the program runs (symmetry to `sqrt(eps)`
@@ -178,9 +181,13 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
       the values contradict raises `StructureError`.
     - `tol`, `atol`, `maxiter`, `preconditioner`: for iterative solvers: the
       relative and absolute tolerance on the residual (`tol` defaults to
-      1e-10 in float64 and 1e-5 in float32), the iteration limit, and
-      `"jacobi"` for a diagonal preconditioner. The adjoint solve uses the
-      same settings with the transposed operator.
+      1e-10 in float64 and 1e-5 in float32), the iteration limit, and the
+      preconditioner: `"jacobi"` (diagonal) or `"amg"` (smoothed-aggregation
+      algebraic multigrid, one V-cycle per step, for a sparse matrix; its
+      hierarchy is built on the host once per matrix values, see the guide
+      "Linear solves"). The adjoint solve uses the same settings with the
+      transposed operator (and the same preconditioner, transposed), and
+      meets the same tolerance.
     - `throw`: with `False`, a failed solve raises nothing: the result is
       `(x, SolveInfo(converged, residual, rcond, backward_error))`, measured
       with one more product `A @ x` and, for a direct solve, a condition
@@ -222,6 +229,12 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
         r = A.matvec(x) - b if len(x.shape) == 1 else None
         return x, _info(r, b, x, None, None, tol if tol is not None else 1e-10, atol)
     A, b, tags, sparse, dtype = _prepare(A, snp.asarray(b), assume, op)
+    if solver == "amg":  # shorthand: a Krylov method preconditioned by AMG
+        if preconditioner not in (None, "amg"):
+            raise InvalidOptionError(f"solver='amg' is preconditioned by 'amg', got "
+                                     f"preconditioner={preconditioner!r}; name a Krylov "
+                                     "solver ('cg', 'gmres') to use another.", op=op)
+        solver, preconditioner = "cg" if "spd" in tags else "gmres", "amg"
     record, params = solve_params(sparse, A.type.pattern if sparse else None, tags, dtype,
                                   solver, tol=tol, atol=atol, maxiter=maxiter,
                                   preconditioner=preconditioner, op=op)

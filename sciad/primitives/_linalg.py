@@ -76,7 +76,6 @@ from ._elementwise import unary_primitives
 from ._map import columns_rule, map_rule, on_devices, reader_nodes
 from ._sparse import sparse_matmul_p, sparse_sddmm_p
 
-PRECONDITIONERS = ("jacobi",)
 ASSUME = ("symmetric", "spd")
 
 
@@ -454,14 +453,13 @@ def _solve_shape(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol
         if maxiter is not None and maxiter < 1:
             raise InvalidOptionError(f"`maxiter` must be positive, got {maxiter}.",
                                      op="linalg.solve")
-        if preconditioner not in (None,) + PRECONDITIONERS:
-            raise InvalidOptionError(f"unknown preconditioner {preconditioner!r}; choose one of "
-                                     f"{PRECONDITIONERS}.", op="linalg.solve")
-        if preconditioner == "jacobi" and isinstance(a, SparseType) and \
-                np.any(a.pattern.diagonal_positions() < 0):
-            raise SingularMatrixError(
-                "the Jacobi preconditioner needs every diagonal entry stored; "
-                f"{a.str_short()} lacks some.", op="linalg.solve")
+        if preconditioner is not None:
+            pre = lookup(preconditioner, "preconditioner", op="linalg.solve",
+                         what="preconditioner")
+            why = pre.rejects(matrix="sparse" if isinstance(a, SparseType) else "dense",
+                              pattern=pattern, shown=a.str_short())
+            if why is not None:
+                raise why[0](why[1], op="linalg.solve")
     elif (rtol, atol, maxiter, preconditioner) != (None, None, None, None):
         raise InvalidOptionError(f"the direct solver {solver!r} takes no tolerances, `maxiter` or "
                                  "preconditioner.", op="linalg.solve")
@@ -478,17 +476,21 @@ def judge_krylov(site, *, dtype, solver: str, rtol: float, atol: float, maxiter,
         site.fail(NonFiniteError, "the right-hand side holds NaN or infinite values.")
     if not np.all(converged):
         res, its = float(residual), int(iterations)
+        # (CG breaks down on an indefinite or nonsymmetric matrix, or with a
+        # preconditioner that is not spd: the residual check catches it)
+        hint = (" CG needs a symmetric positive definite matrix (and preconditioner): for an "
+                "indefinite or nonsymmetric one use solver='gmres'." if solver == "cg" else "")
         site.fail(ConvergenceError,
                   f"{solver} did not converge: relative residual {res:.3e} after {its} "
-                  f"iterations (rtol={rtol:g}, atol={atol:g}, maxiter={maxiter}).",
+                  f"iterations (rtol={rtol:g}, atol={atol:g}, maxiter={maxiter})." + hint,
                   residual=res, iterations=its, tolerance=float(rtol))
 
 
-def _iterative_solve(matvec, a, b, *, solver, pattern, rtol, atol, maxiter, inv_diag,
+def _iterative_solve(matvec, a, b, *, solver, pattern, rtol, atol, maxiter, precond,
                      throw, assume, site):
     x, ok, rel, steps = solvers.iterative.solve(
         matvec, b, method=lookup(solver, "linear"), rtol=rtol, atol=atol, maxiter=maxiter,
-        inv_diag=inv_diag)
+        precond=precond)
     if not throw:
         return x
     extra = {}
@@ -502,18 +504,24 @@ def _iterative_solve(matvec, a, b, *, solver, pattern, rtol, atol, maxiter, inv_
                         iterations=steps, **extra))
 
 
+def _apply_preconditioner(pre, state, a, v, *, pattern, transpose):
+    return pre.apply(state, a, v, pattern=pattern, transpose=transpose)
+
+
 @linalg_solve_p.def_impl
 def _solve_impl(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=None,
                 maxiter=None, preconditioner=None, throw=True, assume=None, site=None):
     site = site or Site("linalg.solve")
     if not lookup(solver, "linear").direct:
-        inv_diag = None
-        if preconditioner == "jacobi":
-            diag = a[pattern.diagonal_positions()] if pattern is not None else jnp.diagonal(a)
-            inv_diag = 1.0 / diag
+        precond = None
+        if preconditioner is not None:  # (its record: set up once, applied every step)
+            pre = lookup(preconditioner, "preconditioner")
+            state = pre.setup(a, pattern=pattern)
+            precond = functools.partial(_apply_preconditioner, pre, state, a,
+                                        pattern=pattern, transpose=transpose)
         return _iterative_solve(_matvec(a, pattern, transpose), a, b, solver=solver,
                                 pattern=pattern, rtol=rtol, atol=atol, maxiter=maxiter,
-                                inv_diag=inv_diag, throw=throw, assume=assume, site=site)
+                                precond=precond, throw=throw, assume=assume, site=site)
     factor = _make_factor(a, solver=solver, pattern=pattern, assume=assume, throw=throw,
                           uses=1, site=site)
     return _solve_with(factor, a, b, solver=solver, pattern=pattern, transpose=transpose,
@@ -824,7 +832,7 @@ def _solve_operator_impl(*args, body, solver, rtol, atol, maxiter=None, transpos
     else:
         mv = matvec
     return _iterative_solve(mv, None, b, solver=solver, pattern=None, rtol=rtol, atol=atol,
-                            maxiter=maxiter, inv_diag=None, throw=throw, assume=None,
+                            maxiter=maxiter, precond=None, throw=throw, assume=None,
                             site=site or Site("linalg.solve_operator"))
 
 
@@ -933,10 +941,13 @@ def _rhs(b, n: int) -> int:
     return max(size(b.type) // max(n, 1), 1)
 
 
-def _iteration_flops(solver: str, b, pattern) -> float:
+def _iteration_flops(solver: str, b, pattern, preconditioner=None) -> float:
     n = b.type.shape[0]
     matvec = 2.0 * (pattern.nnz if pattern is not None else n * n)
-    return lookup(solver, "linear").iteration_flops(n, matvec) * _rhs(b, n)
+    per = lookup(solver, "linear").iteration_flops(n, matvec)
+    if preconditioner is not None:
+        per += lookup(preconditioner, "preconditioner").apply_flops(n, pattern)
+    return per * _rhs(b, n)
 
 
 @linalg_factor_p.def_cost
@@ -958,8 +969,14 @@ def _solve_cost(node, body):
     a, b = node.inputs
     n = a.type.shape[0]
     if not lookup(p["solver"], "linear").direct:
-        per = _iteration_flops(p["solver"], b, p.get("pattern"))
-        return Cost(per, 0, f"per iteration ({_si(per)})")
+        per = _iteration_flops(p["solver"], b, p.get("pattern"), p.get("preconditioner"))
+        note = f"per iteration ({_si(per)})"
+        temp = 0
+        if p.get("preconditioner") is not None:  # its state: set up once per solve
+            pre = lookup(p["preconditioner"], "preconditioner")
+            temp = pre.setup_bytes(n, p.get("pattern"), a.type.dtype)
+            note += f"; {pre.describe(n, p.get('pattern'), a.type.dtype)}"
+        return Cost(per, temp, note)
     f = FactorType(a.type.shape, a.type.dtype, p["solver"], p.get("pattern"))
     return Cost(_factor_flops(n, p["solver"], p.get("pattern"))
                 + _per_rhs(n, p["solver"], p.get("pattern")) * _rhs(b, n), nbytes(f))

@@ -7,19 +7,23 @@ returns its result together with what a caller needs to detect failure
 primitives' business.
 
 Adding a solver: one file with its record (an `AbstractDirectSolver` or
-`AbstractIterativeSolver` of `_linear`, a root method of `_root_methods`)
-and one `register(...)` line below.
+`AbstractIterativeSolver` of `_linear`, a root method of `_root_methods`, a
+preconditioner, `AbstractPreconditioner` of `_iterative`) and one
+`register(...)` line below.
 """
 
+from . import _amg as amg
 from . import _dense as dense
 from . import _iterative as iterative
 from . import _sparse_direct as sparse_direct
+from ._amg import AMG
 from ._anderson import Anderson
 from ._bicgstab import BiCGStab
 from ._cg import CG
 from ._cholesky import Cholesky
 from ._chord import Chord
 from ._gmres import GMRES
+from ._jacobi import Jacobi
 from ._jacobian_dense import DenseJacobian
 from ._jacobian_gmres import GMRESJacobian
 from ._jacobian_sparse import SparseJacobian
@@ -40,6 +44,10 @@ register(CG())
 register(GMRES())
 register(BiCGStab())
 
+# preconditioners of the iterative solvers (`linalg.solve`'s `preconditioner`)
+register(Jacobi())
+register(AMG())
+
 # root methods (and the names `sd.optimize.root` / `fixed_point` take for them)
 register(Newton())
 register(Chord())
@@ -52,5 +60,5 @@ register(SparseJacobian())
 register(DenseJacobian())
 register(GMRESJacobian())
 
-__all__ = ["dense", "iterative", "sparse_direct", "lookup", "names", "records", "register",
+__all__ = ["amg", "dense", "iterative", "sparse_direct", "lookup", "names", "records", "register",
            "unregister"]

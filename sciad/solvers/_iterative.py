@@ -1,6 +1,7 @@
 """The machinery of the Krylov solvers on a matrix-free `matvec` (the records
 `_cg.py` and `_gmres.py`, through lineax, and `_bicgstab.py`), each with an
-optional Jacobi (diagonal) preconditioner.
+optional preconditioner: any linear `v -> M^-1 v` (the records of the
+"preconditioner" family, `AbstractPreconditioner`: `_jacobi.py`, `_amg.py`).
 
 `solve` returns `(x, converged, relative_residual, steps)`; it never raises.
 Converged means `||A x - b||_2 <= rtol ||b||_2 + atol` with everything
@@ -120,7 +121,8 @@ def lineax_solve(solver_cls, op: Callable, u, rtol: float, tol, maxiter: int, *,
                  tags=(), precond=None):
     """Solves `op(y) = u` to `||u - op(y)||_2 <= tol` with lineax's
     `solver_cls` (`lx.CG`, `lx.GMRES`); returns `(y, steps)`. `tags`: the
-    operator's lineax tags; `precond`: a left preconditioner's diagonal (PSD)."""
+    operator's lineax tags; `precond`: a left preconditioner `v -> M^-1 v`
+    (symmetric positive semidefinite: CG's)."""
     # lineax's test is elementwise, `|r_i| <= atol + rtol |u_i|` for all i
     # (and `|diff_i| <= atol + rtol |y_i|` for its last step). With
     # atol = tol / (2 sqrt(n)) and rtol / 2 the right-hand sides have a 2-norm
@@ -133,24 +135,24 @@ def lineax_solve(solver_cls, op: Callable, u, rtol: float, tol, maxiter: int, *,
     operator = lx.FunctionLinearOperator(op, struct, tags=tags)
     options = {}
     if precond is not None:
-        options["preconditioner"] = lx.TaggedLinearOperator(
-            lx.DiagonalLinearOperator(precond), lx.positive_semidefinite_tag)
+        options["preconditioner"] = lx.FunctionLinearOperator(
+            precond, struct, tags=(lx.positive_semidefinite_tag, lx.symmetric_tag))
     sol = lx.linear_solve(operator, u, solver, options=options, throw=False)
     return sol.value, sol.stats["num_steps"]
 
 
 def _solve_vector(matvec: Callable, b, method, rtol: float, atol: float,
-                  maxiter: int | None, inv_diag):
+                  maxiter: int | None, precond):
     e_b, b_zero = _exponent(b)
     u = b * _pow2(-e_b, b.dtype)
     # GMRES and BiCGStab are preconditioned on the right, `A M z = u` with
     # `y = M z`, so that the residual they test is the true one (lineax's
     # GMRES tests `M r` against a scale made from `b`). CG needs a
     # symmetric preconditioner and takes it on the left.
-    right = None if method.left_preconditioned else inv_diag
+    right = None if method.left_preconditioned else precond
 
     def precondition(z):
-        return z if right is None else right * z
+        return z if right is None else right(z)
 
     e_a, _ = _exponent(matvec(precondition(u)))
     k = _pow2(-e_a, b.dtype)
@@ -161,8 +163,9 @@ def _solve_vector(matvec: Callable, b, method, rtol: float, atol: float,
     unorm = jnp.linalg.norm(u)
     atol_u = atol * _pow2(-e_b, b.dtype)  # inf if it overflows: then any x does
     tol = rtol * unorm + atol_u
-    left = None if not method.left_preconditioned or inv_diag is None \
-        else inv_diag * _pow2(e_a, b.dtype)
+    left = None
+    if method.left_preconditioned and precond is not None:  # ~ (k A)^-1 = A^-1 / k
+        left = lambda v: precond(v) * _pow2(e_a, b.dtype)  # noqa: E731
     z, steps = method.krylov(op, u, rtol, tol, 10 * u.size if maxiter is None else maxiter,
                              left)
     y = precondition(z)
@@ -184,9 +187,11 @@ def _solve_vector(matvec: Callable, b, method, rtol: float, atol: float,
 
 
 def solve(matvec: Callable, b, *, method, rtol: float, atol: float,
-          maxiter: int | None, inv_diag=None):
+          maxiter: int | None, precond: Callable | None = None):
     """Solves `matvec(x) = b` for `b` of shape `(n,)` or `(n, k)` with the
-    Krylov method `method` (an `AbstractIterativeSolver`, or its name)."""
+    Krylov method `method` (an `AbstractIterativeSolver`, or its name);
+    `precond`: `v -> M^-1 v` with `M ~ A` (linear; symmetric positive
+    definite for CG), or None."""
     if isinstance(method, str):
         method = lookup(method, "linear")
     assert not method.direct, f"{method.name!r} is not an iterative solver"
@@ -194,8 +199,52 @@ def solve(matvec: Callable, b, *, method, rtol: float, atol: float,
         zero = jnp.zeros((), b.real.dtype)
         return b, jnp.ones((), bool), zero, jnp.zeros((), jnp.int32)
     if b.ndim == 1:
-        return _solve_vector(matvec, b, method, rtol, atol, maxiter, inv_diag)
+        return _solve_vector(matvec, b, method, rtol, atol, maxiter, precond)
     cols = jax.vmap(lambda col: _solve_vector(matvec, col, method, rtol, atol, maxiter,
-                                              inv_diag), in_axes=1, out_axes=(1, 0, 0, 0))
+                                              precond), in_axes=1, out_axes=(1, 0, 0, 0))
     x, ok, rel, steps = cols(b)
     return x, jnp.all(ok), jnp.max(rel), jnp.max(steps)
+
+
+class AbstractPreconditioner:
+    """A preconditioner: a record registered in the `"preconditioner"` family,
+    named by `linalg.solve`'s `preconditioner` param.
+
+    - `name`: the param's value.
+    - `matrices`: which of "dense", "sparse" it takes (a matrix-free
+      operator takes none).
+    - `where`: where its setup runs, "device" (in the program) or "host".
+    - `rejects(matrix=, pattern=, shown=)`: why it cannot precondition such
+      a matrix, `(exception class, message)`, or None (asked at trace time).
+    - `setup(a, pattern=)`: its state (a tuple of arrays) from the matrix's
+      values `a` (dense, or on `pattern`), in the program (possibly a host
+      call); the same state serves the transposed solve.
+    - `apply(state, a, v, pattern=, transpose=)`: `M^-1 v` with `M ~ op(A)`,
+      a JAX function, linear in `v`; symmetric positive definite for an spd
+      `A` (CG needs it).
+    - `setup_bytes`, `apply_flops`, `describe`: its cost (`sd.cost`): the
+      memory its state takes, the FLOPs of one application, a note.
+    """
+
+    family = "preconditioner"
+    name: str
+    matrices: frozenset = frozenset({"dense", "sparse"})
+    where: str = "device"
+
+    def rejects(self, *, matrix: str, pattern=None, shown: str = ""):
+        return None
+
+    def setup(self, a, *, pattern=None) -> tuple:
+        raise NotImplementedError
+
+    def apply(self, state, a, v, *, pattern=None, transpose: bool = False):
+        raise NotImplementedError
+
+    def setup_bytes(self, n: int, pattern, dtype) -> int:
+        return 0
+
+    def apply_flops(self, n: int, pattern) -> float:
+        return 0.0
+
+    def describe(self, n: int, pattern, dtype) -> str:
+        return self.name

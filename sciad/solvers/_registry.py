@@ -6,8 +6,10 @@ is to know about a solver (what it applies to, how it factors and solves,
 where it runs, how it is checked, what it costs); rules and passes look it up
 by the name their node holds (so graphs still print and serialize names) and
 ask it, instead of comparing names. Records come in families: `"linear"`
-(`sciad.solvers._linear`), `"root"` (root methods, `sciad.solvers._root_methods`)
-and `"jacobian"` (how a root method's linear systems are solved).
+(`sciad.solvers._linear`), `"root"` (root methods, `sciad.solvers._root_methods`),
+`"jacobian"` (how a root method's linear systems are solved) and
+`"preconditioner"` (an iterative solve's preconditioner,
+`sciad.solvers._iterative.AbstractPreconditioner`).
 
 Adding a solver is one new file and one `register(...)` line (the built-in
 ones are registered in `sciad/solvers/__init__.py`).

@@ -1,0 +1,443 @@
+"""`"amg"`: a smoothed-aggregation algebraic multigrid preconditioner (pyamg's
+aggregation, a V-cycle in the program) for sparse matrices.
+
+XLA needs static shapes, but a smoothed-aggregation hierarchy's shapes depend
+on the values (strength of connection drops weak entries). So the hierarchy
+is split in two:
+
+- per PATTERN, at trace time (cached): the aggregates of every level, from
+  the pattern alone (every off-diagonal entry is a strong connection, which
+  is pyamg's own default, `symmetric` strength with theta = 0, up to exact
+  zeros): `pyamg.aggregation.standard_aggregation` of the symmetrized
+  pattern, nodes it leaves out made aggregates of their own. The tentative
+  prolongator `T` (constant candidate: `1/sqrt(|aggregate|)`) has no
+  values to learn; `P = (I - w D^-1 A) T` lies on `pattern(A) pattern(T)`
+  and `A_c = P^T A P` on `pattern(P)^T pattern(A) pattern(P)`: these
+  SUPERSET patterns are products of 0/1 matrices (positive, so nothing
+  cancels), computed once. Levels are made until at most `MAX_COARSE`
+  unknowns remain (at most `MAX_LEVELS` levels).
+- per VALUES, on the host (one `host_call`, cached by a digest of the
+  values, so the adjoint solve's setup with the same values is a lookup):
+  the damped-Jacobi weights `w = 4 / (3 rho(D^-1 A))` (pyamg's
+  `approximate_spectral_radius`, from a fixed start vector), `P` and `A_c`
+  by SciPy products, scattered onto the superset patterns (SciPy drops
+  exact zeros: entries are found by their `(row, col)` keys, missing ones
+  are 0), and the coarsest level's dense inverse.
+
+In the program the V-cycle runs on the level matrices as (pattern, values)
+with gather + segment_sum products: one damped Jacobi sweep before and one
+after the coarse correction (`R = P^T`), so the cycle is symmetric, and
+positive definite for an spd `A`, which CG needs. The transposed solve
+uses the same hierarchy with every level operator transposed (the
+hierarchy of `A^T` with the same `P`): the exact transpose of the cycle.
+
+Memory is O(nnz): the level patterns and values (`hierarchy_size`), the
+cache of at most `MAX_CACHED` value sets, and a dense coarsest level of at
+most `MAX_COARSE` unknowns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import NotSupportedError, SingularMatrixError
+from ._host import host_call
+from ._iterative import AbstractPreconditioner
+
+#: the coarsest level is solved by a dense inverse once it has at most this
+#: many unknowns (pyamg's default is 10; a dense product of a few hundred
+#: is cheaper than more levels of gathers)
+MAX_COARSE = 256
+#: the most levels (the coarsest included)
+MAX_LEVELS = 12
+#: a pattern that cannot be coarsened below this (a diagonal matrix) is
+#: refused rather than inverted densely
+MAX_DENSE = 4096
+#: hierarchies (value sets) kept on the host
+MAX_CACHED = 4
+#: patterns whose aggregation is kept
+MAX_PATTERNS = 8
+#: BLAS threads a host setup may use (it runs inside XLA's callback, next to
+#: the program's own threads)
+SETUP_THREADS = 1
+
+
+@dataclass(frozen=True, eq=False)
+class _Level:
+    """One smoothed level: its matrix's pattern (`rows`, `cols`, CSR
+    `indptr`), its prolongator `P` (n x nc) on a superset pattern, and the
+    tentative prolongator `T` (one entry per aggregated row)."""
+
+    n: int
+    indptr: np.ndarray
+    cols: np.ndarray
+    rows: np.ndarray
+    diag: np.ndarray
+    p_indptr: np.ndarray
+    p_cols: np.ndarray
+    p_rows: np.ndarray
+    nc: int
+    t: object  # scipy csr (n x nc)
+
+
+@dataclass(frozen=True, eq=False)
+class Structure:
+    """The value-independent part of a hierarchy: the smoothed levels and the
+    size of the coarsest (solved densely)."""
+
+    levels: tuple
+    coarse: tuple  # (n, indptr, cols) of the coarsest level's pattern
+
+    @property
+    def n_coarse(self) -> int:
+        return self.coarse[0]
+
+    def layout(self, dtype) -> tuple:
+        """`((shape, dtype), ...)` of the arrays the host setup returns: each
+        level's Jacobi weights `w / diag` and `P`'s values, the values of
+        levels 1.., and the coarsest level's dense inverse."""
+        out = [((lv.n,), dtype) for lv in self.levels]
+        out += [((lv.p_cols.size,), dtype) for lv in self.levels]
+        out += [((lv.cols.size,), dtype) for lv in self.levels[1:]]
+        nc = self.n_coarse
+        return tuple(out) + (((nc, nc), dtype),)
+
+    def nnz(self) -> list[tuple[int, int, int]]:
+        """`(n, nnz(A_l), nnz(P_l))` per level (the coarsest: `n^2` dense, no P)."""
+        out = [(lv.n, lv.cols.size, lv.p_cols.size) for lv in self.levels]
+        return out + [(self.n_coarse, self.n_coarse ** 2, 0)]
+
+    def apply_flops(self) -> float:
+        """FLOPs of one V-cycle: per smoothed level, three products with `A_l`
+        (two sweeps, one residual), one with `P` and one with `P^T`, and the
+        vector updates; the coarsest, a dense product."""
+        f = 0.0
+        for lv in self.levels:
+            f += 2.0 * (3 * lv.cols.size + 2 * lv.p_cols.size) + 8.0 * lv.n
+        return f + 2.0 * self.n_coarse ** 2
+
+    def nbytes(self, itemsize: int) -> int:
+        """Bytes of the hierarchy in the program: values and int32 indices of
+        every level, the weights, the dense coarsest level."""
+        b = 0
+        for lv in self.levels:
+            b += (lv.cols.size + lv.p_cols.size) * (itemsize + 8) + lv.n * itemsize
+        return b + self.n_coarse ** 2 * itemsize
+
+
+def _csr_ones(n, m, indptr, cols):
+    import scipy.sparse as sp
+
+    return sp.csr_matrix((np.ones(len(cols)), cols, indptr), shape=(n, m))
+
+
+def _aggregate(a):
+    """`(T, nc)`: the tentative prolongator of the 0/1 matrix `a`'s pattern."""
+    import scipy.sparse as sp
+    from pyamg.aggregation import standard_aggregation
+
+    n = a.shape[0]
+    c = (a + a.T).tocsr()
+    c.setdiag(0)
+    c.eliminate_zeros()
+    c.data[:] = 1.0
+    agg_op, _ = standard_aggregation(c)
+    agg_op = sp.csr_matrix(agg_op)
+    agg = np.full(n, -1, np.int64)
+    rows = np.repeat(np.arange(n), np.diff(agg_op.indptr))
+    agg[rows] = agg_op.indices
+    lone = np.nonzero(agg < 0)[0]  # not aggregated (no neighbours): their own aggregate
+    nc = agg_op.shape[1]
+    agg[lone] = nc + np.arange(lone.size)
+    nc += lone.size
+    size = np.bincount(agg, minlength=nc).astype(np.float64)
+    t = sp.csr_matrix((1.0 / np.sqrt(size[agg]), agg, np.arange(n + 1)), shape=(n, nc))
+    return t, nc
+
+
+def _pattern_of(m):
+    """`(indptr, cols)` of a canonical CSR product of positive matrices."""
+    m = m.tocsr()
+    m.sum_duplicates()
+    m.sort_indices()
+    return m.indptr.astype(np.int64), m.indices.astype(np.int64)
+
+
+def _rows_of(indptr):
+    return np.repeat(np.arange(indptr.size - 1, dtype=np.int64), np.diff(indptr))
+
+
+def _diag_positions(indptr, cols):
+    rows = _rows_of(indptr)
+    pos = np.full(indptr.size - 1, -1, np.int64)
+    on = np.nonzero(rows == cols)[0]
+    pos[rows[on]] = on
+    return pos
+
+
+def build_structure(shape, indptr, indices, max_coarse: int = MAX_COARSE,
+                    max_levels: int = MAX_LEVELS) -> Structure:
+    """The aggregation of the pattern `(shape, indptr, indices)` (see the
+    module docstring)."""
+    n = int(shape[0])
+    indptr = np.asarray(indptr, np.int64)
+    cols = np.asarray(indices, np.int64)
+    levels = []
+    while n > max_coarse and len(levels) + 1 < max_levels:
+        a = _csr_ones(n, n, indptr, cols)
+        t, nc = _aggregate(a)
+        if nc >= n:  # nothing to coarsen (no off-diagonal entries)
+            break
+        tp = t.copy()
+        tp.data[:] = 1.0
+        p_indptr, p_cols = _pattern_of(a @ tp + tp)
+        p = _csr_ones(n, nc, p_indptr, p_cols)
+        c_indptr, c_cols = _pattern_of(p.T @ (a @ p))
+        levels.append(_Level(n, indptr, cols, _rows_of(indptr), _diag_positions(indptr, cols),
+                             p_indptr, p_cols, _rows_of(p_indptr), nc, t))
+        n, indptr, cols = nc, c_indptr, c_cols
+    return Structure(tuple(levels), (n, indptr, cols))
+
+
+_structures: OrderedDict = OrderedDict()
+_structures_lock = threading.Lock()
+
+
+def structure(pattern) -> Structure:
+    """`build_structure` of a sciad `Pattern`, cached per pattern (and the
+    current `MAX_COARSE`, `MAX_LEVELS`)."""
+    key = (pattern, MAX_COARSE, MAX_LEVELS)
+    with _structures_lock:
+        s = _structures.get(key)
+        if s is not None:
+            _structures.move_to_end(key)
+            return s
+    s = build_structure(pattern.shape, pattern.indptr, pattern.indices, MAX_COARSE,
+                        MAX_LEVELS)
+    with _structures_lock:
+        _structures[key] = s
+        while len(_structures) > MAX_PATTERNS:
+            _structures.popitem(last=False)
+    return s
+
+
+# ---------------------------------------------------------------------------
+# the host setup, per values
+
+
+_setups = 0
+_cache: OrderedDict = OrderedDict()
+_cache_lock = threading.Lock()
+_controller = None
+
+
+def setup_count() -> int:
+    """How many hierarchies the host has built (not found in its cache) since
+    the process started: for tests and benchmarks."""
+    return _setups
+
+
+def _thread_limit():
+    global _controller
+    if _controller is None:
+        from threadpoolctl import ThreadpoolController
+
+        _controller = ThreadpoolController()
+    return _controller.limit(limits=SETUP_THREADS)
+
+
+def _scatter(m, n_cols: int, indptr, cols) -> np.ndarray:
+    """The values of the CSR matrix `m` on the superset pattern `(indptr,
+    cols)` (0 where `m` has no entry)."""
+    m = m.tocsr()
+    m.sum_duplicates()
+    keys = _rows_of(m.indptr.astype(np.int64)) * n_cols + m.indices
+    super_keys = _rows_of(indptr) * n_cols + cols
+    pos = np.searchsorted(super_keys, keys)
+    out = np.zeros(cols.size)
+    out[pos] = m.data
+    return out
+
+
+def _dense_inverse(c: np.ndarray) -> np.ndarray:
+    """The coarsest level's inverse; the pseudo-inverse where it is singular
+    (a Neumann problem): the Krylov solve's residual decides either way."""
+    try:
+        inv = np.linalg.inv(c)
+        if np.isfinite(inv).all():
+            return inv
+    except np.linalg.LinAlgError:
+        pass
+    return np.linalg.pinv(c)
+
+
+def _build_one(s: Structure, d: np.ndarray) -> tuple:
+    import scipy.sparse as sp
+    from pyamg.util.linalg import approximate_spectral_radius
+
+    weights, ps, values = [], [], []
+    if not np.isfinite(d).all():  # the solve's checks report it: no setup
+        return None
+    a_vals = d.astype(np.float64)
+    for i, lv in enumerate(s.levels):
+        a = sp.csr_matrix((a_vals, lv.cols, lv.indptr), shape=(lv.n, lv.n))
+        diag = np.where(lv.diag >= 0, a_vals[np.maximum(lv.diag, 0)], 0.0)
+        dinv = np.divide(1.0, diag, out=np.zeros_like(diag), where=diag != 0)
+        da = sp.diags(dinv) @ a
+        start = np.random.default_rng(0).random(lv.n)
+        try:
+            rho = float(approximate_spectral_radius(da, symmetric=False,
+                                                    initial_guess=start))
+        except Exception:  # noqa: BLE001 - a breakdown only weakens the cycle
+            rho = float("nan")
+        w = 4.0 / (3.0 * rho) if np.isfinite(rho) and rho > 0 else 0.0
+        p = (lv.t - w * (da @ lv.t)).tocsr()
+        weights.append(w * dinv)
+        ps.append(_scatter(p, lv.nc, lv.p_indptr, lv.p_cols))
+        ac = (p.T @ (a @ p)).tocsr()
+        if i + 1 < len(s.levels):
+            nxt = s.levels[i + 1]
+            a_vals = _scatter(ac, lv.nc, nxt.indptr, nxt.cols)
+            values.append(a_vals)
+        else:
+            coarse = ac.toarray()
+    if not s.levels:
+        n, indptr, cols = s.coarse
+        coarse = sp.csr_matrix((a_vals, cols, indptr), shape=(n, n)).toarray()
+    return (*weights, *ps, *values, _dense_inverse(coarse))
+
+
+def _setup_one(s: Structure, d: np.ndarray, dtype) -> tuple:
+    """The hierarchy of the values `d` (one matrix), from the cache if it
+    holds them."""
+    global _setups
+    key = (id(s), np.dtype(dtype).str,
+           hashlib.blake2b(np.ascontiguousarray(d).tobytes(), digest_size=16).digest())
+    with _cache_lock:
+        hit = _cache.get(key)
+        if hit is not None and hit[0] is s:
+            _cache.move_to_end(key)
+            return hit[1]
+    with _thread_limit():
+        arrays = _build_one(s, d)
+    if arrays is None:
+        arrays = tuple(np.zeros(shape, dtype) for shape, _ in s.layout(dtype))
+    else:
+        arrays = tuple(np.asarray(x, dtype) for x in arrays)
+    with _cache_lock:
+        _setups += 1
+        _cache[key] = (s, arrays)
+        while len(_cache) > MAX_CACHED:
+            _cache.popitem(last=False)
+    return arrays
+
+
+def setup(a, s: Structure):
+    """The hierarchy of the sparse matrix with values `a` (leading batch axes
+    allowed under `jax.vmap`): one host call, its arrays as `layout` says."""
+    dtype = np.dtype(a.dtype)
+    layout = s.layout(dtype)
+
+    def host(d):
+        if d.ndim == 1:
+            return _setup_one(s, d, dtype)
+        batch = d.shape[:-1]
+        rows = d.reshape((-1, d.shape[-1]))
+        built = [_setup_one(s, r, dtype) for r in rows]
+        return tuple(np.stack([b[i] for b in built]).reshape(batch + shape)
+                     for i, (shape, _) in enumerate(layout))
+
+    return host_call(host, tuple(jax.ShapeDtypeStruct(shape, dt) for shape, dt in layout), a)
+
+
+# ---------------------------------------------------------------------------
+# the V-cycle, in the program
+
+
+def _spmv(vals, rows, cols, n_out, x, transpose=False):
+    if transpose:
+        rows, cols = cols, rows
+    return jax.ops.segment_sum(vals * x[cols], rows, num_segments=n_out,
+                               indices_are_sorted=not transpose)
+
+
+def vcycle(s: Structure, arrays, a, v, *, transpose: bool = False):
+    """One V-cycle from zero for `op(A) x = v` (`op` the transpose if
+    `transpose`): `x ~ op(A)^-1 v`. `a`: the finest level's values."""
+    nl = len(s.levels)
+    weights, ps, values = arrays[:nl], arrays[nl:2 * nl], arrays[2 * nl:3 * nl - 1]
+    cinv = arrays[-1]
+    mats = (a, *values)
+
+    def cycle(level, b):
+        if level == nl:
+            m = cinv.T if transpose else cinv
+            return jnp.matmul(m, b, precision=jax.lax.Precision.HIGHEST)
+        lv = s.levels[level]
+        rows, cols = jnp.asarray(lv.rows, jnp.int32), jnp.asarray(lv.cols, jnp.int32)
+        prow, pcol = jnp.asarray(lv.p_rows, jnp.int32), jnp.asarray(lv.p_cols, jnp.int32)
+        vals, w, p = mats[level], weights[level], ps[level]
+
+        def mat(x):
+            return _spmv(vals, rows, cols, lv.n, x, transpose)
+
+        x = w * b  # pre-smoothing from zero
+        r = b - mat(x)
+        xc = cycle(level + 1, _spmv(p, prow, pcol, lv.nc, r, transpose=True))
+        x = x + _spmv(p, prow, pcol, lv.n, xc)
+        return x + w * (b - mat(x))  # post-smoothing
+
+    return cycle(0, v)
+
+
+class AMG(AbstractPreconditioner):
+    """Smoothed-aggregation algebraic multigrid: one V-cycle per application;
+    its hierarchy built on the host once per matrix values (see the module
+    docstring)."""
+
+    name = "amg"
+    matrices = frozenset({"sparse"})
+    where = "host"
+
+    def rejects(self, *, matrix: str, pattern=None, shown: str = ""):
+        if matrix != "sparse":
+            return NotSupportedError, (
+                f"the 'amg' preconditioner builds its hierarchy from a sparse matrix, got a "
+                f"{matrix} one{f' ({shown})' if shown else ''}; pass an `sd.sparse` matrix, "
+                "or use preconditioner='jacobi'.")
+        if np.any(pattern.diagonal_positions() < 0):
+            return SingularMatrixError, (
+                f"the 'amg' preconditioner smooths with the diagonal, so it needs every "
+                f"diagonal entry stored; {shown or 'the matrix'} lacks some.")
+        s = structure(pattern)
+        if s.n_coarse > MAX_DENSE:
+            return NotSupportedError, (
+                f"the 'amg' preconditioner could not coarsen {shown or 'the matrix'} below "
+                f"{s.n_coarse} unknowns (its pattern has too few off-diagonal entries); "
+                "use preconditioner='jacobi'.")
+        return None
+
+    def setup(self, a, *, pattern):
+        return setup(a, structure(pattern))
+
+    def apply(self, state, a, v, *, pattern, transpose: bool = False):
+        return vcycle(structure(pattern), state, a, v, transpose=transpose)
+
+    def setup_bytes(self, n: int, pattern, dtype) -> int:
+        return structure(pattern).nbytes(np.dtype(dtype).itemsize)
+
+    def apply_flops(self, n: int, pattern) -> float:
+        return structure(pattern).apply_flops()
+
+    def describe(self, n: int, pattern, dtype) -> str:
+        s = structure(pattern)
+        levels = ", ".join(f"{k}/{z}" for k, z, _ in s.nnz())
+        return (f"amg: {len(s.levels) + 1} levels (n/nnz {levels}), "
+                f"V-cycle {s.apply_flops():.3g} flops")

@@ -1,0 +1,38 @@
+"""`"jacobi"`: the diagonal (Jacobi) preconditioner `M = diag(A)`, set up in
+the program from the matrix's values, dense or sparse."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import SingularMatrixError
+from ._iterative import AbstractPreconditioner
+
+
+class Jacobi(AbstractPreconditioner):
+    """`M^-1 v = v / diag(A)` (the same for the transposed solve); symmetric
+    positive definite where the diagonal is positive, as an spd matrix's is."""
+
+    name = "jacobi"
+    matrices = frozenset({"dense", "sparse"})
+
+    def rejects(self, *, matrix: str, pattern=None, shown: str = ""):
+        if matrix == "sparse" and np.any(pattern.diagonal_positions() < 0):
+            return SingularMatrixError, (
+                "the Jacobi preconditioner needs every diagonal entry stored; "
+                f"{shown or 'the matrix'} lacks some.")
+        return None
+
+    def setup(self, a, *, pattern=None):
+        diag = a[pattern.diagonal_positions()] if pattern is not None else jnp.diagonal(a)
+        return (1.0 / diag,)
+
+    def apply(self, state, a, v, *, pattern=None, transpose: bool = False):
+        return state[0] * v
+
+    def setup_bytes(self, n: int, pattern, dtype) -> int:
+        return n * np.dtype(dtype).itemsize
+
+    def apply_flops(self, n: int, pattern) -> float:
+        return float(n)
