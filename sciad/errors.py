@@ -226,12 +226,28 @@ def runtime_error_text(cls: type, message: str, *, op=None, source=None, **extra
     return f"{RUNTIME_MARKER}{json.dumps(doc)}{RUNTIME_END}"
 
 
+# Errors a compiled kernel (an XLA FFI handler sciad calls) raises with its own
+# text, which sciad cannot mark: a fragment of that text -> (class, op, message).
+_KERNEL_ERRORS: dict[str, tuple[type, str | None, str]] = {}
+
+
+def register_kernel_error(fragment: str, cls: type, message: str, *, op=None) -> None:
+    """Makes a JAX runtime error whose text holds `fragment` (a compiled
+    kernel's own failure) re-raise as `cls(message, op=op)` (the kernel's
+    text is appended), as the marked ones do."""
+    _KERNEL_ERRORS[fragment] = (cls, op, message)
+
+
 def runtime_error_from(err: BaseException) -> SciadError | None:
     """The sciad error carried in a JAX runtime error's text, if any."""
     text = str(err)
     i = text.find(RUNTIME_MARKER)
     j = text.find(RUNTIME_END, i)
     if i < 0 or j < 0:
+        for fragment, (cls, op, message) in _KERNEL_ERRORS.items():
+            if fragment in text:
+                line = next(t for t in text.splitlines() if fragment in t).strip()
+                return cls(f"{message} (the kernel said: {line})", op=op)
         return None
     try:
         doc = json.loads(text[i + len(RUNTIME_MARKER):j])

@@ -9,6 +9,7 @@ implementation whose result disagrees with the node's type is an error too
 
 from __future__ import annotations
 
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -64,7 +65,68 @@ class Site:
 _registries: dict[str, dict] = {}
 
 
+class _Scope:
+    """One lowering run: the graph, the node being lowered, and the
+    finalizers registered for the end of the run (`at_end`)."""
+
+    __slots__ = ("graph", "node", "finalizers", "outputs")
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.node: Node | None = None
+        self.finalizers: list = []
+        self.outputs: set | None = None
+
+
+_scopes = threading.local()
+
+
+def _stack() -> list:
+    stack = getattr(_scopes, "stack", None)
+    if stack is None:
+        stack = _scopes.stack = []
+    return stack
+
+
+def at_end(fn: Callable[[list], None]) -> None:
+    """Registers `fn(outputs)` to run when the lowering of the current graph
+    has lowered all its nodes (`outputs`: the JAX values the run returns).
+    A node's implementation releases there what it made for the program
+    (a compiled factorization's handles: `sciad.primitives._linalg`),
+    ordered after every value the run returns. A nested body (a loop's, a
+    branch's, a map's) is lowered by its own run, with its own finalizers.
+    Outside a lowering run, `fn` is never called (nothing is made to last)."""
+    stack = _stack()
+    if stack:
+        stack[-1].finalizers.append(fn)
+
+
+def node_escapes() -> bool:
+    """Whether an output of the node being lowered is an output of the graph
+    being lowered (it then outlives this run: a nested body's result, or the
+    program's). True outside a lowering run."""
+    stack = _stack()
+    if not stack or stack[-1].node is None:
+        return True
+    scope = stack[-1]
+    if scope.outputs is None:
+        scope.outputs = {id(a) for a in scope.graph.outputs}
+    return any(id(v) in scope.outputs for v in scope.node.outputs)
+
+
 class LowerInterpreter(Interpreter):
+    def run(self, *args) -> list:
+        scope = _Scope(self.graph)
+        stack = _stack()
+        stack.append(scope)
+        try:
+            outs = super().run(*args)
+            for fn in scope.finalizers:
+                fn(outs)
+        finally:
+            stack.pop()
+        return outs
+
     def literal(self, lit):
         # implementations receive JAX arrays only (`x.at[...]` and friends)
         return jnp.asarray(lit.value)
@@ -76,6 +138,9 @@ class LowerInterpreter(Interpreter):
             raise MissingRuleError(
                 f"has no implementation, so it cannot be lowered. Define one with "
                 f"`@{prim.name}_p.def_impl`.", op=prim.name, source=node.source)
+        scope = _stack()[-1] if _stack() else None
+        if scope is not None:
+            scope.node = node
         try:
             if prim.runtime_checks:
                 out = impl(*invals, site=Site.of(node), **node.params)

@@ -61,11 +61,12 @@ from ..graph import (Body, Factored, Param, Primitive, Site, SparseType, TensorT
 from ..graph._autodiff import needs_ct, type_of
 from ..graph._body import trace_body
 from ..graph._cost import Cost, _si, nbytes, size, sparse_lu_fill
+from ..graph._lower import at_end, node_escapes
 from ..graph._params import shown_params
 from ..graph._serialize import graph_param_v1, register_v1_migration
 from ..graph._sparsity import along, dense, empty, union
 from ..graph._trace import trace_flat
-from ..graph._types import FactorType, Pattern, register_factor_layout
+from ..graph._types import FactorType, Pattern, holds_tuple, register_factor_layout
 from ..solvers._host import host_call
 from ..solvers._linear import names_for, resolve
 from ..solvers._measures import ratio
@@ -232,12 +233,19 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
                                        tags=tags)
         return record.factor(a, pattern=pattern, uses=uses, assume=assume if throw else None,
                              report=report)
-    if record.sparse:  # (spsolve) checked here, "factored" by every solve
-        f = record.factor(a, pattern=pattern)
+    if record.sparse:  # (spsolve, klu) the matrix checked here, before it is factored
         if throw:
-            f = (tie(f[0], check(judge_matrix, site, dtype=dtype, tags=tags,
-                                 **_matrix_measures(a, pattern, assume))), *f[1:])
-        return tuple(f)
+            a = tie(a, check(judge_matrix, site, dtype=dtype, tags=tags,
+                             **_matrix_measures(a, pattern, assume)))
+        if not record.frees_factor:
+            return tuple(record.factor(a, pattern=pattern))
+        # (klu) compiled handles only where all readers are in this run: freed
+        # at its end, after every value it returns
+        keep = uses is not None and not node_escapes()
+        f = tuple(record.factor(a, pattern=pattern, uses=uses if keep else None))
+        if keep:
+            at_end(lambda outs: record.release(f, outs))
+        return f
     f = record.factor(a)
     ok = record.ok(f)
     measures = dict(singular=~ok, **_matrix_measures(a, None, assume))
@@ -310,13 +318,39 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
     if not record.sparse:
         rcond = rc
     else:  # (spsolve) an estimate costs solves, only where the residual calls for one
-        rcond = jax.lax.cond(
-            _checks_on() | ~(rel <= np.sqrt(eps)) | ~(eta <= tau) | nonfinite,
-            lambda: record.rcond(factor, a, pattern=pattern),
-            lambda: jnp.asarray(np.nan, real))
+        rcond = _where_any(_checks_on() | ~(rel <= np.sqrt(eps)) | ~(eta <= tau) | nonfinite,
+                           lambda f, a: record.rcond(f, a, pattern=pattern),
+                           np.asarray(np.nan, real), tuple(factor), a)
     bad = nonfinite | ~(eta <= tau) | (rcond < eps)
     return tie(x, check(judge_solve, site, when=bad, dtype=dtype, n=n, nonfinite=nonfinite,
                         backward_error=eta, residual=rel, rcond=rcond))
+
+
+def _where_any(pred, fn, fill, *operands):
+    """`fn(*operands)` (a scalar) where `pred`, else `fill`: a `lax.cond`
+    whose predicate, under `jax.vmap`, is whether any example needs `fn`
+    (there a batched predicate makes `lax.cond` a select that runs `fn`, a
+    host factorization for an estimate, for every example; here it runs for
+    the whole batch only where one example needs it)."""
+    leaves, tree = jax.tree_util.tree_flatten(operands)
+
+    def call(*xs):
+        return fn(*jax.tree_util.tree_unflatten(tree, xs))
+
+    @jax.custom_batching.custom_vmap
+    def run(p, *xs):
+        return jax.lax.cond(p, call, lambda *_: jnp.asarray(fill), *xs)
+
+    @run.def_vmap
+    def _rule(axis_size, in_batched, p, *xs):
+        some = jnp.any(p) if in_batched[0] else p
+        axes = [0 if b else None for b in in_batched[1:]]
+        out = jax.lax.cond(
+            some, lambda *ys: jax.vmap(call, in_axes=axes, axis_size=axis_size)(*ys),
+            lambda *_: jnp.full((axis_size,), fill), *xs)
+        return out, True
+
+    return run(jnp.asarray(pred), *leaves)
 
 
 def _rcond_with(factor, a, *, solver, pattern):
@@ -522,8 +556,11 @@ def _solve_impl(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=
         return _iterative_solve(_matvec(a, pattern, transpose), a, b, solver=solver,
                                 pattern=pattern, rtol=rtol, atol=atol, maxiter=maxiter,
                                 precond=precond, throw=throw, assume=assume, site=site)
+    record = lookup(solver, "linear")
+    # (one solve: a factor kept for it alone, or none where the solver
+    # factors and solves in one call)
     factor = _make_factor(a, solver=solver, pattern=pattern, assume=assume, throw=throw,
-                          uses=1, site=site)
+                          uses=None if record.frees_factor else 1, site=site)
     return _solve_with(factor, a, b, solver=solver, pattern=pattern, transpose=transpose,
                        throw=throw, site=site)
 
@@ -567,6 +604,7 @@ def _factor_fit(params, readers, complete) -> dict:
     # is not known: it is then kept until the host store's bound pushes it out)
     params = dict(params)
     devices = on_devices(readers)  # read on several devices: not counted, kept
+    raw = readers
     readers = reader_nodes(readers)
     assumes = [u.params.get("assume") for u in readers if u.primitive.reads_factor]
     assume = max(assumes + [params.pop("assume", None)], key=((None,) + ASSUME).index)
@@ -576,8 +614,15 @@ def _factor_fit(params, readers, complete) -> dict:
     if complete and not any(_raises(u) for u in readers):
         params["throw"] = False
     params.pop("uses", None)
+    record = lookup(params["solver"], "linear")
     # (a factorization kept on the host is freed after its last use)
-    if lookup(params["solver"], "linear").held_on_host and complete and not devices:
+    if record.held_on_host and complete and not devices:
+        params["uses"] = len(readers)
+    # (compiled handles: made where no reader passes the factor on, a loop
+    # reading it included, and not for one solve, which factors itself; the
+    # program that makes them frees them, unless the factor is its output)
+    if record.frees_factor and readers and not devices and not (complete and len(readers) == 1) \
+            and not any(holds_tuple(v.type) for u in raw for v in u.outputs):
         params["uses"] = len(readers)
     return params
 

@@ -27,6 +27,7 @@ from ._jacobi import Jacobi
 from ._jacobian_dense import DenseJacobian
 from ._jacobian_gmres import GMRESJacobian
 from ._jacobian_sparse import SparseJacobian
+from ._klu import KLU
 from ._lu import LU
 from ._newton import Newton
 from ._newton_krylov import NewtonKrylov
@@ -40,6 +41,7 @@ register(LU())
 register(Cholesky())
 register(SuperLU())
 register(SpSolve())
+register(KLU())
 register(CG())
 register(GMRES())
 register(BiCGStab())

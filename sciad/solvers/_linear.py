@@ -79,6 +79,10 @@ class AbstractDirectSolver(AbstractLinearSolver):
       handle), freed by the last solve that reads it (`uses`).
     - `host_checks`: its factorization and solves are checked in its own host
       calls (`report` callbacks), not measured in the program.
+    - `frees_factor`: its factor holds resources the program makes and must
+      release (compiled handles): `factor` makes them only when given `uses`
+      (all readers in the program that factors), and `release(factor,
+      after)` frees them once the values `after` are computed.
     - `breakdown`: the exception class and message of a failed factorization,
       and the extra fields the exception carries.
     """
@@ -87,6 +91,7 @@ class AbstractDirectSolver(AbstractLinearSolver):
     sparse: bool = False
     held_on_host: bool = False
     host_checks: bool = False
+    frees_factor: bool = False
     breakdown = (SingularMatrixError,
                  "the matrix is singular: the factorization found a zero pivot.",
                  {"rcond": 0.0})
@@ -100,6 +105,11 @@ class AbstractDirectSolver(AbstractLinearSolver):
         on `pattern`), a tuple of arrays. A `host_checks` solver calls
         `report(**status)` on the host (it may raise); `uses`: the number of
         solves that will read a factor held on the host."""
+        raise NotImplementedError
+
+    def release(self, factor, after) -> None:
+        """A `frees_factor` solver: frees what `factor` holds, after the values
+        `after` (a list of JAX arrays) are computed."""
         raise NotImplementedError
 
     def solve(self, factor, a, b, *, pattern=None, transpose: bool = False, **checks):

@@ -1,0 +1,236 @@
+"""KLU's compiled kernels (klujax's `klujax_cpp` extension) called through
+XLA's FFI under sciad-owned names, with no Python on the per-call path.
+
+klujax's Python module is not imported: it sets JAX's global configuration
+(`jax_platform_name="cpu"`, x64) when imported. Its nanobind extension
+`klujax_cpp` holds the FFI handlers; they are registered here, once, when
+a KLU solve is first lowered, as `sciad_klu_*` CPU targets.
+
+- Symbolic analysis (`symbolic(pattern)`): KLU's ordering and block
+  structure of a pattern, made eagerly on the host at trace time (the
+  pattern is static) and kept in a per-process cache keyed by the pattern,
+  for the life of the process (O(n + nnz) memory each): a compiled program
+  embeds the raw handle as a constant, and nothing tells when the last
+  program that embeds it is gone.
+- Numeric factors (`factor`): `uint64` handles to KLU numeric objects made
+  by the program; whoever makes them frees them (`free`) in the same
+  program, after every reader (see `sciad.primitives._linalg`). A handle of
+  0 means "no numeric factor": a solve then factors and solves in one call
+  (`solve_with_symbol`, which frees its own factor).
+- Batching: each kernel takes a leading batch axis (`n_lhs` matrices on
+  one pattern); `jax.vmap` of these functions folds its axes into that one
+  (`jax.custom_batching.custom_vmap`), so a batch of matrices is one call.
+
+KLU computes in double precision: float32 and complex64 values are solved
+in float64 / complex128 and cast back. A structurally or numerically
+singular matrix (a zero pivot) makes the factorization fail with the
+message `FACTOR_FAILED`; `sciad.errors` turns it into `SingularMatrixError`.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_batching import custom_vmap
+
+from ..config import x64_scope
+
+#: the text of the FFI error a failed (singular) KLU factorization raises
+FACTOR_FAILED = "klu_factor/z_factor failed"
+
+_KERNELS = ("analyze", "factor_f64", "factor_c128", "solve_with_numeric_f64",
+            "solve_with_numeric_c128", "tsolve_with_numeric_f64", "tsolve_with_numeric_c128",
+            "solve_with_symbol_f64", "solve_with_symbol_c128", "tsolve_with_symbol_f64",
+            "tsolve_with_symbol_c128", "free_numeric")
+
+_lock = threading.Lock()
+_registered = False
+_symbolic: dict = {}  # Pattern -> (KLUSymbolic, raw handle, rows int32, cols int32)
+
+
+def available() -> bool:
+    """Whether klujax's compiled extension can be imported."""
+    try:
+        import klujax_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _register() -> None:
+    global _registered
+    if _registered:
+        return
+    with _lock:
+        if _registered:
+            return
+        import klujax_cpp
+        for name in _KERNELS:
+            jax.ffi.register_ffi_target(f"sciad_klu_{name}", getattr(klujax_cpp, name)(),
+                                        platform="cpu")
+        _registered = True
+
+
+def symbolic(pattern):
+    """`(raw handle, rows, cols)`: the symbolic analysis of `pattern` (made
+    once per pattern per process; see the module docstring) and its entries'
+    row and column indices (int32, row-major: the order of the values)."""
+    got = _symbolic.get(pattern)
+    if got is not None:
+        return got[1:]
+    _register()
+    import klujax_cpp
+    with _lock:
+        got = _symbolic.get(pattern)
+        if got is not None:
+            return got[1:]
+        rows = np.asarray(pattern.rows, np.int32)
+        cols = np.asarray(pattern.indices, np.int32)
+        with x64_scope(), jax.ensure_compile_time_eval(), \
+                jax.default_device(jax.local_devices(backend="cpu")[0]):
+            raw = jax.ffi.ffi_call("sciad_klu_analyze", jax.ShapeDtypeStruct((), jnp.uint64))(
+                rows, cols, np.int32(pattern.shape[1]))
+            raw = int(np.asarray(raw))
+        if raw == 0:
+            raise RuntimeError("KLU's symbolic analysis failed (klu_analyze returned no "
+                               f"object) for the pattern {pattern}.")
+        keep = klujax_cpp.KLUSymbolic(raw)  # (frees the analysis when dropped)
+        _symbolic[pattern] = (keep, raw, rows, cols)
+        return raw, rows, cols
+
+
+def cached_patterns() -> int:
+    """How many symbolic analyses the process holds."""
+    return len(_symbolic)
+
+
+def _suffix(dtype) -> str:
+    return "c128" if np.dtype(dtype).kind == "c" else "f64"
+
+
+def _work_dtype(dtype):
+    return np.dtype(np.complex128 if np.dtype(dtype).kind == "c" else np.float64)
+
+
+def _fold(axis_size, in_batched, args):
+    """custom_vmap's operands with the vmapped axis folded into the kernel's
+    leading one (an unbatched operand broadcast first)."""
+    out = []
+    for a, batched in zip(args, in_batched):
+        if not batched:
+            a = jnp.broadcast_to(a, (axis_size,) + a.shape)
+        out.append(a.reshape((axis_size * a.shape[1],) + a.shape[2:]))
+    return out
+
+
+# --- the kernels on a leading batch axis (n_lhs), as custom_vmap functions ---
+
+
+@functools.lru_cache(maxsize=None)
+def _factor_fn(pattern, kind: str):
+    raw, rows, cols = symbolic(pattern)
+
+    @custom_vmap
+    def f(ax):  # ax: (L, nnz) -> handles (L,)
+        call = jax.ffi.ffi_call(f"sciad_klu_factor_{kind}",
+                                jax.ShapeDtypeStruct(ax.shape[:1], jnp.uint64),
+                                has_side_effect=True)  # (never merged with another: one free each)
+        return call(rows, cols, ax, np.uint64(raw))
+
+    @f.def_vmap
+    def _rule(axis_size, in_batched, ax):
+        (axf,) = _fold(axis_size, in_batched, [ax])
+        return f(axf).reshape(axis_size, -1), True
+
+    return f
+
+
+@functools.lru_cache(maxsize=None)
+def _solve_fn(pattern, kind: str, transpose: bool):
+    raw, rows, cols = symbolic(pattern)
+    t = "t" if transpose else ""
+
+    def with_numeric(h, ax, b):
+        call = jax.ffi.ffi_call(f"sciad_klu_{t}solve_with_numeric_{kind}",
+                                jax.ShapeDtypeStruct(b.shape, b.dtype))
+        return call(np.uint64(raw), h, b)
+
+    def with_symbol(h, ax, b):
+        call = jax.ffi.ffi_call(f"sciad_klu_{t}solve_with_symbol_{kind}",
+                                jax.ShapeDtypeStruct(b.shape, b.dtype))
+        return call(rows, cols, ax, b, np.uint64(raw))
+
+    @custom_vmap
+    def f(h, ax, b):  # h: (L,), ax: (L, nnz), b: (L, n, k) -> x like b
+        # (all handles made here, or none: a 0 handle is never read)
+        return jax.lax.cond(jnp.all(h != 0), with_numeric, with_symbol, h, ax, b)
+
+    @f.def_vmap
+    def _rule(axis_size, in_batched, h, ax, b):
+        hf, axf, bf = _fold(axis_size, in_batched, [h, ax, b])
+        return f(hf, axf, bf).reshape((axis_size, -1) + b.shape[-2:]), True
+
+    return f
+
+
+@custom_vmap
+def _free_fn(h):  # h: (L,) -> an int32 token
+    call = jax.ffi.ffi_call("sciad_klu_free_numeric", jax.ShapeDtypeStruct(h.shape, jnp.int32),
+                            has_side_effect=True)
+    return jnp.sum(call(h)) * 0
+
+
+@_free_fn.def_vmap
+def _free_rule(axis_size, in_batched, h):
+    (hf,) = _fold(axis_size, in_batched, [h])
+    return _free_fn(hf), False
+
+
+# --- one matrix: what the record calls (jax.vmap batches them) ---
+
+
+def factor(pattern, a):
+    """The numeric factorization of the matrix with values `a` (`(nnz,)`) on
+    `pattern`: a `uint64` handle (a scalar), to be freed with `free`."""
+    _register()
+    ax = a.astype(_work_dtype(a.dtype))
+    return _factor_fn(pattern, _suffix(a.dtype))(ax[None])[0]
+
+
+def solve(pattern, handle, a, b, transpose: bool):
+    """`A x = b` (`A^T x = b` if `transpose`, never conjugated) for the matrix
+    with values `a` on `pattern`, `b` of shape `(n,)` or `(n, k)`: with the
+    numeric factor `handle`, or, where it is 0, factoring in the same call."""
+    _register()
+    work = _work_dtype(np.result_type(a.dtype, b.dtype))
+    ax = a.astype(work)
+    bb = b.astype(work)
+    vec = bb.ndim == 1
+    bb = bb[:, None] if vec else bb
+    x = _solve_fn(pattern, _suffix(work), bool(transpose))(
+        jnp.asarray(handle, jnp.uint64)[None], ax[None], bb[None])[0]
+    x = x[:, 0] if vec else x
+    return x.astype(b.dtype)
+
+
+def free(handle, after=()):
+    """Frees the numeric factor `handle` once every array in `after` is
+    computed; returns an int32 zero token (the call is side-effecting, so it
+    runs even where the token is unused).
+
+    The order is a data dependency XLA cannot fold away: the handle is read
+    back from `[handle, handle]` at an index computed from the first entry
+    of every array in `after` (XLA dropped an `optimization_barrier` whose
+    other results were unused, and freed the factor before its solve ran)."""
+    h = jnp.asarray(handle, jnp.uint64)
+    firsts = [jnp.real(x.ravel()[0]).astype(jnp.float64)
+              for x in jax.tree_util.tree_leaves(after)
+              if isinstance(x, (jax.Array, jax.core.Tracer, np.ndarray)) and x.size]
+    if firsts:
+        s = functools.reduce(jnp.add, firsts)
+        h = jnp.stack([h, h])[(s != s).astype(jnp.int32)]
+    return _free_fn(h[None])
