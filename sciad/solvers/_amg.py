@@ -46,6 +46,10 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.sparse as sp
+from pyamg.aggregation import standard_aggregation
+from pyamg.util.linalg import approximate_spectral_radius
+from threadpoolctl import ThreadpoolController
 
 from ..errors import NotSupportedError, SingularMatrixError
 from ._host import host_call
@@ -115,12 +119,13 @@ class Structure:
         return out + [(self.n_coarse, self.n_coarse ** 2, 0)]
 
     def apply_flops(self) -> float:
-        """FLOPs of one V-cycle: per smoothed level, three products with `A_l`
-        (two sweeps, one residual), one with `P` and one with `P^T`, and the
-        vector updates; the coarsest, a dense product."""
+        """FLOPs of one V-cycle: per smoothed level, two products with `A_l`
+        (the residuals after the pre-smoothing from zero and before the
+        post-smoothing), one with `P` and one with `P^T`, and the vector
+        updates; the coarsest, a dense product."""
         f = 0.0
         for lv in self.levels:
-            f += 2.0 * (3 * lv.cols.size + 2 * lv.p_cols.size) + 8.0 * lv.n
+            f += 2.0 * (2 * lv.cols.size + 2 * lv.p_cols.size) + 6.0 * lv.n
         return f + 2.0 * self.n_coarse ** 2
 
     def nbytes(self, itemsize: int) -> int:
@@ -133,16 +138,11 @@ class Structure:
 
 
 def _csr_ones(n, m, indptr, cols):
-    import scipy.sparse as sp
-
     return sp.csr_matrix((np.ones(len(cols)), cols, indptr), shape=(n, m))
 
 
 def _aggregate(a):
     """`(T, nc)`: the tentative prolongator of the 0/1 matrix `a`'s pattern."""
-    import scipy.sparse as sp
-    from pyamg.aggregation import standard_aggregation
-
     n = a.shape[0]
     c = (a + a.T).tocsr()
     c.setdiag(0)
@@ -247,8 +247,6 @@ def setup_count() -> int:
 def _thread_limit():
     global _controller
     if _controller is None:
-        from threadpoolctl import ThreadpoolController
-
         _controller = ThreadpoolController()
     return _controller.limit(limits=SETUP_THREADS)
 
@@ -279,9 +277,6 @@ def _dense_inverse(c: np.ndarray) -> np.ndarray:
 
 
 def _build_one(s: Structure, d: np.ndarray) -> tuple:
-    import scipy.sparse as sp
-    from pyamg.util.linalg import approximate_spectral_radius
-
     weights, ps, values = [], [], []
     if not np.isfinite(d).all():  # the solve's checks report it: no setup
         return None

@@ -1,5 +1,5 @@
 """`"bicgstab"`: BiCGStab for general matrices (`sciad.solvers._iterative.bicgstab`,
-written here for its breakdowns), its Jacobi preconditioner on the right."""
+written here for its breakdowns), its preconditioner (Jacobi, AMG) on the right."""
 
 from __future__ import annotations
 

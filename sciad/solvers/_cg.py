@@ -1,5 +1,5 @@
 """`"cg"`: conjugate gradients (lineax's `CG`) for symmetric positive definite
-matrices, its Jacobi preconditioner on the left (CG needs it symmetric). "auto"'s
+matrices, its preconditioner (Jacobi, AMG) on the left (CG needs it symmetric). "auto"'s
 choice for a matrix-free operator tagged spd."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`"gmres"`: restarted GMRES (lineax's `GMRES`) for general matrices, its
-Jacobi preconditioner on the right (so that the residual it tests is the true
+preconditioner (Jacobi, AMG) on the right (so that the residual it tests is the true
 one). "auto"'s choice for a matrix-free operator not tagged spd."""
 
 from __future__ import annotations

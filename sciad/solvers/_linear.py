@@ -160,8 +160,8 @@ class AbstractIterativeSolver(AbstractLinearSolver):
 
     def krylov(self, op, u, rtol: float, tol, maxiter: int, precond):
         """Solves `op(y) = u` (`u` of order 1) to `||u - op(y)|| <= tol`;
-        returns `(y, steps)`. `precond`: the left preconditioner's diagonal
-        (a left-preconditioned method only), or None."""
+        returns `(y, steps)`. `precond`: the left preconditioner, a linear
+        `v -> M^-1 v` (a left-preconditioned method only), or None."""
         raise NotImplementedError
 
     def iteration_flops(self, n: int, matvec_flops: float) -> float:
