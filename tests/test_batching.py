@@ -374,7 +374,7 @@ def test_right_hand_sides_against_one_matrix_are_one_factorization(rng, cols):
     np.testing.assert_allclose(sd.graph.evaluate(graph, k, B)[0], loop, rtol=1e-12)
 
 
-@pytest.mark.parametrize("solver", ["splu", "lu", "cg"])
+@pytest.mark.parametrize("solver", ["splu", "klu", "lu", "cg"])
 def test_batch_of_matrices_on_one_pattern_shares_factors_with_its_adjoint(rng, solver):
     K, B = rng.uniform(0.5, 1.5, (4, _N)), rng.standard_normal((4, _N))
     if solver == "lu":

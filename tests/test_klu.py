@@ -300,11 +300,20 @@ def test_a_singular_matrix_raises(rng):
     b = np.ones(8)
     zero = np.zeros_like(M.data)
     f = sd.function(lambda d, b: sd.linalg.solve(_csr(M)(d), b, solver="klu"))
-    with pytest.raises(SingularMatrixError, match="klu"):
-        f(zero, b)
+    # a zero row: found before KLU factors, naming the node and the line
+    one_row = M.data.copy()
+    one_row[M.indptr[2]:M.indptr[3]] = 0.0
     g = sd.function(sd.grad(lambda d, b: _loss(d, b, M), argnums=(0, 1)))
+    for bad in (zero, one_row):
+        with pytest.raises(SingularMatrixError, match="zero pivot") as info:
+            f(bad, b)
+        assert "test_klu.py" in str(info.value)
+        with pytest.raises(SingularMatrixError, match="zero pivot"):
+            g(bad, b)
+    # a zero pivot KLU finds itself: its own error, naming the solver
+    P = sp.csr_array(np.array([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]))
     with pytest.raises(SingularMatrixError, match="klu"):
-        g(zero, b)
+        sd.function(lambda d, b: sd.linalg.solve(_csr(P)(d), b, solver="klu"))(P.data, np.ones(3))
     # numerically singular: the Neumann Laplacian (its rows sum to zero)
     L = _tridiag(8)
     lap = np.where(L.indices == np.repeat(np.arange(8), np.diff(L.indptr)), 2.0, -1.0)
@@ -314,6 +323,9 @@ def test_a_singular_matrix_raises(rng):
         jax.block_until_ready(gl(lap, b))
     with pytest.raises(SingularMatrixError), sd.errors.unwrapped():  # (JAX's own dispatch)
         jax.block_until_ready(jax.jit(jax.grad(sd.to_jax(lambda d: _loss(d, b, M))))(zero))
+    with pytest.raises(SingularMatrixError, match="klu"), sd.errors.unwrapped():
+        jax.block_until_ready(jax.jit(jax.grad(sd.to_jax(
+            lambda d: snp.sum(sd.linalg.solve(_csr(P)(d), np.ones(3), solver="klu")))))(P.data))
     # still usable afterwards
     np.testing.assert_allclose(np.asarray(f(M.data, b)), np.linalg.solve(M.toarray(), b),
                                rtol=1e-10)

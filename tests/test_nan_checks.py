@@ -104,7 +104,8 @@ def test_spsolve_of_a_singular_matrix_raises_instead_of_nan(case):
 @pytest.mark.parametrize("checks", [False, True])
 @pytest.mark.parametrize("solver, error", [
     ("spsolve", SingularMatrixError), ("splu", SingularMatrixError),
-    ("lu", SingularMatrixError), ("cholesky", NotPositiveDefiniteError),
+    ("klu", SingularMatrixError), ("lu", SingularMatrixError),
+    ("cholesky", NotPositiveDefiniteError),
     ("cg", ConvergenceError), ("gmres", ConvergenceError), ("bicgstab", ConvergenceError)])
 @pytest.mark.parametrize("case", sorted(SINGULAR))
 def test_every_solver_raises_on_the_singular_systems(case, solver, error, checks):

@@ -54,11 +54,11 @@ def _poisson(n):
 #    test_to_jax.py); here the flagship-like cases that were wrong
 
 
-@pytest.mark.parametrize("solver", [pytest.param("lu", marks=pytest.mark.slow), "splu",
+@pytest.mark.parametrize("solver", [pytest.param("lu", marks=pytest.mark.slow), "splu", "klu",
                                     pytest.param("spsolve", marks=pytest.mark.slow)])
 def test_to_jax_gradients_through_solves(rng, solver):
     n = 6
-    sparse = solver in ("splu", "spsolve")
+    sparse = solver in ("splu", "klu", "spsolve")
     M = _poisson(n)
     b = rng.standard_normal(n)
 
@@ -128,7 +128,7 @@ def test_flagship_objective_moves_under_a_jax_optimizer():
 # 1. numerically singular systems raise (and so do their gradients)
 
 
-@pytest.mark.parametrize("solver", ["splu", "spsolve", "lu"])
+@pytest.mark.parametrize("solver", ["splu", "klu", "spsolve", "lu"])
 def test_numerically_singular_system_raises(rng, solver):
     n = 40
     M = _neumann(rng, n)

@@ -5,9 +5,11 @@ derivatives, factor sharing, checks and cost, and then removed again."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 import sciad as sd
 from sciad import solvers
@@ -108,7 +110,14 @@ def test_auto_asks_the_records():
     assert choose(matrix="dense", tags=frozenset({"spd", "symmetric"}), dtype=f64).name \
         == "cholesky"
     assert choose(matrix="dense", tags=frozenset({"spd"}), dtype=c128).name == "cholesky"
-    assert choose(matrix="sparse", tags=frozenset({"spd"}), dtype=f64).name == "splu"
+    # (on the CPU: KLU, compiled, up to 40,000 unknowns; SuperLU above)
+    sparse = "klu" if jax.default_backend() == "cpu" else "splu"
+    assert choose(matrix="sparse", tags=frozenset({"spd"}), dtype=f64).name == sparse
+    T = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], (240, 240))
+    L = sp.csr_array(sp.kron(T, sp.eye(240)) + sp.kron(sp.eye(240), T))
+    L.sort_indices()
+    big = sd.graph.Pattern(L.shape, L.indptr, L.indices)  # (2-D, 57,600 unknowns)
+    assert choose(matrix="sparse", tags=frozenset(), dtype=f64, pattern=big).name == "splu"
     assert choose(matrix="operator", tags=frozenset({"spd"}), dtype=f64).name == "cg"
     assert choose(matrix="operator", tags=frozenset(), dtype=f64).name == "gmres"
 

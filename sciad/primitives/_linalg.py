@@ -174,6 +174,16 @@ def _matrix_measures(a, pattern, assume) -> dict:
     return out
 
 
+def _zero_line(a, pattern):
+    """Whether a row or a column of the sparse matrix with values `a` holds
+    only zeros (or NaN): a singular matrix."""
+    mag = jnp.abs(a)
+    n, m = pattern.shape
+    rows = jax.ops.segment_max(mag, jnp.asarray(pattern.rows), n)
+    cols = jax.ops.segment_max(mag, jnp.asarray(pattern.indices), m)
+    return ~(jnp.all(rows > 0) & jnp.all(cols > 0))
+
+
 def _norm_inf(a, pattern, transpose: bool):
     """`||op(a)||_inf` from the values."""
     if pattern is None:
@@ -235,14 +245,23 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
                              report=report)
     if record.sparse:  # (spsolve, klu) the matrix checked here, before it is factored
         if throw:
-            a = tie(a, check(judge_matrix, site, dtype=dtype, tags=tags,
-                             **_matrix_measures(a, pattern, assume)))
+            measures = _matrix_measures(a, pattern, assume)
+            judge = judge_matrix
+            if record.frees_factor:
+                # (klu) a zero row or column, said here with the node and line
+                # (KLU's own zero-pivot error, which stops the program, cannot)
+                measures["singular"] = _zero_line(a, pattern)
+                judge = functools.partial(judge_factor, solver=solver)
+            tok = check(judge, site, dtype=dtype, tags=tags, **measures)
+            a = tie(a, tok)
         if not record.frees_factor:
             return tuple(record.factor(a, pattern=pattern))
         # (klu) compiled handles only where all readers are in this run: freed
         # at its end, after every value it returns
         keep = uses is not None and not node_escapes()
         f = tuple(record.factor(a, pattern=pattern, uses=uses if keep else None))
+        if throw:  # (the solves wait for the checks: a 0 handle does not read `a`)
+            f = tuple(tie(f, tok))
         if keep:
             at_end(lambda outs: record.release(f, outs))
         return f
@@ -1112,6 +1131,7 @@ def solve_params(sparse: bool, pattern, tags: frozenset, dtype, solver: str, *, 
     (an iterative solver's tolerance defaults to 1e-10 in float64, 1e-5
     below)."""
     record = resolve(solver, matrix="sparse" if sparse else "dense", tags=tags, dtype=dtype,
+                     pattern=pattern if sparse else None,
                      op=op)
     params: dict = {"solver": record.name}
     if sparse:

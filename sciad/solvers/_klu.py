@@ -26,17 +26,16 @@ the kernel, which raises `SingularMatrixError` (its text is recognized by
 `sciad.errors`; it names the solver, not the user's line).
 
 "auto" picks it over "splu" for sparse matrices when JAX's default backend
-is the CPU. Measured on this 2-core CPU (median of factor + 2 solves, one
-matrix, in a compiled program; klu / splu):
+is the CPU, up to 40,000 unknowns (any size for at most 3 entries a row),
+and "splu" above. Measured on this 2-core CPU under load (a load average of
+7-8: timings within 2x of each other are noise), the median of `factor + 2
+solves` in one compiled program (`/tmp/klu_auto.py`), klu / splu:
 
-- 1-D tridiagonal, n = 1000: 0.05 / 0.16 ms; n = 100000: 9.5 / 26 ms
-- 2-D 5-point (inverse_poisson's matrix), N = 64: 3.1 / 4.6 ms;
-  N = 128: 17 / 20 ms; N = 256: 115 / 120 ms
-- 3-D 7-point, 16^3: 26 / 33 ms; 32^3: 2.2 / 1.6 s
-- a batch of 64 matrices of n = 1024 (2-D, 32^2): 14 / 38 ms
-
-so "auto" prefers klu up to about 10^5 unknowns in 2-D and 10^4 in 3-D, and
-splu above (see `preference`).
+- 1-D tridiagonal, n = 1000: 0.45 / 1.1 ms; n = 100,000: 33 / 224 ms
+- 2-D 5-point (inverse_poisson's matrix), N = 64: 9.2 / 11.8 ms (a second
+  run: 12.9 / 7.2); N = 128: 104 / 159 ms; N = 256: 860 / 552 ms
+- 3-D 7-point, 16^3: 112 / 237 ms; 32^3: 34 / 46 s
+- a batch of 64 matrices of n = 1024 (2-D, 32^2): 192 / 608 ms
 """
 
 from __future__ import annotations
@@ -92,12 +91,16 @@ class KLU(AbstractDirectSolver):
                 "(in the program) instead.")
         return None
 
-    def preference(self, *, matrix, tags, dtype, pattern=None):
+    def preference(self, *, matrix, tags, dtype):
         if matrix != "sparse" or not _on_cpu() or not _klu_ffi.available():
             return None
-        if pattern is not None and not _small_enough(pattern):
-            return 0.5  # (below splu's 1.0)
-        return 2.0
+        return 2.0  # (above splu's 1.0)
+
+    def preference_for(self, pattern, *, matrix, tags, dtype):
+        s = self.preference(matrix=matrix, tags=tags, dtype=dtype)
+        if s is not None and pattern is not None and not _small_enough(pattern):
+            return 0.5  # (below splu's)
+        return s
 
     def factor_layout(self, n, dtype, pattern):
         return (((), np.uint64),)
@@ -129,5 +132,4 @@ class KLU(AbstractDirectSolver):
 def _small_enough(pattern) -> bool:
     """Where klu was measured faster than splu (see the module docstring)."""
     n = pattern.shape[0]
-    per_row = pattern.nnz / max(n, 1)
-    return n <= (150_000 if per_row < 6 else 20_000)
+    return pattern.nnz <= 3 * n or n <= 40_000

@@ -196,6 +196,8 @@ def _free_rule(axis_size, in_batched, h):
 def factor(pattern, a):
     """The numeric factorization of the matrix with values `a` (`(nnz,)`) on
     `pattern`: a `uint64` handle (a scalar), to be freed with `free`."""
+    if pattern.shape[0] == 0:  # (no unknowns: nothing to factor; KLU refuses)
+        return jnp.zeros((), jnp.uint64)
     _register()
     ax = a.astype(_work_dtype(a.dtype))
     return _factor_fn(pattern, _suffix(a.dtype))(ax[None])[0]
@@ -205,6 +207,8 @@ def solve(pattern, handle, a, b, transpose: bool):
     """`A x = b` (`A^T x = b` if `transpose`, never conjugated) for the matrix
     with values `a` on `pattern`, `b` of shape `(n,)` or `(n, k)`: with the
     numeric factor `handle`, or, where it is 0, factoring in the same call."""
+    if pattern.shape[0] == 0:
+        return b
     _register()
     work = _work_dtype(np.result_type(a.dtype, b.dtype))
     ax = a.astype(work)

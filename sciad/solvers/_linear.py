@@ -50,6 +50,11 @@ class AbstractLinearSolver:
         wins); None: "auto" never picks it (it may still be asked for)."""
         return None
 
+    def preference_for(self, pattern, *, matrix: str, tags: frozenset, dtype) -> float | None:
+        """`preference` for a sparse matrix on `pattern` (None: unknown); a
+        solver whose speed depends on the pattern overrides it."""
+        return self.preference(matrix=matrix, tags=tags, dtype=dtype)
+
     def rejects(self, *, matrix: str, dtype, tags: frozenset, shown: str = ""):
         """Why this solver cannot solve such a system: `(exception class,
         message)`, or None where it can. `shown`: the matrix's type as the
@@ -176,11 +181,12 @@ def names_for(matrix: str) -> tuple[str, ...]:
     return tuple(r.name for r in records() if matrix in r.matrices)
 
 
-def choose(*, matrix: str, tags: frozenset, dtype):
-    """The record "auto" picks: the most preferred applicable one."""
+def choose(*, matrix: str, tags: frozenset, dtype, pattern=None):
+    """The record "auto" picks: the most preferred applicable one (for a
+    sparse matrix, given its `pattern`, as the records measured it)."""
     best, score = None, None
     for r in records():
-        s = r.preference(matrix=matrix, tags=tags, dtype=dtype)
+        s = r.preference_for(pattern, matrix=matrix, tags=tags, dtype=dtype)
         if s is not None and r.rejects(matrix=matrix, dtype=dtype, tags=tags) is None \
                 and (score is None or s > score):
             best, score = r, s
@@ -188,9 +194,10 @@ def choose(*, matrix: str, tags: frozenset, dtype):
     return best
 
 
-def resolve(name, *, matrix: str, tags: frozenset, dtype, op: str | None = None):
+def resolve(name, *, matrix: str, tags: frozenset, dtype, op: str | None = None,
+            pattern=None):
     """The record a solve asks for: `choose`'s if `name` is "auto", else the
     registered one (an unknown name raises `InvalidOptionError`)."""
     if name == "auto":
-        return choose(matrix=matrix, tags=tags, dtype=dtype)
+        return choose(matrix=matrix, tags=tags, dtype=dtype, pattern=pattern)
     return lookup(name, "linear", op=op)
