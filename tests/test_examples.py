@@ -304,3 +304,57 @@ def test_ode_fit_passes_its_taylor_tests_and_shows_the_sparse_jacobian(capsys):
     text = capsys.readouterr().out
     assert "detected Jacobian of f plus the diagonal: 16 x 16" in text
     assert "Taylor test" in text and "ode.odeint[" in text
+
+
+def _krylov_preconditioner() -> str:
+    """"amg" where sciad has the AMG preconditioner, else "jacobi"."""
+    from sciad.solvers import _registry
+
+    try:
+        return "amg" if "amg" in _registry.names("preconditioner") else "jacobi"
+    except Exception:  # noqa: BLE001  (no preconditioner family in this version)
+        return "jacobi"
+
+
+def test_inverse_conductivity_3d_matrix_is_the_7_point_stencil(rng):
+    # the vectorized pattern and values against a loop over cells (n = 4)
+    ex = _load("inverse_conductivity_3d")
+    n = 4
+    problem = ex.Problem(n)
+    m = 0.3 * rng.standard_normal(n ** 3)
+    A = np.zeros((n ** 3, n ** 3))
+    np.add.at(A, (problem.rows, problem.cols), ex.entries(problem, m, xp=np))
+    k, idx, h2 = np.exp(m).reshape(n, n, n), np.arange(n ** 3).reshape(n, n, n), problem.h ** 2
+    want = np.zeros_like(A)
+    for i, j, l in np.ndindex(n, n, n):
+        for d in np.vstack([np.eye(3, dtype=int), -np.eye(3, dtype=int)]):
+            q = (i + d[0], j + d[1], l + d[2])
+            if all(0 <= c < n for c in q):
+                kf = 0.5 * (k[i, j, l] + k[q])
+                want[idx[i, j, l], idx[i, j, l]] += kf / h2
+                want[idx[i, j, l], idx[q]] -= kf / h2
+            else:  # a boundary face: the node's own conductivity
+                want[idx[i, j, l], idx[i, j, l]] += k[i, j, l] / h2
+    assert len(set(zip(problem.rows.tolist(), problem.cols.tolist()))) == problem.rows.size
+    np.testing.assert_allclose(A, want, rtol=1e-14, atol=0)
+
+
+def test_inverse_conductivity_3d_taylor_and_misfit_falls(capsys):
+    ex = _load("inverse_conductivity_3d")
+    res, rates, history, m_true = ex.main(n=10, maxiter=8, plot=None,
+                                          preconditioner=_krylov_preconditioner())
+    assert np.all(np.abs(rates - 2.0) < 0.1), rates
+    assert history[-1] < 0.5 * history[0], history
+    assert np.linalg.norm(res.x - m_true) < 0.8 * np.linalg.norm(m_true)  # the start is 0
+    out = capsys.readouterr().out
+    assert "Taylor test" in out and "iter   1" in out and "done:" in out
+
+
+@pytest.mark.slow
+def test_inverse_conductivity_3d_recovers_the_field_at_24_cubed():
+    ex = _load("inverse_conductivity_3d")
+    res, rates, history, m_true = ex.main(n=24, maxiter=40, plot=None, verbose=False,
+                                          preconditioner=_krylov_preconditioner())
+    assert np.all(np.abs(rates - 2.0) < 0.1), rates
+    assert history[-1] < 0.3 * history[0], history
+    assert np.linalg.norm(res.x - m_true) < 0.7 * np.linalg.norm(m_true)
