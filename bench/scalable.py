@@ -276,24 +276,6 @@ def make_inputs(dim: int, n: int, workdir: str, use_direct: bool) -> str:
 # the methods: each builder returns fwd(m), grad(m) -> (value, gradient),
 # prepare(m) (the method's argument for that m), and iterations(m)
 
-def _sciad_has(name: str, family: str) -> bool:
-    from sciad.solvers import _registry
-
-    try:
-        return name in _registry.names(family)
-    except Exception:  # noqa: BLE001  (the family does not exist in this version)
-        return False
-
-
-def _tolerance(rtol: float) -> dict:
-    import inspect
-
-    import sciad as sd
-
-    name = "rtol" if "rtol" in inspect.signature(sd.linalg.solve).parameters else "tol"
-    return {name: rtol}
-
-
 def build_sciad(dim: int, n: int, inp: dict, kind: str):
     import jax
     import numpy as np
@@ -304,14 +286,11 @@ def build_sciad(dim: int, n: int, inp: dict, kind: str):
     ex, P = problem(dim, n)
     extra = {}
     if kind == "direct":
-        solver = "klu" if _sciad_has("klu", "linear") else "splu"
-        kw = {"solver": solver}
-        extra["label"] = f"sciad direct ({solver})"
+        kw = {"solver": "klu"}
+        extra["label"] = "sciad direct (klu)"
     else:
-        pre = "amg" if _sciad_has("amg", "preconditioner") else "jacobi"
-        kw = {"solver": "cg", "preconditioner": pre, **_tolerance(RTOL)}
-        extra["label"] = "sciad AMG-CG" if pre == "amg" else \
-            "sciad CG (jacobi: no AMG in this sciad)"
+        kw = {"solver": "cg", "preconditioner": "amg", "tol": RTOL}
+        extra["label"] = "sciad AMG-CG"
     f, d = jax.device_put(inp["f"]), jax.device_put(inp["d"])
 
     def J(m, f, d):

@@ -122,15 +122,7 @@ def forward(problem: Problem, m, preconditioner: str = "amg"):
     """The solutions for every source: one matrix, several right-hand sides,
     AMG-preconditioned CG (`preconditioner="jacobi"` for the diagonal one)."""
     return sd.linalg.solve(stiffness(problem, m), problem.sources, solver="cg",
-                           preconditioner=preconditioner, **_tolerance(RTOL))
-
-
-def _tolerance(rtol: float) -> dict:
-    """`rtol=` where `sd.linalg.solve` takes it, else its older name `tol=`."""
-    import inspect
-
-    name = "rtol" if "rtol" in inspect.signature(sd.linalg.solve).parameters else "tol"
-    return {name: rtol}
+                           preconditioner=preconditioner, tol=RTOL)
 
 
 def objective(m, data, sigma, problem: Problem, preconditioner: str = "amg"):
