@@ -24,7 +24,8 @@ float64, x64 on globally. The batch: B log-conductivities `K` (B, N) (random,
    respect to `K` (B, N). Variants:
    - `sciad vmap`: `sd.function(sd.vmap(loss))` and
      `sd.function(sd.grad(lambda K, R: snp.sum(sd.vmap(loss)(K, R))))`
-     (`solver="auto"`: SuperLU on the host, on every platform);
+     (`solver="auto"`: KLU through XLA's FFI on the CPU at these sizes);
+   - `sciad vmap (splu)`: the same with `solver="splu"` (SuperLU on the host);
    - `sciad loop`: a Python loop of B calls of `sd.function(loss)` /
      `sd.function(sd.grad(loss))`, one example each (the inputs already split
      into per-example device arrays; the loop dispatches all B calls, then
@@ -38,7 +39,7 @@ float64, x64 on globally. The batch: B log-conductivities `K` (B, N) (random,
      bench/inverse_poisson.py: lineax's elementwise test), `jax.grad`;
    - `sciad CG`: sciad's `solver="cg", tol=1e-10, preconditioner="jacobi"`,
      vmapped like `sciad vmap` (information: the iterative peer of lineax).
-   Target: `sciad vmap` <= 1.0x `sciad loop`. Before timing, every variant's
+   Targets: `sciad vmap` <= 1.0x `sciad loop` and <= 1.0x `klujax`. Before timing, every variant's
    values and gradients are compared with `sciad vmap`'s (relative 2-norm
    error; direct solvers must agree to 1e-8, CG to 1e-6).
 2. B right-hand sides against ONE matrix, B = 16, 256 (the matrix values
@@ -131,6 +132,7 @@ DIRECT_RTOL, CG_RTOL = 1e-8, 1e-6
 SHARD_RTOL = 1e-12
 # targets from the issue
 LOOP_TARGET = 1.0        # sciad vmap / sciad loop
+KLUJAX_TARGET = 1.0      # sciad vmap / klujax vmap
 RHS_TARGET = 1.0         # sciad vmap / (SciPy: 1 factorization + B triangular solves)
 SHARD_TARGET = 2.5       # speedup of 4 devices over 1 (on 4 cores)
 CHILD_TIMEOUT = 900
@@ -138,6 +140,7 @@ CHILD_TIMEOUT = 900
 # key: (label, direct?)
 VARIANTS = {
     "vmap": ("sciad vmap", True),
+    "vmap-splu": ("sciad vmap (splu)", True),
     "loop": ("sciad loop", True),
     "klujax": ("klujax vmap", True),
     "lineax": ("lineax CG vmap", False),
@@ -381,6 +384,9 @@ def case_batch(n: int, size: int, variants: list[str], repeats: int, batch_s: fl
     for v in variants:
         if v == "vmap":
             fv, fg = batched_pair(sciad_loss(P), sd.vmap, sd.grad, sd.function, snp.sum)
+        elif v == "vmap-splu":
+            fv, fg = batched_pair(sciad_loss(P, solver="splu"), sd.vmap, sd.grad, sd.function,
+                                  snp.sum)
         elif v == "sciad-cg":
             loss = sciad_loss(P, solver="cg", tol=CG_TOL, preconditioner="jacobi")
             fv, fg = batched_pair(loss, sd.vmap, sd.grad, sd.function, snp.sum)
@@ -678,6 +684,15 @@ def render(data: dict, machine: dict, argv: str) -> str:
                 per_ex = f"{st['vmap']['ms'] / r['B']:.3f}" if "vmap" in st else "—"
                 lines.append(_row([r["B"], "value" if q == "value" else "gradient"]
                                   + cells + ratios + [per_ex, yes_no(met)]))
+        for r in c1:
+            for q in ("value", "grad"):
+                st = r[q]
+                if "vmap" in st and "klujax" in st:
+                    ratio = st["vmap"]["ms"] / st["klujax"]["ms"]
+                    lines.append(f"- B={r['B']} {'value' if q == 'value' else 'gradient'}: "
+                                 f"sciad vmap / klujax = {ratio:.2f} (target <= "
+                                 f"{KLUJAX_TARGET:.1f}): target met: "
+                                 f"{yes_no(ratio <= KLUJAX_TARGET)}")
         lines += ["", "Agreement with sciad vmap (relative 2-norm error of the values, of "
                   f"the gradients; direct solvers {DIRECT_RTOL:g}, CG {CG_RTOL:g}) and "
                   "first-call seconds (trace, compile, run: value, gradient):", "",

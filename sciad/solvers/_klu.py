@@ -29,7 +29,7 @@ the kernel, which raises `SingularMatrixError` (its text is recognized by
 is the CPU, up to 40,000 unknowns (any size for at most 3 entries a row),
 and "splu" above. Measured on this 2-core CPU under load (a load average of
 7-8: timings within 2x of each other are noise), the median of `factor + 2
-solves` in one compiled program (`/tmp/klu_auto.py`), klu / splu:
+solves` in one compiled program, klu / splu:
 
 - 1-D tridiagonal, n = 1000: 0.45 / 1.1 ms; n = 100,000: 33 / 224 ms
 - 2-D 5-point (inverse_poisson's matrix), N = 64: 9.2 / 11.8 ms (a second
@@ -37,7 +37,8 @@ solves` in one compiled program (`/tmp/klu_auto.py`), klu / splu:
 - 3-D 7-point, 16^3: 112 / 237 ms; 32^3: 34 / 46 s
 - a batch of 64 matrices of n = 1024 (2-D, 32^2): 192 / 608 ms
 
-and (`/tmp/klu_bench.py`, load average 1-3): 50 backward-Euler steps with one
+and (load average 1-3; `bench/inverse_poisson.py` and `bench/batch.py` measure
+the same cases against their peers): 50 backward-Euler steps with one
 n = 512 matrix, value and gradient: klu 2.8 ms, splu 6.5 ms, SciPy's splu with
 a hand-written adjoint 3.1 ms; 64 matrices of n = 1024, one solve each: klu
 66 ms, klujax's `solve` 55 ms (its kernel call alone: 37-60 ms; the rest is
