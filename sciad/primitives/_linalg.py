@@ -27,6 +27,10 @@ as under `stop_gradient`).
 `solver` names a record of `sciad.solvers` (`sciad.solvers._linear`): what
 it applies to, its factor layout, factorization and solves, where it runs,
 its checks and its cost; the rules here ask the record, never the name.
+An iterative solve's `preconditioner` likewise names a record of the
+"preconditioner" family (`sciad.solvers._iterative.AbstractPreconditioner`:
+"jacobi", "amg"), set up from the matrix once per solve and applied at every
+step; the transposed solve applies it transposed.
 
 `assume` is the structure a solve relies on (`"symmetric"` or `"spd"`, from
 `sd.linalg.solve`'s `assume=` and the matrix's tags): Cholesky reads one

@@ -259,6 +259,8 @@ def _scatter(m, n_cols: int, indptr, cols) -> np.ndarray:
     keys = _rows_of(m.indptr.astype(np.int64)) * n_cols + m.indices
     super_keys = _rows_of(indptr) * n_cols + cols
     pos = np.searchsorted(super_keys, keys)
+    if keys.size and not (pos[-1] < super_keys.size and np.array_equal(super_keys[pos], keys)):
+        raise AssertionError("amg: a product has an entry outside its symbolic pattern")
     out = np.zeros(cols.size)
     out[pos] = m.data
     return out
