@@ -364,3 +364,48 @@ def test_one_symbolic_analysis_per_pattern(rng):
     sd.function(lambda d, b: 2 * sd.linalg.solve(_csr(M)(d), b, solver="klu"))(M.data,
                                                                               np.ones(9))
     assert _klu_ffi.cached_patterns() == before + 1
+
+
+def test_one_compiled_function_called_from_several_threads(rng):
+    """Each call makes and frees its own numeric factors: concurrent calls of
+    one program share none."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    M = _general_csr(rng, 40)
+    g = sd.function(sd.grad(lambda d, b: _loss(d, b, M), argnums=1))
+    bs = rng.standard_normal((8, 40))
+    D = M.toarray()
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda b: np.asarray(g(M.data, b)), list(bs) * 4))
+    for b, out in zip(list(bs) * 4, outs):
+        np.testing.assert_allclose(out, np.linalg.solve(D.T, 2 * np.linalg.solve(D, b)),
+                                   rtol=1e-9)
+
+
+def test_solves_inside_a_branch_and_a_loop(rng):
+    """Factors made inside a branch's or a loop's body are freed by that
+    body's own lowering run (each run its own finalizers), and the values and
+    gradients stay right."""
+    M = _general_csr(rng, 10)
+    D = M.toarray()
+    b = rng.standard_normal(10)
+
+    def f(d, b, flag):
+        A = _csr(M)(d)
+
+        def twice(x):
+            y = sd.linalg.solve(A, x, solver="klu")
+            return sd.linalg.solve(A, y, solver="klu")
+
+        x = sd.cond(flag > 0, twice, lambda x: 2.0 * x, b)
+        x = sd.fori_loop(0, 3, lambda i, x: 0.5 * twice(x), x)
+        return snp.sum(x ** 2)
+
+    g = sd.function(sd.value_and_grad(f, argnums=1))
+    Ai = np.linalg.inv(D)
+    for flag in (1.0, -1.0):
+        v, gb = g(M.data, b, flag)
+        T = (Ai @ Ai) if flag > 0 else 2.0 * np.eye(10)
+        T = np.linalg.matrix_power(0.5 * Ai @ Ai, 3) @ T
+        np.testing.assert_allclose(float(v), np.sum((T @ b) ** 2), rtol=1e-9)
+        np.testing.assert_allclose(np.asarray(gb), 2 * T.T @ (T @ b), rtol=1e-9)

@@ -160,10 +160,28 @@ def _host_call_abstract_eval(*avals, host, results, effect=False):
     return outs, ({check_effect} if effect and check_effect is not None else set())
 
 
+def _effect_sharding(ctx):
+    """The sharding a side-effecting call needs in a program partitioned over
+    devices (XLA's SPMD partitioner refuses one without: "Side-effect HLO
+    must have sharding"): what `jax.pure_callback` gives its calls (one
+    device's, or per device inside `shard_map`). None where JAX's private
+    helper is missing or declines."""
+    try:
+        from jax._src.callback import _callback_op_sharding
+        return _callback_op_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
+    except Exception:  # (another JAX version; partly automatic axes)
+        return None
+
+
 def _host_call_lowering(ctx, *args, host, results, effect=False):
+    kw = {}
+    if effect:
+        sharding = _effect_sharding(ctx)
+        if sharding is not None:
+            kw["sharding"] = sharding
     outs, _, _ = _emit_python_callback(ctx, host, None, list(args), ctx.avals_in,
                                        ctx.avals_out, has_side_effect=bool(effect),
-                                       returns_token=False)
+                                       returns_token=False, **kw)
     return outs
 
 

@@ -36,6 +36,13 @@ solves` in one compiled program (`/tmp/klu_auto.py`), klu / splu:
   run: 12.9 / 7.2); N = 128: 104 / 159 ms; N = 256: 860 / 552 ms
 - 3-D 7-point, 16^3: 112 / 237 ms; 32^3: 34 / 46 s
 - a batch of 64 matrices of n = 1024 (2-D, 32^2): 192 / 608 ms
+
+and (`/tmp/klu_bench.py`, load average 1-3): 50 backward-Euler steps with one
+n = 512 matrix, value and gradient: klu 2.8 ms, splu 6.5 ms, SciPy's splu with
+a hand-written adjoint 3.1 ms; 64 matrices of n = 1024, one solve each: klu
+66 ms, klujax's `solve` 55 ms (its kernel call alone: 37-60 ms; the rest is
+the checks klujax does not make: a zero row or column before the
+factorization, the backward error of each solve).
 """
 
 from __future__ import annotations
