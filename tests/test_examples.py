@@ -356,5 +356,6 @@ def test_inverse_conductivity_3d_recovers_the_field_at_24_cubed():
     res, rates, history, m_true = ex.main(n=24, maxiter=40, plot=None, verbose=False,
                                           preconditioner=_krylov_preconditioner())
     assert np.all(np.abs(rates - 2.0) < 0.1), rates
-    assert history[-1] < 0.3 * history[0], history
-    assert np.linalg.norm(res.x - m_true) < 0.7 * np.linalg.norm(m_true)
+    # the misfit is in units of the 1% noise: it levels off near 0.5
+    assert history[-1] < 0.5 * history[0] and history[-1] < 0.55, history
+    assert np.linalg.norm(res.x - m_true) < 0.5 * np.linalg.norm(m_true)
