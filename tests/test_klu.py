@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.sparse as sp
+import scipy.sparse.linalg  # noqa: F401  (sp.linalg)
 
 import sciad as sd
 import sciad.numpy as snp
@@ -409,3 +410,35 @@ def test_solves_inside_a_branch_and_a_loop(rng):
         T = np.linalg.matrix_power(0.5 * Ai @ Ai, 3) @ T
         np.testing.assert_allclose(float(v), np.sum((T @ b) ** 2), rtol=1e-9)
         np.testing.assert_allclose(np.asarray(gb), 2 * T.T @ (T @ b), rtol=1e-9)
+
+
+def _threshold_pivoted(seed: int, n: int = 120):
+    """A matrix whose diagonal is 1.5e-3 of each column's largest entry: KLU's
+    threshold pivoting (a diagonal pivot kept down to 1e-3 of the column's
+    largest) takes those pivots, and its solve is far from backward stable."""
+    rng = np.random.default_rng(seed)
+    A = sp.random(n, n, density=0.06, random_state=rng, format="csr") + sp.eye(n)
+    A = sp.csr_matrix(A)
+    A.data *= rng.choice([-1.0, 1.0], A.nnz)
+    colmax = np.asarray(abs(A).max(axis=0).todense()).ravel()
+    A = A.tolil()
+    A.setdiag(1.5e-3 * colmax * rng.choice([-1.0, 1.0], n))
+    return sp.csr_matrix(A), rng.standard_normal(n)
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_a_solve_that_threshold_pivoting_spoils_is_refined(transpose):
+    """The unchecked solve (`throw=False`) has a backward error far above the
+    bound; the checked one refines it in the program to SciPy's accuracy
+    instead of calling a solvable system singular."""
+    A, b = _threshold_pivoted(3)
+    M = sd.sparse.from_scipy(A.T.tocsr() if transpose else A)
+    op = A.T if transpose else A
+    raw, _ = sd.linalg.solve(M, b, solver="klu", throw=False)
+    raw = np.asarray(raw)
+    eta = np.abs(op @ raw - b).max() / (abs(op).sum(axis=1).max() * np.abs(raw).max()
+                                        + np.abs(b).max())
+    assert eta > 10 * (10 * len(b) * np.finfo(float).eps)  # (10x the bound)
+    x = np.asarray(sd.linalg.solve(M, b, solver="klu"))
+    ref = sp.linalg.spsolve(op.tocsc(), b)
+    np.testing.assert_allclose(x, ref, rtol=0, atol=1e-11 * np.abs(ref).max())
