@@ -21,8 +21,9 @@ one right-hand side (the example's first source `f`):
 `(J, dJ/dm)`, float64):
 
 - `sciad-direct`: `sd.linalg.solve(A, f, solver=S)` with the `spd`-tagged
-  matrix, `S` from `--direct-solver` (default `"klu"`: KLU through XLA's FFI,
-  no Python per call; `"splu"`: SuperLU through host callbacks), the factor
+  matrix, `S` from `--direct-solver` (default `"auto"`: on the CPU KLU through
+  XLA's FFI up to 12,000 unknowns, SuperLU through host callbacks above;
+  `"klu"` or `"splu"` to force one), the factor
   reused by the adjoint; `sd.function(J)` and `sd.function(sd.value_and_grad(J))`.
 - `sciad-cg`: the same with `solver="cg", tol=1e-10, preconditioner="jacobi"`.
 - `scipy`: `splu(A.tocsc(), permc_spec="MMD_AT_PLUS_A")` and a hand-written
@@ -130,7 +131,7 @@ RATIO_TARGET, RATIO_AT = 1.15, (256,)
 VS_SCIPY_TARGET, VS_SCIPY_GOAL, VS_SCIPY_AT = 1.2, 0.8, (128, 256)
 # the sparse direct solver of sciad's rows (`--direct-solver`; the children
 # read it from the environment)
-DIRECT_SOLVER = os.environ.get("SCIAD_BENCH_DIRECT_SOLVER", "klu")
+DIRECT_SOLVER = os.environ.get("SCIAD_BENCH_DIRECT_SOLVER", "auto")
 MEMORY_TARGET, MEMORY_AT = 1.5, (256,)
 
 # key: (label, kind, largest N it runs at)
@@ -1347,7 +1348,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-write", action="store_true",
                    help="do not write bench/results/inverse_poisson.md")
     p.add_argument("--direct-solver", default=None,
-                   help="sciad's sparse direct solver (default: klu; splu: the host path)")
+                   help="sciad's sparse direct solver (default: auto; klu or splu)")
     p.add_argument("--child", nargs=3, metavar=("METHOD", "N", "DIR"), help=argparse.SUPPRESS)
     p.add_argument("--serve", nargs=3, metavar=("METHOD", "N", "DIR"), help=argparse.SUPPRESS)
     p.add_argument("--budget", type=float, default=2.5, help=argparse.SUPPRESS)

@@ -110,7 +110,7 @@ def test_auto_asks_the_records():
     assert choose(matrix="dense", tags=frozenset({"spd", "symmetric"}), dtype=f64).name \
         == "cholesky"
     assert choose(matrix="dense", tags=frozenset({"spd"}), dtype=c128).name == "cholesky"
-    # (on the CPU: KLU, compiled, up to 40,000 unknowns; SuperLU above)
+    # (on the CPU: KLU, compiled, up to 12,000 unknowns; SuperLU above)
     sparse = "klu" if jax.default_backend() == "cpu" else "splu"
     assert choose(matrix="sparse", tags=frozenset({"spd"}), dtype=f64).name == sparse
     T = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], (240, 240))
@@ -118,6 +118,15 @@ def test_auto_asks_the_records():
     L.sort_indices()
     big = sd.graph.Pattern(L.shape, L.indptr, L.indices)  # (2-D, 57,600 unknowns)
     assert choose(matrix="sparse", tags=frozenset(), dtype=f64, pattern=big).name == "splu"
+    T = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], (100, 100))
+    L = sp.csr_array(sp.kron(T, sp.eye(100)) + sp.kron(sp.eye(100), T))
+    L.sort_indices()
+    small = sd.graph.Pattern(L.shape, L.indptr, L.indices)  # (2-D, 10,000 unknowns)
+    assert choose(matrix="sparse", tags=frozenset(), dtype=f64, pattern=small).name == sparse
+    line = sp.csr_array(sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], (10**5, 10**5)))
+    line.sort_indices()
+    one_d = sd.graph.Pattern(line.shape, line.indptr, line.indices)  # (3 entries a row)
+    assert choose(matrix="sparse", tags=frozenset(), dtype=f64, pattern=one_d).name == sparse
     assert choose(matrix="operator", tags=frozenset({"spd"}), dtype=f64).name == "cg"
     assert choose(matrix="operator", tags=frozenset(), dtype=f64).name == "gmres"
 

@@ -359,10 +359,9 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
     # fill) may not be: steps of refinement while the backward error is
     # above the bound and falls, as the host's SuperLU solves take.)
     if record.sparse:
-        x, eta = _refine(x, eta, apply, b, anorm, tau,
-                         lambda r: record.solve(factor, a, r, pattern=pattern,
-                                                transpose=transpose))
-        _, _, rel, _ = _measures(apply, x, b, anorm)
+        x, eta, rel = _refine(x, eta, rel, apply, b, anorm, tau,
+                              lambda r: record.solve(factor, a, r, pattern=pattern,
+                                                     transpose=transpose))
     if not record.sparse:
         rcond = rc
     else:  # (spsolve) an estimate costs solves, only where the residual calls for one
@@ -401,25 +400,28 @@ def _where_any(pred, fn, fill, *operands):
     return run(jnp.asarray(pred), *leaves)
 
 
-def _refine(x, eta, apply, b, anorm, tau, solve):
+def _refine(x, eta, rel, apply, b, anorm, tau, solve):
     """Iterative refinement in the program: `x -= solve(op(A) x - b)` while the
     backward error `eta` is above `tau` and falls, at most `REFINE_STEPS`
-    times (as the host's SuperLU solves refine); returns `(x, eta)`. A step
-    that does not lower the backward error is dropped. (Under `jax.vmap` the
-    loop runs while any example refines; each keeps its own best.)"""
+    times (as the host's SuperLU solves refine); returns `(x, eta, rel)`
+    with the measures of the `x` kept. A step that does not lower the
+    backward error is dropped. (Under `jax.vmap` the loop runs while any
+    example refines; each keeps its own best.)"""
     def cond(c):
-        x, eta, prev, k = c
+        x, eta, rel, prev, k = c
         return ~(eta <= tau) & (eta < prev) & (k < REFINE_STEPS)
 
     def body(c):
-        x, eta, _, k = c
+        x, eta, rel, _, k = c
         x_new = x - solve(apply(x) - b)
-        _, eta_new, _, _ = _measures(apply, x_new, b, anorm)
+        _, eta_new, rel_new, _ = _measures(apply, x_new, b, anorm)
         better = eta_new < eta
-        return (jnp.where(better, x_new, x), jnp.where(better, eta_new, eta), eta, k + 1)
+        return (jnp.where(better, x_new, x), jnp.where(better, eta_new, eta),
+                jnp.where(better, rel_new, rel), eta, k + 1)
 
-    x, eta, _, _ = jax.lax.while_loop(cond, body, (x, eta, jnp.full_like(eta, jnp.inf), 0))
-    return x, eta
+    x, eta, rel, _, _ = jax.lax.while_loop(
+        cond, body, (x, eta, rel, jnp.full_like(eta, jnp.inf), 0))
+    return x, eta, rel
 
 
 def _rcond_with(factor, a, *, solver, pattern):
