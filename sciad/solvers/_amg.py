@@ -52,6 +52,7 @@ from pyamg.util.linalg import approximate_spectral_radius
 
 from ..errors import NotSupportedError, SingularMatrixError
 from ._host import host_call
+from ._indices import cached_index, pattern_cols, pattern_rows, segment_sum, take
 from ._iterative import AbstractPreconditioner
 from ._threads import one_blas_thread
 
@@ -348,13 +349,26 @@ def setup(a, s: Structure):
 def _spmv(vals, rows, cols, n_out, x, transpose=False):
     if transpose:
         rows, cols = cols, rows
-    return jax.ops.segment_sum(vals * x[cols], rows, num_segments=n_out,
-                               indices_are_sorted=not transpose)
+    return segment_sum(vals * take(x, cols), rows, n_out, sorted_indices=not transpose)
 
 
-def vcycle(s: Structure, arrays, a, v, *, transpose: bool = False):
+def _level_indices(lv: _Level, level: int, pattern) -> tuple:
+    """`(rows, cols, p_rows, p_cols)` of a level as cached device index arrays
+    (see `_indices`): the finest level's pattern is the matrix's, whose
+    arrays the products and checks of the solve share."""
+    if level == 0 and pattern is not None:
+        rows, cols = pattern_rows(pattern), pattern_cols(pattern)
+    else:
+        rows = cached_index(lv, "rows", lambda: lv.rows)
+        cols = cached_index(lv, "cols", lambda: lv.cols)
+    return (rows, cols, cached_index(lv, "p_rows", lambda: lv.p_rows),
+            cached_index(lv, "p_cols", lambda: lv.p_cols))
+
+
+def vcycle(s: Structure, arrays, a, v, *, transpose: bool = False, pattern=None):
     """One V-cycle from zero for `op(A) x = v` (`op` the transpose if
-    `transpose`): `x ~ op(A)^-1 v`. `a`: the finest level's values."""
+    `transpose`): `x ~ op(A)^-1 v`. `a`: the finest level's values;
+    `pattern`: its pattern (the one `s` was built from), if at hand."""
     nl = len(s.levels)
     weights, ps, values = arrays[:nl], arrays[nl:2 * nl], arrays[2 * nl:3 * nl - 1]
     cinv = arrays[-1]
@@ -365,8 +379,7 @@ def vcycle(s: Structure, arrays, a, v, *, transpose: bool = False):
             m = cinv.T if transpose else cinv
             return jnp.matmul(m, b, precision=jax.lax.Precision.HIGHEST)
         lv = s.levels[level]
-        rows, cols = jnp.asarray(lv.rows, jnp.int32), jnp.asarray(lv.cols, jnp.int32)
-        prow, pcol = jnp.asarray(lv.p_rows, jnp.int32), jnp.asarray(lv.p_cols, jnp.int32)
+        rows, cols, prow, pcol = _level_indices(lv, level, pattern)
         vals, w, p = mats[level], weights[level], ps[level]
 
         def mat(x):
@@ -412,7 +425,7 @@ class AMG(AbstractPreconditioner):
         return setup(a, structure(pattern))
 
     def apply(self, state, a, v, *, pattern, transpose: bool = False):
-        return vcycle(structure(pattern), state, a, v, transpose=transpose)
+        return vcycle(structure(pattern), state, a, v, transpose=transpose, pattern=pattern)
 
     def setup_bytes(self, n: int, pattern, dtype) -> int:
         return structure(pattern).nbytes(np.dtype(dtype).itemsize)
