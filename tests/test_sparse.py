@@ -232,3 +232,16 @@ def test_a_pattern_is_one_int32_constant_per_index_array(rng):
     rows = np.repeat(np.arange(30), np.diff(M.indptr))
     np.testing.assert_allclose(gd, x[M.indices] * ATx[rows] + Ax[M.indices] * x[rows],
                                rtol=1e-12)
+
+
+def test_from_coo_sorts_the_same_coordinates_once():
+    row, col = np.array([2, 0, 1, 0, 2]), np.array([1, 0, 2, 0, 1])
+    p1, d1 = sd.graph.Pattern.from_coo((3, 3), row, col)
+    p2, d2 = sd.graph.Pattern.from_coo((3, 3), row.copy(), col.copy())
+    assert p1 is p2 and d2 is d1 and not d1.flags.writeable
+    np.testing.assert_array_equal(d1, [2, 0, 1, 0, 2])  # entries (0,0), (1,2), (2,1)
+    p3, _ = sd.graph.Pattern.from_coo((3, 4), row, col)  # another shape: its own pattern
+    assert p3 is not p1 and p3.shape == (3, 4)
+    A = sd.sparse.coo_matrix((np.arange(5.0), (row, col)), shape=(3, 3))
+    np.testing.assert_array_equal(np.asarray(A.todense()),
+                                  sp.coo_matrix((np.arange(5.0), (row, col)), (3, 3)).toarray())

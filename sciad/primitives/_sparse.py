@@ -47,14 +47,25 @@ from ._shape import _linear_jvp
 # Static params: the pattern and index maps
 
 
+def _frozen(a) -> bool:
+    """Whether the array `a` and every array it views are read-only."""
+    while a is not None:
+        if not isinstance(a, np.ndarray) or a.flags.writeable:
+            return False
+        a = a.base
+    return True
+
+
 class IndexMap:
     """A static, read-only int64 index array used as a param (hashable by content)."""
 
     __slots__ = ("array", "_key", "_padded", "__weakref__")
 
     def __init__(self, array):
-        a = np.array(array, dtype=np.int64).ravel()
-        a.setflags(write=False)
+        a = np.asarray(array, dtype=np.int64).ravel()
+        if not _frozen(a):  # (a read-only one, as `Pattern.from_coo` gives, is shared)
+            a = a.copy()
+            a.setflags(write=False)
         self.array = a
         self._key = hashlib.blake2b(a.tobytes(), digest_size=8).hexdigest()
         self._padded: dict[int, np.ndarray] = {}
