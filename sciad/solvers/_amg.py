@@ -286,7 +286,7 @@ def _build_one(s: Structure, d: np.ndarray) -> tuple:
     weights, ps, values = [], [], []
     if not np.isfinite(d).all():  # the solve's checks report it: no setup
         return None
-    a_vals = d.astype(np.float64)
+    a_vals = np.asarray(d, np.float64)  # (not copied: read only)
     for i, lv in enumerate(s.levels):
         a = sp.csr_matrix((a_vals, lv.cols, lv.indptr), shape=(lv.n, lv.n))
         diag = np.where(lv.diag >= 0, a_vals[np.maximum(lv.diag, 0)], 0.0)
@@ -324,7 +324,7 @@ def _setup_one(s: Structure, d: np.ndarray, dtype) -> tuple:
     holds them."""
     global _setups
     key = (id(s), np.dtype(dtype).str,
-           hashlib.blake2b(np.ascontiguousarray(d).tobytes(), digest_size=16).digest())
+           hashlib.blake2b(np.ascontiguousarray(d).view(np.uint8), digest_size=16).digest())
     with _cache_lock:
         hit = _cache.get(key)
         if hit is not None and hit[0] is s:
