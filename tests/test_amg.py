@@ -204,6 +204,20 @@ def test_cache_within_its_byte_budget_keeps_the_newest(monkeypatch):
     assert amg.setup_count() == n0 + 3  # the first values' hierarchy went
 
 
+def test_jax_vmap_over_right_hand_sides_of_a_to_jax_solve():
+    # the setup's ordering operand (one element of the right-hand side) stays
+    # unbatched under jax.vmap: one hierarchy for the shared matrix
+    A = _poisson(8, 8)
+    B = np.stack([_rhs(A.shape[0], k) for k in range(3)])
+    f = sd.to_jax(lambda d, b: sd.linalg.solve(_sd(A, d), b, solver="cg",
+                                               preconditioner="amg", tol=1e-12))
+    n0 = amg.setup_count()
+    with jax.enable_x64(True):
+        X = jax.jit(jax.vmap(f, in_axes=(None, 0)))(jnp.asarray(A.data), jnp.asarray(B))
+    np.testing.assert_allclose(X, spl.spsolve(A.tocsc(), B.T).T, rtol=1e-9)
+    assert amg.setup_count() == n0 + 1
+
+
 def _constants(hlo: str, dtype: str) -> list[str]:
     """The printed values of the array constants of `dtype` with over 100 entries."""
     out = []

@@ -591,7 +591,7 @@ def _solve_impl(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=
         precond = None
         if preconditioner is not None:  # (its record: set up once, applied every step)
             pre = lookup(preconditioner, "preconditioner")
-            state = pre.setup(a, pattern=pattern)
+            state = pre.setup(a, pattern=pattern, after=b)
             precond = functools.partial(_apply_preconditioner, pre, state, a,
                                         pattern=pattern, transpose=transpose)
         return _iterative_solve(_matvec(a, pattern, transpose), a, b, solver=solver,
