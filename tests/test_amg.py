@@ -12,6 +12,8 @@ lowered to get hierarchies of three or four levels."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -181,6 +183,68 @@ def test_hierarchy_built_once_per_values():
     assert amg.setup_count() == n0 + 1  # the same values: found in the cache
     g(2 * A.data, b)
     assert amg.setup_count() == n0 + 2  # new values: a new hierarchy
+
+
+def test_cache_within_its_byte_budget_keeps_the_newest(monkeypatch):
+    monkeypatch.setattr(amg, "MAX_CACHED_BYTES", 1)  # no room for two hierarchies
+    A = _poisson(11, 11)
+    b = _rhs(A.shape[0])
+
+    def loss(d, b):
+        x = sd.linalg.solve(_sd(A, d), b, solver="amg", assume="spd", tol=1e-12)
+        return snp.sum(x * x)
+
+    g = sd.function(sd.grad(loss, argnums=(0, 1)))
+    n0 = amg.setup_count()
+    g(A.data, b)
+    assert amg.setup_count() == n0 + 1  # the adjoint solve still finds the forward's setup
+    g(3 * A.data, b)
+    assert amg.setup_count() == n0 + 2 and len(amg._cache) == 1
+    g(A.data, b)
+    assert amg.setup_count() == n0 + 3  # the first values' hierarchy went
+
+
+def test_jax_vmap_over_right_hand_sides_of_a_to_jax_solve():
+    # the setup's ordering operand (one element of the right-hand side) stays
+    # unbatched under jax.vmap: one hierarchy for the shared matrix
+    A = _poisson(8, 8)
+    B = np.stack([_rhs(A.shape[0], k) for k in range(3)])
+    f = sd.to_jax(lambda d, b: sd.linalg.solve(_sd(A, d), b, solver="cg",
+                                               preconditioner="amg", tol=1e-12))
+    n0 = amg.setup_count()
+    with jax.enable_x64(True):
+        X = jax.jit(jax.vmap(f, in_axes=(None, 0)))(jnp.asarray(A.data), jnp.asarray(B))
+    np.testing.assert_allclose(X, spl.spsolve(A.tocsc(), B.T).T, rtol=1e-9)
+    assert amg.setup_count() == n0 + 1
+
+
+def _constants(hlo: str, dtype: str) -> list[str]:
+    """The printed values of the array constants of `dtype` with over 100 entries."""
+    out = []
+    for value, shape in re.findall(r'stablehlo.constant dense<("0x[0-9A-F]+")> : '
+                                   r'tensor<([0-9x]+)x' + dtype + '>', hlo):
+        if np.prod([int(d) for d in shape.split("x")]) > 100:
+            out.append(value)
+    return out
+
+
+def test_index_arrays_enter_the_program_once_as_int32():
+    # every index array (A's rows and columns, its transpose's permutation,
+    # each level's) is one int32 constant, whatever number of products,
+    # V-cycles (forward and transposed) and checks read it
+    A = _poisson(10, 10)
+    b = _rhs(A.shape[0])
+
+    def loss(d, b):
+        x = sd.linalg.solve(_sd(A, d), b, solver="cg", preconditioner="amg", tol=1e-12)
+        return snp.sum(x * x)
+
+    f = jax.jit(sd.to_jax(sd.value_and_grad(loss)))
+    with jax.enable_x64(True):
+        hlo = f.lower(jnp.asarray(A.data), jnp.asarray(b)).as_text()
+    i32 = _constants(hlo, "i32")
+    assert _constants(hlo, "i64") == []
+    assert len(i32) == len(set(i32)) >= 4  # A's rows and cols; each level's P
 
 
 @pytest.mark.slow

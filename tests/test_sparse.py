@@ -4,6 +4,8 @@ and results of compiled functions, and the errors users see."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -206,3 +208,40 @@ def test_derivatives_through_a_constant_sparse_matrix(rng):
     with jax.enable_x64(True):
         ref = jax.grad(lambda x: jnp.sum(jnp.sin(D @ x) * (D.T @ x)))(x)
     np.testing.assert_allclose(np.asarray(sd.grad(f)(x)), np.asarray(ref), rtol=1e-12)
+
+
+def test_a_pattern_is_one_int32_constant_per_index_array(rng):
+    # products with A and A.T and the sampled product of the gradient read
+    # A's rows and columns: each enters the program once, as int32
+    M = _random_csr(rng, 30, 30, density=0.2)
+    x = rng.standard_normal(30)
+
+    def f(d, x):
+        A = sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape)
+        return snp.sum((A @ x) * (A.T @ x))
+
+    g = jax.jit(sd.to_jax(sd.value_and_grad(f, argnums=(0, 1))))
+    with jax.enable_x64(True):
+        hlo = g.lower(jnp.asarray(M.data), jnp.asarray(x)).as_text()
+        val, (gd, gx) = g(jnp.asarray(M.data), jnp.asarray(x))
+    big = re.findall(rf'constant dense<("0x[0-9A-F]+")> : tensor<{M.nnz}(?:x1)?x(i32|i64)>', hlo)
+    assert big and all(t == "i32" for _, t in big) and len(big) == len(set(big))
+    Ax, ATx = M @ x, M.T @ x
+    np.testing.assert_allclose(val, Ax @ ATx, rtol=1e-12)
+    np.testing.assert_allclose(gx, M.T @ ATx + M @ Ax, rtol=1e-12)
+    rows = np.repeat(np.arange(30), np.diff(M.indptr))
+    np.testing.assert_allclose(gd, x[M.indices] * ATx[rows] + Ax[M.indices] * x[rows],
+                               rtol=1e-12)
+
+
+def test_from_coo_sorts_the_same_coordinates_once():
+    row, col = np.array([2, 0, 1, 0, 2]), np.array([1, 0, 2, 0, 1])
+    p1, d1 = sd.graph.Pattern.from_coo((3, 3), row, col)
+    p2, d2 = sd.graph.Pattern.from_coo((3, 3), row.copy(), col.copy())
+    assert p1 is p2 and d2 is d1 and not d1.flags.writeable
+    np.testing.assert_array_equal(d1, [2, 0, 1, 0, 2])  # entries (0,0), (1,2), (2,1)
+    p3, _ = sd.graph.Pattern.from_coo((3, 4), row, col)  # another shape: its own pattern
+    assert p3 is not p1 and p3.shape == (3, 4)
+    A = sd.sparse.coo_matrix((np.arange(5.0), (row, col)), shape=(3, 3))
+    np.testing.assert_array_equal(np.asarray(A.todense()),
+                                  sp.coo_matrix((np.arange(5.0), (row, col)), (3, 3)).toarray())

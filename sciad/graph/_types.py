@@ -8,6 +8,8 @@ its short printed form (`f64[3,4]`) and its JSON form.
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -319,7 +321,13 @@ class Pattern:
     @classmethod
     def from_coo(cls, shape, row, col) -> tuple["Pattern", np.ndarray]:
         """The canonical pattern of COO coordinates (duplicates merged) and, for
-        each input entry, its data index in that pattern."""
+        each input entry, its data index in that pattern (read-only).
+
+        The last few results are kept, by a digest of the coordinates: a
+        function that assembles its matrix from the same coordinates in every
+        trace (forward, gradient, ...) sorts them once and gets one `Pattern`
+        object (whose derived arrays, device index arrays included, are then
+        made once)."""
         shape = tuple(int(d) for d in shape)
         row = np.asarray(row).ravel()
         col = np.asarray(col).ravel()
@@ -330,19 +338,38 @@ class Pattern:
             if idx.size and idx.dtype.kind not in "iu":
                 raise ShapeError(f"`{name}` must hold integers, got dtype {idx.dtype}.",
                                  op="sparse.coo_matrix")
-        row, col = row.astype(np.int64), col.astype(np.int64)
+        row, col = row.astype(np.int64, copy=False), col.astype(np.int64, copy=False)
         n, m = shape
         if row.size and (row.min() < 0 or row.max() >= n or col.min() < 0
                          or col.max() >= m):
             raise ShapeError(f"coordinates out of range for shape {shape}: rows in "
                              f"[{row.min()}, {row.max()}], cols in [{col.min()}, "
                              f"{col.max()}].", op="sparse.coo_matrix")
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(np.ascontiguousarray(row).tobytes())
+        digest.update(np.ascontiguousarray(col).tobytes())
+        cache_key = (cls, shape, row.size, digest.digest())
+        with _from_coo_lock:
+            hit = _from_coo_cache.get(cache_key)
+            if hit is not None:
+                _from_coo_cache.move_to_end(cache_key)
+                return hit
         key = row * max(m, 1) + col
         uniq, dest = np.unique(key, return_inverse=True)
+        del key
         u_rows, u_cols = uniq // max(m, 1), uniq % max(m, 1)
         indptr = np.zeros(n + 1, np.int64)
         np.cumsum(np.bincount(u_rows, minlength=n), out=indptr[1:])
-        return cls(shape, indptr, u_cols), dest.astype(np.int64).ravel()
+        dest = np.ascontiguousarray(dest.reshape(-1), dtype=np.int64)
+        if dest.base is not None:
+            dest = dest.copy()
+        dest.setflags(write=False)
+        out = cls(shape, indptr, u_cols), dest
+        with _from_coo_lock:
+            _from_coo_cache[cache_key] = out
+            while len(_from_coo_cache) > FROM_COO_CACHED:
+                _from_coo_cache.popitem(last=False)
+        return out
 
     def to_json(self) -> dict:
         from ._serialize import _encode_array  # (here: _serialize imports this module)
@@ -360,6 +387,12 @@ class Pattern:
             # rules build per-column index maps (`transposed`)
             _charge(shape[1], f"a sparse pattern's {shape[1]} columns")
         return cls(shape, _decode_array(d["indptr"]), _decode_array(d["indices"]))
+
+
+#: `Pattern.from_coo` results kept (by a digest of the coordinates)
+FROM_COO_CACHED = 4
+_from_coo_cache: OrderedDict = OrderedDict()
+_from_coo_lock = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)

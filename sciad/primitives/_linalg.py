@@ -72,6 +72,8 @@ from ..graph._sparsity import along, dense, empty, union
 from ..graph._trace import trace_flat
 from ..graph._types import FactorType, Pattern, holds_tuple, register_factor_layout
 from ..solvers._host import host_call
+from ..solvers._indices import (pattern_cols, pattern_diagonal, pattern_rows,
+                                pattern_transpose, segment_max, segment_sum, take)
 from ..solvers._linear import names_for, resolve
 from ..solvers._measures import ratio
 from ..solvers._registry import lookup, records
@@ -155,7 +157,7 @@ def _matvec(a, pattern: Pattern | None, transpose: bool):
 
 def _asymmetry(a, pattern):
     """`max |A - A^T| / max |A|` (0 for a zero matrix)."""
-    at = a[pattern.transposed()[1]] if pattern is not None else a.T
+    at = take(a, pattern_transpose(pattern)) if pattern is not None else a.T
     scale = jnp.max(jnp.abs(a), initial=0.0)
     return jnp.max(jnp.abs(a - at), initial=0.0) / jnp.where(scale > 0, scale, 1.0)
 
@@ -165,8 +167,9 @@ def _min_diagonal(a, pattern):
     stores none)."""
     if pattern is None:
         return jnp.min(jnp.real(jnp.diagonal(a)), initial=jnp.inf)
-    pos = pattern.diagonal_positions()
-    d = jnp.where(jnp.asarray(pos >= 0), jnp.real(a[np.maximum(pos, 0)]), 0.0)
+    stored = pattern.diagonal_positions() >= 0
+    d = jnp.real(take(a, pattern_diagonal(pattern)))
+    d = d if stored.all() else jnp.where(stored, d, 0.0)
     return jnp.min(d, initial=jnp.inf)
 
 
@@ -187,8 +190,8 @@ def _zero_line(a, pattern):
     took twice that.)"""
     mag = jnp.abs(a)
     n, m = pattern.shape
-    rows = jax.ops.segment_max(mag, jnp.asarray(pattern.rows), n, indices_are_sorted=True)
-    cols = jax.ops.segment_max(mag, jnp.asarray(pattern.indices), m)
+    rows = segment_max(mag, pattern_rows(pattern), n, sorted_indices=True)
+    cols = segment_max(mag, pattern_cols(pattern), m)
     return ~(jnp.all(rows > 0) & jnp.all(cols > 0))
 
 
@@ -196,9 +199,9 @@ def _norm_inf(a, pattern, transpose: bool):
     """`||op(a)||_inf` from the values."""
     if pattern is None:
         return jnp.max(jnp.sum(jnp.abs(a), axis=0 if transpose else 1), initial=0.0)
-    idx = pattern.indices if transpose else pattern.rows
+    idx = pattern_cols(pattern) if transpose else pattern_rows(pattern)
     n = pattern.shape[1] if transpose else pattern.shape[0]
-    return jnp.max(jax.ops.segment_sum(jnp.abs(a), jnp.asarray(idx), n), initial=0.0)
+    return jnp.max(segment_sum(jnp.abs(a), idx, n), initial=0.0)
 
 
 def _measures(apply, x, b, anorm_inf):
@@ -621,7 +624,7 @@ def _solve_impl(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=
         precond = None
         if preconditioner is not None:  # (its record: set up once, applied every step)
             pre = lookup(preconditioner, "preconditioner")
-            state = pre.setup(a, pattern=pattern)
+            state = pre.setup(a, pattern=pattern, after=b)
             precond = functools.partial(_apply_preconditioner, pre, state, a,
                                         pattern=pattern, transpose=transpose)
         return _iterative_solve(_matvec(a, pattern, transpose), a, b, solver=solver,
@@ -837,7 +840,7 @@ def _rcond_impl(a, *, solver, pattern=None, norm=1, exact=False, constant=False,
         c = jnp.linalg.cond(a, p={1: 1, np.inf: jnp.inf, 2: 2, "fro": "fro"}[norm])
         return jnp.where(jnp.isfinite(c), 1.0 / c, 0.0).astype(np.finfo(a.dtype).dtype)
     if norm == np.inf:  # ||A||_inf ||A^-1||_inf = the 1-norm condition of A^T
-        a = a[pattern.transposed()[1]] if pattern is not None else a.T
+        a = take(a, pattern_transpose(pattern)) if pattern is not None else a.T
         pattern = pattern.transposed()[0] if pattern is not None else None
     factor = _make_factor(a, solver=solver, pattern=pattern, assume=None, throw=False,
                           uses=1, site=site or Site("linalg.rcond"))

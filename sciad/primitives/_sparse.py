@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -38,6 +37,8 @@ from ..graph._cost import Cost, size
 from ..graph._serialize import _decode_array, _encode_array
 from ..graph._sparsity import Deps, by_ids, contraction, empty, select_rows, union, value_shape
 from ..graph._types import Pattern
+from ..solvers._indices import (cached_index, pattern_cols, pattern_rows, pattern_transpose,
+                                segment_sum, take)
 from ._contract import _multilinear_jvp
 from ._map import columns_rule, map_rule
 from ._shape import _linear_jvp
@@ -46,14 +47,25 @@ from ._shape import _linear_jvp
 # Static params: the pattern and index maps
 
 
+def _frozen(a) -> bool:
+    """Whether the array `a` and every array it views are read-only."""
+    while a is not None:
+        if not isinstance(a, np.ndarray) or a.flags.writeable:
+            return False
+        a = a.base
+    return True
+
+
 class IndexMap:
     """A static, read-only int64 index array used as a param (hashable by content)."""
 
-    __slots__ = ("array", "_key", "_padded")
+    __slots__ = ("array", "_key", "_padded", "__weakref__")
 
     def __init__(self, array):
-        a = np.array(array, dtype=np.int64).ravel()
-        a.setflags(write=False)
+        a = np.asarray(array, dtype=np.int64).ravel()
+        if not _frozen(a):  # (a read-only one, as `Pattern.from_coo` gives, is shared)
+            a = a.copy()
+            a.setflags(write=False)
         self.array = a
         self._key = hashlib.blake2b(a.tobytes(), digest_size=8).hexdigest()
         self._padded: dict[int, np.ndarray] = {}
@@ -79,6 +91,11 @@ class IndexMap:
         if out is None:
             out = self._padded[size] = np.where(self.array < 0, size, self.array)
         return out
+
+    def device(self, size: int):
+        """`padded(size)` as an int32 `(k, 1)` device array, made once (the
+        one constant of this map in a program: see `sciad.solvers._indices`)."""
+        return cached_index(self, f"padded{size}", lambda: self.padded(size))
 
 
 def _encode_index(m: IndexMap):
@@ -160,7 +177,7 @@ def _assemble_impl(x, *, pattern, index=None, tags=frozenset()):
     if index is None:
         return x
     nnz = pattern.nnz
-    return jnp.zeros((nnz,), x.dtype).at[index.padded(nnz)].add(x, mode="drop")
+    return segment_sum(x, index.device(nnz), nnz, drop=True)
 
 
 def assemble(x, pattern: Pattern, index: IndexMap | None = None, tags=frozenset()):
@@ -226,7 +243,7 @@ def _gather_impl(data, *, index=None):
         return data
     nnz = data.shape[0]
     padded = jnp.concatenate([data, jnp.zeros((1,), data.dtype)])
-    return padded[index.padded(nnz)]
+    return take(padded, index.device(nnz))
 
 
 sparse_gather_p.def_jvp(_linear_jvp(sparse_gather_p))
@@ -274,14 +291,14 @@ def _matmul_shape(a, x, *, pattern, transpose=False):
 
 
 def _segment_matmul(data, x, gather_idx, scatter_idx, n_out, sorted_out):
-    prod = data.reshape((-1,) + (1,) * (x.ndim - 1)) * x[gather_idx]
-    return jax.ops.segment_sum(prod, scatter_idx, num_segments=n_out,
-                               indices_are_sorted=sorted_out)
+    # (the index arrays: cached `(nnz, 1)` device arrays, see `solvers._indices`)
+    prod = data.reshape((-1,) + (1,) * (x.ndim - 1)) * take(x, gather_idx)
+    return segment_sum(prod, scatter_idx, n_out, sorted_indices=sorted_out)
 
 
 @sparse_matmul_p.def_impl
 def _matmul_impl(data, x, *, pattern, transpose=False):
-    rows, cols = pattern.rows, pattern.indices
+    rows, cols = pattern_rows(pattern), pattern_cols(pattern)
     if transpose:
         return _segment_matmul(data, x, rows, cols, pattern.shape[1], False)
     return _segment_matmul(data, x, cols, rows, pattern.shape[0], True)
@@ -318,7 +335,7 @@ def _sddmm_shape(u, v, *, pattern):
 
 @sparse_sddmm_p.def_impl
 def _sddmm_impl(u, v, *, pattern):
-    prod = u[pattern.rows] * v[pattern.indices]
+    prod = take(u, pattern_rows(pattern), sorted_indices=True) * take(v, pattern_cols(pattern))
     return prod if prod.ndim == 1 else jnp.sum(prod, axis=1)
 
 
@@ -353,8 +370,7 @@ def _transpose_shape(a, *, pattern):
 
 @sparse_transpose_p.def_impl
 def _transpose_impl(data, *, pattern):
-    _, perm = pattern.transposed()
-    return data[perm]
+    return take(data, pattern_transpose(pattern))
 
 
 sparse_transpose_p.def_jvp(_linear_jvp(sparse_transpose_p))

@@ -32,8 +32,11 @@ uses the same hierarchy with every level operator transposed (the
 hierarchy of `A^T` with the same `P`): the exact transpose of the cycle.
 
 Memory is O(nnz): the level patterns and values (`hierarchy_size`), the
-cache of at most `MAX_CACHED` value sets, and a dense coarsest level of at
-most `MAX_COARSE` unknowns.
+cache of at most `MAX_CACHED` value sets within `MAX_CACHED_BYTES` (the
+newest always), and a dense coarsest level of at most `MAX_COARSE`
+unknowns. In the program, each level's index arrays are int32 constants,
+one per array (`_indices`), the finest level's shared with the solve's
+products and checks.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from pyamg.util.linalg import approximate_spectral_radius
 
 from ..errors import NotSupportedError, SingularMatrixError
 from ._host import host_call
+from ._indices import cached_index, pattern_cols, pattern_rows, segment_sum, take
 from ._iterative import AbstractPreconditioner
 from ._threads import one_blas_thread
 
@@ -66,22 +70,28 @@ MAX_LEVELS = 12
 MAX_DENSE = 4096
 #: hierarchies (value sets) kept on the host
 MAX_CACHED = 4
+#: ... and the bytes they may take together: older entries go before a new
+#: hierarchy is built where it would not fit beside them (the newest is
+#: kept whatever its size: the adjoint solve of a gradient looks up the
+#: forward solve's, and one entry is what that needs; at 10^6 unknowns one
+#: hierarchy is ~70 MB)
+MAX_CACHED_BYTES = 64 * 2 ** 20
 #: patterns whose aggregation is kept
 MAX_PATTERNS = 8
 @dataclass(frozen=True, eq=False)
 class _Level:
-    """One smoothed level: its matrix's pattern (`rows`, `cols`, CSR
-    `indptr`), its prolongator `P` (n x nc) on a superset pattern, and the
-    tentative prolongator `T` (one entry per aggregated row)."""
+    """One smoothed level: its matrix's pattern (CSR `indptr`, `cols`), its
+    prolongator `P` (n x nc) on a superset pattern, and the tentative
+    prolongator `T` (one entry per aggregated row). Index arrays are int32
+    where they fit (what SciPy converts to anyway); the rows of each entry,
+    for the program, are made with its device arrays (`_level_indices`)."""
 
     n: int
     indptr: np.ndarray
     cols: np.ndarray
-    rows: np.ndarray
     diag: np.ndarray
     p_indptr: np.ndarray
     p_cols: np.ndarray
-    p_rows: np.ndarray
     nc: int
     t: object  # scipy csr (n x nc)
 
@@ -162,7 +172,14 @@ def _pattern_of(m):
     m = m.tocsr()
     m.sum_duplicates()
     m.sort_indices()
-    return m.indptr.astype(np.int64), m.indices.astype(np.int64)
+    return _compact(m.indptr), _compact(m.indices)
+
+
+def _compact(a) -> np.ndarray:
+    """The index array `a` as int32 where its values allow (else int64)."""
+    a = np.asarray(a)
+    small = a.size == 0 or a.max() < np.iinfo(np.int32).max
+    return a.astype(np.int32 if small else np.int64, copy=False)
 
 
 def _rows_of(indptr):
@@ -174,7 +191,7 @@ def _diag_positions(indptr, cols):
     pos = np.full(indptr.size - 1, -1, np.int64)
     on = np.nonzero(rows == cols)[0]
     pos[rows[on]] = on
-    return pos
+    return _compact(pos)
 
 
 def build_structure(shape, indptr, indices, max_coarse: int = MAX_COARSE,
@@ -182,8 +199,7 @@ def build_structure(shape, indptr, indices, max_coarse: int = MAX_COARSE,
     """The aggregation of the pattern `(shape, indptr, indices)` (see the
     module docstring)."""
     n = int(shape[0])
-    indptr = np.asarray(indptr, np.int64)
-    cols = np.asarray(indices, np.int64)
+    indptr, cols = _compact(indptr), _compact(indices)
     levels = []
     while n > max_coarse and len(levels) + 1 < max_levels:
         a = _csr_ones(n, n, indptr, cols)
@@ -195,8 +211,9 @@ def build_structure(shape, indptr, indices, max_coarse: int = MAX_COARSE,
         p_indptr, p_cols = _pattern_of(a @ tp + tp)
         p = _csr_ones(n, nc, p_indptr, p_cols)
         c_indptr, c_cols = _pattern_of(p.T @ (a @ p))
-        levels.append(_Level(n, indptr, cols, _rows_of(indptr), _diag_positions(indptr, cols),
-                             p_indptr, p_cols, _rows_of(p_indptr), nc, t))
+        levels.append(_Level(n, indptr, cols, _diag_positions(indptr, cols), p_indptr, p_cols,
+                             nc, t))
+        del a, tp, p
         n, indptr, cols = nc, c_indptr, c_cols
     return Structure(tuple(levels), (n, indptr, cols))
 
@@ -269,7 +286,7 @@ def _build_one(s: Structure, d: np.ndarray) -> tuple:
     weights, ps, values = [], [], []
     if not np.isfinite(d).all():  # the solve's checks report it: no setup
         return None
-    a_vals = d.astype(np.float64)
+    a_vals = np.asarray(d, np.float64)  # (not copied: read only)
     for i, lv in enumerate(s.levels):
         a = sp.csr_matrix((a_vals, lv.cols, lv.indptr), shape=(lv.n, lv.n))
         diag = np.where(lv.diag >= 0, a_vals[np.maximum(lv.diag, 0)], 0.0)
@@ -283,9 +300,13 @@ def _build_one(s: Structure, d: np.ndarray) -> tuple:
             rho = float("nan")
         w = 4.0 / (3.0 * rho) if np.isfinite(rho) and rho > 0 else 0.0
         p = (lv.t - w * (da @ lv.t)).tocsr()
+        del da  # (host memory: each level's products go as soon as they are used)
         weights.append(w * dinv)
         ps.append(_scatter(p, lv.nc, lv.p_indptr, lv.p_cols))
-        ac = (p.T @ (a @ p)).tocsr()
+        ap = a @ p
+        del a
+        ac = (p.T @ ap).tocsr()
+        del ap, p
         if i + 1 < len(s.levels):
             nxt = s.levels[i + 1]
             a_vals = _scatter(ac, lv.nc, nxt.indptr, nxt.cols)
@@ -303,12 +324,16 @@ def _setup_one(s: Structure, d: np.ndarray, dtype) -> tuple:
     holds them."""
     global _setups
     key = (id(s), np.dtype(dtype).str,
-           hashlib.blake2b(np.ascontiguousarray(d).tobytes(), digest_size=16).digest())
+           hashlib.blake2b(np.ascontiguousarray(d).view(np.uint8), digest_size=16).digest())
     with _cache_lock:
         hit = _cache.get(key)
         if hit is not None and hit[0] is s:
             _cache.move_to_end(key)
             return hit[1]
+        # (room for the new one first: the host does not hold the old
+        # hierarchies while it builds)
+        _trim(sum(int(np.prod(shape)) for shape, _ in s.layout(dtype))
+              * np.dtype(dtype).itemsize)
     with one_blas_thread():
         arrays = _build_one(s, d)
     if arrays is None:
@@ -317,19 +342,48 @@ def _setup_one(s: Structure, d: np.ndarray, dtype) -> tuple:
         arrays = tuple(np.asarray(x, dtype) for x in arrays)
     with _cache_lock:
         _setups += 1
+        _trim(sum(x.nbytes for x in arrays))
         _cache[key] = (s, arrays)
-        while len(_cache) > MAX_CACHED:
-            _cache.popitem(last=False)
     return arrays
 
 
-def setup(a, s: Structure):
+def _trim(room: int) -> None:
+    """Drops the oldest cached hierarchies until one of `room` bytes fits
+    (`MAX_CACHED`, `MAX_CACHED_BYTES`; the caller holds the lock)."""
+    held = sum(sum(x.nbytes for x in hit[1]) for hit in _cache.values())
+    while _cache and (len(_cache) >= MAX_CACHED or held + room > MAX_CACHED_BYTES):
+        _, (_, old) = _cache.popitem(last=False)
+        held -= sum(x.nbytes for x in old)
+
+
+@jax.custom_batching.custom_vmap
+def _one_of(x):
+    """One element of `x`, for an ordering dependency: unbatched under
+    `jax.vmap` (example 0's), so it never batches the call that reads it."""
+    return jnp.ravel(x)[:1]
+
+
+@_one_of.def_vmap
+def _one_of_vmap(axis_size, in_batched, x):
+    return jnp.ravel(x[0] if in_batched[0] else x)[:1], False
+
+
+def setup(a, s: Structure, after=None):
     """The hierarchy of the sparse matrix with values `a` (leading batch axes
-    allowed under `jax.vmap`): one host call, its arrays as `layout` says."""
+    allowed under `jax.vmap`): one host call, its arrays as `layout` says.
+
+    `after` (a solve's right-hand side): the call also reads one element of
+    it, which it ignores, so that XLA runs it once that is computed. An
+    adjoint solve's setup (a cache hit) then runs after the forward solve,
+    and the two solves' hierarchies are not live in the program together
+    (XLA otherwise schedules both setups first: at 10^6 unknowns that held
+    ~70 MB more). (Under `jax.vmap` the element is example 0's: it never
+    batches the call.)"""
     dtype = np.dtype(a.dtype)
     layout = s.layout(dtype)
+    args = (a,) if after is None or not jnp.size(after) else (a, _one_of(after))
 
-    def host(d):
+    def host(d, *_):
         if d.ndim == 1:
             return _setup_one(s, d, dtype)
         batch = d.shape[:-1]
@@ -338,7 +392,7 @@ def setup(a, s: Structure):
         return tuple(np.stack([b[i] for b in built]).reshape(batch + shape)
                      for i, (shape, _) in enumerate(layout))
 
-    return host_call(host, tuple(jax.ShapeDtypeStruct(shape, dt) for shape, dt in layout), a)
+    return host_call(host, tuple(jax.ShapeDtypeStruct(shape, dt) for shape, dt in layout), *args)
 
 
 # ---------------------------------------------------------------------------
@@ -348,13 +402,26 @@ def setup(a, s: Structure):
 def _spmv(vals, rows, cols, n_out, x, transpose=False):
     if transpose:
         rows, cols = cols, rows
-    return jax.ops.segment_sum(vals * x[cols], rows, num_segments=n_out,
-                               indices_are_sorted=not transpose)
+    return segment_sum(vals * take(x, cols), rows, n_out, sorted_indices=not transpose)
 
 
-def vcycle(s: Structure, arrays, a, v, *, transpose: bool = False):
+def _level_indices(lv: _Level, level: int, pattern) -> tuple:
+    """`(rows, cols, p_rows, p_cols)` of a level as cached device index arrays
+    (see `_indices`): the finest level's pattern is the matrix's, whose
+    arrays the products and checks of the solve share."""
+    if level == 0 and pattern is not None:
+        rows, cols = pattern_rows(pattern), pattern_cols(pattern)
+    else:
+        rows = cached_index(lv, "rows", lambda: _rows_of(lv.indptr))
+        cols = cached_index(lv, "cols", lambda: lv.cols)
+    return (rows, cols, cached_index(lv, "p_rows", lambda: _rows_of(lv.p_indptr)),
+            cached_index(lv, "p_cols", lambda: lv.p_cols))
+
+
+def vcycle(s: Structure, arrays, a, v, *, transpose: bool = False, pattern=None):
     """One V-cycle from zero for `op(A) x = v` (`op` the transpose if
-    `transpose`): `x ~ op(A)^-1 v`. `a`: the finest level's values."""
+    `transpose`): `x ~ op(A)^-1 v`. `a`: the finest level's values;
+    `pattern`: its pattern (the one `s` was built from), if at hand."""
     nl = len(s.levels)
     weights, ps, values = arrays[:nl], arrays[nl:2 * nl], arrays[2 * nl:3 * nl - 1]
     cinv = arrays[-1]
@@ -365,8 +432,7 @@ def vcycle(s: Structure, arrays, a, v, *, transpose: bool = False):
             m = cinv.T if transpose else cinv
             return jnp.matmul(m, b, precision=jax.lax.Precision.HIGHEST)
         lv = s.levels[level]
-        rows, cols = jnp.asarray(lv.rows, jnp.int32), jnp.asarray(lv.cols, jnp.int32)
-        prow, pcol = jnp.asarray(lv.p_rows, jnp.int32), jnp.asarray(lv.p_cols, jnp.int32)
+        rows, cols, prow, pcol = _level_indices(lv, level, pattern)
         vals, w, p = mats[level], weights[level], ps[level]
 
         def mat(x):
@@ -408,11 +474,11 @@ class AMG(AbstractPreconditioner):
                 "use preconditioner='jacobi'.")
         return None
 
-    def setup(self, a, *, pattern):
-        return setup(a, structure(pattern))
+    def setup(self, a, *, pattern, after=None):
+        return setup(a, structure(pattern), after)
 
     def apply(self, state, a, v, *, pattern, transpose: bool = False):
-        return vcycle(structure(pattern), state, a, v, transpose=transpose)
+        return vcycle(structure(pattern), state, a, v, transpose=transpose, pattern=pattern)
 
     def setup_bytes(self, n: int, pattern, dtype) -> int:
         return structure(pattern).nbytes(np.dtype(dtype).itemsize)

@@ -216,9 +216,12 @@ class AbstractPreconditioner:
     - `where`: where its setup runs, "device" (in the program) or "host".
     - `rejects(matrix=, pattern=, shown=)`: why it cannot precondition such
       a matrix, `(exception class, message)`, or None (asked at trace time).
-    - `setup(a, pattern=)`: its state (a tuple of arrays) from the matrix's
-      values `a` (dense, or on `pattern`), in the program (possibly a host
-      call); the same state serves the transposed solve.
+    - `setup(a, pattern=, after=)`: its state (a tuple of arrays) from the
+      matrix's values `a` (dense, or on `pattern`), in the program (possibly
+      a host call); the same state serves the transposed solve. `after`: the
+      solve's right-hand side, which a host setup may wait for (an adjoint
+      solve's then builds its state after the forward solve ran, not beside
+      it); others ignore it.
     - `apply(state, a, v, pattern=, transpose=)`: `M^-1 v` with `M ~ op(A)`,
       a JAX function, linear in `v`; symmetric positive definite for an spd
       `A` (CG needs it).
@@ -234,7 +237,7 @@ class AbstractPreconditioner:
     def rejects(self, *, matrix: str, pattern=None, shown: str = ""):
         return None
 
-    def setup(self, a, *, pattern=None) -> tuple:
+    def setup(self, a, *, pattern=None, after=None) -> tuple:
         raise NotImplementedError
 
     def apply(self, state, a, v, *, pattern=None, transpose: bool = False):

@@ -24,7 +24,7 @@ class Jacobi(AbstractPreconditioner):
                 f"{shown or 'the matrix'} lacks some.")
         return None
 
-    def setup(self, a, *, pattern=None):
+    def setup(self, a, *, pattern=None, after=None):
         diag = a[pattern.diagonal_positions()] if pattern is not None else jnp.diagonal(a)
         return (1.0 / diag,)
 

@@ -1,0 +1,124 @@
+"""Index arrays in programs: one device array per static index map, and
+gathers and segment sums that use it as it is.
+
+A sparse matrix's index arrays (the row and column of each stored entry, a
+transpose's permutation, an AMG level's) are static: they enter an XLA
+program as constants. Each NumPy array handed to a JAX operation becomes a
+new constant (JAX deduplicates constants by object identity), and
+`x[idx]` and `jax.ops.segment_sum` add int64 -> int32 conversions and
+negative-index fix-ups on top, which XLA folds on the host at compile time.
+With a 10^6-unknown 3-D Laplacian's pattern appearing a dozen times as
+int64 and int32 constants, compilation took a minute and gigabytes.
+
+So each index array is converted once, to a `(k, 1)` int32 `jax.Array`
+(the shape `lax.gather` and `lax.scatter_add` read), cached with its owner
+(a `Pattern`, an `IndexMap`, an AMG level; weakly: it goes with its owner),
+and read by `take` and `segment_sum`, which call `lax.gather` and
+`lax.scatter_add` directly. One trace then holds each index array once,
+whatever reads it, and XLA has nothing to fold. (Under JAX's
+`jax_use_simplified_jaxpr_constants`, such arrays are passed to the
+executable as arguments instead of being embedded.)
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+_PROMISE = lax.GatherScatterMode.PROMISE_IN_BOUNDS
+
+
+def index_array(values) -> jax.Array:
+    """The NumPy integer array `values` (every entry in `[0, 2^31)`, or -1
+    past an array's end where a caller pads) as a `(k, 1)` int32 `jax.Array`,
+    made outside any trace. Callers cache it: see `cached_index`."""
+    values = np.asarray(values).ravel()
+    if values.size and values.max() >= np.iinfo(np.int32).max:
+        dtype = np.int64  # (more than 2^31 entries: not reachable in practice)
+    else:
+        dtype = np.int32
+    with jax.ensure_compile_time_eval():
+        return jnp.asarray(values.astype(dtype, copy=False).reshape(-1, 1))
+
+
+def cached_index(owner, name: str, make: Callable[[], np.ndarray]) -> jax.Array:
+    """`index_array(make())`, made once per `(owner, name)`: `owner` is any
+    hashable, weakly referencable object (owners equal by content share
+    one array)."""
+    with _lock:
+        per = _cache.get(owner)
+        hit = None if per is None else per.get(name)
+    if hit is not None:
+        return hit
+    arr = index_array(make())
+    with _lock:
+        per = _cache.setdefault(owner, {})
+        return per.setdefault(name, arr)
+
+
+def take(x, idx, *, sorted_indices: bool = False):
+    """`x[idx[:, 0]]` (along the first axis) for a `(k, 1)` index array of
+    valid positions: one `lax.gather`, no index fix-ups."""
+    dnums = lax.GatherDimensionNumbers(offset_dims=tuple(range(1, x.ndim)),
+                                       collapsed_slice_dims=(0,), start_index_map=(0,))
+    return lax.gather(x, idx, dnums, (1,) + tuple(x.shape[1:]),
+                      indices_are_sorted=sorted_indices, mode=_PROMISE)
+
+
+def segment_sum(data, idx, n: int, *, sorted_indices: bool = False, drop: bool = False):
+    """`out[idx[k, 0]] += data[k]` into zeros of `n` rows (the sum of each
+    segment, as `jax.ops.segment_sum`): one `lax.scatter_add`. `drop`:
+    indices past the end (`n`) are dropped; otherwise they must be valid."""
+    dnums = lax.ScatterDimensionNumbers(update_window_dims=tuple(range(1, data.ndim)),
+                                        inserted_window_dims=(0,),
+                                        scatter_dims_to_operand_dims=(0,))
+    zeros = jnp.zeros((n,) + tuple(data.shape[1:]), data.dtype)
+    mode = lax.GatherScatterMode.FILL_OR_DROP if drop else _PROMISE
+    return lax.scatter_add(zeros, idx, data, dnums, indices_are_sorted=sorted_indices,
+                           mode=mode)
+
+
+def segment_max(data, idx, n: int, *, sorted_indices: bool = False):
+    """`jax.ops.segment_max` (empty segments `-inf`) on a `(k, 1)` index array."""
+    dnums = lax.ScatterDimensionNumbers(update_window_dims=tuple(range(1, data.ndim)),
+                                        inserted_window_dims=(0,),
+                                        scatter_dims_to_operand_dims=(0,))
+    init = jnp.full((n,) + tuple(data.shape[1:]), -jnp.inf, data.dtype)
+    return lax.scatter_max(init, idx, data, dnums, indices_are_sorted=sorted_indices,
+                           mode=_PROMISE)
+
+
+# ---------------------------------------------------------------------------
+# a sparse pattern's (duck-typed: `rows`, `indices`, `transposed()`,
+# `diagonal_positions()`, as `sciad.graph.Pattern`)
+
+
+def pattern_rows(pattern) -> jax.Array:
+    """The row of each stored entry, as a cached `(nnz, 1)` index array."""
+    return cached_index(pattern, "rows", lambda: pattern.rows)
+
+
+def pattern_cols(pattern) -> jax.Array:
+    """The column of each stored entry, as a cached `(nnz, 1)` index array."""
+    return cached_index(pattern, "cols", lambda: pattern.indices)
+
+
+def pattern_transpose(pattern) -> jax.Array:
+    """`perm` with `data(A.T) = data(A)[perm]`, as a cached index array."""
+    return cached_index(pattern, "transpose", lambda: pattern.transposed()[1])
+
+
+def pattern_diagonal(pattern) -> jax.Array:
+    """The data index of each diagonal entry (0 where there is none: mask
+    with `pattern.diagonal_positions() >= 0`), as a cached index array."""
+    return cached_index(pattern, "diagonal",
+                        lambda: np.maximum(pattern.diagonal_positions(), 0))
