@@ -167,15 +167,20 @@ def test_transposed_solve_uses_the_transposed_hierarchy(method):
     assert amg.setup_count() == before + 1  # the adjoint solve found the forward's setup
 
 
-def test_hierarchy_built_once_per_values():
-    A = _poisson(12, 12)
-    b = _rhs(A.shape[0])
-
+def _compiled_amg_gradient(A):
+    """The compiled gradient of `sum(x^2)`, `A(d) x = b`, solved by AMG-CG, in
+    `(d, b)`."""
     def loss(d, b):
         x = sd.linalg.solve(_sd(A, d), b, solver="amg", assume="spd", tol=1e-12)
         return snp.sum(x * x)
 
-    g = sd.function(sd.grad(loss, argnums=(0, 1)))
+    return sd.function(sd.grad(loss, argnums=(0, 1)))
+
+
+def test_hierarchy_built_once_per_values():
+    A = _poisson(12, 12)
+    b = _rhs(A.shape[0])
+    g = _compiled_amg_gradient(A)
     n0 = amg.setup_count()
     g(A.data, b)
     assert amg.setup_count() == n0 + 1  # forward and adjoint: one setup
@@ -189,12 +194,7 @@ def test_cache_within_its_byte_budget_keeps_the_newest(monkeypatch):
     monkeypatch.setattr(amg, "MAX_CACHED_BYTES", 1)  # no room for two hierarchies
     A = _poisson(11, 11)
     b = _rhs(A.shape[0])
-
-    def loss(d, b):
-        x = sd.linalg.solve(_sd(A, d), b, solver="amg", assume="spd", tol=1e-12)
-        return snp.sum(x * x)
-
-    g = sd.function(sd.grad(loss, argnums=(0, 1)))
+    g = _compiled_amg_gradient(A)
     n0 = amg.setup_count()
     g(A.data, b)
     assert amg.setup_count() == n0 + 1  # the adjoint solve still finds the forward's setup
