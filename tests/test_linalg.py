@@ -150,7 +150,8 @@ def test_dense_solve_rules(rng, solver, assume):
 
 
 @pytest.mark.parametrize("solver,tags", [
-    ("splu", ()), ("splu", ("spd",)), ("klu", ("spd",)),
+    ("splu", ()), ("splu", ("spd",)),
+    pytest.param("klu", ("spd",), marks=pytest.mark.slow),  # (test_klu.py: klu's rules)
     pytest.param("spsolve", (), marks=pytest.mark.slow),
     pytest.param("cg", ("spd",), marks=pytest.mark.slow),
     pytest.param("bicgstab", (), marks=pytest.mark.slow)])  # ~20 s op by op
