@@ -167,13 +167,19 @@ def test_transposed_solve_uses_the_transposed_hierarchy(method):
     assert amg.setup_count() == before + 1  # the adjoint solve found the forward's setup
 
 
+def _squares_loss(A, **solve):
+    """`(d, b) -> sum(x^2)` with `A(d) x = b` solved by `sd.linalg.solve(..., **solve)`."""
+    def loss(d, b):
+        x = sd.linalg.solve(_sd(A, d), b, **solve)
+        return snp.sum(x * x)
+
+    return loss
+
+
 def _compiled_amg_gradient(A):
     """The compiled gradient of `sum(x^2)`, `A(d) x = b`, solved by AMG-CG, in
     `(d, b)`."""
-    def loss(d, b):
-        x = sd.linalg.solve(_sd(A, d), b, solver="amg", assume="spd", tol=1e-12)
-        return snp.sum(x * x)
-
+    loss = _squares_loss(A, solver="amg", assume="spd", tol=1e-12)
     return sd.function(sd.grad(loss, argnums=(0, 1)))
 
 
@@ -235,10 +241,7 @@ def test_index_arrays_enter_the_program_once_as_int32():
     A = _poisson(10, 10)
     b = _rhs(A.shape[0])
 
-    def loss(d, b):
-        x = sd.linalg.solve(_sd(A, d), b, solver="cg", preconditioner="amg", tol=1e-12)
-        return snp.sum(x * x)
-
+    loss = _squares_loss(A, solver="cg", preconditioner="amg", tol=1e-12)
     f = jax.jit(sd.to_jax(sd.value_and_grad(loss)))
     with jax.enable_x64(True):
         hlo = f.lower(jnp.asarray(A.data), jnp.asarray(b)).as_text()
@@ -267,10 +270,7 @@ def test_to_jax_under_jit():
     A = _poisson(10, 10)
     b = _rhs(A.shape[0])
 
-    def loss(d, b):
-        x = sd.linalg.solve(_sd(A, d), b, solver="amg", assume="spd", tol=1e-12)
-        return snp.sum(x * x)
-
+    loss = _squares_loss(A, solver="amg", assume="spd", tol=1e-12)
     f = jax.jit(jax.value_and_grad(sd.to_jax(loss), argnums=1))
     with jax.enable_x64(True):
         val, gb = f(jnp.asarray(A.data), jnp.asarray(b))
@@ -330,12 +330,8 @@ def test_nonfinite_values_and_rhs_raise():
     with pytest.raises(NonFiniteError, match="right-hand side"):
         _run(A, np.where(np.arange(b.size) == 5, np.nan, b), solver="amg", assume="spd")
 
-    def loss(d, b):
-        x = sd.linalg.solve(_sd(A, d), b, solver="amg", assume="spd")
-        return snp.sum(x * x)
-
     with pytest.raises(NonFiniteError):
-        sd.grad(loss)(bad, b)
+        sd.grad(_squares_loss(A, solver="amg", assume="spd"))(bad, b)
 
 
 def test_options_checked_at_trace_time():
