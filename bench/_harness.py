@@ -9,6 +9,8 @@ script also inserts its own directory there in case it is loaded another way.
   and flipping their order every repeat, with the garbage collector off;
   `summary` turns two variants' per-repeat times into medians, the ratio of
   the medians and the interquartile range of the pairwise (same-repeat) ratios.
+- `status_mb`, `reset_peak` read and reset the process's memory figures, and
+  `block` waits for a call's arrays.
 - `timed_call` times one call (the first: trace and compile); `median_time` is
   the median wall time of a one-off step (tracing, lowering); `medians` the
   median time per call of several functions timed in interleaved batches,
@@ -85,6 +87,41 @@ def summary(times: dict, name: str, base: str, n: int) -> dict:
         "sd_us": sd_med * 1e6, "jax_us": jx_med * 1e6, "ratio": sd_med / jx_med,
         "pair_q1": q[0], "pair_q3": q[2], "n": n, "repeats": len(pair),
     }
+
+
+def status_mb(key: str, default: float = float("nan")) -> float:
+    """A memory figure of this process from /proc/self/status (`"VmRSS"`, the
+    resident set; `"VmHWM"`, its peak, which unlike `ru_maxrss` is not
+    inherited from the parent through fork and exec), in MB; `default` where
+    it cannot be read."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return default
+
+
+def reset_peak() -> None:
+    """Resets this process's VmHWM to its current RSS (Linux >= 4.0), so that
+    the peak of the calls that follow alone can be read."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def block(x):
+    """`x`, its arrays (in nested tuples too) block_until_ready'd."""
+    if hasattr(x, "block_until_ready"):
+        x.block_until_ready()
+    elif isinstance(x, tuple):
+        for y in x:
+            block(y)
+    return x
 
 
 def timed_call(fn, args) -> tuple[float, object]:

@@ -117,7 +117,8 @@ if HERE not in sys.path:
 
 from _harness import load_example as _harness_load_example  # noqa: E402
 from _harness import (  # noqa: E402
-    command_line, load_average, machine_info, publish, report_head, timed_call, yes_no,
+    block, command_line, load_average, machine_info, publish, report_head, reset_peak, status_mb,
+    timed_call, yes_no,
 )
 
 RESULTS = os.path.join(HERE, "results", "inverse_poisson.md")
@@ -591,40 +592,12 @@ def build_jax(inp, method: str):
 # the child process: one (method, N) block
 
 def _rss_mb() -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    return status_mb("VmRSS")
 
 
 def _hwm_mb() -> float:
-    """This process's peak RSS (VmHWM: unlike `ru_maxrss`, not inherited from
-    the parent through fork and exec)."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _reset_hwm() -> None:
-    """Resets this process's VmHWM to its current RSS (Linux >= 4.0), so that
-    the peak of the timed calls alone can be read."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-    except OSError:
-        pass
-
-
-def _block(x):
-    if hasattr(x, "block_until_ready"):
-        x.block_until_ready()
-    elif isinstance(x, tuple):
-        for y in x:
-            _block(y)
-    return x
+    """This process's peak RSS (`ru_maxrss` where VmHWM cannot be read)."""
+    return status_mb("VmHWM", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
 def _alternate(fns: dict, args, budget: float, rmin: int, rmax: int, fixed: int | None,
@@ -637,7 +610,7 @@ def _alternate(fns: dict, args, budget: float, rmin: int, rmax: int, fixed: int 
     if warmup or not fixed:  # warm up (compiled already); its time is the estimate
         t0 = time.perf_counter()
         for fn in fns.values():
-            _block(fn(*args))
+            block(fn(*args))
         est = time.perf_counter() - t0
     if fixed:
         rounds = fixed
@@ -653,7 +626,7 @@ def _alternate(fns: dict, args, budget: float, rmin: int, rmax: int, fixed: int 
         for r in range(rounds):
             for k in (order if r % 2 == 0 else order[::-1]):
                 c0, t0 = time.process_time(), time.perf_counter()
-                _block(fns[k](*args))
+                block(fns[k](*args))
                 t1, c1 = time.perf_counter(), time.process_time()
                 times[k].append(t1 - t0)
                 times[k + "_cpu"].append(c1 - c0)
@@ -722,7 +695,7 @@ def prepare_child(method: str, n: int, workdir: str):
     res["rss_first_peak_mb"] = _hwm_mb()
     gc.collect()
     res["rss_ready_mb"] = _rss_mb()
-    _reset_hwm()
+    reset_peak()
     return res, fwd, grad, args
 
 
@@ -799,7 +772,7 @@ def run_parts(n: int, workdir: str, budget: float, rmin: int, rmax: int,
     _sparse_direct._solve_checked = timed("solve", orig_solve)
     try:
         fwd, grad = sd.function(J), sd.function(sd.value_and_grad(J))
-        _block(fwd(*args)), _block(grad(*args))
+        block(fwd(*args)), block(grad(*args))
         out = {"n": n, "rss_compiled_mb": _rss_mb() - rss0}
         t = _alternate({"fwd": fwd, "grad": grad}, args, budget, rmin, rmax, fixed)
     finally:
@@ -843,7 +816,7 @@ def run_parts(n: int, workdir: str, budget: float, rmin: int, rmax: int,
     m = args[0]
     entries_fn = sd.function(lambda m: ex.entries(P, m))
     assembled = sd.function(lambda m: sd.sparse.data(ex.stiffness(P, m)))
-    _block(entries_fn(m)), _block(assembled(m))
+    block(entries_fn(m)), block(assembled(m))
     t = _alternate({"entries": entries_fn, "assembled": assembled}, (m,), budget / 4,
                    rmin, rmax, fixed)
     out["entries"], out["assembled"] = _stats_ms(t["entries"]), _stats_ms(t["assembled"])
@@ -854,7 +827,7 @@ def run_parts(n: int, workdir: str, budget: float, rmin: int, rmax: int,
     one_cb = jax.jit(lambda x: _host.host_call(lambda v: (v,), struct, x + 1.0)[0])
     plain = jax.jit(lambda x: x + 1.0)
     for fn in (one_cb, plain):
-        _block(fn(args[1]))
+        block(fn(args[1]))
     t = _alternate({"cb": one_cb, "plain": plain}, (args[1],), budget / 4,
                    max(rmin, 21), max(rmax, 51), fixed)
     out["callback"] = _stats_ms(t["cb"])

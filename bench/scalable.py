@@ -97,8 +97,8 @@ ROOT = os.path.dirname(HERE)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from _harness import (command_line, load_average, load_example, machine_info,  # noqa: E402
-                      publish, report_head, write_text, yes_no)
+from _harness import (block, command_line, load_average, load_example, machine_info,  # noqa: E402
+                      publish, report_head, reset_peak, status_mb, write_text, yes_no)
 
 RESULTS = os.path.join(HERE, "results", "scalable.md")
 DATA = os.path.join(HERE, "results", "scalable.json")
@@ -376,31 +376,6 @@ def build_jax(dim: int, n: int, inp: dict, kind: str):
 # ---------------------------------------------------------------------------
 # the child process: one (method, case) block
 
-def _status_mb(key: str) -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _reset_hwm() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-    except OSError:
-        pass
-
-
-def _block(x):
-    if hasattr(x, "block_until_ready"):
-        x.block_until_ready()
-    elif isinstance(x, tuple):
-        for y in x:
-            _block(y)
-    return x
-
-
 def run_child(method: str, path: str, budget: float, rmax: int) -> dict:
     import numpy as np
 
@@ -421,7 +396,7 @@ def run_child(method: str, path: str, budget: float, rmax: int) -> dict:
     kind = method.split("-", 1)[1] if method.startswith("sciad-") else method
     rng = np.random.default_rng(2)
     v = rng.standard_normal(inp["m"].shape)
-    rss0 = _status_mb("VmRSS")
+    rss0 = status_mb("VmRSS")
     fwd, grad, prepare, iterations, extra = builder(dim, n, inp, kind)
 
     def m_at(k):  # a different m for every call: no method gains from a cache of values
@@ -430,10 +405,10 @@ def run_child(method: str, path: str, budget: float, rmax: int) -> dict:
     res = {"method": method, "dim": dim, "n": n, **extra}
     x = m_at(0)
     t0 = time.perf_counter()
-    val_f = float(_block(fwd(x)))
+    val_f = float(block(fwd(x)))
     res["fwd_first_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    val, g = _block(grad(x))
+    val, g = block(grad(x))
     res["grad_first_s"] = time.perf_counter() - t0
     g = np.asarray(g, dtype=np.float64)
     g_ref, val_ref = inp["g_ref"], float(inp["val_ref"])
@@ -452,17 +427,17 @@ def run_child(method: str, path: str, budget: float, rmax: int) -> dict:
     k = 1
     if est < 5.0:  # (compilation dominates the first calls): one warm round to estimate R
         t0 = time.perf_counter()
-        _block(fwd(m_at(k)))
-        _block(grad(m_at(k + 1)))
+        block(fwd(m_at(k)))
+        block(grad(m_at(k + 1)))
         est, k = time.perf_counter() - t0, k + 2
     rounds = max(2, min(rmax, int(budget / max(est, 1e-9))))
     fns = {"fwd": fwd, "grad": grad}
     times = {"fwd": [], "grad": []}
     del x, g
     gc.collect()
-    hwm_first = _status_mb("VmHWM")  # imports excluded: compilation and first calls
-    rss_before = _status_mb("VmRSS")
-    _reset_hwm()
+    hwm_first = status_mb("VmHWM")  # imports excluded: compilation and first calls
+    rss_before = status_mb("VmRSS")
+    reset_peak()
     gc.disable()
     try:
         for r in range(rounds):
@@ -470,11 +445,11 @@ def run_child(method: str, path: str, budget: float, rmax: int) -> dict:
                 x = m_at(k)
                 k += 1
                 t0 = time.perf_counter()
-                _block(fns[name](x))
+                block(fns[name](x))
                 times[name].append(time.perf_counter() - t0)
     finally:
         gc.enable()
-    hwm = _status_mb("VmHWM")
+    hwm = status_mb("VmHWM")
     res["call_peak_mb"] = hwm - rss_before
     res["peak_mb"] = max(hwm, hwm_first) - rss0
     for name, ts in times.items():
