@@ -361,13 +361,13 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
     # diagonal pivot down to 1e-3 of its column's largest entry, for less
     # fill) may not be: steps of refinement while the backward error is
     # above the bound and falls, as the host's SuperLU solves take.)
-    if record.sparse:
+    if not record.sparse:
+        rcond = rc
+    else:
         x, eta, rel = _refine(x, eta, rel, apply, b, anorm, tau,
                               lambda r: record.solve(factor, a, r, pattern=pattern,
                                                      transpose=transpose))
-    if not record.sparse:
-        rcond = rc
-    else:  # (spsolve) an estimate costs solves, only where the residual calls for one
+        # (an estimate costs solves: only where the residual calls for one)
         rcond = _where_any(_checks_on() | ~(rel <= np.sqrt(eps)) | ~(eta <= tau) | nonfinite,
                            lambda f, a: record.rcond(f, a, pattern=pattern),
                            np.asarray(np.nan, real), tuple(factor), a)
