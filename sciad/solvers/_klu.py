@@ -54,6 +54,8 @@ factorization, the backward error of each solve).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 
@@ -138,6 +140,9 @@ class KLU(AbstractDirectSolver):
         real = np.finfo(np.dtype(a.dtype)).dtype
         wide = np.complex128 if np.dtype(a.dtype).kind == "c" else np.float64
         return _sparse_direct.rcond_unfactored(pattern, a.astype(wide)).astype(real)
+
+    def product(self, pattern):
+        return functools.partial(_klu_ffi.dot, pattern)
 
     def factor_flops(self, n, fill):
         return fill.flops

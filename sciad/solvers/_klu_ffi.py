@@ -45,7 +45,7 @@ FACTOR_FAILED = "klu_factor/z_factor failed"
 _KERNELS = ("analyze", "factor_f64", "factor_c128", "solve_with_numeric_f64",
             "solve_with_numeric_c128", "tsolve_with_numeric_f64", "tsolve_with_numeric_c128",
             "solve_with_symbol_f64", "solve_with_symbol_c128", "tsolve_with_symbol_f64",
-            "tsolve_with_symbol_c128", "free_numeric")
+            "tsolve_with_symbol_c128", "free_numeric", "dot_f64", "dot_c128")
 
 _lock = threading.Lock()
 _registered = False
@@ -177,6 +177,25 @@ def _solve_fn(pattern, kind: str, transpose: bool):
     return f
 
 
+@functools.lru_cache(maxsize=None)
+def _dot_fn(pattern, kind: str, transpose: bool):
+    _, rows, cols = symbolic(pattern)
+    if transpose:
+        rows, cols = cols, rows
+
+    @custom_vmap
+    def f(ax, x):  # ax: (L, nnz), x: (L, n, k) -> op(A) x like x
+        call = jax.ffi.ffi_call(f"sciad_klu_dot_{kind}", jax.ShapeDtypeStruct(x.shape, x.dtype))
+        return call(rows, cols, ax, x)
+
+    @f.def_vmap
+    def _rule(axis_size, in_batched, ax, x):
+        axf, xf = _fold(axis_size, in_batched, [ax, x])
+        return f(axf, xf).reshape((axis_size, -1) + x.shape[-2:]), True
+
+    return f
+
+
 @custom_vmap
 def _free_fn(h):  # h: (L,) -> an int32 token
     call = jax.ffi.ffi_call("sciad_klu_free_numeric", jax.ShapeDtypeStruct(h.shape, jnp.int32),
@@ -219,6 +238,22 @@ def solve(pattern, handle, a, b, transpose: bool):
         jnp.asarray(handle, jnp.uint64)[None], ax[None], bb[None])[0]
     x = x[:, 0] if vec else x
     return x.astype(b.dtype)
+
+
+def dot(pattern, a, x, transpose: bool = False):
+    """`A x` (`A^T x` if `transpose`) for the matrix with values `a` on
+    `pattern` (square), `x` of shape `(n,)` or `(n, k)`: one compiled
+    kernel call (klujax's), no gather or scatter for XLA to compile."""
+    if pattern.shape[0] == 0:
+        return jnp.zeros(x.shape, np.result_type(a.dtype, x.dtype))
+    _register()
+    out = np.result_type(a.dtype, x.dtype)
+    work = _work_dtype(out)
+    xx = x.astype(work)
+    vec = xx.ndim == 1
+    xx = xx[:, None] if vec else xx
+    y = _dot_fn(pattern, _suffix(work), bool(transpose))(a.astype(work)[None], xx[None])[0]
+    return (y[:, 0] if vec else y).astype(out)
 
 
 def free(handle, after=()):

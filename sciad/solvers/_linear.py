@@ -138,6 +138,14 @@ class AbstractDirectSolver(AbstractLinearSolver):
         the matrix with values `a`, in the program."""
         raise NotImplementedError
 
+    def product(self, pattern):
+        """A sparse solver with a compiled product of its own: `(values, x,
+        transpose) -> op(A) x` on `pattern`, which the checks of its solves
+        use (residuals, norms, empty rows); None: sciad's sparse product (a
+        gather and a scatter, each compiled by XLA into every checked
+        program)."""
+        return None
+
     def factor_flops(self, n: int, fill) -> float:
         """FLOPs of a factorization (`fill`: the pattern's LU fill, or None for
         a dense matrix)."""
