@@ -52,6 +52,7 @@ user's line; an ill-conditioned matrix warns (`IllConditionedWarning`).
 from __future__ import annotations
 
 import functools
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -217,7 +218,8 @@ def _measures(apply, x, b, anorm_inf):
     """`(r, backward_error, relative_residual, max |b|)` of `x` for
     `apply(x) = b`, with `r = apply(x) - b` (2-D `b`: the worst column)."""
     r = apply(x) - b
-    rn, xn, bn = (jnp.max(jnp.abs(v), axis=0, initial=0.0) for v in (r, x, b))
+    # (one reduction of the three: each reduction is a kernel XLA compiles)
+    rn, xn, bn = jnp.max(jnp.abs(jnp.stack([r, x, b])), axis=1, initial=0.0)
     eta = ratio(rn, anorm_inf * xn + bn, jnp)  # (NaN for a NaN x: it fails the checks)
     rel = ratio(rn, bn, jnp)
     worst = functools.partial(jnp.max, initial=0.0)  # (NaN wins; 0 for no columns)
@@ -247,6 +249,11 @@ _register_layouts()
 
 
 _ZERO_TOKEN = np.zeros((), np.int32)
+
+#: (a `frees_factor` solver) the first array of each factor a program being
+#: lowered made and frees itself, by `id`: a solve that reads one of these
+#: very values knows at trace time that its handle is not 0 (see `KLU.solve`)
+_made_here: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
@@ -296,6 +303,7 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
             f = tuple(tie(f, tok))
         if keep:
             at_end(lambda outs: record.release(f, outs))
+            _made_here[id(f[0])] = f[0]
         return f
     f = record.factor(a)
     ok = record.ok(f)
@@ -353,7 +361,10 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
                             refine_above=tau,
                             estimate="always" if _checks_on() else "on_residual",
                             report=functools.partial(judge_solve, site, dtype=dtype, n=n))
-    if record.sparse:
+    if record.frees_factor:
+        x = record.solve(factor, a, b, pattern=pattern, transpose=transpose,
+                         numeric=_made_here.get(id(factor[0])) is factor[0])
+    elif record.sparse:
         x = record.solve(factor, a, b, pattern=pattern, transpose=transpose)
     else:
         *f, rc = factor

@@ -132,8 +132,8 @@ class KLU(AbstractDirectSolver):
         the values `after` are computed."""
         _klu_ffi.free(factor[0], after)
 
-    def solve(self, factor, a, b, *, pattern=None, transpose=False, **checks):
-        return _klu_ffi.solve(pattern, factor[0], a, b, transpose)
+    def solve(self, factor, a, b, *, pattern=None, transpose=False, numeric=False, **checks):
+        return _klu_ffi.solve(pattern, factor[0], a, b, transpose, numeric)
 
     def rcond(self, factor, a, *, pattern=None):
         # (SuperLU's estimate on the host, in double precision as KLU factors)

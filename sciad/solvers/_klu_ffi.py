@@ -150,7 +150,7 @@ def _factor_fn(pattern, kind: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _solve_fn(pattern, kind: str, transpose: bool):
+def _solve_fn(pattern, kind: str, transpose: bool, numeric: bool):
     raw, rows, cols = symbolic(pattern)
     t = "t" if transpose else ""
 
@@ -166,6 +166,8 @@ def _solve_fn(pattern, kind: str, transpose: bool):
 
     @custom_vmap
     def f(h, ax, b):  # h: (L,), ax: (L, nnz), b: (L, n, k) -> x like b
+        if numeric:  # (known at trace time: no conditional to compile)
+            return with_numeric(h, ax, b)
         # (all handles made here, or none: a 0 handle is never read)
         return jax.lax.cond(jnp.all(h != 0), with_numeric, with_symbol, h, ax, b)
 
@@ -222,10 +224,11 @@ def factor(pattern, a):
     return _factor_fn(pattern, _suffix(a.dtype))(ax[None])[0]
 
 
-def solve(pattern, handle, a, b, transpose: bool):
+def solve(pattern, handle, a, b, transpose: bool, numeric: bool = False):
     """`A x = b` (`A^T x = b` if `transpose`, never conjugated) for the matrix
     with values `a` on `pattern`, `b` of shape `(n,)` or `(n, k)`: with the
-    numeric factor `handle`, or, where it is 0, factoring in the same call."""
+    numeric factor `handle`, or, where it is 0, factoring in the same call
+    (`numeric`: the caller knows `handle` is not 0)."""
     if pattern.shape[0] == 0:
         return b
     _register()
@@ -234,7 +237,7 @@ def solve(pattern, handle, a, b, transpose: bool):
     bb = b.astype(work)
     vec = bb.ndim == 1
     bb = bb[:, None] if vec else bb
-    x = _solve_fn(pattern, _suffix(work), bool(transpose))(
+    x = _solve_fn(pattern, _suffix(work), bool(transpose), bool(numeric))(
         jnp.asarray(handle, jnp.uint64)[None], ax[None], bb[None])[0]
     x = x[:, 0] if vec else x
     return x.astype(b.dtype)

@@ -120,7 +120,9 @@ class AbstractDirectSolver(AbstractLinearSolver):
     def solve(self, factor, a, b, *, pattern=None, transpose: bool = False, **checks):
         """`x` with `a x = b` (`a^T x = b` if `transpose`: never conjugated),
         from `factor`. `checks` (a `host_checks` solver: `refine_above`,
-        `estimate`, `report`) ask it to check in its host call."""
+        `estimate`, `report`) ask it to check in its host call; `numeric` (a
+        `frees_factor` solver) says the factor is one the program made and
+        frees itself, not a placeholder for a factor made elsewhere."""
         raise NotImplementedError
 
     def ok(self, factor):
