@@ -442,3 +442,30 @@ def test_a_solve_that_threshold_pivoting_spoils_is_refined(transpose):
     x = np.asarray(sd.linalg.solve(M, b, solver="klu"))
     ref = sp.linalg.spsolve(op.tocsc(), b)
     np.testing.assert_allclose(x, ref, rtol=0, atol=1e-11 * np.abs(ref).max())
+
+
+def test_a_spoiled_example_of_a_batch_is_refined_and_its_gradient_checked():
+    """Under vmap, one example whose KLU solve needs refinement (the other's
+    does not): the host refines that one, and values and the gradient through
+    `to_jax` under `jax.jit` match dense solves."""
+    A, b = _threshold_pivoted(3)
+    A.sort_indices()
+    good = A.copy()
+    diag = A.indices == np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))
+    good.data[diag] = 10.0 * abs(A).sum(axis=1).max()
+    D = np.stack([A.data, good.data])
+
+    def loss(d):
+        x = sd.linalg.solve(sd.sparse.csr_matrix((d, A.indices, A.indptr), shape=A.shape),
+                            b, solver="klu")
+        return snp.sum(x * x)
+
+    vals, grads = jax.jit(sd.to_jax(sd.vmap(sd.value_and_grad(loss))))(D)
+    for d, v, g in zip(D, np.asarray(vals), np.asarray(grads)):
+        M = sp.csr_matrix((d, A.indices, A.indptr), shape=A.shape).toarray()
+        x = np.linalg.solve(M, b)
+        lam = np.linalg.solve(M.T, 2 * x)
+        np.testing.assert_allclose(v, x @ x, rtol=1e-9)
+        rows = np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))
+        np.testing.assert_allclose(g, -lam[rows] * x[A.indices], rtol=1e-7,
+                                   atol=1e-9 * np.abs(g).max())
