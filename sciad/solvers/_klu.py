@@ -17,12 +17,17 @@ pattern, at trace time, and kept for the process; the numeric factor is a
   one call (`solve_with_symbol`), which frees what it made. So no handle
   outlives the program that made it, and none crosses programs or threads.
 
-Checks run in the program (`sciad.primitives._linalg`): non-finite values
-before the factorization, the backward error of every solve from a sparse
-product, a condition estimate only where the residual calls for one (or
-with `enable_checks`; it is SuperLU's on the host,
-`_sparse_direct.rcond_unfactored`). A zero pivot fails the factorization in
-the kernel, which raises `SingularMatrixError` (its text is recognized by
+Checks run in the program (`sciad.primitives._linalg`), with KLU's own
+compiled sparse product (`product`, klujax's `dot` kernel: XLA's gathers and
+scatters compiled into every checked program cost more than the whole
+factorization of a small matrix): non-finite values and a zero row or
+column before the factorization, the backward error of every solve. Only
+where a measure is off does the program call the host: there a SuperLU
+factor of the matrix refines the solution (KLU's threshold pivoting, which
+keeps a diagonal pivot down to 1e-3 of its column's largest entry, is not
+always backward stable), estimates the condition number and judges
+(`_sparse_direct.repair`). A zero pivot fails the factorization in the
+kernel, which raises `SingularMatrixError` (its text is recognized by
 `sciad.errors`; it names the solver, not the user's line).
 
 "auto" picks it over "splu" for sparse matrices when JAX's default backend

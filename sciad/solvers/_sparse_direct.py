@@ -1,8 +1,9 @@
 """The machinery of the sparse direct solvers (the records `_splu.py` and
 `_spsolve.py`), with factor reuse.
 
-- SuperLU (`"splu"`, CPU): SciPy's SuperLU (`permc_spec="MMD_AT_PLUS_A"`) on
-  the host, through `host_call`. The factorization stays on the host; the
+- SuperLU (`"splu"`, CPU): SciPy's SuperLU (`permc_spec="MMD_AT_PLUS_A"` in
+  a pattern's first factorization, that column order kept for its later
+  ones: `_factor_one`) on the host, through `host_call`. The factorization stays on the host; the
   compiled program holds a handle to it (an int32), and every solve with it
   (plain or transposed) is a pair of triangular solves.
 - `spsolve` (`"spsolve"`, GPU, or anywhere):
