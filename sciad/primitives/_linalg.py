@@ -387,10 +387,10 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
         need = _checks_on() | ~(rel <= np.sqrt(eps)) | ~(eta <= tau) | nonfinite
         report = functools.partial(judge_solve, site, dtype=dtype, n=n)
         return _where_any(
-            need, lambda a, b, x, need: _sparse_direct.repair(
-                pattern, a, b, x, need, transpose, refine_above=tau,
+            need, lambda a, b, x: _sparse_direct.repair(
+                pattern, a, b, x, transpose, refine_above=tau,
                 estimate="always" if _checks_on() else "on_residual", report=report),
-            lambda a, b, x, need: x, a, b, x, need)
+            lambda a, b, x: x, a, b, x)
     # (No refinement in the program for dense solves: LU with partial
     # pivoting and Cholesky are backward stable, and a conditional second
     # solve per solve doubled the compile time of small programs.)

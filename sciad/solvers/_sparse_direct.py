@@ -641,16 +641,16 @@ def _refine(pattern, f: _Factored, lu, d, b, x, transpose: bool, refine_above: f
     return x, eta, rel, refined
 
 
-def repair(pattern, data, b, x, need, transpose: bool, *, refine_above: float,
-           estimate: str, report: Callable):
+def repair(pattern, data, b, x, transpose: bool, *, refine_above: float, estimate: str,
+           report: Callable):
     """The failure path of a checked solve that a solver made in the program
     (klu, spsolve) and measured there: on the host, for each matrix of a
-    batch whose `need` holds, a SuperLU factor made here for steps of
-    iterative refinement of the program's `x` in double precision (while
-    its backward error is above `refine_above` and falls) and, as `estimate`
-    asks (see `solve`),
-    the condition estimate; then `report(**status)` (the batch's worst),
-    which may raise or warn. Returns `x`, refined where it needed it.
+    batch whose measures are off (measured again here), a SuperLU factor
+    made here for steps of iterative refinement of the program's `x` in
+    double precision (while its backward error is above `refine_above` and
+    falls) and, as `estimate` asks (see `solve`), the condition estimate;
+    then `report(**status)` (the batch's worst), which may raise or warn.
+    Returns `x`, refined where it needed it.
 
     The program calls it only where a measure is off (the common solve pays
     its measures alone, and compiles no refinement loop and no estimate)."""
@@ -658,28 +658,28 @@ def repair(pattern, data, b, x, need, transpose: bool, *, refine_above: float,
     eps = float(np.finfo(dtype).eps)
     core = b.ndim  # (1 or 2; leading axes of the host's arrays: a batch)
 
-    def host(d, bb, xx, nn):
+    def host(d, bb, xx):
         batch = np.broadcast_shapes(d.shape[:-1], bb.shape[:bb.ndim - core],
-                                    xx.shape[:xx.ndim - core], nn.shape)
+                                    xx.shape[:xx.ndim - core])
         k = int(np.prod(batch, dtype=np.int64))
         shape = xx.shape[xx.ndim - core:]
         ds = np.broadcast_to(d, batch + d.shape[-1:]).reshape((k, d.shape[-1]))
         bs = np.broadcast_to(bb, batch + shape).reshape((k,) + shape)
         out = np.array(np.broadcast_to(xx, batch + shape).reshape((k,) + shape))
-        needs = np.broadcast_to(nn, batch).reshape(k)
         worst = dict(nonfinite=False, backward_error=0.0, residual=0.0, rcond=np.nan,
                      refined=False)
         wide = np.complex128 if out.dtype.kind == "c" else np.float64  # (as KLU factors)
-        for i in np.flatnonzero(needs):
+        for i in range(k):
             x, status = _repair_one(pattern, ds[i].astype(wide), bs[i].astype(wide),
                                     out[i].astype(wide), transpose, refine_above, estimate,
                                     eps)
-            out[i] = x
-            _merge_worst(worst, status)
+            if status is not None:
+                out[i] = x
+                _merge_worst(worst, status)
         report(**worst)
         return (out.reshape(batch + shape),)
 
-    (out,) = host_call(host, (jax.ShapeDtypeStruct(x.shape, x.dtype),), data, b, x, need,
+    (out,) = host_call(host, (jax.ShapeDtypeStruct(x.shape, x.dtype),), data, b, x,
                        effect=True)
     return out
 
@@ -687,7 +687,15 @@ def repair(pattern, data, b, x, need, transpose: bool, *, refine_above: float,
 def _repair_one(pattern, d: np.ndarray, b: np.ndarray, x: np.ndarray, transpose: bool,
                 refine_above: float, estimate: str, eps: float):
     """`(x, status)`: `x` refined with a SuperLU factor of the matrix made
-    here, and the measures `report` reads (see `repair`)."""
+    here, and the measures `report` reads (see `repair`); `(x, None)` where
+    the measures of `x` pass (another example of the batch failed)."""
+    norm1, norm_inf = matrix_norms(pattern, d)
+    eta, rel = measures(_residual(pattern, d, x, b, transpose), x, b,
+                        norm1 if transpose else norm_inf)
+    nonfinite = not np.isfinite(b).all()
+    if (estimate != "always" and eta <= refine_above and rel <= eps ** 0.5
+            and not nonfinite):
+        return x, None
     [f] = _Factored.make_many(pattern, [d])
     try:
         if f.lu is None:
@@ -696,7 +704,6 @@ def _repair_one(pattern, d: np.ndarray, b: np.ndarray, x: np.ndarray, transpose:
         rcond = np.nan
         if estimate == "always" or not rel <= eps ** 0.5 or not eta <= refine_above:
             rcond = f.get_rcond(pattern, d, f.lu)
-        nonfinite = not np.isfinite(b).all()
         return x, dict(nonfinite=nonfinite, backward_error=eta, residual=rel, rcond=rcond,
                        refined=refined)
     finally:
