@@ -315,11 +315,14 @@ ffi::Error Solve(cudaStream_t stream, uint64_t pattern, bool transpose, ffi::Any
   int64_t k = c.p->n > 0 ? per / c.p->n : 0;
   for (int64_t i = 0; i < L; ++i) {
     Slot* s = reinterpret_cast<Slot*>(hs[i]);
-    if (s == nullptr || s->pattern != c.p || s->vtype != t)
+    // (the factor's own pattern object: the same structure, maybe another
+    // matrix type, as a factor made for `assume="spd"` read by a plain solve)
+    if (s == nullptr || s->pattern->n != c.p->n || s->pattern->nnz != c.p->nnz ||
+        s->vtype != t)
       return ffi::Error::InvalidArgument("sciad cudss: a solve read a handle that is not a "
                                          "live factor of this pattern and type");
     void* v = static_cast<char*>(ax.untyped_data()) + i * c.p->nnz * w;
-    if (auto e = solve_one(c.h, c.p, s, v, static_cast<char*>(b.untyped_data()) + i * per * w,
+    if (auto e = solve_one(c.h, s->pattern, s, v, static_cast<char*>(b.untyped_data()) + i * per * w,
                            static_cast<char*>(x->untyped_data()) + i * per * w, k, transpose);
         e.failure())
       return e;
