@@ -162,8 +162,9 @@ class HandleKernels:
     def register(self) -> None:
         """Registers the kernels as FFI targets (once)."""
 
-    def analyze(self, pattern, assume=None):
-        """The backend's analysis of `pattern` (hashable; kept per process)."""
+    def analyze(self, pattern, assume=None, dtype=None):
+        """The backend's analysis of `pattern` for a matrix of `dtype` with the
+        structure `assume` (hashable; kept per process)."""
         raise NotImplementedError
 
     def kind(self, dtype) -> str:
@@ -259,7 +260,7 @@ class HandleKernels:
             return jnp.zeros((), jnp.uint64)
         self.register()
         ax = a.astype(self.work_dtype(a.dtype))
-        state = self.analyze(pattern, assume)
+        state = self.analyze(pattern, assume, ax.dtype)
         return self._factor_fn(state, self.kind(ax.dtype))(ax[None])[0]
 
     def solve(self, pattern, handle, a, b, transpose: bool, assume=None):
@@ -275,7 +276,7 @@ class HandleKernels:
         bb = b.astype(work)
         vec = bb.ndim == 1
         bb = bb[:, None] if vec else bb
-        state = self.analyze(pattern, assume)
+        state = self.analyze(pattern, assume, work)
         x = self._solve_fn(state, self.kind(work), bool(transpose))(
             jnp.asarray(handle, jnp.uint64)[None], ax[None], bb[None])[0]
         x = x[:, 0] if vec else x
@@ -312,7 +313,7 @@ class KLUKernels(HandleKernels):
     def register(self) -> None:
         _register()
 
-    def analyze(self, pattern, assume=None):
+    def analyze(self, pattern, assume=None, dtype=None):
         return pattern  # (`symbolic(pattern)`: made and kept per pattern)
 
     def _factor_call(self, pattern, kind, ax):

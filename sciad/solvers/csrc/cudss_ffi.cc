@@ -37,7 +37,8 @@
 //
 // A factorization that cuDSS reports as failed (CUDSS_DATA_INFO != 0: a
 // zero pivot) returns an FFI error whose text starts with
-// "cudss factorization failed" (sciad.errors maps it to SingularMatrixError).
+// "cudss factorization failed" (sciad.errors maps it to SingularMatrixError;
+// for a Cholesky factorization, "cudss Cholesky failed": NotPositiveDefiniteError).
 
 #include <cuda_runtime.h>
 #include <cudss.h>
@@ -212,6 +213,9 @@ ffi::Error take_and_factor(cudssHandle_t h, Pattern* p, int device, PerDevice* d
       cudssDataSet(h, s->data, CUDSS_DATA_INFO, &zero, sizeof(zero));
     }
     give_back();
+    if (info != 0 && p->mtype == CUDSS_MTYPE_SPD)
+      return ffi::Error::Internal("cudss Cholesky failed: CUDSS_DATA_INFO = " +
+                                  std::to_string(info) + " (not positive definite)");
     return ffi::Error::Internal(
         "cudss factorization failed: " +
         (info != 0 ? "CUDSS_DATA_INFO = " + std::to_string(info) + " (a zero pivot)"
