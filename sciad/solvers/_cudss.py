@@ -128,7 +128,8 @@ class StandIn(_klu_ffi.KLUKernels):
 
     name = "cudss (stand-in: KLU on the host)"
 
-    def __init__(self):
+    def __init__(self, transpose: str = "native"):
+        self.transpose = transpose
         self._ledger: Counter = Counter()
         self._ledger_lock = threading.Lock()
         self.assumed: list = []

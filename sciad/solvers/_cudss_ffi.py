@@ -13,8 +13,12 @@ CUDA targets), behind the interface of `_klu_ffi.HandleKernels`.
   real matrices only; anything else, complex matrices included, with LU
   (`CUDSS_MTYPE_GENERAL`). A solve with a 0 handle (no factor kept: one
   solve) factors with LU.
-- Transposed solves read the same factor (cuDSS's
-  `CUDSS_SOLVE_MODE_TRANSPOSE`): no second factorization.
+- Transposed solves read the same factor (cuDSS >= 1.0's
+  `CUDSS_SOLVE_MODE_TRANSPOSE`): no second factorization. Should a cuDSS
+  build refuse that mode for some matrix type or setting, the fallback
+  `SCIAD_CUDSS_TRANSPOSE=refactor` (or `KERNELS.transpose = "refactor"`)
+  solves `A^T x = b` by factoring the transpose in the call that solves
+  (its values gathered in the program onto the transposed pattern).
 - Values are solved in float64 / complex128 (float32 cast up and back), as
   KLU's; no mixed-precision mode yet.
 - Batches (`jax.vmap`): one call for the batch, one factor per example on
@@ -27,6 +31,7 @@ matrix) and synchronize their stream before returning; see the C++ source.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import jax
@@ -66,6 +71,8 @@ class CudssKernels(HandleKernels):
         self._lock = threading.Lock()
         self._registered = False
         self._patterns: dict = {}  # (Pattern, mtype) -> raw address (kept for the process)
+        #: "native" (cuDSS's transposed solve, the same factor) or "refactor"
+        self.transpose = os.environ.get("SCIAD_CUDSS_TRANSPOSE", "native")
 
     def unavailable(self) -> str | None:
         if not gpu_backend():

@@ -38,6 +38,7 @@ import numpy as np
 from jax.custom_batching import custom_vmap
 
 from ..config import x64_scope
+from ._indices import pattern_transpose, take
 
 #: the text of the FFI error a failed (singular) KLU factorization raises
 FACTOR_FAILED = "klu_factor/z_factor failed"
@@ -154,6 +155,10 @@ class HandleKernels:
     """
 
     name = "klu"
+    #: how `solve` takes `transpose`: "native" (the backend's transposed solve
+    #: with the same factor) or "refactor" (the transpose factored in the call
+    #: that solves: a fallback for a backend without a transposed solve)
+    transpose = "native"
 
     def unavailable(self) -> str | None:
         """Why the kernels cannot run here (None: they can)."""
@@ -270,6 +275,9 @@ class HandleKernels:
         same call (for `assume`, as `factor`)."""
         if pattern.shape[0] == 0:
             return b
+        if transpose and self.transpose == "refactor":  # (A^T, factored in the call)
+            at = take(a, pattern_transpose(pattern))
+            return self.solve(pattern.transposed()[0], jnp.zeros((), jnp.uint64), at, b, False)
         self.register()
         work = self.work_dtype(np.result_type(a.dtype, b.dtype))
         ax = a.astype(work)
