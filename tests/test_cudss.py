@@ -139,7 +139,7 @@ def test_the_refusal_says_how_to_get_it(monkeypatch):
     k = _cudss_ffi.CudssKernels()
     monkeypatch.setattr(_cudss_ffi, "gpu_backend", lambda: True)
     monkeypatch.setattr(_cudss_build, "_lib", None)
-    monkeypatch.setattr(_cudss_build, "_find", lambda *rel: None)
+    monkeypatch.setattr(_cudss_build, "_nvidia_dirs", lambda: [])
     assert "pip install 'sciad[cuda]'" in k.unavailable()
     monkeypatch.undo()
     if not _extra_installed():
@@ -149,6 +149,29 @@ def test_the_refusal_says_how_to_get_it(monkeypatch):
     monkeypatch.setenv("CXX", "")
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert "C++ compiler" in k.unavailable()
+
+
+def test_the_build_finds_a_cuda_13_layout(monkeypatch, tmp_path):
+    """JAX on CUDA 13 (nvidia/cu13 wheels, the crt headers from a toolkit):
+    the build takes those, JAX's major version first."""
+    for rel in ("nvidia/cu13/include/cudss.h", "nvidia/cu13/lib/libcudss.so.1",
+                "nvidia/cu13/include/cuda_runtime.h", "nvidia/cu13/lib/libcudart.so.13",
+                "nvidia/cu13/lib/libcublas.so.13", "cuda/include/cuda_runtime.h",
+                "cuda/include/crt/host_config.h"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).touch()
+    monkeypatch.setattr(_cudss_build, "_nvidia_dirs", lambda: [tmp_path / "nvidia"])
+    monkeypatch.setattr(_cudss_build, "_majors", lambda: ["13", "12"])
+    monkeypatch.setattr(_cudss_build, "_toolkits", lambda: [tmp_path / "cuda"])
+    p = _cudss_build.paths()
+    cu13 = tmp_path / "nvidia" / "cu13"
+    assert p["major"] == "13"
+    assert p["libs"] == [cu13 / "lib" / "libcudss.so.1", cu13 / "lib" / "libcudart.so.13"]
+    assert p["includes"] == [cu13 / "include", tmp_path / "cuda" / "include"]
+    assert p["rpath"] == [cu13 / "lib"]
+    (tmp_path / "cuda/include/crt/host_config.h").unlink()
+    with pytest.raises(NotSupportedError, match="crt/host_config.h"):
+        _cudss_build.paths()
 
 
 def test_a_failed_cudss_factorization_reads_as_singular():

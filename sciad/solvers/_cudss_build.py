@@ -9,9 +9,12 @@ version, the compiler and the wheels' folders (a new jaxlib or a new wheel
 builds again; an unchanged one loads the cached file). The build writes a
 temporary file and renames it, so concurrent first uses are safe.
 
-Linked, not dlopen'ed: the library links `libcudss.so.1` and
-`libcudart.so.12` from the wheels with their folders as its rpath (and
-cuBLAS's, which libcudss loads). A missing or mismatched runtime then fails
+Linked, not dlopen'ed: the library links `libcudss.so.N` and
+`libcudart.so.M` from the wheels (CUDA 12's `nvidia/cu12`,
+`nvidia/cuda_runtime`, `nvidia/cuda_nvcc`; CUDA 13's `nvidia/cu13`; the
+runtime may come from a system toolkit, `$CUDA_HOME` or /usr/local/cuda), the
+CUDA major version JAX's plugin uses first, with their folders as its rpath
+(and cuBLAS's, which libcudss loads). A missing or mismatched runtime then fails
 when the library loads, with the loader's message, instead of at a first
 kernel call; the key changes with the wheels' folders, so the rpath is never
 stale. It needs no GPU to build or load (`sciad_cudss_version` answers on
@@ -44,7 +47,8 @@ SOURCE = Path(__file__).with_name("csrc") / "cudss_ffi.cc"
 
 #: what to install where the extra is missing
 INSTALL = ("install the extra: `pip install 'sciad[cuda]'` (the wheels nvidia-cudss-cu12, "
-           "nvidia-cuda-runtime-cu12 and nvidia-cuda-nvcc-cu12), with JAX's CUDA build "
+           "nvidia-cuda-runtime-cu12 and nvidia-cuda-nvcc-cu12; for JAX on CUDA 13, "
+           "nvidia-cudss-cu13, nvidia-cuda-runtime and nvidia-cuda-crt), with JAX's CUDA build "
            "(`pip install 'jax[cuda12]'`)")
 
 _lock = threading.Lock()
@@ -58,35 +62,72 @@ def _nvidia_dirs() -> list[Path]:
     return [Path(p) for p in spec.submodule_search_locations]
 
 
-def _find(*relative: str) -> Path | None:
-    """The first `nvidia/<relative>` file among the installed wheels."""
-    for root in _nvidia_dirs():
-        for rel in relative:
-            if (root / rel).is_file():
-                return root / rel
-    return None
+def _majors() -> list[str]:
+    """CUDA major versions to look for, JAX's own first (its CUDA plugin)."""
+    order = ["12", "13"]
+    for major in ("13", "12"):
+        if importlib.util.find_spec(f"jax_cuda{major}_plugin") is not None:
+            return [major] + [m for m in order if m != major]
+    return order
+
+
+def _toolkits() -> list[Path]:
+    """System CUDA toolkits ($CUDA_HOME, /usr/local/cuda): a fallback for the
+    runtime's headers and library."""
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    return [Path(r) for r in roots if r and Path(r, "include", "cuda_runtime.h").is_file()]
+
+
+def _first(candidates) -> Path | None:
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def _so(folder: Path, stem: str, major: str | None = None) -> Path | None:
+    """`folder/<stem>.so.<N>` (N = `major` where given, else any)."""
+    if major is not None:
+        return _first([folder / f"{stem}.so.{major}"])
+    found = sorted(folder.glob(f"{stem}.so.[0-9]*")) if folder.is_dir() else []
+    return found[0] if found else None
 
 
 def paths() -> dict:
-    """The folders the build needs: `cudss_include`, `cudss_lib`,
-    `cudart_include`, `cudart_lib`, `crt_include` (the CUDA runtime headers'
-    `crt/`), `cublas_lib`; a missing one raises `NotSupportedError`."""
-    found = {
-        "cudss_include": _find("cu12/include/cudss.h", "cudss/include/cudss.h"),
-        "cudss_lib": _find("cu12/lib/libcudss.so.1", "cudss/lib/libcudss.so.1"),
-        "cudart_include": _find("cuda_runtime/include/cuda_runtime_api.h"),
-        "cudart_lib": _find("cuda_runtime/lib/libcudart.so.12"),
-        "crt_include": _find("cuda_nvcc/include/crt/host_config.h",
-                             "cuda_runtime/include/crt/host_config.h"),
-        "cublas_lib": _find("cublas/lib/libcublas.so.12"),
-    }
-    missing = [k for k, v in found.items() if v is None]
-    if missing:
-        raise NotSupportedError(f"solver 'cudss' is not available: the CUDA wheels' files "
-                                f"({', '.join(missing)}) are not installed; {INSTALL}.")
-    out = {k: v.parent for k, v in found.items()}
-    out["crt_include"] = out["crt_include"].parent  # (the folder that holds crt/)
-    return out
+    """What the build needs, for the first CUDA major version (JAX's own
+    first) whose cuDSS wheel is installed: `includes` (folders: cuDSS's, the
+    CUDA runtime's, the one holding its `crt/`), `libs` (the files
+    libcudss.so.N and libcudart.so.M to link) and `rpath` (their folders and
+    cuBLAS's). None found raises `NotSupportedError` naming what is missing."""
+    roots = _nvidia_dirs()
+    missing = "nvidia-cudss-cu12 (or -cu13)"
+    for major in _majors():
+        sub = f"cu{major}"
+        cudss_h = _first([r / d / "include" / "cudss.h" for r in roots for d in (sub, "cudss")])
+        if cudss_h is None:
+            continue
+        cudss_so = _so(cudss_h.parent.parent / "lib", "libcudss")
+        # the runtime: its wheel (cu12: nvidia/cuda_runtime; cu13: nvidia/cu13), or a toolkit
+        rt_dirs = [r / d for r in roots for d in ("cuda_runtime", sub)] + _toolkits()
+        rt_h = _first([d / "include" / "cuda_runtime.h" for d in rt_dirs])
+        rt_so = next((x for d in rt_dirs for x in (_so(d / "lib", "libcudart", major),
+                                                    _so(d / "lib64", "libcudart", major)) if x),
+                     None)
+        crt = _first([d / "include" / "crt" / "host_config.h"
+                      for d in [r / x for r in roots for x in ("cuda_nvcc", sub, "cuda_crt")]
+                      + rt_dirs])
+        missing = ", ".join(name for name, got in (
+            ("libcudss.so (the cuDSS wheel)", cudss_so),
+            (f"cuda_runtime.h (nvidia-cuda-runtime-cu{major})", rt_h),
+            (f"libcudart.so.{major} (nvidia-cuda-runtime-cu{major})", rt_so),
+            (f"crt/host_config.h (nvidia-cuda-nvcc-cu{major})", crt)) if got is None)
+        if missing:
+            continue
+        blas = [r / d / "lib" for r in roots for d in ("cublas", sub)
+                if _so(r / d / "lib", "libcublas", major)]
+        includes = list(dict.fromkeys([cudss_h.parent, rt_h.parent, crt.parent.parent]))
+        rpath = list(dict.fromkeys([cudss_so.parent, rt_so.parent, *blas]))
+        return {"major": major, "includes": includes, "libs": [cudss_so, rt_so],
+                "rpath": rpath}
+    raise NotSupportedError(f"solver 'cudss' is not available: the CUDA wheels' files are "
+                            f"missing ({missing}); {INSTALL}.")
 
 
 def compiler() -> str:
@@ -100,14 +141,12 @@ def compiler() -> str:
 
 def command(p: dict, cxx: str, out: Path) -> list[str]:
     """The compiler's command line (C++17, a shared library, rpath to the wheels)."""
-    rpath = ":".join(str(p[k]) for k in ("cudss_lib", "cudart_lib", "cublas_lib"))
     return [cxx, "-std=c++17", "-O2", "-shared", "-fPIC",
             "-w",  # (XLA's FFI headers warn under -Wreturn-type)
-            f"-I{jax.ffi.include_dir()}", f"-I{p['cudss_include']}",
-            f"-I{p['cudart_include']}", f"-I{p['crt_include']}",
+            f"-I{jax.ffi.include_dir()}", *(f"-I{d}" for d in p["includes"]),
             str(SOURCE), "-o", str(out),
-            f"-L{p['cudss_lib']}", f"-L{p['cudart_lib']}", "-l:libcudss.so.1",
-            "-l:libcudart.so.12", f"-Wl,-rpath,{rpath}"]
+            *(f"-L{f.parent}" for f in p["libs"]), *(f"-l:{f.name}" for f in p["libs"]),
+            f"-Wl,-rpath,{':'.join(str(d) for d in p['rpath'])}"]
 
 
 def cache_dir() -> Path:
@@ -119,7 +158,7 @@ def target() -> Path:
     p = paths()
     cxx = compiler()
     h = hashlib.sha256(SOURCE.read_bytes())
-    for part in (jaxlib.__version__, cxx, *(str(p[k]) for k in sorted(p))):
+    for part in (jaxlib.__version__, cxx, *map(str, p["includes"] + p["libs"] + p["rpath"])):
         h.update(b"\0" + part.encode())
     return cache_dir() / "cudss" / h.hexdigest()[:16] / "libsciad_cudss.so"
 
