@@ -34,6 +34,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -56,10 +57,12 @@ _lib: ctypes.CDLL | None = None
 
 
 def _nvidia_dirs() -> list[Path]:
+    """The `nvidia/` folders of the installed wheels: the namespace package's,
+    and any on `sys.path` (a wheel installed with `--target` elsewhere)."""
     spec = importlib.util.find_spec("nvidia")
-    if spec is None or spec.submodule_search_locations is None:
-        return []
-    return [Path(p) for p in spec.submodule_search_locations]
+    found = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    found += [Path(p, "nvidia") for p in sys.path if p and Path(p, "nvidia").is_dir()]
+    return list(dict.fromkeys(found))
 
 
 def _majors() -> list[str]:
