@@ -1,6 +1,10 @@
 """KLU's compiled kernels (klujax's `klujax_cpp` extension) called through
 XLA's FFI under sciad-owned names, with no Python on the per-call path.
 
+The glue around the kernels (batching, the handle or one-call path, an
+ordered free, the work dtype) is `HandleKernels`, shared with the cuDSS
+kernels (`sciad.solvers._cudss_ffi`); `KLUKernels` is KLU's backend of it.
+
 klujax's Python module is not imported: it sets JAX's global configuration
 (`jax_platform_name="cpu"`, x64) when imported. Its nanobind extension
 `klujax_cpp` holds the FFI handlers; they are registered here, once, when
