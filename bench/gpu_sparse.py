@@ -211,6 +211,20 @@ CPU_FLAGSHIP = {
 }
 
 
+PEERS = {"cudss": ("cudss", {}, False), "splu (host)": ("splu", {}, False),
+         "cg+jacobi": ("cg", dict(tol=1e-10, preconditioner="jacobi"), True)}
+
+
+def _peers(make) -> dict:
+    """`{name: (fn, is_cg)}` for cases 2 and 3: `make(solver, **kw)` gives
+    `(fn, args)`; each variant is called with one dummy argument."""
+    out = {}
+    for name, (s, kw, cg) in PEERS.items():
+        fn, args = make(s, **kw)
+        out[name] = ((lambda f, a: (lambda _: f(*a)))(fn, args), cg)
+    return out
+
+
 def cpu_child(sizes: list[int], repeats: int, budget_s: float) -> dict:
     """Case 1's CPU rows, in this process (run with JAX_PLATFORMS=cpu)."""
     _x64()
@@ -308,23 +322,11 @@ def main(argv=None) -> int:
             print(f"flagship {n}: done", file=sys.stderr)
         out["cpu"] = run_cpu_child(sizes, args.repeats, args.budget, args.dry)
         print("cpu child: done", file=sys.stderr)
-        variants = {}
-        for name, (s, kw, cg) in {"cudss": ("cudss", {}, False),
-                                  "splu (host)": ("splu", {}, False),
-                                  "cg+jacobi": ("cg", dict(tol=1e-10, preconditioner="jacobi"),
-                                                True)}.items():
-            fn, bargs = batch_case(B, bn, s, **kw)
-            variants[name] = ((lambda f, a: (lambda _: f(*a)))(fn, bargs), cg)
-        out["batch"] = _run(variants, (None,), args.repeats, args.budget)
+        out["batch"] = _run(_peers(lambda s, **kw: batch_case(B, bn, s, **kw)), (None,),
+                            args.repeats, args.budget)
         print("batch: done", file=sys.stderr)
-        variants = {}
-        for name, (s, kw, cg) in {"cudss": ("cudss", {}, False),
-                                  "splu (host)": ("splu", {}, False),
-                                  "cg+jacobi": ("cg", dict(tol=1e-10, preconditioner="jacobi"),
-                                                True)}.items():
-            fn, cargs = case_3d(m3, s, **kw)
-            variants[name] = ((lambda f, a: (lambda _: f(*a)))(fn, cargs), cg)
-        out["3d"] = _run(variants, (None,), args.repeats, args.budget)
+        out["3d"] = _run(_peers(lambda s, **kw: case_3d(m3, s, **kw)), (None,), args.repeats,
+                         args.budget)
         out["live_factors_after"] = (standin.live() if args.dry
                                      else _cudss_ffi.KERNELS.live_factors())
 

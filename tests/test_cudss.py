@@ -30,6 +30,7 @@ from sciad.errors import (NonFiniteError, NotPositiveDefiniteError, NotSupported
 from sciad.solvers import _cudss, _cudss_build, _cudss_ffi, _klu_ffi
 from sciad.solvers._linear import choose
 from sciad.solvers._registry import lookup
+from test_linalg import _csr, _general_csr, _spd_csr
 
 
 def _extra_installed() -> bool:
@@ -61,26 +62,6 @@ def kernels(request):
         assert k.live() == before, "a factor was not freed"
 
 
-def _general_csr(rng, n):
-    B = sp.random(n, n, density=0.3, random_state=int(rng.integers(2**31)))
-    M = sp.csr_array(B + 3.0 * sp.eye(n))
-    M.sum_duplicates()
-    M.sort_indices()
-    return M
-
-
-def _spd_csr(rng, n):
-    B = sp.random(n, n, density=0.25, random_state=int(rng.integers(2**31)))
-    M = sp.csr_array(B @ B.T + n * sp.eye(n))
-    M.sum_duplicates()
-    M.sort_indices()
-    return M
-
-
-def _csr(M, tags=()):
-    return lambda d: sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape, tags=tags)
-
-
 def _loss(d, b, M):
     return snp.sum(sd.linalg.solve(_csr(M)(d), b, solver="cudss") ** 2)
 
@@ -109,6 +90,36 @@ def test_the_extension_builds_loads_and_registers():
     if not _cudss_ffi.gpu_backend():  # (on a GPU they go straight to the plugin)
         assert {f"sciad_cudss_{n}" for n in _cudss_ffi._HANDLERS} <= names
     assert lib.sciad_cudss_live_factors() == 0
+
+
+@needs_extra
+def test_the_kernels_lower_for_cuda(rng):
+    """Without a GPU, a program calling the cuDSS kernels (factor, a solve
+    and a transposed solve with its handle, a one-call solve, the free;
+    under `jax.vmap`) lowers for CUDA: one custom call each, the batch folded
+    into the kernels' axis, the pattern and direction as attributes."""
+    M = _general_csr(rng, 6)
+    P = Pattern(M.shape, M.indptr, M.indices)
+    k = _cudss_ffi.KERNELS
+
+    def f(a, b):
+        h = k.factor(P, a, "spd")
+        x = k.solve(P, h, a, b, False)
+        y = k.solve(P, h, a, x, True)
+        z = k.solve(P, jax.numpy.zeros((), np.uint64), a, b, True)
+        return x + y + z, k.free(h, [x, y])
+
+    names = [f"sciad_cudss_{n}" for n in _cudss_ffi._HANDLERS]
+    exp = jax.export.export(
+        jax.jit(jax.vmap(f)), platforms=["cuda"],
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(n) for n in names])(
+        np.stack([M.data] * 3), np.ones((3, 6)))
+    calls = [ln for ln in exp.mlir_module().splitlines() if "custom_call @sciad_cudss" in ln]
+    for name in names:
+        assert any(f"@{name}(" in ln for ln in calls), name
+    assert all("tensor<3x" in ln or "tensor<3xui64>" in ln for ln in calls)
+    assert any("transpose = true" in ln for ln in calls)
+    assert any("transpose = false" in ln for ln in calls)
 
 
 @pytest.mark.skipif(_cudss_ffi.gpu_backend(), reason="checks the refusal without a GPU")

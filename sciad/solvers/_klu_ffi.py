@@ -288,6 +288,8 @@ class HandleKernels:
         bb = b.astype(work)
         vec = bb.ndim == 1
         bb = bb[:, None] if vec else bb
+        if bb.shape[1] == 0:  # (no right-hand sides: no kernel call)
+            return b
         state = self.analyze(pattern, assume, work)
         x = self._solve_fn(state, self.kind(work), bool(transpose))(
             jnp.asarray(handle, jnp.uint64)[None], ax[None], bb[None])[0]

@@ -24,7 +24,9 @@
 //   handle of 0 in Python: no factor outlives the call).
 //
 // Transposed solves use the same factor: cuDSS's CUDSS_CONFIG_SOLVE_MODE =
-// CUDSS_SOLVE_MODE_TRANSPOSE (plain transpose, never conjugated).
+// CUDSS_SOLVE_MODE_TRANSPOSE (plain transpose, never conjugated); a factor of
+// a symmetric or SPD matrix (real: sciad asks for those types for real
+// matrices only) solves the transpose in the normal mode.
 //
 // Right-hand sides arrive as (L, k, n) row-major arrays: each column
 // contiguous, i.e. cuDSS's column-major (n, k) with ld = n.
@@ -235,7 +237,9 @@ void release(Slot* s) {  // (under g_mu)
 ffi::Error solve_one(cudssHandle_t h, Pattern* p, Slot* s, void* values, void* b, void* x,
                      int64_t k, bool transpose) {
   CUDSS_TRY(cudssMatrixSetValues(s->a, values), "cudssMatrixSetValues");
-  int mode = transpose ? CUDSS_SOLVE_MODE_TRANSPOSE : CUDSS_SOLVE_MODE_NORMAL;
+  // (a factor of a symmetric or SPD matrix, real here, is its transpose's too)
+  bool symmetric = p->mtype == CUDSS_MTYPE_SYMMETRIC || p->mtype == CUDSS_MTYPE_SPD;
+  int mode = transpose && !symmetric ? CUDSS_SOLVE_MODE_TRANSPOSE : CUDSS_SOLVE_MODE_NORMAL;
   CUDSS_TRY(cudssConfigSet(p->config, CUDSS_CONFIG_SOLVE_MODE, &mode, sizeof(mode)),
             "cudssConfigSet(SOLVE_MODE)");
   cudssMatrix_t bm = nullptr, xm = nullptr;
@@ -326,10 +330,9 @@ ffi::Error Solve(cudaStream_t stream, uint64_t pattern, bool transpose, ffi::Any
       return ffi::Error::InvalidArgument("sciad cudss: a solve read a handle that is not a "
                                          "live factor of this pattern and type");
     void* v = static_cast<char*>(ax.untyped_data()) + i * c.p->nnz * w;
-    if (auto e = solve_one(c.h, s->pattern, s, v, static_cast<char*>(b.untyped_data()) + i * per * w,
-                           static_cast<char*>(x->untyped_data()) + i * per * w, k, transpose);
-        e.failure())
-      return e;
+    char* bi = static_cast<char*>(b.untyped_data()) + i * per * w;
+    char* xi = static_cast<char*>(x->untyped_data()) + i * per * w;
+    if (auto e = solve_one(c.h, s->pattern, s, v, bi, xi, k, transpose); e.failure()) return e;
   }
   CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   return ffi::Error::Success();
