@@ -81,6 +81,36 @@ def test_sparse_solvers_match_scipy(rng, solver, nrhs):
                                rtol=1e-9, atol=1e-11)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_splu_keeps_a_patterns_column_order(rng, dtype):
+    """The second factorization of a pattern factors in the first one's
+    column order (no ordering again); plain and transposed solves with one
+    or several right-hand sides still match SciPy, for new values too."""
+    from sciad.solvers import _sparse_direct
+
+    M = _general_csr(rng, 40, dtype)
+    pattern = _csr(M)(M.data).pattern
+    f = sd.function(lambda d, b: (sd.linalg.solve(_csr(M)(d), b, solver="splu"),
+                                  sd.linalg.solve(_csr(M)(d).T, b, solver="splu")))
+    made = []
+    real = _sparse_direct._factor_one
+    try:
+        _sparse_direct._factor_one = lambda p, d: made.append(real(p, d)) or made[-1]
+        for k, nrhs in enumerate([None, 3, None]):
+            d = M.data * (1.0 + 0.1 * k * rng.standard_normal(M.nnz))
+            A = sp.csr_array((d, M.indices, M.indptr), shape=M.shape).toarray()
+            b = rng.standard_normal(40 if nrhs is None else (40, nrhs)).astype(dtype)
+            x, xt = f(d, b)
+            np.testing.assert_allclose(np.asarray(x), np.linalg.solve(A, b), rtol=1e-10)
+            np.testing.assert_allclose(np.asarray(xt), np.linalg.solve(A.T, b), rtol=1e-10)
+    finally:
+        _sparse_direct._factor_one = real
+    assert _sparse_direct._orders.get(pattern) is not None
+    # (one ordering each for A's pattern and A^T's, then their order kept)
+    assert len(made) == 6
+    assert sum(not isinstance(lu, _sparse_direct._Ordered) for lu in made) == 2
+
+
 def test_complex_solves(rng):
     M = _general_csr(rng, 12, np.complex128)
     b = rng.standard_normal(12) + 1j * rng.standard_normal(12)

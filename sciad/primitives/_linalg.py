@@ -52,6 +52,7 @@ user's line; an ill-conditioned matrix warns (`IllConditionedWarning`).
 from __future__ import annotations
 
 import functools
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -71,13 +72,13 @@ from ..graph._serialize import graph_param_v1, register_v1_migration
 from ..graph._sparsity import along, dense, empty, union
 from ..graph._trace import trace_flat
 from ..graph._types import FactorType, Pattern, holds_tuple, register_factor_layout
+from ..solvers import _sparse_direct
 from ..solvers._host import host_call
 from ..solvers._indices import (pattern_cols, pattern_diagonal, pattern_rows,
-                                pattern_transpose, segment_max, segment_sum, take)
+                                pattern_transpose, segment_sum, take)
 from ..solvers._linear import names_for, resolve
 from ..solvers._measures import ratio
 from ..solvers._registry import lookup, records
-from ..solvers._sparse_direct import REFINE_STEPS
 from ._checks import (check, judge_factor, judge_matrix, judge_solve, refine_above,
                       symmetry_tolerance, tie)
 from ._contract import einsum_p
@@ -147,8 +148,11 @@ def _checks_on() -> bool:
 # run-time pieces shared by the primitives (JAX values in, JAX values out)
 
 
-def _matvec(a, pattern: Pattern | None, transpose: bool):
-    """`x -> op(a) x` on run-time values."""
+def _matvec(a, pattern: Pattern | None, transpose: bool, product=None):
+    """`x -> op(a) x` on run-time values (with `product`, a solver's own
+    compiled sparse product: see `AbstractDirectSolver.product`)."""
+    if product is not None:
+        return lambda x: product(a, x, transpose)
     if pattern is not None:
         return lambda x: sparse_matmul_p.impl_rule(a, x, pattern=pattern, transpose=transpose)
     m = a.T if transpose else a
@@ -183,20 +187,26 @@ def _matrix_measures(a, pattern, assume) -> dict:
     return out
 
 
-def _zero_line(a, pattern):
+def _zero_line(a, pattern, product):
     """Whether a row or a column of the sparse matrix with values `a` holds
-    only zeros (or NaN): a singular matrix. (Two scatters of `nnz` values:
-    about 55 us for nnz = 5,000 on this CPU; integer prefix sums, exact too,
-    took twice that.)"""
+    only zeros (or NaN): a singular matrix. From the sums of `|a|` along
+    rows and columns, two products with ones by the solver's compiled
+    `product` (XLA's scatters here cost more to compile than the whole
+    factorization and solve of a small matrix)."""
     mag = jnp.abs(a)
     n, m = pattern.shape
-    rows = segment_max(mag, pattern_rows(pattern), n, sorted_indices=True)
-    cols = segment_max(mag, pattern_cols(pattern), m)
+    rows = product(mag, jnp.ones(m, mag.dtype), False)
+    cols = product(mag, jnp.ones(n, mag.dtype), True)
     return ~(jnp.all(rows > 0) & jnp.all(cols > 0))
 
 
-def _norm_inf(a, pattern, transpose: bool):
-    """`||op(a)||_inf` from the values."""
+def _norm_inf(a, pattern, transpose: bool, product=None):
+    """`||op(a)||_inf` from the values (with a solver's `product`: the
+    product of `|op(a)|` with ones)."""
+    if product is not None:
+        mag = jnp.abs(a)
+        ones = jnp.ones(pattern.shape[0 if transpose else 1], mag.dtype)
+        return jnp.max(product(mag, ones, transpose), initial=0.0)
     if pattern is None:
         return jnp.max(jnp.sum(jnp.abs(a), axis=0 if transpose else 1), initial=0.0)
     idx = pattern_cols(pattern) if transpose else pattern_rows(pattern)
@@ -208,7 +218,8 @@ def _measures(apply, x, b, anorm_inf):
     """`(r, backward_error, relative_residual, max |b|)` of `x` for
     `apply(x) = b`, with `r = apply(x) - b` (2-D `b`: the worst column)."""
     r = apply(x) - b
-    rn, xn, bn = (jnp.max(jnp.abs(v), axis=0, initial=0.0) for v in (r, x, b))
+    # (one reduction of the three: each reduction is a kernel XLA compiles)
+    rn, xn, bn = jnp.max(jnp.abs(jnp.stack([r, x, b])), axis=1, initial=0.0)
     eta = ratio(rn, anorm_inf * xn + bn, jnp)  # (NaN for a NaN x: it fails the checks)
     rel = ratio(rn, bn, jnp)
     worst = functools.partial(jnp.max, initial=0.0)  # (NaN wins; 0 for no columns)
@@ -239,6 +250,11 @@ _register_layouts()
 
 _ZERO_TOKEN = np.zeros((), np.int32)
 
+#: (a `frees_factor` solver) the first array of each factor a program being
+#: lowered made and frees itself, by `id`: a solve that reads one of these
+#: very values knows at trace time that its handle is not 0 (see `KLU.solve`)
+_made_here: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
 
 def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
     """The factorization of `a` as a tuple of arrays (see `_factor_layout`),
@@ -262,7 +278,7 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
                 # (klu) a zero row or column, said here with the node and line
                 # (KLU's own zero-pivot error, which stops the program, cannot);
                 # the host is called only where a measure fails
-                measures["singular"] = _zero_line(a, pattern)
+                measures["singular"] = _zero_line(a, pattern, record.product(pattern))
                 judge = functools.partial(judge_factor, solver=solver)
                 when = measures["nonfinite"] | measures["singular"]
                 if "asymmetry" in measures:
@@ -275,7 +291,7 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
                 names = list(measures)
                 tok = _where_any(when, lambda *m: check(judge, site, dtype=dtype, tags=tags,
                                                         **dict(zip(names, m))),
-                                 np.zeros((), np.int32), *measures.values())
+                                 lambda *m: jnp.zeros((), jnp.int32), *measures.values())
             a = tie(a, tok)
         if not record.frees_factor:
             return tuple(record.factor(a, pattern=pattern))
@@ -289,6 +305,7 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
             f = tuple(tie(f, tok))
         if keep:
             at_end(lambda outs: record.release(f, outs))
+            _made_here[id(f[0])] = f[0]
         return f
     f = record.factor(a)
     ok = record.ok(f)
@@ -331,102 +348,86 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
     A SuperLU solve is checked on the host in the call that solves (one
     host call per solve), with a step of iterative refinement where the
     backward error is above the bound (a factor of a slightly different
-    matrix, reused, is then still good enough). Dense and `spsolve` solves
-    are measured in the program, and the host is called only where a
-    measure is off (to raise or warn)."""
+    matrix, reused, is then still good enough). Dense solves and those of
+    sparse solvers in the program (klu, spsolve) are measured in the
+    program, and the host is called only where a measure is off: to raise
+    or warn, and for a sparse one to refine the solution and estimate the
+    condition number first (`_sparse_direct.repair`)."""
     dtype = np.dtype(b.dtype)
     n = b.shape[0]
     tau = refine_above(dtype, n)
     eps = np.finfo(dtype).eps
-    real = np.finfo(dtype).dtype
     record = lookup(solver, "linear")
     if record.host_checks and throw:  # checked (and refined) in the host call
         return record.solve(factor, a, b, pattern=pattern, transpose=transpose,
                             refine_above=tau,
                             estimate="always" if _checks_on() else "on_residual",
                             report=functools.partial(judge_solve, site, dtype=dtype, n=n))
-    if record.sparse:
+    if record.frees_factor:
+        x = record.solve(factor, a, b, pattern=pattern, transpose=transpose,
+                         numeric=_made_here.get(id(factor[0])) is factor[0])
+    elif record.sparse:
         x = record.solve(factor, a, b, pattern=pattern, transpose=transpose)
     else:
         *f, rc = factor
         x = record.solve(tuple(f), a, b, transpose=transpose)
     if not throw:
         return x
-    apply = _matvec(a, pattern, transpose)
-    anorm = _norm_inf(a, pattern, transpose)
+    product = record.product(pattern) if record.sparse else None
+    apply = _matvec(a, pattern, transpose, product)
+    anorm = _norm_inf(a, pattern, transpose, product)
     _, eta, rel, bnorm = _measures(apply, x, b, anorm)
     nonfinite = ~jnp.isfinite(bnorm)
+    if record.sparse:
+        # (A sparse factorization in the program (KLU's threshold pivoting,
+        # which keeps a diagonal pivot down to 1e-3 of its column's largest
+        # entry, for less fill) may not be backward stable. Where a measure
+        # is off, one host call refines the solution with a SuperLU factor of
+        # the matrix (as the host's SuperLU solves refine), estimates the
+        # condition number and judges: a refinement loop and an estimate in
+        # the program quintupled the compile time of every checked solve.)
+        need = _checks_on() | ~(rel <= np.sqrt(eps)) | ~(eta <= tau) | nonfinite
+        report = functools.partial(judge_solve, site, dtype=dtype, n=n)
+        return _where_any(
+            need, lambda a, b, x, need: _sparse_direct.repair(
+                pattern, a, b, x, need, transpose, refine_above=tau,
+                estimate="always" if _checks_on() else "on_residual", report=report),
+            lambda a, b, x, need: x, a, b, x, need)
     # (No refinement in the program for dense solves: LU with partial
     # pivoting and Cholesky are backward stable, and a conditional second
-    # solve per solve doubled the compile time of small programs. A sparse
-    # factorization in the program (KLU's threshold pivoting, which keeps a
-    # diagonal pivot down to 1e-3 of its column's largest entry, for less
-    # fill) may not be: steps of refinement while the backward error is
-    # above the bound and falls, as the host's SuperLU solves take.)
-    if not record.sparse:
-        rcond = rc
-    else:
-        x, eta, rel = _refine(x, eta, rel, apply, b, anorm, tau,
-                              lambda r: record.solve(factor, a, r, pattern=pattern,
-                                                     transpose=transpose))
-        # (an estimate costs solves: only where the residual calls for one)
-        rcond = _where_any(_checks_on() | ~(rel <= np.sqrt(eps)) | ~(eta <= tau) | nonfinite,
-                           lambda f, a: record.rcond(f, a, pattern=pattern),
-                           np.asarray(np.nan, real), tuple(factor), a)
-    bad = nonfinite | ~(eta <= tau) | (rcond < eps)
+    # solve per solve doubled the compile time of small programs.)
+    bad = nonfinite | ~(eta <= tau) | (rc < eps)
     return tie(x, check(judge_solve, site, when=bad, dtype=dtype, n=n, nonfinite=nonfinite,
-                        backward_error=eta, residual=rel, rcond=rcond))
+                        backward_error=eta, residual=rel, rcond=rc))
 
 
-def _where_any(pred, fn, fill, *operands):
-    """`fn(*operands)` (a scalar) where `pred`, else `fill`: a `lax.cond`
-    whose predicate, under `jax.vmap`, is whether any example needs `fn`
-    (there a batched predicate makes `lax.cond` a select that runs `fn`, a
-    host factorization for an estimate, for every example; here it runs for
-    the whole batch only where one example needs it)."""
+def _where_any(pred, fn, otherwise, *operands):
+    """`fn(*operands)` where `pred`, else `otherwise(*operands)`: a
+    `lax.cond` whose predicate, under `jax.vmap`, is whether any example
+    needs `fn` (there a batched predicate makes `lax.cond` a select that runs
+    `fn`, a host call, for every example; here it runs for the whole batch
+    only where one example needs it)."""
     leaves, tree = jax.tree_util.tree_flatten(operands)
 
     def call(*xs):
         return fn(*jax.tree_util.tree_unflatten(tree, xs))
 
+    def other(*xs):
+        return otherwise(*jax.tree_util.tree_unflatten(tree, xs))
+
     @jax.custom_batching.custom_vmap
     def run(p, *xs):
-        return jax.lax.cond(p, call, lambda *_: jnp.asarray(fill), *xs)
+        return jax.lax.cond(p, call, other, *xs)
 
     @run.def_vmap
     def _rule(axis_size, in_batched, p, *xs):
         some = jnp.any(p) if in_batched[0] else p
         axes = [0 if b else None for b in in_batched[1:]]
-        out = jax.lax.cond(
-            some, lambda *ys: jax.vmap(call, in_axes=axes, axis_size=axis_size)(*ys),
-            lambda *_: jnp.full((axis_size,), fill), *xs)
+        batched = [jax.vmap(g, in_axes=axes, axis_size=axis_size) for g in (call, other)]
+        out = jax.lax.cond(some, *batched, *xs)
         return out, True
 
     return run(jnp.asarray(pred), *leaves)
-
-
-def _refine(x, eta, rel, apply, b, anorm, tau, solve):
-    """Iterative refinement in the program: `x -= solve(op(A) x - b)` while the
-    backward error `eta` is above `tau` and falls, at most `REFINE_STEPS`
-    times (as the host's SuperLU solves refine); returns `(x, eta, rel)`
-    with the measures of the `x` kept. A step that does not lower the
-    backward error is dropped. (Under `jax.vmap` the loop runs while any
-    example refines; each keeps its own best.)"""
-    def cond(c):
-        x, eta, rel, prev, k = c
-        return ~(eta <= tau) & (eta < prev) & (k < REFINE_STEPS)
-
-    def body(c):
-        x, eta, rel, _, k = c
-        x_new = x - solve(apply(x) - b)
-        _, eta_new, rel_new, _ = _measures(apply, x_new, b, anorm)
-        better = eta_new < eta
-        return (jnp.where(better, x_new, x), jnp.where(better, eta_new, eta),
-                jnp.where(better, rel_new, rel), eta, k + 1)
-
-    x, eta, rel, _, _ = jax.lax.while_loop(
-        cond, body, (x, eta, rel, jnp.full_like(eta, jnp.inf), 0))
-    return x, eta, rel
 
 
 def _rcond_with(factor, a, *, solver, pattern):

@@ -87,21 +87,6 @@ def segment_sum(data, idx, n: int, *, sorted_indices: bool = False, drop: bool =
                            mode=mode)
 
 
-def segment_max(data, idx, n: int, *, sorted_indices: bool = False):
-    """`jax.ops.segment_max` (empty segments `-inf`) on a `(k, 1)` index array."""
-    dnums = lax.ScatterDimensionNumbers(update_window_dims=tuple(range(1, data.ndim)),
-                                        inserted_window_dims=(0,),
-                                        scatter_dims_to_operand_dims=(0,))
-    init = jnp.full((n,) + tuple(data.shape[1:]), -jnp.inf, data.dtype)
-    return lax.scatter_max(init, idx, data, dnums, indices_are_sorted=sorted_indices,
-                           mode=_PROMISE)
-
-
-# ---------------------------------------------------------------------------
-# a sparse pattern's (duck-typed: `rows`, `indices`, `transposed()`,
-# `diagonal_positions()`, as `sciad.graph.Pattern`)
-
-
 def pattern_rows(pattern) -> jax.Array:
     """The row of each stored entry, as a cached `(nnz, 1)` index array."""
     return cached_index(pattern, "rows", lambda: pattern.rows)

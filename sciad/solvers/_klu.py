@@ -54,6 +54,8 @@ factorization, the backward error of each solve).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 
@@ -105,8 +107,8 @@ class HandleSolver(AbstractDirectSolver):
         the values `after` are computed."""
         self.kernels.free(factor[0], after)
 
-    def solve(self, factor, a, b, *, pattern=None, transpose=False, **checks):
-        return self.kernels.solve(pattern, factor[0], a, b, transpose)
+    def solve(self, factor, a, b, *, pattern=None, transpose=False, numeric=False, **checks):
+        return self.kernels.solve(pattern, factor[0], a, b, transpose, numeric)
 
     def rcond(self, factor, a, *, pattern=None):
         # (SuperLU's estimate on the host, in double precision as KLU factors)
@@ -155,6 +157,9 @@ class KLU(HandleSolver):
         if s is not None and pattern is not None and not _small_enough(pattern):
             return 0.5  # (below splu's)
         return s
+
+    def product(self, pattern):
+        return functools.partial(_klu_ffi.dot, pattern)
 
 
 #: the most unknowns for which "auto" picks klu (a matrix with more than 3

@@ -50,7 +50,7 @@ FACTOR_FAILED = "klu_factor/z_factor failed"
 _KERNELS = ("analyze", "factor_f64", "factor_c128", "solve_with_numeric_f64",
             "solve_with_numeric_c128", "tsolve_with_numeric_f64", "tsolve_with_numeric_c128",
             "solve_with_symbol_f64", "solve_with_symbol_c128", "tsolve_with_symbol_f64",
-            "tsolve_with_symbol_c128", "free_numeric")
+            "tsolve_with_symbol_c128", "free_numeric", "dot_f64", "dot_c128")
 
 _lock = threading.Lock()
 _registered = False
@@ -218,8 +218,8 @@ class HandleKernels:
 
         return self._fns.setdefault(key, f)
 
-    def _solve_fn(self, state, kind: str, transpose: bool):
-        key = ("solve", state, kind, transpose)
+    def _solve_fn(self, state, kind: str, transpose: bool, numeric: bool):
+        key = ("solve", state, kind, transpose, numeric)
         f = self._fns.get(key)
         if f is not None:
             return f
@@ -232,6 +232,8 @@ class HandleKernels:
 
         @custom_vmap
         def f(h, ax, b):  # h: (L,), ax: (L, nnz), b: (L, n, k) -> x like b
+            if numeric:  # (known at trace time: no conditional to compile)
+                return with_numeric(h, ax, b)
             # (all handles made here, or none: a 0 handle is never read)
             return jax.lax.cond(jnp.all(h != 0), with_numeric, with_symbol, h, ax, b)
 
@@ -272,11 +274,13 @@ class HandleKernels:
         state = self.analyze(pattern, assume, ax.dtype)
         return self._factor_fn(state, self.kind(ax.dtype))(ax[None])[0]
 
-    def solve(self, pattern, handle, a, b, transpose: bool, assume=None):
+    def solve(self, pattern, handle, a, b, transpose: bool, numeric: bool = False,
+              assume=None):
         """`A x = b` (`A^T x = b` if `transpose`, never conjugated) for the
         matrix with values `a` on `pattern`, `b` of shape `(n,)` or `(n, k)`:
         with the numeric factor `handle`, or, where it is 0, factoring in the
-        same call (for `assume`, as `factor`)."""
+        same call (for `assume`, as `factor`; `numeric`: the caller knows
+        `handle` is not 0)."""
         if pattern.shape[0] == 0:
             return b
         if transpose and self.transpose == "refactor":  # (A^T, factored in the call)
@@ -291,7 +295,7 @@ class HandleKernels:
         if bb.shape[1] == 0:  # (no right-hand sides: no kernel call)
             return b
         state = self.analyze(pattern, assume, work)
-        x = self._solve_fn(state, self.kind(work), bool(transpose))(
+        x = self._solve_fn(state, self.kind(work), bool(transpose), bool(numeric))(
             jnp.asarray(handle, jnp.uint64)[None], ax[None], bb[None])[0]
         x = x[:, 0] if vec else x
         return x.astype(b.dtype)
@@ -360,3 +364,38 @@ KERNELS = KLUKernels()
 factor = KERNELS.factor
 solve = KERNELS.solve
 free = KERNELS.free
+
+
+@functools.lru_cache(maxsize=None)
+def _dot_fn(pattern, kind: str, transpose: bool):
+    _, rows, cols = symbolic(pattern)
+    if transpose:
+        rows, cols = cols, rows
+
+    @custom_vmap
+    def f(ax, x):  # ax: (L, nnz), x: (L, n, k) -> op(A) x like x
+        call = jax.ffi.ffi_call(f"sciad_klu_dot_{kind}", jax.ShapeDtypeStruct(x.shape, x.dtype))
+        return call(rows, cols, ax, x)
+
+    @f.def_vmap
+    def _rule(axis_size, in_batched, ax, x):
+        axf, xf = _fold(axis_size, in_batched, [ax, x])
+        return f(axf, xf).reshape((axis_size, -1) + x.shape[-2:]), True
+
+    return f
+
+
+def dot(pattern, a, x, transpose: bool = False):
+    """`A x` (`A^T x` if `transpose`) for the matrix with values `a` on
+    `pattern` (square), `x` of shape `(n,)` or `(n, k)`: one compiled
+    kernel call (klujax's), no gather or scatter for XLA to compile."""
+    if pattern.shape[0] == 0:
+        return jnp.zeros(x.shape, np.result_type(a.dtype, x.dtype))
+    _register()
+    out = np.result_type(a.dtype, x.dtype)
+    work = _work_dtype(out)
+    xx = x.astype(work)
+    vec = xx.ndim == 1
+    xx = xx[:, None] if vec else xx
+    y = _dot_fn(pattern, _suffix(work), bool(transpose))(a.astype(work)[None], xx[None])[0]
+    return (y[:, 0] if vec else y).astype(out)

@@ -120,7 +120,9 @@ class AbstractDirectSolver(AbstractLinearSolver):
     def solve(self, factor, a, b, *, pattern=None, transpose: bool = False, **checks):
         """`x` with `a x = b` (`a^T x = b` if `transpose`: never conjugated),
         from `factor`. `checks` (a `host_checks` solver: `refine_above`,
-        `estimate`, `report`) ask it to check in its host call."""
+        `estimate`, `report`) ask it to check in its host call; `numeric` (a
+        `frees_factor` solver) says the factor is one the program made and
+        frees itself, not a placeholder for a factor made elsewhere."""
         raise NotImplementedError
 
     def ok(self, factor):
@@ -137,6 +139,14 @@ class AbstractDirectSolver(AbstractLinearSolver):
         """A sparse factorization: the reciprocal 1-norm condition estimate of
         the matrix with values `a`, in the program."""
         raise NotImplementedError
+
+    def product(self, pattern):
+        """A sparse solver with a compiled product of its own: `(values, x,
+        transpose) -> op(A) x` on `pattern`, which the checks of its solves
+        use (residuals, norms, empty rows); None: sciad's sparse product (a
+        gather and a scatter, each compiled by XLA into every checked
+        program)."""
+        return None
 
     def factor_flops(self, n: int, fill) -> float:
         """FLOPs of a factorization (`fill`: the pattern's LU fill, or None for
