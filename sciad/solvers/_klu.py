@@ -61,6 +61,7 @@ import numpy as np
 
 from ..errors import InvalidOptionError, SingularMatrixError, register_kernel_error
 from . import _klu_ffi, _sparse_direct
+from ._indices import pattern_matmul
 from ._linear import AbstractDirectSolver
 
 register_kernel_error(
@@ -109,6 +110,10 @@ class HandleSolver(AbstractDirectSolver):
 
     def solve(self, factor, a, b, *, pattern=None, transpose=False, numeric=False, **checks):
         return self.kernels.solve(pattern, factor[0], a, b, transpose, numeric)
+
+    def product(self, pattern):
+        # (XLA's gather and scatter; KLU has a compiled one)
+        return functools.partial(pattern_matmul, pattern)
 
     def rcond(self, factor, a, *, pattern=None):
         # (SuperLU's estimate on the host, in double precision as KLU factors)
