@@ -27,10 +27,13 @@ stand-in (`use_kernels`). What cuDSS does:
 - the checks are the in-program ones of every sparse solver compiled into
   the program (`sciad.primitives._linalg`): non-finite values, a zero row
   or column and the structure `assume` claims before factoring; the
-  backward error of every solve from one sparse product on the device,
-  with iterative refinement while it is above its bound; a zero pivot that
-  cuDSS reports (`CUDSS_DATA_INFO`) raises `SingularMatrixError`, and a
-  pivot cuDSS perturbed instead shows in the backward error.
+  backward error of every solve from one sparse product on the device
+  (`product`: XLA's gather and scatter). Only where a measure is off does
+  the program call the host, which refines the solution with a SuperLU
+  factor, estimates the condition number and judges
+  (`_sparse_direct.repair`); a zero pivot that cuDSS reports
+  (`CUDSS_DATA_INFO`) raises `SingularMatrixError`, and a pivot cuDSS
+  perturbed instead shows in the backward error.
 
 Without an NVIDIA GPU as JAX's default backend, without the `[cuda]` extra
 or without a C++ compiler, `solver="cudss"` raises `NotSupportedError`
