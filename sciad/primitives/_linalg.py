@@ -298,7 +298,9 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
         # (klu) compiled handles only where all readers are in this run: freed
         # at its end, after every value it returns
         keep = uses is not None and not node_escapes()
-        f = tuple(record.factor(a, pattern=pattern, uses=uses if keep else None))
+        # (`assume` only where checked: cudss factors an "spd" matrix by Cholesky)
+        f = tuple(record.factor(a, pattern=pattern, uses=uses if keep else None,
+                                assume=assume if throw else None))
         if throw:  # (the solves wait for the checks: a 0 handle does not read `a`)
             f = tuple(tie(f, tok))
         if keep:

@@ -37,8 +37,8 @@ from ..graph._cost import Cost, size
 from ..graph._serialize import _decode_array, _encode_array
 from ..graph._sparsity import Deps, by_ids, contraction, empty, select_rows, union, value_shape
 from ..graph._types import Pattern
-from ..solvers._indices import (cached_index, pattern_cols, pattern_rows, pattern_transpose,
-                                segment_sum, take)
+from ..solvers._indices import (cached_index, pattern_cols, pattern_matmul, pattern_rows,
+                                pattern_transpose, segment_sum, take)
 from ._contract import _multilinear_jvp
 from ._map import columns_rule, map_rule
 from ._shape import _linear_jvp
@@ -290,18 +290,9 @@ def _matmul_shape(a, x, *, pattern, transpose=False):
     return TensorType((n,) + x.shape[1:], dtype)
 
 
-def _segment_matmul(data, x, gather_idx, scatter_idx, n_out, sorted_out):
-    # (the index arrays: cached `(nnz, 1)` device arrays, see `solvers._indices`)
-    prod = data.reshape((-1,) + (1,) * (x.ndim - 1)) * take(x, gather_idx)
-    return segment_sum(prod, scatter_idx, n_out, sorted_indices=sorted_out)
-
-
 @sparse_matmul_p.def_impl
 def _matmul_impl(data, x, *, pattern, transpose=False):
-    rows, cols = pattern_rows(pattern), pattern_cols(pattern)
-    if transpose:
-        return _segment_matmul(data, x, rows, cols, pattern.shape[1], False)
-    return _segment_matmul(data, x, cols, rows, pattern.shape[0], True)
+    return pattern_matmul(pattern, data, x, transpose)
 
 
 sparse_matmul_p.def_jvp(_multilinear_jvp(sparse_matmul_p))

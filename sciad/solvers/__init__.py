@@ -21,6 +21,7 @@ from ._anderson import Anderson
 from ._bicgstab import BiCGStab
 from ._cg import CG
 from ._cholesky import Cholesky
+from ._cudss import CuDSS
 from ._chord import Chord
 from ._gmres import GMRES
 from ._jacobi import Jacobi
@@ -42,6 +43,7 @@ register(Cholesky())
 register(SuperLU())
 register(SpSolve())
 register(KLU())
+register(CuDSS())
 register(CG())
 register(GMRES())
 register(BiCGStab())

@@ -107,3 +107,14 @@ def pattern_diagonal(pattern) -> jax.Array:
     with `pattern.diagonal_positions() >= 0`), as a cached index array."""
     return cached_index(pattern, "diagonal",
                         lambda: np.maximum(pattern.diagonal_positions(), 0))
+
+
+def pattern_matmul(pattern, data, x, transpose: bool = False):
+    """`op(A) x` for the sparse matrix with values `data` on `pattern` (`x` of
+    shape `(m,)` or `(m, k)`): a gather of `x` and a scatter-add of the
+    products, both compiled by XLA (`sparse.matmul`'s implementation)."""
+    rows, cols = pattern_rows(pattern), pattern_cols(pattern)
+    gather, scatter, n = (rows, cols, pattern.shape[1]) if transpose else \
+        (cols, rows, pattern.shape[0])
+    prod = data.reshape((-1,) + (1,) * (x.ndim - 1)) * take(x, gather)
+    return segment_sum(prod, scatter, n, sorted_indices=not transpose)

@@ -66,6 +66,7 @@ import numpy as np
 
 from ..errors import InvalidOptionError, SingularMatrixError, register_kernel_error
 from . import _klu_ffi, _sparse_direct
+from ._indices import pattern_matmul
 from ._linear import AbstractDirectSolver
 
 register_kernel_error(
@@ -82,7 +83,54 @@ def _on_cpu() -> bool:
         return False
 
 
-class KLU(AbstractDirectSolver):
+class HandleSolver(AbstractDirectSolver):
+    """A sparse direct solver compiled into the program whose factor is
+    `(handle,)`, a `uint64` (0: no numeric factor; each solve factors), made
+    and freed by its kernels `kernels` (a `_klu_ffi.HandleKernels`): KLU's
+    here, cuDSS's in `sciad.solvers._cudss`. See the module docstring for
+    when a handle is made and freed."""
+
+    matrices = frozenset({"sparse"})
+    sparse = True
+    where = "device"
+    frees_factor = True
+
+    @property
+    def kernels(self):
+        raise NotImplementedError
+
+    def factor_layout(self, n, dtype, pattern):
+        return (((), np.uint64),)
+
+    def factor(self, a, *, pattern=None, uses=None, assume=None, report=None):
+        # a numeric factor only where the caller frees it (`uses` counted)
+        if uses is None:
+            return (jax.numpy.zeros(a.shape[:-1], np.uint64),)
+        return (self.kernels.factor(pattern, a, assume),)
+
+    def release(self, factor, after) -> None:
+        """Frees the numeric factor `factor` (made with `uses` counted) once
+        the values `after` are computed."""
+        self.kernels.free(factor[0], after)
+
+    def solve(self, factor, a, b, *, pattern=None, transpose=False, numeric=False, **checks):
+        return self.kernels.solve(pattern, factor[0], a, b, transpose, numeric)
+
+    def product(self, pattern):
+        # (XLA's gather and scatter; KLU has a compiled one)
+        return functools.partial(pattern_matmul, pattern)
+
+    def rcond(self, factor, a, *, pattern=None):
+        # (SuperLU's estimate on the host, in double precision as KLU factors)
+        real = np.finfo(np.dtype(a.dtype)).dtype
+        wide = np.complex128 if np.dtype(a.dtype).kind == "c" else np.float64
+        return _sparse_direct.rcond_unfactored(pattern, a.astype(wide)).astype(real)
+
+    def factor_flops(self, n, fill):
+        return fill.flops
+
+
+class KLU(HandleSolver):
     """Sparse LU by KLU, compiled (CPU only): the factor is `(handle,)`, a
     `uint64` (0: no numeric factor; each solve factors).
 
@@ -92,10 +140,7 @@ class KLU(AbstractDirectSolver):
     """
 
     name = "klu"
-    matrices = frozenset({"sparse"})
-    sparse = True
-    where = "device"
-    frees_factor = True
+    kernels = _klu_ffi.KERNELS
 
     def rejects(self, *, matrix, dtype, tags, shown=""):
         why = super().rejects(matrix=matrix, dtype=dtype, tags=tags, shown=shown)
@@ -123,34 +168,8 @@ class KLU(AbstractDirectSolver):
             return 0.5  # (below splu's)
         return s
 
-    def factor_layout(self, n, dtype, pattern):
-        return (((), np.uint64),)
-
-    def factor(self, a, *, pattern=None, uses=None, assume=None, report=None):
-        # a numeric factor only where the caller frees it (`uses` counted)
-        if uses is None:
-            return (jax.numpy.zeros(a.shape[:-1], np.uint64),)
-        return (_klu_ffi.factor(pattern, a),)
-
-    def release(self, factor, after) -> None:
-        """Frees the numeric factor `factor` (made with `uses` counted) once
-        the values `after` are computed."""
-        _klu_ffi.free(factor[0], after)
-
-    def solve(self, factor, a, b, *, pattern=None, transpose=False, numeric=False, **checks):
-        return _klu_ffi.solve(pattern, factor[0], a, b, transpose, numeric)
-
-    def rcond(self, factor, a, *, pattern=None):
-        # (SuperLU's estimate on the host, in double precision as KLU factors)
-        real = np.finfo(np.dtype(a.dtype)).dtype
-        wide = np.complex128 if np.dtype(a.dtype).kind == "c" else np.float64
-        return _sparse_direct.rcond_unfactored(pattern, a.astype(wide)).astype(real)
-
     def product(self, pattern):
         return functools.partial(_klu_ffi.dot, pattern)
-
-    def factor_flops(self, n, fill):
-        return fill.flops
 
 
 #: the most unknowns for which "auto" picks klu (a matrix with more than 3

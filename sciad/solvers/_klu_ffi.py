@@ -1,6 +1,10 @@
 """KLU's compiled kernels (klujax's `klujax_cpp` extension) called through
 XLA's FFI under sciad-owned names, with no Python on the per-call path.
 
+The glue around the kernels (batching, the handle or one-call path, an
+ordered free, the work dtype) is `HandleKernels`, shared with the cuDSS
+kernels (`sciad.solvers._cudss_ffi`); `KLUKernels` is KLU's backend of it.
+
 klujax's Python module is not imported: it sets JAX's global configuration
 (`jax_platform_name="cpu"`, x64) when imported. Its nanobind extension
 `klujax_cpp` holds the FFI handlers; they are registered here, once, when
@@ -38,6 +42,7 @@ import numpy as np
 from jax.custom_batching import custom_vmap
 
 from ..config import x64_scope
+from ._indices import pattern_transpose, take
 
 #: the text of the FFI error a failed (singular) KLU factorization raises
 FACTOR_FAILED = "klu_factor/z_factor failed"
@@ -127,56 +132,238 @@ def _fold(axis_size, in_batched, args):
     return out
 
 
-# --- the kernels on a leading batch axis (n_lhs), as custom_vmap functions ---
+# --- the kernels on a leading batch axis (n_lhs), behind one small interface ---
 
 
-@functools.lru_cache(maxsize=None)
-def _factor_fn(pattern, kind: str):
-    raw, rows, cols = symbolic(pattern)
+class HandleKernels:
+    """A compiled sparse direct solver whose numeric factors are `uint64`
+    handles the program makes and frees (KLU here; cuDSS in
+    `sciad.solvers._cudss_ffi`): what a record (`sciad.solvers._klu.HandleSolver`)
+    calls, and the shared glue around a backend's four kernels.
 
-    @custom_vmap
-    def f(ax):  # ax: (L, nnz) -> handles (L,)
+    A backend implements, on a leading batch axis of `L` matrices on one
+    pattern (`state`: its analysis of the pattern, `analyze`):
+    `_factor_call(state, kind, ax)` (`(L, nnz)` -> `(L,)` handles),
+    `_solve_call(state, kind, transpose, h, ax, b)` (`b`: `(L, n, k)`),
+    `_factor_solve_call(state, kind, transpose, ax, b)` (factors, solves and
+    frees in one call: a 0 handle) and `_free_call(h)` (`(L,)` -> `(L,)`
+    int32). This class folds `jax.vmap`'s axes into that one
+    (`custom_vmap`), casts to the work dtype, picks the handle or the
+    one-call path, and orders a free after the values it must wait for.
+
+    ```python
+    h = KERNELS.factor(pattern, a)              # a: (nnz,) values
+    x = KERNELS.solve(pattern, h, a, b, False)  # b: (n,) or (n, k)
+    tok = KERNELS.free(h, after=[x])
+    ```
+    """
+
+    name = "klu"
+    #: how `solve` takes `transpose`: "native" (the backend's transposed solve
+    #: with the same factor) or "refactor" (the transpose factored in the call
+    #: that solves: a fallback for a backend without a transposed solve)
+    transpose = "native"
+
+    def unavailable(self) -> str | None:
+        """Why the kernels cannot run here (None: they can)."""
+        return None
+
+    def register(self) -> None:
+        """Registers the kernels as FFI targets (once)."""
+
+    def analyze(self, pattern, assume=None, dtype=None):
+        """The backend's analysis of `pattern` for a matrix of `dtype` with the
+        structure `assume` (hashable; kept per process)."""
+        raise NotImplementedError
+
+    def kind(self, dtype) -> str:
+        return _suffix(dtype)
+
+    def work_dtype(self, dtype):
+        """The dtype the kernels compute in."""
+        return _work_dtype(dtype)
+
+    def _factor_call(self, state, kind, ax):
+        raise NotImplementedError
+
+    def _solve_call(self, state, kind, transpose, h, ax, b):
+        raise NotImplementedError
+
+    def _factor_solve_call(self, state, kind, transpose, ax, b):
+        raise NotImplementedError
+
+    def _free_call(self, h):
+        raise NotImplementedError
+
+    # (the custom_vmap functions, made once per analysis, kind and direction)
+
+    @functools.cached_property
+    def _fns(self) -> dict:
+        return {}
+
+    def _factor_fn(self, state, kind: str):
+        key = ("factor", state, kind)
+        f = self._fns.get(key)
+        if f is not None:
+            return f
+
+        @custom_vmap
+        def f(ax):  # ax: (L, nnz) -> handles (L,)
+            return self._factor_call(state, kind, ax)
+
+        @f.def_vmap
+        def _rule(axis_size, in_batched, ax):
+            (axf,) = _fold(axis_size, in_batched, [ax])
+            return f(axf).reshape(axis_size, -1), True
+
+        return self._fns.setdefault(key, f)
+
+    def _solve_fn(self, state, kind: str, transpose: bool, numeric: bool):
+        key = ("solve", state, kind, transpose, numeric)
+        f = self._fns.get(key)
+        if f is not None:
+            return f
+
+        def with_numeric(h, ax, b):
+            return self._solve_call(state, kind, transpose, h, ax, b)
+
+        def with_symbol(h, ax, b):
+            return self._factor_solve_call(state, kind, transpose, ax, b)
+
+        @custom_vmap
+        def f(h, ax, b):  # h: (L,), ax: (L, nnz), b: (L, n, k) -> x like b
+            if numeric:  # (known at trace time: no conditional to compile)
+                return with_numeric(h, ax, b)
+            # (all handles made here, or none: a 0 handle is never read)
+            return jax.lax.cond(jnp.all(h != 0), with_numeric, with_symbol, h, ax, b)
+
+        @f.def_vmap
+        def _rule(axis_size, in_batched, h, ax, b):
+            hf, axf, bf = _fold(axis_size, in_batched, [h, ax, b])
+            return f(hf, axf, bf).reshape((axis_size, -1) + b.shape[-2:]), True
+
+        return self._fns.setdefault(key, f)
+
+    def _free_fn(self):
+        f = self._fns.get("free")
+        if f is not None:
+            return f
+
+        @custom_vmap
+        def f(h):  # h: (L,) -> an int32 token
+            return jnp.sum(self._free_call(h)) * 0
+
+        @f.def_vmap
+        def _rule(axis_size, in_batched, h):
+            (hf,) = _fold(axis_size, in_batched, [h])
+            return f(hf), False
+
+        return self._fns.setdefault("free", f)
+
+    # --- one matrix: what the record calls (jax.vmap batches them) ---
+
+    def factor(self, pattern, a, assume=None):
+        """The numeric factorization of the matrix with values `a` (`(nnz,)`)
+        on `pattern`: a `uint64` handle (a scalar), to be freed with `free`.
+        `assume` ("symmetric", "spd" or None): the structure a backend may
+        factor for (KLU ignores it)."""
+        if pattern.shape[0] == 0:  # (no unknowns: nothing to factor)
+            return jnp.zeros((), jnp.uint64)
+        self.register()
+        ax = a.astype(self.work_dtype(a.dtype))
+        state = self.analyze(pattern, assume, ax.dtype)
+        return self._factor_fn(state, self.kind(ax.dtype))(ax[None])[0]
+
+    def solve(self, pattern, handle, a, b, transpose: bool, numeric: bool = False,
+              assume=None):
+        """`A x = b` (`A^T x = b` if `transpose`, never conjugated) for the
+        matrix with values `a` on `pattern`, `b` of shape `(n,)` or `(n, k)`:
+        with the numeric factor `handle`, or, where it is 0, factoring in the
+        same call (for `assume`, as `factor`; `numeric`: the caller knows
+        `handle` is not 0)."""
+        if pattern.shape[0] == 0:
+            return b
+        if transpose and self.transpose == "refactor":  # (A^T, factored in the call)
+            at = take(a, pattern_transpose(pattern))
+            return self.solve(pattern.transposed()[0], jnp.zeros((), jnp.uint64), at, b, False)
+        self.register()
+        work = self.work_dtype(np.result_type(a.dtype, b.dtype))
+        ax = a.astype(work)
+        bb = b.astype(work)
+        vec = bb.ndim == 1
+        bb = bb[:, None] if vec else bb
+        if bb.shape[1] == 0:  # (no right-hand sides: no kernel call)
+            return b
+        state = self.analyze(pattern, assume, work)
+        x = self._solve_fn(state, self.kind(work), bool(transpose), bool(numeric))(
+            jnp.asarray(handle, jnp.uint64)[None], ax[None], bb[None])[0]
+        x = x[:, 0] if vec else x
+        return x.astype(b.dtype)
+
+    def free(self, handle, after=()):
+        """Frees the numeric factor `handle` once every array in `after` is
+        computed; returns an int32 zero token (the call is side-effecting, so
+        it runs even where the token is unused).
+
+        The order is a data dependency XLA cannot fold away: the handle is
+        read back from `[handle, handle]` at an index computed from the first
+        entry of every array in `after` (XLA dropped an
+        `optimization_barrier` whose other results were unused, and freed
+        the factor before its solve ran)."""
+        h = jnp.asarray(handle, jnp.uint64)
+        firsts = [jnp.real(x.ravel()[0]).astype(jnp.float64)
+                  for x in jax.tree_util.tree_leaves(after)
+                  if isinstance(x, (jax.Array, jax.core.Tracer, np.ndarray)) and x.size]
+        if firsts:
+            s = functools.reduce(jnp.add, firsts)
+            h = jnp.stack([h, h])[(s != s).astype(jnp.int32)]
+        return self._free_fn()(h[None])
+
+
+class KLUKernels(HandleKernels):
+    """KLU's kernels (klujax's `klujax_cpp`), on the CPU."""
+
+    def unavailable(self) -> str | None:
+        if not available():
+            return "klujax's compiled extension is not installed (`pip install klujax`)"
+        return None
+
+    def register(self) -> None:
+        _register()
+
+    def analyze(self, pattern, assume=None, dtype=None):
+        return pattern  # (`symbolic(pattern)`: made and kept per pattern)
+
+    def _factor_call(self, pattern, kind, ax):
+        raw, rows, cols = symbolic(pattern)
         call = jax.ffi.ffi_call(f"sciad_klu_factor_{kind}",
                                 jax.ShapeDtypeStruct(ax.shape[:1], jnp.uint64),
                                 has_side_effect=True)  # (never merged with another: one free each)
         return call(rows, cols, ax, np.uint64(raw))
 
-    @f.def_vmap
-    def _rule(axis_size, in_batched, ax):
-        (axf,) = _fold(axis_size, in_batched, [ax])
-        return f(axf).reshape(axis_size, -1), True
-
-    return f
-
-
-@functools.lru_cache(maxsize=None)
-def _solve_fn(pattern, kind: str, transpose: bool, numeric: bool):
-    raw, rows, cols = symbolic(pattern)
-    t = "t" if transpose else ""
-
-    def with_numeric(h, ax, b):
-        call = jax.ffi.ffi_call(f"sciad_klu_{t}solve_with_numeric_{kind}",
+    def _solve_call(self, pattern, kind, transpose, h, ax, b):
+        raw, _, _ = symbolic(pattern)
+        call = jax.ffi.ffi_call(f"sciad_klu_{'t' if transpose else ''}solve_with_numeric_{kind}",
                                 jax.ShapeDtypeStruct(b.shape, b.dtype))
         return call(np.uint64(raw), h, b)
 
-    def with_symbol(h, ax, b):
-        call = jax.ffi.ffi_call(f"sciad_klu_{t}solve_with_symbol_{kind}",
+    def _factor_solve_call(self, pattern, kind, transpose, ax, b):
+        raw, rows, cols = symbolic(pattern)
+        call = jax.ffi.ffi_call(f"sciad_klu_{'t' if transpose else ''}solve_with_symbol_{kind}",
                                 jax.ShapeDtypeStruct(b.shape, b.dtype))
         return call(rows, cols, ax, b, np.uint64(raw))
 
-    @custom_vmap
-    def f(h, ax, b):  # h: (L,), ax: (L, nnz), b: (L, n, k) -> x like b
-        if numeric:  # (known at trace time: no conditional to compile)
-            return with_numeric(h, ax, b)
-        # (all handles made here, or none: a 0 handle is never read)
-        return jax.lax.cond(jnp.all(h != 0), with_numeric, with_symbol, h, ax, b)
+    def _free_call(self, h):
+        call = jax.ffi.ffi_call("sciad_klu_free_numeric",
+                                jax.ShapeDtypeStruct(h.shape, jnp.int32), has_side_effect=True)
+        return call(h)
 
-    @f.def_vmap
-    def _rule(axis_size, in_batched, h, ax, b):
-        hf, axf, bf = _fold(axis_size, in_batched, [h, ax, b])
-        return f(hf, axf, bf).reshape((axis_size, -1) + b.shape[-2:]), True
 
-    return f
+#: KLU's kernels, as the "klu" record calls them
+KERNELS = KLUKernels()
+factor = KERNELS.factor
+solve = KERNELS.solve
+free = KERNELS.free
 
 
 @functools.lru_cache(maxsize=None)
@@ -198,51 +385,6 @@ def _dot_fn(pattern, kind: str, transpose: bool):
     return f
 
 
-@custom_vmap
-def _free_fn(h):  # h: (L,) -> an int32 token
-    call = jax.ffi.ffi_call("sciad_klu_free_numeric", jax.ShapeDtypeStruct(h.shape, jnp.int32),
-                            has_side_effect=True)
-    return jnp.sum(call(h)) * 0
-
-
-@_free_fn.def_vmap
-def _free_rule(axis_size, in_batched, h):
-    (hf,) = _fold(axis_size, in_batched, [h])
-    return _free_fn(hf), False
-
-
-# --- one matrix: what the record calls (jax.vmap batches them) ---
-
-
-def factor(pattern, a):
-    """The numeric factorization of the matrix with values `a` (`(nnz,)`) on
-    `pattern`: a `uint64` handle (a scalar), to be freed with `free`."""
-    if pattern.shape[0] == 0:  # (no unknowns: nothing to factor; KLU refuses)
-        return jnp.zeros((), jnp.uint64)
-    _register()
-    ax = a.astype(_work_dtype(a.dtype))
-    return _factor_fn(pattern, _suffix(a.dtype))(ax[None])[0]
-
-
-def solve(pattern, handle, a, b, transpose: bool, numeric: bool = False):
-    """`A x = b` (`A^T x = b` if `transpose`, never conjugated) for the matrix
-    with values `a` on `pattern`, `b` of shape `(n,)` or `(n, k)`: with the
-    numeric factor `handle`, or, where it is 0, factoring in the same call
-    (`numeric`: the caller knows `handle` is not 0)."""
-    if pattern.shape[0] == 0:
-        return b
-    _register()
-    work = _work_dtype(np.result_type(a.dtype, b.dtype))
-    ax = a.astype(work)
-    bb = b.astype(work)
-    vec = bb.ndim == 1
-    bb = bb[:, None] if vec else bb
-    x = _solve_fn(pattern, _suffix(work), bool(transpose), bool(numeric))(
-        jnp.asarray(handle, jnp.uint64)[None], ax[None], bb[None])[0]
-    x = x[:, 0] if vec else x
-    return x.astype(b.dtype)
-
-
 def dot(pattern, a, x, transpose: bool = False):
     """`A x` (`A^T x` if `transpose`) for the matrix with values `a` on
     `pattern` (square), `x` of shape `(n,)` or `(n, k)`: one compiled
@@ -257,22 +399,3 @@ def dot(pattern, a, x, transpose: bool = False):
     xx = xx[:, None] if vec else xx
     y = _dot_fn(pattern, _suffix(work), bool(transpose))(a.astype(work)[None], xx[None])[0]
     return (y[:, 0] if vec else y).astype(out)
-
-
-def free(handle, after=()):
-    """Frees the numeric factor `handle` once every array in `after` is
-    computed; returns an int32 zero token (the call is side-effecting, so it
-    runs even where the token is unused).
-
-    The order is a data dependency XLA cannot fold away: the handle is read
-    back from `[handle, handle]` at an index computed from the first entry
-    of every array in `after` (XLA dropped an `optimization_barrier` whose
-    other results were unused, and freed the factor before its solve ran)."""
-    h = jnp.asarray(handle, jnp.uint64)
-    firsts = [jnp.real(x.ravel()[0]).astype(jnp.float64)
-              for x in jax.tree_util.tree_leaves(after)
-              if isinstance(x, (jax.Array, jax.core.Tracer, np.ndarray)) and x.size]
-    if firsts:
-        s = functools.reduce(jnp.add, firsts)
-        h = jnp.stack([h, h])[(s != s).astype(jnp.int32)]
-    return _free_fn(h[None])

@@ -1,0 +1,163 @@
+"""`"cudss"`: sparse direct solves on an NVIDIA GPU with cuDSS, compiled into
+the program through XLA's FFI (`sciad.solvers._cudss_ffi`, C++ in
+`csrc/cudss_ffi.cc`, built on first use by `_cudss_build`).
+
+**Unverified on a GPU so far**: the extension compiles and loads on the CPU
+and the record's rules, batching and factor lifetime are tested through a
+host stand-in of the same kernel interface (`StandIn`, KLU's kernels with a
+ledger of live handles); the GPU test set (`pytest -m gpu`,
+tests/test_cudss_gpu.py) and `bench/gpu_sparse.py` are prepared
+(`bench/gpu_check.sh`) and have not run yet.
+
+The record is the "klu" one's (`sciad.solvers._klu.HandleSolver`): the
+factor is `(handle,)`, a `uint64` the program makes and frees itself (the
+`at_end` hook of `sciad.graph._lower`; a 0 handle, where the factor leaves
+its program or for a single solve, factors and solves in one call); the
+kernels it calls are one small object, `kernels` (analyze, factor, solve,
+transposed solve, free): on a GPU, `_cudss_ffi.KERNELS`; in tests, a
+stand-in (`use_kernels`). What cuDSS does:
+
+- analysis (reordering, symbolic factorization) once per pattern and kept
+  (per pooled cuDSS data object: as many as factors were live at once);
+  numeric factorization per values; a solve and a transposed solve with the
+  same factor (cuDSS's transpose solve mode), so a gradient factors once;
+- `assume="spd"`: Cholesky; `"symmetric"`: LDL^T (real matrices; a single
+  solve without a kept factor uses LU);
+- batches (`sd.vmap`): one kernel call for the batch, a factor per example;
+- the checks are the in-program ones of every sparse solver compiled into
+  the program (`sciad.primitives._linalg`): non-finite values, a zero row
+  or column and the structure `assume` claims before factoring; the
+  backward error of every solve from one sparse product on the device
+  (`product`: XLA's gather and scatter). Only where a measure is off does
+  the program call the host, which refines the solution with a SuperLU
+  factor, estimates the condition number and judges
+  (`_sparse_direct.repair`); a zero pivot that cuDSS reports
+  (`CUDSS_DATA_INFO`) raises `SingularMatrixError`, and a pivot cuDSS
+  perturbed instead shows in the backward error.
+
+Without an NVIDIA GPU as JAX's default backend, without the `[cuda]` extra
+or without a C++ compiler, `solver="cudss"` raises `NotSupportedError`
+saying how to get it; "auto" never picks it.
+
+```python
+x = sd.linalg.solve(A, b, solver="cudss")  # A sparse; JAX on an NVIDIA GPU
+```
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import Counter
+
+import jax
+import numpy as np
+
+from ..errors import (NotPositiveDefiniteError, NotSupportedError, SingularMatrixError,
+                      register_kernel_error)
+from . import _cudss_ffi, _klu_ffi
+from ._klu import HandleSolver
+
+register_kernel_error(
+    _cudss_ffi.FACTOR_FAILED, SingularMatrixError,
+    "solver 'cudss': the matrix is singular: cuDSS's factorization found a zero pivot. Check "
+    "the matrix for a null space (a missing boundary condition, a disconnected part).",
+    op="linalg.factor")
+register_kernel_error(
+    _cudss_ffi.CHOLESKY_FAILED, NotPositiveDefiniteError,
+    "solver 'cudss': the matrix declared 'spd' is not positive definite: cuDSS's Cholesky "
+    "factorization broke down. Solve it without `assume=\"spd\"` (LU).",
+    op="linalg.factor")
+
+_kernels = [_cudss_ffi.KERNELS]
+
+
+class CuDSS(HandleSolver):
+    """Sparse LU / Cholesky / LDL^T by cuDSS, compiled (NVIDIA GPUs only):
+    the factor is `(handle,)`, a `uint64` (0: no numeric factor; each solve
+    factors). See the module docstring.
+
+    ```python
+    x = sd.linalg.solve(A, b, solver="cudss", assume="spd")  # Cholesky
+    ```
+    """
+
+    name = "cudss"
+
+    @property
+    def kernels(self):
+        """The kernels the record calls (`_cudss_ffi.KERNELS`, or a stand-in
+        under `use_kernels`)."""
+        return _kernels[-1]
+
+    def rejects(self, *, matrix, dtype, tags, shown=""):
+        why = super().rejects(matrix=matrix, dtype=dtype, tags=tags, shown=shown)
+        if why is not None:
+            return why
+        reason = self.kernels.unavailable()
+        if reason is not None:
+            return NotSupportedError, (
+                f"solver 'cudss' is not available here: {reason}. Use 'splu' (SuperLU on the "
+                "host), 'klu' (compiled, CPU) or 'spsolve' instead.")
+        return None
+
+
+@contextlib.contextmanager
+def use_kernels(kernels):
+    """Makes the "cudss" record call `kernels` (an object with
+    `_klu_ffi.HandleKernels`' interface) inside the block: a host stand-in
+    in tests (`StandIn()`).
+
+    ```python
+    with use_kernels(StandIn()) as k:
+        sd.function(f)(d, b)   # f solves with solver="cudss"
+        assert k.live() == 0
+    ```
+    Programs traced inside the block keep the kernels they were traced with."""
+    _kernels.append(kernels)
+    try:
+        yield kernels
+    finally:
+        _kernels.remove(kernels)
+
+
+class StandIn(_klu_ffi.KLUKernels):
+    """A host stand-in for the cuDSS kernels: KLU's compiled kernels on the CPU
+    (the same handle interface, `_klu_ffi.HandleKernels`) with a ledger of
+    the handles each program makes and frees (`live()`), to test the "cudss"
+    record's rules, batching and factor lifetime without a GPU. It records
+    the `assume` each factorization asked for (`assumed`); KLU factors with
+    LU whatever it is."""
+
+    name = "cudss (stand-in: KLU on the host)"
+
+    def __init__(self, transpose: str = "native"):
+        self.transpose = transpose
+        self._ledger: Counter = Counter()
+        self._ledger_lock = threading.Lock()
+        self.assumed: list = []
+
+    def _count(self, sign: int, h) -> None:
+        with self._ledger_lock:
+            for v in np.asarray(h).ravel().tolist():
+                if v:
+                    self._ledger[v] += sign
+                    if self._ledger[v] == 0:
+                        del self._ledger[v]
+
+    def factor(self, pattern, a, assume=None):
+        self.assumed.append(assume)
+        h = super().factor(pattern, a, assume)
+        jax.debug.callback(lambda h: self._count(1, h), h)
+        return h
+
+    def free(self, handle, after=()):
+        tok = super().free(handle, after)
+        jax.debug.callback(lambda h, t: self._count(-1, h), handle, tok)
+        return tok
+
+    def live(self) -> int:
+        """Handles made and not freed so far (after `jax.effects_barrier()`)."""
+        jax.effects_barrier()
+        with self._ledger_lock:
+            return sum(v for v in self._ledger.values() if v > 0)

@@ -1,0 +1,161 @@
+"""cuDSS's kernels as the "cudss" record calls them: the FFI handlers of
+`csrc/cudss_ffi.cc` (built by `_cudss_build`, registered as `sciad_cudss_*`
+CUDA targets), behind the interface of `_klu_ffi.HandleKernels`.
+
+- Analysis: `analyze(pattern, assume)` hands the CSR structure to the
+  extension once per pattern and matrix type (a host object kept for the
+  process, whose address every call carries as its `pattern` attribute);
+  cuDSS's reordering and symbolic factorization run in the first
+  factorization of each pooled cuDSS data object and are kept with it
+  (see the C++ source's header).
+- Matrix types: `assume="spd"` factors with cuDSS's Cholesky
+  (`CUDSS_MTYPE_SPD`), `"symmetric"` with LDL^T (`CUDSS_MTYPE_SYMMETRIC`),
+  real matrices only; anything else, complex matrices included, with LU
+  (`CUDSS_MTYPE_GENERAL`). A solve with a 0 handle (no factor kept: one
+  solve) factors with LU.
+- Transposed solves read the same factor (cuDSS >= 1.0's
+  `CUDSS_SOLVE_MODE_TRANSPOSE`): no second factorization. Should a cuDSS
+  build refuse that mode for some matrix type or setting, the fallback
+  `SCIAD_CUDSS_TRANSPOSE=refactor` (or `KERNELS.transpose = "refactor"`)
+  solves `A^T x = b` by factoring the transpose in the call that solves
+  (its values gathered in the program onto the transposed pattern).
+- Values are solved in float64 / complex128 (float32 cast up and back), as
+  KLU's; no mixed-precision mode yet.
+- Batches (`jax.vmap`): one call for the batch, one factor per example on
+  the pattern's one analysis (pooled data objects), not cuDSS's uniform
+  batch mode.
+
+The handlers read handles back from the device (a copy of 8 bytes per
+matrix) and synchronize their stream before returning; see the C++ source.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _cudss_build
+from ._klu_ffi import HandleKernels
+
+#: the text of the FFI error a failed cuDSS factorization raises
+FACTOR_FAILED = "cudss factorization failed"
+#: ... and of a failed Cholesky factorization (`assume="spd"`)
+CHOLESKY_FAILED = "cudss Cholesky failed"
+
+_HANDLERS = ("factor", "solve", "factor_solve", "free")
+
+#: cuDSS's `cudssMatrixType_t` for sciad's `assume` (real matrices)
+MTYPES = {None: 0, "symmetric": 1, "spd": 3}
+
+
+def gpu_backend() -> bool:
+    """Whether JAX's default backend is an NVIDIA GPU."""
+    try:
+        if jax.default_backend() != "gpu":
+            return False
+        return "cuda" in str(jax.devices()[0].client.platform_version).lower()
+    except RuntimeError:
+        return False
+
+
+class CudssKernels(HandleKernels):
+    """The cuDSS FFI kernels (CUDA only)."""
+
+    name = "cudss"
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._registered = False
+        self._patterns: dict = {}  # (Pattern, mtype) -> raw address (kept for the process)
+        #: "native" (cuDSS's transposed solve, the same factor) or "refactor"
+        self.transpose = os.environ.get("SCIAD_CUDSS_TRANSPOSE", "native")
+
+    def unavailable(self) -> str | None:
+        if not gpu_backend():
+            try:
+                where = jax.default_backend()
+            except RuntimeError:
+                where = "none"
+            return (f"it runs on an NVIDIA GPU only, and JAX's default backend is {where!r} "
+                    f"(to get it: a CUDA GPU, {_cudss_build.INSTALL})")
+        try:
+            _cudss_build.library()
+        except Exception as e:  # (NotSupportedError: no extra, no compiler, a failed build)
+            return str(e)
+        return None
+
+    def register(self) -> None:
+        if self._registered:
+            return
+        with self._lock:
+            if not self._registered:
+                lib = _cudss_build.library()
+                for name in _HANDLERS:
+                    fn = getattr(lib, f"sciad_cudss_{name}")
+                    jax.ffi.register_ffi_target(f"sciad_cudss_{name}", jax.ffi.pycapsule(fn),
+                                                platform="CUDA")
+                self._registered = True
+
+    def analyze(self, pattern, assume=None, dtype=None):
+        real = dtype is None or np.dtype(dtype).kind != "c"
+        mtype = MTYPES.get(assume, 0) if real else 0  # (complex: LU)
+        key = (pattern, mtype)
+        raw = self._patterns.get(key)
+        if raw is not None:
+            return raw
+        lib = _cudss_build.library()
+        with self._lock:
+            raw = self._patterns.get(key)
+            if raw is None:
+                offsets = np.ascontiguousarray(pattern.indptr, np.int32)
+                cols = np.ascontiguousarray(pattern.indices, np.int32)
+                raw = int(lib.sciad_cudss_pattern(pattern.shape[0], pattern.nnz,
+                                                  offsets.ctypes.data, cols.ctypes.data, mtype))
+                self._patterns[key] = raw
+        return raw
+
+    def kind(self, dtype) -> str:
+        return np.dtype(dtype).name
+
+    def _factor_call(self, raw, kind, ax):
+        call = jax.ffi.ffi_call("sciad_cudss_factor",
+                                jax.ShapeDtypeStruct(ax.shape[:1], jnp.uint64),
+                                has_side_effect=True)  # (never merged with another: one free each)
+        return call(ax, pattern=np.uint64(raw))
+
+    def _solve_call(self, raw, kind, transpose, h, ax, b):
+        bt = jnp.swapaxes(b, 1, 2)  # (each column contiguous: cuDSS's column-major)
+        call = jax.ffi.ffi_call("sciad_cudss_solve", jax.ShapeDtypeStruct(bt.shape, bt.dtype))
+        return jnp.swapaxes(call(h, ax, bt, pattern=np.uint64(raw), transpose=bool(transpose)),
+                            1, 2)
+
+    def _factor_solve_call(self, raw, kind, transpose, ax, b):
+        bt = jnp.swapaxes(b, 1, 2)
+        call = jax.ffi.ffi_call("sciad_cudss_factor_solve",
+                                jax.ShapeDtypeStruct(bt.shape, bt.dtype))
+        return jnp.swapaxes(call(ax, bt, pattern=np.uint64(raw), transpose=bool(transpose)),
+                            1, 2)
+
+    def _free_call(self, h):
+        call = jax.ffi.ffi_call("sciad_cudss_free", jax.ShapeDtypeStruct(h.shape, jnp.int32),
+                                has_side_effect=True)
+        return call(h)
+
+    def live_factors(self) -> int:
+        """Numeric factors made and not yet freed, in this process."""
+        return int(_cudss_build.library().sciad_cudss_live_factors())
+
+    live = live_factors
+
+    def pooled(self, pattern, assume=None, dtype=None) -> int:
+        """How many analysed cuDSS data objects the pattern holds (all devices)."""
+        raw = self.analyze(pattern, assume, dtype)
+        return int(_cudss_build.library().sciad_cudss_pooled(raw))
+
+
+#: the cuDSS kernels (one per process)
+KERNELS = CudssKernels()

@@ -1,0 +1,454 @@
+// sciad's cuDSS kernels: XLA FFI handlers (CUDA platform) that factor and
+// solve sparse matrices with NVIDIA cuDSS on the stream XLA gives them.
+//
+// Needs cuDSS >= 1.0 (cudssMatrixCreateCsr's offset type, the transposed
+// solve mode). Built on first use by sciad.solvers._cudss_build (g++, the
+// headers of the cuDSS and CUDA runtime wheels and jaxlib's XLA FFI headers),
+// linked against libcudss.so.N and libcudart.so.M with the wheels' folders
+// as rpath. Loaded with ctypes; the handlers are registered as custom-call
+// targets `sciad_cudss_*` by sciad.solvers._cudss_ffi.
+//
+// Objects:
+// - Pattern (made from Python with `sciad_cudss_pattern`, kept for the
+//   process): the CSR structure on the host (int32), the cuDSS matrix type
+//   (general / symmetric / SPD), and per device and value type a pool of
+//   `Slot`s. Its raw address is the `pattern` attribute of every call.
+// - Slot: one cudssData_t and its matrix wrapper. Its first factorization
+//   runs cuDSS's analysis (reordering + symbolic factorization); a slot
+//   returned to the pool keeps that analysis, so each pattern is analysed as
+//   many times as factors of it were ever live at once (one for a single
+//   solve or a chain of them, L for a batch of L), never again afterwards.
+// - A numeric factor is a Slot taken from the pool: its address is the
+//   uint64 handle `factor` writes; `free` returns it to the pool. `solve`
+//   reads handles back from the device (one small copy and a stream sync).
+//   `factor_solve` factors, solves and returns the slot in one call (a
+//   handle of 0 in Python: no factor outlives the call).
+//
+// Transposed solves use the same factor: cuDSS's CUDSS_CONFIG_SOLVE_MODE =
+// CUDSS_SOLVE_MODE_TRANSPOSE (plain transpose, never conjugated); a factor of
+// a symmetric or SPD matrix (real: sciad asks for those types for real
+// matrices only) solves the transpose in the normal mode.
+//
+// Right-hand sides arrive as (L, k, n) row-major arrays: each column
+// contiguous, i.e. cuDSS's column-major (n, k) with ld = n.
+//
+// Thread and call safety: one cudssHandle_t per device; every handler holds
+// one process-wide mutex while it calls cuDSS and synchronizes its stream
+// before it lets go (cuDSS's per-handle workspace is then never shared by
+// two streams at once). Calls therefore serialize; each is still on the
+// stream XLA passes.
+//
+// A factorization that cuDSS reports as failed (CUDSS_DATA_INFO != 0: a
+// zero pivot) returns an FFI error whose text starts with
+// "cudss factorization failed" (sciad.errors maps it to SingularMatrixError;
+// for a Cholesky factorization, "cudss Cholesky failed": NotPositiveDefiniteError).
+
+#include <cuda_runtime.h>
+#include <cudss.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+std::mutex g_mu;                       // every cuDSS call holds it
+std::map<int, cudssHandle_t> g_handles;  // one library handle per device
+std::atomic<int64_t> g_live{0};        // numeric factors made and not freed
+
+struct Slot {
+  cudssData_t data = nullptr;
+  cudssMatrix_t a = nullptr;  // the CSR wrapper (values pointer set per call)
+  bool analyzed = false;
+  int device = 0;
+  cudaDataType_t vtype = CUDA_R_64F;
+  struct Pattern* pattern = nullptr;
+};
+
+struct PerDevice {
+  int32_t* offsets = nullptr;  // device copies of the structure
+  int32_t* cols = nullptr;
+  void* scratch = nullptr;     // n complex128 values: the dummy x/b of a factorization
+  std::map<int, std::vector<Slot*>> idle;  // by value type
+  std::vector<Slot*> all;
+};
+
+struct Pattern {
+  int64_t n = 0, nnz = 0;
+  std::vector<int32_t> offsets, cols;
+  cudssMatrixType_t mtype = CUDSS_MTYPE_GENERAL;
+  cudssConfig_t config = nullptr;  // shared by its calls (under g_mu)
+  std::map<int, PerDevice> devices;
+};
+
+ffi::Error cuda_error(cudaError_t e, const char* what) {
+  return ffi::Error::Internal(std::string("sciad cudss: ") + what + ": " +
+                              cudaGetErrorString(e));
+}
+
+ffi::Error cudss_error(cudssStatus_t s, const char* what) {
+  return ffi::Error::Internal(std::string("sciad cudss: ") + what + " returned cudssStatus " +
+                              std::to_string(static_cast<int>(s)));
+}
+
+#define CUDA_TRY(expr, what)                         \
+  do {                                               \
+    cudaError_t e_ = (expr);                         \
+    if (e_ != cudaSuccess) return cuda_error(e_, what); \
+  } while (0)
+
+#define CUDSS_TRY(expr, what)                                   \
+  do {                                                          \
+    cudssStatus_t s_ = (expr);                                  \
+    if (s_ != CUDSS_STATUS_SUCCESS) return cudss_error(s_, what); \
+  } while (0)
+
+ffi::Error value_type(ffi::DataType t, cudaDataType_t* out, size_t* width) {
+  switch (t) {
+    case ffi::DataType::F64: *out = CUDA_R_64F; *width = 8; return ffi::Error::Success();
+    case ffi::DataType::F32: *out = CUDA_R_32F; *width = 4; return ffi::Error::Success();
+    case ffi::DataType::C128: *out = CUDA_C_64F; *width = 16; return ffi::Error::Success();
+    case ffi::DataType::C64: *out = CUDA_C_32F; *width = 8; return ffi::Error::Success();
+    default:
+      return ffi::Error::InvalidArgument("sciad cudss: values must be float32/64 or "
+                                         "complex64/128");
+  }
+}
+
+// The library handle of the current device, bound to `stream` (under g_mu).
+ffi::Error handle_on(cudaStream_t stream, int* device, cudssHandle_t* out) {
+  CUDA_TRY(cudaGetDevice(device), "cudaGetDevice");
+  auto it = g_handles.find(*device);
+  if (it == g_handles.end()) {
+    cudssHandle_t h = nullptr;
+    CUDSS_TRY(cudssCreate(&h), "cudssCreate");
+    it = g_handles.emplace(*device, h).first;
+  }
+  CUDSS_TRY(cudssSetStream(it->second, stream), "cudssSetStream");
+  *out = it->second;
+  return ffi::Error::Success();
+}
+
+// The device copies of the pattern's structure (made on first use).
+ffi::Error on_device(Pattern* p, int device, cudaStream_t stream, PerDevice** out) {
+  PerDevice& d = p->devices[device];
+  if (d.offsets == nullptr) {
+    CUDA_TRY(cudaMalloc(&d.offsets, (p->n + 1) * sizeof(int32_t)), "cudaMalloc");
+    CUDA_TRY(cudaMalloc(&d.cols, (p->nnz > 0 ? p->nnz : 1) * sizeof(int32_t)), "cudaMalloc");
+    CUDA_TRY(cudaMalloc(&d.scratch, 2 * (p->n > 0 ? p->n : 1) * 16), "cudaMalloc");
+    CUDA_TRY(cudaMemcpyAsync(d.offsets, p->offsets.data(), (p->n + 1) * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+    CUDA_TRY(cudaMemcpyAsync(d.cols, p->cols.data(), p->nnz * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+    CUDA_TRY(cudaMemsetAsync(d.scratch, 0, 2 * (p->n > 0 ? p->n : 1) * 16, stream),
+             "cudaMemsetAsync");
+  }
+  *out = &d;
+  return ffi::Error::Success();
+}
+
+ffi::Error dense(cudssMatrix_t* m, int64_t n, int64_t k, void* values, cudaDataType_t t) {
+  CUDSS_TRY(cudssMatrixCreateDn(m, n, k, n, values, t, CUDSS_LAYOUT_COL_MAJOR),
+            "cudssMatrixCreateDn");
+  return ffi::Error::Success();
+}
+
+// A slot of `p` for values of type `t`, factored with the values at `values`
+// (analysed first if new). On a failed factorization the slot goes back to
+// the pool and the error names the failure.
+ffi::Error take_and_factor(cudssHandle_t h, Pattern* p, int device, PerDevice* d,
+                           cudaDataType_t t, void* values, Slot** out) {
+  auto& idle = d->idle[static_cast<int>(t)];
+  Slot* s = nullptr;
+  if (!idle.empty()) {
+    s = idle.back();
+    idle.pop_back();
+  } else {
+    s = new Slot();
+    s->device = device;
+    s->vtype = t;
+    s->pattern = p;
+    d->all.push_back(s);
+    CUDSS_TRY(cudssDataCreate(h, &s->data), "cudssDataCreate");
+    CUDSS_TRY(cudssMatrixCreateCsr(&s->a, p->n, p->n, p->nnz, d->offsets, nullptr, d->cols,
+                                   values, CUDA_R_32I, CUDA_R_32I, t, p->mtype, CUDSS_MVIEW_FULL,
+                                   CUDSS_BASE_ZERO),
+              "cudssMatrixCreateCsr");
+  }
+  auto give_back = [&]() { idle.push_back(s); };
+  if (cudssMatrixSetValues(s->a, values) != CUDSS_STATUS_SUCCESS) {
+    give_back();
+    return ffi::Error::Internal("sciad cudss: cudssMatrixSetValues failed");
+  }
+  cudssMatrix_t x = nullptr, b = nullptr;
+  if (auto e = dense(&x, p->n, 1, d->scratch, t); e.failure()) { give_back(); return e; }
+  if (auto e = dense(&b, p->n, 1, static_cast<char*>(d->scratch) + p->n * 16, t);
+      e.failure()) {
+    cudssMatrixDestroy(x);
+    give_back();
+    return e;
+  }
+  cudssStatus_t st = CUDSS_STATUS_SUCCESS;
+  if (!s->analyzed) {
+    st = cudssExecute(h, CUDSS_PHASE_ANALYSIS, p->config, s->data, s->a, x, b);
+    if (st == CUDSS_STATUS_SUCCESS) s->analyzed = true;
+  }
+  if (st == CUDSS_STATUS_SUCCESS)
+    st = cudssExecute(h, CUDSS_PHASE_FACTORIZATION, p->config, s->data, s->a, x, b);
+  cudssMatrixDestroy(x);
+  cudssMatrixDestroy(b);
+  int info = 0;
+  size_t written = 0;
+  if (st == CUDSS_STATUS_SUCCESS)
+    st = cudssDataGet(h, s->data, CUDSS_DATA_INFO, &info, sizeof(info), &written);
+  if (st != CUDSS_STATUS_SUCCESS || info != 0) {
+    if (info != 0) {  // (reset the indicator for the slot's next factorization)
+      int zero = 0;
+      cudssDataSet(h, s->data, CUDSS_DATA_INFO, &zero, sizeof(zero));
+    }
+    give_back();
+    if (info != 0 && p->mtype == CUDSS_MTYPE_SPD)
+      return ffi::Error::Internal("cudss Cholesky failed: CUDSS_DATA_INFO = " +
+                                  std::to_string(info) + " (not positive definite)");
+    return ffi::Error::Internal(
+        "cudss factorization failed: " +
+        (info != 0 ? "CUDSS_DATA_INFO = " + std::to_string(info) + " (a zero pivot)"
+                   : "cudssStatus " + std::to_string(static_cast<int>(st))));
+  }
+  g_live.fetch_add(1);
+  *out = s;
+  return ffi::Error::Success();
+}
+
+void release(Slot* s) {  // (under g_mu)
+  Pattern* p = s->pattern;
+  p->devices[s->device].idle[static_cast<int>(s->vtype)].push_back(s);
+  g_live.fetch_sub(1);
+}
+
+ffi::Error solve_one(cudssHandle_t h, Pattern* p, Slot* s, void* values, void* b, void* x,
+                     int64_t k, bool transpose) {
+  CUDSS_TRY(cudssMatrixSetValues(s->a, values), "cudssMatrixSetValues");
+  // (a factor of a symmetric or SPD matrix, real here, is its transpose's too)
+  bool symmetric = p->mtype == CUDSS_MTYPE_SYMMETRIC || p->mtype == CUDSS_MTYPE_SPD;
+  int mode = transpose && !symmetric ? CUDSS_SOLVE_MODE_TRANSPOSE : CUDSS_SOLVE_MODE_NORMAL;
+  CUDSS_TRY(cudssConfigSet(p->config, CUDSS_CONFIG_SOLVE_MODE, &mode, sizeof(mode)),
+            "cudssConfigSet(SOLVE_MODE)");
+  cudssMatrix_t bm = nullptr, xm = nullptr;
+  if (auto e = dense(&bm, p->n, k, b, s->vtype); e.failure()) return e;
+  if (auto e = dense(&xm, p->n, k, x, s->vtype); e.failure()) {
+    cudssMatrixDestroy(bm);
+    return e;
+  }
+  cudssStatus_t st = cudssExecute(h, CUDSS_PHASE_SOLVE, p->config, s->data, s->a, xm, bm);
+  cudssMatrixDestroy(bm);
+  cudssMatrixDestroy(xm);
+  CUDSS_TRY(st, "cudssExecute(SOLVE)");
+  return ffi::Error::Success();
+}
+
+struct Call {  // what every handler sets up first (under g_mu)
+  Pattern* p;
+  int device;
+  cudssHandle_t h;
+  PerDevice* d;
+};
+
+ffi::Error begin(cudaStream_t stream, uint64_t pattern, Call* c) {
+  c->p = reinterpret_cast<Pattern*>(pattern);
+  if (c->p == nullptr) return ffi::Error::InvalidArgument("sciad cudss: no pattern");
+  if (auto e = handle_on(stream, &c->device, &c->h); e.failure()) return e;
+  if (c->p->config == nullptr)
+    CUDSS_TRY(cudssConfigCreate(&c->p->config), "cudssConfigCreate");
+  return on_device(c->p, c->device, stream, &c->d);
+}
+
+ffi::Error read_handles(cudaStream_t stream, ffi::AnyBuffer h, std::vector<uint64_t>* out) {
+  out->resize(h.element_count());
+  CUDA_TRY(cudaMemcpyAsync(out->data(), h.untyped_data(), out->size() * sizeof(uint64_t),
+                           cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync(handles)");
+  CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return ffi::Error::Success();
+}
+
+// --- the handlers ---
+
+// ax: (L, nnz) values -> handles (L,) uint64
+ffi::Error Factor(cudaStream_t stream, uint64_t pattern, ffi::AnyBuffer ax,
+                  ffi::Result<ffi::AnyBuffer> handles) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Call c;
+  if (auto e = begin(stream, pattern, &c); e.failure()) return e;
+  cudaDataType_t t;
+  size_t w;
+  if (auto e = value_type(ax.element_type(), &t, &w); e.failure()) return e;
+  int64_t L = handles->element_count();
+  std::vector<uint64_t> out(L, 0);
+  for (int64_t i = 0; i < L; ++i) {
+    Slot* s = nullptr;
+    void* v = static_cast<char*>(ax.untyped_data()) + i * c.p->nnz * w;
+    if (auto e = take_and_factor(c.h, c.p, c.device, c.d, t, v, &s); e.failure()) {
+      for (int64_t j = 0; j < i; ++j) release(reinterpret_cast<Slot*>(out[j]));
+      return e;
+    }
+    out[i] = reinterpret_cast<uint64_t>(s);
+  }
+  CUDA_TRY(cudaMemcpyAsync(handles->untyped_data(), out.data(), L * sizeof(uint64_t),
+                           cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync(handles)");
+  CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return ffi::Error::Success();
+}
+
+// h: (L,) handles, ax: (L, nnz), b: (L, k, n) -> x: (L, k, n)
+ffi::Error Solve(cudaStream_t stream, uint64_t pattern, bool transpose, ffi::AnyBuffer h,
+                 ffi::AnyBuffer ax, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> x) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Call c;
+  if (auto e = begin(stream, pattern, &c); e.failure()) return e;
+  cudaDataType_t t;
+  size_t w;
+  if (auto e = value_type(b.element_type(), &t, &w); e.failure()) return e;
+  std::vector<uint64_t> hs;
+  if (auto e = read_handles(stream, h, &hs); e.failure()) return e;
+  int64_t L = static_cast<int64_t>(hs.size());
+  int64_t per = L > 0 ? b.element_count() / L : 0;  // k * n
+  int64_t k = c.p->n > 0 ? per / c.p->n : 0;
+  for (int64_t i = 0; i < L; ++i) {
+    Slot* s = reinterpret_cast<Slot*>(hs[i]);
+    // (the factor's own pattern object: the same structure, maybe another
+    // matrix type, as a factor made for `assume="spd"` read by a plain solve)
+    if (s == nullptr || s->pattern->n != c.p->n || s->pattern->nnz != c.p->nnz ||
+        s->vtype != t)
+      return ffi::Error::InvalidArgument("sciad cudss: a solve read a handle that is not a "
+                                         "live factor of this pattern and type");
+    void* v = static_cast<char*>(ax.untyped_data()) + i * c.p->nnz * w;
+    char* bi = static_cast<char*>(b.untyped_data()) + i * per * w;
+    char* xi = static_cast<char*>(x->untyped_data()) + i * per * w;
+    if (auto e = solve_one(c.h, s->pattern, s, v, bi, xi, k, transpose); e.failure()) return e;
+  }
+  CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return ffi::Error::Success();
+}
+
+// ax: (L, nnz), b: (L, k, n) -> x: (L, k, n): factor, solve, give the factor back
+ffi::Error FactorSolve(cudaStream_t stream, uint64_t pattern, bool transpose, ffi::AnyBuffer ax,
+                       ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> x) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Call c;
+  if (auto e = begin(stream, pattern, &c); e.failure()) return e;
+  cudaDataType_t t;
+  size_t w;
+  if (auto e = value_type(ax.element_type(), &t, &w); e.failure()) return e;
+  int64_t L = c.p->nnz > 0 ? ax.element_count() / c.p->nnz : 0;
+  int64_t per = L > 0 ? b.element_count() / L : 0;
+  int64_t k = c.p->n > 0 ? per / c.p->n : 0;
+  for (int64_t i = 0; i < L; ++i) {
+    Slot* s = nullptr;
+    void* v = static_cast<char*>(ax.untyped_data()) + i * c.p->nnz * w;
+    if (auto e = take_and_factor(c.h, c.p, c.device, c.d, t, v, &s); e.failure()) return e;
+    auto e = solve_one(c.h, c.p, s, v, static_cast<char*>(b.untyped_data()) + i * per * w,
+                       static_cast<char*>(x->untyped_data()) + i * per * w, k, transpose);
+    release(s);
+    if (e.failure()) return e;
+  }
+  CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return ffi::Error::Success();
+}
+
+// h: (L,) handles -> (L,) int32 zeros; returns each factor's slot to its pool
+ffi::Error Free(cudaStream_t stream, ffi::AnyBuffer h, ffi::Result<ffi::AnyBuffer> token) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  std::vector<uint64_t> hs;
+  if (auto e = read_handles(stream, h, &hs); e.failure()) return e;
+  for (uint64_t v : hs)
+    if (v != 0) release(reinterpret_cast<Slot*>(v));
+  CUDA_TRY(cudaMemsetAsync(token->untyped_data(), 0, token->size_bytes(), stream),
+           "cudaMemsetAsync");
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(sciad_cudss_factor, Factor,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Attr<uint64_t>("pattern")
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(sciad_cudss_solve, Solve,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Attr<uint64_t>("pattern")
+                                  .Attr<bool>("transpose")
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(sciad_cudss_factor_solve, FactorSolve,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Attr<uint64_t>("pattern")
+                                  .Attr<bool>("transpose")
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(sciad_cudss_free, Free,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+// --- plain C entry points (ctypes) ---
+
+extern "C" {
+
+// A pattern (CSR, int32, row offsets of n + 1 and column indices of nnz,
+// copied) with cuDSS matrix type `mtype` (0 general, 1 symmetric, 3 SPD, as
+// cudssMatrixType_t); kept for the life of the process. Needs no GPU.
+uint64_t sciad_cudss_pattern(int64_t n, int64_t nnz, const int32_t* offsets,
+                             const int32_t* cols, int mtype) {
+  Pattern* p = new Pattern();
+  p->n = n;
+  p->nnz = nnz;
+  p->offsets.assign(offsets, offsets + n + 1);
+  p->cols.assign(cols, cols + nnz);
+  p->mtype = static_cast<cudssMatrixType_t>(mtype);
+  return reinterpret_cast<uint64_t>(p);
+}
+
+// The number of numeric factors made and not yet freed (all patterns).
+int64_t sciad_cudss_live_factors() { return g_live.load(); }
+
+// The number of analysed cuDSS data objects the process holds (all pools).
+int64_t sciad_cudss_pooled(uint64_t pattern) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Pattern* p = reinterpret_cast<Pattern*>(pattern);
+  int64_t count = 0;
+  for (auto& kv : p->devices) count += static_cast<int64_t>(kv.second.all.size());
+  return count;
+}
+
+// cuDSS's version, major * 10000 + minor * 100 + patch (-1 if unknown).
+// Needs no GPU: a check that the library loads and links.
+int sciad_cudss_version() {
+  int major = 0, minor = 0, patch = 0;
+  if (cudssGetProperty(MAJOR_VERSION, &major) != CUDSS_STATUS_SUCCESS ||
+      cudssGetProperty(MINOR_VERSION, &minor) != CUDSS_STATUS_SUCCESS ||
+      cudssGetProperty(PATCH_LEVEL, &patch) != CUDSS_STATUS_SUCCESS)
+    return -1;
+  return major * 10000 + minor * 100 + patch;
+}
+
+}  // extern "C"

@@ -1,0 +1,405 @@
+"""The cuDSS solver record ("cudss", `sciad.solvers._cudss`).
+
+On the CPU: the extension builds and loads and its handlers register as CUDA
+FFI targets (where the `[cuda]` extra is installed); "cudss" refuses cleanly
+without a GPU, through solves, gradients and `sd.to_jax`; "auto" never picks
+it. The record's rules, batching, failure modes and factor lifetime run
+through a host stand-in of the kernel interface (`_cudss.StandIn`: KLU's
+kernels with a ledger of live handles).
+
+The same tests run on the real FFI path where marked `gpu` (`pytest -m gpu`;
+skipped without an NVIDIA GPU as JAX's default backend, left out of the
+default run), plus the GPU-only ones at the end."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+
+import jax
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from jaxlib import xla_client
+
+import sciad as sd
+import sciad.numpy as snp
+from sciad.graph._types import Pattern
+from sciad.errors import (NonFiniteError, NotPositiveDefiniteError, NotSupportedError,
+                          SingularMatrixError, runtime_error_from)
+from sciad.solvers import _cudss, _cudss_build, _cudss_ffi, _klu_ffi
+from sciad.solvers._linear import choose
+from sciad.solvers._registry import lookup
+from test_linalg import _csr, _general_csr, _spd_csr
+
+
+def _extra_installed() -> bool:
+    try:
+        _cudss_build.paths()
+        _cudss_build.compiler()
+    except NotSupportedError:
+        return False
+    return True
+
+
+needs_extra = pytest.mark.skipif(not _extra_installed(), reason=(
+    "the [cuda] extra (nvidia-cudss-cu12, nvidia-cuda-runtime-cu12, nvidia-cuda-nvcc-cu12) "
+    "or a C++ compiler is missing: `pip install '.[cuda]'`"))
+needs_gpu = pytest.mark.skipif(not _cudss_ffi.gpu_backend(),
+                               reason="needs an NVIDIA GPU as JAX's default backend")
+
+
+@pytest.fixture(params=[pytest.param("standin", marks=pytest.mark.skipif(
+                            not _klu_ffi.available(), reason="the stand-in needs klujax")),
+                        pytest.param("gpu", marks=[pytest.mark.gpu, needs_gpu])])
+def kernels(request):
+    """The kernels the record calls: the host stand-in, or cuDSS's FFI; each
+    answers `live()`, the factors made and not freed."""
+    k = _cudss.StandIn() if request.param == "standin" else _cudss_ffi.KERNELS
+    with _cudss.use_kernels(k):
+        before = k.live()
+        yield k
+        assert k.live() == before, "a factor was not freed"
+
+
+def _loss(d, b, M):
+    return snp.sum(sd.linalg.solve(_csr(M)(d), b, solver="cudss") ** 2)
+
+
+# ---------------------------------------------------------------------------
+# the extension, and the refusal without a GPU (CPU)
+
+
+@needs_extra
+def test_the_extension_builds_loads_and_registers():
+    """It compiles with the system compiler against the wheels' headers (once:
+    cached by source, jaxlib and wheels), links cuDSS (its version answers
+    without a GPU), and its four handlers register as CUDA FFI targets."""
+    path = _cudss_build.build()
+    assert path == _cudss_build.target() and path.is_file()
+    stamp = path.stat().st_mtime_ns
+    assert _cudss_build.build() == path and path.stat().st_mtime_ns == stamp  # (cached)
+    lib = _cudss_build.library()
+    assert lib.sciad_cudss_version() >= 10000  # cuDSS >= 1.0 (the transposed solve mode)
+    k = _cudss_ffi.CudssKernels()
+    k.register()
+    names = set()
+    for platform in ("CUDA", "gpu"):
+        names |= {entry[0] for entry in getattr(xla_client, "_custom_callback", {}).get(
+            platform, [])}
+    if not _cudss_ffi.gpu_backend():  # (on a GPU they go straight to the plugin)
+        assert {f"sciad_cudss_{n}" for n in _cudss_ffi._HANDLERS} <= names
+    assert lib.sciad_cudss_live_factors() == 0
+
+
+@needs_extra
+def test_the_kernels_lower_for_cuda(rng):
+    """Without a GPU, a program calling the cuDSS kernels (factor, a solve
+    and a transposed solve with its handle, a one-call solve, the free;
+    under `jax.vmap`) lowers for CUDA: one custom call each, the batch folded
+    into the kernels' axis, the pattern and direction as attributes."""
+    M = _general_csr(rng, 6)
+    P = Pattern(M.shape, M.indptr, M.indices)
+    k = _cudss_ffi.KERNELS
+
+    def f(a, b):
+        h = k.factor(P, a, "spd")
+        x = k.solve(P, h, a, b, False)
+        y = k.solve(P, h, a, x, True)
+        z = k.solve(P, jax.numpy.zeros((), np.uint64), a, b, True)
+        return x + y + z, k.free(h, [x, y])
+
+    names = [f"sciad_cudss_{n}" for n in _cudss_ffi._HANDLERS]
+    exp = jax.export.export(
+        jax.jit(jax.vmap(f)), platforms=["cuda"],
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(n) for n in names])(
+        np.stack([M.data] * 3), np.ones((3, 6)))
+    calls = [ln for ln in exp.mlir_module().splitlines() if "custom_call @sciad_cudss" in ln]
+    for name in names:
+        assert any(f"@{name}(" in ln for ln in calls), name
+    assert all("tensor<3x" in ln or "tensor<3xui64>" in ln for ln in calls)
+    assert any("transpose = true" in ln for ln in calls)
+    assert any("transpose = false" in ln for ln in calls)
+
+
+@pytest.mark.skipif(_cudss_ffi.gpu_backend(), reason="checks the refusal without a GPU")
+def test_cudss_refuses_cleanly_without_a_gpu(rng):
+    M = _general_csr(rng, 6)
+    b = np.ones(6)
+    with pytest.raises(NotSupportedError, match=r"NVIDIA GPU.*sciad\[cuda\].*'splu'") as info:
+        sd.function(lambda d, b: sd.linalg.solve(_csr(M)(d), b, solver="cudss"))(M.data, b)
+    assert "test_cudss.py" in str(info.value)  # (the user's line)
+    with pytest.raises(NotSupportedError, match="NVIDIA GPU"):
+        sd.function(sd.grad(lambda d, b: _loss(d, b, M)))(M.data, b)
+    with pytest.raises(NotSupportedError, match="NVIDIA GPU"), sd.errors.unwrapped():
+        jax.jit(jax.grad(sd.to_jax(lambda d: _loss(d, b, M))))(M.data)
+
+
+def test_auto_never_picks_cudss(monkeypatch):
+    f64 = np.dtype(np.float64)
+    with _cudss.use_kernels(_cudss.StandIn()):  # (even where it could run)
+        assert lookup("cudss").rejects(matrix="sparse", dtype=f64, tags=frozenset()) is None \
+            or not _klu_ffi.available()
+        for tags in (frozenset(), frozenset({"spd", "symmetric"})):
+            assert choose(matrix="sparse", tags=tags, dtype=f64).name != "cudss"
+    assert lookup("cudss").preference(matrix="sparse", tags=frozenset(), dtype=f64) is None
+
+
+def test_the_refusal_says_how_to_get_it(monkeypatch):
+    """No extra, no compiler: the message names what to install."""
+    k = _cudss_ffi.CudssKernels()
+    monkeypatch.setattr(_cudss_ffi, "gpu_backend", lambda: True)
+    monkeypatch.setattr(_cudss_build, "_lib", None)
+    monkeypatch.setattr(_cudss_build, "_nvidia_dirs", lambda: [])
+    assert "pip install 'sciad[cuda]'" in k.unavailable()
+    monkeypatch.undo()
+    if not _extra_installed():
+        return
+    monkeypatch.setattr(_cudss_ffi, "gpu_backend", lambda: True)
+    monkeypatch.setattr(_cudss_build, "_lib", None)
+    monkeypatch.setenv("CXX", "")
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert "C++ compiler" in k.unavailable()
+
+
+def test_the_build_finds_a_cuda_13_layout(monkeypatch, tmp_path):
+    """JAX on CUDA 13 (nvidia/cu13 wheels, the crt headers from a toolkit):
+    the build takes those, JAX's major version first."""
+    for rel in ("nvidia/cu13/include/cudss.h", "nvidia/cu13/lib/libcudss.so.1",
+                "nvidia/cu13/include/cuda_runtime.h", "nvidia/cu13/lib/libcudart.so.13",
+                "nvidia/cu13/lib/libcublas.so.13", "cuda/include/cuda_runtime.h",
+                "cuda/include/crt/host_config.h"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).touch()
+    monkeypatch.setattr(_cudss_build, "_nvidia_dirs", lambda: [tmp_path / "nvidia"])
+    monkeypatch.setattr(_cudss_build, "_majors", lambda: ["13", "12"])
+    monkeypatch.setattr(_cudss_build, "_toolkits", lambda: [tmp_path / "cuda"])
+    p = _cudss_build.paths()
+    cu13 = tmp_path / "nvidia" / "cu13"
+    assert p["major"] == "13"
+    assert p["libs"] == [cu13 / "lib" / "libcudss.so.1", cu13 / "lib" / "libcudart.so.13"]
+    assert p["includes"] == [cu13 / "include", tmp_path / "cuda" / "include"]
+    assert p["rpath"] == [cu13 / "lib"]
+    (tmp_path / "cuda/include/crt/host_config.h").unlink()
+    with pytest.raises(NotSupportedError, match="crt/host_config.h"):
+        _cudss_build.paths()
+
+
+def test_a_failed_cudss_factorization_reads_as_singular():
+    err = runtime_error_from(RuntimeError(
+        "INTERNAL: cudss factorization failed: CUDSS_DATA_INFO = 3 (a zero pivot)"))
+    assert isinstance(err, SingularMatrixError) and "cudss" in str(err)
+    err = runtime_error_from(RuntimeError(
+        "INTERNAL: cudss Cholesky failed: CUDSS_DATA_INFO = 2 (not positive definite)"))
+    assert isinstance(err, NotPositiveDefiniteError) and "spd" in str(err)
+
+
+# ---------------------------------------------------------------------------
+# the record through its kernels (the stand-in; the FFI under -m gpu)
+
+
+@pytest.mark.parametrize("nrhs,transpose", [(None, False), (3, True)])
+def test_values_match_scipy(kernels, rng, nrhs, transpose):
+    M = _general_csr(rng, 25)
+    b = rng.standard_normal(25 if nrhs is None else (25, nrhs))
+
+    def f(d, b):
+        A = _csr(M)(d)
+        return sd.linalg.solve(A.T if transpose else A, b, solver="cudss")
+
+    D = M.toarray().T if transpose else M.toarray()
+    np.testing.assert_allclose(np.asarray(sd.function(f)(M.data, b)), np.linalg.solve(D, b),
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_transposed_solves_by_refactoring(rng):
+    """The fallback for a cuDSS without a transposed solve mode: `A^T x = b`
+    factors the transpose in the call (the stand-in takes the same path)."""
+    M = _general_csr(rng, 12)
+    b = rng.standard_normal(12)
+    with _cudss.use_kernels(_cudss.StandIn(transpose="refactor")) as k:
+        g = sd.function(sd.grad(lambda d, b: _loss(d, b, M), argnums=1))
+        D = M.toarray()
+        np.testing.assert_allclose(np.asarray(g(M.data, b)),
+                                   np.linalg.solve(D.T, 2 * np.linalg.solve(D, b)), rtol=1e-9)
+        assert k.live() == 0
+
+
+@pytest.mark.slow  # ~12 s (check_rules compiles many programs)
+def test_rules_general(kernels, rng):
+    M = _general_csr(rng, 8)
+    b = rng.standard_normal((8, 2))
+    sd.testing.check_rules(lambda d, b: snp.sin(sd.linalg.solve(_csr(M)(d), b, solver="cudss")),
+                           M.data, b, seed=int(rng.integers(2**31)))
+
+
+def _spd_loss(M):
+    def f(d, b):
+        d = 0.5 * (d + sd.sparse.data(_csr(M)(d).T))  # (a symmetric perturbation)
+        return sd.linalg.solve(_csr(M, ("spd",))(d), b, solver="cudss") ** 2
+    return f
+
+
+@pytest.mark.slow  # ~15 s
+def test_rules_spd(kernels, rng):
+    M = _spd_csr(rng, 8)
+    sd.testing.check_rules(_spd_loss(M), M.data, rng.standard_normal(8),
+                           seed=int(rng.integers(2**31)))
+
+
+def test_an_spd_gradient_factors_once_for_cholesky(kernels, rng):
+    """An SPD matrix: one factor, made for `assume="spd"` (Cholesky on cuDSS),
+    read by the forward and the adjoint solve; the gradient is right."""
+    M = _spd_csr(rng, 8)
+    b = rng.standard_normal(8)
+    if isinstance(kernels, _cudss.StandIn):
+        kernels.assumed.clear()
+    g = sd.function(sd.grad(lambda d, b: snp.sum(_spd_loss(M)(d, b)), argnums=1))(M.data, b)
+    x = np.linalg.solve(M.toarray(), b)
+    np.testing.assert_allclose(np.asarray(g), np.linalg.solve(M.toarray(), 2 * x),
+                               rtol=1e-9)
+    if isinstance(kernels, _cudss.StandIn):
+        assert kernels.assumed == ["spd"]
+
+
+def test_sd_vmap_over_matrices_and_right_hand_sides(kernels, rng):
+    M = _general_csr(rng, 10)
+    ds = np.stack([M.data * (1 + 0.1 * k) for k in range(4)])
+    bs = rng.standard_normal((4, 10))
+    g = sd.function(sd.vmap(sd.grad(lambda d, b: _loss(d, b, M), argnums=1)))
+    out = np.asarray(g(ds, bs))
+    for k in range(4):
+        D = M.toarray() * (1 + 0.1 * k)
+        np.testing.assert_allclose(out[k], np.linalg.solve(D.T, 2 * np.linalg.solve(D, bs[k])),
+                                   rtol=1e-9)
+    x = sd.function(sd.vmap(lambda b: sd.linalg.solve(_csr(M)(M.data), b, solver="cudss")))(bs)
+    np.testing.assert_allclose(np.asarray(x), np.linalg.solve(M.toarray(), bs.T).T, rtol=1e-10)
+
+
+def test_to_jax_under_jit_grad_and_vmap(kernels, rng):
+    M = _general_csr(rng, 12)
+    b = rng.standard_normal(12)
+    f = sd.to_jax(lambda d, b: _loss(d, b, M))
+    D = M.toarray()
+    x = np.linalg.solve(D, b)
+    np.testing.assert_allclose(float(jax.jit(f)(M.data, b)), np.sum(x ** 2), rtol=1e-10)
+    gb = jax.jit(jax.grad(f, argnums=1))(M.data, b)
+    np.testing.assert_allclose(np.asarray(gb), np.linalg.solve(D.T, 2 * x), rtol=1e-9)
+    ds = np.stack([M.data, 2 * M.data])
+    vals = jax.jit(jax.vmap(f))(ds, np.stack([b, -b]))
+    np.testing.assert_allclose(np.asarray(vals), [np.sum(x ** 2), np.sum(x ** 2) / 4],
+                               rtol=1e-10)
+
+
+def test_failure_modes(kernels, rng):
+    M = _general_csr(rng, 8)
+    b = np.ones(8)
+    f = sd.function(lambda d, b: sd.linalg.solve(_csr(M)(d), b, solver="cudss"))
+    g = sd.function(sd.grad(lambda d, b: _loss(d, b, M), argnums=(0, 1)))
+    one_row = M.data.copy()
+    one_row[M.indptr[2]:M.indptr[3]] = 0.0
+    with pytest.raises(SingularMatrixError, match="zero pivot") as info:
+        f(one_row, b)
+    assert "test_cudss.py" in str(info.value)
+    # numerically singular (the Neumann Laplacian): a zero pivot, or a
+    # backward error no refinement brings down
+    L = sp.csr_array(sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], (8, 8)))
+    L.sort_indices()
+    lap = L.data.copy()
+    lap[0] = lap[-1] = 1.0
+    with pytest.raises(SingularMatrixError):
+        jax.block_until_ready(sd.function(sd.grad(lambda d, b: _loss(d, b, L)))(lap, b))
+    bad = M.data.copy()
+    bad[3] = np.nan
+    with pytest.raises(NonFiniteError):
+        f(bad, b)
+    with pytest.raises(NonFiniteError):
+        g(M.data, np.where(np.arange(8) == 2, np.inf, 1.0))
+    np.testing.assert_allclose(np.asarray(f(M.data, b)), np.linalg.solve(M.toarray(), b),
+                               rtol=1e-10)  # (still usable afterwards)
+
+
+def test_no_factor_outlives_its_program(kernels, rng):
+    """Repeated calls of programs that make and free factors (a gradient, a
+    chain of solves reading one factor) leave none live (`to_jax` under jit:
+    its test, whose fixture counts too)."""
+    M = _general_csr(rng, 10)
+    b = rng.standard_normal(10)
+    g = sd.function(sd.grad(lambda d, b: _loss(d, b, M), argnums=(0, 1)))
+
+    def chain(d, y):
+        A = _csr(M)(d)
+        for _ in range(3):  # (three solves, one factor)
+            y = sd.linalg.solve(A, y, solver="cudss")
+        return snp.sum(y ** 2)
+
+    h = sd.function(sd.grad(chain))
+    for _ in range(5):
+        jax.block_until_ready((g(M.data, b), h(M.data, b)))
+    assert kernels.live() == 0
+
+
+def test_the_ledger_sees_a_leaked_factor(rng):
+    """The stand-in's count is real: kernels that never free leave one live
+    factor per gradient call."""
+
+    class Leaky(_cudss.StandIn):
+        def free(self, handle, after=()):
+            return jax.numpy.zeros((1,), np.int32)
+
+    M = _general_csr(rng, 6)
+    with _cudss.use_kernels(Leaky()) as k:
+        g = sd.function(sd.grad(lambda d, b: _loss(d, b, M)))
+        for _ in range(2):
+            g(M.data, np.ones(6))
+        assert k.live() == 2
+
+
+# ---------------------------------------------------------------------------
+# the real FFI only (-m gpu)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_concurrent_calls_and_pooled_analysis(rng):
+    """Calls from several threads at once give the right values and free
+    every factor; the pattern keeps its analysed data objects for the next
+    calls (no more than factors were live at once)."""
+    k = _cudss_ffi.KERNELS
+    M = _general_csr(rng, 200)
+    b = rng.standard_normal(200)
+    g = jax.jit(jax.grad(sd.to_jax(lambda d, b: _loss(d, b, M)), argnums=1))
+    want = np.linalg.solve(M.toarray().T, 2 * np.linalg.solve(M.toarray(), b))
+    errors = []
+
+    def work():
+        try:
+            for _ in range(10):
+                np.testing.assert_allclose(np.asarray(g(M.data, b)), want, rtol=1e-8)
+        except Exception as e:  # (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert k.live_factors() == 0
+    pattern = Pattern(M.shape, M.indptr, M.indices)
+    assert 1 <= k.pooled(pattern, None, np.float64) <= 4  # (at most one per thread)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_spd_and_batch_values(rng):
+    M = _spd_csr(rng, 64)
+    bs = rng.standard_normal((8, 64))
+    ds = np.stack([M.data * (1 + 0.1 * j) for j in range(8)])
+    x = sd.function(sd.vmap(lambda d, b: sd.linalg.solve(_csr(M, ("spd",))(d), b,
+                                                         solver="cudss")))(ds, bs)
+    for j in range(8):
+        np.testing.assert_allclose(np.asarray(x[j]),
+                                   np.linalg.solve(M.toarray() * (1 + 0.1 * j), bs[j]),
+                                   rtol=1e-9)
+    assert _cudss_ffi.KERNELS.live_factors() == 0
