@@ -5,8 +5,8 @@ the program through XLA's FFI (`sciad.solvers._cudss_ffi`, C++ in
 **Unverified on a GPU so far**: the extension compiles and loads on the CPU
 and the record's rules, batching and factor lifetime are tested through a
 host stand-in of the same kernel interface (`StandIn`, KLU's kernels with a
-ledger of live handles); the GPU test set (`pytest -m gpu`,
-tests/test_cudss_gpu.py) and `bench/gpu_sparse.py` are prepared
+ledger of live handles); the GPU test set (`pytest -m gpu`, the
+gpu-marked tests of tests/test_cudss.py) and `bench/gpu_sparse.py` are prepared
 (`bench/gpu_check.sh`) and have not run yet.
 
 The record is the "klu" one's (`sciad.solvers._klu.HandleSolver`): the
