@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 
 import sciad as sd
 
@@ -99,3 +100,29 @@ def run_documented(code: str, namespace: dict, where: str = "snippet") -> str:
             if comment:
                 _assert_shown(got, " ".join(comment), f"{where}: {src}")
     return out.getvalue()
+
+
+def assert_vmap_of_sparse_solves(solver: str, M, rng) -> None:
+    """`sd.vmap` of a sparse solver's gradient over matrices on one pattern
+    and right-hand sides (`M` a sorted CSR matrix), and over right-hand
+    sides with one shared matrix, against dense solves."""
+    import sciad.numpy as snp
+
+    def csr(d):
+        return sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape)
+
+    def loss(d, b):
+        return snp.sum(sd.linalg.solve(csr(d), b, solver=solver) ** 2)
+
+    n = M.shape[0]
+    ds = np.stack([M.data * (1 + 0.1 * k) for k in range(4)])
+    bs = rng.standard_normal((4, n))
+    out = np.asarray(sd.function(sd.vmap(sd.grad(loss, argnums=1)))(ds, bs))
+    for k in range(4):
+        D = sp.csr_array(M).toarray() * (1 + 0.1 * k)
+        np.testing.assert_allclose(out[k], np.linalg.solve(D.T, 2 * np.linalg.solve(D, bs[k])),
+                                   rtol=1e-9)
+    # a shared matrix, a batch of right-hand sides: one factorization
+    x = sd.function(sd.vmap(lambda b: sd.linalg.solve(csr(M.data), b, solver=solver)))(bs)
+    np.testing.assert_allclose(np.asarray(x), np.linalg.solve(sp.csr_array(M).toarray(), bs.T).T,
+                               rtol=1e-10)

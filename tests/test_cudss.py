@@ -30,6 +30,7 @@ from sciad.errors import (NonFiniteError, NotPositiveDefiniteError, NotSupported
 from sciad.solvers import _cudss, _cudss_build, _cudss_ffi, _klu_ffi
 from sciad.solvers._linear import choose
 from sciad.solvers._registry import lookup
+from helpers import assert_vmap_of_sparse_solves
 from test_linalg import _csr, _general_csr, _spd_csr
 
 
@@ -263,17 +264,7 @@ def test_an_spd_gradient_factors_once_for_cholesky(kernels, rng):
 
 
 def test_sd_vmap_over_matrices_and_right_hand_sides(kernels, rng):
-    M = _general_csr(rng, 10)
-    ds = np.stack([M.data * (1 + 0.1 * k) for k in range(4)])
-    bs = rng.standard_normal((4, 10))
-    g = sd.function(sd.vmap(sd.grad(lambda d, b: _loss(d, b, M), argnums=1)))
-    out = np.asarray(g(ds, bs))
-    for k in range(4):
-        D = M.toarray() * (1 + 0.1 * k)
-        np.testing.assert_allclose(out[k], np.linalg.solve(D.T, 2 * np.linalg.solve(D, bs[k])),
-                                   rtol=1e-9)
-    x = sd.function(sd.vmap(lambda b: sd.linalg.solve(_csr(M)(M.data), b, solver="cudss")))(bs)
-    np.testing.assert_allclose(np.asarray(x), np.linalg.solve(M.toarray(), bs.T).T, rtol=1e-10)
+    assert_vmap_of_sparse_solves("cudss", _general_csr(rng, 10), rng)
 
 
 def test_to_jax_under_jit_grad_and_vmap(kernels, rng):

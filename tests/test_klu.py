@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -22,6 +21,8 @@ from sciad.graph import passes
 from sciad.primitives._linalg import linalg_backsolve_p, linalg_factor_p
 from sciad.solvers import _klu_ffi
 from sciad.solvers._linear import choose
+
+from helpers import assert_vmap_of_sparse_solves
 
 pytestmark = pytest.mark.skipif(not _klu_ffi.available(), reason="klujax is not installed")
 
@@ -255,18 +256,7 @@ def test_to_jax_under_jit_grad_and_vmap(rng):
 
 
 def test_sd_vmap_of_solves(rng):
-    M = _general_csr(rng, 10)
-    ds = np.stack([M.data * (1 + 0.1 * k) for k in range(4)])
-    bs = rng.standard_normal((4, 10))
-    g = sd.function(sd.vmap(sd.grad(lambda d, b: _loss(d, b, M), argnums=1)))
-    out = np.asarray(g(ds, bs))
-    for k in range(4):
-        D = M.toarray() * (1 + 0.1 * k)
-        np.testing.assert_allclose(out[k], np.linalg.solve(D.T, 2 * np.linalg.solve(D, bs[k])),
-                                   rtol=1e-9)
-    # a shared matrix, a batch of right-hand sides: one factorization
-    x = sd.function(sd.vmap(lambda b: sd.linalg.solve(_csr(M)(M.data), b, solver="klu")))(bs)
-    np.testing.assert_allclose(np.asarray(x), np.linalg.solve(M.toarray(), bs.T).T, rtol=1e-10)
+    assert_vmap_of_sparse_solves("klu", _general_csr(rng, 10), rng)
 
 
 @pytest.mark.slow  # ~10 s: 240 calls
