@@ -113,7 +113,7 @@ class _Plan:
     weights `dx`, and where each element contribution goes."""
 
     __slots__ = ("P", "ne", "nq", "u", "v", "defaults", "dx", "pattern", "dest", "rows",
-                 "shape", "__weakref__")
+                 "shape", "basis", "__weakref__")
 
 
 _PLANS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
@@ -205,9 +205,30 @@ def _make_plan(kind: str, ubasis, vbasis) -> _Plan:
     else:
         p.P = 1
     p.dx = _tile_numpy(np.asarray(ubasis.dx), p.P, p.ne, p.nq)
-    p.defaults = {k: _tile_numpy(v, p.P, p.ne, p.nq)
-                  for k, v in ubasis.default_parameters().items()}
+    p.basis = weakref.ref(ubasis)
+    p.defaults = {}
     return p
+
+
+class _Params(FormExtraParams):
+    """The form's `w`: the default parameters (`w.x`, `w.h`, `w.n`, ...),
+    tiled over the basis-function pairs when the form first reads them."""
+
+    def __init__(self, plan: _Plan, names, coefficients: dict):
+        super().__init__({**{k: None for k in names}, **coefficients})
+        self._plan = plan
+        self._lazy = set(names) - set(coefficients)
+
+    def __getitem__(self, key):
+        if key in self._lazy:
+            plan = self._plan
+            value = plan.defaults.get(key)
+            if value is None:
+                raw = plan.basis().default_parameters()[key]
+                value = plan.defaults[key] = _tile_numpy(raw, plan.P, plan.ne, plan.nq)
+            dict.__setitem__(self, key, value)
+            self._lazy.discard(key)
+        return dict.__getitem__(self, key)
 
 
 # ---------------------------------------------------------------------------
@@ -302,6 +323,16 @@ def _coefficient(name: str, value, basis, P: int, ne: int, nq: int):
 # assembly
 
 
+_DEFAULT_NAMES: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _default_names(basis) -> tuple:
+    names = _DEFAULT_NAMES.get(basis)
+    if names is None:
+        names = _DEFAULT_NAMES[basis] = tuple(basis.default_parameters())
+    return names
+
+
 def _kind(form) -> str:
     if isinstance(form, BilinearForm):
         return "bilinear"
@@ -357,8 +388,8 @@ def assemble(form, ubasis, vbasis=None, /, *, tags: Iterable[str] = (), **coeffi
                                  f"{'a vector' if kind == 'linear' else 'a scalar'}.", op=op)
     plan = _plan(kind, ubasis, vbasis)
     P, ne, nq = plan.P, plan.ne, plan.nq
-    w = FormExtraParams({**plan.defaults, **{
-        k: _coefficient(k, v, ubasis, P, ne, nq) for k, v in coefficients.items()}})
+    w = _Params(plan, _default_names(ubasis), {
+        k: _coefficient(k, v, ubasis, P, ne, nq) for k, v in coefficients.items()})
     if kind == "bilinear":
         out = form.form(*plan.u, *plan.v, w)
     elif kind == "linear":

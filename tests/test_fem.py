@@ -392,3 +392,15 @@ def test_einsum_ellipsis_as_numpy():
         np.testing.assert_allclose(got, np.einsum(spec, *xs), rtol=1e-13)
     with pytest.raises(ShapeError, match="broadcast"):
         sd.trace(lambda a, b: snp.einsum("i...,i...", a, b), np.ones((2, 3)), np.ones((2, 4)))
+
+
+def test_default_parameters_x_and_h_reach_the_form():
+    basis = _basis("tri-p2")
+
+    @skfem.LinearForm
+    def weighted(v, w):
+        return w.k * w.x[0] * w.h * v + w.x[1] ** 2 * v
+
+    k = _nodal(basis)
+    got = sd.function(lambda k: sd.fem.assemble(weighted, basis, k=k))(k)
+    np.testing.assert_allclose(got, weighted.assemble(basis, k=k), rtol=0, atol=1e-14)
