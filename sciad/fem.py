@@ -419,8 +419,9 @@ def assemble(form, ubasis, vbasis=None, /, *, tags: Iterable[str] = (), **coeffi
             return snp.bincount(plan.rows, weights=data, length=plan.shape[0])
         return np.bincount(plan.rows, weights=data, minlength=plan.shape[0])
     _check_tags(plan.pattern, tags, op)
-    return assemble_at(data if traced else np.asarray(data, np.float64), plan.pattern,
-                       plan.dest, tags)
+    if not traced and np.asarray(data).dtype.kind not in "fc":
+        data = np.asarray(data, np.float64)
+    return assemble_at(data, plan.pattern, plan.dest, tags)
 
 
 # ---------------------------------------------------------------------------
