@@ -17,6 +17,7 @@ from . import linalg as linalg
 from . import fft as fft
 from . import optimize as optimize
 from . import ode as ode
+from . import fem as fem
 from . import testing as testing
 from . import _numpy_interop
 from ._function import Function as Function, function as function
@@ -43,5 +44,5 @@ from ._transforms import (
 __version__ = "0.1.0"
 
 _traceback.register_with_jax()
-_traceback.wrap_public(numpy, linalg, fft, sparse, optimize)
+_traceback.wrap_public(numpy, linalg, fft, sparse, optimize, fem)
 _numpy_interop.install()  # (the table names the wrapped functions)

@@ -1158,17 +1158,66 @@ def _letters(n: int, skip: str = "") -> str:
 
 
 def einsum(subscripts: str, *operands):
-    """Einstein summation over `operands` (explicit or implicit form, no `...`)."""
+    """Einstein summation over `operands` (explicit or implicit form), as
+    NumPy's: `...` stands for the broadcast leading or trailing axes."""
     spec = subscripts.replace(" ", "")
+    ops = [_as_array(x, "einsum") for x in operands]
     if "..." in spec:
-        raise _NotSupportedError("ellipsis (`...`) subscripts are not supported; name "
-                                 "every axis.", op="einsum")
+        spec, ops = _einsum_ellipsis(spec, ops)
     if "->" not in spec:
         letters = spec.replace(",", "")
         spec = spec + "->" + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
-    ops = [_as_array(x, "einsum") for x in operands]
     dt = _result_type(*ops, op="einsum")
     return _prim("einsum").bind(*(_convert(x, dt) for x in ops), spec=spec)
+
+
+def _einsum_ellipsis(spec: str, ops: list) -> tuple[str, list]:
+    """`spec` with each `...` replaced by letters of its own, right-aligned
+    across operands as NumPy broadcasts them; an operand's size-1 axis under
+    a broadcast letter is squeezed out (the letter then comes from the others)."""
+    lhs, arrow, out = spec.partition("->")
+    ins = lhs.split(",")
+    if len(ins) != len(ops):
+        raise _ShapeError(f"spec {spec!r} names {len(ins)} operands, got {len(ops)}.",
+                          op="einsum")
+    free = [c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba"
+            if c not in spec]
+    counts = [x.ndim - (len(t) - 3) if "..." in t else 0 for t, x in zip(ins, ops)]
+    if _builtins.min(counts) < 0:
+        raise _ShapeError(f"spec {spec!r} names more axes than an operand has "
+                          f"({', '.join(str(x.shape) for x in ops)}).", op="einsum")
+    n = _builtins.max(counts)
+    ell = "".join(free[:n][::-1])
+    sizes: dict[str, int] = {}
+    for t, x, k in zip(ins, ops, counts):
+        if k:
+            start = t.index("...")
+            for c, d in zip(ell[n - k:], x.shape[start:start + k]):
+                if d != 1 and sizes.setdefault(c, d) != d:
+                    raise _ShapeError(f"operands {', '.join(str(y.shape) for y in ops)} "
+                                      f"do not broadcast under `...` in {spec!r}.",
+                                      op="einsum")
+    new_ins, new_ops = [], []
+    for t, x, k in zip(ins, ops, counts):
+        if "..." not in t:
+            new_ins.append(t)
+            new_ops.append(x)
+            continue
+        start = t.index("...")
+        letters = list(t[:start] + ell[n - k:] + t[start + 3:])
+        keep = [i for i, c in enumerate(letters)
+                if not (start <= i < start + k and x.shape[i] == 1 and sizes.get(c, 1) != 1)]
+        if len(keep) != len(letters):
+            x = reshape(x, tuple(x.shape[i] for i in keep))
+            letters = [letters[i] for i in keep]
+        new_ins.append("".join(letters))
+        new_ops.append(x)
+    if arrow:
+        out = out.replace("...", ell)
+    else:
+        rest = lhs.replace("...", "").replace(",", "")
+        out = ell + "".join(sorted(c for c in set(rest) if rest.count(c) == 1))
+    return ",".join(new_ins) + "->" + out, new_ops
 
 
 def tensordot(a, b, axes=2):

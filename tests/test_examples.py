@@ -359,3 +359,25 @@ def test_inverse_conductivity_3d_recovers_the_field_at_24_cubed():
     # the misfit is in units of the 1% noise: it levels off near 0.5
     assert history[-1] < 0.5 * history[0] and history[-1] < 0.55, history
     assert np.linalg.norm(res.x - m_true) < 0.5 * np.linalg.norm(m_true)
+
+
+def test_fem_impedance_tomography_taylor_and_recovery(capsys):
+    ex = _load("fem_impedance_tomography")
+    res, rates, history, m_true = ex.main(nrefs=3, maxiter=60, plot=None)
+    assert np.all(np.abs(rates - 2.0) < 0.1), rates
+    assert history[-1] < 0.2 * history[0]
+    assert np.linalg.norm(res.x - m_true) < 0.8 * np.linalg.norm(m_true)
+    out = capsys.readouterr().out
+    assert "Taylor test" in out and "done:" in out
+
+
+def test_fem_impedance_tomography_one_factorization_for_all_patterns():
+    import sciad as sd
+
+    ex = _load("fem_impedance_tomography")
+    problem = ex.Problem(2, n_freq=3)
+    data, sigma = ex.make_data(problem)
+    f = lambda m: ex.objective(m, data, sigma, problem)  # noqa: E731
+    g = sd.graph.passes.optimize(sd.trace(sd.value_and_grad(f), np.zeros(problem.basis.N)))
+    factors = [n for n in g.nodes if "factor" in n.primitive.name]
+    assert len(factors) == 1, g.pretty(source=False)
