@@ -209,3 +209,31 @@ def test_a_shared_matrix_split_over_devices_is_factored_once(rng):
         got = sd.function(sd.grad(lambda k, B: total(k, B, "batch")))(k, B)
     want = sd.function(sd.grad(lambda k, B: total(k, B, None)))(k, B)
     np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_index_arrays_first_made_under_a_mesh_serve_a_program_without_one(rng):
+    # sciad caches a pattern's index arrays once per process; here they are
+    # first made while a map split over a mesh axis is lowered, and must
+    # still serve the same computation without a mesh
+    import jax
+    from jax.sharding import AxisType
+
+    N = 13  # (a pattern no other test makes)
+    k, B = rng.uniform(0.5, 1.5, N), rng.standard_normal((2, N))
+    i = np.arange(N)
+    r = np.concatenate([i, i[1:], i[:-1]])
+    c = np.concatenate([i, i[:-1], i[1:]])
+
+    def loss(k, b):
+        vals = snp.where(r == c, 4.0 + k[r], -0.5 - 0.1 * (k[r] + k[c]))
+        A = sd.sparse.coo_matrix((vals, (r, c)), shape=(N, N))
+        return snp.sum(sd.linalg.solve(A, b, solver="splu") ** 2)
+
+    def total(k, B, axis):
+        return snp.sum(sd.vmap(loss, in_axes=(None, 0), spmd_axis_name=axis)(k, B))
+
+    mesh = jax.make_mesh((1,), ("batch",), axis_types=(AxisType.Auto,))
+    with jax.set_mesh(mesh):
+        got = sd.function(sd.grad(lambda k, B: total(k, B, "batch")))(k, B)
+    want = sd.function(sd.grad(lambda k, B: total(k, B, None)))(k, B)
+    np.testing.assert_allclose(got, want, rtol=1e-12)

@@ -37,6 +37,9 @@ _lock = threading.Lock()
 _PROMISE = lax.GatherScatterMode.PROMISE_IN_BOUNDS
 
 
+_NO_MESH = jax.sharding.AbstractMesh((), (), ())
+
+
 def index_array(values) -> jax.Array:
     """The NumPy integer array `values` (every entry in `[0, 2^31)`, or -1
     past an array's end where a caller pads) as a `(k, 1)` int32 `jax.Array`,
@@ -46,8 +49,12 @@ def index_array(values) -> jax.Array:
         dtype = np.int64  # (more than 2^31 entries: not reachable in practice)
     else:
         dtype = np.int32
-    with jax.ensure_compile_time_eval():
-        return jnp.asarray(values.astype(dtype, copy=False).reshape(-1, 1))
+    # (outside any mesh too: an array made inside `shard_map`, or under
+    # `jax.set_mesh`, carries that mesh in its type, and a later program
+    # that reads the cached array under another mesh, or none, fails)
+    with jax.ensure_compile_time_eval(), jax.sharding.use_abstract_mesh(_NO_MESH):
+        return jax.device_put(values.astype(dtype, copy=False).reshape(-1, 1),
+                              jax.local_devices()[0])
 
 
 def cached_index(owner, name: str, make: Callable[[], np.ndarray]) -> jax.Array:
