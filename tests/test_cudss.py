@@ -263,6 +263,28 @@ def test_an_spd_gradient_factors_once_for_cholesky(kernels, rng):
         assert kernels.assumed == ["spd"]
 
 
+def test_a_vmapped_gradient_factors_each_matrix_once(kernels, rng):
+    """`sd.vmap` of a gradient in one program: the forward map hands its
+    factors to the backward map (made once, for the batch) and the program
+    frees them at its end: none is left, the gradients are right."""
+    M = _general_csr(rng, 10)
+    ds = np.stack([M.data * (1 + 0.1 * k) for k in range(4)])
+    bs = rng.standard_normal((4, 10))
+    if isinstance(kernels, _cudss.StandIn):
+        kernels.assumed.clear()
+    g = sd.function(sd.grad(lambda D, B: snp.sum(sd.vmap(lambda d, b: _loss(d, b, M))(D, B))))
+    for _ in range(3):
+        out = np.asarray(g(ds, bs))
+    for k in range(4):
+        D = M.toarray() * (1 + 0.1 * k)
+        x = np.linalg.solve(D, bs[k])
+        lam = np.linalg.solve(D.T, 2 * x)
+        rows = np.repeat(np.arange(10), np.diff(M.indptr))
+        np.testing.assert_allclose(out[k], -lam[rows] * x[M.indices], rtol=1e-8, atol=1e-12)
+    if isinstance(kernels, _cudss.StandIn):  # (one batched factorization traced, not 0)
+        assert kernels.assumed == [None]
+
+
 def test_sd_vmap_over_matrices_and_right_hand_sides(kernels, rng):
     assert_vmap_of_sparse_solves("cudss", _general_csr(rng, 10), rng)
 

@@ -69,13 +69,18 @@ class _Scope:
     """One lowering run: the graph, the node being lowered, and the
     finalizers registered for the end of the run (`at_end`)."""
 
-    __slots__ = ("graph", "node", "finalizers", "outputs")
+    __slots__ = ("graph", "node", "finalizers", "outputs", "offer", "handed", "takes")
 
     def __init__(self, graph: Graph):
         self.graph = graph
         self.node: Node | None = None
         self.finalizers: list = []
         self.outputs: set | None = None
+        # (`offer_body_outputs` / `hand_out`: a body's outputs whose release
+        # the node lowering it takes over, and what the body handed it)
+        self.offer: frozenset | None = None
+        self.handed: list = []
+        self.takes: frozenset | None = None
 
 
 _scopes = threading.local()
@@ -114,10 +119,62 @@ def node_escapes() -> bool:
     return any(id(v) in scope.outputs for v in scope.node.outputs)
 
 
+def offer_body_outputs() -> None:
+    """Called by a node's implementation (a `map`'s) before it lowers its
+    body, whose outputs are the node's outputs one for one: the body may
+    hand it the release of those outputs the graph being lowered does not
+    return (`hand_out`), for `take_handed` to register at this run's end."""
+    stack = _stack()
+    if not stack or stack[-1].node is None:
+        return
+    scope = stack[-1]
+    if scope.outputs is None:
+        scope.outputs = {id(a) for a in scope.graph.outputs}
+    scope.offer = frozenset(k for k, v in enumerate(scope.node.outputs)
+                            if id(v) not in scope.outputs)
+
+
+def hand_out(release: Callable[[Any, list], None]) -> bool:
+    """For a node whose outputs escape its graph only as outputs of a body
+    whose caller offered to take them (`offer_body_outputs`): hands the
+    caller `release(value, outputs)`, to be run at the end of the caller's
+    run on the caller's value of that output. Returns whether it was taken
+    (else the node's outputs outlive every run it can see)."""
+    stack = _stack()
+    if len(stack) < 2 or stack[-1].node is None or stack[-1].takes is None:
+        return False
+    scope = stack[-1]
+    outs = [k for k, a in enumerate(scope.graph.outputs)
+            if any(a is v for v in scope.node.outputs)]
+    if not outs or not all(k in scope.takes for k in outs):
+        return False
+    stack[-2].handed.append((outs[0], release))
+    return True
+
+
+def take_handed(outputs: Sequence[Any] | None) -> None:
+    """Registers at this run's end the releases a body handed out while the
+    caller lowered it (`hand_out`), each on the caller's value of that body
+    output (None: the lowering failed; nothing to release); ends the offer."""
+    stack = _stack()
+    if not stack:
+        return
+    scope = stack[-1]
+    handed, scope.handed, scope.offer = scope.handed, [], None
+    if outputs is None:
+        return
+    for k, release in handed:
+        value = outputs[k]
+        at_end(lambda outs, release=release, value=value: release(value, outs))
+
+
 class LowerInterpreter(Interpreter):
     def run(self, *args) -> list:
         scope = _Scope(self.graph)
         stack = _stack()
+        if stack and stack[-1].offer is not None:  # (a map's body, lowered again after
+            scope.takes = stack[-1].offer          # a failed vmap: what it handed is
+            stack[-1].handed = []                  # dropped)
         stack.append(scope)
         try:
             outs = super().run(*args)

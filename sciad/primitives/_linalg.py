@@ -66,7 +66,7 @@ from ..graph import (Body, Factored, Param, Primitive, Site, SparseType, TensorT
 from ..graph._autodiff import needs_ct, type_of
 from ..graph._body import trace_body
 from ..graph._cost import Cost, _si, nbytes, size, sparse_lu_fill
-from ..graph._lower import at_end, node_escapes
+from ..graph._lower import at_end, hand_out, node_escapes
 from ..graph._params import shown_params
 from ..graph._serialize import graph_param_v1, register_v1_migration
 from ..graph._sparsity import along, dense, empty, union
@@ -298,13 +298,19 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
         # (klu) compiled handles only where all readers are in this run: freed
         # at its end, after every value it returns
         keep = uses is not None and not node_escapes()
+        # (a map's forward body returning its factor to the backward map, in
+        # one program: released at the end of the map's run instead)
+        handed = not keep and hand_out(lambda value, outs: record.release(value, outs))
+        if handed:
+            keep, uses = True, uses or 1
         # (`assume` only where checked: cudss factors an "spd" matrix by Cholesky)
         f = tuple(record.factor(a, pattern=pattern, uses=uses if keep else None,
                                 assume=assume if throw else None))
         if throw:  # (the solves wait for the checks: a 0 handle does not read `a`)
             f = tuple(tie(f, tok))
-        if keep:
+        if keep and not handed:
             at_end(lambda outs: record.release(f, outs))
+        if keep:
             _made_here[id(f[0])] = f[0]
         return f
     f = record.factor(a)

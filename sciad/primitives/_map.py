@@ -54,6 +54,7 @@ from ..graph._batch import example_type, register_map_rule, to_front
 from ..graph._body import inline, jvp_body, transpose_body
 from ..graph._cost import Cost
 from ..graph._core import Factored, Node, Var
+from ..graph._lower import offer_body_outputs, take_handed
 from ..graph._serialize import register_v1_migration
 from ..graph._sparsity import pad_columns, sparsity_eval, substitute, symbolic_slices, value_shape
 from ..graph._trace import current_source, trace_flat
@@ -169,13 +170,11 @@ def _map_impl(*args, body, batched, size, spmd_axis=None):
     f = lower(body)
     in_axes = tuple(0 if b else None for b in batched)
     axis = spmd_axis
-    if axis is None:
-        return _mapped(f, in_axes, size, args)
+    mesh = None if axis is None else _mesh_with(axis, args)
+    if mesh is None:
+        return _mapped_here(f, in_axes, size, args)
     from jax.sharding import AxisType, PartitionSpec as P
 
-    mesh = _mesh_with(axis, args)
-    if mesh is None:
-        return _mapped(f, in_axes, size, args)
     n = mesh.shape[axis]
     if size % n:
         raise ShapeError(f"a batch of {size} examples cannot be split evenly over the "
@@ -194,6 +193,23 @@ def _map_impl(*args, body, batched, size, spmd_axis=None):
                 for a, spec in zip(args, specs)]
     return tuple(jax.shard_map(local, mesh=mesh, in_specs=specs,
                                out_specs=P(axis), check_vma=False)(*args))
+
+
+def _mapped_here(f, in_axes, size: int, args) -> tuple:
+    """`_mapped` on this device, where what the body makes for the program
+    and returns may be released at the end of this run instead (a compiled
+    factorization the forward map hands to the backward map: see
+    `sciad.graph._lower.hand_out`). (Not over a mesh: there each device holds
+    its own examples' handles, which a release in the whole program would
+    gather.)"""
+    offer_body_outputs()
+    try:
+        outs = _mapped(f, in_axes, size, args)
+    except BaseException:
+        take_handed(None)
+        raise
+    take_handed(outs)
+    return outs
 
 
 def _mapped(f, in_axes, size: int, args) -> tuple:

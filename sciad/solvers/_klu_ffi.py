@@ -317,7 +317,7 @@ class HandleKernels:
         if firsts:
             s = functools.reduce(jnp.add, firsts)
             h = jnp.stack([h, h])[(s != s).astype(jnp.int32)]
-        return self._free_fn()(h[None])
+        return self._free_fn()(h.reshape(-1))  # (a batch's handles: a map's, handed out)
 
 
 class KLUKernels(HandleKernels):
