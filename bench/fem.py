@@ -31,12 +31,12 @@ keyed on the matrix values (sciad's AMG hierarchy) serves a timed call.
 - `sciad forward` and `sciad value+gradient`: `sd.function(J)` and
   `sd.function(sd.value_and_grad(J))` with `sd.fem.assemble`,
   `sd.fem.condense` and `sd.fem.solve`, the matrix tagged `spd`, solved by
-  KLU (`solver="klu"`, compiled, its symbolic analysis kept) or by CG with an
-  algebraic-multigrid preconditioner (`solver="cg", preconditioner="amg",
-  tol=1e-10`). Not `solver="auto"`: above 12,000 unknowns it picks SuperLU,
-  whose `MMD_AT_PLUS_A` ordering is pathologically slow on these meshes
-  (SciPy's `splu` of the 16,641-node matrix: 5.9 s with it, 0.06 s with
-  COLAMD; minutes at 66,049 nodes).
+  `solver="auto"` (above 12,000 unknowns on the CPU: SuperLU in its
+  symmetric mode, its column order kept per pattern), KLU (`solver="klu"`,
+  compiled, its symbolic analysis kept) or CG with an algebraic-multigrid
+  preconditioner (`solver="cg", preconditioner="amg", tol=1e-10`). (SuperLU's
+  `MMD_AT_PLUS_A` ordering outside its symmetric mode, as sciad factored
+  before, took 19.8 s on the 16,641-node matrix; in symmetric mode 0.11 s.)
 
 Targets (issue 35): sciad's value+gradient <= 1.5x scikit-fem's forward
 assembly + solve alone; sciad's assembly of the values <= 1.0x scikit-fem's
@@ -122,6 +122,7 @@ def skfem_value_and_grad(p: Problem, m):
 
 
 SOLVERS = {
+    "auto": {"solver": "auto"},
     "KLU": {"solver": "klu"},
     "CG + AMG": {"solver": "cg", "preconditioner": "amg", "tol": 1e-10},
 }

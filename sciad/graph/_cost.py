@@ -104,7 +104,9 @@ def sparse_lu_fill(pattern) -> Fill:
     vals = np.where(rows == indices, 2.0 * (np.diff(indptr)[rows] + 1), -1.0)
     a = sp.csr_matrix((vals, indices, indptr), shape=pattern.shape).tocsc()
     try:
-        lu = spl.splu(a, permc_spec="MMD_AT_PLUS_A")
+        # (in SuperLU's symmetric mode, as `sciad.solvers._sparse_direct`
+        # factors: see `_factor_one`)
+        lu = spl.splu(a, permc_spec="MMD_AT_PLUS_A", options=dict(SymmetricMode=True))
     except RuntimeError:  # structurally singular: no estimate better than dense
         return Fill(n * (n + 1) // 2, n * (n + 1) // 2, 2.0 * n ** 3 / 3)
     lc = np.diff(lu.L.tocsc().indptr) - 1  # below the diagonal, per column
