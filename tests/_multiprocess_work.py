@@ -10,7 +10,9 @@ thing.
   `sd.function` with global shardings;
 - `optimize`: a few L-BFGS-B steps of `sd.optimize.minimize` on one shared
   coefficient vector fitted to 8 sources, its objective sharded over the
-  sources (the sources and data are global arrays).
+  sources (the sources and data are global arrays);
+- `spmv`: the value and gradients of a loss of `A @ x` and `A.T @ x` with
+  `A`'s 16 rows split over the 4 devices (`sd.sparse.sharded_matmul`).
 """
 
 from __future__ import annotations
@@ -69,12 +71,49 @@ def minimize(B, D, axis):
             "iterates": iterates}
 
 
+# a sparse matrix of 16 rows split over the 4 devices: 4 rows per device,
+# 2 per process boundary crossing between the processes' blocks
+SPMV_N = 16
+
+
+def spmv_operator():
+    n = SPMV_N
+    i = np.arange(n)
+    r = np.concatenate([i, i[1:], i[:-1], [0, n - 1]])
+    c = np.concatenate([i, i[:-1], i[1:], [n - 1, 0]])
+    return r, c
+
+
+def spmv_loss(vals, x, partition):
+    """`sum((A x) ** 2 + A.T x)` with `A`'s rows split over the devices."""
+    r, c = spmv_operator()
+    A = sd.sparse.coo_matrix((vals, (r, c)), shape=(SPMV_N, SPMV_N))
+    return snp.sum(sd.sparse.sharded_matmul(A, x, partition) ** 2
+                   + sd.sparse.sharded_matmul(A, x, partition, transpose=True))
+
+
+def spmv_data():
+    rng = np.random.default_rng(1)
+    return rng.uniform(0.5, 1.5, spmv_operator()[0].size), rng.standard_normal(SPMV_N)
+
+
+def spmv_partition():
+    r, c = spmv_operator()
+    A = sd.sparse.coo_matrix((np.ones(r.size), (r, c)), shape=(SPMV_N, SPMV_N))
+    return sd.sparse.row_partition(A.type.pattern, 4, "batch")
+
+
 def reference() -> dict:
     """The same quantities, unsharded, in this process."""
     K, B, D = data()
+    vals, x = spmv_data()
+    part = spmv_partition()
+    v, (gv, gx) = sd.function(sd.value_and_grad(lambda a, b: spmv_loss(a, b, part),
+                                                argnums=(0, 1)))(vals, x)
     return {"values": np.asarray(sd.function(sd.vmap(loss))(K, B)).tolist(),
             "grads": np.asarray(sd.function(sd.grad(total(None)))(K, B)).tolist(),
-            "optimize": minimize(B, D, None)}
+            "optimize": minimize(B, D, None),
+            "spmv": [float(v), np.asarray(gv).tolist(), np.asarray(gx).tolist()]}
 
 
 def run() -> dict:
@@ -129,4 +168,14 @@ def run() -> dict:
         except Exception as e:  # noqa: BLE001 - reported to the test
             out["numpy_inputs"] = [type(e).__name__, str(e)[:400]]
         out["optimize"] = minimize(Bg, Dg, "batch")
+        # a sparse matrix's rows over the 4 devices of both processes: the
+        # halo exchange crosses processes (gloo)
+        vals, x = spmv_data()
+        part = spmv_partition()
+        xg = glob(x)
+        v, (gv, gx) = sd.function(sd.value_and_grad(lambda a, b: spmv_loss(a, b, part),
+                                                    argnums=(0, 1)))(vals, xg)
+        out["spmv"] = [float(v), np.asarray(multihost_utils.process_allgather(gv, tiled=True)).tolist(),
+                       np.asarray(multihost_utils.process_allgather(gx, tiled=True)).tolist()]
+        out["spmv_x_spec"] = str(gx.sharding.spec)
     return out

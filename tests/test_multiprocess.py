@@ -5,7 +5,9 @@
 The harness is tests/_multiprocess.py, the workload tests/_multiprocess_work.py:
 an ensemble of 8 sparse inverse problems split over the 4 devices (values
 and gradients through `sd.function` with global shardings) and a few
-L-BFGS-B steps of `sd.optimize.minimize` with a sharded objective. Every
+L-BFGS-B steps of `sd.optimize.minimize` with a sharded objective, and a
+sparse matrix whose rows are split over the 4 devices (`sd.sparse.sharded_matmul`,
+its halo exchange crossing the processes). Every
 result is compared with the same computed unsharded in this process.
 """
 
@@ -108,3 +110,14 @@ def test_harness_kills_the_job_at_its_timeout():
 def test_the_run_fits_its_time_budget(results):
     # both processes start JAX, compile and run everything in this time
     assert max(r["wall_s"] for r in results) < 40
+
+
+def test_sharded_sparse_product_across_processes_equals_one_process(results, reference):
+    # A's 16 rows over the 4 devices of both processes: the halo exchange of
+    # A @ x and of A.T @ x (and of their adjoints) crosses the processes
+    want_v, want_gv, want_gx = reference["spmv"]
+    for r in results:
+        v, gv, gx = r["spmv"]
+        np.testing.assert_allclose(v, want_v, rtol=1e-14)
+        np.testing.assert_allclose(gv, want_gv, rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(gx, want_gx, rtol=1e-13, atol=1e-15)
