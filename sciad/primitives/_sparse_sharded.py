@@ -157,11 +157,11 @@ class RowPartition:
 
     __repr__ = __str__
 
-    @property
-    def exchanged(self) -> int:
-        """Values each device receives per product: `devices x S` (or
-        `devices x H` for the transpose)."""
-        return self.devices * self.send_size
+    def received(self, transpose: bool = False) -> int:
+        """How many values each device receives per product (the all_gather
+        of the sends, `devices x S`; of the halo parts for the transpose,
+        `devices x H`), against `n` for gathering the whole vector."""
+        return self.devices * (self.halo_size if transpose else self.send_size)
 
 
 @functools.lru_cache(maxsize=64)
