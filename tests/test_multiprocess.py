@@ -14,6 +14,7 @@ result is compared with the same computed unsharded in this process.
 from __future__ import annotations
 
 import ipaddress
+import socket
 
 import numpy as np
 import pytest
@@ -100,6 +101,20 @@ def test_harness_kills_the_job_and_reports_when_a_process_fails():
     assert "a process failed" in msg and "planted failure in process 1" in msg
     # process 0 was killed (-9), not left waiting for its peer
     assert "process 0: exit status -9" in msg and "process 1: exit status 1" in msg
+
+
+def test_harness_moves_to_another_port_when_its_port_is_taken(monkeypatch):
+    # another program takes the picked port before the coordinator binds it:
+    # the coordinator cannot start, and the job is started again elsewhere
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1]])
+        free = _multiprocess.free_port
+        monkeypatch.setattr(_multiprocess, "free_port", lambda: next(ports, None) or free())
+        with pytest.raises(AssertionError) as info:
+            _multiprocess.run("_multiprocess_fail", timeout=60)
+    assert "planted failure in process 1" in str(info.value)  # the second run's failure
 
 
 def test_harness_kills_the_job_at_its_timeout():
