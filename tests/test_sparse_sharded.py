@@ -85,6 +85,16 @@ _CHILD = textwrap.dedent(r'''
                 A.data, x)
         except Exception as e:
             out["wrong_devices"] = [type(e).__name__, str(e)]
+    with jax.set_mesh(jax.make_mesh((4,), ("batch",), axis_types=(AxisType.Auto,))):
+        try:
+            sd.function(lambda d, x: f(d, x, False, part))(A.data, x)
+        except Exception as e:
+            out["wrong_axis"] = [type(e).__name__, str(e)]
+    # a batch of vectors under the mesh: a map of sharded products
+    with jax.set_mesh(jax.make_mesh((4,), ("rows",), axis_types=(AxisType.Auto,))):
+        X = rng.standard_normal((3, n))
+        Y = sd.function(sd.vmap(lambda x: f(A.data, x, True, part)))(X)
+        out["batch_err"] = float(np.abs(np.asarray(Y) - X @ A.toarray()).max())
     print("RESULT " + json.dumps(out))
 ''')
 
@@ -131,6 +141,16 @@ def test_sharded_rules_check(child, t):
 def test_a_partition_for_another_device_count_is_refused(child):
     name, msg = child["wrong_devices"]
     assert name == "ShapeError" and "over 2 devices, but mesh axis 'rows' has 4" in msg
+
+
+def test_a_partition_over_an_axis_the_mesh_lacks_is_refused(child):
+    name, msg = child["wrong_axis"]
+    assert name == "ShapeError" and "over mesh axis 'rows', but the mesh here has axes " \
+        "['batch']" in msg
+
+
+def test_a_batch_of_vectors_maps_the_sharded_product(child):
+    assert child["batch_err"] < 1e-14
 
 
 def test_without_a_mesh_it_is_the_plain_product():

@@ -241,7 +241,13 @@ _BLOCKS = {"matmul": _block_matmul, "matmul_t": _block_matmul_t, "sddmm": _block
 
 def _mesh(partition, args):
     """The mesh to split over, or None to compute on one device."""
-    mesh = _mesh_with(partition.axis, args)
+    try:
+        mesh = _mesh_with(partition.axis, args)
+    except ShapeError:
+        names = sorted(jax.sharding.get_abstract_mesh().axis_names)
+        raise ShapeError(f"the row partition is over mesh axis {partition.axis!r}, but the "
+                         f"mesh here has axes {names}: build the partition with one of "
+                         "them.", op="sparse.sharded_matmul") from None
     if mesh is None or mesh.shape[partition.axis] == 1 and partition.devices == 1:
         return None
     if mesh.shape[partition.axis] != partition.devices:
