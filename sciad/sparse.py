@@ -307,9 +307,10 @@ def sharded_matmul(A, x, partition: RowPartition, *, transpose: bool = False):
     - `transpose`: multiply by `A.T` instead.
 
     Under a mesh with `axis` (`jax.set_mesh`, or arguments sharded over one)
-    each device computes its own rows and exchanges only the halo values
-    (one `all_gather` of what other devices read), as does the transpose;
-    without one it computes the same product on one device. Differentiable
+    each device computes its own rows after an exchange of the halo values
+    only (`ppermute`s or one `all_gather`, as the partition's `exchange`
+    says), as does the transpose; without one it computes the same product
+    on one device. Differentiable
     in `A`'s values and `x` (the adjoint's products are sharded too).
 
     ```python

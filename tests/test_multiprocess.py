@@ -14,6 +14,7 @@ result is compared with the same computed unsharded in this process.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import socket
 
 import numpy as np
@@ -131,8 +132,8 @@ def test_sharded_sparse_product_across_processes_equals_one_process(results, ref
     # A's 16 rows over the 4 devices of both processes: the halo exchange of
     # A @ x and of A.T @ x (and of their adjoints) crosses the processes
     want_v, want_gv, want_gx = reference["spmv"]
-    for r in results:
-        v, gv, gx = r["spmv"]
+    for r, exchange in itertools.product(results, ["all_gather", "ppermute"]):
+        v, gv, gx = r[f"spmv_{exchange}"]
         np.testing.assert_allclose(v, want_v, rtol=1e-14)
         np.testing.assert_allclose(gv, want_gv, rtol=1e-13, atol=1e-15)
         np.testing.assert_allclose(gx, want_gx, rtol=1e-13, atol=1e-15)

@@ -16,16 +16,24 @@ own (its *halo*), and the entries of its own block that other devices read
 (what it *sends*).
 
 Under a mesh with the partition's axis (`jax.set_mesh`, or operands
-sharded over one) the products run as `jax.shard_map` over that axis:
+sharded over one) the products run as `jax.shard_map` over that axis,
+with one of two exchanges of the halo (the partition's `exchange`):
 
-- `A @ x`: each device gathers the entries it sends (`S` values, `S` the
-  largest send count), one `all_gather` over the axis gives every device
-  the `devices x S` sent values, from which it takes its halo; then its
-  rows' products are local. Only halo values travel.
+- `ppermute`: for each distance `k` at which some device reads entries of
+  the device `k` before it, one `ppermute` of a buffer of the largest such
+  count; each device receives its halo (padded per distance).
+- `all_gather`: each device gathers the entries it sends (`S` values, `S`
+  the largest send count), and one `all_gather` gives every device all
+  `devices x S` sent values, from which it takes its halo.
+
+Then:
+
+- `A @ x`: each device's rows' products are local, over `[x block, halo]`.
 - `A.T @ x`: the reverse. Each device multiplies its rows' transposes by
   its block of `x`; the parts that fall on its own columns stay, those on
-  halo columns (`H` values, `H` the largest halo) go through one
-  `all_gather`, and each device adds those aimed at its own columns.
+  halo columns go back through the exchange run backwards (`ppermute`s
+  with the inverse permutations, or an `all_gather` of the halo parts,
+  `devices x H` values), and each device adds those aimed at its columns.
 - `sddmm(u, v)`: `v`'s halo as in `A @ x`, then each device's entries are
   local products.
 
@@ -44,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, PartitionSpec as P
 
-from ..errors import ShapeError
+from ..errors import InvalidOptionError, ShapeError
 from ..graph import Param, Primitive, SparseType, TensorType, is_linear
 from ..graph._cost import Cost
 from ..graph._serialize import register_param_type
@@ -58,8 +66,9 @@ from ._sparse import (_check_pattern, _dense, _same_dtype, _sparse, sparse_matmu
 
 class RowPartition:
     """How the rows of a square sparsity pattern split over `devices`
-    devices of mesh axis `axis` (see the module docstring). Static and
-    hashable by (pattern, devices, axis); build it with `row_partition`.
+    devices of mesh axis `axis`, and how the halo travels (`exchange`, see
+    the module docstring). Static and hashable by (pattern, devices, axis,
+    exchange); build it with `row_partition`.
 
     Per device `d` (arrays of shape `(devices, ...)`, padded):
 
@@ -74,16 +83,23 @@ class RowPartition:
       `devices x S` gathered sends;
     - `back_from[d]`, `back_to[d]`, `back_mask[d]`: for the transpose, the
       places in the flattened `devices x H` gathered halo parts that fall on
-      this device's columns, and the positions within its block.
+      this device's columns, and the positions within its block;
+    - `pp_send{k}[d]`: for each shift `k` in `shifts`, the positions within
+      its block of the entries device `(d + k) % devices` reads from it;
+    - `pp_from[d]`: for each halo slot, its place in the concatenated
+      buffers received over the shifts.
     """
 
-    def __init__(self, pattern: Pattern, devices: int, axis: str):
+    def __init__(self, pattern: Pattern, devices: int, axis: str, exchange: str = "auto"):
         n, ncols = pattern.shape
         if n != ncols or devices < 1 or n % devices:
             raise ShapeError(f"a row partition needs a square matrix whose {n} rows split "
                              f"evenly over {devices} devices, got shape {pattern.shape}; "
                              f"pad the problem to a multiple of {devices} rows.",
                              op="sparse.row_partition")
+        if exchange not in EXCHANGES:
+            raise InvalidOptionError(f"`exchange` must be one of {EXCHANGES}, got "
+                                     f"{exchange!r}.", op="sparse.row_partition")
         self.pattern, self.devices, self.axis = pattern, int(devices), str(axis)
         m = self.block = n // devices
         indptr = np.asarray(pattern.indptr, np.int64)
@@ -132,18 +148,49 @@ class RowPartition:
             if b:
                 back_from[d, :len(b)], back_to[d, :len(b)] = np.array(b).T
                 back_mask[d, :len(b)] = 1.0
+        # ppermute: for each shift k, device e sends to (e + k) % devices the
+        # entries of its block that device reads, in one buffer of the
+        # largest such count; the received buffers, concatenated, hold each
+        # device's halo
+        shifts, sizes, pp_send = [], [], []
+        for k in range(1, devices):
+            need = [h[h // m == (d - k) % devices] for d, h in enumerate(halos)]
+            size = max(len(v) for v in need)
+            if size:
+                buf = np.zeros((devices, size), np.int64)
+                for d, v in enumerate(need):
+                    e = (d - k) % devices
+                    buf[e, :v.size] = v - e * m
+                shifts.append(k)
+                sizes.append(size)
+                pp_send.append(buf)
+        offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        pp_from = np.zeros((devices, H), np.int64)
+        for d in range(devices):
+            for j, g in enumerate(halos[d]):
+                e = g // m
+                k = (d - e) % devices
+                i = shifts.index(k)
+                need = halos[d][halos[d] // m == e]
+                pp_from[d, j] = offsets[i] + int(np.searchsorted(need, g))
+        self.shifts, self.shift_sizes = tuple(shifts), tuple(sizes)
+        if exchange == "auto":
+            exchange = "ppermute" if sum(sizes) < devices * S else "all_gather"
+        self.exchange = exchange
         # where each data position sits in the (devices, L) layout
         self.position = (np.repeat(np.arange(devices), np.diff(starts)) * L
                          + (np.arange(cols.size) - np.repeat(starts[:-1], np.diff(starts))))
         self.arrays = {"entries": entries, "mask": mask, "local_rows": local_rows,
                        "local_cols": local_cols, "send": send, "halo_from": halo_from,
-                       "back_from": back_from, "back_to": back_to, "back_mask": back_mask}
+                       "back_from": back_from, "back_to": back_to, "back_mask": back_mask,
+                       "pp_from": pp_from}
+        self.arrays.update({f"pp_send{k}": b for k, b in zip(shifts, pp_send)})
         for a in self.arrays.values():
             a.setflags(write=False)
         self.halo_counts = tuple(int(h.size) for h in halos)
 
     def _key(self):
-        return (self.pattern, self.devices, self.axis)
+        return (self.pattern, self.devices, self.axis, self.exchange)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, RowPartition) and self._key() == other._key()
@@ -153,43 +200,83 @@ class RowPartition:
 
     def __str__(self) -> str:
         return (f"rows/{self.devices}@{self.axis!r}<halo={max(self.halo_counts, default=0)}, "
-                f"send={self.send_size}>")
+                f"{self.exchange}={self.received()}>")
 
     __repr__ = __str__
 
     def received(self, transpose: bool = False) -> int:
-        """How many values each device receives per product (the all_gather
-        of the sends, `devices x S`; of the halo parts for the transpose,
-        `devices x H`), against `n` for gathering the whole vector."""
+        """How many values each device receives per product, against `n`
+        for gathering the whole vector. `all_gather`: every device's sends,
+        `devices x S` (the halo parts for the transpose, `devices x H`);
+        `ppermute`: one buffer per shift, the largest count any device sends
+        that far (the same both ways)."""
+        if self.exchange == "ppermute":
+            return int(sum(self.shift_sizes))
         return self.devices * (self.halo_size if transpose else self.send_size)
 
 
 @functools.lru_cache(maxsize=64)
-def row_partition(pattern: Pattern, devices: int, axis: str) -> RowPartition:
+def row_partition(pattern: Pattern, devices: int, axis: str,
+                  exchange: str = "auto") -> RowPartition:
     """The `RowPartition` of `pattern` over `devices` devices of mesh axis
-    `axis`, computed once per (pattern, devices, axis)."""
-    return RowPartition(pattern, devices, axis)
+    `axis`, computed once per (pattern, devices, axis, exchange).
+
+    `exchange`: how the halo travels. `"all_gather"`: one `all_gather` of
+    what each device sends (every device receives all of it); `"ppermute"`:
+    one `ppermute` per distance between devices that read each other's
+    entries (each device receives its halo, padded per distance); `"auto"`
+    (default): the one that moves fewer values (`received()`)."""
+    return RowPartition(pattern, devices, axis, exchange)
 
 
 def _encode_partition(p: RowPartition):
-    return {"pattern": p.pattern.to_json(), "devices": p.devices, "axis": p.axis}
+    return {"pattern": p.pattern.to_json(), "devices": p.devices, "axis": p.axis,
+            "exchange": p.exchange}
 
 
 def _decode_partition(d) -> RowPartition:
-    return row_partition(Pattern.from_json(d["pattern"]), int(d["devices"]), str(d["axis"]))
+    return row_partition(Pattern.from_json(d["pattern"]), int(d["devices"]), str(d["axis"]),
+                         str(d.get("exchange", "auto")))
 
 
 register_param_type(RowPartition, "row_partition", _encode_partition, _decode_partition)
+
+EXCHANGES = ("auto", "all_gather", "ppermute")
 
 
 # ---------------------------------------------------------------------------
 # the exchanges (inside shard_map: one device's block)
 
 
-def _halo(x_block, send, halo_from, axis):
-    """This device's halo values of `x`: what each device sends, gathered."""
-    sent = jax.lax.all_gather(x_block[send], axis, tiled=True)   # (devices * S,)
-    return sent[halo_from]
+def _halo(a, x_block, axis, partition):
+    """This device's halo values of `x` (what the others send it)."""
+    if partition.exchange == "ppermute":
+        D = partition.devices
+        bufs = [jax.lax.ppermute(x_block[a[f"pp_send{k}"]], axis,
+                                 [(e, (e + k) % D) for e in range(D)])
+                for k in partition.shifts]
+        return jnp.concatenate(bufs)[a["pp_from"]]
+    sent = jax.lax.all_gather(x_block[a["send"]], axis, tiled=True)   # (devices * S,)
+    return sent[a["halo_from"]]
+
+
+def _halo_back(a, parts, m, axis, partition):
+    """The transpose of `_halo`: this device's halo parts `parts` (H,) sent
+    to their owners, and the parts others computed for this device's
+    entries added up, as a block of `m`."""
+    if partition.exchange == "ppermute":
+        D = partition.devices
+        recv = jax.ops.segment_sum(parts, a["pp_from"], int(sum(partition.shift_sizes)))
+        out, start = jnp.zeros((m,), parts.dtype), 0
+        for k, size in zip(partition.shifts, partition.shift_sizes):
+            back = jax.lax.ppermute(recv[start:start + size], axis,
+                                    [((e + k) % D, e) for e in range(D)])
+            out = out + jax.ops.segment_sum(back, a[f"pp_send{k}"], m)
+            start += size
+        return out
+    sent = jax.lax.all_gather(parts, axis, tiled=True)                 # (devices * H,)
+    back = sent[a["back_from"]] * a["back_mask"].astype(sent.dtype)
+    return jax.ops.segment_sum(back, a["back_to"], m)
 
 
 def _local(name, partition, mesh, *operands):
@@ -209,30 +296,28 @@ def _runner(name, partition, mesh):
 
     def block(*args):
         a = {k: v[0] for k, v in zip(names, args[:len(names)])}
-        return fn(a, m, axis, *args[len(names):])
+        return fn(a, m, axis, partition, *args[len(names):])
 
     specs = (P(axis),) * (len(names) + 2)
     return jax.jit(jax.shard_map(block, mesh=mesh, in_specs=specs, out_specs=P(axis),
                                  check_vma=False))
 
 
-def _block_matmul(a, m, axis, vals, x):
+def _block_matmul(a, m, axis, partition, vals, x):
     vals = vals[0] * a["mask"].astype(vals.dtype)
-    ext = jnp.concatenate([x, _halo(x, a["send"], a["halo_from"], axis)])
+    ext = jnp.concatenate([x, _halo(a, x, axis, partition)])
     return jax.ops.segment_sum(vals * ext[a["local_cols"]], a["local_rows"], m)
 
 
-def _block_matmul_t(a, m, axis, vals, x):
+def _block_matmul_t(a, m, axis, partition, vals, x):
     vals = vals[0] * a["mask"].astype(vals.dtype)
     parts = jax.ops.segment_sum(vals * x[a["local_rows"]], a["local_cols"],
                                 m + a["halo_from"].shape[0])
-    sent = jax.lax.all_gather(parts[m:], axis, tiled=True)            # (devices * H,)
-    back = sent[a["back_from"]] * a["back_mask"].astype(sent.dtype)
-    return parts[:m] + jax.ops.segment_sum(back, a["back_to"], m)
+    return parts[:m] + _halo_back(a, parts[m:], m, axis, partition)
 
 
-def _block_sddmm(a, m, axis, u, v):
-    ext = jnp.concatenate([v, _halo(v, a["send"], a["halo_from"], axis)])
+def _block_sddmm(a, m, axis, partition, u, v):
+    ext = jnp.concatenate([v, _halo(a, v, axis, partition)])
     return (u[a["local_rows"]] * ext[a["local_cols"]] * a["mask"].astype(u.dtype))[None]
 
 
