@@ -41,11 +41,13 @@ from .primitives._sparse import (
     sparse_todense_p,
     sparse_transpose_p,
 )
+from .primitives._sparse_sharded import RowPartition, row_partition, sharded_matmul_p
 
 __all__ = [
     "SparseArray", "SparseType", "Pattern", "issparse", "csr_matrix", "coo_matrix",
     "from_scipy", "from_dense", "sample", "sddmm", "matmul", "transpose", "diagonal", "todense", "data",
-    "with_data", "astype", "jacobian_sparsity", "jacobian",
+    "with_data", "astype", "jacobian_sparsity", "jacobian", "RowPartition", "row_partition",
+    "sharded_matmul",
 ]
 
 
@@ -289,6 +291,37 @@ def matmul(A, x):
                          f" by {A.type.str_short()}.", op="sparse.matmul")
     y = sparse_matmul_p.bind(A, snp.transpose(x), pattern=A.type.pattern, transpose=True)
     return snp.transpose(y)
+
+
+def sharded_matmul(A, x, partition: RowPartition, *, transpose: bool = False):
+    """`A @ x` (or `A.T @ x`) for a square sparse `A` whose rows, and the
+    entries of `x`, are split over the devices of a mesh axis.
+
+    **Arguments:**
+
+    - `A`: a square sparse matrix of `n` rows.
+    - `x`: a vector of shape `(n,)`.
+    - `partition`: `sd.sparse.row_partition(A.type.pattern, devices, axis)`
+      (cached per pattern): device `d` of mesh axis `axis` holds rows and
+      entries `[d n/devices, (d + 1) n/devices)` of `A`, `x` and the result.
+    - `transpose`: multiply by `A.T` instead.
+
+    Under a mesh with `axis` (`jax.set_mesh`, or arguments sharded over one)
+    each device computes its own rows after an exchange of the halo values
+    only (`ppermute`s or one `all_gather`, as the partition's `exchange`
+    says), as does the transpose; without one it computes the same product
+    on one device. Differentiable
+    in `A`'s values and `x` (the adjoint's products are sharded too).
+
+    ```python
+    P = sd.sparse.row_partition(A.type.pattern, 4, "rows")
+    with jax.set_mesh(jax.make_mesh((4,), ("rows",))):
+        y = sd.function(lambda A, x: sd.sparse.sharded_matmul(A, x, P))(A, x)
+    ```
+    """
+    A, x = _promote(A, x)
+    return sharded_matmul_p.bind(A, x, pattern=A.type.pattern, partition=partition,
+                                 transpose=transpose)
 
 
 def transpose(A):

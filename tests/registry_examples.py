@@ -9,6 +9,7 @@ import numpy as np
 import sciad as sd
 import sciad.numpy as snp
 from sciad.primitives._elementwise import BINARY, UNARY
+from sciad.primitives._sparse_sharded import sharded_sddmm_p
 
 _R = np.random.default_rng(1234)
 
@@ -63,6 +64,16 @@ def _csr(d):
 
 
 _A33 = _R.standard_normal((3, 3)) + 3 * np.eye(3)
+
+
+_SQUARE_PATTERN = sd.graph.Pattern.from_coo(
+    (4, 4), np.array([0, 1, 2, 3, 3, 0, 0, 1, 2, 3]), np.array([2, 3, 0, 1, 0, 1, 0, 1, 2, 3]))[0]
+
+
+def _partition():
+    """`_square`'s rows over 2 devices of mesh axis "rows" (no mesh in the
+    sweeps: the product runs on one device)."""
+    return sd.sparse.row_partition(_SQUARE_PATTERN, 2, "rows")
 
 
 def _square(d):
@@ -268,6 +279,13 @@ EXAMPLES.update({
     "sparse.matmul": (lambda d, x, y: (_csr(d) @ x, y @ _csr(d)), (_f64(8), _f64(4, 3), _f64(5))),
     "sparse.sddmm": (lambda u, v: sd.sparse.data(sd.sparse.sddmm(u, v, _PATTERN)),
                      (_f64(5, 2), _f64(4, 2))),
+    "sparse.sharded_matmul": (lambda d, x: (
+        sd.sparse.sharded_matmul(_square(d), x, _partition()),
+        sd.sparse.sharded_matmul(_square(d), x, _partition(), transpose=True)),
+        (_f64(6), _f64(4))),
+    "sparse.sharded_sddmm": (lambda u, v: sd.sparse.data(
+        sharded_sddmm_p.bind(
+            u, v, pattern=_SQUARE_PATTERN, partition=_partition())), (_f64(4), _f64(4))),
     "sparse.transpose": (lambda d, y: _csr(d).T @ y, (_f64(8), _f64(5))),
     "sparse.todense": (lambda d: _csr(d).todense(), (_f64(8),)),
     "sparse.sample": (lambda m: sd.sparse.data(sd.sparse.sample(m, _PATTERN)), (_f64(5, 4),)),

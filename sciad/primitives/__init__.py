@@ -1,6 +1,7 @@
 """The built-in primitives, one module per family, each rule beside its op."""
 
 from . import _call, _contract, _creation, _elementwise, _fft, _indexing, _reduce, _shape, _sparse, _linalg
+from . import _sparse_sharded
 from . import _stop_gradient, _scan, _cond, _while, _take, _map, _eigen, _svd, _eigsh, _root, _ode, _ode_events
 from ._call import call as call, call_p as call_p
 from ._schedules import Binomial as Binomial, EveryK as EveryK, Segments as Segments
@@ -50,4 +51,5 @@ from ._shape import (
 )
 
 del _call, _contract, _creation, _elementwise, _fft, _indexing, _reduce, _shape, _sparse, _linalg
+del _sparse_sharded
 del _stop_gradient, _scan, _cond, _while, _take, _map, _eigen, _svd, _eigsh, _root, _ode, _ode_events
