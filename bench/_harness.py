@@ -170,6 +170,15 @@ class HostCall:
         return self
 
 
+class Blocking(HostCall):
+    """A function returning a tuple of arrays, timeable as one returning an
+    array: `block_until_ready` waits for every array it returned."""
+
+    def block_until_ready(self):
+        block(self.out)
+        return self
+
+
 # ---------------------------------------------------------------------------
 # reporting
 

@@ -168,7 +168,7 @@ def run(refine: int, repeats: int) -> list:
         row.update(_harness.medians({"skfem_fwd": _Varying(host["skfem_fwd"]),
                                      "skfem_vg": _Varying(host["skfem_vg"]),
                                      "sciad_fwd": _Varying(fwd),
-                                     "sciad_vg": _Varying(_Blocking(vg))}, (m,), repeats))
+                                     "sciad_vg": _Varying(_harness.Blocking(vg))}, (m,), repeats))
         rows.append(row)
     return rows
 
@@ -185,23 +185,6 @@ class _Varying:
     def __call__(self, m):
         self.k += 1
         return self.fn(m + 1e-9 * self.k)
-
-
-class _Blocking:
-    """A function returning a tuple of arrays, timeable as one returning an
-    array: its call returns this object, whose `block_until_ready` waits for
-    every array."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __call__(self, *args):
-        self.out = self.fn(*args)
-        return self
-
-    def block_until_ready(self):
-        _harness.block(self.out)
-        return self
 
 
 def _max_diff(data, pattern, K_ref) -> float:

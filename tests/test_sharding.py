@@ -177,15 +177,10 @@ def test_spmd_axis_name_is_a_param_of_the_batched_solves(rng):
                                      for a, b in zip(K, B)], rtol=1e-12)
 
 
-def test_a_shared_matrix_split_over_devices_is_factored_once(rng):
-    # many right-hand sides against one matrix, split over a mesh axis: one
-    # factorization, read by the maps of the solves and of the adjoint's
-    # transposed solves (each device solves its own columns)
-    import jax
-    from jax.sharding import AxisType
-
-    N = 8
-    k, B = rng.uniform(0.5, 1.5, N), rng.standard_normal((4, N))
+def _shared_matrix_total(N: int):
+    """`total(k, B, axis)`: the summed losses of one tridiagonal N x N matrix
+    (values from `k`) solved by SuperLU against the rows of `B`, the batch
+    split over mesh axis `axis` (or not, for None)."""
     i = np.arange(N)
     r = np.concatenate([i, i[1:], i[:-1]])
     c = np.concatenate([i, i[:-1], i[1:]])
@@ -197,6 +192,19 @@ def test_a_shared_matrix_split_over_devices_is_factored_once(rng):
 
     def total(k, B, axis):
         return snp.sum(sd.vmap(loss, in_axes=(None, 0), spmd_axis_name=axis)(k, B))
+    return total
+
+
+def test_a_shared_matrix_split_over_devices_is_factored_once(rng):
+    # many right-hand sides against one matrix, split over a mesh axis: one
+    # factorization, read by the maps of the solves and of the adjoint's
+    # transposed solves (each device solves its own columns)
+    import jax
+    from jax.sharding import AxisType
+
+    N = 8
+    k, B = rng.uniform(0.5, 1.5, N), rng.standard_normal((4, N))
+    total = _shared_matrix_total(N)
 
     g = sd.graph.passes.optimize(sd.trace(sd.grad(lambda k, B: total(k, B, "batch")), k, B))
     (factor,) = [n for n in g.nodes if n.primitive.name == "linalg.factor"]
@@ -220,17 +228,7 @@ def test_index_arrays_first_made_under_a_mesh_serve_a_program_without_one(rng):
 
     N = 13  # (a pattern no other test makes)
     k, B = rng.uniform(0.5, 1.5, N), rng.standard_normal((2, N))
-    i = np.arange(N)
-    r = np.concatenate([i, i[1:], i[:-1]])
-    c = np.concatenate([i, i[:-1], i[1:]])
-
-    def loss(k, b):
-        vals = snp.where(r == c, 4.0 + k[r], -0.5 - 0.1 * (k[r] + k[c]))
-        A = sd.sparse.coo_matrix((vals, (r, c)), shape=(N, N))
-        return snp.sum(sd.linalg.solve(A, b, solver="splu") ** 2)
-
-    def total(k, B, axis):
-        return snp.sum(sd.vmap(loss, in_axes=(None, 0), spmd_axis_name=axis)(k, B))
+    total = _shared_matrix_total(N)
 
     mesh = jax.make_mesh((1,), ("batch",), axis_types=(AxisType.Auto,))
     with jax.set_mesh(mesh):
