@@ -371,6 +371,28 @@ def test_fem_impedance_tomography_taylor_and_recovery(capsys):
     assert "Taylor test" in out and "done:" in out
 
 
+def test_fem_elasticity_identification_taylor_and_recovery(capsys):
+    ex = _load("fem_elasticity_identification")
+    res, rates, history, m_true = ex.main(nx=13, maxiter=30, plot=None)
+    assert np.all(np.abs(rates - 2.0) < 0.1), rates
+    assert history[-1] < 0.2 * history[0]
+    assert np.linalg.norm(res.x - m_true) < 0.7 * np.linalg.norm(m_true)
+    out = capsys.readouterr().out
+    assert "Taylor test" in out and "done:" in out
+
+
+def test_fem_elasticity_identification_one_factorization_for_both_load_cases():
+    import sciad as sd
+
+    ex = _load("fem_elasticity_identification")
+    problem = ex.Problem(9)
+    data, sigma = ex.make_data(problem)
+    f = lambda m: ex.objective(m, data, sigma, problem)  # noqa: E731
+    g = sd.graph.passes.optimize(sd.trace(sd.value_and_grad(f), np.zeros(problem.scalar.N)))
+    factors = [n for n in g.nodes if "factor" in n.primitive.name]
+    assert len(factors) == 1, g.pretty(source=False)
+
+
 def test_fem_impedance_tomography_one_factorization_for_all_patterns():
     import sciad as sd
 
