@@ -321,9 +321,10 @@ def _factor_one(pattern, d: np.ndarray):
     pattern alone) is computed by the first factorization of a pattern and
     kept (`_orders`): later ones factor the columns in that order as given
     (`permc_spec="NATURAL"`), as an optimization loop, a time loop or a
-    Newton iteration factors one pattern again and again. (The ordering took
-    a third to a half of SuperLU's time on 2-D meshes of 10^4 to 6.6 * 10^4
-    unknowns: 325 -> 245 ms at 128^2, 1,424 -> 783 ms at 256^2.)
+    Newton iteration factors one pattern again and again. (The ordering is
+    about a tenth of SuperLU's time on the flagship's 2-D matrices: 35 -> 32
+    ms at 128^2, 220 -> 202 ms at 256^2; a first measurement on a loaded
+    machine, with matrices built by `kron`, had shown a third to a half.)
 
     SuperLU runs in its symmetric mode (`SymmetricMode`: the elimination
     tree of `A^T + A`, the structure the ordering was made for; partial
