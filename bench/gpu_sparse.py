@@ -275,6 +275,12 @@ def _table(rows: list[dict], base: str | None = None) -> list[str]:
     return lines
 
 
+def _partial(what: str, rows) -> None:
+    """A finished case's rows on stderr, as JSON (kept where a later case runs
+    past a time limit and the report is never written)."""
+    print(f"{what}: done: {json.dumps(rows, default=str)}", file=sys.stderr, flush=True)
+
+
 def _ms(rows, name):
     return next((r["ms"] for r in rows if r.get("variant") == name and "ms" in r), None)
 
@@ -319,14 +325,15 @@ def main(argv=None) -> int:
             variants = {name: _flagship_fn(n, s, kw, cg) for name, (s, kw, cg) in
                         GPU_FLAGSHIP.items() if not (s == "spsolve" and n > 256)}
             out["flagship"][n] = _run(variants, (None,), args.repeats, args.budget)
-            print(f"flagship {n}: done", file=sys.stderr)
+            _partial(f"flagship {n}", out["flagship"][n])
         out["cpu"] = run_cpu_child(sizes, args.repeats, args.budget, args.dry)
-        print("cpu child: done", file=sys.stderr)
+        _partial("cpu child", out["cpu"])
         out["batch"] = _run(_peers(lambda s, **kw: batch_case(B, bn, s, **kw)), (None,),
                             args.repeats, args.budget)
-        print("batch: done", file=sys.stderr)
+        _partial("batch", out["batch"])
         out["3d"] = _run(_peers(lambda s, **kw: case_3d(m3, s, **kw)), (None,), args.repeats,
                          args.budget)
+        _partial("3d", out["3d"])
         out["live_factors_after"] = (standin.live() if args.dry
                                      else _cudss_ffi.KERNELS.live_factors())
 

@@ -86,40 +86,43 @@ def stiffness(problem: Problem, m):
                                 shape=(N, N), tags={"spd"})
 
 
-def forward(problem: Problem, m):
-    """The solutions for every source: one matrix, four right-hand sides."""
-    return sd.linalg.solve(stiffness(problem, m), problem.sources)
+def forward(problem: Problem, m, solver: str = "auto"):
+    """The solutions for every source: one matrix, four right-hand sides
+    (`solver`: any of `sd.linalg.solve`'s, e.g. "cudss" on an NVIDIA GPU)."""
+    return sd.linalg.solve(stiffness(problem, m), problem.sources, solver=solver)
 
 
-def objective(m, data, sigma, problem: Problem):
+def objective(m, data, sigma, problem: Problem, solver: str = "auto"):
     """Mean squared misfit in units of the noise, plus `ALPHA/2 |grad m|^2`
     (differences between neighbouring nodes)."""
     n = problem.n
-    r = (forward(problem, m) - data) / sigma
+    r = (forward(problem, m, solver) - data) / sigma
     mm = snp.reshape(m, (n, n))
     gx, gy = snp.diff(mm, axis=1), snp.diff(mm, axis=0)
     return 0.5 * snp.mean(r * r) + 0.5 * ALPHA * (snp.sum(gx * gx) + snp.sum(gy * gy))
 
 
-def make_data(problem: Problem, seed: int = 0) -> tuple[np.ndarray, float]:
+def make_data(problem: Problem, seed: int = 0,
+              solver: str = "auto") -> tuple[np.ndarray, float]:
     """The solutions for the true field plus Gaussian noise of 1% of their
     largest value, and that noise level."""
-    u = np.asarray(sd.function(lambda m: forward(problem, m))(problem.true_field()))
+    u = np.asarray(sd.function(lambda m: forward(problem, m, solver))(problem.true_field()))
     sigma = NOISE * float(np.max(np.abs(u)))
     rng = np.random.default_rng(seed)
     return u + sigma * rng.standard_normal(u.shape), sigma
 
 
-def main(n: int = 64, maxiter: int = 200, plot: str | None = None, verbose: bool = True):
+def main(n: int = 64, maxiter: int = 200, plot: str | None = None, verbose: bool = True,
+         solver: str = "auto"):
     problem = Problem(n)
-    data, sigma = make_data(problem)
+    data, sigma = make_data(problem, solver=solver)
     m_true = problem.true_field()
     m0 = np.zeros(n * n)
     say = print if verbose else (lambda *a, **k: None)
     say(f"inverse Poisson: {n} x {n} grid ({n * n} unknowns), {data.shape[1]} sources, "
-        f"{problem.rows.size} stored entries")
+        f"{problem.rows.size} stored entries, solver {solver!r}")
 
-    f = lambda m: objective(m, data, sigma, problem)  # noqa: E731
+    f = lambda m: objective(m, data, sigma, problem, solver)  # noqa: E731
     rates = sd.testing.taylor_test(f, m0 + 0.1, np.random.default_rng(1).standard_normal(n * n))
     say(f"Taylor test (remainder rates, want ~2): {np.array2string(rates, precision=3)}")
 
@@ -179,5 +182,7 @@ if __name__ == "__main__":
     p.add_argument("--maxiter", type=int, default=200, help="L-BFGS iterations (default 200)")
     p.add_argument("--plot", default="examples/inverse_poisson.png",
                    help="where to write the figure ('' for none)")
+    p.add_argument("--solver", default="auto",
+                   help="the sparse solver (default auto; cudss on an NVIDIA GPU)")
     args = p.parse_args()
-    main(args.n, args.maxiter, args.plot or None)
+    main(args.n, args.maxiter, args.plot or None, solver=args.solver)

@@ -57,7 +57,12 @@ def gpu_backend() -> bool:
     try:
         if jax.default_backend() != "gpu":
             return False
-        return "cuda" in str(jax.devices()[0].client.platform_version).lower()
+        device = jax.devices()[0]
+        client = getattr(device, "client", None)  # (a private attribute in some versions)
+        version = getattr(client, "platform_version", None)
+        if version is None:  # (then the device's own name: "NVIDIA H100 80GB HBM3")
+            return "nvidia" in str(getattr(device, "device_kind", "")).lower()
+        return "cuda" in str(version).lower()
     except RuntimeError:
         return False
 
