@@ -275,6 +275,22 @@ def _table(rows: list[dict], base: str | None = None) -> list[str]:
     return lines
 
 
+def _without_batch(fn):
+    """`fn` with cuDSS's uniform-batch mode off for its factorizations."""
+    import jax
+
+    from sciad.solvers import _cudss_ffi
+
+    def run(*a):
+        _cudss_ffi.KERNELS.set_batch(False)
+        try:
+            return jax.block_until_ready(fn(*a))
+        finally:
+            _cudss_ffi.KERNELS.set_batch(True)
+
+    return run
+
+
 def _partial(what: str, rows) -> None:
     """A finished case's rows on stderr, as JSON (kept where a later case runs
     past a time limit and the report is never written)."""
@@ -328,14 +344,21 @@ def main(argv=None) -> int:
             _partial(f"flagship {n}", out["flagship"][n])
         out["cpu"] = run_cpu_child(sizes, args.repeats, args.budget, args.dry)
         _partial("cpu child", out["cpu"])
-        out["batch"] = _run(_peers(lambda s, **kw: batch_case(B, bn, s, **kw)), (None,),
-                            args.repeats, args.budget)
+        peers = _peers(lambda s, **kw: batch_case(B, bn, s, **kw))
+        if not args.dry:  # (the same call with one cuDSS data object per example)
+            peers = {"cudss": peers["cudss"],
+                     "cudss, no uniform batch": (_without_batch(peers["cudss"][0]), False),
+                     **{k: v for k, v in peers.items() if k != "cudss"}}
+        out["batch"] = _run(peers, (None,), args.repeats, args.budget)
         _partial("batch", out["batch"])
         out["3d"] = _run(_peers(lambda s, **kw: case_3d(m3, s, **kw)), (None,), args.repeats,
                          args.budget)
         _partial("3d", out["3d"])
         out["live_factors_after"] = (standin.live() if args.dry
                                      else _cudss_ffi.KERNELS.live_factors())
+        if not args.dry:
+            out["batch_mode"] = _cudss_ffi.KERNELS.batch_status()
+            out["batch_fallbacks"] = _cudss_ffi.KERNELS.batch_fallbacks()
 
     lines = _harness.report_head("Sparse direct solves on the GPU: cudss and its peers",
                                  _harness.command_line("bench/gpu_sparse.py", argv),
@@ -370,6 +393,10 @@ def main(argv=None) -> int:
     for what, got, want in targets:
         lines.append(f"| {what} | {got:.2f}x | {_harness.yes_no(got >= want)} |")
     lines += ["", f"cuDSS factors live after the run: {out['live_factors_after']}."]
+    if "batch_mode" in out:
+        on, why = out["batch_mode"]
+        lines += [f"cuDSS uniform-batch mode at the end: {why}; batch solves run one example "
+                  f"at a time: {out['batch_fallbacks']}."]
     text = "\n".join(lines) + "\n"
     path = (os.path.join(os.environ.get("TMPDIR", "/tmp"), "gpu_sparse_dry.md") if args.dry
             else os.path.join(HERE, "results", f"gpu_sparse_{device}.md"))

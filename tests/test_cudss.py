@@ -419,3 +419,36 @@ def test_gpu_spd_and_batch_values(rng):
                                    np.linalg.solve(M.toarray() * (1 + 0.1 * j), bs[j]),
                                    rtol=1e-9)
     assert _cudss_ffi.KERNELS.live_factors() == 0
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("tags,nrhs", [((), None), ((), 3), (("spd",), None)])
+def test_gpu_vmapped_gradient_is_one_uniform_batch(rng, tags, nrhs):
+    """A vmapped value and gradient (LU and its transposed solve, or
+    Cholesky; one or three right-hand sides) runs in cuDSS's uniform-batch
+    mode: right against dense solves per example, no example solved apart
+    from its batch, no factor left."""
+    k = _cudss_ffi.KERNELS
+    M = _spd_csr(rng, 40) if tags else _general_csr(rng, 40)
+    rows = np.repeat(np.arange(40), np.diff(M.indptr))
+    L = 6
+    ds = np.stack([M.data * (1 + 0.05 * j) for j in range(L)])
+    bs = rng.standard_normal((L, 40) if nrhs is None else (L, 40, nrhs))
+
+    def loss(d, b):
+        return snp.sum(sd.linalg.solve(_csr(M, tags)(d), b, solver="cudss") ** 2)
+
+    fallbacks = k.batch_fallbacks()
+    v, g = sd.function(sd.vmap(sd.value_and_grad(loss)))(ds, bs)
+    for j in range(L):
+        A = M.toarray() * (1 + 0.05 * j)
+        x = np.linalg.solve(A, bs[j])
+        lam = np.linalg.solve(A.T, 2 * x)
+        want = -lam[rows] * x[M.indices] if nrhs is None else \
+            -np.sum(lam[rows] * x[M.indices], axis=-1)
+        np.testing.assert_allclose(float(v[j]), np.sum(x ** 2), rtol=1e-10)
+        np.testing.assert_allclose(np.asarray(g[j]), want, rtol=1e-8, atol=1e-12)
+    assert k.batch_status() == (True, "on")
+    assert k.batch_fallbacks() == fallbacks
+    assert k.live_factors() == 0

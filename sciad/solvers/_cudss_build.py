@@ -209,5 +209,9 @@ def library() -> ctypes.CDLL:
             lib.sciad_cudss_pooled.restype = ctypes.c_int64
             lib.sciad_cudss_pooled.argtypes = [ctypes.c_uint64]
             lib.sciad_cudss_version.restype = ctypes.c_int
+            lib.sciad_cudss_batch_fallbacks.restype = ctypes.c_int64
+            lib.sciad_cudss_batch_status.restype = ctypes.c_int
+            lib.sciad_cudss_batch_status.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+            lib.sciad_cudss_set_batch.argtypes = [ctypes.c_int]
             _lib = lib
     return _lib

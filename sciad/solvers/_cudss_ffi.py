@@ -21,9 +21,12 @@ CUDA targets), behind the interface of `_klu_ffi.HandleKernels`.
   (its values gathered in the program onto the transposed pattern).
 - Values are solved in float64 / complex128 (float32 cast up and back), as
   KLU's; no mixed-precision mode yet.
-- Batches (`jax.vmap`): one call for the batch, one factor per example on
-  the pattern's one analysis (pooled data objects), not cuDSS's uniform
-  batch mode.
+- Batches (`jax.vmap`): one call for the batch, in cuDSS's uniform-batch
+  mode (`CUDSS_CONFIG_UBATCH_SIZE`): one analysis per pattern and batch
+  size, one factorization and one solve call for the batch's matrices.
+  `SCIAD_CUDSS_BATCH=0` factors each example in a data object of its own
+  instead (pooled, each analysed once); so does the process after cuDSS
+  refuses a batch factorization (`KERNELS.batch_status()` says why).
 
 The handlers read handles back from the device (a copy of 8 bytes per
 matrix) and synchronize their stream before returning; see the C++ source.
@@ -31,6 +34,7 @@ matrix) and synchronize their stream before returning; see the C++ source.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 
@@ -65,6 +69,19 @@ def gpu_backend() -> bool:
         return "cuda" in str(version).lower()
     except RuntimeError:
         return False
+
+
+def _barrier() -> None:
+    """Waits until every program dispatched so far on the GPUs has run:
+    a program on each device, after them in its queue, and its result."""
+    for device in jax.local_devices():
+        if device.platform == "gpu":
+            jax.block_until_ready(_tick(jax.device_put(np.int32(0), device)))
+
+
+@jax.jit
+def _tick(x):
+    return x + 1
 
 
 class CudssKernels(HandleKernels):
@@ -151,8 +168,29 @@ class CudssKernels(HandleKernels):
         return call(h)
 
     def live_factors(self) -> int:
-        """Numeric factors made and not yet freed, in this process."""
-        return int(_cudss_build.library().sciad_cudss_live_factors())
+        """Numeric factors made and not yet freed, in this process, once the
+        programs already dispatched have run (JAX runs them asynchronously:
+        a program's outputs can be ready before its last free has run)."""
+        lib = _cudss_build.library()
+        _barrier()
+        return int(lib.sciad_cudss_live_factors())
+
+    def batch_status(self) -> tuple[bool, str]:
+        """(whether uniform-batch mode is on, why not where it is off)."""
+        why = ctypes.create_string_buffer(256)
+        on = bool(_cudss_build.library().sciad_cudss_batch_status(why, len(why)))
+        return on, why.value.decode()
+
+    def set_batch(self, on: bool) -> None:
+        """Turns uniform-batch mode on or off for the factorizations that run
+        from now on (programs already dispatched may still be running)."""
+        _cudss_build.library().sciad_cudss_set_batch(1 if on else 0)
+
+    def batch_fallbacks(self) -> int:
+        """How many batch solves ran one example at a time (each factored
+        again): members read apart from their batch, or a batch solve cuDSS
+        refused."""
+        return int(_cudss_build.library().sciad_cudss_batch_fallbacks())
 
     live = live_factors
 

@@ -18,11 +18,23 @@
 //   returned to the pool keeps that analysis, so each pattern is analysed as
 //   many times as factors of it were ever live at once (one for a single
 //   solve or a chain of them, L for a batch of L), never again afterwards.
-// - A numeric factor is a Slot taken from the pool: its address is the
-//   uint64 handle `factor` writes; `free` returns it to the pool. `solve`
+// - A numeric factor is a Member of a Slot taken from the pool: the
+//   member's address is the uint64 handle `factor` writes; `free` counts
+//   the slot's members down and returns it to the pool at zero. `solve`
 //   reads handles back from the device (one small copy and a stream sync).
 //   `factor_solve` factors, solves and returns the slot in one call (a
 //   handle of 0 in Python: no factor outlives the call).
+// - Batches: a call for L > 1 matrices (sd.vmap folds its batch into the
+//   kernels' axis) takes one slot in cuDSS's uniform-batch mode
+//   (CUDSS_CONFIG_UBATCH_SIZE = L, its own config and scratch): one
+//   analysis, one factorization and one solve call for the L matrices,
+//   their values and right-hand sides batch-major as XLA lays them out.
+//   A solve that reads a batch's members in another order, or that cuDSS
+//   refuses in batch mode, solves each example by a factorization of its
+//   own in the call (counted by `sciad_cudss_batch_fallbacks`); a batch
+//   factorization that cuDSS refuses switches batch mode off for the
+//   process (`sciad_cudss_batch_status` says why) and factors one slot per
+//   matrix, as with SCIAD_CUDSS_BATCH=0.
 //
 // Transposed solves use the same factor: cuDSS's CUDSS_CONFIG_SOLVE_MODE =
 // CUDSS_SOLVE_MODE_TRANSPOSE (plain transpose, never conjugated); a factor of
@@ -47,6 +59,7 @@
 #include <cudss.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -64,21 +77,39 @@ namespace {
 std::mutex g_mu;                       // every cuDSS call holds it
 std::map<int, cudssHandle_t> g_handles;  // one library handle per device
 std::atomic<int64_t> g_live{0};        // numeric factors made and not freed
+std::atomic<int64_t> g_fallbacks{0};   // batch solves done one example at a time
+bool g_batch_on = true;                // uniform-batch mode (under g_mu)
+bool g_batch_read = false;             // SCIAD_CUDSS_BATCH read (under g_mu)
+bool g_batch_refused = false;          // cuDSS refused a batch factorization (under g_mu)
+std::string g_batch_status = "on";     // why it is off, where it is
+
+struct Slot;
+struct Member {  // one factor: what a handle points to
+  Slot* slot = nullptr;
+  int64_t index = 0;
+};
 
 struct Slot {
   cudssData_t data = nullptr;
   cudssMatrix_t a = nullptr;  // the CSR wrapper (values pointer set per call)
+  cudssConfig_t config = nullptr;  // the pattern's (batch 1) or its own (uniform batch)
+  void* scratch = nullptr;    // batch > 1: the dummy x/b of 2 * batch * n values
   bool analyzed = false;
   int device = 0;
   cudaDataType_t vtype = CUDA_R_64F;
   struct Pattern* pattern = nullptr;
+  int64_t batch = 1;
+  std::vector<Member> members;  // `batch` of them (never resized: handles point here)
+  int64_t live = 0;             // members not yet freed
 };
+
+using PoolKey = std::pair<int, int64_t>;  // (value type, batch)
 
 struct PerDevice {
   int32_t* offsets = nullptr;  // device copies of the structure
   int32_t* cols = nullptr;
   void* scratch = nullptr;     // n complex128 values: the dummy x/b of a factorization
-  std::map<int, std::vector<Slot*>> idle;  // by value type
+  std::map<PoolKey, std::vector<Slot*>> idle;
   std::vector<Slot*> all;
 };
 
@@ -162,27 +193,68 @@ ffi::Error dense(cudssMatrix_t* m, int64_t n, int64_t k, void* values, cudaDataT
   return ffi::Error::Success();
 }
 
-// A slot of `p` for values of type `t`, factored with the values at `values`
-// (analysed first if new). On a failed factorization the slot goes back to
-// the pool and the error names the failure.
+// Whether uniform-batch mode is on (SCIAD_CUDSS_BATCH=0 turns it off; a
+// batch factorization cuDSS refuses turns it off for the process). Under g_mu.
+bool batch_on() {
+  if (!g_batch_read) {
+    g_batch_read = true;
+    const char* env = std::getenv("SCIAD_CUDSS_BATCH");
+    if (env != nullptr && std::string(env) == "0") {
+      g_batch_on = false;
+      g_batch_status = "off: SCIAD_CUDSS_BATCH=0";
+    }
+  }
+  return g_batch_on;
+}
+
+// A new slot of `p` for `batch` matrices of type `t` (values at `values`).
+ffi::Error new_slot(cudssHandle_t h, Pattern* p, int device, PerDevice* d, cudaDataType_t t,
+                    int64_t batch, void* values, Slot** out) {
+  Slot* s = new Slot();
+  s->device = device;
+  s->vtype = t;
+  s->pattern = p;
+  s->batch = batch;
+  s->members.resize(batch);
+  for (int64_t i = 0; i < batch; ++i) s->members[i] = Member{s, i};
+  d->all.push_back(s);  // (kept even if what follows fails: freed with nothing)
+  CUDSS_TRY(cudssDataCreate(h, &s->data), "cudssDataCreate");
+  if (batch > 1) {
+    CUDSS_TRY(cudssConfigCreate(&s->config), "cudssConfigCreate");
+    int ub = static_cast<int>(batch);
+    CUDSS_TRY(cudssConfigSet(s->config, CUDSS_CONFIG_UBATCH_SIZE, &ub, sizeof(ub)),
+              "cudssConfigSet(UBATCH_SIZE)");
+    size_t bytes = 2 * static_cast<size_t>(batch) * (p->n > 0 ? p->n : 1) * 16;
+    CUDA_TRY(cudaMalloc(&s->scratch, bytes), "cudaMalloc");
+    CUDA_TRY(cudaMemset(s->scratch, 0, bytes), "cudaMemset");
+  } else {
+    s->config = p->config;
+    s->scratch = d->scratch;
+  }
+  CUDSS_TRY(cudssMatrixCreateCsr(&s->a, p->n, p->n, p->nnz, d->offsets, nullptr, d->cols,
+                                 values, CUDA_R_32I, CUDA_R_32I, t, p->mtype, CUDSS_MVIEW_FULL,
+                                 CUDSS_BASE_ZERO),
+            "cudssMatrixCreateCsr");
+  *out = s;
+  return ffi::Error::Success();
+}
+
+// A slot of `p` for `batch` matrices of type `t`, factored with the values at
+// `values` (`batch` * nnz, batch-major; analysed first if new). On a failed
+// factorization the slot goes back to the pool and the error names the
+// failure; `*refused` (where given) is set where cuDSS returned a status
+// other than success (not a zero pivot): batch mode may be what it refused.
 ffi::Error take_and_factor(cudssHandle_t h, Pattern* p, int device, PerDevice* d,
-                           cudaDataType_t t, void* values, Slot** out) {
-  auto& idle = d->idle[static_cast<int>(t)];
+                           cudaDataType_t t, void* values, int64_t batch, Slot** out,
+                           bool* refused = nullptr) {
+  auto& idle = d->idle[PoolKey(static_cast<int>(t), batch)];
   Slot* s = nullptr;
   if (!idle.empty()) {
     s = idle.back();
     idle.pop_back();
-  } else {
-    s = new Slot();
-    s->device = device;
-    s->vtype = t;
-    s->pattern = p;
-    d->all.push_back(s);
-    CUDSS_TRY(cudssDataCreate(h, &s->data), "cudssDataCreate");
-    CUDSS_TRY(cudssMatrixCreateCsr(&s->a, p->n, p->n, p->nnz, d->offsets, nullptr, d->cols,
-                                   values, CUDA_R_32I, CUDA_R_32I, t, p->mtype, CUDSS_MVIEW_FULL,
-                                   CUDSS_BASE_ZERO),
-              "cudssMatrixCreateCsr");
+  } else if (auto e = new_slot(h, p, device, d, t, batch, values, &s); e.failure()) {
+    if (refused != nullptr) *refused = true;
+    return e;
   }
   auto give_back = [&]() { idle.push_back(s); };
   if (cudssMatrixSetValues(s->a, values) != CUDSS_STATUS_SUCCESS) {
@@ -190,8 +262,8 @@ ffi::Error take_and_factor(cudssHandle_t h, Pattern* p, int device, PerDevice* d
     return ffi::Error::Internal("sciad cudss: cudssMatrixSetValues failed");
   }
   cudssMatrix_t x = nullptr, b = nullptr;
-  if (auto e = dense(&x, p->n, 1, d->scratch, t); e.failure()) { give_back(); return e; }
-  if (auto e = dense(&b, p->n, 1, static_cast<char*>(d->scratch) + p->n * 16, t);
+  if (auto e = dense(&x, p->n, 1, s->scratch, t); e.failure()) { give_back(); return e; }
+  if (auto e = dense(&b, p->n, 1, static_cast<char*>(s->scratch) + batch * p->n * 16, t);
       e.failure()) {
     cudssMatrixDestroy(x);
     give_back();
@@ -199,23 +271,35 @@ ffi::Error take_and_factor(cudssHandle_t h, Pattern* p, int device, PerDevice* d
   }
   cudssStatus_t st = CUDSS_STATUS_SUCCESS;
   if (!s->analyzed) {
-    st = cudssExecute(h, CUDSS_PHASE_ANALYSIS, p->config, s->data, s->a, x, b);
+    st = cudssExecute(h, CUDSS_PHASE_ANALYSIS, s->config, s->data, s->a, x, b);
     if (st == CUDSS_STATUS_SUCCESS) s->analyzed = true;
   }
   if (st == CUDSS_STATUS_SUCCESS)
-    st = cudssExecute(h, CUDSS_PHASE_FACTORIZATION, p->config, s->data, s->a, x, b);
+    st = cudssExecute(h, CUDSS_PHASE_FACTORIZATION, s->config, s->data, s->a, x, b);
   cudssMatrixDestroy(x);
   cudssMatrixDestroy(b);
-  int info = 0;
+  // CUDSS_DATA_INFO: one int, or (uniform batch) one per matrix
+  std::vector<int> infos(batch, 0);
   size_t written = 0;
-  if (st == CUDSS_STATUS_SUCCESS)
-    st = cudssDataGet(h, s->data, CUDSS_DATA_INFO, &info, sizeof(info), &written);
+  if (st == CUDSS_STATUS_SUCCESS) {
+    cudssStatus_t got = cudssDataGet(h, s->data, CUDSS_DATA_INFO, infos.data(),
+                                     infos.size() * sizeof(int), &written);
+    if (got != CUDSS_STATUS_SUCCESS && batch > 1)  // (a single int only)
+      got = cudssDataGet(h, s->data, CUDSS_DATA_INFO, infos.data(), sizeof(int), &written);
+    st = got;
+  }
+  int info = 0;
+  for (int v : infos)
+    if (v != 0) { info = v; break; }
   if (st != CUDSS_STATUS_SUCCESS || info != 0) {
     if (info != 0) {  // (reset the indicator for the slot's next factorization)
-      int zero = 0;
-      cudssDataSet(h, s->data, CUDSS_DATA_INFO, &zero, sizeof(zero));
+      std::vector<int> zeros(batch, 0);
+      if (cudssDataSet(h, s->data, CUDSS_DATA_INFO, zeros.data(), zeros.size() * sizeof(int))
+          != CUDSS_STATUS_SUCCESS)
+        cudssDataSet(h, s->data, CUDSS_DATA_INFO, zeros.data(), sizeof(int));
     }
     give_back();
+    if (st != CUDSS_STATUS_SUCCESS && refused != nullptr) *refused = true;
     if (info != 0 && p->mtype == CUDSS_MTYPE_SPD)
       return ffi::Error::Internal("cudss Cholesky failed: CUDSS_DATA_INFO = " +
                                   std::to_string(info) + " (not positive definite)");
@@ -224,24 +308,34 @@ ffi::Error take_and_factor(cudssHandle_t h, Pattern* p, int device, PerDevice* d
         (info != 0 ? "CUDSS_DATA_INFO = " + std::to_string(info) + " (a zero pivot)"
                    : "cudssStatus " + std::to_string(static_cast<int>(st))));
   }
-  g_live.fetch_add(1);
+  s->live = batch;
+  g_live.fetch_add(batch);
   *out = s;
   return ffi::Error::Success();
 }
 
-void release(Slot* s) {  // (under g_mu)
-  Pattern* p = s->pattern;
-  p->devices[s->device].idle[static_cast<int>(s->vtype)].push_back(s);
+void release(Member* m) {  // one factor freed (under g_mu)
+  Slot* s = m->slot;
   g_live.fetch_sub(1);
+  if (--s->live == 0)
+    s->pattern->devices[s->device].idle[PoolKey(static_cast<int>(s->vtype), s->batch)]
+        .push_back(s);
 }
 
+void release_all(Slot* s) {  // every factor of a slot (under g_mu)
+  for (auto& m : s->members) release(&m);
+}
+
+// Solves with every factor of slot `s` (values, b and x batch-major for a
+// uniform batch). `*refused` (where given) is set where cuDSS's solve call
+// itself failed.
 ffi::Error solve_one(cudssHandle_t h, Pattern* p, Slot* s, void* values, void* b, void* x,
-                     int64_t k, bool transpose) {
+                     int64_t k, bool transpose, bool* refused = nullptr) {
   CUDSS_TRY(cudssMatrixSetValues(s->a, values), "cudssMatrixSetValues");
   // (a factor of a symmetric or SPD matrix, real here, is its transpose's too)
   bool symmetric = p->mtype == CUDSS_MTYPE_SYMMETRIC || p->mtype == CUDSS_MTYPE_SPD;
   int mode = transpose && !symmetric ? CUDSS_SOLVE_MODE_TRANSPOSE : CUDSS_SOLVE_MODE_NORMAL;
-  CUDSS_TRY(cudssConfigSet(p->config, CUDSS_CONFIG_SOLVE_MODE, &mode, sizeof(mode)),
+  CUDSS_TRY(cudssConfigSet(s->config, CUDSS_CONFIG_SOLVE_MODE, &mode, sizeof(mode)),
             "cudssConfigSet(SOLVE_MODE)");
   cudssMatrix_t bm = nullptr, xm = nullptr;
   if (auto e = dense(&bm, p->n, k, b, s->vtype); e.failure()) return e;
@@ -249,11 +343,22 @@ ffi::Error solve_one(cudssHandle_t h, Pattern* p, Slot* s, void* values, void* b
     cudssMatrixDestroy(bm);
     return e;
   }
-  cudssStatus_t st = cudssExecute(h, CUDSS_PHASE_SOLVE, p->config, s->data, s->a, xm, bm);
+  cudssStatus_t st = cudssExecute(h, CUDSS_PHASE_SOLVE, s->config, s->data, s->a, xm, bm);
   cudssMatrixDestroy(bm);
   cudssMatrixDestroy(xm);
+  if (st != CUDSS_STATUS_SUCCESS && refused != nullptr) *refused = true;
   CUDSS_TRY(st, "cudssExecute(SOLVE)");
   return ffi::Error::Success();
+}
+
+// Example i alone: a factorization of its own, a solve, the slot back.
+ffi::Error solve_alone(cudssHandle_t h, Pattern* p, int device, PerDevice* d, cudaDataType_t t,
+                       void* values, void* b, void* x, int64_t k, bool transpose) {
+  Slot* s = nullptr;
+  if (auto e = take_and_factor(h, p, device, d, t, values, 1, &s); e.failure()) return e;
+  auto e = solve_one(h, p, s, values, b, x, k, transpose);
+  release_all(s);
+  return e;
 }
 
 struct Call {  // what every handler sets up first (under g_mu)
@@ -282,6 +387,37 @@ ffi::Error read_handles(cudaStream_t stream, ffi::AnyBuffer h, std::vector<uint6
 
 // --- the handlers ---
 
+// L matrices' factors: one uniform-batch slot (L > 1, batch mode on), else
+// one slot each; out[i] = the handle (a Member's address) of matrix i.
+ffi::Error factor_all(Call& c, cudaDataType_t t, size_t w, void* ax, int64_t L,
+                      std::vector<uint64_t>* out) {
+  out->assign(L, 0);
+  if (L > 1 && batch_on()) {
+    Slot* s = nullptr;
+    bool refused = false;
+    auto e = take_and_factor(c.h, c.p, c.device, c.d, t, ax, L, &s, &refused);
+    if (!e.failure()) {
+      for (int64_t i = 0; i < L; ++i) (*out)[i] = reinterpret_cast<uint64_t>(&s->members[i]);
+      return e;
+    }
+    if (!refused) return e;  // (a zero pivot: the batch's answer)
+    g_batch_on = false;  // (cuDSS refused batch mode: one slot per matrix from now on)
+    g_batch_refused = true;
+    g_batch_status = "off: a uniform-batch factorization of " + std::to_string(L) +
+                     " matrices failed";
+  }
+  for (int64_t i = 0; i < L; ++i) {
+    Slot* s = nullptr;
+    void* v = static_cast<char*>(ax) + i * c.p->nnz * w;
+    if (auto e = take_and_factor(c.h, c.p, c.device, c.d, t, v, 1, &s); e.failure()) {
+      for (int64_t j = 0; j < i; ++j) release(reinterpret_cast<Member*>((*out)[j]));
+      return e;
+    }
+    (*out)[i] = reinterpret_cast<uint64_t>(&s->members[0]);
+  }
+  return ffi::Error::Success();
+}
+
 // ax: (L, nnz) values -> handles (L,) uint64
 ffi::Error Factor(cudaStream_t stream, uint64_t pattern, ffi::AnyBuffer ax,
                   ffi::Result<ffi::AnyBuffer> handles) {
@@ -292,16 +428,8 @@ ffi::Error Factor(cudaStream_t stream, uint64_t pattern, ffi::AnyBuffer ax,
   size_t w;
   if (auto e = value_type(ax.element_type(), &t, &w); e.failure()) return e;
   int64_t L = handles->element_count();
-  std::vector<uint64_t> out(L, 0);
-  for (int64_t i = 0; i < L; ++i) {
-    Slot* s = nullptr;
-    void* v = static_cast<char*>(ax.untyped_data()) + i * c.p->nnz * w;
-    if (auto e = take_and_factor(c.h, c.p, c.device, c.d, t, v, &s); e.failure()) {
-      for (int64_t j = 0; j < i; ++j) release(reinterpret_cast<Slot*>(out[j]));
-      return e;
-    }
-    out[i] = reinterpret_cast<uint64_t>(s);
-  }
+  std::vector<uint64_t> out;
+  if (auto e = factor_all(c, t, w, ax.untyped_data(), L, &out); e.failure()) return e;
   CUDA_TRY(cudaMemcpyAsync(handles->untyped_data(), out.data(), L * sizeof(uint64_t),
                            cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync(handles)");
   CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
@@ -322,24 +450,55 @@ ffi::Error Solve(cudaStream_t stream, uint64_t pattern, bool transpose, ffi::Any
   int64_t L = static_cast<int64_t>(hs.size());
   int64_t per = L > 0 ? b.element_count() / L : 0;  // k * n
   int64_t k = c.p->n > 0 ? per / c.p->n : 0;
+  std::vector<Member*> ms(L);
   for (int64_t i = 0; i < L; ++i) {
-    Slot* s = reinterpret_cast<Slot*>(hs[i]);
+    Member* m = reinterpret_cast<Member*>(hs[i]);
     // (the factor's own pattern object: the same structure, maybe another
     // matrix type, as a factor made for `assume="spd"` read by a plain solve)
-    if (s == nullptr || s->pattern->n != c.p->n || s->pattern->nnz != c.p->nnz ||
-        s->vtype != t)
+    if (m == nullptr || m->slot == nullptr || m->slot->pattern->n != c.p->n ||
+        m->slot->pattern->nnz != c.p->nnz || m->slot->vtype != t)
       return ffi::Error::InvalidArgument("sciad cudss: a solve read a handle that is not a "
                                          "live factor of this pattern and type");
-    void* v = static_cast<char*>(ax.untyped_data()) + i * c.p->nnz * w;
-    char* bi = static_cast<char*>(b.untyped_data()) + i * per * w;
-    char* xi = static_cast<char*>(x->untyped_data()) + i * per * w;
-    if (auto e = solve_one(c.h, s->pattern, s, v, bi, xi, k, transpose); e.failure()) return e;
+    ms[i] = m;
+  }
+  char* axp = static_cast<char*>(ax.untyped_data());
+  char* bp = static_cast<char*>(b.untyped_data());
+  char* xp = static_cast<char*>(x->untyped_data());
+  // a whole uniform batch, in order: one solve call
+  bool whole = L > 1 && ms[0]->slot->batch == L;
+  for (int64_t i = 0; whole && i < L; ++i)
+    whole = ms[i]->slot == ms[0]->slot && ms[i]->index == i;
+  if (whole) {
+    Slot* s = ms[0]->slot;
+    bool refused = false;
+    auto e = solve_one(c.h, s->pattern, s, axp, bp, xp, k, transpose, &refused);
+    if (!e.failure()) {
+      CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      return e;
+    }
+    if (!refused) return e;
+    g_fallbacks.fetch_add(1);  // (cuDSS refused the batch solve: one by one below)
+  }
+  for (int64_t i = 0; i < L; ++i) {
+    Slot* s = ms[i]->slot;
+    void* v = axp + i * c.p->nnz * w;
+    char* bi = bp + i * per * w;
+    char* xi = xp + i * per * w;
+    if (s->batch == 1) {
+      if (auto e = solve_one(c.h, s->pattern, s, v, bi, xi, k, transpose); e.failure())
+        return e;
+    } else {  // (a member read apart from its batch: factored again, alone)
+      if (!whole) g_fallbacks.fetch_add(1);
+      if (auto e = solve_alone(c.h, s->pattern, c.device, c.d, t, v, bi, xi, k, transpose);
+          e.failure())
+        return e;
+    }
   }
   CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   return ffi::Error::Success();
 }
 
-// ax: (L, nnz), b: (L, k, n) -> x: (L, k, n): factor, solve, give the factor back
+// ax: (L, nnz), b: (L, k, n) -> x: (L, k, n): factor, solve, give the factors back
 ffi::Error FactorSolve(cudaStream_t stream, uint64_t pattern, bool transpose, ffi::AnyBuffer ax,
                        ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> x) {
   std::lock_guard<std::mutex> lock(g_mu);
@@ -351,26 +510,46 @@ ffi::Error FactorSolve(cudaStream_t stream, uint64_t pattern, bool transpose, ff
   int64_t L = c.p->nnz > 0 ? ax.element_count() / c.p->nnz : 0;
   int64_t per = L > 0 ? b.element_count() / L : 0;
   int64_t k = c.p->n > 0 ? per / c.p->n : 0;
-  for (int64_t i = 0; i < L; ++i) {
-    Slot* s = nullptr;
-    void* v = static_cast<char*>(ax.untyped_data()) + i * c.p->nnz * w;
-    if (auto e = take_and_factor(c.h, c.p, c.device, c.d, t, v, &s); e.failure()) return e;
-    auto e = solve_one(c.h, c.p, s, v, static_cast<char*>(b.untyped_data()) + i * per * w,
-                       static_cast<char*>(x->untyped_data()) + i * per * w, k, transpose);
-    release(s);
-    if (e.failure()) return e;
+  char* axp = static_cast<char*>(ax.untyped_data());
+  char* bp = static_cast<char*>(b.untyped_data());
+  char* xp = static_cast<char*>(x->untyped_data());
+  std::vector<uint64_t> hs;
+  if (auto e = factor_all(c, t, w, axp, L, &hs); e.failure()) return e;
+  ffi::Error result = ffi::Error::Success();
+  bool done = false;
+  Slot* s0 = L > 0 ? reinterpret_cast<Member*>(hs[0])->slot : nullptr;
+  if (L > 1 && s0->batch == L) {  // (one uniform batch)
+    bool refused = false;
+    result = solve_one(c.h, c.p, s0, axp, bp, xp, k, transpose, &refused);
+    done = !result.failure() || !refused;
+    if (!done) {
+      g_fallbacks.fetch_add(1);
+      result = ffi::Error::Success();
+    }
   }
+  for (int64_t i = 0; !done && i < L && !result.failure(); ++i) {
+    Member* m = reinterpret_cast<Member*>(hs[i]);
+    void* v = axp + i * c.p->nnz * w;
+    result = m->slot->batch == 1
+                 ? solve_one(c.h, c.p, m->slot, v, bp + i * per * w, xp + i * per * w, k,
+                             transpose)
+                 : solve_alone(c.h, c.p, c.device, c.d, t, v, bp + i * per * w,
+                               xp + i * per * w, k, transpose);
+  }
+  for (uint64_t hv : hs) release(reinterpret_cast<Member*>(hv));
+  if (result.failure()) return result;
   CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   return ffi::Error::Success();
 }
 
-// h: (L,) handles -> (L,) int32 zeros; returns each factor's slot to its pool
+// h: (L,) handles -> (L,) int32 zeros; counts each factor's slot down (back
+// to its pool once all its factors are freed)
 ffi::Error Free(cudaStream_t stream, ffi::AnyBuffer h, ffi::Result<ffi::AnyBuffer> token) {
   std::lock_guard<std::mutex> lock(g_mu);
   std::vector<uint64_t> hs;
   if (auto e = read_handles(stream, h, &hs); e.failure()) return e;
   for (uint64_t v : hs)
-    if (v != 0) release(reinterpret_cast<Slot*>(v));
+    if (v != 0) release(reinterpret_cast<Member*>(v));
   CUDA_TRY(cudaMemsetAsync(token->untyped_data(), 0, token->size_bytes(), stream),
            "cudaMemsetAsync");
   return ffi::Error::Success();
@@ -430,6 +609,33 @@ uint64_t sciad_cudss_pattern(int64_t n, int64_t nnz, const int32_t* offsets,
 
 // The number of numeric factors made and not yet freed (all patterns).
 int64_t sciad_cudss_live_factors() { return g_live.load(); }
+
+// The number of batch solves done one example at a time (a factorization
+// each): members read apart from their batch, or a batch solve cuDSS refused.
+int64_t sciad_cudss_batch_fallbacks() { return g_fallbacks.load(); }
+
+// Turns uniform-batch mode on (1) or off (0) for the factorizations that
+// run from now on (a benchmark's comparison; SCIAD_CUDSS_BATCH=0 at start);
+// after cuDSS refused a batch factorization it stays off.
+void sciad_cudss_set_batch(int on) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_batch_read = true;
+  if (g_batch_refused) return;  // (stays off, and says why)
+  g_batch_on = on != 0;
+  g_batch_status = on != 0 ? "on" : "off: turned off (sciad_cudss_set_batch)";
+}
+
+// Whether uniform-batch mode is on: 1 on, 0 off; `why` (of `size` bytes, may
+// be null) gets the reason, NUL-terminated.
+int sciad_cudss_batch_status(char* why, int64_t size) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  bool on = batch_on();
+  if (why != nullptr && size > 0) {
+    std::strncpy(why, g_batch_status.c_str(), static_cast<size_t>(size) - 1);
+    why[size - 1] = '\0';
+  }
+  return on ? 1 : 0;
+}
 
 // The number of analysed cuDSS data objects the process holds (all pools).
 int64_t sciad_cudss_pooled(uint64_t pattern) {
