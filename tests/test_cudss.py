@@ -288,6 +288,28 @@ def test_a_vmapped_gradient_factors_each_matrix_once(kernels, rng):
         assert kernels.assumed == [None]
 
 
+def test_a_mapped_solve_frees_its_own_factor(kernels, rng):
+    """A solve lowered inside a `map` node (an `sd.vmap` graph lowered as
+    traced, as `check_rules` runs it) whose result the program reads on:
+    its factor is made and freed inside the solve. (The map once took the
+    solve's result for a factor handed out to it, freed that instead, and
+    left the factor: KLU then crashed on the freed values.)"""
+    M = _spd_csr(rng, 8)
+    ds = np.stack([M.data, 1.01 * M.data])
+    bs = rng.standard_normal((2, 8))
+
+    def f(d, b):
+        return sd.linalg.solve(_csr(M, ("spd",))(d), b, solver="cudss") ** 2
+
+    g = sd.trace(sd.vmap(f), ds, bs)
+    assert any(n.primitive.name == "map" for n in g.nodes)
+    out = np.asarray(jax.jit(sd.graph.lower(g))(ds, bs)[0])
+    for j in range(2):
+        want = np.linalg.solve(M.toarray() * (1 + 0.01 * j), bs[j]) ** 2
+        np.testing.assert_allclose(out[j], want, rtol=1e-9)
+    assert kernels.live() == 0
+
+
 def test_sd_vmap_over_matrices_and_right_hand_sides(kernels, rng):
     assert_vmap_of_sparse_solves("cudss", _general_csr(rng, 10), rng)
 

@@ -69,12 +69,15 @@ class _Scope:
     """One lowering run: the graph, the node being lowered, and the
     finalizers registered for the end of the run (`at_end`)."""
 
-    __slots__ = ("graph", "node", "finalizers", "outputs", "offer", "handed", "takes")
+    __slots__ = ("graph", "node", "finalizers", "outputs", "offer", "handed", "takes", "made")
 
     def __init__(self, graph: Graph):
         self.graph = graph
         self.node: Node | None = None
         self.finalizers: list = []
+        # (`made_in_run` / `in_flight`: what the run made and frees at its end,
+        # with a host release for a failed run)
+        self.made: list = []
         self.outputs: set | None = None
         # (`offer_body_outputs` / `hand_out`: a body's outputs whose release
         # the node lowering it takes over, and what the body handed it)
@@ -106,6 +109,28 @@ def at_end(fn: Callable[[list], None]) -> None:
         stack[-1].finalizers.append(fn)
 
 
+def made_in_run(value, release_now: Callable[[Any], None]) -> None:
+    """Registers `value` (a compiled factorization's handles) as made by the
+    current run and freed at its end, with `release_now(host_value)`, which
+    frees it from the host: a host check that fails while the run is in
+    flight calls it before it raises (the raise stops the program, so the
+    release at the end never runs; see `in_flight`). `release_now` must be
+    safe where the handles were released already: nothing orders such a
+    check before the release at the end."""
+    stack = _stack()
+    if stack:
+        stack[-1].made.append((value, release_now))
+
+
+def in_flight() -> list:
+    """`(value, release_now)` of what the current run made so far and frees
+    at its end (`made_in_run`): a host check passes the values to the host
+    and releases them there if it raises. The current run's only (a nested
+    body's check does not see its caller's)."""
+    stack = _stack()
+    return list(stack[-1].made) if stack else []
+
+
 def node_escapes() -> bool:
     """Whether an output of the node being lowered is an output of the graph
     being lowered (it then outlives this run: a nested body's result, or the
@@ -134,12 +159,14 @@ def offer_body_outputs() -> None:
                             if id(v) not in scope.outputs)
 
 
-def hand_out(release: Callable[[Any, list], None]) -> bool:
+def hand_out(release: Callable[[Any, list], None],
+             release_now: Callable[[Any], None] | None = None) -> bool:
     """For a node whose outputs escape its graph only as outputs of a body
     whose caller offered to take them (`offer_body_outputs`): hands the
     caller `release(value, outputs)`, to be run at the end of the caller's
-    run on the caller's value of that output. Returns whether it was taken
-    (else the node's outputs outlive every run it can see)."""
+    run on the caller's value of that output (and `release_now`, registered
+    there with `made_in_run`). Returns whether it was taken (else the node's
+    outputs outlive every run it can see)."""
     stack = _stack()
     if len(stack) < 2 or stack[-1].node is None or stack[-1].takes is None:
         return False
@@ -148,7 +175,7 @@ def hand_out(release: Callable[[Any, list], None]) -> bool:
             if any(a is v for v in scope.node.outputs)]
     if not outs or not all(k in scope.takes for k in outs):
         return False
-    stack[-2].handed.append((outs[0], release))
+    stack[-2].handed.append((outs[0], release, release_now))
     return True
 
 
@@ -163,9 +190,11 @@ def take_handed(outputs: Sequence[Any] | None) -> None:
     handed, scope.handed, scope.offer = scope.handed, [], None
     if outputs is None:
         return
-    for k, release in handed:
+    for k, release, release_now in handed:
         value = outputs[k]
         at_end(lambda outs, release=release, value=value: release(value, outs))
+        if release_now is not None:
+            made_in_run(value, release_now)
 
 
 class LowerInterpreter(Interpreter):

@@ -45,6 +45,7 @@ import numpy as np
 
 from ..errors import IllConditionedWarning, NonFiniteError, SingularMatrixError, StructureError
 from ..graph import Site
+from ..graph import _lower
 from ..solvers._host import host_call
 from ..solvers._registry import lookup
 
@@ -182,7 +183,7 @@ def check(judge, site: Site, /, *, when=None, **measures):
             static[k] = v
     shapes = [tuple(v.shape) for v in values]
 
-    def host(*vals):
+    def judge_all(*vals):
         batch = np.broadcast_shapes(*(np.shape(v)[:np.ndim(v) - len(s)]
                                       for v, s in zip(vals, shapes)))
         k = int(np.prod(batch, dtype=np.int64))
@@ -190,6 +191,8 @@ def check(judge, site: Site, /, *, when=None, **measures):
         for i in range(k):  # the first failing batch element is reported
             judge(site, **static, **{n: f[i] for n, f in zip(names, flat)})
         return (np.zeros(batch, np.int32),)
+
+    host, values = releasing(judge_all, values)
 
     def call(values):
         (tok,) = host_call(host, (jax.ShapeDtypeStruct((), jnp.int32),), *values,
@@ -199,6 +202,32 @@ def check(judge, site: Site, /, *, when=None, **measures):
     if when is None:
         return call(values)
     return jax.lax.cond(when, call, lambda _: jnp.zeros((), jnp.int32), values)
+
+
+def releasing(host, operands):
+    """`(host', operands')`: the host function of a check that may raise,
+    given the handles of the compiled factorizations the current run made
+    so far (`_lower.in_flight`) as extra operands, which it releases before
+    it raises: the raise stops the program, whose releases at its end then
+    never run. `host'` calls `host` with the original operands."""
+    flight = _lower.in_flight()
+    if not flight:
+        return host, list(operands)
+    n = len(operands)
+    releases = [release for _, release in flight]
+
+    def guarded(*vals):
+        try:
+            return host(*vals[:n])
+        except BaseException:
+            for release, h in zip(releases, vals[n:]):
+                try:
+                    release(np.asarray(h))
+                except Exception:  # (the check's own error is what the user needs)
+                    pass
+            raise
+
+    return guarded, [*operands, *(v for v, _ in flight)]
 
 
 def tie(value, *tokens):

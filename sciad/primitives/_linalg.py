@@ -66,7 +66,7 @@ from ..graph import (Body, Factored, Param, Primitive, Site, SparseType, TensorT
 from ..graph._autodiff import needs_ct, type_of
 from ..graph._body import trace_body
 from ..graph._cost import Cost, _si, nbytes, size, sparse_lu_fill
-from ..graph._lower import at_end, hand_out, node_escapes
+from ..graph._lower import at_end, hand_out, made_in_run, node_escapes
 from ..graph._params import shown_params
 from ..graph._serialize import graph_param_v1, register_v1_migration
 from ..graph._sparsity import along, dense, empty, union
@@ -79,7 +79,7 @@ from ..solvers._indices import (pattern_cols, pattern_diagonal, pattern_rows,
 from ..solvers._linear import names_for, resolve
 from ..solvers._measures import ratio
 from ..solvers._registry import lookup, records
-from ._checks import (check, judge_factor, judge_matrix, judge_solve, refine_above,
+from ._checks import (check, judge_factor, judge_matrix, judge_solve, refine_above, releasing,
                       symmetry_tolerance, tie)
 from ._contract import einsum_p
 from ._elementwise import unary_primitives
@@ -256,10 +256,12 @@ _ZERO_TOKEN = np.zeros((), np.int32)
 _made_here: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
+def _make_factor(a, *, solver, pattern, assume, throw, uses, site, output: bool = False):
     """The factorization of `a` as a tuple of arrays (see `_factor_layout`),
     checked when `throw`: finite, symmetric if `assume` says so, no
-    breakdown. A dense factorization carries its condition estimate."""
+    breakdown. A dense factorization carries its condition estimate.
+    `output`: the factor is the node's output (`linalg.factor`), not made
+    and read inside it (a solve's, a condition estimate's)."""
     dtype = np.dtype(a.dtype)
     tags = frozenset({assume} if assume else ())
     record = lookup(solver, "linear")
@@ -297,10 +299,13 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
             return tuple(record.factor(a, pattern=pattern))
         # (klu) compiled handles only where all readers are in this run: freed
         # at its end, after every value it returns
-        keep = uses is not None and not node_escapes()
+        keep = uses is not None and not (output and node_escapes())
         # (a map's forward body returning its factor to the backward map, in
-        # one program: released at the end of the map's run instead)
-        handed = not keep and hand_out(lambda value, outs: record.release(value, outs))
+        # one program: released at the end of the map's run instead; only a
+        # factor that is the node's output, or the release would be handed
+        # the node's other value)
+        handed = output and not keep and hand_out(
+            lambda value, outs: record.release(value, outs), record.release_now)
         if handed:
             keep, uses = True, uses or 1
         # (`assume` only where checked: cudss factors an "spd" matrix by Cholesky)
@@ -310,6 +315,8 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
             f = tuple(tie(f, tok))
         if keep and not handed:
             at_end(lambda outs: record.release(f, outs))
+            if record.release_now is not None:  # (a failed check releases it)
+                made_in_run(f[0], record.release_now)
         if keep:
             _made_here[id(f[0])] = f[0]
         return f
@@ -397,7 +404,8 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
         return _where_any(
             need, lambda a, b, x: _sparse_direct.repair(
                 pattern, a, b, x, transpose, refine_above=tau,
-                estimate="always" if _checks_on() else "on_residual", report=report),
+                estimate="always" if _checks_on() else "on_residual", report=report,
+                guard=releasing),
             lambda a, b, x: x, a, b, x)
     # (No refinement in the program for dense solves: LU with partial
     # pivoting and Cholesky are backward stable, and a conditional second
@@ -732,7 +740,7 @@ def _factor_shape(a, *, solver, pattern=None, assume=None, throw=True, uses=None
 @linalg_factor_p.def_impl
 def _factor_impl(a, *, solver, pattern=None, assume=None, throw=True, uses=None, site=None):
     return _make_factor(a, solver=solver, pattern=pattern, assume=assume, throw=throw,
-                        uses=uses, site=site or Site("linalg.factor"))
+                        uses=uses, site=site or Site("linalg.factor"), output=True)
 
 
 linalg_backsolve_p = Primitive("linalg.backsolve", runtime_checks=True, reads_factor=True,

@@ -57,6 +57,7 @@ from ..errors import (NotPositiveDefiniteError, NotSupportedError, SingularMatri
                       register_kernel_error)
 from . import _cudss_ffi, _klu_ffi
 from ._klu import HandleSolver
+from ._host import host_call
 
 register_kernel_error(
     _cudss_ffi.FACTOR_FAILED, SingularMatrixError,
@@ -127,7 +128,14 @@ class StandIn(_klu_ffi.KLUKernels):
     the handles each program makes and frees (`live()`), to test the "cudss"
     record's rules, batching and factor lifetime without a GPU. It records
     the `assume` each factorization asked for (`assumed`); KLU factors with
-    LU whatever it is."""
+    LU whatever it is.
+
+    The ledger counts a handle when it is made, in a host call the handle
+    depends on (whatever reads it, a check included, runs after), and
+    uncounts it when the program frees it or a failed check releases it
+    (`release_now`, which cuDSS's kernels have: here it uncounts the
+    handles, and the KLU objects are left; a free that follows the release
+    of a handle is not counted twice)."""
 
     name = "cudss (stand-in: KLU on the host)"
 
@@ -135,21 +143,39 @@ class StandIn(_klu_ffi.KLUKernels):
         self.transpose = transpose
         self._ledger: Counter = Counter()
         self._ledger_lock = threading.Lock()
+        self._released: set = set()  # (released by a failed check: a free is not counted)
         self.assumed: list = []
 
     def _count(self, sign: int, h) -> None:
         with self._ledger_lock:
             for v in np.asarray(h).ravel().tolist():
-                if v:
-                    self._ledger[v] += sign
-                    if self._ledger[v] == 0:
-                        del self._ledger[v]
+                if not v:
+                    continue
+                if sign < 0 and v in self._released:
+                    self._released.discard(v)
+                    continue
+                self._ledger[v] += sign
+                if self._ledger[v] == 0:
+                    del self._ledger[v]
+
+    def _made(self, h):
+        self._count(1, h)
+        return (h,)
 
     def factor(self, pattern, a, assume=None):
         self.assumed.append(assume)
         h = super().factor(pattern, a, assume)
-        jax.debug.callback(lambda h: self._count(1, h), h)
+        (h,) = host_call(self._made, (jax.ShapeDtypeStruct(h.shape, h.dtype),), h, effect=True)
         return h
+
+    def release_now(self, handles) -> None:
+        with self._ledger_lock:
+            for v in np.asarray(handles).ravel().tolist():
+                if v and self._ledger.get(v, 0) > 0:
+                    self._ledger[v] -= 1
+                    if self._ledger[v] == 0:
+                        del self._ledger[v]
+                    self._released.add(v)
 
     def free(self, handle, after=()):
         tok = super().free(handle, after)

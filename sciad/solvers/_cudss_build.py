@@ -213,5 +213,6 @@ def library() -> ctypes.CDLL:
             lib.sciad_cudss_batch_status.restype = ctypes.c_int
             lib.sciad_cudss_batch_status.argtypes = [ctypes.c_char_p, ctypes.c_int64]
             lib.sciad_cudss_set_batch.argtypes = [ctypes.c_int]
+            lib.sciad_cudss_release.argtypes = [ctypes.c_void_p, ctypes.c_int64]
             _lib = lib
     return _lib

@@ -175,6 +175,15 @@ class CudssKernels(HandleKernels):
         _barrier()
         return int(lib.sciad_cudss_live_factors())
 
+    def release_now(self, handles) -> None:
+        """Releases the factors `handles` (a NumPy array of any shape) from
+        the host: a failed check's, whose raise stops the program before its
+        own frees run. Handles released already (their generation is gone)
+        are ignored, so a free that runs after all does no harm."""
+        h = np.ascontiguousarray(np.asarray(handles, np.uint64).ravel())
+        if h.size:
+            _cudss_build.library().sciad_cudss_release(h.ctypes.data, h.size)
+
     def batch_status(self) -> tuple[bool, str]:
         """(whether uniform-batch mode is on, why not where it is off)."""
         why = ctypes.create_string_buffer(256)

@@ -113,6 +113,13 @@ class HandleSolver(AbstractDirectSolver):
         the values `after` are computed."""
         self.kernels.free(factor[0], after)
 
+    @property
+    def release_now(self):
+        # (the kernels' host release, where they have one: cuDSS's, whose
+        # handles carry a generation, so a second release is ignored; KLU's
+        # numeric objects have none, and a failed check leaves them)
+        return getattr(self.kernels, "release_now", None)
+
     def solve(self, factor, a, b, *, pattern=None, transpose=False, numeric=False, **checks):
         return self.kernels.solve(pattern, factor[0], a, b, transpose, numeric)
 

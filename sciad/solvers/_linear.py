@@ -87,7 +87,9 @@ class AbstractDirectSolver(AbstractLinearSolver):
     - `frees_factor`: its factor holds resources the program makes and must
       release (compiled handles): `factor` makes them only when given `uses`
       (all readers in the program that factors), and `release(factor,
-      after)` frees them once the values `after` are computed.
+      after)` frees them once the values `after` are computed;
+      `release_now(handles)` (or None), from the host, where a check stops
+      the program before that (safe on handles released already).
     - `breakdown`: the exception class and message of a failed factorization,
       and the extra fields the exception carries.
     """
@@ -116,6 +118,10 @@ class AbstractDirectSolver(AbstractLinearSolver):
         """A `frees_factor` solver: frees what `factor` holds, after the values
         `after` (a list of JAX arrays) are computed."""
         raise NotImplementedError
+
+    #: (a `frees_factor` solver) frees `factor[0]`'s handles, a NumPy
+    #: array, from the host (a failed check's), or None where it cannot
+    release_now = None
 
     def solve(self, factor, a, b, *, pattern=None, transpose: bool = False, **checks):
         """`x` with `a x = b` (`a^T x = b` if `transpose`: never conjugated),

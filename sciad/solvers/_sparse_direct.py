@@ -655,7 +655,7 @@ def _refine(pattern, f: _Factored, lu, d, b, x, transpose: bool, refine_above: f
 
 
 def repair(pattern, data, b, x, transpose: bool, *, refine_above: float, estimate: str,
-           report: Callable):
+           report: Callable, guard: Callable | None = None):
     """The failure path of a checked solve that a solver made in the program
     (klu, spsolve) and measured there: on the host, for each matrix of a
     batch whose measures are off (measured again here), a SuperLU factor
@@ -666,7 +666,10 @@ def repair(pattern, data, b, x, transpose: bool, *, refine_above: float, estimat
     Returns `x`, refined where it needed it.
 
     The program calls it only where a measure is off (the common solve pays
-    its measures alone, and compiles no refinement loop and no estimate)."""
+    its measures alone, and compiles no refinement loop and no estimate).
+    `guard(host, operands)`, where given, returns the host function and
+    operands to call instead (`sciad.primitives._checks.releasing`: what to
+    release before `report` raises)."""
     dtype = np.dtype(b.dtype)
     eps = float(np.finfo(dtype).eps)
     core = b.ndim  # (1 or 2; leading axes of the host's arrays: a batch)
@@ -692,8 +695,8 @@ def repair(pattern, data, b, x, transpose: bool, *, refine_above: float, estimat
         report(**worst)
         return (out.reshape(batch + shape),)
 
-    (out,) = host_call(host, (jax.ShapeDtypeStruct(x.shape, x.dtype),), data, b, x,
-                       effect=True)
+    fn, operands = (host, [data, b, x]) if guard is None else guard(host, [data, b, x])
+    (out,) = host_call(fn, (jax.ShapeDtypeStruct(x.shape, x.dtype),), *operands, effect=True)
     return out
 
 

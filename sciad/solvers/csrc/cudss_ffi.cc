@@ -19,8 +19,9 @@
 //   many times as factors of it were ever live at once (one for a single
 //   solve or a chain of them, L for a batch of L), never again afterwards.
 // - A numeric factor is a Member of a Slot taken from the pool: the
-//   member's address is the uint64 handle `factor` writes; `free` counts
-//   the slot's members down and returns it to the pool at zero. `solve`
+//   member's address, tagged with the slot's generation, is the uint64
+//   handle `factor` writes; `free` (or `sciad_cudss_release`, from the host)
+//   counts the slot's members down and returns it to the pool at zero. `solve`
 //   reads handles back from the device (one small copy and a stream sync).
 //   `factor_solve` factors, solves and returns the slot in one call (a
 //   handle of 0 in Python: no factor outlives the call).
@@ -87,7 +88,15 @@ struct Slot;
 struct Member {  // one factor: what a handle points to
   Slot* slot = nullptr;
   int64_t index = 0;
+  bool live = false;  // made in the slot's current generation and not freed
 };
+
+// A handle: the member's address (below 2^48 on x86-64 and AArch64) with the
+// slot's generation in the top 16 bits, so a handle released already (a
+// failed check's host release, then the program's own free, or a stale copy)
+// is told apart from the slot's next factor, and ignored or refused.
+constexpr int kGenShift = 48;
+constexpr uint64_t kAddressMask = (uint64_t{1} << kGenShift) - 1;
 
 struct Slot {
   cudssData_t data = nullptr;
@@ -101,7 +110,21 @@ struct Slot {
   int64_t batch = 1;
   std::vector<Member> members;  // `batch` of them (never resized: handles point here)
   int64_t live = 0;             // members not yet freed
+  uint16_t gen = 0;             // bumped by every factorization
 };
+
+uint64_t handle_of(Member* m) {
+  return reinterpret_cast<uint64_t>(m) | (uint64_t{m->slot->gen} << kGenShift);
+}
+
+// The live factor a handle names, or null (0, released, or stale).
+Member* member_of(uint64_t h) {
+  Member* m = reinterpret_cast<Member*>(h & kAddressMask);
+  if (m == nullptr || m->slot == nullptr || !m->live ||
+      m->slot->gen != static_cast<uint16_t>(h >> kGenShift))
+    return nullptr;
+  return m;
+}
 
 using PoolKey = std::pair<int, int64_t>;  // (value type, batch)
 
@@ -309,21 +332,29 @@ ffi::Error take_and_factor(cudssHandle_t h, Pattern* p, int device, PerDevice* d
                    : "cudssStatus " + std::to_string(static_cast<int>(st))));
   }
   s->live = batch;
+  s->gen = static_cast<uint16_t>(s->gen + 1);
+  for (auto& m : s->members) m.live = true;
   g_live.fetch_add(batch);
   *out = s;
   return ffi::Error::Success();
 }
 
-void release(Member* m) {  // one factor freed (under g_mu)
+void release(Member* m) {  // one live factor freed (under g_mu)
   Slot* s = m->slot;
+  m->live = false;
   g_live.fetch_sub(1);
   if (--s->live == 0)
     s->pattern->devices[s->device].idle[PoolKey(static_cast<int>(s->vtype), s->batch)]
         .push_back(s);
 }
 
-void release_all(Slot* s) {  // every factor of a slot (under g_mu)
-  for (auto& m : s->members) release(&m);
+void release_handle(uint64_t h) {  // (0, released or stale: nothing; under g_mu)
+  if (Member* m = member_of(h)) release(m);
+}
+
+void release_all(Slot* s) {  // every live factor of a slot (under g_mu)
+  for (auto& m : s->members)
+    if (m.live) release(&m);
 }
 
 // Solves with every factor of slot `s` (values, b and x batch-major for a
@@ -397,7 +428,7 @@ ffi::Error factor_all(Call& c, cudaDataType_t t, size_t w, void* ax, int64_t L,
     bool refused = false;
     auto e = take_and_factor(c.h, c.p, c.device, c.d, t, ax, L, &s, &refused);
     if (!e.failure()) {
-      for (int64_t i = 0; i < L; ++i) (*out)[i] = reinterpret_cast<uint64_t>(&s->members[i]);
+      for (int64_t i = 0; i < L; ++i) (*out)[i] = handle_of(&s->members[i]);
       return e;
     }
     if (!refused) return e;  // (a zero pivot: the batch's answer)
@@ -410,10 +441,10 @@ ffi::Error factor_all(Call& c, cudaDataType_t t, size_t w, void* ax, int64_t L,
     Slot* s = nullptr;
     void* v = static_cast<char*>(ax) + i * c.p->nnz * w;
     if (auto e = take_and_factor(c.h, c.p, c.device, c.d, t, v, 1, &s); e.failure()) {
-      for (int64_t j = 0; j < i; ++j) release(reinterpret_cast<Member*>((*out)[j]));
+      for (int64_t j = 0; j < i; ++j) release_handle((*out)[j]);
       return e;
     }
-    (*out)[i] = reinterpret_cast<uint64_t>(&s->members[0]);
+    (*out)[i] = handle_of(&s->members[0]);
   }
   return ffi::Error::Success();
 }
@@ -452,10 +483,10 @@ ffi::Error Solve(cudaStream_t stream, uint64_t pattern, bool transpose, ffi::Any
   int64_t k = c.p->n > 0 ? per / c.p->n : 0;
   std::vector<Member*> ms(L);
   for (int64_t i = 0; i < L; ++i) {
-    Member* m = reinterpret_cast<Member*>(hs[i]);
+    Member* m = member_of(hs[i]);
     // (the factor's own pattern object: the same structure, maybe another
     // matrix type, as a factor made for `assume="spd"` read by a plain solve)
-    if (m == nullptr || m->slot == nullptr || m->slot->pattern->n != c.p->n ||
+    if (m == nullptr || m->slot->pattern->n != c.p->n ||
         m->slot->pattern->nnz != c.p->nnz || m->slot->vtype != t)
       return ffi::Error::InvalidArgument("sciad cudss: a solve read a handle that is not a "
                                          "live factor of this pattern and type");
@@ -517,7 +548,7 @@ ffi::Error FactorSolve(cudaStream_t stream, uint64_t pattern, bool transpose, ff
   if (auto e = factor_all(c, t, w, axp, L, &hs); e.failure()) return e;
   ffi::Error result = ffi::Error::Success();
   bool done = false;
-  Slot* s0 = L > 0 ? reinterpret_cast<Member*>(hs[0])->slot : nullptr;
+  Slot* s0 = L > 0 ? member_of(hs[0])->slot : nullptr;
   if (L > 1 && s0->batch == L) {  // (one uniform batch)
     bool refused = false;
     result = solve_one(c.h, c.p, s0, axp, bp, xp, k, transpose, &refused);
@@ -528,7 +559,7 @@ ffi::Error FactorSolve(cudaStream_t stream, uint64_t pattern, bool transpose, ff
     }
   }
   for (int64_t i = 0; !done && i < L && !result.failure(); ++i) {
-    Member* m = reinterpret_cast<Member*>(hs[i]);
+    Member* m = member_of(hs[i]);
     void* v = axp + i * c.p->nnz * w;
     result = m->slot->batch == 1
                  ? solve_one(c.h, c.p, m->slot, v, bp + i * per * w, xp + i * per * w, k,
@@ -536,7 +567,7 @@ ffi::Error FactorSolve(cudaStream_t stream, uint64_t pattern, bool transpose, ff
                  : solve_alone(c.h, c.p, c.device, c.d, t, v, bp + i * per * w,
                                xp + i * per * w, k, transpose);
   }
-  for (uint64_t hv : hs) release(reinterpret_cast<Member*>(hv));
+  for (uint64_t hv : hs) release_handle(hv);
   if (result.failure()) return result;
   CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   return ffi::Error::Success();
@@ -548,8 +579,7 @@ ffi::Error Free(cudaStream_t stream, ffi::AnyBuffer h, ffi::Result<ffi::AnyBuffe
   std::lock_guard<std::mutex> lock(g_mu);
   std::vector<uint64_t> hs;
   if (auto e = read_handles(stream, h, &hs); e.failure()) return e;
-  for (uint64_t v : hs)
-    if (v != 0) release(reinterpret_cast<Member*>(v));
+  for (uint64_t v : hs) release_handle(v);
   CUDA_TRY(cudaMemsetAsync(token->untyped_data(), 0, token->size_bytes(), stream),
            "cudaMemsetAsync");
   return ffi::Error::Success();
@@ -605,6 +635,14 @@ uint64_t sciad_cudss_pattern(int64_t n, int64_t nnz, const int32_t* offsets,
   p->cols.assign(cols, cols + nnz);
   p->mtype = static_cast<cudssMatrixType_t>(mtype);
   return reinterpret_cast<uint64_t>(p);
+}
+
+// Releases the factors `handles` (n of them) from the host: a failed check's
+// release, for a program it stops before its own frees run. Handles that
+// are 0, released already or stale are ignored.
+void sciad_cudss_release(const uint64_t* handles, int64_t n) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (int64_t i = 0; i < n; ++i) release_handle(handles[i]);
 }
 
 // The number of numeric factors made and not yet freed (all patterns).
