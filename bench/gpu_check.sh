@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of sciad's "cudss" solver (issue 34), as one script: install,
 # build the extension, run the GPU test set (`pytest -m gpu`) and the benchmark
-# (bench/gpu_sparse.py). About 10 minutes on an H100; results under $OUT (or
+# (bench/gpu_sparse.py). About 4 minutes on an H100; results under $OUT (or
 # bench/results): gpu_tests.log, gpu_sparse_<device>.md, gpu_check.log.
 #
 #   bench/gpu_check.sh              # on the GPU machine, from the repository root

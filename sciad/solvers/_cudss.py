@@ -2,12 +2,13 @@
 the program through XLA's FFI (`sciad.solvers._cudss_ffi`, C++ in
 `csrc/cudss_ffi.cc`, built on first use by `_cudss_build`).
 
-**Unverified on a GPU so far**: the extension compiles and loads on the CPU
-and the record's rules, batching and factor lifetime are tested through a
+Run on an H100 (JAX 0.11.2, CUDA 13, cuDSS 1.0.0): the GPU test set
+(`pytest -m gpu`, the gpu-marked tests of tests/test_cudss.py) passes and
+`bench/gpu_sparse.py` meets issue 34's targets (bench/results/
+gpu_sparse_NVIDIA_H100_80GB_HBM3.md); `bench/gpu_check.sh` runs both. On the
+CPU the record's rules, batching and factor lifetime are tested through a
 host stand-in of the same kernel interface (`StandIn`, KLU's kernels with a
-ledger of live handles); the GPU test set (`pytest -m gpu`, the
-gpu-marked tests of tests/test_cudss.py) and `bench/gpu_sparse.py` are prepared
-(`bench/gpu_check.sh`) and have not run yet.
+ledger of live handles).
 
 The record is the "klu" one's (`sciad.solvers._klu.HandleSolver`): the
 factor is `(handle,)`, a `uint64` the program makes and frees itself (the
@@ -23,7 +24,12 @@ stand-in (`use_kernels`). What cuDSS does:
   same factor (cuDSS's transpose solve mode), so a gradient factors once;
 - `assume="spd"`: Cholesky; `"symmetric"`: LDL^T (real matrices; a single
   solve without a kept factor uses LU);
-- batches (`sd.vmap`): one kernel call for the batch, a factor per example;
+- batches (`sd.vmap`): one kernel call for the batch, in cuDSS's
+  uniform-batch mode (one analysis, factorization and solve call for the
+  batch; `SCIAD_CUDSS_BATCH=0`: a factor per example);
+- a check that fails releases the factors its program made
+  (`HandleSolver.release_now`; the handles carry a generation, so a second
+  release, or a stale handle, is ignored or refused);
 - the checks are the in-program ones of every sparse solver compiled into
   the program (`sciad.primitives._linalg`): non-finite values, a zero row
   or column and the structure `assume` claims before factoring; the

@@ -48,9 +48,9 @@ SOURCE = Path(__file__).with_name("csrc") / "cudss_ffi.cc"
 
 #: what to install where the extra is missing
 INSTALL = ("install the extra: `pip install 'sciad[cuda]'` (the wheels nvidia-cudss-cu12, "
-           "nvidia-cuda-runtime-cu12 and nvidia-cuda-nvcc-cu12; for JAX on CUDA 13, "
-           "nvidia-cudss-cu13, nvidia-cuda-runtime and nvidia-cuda-crt), with JAX's CUDA build "
-           "(`pip install 'jax[cuda12]'`)")
+           "nvidia-cuda-runtime-cu12 and nvidia-cuda-nvcc-cu12) with `pip install "
+           "'jax[cuda12]'`, or for JAX on CUDA 13 `pip install 'sciad[cuda13]' 'jax[cuda13]'` "
+           "(nvidia-cudss-cu13, nvidia-cuda-runtime and nvidia-cuda-crt)")
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
