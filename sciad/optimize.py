@@ -575,7 +575,8 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
     **Arguments:**
 
     - `fun`: the residual, `fun(x, *args) -> F`, written with sciad ops; `F`
-      has as many elements as `x`.
+      has as many elements as `x`. As in SciPy, `F` may be a list or tuple
+      (of numbers, or of equal-shaped arrays), stacked into one array.
     - `x0`: the starting point, a real float array of any shape.
     - `args`: extra arguments (a tuple of arrays or pytrees); derivatives
       with respect to them flow through the root.
@@ -584,8 +585,16 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
       factoring again when one does not: for expensive Jacobians and good
       starting points, such as the stages of an implicit time step; needs a
       sparse or dense `jac`); or `"newton_krylov"` (Newton with matrix-free
-      GMRES steps, the same as `jac="gmres"`). The derivatives are the same
-      whatever the method: the implicit function theorem at the root.
+      GMRES steps, the same as `jac="gmres"`); or SciPy's globalized
+      methods, which a singular Jacobian does not stop (SciPy's
+      pressure-network problem from `x0 = [2, 0, 2, 0]`, where Newton's
+      first Jacobian has rank 3): `"hybr"` (Powell's dogleg in a trust
+      region, as SciPy's default, though with the Jacobian formed at each
+      accepted iterate where MINPACK updates it by Broyden's formula) and
+      `"lm"` (Levenberg-Marquardt); both step with the dense Jacobian
+      (`jac="dense"` or None) and count rejected steps as iterations. The
+      derivatives are the same whatever the method: the implicit function
+      theorem at the root (which must be regular there).
     - `jac`: how the Jacobian `dF/dx` is formed and solved, in Newton's steps
       and in the derivatives:
         - `"sparse"`: its pattern detected from `fun`'s graph

@@ -379,7 +379,7 @@ def test_bad_input_is_refused_at_trace_time():
     with pytest.raises(InvalidOptionError, match="`jac` must be"):
         sd.optimize.root(lambda x: x, np.zeros(3), jac="banded")
     with pytest.raises(InvalidOptionError, match="`method` must be"):
-        sd.optimize.root(lambda x: x, np.zeros(3), method="hybr")
+        sd.optimize.root(lambda x: x, np.zeros(3), method="broyden1")
     with pytest.raises(sd.errors.DTypeError, match="real float"):
         sd.optimize.root(lambda x: x, np.zeros(3, complex))
 

@@ -148,6 +148,9 @@ def _root_shape(*args, body, kind, method, jac, pattern=None, colors=0, tol, ato
         raise ShapeError(f"`fun` must return one array of x's size and dtype "
                          f"({x.size} elements of {x.dtype}), got "
                          f"{', '.join(t.str_short() for t in graph.out_types)}.", op=op)
+    if record.jac is not None and jac != record.jac:
+        raise InvalidOptionError(f"method={method!r} steps with jac={record.jac!r}, got "
+                                 f"jac={jac!r}.", op=op)
     if record.chord and jrec.matrix_free:
         raise InvalidOptionError(f"the chord method keeps a factorization: it needs a Jacobian "
                                  f"that is factored, got jac={jac!r}.", op=op)
@@ -283,6 +286,22 @@ def default_tol(dtype) -> float:
     return max(1e-10, 1e3 * float(np.finfo(dtype).eps))
 
 
+def _stacked(out, op: str):
+    """`fun`'s list or tuple of numbers or arrays as one array, as SciPy's
+    `np.asarray(fun(x))` makes it (nested lists too); a ragged one is
+    refused, as NumPy refuses it."""
+    parts = [_stacked(p, op) if isinstance(p, (tuple, list)) else ops.asarray(p) for p in out]
+    if not parts:
+        raise ShapeError("`fun` returned an empty list.", op=op)
+    shapes = {type_of(p).shape for p in parts}
+    if len(shapes) != 1:
+        raise ShapeError(f"`fun` returned a list of arrays of different shapes "
+                         f"{sorted(shapes)}: NumPy cannot make one array of it. Return one "
+                         "array (`sd.numpy.concatenate` the parts).", op=op)
+    dtype = np.result_type(*(type_of(p).dtype for p in parts))
+    return ops.stack([ops.astype(p, dtype) for p in parts], axis=0)
+
+
 def root_node(fun, x0, leaves: list, *, name: str, kind: str, method: str, jac, tol,
               atol: float, maxiter: int, memory: int, throw: bool, op: str, start=None,
               at_floor: bool = False) -> RootOutputs:
@@ -308,9 +327,11 @@ def root_node(fun, x0, leaves: list, *, name: str, kind: str, method: str, jac, 
     def body(*a):
         *ls, x = a
         out = fun(x, *ls)
-        if isinstance(out, (tuple, list, dict)) or out is None:
-            raise ShapeError(f"`fun` must return one array, got a {type(out).__name__}.",
-                             op=op)
+        if isinstance(out, (tuple, list)):  # as SciPy's np.asarray(fun(x))
+            out = _stacked(out, op)
+        if isinstance(out, dict) or out is None:
+            raise ShapeError(f"`fun` must return one array (or a list or tuple of equal-"
+                             f"shaped ones, as SciPy's), got a {type(out).__name__}.", op=op)
         out = ops.asarray(out)
         to = type_of(out)
         if to.size != tx.size:

@@ -35,6 +35,7 @@ from ._newton_krylov import NewtonKrylov
 from ._picard import Picard
 from ._registry import lookup, names, records, register, unregister
 from ._splu import SuperLU
+from ._trust_region import Hybr, LevenbergMarquardt
 from ._spsolve import SpSolve
 
 # linear solvers, in the order error messages list them
@@ -58,6 +59,8 @@ register(Chord())
 register(NewtonKrylov())
 register(Anderson())
 register(Picard())
+register(Hybr())
+register(LevenbergMarquardt())
 
 # how a root's Jacobian is formed and solved
 register(SparseJacobian())

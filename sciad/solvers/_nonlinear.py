@@ -82,6 +82,9 @@ class LinearSolve(NamedTuple):
     handle: Callable = lambda aux: jnp.zeros((), jnp.int32)
     chord: bool = False
     started: bool = False
+    #: `x -> J(x)`, the dense Jacobian (a dense form only; None otherwise):
+    #: what the trust-region methods (`trust_region`) step with
+    matrix: Callable | None = None
 
 
 def _norm(v):
@@ -161,7 +164,8 @@ def dense_lu(matrix: Callable, n: int, dtype, *, chord: bool = False,
         init = (lu, piv.astype(jnp.int32))
     else:
         init = (jnp.zeros((n, n), dtype), jnp.zeros((n,), jnp.int32)) if chord else 0
-    return LinearSolve(solve, "dense LU", init, chord=chord, started=start is not None)
+    return LinearSolve(solve, "dense LU", init, chord=chord, started=start is not None,
+                       matrix=matrix)
 
 
 def gmres(jvp: Callable, rtol: float, maxiter: int | None = None) -> LinearSolve:
@@ -345,3 +349,120 @@ def anderson(G: Callable, x0, *, memory: int, tol: float, atol: float, maxiter: 
     x, g, f, k, status, _, _, _ = jax.lax.while_loop(cond, body, state)
     status, floor = _finish(lambda x: G(x) - x, x, f, status, at_floor)
     return Result(x, k, _norm(f), status, goal, jnp.zeros((), jnp.int32), floor)
+
+
+#: iterations in a row without a 1% fall of `||F||_inf` after which a
+#: trust-region method gives up (stagnation; rejected steps count: each
+#: shrinks the region, so a region 4^20 times smaller has met a minimum of
+#: `||F||` that is not a root)
+TRUST_PATIENCE = 20
+
+
+def _lstsq(a, b):
+    """The minimum-norm least-squares solution of `a z = b` (SVD; singular
+    values below `eps * max(shape) * s_max` count as zero): a singular `a`
+    gives a finite step."""
+    u, s, vt = jnp.linalg.svd(a, full_matrices=False)
+    cut = jnp.finfo(a.dtype).eps * max(a.shape) * jnp.max(s, initial=0.0)
+    inv = jnp.where(s > cut, 1.0 / jnp.where(s > cut, s, 1.0), 0.0)
+    return vt.T.conj() @ (inv * (u.T.conj() @ b))
+
+
+def _dogleg_step(J, f, delta):
+    """Powell's dogleg in the region `||d||_2 <= delta`: the Gauss-Newton step
+    (minimum-norm least squares, so a singular `J` has one) where it fits,
+    else along the steepest descent of `||F||^2 / 2` to the Cauchy point and
+    on towards the Gauss-Newton step to the region's edge."""
+    gn = _lstsq(J, -f)
+    g = J.T.conj() @ f
+    jg = J @ g
+    gg = jnp.vdot(g, g).real
+    sd = -(gg / jnp.maximum(jnp.vdot(jg, jg).real, jnp.finfo(f.dtype).tiny)) * g
+    ngn, nsd = jnp.linalg.norm(gn), jnp.linalg.norm(sd)
+    edge = -(delta / jnp.maximum(jnp.sqrt(gg), jnp.finfo(f.dtype).tiny)) * g
+    # on the segment sd + t (gn - sd), t in [0, 1], where its norm is delta
+    w = gn - sd
+    a, b, c = jnp.vdot(w, w).real, 2 * jnp.vdot(sd, w).real, nsd ** 2 - delta ** 2
+    t = (-b + jnp.sqrt(jnp.maximum(b * b - 4 * a * c, 0.0))) / jnp.maximum(2 * a, jnp.finfo(
+        f.dtype).tiny)
+    return jnp.where(ngn <= delta, gn, jnp.where(nsd >= delta, edge, sd + t * w))
+
+
+def _lm_step(J, f, mu):
+    """Levenberg-Marquardt's step: the least-squares solution of `[J; sqrt(mu)
+    I] d = [-f; 0]` (QR of the stacked matrix: no normal equations), defined
+    for a singular `J` while `mu > 0`."""
+    n = J.shape[1]
+    a = jnp.concatenate([J, jnp.sqrt(mu) * jnp.eye(n, dtype=J.dtype)])
+    b = jnp.concatenate([-f, jnp.zeros((n,), f.dtype)])
+    q, r = jnp.linalg.qr(a)
+    return jax.scipy.linalg.solve_triangular(r, q.T.conj() @ b)
+
+
+def trust_region(F: Callable, x0, matrix: Callable, *, step: str, tol: float, atol: float,
+                 maxiter: int, at_floor: bool = False) -> Result:
+    """A globalized Newton method on `F(x) = 0` with the dense Jacobian
+    `matrix(x)`, that a singular Jacobian does not stop: `step="dogleg"`
+    (Powell's dogleg in a trust region, as MINPACK's `hybrd`, which SciPy's
+    `root(method="hybr")` runs, though with the Jacobian formed at each
+    accepted iterate instead of Broyden's updates) or `"lm"`
+    (Levenberg-Marquardt, Nielsen's update of the damping `mu`). Each
+    iteration compares the decrease of `||F||_2^2 / 2` with the one its
+    linear model predicts (`rho`); a step with `rho > 1e-4` is accepted. The
+    region (`delta`) grows after a good step (`rho > 3/4`) and shrinks by 4
+    after a poor one; `mu` falls after a good step and doubles (then more)
+    after a rejected one. Stops as `newton` does (`||F(x)||_inf <= max(atol,
+    tol ||F(x0)||_inf)`), with `STAGNATION` after `TRUST_PATIENCE`
+    iterations without a 1% fall of `||F||_inf` (a minimum of `||F||` that
+    is not a root), `NONFINITE` where the Jacobian or the step is not finite.
+    `Result.nit` counts iterations, rejected steps included."""
+    f0 = F(x0)
+    goal, status0 = _start(f0, tol, atol)
+    J0 = matrix(x0)
+    real = x0.real.dtype
+    if step == "dogleg":  # MINPACK's first region: 100 ||x0||, or 100
+        r0 = 100.0 * jnp.linalg.norm(x0)
+        r0 = jnp.where(r0 > 0, r0, 100.0).astype(real)
+    else:  # mu0 = 1e-3 max diag(J^T J) (Madsen, Nielsen and Tingleff)
+        r0 = 1e-3 * jnp.max(jnp.sum(jnp.abs(J0) ** 2, axis=0), initial=0.0)
+        r0 = jnp.where(r0 > 0, r0, 1e-3).astype(real)
+
+    def cond(s):
+        return (s[4] == MAXITER) & (s[3] < maxiter)
+
+    def body(s):
+        x, fx, J, k, status, slow, r, nu = s
+        d = _dogleg_step(J, fx, r) if step == "dogleg" else _lm_step(J, fx, r)
+        xt = x + d
+        ft = F(xt)
+        phi, phit = 0.5 * jnp.vdot(fx, fx).real, 0.5 * jnp.vdot(ft, ft).real
+        lin = fx + J @ d
+        pred = phi - 0.5 * jnp.vdot(lin, lin).real
+        rho = (phi - phit) / jnp.where(pred > 0, pred, 1.0)
+        finite = jnp.all(jnp.isfinite(d))
+        accepted = finite & jnp.isfinite(phit) & (pred > 0) & (rho > 1e-4)
+        nd = jnp.linalg.norm(d)
+        if step == "dogleg":
+            r_new = jnp.where(~accepted | (rho < 0.25), 0.25 * jnp.minimum(r, nd),
+                              jnp.where(rho > 0.75, jnp.maximum(r, 2.0 * nd), r))
+            nu_new = nu
+        else:
+            r_new = jnp.where(accepted,
+                              r * jnp.maximum(1.0 / 3.0, 1.0 - (2.0 * rho - 1.0) ** 3), r * nu)
+            nu_new = jnp.where(accepted, 2.0, 2.0 * nu)
+        x = jnp.where(accepted, xt, x)
+        fx = jnp.where(accepted, ft, fx)
+        J = jax.lax.cond(accepted, matrix, lambda x: J, x)
+        fn_old, fn_new = _norm(s[1]), _norm(fx)
+        slow = jnp.where(fn_new > 0.99 * fn_old, slow + 1, 0)
+        new_status = jnp.where(
+            ~finite | ~jnp.all(jnp.isfinite(J)), NONFINITE,
+            jnp.where(fn_new <= goal, CONVERGED,
+                      jnp.where(slow >= TRUST_PATIENCE, STAGNATION, MAXITER))).astype(jnp.int32)
+        return x, fx, J, k + 1, new_status, slow, r_new.astype(real), nu_new.astype(real)
+
+    state = (x0, f0, J0, jnp.zeros((), jnp.int32), status0, jnp.zeros((), jnp.int32), r0,
+             jnp.asarray(2.0, real))
+    x, fx, _, k, status, _, _, _ = jax.lax.while_loop(cond, body, state)
+    status, floor = _finish(F, x, fx, status, at_floor)
+    return Result(x, k, _norm(fx), status, goal, jnp.zeros((), jnp.int32), floor)

@@ -1,0 +1,130 @@
+"""`sd.optimize.root` as SciPy's `scipy.optimize.root` is used: `fun`
+returning a list or tuple, and SciPy's globalized methods `"hybr"` (Powell's
+dogleg) and `"lm"` (Levenberg-Marquardt), which survive a singular Jacobian
+at the start (SciPy's pressure-network test, `x0 = [2, 0, 2, 0]`, where
+Newton stops), with the same implicit derivatives at the root."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.optimize
+
+import sciad as sd
+import sciad.numpy as snp
+from sciad.errors import ConvergenceError, InvalidOptionError, ShapeError
+
+K, QTOT = np.full(4, 0.5), 4.0
+
+
+def pressure_network(q, qtot, k):
+    """SciPy's test problem (scipy/optimize/tests/test_minpack.py): flows
+    `q` in parallel pipes, `P_i = k_i q_i^2`, equal pressures, total flow."""
+    p = k * q ** 2
+    return snp.concatenate([p[1:] - p[0], snp.sum(q)[None] - qtot])
+
+
+def pressure_network_np(q, qtot, k):
+    p = k * q ** 2
+    return np.hstack((p[1:] - p[0], q.sum() - qtot))
+
+
+X0 = np.array([2.0, 0.0, 2.0, 0.0])  # the Jacobian has rank 3 there
+
+
+def test_newton_stops_on_the_singular_start():
+    with pytest.raises(ConvergenceError, match="singular"):
+        sd.optimize.root(pressure_network, X0, (QTOT, K))
+
+
+@pytest.mark.parametrize("method", ["hybr", "lm"])
+def test_globalized_methods_solve_the_pressure_network_as_scipy(method):
+    want = scipy.optimize.root(pressure_network_np, X0, (QTOT, K), method=method).x
+    res = sd.optimize.root(pressure_network, X0, (QTOT, K), method=method)
+    assert res.success and res.status == 0
+    np.testing.assert_allclose(res.x, np.ones(4), atol=1e-9)
+    np.testing.assert_allclose(res.x, want, atol=1e-7)
+
+
+@pytest.mark.parametrize("method", ["hybr", "lm"])
+def test_unequal_pipes_against_scipy(method):
+    k = np.array([0.5, 1.0, 2.0, 0.25])
+    want = scipy.optimize.root(pressure_network_np, X0, (QTOT, k), method=method, tol=1e-13).x
+    got = sd.optimize.root(pressure_network, X0, (QTOT, k), method=method).x
+    np.testing.assert_allclose(got, want, rtol=1e-8)
+
+
+@pytest.mark.parametrize("method", ["hybr", "lm"])
+def test_derivatives_at_the_root_are_the_implicit_ones(method):
+    """d x*/d k from the root node's rule, after a start where the Jacobian is
+    singular, against central differences of SciPy's roots."""
+    def flows(k):
+        return sd.optimize.root(pressure_network, X0, (QTOT, k), method=method).x
+
+    k = np.array([0.5, 1.0, 2.0, 0.25])
+    jac = np.asarray(sd.jacfwd(flows)(k))
+    h = 1e-6
+    fd = np.stack([(scipy.optimize.root(pressure_network_np, X0, (QTOT, k + h * e),
+                                        method="hybr", tol=1e-14).x
+                    - scipy.optimize.root(pressure_network_np, X0, (QTOT, k - h * e),
+                                          method="hybr", tol=1e-14).x) / (2 * h)
+                   for e in np.eye(4)], axis=1)
+    np.testing.assert_allclose(jac, fd, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["hybr", "lm"])
+def test_the_rules_after_a_singular_start_pass_check_rules(method):
+    # JVP against central differences, VJP by the dot-product test, second
+    # order and batching, through the node that the trust region solved
+    def flows(k):
+        return sd.optimize.root(pressure_network, X0, (QTOT, k), method=method).x
+
+    sd.testing.check_rules(flows, np.array([0.5, 1.0, 2.0, 0.25]))
+
+
+def test_lm_survives_where_newton_overshoots():
+    # arctan: Newton from |x0| > 1.39 diverges; the trust region does not
+    for method in ("hybr", "lm"):
+        res = sd.optimize.root(lambda x: snp.arctan(x), np.array([3.0]), method=method)
+        assert abs(float(res.x[0])) < 1e-10
+
+
+@pytest.mark.parametrize("method", ["hybr", "lm"])
+def test_no_root_is_a_convergence_error_or_a_failed_result(method):
+    def f(x):
+        return x ** 2 + 1.0
+    with pytest.raises(ConvergenceError, match="did not converge"):
+        sd.optimize.root(f, np.array([0.7]), method=method)
+    res = sd.optimize.root(f, np.array([0.7]), method=method, throw=False)
+    assert not res.success and res.status != 0
+
+
+@pytest.mark.parametrize("method", ["hybr", "lm"])
+def test_globalized_methods_take_only_the_dense_jacobian(method):
+    with pytest.raises(InvalidOptionError, match="jac='dense'"):
+        sd.optimize.root(pressure_network, X0, (QTOT, K), method=method, jac="sparse")
+
+
+def test_fun_may_return_a_list_or_a_tuple_as_in_scipy():
+    def as_list(x):
+        return [x[0] ** 2 - 1.0, x[1] - x[0]]
+
+    def as_tuple(x, a):
+        return (x[0] * x[1] - a, x[0] - 2.0 * x[1])
+
+    want = scipy.optimize.root(lambda x: [x[0] ** 2 - 1, x[1] - x[0]], [2.0, 0.0]).x
+    np.testing.assert_allclose(sd.optimize.root(as_list, np.array([2.0, 0.0])).x, want,
+                               rtol=1e-9)
+    x = sd.optimize.root(as_tuple, np.array([1.0, 1.0]), (2.0,), method="hybr").x
+    np.testing.assert_allclose(x, [2.0, 1.0], rtol=1e-9)
+    # the derivative flows through the list's entries
+    g = sd.grad(lambda a: sd.optimize.root(as_tuple, np.array([1.0, 1.0]), (a,)).x[0])(2.0)
+    np.testing.assert_allclose(g, 0.5, rtol=1e-8)  # x0 = sqrt(2 a)
+
+
+def test_a_list_of_equal_arrays_stacks_and_a_ragged_one_is_refused():
+    x = sd.optimize.root(lambda x: [x[:2] - 1.0, x[2:] + 1.0], np.zeros(4)).x
+    np.testing.assert_allclose(x, [1.0, 1.0, -1.0, -1.0])
+    with pytest.raises(ShapeError, match="different shapes"):
+        sd.optimize.root(lambda x: [x[:1] - 1.0, x[1:] + 1.0], np.zeros(3))
