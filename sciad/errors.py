@@ -12,8 +12,11 @@ import functools
 import json
 from typing import NoReturn
 
+import numpy as np
+
 __all__ = [
     "SciadError",
+    "ArpackNoConvergenceError",
     "ShapeError",
     "InvalidOptionError",
     "DTypeError",
@@ -187,6 +190,26 @@ class ConvergenceError(SciadError, RuntimeError):
         self.tolerance = tolerance
         self.iterations = iterations
         super().__init__(message, op=op, source=source)
+
+
+class ArpackNoConvergenceError(ConvergenceError):
+    """ARPACK's non-convergence in `sciad.linalg.eigsh`, as SciPy's
+    `ArpackNoConvergence`: `eigenvalues` and `eigenvectors` (columns) are the
+    pairs that did converge (`eigenvectors` None where too large to carry),
+    `converged` their number."""
+
+    def __init__(self, message: str, *, op: str | None = None, source=None,
+                 residual: float | None = None, tolerance: float | None = None,
+                 iterations: int | None = None, converged: int = 0, eigenvalues=(),
+                 eigenvectors=None):
+        self.converged = converged
+        self.eigenvalues = np.asarray(eigenvalues, dtype=np.float64)
+        v = None if eigenvectors is None else np.asarray(eigenvectors, dtype=np.float64)
+        if v is not None and v.ndim != 2:
+            v = v.reshape(-1, max(len(self.eigenvalues), 1))[:, :len(self.eigenvalues)]
+        self.eigenvectors = v
+        super().__init__(message, op=op, source=source, residual=residual,
+                         tolerance=tolerance, iterations=iterations)
 
 
 class SciadWarning(UserWarning):

@@ -22,9 +22,12 @@ factorization (`linalg.factor`), used by the forward and adjoint solves
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import numpy as np
+import scipy.sparse as _sp
+import scipy.sparse.linalg as _spla
 
 from . import numpy as snp
 from .errors import DTypeError, InvalidOptionError, ShapeError
@@ -32,7 +35,7 @@ from .graph import Tracer
 from .numpy import _as_array
 from .primitives._checks import eps_of, refine_above
 from .primitives._eigen import FUNCTIONS, eigh as _eigh, eigh_apply
-from .primitives._eigsh import WHICH, eigsh as _eigsh, eigsh_operator
+from .primitives._eigsh import WHICH, eigsh as _eigsh, eigsh_host_operator, eigsh_operator
 from .primitives._linalg import (NORMS, _clean, linalg_rcond_p, linalg_solve_p, solve_operator,
                                  solve_params)
 from .primitives._sparse import assemble, gather
@@ -41,6 +44,8 @@ from .solvers._linear import resolve
 from .solvers._measures import ratio
 from .solvers._registry import names as _solver_names
 from .sparse import _check_tags, astype as _sparse_astype, data as _data, issparse, with_data
+from .sparse import csr_matrix as sparse_csr_matrix, sample as sparse_sample
+from .sparse import todense as sparse_todense
 
 __all__ = ["solve", "cond", "eigh", "eigvalsh", "eigsh", "funm_hermitian", "svd", "operator", "Operator", "SolveInfo", "SOLVERS"]
 
@@ -515,8 +520,10 @@ def funm_hermitian(A, f: str, *, degenerate_tol: float | None = None):
     return eigh_apply(_dense_hermitian(A, "linalg.eigh_apply"), f, degenerate_tol)
 
 
-def eigsh(A, k: int = 6, M=None, *, which: str | None = None, sigma: float | None = None,
-          tol: float = 0, maxiter: int | None = None, degenerate_tol: float | None = None):
+def eigsh(A, k: int = 6, M=None, sigma: float | None = None, which: str | None = "LM",
+          v0=None, ncv: int | None = None, maxiter: int | None = None, tol: float = 0,
+          return_eigenvectors: bool = True, Minv=None, OPinv=None, mode: str = "normal",
+          rng=None, *, degenerate_tol: float | None = None):
     """`k` eigenvalues and eigenvectors of a real symmetric sparse matrix, or
     of the generalized problem `A v = w M v`, by ARPACK
     (`scipy.sparse.linalg.eigsh`) on the host.
@@ -526,50 +533,83 @@ def eigsh(A, k: int = 6, M=None, *, which: str | None = None, sigma: float | Non
     `A` and `M` stay on their sparsity patterns (`sparse.sddmm`), never a
     dense `n x n`.
 
-    **Arguments:**
+    **Arguments** (SciPy's, in SciPy's order, and SciPy's defaults):
 
-    - `A`: a real (float64) symmetric sparse matrix of shape `(n, n)`
-      (`sd.sparse.coo_matrix`, `csr_matrix`), or a matrix-free symmetric
-      operator (`sd.linalg.operator(matvec, (n, n))`, its matvec written in
-      sciad ops and closing over the parameters to differentiate). A matrix
-      that is not symmetric raises `StructureError` when the program runs
-      (an operator: when `V^T A V` is not). An operator takes no `M` or
-      `sigma`; its eigenvectors' derivatives solve the bordered systems
-      matrix-free (GMRES, relative tolerance 1e-12).
-    - `k`: how many eigenpairs, `1 <= k < n`.
-    - `M`: None, or a symmetric positive definite sparse matrix of `A`'s
-      shape (a mass matrix; its own pattern): then `A v = w M v` with `v^T M
-      v = I`, SciPy's normalization. A diagonal that is not positive raises
-      `NotPositiveDefiniteError` when the program runs.
-    - `which`: SciPy's, and SciPy's default `"LM"` (largest magnitude):
-      `"SM"` (smallest magnitude), `"LA"` (largest algebraic), `"SA"`
-      (smallest algebraic), `"BE"` (`k // 2` from each end, the extra one
-      of an odd `k` from the high end; `k >= 2`; two ARPACK runs, `"SA"`
-      and `"LA"`).
-      For the smallest eigenvalues of a positive definite `A` say
-      `which="SA"`, or `sigma=0` (shift-invert, much faster).
+    - `A`: a real symmetric matrix of shape `(n, n)`: a sciad sparse matrix
+      (`sd.sparse.coo_matrix`, `csr_matrix`); a SciPy sparse array or matrix
+      (a constant); a dense array (NumPy's: its nonzeros; a traced sciad
+      array: all `n^2` entries, sampled onto a full pattern, so keep `n`
+      small); float32 (computed in float64, returned in float32 as SciPy
+      returns it); or a matrix-free symmetric operator (`sd.linalg.operator
+      (matvec, (n, n))`, its matvec written in sciad ops and closing over
+      the parameters to differentiate; it takes no `M` or `sigma`, and its
+      eigenvectors' derivatives solve the bordered systems matrix-free,
+      GMRES to 1e-12). A SciPy `LinearOperator` (as `A` or `M`) runs on the
+      host, outside the trace: SciPy's own `eigsh` is called at once, with
+      every option (`Minv`, `OPinv` too), and its results are constants (a
+      host operator has no derivative). A matrix that is not symmetric
+      raises `StructureError` when the program runs; a complex one is
+      refused (`DTypeError`).
+    - `k`: how many eigenpairs, `1 <= k < n` (SciPy's `ValueError` for
+      `k <= 0`). `k >= n` is SciPy's: a dense `A` is solved by
+      `sd.linalg.eigh` (all `n` pairs, with SciPy's `RuntimeWarning`), a
+      sparse or operator `A` raises `DTypeError` (a `TypeError`, as SciPy's).
+    - `M`: None, or a symmetric positive definite matrix of `A`'s shape, in
+      any of `A`'s forms but an operator (a mass matrix; its own pattern):
+      then `A v = w M v` with `v^T M v = I`, SciPy's normalization. A
+      diagonal that is not positive raises `NotPositiveDefiniteError` when
+      the program runs.
     - `sigma`: None, or a shift: shift-invert mode, as SciPy's, where
       `which` refers to `1 / (w - sigma)`: the default `"LM"` gives the
       eigenvalues nearest `sigma`, `"LA"` those just above it, `"SA"` those
       just below. SciPy factors `A - sigma M` on the host (SuperLU) at each
       call.
+    - `which`: SciPy's, and SciPy's default `"LM"` (largest magnitude):
+      `"SM"` (smallest magnitude), `"LA"` (largest algebraic), `"SA"`
+      (smallest algebraic), `"BE"` (`k // 2` from each end, the extra one
+      of an odd `k` from the high end; `k >= 2`; two ARPACK runs, `"SA"`
+      and `"LA"`). For the smallest eigenvalues of a positive definite `A`
+      say `which="SA"`, or `sigma=0` (shift-invert, much faster).
+    - `v0`: ARPACK's start vector (length `n`). By default a fixed seeded
+      random vector (SciPy's is random at each call), so runs are
+      reproducible; the results do not depend on it beyond rounding.
+    - `ncv`: the Lanczos basis size, `k < ncv <= n` (default SciPy's,
+      `max(2k + 1, 20)`). sciad computes one pair more than `k` (below) and
+      gives ARPACK `ncv + 1` vectors, keeping the spare ones asked for.
+    - `maxiter`: ARPACK's limit on restarts (default SciPy's, `10 n`).
     - `tol`: ARPACK's relative accuracy (0: machine precision).
-    - `maxiter`: ARPACK's limit on restarts (default SciPy's, `10 n`). If
-      ARPACK does not converge, `ConvergenceError` is raised when the
-      program runs, saying how many pairs converged (`.converged`).
-    - `degenerate_tol`: computed eigenvalues closer than
+    - `return_eigenvectors`: False returns `w` alone, in SciPy's order
+      (ARPACK's without vectors: ascending in shift-invert modes and for
+      `"BE"`, else from the least to the most wanted, so `"SA"` and `"SM"`
+      come descending); a loss of it needs no eigenvector solve.
+    - `Minv`, `OPinv`: refused (`InvalidOptionError`) for sciad matrices:
+      sciad solves with `M` and factors `A - sigma M` itself so that the
+      results are differentiable in `A` and `M`. (Taken with SciPy
+      `LinearOperator`s, which go to SciPy as they are.)
+    - `mode`: with `sigma`, SciPy's `"normal"` (the default), `"buckling"`
+      (`A` positive definite, `M` symmetric; `which` on `w / (w - sigma)`;
+      `v^T A v = 1`, as SciPy's: solved as the pencil `(M, A)` in
+      shift-invert at `1 / sigma`, `w = 1 / mu`) or `"cayley"` (`which` on
+      `(w + sigma) / (w - sigma)`); both need a nonzero sigma. Without
+      `sigma` it has no effect, as in SciPy.
+    - `rng`: accepted for SciPy's signature and unused: sciad's start
+      vector is fixed (or `v0`).
+    - `degenerate_tol` (sciad's): computed eigenvalues closer than
       `degenerate_tol * max|w|` form one cluster (default `sqrt(eps)`).
 
     **Returns:**
 
     `(w, v)`: `w` the `k` eigenvalues in ascending order, as SciPy returns
-    them for every `which` and `sigma` (shape `(k,)`), `v`
+    them for every `which`, `sigma` and `mode` (shape `(k,)`), `v`
     the eigenvectors as columns (shape `(n, k)`, `A @ v = M @ v * w`, unit
-    or M-orthonormal), each with its entry of largest magnitude positive.
-    ARPACK starts from a fixed vector, so runs are reproducible. It computes
-    `k + 1` pairs: the next eigenvalue tells whether `k` cuts a cluster of
-    repeated eigenvalues (below). A matrix with `k + 2 >= n` is solved
-    densely.
+    or M-orthonormal), each with its entry of largest magnitude positive
+    (SciPy's signs are arbitrary). ARPACK computes `k + 1` pairs: the next
+    eigenvalue tells whether `k` cuts a cluster of repeated eigenvalues
+    (below). A matrix with `k + 2 >= n` is solved densely. If ARPACK does
+    not converge, `sciad.errors.ArpackNoConvergenceError` (a
+    `ConvergenceError`, a `RuntimeError`) is raised when the program runs,
+    with the converged pairs as SciPy's `ArpackNoConvergence` carries them:
+    `.eigenvalues`, `.eigenvectors`, `.converged`.
 
     **Derivatives.** `dw_i = v_i^T (dA - w_i dM) v_i`. The eigenvectors'
     derivatives take one sparse solve per computed pair, with the bordered
@@ -593,38 +633,196 @@ def eigsh(A, k: int = 6, M=None, *, which: str | None = None, sigma: float | Non
     sd.linalg.eigsh(A, 3)[0]                    # [3.9913 3.9961 3.9990]: "LM", SciPy's
     sd.linalg.eigsh(A, 3, which="SA")[0]        # [0.00097 0.00387 0.00871]
     sd.linalg.eigsh(A, 3, sigma=0.0)[0]         # the same three, by shift-invert
+    sd.linalg.eigsh(A, 3, which="SA", return_eigenvectors=False)  # [0.00871 0.00387 0.00097]
     ```
     """
     op = "linalg.eigsh"
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise ShapeError(f"`k` must be an int, got {k!r}.", op=op)
+    if k <= 0:
+        raise ShapeError(f"`k` must be greater than 0 (as SciPy's), got k={k}.", op=op)
+    if mode not in ("normal", "buckling", "cayley"):
+        raise InvalidOptionError(f"`mode` must be 'normal', 'buckling' or 'cayley' (SciPy's), "
+                                 f"got {mode!r}.", op=op)
+    if which is None:
+        which = "LM"
+    if which not in WHICH + ("BE",):
+        raise InvalidOptionError(f"`which` must be one of {WHICH + ('BE',)} (SciPy's), got "
+                                 f"{which!r}.", op=op)
+    if isinstance(A, _spla.LinearOperator) or isinstance(M, _spla.LinearOperator):
+        # SciPy's operators run on the host and have no derivative rule: SciPy's
+        # own eigsh, now (see the docstring)
+        if any(isinstance(x, Tracer) for x in (A, M, sigma)):
+            raise DTypeError("a SciPy LinearOperator runs on the host, outside sciad's "
+                             "trace, and cannot be combined with traced values: write the "
+                             "operator as `sd.linalg.operator(matvec, (n, n))` with a "
+                             "matvec in sciad ops.", op=op)
+        return eigsh_host_operator(A, k, M, sigma, which, v0, ncv, maxiter, tol,
+                                   return_eigenvectors, Minv, OPinv, mode)
+    for name, x in (("Minv", Minv), ("OPinv", OPinv)):
+        if x is not None:
+            raise InvalidOptionError(
+                f"`{name}` is not taken: sciad solves with `M` (and factors `A - sigma M` "
+                "in shift-invert) itself, so that the eigenpairs are differentiable in `A` "
+                "and `M`; a given inverse has no derivative rule. Leave it out (or pass "
+                "SciPy LinearOperators for `A`/`M` to run SciPy's eigsh as it is, with no "
+                "derivative).", op=op)
+    if isinstance(sigma, Tracer):
+        raise InvalidOptionError("`sigma` must be a number known when tracing (a static param: "
+                                 "it picks which eigenpairs are found, and they do not depend "
+                                 "on it), got a traced value.", op=op)
+    if sigma is not None:
+        if np.iscomplexobj(sigma):
+            raise DTypeError(f"`sigma` must be real for a real symmetric `A`, got {sigma!r}.",
+                             op=op)
+        sigma = float(sigma)
+    if ncv is not None and (isinstance(ncv, bool) or not isinstance(ncv, (int, np.integer))):
+        raise InvalidOptionError(f"`ncv` must be an int or None, got {ncv!r}.", op=op)
+    # rng: SciPy's random start vector; sciad's start is fixed (or `v0`), the
+    # results do not depend on it: accepted, unused
+    del rng
+    dense = not isinstance(A, Operator) and not issparse(A) and not _sp.issparse(A)
+    n = A.shape[0] if hasattr(A, "shape") else np.shape(A)[0]
+    if k >= n:
+        if not dense:
+            raise DTypeError(f"k={k} >= n={n}: ARPACK computes fewer than n eigenpairs, and "
+                             "SciPy refuses a sparse or operator `A` here too. Use "
+                             "`sd.linalg.eigh(sd.sparse.todense(A))`, or reduce k.", op=op)
+        # SciPy: a dense A with k >= n is solved by scipy.linalg.eigh (all n pairs)
+        warnings.warn("k >= N for N * N square matrix: solving with sd.linalg.eigh (all N "
+                      "eigenpairs), as SciPy's eigsh does.", RuntimeWarning, stacklevel=2)
+        if sigma is not None or mode != "normal":
+            raise InvalidOptionError("k >= n solves the dense problem with all eigenpairs: "
+                                     "`sigma` and `mode` do not apply; leave them out.", op=op)
+        w, v = eigh(A, None if M is None else _as_dense(M, "M", op),
+                    degenerate_tol=degenerate_tol)
+        return (w, v) if return_eigenvectors else w
+    A = _as_eigsh_matrix(A, "A", op)
+    M = None if M is None else _as_eigsh_matrix(M, "M", op)
+    dtype = A.dtype if isinstance(A, Operator) else A.type.dtype
+    if M is not None and isinstance(A, Operator):
+        raise ShapeError("a matrix-free operator takes neither `M` nor `sigma` (shift-"
+                         "invert needs a factorization): pass a sparse matrix, or "
+                         "fold `M` into the operator.", op=op)
+    if M is not None and M.type.dtype != dtype:
+        M = _sparse_astype(M, dtype)
+    if dtype == np.float32:  # SciPy's results are float32: computed in float64
+        w, v = eigsh(_sparse_astype(A, np.float64), k,
+                     None if M is None else _sparse_astype(M, np.float64), sigma, which, v0,
+                     ncv, maxiter, tol, True, None, None, mode, degenerate_tol=degenerate_tol)
+        w, v = snp.astype(w, np.float32), snp.astype(v, np.float32)
+        return (w, v) if return_eigenvectors else _scipy_value_order(w, which, sigma, mode)
+    if sigma is not None and mode == "buckling":
+        # A v = w M v, A positive definite, which on w / (w - sigma): the
+        # pencil (M, A) in shift-invert, mu = 1 / w near 1 / sigma, where
+        # w / (w - sigma) = -(1 / sigma) / (mu - 1 / sigma); v^T A v = 1 as SciPy's
+        if M is None or isinstance(sigma, Tracer) or sigma == 0:
+            raise InvalidOptionError("mode='buckling' needs `M` and a nonzero (untraced) "
+                                     "sigma (SciPy's buckling mode: A positive definite, M "
+                                     "symmetric).", op=op)
+        swap = {"LA": "SA", "SA": "LA"} if sigma > 0 else {}
+        mu, v = eigsh(M, k, A, 1.0 / sigma, swap.get(which, which), v0, ncv, maxiter, tol,
+                      True, degenerate_tol=degenerate_tol)
+        w = 1.0 / mu
+        order = snp.argsort(w)
+        w, v = snp.take(w, order), snp.take(v, order, axis=1)
+        return (w, v) if return_eigenvectors else w
+    if mode == "cayley" and sigma is not None and (isinstance(sigma, Tracer) or sigma == 0):
+        raise InvalidOptionError("mode='cayley' needs a nonzero (untraced) sigma: its "
+                                 "operator is (A - sigma M)^-1 (A + sigma M).", op=op)
     if which == "BE":
         if k < 2:
             raise ShapeError(f"which='BE' needs k >= 2 (ARPACK refuses one eigenpair from "
                              f"both ends, and so does SciPy), got k={k}. For the largest "
                              "eigenvalue say which='LA'.", op=op)
+        if mode == "cayley" and sigma is not None:
+            raise InvalidOptionError("which='BE' with mode='cayley' is not supported: ask "
+                                     "for the two ends ('SA', 'LA') in two calls.", op=op)
         # SciPy's "BE": k // 2 wanted from the low end, the rest (one more if
         # k is odd) from the high end, in ascending order. Two runs, each with
         # its own next eigenvalue, so a cluster that either end cuts is seen.
         low = int(k) // 2
-        (wl, vl), (wh, vh) = (eigsh(A, j, M, which=end, sigma=sigma, tol=tol,
-                                    maxiter=maxiter, degenerate_tol=degenerate_tol)
+        (wl, vl), (wh, vh) = (eigsh(A, j, M, sigma, end, v0, ncv if ncv is None or ncv > j
+                                    else None, maxiter, tol, True,
+                                    degenerate_tol=degenerate_tol)
                               for j, end in ((low, "SA"), (int(k) - low, "LA")))
-        return snp.concatenate([wl, wh]), snp.concatenate([vl, vh], axis=1)
-    if which is None:
-        which = "LM"
-    if which not in WHICH:
-        raise InvalidOptionError(f"`which` must be one of {WHICH + ('BE',)} (SciPy's), got "
-                                 f"{which!r}.", op=op)
+        w, v = snp.concatenate([wl, wh]), snp.concatenate([vl, vh], axis=1)
+        return (w, v) if return_eigenvectors else w
     if isinstance(A, Operator):
-        if M is not None or sigma is not None:
+        if sigma is not None:
             raise ShapeError("a matrix-free operator takes neither `M` nor `sigma` (shift-"
                              "invert needs a factorization): pass a sparse matrix, or "
                              "fold `M` into the operator.", op=op)
         if A.dtype != np.float64:
             raise DTypeError(f"a matrix-free operator must act on float64 vectors, got "
                              f"{A.dtype}.", op=op)
-        return eigsh_operator(A, k, which, float(tol),
-                              None if maxiter is None else int(maxiter), degenerate_tol)
-    return _eigsh(A, k, M, which=which, sigma=sigma, tol=tol, maxiter=maxiter,
-                  degenerate_tol=degenerate_tol)
+        w, v = eigsh_operator(A, k, which, float(tol),
+                              None if maxiter is None else int(maxiter), degenerate_tol,
+                              v0, ncv)
+    else:
+        w, v = _eigsh(A, k, M, which=which, sigma=sigma, tol=tol, maxiter=maxiter,
+                      degenerate_tol=degenerate_tol, mode=mode, v0=v0, ncv=ncv)
+    return (w, v) if return_eigenvectors else _scipy_value_order(w, which, sigma, mode)
+
+
+def _scipy_value_order(w, which: str, sigma, mode: str):
+    """The eigenvalues (ascending) in the order SciPy returns them without
+    eigenvectors (ARPACK's `dseupd`): ascending in shift-invert modes and for
+    "BE"; else from the least wanted to the most wanted (so "SA" and "SM"
+    are descending)."""
+    if sigma is not None or which == "BE":
+        return w
+    key = {"SA": w, "LA": -w, "LM": -snp.abs(w), "SM": snp.abs(w)}[which]
+    return snp.take(w, snp.argsort(-key, stable=True))
+
+
+def _as_dense(X, name: str, op: str):
+    """A dense array of `X` (a sparse matrix, SciPy's or sciad's, or an array)."""
+    if _sp.issparse(X):
+        return np.asarray(X.toarray())
+    if issparse(X):
+        return sparse_todense(X)
+    return _dense_hermitian(X, op)
+
+
+def _as_eigsh_matrix(X, name: str, op: str):
+    """`X` as `eigsh` runs on it: a sciad sparse matrix or `Operator` as it
+    is; a SciPy sparse array or matrix as a sciad one (a constant); a dense
+    array (NumPy's: its nonzeros; a traced one: every entry) as a sparse
+    matrix. Integer matrices become float64, complex ones are refused."""
+    if isinstance(X, Operator) and name == "A":
+        return X
+    if _sp.issparse(X):
+        c = _sp.csr_matrix(X)
+        c.sum_duplicates()
+        c.sort_indices()
+        if c.dtype.kind == "c":
+            raise DTypeError(f"`{name}` must be real symmetric, got a complex matrix: "
+                             "complex Hermitian problems are not supported yet (SciPy "
+                             "hands them to `eigs`).", op=op)
+        data = c.data if c.dtype.kind == "f" else c.data.astype(np.float64)
+        X = sparse_csr_matrix((data, c.indices, c.indptr), shape=c.shape)
+    elif not issparse(X):
+        if isinstance(X, Operator):
+            raise ShapeError(f"`{name}` cannot be a matrix-free operator.", op=op)
+        if isinstance(X, Tracer):
+            X = _dense_hermitian(X, op)
+            n = X.shape[0]
+            if X.ndim != 2 or X.shape[1] != n:
+                raise ShapeError(f"`{name}` must be square, got shape {X.shape}.", op=op)
+            full = sparse_csr_matrix((np.ones(n * n), np.tile(np.arange(n), n),
+                                      np.arange(0, n * n + 1, n)), shape=(n, n)).type.pattern
+            X = sparse_sample(X, full)
+        else:
+            d = np.asarray(X)
+            if d.ndim != 2 or d.shape[0] != d.shape[1]:
+                raise ShapeError(f"`{name}` must be a square matrix, got shape {d.shape}.",
+                                 op=op)
+            return _as_eigsh_matrix(_sp.csr_matrix(d), name, op)
+    t = X.type
+    if t.dtype.kind == "c":
+        raise DTypeError(f"`{name}` must be real symmetric, got {t.str_short()}: complex "
+                         "Hermitian problems are not supported yet.", op=op)
+    if t.dtype.kind != "f":
+        X = _sparse_astype(X, np.float64)
+    return X

@@ -63,7 +63,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from ..config import x64_scope
-from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NonFiniteError,
+from ..errors import (ArpackNoConvergenceError, ConvergenceError, DTypeError, InvalidOptionError, NonFiniteError,
                       NotPositiveDefiniteError, ShapeError, SingularMatrixError,
                       StructureError, plain)
 from .. import _ops as ops
@@ -92,7 +92,15 @@ eigsh_p = Primitive("linalg.eigsh", multiple_results=True, runtime_checks=True, 
     "maxiter": Param((int, None), default=None),
     "degenerate_tol": float,
     "mass_pattern": Param((Pattern, None), default=None),
+    "mode": Param(str, default="normal"),
+    "v0": Param((tuple[float, ...], None), default=None),
+    "ncv": Param((int, None), default=None),
 })
+
+#: SciPy's modes of shift-invert (`mode`), and what `which` refers to in each:
+#: `1 / (w - sigma)` ("normal"), `(w + sigma) / (w - sigma)` ("cayley");
+#: "buckling" is built by `sciad.linalg.eigsh` as "normal" on the swapped pencil
+MODES = ("normal", "cayley")
 
 
 def _check_matrix(t, name: str, pattern, op: str) -> None:
@@ -113,7 +121,7 @@ def _check_matrix(t, name: str, pattern, op: str) -> None:
 
 @eigsh_p.def_abstract_eval
 def _eigsh_shape(a, *m, pattern, k, which, sigma=None, tol=0.0, maxiter=None,
-                 degenerate_tol, mass_pattern=None):
+                 degenerate_tol, mass_pattern=None, mode="normal", v0=None, ncv=None):
     op = "linalg.eigsh"
     _check_matrix(a, "A", pattern, op)
     if (mass_pattern is None) != (not m) or len(m) > 1:
@@ -124,10 +132,13 @@ def _eigsh_shape(a, *m, pattern, k, which, sigma=None, tol=0.0, maxiter=None,
         if m[0].shape != a.shape:
             raise ShapeError(f"`M` must have `A`'s shape {a.shape}, got "
                              f"{m[0].str_short()}.", op=op)
-    return _checked_results(n, k, which, tol, maxiter, degenerate_tol, op)
+    if mode not in MODES or (mode != "normal" and not sigma):
+        raise InvalidOptionError(f"`mode` must be one of {MODES} (a cayley mode with a "
+                                 f"nonzero sigma), got mode={mode!r}, sigma={sigma}.", op=op)
+    return _checked_results(n, k, which, tol, maxiter, degenerate_tol, op, v0, ncv)
 
 
-def _checked_results(n, k, which, tol, maxiter, degenerate_tol, op):
+def _checked_results(n, k, which, tol, maxiter, degenerate_tol, op, v0=None, ncv=None):
     """The options' trace-time checks; the result types `(w, v, edge)`."""
     if not 1 <= k < n:
         raise ShapeError(f"`k` must satisfy 1 <= k < n = {n} (ARPACK computes fewer "
@@ -145,6 +156,11 @@ def _checked_results(n, k, which, tol, maxiter, degenerate_tol, op):
     if not degenerate_tol >= 0:
         raise InvalidOptionError(f"`degenerate_tol` must be >= 0, got {plain(degenerate_tol)}.",
                                  op=op)
+    if v0 is not None and len(v0) != n:
+        raise ShapeError(f"`v0` must have n = {n} entries, got {len(v0)}.", op=op)
+    if ncv is not None and not k < ncv <= n:
+        raise InvalidOptionError(f"`ncv` must satisfy k < ncv <= n (k={k}, n={n}), as "
+                                 f"SciPy's, got ncv={ncv}.", op=op)
     f64 = np.dtype(np.float64)
     return TensorType((k,), f64), TensorType((n, k), f64), TensorType((), f64)
 
@@ -155,26 +171,40 @@ def _start_vector(n: int) -> np.ndarray:
     return np.random.default_rng(0).standard_normal(n)
 
 
-def _key(w, which: str, sigma):
+def _arpack_args(n: int, k: int, v0, ncv):
+    """The start vector and basis size ARPACK gets for `k + 1` pairs: `v0`
+    (a fixed seeded one when None), and `ncv + 1` (at most `n`): sciad asks
+    for one pair more than `k`, and keeps the `ncv - k` spare vectors the
+    caller asked for."""
+    v0 = _start_vector(n) if v0 is None else np.asarray(v0, np.float64)
+    return v0, None if ncv is None else min(int(ncv) + 1, n)
+
+
+def _key(w, which: str, sigma, mode: str = "normal"):
     """ARPACK's order of wantedness for `which` (on `1 / (w - sigma)` in
-    shift-invert mode): the most wanted eigenvalues have the smallest key."""
-    x = w if sigma is None else 1.0 / (w - sigma)
+    shift-invert mode, `(w + sigma) / (w - sigma)` in cayley mode): the
+    most wanted eigenvalues have the smallest key."""
+    x = w if sigma is None else (1.0 / (w - sigma) if mode == "normal"
+                                 else (w + sigma) / (w - sigma))
     return {"SA": x, "LA": -x, "LM": -np.abs(x), "SM": np.abs(x)}[which]
 
 
 def _eigsh_host(data, mdata=None, *, pattern, mass_pattern, k, which, sigma, tol, maxiter,
-                site):
+                site, mode="normal", v0=None, ncv=None):
     """ARPACK on each matrix of a batch (leading axes of `data`): the `k`
     wanted eigenpairs, and the next eigenvalue in ARPACK's order (`k + 1`
     are computed; a small matrix is solved densely)."""
     n = pattern.shape[0]
     data = np.asarray(data)
     batch = data.shape[:-1]
-    flat = data.reshape((-1, pattern.nnz))
+    if mdata is not None:  # (either may be the batched one)
+        mdata = np.asarray(mdata)
+        batch = np.broadcast_shapes(batch, mdata.shape[:-1])
+    flat = np.broadcast_to(data, batch + (pattern.nnz,)).reshape((-1, pattern.nnz))
     mflat = None if mdata is None else np.broadcast_to(
-        np.asarray(mdata), batch + (mass_pattern.nnz,)).reshape((-1, mass_pattern.nnz))
+        mdata, batch + (mass_pattern.nnz,)).reshape((-1, mass_pattern.nnz))
     ws, vs, edges = np.empty((len(flat), k)), np.empty((len(flat), n, k)), np.empty(len(flat))
-    v0 = _start_vector(n)
+    v0, ncv = _arpack_args(n, k, v0, ncv)
 
     def matrix(d, p, name):
         if not np.all(np.isfinite(d)):
@@ -202,9 +232,9 @@ def _eigsh_host(data, mdata=None, *, pattern, mass_pattern, k, which, sigma, tol
         else:
             try:
                 w, v = spla.eigsh(a, k=k + 1, M=mm, which=which, sigma=sigma, tol=tol,
-                                  maxiter=maxiter, v0=v0)
+                                  maxiter=maxiter, v0=v0, ncv=ncv, mode=mode)
             except spla.ArpackNoConvergence as e:
-                _no_convergence(site, e, k, which, sigma, tol, maxiter)
+                _no_convergence(site, e, k, which, sigma, tol, maxiter, mode)
             except RuntimeError as e:  # SuperLU's "Factor is exactly singular"
                 if sigma is None or "singular" not in str(e):
                     raise
@@ -213,21 +243,26 @@ def _eigsh_host(data, mdata=None, *, pattern, mass_pattern, k, which, sigma, tol
                           f"{sigma!r} is an eigenvalue. Move sigma off it (by 1e-8 |sigma|, "
                           "say): the eigenvalues nearest it are found all the same.")
         _finite_pairs(site, w, v)
-        ws[b], vs[b], edges[b] = _finish(w, v, k, which, sigma)
+        ws[b], vs[b], edges[b] = _finish(w, v, k, which, sigma, mode)
     return ws.reshape(batch + (k,)), vs.reshape(batch + (n, k)), edges.reshape(batch)
 
 
-def _finish(w, v, k: int, which: str, sigma):
+def _finish(w, v, k: int, which: str, sigma, mode: str = "normal"):
     """From `k + 1` or more eigenpairs (ARPACK's, or a dense solver's all):
     the `k` most wanted sorted ascending, each vector's largest entry
     positive, and the next eigenvalue in ARPACK's order (`edge`)."""
-    wanted = np.argsort(_key(w, which, sigma), kind="stable")[:k + 1]
+    wanted = np.argsort(_key(w, which, sigma, mode), kind="stable")[:k + 1]
     edge = w[wanted[-1]]
     w, v = w[wanted[:-1]], v[:, wanted[:-1]]
     order = np.argsort(w)
     w, v = w[order], v[:, order]
+    return w, _signed(v), edge
+
+
+def _signed(v):
+    """Each column with its entry of largest magnitude positive."""
     big = np.argmax(np.abs(v), axis=0)
-    return w, v * np.where(v[big, np.arange(k)] < 0, -1.0, 1.0), edge
+    return v * np.where(v[big, np.arange(v.shape[1])] < 0, -1.0, 1.0)
 
 
 def _finite_pairs(site, w, v):
@@ -239,25 +274,50 @@ def _finite_pairs(site, w, v):
                   "eigenvalues wanted.")
 
 
-def _no_convergence(site, e, k, which, sigma, tol, maxiter):
-    got = len(e.eigenvalues)
-    site.fail(ConvergenceError,
-              f"ARPACK did not converge: {got} of the {k + 1} eigenpairs converged (k={k} "
-              f"and the next, which={which!r}, sigma={sigma}, tol={tol:g}, "
-              f"maxiter={maxiter}). Raise `maxiter`, loosen `tol`, or for eigenvalues in "
-              "the interior or near a value use shift-invert (`sigma`).",
-              converged=got, iterations=maxiter, tolerance=float(tol))
+#: the most entries of converged eigenvectors a no-convergence error carries
+#: (they cross XLA in the error's text)
+ATTACHED_ENTRIES = 1 << 20
+
+
+def converged_pairs(e, k: int, which: str, sigma, mode: str = "normal"):
+    """ARPACK's converged pairs of a no-convergence (`e`, SciPy's
+    `ArpackNoConvergence`): the `k` most wanted of them, ascending, signed as
+    the results are."""
+    w, v = np.asarray(e.eigenvalues).real, np.asarray(e.eigenvectors).real
+    keep = np.isfinite(w) & np.all(np.isfinite(v), axis=0)
+    w, v = w[keep], v[:, keep]
+    wanted = np.argsort(_key(w, which, sigma, mode), kind="stable")[:k]
+    w, v = w[wanted], v[:, wanted]
+    order = np.argsort(w)
+    return w[order], _signed(v[:, order]) if v.size else v[:, order]
+
+
+def _no_convergence(site, e, k, which, sigma, tol, maxiter, mode="normal"):
+    w, v = converged_pairs(e, k, which, sigma, mode)
+    got = len(w)
+    vectors = v.tolist() if v.size <= ATTACHED_ENTRIES else None
+    site.fail(ArpackNoConvergenceError,
+              f"ARPACK did not converge: {len(e.eigenvalues)} of the {k + 1} eigenpairs "
+              f"converged (k={k} and the next, which={which!r}, sigma={sigma}, tol={tol:g}, "
+              f"maxiter={maxiter}); the error's `eigenvalues` and `eigenvectors` hold the "
+              f"{got} converged ones among the k wanted, as SciPy's ArpackNoConvergence "
+              "does. Raise `maxiter`, loosen `tol`, or for eigenvalues in the interior or "
+              "near a value use shift-invert (`sigma`).",
+              converged=got, iterations=maxiter, tolerance=float(tol),
+              eigenvalues=w.tolist(), eigenvectors=vectors)
 
 
 @eigsh_p.def_impl
 def _eigsh_impl(data, *mdata, pattern, k, which, sigma=None, tol=0.0, maxiter=None,
-                degenerate_tol, mass_pattern=None, site=None):
+                degenerate_tol, mass_pattern=None, mode="normal", v0=None, ncv=None,
+                site=None):
     site = site or Site("linalg.eigsh")
     n = pattern.shape[0]
 
     def host(d, *m):
         return _eigsh_host(d, *m, pattern=pattern, mass_pattern=mass_pattern, k=k,
-                           which=which, sigma=sigma, tol=tol, maxiter=maxiter, site=site)
+                           which=which, sigma=sigma, tol=tol, maxiter=maxiter, site=site,
+                           mode=mode, v0=v0, ncv=ncv)
 
     return tuple(host_call(host, (jax.ShapeDtypeStruct((k,), jnp.float64),
                                   jax.ShapeDtypeStruct((n, k), jnp.float64),
@@ -361,7 +421,8 @@ def _eigsh_cost(node, body):
 
 def eigsh(a, k: int = 6, m=None, *, which: str | None = None, sigma=None,
           tol: float = 0.0, maxiter: int | None = None,
-          degenerate_tol: float | None = None):
+          degenerate_tol: float | None = None, mode: str = "normal", v0=None,
+          ncv: int | None = None):
     """`eigsh_p` with SciPy's defaults resolved (see `sciad.linalg.eigsh`);
     returns `(w, v)`."""
     op = "linalg.eigsh"
@@ -385,8 +446,51 @@ def eigsh(a, k: int = 6, m=None, *, which: str | None = None, sigma=None,
     w, v, _ = eigsh_p.bind(*operands, pattern=a.type.pattern, k=int(k), which=str(which),
                            sigma=sigma, tol=float(tol), maxiter=maxiter,
                            degenerate_tol=tol_d,
-                           mass_pattern=None if m is None else m.type.pattern)
+                           mass_pattern=None if m is None else m.type.pattern,
+                           mode=str(mode) if sigma is not None else "normal",
+                           v0=_as_v0(v0), ncv=None if ncv is None else int(ncv))
     return w, v
+
+
+def eigsh_host_operator(A, k, M, sigma, which, v0, ncv, maxiter, tol, return_eigenvectors,
+                        Minv, OPinv, mode):
+    """SciPy's `eigsh` run now, on the host, for a SciPy `LinearOperator`
+    (`A` or `M`): SciPy's results, as constants (a host operator has no
+    derivative to give), ascending (or in SciPy's order without vectors),
+    each vector's largest entry positive; `v0` fixed as sciad's. A
+    no-convergence raises `ArpackNoConvergenceError` with SciPy's converged
+    pairs."""
+    op = "linalg.eigsh"
+    n = A.shape[0]
+    if v0 is None:
+        v0 = _start_vector(n)
+    try:
+        out = spla.eigsh(A, k, M=M, sigma=sigma, which=which, v0=v0, ncv=ncv,
+                         maxiter=maxiter, tol=tol, return_eigenvectors=return_eigenvectors,
+                         Minv=Minv, OPinv=OPinv, mode=mode)
+    except spla.ArpackNoConvergence as e:
+        w, v = converged_pairs(e, k, which, sigma, mode)
+        raise ArpackNoConvergenceError(
+            f"ARPACK did not converge ({e}); the error's `eigenvalues` and `eigenvectors` "
+            f"hold the {len(w)} converged pairs. Raise `maxiter`, loosen `tol`, or use "
+            "shift-invert (`sigma`).", op=op, converged=len(w), eigenvalues=w,
+            eigenvectors=v, iterations=maxiter, tolerance=float(tol)) from None
+    if not return_eigenvectors:
+        return np.asarray(out)
+    w, v = out
+    order = np.argsort(w, kind="stable")
+    return w[order], _signed(v[:, order])
+
+
+def _as_v0(v0):
+    """`v0` as the node's param: a tuple of floats (or None)."""
+    if v0 is None:
+        return None
+    v0 = np.asarray(v0, dtype=np.float64)
+    if v0.ndim != 1 or not np.all(np.isfinite(v0)):
+        raise ShapeError(f"`v0` must be a finite vector, got shape {v0.shape}.",
+                         op="linalg.eigsh")
+    return tuple(float(x) for x in v0)
 
 
 # ---------------------------------------------------------------------------
@@ -399,11 +503,14 @@ eigsh_operator_p = Primitive("linalg.eigsh_operator", multiple_results=True,
                                  "body": Body, "k": int, "which": str,
                                  "tol": Param(float, default=0.0),
                                  "maxiter": Param((int, None), default=None),
-                                 "degenerate_tol": float})
+                                 "degenerate_tol": float,
+                                 "v0": Param((tuple[float, ...], None), default=None),
+                                 "ncv": Param((int, None), default=None)})
 
 
 @eigsh_operator_p.def_abstract_eval
-def _operator_shape(*params, body, k, which, tol=0.0, maxiter=None, degenerate_tol):
+def _operator_shape(*params, body, k, which, tol=0.0, maxiter=None, degenerate_tol, v0=None,
+                    ncv=None):
     op = "linalg.eigsh"
     if not isinstance(body, Body) or len(body.inputs) != len(params) + 1 \
             or len(body.outputs) != 1 or tuple(params) != tuple(body.in_types[:-1]):
@@ -413,10 +520,10 @@ def _operator_shape(*params, body, k, which, tol=0.0, maxiter=None, degenerate_t
     if not isinstance(v, TensorType) or v.ndim != 1 or out != v or v.dtype != np.float64:
         raise ShapeError(f"the operator's matvec must map a float64 vector to one of the "
                          f"same shape, got {v.str_short()} -> {out.str_short()}.", op=op)
-    return _checked_results(v.shape[0], k, which, tol, maxiter, degenerate_tol, op)
+    return _checked_results(v.shape[0], k, which, tol, maxiter, degenerate_tol, op, v0, ncv)
 
 
-def _operator_host(matvec, n, k, which, tol, maxiter, site):
+def _operator_host(matvec, n, k, which, tol, maxiter, site, v0=None, ncv=None):
     """ARPACK on a matrix-free operator (`matvec` a host function), for one
     operator (matrix-free operators are not batched on the host: a batch
     runs as a `lax.map` of the primitive)."""
@@ -434,8 +541,9 @@ def _operator_host(matvec, n, k, which, tol, maxiter, site):
         w, v = np.linalg.eigh((dense + dense.T) / 2)
     else:
         try:
+            v0, ncv = _arpack_args(n, k, v0, ncv)
             w, v = spla.eigsh(op, k=k + 1, which=which, tol=tol, maxiter=maxiter,
-                              v0=_start_vector(n))
+                              v0=v0, ncv=ncv)
         except spla.ArpackNoConvergence as e:
             _no_convergence(site, e, k, which, None, tol, maxiter)
     _finite_pairs(site, w, v)
@@ -453,7 +561,7 @@ def _operator_host(matvec, n, k, which, tol, maxiter, site):
 
 @eigsh_operator_p.def_impl
 def _operator_impl(*params, body, k, which, tol=0.0, maxiter=None, degenerate_tol,
-                   site=None):
+                   v0=None, ncv=None, site=None):
     site = site or Site("linalg.eigsh")
     n = body.inputs[-1].type.shape[0]
     f = jax.jit(lower(body))
@@ -468,7 +576,7 @@ def _operator_impl(*params, body, k, which, tol=0.0, maxiter=None, degenerate_to
         flat = [np.broadcast_to(a, batch + np.shape(a)[np.ndim(a) - r:]).reshape(
             (count,) + np.shape(a)[np.ndim(a) - r:]) for a, r in zip(arrays, ranks)]
         outs = [_operator_host(lambda x, b=b: f(*(a[b] for a in flat), x)[0], n, k, which,
-                               tol, maxiter, site) for b in range(count)]
+                               tol, maxiter, site, v0, ncv) for b in range(count)]
         return (np.stack([o[0] for o in outs]).reshape(batch + (k,)),
                 np.stack([o[1] for o in outs]).reshape(batch + (n, k)),
                 np.array([o[2] for o in outs]).reshape(batch))
@@ -532,7 +640,8 @@ register_v1_migration("linalg.eigsh_operator",
                       graph_param_v1(lambda g: Body.of(g, len(g.inputs) - 1)))
 
 
-def eigsh_operator(a, k: int, which: str | None, tol: float, maxiter, degenerate_tol):
+def eigsh_operator(a, k: int, which: str | None, tol: float, maxiter, degenerate_tol,
+                   v0=None, ncv=None):
     """`eigsh_operator_p` for a `sciad.linalg.Operator` (see `sciad.linalg.eigsh`)."""
     n = a.shape[0]
     graph, captured, _ = trace_body(lambda x: [ops.asarray(a.matvec(x))],
@@ -540,7 +649,8 @@ def eigsh_operator(a, k: int, which: str | None, tol: float, maxiter, degenerate
     tol_d = default_tol(np.float64) if degenerate_tol is None else float(degenerate_tol)
     w, v, _ = eigsh_operator_p.bind(*captured, body=Body.of(graph, len(captured)), k=int(k),
                                     which="LM" if which is None else str(which),
-                                    tol=float(tol), maxiter=maxiter, degenerate_tol=tol_d)
+                                    tol=float(tol), maxiter=maxiter, degenerate_tol=tol_d,
+                                    v0=_as_v0(v0), ncv=None if ncv is None else int(ncv))
     return w, v
 
 
