@@ -560,7 +560,8 @@ def _root_method(method, kind: str, op: str):
 @api_boundary
 def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = None,
          tol: float | None = None, atol: float = 0.0, maxiter: int = 50,
-         throw: bool = True, jac0=None, at_floor: bool = False) -> RootResult:
+         throw: bool = True, jac0=None, at_floor: bool = False, *, callback=None,
+         options=None) -> RootResult:
     """Solves `fun(x, *args) = 0`, as one differentiable node.
 
     The whole solve is one `optimize.root` node holding `fun`'s graph; it
@@ -620,6 +621,10 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
       `jac="sparse"`, roots given the same matrix values share one
       factorization (the stages of an implicit time step). No derivative
       flows through it: the root's does not depend on it.
+    - `callback`, `options`: SciPy's, refused by name (`InvalidOptionError`):
+      the iterations run in the compiled program, and `tol`, `atol`,
+      `maxiter` are the options. So is a SciPy `jac=True` or Jacobian
+      function: sciad derives the Jacobian from `fun`'s graph.
     - `at_floor`: also converged when the iterations stall (or run out) with
       `||F||_inf` at its floor of rounding errors, measured at the last
       iterate (how much `F` changes when `x` moves by a few units in its
@@ -633,6 +638,21 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
     `residual` (`||F(x)||_inf`) and `status`, traced values inside a trace
     and Python numbers outside.
     """
+    if jac is True or callable(jac) or (jac is not None and not isinstance(jac, str)):
+        raise InvalidOptionError(f"`jac` names how sciad forms and solves the Jacobian ('sparse', "
+                                 f"'dense', 'gmres' or None), got {plain(jac)}: SciPy's "
+                                 "jac=True or a Jacobian function is not taken, because sciad "
+                                 "derives the Jacobian from `fun`'s graph (exact, and what the "
+                                 "root's derivatives use). Return only the residual.",
+                                 op=_ROOT_OP)
+    if callback is not None:
+        raise InvalidOptionError("`callback` is not taken: the iterations run inside the "
+                                 "compiled program; the result reports `nit`, `residual` and "
+                                 "`status`.", op=_ROOT_OP)
+    if options is not None:
+        raise InvalidOptionError(f"`options` (SciPy's per-method dict, got {plain(options)}) is "
+                                 "not taken: pass `tol`, `atol` and `maxiter` (converged at "
+                                 "||F||_inf <= max(atol, tol ||F(x0)||_inf)).", op=_ROOT_OP)
     record = _root_method(method, "root", _ROOT_OP)
     if record.jac is not None:  # (newton_krylov: Newton with a fixed Jacobian form)
         if jac not in (None, record.jac):

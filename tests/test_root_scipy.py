@@ -128,3 +128,14 @@ def test_a_list_of_equal_arrays_stacks_and_a_ragged_one_is_refused():
     np.testing.assert_allclose(x, [1.0, 1.0, -1.0, -1.0])
     with pytest.raises(ShapeError, match="different shapes"):
         sd.optimize.root(lambda x: [x[:1] - 1.0, x[1:] + 1.0], np.zeros(3))
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(jac=True), "jac=True or a Jacobian function is not taken"),
+    (dict(jac=lambda x: np.eye(2)), "jac=True or a Jacobian function is not taken"),
+    (dict(callback=print), "`callback` is not taken"),
+    (dict(options={"xtol": 1e-8}), "`options`"),
+])
+def test_scipy_options_sciad_does_not_take_are_refused_by_name(kw, match):
+    with pytest.raises(InvalidOptionError, match=match):
+        sd.optimize.root(lambda x: x - 1.0, np.zeros(2), **kw)
