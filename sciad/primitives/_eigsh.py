@@ -411,7 +411,7 @@ def _eigsh_cost(node, body):
     # a pair of triangular solves.
     p = node.params
     n, k, nnz = p["pattern"].shape[0], p["k"], p["pattern"].nnz
-    ncv = min(max(2 * k + 1, 20), n)
+    ncv = min(max(2 * k + 1, 20) if p.get("ncv") is None else p["ncv"] + 1, n)
     per_product = 2.0 * nnz if p.get("sigma") is None else 8.0 * nnz
     flops = 10.0 * ncv * (per_product + 4.0 * n * ncv)
     if p.get("sigma") is not None:
@@ -631,7 +631,7 @@ def _operator_cost(node, body):
     p = node.params
     mv = body(p["body"])
     n, k = p["body"].inputs[-1].type.shape[0], p["k"]
-    ncv = min(max(2 * k + 3, 20), n)
+    ncv = min(max(2 * k + 3, 20) if p.get("ncv") is None else p["ncv"] + 1, n)
     return Cost(float(10.0 * ncv * (mv.flops + 4.0 * n * ncv)), mv.peak)
 
 
