@@ -593,7 +593,9 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
       region, as SciPy's default, though with the Jacobian formed at each
       accepted iterate where MINPACK updates it by Broyden's formula) and
       `"lm"` (Levenberg-Marquardt); both step with the dense Jacobian
-      (`jac="dense"` or None) and count rejected steps as iterations. The
+      (`jac="dense"` or None) and count rejected steps as iterations; as
+      SciPy's, they flatten `x0` (`fun` sees, and the result holds, a 1-D
+      `x`). The
       derivatives are the same whatever the method: the implicit function
       theorem at the root (which must be regular there).
     - `jac`: how the Jacobian `dF/dx` is formed and solved, in Newton's steps
@@ -667,6 +669,8 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
                                  f"it needs jac='sparse', 'dense' or None, got jac={jac!r}.",
                                  op=_ROOT_OP)
     method = record.node_method or record.name
+    if record.flattens_x0:  # as SciPy's hybr and lm: fun sees, and root returns, a 1-D x
+        x0 = snp.ravel(snp.asarray(x0))
     return _root_call(fun, x0, args, _ROOT_OP, kind="root", method=method, jac=jac,
                       tol=tol, atol=atol, maxiter=maxiter, memory=0, throw=throw, jac0=jac0,
                       at_floor=bool(at_floor))

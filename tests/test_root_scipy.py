@@ -139,3 +139,16 @@ def test_a_list_of_equal_arrays_stacks_and_a_ragged_one_is_refused():
 def test_scipy_options_sciad_does_not_take_are_refused_by_name(kw, match):
     with pytest.raises(InvalidOptionError, match=match):
         sd.optimize.root(lambda x: x - 1.0, np.zeros(2), **kw)
+
+
+def test_hybr_and_lm_flatten_x0_as_scipy():
+    # SciPy's test_pressure_network_with_gradient starts from [[2, 0, 2, 0]]
+    x0 = np.array([[2.0, 0.0, 2.0, 0.0]])
+    for method in ("hybr", "lm"):
+        want = scipy.optimize.root(pressure_network_np, x0, (QTOT, K), method=method).x
+        got = sd.optimize.root(pressure_network, x0, (QTOT, K), method=method).x
+        assert np.shape(got) == np.shape(want) == (4,)
+        np.testing.assert_allclose(got, want, atol=1e-7)
+    # SciPy's args: a single non-tuple argument is wrapped
+    x = sd.optimize.root(lambda x, a: x ** 2 - a, [1.0], args=2.0, method="hybr").x
+    np.testing.assert_allclose(x, [np.sqrt(2.0)], rtol=1e-10)

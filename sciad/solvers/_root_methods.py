@@ -31,6 +31,7 @@ class AbstractRootMethod:
     - `chord`: it keeps the Jacobian's factorization over iterations (so it
       needs a form that factors: not matrix-free).
     - `takes_jac0`: it may be started with a given matrix (`jac0`).
+    - `flattens_x0`: `sd.optimize.root` flattens `x0` (SciPy's `hybr`, `lm`).
     """
 
     family = "root"
@@ -42,6 +43,8 @@ class AbstractRootMethod:
     uses_jacobian: bool = True
     chord: bool = False
     takes_jac0: bool = False
+    #: `sd.optimize.root` flattens `x0` for it (SciPy's `hybr` and `lm` do)
+    flattens_x0: bool = False
 
     def describe(self, jac: str) -> str:
         """The method as a failure's message names it."""

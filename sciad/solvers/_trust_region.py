@@ -14,6 +14,9 @@ from ._root_methods import AbstractRootMethod
 class _TrustRegion(AbstractRootMethod):
     jac = "dense"
     step: str
+    #: SciPy's `hybr` and `lm` flatten `x0` (MINPACK's vectors): so does
+    #: `sd.optimize.root` for them, and the root comes back 1-D
+    flattens_x0 = True
 
     def maxiter_advice(self, maxiter):
         return (f"Raise `maxiter` (it is {maxiter}; rejected steps count as iterations), "
