@@ -45,7 +45,7 @@ from .errors import (DTypeError, InvalidOptionError, NonFiniteError, NotSupporte
                      ShapeError, TracerError, plain)
 from .graph import Tracer
 from .graph._autodiff import type_of
-from .primitives._root import root_node
+from .primitives._root import root_node, stacked
 from .primitives._stop_gradient import stop_gradient
 from .solvers._nonlinear import STATUS
 from .solvers._registry import lookup, names as _solver_names, records as _solver_records
@@ -486,6 +486,11 @@ class RootResult(NamedTuple):
     #: 0 converged, 1 iteration limit, 2 singular Jacobian, 3 line search
     #: failed, 4 non-finite residual, 5 stagnation
     status: Any
+    #: the residual at `x`, SciPy's `fun`: `fun(x, *args)` (a list or tuple
+    #: stacked), or `f(x, *args) - x` for `fixed_point`; from a call outside
+    #: a trace (inside one it is None, so that the traced graph holds no
+    #: second copy of `fun`: evaluate `fun(res.x, *args)` where it is needed)
+    fun: Any = None
 
     @property
     def message(self) -> str:
@@ -495,7 +500,11 @@ class RootResult(NamedTuple):
 _ROOT_OP = "optimize.root"
 def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: float,
                  atol: float, maxiter: int, memory: int, throw: bool, op: str,
-                 jac0=None, at_floor: bool = False) -> RootResult:
+                 jac0=None, at_floor: bool = False, with_fun: bool = False) -> RootResult:
+    """The root node in the current trace, as a `RootResult`; `with_fun`:
+    its `fun` too, `fun` evaluated at the root (one more evaluation in the
+    program: only for a call outside a trace, whose program is sciad's own,
+    so that a user's traced graph holds no second copy of `fun`)."""
     values, _, rebuild = _split_args(args)
     start = None if jac0 is None else (
         lambda jac, pattern, tx: _start_matrix(jac0, jac, pattern, tx, op))
@@ -503,7 +512,14 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
                   name=getattr(fun, "__name__", "fun"), kind=kind, method=method, jac=jac,
                   tol=tol, atol=atol, maxiter=maxiter, memory=memory, throw=throw, op=op,
                   start=start, at_floor=at_floor)
-    return RootResult(o.x, o.status == 0, o.nit, o.residual, o.status)
+    if not with_fun:
+        return RootResult(o.x, o.status == 0, o.nit, o.residual, o.status)
+    out = fun(o.x, *args)
+    if isinstance(out, (tuple, list)):
+        out = stacked(out, op)
+    out = snp.asarray(out)
+    return RootResult(o.x, o.status == 0, o.nit, o.residual, o.status,
+                      out - o.x if kind == "fixed_point" else out)
 
 
 def _start_matrix(jac0, jac: str, pattern, tx, op: str):
@@ -540,11 +556,12 @@ def _root_call(fun: Callable, x0, args, op: str, jac0=None, **kw) -> RootResult:
     if _in_trace((x0, args, jac0)):
         return _root_inline(fun, x0, args, op=op, jac0=jac0, **kw)
     leading = (x0,) if jac0 is None else (x0, jac0)
-    x, success, nit, residual, status = compiled_call(
+    x, success, nit, residual, status, fx = compiled_call(
         lambda fun, x0, *a: tuple(_root_inline(fun, x0, a[-1], op=op,
-                                               jac0=a[0] if len(a) == 2 else None, **kw)),
+                                               jac0=a[0] if len(a) == 2 else None,
+                                               with_fun=True, **kw)),
         fun, leading, args, key=(op, jac0 is None, tuple(sorted(kw.items()))), name="root")
-    return RootResult(x, bool(success), int(nit), float(residual), int(status))
+    return RootResult(x, bool(success), int(nit), float(residual), int(status), fx)
 
 
 def _root_method(method, kind: str, op: str):

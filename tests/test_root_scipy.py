@@ -152,3 +152,23 @@ def test_hybr_and_lm_flatten_x0_as_scipy():
     # SciPy's args: a single non-tuple argument is wrapped
     x = sd.optimize.root(lambda x, a: x ** 2 - a, [1.0], args=2.0, method="hybr").x
     np.testing.assert_allclose(x, [np.sqrt(2.0)], rtol=1e-10)
+
+
+def test_the_result_carries_fun_as_scipy():
+    res = sd.optimize.root(pressure_network, X0, (QTOT, K), method="hybr")
+    want = scipy.optimize.root(pressure_network_np, X0, (QTOT, K), method="hybr")
+    assert np.shape(res.fun) == np.shape(want.fun) == (4,)
+    np.testing.assert_allclose(res.fun, pressure_network_np(np.asarray(res.x), QTOT, K),
+                               atol=1e-15)
+    lst = sd.optimize.root(lambda x: [x[0] - 1.0, x[1] + 2.0], np.zeros(2))
+    np.testing.assert_allclose(lst.fun, [0.0, 0.0], atol=1e-12)
+    fp = sd.optimize.fixed_point(lambda x: 0.5 * x + 1.0, np.zeros(3))
+    np.testing.assert_allclose(fp.fun, 0.5 * np.asarray(fp.x) + 1.0 - np.asarray(fp.x),
+                               atol=1e-15)
+    # inside a trace it is None: the traced graph holds one copy of `fun`
+    def loss(a):
+        res = sd.optimize.root(lambda x, a: x ** 2 - a, np.ones(2), (a,))
+        assert res.fun is None
+        return res.x[0]
+
+    np.testing.assert_allclose(sd.grad(loss)(2.0), 0.5 / np.sqrt(2.0), rtol=1e-6)

@@ -286,11 +286,11 @@ def default_tol(dtype) -> float:
     return max(1e-10, 1e3 * float(np.finfo(dtype).eps))
 
 
-def _stacked(out, op: str):
+def stacked(out, op: str):
     """`fun`'s list or tuple of numbers or arrays as one array, as SciPy's
     `np.asarray(fun(x))` makes it (nested lists too); a ragged one is
     refused, as NumPy refuses it."""
-    parts = [_stacked(p, op) if isinstance(p, (tuple, list)) else ops.asarray(p) for p in out]
+    parts = [stacked(p, op) if isinstance(p, (tuple, list)) else ops.asarray(p) for p in out]
     if not parts:
         raise ShapeError("`fun` returned an empty list.", op=op)
     shapes = {type_of(p).shape for p in parts}
@@ -328,7 +328,7 @@ def root_node(fun, x0, leaves: list, *, name: str, kind: str, method: str, jac, 
         *ls, x = a
         out = fun(x, *ls)
         if isinstance(out, (tuple, list)):  # as SciPy's np.asarray(fun(x))
-            out = _stacked(out, op)
+            out = stacked(out, op)
         if isinstance(out, dict) or out is None:
             raise ShapeError(f"`fun` must return one array (or a list or tuple of equal-"
                              f"shaped ones, as SciPy's), got a {type(out).__name__}.", op=op)
