@@ -13,7 +13,7 @@ import scipy.integrate
 
 import sciad as sd
 import sciad.numpy as snp
-from sciad.errors import ConvergenceError, InvalidOptionError, NotSupportedError, ShapeError
+from sciad.errors import ConvergenceError, InvalidOptionError, ShapeError
 
 TS = np.linspace(0.0, 4.0, 9)
 THETA = np.array([1.5, 1.0, 3.0, 1.0])
@@ -213,8 +213,6 @@ def test_solve_ivp_has_scipys_interface():
     assert res.success and res.status == 0 and res.y.shape == ref.y.shape == (2, 8)
     np.testing.assert_allclose(np.asarray(res.y), ref.y, rtol=1e-7)
     np.testing.assert_array_equal(res.t, ref.t)
-    with pytest.raises(NotSupportedError, match="`events`.*odeint_event"):
-        sd.ode.solve_ivp(lambda t, y: -y, (0.0, 1.0), Y0, events=lambda t, y: y[0] - 0.5)
 
 
 def _decay(t, y, k, c):  # a list, as SciPy's examples return it
