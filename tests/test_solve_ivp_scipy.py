@@ -100,6 +100,7 @@ def test_rtol_array_uniform_or_refused_by_name():
         sd.ode.solve_ivp(decay, (0.0, 2.0), [1.0, 0.0], args=(0.5,), atol=[1e-3, 1e-8, 1.0])
 
 
+@pytest.mark.slow
 def test_max_step_bounds_the_steps():
     ref, res = both(max_step=0.02, t_eval=[2.0])
     # at least 100 steps of 6 new stages each (dopri5), as SciPy takes
