@@ -100,7 +100,8 @@ def _check_times(ts, op: str):
         what = "t1 <= t0" if arr.shape[0] == 2 else "the times are not strictly increasing"
         raise InvalidOptionError(
             f"{what}: ts[{i}] = {plain(arr[i])}, ts[{i + 1}] = {plain(arr[i + 1])}. "
-            f"Integrating backwards in time: substitute s = -t.", op=op)
+            + ("Times must increase, or all decrease (backwards in time)." if op == _OP else
+               "Integrating backwards in time: substitute s = -t."), op=op)
 
 
 def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, dt0, adaptive,
@@ -267,8 +268,9 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       its Jacobian); other solvers step the sum. An IMEX solver given one
       function treats all of it as stiff.
     - `y0`: the initial state, a pytree of real float arrays.
-    - `ts`: the output times, strictly increasing; `ts[0]` is the initial
-      time. Concrete times are checked when traced; traced ones (to
+    - `ts`: the output times, strictly increasing, or strictly decreasing
+      (concrete times: backwards in time, as `s = -t`); `ts[0]` is the
+      initial time. Concrete times are checked when traced; traced ones (to
       differentiate with respect to them) when the program runs.
     - `args`: passed to `f` (a pytree of arrays; static objects allowed).
     - `solver`: explicit `"tsit5"` (the default), `"dopri5"`, `"dopri8"`,
@@ -334,6 +336,9 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
     f = _check_field(f, op)
     solver, adaptive, rtol = _check_options(solver, rtol, atol, adjoint, max_steps, dt0,
                                             adaptive, checkpoints, op, dtmax)
+    if _decreasing(ts):  # backwards: forwards in s = -t, dy/ds = -f(-s, y, args)
+        f = tuple(map(_reversed, f)) if isinstance(f, tuple) else _reversed(f)
+        ts = -np.asarray(ts)
     _check_times(ts, op)
     kw = dict(solver=solver, rtol=rtol, atol=atol, adjoint=adjoint, max_steps=int(max_steps),
               dt0=dt0, adaptive=adaptive, jac=jac, checkpoints=checkpoints, throw=throw, op=op,
@@ -342,6 +347,25 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
         ys, status, steps = _odeint_inline(f, y0, ts, args, **kw)
         return ys if throw else ODEResult(ys, status, steps)
     return _odeint_eager(f, y0, ts, args, kw)
+
+
+def _decreasing(ts) -> bool:
+    """Concrete output times that decrease strictly: a backward solve."""
+    if isinstance(ts, Tracer):
+        return False
+    arr = np.asarray(ts)
+    return (arr.ndim == 1 and arr.shape[0] >= 2 and arr.dtype.kind in "fiu"
+            and bool(np.all(np.diff(arr.astype(np.float64)) < 0)))
+
+
+def _reversed(f):
+    """The field in `s = -t`: `dy/ds = -f(-s, y, args)`."""
+    def backwards(s, y, args):
+        return _tree.tree_map(lambda v: -snp.asarray(v), f(-s, y, args),
+                              is_leaf=lambda v: isinstance(v, Tracer))
+
+    backwards.__name__ = getattr(f, "__name__", "f")
+    return backwards
 
 
 def _compiled_call(inline, f, leading: tuple, args, key: tuple, name: str):

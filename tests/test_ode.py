@@ -290,8 +290,9 @@ def test_solve_ivp_refuses_what_scipy_refuses(kw, err, match):
 
 @pytest.mark.parametrize("ts, kw, cls, match", [
     (np.array([0.0, 1.0, 1.0]), {}, InvalidOptionError,
-     r"not strictly increasing: ts\[1\] = 1.0, ts\[2\] = 1.0\. Integrating backwards"),
-    (np.array([1.0, 0.0]), {}, InvalidOptionError, r"t1 <= t0: ts\[0\] = 1.0, ts\[1\] = 0.0"),
+     r"not strictly increasing: ts\[1\] = 1.0, ts\[2\] = 1.0\. Times must increase, or all "
+     r"decrease"),
+    (np.array([1.0, 1.0]), {}, InvalidOptionError, r"t1 <= t0: ts\[0\] = 1.0, ts\[1\] = 1.0"),
     (np.array([0.0, np.nan]), {}, InvalidOptionError, r"finite times, got \[0.0, nan\]"),
     (np.array([0.0]), {}, ShapeError, "at least 2 times"),
     (TS, {"dt0": 0.0}, InvalidOptionError, "dt0"),

@@ -323,3 +323,16 @@ def test_non_terminal_events_inside_a_transformation_are_refused():
     with pytest.raises(NotSupportedError, match="one terminal event"):
         sd.grad(lambda k: sd.ode.solve_ivp(decay, (0.0, 5.0), [1.0, 0.0], args=(k,),
                                            events=zero).y[0, -1])(np.array(0.5))
+
+
+@pytest.mark.slow
+def test_odeint_backwards_in_time():
+    # strictly decreasing times integrate backwards, as solve_ivp's t1 < t0
+    ts = np.array([2.0, 1.0, 0.0])
+    ys = sd.ode.odeint(lambda t, y, k: -k * y + 0.1 * t, np.array([1.0]), ts, np.array(0.5),
+                       **TIGHT)
+    ref = si.solve_ivp(lambda t, y: -0.5 * y + 0.1 * t, (2.0, 0.0), [1.0], t_eval=ts, **TIGHT)
+    np.testing.assert_allclose(np.asarray(ys)[:, 0], ref.y[0], rtol=1e-8)
+    g = sd.grad(lambda k: sd.ode.odeint(lambda t, y, k: -k * y, np.array([1.0]), ts, k,
+                                        **TIGHT)[-1, 0])(np.array(0.5))
+    np.testing.assert_allclose(g, 2.0 * np.exp(0.5 * 2.0), rtol=1e-7)    # y = e^(k (2 - t))
