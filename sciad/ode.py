@@ -71,6 +71,7 @@ from .primitives._ode_events import event_guard_p
 from .primitives._ode_field import field_body, part_of
 from .primitives._ode_interp import hermite_at
 from .primitives._stop_gradient import stop_gradient
+from .solvers._ode_steppers import tableau
 
 __all__ = ["odeint", "odeint_event", "solve_ivp", "Event", "ODEResult", "SOLVERS"]
 
@@ -99,11 +100,12 @@ def _check_times(ts, op: str):
         what = "t1 <= t0" if arr.shape[0] == 2 else "the times are not strictly increasing"
         raise InvalidOptionError(
             f"{what}: ts[{i}] = {plain(arr[i])}, ts[{i + 1}] = {plain(arr[i + 1])}. "
-            f"Integrating backwards in time: substitute s = -t.", op=op)
+            + ("Times must increase, or all decrease (backwards in time)." if op == _OP else
+               "Integrating backwards in time: substitute s = -t."), op=op)
 
 
 def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, dt0, adaptive,
-                   jac, checkpoints, throw, op, every_step: bool = False):
+                   jac, checkpoints, throw, op, every_step: bool = False, dtmax=None):
     leaves, ytree = _tree.tree_flatten(y0, is_leaf=lambda v: isinstance(v, Tracer))
     if not leaves:
         raise ShapeError("`y0` has no arrays.", op=op)
@@ -174,6 +176,8 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
                   adjoint=adjoint, throw=bool(throw))
     if dt0 is not None:
         params["dt0"] = float(dt0)
+    if dtmax is not None:
+        params["dtmax"] = float(dtmax)
     if pattern is not None:
         params["pattern"] = pattern
     if checkpoints is not None:
@@ -191,7 +195,8 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
 MIN_RTOL = 100 * float(np.finfo(np.float64).eps)
 
 
-def _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive, checkpoints, op):
+def _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive, checkpoints, op,
+                   dtmax=None):
     """The options, checked: `(solver, adaptive, rtol)`, the solver's name in
     lower case and `rtol` raised to `MIN_RTOL` (with a warning) as SciPy's
     `solve_ivp` does."""
@@ -219,6 +224,9 @@ def _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive, checkp
                                 and dt0 > 0):
         raise InvalidOptionError(f"`dt0` must be None or a step size > 0, got "
                                  f"{plain(dt0)}.", op=op)
+    if dtmax is not None and not (isinstance(dtmax, (int, float)) and dtmax > 0):
+        raise InvalidOptionError(f"`dtmax` must be None or a step size > 0, got "
+                                 f"{plain(dtmax)}.", op=op)
     fixed = not SOLVERS[solver].error_estimate  # (constant steps only)
     if (not adaptive or fixed) and dt0 is None:
         raise InvalidOptionError(f"constant steps (adaptive=False, or the {solver} solver, "
@@ -248,7 +256,7 @@ class ODEResult(NamedTuple):
 def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float = 1e-6,
            atol: float = 1e-9, adjoint: str = "checkpoint", max_steps: int = 4096,
            dt0: float | None = None, adaptive: bool = True, jac: str | None = None,
-           checkpoints: int | None = None, throw: bool = True):
+           checkpoints: int | None = None, throw: bool = True, dtmax: float | None = None):
     """Solves `dy/dt = f(t, y, args)` from `y(ts[0]) = y0`; returns `y` at `ts`.
 
     **Arguments:**
@@ -260,8 +268,9 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       its Jacobian); other solvers step the sum. An IMEX solver given one
       function treats all of it as stiff.
     - `y0`: the initial state, a pytree of real float arrays.
-    - `ts`: the output times, strictly increasing; `ts[0]` is the initial
-      time. Concrete times are checked when traced; traced ones (to
+    - `ts`: the output times, strictly increasing, or strictly decreasing
+      (concrete times: backwards in time, as `s = -t`); `ts[0]` is the
+      initial time. Concrete times are checked when traced; traced ones (to
       differentiate with respect to them) when the program runs.
     - `args`: passed to `f` (a pytree of arrays; static objects allowed).
     - `solver`: explicit `"tsit5"` (the default), `"dopri5"`, `"dopri8"`,
@@ -310,6 +319,9 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       them (`sd.Segments`). None: every step's state, recorded by the
       forward pass, where they fit in 64 MiB; else as many as 64 MiB
       holds, at least about sqrt(max_steps).
+    - `dtmax`: the largest step the step-size control takes (None:
+      unbounded); SciPy's `max_step`. The derivative rules replay the
+      steps taken, so they follow it too.
     - `throw`: raise `sciad.errors.ConvergenceError` when the integration
       fails (the step limit, a collapsed step size, a non-finite state),
       naming the time reached, the last step size and a diagnosis. With
@@ -323,14 +335,37 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
     op = _OP
     f = _check_field(f, op)
     solver, adaptive, rtol = _check_options(solver, rtol, atol, adjoint, max_steps, dt0,
-                                            adaptive, checkpoints, op)
+                                            adaptive, checkpoints, op, dtmax)
+    if _decreasing(ts):  # backwards: forwards in s = -t, dy/ds = -f(-s, y, args)
+        f = tuple(map(_reversed, f)) if isinstance(f, tuple) else _reversed(f)
+        ts = -np.asarray(ts)
     _check_times(ts, op)
     kw = dict(solver=solver, rtol=rtol, atol=atol, adjoint=adjoint, max_steps=int(max_steps),
-              dt0=dt0, adaptive=adaptive, jac=jac, checkpoints=checkpoints, throw=throw, op=op)
+              dt0=dt0, adaptive=adaptive, jac=jac, checkpoints=checkpoints, throw=throw, op=op,
+              dtmax=dtmax)
     if _in_trace((y0, ts, args)):
         ys, status, steps = _odeint_inline(f, y0, ts, args, **kw)
         return ys if throw else ODEResult(ys, status, steps)
     return _odeint_eager(f, y0, ts, args, kw)
+
+
+def _decreasing(ts) -> bool:
+    """Concrete output times that decrease strictly: a backward solve."""
+    if isinstance(ts, Tracer):
+        return False
+    arr = np.asarray(ts)
+    return (arr.ndim == 1 and arr.shape[0] >= 2 and arr.dtype.kind in "fiu"
+            and bool(np.all(np.diff(arr.astype(np.float64)) < 0)))
+
+
+def _reversed(f):
+    """The field in `s = -t`: `dy/ds = -f(-s, y, args)`."""
+    def backwards(s, y, args):
+        return _tree.tree_map(lambda v: -snp.asarray(v), f(-s, y, args),
+                              is_leaf=lambda v: isinstance(v, Tracer))
+
+    backwards.__name__ = getattr(f, "__name__", "f")
+    return backwards
 
 
 def _compiled_call(inline, f, leading: tuple, args, key: tuple, name: str):
@@ -382,7 +417,8 @@ def _check_field(f, op):
 def odeint_event(f: Callable, y0, t_span, event: Callable, args=(), *, direction: int = 0,
                  solver: str = "tsit5", rtol: float = 1e-6, atol: float = 1e-9,
                  adjoint: str = "checkpoint", max_steps: int = 4096, dt0: float | None = None,
-                 jac: str | None = None, checkpoints: int | None = None) -> Event:
+                 jac: str | None = None, checkpoints: int | None = None,
+                 dtmax: float | None = None) -> Event:
     """Integrates `dy/dt = f(t, y, args)` from `y(t_span[0]) = y0` up to a
     terminal event: the first time `t*` in `(t0, t1]` where `event(t, y,
     args)` (a scalar) crosses zero; returns `Event(t*, y(t*))`.
@@ -417,11 +453,12 @@ def odeint_event(f: Callable, y0, t_span, event: Callable, args=(), *, direction
     if not isinstance(t_span, Tracer) and len(t_span) != 2:
         raise ShapeError(f"`t_span` must be (t0, t1), got {t_span!r}.", op=op)
     solver, adaptive, rtol = _check_options(solver, rtol, atol, adjoint, max_steps, dt0,
-                                            True, checkpoints, op)
+                                            True, checkpoints, op, dtmax)
     if not any(isinstance(t, Tracer) for t in t_span):
         _check_times(np.asarray([float(t) for t in t_span]), op)
     kw = dict(solver=solver, rtol=rtol, atol=atol, adjoint=adjoint, max_steps=int(max_steps),
-              dt0=dt0, adaptive=adaptive, jac=jac, checkpoints=checkpoints, throw=True, op=op)
+              dt0=dt0, adaptive=adaptive, jac=jac, checkpoints=checkpoints, throw=True, op=op,
+              dtmax=dtmax)
     if _in_trace((y0, t_span, args)):
         return _event_inline(f, y0, t_span, event, args, direction, kw)
     t, y = _compiled_call(  # (the cache entry holds `event`: its id is in the key)
@@ -510,19 +547,97 @@ def _event_inline(f, y0, t_span, event, args, direction: int, kw) -> Event:
 #: SciPy's method names -> sciad's solvers
 SCIPY_METHODS = {"RK45": "dopri5", "RK23": "bosh3", "DOP853": "dopri8", "Radau": "kvaerno5",
                  "BDF": "kvaerno5", "LSODA": "kvaerno5"}
+#: SciPy's `message` for each `status`
+SCIPY_MESSAGES = {0: "The solver successfully reached the end of the integration interval.",
+                  1: "A termination event occurred.", -1: "Integration step failed."}
+#: the options solve_ivp takes besides odeint's own, SciPy's names
+_SCIPY_OPTIONS = ("first_step", "max_step", "jac", "jac_sparsity", "vectorized", "min_step",
+                  "lband", "uband")
 
 
 class IVPResult(NamedTuple):
     """`solve_ivp`'s result, with SciPy's field names and meanings: `t`,
     `y` (states along the last axis: `(n, len(t))`), `success`, `status`
-    (SciPy's: 0 the end of `t_span` was reached, -1 the integration
-    failed), `message` (what failed: sciad's diagnosis)."""
+    (SciPy's: 0 the end of `t_span` was reached, 1 a terminal event
+    occurred, -1 the integration failed), `message` (SciPy's, with
+    sciad's diagnosis of a failure), `sol` (an `OdeSolution` with
+    `dense_output=True`, else None), `t_events` and `y_events` (per event
+    function, its times and states; None without `events`), and the
+    counters `nfev` (the stage evaluations of the field in the accepted
+    steps: rejected steps and Newton iterations are not counted), `njev`
+    and `nlu` (implicit methods: one Jacobian and one factorization
+    counted per accepted step; 0 for the explicit ones)."""
 
     t: Any
     y: Any
     success: Any
     status: Any
     message: str
+    sol: Any = None
+    t_events: Any = None
+    y_events: Any = None
+    nfev: Any = 0
+    njev: Any = 0
+    nlu: Any = 0
+
+
+class OdeSolution:
+    """`solve_ivp(..., dense_output=True).sol`: the solution at any time of
+    the span, `sol(t)` for a scalar `t` (shape `(n,)`) or a 1-d array of
+    times (shape `(n, len(t))`), as SciPy's `OdeSolution`. Each call
+    integrates from `t_span[0]` to the times asked for with the solve's
+    options (one integration for all of them), so `sol(t)` is the solver's
+    solution there rather than an interpolant, and it has derivatives in
+    `y0`, `args` and `t` (traced times) through `odeint`'s rules. Times
+    past `t_span[1]` continue the integration (SciPy extrapolates); times
+    before `t_span[0]` are refused. `t_min`, `t_max`: the span's ends,
+    ordered.
+
+    ```python
+    res = sd.ode.solve_ivp(lambda t, y: [-y[0]], (0.0, 2.0), [1.0], dense_output=True)
+    res.sol(1.0)                 # [0.3679]: e^-1
+    res.sol([0.5, 1.5]).shape    # (1, 2)
+    ```
+    """
+
+    def __init__(self, solve, y0, t0, t1, sign: float):
+        self._solve, self._y0, self._t0, self._sign = solve, y0, t0, sign
+        self.t_min, self.t_max = (t0, t1) if sign > 0 else (t1, t0)
+        self.t_span = (t0, t1)
+
+    def __call__(self, t):
+        op = "ode.solve_ivp.sol"
+        sign, t0 = self._sign, self._t0
+        if isinstance(t, Tracer) or isinstance(t0, Tracer):
+            tt = snp.astype(snp.asarray(t), np.float64)
+            s0 = snp.reshape(snp.asarray(t0, np.float64) * sign, (1,))
+
+            def one(ti):  # (a time equal to t0 fails when the program runs: not increasing)
+                return self._solve(snp.concatenate([s0, snp.reshape(ti * sign, (1,))]))[-1]
+
+            if len(type_of(tt).shape) == 0:
+                return one(tt)
+            if len(type_of(tt).shape) != 1:
+                raise ShapeError(f"`t` must be a scalar or a 1-d array of times, got "
+                                 f"{type_of(tt)}.", op=op)
+            return snp.transpose(vmap(one)(tt))
+        arr = np.asarray(t, np.float64)
+        if arr.ndim > 1:
+            raise ShapeError(f"`t` must be a scalar or a 1-d array of times, got shape "
+                             f"{arr.shape}.", op=op)
+        s, s0 = sign * arr.reshape(-1), sign * float(t0)
+        if not np.all(s >= s0):  # (NaN too)
+            raise ShapeError(f"`sol(t)` needs times from t_span[0] = {float(t0):g} on, in the "
+                             f"direction of the span, got {plain(arr)}: sciad integrates "
+                             f"from t_span[0] (SciPy extrapolates backwards).", op=op)
+        grid = np.unique(np.concatenate([[s0], s]))
+        rows = np.searchsorted(grid, s)
+        if grid.size == 1:
+            ys = snp.reshape(snp.asarray(self._y0), (1, -1))
+        else:
+            ys = self._solve(grid)
+        out = ys[rows[0]] if arr.ndim == 0 else snp.transpose(ys[rows])
+        return out if isinstance(out, Tracer) else np.asarray(out)
 
 
 def _ivp_args(args, op: str) -> tuple:
@@ -533,33 +648,35 @@ def _ivp_args(args, op: str) -> tuple:
     try:
         return tuple(args)
     except TypeError:
-        raise DTypeError(f"`args` must unpack into fun's extra arguments, `fun(t, y, *args)`, "
-                         f"as SciPy's, got {args!r}: pass args=({args!r},).", op=op) from None
+        raise DTypeError(f"Supplied 'args' cannot be unpacked into fun's extra arguments, "
+                         f"`fun(t, y, *args)`, as SciPy's, got {args!r}: pass "
+                         f"args=({args!r},).", op=op) from None
 
 
 def _ivp_state(y0, op: str):
-    """SciPy's rule: `y0` a 1-d array of real numbers, as float64 (a list
-    of numbers or of traced scalars is one), finite where it is concrete."""
+    """SciPy's rule: `y0` a 1-d array of real or complex numbers, as float64
+    or complex128 (a list of numbers or of traced scalars is one), finite
+    where it is concrete (ValueError, as SciPy's)."""
     if isinstance(y0, Tracer) or any(isinstance(v, Tracer) for v in _tree.tree_leaves(y0)):
         y = snp.asarray(y0)
         shape, kind = tuple(y.shape), y.dtype.kind
     else:
         y = np.asarray(y0)
         shape, kind = y.shape, y.dtype.kind
-    if kind == "c":
-        raise DTypeError("complex `y0` is not supported: integrate its real and imaginary "
-                         "parts as separate states.", op=op)
-    if kind not in "biuf":
-        raise DTypeError(f"`y0` must hold real numbers, got an array of {y.dtype}.", op=op)
+    if kind not in "biufc":
+        raise DTypeError(f"`y0` must hold real or complex numbers, got an array of "
+                         f"{y.dtype}.", op=op)
     if len(shape) != 1:
         raise ShapeError(f"`y0` must be 1-dimensional, as SciPy's, got shape {shape}: for a "
                          "scalar pass [y0]; for a state of any shape or a pytree use "
                          "`sd.ode.odeint`.", op=op)
+    dtype = np.complex128 if kind == "c" else np.float64
     if isinstance(y, np.ndarray):
         if not np.all(np.isfinite(y)):
-            raise ShapeError(f"all components of `y0` must be finite, got {y!r}.", op=op)
-        return y.astype(np.float64)
-    return snp.astype(y, np.float64)
+            raise ShapeError(f"All components of the initial state `y0` must be finite, got "
+                             f"{y!r}.", op=op)
+        return y.astype(dtype)
+    return snp.astype(y, dtype)
 
 
 def _ivp_times(t0, t1, t_eval, backward: bool, op: str):
@@ -600,23 +717,151 @@ def _ivp_times(t0, t1, t_eval, backward: bool, op: str):
     return ts * sign, rows, te
 
 
+def _ivp_method(method, op: str) -> str:
+    """sciad's solver for SciPy's method: a name (SciPy's or sciad's) or
+    one of SciPy's `OdeSolver` classes (`scipy.integrate.RK45`, ...)."""
+    if isinstance(method, type):
+        name = method.__name__
+        if name in SCIPY_METHODS and method.__module__.startswith("scipy.integrate"):
+            return SCIPY_METHODS[name]
+        raise NotSupportedError(
+            f"the method class {method.__module__}.{name} is not one of SciPy's "
+            f"({', '.join(SCIPY_METHODS)}): sciad steps with its own integrators, not a "
+            f"user's OdeSolver; pass one of {list(SCIPY_METHODS)} or sciad's solvers "
+            f"{list(SOLVERS)}.", op=op)
+    if method in SCIPY_METHODS:
+        return SCIPY_METHODS[method]
+    if isinstance(method, str) and method.lower() in SOLVERS:
+        return method.lower()
+    raise InvalidOptionError(f"unknown method {method!r}; one of {list(SCIPY_METHODS)} (or "
+                             f"SciPy's classes of those names) or {list(SOLVERS)}.", op=op)
+
+
+def _ivp_tolerances(rtol, atol, n: int, op: str):
+    """SciPy's `rtol` and `atol`, scalars or arrays of `n`: `(rtol, atol,
+    scale)`, scalars, with `scale` the per-component scaling (None: none)
+    that makes odeint's scalar `atol` the given array: the state is
+    integrated as `y / scale`, whose error test `|e_i| <= atol + rtol
+    |y_i / scale_i|` is `|e_i| scale_i <= atol_i + rtol |y_i|`."""
+    r, a = np.asarray(rtol, np.float64), np.asarray(atol, np.float64)
+    for name, v in (("rtol", r), ("atol", a)):
+        if v.ndim > 1 or (v.ndim == 1 and v.shape != (n,)):
+            raise ShapeError(f"`{name}` must be a scalar or an array of shape ({n},), as "
+                             f"SciPy's, got shape {v.shape}.", op=op)
+    if r.ndim == 1:
+        if not np.all(r == r[0]):
+            raise NotSupportedError(
+                f"`rtol` as an array of different values ({plain(r)}) is not supported: "
+                f"odeint's error test has one relative tolerance. Pass the smallest, "
+                f"rtol={plain(r.min())} (per-component `atol` is supported).", op=op)
+        r = r[0]
+    if a.ndim == 0:
+        return float(r), float(a), None
+    if not np.all(a >= 0):  # (NaN too)
+        raise InvalidOptionError(f"`atol` must be >= 0, got {plain(a)}.", op=op)
+    if np.all(a == a[0]):
+        return float(r), float(a[0]), None
+    if np.any(a == 0):
+        raise NotSupportedError(
+            f"`atol` as an array with zeros beside positive values ({plain(a)}) is not "
+            f"supported (it is a scaling of the state); pass small positive values instead of "
+            f"0.", op=op)
+    top = float(a.max())
+    return float(r), top, a / top
+
+
+def _ivp_event(event, i: int, op: str):
+    """An event function's `(terminal count or 0, direction)`, SciPy's
+    attributes."""
+    if not callable(event):
+        raise DTypeError(f"`events[{i}]` must be a function event(t, y, *args), got "
+                         f"{type(event).__name__}.", op=op)
+    terminal = getattr(event, "terminal", False)
+    if isinstance(terminal, (bool, np.bool_)):
+        count = 1 if terminal else 0
+    elif isinstance(terminal, (int, np.integer)) and terminal >= 0:
+        count = int(terminal)
+    else:
+        raise InvalidOptionError(f"`events[{i}].terminal` must be a bool or an int >= 0, as "
+                                 f"SciPy's, got {terminal!r}.", op=op)
+    direction = float(getattr(event, "direction", 0.0))
+    return count, (1 if direction > 0 else -1 if direction < 0 else 0)
+
+
+#: the regula falsi (Illinois) iterations locating a non-traced event along
+#: the solution (each an integration over part of a step)
+IVP_EVENT_ITERATIONS = 60
+
+
+def _illinois(phi, a: float, b: float, ga: float, gb: float) -> float:
+    """The root of `phi` on `[a, b]` (`ga`, `gb` of opposite signs or one
+    zero): regula falsi with Illinois' halving, to the bracket's rounding."""
+    if ga == 0:
+        return a
+    side = 0
+    for _ in range(IVP_EVENT_ITERATIONS):
+        if gb == 0 or abs(b - a) <= 4 * np.finfo(np.float64).eps * max(abs(a), abs(b), 1.0):
+            break
+        t = (a * gb - b * ga) / (gb - ga) if gb != ga else 0.5 * (a + b)
+        if not a < t < b:
+            t = 0.5 * (a + b)
+        gt = phi(t)
+        if gt * ga > 0:
+            a, ga = t, gt
+            gb = 0.5 * gb if side == 1 else gb
+            side = 1
+        else:
+            b, gb = t, gt
+            ga = 0.5 * ga if side == -1 else ga
+            side = -1
+    return b if abs(gb) <= abs(ga) else a
+
+
 @api_boundary
-def solve_ivp(fun: Callable, t_span, y0, method: str = "RK45", t_eval=None, args=(),
-              rtol: float = 1e-3, atol: float = 1e-6, **options) -> IVPResult:
-    """`scipy.integrate.solve_ivp`'s interface to `odeint`, with SciPy's
-    rules for its inputs and outputs: `fun(t, y, *args)` returning an array
-    or a list (`args` unpacked, a list or an array too), `y0` a 1-d array
-    or a list of numbers (as float64), `t_span` backwards too (`t1 < t0`),
-    `t_eval` within `t_span` and sorted in its direction (default: the two
-    ends of `t_span`, as sciad's outputs have a static size; SciPy returns
-    the solver's steps), and the result's `y` of shape `(n, len(t))`,
-    `status` 0 or -1. SciPy's method names (`"RK45"` is Dormand-Prince
-    5(4), `"DOP853"` an 8th-order Dormand-Prince, `"RK23"`
-    Bogacki-Shampine; the stiff `"Radau"`, `"BDF"` and `"LSODA"` map to the
-    ESDIRK method `"kvaerno5"`) or sciad's, SciPy's default tolerances.
-    `options` go to `odeint` (`adjoint`, `max_steps`, `jac`, `first_step` as
-    `dt0`, ...); SciPy's `events`, `dense_output` and `vectorized` are
-    refused, naming what to use (`odeint_event` for a terminal event).
+def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_output=False,
+              events=None, vectorized=False, args=None, rtol=1e-3, atol=1e-6,
+              **options) -> IVPResult:
+    """`scipy.integrate.solve_ivp` on `odeint`, with SciPy's arguments,
+    rules and result (`IVPResult`):
+
+    - `fun(t, y, *args)` returning an array or a list (`args` unpacked, a
+      list or an array too; a non-iterable is a TypeError, as SciPy's);
+    - `t_span = (t0, t1)`, backwards too (`t1 < t0`), or of zero length
+      (the result is `y0` at `t0`);
+    - `y0` a 1-d array or list of numbers, real (float64) or complex
+      (complex128: its real and imaginary parts are integrated as a real
+      state of twice the size); finite (else ValueError);
+    - `method`: SciPy's names or classes (`"RK45"` / `scipy.integrate.RK45`
+      is Dormand-Prince 5(4), `"DOP853"` an 8th-order Dormand-Prince,
+      `"RK23"` Bogacki-Shampine; the stiff `"Radau"`, `"BDF"` and `"LSODA"`
+      map to the ESDIRK method `"kvaerno5"`), or sciad's solvers;
+    - `t_eval` within `t_span`, sorted in its direction (default: the two
+      ends of `t_span`, as sciad's outputs have a static size; SciPy returns
+      its steps);
+    - `dense_output=True`: `sol`, an `OdeSolution` (`sol(t)` differentiable);
+    - `events`: a function `event(t, y, *args)` or a list of them, with
+      SciPy's `terminal` (bool or a count) and `direction` attributes:
+      `t_events`, `y_events`, and `status=1` at a terminal event, where the
+      integration stops (`t_eval` is cut there). Outside a transformation
+      every crossing is found on the solver's steps and located along the
+      solution; inside one (`sd.grad`, `sd.jit`, ...) the event count must
+      be static, so only one terminal event is taken, located and
+      differentiated as `odeint_event` does (no crossing there raises
+      `ConvergenceError` when the program runs, where SciPy returns status
+      0);
+    - `vectorized`: accepted (sciad calls `fun` on 1-d states only, which a
+      vectorized `fun` takes);
+    - `rtol`, `atol` (SciPy's defaults), scalars or arrays of `n` (`atol`
+      per component; `rtol` as an array must be uniform);
+    - `options`: `first_step`, `max_step` (SciPy's), `jac` (an array or
+      `jac(t, y, *args)`, or "dense"/"sparse") and `jac_sparsity` for the
+      implicit methods: their Newton matrices use the exact Jacobian of
+      `fun`, which sciad derives from its graph (a given `jac` is checked
+      for shape only; `jac_sparsity` selects the sparse Newton solve, whose
+      pattern is detected); `min_step`, `lband`, `uband` are refused by
+      name. odeint's own options (`adjoint`, `max_steps`, `checkpoints`,
+      ...) pass through.
+
     Never raises on a failed integration: `success`, `status` and `message`
     say so (and `y` is not finite past the failure).
 
@@ -624,49 +869,271 @@ def solve_ivp(fun: Callable, t_span, y0, method: str = "RK45", t_eval=None, args
     res = sd.ode.solve_ivp(lambda t, y, k: [-k * y[0], y[0]], (0.0, 2.0), [1.0, 0.0],
                            t_eval=[1.0, 2.0], args=(0.5,), rtol=1e-8)
     res.y      # [[0.6065 0.3679] [0.7869 1.2642]]: exp(-t / 2), 2 (1 - exp(-t / 2))
-    res.status, res.message                                   # 0 'success'
-    sd.ode.solve_ivp(lambda t, y: [-y[0]], (1.0, 0.0), [1.0], t_eval=[0.5, 0.0]).y
-    # [[1.6487 2.7183]]: backwards, e^(1 - t)
+    res.status, res.message   # 0 'The solver successfully reached the end of ...'
+    hit = lambda t, y, k: y[0] - 0.5
+    hit.terminal = True
+    sd.ode.solve_ivp(lambda t, y, k: [-k * y[0], y[0]], (0.0, 2.0), [1.0, 0.0],
+                     args=(0.5,), events=hit).t_events    # [array([1.3863])]: 2 ln 2
     ```
     """
     op = "ode.solve_ivp"
-    if method in SCIPY_METHODS:
-        solver = SCIPY_METHODS[method]
-    elif isinstance(method, str) and method.lower() in SOLVERS:
-        solver = method.lower()
-    else:
-        raise InvalidOptionError(f"unknown method {method!r}; one of {list(SCIPY_METHODS)} "
-                                 f"or {list(SOLVERS)}.", op=op)
-    if len(t_span) != 2:
-        raise ShapeError(f"`t_span` must be (t0, t1), got {t_span!r}.", op=op)
-    if "first_step" in options:
-        options["dt0"] = options.pop("first_step")
-    instead = {"events": "sd.ode.odeint_event (a terminal event, its time differentiable)",
-               "dense_output": "t_eval (the outputs' times are static)",
-               "vectorized": "nothing: the field is traced once, not called per column"}
-    refused = sorted(set(options) & set(instead))
-    if refused:
-        raise NotSupportedError(f"SciPy's `{refused[0]}` has no counterpart in solve_ivp; use "
-                                f"{instead[refused[0]]}.", op=op)
+    solver = _ivp_method(method, op)
+    if isinstance(t_span, Tracer) or len(t_span) != 2:
+        raise ShapeError(f"`t_span` must be a pair (t0, t1), got {t_span!r}.", op=op)
+    refused = {"min_step": "nothing: sciad's step-size control has no floor but `max_steps`",
+               "lband": "jac_sparsity (the banded pattern) or nothing: the pattern of `fun` "
+                        "is detected", "uband": "jac_sparsity, or nothing: the pattern of "
+                        "`fun` is detected"}
+    for name in refused:
+        if options.get(name) is not None:
+            raise NotSupportedError(f"SciPy's `{name}` has no counterpart in solve_ivp; use "
+                                    f"{refused[name]}.", op=op)
+        options.pop(name, None)
     args, y0 = _ivp_args(args, op), _ivp_state(y0, op)
+    n = int(y0.shape[0])
+    complex_ = y0.dtype.kind == "c"
+    implicit = SOLVERS[solver].implicit
+    rtol, atol, scale = _ivp_tolerances(rtol, atol, n, op)
+    jac = options.pop("jac", None)
+    sparsity = options.pop("jac_sparsity", None)
+    if jac is not None and not isinstance(jac, str):
+        if not callable(jac):
+            shape = np.shape(jac)
+            if shape != (n, n):
+                raise ShapeError(f"`jac` must have shape ({n}, {n}), got {shape}.", op=op)
+        jac = None  # (the exact Jacobian of fun, from its graph)
+    if sparsity is not None:
+        shape = np.shape(sparsity)
+        if shape != (n, n):
+            raise ShapeError(f"`jac_sparsity` must have shape ({n}, {n}), got {shape}.",
+                             op=op)
+        jac = "sparse" if implicit else jac
+    if jac is not None and implicit:
+        options["jac"] = jac
+    if "first_step" in options:
+        first = options.pop("first_step")
+        if first is not None:
+            if not (isinstance(first, (int, float)) and first > 0):
+                raise InvalidOptionError(f"`first_step` must be positive, got {plain(first)}.",
+                                         op=op)
+            options["dt0"] = float(first)
+    max_step = options.pop("max_step", np.inf)
+    if not (isinstance(max_step, (int, float)) and max_step > 0):
+        raise InvalidOptionError(f"`max_step` must be positive, got {plain(max_step)}.", op=op)
+    if np.isfinite(max_step):
+        options["dtmax"] = float(max_step)
+    del vectorized  # (fun is traced on a 1-d state: a vectorized fun takes it)
+    if events is not None and not isinstance(events, (list, tuple)):
+        events = [events]
+    specs = [_ivp_event(e, i, op) for i, e in enumerate(events or [])]
     t0, t1 = t_span
+    concrete = not isinstance(t0, Tracer) and not isinstance(t1, Tracer)
     # backwards (SciPy's t1 < t0) is forwards in s = -t: dy/ds = -fun(-s, y)
-    backward = not isinstance(t0, Tracer) and not isinstance(t1, Tracer) and \
-        float(t1) < float(t0)
+    backward = concrete and float(t1) < float(t0)
+    sign = -1.0 if backward else 1.0
+
+    # the state odeint integrates: [Re y, Im y] for a complex one, over `scale`
+    big = None if scale is None else (np.concatenate([scale, scale]) if complex_ else scale)
+
+    def encode(y):
+        z = snp.concatenate([snp.real(y), snp.imag(y)], axis=-1) if complex_ else y
+        z = snp.astype(z, np.float64)
+        return z / big if big is not None else z
+
+    def decode(z):
+        z = z * big if big is not None else z
+        return z[..., :n] + 1j * z[..., n:] if complex_ else z
+
+    def field(s, z, a):  # SciPy's fun in the integration's variable and state
+        t = -s if backward else s
+        dy = snp.asarray(fun(t, decode(z), *a))
+        dz = encode(snp.astype(dy, np.complex128) if complex_ else snp.astype(dy, np.float64))
+        return -dz if backward else dz
+
+    z0 = encode(y0)
+    counts = _counts(solver)
+    opts = dict(solver=solver, rtol=rtol, atol=atol, **options)
+
+    def solve(ss, z_start=None, throw=True):  # y at the times ss (increasing, s variable)
+        out = odeint(field, z0 if z_start is None else z_start, ss, args, throw=throw,
+                     **opts)
+        return (decode(out), None) if throw else (decode(out.ys), out)
+
+    sol_of = lambda: OdeSolution(lambda ss: solve(ss)[0], y0, t0, t1, sign)  # noqa: E731
+
+    if concrete and float(t0) == float(t1):  # zero length: y0 at t0
+        # (SciPy's t: [t0, t1], the start and the one "step")
+        te = np.array([float(t0)] * 2) if t_eval is None else np.asarray(t_eval, np.float64)
+        if te.ndim != 1 or not np.all(te == float(t0)):
+            raise ShapeError(f"values in `t_eval` are not within `t_span` ({t0}, {t1}), as "
+                             f"SciPy requires, got {t_eval!r}.", op=op)
+        y = snp.stack([y0] * te.size, axis=1) if isinstance(y0, Tracer) else \
+            np.repeat(y0[:, None], te.size, axis=1)
+        none = [np.zeros(0)] * len(specs) if specs else None
+        return IVPResult(te, y, True, 0, SCIPY_MESSAGES[0], sol_of() if dense_output else None,
+                         none, [np.zeros((0, n), y0.dtype)] * len(specs) if specs else None,
+                         0, 0, 0)
     ts, rows, t = _ivp_times(t0, t1, t_eval, backward, op)
-
-    def field(t, y, a):  # SciPy's: whatever `fun` returns, as a float64 array
-        dy = snp.astype(snp.asarray(fun(-t if backward else t, y, *a)), np.float64)
-        return -dy if backward else dy
-
-    res = odeint(field, y0, ts, args, solver=solver, rtol=rtol, atol=atol, throw=False,
-                 **options)
-    code = res.status
+    traced = _in_trace((y0, t_span, args)) or isinstance(t, Tracer)
+    if specs and traced:
+        return _ivp_traced_event(events, specs, field, z0, ts, args, t0, t_eval, decode,
+                                 sign, opts, counts, sol_of if dense_output else None, op)
+    ys, res = solve(ts, throw=False)
+    code, steps = res.status, res.steps
+    t_events = y_events = None
+    status_ok = 0
+    if specs:
+        t_events, y_events, stop = _ivp_events(events, specs, field, z0, ts, args, decode,
+                                               sign, opts, solve, op)
+        if stop is not None and int(code) == 0:  # a terminal event: cut there
+            t_stop, y_stop = stop
+            status_ok = 1
+            if t_eval is None:
+                t = np.array([float(t0), t_stop])
+                ys = snp.stack([ys[0], snp.asarray(y_stop)]) if isinstance(ys, Tracer) \
+                    else np.stack([np.asarray(ys)[0], y_stop])
+                rows = slice(None)
+            else:
+                keep = sign * np.asarray(t) <= sign * t_stop
+                t = np.asarray(t)[keep]
+                idx = np.arange(np.asarray(ys).shape[0])[rows][keep]
+                ys, rows = np.asarray(ys)[idx], slice(None)
     if isinstance(code, Tracer):
-        status, message = snp.where(code == 0, 0, -1), "see `success` (known when it runs)"
+        status = snp.where(code == 0, status_ok, -1)
+        message = "see `success` (known when it runs)"
     else:
-        status, message = (0 if int(code) == 0 else -1), STATUS[int(code)]
-    ys = res.ys[rows]
+        status = status_ok if int(code) == 0 else -1
+        message = SCIPY_MESSAGES[status] if status >= 0 else \
+            f"{SCIPY_MESSAGES[-1]} ({STATUS[int(code)]})"
+    ys = ys[rows]
     y = snp.transpose(ys) if isinstance(ys, Tracer) else np.asarray(ys).T
+    nfev, njev = counts(steps)
     return IVPResult(t if isinstance(t, Tracer) else np.asarray(t, np.float64), y,
-                     res.success, status, message)
+                     res.success, status, message, sol_of() if dense_output else None,
+                     t_events, y_events, nfev, njev, njev)
+
+
+def _counts(solver: str):
+    """`steps -> (nfev, njev)`: the field's stage evaluations in the
+    accepted steps, and a Jacobian per accepted step of an implicit
+    method."""
+    c, As, b = tableau(SOLVERS[solver])
+    # first same as last: a step's last stage is the next one's first
+    fsal = int(len(c) > 1 and np.allclose(As[0][-1, :len(b)], b) and c[-1] == 1)
+    new = len(c) - fsal
+    implicit = SOLVERS[solver].implicit
+
+    def counts(steps):
+        if isinstance(steps, Tracer):
+            return new * steps + fsal, steps if implicit else 0
+        return new * int(steps) + fsal, int(steps) if implicit else 0
+
+    return counts
+
+
+def _ivp_events(events, specs, field, z0, ts, args, decode, sign, opts, solve, op):
+    """Every crossing of the event functions along a concrete solution:
+    `(t_events, y_events, stop)`, `stop` the terminal event's `(t, y)` or
+    None. Crossings are detected on the solver's steps (SciPy's rule: `g`
+    changes sign, or reaches zero, over a step) and located by regula
+    falsi on the event function along the solution (re-integrated from the
+    step's start), in time order, up to the terminal event."""
+    kw = dict(opts)
+    solver, adaptive, rtol = _check_options(
+        kw.pop("solver"), kw.pop("rtol"), kw.pop("atol", 1e-9), kw.get("adjoint", "checkpoint"),
+        kw.get("max_steps", 4096), kw.get("dt0"), True, kw.get("checkpoints"), op,
+        kw.get("dtmax"))
+    inner = dict(solver=solver, rtol=rtol, atol=opts["atol"],
+                 adjoint=INTERPOLATED.name, max_steps=int(kw.get("max_steps", 4096)),
+                 dt0=kw.get("dt0"), adaptive=adaptive, jac=kw.get("jac"), checkpoints=None,
+                 throw=False, op=op, dtmax=kw.get("dtmax"))
+    _, _, nsteps, grid, states = _compiled_call(
+        lambda f, z0, ts, a: _odeint_inline(f, z0, ts, a, every_step=True, **inner)[:5],
+        field, (z0, np.asarray(ts, np.float64)), args,
+        (op, "steps", tuple(sorted(inner.items()))), "solve_ivp_steps")
+    k = int(nsteps) + 1
+    grid, states = np.asarray(grid)[:k], np.asarray(states)[:k]
+    ys = np.asarray(decode(states))
+
+    def g(i, s, y):
+        return float(np.real(np.asarray(events[i](sign * s, y, *args))))
+
+    found = []  # (s, event index, y)
+    for i, (_, direction) in enumerate(specs):
+        gs = np.array([g(i, s, y) for s, y in zip(grid, ys)])
+        up = (gs[:-1] <= 0) & (gs[1:] >= 0)
+        down = (gs[:-1] >= 0) & (gs[1:] <= 0)
+        # (SciPy's direction is along the integration, backwards too)
+        hit = {1: up, -1: down, 0: up | down}[direction] \
+            & ~((gs[:-1] == 0) & (gs[1:] == 0))
+        for j in np.flatnonzero(hit):
+            if gs[j] == 0 and j > 0:  # (found as the previous step's end)
+                continue
+            a, b = float(grid[j]), float(grid[j + 1])
+            za = np.asarray(states[j])
+
+            def phi(s, i=i, a=a, za=za):
+                y = np.asarray(solve(np.array([a, s]), za)[0])[-1]
+                return g(i, s, y)
+
+            s_ev = _illinois(phi, a, b, float(gs[j]), float(gs[j + 1]))
+            y_ev = ys[j] if s_ev == a else np.asarray(solve(np.array([a, s_ev]), za)[0])[-1]
+            found.append((s_ev, i, y_ev))
+    found.sort(key=lambda e: e[0])
+    left = [c for c, _ in specs]
+    t_events, y_events = [[] for _ in specs], [[] for _ in specs]
+    stop = None
+    for s_ev, i, y_ev in found:
+        t_events[i].append(sign * s_ev)
+        y_events[i].append(y_ev)
+        if left[i] > 0:
+            left[i] -= 1
+            if left[i] == 0:
+                stop = (sign * s_ev, y_ev)
+                break
+    n = z0.shape[0] // 2 if decode(np.zeros((1, z0.shape[0]))).dtype.kind == "c" else \
+        z0.shape[0]
+    return ([np.asarray(t, np.float64) for t in t_events],
+            [np.asarray(y).reshape(-1, n) for y in y_events], stop)
+
+
+def _ivp_traced_event(events, specs, field, z0, ts, args, t0, t_eval, decode, sign, opts,
+                      counts, sol_of, op):
+    """An event inside a transformation: one terminal event, located and
+    differentiated by `odeint_event`'s machinery."""
+    if len(specs) != 1 or specs[0][0] != 1:
+        raise NotSupportedError(
+            "inside a transformation (sd.grad, sd.jit, ...) solve_ivp takes one terminal "
+            "event (`event.terminal = True`): the number of non-terminal crossings is not "
+            "static. Call solve_ivp outside the transformation for every crossing, or make "
+            "the event terminal.", op=op)
+    if t_eval is not None:
+        raise NotSupportedError(
+            "`t_eval` with an event inside a transformation: which times precede the event "
+            "is not static. Use dense_output=True and evaluate `sol(t)` at times before the "
+            "event instead.", op=op)
+    (event,), ((_, direction),) = events, specs
+    kw = dict(opts)
+    solver, adaptive, rtol = _check_options(
+        kw.pop("solver"), kw.pop("rtol"), kw.pop("atol"), kw.get("adjoint", "checkpoint"),
+        kw.get("max_steps", 4096), kw.get("dt0"), True, kw.get("checkpoints"), op,
+        kw.get("dtmax"))
+    inner = dict(solver=solver, rtol=rtol, atol=opts["atol"],
+                 adjoint=kw.get("adjoint", "checkpoint"),
+                 max_steps=int(kw.get("max_steps", 4096)), dt0=kw.get("dt0"),
+                 adaptive=adaptive, jac=kw.get("jac"), checkpoints=kw.get("checkpoints"),
+                 throw=True, op=op, dtmax=kw.get("dtmax"))
+
+    def g(s, z, a):
+        return snp.real(snp.asarray(event(sign * s, decode(z), *a)))
+
+    span = snp.astype(snp.asarray(ts), np.float64)
+    s_ev, z_ev = _event_inline(field, z0, (span[0], span[-1]), g, args,
+                               direction, inner)
+    t_ev = sign * s_ev
+    y_ev = decode(z_ev)
+    y0 = decode(z0)
+    t = snp.stack([snp.asarray(t0, np.float64), t_ev])
+    y = snp.stack([y0, y_ev], axis=1)
+    return IVPResult(t, y, True, 1, SCIPY_MESSAGES[1], sol_of() if sol_of else None,
+                     [snp.reshape(t_ev, (1,))], [snp.reshape(y_ev, (1, -1))], 0, 0, 0)

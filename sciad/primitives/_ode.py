@@ -98,7 +98,7 @@ odeint_p = Primitive("ode.odeint", multiple_results=True, runtime_checks=True, p
     "jac": Param(str, default="dense"), "pattern": Param((Pattern, None), default=None),
     "adjoint": Param(str, default=CHECKPOINT.name),
     "checkpoints": Param((int, None), default=None), "throw": Param(bool, default=True),
-    "record": Param(bool, default=True)})
+    "record": Param(bool, default=True), "dtmax": Param((float, None), default=None)})
 #: `body`: the vector field `(*consts, t, y) -> (dy/dt,)` on a flat `y`;
 #: `error_size`: the step-size control reads only the first `error_size`
 #: elements of the state (None: all; the sensitivity systems of the JVP set
@@ -112,7 +112,8 @@ odeint_p = Primitive("ode.odeint", multiple_results=True, runtime_checks=True, p
 #: over each output interval's steps, `sd.Segments`; None: `snapshots_for`);
 #: `record`: the node outputs its step grid (and states): set False by `dce`
 #: where nothing reads them (a solve that is not differentiated), which
-#: spares the loop its recording
+#: spares the loop its recording; `dtmax`: the largest step the step-size
+#: control takes (None: unbounded; SciPy's `max_step`)
 
 
 class OdeintOutputs(NamedTuple):
@@ -151,7 +152,7 @@ class OdeintOutputs(NamedTuple):
 @odeint_p.def_abstract_eval
 def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=True,
                   error_size=None, jac="dense", pattern=None, adjoint=CHECKPOINT.name,
-                  checkpoints=None, throw=True, record=True):
+                  checkpoints=None, throw=True, record=True, dtmax=None):
     op = "ode.odeint"
     *consts, y0, ts = args
     if solver not in SOLVERS:
@@ -182,6 +183,8 @@ def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive
                                  f"dt0={dt0}.", op=op)
     if not adaptive and dt0 is None:
         raise InvalidOptionError("constant steps (adaptive=False) need `dt0`.", op=op)
+    if dtmax is not None and not dtmax > 0:
+        raise InvalidOptionError(f"`dtmax` must be a step size > 0, got {dtmax}.", op=op)
     if sparse_jacobian(jac) and (pattern is None or pattern.shape != (n, n)):
         raise ShapeError(f"a sparse Jacobian needs an ({n}, {n}) pattern, got {pattern!r}.",
                          op=op)
@@ -284,7 +287,7 @@ def _round_up(x: float) -> int:
 @odeint_p.def_impl
 def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=True,
                  error_size=None, jac="dense", pattern=None, adjoint=CHECKPOINT.name,
-                 checkpoints=None, throw=True, record=True, site=None):
+                 checkpoints=None, throw=True, record=True, dtmax=None, site=None):
     # (imported here: diffrax takes seconds to import, which `import sciad`
     # does not pay)
     import diffrax
@@ -305,11 +308,12 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
     term = terms[0] if len(terms) == 1 else diffrax.MultiTerm(*terms)
     if adaptive and stepper.implicit:  # PID gains for stiff problems: fewer rejections
         if sparse_jacobian(jac):  # a kept factorization fits a held step size
-            inner = holding()(rtol=rtol, atol=atol, norm=norm, **STIFF_PID)
+            inner = holding()(rtol=rtol, atol=atol, norm=norm, dtmax=dtmax, **STIFF_PID)
         else:
-            inner = diffrax.PIDController(rtol=rtol, atol=atol, norm=norm, **STIFF_PID)
+            inner = diffrax.PIDController(rtol=rtol, atol=atol, norm=norm, dtmax=dtmax,
+                                          **STIFF_PID)
     elif adaptive:
-        inner = diffrax.PIDController(rtol=rtol, atol=atol, norm=norm)
+        inner = diffrax.PIDController(rtol=rtol, atol=atol, norm=norm, dtmax=dtmax)
     else:  # constant steps of dt0 (shortened to land on the output times):
         # every step with a finite error is accepted; a failed (an implicit
         # step's Newton iteration: diffrax makes its error infinite) or

@@ -1,0 +1,338 @@
+"""`sd.ode.solve_ivp` against `scipy.integrate.solve_ivp`, option by option
+as SciPy documents them: the result's counters, status and message; a
+zero-length span; `rtol`/`atol` arrays; `max_step`, `first_step`; methods
+as SciPy's classes; `vectorized`; `jac` and `jac_sparsity`; complex `y0`;
+SciPy's input errors; `dense_output` (`sol(t)`, its derivatives) and
+`events` (every crossing, `terminal`, `direction`, a terminal event's
+differentiated time); and the options refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.integrate as si
+
+import sciad as sd
+import sciad.numpy as snp
+from sciad.errors import InvalidOptionError, NotSupportedError, ShapeError
+
+TIGHT = dict(rtol=1e-10, atol=1e-12)
+
+
+def decay(t, y, k):  # y0 = [1, 0]: y = [exp(-k t), (1 - exp(-k t)) / k]
+    return [-k * y[0], y[0]]
+
+
+def both(**kw):
+    """SciPy's result and sciad's for the same call."""
+    kw = {"fun": decay, "t_span": (0.0, 2.0), "y0": [1.0, 0.0], "args": (0.5,), **kw}
+    return si.solve_ivp(**kw), sd.ode.solve_ivp(**kw)
+
+
+# ---------------------------------------------------------------------------
+# the result
+
+
+def test_status_message_and_counters_as_scipy():
+    ref, res = both(t_eval=[1.0, 2.0])
+    assert res.status == ref.status == 0 and res.success and ref.success
+    assert res.message == ref.message
+    assert res.sol is None and res.t_events is None and res.y_events is None
+    # explicit: a count of stage evaluations, no Jacobians or factorizations
+    assert isinstance(res.nfev, int) and res.nfev > 6 and res.njev == res.nlu == 0
+    np.testing.assert_allclose(res.y, ref.y, rtol=1e-3)
+
+
+@pytest.mark.slow
+def test_counters_of_an_implicit_method():
+    ref, res = both(method="Radau")
+    assert res.njev > 0 and res.nlu > 0 and ref.njev > 0 and res.status == ref.status == 0
+
+
+def test_a_failure_reads_as_scipys():
+    fun = lambda t, y: [y[0] ** 2]     # noqa: E731  (blows up at t = 1)
+    res = sd.ode.solve_ivp(fun, (0.0, 10.0), [1.0])
+    ref = si.solve_ivp(fun, (0.0, 10.0), [1.0])
+    assert res.status == ref.status == -1 and not res.success
+    assert res.message.startswith("Integration step failed.")
+
+
+def test_zero_length_span_is_y0_at_t0():
+    ref, res = both(t_span=(1.0, 1.0))
+    assert res.status == ref.status == 0 and res.success
+    np.testing.assert_array_equal(res.t, ref.t)
+    np.testing.assert_array_equal(res.y, ref.y)
+    ref, res = both(t_span=(1.0, 1.0), dense_output=True)
+    np.testing.assert_array_equal(res.sol(1.0), ref.sol(1.0))
+
+
+# ---------------------------------------------------------------------------
+# tolerances and steps
+
+
+@pytest.mark.slow
+def test_atol_array_scales_the_error_test():
+    # a tight atol on the second component only: its error follows it, as in SciPy
+    kw = dict(t_span=(0.0, 2.0), t_eval=[2.0], rtol=1e-12)
+    exact = (1 - np.exp(-1.0)) / 0.5
+    for atol in ([1e-2, 1e-13], [1e-13, 1e-13]):
+        ref, res = both(atol=atol, **kw)
+        assert abs(res.y[1, -1] - exact) < 1e-9 and abs(ref.y[1, -1] - exact) < 1e-9
+    # a small, fast second component: atol 1e-2 leaves it uncontrolled
+    small = lambda t, y, k: [-k * y[0], 1e-6 * snp.sin(20 * t)]     # noqa: E731
+    exact = 1e-6 * (1 - np.cos(40.0)) / 20
+    errors = []
+    for atol in (1e-2, [1e-2, 1e-14]):
+        ref, res = both(fun=small, atol=atol, rtol=1e-2, t_eval=[2.0])
+        errors.append((abs(res.y[1, -1] - exact), res.nfev, abs(ref.y[1, -1] - exact)))
+    (loose, loose_nfev, _), (mixed, mixed_nfev, scipy_mixed) = errors
+    # (rtol 1e-2 bounds it then: the tight atol is the fast component's control)
+    assert mixed_nfev > 2 * loose_nfev and mixed < 0.2 * exact and scipy_mixed < 0.2 * exact
+
+
+def test_rtol_array_uniform_or_refused_by_name():
+    ref, res = both(rtol=np.array([1e-8, 1e-8]), atol=1e-10, t_eval=[2.0])
+    np.testing.assert_allclose(res.y, ref.y, rtol=1e-6)
+    with pytest.raises(NotSupportedError, match=r"`rtol` as an array of different values.*"
+                                                r"rtol=1e-08"):
+        sd.ode.solve_ivp(decay, (0.0, 2.0), [1.0, 0.0], args=(0.5,), rtol=[1e-3, 1e-8])
+    with pytest.raises(ShapeError, match=r"`atol` must be a scalar or an array of shape \(2,\)"):
+        sd.ode.solve_ivp(decay, (0.0, 2.0), [1.0, 0.0], args=(0.5,), atol=[1e-3, 1e-8, 1.0])
+
+
+@pytest.mark.slow
+def test_max_step_bounds_the_steps():
+    ref, res = both(max_step=0.02, t_eval=[2.0])
+    # at least 100 steps of 6 new stages each (dopri5), as SciPy takes
+    assert res.nfev >= 600 and ref.nfev >= 600
+    np.testing.assert_allclose(res.y, ref.y, rtol=1e-6)
+    # odeint's dtmax
+    ys = sd.ode.odeint(lambda t, y, k: -k * y, np.array([1.0]), np.array([0.0, 2.0]),
+                       np.array(0.5), dtmax=0.02, throw=False)
+    assert ys.steps >= 100
+    with pytest.raises(InvalidOptionError, match="`max_step` must be positive"):
+        sd.ode.solve_ivp(decay, (0.0, 2.0), [1.0, 0.0], args=(0.5,), max_step=0.0)
+
+
+def test_first_step():
+    ref, res = both(first_step=1e-3, t_eval=[2.0])
+    np.testing.assert_allclose(res.y, ref.y, rtol=1e-3)
+    with pytest.raises(InvalidOptionError, match="`first_step` must be positive"):
+        sd.ode.solve_ivp(decay, (0.0, 2.0), [1.0, 0.0], args=(0.5,), first_step=-1.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls", [si.RK45, si.RK23, si.DOP853, si.Radau, si.BDF, si.LSODA])
+def test_methods_as_scipys_classes(cls):
+    ref, res = both(method=cls, t_eval=[1.0, 2.0], **TIGHT)
+    ref_named = sd.ode.solve_ivp(decay, (0.0, 2.0), [1.0, 0.0], method=cls.__name__,
+                                 t_eval=[1.0, 2.0], args=(0.5,), **TIGHT)
+    np.testing.assert_allclose(res.y, ref.y, rtol=1e-7)
+    np.testing.assert_array_equal(res.y, ref_named.y)
+
+
+def test_other_method_classes_are_refused_by_name():
+    class Mine(si.OdeSolver):
+        pass
+
+    with pytest.raises(NotSupportedError, match=r"the method class .*Mine is not one of "
+                                                r"SciPy's.*RK45"):
+        sd.ode.solve_ivp(decay, (0.0, 1.0), [1.0, 0.0], method=Mine, args=(0.5,))
+
+
+def test_vectorized_is_accepted():
+    def fun(t, y, k):  # a vectorized field: y of shape (n,) or (n, m)
+        return snp.stack([-k * y[0], y[0]])
+
+    ref, res = both(fun=fun, vectorized=True, t_eval=[2.0])
+    np.testing.assert_allclose(res.y, ref.y, rtol=1e-3)
+
+
+@pytest.mark.slow
+def test_jac_array_callable_and_sparsity_for_the_implicit_methods():
+    J = np.array([[-0.5, 0.0], [1.0, 0.0]])
+    for kw in (dict(jac=J), dict(jac=lambda t, y, k: J), dict(jac_sparsity=J != 0)):
+        for method in ("Radau", "BDF"):
+            ref, res = both(method=method, t_eval=[2.0], **TIGHT, **kw)
+            np.testing.assert_allclose(res.y, ref.y, rtol=1e-7)
+
+def test_jac_of_a_wrong_shape_is_refused():
+    kw = dict(fun=decay, t_span=(0.0, 2.0), y0=[1.0, 0.0], args=(0.5,), method="BDF")
+    with pytest.raises(ShapeError, match=r"`jac` must have shape \(2, 2\)"):
+        sd.ode.solve_ivp(jac=np.eye(3), **kw)
+    with pytest.raises(ShapeError, match=r"`jac_sparsity` must have shape \(2, 2\)"):
+        sd.ode.solve_ivp(jac_sparsity=np.eye(3), **kw)
+
+
+def test_complex_y0():
+    fun = lambda t, y: [-1j * y[0], 0.5j * y[1] - y[0]]     # noqa: E731
+    kw = dict(t_eval=[0.5, 1.0], **TIGHT)
+    res = sd.ode.solve_ivp(fun, (0.0, 1.0), [1.0 + 0j, 0.5j], **kw)
+    ref = si.solve_ivp(fun, (0.0, 1.0), [1.0 + 0j, 0.5j], **kw)
+    assert res.y.dtype == ref.y.dtype == np.complex128
+    np.testing.assert_allclose(res.y, ref.y, rtol=1e-8)
+    np.testing.assert_allclose(res.y[0], np.exp(-1j * res.t), rtol=1e-8)
+
+
+# ---------------------------------------------------------------------------
+# SciPy's input errors and the refused options
+
+
+@pytest.mark.parametrize("kw, err, match", [
+    (dict(y0=[np.nan, 0.0]), ValueError, "All components of the initial state `y0` must be "
+                                         "finite"),
+    (dict(args=-1), TypeError, r"Supplied 'args' cannot be unpacked.*args=\(-1,\)"),
+    (dict(min_step=0.1), NotSupportedError, "`min_step`"),
+    (dict(lband=1), NotSupportedError, "`lband`.*jac_sparsity"),
+    (dict(method="RK99"), InvalidOptionError, "unknown method 'RK99'"),
+])
+def test_errors_as_scipys(kw, err, match):
+    call = {"fun": decay, "t_span": (0.0, 1.0), "y0": [1.0, 0.0], "args": (0.5,), **kw}
+    with pytest.raises(err, match=match):
+        sd.ode.solve_ivp(**call)
+    if err in (ValueError, TypeError):   # SciPy's own exception type
+        with pytest.raises(err):
+            si.solve_ivp(**call)
+
+
+# ---------------------------------------------------------------------------
+# dense output
+
+
+@pytest.mark.slow
+def test_dense_output_sol_as_scipys():
+    ref, res = both(dense_output=True, **TIGHT)
+    t = np.array([0.1, 0.7, 1.3, 2.0])
+    np.testing.assert_allclose(res.sol(t), ref.sol(t), rtol=1e-8)
+    assert res.sol(0.7).shape == ref.sol(0.7).shape == (2,)
+    assert res.sol(t).shape == (2, 4)
+    np.testing.assert_array_equal(res.sol(0.0), [1.0, 0.0])
+    assert (res.sol.t_min, res.sol.t_max) == (ref.sol.t_min, ref.sol.t_max) == (0.0, 2.0)
+    with pytest.raises(ShapeError, match=r"`sol\(t\)` needs times from t_span\[0\]"):
+        res.sol(-1.0)
+    # backwards
+    ref, res = both(t_span=(2.0, 0.0), dense_output=True, **TIGHT)
+    np.testing.assert_allclose(res.sol(t[::-1] - 0.05), ref.sol(t[::-1] - 0.05), rtol=1e-8)
+
+
+@pytest.mark.slow
+def test_dense_output_is_differentiable():
+    def at(k, y0, t):
+        res = sd.ode.solve_ivp(decay, (0.0, 2.0), y0, args=(k,), dense_output=True, **TIGHT)
+        return res.sol(t)
+
+    k, y0 = np.array(0.5), np.array([1.0, 0.5])
+    sd.testing.check_rules(at, k, y0, np.array(1.3), batch=False, second_order=False)
+    g = sd.grad(lambda k: at(k, y0, 1.3)[0])(k)
+    np.testing.assert_allclose(g, -1.3 * np.exp(-0.5 * 1.3), rtol=1e-7)
+    # an array of traced times
+    dt = sd.grad(lambda t: snp.sum(at(k, y0, t)[0]))(np.array([0.5, 1.5]))
+    np.testing.assert_allclose(dt, -0.5 * np.exp(-0.5 * np.array([0.5, 1.5])), rtol=1e-7)
+
+
+# ---------------------------------------------------------------------------
+# events
+
+
+def osc(t, y):  # y = [sin t, cos t]
+    return [y[1], -y[0]]
+
+
+@pytest.mark.slow
+def test_events_every_crossing_with_direction_as_scipy():
+    def zero(t, y):
+        return y[0]
+
+    def up(t, y):
+        return y[0] - 0.5
+
+    up.direction = 1
+
+    def down(t, y):
+        return y[0] - 0.5
+
+    down.direction = -1
+    kw = dict(fun=osc, t_span=(0.0, 10.0), y0=[0.0, 1.0], events=[zero, up, down], **TIGHT)
+    ref, res = si.solve_ivp(**kw), sd.ode.solve_ivp(**kw)
+    assert res.status == ref.status == 0
+    for te, tr, ye, yr in zip(res.t_events, ref.t_events, res.y_events, ref.y_events):
+        assert te.shape == tr.shape and ye.shape == yr.shape
+        np.testing.assert_allclose(te, tr, rtol=1e-8)
+        np.testing.assert_allclose(ye, yr, atol=1e-8)
+    # (a zero at t0 followed by a crossing counts, as in SciPy)
+    np.testing.assert_allclose(res.t_events[0], [0.0, np.pi, 2 * np.pi, 3 * np.pi],
+                               rtol=1e-8)
+
+
+@pytest.mark.slow
+def test_terminal_event_stops_and_cuts_t_eval():
+    def hit(t, y, k):
+        return y[0] - 0.5
+
+    hit.terminal = True
+    ref, res = both(t_span=(0.0, 5.0), events=hit, t_eval=[1.0, 2.0, 3.0], **TIGHT)
+    assert res.status == ref.status == 1 and res.message == ref.message and res.success
+    np.testing.assert_allclose(res.t_events[0], [2 * np.log(2)], rtol=1e-9)
+    np.testing.assert_allclose(res.t_events[0], ref.t_events[0], rtol=1e-9)
+    np.testing.assert_array_equal(res.t, ref.t)                  # [1.0]: cut at 1.386
+    np.testing.assert_allclose(res.y, ref.y, rtol=1e-8)
+    ref, res = both(t_span=(0.0, 5.0), events=hit, **TIGHT)     # no t_eval: ends at it
+    np.testing.assert_allclose(res.t[-1], ref.t[-1], rtol=1e-9)
+    np.testing.assert_allclose(res.y[:, -1], ref.y[:, -1], rtol=1e-8)
+
+
+@pytest.mark.slow
+def test_terminal_count_and_backwards():
+    def zero(t, y):
+        return y[0]
+
+    zero.terminal = 2   # SciPy: stop at the second crossing
+    kw = dict(fun=osc, t_span=(0.0, 10.0), y0=[0.0, 1.0], events=zero, **TIGHT)
+    ref, res = si.solve_ivp(**kw), sd.ode.solve_ivp(**kw)
+    assert res.status == ref.status == 1
+    np.testing.assert_allclose(res.t_events[0], ref.t_events[0], rtol=1e-8)
+    np.testing.assert_allclose(res.t_events[0], [0.0, np.pi], rtol=1e-8)
+    zero.terminal, zero.direction = False, 1
+    kw.update(t_span=(10.0, 0.0), y0=[np.sin(10.0), np.cos(10.0)])
+    ref, res = si.solve_ivp(**kw), sd.ode.solve_ivp(**kw)
+    np.testing.assert_allclose(res.t_events[0], ref.t_events[0], rtol=1e-8)
+
+
+@pytest.mark.slow
+def test_terminal_event_time_is_differentiable():
+    def hit(t, y, k):
+        return y[0] - 0.5
+
+    hit.terminal = True
+
+    def t_star(k, y0):
+        res = sd.ode.solve_ivp(decay, (0.0, 5.0), y0, args=(k,), events=hit, **TIGHT)
+        return res.t_events[0][0] + 0.1 * res.y_events[0][0, 1]
+
+    k, y0 = np.array(0.5), np.array([1.0, 0.0])
+    g = sd.grad(lambda k: sd.ode.solve_ivp(decay, (0.0, 5.0), y0, args=(k,), events=hit,
+                                           **TIGHT).t_events[0][0])(k)
+    np.testing.assert_allclose(g, -np.log(2) / k ** 2, rtol=1e-7)    # t* = ln 2 / k
+    sd.testing.check_rules(t_star, k, y0, batch=False, second_order=False)
+
+
+def test_non_terminal_events_inside_a_transformation_are_refused():
+    def zero(t, y, k):
+        return y[0] - 0.5
+
+    with pytest.raises(NotSupportedError, match="one terminal event"):
+        sd.grad(lambda k: sd.ode.solve_ivp(decay, (0.0, 5.0), [1.0, 0.0], args=(k,),
+                                           events=zero).y[0, -1])(np.array(0.5))
+
+
+@pytest.mark.slow
+def test_odeint_backwards_in_time():
+    # strictly decreasing times integrate backwards, as solve_ivp's t1 < t0
+    ts = np.array([2.0, 1.0, 0.0])
+    ys = sd.ode.odeint(lambda t, y, k: -k * y + 0.1 * t, np.array([1.0]), ts, np.array(0.5),
+                       **TIGHT)
+    ref = si.solve_ivp(lambda t, y: -0.5 * y + 0.1 * t, (2.0, 0.0), [1.0], t_eval=ts, **TIGHT)
+    np.testing.assert_allclose(np.asarray(ys)[:, 0], ref.y[0], rtol=1e-8)
+    g = sd.grad(lambda k: sd.ode.odeint(lambda t, y, k: -k * y, np.array([1.0]), ts, k,
+                                        **TIGHT)[-1, 0])(np.array(0.5))
+    np.testing.assert_allclose(g, 2.0 * np.exp(0.5 * 2.0), rtol=1e-7)    # y = e^(k (2 - t))
