@@ -403,3 +403,20 @@ def test_fem_impedance_tomography_one_factorization_for_all_patterns():
     g = sd.graph.passes.optimize(sd.trace(sd.value_and_grad(f), np.zeros(problem.basis.N)))
     factors = [n for n in g.nodes if "factor" in n.primitive.name]
     assert len(factors) == 1, g.pretty(source=False)
+
+
+@pytest.mark.slow  # ~40 s: each eager solve_ivp with events compiles its own program
+def test_solve_ivp_events_range_passes_the_taylor_test():
+    """The projectile example's range (a terminal event's state inside
+    `sd.grad`): its derivative passes the Taylor test and is the one its
+    compiled value-and-gradient gives at a second angle."""
+    import sciad as sd
+
+    ex = _load("ode_solve_ivp_events")
+    rates = sd.testing.taylor_test(ex.range_of, np.array(0.7), np.array(1.0))
+    assert np.all(np.abs(rates - 2.0) < 0.1), rates
+    vg = sd.function(sd.value_and_grad(ex.range_of))
+    v, g = vg(np.array(0.6))
+    eps = 1e-5
+    fd = (float(vg(np.array(0.6 + eps))[0]) - float(vg(np.array(0.6 - eps))[0])) / (2 * eps)
+    np.testing.assert_allclose(float(g), fd, rtol=1e-6)
