@@ -24,6 +24,7 @@ import jax.numpy as _jnp
 import numpy as _np
 
 from .errors import DTypeError as _DTypeError, IndexingError as _IndexingError
+from .errors import InvalidOptionError as _InvalidOptionError
 from .errors import NotSupportedError as _NotSupportedError, ShapeError as _ShapeError
 from .errors import TracerError as _TracerError, plain as _plain
 from .graph import TensorType as _TensorType, Tracer as _Tracer
@@ -608,8 +609,8 @@ def _no_out(out, op: str) -> None:
     """NumPy's `out=` (at its position in NumPy's signature, so that a
     positional argument means what it means there) is refused by name."""
     if out is not None:
-        raise _NotSupportedError("`out=` is not supported: sciad values are immutable; "
-                                 "use the returned array.", op=op)
+        raise _InvalidOptionError("`out=` is not supported: sciad values are immutable; "
+                                  "use the returned array.", op=op)
 
 
 def sum(a, axis=None, dtype=None, out=None, keepdims: bool = False):
@@ -885,10 +886,11 @@ def roll(a, shift, axis=None):
     return _prim("roll").bind(a, shifts=tuple(int(s) for s in shifts), axes=axes)
 
 
-def cumsum(a, axis=None, dtype=None):
+def cumsum(a, axis=None, dtype=None, out=None):
     """Running sums along `axis` (of the flattened array by default), with
     NumPy's accumulation dtype (bools and small ints sum in the default
-    integer)."""
+    integer). (`out=` is refused: use the result.)"""
+    _no_out(out, "cumsum")
     a = _as_array(a, "cumsum")
     if axis is None:
         a, axis = ravel(a), 0
@@ -985,7 +987,7 @@ def take_along_axis(arr, indices, axis, mode=None):
     nd = _builtins.len(_shape(indices))
     if nd != arr.ndim:
         raise _IndexingError(f"`indices` must have the {arr.ndim} dimensions of "
-                             f"{arr.type.str_short()}, got shape {_shape(indices)}.",
+                             f"{_type_str(arr)}, got shape {_shape(indices)}.",
                              op="take_along_axis")
     i = _in_range(indices, arr.shape[axis], mode, "take_along_axis")
     outer = [d for k, d in enumerate(arr.shape) if k != axis]
@@ -1292,6 +1294,10 @@ def searchsorted(a, v, side: str = "left", sorter=None):
     a = _as_array(a, "searchsorted")
     if sorter is not None:
         a = take(a, sorter)
+    v = _operand(v, "searchsorted")
+    above = _out_of_range(v, _dtype(a))
+    if above is not None:  # NumPy 2 compares with the exact Python value
+        return full((), a.shape[0] if above else 0, _np.int64)
     dtype = _result_type(a, v, op="searchsorted")
     return _prim("searchsorted").bind(_convert(a, dtype), _convert(_as_array(v, "searchsorted"),
                                                                dtype), side=side)
