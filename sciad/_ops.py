@@ -456,7 +456,8 @@ def _binary(name: str, x, y):
 
 
 def _def_unary(name: str, public: str):
-    def f(x):
+    def f(x, out=None):
+        _no_out(out, public)
         return _unary(name, x)
     f.__name__ = f.__qualname__ = public
     f.__doc__ = f"Elementwise `numpy.{public}`."
@@ -464,7 +465,8 @@ def _def_unary(name: str, public: str):
 
 
 def _def_binary(name: str, public: str):
-    def f(x1, x2):
+    def f(x1, x2, out=None):
+        _no_out(out, public)
         return _binary(name, x1, x2)
     f.__name__ = f.__qualname__ = public
     f.__doc__ = f"Elementwise `numpy.{public}`, with broadcasting and NumPy's promotion."
@@ -530,8 +532,9 @@ def imag(val):
     return _unary("imag", val) if _dtype(val).kind == "c" else zeros_like(val)
 
 
-def conj(x):
+def conj(x, out=None):
     """The complex conjugate (the array itself for real input)."""
+    _no_out(out, "conj")
     x = _operand(x, "conj")
     if _dtype(x).kind == "c":
         return _unary("conj", x)
@@ -562,8 +565,9 @@ def where(condition, x=None, y=None):
     return _prim("select").bind(_convert(condition, _np.bool_), _convert(x, dt), _convert(y, dt))
 
 
-def clip(a, a_min=None, a_max=None, *, min=None, max=None):
+def clip(a, a_min=None, a_max=None, out=None, *, min=None, max=None):
     """`minimum(maximum(a, a_min), a_max)`; either bound may be None."""
+    _no_out(out, "clip")
     a_min = min if a_min is None else a_min
     a_max = max if a_max is None else a_max
     if a_min is None and a_max is None:
@@ -817,8 +821,9 @@ def squeeze(a, axis=None):
     return reshape(a, tuple(d for i, d in enumerate(a.shape) if i not in axes))
 
 
-def concatenate(arrays: _Sequence, axis: int | None = 0):
+def concatenate(arrays: _Sequence, axis: int | None = 0, out=None):
     """Joins arrays along an existing axis (`axis=None` flattens them first)."""
+    _no_out(out, "concatenate")
     arrays = [_as_array(x, "concatenate") for x in arrays]
     if not arrays:
         raise _ShapeError("needs at least one array.", op="concatenate")
@@ -832,8 +837,9 @@ def concatenate(arrays: _Sequence, axis: int | None = 0):
                                                                 "concatenate"))
 
 
-def stack(arrays: _Sequence, axis: int = 0):
+def stack(arrays: _Sequence, axis: int = 0, out=None):
     """Joins same-shape arrays along a new axis."""
+    _no_out(out, "stack")
     arrays = [_as_array(x, "stack") for x in arrays]
     if not arrays:
         raise _ShapeError("needs at least one array.", op="stack")
@@ -953,7 +959,7 @@ def _in_range(indices, size: int, mode, op: str, distinct: bool = False):
     return asarray(normalize_indices(arr, int(size), mode, distinct, op))
 
 
-def take(a, indices, axis=None, mode=None):
+def take(a, indices, axis=None, out=None, mode=None):
     """Elements of `a` at integer `indices` along `axis` (of the flattened
     array for `axis=None`), as `numpy.take`: the result has shape
     `a.shape[:axis] + indices.shape + a.shape[axis + 1:]`.
@@ -965,7 +971,8 @@ def take(a, indices, axis=None, mode=None):
     `[0, n - 1]`), or "promise_in_bounds" (the caller guarantees
     `0 <= i < n`; nothing is checked). The derivative with respect to `a`
     adds the cotangents back at the indices (`scatter_add`); the indices
-    have none."""
+    have none. (`out=` is refused: use the result.)"""
+    _no_out(out, "take")
     a = _as_array(a, "take")
     if axis is None:
         a, axis = ravel(a), 0
@@ -1144,9 +1151,10 @@ array = asarray
 # ---------------------------------------------------------------------------
 # contractions
 
-def matmul(a, b):
+def matmul(a, b, out=None):
     """NumPy's `a @ b`: matrix product with batch broadcasting (and sparse
     matrix products, see `sciad.sparse`)."""
+    _no_out(out, "matmul")
     if _is_sparse(a) or _is_sparse(b):
         return _sparse_module().binary_dispatch("matmul", a, b)
     a, b = _as_array(a, "matmul"), _as_array(b, "matmul")
@@ -1159,9 +1167,10 @@ def _letters(n: int, skip: str = "") -> str:
                    if c not in skip)[:n]
 
 
-def einsum(subscripts: str, *operands):
+def einsum(subscripts: str, *operands, out=None):
     """Einstein summation over `operands` (explicit or implicit form), as
     NumPy's: `...` stands for the broadcast leading or trailing axes."""
+    _no_out(out, "einsum")
     spec = subscripts.replace(" ", "")
     ops = [_as_array(x, "einsum") for x in operands]
     if "..." in spec:
@@ -1246,9 +1255,10 @@ def tensordot(a, b, axes=2):
     return einsum(f"{la},{lb}->{out}", a, b)
 
 
-def dot(a, b):
+def dot(a, b, out=None):
     """NumPy's `dot`: products of scalars, vectors and matrices; for N-D,
     a sum over the last axis of `a` and the second-to-last of `b`."""
+    _no_out(out, "dot")
     a, b = _as_array(a, "dot"), _as_array(b, "dot")
     if a.ndim == 0 or b.ndim == 0:
         return multiply(a, b)
@@ -1270,21 +1280,24 @@ def inner(a, b):
     return tensordot(a, b, axes=((a.ndim - 1,), (b.ndim - 1,)))
 
 
-def outer(a, b):
+def outer(a, b, out=None):
     """The outer product of flattened `a` and `b`."""
+    _no_out(out, "outer")
     return einsum("i,j->ij", ravel(_as_array(a, "outer")), ravel(_as_array(b, "outer")))
 
 
 # ---------------------------------------------------------------------------
 # reductions of booleans, search
 
-def any(a, axis=None, keepdims: bool = False):
+def any(a, axis=None, out=None, keepdims: bool = False):
     """Is any element true (along `axis`)."""
+    _no_out(out, "any")
     return _reduce("reduce_max", astype(_as_array(a, "any"), bool), axis, keepdims)
 
 
-def all(a, axis=None, keepdims: bool = False):
+def all(a, axis=None, out=None, keepdims: bool = False):
     """Are all elements true (along `axis`)."""
+    _no_out(out, "all")
     return _reduce("reduce_min", astype(_as_array(a, "all"), bool), axis, keepdims)
 
 

@@ -215,71 +215,82 @@ def flip(m, axis=None):
 _LN2, _LN10 = float(_np.log(2.0)), float(_np.log(10.0))  # weak: they keep x's dtype
 
 
-def log2(x):
+def log2(x, out=None):
     """Elementwise base-2 logarithm."""
+    _no_out(out, "log2")
     return divide(log(_as_array(x, "log2")), _LN2)
 
 
-def log10(x):
+def log10(x, out=None):
     """Elementwise base-10 logarithm."""
+    _no_out(out, "log10")
     return divide(log(_as_array(x, "log10")), _LN10)
 
 
-def exp2(x):
+def exp2(x, out=None):
     """Elementwise `2 ** x`."""
+    _no_out(out, "exp2")
     return exp(multiply(_ufunc_float(_as_array(x, "exp2"), op="exp2"), _LN2))
 
 
-def reciprocal(x):
+def reciprocal(x, out=None):
     """Elementwise `1 / x` (integer division for integers, as in NumPy)."""
+    _no_out(out, "reciprocal")
     x = _as_array(x, "reciprocal")
     return divide(_np.ones((), x.dtype), x) if _is_inexact(x) else \
         floor_divide(_np.ones((), x.dtype), x)
 
 
-def deg2rad(x):
+def deg2rad(x, out=None):
     """Degrees to radians."""
+    _no_out(out, "deg2rad")
     return multiply(_ufunc_float(_as_array(x, "deg2rad"), op="deg2rad"), _np.pi / 180.0)
 
 
-def rad2deg(x):
+def rad2deg(x, out=None):
     """Radians to degrees."""
+    _no_out(out, "rad2deg")
     return multiply(_ufunc_float(_as_array(x, "rad2deg"), op="rad2deg"), 180.0 / _np.pi)
 
 
 radians, degrees = deg2rad, rad2deg
 
 
-def logaddexp(x1, x2):
+def logaddexp(x1, x2, out=None):
     """`log(exp(x1) + exp(x2))` without overflow."""
+    _no_out(out, "logaddexp")
     x1, x2 = _ufunc_float(_operand(x1, "logaddexp"), _operand(x2, "logaddexp"),
                           op="logaddexp")
     hi = maximum(x1, x2)
     return add(hi, log1p(exp(negative(abs(subtract(x1, x2))))))
 
 
-def heaviside(x1, x2):
+def heaviside(x1, x2, out=None):
     """0 where `x1 < 0`, `x2` where `x1 == 0`, 1 where `x1 > 0`."""
+    _no_out(out, "heaviside")
     x1, x2 = _ufunc_float(_operand(x1, "heaviside"), _operand(x2, "heaviside"),
                           op="heaviside")
     x1 = _as_array(x1, "heaviside")
     return where(less(x1, 0), zeros_like(x1), where(equal(x1, 0), x2, ones_like(x1)))
 
 
-def logical_xor(x1, x2):
+def logical_xor(x1, x2, out=None):
     """Elementwise exclusive or of truth values."""
+    _no_out(out, "logical_xor")
     return not_equal(astype(_as_array(x1, "logical_xor"), bool),
                      astype(_as_array(x2, "logical_xor"), bool))
 
 
-def isnan(x):
+def isnan(x, out=None):
     """Elementwise: is `x` NaN."""
+    _no_out(out, "isnan")
     x = _as_array(x, "isnan")
     return not_equal(x, x) if _is_inexact(x) else zeros_like(x, dtype=bool)
 
 
-def isinf(x):
+def isinf(x, out=None):
     """Elementwise: is `x` infinite."""
+    _no_out(out, "isinf")
     x = _as_array(x, "isinf")
     if not _is_inexact(x):
         return zeros_like(x, dtype=bool)
@@ -352,13 +363,15 @@ def _arg_extremum(a, axis, keepdims, reducer, op):
         flat else first
 
 
-def argmax(a, axis=None, keepdims: bool = False):
+def argmax(a, axis=None, out=None, *, keepdims: bool = False):
     """The index of the (first) largest value, flattened or along `axis`."""
+    _no_out(out, "argmax")
     return _arg_extremum(a, axis, keepdims, max, "argmax")
 
 
-def argmin(a, axis=None, keepdims: bool = False):
+def argmin(a, axis=None, out=None, *, keepdims: bool = False):
     """The index of the (first) smallest value, flattened or along `axis`."""
+    _no_out(out, "argmin")
     return _arg_extremum(a, axis, keepdims, min, "argmin")
 
 
@@ -940,9 +953,11 @@ def diag(v, k: int = 0):
     return reshape(zeros(n * n, v.dtype).at[pos].set(v), (n, n))
 
 
-def trace(a, offset: int = 0, axis1: int = 0, axis2: int = 1):
-    """The sum along a diagonal."""
-    return sum(diagonal(a, offset, axis1, axis2), axis=-1)
+def trace(a, offset: int = 0, axis1: int = 0, axis2: int = 1, dtype=None, out=None):
+    """The sum along a diagonal (in `dtype`, NumPy's accumulation dtype by
+    default)."""
+    _no_out(out, "trace")
+    return sum(diagonal(a, offset, axis1, axis2), axis=-1, dtype=dtype)
 
 
 def cross(a, b, axisa: int = -1, axisb: int = -1, axisc: int = -1, axis=None):

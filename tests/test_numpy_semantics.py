@@ -336,6 +336,23 @@ def test_numpys_errors(label, f, numpy_error, error, match):
     lambda: snp.mean(A, out=np.zeros(())),
     lambda: snp.sum(A, out=np.zeros(())),
     lambda: snp.cumsum(A, out=np.zeros(6)),
+    lambda: snp.add(A, 1.0, np.zeros((2, 3))),           # a ufunc's third positional
+    lambda: snp.sqrt(A, out=np.zeros((2, 3))),
+    lambda: snp.log2(A, np.zeros((2, 3))),
+    lambda: snp.logaddexp(A, A, out=np.zeros((2, 3))),
+    lambda: snp.isnan(A, out=np.zeros((2, 3), bool)),
+    lambda: snp.conj(A, out=np.zeros((2, 3))),
+    lambda: snp.take(A, [0], None, np.zeros(1)),        # NumPy's order: out before mode
+    lambda: snp.clip(A, 0, 1, np.zeros((2, 3))),
+    lambda: snp.concatenate([A, A], 0, np.zeros((4, 3))),
+    lambda: snp.stack([A, A], 0, np.zeros((2, 2, 3))),
+    lambda: snp.dot(A, A.T, np.zeros((2, 2))),
+    lambda: snp.matmul(A, A.T, out=np.zeros((2, 2))),
+    lambda: snp.outer(A[0], A[1], np.zeros((3, 3))),
+    lambda: snp.einsum("ij->i", A, out=np.zeros(2)),
+    lambda: snp.argmax(A, 0, np.zeros(3, np.int64)),    # NumPy's third positional
+    lambda: snp.any(A, 0, np.zeros(3, bool)),
+    lambda: snp.trace(A, 0, 0, 1, None, np.zeros(())),
 ])
 def test_out_is_refused_by_name(call):
     with pytest.raises(InvalidOptionError, match="`out=` is not supported.*returned array"):
