@@ -20,6 +20,27 @@ axes; out-of-range entries raise an `IndexingError` unless `mode` says
 `x.at[idx].set(v)` and `.add(v)` are functional updates. Shapes are static:
 functions whose result's shape depends on values (`unique`, `nonzero`, a
 traced mask) are not here.
+
+The functions take NumPy's documented arguments, at NumPy's positions, and
+give NumPy's values, shapes and dtypes for them (tests/test_numpy_semantics.py
+checks them against NumPy): `diff`'s `prepend`/`append`, `interp`'s
+`period`, `gradient`'s coordinate arrays and `edge_order`, the thirteen
+`quantile`/`percentile` methods and `weights` (with "inverted_cdf"),
+`cross`'s `axisa`/`axisb`/`axisc`, `average`'s `returned`/`keepdims`,
+`var`/`std`'s `correction`/`mean`. An argument sciad does not take is
+refused by name: `out=` everywhere (an `InvalidOptionError`: sciad's arrays
+are values; use the returned one). Where sciad does not follow NumPy:
+
+- complex values have no order: `sort`, `median`, `quantile` and
+  `searchsorted` refuse them (NumPy orders them lexicographically);
+- `var`/`std`'s `where=` is refused (mask with `snp.where`);
+- values that set a shape or a branch are static: `quantile`'s `q`,
+  `interp`'s `period`, `repeat`'s counts; weights are checked (negative,
+  summing to zero) only when concrete: traced ones that sum to zero give
+  inf or NaN where NumPy raises;
+- NumPy's `TypeError` for `gradient`'s wrong number of spacings and for
+  `average`'s weights without `axis` is a `ShapeError` here (a ValueError);
+- the NaN-ignoring functions (`nanmedian`, `nanquantile`, ...) are not here.
 """
 
 from __future__ import annotations
@@ -262,7 +283,9 @@ def logaddexp(x1, x2, out=None):
     x1, x2 = _ufunc_float(_operand(x1, "logaddexp"), _operand(x2, "logaddexp"),
                           op="logaddexp")
     hi = maximum(x1, x2)
-    return add(hi, log1p(exp(negative(abs(subtract(x1, x2))))))
+    # NumPy's: equal values (infinities too) give x + log(2), not inf - inf
+    gap = where(equal(x1, x2), _np.zeros((), hi.dtype), subtract(x1, x2))
+    return add(hi, log1p(exp(negative(abs(gap)))))
 
 
 def heaviside(x1, x2, out=None):
@@ -271,7 +294,8 @@ def heaviside(x1, x2, out=None):
     x1, x2 = _ufunc_float(_operand(x1, "heaviside"), _operand(x2, "heaviside"),
                           op="heaviside")
     x1 = _as_array(x1, "heaviside")
-    return where(less(x1, 0), zeros_like(x1), where(equal(x1, 0), x2, ones_like(x1)))
+    step = where(less(x1, 0), zeros_like(x1), where(equal(x1, 0), x2, ones_like(x1)))
+    return where(isnan(x1), x1, step)                    # NaN stays NaN, as NumPy's
 
 
 def logical_xor(x1, x2, out=None):
@@ -872,8 +896,9 @@ def split(ary, indices_or_sections, axis: int = 0):
         cuts = [int(c) for c in indices_or_sections]
     edges = [0] + cuts + [n]
     head = (slice(None),) * axis
-    return [_getitem(ary, head + (slice(_builtins.min(lo, n), _builtins.max(
-        _builtins.min(hi, n), _builtins.min(lo, n))),)) for lo, hi in zip(edges, edges[1:])]
+    # NumPy's `ary[lo:hi]` for each pair of edges (negative ones count from the end)
+    spans = [range(n)[lo:hi] for lo, hi in zip(edges, edges[1:])]
+    return [_getitem(ary, head + (slice(r.start, r.start + len(r)),)) for r in spans]
 
 
 def fliplr(m):
@@ -908,16 +933,25 @@ def _tri_mask(n, m, k, lower: bool):
     return (j <= i + k) if lower else (j >= i + k)
 
 
+def _tri(m, k, lower: bool, op: str):
+    m = _as_array(m, op)
+    if m.ndim == 0:
+        raise _ShapeError("input must be at least 1-d.", op=op)
+    # NumPy's: a 1-D `m` is each row of a square matrix
+    rows, cols = (m.shape[-2], m.shape[-1]) if m.ndim > 1 else (m.shape[0], m.shape[0])
+    return where(_tri_mask(rows, cols, k, lower), m, zeros((), m.dtype))
+
+
 def tril(m, k: int = 0):
-    """`m` with the entries above the `k`-th diagonal zeroed (last two axes)."""
-    m = _as_array(m, "tril")
-    return where(_tri_mask(m.shape[-2], m.shape[-1], k, True), m, zeros((), m.dtype))
+    """`m` with the entries above the `k`-th diagonal zeroed (last two axes;
+    a 1-D `m` is each row of a square matrix, as in NumPy)."""
+    return _tri(m, k, True, "tril")
 
 
 def triu(m, k: int = 0):
-    """`m` with the entries below the `k`-th diagonal zeroed (last two axes)."""
-    m = _as_array(m, "triu")
-    return where(_tri_mask(m.shape[-2], m.shape[-1], k, False), m, zeros((), m.dtype))
+    """`m` with the entries below the `k`-th diagonal zeroed (last two axes;
+    a 1-D `m` is each row of a square matrix, as in NumPy)."""
+    return _tri(m, k, False, "triu")
 
 
 def diagonal(a, offset: int = 0, axis1: int = 0, axis2: int = 1):

@@ -184,6 +184,12 @@ CASES = [
     ("std mean", "std", (A,), {"axis": 1, "keepdims": True,
                                "mean": np.mean(A, axis=1, keepdims=True)}),
     ("var int8", "var", (np.int8([100, -100]),), {}),
+    ("split negative index", "split", (np.arange(8.0), [-3, 5]), {}),
+    ("triu 1-D", "triu", (np.arange(1.0, 4),), {}),
+    ("tril 1-D", "tril", (np.arange(1.0, 4), -1), {}),
+    ("heaviside nan", "heaviside", (np.array([nan, 0.0, -1]), np.array([1.0, nan, 2])), {}),
+    ("logaddexp infinities", "logaddexp", (np.array([inf, -inf, -inf, 2.0]),
+                                           np.array([inf, -inf, 1.0, 2.0])), {}),
 ]
 
 
