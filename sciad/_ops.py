@@ -617,46 +617,89 @@ def _no_out(out, op: str) -> None:
                                   "use the returned array.", op=op)
 
 
-def sum(a, axis=None, dtype=None, out=None, keepdims: bool = False):
-    """Sum over `axis` (all axes by default), NumPy's accumulation dtype."""
+def _masked(a, mask, fill, op: str):
+    """`a` with `fill` where NumPy's `where=` mask (broadcast to `a`'s shape)
+    is False; `a` itself for no mask."""
+    if mask is None or mask is True:
+        return a
+    mask = broadcast_to(astype(_as_array(mask, op), _np.bool_), tuple(_shape(a)))
+    return where(mask, a, _convert(fill, _dtype(a)))
+
+
+def _mask_count(a, mask, axes, keepdims: bool, op: str):
+    """How many elements NumPy's `where=` mask keeps in each reduced slice."""
+    if mask is None or mask is True:
+        return int(_np.prod([_shape(a)[i] for i in axes], dtype=_np.int64))
+    mask = broadcast_to(astype(_as_array(mask, op), _np.bool_), tuple(_shape(a)))
+    return _reduce("reduce_sum", astype(mask, _np.int64), axes, keepdims)
+
+
+def _initial(r, initial, combine):
+    return r if initial is None else combine(r, _convert(initial, _dtype(r)))
+
+
+def sum(a, axis=None, dtype=None, out=None, keepdims: bool = False, initial=None,
+        where=None):
+    """Sum over `axis` (all axes by default), NumPy's accumulation dtype;
+    `initial` is added, `where` (a boolean mask broadcasting to `a`) keeps
+    the elements it is True at."""
     _no_out(out, "sum")
     a = _as_array(a, "sum")
     dtype = _canonical_dtype(dtype) or _acc_dtype(_np.sum, _dtype(a))
-    return _reduce("reduce_sum", a, axis, keepdims, dtype)
+    r = _reduce("reduce_sum", _masked(a, where, 0, "sum"), axis, keepdims, dtype)
+    return _initial(r, initial, add)
 
 
-def prod(a, axis=None, dtype=None, out=None, keepdims: bool = False):
-    """Product over `axis` (all axes by default)."""
+def prod(a, axis=None, dtype=None, out=None, keepdims: bool = False, initial=None,
+         where=None):
+    """Product over `axis` (all axes by default); `initial` multiplies it,
+    `where` keeps the elements it is True at."""
     _no_out(out, "prod")
     a = _as_array(a, "prod")
     dtype = _canonical_dtype(dtype) or _acc_dtype(_np.prod, _dtype(a))
-    return _reduce("reduce_prod", a, axis, keepdims, dtype)
+    r = _reduce("reduce_prod", _masked(a, where, 1, "prod"), axis, keepdims, dtype)
+    return _initial(r, initial, multiply)
 
 
-def max(a, axis=None, out=None, keepdims: bool = False):
-    """Maximum over `axis` (all axes by default)."""
+def _extremum(name, a, axis, keepdims, initial, mask, combine, op: str):
+    a = _as_array(a, op)
+    if mask is not None and mask is not True and initial is None:
+        raise _InvalidOptionError(f"reduction operation {op!r} does not have an identity, "
+                                  "so to use a where mask one has to specify 'initial' "
+                                  "(as in NumPy).", op=op)
+    if initial is not None:
+        a = _masked(a, mask, initial, op)
+    return _initial(_reduce(name, a, axis, keepdims), initial, combine)
+
+
+def max(a, axis=None, out=None, keepdims: bool = False, initial=None, where=None):
+    """Maximum over `axis` (all axes by default); `initial` takes part, and
+    `where` (which needs `initial`) keeps the elements it is True at."""
     _no_out(out, "max")
-    return _reduce("reduce_max", a, axis, keepdims)
+    return _extremum("reduce_max", a, axis, keepdims, initial, where, maximum, "max")
 
 
-def min(a, axis=None, out=None, keepdims: bool = False):
-    """Minimum over `axis` (all axes by default)."""
+def min(a, axis=None, out=None, keepdims: bool = False, initial=None, where=None):
+    """Minimum over `axis` (all axes by default); `initial` takes part, and
+    `where` (which needs `initial`) keeps the elements it is True at."""
     _no_out(out, "min")
-    return _reduce("reduce_min", a, axis, keepdims)
+    return _extremum("reduce_min", a, axis, keepdims, initial, where, minimum, "min")
 
 
 amax, amin = max, min
 
 
-def mean(a, axis=None, dtype=None, out=None, keepdims: bool = False):
-    """Mean over `axis`; integers average in float64, as in NumPy."""
+def mean(a, axis=None, dtype=None, out=None, keepdims: bool = False, *, where=None):
+    """Mean over `axis`; integers average in float64, as in NumPy; `where`
+    (a boolean mask broadcasting to `a`) averages the elements it is True
+    at."""
     _no_out(out, "mean")
     a = _as_array(a, "mean")
     dtype = _canonical_dtype(dtype) or _acc_dtype(_np.mean, _dtype(a))
     axes = normalize_axes(axis, a.ndim, "mean")
-    count = int(_np.prod([a.shape[i] for i in axes], dtype=_np.int64))
-    total = sum(a, axis=axes, dtype=dtype, keepdims=keepdims)
-    return divide(total, _np.asarray(count, dtype))
+    count = _mask_count(a, where, axes, keepdims, "mean")
+    total = sum(a, axis=axes, dtype=dtype, keepdims=keepdims, where=where)
+    return divide(total, _convert(count, _dtype(total)))
 
 
 def _vector_norm(x, ord, axis, keepdims):
@@ -1289,16 +1332,18 @@ def outer(a, b, out=None):
 # ---------------------------------------------------------------------------
 # reductions of booleans, search
 
-def any(a, axis=None, out=None, keepdims: bool = False):
-    """Is any element true (along `axis`)."""
+def any(a, axis=None, out=None, keepdims: bool = False, *, where=None):
+    """Is any element true (along `axis`; among those `where` is True at)."""
     _no_out(out, "any")
-    return _reduce("reduce_max", astype(_as_array(a, "any"), bool), axis, keepdims)
+    a = _masked(astype(_as_array(a, "any"), bool), where, False, "any")
+    return _reduce("reduce_max", a, axis, keepdims)
 
 
-def all(a, axis=None, out=None, keepdims: bool = False):
-    """Are all elements true (along `axis`)."""
+def all(a, axis=None, out=None, keepdims: bool = False, *, where=None):
+    """Are all elements true (along `axis`; among those `where` is True at)."""
     _no_out(out, "all")
-    return _reduce("reduce_min", astype(_as_array(a, "all"), bool), axis, keepdims)
+    a = _masked(astype(_as_array(a, "all"), bool), where, True, "all")
+    return _reduce("reduce_min", a, axis, keepdims)
 
 
 def searchsorted(a, v, side: str = "left", sorter=None):

@@ -27,13 +27,13 @@ checks them against NumPy): `diff`'s `prepend`/`append`, `interp`'s
 `period`, `gradient`'s coordinate arrays and `edge_order`, the thirteen
 `quantile`/`percentile` methods and `weights` (with "inverted_cdf"),
 `cross`'s `axisa`/`axisb`/`axisc`, `average`'s `returned`/`keepdims`,
-`var`/`std`'s `correction`/`mean`. An argument sciad does not take is
+`var`/`std`'s `correction`/`mean`/`where`, the reductions' `where` and
+`initial`. An argument sciad does not take is
 refused by name: `out=` everywhere (an `InvalidOptionError`: sciad's arrays
 are values; use the returned one). Where sciad does not follow NumPy:
 
 - complex values have no order: `sort`, `median`, `quantile` and
   `searchsorted` refuse them (NumPy orders them lexicographically);
-- `var`/`std`'s `where=` is refused (mask with `snp.where`);
 - values that set a shape or a branch are static: `quantile`'s `q`,
   `interp`'s `period`, `repeat`'s counts; weights are checked (negative,
   summing to zero) only when concrete: traced ones that sum to zero give
@@ -415,8 +415,8 @@ def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims: bool = False, *, w
     in float64, `dtype` the dtype it is computed and returned in, complex
     values give a real variance, `ddof >= N` gives inf (or NaN) as NumPy's;
     `correction` is `ddof`'s NumPy 2 name, `mean` a precomputed mean of
-    `keepdims=True` shape (its derivative flows too). `where=` is refused
-    (mask with `snp.where` and divide sums yourself); `out=` too: use the
+    `keepdims=True` shape (its derivative flows too), `where` a boolean mask
+    (broadcasting to `a`) of the elements taken. `out=` is refused: use the
     result.
 
     ```python
@@ -424,29 +424,29 @@ def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims: bool = False, *, w
     ```
     """
     _no_out(out, "var")
-    if where is not None:
-        raise _NotSupportedError("`where=` is not supported; compute the masked mean and "
-                                 "squares with `snp.where` and `snp.sum`.", op="var")
     ddof = _ddof(ddof, correction, "var")
     a = _as_array(a, "var")
     axes = _normalize_axes(axis, a.ndim, "var")
     dtype = _np.dtype(dtype) if dtype is not None else None
     # NumPy's `_var`: the mean in `dtype` (float64 for integers and bools), the
-    # deviations in their promoted dtype, their squares summed in `dtype`
+    # deviations in their promoted dtype, their squares summed in `dtype`,
+    # over the elements `where` keeps, divided by max(count - ddof, 0)
     mdtype = dtype if dtype is not None or _is_inexact(a) else _np.dtype(_np.float64)
-    m = _mean(a, axes, mdtype) if mean is None else _as_array(mean, "var")
+    m = _mean(a, axes, mdtype, where) if mean is None else _as_array(mean, "var")
     d = subtract(a, m)
     sq = multiply(d, conj(d)) if d.dtype.kind == "c" else multiply(d, d)
     if sq.dtype.kind == "c":
         sq = real(sq)
     total = sum(sq, axis=axes, dtype=dtype if dtype is None or dtype.kind != "c" else
-                _np.finfo(dtype).dtype, keepdims=keepdims)
-    count = int(_np.prod([a.shape[i] for i in axes], dtype=_np.int64))
-    return divide(total, _np.asarray(_builtins.max(count - ddof, 0), total.dtype))
+                _np.finfo(dtype).dtype, keepdims=keepdims, where=where)
+    count = _ops._mask_count(a, where, axes, keepdims, "var")
+    if isinstance(count, int):
+        return divide(total, _np.asarray(_builtins.max(count - ddof, 0), total.dtype))
+    return divide(total, _convert(maximum(subtract(count, ddof), 0), total.dtype))
 
 
-def _mean(a, axes, dtype):
-    return mean(a, axis=axes, dtype=dtype, keepdims=True)
+def _mean(a, axes, dtype, mask):
+    return mean(a, axis=axes, dtype=dtype, keepdims=True, where=mask)
 
 
 def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims: bool = False, *, where=None,
@@ -459,11 +459,8 @@ def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims: bool = False, *, w
     ```
     """
     _no_out(out, "std")
-    if where is not None:
-        raise _NotSupportedError("`where=` is not supported; compute the masked mean and "
-                                 "squares with `snp.where` and `snp.sum`.", op="std")
     return sqrt(var(a, axis=axis, dtype=dtype, ddof=_ddof(ddof, correction, "std"),
-                    keepdims=keepdims, mean=mean))
+                    keepdims=keepdims, where=where, mean=mean))
 
 
 def average(a, axis=None, weights=None, returned: bool = False, *, keepdims: bool = False):

@@ -4,7 +4,7 @@ percentile (methods, weights, tuple axes, keepdims, NaN), gradient
 (coordinates, edge_order), cross (axisa/axisb/axisc, 2-vectors), kron, diff
 (prepend/append), average (weights along axes, returned, keepdims),
 convolve, trapezoid, searchsorted, cumsum, var/std (ddof past N, dtype,
-correction, mean). Cases come from NumPy's docstrings and
+correction, mean, where), the reductions' where/initial. Cases come from NumPy's docstrings and
 numpy/lib/tests; each runs eagerly and traced, and must give NumPy's
 values, shape and dtype. Arguments sciad does not take are refused by name.
 """
@@ -184,6 +184,17 @@ CASES = [
     ("std mean", "std", (A,), {"axis": 1, "keepdims": True,
                                "mean": np.mean(A, axis=1, keepdims=True)}),
     ("var int8", "var", (np.int8([100, -100]),), {}),
+    ("var where", "var", (A,), {"axis": 1, "where": np.array([[1, 0, 1], [0, 0, 1]], bool),
+                                "ddof": 1}),
+    ("std where row", "std", (A,), {"axis": 0, "where": np.array([True, False, True]),
+                                    "keepdims": True}),
+    ("mean where none kept", "mean", (A,), {"axis": 1, "where": np.zeros((2, 3), bool)}),
+    ("sum where initial", "sum", (A,), {"axis": 0, "where": np.array([True, False, True]),
+                                        "initial": 5}),
+    ("prod initial", "prod", (A,), {"axis": 1, "initial": 2}),
+    ("max where initial", "max", (A,), {"axis": 1, "initial": -1,
+                                        "where": np.array([[1, 0, 1], [0, 0, 1]], bool)}),
+    ("all where", "all", (A > 3,), {"axis": 1, "where": np.array([[1, 0, 1], [0, 0, 0]], bool)}),
     ("split negative index", "split", (np.arange(8.0), [-3, 5]), {}),
     ("triu 1-D", "triu", (np.arange(1.0, 4),), {}),
     ("tril 1-D", "tril", (np.arange(1.0, 4), -1), {}),
@@ -315,6 +326,8 @@ ERRORS = [
      InvalidOptionError, "both"),
     ("trapezoid 0-d", lambda m: m.trapezoid(np.float64(1.0)), IndexError, IndexingError,
      "at least one dimension"),
+    ("max where without initial", lambda m: m.max(A, where=A > 2), ValueError,
+     InvalidOptionError, "specify 'initial'"),
 ]
 
 
@@ -366,8 +379,6 @@ def test_out_is_refused_by_name(call):
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: snp.var(A, where=A > 2), "`where=`"),
-    (lambda: snp.std(A, where=A > 2), "`where=`"),
     (lambda: snp.median(A.astype(complex)), "no order"),
     (lambda: snp.searchsorted(np.array([1j, 2]), 1j), "no order"),
 ])
@@ -405,6 +416,7 @@ def _composites(a, xs, b, w):
             snp.diff(a, prepend=a[:, :1] * 2, append=1.5, n=2),
             snp.average(a, axis=(1, 0), weights=w.T, returned=True),
             snp.var(a, axis=0, ddof=1), snp.std(a, axis=1, mean=snp.mean(a, 1, keepdims=True)),
+            snp.var(a, axis=1, where=w > 1.0, ddof=1), snp.mean(a, axis=0, where=w > 1.0),
             snp.trapezoid(a, dx=xs[:3, None]),
             snp.quantile(a, [0.3, 0.8], axis=1, method="inverted_cdf", weights=w))
 
