@@ -4,9 +4,9 @@ percentile (methods, weights, tuple axes, keepdims, NaN), gradient
 (coordinates, edge_order), cross (axisa/axisb/axisc, 2-vectors), kron, diff
 (prepend/append), average (weights along axes, returned, keepdims),
 convolve, trapezoid, searchsorted, cumsum, var/std (ddof past N, dtype,
-correction, mean, where), the reductions' where/initial. Cases come from NumPy's docstrings and
-numpy/lib/tests; each runs eagerly and traced, and must give NumPy's
-values, shape and dtype. Arguments sciad does not take are refused by name.
+correction, mean, where), the reductions' where/initial. Cases come from
+NumPy's docstrings and numpy/lib/tests; each runs eagerly and traced, and
+must give NumPy's values, shape and dtype. Arguments sciad does not take are refused by name.
 """
 
 from __future__ import annotations
