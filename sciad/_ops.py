@@ -763,8 +763,18 @@ def norm(x, ord=None, axis=None, keepdims: bool = False):
 # ---------------------------------------------------------------------------
 # shapes
 
-def reshape(a, newshape=None, *, shape=None):
-    """`a` with a new shape of the same size (one entry may be -1)."""
+def reshape(a, newshape=None, order: str = "C", *, shape=None):
+    """`a` with a new shape of the same size (one entry may be -1), its
+    elements read and placed in `order`: "C" (last index fastest; "A" is
+    the same here), or "F" (first index fastest)."""
+    if order == "F":
+        a = _as_array(a, "reshape")
+        newshape = shape if newshape is None else newshape
+        newshape = (newshape,) if isinstance(newshape, (int, _np.integer)) else newshape
+        return transpose(reshape(transpose(a), tuple(newshape)[::-1]))
+    if order not in ("C", "A"):
+        raise _InvalidOptionError(f"`order` must be 'C', 'F' or 'A', got {order!r}.",
+                                  op="reshape")
     a = _as_array(a, "reshape")
     newshape = shape if newshape is None else newshape
     if isinstance(newshape, (int, _np.integer)):
@@ -910,14 +920,38 @@ def _pad_widths(pad_width, ndim: int) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
-def pad(array, pad_width, mode: str = "constant", constant_values=0):
-    """Constant padding (`mode='constant'` only), NumPy's `pad_width` forms."""
-    if mode != "constant":
-        raise _NotSupportedError(f"mode={mode!r}; only 'constant' is supported.", op="pad")
+_INDEX_PAD_MODES = ("edge", "reflect", "symmetric", "wrap")
+
+
+def pad(array, pad_width, mode: str = "constant", constant_values=0, **kwargs):
+    """`numpy.pad` with NumPy's `pad_width` forms: `mode='constant'` (one
+    static scalar `constant_values`), or the modes that repeat the array's
+    own elements, 'edge', 'reflect', 'symmetric' and 'wrap' (`reflect_type`
+    'even'), as gathers of NumPy's padded positions (their derivative adds
+    the cotangents back). Other modes and arguments are refused by name."""
     array = _as_array(array, "pad")
+    widths = _pad_widths(pad_width, array.ndim)
+    if mode in _INDEX_PAD_MODES:
+        if _np.ndim(constant_values) or constant_values != 0 or _builtins.any(
+                k != "reflect_type" or v != "even" for k, v in kwargs.items()):
+            raise _NotSupportedError(f"mode={mode!r} takes no other arguments here, got "
+                                     f"{sorted(kwargs) or ['constant_values']}.", op="pad")
+        for axis, (lo, hi) in enumerate(widths):
+            if lo or hi:
+                n = array.shape[axis]
+                if n == 0:
+                    raise _ShapeError(f"can't extend empty axis {axis} using modes other "
+                                      "than 'constant' or 'empty'.", op="pad")
+                # NumPy's own padding of the positions 0..n-1 says which to take
+                array = take(array, _np.pad(_np.arange(n), (lo, hi), mode=mode), axis=axis)
+        return array
+    if mode != "constant":
+        raise _NotSupportedError(f"mode={mode!r}; 'constant', 'edge', 'reflect', 'symmetric' "
+                                 "and 'wrap' are supported.", op="pad")
+    if kwargs:
+        raise _NotSupportedError(f"mode='constant' takes no {sorted(kwargs)}.", op="pad")
     if isinstance(constant_values, _Tracer) or _np.ndim(constant_values) != 0:
         raise _ShapeError("`constant_values` must be a static scalar.", op="pad")
-    widths = _pad_widths(pad_width, array.ndim)
     value = _np.asarray(constant_values).astype(_dtype(array)).item()
     return _prim("pad").bind(array, widths=widths, value=value)
 
@@ -1167,13 +1201,54 @@ def arange(start, stop=None, step=None, dtype=None):
     return _prim("arange").bind(start=start, stop=stop, step=step, dtype=dtype)
 
 
-def linspace(start, stop, num: int = 50, endpoint: bool = True, dtype=None):
-    """`num` evenly spaced values from `start` to `stop` (static bounds)."""
-    start = _static_number(start, "linspace", "start")
-    stop = _static_number(stop, "linspace", "stop")
-    dtype = _canonical_dtype(dtype) or _np.result_type(start, stop, float(num))
-    return _prim("linspace").bind(start=start, stop=stop, num=int(num), endpoint=bool(endpoint),
-                              dtype=dtype)
+def linspace(start, stop, num: int = 50, endpoint: bool = True, retstep: bool = False,
+             dtype=None, axis: int = 0):
+    """`num` evenly spaced values from `start` to `stop`, `numpy.linspace`:
+    static scalar bounds make one node; array (or traced) bounds give
+    `start + k * step` along a new `axis` (differentiable in the bounds);
+    `retstep=True` adds the step."""
+    op = "linspace"
+    num = int(num)
+    if num < 0:
+        raise _InvalidOptionError(f"Number of samples, {num}, must be non-negative.", op=op)
+    div = (num - 1) if endpoint else num
+    scalar = not _builtins.any(isinstance(v, _Tracer) or _np.ndim(v) for v in (start, stop))
+    if scalar and axis in (0, -1):
+        start = _static_number(start, op, "start")
+        stop = _static_number(stop, op, "stop")
+        dtype = _canonical_dtype(dtype) or _np.result_type(start, stop, float(num))
+        y = _prim("linspace").bind(start=start, stop=stop, num=num, endpoint=bool(endpoint),
+                                   dtype=dtype)
+        if not retstep:
+            return y
+        return y, (_np.float64(stop - start) / div if div > 0 else _np.float64(_np.nan))
+    # NumPy's array form: start + k * step along a new axis 0, then moved
+    start, stop = _as_array(start, op), _as_array(stop, op)
+    dt = _np.result_type(_dtype(start), _dtype(stop), float(num))
+    start, stop = _convert(start, dt), _convert(stop, dt)
+    delta = subtract(stop, start)
+    nd = len(_broadcast_shape_of(start, stop))
+    k = _np.arange(num, dtype=dt).reshape((-1,) + (1,) * nd)
+    if div > 0:
+        step = divide(delta, _np.asarray(div, dt))
+        y = add(multiply(k, step), start)
+        if endpoint and num > 1:
+            y = concatenate([y[:num - 1], expand_dims(broadcast_to(stop, y.shape[1:]), 0)])
+    else:
+        step = full_like(delta, _np.nan)
+        y = add(multiply(k, delta), start)
+    if axis != 0:
+        y = moveaxis(y, 0, axis)
+    dtype = _canonical_dtype(dtype)
+    if dtype is not None:
+        if dtype.kind in "iu":
+            y = floor(y)
+        y = astype(y, dtype)
+    return (y, step) if retstep else y
+
+
+def _broadcast_shape_of(*xs):
+    return broadcast_shapes([tuple(_shape(x)) for x in xs], "linspace")
 
 
 def eye(N: int, M: int | None = None, k: int = 0, dtype=float):

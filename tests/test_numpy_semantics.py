@@ -4,9 +4,11 @@ percentile (methods, weights, tuple axes, keepdims, NaN), gradient
 (coordinates, edge_order), cross (axisa/axisb/axisc, 2-vectors), kron, diff
 (prepend/append), average (weights along axes, returned, keepdims),
 convolve, trapezoid, searchsorted, cumsum, var/std (ddof past N, dtype,
-correction, mean, where), the reductions' where/initial. Cases come from
-NumPy's docstrings and numpy/lib/tests; each runs eagerly and traced, and
-must give NumPy's values, shape and dtype. Arguments sciad does not take are refused by name.
+correction, mean, where), the reductions' where/initial, pad's index
+modes, linspace's array bounds, reshape's order. Cases come from NumPy's
+docstrings and numpy/lib/tests; each runs eagerly and traced, and must
+give NumPy's values, shape and dtype. Arguments sciad does not take are
+refused by name.
 """
 
 from __future__ import annotations
@@ -195,6 +197,17 @@ CASES = [
     ("max where initial", "max", (A,), {"axis": 1, "initial": -1,
                                         "where": np.array([[1, 0, 1], [0, 0, 1]], bool)}),
     ("all where", "all", (A > 3,), {"axis": 1, "where": np.array([[1, 0, 1], [0, 0, 0]], bool)}),
+    ("pad edge", "pad", (A, ((1, 2), (0, 3))), {"mode": "edge"}),
+    ("pad reflect", "pad", (A, ((1, 2), (2, 3))), {"mode": "reflect"}),
+    ("pad symmetric", "pad", (np.array([1.0, 2, 3, 4]), (2, 5)), {"mode": "symmetric"}),
+    ("pad wrap", "pad", (A, 2), {"mode": "wrap"}),
+    ("linspace arrays", "linspace", (np.array([0.0, 1]), np.array([1.0, 3]), 4),
+     {"axis": -1, "endpoint": False}),
+    ("linspace arrays retstep", "linspace", (np.array([0.0, 1]), np.array([1.0, 3]), 3),
+     {"retstep": True}),
+    ("linspace retstep", "linspace", (2.0, 3.0, 5), {"retstep": True}),
+    ("linspace int dtype", "linspace", (np.array([0, 1]), 10, 4), {"dtype": int}),
+    ("reshape F", "reshape", (np.arange(6.0).reshape(2, 3), (3, 2)), {"order": "F"}),
     ("split negative index", "split", (np.arange(8.0), [-3, 5]), {}),
     ("triu 1-D", "triu", (np.arange(1.0, 4),), {}),
     ("tril 1-D", "tril", (np.arange(1.0, 4), -1), {}),
@@ -418,7 +431,9 @@ def _composites(a, xs, b, w):
             snp.var(a, axis=0, ddof=1), snp.std(a, axis=1, mean=snp.mean(a, 1, keepdims=True)),
             snp.var(a, axis=1, where=w > 1.0, ddof=1), snp.mean(a, axis=0, where=w > 1.0),
             snp.trapezoid(a, dx=xs[:3, None]),
-            snp.quantile(a, [0.3, 0.8], axis=1, method="inverted_cdf", weights=w))
+            snp.quantile(a, [0.3, 0.8], axis=1, method="inverted_cdf", weights=w),
+            snp.pad(a, ((1, 2), (3, 1)), mode="reflect"), snp.pad(a, 2, mode="wrap"),
+            snp.linspace(a[0], b[:, 0], 5, axis=-1), snp.reshape(a, (2, 6), order="F"))
 
 
 _R = np.random.default_rng(3)
