@@ -24,6 +24,7 @@ import jax.numpy as _jnp
 import numpy as _np
 
 from .errors import DTypeError as _DTypeError, IndexingError as _IndexingError
+from .errors import InvalidOptionError as _InvalidOptionError
 from .errors import NotSupportedError as _NotSupportedError, ShapeError as _ShapeError
 from .errors import TracerError as _TracerError, plain as _plain
 from .graph import TensorType as _TensorType, Tracer as _Tracer
@@ -455,7 +456,8 @@ def _binary(name: str, x, y):
 
 
 def _def_unary(name: str, public: str):
-    def f(x):
+    def f(x, out=None):
+        _no_out(out, public)
         return _unary(name, x)
     f.__name__ = f.__qualname__ = public
     f.__doc__ = f"Elementwise `numpy.{public}`."
@@ -463,7 +465,8 @@ def _def_unary(name: str, public: str):
 
 
 def _def_binary(name: str, public: str):
-    def f(x1, x2):
+    def f(x1, x2, out=None):
+        _no_out(out, public)
         return _binary(name, x1, x2)
     f.__name__ = f.__qualname__ = public
     f.__doc__ = f"Elementwise `numpy.{public}`, with broadcasting and NumPy's promotion."
@@ -529,8 +532,9 @@ def imag(val):
     return _unary("imag", val) if _dtype(val).kind == "c" else zeros_like(val)
 
 
-def conj(x):
+def conj(x, out=None):
     """The complex conjugate (the array itself for real input)."""
+    _no_out(out, "conj")
     x = _operand(x, "conj")
     if _dtype(x).kind == "c":
         return _unary("conj", x)
@@ -561,8 +565,9 @@ def where(condition, x=None, y=None):
     return _prim("select").bind(_convert(condition, _np.bool_), _convert(x, dt), _convert(y, dt))
 
 
-def clip(a, a_min=None, a_max=None, *, min=None, max=None):
+def clip(a, a_min=None, a_max=None, out=None, *, min=None, max=None):
     """`minimum(maximum(a, a_min), a_max)`; either bound may be None."""
+    _no_out(out, "clip")
     a_min = min if a_min is None else a_min
     a_max = max if a_max is None else a_max
     if a_min is None and a_max is None:
@@ -608,50 +613,93 @@ def _no_out(out, op: str) -> None:
     """NumPy's `out=` (at its position in NumPy's signature, so that a
     positional argument means what it means there) is refused by name."""
     if out is not None:
-        raise _NotSupportedError("`out=` is not supported: sciad values are immutable; "
-                                 "use the returned array.", op=op)
+        raise _InvalidOptionError("`out=` is not supported: sciad values are immutable; "
+                                  "use the returned array.", op=op)
 
 
-def sum(a, axis=None, dtype=None, out=None, keepdims: bool = False):
-    """Sum over `axis` (all axes by default), NumPy's accumulation dtype."""
+def _masked(a, mask, fill, op: str):
+    """`a` with `fill` where NumPy's `where=` mask (broadcast to `a`'s shape)
+    is False; `a` itself for no mask."""
+    if mask is None or mask is True:
+        return a
+    mask = broadcast_to(astype(_as_array(mask, op), _np.bool_), tuple(_shape(a)))
+    return where(mask, a, _convert(fill, _dtype(a)))
+
+
+def _mask_count(a, mask, axes, keepdims: bool, op: str):
+    """How many elements NumPy's `where=` mask keeps in each reduced slice."""
+    if mask is None or mask is True:
+        return int(_np.prod([_shape(a)[i] for i in axes], dtype=_np.int64))
+    mask = broadcast_to(astype(_as_array(mask, op), _np.bool_), tuple(_shape(a)))
+    return _reduce("reduce_sum", astype(mask, _np.int64), axes, keepdims)
+
+
+def _initial(r, initial, combine):
+    return r if initial is None else combine(r, _convert(initial, _dtype(r)))
+
+
+def sum(a, axis=None, dtype=None, out=None, keepdims: bool = False, initial=None,
+        where=None):
+    """Sum over `axis` (all axes by default), NumPy's accumulation dtype;
+    `initial` is added, `where` (a boolean mask broadcasting to `a`) keeps
+    the elements it is True at."""
     _no_out(out, "sum")
     a = _as_array(a, "sum")
     dtype = _canonical_dtype(dtype) or _acc_dtype(_np.sum, _dtype(a))
-    return _reduce("reduce_sum", a, axis, keepdims, dtype)
+    r = _reduce("reduce_sum", _masked(a, where, 0, "sum"), axis, keepdims, dtype)
+    return _initial(r, initial, add)
 
 
-def prod(a, axis=None, dtype=None, out=None, keepdims: bool = False):
-    """Product over `axis` (all axes by default)."""
+def prod(a, axis=None, dtype=None, out=None, keepdims: bool = False, initial=None,
+         where=None):
+    """Product over `axis` (all axes by default); `initial` multiplies it,
+    `where` keeps the elements it is True at."""
     _no_out(out, "prod")
     a = _as_array(a, "prod")
     dtype = _canonical_dtype(dtype) or _acc_dtype(_np.prod, _dtype(a))
-    return _reduce("reduce_prod", a, axis, keepdims, dtype)
+    r = _reduce("reduce_prod", _masked(a, where, 1, "prod"), axis, keepdims, dtype)
+    return _initial(r, initial, multiply)
 
 
-def max(a, axis=None, out=None, keepdims: bool = False):
-    """Maximum over `axis` (all axes by default)."""
+def _extremum(name, a, axis, keepdims, initial, mask, combine, op: str):
+    a = _as_array(a, op)
+    if mask is not None and mask is not True and initial is None:
+        raise _InvalidOptionError(f"reduction operation {op!r} does not have an identity, "
+                                  "so to use a where mask one has to specify 'initial' "
+                                  "(as in NumPy).", op=op)
+    if initial is not None:
+        a = _masked(a, mask, initial, op)
+    return _initial(_reduce(name, a, axis, keepdims), initial, combine)
+
+
+def max(a, axis=None, out=None, keepdims: bool = False, initial=None, where=None):
+    """Maximum over `axis` (all axes by default); `initial` takes part, and
+    `where` (which needs `initial`) keeps the elements it is True at."""
     _no_out(out, "max")
-    return _reduce("reduce_max", a, axis, keepdims)
+    return _extremum("reduce_max", a, axis, keepdims, initial, where, maximum, "max")
 
 
-def min(a, axis=None, out=None, keepdims: bool = False):
-    """Minimum over `axis` (all axes by default)."""
+def min(a, axis=None, out=None, keepdims: bool = False, initial=None, where=None):
+    """Minimum over `axis` (all axes by default); `initial` takes part, and
+    `where` (which needs `initial`) keeps the elements it is True at."""
     _no_out(out, "min")
-    return _reduce("reduce_min", a, axis, keepdims)
+    return _extremum("reduce_min", a, axis, keepdims, initial, where, minimum, "min")
 
 
 amax, amin = max, min
 
 
-def mean(a, axis=None, dtype=None, out=None, keepdims: bool = False):
-    """Mean over `axis`; integers average in float64, as in NumPy."""
+def mean(a, axis=None, dtype=None, out=None, keepdims: bool = False, *, where=None):
+    """Mean over `axis`; integers average in float64, as in NumPy; `where`
+    (a boolean mask broadcasting to `a`) averages the elements it is True
+    at."""
     _no_out(out, "mean")
     a = _as_array(a, "mean")
     dtype = _canonical_dtype(dtype) or _acc_dtype(_np.mean, _dtype(a))
     axes = normalize_axes(axis, a.ndim, "mean")
-    count = int(_np.prod([a.shape[i] for i in axes], dtype=_np.int64))
-    total = sum(a, axis=axes, dtype=dtype, keepdims=keepdims)
-    return divide(total, _np.asarray(count, dtype))
+    count = _mask_count(a, where, axes, keepdims, "mean")
+    total = sum(a, axis=axes, dtype=dtype, keepdims=keepdims, where=where)
+    return divide(total, _convert(count, _dtype(total)))
 
 
 def _vector_norm(x, ord, axis, keepdims):
@@ -715,8 +763,18 @@ def norm(x, ord=None, axis=None, keepdims: bool = False):
 # ---------------------------------------------------------------------------
 # shapes
 
-def reshape(a, newshape=None, *, shape=None):
-    """`a` with a new shape of the same size (one entry may be -1)."""
+def reshape(a, newshape=None, order: str = "C", *, shape=None):
+    """`a` with a new shape of the same size (one entry may be -1), its
+    elements read and placed in `order`: "C" (last index fastest; "A" is
+    the same here), or "F" (first index fastest)."""
+    if order == "F":
+        a = _as_array(a, "reshape")
+        newshape = shape if newshape is None else newshape
+        newshape = (newshape,) if isinstance(newshape, (int, _np.integer)) else newshape
+        return transpose(reshape(transpose(a), tuple(newshape)[::-1]))
+    if order not in ("C", "A"):
+        raise _InvalidOptionError(f"`order` must be 'C', 'F' or 'A', got {order!r}.",
+                                  op="reshape")
     a = _as_array(a, "reshape")
     newshape = shape if newshape is None else newshape
     if isinstance(newshape, (int, _np.integer)):
@@ -816,8 +874,9 @@ def squeeze(a, axis=None):
     return reshape(a, tuple(d for i, d in enumerate(a.shape) if i not in axes))
 
 
-def concatenate(arrays: _Sequence, axis: int | None = 0):
+def concatenate(arrays: _Sequence, axis: int | None = 0, out=None):
     """Joins arrays along an existing axis (`axis=None` flattens them first)."""
+    _no_out(out, "concatenate")
     arrays = [_as_array(x, "concatenate") for x in arrays]
     if not arrays:
         raise _ShapeError("needs at least one array.", op="concatenate")
@@ -831,8 +890,9 @@ def concatenate(arrays: _Sequence, axis: int | None = 0):
                                                                 "concatenate"))
 
 
-def stack(arrays: _Sequence, axis: int = 0):
+def stack(arrays: _Sequence, axis: int = 0, out=None):
     """Joins same-shape arrays along a new axis."""
+    _no_out(out, "stack")
     arrays = [_as_array(x, "stack") for x in arrays]
     if not arrays:
         raise _ShapeError("needs at least one array.", op="stack")
@@ -860,14 +920,38 @@ def _pad_widths(pad_width, ndim: int) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
-def pad(array, pad_width, mode: str = "constant", constant_values=0):
-    """Constant padding (`mode='constant'` only), NumPy's `pad_width` forms."""
-    if mode != "constant":
-        raise _NotSupportedError(f"mode={mode!r}; only 'constant' is supported.", op="pad")
+_INDEX_PAD_MODES = ("edge", "reflect", "symmetric", "wrap")
+
+
+def pad(array, pad_width, mode: str = "constant", constant_values=0, **kwargs):
+    """`numpy.pad` with NumPy's `pad_width` forms: `mode='constant'` (one
+    static scalar `constant_values`), or the modes that repeat the array's
+    own elements, 'edge', 'reflect', 'symmetric' and 'wrap' (`reflect_type`
+    'even'), as gathers of NumPy's padded positions (their derivative adds
+    the cotangents back). Other modes and arguments are refused by name."""
     array = _as_array(array, "pad")
+    widths = _pad_widths(pad_width, array.ndim)
+    if mode in _INDEX_PAD_MODES:
+        if _np.ndim(constant_values) or constant_values != 0 or _builtins.any(
+                k != "reflect_type" or v != "even" for k, v in kwargs.items()):
+            raise _NotSupportedError(f"mode={mode!r} takes no other arguments here, got "
+                                     f"{sorted(kwargs) or ['constant_values']}.", op="pad")
+        for axis, (lo, hi) in enumerate(widths):
+            if lo or hi:
+                n = array.shape[axis]
+                if n == 0:
+                    raise _ShapeError(f"can't extend empty axis {axis} using modes other "
+                                      "than 'constant' or 'empty'.", op="pad")
+                # NumPy's own padding of the positions 0..n-1 says which to take
+                array = take(array, _np.pad(_np.arange(n), (lo, hi), mode=mode), axis=axis)
+        return array
+    if mode != "constant":
+        raise _NotSupportedError(f"mode={mode!r}; 'constant', 'edge', 'reflect', 'symmetric' "
+                                 "and 'wrap' are supported.", op="pad")
+    if kwargs:
+        raise _NotSupportedError(f"mode='constant' takes no {sorted(kwargs)}.", op="pad")
     if isinstance(constant_values, _Tracer) or _np.ndim(constant_values) != 0:
         raise _ShapeError("`constant_values` must be a static scalar.", op="pad")
-    widths = _pad_widths(pad_width, array.ndim)
     value = _np.asarray(constant_values).astype(_dtype(array)).item()
     return _prim("pad").bind(array, widths=widths, value=value)
 
@@ -885,10 +969,11 @@ def roll(a, shift, axis=None):
     return _prim("roll").bind(a, shifts=tuple(int(s) for s in shifts), axes=axes)
 
 
-def cumsum(a, axis=None, dtype=None):
+def cumsum(a, axis=None, dtype=None, out=None):
     """Running sums along `axis` (of the flattened array by default), with
     NumPy's accumulation dtype (bools and small ints sum in the default
-    integer)."""
+    integer). (`out=` is refused: use the result.)"""
+    _no_out(out, "cumsum")
     a = _as_array(a, "cumsum")
     if axis is None:
         a, axis = ravel(a), 0
@@ -951,7 +1036,7 @@ def _in_range(indices, size: int, mode, op: str, distinct: bool = False):
     return asarray(normalize_indices(arr, int(size), mode, distinct, op))
 
 
-def take(a, indices, axis=None, mode=None):
+def take(a, indices, axis=None, out=None, mode=None):
     """Elements of `a` at integer `indices` along `axis` (of the flattened
     array for `axis=None`), as `numpy.take`: the result has shape
     `a.shape[:axis] + indices.shape + a.shape[axis + 1:]`.
@@ -963,7 +1048,8 @@ def take(a, indices, axis=None, mode=None):
     `[0, n - 1]`), or "promise_in_bounds" (the caller guarantees
     `0 <= i < n`; nothing is checked). The derivative with respect to `a`
     adds the cotangents back at the indices (`scatter_add`); the indices
-    have none."""
+    have none. (`out=` is refused: use the result.)"""
+    _no_out(out, "take")
     a = _as_array(a, "take")
     if axis is None:
         a, axis = ravel(a), 0
@@ -985,7 +1071,7 @@ def take_along_axis(arr, indices, axis, mode=None):
     nd = _builtins.len(_shape(indices))
     if nd != arr.ndim:
         raise _IndexingError(f"`indices` must have the {arr.ndim} dimensions of "
-                             f"{arr.type.str_short()}, got shape {_shape(indices)}.",
+                             f"{_type_str(arr)}, got shape {_shape(indices)}.",
                              op="take_along_axis")
     i = _in_range(indices, arr.shape[axis], mode, "take_along_axis")
     outer = [d for k, d in enumerate(arr.shape) if k != axis]
@@ -1115,13 +1201,54 @@ def arange(start, stop=None, step=None, dtype=None):
     return _prim("arange").bind(start=start, stop=stop, step=step, dtype=dtype)
 
 
-def linspace(start, stop, num: int = 50, endpoint: bool = True, dtype=None):
-    """`num` evenly spaced values from `start` to `stop` (static bounds)."""
-    start = _static_number(start, "linspace", "start")
-    stop = _static_number(stop, "linspace", "stop")
-    dtype = _canonical_dtype(dtype) or _np.result_type(start, stop, float(num))
-    return _prim("linspace").bind(start=start, stop=stop, num=int(num), endpoint=bool(endpoint),
-                              dtype=dtype)
+def linspace(start, stop, num: int = 50, endpoint: bool = True, retstep: bool = False,
+             dtype=None, axis: int = 0):
+    """`num` evenly spaced values from `start` to `stop`, `numpy.linspace`:
+    static scalar bounds make one node; array (or traced) bounds give
+    `start + k * step` along a new `axis` (differentiable in the bounds);
+    `retstep=True` adds the step."""
+    op = "linspace"
+    num = int(num)
+    if num < 0:
+        raise _InvalidOptionError(f"Number of samples, {num}, must be non-negative.", op=op)
+    div = (num - 1) if endpoint else num
+    scalar = not _builtins.any(isinstance(v, _Tracer) or _np.ndim(v) for v in (start, stop))
+    if scalar and axis in (0, -1):
+        start = _static_number(start, op, "start")
+        stop = _static_number(stop, op, "stop")
+        dtype = _canonical_dtype(dtype) or _np.result_type(start, stop, float(num))
+        y = _prim("linspace").bind(start=start, stop=stop, num=num, endpoint=bool(endpoint),
+                                   dtype=dtype)
+        if not retstep:
+            return y
+        return y, (_np.float64(stop - start) / div if div > 0 else _np.float64(_np.nan))
+    # NumPy's array form: start + k * step along a new axis 0, then moved
+    start, stop = _as_array(start, op), _as_array(stop, op)
+    dt = _np.result_type(_dtype(start), _dtype(stop), float(num))
+    start, stop = _convert(start, dt), _convert(stop, dt)
+    delta = subtract(stop, start)
+    nd = len(_broadcast_shape_of(start, stop))
+    k = _np.arange(num, dtype=dt).reshape((-1,) + (1,) * nd)
+    if div > 0:
+        step = divide(delta, _np.asarray(div, dt))
+        y = add(multiply(k, step), start)
+        if endpoint and num > 1:
+            y = concatenate([y[:num - 1], expand_dims(broadcast_to(stop, y.shape[1:]), 0)])
+    else:
+        step = full_like(delta, _np.nan)
+        y = add(multiply(k, delta), start)
+    if axis != 0:
+        y = moveaxis(y, 0, axis)
+    dtype = _canonical_dtype(dtype)
+    if dtype is not None:
+        if dtype.kind in "iu":
+            y = floor(y)
+        y = astype(y, dtype)
+    return (y, step) if retstep else y
+
+
+def _broadcast_shape_of(*xs):
+    return broadcast_shapes([tuple(_shape(x)) for x in xs], "linspace")
 
 
 def eye(N: int, M: int | None = None, k: int = 0, dtype=float):
@@ -1142,9 +1269,10 @@ array = asarray
 # ---------------------------------------------------------------------------
 # contractions
 
-def matmul(a, b):
+def matmul(a, b, out=None):
     """NumPy's `a @ b`: matrix product with batch broadcasting (and sparse
     matrix products, see `sciad.sparse`)."""
+    _no_out(out, "matmul")
     if _is_sparse(a) or _is_sparse(b):
         return _sparse_module().binary_dispatch("matmul", a, b)
     a, b = _as_array(a, "matmul"), _as_array(b, "matmul")
@@ -1157,9 +1285,10 @@ def _letters(n: int, skip: str = "") -> str:
                    if c not in skip)[:n]
 
 
-def einsum(subscripts: str, *operands):
+def einsum(subscripts: str, *operands, out=None):
     """Einstein summation over `operands` (explicit or implicit form), as
     NumPy's: `...` stands for the broadcast leading or trailing axes."""
+    _no_out(out, "einsum")
     spec = subscripts.replace(" ", "")
     ops = [_as_array(x, "einsum") for x in operands]
     if "..." in spec:
@@ -1244,9 +1373,10 @@ def tensordot(a, b, axes=2):
     return einsum(f"{la},{lb}->{out}", a, b)
 
 
-def dot(a, b):
+def dot(a, b, out=None):
     """NumPy's `dot`: products of scalars, vectors and matrices; for N-D,
     a sum over the last axis of `a` and the second-to-last of `b`."""
+    _no_out(out, "dot")
     a, b = _as_array(a, "dot"), _as_array(b, "dot")
     if a.ndim == 0 or b.ndim == 0:
         return multiply(a, b)
@@ -1268,22 +1398,27 @@ def inner(a, b):
     return tensordot(a, b, axes=((a.ndim - 1,), (b.ndim - 1,)))
 
 
-def outer(a, b):
+def outer(a, b, out=None):
     """The outer product of flattened `a` and `b`."""
+    _no_out(out, "outer")
     return einsum("i,j->ij", ravel(_as_array(a, "outer")), ravel(_as_array(b, "outer")))
 
 
 # ---------------------------------------------------------------------------
 # reductions of booleans, search
 
-def any(a, axis=None, keepdims: bool = False):
-    """Is any element true (along `axis`)."""
-    return _reduce("reduce_max", astype(_as_array(a, "any"), bool), axis, keepdims)
+def any(a, axis=None, out=None, keepdims: bool = False, *, where=None):
+    """Is any element true (along `axis`; among those `where` is True at)."""
+    _no_out(out, "any")
+    a = _masked(astype(_as_array(a, "any"), bool), where, False, "any")
+    return _reduce("reduce_max", a, axis, keepdims)
 
 
-def all(a, axis=None, keepdims: bool = False):
-    """Are all elements true (along `axis`)."""
-    return _reduce("reduce_min", astype(_as_array(a, "all"), bool), axis, keepdims)
+def all(a, axis=None, out=None, keepdims: bool = False, *, where=None):
+    """Are all elements true (along `axis`; among those `where` is True at)."""
+    _no_out(out, "all")
+    a = _masked(astype(_as_array(a, "all"), bool), where, True, "all")
+    return _reduce("reduce_min", a, axis, keepdims)
 
 
 def searchsorted(a, v, side: str = "left", sorter=None):
@@ -1292,6 +1427,10 @@ def searchsorted(a, v, side: str = "left", sorter=None):
     a = _as_array(a, "searchsorted")
     if sorter is not None:
         a = take(a, sorter)
+    v = _operand(v, "searchsorted")
+    above = _out_of_range(v, _dtype(a))
+    if above is not None:  # NumPy 2 compares with the exact Python value
+        return full((), a.shape[0] if above else 0, _np.int64)
     dtype = _result_type(a, v, op="searchsorted")
     return _prim("searchsorted").bind(_convert(a, dtype), _convert(_as_array(v, "searchsorted"),
                                                                dtype), side=side)

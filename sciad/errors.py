@@ -35,6 +35,7 @@ __all__ = [
     "StructureError",
     "DegenerateEigenvalueError",
     "NonFiniteError",
+    "ZeroSumError",
     "ConvergenceError",
     "SciadWarning",
     "unwrapped",
@@ -177,6 +178,11 @@ class StructureError(SciadError, ValueError):
 class NonFiniteError(SciadError, FloatingPointError):
     """NaN or infinity in the input of an operation that cannot use it (a
     matrix or right-hand side of a solve)."""
+
+
+class ZeroSumError(SciadError, ZeroDivisionError):
+    """Weights that sum to zero where an operation divides by their sum
+    (`sciad.numpy.average`, as NumPy's `ZeroDivisionError`)."""
 
 
 class ConvergenceError(SciadError, RuntimeError):

@@ -20,12 +20,34 @@ axes; out-of-range entries raise an `IndexingError` unless `mode` says
 `x.at[idx].set(v)` and `.add(v)` are functional updates. Shapes are static:
 functions whose result's shape depends on values (`unique`, `nonzero`, a
 traced mask) are not here.
+
+The functions take NumPy's documented arguments, at NumPy's positions, and
+give NumPy's values, shapes and dtypes for them (tests/test_numpy_semantics.py
+checks them against NumPy): `diff`'s `prepend`/`append`, `interp`'s
+`period`, `gradient`'s coordinate arrays and `edge_order`, the thirteen
+`quantile`/`percentile` methods and `weights` (with "inverted_cdf"),
+`cross`'s `axisa`/`axisb`/`axisc`, `average`'s `returned`/`keepdims`,
+`var`/`std`'s `correction`/`mean`/`where`, the reductions' `where` and
+`initial`. An argument sciad does not take is
+refused by name: `out=` everywhere (an `InvalidOptionError`: sciad's arrays
+are values; use the returned one). Where sciad does not follow NumPy:
+
+- complex values have no order: `sort`, `median`, `quantile` and
+  `searchsorted` refuse them (NumPy orders them lexicographically);
+- values that set a shape or a branch are static: `quantile`'s `q`,
+  `interp`'s `period`, `repeat`'s counts; weights are checked (negative,
+  summing to zero) only when concrete: traced ones that sum to zero give
+  inf or NaN where NumPy raises;
+- NumPy's `TypeError` for `gradient`'s wrong number of spacings and for
+  `average`'s weights without `axis` is a `ShapeError` here (a ValueError);
+- the NaN-ignoring functions (`nanmedian`, `nanquantile`, ...) are not here.
 """
 
 from __future__ import annotations
 
 import builtins as _builtins
 import types as _types
+import warnings as _warnings
 from typing import Any as _Any
 
 import numpy as _np
@@ -34,11 +56,12 @@ from . import _ops
 from . import primitives as _P
 from .errors import DTypeError as _DTypeError, NotSupportedError as _NotSupportedError
 from .errors import InvalidOptionError as _InvalidOptionError, ShapeError as _ShapeError
-from .errors import IndexingError as _IndexingError
+from .errors import IndexingError as _IndexingError, ZeroSumError as _ZeroSumError
 from .graph import Tracer as _Tracer
 from ._ops import normalize_axes as _normalize_axes, normalize_axis as _normalize_axis
 from ._ops import _At, _acc_dtype, _as_array, _convert, _dtype, _getitem, _is_sparse
-from ._ops import _no_out, _operand, _result_type, _shape
+from ._ops import _no_out, _operand, _result_type, _shape, _type_str
+from ._ops import broadcast_shapes as _broadcast_shapes
 # the functions the op layer (`sciad._ops`) implements, with NumPy's semantics,
 # are this module's: rules use them there, users here
 from ._ops import (
@@ -159,12 +182,37 @@ complex64, complex128 = _np.complex64, _np.complex128
 # ---------------------------------------------------------------------------
 # differences and flips (by indexing)
 
-def diff(a, n: int = 1, axis: int = -1):
-    """The `n`-th forward difference along `axis`."""
-    a = _as_array(a, "diff")
+def diff(a, n: int = 1, axis: int = -1, prepend=None, append=None):
+    """The `n`-th forward difference along `axis`, `numpy.diff`: `prepend`
+    and `append` (scalars, broadcast to one slice, or arrays) are joined to
+    `a` along `axis` first; booleans differ by `!=`; unsigned integers wrap
+    as NumPy's.
+
+    ```python
+    snp.diff(np.array([1, 2, 4, 7, 0]), prepend=0)   # [ 1  1  2  3 -7]
+    ```
+    """
+    op = "diff"
+    if isinstance(n, bool) or not isinstance(n, (int, _np.integer)):
+        raise _InvalidOptionError(f"order `n` must be an integer, got {n!r}.", op=op)
     if n < 0:
-        raise _ShapeError(f"order `n` must be non-negative, got {n}.", op="diff")
-    axis = _normalize_axis(axis, a.ndim, "diff")
+        raise _InvalidOptionError(f"order must be non-negative but got {n}.", op=op)
+    a = _as_array(a, op)
+    if n == 0:
+        return a
+    if a.ndim == 0:
+        raise _ShapeError("diff requires input that is at least one dimensional.", op=op)
+    axis = _normalize_axis(axis, a.ndim, op)
+    def joined(extra):
+        e = _as_array(extra, op)
+        if e.ndim == 0:
+            e = broadcast_to(e, tuple(1 if k == axis else d for k, d in enumerate(a.shape)))
+        return e
+
+    parts = ([] if prepend is None else [joined(prepend)]) + [a] + \
+        ([] if append is None else [joined(append)])
+    if len(parts) > 1:
+        a = concatenate(parts, axis=axis)
     hi = tuple(slice(1, None) if i == axis else slice(None) for i in range(a.ndim))
     lo = tuple(slice(None, -1) if i == axis else slice(None) for i in range(a.ndim))
     for _ in range(n):
@@ -188,71 +236,85 @@ def flip(m, axis=None):
 _LN2, _LN10 = float(_np.log(2.0)), float(_np.log(10.0))  # weak: they keep x's dtype
 
 
-def log2(x):
+def log2(x, out=None):
     """Elementwise base-2 logarithm."""
+    _no_out(out, "log2")
     return divide(log(_as_array(x, "log2")), _LN2)
 
 
-def log10(x):
+def log10(x, out=None):
     """Elementwise base-10 logarithm."""
+    _no_out(out, "log10")
     return divide(log(_as_array(x, "log10")), _LN10)
 
 
-def exp2(x):
+def exp2(x, out=None):
     """Elementwise `2 ** x`."""
+    _no_out(out, "exp2")
     return exp(multiply(_ufunc_float(_as_array(x, "exp2"), op="exp2"), _LN2))
 
 
-def reciprocal(x):
+def reciprocal(x, out=None):
     """Elementwise `1 / x` (integer division for integers, as in NumPy)."""
+    _no_out(out, "reciprocal")
     x = _as_array(x, "reciprocal")
     return divide(_np.ones((), x.dtype), x) if _is_inexact(x) else \
         floor_divide(_np.ones((), x.dtype), x)
 
 
-def deg2rad(x):
+def deg2rad(x, out=None):
     """Degrees to radians."""
+    _no_out(out, "deg2rad")
     return multiply(_ufunc_float(_as_array(x, "deg2rad"), op="deg2rad"), _np.pi / 180.0)
 
 
-def rad2deg(x):
+def rad2deg(x, out=None):
     """Radians to degrees."""
+    _no_out(out, "rad2deg")
     return multiply(_ufunc_float(_as_array(x, "rad2deg"), op="rad2deg"), 180.0 / _np.pi)
 
 
 radians, degrees = deg2rad, rad2deg
 
 
-def logaddexp(x1, x2):
+def logaddexp(x1, x2, out=None):
     """`log(exp(x1) + exp(x2))` without overflow."""
+    _no_out(out, "logaddexp")
     x1, x2 = _ufunc_float(_operand(x1, "logaddexp"), _operand(x2, "logaddexp"),
                           op="logaddexp")
     hi = maximum(x1, x2)
-    return add(hi, log1p(exp(negative(abs(subtract(x1, x2))))))
+    # NumPy's: equal values (infinities too) give x + log(2), not inf - inf
+    gap = where(equal(x1, x2), _np.zeros((), hi.dtype), subtract(x1, x2))
+    return add(hi, log1p(exp(negative(abs(gap)))))
 
 
-def heaviside(x1, x2):
+def heaviside(x1, x2, out=None):
     """0 where `x1 < 0`, `x2` where `x1 == 0`, 1 where `x1 > 0`."""
+    _no_out(out, "heaviside")
     x1, x2 = _ufunc_float(_operand(x1, "heaviside"), _operand(x2, "heaviside"),
                           op="heaviside")
     x1 = _as_array(x1, "heaviside")
-    return where(less(x1, 0), zeros_like(x1), where(equal(x1, 0), x2, ones_like(x1)))
+    step = where(less(x1, 0), zeros_like(x1), where(equal(x1, 0), x2, ones_like(x1)))
+    return where(isnan(x1), x1, step)                    # NaN stays NaN, as NumPy's
 
 
-def logical_xor(x1, x2):
+def logical_xor(x1, x2, out=None):
     """Elementwise exclusive or of truth values."""
+    _no_out(out, "logical_xor")
     return not_equal(astype(_as_array(x1, "logical_xor"), bool),
                      astype(_as_array(x2, "logical_xor"), bool))
 
 
-def isnan(x):
+def isnan(x, out=None):
     """Elementwise: is `x` NaN."""
+    _no_out(out, "isnan")
     x = _as_array(x, "isnan")
     return not_equal(x, x) if _is_inexact(x) else zeros_like(x, dtype=bool)
 
 
-def isinf(x):
+def isinf(x, out=None):
     """Elementwise: is `x` infinite."""
+    _no_out(out, "isinf")
     x = _as_array(x, "isinf")
     if not _is_inexact(x):
         return zeros_like(x, dtype=bool)
@@ -325,51 +387,128 @@ def _arg_extremum(a, axis, keepdims, reducer, op):
         flat else first
 
 
-def argmax(a, axis=None, keepdims: bool = False):
+def argmax(a, axis=None, out=None, *, keepdims: bool = False):
     """The index of the (first) largest value, flattened or along `axis`."""
+    _no_out(out, "argmax")
     return _arg_extremum(a, axis, keepdims, max, "argmax")
 
 
-def argmin(a, axis=None, keepdims: bool = False):
+def argmin(a, axis=None, out=None, *, keepdims: bool = False):
     """The index of the (first) smallest value, flattened or along `axis`."""
+    _no_out(out, "argmin")
     return _arg_extremum(a, axis, keepdims, min, "argmin")
 
 
-def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims: bool = False):
-    """Variance over `axis`, `sum(|a - mean|^2) / (N - ddof)`."""
+def _ddof(ddof, correction, op: str):
+    if correction is None:
+        return ddof
+    if ddof != 0:
+        raise _InvalidOptionError("`ddof` and `correction` (its NumPy 2 name) were both "
+                                  "given; pass one.", op=op)
+    return correction
+
+
+def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims: bool = False, *, where=None,
+        mean=None, correction=None):
+    """Variance over `axis` (an int, a tuple, or None: all),
+    `sum(|a - mean|^2) / max(N - ddof, 0)`, `numpy.var`: integers and bools
+    in float64, `dtype` the dtype it is computed and returned in, complex
+    values give a real variance, `ddof >= N` gives inf (or NaN) as NumPy's;
+    `correction` is `ddof`'s NumPy 2 name, `mean` a precomputed mean of
+    `keepdims=True` shape (its derivative flows too), `where` a boolean mask
+    (broadcasting to `a`) of the elements taken. `out=` is refused: use the
+    result.
+
+    ```python
+    snp.var(np.array([[1.0, 2], [3, 4]]), axis=0, ddof=1)   # [2. 2.]
+    ```
+    """
     _no_out(out, "var")
+    ddof = _ddof(ddof, correction, "var")
     a = _as_array(a, "var")
     axes = _normalize_axes(axis, a.ndim, "var")
-    d = subtract(a, mean(a, axis=axes, dtype=dtype, keepdims=True))
+    dtype = _np.dtype(dtype) if dtype is not None else None
+    # NumPy's `_var`: the mean in `dtype` (float64 for integers and bools), the
+    # deviations in their promoted dtype, their squares summed in `dtype`,
+    # over the elements `where` keeps, divided by max(count - ddof, 0)
+    mdtype = dtype if dtype is not None or _is_inexact(a) else _np.dtype(_np.float64)
+    m = _mean(a, axes, mdtype, where) if mean is None else _as_array(mean, "var")
+    d = subtract(a, m)
     sq = multiply(d, conj(d)) if d.dtype.kind == "c" else multiply(d, d)
     if sq.dtype.kind == "c":
         sq = real(sq)
-    count = int(_np.prod([a.shape[i] for i in axes], dtype=_np.int64))
-    return divide(sum(sq, axis=axes, keepdims=keepdims), _np.asarray(count - ddof, sq.dtype))
+    total = sum(sq, axis=axes, dtype=dtype if dtype is None or dtype.kind != "c" else
+                _np.finfo(dtype).dtype, keepdims=keepdims, where=where)
+    count = _ops._mask_count(a, where, axes, keepdims, "var")
+    if isinstance(count, int):
+        return divide(total, _np.asarray(_builtins.max(count - ddof, 0), total.dtype))
+    return divide(total, _convert(maximum(subtract(count, ddof), 0), total.dtype))
 
 
-def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims: bool = False):
-    """Standard deviation over `axis` (its derivative is infinite where the
-    values are all equal)."""
+def _mean(a, axes, dtype, mask):
+    return mean(a, axis=axes, dtype=dtype, keepdims=True, where=mask)
+
+
+def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims: bool = False, *, where=None,
+        mean=None, correction=None):
+    """Standard deviation over `axis`, `sqrt(var(...))` with `var`'s
+    arguments (its derivative is infinite where the values are all equal).
+
+    ```python
+    snp.std(np.array([1.0, 2, 3, 4]))   # 1.118...
+    ```
+    """
     _no_out(out, "std")
-    return sqrt(var(a, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims))
+    return sqrt(var(a, axis=axis, dtype=dtype, ddof=_ddof(ddof, correction, "std"),
+                    keepdims=keepdims, where=where, mean=mean))
 
 
-def average(a, axis=None, weights=None):
-    """Mean over `axis`, weighted by `weights` if given (as in NumPy, 1-D
-    weights run along a single `axis`)."""
-    a = _as_array(a, "average")
+def average(a, axis=None, weights=None, returned: bool = False, *, keepdims: bool = False):
+    """The mean over `axis` (an int, a tuple, or None: all), weighted by
+    `weights` if given, `numpy.average`: weights of `a`'s shape, or of the
+    shape of `a` along `axis` (in `axis`'s order); float64 for integer and
+    bool data; `returned=True` adds the sum of the weights (the count
+    without weights), broadcast to the result's shape. Concrete weights
+    that sum to zero raise `ZeroSumError` (NumPy's `ZeroDivisionError`);
+    traced ones give inf or NaN there.
+
+    ```python
+    snp.average(np.arange(6.0).reshape(3, 2), axis=1, weights=[0.25, 0.75])  # [0.75 2.75 4.75]
+    ```
+    """
+    op = "average"
+    a = _as_array(a, op)
+    axes = None if axis is None else _normalize_axes(axis, a.ndim, op)
     if weights is None:
-        return mean(a, axis=axis)
-    w = _as_array(weights, "average")
-    if w.shape != a.shape:
-        if axis is None or w.ndim != 1 or not isinstance(axis, (int, _np.integer)):
-            raise _ShapeError(f"weights of shape {w.shape} differ from {a.shape}: pass "
-                              "1-D weights with a single `axis`.", op="average")
-        ax = _normalize_axis(axis, a.ndim, "average")
-        w = reshape(w, tuple(w.shape[0] if k == ax else 1 for k in range(a.ndim)))
-        w = broadcast_to(w, a.shape)
-    return divide(sum(multiply(a, w), axis=axis), sum(w, axis=axis))
+        avg = mean(a, axis=axes, keepdims=keepdims)
+        n_in, n_out = (int(_np.prod(sh, dtype=_np.int64)) for sh in (a.shape, avg.shape))
+        scl = _np.asarray(n_in / n_out if n_out else _np.nan, avg.dtype)
+    else:
+        w = _as_array(weights, op)
+        if a.dtype.kind in "iub":
+            rdtype = _np.result_type(a.dtype, w.dtype, _np.float64)
+        else:
+            rdtype = _np.result_type(a.dtype, w.dtype)
+        if tuple(w.shape) != tuple(a.shape):
+            if axes is None:
+                raise _ShapeError(f"weights of shape {w.shape} differ from {a.shape}: give "
+                                  "`axis` (NumPy raises TypeError here).", op=op)
+            if tuple(w.shape) != tuple(a.shape[k] for k in axes):
+                raise _ShapeError(f"weights of shape {w.shape} must be the shape of `a` "
+                                  f"{a.shape} along axis {axes}.", op=op)
+            w = transpose(w, tuple(int(k) for k in _np.argsort(axes)))
+            w = reshape(w, tuple(d if k in axes else 1 for k, d in enumerate(a.shape)))
+        scl = sum(w, axis=axes, dtype=rdtype, keepdims=keepdims)
+        if not isinstance(scl, _Tracer) and (_np.asarray(scl) == 0).any():
+            raise _ZeroSumError("weights sum to zero, can't be normalized (NumPy's "
+                                "ZeroDivisionError).", op=op)
+        prod_ = multiply(_convert(a, rdtype), _convert(w, rdtype))
+        avg = divide(sum(prod_, axis=axes, keepdims=keepdims), scl)
+    if not returned:
+        return avg
+    if tuple(_shape(scl)) != tuple(avg.shape):
+        scl = broadcast_to(scl, avg.shape)
+    return avg, scl
 
 
 def _sorted_slices(a, axis, out, op: str):
@@ -377,13 +516,11 @@ def _sorted_slices(a, axis, out, op: str):
     names (a tuple, one axis, or all for None) flattened into one last axis
     and sorted along it (NaN last; the last axis, where XLA sorts fastest),
     and the shape `keepdims` gives the result."""
-    if out is not None:
-        raise _NotSupportedError("`out=`: sciad's arrays are values, not buffers; use the "
-                                 "result.", op=op)
+    _no_out(out, op)
     a = _as_array(a, op)
     if a.dtype.kind == "c":
         raise _DTypeError(f"complex values have no order (NumPy's {op} sorts them "
-                          f"lexicographically, sciad does not), got {a.type.str_short()}.",
+                          f"lexicographically, sciad does not), got {_type_str(a)}.",
                           op=op)
     shape, axes = a.shape, _normalize_axes(axis, a.ndim, op)
     kept = tuple(k for k in range(a.ndim) if k not in axes)
@@ -470,11 +607,13 @@ def _quantile(a, q, axis, out, method, keepdims, weights, weak: bool, op: str):
     if method not in _QUANTILE_METHODS:
         raise _ShapeError(f"method={method!r} is not one of NumPy's methods "
                           f"{list(_QUANTILE_METHODS)}.", op=op)
-    if weights is not None:
-        raise _NotSupportedError("`weights=` (NumPy's, for method='inverted_cdf' only) is "
-                                 "not supported; for a weighted mean use `average`.", op=op)
     if q.ndim > 2:
         raise _ShapeError(f"`q` must be a scalar or 1-d, got shape {q.shape}.", op=op)
+    if weights is not None:
+        if method != "inverted_cdf":
+            raise _InvalidOptionError(f"only method='inverted_cdf' supports weights (as in "
+                                      f"NumPy), got method={method!r}.", op=op)
+        return _weighted_quantile(a, q, axis, out, weights, keepdims, op)
     s, nan, keep_shape = _sorted_slices(a, axis, out, op)
     n = s.shape[-1]
     if n == 0:
@@ -522,6 +661,61 @@ def _quantile(a, q, axis, out, method, keepdims, weights, weak: bool, op: str):
     return reshape(result, index.shape + keep_shape) if keepdims else result
 
 
+def _weighted_quantile(a, q, axis, out, weights, keepdims, op: str):
+    """NumPy's weighted `inverted_cdf` quantiles: the first sorted value whose
+    share of the total weight (the cumulative weights over their sum, cast
+    to `q`'s float dtype) reaches `q`, leading zero weights skipped. The
+    derivative is the picked value's (none in the weights: a step)."""
+    _no_out(out, op)
+    a, w = _as_array(a, op), _as_array(weights, op)
+    if a.dtype.kind == "c":
+        raise _DTypeError(f"complex values have no order, got {_type_str(a)}.", op=op)
+    axes = _normalize_axes(axis, a.ndim, op)
+    if tuple(w.shape) != tuple(a.shape):
+        if axis is None:
+            raise _ShapeError(f"weights of shape {w.shape} differ from `a`'s {a.shape}: give "
+                              "`axis` (NumPy raises TypeError here).", op=op)
+        if tuple(w.shape) != tuple(a.shape[k] for k in axes):
+            raise _ShapeError(f"weights of shape {w.shape} must be the shape of `a` {a.shape} "
+                              f"along axis {axes}.", op=op)
+        w = transpose(w, tuple(int(k) for k in _np.argsort(axes)))
+        w = broadcast_to(reshape(w, tuple(d if k in axes else 1 for k, d in
+                                          enumerate(a.shape))), tuple(a.shape))
+    if not isinstance(w, _Tracer) and (_np.asarray(w) < 0).any():
+        raise _InvalidOptionError("weights must be non-negative.", op=op)
+    shape = tuple(a.shape)
+    kept = tuple(k for k in range(a.ndim) if k not in axes)
+    count = int(_np.prod([shape[k] for k in axes], dtype=_np.int64))
+    if count == 0:
+        raise _IndexingError("an empty slice has no quantiles (NumPy raises too).", op=op)
+    rest = tuple(shape[k] for k in kept)
+    af, wf = (reshape(transpose(v, kept + axes), rest + (count,)) for v in (a, w))
+    order = argsort(af, axis=-1)
+    s, ws = take_along_axis(af, order, axis=-1), take_along_axis(wf, order, axis=-1)
+    cdf = cumsum(ws, axis=-1, dtype=_np.float64)
+    total = cdf[..., count - 1:]
+    if not isinstance(total, _Tracer) and not (
+            _np.isfinite(_np.asarray(total)) & (_np.asarray(total) > 0)).all():
+        raise _InvalidOptionError("weights included NaN, inf or were all zero (in a slice).",
+                                  op=op)
+    cdf = divide(cdf, total)
+    if q.dtype.kind == "f":
+        cdf = astype(cdf, q.dtype)
+    cdf = where(equal(cdf, 0), _np.asarray(-1, cdf.dtype), cdf)
+    qf = _np.asarray(q).ravel()
+    idx = sum(astype(less(expand_dims(cdf, -2), qf[:, None]), _np.int64), axis=-1)
+    idx = minimum(idx, _np.int64(count - 1))
+    result = take_along_axis(s, idx, axis=-1)                  # rest + (nq,)
+    if _is_inexact(af):
+        result = _nan_where(expand_dims(any(isnan(af), axis=-1), -1), result)
+    result = moveaxis(result, -1, 0)
+    result = reshape(result, q.shape + rest)
+    if keepdims:
+        result = reshape(result, q.shape + tuple(1 if k in axes else d
+                                                 for k, d in enumerate(shape)))
+    return result
+
+
 def _static_quantiles(q, op: str):
     if isinstance(q, _Tracer):
         raise _ShapeError(f"quantiles must be static numbers (they set which sorted values "
@@ -536,12 +730,17 @@ def quantile(a, q, axis=None, out=None, overwrite_input: bool = False, method: s
     result dtype, NaN in a slice makes its quantiles NaN. A scalar `q` gives
     the reduced shape; an array of `q`s adds its axes in front. The
     derivative is that of the sorted values interpolated (`sort`'s: between
-    equal values one-sided). (`overwrite_input` changes nothing; `weights`
-    is not supported.)
+    equal values one-sided). `weights` (of `a`'s shape, or of its shape
+    along `axis`; non-negative) go with method="inverted_cdf" only, as in
+    NumPy: concrete weights that are negative, or sum to zero, inf or NaN
+    in a slice, raise `InvalidOptionError`; traced ones are not checked.
+    (`overwrite_input` changes nothing; `out=` is refused: use the result.)
 
     ```python
     snp.quantile(np.array([1.0, 2, 3, 4]), [0.25, 0.5])         # [1.75 2.5]
     snp.quantile(np.array([1.0, 2, 3, 4]), 0.3, method="lower")  # 1.0
+    snp.quantile(np.array([1.0, 2, 3, 4]), 0.5, method="inverted_cdf",
+                 weights=np.array([1.0, 1, 1, 5]))              # 4.0
     ```
     """
     qs = _static_quantiles(q, "quantile")
@@ -694,8 +893,9 @@ def split(ary, indices_or_sections, axis: int = 0):
         cuts = [int(c) for c in indices_or_sections]
     edges = [0] + cuts + [n]
     head = (slice(None),) * axis
-    return [_getitem(ary, head + (slice(_builtins.min(lo, n), _builtins.max(
-        _builtins.min(hi, n), _builtins.min(lo, n))),)) for lo, hi in zip(edges, edges[1:])]
+    # NumPy's `ary[lo:hi]` for each pair of edges (negative ones count from the end)
+    spans = [range(n)[lo:hi] for lo, hi in zip(edges, edges[1:])]
+    return [_getitem(ary, head + (slice(r.start, r.start + len(r)),)) for r in spans]
 
 
 def fliplr(m):
@@ -730,16 +930,25 @@ def _tri_mask(n, m, k, lower: bool):
     return (j <= i + k) if lower else (j >= i + k)
 
 
+def _tri(m, k, lower: bool, op: str):
+    m = _as_array(m, op)
+    if m.ndim == 0:
+        raise _ShapeError("input must be at least 1-d.", op=op)
+    # NumPy's: a 1-D `m` is each row of a square matrix
+    rows, cols = (m.shape[-2], m.shape[-1]) if m.ndim > 1 else (m.shape[0], m.shape[0])
+    return where(_tri_mask(rows, cols, k, lower), m, zeros((), m.dtype))
+
+
 def tril(m, k: int = 0):
-    """`m` with the entries above the `k`-th diagonal zeroed (last two axes)."""
-    m = _as_array(m, "tril")
-    return where(_tri_mask(m.shape[-2], m.shape[-1], k, True), m, zeros((), m.dtype))
+    """`m` with the entries above the `k`-th diagonal zeroed (last two axes;
+    a 1-D `m` is each row of a square matrix, as in NumPy)."""
+    return _tri(m, k, True, "tril")
 
 
 def triu(m, k: int = 0):
-    """`m` with the entries below the `k`-th diagonal zeroed (last two axes)."""
-    m = _as_array(m, "triu")
-    return where(_tri_mask(m.shape[-2], m.shape[-1], k, False), m, zeros((), m.dtype))
+    """`m` with the entries below the `k`-th diagonal zeroed (last two axes;
+    a 1-D `m` is each row of a square matrix, as in NumPy)."""
+    return _tri(m, k, False, "triu")
 
 
 def diagonal(a, offset: int = 0, axis1: int = 0, axis2: int = 1):
@@ -768,28 +977,70 @@ def diag(v, k: int = 0):
     if v.ndim == 2:
         return diagonal(v, k)
     if v.ndim != 1:
-        raise _ShapeError(f"input must be 1-D or 2-D, got {v.type.str_short()}.", op="diag")
+        raise _ShapeError(f"input must be 1-D or 2-D, got {_type_str(v)}.", op="diag")
     n = v.shape[0] + _builtins.abs(k)
     i = _np.arange(v.shape[0])
     pos = (i * n + i + k) if k >= 0 else ((i - k) * n + i)
     return reshape(zeros(n * n, v.dtype).at[pos].set(v), (n, n))
 
 
-def trace(a, offset: int = 0, axis1: int = 0, axis2: int = 1):
-    """The sum along a diagonal."""
-    return sum(diagonal(a, offset, axis1, axis2), axis=-1)
+def trace(a, offset: int = 0, axis1: int = 0, axis2: int = 1, dtype=None, out=None):
+    """The sum along a diagonal (in `dtype`, NumPy's accumulation dtype by
+    default)."""
+    _no_out(out, "trace")
+    return sum(diagonal(a, offset, axis1, axis2), axis=-1, dtype=dtype)
 
 
-def cross(a, b, axis: int = -1):
-    """The cross product of 3-vectors along `axis` (of both)."""
-    a, b = _as_array(a, "cross"), _as_array(b, "cross")
-    a, b = moveaxis(a, axis, -1), moveaxis(b, axis, -1)
-    if a.shape[-1] != 3 or b.shape[-1] != 3:
-        raise _ShapeError(f"needs 3-vectors along `axis`, got {a.type.str_short()} and "
-                          f"{b.type.str_short()}.", op="cross")
-    a0, a1, a2 = (a[..., k] for k in range(3))
-    b0, b1, b2 = (b[..., k] for k in range(3))
-    return stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=-1)
+def cross(a, b, axisa: int = -1, axisb: int = -1, axisc: int = -1, axis=None):
+    """The cross product of 3-vectors (or 2-vectors: their z component, or
+    with a 3-vector a 3-vector) along `axisa` of `a` and `axisb` of `b`,
+    `numpy.cross`: the other axes broadcast, the result's vectors lie along
+    `axisc`; `axis` sets all three. Two 2-vectors give a scalar each (NumPy 2
+    deprecates 2-vectors, with a `DeprecationWarning` here too).
+
+    ```python
+    snp.cross(np.array([1, 2, 3]), np.array([4, 5, 6]))   # [-3  6 -3]
+    ```
+    """
+    op = "cross"
+    a, b = _as_array(a, op), _as_array(b, op)
+    if axis is not None:
+        axisa = axisb = axisc = axis
+    if a.ndim < 1 or b.ndim < 1:
+        raise _ShapeError(f"needs arrays of vectors, got {_type_str(a)} and {_type_str(b)} "
+                          "(at least one has zero dimensions).", op=op)
+    a = moveaxis(a, _normalize_axis(axisa, a.ndim, op), -1)
+    b = moveaxis(b, _normalize_axis(axisb, b.ndim, op), -1)
+    na, nb = a.shape[-1], b.shape[-1]
+    if na not in (2, 3) or nb not in (2, 3):
+        raise _ShapeError(f"incompatible dimensions for cross product (dimension must be 2 or "
+                          f"3), got {_type_str(a)} and {_type_str(b)} with the vectors last.",
+                          op=op)
+    if na == 2 or nb == 2:
+        _warnings.warn("Arrays of 2-dimensional vectors are deprecated (as in NumPy 2.0). "
+                       "Use arrays of 3-dimensional vectors instead.", DeprecationWarning,
+                       stacklevel=2)
+    dtype = _np.promote_types(a.dtype, b.dtype)
+    a, b = _convert(a, dtype), _convert(b, dtype)
+    a0, a1 = a[..., 0], a[..., 1]
+    b0, b1 = b[..., 0], b[..., 1]
+    z = subtract(multiply(a0, b1), multiply(a1, b0))
+    if na == 2 and nb == 2:
+        return z
+    if na == 3 and nb == 3:
+        a2, b2 = a[..., 2], b[..., 2]
+        x = subtract(multiply(a1, b2), multiply(a2, b1))
+        y = subtract(multiply(a2, b0), multiply(a0, b2))
+    elif na == 2:
+        b2 = b[..., 2]
+        x, y = multiply(a1, b2), negative(multiply(a0, b2))
+    else:
+        a2 = a[..., 2]
+        x, y = negative(multiply(a2, b1)), multiply(a2, b0)
+    shape = _broadcast_shapes((tuple(a0.shape), tuple(b0.shape)), op)
+    x, y, z = (broadcast_to(v, shape) for v in (x, y, z))
+    out = stack([x, y, z], axis=-1)
+    return moveaxis(out, -1, _normalize_axis(axisc, out.ndim, op))
 
 
 def kron(a, b):
@@ -829,7 +1080,7 @@ def digitize(x, bins, right: bool = False):
     """
     bins = _as_array(bins, "digitize")
     if bins.ndim != 1:
-        raise _ShapeError(f"`bins` must be 1-D, got {bins.type.str_short()}.", op="digitize")
+        raise _ShapeError(f"`bins` must be 1-D, got {_type_str(bins)}.", op="digitize")
     side, n = "left" if right else "right", bins.shape[0]
     if not isinstance(bins, _Tracer):
         steps = _np.diff(_np.asarray(bins))
@@ -899,7 +1150,9 @@ def _from_parts(re, im):
 
 def interp(x, xp, fp, left=None, right=None, period=None):
     """Piecewise-linear interpolation of the points `(xp, fp)` (`xp`
-    increasing, not checked) at `x`, `numpy.interp`: float64 results
+    increasing, not checked; any order with `period`, a static number: the
+    knots repeat with it, and `left`/`right` are ignored, as in NumPy) at
+    `x`, `numpy.interp`: float64 results
     (complex128 for complex `fp`), `fp[0]`/`fp[-1]` (or `left`/`right`)
     outside, `fp[j]` exactly at a knot `xp[j]`, NumPy's values next to
     infinite `fp`, NaN at a NaN `x`; one knot gives `left`, `fp[0]`, `right`.
@@ -917,18 +1170,33 @@ def interp(x, xp, fp, left=None, right=None, period=None):
     ```
     """
     op = "interp"
-    if period is not None:
-        raise _NotSupportedError("`period` is not supported; map `x` and `xp` into one "
-                                 "period and repeat the end knots yourself.", op=op)
     x, xp, fp = (_as_array(v, op) for v in (x, xp, fp))
     for name, v in (("x", x), ("xp", xp)):
         if v.dtype.kind == "c":
-            raise _DTypeError(f"`{name}` must be real, got {v.type.str_short()}.", op=op)
+            raise _DTypeError(f"`{name}` must be real, got {_type_str(v)}.", op=op)
     if xp.ndim != 1 or fp.ndim != 1 or xp.shape != fp.shape or xp.shape[0] == 0:
         raise _ShapeError(f"`xp` and `fp` must be 1-D of one non-zero length, got "
-                          f"{xp.type.str_short()} and {fp.type.str_short()}.", op=op)
+                          f"{_type_str(xp)} and {_type_str(fp)}.", op=op)
     dtype = _np.dtype(_np.complex128 if fp.dtype.kind == "c" else _np.float64)
     x, xp, fp = _convert(x, _np.float64), _convert(xp, _np.float64), _convert(fp, dtype)
+    if period is not None:
+        # NumPy's: `x` and `xp` taken modulo |period|, the knots sorted, the
+        # last knot repeated a period below the first and the first a period
+        # above the last; `left` and `right` are ignored
+        if isinstance(period, _Tracer):
+            raise _NotSupportedError(f"`period` must be a static number, got a traced "
+                                     f"{_type_str(period)}.", op=op)
+        period = float(_np.asarray(period))
+        if period == 0:
+            raise _InvalidOptionError("period must be a non-zero value.", op=op)
+        period = _builtins.abs(period)
+        left = right = None
+        x, xp = remainder(x, period), remainder(xp, period)
+        order = argsort(xp)
+        xp, fp = take(xp, order), take(fp, order)
+        n = xp.shape[0]
+        xp = concatenate([subtract(xp[n - 1:], period), xp, add(xp[:1], period)])
+        fp = concatenate([fp[n - 1:], fp, fp[:1]])
     ends = []
     for name, v, default in (("left", left, fp[0]), ("right", right, fp[xp.shape[0] - 1])):
         if v is None:
@@ -951,56 +1219,148 @@ def interp(x, xp, fp, left=None, right=None, period=None):
     return where(less(x, xp[0]), ends[0], where(greater(x, xp[n - 1]), ends[1], inner))
 
 
-def trapezoid(y, x=None, dx: float = 1.0, axis: int = -1):
-    """The trapezoidal rule along `axis`, with sample points `x` or spacing
-    `dx`."""
-    y = _as_array(y, "trapezoid")
-    axis = _normalize_axis(axis, y.ndim, "trapezoid")
-    head = (slice(None),) * axis
-    avg = (y[head + (slice(1, None),)] + y[head + (slice(None, -1),)]) / 2.0
+def trapezoid(y, x=None, dx=1.0, axis: int = -1):
+    """The trapezoidal rule along `axis`, `numpy.trapezoid`: sample points
+    `x` (1-D along `axis`, or broadcasting with `y`) or spacing `dx` (a
+    scalar, or an array broadcasting with the segments), NumPy's
+    `sum(d * (y[1:] + y[:-1]) / 2)`.
+
+    ```python
+    snp.trapezoid(np.array([1.0, 2, 3]), x=np.array([4.0, 6, 8]))   # 8.0
+    ```
+    """
+    op = "trapezoid"
+    y = _as_array(y, op)
+    if y.ndim == 0:
+        raise _IndexingError("`y` must have at least one dimension (NumPy raises "
+                             "IndexError).", op=op)
+    axis = _normalize_axis(axis, y.ndim, op)
     if x is None:
-        return sum(avg, axis=axis) * dx
-    x = _as_array(x, "trapezoid")
-    d = diff(x, axis=-1 if x.ndim == 1 else axis)
-    if x.ndim == 1:
-        d = reshape(d, tuple(d.shape[0] if k == axis else 1 for k in range(y.ndim)))
-    return sum(avg * d, axis=axis)
+        d = _operand(dx, op)
+    else:
+        x = _as_array(x, op)
+        if x.ndim == 1:
+            d = diff(x)
+            d = reshape(d, tuple(d.shape[0] if k == axis else 1 for k in range(y.ndim)))
+        else:
+            d = diff(x, axis=axis)
+    head = (slice(None),) * axis
+    pair = add(y[head + (slice(1, None),)], y[head + (slice(None, -1),)])
+    return sum(divide(multiply(d, pair), 2.0), axis=axis)
+
+
+def _ndim(x) -> int:
+    return x.ndim if isinstance(x, _Tracer) else _np.ndim(x)
+
+
+def _spacing(h, n: int, ax: int, op: str):
+    """One axis's spacing as `numpy.gradient` takes it: a scalar, or the
+    differences of 1-D coordinates (a scalar where concrete and uniform)."""
+    h = _operand(h, op)
+    if _ndim(h) == 0:
+        return h, True
+    h = _as_array(h, op)
+    if h.ndim != 1:
+        raise _ShapeError(f"distances must be either scalars or 1d, got {_type_str(h)}.",
+                          op=op)
+    if h.shape[0] != n:
+        raise _ShapeError(f"when 1d, distances must match the length of the corresponding "
+                          f"dimension: axis {ax} has {n}, got {_type_str(h)}.", op=op)
+    if h.dtype.kind in "iub":
+        h = astype(h, _np.float64)
+    dx = diff(h)
+    if not isinstance(dx, _Tracer):
+        arr = _np.asarray(dx)
+        if arr.size and (arr == arr[0]).all():
+            return _np.asarray(arr[0]), True
+    return dx, False
 
 
 def gradient(f, *varargs, axis=None, edge_order: int = 1):
-    """Second-order central differences inside, one-sided (first or second
-    order, `edge_order`) at the ends, per axis (`numpy.gradient`); `varargs`
-    are scalar spacings (one for all axes, or one per axis)."""
-    f = _float(_as_array(f, "gradient"))
-    axes = _normalize_axes(axis, f.ndim, "gradient")
-    if _builtins.any(isinstance(h, _Tracer) or _np.ndim(h) for h in varargs):
-        raise _NotSupportedError("spacings must be static scalars (coordinate arrays are "
-                                 "not supported).", op="gradient")
-    hs = [1.0] * len(axes) if not varargs else [float(varargs[0])] * len(axes) \
-        if len(varargs) == 1 else [float(h) for h in varargs]
-    if len(hs) != len(axes):
-        raise _ShapeError(f"{len(varargs)} spacings for {len(axes)} axes.", op="gradient")
+    """`numpy.gradient`: second-order central differences inside and
+    one-sided differences of order `edge_order` (1 or 2) at the ends, per
+    axis (`axis`: an int, a tuple, or None: all). `varargs` are the
+    spacings: none (1), one scalar for all axes, or one per axis, each a
+    scalar or the 1-D coordinates of the points along it (uneven spacing:
+    NumPy's weights). Integers give float64; one axis gives an array, more a
+    tuple. Differentiable in `f` and in the spacings or coordinates.
+
+    ```python
+    f = np.array([1.0, 2, 4, 7, 11, 16])
+    snp.gradient(f, np.array([0.0, 1, 1.5, 3.5, 4, 6]))   # [1. 3. 3.5 6.7 6.9 2.5]
+    ```
+    """
+    op = "gradient"
+    f = _as_array(f, op)
+    if f.dtype == _np.bool_:
+        raise _DTypeError("boolean values have no differences (NumPy's boolean subtract "
+                          "raises TypeError); convert them to numbers.", op=op)
+    if f.ndim == 0 and not varargs and axis is None:
+        return ()  # NumPy's: no axes, no gradients
+    f = _float(f)
+    otype = f.dtype
+    axes = _normalize_axes(axis, f.ndim, op)
+    if len(set(axes)) != len(axes):
+        raise _ShapeError(f"repeated axis in {axis}.", op=op)
+    if not varargs:
+        hs = [(1.0, True)] * len(axes)
+    elif len(varargs) == 1 and _ndim(varargs[0]) == 0:
+        hs = [(_operand(varargs[0], op), True)] * len(axes)
+    elif len(varargs) == len(axes):
+        hs = [_spacing(h, f.shape[ax], ax, op) for h, ax in zip(varargs, axes)]
+    else:
+        raise _ShapeError(f"invalid number of arguments: {len(varargs)} spacings for "
+                          f"{len(axes)} axes (NumPy raises TypeError).", op=op)
     if edge_order not in (1, 2):
-        raise _ShapeError("`edge_order` must be 1 or 2.", op="gradient")
+        raise _InvalidOptionError(f"`edge_order` must be 1 or 2, got {edge_order!r}.", op=op)
     out = []
-    for ax, h in zip(axes, hs):
+    for ax, (h, uniform) in zip(axes, hs):
         n = f.shape[ax]
         if n < edge_order + 1:
-            raise _ShapeError(f"axis {ax} has {n} points: at least {edge_order + 1} are "
-                              f"needed for edge_order={edge_order}.", op="gradient")
+            raise _ShapeError(f"Shape of array too small to calculate a numerical gradient: "
+                              f"axis {ax} has {n} points, at least {edge_order + 1} are "
+                              f"needed for edge_order={edge_order}.", op=op)
+        head = (slice(None),) * ax
 
-        def s(i, _ax=ax):  # one index, or a slice, along the axis
-            return f[(slice(None),) * _ax + (i,)]
+        def s(i, _head=head):  # one index, or a slice, along the axis
+            return f[_head + (i,)]
 
-        inner = (s(slice(2, None)) - s(slice(0, -2))) / (2.0 * h)
-        if edge_order == 1:
-            lo = (s(1) - s(0)) / h
-            hi = (s(-1) - s(-2)) / h
+        def along(v, _ax=ax):  # 1-D spacings along the axis
+            return reshape(v, tuple(v.shape[0] if k == _ax else 1 for k in range(f.ndim)))
+
+        if uniform:
+            inner = divide(subtract(s(slice(2, None)), s(slice(None, -2))), multiply(2.0, h))
         else:
-            lo = (-1.5 * s(0) + 2.0 * s(1) - 0.5 * s(2)) / h
-            hi = (0.5 * s(-3) - 2.0 * s(-2) + 1.5 * s(-1)) / h
-        out.append(concatenate([expand_dims(lo, ax), inner, expand_dims(hi, ax)], axis=ax))
-    return out[0] if len(out) == 1 else out
+            dx1, dx2 = along(h[:-1]), along(h[1:])
+            wa = divide(negative(dx2), multiply(dx1, add(dx1, dx2)))
+            wb = divide(subtract(dx2, dx1), multiply(dx1, dx2))
+            wc = divide(dx1, multiply(dx2, add(dx1, dx2)))
+            inner = add(add(multiply(wa, s(slice(None, -2))), multiply(wb, s(slice(1, -1)))),
+                        multiply(wc, s(slice(2, None))))
+        if edge_order == 1:
+            lo = divide(subtract(s(1), s(0)), h if uniform else h[0])
+            hi = divide(subtract(s(-1), s(-2)), h if uniform else h[-1])
+        else:
+            if uniform:
+                a, b, c = divide(-1.5, h), divide(2.0, h), divide(-0.5, h)
+            else:
+                d1, d2 = h[0], h[1]
+                a = divide(negative(add(multiply(2.0, d1), d2)), multiply(d1, add(d1, d2)))
+                b = divide(add(d1, d2), multiply(d1, d2))
+                c = divide(negative(d1), multiply(d2, add(d1, d2)))
+            lo = add(add(multiply(a, s(0)), multiply(b, s(1))), multiply(c, s(2)))
+            if uniform:
+                a, b, c = divide(0.5, h), divide(-2.0, h), divide(1.5, h)
+            else:
+                d1, d2 = h[-2], h[-1]
+                a = divide(d2, multiply(d1, add(d1, d2)))
+                b = divide(negative(add(d2, d1)), multiply(d1, d2))
+                c = divide(add(multiply(2.0, d2), d1), multiply(d2, add(d1, d2)))
+            hi = add(add(multiply(a, s(-3)), multiply(b, s(-2))), multiply(c, s(-1)))
+        g = concatenate([expand_dims(_convert(lo, otype), ax), _convert(inner, otype),
+                         expand_dims(_convert(hi, otype), ax)], axis=ax)
+        out.append(g)
+    return out[0] if len(out) == 1 else tuple(out)
 
 
 def bincount(x, weights=None, minlength: int = 0, *, length: int | None = None):
@@ -1026,17 +1386,34 @@ def bincount(x, weights=None, minlength: int = 0, *, length: int | None = None):
     return zeros(n, w.dtype).at[xi].add(w)
 
 
+def _one_d(a, op: str):
+    """`a` as `numpy.convolve` takes it: a 0-d value as one element; 1-D and
+    non-empty."""
+    a = _as_array(a, op)
+    if a.ndim == 0:
+        a = reshape(a, (1,))
+    if a.ndim != 1 or not a.shape[0]:
+        raise _ShapeError(f"needs non-empty 1-D arrays, got {_type_str(a)}.", op=op)
+    return a
+
+
+def _conv_mode(mode, op: str) -> str:
+    names = ("valid", "same", "full")
+    if isinstance(mode, (int, _np.integer)) and not isinstance(mode, bool) and \
+            0 <= mode <= 2:
+        return names[int(mode)]
+    if mode not in names:
+        raise _InvalidOptionError(f"`mode` must be 'valid', 'same' or 'full' (or NumPy's 0, "
+                                  f"1, 2), got {mode!r}.", op=op)
+    return mode
+
+
 def convolve(a, v, mode: str = "full"):
     """The discrete linear convolution of 1-D `a` and `v` (modes "full",
     "same", "valid", as in NumPy), as one gather of sliding windows and a
     contraction: suited to short kernels (use `sciad.fft` for long ones)."""
-    a, v = _as_array(a, "convolve"), _as_array(v, "convolve")
-    if a.ndim != 1 or v.ndim != 1 or not a.shape[0] or not v.shape[0]:
-        raise _ShapeError(f"needs two non-empty 1-D arrays, got {a.type.str_short()} and "
-                          f"{v.type.str_short()}.", op="convolve")
-    if mode not in ("full", "same", "valid"):
-        raise _ShapeError(f"`mode` must be 'full', 'same' or 'valid', got {mode!r}.",
-                          op="convolve")
+    a, v = _one_d(a, "convolve"), _one_d(v, "convolve")
+    mode = _conv_mode(mode, "convolve")
     if v.shape[0] > a.shape[0]:
         a, v = v, a
     n, m = a.shape[0], v.shape[0]
@@ -1052,9 +1429,10 @@ def convolve(a, v, mode: str = "full"):
 
 def correlate(a, v, mode: str = "valid"):
     """The cross-correlation of 1-D `a` and `v` (`numpy.correlate`)."""
-    v = _as_array(v, "correlate")
-    return convolve(a, flip(conj(v)), mode) if _as_array(a, "correlate").shape[0] >= \
-        v.shape[0] else flip(convolve(flip(_as_array(a, "")), conj(v), mode))
+    a, v = _one_d(a, "correlate"), _one_d(v, "correlate")
+    mode = _conv_mode(mode, "correlate")
+    return convolve(a, flip(conj(v)), mode) if a.shape[0] >= v.shape[0] else \
+        flip(convolve(flip(a), conj(v), mode))
 
 
 def isclose(a, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False):

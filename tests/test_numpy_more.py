@@ -15,7 +15,7 @@ import pytest
 
 import sciad as sd
 import sciad.numpy as snp
-from sciad.errors import IndexingError, NotSupportedError, ShapeError
+from sciad.errors import IndexingError, InvalidOptionError, ShapeError
 
 _R = np.random.default_rng(5)
 A = _R.standard_normal((3, 4))
@@ -283,17 +283,17 @@ def test_bincount_with_traced_values_needs_a_length():
     (lambda a: snp.percentile(a, [50, np.nan]), ShapeError, r"\[0, 100\]"),
     (lambda a: snp.quantile(a, a[0, 0]), ShapeError, "static"),
     (lambda a: snp.quantile(a, 0.5, method="nearst"), ShapeError, "not one of NumPy's"),
-    (lambda a: snp.quantile(a, 0.5, weights=a), NotSupportedError, "weights"),
-    (lambda a: snp.median(a, out=a[0]), NotSupportedError, "out="),
+    (lambda a: snp.quantile(a, 0.5, weights=a), InvalidOptionError, "inverted_cdf"),
+    (lambda a: snp.median(a, out=a[0]), InvalidOptionError, "out="),
     (lambda a: snp.median(a.astype(np.complex128)), sd.errors.DTypeError, "no order"),
     (lambda a: snp.quantile(a > 0, 0.5), sd.errors.DTypeError, "booleans"),
     (lambda a: snp.quantile(a[:0], 0.5), IndexingError, "empty slice"),
     (lambda a: snp.median(a, axis=(0, 0)), ShapeError, "repeated axis"),
     (lambda a: snp.sum(a, axis=1.0), ShapeError, "`axis` must be an integer, got 1.0"),
     (lambda a: snp.take(a, 0, axis=(0,)), ShapeError, "takes one axis"),
-    (lambda a: snp.gradient(a, np.arange(3.0)), NotSupportedError, "static scalars"),
+    (lambda a: snp.gradient(a, np.arange(3.0)), ShapeError, "invalid number of arguments"),
     (lambda a: snp.convolve(a, a[0]), ShapeError, "1-D"),
-    (lambda a: snp.cross(a, a), ShapeError, "3-vectors"),
+    (lambda a: snp.cross(a, a), ShapeError, "dimension must be 2 or 3"),
     (lambda a: snp.argmax(a[:, :0], axis=1), ShapeError, "empty"),
 ])
 def test_errors_name_the_function(f, err, match):
@@ -308,7 +308,7 @@ def test_reductions_take_numpys_positional_out(name):
     `keepdims` or `ddof`."""
     a = np.arange(6.0).reshape(2, 3)
     pos = (0, np.zeros(3)) if name in ("max", "min") else (0, None, np.zeros(3))
-    with pytest.raises(sd.errors.NotSupportedError, match="`out=` is not supported"):
+    with pytest.raises(sd.errors.InvalidOptionError, match="`out=` is not supported"):
         getattr(snp, name)(a, *pos)
     np.testing.assert_allclose(getattr(snp, name)(a, 0, keepdims=True),
                                getattr(np, name)(a, 0, keepdims=True))
