@@ -463,6 +463,22 @@ def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims: bool = False, *, w
                     keepdims=keepdims, where=where, mean=mean))
 
 
+def _weights_against(w, a, axes, op: str):
+    """NumPy's `weights` against `a`: of `a`'s shape, or (with `axes`, a
+    tuple) of `a`'s shape along those axes, then reshaped to broadcast
+    against `a`."""
+    if tuple(w.shape) == tuple(a.shape):
+        return w
+    if axes is None:
+        raise _ShapeError(f"weights of shape {w.shape} differ from `a`'s {a.shape}: give "
+                          "`axis` (NumPy raises TypeError here).", op=op)
+    if tuple(w.shape) != tuple(a.shape[k] for k in axes):
+        raise _ShapeError(f"weights of shape {w.shape} must be the shape of `a` {a.shape} "
+                          f"along axis {axes}.", op=op)
+    w = transpose(w, tuple(int(k) for k in _np.argsort(axes)))
+    return reshape(w, tuple(d if k in axes else 1 for k, d in enumerate(a.shape)))
+
+
 def average(a, axis=None, weights=None, returned: bool = False, *, keepdims: bool = False):
     """The mean over `axis` (an int, a tuple, or None: all), weighted by
     `weights` if given, `numpy.average`: weights of `a`'s shape, or of the
@@ -489,15 +505,7 @@ def average(a, axis=None, weights=None, returned: bool = False, *, keepdims: boo
             rdtype = _np.result_type(a.dtype, w.dtype, _np.float64)
         else:
             rdtype = _np.result_type(a.dtype, w.dtype)
-        if tuple(w.shape) != tuple(a.shape):
-            if axes is None:
-                raise _ShapeError(f"weights of shape {w.shape} differ from {a.shape}: give "
-                                  "`axis` (NumPy raises TypeError here).", op=op)
-            if tuple(w.shape) != tuple(a.shape[k] for k in axes):
-                raise _ShapeError(f"weights of shape {w.shape} must be the shape of `a` "
-                                  f"{a.shape} along axis {axes}.", op=op)
-            w = transpose(w, tuple(int(k) for k in _np.argsort(axes)))
-            w = reshape(w, tuple(d if k in axes else 1 for k, d in enumerate(a.shape)))
+        w = _weights_against(w, a, axes, op)
         scl = sum(w, axis=axes, dtype=rdtype, keepdims=keepdims)
         if not isinstance(scl, _Tracer) and (_np.asarray(scl) == 0).any():
             raise _ZeroSumError("weights sum to zero, can't be normalized (NumPy's "
@@ -671,16 +679,8 @@ def _weighted_quantile(a, q, axis, out, weights, keepdims, op: str):
     if a.dtype.kind == "c":
         raise _DTypeError(f"complex values have no order, got {_type_str(a)}.", op=op)
     axes = _normalize_axes(axis, a.ndim, op)
-    if tuple(w.shape) != tuple(a.shape):
-        if axis is None:
-            raise _ShapeError(f"weights of shape {w.shape} differ from `a`'s {a.shape}: give "
-                              "`axis` (NumPy raises TypeError here).", op=op)
-        if tuple(w.shape) != tuple(a.shape[k] for k in axes):
-            raise _ShapeError(f"weights of shape {w.shape} must be the shape of `a` {a.shape} "
-                              f"along axis {axes}.", op=op)
-        w = transpose(w, tuple(int(k) for k in _np.argsort(axes)))
-        w = broadcast_to(reshape(w, tuple(d if k in axes else 1 for k, d in
-                                          enumerate(a.shape))), tuple(a.shape))
+    w = broadcast_to(_weights_against(w, a, None if axis is None else axes, op),
+                     tuple(a.shape))
     if not isinstance(w, _Tracer) and (_np.asarray(w) < 0).any():
         raise _InvalidOptionError("weights must be non-negative.", op=op)
     shape = tuple(a.shape)
