@@ -35,9 +35,9 @@ are values; use the returned one). Where sciad does not follow NumPy:
 - complex values have no order: `sort`, `median`, `quantile` and
   `searchsorted` refuse them (NumPy orders them lexicographically);
 - values that set a shape or a branch are static: `quantile`'s `q`,
-  `interp`'s `period`, `repeat`'s counts; weights are checked (negative,
-  summing to zero) only when concrete: traced ones that sum to zero give
-  inf or NaN where NumPy raises;
+  `interp`'s `period`, `repeat`'s counts (weights may be traced: they are
+  checked as NumPy checks them, negative or summing to zero, when the
+  program runs);
 - NumPy's `TypeError` for `gradient`'s wrong number of spacings and for
   `average`'s weights without `axis` is a `ShapeError` here (a ValueError);
 - the NaN-ignoring functions (`nanmedian`, `nanquantile`, ...) are not here.
@@ -58,6 +58,7 @@ from .errors import DTypeError as _DTypeError, NotSupportedError as _NotSupporte
 from .errors import InvalidOptionError as _InvalidOptionError, ShapeError as _ShapeError
 from .errors import IndexingError as _IndexingError, ZeroSumError as _ZeroSumError
 from .graph import Tracer as _Tracer
+from .primitives._weights import weights_check_p as _weights_check_p
 from ._ops import normalize_axes as _normalize_axes, normalize_axis as _normalize_axis
 from ._ops import _At, _acc_dtype, _as_array, _convert, _dtype, _getitem, _is_sparse
 from ._ops import _no_out, _operand, _result_type, _shape, _type_str
@@ -485,8 +486,8 @@ def average(a, axis=None, weights=None, returned: bool = False, *, keepdims: boo
     shape of `a` along `axis` (in `axis`'s order); float64 for integer and
     bool data; `returned=True` adds the sum of the weights (the count
     without weights), broadcast to the result's shape. Concrete weights
-    that sum to zero raise `ZeroSumError` (NumPy's `ZeroDivisionError`);
-    traced ones give inf or NaN there.
+    that sum to zero raise `ZeroSumError` (NumPy's `ZeroDivisionError`),
+    traced ones when the program runs.
 
     ```python
     snp.average(np.arange(6.0).reshape(3, 2), axis=1, weights=[0.25, 0.75])  # [0.75 2.75 4.75]
@@ -506,6 +507,9 @@ def average(a, axis=None, weights=None, returned: bool = False, *, keepdims: boo
         else:
             rdtype = _np.result_type(a.dtype, w.dtype)
         w = _weights_against(w, a, axes, op)
+        if isinstance(w, _Tracer):  # (checked when the program runs)
+            w = _weights_check_p.bind(w, axes=tuple(range(w.ndim)) if axes is None else axes,
+                                      nonzero_sum=True, of="average")
         scl = sum(w, axis=axes, dtype=rdtype, keepdims=keepdims)
         if not isinstance(scl, _Tracer) and (_np.asarray(scl) == 0).any():
             raise _ZeroSumError("weights sum to zero, can't be normalized (NumPy's "
@@ -681,7 +685,9 @@ def _weighted_quantile(a, q, axis, out, weights, keepdims, op: str):
     axes = _normalize_axes(axis, a.ndim, op)
     w = broadcast_to(_weights_against(w, a, None if axis is None else axes, op),
                      tuple(a.shape))
-    if not isinstance(w, _Tracer) and (_np.asarray(w) < 0).any():
+    if isinstance(w, _Tracer):  # (checked when the program runs)
+        w = _weights_check_p.bind(w, nonnegative=True, of=op)
+    elif (_np.asarray(w) < 0).any():
         raise _InvalidOptionError("weights must be non-negative.", op=op)
     shape = tuple(a.shape)
     kept = tuple(k for k in range(a.ndim) if k not in axes)

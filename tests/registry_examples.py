@@ -321,6 +321,8 @@ EXAMPLES.update({
                                            argnums=(0, 1))(x, a), (_pos(2), _pos())),
     "checkpoint": (lambda x, a: sd.checkpoint(lambda x: snp.sin(x * a) ** 2)(x), (_f64(3), _f64())),
     "index_bounds": (lambda x, i: x[i] * 2.0, (_f64(5, 2), np.array([[4, -1], [0, 2]]))),
+    "weights_check": (lambda a, w: snp.average(a, axis=1, weights=w),
+                      (_f64(3, 2), np.array([0.25, 0.75]))),
     "take": (lambda x, i: snp.take(x, i, axis=1, mode="wrap"),
              (_f64(3, 4), np.array([[0, 5], [3, 3]]))),
     "scatter_add": (lambda x, v, i: x.at[:, i].add(v), (_f64(2, 4), _f64(2, 3),

@@ -400,13 +400,8 @@ def test_what_sciad_does_not_take_is_refused_by_name(call, match):
         call()
 
 
-def test_traced_weights_and_periods_that_cannot_be_checked():
-    """Weights checked on concrete values only: traced ones that sum to zero
-    give NaN or inf, as NumPy's arithmetic would (documented). A traced
-    period is refused."""
-    got = sd.function(lambda w: snp.average(np.array([1.0, 2]), weights=w))(
-        np.array([1.0, -1]))
-    assert not np.isfinite(got)
+def test_a_traced_period_is_refused():
+    """A traced period is refused (it sets the knots' shape)."""
     with pytest.raises(NotSupportedError, match="static"):
         sd.trace(lambda p: snp.interp(np.ones(1), XP, FP, period=p), np.float64(2.0))
 
@@ -455,3 +450,39 @@ def test_derivatives_of_the_new_arguments():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         sd.testing.check_rules(_composites, *_ARGS, second_order=False)
+
+
+def test_traced_weights_are_checked_when_the_program_runs():
+    """Weights known only when the program runs are judged as NumPy judges
+    concrete ones: a zero sum along `axis` (average) raises ZeroSumError, a
+    negative weight (quantile) InvalidOptionError, through `sd.function`,
+    `sd.grad`, `sd.vmap` and `to_jax` under jit; good weights give NumPy's
+    values and the identity's derivative; NaN weights give NumPy's NaN."""
+    import jax
+
+    a = np.arange(6.0).reshape(3, 2)
+    avg = sd.function(lambda a, w: snp.average(a, axis=1, weights=w))
+    np.testing.assert_allclose(avg(a, np.array([0.25, 0.75])),
+                               np.average(a, axis=1, weights=[0.25, 0.75]))
+    with pytest.raises(ZeroSumError, match="average's weights sum to zero"):
+        avg(a, np.array([1.0, -1.0]))
+    with pytest.raises(ZeroSumError):
+        sd.function(lambda a, w: snp.average(a, weights=w))(a, np.zeros((3, 2)))
+    with pytest.raises(ZeroSumError):
+        sd.function(sd.grad(lambda w: snp.average(a, axis=1, weights=w)[0]))(
+            np.array([1.0, -1.0]))
+    with pytest.raises(ZeroSumError):
+        sd.function(sd.vmap(lambda w: snp.average(a, axis=1, weights=w)))(
+            np.array([[0.25, 0.75], [1.0, -1.0]]))
+    jf = jax.jit(sd.to_jax(lambda a, w: snp.average(a, axis=1, weights=w)))
+    with pytest.raises(ZeroSumError), sd.errors.unwrapped():
+        jax.block_until_ready(jf(a, np.array([1.0, -1.0])))
+    g = sd.function(sd.grad(lambda w: snp.average(a, axis=1, weights=w)[0]))
+    np.testing.assert_allclose(g(np.array([0.25, 0.75])), [-0.75, 0.25])
+    np.testing.assert_array_equal(np.isnan(avg(a, np.array([np.nan, 1.0]))), True)
+    q = sd.function(lambda x, w: snp.quantile(x, 0.5, weights=w, method="inverted_cdf"))
+    x = np.arange(5.0)
+    assert float(q(x, np.ones(5))) == np.quantile(x, 0.5, weights=np.ones(5),
+                                                  method="inverted_cdf")
+    with pytest.raises(InvalidOptionError, match="quantile's weights must be non-negative"):
+        q(x, np.array([1.0, 1.0, -1.0, 1.0, 1.0]))

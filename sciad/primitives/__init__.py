@@ -41,6 +41,7 @@ from ._take import (
     sort_p as sort_p,
     take_p as take_p,
 )
+from ._weights import weights_check_p as weights_check_p
 from ._shape import (
     broadcast_to_p as broadcast_to_p,
     concatenate_p as concatenate_p,
