@@ -153,6 +153,11 @@ def _index_bounds(x):
     return snp.sum(snp.take(x, i))
 
 
+def _weights_check(x):
+    # weights that sum to zero (NumPy's ZeroDivisionError), known at run time
+    return snp.average(np.array([1.0, 2.0, 3.0]), weights=x)
+
+
 #: name -> (function, argument, error class, derivative_only)
 FAILING = {
     "while": (_while, np.array([0.5]), ConvergenceError, False),
@@ -173,6 +178,8 @@ FAILING = {
     "linalg.eigsh_operator": (_eigsh_operator, np.array([1.0, 0.5]),
                               DegenerateEigenvalueError, True),
     "index_bounds": (_index_bounds, np.array([1.0, 2.0, 3.0]), IndexingError, False),
+    "weights_check": (_weights_check, np.array([1.0, -2.0, 1.0]), sd.errors.ZeroSumError,
+                      False),
 }
 
 #: failures beyond one per primitive: the cases a gradient used to drop
