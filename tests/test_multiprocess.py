@@ -141,3 +141,50 @@ def test_sharded_sparse_product_across_processes_equals_one_process(results, ref
         np.testing.assert_allclose(v, want_v, rtol=1e-14)
         np.testing.assert_allclose(gv, want_gv, rtol=1e-13, atol=1e-15)
         np.testing.assert_allclose(gx, want_gx, rtol=1e-13, atol=1e-15)
+
+
+# ---------------------------------------------------------------------------
+# the ensemble example (examples/ensemble_inversion.py) on the 2 processes
+
+
+@pytest.fixture(scope="module")
+def ensemble():
+    import _multiprocess_ensemble
+
+    results = _multiprocess.run("_multiprocess_ensemble", num_processes=2, devices=2,
+                                timeout=150)
+    return results, _multiprocess_ensemble.SIZES
+
+
+def test_ensemble_example_on_two_processes_equals_one_device(ensemble):
+    results, sizes = ensemble
+    p0, p1 = results
+    assert [p0["process"], p1["process"]] == [0, 1]
+    assert p0["processes"] == 2 and p0["devices"] == 4
+    # process 0 solved the same problems on one device, unsharded: the same
+    # media to rounding (the run raises otherwise)
+    assert p0["check"]["m"] < 1e-8 and p0["check"]["f"] < 1e-8, p0["check"]
+    assert "check" not in p1  # only process 0 checks
+    # both processes hold the whole gathered result, the same one
+    assert p0["m"] == p1["m"] and p0["f"] == p1["f"]
+    assert np.shape(p0["m"]) == (sizes["problems"], sizes["n"] ** 2)
+    f0, f = np.array(p0["f0"]), np.array(p0["f"])
+    assert np.all(f < f0), (f0, f)  # every problem's objective went down
+    # each process tested the gradient of the first problem it holds (rows
+    # 0-1 on process 0's devices, 2-3 on process 1's)
+    assert [(t["process"], t["problem"]) for t in p0["taylor"]] == [(0, 0), (1, 2)]
+    for t in p0["taylor"]:
+        assert np.all(np.abs(np.array(t["rates"]) - 2.0) < 0.1), t
+
+
+def test_ensemble_example_prints_on_process_0_only(ensemble):
+    (p0, p1), sizes = ensemble
+    lines = p0["printed"].splitlines()
+    assert lines[0].startswith(f"ensemble inversion: {sizes['problems']} problems")
+    assert "2 process(es), 4 devices (2 on this process, cpu)" in lines[0]
+    assert sum(ln.startswith("batch ") for ln in lines) == 2
+    assert any(ln.startswith("batch 2/2: problems 4-7") for ln in lines)
+    assert any(ln.startswith("check: one device") for ln in lines)
+    assert "problem 0 (process 0)" in p0["printed"] and "problem 2 (process 1)" in p0["printed"]
+    assert not any(ln.startswith(("batch", "ensemble", "done", "check"))
+                   for ln in p1["printed"].splitlines())
