@@ -188,3 +188,16 @@ def test_ensemble_example_prints_on_process_0_only(ensemble):
     assert "problem 0 (process 0)" in p0["printed"] and "problem 2 (process 1)" in p0["printed"]
     assert not any(ln.startswith(("batch", "ensemble", "done", "check"))
                    for ln in p1["printed"].splitlines())
+
+
+def test_cost_reports_the_layout_of_global_arrays(ensemble):
+    # sd.cost on global arrays split over the 4 devices of both processes:
+    # each device holds 1 of the 4 problems' media (64 values) and noise
+    # (2 x 9)
+    (p0, p1), sizes = ensemble
+    for r in (p0, p1):
+        c = r["cost"]
+        assert c["devices"] == 4 and c["args_bytes"] == 4 * (64 + 18) * 8
+        assert c["per_device"] == (64 + 18) * 8
+        assert any(ln.startswith("devices: the arguments are laid out over 4, at most 656 B")
+                   for ln in c["text"]), c["text"]
