@@ -243,7 +243,7 @@ def main(n: int = 16, sources: int = 4, problems: int = 16, batch: int = 8, iter
         return jax.make_array_from_callback(
             shape, sh, lambda idx: rows_of(np.arange(shape[0])[idx[0]]))
 
-    synth, step = batched(problem, "batch")
+    synth, step = batched(problem, "batch")  # (step: sd.cost's example below)
     fns = (sd.function(synth, in_shardings=(sh, sh), out_shardings=(sh, sh)),
            sd.function(step, in_shardings=(sh,) * 5, out_shardings=(sh,) * 4))
     if problems < 1 or problems % batch:
@@ -254,7 +254,7 @@ def main(n: int = 16, sources: int = 4, problems: int = 16, batch: int = 8, iter
     say(f"ensemble inversion: {problems} problems ({n} x {n} grid, {sources} sources, "
         f"{problem.receivers.size} receivers each) in {len(batches)} batches of {batch}; "
         f"{nproc} process(es), {ndev} devices ({jax.local_device_count()} on this process, "
-        f"{jax.devices()[0].platform}), {batch // ndev} problems per device per batch")
+        f"{jax.devices()[0].platform}), per batch {batch // ndev} problem(s) per device")
 
     gather = lambda a: np.asarray(multihost_utils.process_allgather(a, tiled=True))  # noqa: E731
     out = {"problems": problems, "batch": batch, "processes": nproc, "devices": ndev,
@@ -274,6 +274,9 @@ def main(n: int = 16, sources: int = 4, problems: int = 16, batch: int = 8, iter
                 + ", ".join(f"problem {int(r[-1])} (process {p}) "
                             f"{np.array2string(r[:-1], precision=3)}"
                             for p, r in enumerate(every)))
+            out["layout"] = layout(D, lambda: sd.cost(step, M, M, M, D, sig))
+            for line in out["layout"]:
+                say(line)
         Mt, M, v0, v = gather(Mt), gather(M), gather(v0), gather(v)
         err = np.linalg.norm(M - Mt, axis=1) / np.linalg.norm(Mt, axis=1)
         wall = time.perf_counter() - t
@@ -310,6 +313,23 @@ def first_held(a, row: bool = False):
     (its first problem), or with `row=True` that row (a NumPy array)."""
     first = min(a.addressable_shards, key=lambda s: s.index[0].start or 0)
     return np.asarray(first.data)[0] if row else (first.index[0].start or 0)
+
+
+def layout(a, cost) -> list[str]:
+    """Where a global array's rows are (which process holds which, on how
+    many devices), and the `devices:` line of `cost()` (an `sd.cost`
+    report): lines to print."""
+    nproc = jax.process_count()
+    starts = sorted(s.index[0].start or 0 for s in a.addressable_shards)
+    block = a.sharding.shard_shape(a.shape)[0]
+    every = np.asarray(multihost_utils.process_allgather(np.array(starts))).reshape(nproc, -1)
+    held = "; ".join(f"process {p} problems {r.min()}-{r.max() + block - 1} ({len(r)} devices)"
+                     for p, r in enumerate(every))
+    lines = [f"layout: data {tuple(a.shape)} split as {a.sharding.spec} over "
+             f"{len(a.sharding.device_set)} devices, {block} problem(s) per device; {held}"]
+    lines += [f"sd.cost of a step: {ln[len('devices: '):].split(' (the figures')[0]}"
+              for ln in str(cost()).splitlines() if ln.startswith("devices:")]
+    return lines
 
 
 def taylor_check(problem, d, sigma) -> np.ndarray:

@@ -186,6 +186,10 @@ def test_ensemble_example_prints_on_process_0_only(ensemble):
     assert any(ln.startswith("batch 2/2: problems 4-7") for ln in lines)
     assert any(ln.startswith("check: one device") for ln in lines)
     assert "problem 0 (process 0)" in p0["printed"] and "problem 2 (process 1)" in p0["printed"]
+    assert ("layout: data (4, 2, 9) split as P('batch',) over 4 devices, 1 problem(s) per device; "
+            "process 0 problems 0-1 (2 devices); process 1 problems 2-3 (2 devices)"
+            ) in p0["printed"]
+    assert "sd.cost of a step: the arguments are laid out over 4, at most" in p0["printed"]
     assert not any(ln.startswith(("batch", "ensemble", "done", "check"))
                    for ln in p1["printed"].splitlines())
 
