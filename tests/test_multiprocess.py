@@ -205,3 +205,60 @@ def test_cost_reports_the_layout_of_global_arrays(ensemble):
         assert c["per_device"] == (64 + 18) * 8
         assert any(ln.startswith("devices: the arguments are laid out over 4, at most 656 B")
                    for ln in c["text"]), c["text"]
+
+
+_SLURM_CHILD = r'''
+import functools, runpy, sys
+from jax._src import xla_bridge
+# gloo on the loopback interface, as in the harness
+make = xla_bridge._jax.make_gloo_tcp_collectives
+xla_bridge._jax.make_gloo_tcp_collectives = functools.partial(make, hostname="127.0.0.1")
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+@pytest.mark.slow  # ~20 s: two processes start JAX and compile the example
+def test_ensemble_example_finds_its_job_in_slurms_environment():
+    """`--auto` (`jax.distributed.initialize()` with no arguments) under the
+    variables `srun` sets, here set by hand for 2 local processes: JAX's
+    SLURM detection gives the process count, the ids and the coordinator
+    (the first host of the node list, on port 61440 + job id mod 4096)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    job = next(j for j in range(4096) if _port_free(61440 + j))
+    port = 61440 + job
+    base = dict(os.environ, SLURM_JOB_ID=str(job), SLURM_STEP_NODELIST="127.0.0.1",
+                SLURM_NTASKS="2", JAX_PLATFORMS="cpu",
+                JAX_COORDINATOR_BIND_ADDRESS=f"127.0.0.1:{port}",
+                PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    args = [os.path.join(root, "examples", "ensemble_inversion.py"), "--auto", "--cpu",
+            "--n", "8", "--sources", "2", "--problems", "2", "--batch", "2", "--iters", "2"]
+    procs = [subprocess.Popen([sys.executable, "-c", _SLURM_CHILD, *args], cwd=root,
+                              env=dict(base, SLURM_PROCID=str(i), SLURM_LOCALID=str(i)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=150) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(p.returncode == 0 for p in procs), [o[1][-3000:] for o in outs]
+    out = outs[0][0]
+    assert "2 process(es), 2 devices (1 on this process, cpu)" in out
+    assert "process 0 problems 0-0 (1 devices); process 1 problems 1-1 (1 devices)" in out
+    assert "batch 1/1" in out and "batch 1/1" not in outs[1][0]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
