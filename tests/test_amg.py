@@ -183,7 +183,11 @@ def _compiled_amg_gradient(A):
     return sd.function(sd.grad(loss, argnums=(0, 1)))
 
 
-def test_hierarchy_built_once_per_values():
+def test_hierarchy_built_once_per_values(monkeypatch):
+    from sciad.solvers import _amg
+
+    trims = []
+    monkeypatch.setattr(_amg, "release_host_heap", lambda: trims.append(1))
     A = _poisson(12, 12)
     b = _rhs(A.shape[0])
     g = _compiled_amg_gradient(A)
@@ -194,6 +198,21 @@ def test_hierarchy_built_once_per_values():
     assert amg.setup_count() == n0 + 1  # the same values: found in the cache
     g(2 * A.data, b)
     assert amg.setup_count() == n0 + 2  # new values: a new hierarchy
+    # each build gives its temporaries' pages back to the system (a lookup
+    # has none)
+    assert len(trims) == 2
+
+
+def test_host_heap_release_is_found_on_glibc():
+    import platform
+    import sys
+
+    from sciad.solvers import _host
+
+    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+        pytest.skip("malloc_trim is glibc's")
+    assert _host._malloc_trim is not None
+    _host.release_host_heap()
 
 
 def test_cache_within_its_byte_budget_keeps_the_newest(monkeypatch):
@@ -371,3 +390,27 @@ def test_cost_reports_hierarchy_and_vcycle():
     assert rows["amg"].temp == s.nbytes(8) > 0
     assert rows["amg"].flops - rows["jacobi"].flops == pytest.approx(s.apply_flops() - 256)
     assert s.apply_flops() > 2 * 2 * A.nnz
+
+
+@pytest.mark.parametrize("block", [3, 2 ** 18])
+def test_scatter_onto_a_superset_pattern_block_by_block(monkeypatch, block):
+    # the host setup puts each product's values on its symbolic pattern a
+    # block of rows at a time: any block size gives the dense answer, rows
+    # with no entries and rows longer than a block included
+    from sciad.solvers import _amg
+
+    monkeypatch.setattr(_amg, "SCATTER_BLOCK", block)
+    rng = np.random.default_rng(3)
+    dense = (rng.random((40, 30)) < 0.3).astype(float)
+    dense[5, :] = 1.0  # a row longer than a block
+    dense[7, :] = 0.0  # a row with no entries
+    sup = sp.csr_matrix(dense)
+    m = sup.copy()
+    m.data = rng.standard_normal(m.nnz) * (rng.random(m.nnz) < 0.7)  # a subset, exact zeros
+    m.eliminate_zeros()
+    out = _amg._scatter(m, 30, sup.indptr, sup.indices)
+    got = sp.csr_matrix((out, sup.indices, sup.indptr), shape=sup.shape).toarray()
+    np.testing.assert_array_equal(got, m.toarray())
+    outside = sp.csr_matrix(([1.0], ([7], [0])), shape=sup.shape)
+    with pytest.raises(AssertionError, match="outside its symbolic pattern"):
+        _amg._scatter(m + outside, 30, sup.indptr, sup.indices)

@@ -54,7 +54,7 @@ from pyamg.aggregation import standard_aggregation
 from pyamg.util.linalg import approximate_spectral_radius
 
 from ..errors import NotSupportedError, SingularMatrixError
-from ._host import host_call
+from ._host import host_call, release_host_heap
 from ._indices import cached_index, pattern_cols, pattern_rows, segment_sum, take
 from ._iterative import AbstractPreconditioner
 from ._threads import one_blas_thread
@@ -255,18 +255,35 @@ def setup_count() -> int:
     return _setups
 
 
+#: entries matched at a time by `_scatter` (its int64 keys are held for one
+#: block of rows of about this many entries, not for the whole matrix)
+SCATTER_BLOCK = 2 ** 18
+
+
 def _scatter(m, n_cols: int, indptr, cols) -> np.ndarray:
     """The values of the CSR matrix `m` on the superset pattern `(indptr,
-    cols)` (0 where `m` has no entry)."""
+    cols)` (0 where `m` has no entry). Rows are matched a block at a time,
+    by keys `row * n_cols + col` within the block."""
     m = m.tocsr()
     m.sum_duplicates()
-    keys = _rows_of(m.indptr.astype(np.int64)) * n_cols + m.indices
-    super_keys = _rows_of(indptr) * n_cols + cols
-    pos = np.searchsorted(super_keys, keys)
-    if keys.size and not (pos[-1] < super_keys.size and np.array_equal(super_keys[pos], keys)):
-        raise AssertionError("amg: a product has an entry outside its symbolic pattern")
     out = np.zeros(cols.size)
-    out[pos] = m.data
+    n, m_ptr = m.shape[0], m.indptr
+    r0 = 0
+    while r0 < n:
+        # the rows whose entries (of m) fit in one block, at least one row
+        r1 = int(np.searchsorted(m_ptr, m_ptr[r0] + SCATTER_BLOCK, side="right")) - 1
+        r1 = min(n, max(r1, r0 + 1))
+        a0, a1, s0, s1 = int(m_ptr[r0]), int(m_ptr[r1]), int(indptr[r0]), int(indptr[r1])
+        keys = np.repeat(np.arange(r1 - r0, dtype=np.int64), np.diff(m_ptr[r0:r1 + 1])) \
+            * n_cols + m.indices[a0:a1]
+        super_keys = np.repeat(np.arange(r1 - r0, dtype=np.int64),
+                               np.diff(indptr[r0:r1 + 1])) * n_cols + cols[s0:s1]
+        pos = np.searchsorted(super_keys, keys)
+        if keys.size and not (pos[-1] < super_keys.size
+                              and np.array_equal(super_keys[pos], keys)):
+            raise AssertionError("amg: a product has an entry outside its symbolic pattern")
+        out[s0 + pos] = m.data[a0:a1]
+        r0 = r1
     return out
 
 
@@ -336,6 +353,7 @@ def _setup_one(s: Structure, d: np.ndarray, dtype) -> tuple:
               * np.dtype(dtype).itemsize)
     with one_blas_thread():
         arrays = _build_one(s, d)
+    release_host_heap()  # (the products' temporaries, freed by now)
     if arrays is None:
         arrays = tuple(np.zeros(shape, dtype) for shape, _ in s.layout(dtype))
     else:
