@@ -324,7 +324,7 @@ def _block_sddmm(a, m, axis, partition, u, v):
 _BLOCKS = {"matmul": _block_matmul, "matmul_t": _block_matmul_t, "sddmm": _block_sddmm}
 
 
-def _mesh(partition, args):
+def _mesh(partition, args, op: str = "sparse.sharded_matmul"):
     """The mesh to split over, or None to compute on one device."""
     try:
         mesh = _mesh_with(partition.axis, args)
@@ -332,14 +332,63 @@ def _mesh(partition, args):
         names = sorted(jax.sharding.get_abstract_mesh().axis_names)
         raise ShapeError(f"the row partition is over mesh axis {partition.axis!r}, but the "
                          f"mesh here has axes {names}: build the partition with one of "
-                         "them.", op="sparse.sharded_matmul") from None
+                         "them.", op=op) from None
     if mesh is None or mesh.shape[partition.axis] == 1 and partition.devices == 1:
         return None
     if mesh.shape[partition.axis] != partition.devices:
         raise ShapeError(f"the row partition is over {partition.devices} devices, but mesh "
                          f"axis {partition.axis!r} has {mesh.shape[partition.axis]}; build "
-                         "the partition for this mesh.", op="sparse.sharded_matmul")
+                         "the partition for this mesh.", op=op)
     return mesh
+
+
+def _split(partition, mesh, v):
+    """`v` (rows first) laid out as the partition's rows over `mesh`."""
+    spec = P(partition.axis, *([None] * (v.ndim - 1)))
+    if AxisType.Explicit in mesh.axis_types:
+        return jax.reshard(v, spec)
+    if isinstance(mesh, jax.sharding.Mesh):
+        return jax.lax.with_sharding_constraint(v, jax.sharding.NamedSharding(mesh, spec))
+    return jax.lax.with_sharding_constraint(v, spec)
+
+
+def sharded_product(partition, data, b, transpose: bool, op: str):
+    """For a Krylov loop run in global view on vectors split as the
+    partition's rows: `(matvec, b, split, each_device)`, with `matvec(x) =
+    op(A) x` the sharded product (a `shard_map`, halo exchange only), `b`
+    laid out over the devices, `split(v)` that lays out another vector so,
+    and `each_device(fn, values)` that runs a check on every device (see
+    `each_device`); None without a mesh to split over (the loop then runs
+    on one device)."""
+    mesh = _mesh(partition, (data, b), op)
+    if mesh is None:
+        return None
+    laid = _by_device(partition, data)
+    name = "matmul_t" if transpose else "matmul"
+
+    def matvec(x):
+        return _split(partition, mesh, _local(name, partition, mesh, laid, x))
+
+    def split(v):
+        return _split(partition, mesh, v)
+
+    return matvec, split(b), split, functools.partial(each_device, mesh)
+
+
+def each_device(mesh, fn, values: dict):
+    """`fn(values)` (a dict of arrays, to a scalar token) run on every
+    device of `mesh`, on replicated `values`: a `shard_map` over all its
+    axes, where a host call runs once per device."""
+    names = list(values)
+    vals = [jnp.asarray(v) for v in values.values()]
+    if AxisType.Explicit in mesh.axis_types:
+        vals = [jax.reshard(v, P()) for v in vals]
+
+    def per_device(*vs):
+        return fn(dict(zip(names, vs)))
+
+    return jax.shard_map(per_device, mesh=mesh, in_specs=(P(),) * len(vals), out_specs=P(),
+                         check_vma=False)(*vals)
 
 
 def _by_device(partition, data):
