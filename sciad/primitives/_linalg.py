@@ -698,6 +698,8 @@ def _solve_impl(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=
         if preconditioner is not None:  # (its record: set up once, applied every step)
             pre = lookup(preconditioner, "preconditioner")
             state = pre.setup(a, pattern=pattern, after=b)
+            if shard is not None:  # (a sharded solve's: "jacobi", its rows' diagonals)
+                state = tuple(shard(s) if s.shape[:1] == b.shape[:1] else s for s in state)
             precond = functools.partial(_apply_preconditioner, pre, state, a,
                                         pattern=pattern, transpose=transpose)
         x = _iterative_solve(matvec, a, b, solver=solver, pattern=pattern, rtol=rtol,
