@@ -282,9 +282,12 @@ def _halo_back(a, parts, m, axis, partition):
 def _local(name, partition, mesh, *operands):
     """Runs the block function `name` under `jax.shard_map` over the
     partition's axis of `mesh`."""
+    arrays = list(partition.arrays.values())
     if AxisType.Explicit in mesh.axis_types:
         operands = [jax.reshard(x, P(partition.axis)) for x in operands]
-    return _runner(name, partition, mesh)(*partition.arrays.values(), *operands)
+        if jax.sharding.get_abstract_mesh().axis_names:  # (under `jax.set_mesh`: typed too)
+            arrays = [jax.reshard(jnp.asarray(a), P(partition.axis)) for a in arrays]
+    return _runner(name, partition, mesh)(*arrays, *operands)
 
 
 @functools.lru_cache(maxsize=256)
