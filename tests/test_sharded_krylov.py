@@ -77,7 +77,7 @@ def steps(d, b, preconditioner, part):
     """The iterations of the sharded CG solve (from the solver's machinery:
     the solve reports them only when it fails)."""
     import jax
-    from sciad.primitives._sparse_sharded import sharded_product
+    from sciad.primitives._sparse_sharded import block_amg, sharded_product
     from sciad.solvers import iterative
 
     def run(d, b):
@@ -86,6 +86,8 @@ def steps(d, b, preconditioner, part):
         if preconditioner == "jacobi":
             inv = split(1.0 / d[pat.diagonal_positions()])
             pre = lambda v: inv * v  # noqa: E731
+        elif preconditioner == "block_amg":
+            pre = block_amg(part, d, b, False, op="test")
         return iterative.solve(matvec, b, method="cg", rtol=1e-10, atol=0.0, maxiter=None,
                                precond=pre)[3]
     return int(jax.jit(run)(d, b))
@@ -133,21 +135,26 @@ _CHILD = textwrap.dedent(r'''
                         float(np.abs(np.asarray(gb) - want_gb).max() / np.abs(want_gb).max())]
             r["hlo"] = collectives(f.lower(d, b).compile().as_text())
             r["hlo_grad"] = collectives(g.lower(d, b).compile().as_text())
-    if os.environ["SOLVERS"] == "jacobi":
-        # Jacobi per device: its rows' diagonal, no communication
-        out["jacobi"] = r = {}
+    if os.environ["SOLVERS"] == "preconditioned":
+        # Jacobi per device (its rows' diagonal), and block-Jacobi with a
+        # local AMG V-cycle per device (two levels: coarsest of at most 16)
+        from sciad.solvers import _amg
+        _amg.MAX_COARSE = 16
         d = ROUGH.data
-        f = lambda part: sd.function(sd.value_and_grad(
-            lambda d, b: loss(d, b, "cg", part, preconditioner="jacobi"), argnums=(0, 1)))
-        want_v, (want_gd, want_gb) = f(None)(d, b)
+        f = lambda part, pre: sd.function(sd.value_and_grad(
+            lambda d, b: loss(d, b, "cg", part, preconditioner=pre), argnums=(0, 1)))
+        want_v, (want_gd, want_gb) = f(None, None)(d, b)
         with jax.set_mesh(mesh):
-            g = f(part)
-            v, (gd, gb) = g(d, b)
-            r["err"] = [float(abs(v - want_v) / abs(want_v)),
-                        float(np.abs(np.asarray(gd) - want_gd).max() / np.abs(want_gd).max()),
-                        float(np.abs(np.asarray(gb) - want_gb).max() / np.abs(want_gb).max())]
-            r["hlo_grad"] = collectives(g.lower(d, b).compile().as_text())
-            r["steps"] = [steps(d, b, None, part), steps(d, b, "jacobi", part)]
+            for pre in ("jacobi", "block_amg"):
+                r = out[pre] = {}
+                g = f(part, pre)
+                v, (gd, gb) = g(d, b)
+                r["err"] = [
+                    float(abs(v - want_v) / abs(want_v)),
+                    float(np.abs(np.asarray(gd) - want_gd).max() / np.abs(want_gd).max()),
+                    float(np.abs(np.asarray(gb) - want_gb).max() / np.abs(want_gb).max())]
+                r["hlo_grad"] = collectives(g.lower(d, b).compile().as_text())
+            out["steps"] = [steps(d, b, pre, part) for pre in (None, "jacobi", "block_amg")]
     if os.environ["SOLVERS"] != "cg":
         print("RESULT " + json.dumps(out))
         sys.exit(0)
@@ -251,16 +258,17 @@ def child_gmres():
 
 
 @pytest.fixture(scope="module")
-def child_jacobi():
-    """CG preconditioned by Jacobi per device."""
-    return _run_child("jacobi")
+def child_preconditioned():
+    """CG preconditioned per device: Jacobi, block-Jacobi with local AMG."""
+    return _run_child("preconditioned")
 
 
 @pytest.fixture
 def solved(request, child):
     if request.param == "cg":
         return child["received"], child["exchange"], child["cg"]
-    r = request.getfixturevalue(f"child_{request.param}")
+    r = request.getfixturevalue("child_gmres" if request.param == "gmres"
+                                else "child_preconditioned")
     return r["received"], r["exchange"], r[request.param]
 
 
@@ -279,7 +287,8 @@ def test_sharded_solve_and_gradient_equal_one_device(solved):
     ("cg", "hlo"), ("cg", "hlo_grad"),
     pytest.param("gmres", "hlo", marks=pytest.mark.slow),
     pytest.param("gmres", "hlo_grad", marks=pytest.mark.slow),
-    pytest.param("jacobi", "hlo_grad", marks=pytest.mark.slow)], indirect=["solved"])
+    pytest.param("jacobi", "hlo_grad", marks=pytest.mark.slow),
+    pytest.param("block_amg", "hlo_grad", marks=pytest.mark.slow)], indirect=["solved"])
 def test_the_loop_moves_the_halo_and_scalars_only(solved, program):
     # 64 rows per device, one grid row (16 values) from each neighbour: the
     # loop's collectives are the halo's two collective-permutes of 16 values
@@ -318,11 +327,11 @@ def test_nan_right_hand_side_raises(child):
 
 
 @pytest.mark.slow
-def test_jacobi_per_device_cuts_iterations_and_equals_one_device(child_jacobi):
-    r = child_jacobi["jacobi"]
-    assert max(r["err"]) < 1e-10
-    plain, jacobi = r["steps"]
-    assert jacobi < 0.7 * plain, (plain, jacobi)
+def test_preconditioners_per_device_cut_iterations_and_equal_one_device(child_preconditioned):
+    r = child_preconditioned
+    assert max(r["jacobi"]["err"]) < 1e-10 and max(r["block_amg"]["err"]) < 1e-10
+    plain, jacobi, amg = r["steps"]
+    assert jacobi < 0.7 * plain and amg < 0.7 * jacobi, r["steps"]
 
 
 def test_jacobi_with_a_partition_without_a_mesh_is_the_one_device_solve():
@@ -330,6 +339,52 @@ def test_jacobi_with_a_partition_without_a_mesh_is_the_one_device_solve():
     f = sd.function(lambda d, b, p: solve(d, b, "cg", p, preconditioner="jacobi"),
                     static_argnums=2)
     np.testing.assert_array_equal(f(ROUGH.data, b, part), f(ROUGH.data, b, None))
+
+
+@pytest.mark.slow
+def test_block_amg_pads_each_block_to_its_own_cycle(monkeypatch):
+    # three blocks of 40 rows that coarsen differently (a 1-D Laplacian, a
+    # 2-D one, a diagonal that does not coarsen at all), coupled: the padded,
+    # stacked cycle of each block is its own hierarchy's cycle, and M^-1 is
+    # symmetric positive definite
+    import jax
+    import jax.numpy as jnp
+
+    from sciad.solvers import _amg, _block_amg
+
+    monkeypatch.setattr(_amg, "MAX_COARSE", 6)
+    m = 40
+    T = sp.diags([-np.ones(m - 1), 2.2 * np.ones(m), -np.ones(m - 1)], [-1, 0, 1])
+    T5 = sp.diags([-np.ones(4), 2 * np.ones(5), -np.ones(4)], [-1, 0, 1])
+    T8 = sp.diags([-np.ones(7), 2 * np.ones(8), -np.ones(7)], [-1, 0, 1])
+    L2 = sp.kron(sp.eye(8), T5) + sp.kron(T8, sp.eye(5)) + 0.1 * sp.eye(m)
+    C = sp.coo_matrix(([-0.3, -0.3, -0.2, -0.2], ([m - 1, m, 2 * m, 2 * m - 1],
+                                                 [m, m - 1, 2 * m - 1, 2 * m])),
+                      shape=(3 * m, 3 * m))
+    M = (sp.block_diag([T, L2, sp.diags(np.linspace(1.0, 2.0, m))]) + C).tocsr()
+    M.sort_indices()
+    pattern = sd.sparse.from_scipy(M).type.pattern
+    bs = _block_amg.block_structure(pattern, 3)
+    own = [len(s.levels) for s in bs.structures]
+    assert own[2] == 0 < own[0] and bs.levels == max(own)  # (pass-through levels)
+    a = jnp.asarray(M.data)
+    arrays = _block_amg.setup(a, bs)
+    a0 = _block_amg.block_values(bs, a)
+    index = [tuple(jnp.asarray(x) for x in lv) for lv in bs.index]
+    blocks = jax.vmap(lambda *z: _block_amg.vcycle(bs, *z))
+    got = np.asarray(jax.jit(jax.vmap(lambda v: blocks(arrays, index, a0, v.reshape(3, m))
+                                      .ravel()))(jnp.eye(3 * m))).T
+    for d, s in enumerate(bs.structures):
+        blk = M[d * m:(d + 1) * m, d * m:(d + 1) * m].tocsr()
+        blk.sort_indices()
+        own_arrays = _amg._setup_one(s, blk.data, np.float64)
+        want = np.asarray(jax.jit(jax.vmap(lambda v: _amg.vcycle(
+            s, own_arrays, jnp.asarray(blk.data), v)))(jnp.eye(m))).T
+        np.testing.assert_allclose(got[d * m:(d + 1) * m, d * m:(d + 1) * m], want,
+                                   rtol=1e-12, atol=1e-14)
+    assert np.abs(got[:m, m:]).max() == 0.0 and np.abs(got[m:2 * m, 2 * m:]).max() == 0.0
+    np.testing.assert_allclose(got, got.T, atol=1e-12)
+    assert np.linalg.eigvalsh(got).min() > 0
 
 
 def test_a_batch_of_right_hand_sides_is_a_map_of_sharded_solves(child):
@@ -385,6 +440,9 @@ def test_trace_time_refusals():
     A = lambda d: sd.sparse.csr_matrix((d, pat.indices, pat.indptr), shape=(n, n))  # noqa: E731
     with pytest.raises(InvalidOptionError, match="shards the Krylov loop of an iterative"):
         sd.trace(lambda d, b: sd.linalg.solve(A(d), b, solver="splu", partition=part), d, b)
+    with pytest.raises(InvalidOptionError, match="pass `partition=`"):
+        sd.trace(lambda d, b: sd.linalg.solve(A(d), b, solver="cg", preconditioner="block_amg"),
+                 d, b)
     with pytest.raises(InvalidOptionError, match="preconditioned per device"):
         sd.trace(lambda d, b: sd.linalg.solve(A(d), b, solver="cg", preconditioner="amg",
                                               partition=part), d, b)

@@ -85,7 +85,9 @@ from ._contract import einsum_p
 from ._elementwise import unary_primitives
 from ._map import columns_rule, map_rule, on_devices, reader_nodes
 from ._sparse import sparse_matmul_p, sparse_sddmm_p
-from ._sparse_sharded import RowPartition, sharded_matmul_p, sharded_sddmm_p, sharded_product
+from ..solvers import _block_amg
+from ._sparse_sharded import (RowPartition, block_amg, sharded_matmul_p, sharded_sddmm_p,
+                              sharded_product)
 
 ASSUME = ("symmetric", "spd")
 
@@ -594,7 +596,12 @@ def _solve_shape(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol
         if maxiter is not None and maxiter < 1:
             raise InvalidOptionError(f"`maxiter` must be positive, got {maxiter}.",
                                      op="linalg.solve")
-        if preconditioner is not None:
+        if preconditioner == "block_amg" and partition is None:
+            raise InvalidOptionError(
+                "preconditioner='block_amg' is block-Jacobi over a row partition's blocks: "
+                "pass `partition=` (`sd.sparse.row_partition`), or use 'amg'.",
+                op="linalg.solve")
+        if preconditioner is not None and preconditioner != "block_amg":
             pre = lookup(preconditioner, "preconditioner", op="linalg.solve",
                          what="preconditioner")
             why = pre.rejects(matrix="sparse" if isinstance(a, SparseType) else "dense",
@@ -624,10 +631,15 @@ def _check_sharded(record, pattern, partition, preconditioner) -> None:
         raise InvalidOptionError(
             f"a sharded solve is preconditioned per device: `preconditioner` is one of "
             f"{SHARDED_PRECONDITIONERS}, got {preconditioner!r}.", op=op)
+    if preconditioner is not None and np.any(pattern.diagonal_positions() < 0):
+        raise SingularMatrixError(f"the {preconditioner!r} preconditioner needs every "
+                                  "diagonal entry stored; the matrix lacks some.", op=op)
 
 
-#: the preconditioners a sharded solve takes (each applied on its device's rows)
-SHARDED_PRECONDITIONERS = (None, "jacobi")
+#: the preconditioners a sharded solve takes (each applied on its device's
+#: rows): "block_amg" is block-Jacobi over the partition's blocks, each
+#: approximately inverted by a V-cycle of its own AMG hierarchy
+SHARDED_PRECONDITIONERS = (None, "jacobi", "block_amg")
 
 
 def judge_krylov(site, *, dtype, solver: str, rtol: float, atol: float, maxiter,
@@ -695,7 +707,9 @@ def _solve_impl(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=
             # makes each dot product a local one and an all-reduce)
             matvec, b, shard, each_device = sharded
         precond = None
-        if preconditioner is not None:  # (its record: set up once, applied every step)
+        if preconditioner == "block_amg":  # (a sharded solve's: see `block_amg`)
+            precond = block_amg(partition, a, b, transpose, op="linalg.solve")
+        elif preconditioner is not None:  # (its record: set up once, applied every step)
             pre = lookup(preconditioner, "preconditioner")
             state = pre.setup(a, pattern=pattern, after=b)
             if shard is not None:  # (a sharded solve's: "jacobi", its rows' diagonals)
@@ -1140,7 +1154,7 @@ def _iteration_flops(solver: str, b, pattern, preconditioner=None) -> float:
     n = b.type.shape[0]
     matvec = 2.0 * (pattern.nnz if pattern is not None else n * n)
     per = lookup(solver, "linear").iteration_flops(n, matvec)
-    if preconditioner is not None:
+    if preconditioner is not None and preconditioner != "block_amg":  # (see _solve_cost)
         per += lookup(preconditioner, "preconditioner").apply_flops(n, pattern)
     return per * _rhs(b, n)
 
@@ -1167,6 +1181,11 @@ def _solve_cost(node, body):
         per = _iteration_flops(p["solver"], b, p.get("pattern"), p.get("preconditioner"))
         note = f"per iteration ({_si(per)})"
         temp = 0
+        if p.get("preconditioner") == "block_amg":
+            bs = _block_amg.block_structure(p["pattern"], p["partition"].devices)
+            note += f"; block_amg: {bs.devices} blocks of {bs.levels + 1} levels"
+            return Cost(per + bs.apply_flops() * _rhs(b, n),
+                        bs.nbytes(np.dtype(a.type.dtype).itemsize), note)
         if p.get("preconditioner") is not None:  # its state: set up once per solve
             pre = lookup(p["preconditioner"], "preconditioner")
             temp = pre.setup_bytes(n, p.get("pattern"), a.type.dtype)

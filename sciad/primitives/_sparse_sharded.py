@@ -57,6 +57,7 @@ from ..graph import Param, Primitive, SparseType, TensorType, is_linear
 from ..graph._cost import Cost
 from ..graph._serialize import register_param_type
 from ..graph._types import Pattern
+from ..solvers import _block_amg
 from ..solvers._indices import pattern_matmul, pattern_cols, pattern_rows, take
 from ._contract import _multilinear_jvp
 from ._map import _mesh_with, map_rule
@@ -511,3 +512,37 @@ def _matmul_sparsity(outs, a, x, *, pattern, partition, transpose=False):
 @sharded_sddmm_p.def_sparsity
 def _sddmm_sparsity(outs, u, v, *, pattern, partition):
     return sparse_sddmm_p.sparsity_rule(outs, u, v, pattern=pattern)
+
+
+# ---------------------------------------------------------------------------
+# block-Jacobi with a local AMG V-cycle per device (`sciad.solvers._block_amg`)
+
+
+def block_amg(partition, data, after, transpose: bool, op: str):
+    """`v -> M^-1 v` for the block-Jacobi preconditioner of the matrix with
+    values `data` whose blocks are the partition's devices' diagonal
+    blocks, each approximately inverted by one V-cycle of its own AMG
+    hierarchy (set up on the host once per values). Under a mesh each
+    device applies its own block's cycle to its rows (`shard_map`, no
+    communication); without one, `jax.vmap` over the blocks computes the
+    same."""
+    bs = _block_amg.block_structure(partition.pattern, partition.devices)
+    arrays = _block_amg.setup(data, bs, after)
+    a0 = _block_amg.block_values(bs, data)
+    index = tuple(tuple(jnp.asarray(x) for x in lv) for lv in bs.index)
+    D, m = partition.devices, partition.block
+
+    def one(arrays, index, a0, v):
+        return _block_amg.vcycle(bs, arrays, index, a0, v, transpose=transpose)
+
+    mesh = _mesh(partition, (data, after), op)
+    if mesh is None:
+        return lambda v: jax.vmap(one)(arrays, index, a0, v.reshape(D, m)).reshape(-1)
+
+    def per_device(arrays, index, a0, v):
+        first = functools.partial(jax.tree_util.tree_map, lambda x: x[0])
+        return one(first(arrays), first(index), a0[0], v)
+
+    spec = P(partition.axis)
+    run = jax.shard_map(per_device, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    return lambda v: _split(partition, mesh, run(arrays, index, a0, v))
