@@ -188,6 +188,12 @@ _CHILD = textwrap.dedent(r'''
                 d, b)
         except Exception as e:
             out["wrong_devices"] = [type(e).__name__, str(e)]
+    # a mesh with explicit axes: refused, naming the fix
+    with jax.set_mesh(jax.make_mesh((4,), ("rows",), axis_types=(AxisType.Explicit,))):
+        try:
+            sd.function(lambda d, b: solve(d, b, "cg", part))(d, b)
+        except Exception as e:
+            out["explicit"] = [type(e).__name__, str(e)]
     print("RESULT " + json.dumps(out))
 ''')
 
@@ -407,6 +413,11 @@ def test_a_partition_for_another_device_count_is_refused(child):
     assert "linalg.solve" in msg
 
 
+def test_a_mesh_with_explicit_axes_is_refused(child):
+    name, msg = child["explicit"]
+    assert name == "NotSupportedError" and "AxisType.Auto" in msg
+
+
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_without_a_mesh_it_is_the_one_device_solve(solver):
     part = sd.sparse.row_partition(pat, 4, "rows")
@@ -462,3 +473,11 @@ def test_throw_false_reports_with_the_sharded_product():
         DATA["gmres"], b)
     assert bool(info.converged) and float(info.residual) < 1e-11
     np.testing.assert_allclose(NONSYM @ np.asarray(x), b, atol=1e-9)
+
+
+def test_cost_names_the_partition():
+    part = sd.sparse.row_partition(pat, 4, "rows")
+    text = str(sd.cost(lambda d, b: solve(d, b, "cg", part, preconditioner="block_amg"),
+                       DATA["cg"], b))
+    assert "rows over 4 devices of 'rows', 32 values received per product" in text
+    assert "block_amg: 4 blocks" in text

@@ -1180,6 +1180,10 @@ def _solve_cost(node, body):
     if not lookup(p["solver"], "linear").direct:
         per = _iteration_flops(p["solver"], b, p.get("pattern"), p.get("preconditioner"))
         note = f"per iteration ({_si(per)})"
+        if p.get("partition") is not None:  # (the whole's FLOPs; each device does its rows')
+            part = p["partition"]
+            note += (f"; rows over {part.devices} devices of {part.axis!r}, "
+                     f"{part.received()} values received per product")
         temp = 0
         if p.get("preconditioner") == "block_amg":
             bs = _block_amg.block_structure(p["pattern"], p["partition"].devices)

@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, PartitionSpec as P
 
-from ..errors import InvalidOptionError, ShapeError
+from ..errors import InvalidOptionError, NotSupportedError, ShapeError
 from ..graph import Param, Primitive, SparseType, TensorType, is_linear
 from ..graph._cost import Cost
 from ..graph._serialize import register_param_type
@@ -367,6 +367,12 @@ def sharded_product(partition, data, b, transpose: bool, op: str):
     mesh = _mesh(partition, (data, b), op)
     if mesh is None:
         return None
+    if AxisType.Explicit in mesh.axis_types:
+        raise NotSupportedError(
+            f"a sharded Krylov solve runs over a mesh with automatic axes; mesh axis "
+            f"{partition.axis!r} is explicit (the Krylov loop's operators do not take "
+            "explicitly sharded vector types yet): make the mesh with "
+            "`axis_types=(jax.sharding.AxisType.Auto,)`.", op=op)
     laid = _by_device(partition, data)
     name = "matmul_t" if transpose else "matmul"
 
