@@ -207,9 +207,18 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
       rows, its products are `sd.sparse.sharded_matmul`'s (halo exchange
       only), each inner product is a local one and an all-reduce, and the
       adjoint's transposed solve and sampled product are sharded too.
-      `preconditioner` is then None or `"jacobi"` (each device its rows'
-      diagonal). Without a mesh it is the one-device solve. See the guide
-      "Batching and devices", "Distributed Krylov".
+      `preconditioner` is then None, `"jacobi"` (each device its rows'
+      diagonal) or `"block_amg"` (block-Jacobi over the partition's blocks,
+      each device's diagonal block approximately inverted by one V-cycle of
+      its own AMG hierarchy; spd for an spd `A`). Without a mesh it is the
+      one-device solve (`"block_amg"`: the same blocks, on one device). See
+      the guide "Batching and devices", "Distributed Krylov":
+
+          part = sd.sparse.row_partition(A.type.pattern, 4, "rows")
+          with jax.set_mesh(jax.make_mesh((4,), ("rows",),
+                                          axis_types=(AxisType.Auto,))):
+              x = sd.function(lambda A, b: sd.linalg.solve(
+                  A, b, solver="cg", partition=part))(A, b)
 
     **Returns:**
 

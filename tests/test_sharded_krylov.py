@@ -68,7 +68,7 @@ assert (SPD.indices == NONSYM.indices).all() and (SPD.indptr == NONSYM.indptr).a
 pat = sd.sparse.from_scipy(SPD).type.pattern
 b = _rng.standard_normal(n)
 w = _rng.standard_normal(n)
-DATA = {"cg": SPD.data, "gmres": NONSYM.data}
+DATA = {"cg": SPD.data, "gmres": NONSYM.data, "bicgstab": NONSYM.data}
 # conductivities over four orders of magnitude: a diagonal that Jacobi evens out
 ROUGH = _poisson(tuple(np.exp(_rng.uniform(-4.6, 4.6, k.shape)) for k in _k))
 
@@ -259,8 +259,9 @@ def child():
 
 @pytest.fixture(scope="module")
 def child_gmres():
-    """GMRES (nonsymmetric: the adjoint is the transposed sharded solve)."""
-    return _run_child("gmres")
+    """GMRES and BiCGStab (nonsymmetric: the adjoint is the transposed
+    sharded solve)."""
+    return _run_child("gmres,bicgstab")
 
 
 @pytest.fixture(scope="module")
@@ -273,12 +274,13 @@ def child_preconditioned():
 def solved(request, child):
     if request.param == "cg":
         return child["received"], child["exchange"], child["cg"]
-    r = request.getfixturevalue("child_gmres" if request.param == "gmres"
+    r = request.getfixturevalue("child_gmres" if request.param in ("gmres", "bicgstab")
                                 else "child_preconditioned")
     return r["received"], r["exchange"], r[request.param]
 
 
-SOLVERS = ["cg", pytest.param("gmres", marks=pytest.mark.slow)]
+SOLVERS = ["cg", pytest.param("gmres", marks=pytest.mark.slow),
+           pytest.param("bicgstab", marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("solved", SOLVERS, indirect=True)
@@ -293,6 +295,7 @@ def test_sharded_solve_and_gradient_equal_one_device(solved):
     ("cg", "hlo"), ("cg", "hlo_grad"),
     pytest.param("gmres", "hlo", marks=pytest.mark.slow),
     pytest.param("gmres", "hlo_grad", marks=pytest.mark.slow),
+    pytest.param("bicgstab", "hlo_grad", marks=pytest.mark.slow),
     pytest.param("jacobi", "hlo_grad", marks=pytest.mark.slow),
     pytest.param("block_amg", "hlo_grad", marks=pytest.mark.slow)], indirect=["solved"])
 def test_the_loop_moves_the_halo_and_scalars_only(solved, program):
