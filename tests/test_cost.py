@@ -3,6 +3,7 @@ the compiled programs, the gradient's memory under checkpoint schedules,
 sparse factorizations' fill, and the printed table."""
 
 import numpy as np
+import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as spl
 
@@ -106,3 +107,75 @@ def test_a_loop_updates_its_carried_buffer_in_place():
     assert loop.temp < buf.nbytes, loop.temp  # the carried buffer is not copied
     xla = rep.xla["program"]
     assert rep.peak <= 2 * (xla["temp"] + xla["output"]), (rep.peak, xla)
+
+
+def test_arguments_on_one_device_add_no_devices_line(rng):
+    import jax
+
+    x = rng.normal(size=(8, 5))
+    for arg in (x, jax.device_put(x)):
+        rep = sd.cost(lambda x: snp.sum(snp.tanh(x)), arg)
+        assert rep.devices == 1 and rep.args_bytes == rep.args_bytes_per_device == 320
+        assert "devices:" not in str(rep)
+
+
+_PER_DEVICE_CHILD = r'''
+import json, os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+import sciad as sd, sciad.numpy as snp
+
+N = 10
+i = np.arange(N)
+r, c = np.concatenate([i, i[1:], i[:-1]]), np.concatenate([i, i[:-1], i[1:]])
+
+def loss(k, b):
+    vals = snp.where(r == c, 4.0 + k[r], -0.5 - 0.1 * (k[r] + k[c]))
+    return snp.sum(sd.linalg.solve(sd.sparse.coo_matrix((vals, (r, c)), shape=(N, N)), b) ** 2)
+
+f = lambda K, B, w: w * sd.vmap(loss, spmd_axis_name="batch")(K, B)
+rng = np.random.default_rng(0)
+K, B, w = rng.uniform(0.5, 1.5, (8, N)), rng.standard_normal((8, N)), np.ones(8)
+mesh = jax.make_mesh((4,), ("batch",))
+by_row, whole = NamedSharding(mesh, P("batch")), NamedSharding(mesh, P())
+one = sd.cost(f, K, B, w, compare_xla=True)
+four = sd.cost(f, jax.device_put(K, by_row), jax.device_put(B, by_row),
+               jax.device_put(w, whole), compare_xla=True)
+print("RESULT " + json.dumps({
+    "one": [one.devices, one.args_bytes, one.args_bytes_per_device, one.xla, str(one)],
+    "four": [four.devices, four.args_bytes, four.args_bytes_per_device, four.xla, str(four)],
+    "same_table": one.flops == four.flops and one.peak == four.peak}))
+'''
+
+
+@pytest.mark.slow  # ~7 s: a process of its own with 4 devices, 4 compilations
+def test_arguments_over_four_devices_give_per_device_figures():
+    """Sharded arguments (4 simulated CPU devices): the `devices:` line with
+    what the most loaded device holds, and XLA's analysis of the
+    partitioned program, per device."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", _PER_DEVICE_CHILD], capture_output=True,
+                          text=True, timeout=300, cwd=root)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    r = json.loads(lines[-1][len("RESULT "):])
+    devices, total, most, xla, text = r["four"]
+    # K and B split by rows (2 of 8 rows each per device: 2 x 160 B), w copied
+    # to every device (64 B)
+    assert devices == 4 and total == 2 * 640 + 64 and most == 2 * 160 + 64
+    assert ("devices: the arguments are laid out over 4, at most 384 B of their 1.3 KiB on "
+            "one (the figures above: all devices together)") in text
+    assert "XLA (program, per device):" in text and "XLA (gradient, per device):" in text
+    one = r["one"]
+    assert one[:3] == [1, total, total] and "devices:" not in one[4]
+    assert "XLA (program):" in one[4]
+    # the estimates are the whole program's either way; XLA's are per device
+    assert r["same_table"]
+    for name in ("program", "gradient"):
+        assert xla[name]["flops"] < 0.5 * one[3][name]["flops"], (name, xla, one[3])

@@ -249,6 +249,76 @@ def test_multi_source_sharded_equals_unsharded():
     assert r["v_err"] < 1e-13 and r["g_err"] < 1e-12, r
 
 
+def test_ensemble_inversion_one_process(capsys, tmp_path):
+    """The ensemble example in this process (one device): the Taylor test, a
+    progress line per batch, every objective reduced, the summary file."""
+    import json
+
+    ex = _load("ensemble_inversion")
+    path = tmp_path / "summary.json"
+    out = ex.main(n=8, sources=2, problems=4, batch=2, iters=6, summary=str(path))
+    assert out["processes"] == 1 and out["devices"] == 1
+    (taylor,) = out["taylor"]
+    assert taylor["problem"] == 0 and np.all(np.abs(np.array(taylor["rates"]) - 2.0) < 0.1)
+    f0, f = np.array(out["f0"]), np.array(out["f"])
+    assert f0.shape == f.shape == (4,) and np.all(f < 0.5 * f0), (f0, f)
+    err = np.array(out["err"])
+    assert np.median(err) < 0.9, err  # nearer the truth than m = 0 (error 1), mostly
+    # the problems are the same whatever the batch: problem i's medium is
+    # made from its index alone
+    problem = ex._ms.Problem(8, 2)
+    np.testing.assert_array_equal(out["m_true"][3], ex.true_media(problem, np.array([3]))[0])
+    text = capsys.readouterr().out.splitlines()
+    assert text[0].startswith("ensemble inversion: 4 problems (8 x 8 grid, 2 sources")
+    assert [ln.split(":")[0] for ln in text if ln.startswith("batch")] == ["batch 1/2",
+                                                                         "batch 2/2"]
+    assert any(ln.startswith("batch 2/2: problems 2-3, objective") for ln in text)
+    assert text[-1].startswith("summary written")
+    # one device: the layout, but no devices line from sd.cost
+    assert any(ln.startswith("layout: data (2, 2, 9) split as P('batch',) over 1 devices")
+               for ln in text) and not any(ln.startswith("sd.cost") for ln in text)
+    saved = json.loads(path.read_text())
+    assert saved["problems"] == 4 and saved["f"] == out["f"] and "m" not in saved
+
+
+def test_ensemble_inversion_refuses_partial_batches():
+    import sciad as sd
+
+    ex = _load("ensemble_inversion")
+    with pytest.raises(sd.errors.InvalidOptionError, match="5 problems do not make whole "
+                       "batches of 2"):
+        ex.main(n=8, sources=2, problems=5, batch=2)
+
+
+_ENSEMBLE_ARGS = ["--n", "8", "--sources", "2", "--problems", "8", "--batch", "4",
+                  "--iters", "6", "--devices", "4", "--check"]
+
+
+@pytest.mark.slow
+def test_ensemble_inversion_on_four_simulated_devices_equals_one_device(tmp_path):
+    """The script as a user runs it, 4 simulated CPU devices (`--devices`
+    sets XLA_FLAGS before JAX starts): sharded, then checked against one
+    device (`--check` raises if they differ)."""
+    import json
+    import subprocess
+    import sys
+
+    path = os.path.join(EXAMPLES, "ensemble_inversion.py")
+    summary = tmp_path / "s.json"
+    root = os.path.dirname(EXAMPLES)  # this checkout's sciad, not an installed one
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, path, *_ENSEMBLE_ARGS, "--summary", str(summary)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "1 process(es), 4 devices (4 on this process, cpu)" in proc.stdout
+    assert "check: one device, unsharded, gives the same m" in proc.stdout
+    assert ("layout: data (4, 2, 9) split as P('batch',) over 4 devices, 1 problem(s) per device; "
+            "process 0 problems 0-3 (4 devices)") in proc.stdout
+    assert "sd.cost of a step: the arguments are laid out over 4, at most 1.6 KiB" in proc.stdout
+    saved = json.loads(summary.read_text())
+    assert saved["devices"] == 4 and saved["check"]["m"] < 1e-8
+
+
 def test_eigen_design_raises_the_fundamental_and_opens_the_gap(capsys):
     ex = _load("eigen_design")
     out = ex.main(n=16, maxiter=8, plot=None)

@@ -153,3 +153,124 @@ def test_sharded_cg_across_processes_equals_one_process(results, reference):
         np.testing.assert_allclose(v, want_v, rtol=1e-12)
         np.testing.assert_allclose(gk, want_gk, rtol=1e-10, atol=1e-14)
         np.testing.assert_allclose(gb, want_gb, rtol=1e-10, atol=1e-14)
+
+
+# ---------------------------------------------------------------------------
+# the ensemble example (examples/ensemble_inversion.py) on the 2 processes
+
+
+@pytest.fixture(scope="module")
+def ensemble():
+    import _multiprocess_ensemble
+
+    results = _multiprocess.run("_multiprocess_ensemble", num_processes=2, devices=2,
+                                timeout=150)
+    return results, _multiprocess_ensemble.SIZES
+
+
+def test_ensemble_example_on_two_processes_equals_one_device(ensemble):
+    results, sizes = ensemble
+    p0, p1 = results
+    assert [p0["process"], p1["process"]] == [0, 1]
+    assert p0["processes"] == 2 and p0["devices"] == 4
+    # process 0 solved the same problems on one device, unsharded: the same
+    # media to rounding (the run raises otherwise)
+    assert p0["check"]["m"] < 1e-8 and p0["check"]["f"] < 1e-8, p0["check"]
+    assert "check" not in p1  # only process 0 checks
+    # both processes hold the whole gathered result, the same one
+    assert p0["m"] == p1["m"] and p0["f"] == p1["f"]
+    assert np.shape(p0["m"]) == (sizes["problems"], sizes["n"] ** 2)
+    f0, f = np.array(p0["f0"]), np.array(p0["f"])
+    assert np.all(f < f0), (f0, f)  # every problem's objective went down
+    # each process tested the gradient of the first problem it holds (rows
+    # 0-1 on process 0's devices, 2-3 on process 1's)
+    assert [(t["process"], t["problem"]) for t in p0["taylor"]] == [(0, 0), (1, 2)]
+    for t in p0["taylor"]:
+        assert np.all(np.abs(np.array(t["rates"]) - 2.0) < 0.1), t
+
+
+def test_ensemble_example_prints_on_process_0_only(ensemble):
+    (p0, p1), sizes = ensemble
+    lines = p0["printed"].splitlines()
+    assert lines[0].startswith(f"ensemble inversion: {sizes['problems']} problems")
+    assert "2 process(es), 4 devices (2 on this process, cpu)" in lines[0]
+    assert sum(ln.startswith("batch ") for ln in lines) == 2
+    assert any(ln.startswith("batch 2/2: problems 4-7") for ln in lines)
+    assert any(ln.startswith("check: one device") for ln in lines)
+    assert "problem 0 (process 0)" in p0["printed"] and "problem 2 (process 1)" in p0["printed"]
+    assert ("layout: data (4, 2, 9) split as P('batch',) over 4 devices, 1 problem(s) per device; "
+            "process 0 problems 0-1 (2 devices); process 1 problems 2-3 (2 devices)"
+            ) in p0["printed"]
+    assert "sd.cost of a step: the arguments are laid out over 4, at most" in p0["printed"]
+    assert not any(ln.startswith(("batch", "ensemble", "done", "check"))
+                   for ln in p1["printed"].splitlines())
+
+
+def test_cost_reports_the_layout_of_global_arrays(ensemble):
+    # sd.cost on global arrays split over the 4 devices of both processes:
+    # each device holds 1 of the 4 problems' media (64 values) and noise
+    # (2 x 9)
+    (p0, p1), sizes = ensemble
+    for r in (p0, p1):
+        c = r["cost"]
+        assert c["devices"] == 4 and c["args_bytes"] == 4 * (64 + 18) * 8
+        assert c["per_device"] == (64 + 18) * 8
+        assert any(ln.startswith("devices: the arguments are laid out over 4, at most 656 B")
+                   for ln in c["text"]), c["text"]
+
+
+_SLURM_CHILD = r'''
+import functools, runpy, sys
+from jax._src import xla_bridge
+# gloo on the loopback interface, as in the harness
+make = xla_bridge._jax.make_gloo_tcp_collectives
+xla_bridge._jax.make_gloo_tcp_collectives = functools.partial(make, hostname="127.0.0.1")
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+@pytest.mark.slow  # ~20 s: two processes start JAX and compile the example
+def test_ensemble_example_finds_its_job_in_slurms_environment():
+    """`--auto` (`jax.distributed.initialize()` with no arguments) under the
+    variables `srun` sets, here set by hand for 2 local processes: JAX's
+    SLURM detection gives the process count, the ids and the coordinator
+    (the first host of the node list, on port 61440 + job id mod 4096)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    job = next(j for j in range(4096) if _port_free(61440 + j))
+    port = 61440 + job
+    base = dict(os.environ, SLURM_JOB_ID=str(job), SLURM_STEP_NODELIST="127.0.0.1",
+                SLURM_NTASKS="2", JAX_PLATFORMS="cpu",
+                JAX_COORDINATOR_BIND_ADDRESS=f"127.0.0.1:{port}",
+                PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    args = [os.path.join(root, "examples", "ensemble_inversion.py"), "--auto", "--cpu",
+            "--n", "8", "--sources", "2", "--problems", "2", "--batch", "2", "--iters", "2"]
+    procs = [subprocess.Popen([sys.executable, "-c", _SLURM_CHILD, *args], cwd=root,
+                              env=dict(base, SLURM_PROCID=str(i), SLURM_LOCALID=str(i)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=150) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(p.returncode == 0 for p in procs), [o[1][-3000:] for o in outs]
+    out = outs[0][0]
+    assert "2 process(es), 2 devices (1 on this process, cpu)" in out
+    assert "process 0 problems 0-0 (1 devices); process 1 problems 1-1 (1 devices)" in out
+    assert "batch 1/1" in out and "batch 1/1" not in outs[1][0]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

@@ -24,10 +24,15 @@ Estimates, from types and params alone (nothing runs):
 - a sparse factorization: the fill of its pattern after the same ordering
   SuperLU uses, found once per pattern by a factorization of a matrix with
   that pattern (a symbolic analysis in all but name).
+- devices: the figures above are the whole program's, over all devices.
+  Arguments that are JAX arrays laid out over several devices add what the
+  most loaded device holds of them (from their shardings), and XLA's
+  analysis (`compare_xla`) is then of the partitioned program: per device.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -307,7 +312,12 @@ class CostReport:
       reverse mode is not available (`no_gradient` says why).
     - `xla`: with `compare_xla=True`, XLA's own analysis of the compiled
       programs: `{"program": {...}, "gradient": {...}}`, each with
-      `flops`, `bytes accessed`, `temp` and `output` bytes.
+      `flops`, `bytes accessed`, `temp` and `output` bytes (per device when
+      the arguments are laid out over several).
+    - `devices`: how many devices the arguments are laid out over (1 for
+      NumPy arrays and single-device arrays); `args_bytes` the bytes of
+      the arguments, `args_bytes_per_device` the most any one device holds
+      of them (a split array: its block; a replicated one: all of it).
     """
 
     graph: Graph
@@ -320,6 +330,9 @@ class CostReport:
     grad_peak: int | None = None
     xla: dict = field(default_factory=dict)
     no_gradient: str | None = None
+    devices: int = 1
+    args_bytes: int | None = None
+    args_bytes_per_device: int | None = None
 
     def table(self, max_rows: int = 40) -> str:
         rows = self.rows
@@ -346,8 +359,13 @@ class CostReport:
                          f"{_mb(self.grad_peak)}")
         if self.no_gradient:
             lines.append(f"reverse mode: not available ({self.no_gradient})")
+        if self.devices > 1:
+            lines.append(f"devices: the arguments are laid out over {self.devices}, at most "
+                         f"{_mb(self.args_bytes_per_device)} of their {_mb(self.args_bytes)} "
+                         f"on one (the figures above: all devices together)")
+        per = ", per device" if self.devices > 1 else ""
         for name, d in self.xla.items():
-            lines.append(f"XLA ({name}): {_si(d['flops'], 'FLOP')}, "
+            lines.append(f"XLA ({name}{per}): {_si(d['flops'], 'FLOP')}, "
                          f"{_mb(d['bytes accessed'])} accessed, temp {_mb(d['temp'])}, "
                          f"output {_mb(d['output'])}")
         return "\n".join(lines)
@@ -356,9 +374,50 @@ class CostReport:
         return self.table()
 
 
+def _layout(leaves) -> tuple[int, int, int]:
+    """`(devices, bytes, most bytes on one device)` of run-time arrays: the
+    devices their shardings lay them over (1 without any)."""
+    per_device: dict = {}
+    total = 0
+    for x in leaves:
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            continue
+        itemsize = np.dtype(x.dtype).itemsize
+        total += int(np.prod(x.shape, dtype=np.int64)) * itemsize
+        sharding = getattr(x, "sharding", None)
+        if sharding is None or not hasattr(sharding, "devices_indices_map"):
+            continue
+        for dev, index in sharding.devices_indices_map(tuple(x.shape)).items():
+            n = 1
+            for sl, dim in zip(index, x.shape):
+                n *= len(range(*sl.indices(dim)))
+            per_device[dev] = per_device.get(dev, 0) + n * itemsize
+    if len(per_device) < 2:
+        return 1, total, total
+    return len(per_device), total, max(per_device.values())
+
+
+def _args_mesh(leaves):
+    """The one device mesh that the arguments are laid out over, or None (as
+    `sd.function` finds it: batched nodes split over its axes find it while
+    lowering)."""
+    if not jax.sharding.get_abstract_mesh().empty:
+        return None
+    found = {getattr(getattr(x, "sharding", None), "mesh", None) for x in leaves}
+    found = {getattr(m, "abstract_mesh", m) for m in found if m is not None}
+    found = {m for m in found if not m.empty}
+    return found.pop() if len(found) == 1 else None
+
+
 def _xla_analysis(graph: Graph, args) -> dict:
-    with x64_scope():
-        compiled = jax.jit(lower(graph)).lower(*args).compile()
+    mesh = _args_mesh(args)
+    run = lower(graph)
+    if mesh is not None and jax.sharding.AxisType.Explicit in mesh.axis_types:
+        # as `sd.function` runs it: layouts chosen by the compiler
+        run = jax.sharding.auto_axes(run, out_sharding=jax.sharding.PartitionSpec())
+    with x64_scope(), (jax.sharding.use_abstract_mesh(mesh) if mesh is not None
+                       else contextlib.nullcontext()):
+        compiled = jax.jit(run).lower(*args).compile()
         ca = compiled.cost_analysis()
         ca = ca[0] if isinstance(ca, (list, tuple)) else ca
         ma = compiled.memory_analysis()
@@ -391,7 +450,8 @@ def gradient_program(graph: Graph) -> Graph | None:
 
 
 def report(graph: Graph, args=None, *, compare_xla: bool = False) -> CostReport:
-    """The `CostReport` of `graph` (its runtime `args` for `compare_xla`)."""
+    """The `CostReport` of `graph` (its run-time `args` for `compare_xla`
+    and for the arguments' layout over devices)."""
     program = optimize(graph)
     gc = graph_cost(program)
     try:
@@ -400,9 +460,12 @@ def report(graph: Graph, args=None, *, compare_xla: bool = False) -> CostReport:
         gp, why = None, str(e).split("\n")[0]
     saved = _attribute_saved(gc.rows, gp, len(program.inputs)) if gp is not None else 0
     g_cost = graph_cost(gp) if gp is not None else None
+    devices, args_bytes, per_device = _layout(args or ())
     rep = CostReport(program, gc.rows, gc.flops, gc.bytes, gc.peak, saved,
                      g_cost.flops if g_cost else None, g_cost.peak if g_cost else None,
-                     no_gradient=why)
+                     no_gradient=why, devices=devices,
+                     args_bytes=args_bytes if args else None,
+                     args_bytes_per_device=per_device if args else None)
     if compare_xla:
         rep.xla["program"] = _xla_analysis(program, args)
         if gp is not None:
@@ -438,15 +501,21 @@ def cost(f, *args, compare_xla: bool = False, **kwargs) -> CostReport:
       put XLA's own `cost_analysis()` and `memory_analysis()` in the report
       (`report.xla`). XLA counts a loop's body once, not per step, and
       reuses buffers, so its figures differ from these where loops run.
+      With arguments laid out over several devices (sharded JAX arrays)
+      it compiles the partitioned program, as `sd.function` would, and its
+      figures are per device.
+
+    Arguments laid out over several devices also add a `devices:` line:
+    how many, and the most bytes of the arguments any one device holds
+    (`report.devices`, `report.args_bytes_per_device`). The table's own
+    figures are the whole program's, over all devices.
 
     **Returns:**
 
     A `CostReport`; `print` it for the table.
     """
     graph = f if isinstance(f, Graph) else trace(f, *args, **kwargs)
-    leaves = None
-    if compare_xla:
-        leaves = list(args) if isinstance(f, Graph) else runtime_leaves((args, kwargs))
+    leaves = list(args) if isinstance(f, Graph) else runtime_leaves((args, kwargs))
     return report(graph, leaves, compare_xla=compare_xla)
 
 
