@@ -45,7 +45,7 @@ from .solvers._measures import ratio
 from .solvers._registry import names as _solver_names
 from .sparse import _check_tags, astype as _sparse_astype, data as _data, issparse, with_data
 from .sparse import csr_matrix as sparse_csr_matrix, sample as sparse_sample
-from .sparse import todense as sparse_todense
+from .sparse import sharded_matmul, todense as sparse_todense
 
 __all__ = ["solve", "cond", "eigh", "eigvalsh", "eigsh", "funm_hermitian", "svd", "operator", "Operator", "SolveInfo", "SOLVERS"]
 
@@ -159,7 +159,7 @@ def _prepare(A, b, assume, op: str):
 
 def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float | None = None,
           atol: float = 0.0, maxiter: int | None = None, preconditioner: str | None = None,
-          throw: bool = True):
+          throw: bool = True, partition=None):
     """Solves `A x = b`.
 
     Differentiable in `A` (dense, or a sparse matrix's stored values) and
@@ -199,6 +199,26 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
       estimate from its factorization. Derivatives of `x` are computed with
       solves that do raise, so a gradient is never taken silently from a
       failed solve.
+    - `partition`: a sparse matrix's rows split over the devices of a mesh
+      axis (`sd.sparse.row_partition(A.type.pattern, devices, axis)`), for an
+      iterative solve (`"cg"`, `"gmres"`, `"bicgstab"`; `"auto"` picks
+      `"cg"` for an spd matrix, else `"gmres"`): under a mesh with that axis
+      (`jax.set_mesh(mesh)`) the Krylov loop's vectors stay split as the
+      rows, its products are `sd.sparse.sharded_matmul`'s (halo exchange
+      only), each inner product is a local one and an all-reduce, and the
+      adjoint's transposed solve and sampled product are sharded too.
+      `preconditioner` is then None, `"jacobi"` (each device its rows'
+      diagonal) or `"block_amg"` (block-Jacobi over the partition's blocks,
+      each device's diagonal block approximately inverted by one V-cycle of
+      its own AMG hierarchy; spd for an spd `A`). Without a mesh it is the
+      one-device solve (`"block_amg"`: the same blocks, on one device). See
+      the guide "Batching and devices", "Distributed Krylov":
+
+          part = sd.sparse.row_partition(A.type.pattern, 4, "rows")
+          with jax.set_mesh(jax.make_mesh((4,), ("rows",),
+                                          axis_types=(AxisType.Auto,))):
+              x = sd.function(lambda A, b: sd.linalg.solve(
+                  A, b, solver="cg", partition=part))(A, b)
 
     **Returns:**
 
@@ -234,6 +254,8 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
         r = A.matvec(x) - b if len(x.shape) == 1 else None
         return x, _info(r, b, x, None, None, tol if tol is not None else 1e-10, atol)
     A, b, tags, sparse, dtype = _prepare(A, snp.asarray(b), assume, op)
+    if partition is not None and solver == "auto":  # (a sharded solve is a Krylov one)
+        solver = "cg" if "spd" in tags else "gmres"
     if solver == "amg":  # shorthand: a Krylov method preconditioned by AMG
         if preconditioner not in (None, "amg"):
             raise InvalidOptionError(f"solver='amg' is preconditioned by 'amg', got "
@@ -246,6 +268,8 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
     solver = record.name
     if not record.direct:
         tol = params["rtol"]
+    if partition is not None:
+        params["partition"] = partition
     if throw:
         return linalg_solve_p.bind(A, b, **_clean(params))
     x = linalg_solve_p.bind(A, b, **_clean(dict(params, throw=False)))
@@ -254,7 +278,8 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
         rparams = {"solver": solver, "constant": True,
                    **({"pattern": params["pattern"]} if sparse else {})}
         rcond = linalg_rcond_p.bind(A, **rparams)
-    return x, _info(A @ x - b, b, x, A, rcond, None if record.direct else tol, atol)
+    Ax = A @ x if partition is None or len(x.shape) != 1 else sharded_matmul(A, x, partition)
+    return x, _info(Ax - b, b, x, A, rcond, None if record.direct else tol, atol)
 
 
 def _info(r, b, x, A, rcond, tol: float | None, atol: float) -> SolveInfo:

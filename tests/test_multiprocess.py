@@ -143,6 +143,18 @@ def test_sharded_sparse_product_across_processes_equals_one_process(results, ref
         np.testing.assert_allclose(gx, want_gx, rtol=1e-13, atol=1e-15)
 
 
+def test_sharded_cg_across_processes_equals_one_process(results, reference):
+    # a CG solve with A's 16 rows over the 4 devices of both processes: the
+    # halo exchanges and the inner products' all-reduces cross the
+    # processes; value and gradients (the adjoint's sharded solve) as in one
+    want_v, want_gk, want_gb = reference["cg"]
+    for r in results:
+        v, gk, gb = r["cg"]
+        np.testing.assert_allclose(v, want_v, rtol=1e-12)
+        np.testing.assert_allclose(gk, want_gk, rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(gb, want_gb, rtol=1e-10, atol=1e-14)
+
+
 # ---------------------------------------------------------------------------
 # the ensemble example (examples/ensemble_inversion.py) on the 2 processes
 

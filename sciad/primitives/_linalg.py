@@ -85,6 +85,9 @@ from ._contract import einsum_p
 from ._elementwise import unary_primitives
 from ._map import columns_rule, map_rule, on_devices, reader_nodes
 from ._sparse import sparse_matmul_p, sparse_sddmm_p
+from ..solvers import _block_amg
+from ._sparse_sharded import (RowPartition, block_amg, sharded_matmul_p, sharded_sddmm_p,
+                              sharded_product)
 
 ASSUME = ("symmetric", "spd")
 
@@ -455,8 +458,12 @@ def _rcond_with(factor, a, *, solver, pattern):
 # derivative rules shared by `linalg.solve` and `linalg.backsolve`
 
 
-def _apply(a, x, pattern, transpose: bool):
-    """`op(a) @ x` with sciad ops (a tangent `a`)."""
+def _apply(a, x, pattern, transpose: bool, partition=None):
+    """`op(a) @ x` with sciad ops (a tangent `a`); with a row `partition`,
+    the sharded product."""
+    if partition is not None and len(x.shape) == 1:
+        return sharded_matmul_p.bind(a, x, pattern=pattern, partition=partition,
+                                     transpose=transpose)
     if pattern is not None:
         return sparse_matmul_p.bind(a, x, pattern=pattern, transpose=transpose)
     vec = len(x.shape) == 1
@@ -465,8 +472,11 @@ def _apply(a, x, pattern, transpose: bool):
     return einsum_p.bind(a, x, spec="mk,k->m" if vec else "mk,kn->mn")
 
 
-def _outer(u, v, pattern):
-    """`u v^T` (summed over columns for matrices), on `pattern` if sparse."""
+def _outer(u, v, pattern, partition=None):
+    """`u v^T` (summed over columns for matrices), on `pattern` if sparse
+    (with a row `partition`, the sharded sampled product)."""
+    if partition is not None and len(u.shape) == 1:
+        return sharded_sddmm_p.bind(u, v, pattern=pattern, partition=partition)
     if pattern is not None:
         return sparse_sddmm_p.bind(u, v, pattern=pattern)
     return einsum_p.bind(u, v, spec="m,k->mk" if len(u.shape) == 1 else "mn,kn->mk")
@@ -503,7 +513,8 @@ def _solve_jvp_rule(bind, a, x, da, db, params: dict):
     """`dx = op(a)^-1 (db - op(da) x)`; `bind(rhs, params)` emits the solve."""
     rhs = db
     if not is_zero(da):
-        term = _neg(_apply(da, x, params.get("pattern"), params.get("transpose", False)))
+        term = _neg(_apply(da, x, params.get("pattern"), params.get("transpose", False),
+                           params.get("partition")))
         rhs = term if is_zero(rhs) else rhs + term
     if is_zero(rhs):
         return Zero(_type(x).update())
@@ -515,11 +526,11 @@ def _solve_vjp_rule(bind, a, x, ct, params: dict):
     lam = bind(ct, _derivative_params(params, flip=True))
     a_ct = None
     if needs_ct(a):  # a constant (or held) matrix needs no cotangent
-        pattern = params.get("pattern")
+        pattern, part = params.get("pattern"), params.get("partition")
         if params.get("transpose", False):
-            a_ct = _outer(_neg(x), lam, pattern)
+            a_ct = _outer(_neg(x), lam, pattern, part)
         else:
-            a_ct = _outer(_neg(lam), x, pattern)
+            a_ct = _outer(_neg(lam), x, pattern, part)
     return a_ct, lam
 
 
@@ -562,13 +573,20 @@ linalg_solve_p = Primitive("linalg.solve", runtime_checks=True, factored=_solve_
     "solver": str, "pattern": _PATTERN, "transpose": _TRANSPOSE,
     "rtol": Param((float, None), default=None), "atol": Param((float, None), default=None),
     "maxiter": Param((int, None), default=None),
-    "preconditioner": Param((str, None), default=None), "throw": _THROW, "assume": _ASSUME})
+    "preconditioner": Param((str, None), default=None), "throw": _THROW, "assume": _ASSUME,
+    "partition": Param((RowPartition, None), default=None)})
+#: `partition`: (an iterative solve of a sparse matrix) the `RowPartition` of
+#: its pattern over a mesh axis: the Krylov loop's products are the sharded
+#: ones (`sparse.sharded_matmul`), its vectors split over the devices as the
+#: rows (see `_solve_impl`)
 
 
 @linalg_solve_p.def_abstract_eval
 def _solve_shape(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=None,
-                 maxiter=None, preconditioner=None, throw=True, assume=None):
+                 maxiter=None, preconditioner=None, throw=True, assume=None, partition=None):
     record = _check_matrix(a, b, solver, pattern, "linalg.solve", assume)
+    if partition is not None:
+        _check_sharded(record, pattern, partition, preconditioner)
     if not record.direct:
         if rtol is None or atol is None or not (rtol >= 0 and atol >= 0) \
                 or rtol == atol == 0:
@@ -578,7 +596,12 @@ def _solve_shape(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol
         if maxiter is not None and maxiter < 1:
             raise InvalidOptionError(f"`maxiter` must be positive, got {maxiter}.",
                                      op="linalg.solve")
-        if preconditioner is not None:
+        if preconditioner == "block_amg" and partition is None:
+            raise InvalidOptionError(
+                "preconditioner='block_amg' is block-Jacobi over a row partition's blocks: "
+                "pass `partition=` (`sd.sparse.row_partition`), or use 'amg'.",
+                op="linalg.solve")
+        if preconditioner is not None and preconditioner != "block_amg":
             pre = lookup(preconditioner, "preconditioner", op="linalg.solve",
                          what="preconditioner")
             why = pre.rejects(matrix="sparse" if isinstance(a, SparseType) else "dense",
@@ -589,6 +612,34 @@ def _solve_shape(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol
         raise InvalidOptionError(f"the direct solver {solver!r} takes no tolerances, `maxiter` or "
                                  "preconditioner.", op="linalg.solve")
     return TensorType(b.shape, b.dtype)
+
+
+def _check_sharded(record, pattern, partition, preconditioner) -> None:
+    """A sharded solve: an iterative solver on a sparse matrix, with the
+    partition of its pattern and a preconditioner that runs per device."""
+    op = "linalg.solve"
+    if record.direct or pattern is None:
+        raise InvalidOptionError(
+            f"a row `partition` shards the Krylov loop of an iterative solve of a sparse "
+            f"matrix ('cg', 'gmres', 'bicgstab'); got solver={record.name!r} on a "
+            f"{'sparse' if pattern is not None else 'dense'} matrix.", op=op)
+    if not isinstance(partition, RowPartition) or partition.pattern != pattern:
+        raise ShapeError(f"`partition` must be the RowPartition of the matrix's pattern "
+                         f"{pattern} (`sd.sparse.row_partition(A.type.pattern, devices, "
+                         f"axis)`), got {partition!r}.", op=op)
+    if preconditioner not in SHARDED_PRECONDITIONERS:
+        raise InvalidOptionError(
+            f"a sharded solve is preconditioned per device: `preconditioner` is one of "
+            f"{SHARDED_PRECONDITIONERS}, got {preconditioner!r}.", op=op)
+    if preconditioner is not None and np.any(pattern.diagonal_positions() < 0):
+        raise SingularMatrixError(f"the {preconditioner!r} preconditioner needs every "
+                                  "diagonal entry stored; the matrix lacks some.", op=op)
+
+
+#: the preconditioners a sharded solve takes (each applied on its device's
+#: rows): "block_amg" is block-Jacobi over the partition's blocks, each
+#: approximately inverted by a V-cycle of its own AMG hierarchy
+SHARDED_PRECONDITIONERS = (None, "jacobi", "block_amg")
 
 
 def judge_krylov(site, *, dtype, solver: str, rtol: float, atol: float, maxiter,
@@ -612,7 +663,11 @@ def judge_krylov(site, *, dtype, solver: str, rtol: float, atol: float, maxiter,
 
 
 def _iterative_solve(matvec, a, b, *, solver, pattern, rtol, atol, maxiter, precond,
-                     throw, assume, site):
+                     throw, assume, site, each_device=None):
+    """The Krylov solve, checked when `throw`. `each_device(fn, measures)`:
+    (a sharded solve) runs the check on every device of the mesh, so that a
+    failure stops them all (checked on one device, it would stop that one
+    and leave the others waiting in the loop's next collective)."""
     x, ok, rel, steps = solvers.iterative.solve(
         matvec, b, method=lookup(solver, "linear"), rtol=rtol, atol=atol, maxiter=maxiter,
         precond=precond)
@@ -622,11 +677,15 @@ def _iterative_solve(matvec, a, b, *, solver, pattern, rtol, atol, maxiter, prec
     if a is not None:
         extra = _matrix_measures(a, pattern, assume)
         extra["nonfinite_a"] = extra.pop("nonfinite")
-    return tie(x, check(judge_krylov, site, dtype=np.dtype(b.dtype), solver=solver,
-                        rtol=rtol, atol=atol, maxiter=maxiter,
-                        tags=frozenset({assume} if assume else ()),
-                        nonfinite_b=~jnp.all(jnp.isfinite(b)), converged=ok, residual=rel,
-                        iterations=steps, **extra))
+    measures = dict(nonfinite_b=~jnp.all(jnp.isfinite(b)), converged=ok, residual=rel,
+                    iterations=steps, **extra)
+
+    def judged(m):
+        return check(judge_krylov, site, dtype=np.dtype(b.dtype), solver=solver, rtol=rtol,
+                     atol=atol, maxiter=maxiter, tags=frozenset({assume} if assume else ()),
+                     **m)
+
+    return tie(x, judged(measures) if each_device is None else each_device(judged, measures))
 
 
 def _apply_preconditioner(pre, state, a, v, *, pattern, transpose):
@@ -635,18 +694,32 @@ def _apply_preconditioner(pre, state, a, v, *, pattern, transpose):
 
 @linalg_solve_p.def_impl
 def _solve_impl(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=None,
-                maxiter=None, preconditioner=None, throw=True, assume=None, site=None):
+                maxiter=None, preconditioner=None, throw=True, assume=None, partition=None,
+                site=None):
     site = site or Site("linalg.solve")
     if not lookup(solver, "linear").direct:
+        matvec, shard, each_device = _matvec(a, pattern, transpose), None, None
+        sharded = None if partition is None else \
+            sharded_product(partition, a, b, transpose, op="linalg.solve")
+        if sharded is not None:
+            # (the same loop, in global view, on vectors split over the
+            # devices as the rows: the products are the sharded ones, and XLA
+            # makes each dot product a local one and an all-reduce)
+            matvec, b, shard, each_device = sharded
         precond = None
-        if preconditioner is not None:  # (its record: set up once, applied every step)
+        if preconditioner == "block_amg":  # (a sharded solve's: see `block_amg`)
+            precond = block_amg(partition, a, b, transpose, op="linalg.solve")
+        elif preconditioner is not None:  # (its record: set up once, applied every step)
             pre = lookup(preconditioner, "preconditioner")
             state = pre.setup(a, pattern=pattern, after=b)
+            if shard is not None:  # (a sharded solve's: "jacobi", its rows' diagonals)
+                state = tuple(shard(s) if s.shape[:1] == b.shape[:1] else s for s in state)
             precond = functools.partial(_apply_preconditioner, pre, state, a,
                                         pattern=pattern, transpose=transpose)
-        return _iterative_solve(_matvec(a, pattern, transpose), a, b, solver=solver,
-                                pattern=pattern, rtol=rtol, atol=atol, maxiter=maxiter,
-                                precond=precond, throw=throw, assume=assume, site=site)
+        x = _iterative_solve(matvec, a, b, solver=solver, pattern=pattern, rtol=rtol,
+                             atol=atol, maxiter=maxiter, precond=precond, throw=throw,
+                             assume=assume, site=site, each_device=each_device)
+        return x if shard is None else shard(x)
     record = lookup(solver, "linear")
     # (one solve: a factor kept for it alone, or none where the solver
     # factors and solves in one call)
@@ -1081,7 +1154,7 @@ def _iteration_flops(solver: str, b, pattern, preconditioner=None) -> float:
     n = b.type.shape[0]
     matvec = 2.0 * (pattern.nnz if pattern is not None else n * n)
     per = lookup(solver, "linear").iteration_flops(n, matvec)
-    if preconditioner is not None:
+    if preconditioner is not None and preconditioner != "block_amg":  # (see _solve_cost)
         per += lookup(preconditioner, "preconditioner").apply_flops(n, pattern)
     return per * _rhs(b, n)
 
@@ -1107,7 +1180,16 @@ def _solve_cost(node, body):
     if not lookup(p["solver"], "linear").direct:
         per = _iteration_flops(p["solver"], b, p.get("pattern"), p.get("preconditioner"))
         note = f"per iteration ({_si(per)})"
+        if p.get("partition") is not None:  # (the whole's FLOPs; each device does its rows')
+            part = p["partition"]
+            note += (f"; rows over {part.devices} devices of {part.axis!r}, "
+                     f"{part.received()} values received per product")
         temp = 0
+        if p.get("preconditioner") == "block_amg":
+            bs = _block_amg.block_structure(p["pattern"], p["partition"].devices)
+            note += f"; block_amg: {bs.devices} blocks of {bs.levels + 1} levels"
+            return Cost(per + bs.apply_flops() * _rhs(b, n),
+                        bs.nbytes(np.dtype(a.type.dtype).itemsize), note)
         if p.get("preconditioner") is not None:  # its state: set up once per solve
             pre = lookup(p["preconditioner"], "preconditioner")
             temp = pre.setup_bytes(n, p.get("pattern"), a.type.dtype)

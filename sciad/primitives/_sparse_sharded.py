@@ -52,11 +52,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, PartitionSpec as P
 
-from ..errors import InvalidOptionError, ShapeError
+from ..errors import InvalidOptionError, NotSupportedError, ShapeError
 from ..graph import Param, Primitive, SparseType, TensorType, is_linear
 from ..graph._cost import Cost
 from ..graph._serialize import register_param_type
 from ..graph._types import Pattern
+from ..solvers import _block_amg
 from ..solvers._indices import pattern_matmul, pattern_cols, pattern_rows, take
 from ._contract import _multilinear_jvp
 from ._map import _mesh_with, map_rule
@@ -282,9 +283,12 @@ def _halo_back(a, parts, m, axis, partition):
 def _local(name, partition, mesh, *operands):
     """Runs the block function `name` under `jax.shard_map` over the
     partition's axis of `mesh`."""
+    arrays = list(partition.arrays.values())
     if AxisType.Explicit in mesh.axis_types:
         operands = [jax.reshard(x, P(partition.axis)) for x in operands]
-    return _runner(name, partition, mesh)(*partition.arrays.values(), *operands)
+        if jax.sharding.get_abstract_mesh().axis_names:  # (under `jax.set_mesh`: typed too)
+            arrays = [jax.reshard(jnp.asarray(a), P(partition.axis)) for a in arrays]
+    return _runner(name, partition, mesh)(*arrays, *operands)
 
 
 @functools.lru_cache(maxsize=256)
@@ -324,7 +328,7 @@ def _block_sddmm(a, m, axis, partition, u, v):
 _BLOCKS = {"matmul": _block_matmul, "matmul_t": _block_matmul_t, "sddmm": _block_sddmm}
 
 
-def _mesh(partition, args):
+def _mesh(partition, args, op: str = "sparse.sharded_matmul"):
     """The mesh to split over, or None to compute on one device."""
     try:
         mesh = _mesh_with(partition.axis, args)
@@ -332,14 +336,69 @@ def _mesh(partition, args):
         names = sorted(jax.sharding.get_abstract_mesh().axis_names)
         raise ShapeError(f"the row partition is over mesh axis {partition.axis!r}, but the "
                          f"mesh here has axes {names}: build the partition with one of "
-                         "them.", op="sparse.sharded_matmul") from None
+                         "them.", op=op) from None
     if mesh is None or mesh.shape[partition.axis] == 1 and partition.devices == 1:
         return None
     if mesh.shape[partition.axis] != partition.devices:
         raise ShapeError(f"the row partition is over {partition.devices} devices, but mesh "
                          f"axis {partition.axis!r} has {mesh.shape[partition.axis]}; build "
-                         "the partition for this mesh.", op="sparse.sharded_matmul")
+                         "the partition for this mesh.", op=op)
     return mesh
+
+
+def _split(partition, mesh, v):
+    """`v` (rows first) laid out as the partition's rows over `mesh`."""
+    spec = P(partition.axis, *([None] * (v.ndim - 1)))
+    if AxisType.Explicit in mesh.axis_types:
+        return jax.reshard(v, spec)
+    if isinstance(mesh, jax.sharding.Mesh):
+        return jax.lax.with_sharding_constraint(v, jax.sharding.NamedSharding(mesh, spec))
+    return jax.lax.with_sharding_constraint(v, spec)
+
+
+def sharded_product(partition, data, b, transpose: bool, op: str):
+    """For a Krylov loop run in global view on vectors split as the
+    partition's rows: `(matvec, b, split, each_device)`, with `matvec(x) =
+    op(A) x` the sharded product (a `shard_map`, halo exchange only), `b`
+    laid out over the devices, `split(v)` that lays out another vector so,
+    and `each_device(fn, values)` that runs a check on every device (see
+    `each_device`); None without a mesh to split over (the loop then runs
+    on one device)."""
+    mesh = _mesh(partition, (data, b), op)
+    if mesh is None:
+        return None
+    if AxisType.Explicit in mesh.axis_types:
+        raise NotSupportedError(
+            f"a sharded Krylov solve runs over a mesh with automatic axes; mesh axis "
+            f"{partition.axis!r} is explicit (the Krylov loop's operators do not take "
+            "explicitly sharded vector types yet): make the mesh with "
+            "`axis_types=(jax.sharding.AxisType.Auto,)`.", op=op)
+    laid = _by_device(partition, data)
+    name = "matmul_t" if transpose else "matmul"
+
+    def matvec(x):
+        return _split(partition, mesh, _local(name, partition, mesh, laid, x))
+
+    def split(v):
+        return _split(partition, mesh, v)
+
+    return matvec, split(b), split, functools.partial(each_device, mesh)
+
+
+def each_device(mesh, fn, values: dict):
+    """`fn(values)` (a dict of arrays, to a scalar token) run on every
+    device of `mesh`, on replicated `values`: a `shard_map` over all its
+    axes, where a host call runs once per device."""
+    names = list(values)
+    vals = [jnp.asarray(v) for v in values.values()]
+    if AxisType.Explicit in mesh.axis_types:
+        vals = [jax.reshard(v, P()) for v in vals]
+
+    def per_device(*vs):
+        return fn(dict(zip(names, vs)))
+
+    return jax.shard_map(per_device, mesh=mesh, in_specs=(P(),) * len(vals), out_specs=P(),
+                         check_vma=False)(*vals)
 
 
 def _by_device(partition, data):
@@ -459,3 +518,37 @@ def _matmul_sparsity(outs, a, x, *, pattern, partition, transpose=False):
 @sharded_sddmm_p.def_sparsity
 def _sddmm_sparsity(outs, u, v, *, pattern, partition):
     return sparse_sddmm_p.sparsity_rule(outs, u, v, pattern=pattern)
+
+
+# ---------------------------------------------------------------------------
+# block-Jacobi with a local AMG V-cycle per device (`sciad.solvers._block_amg`)
+
+
+def block_amg(partition, data, after, transpose: bool, op: str):
+    """`v -> M^-1 v` for the block-Jacobi preconditioner of the matrix with
+    values `data` whose blocks are the partition's devices' diagonal
+    blocks, each approximately inverted by one V-cycle of its own AMG
+    hierarchy (set up on the host once per values). Under a mesh each
+    device applies its own block's cycle to its rows (`shard_map`, no
+    communication); without one, `jax.vmap` over the blocks computes the
+    same."""
+    bs = _block_amg.block_structure(partition.pattern, partition.devices)
+    arrays = _block_amg.setup(data, bs, after)
+    a0 = _block_amg.block_values(bs, data)
+    index = tuple(tuple(jnp.asarray(x) for x in lv) for lv in bs.index)
+    D, m = partition.devices, partition.block
+
+    def one(arrays, index, a0, v):
+        return _block_amg.vcycle(bs, arrays, index, a0, v, transpose=transpose)
+
+    mesh = _mesh(partition, (data, after), op)
+    if mesh is None:
+        return lambda v: jax.vmap(one)(arrays, index, a0, v.reshape(D, m)).reshape(-1)
+
+    def per_device(arrays, index, a0, v):
+        first = functools.partial(jax.tree_util.tree_map, lambda x: x[0])
+        return one(first(arrays), first(index), a0[0], v)
+
+    spec = P(partition.axis)
+    run = jax.shard_map(per_device, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    return lambda v: _split(partition, mesh, run(arrays, index, a0, v))
