@@ -160,6 +160,37 @@ def test_a_factor_read_twice_is_made_once_with_its_uses_counted(rng):
     assert all(f.params.get("uses") is None for f in _factor_nodes(g))
 
 
+def test_a_batch_of_single_solves_makes_no_numeric_factor(rng):
+    """`sd.vmap` of one solve: the map of its factorization is read by one map
+    of one solve, which factors and solves in one call; no handle is made or
+    handed from map to map (a gradient's two solves share one)."""
+    M = _general_csr(rng, 10)
+    D = np.stack([M.data, 2 * M.data, M.data + 0.5])
+    B = rng.standard_normal((3, 10))
+
+    def one(d, b):
+        return sd.linalg.solve(_csr(M)(d), b, solver="klu")
+
+    def body_factor(g):
+        (m,) = [n for n in g.nodes if n.primitive.name == "map"
+                and n.params["body"].nodes[0].primitive is linalg_factor_p]
+        return m.params["body"].nodes[0]
+
+    g = passes.optimize(sd.trace(sd.vmap(one), D, B))
+    f = body_factor(g)
+    assert f.params.get("alone") is True and f.params.get("uses") is None
+    hlo = jax.jit(sd.to_jax(sd.vmap(one))).lower(D, B).as_text()
+    assert "sciad_klu_factor" not in hlo and "sciad_klu_free_numeric" not in hlo
+    x = sd.function(sd.vmap(one))(D, B)
+    for k in range(3):
+        A = sp.csr_matrix((D[k], M.indices, M.indptr), shape=M.shape).toarray()
+        np.testing.assert_allclose(np.asarray(x[k]), np.linalg.solve(A, B[k]), rtol=1e-10)
+    loss = lambda d, b: snp.sum(sd.vmap(one)(d, b) ** 2)  # noqa: E731
+    g = passes.optimize(sd.trace(sd.grad(loss), D, B))
+    f = body_factor(g)
+    assert not f.params.get("alone") and f.params.get("uses") == 2
+
+
 def test_a_factor_reused_by_every_step_of_a_scan(rng):
     """Backward Euler: one matrix, 50 steps, one factorization (hoisted out of
     the loop and its adjoint loop, read by every step), value and gradient."""

@@ -778,6 +778,7 @@ def _factor_fit(params, readers, complete) -> dict:
     if complete and not any(_raises(u) for u in readers):
         params["throw"] = False
     params.pop("uses", None)
+    params.pop("alone", None)
     record = lookup(params["solver"], "linear")
     # (a factorization kept on the host is freed after its last use)
     if record.held_on_host and complete and not devices:
@@ -788,17 +789,26 @@ def _factor_fit(params, readers, complete) -> dict:
     if record.frees_factor and readers and not devices and not (complete and len(readers) == 1) \
             and not any(holds_tuple(v.type) for u in raw for v in u.outputs):
         params["uses"] = len(readers)
+    # (one solve alone, a `map`'s included: it factors in its own call, so
+    # no numeric factor is made and none is handed from map to map)
+    if record.frees_factor and complete and not devices and len(readers) == 1 \
+            and readers[0].primitive is linalg_backsolve_p:
+        params["alone"] = True
     return params
 
 
 linalg_factor_p = Primitive("linalg.factor", runtime_checks=True,
                             fit_to_readers=_factor_fit, params={
     "solver": str, "pattern": _PATTERN, "assume": _ASSUME, "throw": _THROW,
-    "uses": Param((int, None), default=None)})
+    "uses": Param((int, None), default=None), "alone": Param(bool, default=False)})
+#: `alone`: (a compiled solver's factor, `frees_factor`) its one reader is a
+#: solve in the same program, which factors and solves in one call: no
+#: numeric factor is made, in a `map` too (set by `_factor_fit`)
 
 
 @linalg_factor_p.def_abstract_eval
-def _factor_shape(a, *, solver, pattern=None, assume=None, throw=True, uses=None):
+def _factor_shape(a, *, solver, pattern=None, assume=None, throw=True, uses=None,
+                  alone=False):
     if not lookup(solver, "linear", op="linalg.factor").direct:
         raise InvalidOptionError(f"{solver!r} is not a direct solver.", op="linalg.factor")
     _check_matrix(a, TensorType((a.shape[0],), a.dtype), solver, pattern, "linalg.factor",
@@ -811,9 +821,10 @@ def _factor_shape(a, *, solver, pattern=None, assume=None, throw=True, uses=None
 
 
 @linalg_factor_p.def_impl
-def _factor_impl(a, *, solver, pattern=None, assume=None, throw=True, uses=None, site=None):
+def _factor_impl(a, *, solver, pattern=None, assume=None, throw=True, uses=None, alone=False,
+                 site=None):
     return _make_factor(a, solver=solver, pattern=pattern, assume=assume, throw=throw,
-                        uses=uses, site=site or Site("linalg.factor"), output=True)
+                        uses=uses, site=site or Site("linalg.factor"), output=not alone)
 
 
 linalg_backsolve_p = Primitive("linalg.backsolve", runtime_checks=True, reads_factor=True,
