@@ -20,7 +20,7 @@ problems:
 - `--iters` steps of a batched gradient descent with Barzilai-Borwein step
   lengths (one per problem; a step never changes `m` by more than 0.5) run
   as one sharded program per step: each device factors its own problems'
-  matrices and solving their forward and adjoint systems;
+  matrices and solves their forward and adjoint systems;
 - the results are gathered (`multihost_utils.process_allgather`) and
   process 0 prints a line per batch (misfit reduction, error of `m`, wall
   time), then a summary (and `--summary` writes it as JSON, `--plot` a
