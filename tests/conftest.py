@@ -1,9 +1,23 @@
+import os
 import zlib
 
-import numpy as np
-import pytest
+# Most of the default suite's time is XLA compiling small CPU programs; LLVM's
+# optimization of the generated code, and the MLIR fusion emitters (the older
+# emitters compile faster), are a third of that and buy nothing on test-sized
+# arrays, so the tests compile without them (set before JAX's backend starts;
+# subprocesses inherit it). Results can differ from an
+# optimized build in the last bits (1e-14 relative), as between CPUs.
+# SCIAD_TEST_XLA_OPT=1, or an optimization level in XLA_FLAGS, keeps XLA's.
+_FAST_COMPILE = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
+                 "--xla_cpu_use_fusion_emitters=false")
+if (not os.environ.get("SCIAD_TEST_XLA_OPT")
+        and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
 
-import sciad as sd
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import sciad as sd  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -208,6 +208,10 @@ def test_eigenvector_gradient_matches_dense(rng):
     np.testing.assert_allclose(np.asarray(grad), np.asarray(dense), rtol=1e-7, atol=1e-12)
 
 
+# slow: the same registry example's rules are test_autodiff's
+# test_every_primitive_passes_check_rules[linalg.eigsh], its batching
+# test_batching's test_batch_rule_agrees_with_a_loop[linalg.eigsh]
+@pytest.mark.slow
 def test_check_rules_small():
     from registry_examples import EXAMPLES
 
@@ -215,6 +219,10 @@ def test_check_rules_small():
     sd.testing.check_rules(fn, *[np.asarray(a) for a in args], seed=0)
 
 
+# slow: the rules of the eigenvalues and of the whole eigenvectors (second order
+# included) are test_check_rules_compares_the_eigenvectors_up_to_sign's; eigsh
+# under vmap is test_batched_over_coefficients' and test_batching's
+@pytest.mark.slow
 def test_check_rules_eigenvectors():
     rng = np.random.default_rng(3)
     c = 1.0 + 0.5 * rng.uniform(size=9)

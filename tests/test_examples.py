@@ -56,6 +56,8 @@ def test_example_objectives_pass_the_taylor_test(rng):
         assert np.all(np.abs(rates - 2.0) < 0.15), (loss.__name__, rates)
 
 
+# slow: its Taylor test of the objective is test_inverse_poisson_objective_taylor_and_one_factorization's
+@pytest.mark.slow
 def test_inverse_poisson_recovers_the_field(capsys):
     ex = _load("inverse_poisson")
     res, rates, history, m_true = ex.main(n=16, maxiter=60, plot=None)
@@ -82,6 +84,9 @@ def test_inverse_poisson_objective_taylor_and_one_factorization(rng):
     assert len(factors) == 1, g.pretty(source=False)
 
 
+# slow: the objective's Taylor test and its gradient against jax.grad (to 1e-11)
+# are test_spectral_inverse_heat_objective_taylor_grad_and_fold's
+@pytest.mark.slow
 def test_spectral_inverse_heat_reaches_the_closed_form_minimizer(capsys):
     ex = _load("spectral_inverse_heat")
     res, rates, history, u_true, exact = ex.main(n=32, maxiter=600, plot=None)
@@ -200,6 +205,11 @@ def test_multi_source_gradient_is_the_sum_over_sources(rng):
                                rtol=1e-10, atol=1e-12)
 
 
+# slow: what main() shows is checked by default elsewhere: the Taylor test and the
+# one factorization by test_multi_source_objective_taylor_and_one_factorization, the
+# ensemble's map of factorizations by test_multi_source_gradient_is_the_sum_over_sources,
+# the sharded value and gradient by test_multi_source_sharded_equals_unsharded
+@pytest.mark.slow
 def test_multi_source_inversion_reduces_the_misfit(capsys):
     ex = _load("multi_source_inversion")
     res, rates, history, m_true, start = ex.main(n=12, sources=4, maxiter=15, ensemble=3)
