@@ -92,6 +92,8 @@ print("unavailable:", _cudss_ffi.KERNELS.unavailable())
 EOF
 
 say "pytest -m gpu"
+# (the GPU tests compile with XLA's optimizations: tests/conftest.py)
+export SCIAD_TEST_XLA_OPT=1
 timeout ${TEST_TIMEOUT:-300} $PY -m pytest -q -m gpu tests/test_cudss.py -p no:cacheprovider -ra 2>&1 \
   | tee "$OUT/gpu_tests.log" | tail -40
 tests_rc=${PIPESTATUS[0]}

@@ -8,10 +8,25 @@ import zlib
 # subprocesses inherit it). Results can differ from an
 # optimized build in the last bits (1e-14 relative), as between CPUs.
 # SCIAD_TEST_XLA_OPT=1, or an optimization level in XLA_FLAGS, keeps XLA's.
+# Only with the jaxlib versions these flags were tried with: XLA aborts on a
+# flag it does not know, and a later XLA may drop one.
 _FAST_COMPILE = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
                  "--xla_cpu_use_fusion_emitters=false")
+_FAST_COMPILE_JAXLIB = ("0.10.",)
+
+
+def _jaxlib_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("jaxlib")
+    except PackageNotFoundError:
+        return ""
+
+
 if (not os.environ.get("SCIAD_TEST_XLA_OPT")
-        and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")):
+        and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")
+        and _jaxlib_version().startswith(_FAST_COMPILE_JAXLIB)):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
 
 import numpy as np  # noqa: E402
