@@ -351,7 +351,6 @@ def test_jacobi_with_a_partition_without_a_mesh_is_the_one_device_solve():
     np.testing.assert_array_equal(f(ROUGH.data, b, part), f(ROUGH.data, b, None))
 
 
-@pytest.mark.slow
 def test_block_amg_pads_each_block_to_its_own_cycle(monkeypatch):
     # three blocks of 40 rows that coarsen differently (a 1-D Laplacian, a
     # 2-D one, a diagonal that does not coarsen at all), coupled: the padded,
