@@ -397,16 +397,23 @@ def setup(a, s: Structure, after=None):
     (XLA otherwise schedules both setups first: at 10^6 unknowns that held
     ~70 MB more). (Under `jax.vmap` the element is example 0's: it never
     batches the call.)"""
+    return host_setup(lambda d, dtype: _setup_one(s, d, dtype), s.layout(np.dtype(a.dtype)), a,
+                      after)
+
+
+def host_setup(build, layout, a, after=None):
+    """The host call that makes a hierarchy's arrays (`layout`, as
+    `Structure.layout` gives it) from the values `a` with `build(d, dtype)`,
+    one matrix's values `d` at a time (under `jax.vmap`, for each example,
+    stacked); `after` as in `setup`."""
     dtype = np.dtype(a.dtype)
-    layout = s.layout(dtype)
     args = (a,) if after is None or not jnp.size(after) else (a, _one_of(after))
 
     def host(d, *_):
         if d.ndim == 1:
-            return _setup_one(s, d, dtype)
+            return build(d, dtype)
         batch = d.shape[:-1]
-        rows = d.reshape((-1, d.shape[-1]))
-        built = [_setup_one(s, r, dtype) for r in rows]
+        built = [build(r, dtype) for r in d.reshape((-1, d.shape[-1]))]
         return tuple(np.stack([b[i] for b in built]).reshape(batch + shape)
                      for i, (shape, _) in enumerate(layout))
 
@@ -440,29 +447,37 @@ def vcycle(s: Structure, arrays, a, v, *, transpose: bool = False, pattern=None)
     """One V-cycle from zero for `op(A) x = v` (`op` the transpose if
     `transpose`): `x ~ op(A)^-1 v`. `a`: the finest level's values;
     `pattern`: its pattern (the one `s` was built from), if at hand."""
-    nl = len(s.levels)
+    levels = [(lv.n, lv.nc, _level_indices(lv, k, pattern)) for k, lv in enumerate(s.levels)]
+    return cycle(levels, arrays, a, v, _spmv, transpose=transpose)
+
+
+def cycle(levels, arrays, a, v, spmv, *, transpose: bool = False):
+    """The V-cycle of `vcycle` on levels given as `(n, nc, (rows, cols,
+    p_rows, p_cols))` each, their products `spmv(vals, rows, cols, n_out,
+    x, transpose)`; `arrays` as `Structure.layout` lays them out for
+    `len(levels)` smoothed levels."""
+    nl = len(levels)
     weights, ps, values = arrays[:nl], arrays[nl:2 * nl], arrays[2 * nl:3 * nl - 1]
     cinv = arrays[-1]
     mats = (a, *values)
 
-    def cycle(level, b):
+    def down(level, b):
         if level == nl:
             m = cinv.T if transpose else cinv
             return jnp.matmul(m, b, precision=jax.lax.Precision.HIGHEST)
-        lv = s.levels[level]
-        rows, cols, prow, pcol = _level_indices(lv, level, pattern)
+        n, nc, (rows, cols, prow, pcol) = levels[level]
         vals, w, p = mats[level], weights[level], ps[level]
 
         def mat(x):
-            return _spmv(vals, rows, cols, lv.n, x, transpose)
+            return spmv(vals, rows, cols, n, x, transpose)
 
         x = w * b  # pre-smoothing from zero
         r = b - mat(x)
-        xc = cycle(level + 1, _spmv(p, prow, pcol, lv.nc, r, transpose=True))
-        x = x + _spmv(p, prow, pcol, lv.n, xc)
+        xc = down(level + 1, spmv(p, prow, pcol, nc, r, True))
+        x = x + spmv(p, prow, pcol, n, xc, False)
         return x + w * (b - mat(x))  # post-smoothing
 
-    return cycle(0, v)
+    return down(0, v)
 
 
 class AMG(AbstractPreconditioner):

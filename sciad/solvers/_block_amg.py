@@ -34,11 +34,9 @@ import functools
 from dataclasses import dataclass
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from . import _amg
-from ._host import host_call
 
 
 @dataclass(frozen=True, eq=False)
@@ -177,19 +175,8 @@ def _setup_blocks(bs: BlockStructure, data: np.ndarray, dtype) -> tuple:
 def setup(a, bs: BlockStructure, after=None):
     """The stacked hierarchies of the matrix with values `a` (the whole
     data vector): one host call (see `_amg.setup` for `after`)."""
-    dtype = np.dtype(a.dtype)
-    layout = bs.layout(dtype)
-    args = (a,) if after is None or not jnp.size(after) else (a, _amg._one_of(after))
-
-    def host(d, *_):
-        if d.ndim == 1:
-            return _setup_blocks(bs, d, dtype)
-        batch = d.shape[:-1]
-        built = [_setup_blocks(bs, r, dtype) for r in d.reshape((-1, d.shape[-1]))]
-        return tuple(np.stack([b[i] for b in built]).reshape(batch + shape)
-                     for i, (shape, _) in enumerate(layout))
-
-    return host_call(host, tuple(jax.ShapeDtypeStruct(shape, dt) for shape, dt in layout), *args)
+    return _amg.host_setup(functools.partial(_setup_blocks, bs), bs.layout(np.dtype(a.dtype)), a,
+                           after)
 
 
 def block_values(bs: BlockStructure, a):
@@ -197,35 +184,16 @@ def block_values(bs: BlockStructure, a):
     return a[bs.positions] * bs.mask.astype(a.dtype)
 
 
+def _spmv(vals, rows, cols, n_out, x, transpose=False):
+    if transpose:
+        rows, cols = cols, rows
+    return jax.ops.segment_sum(vals * x[cols], rows, n_out)
+
+
 def vcycle(bs: BlockStructure, arrays, index, a0, v, *, transpose: bool = False):
-    """One block's V-cycle from zero for `op(A_dd) x = v`: `arrays` its
-    slices of `layout`'s arrays, `index` its slices of the level index
-    arrays (`bs.index`), `a0` its finest values, `v` its block (`m`,)."""
-    L = bs.levels
-    weights, ps, values = arrays[:L], arrays[L:2 * L], arrays[2 * L:3 * L - 1]
-    cinv = arrays[-1]
-    mats = (a0, *values)
-
-    def spmv(vals, rows, cols, n_out, x, t=False):
-        if t:
-            rows, cols = cols, rows
-        return jax.ops.segment_sum(vals * x[cols], rows, n_out)
-
-    def cycle(level, b):
-        if level == L:
-            m = cinv.T if transpose else cinv
-            return jnp.matmul(m, b, precision=jax.lax.Precision.HIGHEST)
-        n, nc, _, _ = bs.sizes[level]
-        rows, cols, prow, pcol = index[level]
-        vals, w, p = mats[level], weights[level], ps[level]
-
-        def mat(x):
-            return spmv(vals, rows, cols, n, x, transpose)
-
-        x = w * b
-        r = b - mat(x)
-        xc = cycle(level + 1, spmv(p, prow, pcol, nc, r, t=True))
-        x = x + spmv(p, prow, pcol, n, xc)
-        return x + w * (b - mat(x))
-
-    return cycle(0, v)
+    """One block's V-cycle from zero for `op(A_dd) x = v` (`_amg.cycle` on
+    the padded levels): `arrays` its slices of `layout`'s arrays, `index`
+    its slices of the level index arrays (`bs.index`), `a0` its finest
+    values, `v` its block (`m`,)."""
+    levels = [(n, nc, index[k]) for k, (n, nc, _, _) in enumerate(bs.sizes)]
+    return _amg.cycle(levels, arrays, a0, v, _spmv, transpose=transpose)
