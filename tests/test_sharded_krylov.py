@@ -23,7 +23,7 @@ import scipy.sparse as sp
 
 import sciad as sd
 import sciad.numpy as snp
-from sciad.errors import InvalidOptionError, ShapeError
+from sciad.errors import InvalidOptionError, ShapeError, SingularMatrixError
 
 N = 16                       # a 16 x 16 grid: 256 unknowns, 64 rows per device
 n = N * N
@@ -465,6 +465,15 @@ def test_trace_time_refusals():
                                     4, "rows")
     with pytest.raises(ShapeError, match="must be the RowPartition of the matrix's pattern"):
         sd.trace(lambda d, b: sd.linalg.solve(A(d), b, solver="cg", partition=other), d, b)
+    # a diagonal entry not stored: refused by both preconditioners that divide by it
+    off = sp.csr_matrix(np.roll(np.eye(n), 1, axis=1) + np.roll(np.eye(n), -1, axis=1))
+    off_pat = sd.sparse.from_scipy(off).type.pattern
+    off_part = sd.sparse.row_partition(off_pat, 4, "rows")
+    for pre in ("jacobi", "block_amg"):
+        with pytest.raises(SingularMatrixError, match="needs every diagonal entry stored"):
+            sd.trace(lambda d, b: sd.linalg.solve(
+                sd.sparse.csr_matrix((d, off_pat.indices, off_pat.indptr), shape=(n, n)), b,
+                solver="gmres", preconditioner=pre, partition=off_part), off.data, b)
     # "auto" with a partition: a Krylov solver (cg for an spd matrix)
     g = sd.trace(lambda d, b: sd.linalg.solve(A(d), b, assume="spd", partition=part), d, b)
     (node,) = [nd for nd in g.nodes if nd.primitive.name == "linalg.solve"]

@@ -631,9 +631,11 @@ def _check_sharded(record, pattern, partition, preconditioner) -> None:
         raise InvalidOptionError(
             f"a sharded solve is preconditioned per device: `preconditioner` is one of "
             f"{SHARDED_PRECONDITIONERS}, got {preconditioner!r}.", op=op)
-    if preconditioner is not None and np.any(pattern.diagonal_positions() < 0):
-        raise SingularMatrixError(f"the {preconditioner!r} preconditioner needs every "
-                                  "diagonal entry stored; the matrix lacks some.", op=op)
+    # ("jacobi" is its record's, checked with the other preconditioners')
+    if preconditioner == "block_amg" and np.any(pattern.diagonal_positions() < 0):
+        raise SingularMatrixError("the 'block_amg' preconditioner smooths with the diagonal, so "
+                                  "it needs every diagonal entry stored; the matrix lacks some.",
+                                  op=op)
 
 
 #: the preconditioners a sharded solve takes (each applied on its device's
@@ -823,6 +825,7 @@ def _factor_shape(a, *, solver, pattern=None, assume=None, throw=True, uses=None
 @linalg_factor_p.def_impl
 def _factor_impl(a, *, solver, pattern=None, assume=None, throw=True, uses=None, alone=False,
                  site=None):
+    # (alone: no numeric factor, so none to hand out of a map as an output)
     return _make_factor(a, solver=solver, pattern=pattern, assume=assume, throw=throw,
                         uses=uses, site=site or Site("linalg.factor"), output=not alone)
 
