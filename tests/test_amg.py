@@ -211,7 +211,7 @@ def test_host_heap_release_is_found_on_glibc():
 
     if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
         pytest.skip("malloc_trim is glibc's")
-    assert _host._malloc_trim is not None
+    assert _host._malloc_trim() is not None
     _host.release_host_heap()
 
 

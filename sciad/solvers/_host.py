@@ -42,6 +42,7 @@ results a program reads.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import jax
@@ -248,21 +249,22 @@ def host_call(fn: Callable, results: Sequence[jax.ShapeDtypeStruct], *args,
 # the host heap
 
 
-def _load_malloc_trim():
-    """glibc's `malloc_trim`, or None (another C library, another system)."""
+@functools.lru_cache(maxsize=None)
+def _malloc_trim():
+    """glibc's `malloc_trim`, or None (another C library, another system);
+    looked up on first use, not when sciad is imported."""
     import ctypes
     import ctypes.util
 
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError, TypeError):
-        return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
-
-
-_malloc_trim = _load_malloc_trim()
+    for name in ("libc.so.6", None):
+        name = name or ctypes.util.find_library("c")  # (only where the usual name fails)
+        try:
+            trim = ctypes.CDLL(name).malloc_trim
+        except (OSError, AttributeError, TypeError):
+            continue
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+        return trim
+    return None
 
 
 def release_host_heap() -> None:
@@ -276,5 +278,6 @@ def release_host_heap() -> None:
     are kept. Each new set of values then grows the process, by up to
     ~200 MB a call at 10^6 unknowns (measured). Trimming after such a
     setup costs a few milliseconds."""
-    if _malloc_trim is not None:
-        _malloc_trim(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
