@@ -102,14 +102,15 @@ def run_documented(code: str, namespace: dict, where: str = "snippet") -> str:
     return out.getvalue()
 
 
-def assert_vmap_of_sparse_solves(solver: str, M, rng) -> None:
+def assert_vmap_of_sparse_solves(solver: str, M, rng, tags=frozenset()) -> None:
     """`sd.vmap` of a sparse solver's gradient over matrices on one pattern
-    and right-hand sides (`M` a sorted CSR matrix), and over right-hand
-    sides with one shared matrix, against dense solves."""
+    and right-hand sides (`M` a sorted CSR matrix, `tags` its structure
+    tags), and over right-hand sides with one shared matrix, against dense
+    solves."""
     import sciad.numpy as snp
 
     def csr(d):
-        return sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape)
+        return sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape, tags=tags)
 
     def loss(d, b):
         return snp.sum(sd.linalg.solve(csr(d), b, solver=solver) ** 2)

@@ -21,6 +21,7 @@ from ._anderson import Anderson
 from ._bicgstab import BiCGStab
 from ._cg import CG
 from ._cholesky import Cholesky
+from ._cholmod import Cholmod
 from ._cudss import CuDSS
 from ._chord import Chord
 from ._gmres import GMRES
@@ -42,6 +43,7 @@ from ._spsolve import SpSolve
 register(LU())
 register(Cholesky())
 register(SuperLU())
+register(Cholmod())
 register(SpSolve())
 register(KLU())
 register(CuDSS())

@@ -88,15 +88,18 @@ class _Factored:
         return cls.make_many(pattern, [data])[0]
 
     @classmethod
-    def make_many(cls, pattern, rows) -> list["_Factored"]:
+    def make_many(cls, pattern, rows, factorize: Callable | None = None) -> list["_Factored"]:
         """Factors each of `rows` (the values of matrices on `pattern`), spread
         over the SuperLU threads: SuperLU releases the GIL, so a batch's
-        factorizations (and those of devices calling at once) run in parallel."""
+        factorizations (and those of devices calling at once) run in parallel.
+        `factorize(pattern, d)`: another factorization than SuperLU's
+        (`_factor_one`), an object with `solve(b, trans)` and `nnz` (None
+        where it breaks down)."""
         jobs = []
         with one_blas_thread():  # (the threads here, not BLAS's, use the cores)
             for d in rows:
                 w = next(_next_worker) % len(_workers)
-                jobs.append((d, w, _workers[w].submit(_factor_one, pattern, d)
+                jobs.append((d, w, _workers[w].submit(factorize or _factor_one, pattern, d)
                              if np.isfinite(d).all() else None))
             return [cls(pattern, d, None if job is None else job.result(), w)
                     for d, w, job in jobs]
@@ -452,9 +455,14 @@ def _rcond_here(pattern, d: np.ndarray, lu, anorm: float) -> float:
 
 
 def factor(pattern, data, *, uses: int | None = None,
-           assume: str | None = None, report: Callable | None = None):
+           assume: str | None = None, report: Callable | None = None,
+           factorize: Callable | None = None):
     """The SuperLU factor of the sparse matrix with `pattern` and values `data`
-    (leading batch axes allowed), as a tuple of arrays: `(handles,)`.
+    (leading batch axes allowed), as a tuple of arrays: `(handles,)`; with
+    `factorize` (see `_Factored.make_many`), that factorization instead
+    (CHOLMOD's, `sciad.solvers._cholmod`). A factor the store let go before
+    its last solve is made again by SuperLU (`_Store.get_or_make`): the
+    same solution, at SuperLU's cost.
 
     On the host: `report(nonfinite=, asymmetry=, min_diagonal=, singular=)`
     (arrays over the batch; `asymmetry` is `max |A - A^T| / max |A|` when
@@ -481,7 +489,7 @@ def factor(pattern, data, *, uses: int | None = None,
             pos = pattern.diagonal_positions()
             diag = np.where(pos >= 0, np.real(flat[:, np.maximum(pos, 0)]), 0.0)
             dmin = diag.min(axis=1, initial=np.inf)
-        made = _Factored.make_many(pattern, flat)
+        made = _Factored.make_many(pattern, flat, factorize)
         singular = np.array([f.lu is None and not bad for f, bad in zip(made, nonfinite)])
         handles = np.array([_store.new_handle() for _ in range(k)], np.int32)
         try:
