@@ -42,6 +42,11 @@ one right-hand side (the example's first source `f`):
   CG, on lineax too, takes half of each tolerance for the same guarantee);
   its preconditioner is held constant (`stop_gradient`: lineax cannot
   differentiate its `options`).
+- `cholmod`: SciPy's hand adjoint with CHOLMOD's Cholesky (cvxopt's) for
+  splu: the symbolic analysis once, outside the timed calls; the numeric
+  factorization and the solves each call (the adjoint solve is the forward
+  one: the matrix is symmetric). What sciad's `"cholmod"` (auto's choice
+  here, with cvxopt installed) runs, written by hand.
 - `klujax`: `klujax.solve(rows, cols, vals, f)`, `jax.grad`, jitted; the index
   arrays are jit arguments (not constants baked into the program).
 - `jax-dense`: `jnp.linalg.solve` on the densified matrix, `jax.grad`, jitted;
@@ -143,6 +148,7 @@ METHODS = {
     "jax-cg": ("jax.scipy cg + jax.grad", "cg", 256),
     "lineax-cg": ("lineax CG + jax.grad", "cg", 256),
     "klujax": ("klujax.solve + jax.grad", "direct", None),
+    "cholmod": ("CHOLMOD (cvxopt) + hand adjoint", "direct", None),
     "jax-dense": ("jnp.linalg.solve (dense) + jax.grad", "direct", 64),
     "unrolled-cg": ("unrolled CG + jax.grad", "unrolled", 256),
 }
@@ -437,6 +443,53 @@ def build_scipy(inp):
     return fwd, grad, (m,), solution, extra
 
 
+def build_cholmod(inp):
+    """SciPy's hand adjoint with CHOLMOD's Cholesky (cvxopt's) in place of
+    splu: the symbolic analysis once (outside the timed calls, as a user
+    keeps it), the numeric factorization each call; the adjoint solve is the
+    forward one (the matrix is symmetric)."""
+    import cvxopt
+    import cvxopt.cholmod as chm
+    import numpy as np
+
+    n, h, rows, cols, f, d = (inp[k] for k in ("n", "h", "rows", "cols", "f", "d"))
+    N = n * n
+    low = np.flatnonzero(cols <= rows)
+    low = low[np.lexsort((rows[low], cols[low]))]
+    A = cvxopt.spmatrix(cvxopt.matrix(np.ones(low.size)), cvxopt.matrix(rows[low].astype(np.int64)),
+                        cvxopt.matrix(cols[low].astype(np.int64)), (N, N))
+    F = chm.symbolic(A, uplo="L")
+
+    def factor(m):
+        vals, k = entries_np(n, h, m)
+        A.V = cvxopt.matrix(vals[low])
+        chm.numeric(A, F)
+        return k
+
+    def solve(b):
+        x = cvxopt.matrix(b)
+        chm.solve(F, x)
+        return np.asarray(x).ravel()
+
+    def fwd(m):
+        factor(m)
+        r = solve(f) - d
+        return 0.5 * float(np.sum(r * r))
+
+    def grad(m):
+        k = factor(m)
+        u = solve(f)
+        r = u - d
+        lam = solve(r)
+        return 0.5 * float(np.sum(r * r)), entries_np_vjp(n, h, k, -lam[rows] * u[cols])
+
+    def solution(m):
+        factor(m)
+        return solve(f)
+
+    return fwd, grad, (inp["m"],), solution, {}
+
+
 def build_sciad(inp, solver: str):
     import jax
     import numpy as np
@@ -664,6 +717,8 @@ def prepare_child(method: str, n: int, workdir: str):
         fwd, grad, args, extra = build_sciad_steps(inp)
     elif method == "scipy":
         fwd, grad, args, solution, extra = build_scipy(inp)
+    elif method == "cholmod":
+        fwd, grad, args, solution, extra = build_cholmod(inp)
     elif method.startswith("sciad-"):
         fwd, grad, args, solution, extra = build_sciad(inp, method.split("-", 1)[1])
     else:
@@ -742,7 +797,7 @@ def run_parts(n: int, workdir: str, budget: float, rmin: int, rmax: int,
 
     import sciad as sd
     import sciad.numpy as snp
-    from sciad.solvers import _host, _sparse_direct
+    from sciad.solvers import _cholmod, _host, _sparse_direct
 
     inp = dict(np.load(os.path.join(workdir, f"inputs_{n}.npz")))
     ex = load_example()
@@ -759,6 +814,7 @@ def run_parts(n: int, workdir: str, budget: float, rmin: int, rmax: int,
     # one checked solve (triangular solves, residual, backward error)
     host = {"factor": [], "solve": []}
     orig_factor, orig_solve = _sparse_direct._factor_one, _sparse_direct._solve_checked
+    orig_cholmod = _cholmod.factorize
 
     def timed(key, fn):
         def wrapped(*a, **k):
@@ -769,6 +825,7 @@ def run_parts(n: int, workdir: str, budget: float, rmin: int, rmax: int,
         return wrapped
 
     _sparse_direct._factor_one = timed("factor", orig_factor)
+    _cholmod.factorize = timed("factor", orig_cholmod)
     _sparse_direct._solve_checked = timed("solve", orig_solve)
     try:
         fwd, grad = sd.function(J), sd.function(sd.value_and_grad(J))
@@ -777,6 +834,7 @@ def run_parts(n: int, workdir: str, budget: float, rmin: int, rmax: int,
         t = _alternate({"fwd": fwd, "grad": grad}, args, budget, rmin, rmax, fixed)
     finally:
         _sparse_direct._factor_one, _sparse_direct._solve_checked = orig_factor, orig_solve
+        _cholmod.factorize = orig_cholmod
     out.update(fwd=_stats_ms(t["fwd"]), grad=_stats_ms(t["grad"]))
     out["factorizations"] = len(host["factor"])  # timed and warm-up calls
     out["host_factor_ms"] = statistics.median(host["factor"]) * 1e3
@@ -1228,8 +1286,9 @@ def render(data: dict, machine: dict, argv: str) -> str:
             "", "## Where the time goes", "",
             "sciad direct, from `sciad-parts` (its own process per N; medians, ms): the "
             "forward and gradient calls; inside them, the time spent in sciad's host "
-            "factorization (SuperLU of the CSC view of the static pattern, on sciad's "
-            "SuperLU thread) and in one host solve with its checks (triangular solves, "
+            "factorization (CHOLMOD's Cholesky for this spd matrix where cvxopt is installed, "
+            "else SuperLU of the CSC view of the static pattern; on sciad's host factorization "
+            "thread) and in one host solve with its checks (triangular solves, "
             "residual, backward error); SuperLU and one plain triangular solve on the same "
             "arrays, called on the main thread; the rest of a call (the XLA program, the host "
             "call transfers) = call - host time (forward: one factorization and one solve; "

@@ -138,6 +138,14 @@ def test_auto_picks_cholmod_for_large_spd_matrices(monkeypatch):
 
     assert pick({"spd"}) == "cholmod"
     assert pick(set()) != "cholmod"
+    # (KLU, with no host round trip, below OVER_KLU unknowns and on banded matrices)
+    small = sd.sparse.from_scipy(sp.diags([-1.0, 4.0, -1.0, 1.0], [-1, 0, 1, 5],
+                                          shape=(100, 100))).pattern
+    assert choose(matrix="sparse", tags=frozenset({"spd"}), dtype=np.dtype(np.float64),
+                  pattern=small).name == "klu"
+    tri = sd.sparse.from_scipy(sp.diags([-1.0, 4.0, -1.0], [-1, 0, 1], shape=(n, n))).pattern
+    assert choose(matrix="sparse", tags=frozenset({"spd"}), dtype=np.dtype(np.float64),
+                  pattern=tri).name == "klu"
     assert pick({"spd"}, np.complex128) != "cholmod"
     monkeypatch.setattr(_cholmod, "available", lambda: False)
     assert pick({"spd"}) != "cholmod"

@@ -17,14 +17,16 @@ against SuperLU in the symmetric mode sciad runs it in:
 
 The symbolic analysis (ordering, supernodes: 27 ms at N = 256) is made once
 per pattern and reused: CHOLMOD factors new values into an analyzed factor
-object, so each pattern keeps up to `SPARE_FACTORS` of them that no live
-factor holds (`_spares`), and a factorization takes one before it analyzes
-again. A matrix that is not positive definite makes the factorization break
+object, so each of the last `MAX_PATTERNS` patterns keeps up to
+`SPARE_FACTORS` of them that no live factor holds, and a factorization takes
+one before it analyzes again. A spare holds the memory of the last numeric
+factor made in it (40 MB at N = 256) between calls: the price of not
+analyzing again (cvxopt has no call that frees the numeric part alone). A matrix that is not positive definite makes the factorization break
 down: `NotPositiveDefiniteError`, as the dense `"cholesky"` says it.
 
-"auto" picks it for a real sparse matrix tagged (or assumed) spd where it
-picks SuperLU otherwise (above KLU's sizes on the CPU, and on every platform
-where KLU does not run), when cvxopt is installed.
+"auto" picks it for a real sparse matrix tagged (or assumed) spd, when
+cvxopt is installed: from `OVER_KLU` unknowns (with more than 3 entries a
+row) on the CPU, and at every size where KLU does not run.
 """
 
 from __future__ import annotations
@@ -38,10 +40,18 @@ from ..errors import InvalidOptionError, NotPositiveDefiniteError, StructureErro
 from . import _sparse_direct
 from ._linear import AbstractDirectSolver
 
-#: analyzed factor objects kept per pattern for later factorizations
-SPARE_FACTORS = 2
+#: the fewest unknowns for which "auto" prefers it to KLU (a matrix with more
+#: than 3 entries a row; KLU's compiled path has no host round trip, which
+#: wins on small matrices): on the flagship's 2-D matrices, the gradient
+#: (`bench/inverse_poisson.py --direct-solver`) at 1,024 unknowns took
+#: 1.42 ms against KLU's 1.05, at 4,096 4.47 ms against 8.33
+OVER_KLU = 2_500
+
+#: analyzed factor objects kept per pattern for later factorizations (each
+#: holds its last numeric factor's memory too: cvxopt cannot free it alone)
+SPARE_FACTORS = 1
 #: patterns whose analyses are kept (the least recently factored dropped)
-MAX_PATTERNS = 16
+MAX_PATTERNS = 8
 
 
 def available() -> bool:
@@ -179,6 +189,13 @@ class Cholmod(AbstractDirectSolver):
                 or not available():
             return None
         return 1.5  # (above splu's 1.0, below klu's 2.0 where klu is measured faster)
+
+    def preference_for(self, pattern, *, matrix, tags, dtype):
+        s = self.preference(matrix=matrix, tags=tags, dtype=dtype)
+        if s is not None and pattern is not None and pattern.shape[0] >= OVER_KLU \
+                and pattern.nnz > 3 * pattern.shape[0]:
+            return 2.5  # (above klu's 2.0: measured faster there)
+        return s
 
     def rejects(self, *, matrix, dtype, tags, shown=""):
         why = super().rejects(matrix=matrix, dtype=dtype, tags=tags, shown=shown)
