@@ -59,7 +59,7 @@ def _frozen(a) -> bool:
 class IndexMap:
     """A static, read-only int64 index array used as a param (hashable by content)."""
 
-    __slots__ = ("array", "_key", "_padded", "__weakref__")
+    __slots__ = ("array", "_key", "_padded", "_inverse", "__weakref__")
 
     def __init__(self, array):
         a = np.asarray(array, dtype=np.int64).ravel()
@@ -69,6 +69,7 @@ class IndexMap:
         self.array = a
         self._key = hashlib.blake2b(a.tobytes(), digest_size=8).hexdigest()
         self._padded: dict[int, np.ndarray] = {}
+        self._inverse: dict[int, np.ndarray | None] = {}
 
     def __len__(self) -> int:
         return int(self.array.size)
@@ -96,6 +97,20 @@ class IndexMap:
         """`padded(size)` as an int32 `(k, 1)` device array, made once (the
         one constant of this map in a program: see `sciad.solvers._indices`)."""
         return cached_index(self, f"padded{size}", lambda: self.padded(size))
+
+    def inverse(self, size: int) -> np.ndarray | None:
+        """Where the map is a permutation of `range(size)` (each of `size`
+        entries receives exactly one value), its inverse: `out[inverse] ==
+        x` for `out[index] = x`; else None."""
+        if size not in self._inverse:
+            a, inv = self.array, None
+            if a.size == size and (size == 0 or a.min() >= 0):
+                inv = np.full(size, -1, np.int64)
+                inv[a] = np.arange(size)
+                if (inv < 0).any():
+                    inv = None
+            self._inverse[size] = inv
+        return self._inverse[size]
 
 
 def _encode_index(m: IndexMap):
@@ -177,6 +192,12 @@ def _assemble_impl(x, *, pattern, index=None, tags=frozenset()):
     if index is None:
         return x
     nnz = pattern.nnz
+    inverse = index.inverse(nnz)
+    if inverse is not None:
+        # (each entry receives one value: a gather, not XLA's scatter, which
+        # on the CPU under vmap was 15x slower: 17 against 1.2 ms for 256
+        # matrices of 4,992 entries)
+        return take(x, cached_index(index, f"inverse{nnz}", lambda: inverse))
     return segment_sum(x, index.device(nnz), nnz, drop=True)
 
 

@@ -131,10 +131,13 @@ class _Factor:
         return np.asarray(x).reshape(b.shape).astype(b.dtype, copy=False)
 
     def __del__(self):
-        spares = self.prepared.spares
-        with self.prepared.lock:
-            if len(spares) < SPARE_FACTORS:
-                spares.append(self.factor)
+        try:
+            spares = self.prepared.spares
+            with self.prepared.lock:
+                if len(spares) < SPARE_FACTORS:
+                    spares.append(self.factor)
+        except Exception:  # (at interpreter exit: the module's globals may be gone)
+            pass
 
 
 def factorize(pattern, d: np.ndarray):
