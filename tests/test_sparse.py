@@ -245,3 +245,47 @@ def test_from_coo_sorts_the_same_coordinates_once():
     A = sd.sparse.coo_matrix((np.arange(5.0), (row, col)), shape=(3, 3))
     np.testing.assert_array_equal(np.asarray(A.todense()),
                                   sp.coo_matrix((np.arange(5.0), (row, col)), (3, 3)).toarray())
+
+
+def test_a_batch_assembles_by_gather_or_scatter_alike(rng):
+    """An assembly whose entries each receive one value is a gather (with a
+    batch-major batch rule, `take_static`); one that sums duplicates stays a
+    scatter. Both equal SciPy's, one example and a vmapped batch."""
+    from sciad.primitives._sparse import IndexMap
+
+    n = 6
+    perm = rng.permutation(n * n)
+    rows, cols = perm // n, perm % n  # every entry once, shuffled
+    dup_rows = np.concatenate([rows, rows[:5]])
+    dup_cols = np.concatenate([cols, cols[:5]])
+    for r, c in ((rows, cols), (dup_rows, dup_cols)):
+        vals = rng.standard_normal((3, r.size))
+
+        def data(v, r=r, c=c):
+            return sd.sparse.data(sd.sparse.coo_matrix((v, (r, c)), shape=(n, n)))
+
+        want = [sp.csr_array(sp.coo_array((v, (r, c)), shape=(n, n))).toarray()
+                for v in vals]
+        got = np.asarray(sd.function(sd.vmap(data))(vals))
+        one = np.asarray(sd.function(data)(vals[0]))
+        for k in range(3):  # (the pattern is full: its values are the dense matrix)
+            np.testing.assert_allclose(got[k].reshape(n, n), want[k], rtol=1e-14)
+        np.testing.assert_allclose(one.reshape(n, n), want[0], rtol=1e-14)
+        hlo = jax.jit(jax.vmap(sd.to_jax(data))).lower(vals).as_text()
+        assert ("scatter" in hlo) == (r.size > n * n)
+    m = IndexMap(np.array([2, 0, 1]))
+    np.testing.assert_array_equal(m.inverse(3), [1, 2, 0])
+    assert IndexMap(np.array([0, 0, 1])).inverse(3) is None
+    assert IndexMap(np.array([0, -1, 1])).inverse(3) is None
+    assert m.inverse(4) is None
+
+
+def test_take_static_under_nested_vmaps(rng):
+    from sciad.solvers._indices import index_array, take_static
+
+    idx = index_array(np.array([3, 1, 1, 0]))
+    x = jnp.asarray(rng.standard_normal((2, 3, 5, 4)))  # (batch, batch, rows, cols)
+    got = jax.jit(jax.vmap(jax.vmap(lambda v: take_static(v, idx))))(x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(x)[:, :, [3, 1, 1, 0]])
+    both = jax.vmap(take_static)(x[0], jnp.stack([idx, idx, idx]))  # (batched indices)
+    np.testing.assert_array_equal(np.asarray(both), np.asarray(x[0])[:, [3, 1, 1, 0]])

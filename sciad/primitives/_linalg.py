@@ -75,7 +75,7 @@ from ..graph._types import FactorType, Pattern, holds_tuple, register_factor_lay
 from ..solvers import _sparse_direct
 from ..solvers._host import host_call
 from ..solvers._indices import (pattern_cols, pattern_diagonal, pattern_rows,
-                                pattern_transpose, segment_sum, take)
+                                pattern_transpose, segment_sum, take, take_static)
 from ..solvers._linear import names_for, resolve
 from ..solvers._measures import ratio
 from ..solvers._registry import lookup, records
@@ -164,7 +164,7 @@ def _matvec(a, pattern: Pattern | None, transpose: bool, product=None):
 
 def _asymmetry(a, pattern):
     """`max |A - A^T| / max |A|` (0 for a zero matrix)."""
-    at = take(a, pattern_transpose(pattern)) if pattern is not None else a.T
+    at = take_static(a, pattern_transpose(pattern)) if pattern is not None else a.T
     scale = jnp.max(jnp.abs(a), initial=0.0)
     return jnp.max(jnp.abs(a - at), initial=0.0) / jnp.where(scale > 0, scale, 1.0)
 
@@ -175,7 +175,7 @@ def _min_diagonal(a, pattern):
     if pattern is None:
         return jnp.min(jnp.real(jnp.diagonal(a)), initial=jnp.inf)
     stored = pattern.diagonal_positions() >= 0
-    d = jnp.real(take(a, pattern_diagonal(pattern)))
+    d = jnp.real(take_static(a, pattern_diagonal(pattern)))
     d = d if stored.all() else jnp.where(stored, d, 0.0)
     return jnp.min(d, initial=jnp.inf)
 

@@ -38,7 +38,7 @@ from ..graph._serialize import _decode_array, _encode_array
 from ..graph._sparsity import Deps, by_ids, contraction, empty, select_rows, union, value_shape
 from ..graph._types import Pattern
 from ..solvers._indices import (cached_index, pattern_cols, pattern_matmul, pattern_rows,
-                                pattern_transpose, segment_sum, take)
+                                pattern_transpose, segment_sum, take, take_static)
 from ._contract import _multilinear_jvp
 from ._map import columns_rule, map_rule
 from ._shape import _linear_jvp
@@ -197,7 +197,7 @@ def _assemble_impl(x, *, pattern, index=None, tags=frozenset()):
         # (each entry receives one value: a gather, not XLA's scatter, which
         # on the CPU under vmap was 15x slower: 17 against 1.2 ms for 256
         # matrices of 4,992 entries)
-        return take(x, cached_index(index, f"inverse{nnz}", lambda: inverse))
+        return take_static(x, cached_index(index, f"inverse{nnz}", lambda: inverse))
     return segment_sum(x, index.device(nnz), nnz, drop=True)
 
 

@@ -22,6 +22,7 @@ executable as arguments instead of being embedded.)
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from typing import Callable
@@ -30,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_batching import custom_vmap
 
 _cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
@@ -79,6 +81,38 @@ def take(x, idx, *, sorted_indices: bool = False):
                                        collapsed_slice_dims=(0,), start_index_map=(0,))
     return lax.gather(x, idx, dnums, (1,) + tuple(x.shape[1:]),
                       indices_are_sorted=sorted_indices, mode=_PROMISE)
+
+
+@functools.lru_cache(maxsize=None)
+def _take_fn(k: int):
+    @custom_vmap
+    def f(x, idx):  # x: (n, ...), idx: (k, 1) -> x[idx[:, 0]]
+        return take(x, idx)
+
+    @f.def_vmap
+    def _rule(axis_size, in_batched, x, idx):
+        # a batch gathered batch-major, one element each: JAX's own rule
+        # gathers (batch, 1) windows, in a layout XLA:CPU transposes around
+        # every consumer (measured: 23 against 13 ms for 256 matrices of
+        # 4,992 entries assembled and read by two products)
+        if in_batched[1]:  # (per-example indices: not made here, kept general)
+            xb = x if in_batched[0] else jnp.broadcast_to(x, (axis_size,) + x.shape)
+            return jax.vmap(take)(xb, idx), True
+        if not in_batched[0]:
+            return f(x, idx), False
+        i = idx[:, 0].reshape((1, k) + (1,) * (x.ndim - 2))
+        return jnp.take_along_axis(x, jnp.broadcast_to(i, (x.shape[0], k) + x.shape[2:]),
+                                   axis=1, mode="promise_in_bounds"), True
+
+    return f
+
+
+def take_static(x, idx):
+    """`take(x, idx)` for a static index array (a cached one), whose batch
+    rule keeps a batch batch-major (see `_take_fn`): what a batch of sparse
+    matrices' values read (an assembly's permutation, a transpose's, the
+    diagonal)."""
+    return _take_fn(int(idx.shape[0]))(x, idx)
 
 
 def segment_sum(data, idx, n: int, *, sorted_indices: bool = False, drop: bool = False):
