@@ -353,6 +353,34 @@ def test_a_singular_matrix_raises(rng):
                                rtol=1e-10)
 
 
+def test_a_failed_check_releases_the_factors_of_its_program():
+    """A check that raises stops the program before its frees: the check
+    releases the run's factors from the host, and the frees wait for every
+    check, so none runs twice (a double free would crash here). Measured
+    before: 91 MB over 40 failed calls at n = 20,000; after: 4 MB."""
+    n = 20_000
+    k = np.random.default_rng(1).uniform(0.5, 2.0, n - 1)
+    # a Neumann Laplacian with random coefficients: no zero pivot, singular
+    # to working precision (the backward error check fails, on the host)
+    L = sp.csr_array(sp.diags([-k, np.r_[k, 0.0] + np.r_[0.0, k], -k], [-1, 0, 1]))
+    L.sort_indices()
+    b = np.random.default_rng(2).standard_normal(n)
+    g = sd.function(sd.grad(lambda d, b: _loss(d, b, L), argnums=(0, 1)))
+
+    def fails(m):
+        for _ in range(m):
+            with pytest.raises(SingularMatrixError, match="working precision"):
+                jax.block_until_ready(g(L.data, b))
+        gc.collect()
+        return _rss_mib()
+
+    first = fails(5)
+    assert fails(30) - first < 20  # (a factor is ~2.3 MB: 69 MB if each leaked)
+    # the program still runs, and frees its factors, on a good matrix
+    good = L.data + np.where(L.indices == np.repeat(np.arange(n), np.diff(L.indptr)), 1.0, 0.0)
+    jax.block_until_ready(g(good, b))
+
+
 @pytest.mark.parametrize("where", ["matrix", "rhs"])
 def test_nan_input_raises(rng, where):
     M = _general_csr(rng, 8)

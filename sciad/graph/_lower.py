@@ -9,12 +9,14 @@ implementation whose result disagrees with the node's type is an error too
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 
@@ -69,7 +71,8 @@ class _Scope:
     """One lowering run: the graph, the node being lowered, and the
     finalizers registered for the end of the run (`at_end`)."""
 
-    __slots__ = ("graph", "node", "finalizers", "outputs", "offer", "handed", "takes", "made")
+    __slots__ = ("graph", "node", "finalizers", "outputs", "offer", "handed", "takes", "made",
+                 "checks", "state", "ordering")
 
     def __init__(self, graph: Graph):
         self.graph = graph
@@ -78,6 +81,12 @@ class _Scope:
         # (`made_in_run` / `in_flight`: what the run made and frees at its end,
         # with a host release for a failed run)
         self.made: list = []
+        # (`note_check`: the checks the releases at the end wait for; `state`:
+        # JAX's trace at the run's level, to tell a check made there from one
+        # in a node's own control flow; `ordering`: see `ordered_checks`)
+        self.checks: list = []
+        self.state = _trace_state()
+        self.ordering = 0
         self.outputs: set | None = None
         # (`offer_body_outputs` / `hand_out`: a body's outputs whose release
         # the node lowering it takes over, and what the body handed it)
@@ -114,9 +123,10 @@ def made_in_run(value, release_now: Callable[[Any], None]) -> None:
     current run and freed at its end, with `release_now(host_value)`, which
     frees it from the host: a host check that fails while the run is in
     flight calls it before it raises (the raise stops the program, so the
-    release at the end never runs; see `in_flight`). `release_now` must be
-    safe where the handles were released already: nothing orders such a
-    check before the release at the end."""
+    release at the end never runs; see `in_flight`). A check calls it only
+    where it is ordered before the release at the end (`checks_ordered`),
+    unless `release_now.idempotent` says that a second release of the same
+    handles does no harm (cuDSS's handles carry a generation)."""
     stack = _stack()
     if stack:
         stack[-1].made.append((value, release_now))
@@ -129,6 +139,54 @@ def in_flight() -> list:
     body's check does not see its caller's)."""
     stack = _stack()
     return list(stack[-1].made) if stack else []
+
+
+def _trace_state():
+    return jax.extend.core.get_opaque_trace_state(convention="flax")
+
+
+def note_check(value) -> None:
+    """Orders every release at the end of the current run (`at_end`) after
+    `value`, a check's token (or a value its check is tied into): made at the
+    run's own level (`at_run_level`). A check that raises stops the program
+    before anything that reads its result runs (XLA runs no thunk downstream
+    of a failed one), so a release its host function made (`in_flight`)
+    never meets the release at the end."""
+    stack = _stack()
+    if stack:
+        stack[-1].checks.append(value)
+
+
+def at_run_level() -> bool:
+    """Whether JAX traces at the current run's own level now (not inside a
+    node's own `lax.cond` or loop, whose values cannot leave it)."""
+    stack = _stack()
+    return bool(stack) and _trace_state() == stack[-1].state
+
+
+def checks_ordered() -> bool:
+    """Whether a check made now is ordered before the run's releases at its
+    end: made at the run's level (it notes its token itself), or inside
+    `ordered_checks` (its caller notes the result)."""
+    stack = _stack()
+    return bool(stack) and (stack[-1].ordering > 0 or at_run_level())
+
+
+@contextlib.contextmanager
+def ordered_checks():
+    """Checks made inside (in a node's own control flow: a `lax.cond` that
+    calls the host only where a measure fails) are ordered before the run's
+    releases by the caller, which passes the control flow's result to
+    `note_check`."""
+    stack = _stack()
+    if not stack:
+        yield
+        return
+    stack[-1].ordering += 1
+    try:
+        yield
+    finally:
+        stack[-1].ordering -= 1
 
 
 def node_escapes() -> bool:
@@ -207,8 +265,11 @@ class LowerInterpreter(Interpreter):
         stack.append(scope)
         try:
             outs = super().run(*args)
+            # (the releases wait for the outputs and for every check of the
+            # run: a failed check's host function has released what it saw)
+            after = list(outs) + scope.checks
             for fn in scope.finalizers:
-                fn(outs)
+                fn(after)
         finally:
             stack.pop()
         return outs

@@ -66,7 +66,7 @@ from ..graph import (Body, Factored, Param, Primitive, Site, SparseType, TensorT
 from ..graph._autodiff import needs_ct, type_of
 from ..graph._body import trace_body
 from ..graph._cost import Cost, _si, nbytes, size, sparse_lu_fill
-from ..graph._lower import at_end, hand_out, made_in_run, node_escapes
+from ..graph._lower import at_end, hand_out, made_in_run, node_escapes, note_check, ordered_checks
 from ..graph._params import shown_params
 from ..graph._serialize import graph_param_v1, register_v1_migration
 from ..graph._sparsity import along, dense, empty, union
@@ -294,9 +294,11 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site, output: bool 
                 tok = check(judge, site, dtype=dtype, tags=tags, **measures)
             else:  # (under vmap: one host call for the batch, only where one fails)
                 names = list(measures)
-                tok = _where_any(when, lambda *m: check(judge, site, dtype=dtype, tags=tags,
-                                                        **dict(zip(names, m))),
-                                 lambda *m: jnp.zeros((), jnp.int32), *measures.values())
+                with ordered_checks():  # (noted below)
+                    tok = _where_any(when, lambda *m: check(judge, site, dtype=dtype, tags=tags,
+                                                            **dict(zip(names, m))),
+                                     lambda *m: jnp.zeros((), jnp.int32), *measures.values())
+                note_check(tok)
             a = tie(a, tok)
         if not record.frees_factor:
             return tuple(record.factor(a, pattern=pattern))
@@ -404,12 +406,15 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
         # the program quintupled the compile time of every checked solve.)
         need = _checks_on() | ~(rel <= np.sqrt(eps)) | ~(eta <= tau) | nonfinite
         report = functools.partial(judge_solve, site, dtype=dtype, n=n)
-        return _where_any(
-            need, lambda a, b, x: _sparse_direct.repair(
-                pattern, a, b, x, transpose, refine_above=tau,
-                estimate="always" if _checks_on() else "on_residual", report=report,
-                guard=releasing),
-            lambda a, b, x: x, a, b, x)
+        with ordered_checks():  # (noted below)
+            x = _where_any(
+                need, lambda a, b, x: _sparse_direct.repair(
+                    pattern, a, b, x, transpose, refine_above=tau,
+                    estimate="always" if _checks_on() else "on_residual", report=report,
+                    guard=releasing),
+                lambda a, b, x: x, a, b, x)
+        note_check(x)
+        return x
     # (No refinement in the program for dense solves: LU with partial
     # pivoting and Cholesky are backward stable, and a conditional second
     # solve per solve doubled the compile time of small programs.)

@@ -183,6 +183,8 @@ class StandIn(_klu_ffi.KLUKernels):
                         del self._ledger[v]
                     self._released.add(v)
 
+    release_now.idempotent = True  # (as cuDSS's: it frees no KLU object)
+
     def free(self, handle, after=()):
         tok = super().free(handle, after)
         jax.debug.callback(lambda h, t: self._count(-1, h), handle, tok)

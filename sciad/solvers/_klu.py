@@ -115,9 +115,9 @@ class HandleSolver(AbstractDirectSolver):
 
     @property
     def release_now(self):
-        # (the kernels' host release, where they have one: cuDSS's, whose
-        # handles carry a generation, so a second release is ignored; KLU's
-        # numeric objects have none, and a failed check leaves them)
+        # (the kernels' host release: a failed check's. cuDSS's handles carry
+        # a generation, so a second release is ignored (`idempotent`); KLU's
+        # do not, so only a check the program's frees wait for calls it)
         return getattr(self.kernels, "release_now", None)
 
     def solve(self, factor, a, b, *, pattern=None, transpose=False, numeric=False, **checks):

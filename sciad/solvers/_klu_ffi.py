@@ -353,6 +353,18 @@ class KLUKernels(HandleKernels):
                                 jax.ShapeDtypeStruct(b.shape, b.dtype))
         return call(rows, cols, ax, b, np.uint64(raw))
 
+    def release_now(self, handles) -> None:
+        """Frees the numeric factors `handles` (a NumPy array of any shape; 0
+        entries skipped) from the host: a failed check's, whose raise stops
+        the program before its own frees run. Never twice: a check calls it
+        only where the program's frees wait for that check
+        (`sciad.graph._lower.checks_ordered`), so they never run after it."""
+        import klujax_cpp
+
+        hs = [h for h in np.asarray(handles, np.uint64).ravel().tolist() if h]
+        if hs:
+            klujax_cpp.KLUNumeric(hs).close()
+
     def _free_call(self, h):
         call = jax.ffi.ffi_call("sciad_klu_free_numeric",
                                 jax.ShapeDtypeStruct(h.shape, jnp.int32), has_side_effect=True)
