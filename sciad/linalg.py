@@ -170,9 +170,12 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
     - `A`: a square dense array `(n, n)` or sparse matrix (`sd.sparse`).
     - `b`: right-hand side(s), shape `(n,)` or `(n, k)`.
     - `solver`: `"auto"` (the default: Cholesky for a dense `spd` matrix, else
-      LU; SuperLU for a sparse one, on the host also when the program runs
-      on a GPU), a direct
-      solver (`"lu"`, `"cholesky"` dense; `"splu"`, `"spsolve"` sparse), or an
+      LU; for a sparse one KLU compiled into the program on the CPU up to
+      12,000 unknowns, CHOLMOD's Cholesky for an `spd` one from 2,500
+      unknowns where the `[cholmod]` extra is installed, else SuperLU, on
+      the host also when the program runs on a GPU), a direct
+      solver (`"lu"`, `"cholesky"` dense; `"klu"`, `"cholmod"`, `"splu"`,
+      `"spsolve"`, `"cudss"` sparse), or an
       iterative one (`"cg"` for symmetric positive definite, `"gmres"`,
       `"bicgstab"`). `"amg"` is short for an iterative solve preconditioned by
       algebraic multigrid (a sparse matrix): `"cg"` with
@@ -335,7 +338,8 @@ def cond(A, p=1, *, estimate: bool = True, solver: str = "auto", constant: bool 
       of the true value, for a few triangular solves. `False`: exact, from
       the inverse or an SVD (dense matrices only).
     - `solver`: the factorization for the estimate (`"auto"`: as `solve`
-      picks it; `"lu"`, `"cholesky"`, `"splu"`, `"spsolve"`). In a graph
+      picks it; `"lu"`, `"cholesky"`, `"klu"`, `"cholmod"`, `"splu"`,
+      `"spsolve"`). In a graph
       that also solves with `A`, the estimate shares that solve's
       factorization.
     - `constant`: `True` to use the result as a diagnostic inside a
