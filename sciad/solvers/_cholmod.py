@@ -20,9 +20,12 @@ per pattern and reused: CHOLMOD factors new values into an analyzed factor
 object, so each of the last `MAX_PATTERNS` patterns keeps up to
 `SPARE_FACTORS` of them that no live factor holds, and a factorization takes
 one before it analyzes again. A spare holds the memory of the last numeric
-factor made in it (40 MB at N = 256) between calls: the price of not
-analyzing again (cvxopt has no call that frees the numeric part alone). A matrix that is not positive definite makes the factorization break
-down: `NotPositiveDefiniteError`, as the dense `"cholesky"` says it.
+factor made in it between calls (the flagship's process at N = 256 held
+about 60 MB more than with SuperLU): the price of not analyzing again
+(cvxopt has no call that frees the numeric part alone).
+
+A matrix that is not positive definite makes the factorization break down:
+`NotPositiveDefiniteError`, as the dense `"cholesky"` says it.
 
 "auto" picks it for a real sparse matrix tagged (or assumed) spd, when
 cvxopt is installed: from `OVER_KLU` unknowns (with more than 3 entries a
