@@ -405,7 +405,8 @@ def run_child(method: str, path: str, budget: float, rmax: int) -> dict:
     dim, n = int(inp["dim"]), int(inp["n"])
     problem(dim, n)  # the example module and its Problem (index arrays), before the base
     builder = {"scipy": build_host, "pyamg": build_host, "sciad-direct": build_sciad,
-               "sciad-cholmod": build_sciad, "sciad-amg": build_sciad, "klujax": build_jax, "lineax-cg": build_jax}[method]
+               "sciad-cholmod": build_sciad, "sciad-amg": build_sciad, "klujax": build_jax,
+               "lineax-cg": build_jax}[method]
     kind = method.split("-", 1)[1] if method.startswith("sciad-") else method
     rng = np.random.default_rng(2)
     v = rng.standard_normal(inp["m"].shape)
