@@ -381,6 +381,22 @@ def test_a_failed_check_releases_the_factors_of_its_program():
     jax.block_until_ready(g(good, b))
 
 
+def test_a_host_release_is_never_repeated_at_once(rng):
+    """Two failed checks of one run may release the same handles at once:
+    the second release within `RELEASE_WINDOW_S` is skipped (a double free
+    would crash here)."""
+    M = _general_csr(rng, 30)
+    pattern = _csr(M)(M.data).pattern
+    make = jax.jit(lambda d: jax.numpy.stack([_klu_ffi.factor(pattern, d),
+                                              _klu_ffi.factor(pattern, 2 * d)]))
+    for _ in range(3):
+        h = np.asarray(make(M.data))
+        assert h.all()
+        _klu_ffi.KERNELS.release_now(h)
+        _klu_ffi.KERNELS.release_now(h[::-1])  # (skipped: released just now)
+        assert all(int(v) in _klu_ffi._released for v in h)
+
+
 @pytest.mark.parametrize("where", ["matrix", "rhs"])
 def test_nan_input_raises(rng, where):
     M = _general_csr(rng, 8)

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
+from collections import OrderedDict
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +57,9 @@ _KERNELS = ("analyze", "factor_f64", "factor_c128", "solve_with_numeric_f64",
 _lock = threading.Lock()
 _registered = False
 _symbolic: dict = {}  # Pattern -> (KLUSymbolic, raw handle, rows int32, cols int32)
+#: handle -> when `release_now` freed it, for `RELEASE_WINDOW_S` seconds
+_released: OrderedDict = OrderedDict()
+RELEASE_WINDOW_S = 0.02
 
 
 def available() -> bool:
@@ -356,12 +361,25 @@ class KLUKernels(HandleKernels):
     def release_now(self, handles) -> None:
         """Frees the numeric factors `handles` (a NumPy array of any shape; 0
         entries skipped) from the host: a failed check's, whose raise stops
-        the program before its own frees run. Never twice: a check calls it
-        only where the program's frees wait for that check
-        (`sciad.graph._lower.checks_ordered`), so they never run after it."""
+        the program before its own frees run. Never twice:
+
+        - a check calls it only where the program's frees wait for that check
+          (`sciad.graph._lower.checks_ordered`), so they never run after it;
+        - two checks of one run that fail at once (XLA may run independent
+          ones together) would both release the run's handles: a handle
+          released in the last `RELEASE_WINDOW_S` seconds is skipped. (A new
+          factor at the same address that fails within that window is left,
+          as every failed check's was before: a leak, never a double free.)"""
         import klujax_cpp
 
-        hs = [h for h in np.asarray(handles, np.uint64).ravel().tolist() if h]
+        now = time.monotonic()
+        with _lock:
+            while _released and next(iter(_released.values())) < now - RELEASE_WINDOW_S:
+                _released.popitem(last=False)
+            hs = [h for h in np.asarray(handles, np.uint64).ravel().tolist()
+                  if h and h not in _released]
+            for h in hs:
+                _released[h] = now
         if hs:
             klujax_cpp.KLUNumeric(hs).close()
 
