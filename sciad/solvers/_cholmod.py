@@ -41,7 +41,7 @@ import numpy as np
 
 from ..errors import InvalidOptionError, NotPositiveDefiniteError, StructureError
 from . import _sparse_direct
-from ._linear import AbstractDirectSolver
+from ._splu import SuperLU
 
 #: the fewest unknowns for which "auto" prefers it to KLU (a matrix with more
 #: than 3 entries a row; KLU's compiled path has no host round trip, which
@@ -168,9 +168,10 @@ def factorize(pattern, d: np.ndarray):
     return _Factor(f, p, int(p.select.size))
 
 
-class Cholmod(AbstractDirectSolver):
+class Cholmod(SuperLU):
     """Sparse Cholesky by CHOLMOD (cvxopt's) on the host, for a real sparse
-    matrix tagged (or assumed) spd: the factor is `(handle,)`, an int32.
+    matrix tagged (or assumed) spd: the factor is `(handle,)`, an int32,
+    held, solved and estimated as SuperLU's (the record it specializes).
 
     ```python
     A = sd.sparse.coo_matrix((vals, (rows, cols)), shape=(n, n), tags={"spd"})
@@ -179,12 +180,7 @@ class Cholmod(AbstractDirectSolver):
     """
 
     name = "cholmod"
-    matrices = frozenset({"sparse"})
     dtype_kinds = "f"
-    sparse = True
-    where = "host"
-    held_on_host = True
-    host_checks = True
     symmetric_adjoint = True
     breakdown = (NotPositiveDefiniteError,
                  "CHOLMOD's Cholesky factorization broke down: the matrix is not positive "
@@ -217,18 +213,9 @@ class Cholmod(AbstractDirectSolver):
                 "GPL-3 licensed); use 'splu' instead.")
         return None
 
-    def factor_layout(self, n, dtype, pattern):
-        return (((), np.int32),)
-
     def factor(self, a, *, pattern=None, uses=None, assume=None, report=None):
         return _sparse_direct.factor(pattern, a, uses=uses, assume=assume, report=report,
                                      factorize=factorize)
-
-    def solve(self, factor, a, b, *, pattern=None, transpose=False, **checks):
-        return _sparse_direct.solve(pattern, factor, a, b, transpose, **checks)
-
-    def rcond(self, factor, a, *, pattern=None):
-        return _sparse_direct.rcond_estimate(pattern, factor, a)
 
     def factor_flops(self, n, fill):
         return fill.flops / 2  # (Cholesky: half an LU's of the same fill)

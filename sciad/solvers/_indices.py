@@ -98,8 +98,6 @@ def _take_fn(k: int):
         if in_batched[1]:  # (per-example indices: not made here, kept general)
             xb = x if in_batched[0] else jnp.broadcast_to(x, (axis_size,) + x.shape)
             return jax.vmap(take)(xb, idx), True
-        if not in_batched[0]:
-            return f(x, idx), False
         i = idx[:, 0].reshape((1, k) + (1,) * (x.ndim - 2))
         return jnp.take_along_axis(x, jnp.broadcast_to(i, (x.shape[0], k) + x.shape[2:]),
                                    axis=1, mode="promise_in_bounds"), True
