@@ -374,6 +374,35 @@ def build_sciad_steps(inp):
 # ---------------------------------------------------------------------------
 # the methods (each builder returns fwd, grad, args, solution, extra)
 
+def hand_adjoint(inp, factor):
+    """`(fwd, grad, solution)` of the misfit with a hand-written adjoint, from
+    `factor(m) -> (solve, solve_transposed, exp(m))` of a direct solver."""
+    import numpy as np
+
+    n, h, rows, cols, f, d = (inp[k] for k in ("n", "h", "rows", "cols", "f", "d"))
+
+    def fwd(m):
+        solve, _, _ = factor(m)
+        r = solve(f) - d
+        return 0.5 * float(np.sum(r * r))  # not `r @ r`: see below
+
+    def grad(m):
+        solve, solve_t, k = factor(m)
+        u = solve(f)
+        r = u - d
+        lam = solve_t(r)                         # adjoint solve, same factor
+        g_vals = -lam[rows] * u[cols]            # dJ/d(entries), on the pattern
+        # `r @ r` (OpenBLAS ddot) goes multi-threaded above 10^4 entries and its
+        # threads then spin on the other core through the next factorization:
+        # no faster, but twice the CPU time
+        return 0.5 * float(np.sum(r * r)), entries_np_vjp(n, h, k, g_vals)
+
+    def solution(m):
+        return factor(m)[0](f)
+
+    return fwd, grad, solution
+
+
 def build_scipy(inp):
     import numpy as np
     import scipy.sparse as sp
@@ -385,26 +414,10 @@ def build_scipy(inp):
     def factor(m):
         vals, k = entries_np(n, h, m)
         A = sp.coo_matrix((vals, (rows, cols)), shape=(N, N)).tocsc()
-        return spl.splu(A, permc_spec="MMD_AT_PLUS_A"), k
+        lu = spl.splu(A, permc_spec="MMD_AT_PLUS_A")
+        return lu.solve, lambda r: lu.solve(r, trans="T"), k  # (adjoint: same LU)
 
-    def fwd(m):
-        lu, _ = factor(m)
-        r = lu.solve(f) - d
-        return 0.5 * float(np.sum(r * r))  # not `r @ r`: see below
-
-    def grad(m):
-        lu, k = factor(m)
-        u = lu.solve(f)
-        r = u - d
-        lam = lu.solve(r, trans="T")             # adjoint solve, same LU
-        g_vals = -lam[rows] * u[cols]            # dJ/d(entries), on the pattern
-        # `r @ r` (OpenBLAS ddot) goes multi-threaded above 10^4 entries and its
-        # threads then spin on the other core through the next factorization:
-        # no faster, but twice the CPU time
-        return 0.5 * float(np.sum(r * r)), entries_np_vjp(n, h, k, g_vals)
-
-    def solution(m):
-        return factor(m)[0].solve(f)
+    fwd, grad, solution = hand_adjoint(inp, factor)
 
     # central-difference check of the hand adjoint along a random direction
     m = inp["m"]
@@ -460,33 +473,18 @@ def build_cholmod(inp):
                         cvxopt.matrix(cols[low].astype(np.int64)), (N, N))
     F = chm.symbolic(A, uplo="L")
 
-    def factor(m):
-        vals, k = entries_np(n, h, m)
-        A.V = cvxopt.matrix(vals[low])
-        chm.numeric(A, F)
-        return k
-
     def solve(b):
         x = cvxopt.matrix(b)
         chm.solve(F, x)
         return np.asarray(x).ravel()
 
-    def fwd(m):
-        factor(m)
-        r = solve(f) - d
-        return 0.5 * float(np.sum(r * r))
+    def factor(m):
+        vals, k = entries_np(n, h, m)
+        A.V = cvxopt.matrix(vals[low])
+        chm.numeric(A, F)
+        return solve, solve, k  # (symmetric: the adjoint solve is the forward one)
 
-    def grad(m):
-        k = factor(m)
-        u = solve(f)
-        r = u - d
-        lam = solve(r)
-        return 0.5 * float(np.sum(r * r)), entries_np_vjp(n, h, k, -lam[rows] * u[cols])
-
-    def solution(m):
-        factor(m)
-        return solve(f)
-
+    fwd, grad, solution = hand_adjoint(inp, factor)
     return fwd, grad, (inp["m"],), solution, {}
 
 
