@@ -29,22 +29,17 @@ lib.sciad_cudss_version()       # 10000 for cuDSS 1.0.0
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import importlib.util
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
-import jax
-import jaxlib
-
 from ..errors import NotSupportedError
+from . import _build
 
 SOURCE = Path(__file__).with_name("csrc") / "cudss_ffi.cc"
+WHAT = "solver 'cudss'"
 
 #: what to install where the extra is missing
 INSTALL = ("install the extra: `pip install 'sciad[cuda]'` (the wheels nvidia-cudss-cu12, "
@@ -135,58 +130,39 @@ def paths() -> dict:
 
 def compiler() -> str:
     """The C++ compiler (`$CXX`, else g++ or c++); `NotSupportedError` if none."""
-    for name in (os.environ.get("CXX"), "g++", "c++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    raise NotSupportedError("solver 'cudss' builds its extension on first use with a C++ "
-                            "compiler, and none was found (set $CXX or install g++).")
+    return _build.compiler(WHAT)
 
 
-def command(p: dict, cxx: str, out: Path) -> list[str]:
-    """The compiler's command line (C++17, a shared library, rpath to the wheels)."""
-    return [cxx, "-std=c++17", "-O2", "-shared", "-fPIC",
-            "-w",  # (XLA's FFI headers warn under -Wreturn-type)
-            f"-I{jax.ffi.include_dir()}", *(f"-I{d}" for d in p["includes"]),
-            str(SOURCE), "-o", str(out),
+def flags(p: dict) -> list[str]:
+    """What the compiler adds for cuDSS: the wheels' headers, the two
+    libraries, and an rpath to their folders."""
+    return [*(f"-I{d}" for d in p["includes"]),
             *(f"-L{f.parent}" for f in p["libs"]), *(f"-l:{f.name}" for f in p["libs"]),
             f"-Wl,-rpath,{':'.join(str(d) for d in p['rpath'])}"]
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("SCIAD_CACHE_DIR") or Path.home() / ".cache" / "sciad")
+def command(p: dict, cxx: str, out: Path) -> list[str]:
+    """The compiler's command line (C++17, a shared library, rpath to the wheels)."""
+    return _build.command(cxx, SOURCE, out, flags(p))
+
+
+def _key(p: dict) -> list[str]:
+    return [str(x) for x in p["includes"] + p["libs"] + p["rpath"]]
 
 
 def target() -> Path:
     """Where the built library is cached (see the module docstring)."""
     p = paths()
-    cxx = compiler()
-    h = hashlib.sha256(SOURCE.read_bytes())
-    for part in (jaxlib.__version__, cxx, *map(str, p["includes"] + p["libs"] + p["rpath"])):
-        h.update(b"\0" + part.encode())
-    return cache_dir() / "cudss" / h.hexdigest()[:16] / "libsciad_cudss.so"
+    return _build.target(SOURCE, "cudss", "libsciad_cudss.so", _key(p), WHAT)
 
 
 def build(force: bool = False) -> Path:
     """Compiles the extension into its cache path (unless there already);
     returns the path. A failed compile raises `NotSupportedError` with the
     compiler's message."""
-    out = target()
-    if out.is_file() and not force:
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    try:
-        run = subprocess.run(command(paths(), compiler(), Path(tmp)), capture_output=True,
-                             text=True)
-        if run.returncode != 0:
-            raise NotSupportedError("solver 'cudss': building its extension failed:\n"
-                                    + run.stderr[-4000:])
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+    p = paths()
+    return _build.cached_build(SOURCE, "cudss", "libsciad_cudss.so", flags(p), _key(p),
+                               WHAT, force)
 
 
 def library() -> ctypes.CDLL:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import itertools
-import os
 import threading
 from collections import OrderedDict
 from typing import Callable
@@ -46,7 +45,7 @@ import numpy as np
 
 from ._host import host_call
 from ._measures import ratio
-from ._threads import one_blas_thread
+from ._threads import one_blas_thread, usable_cores
 
 #: the most steps of iterative refinement a checked solve takes while its
 #: backward error is above the bound and falls: one restores a backward
@@ -290,17 +289,9 @@ def held() -> int:
 # of several devices run at once (SuperLU releases the GIL: 1.8x on 2 cores
 # for 8 factorizations of a 14,400-unknown Laplacian). Solves run on the
 # calling thread (a hop to a worker costs ~40 us, more than a small solve).
-def _usable_cores() -> int:
-    """The cores this process may run on (its affinity, as `taskset` sets it)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not on Linux
-        return os.cpu_count() or 1
-
-
 _workers = [concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                   thread_name_prefix=f"sciad-superlu-{i}")
-            for i in range(max(1, min(_usable_cores(), 8)))]
+            for i in range(max(1, min(usable_cores(), 8)))]
 _next_worker = itertools.count()
 
 

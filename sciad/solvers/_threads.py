@@ -22,6 +22,7 @@ costs about 3 us.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 
 try:
@@ -68,6 +69,19 @@ def one_blas_thread():
             if _depth == 0 and _limiter is not None:
                 _limiter.restore_original_limits()
                 _limiter = None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, as `taskset` sets it).
+
+    Example::
+
+        workers = min(usable_cores(), 8)
+    """
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not on Linux
+        return os.cpu_count() or 1
 
 
 def active() -> bool:

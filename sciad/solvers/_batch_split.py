@@ -1,0 +1,154 @@
+"""A batch of host kernel calls over several cores: sciad's batch splitter.
+
+XLA:CPU runs a custom call on one thread, and its executor runs two custom
+calls of one program one after the other even where neither needs the
+other (measured: two halves of a batch of KLU factorizations, and four
+quarters, each ran after the last on one thread). A batch of B independent
+sparse factorizations in one kernel call therefore used one core.
+
+`csrc/batch_split.cc` is an FFI handler that runs another FFI handler (an
+"inner" one: KLU's kernels from klujax's extension) on slices of its
+leading batch axis, one slice per thread, and returns when all are done.
+It is a small C++ extension built on first use with the system compiler
+(`sciad.solvers._build`); where it cannot be built (no compiler), calls run
+unsplit, as before, and nothing else changes.
+
+- `split_call(inner, args, out, batched, threads, cleanup)`: the inner
+  target's call, split where `threads > 1` and the splitter is built.
+- `threads_for(batch, work)`: how many slices a batch gets, from the usable
+  cores and an estimate of each item's work (a slice must be worth a thread,
+  about 50 us to start and join).
+
+Thread use: the calling XLA thread runs the first slice and waits for the
+others, so a split call keeps at most `usable_cores()` threads busy (XLA's
+other threads may run other work beside it: the splitter never asks for more
+threads than cores, and `SCIAD_HOST_THREADS` caps it, 1 turning it off).
+
+```python
+call = split_call("sciad_klu_factor_f64", (rows, cols, ax, raw),
+                  jax.ShapeDtypeStruct((L,), jnp.uint64), batched=(2,),
+                  threads=threads_for(L, nnz), cleanup="sciad_klu_free_numeric")
+```
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from ..errors import NotSupportedError
+from . import _build
+from ._threads import usable_cores
+
+SOURCE = Path(__file__).with_name("csrc") / "batch_split.cc"
+WHAT = "sciad's batch splitter"
+TARGET = "sciad_batch_split"
+#: at least this much estimated work (ns) per slice, or fewer slices
+MIN_SLICE_NS = 200_000
+#: the splitter's inner handlers: FFI target name -> slot (at most 64)
+_slots: dict = {}
+_lock = threading.Lock()
+_lib = None
+_failed: str | None = None
+
+
+def max_threads() -> int:
+    """The most slices a call is split into: the usable cores, or
+    `$SCIAD_HOST_THREADS` where set (1: no splitting)."""
+    cap = os.environ.get("SCIAD_HOST_THREADS", "").strip()
+    cores = usable_cores()
+    if cap:
+        try:
+            return max(1, min(int(cap), cores))
+        except ValueError:
+            raise NotSupportedError(f"SCIAD_HOST_THREADS={cap!r} is not a whole number; "
+                                    "set it to the number of threads host kernels may use "
+                                    "(1: one each)") from None
+    return cores
+
+
+def policy() -> tuple:
+    """What `threads_for` decides by, for the keys of caches of traced
+    kernels (a program traced under one policy keeps its slices)."""
+    return max_threads(), MIN_SLICE_NS
+
+
+def threads_for(batch: int, item_ns: float) -> int:
+    """How many slices a batch of `batch` items, each about `item_ns`
+    nanoseconds of work, is split into (1: not split)."""
+    if batch < 2:
+        return 1
+    return int(max(1, min(max_threads(), batch, batch * item_ns // max(MIN_SLICE_NS, 1))))
+
+
+def library():
+    """The loaded splitter (built on first use), or None where it cannot be
+    built or loaded here (the reason: `unavailable()`)."""
+    global _lib, _failed
+    if _lib is not None or _failed is not None:
+        return _lib
+    with _lock:
+        if _lib is None and _failed is None:
+            try:
+                lib = ctypes.CDLL(str(_build.cached_build(SOURCE, "batch", "libsciad_batch.so",
+                                                          what=WHAT)))
+            except (NotSupportedError, OSError) as e:
+                _failed = str(e)
+                return None
+            lib.sciad_batch_set_inner.argtypes = [ctypes.c_int, ctypes.c_void_p]
+            lib.sciad_batch_set_inner.restype = ctypes.c_int
+            jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.sciad_batch_split),
+                                        platform="cpu")
+            _lib = lib
+    return _lib
+
+
+def unavailable() -> str | None:
+    """Why calls run unsplit here (None: the splitter is built)."""
+    library()
+    return _failed
+
+
+def _capsule_pointer(capsule) -> int:
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    name = ctypes.pythonapi.PyCapsule_GetName
+    name.restype = ctypes.c_char_p
+    name.argtypes = [ctypes.py_object]
+    return get(capsule, name(capsule))
+
+
+def set_inner(target: str, capsule) -> int:
+    """Makes the FFI handler in `capsule` (registered as `target`) an inner
+    handler of the splitter; returns its slot (the same for the same name)."""
+    lib = library()
+    with _lock:
+        if target in _slots:
+            return _slots[target]
+        slot = len(_slots)
+        if lib is None or lib.sciad_batch_set_inner(slot, _capsule_pointer(capsule)) != 0:
+            raise NotSupportedError(f"{WHAT}: cannot take {target!r} as an inner handler "
+                                    f"({_failed or 'no slot left'})")
+        _slots[target] = slot
+        return slot
+
+
+def split_call(target: str, args, out, batched, threads: int, cleanup: str | None = None,
+               has_side_effect: bool = False):
+    """`jax.ffi.ffi_call(target, out)(*args)`, split into `threads` slices of
+    the leading batch axis of the arguments at the positions `batched` and
+    of every result (run unsplit where `threads` is 1 or the splitter is not
+    built). `cleanup`: a target registered with `set_inner`, called on the
+    first result of every slice that succeeded where another failed."""
+    if threads > 1 and target in _slots and (cleanup is None or cleanup in _slots):
+        mask = sum(1 << i for i in batched)
+        ctl = np.array([_slots[target], mask, threads, _slots[cleanup] if cleanup else -1],
+                       np.int64)
+        return jax.ffi.ffi_call(TARGET, out, has_side_effect=has_side_effect)(*args, ctl)
+    return jax.ffi.ffi_call(target, out, has_side_effect=has_side_effect)(*args)
