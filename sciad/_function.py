@@ -16,6 +16,10 @@ import functools
 from typing import Callable, Sequence
 
 import jax
+import jax.extend.core
+import jax.interpreters.ad
+import jax.interpreters.batching
+import jax.interpreters.mlir
 from jax.sharding import AxisType, PartitionSpec
 
 from . import config
@@ -26,6 +30,7 @@ JaxRuntimeError = jax.errors.JaxRuntimeError
 from .graph import Graph, lower, trace_flat, verify
 from .graph._trace import runtime_leaves, wrap_outputs
 from .graph.passes import optimize
+from .solvers import _host
 
 _X64 = jax.enable_x64  # JAX's x64 state object (global value + thread-local override)
 
@@ -35,6 +40,72 @@ def _has_runtime_checks(graph: Graph) -> bool:
     raises from run-time checks (`primitive.runtime_checks`)."""
     return any(n.primitive.runtime_checks
                or any(_has_runtime_checks(g) for g in n.subgraphs) for n in graph.nodes)
+
+
+# ---------------------------------------------------------------------------
+# the program as one effect-free call
+#
+# JAX dispatches a compiled program from C++ (about 8 us a call) only where
+# its jaxpr has no effects; otherwise every call takes JAX's Python path
+# (measured: 230 us against 27 us for the value of one KLU solve of 50
+# unknowns). sciad's programs carry two kinds of unordered effects that ask
+# nothing of dispatch: its run-time checks (`_host.CheckEffect`: kept by
+# JAX's dead-code elimination) and side-effecting kernel calls (KLU's factor
+# and free: never merged or dropped). Both exist for the transformations JAX
+# applies inside a jaxpr, and are lowered as side-effecting HLO, which XLA
+# keeps whatever JAX believes. `sd.function` transforms nothing after its
+# lowering, so its program is bound as one `sciad_program` call that declares
+# no effects (its lowering lowers the jaxpr, effects and all): dispatch then
+# takes JAX's fast path. A program with any other effect (an ordered one,
+# one of the user's) is not wrapped. Under `jax.vmap` or `jax.jvp` of an
+# `sd.function` the call is inlined again (its batching and JVP rules).
+
+try:  # JAX's effect of side-effecting FFI calls (no public name)
+    from jax._src.ffi import FfiEffect as _FfiEffect
+except ImportError:  # pragma: no cover - depends on the JAX version
+    _FfiEffect = None
+
+_ERASABLE = tuple(k for k in (getattr(_host, "CheckEffect", None), _FfiEffect)
+                  if k is not None)
+
+program_p = jax.extend.core.Primitive("sciad_program")
+program_p.multiple_results = True
+
+
+def _program_fun(*args, jaxpr):
+    return jax.extend.core.jaxpr_as_fun(jaxpr)(*args)
+
+
+def _program_jvp(primals, tangents, *, jaxpr):
+    tangents = tuple(jax.numpy.zeros_like(p) if type(t) is jax.interpreters.ad.Zero else t
+                     for p, t in zip(primals, tangents))
+    return jax.jvp(functools.partial(_program_fun, jaxpr=jaxpr), tuple(primals), tangents)
+
+
+def _program_batch(args, dims, *, jaxpr):
+    # (an unbatched operand's axis is None: JAX's `not_mapped`)
+    outs = jax.vmap(functools.partial(_program_fun, jaxpr=jaxpr), in_axes=list(dims))(*args)
+    return outs, [0] * len(outs)
+
+
+program_p.def_impl(_program_fun)
+program_p.def_abstract_eval(lambda *avals, jaxpr: jaxpr.out_avals)
+jax.interpreters.mlir.register_lowering(
+    program_p, jax.interpreters.mlir.lower_fun(_program_fun, multiple_results=True),
+    cacheable=False)
+jax.interpreters.ad.primitive_jvps[program_p] = _program_jvp
+jax.interpreters.batching.primitive_batchers[program_p] = _program_batch
+
+
+def _as_program(run: Callable, leaves):
+    """`run(*leaves)` inside `jax.jit`'s trace: as one `sciad_program` call
+    where all of its effects are sciad's own (see above), else as it is."""
+    closed, shapes = jax.make_jaxpr(run, return_shape=True)(*leaves)
+    if closed.effects and all(isinstance(e, _ERASABLE) for e in closed.effects):
+        outs = program_p.bind(*leaves, jaxpr=closed)
+    else:
+        outs = jax.extend.core.jaxpr_as_fun(closed)(*leaves)
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shapes), outs)
 
 
 def _unset(*args, **kwargs):  # a Function's target until its dispatch is made
@@ -227,9 +298,11 @@ class Function(functools.partial):
             # compiler choosing layouts (automatic axes) and hand back whole
             # results, which `out_shardings` then lays out.
             run = jax.sharding.auto_axes(run, out_sharding=PartitionSpec())
-        with (jax.sharding.use_abstract_mesh(mesh) if mesh is not None
-              else contextlib.nullcontext()):
-            outs = run(*leaves)
+        if mesh is None:
+            outs = _as_program(run, leaves)
+        else:
+            with jax.sharding.use_abstract_mesh(mesh):
+                outs = run(*leaves)
         return jax.tree_util.tree_unflatten(out_tree, wrap_outputs(outs, graph.out_types))
 
     def _mesh(self, leaves):

@@ -127,3 +127,58 @@ def test_global_x64_switched_off_after_creation_is_refused():
     finally:
         jax.config.update("jax_enable_x64", was)
     assert sd.function(lambda x: snp.sin(x) * 2.0)(np.ones(3)).dtype == np.float64
+
+
+def _klu_misfit(n):
+    import scipy.sparse as sp
+
+    M = sp.csr_array(sp.diags([-1.0, 2.5, -1.0], [-1, 0, 1], (n, n)))
+    coo = M.tocoo()
+
+    def misfit(d, b):
+        A = sd.sparse.coo_matrix((d, (coo.row, coo.col)), shape=(n, n))
+        return snp.sum(sd.linalg.solve(A, b) ** 2)
+    return misfit, coo
+
+
+def test_a_checked_program_is_one_call_without_effects(rng):
+    """A program with run-time checks and side-effecting kernel calls (a
+    sparse solve: KLU's factor and free, the backward-error check) is bound
+    as one `sciad_program` call that declares no effects, so JAX dispatches
+    it from C++; its lowering keeps the effects (a failed check still
+    raises), and `jax.vmap` of the function inlines it again."""
+    from sciad.errors import SingularMatrixError
+
+    misfit, coo = _klu_misfit(12)
+    g = sd.function(sd.value_and_grad(misfit))
+    b = rng.standard_normal(12)
+    jaxpr = jax.make_jaxpr(g._dispatch.current)(coo.data, b)
+    assert jaxpr.effects == set()
+    inner = jaxpr.jaxpr.eqns[0].params["jaxpr"].jaxpr
+    assert [e.primitive.name for e in inner.eqns] == ["sciad_program"]
+    assert inner.eqns[0].params["jaxpr"].effects  # (the checks, inside)
+    v, _ = g(coo.data, b)
+    A = np.zeros((12, 12))
+    A[coo.row, coo.col] = coo.data
+    u = np.linalg.solve(A, b)
+    np.testing.assert_allclose(float(v), u @ u, rtol=1e-12)
+    with pytest.raises(SingularMatrixError):
+        g(np.zeros_like(coo.data), b)
+    B = rng.standard_normal((3, 12))
+    np.testing.assert_allclose(np.asarray(jax.vmap(sd.function(misfit), (None, 0))(coo.data, B)),
+                               [x @ x for x in np.linalg.solve(A, B.T).T], rtol=1e-12)
+
+
+def test_a_program_with_another_effect_is_left_as_it_is():
+    """Only sciad's own effects are erased: an ordered host callback keeps the
+    program as it was traced (its effect, its token)."""
+    from jax.experimental import io_callback
+
+    from sciad._function import _as_program
+
+    def run(x):
+        io_callback(lambda v: None, None, x, ordered=True)
+        return (x * 2,)
+
+    jaxpr = jax.make_jaxpr(lambda x: _as_program(run, [x]))(jnp.ones(3))
+    assert jaxpr.effects and "sciad_program" not in str(jaxpr)
