@@ -18,7 +18,14 @@ What it measures, in two float64 configurations:
 
 1. Steady-state call time of `sd.function(f)` vs `jax.jit(f_jnp)`:
    (a) a 5-op function on shape-(8,) arrays (dispatch overhead), and
-   (b) a 10-op elementwise chain on a 1e6-element float64 vector.
+   (b) a 10-op elementwise chain on a 1e6-element float64 vector;
+   (c) one sparse solve of 50 unknowns and a sum (`solver="auto"`: KLU
+   compiled into the program, its factor freed, the backward error
+   checked) against KLU's kernel alone through `jax.ffi.ffi_call` (what
+   `klujax.solve` calls): information, no target (sciad's program also
+   checks the matrix and the solution). Before sciad's programs declared
+   no effects to JAX (see `sciad/_function.py`), this case took 230 us a
+   call: every call took JAX's Python dispatch path.
    Both get the same JAX device arrays; every output is block_until_ready'd.
    Batches of N calls alternate sciad / JAX (the order flips every repeat); the
    table shows the median per-call time over the repeats and the ratio of the
@@ -112,6 +119,50 @@ def big_jnp(x, y):
     import jax.numpy as jnp
 
     return _chain(jnp)(x, y)
+
+
+SOLVE_N = 50
+
+
+def _solve_problem():
+    """A 1-D Laplacian of SOLVE_N unknowns (CSR, sorted): its pattern's rows
+    and columns, and its values."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    M = sp.csr_array(sp.diags([-1.0, 2.5, -1.0], [-1, 0, 1], (SOLVE_N, SOLVE_N)))
+    M.sort_indices()
+    return np.repeat(np.arange(SOLVE_N), np.diff(M.indptr)), M.indices, M.data
+
+
+def solve_sd(d, b):
+    """One sparse solve and a reduction: "auto" (KLU compiled into the
+    program), its factor freed at the end, the backward error checked."""
+    import sciad as sd
+    import sciad.numpy as snp
+
+    rows, cols, _ = _solve_problem()
+    A = sd.sparse.coo_matrix((d, (rows, cols)), shape=(SOLVE_N, SOLVE_N))
+    return snp.sum(sd.linalg.solve(A, b) ** 2)
+
+
+def solve_jnp(d, b):
+    """The same with KLU's kernel alone (klujax's, through XLA's FFI: what
+    `klujax.solve` calls; klujax's Python module is not imported, as it
+    switches x64 on globally), no checks."""
+    import jax
+    import jax.numpy as jnp
+
+    import sciad as sd
+    from sciad.solvers import _klu_ffi
+
+    rows, cols, data = _solve_problem()
+    pattern = sd.sparse.coo_matrix((data, (rows, cols)), shape=(SOLVE_N, SOLVE_N)).pattern
+    raw, r, c = _klu_ffi.symbolic(pattern)
+    x = jax.ffi.ffi_call("sciad_klu_solve_with_symbol_f64",
+                         jax.ShapeDtypeStruct((1, SOLVE_N, 1), jnp.float64))(
+        r, c, d[None], b[None, :, None], jnp.uint64(raw))
+    return jnp.sum(x ** 2)
 
 
 def long_chain(x, y):
@@ -218,8 +269,11 @@ def measure(mode: str, repeats: int | None, quick: bool) -> dict:
         ("tiny", tiny_sd, tiny_jnp, 8, TINY_N // div, tiny_r),
         ("big", big_sd, big_jnp, 1_000_000, max(2, BIG_N // (2 if quick else 1)), big_r),
     )
+    _, _, data = _solve_problem()
+    cases += (("solve", solve_sd, solve_jnp, None, TINY_N // div, tiny_r),)
     for key, f_sd, f_jnp, size, n, r in cases:
-        args = (put(rng.standard_normal(size)), put(rng.standard_normal(size)))
+        args = ((put(data), put(rng.standard_normal(SOLVE_N))) if size is None else
+                (put(rng.standard_normal(size)), put(rng.standard_normal(size))))
         sd_fn, jax_fn = sd.function(f_sd), jax.jit(f_jnp)
         _check_same(sd_fn, jax_fn, args, scoped)
         variants = {"sciad": (sd_fn, False), "jax": (jax_fn, scoped)}
@@ -258,14 +312,16 @@ def render(results: list[dict], machine: dict, argv: str) -> str:
         "| calls × repeats | target met |",
         "|---|---|---:|---:|---:|---|---|---|",
     ]
-    names = {"tiny": "(a) 5 ops, shape (8,)", "big": "(b) 10 ops, shape (1e6,)"}
-    for key in ("tiny", "big"):
+    names = {"tiny": "(a) 5 ops, shape (8,)", "big": "(b) 10 ops, shape (1e6,)",
+             "solve": f"(c) one sparse solve, {SOLVE_N} unknowns"}
+    for key in ("tiny", "big", "solve"):
         for res in results:
             m = res[key]
             lines.append(
                 f"| {names[key]} | {res['mode']} | {m['sd_us']:.2f} | {m['jax_us']:.2f} "
                 f"| {m['ratio']:.3f} | {m['pair_q1']:.3f}–{m['pair_q3']:.3f} "
-                f"| {m['n']} × {m['repeats']} | {yes_no(m['ratio'] <= RATIO_TARGET)} |")
+                f"| {m['n']} × {m['repeats']} | "
+                f"{'— (information)' if key == 'solve' else yes_no(m['ratio'] <= RATIO_TARGET)} |")
     inner = [r for r in results if "tiny_inner" in r]
     if inner:
         lines += [
