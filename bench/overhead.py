@@ -277,7 +277,7 @@ def measure(mode: str, repeats: int | None, quick: bool) -> dict:
         sd_fn, jax_fn = sd.function(f_sd), jax.jit(f_jnp)
         _check_same(sd_fn, jax_fn, args, scoped)
         variants = {"sciad": (sd_fn, False), "jax": (jax_fn, scoped)}
-        inner = getattr(sd_fn, "_current", [None])[0]
+        inner = sd_fn._dispatch.current
         if key == "tiny" and inner is not None:
             # Diagnostic: sd.function's own jax.jit object called directly,
             # i.e. without sciad's scoped-x64 wrapper (in the global mode there is none;
