@@ -53,12 +53,15 @@ def _has_runtime_checks(graph: Graph) -> bool:
 # JAX's dead-code elimination) and side-effecting kernel calls (KLU's factor
 # and free: never merged or dropped). Both exist for the transformations JAX
 # applies inside a jaxpr, and are lowered as side-effecting HLO, which XLA
-# keeps whatever JAX believes. `sd.function` transforms nothing after its
-# lowering, so its program is bound as one `sciad_program` call that declares
+# keeps whatever JAX believes. JAX never transforms inside a lowered sciad
+# program (sciad differentiates its graphs itself; `sd.to_jax` gives JAX a
+# custom JVP and a linear primitive around them), so `sd.function`'s and
+# `sd.to_jax`'s programs are bound as one `sciad_program` call that declares
 # no effects (its lowering lowers the jaxpr, effects and all): dispatch then
-# takes JAX's fast path. A program with any other effect (an ordered one,
-# one of the user's) is not wrapped. Under `jax.vmap` or `jax.jvp` of an
-# `sd.function` the call is inlined again (its batching and JVP rules).
+# takes JAX's fast path, and JAX drops the call only where none of its
+# results is read. A program with any other effect (an ordered one, one of
+# the user's) is not wrapped. Under `jax.vmap` the batched program is one
+# call again; under `jax.jvp` (of an `sd.function`) it is inlined.
 
 try:  # JAX's effect of side-effecting FFI calls (no public name)
     from jax._src.ffi import FfiEffect as _FfiEffect
@@ -83,8 +86,10 @@ def _program_jvp(primals, tangents, *, jaxpr):
 
 
 def _program_batch(args, dims, *, jaxpr):
-    # (an unbatched operand's axis is None: JAX's `not_mapped`)
-    outs = jax.vmap(functools.partial(_program_fun, jaxpr=jaxpr), in_axes=list(dims))(*args)
+    # (an unbatched operand's axis is None: JAX's `not_mapped`; the batched
+    # program is one call again)
+    batched = jax.vmap(functools.partial(_program_fun, jaxpr=jaxpr), in_axes=list(dims))
+    outs = _as_program(batched, args)
     return outs, [0] * len(outs)
 
 

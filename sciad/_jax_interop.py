@@ -42,6 +42,7 @@ from jax.extend.core import Primitive as JaxPrimitive
 from jax.interpreters import ad, batching, mlir
 
 from . import config
+from ._function import _as_program
 from ._traceback import api_boundary
 from ._transforms import _jvp_emit
 from .errors import NotSupportedError, SciadError, reraise
@@ -65,15 +66,20 @@ def _flat_lower(graph: Graph) -> Callable:
     in_sizes = [len(leaf_types(v.type)) for v in graph.inputs]
     out_kinds = [holds_tuple(a.type) for a in graph.outputs]
 
-    def run(*leaves):
+    def flat(*leaves):
         args, i = [], 0
         for v, k in zip(graph.inputs, in_sizes):
             args.append(tuple(leaves[i:i + k]) if holds_tuple(v.type) else leaves[i])
             i += k
-        flat = []
+        out = []
         for o, is_factor in zip(lowered(*args), out_kinds):
-            flat.extend(o if is_factor else (o,))
-        return flat
+            out.extend(o if is_factor else (o,))
+        return out
+
+    def run(*leaves):
+        # one call that declares no effects where all are sciad's own: JAX
+        # then dispatches a `jax.jit` of it from C++ (see `sciad._function`)
+        return _as_program(flat, leaves)
 
     run.__name__ = graph.name
     return run

@@ -428,3 +428,40 @@ def _random_like(rng, a):
     if a.dtype.kind == "c":
         v = v + 1j * rng.standard_normal(a.shape)
     return v.astype(a.dtype)
+
+
+def test_a_checked_program_declares_no_effects_to_jax(rng):
+    """A sparse solve (KLU's side-effecting factor and free, the backward-error
+    check) under `jax.jit`, `jax.grad` and `jax.vmap` of `sd.to_jax`: the
+    jaxpr JAX dispatches declares no effects (so it dispatches from C++),
+    the values and gradients are a dense solve's, and a singular matrix
+    still raises through the gradient under `jax.jit`."""
+    import scipy.sparse as sp
+
+    from sciad.errors import SingularMatrixError
+
+    n = 10
+    coo = sp.coo_array(sp.diags([-1.0, 2.5, -1.0], [-1, 0, 1], (n, n)))
+
+    def misfit(d, b):
+        A = sd.sparse.coo_matrix((d, (coo.row, coo.col)), shape=(n, n))
+        return snp.sum(sd.linalg.solve(A, b) ** 2)
+
+    def dense(d, b):
+        A = jnp.zeros((n, n)).at[coo.row, coo.col].add(d)
+        return jnp.sum(jnp.linalg.solve(A, b) ** 2)
+
+    with jax.enable_x64(True):
+        b = rng.standard_normal(n)
+        B = rng.standard_normal((3, n))
+        f = sd.to_jax(misfit)
+        grad = jax.jit(jax.grad(f))
+        assert jax.make_jaxpr(grad)(coo.data, b).effects == set()
+        assert jax.make_jaxpr(jax.jit(f))(coo.data, b).effects == set()
+        np.testing.assert_allclose(np.asarray(grad(coo.data, b)),
+                                   np.asarray(jax.grad(dense)(coo.data, b)), rtol=1e-10)
+        np.testing.assert_allclose(np.asarray(jax.jit(jax.vmap(f, (None, 0)))(coo.data, B)),
+                                   np.asarray(jax.vmap(dense, (None, 0))(coo.data, B)),
+                                   rtol=1e-10)
+        with pytest.raises(SingularMatrixError), sd.errors.unwrapped():
+            jax.block_until_ready(grad(0 * coo.data, b))
