@@ -11,7 +11,6 @@ as text, back into sciad's exceptions.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Callable, Sequence
 
@@ -20,6 +19,7 @@ import jax.extend.core
 import jax.interpreters.ad
 import jax.interpreters.batching
 import jax.interpreters.mlir
+import numpy as np
 from jax.sharding import AxisType, PartitionSpec
 
 from . import config
@@ -79,8 +79,14 @@ def _program_fun(*args, jaxpr):
     return jax.extend.core.jaxpr_as_fun(jaxpr)(*args)
 
 
+def _zero_tangent(p):
+    if jax.numpy.issubdtype(p.dtype, jax.numpy.inexact):
+        return jax.numpy.zeros_like(p)
+    return np.zeros(p.shape, jax.dtypes.float0)  # (JAX's tangent of an integer)
+
+
 def _program_jvp(primals, tangents, *, jaxpr):
-    tangents = tuple(jax.numpy.zeros_like(p) if type(t) is jax.interpreters.ad.Zero else t
+    tangents = tuple(_zero_tangent(p) if type(t) is jax.interpreters.ad.Zero else t
                      for p, t in zip(primals, tangents))
     return jax.jvp(functools.partial(_program_fun, jaxpr=jaxpr), tuple(primals), tangents)
 
