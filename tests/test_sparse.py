@@ -277,6 +277,7 @@ def test_a_batch_assembles_by_gather_or_scatter_alike(rng):
     np.testing.assert_array_equal(m.inverse(3), [1, 2, 0])
     assert IndexMap(np.array([0, 0, 1])).inverse(3) is None
     assert IndexMap(np.array([0, -1, 1])).inverse(3) is None
+    assert IndexMap(np.array([0, 3, 1])).inverse(3) is None  # (3: a dropped entry)
     assert m.inverse(4) is None
 
 

@@ -104,7 +104,7 @@ class IndexMap:
         x` for `out[index] = x`; else None."""
         if size not in self._inverse:
             a, inv = self.array, None
-            if a.size == size and (size == 0 or a.min() >= 0):
+            if a.size == size and (size == 0 or (a.min() >= 0 and a.max() < size)):
                 inv = np.full(size, -1, np.int64)
                 inv[a] = np.arange(size)
                 if (inv < 0).any():

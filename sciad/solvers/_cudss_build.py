@@ -141,11 +141,6 @@ def flags(p: dict) -> list[str]:
             f"-Wl,-rpath,{':'.join(str(d) for d in p['rpath'])}"]
 
 
-def command(p: dict, cxx: str, out: Path) -> list[str]:
-    """The compiler's command line (C++17, a shared library, rpath to the wheels)."""
-    return _build.command(cxx, SOURCE, out, flags(p))
-
-
 def _key(p: dict) -> list[str]:
     return [str(x) for x in p["includes"] + p["libs"] + p["rpath"]]
 

@@ -351,11 +351,6 @@ class KLUKernels(HandleKernels):
     def analyze(self, pattern, assume=None, dtype=None):
         return pattern  # (`symbolic(pattern)`: made and kept per pattern)
 
-    # (A batch's kernel call is split over the cores by `_batch_split`; each
-    # item's work, for the number of slices, is estimated from the stored
-    # entries: about FACTOR_NS_PER_ENTRY for a factorization, and
-    # SOLVE_NS_PER_ENTRY per right-hand side for a solve with a factor.)
-
     def _factor_call(self, pattern, kind, ax):
         raw, rows, cols = symbolic(pattern)
         return _batch_split.split_call(

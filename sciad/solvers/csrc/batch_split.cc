@@ -225,6 +225,8 @@ XLA_FFI_Error* sciad_batch_split(XLA_FFI_CallFrame* call) {
     for (int64_t t = 0; t < threads; ++t) {
       if (errors[t] != nullptr) continue;  // (a failed slice cleans up after itself)
       Slice& made = frames[t].rets[0];
+      // (the cleanup's int32 result: one entry more, so that an empty slice
+      // still passes a valid pointer)
       std::vector<int32_t> scratch(made.dims.empty() ? 1 : made.dims[0] + 1);
       int64_t scratch_dims[1] = {made.dims.empty() ? 1 : made.dims[0]};
       XLA_FFI_Buffer out = made.buffer;
