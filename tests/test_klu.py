@@ -20,7 +20,7 @@ import sciad.numpy as snp
 from sciad.errors import InvalidOptionError, NonFiniteError, SingularMatrixError
 from sciad.graph import passes
 from sciad.primitives._linalg import linalg_backsolve_p, linalg_factor_p
-from sciad.solvers import _klu_ffi
+from sciad.solvers import _batch_split, _klu_ffi
 from sciad.solvers._linear import choose
 
 from helpers import assert_vmap_of_sparse_solves
@@ -372,33 +372,56 @@ def test_a_failed_check_releases_the_factors_of_its_program():
         for _ in range(m):
             with pytest.raises(SingularMatrixError, match="working precision"):
                 jax.block_until_ready(g(L.data, b))
-            # (past `RELEASE_WINDOW_S`: a new factor at a just-released
-            # address is left, by design)
-            time.sleep(1.5 * _klu_ffi.RELEASE_WINDOW_S)
         gc.collect()
         return _rss_mib()
 
+    live = _batch_split.live_handles()
     first = fails(10)  # (the first calls grow the heap once, by up to ~10 MB)
     assert fails(30) - first < 30  # (a factor is ~2.3 MB: 69 MB if each leaked)
+    assert _batch_split.live_handles() == live  # (every factor made was released)
     # the program still runs, and frees its factors, on a good matrix
     good = L.data + np.where(L.indices == np.repeat(np.arange(n), np.diff(L.indptr)), 1.0, 0.0)
     jax.block_until_ready(g(good, b))
 
 
-def test_a_host_release_is_never_repeated_at_once(rng):
-    """Two failed checks of one run may release the same handles at once:
-    the second release within `RELEASE_WINDOW_S` is skipped (a double free
-    would crash here)."""
+@pytest.mark.skipif(not _batch_split.handles_available(),
+                    reason="no C++ compiler: no handle table")
+def test_a_repeated_or_stale_release_is_refused(rng):
+    """Two failed checks of one run may release the same handles, and the
+    program's own free may follow a host release: the handle table ends each
+    handle once, so the second release frees nothing (a double free would
+    crash here), and a solve with a released handle is an error, not a read
+    of freed memory. A released entry is reused with a new generation, and
+    the stale handle does not reach the new factor."""
     M = _general_csr(rng, 30)
     pattern = _csr(M)(M.data).pattern
+    b = np.ones(30)
     make = jax.jit(lambda d: jax.numpy.stack([_klu_ffi.factor(pattern, d),
                                               _klu_ffi.factor(pattern, 2 * d)]))
+    free = jax.jit(lambda h: _klu_ffi.free(h))
+    solve = jax.jit(lambda h, d: _klu_ffi.solve(pattern, h, d, b, False, numeric=True))
+    live = _batch_split.live_handles()
     for _ in range(3):
         h = np.asarray(make(M.data))
-        assert h.all()
-        _klu_ffi.KERNELS.release_now(h)
-        _klu_ffi.KERNELS.release_now(h[::-1])  # (skipped: released just now)
-        assert all(int(v) in _klu_ffi._released for v in h)
+        assert h.all() and _batch_split.live_handles() == live + 2
+        release = _klu_ffi.KERNELS.release_now
+        assert release is not None and release.idempotent
+        release(h)
+        assert _batch_split.live_handles() == live
+        release(h[::-1])  # (refused: released already)
+        jax.block_until_ready(free(h))  # (the program's own free: refused too)
+        assert _batch_split.live_handles() == live
+        with pytest.raises(Exception, match="read after its release"):
+            jax.block_until_ready(solve(h[0], M.data))
+    # a new factor in a reused entry: the stale handle differs and frees nothing
+    h2 = np.asarray(make(M.data))
+    assert not set(h2.tolist()) & set(h.tolist())
+    release(h)
+    assert _batch_split.live_handles() == live + 2
+    np.testing.assert_allclose(np.asarray(solve(h2[0], M.data)),
+                               np.linalg.solve(M.toarray(), b), rtol=1e-10)
+    release(h2)
+    assert _batch_split.live_handles() == live
 
 
 @pytest.mark.parametrize("where", ["matrix", "rhs"])

@@ -102,6 +102,11 @@ def library():
                 return None
             lib.sciad_batch_set_inner.argtypes = [ctypes.c_int, ctypes.c_void_p]
             lib.sciad_batch_set_inner.restype = ctypes.c_int
+            lib.sciad_handles_take.argtypes = [ctypes.c_void_p, ctypes.c_int64,
+                                               ctypes.c_void_p]
+            lib.sciad_handles_take.restype = None
+            lib.sciad_handles_live.argtypes = []
+            lib.sciad_handles_live.restype = ctypes.c_int64
             jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.sciad_batch_split),
                                         platform="cpu")
             _lib = lib
@@ -139,16 +144,51 @@ def set_inner(target: str, capsule) -> int:
         return slot
 
 
+#: how a call meets the handle table (`handles=`; see `csrc/batch_split.cc`)
+READ, TAKE, MAKE = 1, 2, 3
+
+
+def handles_available() -> bool:
+    """Whether factor handles go through the handle table (the splitter is
+    built): then a repeated or stale release frees nothing."""
+    return library() is not None
+
+
+def take_handles(handles) -> np.ndarray:
+    """Ends the live entries among `handles` (a NumPy array of uint64, any
+    shape) and returns the raw pointers they stood for, for the caller to
+    free (0 where a handle is 0, stale or already released)."""
+    lib = library()
+    assert lib is not None, "take_handles: the handle table is not built"
+    hs = np.ascontiguousarray(np.asarray(handles, np.uint64).ravel())
+    raws = np.zeros_like(hs)
+    lib.sciad_handles_take(hs.ctypes.data, hs.size, raws.ctypes.data)
+    return raws
+
+
+def live_handles() -> int:
+    """How many handles are live: made by a program and not yet released (0
+    where the handle table is not built)."""
+    lib = library()
+    return 0 if lib is None else int(lib.sciad_handles_live())
+
+
 def split_call(target: str, args, out, batched, threads: int, cleanup: str | None = None,
-               has_side_effect: bool = False):
+               has_side_effect: bool = False, handles: tuple[int, int] | None = None):
     """`jax.ffi.ffi_call(target, out)(*args)`, split into `threads` slices of
     the leading batch axis of the arguments at the positions `batched` and
     of every result (run unsplit where `threads` is 1 or the splitter is not
     built). `cleanup`: a target registered with `set_inner`, called on the
-    first result of every slice that succeeded where another failed."""
-    if threads > 1 and target in _slots and (cleanup is None or cleanup in _slots):
+    first result of every slice that succeeded where another failed.
+    `handles`: `(argument, mode)`, how the call meets the handle table
+    (`READ` or `TAKE` the handles in that argument, or `MAKE` them from the
+    first result; the argument is ignored there): such a call always goes
+    through the splitter where it is built (`handles_available`)."""
+    if ((threads > 1 or handles is not None) and target in _slots
+            and (cleanup is None or cleanup in _slots)):
         mask = sum(1 << i for i in batched)
-        ctl = np.array([_slots[target], mask, threads, _slots[cleanup] if cleanup else -1],
-                       np.int64)
+        harg, hmode = handles if handles is not None else (-1, 0)
+        ctl = np.array([_slots[target], mask, threads, _slots[cleanup] if cleanup else -1,
+                        harg, hmode], np.int64)
         return jax.ffi.ffi_call(TARGET, out, has_side_effect=has_side_effect)(*args, ctl)
     return jax.ffi.ffi_call(target, out, has_side_effect=has_side_effect)(*args)

@@ -61,7 +61,7 @@ import numpy as np
 
 from ..errors import (NotPositiveDefiniteError, NotSupportedError, SingularMatrixError,
                       register_kernel_error)
-from . import _cudss_ffi, _klu_ffi
+from . import _batch_split, _cudss_ffi, _klu_ffi
 from ._klu import HandleSolver
 from ._host import host_call
 
@@ -140,8 +140,9 @@ class StandIn(_klu_ffi.KLUKernels):
     depends on (whatever reads it, a check included, runs after), and
     uncounts it when the program frees it or a failed check releases it
     (`release_now`, which cuDSS's kernels have: here it uncounts the
-    handles, and the KLU objects are left; a free that follows the release
-    of a handle is not counted twice)."""
+    handles and frees their KLU objects through the handle table, where it
+    is built; a free that follows the release of a handle is not counted
+    twice, and frees nothing)."""
 
     name = "cudss (stand-in: KLU on the host)"
 
@@ -182,8 +183,10 @@ class StandIn(_klu_ffi.KLUKernels):
                     if self._ledger[v] == 0:
                         del self._ledger[v]
                     self._released.add(v)
+        if _batch_split.handles_available():  # (the KLU objects too: a second release
+            self._release_from_host(handles)  # of a handle frees nothing)
 
-    release_now.idempotent = True  # (as cuDSS's: it frees no KLU object)
+    release_now.idempotent = True  # (as cuDSS's)
 
     def free(self, handle, after=()):
         tok = super().free(handle, after)

@@ -21,6 +21,15 @@ a KLU solve is first lowered, as `sciad_klu_*` CPU targets.
   program, after every reader (see `sciad.primitives._linalg`). A handle of
   0 means "no numeric factor": a solve then factors and solves in one call
   (`solve_with_symbol`, which frees its own factor).
+- Handles with generations: where sciad's C++ extension is built (the batch
+  splitter's, `sciad.solvers._batch_split`), a handle is not KLU's raw
+  pointer but an entry of its handle table with a generation: a release
+  ends the entry, so a second release of the same handle (a failed check's
+  from the host, then the program's own) or a stale one frees nothing, and
+  a solve with a released handle fails instead of reading freed memory.
+  Without a compiler, handles are raw pointers and there is no host release
+  (`release_now` is None): a failed check then leaves its program's factors,
+  a leak, never a double free.
 - Batching: each kernel takes a leading batch axis (`n_lhs` matrices on
   one pattern); `jax.vmap` of these functions folds its axes into that one
   (`jax.custom_batching.custom_vmap`), so a batch of matrices is one call.
@@ -35,8 +44,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
-from collections import OrderedDict
 
 import jax
 import jax.numpy as jnp
@@ -66,9 +73,6 @@ DOT_NS_PER_ENTRY = 2
 _lock = threading.Lock()
 _registered = False
 _symbolic: dict = {}  # Pattern -> (KLUSymbolic, raw handle, rows int32, cols int32)
-#: handle -> when `release_now` freed it, for `RELEASE_WINDOW_S` seconds
-_released: OrderedDict = OrderedDict()
-RELEASE_WINDOW_S = 0.02
 
 
 def available() -> bool:
@@ -332,9 +336,23 @@ class HandleKernels:
                   for x in jax.tree_util.tree_leaves(after)
                   if isinstance(x, (jax.Array, jax.core.Tracer, np.ndarray)) and x.size]
         if firsts:
-            s = functools.reduce(jnp.add, firsts)
-            h = jnp.stack([h, h])[(s != s).astype(jnp.int32)]
+            h = _after(h, functools.reduce(jnp.add, firsts))
         return self._free_fn()(h.reshape(-1))  # (a batch's handles: a map's, handed out)
+
+
+@custom_vmap
+def _after(h, s):
+    """`h`, read once `s` is computed: a data dependency XLA cannot fold away
+    (an `optimization_barrier` whose other results are unused, it dropped)."""
+    return jnp.stack([h, h])[jnp.any(s != s).astype(jnp.int32)]
+
+
+@_after.def_vmap
+def _after_rule(axis_size, in_batched, h, s):
+    # (batched only where `h` is: under `jax.vmap` of a program that factors
+    # outside the batch, as `jax.jacfwd`'s, whose solves are batched, the one
+    # factor is freed once, not once per example)
+    return _after(h, s), in_batched[0]
 
 
 class KLUKernels(HandleKernels):
@@ -358,7 +376,8 @@ class KLUKernels(HandleKernels):
             jax.ShapeDtypeStruct(ax.shape[:1], jnp.uint64), batched=(2,),
             threads=_batch_split.threads_for(ax.shape[0], FACTOR_NS_PER_ENTRY * pattern.nnz),
             cleanup="sciad_klu_free_numeric",  # (the other slices' factors, where one fails)
-            has_side_effect=True)  # (never merged with another: one free each)
+            has_side_effect=True,  # (never merged with another: one free each)
+            handles=(-1, _batch_split.MAKE))
 
     def _solve_call(self, pattern, kind, transpose, h, ax, b):
         raw, _, _ = symbolic(pattern)
@@ -366,7 +385,8 @@ class KLUKernels(HandleKernels):
             f"sciad_klu_{'t' if transpose else ''}solve_with_numeric_{kind}",
             (np.uint64(raw), h, b), jax.ShapeDtypeStruct(b.shape, b.dtype), batched=(1, 2),
             threads=_batch_split.threads_for(b.shape[0],
-                                             SOLVE_NS_PER_ENTRY * pattern.nnz * b.shape[-1]))
+                                             SOLVE_NS_PER_ENTRY * pattern.nnz * b.shape[-1]),
+            handles=(1, _batch_split.READ))
 
     def _factor_solve_call(self, pattern, kind, transpose, ax, b):
         raw, rows, cols = symbolic(pattern)
@@ -376,35 +396,32 @@ class KLUKernels(HandleKernels):
             batched=(2, 3),
             threads=_batch_split.threads_for(ax.shape[0], FACTOR_NS_PER_ENTRY * pattern.nnz))
 
-    def release_now(self, handles) -> None:
-        """Frees the numeric factors `handles` (a NumPy array of any shape; 0
-        entries skipped) from the host: a failed check's, whose raise stops
-        the program before its own frees run. Never twice:
+    @property
+    def release_now(self):
+        """The host release of a failed check (`_release_from_host`), where
+        handles go through the handle table; else None (a raw pointer
+        cannot tell a second release from a first)."""
+        self.register()
+        return self._release_from_host if _batch_split.handles_available() else None
 
-        - a check calls it only where the program's frees wait for that check
-          (`sciad.graph._lower.checks_ordered`), so they never run after it;
-        - two checks of one run that fail at once (XLA may run independent
-          ones together) would both release the run's handles: a handle
-          released in the last `RELEASE_WINDOW_S` seconds is skipped. (A new
-          factor at the same address that fails within that window is left,
-          as every failed check's was before: a leak, never a double free.)"""
+    def _release_from_host(self, handles) -> None:
+        """Frees the numeric factors `handles` (a NumPy array of any shape)
+        from the host: a failed check's, whose raise stops the program before
+        its own frees run. A handle that is 0, or already released (by the
+        program, or by another check of it that failed at the same time), is
+        skipped by the handle table."""
         import klujax_cpp
 
-        now = time.monotonic()
-        with _lock:
-            while _released and next(iter(_released.values())) < now - RELEASE_WINDOW_S:
-                _released.popitem(last=False)
-            hs = [h for h in np.asarray(handles, np.uint64).ravel().tolist()
-                  if h and h not in _released]
-            for h in hs:
-                _released[h] = now
-        if hs:
-            klujax_cpp.KLUNumeric(hs).close()
+        raws = [r for r in _batch_split.take_handles(handles).tolist() if r]
+        if raws:
+            klujax_cpp.KLUNumeric(raws).close()
+
+    _release_from_host.idempotent = True  # (see `sciad.graph._lower.made_in_run`)
 
     def _free_call(self, h):
-        call = jax.ffi.ffi_call("sciad_klu_free_numeric",
-                                jax.ShapeDtypeStruct(h.shape, jnp.int32), has_side_effect=True)
-        return call(h)
+        return _batch_split.split_call(
+            "sciad_klu_free_numeric", (h,), jax.ShapeDtypeStruct(h.shape, jnp.int32),
+            batched=(0,), threads=1, has_side_effect=True, handles=(0, _batch_split.TAKE))
 
 
 #: KLU's kernels, as the "klu" record calls them

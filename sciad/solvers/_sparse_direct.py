@@ -42,6 +42,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_batching import custom_vmap
 
 from ._host import host_call
 from ._measures import ratio
@@ -775,17 +776,32 @@ def rcond_estimate(pattern, factor: tuple, data):
 def spsolve(pattern, data, b, transpose: bool):
     """`A x = b` (`A^T x = b`) by `jax.experimental.sparse.linalg.spsolve`,
     which factors `A` each time."""
-    from jax.experimental.sparse.linalg import spsolve
-
     if transpose:
         pattern_t, perm = pattern.transposed()
         pattern, data = pattern_t, data[perm]
     indices = jnp.asarray(pattern.indices, jnp.int32)
     indptr = jnp.asarray(pattern.indptr, jnp.int32)
     if b.ndim == 1:
-        return spsolve(data, indices, indptr, b)
+        return _spsolve_each(data, indices, indptr, b)
     # spsolve has no batching rule: one solve per column
-    return jax.lax.map(lambda col: spsolve(data, indices, indptr, col), b.T).T
+    return jax.lax.map(lambda col: _spsolve_each(data, indices, indptr, col), b.T).T
+
+
+@custom_vmap
+def _spsolve_each(data, indices, indptr, b):
+    """JAX's `spsolve`, which has no batching rule, batched by a loop: under
+    `jax.vmap` (`jax.jacrev` / `jax.jacfwd` of `sd.to_jax(f)`) one solve
+    per example."""
+    from jax.experimental.sparse.linalg import spsolve
+
+    return spsolve(data, indices, indptr, b)
+
+
+@_spsolve_each.def_vmap
+def _spsolve_each_rule(axis_size, in_batched, *args):
+    args = tuple(a if batched else jnp.broadcast_to(a, (axis_size,) + a.shape)
+                 for a, batched in zip(args, in_batched))
+    return jax.lax.map(lambda xs: _spsolve_each(*xs), args), True
 
 
 def each_example(h: np.ndarray, d: np.ndarray, b: np.ndarray):

@@ -1,10 +1,11 @@
 // sciad's batch splitter: one XLA FFI handler (CPU) that runs another
-// handler on slices of its leading batch axis, on several threads at once.
+// handler on slices of its leading batch axis, on several threads at once,
+// and the table of factor handles that handler's calls go through.
 //
 // XLA:CPU runs a custom call on one thread, and a batch of independent
 // factorizations in one call (KLU's kernels take a leading batch axis) uses
 // one core. `sciad_batch_split` takes the inner handler's arguments plus one
-// trailing int64[4] argument `(slot, mask, threads, cleanup)`:
+// trailing int64[6] argument `(slot, mask, threads, cleanup, harg, hmode)`:
 //
 // - `slot`: which inner handler (set once with `sciad_batch_set_inner`);
 // - `mask`: bit i set where argument i carries the batch axis first (every
@@ -12,7 +13,15 @@
 // - `threads`: how many slices (1 calls the inner handler once);
 // - `cleanup`: the slot of a handler called, where a slice failed, on the
 //   first result of each slice that did not (`(L,) -> int32 (L,)`: KLU's
-//   free of the factors the other slices made), or -1.
+//   free of the factors the other slices made), or -1;
+// - `harg`, `hmode`: how the call meets the handle table (below): `hmode` 0,
+//   none; 1 (`READ`), argument `harg` holds handles, passed to the inner
+//   handler as the raw pointers they stand for (a stale one fails the call);
+//   2 (`TAKE`), the same, each live handle's entry then ended (the inner
+//   handler frees what it is given; a stale or repeated handle is passed as
+//   0, which it skips); 3 (`MAKE`), the first result holds raw pointers the
+//   inner handler made, each entered in the table and replaced by its handle
+//   once every slice succeeded.
 //
 // Each slice is the inner handler's own call frame: the same API, context,
 // stage and attributes, its batched buffers offset and their leading
@@ -22,11 +31,21 @@
 // (in slice order) where any failed. Only synchronous inner handlers (no
 // `future`) are supported.
 //
+// The handle table. A compiled factorization (KLU's numeric object) is a raw
+// pointer; a program holds a handle instead: `(generation << 32) | (index +
+// 1)`, never 0 (0 means "no factor"). Ending an entry (`TAKE`, or
+// `sciad_handles_take` from the host, where a failed check stops the program
+// before its own frees run) bumps its generation, so a second release of the
+// same handle, or a stale one after the entry was reused, finds no live
+// entry and frees nothing: a repeated release is refused, never a double
+// free.
+//
 // No Python API: loaded with ctypes by `sciad.solvers._batch_split`, which
 // registers `sciad_batch_split` as an FFI target.
 
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -115,6 +134,68 @@ bool slice_buffer(const XLA_FFI_Buffer* b, bool batched, int64_t total, int64_t 
   return true;
 }
 
+
+// --- the handle table ---
+
+enum HandleMode : int64_t { kNone = 0, kRead = 1, kTake = 2, kMake = 3 };
+
+struct Entry {
+  uint64_t raw = 0;  // (0: a free entry)
+  uint32_t generation = 1;
+};
+
+std::mutex g_table_lock;
+std::vector<Entry> g_table;
+std::vector<uint32_t> g_vacant;
+int64_t g_live = 0;
+
+uint64_t handle_of(uint32_t index, uint32_t generation) {
+  return (static_cast<uint64_t>(generation) << 32) | (static_cast<uint64_t>(index) + 1);
+}
+
+// The entry `h` stands for where it is live, else nullptr (lock held).
+Entry* live_entry(uint64_t h) {
+  const uint64_t low = h & 0xffffffffu;
+  if (low == 0 || low > g_table.size()) return nullptr;
+  Entry& e = g_table[low - 1];
+  if (e.raw == 0 || e.generation != static_cast<uint32_t>(h >> 32)) return nullptr;
+  return &e;
+}
+
+// Enters `raw` (not 0) and returns its handle (lock held).
+uint64_t put(uint64_t raw) {
+  uint32_t index;
+  if (!g_vacant.empty()) {
+    index = g_vacant.back();
+    g_vacant.pop_back();
+  } else {
+    index = static_cast<uint32_t>(g_table.size());
+    g_table.emplace_back();
+  }
+  g_table[index].raw = raw;
+  ++g_live;
+  return handle_of(index, g_table[index].generation);
+}
+
+// The raw pointer of live handle `h`, ending its entry; 0 where `h` is 0,
+// stale or repeated (lock held).
+uint64_t take(uint64_t h) {
+  Entry* e = live_entry(h);
+  if (e == nullptr) return 0;
+  const uint64_t raw = e->raw;
+  e->raw = 0;
+  if (++e->generation == 0) e->generation = 1;
+  g_vacant.push_back(static_cast<uint32_t>(e - g_table.data()));
+  --g_live;
+  return raw;
+}
+
+size_t elements(const XLA_FFI_Buffer* b) {
+  size_t n = 1;
+  for (int64_t i = 0; i < b->rank; ++i) n *= static_cast<size_t>(b->dims[i]);
+  return n;
+}
+
 }  // namespace
 
 extern "C" {
@@ -140,13 +221,13 @@ XLA_FFI_Error* sciad_batch_split(XLA_FFI_CallFrame* call) {
 
   const int64_t nargs = call->args.size - 1;
   if (nargs < 0 || call->args.types[nargs] != XLA_FFI_ArgType_BUFFER)
-    return make_error(api, "sciad_batch_split: no trailing (slot, mask, threads, cleanup) "
-                           "argument");
+    return make_error(api, "sciad_batch_split: no trailing (slot, mask, threads, cleanup, "
+                           "harg, hmode) argument");
   auto* ctl = static_cast<XLA_FFI_Buffer*>(call->args.args[nargs]);
-  if (ctl->dtype != XLA_FFI_DataType_S64 || ctl->rank != 1 || ctl->dims[0] != 4)
-    return make_error(api, "sciad_batch_split: the trailing argument is not int64[4]");
+  if (ctl->dtype != XLA_FFI_DataType_S64 || ctl->rank != 1 || ctl->dims[0] != 6)
+    return make_error(api, "sciad_batch_split: the trailing argument is not int64[6]");
   const int64_t* c = static_cast<const int64_t*>(ctl->data);
-  const int64_t slot = c[0], mask = c[1], cleanup_slot = c[3];
+  const int64_t slot = c[0], mask = c[1], cleanup_slot = c[3], harg = c[4], hmode = c[5];
   int64_t threads = c[2];
   if (slot < 0 || slot >= kSlots || g_inner[slot] == nullptr)
     return make_error(api, "sciad_batch_split: no inner handler in this slot");
@@ -162,6 +243,39 @@ XLA_FFI_Error* sciad_batch_split(XLA_FFI_CallFrame* call) {
   const int64_t total = static_cast<XLA_FFI_Buffer*>(call->rets.rets[0])->dims[0];
   if (threads > total) threads = total;
   if (threads < 1) threads = 1;
+  if (hmode < kNone || hmode > kMake ||
+      ((hmode == kRead || hmode == kTake) && (harg < 0 || harg >= nargs)))
+    return make_error(api, "sciad_batch_split: a bad handle mode");
+
+  // (READ / TAKE: the handles' raw pointers, in a buffer of their own)
+  XLA_FFI_Buffer raw_arg;
+  std::vector<uint64_t> raws;
+  if (hmode == kRead || hmode == kTake) {
+    if (call->args.types[harg] != XLA_FFI_ArgType_BUFFER)
+      return make_error(api, "sciad_batch_split: the handle argument is not a buffer");
+    const auto* hb = static_cast<const XLA_FFI_Buffer*>(call->args.args[harg]);
+    if (hb->dtype != XLA_FFI_DataType_U64)
+      return make_error(api, "sciad_batch_split: the handle argument is not uint64");
+    const size_t n = elements(hb);
+    const auto* hs = static_cast<const uint64_t*>(hb->data);
+    raws.assign(n + 1, 0);  // (one more: a valid pointer where n is 0)
+    std::lock_guard<std::mutex> hold(g_table_lock);
+    for (size_t i = 0; i < n; ++i) {
+      if (hs[i] == 0) continue;
+      if (hmode == kTake) {
+        raws[i] = take(hs[i]);
+        continue;
+      }
+      Entry* e = live_entry(hs[i]);
+      if (e == nullptr)
+        return make_error(api, "sciad: a factor handle was read after its release (a "
+                               "failed check released the program's factors, or a bug in "
+                               "sciad)");
+      raws[i] = e->raw;
+    }
+    raw_arg = *hb;
+    raw_arg.data = raws.data();
+  }
 
   std::vector<SliceFrame> frames(threads);
   for (int64_t t = 0; t < threads; ++t) {
@@ -172,8 +286,9 @@ XLA_FFI_Error* sciad_batch_split(XLA_FFI_CallFrame* call) {
     for (int64_t i = 0; i < nargs; ++i) {
       if (call->args.types[i] != XLA_FFI_ArgType_BUFFER)
         return make_error(api, "sciad_batch_split: an argument is not a buffer");
-      if (!slice_buffer(static_cast<XLA_FFI_Buffer*>(call->args.args[i]), (mask >> i) & 1,
-                        total, start, count, &f.args[i]))
+      const auto* b = (hmode == kRead || hmode == kTake) && i == harg
+                          ? &raw_arg : static_cast<XLA_FFI_Buffer*>(call->args.args[i]);
+      if (!slice_buffer(b, (mask >> i) & 1, total, start, count, &f.args[i]))
         return make_error(api, "sciad_batch_split: a batched argument does not lead with "
                                "the batch axis");
     }
@@ -248,7 +363,30 @@ XLA_FFI_Error* sciad_batch_split(XLA_FFI_CallFrame* call) {
       if (XLA_FFI_Error* e = cleanup(&frame)) destroy_error(api, e);
     }
   }
+  if (first == nullptr && hmode == kMake) {  // (every slice made its factors: enter them)
+    auto* made = static_cast<XLA_FFI_Buffer*>(call->rets.rets[0]);
+    if (made->dtype != XLA_FFI_DataType_U64)
+      return make_error(api, "sciad_batch_split: the made handles are not uint64");
+    auto* hs = static_cast<uint64_t*>(made->data);
+    std::lock_guard<std::mutex> hold(g_table_lock);
+    for (size_t i = 0, n = elements(made); i < n; ++i)
+      if (hs[i] != 0) hs[i] = put(hs[i]);
+  }
   return first;
+}
+
+// Ends the live entries among the `n` handles `hs` and writes their raw
+// pointers to `raws` (0 for a handle that is 0, stale or repeated), for the
+// caller to free: the host's release of a failed program's factors.
+void sciad_handles_take(const uint64_t* hs, int64_t n, uint64_t* raws) {
+  std::lock_guard<std::mutex> hold(g_table_lock);
+  for (int64_t i = 0; i < n; ++i) raws[i] = hs[i] == 0 ? 0 : take(hs[i]);
+}
+
+// How many handles are live (made and not yet released).
+int64_t sciad_handles_live() {
+  std::lock_guard<std::mutex> hold(g_table_lock);
+  return g_live;
 }
 
 }  // extern "C"

@@ -1,0 +1,117 @@
+"""Every JAX transform of `sd.to_jax(f)`, for every linear-solver record.
+
+`f` solves with one solver of the registry (`records("linear")`: the
+dense, the sparse direct ones, the cuDSS stand-in, the Krylov ones) on a
+matrix built from its argument, and each of JAX's own transforms of
+`sd.to_jax(f)` (jit, grad, jacrev, jacfwd, hessian, jvp, vjp, vmap of jvp,
+and `jax.jit` of jacfwd and hessian) must run and agree with the same
+derivatives of a dense NumPy solve.
+
+It runs in a child process: `jax.jacfwd` of a KLU solve once freed one
+factor once per tangent (a SIGSEGV), and a crash must fail this test, not
+kill the test worker. `jax.jacfwd` and `jax.hessian` are `jax.vmap` over
+tangents of programs that factor outside the batch: the factor is made and
+freed once, its solves batched.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from sciad.solvers._registry import records
+
+# (the cuDSS record runs its host stand-in: KLU's kernels with a ledger)
+SOLVERS = sorted(r.name for r in records("linear"))
+
+_CHILD = textwrap.dedent('''
+    import json, sys
+    import jax, jax.numpy as jnp, numpy as np
+    jax.config.update("jax_enable_x64", True)
+    import sciad as sd, sciad.numpy as snp
+    from sciad.solvers import _batch_split, _cudss
+
+    solver = sys.argv[1]
+    n = 4
+    rows = np.array([0, 0, 1, 1, 1, 2, 2, 2, 3, 3])
+    cols = np.array([0, 1, 0, 1, 2, 1, 2, 3, 2, 3])
+    dense = solver in ("lu", "cholesky")
+    kw = dict(tol=1e-12) if solver in ("cg", "gmres", "bicgstab") else {}
+
+    def f(v):   # v: the matrix's entries (symmetric: mirrored), x = A(v)^-1 b
+        d = snp.concatenate([v[:1], v[1:2], v[1:2], v[2:3], v[3:4], v[3:4], v[4:5],
+                             v[5:6], v[5:6], v[6:7]])
+        A = sd.sparse.coo_matrix((d, (rows, cols)), shape=(n, n), tags={"spd"})
+        if dense:
+            A = A.todense()
+        return sd.linalg.solve(A, np.arange(1.0, n + 1), solver=solver, **kw)
+
+    v = jnp.array([4.0, 1.0, 5.0, 0.5, 6.0, 0.3, 7.0])
+    t = jnp.array([0.3, -0.2, 0.1, 0.4, -0.5, 0.2, 0.6])
+    g = sd.to_jax(f)
+    s = lambda v: jnp.sum(g(v) ** 2)
+    out = {}
+    with _cudss.use_kernels(_cudss.StandIn()) if solver == "cudss" else _nullcontext():
+        live = _batch_split.live_handles()
+        out["jit"] = jax.jit(g)(v)
+        out["grad"] = jax.grad(s)(v)
+        out["jacrev"] = jax.jacrev(g)(v)
+        out["jacfwd"] = jax.jacfwd(g)(v)
+        out["jit_jacfwd"] = jax.jit(jax.jacfwd(g))(v)
+        out["hessian"] = jax.hessian(s)(v)
+        out["jit_hessian"] = jax.jit(jax.hessian(s))(v)
+        out["jvp"] = jax.jvp(g, (v,), (t,))[1]
+        out["vjp"] = jax.vjp(g, v)[1](jnp.arange(1.0, n + 1))[0]
+        out["vmap_jvp"] = jax.vmap(lambda t: jax.jvp(g, (v,), (t,))[1])(jnp.eye(7)[:3])
+        jax.effects_barrier()
+        out["live"] = _batch_split.live_handles() - live
+    print("RESULT " + json.dumps({k: np.asarray(x).tolist() for k, x in out.items()}))
+''').replace("_nullcontext()", "__import__('contextlib').nullcontext()")
+
+
+def _dense_truth():
+    """The same derivatives of a dense NumPy solve, by hand (A symmetric)."""
+    n = 4
+    b = np.arange(1.0, n + 1)
+    v = np.array([4.0, 1.0, 5.0, 0.5, 6.0, 0.3, 7.0])
+    t = np.array([0.3, -0.2, 0.1, 0.4, -0.5, 0.2, 0.6])
+    where = [[(0, 0)], [(0, 1), (1, 0)], [(1, 1)], [(1, 2), (2, 1)], [(2, 2)],
+             [(2, 3), (3, 2)], [(3, 3)]]
+    E = np.zeros((7, n, n))
+    for k, ij in enumerate(where):
+        for i, j in ij:
+            E[k, i, j] = 1.0
+    A = np.einsum("k,kij->ij", v, E)
+    Ai = np.linalg.inv(A)
+    x = Ai @ b
+    J = -np.einsum("ij,kjl,l->ik", Ai, E, x)  # dx/dv_k = -A^-1 E_k x
+    # s = |x|^2: ds = 2 x.J; d2s/dv_k dv_l = 2 (J^T J + x . d2x)
+    d2x = np.einsum("ij,kjl,lm,pmq,q->ikp", Ai, E, Ai, E, x)
+    H = 2 * (J.T @ J + np.einsum("i,ikp->kp", x, d2x + d2x.transpose(0, 2, 1)))
+    return dict(jit=x, grad=2 * J.T @ x, jacrev=J, jacfwd=J, jit_jacfwd=J, hessian=H,
+                jit_hessian=H, jvp=J @ t, vjp=J.T @ b, vmap_jvp=J[:, :3].T)
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_every_jax_transform_of_to_jax_runs_and_agrees(solver):
+    if solver == "cholmod":
+        pytest.importorskip("cvxopt")
+    if solver in ("klu", "cudss"):
+        pytest.importorskip("klujax_cpp")
+    proc = subprocess.run([sys.executable, "-c", _CHILD, solver], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, (
+        f"the child process died (status {proc.returncode}):\n{proc.stderr[-3000:]}")
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    got = json.loads(line[-1][len("RESULT "):])
+    assert got.pop("live") == 0, "a factor made by a transform was not freed"
+    iterative = solver in ("cg", "gmres", "bicgstab")
+    for name, want in _dense_truth().items():
+        np.testing.assert_allclose(np.asarray(got[name]), want,
+                                   rtol=1e-7 if iterative else 1e-10, atol=1e-12,
+                                   err_msg=f"{solver}: {name}")
