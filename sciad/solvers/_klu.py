@@ -64,7 +64,8 @@ import functools
 import jax
 import numpy as np
 
-from ..errors import InvalidOptionError, SingularMatrixError, register_kernel_error
+from ..errors import (InvalidOptionError, NotSupportedError, SingularMatrixError,
+                      register_kernel_error)
 from . import _klu_ffi, _sparse_direct
 from ._indices import pattern_matmul
 from ._linear import AbstractDirectSolver
@@ -73,6 +74,17 @@ register_kernel_error(
     _klu_ffi.FACTOR_FAILED, SingularMatrixError,
     "solver 'klu': the matrix is singular: KLU's factorization found a zero pivot. Check "
     "the matrix for a null space (a missing boundary condition, a disconnected part).",
+    op="linalg.factor")
+# (XLA's SPMD partitioner, on a program whose inputs were put on several
+# devices without a mesh axis to split the batch over: a factor's free, a
+# side-effecting kernel call, reaches it without a sharding)
+register_kernel_error(
+    "Side-effect HLO must have sharding", NotSupportedError,
+    "a program that makes compiled sparse factors (solver 'klu', or 'cudss') cannot yet be "
+    "partitioned by XLA over the devices its inputs were put on. Split the batch over the "
+    "devices yourself: `sd.function(sd.vmap(f, spmd_axis_name='batch'), "
+    "in_shardings=NamedSharding(mesh, P('batch')))` (see 'Batching and devices'), or solve "
+    "with solver='splu' or an iterative solver, which this path supports",
     op="linalg.factor")
 
 
