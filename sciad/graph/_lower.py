@@ -135,10 +135,16 @@ def made_in_run(value, release_now: Callable[[Any], None]) -> None:
 def in_flight() -> list:
     """`(value, release_now)` of what the current run made so far and frees
     at its end (`made_in_run`): a host check passes the values to the host
-    and releases them there if it raises. The current run's only (a nested
-    body's check does not see its caller's)."""
+    and releases them there if it raises. The current run's, and those of
+    the runs lowering it (a loop's body: the check's raise stops the whole
+    program) whose release a second one cannot harm (`idempotent`): the
+    enclosing run's releases do not wait for a check inside a body."""
     stack = _stack()
-    return list(stack[-1].made) if stack else []
+    if not stack:
+        return []
+    outer = [(v, r) for scope in stack[:-1] for v, r in scope.made
+             if getattr(r, "idempotent", False)]
+    return outer + list(stack[-1].made)
 
 
 def _trace_state():

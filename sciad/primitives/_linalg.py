@@ -273,8 +273,13 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site, output: bool 
         if throw:
             report = functools.partial(judge_factor, site, dtype=dtype, solver=solver,
                                        tags=tags)
-        return record.factor(a, pattern=pattern, uses=uses, assume=assume if throw else None,
-                             report=report)
+        f = record.factor(a, pattern=pattern, uses=uses, assume=assume if throw else None,
+                          report=report)
+        if uses is not None and record.release_now is not None:
+            # (counted: all its solves are in this run. A failed check of the
+            # run stops it before the last ones, which would release it)
+            made_in_run(f[0], record.release_now)
+        return f
     if record.sparse:  # (spsolve, klu) the matrix checked here, before it is factored
         if throw:
             measures = _matrix_measures(a, pattern, assume)

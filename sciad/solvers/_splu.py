@@ -30,6 +30,9 @@ class SuperLU(AbstractDirectSolver):
     def factor_layout(self, n, dtype, pattern):
         return (((), np.int32),)
 
+    #: (a failed check's release of the run's factors: see `_sparse_direct`)
+    release_now = staticmethod(_sparse_direct.release_now)
+
     def factor(self, a, *, pattern=None, uses=None, assume=None, report=None):
         return _sparse_direct.factor(pattern, a, uses=uses, assume=assume, report=report)
 
