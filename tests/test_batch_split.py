@@ -22,7 +22,7 @@ import scipy.sparse as sp
 
 import sciad as sd
 import sciad.numpy as snp
-from sciad.errors import NotSupportedError
+from sciad.errors import NotSupportedError, SingularMatrixError
 from sciad.solvers import _batch_split, _klu_ffi
 
 pytestmark = [
@@ -136,31 +136,48 @@ def test_the_public_path_splits_and_matches_one_thread(rng, split_everything, mo
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
-def test_a_failed_slice_frees_the_factors_of_the_others(split_everything):
+def test_a_failed_slice_gives_zero_handles_and_the_others_are_released(split_everything):
     """One matrix of a batch singular (a zero pivot in the last slice): the
-    call fails with KLU's message, the factors the other slices made are
-    freed (without: 7.5 MB a call here, 300 MB over 40 calls; the first
-    calls grow the threads' malloc arenas once, by about 65 MB), and the
-    batch then factors again."""
+    factor call succeeds, the failed slice's handles are 0 (it freed what it
+    made, its other matrix's too) and the other slices' are live, for the program to judge. Through
+    the public path the batch raises `SingularMatrixError` naming the user's
+    line, and the failing check releases the other slices' factors: no
+    handle stays live, and the process stays flat (a leak is 7.5 MB a call
+    here, 300 MB over 40 calls; the first calls grow the threads' malloc
+    arenas once, by about 65 MB)."""
     n, B = 40_000, 4
     M = sp.csr_array(sp.diags([-1.0, 2.5, -1.0], [-1, 0, 1], (n, n)))
     M.sort_indices()
     pattern = sd.sparse.csr_matrix((M.data, M.indices, M.indptr), shape=M.shape).pattern
     vals = np.tile(M.data, (B, 1))
     vals[-1] = 0.0  # (the last slice's matrix: a zero pivot)
-    run = jax.jit(jax.vmap(lambda a: _klu_ffi.free(_klu_ffi.factor(pattern, a))))
+    live = _batch_split.live_handles()
+    h = np.asarray(jax.jit(jax.vmap(lambda a: _klu_ffi.factor(pattern, a)))(vals))
+    # (slices of 1, 1 and 2 matrices: the last slice's two handles are 0)
+    assert (h[:2] != 0).all() and (h[2:] == 0).all()
+    assert _batch_split.live_handles() == live + 2
+    _klu_ffi.KERNELS.release_now(h)
+    assert _batch_split.live_handles() == live
+
+    def loss(d):
+        A = sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape)
+        return snp.sum(sd.linalg.solve(A, np.ones(n), solver="klu") ** 2)
+
+    run = sd.function(sd.vmap(sd.value_and_grad(loss)))
 
     def fails(m):
         for _ in range(m):
-            with pytest.raises(Exception, match="klu_factor"):
+            with pytest.raises(SingularMatrixError, match="zero pivot") as e:
                 jax.block_until_ready(run(vals))
+            assert "test_batch_split.py" in str(e.value)  # (the user's line)
         gc.collect()
         return _rss_mib()
 
     first = fails(10)
     assert fails(40) - first < 40
-    vals[-1] = M.data
+    vals[-1] = M.data  # (and the batch then factors again, and frees)
     jax.block_until_ready(run(vals))
+    assert _batch_split.live_handles() == live
 
 
 def test_the_thread_policy(monkeypatch):

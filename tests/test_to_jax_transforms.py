@@ -115,3 +115,52 @@ def test_every_jax_transform_of_to_jax_runs_and_agrees(solver):
         np.testing.assert_allclose(np.asarray(got[name]), want,
                                    rtol=1e-7 if iterative else 1e-10, atol=1e-12,
                                    err_msg=f"{solver}: {name}")
+
+
+DIRECT = sorted(r.name for r in records("linear") if r.direct)
+
+
+@pytest.mark.parametrize("solver", DIRECT)
+def test_a_singular_matrix_names_the_users_line(solver):
+    """A singular matrix is sciad's error, with its text and the user's line,
+    for every direct backend, under `sd.function`, `sd.grad` and the user's
+    own `jax.jit(sd.to_jax(f))` (there it crosses XLA as JAX's runtime error
+    carrying sciad's; `sd.errors.unwrapped()` raises it as sciad's class).
+    KLU's factorization once failed inside its kernel, with the kernel's text
+    alone."""
+    import jax
+    import jax.numpy as jnp
+
+    import sciad as sd
+    import sciad.numpy as snp
+    from sciad.errors import NotPositiveDefiniteError, SingularMatrixError
+    from sciad.solvers import _cudss
+
+    if solver == "cholmod":
+        pytest.importorskip("cvxopt")
+    if solver in ("klu", "cudss"):
+        pytest.importorskip("klujax_cpp")
+    spd = solver in ("cholesky", "cholmod")
+    rows = np.array([0, 0, 1, 1, 2])
+    cols = np.array([0, 1, 0, 1, 2])
+
+    def f(v):  # [[1, 1, 0], [1, 1, 0], [0, 0, 1]] scaled: singular
+        A = sd.sparse.coo_matrix((v, (rows, cols)), shape=(3, 3))
+        if solver in ("lu", "cholesky"):
+            A = A.todense()
+        x = sd.linalg.solve(A, np.arange(1.0, 4.0), solver=solver,
+                            assume="spd" if spd else None)
+        return snp.sum(x ** 2)
+
+    v = jnp.array([1.0, 1.0, 1.0, 1.0, 1.0])
+    want = (SingularMatrixError, NotPositiveDefiniteError)
+    with _cudss.use_kernels(_cudss.StandIn()) if solver == "cudss" else \
+            __import__("contextlib").nullcontext():
+        for name, call in [("function", lambda: sd.function(f)(v)),
+                           ("grad", lambda: sd.grad(f)(v)),
+                           ("jit_to_jax", lambda: jax.jit(sd.to_jax(f))(v)),
+                           ("jit_grad_to_jax", lambda: jax.jit(jax.grad(sd.to_jax(f)))(v))]:
+            with pytest.raises(want) as e, sd.errors.unwrapped():
+                jax.block_until_ready(call())
+            assert "test_to_jax_transforms.py" in str(e.value), (solver, name, str(e.value))
+            assert "singular" in str(e.value) or "positive definite" in str(e.value)

@@ -331,6 +331,16 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site, output: bool 
             at_end(lambda outs: record.release(f, outs))
             if record.release_now is not None:  # (a failed check releases it)
                 made_in_run(f[0], record.release_now)
+        failed = record.failed(f, pattern=pattern) if throw and keep else None
+        if failed is not None:
+            # (a factorization that failed, judged here with the node and the
+            # user's line; the batch's other factors are released by the check)
+            with ordered_checks():  # (noted below)
+                broke = _where_any(failed, lambda s: check(judge_factor, site, dtype=dtype,
+                                                           solver=solver, tags=tags, singular=s),
+                                   lambda s: jnp.zeros((), jnp.int32), failed)
+            note_check(broke)
+            f = tuple(tie(f, broke))
         if keep:
             _made_here[id(f[0])] = f[0]
         return f

@@ -13,7 +13,7 @@ It is a small C++ extension built on first use with the system compiler
 (`sciad.solvers._build`); where it cannot be built (no compiler), calls run
 unsplit, as before, and nothing else changes.
 
-- `split_call(inner, args, out, batched, threads, cleanup)`: the inner
+- `split_call(inner, args, out, batched, threads, handles)`: the inner
   target's call, split where `threads > 1` and the splitter is built.
 - `threads_for(batch, work)`: how many slices a batch gets, from the usable
   cores and an estimate of each item's work (a slice must be worth a thread,
@@ -27,7 +27,7 @@ threads than cores, and `SCIAD_HOST_THREADS` caps it, 1 turning it off).
 ```python
 call = split_call("sciad_klu_factor_f64", (rows, cols, ax, raw),
                   jax.ShapeDtypeStruct((L,), jnp.uint64), batched=(2,),
-                  threads=threads_for(L, nnz), cleanup="sciad_klu_free_numeric")
+                  threads=threads_for(L, nnz), handles=(-1, MAKE))
 ```
 """
 
@@ -145,7 +145,7 @@ def set_inner(target: str, capsule) -> int:
 
 
 #: how a call meets the handle table (`handles=`; see `csrc/batch_split.cc`)
-READ, TAKE, MAKE = 1, 2, 3
+READ, TAKE, MAKE, SOFT = 1, 2, 3, 4
 
 
 def handles_available() -> bool:
@@ -173,22 +173,20 @@ def live_handles() -> int:
     return 0 if lib is None else int(lib.sciad_handles_live())
 
 
-def split_call(target: str, args, out, batched, threads: int, cleanup: str | None = None,
-               has_side_effect: bool = False, handles: tuple[int, int] | None = None):
+def split_call(target: str, args, out, batched, threads: int, has_side_effect: bool = False,
+               handles: tuple[int, int] | None = None):
     """`jax.ffi.ffi_call(target, out)(*args)`, split into `threads` slices of
     the leading batch axis of the arguments at the positions `batched` and
     of every result (run unsplit where `threads` is 1 or the splitter is not
-    built). `cleanup`: a target registered with `set_inner`, called on the
-    first result of every slice that succeeded where another failed.
-    `handles`: `(argument, mode)`, how the call meets the handle table
-    (`READ` or `TAKE` the handles in that argument, or `MAKE` them from the
-    first result; the argument is ignored there): such a call always goes
-    through the splitter where it is built (`handles_available`)."""
-    if ((threads > 1 or handles is not None) and target in _slots
-            and (cleanup is None or cleanup in _slots)):
+    built). `handles`: `(argument, mode)`, how the call meets the handle
+    table (`READ` or `TAKE` the handles in that argument, or `MAKE` them from
+    the first result, a failed slice's as 0; or `SOFT`, no handles, a failed
+    slice's results NaN; the argument is ignored there):
+    such a call always goes through the splitter where it is built
+    (`handles_available`)."""
+    if (threads > 1 or handles is not None) and target in _slots:
         mask = sum(1 << i for i in batched)
         harg, hmode = handles if handles is not None else (-1, 0)
-        ctl = np.array([_slots[target], mask, threads, _slots[cleanup] if cleanup else -1,
-                        harg, hmode], np.int64)
+        ctl = np.array([_slots[target], mask, threads, harg, hmode], np.int64)
         return jax.ffi.ffi_call(TARGET, out, has_side_effect=has_side_effect)(*args, ctl)
     return jax.ffi.ffi_call(target, out, has_side_effect=has_side_effect)(*args)

@@ -75,6 +75,11 @@ register_kernel_error(
     "solver 'klu': the matrix is singular: KLU's factorization found a zero pivot. Check "
     "the matrix for a null space (a missing boundary condition, a disconnected part).",
     op="linalg.factor")
+register_kernel_error(
+    "a solve was given no factor", SingularMatrixError,
+    "solver 'klu': the matrix is singular: KLU's factorization found a zero pivot (and "
+    "`throw=False` let its solves run). Check the matrix for a null space.",
+    op="linalg.backsolve")
 # (XLA's SPMD partitioner, on a program whose inputs were put on several
 # devices without a mesh axis to split the batch over: a factor's free, a
 # side-effecting kernel call, reaches it without a sharding)
@@ -120,6 +125,11 @@ class HandleSolver(AbstractDirectSolver):
             return (jax.numpy.zeros(a.shape[:-1], np.uint64),)
         return (self.kernels.factor(pattern, a, assume),)
 
+    def failed(self, factor, *, pattern=None):
+        """Whether the factorization failed (a boolean array), for the
+        program to judge; None where a failure stops the program instead."""
+        return self.kernels.failed(pattern, factor[0])
+
     def release(self, factor, after) -> None:
         """Frees the numeric factor `factor` (made with `uses` counted) once
         the values `after` are computed."""
@@ -160,6 +170,10 @@ class KLU(HandleSolver):
 
     name = "klu"
     kernels = _klu_ffi.KERNELS
+    breakdown = (SingularMatrixError,
+                 "solver 'klu': the matrix is singular: KLU's factorization found a zero "
+                 "pivot. Check the matrix for a null space (a missing boundary condition, a "
+                 "disconnected part).", {"rcond": 0.0})
 
     def rejects(self, *, matrix, dtype, tags, shown=""):
         why = super().rejects(matrix=matrix, dtype=dtype, tags=tags, shown=shown)

@@ -36,8 +36,12 @@ a KLU solve is first lowered, as `sciad_klu_*` CPU targets.
 
 KLU computes in double precision: float32 and complex64 values are solved
 in float64 / complex128 and cast back. A structurally or numerically
-singular matrix (a zero pivot) makes the factorization fail with the
-message `FACTOR_FAILED`; `sciad.errors` turns it into `SingularMatrixError`.
+singular matrix (a zero pivot) fails KLU's factorization. Through the
+handle table its handle is 0 (`failed`: the program judges it, naming the
+node and the user's line), and a one-call solve's result is NaN (the
+solve's checks judge it); without the table the call fails with the
+message `FACTOR_FAILED`, which `sciad.errors` turns into
+`SingularMatrixError`.
 """
 
 from __future__ import annotations
@@ -287,13 +291,19 @@ class HandleKernels:
         """The numeric factorization of the matrix with values `a` (`(nnz,)`)
         on `pattern`: a `uint64` handle (a scalar), to be freed with `free`.
         `assume` ("symmetric", "spd" or None): the structure a backend may
-        factor for (KLU ignores it)."""
+        factor for (KLU ignores it). A factorization that failed is a 0
+        handle where `failed` says so, else the call fails."""
         if pattern.shape[0] == 0:  # (no unknowns: nothing to factor)
             return jnp.zeros((), jnp.uint64)
         self.register()
         ax = a.astype(self.work_dtype(a.dtype))
         state = self.analyze(pattern, assume, ax.dtype)
         return self._factor_fn(state, self.kind(ax.dtype))(ax[None])[0]
+
+    def failed(self, pattern, handle):
+        """Whether the factorization that made `handle` failed (a boolean
+        array of its shape), or None where a failure fails the call instead."""
+        return None
 
     def solve(self, pattern, handle, a, b, transpose: bool, numeric: bool = False,
               assume=None):
@@ -369,13 +379,18 @@ class KLUKernels(HandleKernels):
     def analyze(self, pattern, assume=None, dtype=None):
         return pattern  # (`symbolic(pattern)`: made and kept per pattern)
 
+    def failed(self, pattern, handle):
+        # (through the handle table, a failed factorization's handle is 0)
+        if pattern.shape[0] == 0 or not _batch_split.handles_available():
+            return None
+        return handle == 0
+
     def _factor_call(self, pattern, kind, ax):
         raw, rows, cols = symbolic(pattern)
         return _batch_split.split_call(
             f"sciad_klu_factor_{kind}", (rows, cols, ax, np.uint64(raw)),
             jax.ShapeDtypeStruct(ax.shape[:1], jnp.uint64), batched=(2,),
             threads=_batch_split.threads_for(ax.shape[0], FACTOR_NS_PER_ENTRY * pattern.nnz),
-            cleanup="sciad_klu_free_numeric",  # (the other slices' factors, where one fails)
             has_side_effect=True,  # (never merged with another: one free each)
             handles=(-1, _batch_split.MAKE))
 
@@ -394,7 +409,8 @@ class KLUKernels(HandleKernels):
             f"sciad_klu_{'t' if transpose else ''}solve_with_symbol_{kind}",
             (rows, cols, ax, b, np.uint64(raw)), jax.ShapeDtypeStruct(b.shape, b.dtype),
             batched=(2, 3),
-            threads=_batch_split.threads_for(ax.shape[0], FACTOR_NS_PER_ENTRY * pattern.nnz))
+            threads=_batch_split.threads_for(ax.shape[0], FACTOR_NS_PER_ENTRY * pattern.nnz),
+            handles=(-1, _batch_split.SOFT))  # (a singular matrix: NaN, judged by the checks)
 
     @property
     def release_now(self):

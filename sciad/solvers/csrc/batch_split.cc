@@ -5,23 +5,27 @@
 // XLA:CPU runs a custom call on one thread, and a batch of independent
 // factorizations in one call (KLU's kernels take a leading batch axis) uses
 // one core. `sciad_batch_split` takes the inner handler's arguments plus one
-// trailing int64[6] argument `(slot, mask, threads, cleanup, harg, hmode)`:
+// trailing int64[5] argument `(slot, mask, threads, harg, hmode)`:
 //
 // - `slot`: which inner handler (set once with `sciad_batch_set_inner`);
 // - `mask`: bit i set where argument i carries the batch axis first (every
 //   result does, with the same length);
 // - `threads`: how many slices (1 calls the inner handler once);
-// - `cleanup`: the slot of a handler called, where a slice failed, on the
-//   first result of each slice that did not (`(L,) -> int32 (L,)`: KLU's
-//   free of the factors the other slices made), or -1;
 // - `harg`, `hmode`: how the call meets the handle table (below): `hmode` 0,
 //   none; 1 (`READ`), argument `harg` holds handles, passed to the inner
 //   handler as the raw pointers they stand for (a stale one fails the call);
 //   2 (`TAKE`), the same, each live handle's entry then ended (the inner
 //   handler frees what it is given; a stale or repeated handle is passed as
-//   0, which it skips); 3 (`MAKE`), the first result holds raw pointers the
-//   inner handler made, each entered in the table and replaced by its handle
-//   once every slice succeeded.
+//   0, which it skips; a 0 handle is refused by `READ`: a solve with no
+//   factor); 3 (`MAKE`), the first result holds raw pointers the inner
+//   handler made, each entered in the table and replaced by its handle; a
+//   slice whose inner call failed (KLU's factorization of a singular matrix,
+//   which frees what it made) gets 0 handles and the call succeeds: the
+//   program judges a 0 handle (a check that names the node and the user's
+//   line), where a failed call could only stop it with the kernel's text;
+//   4 (`SOFT`), no handles: a slice whose inner call failed (KLU's one-call
+//   factor and solve of a singular matrix) gets NaN results (float64 or
+//   complex128) and the call succeeds, for the program's checks to judge.
 //
 // Each slice is the inner handler's own call frame: the same API, context,
 // stage and attributes, its batched buffers offset and their leading
@@ -43,8 +47,10 @@
 // No Python API: loaded with ctypes by `sciad.solvers._batch_split`, which
 // registers `sciad_batch_split` as an FFI target.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -137,7 +143,7 @@ bool slice_buffer(const XLA_FFI_Buffer* b, bool batched, int64_t total, int64_t 
 
 // --- the handle table ---
 
-enum HandleMode : int64_t { kNone = 0, kRead = 1, kTake = 2, kMake = 3 };
+enum HandleMode : int64_t { kNone = 0, kRead = 1, kTake = 2, kMake = 3, kSoft = 4 };
 
 struct Entry {
   uint64_t raw = 0;  // (0: a free entry)
@@ -221,29 +227,23 @@ XLA_FFI_Error* sciad_batch_split(XLA_FFI_CallFrame* call) {
 
   const int64_t nargs = call->args.size - 1;
   if (nargs < 0 || call->args.types[nargs] != XLA_FFI_ArgType_BUFFER)
-    return make_error(api, "sciad_batch_split: no trailing (slot, mask, threads, cleanup, "
-                           "harg, hmode) argument");
+    return make_error(api, "sciad_batch_split: no trailing (slot, mask, threads, harg, "
+                           "hmode) argument");
   auto* ctl = static_cast<XLA_FFI_Buffer*>(call->args.args[nargs]);
-  if (ctl->dtype != XLA_FFI_DataType_S64 || ctl->rank != 1 || ctl->dims[0] != 6)
-    return make_error(api, "sciad_batch_split: the trailing argument is not int64[6]");
+  if (ctl->dtype != XLA_FFI_DataType_S64 || ctl->rank != 1 || ctl->dims[0] != 5)
+    return make_error(api, "sciad_batch_split: the trailing argument is not int64[5]");
   const int64_t* c = static_cast<const int64_t*>(ctl->data);
-  const int64_t slot = c[0], mask = c[1], cleanup_slot = c[3], harg = c[4], hmode = c[5];
+  const int64_t slot = c[0], mask = c[1], harg = c[3], hmode = c[4];
   int64_t threads = c[2];
   if (slot < 0 || slot >= kSlots || g_inner[slot] == nullptr)
     return make_error(api, "sciad_batch_split: no inner handler in this slot");
   Handler inner = g_inner[slot];
-  Handler cleanup = nullptr;
-  if (cleanup_slot >= 0) {
-    if (cleanup_slot >= kSlots || g_inner[cleanup_slot] == nullptr)
-      return make_error(api, "sciad_batch_split: no cleanup handler in this slot");
-    cleanup = g_inner[cleanup_slot];
-  }
   if (call->rets.size < 1 || call->rets.types[0] != XLA_FFI_RetType_BUFFER)
     return make_error(api, "sciad_batch_split: no result buffer");
   const int64_t total = static_cast<XLA_FFI_Buffer*>(call->rets.rets[0])->dims[0];
   if (threads > total) threads = total;
   if (threads < 1) threads = 1;
-  if (hmode < kNone || hmode > kMake ||
+  if (hmode < kNone || hmode > kSoft ||
       ((hmode == kRead || hmode == kTake) && (harg < 0 || harg >= nargs)))
     return make_error(api, "sciad_batch_split: a bad handle mode");
 
@@ -261,7 +261,12 @@ XLA_FFI_Error* sciad_batch_split(XLA_FFI_CallFrame* call) {
     raws.assign(n + 1, 0);  // (one more: a valid pointer where n is 0)
     std::lock_guard<std::mutex> hold(g_table_lock);
     for (size_t i = 0; i < n; ++i) {
-      if (hs[i] == 0) continue;
+      if (hs[i] == 0) {
+        if (hmode == kRead)
+          return make_error(api, "sciad_batch_split: a solve was given no factor (its "
+                                 "factorization failed: the matrix is singular)");
+        continue;
+      }
       if (hmode == kTake) {
         raws[i] = take(hs[i]);
         continue;
@@ -325,6 +330,26 @@ XLA_FFI_Error* sciad_batch_split(XLA_FFI_CallFrame* call) {
   for (int64_t t = inline_from; t < threads; ++t) errors[t] = inner(&frames[t].frame);
   for (auto& w : workers) w.join();
 
+  if (hmode == kMake || hmode == kSoft) {
+    // (a failed slice, which freed what it made: 0 handles, or NaN results)
+    for (int64_t t = 0; t < threads; ++t) {
+      if (errors[t] == nullptr) continue;
+      destroy_error(api, errors[t]);
+      errors[t] = nullptr;
+      for (Slice& r : frames[t].rets) {
+        const XLA_FFI_Buffer& b = r.buffer;
+        size_t n = elements(&b);
+        if (hmode == kMake || (b.dtype != XLA_FFI_DataType_F64 &&
+                               b.dtype != XLA_FFI_DataType_C128)) {
+          std::memset(b.data, 0, n * dtype_bytes(b.dtype));
+          continue;
+        }
+        if (b.dtype == XLA_FFI_DataType_C128) n *= 2;
+        std::fill_n(static_cast<double*>(b.data), n,
+                    std::numeric_limits<double>::quiet_NaN());
+      }
+    }
+  }
   XLA_FFI_Error* first = nullptr;
   for (int64_t t = 0; t < threads; ++t) {
     if (errors[t] == nullptr && frames[t].frame.future != nullptr && first == nullptr)
@@ -336,34 +361,7 @@ XLA_FFI_Error* sciad_batch_split(XLA_FFI_CallFrame* call) {
       destroy_error(api, errors[t]);
     }
   }
-  if (first != nullptr && cleanup != nullptr) {
-    for (int64_t t = 0; t < threads; ++t) {
-      if (errors[t] != nullptr) continue;  // (a failed slice cleans up after itself)
-      Slice& made = frames[t].rets[0];
-      // (the cleanup's int32 result: one entry more, so that an empty slice
-      // still passes a valid pointer)
-      std::vector<int32_t> scratch(made.dims.empty() ? 1 : made.dims[0] + 1);
-      int64_t scratch_dims[1] = {made.dims.empty() ? 1 : made.dims[0]};
-      XLA_FFI_Buffer out = made.buffer;
-      out.dtype = XLA_FFI_DataType_S32;
-      out.data = scratch.data();
-      out.rank = 1;
-      out.dims = scratch_dims;
-      void* arg_ptrs[1] = {&made.buffer};
-      void* ret_ptrs[1] = {&out};
-      XLA_FFI_ArgType arg_types[1] = {XLA_FFI_ArgType_BUFFER};
-      XLA_FFI_RetType ret_types[1] = {XLA_FFI_RetType_BUFFER};
-      XLA_FFI_CallFrame frame = frames[t].frame;
-      frame.args.size = 1;
-      frame.args.types = arg_types;
-      frame.args.args = arg_ptrs;
-      frame.rets.size = 1;
-      frame.rets.types = ret_types;
-      frame.rets.rets = ret_ptrs;
-      if (XLA_FFI_Error* e = cleanup(&frame)) destroy_error(api, e);
-    }
-  }
-  if (first == nullptr && hmode == kMake) {  // (every slice made its factors: enter them)
+  if (first == nullptr && hmode == kMake) {  // (enter the factors made)
     auto* made = static_cast<XLA_FFI_Buffer*>(call->rets.rets[0]);
     if (made->dtype != XLA_FFI_DataType_U64)
       return make_error(api, "sciad_batch_split: the made handles are not uint64");
