@@ -7,6 +7,9 @@ import sciad.numpy as snp
 g = sd.trace(f, x, y)      # the graph: print(g), g.to_dot(), g.to_json()
 f_fast = sd.function(f)    # compiled by XLA, cached per input signature
 ```
+
+`sciad.fem` (built on scikit-fem) is imported on first use, `sd.fem` or
+`import sciad.fem`: `import sciad` loads neither it nor scikit-fem.
 """
 
 from . import _traceback
@@ -17,7 +20,6 @@ from . import linalg as linalg
 from . import fft as fft
 from . import optimize as optimize
 from . import ode as ode
-from . import fem as fem
 from . import testing as testing
 from . import _numpy_interop
 from ._function import Function as Function, function as function
@@ -44,5 +46,20 @@ from ._transforms import (
 __version__ = "0.1.0"
 
 _traceback.register_with_jax()
-_traceback.wrap_public(numpy, linalg, fft, sparse, optimize, fem)
+_traceback.wrap_public(numpy, linalg, fft, sparse, optimize)  # (fem: when it is imported)
 _numpy_interop.install()  # (the table names the wrapped functions)
+
+#: submodules imported on first access (PEP 562): `sd.fem` loads scikit-fem
+_LAZY_SUBMODULES = ("fem",)
+
+
+def __getattr__(name: str):
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")  # (also binds `sciad.<name>`)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))

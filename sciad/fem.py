@@ -48,11 +48,15 @@ are forms on a `skfem.FacetBasis`, assembled the same way. `probes` and
 `probes` observes a nodal field at points (a constant sparse operator);
 `interpolate` gives a nodal field at the quadrature points of a basis, to
 pass to a form on another one.
+
+This module, and scikit-fem with it, is imported on first use (`sd.fem`, or
+`import sciad.fem`), not by `import sciad`.
 """
 
 from __future__ import annotations
 
 import numbers
+import sys
 import weakref
 from typing import Any, Iterable
 
@@ -61,7 +65,7 @@ from skfem import BilinearForm, Functional, LinearForm
 from skfem.assembly.form.form import FormExtraParams
 from skfem.element import DiscreteField, ElementVector
 
-from . import linalg as _linalg, numpy as snp
+from . import _traceback, linalg as _linalg, numpy as snp
 from .errors import DTypeError, InvalidOptionError, ShapeError
 from .graph import Tracer
 from .graph._types import Pattern, SparseArray, SparseType
@@ -624,3 +628,8 @@ def interpolate(basis, u):
         raise ShapeError(f"`u` must be a nodal array of basis.N = {basis.N} entries, got "
                          f"{u.type.str_short()}.", op="fem.interpolate")
     return _interpolate_traced(u, basis, 1)
+
+
+# (this module is imported on first use, `sd.fem`, after `sciad/__init__.py`
+# has made the other public modules' functions API boundaries: these too)
+_traceback.wrap_public(sys.modules[__name__])

@@ -26,15 +26,17 @@ trust-ncg, trust-krylov and trust-constr, the dense Hessian for dogleg and
 trust-exact. The compiled functions are cached per objective and argument
 signature, so calling `minimize` again with the same `f` and new values of
 `x0` and `args` (same shapes and dtypes) does not retrace or recompile.
+
+`scipy.optimize` is imported by `minimize` when first called (it takes about
+0.15 s to import, which `import sciad` does not pay).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import jax
 import numpy as np
-import scipy.optimize
 
 from . import numpy as snp, sparse
 from ._traceback import api_boundary
@@ -49,6 +51,9 @@ from .primitives._root import root_node, stacked
 from .primitives._stop_gradient import stop_gradient
 from .solvers._nonlinear import STATUS
 from .solvers._registry import lookup, names as _solver_names, records as _solver_records
+
+if TYPE_CHECKING:  # (imported by `minimize` when first called: see the module docstring)
+    import scipy.optimize
 
 __all__ = ["minimize", "METHODS", "root", "fixed_point", "RootResult"]
 
@@ -221,6 +226,8 @@ def _fits(spec: _Spec, tree) -> bool:
 
 
 def _flat_bounds(bounds, spec: _Spec) -> scipy.optimize.Bounds:
+    import scipy.optimize
+
     n = spec.size
     if isinstance(bounds, scipy.optimize.Bounds):
         sides = []
@@ -390,6 +397,8 @@ def minimize(f: Callable, x0, args=(), method: str | Callable = "L-BFGS-B", boun
     `sd.function`, arrays `f` reads from its enclosing scope are frozen when
     it is first traced; pass data that changes through `args`.
     """
+    import scipy.optimize
+
     spec, z0 = _flatten_x0(x0)
     if not isinstance(args, tuple):
         args = (args,)

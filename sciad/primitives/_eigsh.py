@@ -58,9 +58,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.linalg as sla
 import scipy.sparse as sp
-import scipy.sparse.linalg as spla
 
 from ..config import x64_scope
 from ..errors import (ArpackNoConvergenceError, ConvergenceError, DTypeError, InvalidOptionError, NonFiniteError,
@@ -194,6 +192,9 @@ def _eigsh_host(data, mdata=None, *, pattern, mass_pattern, k, which, sigma, tol
     """ARPACK on each matrix of a batch (leading axes of `data`): the `k`
     wanted eigenpairs, and the next eigenvalue in ARPACK's order (`k + 1`
     are computed; a small matrix is solved densely)."""
+    import scipy.linalg as sla  # (SciPy's ARPACK and LAPACK load in ~0.1 s: when first used)
+    import scipy.sparse.linalg as spla
+
     n = pattern.shape[0]
     data = np.asarray(data)
     batch = data.shape[:-1]
@@ -460,6 +461,8 @@ def eigsh_host_operator(A, k, M, sigma, which, v0, ncv, maxiter, tol, return_eig
     each vector's largest entry positive; `v0` fixed as sciad's. A
     no-convergence raises `ArpackNoConvergenceError` with SciPy's converged
     pairs."""
+    import scipy.sparse.linalg as spla  # (when first used: see `_eigsh_host`)
+
     op = "linalg.eigsh"
     n = A.shape[0]
     if v0 is None:
@@ -527,6 +530,8 @@ def _operator_host(matvec, n, k, which, tol, maxiter, site, v0=None, ncv=None):
     """ARPACK on a matrix-free operator (`matvec` a host function), for one
     operator (matrix-free operators are not batched on the host: a batch
     runs as a `lax.map` of the primitive)."""
+    import scipy.sparse.linalg as spla  # (when first used: see `_eigsh_host`)
+
     def mv(x):
         with x64_scope():
             y = np.asarray(matvec(np.asarray(x, np.float64).reshape(n)))

@@ -24,6 +24,10 @@ is split in two:
   exact zeros: entries are found by their `(row, col)` keys, missing ones
   are 0), and the coarsest level's dense inverse.
 
+pyamg is imported by the two functions that call it (`_aggregate`, at
+trace time, and `_build_one`, on the host), on first use: it adds about
+0.1 s to `import sciad`, which a program without AMG does not pay.
+
 In the program the V-cycle runs on the level matrices as (pattern, values)
 with gather + segment_sum products: one damped Jacobi sweep before and one
 after the coarse correction (`R = P^T`), so the cycle is symmetric, and
@@ -50,8 +54,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
-from pyamg.aggregation import standard_aggregation
-from pyamg.util.linalg import approximate_spectral_radius
 
 from ..errors import NotSupportedError, SingularMatrixError
 from ._host import host_call, release_host_heap
@@ -148,6 +150,8 @@ def _csr_ones(n, m, indptr, cols):
 
 def _aggregate(a):
     """`(T, nc)`: the tentative prolongator of the 0/1 matrix `a`'s pattern."""
+    from pyamg.aggregation import standard_aggregation  # (on first use: see the docstring)
+
     n = a.shape[0]
     c = (a + a.T).tocsr()
     c.setdiag(0)
@@ -300,6 +304,8 @@ def _dense_inverse(c: np.ndarray) -> np.ndarray:
 
 
 def _build_one(s: Structure, d: np.ndarray) -> tuple:
+    from pyamg.util.linalg import approximate_spectral_radius  # (on first use)
+
     weights, ps, values = [], [], []
     if not np.isfinite(d).all():  # the solve's checks report it: no setup
         return None

@@ -27,7 +27,6 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import lineax as lx
 from jax import lax
 
 from ._registry import lookup
@@ -118,11 +117,16 @@ def bicgstab(op: Callable, u, tol, maxiter: int, restarts: int = 3):
 
 
 def lineax_solve(solver_cls, op: Callable, u, rtol: float, tol, maxiter: int, *,
-                 tags=(), precond=None):
+                 spd: bool = False, precond=None):
     """Solves `op(y) = u` to `||u - op(y)||_2 <= tol` with lineax's
-    `solver_cls` (`lx.CG`, `lx.GMRES`); returns `(y, steps)`. `tags`: the
-    operator's lineax tags; `precond`: a left preconditioner `v -> M^-1 v`
-    (symmetric positive semidefinite: CG's)."""
+    `solver_cls` (`lx.CG`, `lx.GMRES`); returns `(y, steps)`. `spd`: the
+    operator is tagged symmetric positive semidefinite (CG's); `precond`: a
+    left preconditioner `v -> M^-1 v` (symmetric positive semidefinite:
+    CG's). (lineax, with equinox, is imported where a solve is traced, not
+    with sciad: it would add about 0.2 s to `import sciad`.)"""
+    import lineax as lx
+
+    spd_tags = (lx.positive_semidefinite_tag, lx.symmetric_tag)
     # lineax's test is elementwise, `|r_i| <= atol + rtol |u_i|` for all i
     # (and `|diff_i| <= atol + rtol |y_i|` for its last step). With
     # atol = tol / (2 sqrt(n)) and rtol / 2 the right-hand sides have a 2-norm
@@ -130,14 +134,13 @@ def lineax_solve(solver_cls, op: Callable, u, rtol: float, tol, maxiter: int, *,
     # test (no false success), and a residual spread evenly meets it at about
     # ||r|| = tol/2. atol > 0 even where u_i = 0 (a localized source).
     n = u.size
-    solver = solver_cls(rtol=rtol / 2, atol=tol / (2 * n**0.5), max_steps=maxiter)
+    method = solver_cls(rtol=rtol / 2, atol=tol / (2 * n**0.5), max_steps=maxiter)
     struct = jax.ShapeDtypeStruct(u.shape, u.dtype)
-    operator = lx.FunctionLinearOperator(op, struct, tags=tags)
+    operator = lx.FunctionLinearOperator(op, struct, tags=spd_tags if spd else ())
     options = {}
     if precond is not None:
-        options["preconditioner"] = lx.FunctionLinearOperator(
-            precond, struct, tags=(lx.positive_semidefinite_tag, lx.symmetric_tag))
-    sol = lx.linear_solve(operator, u, solver, options=options, throw=False)
+        options["preconditioner"] = lx.FunctionLinearOperator(precond, struct, tags=spd_tags)
+    sol = lx.linear_solve(operator, u, method, options=options, throw=False)
     return sol.value, sol.stats["num_steps"]
 
 

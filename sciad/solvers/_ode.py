@@ -41,9 +41,10 @@ is `IDENTITY` and its solves copy the vector. A singular or non-finite matrix
 gives a NaN solution, which lineax reports as a failed solve and diffrax
 answers with a smaller step.
 
-(diffrax and optimistix are imported inside the functions that subclass
-their classes: diffrax takes seconds to import, which `import sciad` does not
-pay.)
+(diffrax, optimistix, lineax and equinox are imported inside the functions
+that subclass their classes, `sparse_newton_solver` among them: diffrax takes
+seconds to import, lineax with equinox about 0.2 s, which `import sciad` does
+not pay.)
 """
 
 from __future__ import annotations
@@ -51,12 +52,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import equinox as eqx
-import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
-import lineax as lx
-import lineax.internal as lxi
 import numpy as np
 import scipy.sparse as sp
 
@@ -160,73 +157,94 @@ def _solve(pattern, handle, values, b, transpose: bool, conj: bool):
     return x
 
 
-class SparseNewtonSolver(lx.AbstractLinearSolver):
-    """A lineax solver for square operators whose matrix has the sparsity
-    `pattern` (a `sciad.graph._types.Pattern`; the diagonal is added if it
-    lacks it): values by colored matrix-vector products, SuperLU on the host
-    (see the module docstring). For `diffrax.VeryChord(linear_solver=...)`.
+@functools.lru_cache(maxsize=None)
+def sparse_newton_solver():
+    """The class `SparseNewtonSolver`, a lineax solver, made on first use
+    (see the module docstring); `sparse_newton_solver()(pattern)` is an
+    instance. The module's attribute `SparseNewtonSolver` is the same class
+    (`__getattr__`)."""
+    import equinox as eqx
+    import equinox.internal as eqxi
+    import lineax as lx
+    import lineax.internal as lxi
 
-    Entries of the operator outside `pattern` are silently dropped (its
-    colored products add them to other entries): the pattern must hold the
-    whole structure."""
+    class SparseNewtonSolver(lx.AbstractLinearSolver):
+        """A lineax solver for square operators whose matrix has the sparsity
+        `pattern` (a `sciad.graph._types.Pattern`; the diagonal is added if it
+        lacks it): values by colored matrix-vector products, SuperLU on the host
+        (see the module docstring). For `diffrax.VeryChord(linear_solver=...)`.
 
-    pattern: Any = eqx.field(static=True)
-    #: `(values, handle)` of a factorization made beforehand (by a solver
-    #: that keeps one over steps, `reusing`): `init` then takes it instead
-    #: of the operator's
-    given: Any = None
+        Entries of the operator outside `pattern` are silently dropped (its
+        colored products add them to other entries): the pattern must hold the
+        whole structure."""
 
-    def __init__(self, pattern, given=None):
-        if pattern.shape[0] != pattern.shape[1]:
-            raise ValueError(f"SparseNewtonSolver needs a square pattern, got {pattern!r}.")
-        self.pattern = _with_diagonal(pattern)
-        self.given = given
+        pattern: Any = eqx.field(static=True)
+        #: `(values, handle)` of a factorization made beforehand (by a solver
+        #: that keeps one over steps, `reusing`): `init` then takes it instead
+        #: of the operator's
+        given: Any = None
 
-    def init(self, operator: lx.AbstractLinearOperator, options: dict[str, Any]):
-        del options
-        n = self.pattern.shape[0]
-        if operator.in_size() != n or operator.out_size() != n:
-            raise ValueError(f"SparseNewtonSolver: the operator is {operator.out_size()} x "
-                             f"{operator.in_size()}, its pattern {self.pattern!r}.")
-        packed = lxi.pack_structures(operator)
-        if self.given is not None:
-            values, handle = self.given
+        def __init__(self, pattern, given=None):
+            if pattern.shape[0] != pattern.shape[1]:
+                raise ValueError(f"SparseNewtonSolver needs a square pattern, got {pattern!r}.")
+            self.pattern = _with_diagonal(pattern)
+            self.given = given
+
+        def init(self, operator: lx.AbstractLinearOperator, options: dict[str, Any]):
+            del options
+            n = self.pattern.shape[0]
+            if operator.in_size() != n or operator.out_size() != n:
+                raise ValueError(f"SparseNewtonSolver: the operator is {operator.out_size()} x "
+                                 f"{operator.in_size()}, its pattern {self.pattern!r}.")
+            packed = lxi.pack_structures(operator)
+            if self.given is not None:
+                values, handle = self.given
+                return values, handle, packed, eqxi.Static((False, False))
+            seeds, where, _ = _structure(self.pattern)
+            dtype = jnp.result_type(*[s.dtype for s in jax.tree_util.tree_leaves(
+                operator.in_structure())])
+
+            def product(seed):  # the operator on one color's seed, flat
+                out = operator.mv(lxi.unravel_solution(seed, packed))
+                return lxi.ravel_vector(out, packed)
+
+            products = jax.vmap(product)(jnp.asarray(seeds, dtype))  # (n_colors, n)
+            values = products[where, self.pattern.rows]  # entry (i, j): color(j)'s row i
+            handle = _factor(self.pattern, values)
             return values, handle, packed, eqxi.Static((False, False))
-        seeds, where, _ = _structure(self.pattern)
-        dtype = jnp.result_type(*[s.dtype for s in jax.tree_util.tree_leaves(
-            operator.in_structure())])
 
-        def product(seed):  # the operator on one color's seed, flat
-            out = operator.mv(lxi.unravel_solution(seed, packed))
-            return lxi.ravel_vector(out, packed)
+        def compute(self, state, vector, options: dict[str, Any]):
+            del options
+            values, handle, packed, flags = state
+            transpose, conj = flags.value
+            b = lxi.ravel_vector(vector, packed)
+            x = _solve(self.pattern, handle, values, b.astype(values.dtype), transpose, conj)
+            return lxi.unravel_solution(x, packed), lx.RESULTS.successful, {}
 
-        products = jax.vmap(product)(jnp.asarray(seeds, dtype))  # (n_colors, n)
-        values = products[where, self.pattern.rows]  # entry (i, j): color(j)'s row i
-        handle = _factor(self.pattern, values)
-        return values, handle, packed, eqxi.Static((False, False))
+        def transpose(self, state, options: dict[str, Any]):
+            values, handle, packed, flags = state
+            transpose, conj = flags.value
+            return (values, handle, lxi.transpose_packed_structures(packed),
+                    eqxi.Static((not transpose, conj))), {}
 
-    def compute(self, state, vector, options: dict[str, Any]):
-        del options
-        values, handle, packed, flags = state
-        transpose, conj = flags.value
-        b = lxi.ravel_vector(vector, packed)
-        x = _solve(self.pattern, handle, values, b.astype(values.dtype), transpose, conj)
-        return lxi.unravel_solution(x, packed), lx.RESULTS.successful, {}
+        def conj(self, state, options: dict[str, Any]):
+            values, handle, packed, flags = state
+            transpose, conj = flags.value
+            # (values stay A's: the solve conjugates around A's factor)
+            return (values, handle, packed, eqxi.Static((transpose, not conj))), {}
 
-    def transpose(self, state, options: dict[str, Any]):
-        values, handle, packed, flags = state
-        transpose, conj = flags.value
-        return (values, handle, lxi.transpose_packed_structures(packed),
-                eqxi.Static((not transpose, conj))), {}
+        def assume_full_rank(self) -> bool:
+            return True
 
-    def conj(self, state, options: dict[str, Any]):
-        values, handle, packed, flags = state
-        transpose, conj = flags.value
-        # (values stay A's: the solve conjugates around A's factor)
-        return (values, handle, packed, eqxi.Static((transpose, not conj))), {}
+    SparseNewtonSolver.__qualname__ = "SparseNewtonSolver"
+    return SparseNewtonSolver
 
-    def assume_full_rank(self) -> bool:
-        return True
+
+def __getattr__(name: str):
+    # `from sciad.solvers._ode import SparseNewtonSolver`: the class, made then
+    if name == "SparseNewtonSolver":
+        return sparse_newton_solver()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 #: a factorization kept over steps is made again after this many steps
@@ -246,7 +264,7 @@ def newton_values(pattern, field, t, y, hg):
 @functools.lru_cache(maxsize=None)
 def reusing(cls, gamma: float):
     """`cls` (a diffrax implicit Runge-Kutta solver with the diagonal `gamma`
-    and a `VeryChord(linear_solver=SparseNewtonSolver(...))` root finder)
+    and a `VeryChord(linear_solver=sparse_newton_solver()(...))` root finder)
     keeping its Newton matrix's factorization over steps, as BDF codes do.
 
     Each step needs `I - h gamma J`. The solver state carries the last
@@ -261,6 +279,7 @@ def reusing(cls, gamma: float):
     solves."""
 
     import diffrax
+    import equinox as eqx
 
     class Reusing(cls):
         def init(self, terms, t0, t1, y0, args):

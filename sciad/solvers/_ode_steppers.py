@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._root_methods import sparse_jacobian
-from ._ode import SparseNewtonSolver, patient_chord, reusing
+from ._ode import patient_chord, reusing, sparse_newton_solver
 
 #: implicit solvers: the chord iterations of a stage stop when their
 #: estimated error is below this fraction of the step's tolerance (diffrax's
@@ -157,7 +157,7 @@ def diffrax_solver(stepper: Stepper, jac: str, pattern, rtol: float, atol: float
         return tracking(cls, m)()
     extra = {}
     if sparse_jacobian(jac):  # SuperLU, its factorization kept over steps
-        extra["linear_solver"] = SparseNewtonSolver(pattern)
+        extra["linear_solver"] = sparse_newton_solver()(pattern)
         _, As, _ = tableau(stepper)  # (gamma: the implicit tableau's diagonal)
         cls = reusing(cls, float(np.max(np.diag(As[-1]))))
     # (stages stop as RADAU5's do: diffrax's VeryChord fails a stage not
