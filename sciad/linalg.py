@@ -27,7 +27,6 @@ from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as _sp
-import scipy.sparse.linalg as _spla
 
 from . import numpy as snp
 from .errors import DTypeError, InvalidOptionError, ShapeError
@@ -40,14 +39,14 @@ from .primitives._linalg import (NORMS, _clean, linalg_rcond_p, linalg_solve_p, 
                                  solve_params)
 from .primitives._sparse import assemble, gather
 from .primitives._svd import svd as _svd
-from .solvers._linear import resolve
+from .solvers._linear import backend as _backend, ranking as _ranking, resolve
 from .solvers._measures import ratio
 from .solvers._registry import names as _solver_names
 from .sparse import _check_tags, astype as _sparse_astype, data as _data, issparse, with_data
 from .sparse import csr_matrix as sparse_csr_matrix, sample as sparse_sample
-from .sparse import sharded_matmul, todense as sparse_todense
+from .sparse import from_scipy as _from_scipy, sharded_matmul, todense as sparse_todense
 
-__all__ = ["solve", "cond", "eigh", "eigvalsh", "eigsh", "funm_hermitian", "svd", "operator", "Operator", "SolveInfo", "SOLVERS"]
+__all__ = ["solve", "explain_solver", "cond", "eigh", "eigvalsh", "eigsh", "funm_hermitian", "svd", "operator", "Operator", "SolveInfo", "SOLVERS"]
 
 #: every built-in solver name `solve` accepts, besides "auto" (the registered
 #: records, `sciad.solvers`)
@@ -321,6 +320,80 @@ def _info(r, b, x, A, rcond, tol: float | None, atol: float) -> SolveInfo:
     converged = snp.logical_and(snp.logical_and(finite, eta <= refine_above(x.dtype, n)),
                                 snp.logical_not(singular))
     return SolveInfo(converged, residual, rcond, eta)
+
+
+def explain_solver(A, *, assume: str | None = None) -> str:
+    """Which solver `solve(A, b)` picks with `solver="auto"`, and why.
+
+    Every registered solver, the most preferred first: the one picked, the
+    others "auto" would take next (with their preference), and those it may
+    not take here with the reason (the matrix's kind, dtype or structure; a
+    missing extra; a factorization on the host where the program runs on an
+    accelerator: "auto" never moves a solve to the host, name the solver to
+    do so). The preferences are those each solver's record states (measured,
+    see its module); on the CPU a sparse matrix's size moves them.
+
+    **Arguments:**
+
+    - `A`: the matrix as `solve` takes it: a dense array, a sparse matrix
+      (`sd.sparse`, or SciPy's), concrete or traced.
+    - `assume`: as `solve`'s (`"spd"`, `"symmetric"`, ...).
+
+    **Returns:** the explanation, as text.
+
+    ```python
+    A = sd.sparse.from_dense(2 * np.eye(4) - np.eye(4, k=1) - np.eye(4, k=-1), tags={"spd"})
+    print(sd.linalg.explain_solver(A))
+    # solver="auto" picks 'klu' for a sparse float64[4, 4] matrix (nnz=10; tags: spd), the
+    # program running on the cpu:
+    #   'klu'       preference 2     picked
+    #   'cholmod'   preference 1.5
+    #   'splu'      preference 1
+    #   'spsolve'                    not taken: not a choice of 'auto' for a sparse matrix here
+    #   'cudss'                      not taken: solver 'cudss' is not available here: it runs
+    #                                on an NVIDIA GPU only, and JAX's default backend is 'cpu'
+    #   ...
+    ```
+    """
+    op = "linalg.explain_solver"
+    if assume not in _ASSUME:
+        raise InvalidOptionError(f"`assume` must be one of "
+                                 f"{sorted(k for k in _ASSUME if k)} or None, got {assume!r}.",
+                                 op=op)
+    if _sp.issparse(A):
+        A = _from_scipy(A)
+    if issparse(A):
+        t = A.type
+        matrix, pattern, shape, dtype, base = "sparse", t.pattern, t.shape, t.dtype, t.tags
+        facts = [f"nnz={t.pattern.nnz:,}"]
+    else:
+        t = getattr(A, "type", None)
+        if t is None:
+            A = np.asarray(A)
+            shape, dtype, base = A.shape, A.dtype, frozenset()
+        else:
+            shape, dtype, base = t.shape, t.dtype, t.tags
+        matrix, pattern, facts = "dense", None, []
+    tags = frozenset(base) | _ASSUME[assume]
+    if tags:
+        facts.append("tags: " + ", ".join(sorted(tags)))
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "fc":
+        dtype = np.result_type(dtype, np.float64)
+    shown = (f"a {matrix} {dtype.name}{list(shape)} matrix"
+             + (f" ({'; '.join(facts)})" if facts else ""))
+    ranked = _ranking(matrix=matrix, tags=tags, dtype=dtype, pattern=pattern)
+    lines = [f'solver="auto" picks {ranked[0][0].name!r} for {shown}, the program running on '
+             f"the {_backend()}:"]
+    for k, (record, score, why) in enumerate(ranked):
+        if matrix not in record.matrices:
+            continue
+        pref = f"preference {score:g}" if score is not None else ""
+        if why:  # (its first clause: the rest is how to get it, for `solve` to say)
+            why = why.split(". ")[0].split(" (")[0].rstrip(".")
+        note = "picked" if k == 0 and why is None else (f"not taken: {why}" if why else "")
+        lines.append(f"  {record.name!r:11} {pref:16} {note}".rstrip())
+    return "\n".join(lines)
 
 
 def cond(A, p=1, *, estimate: bool = True, solver: str = "auto", constant: bool = False):
@@ -678,6 +751,8 @@ def eigsh(A, k: int = 6, M=None, sigma: float | None = None, which: str | None =
     if which not in WHICH + ("BE",):
         raise InvalidOptionError(f"`which` must be one of {WHICH + ('BE',)} (SciPy's), got "
                                  f"{which!r}.", op=op)
+    import scipy.sparse.linalg as _spla  # (~0.1 s with SciPy's LAPACK: on the first eigsh)
+
     if isinstance(A, _spla.LinearOperator) or isinstance(M, _spla.LinearOperator):
         # SciPy's operators run on the host and have no derivative rule: SciPy's
         # own eigsh, now (see the docstring)

@@ -71,8 +71,7 @@ class _Scope:
     """One lowering run: the graph, the node being lowered, and the
     finalizers registered for the end of the run (`at_end`)."""
 
-    __slots__ = ("graph", "node", "finalizers", "outputs", "offer", "handed", "takes", "made",
-                 "checks", "state", "ordering")
+    __slots__ = ("graph", "node", "finalizers", "outputs", "offer", "handed", "takes", "made")
 
     def __init__(self, graph: Graph):
         self.graph = graph
@@ -81,12 +80,6 @@ class _Scope:
         # (`made_in_run` / `in_flight`: what the run made and frees at its end,
         # with a host release for a failed run)
         self.made: list = []
-        # (`note_check`: the checks the releases at the end wait for; `state`:
-        # JAX's trace at the run's level, to tell a check made there from one
-        # in a node's own control flow; `ordering`: see `ordered_checks`)
-        self.checks: list = []
-        self.state = _trace_state()
-        self.ordering = 0
         self.outputs: set | None = None
         # (`offer_body_outputs` / `hand_out`: a body's outputs whose release
         # the node lowering it takes over, and what the body handed it)
@@ -119,80 +112,28 @@ def at_end(fn: Callable[[list], None]) -> None:
 
 
 def made_in_run(value, release_now: Callable[[Any], None]) -> None:
-    """Registers `value` (a compiled factorization's handles) as made by the
-    current run and freed at its end, with `release_now(host_value)`, which
-    frees it from the host: a host check that fails while the run is in
-    flight calls it before it raises (the raise stops the program, so the
-    release at the end never runs; see `in_flight`). A check calls it only
-    where it is ordered before the release at the end (`checks_ordered`),
-    unless `release_now.idempotent` says that a second release of the same
-    handles does no harm (cuDSS's handles carry a generation)."""
+    """Registers `value` (a factorization's handles) as made by the current
+    run and freed at its end, with `release_now(host_value)`, which frees it
+    from the host: a host check that fails while the run is in flight calls
+    it before it raises (the raise stops the program, so the release at the
+    end may never run; see `in_flight`). `release_now` must be idempotent
+    (`release_now.idempotent`): a release of handles released already, by
+    the program or by another check that failed at the same time, frees
+    nothing (KLU's and cuDSS's handles carry a generation; SuperLU's store
+    forgets a handle once)."""
+    assert getattr(release_now, "idempotent", False), (
+        "made_in_run: a host release must be idempotent; this is a bug in sciad")
     stack = _stack()
     if stack:
         stack[-1].made.append((value, release_now))
 
 
 def in_flight() -> list:
-    """`(value, release_now)` of what the current run made so far and frees
-    at its end (`made_in_run`): a host check passes the values to the host
-    and releases them there if it raises. The current run's, and those of
-    the runs lowering it (a loop's body: the check's raise stops the whole
-    program) whose release a second one cannot harm (`idempotent`): the
-    enclosing run's releases do not wait for a check inside a body."""
-    stack = _stack()
-    if not stack:
-        return []
-    outer = [(v, r) for scope in stack[:-1] for v, r in scope.made
-             if getattr(r, "idempotent", False)]
-    return outer + list(stack[-1].made)
-
-
-def _trace_state():
-    return jax.extend.core.get_opaque_trace_state(convention="flax")
-
-
-def note_check(value) -> None:
-    """Orders every release at the end of the current run (`at_end`) after
-    `value`, a check's token (or a value its check is tied into): made at the
-    run's own level (`at_run_level`). A check that raises stops the program
-    before anything that reads its result runs (XLA runs no thunk downstream
-    of a failed one), so a release its host function made (`in_flight`)
-    never meets the release at the end."""
-    stack = _stack()
-    if stack:
-        stack[-1].checks.append(value)
-
-
-def at_run_level() -> bool:
-    """Whether JAX traces at the current run's own level now (not inside a
-    node's own `lax.cond` or loop, whose values cannot leave it)."""
-    stack = _stack()
-    return bool(stack) and _trace_state() == stack[-1].state
-
-
-def checks_ordered() -> bool:
-    """Whether a check made now is ordered before the run's releases at its
-    end: made at the run's level (it notes its token itself), or inside
-    `ordered_checks` (its caller notes the result)."""
-    stack = _stack()
-    return bool(stack) and (stack[-1].ordering > 0 or at_run_level())
-
-
-@contextlib.contextmanager
-def ordered_checks():
-    """Checks made inside (in a node's own control flow: a `lax.cond` that
-    calls the host only where a measure fails) are ordered before the run's
-    releases by the caller, which passes the control flow's result to
-    `note_check`."""
-    stack = _stack()
-    if not stack:
-        yield
-        return
-    stack[-1].ordering += 1
-    try:
-        yield
-    finally:
-        stack[-1].ordering -= 1
+    """`(value, release_now)` of what the current run, and the runs lowering
+    it (a loop's or a map's body: a check's raise stops the whole program),
+    made so far and free at their ends (`made_in_run`): a host check passes
+    the values to the host and releases them there if it raises."""
+    return [m for scope in _stack() for m in scope.made]
 
 
 def node_escapes() -> bool:
@@ -271,9 +212,10 @@ class LowerInterpreter(Interpreter):
         stack.append(scope)
         try:
             outs = super().run(*args)
-            # (the releases wait for the outputs and for every check of the
-            # run: a failed check's host function has released what it saw)
-            after = list(outs) + scope.checks
+            # (the releases wait for the outputs; a failed check's host
+            # function has released what the runs made, and a release of
+            # handles released already frees nothing: `made_in_run`)
+            after = list(outs)
             for fn in scope.finalizers:
                 fn(after)
         finally:

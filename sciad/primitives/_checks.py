@@ -200,26 +200,19 @@ def check(judge, site: Site, /, *, when=None, **measures):
         return tok
 
     if when is None:
-        tok = call(values)
-    else:
-        tok = jax.lax.cond(when, call, lambda _: jnp.zeros((), jnp.int32), values)
-    if _lower.at_run_level():  # (else its caller notes what it returns)
-        _lower.note_check(tok)
-    return tok
+        return call(values)
+    return jax.lax.cond(when, call, lambda _: jnp.zeros((), jnp.int32), values)
 
 
 def releasing(host, operands):
     """`(host', operands')`: the host function of a check that may raise,
-    given the handles of the compiled factorizations the current run made
-    so far (`_lower.in_flight`) as extra operands, which it releases before
-    it raises: the raise stops the program, whose releases at its end then
-    never run (they wait for every check of the run: `_lower.note_check`).
-    `host'` calls `host` with the original operands."""
+    given the handles of the factorizations the current runs made so far
+    (`_lower.in_flight`) as extra operands, which it releases before it
+    raises: the raise stops the program, whose releases at its end may then
+    never run (where one already ran, or another failed check released the
+    same handles, the release frees nothing). `host'` calls `host` with the
+    original operands."""
     flight = _lower.in_flight()
-    if not _lower.checks_ordered():
-        # (a check the run's releases do not wait for: only a release that a
-        # second one cannot harm)
-        flight = [(v, r) for v, r in flight if getattr(r, "idempotent", False)]
     if not flight:
         return host, list(operands)
     n = len(operands)

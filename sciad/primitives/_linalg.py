@@ -66,7 +66,7 @@ from ..graph import (Body, Factored, Param, Primitive, Site, SparseType, TensorT
 from ..graph._autodiff import needs_ct, type_of
 from ..graph._body import trace_body
 from ..graph._cost import Cost, _si, nbytes, size, sparse_lu_fill
-from ..graph._lower import at_end, hand_out, made_in_run, node_escapes, note_check, ordered_checks
+from ..graph._lower import at_end, hand_out, made_in_run, node_escapes
 from ..graph._params import shown_params
 from ..graph._serialize import graph_param_v1, register_v1_migration
 from ..graph._sparsity import along, dense, empty, union
@@ -303,11 +303,9 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site, output: bool 
                 tok = check(judge, site, dtype=dtype, tags=tags, **measures)
             else:  # (under vmap: one host call for the batch, only where one fails)
                 names = list(measures)
-                with ordered_checks():  # (noted below)
-                    tok = _where_any(when, lambda *m: check(judge, site, dtype=dtype, tags=tags,
-                                                            **dict(zip(names, m))),
-                                     lambda *m: jnp.zeros((), jnp.int32), *measures.values())
-                note_check(tok)
+                tok = _where_any(when, lambda *m: check(judge, site, dtype=dtype, tags=tags,
+                                                        **dict(zip(names, m))),
+                                 lambda *m: jnp.zeros((), jnp.int32), *measures.values())
             a = tie(a, tok)
         if not record.frees_factor:
             return tuple(record.factor(a, pattern=pattern))
@@ -335,11 +333,9 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site, output: bool 
         if failed is not None:
             # (a factorization that failed, judged here with the node and the
             # user's line; the batch's other factors are released by the check)
-            with ordered_checks():  # (noted below)
-                broke = _where_any(failed, lambda s: check(judge_factor, site, dtype=dtype,
-                                                           solver=solver, tags=tags, singular=s),
-                                   lambda s: jnp.zeros((), jnp.int32), failed)
-            note_check(broke)
+            broke = _where_any(failed, lambda s: check(judge_factor, site, dtype=dtype,
+                                                       solver=solver, tags=tags, singular=s),
+                               lambda s: jnp.zeros((), jnp.int32), failed)
             f = tuple(tie(f, broke))
         if keep:
             _made_here[id(f[0])] = f[0]
@@ -425,15 +421,12 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
         # the program quintupled the compile time of every checked solve.)
         need = _checks_on() | ~(rel <= np.sqrt(eps)) | ~(eta <= tau) | nonfinite
         report = functools.partial(judge_solve, site, dtype=dtype, n=n)
-        with ordered_checks():  # (noted below)
-            x = _where_any(
-                need, lambda a, b, x: _sparse_direct.repair(
-                    pattern, a, b, x, transpose, refine_above=tau,
-                    estimate="always" if _checks_on() else "on_residual", report=report,
-                    guard=releasing),
-                lambda a, b, x: x, a, b, x)
-        note_check(x)
-        return x
+        return _where_any(
+            need, lambda a, b, x: _sparse_direct.repair(
+                pattern, a, b, x, transpose, refine_above=tau,
+                estimate="always" if _checks_on() else "on_residual", report=report,
+                guard=releasing),
+            lambda a, b, x: x, a, b, x)
     # (No refinement in the program for dense solves: LU with partial
     # pivoting and Cholesky are backward stable, and a conditional second
     # solve per solve doubled the compile time of small programs.)
@@ -1328,6 +1321,11 @@ def solve_params(sparse: bool, pattern, tags: frozenset, dtype, solver: str, *, 
     params: dict = {"solver": record.name}
     if sparse:
         params["pattern"] = pattern
+    if solver == "auto" and sparse and not record.direct and preconditioner is None \
+            and "spd" in tags:
+        # ("auto"'s device path for a sparse spd matrix on an accelerator
+        # without a direct solver there: CG with algebraic multigrid)
+        preconditioner = "amg"
     if not record.direct:
         if tol is None:
             tol = 1e-10 if np.finfo(dtype).bits >= 64 else 1e-5

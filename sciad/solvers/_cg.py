@@ -1,13 +1,12 @@
 """`"cg"`: conjugate gradients (lineax's `CG`) for symmetric positive definite
 matrices, its preconditioner (Jacobi, AMG) on the left (CG needs it symmetric). "auto"'s
-choice for a matrix-free operator tagged spd."""
+choice for a matrix-free operator tagged spd, and for a sparse spd matrix (with AMG)
+where the program runs on an accelerator and no direct solver there applies."""
 
 from __future__ import annotations
 
-import lineax as lx
-
 from ._iterative import lineax_solve
-from ._linear import AbstractIterativeSolver
+from ._linear import AbstractIterativeSolver, backend
 
 
 class CG(AbstractIterativeSolver):
@@ -19,8 +18,15 @@ class CG(AbstractIterativeSolver):
     symmetric_adjoint = True
 
     def preference(self, *, matrix, tags, dtype):
-        return 2.0 if matrix == "operator" and "spd" in tags else None
+        if "spd" not in tags:
+            return None
+        if matrix == "operator":
+            return 2.0
+        # (a sparse matrix where the program runs on an accelerator and no
+        # direct solver there applies: preconditioned by AMG, `linalg.solve`)
+        return 1.0 if matrix == "sparse" and backend() != "cpu" else None
 
     def krylov(self, op, u, rtol, tol, maxiter, precond):
-        return lineax_solve(lx.CG, op, u, rtol, tol, maxiter, precond=precond,
-                            tags=(lx.positive_semidefinite_tag, lx.symmetric_tag))
+        import lineax as lx  # (where a solve is traced: see `lineax_solve`)
+
+        return lineax_solve(lx.CG, op, u, rtol, tol, maxiter, spd=True, precond=precond)

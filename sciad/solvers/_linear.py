@@ -197,16 +197,46 @@ def names_for(matrix: str) -> tuple[str, ...]:
     return tuple(r.name for r in records() if matrix in r.matrices)
 
 
-def choose(*, matrix: str, tags: frozenset, dtype, pattern=None):
-    """The record "auto" picks: the most preferred applicable one (for a
-    sparse matrix, given its `pattern`, as the records measured it)."""
-    best, score = None, None
+def backend() -> str:
+    """JAX's default backend ("cpu", "gpu", "tpu", ...), where the programs
+    that "auto" chooses for run; "cpu" where none can be had."""
+    import jax
+
+    try:
+        return jax.default_backend()
+    except RuntimeError:
+        return "cpu"
+
+
+def ranking(*, matrix: str, tags: frozenset, dtype, pattern=None) -> list:
+    """`(record, preference, why not)` of every registered record, the most
+    preferred first: `why not` is None for the records "auto" may pick,
+    else the reason it may not (the record's own refusal; no preference for
+    such a matrix; a host factorization where the program runs on an
+    accelerator: "auto" never moves a solve to the host silently)."""
+    device = backend()
+    out = []
     for r in records():
         s = r.preference_for(pattern, matrix=matrix, tags=tags, dtype=dtype)
-        if s is not None and r.rejects(matrix=matrix, dtype=dtype, tags=tags) is None \
-                and (score is None or s > score):
-            best, score = r, s
-    assert best is not None, f"no solver applies to a {matrix} matrix of {dtype}"
+        why = r.rejects(matrix=matrix, dtype=dtype, tags=tags)
+        if why is not None:
+            why = why[1]
+        elif s is None:
+            why = f"not a choice of 'auto' for a {matrix} matrix here"
+        elif r.where == "host" and device != "cpu":
+            why = (f"it runs on the host, and the program on the {device}: ask for it by "
+                   "name to factor there")
+        out.append((r, s, why))
+    out.sort(key=lambda t: (t[2] is not None, -(t[1] if t[1] is not None else -np.inf)))
+    return out
+
+
+def choose(*, matrix: str, tags: frozenset, dtype, pattern=None):
+    """The record "auto" picks: the most preferred applicable one (for a
+    sparse matrix, given its `pattern`, as the records measured it; see
+    `ranking`)."""
+    best, _, why = ranking(matrix=matrix, tags=tags, dtype=dtype, pattern=pattern)[0]
+    assert why is None, f"no solver applies to a {matrix} matrix of {dtype}"
     return best
 
 
