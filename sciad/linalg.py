@@ -169,10 +169,14 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
     - `A`: a square dense array `(n, n)` or sparse matrix (`sd.sparse`).
     - `b`: right-hand side(s), shape `(n,)` or `(n, k)`.
     - `solver`: `"auto"` (the default: Cholesky for a dense `spd` matrix, else
-      LU; for a sparse one KLU compiled into the program on the CPU up to
+      LU; for a sparse one on the CPU, KLU compiled into the program up to
       12,000 unknowns, CHOLMOD's Cholesky for an `spd` one from 2,500
-      unknowns where the `[cholmod]` extra is installed, else SuperLU, on
-      the host also when the program runs on a GPU), a direct
+      unknowns where the `[cholmod]` extra is installed, else SuperLU; where
+      the program runs on an NVIDIA GPU, cuDSS where the `[cuda]` extra is
+      installed, else CG with `preconditioner="amg"` for an `spd` matrix and
+      GMRES otherwise, in the program: "auto" never factors on the host
+      when the program runs on an accelerator; `explain_solver(A)` says what
+      it picks and why), a direct
       solver (`"lu"`, `"cholesky"` dense; `"klu"`, `"cholmod"`, `"splu"`,
       `"spsolve"`, `"cudss"` sparse), or an
       iterative one (`"cg"` for symmetric positive definite, `"gmres"`,

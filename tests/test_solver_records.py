@@ -162,3 +162,47 @@ def test_root_methods_are_records_and_the_node_names_its_parts():
     outs = RootOutputs.of(node.outputs)
     assert outs.x.type.shape == (4,) and outs.factor is not None
     np.testing.assert_allclose(np.asarray(f(np.full(4, 2.0))), np.ones(4), rtol=1e-10)
+
+
+@pytest.fixture
+def scipy_splu():
+    from _scipy_splu_backend import ScipySplu
+
+    record = solvers.register(ScipySplu())
+    try:
+        yield record
+    finally:
+        solvers.unregister(record.name)
+
+
+def test_a_new_sparse_backend_is_one_file(scipy_splu, rng):
+    """SciPy's `splu` behind the protocol (`tests/_scipy_splu_backend.py`, one
+    file): its solves and their rules (`check_rules`), `sd.vmap`, and JAX's
+    own transforms of `sd.to_jax`, as every built-in backend's."""
+    n = 8
+    M = sp.csr_array(sp.random(n, n, density=0.3, random_state=1) + 4 * sp.eye(n))
+    M.sort_indices()
+    A0 = sd.sparse.csr_matrix((M.data, M.indices, M.indptr), shape=M.shape)
+    b = rng.standard_normal(n)
+
+    def f(d, b):
+        return sd.linalg.solve(sd.sparse.with_data(A0, d), b, solver="scipy_splu")
+
+    np.testing.assert_allclose(np.asarray(f(M.data, b)), np.linalg.solve(M.toarray(), b),
+                               rtol=1e-12)
+    sd.testing.check_rules(f, M.data, b)
+    D = M.data * (1 + 0.1 * rng.standard_normal((3, M.nnz)))
+    B = rng.standard_normal((3, n))
+    got = sd.function(sd.vmap(f))(D, B)
+    want = [np.linalg.solve(sp.csr_array((d, M.indices, M.indptr), shape=M.shape).toarray(),
+                            bb) for d, bb in zip(D, B)]
+    np.testing.assert_allclose(np.asarray(got), np.stack(want), rtol=1e-11)
+    g = sd.to_jax(lambda d: sd.numpy.sum(f(d, b) ** 2))
+    lu = sd.to_jax(lambda d: sd.numpy.sum(sd.linalg.solve(sd.sparse.with_data(A0, d), b,
+                                                          solver="splu") ** 2))
+    for transform in (jax.grad, jax.jacfwd, jax.hessian):
+        np.testing.assert_allclose(np.asarray(jax.jit(transform(g))(M.data)),
+                                   np.asarray(jax.jit(transform(lu))(M.data)), rtol=1e-9,
+                                   atol=1e-12)
+    with pytest.raises(SingularMatrixError), sd.errors.unwrapped():
+        jax.block_until_ready(jax.jit(g)(np.zeros(M.nnz)))
