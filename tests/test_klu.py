@@ -7,7 +7,6 @@ and the errors of a singular or non-finite system."""
 from __future__ import annotations
 
 import gc
-import time
 
 import jax
 import numpy as np

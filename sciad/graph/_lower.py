@@ -9,14 +9,12 @@ implementation whose result disagrees with the node's type is an error too
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 
