@@ -301,7 +301,32 @@ def reraise(err: BaseException) -> NoReturn:
     sciad_err = runtime_error_from(err)
     if sciad_err is None:
         raise err
+    forget_failed_runs()
     raise sciad_err from None
+
+
+def forget_failed_runs() -> None:
+    """Drops JAX's record of the failed programs whose error was raised.
+
+    JAX keeps, per device, a token of the last program it ran with host
+    callbacks (sciad's checks), to wait for in `jax.effects_barrier()`; a
+    program whose check failed leaves a token that holds its error, so a
+    later `jax.effects_barrier()`, and JAX's own at interpreter exit, raised
+    that error again ("Exception ignored in atexit callback") after sciad
+    had raised it. Called where a run-time check's error is raised: waits
+    for each device's last program and forgets the tokens that failed.
+    (JAX's private state; nothing where it has another shape.)"""
+    try:
+        from jax._src import dispatch
+        tokens = dispatch.runtime_tokens.output_runtime_tokens
+    except (ImportError, AttributeError):  # pragma: no cover - depends on the JAX version
+        return
+    for device, token in list(tokens.items()):
+        try:
+            token.block_until_ready()
+        except Exception:  # (a failed program's: its error is the one raised)
+            if tokens.get(device) is token:
+                del tokens[device]
 
 
 class unwrapped:
@@ -330,6 +355,7 @@ class unwrapped:
         err = runtime_error_from(value)
         if err is None:
             return False
+        forget_failed_runs()
         raise err from None
 
     def __call__(self, fn):
