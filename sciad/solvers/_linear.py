@@ -16,6 +16,7 @@ rather than the transposed one.
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from ..errors import DTypeError, InvalidOptionError, SingularMatrixError
@@ -200,8 +201,6 @@ def names_for(matrix: str) -> tuple[str, ...]:
 def backend() -> str:
     """JAX's default backend ("cpu", "gpu", "tpu", ...), where the programs
     that "auto" chooses for run; "cpu" where none can be had."""
-    import jax
-
     try:
         return jax.default_backend()
     except RuntimeError:
