@@ -100,7 +100,7 @@ def at_end(fn: Callable[[list], None]) -> None:
     """Registers `fn(outputs)` to run when the lowering of the current graph
     has lowered all its nodes (`outputs`: the JAX values the run returns).
     A node's implementation releases there what it made for the program
-    (a compiled factorization's handles: `sciad.primitives._linalg`),
+    (a compiled factorization's handles: `sciad.primitives._linalg_run`),
     ordered after every value the run returns. A nested body (a loop's, a
     branch's, a map's) is lowered by its own run, with its own finalizers.
     Outside a lowering run, `fn` is never called (nothing is made to last)."""

@@ -37,6 +37,9 @@ step; the transposed solve applies it transposed.
 triangle of an `spd` matrix, and the symmetric iterative solvers take the
 adjoint solve to be the forward one. It is checked when the program runs.
 
+The run-time side (a factorization and its solves through the record, and
+their checks) is `sciad.primitives._linalg_run`.
+
 Failures are errors, never NaN or a silently wrong value (the policy is in
 `sciad.primitives._checks`): a structurally singular sparse matrix (an
 empty row or column) fails at trace time; NaN or inf in `a` or `b`
@@ -52,13 +55,12 @@ user's line; an ill-conditioned matrix warns (`IllConditionedWarning`).
 from __future__ import annotations
 
 import functools
-import weakref
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _ops as ops, config, solvers
+from .. import _ops as ops, solvers
 from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NonFiniteError,
                       NotSupportedError, ShapeError, SingularMatrixError, plain)
 from ..graph import (Body, Factored, Param, Primitive, Site, SparseType, TensorType, Zero,
@@ -66,22 +68,18 @@ from ..graph import (Body, Factored, Param, Primitive, Site, SparseType, TensorT
 from ..graph._autodiff import needs_ct, type_of
 from ..graph._body import trace_body
 from ..graph._cost import Cost, _si, nbytes, size, sparse_lu_fill
-from ..graph._lower import at_end, hand_out, made_in_run, node_escapes
 from ..graph._params import shown_params
 from ..graph._serialize import graph_param_v1, register_v1_migration
 from ..graph._sparsity import along, dense, empty, union
 from ..graph._trace import trace_flat
 from ..graph._types import FactorType, Pattern, holds_tuple, register_factor_layout
-from ..solvers import _sparse_direct
-from ..solvers._host import host_call
-from ..solvers._indices import (pattern_cols, pattern_diagonal, pattern_rows,
-                                pattern_transpose, segment_sum, take, take_static)
+from ..solvers._indices import pattern_transpose, take
 from ..solvers._linear import names_for, resolve
-from ..solvers._measures import ratio
-from ..solvers._registry import lookup, records
-from ._checks import (check, judge_factor, judge_matrix, judge_solve, refine_above, releasing,
-                      symmetry_tolerance, tie)
+from ..solvers._registry import lookup
+from ._checks import check, judge_matrix, tie
 from ._contract import einsum_p
+from ._linalg_run import (ASSUME, _factor_layout, _make_factor, _matrix_measures, _matvec,
+                          _rcond_with, _solve_with)
 from ._elementwise import unary_primitives
 from ._map import columns_rule, map_rule, on_devices, reader_nodes
 from ._sparse import sparse_matmul_p, sparse_sddmm_p
@@ -89,7 +87,6 @@ from ..solvers import _block_amg
 from ._sparse_sharded import (RowPartition, block_amg, sharded_matmul_p, sharded_sddmm_p,
                               sharded_product)
 
-ASSUME = ("symmetric", "spd")
 
 
 def _is_symmetric(t, assume: str | None = None) -> bool:
@@ -141,334 +138,6 @@ def _check_matrix(a, b, solver: str, pattern, op: str, assume: str | None = None
                 f"{a.str_short()} is structurally singular: {which} has no stored "
                 "entry.", op=op)
     return record
-
-
-def _checks_on() -> bool:
-    return bool(config.enable_checks)
-
-
-# ---------------------------------------------------------------------------
-# run-time pieces shared by the primitives (JAX values in, JAX values out)
-
-
-def _matvec(a, pattern: Pattern | None, transpose: bool, product=None):
-    """`x -> op(a) x` on run-time values (with `product`, a solver's own
-    compiled sparse product: see `AbstractDirectSolver.product`)."""
-    if product is not None:
-        return lambda x: product(a, x, transpose)
-    if pattern is not None:
-        return lambda x: sparse_matmul_p.impl_rule(a, x, pattern=pattern, transpose=transpose)
-    m = a.T if transpose else a
-    return lambda x: jnp.matmul(m, x, precision="highest")
-
-
-def _asymmetry(a, pattern):
-    """`max |A - A^T| / max |A|` (0 for a zero matrix)."""
-    at = take_static(a, pattern_transpose(pattern)) if pattern is not None else a.T
-    scale = jnp.max(jnp.abs(a), initial=0.0)
-    return jnp.max(jnp.abs(a - at), initial=0.0) / jnp.where(scale > 0, scale, 1.0)
-
-
-def _min_diagonal(a, pattern):
-    """The smallest real part of a diagonal entry (0 where a sparse pattern
-    stores none)."""
-    if pattern is None:
-        return jnp.min(jnp.real(jnp.diagonal(a)), initial=jnp.inf)
-    stored = pattern.diagonal_positions() >= 0
-    d = jnp.real(take_static(a, pattern_diagonal(pattern)))
-    d = d if stored.all() else jnp.where(stored, d, 0.0)
-    return jnp.min(d, initial=jnp.inf)
-
-
-def _matrix_measures(a, pattern, assume) -> dict:
-    """What `judge_matrix` checks, computed in the program."""
-    out = dict(nonfinite=~jnp.all(jnp.isfinite(a)))
-    if assume in ASSUME:
-        out["asymmetry"] = _asymmetry(a, pattern)
-    if assume == "spd":
-        out["min_diagonal"] = _min_diagonal(a, pattern)
-    return out
-
-
-def _zero_line(a, pattern, product):
-    """Whether a row or a column of the sparse matrix with values `a` holds
-    only zeros (or NaN): a singular matrix. From the sums of `|a|` along
-    rows and columns, two products with ones by the solver's compiled
-    `product` (XLA's scatters here cost more to compile than the whole
-    factorization and solve of a small matrix)."""
-    mag = jnp.abs(a)
-    n, m = pattern.shape
-    rows = product(mag, jnp.ones(m, mag.dtype), False)
-    cols = product(mag, jnp.ones(n, mag.dtype), True)
-    return ~(jnp.all(rows > 0) & jnp.all(cols > 0))
-
-
-def _norm_inf(a, pattern, transpose: bool, product=None):
-    """`||op(a)||_inf` from the values (with a solver's `product`: the
-    product of `|op(a)|` with ones)."""
-    if product is not None:
-        mag = jnp.abs(a)
-        ones = jnp.ones(pattern.shape[0 if transpose else 1], mag.dtype)
-        return jnp.max(product(mag, ones, transpose), initial=0.0)
-    if pattern is None:
-        return jnp.max(jnp.sum(jnp.abs(a), axis=0 if transpose else 1), initial=0.0)
-    idx = pattern_cols(pattern) if transpose else pattern_rows(pattern)
-    n = pattern.shape[1] if transpose else pattern.shape[0]
-    return jnp.max(segment_sum(jnp.abs(a), idx, n), initial=0.0)
-
-
-def _measures(apply, x, b, anorm_inf):
-    """`(r, backward_error, relative_residual, max |b|)` of `x` for
-    `apply(x) = b`, with `r = apply(x) - b` (2-D `b`: the worst column)."""
-    r = apply(x) - b
-    # (one reduction of the three: each reduction is a kernel XLA compiles)
-    rn, xn, bn = jnp.max(jnp.abs(jnp.stack([r, x, b])), axis=1, initial=0.0)
-    eta = ratio(rn, anorm_inf * xn + bn, jnp)  # (NaN for a NaN x: it fails the checks)
-    rel = ratio(rn, bn, jnp)
-    worst = functools.partial(jnp.max, initial=0.0)  # (NaN wins; 0 for no columns)
-    return r, worst(eta), worst(rel), worst(bn)
-
-
-def _factor_layout(t: FactorType):
-    # the solver's arrays; a dense factorization carries its condition estimate
-    record = lookup(t.method, "linear")
-    arrays = tuple(TensorType(shape, dtype)
-                   for shape, dtype in record.factor_layout(t.shape[0], t.dtype, t.pattern))
-    if not record.sparse:
-        arrays += (TensorType((), np.finfo(t.dtype).dtype),)
-    return arrays
-
-
-def _register_layouts() -> None:
-    """Tells `FactorType` how each direct solver's factor is held (for the
-    built-in ones at import; a solver registered later, when a node first
-    factors with it)."""
-    for record in records("linear"):
-        if record.direct:
-            register_factor_layout(record.name, _factor_layout)
-
-
-_register_layouts()
-
-
-_ZERO_TOKEN = np.zeros((), np.int32)
-
-#: (a `frees_factor` solver) the first array of each factor a program being
-#: lowered made and frees itself, by `id`: a solve that reads one of these
-#: very values knows at trace time that its handle is not 0 (see `KLU.solve`)
-_made_here: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-
-
-def _make_factor(a, *, solver, pattern, assume, throw, uses, site, output: bool = False):
-    """The factorization of `a` as a tuple of arrays (see `_factor_layout`),
-    checked when `throw`: finite, symmetric if `assume` says so, no
-    breakdown. A dense factorization carries its condition estimate.
-    `output`: the factor is the node's output (`linalg.factor`), not made
-    and read inside it (a solve's, a condition estimate's)."""
-    dtype = np.dtype(a.dtype)
-    tags = frozenset({assume} if assume else ())
-    record = lookup(solver, "linear")
-    if record.host_checks:  # checked in the host call that factors
-        report = None
-        if throw:
-            report = functools.partial(judge_factor, site, dtype=dtype, solver=solver,
-                                       tags=tags)
-        f = record.factor(a, pattern=pattern, uses=uses, assume=assume if throw else None,
-                          report=report)
-        if uses is not None and record.release_now is not None:
-            # (counted: all its solves are in this run. A failed check of the
-            # run stops it before the last ones, which would release it)
-            made_in_run(f[0], record.release_now)
-        return f
-    if record.sparse:  # (spsolve, klu) the matrix checked here, before it is factored
-        if throw:
-            measures = _matrix_measures(a, pattern, assume)
-            judge, when = judge_matrix, None
-            if record.frees_factor:
-                # (klu) a zero row or column, said here with the node and line
-                # (KLU's own zero-pivot error, which stops the program, cannot);
-                # the host is called only where a measure fails
-                # (not for an spd claim: its positive diagonal, checked, leaves
-                # no zero row or column; a product fewer, 4 of a batch of
-                # 256 solves' 30 ms of checks)
-                measures["singular"] = (jnp.zeros((), bool) if assume == "spd" else
-                                        _zero_line(a, pattern, record.product(pattern)))
-                judge = functools.partial(judge_factor, solver=solver)
-                when = measures["nonfinite"] | measures["singular"]
-                if "asymmetry" in measures:
-                    when |= ~(measures["asymmetry"] <= symmetry_tolerance(dtype))
-                if "min_diagonal" in measures:
-                    when |= ~(measures["min_diagonal"] > 0)
-            if when is None:
-                tok = check(judge, site, dtype=dtype, tags=tags, **measures)
-            else:  # (under vmap: one host call for the batch, only where one fails)
-                names = list(measures)
-                tok = _where_any(when, lambda *m: check(judge, site, dtype=dtype, tags=tags,
-                                                        **dict(zip(names, m))),
-                                 lambda *m: jnp.zeros((), jnp.int32), *measures.values())
-            a = tie(a, tok)
-        if not record.frees_factor:
-            return tuple(record.factor(a, pattern=pattern))
-        # (klu) compiled handles only where all readers are in this run: freed
-        # at its end, after every value it returns
-        keep = uses is not None and not (output and node_escapes())
-        # (a map's forward body returning its factor to the backward map, in
-        # one program: released at the end of the map's run instead; only a
-        # factor that is the node's output, or the release would be handed
-        # the node's other value)
-        handed = output and not keep and hand_out(
-            lambda value, outs: record.release(value, outs), record.release_now)
-        if handed:
-            keep, uses = True, uses or 1
-        # (`assume` only where checked: cudss factors an "spd" matrix by Cholesky)
-        f = tuple(record.factor(a, pattern=pattern, uses=uses if keep else None,
-                                assume=assume if throw else None))
-        if throw:  # (the solves wait for the checks: a 0 handle does not read `a`)
-            f = tuple(tie(f, tok))
-        if keep and not handed:
-            at_end(lambda outs: record.release(f, outs))
-            if record.release_now is not None:  # (a failed check releases it)
-                made_in_run(f[0], record.release_now)
-        failed = record.failed(f, pattern=pattern) if throw and keep else None
-        if failed is not None:
-            # (a factorization that failed, judged here with the node and the
-            # user's line; the batch's other factors are released by the check)
-            broke = _where_any(failed, lambda s: check(judge_factor, site, dtype=dtype,
-                                                       solver=solver, tags=tags, singular=s),
-                               lambda s: jnp.zeros((), jnp.int32), failed)
-            f = tuple(tie(f, broke))
-        if keep:
-            _made_here[id(f[0])] = f[0]
-        return f
-    f = record.factor(a)
-    ok = record.ok(f)
-    measures = dict(singular=~ok, **_matrix_measures(a, None, assume))
-    names = list(measures)
-    real = np.finfo(dtype).dtype
-
-    def one(m, anorm, status) -> float:
-        if throw:
-            judge_factor(site, dtype=dtype, solver=solver, tags=tags, **status)
-        if status["singular"] or status["nonfinite"]:
-            return 0.0
-        return record.rcond_host(m, float(anorm))
-
-    def host(m, anorm, *vals):
-        # one host call: LAPACK's condition estimate from the factor, and
-        # the checks of the factorization
-        if m.ndim == 2:  # (unbatched: the common case, without the loop's overhead)
-            return _ZERO_TOKEN, np.asarray(one(m, anorm, dict(zip(names, vals))), real)
-        batch = np.broadcast_shapes(m.shape[:-2], anorm.shape, *(v.shape for v in vals))
-        k = int(np.prod(batch, dtype=np.int64))
-        ms = np.broadcast_to(m, batch + m.shape[-2:]).reshape((k,) + m.shape[-2:])
-        an = np.broadcast_to(anorm, batch).reshape(k)
-        vals = [np.broadcast_to(v, batch).reshape(k) for v in vals]
-        rc = np.array([one(ms[i], an[i], {n: v[i] for n, v in zip(names, vals)})
-                       for i in range(k)], real)
-        return np.zeros(batch, np.int32), rc.reshape(batch)
-
-    tok, rcond = host_call(host, (jax.ShapeDtypeStruct((), jnp.int32),
-                                  jax.ShapeDtypeStruct((), real)),
-                           f[0], solvers.dense.norm1(a), *measures.values())
-    return tie((*f, rcond), tok)
-
-
-def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
-    """`op(a) x = b` with a factorization of `a`, checked when `throw` (see
-    `sciad.primitives._checks`): the backward error and the residual
-    against the condition estimate.
-
-    A SuperLU solve is checked on the host in the call that solves (one
-    host call per solve), with a step of iterative refinement where the
-    backward error is above the bound (a factor of a slightly different
-    matrix, reused, is then still good enough). Dense solves and those of
-    sparse solvers in the program (klu, spsolve) are measured in the
-    program, and the host is called only where a measure is off: to raise
-    or warn, and for a sparse one to refine the solution and estimate the
-    condition number first (`_sparse_direct.repair`)."""
-    dtype = np.dtype(b.dtype)
-    n = b.shape[0]
-    tau = refine_above(dtype, n)
-    eps = np.finfo(dtype).eps
-    record = lookup(solver, "linear")
-    if record.host_checks and throw:  # checked (and refined) in the host call
-        return record.solve(factor, a, b, pattern=pattern, transpose=transpose,
-                            refine_above=tau,
-                            estimate="always" if _checks_on() else "on_residual",
-                            report=functools.partial(judge_solve, site, dtype=dtype, n=n))
-    if record.frees_factor:
-        x = record.solve(factor, a, b, pattern=pattern, transpose=transpose,
-                         numeric=_made_here.get(id(factor[0])) is factor[0])
-    elif record.sparse:
-        x = record.solve(factor, a, b, pattern=pattern, transpose=transpose)
-    else:
-        *f, rc = factor
-        x = record.solve(tuple(f), a, b, transpose=transpose)
-    if not throw:
-        return x
-    product = record.product(pattern) if record.sparse else None
-    apply = _matvec(a, pattern, transpose, product)
-    anorm = _norm_inf(a, pattern, transpose, product)
-    _, eta, rel, bnorm = _measures(apply, x, b, anorm)
-    nonfinite = ~jnp.isfinite(bnorm)
-    if record.sparse:
-        # (A sparse factorization in the program (KLU's threshold pivoting,
-        # which keeps a diagonal pivot down to 1e-3 of its column's largest
-        # entry, for less fill) may not be backward stable. Where a measure
-        # is off, one host call refines the solution with a SuperLU factor of
-        # the matrix (as the host's SuperLU solves refine), estimates the
-        # condition number and judges: a refinement loop and an estimate in
-        # the program quintupled the compile time of every checked solve.)
-        need = _checks_on() | ~(rel <= np.sqrt(eps)) | ~(eta <= tau) | nonfinite
-        report = functools.partial(judge_solve, site, dtype=dtype, n=n)
-        return _where_any(
-            need, lambda a, b, x: _sparse_direct.repair(
-                pattern, a, b, x, transpose, refine_above=tau,
-                estimate="always" if _checks_on() else "on_residual", report=report,
-                guard=releasing),
-            lambda a, b, x: x, a, b, x)
-    # (No refinement in the program for dense solves: LU with partial
-    # pivoting and Cholesky are backward stable, and a conditional second
-    # solve per solve doubled the compile time of small programs.)
-    bad = nonfinite | ~(eta <= tau) | (rc < eps)
-    return tie(x, check(judge_solve, site, when=bad, dtype=dtype, n=n, nonfinite=nonfinite,
-                        backward_error=eta, residual=rel, rcond=rc))
-
-
-def _where_any(pred, fn, otherwise, *operands):
-    """`fn(*operands)` where `pred`, else `otherwise(*operands)`: a
-    `lax.cond` whose predicate, under `jax.vmap`, is whether any example
-    needs `fn` (there a batched predicate makes `lax.cond` a select that runs
-    `fn`, a host call, for every example; here it runs for the whole batch
-    only where one example needs it)."""
-    leaves, tree = jax.tree_util.tree_flatten(operands)
-
-    def call(*xs):
-        return fn(*jax.tree_util.tree_unflatten(tree, xs))
-
-    def other(*xs):
-        return otherwise(*jax.tree_util.tree_unflatten(tree, xs))
-
-    @jax.custom_batching.custom_vmap
-    def run(p, *xs):
-        return jax.lax.cond(p, call, other, *xs)
-
-    @run.def_vmap
-    def _rule(axis_size, in_batched, p, *xs):
-        some = jnp.any(p) if in_batched[0] else p
-        axes = [0 if b else None for b in in_batched[1:]]
-        batched = [jax.vmap(g, in_axes=axes, axis_size=axis_size) for g in (call, other)]
-        out = jax.lax.cond(some, *batched, *xs)
-        return out, True
-
-    return run(jnp.asarray(pred), *leaves)
-
-
-def _rcond_with(factor, a, *, solver, pattern):
-    record = lookup(solver, "linear")
-    if record.sparse:
-        return record.rcond(factor, a, pattern=pattern)
-    return factor[-1]  # (a dense factorization carries its estimate)
 
 
 # ---------------------------------------------------------------------------

@@ -31,7 +31,7 @@ stand-in (`use_kernels`). What cuDSS does:
   (`HandleSolver.release_now`; the handles carry a generation, so a second
   release, or a stale handle, is ignored or refused);
 - the checks are the in-program ones of every sparse solver compiled into
-  the program (`sciad.primitives._linalg`): non-finite values, a zero row
+  the program (`sciad.primitives._linalg_run`): non-finite values, a zero row
   or column and the structure `assume` claims before factoring; the
   backward error of every solve from one sparse product on the device
   (`product`: XLA's gather and scatter). Only where a measure is off does

@@ -17,7 +17,7 @@ pattern, at trace time, and kept for the process; the numeric factor is a
   one call (`solve_with_symbol`), which frees what it made. So no handle
   outlives the program that made it, and none crosses programs or threads.
 
-Checks run in the program (`sciad.primitives._linalg`), with KLU's own
+Checks run in the program (`sciad.primitives._linalg_run`), with KLU's own
 compiled sparse product (`product`, klujax's `dot` kernel: XLA's gathers and
 scatters compiled into every checked program cost more than the whole
 factorization of a small matrix): non-finite values and a zero row or

@@ -18,7 +18,7 @@ a KLU solve is first lowered, as `sciad_klu_*` CPU targets.
   program that embeds it is gone.
 - Numeric factors (`factor`): `uint64` handles to KLU numeric objects made
   by the program; whoever makes them frees them (`free`) in the same
-  program, after every reader (see `sciad.primitives._linalg`). A handle of
+  program, after every reader (see `sciad.primitives._linalg_run`). A handle of
   0 means "no numeric factor": a solve then factors and solves in one call
   (`solve_with_symbol`, which frees its own factor).
 - Handles with generations: where sciad's C++ extension is built (the batch
