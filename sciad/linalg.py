@@ -129,13 +129,17 @@ class SolveInfo(NamedTuple):
     backward_error: object = None
 
 
-def _prepare(A, b, assume, op: str):
-    """`(A, b, tags, sparse, dtype)`: the operands promoted to one float or
-    complex dtype, and the structure `A` has (its tags and `assume`)."""
+def _check_assume(assume, op: str) -> None:
     if assume not in _ASSUME:
         raise InvalidOptionError(f"`assume` must be one of "
                                  f"{sorted(k for k in _ASSUME if k)} or None, got {assume!r}.",
                                  op=op)
+
+
+def _prepare(A, b, assume, op: str):
+    """`(A, b, tags, sparse, dtype)`: the operands promoted to one float or
+    complex dtype, and the structure `A` has (its tags and `assume`)."""
+    _check_assume(assume, op)
     sparse = issparse(A)
     if not sparse:
         A = _as_array(A, op)
@@ -360,10 +364,7 @@ def explain_solver(A, *, assume: str | None = None) -> str:
     ```
     """
     op = "linalg.explain_solver"
-    if assume not in _ASSUME:
-        raise InvalidOptionError(f"`assume` must be one of "
-                                 f"{sorted(k for k in _ASSUME if k)} or None, got {assume!r}.",
-                                 op=op)
+    _check_assume(assume, op)
     if _sp.issparse(A):
         A = _from_scipy(A)
     if issparse(A):

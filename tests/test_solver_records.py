@@ -49,13 +49,18 @@ class ToySolve(AbstractDirectSolver):
         return 1234.0
 
 
-@pytest.fixture
-def toy():
-    record = solvers.register(ToySolve())
+def _registered(record):
+    """A fixture's body: `record` registered for the test, then removed."""
+    solvers.register(record)
     try:
         yield record
     finally:
-        solvers.unregister("toy")
+        solvers.unregister(record.name)
+
+
+@pytest.fixture
+def toy():
+    yield from _registered(ToySolve())
 
 
 def _system(rng, n=5):
@@ -168,11 +173,7 @@ def test_root_methods_are_records_and_the_node_names_its_parts():
 def scipy_splu():
     from _scipy_splu_backend import ScipySplu
 
-    record = solvers.register(ScipySplu())
-    try:
-        yield record
-    finally:
-        solvers.unregister(record.name)
+    yield from _registered(ScipySplu())
 
 
 def test_a_new_sparse_backend_is_one_file(scipy_splu, rng):
