@@ -174,19 +174,20 @@ def live_handles() -> int:
 
 
 def split_call(target: str, args, out, batched, threads: int, has_side_effect: bool = False,
-               handles: tuple[int, int] | None = None):
+               handles: tuple[int, int] | None = None, **attrs):
     """`jax.ffi.ffi_call(target, out)(*args)`, split into `threads` slices of
     the leading batch axis of the arguments at the positions `batched` and
     of every result (run unsplit where `threads` is 1 or the splitter is not
     built). `handles`: `(argument, mode)`, how the call meets the handle
     table (`READ` or `TAKE` the handles in that argument, or `MAKE` them from
     the first result, a failed slice's as 0; or `SOFT`, no handles, a failed
-    slice's results NaN; the argument is ignored there):
-    such a call always goes through the splitter where it is built
-    (`handles_available`)."""
+    slice's results NaN; the argument is ignored there; a failed slice of
+    several items runs again item by item, so that only a failed item's
+    results are 0 or NaN): such a call always goes through the splitter where it is built
+    (`handles_available`). `attrs`: the inner target's FFI attributes."""
     if (threads > 1 or handles is not None) and target in _slots:
         mask = sum(1 << i for i in batched)
         harg, hmode = handles if handles is not None else (-1, 0)
         ctl = np.array([_slots[target], mask, threads, harg, hmode], np.int64)
-        return jax.ffi.ffi_call(TARGET, out, has_side_effect=has_side_effect)(*args, ctl)
-    return jax.ffi.ffi_call(target, out, has_side_effect=has_side_effect)(*args)
+        return jax.ffi.ffi_call(TARGET, out, has_side_effect=has_side_effect)(*args, ctl, **attrs)
+    return jax.ffi.ffi_call(target, out, has_side_effect=has_side_effect)(*args, **attrs)

@@ -282,28 +282,26 @@ XLA_FFI_Error* sciad_batch_split(XLA_FFI_CallFrame* call) {
     raw_arg.data = raws.data();
   }
 
-  std::vector<SliceFrame> frames(threads);
-  for (int64_t t = 0; t < threads; ++t) {
-    const int64_t start = total * t / threads, count = total * (t + 1) / threads - start;
-    SliceFrame& f = frames[t];
+  // (rows [start, start + count) of the batch: the inner handler's frame)
+  auto build = [&](int64_t start, int64_t count, SliceFrame& f) -> const char* {
     f.args.resize(nargs);
     f.rets.resize(call->rets.size);
     for (int64_t i = 0; i < nargs; ++i) {
       if (call->args.types[i] != XLA_FFI_ArgType_BUFFER)
-        return make_error(api, "sciad_batch_split: an argument is not a buffer");
+        return "sciad_batch_split: an argument is not a buffer";
       const auto* b = (hmode == kRead || hmode == kTake) && i == harg
                           ? &raw_arg : static_cast<XLA_FFI_Buffer*>(call->args.args[i]);
       if (!slice_buffer(b, (mask >> i) & 1, total, start, count, &f.args[i]))
-        return make_error(api, "sciad_batch_split: a batched argument does not lead with "
-                               "the batch axis");
+        return "sciad_batch_split: a batched argument does not lead with the batch axis";
     }
     for (int64_t i = 0; i < call->rets.size; ++i) {
       if (call->rets.types[i] != XLA_FFI_RetType_BUFFER ||
           !slice_buffer(static_cast<XLA_FFI_Buffer*>(call->rets.rets[i]), true, total, start,
                         count, &f.rets[i]))
-        return make_error(api, "sciad_batch_split: a result does not lead with the batch "
-                               "axis");
+        return "sciad_batch_split: a result does not lead with the batch axis";
     }
+    f.arg_ptrs.clear();
+    f.ret_ptrs.clear();
     for (auto& s : f.args) f.arg_ptrs.push_back(&s.buffer);
     for (auto& s : f.rets) f.ret_ptrs.push_back(&s.buffer);
     f.frame = *call;
@@ -312,8 +310,30 @@ XLA_FFI_Error* sciad_batch_split(XLA_FFI_CallFrame* call) {
     f.frame.args.args = f.arg_ptrs.data();
     f.frame.rets.rets = f.ret_ptrs.data();
     f.frame.future = nullptr;
+    return nullptr;
+  };
+  std::vector<SliceFrame> frames(threads);
+  std::vector<int64_t> starts(threads + 1);
+  for (int64_t t = 0; t <= threads; ++t) starts[t] = total * t / threads;
+  for (int64_t t = 0; t < threads; ++t) {
+    if (const char* bad = build(starts[t], starts[t + 1] - starts[t], frames[t]))
+      return make_error(api, bad);
   }
 
+  // (a failed item's results: 0 handles where it makes them, else NaN)
+  auto fail_results = [&](SliceFrame& f) {
+    for (Slice& r : f.rets) {
+      const XLA_FFI_Buffer& b = r.buffer;
+      size_t n = elements(&b);
+      if (hmode == kMake || (b.dtype != XLA_FFI_DataType_F64 &&
+                             b.dtype != XLA_FFI_DataType_C128)) {
+        std::memset(b.data, 0, n * dtype_bytes(b.dtype));
+        continue;
+      }
+      if (b.dtype == XLA_FFI_DataType_C128) n *= 2;
+      std::fill_n(static_cast<double*>(b.data), n, std::numeric_limits<double>::quiet_NaN());
+    }
+  };
   std::vector<XLA_FFI_Error*> errors(threads, nullptr);
   std::vector<std::thread> workers;
   workers.reserve(threads - 1);
@@ -331,22 +351,23 @@ XLA_FFI_Error* sciad_batch_split(XLA_FFI_CallFrame* call) {
   for (auto& w : workers) w.join();
 
   if (hmode == kMake || hmode == kSoft) {
-    // (a failed slice, which freed what it made: 0 handles, or NaN results)
+    // (a failed slice, which freed what it made: its items again one by one,
+    // where it has more than one, so that only a failed item's results are 0
+    // handles, or NaN)
     for (int64_t t = 0; t < threads; ++t) {
       if (errors[t] == nullptr) continue;
       destroy_error(api, errors[t]);
       errors[t] = nullptr;
-      for (Slice& r : frames[t].rets) {
-        const XLA_FFI_Buffer& b = r.buffer;
-        size_t n = elements(&b);
-        if (hmode == kMake || (b.dtype != XLA_FFI_DataType_F64 &&
-                               b.dtype != XLA_FFI_DataType_C128)) {
-          std::memset(b.data, 0, n * dtype_bytes(b.dtype));
-          continue;
+      const int64_t count = starts[t + 1] - starts[t];
+      for (int64_t j = 0; j < count; ++j) {
+        SliceFrame one;
+        if (count > 1) {
+          if (build(starts[t] + j, 1, one) != nullptr) continue;  // (built once already)
+          XLA_FFI_Error* e = inner(&one.frame);
+          if (e == nullptr) continue;
+          destroy_error(api, e);
         }
-        if (b.dtype == XLA_FFI_DataType_C128) n *= 2;
-        std::fill_n(static_cast<double*>(b.data), n,
-                    std::numeric_limits<double>::quiet_NaN());
+        fail_results(count > 1 ? one : frames[t]);
       }
     }
   }
