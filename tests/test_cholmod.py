@@ -1,8 +1,10 @@
-"""The sparse Cholesky record ("cholmod", `sciad.solvers._cholmod`): results
-against SciPy, derivative rules, batching, `sd.to_jax` under JAX's
-transforms, what "auto" picks, the analyses kept per pattern, and the errors
-of a matrix that is not positive definite, not finite or not what its tags
-claim."""
+"""The sparse Cholesky records ("cholmod": compiled, `sciad.solvers._cholmod_ffi`,
+where sparsax is installed; on the host, `sciad.solvers._cholmod`, with
+cvxopt): results against SciPy, derivative rules, batching, `sd.to_jax` under
+JAX's transforms, what "auto" picks, the factorizations and analyses made,
+and the errors of a matrix that is not positive definite, not finite or not
+what its tags claim. Each test runs with each record registered as
+"cholmod"."""
 
 from __future__ import annotations
 
@@ -16,12 +18,31 @@ import sciad.numpy as snp
 from sciad.errors import (
     DTypeError, InvalidOptionError, NonFiniteError, NotPositiveDefiniteError, StructureError,
 )
-from sciad.solvers import _cholmod, _klu, _sparse_direct
+from sciad.solvers import _cholmod, _cholmod_ffi, _klu, _sparse_direct, lookup, register, unregister
 from sciad.solvers._linear import choose
 
 from helpers import assert_vmap_of_sparse_solves
 
-pytestmark = pytest.mark.skipif(not _cholmod.available(), reason="cvxopt is not installed")
+
+@pytest.fixture(params=["compiled", "host"], autouse=True)
+def record(request):
+    """The "cholmod" record under test, registered for the test's length."""
+    made = (_cholmod_ffi.CompiledCholmod() if request.param == "compiled"
+            else _cholmod.Cholmod())
+    if not made.available():
+        pytest.skip(f"{made.needs} is not installed")
+    old = lookup("cholmod")
+    unregister("cholmod")
+    register(made)
+    yield made
+    unregister("cholmod")
+    register(old)
+
+
+def _unavailable(monkeypatch, record):
+    """Makes `record`'s library look uninstalled."""
+    module = _cholmod_ffi if isinstance(record, _cholmod_ffi.CompiledCholmod) else _cholmod
+    monkeypatch.setattr(module, "available", lambda: False)
 
 
 def _spd(rng, n):
@@ -107,7 +128,24 @@ def test_sd_vmap_of_solves(rng):
     assert_vmap_of_sparse_solves("cholmod", M, rng, tags={"spd"})
 
 
-def test_each_pattern_is_analyzed_once_and_no_factor_is_held(rng, monkeypatch):
+def test_value_and_gradient_factor_once(rng, record):
+    if not isinstance(record, _cholmod_ffi.CompiledCholmod):
+        pytest.skip("the compiled record's")
+    import sparsax_cpp
+
+    M, _ = _spd(rng, 16)
+    b = rng.standard_normal(16)
+    g = sd.function(sd.value_and_grad(lambda d, b: _loss(d, b, M), argnums=(0, 1)))
+    jax.block_until_ready(g(M.data, b))
+    before = sparsax_cpp.factorization_count()
+    for s in (2.0, 3.0):
+        jax.block_until_ready(g(s * M.data, b))
+    assert sparsax_cpp.factorization_count() - before == 2  # (the adjoint solve reuses it)
+
+
+def test_each_pattern_is_analyzed_once_and_no_factor_is_held(rng, monkeypatch, record):
+    if not isinstance(record, _cholmod.Cholmod):
+        pytest.skip("the host record's")
     import cvxopt.cholmod as chm
 
     M, _ = _spd(rng, 16)
@@ -131,7 +169,7 @@ def test_each_pattern_is_analyzed_once_and_no_factor_is_held(rng, monkeypatch):
     assert 1 <= _cholmod.spare_factors(pattern) <= _cholmod.SPARE_FACTORS
 
 
-def test_auto_picks_cholmod_for_large_spd_matrices(monkeypatch):
+def test_auto_picks_cholmod_for_large_spd_matrices(monkeypatch, record):
     n = _klu.MAX_AUTO + 10
     pattern = sd.sparse.from_scipy(sp.diags([-1.0, 4.0, -1.0, 1.0], [-1, 0, 1, 5],
                                             shape=(n, n))).pattern
@@ -142,16 +180,17 @@ def test_auto_picks_cholmod_for_large_spd_matrices(monkeypatch):
 
     assert pick({"spd"}) == "cholmod"
     assert pick(set()) != "cholmod"
-    # (KLU, with no host round trip, below OVER_KLU unknowns and on banded matrices)
+    # (the host record: KLU, with no host round trip, below OVER_KLU unknowns and
+    # on banded matrices; the compiled one, measured faster, at every size)
     small = sd.sparse.from_scipy(sp.diags([-1.0, 4.0, -1.0, 1.0], [-1, 0, 1, 5],
                                           shape=(100, 100))).pattern
-    assert choose(matrix="sparse", tags=frozenset({"spd"}), dtype=np.dtype(np.float64),
-                  pattern=small).name == "klu"
     tri = sd.sparse.from_scipy(sp.diags([-1.0, 4.0, -1.0], [-1, 0, 1], shape=(n, n))).pattern
-    assert choose(matrix="sparse", tags=frozenset({"spd"}), dtype=np.dtype(np.float64),
-                  pattern=tri).name == "klu"
+    want = "cholmod" if isinstance(record, _cholmod_ffi.CompiledCholmod) else "klu"
+    for p in (small, tri):
+        assert choose(matrix="sparse", tags=frozenset({"spd"}), dtype=np.dtype(np.float64),
+                      pattern=p).name == want
     assert pick({"spd"}, np.complex128) != "cholmod"
-    monkeypatch.setattr(_cholmod, "available", lambda: False)
+    _unavailable(monkeypatch, record)
     assert pick({"spd"}) != "cholmod"
 
 
@@ -198,7 +237,7 @@ def test_bad_values_and_claims_raise(rng):
         f(M.data, np.full(8, np.inf))
 
 
-def test_refusals(rng, monkeypatch):
+def test_refusals(rng, monkeypatch, record):
     M, _ = _spd(rng, 6)
     b = np.ones(6)
     with pytest.raises(StructureError, match="spd"):
@@ -210,6 +249,33 @@ def test_refusals(rng, monkeypatch):
     with pytest.raises(DTypeError, match="real"):
         sd.function(lambda d: sd.linalg.solve(_csr(M)(d), b.astype(complex), solver="cholmod"))(
             M.data.astype(complex))
-    monkeypatch.setattr(_cholmod, "available", lambda: False)
-    with pytest.raises(InvalidOptionError, match="cvxopt"):
+    _unavailable(monkeypatch, record)
+    with pytest.raises(InvalidOptionError, match="needs .*(cvxopt|sparsax)"):
         sd.function(lambda d: sd.linalg.solve(_csr(M)(d), b, solver="cholmod"))(M.data)
+
+
+def test_a_batch_judges_its_failed_matrix_alone(rng, record):
+    M, _ = _spd(rng, 10)
+    rows = np.repeat(np.arange(10), np.diff(M.indptr))
+    bad = M.data.copy()
+    bad[(rows == M.indices) & (rows == 4)] = 1e-3  # (not positive definite)
+    ds = np.stack([M.data, bad, 2 * M.data, 3 * M.data])
+    b = np.ones(10)
+    f = sd.function(sd.vmap(lambda d: sd.linalg.solve(_csr(M)(d), b, solver="cholmod")))
+    with pytest.raises(NotPositiveDefiniteError, match="splu") as info:
+        f(ds)
+    assert "test_cholmod.py" in str(info.value)
+    xs = f(ds[[0, 2, 3]])
+    for x, s in zip(np.asarray(xs), (1, 2, 3)):
+        np.testing.assert_allclose(x, np.linalg.solve(s * M.toarray(), b), rtol=1e-10)
+    if isinstance(record, _cholmod_ffi.CompiledCholmod):
+        from sciad.solvers import _batch_split
+
+        if not _batch_split.handles_available():
+            pytest.skip("no compiler: a failed kernel stops the program instead")
+        # (the kernel's batch, unchecked: the failed matrix's solution alone is NaN,
+        # the batch splitter running a failed slice again item by item)
+        pattern = _csr(M)(M.data).pattern
+        x = np.asarray(jax.jit(jax.vmap(lambda d: _cholmod_ffi.solve(pattern, d, b)))(ds))
+        assert np.isnan(x[1]).all() and np.isfinite(x[[0, 2, 3]]).all()
+        np.testing.assert_allclose(x[2], np.linalg.solve(2 * M.toarray(), b), rtol=1e-10)

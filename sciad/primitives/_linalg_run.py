@@ -29,7 +29,7 @@ from .. import config, solvers
 from ..graph import TensorType
 from ..graph._lower import at_end, hand_out, made_in_run, node_escapes
 from ..graph._types import FactorType, Pattern, register_factor_layout
-from ..solvers import _sparse_direct
+from ..solvers import _sparse_checks, _sparse_direct
 from ..solvers._host import host_call
 from ..solvers._indices import (pattern_cols, pattern_diagonal, pattern_rows,
                                 pattern_transpose, segment_sum, take_static)
@@ -77,13 +77,25 @@ def _min_diagonal(a, pattern):
     return jnp.min(d, initial=jnp.inf)
 
 
-def _matrix_measures(a, pattern, assume) -> dict:
-    """What `judge_matrix` checks, computed in the program."""
+def _matrix_measures(a, pattern, assume, zero_line=None) -> dict:
+    """What `judge_matrix` checks, computed in the program; with `zero_line`
+    (a sparse solver's `product`), also `singular`: a zero row or column.
+    A float64 sparse matrix on the CPU is measured in one compiled pass
+    (`sciad.solvers._sparse_checks`)."""
+    if pattern is not None and _sparse_checks.available(a.dtype):
+        m = _sparse_checks.matrix_measures(pattern, a, symmetric=assume in ASSUME,
+                                           diagonal=assume == "spd")
+        if zero_line is not None:
+            m["singular"] = m["zero_line"]
+        del m["zero_line"]
+        return m
     out = dict(nonfinite=~jnp.all(jnp.isfinite(a)))
     if assume in ASSUME:
         out["asymmetry"] = _asymmetry(a, pattern)
     if assume == "spd":
         out["min_diagonal"] = _min_diagonal(a, pattern)
+    if zero_line is not None:
+        out["singular"] = _zero_line(a, pattern, zero_line)
     return out
 
 
@@ -179,30 +191,29 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site, output: bool 
         return f
     if record.sparse:  # (spsolve, klu) the matrix checked here, before it is factored
         if throw:
-            measures = _matrix_measures(a, pattern, assume)
-            judge, when = judge_matrix, None
+            # (klu: a zero row or column too, said here with the node and
+            # line, where KLU's own zero-pivot error, which stops the
+            # program, cannot. Not for an spd claim: its positive diagonal,
+            # checked, leaves no zero row or column)
+            line = record.product(pattern) if record.frees_factor and assume != "spd" else None
+            measures = _matrix_measures(a, pattern, assume, zero_line=line)
+            judge = judge_matrix
             if record.frees_factor:
-                # (klu) a zero row or column, said here with the node and line
-                # (KLU's own zero-pivot error, which stops the program, cannot);
-                # the host is called only where a measure fails
-                # (not for an spd claim: its positive diagonal, checked, leaves
-                # no zero row or column; a product fewer, 4 of a batch of
-                # 256 solves' 30 ms of checks)
-                measures["singular"] = (jnp.zeros((), bool) if assume == "spd" else
-                                        _zero_line(a, pattern, record.product(pattern)))
+                measures.setdefault("singular", jnp.zeros((), bool))
                 judge = functools.partial(judge_factor, solver=solver)
-                when = measures["nonfinite"] | measures["singular"]
-                if "asymmetry" in measures:
-                    when |= ~(measures["asymmetry"] <= symmetry_tolerance(dtype))
-                if "min_diagonal" in measures:
-                    when |= ~(measures["min_diagonal"] > 0)
-            if when is None:
-                tok = check(judge, site, dtype=dtype, tags=tags, **measures)
-            else:  # (under vmap: one host call for the batch, only where one fails)
-                names = list(measures)
-                tok = _where_any(when, lambda *m: check(judge, site, dtype=dtype, tags=tags,
-                                                        **dict(zip(names, m))),
-                                 lambda *m: jnp.zeros((), jnp.int32), *measures.values())
+            # (the host is called only where a measure fails: under vmap, one
+            # host call for the batch, only where one example fails)
+            when = measures["nonfinite"]
+            if "singular" in measures:
+                when |= measures["singular"]
+            if "asymmetry" in measures:
+                when |= ~(measures["asymmetry"] <= symmetry_tolerance(dtype))
+            if "min_diagonal" in measures:
+                when |= ~(measures["min_diagonal"] > 0)
+            names = list(measures)
+            tok = _where_any(when, lambda *m: check(judge, site, dtype=dtype, tags=tags,
+                                                    **dict(zip(names, m))),
+                             lambda *m: jnp.zeros((), jnp.int32), *measures.values())
             a = tie(a, tok)
         if not record.frees_factor:
             return tuple(record.factor(a, pattern=pattern))
@@ -303,10 +314,15 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
         x = record.solve(tuple(f), a, b, transpose=transpose)
     if not throw:
         return x
-    product = record.product(pattern) if record.sparse else None
-    apply = _matvec(a, pattern, transpose, product)
-    anorm = _norm_inf(a, pattern, transpose, product)
-    _, eta, rel, bnorm = _measures(apply, x, b, anorm)
+    if record.sparse and _sparse_checks.available(a.dtype) and x.dtype == b.dtype == a.dtype:
+        eta, rel, bnorm, all_nan = _sparse_checks.solve_measures(pattern, a, x, b,
+                                                                 transpose=transpose)
+    else:
+        product = record.product(pattern) if record.sparse else None
+        apply = _matvec(a, pattern, transpose, product)
+        anorm = _norm_inf(a, pattern, transpose, product)
+        _, eta, rel, bnorm = _measures(apply, x, b, anorm)
+        all_nan = jnp.all(jnp.isnan(x)) if x.size else jnp.zeros((), bool)
     nonfinite = ~jnp.isfinite(bnorm)
     if record.sparse:
         # (A sparse factorization in the program (KLU's threshold pivoting,
@@ -318,12 +334,21 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
         # the program quintupled the compile time of every checked solve.)
         need = _checks_on() | ~(rel <= np.sqrt(eps)) | ~(eta <= tau) | nonfinite
         report = functools.partial(judge_solve, site, dtype=dtype, n=n)
-        return _where_any(
-            need, lambda a, b, x: _sparse_direct.repair(
+        # (a solver that factors in its solve's call marks a breakdown with an
+        # all-NaN solution of a finite system: judged first, as a failed
+        # factorization, in the same branch)
+        broke = all_nan & ~nonfinite if record.nan_on_breakdown else jnp.zeros((), bool)
+
+        def failing(a, b, x, broke):
+            if record.nan_on_breakdown:
+                x = tie(x, check(judge_factor, site, dtype=dtype, solver=solver,
+                                 singular=broke))
+            return _sparse_direct.repair(
                 pattern, a, b, x, transpose, refine_above=tau,
                 estimate="always" if _checks_on() else "on_residual", report=report,
-                guard=releasing),
-            lambda a, b, x: x, a, b, x)
+                guard=releasing)
+
+        return _where_any(need | broke, failing, lambda a, b, x, broke: x, a, b, x, broke)
     # (No refinement in the program for dense solves: LU with partial
     # pivoting and Cholesky are backward stable, and a conditional second
     # solve per solve doubled the compile time of small programs.)

@@ -22,6 +22,7 @@ from ._bicgstab import BiCGStab
 from ._cg import CG
 from ._cholesky import Cholesky
 from ._cholmod import Cholmod
+from ._cholmod_ffi import CompiledCholmod, installed as _sparsax_installed
 from ._cudss import CuDSS
 from ._chord import Chord
 from ._gmres import GMRES
@@ -43,7 +44,9 @@ from ._spsolve import SpSolve
 register(LU())
 register(Cholesky())
 register(SuperLU())
-register(Cholmod())
+# ("cholmod": CHOLMOD compiled into the program where sparsax is installed,
+# else cvxopt's on the host; `pip install "sciad[cholmod]"` installs one)
+register(CompiledCholmod() if _sparsax_installed() else Cholmod())
 register(SpSolve())
 register(KLU())
 register(CuDSS())

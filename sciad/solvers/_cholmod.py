@@ -168,16 +168,11 @@ def factorize(pattern, d: np.ndarray):
     return _Factor(f, p, int(p.select.size))
 
 
-class Cholmod(SuperLU):
-    """Sparse Cholesky by CHOLMOD (cvxopt's) on the host, for a real sparse
-    matrix tagged (or assumed) spd: the factor is `(handle,)`, an int32,
-    held, solved and estimated as SuperLU's (the record it specializes).
-
-    ```python
-    A = sd.sparse.coo_matrix((vals, (rows, cols)), shape=(n, n), tags={"spd"})
-    x = sd.linalg.solve(A, b, solver="cholmod")   # pip install "sciad[cholmod]"
-    ```
-    """
+class CholmodChoice:
+    """What the two "cholmod" records share (this host one, and the compiled
+    one of `sciad.solvers._cholmod_ffi`): the name, what they factor, when
+    "auto" picks them, their refusals and breakdown. A record says whether
+    it can run here (`available()`) and what it needs (`needs`)."""
 
     name = "cholmod"
     dtype_kinds = "f"
@@ -185,10 +180,14 @@ class Cholmod(SuperLU):
     breakdown = (NotPositiveDefiniteError,
                  "CHOLMOD's Cholesky factorization broke down: the matrix is not positive "
                  "definite. Solve with solver='splu' if it is only symmetric.", {})
+    needs = ""
+
+    def available(self) -> bool:
+        raise NotImplementedError
 
     def preference(self, *, matrix, tags, dtype):
         if matrix != "sparse" or "spd" not in tags or np.dtype(dtype).kind != "f" \
-                or not available():
+                or not self.available():
             return None
         return 1.5  # (above splu's 1.0, below klu's 2.0 where klu is measured faster)
 
@@ -207,11 +206,29 @@ class Cholmod(SuperLU):
             return StructureError, (
                 "solver 'cholmod' factors symmetric positive definite matrices: tag the "
                 "matrix spd (`tags={'spd'}`) or pass assume='spd', or use 'splu'.")
-        if not available():
+        if not self.available():
             return InvalidOptionError, (
-                "solver 'cholmod' needs cvxopt's CHOLMOD (`pip install \"sciad[cholmod]\"`, "
-                "GPL-3 licensed); use 'splu' instead.")
+                f"solver 'cholmod' needs {self.needs} here; use 'splu' instead.")
         return None
+
+
+class Cholmod(CholmodChoice, SuperLU):
+    """Sparse Cholesky by CHOLMOD (cvxopt's) on the host, for a real sparse
+    matrix tagged (or assumed) spd: the factor is `(handle,)`, an int32,
+    held, solved and estimated as SuperLU's (the record it specializes).
+    "cholmod" where sparsax's compiled kernels are not installed (see
+    `sciad.solvers._cholmod_ffi`).
+
+    ```python
+    A = sd.sparse.coo_matrix((vals, (rows, cols)), shape=(n, n), tags={"spd"})
+    x = sd.linalg.solve(A, b, solver="cholmod")   # pip install "sciad[cholmod]"
+    ```
+    """
+
+    needs = "cvxopt's CHOLMOD (`pip install cvxopt`, GPL-3 licensed)"
+
+    def available(self) -> bool:
+        return available()
 
     def factor(self, a, *, pattern=None, uses=None, assume=None, report=None):
         return _sparse_direct.factor(pattern, a, uses=uses, assume=assume, report=report,

@@ -93,6 +93,9 @@ class AbstractDirectSolver(AbstractLinearSolver):
       the program before that (safe on handles released already).
     - `breakdown`: the exception class and message of a failed factorization,
       and the extra fields the exception carries.
+    - `nan_on_breakdown`: (a sparse solver that factors in its solves' calls)
+      a solve whose factorization broke down returns all NaN, which the
+      program judges as `breakdown` says.
     """
 
     direct = True
@@ -100,6 +103,7 @@ class AbstractDirectSolver(AbstractLinearSolver):
     held_on_host: bool = False
     host_checks: bool = False
     frees_factor: bool = False
+    nan_on_breakdown: bool = False
     breakdown = (SingularMatrixError,
                  "the matrix is singular: the factorization found a zero pivot.",
                  {"rcond": 0.0})
