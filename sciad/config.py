@@ -10,6 +10,12 @@
   traced with checks off is traced again when they are on, and the other
   way round. The test suite turns it on.
 
+- `analysis_cache_budget` (default 1 GiB, or `$SCIAD_ANALYSIS_CACHE_BYTES`):
+  the bytes that what sciad derives from sparsity patterns (symbolic
+  analyses, AMG hierarchies, index maps, fill estimates) may hold; an int
+  or a string such as "512MiB". `analysis_cache_info()` reports the cache
+  (entries, bytes, hits per kind), `clear_analysis_cache()` empties it.
+
 Float64 (see docs/getting-started.md, "Float64"): importing sciad turns on JAX's x64 mode
 (`jax_enable_x64`), so that float64 values stay float64 inside sciad and in
 whatever your code does with its results (`a * 2.0` on an `sd.function`
@@ -31,7 +37,10 @@ import weakref
 
 import jax
 
+from . import _cache
+
 enable_checks: bool  # a property of this module (see `_Config`), False at first
+analysis_cache_budget: int  # a property of this module (see `_Config`)
 
 _checks = False
 # objects compiled per setting of `enable_checks` (`sd.function`s): told when
@@ -60,7 +69,45 @@ class _Config(types.ModuleType):
                 obj._checks_changed()
 
 
+    @property
+    def analysis_cache_budget(self) -> int:
+        return _cache.budget()
+
+    @analysis_cache_budget.setter
+    def analysis_cache_budget(self, value) -> None:
+        _cache.set_budget(value)
+
+
 sys.modules[__name__].__class__ = _Config
+
+
+def analysis_cache_info() -> "_cache.CacheInfo":
+    """What sciad keeps per sparsity pattern: entries, bytes and hits per kind
+    (symbolic analyses, AMG hierarchies, index maps, ...), the budget, and
+    the caches of the libraries it calls (CHOLMOD's, in sparsax). Printed,
+    a table.
+
+    ```python
+    print(sd.config.analysis_cache_info())
+    # analysis cache: 12 entries, 3.1 MiB of a 1.0 GiB budget
+    #   amg structure                    1 entries    1.2 MiB  hits 4, made 1, dropped 0
+    #   ...
+    ```
+    """
+    return _cache.info()
+
+
+def clear_analysis_cache(kind: str | None = None) -> None:
+    """Empties the analysis cache (only the entries of `kind`, as
+    `analysis_cache_info()` names them, where given), and the libraries'
+    own caches. Entries a compiled program may still read (KLU's symbolic
+    analyses) stay. Made again when next needed.
+
+    ```python
+    sd.config.clear_analysis_cache()
+    ```
+    """
+    _cache.clear(kind)
 
 
 @contextlib.contextmanager

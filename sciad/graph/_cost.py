@@ -42,6 +42,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..config import x64_scope
+from .. import _cache
 from ..errors import SciadError
 from ._autodiff import is_differentiable, jvp_primal_p, vjp_graph
 from ._core import Graph, Node, Var
@@ -96,11 +97,16 @@ class Fill:
     flops: float
 
 
-@functools.lru_cache(maxsize=64)
 def sparse_lu_fill(pattern) -> Fill:
     """The fill of SuperLU's factorization of a matrix with `pattern` (with
     its ordering, `MMD_AT_PLUS_A`), from a factorization of a diagonally
-    dominant matrix of that pattern (so pivoting stays on the diagonal)."""
+    dominant matrix of that pattern (so pivoting stays on the diagonal);
+    kept in sciad's analysis cache (at most 64 patterns')."""
+    return _cache.cached(_cache.GLOBAL, "lu fill estimate", pattern,
+                         lambda: _sparse_lu_fill(pattern), nbytes=64, limit=64)
+
+
+def _sparse_lu_fill(pattern) -> Fill:
     import scipy.sparse.linalg as spl  # (here: it adds ~160 ms to `import sciad`, measured)
 
     n = pattern.shape[0]

@@ -8,14 +8,13 @@ its short printed form (`f64[3,4]`) and its JSON form.
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import numpy as np
 
+from .. import _cache
 from ..errors import DTypeError, InvalidOptionError, SerializationError, ShapeError
 
 _SHORT = {
@@ -349,11 +348,13 @@ class Pattern:
         digest.update(np.ascontiguousarray(row).tobytes())
         digest.update(np.ascontiguousarray(col).tobytes())
         cache_key = (cls, shape, row.size, digest.digest())
-        with _from_coo_lock:
-            hit = _from_coo_cache.get(cache_key)
-            if hit is not None:
-                _from_coo_cache.move_to_end(cache_key)
-                return hit
+        return _cache.cached(_cache.GLOBAL, "coo index map", cache_key,
+                             lambda: cls._from_coo_uncached(shape, row, col),
+                             limit=FROM_COO_CACHED)
+
+    @classmethod
+    def _from_coo_uncached(cls, shape, row, col):
+        n, m = shape
         key = row * max(m, 1) + col
         uniq, dest = np.unique(key, return_inverse=True)
         del key
@@ -364,12 +365,7 @@ class Pattern:
         if dest.base is not None:
             dest = dest.copy()
         dest.setflags(write=False)
-        out = cls(shape, indptr, u_cols), dest
-        with _from_coo_lock:
-            _from_coo_cache[cache_key] = out
-            while len(_from_coo_cache) > FROM_COO_CACHED:
-                _from_coo_cache.popitem(last=False)
-        return out
+        return cls(shape, indptr, u_cols), dest
 
     def to_json(self) -> dict:
         from ._serialize import _encode_array  # (here: _serialize imports this module)
@@ -391,8 +387,6 @@ class Pattern:
 
 #: `Pattern.from_coo` results kept (by a digest of the coordinates)
 FROM_COO_CACHED = 4
-_from_coo_cache: OrderedDict = OrderedDict()
-_from_coo_lock = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,9 +35,10 @@ positive definite for an spd `A`, which CG needs. The transposed solve
 uses the same hierarchy with every level operator transposed (the
 hierarchy of `A^T` with the same `P`): the exact transpose of the cycle.
 
-Memory is O(nnz): the level patterns and values (`hierarchy_size`), the
-cache of at most `MAX_CACHED` value sets within `MAX_CACHED_BYTES` (the
-newest always), and a dense coarsest level of at most `MAX_COARSE`
+Memory is O(nnz): the level patterns and values (`hierarchy_size`), at
+most `MAX_CACHED` value sets within `MAX_CACHED_BYTES` (the newest always)
+in sciad's analysis cache (`sciad._cache`, whose byte budget may drop them
+sooner), and a dense coarsest level of at most `MAX_COARSE`
 unknowns. In the program, each level's index arrays are int32 constants,
 one per array (`_indices`), the finest level's shared with the solve's
 products and checks.
@@ -47,7 +48,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import jax
@@ -55,6 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
 
+from .. import _cache
 from ..errors import NotSupportedError, SingularMatrixError
 from ._host import host_call, release_host_heap
 from ._indices import cached_index, pattern_cols, pattern_rows, segment_sum, take
@@ -222,26 +223,14 @@ def build_structure(shape, indptr, indices, max_coarse: int = MAX_COARSE,
     return Structure(tuple(levels), (n, indptr, cols))
 
 
-_structures: OrderedDict = OrderedDict()
-_structures_lock = threading.Lock()
-
-
 def structure(pattern) -> Structure:
-    """`build_structure` of a sciad `Pattern`, cached per pattern (and the
-    current `MAX_COARSE`, `MAX_LEVELS`)."""
-    key = (pattern, MAX_COARSE, MAX_LEVELS)
-    with _structures_lock:
-        s = _structures.get(key)
-        if s is not None:
-            _structures.move_to_end(key)
-            return s
-    s = build_structure(pattern.shape, pattern.indptr, pattern.indices, MAX_COARSE,
-                        MAX_LEVELS)
-    with _structures_lock:
-        _structures[key] = s
-        while len(_structures) > MAX_PATTERNS:
-            _structures.popitem(last=False)
-    return s
+    """`build_structure` of a sciad `Pattern`, kept in sciad's analysis cache
+    per pattern (and the current `MAX_COARSE`, `MAX_LEVELS`; at most
+    `MAX_PATTERNS` patterns')."""
+    return _cache.cached(
+        _cache.GLOBAL, "amg structure", (pattern, MAX_COARSE, MAX_LEVELS),
+        lambda: build_structure(pattern.shape, pattern.indptr, pattern.indices, MAX_COARSE,
+                                MAX_LEVELS), limit=MAX_PATTERNS)
 
 
 # ---------------------------------------------------------------------------
@@ -249,8 +238,7 @@ def structure(pattern) -> Structure:
 
 
 _setups = 0
-_cache: OrderedDict = OrderedDict()
-_cache_lock = threading.Lock()
+_setups_lock = threading.Lock()
 
 
 def setup_count() -> int:
@@ -343,20 +331,22 @@ def _build_one(s: Structure, d: np.ndarray) -> tuple:
 
 
 def _setup_one(s: Structure, d: np.ndarray, dtype) -> tuple:
-    """The hierarchy of the values `d` (one matrix), from the cache if it
-    holds them."""
-    global _setups
-    key = (id(s), np.dtype(dtype).str,
+    """The hierarchy of the values `d` (one matrix), from sciad's analysis
+    cache if it holds them (at most `MAX_CACHED` value sets within
+    `MAX_CACHED_BYTES`, the newest always)."""
+    key = (np.dtype(dtype).str,
            hashlib.blake2b(np.ascontiguousarray(d).view(np.uint8), digest_size=16).digest())
-    with _cache_lock:
-        hit = _cache.get(key)
-        if hit is not None and hit[0] is s:
-            _cache.move_to_end(key)
-            return hit[1]
-        # (room for the new one first: the host does not hold the old
-        # hierarchies while it builds)
-        _trim(sum(int(np.prod(shape)) for shape, _ in s.layout(dtype))
-              * np.dtype(dtype).itemsize)
+    return _cache.cached(s, "amg hierarchy", key, lambda: _build_setup(s, d, dtype),
+                         limit=MAX_CACHED)
+
+
+def _build_setup(s: Structure, d: np.ndarray, dtype) -> tuple:
+    global _setups
+    # (room for the new one first: the host does not hold the old
+    # hierarchies while it builds)
+    _cache.trim("amg hierarchy", max_entries=MAX_CACHED, max_bytes=MAX_CACHED_BYTES,
+                room=sum(int(np.prod(shape)) for shape, _ in s.layout(dtype))
+                * np.dtype(dtype).itemsize)
     with one_blas_thread():
         arrays = _build_one(s, d)
     release_host_heap()  # (the products' temporaries, freed by now)
@@ -364,20 +354,9 @@ def _setup_one(s: Structure, d: np.ndarray, dtype) -> tuple:
         arrays = tuple(np.zeros(shape, dtype) for shape, _ in s.layout(dtype))
     else:
         arrays = tuple(np.asarray(x, dtype) for x in arrays)
-    with _cache_lock:
+    with _setups_lock:
         _setups += 1
-        _trim(sum(x.nbytes for x in arrays))
-        _cache[key] = (s, arrays)
     return arrays
-
-
-def _trim(room: int) -> None:
-    """Drops the oldest cached hierarchies until one of `room` bytes fits
-    (`MAX_CACHED`, `MAX_CACHED_BYTES`; the caller holds the lock)."""
-    held = sum(sum(x.nbytes for x in hit[1]) for hit in _cache.values())
-    while _cache and (len(_cache) >= MAX_CACHED or held + room > MAX_CACHED_BYTES):
-        _, (_, old) = _cache.popitem(last=False)
-        held -= sum(x.nbytes for x in old)
 
 
 @jax.custom_batching.custom_vmap

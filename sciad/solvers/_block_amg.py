@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from .. import _cache
 from . import _amg
 
 
@@ -93,10 +94,11 @@ def _block_pattern(indptr, indices, d: int, m: int):
 def block_structure(pattern, devices: int) -> BlockStructure:
     """The `BlockStructure` of `pattern`'s `devices` diagonal blocks, once
     per (pattern, devices, `_amg.MAX_COARSE`, `_amg.MAX_LEVELS`)."""
-    return _build(pattern, devices, _amg.MAX_COARSE, _amg.MAX_LEVELS)
+    key = (pattern, devices, _amg.MAX_COARSE, _amg.MAX_LEVELS)
+    return _cache.cached(_cache.GLOBAL, "block amg structure", key, lambda: _build(*key),
+                         limit=16)
 
 
-@functools.lru_cache(maxsize=16)
 def _build(pattern, devices, max_coarse, max_levels) -> BlockStructure:
     n = pattern.shape[0]
     m = n // devices

@@ -35,10 +35,10 @@ row) on the CPU, and at every size where KLU does not run.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 
 import numpy as np
 
+from .. import _cache
 from ..errors import InvalidOptionError, NotPositiveDefiniteError, StructureError
 from . import _sparse_direct
 from ._splu import SuperLU
@@ -53,7 +53,8 @@ OVER_KLU = 2_500
 #: analyzed factor objects kept per pattern for later factorizations (each
 #: holds its last numeric factor's memory too: cvxopt cannot free it alone)
 SPARE_FACTORS = 1
-#: patterns whose analyses are kept (the least recently factored dropped)
+#: patterns whose analyses are kept (the least recently factored dropped;
+#: sciad's analysis cache may drop them sooner, within its byte budget)
 MAX_PATTERNS = 8
 
 
@@ -86,30 +87,18 @@ class _Pattern:
         self.lock = threading.Lock()
 
 
-_patterns: OrderedDict = OrderedDict()
-_lock = threading.Lock()
-
-
 def _prepared(pattern) -> _Pattern:
-    with _lock:
-        got = _patterns.get(pattern)
-        if got is not None:
-            _patterns.move_to_end(pattern)
-            return got
-    made = _Pattern(pattern)
-    with _lock:
-        got = _patterns.setdefault(pattern, made)
-        _patterns.move_to_end(pattern)
-        while len(_patterns) > MAX_PATTERNS:
-            _patterns.popitem(last=False)
-        return got
+    """The pattern's `_Pattern`, kept in sciad's analysis cache (at most
+    `MAX_PATTERNS` patterns' at a time; each counted at its lower
+    triangle's values and indices, and a spare factor's at least as much)."""
+    return _cache.cached(_cache.GLOBAL, "cholmod analysis (cvxopt)", pattern,
+                         lambda: _Pattern(pattern), limit=MAX_PATTERNS,
+                         nbytes=lambda p: (8 + 8 + 8) * p.select.size * (1 + SPARE_FACTORS))
 
 
 def spare_factors(pattern) -> int:
     """How many analyzed factor objects `pattern` keeps now (for tests)."""
-    with _lock:
-        got = _patterns.get(pattern)
-    return 0 if got is None else len(got.spares)
+    return len(_prepared(pattern).spares)
 
 
 class _Factor:

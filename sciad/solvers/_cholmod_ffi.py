@@ -16,8 +16,9 @@ How it runs:
   matrix is checked symmetric first).
 - No factor in the program: the factor value is the matrix's values (as
   `"spsolve"`'s). CHOLMOD's symbolic analysis is kept by sparsax per
-  pattern, and its numeric factor per pattern for the last values it
-  factored: a solve whose values are the last ones factored (a gradient's
+  pattern (reported and cleared with sciad's analysis cache,
+  `sd.config.analysis_cache_info()`), and its numeric factor per pattern
+  for the last values it factored: a solve whose values are the last ones factored (a gradient's
   adjoint solve after its forward one, the solves of one `factor` node)
   solves with it and does not factor again. So a value and gradient factors
   once, and nothing is made by the program or left for it to free: no
@@ -60,6 +61,7 @@ import jax
 import numpy as np
 from jax.custom_batching import custom_vmap
 
+from .. import _cache
 from ..errors import NotPositiveDefiniteError, register_kernel_error
 from . import _batch_split, _klu_ffi, _sparse_direct
 from ._cholmod import CholmodChoice
@@ -112,6 +114,11 @@ def _register() -> None:
         jax.ffi.register_ffi_target(TARGET, capsule, platform="cpu")
         if _batch_split.library() is not None:
             _batch_split.set_inner(TARGET, capsule)
+        # (sparsax keeps CHOLMOD's analyses and last numeric factor per
+        # pattern itself: reported and cleared with sciad's analysis cache)
+        _cache.register_external(
+            "cholmod (sparsax)", lambda: {"entries": int(sparsax_cpp.cache_size()),
+                                          "bytes": None}, sparsax_cpp.clear_cache)
         _registered = True
 
 

@@ -23,8 +23,6 @@ executable as arguments instead of being embedded.)
 from __future__ import annotations
 
 import functools
-import threading
-import weakref
 from typing import Callable
 
 import jax
@@ -33,8 +31,8 @@ import numpy as np
 from jax import lax
 from jax.custom_batching import custom_vmap
 
-_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
+from .. import _cache
+
 
 _PROMISE = lax.GatherScatterMode.PROMISE_IN_BOUNDS
 
@@ -60,18 +58,11 @@ def index_array(values) -> jax.Array:
 
 
 def cached_index(owner, name: str, make: Callable[[], np.ndarray]) -> jax.Array:
-    """`index_array(make())`, made once per `(owner, name)`: `owner` is any
-    hashable, weakly referencable object (owners equal by content share
-    one array)."""
-    with _lock:
-        per = _cache.get(owner)
-        hit = None if per is None else per.get(name)
-    if hit is not None:
-        return hit
-    arr = index_array(make())
-    with _lock:
-        per = _cache.setdefault(owner, {})
-        return per.setdefault(name, arr)
+    """`index_array(make())`, made once per `(owner, name)` and kept in
+    sciad's analysis cache (`sciad._cache`, kind "index arrays"): `owner` is
+    any hashable, weakly referencable object (owners equal by content share
+    one array; its arrays go with it)."""
+    return _cache.cached(owner, "index arrays", name, lambda: index_array(make()))
 
 
 def take(x, idx, *, sorted_indices: bool = False):

@@ -12,10 +12,10 @@ a KLU solve is first lowered, as `sciad_klu_*` CPU targets.
 
 - Symbolic analysis (`symbolic(pattern)`): KLU's ordering and block
   structure of a pattern, made eagerly on the host at trace time (the
-  pattern is static) and kept in a per-process cache keyed by the pattern,
-  for the life of the process (O(n + nnz) memory each): a compiled program
-  embeds the raw handle as a constant, and nothing tells when the last
-  program that embeds it is gone.
+  pattern is static) and kept in sciad's analysis cache (`sciad._cache`),
+  pinned, for the life of the process (O(n + nnz) memory each): a compiled
+  program embeds the raw handle as a constant, and nothing tells when the
+  last program that embeds it is gone.
 - Numeric factors (`factor`): `uint64` handles to KLU numeric objects made
   by the program; whoever makes them frees them (`free`) in the same
   program, after every reader (see `sciad.primitives._linalg_run`). A handle of
@@ -54,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 
+from .. import _cache
 from ..config import x64_scope
 from . import _batch_split
 from ._indices import pattern_transpose, take
@@ -76,7 +77,6 @@ DOT_NS_PER_ENTRY = 2
 
 _lock = threading.Lock()
 _registered = False
-_symbolic: dict = {}  # Pattern -> (KLUSymbolic, raw handle, rows int32, cols int32)
 
 
 def available() -> bool:
@@ -108,16 +108,24 @@ def _register() -> None:
 def symbolic(pattern):
     """`(raw handle, rows, cols)`: the symbolic analysis of `pattern` (made
     once per pattern per process; see the module docstring) and its entries'
-    row and column indices (int32, row-major: the order of the values)."""
-    got = _symbolic.get(pattern)
-    if got is not None:
-        return got[1:]
+    row and column indices (int32, row-major: the order of the values).
+    Kept in sciad's analysis cache (`sciad._cache`), pinned: a compiled
+    program embeds the raw handle."""
     _register()
+    got = _cache.cached(_cache.GLOBAL, "klu symbolic", pattern, lambda: _analyze(pattern),
+                        nbytes=lambda v: v[2].nbytes + v[3].nbytes
+                        + SYMBOLIC_BYTES_PER_ROW * pattern.shape[0], pinned=True)
+    return got[1:]
+
+
+#: KLU's symbolic object's size per row (its orderings, block boundaries and
+#: permutations: about five int64 arrays of n), for the cache's accounting
+SYMBOLIC_BYTES_PER_ROW = 40
+
+
+def _analyze(pattern):
     import klujax_cpp
-    with _lock:
-        got = _symbolic.get(pattern)
-        if got is not None:
-            return got[1:]
+    with _lock:  # (one analysis at a time: KLU's calls are not reentrant here)
         rows = np.asarray(pattern.rows, np.int32)
         cols = np.asarray(pattern.indices, np.int32)
         with x64_scope(), jax.ensure_compile_time_eval(), \
@@ -129,13 +137,12 @@ def symbolic(pattern):
             raise RuntimeError("KLU's symbolic analysis failed (klu_analyze returned no "
                                f"object) for the pattern {pattern}.")
         keep = klujax_cpp.KLUSymbolic(raw)  # (frees the analysis when dropped)
-        _symbolic[pattern] = (keep, raw, rows, cols)
-        return raw, rows, cols
+        return keep, raw, rows, cols
 
 
 def cached_patterns() -> int:
     """How many symbolic analyses the process holds."""
-    return len(_symbolic)
+    return _cache.info().kinds.get("klu symbolic", _cache.KindInfo(0, 0)).entries
 
 
 def _suffix(dtype) -> str:
