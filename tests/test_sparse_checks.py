@@ -53,58 +53,66 @@ def _assert_same(got, want):
                                    rtol=1e-13, atol=0, err_msg=k)
 
 
-@pytest.mark.parametrize("case", ["plain", "nan", "inf", "zero row", "no diagonal",
-                                  "negative diagonal", "asymmetric"])
-def test_matrix_measures_match_xla(rng, case):
+MATRIX_CASES = ["plain", "nan", "inf", "zero row", "negative diagonal", "asymmetric"]
+
+
+@pytest.mark.parametrize("drop_diagonal", [None, 3])
+def test_matrix_measures_match_xla(rng, drop_diagonal):
     n = 12
-    M, pattern = _matrix(rng, n, symmetric=True,
-                         drop_diagonal=3 if case == "no diagonal" else None)
-    d = M.data.copy()
+    M, pattern = _matrix(rng, n, symmetric=True, drop_diagonal=drop_diagonal)
     rows = np.repeat(np.arange(n), np.diff(M.indptr))
-    if case == "nan":
-        d[5] = np.nan
-    elif case == "inf":
-        d[2] = -np.inf
-    elif case == "zero row":
-        d[rows == 4] = 0.0
-    elif case == "negative diagonal":
-        d[(rows == M.indices) & (rows == 7)] = -1.0
-    elif case == "asymmetric":
-        d[np.flatnonzero(rows != M.indices)[0]] += 0.5
-    for assume in (None, "symmetric", "spd"):
-        got = jax.jit(lambda a: _sparse_checks.matrix_measures(
-            pattern, a, symmetric=assume is not None, diagonal=assume == "spd"))(d)
-        _assert_same(got, _xla(pattern, jnp.asarray(d), assume))
+    for assume in (None, "symmetric", "spd"):  # (one program each, every case through it)
+        run = jax.jit(lambda a: _sparse_checks.matrix_measures(
+            pattern, a, symmetric=assume is not None, diagonal=assume == "spd"))
+        for case in MATRIX_CASES:
+            d = M.data.copy()
+            if case == "nan":
+                d[5] = np.nan
+            elif case == "inf":
+                d[2] = -np.inf
+            elif case == "zero row":
+                d[rows == 4] = 0.0
+            elif case == "negative diagonal":
+                d[(rows == M.indices) & (rows == 7)] = -1.0
+            elif case == "asymmetric":
+                d[np.flatnonzero(rows != M.indices)[0]] += 0.5
+            _assert_same(run(d), _xla(pattern, jnp.asarray(d), assume))
+
+
+SOLVE_CASES = ["plain", "nan x", "inf b", "zero b", "all nan"]
 
 
 @pytest.mark.parametrize("transpose", [False, True])
 @pytest.mark.parametrize("k", [None, 3])
-@pytest.mark.parametrize("case", ["plain", "nan x", "inf b", "zero b", "all nan"])
-def test_solve_measures_match_xla(rng, transpose, k, case):
+def test_solve_measures_match_xla(rng, transpose, k):
     n = 15
     M, pattern = _matrix(rng, n)
     shape = (n,) if k is None else (n, k)
-    b = rng.standard_normal(shape)
-    x = np.linalg.solve(M.toarray().T if transpose else M.toarray(), b)
-    x = x + 1e-6 * rng.standard_normal(shape)  # (a residual to measure)
-    if case == "nan x":
-        x.flat[3] = np.nan
-    elif case == "inf b":
-        b.flat[1] = np.inf
-    elif case == "zero b":
-        b[:] = 0.0
-        x[:] = 0.0
-    elif case == "all nan":
-        x[:] = np.nan
     a = jnp.asarray(M.data)
-    eta, rel, bn, all_nan = jax.jit(lambda a, x, b: _sparse_checks.solve_measures(
-        pattern, a, x, b, transpose=transpose))(a, x, b)
+    run = jax.jit(lambda a, x, b: _sparse_checks.solve_measures(pattern, a, x, b,
+                                                                transpose=transpose))
     apply = _linalg_run._matvec(a, pattern, transpose)
     anorm = _linalg_run._norm_inf(a, pattern, transpose)
-    _, weta, wrel, wbn = _linalg_run._measures(apply, jnp.asarray(x), jnp.asarray(b), anorm)
-    for g, w in ((eta, weta), (rel, wrel), (bn, wbn)):
-        np.testing.assert_allclose(float(g), float(w), rtol=1e-9, atol=1e-300)
-    assert bool(all_nan) == (case == "all nan")
+    for case in SOLVE_CASES:
+        b = rng.standard_normal(shape)
+        x = np.linalg.solve(M.toarray().T if transpose else M.toarray(), b)
+        x = x + 1e-6 * rng.standard_normal(shape)  # (a residual to measure)
+        if case == "nan x":
+            x.flat[3] = np.nan
+        elif case == "inf b":
+            b.flat[1] = np.inf
+        elif case == "zero b":
+            b[:] = 0.0
+            x[:] = 0.0
+        elif case == "all nan":
+            x[:] = np.nan
+        eta, rel, bn, all_nan = run(a, x, b)
+        _, weta, wrel, wbn = _linalg_run._measures(apply, jnp.asarray(x), jnp.asarray(b),
+                                                   anorm)
+        for g, w in ((eta, weta), (rel, wrel), (bn, wbn)):
+            np.testing.assert_allclose(float(g), float(w), rtol=1e-9, atol=1e-300,
+                                       err_msg=case)
+        assert bool(all_nan) == (case == "all nan")
 
 
 def test_batched(rng):
