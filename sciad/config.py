@@ -88,10 +88,13 @@ def analysis_cache_info() -> "_cache.CacheInfo":
     a table.
 
     ```python
+    T = sd.sparse.from_dense(2 * np.eye(4) - np.eye(4, k=1) - np.eye(4, k=-1))
+    sd.linalg.solve(T, np.ones(4), solver="klu")
     print(sd.config.analysis_cache_info())
-    # analysis cache: 12 entries, 3.1 MiB of a 1.0 GiB budget
-    #   amg structure                    1 entries    1.2 MiB  hits 4, made 1, dropped 0
-    #   ...
+    # analysis cache: 4 entries, 580 B of a 1.0 GiB budget
+    #   coo index map                    1 entries      280 B           hits 0, made 1, dropped 0
+    #   index arrays                     2 entries       60 B           hits 2, made 2, dropped 0
+    #   klu symbolic                     1 entries      240 B (pinned)  hits 1, made 1, dropped 0
     ```
     """
     return _cache.info()

@@ -39,7 +39,7 @@ from .primitives._linalg import (NORMS, _clean, linalg_rcond_p, linalg_solve_p, 
                                  solve_params)
 from .primitives._sparse import assemble, gather
 from .primitives._svd import svd as _svd
-from .solvers._linear import backend as _backend, ranking as _ranking, resolve
+from .solvers._linear import backend as _backend, ranking as _ranking, requested, resolve
 from .solvers._measures import ratio
 from .solvers._registry import names as _solver_names
 from .sparse import _check_tags, astype as _sparse_astype, data as _data, issparse, with_data
@@ -264,14 +264,8 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
         r = A.matvec(x) - b if len(x.shape) == 1 else None
         return x, _info(r, b, x, None, None, tol if tol is not None else 1e-10, atol)
     A, b, tags, sparse, dtype = _prepare(A, snp.asarray(b), assume, op)
-    if partition is not None and solver == "auto":  # (a sharded solve is a Krylov one)
-        solver = "cg" if "spd" in tags else "gmres"
-    if solver == "amg":  # shorthand: a Krylov method preconditioned by AMG
-        if preconditioner not in (None, "amg"):
-            raise InvalidOptionError(f"solver='amg' is preconditioned by 'amg', got "
-                                     f"preconditioner={preconditioner!r}; name a Krylov "
-                                     "solver ('cg', 'gmres') to use another.", op=op)
-        solver, preconditioner = "cg" if "spd" in tags else "gmres", "amg"
+    solver, preconditioner = requested(solver, preconditioner, tags=tags, partition=partition,
+                                       op=op)
     record, params = solve_params(sparse, A.type.pattern if sparse else None, tags, dtype,
                                   solver, tol=tol, atol=atol, maxiter=maxiter,
                                   preconditioner=preconditioner, op=op)

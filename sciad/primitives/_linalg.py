@@ -74,8 +74,8 @@ from ..graph._sparsity import along, dense, empty, union
 from ..graph._trace import trace_flat
 from ..graph._types import FactorType, Pattern, holds_tuple, register_factor_layout
 from ..solvers._indices import pattern_transpose, take
-from ..solvers._linear import names_for, resolve
-from ..solvers._registry import lookup
+from ..solvers._linear import auto_preconditioner, names_for, resolve
+from ..solvers._registry import lookup, records
 from ._checks import check, judge_matrix, tie
 from ._contract import einsum_p
 from ._linalg_run import (ASSUME, _factor_layout, _make_factor, _matrix_measures, _matvec,
@@ -83,7 +83,6 @@ from ._linalg_run import (ASSUME, _factor_layout, _make_factor, _matrix_measures
 from ._elementwise import unary_primitives
 from ._map import columns_rule, map_rule, on_devices, reader_nodes
 from ._sparse import sparse_matmul_p, sparse_sddmm_p
-from ..solvers import _block_amg
 from ._sparse_sharded import (RowPartition, block_amg, sharded_matmul_p, sharded_sddmm_p,
                               sharded_product)
 
@@ -282,16 +281,14 @@ def _solve_shape(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol
         if maxiter is not None and maxiter < 1:
             raise InvalidOptionError(f"`maxiter` must be positive, got {maxiter}.",
                                      op="linalg.solve")
-        if preconditioner == "block_amg" and partition is None:
-            raise InvalidOptionError(
-                "preconditioner='block_amg' is block-Jacobi over a row partition's blocks: "
-                "pass `partition=` (`sd.sparse.row_partition`), or use 'amg'.",
-                op="linalg.solve")
-        if preconditioner is not None and preconditioner != "block_amg":
+        if preconditioner is not None:
             pre = lookup(preconditioner, "preconditioner", op="linalg.solve",
                          what="preconditioner")
-            why = pre.rejects(matrix="sparse" if isinstance(a, SparseType) else "dense",
-                              pattern=pattern, shown=a.str_short())
+            # (one built over a row partition's blocks is the sharded solve's:
+            # checked there)
+            why = None if pre.partitioned and partition is not None else pre.rejects(
+                matrix="sparse" if isinstance(a, SparseType) else "dense",
+                pattern=pattern, shown=a.str_short())
             if why is not None:
                 raise why[0](why[1], op="linalg.solve")
     elif (rtol, atol, maxiter, preconditioner) != (None, None, None, None):
@@ -313,21 +310,23 @@ def _check_sharded(record, pattern, partition, preconditioner) -> None:
         raise ShapeError(f"`partition` must be the RowPartition of the matrix's pattern "
                          f"{pattern} (`sd.sparse.row_partition(A.type.pattern, devices, "
                          f"axis)`), got {partition!r}.", op=op)
-    if preconditioner not in SHARDED_PRECONDITIONERS:
+    if preconditioner is None:
+        return
+    pre = lookup(preconditioner, "preconditioner", op=op, what="preconditioner")
+    if not pre.shardable:
         raise InvalidOptionError(
             f"a sharded solve is preconditioned per device: `preconditioner` is one of "
-            f"{SHARDED_PRECONDITIONERS}, got {preconditioner!r}.", op=op)
-    # ("jacobi" is its record's, checked with the other preconditioners')
-    if preconditioner == "block_amg" and np.any(pattern.diagonal_positions() < 0):
-        raise SingularMatrixError("the 'block_amg' preconditioner smooths with the diagonal, so "
-                                  "it needs every diagonal entry stored; the matrix lacks some.",
-                                  op=op)
+            f"{(None, *sharded_preconditioners())}, got {preconditioner!r}.", op=op)
+    why = pre.rejects_partition(pattern)
+    if why is not None:
+        raise why[0](why[1], op=op)
 
 
-#: the preconditioners a sharded solve takes (each applied on its device's
-#: rows): "block_amg" is block-Jacobi over the partition's blocks, each
-#: approximately inverted by a V-cycle of its own AMG hierarchy
-SHARDED_PRECONDITIONERS = (None, "jacobi", "block_amg")
+def sharded_preconditioners() -> tuple[str, ...]:
+    """The preconditioners a sharded solve takes (each applied on its
+    device's rows; "block_amg": block-Jacobi over the partition's blocks,
+    each approximately inverted by a V-cycle of its own AMG hierarchy)."""
+    return tuple(r.name for r in records("preconditioner") if r.shardable)
 
 
 def judge_krylov(site, *, dtype, solver: str, rtol: float, atol: float, maxiter,
@@ -342,8 +341,7 @@ def judge_krylov(site, *, dtype, solver: str, rtol: float, atol: float, maxiter,
         res, its = float(residual), int(iterations)
         # (CG breaks down on an indefinite or nonsymmetric matrix, or with a
         # preconditioner that is not spd: the residual check catches it)
-        hint = (" CG needs a symmetric positive definite matrix (and preconditioner): for an "
-                "indefinite or nonsymmetric one use solver='gmres'." if solver == "cg" else "")
+        hint = lookup(solver, "linear").convergence_hint
         site.fail(ConvergenceError,
                   f"{solver} did not converge: relative residual {res:.3e} after {its} "
                   f"iterations (rtol={rtol:g}, atol={atol:g}, maxiter={maxiter})." + hint,
@@ -395,10 +393,10 @@ def _solve_impl(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=
             # makes each dot product a local one and an all-reduce)
             matvec, b, shard, each_device = sharded
         precond = None
-        if preconditioner == "block_amg":  # (a sharded solve's: see `block_amg`)
+        pre = None if preconditioner is None else lookup(preconditioner, "preconditioner")
+        if pre is not None and pre.partitioned:  # (a sharded solve's: see `block_amg`)
             precond = block_amg(partition, a, b, transpose, op="linalg.solve")
-        elif preconditioner is not None:  # (its record: set up once, applied every step)
-            pre = lookup(preconditioner, "preconditioner")
+        elif pre is not None:  # (its record: set up once, applied every step)
             state = pre.setup(a, pattern=pattern, after=b)
             if shard is not None:  # (a sharded solve's: "jacobi", its rows' diagonals)
                 state = tuple(shard(s) if s.shape[:1] == b.shape[:1] else s for s in state)
@@ -854,8 +852,9 @@ def _iteration_flops(solver: str, b, pattern, preconditioner=None) -> float:
     n = b.type.shape[0]
     matvec = 2.0 * (pattern.nnz if pattern is not None else n * n)
     per = lookup(solver, "linear").iteration_flops(n, matvec)
-    if preconditioner is not None and preconditioner != "block_amg":  # (see _solve_cost)
-        per += lookup(preconditioner, "preconditioner").apply_flops(n, pattern)
+    pre = None if preconditioner is None else lookup(preconditioner, "preconditioner")
+    if pre is not None and not pre.partitioned:  # (see _solve_cost)
+        per += pre.apply_flops(n, pattern)
     return per * _rhs(b, n)
 
 
@@ -885,13 +884,13 @@ def _solve_cost(node, body):
             note += (f"; rows over {part.devices} devices of {part.axis!r}, "
                      f"{part.received()} values received per product")
         temp = 0
-        if p.get("preconditioner") == "block_amg":
-            bs = _block_amg.block_structure(p["pattern"], p["partition"].devices)
-            note += f"; block_amg: {bs.devices} blocks of {bs.levels + 1} levels"
-            return Cost(per + bs.apply_flops() * _rhs(b, n),
-                        bs.nbytes(np.dtype(a.type.dtype).itemsize), note)
-        if p.get("preconditioner") is not None:  # its state: set up once per solve
-            pre = lookup(p["preconditioner"], "preconditioner")
+        pre = p.get("preconditioner")
+        pre = None if pre is None else lookup(pre, "preconditioner")
+        if pre is not None and pre.partitioned:
+            flops, held, what = pre.partitioned_cost(p["pattern"], p["partition"],
+                                                     np.dtype(a.type.dtype).itemsize)
+            return Cost(per + flops * _rhs(b, n), held, f"{note}; {what}")
+        if pre is not None:  # its state: set up once per solve
             temp = pre.setup_bytes(n, p.get("pattern"), a.type.dtype)
             note += f"; {pre.describe(n, p.get('pattern'), a.type.dtype)}"
         return Cost(per, temp, note)
@@ -990,11 +989,8 @@ def solve_params(sparse: bool, pattern, tags: frozenset, dtype, solver: str, *, 
     params: dict = {"solver": record.name}
     if sparse:
         params["pattern"] = pattern
-    if solver == "auto" and sparse and not record.direct and preconditioner is None \
-            and "spd" in tags:
-        # ("auto"'s device path for a sparse spd matrix on an accelerator
-        # without a direct solver there: CG with algebraic multigrid)
-        preconditioner = "amg"
+    preconditioner = auto_preconditioner(solver, record, preconditioner, sparse=sparse,
+                                         tags=tags)
     if not record.direct:
         if tol is None:
             tol = 1e-10 if np.finfo(dtype).bits >= 64 else 1e-5

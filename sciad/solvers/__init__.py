@@ -17,6 +17,7 @@ from . import _dense as dense
 from . import _iterative as iterative
 from . import _sparse_direct as sparse_direct
 from ._amg import AMG
+from ._block_amg import BlockAMG
 from ._anderson import Anderson
 from ._bicgstab import BiCGStab
 from ._cg import CG
@@ -57,6 +58,7 @@ register(BiCGStab())
 # preconditioners of the iterative solvers (`linalg.solve`'s `preconditioner`)
 register(Jacobi())
 register(AMG())
+register(BlockAMG())
 
 # root methods (and the names `sd.optimize.root` / `fixed_point` take for them)
 register(Newton())

@@ -37,7 +37,9 @@ import jax
 import numpy as np
 
 from .. import _cache
+from ..errors import InvalidOptionError, SingularMatrixError
 from . import _amg
+from ._iterative import AbstractPreconditioner
 
 
 @dataclass(frozen=True, eq=False)
@@ -199,3 +201,33 @@ def vcycle(bs: BlockStructure, arrays, index, a0, v, *, transpose: bool = False)
     values, `v` its block (`m`,)."""
     levels = [(n, nc, index[k]) for k, (n, nc, _, _) in enumerate(bs.sizes)]
     return _amg.cycle(levels, arrays, a0, v, _spmv, transpose=transpose)
+
+
+class BlockAMG(AbstractPreconditioner):
+    """`"block_amg"`: block-Jacobi over a row partition's blocks, each block
+    approximately inverted by a V-cycle of its own AMG hierarchy (see the
+    module docstring): the preconditioner of a sharded Krylov solve, and of a
+    solve given `partition=` on one device (the same blocks there)."""
+
+    name = "block_amg"
+    matrices = frozenset({"sparse"})
+    where = "host"
+    shardable = True
+    partitioned = True
+
+    def rejects(self, *, matrix: str, pattern=None, shown: str = ""):
+        return InvalidOptionError, (
+            "preconditioner='block_amg' is block-Jacobi over a row partition's blocks: pass "
+            "`partition=` (`sd.sparse.row_partition`), or use 'amg'.")
+
+    def rejects_partition(self, pattern, *, shown: str = ""):
+        if np.any(pattern.diagonal_positions() < 0):
+            return SingularMatrixError, (
+                "the 'block_amg' preconditioner smooths with the diagonal, so it needs every "
+                f"diagonal entry stored; {shown or 'the matrix'} lacks some.")
+        return None
+
+    def partitioned_cost(self, pattern, partition, itemsize: int):
+        bs = block_structure(pattern, partition.devices)
+        return (bs.apply_flops(), bs.nbytes(itemsize),
+                f"block_amg: {bs.devices} blocks of {bs.levels + 1} levels")

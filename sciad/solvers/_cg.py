@@ -16,6 +16,10 @@ class CG(AbstractIterativeSolver):
     name = "cg"
     left_preconditioned = True
     symmetric_adjoint = True
+    # (CG breaks down on an indefinite or nonsymmetric matrix, or with a
+    # preconditioner that is not spd: the residual check catches it)
+    convergence_hint = (" CG needs a symmetric positive definite matrix (and preconditioner): "
+                        "for an indefinite or nonsymmetric one use solver='gmres'.")
 
     def preference(self, *, matrix, tags, dtype):
         if "spd" not in tags:

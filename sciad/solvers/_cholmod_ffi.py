@@ -36,8 +36,8 @@ How it runs:
 
 Measured against sparsax's own `solve` on the same problems
 (`bench/cholmod_peer.py`, value and gradient of the 2-D inverse-Poisson
-misfit, each call on new values): at parity, 0.96-1.05x from 4,096 to
-65,536 unknowns and on a vmapped batch of 64 (the factorization is the
+misfit, each call on new values): 0.93-0.98x from 4,096 to 65,536
+unknowns and on a vmapped batch of 64 (earlier runs 0.96-1.05x: at parity) (the factorization is the
 time; sciad's checks of the matrix and of each solve are one compiled pass
 each, `sciad.solvers._sparse_checks`). Against KLU on spd matrices (value
 and gradient, ms, this 2-core CPU): 2-D 5-point, 256 unknowns 0.16 / 0.29,

@@ -230,12 +230,27 @@ class AbstractPreconditioner:
       `A` (CG needs it).
     - `setup_bytes`, `apply_flops`, `describe`: its cost (`sd.cost`): the
       memory its state takes, the FLOPs of one application, a note.
+    - `shardable`: it runs in a sharded solve (`partition=`), each device on
+      its rows; `partitioned`: it is built over a row partition's blocks and
+      runs only there (block-AMG: its setup and application are the sharded
+      solve's own, `sciad.primitives._sparse_sharded`); `partitioned_cost`
+      `(pattern, partition, itemsize) -> (flops, bytes, note)` is then its cost.
     """
 
     family = "preconditioner"
     name: str
     matrices: frozenset = frozenset({"dense", "sparse"})
     where: str = "device"
+    shardable: bool = False
+    partitioned: bool = False
+
+    def rejects_partition(self, pattern, *, shown: str = ""):
+        """Why it cannot precondition a sharded solve of a matrix on
+        `pattern`, `(exception class, message)`, or None."""
+        return None
+
+    def partitioned_cost(self, pattern, partition, itemsize: int):
+        raise NotImplementedError
 
     def rejects(self, *, matrix: str, pattern=None, shown: str = ""):
         return None

@@ -16,6 +16,7 @@ class Jacobi(AbstractPreconditioner):
 
     name = "jacobi"
     matrices = frozenset({"dense", "sparse"})
+    shardable = True  # (each device its rows' diagonal)
 
     def rejects(self, *, matrix: str, pattern=None, shown: str = ""):
         if matrix == "sparse" and np.any(pattern.diagonal_positions() < 0):

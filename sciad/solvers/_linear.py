@@ -183,6 +183,8 @@ class AbstractIterativeSolver(AbstractLinearSolver):
     matrices = frozenset(MATRICES)
     dtype_kinds = "f"
     left_preconditioned: bool = False
+    #: appended to the message of a solve that did not converge
+    convergence_hint: str = ""
 
     def krylov(self, op, u, rtol: float, tol, maxiter: int, precond):
         """Solves `op(y) = u` (`u` of order 1) to `||u - op(y)|| <= tol`;
@@ -241,6 +243,33 @@ def choose(*, matrix: str, tags: frozenset, dtype, pattern=None):
     best, _, why = ranking(matrix=matrix, tags=tags, dtype=dtype, pattern=pattern)[0]
     assert why is None, f"no solver applies to a {matrix} matrix of {dtype}"
     return best
+
+
+def requested(solver, preconditioner, *, tags: frozenset, partition=None, op=None):
+    """`(solver, preconditioner)` as a solve's arguments ask, resolved at the
+    API boundary: a sharded solve's "auto" is a Krylov method ("cg" for an
+    spd matrix, else "gmres"); `solver="amg"` is shorthand for that Krylov
+    method preconditioned by "amg"."""
+    krylov = "cg" if "spd" in tags else "gmres"
+    if partition is not None and solver == "auto":  # (a sharded solve is a Krylov one)
+        solver = krylov
+    if solver == "amg":
+        if preconditioner not in (None, "amg"):
+            raise InvalidOptionError(f"solver='amg' is preconditioned by 'amg', got "
+                                     f"preconditioner={preconditioner!r}; name a Krylov "
+                                     "solver ('cg', 'gmres') to use another.", op=op)
+        solver, preconditioner = krylov, "amg"
+    return solver, preconditioner
+
+
+def auto_preconditioner(solver, record, preconditioner, *, sparse: bool, tags: frozenset):
+    """The preconditioner of a solve: the one asked for, or, where "auto"
+    chose a Krylov method for a sparse spd matrix (the device path on an
+    accelerator without a direct solver there), algebraic multigrid."""
+    if solver == "auto" and sparse and not record.direct and preconditioner is None \
+            and "spd" in tags:
+        return "amg"
+    return preconditioner
 
 
 def resolve(name, *, matrix: str, tags: frozenset, dtype, op: str | None = None,
