@@ -33,6 +33,7 @@ import itertools
 import os
 import re
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable
@@ -80,13 +81,23 @@ def parse_bytes(value) -> int:
     return int(float(m.group(1)) * scale)
 
 
+def _si(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
 def _budget_from_env() -> int:
     text = os.environ.get("SCIAD_ANALYSIS_CACHE_BYTES", "").strip()
     if not text:
         return _DEFAULT_BUDGET
     try:
         return parse_bytes(text)
-    except ValueError:
+    except ValueError as e:
+        warnings.warn(f"SCIAD_ANALYSIS_CACHE_BYTES={text!r} is not a number of bytes ({e}); "
+                      f"the analysis cache keeps its default budget of {_si(_DEFAULT_BUDGET)}. "
+                      "Set it to e.g. 512MiB.", RuntimeWarning, stacklevel=2)
         return _DEFAULT_BUDGET
 
 
@@ -261,13 +272,6 @@ class CacheInfo:
             lines.append(f"  {kind:<28} {d.get('entries', 0):>5} entries "
                          f"{_si(b) if b is not None else 'n/a':>10}  (kept by the library)")
         return "\n".join(lines)
-
-
-def _si(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def info() -> CacheInfo:

@@ -143,3 +143,14 @@ def test_an_external_cache_is_reported_and_cleared():
         assert cleared == [1]
     finally:
         _cache._external.pop("test library", None)
+
+
+def test_a_bad_budget_in_the_environment_warns_and_keeps_the_default():
+    import subprocess
+    import sys
+
+    code = ("import warnings, sys\nwarnings.simplefilter('error')\n"
+            "try:\n    import sciad\nexcept RuntimeWarning as e:\n    print('warned:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**__import__("os").environ, "SCIAD_ANALYSIS_CACHE_BYTES": "lots"})
+    assert "warned: SCIAD_ANALYSIS_CACHE_BYTES='lots' is not a number of bytes" in out.stdout

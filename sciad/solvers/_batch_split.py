@@ -53,8 +53,6 @@ MIN_SLICE_NS = 200_000
 #: the splitter's inner handlers: FFI target name -> slot (at most 64)
 _slots: dict = {}
 _lock = threading.Lock()
-_lib = None
-_failed: str | None = None
 
 
 def max_threads() -> int:
@@ -86,37 +84,30 @@ def threads_for(batch: int, item_ns: float) -> int:
     return int(max(1, min(max_threads(), batch, batch * item_ns // max(MIN_SLICE_NS, 1))))
 
 
+def _setup(lib) -> None:
+    lib.sciad_batch_set_inner.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    lib.sciad_batch_set_inner.restype = ctypes.c_int
+    lib.sciad_handles_take.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    lib.sciad_handles_take.restype = None
+    lib.sciad_handles_live.argtypes = []
+    lib.sciad_handles_live.restype = ctypes.c_int64
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.sciad_batch_split),
+                                platform="cpu")
+
+
+_LIBRARY = _build.Library(SOURCE, "batch", "libsciad_batch.so", WHAT, _setup)
+
+
 def library():
     """The loaded splitter (built on first use), or None where it cannot be
     built or loaded here (the reason: `unavailable()`)."""
-    global _lib, _failed
-    if _lib is not None or _failed is not None:
-        return _lib
-    with _lock:
-        if _lib is None and _failed is None:
-            try:
-                lib = ctypes.CDLL(str(_build.cached_build(SOURCE, "batch", "libsciad_batch.so",
-                                                          what=WHAT)))
-            except (NotSupportedError, OSError) as e:
-                _failed = str(e)
-                return None
-            lib.sciad_batch_set_inner.argtypes = [ctypes.c_int, ctypes.c_void_p]
-            lib.sciad_batch_set_inner.restype = ctypes.c_int
-            lib.sciad_handles_take.argtypes = [ctypes.c_void_p, ctypes.c_int64,
-                                               ctypes.c_void_p]
-            lib.sciad_handles_take.restype = None
-            lib.sciad_handles_live.argtypes = []
-            lib.sciad_handles_live.restype = ctypes.c_int64
-            jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.sciad_batch_split),
-                                        platform="cpu")
-            _lib = lib
-    return _lib
+    return _LIBRARY.get()
 
 
 def unavailable() -> str | None:
     """Why calls run unsplit here (None: the splitter is built)."""
     library()
-    return _failed
+    return _LIBRARY.failed
 
 
 def _capsule_pointer(capsule) -> int:
@@ -139,7 +130,7 @@ def set_inner(target: str, capsule) -> int:
         slot = len(_slots)
         if lib is None or lib.sciad_batch_set_inner(slot, _capsule_pointer(capsule)) != 0:
             raise NotSupportedError(f"{WHAT}: cannot take {target!r} as an inner handler "
-                                    f"({_failed or 'no slot left'})")
+                                    f"({_LIBRARY.failed or 'no slot left'})")
         _slots[target] = slot
         return slot
 

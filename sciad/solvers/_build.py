@@ -22,12 +22,16 @@ lib = ctypes.CDLL(str(out))
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import importlib
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
+from typing import Callable
 
 import jax
 import jaxlib
@@ -88,3 +92,42 @@ def cached_build(source: Path, name: str, filename: str, flags=(), key_parts=(),
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out
+
+
+class Library:
+    """A C++ extension of sciad's built on first use and loaded with ctypes:
+    `get()` is the loaded library (built and `setup(lib)` run once: its
+    argument types, its FFI targets), or None where it cannot be built or
+    loaded here, `failed` then saying why."""
+
+    def __init__(self, source: Path, name: str, filename: str, what: str,
+                 setup: Callable[[ctypes.CDLL], None] = lambda lib: None):
+        self.source, self.name, self.filename, self.what = source, name, filename, what
+        self.setup = setup
+        self.failed: str | None = None
+        self._lib = None
+        self._lock = threading.Lock()
+
+    def get(self):
+        if self._lib is not None or self.failed is not None:
+            return self._lib
+        with self._lock:
+            if self._lib is None and self.failed is None:
+                try:
+                    lib = ctypes.CDLL(str(cached_build(self.source, self.name, self.filename,
+                                                       what=self.what)))
+                except (NotSupportedError, OSError) as e:
+                    self.failed = str(e)
+                    return None
+                self.setup(lib)
+                self._lib = lib
+        return self._lib
+
+
+def importable(module: str) -> bool:
+    """Whether the (compiled) module `module` can be imported here."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True

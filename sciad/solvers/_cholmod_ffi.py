@@ -63,7 +63,7 @@ from jax.custom_batching import custom_vmap
 
 from .. import _cache
 from ..errors import NotPositiveDefiniteError, register_kernel_error
-from . import _batch_split, _klu_ffi, _sparse_direct
+from . import _batch_split, _build, _klu_ffi, _sparse_direct
 from ._cholmod import CholmodChoice
 from ._indices import pattern_matmul
 from ._linear import AbstractDirectSolver
@@ -95,11 +95,7 @@ def installed() -> bool:
 
 def available() -> bool:
     """Whether sparsax's compiled extension can be imported."""
-    try:
-        import sparsax_cpp  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _build.importable("sparsax_cpp")
 
 
 def _register() -> None:

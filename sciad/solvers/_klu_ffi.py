@@ -56,7 +56,7 @@ from jax.custom_batching import custom_vmap
 
 from .. import _cache
 from ..config import x64_scope
-from . import _batch_split
+from . import _batch_split, _build
 from ._indices import pattern_transpose, take
 
 #: the text of the FFI error a failed (singular) KLU factorization raises
@@ -81,11 +81,7 @@ _registered = False
 
 def available() -> bool:
     """Whether klujax's compiled extension can be imported."""
-    try:
-        import klujax_cpp  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _build.importable("klujax_cpp")
 
 
 def _register() -> None:

@@ -23,9 +23,7 @@ eta, rel, bnorm, all_nan = solve_measures(pattern, a, x, b, transpose=False)
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import threading
 from pathlib import Path
 
 import jax
@@ -33,36 +31,24 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 
-from ..errors import NotSupportedError
 from . import _build
 from ._indices import cached_index, pattern_cols, pattern_diagonal, pattern_transpose
 
 SOURCE = Path(__file__).with_name("csrc") / "sparse_checks.cc"
 WHAT = "sciad's sparse checks"
-_lock = threading.Lock()
-_lib = None
-_failed: str | None = None
+def _setup(lib) -> None:
+    for name in ("sciad_matrix_measures", "sciad_solve_measures"):
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)),
+                                    platform="cpu")
+
+
+_LIBRARY = _build.Library(SOURCE, "checks", "libsciad_checks.so", WHAT, _setup)
 
 
 def library():
     """The loaded extension (built on first use), or None where it cannot be
     built or loaded here."""
-    global _lib, _failed
-    if _lib is not None or _failed is not None:
-        return _lib
-    with _lock:
-        if _lib is None and _failed is None:
-            try:
-                lib = ctypes.CDLL(str(_build.cached_build(SOURCE, "checks",
-                                                          "libsciad_checks.so", what=WHAT)))
-            except (NotSupportedError, OSError) as e:
-                _failed = str(e)
-                return None
-            for name in ("sciad_matrix_measures", "sciad_solve_measures"):
-                jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)),
-                                            platform="cpu")
-            _lib = lib
-    return _lib
+    return _LIBRARY.get()
 
 
 def available(dtype) -> bool:
