@@ -42,8 +42,9 @@ def _program(case, solver, n):
     in the right-hand side)."""
     M = _matrix(n)
 
-    def A(d):
-        return sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape)
+    def A(d):  # (spd, as "cholmod" needs)
+        return sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape,
+                                    tags={"spd"} if solver == "cholmod" else ())
 
     def loss(d, b):
         return snp.sum(sd.linalg.solve(A(d), b, solver=solver) ** 2)
@@ -117,7 +118,7 @@ def _rss_mib() -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["gradient", "batch", "loop"])
-@pytest.mark.parametrize("solver", ["klu", "splu", "cudss"])
+@pytest.mark.parametrize("solver", ["klu", "splu", "cudss", "cholmod"])
 def test_300_failed_calls_keep_the_process_flat(solver, case):
     """300 failed calls at n = 20,000 (a factor is about 1.3-2.3 MB: a leak
     of one a call is 400 MB or more) grow the process by at most 10 MB
@@ -129,6 +130,35 @@ def test_300_failed_calls_keep_the_process_flat(solver, case):
         first = _retained_mib()
         _fail(g, args, 300)
         assert _retained_mib() - first <= 10
+
+
+@pytest.mark.slow
+def test_300_breakdowns_of_compiled_cholmod_keep_the_process_flat():
+    """A matrix that is not positive definite, 300 times (value and gradient,
+    n = 20,000): CHOLMOD's failed factorizations keep nothing."""
+    from sciad.errors import NotPositiveDefiniteError
+    from sciad.solvers import _cholmod_ffi, lookup
+
+    if not isinstance(lookup("cholmod"), _cholmod_ffi.CompiledCholmod):
+        pytest.skip("sparsax is not installed")
+    n = 20_000
+    M = _matrix(n)
+    d = M.data.copy()
+    rows = np.repeat(np.arange(n), np.diff(M.indptr))
+    d[(rows == M.indices) & (rows == n // 2)] = 1e-3  # (positive, not definite)
+    g = sd.function(sd.value_and_grad(lambda d: snp.sum(sd.linalg.solve(
+        sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape, tags={"spd"}),
+        np.ones(n), solver="cholmod") ** 2)))
+
+    def fail(times):
+        for _ in range(times):
+            with pytest.raises(NotPositiveDefiniteError):
+                jax.block_until_ready(g(d))
+
+    fail(50)
+    first = _retained_mib()
+    fail(300)
+    assert _retained_mib() - first <= 10
 
 
 def _retained_mib() -> float:

@@ -118,3 +118,14 @@ def test_on_a_gpu_the_device_path_solves(on_a_gpu):
 def test_explain_solver_refuses_a_bad_assume():
     with pytest.raises(sd.errors.InvalidOptionError, match="`assume` must be one of"):
         sd.linalg.explain_solver(np.eye(3), assume="diagonal")
+
+
+def test_on_a_gpu_cholmod_says_it_runs_on_the_cpu(on_a_gpu):
+    if not isinstance(solvers.lookup("cholmod"), CompiledCholmod):
+        pytest.skip("sparsax is not installed")
+    A = _lap(50)
+    with pytest.raises(sd.errors.InvalidOptionError, match="'cholmod' runs on the CPU only.*'gpu'"):
+        sd.trace(lambda d: sd.linalg.solve(sd.sparse.with_data(A, d), np.ones(50),
+                                           solver="cholmod"), np.asarray(A.data))
+    assert "'cholmod'" in sd.linalg.explain_solver(A) and "runs on the CPU only" in \
+        sd.linalg.explain_solver(A)

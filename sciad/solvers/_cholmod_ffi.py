@@ -62,7 +62,7 @@ import numpy as np
 from jax.custom_batching import custom_vmap
 
 from .. import _cache
-from ..errors import NotPositiveDefiniteError, register_kernel_error
+from ..errors import InvalidOptionError, NotPositiveDefiniteError, register_kernel_error
 from . import _batch_split, _build, _klu_ffi, _sparse_direct
 from ._cholmod import CholmodChoice
 from ._indices import pattern_matmul
@@ -183,6 +183,15 @@ class CompiledCholmod(CholmodChoice, AbstractDirectSolver):
 
     def available(self) -> bool:
         return available() and _on_cpu()
+
+    def rejects(self, *, matrix, dtype, tags, shown=""):
+        why = super().rejects(matrix=matrix, dtype=dtype, tags=tags, shown=shown)
+        if why is not None and available() and not _on_cpu():  # (installed: the device)
+            return InvalidOptionError, (
+                f"solver 'cholmod' runs on the CPU only, and JAX's default backend is "
+                f"{jax.default_backend()!r}; use 'cudss' (NVIDIA GPUs, the [cuda] extra), "
+                "'cg' with preconditioner='amg', or 'splu' (SuperLU on the host).")
+        return why
 
     def preference_for(self, pattern, *, matrix, tags, dtype):
         # (above klu's 2.0 at every size: measured faster on spd matrices,
