@@ -77,12 +77,12 @@ def _min_diagonal(a, pattern):
     return jnp.min(d, initial=jnp.inf)
 
 
-def _matrix_measures(a, pattern, assume, zero_line=None) -> dict:
+def _matrix_measures(a, pattern, assume, zero_line=None, compiled: bool = True) -> dict:
     """What `judge_matrix` checks, computed in the program; with `zero_line`
     (a sparse solver's `product`), also `singular`: a zero row or column.
     A float64 sparse matrix on the CPU is measured in one compiled pass
-    (`sciad.solvers._sparse_checks`)."""
-    if pattern is not None and _sparse_checks.available(a.dtype):
+    (`sciad.solvers._sparse_checks`), unless not `compiled`."""
+    if compiled and pattern is not None and _sparse_checks.available(a.dtype):
         m = _sparse_checks.matrix_measures(pattern, a, symmetric=assume in ASSUME,
                                            diagonal=assume == "spd")
         if zero_line is not None:
