@@ -14,7 +14,6 @@ import scipy.sparse as sp
 import sciad as sd
 from sciad import solvers
 from sciad.errors import InvalidOptionError, RegistrationError, SingularMatrixError
-from sciad.solvers._cholmod_ffi import CompiledCholmod
 from sciad.solvers._linear import AbstractDirectSolver, choose
 
 
@@ -116,12 +115,9 @@ def test_auto_asks_the_records():
     assert choose(matrix="dense", tags=frozenset({"spd", "symmetric"}), dtype=f64).name \
         == "cholesky"
     assert choose(matrix="dense", tags=frozenset({"spd"}), dtype=c128).name == "cholesky"
-    # (on the CPU: KLU, compiled, up to 12,000 unknowns, SuperLU above; for an
-    # spd matrix CHOLMOD compiled at every size, where sparsax is installed)
+    # (on the CPU: KLU, compiled, up to 12,000 unknowns; SuperLU above)
     sparse = "klu" if jax.default_backend() == "cpu" else "splu"
-    assert choose(matrix="sparse", tags=frozenset(), dtype=f64).name == sparse
-    spd = "cholmod" if isinstance(solvers.lookup("cholmod"), CompiledCholmod) else sparse
-    assert choose(matrix="sparse", tags=frozenset({"spd"}), dtype=f64).name == spd
+    assert choose(matrix="sparse", tags=frozenset({"spd"}), dtype=f64).name == sparse
     T = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], (240, 240))
     L = sp.csr_array(sp.kron(T, sp.eye(240)) + sp.kron(sp.eye(240), T))
     L.sort_indices()

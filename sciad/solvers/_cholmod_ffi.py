@@ -42,8 +42,16 @@ time; sciad's checks of the matrix and of each solve are one compiled pass
 each, `sciad.solvers._sparse_checks`). Against KLU on spd matrices (value
 and gradient, ms, this 2-core CPU): 2-D 5-point, 256 unknowns 0.16 / 0.29,
 1,024: 0.51 / 0.80, 2,304: 1.4 / 2.6; 1-D tridiagonal, 50: 0.081 / 0.094,
-1,000: 0.28 / 0.37, 100,000: 18.9 / 24.3. So "auto" picks it for every
-real sparse matrix tagged (or assumed) spd on the CPU where it is installed.
+1,000: 0.28 / 0.37, 100,000: 18.9 / 24.3. But a batch (`sd.vmap`) of
+gradients factors each matrix twice here (CHOLMOD's cache holds one numeric
+factor per pattern: the adjoint batch factors again) and on one thread
+(sparsax's calls hold one lock), where KLU holds each factor for its adjoint
+and splits the batch over the cores: 256 gradients of 1,024 unknowns took
+1.4-1.6x a Python loop of single ones with CHOLMOD, against 0.8x with KLU
+(`bench/batch.py`). So "auto" keeps the host record's rule
+(`CholmodChoice`): CHOLMOD from `OVER_KLU` unknowns with more than 3 entries
+a row, KLU below, where batches of small systems are common. Held factors
+for a batch (sparsax's factor tokens) are the way to lift that.
 
 ```python
 A = sd.sparse.csr_matrix((vals, indices, indptr), shape=(n, n), tags={"spd"})
@@ -192,13 +200,6 @@ class CompiledCholmod(CholmodChoice, AbstractDirectSolver):
                 f"{jax.default_backend()!r}; use 'cudss' (NVIDIA GPUs, the [cuda] extra), "
                 "'cg' with preconditioner='amg', or 'splu' (SuperLU on the host).")
         return why
-
-    def preference_for(self, pattern, *, matrix, tags, dtype):
-        # (above klu's 2.0 at every size: measured faster on spd matrices,
-        # value and gradient: 2-D 5-point from 64 to 65,536 unknowns, 1-D
-        # tridiagonal from 50 to 100,000; see the module docstring)
-        s = self.preference(matrix=matrix, tags=tags, dtype=dtype)
-        return None if s is None else 2.5
 
     def factor_layout(self, n, dtype, pattern):
         return (((pattern.nnz,), dtype),)
