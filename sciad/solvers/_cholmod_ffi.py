@@ -18,7 +18,7 @@ How it runs:
   `"spsolve"`'s). CHOLMOD's symbolic analysis is kept by sparsax per
   pattern (reported and cleared with sciad's analysis cache,
   `sd.config.analysis_cache_info()`), and its numeric factor per pattern
-  for the last values it factored: a solve whose values are the last ones factored (a gradient's
+  for the last values it factored: a solve of those values (a gradient's
   adjoint solve after its forward one, the solves of one `factor` node)
   solves with it and does not factor again. So a value and gradient factors
   once, and nothing is made by the program or left for it to free: no
@@ -36,22 +36,22 @@ How it runs:
 
 Measured against sparsax's own `solve` on the same problems
 (`bench/cholmod_peer.py`, value and gradient of the 2-D inverse-Poisson
-misfit, each call on new values): 0.93-0.98x from 4,096 to 65,536
-unknowns and on a vmapped batch of 64 (earlier runs 0.96-1.05x: at parity) (the factorization is the
-time; sciad's checks of the matrix and of each solve are one compiled pass
-each, `sciad.solvers._sparse_checks`). Against KLU on spd matrices (value
-and gradient, ms, this 2-core CPU): 2-D 5-point, 256 unknowns 0.16 / 0.29,
-1,024: 0.51 / 0.80, 2,304: 1.4 / 2.6; 1-D tridiagonal, 50: 0.081 / 0.094,
-1,000: 0.28 / 0.37, 100,000: 18.9 / 24.3. But a batch (`sd.vmap`) of
-gradients factors each matrix twice here (CHOLMOD's cache holds one numeric
-factor per pattern: the adjoint batch factors again) and on one thread
-(sparsax's calls hold one lock), where KLU holds each factor for its adjoint
-and splits the batch over the cores: 256 gradients of 1,024 unknowns took
-1.4-1.6x a Python loop of single ones with CHOLMOD, against 0.8x with KLU
-(`bench/batch.py`). So "auto" keeps the host record's rule
-(`CholmodChoice`): CHOLMOD from `OVER_KLU` unknowns with more than 3 entries
-a row, KLU below, where batches of small systems are common. Held factors
-for a batch (sparsax's factor tokens) are the way to lift that.
+misfit, each call on new values): 0.93-0.98x from 4,096 to 65,536 unknowns
+and on a vmapped batch of 64 (earlier runs 0.96-1.05x: at parity; the
+factorization is the time, and sciad's checks of the matrix and of each
+solve are one compiled pass each, `sciad.solvers._sparse_checks`). Against
+KLU on spd matrices (value and gradient, ms, this 2-core CPU): 2-D 5-point,
+256 unknowns 0.16 / 0.29, 1,024: 0.51 / 0.80, 2,304: 1.4 / 2.6; 1-D
+tridiagonal, 50: 0.081 / 0.094, 1,000: 0.28 / 0.37, 100,000: 18.9 / 24.3.
+But a batch (`sd.vmap`) of gradients factors each matrix twice here
+(CHOLMOD's cache holds one numeric factor per pattern: the adjoint batch
+factors again) and on one thread (sparsax's calls hold one lock), where KLU
+holds each factor for its adjoint and splits the batch over the cores: 256
+gradients of 1,024 unknowns took 1.4-1.6x a Python loop of single ones with
+CHOLMOD, against 0.8x with KLU (`bench/batch.py`). So "auto" keeps the host
+record's rule (`CholmodChoice`): CHOLMOD from `OVER_KLU` unknowns with more
+than 3 entries a row, KLU below, where batches of small systems are common.
+Held factors for a batch (sparsax's factor tokens) are the way to lift that.
 
 ```python
 A = sd.sparse.csr_matrix((vals, indices, indptr), shape=(n, n), tags={"spd"})
