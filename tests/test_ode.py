@@ -532,6 +532,11 @@ def test_the_steppers_and_adjoints_are_records():
             summed = STEPPERS[s.summed]
             assert summed.implicit and not summed.imex and summed.order == s.order
     assert all(a.name == name for name, a in ADJOINTS.items())
+    # (both are families of the one solver registry, found as every record is)
+    from sciad.solvers import lookup, names
+    assert names("ode stepper") == tuple(STEPPERS) and names("ode adjoint") == tuple(ADJOINTS)
+    assert lookup("kvaerno5", "ode stepper") is STEPPERS["kvaerno5"]
+    assert lookup("checkpoint", "ode adjoint") is ADJOINTS["checkpoint"]
     # the node's outputs, by name: five with the step grid, six with the states
     g = sd.trace(lambda t, y: [-y], 0.0, np.ones(2))
     for adjoint, n in (("backsolve", 5), ("interpolated", 6)):

@@ -27,6 +27,7 @@ from ..graph import TensorType, is_zero
 from ..graph._autodiff import needs_ct, type_of, vjp_eval
 from ..graph._body import trace_body
 from ..solvers._ode_steppers import STEPPERS
+from ..solvers._registry import family, register
 from ._scan import scan
 from ._ode_field import augmented_pattern, derived_params, summed
 from ._ode_interp import hermite
@@ -110,8 +111,11 @@ class Backsolve(Adjoint):
 
 
 CHECKPOINT, BACKSOLVE, INTERPOLATED = Checkpoint(), Backsolve(), Interpolated()
-#: every adjoint strategy, by the name the node's `adjoint` param holds
-ADJOINTS: dict[str, Adjoint] = {a.name: a for a in (CHECKPOINT, BACKSOLVE, INTERPOLATED)}
+#: every adjoint strategy, by the name the node's `adjoint` param holds: the
+#: solver registry's "ode adjoint" family
+ADJOINTS: dict[str, Adjoint] = family("ode adjoint")
+for _adjoint in (CHECKPOINT, BACKSOLVE, INTERPOLATED):
+    register(_adjoint, family="ode adjoint")
 
 
 def discrete_vjp(primals, outs, ct, params):

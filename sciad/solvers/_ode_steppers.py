@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import _registry
 from ._root_methods import sparse_jacobian
 from ._ode import patient_chord, reusing, sparse_newton_solver
 
@@ -74,8 +75,10 @@ class Stepper(NamedTuple):
         return 2 if self.imex else 1
 
 
-#: every stepper, by the name `ode.odeint`'s `solver` param holds
-STEPPERS: dict[str, Stepper] = {
+#: every stepper, by the name `ode.odeint`'s `solver` param holds: the
+#: solver registry's "ode stepper" family (`_registry.family`)
+STEPPERS: dict[str, Stepper] = _registry.family("ode stepper")
+_BUILT_IN = {
     "tsit5": Stepper("Tsit5", False, 5),
     "dopri5": Stepper("Dopri5", False, 5),
     "dopri8": Stepper("Dopri8", False, 8),
@@ -93,6 +96,8 @@ STEPPERS: dict[str, Stepper] = {
     "kencarp4": Stepper("KenCarp4", True, 4, summed="kvaerno4"),
     "kencarp5": Stepper("KenCarp5", True, 5, summed="kvaerno5"),
 }
+for _name, _stepper in _BUILT_IN.items():
+    _registry.register(_stepper, family="ode stepper", name=_name)
 
 
 @functools.lru_cache(maxsize=None)

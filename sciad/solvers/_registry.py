@@ -7,9 +7,11 @@ where it runs, how it is checked, what it costs); rules and passes look it up
 by the name their node holds (so graphs still print and serialize names) and
 ask it, instead of comparing names. Records come in families: `"linear"`
 (`sciad.solvers._linear`), `"root"` (root methods, `sciad.solvers._root_methods`),
-`"jacobian"` (how a root method's linear systems are solved) and
+`"jacobian"` (how a root method's linear systems are solved),
 `"preconditioner"` (an iterative solve's preconditioner,
-`sciad.solvers._iterative.AbstractPreconditioner`).
+`sciad.solvers._iterative.AbstractPreconditioner`), `"ode stepper"`
+(`sciad.solvers._ode_steppers`) and `"ode adjoint"` (an `odeint` node's
+reverse mode, `sciad.primitives._ode_adjoint`).
 
 Adding a solver is one new file and one `register(...)` line (the built-in
 ones are registered in `sciad/solvers/__init__.py`).
@@ -22,17 +24,27 @@ from ..errors import InvalidOptionError, RegistrationError
 _RECORDS: dict[str, dict[str, object]] = {}
 
 
-def register(record):
-    """Registers `record` under `(record.family, record.name)`; returns it.
-    A name is registered once per family (`unregister` it first)."""
-    family = _RECORDS.setdefault(record.family, {})
-    old = family.get(record.name)
+def register(record, *, family: str | None = None, name: str | None = None):
+    """Registers `record` under `(record.family, record.name)` (or the
+    `family` and `name` given: a record that does not carry them, as an ODE
+    stepper's table entry); returns it. A name is registered once per family
+    (`unregister` it first)."""
+    family = record.family if family is None else family
+    name = record.name if name is None else name
+    table = _RECORDS.setdefault(family, {})
+    old = table.get(name)
     if old is not None and old is not record:
-        raise RegistrationError(f"a {record.family} solver {record.name!r} is already "
+        raise RegistrationError(f"a {family} solver {name!r} is already "
                                 f"registered ({type(old).__module__}.{type(old).__name__}); "
                                 "unregister it first.")
-    family[record.name] = record
+    table[name] = record
     return record
+
+
+def family(name: str) -> dict:
+    """The live table of the family `name` (name -> record), as the modules
+    that define a family expose it (`sciad.ode.SOLVERS`: the ODE steppers)."""
+    return _RECORDS.setdefault(name, {})
 
 
 def unregister(name: str, family: str = "linear") -> None:
