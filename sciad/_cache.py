@@ -170,33 +170,42 @@ def cached(owner, kind: str, key, make: Callable[[], object], *, nbytes=None,
             return e.value
         e = per[(kind, key)] = _Entry(value, size, pinned, next(_ticks))
         if limit is not None:
-            mine = sorted((x.tick, k) for k, x in per.items()
-                          if k[0] == kind and not x.pinned and x is not e)
-            for _, k in mine[:max(0, len(mine) + 1 - limit)]:
-                del per[k]
-                _stat(kind)[2] += 1
+            _drop_oldest([(x.tick, owner, k, x) for k, x in per.items()
+                          if k[0] == kind and not x.pinned and x is not e],
+                         lambda count, held: count + 1 > limit)
         _fit(keep=e)
     return value
+
+
+def _entries():
+    """`(tick, owner, key, entry)` of every entry (the lock held)."""
+    return [(e.tick, owner, k, e) for owner, per in list(_store.items())
+            for k, e in per.items()]
+
+
+def _drop_oldest(candidates, over: Callable[[int, int], bool]) -> None:
+    """Drops `candidates` (`(tick, owner, key, entry)`), the least recently
+    used first, while `over(count, bytes)` of those left holds (the lock
+    held)."""
+    left = sorted(candidates, key=lambda t: t[0])
+    count, held = len(left), sum(t[3].nbytes for t in left)
+    for _, owner, k, e in left:
+        if not over(count, held):
+            break
+        per = _store.get(owner)
+        if per is not None and per.get(k) is e:
+            del per[k]
+            _stat(k[0])[2] += 1
+        count, held = count - 1, held - e.nbytes
 
 
 def _fit(keep) -> None:
     """Drops the least recently used unpinned entries (but `keep`) until the
     cache is within its budget (the lock held)."""
-    entries = [(e.tick, owner, k, e) for owner, per in list(_store.items())
-               for k, e in per.items()]
-    total = sum(e.nbytes for *_, e in entries)
-    if total <= _budget:
-        return
-    for _, owner, k, e in sorted(entries, key=lambda t: t[0]):
-        if total <= _budget:
-            break
-        if e.pinned or e is keep:
-            continue
-        per = _store.get(owner)
-        if per is not None and per.get(k) is e:
-            del per[k]
-            total -= e.nbytes
-            _stat(k[0])[2] += 1
+    entries = _entries()
+    fixed = sum(e.nbytes for *_, e in entries if e.pinned or e is keep)
+    _drop_oldest([t for t in entries if not (t[3].pinned or t[3] is keep)],
+                 lambda count, held: held + fixed > _budget)
 
 
 def trim(kind: str, *, max_entries: int, max_bytes: int, room: int = 0) -> None:
@@ -204,18 +213,8 @@ def trim(kind: str, *, max_entries: int, max_bytes: int, room: int = 0) -> None:
     fewer than `max_entries` remain and `room` more bytes fit within
     `max_bytes` beside them: room made before a large entry is built."""
     with _lock:
-        mine = sorted((e.tick, owner, k, e) for owner, per in list(_store.items())
-                      for k, e in per.items() if k[0] == kind and not e.pinned)
-        held = sum(e.nbytes for *_, e in mine)
-        for _, owner, k, e in mine:
-            if len(mine) < max_entries and held + room <= max_bytes:
-                break
-            per = _store.get(owner)
-            if per is not None and per.get(k) is e:
-                del per[k]
-                _stat(kind)[2] += 1
-            held -= e.nbytes
-            mine = mine[1:]
+        _drop_oldest([t for t in _entries() if t[2][0] == kind and not t[3].pinned],
+                     lambda count, held: count >= max_entries or held + room > max_bytes)
 
 
 def forget(owner, kind: str | None = None) -> None:

@@ -76,10 +76,10 @@ from ..graph._types import FactorType, Pattern, holds_tuple, register_factor_lay
 from ..solvers._indices import pattern_transpose, take
 from ..solvers._linear import auto_preconditioner, names_for, resolve
 from ..solvers._registry import lookup, records
-from ._checks import check, judge_matrix, symmetry_tolerance, tie
+from ._checks import check, judge_matrix, tie
 from ._contract import einsum_p
-from ._linalg_run import (ASSUME, _factor_layout, _make_factor, _matrix_measures, _matvec,
-                          _rcond_with, _solve_with, _where_any)
+from ._linalg_run import (ASSUME, _factor_layout, _make_factor, _matrix_fails,
+                          _matrix_measures, _matvec, _rcond_with, _solve_with, check_where)
 from ._elementwise import unary_primitives
 from ._map import columns_rule, map_rule, on_devices, reader_nodes
 from ._sparse import sparse_matmul_p, sparse_sddmm_p
@@ -374,17 +374,11 @@ def _iterative_solve(matvec, a, b, *, solver, pattern, rtol, atol, maxiter, prec
 
     if each_device is not None:  # (a sharded solve's: judged on every device)
         return tie(x, each_device(judged, measures))
-    # (the host is called only where a measure fails: `judge_krylov` only raises)
+    # (`judge_krylov` only raises)
     when = measures["nonfinite_b"] | ~measures["converged"]
-    if "nonfinite_a" in measures:
-        when |= measures["nonfinite_a"]
-    if "asymmetry" in measures:
-        when |= ~(measures["asymmetry"] <= symmetry_tolerance(np.dtype(b.dtype)))
-    if "min_diagonal" in measures:
-        when |= ~(measures["min_diagonal"] > 0)
-    names = list(measures)
-    return tie(x, _where_any(when, lambda *m: judged(dict(zip(names, m))),
-                             lambda *m: jnp.zeros((), jnp.int32), *measures.values()))
+    if extra:
+        when |= _matrix_fails(extra, np.dtype(b.dtype))
+    return tie(x, check_where(when, measures, judged))
 
 
 def _apply_preconditioner(pre, state, a, v, *, pattern, transpose):

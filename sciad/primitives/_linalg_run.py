@@ -99,6 +99,29 @@ def _matrix_measures(a, pattern, assume, zero_line=None, compiled: bool = True) 
     return out
 
 
+def _matrix_fails(measures: dict, dtype):
+    """Whether the matrix measures (`_matrix_measures`'s, named as there or
+    with a `nonfinite_a`) fail a check: NaN fails every comparison."""
+    when = measures.get("nonfinite", measures.get("nonfinite_a"))
+    if "singular" in measures:
+        when |= measures["singular"]
+    if "asymmetry" in measures:
+        when |= ~(measures["asymmetry"] <= symmetry_tolerance(dtype))
+    if "min_diagonal" in measures:
+        when |= ~(measures["min_diagonal"] > 0)
+    return when
+
+
+def check_where(when, measures: dict, judged):
+    """`judged(measures)` (a host check's token) where `when` holds, else a
+    zero token: the host is called only where a measure fails (a judge that
+    only raises), under `vmap` once for the batch, only where one example
+    fails."""
+    names = list(measures)
+    return _where_any(when, lambda *m: judged(dict(zip(names, m))),
+                      lambda *m: jnp.zeros((), jnp.int32), *measures.values())
+
+
 def _zero_line(a, pattern, product):
     """Whether a row or a column of the sparse matrix with values `a` holds
     only zeros (or NaN): a singular matrix. From the sums of `|a|` along
@@ -201,19 +224,8 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site, output: bool 
             if record.frees_factor:
                 measures.setdefault("singular", jnp.zeros((), bool))
                 judge = functools.partial(judge_factor, solver=solver)
-            # (the host is called only where a measure fails: under vmap, one
-            # host call for the batch, only where one example fails)
-            when = measures["nonfinite"]
-            if "singular" in measures:
-                when |= measures["singular"]
-            if "asymmetry" in measures:
-                when |= ~(measures["asymmetry"] <= symmetry_tolerance(dtype))
-            if "min_diagonal" in measures:
-                when |= ~(measures["min_diagonal"] > 0)
-            names = list(measures)
-            tok = _where_any(when, lambda *m: check(judge, site, dtype=dtype, tags=tags,
-                                                    **dict(zip(names, m))),
-                             lambda *m: jnp.zeros((), jnp.int32), *measures.values())
+            tok = check_where(_matrix_fails(measures, dtype), measures,
+                              lambda m: check(judge, site, dtype=dtype, tags=tags, **m))
             a = tie(a, tok)
         if not record.frees_factor:
             return tuple(record.factor(a, pattern=pattern))
@@ -241,9 +253,9 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site, output: bool 
         if failed is not None:
             # (a factorization that failed, judged here with the node and the
             # user's line; the batch's other factors are released by the check)
-            broke = _where_any(failed, lambda s: check(judge_factor, site, dtype=dtype,
-                                                       solver=solver, tags=tags, singular=s),
-                               lambda s: jnp.zeros((), jnp.int32), failed)
+            broke = check_where(failed, {"singular": failed},
+                                lambda m: check(judge_factor, site, dtype=dtype, solver=solver,
+                                                tags=tags, **m))
             f = tuple(tie(f, broke))
         if keep:
             _made_here[id(f[0])] = f[0]

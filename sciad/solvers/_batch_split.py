@@ -39,6 +39,7 @@ import threading
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..errors import NotSupportedError
@@ -182,3 +183,16 @@ def split_call(target: str, args, out, batched, threads: int, has_side_effect: b
         ctl = np.array([_slots[target], mask, threads, harg, hmode], np.int64)
         return jax.ffi.ffi_call(TARGET, out, has_side_effect=has_side_effect)(*args, ctl, **attrs)
     return jax.ffi.ffi_call(target, out, has_side_effect=has_side_effect)(*args, **attrs)
+
+
+def fold(axis_size, in_batched, args):
+    """A `custom_vmap` rule's operands with the vmapped axis folded into the
+    kernel's leading batch axis (an unbatched operand broadcast first): what
+    every kernel taking a leading batch axis of `L` items does under
+    `jax.vmap` (KLU's, CHOLMOD's, the sparse checks')."""
+    out = []
+    for a, batched in zip(args, in_batched):
+        if not batched:
+            a = jnp.broadcast_to(a, (axis_size,) + a.shape)
+        out.append(a.reshape((axis_size * a.shape[1],) + a.shape[2:]))
+    return out

@@ -23,6 +23,7 @@ lib = ctypes.CDLL(str(out))
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import importlib
 import os
@@ -131,3 +132,23 @@ def importable(module: str) -> bool:
     except ImportError:
         return False
     return True
+
+
+def once(fn: Callable[[], None]) -> Callable[[], None]:
+    """`fn` run on its first call only, whatever the threads calling it
+    (registering a compiled module's FFI targets); a call that raises is
+    made again next time."""
+    lock = threading.Lock()
+    done = False
+
+    @functools.wraps(fn)
+    def run() -> None:
+        nonlocal done
+        if done:
+            return
+        with lock:
+            if not done:
+                fn()
+                done = True
+
+    return run

@@ -187,6 +187,9 @@ class CholmodChoice:
             return 2.5  # (above klu's 2.0: measured faster there)
         return s
 
+    def factor_flops(self, n, fill):
+        return fill.flops / 2  # (Cholesky: half an LU's of the same fill)
+
     def rejects(self, *, matrix, dtype, tags, shown=""):
         why = super().rejects(matrix=matrix, dtype=dtype, tags=tags, shown=shown)
         if why is not None:
@@ -222,6 +225,3 @@ class Cholmod(CholmodChoice, SuperLU):
     def factor(self, a, *, pattern=None, uses=None, assume=None, report=None):
         return _sparse_direct.factor(pattern, a, uses=uses, assume=assume, report=report,
                                      factorize=factorize)
-
-    def factor_flops(self, n, fill):
-        return fill.flops / 2  # (Cholesky: half an LU's of the same fill)

@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import threading
 
 import jax
 import numpy as np
@@ -73,6 +72,7 @@ from .. import _cache
 from ..errors import InvalidOptionError, NotPositiveDefiniteError, register_kernel_error
 from . import _batch_split, _build, _klu_ffi, _sparse_direct
 from ._cholmod import CholmodChoice
+from ._klu import _on_cpu
 from ._indices import pattern_matmul
 from ._linear import AbstractDirectSolver
 
@@ -91,8 +91,6 @@ register_kernel_error(
     "positive definite. Solve with solver='splu' if it is only symmetric.",
     op="linalg.solve")
 
-_lock = threading.Lock()
-_registered = False
 
 
 def installed() -> bool:
@@ -106,32 +104,27 @@ def available() -> bool:
     return _build.importable("sparsax_cpp")
 
 
+@_build.once
 def _register() -> None:
-    global _registered
-    if _registered:
-        return
-    with _lock:
-        if _registered:
-            return
-        import sparsax_cpp
-        capsule = sparsax_cpp.solve_batched_f64_capsule()
-        jax.ffi.register_ffi_target(TARGET, capsule, platform="cpu")
-        if _batch_split.library() is not None:
-            _batch_split.set_inner(TARGET, capsule)
-        # (sparsax keeps CHOLMOD's analyses and last numeric factor per
-        # pattern itself: reported and cleared with sciad's analysis cache)
-        _cache.register_external(
-            "cholmod (sparsax)", lambda: {"entries": int(sparsax_cpp.cache_size()),
-                                          "bytes": None}, sparsax_cpp.clear_cache)
-        _registered = True
+    import sparsax_cpp
+    capsule = sparsax_cpp.solve_batched_f64_capsule()
+    jax.ffi.register_ffi_target(TARGET, capsule, platform="cpu")
+    if _batch_split.library() is not None:
+        _batch_split.set_inner(TARGET, capsule)
+    # (sparsax keeps CHOLMOD's analyses and last numeric factor per pattern
+    # itself: reported and cleared with sciad's analysis cache)
+    _cache.register_external(
+        "cholmod (sparsax)", lambda: {"entries": int(sparsax_cpp.cache_size()),
+                                      "bytes": None}, sparsax_cpp.clear_cache)
 
 
-def _fold(axis_size, in_batched, args):
-    return _klu_ffi._fold(axis_size, in_batched, args)
+def _solve_fn(pattern):
+    """The kernel's call for `pattern`, kept in the analysis cache."""
+    return _cache.cached(pattern, "cholmod calls", None, lambda: _make_solve_fn(pattern),
+                         nbytes=lambda f: 8 * pattern.nnz)
 
 
-@functools.lru_cache(maxsize=64)
-def _solve_fn(pattern, policy):
+def _make_solve_fn(pattern):
     rows = np.asarray(pattern.rows, np.int32)
     cols = np.asarray(pattern.indices, np.int32)
     n = pattern.shape[0]
@@ -145,7 +138,7 @@ def _solve_fn(pattern, policy):
 
     @f.def_vmap
     def _rule(axis_size, in_batched, ax, b):
-        axf, bf = _fold(axis_size, in_batched, [ax, b])
+        axf, bf = _batch_split.fold(axis_size, in_batched, [ax, b])
         return f(axf, bf).reshape((axis_size, -1, n, b.shape[-1])), True
 
     return f
@@ -166,7 +159,7 @@ def solve(pattern, a, b):
     bb = bb[:, None] if vec else bb
     if bb.shape[1] == 0:
         return b
-    x = _solve_fn(pattern, _batch_split.policy())(ax[None], bb[None])[0]
+    x = _solve_fn(pattern)(ax[None], bb[None])[0]  # (one thread: no split policy)
     return (x[:, 0] if vec else x).astype(out)
 
 
@@ -218,13 +211,3 @@ class CompiledCholmod(CholmodChoice, AbstractDirectSolver):
 
     def rcond(self, factor, a, *, pattern=None):
         return _sparse_direct.rcond_unfactored(pattern, a.astype(np.float64)).astype(a.dtype)
-
-    def factor_flops(self, n, fill):
-        return fill.flops / 2  # (Cholesky: half an LU's of the same fill)
-
-
-def _on_cpu() -> bool:
-    try:
-        return jax.default_backend() == "cpu"
-    except RuntimeError:
-        return False

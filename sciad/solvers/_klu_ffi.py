@@ -76,7 +76,6 @@ SOLVE_NS_PER_ENTRY = 10
 DOT_NS_PER_ENTRY = 2
 
 _lock = threading.Lock()
-_registered = False
 
 
 def available() -> bool:
@@ -84,21 +83,15 @@ def available() -> bool:
     return _build.importable("klujax_cpp")
 
 
+@_build.once
 def _register() -> None:
-    global _registered
-    if _registered:
-        return
-    with _lock:
-        if _registered:
-            return
-        import klujax_cpp
-        split = _batch_split.library() is not None
-        for name in _KERNELS:
-            capsule = getattr(klujax_cpp, name)()
-            jax.ffi.register_ffi_target(f"sciad_klu_{name}", capsule, platform="cpu")
-            if split and name != "analyze":
-                _batch_split.set_inner(f"sciad_klu_{name}", capsule)
-        _registered = True
+    import klujax_cpp
+    split = _batch_split.library() is not None
+    for name in _KERNELS:
+        capsule = getattr(klujax_cpp, name)()
+        jax.ffi.register_ffi_target(f"sciad_klu_{name}", capsule, platform="cpu")
+        if split and name != "analyze":
+            _batch_split.set_inner(f"sciad_klu_{name}", capsule)
 
 
 def symbolic(pattern):
@@ -147,17 +140,6 @@ def _suffix(dtype) -> str:
 
 def _work_dtype(dtype):
     return np.dtype(np.complex128 if np.dtype(dtype).kind == "c" else np.float64)
-
-
-def _fold(axis_size, in_batched, args):
-    """custom_vmap's operands with the vmapped axis folded into the kernel's
-    leading one (an unbatched operand broadcast first)."""
-    out = []
-    for a, batched in zip(args, in_batched):
-        if not batched:
-            a = jnp.broadcast_to(a, (axis_size,) + a.shape)
-        out.append(a.reshape((axis_size * a.shape[1],) + a.shape[2:]))
-    return out
 
 
 # --- the kernels on a leading batch axis (n_lhs), behind one small interface ---
@@ -241,7 +223,7 @@ class HandleKernels:
 
         @f.def_vmap
         def _rule(axis_size, in_batched, ax):
-            (axf,) = _fold(axis_size, in_batched, [ax])
+            (axf,) = _batch_split.fold(axis_size, in_batched, [ax])
             return f(axf).reshape(axis_size, -1), True
 
         return self._fns.setdefault(key, f)
@@ -267,7 +249,7 @@ class HandleKernels:
 
         @f.def_vmap
         def _rule(axis_size, in_batched, h, ax, b):
-            hf, axf, bf = _fold(axis_size, in_batched, [h, ax, b])
+            hf, axf, bf = _batch_split.fold(axis_size, in_batched, [h, ax, b])
             return f(hf, axf, bf).reshape((axis_size, -1) + b.shape[-2:]), True
 
         return self._fns.setdefault(key, f)
@@ -283,7 +265,7 @@ class HandleKernels:
 
         @f.def_vmap
         def _rule(axis_size, in_batched, h):
-            (hf,) = _fold(axis_size, in_batched, [h])
+            (hf,) = _batch_split.fold(axis_size, in_batched, [h])
             return f(hf), False
 
         return self._fns.setdefault("free", f)
@@ -450,8 +432,13 @@ solve = KERNELS.solve
 free = KERNELS.free
 
 
-@functools.lru_cache(maxsize=None)
 def _dot_fn(pattern, kind: str, transpose: bool, policy):
+    """The product kernel's call for `pattern`, kept in the analysis cache."""
+    return _cache.cached(pattern, "klu products", (kind, transpose, policy),
+                         lambda: _make_dot_fn(pattern, kind, transpose, policy), nbytes=0)
+
+
+def _make_dot_fn(pattern, kind: str, transpose: bool, policy):
     _, rows, cols = symbolic(pattern)
     if transpose:
         rows, cols = cols, rows
@@ -466,7 +453,7 @@ def _dot_fn(pattern, kind: str, transpose: bool, policy):
 
     @f.def_vmap
     def _rule(axis_size, in_batched, ax, x):
-        axf, xf = _fold(axis_size, in_batched, [ax, x])
+        axf, xf = _batch_split.fold(axis_size, in_batched, [ax, x])
         return f(axf, xf).reshape((axis_size, -1) + x.shape[-2:]), True
 
     return f

@@ -23,7 +23,6 @@ eta, rel, bnorm, all_nan = solve_measures(pattern, a, x, b, transpose=False)
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import jax
@@ -31,7 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 
-from . import _build
+from .. import _cache
+from . import _batch_split, _build
 from ._indices import cached_index, pattern_cols, pattern_diagonal, pattern_transpose
 
 SOURCE = Path(__file__).with_name("csrc") / "sparse_checks.cc"
@@ -79,8 +79,14 @@ def _diagonal(pattern):
     return cached_index(pattern, "diagonal or none", pattern.diagonal_positions)
 
 
-@functools.lru_cache(maxsize=64)
 def _matrix_fn(pattern, symmetric: bool, diagonal: bool):
+    """The kernel's call for `pattern`, kept with its index arrays in the
+    analysis cache (made again with them after a clear)."""
+    return _cache.cached(pattern, "sparse checks", ("matrix", symmetric, diagonal),
+                         lambda: _make_matrix_fn(pattern, symmetric, diagonal), nbytes=0)
+
+
+def _make_matrix_fn(pattern, symmetric: bool, diagonal: bool):
     indptr, indices = _csr(pattern)
     tpos = pattern_transpose(pattern) if symmetric else np.zeros(0, np.int32)
     diag = _diagonal(pattern) if diagonal else np.zeros(0, np.int32)
@@ -93,9 +99,8 @@ def _matrix_fn(pattern, symmetric: bool, diagonal: bool):
 
     @f.def_vmap
     def _rule(axis_size, in_batched, a):
-        if not in_batched[0]:
-            a = jnp.broadcast_to(a, (axis_size,) + a.shape)
-        return f(a.reshape((-1, a.shape[-1]))).reshape(axis_size, -1, 5), True
+        (af,) = _batch_split.fold(axis_size, in_batched, [a])
+        return f(af).reshape(axis_size, -1, 5), True
 
     return f
 
@@ -114,8 +119,12 @@ def matrix_measures(pattern, a, *, symmetric: bool, diagonal: bool) -> dict:
     return out
 
 
-@functools.lru_cache(maxsize=64)
 def _solve_fn(pattern, transpose: bool):
+    return _cache.cached(pattern, "sparse checks", ("solve", transpose),
+                         lambda: _make_solve_fn(pattern, transpose), nbytes=0)
+
+
+def _make_solve_fn(pattern, transpose: bool):
     indptr, indices = _csr(pattern)
 
     @custom_vmap
@@ -126,13 +135,8 @@ def _solve_fn(pattern, transpose: bool):
 
     @f.def_vmap
     def _rule(axis_size, in_batched, a, x, b):
-        def fold(v, batched):
-            if not batched:
-                v = jnp.broadcast_to(v, (axis_size,) + v.shape)
-            return v.reshape((-1,) + v.shape[2:])
-
-        af, xf, bf = (fold(v, bt) for v, bt in zip((a, x, b), in_batched))
-        return f(af, xf, bf).reshape(axis_size, -1, 4), True
+        return f(*_batch_split.fold(axis_size, in_batched, [a, x, b])).reshape(
+            axis_size, -1, 4), True
 
     return f
 
