@@ -187,14 +187,20 @@ class ZeroSumError(SciadError, ZeroDivisionError):
 
 class ConvergenceError(SciadError, RuntimeError):
     """An iterative solver that did not reach its tolerance. `residual`,
-    `tolerance` and `iterations` say how far it got."""
+    `tolerance` and `iterations` say how far it got; a root solve also
+    gives `atol` (the residual test's bound) and `error` (the last step's
+    estimated error in `x` relative to `||x||_inf`, which `tolerance`
+    bounds)."""
 
     def __init__(self, message: str, *, op: str | None = None, source=None,
                  residual: float | None = None, tolerance: float | None = None,
-                 iterations: int | None = None):
+                 iterations: int | None = None, atol: float | None = None,
+                 error: float | None = None):
         self.residual = residual
         self.tolerance = tolerance
         self.iterations = iterations
+        self.atol = atol
+        self.error = error
         super().__init__(message, op=op, source=source)
 
 

@@ -633,11 +633,21 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
         - `"gmres"`: matrix-free (JVPs of `fun`), solved by GMRES;
         - `None` (the default): dense up to 64 unknowns or where the
           detected pattern fills more than a fifth of the matrix, else sparse.
-    - `tol`, `atol`: converged when `||F(x)||_inf <= max(atol, tol *
-      ||F(x0)||_inf)`; `tol=None`: 1e-10 in float64, 1.2e-4 in float32.
+    - `tol`, `atol`: converged when `||F(x)||_inf <= atol` (the residual
+      test), or when the error in `x` estimated from the last step `s`
+      (`||d - s||_inf + ||s||_inf min(1, ||F(x)||_inf / ||F(x_prev)||_inf)`,
+      `d` the full Newton step: what the step left of it, plus the next
+      step predicted from this one and the fall of `||F||`) is at most
+      `tol ||x||_inf` (the step test: a relative error of `tol` in `x`,
+      as SciPy's `xtol`; a linear `fun` passes after one step). Neither
+      depends on `x0`: a far start does not loosen them. A root at `x = 0`
+      has no relative accuracy: give `atol` there. `tol=None`: 1e-10 in
+      float64, 1.2e-4 in float32. The implicit derivative is computed at
+      the root found, so it is as accurate as the root (to first order,
+      a relative error `tol` in `x` is one in the derivative).
     - `maxiter`: the most Newton iterations.
     - `throw`: raise `sciad.errors.ConvergenceError` when the solve fails
-      (the default), with the iterations, the residual against the tolerance
+      (the default), with the iterations, the residual, the estimated error
       and a diagnosis (iteration limit, singular Jacobian, failed line search,
       non-finite values, stagnation). With `throw=False` the result says so
       (`success`, `status`), and a derivative of a failed solve raises.
@@ -679,8 +689,8 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
                                  "`status`.", op=_ROOT_OP)
     if options is not None:
         raise InvalidOptionError(f"`options` (SciPy's per-method dict, got {plain(options)}) is "
-                                 "not taken: pass `tol`, `atol` and `maxiter` (converged at "
-                                 "||F||_inf <= max(atol, tol ||F(x0)||_inf)).", op=_ROOT_OP)
+                                 "not taken: pass `tol` (the relative error in x), `atol` (a bound "
+                                 "on ||F||_inf) and `maxiter`.", op=_ROOT_OP)
     record = _root_method(method, "root", _ROOT_OP)
     if record.jac is not None:  # (newton_krylov: Newton with a fixed Jacobian form)
         if jac not in (None, record.jac):
@@ -723,8 +733,9 @@ def fixed_point(f: Callable, x0, args=(), method: str = "anderson", memory: int 
     - `jac`: how the derivatives solve with `I - df/dx`: `"gmres"` (the
       default: matrix-free, the natural choice for a contraction),
       `"sparse"` (pattern detected from `f`'s graph) or `"dense"`.
-    - `tol`, `atol`: converged when `||f(x) - x||_inf <= max(atol, tol *
-      ||f(x0) - x0||_inf)`.
+    - `tol`, `atol`: converged when `||f(x) - x||_inf`, the next plain
+      step, is at most `max(atol, tol ||x||_inf)` (a fixed point at `x = 0`
+      needs `atol`); `tol=None`: 1e-10 in float64, 1.2e-4 in float32.
     - `maxiter`, `throw`: as for `root`.
 
     **Returns:**

@@ -84,10 +84,16 @@ def test_the_rules_after_a_singular_start_pass_check_rules(method):
 
 
 def test_lm_survives_where_newton_overshoots():
-    # arctan: Newton from |x0| > 1.39 diverges; the trust region does not
+    # arctan: Newton from |x0 - root| > 1.39 diverges; the trust region does not
+    root = np.tan(0.5)
     for method in ("hybr", "lm"):
-        res = sd.optimize.root(lambda x: snp.arctan(x), np.array([3.0]), method=method)
-        assert abs(float(res.x[0])) < 1e-10
+        res = sd.optimize.root(lambda x: snp.arctan(x) - 0.5, np.array([root + 3.0]),
+                               method=method)
+        assert abs(float(res.x[0]) - root) <= 1e-10 * root
+        # a root at x = 0 has no relative accuracy: `atol` bounds ||F|| there
+        res = sd.optimize.root(lambda x: snp.arctan(x), np.array([3.0]), method=method,
+                               atol=1e-12)
+        assert abs(float(res.x[0])) <= 1e-12 and float(res.residual) <= 1e-12
 
 
 @pytest.mark.parametrize("method", ["hybr", "lm"])

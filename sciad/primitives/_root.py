@@ -233,14 +233,14 @@ FAR_ABOVE_FLOOR = 1e3
 
 
 def judge_root(site, *, status, nit, residual, goal, floor, kind, method, jac, maxiter, tol,
-               dtype):
+               dtype, error=float("inf"), xnorm=float("nan"), x0norm=float("nan")):
     """Raises the `ConvergenceError` of a failed root solve, with a diagnosis.
     `floor`: ||F||'s rounding floor at the last iterate
     (`solvers._nonlinear.rounding_floor`)."""
     status, nit = int(status), int(nit)
     if status == 0:
         return
-    residual, goal, floor = float(residual), float(goal), float(floor)
+    residual, goal, floor, error = float(residual), float(goal), float(floor), float(error)
     record = lookup(method, "root")
     what = record.describe(jac)
     advice = {
@@ -271,16 +271,25 @@ def judge_root(site, *, status, nit, residual, goal, floor, kind, method, jac, m
                   f"Jacobian wrong (a user primitive's JVP rule, a non-differentiable "
                   f"`fun`). Check that a solution exists (continue in the parameter from "
                   f"one that has one), or start elsewhere.")
-    against = (f"against the tolerance {goal:.3e}" if np.isfinite(goal) else
-               "(no tolerance: ||F(x0)|| is not finite)")
+    against = f"(atol = {goal:.3e})"
+    step = (f"the last step's estimated error in x is {error:.3e} relative to ||x||_inf "
+            f"(tol = {tol:.1e})" if np.isfinite(error) else
+            f"the last step was rejected, so it estimated no error in x (tol = {tol:.1e})")
+    if status in (1, 5) and goal == 0 and float(xnorm) <= 1e-6 * float(x0norm):
+        advice += (" If the solution is at or near x = 0, where no relative accuracy is "
+                   "defined, give an absolute bound on ||F||: `atol`.")
     site.fail(ConvergenceError,
               f"{what} did not converge: {STATUS[status]}, after {nit} iterations; "
-              f"||F||_inf = {residual:.3e} {against}. {advice}",
-              residual=residual, tolerance=goal, iterations=nit)
+              f"||F||_inf = {residual:.3e} {against}, and {step}. {advice}",
+              residual=residual, tolerance=tol, atol=goal, error=error, iterations=nit)
+
+
+def _norm_inf(x):
+    return jnp.max(jnp.abs(x), initial=0.0)
 
 
 def default_tol(dtype) -> float:
-    """The relative tolerance on `||F||_inf` when none is given: 1e-10 in
+    """The relative tolerance on the error in `x` when none is given: 1e-10 in
     float64, a thousand times the machine epsilon in lower precision (1.2e-4
     in float32), above the floor of rounding errors."""
     return max(1e-10, 1e3 * float(np.finfo(dtype).eps))
@@ -388,6 +397,7 @@ def _root_impl(*args, body, kind, method, jac, pattern=None, colors=0, tol, atol
         out = tie(out, check(judge_root, site or Site("optimize.root"),
                              when=res.status != 0, status=res.status, nit=res.nit,
                              residual=res.residual, goal=res.goal, floor=res.floor,
+                             error=res.error, xnorm=_norm_inf(res.x), x0norm=_norm_inf(x),
                              kind=kind, method=method,
                              jac=jac, maxiter=maxiter, tol=tol, dtype=np.dtype(x0.dtype)))
     factor = (res.aux,) if _keeps_factor(method, jac) else None

@@ -18,6 +18,24 @@ LU made with `chord=True` keeps its factorization over Newton's iterations
 after an iteration that did not at least halve `||F||` (or whose step
 failed), so a good start costs one factorization and a few solves.
 
+**When a solve has converged.** A root is found to the stated accuracy, not
+to an accuracy relative to where the iteration started (a far start makes
+`||F(x0)||` huge, and a test scaled by it passes far from the root):
+
+- the residual test: `||F(x)||_inf <= atol`, the user's absolute bound;
+- the step test (`error_estimate`): after an accepted step `s` from `x`,
+  where the Newton (Gauss-Newton) step was `d`, the error of the new
+  iterate, estimated as `||d - s||_inf + ||s||_inf min(1, ||F(x_new)||_inf
+  / ||F(x)||_inf)` (what the step left of the full one, plus the next step
+  predicted from this one and the fall of `||F||`), is at most `tol
+  ||x_new||_inf`: a relative error of `tol` in `x`, as SciPy's `xtol`. A
+  linear `F` converges in one full step (`||F||` falls to rounding); a root
+  approached quadratically, one step after the step itself is small.
+
+A fixed-point iteration (`anderson`) converges where `||G(x) - x||_inf`, the
+next plain step, is at most `atol` or `tol ||x||_inf`. A root (fixed point)
+at `x = 0` needs `atol`: no relative accuracy is defined there.
+
 The loops never raise:
 they return the iterate, the iteration count, the residual's max-norm and a
 status (`STATUS`), and the caller decides (`optimize.root` raises a
@@ -46,7 +64,8 @@ from ._coloring import color_seeds
 
 #: status codes of the loops, and what each says
 STATUS = {
-    0: "converged",
+    0: "converged: ||F(x)||_inf <= atol (the residual test), or the error in x estimated "
+       "from the last step is at most tol relative to ||x||_inf (the step test)",
     1: "the iteration limit was reached",
     2: "the Jacobian is singular (its factorization failed or gave a non-finite step)",
     3: "the line search failed: no step along the Newton direction reduced ||F||",
@@ -190,9 +209,33 @@ class Result(NamedTuple):
     nit: jax.Array       # int32
     residual: jax.Array  # ||F(x)||_inf
     status: jax.Array    # int32, see STATUS
-    goal: jax.Array      # the tolerance on ||F||_inf it was held to
+    goal: jax.Array      # atol, the bound of the residual test
     aux: jax.Array       # the handle of the factor the linear solver kept (0: none)
     floor: jax.Array     # ||F||'s rounding floor at x (`rounding_floor`; 0 if converged)
+    #: the estimated error of `x` relative to `||x||_inf` after the last
+    #: accepted step (`error_estimate`; inf where the last step was rejected),
+    #: which the step test holds to `tol`
+    error: jax.Array = None
+
+
+def error_estimate(step, full, fn_old, fn_new, x_new):
+    """The step test's measure (see the module docstring): the error of
+    `x_new`, reached by the accepted step `step` from an iterate `x` whose
+    Newton (Gauss-Newton) step was `full`, where `||F||_inf` was `fn_old`
+    (now `fn_new`), relative to `||x_new||_inf`: what the step left of the
+    full step, `||full - step||_inf`, plus the next step predicted from
+    this one, `||step||_inf min(1, fn_new / fn_old)`. (A damped step leaves
+    part of the full one: a Newton step cut by the line search, a
+    Levenberg-Marquardt step damped along a direction where `F` changes
+    little, whose `||F||` may still fall.) 0 where `F` vanished (so a root
+    at 0 passes); NaN never passes."""
+    sn = _norm(step)
+    fall = jnp.minimum(1.0, fn_new / jnp.where(fn_old > 0, fn_old, 1.0))
+    est = _norm(full - step) + sn * jnp.where(fn_new > 0, fall, 0.0)
+    est = jnp.where(fn_new == 0, 0.0, est)
+    xn = _norm(x_new)
+    rel = jnp.where(est == 0, 0.0, est / jnp.where(xn > 0, xn, jnp.finfo(xn.dtype).tiny))
+    return rel.astype(fn_new.dtype)
 
 
 def rounding_floor(F: Callable, x, fx):
@@ -226,27 +269,29 @@ def _finish(F: Callable, x, fx, status, at_floor: bool):
 
 
 def _start(f0, tol: float, atol: float):
-    """The tolerance `max(atol, tol ||F(x0)||_inf)` and the first status:
-    non-finite, converged already, or iterating."""
+    """The residual test's bound (`atol`) and the first status: non-finite,
+    converged already (`||F(x0)||_inf <= atol`), or iterating."""
     f0n = _norm(f0)
-    goal = jnp.maximum(atol, tol * f0n)
+    goal = jnp.asarray(atol, f0n.dtype)
     status = jnp.where(~jnp.all(jnp.isfinite(f0)), NONFINITE,
                        jnp.where(f0n <= goal, CONVERGED, MAXITER)).astype(jnp.int32)
     return goal, status
 
 
-def _status(fn_new, goal, slow):
-    """After an accepted step: converged, stagnated, or still iterating."""
-    return jnp.where(fn_new <= goal, CONVERGED,
-                     jnp.where(slow >= 10, STAGNATION, MAXITER)).astype(jnp.int32)
+def _status(fn_new, goal, slow, error, tol, patience: int = 10):
+    """After an accepted step: converged (the residual test, or the step
+    test on `error`), stagnated, or still iterating."""
+    done = (fn_new <= goal) | (error <= tol)
+    return jnp.where(done, CONVERGED,
+                     jnp.where(slow >= patience, STAGNATION, MAXITER)).astype(jnp.int32)
 
 
 def newton(F: Callable, x0, linear: LinearSolve, *, tol: float, atol: float,
            maxiter: int, at_floor: bool = False) -> Result:
     """Newton's method on `F(x) = 0` with a backtracking (Armijo) line search
-    on `||F||^2 / 2`: stops when `||F(x)||_inf <= max(atol, tol *
-    ||F(x0)||_inf)`, or with `at_floor` also when it stalls with `||F||` at
-    its rounding floor (see the module docstring). With a `chord` linear
+    on `||F||^2 / 2`: stops at the residual or the step test (see the module
+    docstring), or with `at_floor` also when it stalls with `||F||` at its
+    rounding floor. With a `chord` linear
     solver, the Jacobian's factorization is kept while each iteration at
     least halves `||F||_inf` (`CHORD_RATE`); an iteration with a kept factor
     whose step fails (singular, or no descent) is retried with a fresh one,
@@ -258,7 +303,7 @@ def newton(F: Callable, x0, linear: LinearSolve, *, tol: float, atol: float,
         return (s[3] == MAXITER) & (s[2] < maxiter)
 
     def body(s):
-        x, fx, k, status, slow, aux, fresh = s
+        x, fx, k, status, slow, aux, fresh, _ = s
         d, ok, aux = linear.solve(x, -fx, aux, fresh)
         phi0 = 0.5 * jnp.vdot(fx, fx).real
 
@@ -279,29 +324,33 @@ def newton(F: Callable, x0, linear: LinearSolve, *, tol: float, atol: float,
         alpha, xt, ft, accepted, _ = jax.lax.while_loop(ls_cond, ls_body, init)
         fn_old, fn_new = _norm(fx), _norm(ft)
         slow = jnp.where(accepted & (fn_new > 0.99 * fn_old), slow + 1, 0)
+        error = error_estimate(xt - x, d, fn_old, fn_new, xt)
         new_status = jnp.where(~ok, SINGULAR, jnp.where(~accepted, LINE_SEARCH,
-                                                        _status(fn_new, goal, slow)))
+                                                        _status(fn_new, goal, slow, error, tol)))
         keep = ok & accepted
+        error = jnp.where(keep, error, jnp.inf).astype(error.dtype)
         if linear.chord:  # a kept factor's failure is retried with a fresh one
             new_status = jnp.where(keep | fresh, new_status, MAXITER).astype(jnp.int32)
             fresh = ~keep | (fn_new > CHORD_RATE * fn_old)
         x = jnp.where(keep, xt, x)
         fx = jnp.where(keep, ft, fx)
-        return x, fx, k + 1, new_status, slow, aux, fresh
+        return x, fx, k + 1, new_status, slow, aux, fresh, error
 
+    real = jnp.zeros((), x0.real.dtype)
     state = (x0, f0, jnp.zeros((), jnp.int32), status0, jnp.zeros((), jnp.int32),
              jax.tree_util.tree_map(jnp.asarray, linear.init),
-             jnp.asarray(not linear.started))
-    x, fx, k, status, _, aux, _ = jax.lax.while_loop(cond, body, state)
+             jnp.asarray(not linear.started), real + jnp.inf)
+    x, fx, k, status, _, aux, _, error = jax.lax.while_loop(cond, body, state)
     status, floor = _finish(F, x, fx, status, at_floor)
-    return Result(x, k, _norm(fx), status, goal, linear.handle(aux), floor)
+    return Result(x, k, _norm(fx), status, goal, linear.handle(aux), floor, error)
 
 
 def anderson(G: Callable, x0, *, memory: int, tol: float, atol: float, maxiter: int,
              damping: float = 1.0, at_floor: bool = False) -> Result:
     """Fixed-point iteration `x = G(x)` with Anderson acceleration of depth
     `memory` (0: plain Picard iteration), on the residual `F(x) = G(x) - x`:
-    stops when `||F(x)||_inf <= max(atol, tol * ||F(x0)||_inf)`. The mixing
+    stops when `||F(x)||_inf <= max(atol, tol ||x||_inf)` (the next plain
+    step is at most `tol` relative to `x`). The mixing
     coefficients solve a small regularized least-squares problem over the
     last `memory` residual differences (Walker and Ni's type-II form)."""
     n = x0.shape[0]
@@ -339,16 +388,27 @@ def anderson(G: Callable, x0, *, memory: int, tol: float, atol: float, maxiter: 
         fn_old, fn_new = _norm(f), _norm(f_new)
         slow = jnp.where(fn_new > 0.99 * fn_old, slow + 1, 0)
         finite = jnp.all(jnp.isfinite(f_new))
-        new_status = jnp.where(~finite, NONFINITE, _status(fn_new, goal, slow))
+        error = _relative(fn_new, x_new)
+        new_status = jnp.where(~finite, NONFINITE, _status(fn_new, goal, slow, error, tol))
         keep = finite
         return (jnp.where(keep, x_new, x), jnp.where(keep, g_new, g),
                 jnp.where(keep, f_new, f), k + 1, new_status, slow, dF, dG)
 
+    # (converged at the start where the first plain step is small already)
+    status0 = jnp.where((status0 == MAXITER) & (_relative(_norm(f0), x0) <= tol), CONVERGED,
+                        status0).astype(jnp.int32)
     state = (x0, g0, f0, jnp.zeros((), jnp.int32), status0, jnp.zeros((), jnp.int32),
              zeros, zeros)
     x, g, f, k, status, _, _, _ = jax.lax.while_loop(cond, body, state)
     status, floor = _finish(lambda x: G(x) - x, x, f, status, at_floor)
-    return Result(x, k, _norm(f), status, goal, jnp.zeros((), jnp.int32), floor)
+    fn = _norm(f)
+    return Result(x, k, fn, status, goal, jnp.zeros((), jnp.int32), floor, _relative(fn, x))
+
+
+def _relative(fn, x):
+    """`fn / ||x||_inf` (0 for `fn = 0`; inf for a nonzero `fn` at `x = 0`)."""
+    xn = _norm(x)
+    return jnp.where(fn == 0, 0.0, fn / jnp.where(xn > 0, xn, jnp.finfo(xn.dtype).tiny))
 
 
 #: iterations in a row without a 1% fall of `||F||_inf` after which a
@@ -368,12 +428,11 @@ def _lstsq(a, b):
     return vt.T.conj() @ (inv * (u.T.conj() @ b))
 
 
-def _dogleg_step(J, f, delta):
+def _dogleg_step(J, f, delta, gn):
     """Powell's dogleg in the region `||d||_2 <= delta`: the Gauss-Newton step
-    (minimum-norm least squares, so a singular `J` has one) where it fits,
-    else along the steepest descent of `||F||^2 / 2` to the Cauchy point and
-    on towards the Gauss-Newton step to the region's edge."""
-    gn = _lstsq(J, -f)
+    `gn` (minimum-norm least squares, so a singular `J` has one) where it
+    fits, else along the steepest descent of `||F||^2 / 2` to the Cauchy
+    point and on towards the Gauss-Newton step to the region's edge."""
     g = J.T.conj() @ f
     jg = J @ g
     gg = jnp.vdot(g, g).real
@@ -411,10 +470,13 @@ def trust_region(F: Callable, x0, matrix: Callable, *, step: str, tol: float, at
     linear model predicts (`rho`); a step with `rho > 1e-4` is accepted. The
     region (`delta`) grows after a good step (`rho > 3/4`) and shrinks by 4
     after a poor one; `mu` falls after a good step and doubles (then more)
-    after a rejected one. Stops as `newton` does (`||F(x)||_inf <= max(atol,
-    tol ||F(x0)||_inf)`), with `STAGNATION` after `TRUST_PATIENCE`
+    after a rejected one. Stops with `STAGNATION` after `TRUST_PATIENCE`
     iterations without a 1% fall of `||F||_inf` (a minimum of `||F||` that
     is not a root), `NONFINITE` where the Jacobian or the step is not finite.
+    Converged at the residual or the step test (see the module docstring;
+    the full step is the Gauss-Newton one, formed at every iteration, and
+    the step test is taken only where it solves its linear model in every
+    row: not in a rank-deficient Jacobian's null space).
     `Result.nit` counts iterations, rejected steps included."""
     f0 = F(x0)
     goal, status0 = _start(f0, tol, atol)
@@ -431,8 +493,9 @@ def trust_region(F: Callable, x0, matrix: Callable, *, step: str, tol: float, at
         return (s[4] == MAXITER) & (s[3] < maxiter)
 
     def body(s):
-        x, fx, J, k, status, slow, r, nu = s
-        d = _dogleg_step(J, fx, r) if step == "dogleg" else _lm_step(J, fx, r)
+        x, fx, J, k, status, slow, r, nu, _ = s
+        gn = _lstsq(J, -fx)  # (the Gauss-Newton step, which the step test measures against)
+        d = _dogleg_step(J, fx, r, gn) if step == "dogleg" else _lm_step(J, fx, r)
         xt = x + d
         ft = F(xt)
         phi, phit = 0.5 * jnp.vdot(fx, fx).real, 0.5 * jnp.vdot(ft, ft).real
@@ -450,19 +513,30 @@ def trust_region(F: Callable, x0, matrix: Callable, *, step: str, tol: float, at
             r_new = jnp.where(accepted,
                               r * jnp.maximum(1.0 / 3.0, 1.0 - (2.0 * rho - 1.0) ** 3), r * nu)
             nu_new = jnp.where(accepted, 2.0, 2.0 * nu)
-        x = jnp.where(accepted, xt, x)
-        fx = jnp.where(accepted, ft, fx)
-        J = jax.lax.cond(accepted, matrix, lambda x: J, x)
-        fn_old, fn_new = _norm(s[1]), _norm(fx)
+        error = error_estimate(d, gn, _norm(fx), _norm(ft), xt)
+        # (the Gauss-Newton step measures the error only where it solves its
+        # linear model, row by row up to rounding: a rank-deficient J's
+        # minimum-norm step leaves the rows of its null space unsolved, and
+        # may be tiny far from a root)
+        eps = jnp.finfo(real).eps
+        unsolved = jnp.abs(fx + J @ gn)
+        allowed = 0.5 * jnp.abs(fx) + 8 * x.shape[0] * eps * (jnp.abs(J) @ jnp.abs(gn)
+                                                               + jnp.abs(fx))
+        solves = jnp.all(unsolved <= allowed)
+        error = jnp.where(accepted & solves, error, jnp.inf).astype(real)
+        x_new = jnp.where(accepted, xt, x)
+        fx_new = jnp.where(accepted, ft, fx)
+        J_new = jax.lax.cond(accepted, matrix, lambda x: J, x_new)
+        fn_old, fn_new = _norm(fx), _norm(fx_new)
         slow = jnp.where(fn_new > 0.99 * fn_old, slow + 1, 0)
         new_status = jnp.where(
-            ~finite | ~jnp.all(jnp.isfinite(J)), NONFINITE,
-            jnp.where(fn_new <= goal, CONVERGED,
-                      jnp.where(slow >= TRUST_PATIENCE, STAGNATION, MAXITER))).astype(jnp.int32)
-        return x, fx, J, k + 1, new_status, slow, r_new.astype(real), nu_new.astype(real)
+            ~finite | ~jnp.all(jnp.isfinite(J_new)), NONFINITE,
+            _status(fn_new, goal, slow, error, tol, TRUST_PATIENCE)).astype(jnp.int32)
+        return (x_new, fx_new, J_new, k + 1, new_status, slow, r_new.astype(real),
+                nu_new.astype(real), error)
 
     state = (x0, f0, J0, jnp.zeros((), jnp.int32), status0, jnp.zeros((), jnp.int32), r0,
-             jnp.asarray(2.0, real))
-    x, fx, _, k, status, _, _, _ = jax.lax.while_loop(cond, body, state)
+             jnp.asarray(2.0, real), jnp.asarray(jnp.inf, real))
+    x, fx, _, k, status, _, _, _, error = jax.lax.while_loop(cond, body, state)
     status, floor = _finish(F, x, fx, status, at_floor)
-    return Result(x, k, _norm(fx), status, goal, jnp.zeros((), jnp.int32), floor)
+    return Result(x, k, _norm(fx), status, goal, jnp.zeros((), jnp.int32), floor, error)
