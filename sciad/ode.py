@@ -899,8 +899,19 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
       name. odeint's own options (`adjoint`, `max_steps`, `checkpoints`,
       ...) pass through.
 
+    Steps: called outside a trace without `max_steps`, it takes the steps
+    the span needs, as SciPy's: a solve that reaches odeint's limit (4,096)
+    runs again with 8 times as many, up to 2**21 (each limit compiles once).
+    In a traced program the limit is `max_steps` (4,096 unless given). As
+    SciPy's, a step below ten spacings of floating-point numbers at its
+    time ends the integration ("Required step size is less than spacing
+    between numbers": a blow-up, a singular field).
+
     Never raises on a failed integration: `success`, `status` and `message`
-    say so (and `y` is not finite past the failure).
+    say so. Outside a trace, as SciPy's, `t` and `y` then stop where it
+    failed (the output times reached; without `t_eval`, the time reached
+    and its state) and the message names that time (and `max_steps` at a
+    step limit); in a traced program `y` is not finite past the failure.
 
     ```python
     res = sd.ode.solve_ivp(lambda t, y, k: [-k * y[0], y[0]], (0.0, 2.0), [1.0, 0.0],
@@ -1004,6 +1015,24 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
                                  sign, opts, counts, sol_of if dense_output else None, op)
     ys, res = solve(ts, throw=False)
     code, steps = res.status, res.steps
+    limit = int(opts.get("max_steps", 4096))
+    width = 8 * (2 * n if complex_ else n)  # (bytes of a state odeint integrates)
+    if not traced and "max_steps" not in options:
+        # as SciPy's, take the steps the span needs: the step limit grows
+        # (each new limit compiles once), up to MAX_EAGER_STEPS (and, with
+        # events, whose steps' states are kept, STEP_STATES_BYTES)
+        while int(code) == 1 and limit * STEP_GROWTH <= MAX_EAGER_STEPS and (
+                not specs or (limit * STEP_GROWTH + 1) * width <= STEP_STATES_BYTES):
+            limit *= STEP_GROWTH
+            opts["max_steps"] = limit
+            ys, res = solve(ts, throw=False)
+            code, steps = res.status, res.steps
+    reached = None  # (a failed eager solve: the time it reached, and its last state)
+    if not traced and int(code) in (1, 2, 3, 5) and (limit + 1) * width <= STEP_STATES_BYTES:
+        grid, states = _ivp_steps(field, z0, ts, args, opts, op)
+        ok = np.all(np.isfinite(states), axis=1)
+        last = int(np.flatnonzero(ok)[-1]) if ok.any() else 0
+        reached = (sign * float(grid[last]), np.asarray(decode(states[last])))
     t_events = y_events = None
     status_ok = 0
     if specs:
@@ -1024,17 +1053,39 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
                 ys, rows = np.asarray(ys)[idx], slice(None)
     if isinstance(code, Tracer):
         status = snp.where(code == 0, status_ok, -1)
-        message = "see `success` (known when it runs)"
+        message = (f"see `success` (known when it runs); in a traced program the "
+                   f"integration takes at most max_steps = {limit} steps (pass `max_steps` "
+                   f"for more)")
     else:
         status = status_ok if int(code) == 0 else -1
         message = SCIPY_MESSAGES[status] if status >= 0 else \
-            f"{SCIPY_MESSAGES[-1]} ({STATUS[int(code)]})"
+            _ivp_failure(int(code), limit, None if reached is None else reached[0])
+    if reached is not None:  # (SciPy's: the times reached, and the last one's state)
+        t_hit, y_hit = reached
+        if t_eval is None:
+            t, ys, rows = np.array([float(t0), t_hit]), np.stack([np.asarray(ys)[0], y_hit]), \
+                slice(None)
+        else:
+            keep = sign * np.asarray(t) <= sign * t_hit
+            idx = np.arange(np.asarray(ys).shape[0])[rows][keep]
+            t, ys, rows = np.asarray(t)[keep], np.asarray(ys)[idx], slice(None)
     ys = ys[rows]
     y = snp.transpose(ys) if isinstance(ys, Tracer) else np.asarray(ys).T
     nfev, njev = counts(steps)
     return IVPResult(t if isinstance(t, Tracer) else np.asarray(t, np.float64), y,
                      res.success, status, message, sol_of() if dense_output else None,
                      t_events, y_events, nfev, njev, njev)
+
+
+def _ivp_failure(code: int, limit: int, t_reached) -> str:
+    """SciPy's message of a failed integration, with what sciad knows."""
+    at = "" if t_reached is None else f" at t = {t_reached:.6g}"
+    if code == 2:  # (SciPy's own words for a step below its floor)
+        return f"Required step size is less than spacing between numbers{at}."
+    if code == 1:
+        return (f"{SCIPY_MESSAGES[-1]} (the step limit, max_steps = {limit}, was "
+                f"reached{at}; pass a larger `max_steps`)")
+    return f"{SCIPY_MESSAGES[-1]} ({STATUS[code]}{at})"
 
 
 def _counts(solver: str):
@@ -1055,13 +1106,11 @@ def _counts(solver: str):
     return counts
 
 
-def _ivp_events(events, specs, field, z0, ts, args, decode, sign, opts, solve, op):
-    """Every crossing of the event functions along a concrete solution:
-    `(t_events, y_events, stop)`, `stop` the terminal event's `(t, y)` or
-    None. Crossings are detected on the solver's steps (SciPy's rule: `g`
-    changes sign, or reaches zero, over a step) and located by regula
-    falsi on the event function along the solution (re-integrated from the
-    step's start), in time order, up to the terminal event."""
+def _ivp_steps(field, z0, ts, args, opts, op):
+    """The accepted steps of a concrete solve: their times (in the
+    integration's variable) and states, `(steps + 1,)` and `(steps + 1,
+    n)`, from the solve's start to where it ended (the end of the span, or
+    where it failed). Holds `max_steps + 1` states while it runs."""
     kw = dict(opts)
     solver, adaptive, rtol = _check_options(
         kw.pop("solver"), kw.pop("rtol"), kw.pop("atol", 1e-9), kw.get("adjoint", "checkpoint"),
@@ -1076,7 +1125,27 @@ def _ivp_events(events, specs, field, z0, ts, args, decode, sign, opts, solve, o
         field, (z0, np.asarray(ts, np.float64)), args,
         (op, "steps", tuple(sorted(inner.items()))), "solve_ivp_steps")
     k = int(nsteps) + 1
-    grid, states = np.asarray(grid)[:k], np.asarray(states)[:k]
+    return np.asarray(grid)[:k], np.asarray(states)[:k]
+
+
+#: an eager `solve_ivp` that reaches its step limit (`max_steps` not given)
+#: runs again with this many times the steps, up to `MAX_EAGER_STEPS`: as
+#: SciPy's, it takes the steps the span needs
+STEP_GROWTH = 8
+MAX_EAGER_STEPS = 2 ** 21
+#: the most memory the states of every step may take where a failed eager
+#: `solve_ivp` finds the time it reached and its last state (or its events)
+STEP_STATES_BYTES = 256 * 2 ** 20
+
+
+def _ivp_events(events, specs, field, z0, ts, args, decode, sign, opts, solve, op):
+    """Every crossing of the event functions along a concrete solution:
+    `(t_events, y_events, stop)`, `stop` the terminal event's `(t, y)` or
+    None. Crossings are detected on the solver's steps (SciPy's rule: `g`
+    changes sign, or reaches zero, over a step) and located by regula
+    falsi on the event function along the solution (re-integrated from the
+    step's start), in time order, up to the terminal event."""
+    grid, states = _ivp_steps(field, z0, ts, args, opts, op)
     ys = np.asarray(decode(states))
 
     def g(i, s, y):

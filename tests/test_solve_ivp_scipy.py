@@ -56,7 +56,9 @@ def test_a_failure_reads_as_scipys():
     res = sd.ode.solve_ivp(fun, (0.0, 10.0), [1.0])
     ref = si.solve_ivp(fun, (0.0, 10.0), [1.0])
     assert res.status == ref.status == -1 and not res.success
-    assert res.message.startswith("Integration step failed.")
+    # (SciPy's words, and the time reached)
+    assert res.message.startswith("Required step size is less than spacing between numbers")
+    assert ref.message.startswith("Required step size is less than spacing between numbers")
 
 
 def test_zero_length_span_is_y0_at_t0():
@@ -366,3 +368,53 @@ def test_eager_call_again_is_not_compiled_again():
     # another backward span or a complex state is another form: its own program
     back = sd.ode.solve_ivp(lv, (15.0, 0.0), [10.0, 5.0], args=(1.5, 1.0, 3.0, 1.0), rtol=1e-6)
     assert len(traced) > n and back.success
+
+
+def lotka_volterra(t, y, a, b, c, d):
+    return [a * y[0] - b * y[0] * y[1], -c * y[1] + d * y[0] * y[1]]
+
+
+def test_eager_solve_takes_the_steps_the_span_needs():
+    # RK23 at rtol 1e-9 over [0, 20]: about 4,700 steps, past odeint's
+    # default limit of 4,096 (it returned status -1 and y all inf)
+    kw = dict(fun=lotka_volterra, t_span=(0.0, 20.0), y0=[10.0, 5.0], method="RK23",
+              args=(1.5, 1.0, 3.0, 1.0), rtol=1e-9, atol=1e-9)
+    res = sd.ode.solve_ivp(**kw)
+    ref = si.solve_ivp(**{**kw, "method": "DOP853", "rtol": 1e-13, "atol": 1e-13})
+    assert res.status == 0 and res.success and res.nfev > 3 * 4096
+    np.testing.assert_allclose(res.y[:, -1], ref.y[:, -1], rtol=1e-5)
+
+
+def test_a_blow_up_reports_the_time_reached_as_scipy():
+    # y' = y^2 from 1: y = 1 / (1 - t) blows up at t = 1
+    kw = dict(fun=lambda t, y: [y[0] ** 2], t_span=(0.0, 2.0), y0=[1.0])
+    res, ref = sd.ode.solve_ivp(**kw), si.solve_ivp(**kw)
+    assert res.status == ref.status == -1 and not res.success
+    assert res.message.startswith(ref.message.rstrip("."))
+    assert "at t = 0.9999" in res.message
+    assert abs(res.t[-1] - ref.t[-1]) < 1e-3 and res.t[0] == 0.0
+    assert np.all(np.isfinite(res.y)) and res.y[0, -1] > 1e10
+
+
+def test_a_given_step_limit_is_named_with_the_time_reached():
+    res = sd.ode.solve_ivp(lotka_volterra, (0.0, 20.0), [10.0, 5.0], args=(1.5, 1.0, 3.0, 1.0),
+                           max_steps=20, t_eval=[1.0, 2.0, 19.0])
+    assert res.status == -1 and "max_steps = 20" in res.message
+    t_hit = float(res.message.split("at t = ")[1].split(";")[0])
+    assert 2.0 < t_hit < 19.0
+    np.testing.assert_array_equal(res.t, [1.0, 2.0])  # the output times reached
+    assert np.all(np.isfinite(res.y))
+
+
+def test_traced_solve_states_its_step_limit():
+    # a traced y0: the limit is max_steps, which the message names
+    said = []
+
+    def final(y0):
+        res = sd.ode.solve_ivp(decay, (0.0, 2.0), y0, args=(0.5,), rtol=1e-8, atol=1e-10)
+        said.append(res.message)
+        return res.y[0, -1]
+
+    g = sd.grad(final)(np.array([1.0, 0.0]))
+    np.testing.assert_allclose(g, [np.exp(-1.0), 0.0], atol=1e-7)
+    assert "max_steps = 4096" in said[0]

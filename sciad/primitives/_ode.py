@@ -69,7 +69,7 @@ from ..graph._serialize import graph_param_v1, register_v1_migration
 from ..graph._cost import Cost, _si
 from ..graph._sparsity import dense_all
 from ..graph._types import Pattern
-from ..solvers._ode import holding
+from ..solvers._ode import floored, holding
 from ..solvers._root_methods import sparse_jacobian
 from ..solvers._ode_steppers import STEPPERS, STIFF_PID, diffrax_solver, tableau
 from ._checks import check, tie
@@ -308,12 +308,13 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
     term = terms[0] if len(terms) == 1 else diffrax.MultiTerm(*terms)
     if adaptive and stepper.implicit:  # PID gains for stiff problems: fewer rejections
         if sparse_jacobian(jac):  # a kept factorization fits a held step size
-            inner = holding()(rtol=rtol, atol=atol, norm=norm, dtmax=dtmax, **STIFF_PID)
+            inner = floored(holding())(rtol=rtol, atol=atol, norm=norm, dtmax=dtmax,
+                                       **STIFF_PID)
         else:
-            inner = diffrax.PIDController(rtol=rtol, atol=atol, norm=norm, dtmax=dtmax,
-                                          **STIFF_PID)
+            inner = floored(diffrax.PIDController)(rtol=rtol, atol=atol, norm=norm,
+                                                   dtmax=dtmax, **STIFF_PID)
     elif adaptive:
-        inner = diffrax.PIDController(rtol=rtol, atol=atol, norm=norm, dtmax=dtmax)
+        inner = floored(diffrax.PIDController)(rtol=rtol, atol=atol, norm=norm, dtmax=dtmax)
     else:  # constant steps of dt0 (shortened to land on the output times):
         # every step with a finite error is accepted; a failed (an implicit
         # step's Newton iteration: diffrax makes its error infinite) or
@@ -322,7 +323,7 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
         def finite(e):  # 0 for any finite error, inf for a failed or non-finite step
             return jnp.where(jnp.all(jnp.isfinite(e[:m])), 0.0, jnp.inf)
 
-        inner = diffrax.PIDController(rtol=0.0, atol=1.0, norm=finite, dtmax=dt0)
+        inner = floored(diffrax.PIDController)(rtol=0.0, atol=1.0, norm=finite, dtmax=dt0)
     controller = diffrax.ClipStepSizeController(inner, step_ts=ts)
     dense = record and ADJOINTS[adjoint].records_states(checkpoints, max_steps, m,
                                                         np.dtype(y0.dtype).itemsize)

@@ -316,6 +316,36 @@ def reusing(cls, gamma: float):
     return Reusing
 
 
+#: the smallest step, in units of the spacing of floating-point numbers at
+#: the step's time (SciPy's rule: "Required step size is less than spacing
+#: between numbers"): a step the controller proposes below it ends the
+#: integration (status 2) where the solution blows up or the field is
+#: singular, instead of shrinking steps until `max_steps`
+MIN_STEP_ULPS = 10.0
+
+
+@functools.lru_cache(maxsize=None)
+def floored(base: type) -> type:
+    """The step-size controller class `base` (a diffrax `PIDController`)
+    that fails with diffrax's `dt_min_reached` where the step it proposes
+    is below `MIN_STEP_ULPS` spacings of floating-point numbers at its
+    time: no step can make progress there."""
+    import diffrax
+
+    class Floored(base):
+        def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order,
+                            controller_state):
+            keep, t0n, t1n, jump, state, result = super().adapt_step_size(
+                t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state)
+            spacing = jnp.abs(jnp.nextafter(t0n, jnp.asarray(jnp.inf, t0n.dtype)) - t0n)
+            small = (t1n - t0n) < MIN_STEP_ULPS * spacing
+            result = diffrax.RESULTS.where(small, diffrax.RESULTS.dt_min_reached, result)
+            return keep, t0n, t1n, jump, state, result
+
+    Floored.__name__ = Floored.__qualname__ = f"Floored{base.__name__}"
+    return Floored
+
+
 @functools.lru_cache(maxsize=None)
 def holding():
     """diffrax's `PIDController` holding the step size where it would grow
