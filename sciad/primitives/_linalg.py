@@ -342,6 +342,11 @@ def judge_krylov(site, *, dtype, solver: str, rtol: float, atol: float, maxiter,
         # (CG breaks down on an indefinite or nonsymmetric matrix, or with a
         # preconditioner that is not spd: the residual check catches it)
         hint = lookup(solver, "linear").convergence_hint
+        if res > 1.0:  # (the residual grew: no solution, or not one CG can reach)
+            hint += (" The residual grew above ||b||: the matrix may be singular (a "
+                     "pure-Neumann or periodic problem) with `b` outside its range, where no "
+                     "solution exists; make `b` consistent (for a Neumann Laplacian, "
+                     "subtract its mean) or fix one unknown.")
         site.fail(ConvergenceError,
                   f"{solver} did not converge: relative residual {res:.3e} after {its} "
                   f"iterations (rtol={rtol:g}, atol={atol:g}, maxiter={maxiter})." + hint,

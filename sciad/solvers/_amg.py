@@ -280,15 +280,26 @@ def _scatter(m, n_cols: int, indptr, cols) -> np.ndarray:
 
 
 def _dense_inverse(c: np.ndarray) -> np.ndarray:
-    """The coarsest level's inverse; the pseudo-inverse where it is singular
-    (a Neumann problem): the Krylov solve's residual decides either way."""
+    """The coarsest level's inverse, or where it is numerically singular
+    (its 1-norm condition number above `1 / (n eps)`: a pure-Neumann
+    problem, whose coarse matrices keep the constant null space) its
+    pseudo-inverse, singular values below `n eps` of the largest cut (as
+    pyamg's default coarse solver): an inverse on its range. (`inv` of a
+    singular matrix is often finite, rounding making a pivot: entries of
+    1e16 along the null space, which stalled CG on consistent Neumann
+    systems at a relative residual of 1e-2.)"""
+    n = max(c.shape[0], 1)
+    eps = np.finfo(np.float64).eps
+    if not np.isfinite(c).all():
+        return np.full_like(c, np.nan)
     try:
         inv = np.linalg.inv(c)
-        if np.isfinite(inv).all():
+        cond = np.abs(c).sum(axis=0).max() * np.abs(inv).sum(axis=0).max()
+        if np.isfinite(cond) and cond * n * eps < 1.0:
             return inv
     except np.linalg.LinAlgError:
         pass
-    return np.linalg.pinv(c)
+    return np.linalg.pinv(c, rcond=n * eps)
 
 
 def _build_one(s: Structure, d: np.ndarray) -> tuple:
