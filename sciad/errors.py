@@ -20,6 +20,7 @@ __all__ = [
     "ShapeError",
     "InvalidOptionError",
     "DTypeError",
+    "MissingCoefficientError",
     "IndexingError",
     "TracerError",
     "VerificationError",
@@ -97,6 +98,12 @@ class InvalidOptionError(SciadError, ValueError):
     not fit are `ShapeError`s."""
 
 
+class MissingCoefficientError(SciadError, AttributeError):
+    """A finite-element form read a coefficient `w.<name>` that
+    `sd.fem.assemble` was not given (an `AttributeError`, as scikit-fem's
+    own, so that `hasattr(w, name)` in a form still works)."""
+
+
 class DTypeError(SciadError, TypeError):
     """A dtype an operation does not accept, found at trace time."""
 
@@ -170,7 +177,9 @@ class DegenerateEigenvalueError(SciadError, ValueError):
 
 
 class StructureError(SciadError, ValueError):
-    """A matrix that contradicts a structure tag it carries (`symmetric`,
+    """A matrix whose structure a solver cannot take (a preconditioner that
+    smooths with the diagonal, given a pattern without every diagonal
+    entry), or that contradicts a structure tag it carries (`symmetric`,
     `spd`): its pattern, at trace time, or its values, by the checks
     `sciad.config.enable_checks` turns on."""
 

@@ -55,6 +55,7 @@ This module, and scikit-fem with it, is imported on first use (`sd.fem`, or
 
 from __future__ import annotations
 
+import difflib
 import numbers
 import sys
 import weakref
@@ -66,7 +67,7 @@ from skfem.assembly.form.form import FormExtraParams
 from skfem.element import DiscreteField, ElementVector
 
 from . import _traceback, linalg as _linalg, numpy as snp
-from .errors import DTypeError, InvalidOptionError, ShapeError
+from .errors import DTypeError, InvalidOptionError, MissingCoefficientError, ShapeError
 from .graph import Tracer
 from .graph._types import Pattern, SparseArray, SparseType
 from .primitives._sparse import IndexMap, assemble_at, gather
@@ -218,10 +219,26 @@ class _Params(FormExtraParams):
     """The form's `w`: the default parameters (`w.x`, `w.h`, `w.n`, ...),
     tiled over the basis-function pairs when the form first reads them."""
 
-    def __init__(self, plan: _Plan, names, coefficients: dict):
+    def __init__(self, plan: _Plan, names, coefficients: dict, form: str = "form"):
         super().__init__({**{k: None for k in names}, **coefficients})
         self._plan = plan
         self._lazy = set(names) - set(coefficients)
+        self._form, self._given = form, tuple(coefficients)
+
+    def __getattr__(self, attr):
+        if attr in self:
+            return self[attr]
+        if attr.startswith("__"):  # (Python's protocols: copy, pickle)
+            raise AttributeError(attr)
+        given = ", ".join(f"`{k}`" for k in self._given) or "none"
+        near = difflib.get_close_matches(attr, self._given, n=1)
+        hint = (f"if `{near[0]}=` was meant for it, rename it `{attr}=`" if near else
+                f"pass it by keyword: `sd.fem.assemble({self._form}, basis, {attr}=...)`")
+        raise MissingCoefficientError(
+            f"the form `{self._form}` reads the coefficient `w.{attr}`, which was not given "
+            f"(coefficients given: {given}; the basis's own: "
+            f"{', '.join(f'`{k}`' for k in sorted(self._lazy | (set(self) - set(self._given))))}"
+            f"); {hint}.", op="fem.assemble")
 
     def __getitem__(self, key):
         if key in self._lazy:
@@ -393,7 +410,8 @@ def assemble(form, ubasis, vbasis=None, /, *, tags: Iterable[str] = (), **coeffi
     plan = _plan(kind, ubasis, vbasis)
     P, ne, nq = plan.P, plan.ne, plan.nq
     w = _Params(plan, _default_names(ubasis), {
-        k: _coefficient(k, v, ubasis, P, ne, nq) for k, v in coefficients.items()})
+        k: _coefficient(k, v, ubasis, P, ne, nq) for k, v in coefficients.items()},
+        form=getattr(form.form, "__name__", "form"))
     if kind == "bilinear":
         out = form.form(*plan.u, *plan.v, w)
     elif kind == "linear":

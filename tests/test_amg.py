@@ -24,7 +24,7 @@ import scipy.sparse.linalg as spl
 import sciad as sd
 import sciad.numpy as snp
 from sciad.errors import (ConvergenceError, InvalidOptionError, NonFiniteError,
-                          NotSupportedError, SingularMatrixError, StructureError)
+                          NotSupportedError, StructureError)
 from sciad.solvers import amg, lookup, names
 
 
@@ -370,7 +370,7 @@ def test_options_checked_at_trace_time():
     N = N + sp.eye(36, k=1)
     N = sp.csr_matrix(N)
     N.sort_indices()
-    with pytest.raises(SingularMatrixError, match="diagonal"):
+    with pytest.raises(StructureError, match="diagonal.*setdiag"):  # (a structure, not values)
         _run(N, b, solver="gmres", preconditioner="amg")
     assert lookup("amg", "preconditioner").where == "host"
 

@@ -11,11 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 import sciad as sd
 import sciad.numpy as snp
 from registry_examples import EXAMPLES, builtin_primitives, elementwise_representatives
-from sciad.errors import ShapeError
+from sciad.errors import ConvergenceError, NonFiniteError, ShapeError, SingularMatrixError
 from sciad.errors import BatchFallbackWarning
 
 _ids = itertools.count()
@@ -497,3 +498,27 @@ def test_a_batch_of_one_runs_unbatched(rng, dense):
     wv, wg = sd.value_and_grad(loss)(K[0], B[0])
     np.testing.assert_allclose(v, wv, rtol=1e-13)
     np.testing.assert_allclose(g, wg[None], rtol=1e-12)
+
+
+def test_a_failing_example_is_named_by_its_index():
+    # a batch of dense solves, the fourth matrix singular; a batch of sparse
+    # ones (KLU: the checks in the program), the third holding NaN; a batch
+    # of roots, one without a root
+    A = np.stack([np.eye(3) * (i + 1) for i in range(5)])
+    A[3] = 0.0
+    with pytest.raises(SingularMatrixError, match=r"in example \[3\] of a batch of 5"):
+        sd.vmap(lambda a, b: sd.linalg.solve(a, b))(A, np.ones((5, 3)))
+    M = (sp.random(30, 30, density=0.2, random_state=0) + 10 * sp.eye(30)).tocsr()
+    pat = sd.sparse.from_scipy(M).type.pattern
+    D = np.stack([M.data] * 4)
+    D[2, 0] = np.nan
+
+    def solve(d, b):
+        return sd.linalg.solve(sd.sparse.csr_matrix((d, pat.indices, pat.indptr),
+                                                    shape=(30, 30)), b)
+
+    with pytest.raises(NonFiniteError, match=r"in example \[2\] of a batch of 4"):
+        sd.function(sd.vmap(solve))(D, np.ones((4, 30)))
+    c = np.array([1.0, 2.0, -1.0])  # x^2 = c: no real root for c = -1
+    with pytest.raises(ConvergenceError, match=r"in example \[2\] of a batch of 3"):
+        sd.vmap(lambda c: sd.optimize.root(lambda x, c: x ** 2 - c, snp.ones(1), (c,)).x)(c)

@@ -10,7 +10,7 @@ from skfem.helpers import ddot, dot, grad, sym_grad, trace
 
 import sciad as sd
 import sciad.numpy as snp
-from sciad.errors import DTypeError, InvalidOptionError, ShapeError
+from sciad.errors import DTypeError, InvalidOptionError, MissingCoefficientError, ShapeError
 
 RNG = np.random.default_rng(0)
 
@@ -404,3 +404,15 @@ def test_default_parameters_x_and_h_reach_the_form():
     k = _nodal(basis)
     got = sd.function(lambda k: sd.fem.assemble(weighted, basis, k=k))(k)
     np.testing.assert_allclose(got, weighted.assemble(basis, k=k), rtol=0, atol=1e-14)
+
+
+def test_a_missing_coefficient_names_the_form_and_the_ones_given():
+    # (it was scikit-fem's bare "Attribute 'k' not found in 'w'")
+    basis = skfem.Basis(skfem.MeshTri().refined(2), skfem.ElementTriP1())
+    with pytest.raises(MissingCoefficientError,
+                       match=r"the form `diffusion` reads the coefficient `w.k`.*given: `kk`.*"
+                             r"rename it `k=`") as e:
+        sd.fem.assemble(diffusion, basis, kk=np.ones(basis.N))
+    assert isinstance(e.value, AttributeError)  # (`hasattr(w, name)` in a form still works)
+    with pytest.raises(MissingCoefficientError, match=r"given: none.*assemble\(diffusion, basis"):
+        sd.fem.assemble(diffusion, basis)

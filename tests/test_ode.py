@@ -404,6 +404,17 @@ def test_throw_false_returns_the_status():
     np.testing.assert_allclose(float(res.ys[1, 0]), np.exp(-0.2), rtol=1e-6)
 
 
+def test_the_derivative_of_a_failed_throw_false_solve_names_the_ode():
+    def final(k):
+        res = sd.ode.odeint(lambda t, y, k: snp.where(t > 0.3, np.nan, -k * y), np.array([1.0]),
+                            np.array([0.0, 1.0]), k, max_steps=300, throw=False)
+        return res.ys[-1, 0]
+
+    with pytest.raises(ConvergenceError, match="cannot differentiate an ODE integration") as e:
+        sd.grad(final)(1.0)
+    assert str(e.value).startswith("ode.odeint: ")  # (it named optimize.root_guard)
+
+
 def _nodes(graph):
     """Every node of `graph` and of the bodies its nodes hold."""
     for node in graph.nodes:

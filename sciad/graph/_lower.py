@@ -9,6 +9,7 @@ implementation whose result disagrees with the node's type is an error too
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import warnings
 from dataclasses import dataclass
@@ -38,13 +39,33 @@ class Site:
     op: str | None = None
     source: object = None
     text: str | None = None
+    #: `(index, batch shape)` where the check judges one example of a batch
+    #: (`in_example`): the failure names it
+    example: tuple | None = None
 
     @classmethod
     def of(cls, node) -> "Site":
         return cls(node.primitive.name, node.source, format_node(node))
 
+    def in_example(self, i: int, batch: tuple) -> "Site":
+        """This site judging example `i` (flat) of a batch of shape `batch`
+        (`sd.vmap`'s, or JAX's): its failures say which. An unbatched
+        check (`batch == ()`) is this site."""
+        if not batch:
+            return self
+        return dataclasses.replace(self, example=(np.unravel_index(i, batch), batch))
+
+    def _where(self) -> str:
+        if self.example is None:
+            return ""
+        index, batch = self.example
+        at = ", ".join(str(int(j)) for j in index)
+        shape = " x ".join(str(int(b)) for b in batch)
+        return f" (in example [{at}] of a batch of {shape})"
+
     def fail(self, cls: type, message: str, **extra):
         """Raises `cls(message)` for this site, as the text that crosses XLA."""
+        message = message + self._where()
         if self.text:
             message = f"{message}\n  while running: {self.text}"
         raise RuntimeError(_errors.runtime_error_text(cls, message, op=self.op,
@@ -53,7 +74,7 @@ class Site:
     def warn(self, category: type, message: str) -> None:
         """Warns with `category`, attributed to the user's line (shown once
         per line and text: Python's default filter, with a registry per file)."""
-        text = f"{self.op}: {message}" if self.op else message
+        text = f"{self.op}: {message}{self._where()}" if self.op else message + self._where()
         src = self.source
         filename = getattr(src, "file", None) or "<sciad>"
         lineno = getattr(src, "line", None) or 0

@@ -188,8 +188,8 @@ def check(judge, site: Site, /, *, when=None, **measures):
                                       for v, s in zip(vals, shapes)))
         k = int(np.prod(batch, dtype=np.int64))
         flat = [np.broadcast_to(v, batch + s).reshape((k,) + s) for v, s in zip(vals, shapes)]
-        for i in range(k):  # the first failing batch element is reported
-            judge(site, **static, **{n: f[i] for n, f in zip(names, flat)})
+        for i in range(k):  # the first failing batch element is reported, by its index
+            judge(site.in_example(i, batch), **static, **{n: f[i] for n, f in zip(names, flat)})
         return (np.zeros(batch, np.int32),)
 
     host, values = releasing(judge_all, values)

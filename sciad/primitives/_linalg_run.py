@@ -266,9 +266,9 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site, output: bool 
     names = list(measures)
     real = np.finfo(dtype).dtype
 
-    def one(m, anorm, status) -> float:
+    def one(m, anorm, status, where=site) -> float:
         if throw:
-            judge_factor(site, dtype=dtype, solver=solver, tags=tags, **status)
+            judge_factor(where, dtype=dtype, solver=solver, tags=tags, **status)
         if status["singular"] or status["nonfinite"]:
             return 0.0
         return record.rcond_host(m, float(anorm))
@@ -283,8 +283,8 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site, output: bool 
         ms = np.broadcast_to(m, batch + m.shape[-2:]).reshape((k,) + m.shape[-2:])
         an = np.broadcast_to(anorm, batch).reshape(k)
         vals = [np.broadcast_to(v, batch).reshape(k) for v in vals]
-        rc = np.array([one(ms[i], an[i], {n: v[i] for n, v in zip(names, vals)})
-                       for i in range(k)], real)
+        rc = np.array([one(ms[i], an[i], {n: v[i] for n, v in zip(names, vals)},
+                           site.in_example(i, batch)) for i in range(k)], real)
         return np.zeros(batch, np.int32), rc.reshape(batch)
 
     tok, rcond = host_call(host, (jax.ShapeDtypeStruct((), jnp.int32),

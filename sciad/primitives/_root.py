@@ -24,6 +24,7 @@ converge has no derivative: with `throw=False`, the tangents pass through
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -602,6 +603,8 @@ def judge_derivative(site, *, status, of="root"):
     if failed.size:
         table, advice = _status_table(of)
         what = "a root solve" if of == "root" else "an ODE integration"
+        # (named as the solve the guard follows: the user called it, not the guard)
+        site = dataclasses.replace(site, op="optimize.root" if of == "root" else "ode.odeint")
         site.fail(ConvergenceError,
                   f"cannot differentiate {what} that failed ({table[int(failed[0])]}): "
                   f"{advice}.")

@@ -56,7 +56,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import _cache
-from ..errors import NotSupportedError, SingularMatrixError
+from ..errors import NotSupportedError, StructureError
+from ._linear import STORE_DIAGONAL
 from ._host import host_call, release_host_heap
 from ._indices import cached_index, pattern_cols, pattern_rows, segment_sum, take
 from ._iterative import AbstractPreconditioner
@@ -492,9 +493,9 @@ class AMG(AbstractPreconditioner):
                 f"{matrix} one{f' ({shown})' if shown else ''}; pass an `sd.sparse` matrix, "
                 "or use preconditioner='jacobi'.")
         if np.any(pattern.diagonal_positions() < 0):
-            return SingularMatrixError, (
+            return StructureError, (
                 f"the 'amg' preconditioner smooths with the diagonal, so it needs every "
-                f"diagonal entry stored; {shown or 'the matrix'} lacks some.")
+                f"diagonal entry stored; {shown or 'the matrix'} lacks some." + STORE_DIAGONAL)
         s = structure(pattern)
         if s.n_coarse > MAX_DENSE:
             return NotSupportedError, (

@@ -37,7 +37,8 @@ import jax
 import numpy as np
 
 from .. import _cache
-from ..errors import InvalidOptionError, SingularMatrixError
+from ..errors import InvalidOptionError, StructureError
+from ._linear import STORE_DIAGONAL
 from . import _amg
 from ._iterative import AbstractPreconditioner
 
@@ -222,9 +223,9 @@ class BlockAMG(AbstractPreconditioner):
 
     def rejects_partition(self, pattern, *, shown: str = ""):
         if np.any(pattern.diagonal_positions() < 0):
-            return SingularMatrixError, (
+            return StructureError, (
                 "the 'block_amg' preconditioner smooths with the diagonal, so it needs every "
-                f"diagonal entry stored; {shown or 'the matrix'} lacks some.")
+                f"diagonal entry stored; {shown or 'the matrix'} lacks some." + STORE_DIAGONAL)
         return None
 
     def partitioned_cost(self, pattern, partition, itemsize: int):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import SingularMatrixError
+from ..errors import StructureError
+from ._linear import STORE_DIAGONAL
 from ._iterative import AbstractPreconditioner
 
 
@@ -20,9 +21,9 @@ class Jacobi(AbstractPreconditioner):
 
     def rejects(self, *, matrix: str, pattern=None, shown: str = ""):
         if matrix == "sparse" and np.any(pattern.diagonal_positions() < 0):
-            return SingularMatrixError, (
+            return StructureError, (
                 "the Jacobi preconditioner needs every diagonal entry stored; "
-                f"{shown or 'the matrix'} lacks some.")
+                f"{shown or 'the matrix'} lacks some." + STORE_DIAGONAL)
         return None
 
     def setup(self, a, *, pattern=None, after=None):
