@@ -154,6 +154,11 @@ _CHILD = textwrap.dedent(r'''
                     float(np.abs(np.asarray(gd) - want_gd).max() / np.abs(want_gd).max()),
                     float(np.abs(np.asarray(gb) - want_gb).max() / np.abs(want_gb).max())]
                 r["hlo_grad"] = collectives(g.lower(d, b).compile().as_text())
+                # new values: one hierarchy per block, made by its device
+                # (one host call for every block ran on every device: 16)
+                before = _amg.setup_count()
+                g(d * 1.01, b)
+                r["setups"] = _amg.setup_count() - before
             out["steps"] = [steps(d, b, pre, part) for pre in (None, "jacobi", "block_amg")]
             # several right-hand sides by sd.vmap: each a sharded solve
             d = DATA["cg"]
@@ -340,6 +345,8 @@ def test_nan_right_hand_side_raises(child):
 def test_preconditioners_per_device_cut_iterations_and_equal_one_device(child_preconditioned):
     r = child_preconditioned
     assert max(r["jacobi"]["err"]) < 1e-10 and max(r["block_amg"]["err"]) < 1e-10
+    assert r["block_amg"]["setups"] == 4  # (a value and gradient: 4 blocks, each set up once)
+    assert r["jacobi"]["setups"] == 0
     plain, jacobi, amg = r["steps"]
     assert jacobi < 0.7 * plain and amg < 0.7 * jacobi, r["steps"]
 

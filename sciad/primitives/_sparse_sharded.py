@@ -533,7 +533,6 @@ def block_amg(partition, data, after, transpose: bool, op: str):
     communication); without one, `jax.vmap` over the blocks computes the
     same."""
     bs = _block_amg.block_structure(partition.pattern, partition.devices)
-    arrays = _block_amg.setup(data, bs, after)
     a0 = _block_amg.block_values(bs, data)
     index = tuple(tuple(jnp.asarray(x) for x in lv) for lv in bs.index)
     D, m = partition.devices, partition.block
@@ -543,12 +542,24 @@ def block_amg(partition, data, after, transpose: bool, op: str):
 
     mesh = _mesh(partition, (data, after), op)
     if mesh is None:
+        arrays = _block_amg.setup(data, bs, after)
         return lambda v: jax.vmap(one)(arrays, index, a0, v.reshape(D, m)).reshape(-1)
+
+    spec = P(partition.axis)
+
+    # each device makes its own block's hierarchy (one host call for all
+    # blocks ran on every device of the mesh)
+    def setup_here(a0, *after):
+        k = jax.lax.axis_index(partition.axis)
+        return tuple(x[None] for x in _block_amg.setup_block(bs, k, a0[0], *after))
+
+    ordered = () if after is None or not jnp.size(after) else (_split(partition, mesh, after),)
+    arrays = jax.shard_map(setup_here, mesh=mesh, in_specs=(spec,) * (1 + len(ordered)),
+                           out_specs=spec, check_vma=False)(a0, *ordered)
 
     def per_device(arrays, index, a0, v):
         first = functools.partial(jax.tree_util.tree_map, lambda x: x[0])
         return one(first(arrays), first(index), a0[0], v)
 
-    spec = P(partition.axis)
     run = jax.shard_map(per_device, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
     return lambda v: _split(partition, mesh, run(arrays, index, a0, v))

@@ -25,7 +25,12 @@ each block's cycle is exactly its own hierarchy's.
 `vcycle(bs, arrays, a0, v, transpose=)` is one block's cycle (its slice of
 the stacked arrays, its values `a0` and its block `v` of the vector): under
 `jax.shard_map` each device runs its own, without communication; without a
-mesh, `jax.vmap` over the blocks computes the same.
+mesh, `jax.vmap` over the blocks computes the same. The hierarchies are
+made likewise: under a mesh each device makes its own block's
+(`setup_block`, one host call per device: new values cost one block's
+setup per device), without one a single host call makes all (`setup`).
+The aggregation (`BlockStructure`) is made once per pattern: new values
+redo only the numeric setup, as `"amg"`'s.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from .. import _cache
 from ..errors import InvalidOptionError, StructureError
 from ._linear import STORE_DIAGONAL
 from . import _amg
+from ._host import host_call
 from ._iterative import AbstractPreconditioner
 
 
@@ -154,27 +160,33 @@ def _pad(x, size):
     return out
 
 
+def _block_arrays(bs: BlockStructure, d: int, vals: np.ndarray, dtype) -> list:
+    """Block `d`'s padded arrays of `layout` (without the leading devices
+    axis) from its values `vals` (at least its entries; `block_values`'
+    row), its hierarchy from `_amg`'s cache where it holds it."""
+    out = [np.zeros(shape[1:], dt) for shape, dt in bs.layout(dtype)]
+    L, s = bs.levels, bs.structures[d]
+    vals = np.ascontiguousarray(vals[:int(bs.mask[d].sum())])
+    arrays = _amg._setup_one(s, vals, dtype)
+    nl = len(s.levels)
+    weights, ps, values = arrays[:nl], arrays[nl:2 * nl], arrays[2 * nl:3 * nl - 1]
+    for l in range(L):
+        if l < nl:
+            out[l][:weights[l].size] = weights[l]
+            out[L + l][:ps[l].size] = ps[l]
+            if l >= 1:
+                out[2 * L + l - 1][:values[l - 1].size] = values[l - 1]
+        else:  # pass-through: P the identity, weight 0
+            out[L + l][:s.n_coarse] = 1.0
+    c = arrays[-1]
+    out[-1][:c.shape[0], :c.shape[1]] = c
+    return out
+
+
 def _setup_blocks(bs: BlockStructure, data: np.ndarray, dtype) -> tuple:
-    """The stacked, padded arrays of `layout` from the whole matrix's values
-    (each block's hierarchy from `_amg`'s cache where it holds it)."""
-    out = [np.zeros(shape, dt) for shape, dt in bs.layout(dtype)]
-    L = bs.levels
-    for d, s in enumerate(bs.structures):
-        vals = data[bs.positions[d, :int(bs.mask[d].sum())]]
-        arrays = _amg._setup_one(s, np.ascontiguousarray(vals), dtype)
-        nl = len(s.levels)
-        weights, ps, values = arrays[:nl], arrays[nl:2 * nl], arrays[2 * nl:3 * nl - 1]
-        for l in range(L):
-            if l < nl:
-                out[l][d, :weights[l].size] = weights[l]
-                out[L + l][d, :ps[l].size] = ps[l]
-                if l >= 1:
-                    out[2 * L + l - 1][d, :values[l - 1].size] = values[l - 1]
-            else:  # pass-through: P the identity, weight 0
-                out[L + l][d, :s.n_coarse] = 1.0
-        c = arrays[-1]
-        out[-1][d, :c.shape[0], :c.shape[1]] = c
-    return tuple(out)
+    """The stacked, padded arrays of `layout` from the whole matrix's values."""
+    rows = [_block_arrays(bs, d, data[bs.positions[d]], dtype) for d in range(bs.devices)]
+    return tuple(np.stack(parts) for parts in zip(*rows))
 
 
 def setup(a, bs: BlockStructure, after=None):
@@ -182,6 +194,24 @@ def setup(a, bs: BlockStructure, after=None):
     data vector): one host call (see `_amg.setup` for `after`)."""
     return _amg.host_setup(functools.partial(_setup_blocks, bs), bs.layout(np.dtype(a.dtype)), a,
                            after)
+
+
+def setup_block(bs: BlockStructure, k, a0, after=None):
+    """Block `k`'s arrays of `layout` (without the leading devices axis;
+    `k` a traced int32: a device's index on the mesh axis) from its values
+    `a0` (its row of `block_values`): one host call, so that under a mesh
+    each device makes its own block's hierarchy (one host call for every
+    block, in a sharded program, ran on every device: 16 hierarchies for 4
+    blocks). `after` as in `_amg.setup`."""
+    dtype = np.dtype(a0.dtype)
+    layout = tuple((shape[1:], dt) for shape, dt in bs.layout(dtype))
+    args = (k, a0) if after is None or not jax.numpy.size(after) else (
+        k, a0, _amg._one_of(after))
+
+    def host(k, vals, *_):
+        return tuple(_block_arrays(bs, int(k), vals, dtype))
+
+    return host_call(host, tuple(jax.ShapeDtypeStruct(shape, dt) for shape, dt in layout), *args)
 
 
 def block_values(bs: BlockStructure, a):
