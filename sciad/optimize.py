@@ -585,7 +585,7 @@ def _root_method(method, kind: str, op: str):
 
 @api_boundary
 def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = None,
-         tol: float | None = None, atol: float = 0.0, maxiter: int = 50,
+         tol: float | None = None, atol: float = 0.0, maxiter: int | None = None,
          throw: bool = True, jac0=None, at_floor: bool = False, *, callback=None,
          options=None) -> RootResult:
     """Solves `fun(x, *args) = 0`, as one differentiable node.
@@ -645,7 +645,10 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
       float64, 1.2e-4 in float32. The implicit derivative is computed at
       the root found, so it is as accurate as the root (to first order,
       a relative error `tol` in `x` is one in the derivative).
-    - `maxiter`: the most Newton iterations.
+    - `maxiter`: the most iterations (each evaluates `fun` once). `None`:
+      50 for Newton's methods; for `"hybr"` and `"lm"`, SciPy's budgets of
+      evaluations, `200 (n + 1)` and `100 (n + 1)` for `n` unknowns
+      (their rejected steps count: each evaluates `fun`).
     - `throw`: raise `sciad.errors.ConvergenceError` when the solve fails
       (the default), with the iterations, the residual, the estimated error
       and a diagnosis (iteration limit, singular Jacobian, failed line search,
@@ -707,6 +710,9 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
     method = record.node_method or record.name
     if record.flattens_x0:  # as SciPy's hybr and lm: fun sees, and root returns, a 1-D x
         x0 = snp.ravel(snp.asarray(x0))
+    if maxiter is None:
+        n = type_of(x0).size if isinstance(x0, Tracer) else int(np.size(np.asarray(x0)))
+        maxiter = record.default_maxiter(n)
     return _root_call(fun, x0, args, _ROOT_OP, kind="root", method=method, jac=jac,
                       tol=tol, atol=atol, maxiter=maxiter, memory=0, throw=throw, jac0=jac0,
                       at_floor=bool(at_floor))

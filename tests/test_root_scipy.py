@@ -178,3 +178,16 @@ def test_the_result_carries_fun_as_scipy():
         return res.x[0]
 
     np.testing.assert_allclose(sd.grad(loss)(2.0), 0.5 / np.sqrt(2.0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["hybr", "lm"])
+def test_powell_badly_scaled_at_the_default_budget(method):
+    # SciPy's lm solves it in 55 evaluations (of 300: 100 (n + 1)); sciad's lm
+    # failed at maxiter=50 (93 iterations needed without MINPACK's scaling)
+    def f(x):
+        return snp.stack([1e4 * x[0] * x[1] - 1.0, snp.exp(-x[0]) + snp.exp(-x[1]) - 1.0001])
+
+    ref = scipy.optimize.root(lambda x: np.asarray(f(x)), [0.0, 1.0], method=method)
+    res = sd.optimize.root(f, np.array([0.0, 1.0]), method=method)
+    assert ref.success and res.success and res.nit <= 100 * 3
+    np.testing.assert_allclose(res.x, [1.098159329699e-05, 9.106146739867], rtol=1e-9)

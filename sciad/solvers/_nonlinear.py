@@ -447,13 +447,21 @@ def _dogleg_step(J, f, delta, gn):
     return jnp.where(ngn <= delta, gn, jnp.where(nsd >= delta, edge, sd + t * w))
 
 
-def _lm_step(J, f, mu):
+def _column_norms(J):
+    """The Euclidean norms of `J`'s columns, a zero one taken as 1 (MINPACK's
+    `diag`)."""
+    c = jnp.sqrt(jnp.sum(jnp.abs(J) ** 2, axis=0)).real
+    return jnp.where(c > 0, c, 1.0)
+
+
+def _lm_step(J, f, mu, scale):
     """Levenberg-Marquardt's step: the least-squares solution of `[J; sqrt(mu)
-    I] d = [-f; 0]` (QR of the stacked matrix: no normal equations), defined
-    for a singular `J` while `mu > 0`."""
-    n = J.shape[1]
-    a = jnp.concatenate([J, jnp.sqrt(mu) * jnp.eye(n, dtype=J.dtype)])
-    b = jnp.concatenate([-f, jnp.zeros((n,), f.dtype)])
+    D] d = [-f; 0]`, `D = diag(scale)` (MINPACK's `lmder`: the largest norm
+    each column of the Jacobian has had, so the damping is invariant to the
+    unknowns' units), by QR of the stacked matrix (no normal equations),
+    defined for a singular `J` while `mu > 0`."""
+    a = jnp.concatenate([J, jnp.sqrt(mu) * jnp.diag(scale).astype(J.dtype)])
+    b = jnp.concatenate([-f, jnp.zeros((J.shape[1],), f.dtype)])
     q, r = jnp.linalg.qr(a)
     return jax.scipy.linalg.solve_triangular(r, q.T.conj() @ b)
 
@@ -485,17 +493,18 @@ def trust_region(F: Callable, x0, matrix: Callable, *, step: str, tol: float, at
     if step == "dogleg":  # MINPACK's first region: 100 ||x0||, or 100
         r0 = 100.0 * jnp.linalg.norm(x0)
         r0 = jnp.where(r0 > 0, r0, 100.0).astype(real)
-    else:  # mu0 = 1e-3 max diag(J^T J) (Madsen, Nielsen and Tingleff)
-        r0 = 1e-3 * jnp.max(jnp.sum(jnp.abs(J0) ** 2, axis=0), initial=0.0)
-        r0 = jnp.where(r0 > 0, r0, 1e-3).astype(real)
+    else:  # mu0 = 1e-3 max diag(S^T S), S = J D^-1 (Madsen, Nielsen and Tingleff; 1e-3 as
+        # the columns of the scaled Jacobian have norm 1 at x0, or 0)
+        r0 = jnp.asarray(1e-3, real)
 
     def cond(s):
         return (s[4] == MAXITER) & (s[3] < maxiter)
 
     def body(s):
-        x, fx, J, k, status, slow, r, nu, _ = s
+        x, fx, J, k, status, slow, r, nu, _, scale = s
         gn = _lstsq(J, -fx)  # (the Gauss-Newton step, which the step test measures against)
-        d = _dogleg_step(J, fx, r, gn) if step == "dogleg" else _lm_step(J, fx, r)
+        scale = jnp.maximum(scale, _column_norms(J))
+        d = _dogleg_step(J, fx, r, gn) if step == "dogleg" else _lm_step(J, fx, r, scale)
         xt = x + d
         ft = F(xt)
         phi, phit = 0.5 * jnp.vdot(fx, fx).real, 0.5 * jnp.vdot(ft, ft).real
@@ -533,10 +542,10 @@ def trust_region(F: Callable, x0, matrix: Callable, *, step: str, tol: float, at
             ~finite | ~jnp.all(jnp.isfinite(J_new)), NONFINITE,
             _status(fn_new, goal, slow, error, tol, TRUST_PATIENCE)).astype(jnp.int32)
         return (x_new, fx_new, J_new, k + 1, new_status, slow, r_new.astype(real),
-                nu_new.astype(real), error)
+                nu_new.astype(real), error, scale)
 
     state = (x0, f0, J0, jnp.zeros((), jnp.int32), status0, jnp.zeros((), jnp.int32), r0,
-             jnp.asarray(2.0, real), jnp.asarray(jnp.inf, real))
-    x, fx, _, k, status, _, _, _, error = jax.lax.while_loop(cond, body, state)
+             jnp.asarray(2.0, real), jnp.asarray(jnp.inf, real), _column_norms(J0))
+    x, fx, _, k, status, _, _, _, error, _ = jax.lax.while_loop(cond, body, state)
     status, floor = _finish(F, x, fx, status, at_floor)
     return Result(x, k, _norm(fx), status, goal, jnp.zeros((), jnp.int32), floor, error)

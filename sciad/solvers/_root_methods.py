@@ -50,6 +50,10 @@ class AbstractRootMethod:
         """The method as a failure's message names it."""
         return self.name
 
+    def default_maxiter(self, n: int) -> int:
+        """The iteration limit where `maxiter` is not given, for `n` unknowns."""
+        return 50
+
     def maxiter_advice(self, maxiter: int) -> str:
         """What to do when it ran out of iterations."""
         return (f"Raise `maxiter` (it is {maxiter}), start closer to the root, or loosen "

@@ -18,6 +18,14 @@ class _TrustRegion(AbstractRootMethod):
     #: `sd.optimize.root` for them, and the root comes back 1-D
     flattens_x0 = True
 
+    #: SciPy's default budget of evaluations of `fun`, per unknown plus one
+    #: (`maxfev`: 200 (n + 1) for hybr, 100 (n + 1) for lm); an iteration
+    #: evaluates `fun` once, rejected or not
+    evaluations: int
+
+    def default_maxiter(self, n):
+        return self.evaluations * (n + 1)
+
     def maxiter_advice(self, maxiter):
         return (f"Raise `maxiter` (it is {maxiter}; rejected steps count as iterations), "
                 "start closer to the root, or loosen `tol`.")
@@ -32,6 +40,7 @@ class Hybr(_TrustRegion):
 
     name = "hybr"
     step = "dogleg"
+    evaluations = 200
 
     def describe(self, jac):
         return "Powell's dogleg method (hybr, dense Jacobian)"
@@ -42,6 +51,7 @@ class LevenbergMarquardt(_TrustRegion):
 
     name = "lm"
     step = "lm"
+    evaluations = 100
 
     def describe(self, jac):
         return "Levenberg-Marquardt (lm, dense Jacobian)"
