@@ -645,6 +645,8 @@ class OdeSolution:
     def __call__(self, t):
         op = "ode.solve_ivp.sol"
         sign, t0 = self._sign, self._t0
+        if self._solve is None:  # (a zero-length span: y0 at every time, as SciPy's)
+            return _constant_at(self._y0, t, op)
         if isinstance(t, Tracer) or isinstance(t0, Tracer):
             tt = snp.astype(snp.asarray(t), np.float64)
             s0 = snp.reshape(snp.asarray(t0, np.float64) * sign, (1,))
@@ -675,6 +677,22 @@ class OdeSolution:
             ys = self._solve(grid)
         out = ys[rows[0]] if arr.ndim == 0 else snp.transpose(ys[rows])
         return out if isinstance(out, Tracer) else np.asarray(out)
+
+
+def _constant_at(y0, t, op: str):
+    """`y0` at the times `t` (a scalar: `(n,)`; a 1-d array: `(n, len(t))`):
+    SciPy's `ConstantDenseOutput`, a zero-length span's dense output."""
+    if isinstance(t, Tracer) or isinstance(y0, Tracer):
+        tt = snp.asarray(t)
+        if len(type_of(tt).shape) == 0:
+            return snp.asarray(y0)
+        return snp.stack([snp.asarray(y0)] * type_of(tt).shape[0], axis=1)
+    arr = np.asarray(t, np.float64)
+    if arr.ndim > 1:
+        raise ShapeError(f"`t` must be a scalar or a 1-d array of times, got shape "
+                         f"{arr.shape}.", op=op)
+    y = np.asarray(y0)
+    return y.copy() if arr.ndim == 0 else np.repeat(y[:, None], arr.size, axis=1)
 
 
 def _ivp_args(args, op: str) -> tuple:
@@ -786,12 +804,14 @@ def _ivp_tolerances(rtol, atol, n: int, op: str):
             raise ShapeError(f"`{name}` must be a scalar or an array of shape ({n},), as "
                              f"SciPy's, got shape {v.shape}.", op=op)
     if r.ndim == 1:
-        if not np.all(r == r[0]):
-            raise NotSupportedError(
-                f"`rtol` as an array of different values ({plain(r)}) is not supported: "
-                f"odeint's error test has one relative tolerance. Pass the smallest, "
-                f"rtol={plain(r.min())} (per-component `atol` is supported).", op=op)
-        r = r[0]
+        # (odeint's error test has one relative tolerance: the smallest, so
+        # every component is at least as accurate as asked; SciPy's warning
+        # where one is below 100 eps, which it raises)
+        if np.any(r < MIN_RTOL):
+            Site(op, user_source()).warn(
+                SciadWarning, f"At least one element of `rtol` is too small (below 100 eps): "
+                f"raised to {MIN_RTOL:.2e}, as SciPy's `np.maximum(rtol, 100 * EPS)`.")
+        r = max(float(r.min()), MIN_RTOL) if r.size else 1e-3
     if a.ndim == 0:
         return float(r), float(a), None
     if not np.all(a >= 0):  # (NaN too)
@@ -814,13 +834,16 @@ def _ivp_event(event, i: int, op: str):
         raise DTypeError(f"`events[{i}]` must be a function event(t, y, *args), got "
                          f"{type(event).__name__}.", op=op)
     terminal = getattr(event, "terminal", False)
+    if terminal is None:  # (SciPy's: not terminal)
+        terminal = False
     if isinstance(terminal, (bool, np.bool_)):
         count = 1 if terminal else 0
     elif isinstance(terminal, (int, np.integer)) and terminal >= 0:
         count = int(terminal)
     else:
-        raise InvalidOptionError(f"`events[{i}].terminal` must be a bool or an int >= 0, as "
-                                 f"SciPy's, got {terminal!r}.", op=op)
+        raise InvalidOptionError(f"The `terminal` attribute of each event must be a boolean or "
+                                 f"a non-negative integer, as SciPy's; `events[{i}].terminal` "
+                                 f"is {terminal!r}.", op=op)
     direction = float(getattr(event, "direction", 0.0))
     return count, (1 if direction > 0 else -1 if direction < 0 else 0)
 
@@ -979,6 +1002,15 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
     # backwards (SciPy's t1 < t0) is forwards in s = -t: dy/ds = -fun(-s, y)
     backward = concrete and float(t1) < float(t0)
     sign = -1.0 if backward else 1.0
+    if n == 0 and concrete and not _in_trace((y0, args)):
+        # (no state: nothing to integrate; SciPy's empty solution, over any
+        # span, an infinite one too)
+        te = np.array([float(t0), float(t1)]) if t_eval is None else \
+            np.asarray(t_eval, np.float64).reshape(-1)
+        return IVPResult(te, np.zeros((0, te.size), y0.dtype), True, 0, SCIPY_MESSAGES[0],
+                         OdeSolution(None, y0, t0, t1, sign) if dense_output else None,
+                         [np.zeros(0)] * len(specs) if specs else None,
+                         [np.zeros((0,))] * len(specs) if specs else None, 0, 0, 0)
 
     # the state odeint integrates: [Re y, Im y] for a complex one, over `scale`
     big = None if scale is None else (np.concatenate([scale, scale]) if complex_ else scale)
@@ -989,7 +1021,9 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
     counts = _counts(solver)
     opts = dict(solver=solver, rtol=rtol, atol=atol, **options)
 
-    def solve(ss, z_start=None, throw=True):  # y at the times ss (increasing, s variable)
+    # (`_fun`: `field` holds `fun` weakly (`_ivp_field`); `sol`, which calls
+    # `solve` after this call returns, keeps it alive)
+    def solve(ss, z_start=None, throw=True, _fun=fun):  # y at the times ss (increasing)
         out = odeint(field, z0 if z_start is None else z_start, ss, args, throw=throw,
                      **opts)
         return (decode(out), None) if throw else (decode(out.ys), out)
@@ -1005,8 +1039,9 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
         y = snp.stack([y0] * te.size, axis=1) if isinstance(y0, Tracer) else \
             np.repeat(y0[:, None], te.size, axis=1)
         none = [np.zeros(0)] * len(specs) if specs else None
-        return IVPResult(te, y, True, 0, SCIPY_MESSAGES[0], sol_of() if dense_output else None,
-                         none, [np.zeros((0, n), y0.dtype)] * len(specs) if specs else None,
+        constant = OdeSolution(None, y0, t0, t1, sign)
+        return IVPResult(te, y, True, 0, SCIPY_MESSAGES[0], constant if dense_output else None,
+                         none, [np.zeros((0,))] * len(specs) if specs else None,
                          0, 0, 0)
     ts, rows, t = _ivp_times(t0, t1, t_eval, backward, op)
     traced = _in_trace((y0, t_span, args)) or isinstance(t, Tracer)
@@ -1186,8 +1221,9 @@ def _ivp_events(events, specs, field, z0, ts, args, decode, sign, opts, solve, o
                 break
     n = z0.shape[0] // 2 if decode(np.zeros((1, z0.shape[0]))).dtype.kind == "c" else \
         z0.shape[0]
+    # (as SciPy's: an event that never occurred has y_events of shape (0,))
     return ([np.asarray(t, np.float64) for t in t_events],
-            [np.asarray(y).reshape(-1, n) for y in y_events], stop)
+            [np.asarray(y).reshape(-1, n) if y else np.zeros((0,)) for y in y_events], stop)
 
 
 def _ivp_traced_event(events, specs, field, z0, ts, args, t0, t_eval, decode, sign, opts,

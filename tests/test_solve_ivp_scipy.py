@@ -94,12 +94,14 @@ def test_atol_array_scales_the_error_test():
     assert mixed_nfev > 2 * loose_nfev and mixed < 0.2 * exact and scipy_mixed < 0.2 * exact
 
 
-def test_rtol_array_uniform_or_refused_by_name():
+def test_rtol_array_is_met_by_its_smallest_element():
     ref, res = both(rtol=np.array([1e-8, 1e-8]), atol=1e-10, t_eval=[2.0])
     np.testing.assert_allclose(res.y, ref.y, rtol=1e-6)
-    with pytest.raises(NotSupportedError, match=r"`rtol` as an array of different values.*"
-                                                r"rtol=1e-08"):
-        sd.ode.solve_ivp(decay, (0.0, 2.0), [1.0, 0.0], args=(0.5,), rtol=[1e-3, 1e-8])
+    # (odeint's error test has one rtol: the smallest, every component at
+    # least as accurate as asked; SciPy accepts an array too)
+    mixed = sd.ode.solve_ivp(decay, (0.0, 2.0), [1.0, 0.0], args=(0.5,), rtol=[1e-3, 1e-8],
+                             atol=1e-10, t_eval=[2.0])
+    np.testing.assert_allclose(mixed.y, res.y, rtol=1e-12)
     with pytest.raises(ShapeError, match=r"`atol` must be a scalar or an array of shape \(2,\)"):
         sd.ode.solve_ivp(decay, (0.0, 2.0), [1.0, 0.0], args=(0.5,), atol=[1e-3, 1e-8, 1.0])
 
@@ -418,3 +420,48 @@ def test_traced_solve_states_its_step_limit():
     g = sd.grad(final)(np.array([1.0, 0.0]))
     np.testing.assert_allclose(g, [np.exp(-1.0), 0.0], atol=1e-7)
     assert "max_steps = 4096" in said[0]
+
+
+def test_scipy_edge_cases_of_its_own_suite():
+    # (from SciPy's test_ivp.py) an empty state over any span, an infinite one too
+    for span in ((0.0, 10.0), (0.0, np.inf)):
+        res = sd.ode.solve_ivp(lambda t, y: np.zeros((0,)), span, np.zeros((0,)),
+                               dense_output=True)
+        assert res.success and res.y.shape == (0, 2)
+        np.testing.assert_array_equal(res.sol(10.0), np.zeros((0,)))
+        np.testing.assert_array_equal(res.sol([1.0, 2.0, 3.0]), np.zeros((0, 3)))
+    # a zero-length span's dense output is y0 at every time
+    res = sd.ode.solve_ivp(lambda t, y: -y, [4.0, 4.0], [2.0, 3.0], dense_output=True)
+    np.testing.assert_array_equal(res.sol(4.0), [2.0, 3.0])
+    np.testing.assert_array_equal(res.sol([4.0, 5.0, 6.0]), [[2.0] * 3, [3.0] * 3])
+    # `terminal = None` is not terminal; -1 and 3.5 are SciPy's ValueError
+    ev = lambda t, y: y[0] - 0.5  # noqa: E731
+    ev.terminal = None
+    res = sd.ode.solve_ivp(lambda t, y: [-y[0]], (0.0, 2.0), [1.0], events=ev)
+    assert res.status == 0 and res.t_events[0].shape == (1,)
+    for bad in (-1, 3.5):
+        ev.terminal = bad
+        with pytest.raises(ValueError, match="The `terminal` attribute"):
+            sd.ode.solve_ivp(lambda t, y: [-y[0]], (0.0, 2.0), [1.0], events=ev)
+    # an event that never occurs: y_events of shape (0,), as SciPy's
+    never = lambda t, y: y[0] + 1.0  # noqa: E731
+    res = sd.ode.solve_ivp(lambda t, y: [-y[0]], (0.0, 1.0), [1.0], events=never)
+    ref = si.solve_ivp(lambda t, y: [-y[0]], (0.0, 1.0), [1.0], events=never)
+    assert res.y_events[0].shape == ref.y_events[0].shape == (0,)
+    # an array rtol: met by its smallest element; one below 100 eps warns (SciPy's text)
+    with pytest.warns(UserWarning, match="At least one element of `rtol` is too small"):
+        res = sd.ode.solve_ivp(lambda t, y: [y[0], y[1]], (0.0, 1.0), [1.0, 1.0],
+                               rtol=[1e-1, 1e-16])
+    loose = sd.ode.solve_ivp(lambda t, y: [y[0], y[1]], (0.0, 1.0), [1.0, 1.0], rtol=[1e-1, 1e-1])
+    assert abs(res.y[0, -1] - np.e) < 1e-5 < abs(loose.y[0, -1] - np.e)  # (atol 1e-6 bounds it)
+
+
+def test_dense_output_outlives_the_functions_it_was_given():
+    # `sol` integrates again later: the field must still reach `fun` after
+    # the caller dropped it (a lambda passed inline)
+    import gc
+
+    res = sd.ode.solve_ivp(lambda t, y: [-2.0 * y[0]], (0.0, 1.0), [1.0], dense_output=True,
+                           rtol=1e-10, atol=1e-12)
+    gc.collect()
+    np.testing.assert_allclose(res.sol(0.5), [np.exp(-1.0)], rtol=1e-8)
