@@ -29,7 +29,7 @@ import numpy as np
 import scipy.sparse as _sp
 
 from . import numpy as snp
-from .errors import DTypeError, InvalidOptionError, ShapeError
+from .errors import DTypeError, InvalidOptionError, ShapeError, StructureError
 from .graph import Tracer
 from .numpy import _as_array
 from .primitives._checks import eps_of, refine_above
@@ -653,8 +653,10 @@ def eigsh(A, k: int = 6, M=None, sigma: float | None = None, which: str | None =
       refused (`DTypeError`).
     - `k`: how many eigenpairs, `1 <= k < n` (SciPy's `ValueError` for
       `k <= 0`). `k >= n` is SciPy's: a dense `A` is solved by
-      `sd.linalg.eigh` (all `n` pairs, with SciPy's `RuntimeWarning`), a
-      sparse or operator `A` raises `DTypeError` (a `TypeError`, as SciPy's).
+      `sd.linalg.eigh` (all `n` pairs, with SciPy's `RuntimeWarning`; a
+      concrete `A` or `M` that is not symmetric raises `StructureError`,
+      where SciPy reads its lower triangle), a sparse or operator `A` raises
+      `DTypeError` (a `TypeError`, as SciPy's).
     - `M`: None, or a symmetric positive definite matrix of `A`'s shape, in
       any of `A`'s forms but an operator (a mass matrix; its own pattern):
       then `A v = w M v` with `v^T M v = I`, SciPy's normalization. A
@@ -693,8 +695,10 @@ def eigsh(A, k: int = 6, M=None, sigma: float | None = None, which: str | None =
       shift-invert at `1 / sigma`, `w = 1 / mu`) or `"cayley"` (`which` on
       `(w + sigma) / (w - sigma)`); both need a nonzero sigma. Without
       `sigma` it has no effect, as in SciPy.
-    - `rng`: accepted for SciPy's signature and unused: sciad's start
-      vector is fixed (or `v0`).
+    - `rng`: SciPy's random start vector. sciad's start is fixed (or `v0`),
+      so its results do not depend on it; for a SciPy `LinearOperator`,
+      which SciPy's eigsh runs, it is passed on (SciPy's start, as SciPy
+      draws it).
     - `degenerate_tol` (sciad's): computed eigenvalues closer than
       `degenerate_tol * max|w|` form one cluster (default `sqrt(eps)`).
 
@@ -761,7 +765,7 @@ def eigsh(A, k: int = 6, M=None, sigma: float | None = None, which: str | None =
                              "operator as `sd.linalg.operator(matvec, (n, n))` with a "
                              "matvec in sciad ops.", op=op)
         return eigsh_host_operator(A, k, M, sigma, which, v0, ncv, maxiter, tol,
-                                   return_eigenvectors, Minv, OPinv, mode)
+                                   return_eigenvectors, Minv, OPinv, mode, rng=rng)
     for name, x in (("Minv", Minv), ("OPinv", OPinv)):
         if x is not None:
             raise InvalidOptionError(
@@ -797,6 +801,12 @@ def eigsh(A, k: int = 6, M=None, sigma: float | None = None, which: str | None =
         if sigma is not None or mode != "normal":
             raise InvalidOptionError("k >= n solves the dense problem with all eigenpairs: "
                                      "`sigma` and `mode` do not apply; leave them out.", op=op)
+        # (a concrete A or M that is not symmetric is refused, as the ARPACK
+        # path refuses it when it runs: SciPy's eigh reads its lower
+        # triangle and sd.linalg.eigh its symmetric part, so the answer
+        # would depend on which; a traced one is decomposed as eigh does)
+        for name, X in (("A", A), ("M", M)):
+            _refuse_asymmetric(X, name, op)
         w, v = eigh(A, None if M is None else _as_dense(M, "M", op),
                     degenerate_tol=degenerate_tol)
         return (w, v) if return_eigenvectors else w
@@ -886,6 +896,26 @@ def _as_dense(X, name: str, op: str):
     if issparse(X):
         return sparse_todense(X)
     return _dense_hermitian(X, op)
+
+
+def _refuse_asymmetric(X, name: str, op: str) -> None:
+    """`StructureError` for a concrete dense `X` whose `max |X - X^T| / max
+    |X|` is above the symmetry tolerance of its dtype."""
+    if X is None or isinstance(X, Tracer) or issparse(X) or _sp.issparse(X) \
+            or isinstance(X, Operator):
+        return
+    d = np.asarray(X)
+    if d.ndim != 2 or d.shape[0] != d.shape[1] or d.dtype.kind not in "fc":
+        return
+    scale = np.max(np.abs(d), initial=0.0)
+    gap = np.max(np.abs(d - d.conj().T), initial=0.0)
+    tol = float(np.sqrt(eps_of(d.dtype)))
+    if not gap <= tol * scale:  # (NaN too)
+        raise StructureError(
+            f"`{name}` must be symmetric (Hermitian): max |{name} - {name}^T| / max |{name}| = "
+            f"{gap / scale if scale else gap:.2e} is above {tol:.1e}. SciPy's eigsh would read "
+            f"one triangle of it; pass the matrix you mean, e.g. `({name} + {name}.T) / 2` or "
+            f"`np.tril({name}) + np.tril({name}, -1).T`.", op=op)
 
 
 def _as_eigsh_matrix(X, name: str, op: str):

@@ -324,6 +324,16 @@ def test_asymmetric_matrix_raises():
                              shape=(3, 3))
     with pytest.raises(StructureError, match="symmetric"):
         sd.linalg.eigsh(a, k=1)
+    # k >= n (the dense solve): refused as well, where it decomposed the
+    # symmetric part and SciPy reads the lower triangle (SciPy's
+    # test_eigsh_for_k_greater, on a random A: values 0.07 apart)
+    A = np.random.default_rng(0).standard_normal((4, 4))
+    with pytest.warns(RuntimeWarning, match="k >= N"), \
+            pytest.raises(StructureError, match=r"`A` must be symmetric.*np.tril"):
+        sd.linalg.eigsh(A, k=4)
+    with pytest.warns(RuntimeWarning, match="k >= N"):
+        w = sd.linalg.eigsh(A + A.T, k=4)[0]
+    np.testing.assert_allclose(w, np.linalg.eigvalsh(A + A.T), rtol=1e-12)
 
 
 def test_a_cluster_cut_by_k_raises():

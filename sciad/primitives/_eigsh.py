@@ -454,23 +454,25 @@ def eigsh(a, k: int = 6, m=None, *, which: str | None = None, sigma=None,
 
 
 def eigsh_host_operator(A, k, M, sigma, which, v0, ncv, maxiter, tol, return_eigenvectors,
-                        Minv, OPinv, mode):
+                        Minv, OPinv, mode, rng=None):
     """SciPy's `eigsh` run now, on the host, for a SciPy `LinearOperator`
     (`A` or `M`): SciPy's results, as constants (a host operator has no
     derivative to give), ascending (or in SciPy's order without vectors),
-    each vector's largest entry positive; `v0` fixed as sciad's. A
+    each vector's largest entry positive; `v0` fixed as sciad's, unless
+    `rng` is given (SciPy's: its random start, as SciPy draws it). A
     no-convergence raises `ArpackNoConvergenceError` with SciPy's converged
     pairs."""
     import scipy.sparse.linalg as spla  # (when first used: see `_eigsh_host`)
 
     op = "linalg.eigsh"
     n = A.shape[0]
-    if v0 is None:
+    if v0 is None and rng is None:
         v0 = _start_vector(n)
     try:
         out = spla.eigsh(A, k, M=M, sigma=sigma, which=which, v0=v0, ncv=ncv,
                          maxiter=maxiter, tol=tol, return_eigenvectors=return_eigenvectors,
-                         Minv=Minv, OPinv=OPinv, mode=mode)
+                         Minv=Minv, OPinv=OPinv, mode=mode,
+                         **({} if rng is None else {"rng": rng}))
     except spla.ArpackNoConvergence as e:
         w, v = converged_pairs(e, k, which, sigma, mode)
         raise ArpackNoConvergenceError(
