@@ -431,15 +431,21 @@ def test_scipy_edge_cases_of_its_own_suite():
     res = sd.ode.solve_ivp(lambda t, y: -y, [4.0, 4.0], [2.0, 3.0], dense_output=True)
     np.testing.assert_array_equal(res.sol(4.0), [2.0, 3.0])
     np.testing.assert_array_equal(res.sol([4.0, 5.0, 6.0]), [[2.0] * 3, [3.0] * 3])
-    # `terminal = None` is not terminal; -1 and 3.5 are SciPy's ValueError
+    # a bad `terminal`: SciPy's ValueError (checked before anything runs)
     ev = lambda t, y: y[0] - 0.5  # noqa: E731
-    ev.terminal = None
-    res = sd.ode.solve_ivp(lambda t, y: [-y[0]], (0.0, 2.0), [1.0], events=ev)
-    assert res.status == 0 and res.t_events[0].shape == (1,)
     for bad in (-1, 3.5):
         ev.terminal = bad
         with pytest.raises(ValueError, match="The `terminal` attribute"):
             sd.ode.solve_ivp(lambda t, y: [-y[0]], (0.0, 2.0), [1.0], events=ev)
+
+
+@pytest.mark.slow
+def test_scipy_event_edge_cases():
+    # `terminal = None` is not terminal (SciPy's test_event_terminal_iv)
+    ev = lambda t, y: y[0] - 0.5  # noqa: E731
+    ev.terminal = None
+    res = sd.ode.solve_ivp(lambda t, y: [-y[0]], (0.0, 2.0), [1.0], events=ev)
+    assert res.status == 0 and res.t_events[0].shape == (1,)
     # an event that never occurs: y_events of shape (0,), as SciPy's
     never = lambda t, y: y[0] + 1.0  # noqa: E731
     res = sd.ode.solve_ivp(lambda t, y: [-y[0]], (0.0, 1.0), [1.0], events=never)
