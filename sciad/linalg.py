@@ -32,7 +32,7 @@ from . import numpy as snp
 from .errors import DTypeError, InvalidOptionError, ShapeError, StructureError
 from .graph import Tracer
 from .numpy import _as_array
-from .primitives._checks import eps_of, refine_above
+from .primitives._checks import eps_of, refine_above, symmetry_tolerance
 from .primitives._eigen import FUNCTIONS, eigh as _eigh, eigh_apply
 from .primitives._eigsh import WHICH, eigsh as _eigsh, eigsh_host_operator, eigsh_operator
 from .primitives._linalg import (NORMS, _clean, linalg_rcond_p, linalg_solve_p, solve_operator,
@@ -909,7 +909,7 @@ def _refuse_asymmetric(X, name: str, op: str) -> None:
         return
     scale = np.max(np.abs(d), initial=0.0)
     gap = np.max(np.abs(d - d.conj().T), initial=0.0)
-    tol = float(np.sqrt(eps_of(d.dtype)))
+    tol = symmetry_tolerance(d.dtype)
     if not gap <= tol * scale:  # (NaN too)
         raise StructureError(
             f"`{name}` must be symmetric (Hermitian): max |{name} - {name}^T| / max |{name}| = "

@@ -362,6 +362,13 @@ def _ivp_decode(z, *, n: int, complex_: bool, big):
     return z[..., :n] + 1j * z[..., n:] if complex_ else z
 
 
+def _ivp_codec(n: int, complex_: bool, big):
+    """`(encode, decode)`: `solve_ivp`'s state to odeint's (`_ivp_encode`)
+    and back."""
+    return (functools.partial(_ivp_encode, complex_=complex_, big=big),
+            functools.partial(_ivp_decode, n=n, complex_=complex_, big=big))
+
+
 def _ivp_field(fun, backward: bool, complex_: bool, n: int, big):
     """SciPy's `fun` as odeint's field, in the integration's variable (`s =
     -t` backwards) and state (`_ivp_encode`): one function per `fun` and
@@ -369,8 +376,7 @@ def _ivp_field(fun, backward: bool, complex_: bool, n: int, big):
     with the same `fun` finds its compiled program (a new closure per call
     compiled again every time: 0.7-1.5 s a call)."""
     form = None if big is None else (big.dtype.str, big.shape, big.tobytes())
-    encode = functools.partial(_ivp_encode, complex_=complex_, big=big)
-    decode = functools.partial(_ivp_decode, n=n, complex_=complex_, big=big)
+    encode, decode = _ivp_codec(n, complex_, big)
 
     def build(fref):
         def field(s, z, a):
@@ -1007,15 +1013,12 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
         # span, an infinite one too)
         te = np.array([float(t0), float(t1)]) if t_eval is None else \
             np.asarray(t_eval, np.float64).reshape(-1)
-        return IVPResult(te, np.zeros((0, te.size), y0.dtype), True, 0, SCIPY_MESSAGES[0],
-                         OdeSolution(None, y0, t0, t1, sign) if dense_output else None,
-                         [np.zeros(0)] * len(specs) if specs else None,
-                         [np.zeros((0,))] * len(specs) if specs else None, 0, 0, 0)
+        return _ivp_unmoved(te, np.zeros((0, te.size), y0.dtype), y0, t_span, sign,
+                            dense_output, specs)
 
     # the state odeint integrates: [Re y, Im y] for a complex one, over `scale`
     big = None if scale is None else (np.concatenate([scale, scale]) if complex_ else scale)
-    encode = functools.partial(_ivp_encode, complex_=complex_, big=big)
-    decode = functools.partial(_ivp_decode, n=n, complex_=complex_, big=big)
+    encode, decode = _ivp_codec(n, complex_, big)
     field = _ivp_field(fun, backward, complex_, n, big)
     z0 = encode(y0)
     counts = _counts(solver)
@@ -1038,11 +1041,7 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
                              f"SciPy requires, got {t_eval!r}.", op=op)
         y = snp.stack([y0] * te.size, axis=1) if isinstance(y0, Tracer) else \
             np.repeat(y0[:, None], te.size, axis=1)
-        none = [np.zeros(0)] * len(specs) if specs else None
-        constant = OdeSolution(None, y0, t0, t1, sign)
-        return IVPResult(te, y, True, 0, SCIPY_MESSAGES[0], constant if dense_output else None,
-                         none, [np.zeros((0,))] * len(specs) if specs else None,
-                         0, 0, 0)
+        return _ivp_unmoved(te, y, y0, t_span, sign, dense_output, specs)
     ts, rows, t = _ivp_times(t0, t1, t_eval, backward, op)
     traced = _in_trace((y0, t_span, args)) or isinstance(t, Tracer)
     if specs and traced:
@@ -1110,6 +1109,16 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
     return IVPResult(t if isinstance(t, Tracer) else np.asarray(t, np.float64), y,
                      res.success, status, message, sol_of() if dense_output else None,
                      t_events, y_events, nfev, njev, njev)
+
+
+def _ivp_unmoved(t, y, y0, t_span, sign: float, dense_output: bool, specs) -> IVPResult:
+    """The result of an integration with nothing to do (a zero-length span,
+    an empty state): `y0` at the times `t` (`y`), SciPy's constant dense
+    output, no events, no evaluations."""
+    return IVPResult(t, y, True, 0, SCIPY_MESSAGES[0],
+                     OdeSolution(None, y0, *t_span, sign) if dense_output else None,
+                     [np.zeros(0)] * len(specs) if specs else None,
+                     [np.zeros((0,))] * len(specs) if specs else None, 0, 0, 0)
 
 
 def _ivp_failure(code: int, limit: int, t_reached) -> str:

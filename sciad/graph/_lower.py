@@ -74,7 +74,8 @@ class Site:
     def warn(self, category: type, message: str) -> None:
         """Warns with `category`, attributed to the user's line (shown once
         per line and text: Python's default filter, with a registry per file)."""
-        text = f"{self.op}: {message}{self._where()}" if self.op else message + self._where()
+        message = message + self._where()
+        text = f"{self.op}: {message}" if self.op else message
         src = self.source
         filename = getattr(src, "file", None) or "<sciad>"
         lineno = getattr(src, "line", None) or 0

@@ -45,7 +45,7 @@ from ..graph._sparsity import sparsity_eval, union
 from ..graph._trace import trace_flat
 from ..graph._types import Pattern
 from ..solvers._coloring import coloring
-from ..solvers._nonlinear import STATUS
+from ..solvers._nonlinear import STATUS, _norm as norm_inf
 from ..solvers._registry import lookup, names as _solver_names
 from ._checks import check, tie
 from ._jacobian import Structure, dense_jacobian, emit
@@ -285,10 +285,6 @@ def judge_root(site, *, status, nit, residual, goal, floor, kind, method, jac, m
               residual=residual, tolerance=tol, atol=goal, error=error, iterations=nit)
 
 
-def _norm_inf(x):
-    return jnp.max(jnp.abs(x), initial=0.0)
-
-
 def default_tol(dtype) -> float:
     """The relative tolerance on the error in `x` when none is given: 1e-10 in
     float64, a thousand times the machine epsilon in lower precision (1.2e-4
@@ -398,7 +394,7 @@ def _root_impl(*args, body, kind, method, jac, pattern=None, colors=0, tol, atol
         out = tie(out, check(judge_root, site or Site("optimize.root"),
                              when=res.status != 0, status=res.status, nit=res.nit,
                              residual=res.residual, goal=res.goal, floor=res.floor,
-                             error=res.error, xnorm=_norm_inf(res.x), x0norm=_norm_inf(x),
+                             error=res.error, xnorm=norm_inf(res.x), x0norm=norm_inf(x),
                              kind=kind, method=method,
                              jac=jac, maxiter=maxiter, tol=tol, dtype=np.dtype(x0.dtype)))
     factor = (res.aux,) if _keeps_factor(method, jac) else None

@@ -56,11 +56,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import _cache
-from ..errors import NotSupportedError, StructureError
-from ._linear import STORE_DIAGONAL
+from ..errors import NotSupportedError
 from ._host import host_call, release_host_heap
 from ._indices import cached_index, pattern_cols, pattern_rows, segment_sum, take
-from ._iterative import AbstractPreconditioner
+from ._iterative import AbstractPreconditioner, missing_diagonal
 from ._threads import one_blas_thread
 
 #: the coarsest level is solved by a dense inverse once it has at most this
@@ -492,10 +491,10 @@ class AMG(AbstractPreconditioner):
                 f"the 'amg' preconditioner builds its hierarchy from a sparse matrix, got a "
                 f"{matrix} one{f' ({shown})' if shown else ''}; pass an `sd.sparse` matrix, "
                 "or use preconditioner='jacobi'.")
-        if np.any(pattern.diagonal_positions() < 0):
-            return StructureError, (
-                f"the 'amg' preconditioner smooths with the diagonal, so it needs every "
-                f"diagonal entry stored; {shown or 'the matrix'} lacks some." + STORE_DIAGONAL)
+        why = missing_diagonal(pattern, "the 'amg' preconditioner smooths with the diagonal, "
+                               "so it", shown)
+        if why is not None:
+            return why
         s = structure(pattern)
         if s.n_coarse > MAX_DENSE:
             return NotSupportedError, (

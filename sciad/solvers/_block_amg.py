@@ -42,11 +42,10 @@ import jax
 import numpy as np
 
 from .. import _cache
-from ..errors import InvalidOptionError, StructureError
-from ._linear import STORE_DIAGONAL
+from ..errors import InvalidOptionError
 from . import _amg
 from ._host import host_call
-from ._iterative import AbstractPreconditioner
+from ._iterative import AbstractPreconditioner, missing_diagonal
 
 
 @dataclass(frozen=True, eq=False)
@@ -252,11 +251,8 @@ class BlockAMG(AbstractPreconditioner):
             "`partition=` (`sd.sparse.row_partition`), or use 'amg'.")
 
     def rejects_partition(self, pattern, *, shown: str = ""):
-        if np.any(pattern.diagonal_positions() < 0):
-            return StructureError, (
-                "the 'block_amg' preconditioner smooths with the diagonal, so it needs every "
-                f"diagonal entry stored; {shown or 'the matrix'} lacks some." + STORE_DIAGONAL)
-        return None
+        return missing_diagonal(pattern, "the 'block_amg' preconditioner smooths with the "
+                                "diagonal, so it", shown)
 
     def partitioned_cost(self, pattern, partition, itemsize: int):
         bs = block_structure(pattern, partition.devices)

@@ -27,8 +27,10 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
+from ..errors import StructureError
 from ._registry import lookup
 
 _HIGHEST = lax.Precision.HIGHEST
@@ -207,6 +209,17 @@ def solve(matvec: Callable, b, *, method, rtol: float, atol: float,
                                               precond), in_axes=1, out_axes=(1, 0, 0, 0))
     x, ok, rel, steps = cols(b)
     return x, jnp.all(ok), jnp.max(rel), jnp.max(steps)
+
+
+def missing_diagonal(pattern, who: str, shown: str = ""):
+    """A preconditioner's refusal (`rejects`' form) of `pattern` where it
+    does not store every diagonal entry, which `who` divides by; None where
+    it does."""
+    if not np.any(pattern.diagonal_positions() < 0):
+        return None
+    return StructureError, (
+        f"{who} needs every diagonal entry stored; {shown or 'the matrix'} lacks some. Store "
+        "it explicitly, zeros included (SciPy: `A.setdiag(A.diagonal())`).")
 
 
 class AbstractPreconditioner:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import StructureError
-from ._linear import STORE_DIAGONAL
-from ._iterative import AbstractPreconditioner
+from ._iterative import AbstractPreconditioner, missing_diagonal
 
 
 class Jacobi(AbstractPreconditioner):
@@ -20,11 +18,9 @@ class Jacobi(AbstractPreconditioner):
     shardable = True  # (each device its rows' diagonal)
 
     def rejects(self, *, matrix: str, pattern=None, shown: str = ""):
-        if matrix == "sparse" and np.any(pattern.diagonal_positions() < 0):
-            return StructureError, (
-                "the Jacobi preconditioner needs every diagonal entry stored; "
-                f"{shown or 'the matrix'} lacks some." + STORE_DIAGONAL)
-        return None
+        if matrix != "sparse":
+            return None
+        return missing_diagonal(pattern, "the Jacobi preconditioner", shown)
 
     def setup(self, a, *, pattern=None, after=None):
         diag = a[pattern.diagonal_positions()] if pattern is not None else jnp.diagonal(a)

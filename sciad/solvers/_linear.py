@@ -23,8 +23,6 @@ from ..errors import DTypeError, InvalidOptionError, SingularMatrixError
 from ._registry import lookup, records
 
 MATRICES = ("dense", "sparse", "operator")
-#: what to do for a preconditioner refusing a pattern without every diagonal entry
-STORE_DIAGONAL = " Store it explicitly, zeros included (SciPy: `A.setdiag(A.diagonal())`)."
 
 
 class AbstractLinearSolver:

@@ -229,13 +229,9 @@ def error_estimate(step, full, fn_old, fn_new, x_new):
     Levenberg-Marquardt step damped along a direction where `F` changes
     little, whose `||F||` may still fall.) 0 where `F` vanished (so a root
     at 0 passes); NaN never passes."""
-    sn = _norm(step)
     fall = jnp.minimum(1.0, fn_new / jnp.where(fn_old > 0, fn_old, 1.0))
-    est = _norm(full - step) + sn * jnp.where(fn_new > 0, fall, 0.0)
-    est = jnp.where(fn_new == 0, 0.0, est)
-    xn = _norm(x_new)
-    rel = jnp.where(est == 0, 0.0, est / jnp.where(xn > 0, xn, jnp.finfo(xn.dtype).tiny))
-    return rel.astype(fn_new.dtype)
+    est = jnp.where(fn_new == 0, 0.0, _norm(full - step) + _norm(step) * fall)
+    return _relative(est, x_new).astype(fn_new.dtype)
 
 
 def rounding_floor(F: Callable, x, fx):
@@ -336,10 +332,9 @@ def newton(F: Callable, x0, linear: LinearSolve, *, tol: float, atol: float,
         fx = jnp.where(keep, ft, fx)
         return x, fx, k + 1, new_status, slow, aux, fresh, error
 
-    real = jnp.zeros((), x0.real.dtype)
     state = (x0, f0, jnp.zeros((), jnp.int32), status0, jnp.zeros((), jnp.int32),
              jax.tree_util.tree_map(jnp.asarray, linear.init),
-             jnp.asarray(not linear.started), real + jnp.inf)
+             jnp.asarray(not linear.started), jnp.asarray(jnp.inf, x0.real.dtype))
     x, fx, k, status, _, aux, _, error = jax.lax.while_loop(cond, body, state)
     status, floor = _finish(F, x, fx, status, at_floor)
     return Result(x, k, _norm(fx), status, goal, linear.handle(aux), floor, error)
@@ -406,7 +401,8 @@ def anderson(G: Callable, x0, *, memory: int, tol: float, atol: float, maxiter: 
 
 
 def _relative(fn, x):
-    """`fn / ||x||_inf` (0 for `fn = 0`; inf for a nonzero `fn` at `x = 0`)."""
+    """`fn / ||x||_inf` (0 for `fn = 0`; inf for a nonzero `fn` at `x = 0`;
+    NaN for a NaN `fn`)."""
     xn = _norm(x)
     return jnp.where(fn == 0, 0.0, fn / jnp.where(xn > 0, xn, jnp.finfo(xn.dtype).tiny))
 
