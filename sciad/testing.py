@@ -75,6 +75,7 @@ from .errors import DTypeError, MissingRuleError, NonFiniteError, NotSupportedEr
 from .errors import BatchFallbackWarning, InvalidOptionError, ShapeError
 from .graph import Graph, Primitive, instantiate, lower, trace
 from .graph._autodiff import Zero, is_differentiable, jvp_graph, type_of, vjp_graph
+from .graph._passes import place_releases
 from .graph._sparsity import input_deps, sparsity_eval
 from .primitives import call
 
@@ -119,8 +120,10 @@ def _run(graph: Graph, args) -> list[np.ndarray]:
     """Runs `graph` op by op (no XLA compile of the whole: quick for small
     checks), or compiled once if it holds solver nodes (an iterative
     solver's loop run op by op is slow) or many nodes (op by op, each op
-    of a new shape is an XLA compile of its own)."""
-    fn = lower(graph)
+    of a new shape is an XLA compile of its own). The releases of what it
+    makes are placed for the graph as it is (a derived graph's readers of a
+    factorization come after the primal's)."""
+    fn = lower(place_releases(graph))
     if len(graph.nodes) > _OP_BY_OP_NODES or _has_runtime_checks(graph):
         hit = _COMPILED.get(id(graph))
         if hit is None or hit[0] is not graph:

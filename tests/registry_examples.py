@@ -101,6 +101,22 @@ def _factor_example(a, b, d, c, transpose):
     return x, y
 
 
+def _release_example(d, c):
+    """A compiled factorization its program makes (`uses` counted), read by
+    two solves, and the release that ends it after them (what
+    `place_releases` places)."""
+    from sciad.primitives._linalg import (linalg_backsolve_p, linalg_factor_p,
+                                          linalg_release_p)
+
+    S = _square(d)
+    p = S.type.pattern
+    f = linalg_factor_p.bind(S, solver="klu", pattern=p, uses=2)
+    y = linalg_backsolve_p.bind(f, S, c, solver="klu", pattern=p)
+    z = linalg_backsolve_p.bind(f, S, y, solver="klu", pattern=p, transpose=True)
+    linalg_release_p.bind(f, y, z, solver="klu")
+    return z
+
+
 def _rcond_example(a, d, shared):
     """Condition estimates of a dense and a sparse matrix, from a
     factorization of their own or (`shared`) from a given one."""
@@ -296,6 +312,7 @@ EXAMPLES.update({
     # run an example shared by several primitives once)
     "linalg.factor": (lambda a, b, d, c: _factor_example(a, b, d, c, transpose=True),
                       (_f64(3, 3), _f64(3), _f64(6), _f64(4, 2))),
+    "linalg.release": (_release_example, (_f64(6), _f64(4, 2))),
     "linalg.solve_operator": (
         lambda th, b: sd.linalg.solve(
             sd.linalg.operator(lambda v: snp.exp(th) * v + 0.3 * (_A33 @ v), (3, 3)), b,

@@ -392,7 +392,8 @@ def test_batch_of_matrices_on_one_pattern_shares_factors_with_its_adjoint(rng, s
     if solver != "cg":
         (factor,) = _ops(graph, "linalg.factor")
         assert factor.primitive.name == "map"
-        readers = [n for n in graph.nodes if factor.outputs[0] in n.inputs]
+        readers = [n for n in graph.nodes if factor.outputs[0] in n.inputs
+                   and not n.primitive.releases]  # (klu: its release reads it too)
         assert len(readers) == 2  # the solve and the adjoint's transposed solve
     got = sd.graph.evaluate(graph, K, B)
     with sd.config.x64_scope():

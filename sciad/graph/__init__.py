@@ -2,6 +2,7 @@
 
 from ._core import (
     Factored as Factored,
+    Holding as Holding,
     Graph as Graph,
     Literal as Literal,
     Node as Node,

@@ -134,8 +134,9 @@ def can_fail(node: Node) -> bool:
 
 def must_run(node: Node) -> bool:
     """Whether `node` runs whether or not its results are used: it has
-    effects, or it can fail (`can_fail`)."""
-    return has_effects(node) or can_fail(node)
+    effects, it ends what the program made (`releases`), or it can fail
+    (`can_fail`)."""
+    return node.primitive.releases or has_effects(node) or can_fail(node)
 
 
 def _graphs_in(values) -> Iterator["Graph"]:
@@ -276,7 +277,10 @@ class Primitive:
     - `runtime_checks=True` declares that the implementation checks its
       values when the program runs (a solve finding its matrix singular):
       lowering then passes it `site=` (a `sciad.primitives.Site`: the node's
-      op, source line and text, for its messages), and `sd.function` waits
+      op, source line and text, for its messages, and what the program
+      holds so far, `Site.held`; an implementation that declares a `site`
+      parameter gets one too, and a node lowering a body passes
+      `site.held` on: `lower(body, site.held)`), and `sd.function` waits
       for the results of programs holding such nodes, so that a failed
       check raises from the call that ran it.
     - `factored(params) -> Factored | None`, for a solve-like op: how a node
@@ -296,12 +300,22 @@ class Primitive:
       cotangents, so `sd.jvp` (and `hvp`, `jacfwd`) transposes a tangent map
       holding such nodes once, on a fixed random cotangent, and ties the
       result to its own: the checks judge forward mode too.
-    - `fit_to_readers(params, readers, complete) -> params`, for a primitive
-      making a factorization that nodes share: the node's params, given the
-      nodes that read its result (`complete`: all of them declare
-      `reads_factor`, and the factorization is not a graph output).
-      `share_factors` calls it on every factorization node (which
-      structure to assume, whether to raise, when to free it).
+    - `fit_to_readers(params, readers, complete, escapes) -> params`, for a
+      primitive making a factorization that nodes share: the node's params,
+      given the nodes that read its result (`complete`: all of them declare
+      `reads_factor`, and the factorization is not a graph output;
+      `escapes`: it is a graph output). `share_factors` calls it on every
+      factorization node (which structure to assume, whether to raise,
+      whether the program makes and ends what it holds).
+    - `holds(params) -> Holding | None`, for a primitive whose first output,
+      with these params, holds something the running program made and must
+      end (a compiled factorization's handles): how it is ended (see
+      `Holding`). `place_releases` puts the release node after its last
+      reader; lowering gives a failing check the host release of every such
+      value made so far.
+    - `releases=True` declares the primitive that ends such a value (a
+      `Holding.release`): it has no outputs, and `place_releases` alone
+      places it.
 
     `params` declares the static params the rules take: a mapping from each
     name to a `Param` (or a bare type spec, for a required param), e.g.
@@ -318,6 +332,8 @@ class Primitive:
                  reads_factor: bool = False,
                  checks_cotangents: bool = False,
                  fit_to_readers: Callable[..., Mapping[str, Any]] | None = None,
+                 holds: Callable[[Mapping[str, Any]], "Holding | None"] | None = None,
+                 releases: bool = False,
                  params: Mapping[str, Param | Any] | None = None,
                  register: bool = True, _source: SourceInfo | None = None):
         if not isinstance(name, str) or not name or any(c.isspace() for c in name):
@@ -331,6 +347,8 @@ class Primitive:
         self.reads_factor = bool(reads_factor)
         self.checks_cotangents = bool(checks_cotangents)
         self.fit_to_readers = fit_to_readers
+        self.holds = holds
+        self.releases = bool(releases)
         #: the declared params, `{name: Param}`, or None (undeclared: any params)
         self.params: Mapping[str, Param] | None = as_declaration(name, params)
         self.defined_at = _source or _definition_site()
@@ -773,6 +791,35 @@ class Primitive:
         if self.params is not None:
             declared = f", params=({', '.join(f'{k}: {p}' for k, p in self.params.items())})"
         return f"Primitive({self.name!r}{declared}, rules=[{', '.join(self.rules)}])"
+
+
+class Holding(NamedTuple):
+    """What a node's first output holds that the program running it made and
+    must end (a primitive's `holds` trait gives it, from the node's params):
+
+    - `release`: the primitive (declared `releases=True`) whose node ends it,
+      `release(value, *after, **release_params)`, placed by `place_releases`
+      after the last node reading the value (`after`: those readers'
+      outputs, so the release waits for them); None where the readers end it
+      themselves (SuperLU's host store counts its solves).
+    - `release_now(first_array)`: ends it from the host, given the value's
+      first array (a NumPy array), for a check that fails while the program
+      runs (its raise stops the program before the release node). It must
+      be idempotent: a second end of the same value does nothing.
+
+    - `without`: the node's params with which it holds nothing (its readers
+      then do without: a compiled solve factors in its own call), for a
+      program XLA partitions over devices, where a release, a call with a
+      side effect, has no place (`place_releases(graph, hold=False)`).
+
+    A value that is an output of its graph is not released there: the node
+    lowering that graph (a `map` handing its body's factorizations to the
+    enclosing program) holds it in its turn, through its own `holds`."""
+
+    release: "Primitive | None"
+    release_params: Mapping[str, Any]
+    release_now: Callable[[Any], None] | None
+    without: Mapping[str, Any]
 
 
 class Factored(NamedTuple):

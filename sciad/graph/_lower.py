@@ -5,14 +5,22 @@ traced by `jax.jit` into one XLA program. A failing implementation is
 re-raised as `LoweringError` with the node's printed line and source, and an
 implementation whose result disagrees with the node's type is an error too
 (a user primitive's shape rule and implementation must agree).
+
+Lowering is a plain interpreter: where what a program makes ends is in the
+graph (`place_releases` puts a release node after the last reader of every
+value a node `holds`). What it keeps is the list of such values made so far
+in this run and the runs lowering it (`Site.held`), which it hands to every
+check with the node's site: a check that fails stops the program before its
+release nodes run, so it ends them from the host first.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
+import functools
+import inspect
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import jax
@@ -42,10 +50,21 @@ class Site:
     #: `(index, batch shape)` where the check judges one example of a batch
     #: (`in_example`): the failure names it
     example: tuple | None = None
+    #: `((value, release_now), ...)`: what the program made and holds when
+    #: this node runs (a node's `holds`: the first array of its value, and
+    #: the host release of a failed check), in this run and the runs lowering
+    #: it. JAX values of the program: a check passes them to its host call
+    #: (`sciad.primitives._checks.releasing`) and keeps the `bare` site
+    held: tuple = field(default=(), compare=False, repr=False)
 
     @classmethod
-    def of(cls, node) -> "Site":
-        return cls(node.primitive.name, node.source, format_node(node))
+    def of(cls, node, held: tuple = ()) -> "Site":
+        return cls(node.primitive.name, node.source, format_node(node), held=tuple(held))
+
+    @property
+    def bare(self) -> "Site":
+        """This site without `held` (what a host function keeps)."""
+        return dataclasses.replace(self, held=()) if self.held else self
 
     def in_example(self, i: int, batch: tuple) -> "Site":
         """This site judging example `i` (flat) of a batch of shape `batch`
@@ -87,165 +106,37 @@ class Site:
 _registries: dict[str, dict] = {}
 
 
-class _Scope:
-    """One lowering run: the graph, the node being lowered, and the
-    finalizers registered for the end of the run (`at_end`)."""
-
-    __slots__ = ("graph", "node", "finalizers", "outputs", "offer", "handed", "takes", "made")
-
-    def __init__(self, graph: Graph):
-        self.graph = graph
-        self.node: Node | None = None
-        self.finalizers: list = []
-        # (`made_in_run` / `in_flight`: what the run made and frees at its end,
-        # with a host release for a failed run)
-        self.made: list = []
-        self.outputs: set | None = None
-        # (`offer_body_outputs` / `hand_out`: a body's outputs whose release
-        # the node lowering it takes over, and what the body handed it)
-        self.offer: frozenset | None = None
-        self.handed: list = []
-        self.takes: frozenset | None = None
-
-
-_scopes = threading.local()
-
-
-def _stack() -> list:
-    stack = getattr(_scopes, "stack", None)
-    if stack is None:
-        stack = _scopes.stack = []
-    return stack
-
-
-def at_end(fn: Callable[[list], None]) -> None:
-    """Registers `fn(outputs)` to run when the lowering of the current graph
-    has lowered all its nodes (`outputs`: the JAX values the run returns).
-    A node's implementation releases there what it made for the program
-    (a compiled factorization's handles: `sciad.primitives._linalg_run`),
-    ordered after every value the run returns. A nested body (a loop's, a
-    branch's, a map's) is lowered by its own run, with its own finalizers.
-    Outside a lowering run, `fn` is never called (nothing is made to last)."""
-    stack = _stack()
-    if stack:
-        stack[-1].finalizers.append(fn)
-
-
-def made_in_run(value, release_now: Callable[[Any], None]) -> None:
-    """Registers `value` (a factorization's handles) as made by the current
-    run and freed at its end, with `release_now(host_value)`, which frees it
-    from the host: a host check that fails while the run is in flight calls
-    it before it raises (the raise stops the program, so the release at the
-    end may never run; see `in_flight`). `release_now` must be idempotent
-    (`release_now.idempotent`): a release of handles released already, by
-    the program or by another check that failed at the same time, frees
-    nothing (KLU's and cuDSS's handles carry a generation; SuperLU's store
-    forgets a handle once)."""
-    assert getattr(release_now, "idempotent", False), (
-        "made_in_run: a host release must be idempotent; this is a bug in sciad")
-    stack = _stack()
-    if stack:
-        stack[-1].made.append((value, release_now))
-
-
-def in_flight() -> list:
-    """`(value, release_now)` of what the current run, and the runs lowering
-    it (a loop's or a map's body: a check's raise stops the whole program),
-    made so far and free at their ends (`made_in_run`): a host check passes
-    the values to the host and releases them there if it raises."""
-    return [m for scope in _stack() for m in scope.made]
-
-
-def node_escapes() -> bool:
-    """Whether an output of the node being lowered is an output of the graph
-    being lowered (it then outlives this run: a nested body's result, or the
-    program's). True outside a lowering run."""
-    stack = _stack()
-    if not stack or stack[-1].node is None:
-        return True
-    scope = stack[-1]
-    if scope.outputs is None:
-        scope.outputs = {id(a) for a in scope.graph.outputs}
-    return any(id(v) in scope.outputs for v in scope.node.outputs)
-
-
-def offer_body_outputs() -> None:
-    """Called by a node's implementation (a `map`'s) before it lowers its
-    body, whose outputs are the node's outputs one for one: the body may
-    hand it the release of those outputs the graph being lowered does not
-    return (`hand_out`), for `take_handed` to register at this run's end."""
-    stack = _stack()
-    if not stack or stack[-1].node is None:
-        return
-    scope = stack[-1]
-    if scope.outputs is None:
-        scope.outputs = {id(a) for a in scope.graph.outputs}
-    scope.offer = frozenset(k for k, v in enumerate(scope.node.outputs)
-                            if id(v) not in scope.outputs)
-
-
-def hand_out(release: Callable[[Any, list], None],
-             release_now: Callable[[Any], None] | None = None) -> bool:
-    """For a node whose outputs escape its graph only as outputs of a body
-    whose caller offered to take them (`offer_body_outputs`): hands the
-    caller `release(value, outputs)`, to be run at the end of the caller's
-    run on the caller's value of that output (and `release_now`, registered
-    there with `made_in_run`). Returns whether it was taken (else the node's
-    outputs outlive every run it can see)."""
-    stack = _stack()
-    if len(stack) < 2 or stack[-1].node is None or stack[-1].takes is None:
-        return False
-    scope = stack[-1]
-    outs = [k for k, a in enumerate(scope.graph.outputs)
-            if any(a is v for v in scope.node.outputs)]
-    if not outs or not all(k in scope.takes for k in outs):
-        return False
-    stack[-2].handed.append((outs[0], release, release_now))
-    return True
-
-
-def take_handed(outputs: Sequence[Any] | None) -> None:
-    """Registers at this run's end the releases a body handed out while the
-    caller lowered it (`hand_out`), each on the caller's value of that body
-    output (None: the lowering failed; nothing to release); ends the offer."""
-    stack = _stack()
-    if not stack:
-        return
-    scope = stack[-1]
-    handed, scope.handed, scope.offer = scope.handed, [], None
-    if outputs is None:
-        return
-    for k, release, release_now in handed:
-        value = outputs[k]
-        at_end(lambda outs, release=release, value=value: release(value, outs))
-        if release_now is not None:
-            made_in_run(value, release_now)
-
-
 #: the size (elements) from which a constant is kept from XLA's constant
 #: folding (`LowerInterpreter.literal`)
 LARGE_LITERAL = 4096
 
 
+@functools.lru_cache(maxsize=None)
+def _takes_site(impl: Callable) -> bool:
+    """Whether an implementation declares a `site` parameter (a node with a
+    body forwards `site.held` to the lowering of its body)."""
+    try:
+        return "site" in inspect.signature(impl).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _first_array(value):
+    return jax.tree_util.tree_leaves(value)[0]
+
+
 class LowerInterpreter(Interpreter):
+    """Lowers `graph` node by node. `held`: what the runs lowering this one
+    (a loop's, a map's) made and hold (`Site.held`)."""
+
+    def __init__(self, graph: Graph, held: tuple = ()):
+        super().__init__(graph)
+        self.outer = tuple(held)
+        self.held: list = []
+
     def run(self, *args) -> list:
-        scope = _Scope(self.graph)
-        stack = _stack()
-        if stack and stack[-1].offer is not None:  # (a map's body, lowered again after
-            scope.takes = stack[-1].offer          # a failed vmap: what it handed is
-            stack[-1].handed = []                  # dropped)
-        stack.append(scope)
-        try:
-            outs = super().run(*args)
-            # (the releases wait for the outputs; a failed check's host
-            # function has released what the runs made, and a release of
-            # handles released already frees nothing: `made_in_run`)
-            after = list(outs)
-            for fn in scope.finalizers:
-                fn(after)
-        finally:
-            stack.pop()
-        return outs
+        self.held = list(self.outer)
+        return super().run(*args)
 
     def literal(self, lit):
         # implementations receive JAX arrays only (`x.at[...]` and friends).
@@ -265,12 +156,9 @@ class LowerInterpreter(Interpreter):
             raise MissingRuleError(
                 f"has no implementation, so it cannot be lowered. Define one with "
                 f"`@{prim.name}_p.def_impl`.", op=prim.name, source=node.source)
-        scope = _stack()[-1] if _stack() else None
-        if scope is not None:
-            scope.node = node
         try:
-            if prim.runtime_checks:
-                out = impl(*invals, site=Site.of(node), **node.params)
+            if prim.runtime_checks or _takes_site(impl):
+                out = impl(*invals, site=Site.of(node, self.held), **node.params)
             else:
                 out = impl(*invals, **node.params)
         except SciadError as e:
@@ -293,17 +181,25 @@ class LowerInterpreter(Interpreter):
                     + ("" if t is v.type else f" (the data of {v.type.str_short()})")
                     + "; the two rules must agree.", op=prim.name,
                     source=node.source)
+        held = prim.holds(node.params) if prim.holds is not None else None
+        if held is not None and held.release_now is not None and outs:
+            assert getattr(held.release_now, "idempotent", False), (
+                f"{prim.name}: a host release must be idempotent; this is a bug in sciad")
+            self.held.append((_first_array(outs[0]), held.release_now))
         return outs
 
 
-def lower(graph: Graph) -> Callable[..., list]:
+def lower(graph: Graph, held: tuple = ()) -> Callable[..., list]:
     """A function `f(*flat_inputs) -> list of outputs` on JAX arrays.
 
     Call it inside `jax.jit` (as `sd.function` does) for one compiled XLA
-    program; called directly it runs op by op.
+    program; called directly it runs op by op. `held`: for a body lowered by
+    a node's implementation (a loop's, a map's), what the enclosing runs
+    hold (the node's `site.held`), so a check in the body that fails ends
+    it too.
     """
     def lowered(*args):
-        return LowerInterpreter(graph).run(*args)
+        return LowerInterpreter(graph, held).run(*args)
 
     lowered.__name__ = graph.name
     return lowered

@@ -1,5 +1,5 @@
 """Graph-to-graph passes: `dce`, `cse`, `fold_constants`, `simplify`,
-`share_factors`, `hoist`, `optimize`.
+`share_factors`, `hoist`, `place_releases`, `optimize`.
 
 Every pass has the shape `def dce(graph: Graph) -> Graph`. It builds a new graph
 and never changes its input; it keeps `graph.inputs` (the same `Var`s, in the same
@@ -498,12 +498,13 @@ def share_factors(graph: Graph) -> Graph:
     Each factor node's params are then set from its readers by its
     primitive's `fit_to_readers` trait: for `linalg.factor`, `assume` the
     strongest structure a solve relies on, `throw=False` if no reader raises
-    (a `throw=False` solve, a condition estimate), and, for a factorization
-    held on the host (`splu`), `uses` the number of nodes reading it, so the
-    last one releases it when the program runs (None where the factor is a
-    graph output or read by a node whose primitive does not declare
-    `reads_factor`: it is then kept until the host store's bound pushes it
-    out).
+    (a `throw=False` solve, a condition estimate), and `uses`, the number of
+    nodes reading it, where the program that makes the factorization ends
+    it: for one held on the host (`splu`) the last reader releases it (None
+    where the factor is a graph output or read by a node whose primitive
+    does not declare `reads_factor`: it is then kept until the host store's
+    bound pushes it out); a compiled one's handles are made only then, and
+    ended by the release `place_releases` puts after its last reader.
 
     **Arguments:**
 
@@ -556,8 +557,9 @@ def _fit_factors(nodes: list[Node], outputs) -> list[Node]:
         # the factorization: the node's first output that is one
         f = next((v for v in node.outputs if holds_tuple(v.type)), node.outputs[0])
         users = readers.get(f, [])
-        complete = f not in escaping and all(u.primitive.reads_factor for u in users)
-        params = dict(fit(node.params, users, complete))
+        escapes = f in escaping
+        complete = not escapes and all(u.primitive.reads_factor for u in users)
+        params = dict(fit(node.params, users, complete, escapes))
         out.append(node if params == dict(node.params) else node.replace(params=params))
     return out
 
@@ -604,17 +606,109 @@ def _hoist_graph(graph: Graph, run: _Run) -> Graph:
 
 
 # --------------------------------------------------------------------------
+# place_releases
+
+
+def place_releases(graph: Graph, hold: bool = True) -> Graph:
+    """Ends what the program makes: after the last node reading a value that
+    holds something the running program made (a compiled factorization's
+    handles: its primitive's `holds` trait says so, and how it is ended), a
+    release node (`Holding.release`, a primitive declared `releases=True`)
+    reading the value and every output of its readers, so it runs after
+    them. In every subgraph too. A held value that is an output of its
+    graph is left to the node lowering that graph (a `map` whose body makes
+    a factorization holds the batch of them in the enclosing graph). Release
+    nodes already in the graph are placed again, so the pass can run twice.
+
+    Run last (`optimize` does): a later pass that moved a reader (`hoist`)
+    would leave a release behind it. Lowering then needs no bookkeeping of
+    its own: the graph says where every made value ends, and, for a check
+    that fails while the program runs, which values are live
+    (`sciad.graph._lower`).
+
+    **Arguments:**
+
+    - `graph`: the graph to rewrite. It is not changed.
+    - `hold`: False for a program XLA partitions over devices (its inputs
+      laid over several): there a release, a call with a side effect, has
+      no sharding, so nothing is held (`Holding.without`: each compiled
+      solve factors in its own call) and no release is placed.
+
+    **Returns:**
+
+    A new `Graph` with the same inputs and outputs.
+    """
+    if not hold:
+        return _finish(graph, _memo(_unhold_graph)(graph))
+    return _finish(graph, _memo(_place_releases_graph)(graph))
+
+
+def _unhold_graph(graph: Graph, run: _Run) -> Graph:
+    nodes = []
+    for node in graph.nodes:
+        if node.primitive.releases:
+            continue
+        node = _map_subgraphs(node, run)
+        holds = node.primitive.holds
+        held = holds(node.params) if holds is not None else None
+        if held is not None and held.release is not None:
+            node = node.replace(params=dict(held.without))
+        nodes.append(node)
+    return _rebuild(graph, nodes, graph.outputs)
+
+
+def _strip_releases(graph: Graph) -> Graph:
+    """`graph` without its release nodes (in subgraphs too)."""
+    def strip(g: Graph, run: _Run) -> Graph:
+        nodes = [_map_subgraphs(n, run) for n in g.nodes if not n.primitive.releases]
+        return _rebuild(g, nodes, g.outputs)
+
+    return _memo(strip)(graph)
+
+
+def _place_releases_graph(graph: Graph, run: _Run) -> Graph:
+    nodes = [_map_subgraphs(n, run) for n in graph.nodes if not n.primitive.releases]
+    escaping = {a for a in graph.outputs if isinstance(a, Var)}
+    readers: dict[Var, list[int]] = {}
+    for i, node in enumerate(nodes):
+        for a in node.inputs:
+            if isinstance(a, Var):
+                readers.setdefault(a, []).append(i)
+    placed: dict[int, list[Node]] = {}
+    for i, node in enumerate(nodes):
+        holds = node.primitive.holds
+        held = holds(node.params) if holds is not None else None
+        if held is None or held.release is None or node.outputs[0] in escaping:
+            continue
+        f = node.outputs[0]
+        users = sorted(set(readers.get(f, ())))
+        after = tuple(v for j in users for v in nodes[j].outputs)
+        release = Node(held.release, (f, *after), (), dict(held.release_params),
+                       frozenset({"release"}), node.source)
+        placed.setdefault(max(users, default=i), []).append(release)
+    if not placed:
+        return _rebuild(graph, nodes, graph.outputs)
+    out: list[Node] = []
+    for i, node in enumerate(nodes):
+        out.append(node)
+        out.extend(placed.get(i, ()))
+    return _rebuild(graph, out, graph.outputs)
+
+
+# --------------------------------------------------------------------------
 # optimize
 
 
 def optimize(graph: Graph, max_rounds: int = 10) -> Graph:
     """`simplify`, `fold_constants`, `cse`, `share_factors`, `hoist` and `dce`,
-    repeated until the graph stops changing.
+    repeated until the graph stops changing, then `place_releases`.
 
     One pass can open work for another (a folded constant may be a `1` that
     `simplify` removes; a simplified expression may duplicate another), so the
     four run in rounds until a round leaves every node as it was, or
-    `max_rounds` have run.
+    `max_rounds` have run. The releases of what the program makes are placed
+    once the nodes stay where they are (those of a graph optimized before
+    are taken out first).
 
     **Arguments:**
 
@@ -625,6 +719,7 @@ def optimize(graph: Graph, max_rounds: int = 10) -> Graph:
 
     A new `Graph` with the same inputs and output types.
     """
+    graph = _strip_releases(graph)
     for _ in range(max_rounds):
         new = dce(hoist(share_factors(cse(fold_constants(simplify(graph))))))
         # the passes keep a node object they do not change (and its subgraphs)
@@ -632,4 +727,4 @@ def optimize(graph: Graph, max_rounds: int = 10) -> Graph:
         graph = new
         if done:
             break
-    return graph
+    return place_releases(graph)

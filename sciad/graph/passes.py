@@ -1,6 +1,6 @@
 """Graph-to-graph passes, each `Graph -> Graph`: `dce`, `cse`, `fold_constants`,
 `simplify`, `share_factors` (one factorization per matrix), `hoist` (loop-invariant
-code motion), and `optimize`,
+code motion), `place_releases` (where what a program makes ends), and `optimize`,
 which runs them to a fixed point."""
 
 from ._passes import (
@@ -9,6 +9,7 @@ from ._passes import (
     fold_constants as fold_constants,
     hoist as hoist,
     optimize as optimize,
+    place_releases as place_releases,
     share_factors as share_factors,
     simplify as simplify,
 )

@@ -31,8 +31,8 @@ def _call_shape(*in_types, body):
 
 
 @call_p.def_impl
-def _call_impl(*args, body):
-    return tuple(lower(body)(*args))
+def _call_impl(*args, body, site=None):
+    return tuple(lower(body, site.held if site is not None else ())(*args))
 
 
 @functools.lru_cache(maxsize=256)

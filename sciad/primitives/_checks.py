@@ -45,7 +45,6 @@ import numpy as np
 
 from ..errors import IllConditionedWarning, NonFiniteError, SingularMatrixError, StructureError
 from ..graph import Site
-from ..graph import _lower
 from ..solvers._host import host_call
 from ..solvers._registry import lookup
 
@@ -172,7 +171,10 @@ def check(judge, site: Site, /, *, when=None, **measures):
     into the checked value. Static keyword values (dtypes, tags, solver
     names) are passed as they are. With `when` (a traced bool), the host is
     called only where it holds (`lax.cond`; under `vmap`, everywhere): the
-    judgement of measures that pass costs no host call."""
+    judgement of measures that pass costs no host call. What the program
+    holds when the check runs (`site.held`) is ended from the host before a
+    failure raises (`releasing`)."""
+    held, site = (site.held, site.bare) if site is not None else ((), site)
     names, values, static = [], [], {}
     for k, v in measures.items():
         if isinstance(v, (jax.Array, jax.core.Tracer)) or (
@@ -192,7 +194,7 @@ def check(judge, site: Site, /, *, when=None, **measures):
             judge(site.in_example(i, batch), **static, **{n: f[i] for n, f in zip(names, flat)})
         return (np.zeros(batch, np.int32),)
 
-    host, values = releasing(judge_all, values)
+    host, values = releasing(judge_all, values, held)
 
     def call(values):
         (tok,) = host_call(host, (jax.ShapeDtypeStruct((), jnp.int32),), *values,
@@ -204,19 +206,18 @@ def check(judge, site: Site, /, *, when=None, **measures):
     return jax.lax.cond(when, call, lambda _: jnp.zeros((), jnp.int32), values)
 
 
-def releasing(host, operands):
+def releasing(host, operands, held=()):
     """`(host', operands')`: the host function of a check that may raise,
-    given the handles of the factorizations the current runs made so far
-    (`_lower.in_flight`) as extra operands, which it releases before it
-    raises: the raise stops the program, whose releases at its end may then
-    never run (where one already ran, or another failed check released the
-    same handles, the release frees nothing). `host'` calls `host` with the
-    original operands."""
-    flight = _lower.in_flight()
-    if not flight:
+    given the first arrays of what the program made and holds (`held`, a
+    `Site.held`: this run's and those lowering it) as extra operands, which
+    it ends before it raises: the raise stops the program, whose release
+    nodes may then never run (where one already ran, or another failed
+    check ended the same value, the host release does nothing). `host'`
+    calls `host` with the original operands."""
+    if not held:
         return host, list(operands)
     n = len(operands)
-    releases = [release for _, release in flight]
+    releases = [release for _, release in held]
 
     def guarded(*vals):
         try:
@@ -229,7 +230,7 @@ def releasing(host, operands):
                     pass
             raise
 
-    return guarded, [*operands, *(v for v, _ in flight)]
+    return guarded, [*operands, *(v for v, _ in held)]
 
 
 def tie(value, *tokens):

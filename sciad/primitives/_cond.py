@@ -99,8 +99,9 @@ def _cond_shape(pred, *in_types, true_body, false_body):
 
 
 @cond_p.def_impl
-def _cond_impl(pred, *args, true_body, false_body):
-    ft, ff = lower(true_body), lower(false_body)
+def _cond_impl(pred, *args, true_body, false_body, site=None):
+    held = site.held if site is not None else ()
+    ft, ff = lower(true_body, held), lower(false_body, held)
     return tuple(jax.lax.cond(pred, lambda a: tuple(ft(*a)), lambda a: tuple(ff(*a)),
                               tuple(args)))
 
@@ -358,8 +359,8 @@ def _checkpoint_shape(*in_types, body):
 
 
 @checkpoint_p.def_impl
-def _checkpoint_impl(*args, body):
-    return tuple(lower(body)(*args))
+def _checkpoint_impl(*args, body, site=None):
+    return tuple(lower(body, site.held if site is not None else ())(*args))
 
 
 @checkpoint_p.def_jvp

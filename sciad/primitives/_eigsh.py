@@ -569,7 +569,9 @@ def _operator_host(matvec, n, k, which, tol, maxiter, site, v0=None, ncv=None):
 @eigsh_operator_p.def_impl
 def _operator_impl(*params, body, k, which, tol=0.0, maxiter=None, degenerate_tol,
                    v0=None, ncv=None, site=None):
-    site = site or Site("linalg.eigsh")
+    # (the body runs in its own program, called from ARPACK's loop on the
+    # host: it closes over no value of this one)
+    site = (site or Site("linalg.eigsh")).bare
     n = body.inputs[-1].type.shape[0]
     f = jax.jit(lower(body))
 

@@ -63,7 +63,7 @@ import numpy as np
 from .. import _ops as ops, solvers
 from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NonFiniteError,
                       NotSupportedError, ShapeError, SingularMatrixError, plain)
-from ..graph import (Body, Factored, Param, Primitive, Site, SparseType, TensorType, Zero,
+from ..graph import (Body, Factored, Holding, Param, Primitive, Site, SparseType, TensorType, Zero,
                      instantiate, is_linear, is_zero, jvp_eval, lower, vjp_eval)
 from ..graph._autodiff import needs_ct, type_of
 from ..graph._body import trace_body
@@ -72,7 +72,8 @@ from ..graph._params import shown_params
 from ..graph._serialize import graph_param_v1, register_v1_migration
 from ..graph._sparsity import along, dense, empty, union
 from ..graph._trace import trace_flat
-from ..graph._types import FactorType, Pattern, holds_tuple, register_factor_layout
+from ..graph._types import (BatchedType, FactorType, Pattern, holds_tuple,
+                            register_factor_layout)
 from ..solvers._indices import pattern_transpose, take
 from ..solvers._linear import auto_preconditioner, names_for, resolve
 from ..solvers._registry import lookup, records
@@ -372,18 +373,18 @@ def _iterative_solve(matvec, a, b, *, solver, pattern, rtol, atol, maxiter, prec
     measures = dict(nonfinite_b=~jnp.all(jnp.isfinite(b)), converged=ok, residual=rel,
                     iterations=steps, **extra)
 
-    def judged(m):
-        return check(judge_krylov, site, dtype=np.dtype(b.dtype), solver=solver, rtol=rtol,
+    def judged(m, s=site.bare):
+        return check(judge_krylov, s, dtype=np.dtype(b.dtype), solver=solver, rtol=rtol,
                      atol=atol, maxiter=maxiter, tags=frozenset({assume} if assume else ()),
                      **m)
 
-    if each_device is not None:  # (a sharded solve's: judged on every device)
-        return tie(x, each_device(judged, measures))
+    if each_device is not None:  # (a sharded solve's: judged on every device, where
+        return tie(x, each_device(judged, measures))  # the program's handles are not)
     # (`judge_krylov` only raises)
     when = measures["nonfinite_b"] | ~measures["converged"]
     if extra:
         when |= _matrix_fails(extra, np.dtype(b.dtype))
-    return tie(x, check_where(when, measures, judged))
+    return tie(x, check_where(when, measures, judged, site))
 
 
 def _apply_preconditioner(pre, state, a, v, *, pattern, transpose):
@@ -459,7 +460,7 @@ def _raises(reader) -> bool:
                                                           declared["throw"].default))
 
 
-def _factor_fit(params, readers, complete) -> dict:
+def _factor_fit(params, readers, complete, escapes=False) -> dict:
     # `assume`: the strongest structure a reader relies on; `throw=False` if
     # no reader raises; `uses`, for a factorization held on the host: the
     # number of readers, so that the last one frees it (None where a reader
@@ -483,8 +484,10 @@ def _factor_fit(params, readers, complete) -> dict:
         params["uses"] = len(readers)
     # (compiled handles: made where no reader passes the factor on, a loop
     # reading it included, and not for one solve, which factors itself; the
-    # program that makes them frees them, unless the factor is its output)
-    if record.frees_factor and readers and not devices and not (complete and len(readers) == 1) \
+    # program that makes them ends them (`place_releases`), so not where the
+    # factor is an output of its graph: a map's body is given its map's)
+    if record.frees_factor and readers and not devices and not escapes \
+            and not (complete and len(readers) == 1) \
             and not any(holds_tuple(v.type) for u in raw for v in u.outputs):
         params["uses"] = len(readers)
     # (one solve alone, a `map`'s included: it factors in its own call, so
@@ -495,8 +498,25 @@ def _factor_fit(params, readers, complete) -> dict:
     return params
 
 
+def _factor_holds(params) -> Holding | None:
+    # what a factorization with these params holds that its program ends:
+    # a compiled backend's handles (made only with `uses` counted), ended by
+    # a `linalg.release` node; a host store's factor, ended by its last
+    # reader (counted) or, on a failed check, from the host
+    if params.get("uses") is None:
+        return None
+    record = lookup(params["solver"], "linear")
+    without = {k: v for k, v in params.items() if k != "uses"}
+    if record.frees_factor:
+        return Holding(linalg_release_p, {"solver": params["solver"]}, record.release_now,
+                       without)
+    if record.release_now is not None:
+        return Holding(None, {}, record.release_now, without)
+    return None
+
+
 linalg_factor_p = Primitive("linalg.factor", runtime_checks=True,
-                            fit_to_readers=_factor_fit, params={
+                            fit_to_readers=_factor_fit, holds=_factor_holds, params={
     "solver": str, "pattern": _PATTERN, "assume": _ASSUME, "throw": _THROW,
     "uses": Param((int, None), default=None), "alone": Param(bool, default=False)})
 #: `alone`: (a compiled solver's factor, `frees_factor`) its one reader is a
@@ -521,9 +541,65 @@ def _factor_shape(a, *, solver, pattern=None, assume=None, throw=True, uses=None
 @linalg_factor_p.def_impl
 def _factor_impl(a, *, solver, pattern=None, assume=None, throw=True, uses=None, alone=False,
                  site=None):
-    # (alone: no numeric factor, so none to hand out of a map as an output)
     return _make_factor(a, solver=solver, pattern=pattern, assume=assume, throw=throw,
-                        uses=uses, site=site or Site("linalg.factor"), output=not alone)
+                        uses=uses, site=site or Site("linalg.factor"))
+
+
+linalg_release_p = Primitive("linalg.release", multiple_results=True, releases=True,
+                             params={"solver": str})
+linalg_release_p.__doc__ = """Ends what a factorization made by its program holds
+(a compiled backend's handles): `linalg.release(F, *after)`, after every value
+in `after` (its readers' outputs) is computed. Placed by `place_releases`
+after the last reader of a `linalg.factor` that `holds` (see
+`sciad.graph.Holding`); never written by hand."""
+
+
+@linalg_release_p.def_abstract_eval
+def _release_shape(f, *after, solver):
+    op = "linalg.release"
+    if not lookup(solver, "linear", op=op).frees_factor:
+        raise InvalidOptionError(f"solver {solver!r} holds nothing a release node ends (its "
+                                 "factor is not `frees_factor`).", op=op)
+    one = f.inner if isinstance(f, BatchedType) else f  # (a map's batch of them)
+    if not isinstance(one, FactorType) or one.method != solver:
+        raise DTypeError(f"needs a factorization by {solver!r} (or a batch of them), got "
+                         f"{f.str_short()}.", op=op)
+    return ()
+
+
+@linalg_release_p.def_impl
+def _release_impl(f, *after, solver):
+    lookup(solver, "linear").release(f, after)
+    return ()
+
+
+# (A release computes nothing, and a derived program gets its own: its
+# derivatives are nothing, and `optimize` places the derived graph's releases
+# after their last readers. Its batch is the release of the batch.)
+
+@linalg_release_p.def_jvp
+def _release_jvp(primals, tangents, **params):
+    return (), ()
+
+
+@linalg_release_p.def_vjp
+def _release_vjp(primals, out, ct, **params):
+    return (None,) * len(primals)
+
+
+@linalg_release_p.def_batch
+def _release_batch(args, dims, **params):
+    return linalg_release_p.bind(*args, **params), ()
+
+
+@linalg_release_p.def_sparsity
+def _release_sparsity(out_types, *deps, **params):
+    return ()
+
+
+@linalg_release_p.def_cost
+def _release_cost(node, body):
+    return Cost()
 
 
 linalg_backsolve_p = Primitive("linalg.backsolve", runtime_checks=True, reads_factor=True,
@@ -739,7 +815,7 @@ def _solve_operator_shape(*args, body, solver, rtol, atol, maxiter=None, transpo
 def _solve_operator_impl(*args, body, solver, rtol, atol, maxiter=None, transpose=False,
                          symmetric=False, throw=True, site=None):
     *params, b = args
-    f = lower(body)
+    f = lower(body, site.held if site is not None else ())
 
     def matvec(v):
         return f(*params, v)[0]

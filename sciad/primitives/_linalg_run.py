@@ -18,8 +18,8 @@ The policy of the checks (what fails, what warns) is `sciad.primitives._checks`'
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import weakref
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,6 @@ import numpy as np
 
 from .. import config, solvers
 from ..graph import TensorType
-from ..graph._lower import at_end, hand_out, made_in_run, node_escapes
 from ..graph._types import FactorType, Pattern, register_factor_layout
 from ..solvers import _sparse_checks, _sparse_direct
 from ..solvers._host import host_call
@@ -112,14 +111,15 @@ def _matrix_fails(measures: dict, dtype):
     return when
 
 
-def check_where(when, measures: dict, judged):
-    """`judged(measures)` (a host check's token) where `when` holds, else a
-    zero token: the host is called only where a measure fails (a judge that
-    only raises), under `vmap` once for the batch, only where one example
-    fails."""
+def check_where(when, measures: dict, judged, site):
+    """`judged(measures, site)` (a host check's token) where `when` holds,
+    else a zero token: the host is called only where a measure fails (a
+    judge that only raises), under `vmap` once for the batch, only where one
+    example fails. `site`: the node's, whose `held` values reach `judged`'s
+    site as operands (`_where_held`)."""
     names = list(measures)
-    return _where_any(when, lambda *m: judged(dict(zip(names, m))),
-                      lambda *m: jnp.zeros((), jnp.int32), *measures.values())
+    return _where_held(when, lambda s, *m: judged(dict(zip(names, m)), s),
+                       lambda *m: jnp.zeros((), jnp.int32), site, *measures.values())
 
 
 def _zero_line(a, pattern, product):
@@ -185,33 +185,42 @@ _register_layouts()
 
 _ZERO_TOKEN = np.zeros((), np.int32)
 
-#: (a `frees_factor` solver) the first array of each factor a program being
-#: lowered made and frees itself, by `id`: a solve that reads one of these
-#: very values knows at trace time that its handle is not 0 (see `KLU.solve`)
-_made_here: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+class MadeFactor(tuple):
+    """A factorization's arrays as the node that made them returns them,
+    where they are handles the program made (`uses` counted, see
+    `sciad.graph.Holding`): a solve lowered in the same run reads the very
+    value, so it knows at trace time that its handle is not 0 and compiles
+    no branch for one (`HandleSolver.solve`'s `numeric`). A pytree like a
+    tuple; any other value of a factor (a body's input, a loop's carry) is a
+    plain tuple, whose solve asks the handle at run time."""
+
+    __slots__ = ()
 
 
-def _make_factor(a, *, solver, pattern, assume, throw, uses, site, output: bool = False):
+jax.tree_util.register_pytree_node(MadeFactor, lambda f: (tuple(f), None),
+                                   lambda _, xs: MadeFactor(xs))
+
+
+def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
     """The factorization of `a` as a tuple of arrays (see `_factor_layout`),
     checked when `throw`: finite, symmetric if `assume` says so, no
-    breakdown. A dense factorization carries its condition estimate.
-    `output`: the factor is the node's output (`linalg.factor`), not made
-    and read inside it (a solve's, a condition estimate's)."""
+    breakdown. A dense factorization carries its condition estimate. A
+    compiled backend's handles (`frees_factor`) are made only with `uses`
+    counted: the graph then ends them (`linalg.release`, placed by
+    `place_releases`), and lowering gives every later check of the run their
+    host release (`Site.held`)."""
+    bare = site.bare  # (what host functions keep; `check` hands on `site.held`)
     dtype = np.dtype(a.dtype)
     tags = frozenset({assume} if assume else ())
     record = lookup(solver, "linear")
     if record.host_checks:  # checked in the host call that factors
         report = None
         if throw:
-            report = functools.partial(judge_factor, site, dtype=dtype, solver=solver,
+            report = functools.partial(judge_factor, bare, dtype=dtype, solver=solver,
                                        tags=tags)
-        f = record.factor(a, pattern=pattern, uses=uses, assume=assume if throw else None,
-                          report=report)
-        if uses is not None and record.release_now is not None:
-            # (counted: all its solves are in this run. A failed check of the
-            # run stops it before the last ones, which would release it)
-            made_in_run(f[0], record.release_now)
-        return f
+        return record.factor(a, pattern=pattern, uses=uses, assume=assume if throw else None,
+                             report=report)
     if record.sparse:  # (spsolve, klu) the matrix checked here, before it is factored
         if throw:
             # (klu: a zero row or column too, said here with the node and
@@ -225,48 +234,33 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site, output: bool 
                 measures.setdefault("singular", jnp.zeros((), bool))
                 judge = functools.partial(judge_factor, solver=solver)
             tok = check_where(_matrix_fails(measures, dtype), measures,
-                              lambda m: check(judge, site, dtype=dtype, tags=tags, **m))
+                              lambda m, s: check(judge, s, dtype=dtype, tags=tags, **m), site)
             a = tie(a, tok)
         if not record.frees_factor:
             return tuple(record.factor(a, pattern=pattern))
-        # (klu) compiled handles only where all readers are in this run: freed
-        # at its end, after every value it returns
-        keep = uses is not None and not (output and node_escapes())
-        # (a map's forward body returning its factor to the backward map, in
-        # one program: released at the end of the map's run instead; only a
-        # factor that is the node's output, or the release would be handed
-        # the node's other value)
-        handed = output and not keep and hand_out(
-            lambda value, outs: record.release(value, outs), record.release_now)
-        if handed:
-            keep, uses = True, uses or 1
+        # (klu, cudss: compiled handles only where the graph ends them)
+        keep = uses is not None
         # (`assume` only where checked: cudss factors an "spd" matrix by Cholesky)
-        f = tuple(record.factor(a, pattern=pattern, uses=uses if keep else None,
+        f = tuple(record.factor(a, pattern=pattern, uses=uses,
                                 assume=assume if throw else None))
         if throw:  # (the solves wait for the checks: a 0 handle does not read `a`)
             f = tuple(tie(f, tok))
-        if keep and not handed:
-            at_end(lambda outs: record.release(f, outs))
-            if record.release_now is not None:  # (a failed check releases it)
-                made_in_run(f[0], record.release_now)
         failed = record.failed(f, pattern=pattern) if throw and keep else None
         if failed is not None:
             # (a factorization that failed, judged here with the node and the
             # user's line; the batch's other factors are released by the check)
             broke = check_where(failed, {"singular": failed},
-                                lambda m: check(judge_factor, site, dtype=dtype, solver=solver,
-                                                tags=tags, **m))
+                                lambda m, s: check(judge_factor, s, dtype=dtype, solver=solver,
+                                                   tags=tags, **m), site)
             f = tuple(tie(f, broke))
-        if keep:
-            _made_here[id(f[0])] = f[0]
-        return f
+        return MadeFactor(f) if keep else f
     f = record.factor(a)
     ok = record.ok(f)
     measures = dict(singular=~ok, **_matrix_measures(a, None, assume))
     names = list(measures)
     real = np.finfo(dtype).dtype
 
-    def one(m, anorm, status, where=site) -> float:
+    def one(m, anorm, status, where=bare) -> float:
         if throw:
             judge_factor(where, dtype=dtype, solver=solver, tags=tags, **status)
         if status["singular"] or status["nonfinite"]:
@@ -284,7 +278,7 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site, output: bool 
         an = np.broadcast_to(anorm, batch).reshape(k)
         vals = [np.broadcast_to(v, batch).reshape(k) for v in vals]
         rc = np.array([one(ms[i], an[i], {n: v[i] for n, v in zip(names, vals)},
-                           site.in_example(i, batch)) for i in range(k)], real)
+                           bare.in_example(i, batch)) for i in range(k)], real)
         return np.zeros(batch, np.int32), rc.reshape(batch)
 
     tok, rcond = host_call(host, (jax.ShapeDtypeStruct((), jnp.int32),
@@ -306,6 +300,7 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
     program, and the host is called only where a measure is off: to raise
     or warn, and for a sparse one to refine the solution and estimate the
     condition number first (`_sparse_direct.repair`)."""
+    bare = site.bare  # (what host functions keep; `check` hands on `site.held`)
     dtype = np.dtype(b.dtype)
     n = b.shape[0]
     tau = refine_above(dtype, n)
@@ -315,10 +310,10 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
         return record.solve(factor, a, b, pattern=pattern, transpose=transpose,
                             refine_above=tau,
                             estimate="always" if _checks_on() else "on_residual",
-                            report=functools.partial(judge_solve, site, dtype=dtype, n=n))
+                            report=functools.partial(judge_solve, bare, dtype=dtype, n=n))
     if record.frees_factor:
         x = record.solve(factor, a, b, pattern=pattern, transpose=transpose,
-                         numeric=_made_here.get(id(factor[0])) is factor[0])
+                         numeric=isinstance(factor, MadeFactor))
     elif record.sparse:
         x = record.solve(factor, a, b, pattern=pattern, transpose=transpose)
     else:
@@ -345,22 +340,22 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
         # condition number and judges: a refinement loop and an estimate in
         # the program quintupled the compile time of every checked solve.)
         need = _checks_on() | ~(rel <= np.sqrt(eps)) | ~(eta <= tau) | nonfinite
-        report = functools.partial(judge_solve, site, dtype=dtype, n=n)
+        report = functools.partial(judge_solve, bare, dtype=dtype, n=n)
         # (a solver that factors in its solve's call marks a breakdown with an
         # all-NaN solution of a finite system: judged first, as a failed
         # factorization, in the same branch)
         broke = all_nan & ~nonfinite if record.nan_on_breakdown else jnp.zeros((), bool)
 
-        def failing(a, b, x, broke):
+        def failing(s, a, b, x, broke):
             if record.nan_on_breakdown:
-                x = tie(x, check(judge_factor, site, dtype=dtype, solver=solver,
+                x = tie(x, check(judge_factor, s, dtype=dtype, solver=solver,
                                  singular=broke))
             return _sparse_direct.repair(
                 pattern, a, b, x, transpose, refine_above=tau,
                 estimate="always" if _checks_on() else "on_residual", report=report,
-                guard=releasing)
+                guard=functools.partial(releasing, held=s.held))
 
-        return _where_any(need | broke, failing, lambda a, b, x, broke: x, a, b, x, broke)
+        return _where_held(need | broke, failing, lambda a, b, x, broke: x, site, a, b, x, broke)
     # (No refinement in the program for dense solves: LU with partial
     # pivoting and Cholesky are backward stable, and a conditional second
     # solve per solve doubled the compile time of small programs.)
@@ -396,6 +391,26 @@ def _where_any(pred, fn, otherwise, *operands):
         return out, True
 
     return run(jnp.asarray(pred), *leaves)
+
+
+def _where_held(pred, fn, otherwise, site, *operands):
+    """`_where_any` for a `fn(site, *operands)` that checks: the values
+    `site` holds (`Site.held`) enter as operands, and `fn` gets a site
+    holding those, so that no function JAX traces apart (the branch, the
+    batching rule) closes over a value of the program (JAX keeps such a
+    function's constants, and a traced one leaks: under `jax.jacfwd` of
+    `sd.to_jax`, it did)."""
+    held = site.held
+    releases = [r for _, r in held]
+    k = len(operands)
+
+    def call(*xs):
+        return fn(dataclasses.replace(site, held=tuple(zip(xs[k:], releases))), *xs[:k])
+
+    def other(*xs):
+        return otherwise(*xs[:k])
+
+    return _where_any(pred, call, other, *operands, *(v for v, _ in held))
 
 
 def _rcond_with(factor, a, *, solver, pattern):

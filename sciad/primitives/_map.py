@@ -54,7 +54,6 @@ from ..graph._batch import example_type, register_map_rule, to_front
 from ..graph._body import inline, jvp_body, transpose_body
 from ..graph._cost import Cost
 from ..graph._core import Factored, Node, Var
-from ..graph._lower import offer_body_outputs, take_handed
 from ..graph._serialize import register_v1_migration
 from ..graph._sparsity import pad_columns, sparsity_eval, substitute, symbolic_slices, value_shape
 from ..graph._trace import current_source, trace_flat
@@ -119,14 +118,17 @@ def on_devices(readers) -> bool:
     return any(u.primitive is map_p and u.params.get("spmd_axis") for u in readers)
 
 
-def _map_fit(params, readers, complete) -> dict:
-    # a map of a factorization takes its params from the nodes its readers map
+def _map_fit(params, readers, complete, escapes=False) -> dict:
+    # a map of a factorization takes its params from the nodes its readers
+    # map (the fit unwraps them, `reader_nodes`, and sees the maps split over
+    # devices, `on_devices`); what its body makes, the map holds in the
+    # enclosing graph (`_map_holds`)
     node = _one_node(params["body"])
     fit = node.primitive.fit_to_readers if node is not None else None
     if fit is None:
         return params
-    inner = reader_nodes(readers)
-    new = dict(fit(dict(node.params), inner, complete))
+    new = dict(fit(dict(node.params), readers, complete,
+                   escapes or params.get("spmd_axis") is not None))
     if new == dict(node.params):
         return params
     return dict(params, body=_single_body(node.primitive, tuple(sorted(new.items())),
@@ -141,8 +143,23 @@ def _map_fit(params, readers, complete) -> dict:
 # the body's inputs follow that order; a layout of two groups would need the
 # operands, the body's inputs and `batched` permuted at every bind and
 # unpermuted in every rule, for no rule that reads it.
+def _map_holds(params):
+    # a map of one node that holds what it makes (a factorization) holds the
+    # batch of them: its body returns them, and the enclosing graph ends them
+    # (not over a mesh: there each device makes its examples' own)
+    node = _one_node(params["body"])
+    if node is None or node.primitive.holds is None or params.get("spmd_axis") is not None:
+        return None
+    held = node.primitive.holds(node.params)
+    if held is None:
+        return None
+    body = _single_body(node.primitive, tuple(sorted(held.without.items())),
+                        tuple(v.type for v in node.inputs), node.source)
+    return held._replace(without=dict(params, body=body))
+
+
 map_p = Primitive("map", multiple_results=True, factored=_map_factored, reads_factor=True,
-                  fit_to_readers=_map_fit, params={
+                  fit_to_readers=_map_fit, holds=_map_holds, params={
                       "body": Body, "batched": tuple[bool, ...], "size": int,
                       "spmd_axis": Param((str, None), default=None)})
 
@@ -166,13 +183,13 @@ def _map_shape(*in_types, body, batched, size, spmd_axis=None):
 
 
 @map_p.def_impl
-def _map_impl(*args, body, batched, size, spmd_axis=None):
-    f = lower(body)
+def _map_impl(*args, body, batched, size, spmd_axis=None, site=None):
+    f = lower(body, site.held if site is not None else ())
     in_axes = tuple(0 if b else None for b in batched)
     axis = spmd_axis
     mesh = None if axis is None else _mesh_with(axis, args)
     if mesh is None:
-        return _mapped_here(f, in_axes, size, args)
+        return _mapped(f, in_axes, size, args)
     from jax.sharding import AxisType, PartitionSpec as P
 
     n = mesh.shape[axis]
@@ -193,23 +210,6 @@ def _map_impl(*args, body, batched, size, spmd_axis=None):
                 for a, spec in zip(args, specs)]
     return tuple(jax.shard_map(local, mesh=mesh, in_specs=specs,
                                out_specs=P(axis), check_vma=False)(*args))
-
-
-def _mapped_here(f, in_axes, size: int, args) -> tuple:
-    """`_mapped` on this device, where what the body makes for the program
-    and returns may be released at the end of this run instead (a compiled
-    factorization the forward map hands to the backward map: see
-    `sciad.graph._lower.hand_out`). (Not over a mesh: there each device holds
-    its own examples' handles, which a release in the whole program would
-    gather.)"""
-    offer_body_outputs()
-    try:
-        outs = _mapped(f, in_axes, size, args)
-    except BaseException:
-        take_handed(None)
-        raise
-    take_handed(outs)
-    return outs
 
 
 def _mapped(f, in_axes, size: int, args) -> tuple:

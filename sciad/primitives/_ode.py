@@ -303,7 +303,9 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
     n = y0.shape[0]
     m = n if error_size is None else error_size
     norm = optx.rms_norm if m == n else (lambda e: optx.rms_norm(e[:m]))
-    terms = [diffrax.ODETerm(lambda t, y, a, part=lower(part_of(body, i)): part(*a, t, y)[0])
+    held = site.held if site is not None else ()
+    terms = [diffrax.ODETerm(lambda t, y, a, part=lower(part_of(body, i), held):
+                             part(*a, t, y)[0])
              for i in range(len(body.outputs))]
     term = terms[0] if len(terms) == 1 else diffrax.MultiTerm(*terms)
     if adaptive and stepper.implicit:  # PID gains for stiff problems: fewer rejections

@@ -63,7 +63,8 @@ root_p = Primitive("optimize.root", multiple_results=True, runtime_checks=True, 
     "tol": float, "atol": float, "maxiter": int, "memory": Param(int, default=0),
     "throw": Param(bool, default=True), "uses": Param((int, None), default=None),
     "jac0": Param(bool, default=False), "at_floor": Param(bool, default=False)},
-    fit_to_readers=lambda params, readers, complete: _root_fit(params, readers, complete))
+    fit_to_readers=lambda params, readers, complete, escapes=False: _root_fit(params, readers,
+                                                                             complete))
 
 #: `body`: the residual (kind "root") or the fixed-point map (kind
 #: "fixed_point") as a closed body `(*consts, x) -> (F,)`; `method`: a root
@@ -374,7 +375,8 @@ def _root_impl(*args, body, kind, method, jac, pattern=None, colors=0, tol, atol
     graph = body
     consts, x0, j0 = operands(args, jac0)
     flat, jgraph = _newton_graphs(graph, kind, jac, pattern)
-    residual, jacobian = lower(flat), lower(jgraph)
+    held = site.held if site is not None else ()
+    residual, jacobian = lower(flat, held), lower(jgraph, held)
     shape = x0.shape
 
     def F(x):

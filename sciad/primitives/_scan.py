@@ -131,9 +131,9 @@ def _scan_shape(*in_types, body, length, reverse=False, checkpoints=None):
 
 
 @scan_p.def_impl
-def _scan_impl(*args, body, length, reverse=False, checkpoints=None):
+def _scan_impl(*args, body, length, reverse=False, checkpoints=None, site=None):
     num_consts, num_carry = body.num_consts, body.num_carry
-    f = lower(body)
+    f = lower(body, site.held if site is not None else ())
     consts, init, xs = _groups(args, num_consts, num_carry)
 
     def step(carry, x):
@@ -449,7 +449,7 @@ ScanAdjointOutputs = layout(
 
 @scan_adjoint_p.def_abstract_eval
 def _scan_adjoint_shape(*in_types, body, step, length, reverse=False,
-                        schedule, stored=False):
+                        schedule, stored=False, site=None):
     op = "scan_adjoint"
     for name, g in (("body", body), ("step", step)):
         if not isinstance(g, Body):
@@ -489,7 +489,7 @@ def _scan_adjoint_shape(*in_types, body, step, length, reverse=False,
 
 @scan_adjoint_p.def_impl
 def _scan_adjoint_impl(*args, body, step, length, reverse=False,
-                       schedule, stored=False):
+                       schedule, stored=False, site=None):
     num_consts, num_carry = body.num_consts, body.num_carry
     # The schedule's actions compiled into runs of advances and backward
     # steps, the backward steps reading kept residuals (`_replay`).
@@ -503,8 +503,9 @@ def _scan_adjoint_impl(*args, body, step, length, reverse=False,
     if length == 0:
         return (*ctc0, *ct_xs)
     split = split_step(step, nc, nk, nx, nacc)
-    fb, fr, fs = lower(body), lower(split.residuals), lower(split.backward)
-    once = lower(split.once)(*consts) if split.once is not None else ()
+    held = site.held if site is not None else ()
+    fb, fr, fs = lower(body, held), lower(split.residuals, held), lower(split.backward, held)
+    once = lower(split.once, held)(*consts) if split.once is not None else ()
 
     def at(arrs, k):
         return [jax.lax.dynamic_index_in_dim(x, k, keepdims=False) for x in arrs]

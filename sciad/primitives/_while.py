@@ -118,7 +118,8 @@ def _judge_steps(site, *, max_steps, steps=0, running=True):
 @while_p.def_impl
 def _while_impl(*args, cond_body, body, max_steps=None, checkpoints=None, site=None):
     num_consts = body.num_consts
-    fc, fb = lower(cond_body), lower(body)
+    held = site.held if site is not None else ()
+    fc, fb = lower(cond_body, held), lower(body, held)
     consts, init = args[:num_consts], tuple(args[num_consts:])
     if max_steps is None:
         return tuple(jax.lax.while_loop(lambda c: fc(*consts, *c)[0],
@@ -318,9 +319,10 @@ def _while_adjoint_shape(*in_types, body, step, max_steps, snapshots):
 
 
 @while_adjoint_p.def_impl
-def _while_adjoint_impl(*args, body, step, max_steps, snapshots):
+def _while_adjoint_impl(*args, body, step, max_steps, snapshots, site=None):
     (steps,), consts, init, ctc0 = _adjoint_split(args, body)
-    fb, fs = lower(body), lower(step)
+    held = site.held if site is not None else ()
+    fb, fs = lower(body, held), lower(step, held)
     n = jnp.asarray(steps, jnp.int32)
     s = snapshots
     seglen = max(-(-max(max_steps, 1) // s), 1)  # the longest segment

@@ -12,7 +12,7 @@ ledger of live handles).
 
 The record is the "klu" one's (`sciad.solvers._klu.HandleSolver`): the
 factor is `(handle,)`, a `uint64` the program makes and frees itself (the
-`at_end` hook of `sciad.graph._lower`; a 0 handle, where the factor leaves
+`linalg.release` node placed after its last reader; a 0 handle, where the factor leaves
 its program or for a single solve, factors and solves in one call); the
 kernels it calls are one small object, `kernels` (analyze, factor, solve,
 transposed solve, free): on a GPU, `_cudss_ffi.KERNELS`; in tests, a

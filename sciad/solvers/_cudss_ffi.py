@@ -184,7 +184,7 @@ class CudssKernels(HandleKernels):
         if h.size:
             _cudss_build.library().sciad_cudss_release(h.ctypes.data, h.size)
 
-    release_now.idempotent = True  # (see `sciad.graph._lower.made_in_run`)
+    release_now.idempotent = True  # (see `sciad.graph.Holding`)
 
     def batch_status(self) -> tuple[bool, str]:
         """(whether uniform-batch mode is on, why not where it is off)."""

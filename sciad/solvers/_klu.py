@@ -8,9 +8,10 @@ pattern, at trace time, and kept for the process; the numeric factor is a
 (`linalg.factor`'s) is `(handle,)`:
 
 - a handle made by the program (`linalg.factor` with `uses` counted: all
-  its readers are in the program that makes it) is freed when that
-  program's lowering ends, after every value the program returns (the
-  `at_end` hook of `sciad.graph._lower`);
+  its readers are in the program that makes it) is freed by the
+  `linalg.release` node that `place_releases` puts after its last reader
+  (the factor's `holds`, see `sciad.graph.Holding`), and from the host by a
+  check of the program that fails first;
 - otherwise (the factor leaves the program: returned by `sd.linalg.factor`,
   saved for a backward pass in another program, or a single solve) the
   handle is 0 and no numeric factor exists: each solve factors and solves in

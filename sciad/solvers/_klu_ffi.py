@@ -417,7 +417,7 @@ class KLUKernels(HandleKernels):
         if raws:
             klujax_cpp.KLUNumeric(raws).close()
 
-    _release_from_host.idempotent = True  # (see `sciad.graph._lower.made_in_run`)
+    _release_from_host.idempotent = True  # (see `sciad.graph.Holding`)
 
     def _free_call(self, h):
         return _batch_split.split_call(

@@ -577,7 +577,7 @@ def release_now(handles) -> None:
     _store.discard(*(int(h) for h in np.asarray(handles).ravel() if h))
 
 
-release_now.idempotent = True  # (see `sciad.graph._lower.made_in_run`)
+release_now.idempotent = True  # (see `sciad.graph.Holding`)
 
 
 def _merge_worst(worst: dict, status: dict) -> None:
