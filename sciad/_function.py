@@ -29,7 +29,7 @@ from .errors import NotSupportedError, reraise as _reraise
 JaxRuntimeError = jax.errors.JaxRuntimeError
 from .graph import Graph, lower, trace_flat, verify
 from .graph._trace import runtime_leaves, wrap_outputs
-from .graph.passes import optimize
+from .graph.passes import optimize, place_releases
 from .solvers import _host
 
 _X64 = jax.enable_x64  # JAX's x64 state object (global value + thread-local override)
@@ -129,6 +129,14 @@ def _as_tuple(x) -> tuple:
     if isinstance(x, (int, str)):
         return (x,)
     return tuple(x)
+
+
+def _partitioned(mesh) -> bool:
+    """Whether XLA partitions the program over several devices: its inputs
+    lie on a mesh of more than one (`mesh`, found from them), or
+    `jax.set_mesh` set one."""
+    m = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
+    return not m.empty and m.size > 1
 
 
 class _Dispatch:
@@ -301,8 +309,13 @@ class Function(functools.partial):
         else:
             self._dispatch.traced_without_checks()
         leaves = runtime_leaves(dyn)
-        run = lower(lowered)
         mesh = self._mesh(leaves)
+        if _partitioned(mesh):
+            # (XLA partitions the program over the devices its inputs lie
+            # on: a release, a call with a side effect, has no place there,
+            # so the compiled solves factor in their own calls instead)
+            lowered = place_releases(lowered, hold=False)
+        run = lower(lowered)
         if mesh is not None and AxisType.Explicit in mesh.axis_types:
             # JAX's explicit sharding types every value with its layout and
             # asks each operation for one; sciad's programs run with the
