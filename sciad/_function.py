@@ -131,12 +131,24 @@ def _as_tuple(x) -> tuple:
     return tuple(x)
 
 
-def _partitioned(mesh) -> bool:
-    """Whether XLA partitions the program over several devices: its inputs
-    lie on a mesh of more than one (`mesh`, found from them), or
-    `jax.set_mesh` set one."""
-    m = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
-    return not m.empty and m.size > 1
+def _leaf_meshes(leaves) -> set:
+    """The meshes that the values `leaves` (traced) are laid over."""
+    found = [getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+             for x in jax.tree_util.tree_leaves(leaves) if hasattr(x, "shape")]
+    return {m for m in found if m is not None and not m.empty}
+
+
+def partitioned(leaves, mesh=None) -> bool:
+    """Whether XLA partitions the program being traced over several devices:
+    `jax.set_mesh` set a mesh of more than one, or its inputs (`leaves`, or
+    the `mesh` found from them) lie on one. A compiled factor's release, a
+    call with a side effect, has no place there (`place_releases(graph,
+    hold=False)`)."""
+    m = jax.sharding.get_abstract_mesh()
+    if not m.empty:
+        return m.size > 1
+    meshes = _leaf_meshes(leaves) | ({mesh} if mesh is not None else set())
+    return any(m.size > 1 for m in meshes)
 
 
 class _Dispatch:
@@ -310,7 +322,7 @@ class Function(functools.partial):
             self._dispatch.traced_without_checks()
         leaves = runtime_leaves(dyn)
         mesh = self._mesh(leaves)
-        if _partitioned(mesh):
+        if partitioned(leaves, mesh):
             # (XLA partitions the program over the devices its inputs lie
             # on: a release, a call with a side effect, has no place there,
             # so the compiled solves factor in their own calls instead)
@@ -338,9 +350,7 @@ class Function(functools.partial):
             return None
         found = [getattr(getattr(s, "mesh", None), "abstract_mesh", None)
                  for s in jax.tree_util.tree_leaves(self._shardings)]
-        found += [getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
-                  for x in jax.tree_util.tree_leaves(leaves) if hasattr(x, "shape")]
-        meshes = {m for m in found if m is not None and not m.empty}
+        meshes = {m for m in found if m is not None and not m.empty} | _leaf_meshes(leaves)
         return meshes.pop() if len(meshes) == 1 else None
 
     def lower(self, *args, **kwargs):

@@ -42,14 +42,14 @@ from jax.extend.core import Primitive as JaxPrimitive
 from jax.interpreters import ad, batching, mlir
 
 from . import config
-from ._function import _as_program
+from ._function import _as_program, partitioned
 from ._traceback import api_boundary
 from ._transforms import _jvp_emit
 from .errors import NotSupportedError, SciadError, reraise
 from .graph import (Graph, Literal, Zero, format_node, is_differentiable, lower, trace_flat, verify,
                     vjp_graph)
 from .graph._types import holds_tuple, leaf_types
-from .graph.passes import optimize
+from .graph.passes import optimize, place_releases
 
 _tree = jax.tree_util
 
@@ -62,11 +62,17 @@ def _flat_lower(graph: Graph) -> Callable:
     """`graph` lowered as a function of flat arrays: each value is the arrays
     of its type's `leaf_types` (one for a tensor or a sparse matrix's data,
     several for a factorization), inputs and outputs alike."""
-    lowered = lower(graph)
+    held = lower(graph)
+    unheld = []  # (made on first use: the graph holding no compiled factor)
     in_sizes = [len(leaf_types(v.type)) for v in graph.inputs]
     out_kinds = [holds_tuple(a.type) for a in graph.outputs]
 
     def flat(*leaves):
+        lowered = held
+        if partitioned(leaves):  # (XLA partitions it: see `place_releases`)
+            if not unheld:
+                unheld.append(lower(place_releases(graph, hold=False)))
+            lowered = unheld[0]
         args, i = [], 0
         for v, k in zip(graph.inputs, in_sizes):
             args.append(tuple(leaves[i:i + k]) if holds_tuple(v.type) else leaves[i])

@@ -110,21 +110,27 @@ _CHILD = textwrap.dedent(r'''
     # JAX's own transforms of `sd.to_jax`, and `sd.function`, per solver
     from sciad.solvers import _cudss
 
-    def misfit(solver):
+    def misfit(solver, twice=False):
         def f(k):
             vals = snp.where(r == c, 4.0 + k[r], -0.5 - 0.1 * (k[r] + k[c]))
             A = sd.sparse.coo_matrix((vals, (r, c)), shape=(N, N))
-            return snp.sum(sd.linalg.solve(A, B[0], solver=solver) ** 2)
+            x = sd.linalg.solve(A, B[0], solver=solver)
+            if twice:  # (two solves with one factor: the value's program holds it)
+                x = sd.linalg.solve(A, x, solver=solver)
+            return snp.sum(x ** 2)
         return f
 
     Ks = jax.device_put(K, NamedSharding(jax.sharding.Mesh(np.array(jax.devices()), ("batch",)),
                                          P("batch")))
     put = {}
     want = np.asarray(sd.function(sd.vmap(sd.grad(misfit("splu"))))(K))  # (one device)
+    want2 = np.asarray(sd.function(sd.vmap(misfit("splu", twice=True)))(K))
     for solver in ("klu", "cudss", "splu"):
         with _cudss.use_kernels(_cudss.StandIn()) if solver == "cudss" else open(os.devnull):
             got = jax.jit(jax.vmap(jax.grad(sd.to_jax(misfit(solver)))))(Ks)
             res = {"to_jax_err": float(np.max(np.abs(np.asarray(got) - want)))}
+            got = jax.jit(jax.vmap(sd.to_jax(misfit(solver, twice=True))))(Ks)
+            res["to_jax_value_err"] = float(np.max(np.abs(np.asarray(got) - want2)))
             try:
                 got = sd.function(sd.vmap(sd.grad(misfit(solver))))(Ks)
                 res["function_err"] = float(np.max(np.abs(np.asarray(got) - want)))
@@ -271,8 +277,10 @@ def test_inputs_put_on_devices_without_a_mesh_axis(child, solver):
     free, a side-effecting kernel call, without a sharding). `sd.function`
     of the same program equals it too: on a partitioned program it holds no
     compiled factor (`place_releases(hold=False)`: each solve factors in its
-    own call, and there is no release to place)."""
+    own call, and there is no release to place), and so does JAX's own
+    `jax.jit(jax.vmap(sd.to_jax(f)))` of a value whose program holds one
+    (two solves with one factor)."""
     r = child["input_sharded"][solver]
-    assert r["to_jax_err"] < 1e-12
+    assert r["to_jax_err"] < 1e-12 and r["to_jax_value_err"] < 1e-12
     assert "function_error" not in r, r.get("function_error")
     assert r["function_err"] < 1e-12

@@ -81,16 +81,19 @@ register_kernel_error(
     "solver 'klu': the matrix is singular: KLU's factorization found a zero pivot (and "
     "`throw=False` let its solves run). Check the matrix for a null space.",
     op="linalg.backsolve")
-# (XLA's SPMD partitioner, on a program whose inputs were put on several
-# devices without a mesh axis to split the batch over: a factor's free, a
-# side-effecting kernel call, reaches it without a sharding)
+# (XLA's SPMD partitioner, on a program holding compiled factors that it
+# partitions where sciad did not see it would: `sd.function` and `sd.to_jax`
+# hold none when their inputs lie on several devices or `jax.set_mesh` set a
+# mesh (`place_releases(hold=False)`); a mesh found another way, or a kernel
+# call of sciad's inside the user's own partitioned code, still reaches it)
 register_kernel_error(
     "Side-effect HLO must have sharding", NotSupportedError,
-    "a program that makes compiled sparse factors (solver 'klu', or 'cudss') cannot yet be "
-    "partitioned by XLA over the devices its inputs were put on. Split the batch over the "
-    "devices yourself: `sd.function(sd.vmap(f, spmd_axis_name='batch'), "
-    "in_shardings=NamedSharding(mesh, P('batch')))` (see 'Batching and devices'), or solve "
-    "with solver='splu' or an iterative solver, which this path supports",
+    "XLA partitioned a program that makes compiled sparse factors (solver 'klu', or 'cudss') "
+    "over several devices in a way sciad could not see from its inputs. Lay the inputs on the "
+    "mesh (`jax.device_put(x, NamedSharding(mesh, P('batch')))`) or set it "
+    "(`jax.set_mesh(mesh)`), or split the batch over the devices yourself: "
+    "`sd.function(sd.vmap(f, spmd_axis_name='batch'), in_shardings=NamedSharding(mesh, "
+    "P('batch')))` (see 'Batching and devices')",
     op="linalg.factor")
 
 
