@@ -21,7 +21,7 @@ import numpy as np
 from .. import config
 from ..config import x64_scope
 from ..errors import RuleError
-from ._core import Atom, Graph, Literal, Node, Var, has_effects, must_run
+from ._core import Atom, Graph, Literal, Node, Var, _graphs_in, has_effects, must_run
 from ._types import TensorType, holds_tuple
 from ._verify import verify
 
@@ -643,22 +643,18 @@ def place_releases(graph: Graph, hold: bool = True) -> Graph:
     return _finish(graph, _memo(_place_releases_graph)(graph))
 
 
-def _unhold_graph(graph: Graph, run: _Run) -> Graph:
-    nodes = []
-    for node in graph.nodes:
-        if node.primitive.releases:
-            continue
-        node = _map_subgraphs(node, run)
-        holds = node.primitive.holds
-        held = holds(node.params) if holds is not None else None
-        if held is not None and held.release is not None:
-            node = node.replace(params=dict(held.without))
-        nodes.append(node)
-    return _rebuild(graph, nodes, graph.outputs)
+def _has_releases(graph: Graph) -> bool:
+    # (the params' graphs unsorted: `Node.subgraphs` sorts, which costs more
+    # than the walk)
+    return any(n.primitive.releases or (n.params and any(
+        _has_releases(g) for g in _graphs_in(n.params.values()))) for n in graph.nodes)
 
 
 def _strip_releases(graph: Graph) -> Graph:
     """`graph` without its release nodes (in subgraphs too)."""
+    if not _has_releases(graph):
+        return graph
+
     def strip(g: Graph, run: _Run) -> Graph:
         nodes = [_map_subgraphs(n, run) for n in g.nodes if not n.primitive.releases]
         return _rebuild(g, nodes, g.outputs)
@@ -666,33 +662,53 @@ def _strip_releases(graph: Graph) -> Graph:
     return _memo(strip)(graph)
 
 
+def _holding(node: Node):
+    """`node`'s `Holding` where its value is ended by a release node."""
+    holds = node.primitive.holds
+    held = holds(node.params) if holds is not None else None
+    return held if held is not None and held.release is not None else None
+
+
 def _place_releases_graph(graph: Graph, run: _Run) -> Graph:
     nodes = [_map_subgraphs(n, run) for n in graph.nodes if not n.primitive.releases]
     escaping = {a for a in graph.outputs if isinstance(a, Var)}
-    readers: dict[Var, list[int]] = {}
+    holding = {}
+    for i, node in enumerate(nodes):
+        held = _holding(node)
+        if held is not None and node.outputs[0] not in escaping:
+            holding[node.outputs[0]] = (i, held)
+    if not holding:
+        return _rebuild(graph, nodes, graph.outputs)
+    readers: dict[Var, list[int]] = {f: [] for f in holding}
     for i, node in enumerate(nodes):
         for a in node.inputs:
-            if isinstance(a, Var):
-                readers.setdefault(a, []).append(i)
+            if a in readers and (not readers[a] or readers[a][-1] != i):
+                readers[a].append(i)
     placed: dict[int, list[Node]] = {}
-    for i, node in enumerate(nodes):
-        holds = node.primitive.holds
-        held = holds(node.params) if holds is not None else None
-        if held is None or held.release is None or node.outputs[0] in escaping:
-            continue
-        f = node.outputs[0]
-        users = sorted(set(readers.get(f, ())))
+    for f, (i, held) in holding.items():
+        users = readers[f]
         after = tuple(v for j in users for v in nodes[j].outputs)
         release = Node(held.release, (f, *after), (), dict(held.release_params),
-                       frozenset({"release"}), node.source)
+                       frozenset({"release"}), nodes[i].source)
         placed.setdefault(max(users, default=i), []).append(release)
-    if not placed:
-        return _rebuild(graph, nodes, graph.outputs)
     out: list[Node] = []
     for i, node in enumerate(nodes):
         out.append(node)
         out.extend(placed.get(i, ()))
     return _rebuild(graph, out, graph.outputs)
+
+
+def _unhold_graph(graph: Graph, run: _Run) -> Graph:
+    nodes = []
+    for node in graph.nodes:
+        if node.primitive.releases:
+            continue
+        node = _map_subgraphs(node, run)
+        held = _holding(node)
+        if held is not None:
+            node = node.replace(params=dict(held.without))
+        nodes.append(node)
+    return _rebuild(graph, nodes, graph.outputs)
 
 
 # --------------------------------------------------------------------------
@@ -727,4 +743,5 @@ def optimize(graph: Graph, max_rounds: int = 10) -> Graph:
         graph = new
         if done:
             break
-    return place_releases(graph)
+    placed = _memo(_place_releases_graph)(graph)  # (verified as the rounds' last pass was)
+    return graph if placed is graph else _finish(graph, placed)
