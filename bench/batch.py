@@ -311,7 +311,7 @@ def _stats(times: dict, base: str | None = None) -> dict:
 class FactorCounter:
     """Counts SciPy SuperLU factorizations made by sciad's host calls, by
     wrapping the function they run (`_factor_one` in
-    sciad/solvers/_sparse_direct.py, looked up by name at each call) from this
+    sciad/solvers/direct/_sparse_direct.py, looked up by name at each call) from this
     script; nothing in sciad/ is changed. `count(fn)` is the number one call
     `fn()` makes, or None where sciad has no such function."""
 
@@ -320,7 +320,7 @@ class FactorCounter:
 
         self.n, self.lock, self.ok = 0, threading.Lock(), False
         try:
-            from sciad.solvers import _sparse_direct as mod
+            from sciad.solvers.direct import _sparse_direct as mod
             orig = mod._factor_one
         except (ImportError, AttributeError):
             return
@@ -346,7 +346,7 @@ def _usable_cpus() -> int:
 
 def _superlu_threads() -> int:
     """The threads sciad's host calls factor on (a private pool)."""
-    from sciad.solvers import _sparse_direct
+    from sciad.solvers.direct import _sparse_direct
 
     return len(_sparse_direct._workers)
 
@@ -359,7 +359,7 @@ def _one_superlu_thread():
     threads cut to the first one, then restores them. A diagnostic from the
     script (nothing in sciad/ changes): every factor made meanwhile is made,
     and released, on that thread."""
-    from sciad.solvers import _sparse_direct as mod
+    from sciad.solvers.direct import _sparse_direct as mod
 
     pool = mod._workers
 
@@ -373,7 +373,7 @@ def _one_superlu_thread():
 
 
 def _max_counted() -> int:
-    from sciad.solvers._sparse_direct import MAX_COUNTED
+    from sciad.solvers.direct._sparse_direct import MAX_COUNTED
 
     return MAX_COUNTED
 
@@ -748,7 +748,7 @@ def render(data: dict, machine: dict, argv: str) -> str:
                                   f"gradient call" for b, (v, g) in over)
                       + f" (B each in the loop). sciad's SuperLU factor store keeps at most "
                       f"{_max_counted()} factors whose uses are counted "
-                      "(`MAX_COUNTED` in sciad/solvers/_sparse_direct.py); a batched "
+                      "(`MAX_COUNTED` in sciad/solvers/direct/_sparse_direct.py); a batched "
                       "factorization of more examples pushes its own oldest factors out, and "
                       "each solve that finds its factor gone factors again."]
     # case 2

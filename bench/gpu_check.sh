@@ -84,7 +84,7 @@ say "JAX and the extension"
 $PY - <<'EOF' 2>&1 | tee -a "$LOG"
 import jax
 print("devices:", jax.devices(), "backend:", jax.default_backend())
-from sciad.solvers import _cudss_build, _cudss_ffi
+from sciad.solvers.direct import _cudss_build, _cudss_ffi
 print("paths:", _cudss_build.paths())
 print("built:", _cudss_build.build())
 print("cuDSS version:", _cudss_build.library().sciad_cudss_version())

@@ -279,7 +279,7 @@ def _without_batch(fn):
     """`fn` with cuDSS's uniform-batch mode off for its factorizations."""
     import jax
 
-    from sciad.solvers import _cudss_ffi
+    from sciad.solvers.direct import _cudss_ffi
 
     def run(*a):
         _cudss_ffi.KERNELS.set_batch(False)
@@ -319,7 +319,7 @@ def main(argv=None) -> int:
 
     import jax
 
-    from sciad.solvers import _cudss, _cudss_ffi
+    from sciad.solvers.direct import _cudss, _cudss_ffi
 
     load = _harness.load_average()
     if args.dry:

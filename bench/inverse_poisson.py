@@ -809,7 +809,8 @@ def run_parts(n: int, workdir: str, budget: float, rmin: int, rmax: int,
 
     import sciad as sd
     import sciad.numpy as snp
-    from sciad.solvers import _cholmod, _host, _sparse_direct
+    from sciad.solvers.direct import _cholmod, _sparse_direct
+    from sciad.solvers import _host
 
     inp = dict(np.load(os.path.join(workdir, f"inputs_{n}.npz")))
     ex = load_example()

@@ -154,7 +154,7 @@ def solve_jnp(d, b):
     import jax.numpy as jnp
 
     import sciad as sd
-    from sciad.solvers import _klu_ffi
+    from sciad.solvers.direct import _klu_ffi
 
     rows, cols, data = _solve_problem()
     pattern = sd.sparse.coo_matrix((data, (rows, cols)), shape=(SOLVE_N, SOLVE_N)).pattern

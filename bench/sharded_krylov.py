@@ -120,7 +120,7 @@ def child(devices: int) -> dict:
 
     import sciad as sd
     from sciad.primitives._sparse_sharded import block_amg, sharded_product
-    from sciad.solvers import iterative
+    from sciad.solvers.iterative import _iterative as iterative
     from sciad.solvers._indices import pattern_matmul
 
     A = poisson(GRID, GRID * devices)

@@ -71,7 +71,7 @@ from .primitives._ode_events import event_guard_p
 from .primitives._ode_field import field_body, part_of
 from .primitives._ode_interp import hermite_at
 from .primitives._stop_gradient import stop_gradient
-from .solvers._ode_steppers import tableau
+from .solvers.ode._ode_steppers import tableau
 
 __all__ = ["odeint", "odeint_event", "solve_ivp", "Event", "ODEResult", "SOLVERS"]
 

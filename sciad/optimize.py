@@ -49,7 +49,7 @@ from .graph import Tracer
 from .graph._autodiff import type_of
 from .primitives._root import root_node, stacked
 from .primitives._stop_gradient import stop_gradient
-from .solvers._nonlinear import STATUS
+from .solvers.nonlinear._nonlinear import STATUS
 from .solvers._registry import lookup, names as _solver_names, records as _solver_records
 
 if TYPE_CHECKING:  # (imported by `minimize` when first called: see the module docstring)

@@ -17,7 +17,7 @@ import scipy.sparse.linalg as spla
 
 from sciad.solvers._host import host_call
 from sciad.solvers._linear import AbstractDirectSolver
-from sciad.solvers._sparse_direct import rcond_unfactored
+from sciad.solvers.direct._sparse_direct import rcond_unfactored
 
 
 class ScipySplu(AbstractDirectSolver):

@@ -1,5 +1,5 @@
 """The algebraic multigrid preconditioner (`preconditioner="amg"`,
-`sciad.solvers._amg`) and the preconditioner records: iteration counts
+`sciad.solvers.iterative._amg`) and the preconditioner records: iteration counts
 against Jacobi on 2-D and 3-D Poisson problems, derivative rules through
 CG+AMG and GMRES+AMG (the transposed V-cycle), batching, `sd.to_jax` under
 `jax.jit`, one host setup per matrix values, the failure modes (singular,
@@ -25,7 +25,8 @@ import sciad as sd
 import sciad.numpy as snp
 from sciad.errors import (ConvergenceError, InvalidOptionError, NonFiniteError,
                           NotSupportedError, StructureError)
-from sciad.solvers import amg, lookup, names
+from sciad.solvers import lookup, names
+from sciad.solvers.iterative import _amg as amg
 
 
 @pytest.fixture(autouse=True)
@@ -184,7 +185,7 @@ def _compiled_amg_gradient(A):
 
 
 def test_hierarchy_built_once_per_values(monkeypatch):
-    from sciad.solvers import _amg
+    from sciad.solvers.iterative import _amg
 
     trims = []
     monkeypatch.setattr(_amg, "release_host_heap", lambda: trims.append(1))
@@ -398,7 +399,7 @@ def test_scatter_onto_a_superset_pattern_block_by_block(monkeypatch, block):
     # the host setup puts each product's values on its symbolic pattern a
     # block of rows at a time: any block size gives the dense answer, rows
     # with no entries and rows longer than a block included
-    from sciad.solvers import _amg
+    from sciad.solvers.iterative import _amg
 
     monkeypatch.setattr(_amg, "SCATTER_BLOCK", block)
     rng = np.random.default_rng(3)

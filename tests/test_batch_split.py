@@ -24,7 +24,8 @@ import scipy.sparse as sp
 import sciad as sd
 import sciad.numpy as snp
 from sciad.errors import NotSupportedError, SingularMatrixError
-from sciad.solvers import _batch_split, _klu_ffi
+from sciad.solvers import _batch_split
+from sciad.solvers.direct import _klu_ffi
 
 pytestmark = [
     pytest.mark.skipif(not _klu_ffi.available(), reason="klujax is not installed"),
@@ -219,7 +220,8 @@ def test_without_a_compiler_calls_run_unsplit(tmp_path):
         import jax, numpy as np, scipy.sparse as sp
         jax.config.update("jax_enable_x64", True)
         import sciad as sd
-        from sciad.solvers import _batch_split, _klu_ffi
+        from sciad.solvers import _batch_split
+        from sciad.solvers.direct import _klu_ffi
         _batch_split.MIN_SLICE_NS = 0
         M = sp.csr_array(sp.diags([-1.0, 2.5, -1.0], [-1, 0, 1], (30, 30)))
         M.sort_indices()

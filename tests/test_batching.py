@@ -470,7 +470,7 @@ def test_jax_vmap_of_to_jax_shares_factors_in_value_grad_and_hvp(rng, solver):
 def test_a_large_batch_factors_each_matrix_once(rng, monkeypatch):
     # more matrices than the host store's count bound: none is pushed out
     # before its solves read it (which would factor it again)
-    from sciad.solvers import _sparse_direct
+    from sciad.solvers.direct import _sparse_direct
 
     calls = []
     one = _sparse_direct._factor_one

@@ -1,5 +1,5 @@
-"""The sparse Cholesky records ("cholmod": compiled, `sciad.solvers._cholmod_ffi`,
-where sparsax is installed; on the host, `sciad.solvers._cholmod`, with
+"""The sparse Cholesky records ("cholmod": compiled, `sciad.solvers.direct._cholmod_ffi`,
+where sparsax is installed; on the host, `sciad.solvers.direct._cholmod`, with
 cvxopt): results against SciPy, derivative rules, batching, `sd.to_jax` under
 JAX's transforms, what "auto" picks, the factorizations and analyses made,
 and the errors of a matrix that is not positive definite, not finite or not
@@ -18,7 +18,8 @@ import sciad.numpy as snp
 from sciad.errors import (
     DTypeError, InvalidOptionError, NonFiniteError, NotPositiveDefiniteError, StructureError,
 )
-from sciad.solvers import _cholmod, _cholmod_ffi, _klu, _sparse_direct, lookup, register, unregister
+from sciad.solvers.direct import _cholmod, _cholmod_ffi, _klu, _sparse_direct
+from sciad.solvers import lookup, register, unregister
 from sciad.solvers._linear import choose
 
 from helpers import assert_vmap_of_sparse_solves

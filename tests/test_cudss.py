@@ -1,4 +1,4 @@
-"""The cuDSS solver record ("cudss", `sciad.solvers._cudss`).
+"""The cuDSS solver record ("cudss", `sciad.solvers.direct._cudss`).
 
 On the CPU: the extension builds and loads and its handlers register as CUDA
 FFI targets (where the `[cuda]` extra is installed); "cudss" refuses cleanly
@@ -30,7 +30,7 @@ import sciad.numpy as snp
 from sciad.graph._types import Pattern
 from sciad.errors import (NonFiniteError, NotPositiveDefiniteError, NotSupportedError,
                           SingularMatrixError, runtime_error_from)
-from sciad.solvers import _cudss, _cudss_build, _cudss_ffi, _klu_ffi
+from sciad.solvers.direct import _cudss, _cudss_build, _cudss_ffi, _klu_ffi
 from sciad.solvers._linear import choose
 from sciad.solvers._registry import lookup
 from helpers import assert_vmap_of_sparse_solves

@@ -22,7 +22,8 @@ import scipy.sparse as sp
 import sciad as sd
 import sciad.numpy as snp
 from sciad.graph import _lower, passes
-from sciad.solvers import _batch_split, _klu_ffi
+from sciad.solvers import _batch_split
+from sciad.solvers.direct import _klu_ffi
 
 pytestmark = pytest.mark.skipif(not _klu_ffi.available(), reason="klujax is not installed")
 

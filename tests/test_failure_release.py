@@ -25,7 +25,8 @@ import scipy.sparse as sp
 import sciad as sd
 import sciad.numpy as snp
 from sciad.errors import NonFiniteError
-from sciad.solvers import _batch_split, _cudss, _klu_ffi, _sparse_direct
+from sciad.solvers import _batch_split
+from sciad.solvers.direct import _cudss, _klu_ffi, _sparse_direct
 from sciad.solvers._host import release_host_heap
 
 pytestmark = pytest.mark.skipif(not _klu_ffi.available(), reason="klujax is not installed")
@@ -137,7 +138,8 @@ def test_300_breakdowns_of_compiled_cholmod_keep_the_process_flat():
     """A matrix that is not positive definite, 300 times (value and gradient,
     n = 20,000): CHOLMOD's failed factorizations keep nothing."""
     from sciad.errors import NotPositiveDefiniteError
-    from sciad.solvers import _cholmod_ffi, lookup
+    from sciad.solvers.direct import _cholmod_ffi
+    from sciad.solvers import lookup
 
     if not isinstance(lookup("cholmod"), _cholmod_ffi.CompiledCholmod):
         pytest.skip("sparsax is not installed")

@@ -78,7 +78,7 @@ def test_amg_loads_pyamg_on_first_use():
         import json, sys
         import numpy as np
         import scipy.sparse as sp
-        from sciad.solvers import _amg
+        from sciad.solvers.iterative import _amg
         before = "pyamg" in sys.modules
         n = 50
         a = sp.diags([-np.ones(n - 1), 2 * np.ones(n), -np.ones(n - 1)], [-1, 0, 1],

@@ -1,4 +1,4 @@
-"""The compiled KLU solver record ("klu", `sciad.solvers._klu`): results against
+"""The compiled KLU solver record ("klu", `sciad.solvers.direct._klu`): results against
 SciPy, derivative rules, batching, `sd.to_jax` under JAX's transforms, a
 factor reused across a loop, factors that leave their program (never a
 freed or foreign handle in a solve), memory that stays flat over many calls,
@@ -19,7 +19,8 @@ import sciad.numpy as snp
 from sciad.errors import InvalidOptionError, NonFiniteError, SingularMatrixError
 from sciad.graph import passes
 from sciad.primitives._linalg import linalg_backsolve_p, linalg_factor_p
-from sciad.solvers import _batch_split, _klu_ffi
+from sciad.solvers import _batch_split
+from sciad.solvers.direct import _klu_ffi
 from sciad.solvers._linear import choose
 
 from helpers import assert_vmap_of_sparse_solves

@@ -16,7 +16,7 @@ import scipy.sparse as sp
 
 import sciad as sd
 import sciad.numpy as snp
-from sciad.solvers import iterative
+from sciad.solvers.iterative import _iterative as iterative
 
 METHODS = ("cg", "gmres", "bicgstab")
 N = 6

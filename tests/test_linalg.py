@@ -86,7 +86,7 @@ def test_splu_keeps_a_patterns_column_order(rng, dtype):
     """The second factorization of a pattern factors in the first one's
     column order (no ordering again); plain and transposed solves with one
     or several right-hand sides still match SciPy, for new values too."""
-    from sciad.solvers import _sparse_direct
+    from sciad.solvers.direct import _sparse_direct
 
     M = _general_csr(rng, 40, dtype)
     pattern = _csr(M)(M.data).pattern

@@ -22,7 +22,7 @@ from sciad.errors import (ConvergenceError, NonFiniteError, NotPositiveDefiniteE
 from sciad.graph import Site
 from sciad.primitives import _checks, _eigen, _svd
 from sciad.primitives._linalg import judge_krylov
-from sciad.solvers import sparse_direct
+from sciad.solvers.direct import _sparse_direct as sparse_direct
 from sciad.solvers._measures import ratio
 
 NAN = float("nan")

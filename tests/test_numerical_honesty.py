@@ -23,7 +23,7 @@ import sciad as sd
 import sciad.numpy as snp
 from sciad.errors import (ConvergenceError, DTypeError, IllConditionedWarning, NotSupportedError,
                           ShapeError, SingularMatrixError, StructureError)
-from sciad.solvers import sparse_direct
+from sciad.solvers.direct import _sparse_direct as sparse_direct
 
 
 def _neumann(rng, n):

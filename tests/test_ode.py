@@ -536,7 +536,7 @@ def test_the_steppers_and_adjoints_are_records():
     # and each adjoint strategy is registered under its own name
     from sciad.primitives._ode import OdeintOutputs, odeint_p
     from sciad.primitives._ode_adjoint import ADJOINTS
-    from sciad.solvers._ode_steppers import STEPPERS, tableau
+    from sciad.solvers.ode._ode_steppers import STEPPERS, tableau
 
     assert sd.ode.SOLVERS is STEPPERS and sd.ode.SOLVERS["kvaerno5"][:2] == ("Kvaerno5", True)
     for s in STEPPERS.values():

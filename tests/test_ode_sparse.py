@@ -20,8 +20,8 @@ import scipy.sparse as sp
 import sciad as sd
 import sciad.numpy as snp
 from sciad.primitives._newton_systems import _pattern
-from sciad.solvers import _ode
-from sciad.solvers._ode import SparseNewtonSolver
+from sciad.solvers.ode import _ode
+from sciad.solvers.ode._ode import SparseNewtonSolver
 
 N = 16
 X = np.linspace(0.0, 1.0, N)
@@ -109,7 +109,7 @@ def test_odeint_jac_sparse_matches_dense_and_keeps_its_factorization(monkeypatch
     The decision reads only the solve's own state, and a factor the store
     let go is made again from its values, so a solve gives the same result
     to the bit after other solves."""
-    from sciad.solvers import _sparse_direct as sdir
+    from sciad.solvers.direct import _sparse_direct as sdir
 
     def solve(k, jac, throw=True):
         return sd.ode.odeint(heat_sd, Y0, TS, k, solver="kvaerno5", rtol=1e-8, atol=1e-8,
@@ -142,7 +142,7 @@ def test_odeint_jac_sparse_matches_dense_with_derivatives(monkeypatch):
     reverse mode; the two agree to ~1e-11). The reverse pass's implicit
     stages share one factorization per step (`root(jac0=...)`), not one
     per stage."""
-    from sciad.solvers import _sparse_direct as sdir
+    from sciad.solvers.direct import _sparse_direct as sdir
 
     def solve(k, jac, throw=True):
         return sd.ode.odeint(heat_sd, Y0, TS, k, solver="kvaerno5", rtol=1e-8, atol=1e-8,

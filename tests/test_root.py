@@ -59,7 +59,7 @@ def test_newton_krylov_is_matrix_free(rng):
 def test_the_chord_method_factors_once_and_differentiates_as_newton(jac, rng, monkeypatch):
     # from a start near the root, the chord method keeps its first
     # factorization; the root and its (implicit) derivative are Newton's
-    from sciad.solvers import _sparse_direct as sdir
+    from sciad.solvers.direct import _sparse_direct as sdir
 
     f = 20.0 + 5.0 * rng.standard_normal(N)
     x0 = np.asarray(sd.optimize.root(diffusion, np.zeros(N), (f,)).x) * 1.01
@@ -88,7 +88,7 @@ def test_chord_roots_started_with_one_matrix_share_its_factorization(rng, monkey
     step are) factor it once between them; their roots and implicit
     derivatives are Newton's. A dense `jac0` works too, and with a start
     already at the root the derivative still reads the shared factor."""
-    from sciad.solvers import _sparse_direct as sdir
+    from sciad.solvers.direct import _sparse_direct as sdir
 
     f = 20.0 + 5.0 * rng.standard_normal(N)
     g = f * 1.02
@@ -397,7 +397,7 @@ def test_a_kept_factor_of_a_nearby_matrix_is_refined_or_replaced(distance, rng):
     import scipy.sparse as sp
 
     from sciad.graph import Pattern
-    from sciad.solvers import _sparse_direct as sdir
+    from sciad.solvers.direct import _sparse_direct as sdir
 
     n = 30
     A = (sp.random(n, n, density=0.2, random_state=3) + 4 * sp.eye(n)).tocsr()
@@ -422,7 +422,7 @@ def test_the_jax_level_newton_serves_other_nodes(rng):
     import jax.numpy as jnp
 
     from sciad.solvers._coloring import coloring
-    from sciad.solvers import _nonlinear
+    from sciad.solvers.nonlinear import _nonlinear
     from sciad.primitives._newton_systems import _pattern
 
     f = 20.0 + 5.0 * rng.standard_normal(N)
@@ -503,7 +503,7 @@ def test_the_floor_diagnosis_and_acceptance_with_nan():
 
     from sciad.graph import Site
     from sciad.primitives._root import judge_root
-    from sciad.solvers import _nonlinear
+    from sciad.solvers.nonlinear import _nonlinear
 
     kw = dict(status=3, nit=4, goal=1e-10, kind="root", method="newton", jac="dense",
               maxiter=50, tol=1e-10, dtype=np.dtype(np.float64))

@@ -78,7 +78,7 @@ def steps(d, b, preconditioner, part):
     the solve reports them only when it fails)."""
     import jax
     from sciad.primitives._sparse_sharded import block_amg, sharded_product
-    from sciad.solvers import iterative
+    from sciad.solvers.iterative import _iterative as iterative
 
     def run(d, b):
         matvec, b, split, _ = sharded_product(part, d, b, False, op="test")
@@ -138,7 +138,7 @@ _CHILD = textwrap.dedent(r'''
     if os.environ["SOLVERS"] == "preconditioned":
         # Jacobi per device (its rows' diagonal), and block-Jacobi with a
         # local AMG V-cycle per device (two levels: coarsest of at most 16)
-        from sciad.solvers import _amg
+        from sciad.solvers.iterative import _amg
         _amg.MAX_COARSE = 16
         d = ROUGH.data
         f = lambda part, pre: sd.function(sd.value_and_grad(
@@ -366,7 +366,7 @@ def test_block_amg_pads_each_block_to_its_own_cycle(monkeypatch):
     import jax
     import jax.numpy as jnp
 
-    from sciad.solvers import _amg, _block_amg
+    from sciad.solvers.iterative import _amg, _block_amg
 
     monkeypatch.setattr(_amg, "MAX_COARSE", 6)
     m = 40

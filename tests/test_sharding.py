@@ -108,7 +108,7 @@ _CHILD = textwrap.dedent(r'''
     out["errors"] = errors
     # inputs put on 4 devices, no mesh axis named (XLA partitions the program):
     # JAX's own transforms of `sd.to_jax`, and `sd.function`, per solver
-    from sciad.solvers import _cudss
+    from sciad.solvers.direct import _cudss
 
     def misfit(solver, twice=False):
         def f(k):

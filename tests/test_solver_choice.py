@@ -20,8 +20,9 @@ import scipy.sparse as sp
 import sciad as sd
 import sciad.numpy as snp
 from sciad import solvers
-from sciad.solvers import _cudss, _cudss_ffi, _klu_ffi, _linear
-from sciad.solvers._cholmod_ffi import CompiledCholmod
+from sciad.solvers.direct import _cudss, _cudss_ffi, _klu_ffi
+from sciad.solvers import _linear
+from sciad.solvers.direct._cholmod_ffi import CompiledCholmod
 from sciad.solvers._linear import choose
 
 F64 = np.dtype(np.float64)

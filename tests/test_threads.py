@@ -10,7 +10,8 @@ import scipy.sparse as sp
 import threadpoolctl
 
 from sciad.graph._types import Pattern
-from sciad.solvers import _sparse_direct, _threads
+from sciad.solvers.direct import _sparse_direct
+from sciad.solvers import _threads
 
 
 def _blas_threads() -> set[int]:

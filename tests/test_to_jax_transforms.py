@@ -39,7 +39,8 @@ _CHILD = textwrap.dedent('''
     import jax, jax.numpy as jnp, numpy as np
     jax.config.update("jax_enable_x64", True)
     import sciad as sd, sciad.numpy as snp
-    from sciad.solvers import _batch_split, _cudss
+    from sciad.solvers import _batch_split
+    from sciad.solvers.direct import _cudss
 
     n = 4
     rows = np.array([0, 0, 1, 1, 1, 2, 2, 2, 3, 3])
@@ -190,7 +191,7 @@ def test_a_singular_matrix_names_the_users_line(solver):
     import sciad as sd
     import sciad.numpy as snp
     from sciad.errors import NotPositiveDefiniteError, SingularMatrixError
-    from sciad.solvers import _cudss
+    from sciad.solvers.direct import _cudss
 
     if not _available(solver):
         pytest.skip(f"{solver} is not installed")

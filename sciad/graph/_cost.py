@@ -115,7 +115,7 @@ def _sparse_lu_fill(pattern) -> Fill:
     vals = np.where(rows == indices, 2.0 * (np.diff(indptr)[rows] + 1), -1.0)
     a = sp.csr_matrix((vals, indices, indptr), shape=pattern.shape).tocsc()
     try:
-        # (in SuperLU's symmetric mode, as `sciad.solvers._sparse_direct`
+        # (in SuperLU's symmetric mode, as `sciad.solvers.direct._sparse_direct`
         # factors: see `_factor_one`)
         lu = spl.splu(a, permc_spec="MMD_AT_PLUS_A", options=dict(SymmetricMode=True))
     except RuntimeError:  # structurally singular: no estimate better than dense

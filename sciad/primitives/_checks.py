@@ -5,7 +5,7 @@ A primitive whose implementation checks at run time is declared with
 `Primitive(..., runtime_checks=True)`; lowering then passes it the `site`
 of the node (its op, source line and printed form), which the checks name.
 Checks run on the host: sparse factorizations and solves measure there
-anyway (`sciad.solvers.sparse_direct`), and computations in the program
+anyway (`sciad.solvers.direct._sparse_direct`), and computations in the program
 (dense factorizations, Krylov solves) hand their measures to one host call
 (`check`) whose result the checked value is tied to (`tie`), so XLA can
 neither drop the check nor run what follows without it. One host call per

@@ -28,7 +28,7 @@ as under `stop_gradient`).
 it applies to, its factor layout, factorization and solves, where it runs,
 its checks and its cost; the rules here ask the record, never the name.
 An iterative solve's `preconditioner` likewise names a record of the
-"preconditioner" family (`sciad.solvers._iterative.AbstractPreconditioner`:
+"preconditioner" family (`sciad.solvers.iterative._iterative.AbstractPreconditioner`:
 "jacobi", "amg"), set up from the matrix once per solve and applied at every
 step; the transposed solve applies it transposed.
 
@@ -60,7 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _ops as ops, solvers
+from .. import _ops as ops
 from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NonFiniteError,
                       NotSupportedError, ShapeError, SingularMatrixError, plain)
 from ..graph import (Body, Factored, Holding, Param, Primitive, Site, SparseType, TensorType, Zero,
@@ -75,6 +75,7 @@ from ..graph._trace import trace_flat
 from ..graph._types import (BatchedType, FactorType, Pattern, holds_tuple,
                             register_factor_layout)
 from ..solvers._indices import pattern_transpose, take
+from ..solvers.iterative import _iterative
 from ..solvers._linear import auto_preconditioner, names_for, resolve
 from ..solvers._registry import lookup, records
 from ._checks import check, judge_matrix, tie
@@ -360,7 +361,7 @@ def _iterative_solve(matvec, a, b, *, solver, pattern, rtol, atol, maxiter, prec
     (a sharded solve) runs the check on every device of the mesh, so that a
     failure stops them all (checked on one device, it would stop that one
     and leave the others waiting in the loop's next collective)."""
-    x, ok, rel, steps = solvers.iterative.solve(
+    x, ok, rel, steps = _iterative.solve(
         matvec, b, method=lookup(solver, "linear"), rtol=rtol, atol=atol, maxiter=maxiter,
         precond=precond)
     if not throw:

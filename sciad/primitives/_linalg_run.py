@@ -25,10 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import config, solvers
+from .. import config
 from ..graph import TensorType
 from ..graph._types import FactorType, Pattern, register_factor_layout
-from ..solvers import _sparse_checks, _sparse_direct
+from ..solvers import _sparse_checks
+from ..solvers.direct import _dense, _sparse_direct
 from ..solvers._host import host_call
 from ..solvers._indices import (pattern_cols, pattern_diagonal, pattern_rows,
                                 pattern_transpose, segment_sum, take_static)
@@ -283,7 +284,7 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
 
     tok, rcond = host_call(host, (jax.ShapeDtypeStruct((), jnp.int32),
                                   jax.ShapeDtypeStruct((), real)),
-                           f[0], solvers.dense.norm1(a), *measures.values())
+                           f[0], _dense.norm1(a), *measures.values())
     return tie((*f, rcond), tok)
 
 

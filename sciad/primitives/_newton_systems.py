@@ -8,7 +8,7 @@ import scipy.sparse as sp
 
 from ..graph._sparsity import graph_sparsity
 from ..graph._types import Pattern
-from ..solvers._root_methods import sparse_jacobian
+from ..solvers.nonlinear._root_methods import sparse_jacobian
 
 
 def _pattern(p: sp.csr_matrix) -> Pattern:

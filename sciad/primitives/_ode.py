@@ -24,7 +24,7 @@ name) are
 The module holds the node and its rules; the parts they are built from live
 beside it, one idea each:
 
-- `sciad.solvers._ode_steppers`: the steppers, one record per Runge-Kutta
+- `sciad.solvers.ode._ode_steppers`: the steppers, one record per Runge-Kutta
   method (its diffrax class, explicit or implicit, order, tableau), and
   diffrax's solver for one (plain JAX);
 - `_ode_field`: the vector field evaluated in sciad ops, its parts, and the
@@ -69,9 +69,9 @@ from ..graph._serialize import graph_param_v1, register_v1_migration
 from ..graph._cost import Cost, _si
 from ..graph._sparsity import dense_all
 from ..graph._types import Pattern
-from ..solvers._ode import floored, holding
-from ..solvers._root_methods import sparse_jacobian
-from ..solvers._ode_steppers import STEPPERS, STIFF_PID, diffrax_solver, tableau
+from ..solvers.ode._ode import floored, holding
+from ..solvers.nonlinear._root_methods import sparse_jacobian
+from ..solvers.ode._ode_steppers import STEPPERS, STIFF_PID, diffrax_solver, tableau
 from ._checks import check, tie
 from ._map import map_rule
 from ._ode_adjoint import ADJOINTS, CHECKPOINT
@@ -105,7 +105,7 @@ odeint_p = Primitive("ode.odeint", multiple_results=True, runtime_checks=True, p
 #: it to the primal's size); `jac` and `pattern`: how the Newton systems of
 #: an implicit solver are formed and solved (sparse: the pattern of
 #: `df/dy` detected from `body`, values by colored JVPs, SuperLU);
-#: `solver`: a stepper's name (`sciad.solvers._ode_steppers.STEPPERS`);
+#: `solver`: a stepper's name (`sciad.solvers.ode._ode_steppers.STEPPERS`);
 #: `adjoint`, `checkpoints`: the reverse mode (an adjoint strategy's name,
 #: `sciad.primitives._ode_adjoint.ADJOINTS`; see the module docstring;
 #: `checkpoints` is the number of states the checkpointed one stores evenly

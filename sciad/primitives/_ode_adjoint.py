@@ -26,7 +26,7 @@ from .. import _ops as ops
 from ..graph import TensorType, is_zero
 from ..graph._autodiff import needs_ct, type_of, vjp_eval
 from ..graph._body import trace_body
-from ..solvers._ode_steppers import STEPPERS
+from ..solvers.ode._ode_steppers import STEPPERS
 from ..solvers._registry import family, register
 from ._scan import scan
 from ._ode_field import augmented_pattern, derived_params, summed

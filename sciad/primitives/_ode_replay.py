@@ -14,8 +14,8 @@ from .. import _ops as ops
 from ..graph import Graph
 from ..graph._autodiff import type_of
 from ..graph._body import inline, trace_body
-from ..solvers._root_methods import sparse_jacobian
-from ..solvers._ode_steppers import STEPPERS, tableau
+from ..solvers.nonlinear._root_methods import sparse_jacobian
+from ..solvers.ode._ode_steppers import STEPPERS, tableau
 from ._schedules import Segments
 from ._scan import scan
 from ._ode_field import field_at, part_of

@@ -2,7 +2,7 @@
 
 The node holds the residual as a closed body, `(*consts, x) -> (F,)` (for a
 fixed-point problem, the map `G` with `F(x) = G(x) - x`), and its operands
-are `(*consts, x0)`. It lowers to the loops of `sciad.solvers._nonlinear`
+are `(*consts, x0)`. It lowers to the loops of `sciad.solvers.nonlinear._nonlinear`
 (Newton with a line search, or Anderson-accelerated fixed-point iteration);
 those iterations are never differentiated. Its outputs are the root `x`, the
 iteration count, `||F(x)||_inf` and a status code.
@@ -45,7 +45,7 @@ from ..graph._sparsity import sparsity_eval, union
 from ..graph._trace import trace_flat
 from ..graph._types import Pattern
 from ..solvers._coloring import coloring
-from ..solvers._nonlinear import STATUS, _norm as norm_inf
+from ..solvers.nonlinear._nonlinear import STATUS, _norm as norm_inf
 from ..solvers._registry import lookup, names as _solver_names
 from ._checks import check, tie
 from ._jacobian import Structure, dense_jacobian, emit
@@ -68,7 +68,7 @@ root_p = Primitive("optimize.root", multiple_results=True, runtime_checks=True, 
 
 #: `body`: the residual (kind "root") or the fixed-point map (kind
 #: "fixed_point") as a closed body `(*consts, x) -> (F,)`; `method`: a root
-#: method record's name (`sciad.solvers._root_methods`); `jac`: how Newton's
+#: method record's name (`sciad.solvers.nonlinear._root_methods`); `jac`: how Newton's
 #: systems and the derivatives' are solved (a Jacobian record's name);
 #: `pattern` (with a sparse Jacobian): the Jacobian's structure detected from
 #: `body`, `colors` its number of colors (JVPs per Jacobian). With a Jacobian
@@ -113,7 +113,7 @@ def operands(args, jac0: bool = False) -> RootOperands:
 
 class RootOutputs(NamedTuple):
     """A root node's outputs, named: the root, the iteration count, `||F||_inf`,
-    the status code (`sciad.solvers._nonlinear.STATUS`) and, for a Jacobian
+    the status code (`sciad.solvers.nonlinear._nonlinear.STATUS`) and, for a Jacobian
     record that `keeps_factor`, the last Newton factorization."""
 
     x: Any
@@ -238,7 +238,7 @@ def judge_root(site, *, status, nit, residual, goal, floor, kind, method, jac, m
                dtype, error=float("inf"), xnorm=float("nan"), x0norm=float("nan")):
     """Raises the `ConvergenceError` of a failed root solve, with a diagnosis.
     `floor`: ||F||'s rounding floor at the last iterate
-    (`solvers._nonlinear.rounding_floor`)."""
+    (`solvers.nonlinear._nonlinear.rounding_floor`)."""
     status, nit = int(status), int(nit)
     if status == 0:
         return
@@ -563,7 +563,7 @@ root_guard_p = Primitive("optimize.root_guard", runtime_checks=True,
                          params={"of": Param(str, default="root")})
 #: `root_guard(status, t)`: `t`, after checking that the solve whose `status`
 #: it reads succeeded; linear in `t` (its transpose is itself). `of` names the
-#: solve: "root" (`optimize.root`, `STATUS` of `sciad.solvers._nonlinear`) or
+#: solve: "root" (`optimize.root`, `STATUS` of `sciad.solvers.nonlinear._nonlinear`) or
 #: "odeint" (`ode.odeint` with `throw=False`, its `STATUS`). The derivatives
 #: of a solve that may fail without raising pass through it.
 

@@ -6,40 +6,45 @@ returns its result together with what a caller needs to detect failure
 (pivots, residuals, iteration counts); turning that into an error is the
 primitives' business.
 
-Adding a solver: one file with its record (an `AbstractDirectSolver` or
-`AbstractIterativeSolver` of `_linear`, a root method of `_root_methods`, a
-preconditioner, `AbstractPreconditioner` of `_iterative`) and one
-`register(...)` line below.
+The records are grouped by family, one subpackage each: `direct` (dense
+and sparse factorizations), `iterative` (Krylov solvers and
+preconditioners), `nonlinear` (root methods and Jacobians), `ode`
+(steppers and step control); `csrc/` holds the C++ the compiled backends
+share, and this package's own modules what every family uses (the registry,
+the linear solvers' base records and "auto"'s ranking, index arithmetic on
+patterns, host calls, measures).
+
+Adding a solver: one file in its family with its record (an
+`AbstractDirectSolver` or `AbstractIterativeSolver` of `_linear`, a root
+method of `nonlinear._root_methods`, a preconditioner,
+`AbstractPreconditioner` of `iterative._iterative`) and one `register(...)`
+line below.
 """
 
-from . import _amg as amg
-from . import _dense as dense
-from . import _iterative as iterative
-from . import _sparse_direct as sparse_direct
-from ._amg import AMG
-from ._block_amg import BlockAMG
-from ._anderson import Anderson
-from ._bicgstab import BiCGStab
-from ._cg import CG
-from ._cholesky import Cholesky
-from ._cholmod import Cholmod
-from ._cholmod_ffi import CompiledCholmod, installed as _sparsax_installed
-from ._cudss import CuDSS
-from ._chord import Chord
-from ._gmres import GMRES
-from ._jacobi import Jacobi
-from ._jacobian_dense import DenseJacobian
-from ._jacobian_gmres import GMRESJacobian
-from ._jacobian_sparse import SparseJacobian
-from ._klu import KLU
-from ._lu import LU
-from ._newton import Newton
-from ._newton_krylov import NewtonKrylov
-from ._picard import Picard
+from .iterative._amg import AMG
+from .iterative._block_amg import BlockAMG
+from .nonlinear._anderson import Anderson
+from .iterative._bicgstab import BiCGStab
+from .iterative._cg import CG
+from .direct._cholesky import Cholesky
+from .direct._cholmod import Cholmod
+from .direct._cholmod_ffi import CompiledCholmod, installed as _sparsax_installed
+from .direct._cudss import CuDSS
+from .nonlinear._chord import Chord
+from .iterative._gmres import GMRES
+from .iterative._jacobi import Jacobi
+from .nonlinear._jacobian_dense import DenseJacobian
+from .nonlinear._jacobian_gmres import GMRESJacobian
+from .nonlinear._jacobian_sparse import SparseJacobian
+from .direct._klu import KLU
+from .direct._lu import LU
+from .nonlinear._newton import Newton
+from .nonlinear._newton_krylov import NewtonKrylov
+from .nonlinear._picard import Picard
 from ._registry import lookup, names, records, register, unregister
-from ._splu import SuperLU
-from ._trust_region import Hybr, LevenbergMarquardt
-from ._spsolve import SpSolve
+from .direct._splu import SuperLU
+from .nonlinear._trust_region import Hybr, LevenbergMarquardt
+from .direct._spsolve import SpSolve
 
 # linear solvers, in the order error messages list them
 register(LU())
@@ -74,5 +79,4 @@ register(SparseJacobian())
 register(DenseJacobian())
 register(GMRESJacobian())
 
-__all__ = ["amg", "dense", "iterative", "sparse_direct", "lookup", "names", "records", "register",
-           "unregister"]
+__all__ = ["lookup", "names", "records", "register", "unregister"]

@@ -4,7 +4,7 @@ An extension is one source file under `csrc/`, compiled with the system
 C++ compiler (`$CXX`, else g++ or c++) into a plain shared library (no
 Python API, loaded with ctypes) against jaxlib's XLA FFI headers
 (`jax.ffi.include_dir()`) and whatever else its builder adds
-(`sciad.solvers._cudss_build`: cuDSS's wheels; `sciad.solvers._batch_split`:
+(`sciad.solvers.direct._cudss_build`: cuDSS's wheels; `sciad.solvers._batch_split`:
 nothing else).
 
 Where it goes: `$SCIAD_CACHE_DIR` or `~/.cache/sciad`, under

@@ -172,7 +172,7 @@ class AbstractDirectSolver(AbstractLinearSolver):
 
 
 class AbstractIterativeSolver(AbstractLinearSolver):
-    """A Krylov method on a `matvec` (see `sciad.solvers._iterative`): real
+    """A Krylov method on a `matvec` (see `sciad.solvers.iterative._iterative`): real
     matrices, dense, sparse or matrix-free.
 
     - `left_preconditioned`: a preconditioner is applied on the left (CG,

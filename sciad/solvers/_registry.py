@@ -6,11 +6,11 @@ is to know about a solver (what it applies to, how it factors and solves,
 where it runs, how it is checked, what it costs); rules and passes look it up
 by the name their node holds (so graphs still print and serialize names) and
 ask it, instead of comparing names. Records come in families: `"linear"`
-(`sciad.solvers._linear`), `"root"` (root methods, `sciad.solvers._root_methods`),
+(`sciad.solvers._linear`), `"root"` (root methods, `sciad.solvers.nonlinear._root_methods`),
 `"jacobian"` (how a root method's linear systems are solved),
 `"preconditioner"` (an iterative solve's preconditioner,
-`sciad.solvers._iterative.AbstractPreconditioner`), `"ode stepper"`
-(`sciad.solvers._ode_steppers`) and `"ode adjoint"` (an `odeint` node's
+`sciad.solvers.iterative._iterative.AbstractPreconditioner`), `"ode stepper"`
+(`sciad.solvers.ode._ode_steppers`) and `"ode adjoint"` (an `odeint` node's
 reverse mode, `sciad.primitives._ode_adjoint`).
 
 Adding a solver is one new file and one `register(...)` line (the built-in

@@ -2,11 +2,11 @@
 // solve sparse matrices with NVIDIA cuDSS on the stream XLA gives them.
 //
 // Needs cuDSS >= 1.0 (cudssMatrixCreateCsr's offset type, the transposed
-// solve mode). Built on first use by sciad.solvers._cudss_build (g++, the
+// solve mode). Built on first use by sciad.solvers.direct._cudss_build (g++, the
 // headers of the cuDSS and CUDA runtime wheels and jaxlib's XLA FFI headers),
 // linked against libcudss.so.N and libcudart.so.M with the wheels' folders
 // as rpath. Loaded with ctypes; the handlers are registered as custom-call
-// targets `sciad_cudss_*` by sciad.solvers._cudss_ffi.
+// targets `sciad_cudss_*` by sciad.solvers.direct._cudss_ffi.
 //
 // Objects:
 // - Pattern (made from Python with `sciad_cudss_pattern`, kept for the

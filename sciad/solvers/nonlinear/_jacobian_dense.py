@@ -1,5 +1,5 @@
 """`jac="dense"`: the Jacobian by forward mode (one batched JVP), LU-factored
-in the program (`sciad.solvers._nonlinear.dense_lu`)."""
+in the program (`sciad.solvers.nonlinear._nonlinear.dense_lu`)."""
 
 from __future__ import annotations
 

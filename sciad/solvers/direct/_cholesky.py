@@ -8,9 +8,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
-from ..errors import NotPositiveDefiniteError, ShapeError
+from ...errors import NotPositiveDefiniteError, ShapeError
 from ._dense import rcond_lapack
-from ._linear import AbstractDirectSolver
+from .._linear import AbstractDirectSolver
 
 
 class Cholesky(AbstractDirectSolver):

@@ -1,5 +1,5 @@
 """`"klu"`: sparse LU by KLU (SuiteSparse), compiled into the program through
-XLA's FFI (`sciad.solvers._klu_ffi`): a factorization and its solves run
+XLA's FFI (`sciad.solvers.direct._klu_ffi`): a factorization and its solves run
 without Python, on the CPU only.
 
 The symbolic analysis (ordering, block triangular form) is made once per
@@ -65,11 +65,11 @@ import functools
 import jax
 import numpy as np
 
-from ..errors import (InvalidOptionError, NotSupportedError, SingularMatrixError,
-                      register_kernel_error)
+from ...errors import (InvalidOptionError, NotSupportedError, SingularMatrixError,
+                       register_kernel_error)
 from . import _klu_ffi, _sparse_direct
-from ._indices import pattern_matmul
-from ._linear import AbstractDirectSolver
+from .._indices import pattern_matmul
+from .._linear import AbstractDirectSolver
 
 register_kernel_error(
     _klu_ffi.FACTOR_FAILED, SingularMatrixError,
@@ -108,7 +108,7 @@ class HandleSolver(AbstractDirectSolver):
     """A sparse direct solver compiled into the program whose factor is
     `(handle,)`, a `uint64` (0: no numeric factor; each solve factors), made
     and freed by its kernels `kernels` (a `_klu_ffi.HandleKernels`): KLU's
-    here, cuDSS's in `sciad.solvers._cudss`. See the module docstring for
+    here, cuDSS's in `sciad.solvers.direct._cudss`. See the module docstring for
     when a handle is made and freed."""
 
     matrices = frozenset({"sparse"})

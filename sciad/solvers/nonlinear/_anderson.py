@@ -1,5 +1,5 @@
 """`"anderson"`: Anderson-accelerated fixed-point iteration
-(`sciad.solvers._nonlinear.anderson`) of depth `memory` on `x = G(x)`."""
+(`sciad.solvers.nonlinear._nonlinear.anderson`) of depth `memory` on `x = G(x)`."""
 
 from __future__ import annotations
 

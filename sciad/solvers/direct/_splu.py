@@ -1,6 +1,6 @@
 """`"splu"`: SciPy's SuperLU on the host, its factor held there (the program
 holds a handle), checked and refined in the host calls that factor and solve
-(`sciad.solvers._sparse_direct`). "auto"'s choice for a sparse matrix on every
+(`sciad.solvers.direct._sparse_direct`). "auto"'s choice for a sparse matrix on every
 platform: on an H100 at 65,536 unknowns (the flagship's matrix at N = 256)
 its forward solve took 0.29 s against 2.3 s for cuSOLVER's `spsolve`, which
 also refactors for the adjoint (on a GPU, `solver="cg"` (spd) takes 0.07 s
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _sparse_direct
-from ._linear import AbstractDirectSolver
+from .._linear import AbstractDirectSolver
 
 
 class SuperLU(AbstractDirectSolver):

@@ -10,7 +10,7 @@ Butcher tableau (`tableau`), which the node's reverse pass replays in sciad
 ops. Code asks the record, never the name.
 
 `diffrax_solver` builds diffrax's solver for a record (its Newton settings
-for an implicit one: `sciad.solvers._ode`), tracking its last accepted step
+for an implicit one: `sciad.solvers.ode._ode`), tracking its last accepted step
 for the diagnosis of a failed solve.
 
 Plain JAX code, no graph. (diffrax and optimistix are imported where first
@@ -24,8 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _registry
-from ._root_methods import sparse_jacobian
+from .. import _registry
+from ..nonlinear._root_methods import sparse_jacobian
 from ._ode import patient_chord, reusing, sparse_newton_solver
 
 #: implicit solvers: the chord iterations of a stage stop when their

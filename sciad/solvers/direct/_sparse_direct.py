@@ -45,9 +45,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 
-from ._host import host_call
-from ._measures import ratio
-from ._threads import one_blas_thread, usable_cores
+from .._host import host_call
+from .._measures import ratio
+from .._threads import one_blas_thread, usable_cores
 
 #: the most steps of iterative refinement a checked solve takes while its
 #: backward error is above the bound and falls: one restores a backward
@@ -453,7 +453,7 @@ def factor(pattern, data, *, uses: int | None = None,
     """The SuperLU factor of the sparse matrix with `pattern` and values `data`
     (leading batch axes allowed), as a tuple of arrays: `(handles,)`; with
     `factorize` (see `_Factored.make_many`), that factorization instead
-    (CHOLMOD's, `sciad.solvers._cholmod`). A factor the store let go before
+    (CHOLMOD's, `sciad.solvers.direct._cholmod`). A factor the store let go before
     its last solve is made again by SuperLU (`_Store.get_or_make`): the
     same solution, at SuperLU's cost.
 

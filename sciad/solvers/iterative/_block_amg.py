@@ -41,10 +41,10 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from .. import _cache
-from ..errors import InvalidOptionError
+from ... import _cache
+from ...errors import InvalidOptionError
 from . import _amg
-from ._host import host_call
+from .._host import host_call
 from ._iterative import AbstractPreconditioner, missing_diagonal
 
 

@@ -6,7 +6,7 @@ where the program runs on an accelerator and no direct solver there applies."""
 from __future__ import annotations
 
 from ._iterative import lineax_solve
-from ._linear import AbstractIterativeSolver, backend
+from .._linear import AbstractIterativeSolver, backend
 
 
 class CG(AbstractIterativeSolver):

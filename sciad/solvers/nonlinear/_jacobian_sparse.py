@@ -1,6 +1,6 @@
 """`jac="sparse"`: the Jacobian on the pattern detected from the body, its
 values by one JVP per color, factored by SuperLU on the host
-(`sciad.solvers._nonlinear.sparse_lu`); the node keeps the last factorization
+(`sciad.solvers.nonlinear._nonlinear.sparse_lu`); the node keeps the last factorization
 for the derivatives' solves."""
 
 from __future__ import annotations

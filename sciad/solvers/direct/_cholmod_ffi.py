@@ -5,7 +5,7 @@ bundled) registered under sciad's names, as klujax's are for `"klu"`.
 
 `pip install "sciad[cholmod]"` installs sparsax where it has wheels (Linux
 on x86-64); elsewhere the extra installs cvxopt, and `"cholmod"` is its
-host record (`sciad.solvers._cholmod`). CHOLMOD's supernodal module is
+host record (`sciad.solvers.direct._cholmod`). CHOLMOD's supernodal module is
 GPL-licensed, so either is an optional extra of this Apache-2.0 library.
 
 How it runs:
@@ -68,13 +68,14 @@ import jax
 import numpy as np
 from jax.custom_batching import custom_vmap
 
-from .. import _cache
-from ..errors import InvalidOptionError, NotPositiveDefiniteError, register_kernel_error
-from . import _batch_split, _build, _klu_ffi, _sparse_direct
+from ... import _cache
+from ...errors import InvalidOptionError, NotPositiveDefiniteError, register_kernel_error
+from .. import _batch_split, _build
+from . import _klu_ffi, _sparse_direct
 from ._cholmod import CholmodChoice
 from ._klu import _on_cpu
-from ._indices import pattern_matmul
-from ._linear import AbstractDirectSolver
+from .._indices import pattern_matmul
+from .._linear import AbstractDirectSolver
 
 #: the text of the FFI error a failed factorization raises (without the splitter)
 FACTOR_FAILED = "sparsax: matrix is not positive definite"

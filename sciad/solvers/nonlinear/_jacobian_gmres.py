@@ -1,5 +1,5 @@
 """`jac="gmres"`: matrix-free, the Jacobian's products by JVPs of the body,
-solved by GMRES (`sciad.solvers._nonlinear.gmres`): inexact Newton steps to
+solved by GMRES (`sciad.solvers.nonlinear._nonlinear.gmres`): inexact Newton steps to
 `STEP_RTOL`, the derivatives' solves to `DERIVATIVE_RTOL` (tight)."""
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""`"bicgstab"`: BiCGStab for general matrices (`sciad.solvers._iterative.bicgstab`,
+"""`"bicgstab"`: BiCGStab for general matrices (`sciad.solvers.iterative._iterative.bicgstab`,
 written here for its breakdowns), its preconditioner (Jacobi, AMG) on the right."""
 
 from __future__ import annotations
 
 from ._iterative import bicgstab
-from ._linear import AbstractIterativeSolver
+from .._linear import AbstractIterativeSolver
 
 
 class BiCGStab(AbstractIterativeSolver):

@@ -1,6 +1,6 @@
 """`"cholmod"`: sparse Cholesky (`A = L L^T`) by CHOLMOD (SuiteSparse), for
 real symmetric positive definite matrices, on the host: the factor is held
-there like SuperLU's (`sciad.solvers._sparse_direct`: a handle in the program,
+there like SuperLU's (`sciad.solvers.direct._sparse_direct`: a handle in the program,
 the checks and the iterative refinement of every solve in its host calls).
 
 CHOLMOD comes with cvxopt (`pip install "sciad[cholmod]"`; cvxopt is GPL-3
@@ -38,8 +38,8 @@ import threading
 
 import numpy as np
 
-from .. import _cache
-from ..errors import InvalidOptionError, NotPositiveDefiniteError, StructureError
+from ... import _cache
+from ...errors import InvalidOptionError, NotPositiveDefiniteError, StructureError
 from . import _sparse_direct
 from ._splu import SuperLU
 
@@ -103,7 +103,7 @@ def spare_factors(pattern) -> int:
 
 class _Factor:
     """A CHOLMOD factor of `A` (symmetric, so also of `A^T`), as
-    `sciad.solvers._sparse_direct` holds a SuperLU one: `solve(b, trans)` and
+    `sciad.solvers.direct._sparse_direct` holds a SuperLU one: `solve(b, trans)` and
     `nnz`. Dropped, it hands its analyzed factor object back to its
     pattern's spares."""
 
@@ -159,7 +159,7 @@ def factorize(pattern, d: np.ndarray):
 
 class CholmodChoice:
     """What the two "cholmod" records share (this host one, and the compiled
-    one of `sciad.solvers._cholmod_ffi`): the name, what they factor, when
+    one of `sciad.solvers.direct._cholmod_ffi`): the name, what they factor, when
     "auto" picks them, their refusals and breakdown. A record says whether
     it can run here (`available()`) and what it needs (`needs`)."""
 
@@ -209,7 +209,7 @@ class Cholmod(CholmodChoice, SuperLU):
     matrix tagged (or assumed) spd: the factor is `(handle,)`, an int32,
     held, solved and estimated as SuperLU's (the record it specializes).
     "cholmod" where sparsax's compiled kernels are not installed (see
-    `sciad.solvers._cholmod_ffi`).
+    `sciad.solvers.direct._cholmod_ffi`).
 
     ```python
     A = sd.sparse.coo_matrix((vals, (rows, cols)), shape=(n, n), tags={"spd"})

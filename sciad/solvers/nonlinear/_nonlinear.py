@@ -58,8 +58,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _sparse_direct
-from ._coloring import color_seeds
+from ..direct import _sparse_direct
+from .._coloring import color_seeds
 
 
 #: status codes of the loops, and what each says
@@ -130,7 +130,7 @@ def sparse_lu(pattern, values: Callable, dtype, *, keep: bool = False,
     `colored_values`), factored and solved by SuperLU on the host: one host
     call per Newton iteration. With `keep` (or `chord`), the last
     factorization is kept in the host store and its handle threaded through
-    the loop (see `sciad.solvers._sparse_direct.newton_solve`); `uses`
+    the loop (see `sciad.solvers.direct._sparse_direct.newton_solve`); `uses`
     later solves read the one left at the end. With `chord`, an iteration
     not asked for a `fresh` factor solves with the kept one (the values it
     factored ride in `aux`, so a factor the store let go is made again from

@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..errors import StructureError
-from ._registry import lookup
+from ...errors import StructureError
+from .._registry import lookup
 
 _HIGHEST = lax.Precision.HIGHEST
 

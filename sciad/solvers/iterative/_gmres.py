@@ -7,7 +7,7 @@ applies."""
 from __future__ import annotations
 
 from ._iterative import lineax_solve
-from ._linear import AbstractIterativeSolver, backend
+from .._linear import AbstractIterativeSolver, backend
 
 
 class GMRES(AbstractIterativeSolver):

@@ -1,5 +1,5 @@
 """`"cudss"`: sparse direct solves on an NVIDIA GPU with cuDSS, compiled into
-the program through XLA's FFI (`sciad.solvers._cudss_ffi`, C++ in
+the program through XLA's FFI (`sciad.solvers.direct._cudss_ffi`, C++ in
 `csrc/cudss_ffi.cc`, built on first use by `_cudss_build`).
 
 Run on an H100 (JAX 0.11.2, CUDA 13, cuDSS 1.0.0): the GPU test set
@@ -10,7 +10,7 @@ CPU the record's rules, batching and factor lifetime are tested through a
 host stand-in of the same kernel interface (`StandIn`, KLU's kernels with a
 ledger of live handles).
 
-The record is the "klu" one's (`sciad.solvers._klu.HandleSolver`): the
+The record is the "klu" one's (`sciad.solvers.direct._klu.HandleSolver`): the
 factor is `(handle,)`, a `uint64` the program makes and frees itself (the
 `linalg.release` node placed after its last reader; a 0 handle, where the factor leaves
 its program or for a single solve, factors and solves in one call); the
@@ -61,11 +61,12 @@ from collections import Counter
 import jax
 import numpy as np
 
-from ..errors import (NotPositiveDefiniteError, NotSupportedError, SingularMatrixError,
-                      register_kernel_error)
-from . import _batch_split, _cudss_ffi, _klu_ffi
+from ...errors import (NotPositiveDefiniteError, NotSupportedError, SingularMatrixError,
+                       register_kernel_error)
+from .. import _batch_split
+from . import _cudss_ffi, _klu_ffi
 from ._klu import HandleSolver
-from ._host import host_call
+from .._host import host_call
 
 register_kernel_error(
     _cudss_ffi.FACTOR_FAILED, SingularMatrixError,

@@ -55,12 +55,12 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
 
-from .. import _cache
-from ..errors import NotSupportedError
-from ._host import host_call, release_host_heap
-from ._indices import cached_index, pattern_cols, pattern_rows, segment_sum, take
+from ... import _cache
+from ...errors import NotSupportedError
+from .._host import host_call, release_host_heap
+from .._indices import cached_index, pattern_cols, pattern_rows, segment_sum, take
 from ._iterative import AbstractPreconditioner, missing_diagonal
-from ._threads import one_blas_thread
+from .._threads import one_blas_thread
 
 #: the coarsest level is solved by a dense inverse once it has at most this
 #: many unknowns (pyamg's default is 10; a dense product of a few hundred

@@ -13,7 +13,7 @@ sciad detects from the vector field's graph.
   per color of the pattern's columns (Curtis-Powell-Reid: columns sharing no
   row share a color; `vmap`ped over the seeds, a handful of JVPs instead of
   `n`), read back entry by entry; then one host call factors them with
-  SuperLU (`sciad.solvers._sparse_direct`) and returns a handle (an int32)
+  SuperLU (`sciad.solvers.direct._sparse_direct`) and returns a handle (an int32)
   to the factor, kept in a host store of this module's own. The state is
   `(values, handle)`.
 - `compute`: one host call, a pair of triangular solves with the handle's
@@ -57,10 +57,10 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
 
-from . import _sparse_direct
-from ._coloring import color_seeds, coloring
-from ._host import host_call
-from ._nonlinear import colored_values
+from ..direct import _sparse_direct
+from .._coloring import color_seeds, coloring
+from .._host import host_call
+from ..nonlinear._nonlinear import colored_values
 
 #: the handle of an identity matrix (no factor: solves copy the vector)
 IDENTITY = -1
@@ -241,7 +241,7 @@ def sparse_newton_solver():
 
 
 def __getattr__(name: str):
-    # `from sciad.solvers._ode import SparseNewtonSolver`: the class, made then
+    # `from sciad.solvers.ode._ode import SparseNewtonSolver`: the class, made then
     if name == "SparseNewtonSolver":
         return sparse_newton_solver()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

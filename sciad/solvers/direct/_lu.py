@@ -8,7 +8,7 @@ import jax.scipy.linalg as jsl
 import numpy as np
 
 from ._dense import rcond_lapack
-from ._linear import AbstractDirectSolver
+from .._linear import AbstractDirectSolver
 
 
 class LU(AbstractDirectSolver):

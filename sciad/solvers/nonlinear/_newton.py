@@ -1,5 +1,5 @@
 """`"newton"`: Newton's method with a backtracking line search
-(`sciad.solvers._nonlinear.newton`), factoring the Jacobian at every iterate."""
+(`sciad.solvers.nonlinear._nonlinear.newton`), factoring the Jacobian at every iterate."""
 
 from __future__ import annotations
 

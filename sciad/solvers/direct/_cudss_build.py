@@ -35,10 +35,10 @@ import sys
 import threading
 from pathlib import Path
 
-from ..errors import NotSupportedError
-from . import _build
+from ...errors import NotSupportedError
+from .. import _build
 
-SOURCE = Path(__file__).with_name("csrc") / "cudss_ffi.cc"
+SOURCE = Path(__file__).parent.parent / "csrc" / "cudss_ffi.cc"
 WHAT = "solver 'cudss'"
 
 #: what to install where the extra is missing

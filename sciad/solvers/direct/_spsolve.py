@@ -6,7 +6,7 @@ condition estimate factors with SuperLU on the host."""
 from __future__ import annotations
 
 from . import _sparse_direct
-from ._linear import AbstractDirectSolver
+from .._linear import AbstractDirectSolver
 
 
 class SpSolve(AbstractDirectSolver):

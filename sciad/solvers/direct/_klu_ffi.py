@@ -3,7 +3,7 @@ XLA's FFI under sciad-owned names, with no Python on the per-call path.
 
 The glue around the kernels (batching, the handle or one-call path, an
 ordered free, the work dtype) is `HandleKernels`, shared with the cuDSS
-kernels (`sciad.solvers._cudss_ffi`); `KLUKernels` is KLU's backend of it.
+kernels (`sciad.solvers.direct._cudss_ffi`); `KLUKernels` is KLU's backend of it.
 
 klujax's Python module is not imported: it sets JAX's global configuration
 (`jax_platform_name="cpu"`, x64) when imported. Its nanobind extension
@@ -54,10 +54,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 
-from .. import _cache
-from ..config import x64_scope
-from . import _batch_split, _build
-from ._indices import pattern_transpose, take
+from ... import _cache
+from ...config import x64_scope
+from .. import _batch_split, _build
+from .._indices import pattern_transpose, take
 
 #: the text of the FFI error a failed (singular) KLU factorization raises
 FACTOR_FAILED = "klu_factor/z_factor failed"
@@ -148,7 +148,7 @@ def _work_dtype(dtype):
 class HandleKernels:
     """A compiled sparse direct solver whose numeric factors are `uint64`
     handles the program makes and frees (KLU here; cuDSS in
-    `sciad.solvers._cudss_ffi`): what a record (`sciad.solvers._klu.HandleSolver`)
+    `sciad.solvers.direct._cudss_ffi`): what a record (`sciad.solvers.direct._klu.HandleSolver`)
     calls, and the shared glue around a backend's four kernels.
 
     A backend implements, on a leading batch axis of `L` matrices on one

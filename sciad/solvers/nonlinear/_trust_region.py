@@ -1,5 +1,5 @@
 """`"hybr"` and `"lm"`: globalized Newton methods that survive a singular
-Jacobian (`sciad.solvers._nonlinear.trust_region`), SciPy's names:
+Jacobian (`sciad.solvers.nonlinear._nonlinear.trust_region`), SciPy's names:
 Powell's dogleg in a trust region (SciPy's default `hybr`, MINPACK's
 `hybrd`) and Levenberg-Marquardt (SciPy's `lm`). Both step with the dense
 Jacobian (the node's `jac="dense"`), which the derivatives at the root

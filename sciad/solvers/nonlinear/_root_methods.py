@@ -4,7 +4,7 @@ the interface that `optimize.root`'s rules and `sd.optimize.root` /
 
 - `"root"`: the method, the node's `method` param (`newton`, `chord`,
   `anderson`) or a name the public functions take for one (`newton_krylov`,
-  `picard`): the loop it runs (`run`, from `sciad.solvers._nonlinear`),
+  `picard`): the loop it runs (`run`, from `sciad.solvers.nonlinear._nonlinear`),
   whether it keeps its factorization over iterations (`chord`) and may be
   started with a given matrix (`takes_jac0`), and how its failures read.
 - `"jacobian"`: how Newton's linear systems and the derivatives' are solved
@@ -15,7 +15,7 @@ the interface that `optimize.root`'s rules and `sd.optimize.root` /
 
 from __future__ import annotations
 
-from ._registry import lookup
+from .._registry import lookup
 
 
 class AbstractRootMethod:
@@ -63,7 +63,7 @@ class AbstractRootMethod:
             at_floor: bool):
         """The loop on the flat residual `F` from `x` (with `linear`, the
         Jacobian's `LinearSolve`, where `uses_jacobian`): a
-        `sciad.solvers._nonlinear.Result`."""
+        `sciad.solvers.nonlinear._nonlinear.Result`."""
         raise NotImplementedError
 
 
