@@ -893,7 +893,8 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
     - `fun(t, y, *args)` returning an array or a list (`args` unpacked, a
       list or an array too; a non-iterable is a TypeError, as SciPy's);
     - `t_span = (t0, t1)`, backwards too (`t1 < t0`), or of zero length
-      (the result is `y0` at `t0`);
+      (the result is `y0` at `t0`), or without end (`t1 = inf` or `-inf`, in
+      an eager call with a terminal event, which ends it, as SciPy's);
     - `y0` a 1-d array or list of numbers, real (float64) or complex
       (complex128: its real and imaginary parts are integrated as a real
       state of twice the size); finite (else ValueError);
@@ -957,6 +958,10 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
     solver = _ivp_method(method, op)
     if isinstance(t_span, Tracer) or len(t_span) != 2:
         raise ShapeError(f"`t_span` must be a pair (t0, t1), got {t_span!r}.", op=op)
+    if _unbounded(t_span):
+        return _ivp_unbounded(fun, t_span, y0, events, args, op, method=method, t_eval=t_eval,
+                              dense_output=dense_output, vectorized=vectorized, rtol=rtol,
+                              atol=atol, **options)
     refused = {"min_step": "nothing: sciad's step-size control has no floor but `max_steps`",
                "lband": "jac_sparsity (the banded pattern) or nothing: the pattern of `fun` "
                         "is detected", "uband": "jac_sparsity, or nothing: the pattern of "
@@ -1109,6 +1114,52 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
     return IVPResult(t if isinstance(t, Tracer) else np.asarray(t, np.float64), y,
                      res.success, status, message, sol_of() if dense_output else None,
                      t_events, y_events, nfev, njev, njev)
+
+
+#: how much an unbounded span's horizon grows each time no terminal event
+#: occurred within it (`_ivp_unbounded`), and the largest horizon tried
+HORIZON_GROWTH, MAX_HORIZON = 16.0, 1e300
+
+
+def _unbounded(t_span) -> bool:
+    """Whether `t_span` is a concrete `(t0, +-inf)` with `t0` finite."""
+    try:
+        t0, t1 = (float(t) for t in t_span)
+    except (TypeError, ValueError):  # (traced, or not numbers: checked later)
+        return False
+    return np.isfinite(t0) and np.isinf(t1)
+
+
+def _ivp_unbounded(fun, t_span, y0, events, args, op: str, **kw) -> IVPResult:
+    """`solve_ivp` over `(t0, inf)` (or `(t0, -inf)`), as SciPy's: it ends at
+    a terminal event, which it needs (sciad's programs integrate over a
+    finite span). The integration runs over finite spans that grow by
+    `HORIZON_GROWTH` (from the larger of 1, |t0| and the farthest `t_eval`)
+    until a terminal event occurs or it fails; each span's solve starts
+    again from `y0` (an eager call: the program for the span compiles once,
+    and the last span's work is most of the whole)."""
+    t0, t1 = (float(t) for t in t_span)
+    evs = events if isinstance(events, (list, tuple)) else ([] if events is None else [events])
+    if not any(getattr(e, "terminal", False) for e in evs):
+        raise InvalidOptionError(
+            f"`t_span` = ({t0:g}, {t1:g}) has no end, so the integration needs a terminal "
+            "event to stop it (`event.terminal = True`), as SciPy's does; give one, or a "
+            "finite end.", op=op)
+    if _in_trace((y0, args)):
+        raise NotSupportedError(
+            f"`t_span` = ({t0:g}, {t1:g}) has no end: inside a transformation (sd.grad, "
+            "sd.function, ...) the span must be finite, since a program's steps are bounded; "
+            "give a finite end past the terminal event.", op=op)
+    sign = 1.0 if t1 > 0 else -1.0
+    te = kw.get("t_eval")
+    far = 0.0 if te is None else float(np.max(np.abs(np.asarray(te, np.float64) - t0),
+                                              initial=0.0))
+    horizon = max(1.0, abs(t0), far)
+    while True:
+        res = solve_ivp(fun, (t0, t0 + sign * horizon), y0, events=events, args=args, **kw)
+        if res.status != 0 or horizon * HORIZON_GROWTH > MAX_HORIZON:
+            return res
+        horizon *= HORIZON_GROWTH
 
 
 def _ivp_unmoved(t, y, y0, t_span, sign: float, dense_output: bool, specs) -> IVPResult:

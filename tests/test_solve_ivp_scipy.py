@@ -304,6 +304,43 @@ def test_terminal_count_and_backwards():
     np.testing.assert_allclose(res.t_events[0], ref.t_events[0], rtol=1e-8)
 
 
+def _low(t, y, k):
+    return y[0] - 0.01   # (t* = ln(100) / k, past the first horizon)
+
+
+def _half(t, y, k):
+    return y[0] - 0.5
+
+
+_low.terminal = True
+
+
+@pytest.mark.parametrize("t1, k, events", [
+    (np.inf, 0.5, [_low]),
+    pytest.param(-np.inf, -0.5, [_half, _low], marks=pytest.mark.slow)])
+def test_a_span_without_end_stops_at_its_terminal_event(t1, k, events):
+    """SciPy's `t_span = (t0, inf)` (and `-inf`): the integration runs until
+    the terminal event; the events and the state there as SciPy's (a
+    non-terminal one on the way: `-m slow`)."""
+    kw = dict(fun=decay, t_span=(0.0, t1), y0=[1.0, 0.0], args=(k,), events=events,
+              **TIGHT)
+    ref, res = si.solve_ivp(**kw), sd.ode.solve_ivp(**kw)
+    assert res.status == ref.status == 1 and res.message == ref.message
+    for a, b in zip(res.t_events, ref.t_events):
+        np.testing.assert_allclose(a, b, rtol=1e-8)
+    np.testing.assert_allclose(res.t_events[-1], [np.log(100) / k], rtol=1e-8)
+    np.testing.assert_allclose(res.y[:, -1], ref.y[:, -1], rtol=1e-8, atol=1e-10)
+    assert res.t[-1] == res.t_events[-1][0]
+
+
+def test_a_span_without_end_needs_a_terminal_event_and_an_eager_call():
+    with pytest.raises(InvalidOptionError, match="needs a terminal event"):
+        sd.ode.solve_ivp(decay, (0.0, np.inf), [1.0, 0.0], args=(0.5,), events=_half)
+    with pytest.raises(NotSupportedError, match="the span must be finite"):
+        sd.grad(lambda k: sd.ode.solve_ivp(decay, (0.0, np.inf), [1.0, 0.0], args=(k,),
+                                           events=_low).t_events[0][0])(np.array(0.5))
+
+
 @pytest.mark.slow
 def test_terminal_event_time_is_differentiable():
     def hit(t, y, k):
