@@ -958,7 +958,7 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
     solver = _ivp_method(method, op)
     if isinstance(t_span, Tracer) or len(t_span) != 2:
         raise ShapeError(f"`t_span` must be a pair (t0, t1), got {t_span!r}.", op=op)
-    if _unbounded(t_span):
+    if _unbounded(t_span) and np.size(y0) != 0:  # (an empty state: nothing to integrate)
         return _ivp_unbounded(fun, t_span, y0, events, args, op, method=method, t_eval=t_eval,
                               dense_output=dense_output, vectorized=vectorized, rtol=rtol,
                               atol=atol, **options)
