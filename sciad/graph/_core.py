@@ -814,7 +814,14 @@ class Holding(NamedTuple):
 
     A value that is an output of its graph is not released there: the node
     lowering that graph (a `map` handing its body's factorizations to the
-    enclosing program) holds it in its turn, through its own `holds`."""
+    enclosing program) holds it in its turn, through its own `holds`.
+
+    ```python
+    f = next(n for n in g.nodes if n.primitive.name == "linalg.factor")
+    f.primitive.holds(f.params)   # Holding(release=linalg.release, ...) for a KLU
+                                  # factor whose readers are all in the program
+    ```
+    """
 
     release: "Primitive | None"
     release_params: Mapping[str, Any]

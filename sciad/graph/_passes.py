@@ -637,6 +637,13 @@ def place_releases(graph: Graph, hold: bool = True) -> Graph:
     **Returns:**
 
     A new `Graph` with the same inputs and outputs.
+
+    ```python
+    g = sd.graph.passes.optimize(sd.trace(sd.grad(loss), m))   # places them last
+    [n for n in g.nodes if n.primitive.releases]
+    # [() = linalg.release[solver='klu'] !{release} %1, %2, %6 : ()]  (a KLU factor
+    # read by the solve and the adjoint's transposed solve, released after both)
+    ```
     """
     if not hold:
         return _finish(graph, _memo(_unhold_graph)(graph))
