@@ -1052,7 +1052,19 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
     if specs and traced:
         return _ivp_traced_event(events, specs, field, z0, ts, args, t0, t_eval, decode,
                                  sign, opts, counts, sol_of if dense_output else None, op)
-    ys, res = solve(ts, throw=False)
+    # (eager, with events: one program gives the values at `ts`, the status
+    # and every step's state, which the events are found on; compiling the
+    # plain solve as well doubled the first call's time)
+    stepped = bool(specs) and not traced
+
+    def run():
+        if not stepped:
+            ys, res = solve(ts, throw=False)
+            return ys, res, None
+        ys, res, every = _ivp_steps(field, z0, ts, args, opts, op, values=True)
+        return decode(ys), res, every
+
+    ys, res, every = run()
     code, steps = res.status, res.steps
     limit = int(opts.get("max_steps", 4096))
     width = 8 * (2 * n if complex_ else n)  # (bytes of a state odeint integrates)
@@ -1064,19 +1076,20 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
                 not specs or (limit * STEP_GROWTH + 1) * width <= STEP_STATES_BYTES):
             limit *= STEP_GROWTH
             opts["max_steps"] = limit
-            ys, res = solve(ts, throw=False)
+            ys, res, every = run()
             code, steps = res.status, res.steps
     reached = None  # (a failed eager solve: the time it reached, and its last state)
     if not traced and int(code) in (1, 2, 3, 5) and (limit + 1) * width <= STEP_STATES_BYTES:
-        grid, states = _ivp_steps(field, z0, ts, args, opts, op)
+        grid, states = every if every is not None else _ivp_steps(field, z0, ts, args, opts,
+                                                                  op)
         ok = np.all(np.isfinite(states), axis=1)
         last = int(np.flatnonzero(ok)[-1]) if ok.any() else 0
         reached = (sign * float(grid[last]), np.asarray(decode(states[last])))
     t_events = y_events = None
     status_ok = 0
     if specs:
-        t_events, y_events, stop = _ivp_events(events, specs, field, z0, ts, args, decode,
-                                               sign, opts, solve, op)
+        t_events, y_events, stop = _ivp_events(events, specs, every, decode, z0, args,
+                                               sign, solve)
         if stop is not None and int(code) == 0:  # a terminal event: cut there
             t_stop, y_stop = stop
             status_ok = 1
@@ -1201,11 +1214,25 @@ def _counts(solver: str):
     return counts
 
 
-def _ivp_steps(field, z0, ts, args, opts, op):
+class _Stepped(NamedTuple):
+    """What `_ivp_steps(values=True)` tells of its solve, as odeint's result
+    does (`status`, `steps`, `success`)."""
+
+    status: Any
+    steps: Any
+
+    @property
+    def success(self):
+        return int(self.status) == 0
+
+
+def _ivp_steps(field, z0, ts, args, opts, op, values: bool = False):
     """The accepted steps of a concrete solve: their times (in the
     integration's variable) and states, `(steps + 1,)` and `(steps + 1,
     n)`, from the solve's start to where it ended (the end of the span, or
-    where it failed). Holds `max_steps + 1` states while it runs."""
+    where it failed). Holds `max_steps + 1` states while it runs. With
+    `values`: `(ys at ts, _Stepped, (times, states))`, the same program's
+    values at the times `ts` and its status too."""
     kw = dict(opts)
     solver, adaptive, rtol = _check_options(
         kw.pop("solver"), kw.pop("rtol"), kw.pop("atol", 1e-9), kw.get("adjoint", "checkpoint"),
@@ -1215,12 +1242,13 @@ def _ivp_steps(field, z0, ts, args, opts, op):
                  adjoint=INTERPOLATED.name, max_steps=int(kw.get("max_steps", 4096)),
                  dt0=kw.get("dt0"), adaptive=adaptive, jac=kw.get("jac"), checkpoints=None,
                  throw=False, op=op, dtmax=kw.get("dtmax"))
-    _, _, nsteps, grid, states = _compiled_call(
+    ys, status, nsteps, grid, states = _compiled_call(
         lambda f, z0, ts, a: _odeint_inline(f, z0, ts, a, every_step=True, **inner)[:5],
         field, (z0, np.asarray(ts, np.float64)), args,
         (op, "steps", tuple(sorted(inner.items()))), "solve_ivp_steps")
     k = int(nsteps) + 1
-    return np.asarray(grid)[:k], np.asarray(states)[:k]
+    every = (np.asarray(grid)[:k], np.asarray(states)[:k])
+    return (np.asarray(ys), _Stepped(status, nsteps), every) if values else every
 
 
 #: an eager `solve_ivp` that reaches its step limit (`max_steps` not given)
@@ -1233,14 +1261,15 @@ MAX_EAGER_STEPS = 2 ** 21
 STEP_STATES_BYTES = 256 * 2 ** 20
 
 
-def _ivp_events(events, specs, field, z0, ts, args, decode, sign, opts, solve, op):
+def _ivp_events(events, specs, every, decode, z0, args, sign, solve):
     """Every crossing of the event functions along a concrete solution:
     `(t_events, y_events, stop)`, `stop` the terminal event's `(t, y)` or
     None. Crossings are detected on the solver's steps (SciPy's rule: `g`
     changes sign, or reaches zero, over a step) and located by regula
     falsi on the event function along the solution (re-integrated from the
-    step's start), in time order, up to the terminal event."""
-    grid, states = _ivp_steps(field, z0, ts, args, opts, op)
+    step's start), in time order, up to the terminal event. `every`: the
+    solve's steps, `(times, states)` (`_ivp_steps`)."""
+    grid, states = every
     ys = np.asarray(decode(states))
 
     def g(i, s, y):
