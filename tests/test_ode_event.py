@@ -84,10 +84,15 @@ def test_the_event_time_at_second_order_and_forward_mode():
     assert abs(float(sd.grad(lambda k: _event(k, YS, T0).y[0])(K))) < 1e-8
 
 
-def test_no_event_and_a_wrong_event_are_errors():
+@pytest.mark.slow
+def test_no_event_is_an_error():
+    # (the program runs before it can tell: 10 s of compilation, `-m slow`)
     with pytest.raises(ConvergenceError, match=r"no event: .* downwards on \(0, 1\]"):
         sd.ode.odeint_event(ball, np.array([0.0, 10.0]), (0.0, 1.0), height(3.0), 9.81,
                             direction=-1)
+
+
+def test_a_wrong_event_is_an_error():
     with pytest.raises(ShapeError, match="must return a real scalar"):
         sd.ode.odeint_event(ball, np.array([0.0, 10.0]), (0.0, 1.0), lambda t, y, g: y, 9.81)
     with pytest.raises(InvalidOptionError, match="`direction` must be -1, 0 or 1, got 2"):
