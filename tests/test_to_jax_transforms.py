@@ -33,6 +33,10 @@ ITERATIVE = ("cg", "gmres", "bicgstab")
 #: factors `jax.jacfwd` and `jax.hessian` batch over (where the SIGSEGV was);
 #: the others' second order, compile-heavy, runs with `-m slow`
 SECOND_ORDER = ("klu", "cudss", "cholmod")
+#: the records the default walk takes: all but the Krylov solves, whose
+#: walk (13-20 s of compilation each) runs with `-m slow`, to second order
+#: (`test_second_order_jax_transforms_of_the_other_records`)
+DEFAULT_WALK = [s for s in SOLVERS if s not in ITERATIVE]
 
 _CHILD = textwrap.dedent('''
     import contextlib, json, sys
@@ -118,10 +122,10 @@ def _depth(solver) -> str:
 
 @pytest.fixture(scope="module")
 def walked():
-    """One child for the default walk: every record, second order for the
-    compiled ones (the others' and the Krylov solves', 10-25 s of compilation
-    each for the latter: `-m slow`)."""
-    return _walk([f"{s}:{_depth(s)}" for s in SOLVERS if _available(s)])
+    """One child for the default walk: every record but the Krylov solves,
+    second order for the compiled ones (the others' second order, and the
+    Krylov solves' whole walk: `-m slow`)."""
+    return _walk([f"{s}:{_depth(s)}" for s in DEFAULT_WALK if _available(s)])
 
 
 def _dense_truth():
@@ -147,7 +151,7 @@ def _dense_truth():
                 jit_hessian=H, jvp=J @ t, vjp=J.T @ b, vmap_jvp=J[:, :3].T)
 
 
-@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("solver", DEFAULT_WALK)
 def test_every_jax_transform_of_to_jax_runs_and_agrees(walked, solver):
     if not _available(solver):
         pytest.skip(f"{solver}'s optional dependency is not installed")
