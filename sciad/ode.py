@@ -958,6 +958,8 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
     solver = _ivp_method(method, op)
     if isinstance(t_span, Tracer) or len(t_span) != 2:
         raise ShapeError(f"`t_span` must be a pair (t0, t1), got {t_span!r}.", op=op)
+    if events is not None and not isinstance(events, (list, tuple)):
+        events = [events]
     if _unbounded(t_span) and np.size(y0) != 0:  # (an empty state: nothing to integrate)
         return _ivp_unbounded(fun, t_span, y0, events, args, op, method=method, t_eval=t_eval,
                               dense_output=dense_output, vectorized=vectorized, rtol=rtol,
@@ -1005,8 +1007,6 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
     if np.isfinite(max_step):
         options["dtmax"] = float(max_step)
     del vectorized  # (fun is traced on a 1-d state: a vectorized fun takes it)
-    if events is not None and not isinstance(events, (list, tuple)):
-        events = [events]
     specs = [_ivp_event(e, i, op) for i, e in enumerate(events or [])]
     t0, t1 = t_span
     concrete = not isinstance(t0, Tracer) and not isinstance(t1, Tracer)
@@ -1152,8 +1152,7 @@ def _ivp_unbounded(fun, t_span, y0, events, args, op: str, **kw) -> IVPResult:
     again from `y0` (an eager call: the program for the span compiles once,
     and the last span's work is most of the whole)."""
     t0, t1 = (float(t) for t in t_span)
-    evs = events if isinstance(events, (list, tuple)) else ([] if events is None else [events])
-    if not any(getattr(e, "terminal", False) for e in evs):
+    if not any(getattr(e, "terminal", False) for e in events or ()):
         raise InvalidOptionError(
             f"`t_span` = ({t0:g}, {t1:g}) has no end, so the integration needs a terminal "
             "event to stop it (`event.terminal = True`), as SciPy's does; give one, or a "
@@ -1163,7 +1162,7 @@ def _ivp_unbounded(fun, t_span, y0, events, args, op: str, **kw) -> IVPResult:
             f"`t_span` = ({t0:g}, {t1:g}) has no end: inside a transformation (sd.grad, "
             "sd.function, ...) the span must be finite, since a program's steps are bounded; "
             "give a finite end past the terminal event.", op=op)
-    sign = 1.0 if t1 > 0 else -1.0
+    sign = 1.0 if t1 > 0 else -1.0  # (`events`: a list, or None)
     te = kw.get("t_eval")
     far = 0.0 if te is None else float(np.max(np.abs(np.asarray(te, np.float64) - t0),
                                               initial=0.0))

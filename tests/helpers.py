@@ -8,6 +8,14 @@ import scipy.sparse as sp
 import sciad as sd
 
 
+def tridiagonal(n: int):
+    """The sorted CSR matrix `tridiag(-1, 2.5, -1)` of size `n` (spd, well
+    conditioned): the matrix the factor-lifetime and failure tests solve."""
+    M = sp.csr_array(sp.diags([-1.0, 2.5, -1.0], [-1, 0, 1], (n, n)))
+    M.sort_indices()
+    return M
+
+
 def assert_gradient_matches_fd(f, A, d, *, h: float = 1e-5, rtol: float = 1e-7,
                                forward: bool = False):
     """`sd.grad(f)(A)` (a real scalar `f`) is finite and its pairing with the

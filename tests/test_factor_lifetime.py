@@ -17,21 +17,15 @@ import inspect
 import jax
 import numpy as np
 import pytest
-import scipy.sparse as sp
 
 import sciad as sd
 import sciad.numpy as snp
 from sciad.graph import _lower, passes
+from helpers import tridiagonal
 from sciad.solvers import _batch_split
 from sciad.solvers.direct import _klu_ffi
 
 pytestmark = pytest.mark.skipif(not _klu_ffi.available(), reason="klujax is not installed")
-
-
-def _matrix(n):
-    M = sp.csr_array(sp.diags([-1.0, 2.5, -1.0], [-1, 0, 1], (n, n)))
-    M.sort_indices()
-    return M
 
 
 def _A(M):
@@ -50,7 +44,7 @@ def _all_bodies(g):
 
 
 def test_the_release_follows_the_last_reader():
-    M = _matrix(12)
+    M = tridiagonal(12)
     loss = lambda d, b: snp.sum(sd.linalg.solve(_A(M)(d), b, solver="klu") ** 2)  # noqa: E731
     g = passes.optimize(sd.trace(sd.value_and_grad(loss, argnums=(0, 1)), M.data, np.ones(12)))
     (k,) = _releases(g)
@@ -72,7 +66,7 @@ def test_a_batch_is_released_by_the_enclosing_graph():
     """`sd.vmap` of a value and gradient: the forward map's body makes the
     batch of factors and returns it; the enclosing graph releases the batch
     after the backward map, and no body holds a release."""
-    M = _matrix(10)
+    M = tridiagonal(10)
     D = np.tile(M.data, (3, 1))
     B = np.ones((3, 10))
     loss = lambda d, b: snp.sum(sd.linalg.solve(_A(M)(d), b, solver="klu") ** 2)  # noqa: E731
@@ -97,7 +91,7 @@ def test_a_factor_hoisted_out_of_a_loop_is_released_after_it():
     read by the loop and its adjoint loop, released after the last of
     them, in the enclosing graph."""
     n = 20
-    M = _matrix(n)
+    M = tridiagonal(n)
 
     def run(d, y0):
         a = _A(M)(d)
@@ -117,7 +111,7 @@ def test_successful_calls_leave_no_handle(case):
     """The normal exit: every handle a program makes is released by it (the
     failed exits: `test_failure_release`)."""
     n = 40
-    M = _matrix(n)
+    M = tridiagonal(n)
     A = _A(M)
 
     def loss(d, b):

@@ -20,11 +20,11 @@ import gc
 import jax
 import numpy as np
 import pytest
-import scipy.sparse as sp
 
 import sciad as sd
 import sciad.numpy as snp
 from sciad.errors import NonFiniteError
+from helpers import tridiagonal
 from sciad.solvers import _batch_split
 from sciad.solvers.direct import _cudss, _klu_ffi, _sparse_direct
 from sciad.solvers._host import release_host_heap
@@ -32,16 +32,10 @@ from sciad.solvers._host import release_host_heap
 pytestmark = pytest.mark.skipif(not _klu_ffi.available(), reason="klujax is not installed")
 
 
-def _matrix(n):
-    M = sp.csr_array(sp.diags([-1.0, 2.5, -1.0], [-1, 0, 1], (n, n)))
-    M.sort_indices()
-    return M
-
-
 def _program(case, solver, n):
     """`(compiled function, arguments)`: a program whose check fails (an inf
     in the right-hand side)."""
-    M = _matrix(n)
+    M = tridiagonal(n)
 
     def A(d):  # (spd, as "cholmod" needs)
         return sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape,
@@ -144,7 +138,7 @@ def test_300_breakdowns_of_compiled_cholmod_keep_the_process_flat():
     if not isinstance(lookup("cholmod"), _cholmod_ffi.CompiledCholmod):
         pytest.skip("sparsax is not installed")
     n = 20_000
-    M = _matrix(n)
+    M = tridiagonal(n)
     d = M.data.copy()
     rows = np.repeat(np.arange(n), np.diff(M.indptr))
     d[(rows == M.indices) & (rows == n // 2)] = 1e-3  # (positive, not definite)

@@ -401,12 +401,12 @@ def _where_held(pred, fn, otherwise, site, *operands):
     batching rule) closes over a value of the program (JAX keeps such a
     function's constants, and a traced one leaks: under `jax.jacfwd` of
     `sd.to_jax`, it did)."""
-    held = site.held
+    held, bare = site.held, site.bare
     releases = [r for _, r in held]
     k = len(operands)
 
     def call(*xs):
-        return fn(dataclasses.replace(site, held=tuple(zip(xs[k:], releases))), *xs[:k])
+        return fn(dataclasses.replace(bare, held=tuple(zip(xs[k:], releases))), *xs[:k])
 
     def other(*xs):
         return otherwise(*xs[:k])
