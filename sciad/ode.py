@@ -105,7 +105,8 @@ def _check_times(ts, op: str):
 
 
 def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, dt0, adaptive,
-                   jac, checkpoints, throw, op, every_step: bool = False, dtmax=None):
+                   jac, checkpoints, throw, op, every_step: bool = False, dtmax=None,
+                   reached: bool = False):
     leaves, ytree = _tree.tree_flatten(y0, is_leaf=lambda v: isinstance(v, Tracer))
     if not leaves:
         raise ShapeError("`y0` has no arrays.", op=op)
@@ -188,6 +189,8 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
         grid, states = outs.grid, outs.states
         return (unflatten(ys, type_of(ts).shape), status, nsteps, grid,
                 unflatten(states, type_of(grid).shape))
+    if reached:  # (and the time of the last accepted step: the end of ts on success)
+        return unflatten(ys, type_of(ts).shape), status, nsteps, snp.take(outs.grid, nsteps)
     return unflatten(ys, type_of(ts).shape), status, nsteps
 
 
@@ -239,13 +242,17 @@ def _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive, checkp
 
 
 class ODEResult(NamedTuple):
-    """What `odeint(..., throw=False)` returns: `ys` (as for `throw=True`),
-    `status` (0 on success; see `sciad.primitives._ode.STATUS`) and `steps`,
-    the accepted steps. Traced values inside a trace, arrays outside."""
+    """What `odeint(..., throw=False)` returns: `ys` (as for `throw=True`;
+    not finite at the output times past a failure), `status` (0 on success;
+    see `sciad.primitives._ode.STATUS`), `steps`, the accepted steps, and
+    `t_reached`, the time the integration reached (`ts[-1]` on success,
+    where it stopped on a failure). Traced values inside a trace, arrays
+    outside."""
 
     ys: Any
     status: Any
     steps: Any
+    t_reached: Any = None
 
     @property
     def success(self):
@@ -325,7 +332,8 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
     - `throw`: raise `sciad.errors.ConvergenceError` when the integration
       fails (the step limit, a collapsed step size, a non-finite state),
       naming the time reached, the last step size and a diagnosis. With
-      `throw=False`, an `ODEResult(ys, status, steps)` is returned instead.
+      `throw=False`, an `ODEResult(ys, status, steps, t_reached)` is
+      returned instead (`t_reached`: where a failed integration stopped).
 
     **Returns:**
 
@@ -336,17 +344,21 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
     f = _check_field(f, op)
     solver, adaptive, rtol = _check_options(solver, rtol, atol, adjoint, max_steps, dt0,
                                             adaptive, checkpoints, op, dtmax)
-    if _decreasing(ts):  # backwards: forwards in s = -t, dy/ds = -f(-s, y, args)
+    backward = _decreasing(ts)
+    if backward:  # backwards: forwards in s = -t, dy/ds = -f(-s, y, args)
         f = tuple(map(_reversed, f)) if isinstance(f, tuple) else _reversed(f)
         ts = -np.asarray(ts)
     _check_times(ts, op)
     kw = dict(solver=solver, rtol=rtol, atol=atol, adjoint=adjoint, max_steps=int(max_steps),
               dt0=dt0, adaptive=adaptive, jac=jac, checkpoints=checkpoints, throw=throw, op=op,
               dtmax=dtmax)
+    sign = -1.0 if backward else 1.0
     if _in_trace((y0, ts, args)):
-        ys, status, steps = _odeint_inline(f, y0, ts, args, **kw)
-        return ys if throw else ODEResult(ys, status, steps)
-    return _odeint_eager(f, y0, ts, args, kw)
+        if throw:
+            return _odeint_inline(f, y0, ts, args, **kw)[0]
+        ys, status, steps, reached = _odeint_inline(f, y0, ts, args, reached=True, **kw)
+        return ODEResult(ys, status, steps, sign * reached)
+    return _odeint_eager(f, y0, ts, args, kw, sign)
 
 
 def _ivp_encode(y, *, complex_: bool, big):
@@ -423,11 +435,15 @@ def _compiled_call(inline, f, leading: tuple, args, key: tuple, name: str):
                          key=key + (id(second),), name=name)
 
 
-def _odeint_eager(f, y0, ts, args, kw):
-    ys, status, steps = _compiled_call(
-        lambda f, y0, ts, args: _odeint_inline(f, y0, ts, args, **kw), f, (y0, np.asarray(ts)),
-        args, (_OP, tuple(sorted(kw.items()))), "odeint")
-    return ys if kw["throw"] else ODEResult(ys, int(status), int(steps))
+def _odeint_eager(f, y0, ts, args, kw, sign: float = 1.0):
+    throw = kw["throw"]
+    out = _compiled_call(
+        lambda f, y0, ts, args: _odeint_inline(f, y0, ts, args, reached=not throw, **kw), f,
+        (y0, np.asarray(ts)), args, (_OP, tuple(sorted(kw.items()))), "odeint")
+    if throw:
+        return out[0]
+    ys, status, steps, reached = out
+    return ODEResult(ys, int(status), int(steps), sign * float(reached))
 
 
 class Event(NamedTuple):
@@ -622,6 +638,10 @@ class IVPResult(NamedTuple):
     nfev: Any = 0
     njev: Any = 0
     nlu: Any = 0
+    #: the time the integration reached (not SciPy's: its `t` stops there,
+    #: which a traced program's static shapes cannot do): `t_span[1]` on
+    #: success, the terminal event's time, or where it failed
+    t_reached: Any = None
 
 
 class OdeSolution:
@@ -941,7 +961,8 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
     say so. Outside a trace, as SciPy's, `t` and `y` then stop where it
     failed (the output times reached; without `t_eval`, the time reached
     and its state) and the message names that time (and `max_steps` at a
-    step limit); in a traced program `y` is not finite past the failure.
+    step limit); in a traced program, whose shapes are static, `t_reached`
+    is the time it reached and `y` is NaN at the times past it.
 
     ```python
     res = sd.ode.solve_ivp(lambda t, y, k: [-k * y[0], y[0]], (0.0, 2.0), [1.0, 0.0],
@@ -1085,7 +1106,7 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
         ok = np.all(np.isfinite(states), axis=1)
         last = int(np.flatnonzero(ok)[-1]) if ok.any() else 0
         reached = (sign * float(grid[last]), np.asarray(decode(states[last])))
-    t_events = y_events = None
+    t_events = y_events = stop = None
     status_ok = 0
     if specs:
         t_events, y_events, stop = _ivp_events(events, specs, every, decode, z0, args,
@@ -1103,11 +1124,17 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
                 t = np.asarray(t)[keep]
                 idx = np.arange(np.asarray(ys).shape[0])[rows][keep]
                 ys, rows = np.asarray(ys)[idx], slice(None)
+    t_reached = None
     if isinstance(code, Tracer):
         status = snp.where(code == 0, status_ok, -1)
         message = (f"see `success` (known when it runs); in a traced program the "
                    f"integration takes at most max_steps = {limit} steps (pass `max_steps` "
-                   f"for more)")
+                   f"for more); where it fails, `t_reached` is the time it reached and `y` "
+                   f"is NaN at the times past it")
+        if getattr(res, "t_reached", None) is not None:  # (the integration's variable)
+            past = snp.asarray(ts)[:, None] > res.t_reached
+            ys = snp.where(past, np.nan, ys)
+            t_reached = sign * res.t_reached
     else:
         status = status_ok if int(code) == 0 else -1
         message = SCIPY_MESSAGES[status] if status >= 0 else \
@@ -1124,9 +1151,12 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
     ys = ys[rows]
     y = snp.transpose(ys) if isinstance(ys, Tracer) else np.asarray(ys).T
     nfev, njev = counts(steps)
-    return IVPResult(t if isinstance(t, Tracer) else np.asarray(t, np.float64), y,
-                     res.success, status, message, sol_of() if dense_output else None,
-                     t_events, y_events, nfev, njev, njev)
+    t = t if isinstance(t, Tracer) else np.asarray(t, np.float64)
+    if t_reached is None:  # (eager: where it failed, the terminal event, or the end)
+        t_reached = reached[0] if reached is not None else \
+            stop[0] if specs and stop is not None and int(code) == 0 else t1
+    return IVPResult(t, y, res.success, status, message, sol_of() if dense_output else None,
+                     t_events, y_events, nfev, njev, njev, t_reached)
 
 
 #: how much an unbounded span's horizon grows each time no terminal event
@@ -1181,7 +1211,8 @@ def _ivp_unmoved(t, y, y0, t_span, sign: float, dense_output: bool, specs) -> IV
     return IVPResult(t, y, True, 0, SCIPY_MESSAGES[0],
                      OdeSolution(None, y0, *t_span, sign) if dense_output else None,
                      [np.zeros(0)] * len(specs) if specs else None,
-                     [np.zeros((0,))] * len(specs) if specs else None, 0, 0, 0)
+                     [np.zeros((0,))] * len(specs) if specs else None, 0, 0, 0,
+                     t_span[1] if np.size(y0) == 0 else t[-1])
 
 
 def _ivp_failure(code: int, limit: int, t_reached) -> str:
@@ -1353,4 +1384,4 @@ def _ivp_traced_event(events, specs, field, z0, ts, args, t0, t_eval, decode, si
     t = snp.stack([snp.asarray(t0, np.float64), t_ev])
     y = snp.stack([y0, y_ev], axis=1)
     return IVPResult(t, y, True, 1, SCIPY_MESSAGES[1], sol_of() if sol_of else None,
-                     [snp.reshape(t_ev, (1,))], [snp.reshape(y_ev, (1, -1))], 0, 0, 0)
+                     [snp.reshape(t_ev, (1,))], [snp.reshape(y_ev, (1, -1))], 0, 0, 0, t_ev)

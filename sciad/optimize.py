@@ -47,7 +47,7 @@ from .errors import (DTypeError, InvalidOptionError, NonFiniteError, NotSupporte
                      ShapeError, TracerError, plain)
 from .graph import Tracer
 from .graph._autodiff import type_of
-from .primitives._root import root_node, stacked
+from .primitives._root import default_tol, root_node, stacked
 from .primitives._stop_gradient import stop_gradient
 from .solvers.nonlinear._nonlinear import STATUS
 from .solvers._registry import lookup, names as _solver_names, records as _solver_records
@@ -500,10 +500,42 @@ class RootResult(NamedTuple):
     #: a trace (inside one it is None, so that the traced graph holds no
     #: second copy of `fun`: evaluate `fun(res.x, *args)` where it is needed)
     fun: Any = None
+    #: the tolerances the solve was given (`tol` relative, for the step
+    #: test; `atol` absolute, for the residual test) and its kind ("root" or
+    #: "fixed_point"), which `message` reads to say which test stopped it
+    tol: Any = None
+    atol: Any = None
+    kind: str = "root"
 
     @property
     def message(self) -> str:
-        return STATUS.get(int(self.status), "unknown status")
+        """SciPy's `message`: what stopped the solve; for a success, which
+        test it passed and with what margin (as `success`, known when it has
+        run: a call outside a trace, or the program's values)."""
+        status = int(self.status)
+        if status != 0 or self.atol is None:
+            return STATUS.get(status, "unknown status")
+        tol = default_tol(np.asarray(self.x).dtype) if self.tol is None else self.tol
+        r, atol, tol = float(self.residual), float(self.atol), float(tol)
+        if self.kind == "fixed_point":
+            what = "||G(x) - x||_inf"
+            if r <= atol:
+                return f"converged: {what} = {r:.3g} <= atol = {atol:.3g} (the absolute test)"
+            return (f"converged: {what} = {r:.3g} <= tol ||x||_inf (tol = {tol:.3g}; the "
+                    f"relative test: above atol = {atol:.3g})")
+        if r <= atol:
+            return (f"converged by the residual test: ||F(x)||_inf = {r:.3g} <= atol = "
+                    f"{atol:.3g}")
+        return (f"converged by the step test: the error in x estimated from the last step "
+                f"is at most tol = {tol:.3g} relative to ||x||_inf (||F(x)||_inf = {r:.3g}, "
+                f"above atol = {atol:.3g})")
+
+
+# (the tolerances and kind are static: a program returning a RootResult
+# returns its arrays, and these come back as they were given)
+jax.tree_util.register_pytree_node(
+    RootResult, lambda r: (tuple(r[:6]), tuple(r[6:])),
+    lambda static, leaves: RootResult(*leaves, *static))
 
 
 _ROOT_OP = "optimize.root"
@@ -521,14 +553,15 @@ def _root_inline(fun: Callable, x0, args, *, kind: str, method: str, jac, tol: f
                   name=getattr(fun, "__name__", "fun"), kind=kind, method=method, jac=jac,
                   tol=tol, atol=atol, maxiter=maxiter, memory=memory, throw=throw, op=op,
                   start=start, at_floor=at_floor)
+    tests = dict(tol=tol, atol=atol, kind=kind)
     if not with_fun:
-        return RootResult(o.x, o.status == 0, o.nit, o.residual, o.status)
+        return RootResult(o.x, o.status == 0, o.nit, o.residual, o.status, **tests)
     out = fun(o.x, *args)
     if isinstance(out, (tuple, list)):
         out = stacked(out, op)
     out = snp.asarray(out)
     return RootResult(o.x, o.status == 0, o.nit, o.residual, o.status,
-                      out - o.x if kind == "fixed_point" else out)
+                      out - o.x if kind == "fixed_point" else out, **tests)
 
 
 def _start_matrix(jac0, jac: str, pattern, tx, op: str):
@@ -568,9 +601,10 @@ def _root_call(fun: Callable, x0, args, op: str, jac0=None, **kw) -> RootResult:
     x, success, nit, residual, status, fx = compiled_call(
         lambda fun, x0, *a: tuple(_root_inline(fun, x0, a[-1], op=op,
                                                jac0=a[0] if len(a) == 2 else None,
-                                               with_fun=True, **kw)),
+                                               with_fun=True, **kw))[:6],
         fun, leading, args, key=(op, jac0 is None, tuple(sorted(kw.items()))), name="root")
-    return RootResult(x, bool(success), int(nit), float(residual), int(status), fx)
+    return RootResult(x, bool(success), int(nit), float(residual), int(status), fx,
+                      tol=kw["tol"], atol=kw["atol"], kind=kw["kind"])
 
 
 def _root_method(method, kind: str, op: str):

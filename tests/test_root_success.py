@@ -152,6 +152,25 @@ def test_linear_system_converges_in_one_newton_step():
     np.testing.assert_allclose(res.x, np.linalg.solve(A, b), rtol=1e-12)
 
 
+def test_message_says_which_test_stopped_a_success():
+    # the cube root: its residual is above atol = 0, so the step test
+    # stopped it; arctan(x) = 0 with atol: the residual test
+    res = sd.optimize.root(lambda x, c: x ** 3 - c, np.array([1.0]), (2.0,))
+    assert res.residual > 0 and "tol = 1e-10" in res.message
+    assert res.message.startswith("converged by the step test")
+    res = sd.optimize.root(lambda x: snp.arctan(x), np.array([3.0]), method="lm", atol=1e-12)
+    assert res.message.startswith("converged by the residual test") and res.residual <= 1e-12
+    # the same from a program's result (its tolerances are static), and a
+    # fixed point's relative test
+    res = sd.function(lambda c: sd.optimize.root(lambda x, c: x ** 3 - c, np.array([1.0]),
+                                                 (c,), tol=1e-8))(2.0)
+    assert res.message.startswith("converged by the step test") and "tol = 1e-08" in res.message
+    res = sd.optimize.fixed_point(lambda x: snp.cos(x), np.array([1.0]))
+    assert "the relative test" in res.message
+    failed = sd.optimize.root(lambda x: snp.sqrt(x - 1.0) + x, np.array([2.0]), throw=False)
+    assert not failed.message.startswith("converged")
+
+
 def test_nan_never_converges():
     # a residual that turns NaN fails every test (NaN compares false)
     res = sd.optimize.root(lambda x: snp.sqrt(x - 1.0) + x, np.array([2.0]), throw=False)

@@ -456,6 +456,40 @@ def test_traced_solve_states_its_step_limit():
     assert "max_steps = 4096" in said[0]
 
 
+def test_traced_failure_reports_the_time_reached_and_nan_past_it():
+    # the blow-up of y' = y^2 at t = 1, traced: t_reached is where it
+    # stopped, y is finite up to it and NaN past it (it was inf everywhere)
+    def run(y0):
+        res = sd.ode.solve_ivp(lambda t, y: [y[0] ** 2], (0.0, 2.0), y0,
+                               t_eval=[0.5, 0.9, 1.5, 2.0])
+        return res.y, res.t_reached, res.success
+
+    y, reached, success = sd.function(run)(np.array([1.0]))
+    assert not bool(success) and 0.9999 < float(reached) < 1.0
+    np.testing.assert_allclose(np.asarray(y)[0, :2], [2.0, 10.0], rtol=1e-3)  # (rtol 1e-3)
+    assert np.all(np.isnan(np.asarray(y)[0, 2:]))
+    eager = sd.ode.solve_ivp(lambda t, y: [y[0] ** 2], (0.0, 2.0), [1.0])
+    assert eager.t_reached == eager.t[-1] and 0.9999 < eager.t_reached < 1.0
+    ok = sd.ode.solve_ivp(decay, (0.0, 2.0), [1.0, 0.0], args=(0.5,))
+    assert ok.success and ok.t_reached == 2.0
+
+
+def test_odeint_without_throw_gives_the_time_reached_both_ways():
+    # y' = y^2: y = 1 / (1 - t) from 1 blows up at t = 1, and
+    # -1 / (1 + t) from -1 at t = -1 (backwards); 1 / (1 - t) backwards is fine
+    f = lambda t, y, a: y ** 2  # noqa: E731
+    for ts, y0, hit in (([0.0, 0.5, 2.0], 1.0, 1.0), ([0.0, -0.5, -2.0], -1.0, -1.0),
+                        ([0.0, -0.5, -2.0], 1.0, None)):
+        eager = sd.ode.odeint(f, np.array([y0]), np.array(ts), throw=False)
+        traced = float(sd.function(lambda y0, ts=ts: sd.ode.odeint(
+            f, y0, np.array(ts), throw=False).t_reached)(np.array([y0])))
+        if hit is None:
+            assert eager.status == 0 and eager.t_reached == traced == -2.0
+        else:
+            assert eager.status != 0 and abs(eager.t_reached - hit) < 1e-3
+            assert abs(traced - hit) < 1e-3 and abs(traced) < 1.0 + 1e-5
+
+
 def test_scipy_edge_cases_of_its_own_suite():
     # (from SciPy's test_ivp.py) an empty state over any span, an infinite one too
     for span in ((0.0, 10.0), (0.0, np.inf)):
