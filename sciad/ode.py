@@ -71,7 +71,6 @@ from .primitives._ode_events import event_guard_p
 from .primitives._ode_field import field_body, part_of
 from .primitives._ode_interp import hermite_at
 from .primitives._stop_gradient import stop_gradient
-from .solvers.ode._ode_steppers import tableau
 
 __all__ = ["odeint", "odeint_event", "solve_ivp", "Event", "ODEResult", "SOLVERS"]
 
@@ -106,7 +105,7 @@ def _check_times(ts, op: str):
 
 def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, dt0, adaptive,
                    jac, checkpoints, throw, op, every_step: bool = False, dtmax=None,
-                   reached: bool = False):
+                   reached: bool = False, count: bool = False):
     leaves, ytree = _tree.tree_flatten(y0, is_leaf=lambda v: isinstance(v, Tracer))
     if not leaves:
         raise ShapeError("`y0` has no arrays.", op=op)
@@ -183,15 +182,19 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
         params["pattern"] = pattern
     if checkpoints is not None:
         params["checkpoints"] = int(checkpoints)
-    outs = OdeintOutputs.of(odeint_p.bind(*consts, *vals, flat0, ts, **params))
+    if count:
+        params["count"] = True
+    outs = OdeintOutputs.of(odeint_p.bind(*consts, *vals, flat0, ts, **params), count)
     ys, status, nsteps = outs.ys, outs.status, outs.steps
+    work = (outs.work,) if count else ()  # (nfev, njev, nlu), last where asked for
     if every_step:  # (the interpolated adjoint's node: its step grid and states)
         grid, states = outs.grid, outs.states
         return (unflatten(ys, type_of(ts).shape), status, nsteps, grid,
-                unflatten(states, type_of(grid).shape))
+                unflatten(states, type_of(grid).shape)) + work
     if reached:  # (and the time of the last accepted step: the end of ts on success)
-        return unflatten(ys, type_of(ts).shape), status, nsteps, snp.take(outs.grid, nsteps)
-    return unflatten(ys, type_of(ts).shape), status, nsteps
+        return (unflatten(ys, type_of(ts).shape), status, nsteps,
+                snp.take(outs.grid, nsteps)) + work
+    return (unflatten(ys, type_of(ts).shape), status, nsteps) + work
 
 
 #: the smallest `rtol` an error estimate can meet: SciPy's, 100 eps of float64
@@ -207,9 +210,19 @@ def _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive, checkp
         raise InvalidOptionError(f"unknown solver {plain(solver)}; one of "
                                  f"{', '.join(SOLVERS)}.", op=op)
     solver = solver.lower()
-    if adjoint not in ADJOINTS:
-        raise InvalidOptionError(f"`adjoint` must be one of {tuple(ADJOINTS)}, got "
+    if adjoint is not None and adjoint not in ADJOINTS:
+        raise InvalidOptionError(f"`adjoint` must be None or one of {tuple(ADJOINTS)}, got "
                                  f"{plain(adjoint)}.", op=op)
+    if adjoint is not None and not SOLVERS[solver].runge_kutta \
+            and not ADJOINTS[adjoint].continuous:
+        raise InvalidOptionError(
+            f"adjoint={adjoint!r} replays a Runge-Kutta method's steps, and {solver!r} is a "
+            f"multistep method: use adjoint='interpolated' (its default) or 'backsolve'.",
+            op=op)
+    if not SOLVERS[solver].runge_kutta and not adaptive:
+        raise InvalidOptionError(f"{solver!r} chooses its own steps and orders: constant "
+                                 f"steps (adaptive=False) are for the Runge-Kutta methods.",
+                                 op=op)
     if not (isinstance(rtol, (int, float)) and rtol > 0 and isinstance(atol, (int, float))
             and atol >= 0):
         raise InvalidOptionError(f"needs rtol > 0 and atol >= 0, got rtol={plain(rtol)}, "
@@ -253,6 +266,12 @@ class ODEResult(NamedTuple):
     status: Any
     steps: Any
     t_reached: Any = None
+    #: the work as SciPy counts it: the field's evaluations, Jacobians and
+    #: factorizations (a Runge-Kutta method's from its stages and accepted
+    #: steps; BDF's as they happen)
+    nfev: Any = None
+    njev: Any = None
+    nlu: Any = None
 
     @property
     def success(self):
@@ -261,7 +280,7 @@ class ODEResult(NamedTuple):
 
 @api_boundary
 def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float = 1e-6,
-           atol: float = 1e-9, adjoint: str = "checkpoint", max_steps: int = 4096,
+           atol: float = 1e-9, adjoint: str | None = None, max_steps: int = 4096,
            dt0: float | None = None, adaptive: bool = True, jac: str | None = None,
            checkpoints: int | None = None, throw: bool = True, dtmax: float | None = None):
     """Solves `dy/dt = f(t, y, args)` from `y(ts[0]) = y0`; returns `y` at `ts`.
@@ -287,10 +306,17 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       as diffusion beside a non-stiff one such as reactions or advection):
       `"kencarp3"`, `"kencarp4"`, `"kencarp5"`. The continuous adjoints
       integrate an IMEX problem's summed field with the Kvaerno method of
-      the same order.
+      the same order. Multistep: `"bdf"`, variable-order (1-5),
+      variable-step backward differentiation (NDF, as SciPy's `BDF` and
+      MATLAB's `ode15s`), its iteration matrix `I - c df/dy` factored once
+      and reused over steps (dense, or sparse as `jac` says), for stiff
+      problems over long spans.
     - `rtol`, `atol`: the local error tolerances of the step-size control.
-    - `adjoint`: reverse mode:
-        - `"checkpoint"` (the default): the discrete adjoint of the steps
+    - `adjoint`: reverse mode (None: the solver's default, `"checkpoint"`
+      for the Runge-Kutta methods and `"interpolated"` for `"bdf"`, whose
+      steps the discrete adjoint does not replay):
+        - `"checkpoint"` (the Runge-Kutta methods' default): the discrete
+          adjoint of the steps
           taken, the exact gradient of the computed solution (to rounding;
           to the Newton tolerance for implicit solvers), consistent with
           forward mode. Where the states at every step fit in 64 MiB
@@ -333,7 +359,8 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       fails (the step limit, a collapsed step size, a non-finite state),
       naming the time reached, the last step size and a diagnosis. With
       `throw=False`, an `ODEResult(ys, status, steps, t_reached)` is
-      returned instead (`t_reached`: where a failed integration stopped).
+      returned instead (`t_reached`: where a failed integration stopped; and
+      the counters `nfev`, `njev`, `nlu`).
 
     **Returns:**
 
@@ -349,6 +376,7 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
         f = tuple(map(_reversed, f)) if isinstance(f, tuple) else _reversed(f)
         ts = -np.asarray(ts)
     _check_times(ts, op)
+    adjoint = adjoint or SOLVERS[solver].default_adjoint
     kw = dict(solver=solver, rtol=rtol, atol=atol, adjoint=adjoint, max_steps=int(max_steps),
               dt0=dt0, adaptive=adaptive, jac=jac, checkpoints=checkpoints, throw=throw, op=op,
               dtmax=dtmax)
@@ -356,8 +384,9 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
     if _in_trace((y0, ts, args)):
         if throw:
             return _odeint_inline(f, y0, ts, args, **kw)[0]
-        ys, status, steps, reached = _odeint_inline(f, y0, ts, args, reached=True, **kw)
-        return ODEResult(ys, status, steps, sign * reached)
+        ys, status, steps, reached, work = _odeint_inline(f, y0, ts, args, reached=True,
+                                                          count=True, **kw)
+        return ODEResult(ys, status, steps, sign * reached, work[0], work[1], work[2])
     return _odeint_eager(f, y0, ts, args, kw, sign)
 
 
@@ -438,12 +467,14 @@ def _compiled_call(inline, f, leading: tuple, args, key: tuple, name: str):
 def _odeint_eager(f, y0, ts, args, kw, sign: float = 1.0):
     throw = kw["throw"]
     out = _compiled_call(
-        lambda f, y0, ts, args: _odeint_inline(f, y0, ts, args, reached=not throw, **kw), f,
+        lambda f, y0, ts, args: _odeint_inline(f, y0, ts, args, reached=not throw,
+                                               count=not throw, **kw), f,
         (y0, np.asarray(ts)), args, (_OP, tuple(sorted(kw.items()))), "odeint")
     if throw:
         return out[0]
-    ys, status, steps, reached = out
-    return ODEResult(ys, int(status), int(steps), sign * float(reached))
+    ys, status, steps, reached, work = out
+    return ODEResult(ys, int(status), int(steps), sign * float(reached),
+                     *(int(w) for w in np.asarray(work)))
 
 
 class Event(NamedTuple):
@@ -475,7 +506,7 @@ def _check_field(f, op):
 @api_boundary
 def odeint_event(f: Callable, y0, t_span, event: Callable, args=(), *, direction: int = 0,
                  solver: str = "tsit5", rtol: float = 1e-6, atol: float = 1e-9,
-                 adjoint: str = "checkpoint", max_steps: int = 4096, dt0: float | None = None,
+                 adjoint: str | None = None, max_steps: int = 4096, dt0: float | None = None,
                  jac: str | None = None, checkpoints: int | None = None,
                  dtmax: float | None = None) -> Event:
     """Integrates `dy/dt = f(t, y, args)` from `y(t_span[0]) = y0` up to a
@@ -515,6 +546,7 @@ def odeint_event(f: Callable, y0, t_span, event: Callable, args=(), *, direction
                                             True, checkpoints, op, dtmax)
     if not any(isinstance(t, Tracer) for t in t_span):
         _check_times(np.asarray([float(t) for t in t_span]), op)
+    adjoint = adjoint or SOLVERS[solver].default_adjoint
     kw = dict(solver=solver, rtol=rtol, atol=atol, adjoint=adjoint, max_steps=int(max_steps),
               dt0=dt0, adaptive=adaptive, jac=jac, checkpoints=checkpoints, throw=True, op=op,
               dtmax=dtmax)
@@ -605,7 +637,7 @@ def _event_inline(f, y0, t_span, event, args, direction: int, kw) -> Event:
 
 #: SciPy's method names -> sciad's solvers
 SCIPY_METHODS = {"RK45": "dopri5", "RK23": "bosh3", "DOP853": "dopri8", "Radau": "kvaerno5",
-                 "BDF": "kvaerno5", "LSODA": "kvaerno5"}
+                 "BDF": "bdf", "LSODA": "kvaerno5"}
 #: SciPy's `message` for each `status`
 SCIPY_MESSAGES = {0: "The solver successfully reached the end of the integration interval.",
                   1: "A termination event occurred.", -1: "Integration step failed."}
@@ -622,10 +654,12 @@ class IVPResult(NamedTuple):
     sciad's diagnosis of a failure), `sol` (an `OdeSolution` with
     `dense_output=True`, else None), `t_events` and `y_events` (per event
     function, its times and states; None without `events`), and the
-    counters `nfev` (the stage evaluations of the field in the accepted
-    steps: rejected steps and Newton iterations are not counted), `njev`
-    and `nlu` (implicit methods: one Jacobian and one factorization
-    counted per accepted step; 0 for the explicit ones)."""
+    counters `nfev`, `njev` and `nlu`: for BDF, every evaluation of the
+    field, of its Jacobian and every factorization, as SciPy counts them;
+    for the Runge-Kutta methods, the stage evaluations of the field in the
+    accepted steps (rejected steps and Newton iterations are not counted)
+    and, for the implicit ones, one Jacobian and one factorization per
+    accepted step (0 for the explicit ones)."""
 
     t: Any
     y: Any
@@ -920,8 +954,10 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
       state of twice the size); finite (else ValueError);
     - `method`: SciPy's names or classes (`"RK45"` / `scipy.integrate.RK45`
       is Dormand-Prince 5(4), `"DOP853"` an 8th-order Dormand-Prince,
-      `"RK23"` Bogacki-Shampine; the stiff `"Radau"`, `"BDF"` and `"LSODA"`
-      map to the ESDIRK method `"kvaerno5"`), or sciad's solvers;
+      `"RK23"` Bogacki-Shampine, `"BDF"` sciad's BDF (`"bdf"`: SciPy's
+      method, variable order 1-5; its `nfev`, `njev` and `nlu` counted as
+      SciPy's); the stiff `"Radau"` and `"LSODA"` map to the ESDIRK method
+      `"kvaerno5"`), or sciad's solvers;
     - `t_eval` within `t_span`, sorted in its direction (default: the two
       ends of `t_span`, as sciad's outputs have a static size; SciPy returns
       its steps);
@@ -1047,7 +1083,6 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
     encode, decode = _ivp_codec(n, complex_, big)
     field = _ivp_field(fun, backward, complex_, n, big)
     z0 = encode(y0)
-    counts = _counts(solver)
     opts = dict(solver=solver, rtol=rtol, atol=atol, **options)
 
     # (`_fun`: `field` holds `fun` weakly (`_ivp_field`); `sol`, which calls
@@ -1072,7 +1107,7 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
     traced = _in_trace((y0, t_span, args)) or isinstance(t, Tracer)
     if specs and traced:
         return _ivp_traced_event(events, specs, field, z0, ts, args, t0, t_eval, decode,
-                                 sign, opts, counts, sol_of if dense_output else None, op)
+                                 sign, opts, sol_of if dense_output else None, op)
     # (eager, with events: one program gives the values at `ts`, the status
     # and every step's state, which the events are found on; compiling the
     # plain solve as well doubled the first call's time)
@@ -1086,7 +1121,7 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
         return decode(ys), res, every
 
     ys, res, every = run()
-    code, steps = res.status, res.steps
+    code = res.status
     limit = int(opts.get("max_steps", 4096))
     width = 8 * (2 * n if complex_ else n)  # (bytes of a state odeint integrates)
     if not traced and "max_steps" not in options:
@@ -1098,7 +1133,7 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
             limit *= STEP_GROWTH
             opts["max_steps"] = limit
             ys, res, every = run()
-            code, steps = res.status, res.steps
+            code = res.status
     reached = None  # (a failed eager solve: the time it reached, and its last state)
     if not traced and int(code) in (1, 2, 3, 5) and (limit + 1) * width <= STEP_STATES_BYTES:
         grid, states = every if every is not None else _ivp_steps(field, z0, ts, args, opts,
@@ -1150,13 +1185,12 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
             t, ys, rows = np.asarray(t)[keep], np.asarray(ys)[idx], slice(None)
     ys = ys[rows]
     y = snp.transpose(ys) if isinstance(ys, Tracer) else np.asarray(ys).T
-    nfev, njev = counts(steps)
     t = t if isinstance(t, Tracer) else np.asarray(t, np.float64)
     if t_reached is None:  # (eager: where it failed, the terminal event, or the end)
         t_reached = reached[0] if reached is not None else \
             stop[0] if specs and stop is not None and int(code) == 0 else t1
     return IVPResult(t, y, res.success, status, message, sol_of() if dense_output else None,
-                     t_events, y_events, nfev, njev, njev, t_reached)
+                     t_events, y_events, res.nfev, res.njev, res.nlu, t_reached)
 
 
 #: how much an unbounded span's horizon grows each time no terminal event
@@ -1226,30 +1260,15 @@ def _ivp_failure(code: int, limit: int, t_reached) -> str:
     return f"{SCIPY_MESSAGES[-1]} ({STATUS[code]}{at})"
 
 
-def _counts(solver: str):
-    """`steps -> (nfev, njev)`: the field's stage evaluations in the
-    accepted steps, and a Jacobian per accepted step of an implicit
-    method."""
-    c, As, b = tableau(SOLVERS[solver])
-    # first same as last: a step's last stage is the next one's first
-    fsal = int(len(c) > 1 and np.allclose(As[0][-1, :len(b)], b) and c[-1] == 1)
-    new = len(c) - fsal
-    implicit = SOLVERS[solver].implicit
-
-    def counts(steps):
-        if isinstance(steps, Tracer):
-            return new * steps + fsal, steps if implicit else 0
-        return new * int(steps) + fsal, int(steps) if implicit else 0
-
-    return counts
-
-
 class _Stepped(NamedTuple):
     """What `_ivp_steps(values=True)` tells of its solve, as odeint's result
     does (`status`, `steps`, `success`)."""
 
     status: Any
     steps: Any
+    nfev: Any = 0
+    njev: Any = 0
+    nlu: Any = 0
 
     @property
     def success(self):
@@ -1265,20 +1284,22 @@ def _ivp_steps(field, z0, ts, args, opts, op, values: bool = False):
     values at the times `ts` and its status too."""
     kw = dict(opts)
     solver, adaptive, rtol = _check_options(
-        kw.pop("solver"), kw.pop("rtol"), kw.pop("atol", 1e-9), kw.get("adjoint", "checkpoint"),
+        kw.pop("solver"), kw.pop("rtol"), kw.pop("atol", 1e-9), kw.get("adjoint"),
         kw.get("max_steps", 4096), kw.get("dt0"), True, kw.get("checkpoints"), op,
         kw.get("dtmax"))
     inner = dict(solver=solver, rtol=rtol, atol=opts["atol"],
                  adjoint=INTERPOLATED.name, max_steps=int(kw.get("max_steps", 4096)),
                  dt0=kw.get("dt0"), adaptive=adaptive, jac=kw.get("jac"), checkpoints=None,
                  throw=False, op=op, dtmax=kw.get("dtmax"))
-    ys, status, nsteps, grid, states = _compiled_call(
-        lambda f, z0, ts, a: _odeint_inline(f, z0, ts, a, every_step=True, **inner)[:5],
+    ys, status, nsteps, grid, states, work = _compiled_call(
+        lambda f, z0, ts, a: _odeint_inline(f, z0, ts, a, every_step=True, count=True,
+                                            **inner)[:6],
         field, (z0, np.asarray(ts, np.float64)), args,
         (op, "steps", tuple(sorted(inner.items()))), "solve_ivp_steps")
     k = int(nsteps) + 1
     every = (np.asarray(grid)[:k], np.asarray(states)[:k])
-    return (np.asarray(ys), _Stepped(status, nsteps), every) if values else every
+    stepped = _Stepped(status, nsteps, *(int(w) for w in np.asarray(work)))
+    return (np.asarray(ys), stepped, every) if values else every
 
 
 #: an eager `solve_ivp` that reaches its step limit (`max_steps` not given)
@@ -1346,7 +1367,7 @@ def _ivp_events(events, specs, every, decode, z0, args, sign, solve):
 
 
 def _ivp_traced_event(events, specs, field, z0, ts, args, t0, t_eval, decode, sign, opts,
-                      counts, sol_of, op):
+                      sol_of, op):
     """An event inside a transformation: one terminal event, located and
     differentiated by `odeint_event`'s machinery."""
     if len(specs) != 1 or specs[0][0] != 1:
@@ -1363,11 +1384,11 @@ def _ivp_traced_event(events, specs, field, z0, ts, args, t0, t_eval, decode, si
     (event,), ((_, direction),) = events, specs
     kw = dict(opts)
     solver, adaptive, rtol = _check_options(
-        kw.pop("solver"), kw.pop("rtol"), kw.pop("atol"), kw.get("adjoint", "checkpoint"),
+        kw.pop("solver"), kw.pop("rtol"), kw.pop("atol"), kw.get("adjoint"),
         kw.get("max_steps", 4096), kw.get("dt0"), True, kw.get("checkpoints"), op,
         kw.get("dtmax"))
     inner = dict(solver=solver, rtol=rtol, atol=opts["atol"],
-                 adjoint=kw.get("adjoint", "checkpoint"),
+                 adjoint=kw.get("adjoint") or SOLVERS[solver].default_adjoint,
                  max_steps=int(kw.get("max_steps", 4096)), dt0=kw.get("dt0"),
                  adaptive=adaptive, jac=kw.get("jac"), checkpoints=kw.get("checkpoints"),
                  throw=True, op=op, dtmax=kw.get("dtmax"))

@@ -540,6 +540,11 @@ def test_the_steppers_and_adjoints_are_records():
 
     assert sd.ode.SOLVERS is STEPPERS and sd.ode.SOLVERS["kvaerno5"][:2] == ("Kvaerno5", True)
     for s in STEPPERS.values():
+        if not s.runge_kutta:  # (a multistep method: the continuous adjoints only)
+            assert s.default_adjoint != "checkpoint" and ADJOINTS[s.default_adjoint].continuous
+            with pytest.raises(ValueError, match="not a Runge-Kutta method"):
+                tableau(s)
+            continue
         c, As, b = tableau(s)
         assert len(As) == s.parts and all(A.shape == (len(b), len(b)) for A in As)
         assert s.implicit == bool(np.any(np.diag(As[-1]))) and c.shape == b.shape
@@ -559,3 +564,9 @@ def test_the_steppers_and_adjoints_are_records():
             sd.TensorType((2,), np.float64), sd.TensorType((3,), np.float64), body=g,
             solver="tsit5", rtol=1e-6, atol=1e-9, max_steps=16, adjoint=adjoint))
         assert len(outs.present()) == n and outs.ys.shape == (3, 2)
+    # and the work counted last, where asked for
+    outs = OdeintOutputs.of(odeint_p.abstract_eval_rule(
+        sd.TensorType((2,), np.float64), sd.TensorType((3,), np.float64), body=g,
+        solver="bdf", rtol=1e-6, atol=1e-9, max_steps=16, adjoint="interpolated", count=True),
+        count=True)
+    assert len(outs.present()) == 7 and outs.work.shape == (3,) and outs.states is not None

@@ -69,6 +69,7 @@ from ..graph._serialize import graph_param_v1, register_v1_migration
 from ..graph._cost import Cost, _si
 from ..graph._sparsity import dense_all
 from ..graph._types import Pattern
+from ..solvers.ode import _bdf
 from ..solvers.ode._ode import floored, holding
 from ..solvers.nonlinear._root_methods import sparse_jacobian
 from ..solvers.ode._ode_steppers import STEPPERS, STIFF_PID, diffrax_solver, tableau
@@ -98,7 +99,8 @@ odeint_p = Primitive("ode.odeint", multiple_results=True, runtime_checks=True, p
     "jac": Param(str, default="dense"), "pattern": Param((Pattern, None), default=None),
     "adjoint": Param(str, default=CHECKPOINT.name),
     "checkpoints": Param((int, None), default=None), "throw": Param(bool, default=True),
-    "record": Param(bool, default=True), "dtmax": Param((float, None), default=None)})
+    "record": Param(bool, default=True), "dtmax": Param((float, None), default=None),
+    "count": Param(bool, default=False)})
 #: `body`: the vector field `(*consts, t, y) -> (dy/dt,)` on a flat `y`;
 #: `error_size`: the step-size control reads only the first `error_size`
 #: elements of the state (None: all; the sensitivity systems of the JVP set
@@ -113,7 +115,8 @@ odeint_p = Primitive("ode.odeint", multiple_results=True, runtime_checks=True, p
 #: `record`: the node outputs its step grid (and states): set False by `dce`
 #: where nothing reads them (a solve that is not differentiated), which
 #: spares the loop its recording; `dtmax`: the largest step the step-size
-#: control takes (None: unbounded; SciPy's `max_step`)
+#: control takes (None: unbounded; SciPy's `max_step`); `count`: the node
+#: outputs its work as SciPy counts it (`work`, last)
 
 
 class OdeintOutputs(NamedTuple):
@@ -136,23 +139,31 @@ class OdeintOutputs(NamedTuple):
     marks: Any = None
     #: the state at every step, `(max_steps + 1, N)`, padded with zeros
     states: Any = None
+    #: where the node counts its work (`count`): `(nfev, njev, nlu)` (int32),
+    #: the field's evaluations, Jacobians and factorizations, as SciPy
+    #: counts them (a Runge-Kutta method's from its stages and accepted
+    #: steps; BDF's as they happen)
+    work: Any = None
 
     @classmethod
-    def of(cls, outs) -> "OdeintOutputs":
-        """The named layout of a node's outputs (3, 5 or 6 of them)."""
-        return cls(*outs)
+    def of(cls, outs, count: bool = False) -> "OdeintOutputs":
+        """The named layout of a node's outputs (3, 5 or 6 of them, and
+        `work` last where it counts)."""
+        outs = list(outs)
+        work = outs.pop() if count else None
+        return cls(*outs, work=work)
 
     def present(self) -> list:
         """The outputs the node has, in its order: three, five with `grid`
-        (and `marks`), six with `states`."""
+        (and `marks`), six with `states`; `work` after them."""
         n = 6 if self.states is not None else 5 if self.grid is not None else 3
-        return list(self)[:n]
+        return list(self)[:n] + ([self.work] if self.work is not None else [])
 
 
 @odeint_p.def_abstract_eval
 def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=True,
                   error_size=None, jac="dense", pattern=None, adjoint=CHECKPOINT.name,
-                  checkpoints=None, throw=True, record=True, dtmax=None):
+                  checkpoints=None, throw=True, record=True, dtmax=None, count=False):
     op = "ode.odeint"
     *consts, y0, ts = args
     if solver not in SOLVERS:
@@ -183,6 +194,15 @@ def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive
                                  f"dt0={dt0}.", op=op)
     if not adaptive and dt0 is None:
         raise InvalidOptionError("constant steps (adaptive=False) need `dt0`.", op=op)
+    stepper = STEPPERS[solver]
+    if not stepper.runge_kutta and not ADJOINTS[adjoint].continuous:
+        raise InvalidOptionError(
+            f"adjoint={adjoint!r} replays a Runge-Kutta method's steps, and {solver} is a "
+            f"multistep method: use adjoint='interpolated' (its default) or 'backsolve'.",
+            op=op)
+    if not stepper.runge_kutta and not adaptive:
+        raise InvalidOptionError(f"{solver} chooses its steps and orders: constant steps "
+                                 "(adaptive=False) are for the Runge-Kutta methods.", op=op)
     if dtmax is not None and not dtmax > 0:
         raise InvalidOptionError(f"`dtmax` must be a step size > 0, got {dtmax}.", op=op)
     if sparse_jacobian(jac) and (pattern is None or pattern.shape != (n, n)):
@@ -197,6 +217,8 @@ def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive
         if ADJOINTS[adjoint].records_states(checkpoints, max_steps, error_size or n,
                                             y0.dtype.itemsize):
             outs = outs._replace(states=TensorType((max_steps + 1, n), y0.dtype))
+    if count:
+        outs = outs._replace(work=TensorType((3,), i32))
     return tuple(outs.present())
 
 
@@ -284,26 +306,76 @@ def _round_up(x: float) -> int:
     return int(np.ceil(x / scale) * scale)
 
 
+class _Run(NamedTuple):
+    """What a lowering's integration gives the node's outputs."""
+
+    ys: Any         # at ts (not finite past a failure)
+    status: Any     # 0 success, 1 step limit, 2 step too small, 5 solver failed
+    accepted: Any   # accepted steps (int32)
+    steps: Any      # attempts (int32)
+    t_reached: Any  # the last accepted step's time
+    h_last: Any     # and its size
+    ymax: Any       # max |y[:m]| there (inf before a first accepted step)
+    grid: Any       # the accepted steps' times (max_steps + 1), padded with ts[-1]
+    states: Any     # their states, padded with zeros (where recorded)
+    work: Any       # (nfev, njev, nlu), int32
+
+
 @odeint_p.def_impl
 def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=True,
                  error_size=None, jac="dense", pattern=None, adjoint=CHECKPOINT.name,
-                 checkpoints=None, throw=True, record=True, dtmax=None, site=None):
+                 checkpoints=None, throw=True, record=True, dtmax=None, count=False, site=None):
+    stepper = STEPPERS[solver]
+    *consts, y0, ts = args
+    # times that do not increase (NaN among them: `> 0` is false for NaN)
+    # fail with status 4 below; the integrators would stop on them with an
+    # error of their own, so they integrate over 0, 1, 2, ... instead
+    given, ts_ok = ts, jnp.all(jnp.diff(ts) > 0)
+    ts = jnp.where(ts_ok, ts, jnp.arange(ts.shape[0], dtype=ts.dtype))
+    n = y0.shape[0]
+    m = n if error_size is None else error_size
+    held = site.held if site is not None else ()
+    dense = record and ADJOINTS[adjoint].records_states(checkpoints, max_steps, m,
+                                                        np.dtype(y0.dtype).itemsize)
+    run = _run_bdf if stepper.lowering == "bdf" else _run_diffrax
+    r = run(body, held, consts, y0, ts, stepper=stepper, rtol=rtol, atol=atol,
+            max_steps=max_steps, dt0=dt0, adaptive=adaptive, m=m, jac=jac, pattern=pattern,
+            record=record, dense=dense, dtmax=dtmax)
+    ys, accepted = r.ys, r.accepted
+    status = jnp.where(ts_ok, r.status, 4)
+    status = jnp.where((status == 0) & ~jnp.all(jnp.isfinite(ys)), 3, status).astype(jnp.int32)
+    if throw:
+        token = check(judge_ode, site or Site("ode.odeint"), when=status != 0,
+                      status=status, t_reached=r.t_reached, h_last=r.h_last, steps=r.steps,
+                      accepted=accepted, ymax=r.ymax, y0max=jnp.max(jnp.abs(y0[:m])),
+                      t0=given[0], t1=given[-1], solver=solver, max_steps=max_steps, rtol=rtol)
+        # (the step count too: every adjoint reads it, or what is made from
+        # it, so a failed forward solve is reported before a derivative
+        # integrates from where it stopped)
+        ys, accepted = tie(ys, token), tie(accepted, token)
+    outs = OdeintOutputs(ys, status, accepted, work=r.work if count else None)
+    if not record:
+        return tuple(outs.present())
+    grid = r.grid
+    valid = jnp.where(jnp.arange(grid.shape[0]) <= accepted, grid, jnp.inf)
+    marks = jnp.minimum(jnp.searchsorted(valid, ts), accepted).astype(jnp.int32)
+    outs = outs._replace(grid=grid, marks=marks)
+    if dense:
+        outs = outs._replace(states=r.states)
+    return tuple(outs.present())
+
+
+def _run_diffrax(body, held, consts, y0, ts, *, stepper, rtol, atol, max_steps, dt0, adaptive,
+                 m, jac, pattern, record, dense, dtmax) -> _Run:
+    """The integration by `diffrax.diffeqsolve` with the stepper's diffrax
+    class, steps clipped to land on the output times."""
     # (imported here: diffrax takes seconds to import, which `import sciad`
     # does not pay)
     import diffrax
     import optimistix as optx
 
-    stepper = STEPPERS[solver]
-    *consts, y0, ts = args
-    # times that do not increase (NaN among them: `> 0` is false for NaN)
-    # fail with status 4 below; diffrax would stop on them with an error of
-    # its own, so it integrates over 0, 1, 2, ... instead
-    given, ts_ok = ts, jnp.all(jnp.diff(ts) > 0)
-    ts = jnp.where(ts_ok, ts, jnp.arange(ts.shape[0], dtype=ts.dtype))
     n = y0.shape[0]
-    m = n if error_size is None else error_size
     norm = optx.rms_norm if m == n else (lambda e: optx.rms_norm(e[:m]))
-    held = site.held if site is not None else ()
     terms = [diffrax.ODETerm(lambda t, y, a, part=lower(part_of(body, i), held):
                              part(*a, t, y)[0])
              for i in range(len(body.outputs))]
@@ -327,8 +399,6 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
 
         inner = floored(diffrax.PIDController)(rtol=0.0, atol=1.0, norm=finite, dtmax=dt0)
     controller = diffrax.ClipStepSizeController(inner, step_ts=ts)
-    dense = record and ADJOINTS[adjoint].records_states(checkpoints, max_steps, m,
-                                                        np.dtype(y0.dtype).itemsize)
     subs = [diffrax.SubSaveAt(ts=ts)]
     if record:  # the accepted steps' times (and states)
         subs.append(diffrax.SubSaveAt(steps=True, fn=lambda t, y, a: (t, y if dense else None)))
@@ -338,37 +408,41 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
                               saveat=diffrax.SaveAt(subs=subs, solver_state=True),
                               stepsize_controller=controller, max_steps=max_steps,
                               throw=False, adjoint=diffrax.ForwardMode())
-    ys = sol.ys[0]
     t_reached, h_last, ymax = sol.solver_state[1]
     accepted = sol.stats["num_accepted_steps"].astype(jnp.int32)
-    steps = sol.stats["num_steps"].astype(jnp.int32)
     R = diffrax.RESULTS
     status = jnp.select([sol.result == R.successful, sol.result == R.max_steps_reached,
-                         sol.result == R.dt_min_reached], [0, 1, 2], 5).astype(jnp.int32)
-    status = jnp.where(ts_ok, status, 4)
-    status = jnp.where((status == 0) & ~jnp.all(jnp.isfinite(ys)), 3, status)
-    if throw:
-        token = check(judge_ode, site or Site("ode.odeint"), when=status != 0,
-                      status=status, t_reached=t_reached, h_last=h_last, steps=steps,
-                      accepted=accepted, ymax=ymax, y0max=jnp.max(jnp.abs(y0[:m])),
-                      t0=given[0], t1=given[-1], solver=solver, max_steps=max_steps, rtol=rtol)
-        # (the step count too: every adjoint reads it, or what is made from
-        # it, so a failed forward solve is reported before a derivative
-        # integrates from where it stopped)
-        ys, accepted = tie(ys, token), tie(accepted, token)
-    outs = OdeintOutputs(ys, status, accepted)
-    if not record:
-        return tuple(outs.present())
-    tsteps, ysteps = sol.ys[1]
-    done = jnp.isfinite(tsteps)
-    grid = jnp.concatenate([ts[:1], jnp.where(done, tsteps, ts[-1])])
-    valid = jnp.where(jnp.arange(grid.shape[0]) <= accepted, grid, jnp.inf)
-    marks = jnp.minimum(jnp.searchsorted(valid, ts), accepted).astype(jnp.int32)
-    outs = outs._replace(grid=grid, marks=marks)
-    if dense:
-        outs = outs._replace(states=jnp.concatenate([y0[None],
-                                                     jnp.where(done[:, None], ysteps, 0.0)]))
-    return tuple(outs.present())
+                         sol.result == R.dt_min_reached], [0, 1, 2], 5)
+    grid = states = None
+    if record:
+        tsteps, ysteps = sol.ys[1]
+        done = jnp.isfinite(tsteps)
+        grid = jnp.concatenate([ts[:1], jnp.where(done, tsteps, ts[-1])])
+        if dense:
+            states = jnp.concatenate([y0[None], jnp.where(done[:, None], ysteps, 0.0)])
+    # the work as SciPy counts it: the stages of the accepted steps (a step's
+    # last stage is the next one's first where the method is FSAL), one
+    # Jacobian and factorization per accepted step of an implicit method
+    c, As, b = tableau(stepper)
+    fsal = int(len(c) > 1 and np.allclose(As[0][-1, :len(b)], b) and c[-1] == 1)
+    nfev = (len(c) - fsal) * accepted + fsal
+    nje = accepted if stepper.implicit else jnp.zeros_like(accepted)
+    work = jnp.stack([nfev, nje, nje]).astype(jnp.int32)
+    return _Run(sol.ys[0], status, accepted, sol.stats["num_steps"].astype(jnp.int32),
+                t_reached, h_last, ymax, grid, states, work)
+
+
+def _run_bdf(body, held, consts, y0, ts, *, stepper, rtol, atol, max_steps, dt0, adaptive,
+             m, jac, pattern, record, dense, dtmax) -> _Run:
+    """The integration by sciad's BDF (`sciad.solvers.ode._bdf`)."""
+    del stepper, adaptive  # (BDF is adaptive; checked by the abstract eval)
+    part = lower(part_of(body, 0), held)
+    r = _bdf.integrate(lambda t, y: part(*consts, t, y)[0], y0, ts, rtol=rtol, atol=atol,
+                       max_steps=max_steps, m=m, jac="sparse" if sparse_jacobian(jac)
+                       else "dense", pattern=pattern, dt0=dt0, dtmax=dtmax, record=record,
+                       dense=dense)
+    return _Run(r.ys, r.status, r.accepted, r.steps, r.t_reached, r.h_last, r.ymax, r.grid,
+                r.states, jnp.stack(list(r.counts)).astype(jnp.int32))
 
 
 # ---------------------------------------------------------------------------
@@ -420,7 +494,8 @@ def _odeint_jvp(primals, tangents, **params):
     p = derived_params(params, body=aug, error_size=params.get("error_size") or n,
                        pattern=augmented_pattern(params, aug))
     outs = OdeintOutputs.of(
-        odeint_p.bind(*consts, *extra, ops.concatenate([y0, dy0]), ts, **p))
+        odeint_p.bind(*consts, *extra, ops.concatenate([y0, dy0]), ts, **p),
+        p.get("count", False))
     # (the primal results come out of the node that computes the tangents:
     # marked so that a transposition of the tangent map takes them for
     # primal values, see `jvp_primal`)
@@ -433,9 +508,11 @@ def _odeint_jvp(primals, tangents, **params):
     # states (where recorded): the primal's and their tangents
     states = outs.states
     outs = outs._replace(ys=ys, states=None if states is None else jvp_primal(states[:, :n]))
+    # (the work counted, where counted, is the sensitivity system's)
     dout = OdeintOutputs(dys, *(None if o is None else Zero(type_of(o).update())
                                 for o in (outs.status, outs.steps, outs.grid, outs.marks)),
-                         states=None if states is None else states[:, n:])
+                         states=None if states is None else states[:, n:],
+                         work=None if outs.work is None else Zero(type_of(outs.work).update()))
     return outs.present(), dout.present()
 
 
@@ -455,7 +532,8 @@ odeint_p.def_transpose(vjp_transpose(odeint_p))
 def _odeint_vjp(primals, outs, cts, **params):
 
     *consts, y0, ts = primals
-    outs, cts = OdeintOutputs.of(outs), OdeintOutputs.of(cts)
+    count = params.get("count", False)
+    outs, cts = OdeintOutputs.of(outs, count), OdeintOutputs.of(cts, count)
     ct = cts.ys
     if not params.get("throw", True) and not is_zero(ct):
         ct = root_guard_p.bind(outs.status, ct, of="odeint")  # no derivative of a failure
@@ -468,7 +546,7 @@ def _odeint_vjp(primals, outs, cts, **params):
         ct = ops.zeros(type_of(outs.ys).shape, type_of(outs.ys).dtype)
     if not params.get("record", True):  # (a node `dce` spared the recording)
         params = {k: v for k, v in params.items() if k != "record"}
-        outs = OdeintOutputs.of(odeint_p.bind(*primals, **params))
+        outs = OdeintOutputs.of(odeint_p.bind(*primals, **params), count)
     if isinstance(ts, Tracer):  # (held here, an outer derivative may move them)
         # the steps land on the output times (marks): those grid points move
         # with them, which the reverse pass's derivatives (second order in
@@ -500,11 +578,17 @@ def _odeint_vjp(primals, outs, cts, **params):
 def _odeint_dce(node, used):
     # nothing reads the step grid, marks or states (no reverse pass): the
     # loop need not record its steps
-    used = OdeintOutputs.of(used)
-    if not node.params.get("record", True) or used.grid or used.marks or used.states:
+    # nor its work (where it counts): the loop need not count
+    count = node.params.get("count", False)
+    used = OdeintOutputs.of(used, count)
+    kept, params = OdeintOutputs.of(node.outputs, count), dict(node.params)
+    if params.get("record", True) and not (used.grid or used.marks or used.states):
+        kept, params["record"] = kept._replace(grid=None, marks=None, states=None), False
+    if count and not used.work:
+        kept, params["count"] = kept._replace(work=None), False
+    if params == node.params:
         return None
-    kept = OdeintOutputs.of(node.outputs)._replace(grid=None, marks=None, states=None)
-    return node.replace(outputs=kept.present(), params={**node.params, "record": False})
+    return node.replace(outputs=kept.present(), params=params)
 
 
 @odeint_p.def_sparsity
@@ -525,8 +609,11 @@ def _odeint_cost(node, body_cost):
     p = node.params
     F = body_cost(p["body"])
     stepper = STEPPERS[p["solver"]]
-    c, As, b = tableau(stepper)
     n = node.inputs[-2].type.size
+    if not stepper.runge_kutta:  # BDF: about two Newton iterations a step
+        per = 2.0 * (F.flops + 2.0 * n * n + 8.0 * n)
+        return Cost(per, F.peak, f"per step ({_si(per)})")
+    c, As, b = tableau(stepper)
     per = len(b) * (F.flops + 4.0 * n)
     if stepper.implicit:
         per += float(np.count_nonzero(np.diag(As[-1]))) * (F.flops + 2.0 * n * n)

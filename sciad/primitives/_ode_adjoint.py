@@ -42,6 +42,9 @@ class Adjoint(ABC):
 
     #: the `adjoint` param's value
     name: str = ""
+    #: the continuous adjoint (any stepper), not a replay of a Runge-Kutta
+    #: method's steps
+    continuous: bool = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -91,6 +94,7 @@ class Interpolated(Adjoint):
     Hermite) from its states at every step, which the node records."""
 
     name = "interpolated"
+    continuous = True
 
     def records_states(self, checkpoints, max_steps, n, itemsize):
         return True
@@ -105,6 +109,7 @@ class Backsolve(Adjoint):
     (stiff or dissipative problems)."""
 
     name = "backsolve"
+    continuous = True
 
     def vjp(self, primals, outs, ct, params, ct_states=None):
         return continuous_vjp(primals, outs, ct, params, interpolated=False)
@@ -229,7 +234,7 @@ def continuous_vjp(primals, outs, ct, params, interpolated: bool):
     # (the forward's step settings: with constant steps, the same dt0; an
     # IMEX solver's summed field by the ESDIRK method of its order)
     p = derived_params(params, body=g, error_size=None, pattern=augmented_pattern(params, g),
-                       adjoint=BACKSOLVE.name,
+                       adjoint=BACKSOLVE.name, count=None,
                        solver=STEPPERS[params["solver"]].summed or params["solver"])
     T = ts.shape[0]
     S = ops.concatenate(([] if interpolated else [ys[T - 1]]) +

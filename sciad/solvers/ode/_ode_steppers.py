@@ -62,6 +62,20 @@ class Stepper(NamedTuple):
     fail_to_error: bool = False
     #: the tableau `(c, (A,), b)` where diffrax's class has none
     own_tableau: tuple | None = None
+    #: how odeint runs it: "diffrax" (`diffrax.diffeqsolve` with diffrax's
+    #: class), or "bdf" (a multistep method of sciad's own, `_bdf`, which
+    #: has no Runge-Kutta tableau)
+    lowering: str = "diffrax"
+    #: the reverse mode odeint takes where none is asked for: the discrete
+    #: adjoint replays a Runge-Kutta tableau, so a multistep method takes
+    #: the continuous one
+    default_adjoint: str = "checkpoint"
+
+    @property
+    def runge_kutta(self) -> bool:
+        """A Runge-Kutta method (a tableau that the discrete adjoint
+        replays)."""
+        return self.lowering == "diffrax"
 
     @property
     def imex(self) -> bool:
@@ -95,6 +109,8 @@ _BUILT_IN = {
     "kencarp3": Stepper("KenCarp3", True, 3, summed="kvaerno3"),
     "kencarp4": Stepper("KenCarp4", True, 4, summed="kvaerno4"),
     "kencarp5": Stepper("KenCarp5", True, 5, summed="kvaerno5"),
+    # variable order 1-5 (its `order` the highest): SciPy's BDF (NDF)
+    "bdf": Stepper("BDF", True, 5, lowering="bdf", default_adjoint="interpolated"),
 }
 for _name, _stepper in _BUILT_IN.items():
     _registry.register(_stepper, family="ode stepper", name=_name)
@@ -106,6 +122,9 @@ def tableau(stepper: Stepper):
     triangular, its diagonal nonzero for implicit stages) per part of the
     field, the explicit one and then the implicit one for an IMEX method
     (whose parts share `c` and `b`)."""
+    if not stepper.runge_kutta:
+        raise ValueError(f"{stepper.diffrax_name} is not a Runge-Kutta method: it has no "
+                         "tableau.")
     if stepper.own_tableau is not None:
         c, As, b = stepper.own_tableau
         return np.array(c), tuple(np.array(A) for A in As), np.array(b)

@@ -1,0 +1,394 @@
+"""BDF: variable-order (1-5), variable-step backward differentiation in the
+quasi-constant step size form with the numerical differentiation formulas'
+`kappa` (NDF, Klopfenstein and Shampine; as SciPy's `BDF` and MATLAB's
+`ode15s`), as one `jax.lax.while_loop`. Plain JAX, no graph: `ode.odeint`'s
+lowering calls `integrate` for the steppers whose `lowering` is "bdf".
+
+The method (Shampine and Reichelt, "The MATLAB ODE suite", 1997; the
+layout of SciPy's `scipy/integrate/_ivp/bdf.py`): the backward differences
+`D` of the solution at the current step size `h` predict the next state;
+a modified Newton iteration solves
+
+    M (d + psi) = c f(t + h, y_pred + d),   c = h / alpha_k
+
+for the correction `d`, with the iteration matrix `M - c J` (`M` the mass
+matrix, the identity for an ODE; `J = df/dy`) factored once and reused over
+steps: it is factored again where `c` has moved by more than `REFACTOR`
+from the factorization's, and `J` evaluated again (at the predicted state)
+only where the iteration fails to converge with a stale one. The local
+error `error_const[k] |d|` controls the step; after `k + 1` steps of equal
+size the order moves by one where the neighbouring orders' error estimates
+promise a longer step. A step size change rescales `D` (`change_D`). Steps
+land on every output time (the step is shortened to reach it, `D` rescaled,
+and the step size wanted is restored after it).
+
+The iteration matrix is dense (`jax.scipy.linalg.lu_factor`) or sparse on
+the pattern of `df/dy` (colored JVPs for its values, SuperLU on the host:
+`_ode._factor`, `_ode._solve`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _ode
+
+MAX_ORDER = 5
+#: Newton iterations per attempt (SciPy's NEWTON_MAXITER)
+NEWTON_MAXITER = 4
+#: the least and most a step may shrink or grow at once
+MIN_FACTOR, MAX_FACTOR = 0.2, 10.0
+#: the iteration matrix is factored again where `c = h / alpha` has moved
+#: by more than this fraction from the factorization's
+REFACTOR = 0.3
+#: the NDF's kappa by order (Shampine and Reichelt's), gamma_k = sum 1/j
+KAPPA = np.array([0.0, -0.1850, -1.0 / 9.0, -0.0823, -0.0415, 0.0])
+GAMMA = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, MAX_ORDER + 1))])
+ALPHA = (1.0 - KAPPA) * GAMMA
+ERROR_CONST = KAPPA * GAMMA + 1.0 / np.arange(1, MAX_ORDER + 2)
+
+
+def _rms(x):
+    return jnp.sqrt(jnp.mean(jnp.square(x))) if x.size else jnp.zeros((), x.dtype)
+
+
+def _change_matrix(order, factor, dtype):
+    """The `(MAX_ORDER + 1)^2` matrix `(R U)^T` that rescales the first
+    `order + 1` differences to the step `factor` times the current one (the
+    identity past them): SciPy's `compute_R(order, factor)
+    compute_R(order, 1)`, each the cumulative product down the rows of
+    `M[i, j] = (i - 1 - factor j) / i` (first row ones), whose leading
+    `order + 1` block does not depend on the rows past it (the blocks are
+    cut out before their product)."""
+    k = MAX_ORDER + 1
+    i = np.arange(k)[:, None]
+    j = np.arange(k)[None, :]
+
+    def R(f):
+        M = jnp.where(i == 0, 1.0, (i - 1 - f * j) / jnp.maximum(i, 1)).astype(dtype)
+        M = jnp.where((i > 0) & (j == 0), 0.0, M)
+        return jnp.cumprod(M, axis=0)
+
+    inside = (i <= order) & (j <= order)
+    eye = jnp.eye(k, dtype=dtype)
+    RU = jnp.where(inside, R(factor), 0.0) @ jnp.where(inside, R(jnp.asarray(1.0, dtype)), 0.0)
+    return jnp.where(inside, RU, eye).T
+
+
+def change_D(D, order, factor):
+    """`D` (differences, `(MAX_ORDER + 3, n)`) for a step `factor` times the
+    current one, at `order`."""
+    k = MAX_ORDER + 1
+    return D.at[:k].set(_change_matrix(order, factor, D.dtype) @ D[:k])
+
+
+class Counts(NamedTuple):
+    """What a BDF integration did, as SciPy counts it: field evaluations,
+    Jacobian evaluations, factorizations."""
+
+    nfev: jax.Array
+    njev: jax.Array
+    nlu: jax.Array
+
+
+class Result(NamedTuple):
+    ys: jax.Array           # the state at the output times
+    status: jax.Array       # 0 success, 1 step limit, 2 step too small, 5 failed
+    accepted: jax.Array     # accepted steps
+    steps: jax.Array        # attempts (accepted and rejected)
+    t_reached: jax.Array    # the last accepted step's time
+    h_last: jax.Array       # the last accepted step's size
+    ymax: jax.Array         # max |y[:m]| there
+    grid: jax.Array | None  # the accepted steps' times (max_steps + 1), padded
+    states: jax.Array | None  # their states (max_steps + 1, n), padded with zeros
+    counts: Counts
+
+
+class _Linear(NamedTuple):
+    """How the iteration matrix `M - c J` is formed, factored and solved."""
+
+    jacobian: Callable   # (t, y) -> J (dense, or values on the pattern)
+    factor: Callable     # (J, c) -> factorization
+    solve: Callable      # (factorization, b) -> x
+
+
+def _dense_linear(field, n, mass, dtype):
+    Mm = jnp.eye(n, dtype=dtype) if mass is None else jnp.asarray(mass, dtype)
+
+    def jacobian(t, y):
+        return jax.jacfwd(lambda z: field(t, z))(y)
+
+    def factor(J, c):
+        return jax.scipy.linalg.lu_factor(Mm - c * J)
+
+    def solve(lu, b):
+        return jax.scipy.linalg.lu_solve(lu, b)
+
+    return _Linear(jacobian, factor, solve), (lambda v: v) if mass is None else \
+        (lambda v: Mm @ v)
+
+
+def _sparse_linear(field, pattern, mass_values):
+    """The iteration matrix on `pattern` (with its diagonal: `_ode`'s
+    colored values, SuperLU on the host; the factorization is a handle)."""
+    pattern = _ode._with_diagonal(pattern)
+    eye = _ode._structure(pattern)[2]
+    from ..nonlinear._nonlinear import colored_values
+    from .._coloring import coloring
+
+    colors = coloring(pattern)
+
+    def jacobian(t, y):
+        return colored_values(lambda z: field(t, z), pattern, colors)(y)
+
+    def factor(J, c):
+        M = jnp.asarray(eye, J.dtype) if mass_values is None else mass_values
+        values = M - c * J
+        return values, _ode._factor(pattern, values)
+
+    def solve(lu, b):
+        values, handle = lu
+        return _ode._solve(pattern, handle, values, b.astype(values.dtype), False, False)
+
+    return _Linear(jacobian, factor, solve)
+
+
+def initial_step(field, t0, y0, f0, span, rtol, atol, m, order=1):
+    """SciPy's `select_initial_step` (Hairer, Norsett and Wanner's
+    algorithm) for a method of `order`, over the first `m` elements."""
+    scale = atol + jnp.abs(y0[:m]) * rtol
+    d0, d1 = _rms(y0[:m] / scale), _rms(f0[:m] / scale)
+    h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1)
+    h0 = jnp.minimum(h0, span)
+    f1 = field(t0 + h0, y0 + h0 * f0)
+    d2 = _rms((f1[:m] - f0[:m]) / scale) / h0
+    h1 = jnp.where((d1 <= 1e-15) & (d2 <= 1e-15), jnp.maximum(1e-6, h0 * 1e-3),
+                   (0.01 / jnp.maximum(d1, d2)) ** (1.0 / (order + 1)))
+    return jnp.minimum(jnp.minimum(100 * h0, h1), span)
+
+
+class _State(NamedTuple):
+    t: jax.Array
+    D: jax.Array
+    h_D: jax.Array      # the step size D's differences are at
+    h_want: jax.Array   # the step size the control asks for next
+    order: jax.Array
+    equal: jax.Array    # steps taken at this step size and order
+    J: jax.Array
+    J_fresh: jax.Array  # J is the Jacobian at the last failed attempt's prediction
+    lu: object
+    lu_c: jax.Array     # the c the factorization is of (nan: none)
+    i_next: jax.Array   # the next output time
+    ys: jax.Array
+    accepted: jax.Array
+    steps: jax.Array
+    status: jax.Array   # -1 running
+    h_last: jax.Array
+    grid: jax.Array
+    states: jax.Array
+    counts: Counts
+
+
+def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: int,
+              m: int | None = None, jac: str = "dense", pattern=None, dt0=None, dtmax=None,
+              record: bool = True, dense: bool = False, mass=None) -> Result:
+    """Integrates `M dy/dt = field(t, y)` from `y(ts[0]) = y0` with BDF
+    (see the module docstring); `ts` increasing (checked by the caller).
+    `m`: the error control reads the first `m` elements (all: None).
+    `mass`: None (the identity), a dense `(n, n)` matrix, or (with
+    `jac="sparse"`) its values on `pattern`."""
+    n = y0.shape[0]
+    m = n if m is None else m
+    dtype = y0.dtype
+    t0, t_end = ts[0], ts[-1]
+    eps = float(np.finfo(dtype).eps)
+    newton_tol = max(10 * eps / rtol, min(0.03, rtol ** 0.5))
+    if jac == "sparse":
+        linear = _sparse_linear(field, pattern, mass)
+        if mass is None:
+            apply_mass = lambda v: v  # noqa: E731
+        else:
+            apply_mass = _sparse_apply(pattern, mass)
+    else:
+        linear, apply_mass = _dense_linear(field, n, mass, dtype)
+    alpha, gamma, error_const = (jnp.asarray(a, dtype) for a in (ALPHA, GAMMA, ERROR_CONST))
+    max_step = jnp.inf if dtmax is None else float(dtmax)
+
+    f0 = field(t0, y0)
+    if dt0 is None:
+        if mass is None:
+            h0 = initial_step(field, t0, y0, f0, t_end - t0, rtol, atol, m)
+        else:  # (y' is not known for the algebraic variables: a small first step)
+            h0 = jnp.minimum(1e-6 * jnp.maximum(jnp.abs(t_end - t0), 1.0), t_end - t0)
+    else:
+        h0 = jnp.asarray(dt0, dtype)
+    h0 = jnp.minimum(h0, max_step).astype(dtype)
+    D = jnp.zeros((MAX_ORDER + 3, n), dtype).at[0].set(y0)
+    if mass is None:
+        D = D.at[1].set(f0 * h0)
+    # (with a mass matrix y'(t0) is not known where M is singular: the first
+    # step starts from a constant predictor)
+    J0 = linear.jacobian(t0, y0)
+    grid = jnp.full((max_steps + 1 if record else 1,), t_end, dtype).at[0].set(t0)
+    states = jnp.zeros((max_steps + 1 if dense else 1, n), dtype).at[0].set(y0)
+    ys = jnp.zeros((ts.shape[0], n), dtype).at[0].set(y0)
+    lu0 = linear.factor(J0, jnp.asarray(0.0, dtype))
+    s0 = _State(t=t0, D=D, h_D=h0, h_want=h0, order=jnp.asarray(1, jnp.int32),
+                equal=jnp.asarray(0, jnp.int32), J=J0, J_fresh=jnp.asarray(True),
+                lu=lu0, lu_c=jnp.asarray(jnp.nan, dtype), i_next=jnp.asarray(1, jnp.int32),
+                ys=ys, accepted=jnp.asarray(0, jnp.int32), steps=jnp.asarray(0, jnp.int32),
+                status=jnp.asarray(-1, jnp.int32), h_last=jnp.asarray(0.0, dtype),
+                grid=grid, states=states,
+                counts=Counts(*(jnp.asarray(k, jnp.int32) for k in (
+                    2 if dt0 is None and mass is None else 1, 1, 0))))
+
+    def newton(t_new, y_pred, c, psi, lu, scale):
+        """The modified Newton iteration: `(converged, iterations, y, d,
+        evaluations)`."""
+        def cond(s):
+            k, _, _, _, done, failed = s[:6]
+            return (k < NEWTON_MAXITER) & ~done & ~failed
+
+        def body(s):
+            k, y, d, old, done, failed, nf = s
+            f = field(t_new, y)
+            finite = jnp.all(jnp.isfinite(f))
+            dy = linear.solve(lu, c * f - apply_mass(psi + d))
+            size = _rms(dy / scale)
+            rate = size / old
+            bad = (k > 0) & ((rate >= 1) | (rate ** (NEWTON_MAXITER - k) / (1 - rate) * size
+                                              > newton_tol))
+            bad = bad | ~finite | ~jnp.isfinite(size)
+            y2, d2 = jnp.where(bad, y, y + dy), jnp.where(bad, d, d + dy)
+            ok = ~bad & ((size == 0) | ((k > 0) & (rate / (1 - rate) * size < newton_tol)))
+            return k + 1, y2, d2, size, ok, bad, nf + 1
+
+        k, y, d, _, done, _, nf = jax.lax.while_loop(
+            cond, body, (jnp.asarray(0, jnp.int32), y_pred, jnp.zeros_like(y_pred),
+                         jnp.asarray(jnp.inf, dtype), jnp.asarray(False), jnp.asarray(False),
+                         jnp.asarray(0, jnp.int32)))
+        return done, k, y, d, nf
+
+    def attempt(s: _State) -> _State:
+        t_bound = ts[s.i_next]
+        h_use = jnp.minimum(jnp.minimum(s.h_want, max_step), t_bound - s.t)
+        land = h_use >= t_bound - s.t  # (this step ends on the output time)
+        t_new = jnp.where(land, t_bound, s.t + h_use)
+        h = t_new - s.t
+        moved = h != s.h_D
+        D = jax.lax.cond(moved, lambda: change_D(s.D, s.order, h / s.h_D), lambda: s.D)
+        equal = jnp.where(moved, 0, s.equal)
+        order = s.order
+        y_pred = jnp.sum(jnp.where(jnp.arange(MAX_ORDER + 3)[:, None] <= order, D, 0.0),
+                         axis=0)
+        scale = atol + rtol * jnp.abs(y_pred)
+        g = jnp.where(jnp.arange(1, MAX_ORDER + 3) <= order,
+                      jnp.concatenate([gamma[1:], jnp.zeros(2, dtype)]), 0.0)
+        psi = (g @ D[1:]) / alpha[order]
+        c = h / alpha[order]
+
+        # up to two passes: with the kept Jacobian, then (where that failed
+        # and it was stale) with one at the prediction
+        def pass_cond(p):
+            k, done, fresh = p[0], p[1], p[3]
+            return (k == 0) | ((k == 1) & ~done & ~fresh)
+
+        def pass_body(p):
+            k, _, J, fresh, lu, lu_c, _, _, _, counts = p
+            renew = k > 0
+            J = jax.lax.cond(renew, lambda: linear.jacobian(t_new, y_pred), lambda: J)
+            fresh = fresh | renew
+            refactor = renew | ~(jnp.abs(c - lu_c) <= REFACTOR * jnp.abs(c))
+            lu = jax.lax.cond(refactor, lambda: linear.factor(J, c), lambda: lu)
+            lu_c = jnp.where(refactor, c, lu_c)
+            done, iters, y, d, nf = newton(t_new, y_pred, c, psi, lu, scale)
+            counts = Counts(counts.nfev + nf, counts.njev + renew.astype(jnp.int32),
+                            counts.nlu + refactor.astype(jnp.int32))
+            return k + 1, done, J, fresh, lu, lu_c, iters, y, d, counts
+
+        zero = jnp.zeros_like(y_pred)
+        _, converged, J, fresh, lu, lu_c, iters, y_new, d, counts = jax.lax.while_loop(
+            pass_cond, pass_body, (jnp.asarray(0, jnp.int32), jnp.asarray(False), s.J,
+                                   s.J_fresh, s.lu, s.lu_c, jnp.asarray(0, jnp.int32),
+                                   y_pred, zero, s.counts))
+        safety = 0.9 * (2 * NEWTON_MAXITER + 1) / (2 * NEWTON_MAXITER + iters)
+        scale = atol + rtol * jnp.abs(y_new)
+        error_norm = _rms((error_const[order] * d / scale)[:m])
+        accept = converged & (error_norm <= 1)
+        # rejected: half the step where Newton failed, else by the error
+        shrink = jnp.where(converged,
+                           jnp.maximum(MIN_FACTOR, safety * error_norm ** (-1.0 / (order + 1))),
+                           0.5)
+        steps = s.steps + 1
+
+        # accepted: the differences updated, the next order and step
+        D_new = D.at[order + 2].set(d - D[order + 1]).at[order + 1].set(d)
+        D_new = jax.lax.fori_loop(
+            0, MAX_ORDER + 1,
+            lambda j, Dd: jnp.where(MAX_ORDER - j <= order,
+                                    Dd.at[MAX_ORDER - j].add(Dd[MAX_ORDER - j + 1]), Dd),
+            D_new)
+        equal_new = equal + 1
+        ready = equal_new >= order + 1
+        em = jnp.where(order > 1, _rms((error_const[order - 1] * D_new[order] / scale)[:m]),
+                       jnp.inf)
+        ep = jnp.where(order < MAX_ORDER,
+                       _rms((error_const[order + 1] * D_new[order + 2] / scale)[:m]), jnp.inf)
+        norms = jnp.stack([em, error_norm, ep])
+        powers = -1.0 / (order + jnp.arange(3, dtype=dtype))
+        factors = jnp.where(norms > 0, norms ** powers, jnp.inf)
+        best = jnp.argmax(factors)
+        new_order = jnp.where(ready, order + best.astype(jnp.int32) - 1, order)
+        grow = jnp.where(ready, jnp.minimum(MAX_FACTOR, safety * jnp.max(factors)), 1.0)
+
+        t_next = jnp.where(accept, t_new, s.t)
+        k = s.accepted + jnp.where(accept, 1, 0)
+        hit = accept & land
+        ys = jax.lax.cond(hit, lambda: s.ys.at[s.i_next].set(y_new), lambda: s.ys)
+        grid = s.grid.at[jnp.minimum(k, s.grid.shape[0] - 1)].set(
+            jnp.where(accept & record, t_new, s.grid[jnp.minimum(k, s.grid.shape[0] - 1)]))
+        states = s.states
+        if dense:
+            states = jax.lax.cond(accept, lambda: states.at[k].set(y_new), lambda: states)
+        spacing = jnp.abs(jnp.nextafter(t_next, jnp.asarray(jnp.inf, dtype)) - t_next)
+        h_want = jnp.where(accept, h * grow, h * shrink)
+        done = hit & (s.i_next == ts.shape[0] - 1)
+        status = jnp.where(done, 0, -1)
+        status = jnp.where((status < 0) & (h_want < _ode.MIN_STEP_ULPS * spacing), 2, status)
+        status = jnp.where((status < 0) & (steps >= max_steps), 1, status)
+        return _State(
+            t=t_next, D=jnp.where(accept, D_new, D), h_D=h,
+            h_want=h_want, order=jnp.where(accept, new_order, order),
+            equal=jnp.where(accept, jnp.where(ready, 0, equal_new), 0),
+            J=J, J_fresh=jnp.where(accept, False, fresh), lu=lu, lu_c=lu_c,
+            i_next=s.i_next + jnp.where(hit, 1, 0).astype(jnp.int32), ys=ys, accepted=k,
+            steps=steps, status=status.astype(jnp.int32),
+            h_last=jnp.where(accept, h, s.h_last), grid=grid, states=states, counts=counts)
+
+    end = jax.lax.while_loop(lambda s: s.status < 0, attempt, s0)
+    # past a failure: the output times not reached are infinite (as diffrax's)
+    reached = jnp.arange(ts.shape[0]) < end.i_next
+    ys = jnp.where(reached[:, None], end.ys, jnp.inf)
+    y_at = end.D[0]
+    return Result(ys=ys, status=end.status, accepted=end.accepted, steps=end.steps,
+                  t_reached=end.t, h_last=end.h_last,
+                  ymax=jnp.where(end.accepted > 0, jnp.max(jnp.abs(y_at[:m]), initial=0.0),
+                                 jnp.inf),
+                  grid=end.grid if record else None, states=end.states if dense else None,
+                  counts=end.counts)
+
+
+def _sparse_apply(pattern, values):
+    """`v -> M v` for the matrix with `values` on `pattern`."""
+    rows = jnp.asarray(pattern.rows)
+    cols = jnp.asarray(pattern.indices)
+    n = pattern.shape[0]
+
+    def apply(v):
+        return jnp.zeros((n,), v.dtype).at[rows].add(values * v[cols])
+
+    return apply

@@ -1,0 +1,164 @@
+"""BDF (`solver="bdf"`, `solve_ivp(method="BDF")`): SciPy's method, variable
+order 1-5 in the NDF form, as one compiled loop: its step-size rescaling
+against SciPy's, its solutions and work counts against SciPy's BDF on stiff
+and non-stiff problems, dense and sparse iteration matrices, its
+derivatives (forward sensitivities and the continuous adjoint) against
+differences, and its failures and refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.integrate as si
+
+import sciad as sd
+import sciad.numpy as snp
+from sciad.errors import InvalidOptionError
+
+
+def robertson(t, y, k1=0.04, k2=3e7, k3=1e4):
+    return [-k1 * y[0] + k3 * y[1] * y[2], k1 * y[0] - k3 * y[1] * y[2] - k2 * y[1] ** 2,
+            k2 * y[1] ** 2]
+
+
+ROBERTSON_TIMES = [0.4, 4.0, 40.0, 400.0, 4e3, 4e4, 4e5]
+
+
+def test_step_change_matches_scipys():
+    # the differences rescaled to a new step size, at every order, against
+    # SciPy's change_D (jax.numpy, eagerly: no program)
+    import jax.numpy as jnp
+    from scipy.integrate._ivp.bdf import change_D
+
+    from sciad.solvers.ode import _bdf
+
+    rng = np.random.default_rng(0)
+    for order in range(1, _bdf.MAX_ORDER + 1):
+        for factor in (0.3, 1.7):
+            D = rng.normal(size=(_bdf.MAX_ORDER + 3, 4))
+            ref = D.copy()
+            change_D(ref, order, factor)
+            mine = np.asarray(_bdf.change_D(jnp.asarray(D), jnp.asarray(order), factor))
+            np.testing.assert_allclose(mine, ref, rtol=1e-13, atol=1e-13)
+
+
+def test_robertson_against_scipys_bdf():
+    """The stiff Robertson kinetics over 4e5 (rtol 1e-6, atol 1e-10): the
+    same accuracy as SciPy's BDF against a tight Radau solve, and its work
+    (`nfev`, `njev`, `nlu`) within 2x of SciPy's, counted as SciPy's."""
+    kw = dict(fun=robertson, t_span=(0.0, 4e5), y0=[1.0, 0.0, 0.0], method="BDF", rtol=1e-6,
+              atol=1e-10, t_eval=ROBERTSON_TIMES)
+    res, ref = sd.ode.solve_ivp(**kw), si.solve_ivp(**kw)
+    exact = si.solve_ivp(**{**kw, "method": "Radau", "rtol": 1e-12, "atol": 1e-16}).y
+    assert res.success and res.status == 0
+    err, err_scipy = np.abs(res.y - exact).max(), np.abs(ref.y - exact).max()
+    assert err <= 2 * err_scipy, (err, err_scipy)
+    for mine, theirs in ((res.nfev, ref.nfev), (res.njev, ref.njev), (res.nlu, ref.nlu)):
+        assert theirs / 2 <= mine <= 2 * theirs, (res.nfev, res.njev, res.nlu, ref.nfev,
+                                                   ref.njev, ref.nlu)
+    np.testing.assert_allclose(res.y.sum(axis=0), 1.0, atol=1e-6)  # mass is conserved
+
+
+@pytest.mark.slow
+def test_nonstiff_and_backwards_against_scipy():
+    # Lotka-Volterra forwards and a decay backwards (t_span decreasing)
+    def lv(t, y):
+        return [1.5 * y[0] - y[0] * y[1], -3.0 * y[1] + y[0] * y[1]]
+
+    for fun, span, y0 in ((lv, (0.0, 5.0), [10.0, 5.0]),
+                          (lambda t, y: [-0.5 * y[0], np.cos(t) * y[0]], (2.0, -1.0),
+                           [1.0, 0.0])):
+        te = np.linspace(*span, 6)
+        kw = dict(fun=fun, t_span=span, y0=y0, method="BDF", t_eval=te, rtol=1e-8,
+                  atol=1e-10)
+        res, ref = sd.ode.solve_ivp(**kw), si.solve_ivp(**kw)
+        exact = si.solve_ivp(**{**kw, "method": "DOP853", "rtol": 1e-13, "atol": 1e-13}).y
+        assert res.success
+        assert np.abs(res.y - exact).max() <= 3 * max(np.abs(ref.y - exact).max(), 1e-9)
+
+
+def brusselator(t, y, a, xp=snp):
+    # the 1-D Brusselator by the method of lines, u and v interleaved (in
+    # sciad ops, or NumPy's for SciPy)
+    n = y.shape[0] // 2
+    u, v = y[0::2], y[1::2]
+    up, vp = xp.pad(u, 1, constant_values=1.0), xp.pad(v, 1, constant_values=3.0)
+    c = a / (1.0 / (n + 1)) ** 2
+    du = 1.0 + u * u * v - 4.0 * u + c * (up[:-2] - 2 * u + up[2:])
+    dv = 3.0 * u - u * u * v + c * (vp[:-2] - 2 * v + vp[2:])
+    return xp.reshape(xp.stack([du, dv], axis=1), (-1,))
+
+
+def test_sparse_iteration_matrix_agrees_with_dense():
+    # the Brusselator's iteration matrix on its detected pattern (SuperLU on
+    # the host) and dense: the same solution to the tolerance, and SciPy's
+    n = 16
+    x = np.linspace(0, 1, n + 2)[1:-1]
+    y0 = np.stack([1.0 + np.sin(2 * np.pi * x), np.full(n, 3.0)], axis=1).reshape(-1)
+    ts = np.array([0.0, 1.0, 5.0])
+    f = sd.function(lambda y0, jac: sd.ode.odeint(brusselator, y0, ts, 0.02, solver="bdf",
+                                                  jac=jac, rtol=1e-8, atol=1e-8),
+                    static_argnames="jac")
+    sparse, dense = np.asarray(f(y0, jac="sparse")), np.asarray(f(y0, jac="dense"))
+    ref = si.solve_ivp(lambda t, y: brusselator(t, y, 0.02, np), (0.0, 5.0), y0, "Radau", ts,
+                       rtol=1e-12, atol=1e-12).y.T
+    assert np.abs(sparse - ref).max() <= 1e-5 and np.abs(dense - ref).max() <= 1e-5
+    np.testing.assert_allclose(sparse, dense, atol=1e-6)
+
+
+def _decay_pair(k, y0, solver="bdf", rtol=1e-10):
+    # a nonlinear two-state system with a time-dependent coupling: smooth in
+    # its inputs
+    return sd.ode.odeint(lambda t, y, k: snp.stack([-k[0] * y[0] + y[1] ** 2,
+                                                    -k[1] * y[1] + snp.sin(t) * y[0]]),
+                         y0, np.array([0.0, 0.5, 1.0]), k, solver=solver, rtol=rtol,
+                         atol=rtol * 1e-2)
+
+
+def test_gradient_and_forward_mode_against_an_exact_derivative():
+    """Forward mode (the sensitivity system, also by BDF) and reverse mode
+    (the continuous adjoint against the interpolated solution) of a BDF
+    solve, against the discrete adjoint of a Tsit5 solve at rtol 1e-12 (the
+    exact derivative of a solution accurate to about 1e-12)."""
+    rng = np.random.default_rng(3)
+    k, y0 = rng.uniform(1.0, 2.0, 2), rng.uniform(0.5, 1.0, 2)
+    w = rng.normal(size=(3, 2))
+
+    def loss(k, y0, solver="bdf", rtol=1e-10):
+        return snp.sum(_decay_pair(k, y0, solver, rtol) * w)
+
+    exact = np.concatenate(sd.grad(lambda k, y0: loss(k, y0, "tsit5", 1e-12),
+                                   argnums=(0, 1))(k, y0))
+    grad = np.concatenate(sd.grad(loss, argnums=(0, 1))(k, y0))
+    v = rng.normal(size=4)
+    _, tangent = sd.jvp(loss, (k, y0), (v[:2], v[2:]))
+    scale = np.abs(exact).max()
+    # both to about the tolerance (measured: 1.1e-9 and 5.9e-10 relative)
+    assert abs(float(tangent) - exact @ v) <= 1e-8 * scale * np.abs(v).sum()
+    np.testing.assert_allclose(grad, exact, rtol=0, atol=1e-8 * scale)
+
+
+@pytest.mark.slow
+def test_check_rules():
+    rng = np.random.default_rng(0)
+    sd.testing.check_rules(_decay_pair, rng.uniform(1.0, 2.0, 2), rng.uniform(0.5, 1.0, 2),
+                           rtol=1e-5, dot_tol=1e-7, second_order=False)
+
+
+def test_refusals_name_the_fix():
+    f = lambda t, y, a: -y  # noqa: E731
+    y0, ts = np.ones(2), np.array([0.0, 1.0])
+    with pytest.raises(InvalidOptionError, match="adjoint='interpolated'"):
+        sd.ode.odeint(f, y0, ts, solver="bdf", adjoint="checkpoint")
+    with pytest.raises(InvalidOptionError, match="constant steps"):
+        sd.ode.odeint(f, y0, ts, solver="bdf", adaptive=False, dt0=0.1)
+
+
+@pytest.mark.slow
+def test_blow_up_stops_where_scipys_does():
+    # y' = y^2 from 1: the step collapses near t = 1, as SciPy's BDF's
+    kw = dict(fun=lambda t, y: [y[0] ** 2], t_span=(0.0, 2.0), y0=[1.0], method="BDF")
+    res, ref = sd.ode.solve_ivp(**kw), si.solve_ivp(**kw)
+    assert res.status == ref.status == -1
+    assert abs(res.t_reached - ref.t[-1]) < 5e-3 and np.all(np.isfinite(res.y))
+    assert res.y[0, -1] > 1e10
