@@ -213,13 +213,13 @@ def _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive, checkp
     if adjoint is not None and adjoint not in ADJOINTS:
         raise InvalidOptionError(f"`adjoint` must be None or one of {tuple(ADJOINTS)}, got "
                                  f"{plain(adjoint)}.", op=op)
-    if adjoint is not None and not SOLVERS[solver].runge_kutta \
+    if adjoint is not None and not SOLVERS[solver].replayable \
             and not ADJOINTS[adjoint].continuous:
         raise InvalidOptionError(
-            f"adjoint={adjoint!r} replays a Runge-Kutta method's steps, and {solver!r} is a "
-            f"multistep method: use adjoint='interpolated' (its default) or 'backsolve'.",
-            op=op)
-    if not SOLVERS[solver].runge_kutta and not adaptive:
+            f"adjoint={adjoint!r} replays the steps stage by stage, which {solver!r}'s steps "
+            f"(not those of an explicit or diagonally implicit tableau) are not: use "
+            f"adjoint='interpolated' (its default) or 'backsolve'.", op=op)
+    if not SOLVERS[solver].replayable and not adaptive:
         raise InvalidOptionError(f"{solver!r} chooses its own steps and orders: constant "
                                  f"steps (adaptive=False) are for the Runge-Kutta methods.",
                                  op=op)
@@ -267,8 +267,8 @@ class ODEResult(NamedTuple):
     steps: Any
     t_reached: Any = None
     #: the work as SciPy counts it: the field's evaluations, Jacobians and
-    #: factorizations (a Runge-Kutta method's from its stages and accepted
-    #: steps; BDF's as they happen)
+    #: factorizations (from the stages and accepted steps of a method
+    #: diffrax steps; as they happen for BDF and Radau)
     nfev: Any = None
     njev: Any = None
     nlu: Any = None
@@ -310,12 +310,17 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       variable-step backward differentiation (NDF, as SciPy's `BDF` and
       MATLAB's `ode15s`), its iteration matrix `I - c df/dy` factored once
       and reused over steps (dense, or sparse as `jac` says), for stiff
-      problems over long spans.
+      problems over long spans. Fully implicit: `"radau"`, Radau IIA of
+      order 5 (Hairer and Wanner's RADAU5, SciPy's `Radau`), its three
+      stages solved together through one real and one complex
+      factorization per step size, for stiff problems at tight
+      tolerances.
     - `rtol`, `atol`: the local error tolerances of the step-size control.
     - `adjoint`: reverse mode (None: the solver's default, `"checkpoint"`
-      for the Runge-Kutta methods and `"interpolated"` for `"bdf"`, whose
-      steps the discrete adjoint does not replay):
-        - `"checkpoint"` (the Runge-Kutta methods' default): the discrete
+      for the explicit and diagonally implicit methods and `"interpolated"`
+      for `"bdf"` and `"radau"`, whose steps the discrete adjoint does not
+      replay):
+        - `"checkpoint"` (the default of the others): the discrete
           adjoint of the steps
           taken, the exact gradient of the computed solution (to rounding;
           to the Newton tolerance for implicit solvers), consistent with
@@ -636,7 +641,7 @@ def _event_inline(f, y0, t_span, event, args, direction: int, kw) -> Event:
 
 
 #: SciPy's method names -> sciad's solvers
-SCIPY_METHODS = {"RK45": "dopri5", "RK23": "bosh3", "DOP853": "dopri8", "Radau": "kvaerno5",
+SCIPY_METHODS = {"RK45": "dopri5", "RK23": "bosh3", "DOP853": "dopri8", "Radau": "radau",
                  "BDF": "bdf", "LSODA": "kvaerno5"}
 #: SciPy's `message` for each `status`
 SCIPY_MESSAGES = {0: "The solver successfully reached the end of the integration interval.",
@@ -654,8 +659,9 @@ class IVPResult(NamedTuple):
     sciad's diagnosis of a failure), `sol` (an `OdeSolution` with
     `dense_output=True`, else None), `t_events` and `y_events` (per event
     function, its times and states; None without `events`), and the
-    counters `nfev`, `njev` and `nlu`: for BDF, every evaluation of the
-    field, of its Jacobian and every factorization, as SciPy counts them;
+    counters `nfev`, `njev` and `nlu`: for BDF and Radau, every evaluation
+    of the field, of its Jacobian and every factorization, as SciPy counts
+    them;
     for the Runge-Kutta methods, the stage evaluations of the field in the
     accepted steps (rejected steps and Newton iterations are not counted)
     and, for the implicit ones, one Jacobian and one factorization per
@@ -954,10 +960,11 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
       state of twice the size); finite (else ValueError);
     - `method`: SciPy's names or classes (`"RK45"` / `scipy.integrate.RK45`
       is Dormand-Prince 5(4), `"DOP853"` an 8th-order Dormand-Prince,
-      `"RK23"` Bogacki-Shampine, `"BDF"` sciad's BDF (`"bdf"`: SciPy's
-      method, variable order 1-5; its `nfev`, `njev` and `nlu` counted as
-      SciPy's); the stiff `"Radau"` and `"LSODA"` map to the ESDIRK method
-      `"kvaerno5"`), or sciad's solvers;
+      `"RK23"` Bogacki-Shampine; the stiff `"BDF"` and `"Radau"` are
+      SciPy's methods, sciad's `"bdf"` (variable order 1-5) and `"radau"`
+      (Radau IIA, order 5), their `nfev`, `njev` and `nlu` counted as
+      SciPy's; `"LSODA"` maps to the ESDIRK method `"kvaerno5"`), or
+      sciad's solvers;
     - `t_eval` within `t_span`, sorted in its direction (default: the two
       ends of `t_span`, as sciad's outputs have a static size; SciPy returns
       its steps);

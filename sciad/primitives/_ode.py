@@ -69,7 +69,7 @@ from ..graph._serialize import graph_param_v1, register_v1_migration
 from ..graph._cost import Cost, _si
 from ..graph._sparsity import dense_all
 from ..graph._types import Pattern
-from ..solvers.ode import _bdf
+from ..solvers.ode import _bdf, _radau
 from ..solvers.ode._ode import floored, holding
 from ..solvers.nonlinear._root_methods import sparse_jacobian
 from ..solvers.ode._ode_steppers import STEPPERS, STIFF_PID, diffrax_solver, tableau
@@ -141,8 +141,8 @@ class OdeintOutputs(NamedTuple):
     states: Any = None
     #: where the node counts its work (`count`): `(nfev, njev, nlu)` (int32),
     #: the field's evaluations, Jacobians and factorizations, as SciPy
-    #: counts them (a Runge-Kutta method's from its stages and accepted
-    #: steps; BDF's as they happen)
+    #: counts them (from the stages and accepted steps of a method diffrax
+    #: steps; as they happen for BDF and Radau)
     work: Any = None
 
     @classmethod
@@ -195,12 +195,12 @@ def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive
     if not adaptive and dt0 is None:
         raise InvalidOptionError("constant steps (adaptive=False) need `dt0`.", op=op)
     stepper = STEPPERS[solver]
-    if not stepper.runge_kutta and not ADJOINTS[adjoint].continuous:
+    if not stepper.replayable and not ADJOINTS[adjoint].continuous:
         raise InvalidOptionError(
-            f"adjoint={adjoint!r} replays a Runge-Kutta method's steps, and {solver} is a "
-            f"multistep method: use adjoint='interpolated' (its default) or 'backsolve'.",
-            op=op)
-    if not stepper.runge_kutta and not adaptive:
+            f"adjoint={adjoint!r} replays the steps stage by stage, which {solver}'s steps "
+            f"(not those of an explicit or diagonally implicit tableau) are not: use "
+            f"adjoint='interpolated' (its default) or 'backsolve'.", op=op)
+    if not stepper.replayable and not adaptive:
         raise InvalidOptionError(f"{solver} chooses its steps and orders: constant steps "
                                  "(adaptive=False) are for the Runge-Kutta methods.", op=op)
     if dtmax is not None and not dtmax > 0:
@@ -337,7 +337,7 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
     held = site.held if site is not None else ()
     dense = record and ADJOINTS[adjoint].records_states(checkpoints, max_steps, m,
                                                         np.dtype(y0.dtype).itemsize)
-    run = _run_bdf if stepper.lowering == "bdf" else _run_diffrax
+    run = _run_diffrax if stepper.lowering == "diffrax" else _run_own
     r = run(body, held, consts, y0, ts, stepper=stepper, rtol=rtol, atol=atol,
             max_steps=max_steps, dt0=dt0, adaptive=adaptive, m=m, jac=jac, pattern=pattern,
             record=record, dense=dense, dtmax=dtmax)
@@ -432,12 +432,14 @@ def _run_diffrax(body, held, consts, y0, ts, *, stepper, rtol, atol, max_steps, 
                 t_reached, h_last, ymax, grid, states, work)
 
 
-def _run_bdf(body, held, consts, y0, ts, *, stepper, rtol, atol, max_steps, dt0, adaptive,
+def _run_own(body, held, consts, y0, ts, *, stepper, rtol, atol, max_steps, dt0, adaptive,
              m, jac, pattern, record, dense, dtmax) -> _Run:
-    """The integration by sciad's BDF (`sciad.solvers.ode._bdf`)."""
-    del stepper, adaptive  # (BDF is adaptive; checked by the abstract eval)
+    """The integration by one of sciad's own loops: BDF
+    (`sciad.solvers.ode._bdf`) or Radau IIA (`_radau`)."""
+    del adaptive  # (both are adaptive; checked by the abstract eval)
     part = lower(part_of(body, 0), held)
-    r = _bdf.integrate(lambda t, y: part(*consts, t, y)[0], y0, ts, rtol=rtol, atol=atol,
+    method = {"bdf": _bdf, "radau": _radau}[stepper.lowering]
+    r = method.integrate(lambda t, y: part(*consts, t, y)[0], y0, ts, rtol=rtol, atol=atol,
                        max_steps=max_steps, m=m, jac="sparse" if sparse_jacobian(jac)
                        else "dense", pattern=pattern, dt0=dt0, dtmax=dtmax, record=record,
                        dense=dense)
@@ -610,7 +612,10 @@ def _odeint_cost(node, body_cost):
     F = body_cost(p["body"])
     stepper = STEPPERS[p["solver"]]
     n = node.inputs[-2].type.size
-    if not stepper.runge_kutta:  # BDF: about two Newton iterations a step
+    if stepper.lowering == "radau":  # three stages, about two iterations a step
+        per = 6.0 * (F.flops + 4.0 * n * n)
+        return Cost(per, F.peak, f"per step ({_si(per)})")
+    if not stepper.replayable:  # BDF: about two Newton iterations a step
         per = 2.0 * (F.flops + 2.0 * n * n + 8.0 * n)
         return Cost(per, F.peak, f"per step ({_si(per)})")
     c, As, b = tableau(stepper)

@@ -63,18 +63,20 @@ class Stepper(NamedTuple):
     #: the tableau `(c, (A,), b)` where diffrax's class has none
     own_tableau: tuple | None = None
     #: how odeint runs it: "diffrax" (`diffrax.diffeqsolve` with diffrax's
-    #: class), or "bdf" (a multistep method of sciad's own, `_bdf`, which
-    #: has no Runge-Kutta tableau)
+    #: class), or one of sciad's own loops, "bdf" (`_bdf`: multistep, no
+    #: tableau) or "radau" (`_radau`: a fully implicit collocation method,
+    #: its stages solved together)
     lowering: str = "diffrax"
     #: the reverse mode odeint takes where none is asked for: the discrete
-    #: adjoint replays a Runge-Kutta tableau, so a multistep method takes
-    #: the continuous one
+    #: adjoint replays a diagonally implicit (or explicit) tableau's steps,
+    #: so sciad's own loops take the continuous one
     default_adjoint: str = "checkpoint"
 
     @property
-    def runge_kutta(self) -> bool:
-        """A Runge-Kutta method (a tableau that the discrete adjoint
-        replays)."""
+    def replayable(self) -> bool:
+        """Its steps are those of an explicit or diagonally implicit
+        Runge-Kutta tableau (`tableau`), which the discrete adjoint replays
+        stage by stage."""
         return self.lowering == "diffrax"
 
     @property
@@ -111,6 +113,8 @@ _BUILT_IN = {
     "kencarp5": Stepper("KenCarp5", True, 5, summed="kvaerno5"),
     # variable order 1-5 (its `order` the highest): SciPy's BDF (NDF)
     "bdf": Stepper("BDF", True, 5, lowering="bdf", default_adjoint="interpolated"),
+    # Radau IIA of order 5: Hairer and Wanner's RADAU5, SciPy's Radau
+    "radau": Stepper("Radau", True, 5, lowering="radau", default_adjoint="interpolated"),
 }
 for _name, _stepper in _BUILT_IN.items():
     _registry.register(_stepper, family="ode stepper", name=_name)
@@ -122,9 +126,9 @@ def tableau(stepper: Stepper):
     triangular, its diagonal nonzero for implicit stages) per part of the
     field, the explicit one and then the implicit one for an IMEX method
     (whose parts share `c` and `b`)."""
-    if not stepper.runge_kutta:
-        raise ValueError(f"{stepper.diffrax_name} is not a Runge-Kutta method: it has no "
-                         "tableau.")
+    if not stepper.replayable:
+        raise ValueError(f"{stepper.diffrax_name} has no explicit or diagonally implicit "
+                         "tableau to replay.")
     if stepper.own_tableau is not None:
         c, As, b = stepper.own_tableau
         return np.array(c), tuple(np.array(A) for A in As), np.array(b)

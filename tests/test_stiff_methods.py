@@ -1,9 +1,11 @@
-"""BDF (`solver="bdf"`, `solve_ivp(method="BDF")`): SciPy's method, variable
-order 1-5 in the NDF form, as one compiled loop: its step-size rescaling
-against SciPy's, its solutions and work counts against SciPy's BDF on stiff
-and non-stiff problems, dense and sparse iteration matrices, its
-derivatives (forward sensitivities and the continuous adjoint) against
-differences, and its failures and refusals."""
+"""The stiff methods of sciad's own: BDF (`solver="bdf"`,
+`solve_ivp(method="BDF")`, variable order 1-5 in the NDF form) and Radau IIA
+of order 5 (`"radau"`, `method="Radau"`), each one compiled loop: BDF's
+step-size rescaling and Radau's constants against SciPy's, their solutions
+and work counts against SciPy's methods of the same names on stiff and
+non-stiff problems, dense and sparse iteration matrices, their derivatives
+(forward sensitivities and the continuous adjoint) against an exact one,
+and their failures and refusals."""
 
 from __future__ import annotations
 
@@ -42,11 +44,28 @@ def test_step_change_matches_scipys():
             np.testing.assert_allclose(mine, ref, rtol=1e-13, atol=1e-13)
 
 
-def test_robertson_against_scipys_bdf():
-    """The stiff Robertson kinetics over 4e5 (rtol 1e-6, atol 1e-10): the
-    same accuracy as SciPy's BDF against a tight Radau solve, and its work
-    (`nfev`, `njev`, `nlu`) within 2x of SciPy's, counted as SciPy's."""
-    kw = dict(fun=robertson, t_span=(0.0, 4e5), y0=[1.0, 0.0, 0.0], method="BDF", rtol=1e-6,
+def test_radau_constants_against_scipys():
+    # A^-1's eigenvalues (the shifts of the real and complex systems) and the
+    # collocation polynomial's coefficients, derived, against SciPy's tables
+    from scipy.integrate._ivp import radau
+
+    from sciad.solvers.ode import _radau
+
+    mu_r, mu_c, T, TI, P = _radau.constants()
+    assert abs(mu_r - radau.MU_REAL) < 1e-13 and abs(mu_c - radau.MU_COMPLEX) < 1e-13
+    np.testing.assert_allclose(P, radau.P, atol=1e-13)
+    np.testing.assert_allclose(TI @ np.linalg.inv(_radau.A) @ T,
+                               [[mu_r, 0, 0], [0, mu_c.real, -mu_c.imag],
+                                [0, mu_c.imag, mu_c.real]], atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["BDF", pytest.param("Radau", marks=pytest.mark.slow)])
+def test_robertson_against_scipys_method_of_the_same_name(method):
+    """The stiff Robertson kinetics over 4e5 (rtol 1e-6, atol 1e-10): at
+    least the accuracy of SciPy's method of the same name against a tight
+    Radau solve, and its work (`nfev`, `njev`, `nlu`) within 2x of SciPy's,
+    counted as SciPy's."""
+    kw = dict(fun=robertson, t_span=(0.0, 4e5), y0=[1.0, 0.0, 0.0], method=method, rtol=1e-6,
               atol=1e-10, t_eval=ROBERTSON_TIMES)
     res, ref = sd.ode.solve_ivp(**kw), si.solve_ivp(**kw)
     exact = si.solve_ivp(**{**kw, "method": "Radau", "rtol": 1e-12, "atol": 1e-16}).y
@@ -60,7 +79,8 @@ def test_robertson_against_scipys_bdf():
 
 
 @pytest.mark.slow
-def test_nonstiff_and_backwards_against_scipy():
+@pytest.mark.parametrize("method", ["BDF", "Radau"])
+def test_nonstiff_and_backwards_against_scipy(method):
     # Lotka-Volterra forwards and a decay backwards (t_span decreasing)
     def lv(t, y):
         return [1.5 * y[0] - y[0] * y[1], -3.0 * y[1] + y[0] * y[1]]
@@ -69,7 +89,7 @@ def test_nonstiff_and_backwards_against_scipy():
                           (lambda t, y: [-0.5 * y[0], np.cos(t) * y[0]], (2.0, -1.0),
                            [1.0, 0.0])):
         te = np.linspace(*span, 6)
-        kw = dict(fun=fun, t_span=span, y0=y0, method="BDF", t_eval=te, rtol=1e-8,
+        kw = dict(fun=fun, t_span=span, y0=y0, method=method, t_eval=te, rtol=1e-8,
                   atol=1e-10)
         res, ref = sd.ode.solve_ivp(**kw), si.solve_ivp(**kw)
         exact = si.solve_ivp(**{**kw, "method": "DOP853", "rtol": 1e-13, "atol": 1e-13}).y
@@ -89,14 +109,16 @@ def brusselator(t, y, a, xp=snp):
     return xp.reshape(xp.stack([du, dv], axis=1), (-1,))
 
 
-def test_sparse_iteration_matrix_agrees_with_dense():
-    # the Brusselator's iteration matrix on its detected pattern (SuperLU on
-    # the host) and dense: the same solution to the tolerance, and SciPy's
+@pytest.mark.parametrize("solver", ["bdf", pytest.param("radau", marks=pytest.mark.slow)])
+def test_sparse_iteration_matrix_agrees_with_dense(solver):
+    # the Brusselator's iteration matrices on its detected pattern (SuperLU
+    # on the host; Radau's complex one as a real one of twice the size) and
+    # dense: the same solution to the tolerance, and SciPy's
     n = 16
     x = np.linspace(0, 1, n + 2)[1:-1]
     y0 = np.stack([1.0 + np.sin(2 * np.pi * x), np.full(n, 3.0)], axis=1).reshape(-1)
     ts = np.array([0.0, 1.0, 5.0])
-    f = sd.function(lambda y0, jac: sd.ode.odeint(brusselator, y0, ts, 0.02, solver="bdf",
+    f = sd.function(lambda y0, jac: sd.ode.odeint(brusselator, y0, ts, 0.02, solver=solver,
                                                   jac=jac, rtol=1e-8, atol=1e-8),
                     static_argnames="jac")
     sparse, dense = np.asarray(f(y0, jac="sparse")), np.asarray(f(y0, jac="dense"))
@@ -115,16 +137,17 @@ def _decay_pair(k, y0, solver="bdf", rtol=1e-10):
                          atol=rtol * 1e-2)
 
 
-def test_gradient_and_forward_mode_against_an_exact_derivative():
-    """Forward mode (the sensitivity system, also by BDF) and reverse mode
-    (the continuous adjoint against the interpolated solution) of a BDF
-    solve, against the discrete adjoint of a Tsit5 solve at rtol 1e-12 (the
-    exact derivative of a solution accurate to about 1e-12)."""
+@pytest.mark.parametrize("solver", ["bdf", pytest.param("radau", marks=pytest.mark.slow)])
+def test_gradient_and_forward_mode_against_an_exact_derivative(solver):
+    """Forward mode (the sensitivity system, by the same method) and reverse
+    mode (the continuous adjoint against the interpolated solution) of a BDF
+    or Radau solve, against the discrete adjoint of a Tsit5 solve at rtol
+    1e-12 (the exact derivative of a solution accurate to about 1e-12)."""
     rng = np.random.default_rng(3)
     k, y0 = rng.uniform(1.0, 2.0, 2), rng.uniform(0.5, 1.0, 2)
     w = rng.normal(size=(3, 2))
 
-    def loss(k, y0, solver="bdf", rtol=1e-10):
+    def loss(k, y0, solver=solver, rtol=1e-10):
         return snp.sum(_decay_pair(k, y0, solver, rtol) * w)
 
     exact = np.concatenate(sd.grad(lambda k, y0: loss(k, y0, "tsit5", 1e-12),
@@ -139,25 +162,29 @@ def test_gradient_and_forward_mode_against_an_exact_derivative():
 
 
 @pytest.mark.slow
-def test_check_rules():
+@pytest.mark.parametrize("solver", ["bdf", "radau"])
+def test_check_rules(solver):
     rng = np.random.default_rng(0)
-    sd.testing.check_rules(_decay_pair, rng.uniform(1.0, 2.0, 2), rng.uniform(0.5, 1.0, 2),
-                           rtol=1e-5, dot_tol=1e-7, second_order=False)
+    sd.testing.check_rules(lambda k, y0: _decay_pair(k, y0, solver), rng.uniform(1.0, 2.0, 2),
+                           rng.uniform(0.5, 1.0, 2), rtol=1e-5, dot_tol=1e-7,
+                           second_order=False)
 
 
-def test_refusals_name_the_fix():
+@pytest.mark.parametrize("solver", ["bdf", "radau"])
+def test_refusals_name_the_fix(solver):
     f = lambda t, y, a: -y  # noqa: E731
     y0, ts = np.ones(2), np.array([0.0, 1.0])
-    with pytest.raises(InvalidOptionError, match="adjoint='interpolated'"):
-        sd.ode.odeint(f, y0, ts, solver="bdf", adjoint="checkpoint")
+    with pytest.raises(InvalidOptionError, match="stage by stage.*adjoint='interpolated'"):
+        sd.ode.odeint(f, y0, ts, solver=solver, adjoint="checkpoint")
     with pytest.raises(InvalidOptionError, match="constant steps"):
-        sd.ode.odeint(f, y0, ts, solver="bdf", adaptive=False, dt0=0.1)
+        sd.ode.odeint(f, y0, ts, solver=solver, adaptive=False, dt0=0.1)
 
 
 @pytest.mark.slow
-def test_blow_up_stops_where_scipys_does():
-    # y' = y^2 from 1: the step collapses near t = 1, as SciPy's BDF's
-    kw = dict(fun=lambda t, y: [y[0] ** 2], t_span=(0.0, 2.0), y0=[1.0], method="BDF")
+@pytest.mark.parametrize("method", ["BDF", "Radau"])
+def test_blow_up_stops_where_scipys_does(method):
+    # y' = y^2 from 1: the step collapses near t = 1, as SciPy's
+    kw = dict(fun=lambda t, y: [y[0] ** 2], t_span=(0.0, 2.0), y0=[1.0], method=method)
     res, ref = sd.ode.solve_ivp(**kw), si.solve_ivp(**kw)
     assert res.status == ref.status == -1
     assert abs(res.t_reached - ref.t[-1]) < 5e-3 and np.all(np.isfinite(res.y))

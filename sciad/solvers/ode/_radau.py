@@ -1,0 +1,358 @@
+"""Radau IIA of order 5: the three-stage collocation method of Hairer and
+Wanner's RADAU5 ("Solving ODEs II", IV.8; the layout of SciPy's `Radau`),
+as one `jax.lax.while_loop`. Plain JAX, no graph: `ode.odeint`'s lowering
+calls `integrate` for the steppers whose `lowering` is "radau".
+
+Each step solves the stages' collocation system by a simplified Newton
+iteration in the variables `W = T^-1 Z` that split it into one real system
+`(mu_r / h - J) w_0 = ...` and one complex one `(mu_c / h - J) (w_1 + i
+w_2) = ...` (the eigenvalues of the method's `A^-1`): two factorizations per
+Jacobian and step size, each reused until the step size changes. `J` is
+evaluated again where the iteration fails with a stale one, or where it
+converged slowly (as RADAU5). The step size follows Gustafsson's predictive
+controller from the embedded error estimate (filtered through the real
+factorization), held where it would grow by less than `HOLD` so that the
+factorizations are kept. Steps land on every output time. The dense output
+is the collocation polynomial, which also starts each step's iteration.
+
+Iteration matrices dense (`jax.scipy.linalg`, complex for the complex one)
+or sparse on the pattern of `df/dy` (SuperLU on the host; the complex
+system as a real one of twice the size, `[[a - J, -b], [b, a - J]]`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.sparse as sp
+
+from . import _ode
+from ._bdf import Counts, Result, _rms, initial_step
+
+S6 = 6.0 ** 0.5
+#: the nodes, and the Butcher matrix of Radau IIA (order 5)
+C = np.array([(4 - S6) / 10, (4 + S6) / 10, 1.0])
+A = np.array([[(88 - 7 * S6) / 360, (296 - 169 * S6) / 1800, (-2 + 3 * S6) / 225],
+              [(296 + 169 * S6) / 1800, (88 + 7 * S6) / 360, (-2 - 3 * S6) / 225],
+              [(16 - S6) / 36, (16 + S6) / 36, 1 / 9]])
+#: the embedded error estimate's weights on the stages (Hairer and Wanner,
+#: IV.8, (8.20): `err = (mu_r / h - J)^-1 (f0 + Z^T E / h)`)
+E = np.array([-13 - 7 * S6, -13 + 7 * S6, -1.0]) / 3
+NEWTON_MAXITER = 6
+MIN_FACTOR, MAX_FACTOR = 0.2, 10.0
+#: a step size that would grow by less than this is held (the
+#: factorizations kept)
+HOLD = 1.2
+
+
+@functools.lru_cache(maxsize=None)
+def constants():
+    """`(mu_real, mu_complex, T, TI, P)`: `A^-1`'s real eigenvalue and the
+    complex one the transformed system solves with, the transformation (`Z
+    = T W`, `TI = T^-1`, `TI A^-1 T` block diagonal), and `P`, the
+    collocation polynomial's coefficients from the stages (`y(t0 + x h) =
+    y0 + (Z^T P) [x, x^2, x^3]`)."""
+    lam, V = np.linalg.eig(np.linalg.inv(A))
+    real = int(np.argmin(np.abs(lam.imag)))
+    cplx = int(np.argmax(lam.imag))  # the eigenvalue alpha + i beta, beta > 0
+    v_r = V[:, real].real
+    v_c = V[:, cplx]
+    T = np.stack([v_r / v_r[-1], v_c.real, v_c.imag], axis=1)
+    TI = np.linalg.inv(T)
+    # TI A^-1 T = [[mu_r, 0, 0], [0, a, b], [0, -b, a]]: w_1 + i w_2 solves
+    # with a - i b
+    mu_real = float(lam[real].real)
+    mu_complex = complex(lam[cplx].real, -lam[cplx].imag)
+    V3 = np.stack([C, C ** 2, C ** 3], axis=1)
+    P = np.linalg.inv(V3).T
+    return mu_real, mu_complex, T, TI, P
+
+
+class _Linear(NamedTuple):
+    jacobian: Callable   # (t, y) -> J
+    factor: Callable     # (J, h) -> (real factorization, complex factorization)
+    solve_real: Callable     # (lu, b) -> x
+    solve_complex: Callable  # (lu, b) -> x (complex b)
+
+
+def _dense_linear(field, n, dtype):
+    mu_r, mu_c, *_ = constants()
+    eye = jnp.eye(n, dtype=dtype)
+    cdtype = jnp.result_type(dtype, jnp.complex64)
+
+    def jacobian(t, y):
+        return jax.jacfwd(lambda z: field(t, z))(y)
+
+    def factor(J, h):
+        real = jax.scipy.linalg.lu_factor(mu_r / h * eye - J)
+        cplx = jax.scipy.linalg.lu_factor((mu_c / h) * eye.astype(cdtype) - J.astype(cdtype))
+        return real, cplx
+
+    return _Linear(jacobian, factor, jax.scipy.linalg.lu_solve, jax.scipy.linalg.lu_solve)
+
+
+@functools.lru_cache(maxsize=32)
+def _doubled(pattern):
+    """The pattern of `[[P, I], [I, P]]` (`P` with its diagonal), and where
+    its entries come from: `(pattern2, from_P, diagonal_of_block)` with
+    `from_P[k]` the entry of `P` at position `k` (or -1) and the block
+    diagonals' positions (-1 elsewhere): `(upper right, lower left)`."""
+    n = pattern.shape[0]
+    p = sp.csr_matrix((np.arange(1, pattern.nnz + 1, dtype=np.float64), pattern.indices,
+                       pattern.indptr), shape=pattern.shape)
+    big = sp.bmat([[p, -sp.eye(n)], [-2 * sp.eye(n), p]], format="csr")
+    big.sort_indices()
+    vals = big.data
+    from_p = np.where(vals > 0, vals - 1, -1).astype(np.int64)
+    upper = np.flatnonzero(vals == -1)
+    lower = np.flatnonzero(vals == -2)
+    pat = type(pattern)(big.shape, big.indptr, big.indices)
+    for a in (from_p, upper, lower):
+        a.setflags(write=False)
+    return pat, from_p, upper, lower
+
+
+def _sparse_linear(field, pattern):
+    mu_r, mu_c, *_ = constants()
+    pattern = _ode._with_diagonal(pattern)
+    eye = _ode._structure(pattern)[2]
+    from .._coloring import coloring
+    from ..nonlinear._nonlinear import colored_values
+
+    colors = coloring(pattern)
+    big, from_p, upper, lower = _doubled(pattern)
+    n = pattern.shape[0]
+
+    def jacobian(t, y):
+        return colored_values(lambda z: field(t, z), pattern, colors)(y)
+
+    def factor(J, h):
+        I = jnp.asarray(eye, J.dtype)
+        real = mu_r / h * I - J
+        a, b = mu_c.real / h, mu_c.imag / h
+        block = a * I - J
+        values = jnp.where(from_p >= 0, block[jnp.maximum(from_p, 0)], 0.0)
+        values = values.at[upper].set(-b).at[lower].set(b)
+        return (real, _ode._factor(pattern, real)), (values, _ode._factor(big, values))
+
+    def solve_real(lu, rhs):
+        values, handle = lu
+        return _ode._solve(pattern, handle, values, rhs.astype(values.dtype), False, False)
+
+    def solve_complex(lu, rhs):
+        values, handle = lu
+        x = _ode._solve(big, handle, values, jnp.concatenate([rhs.real, rhs.imag]),
+                        False, False)
+        return x[:n] + 1j * x[n:]
+
+    return _Linear(jacobian, factor, solve_real, solve_complex)
+
+
+class _State(NamedTuple):
+    t: jax.Array
+    y: jax.Array
+    f: jax.Array
+    Q: jax.Array        # the last step's collocation polynomial's coefficients (n, 3)
+    t_old: jax.Array    # and its start
+    h_old: jax.Array    # and size (0: none yet)
+    err_old: jax.Array  # its error norm (nan: none)
+    h_want: jax.Array
+    rejected: jax.Array
+    J: jax.Array
+    J_fresh: jax.Array
+    lus: object
+    lu_h: jax.Array     # the step size the factorizations are for (nan: none)
+    i_next: jax.Array
+    ys: jax.Array
+    accepted: jax.Array
+    steps: jax.Array
+    status: jax.Array
+    h_last: jax.Array
+    grid: jax.Array
+    states: jax.Array
+    counts: Counts
+
+
+def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: int,
+              m: int | None = None, jac: str = "dense", pattern=None, dt0=None, dtmax=None,
+              record: bool = True, dense: bool = False) -> Result:
+    """Integrates `dy/dt = field(t, y)` from `y(ts[0]) = y0` with Radau IIA
+    (see the module docstring); `ts` increasing. `m`: the error control
+    reads the first `m` elements (all: None)."""
+    mu_r, mu_c, T, TI, P = constants()
+    n = y0.shape[0]
+    m = n if m is None else m
+    dtype = y0.dtype
+    cdtype = jnp.result_type(dtype, jnp.complex64)
+    t0, t_end = ts[0], ts[-1]
+    eps = float(np.finfo(dtype).eps)
+    newton_tol = max(10 * eps / rtol, min(0.03, rtol ** 0.5))
+    linear = _sparse_linear(field, pattern) if jac == "sparse" else \
+        _dense_linear(field, n, dtype)
+    Cj, Ej, Tj, TIj, Pj = (jnp.asarray(a, dtype) for a in (C, E, T, TI, P))
+    ti_real, ti_complex = TIj[0], (TIj[1] + 1j * TIj[2]).astype(cdtype)
+    max_step = jnp.inf if dtmax is None else float(dtmax)
+
+    f0 = field(t0, y0)
+    h0 = initial_step(field, t0, y0, f0, t_end - t0, rtol, atol, m, order=3) \
+        if dt0 is None else jnp.asarray(dt0, dtype)
+    h0 = jnp.minimum(h0, max_step).astype(dtype)
+    J0 = linear.jacobian(t0, y0)
+    s0 = _State(
+        t=t0, y=y0, f=f0, Q=jnp.zeros((n, 3), dtype), t_old=t0, h_old=jnp.zeros((), dtype),
+        err_old=jnp.asarray(jnp.nan, dtype), h_want=h0, rejected=jnp.asarray(False),
+        J=J0, J_fresh=jnp.asarray(True), lus=linear.factor(J0, h0),
+        lu_h=jnp.asarray(jnp.nan, dtype), i_next=jnp.asarray(1, jnp.int32),
+        ys=jnp.zeros((ts.shape[0], n), dtype).at[0].set(y0),
+        accepted=jnp.asarray(0, jnp.int32), steps=jnp.asarray(0, jnp.int32),
+        status=jnp.asarray(-1, jnp.int32), h_last=jnp.zeros((), dtype),
+        grid=jnp.full((max_steps + 1 if record else 1,), t_end, dtype).at[0].set(t0),
+        states=jnp.zeros((max_steps + 1 if dense else 1, n), dtype).at[0].set(y0),
+        counts=Counts(*(jnp.asarray(k, jnp.int32) for k in (
+            2 if dt0 is None else 1, 1, 0))))
+
+    def newton(t, y, h, Z0, lus, scale):
+        """The simplified Newton iteration on the collocation system:
+        `(converged, iterations, Z, rate, evaluations)`."""
+        lu_real, lu_complex = lus
+        m_real, m_complex = mu_r / h, mu_c / h
+
+        def cond(s):
+            k, _, _, _, done, failed = s[:6]
+            return (k < NEWTON_MAXITER) & ~done & ~failed
+
+        def body(s):
+            k, W, Z, old, done, failed, rate, nf = s
+            F = jax.vmap(lambda c, z: field(t + c * h, y + z))(Cj, Z)  # (3, n)
+            finite = jnp.all(jnp.isfinite(F))
+            f_real = F.T @ ti_real - m_real * W[0]
+            f_complex = F.T.astype(cdtype) @ ti_complex - m_complex * (W[1] + 1j * W[2])
+            dw_real = linear.solve_real(lu_real, f_real)
+            dw_complex = linear.solve_complex(lu_complex, f_complex)
+            dW = jnp.stack([dw_real, dw_complex.real.astype(dtype),
+                            dw_complex.imag.astype(dtype)])
+            size = _rms(dW / scale)
+            new_rate = jnp.where(k > 0, size / old, rate)
+            bad = (k > 0) & ((new_rate >= 1) | (new_rate ** (NEWTON_MAXITER - k)
+                                                 / (1 - new_rate) * size > newton_tol))
+            bad = bad | ~finite | ~jnp.isfinite(size)
+            W2 = jnp.where(bad, W, W + dW)
+            Z2 = jnp.where(bad, Z, Tj @ W2)
+            ok = ~bad & ((size == 0) | ((k > 0) & (new_rate / (1 - new_rate) * size
+                                                   < newton_tol)))
+            return k + 1, W2, Z2, size, ok, bad, new_rate, nf + 3
+
+        k, _, Z, _, done, _, rate, nf = jax.lax.while_loop(
+            cond, body, (jnp.asarray(0, jnp.int32), TIj @ Z0, Z0, jnp.asarray(jnp.inf, dtype),
+                         jnp.asarray(False), jnp.asarray(False),
+                         jnp.asarray(jnp.nan, dtype), jnp.asarray(0, jnp.int32)))
+        return done, k, Z, rate, nf
+
+    def predict(h, h_old, err, err_old):
+        """Gustafsson's predictive step factor (SciPy's `predict_factor`)."""
+        mult = jnp.where((h_old > 0) & jnp.isfinite(err_old) & (err > 0),
+                         h / h_old * (err_old / err) ** 0.25, 1.0)
+        return jnp.minimum(1.0, mult) * jnp.where(err > 0, err ** -0.25, jnp.inf)
+
+    def attempt(s: _State) -> _State:
+        t_bound = ts[s.i_next]
+        h_use = jnp.minimum(jnp.minimum(s.h_want, max_step), t_bound - s.t)
+        land = h_use >= t_bound - s.t
+        t_new = jnp.where(land, t_bound, s.t + h_use)
+        h = t_new - s.t
+        # the stages started from the last step's collocation polynomial
+        x = (s.t + h * Cj - s.t_old) / jnp.where(s.h_old > 0, s.h_old, 1.0)
+        powers = jnp.stack([x, x ** 2, x ** 3], axis=1)  # (3, 3)
+        # (u(t) = y_old + Q [x, x^2, x^3], and y = u(t_old + h_old))
+        Z0 = jnp.where(s.h_old > 0, powers @ s.Q.T - jnp.sum(s.Q, axis=1), 0.0)
+        scale = atol + jnp.abs(s.y) * rtol
+
+        def pass_cond(p):
+            k, done, fresh = p[0], p[1], p[3]
+            return (k == 0) | ((k == 1) & ~done & ~fresh)
+
+        def pass_body(p):
+            k, _, J, fresh, lus, lu_h, _, _, _, counts = p
+            renew = k > 0
+            J = jax.lax.cond(renew, lambda: linear.jacobian(s.t, s.y), lambda: J)
+            fresh = fresh | renew
+            refactor = renew | (lu_h != h)
+            lus = jax.lax.cond(refactor, lambda: linear.factor(J, h), lambda: lus)
+            lu_h = jnp.where(refactor, h, lu_h)
+            done, iters, Z, rate, nf = newton(s.t, s.y, h, Z0, lus, scale)
+            counts = Counts(counts.nfev + nf, counts.njev + renew.astype(jnp.int32),
+                            counts.nlu + 2 * refactor.astype(jnp.int32))
+            return k + 1, done, J, fresh, lus, lu_h, iters, Z, rate, counts
+
+        _, converged, J, fresh, lus, lu_h, iters, Z, rate, counts = jax.lax.while_loop(
+            pass_cond, pass_body, (jnp.asarray(0, jnp.int32), jnp.asarray(False), s.J,
+                                   s.J_fresh, s.lus, s.lu_h, jnp.asarray(0, jnp.int32), Z0,
+                                   jnp.asarray(jnp.nan, dtype), s.counts))
+        y_new = s.y + Z[-1]
+        ZE = Z.T @ Ej / h
+        error = linear.solve_real(lus[0], s.f + ZE)
+        scale = atol + jnp.maximum(jnp.abs(s.y), jnp.abs(y_new)) * rtol
+        err = _rms((error / scale)[:m])
+        # a rejected step's estimate filtered once more (RADAU5)
+        again = converged & s.rejected & (err > 1)
+        error, err, counts = jax.lax.cond(
+            again,
+            lambda: (lambda e: (e, _rms((e / scale)[:m]),
+                                counts._replace(nfev=counts.nfev + 1)))(
+                linear.solve_real(lus[0], field(s.t, s.y + error) + ZE)),
+            lambda: (error, err, counts))
+        safety = 0.9 * (2 * NEWTON_MAXITER + 1) / (2 * NEWTON_MAXITER + iters)
+        accept = converged & (err <= 1)
+        factor = predict(h, s.h_old, err, s.err_old)
+        shrink = jnp.where(converged, jnp.maximum(MIN_FACTOR, safety * factor), 0.5)
+        grow = jnp.minimum(MAX_FACTOR, safety * factor)
+        renew_jac = (iters > 2) & (rate > 1e-3)
+        grow = jnp.where(~renew_jac & (grow < HOLD), 1.0, grow)
+
+        steps = s.steps + 1
+        f_new = jax.lax.cond(accept, lambda: field(t_new, y_new), lambda: s.f)
+        counts = counts._replace(nfev=counts.nfev + accept.astype(jnp.int32))
+        J_next = jax.lax.cond(accept & renew_jac, lambda: linear.jacobian(t_new, y_new),
+                              lambda: J)
+        counts = counts._replace(njev=counts.njev + (accept & renew_jac).astype(jnp.int32))
+        k = s.accepted + accept.astype(jnp.int32)
+        hit = accept & land
+        ys = jax.lax.cond(hit, lambda: s.ys.at[s.i_next].set(y_new), lambda: s.ys)
+        kk = jnp.minimum(k, s.grid.shape[0] - 1)
+        grid = s.grid.at[kk].set(jnp.where(accept & record, t_new, s.grid[kk]))
+        states = s.states
+        if dense:
+            states = jax.lax.cond(accept, lambda: states.at[k].set(y_new), lambda: states)
+        t_next = jnp.where(accept, t_new, s.t)
+        spacing = jnp.abs(jnp.nextafter(t_next, jnp.asarray(jnp.inf, dtype)) - t_next)
+        h_want = jnp.where(accept, h * grow, h * shrink)
+        done = hit & (s.i_next == ts.shape[0] - 1)
+        status = jnp.where(done, 0, -1)
+        status = jnp.where((status < 0) & (h_want < _ode.MIN_STEP_ULPS * spacing), 2, status)
+        status = jnp.where((status < 0) & (steps >= max_steps), 1, status)
+        # (a failed iteration, or a rejected step: the factorizations are
+        # made again for the next step size)
+        return _State(
+            t=t_next, y=jnp.where(accept, y_new, s.y), f=f_new,
+            Q=jnp.where(accept, Z.T @ Pj, s.Q), t_old=jnp.where(accept, s.t, s.t_old),
+            h_old=jnp.where(accept, h, s.h_old), err_old=jnp.where(accept, err, s.err_old),
+            h_want=h_want, rejected=~accept, J=J_next,
+            J_fresh=jnp.where(accept, renew_jac, fresh), lus=lus,
+            lu_h=jnp.where(accept & (renew_jac | (grow != 1.0)), jnp.nan, lu_h),
+            i_next=s.i_next + hit.astype(jnp.int32), ys=ys, accepted=k, steps=steps,
+            status=status.astype(jnp.int32), h_last=jnp.where(accept, h, s.h_last),
+            grid=grid, states=states, counts=counts)
+
+    end = jax.lax.while_loop(lambda s: s.status < 0, attempt, s0)
+    reached = jnp.arange(ts.shape[0]) < end.i_next
+    ys = jnp.where(reached[:, None], end.ys, jnp.inf)
+    return Result(ys=ys, status=end.status, accepted=end.accepted, steps=end.steps,
+                  t_reached=end.t, h_last=end.h_last,
+                  ymax=jnp.where(end.accepted > 0, jnp.max(jnp.abs(end.y[:m]), initial=0.0),
+                                 jnp.inf),
+                  grid=end.grid if record else None, states=end.states if dense else None,
+                  counts=end.counts)
