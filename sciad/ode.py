@@ -642,7 +642,12 @@ def _event_inline(f, y0, t_span, event, args, direction: int, kw) -> Event:
 
 #: SciPy's method names -> sciad's solvers
 SCIPY_METHODS = {"RK45": "dopri5", "RK23": "bosh3", "DOP853": "dopri8", "Radau": "radau",
-                 "BDF": "bdf", "LSODA": "kvaerno5"}
+                 "BDF": "bdf"}
+#: SciPy's methods sciad does not run, each with what to use instead
+SCIPY_REFUSED = {"LSODA": (
+    "LSODA switches between a non-stiff Adams method and BDF as it detects stiffness, "
+    "which sciad does not do (it has no Adams method): use method='BDF' (or 'Radau') for a "
+    "stiff problem and 'RK45' (or 'DOP853') for a non-stiff one")}
 #: SciPy's `message` for each `status`
 SCIPY_MESSAGES = {0: "The solver successfully reached the end of the integration interval.",
                   1: "A termination event occurred.", -1: "Integration step failed."}
@@ -841,6 +846,9 @@ def _ivp_times(t0, t1, t_eval, backward: bool, op: str):
 def _ivp_method(method, op: str) -> str:
     """sciad's solver for SciPy's method: a name (SciPy's or sciad's) or
     one of SciPy's `OdeSolver` classes (`scipy.integrate.RK45`, ...)."""
+    name = method.__name__ if isinstance(method, type) else method
+    if isinstance(name, str) and name in SCIPY_REFUSED:
+        raise NotSupportedError(f"method={name!r}: {SCIPY_REFUSED[name]}.", op=op)
     if isinstance(method, type):
         name = method.__name__
         if name in SCIPY_METHODS and method.__module__.startswith("scipy.integrate"):
@@ -963,8 +971,8 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
       `"RK23"` Bogacki-Shampine; the stiff `"BDF"` and `"Radau"` are
       SciPy's methods, sciad's `"bdf"` (variable order 1-5) and `"radau"`
       (Radau IIA, order 5), their `nfev`, `njev` and `nlu` counted as
-      SciPy's; `"LSODA"` maps to the ESDIRK method `"kvaerno5"`), or
-      sciad's solvers;
+      SciPy's; `"LSODA"`, whose stiffness switching sciad does not have,
+      is refused with what to use instead), or sciad's solvers;
     - `t_eval` within `t_span`, sorted in its direction (default: the two
       ends of `t_span`, as sciad's outputs have a static size; SciPy returns
       its steps);

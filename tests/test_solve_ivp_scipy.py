@@ -128,13 +128,20 @@ def test_first_step():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cls", [si.RK45, si.RK23, si.DOP853, si.Radau, si.BDF, si.LSODA])
+@pytest.mark.parametrize("cls", [si.RK45, si.RK23, si.DOP853, si.Radau, si.BDF])
 def test_methods_as_scipys_classes(cls):
     ref, res = both(method=cls, t_eval=[1.0, 2.0], **TIGHT)
     ref_named = sd.ode.solve_ivp(decay, (0.0, 2.0), [1.0, 0.0], method=cls.__name__,
                                  t_eval=[1.0, 2.0], args=(0.5,), **TIGHT)
     np.testing.assert_allclose(res.y, ref.y, rtol=1e-7)
     np.testing.assert_array_equal(res.y, ref_named.y)
+
+
+def test_lsoda_is_refused_with_what_to_use():
+    # (it ran Kvaerno5 under LSODA's name, which switches between Adams and BDF)
+    for method in ("LSODA", si.LSODA):
+        with pytest.raises(NotSupportedError, match="method='BDF'.*'RK45'"):
+            sd.ode.solve_ivp(decay, (0.0, 1.0), [1.0, 0.0], method=method, args=(0.5,))
 
 
 def test_other_method_classes_are_refused_by_name():

@@ -208,10 +208,13 @@ def continuous_vjp(primals, outs, ct, params, interpolated: bool):
     extra = [outs.states, grid, nsteps] if interpolated else []
     m = len(ctypes)
 
-    def body(*a):  # in reversed time s = -t: dS/ds = -dS/dt
+    # in reversed time s = end - t from each interval's end (near 0, where
+    # floating-point times resolve the short steps a stiff adjoint starts
+    # with, which t = 4e5 cannot): dS/ds = -dS/dt
+    def body(*a):
         cs, rest = list(a[:m]), list(a[m:])
-        s, S = rest[-2], rest[-1]
-        t = -s
+        end, s, S = rest[-3], rest[-2], rest[-1]
+        t = end - s
         if interpolated:
             y, lam = hermite(*rest[:3], graph, cs, t), S[:n]
         else:
@@ -226,7 +229,7 @@ def continuous_vjp(primals, outs, ct, params, interpolated: bool):
     lead = 0 if interpolated else n  # where lambda starts in the state
     total = lead + n + sum(sizes)
     g, closed, _ = trace_body(body, ctypes + [type_of(e) for e in extra] +
-                              [TensorType((), dtype), TensorType((total,), dtype)],
+                              [TensorType((), dtype)] * 2 + [TensorType((total,), dtype)],
                               name="adjoint")
     assert not closed
     # (an implicit solver's Newton matrices: sparse if the forward's are, the
@@ -242,7 +245,8 @@ def continuous_vjp(primals, outs, ct, params, interpolated: bool):
 
     def interval(S, x):  # from ts[i + 1] back to ts[i], then the jump of ct[i]
         lo, hi, c = x
-        S = OdeintOutputs.of(odeint_p.bind(*consts, *extra, S, ops.stack([-hi, -lo]), **p)).ys[1]
+        span = ops.stack([ops.zeros_like(hi), hi - lo])
+        S = OdeintOutputs.of(odeint_p.bind(*consts, *extra, hi, S, span, **p)).ys[1]
         return ops.concatenate([S[:lead], S[lead:lead + n] + c, S[lead + n:]]), None
 
     S, _ = scan(interval, S, (ts[:-1], ts[1:], ct[:-1]), reverse=True)

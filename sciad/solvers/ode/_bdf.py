@@ -168,7 +168,13 @@ def initial_step(field, t0, y0, f0, span, rtol, atol, m, order=1):
     d2 = _rms((f1[:m] - f0[:m]) / scale) / h0
     h1 = jnp.where((d1 <= 1e-15) & (d2 <= 1e-15), jnp.maximum(1e-6, h0 * 1e-3),
                    (0.01 / jnp.maximum(d1, d2)) ** (1.0 / (order + 1)))
-    return jnp.minimum(jnp.minimum(100 * h0, h1), span)
+    h = jnp.minimum(jnp.minimum(100 * h0, h1), span)
+    # at least a step that moves t by a few hundred of its floating-point
+    # spacings (a tiny atol on a fast component asks for less, which t
+    # far from 0, as where an adjoint integrates backwards from a late time,
+    # cannot represent), within the span
+    spacing = jnp.abs(jnp.nextafter(t0, jnp.asarray(jnp.inf, t0.dtype)) - t0)
+    return jnp.minimum(jnp.maximum(h, 10 * _ode.MIN_STEP_ULPS * spacing), span)
 
 
 class _State(NamedTuple):
