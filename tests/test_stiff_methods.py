@@ -109,7 +109,8 @@ def brusselator(t, y, a, xp=snp):
     return xp.reshape(xp.stack([du, dv], axis=1), (-1,))
 
 
-@pytest.mark.parametrize("solver", ["bdf", pytest.param("radau", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("solver", ["bdf", "radau"])
 def test_sparse_iteration_matrix_agrees_with_dense(solver):
     # the Brusselator's iteration matrices on its detected pattern (SuperLU
     # on the host; Radau's complex one as a real one of twice the size) and
@@ -128,6 +129,42 @@ def test_sparse_iteration_matrix_agrees_with_dense(solver):
     np.testing.assert_allclose(sparse, dense, atol=1e-6)
 
 
+@pytest.mark.parametrize("solver", ["bdf", pytest.param("radau", marks=pytest.mark.slow)])
+def test_gradient_and_forward_mode_against_an_exact_derivative(solver):
+    """Forward mode (the sensitivity system, by the same method) and reverse
+    mode (the continuous adjoint against the interpolated solution) of a BDF
+    or Radau solve of a stiff linear system, against the exact derivative of
+    its exact solution `expm(A(k) t) y0` (Frechet derivatives of `expm`)."""
+    from scipy.linalg import expm, expm_frechet
+
+    rng = np.random.default_rng(3)
+    k, y0 = rng.uniform(1.0, 2.0, 2), rng.uniform(0.5, 1.0, 2)
+    ts = np.array([0.0, 0.5, 1.0])
+    w = rng.normal(size=(3, 2))
+
+    def matrix(k, xp=np):
+        return xp.stack([xp.stack([-50.0 * k[0], k[1]]), xp.stack([k[1], -k[0] - k[1]])])
+
+    def loss(k, y0):
+        ys = sd.ode.odeint(lambda t, y, k: matrix(k, snp) @ y, y0, ts, k, solver=solver,
+                           rtol=1e-10, atol=1e-12)
+        return snp.sum(ys * w)
+
+    A = matrix(k)
+    dA = [matrix(np.eye(2)[j]) - matrix(np.zeros(2)) for j in range(2)]
+    exact_k = [sum(w[i] @ expm_frechet(A * t, d * t, compute_expm=False) @ y0
+                   for i, t in enumerate(ts)) for d in dA]
+    exact_y0 = sum(expm(A * t).T @ w[i] for i, t in enumerate(ts))
+    exact = np.concatenate([exact_k, exact_y0])
+    grad = np.concatenate(sd.grad(loss, argnums=(0, 1))(k, y0))
+    v = rng.normal(size=4)
+    _, tangent = sd.jvp(loss, (k, y0), (v[:2], v[2:]))
+    scale = np.abs(exact).max()
+    # both to about the tolerance
+    assert abs(float(tangent) - exact @ v) <= 1e-8 * scale * np.abs(v).sum()
+    np.testing.assert_allclose(grad, exact, rtol=0, atol=1e-8 * scale)
+
+
 def _decay_pair(k, y0, solver="bdf", rtol=1e-10):
     # a nonlinear two-state system with a time-dependent coupling: smooth in
     # its inputs
@@ -135,30 +172,6 @@ def _decay_pair(k, y0, solver="bdf", rtol=1e-10):
                                                     -k[1] * y[1] + snp.sin(t) * y[0]]),
                          y0, np.array([0.0, 0.5, 1.0]), k, solver=solver, rtol=rtol,
                          atol=rtol * 1e-2)
-
-
-@pytest.mark.parametrize("solver", ["bdf", pytest.param("radau", marks=pytest.mark.slow)])
-def test_gradient_and_forward_mode_against_an_exact_derivative(solver):
-    """Forward mode (the sensitivity system, by the same method) and reverse
-    mode (the continuous adjoint against the interpolated solution) of a BDF
-    or Radau solve, against the discrete adjoint of a Tsit5 solve at rtol
-    1e-12 (the exact derivative of a solution accurate to about 1e-12)."""
-    rng = np.random.default_rng(3)
-    k, y0 = rng.uniform(1.0, 2.0, 2), rng.uniform(0.5, 1.0, 2)
-    w = rng.normal(size=(3, 2))
-
-    def loss(k, y0, solver=solver, rtol=1e-10):
-        return snp.sum(_decay_pair(k, y0, solver, rtol) * w)
-
-    exact = np.concatenate(sd.grad(lambda k, y0: loss(k, y0, "tsit5", 1e-12),
-                                   argnums=(0, 1))(k, y0))
-    grad = np.concatenate(sd.grad(loss, argnums=(0, 1))(k, y0))
-    v = rng.normal(size=4)
-    _, tangent = sd.jvp(loss, (k, y0), (v[:2], v[2:]))
-    scale = np.abs(exact).max()
-    # both to about the tolerance (measured: 1.1e-9 and 5.9e-10 relative)
-    assert abs(float(tangent) - exact @ v) <= 1e-8 * scale * np.abs(v).sum()
-    np.testing.assert_allclose(grad, exact, rtol=0, atol=1e-8 * scale)
 
 
 @pytest.mark.slow
@@ -189,3 +202,40 @@ def test_blow_up_stops_where_scipys_does(method):
     assert res.status == ref.status == -1
     assert abs(res.t_reached - ref.t[-1]) < 5e-3 and np.all(np.isfinite(res.y))
     assert res.y[0, -1] > 1e10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("solver", ["bdf", "radau"])
+def test_jax_transforms_of_to_jax(solver):
+    # jax.jit, jax.grad and jax.vmap of the program sd.to_jax makes: the same
+    # values and gradient as sciad's own
+    import jax
+
+    rng = np.random.default_rng(5)
+    k, y0 = rng.uniform(1.0, 2.0, 2), rng.uniform(0.5, 1.0, 2)
+
+    def loss(k):
+        return snp.sum(_decay_pair(k, y0, solver) ** 2)
+
+    f = sd.to_jax(loss)
+    np.testing.assert_allclose(float(jax.jit(f)(k)), float(sd.function(loss)(k)), rtol=1e-12)
+    # (two programs compiled apart: rounding may move an adaptive step, so
+    # they agree to the solve's tolerance, 1e-10, not to rounding)
+    np.testing.assert_allclose(np.asarray(jax.grad(f)(k)), np.asarray(sd.grad(loss)(k)),
+                               rtol=1e-8)
+    ks = np.stack([k, k * 1.1])
+    np.testing.assert_allclose(np.asarray(jax.vmap(f)(ks)),
+                               [float(sd.function(loss)(x)) for x in ks], rtol=1e-9)
+
+
+def test_a_failed_solve_raises_under_the_derivatives():
+    # a field that turns NaN (sqrt of a negative state) stops the solve; its
+    # gradient reports the failure before any adjoint runs
+    from sciad.errors import ConvergenceError
+
+    def loss(a):
+        return sd.ode.odeint(lambda t, y, a: -snp.sqrt(y) * a, np.array([1.0]),
+                             np.array([0.0, 5.0]), a, solver="bdf")[-1, 0]
+
+    with pytest.raises(ConvergenceError, match="bdf integration failed"):
+        sd.grad(loss)(2.0)
