@@ -68,7 +68,7 @@ from .primitives._scan import fori_loop
 from .primitives._ode import STATUS, SOLVERS, OdeintOutputs, odeint_p
 from .primitives._ode_adjoint import ADJOINTS, INTERPOLATED
 from .primitives._ode_events import event_guard_p
-from .primitives._ode_field import field_body, part_of
+from .primitives._ode_field import field_body, part_of, with_mass_entries
 from .primitives._ode_interp import hermite_at
 from .primitives._stop_gradient import stop_gradient
 
@@ -105,7 +105,8 @@ def _check_times(ts, op: str):
 
 def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, dt0, adaptive,
                    jac, checkpoints, throw, op, every_step: bool = False, dtmax=None,
-                   reached: bool = False, count: bool = False):
+                   reached: bool = False, count: bool = False, mass=None,
+                   dae_init: str = "check"):
     leaves, ytree = _tree.tree_flatten(y0, is_leaf=lambda v: isinstance(v, Tracer))
     if not leaves:
         raise ShapeError("`y0` has no arrays.", op=op)
@@ -152,6 +153,8 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
 
     def field(*a):  # [dy/dt], or an IMEX solver's [non-stiff part, stiff part]
         *ls, t, y = a
+        if mass is not None:  # (the mass matrix's operand: taken, not read)
+            ls = ls[:-1]
         y, a = unflatten(y), rebuild(ls)
         if not isinstance(f, tuple):
             out = flat_value(f, t, y, a, "f")
@@ -160,7 +163,12 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
         return parts if imex else [parts[0] + parts[1]]
 
     scalar = type_of(snp.zeros((), dtype))
+    n = sum(sizes)
+    held_mass = []  # (the mass matrix's operand and its pattern, where given)
+    if mass is not None:
+        held_mass = list(_mass_operand(mass, n, dtype, solver, op))
     graph, consts, _ = trace_body(field, [type_of(v) for v in vals] +
+                                  [type_of(m) for m in held_mass[:1]] +
                                   [scalar, type_of(flat0)],
                                   name=getattr(f, "__name__", "f"))
     if jac not in (None, "dense", "sparse"):
@@ -184,7 +192,21 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
         params["checkpoints"] = int(checkpoints)
     if count:
         params["count"] = True
-    outs = OdeintOutputs.of(odeint_p.bind(*consts, *vals, flat0, ts, **params), count)
+    operands = list(consts) + list(vals)
+    if mass is not None:
+        values, mass_pattern = held_mass
+        if pattern is not None:  # (the Newton matrices hold the mass's entries too)
+            params["pattern"] = with_mass_entries(pattern, mass_pattern)
+        params["mass"] = len(operands)
+        if mass_pattern is not None:
+            params["mass_pattern"] = mass_pattern
+        operands.append(values)
+        if dae_init == "solve":
+            flat0 = _consistent(field, operands, flat0, ts, mass, op)
+        elif dae_init != "check":
+            raise InvalidOptionError(f"`dae_init` must be 'check' or 'solve', got "
+                                     f"{plain(dae_init)}.", op=op)
+    outs = OdeintOutputs.of(odeint_p.bind(*operands, flat0, ts, **params), count)
     ys, status, nsteps = outs.ys, outs.status, outs.steps
     work = (outs.work,) if count else ()  # (nfev, njev, nlu), last where asked for
     if every_step:  # (the interpolated adjoint's node: its step grid and states)
@@ -195,6 +217,98 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
         return (unflatten(ys, type_of(ts).shape), status, nsteps,
                 snp.take(outs.grid, nsteps)) + work
     return (unflatten(ys, type_of(ts).shape), status, nsteps) + work
+
+
+class _Mass:
+    """A constant mass matrix (`odeint(mass=...)`), held as CSR, compared and
+    hashed by content (it keys compiled programs)."""
+
+    def __init__(self, matrix, op: str):
+        import scipy.sparse as sp
+
+        if isinstance(matrix, Tracer):
+            raise NotSupportedError(
+                "the mass matrix must be a constant (a NumPy array or a SciPy sparse "
+                "matrix), not a traced value: its derivative is not formed.", op=op)
+        m = sp.csr_matrix(matrix) if sp.issparse(matrix) else \
+            sp.csr_matrix(np.asarray(matrix))
+        if m.ndim != 2 or m.shape[0] != m.shape[1] or m.dtype.kind not in "fiub":
+            raise ShapeError(f"the mass matrix must be a real square matrix, got "
+                             f"{m.dtype} of shape {m.shape}.", op=op)
+        m = sp.csr_matrix(m, dtype=np.float64)
+        if not np.all(np.isfinite(m.data)):
+            raise InvalidOptionError("the mass matrix must be finite.", op=op)
+        m.eliminate_zeros()
+        m.sum_duplicates()
+        m.sort_indices()
+        self.matrix = m
+        self._key = (m.shape, m.indptr.tobytes(), m.indices.tobytes(), m.data.tobytes())
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __eq__(self, other):
+        return isinstance(other, _Mass) and self._key == other._key
+
+    def __repr__(self):
+        return f"_Mass({self.matrix.shape}, nnz={self.matrix.nnz})"
+
+    def algebraic(self):
+        """`(rows, columns)` without an entry: the algebraic equations and
+        variables of a semi-explicit DAE."""
+        m = self.matrix
+        return np.flatnonzero(m.getnnz(axis=1) == 0), np.flatnonzero(m.getnnz(axis=0) == 0)
+
+
+def _dae_options(kw: dict, op: str) -> dict:
+    """`mass` (as a `_Mass`) and `dae_init` among odeint's options `kw`,
+    where given, for a solve that calls `_odeint_inline` itself."""
+    if kw.get("mass") is None:
+        return {}
+    mass = kw["mass"]
+    return {"mass": mass if isinstance(mass, _Mass) else _Mass(mass, op),
+            "dae_init": kw.get("dae_init", "check")}
+
+
+def _mass_operand(mass: _Mass, n: int, dtype, solver: str, op: str):
+    """`(values, pattern)`: the mass matrix's entries as the node's operand,
+    on its own pattern (checked: `(n, n)`, for BDF)."""
+    if SOLVERS[solver].lowering != "bdf":
+        raise NotSupportedError(
+            f"a mass matrix (M dy/dt = f) is for solver='bdf' (solve_ivp's method='BDF'); got "
+            f"{solver!r}. Radau and the ESDIRK methods do not take one yet.", op=op)
+    m = mass.matrix
+    if m.shape != (n, n):
+        raise ShapeError(f"the mass matrix must be ({n}, {n}), the flat state's size, got "
+                         f"{m.shape}.", op=op)
+    from .graph._types import Pattern
+
+    return snp.asarray(m.data.astype(dtype)), Pattern(m.shape, m.indptr, m.indices)
+
+
+def _consistent(field, vals, flat0, ts, mass: _Mass, op: str):
+    """`flat0` with its algebraic variables (the mass matrix's columns
+    without an entry) solved from the algebraic equations (its rows without
+    one) at `ts[0]`, the differential ones held (`dae_init="solve"`): one
+    `optimize.root` node, so derivatives of the result flow through the
+    implicit function theorem."""
+    from .optimize import root
+
+    rows, cols = mass.algebraic()
+    if rows.size == 0:
+        return flat0
+    if rows.size != cols.size:
+        raise InvalidOptionError(
+            f"dae_init='solve' solves the algebraic equations (the {rows.size} rows of the "
+            f"mass matrix without an entry) for the algebraic variables (its {cols.size} "
+            "columns without one): their numbers must match (a semi-explicit index-1 DAE).",
+            op=op)
+
+    def g(z, t0, y, *ls):
+        return field(*ls, t0, y.at[cols].set(z))[0][rows]
+
+    z = root(g, flat0[cols], args=(ts[0], flat0, *vals)).x
+    return flat0.at[cols].set(z)
 
 
 #: the smallest `rtol` an error estimate can meet: SciPy's, 100 eps of float64
@@ -282,7 +396,8 @@ class ODEResult(NamedTuple):
 def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float = 1e-6,
            atol: float = 1e-9, adjoint: str | None = None, max_steps: int = 4096,
            dt0: float | None = None, adaptive: bool = True, jac: str | None = None,
-           checkpoints: int | None = None, throw: bool = True, dtmax: float | None = None):
+           checkpoints: int | None = None, throw: bool = True, dtmax: float | None = None,
+           mass=None, dae_init: str = "check"):
     """Solves `dy/dt = f(t, y, args)` from `y(ts[0]) = y0`; returns `y` at `ts`.
 
     **Arguments:**
@@ -360,6 +475,20 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
     - `dtmax`: the largest step the step-size control takes (None:
       unbounded); SciPy's `max_step`. The derivative rules replay the
       steps taken, so they follow it too.
+    - `mass`: a constant mass matrix `M` (a NumPy array or a SciPy sparse
+      matrix, `(n, n)` for the flat state's `n` elements; None: the
+      identity): solves `M dy/dt = f(t, y, args)`, for `solver="bdf"`. A
+      singular `M` makes a differential-algebraic system: its rows without
+      an entry are algebraic equations `0 = f_i`, which `y0` must satisfy
+      to `rtol` (relative to `max(1, |y0|)`; else `InvalidOptionError` when
+      the program runs), and its columns without an entry the algebraic
+      variables (a semi-explicit index-1 DAE). Forward mode differentiates
+      it (the sensitivities with the same `M`); reverse mode is refused.
+      `M` has no derivative.
+    - `dae_init`: `"check"` (the default: inconsistent initial values are
+      an error) or `"solve"`: the algebraic variables of `y0` are solved
+      from the algebraic equations at `ts[0]` first (an `optimize.root`
+      node, so the result's derivatives include theirs).
     - `throw`: raise `sciad.errors.ConvergenceError` when the integration
       fails (the step limit, a collapsed step size, a non-finite state),
       naming the time reached, the last step size and a diagnosis. With
@@ -385,6 +514,9 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
     kw = dict(solver=solver, rtol=rtol, atol=atol, adjoint=adjoint, max_steps=int(max_steps),
               dt0=dt0, adaptive=adaptive, jac=jac, checkpoints=checkpoints, throw=throw, op=op,
               dtmax=dtmax)
+    if mass is not None:
+        kw.update(mass=mass if isinstance(mass, _Mass) else _Mass(mass, op),
+                  dae_init=dae_init)
     sign = -1.0 if backward else 1.0
     if _in_trace((y0, ts, args)):
         if throw:
@@ -567,6 +699,12 @@ def odeint_event(f: Callable, y0, t_span, event: Callable, args=(), *, direction
 
 def _event_inline(f, y0, t_span, event, args, direction: int, kw) -> Event:
     op = kw["op"]
+    if kw.get("mass") is not None:
+        raise NotSupportedError(
+            "an event with a mass matrix (a DAE) inside a transformation, or odeint_event "
+            "with one: the event is located and differentiated along `f` as dy/dt, which a "
+            "DAE's algebraic equations are not. Call solve_ivp outside the transformation, "
+            "which locates the event along the solution.", op=op)
     span = snp.stack([snp.asarray(t) for t in t_span]) if not isinstance(t_span, Tracer) \
         else t_span
     t0 = span[0]
@@ -998,7 +1136,8 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
       for shape only; `jac_sparsity` selects the sparse Newton solve, whose
       pattern is detected); `min_step`, `lband`, `uband` are refused by
       name. odeint's own options (`adjoint`, `max_steps`, `checkpoints`,
-      ...) pass through.
+      `mass` and `dae_init` for a DAE with `method="BDF"`, ...) pass
+      through.
 
     Steps: called outside a trace without `max_steps`, it takes the steps
     the span needs, as SciPy's: a solve that reaches odeint's limit (4,096)
@@ -1305,7 +1444,7 @@ def _ivp_steps(field, z0, ts, args, opts, op, values: bool = False):
     inner = dict(solver=solver, rtol=rtol, atol=opts["atol"],
                  adjoint=INTERPOLATED.name, max_steps=int(kw.get("max_steps", 4096)),
                  dt0=kw.get("dt0"), adaptive=adaptive, jac=kw.get("jac"), checkpoints=None,
-                 throw=False, op=op, dtmax=kw.get("dtmax"))
+                 throw=False, op=op, dtmax=kw.get("dtmax"), **_dae_options(kw, op))
     ys, status, nsteps, grid, states, work = _compiled_call(
         lambda f, z0, ts, a: _odeint_inline(f, z0, ts, a, every_step=True, count=True,
                                             **inner)[:6],
@@ -1406,7 +1545,7 @@ def _ivp_traced_event(events, specs, field, z0, ts, args, t0, t_eval, decode, si
                  adjoint=kw.get("adjoint") or SOLVERS[solver].default_adjoint,
                  max_steps=int(kw.get("max_steps", 4096)), dt0=kw.get("dt0"),
                  adaptive=adaptive, jac=kw.get("jac"), checkpoints=kw.get("checkpoints"),
-                 throw=True, op=op, dtmax=kw.get("dtmax"))
+                 throw=True, op=op, dtmax=kw.get("dtmax"), **_dae_options(kw, op))
 
     def g(s, z, a):
         return snp.real(snp.asarray(event(sign * s, decode(z), *a)))

@@ -239,3 +239,126 @@ def test_a_failed_solve_raises_under_the_derivatives():
 
     with pytest.raises(ConvergenceError, match="bdf integration failed"):
         sd.grad(loss)(2.0)
+
+
+# ---------------------------------------------------------------------------
+# mass matrices: M dy/dt = f, index-1 DAEs (BDF)
+
+
+def robertson_dae(t, y, k):
+    # Robertson's kinetics with its third equation replaced by the
+    # conservation law y1 + y2 + y3 = 1 (algebraic: the mass matrix's third
+    # row is empty)
+    return snp.stack([-k[0] * y[0] + k[2] * y[1] * y[2],
+                      k[0] * y[0] - k[2] * y[1] * y[2] - k[1] * y[1] ** 2,
+                      y[0] + y[1] + y[2] - 1.0])
+
+
+def robertson_ode(t, y, k):
+    return snp.stack(robertson(t, y, *k))
+
+
+RATES = np.array([0.04, 3e7, 1e4])
+DAE_MASS = np.diag([1.0, 1.0, 0.0])
+
+
+@pytest.mark.slow
+def test_robertson_dae_agrees_with_the_ode_form_and_differentiates_forward():
+    """The DAE form against the ODE form at t = 0.4 ... 4e5 (to 1e-5), its
+    consistency check and `dae_init="solve"`, and its forward-mode
+    derivative in the rates against the ODE's."""
+    from sciad.errors import InvalidOptionError
+
+    ts = np.array([0.0] + ROBERTSON_TIMES)
+    y0 = np.array([1.0, 0.0, 0.0])
+    kw = dict(solver="bdf", rtol=1e-6, atol=1e-10)
+    dae = sd.ode.odeint(robertson_dae, y0, ts, RATES, mass=DAE_MASS, **kw)
+    ode = sd.ode.odeint(robertson_ode, y0, ts, RATES, **kw)
+    assert np.abs(np.asarray(dae) - np.asarray(ode)).max() <= 1e-5
+    with pytest.raises(InvalidOptionError, match="violate the algebraic equations"):
+        sd.ode.odeint(robertson_dae, np.array([1.0, 0.0, 0.5]), ts, RATES, mass=DAE_MASS, **kw)
+    fixed = sd.ode.odeint(robertson_dae, np.array([1.0, 0.0, 0.5]), ts, RATES, mass=DAE_MASS,
+                          dae_init="solve", **kw)
+    np.testing.assert_allclose(np.asarray(fixed)[0], y0, atol=1e-12)  # y3 solved: 0
+    v = np.array([1.0, 0.0, 0.0])
+    tight = dict(solver="bdf", rtol=1e-9, atol=1e-13)
+    _, d_dae = sd.jvp(lambda k: sd.ode.odeint(robertson_dae, y0, ts, k, mass=DAE_MASS,
+                                              **tight)[-1, 0], (RATES,), (v,))
+    _, d_ode = sd.jvp(lambda k: sd.ode.odeint(robertson_ode, y0, ts, k, **tight)[-1, 0],
+                      (RATES,), (v,))
+    np.testing.assert_allclose(float(d_dae), float(d_ode), rtol=1e-8)
+
+
+@pytest.mark.slow
+def test_heat_dae_with_sparse_iteration_matrices():
+    """The 1-D heat equation with its boundary values as algebraic
+    equations (u = 0 there: SUNDIALS' idaHeat2D in one dimension), sparse
+    iteration matrices (the mass on their pattern), against the exact decay
+    of the semi-discrete system's first mode."""
+    import scipy.sparse as sp
+
+    n = 201
+    x = np.linspace(0.0, 1.0, n)
+    dx2 = (x[1] - x[0]) ** 2
+
+    def heat(t, u, a):
+        lap = a * (u[:-2] - 2 * u[1:-1] + u[2:]) / dx2
+        return snp.concatenate([u[:1], lap, u[-1:]])  # (the ends: 0 = u)
+
+    mass = sp.diags(np.r_[0.0, np.ones(n - 2), 0.0]).tocsr()
+    ts = np.array([0.0, 0.05, 0.1])
+
+    def solve(a):
+        return sd.ode.odeint(heat, np.sin(np.pi * x), ts, a, solver="bdf", jac="sparse",
+                             mass=mass, rtol=1e-8, atol=1e-10)
+
+    u, du = sd.jvp(solve, (1.0,), (1.0,))  # (forward mode: the sensitivities, same M)
+    rate = 4.0 / dx2 * np.sin(np.pi * (x[1] - x[0]) / 2) ** 2
+    mode = np.sin(np.pi * x)[None, :]
+    exact = np.exp(-rate * ts)[:, None] * mode
+    # (measured: 1.7e-8 and 5.2e-8)
+    assert np.abs(np.asarray(u) - exact).max() <= 1e-7
+    assert np.abs(np.asarray(du) + (rate * ts * np.exp(-rate * ts))[:, None] * mode).max() \
+        <= 5e-7
+
+
+def test_mass_matrix_refusals():
+    from sciad.errors import NotSupportedError, ShapeError
+
+    ts, y0 = np.array([0.0, 1.0]), np.array([1.0, 0.0, 0.0])
+    with pytest.raises(NotSupportedError, match="for solver='bdf'"):
+        sd.ode.odeint(robertson_dae, y0, ts, RATES, solver="radau", mass=DAE_MASS)
+    with pytest.raises(ShapeError, match=r"must be \(3, 3\)"):
+        sd.ode.odeint(robertson_dae, y0, ts, RATES, solver="bdf", mass=np.eye(2))
+    with pytest.raises(NotSupportedError, match="must be a constant"):
+        sd.trace(lambda m: sd.ode.odeint(robertson_dae, y0, ts, RATES, solver="bdf", mass=m),
+                 DAE_MASS)
+    with pytest.raises(NotSupportedError, match="reverse mode .* mass matrix.*forward mode"):
+        sd.trace(sd.grad(lambda k: sd.ode.odeint(robertson_dae, y0, ts, k, solver="bdf",
+                                                 mass=DAE_MASS)[-1, 0]), RATES)
+    # an event inside a transformation is located along f as dy/dt: refused
+    hit = lambda t, y, k: y[0] - 0.5  # noqa: E731
+    hit.terminal = True
+    with pytest.raises(NotSupportedError, match="event with a mass matrix"):
+        sd.trace(lambda k: sd.ode.solve_ivp(robertson_dae, (0.0, 4e5), y0, method="BDF",
+                                            args=(k,), events=hit, mass=DAE_MASS).t, RATES)
+
+
+@pytest.mark.slow
+def test_solve_ivp_dae_with_an_event_against_scipys_ode_form():
+    # solve_ivp passes `mass` to BDF; its eager events are located along the
+    # solution (re-integrated), so the DAE's event time is the ODE's
+    def dae(t, y):
+        return [-0.04 * y[0] + 1e4 * y[1] * y[2],
+                0.04 * y[0] - 1e4 * y[1] * y[2] - 3e7 * y[1] ** 2, y[0] + y[1] + y[2] - 1.0]
+
+    def half(t, y):
+        return y[0] - 0.5
+
+    half.terminal = True
+    kw = dict(t_span=(0.0, 4e5), y0=[1.0, 0.0, 0.0], method="BDF", rtol=1e-6, atol=1e-10,
+              events=half)
+    res = sd.ode.solve_ivp(dae, mass=DAE_MASS, **kw)
+    ref = si.solve_ivp(lambda t, y: robertson(t, y), **kw)
+    assert res.status == ref.status == 1
+    np.testing.assert_allclose(res.t_events[0], ref.t_events[0], rtol=1e-5)

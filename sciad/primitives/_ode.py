@@ -77,7 +77,7 @@ from ._checks import check, tie
 from ._map import map_rule
 from ._ode_adjoint import ADJOINTS, CHECKPOINT
 from ._ode_field import (augmented_pattern, derived_params, field_at, field_body, fields_at,
-                         part_of)
+                         part_of, with_mass_entries)
 from ._root import root_guard_p
 
 #: the steppers by name (`solver`), as `sd.ode.SOLVERS` shows them
@@ -90,6 +90,8 @@ STATUS = {
     3: "the state became NaN or infinite",
     4: "the output times are not increasing",
     5: "the solver failed (an implicit step's Newton iteration or linear solve)",
+    6: "the initial values violate the algebraic equations (the zero rows of the mass "
+       "matrix)",
 }
 
 odeint_p = Primitive("ode.odeint", multiple_results=True, runtime_checks=True, params={
@@ -100,7 +102,8 @@ odeint_p = Primitive("ode.odeint", multiple_results=True, runtime_checks=True, p
     "adjoint": Param(str, default=CHECKPOINT.name),
     "checkpoints": Param((int, None), default=None), "throw": Param(bool, default=True),
     "record": Param(bool, default=True), "dtmax": Param((float, None), default=None),
-    "count": Param(bool, default=False)})
+    "count": Param(bool, default=False), "mass": Param((int, None), default=None),
+    "mass_pattern": Param((Pattern, None), default=None)})
 #: `body`: the vector field `(*consts, t, y) -> (dy/dt,)` on a flat `y`;
 #: `error_size`: the step-size control reads only the first `error_size`
 #: elements of the state (None: all; the sensitivity systems of the JVP set
@@ -116,7 +119,11 @@ odeint_p = Primitive("ode.odeint", multiple_results=True, runtime_checks=True, p
 #: where nothing reads them (a solve that is not differentiated), which
 #: spares the loop its recording; `dtmax`: the largest step the step-size
 #: control takes (None: unbounded; SciPy's `max_step`); `count`: the node
-#: outputs its work as SciPy counts it (`work`, last)
+#: outputs its work as SciPy counts it (`work`, last); `mass`: the index
+#: among the operands of the constant mass matrix `M` of `M dy/dt = f`
+#: (None: the identity), dense `(N, N)` or, with `mass_pattern`, its values
+#: on that pattern; the body takes it among its consts and ignores it. A
+#: state of `k N` elements (a sensitivity system) has the mass `I_k (x) M`
 
 
 class OdeintOutputs(NamedTuple):
@@ -163,7 +170,8 @@ class OdeintOutputs(NamedTuple):
 @odeint_p.def_abstract_eval
 def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=True,
                   error_size=None, jac="dense", pattern=None, adjoint=CHECKPOINT.name,
-                  checkpoints=None, throw=True, record=True, dtmax=None, count=False):
+                  checkpoints=None, throw=True, record=True, dtmax=None, count=False,
+                  mass=None, mass_pattern=None):
     op = "ode.odeint"
     *consts, y0, ts = args
     if solver not in SOLVERS:
@@ -203,6 +211,19 @@ def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive
     if not stepper.replayable and not adaptive:
         raise InvalidOptionError(f"{solver} chooses its steps and orders: constant steps "
                                  "(adaptive=False) are for the Runge-Kutta methods.", op=op)
+    if mass is not None:
+        if stepper.lowering != "bdf":
+            raise NotSupportedError(f"a mass matrix is for solver='bdf'; got {solver}.", op=op)
+        if not 0 <= mass < len(consts):
+            raise ShapeError(f"`mass` must index one of the {len(consts)} consts, got {mass}.",
+                             op=op)
+        m_type, size = consts[mass], (mass_pattern.shape[0] if mass_pattern is not None
+                                      else (consts[mass].shape or (0,))[0])
+        want = (mass_pattern.nnz,) if mass_pattern is not None else (size, size)
+        if not isinstance(m_type, TensorType) or m_type.shape != want \
+                or m_type.dtype != y0.dtype or size < 1 or n % size:
+            raise ShapeError(f"the mass matrix must be {want} of y0's dtype, its size "
+                             f"dividing y0's ({n}), got {m_type}.", op=op)
     if dtmax is not None and not dtmax > 0:
         raise InvalidOptionError(f"`dtmax` must be a step size > 0, got {dtmax}.", op=op)
     if sparse_jacobian(jac) and (pattern is None or pattern.shape != (n, n)):
@@ -250,6 +271,12 @@ def judge_ode(site, *, status, t_reached, h_last, steps, accepted, ymax, y0max, 
         site.fail(InvalidOptionError,
                   "the output times `ts` must be finite and strictly increasing "
                   f"(from {float(t0):.6g} to {float(t1):.6g}).")
+    if status == 6:
+        site.fail(InvalidOptionError,
+                  "the initial values violate the algebraic equations (the rows of the mass "
+                  "matrix without an entry) by more than rtol: give a y0 that satisfies "
+                  "them, or pass dae_init='solve' to solve them for the algebraic variables "
+                  "(the columns of the mass matrix without an entry).")
     # a collapsed step: at the rounding floor of t, or a millionth of the
     # mean step so far (an explicit solver on a stiff problem instead keeps
     # steps near its stability limit)
@@ -324,7 +351,8 @@ class _Run(NamedTuple):
 @odeint_p.def_impl
 def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=True,
                  error_size=None, jac="dense", pattern=None, adjoint=CHECKPOINT.name,
-                 checkpoints=None, throw=True, record=True, dtmax=None, count=False, site=None):
+                 checkpoints=None, throw=True, record=True, dtmax=None, count=False, mass=None,
+                 mass_pattern=None, site=None):
     stepper = STEPPERS[solver]
     *consts, y0, ts = args
     # times that do not increase (NaN among them: `> 0` is false for NaN)
@@ -338,11 +366,15 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
     dense = record and ADJOINTS[adjoint].records_states(checkpoints, max_steps, m,
                                                         np.dtype(y0.dtype).itemsize)
     run = _run_diffrax if stepper.lowering == "diffrax" else _run_own
+    extra = {} if mass is None else {"mass": (consts[mass], mass_pattern)}
     r = run(body, held, consts, y0, ts, stepper=stepper, rtol=rtol, atol=atol,
             max_steps=max_steps, dt0=dt0, adaptive=adaptive, m=m, jac=jac, pattern=pattern,
-            record=record, dense=dense, dtmax=dtmax)
+            record=record, dense=dense, dtmax=dtmax, **extra)
     ys, accepted = r.ys, r.accepted
     status = jnp.where(ts_ok, r.status, 4)
+    if mass is not None:  # the algebraic equations at t0, to rtol
+        status = jnp.where(_inconsistent(body, held, consts, y0, ts[0], consts[mass],
+                                         mass_pattern, rtol), 6, status)
     status = jnp.where((status == 0) & ~jnp.all(jnp.isfinite(ys)), 3, status).astype(jnp.int32)
     if throw:
         token = check(judge_ode, site or Site("ode.odeint"), when=status != 0,
@@ -432,17 +464,68 @@ def _run_diffrax(body, held, consts, y0, ts, *, stepper, rtol, atol, max_steps, 
                 t_reached, h_last, ymax, grid, states, work)
 
 
+def _inconsistent(body, held, consts, y0, t0, mass, mass_pattern, rtol):
+    """Whether `y0` violates the algebraic equations, the rows of the mass
+    matrix without an entry (those of each block of a `k N` state), by more
+    than `rtol` (relative to `max(1, |y0|)`)."""
+    size = mass_pattern.shape[0] if mass_pattern is not None else mass.shape[0]
+    if mass_pattern is None:
+        algebraic = jnp.all(mass == 0, axis=1)
+    else:
+        rows = np.asarray(mass_pattern.rows)
+        algebraic = jnp.zeros((size,), bool).at[rows].max(mass != 0)
+        algebraic = ~algebraic
+    f0 = lower(part_of(body, 0), held)(*consts, t0, y0)[0]
+    k = y0.shape[0] // size
+    g = jnp.where(jnp.tile(algebraic, k), jnp.abs(f0), 0.0)
+    return ~(jnp.max(g, initial=0.0) <= rtol * jnp.maximum(1.0, jnp.max(jnp.abs(y0))))
+
+
+def _mass_for(mass, mass_pattern, n: int, jac: str, pattern):
+    """The mass matrix of an `n`-element state for `_bdf.integrate`: dense
+    `I_k (x) M`, or its values on the Newton matrices' `pattern` (sparse)."""
+    size = mass_pattern.shape[0] if mass_pattern is not None else mass.shape[0]
+    k = n // size
+    if jac != "sparse":
+        M = mass if mass_pattern is None else jnp.zeros((size, size), mass.dtype).at[
+            np.asarray(mass_pattern.rows), np.asarray(mass_pattern.indices)].set(mass)
+        return M if k == 1 else jnp.kron(jnp.eye(k, dtype=M.dtype), M)
+    if mass_pattern is None:  # (a dense mass with sparse Newton matrices: its entries)
+        r, c = np.nonzero(np.ones((size, size), bool))
+        values = mass[r, c]
+    else:
+        r, c = np.asarray(mass_pattern.rows), np.asarray(mass_pattern.indices)
+        values = mass
+    positions = _positions(pattern, np.concatenate([r + b * size for b in range(k)]),
+                           np.concatenate([c + b * size for b in range(k)]))
+    # (every entry has its place: the pattern was made with them,
+    # `with_mass_entries`)
+    assert np.all(positions >= 0), "the Newton pattern holds the mass matrix's entries"
+    return jnp.zeros((pattern.nnz,), values.dtype).at[positions].set(jnp.tile(values, k))
+
+
+def _positions(pattern, rows, cols) -> np.ndarray:
+    """Where the entries `(rows, cols)` sit in `pattern`'s values (-1 where
+    it has none)."""
+    import scipy.sparse as sp
+
+    where = sp.csr_matrix((np.arange(1, pattern.nnz + 1, dtype=np.float64), pattern.indices,
+                           pattern.indptr), shape=pattern.shape)
+    return np.asarray(where[rows, cols]).ravel().astype(np.int64) - 1
+
+
 def _run_own(body, held, consts, y0, ts, *, stepper, rtol, atol, max_steps, dt0, adaptive,
-             m, jac, pattern, record, dense, dtmax) -> _Run:
+             m, jac, pattern, record, dense, dtmax, mass=None) -> _Run:
     """The integration by one of sciad's own loops: BDF
     (`sciad.solvers.ode._bdf`) or Radau IIA (`_radau`)."""
     del adaptive  # (both are adaptive; checked by the abstract eval)
     part = lower(part_of(body, 0), held)
     method = {"bdf": _bdf, "radau": _radau}[stepper.lowering]
+    jac = "sparse" if sparse_jacobian(jac) else "dense"
+    extra = {} if mass is None else {"mass": _mass_for(*mass, y0.shape[0], jac, pattern)}
     r = method.integrate(lambda t, y: part(*consts, t, y)[0], y0, ts, rtol=rtol, atol=atol,
-                       max_steps=max_steps, m=m, jac="sparse" if sparse_jacobian(jac)
-                       else "dense", pattern=pattern, dt0=dt0, dtmax=dtmax, record=record,
-                       dense=dense)
+                         max_steps=max_steps, m=m, jac=jac, pattern=pattern, dt0=dt0,
+                         dtmax=dtmax, record=record, dense=dense, **extra)
     return _Run(r.ys, r.status, r.accepted, r.steps, r.t_reached, r.h_last, r.ymax, r.grid,
                 r.states, jnp.stack(list(r.counts)).astype(jnp.int32))
 
@@ -493,8 +576,11 @@ def _odeint_jvp(primals, tangents, **params):
         dy0 = dy0 - field_at(graph, consts, ts[0], y0) * dts[0]
     aug = _sensitivity_body(graph, nonzero)
     extra = [t for t in dconsts if not is_zero(t)]
+    pattern = augmented_pattern(params, aug)
+    if pattern is not None and params.get("mass") is not None:  # (M - c J's entries)
+        pattern = with_mass_entries(pattern, params["mass_pattern"])
     p = derived_params(params, body=aug, error_size=params.get("error_size") or n,
-                       pattern=augmented_pattern(params, aug))
+                       pattern=pattern)
     outs = OdeintOutputs.of(
         odeint_p.bind(*consts, *extra, ops.concatenate([y0, dy0]), ts, **p),
         p.get("count", False))
@@ -535,6 +621,12 @@ def _odeint_vjp(primals, outs, cts, **params):
 
     *consts, y0, ts = primals
     count = params.get("count", False)
+    if params.get("mass") is not None:
+        raise NotSupportedError(
+            "reverse mode through an ode.odeint with a mass matrix (a DAE) is not available: "
+            "its continuous adjoint needs consistent adjoint values on the algebraic "
+            "equations. Use forward mode (sd.jvp, sd.jacfwd), which integrates the "
+            "sensitivities with the same mass matrix.", op="ode.odeint")
     outs, cts = OdeintOutputs.of(outs, count), OdeintOutputs.of(cts, count)
     ct = cts.ys
     if not params.get("throw", True) and not is_zero(ct):

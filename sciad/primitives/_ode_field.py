@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from ._newton_systems import newton_jacobian
 from .. import _ops as ops
 from ..graph import Graph
@@ -50,6 +52,24 @@ def augmented_pattern(params: dict, g: Graph):
     if params.get("jac", "dense") != "sparse":
         return None
     return newton_jacobian(part_of(g, -1), "sparse", identity=True)[1]
+
+
+def with_mass_entries(pattern, mass_pattern):
+    """`pattern` (the Newton matrices' of a state of `k N` elements) with the
+    entries of a mass matrix on `mass_pattern` (`N x N`) added in each of
+    its `k` diagonal blocks: `M - c J` holds both."""
+    import scipy.sparse as sp
+
+    k = pattern.shape[0] // mass_pattern.shape[0]
+
+    def csr(p):
+        return sp.csr_matrix((np.ones(p.nnz, bool), p.indices, p.indptr), shape=p.shape)
+
+    both = (csr(pattern) + sp.kron(sp.eye(k, dtype=bool), csr(mass_pattern))).astype(bool)
+    both = sp.csr_matrix(both)
+    both.sum_duplicates()
+    both.sort_indices()
+    return type(pattern)(both.shape, both.indptr, both.indices)
 
 
 def field_body(graph: Graph) -> Body:

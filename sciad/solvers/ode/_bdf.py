@@ -116,17 +116,31 @@ class _Linear(NamedTuple):
     solve: Callable      # (factorization, b) -> x
 
 
+def _row_scale(algebraic, c):
+    """The rows of `M - c J` (and of its right-hand sides) scaled by `1 / c`
+    where `M` has none (a DAE's algebraic equations, whose rows `-c J` would
+    otherwise vanish with the step and their solve lose its accuracy to
+    rounding), 1 elsewhere; None for an ODE."""
+    if algebraic is None:
+        return None
+    return jnp.where(algebraic, 1.0 / c, 1.0)
+
+
 def _dense_linear(field, n, mass, dtype):
     Mm = jnp.eye(n, dtype=dtype) if mass is None else jnp.asarray(mass, dtype)
+    algebraic = None if mass is None else jnp.all(Mm == 0, axis=1)
 
     def jacobian(t, y):
         return jax.jacfwd(lambda z: field(t, z))(y)
 
     def factor(J, c):
-        return jax.scipy.linalg.lu_factor(Mm - c * J)
+        s = _row_scale(algebraic, c)
+        A = Mm - c * J
+        return jax.scipy.linalg.lu_factor(A if s is None else s[:, None] * A), s
 
     def solve(lu, b):
-        return jax.scipy.linalg.lu_solve(lu, b)
+        lu, s = lu
+        return jax.scipy.linalg.lu_solve(lu, b if s is None else s * b)
 
     return _Linear(jacobian, factor, solve), (lambda v: v) if mass is None else \
         (lambda v: Mm @ v)
@@ -141,6 +155,9 @@ def _sparse_linear(field, pattern, mass_values):
     from .._coloring import coloring
 
     colors = coloring(pattern)
+    rows = np.asarray(pattern.rows)
+    algebraic = None if mass_values is None else \
+        ~jnp.zeros((pattern.shape[0],), bool).at[rows].max(mass_values != 0)
 
     def jacobian(t, y):
         return colored_values(lambda z: field(t, z), pattern, colors)(y)
@@ -148,24 +165,32 @@ def _sparse_linear(field, pattern, mass_values):
     def factor(J, c):
         M = jnp.asarray(eye, J.dtype) if mass_values is None else mass_values
         values = M - c * J
-        return values, _ode._factor(pattern, values)
+        s = _row_scale(algebraic, c)
+        if s is not None:
+            values = values * s[rows]
+        return values, _ode._factor(pattern, values), s
 
     def solve(lu, b):
-        values, handle = lu
+        values, handle, s = lu
+        b = b if s is None else s * b
         return _ode._solve(pattern, handle, values, b.astype(values.dtype), False, False)
 
     return _Linear(jacobian, factor, solve)
 
 
-def initial_step(field, t0, y0, f0, span, rtol, atol, m, order=1):
+def initial_step(field, t0, y0, f0, span, rtol, atol, m, order=1, deriv=None):
     """SciPy's `select_initial_step` (Hairer, Norsett and Wanner's
-    algorithm) for a method of `order`, over the first `m` elements."""
+    algorithm) for a method of `order`, over the first `m` elements;
+    `deriv`: `dy/dt` from the field's value (a mass matrix's; None: the
+    field is `dy/dt`)."""
+    deriv = deriv or (lambda f: f)
     scale = atol + jnp.abs(y0[:m]) * rtol
-    d0, d1 = _rms(y0[:m] / scale), _rms(f0[:m] / scale)
+    yp0 = deriv(f0)
+    d0, d1 = _rms(y0[:m] / scale), _rms(yp0[:m] / scale)
     h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1)
     h0 = jnp.minimum(h0, span)
-    f1 = field(t0 + h0, y0 + h0 * f0)
-    d2 = _rms((f1[:m] - f0[:m]) / scale) / h0
+    yp1 = deriv(field(t0 + h0, y0 + h0 * yp0))
+    d2 = _rms((yp1[:m] - yp0[:m]) / scale) / h0
     h1 = jnp.where((d1 <= 1e-15) & (d2 <= 1e-15), jnp.maximum(1e-6, h0 * 1e-3),
                    (0.01 / jnp.maximum(d1, d2)) ** (1.0 / (order + 1)))
     h = jnp.minimum(jnp.minimum(100 * h0, h1), span)
@@ -225,19 +250,14 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
     max_step = jnp.inf if dtmax is None else float(dtmax)
 
     f0 = field(t0, y0)
+    deriv = None if mass is None else _derivative(mass, jac, pattern, n, dtype)
     if dt0 is None:
-        if mass is None:
-            h0 = initial_step(field, t0, y0, f0, t_end - t0, rtol, atol, m)
-        else:  # (y' is not known for the algebraic variables: a small first step)
-            h0 = jnp.minimum(1e-6 * jnp.maximum(jnp.abs(t_end - t0), 1.0), t_end - t0)
+        h0 = initial_step(field, t0, y0, f0, t_end - t0, rtol, atol, m, deriv=deriv)
     else:
         h0 = jnp.asarray(dt0, dtype)
     h0 = jnp.minimum(h0, max_step).astype(dtype)
     D = jnp.zeros((MAX_ORDER + 3, n), dtype).at[0].set(y0)
-    if mass is None:
-        D = D.at[1].set(f0 * h0)
-    # (with a mass matrix y'(t0) is not known where M is singular: the first
-    # step starts from a constant predictor)
+    D = D.at[1].set((f0 if deriv is None else deriv(f0)) * h0)
     J0 = linear.jacobian(t0, y0)
     grid = jnp.full((max_steps + 1 if record else 1,), t_end, dtype).at[0].set(t0)
     states = jnp.zeros((max_steps + 1 if dense else 1, n), dtype).at[0].set(y0)
@@ -250,7 +270,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
                 status=jnp.asarray(-1, jnp.int32), h_last=jnp.asarray(0.0, dtype),
                 grid=grid, states=states,
                 counts=Counts(*(jnp.asarray(k, jnp.int32) for k in (
-                    2 if dt0 is None and mass is None else 1, 1, 0))))
+                    2 if dt0 is None else 1, 1, 0))))
 
     def newton(t_new, y_pred, c, psi, lu, scale):
         """The modified Newton iteration: `(converged, iterations, y, d,
@@ -386,6 +406,21 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
                                  jnp.inf),
                   grid=end.grid if record else None, states=end.states if dense else None,
                   counts=end.counts)
+
+
+def _derivative(mass, jac: str, pattern, n: int, dtype):
+    """`f -> dy/dt` where `M dy/dt = f`, for the first step's predictor and
+    size: the least-squares solution of least norm with a dense `M` (0 on
+    the algebraic variables); `f / diag(M)` (0 where the diagonal is) with
+    a sparse one, exact where `M` is diagonal (the predictor only sets the
+    first step's size: the steps solve `M dy/dt = f` itself)."""
+    if jac != "sparse":
+        M = jnp.asarray(mass, dtype)
+        pinv = jnp.linalg.pinv(M)
+        return lambda f: pinv @ f
+    where = _ode._with_diagonal(pattern).diagonal_positions()
+    diag = jnp.asarray(mass)[jnp.asarray(where)]
+    return lambda f: jnp.where(diag != 0, f / jnp.where(diag != 0, diag, 1.0), 0.0)
 
 
 def _sparse_apply(pattern, values):
