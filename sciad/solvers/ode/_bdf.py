@@ -24,7 +24,8 @@ and the step size wanted is restored after it).
 
 The iteration matrix is dense (`jax.scipy.linalg.lu_factor`) or sparse on
 the pattern of `df/dy` (colored JVPs for its values, SuperLU on the host:
-`_ode._factor`, `_ode._solve`).
+`_ode._factor`, `_ode._solve`). The progress over the output times, and the
+result, are `_steps`', which the Radau loop shares.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _ode
+from ._steps import Counts, Result, Track, advance, finish, propose, start
 
 MAX_ORDER = 5
 #: Newton iterations per attempt (SciPy's NEWTON_MAXITER)
@@ -84,28 +86,6 @@ def change_D(D, order, factor):
     current one, at `order`."""
     k = MAX_ORDER + 1
     return D.at[:k].set(_change_matrix(order, factor, D.dtype) @ D[:k])
-
-
-class Counts(NamedTuple):
-    """What a BDF integration did, as SciPy counts it: field evaluations,
-    Jacobian evaluations, factorizations."""
-
-    nfev: jax.Array
-    njev: jax.Array
-    nlu: jax.Array
-
-
-class Result(NamedTuple):
-    ys: jax.Array           # the state at the output times
-    status: jax.Array       # 0 success, 1 step limit, 2 step too small, 5 failed
-    accepted: jax.Array     # accepted steps
-    steps: jax.Array        # attempts (accepted and rejected)
-    t_reached: jax.Array    # the last accepted step's time
-    h_last: jax.Array       # the last accepted step's size
-    ymax: jax.Array         # max |y[:m]| there
-    grid: jax.Array | None  # the accepted steps' times (max_steps + 1), padded
-    states: jax.Array | None  # their states (max_steps + 1, n), padded with zeros
-    counts: Counts
 
 
 class _Linear(NamedTuple):
@@ -203,7 +183,7 @@ def initial_step(field, t0, y0, f0, span, rtol, atol, m, order=1, deriv=None):
 
 
 class _State(NamedTuple):
-    t: jax.Array
+    tr: Track           # the progress over the output times
     D: jax.Array
     h_D: jax.Array      # the step size D's differences are at
     h_want: jax.Array   # the step size the control asks for next
@@ -213,14 +193,6 @@ class _State(NamedTuple):
     J_fresh: jax.Array  # J is the Jacobian at the last failed attempt's prediction
     lu: object
     lu_c: jax.Array     # the c the factorization is of (nan: none)
-    i_next: jax.Array   # the next output time
-    ys: jax.Array
-    accepted: jax.Array
-    steps: jax.Array
-    status: jax.Array   # -1 running
-    h_last: jax.Array
-    grid: jax.Array
-    states: jax.Array
     counts: Counts
 
 
@@ -259,16 +231,11 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
     D = jnp.zeros((MAX_ORDER + 3, n), dtype).at[0].set(y0)
     D = D.at[1].set((f0 if deriv is None else deriv(f0)) * h0)
     J0 = linear.jacobian(t0, y0)
-    grid = jnp.full((max_steps + 1 if record else 1,), t_end, dtype).at[0].set(t0)
-    states = jnp.zeros((max_steps + 1 if dense else 1, n), dtype).at[0].set(y0)
-    ys = jnp.zeros((ts.shape[0], n), dtype).at[0].set(y0)
     lu0 = linear.factor(J0, jnp.asarray(0.0, dtype))
-    s0 = _State(t=t0, D=D, h_D=h0, h_want=h0, order=jnp.asarray(1, jnp.int32),
+    s0 = _State(tr=start(t0, y0, ts, max_steps, record, dense), D=D, h_D=h0, h_want=h0,
+                order=jnp.asarray(1, jnp.int32),
                 equal=jnp.asarray(0, jnp.int32), J=J0, J_fresh=jnp.asarray(True),
-                lu=lu0, lu_c=jnp.asarray(jnp.nan, dtype), i_next=jnp.asarray(1, jnp.int32),
-                ys=ys, accepted=jnp.asarray(0, jnp.int32), steps=jnp.asarray(0, jnp.int32),
-                status=jnp.asarray(-1, jnp.int32), h_last=jnp.asarray(0.0, dtype),
-                grid=grid, states=states,
+                lu=lu0, lu_c=jnp.asarray(jnp.nan, dtype),
                 counts=Counts(*(jnp.asarray(k, jnp.int32) for k in (
                     2 if dt0 is None else 1, 1, 0))))
 
@@ -300,11 +267,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         return done, k, y, d, nf
 
     def attempt(s: _State) -> _State:
-        t_bound = ts[s.i_next]
-        h_use = jnp.minimum(jnp.minimum(s.h_want, max_step), t_bound - s.t)
-        land = h_use >= t_bound - s.t  # (this step ends on the output time)
-        t_new = jnp.where(land, t_bound, s.t + h_use)
-        h = t_new - s.t
+        t_new, h, land = propose(s.tr, ts, s.h_want, max_step)
         moved = h != s.h_D
         D = jax.lax.cond(moved, lambda: change_D(s.D, s.order, h / s.h_D), lambda: s.D)
         equal = jnp.where(moved, 0, s.equal)
@@ -349,7 +312,6 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         shrink = jnp.where(converged,
                            jnp.maximum(MIN_FACTOR, safety * error_norm ** (-1.0 / (order + 1))),
                            0.5)
-        steps = s.steps + 1
 
         # accepted: the differences updated, the next order and step
         D_new = D.at[order + 2].set(d - D[order + 1]).at[order + 1].set(d)
@@ -371,41 +333,17 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         new_order = jnp.where(ready, order + best.astype(jnp.int32) - 1, order)
         grow = jnp.where(ready, jnp.minimum(MAX_FACTOR, safety * jnp.max(factors)), 1.0)
 
-        t_next = jnp.where(accept, t_new, s.t)
-        k = s.accepted + jnp.where(accept, 1, 0)
-        hit = accept & land
-        ys = jax.lax.cond(hit, lambda: s.ys.at[s.i_next].set(y_new), lambda: s.ys)
-        grid = s.grid.at[jnp.minimum(k, s.grid.shape[0] - 1)].set(
-            jnp.where(accept & record, t_new, s.grid[jnp.minimum(k, s.grid.shape[0] - 1)]))
-        states = s.states
-        if dense:
-            states = jax.lax.cond(accept, lambda: states.at[k].set(y_new), lambda: states)
-        spacing = jnp.abs(jnp.nextafter(t_next, jnp.asarray(jnp.inf, dtype)) - t_next)
         h_want = jnp.where(accept, h * grow, h * shrink)
-        done = hit & (s.i_next == ts.shape[0] - 1)
-        status = jnp.where(done, 0, -1)
-        status = jnp.where((status < 0) & (h_want < _ode.MIN_STEP_ULPS * spacing), 2, status)
-        status = jnp.where((status < 0) & (steps >= max_steps), 1, status)
+        tr = advance(s.tr, ts, accept=accept, land=land, t_new=t_new, y_new=y_new, h=h,
+                     h_want=h_want, max_steps=max_steps, record=record, dense=dense)
         return _State(
-            t=t_next, D=jnp.where(accept, D_new, D), h_D=h,
+            tr=tr, D=jnp.where(accept, D_new, D), h_D=h,
             h_want=h_want, order=jnp.where(accept, new_order, order),
             equal=jnp.where(accept, jnp.where(ready, 0, equal_new), 0),
-            J=J, J_fresh=jnp.where(accept, False, fresh), lu=lu, lu_c=lu_c,
-            i_next=s.i_next + jnp.where(hit, 1, 0).astype(jnp.int32), ys=ys, accepted=k,
-            steps=steps, status=status.astype(jnp.int32),
-            h_last=jnp.where(accept, h, s.h_last), grid=grid, states=states, counts=counts)
+            J=J, J_fresh=jnp.where(accept, False, fresh), lu=lu, lu_c=lu_c, counts=counts)
 
-    end = jax.lax.while_loop(lambda s: s.status < 0, attempt, s0)
-    # past a failure: the output times not reached are infinite (as diffrax's)
-    reached = jnp.arange(ts.shape[0]) < end.i_next
-    ys = jnp.where(reached[:, None], end.ys, jnp.inf)
-    y_at = end.D[0]
-    return Result(ys=ys, status=end.status, accepted=end.accepted, steps=end.steps,
-                  t_reached=end.t, h_last=end.h_last,
-                  ymax=jnp.where(end.accepted > 0, jnp.max(jnp.abs(y_at[:m]), initial=0.0),
-                                 jnp.inf),
-                  grid=end.grid if record else None, states=end.states if dense else None,
-                  counts=end.counts)
+    end = jax.lax.while_loop(lambda s: s.tr.status < 0, attempt, s0)
+    return finish(end.tr, ts, end.D[0], m, end.counts, record, dense)
 
 
 def _derivative(mass, jac: str, pattern, n: int, dtype):

@@ -31,7 +31,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import _ode
-from ._bdf import Counts, Result, _rms, initial_step
+from ._bdf import _rms, initial_step
+from ._steps import Counts, Result, Track, advance, finish, propose, start
 
 S6 = 6.0 ** 0.5
 #: the nodes, and the Butcher matrix of Radau IIA (order 5)
@@ -153,7 +154,7 @@ def _sparse_linear(field, pattern):
 
 
 class _State(NamedTuple):
-    t: jax.Array
+    tr: Track           # the progress over the output times
     y: jax.Array
     f: jax.Array
     Q: jax.Array        # the last step's collocation polynomial's coefficients (n, 3)
@@ -166,14 +167,6 @@ class _State(NamedTuple):
     J_fresh: jax.Array
     lus: object
     lu_h: jax.Array     # the step size the factorizations are for (nan: none)
-    i_next: jax.Array
-    ys: jax.Array
-    accepted: jax.Array
-    steps: jax.Array
-    status: jax.Array
-    h_last: jax.Array
-    grid: jax.Array
-    states: jax.Array
     counts: Counts
 
 
@@ -203,15 +196,10 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
     h0 = jnp.minimum(h0, max_step).astype(dtype)
     J0 = linear.jacobian(t0, y0)
     s0 = _State(
-        t=t0, y=y0, f=f0, Q=jnp.zeros((n, 3), dtype), t_old=t0, h_old=jnp.zeros((), dtype),
+        tr=start(t0, y0, ts, max_steps, record, dense), y=y0, f=f0, Q=jnp.zeros((n, 3), dtype), t_old=t0, h_old=jnp.zeros((), dtype),
         err_old=jnp.asarray(jnp.nan, dtype), h_want=h0, rejected=jnp.asarray(False),
         J=J0, J_fresh=jnp.asarray(True), lus=linear.factor(J0, h0),
-        lu_h=jnp.asarray(jnp.nan, dtype), i_next=jnp.asarray(1, jnp.int32),
-        ys=jnp.zeros((ts.shape[0], n), dtype).at[0].set(y0),
-        accepted=jnp.asarray(0, jnp.int32), steps=jnp.asarray(0, jnp.int32),
-        status=jnp.asarray(-1, jnp.int32), h_last=jnp.zeros((), dtype),
-        grid=jnp.full((max_steps + 1 if record else 1,), t_end, dtype).at[0].set(t0),
-        states=jnp.zeros((max_steps + 1 if dense else 1, n), dtype).at[0].set(y0),
+        lu_h=jnp.asarray(jnp.nan, dtype),
         counts=Counts(*(jnp.asarray(k, jnp.int32) for k in (
             2 if dt0 is None else 1, 1, 0))))
 
@@ -259,13 +247,10 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         return jnp.minimum(1.0, mult) * jnp.where(err > 0, err ** -0.25, jnp.inf)
 
     def attempt(s: _State) -> _State:
-        t_bound = ts[s.i_next]
-        h_use = jnp.minimum(jnp.minimum(s.h_want, max_step), t_bound - s.t)
-        land = h_use >= t_bound - s.t
-        t_new = jnp.where(land, t_bound, s.t + h_use)
-        h = t_new - s.t
+        t_new, h, land = propose(s.tr, ts, s.h_want, max_step)
+        t = s.tr.t
         # the stages started from the last step's collocation polynomial
-        x = (s.t + h * Cj - s.t_old) / jnp.where(s.h_old > 0, s.h_old, 1.0)
+        x = (t + h * Cj - s.t_old) / jnp.where(s.h_old > 0, s.h_old, 1.0)
         powers = jnp.stack([x, x ** 2, x ** 3], axis=1)  # (3, 3)
         # (u(t) = y_old + Q [x, x^2, x^3], and y = u(t_old + h_old))
         Z0 = jnp.where(s.h_old > 0, powers @ s.Q.T - jnp.sum(s.Q, axis=1), 0.0)
@@ -278,12 +263,12 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         def pass_body(p):
             k, _, J, fresh, lus, lu_h, _, _, _, counts = p
             renew = k > 0
-            J = jax.lax.cond(renew, lambda: linear.jacobian(s.t, s.y), lambda: J)
+            J = jax.lax.cond(renew, lambda: linear.jacobian(t, s.y), lambda: J)
             fresh = fresh | renew
             refactor = renew | (lu_h != h)
             lus = jax.lax.cond(refactor, lambda: linear.factor(J, h), lambda: lus)
             lu_h = jnp.where(refactor, h, lu_h)
-            done, iters, Z, rate, nf = newton(s.t, s.y, h, Z0, lus, scale)
+            done, iters, Z, rate, nf = newton(t, s.y, h, Z0, lus, scale)
             counts = Counts(counts.nfev + nf, counts.njev + renew.astype(jnp.int32),
                             counts.nlu + 2 * refactor.astype(jnp.int32))
             return k + 1, done, J, fresh, lus, lu_h, iters, Z, rate, counts
@@ -303,7 +288,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
             again,
             lambda: (lambda e: (e, _rms((e / scale)[:m]),
                                 counts._replace(nfev=counts.nfev + 1)))(
-                linear.solve_real(lus[0], field(s.t, s.y + error) + ZE)),
+                linear.solve_real(lus[0], field(t, s.y + error) + ZE)),
             lambda: (error, err, counts))
         safety = 0.9 * (2 * NEWTON_MAXITER + 1) / (2 * NEWTON_MAXITER + iters)
         accept = converged & (err <= 1)
@@ -313,46 +298,24 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         renew_jac = (iters > 2) & (rate > 1e-3)
         grow = jnp.where(~renew_jac & (grow < HOLD), 1.0, grow)
 
-        steps = s.steps + 1
         f_new = jax.lax.cond(accept, lambda: field(t_new, y_new), lambda: s.f)
         counts = counts._replace(nfev=counts.nfev + accept.astype(jnp.int32))
         J_next = jax.lax.cond(accept & renew_jac, lambda: linear.jacobian(t_new, y_new),
                               lambda: J)
         counts = counts._replace(njev=counts.njev + (accept & renew_jac).astype(jnp.int32))
-        k = s.accepted + accept.astype(jnp.int32)
-        hit = accept & land
-        ys = jax.lax.cond(hit, lambda: s.ys.at[s.i_next].set(y_new), lambda: s.ys)
-        kk = jnp.minimum(k, s.grid.shape[0] - 1)
-        grid = s.grid.at[kk].set(jnp.where(accept & record, t_new, s.grid[kk]))
-        states = s.states
-        if dense:
-            states = jax.lax.cond(accept, lambda: states.at[k].set(y_new), lambda: states)
-        t_next = jnp.where(accept, t_new, s.t)
-        spacing = jnp.abs(jnp.nextafter(t_next, jnp.asarray(jnp.inf, dtype)) - t_next)
         h_want = jnp.where(accept, h * grow, h * shrink)
-        done = hit & (s.i_next == ts.shape[0] - 1)
-        status = jnp.where(done, 0, -1)
-        status = jnp.where((status < 0) & (h_want < _ode.MIN_STEP_ULPS * spacing), 2, status)
-        status = jnp.where((status < 0) & (steps >= max_steps), 1, status)
+        tr = advance(s.tr, ts, accept=accept, land=land, t_new=t_new, y_new=y_new, h=h,
+                     h_want=h_want, max_steps=max_steps, record=record, dense=dense)
         # (a failed iteration, or a rejected step: the factorizations are
         # made again for the next step size)
         return _State(
-            t=t_next, y=jnp.where(accept, y_new, s.y), f=f_new,
-            Q=jnp.where(accept, Z.T @ Pj, s.Q), t_old=jnp.where(accept, s.t, s.t_old),
+            tr=tr, y=jnp.where(accept, y_new, s.y), f=f_new,
+            Q=jnp.where(accept, Z.T @ Pj, s.Q), t_old=jnp.where(accept, t, s.t_old),
             h_old=jnp.where(accept, h, s.h_old), err_old=jnp.where(accept, err, s.err_old),
             h_want=h_want, rejected=~accept, J=J_next,
             J_fresh=jnp.where(accept, renew_jac, fresh), lus=lus,
             lu_h=jnp.where(accept & (renew_jac | (grow != 1.0)), jnp.nan, lu_h),
-            i_next=s.i_next + hit.astype(jnp.int32), ys=ys, accepted=k, steps=steps,
-            status=status.astype(jnp.int32), h_last=jnp.where(accept, h, s.h_last),
-            grid=grid, states=states, counts=counts)
+            counts=counts)
 
-    end = jax.lax.while_loop(lambda s: s.status < 0, attempt, s0)
-    reached = jnp.arange(ts.shape[0]) < end.i_next
-    ys = jnp.where(reached[:, None], end.ys, jnp.inf)
-    return Result(ys=ys, status=end.status, accepted=end.accepted, steps=end.steps,
-                  t_reached=end.t, h_last=end.h_last,
-                  ymax=jnp.where(end.accepted > 0, jnp.max(jnp.abs(end.y[:m]), initial=0.0),
-                                 jnp.inf),
-                  grid=end.grid if record else None, states=end.states if dense else None,
-                  counts=end.counts)
+    end = jax.lax.while_loop(lambda s: s.tr.status < 0, attempt, s0)
+    return finish(end.tr, ts, end.y, m, end.counts, record, dense)

@@ -1,0 +1,112 @@
+"""What sciad's own ODE loops (`_bdf`, `_radau`) share: their progress over
+the output times (`Track`: the time, the next output time, the values there,
+the step counts, the recorded steps, the status), the step that lands on the
+next output time (`propose`), its bookkeeping once a step is taken or
+rejected (`advance`), and the integration's `Result`. Plain JAX."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from . import _ode
+
+
+class Counts(NamedTuple):
+    """What an integration did, as SciPy counts it: field evaluations,
+    Jacobian evaluations, factorizations."""
+
+    nfev: jax.Array
+    njev: jax.Array
+    nlu: jax.Array
+
+
+class Result(NamedTuple):
+    ys: jax.Array           # the state at the output times (inf past a failure)
+    status: jax.Array       # 0 success, 1 step limit, 2 step too small
+    accepted: jax.Array     # accepted steps
+    steps: jax.Array        # attempts (accepted and rejected)
+    t_reached: jax.Array    # the last accepted step's time
+    h_last: jax.Array       # the last accepted step's size
+    ymax: jax.Array         # max |y[:m]| there
+    grid: jax.Array | None  # the accepted steps' times (max_steps + 1), padded
+    states: jax.Array | None  # their states (max_steps + 1, n), padded with zeros
+    counts: Counts
+
+
+class Track(NamedTuple):
+    """A loop's progress over its output times `ts`."""
+
+    t: jax.Array        # the time reached (the last accepted step's end)
+    i_next: jax.Array   # the next output time's index
+    ys: jax.Array       # the state at the output times reached
+    accepted: jax.Array
+    steps: jax.Array    # attempts
+    status: jax.Array   # -1 running, else `Result.status`
+    h_last: jax.Array   # the last accepted step's size
+    grid: jax.Array     # the accepted steps' times (where recorded; else one)
+    states: jax.Array   # and their states (where `dense`; else one)
+
+
+def start(t0, y0, ts, max_steps: int, record: bool, dense: bool) -> Track:
+    dtype, n = y0.dtype, y0.shape[0]
+    i32 = jnp.int32
+    return Track(
+        t=t0, i_next=jnp.asarray(1, i32), ys=jnp.zeros((ts.shape[0], n), dtype).at[0].set(y0),
+        accepted=jnp.asarray(0, i32), steps=jnp.asarray(0, i32), status=jnp.asarray(-1, i32),
+        h_last=jnp.zeros((), dtype),
+        grid=jnp.full((max_steps + 1 if record else 1,), ts[-1], dtype).at[0].set(t0),
+        states=jnp.zeros((max_steps + 1 if dense else 1, n), dtype).at[0].set(y0))
+
+
+def propose(tr: Track, ts, h_want, max_step):
+    """`(t_new, h, land)`: the next step, `h_want` (at most `max_step`)
+    shortened to end on the next output time where it would pass it
+    (`land`: it ends there)."""
+    t_bound = ts[tr.i_next]
+    h_use = jnp.minimum(jnp.minimum(h_want, max_step), t_bound - tr.t)
+    land = h_use >= t_bound - tr.t
+    t_new = jnp.where(land, t_bound, tr.t + h_use)
+    return t_new, t_new - tr.t, land
+
+
+def advance(tr: Track, ts, *, accept, land, t_new, y_new, h, h_want, max_steps: int,
+            record: bool, dense: bool) -> Track:
+    """The progress after an attempted step to `t_new` (accepted or not):
+    the output time it lands on, the recorded step, the counts, and the
+    status: done at the last output time; 2 where the next step `h_want` is
+    below `_ode.MIN_STEP_ULPS` spacings of floating-point numbers at the time
+    reached (as SciPy's); 1 at `max_steps` attempts."""
+    steps = tr.steps + 1
+    k = tr.accepted + accept.astype(jnp.int32)
+    hit = accept & land
+    ys = jax.lax.cond(hit, lambda: tr.ys.at[tr.i_next].set(y_new), lambda: tr.ys)
+    kk = jnp.minimum(k, tr.grid.shape[0] - 1)
+    grid = tr.grid.at[kk].set(jnp.where(accept & record, t_new, tr.grid[kk]))
+    states = tr.states
+    if dense:
+        states = jax.lax.cond(accept, lambda: states.at[k].set(y_new), lambda: states)
+    t = jnp.where(accept, t_new, tr.t)
+    spacing = jnp.abs(jnp.nextafter(t, jnp.asarray(jnp.inf, t.dtype)) - t)
+    status = jnp.where(hit & (tr.i_next == ts.shape[0] - 1), 0, -1)
+    status = jnp.where((status < 0) & (h_want < _ode.MIN_STEP_ULPS * spacing), 2, status)
+    status = jnp.where((status < 0) & (steps >= max_steps), 1, status)
+    return Track(t=t, i_next=tr.i_next + hit.astype(jnp.int32), ys=ys, accepted=k,
+                 steps=steps, status=status.astype(jnp.int32),
+                 h_last=jnp.where(accept, h, tr.h_last), grid=grid, states=states)
+
+
+def finish(tr: Track, ts, y_last, m: int, counts: Counts, record: bool,
+           dense: bool) -> Result:
+    """The integration's result from its final progress (`y_last`: the state
+    at the time reached): past a failure, the output times not reached are
+    infinite (as diffrax's)."""
+    reached = jnp.arange(ts.shape[0]) < tr.i_next
+    return Result(ys=jnp.where(reached[:, None], tr.ys, jnp.inf), status=tr.status,
+                  accepted=tr.accepted, steps=tr.steps, t_reached=tr.t, h_last=tr.h_last,
+                  ymax=jnp.where(tr.accepted > 0, jnp.max(jnp.abs(y_last[:m]), initial=0.0),
+                                 jnp.inf),
+                  grid=tr.grid if record else None, states=tr.states if dense else None,
+                  counts=counts)
