@@ -197,6 +197,12 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
         values, mass_pattern = held_mass
         if pattern is not None:  # (the Newton matrices hold the mass's entries too)
             params["pattern"] = with_mass_entries(pattern, mass_pattern)
+            if SOLVERS[solver].lowering == "radau" and np.any(
+                    mass_pattern.rows != np.asarray(mass_pattern.indices)):
+                raise NotSupportedError(
+                    "Radau with sparse iteration matrices takes a diagonal mass matrix (its "
+                    "complex system's off-diagonal blocks hold it on their diagonal); use "
+                    "solver='bdf', or jac='dense'.", op=op)
         params["mass"] = len(operands)
         if mass_pattern is not None:
             params["mass_pattern"] = mass_pattern
@@ -273,10 +279,11 @@ def _dae_options(kw: dict, op: str) -> dict:
 def _mass_operand(mass: _Mass, n: int, dtype, solver: str, op: str):
     """`(values, pattern)`: the mass matrix's entries as the node's operand,
     on its own pattern (checked: `(n, n)`, for BDF)."""
-    if SOLVERS[solver].lowering != "bdf":
+    if SOLVERS[solver].lowering not in ("bdf", "radau"):
         raise NotSupportedError(
-            f"a mass matrix (M dy/dt = f) is for solver='bdf' (solve_ivp's method='BDF'); got "
-            f"{solver!r}. Radau and the ESDIRK methods do not take one yet.", op=op)
+            f"a mass matrix (M dy/dt = f) is for solver='bdf' or 'radau' (solve_ivp's "
+            f"method='BDF' or 'Radau'); got {solver!r}. The ESDIRK methods do not take one "
+            f"yet.", op=op)
     m = mass.matrix
     if m.shape != (n, n):
         raise ShapeError(f"the mass matrix must be ({n}, {n}), the flat state's size, got "
@@ -477,7 +484,8 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       steps taken, so they follow it too.
     - `mass`: a constant mass matrix `M` (a NumPy array or a SciPy sparse
       matrix, `(n, n)` for the flat state's `n` elements; None: the
-      identity): solves `M dy/dt = f(t, y, args)`, for `solver="bdf"`. A
+      identity): solves `M dy/dt = f(t, y, args)`, for `solver="bdf"` or
+      `"radau"` (with `jac="sparse"`, Radau takes a diagonal `M`). A
       singular `M` makes a differential-algebraic system: its rows without
       an entry are algebraic equations `0 = f_i`, which `y0` must satisfy
       to `rtol` (relative to `max(1, |y0|)`; else `InvalidOptionError` when
@@ -1136,7 +1144,8 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
       for shape only; `jac_sparsity` selects the sparse Newton solve, whose
       pattern is detected); `min_step`, `lband`, `uband` are refused by
       name. odeint's own options (`adjoint`, `max_steps`, `checkpoints`,
-      `mass` and `dae_init` for a DAE with `method="BDF"`, ...) pass
+      `mass` and `dae_init` for a DAE with `method="BDF"` or `"Radau"`,
+      ...) pass
       through.
 
     Steps: called outside a trace without `max_steps`, it takes the steps

@@ -212,8 +212,9 @@ def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive
         raise InvalidOptionError(f"{solver} chooses its steps and orders: constant steps "
                                  "(adaptive=False) are for the Runge-Kutta methods.", op=op)
     if mass is not None:
-        if stepper.lowering != "bdf":
-            raise NotSupportedError(f"a mass matrix is for solver='bdf'; got {solver}.", op=op)
+        if stepper.lowering not in ("bdf", "radau"):
+            raise NotSupportedError(f"a mass matrix is for solver='bdf' or 'radau'; got "
+                                    f"{solver}.", op=op)
         if not 0 <= mass < len(consts):
             raise ShapeError(f"`mass` must index one of the {len(consts)} consts, got {mass}.",
                              op=op)

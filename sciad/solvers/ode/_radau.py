@@ -31,7 +31,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import _ode
-from ._bdf import _rms, initial_step
+from ._bdf import _derivative, _rms, _sparse_apply, initial_step
 from ._steps import Counts, Result, Track, advance, finish, propose, start
 
 S6 = 6.0 ** 0.5
@@ -80,17 +80,17 @@ class _Linear(NamedTuple):
     solve_complex: Callable  # (lu, b) -> x (complex b)
 
 
-def _dense_linear(field, n, dtype):
+def _dense_linear(field, n, dtype, mass=None):
     mu_r, mu_c, *_ = constants()
-    eye = jnp.eye(n, dtype=dtype)
+    M = jnp.eye(n, dtype=dtype) if mass is None else jnp.asarray(mass, dtype)
     cdtype = jnp.result_type(dtype, jnp.complex64)
 
     def jacobian(t, y):
         return jax.jacfwd(lambda z: field(t, z))(y)
 
     def factor(J, h):
-        real = jax.scipy.linalg.lu_factor(mu_r / h * eye - J)
-        cplx = jax.scipy.linalg.lu_factor((mu_c / h) * eye.astype(cdtype) - J.astype(cdtype))
+        real = jax.scipy.linalg.lu_factor(mu_r / h * M - J)
+        cplx = jax.scipy.linalg.lu_factor((mu_c / h) * M.astype(cdtype) - J.astype(cdtype))
         return real, cplx
 
     return _Linear(jacobian, factor, jax.scipy.linalg.lu_solve, jax.scipy.linalg.lu_solve)
@@ -117,10 +117,14 @@ def _doubled(pattern):
     return pat, from_p, upper, lower
 
 
-def _sparse_linear(field, pattern):
+def _sparse_linear(field, pattern, mass=None):
+    """`mass`: the mass matrix's values on `pattern` (a diagonal one: the
+    complex system's off-diagonal blocks, `-+b M`, are on the diagonal), or
+    None (the identity)."""
     mu_r, mu_c, *_ = constants()
     pattern = _ode._with_diagonal(pattern)
     eye = _ode._structure(pattern)[2]
+    diagonal = np.asarray(pattern.diagonal_positions())
     from .._coloring import coloring
     from ..nonlinear._nonlinear import colored_values
 
@@ -132,12 +136,13 @@ def _sparse_linear(field, pattern):
         return colored_values(lambda z: field(t, z), pattern, colors)(y)
 
     def factor(J, h):
-        I = jnp.asarray(eye, J.dtype)
-        real = mu_r / h * I - J
+        M = jnp.asarray(eye, J.dtype) if mass is None else mass
+        real = mu_r / h * M - J
         a, b = mu_c.real / h, mu_c.imag / h
-        block = a * I - J
+        block = a * M - J
         values = jnp.where(from_p >= 0, block[jnp.maximum(from_p, 0)], 0.0)
-        values = values.at[upper].set(-b).at[lower].set(b)
+        d = M[diagonal]  # (the rows of the blocks -+b M: M is diagonal)
+        values = values.at[upper].set(-b * d).at[lower].set(b * d)
         return (real, _ode._factor(pattern, real)), (values, _ode._factor(big, values))
 
     def solve_real(lu, rhs):
@@ -172,10 +177,12 @@ class _State(NamedTuple):
 
 def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: int,
               m: int | None = None, jac: str = "dense", pattern=None, dt0=None, dtmax=None,
-              record: bool = True, dense: bool = False) -> Result:
-    """Integrates `dy/dt = field(t, y)` from `y(ts[0]) = y0` with Radau IIA
-    (see the module docstring); `ts` increasing. `m`: the error control
-    reads the first `m` elements (all: None)."""
+              record: bool = True, dense: bool = False, mass=None) -> Result:
+    """Integrates `M dy/dt = field(t, y)` from `y(ts[0]) = y0` with Radau
+    IIA (see the module docstring); `ts` increasing. `m`: the error control
+    reads the first `m` elements (all: None). `mass`: None (the identity),
+    a dense `(n, n)` matrix, or (with `jac="sparse"`, a diagonal one) its
+    values on `pattern`."""
     mu_r, mu_c, T, TI, P = constants()
     n = y0.shape[0]
     m = n if m is None else m
@@ -184,14 +191,21 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
     t0, t_end = ts[0], ts[-1]
     eps = float(np.finfo(dtype).eps)
     newton_tol = max(10 * eps / rtol, min(0.03, rtol ** 0.5))
-    linear = _sparse_linear(field, pattern) if jac == "sparse" else \
-        _dense_linear(field, n, dtype)
+    linear = _sparse_linear(field, pattern, mass) if jac == "sparse" else \
+        _dense_linear(field, n, dtype, mass)
+    if mass is None:
+        apply_mass = lambda v: v  # noqa: E731
+    elif jac == "sparse":
+        apply_mass = _sparse_apply(_ode._with_diagonal(pattern), mass)
+    else:
+        apply_mass = lambda v, M=jnp.asarray(mass, dtype): M @ v  # noqa: E731
     Cj, Ej, Tj, TIj, Pj = (jnp.asarray(a, dtype) for a in (C, E, T, TI, P))
     ti_real, ti_complex = TIj[0], (TIj[1] + 1j * TIj[2]).astype(cdtype)
     max_step = jnp.inf if dtmax is None else float(dtmax)
 
     f0 = field(t0, y0)
-    h0 = initial_step(field, t0, y0, f0, t_end - t0, rtol, atol, m, order=3) \
+    deriv = None if mass is None else _derivative(mass, jac, pattern, n, dtype)
+    h0 = initial_step(field, t0, y0, f0, t_end - t0, rtol, atol, m, order=3, deriv=deriv) \
         if dt0 is None else jnp.asarray(dt0, dtype)
     h0 = jnp.minimum(h0, max_step).astype(dtype)
     J0 = linear.jacobian(t0, y0)
@@ -217,8 +231,9 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
             k, W, Z, old, done, failed, rate, nf = s
             F = jax.vmap(lambda c, z: field(t + c * h, y + z))(Cj, Z)  # (3, n)
             finite = jnp.all(jnp.isfinite(F))
-            f_real = F.T @ ti_real - m_real * W[0]
-            f_complex = F.T.astype(cdtype) @ ti_complex - m_complex * (W[1] + 1j * W[2])
+            f_real = F.T @ ti_real - m_real * apply_mass(W[0])
+            f_complex = F.T.astype(cdtype) @ ti_complex - m_complex * (
+                apply_mass(W[1]) + 1j * apply_mass(W[2]))
             dw_real = linear.solve_real(lu_real, f_real)
             dw_complex = linear.solve_complex(lu_complex, f_complex)
             dW = jnp.stack([dw_real, dw_complex.real.astype(dtype),
@@ -278,7 +293,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
                                    s.J_fresh, s.lus, s.lu_h, jnp.asarray(0, jnp.int32), Z0,
                                    jnp.asarray(jnp.nan, dtype), s.counts))
         y_new = s.y + Z[-1]
-        ZE = Z.T @ Ej / h
+        ZE = apply_mass(Z.T @ Ej / h)
         error = linear.solve_real(lus[0], s.f + ZE)
         scale = atol + jnp.maximum(jnp.abs(s.y), jnp.abs(y_new)) * rtol
         err = _rms((error / scale)[:m])
