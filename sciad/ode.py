@@ -226,8 +226,8 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
 
 
 class _Mass:
-    """A constant mass matrix (`odeint(mass=...)`), held as CSR, compared and
-    hashed by content (it keys compiled programs)."""
+    """A constant mass matrix (`odeint(mass=...)`), held as its pattern and
+    values (float64), compared and hashed by content (it keys compiled programs)."""
 
     def __init__(self, matrix, op: str):
         import scipy.sparse as sp
@@ -247,8 +247,11 @@ class _Mass:
         m.eliminate_zeros()
         m.sum_duplicates()
         m.sort_indices()
-        self.matrix = m
-        self._key = (m.shape, m.indptr.tobytes(), m.indices.tobytes(), m.data.tobytes())
+        from .graph._types import Pattern
+
+        self.values = m.data
+        self.pattern = Pattern(m.shape, m.indptr, m.indices)
+        self._key = (self.pattern, m.data.tobytes())
 
     def __hash__(self):
         return hash(self._key)
@@ -257,13 +260,7 @@ class _Mass:
         return isinstance(other, _Mass) and self._key == other._key
 
     def __repr__(self):
-        return f"_Mass({self.matrix.shape}, nnz={self.matrix.nnz})"
-
-    def algebraic(self):
-        """`(rows, columns)` without an entry: the algebraic equations and
-        variables of a semi-explicit DAE."""
-        m = self.matrix
-        return np.flatnonzero(m.getnnz(axis=1) == 0), np.flatnonzero(m.getnnz(axis=0) == 0)
+        return f"_Mass({self.pattern.shape}, nnz={self.pattern.nnz})"
 
 
 def _dae_options(kw: dict, op: str) -> dict:
@@ -284,13 +281,10 @@ def _mass_operand(mass: _Mass, n: int, dtype, solver: str, op: str):
             f"a mass matrix (M dy/dt = f) is for solver='bdf' or 'radau' (solve_ivp's "
             f"method='BDF' or 'Radau'); got {solver!r}. The ESDIRK methods do not take one "
             f"yet.", op=op)
-    m = mass.matrix
-    if m.shape != (n, n):
+    if mass.pattern.shape != (n, n):
         raise ShapeError(f"the mass matrix must be ({n}, {n}), the flat state's size, got "
-                         f"{m.shape}.", op=op)
-    from .graph._types import Pattern
-
-    return snp.asarray(m.data.astype(dtype)), Pattern(m.shape, m.indptr, m.indices)
+                         f"{mass.pattern.shape}.", op=op)
+    return snp.asarray(mass.values.astype(dtype)), mass.pattern
 
 
 def _consistent(field, vals, flat0, ts, mass: _Mass, op: str):
@@ -301,7 +295,8 @@ def _consistent(field, vals, flat0, ts, mass: _Mass, op: str):
     implicit function theorem."""
     from .optimize import root
 
-    rows, cols = mass.algebraic()
+    # (the algebraic equations and variables of a semi-explicit DAE)
+    rows, cols = mass.pattern.empty_lines()
     if rows.size == 0:
         return flat0
     if rows.size != cols.size:
@@ -522,9 +517,7 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
     kw = dict(solver=solver, rtol=rtol, atol=atol, adjoint=adjoint, max_steps=int(max_steps),
               dt0=dt0, adaptive=adaptive, jac=jac, checkpoints=checkpoints, throw=throw, op=op,
               dtmax=dtmax)
-    if mass is not None:
-        kw.update(mass=mass if isinstance(mass, _Mass) else _Mass(mass, op),
-                  dae_init=dae_init)
+    kw.update(_dae_options({"mass": mass, "dae_init": dae_init}, op))
     sign = -1.0 if backward else 1.0
     if _in_trace((y0, ts, args)):
         if throw:
@@ -1423,28 +1416,14 @@ def _ivp_failure(code: int, limit: int, t_reached) -> str:
     return f"{SCIPY_MESSAGES[-1]} ({STATUS[code]}{at})"
 
 
-class _Stepped(NamedTuple):
-    """What `_ivp_steps(values=True)` tells of its solve, as odeint's result
-    does (`status`, `steps`, `success`)."""
-
-    status: Any
-    steps: Any
-    nfev: Any = 0
-    njev: Any = 0
-    nlu: Any = 0
-
-    @property
-    def success(self):
-        return int(self.status) == 0
-
-
 def _ivp_steps(field, z0, ts, args, opts, op, values: bool = False):
     """The accepted steps of a concrete solve: their times (in the
     integration's variable) and states, `(steps + 1,)` and `(steps + 1,
     n)`, from the solve's start to where it ended (the end of the span, or
     where it failed). Holds `max_steps + 1` states while it runs. With
-    `values`: `(ys at ts, _Stepped, (times, states))`, the same program's
-    values at the times `ts` and its status too."""
+    `values`: `(ys at ts, ODEResult, (times, states))`, the same program's
+    values at the times `ts`, and its status and work as odeint's result
+    gives them."""
     kw = dict(opts)
     solver, adaptive, rtol = _check_options(
         kw.pop("solver"), kw.pop("rtol"), kw.pop("atol", 1e-9), kw.get("adjoint"),
@@ -1456,13 +1435,16 @@ def _ivp_steps(field, z0, ts, args, opts, op, values: bool = False):
                  throw=False, op=op, dtmax=kw.get("dtmax"), **_dae_options(kw, op))
     ys, status, nsteps, grid, states, work = _compiled_call(
         lambda f, z0, ts, a: _odeint_inline(f, z0, ts, a, every_step=True, count=True,
-                                            **inner)[:6],
+                                            **inner),
         field, (z0, np.asarray(ts, np.float64)), args,
         (op, "steps", tuple(sorted(inner.items()))), "solve_ivp_steps")
     k = int(nsteps) + 1
     every = (np.asarray(grid)[:k], np.asarray(states)[:k])
-    stepped = _Stepped(status, nsteps, *(int(w) for w in np.asarray(work)))
-    return (np.asarray(ys), stepped, every) if values else every
+    if not values:
+        return every
+    ys = np.asarray(ys)
+    return ys, ODEResult(ys, int(status), int(nsteps), float(every[0][-1]),
+                         *(int(w) for w in np.asarray(work))), every
 
 
 #: an eager `solve_ivp` that reaches its step limit (`max_steps` not given)

@@ -372,10 +372,9 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
             max_steps=max_steps, dt0=dt0, adaptive=adaptive, m=m, jac=jac, pattern=pattern,
             record=record, dense=dense, dtmax=dtmax, **extra)
     ys, accepted = r.ys, r.accepted
+    # (6, inconsistent initial values: the loops check the algebraic
+    # equations at t0, to rtol)
     status = jnp.where(ts_ok, r.status, 4)
-    if mass is not None:  # the algebraic equations at t0, to rtol
-        status = jnp.where(_inconsistent(body, held, consts, y0, ts[0], consts[mass],
-                                         mass_pattern, rtol), 6, status)
     status = jnp.where((status == 0) & ~jnp.all(jnp.isfinite(ys)), 3, status).astype(jnp.int32)
     if throw:
         token = check(judge_ode, site or Site("ode.odeint"), when=status != 0,
@@ -465,23 +464,6 @@ def _run_diffrax(body, held, consts, y0, ts, *, stepper, rtol, atol, max_steps, 
                 t_reached, h_last, ymax, grid, states, work)
 
 
-def _inconsistent(body, held, consts, y0, t0, mass, mass_pattern, rtol):
-    """Whether `y0` violates the algebraic equations, the rows of the mass
-    matrix without an entry (those of each block of a `k N` state), by more
-    than `rtol` (relative to `max(1, |y0|)`)."""
-    size = mass_pattern.shape[0] if mass_pattern is not None else mass.shape[0]
-    if mass_pattern is None:
-        algebraic = jnp.all(mass == 0, axis=1)
-    else:
-        rows = np.asarray(mass_pattern.rows)
-        algebraic = jnp.zeros((size,), bool).at[rows].max(mass != 0)
-        algebraic = ~algebraic
-    f0 = lower(part_of(body, 0), held)(*consts, t0, y0)[0]
-    k = y0.shape[0] // size
-    g = jnp.where(jnp.tile(algebraic, k), jnp.abs(f0), 0.0)
-    return ~(jnp.max(g, initial=0.0) <= rtol * jnp.maximum(1.0, jnp.max(jnp.abs(y0))))
-
-
 def _mass_for(mass, mass_pattern, n: int, jac: str, pattern):
     """The mass matrix of an `n`-element state for `_bdf.integrate`: dense
     `I_k (x) M`, or its values on the Newton matrices' `pattern` (sparse)."""
@@ -497,22 +479,12 @@ def _mass_for(mass, mass_pattern, n: int, jac: str, pattern):
     else:
         r, c = np.asarray(mass_pattern.rows), np.asarray(mass_pattern.indices)
         values = mass
-    positions = _positions(pattern, np.concatenate([r + b * size for b in range(k)]),
-                           np.concatenate([c + b * size for b in range(k)]))
+    positions = pattern.positions_of(np.concatenate([r + b * size for b in range(k)]),
+                                     np.concatenate([c + b * size for b in range(k)]))
     # (every entry has its place: the pattern was made with them,
     # `with_mass_entries`)
     assert np.all(positions >= 0), "the Newton pattern holds the mass matrix's entries"
     return jnp.zeros((pattern.nnz,), values.dtype).at[positions].set(jnp.tile(values, k))
-
-
-def _positions(pattern, rows, cols) -> np.ndarray:
-    """Where the entries `(rows, cols)` sit in `pattern`'s values (-1 where
-    it has none)."""
-    import scipy.sparse as sp
-
-    where = sp.csr_matrix((np.arange(1, pattern.nnz + 1, dtype=np.float64), pattern.indices,
-                           pattern.indptr), shape=pattern.shape)
-    return np.asarray(where[rows, cols]).ravel().astype(np.int64) - 1
 
 
 def _run_own(body, held, consts, y0, ts, *, stepper, rtol, atol, max_steps, dt0, adaptive,

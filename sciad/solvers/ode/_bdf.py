@@ -37,7 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _ode
-from ._steps import Counts, Result, Track, advance, finish, propose, start
+from ._steps import (Counts, Result, Track, advance, finish, inconsistent, mass_of, propose,
+                     start)
 
 MAX_ORDER = 5
 #: Newton iterations per attempt (SciPy's NEWTON_MAXITER)
@@ -106,9 +107,8 @@ def _row_scale(algebraic, c):
     return jnp.where(algebraic, 1.0 / c, 1.0)
 
 
-def _dense_linear(field, n, mass, dtype):
+def _dense_linear(field, n, mass, dtype, algebraic=None):
     Mm = jnp.eye(n, dtype=dtype) if mass is None else jnp.asarray(mass, dtype)
-    algebraic = None if mass is None else jnp.all(Mm == 0, axis=1)
 
     def jacobian(t, y):
         return jax.jacfwd(lambda z: field(t, z))(y)
@@ -122,11 +122,10 @@ def _dense_linear(field, n, mass, dtype):
         lu, s = lu
         return jax.scipy.linalg.lu_solve(lu, b if s is None else s * b)
 
-    return _Linear(jacobian, factor, solve), (lambda v: v) if mass is None else \
-        (lambda v: Mm @ v)
+    return _Linear(jacobian, factor, solve)
 
 
-def _sparse_linear(field, pattern, mass_values):
+def _sparse_linear(field, pattern, mass_values, algebraic=None):
     """The iteration matrix on `pattern` (with its diagonal: `_ode`'s
     colored values, SuperLU on the host; the factorization is a handle)."""
     pattern = _ode._with_diagonal(pattern)
@@ -136,8 +135,6 @@ def _sparse_linear(field, pattern, mass_values):
 
     colors = coloring(pattern)
     rows = np.asarray(pattern.rows)
-    algebraic = None if mass_values is None else \
-        ~jnp.zeros((pattern.shape[0],), bool).at[rows].max(mass_values != 0)
 
     def jacobian(t, y):
         return colored_values(lambda z: field(t, z), pattern, colors)(y)
@@ -210,19 +207,16 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
     t0, t_end = ts[0], ts[-1]
     eps = float(np.finfo(dtype).eps)
     newton_tol = max(10 * eps / rtol, min(0.03, rtol ** 0.5))
-    if jac == "sparse":
-        linear = _sparse_linear(field, pattern, mass)
-        if mass is None:
-            apply_mass = lambda v: v  # noqa: E731
-        else:
-            apply_mass = _sparse_apply(pattern, mass)
-    else:
-        linear, apply_mass = _dense_linear(field, n, mass, dtype)
+    M = mass_of(mass, jac, pattern, n, dtype)
+    algebraic = None if M is None else M.algebraic
+    linear = _sparse_linear(field, pattern, mass, algebraic) if jac == "sparse" else \
+        _dense_linear(field, n, mass, dtype, algebraic)
+    apply_mass = (lambda v: v) if M is None else M.apply
     alpha, gamma, error_const = (jnp.asarray(a, dtype) for a in (ALPHA, GAMMA, ERROR_CONST))
     max_step = jnp.inf if dtmax is None else float(dtmax)
 
     f0 = field(t0, y0)
-    deriv = None if mass is None else _derivative(mass, jac, pattern, n, dtype)
+    deriv = None if M is None else M.derivative
     if dt0 is None:
         h0 = initial_step(field, t0, y0, f0, t_end - t0, rtol, atol, m, deriv=deriv)
     else:
@@ -232,7 +226,8 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
     D = D.at[1].set((f0 if deriv is None else deriv(f0)) * h0)
     J0 = linear.jacobian(t0, y0)
     lu0 = linear.factor(J0, jnp.asarray(0.0, dtype))
-    s0 = _State(tr=start(t0, y0, ts, max_steps, record, dense), D=D, h_D=h0, h_want=h0,
+    s0 = _State(tr=start(t0, y0, ts, max_steps, record, dense, inconsistent(M, f0, y0, rtol)),
+                D=D, h_D=h0, h_want=h0,
                 order=jnp.asarray(1, jnp.int32),
                 equal=jnp.asarray(0, jnp.int32), J=J0, J_fresh=jnp.asarray(True),
                 lu=lu0, lu_c=jnp.asarray(jnp.nan, dtype),
@@ -344,30 +339,3 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
 
     end = jax.lax.while_loop(lambda s: s.tr.status < 0, attempt, s0)
     return finish(end.tr, ts, end.D[0], m, end.counts, record, dense)
-
-
-def _derivative(mass, jac: str, pattern, n: int, dtype):
-    """`f -> dy/dt` where `M dy/dt = f`, for the first step's predictor and
-    size: the least-squares solution of least norm with a dense `M` (0 on
-    the algebraic variables); `f / diag(M)` (0 where the diagonal is) with
-    a sparse one, exact where `M` is diagonal (the predictor only sets the
-    first step's size: the steps solve `M dy/dt = f` itself)."""
-    if jac != "sparse":
-        M = jnp.asarray(mass, dtype)
-        pinv = jnp.linalg.pinv(M)
-        return lambda f: pinv @ f
-    where = _ode._with_diagonal(pattern).diagonal_positions()
-    diag = jnp.asarray(mass)[jnp.asarray(where)]
-    return lambda f: jnp.where(diag != 0, f / jnp.where(diag != 0, diag, 1.0), 0.0)
-
-
-def _sparse_apply(pattern, values):
-    """`v -> M v` for the matrix with `values` on `pattern`."""
-    rows = jnp.asarray(pattern.rows)
-    cols = jnp.asarray(pattern.indices)
-    n = pattern.shape[0]
-
-    def apply(v):
-        return jnp.zeros((n,), v.dtype).at[rows].add(values * v[cols])
-
-    return apply

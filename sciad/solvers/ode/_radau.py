@@ -31,8 +31,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import _ode
-from ._bdf import _derivative, _rms, _sparse_apply, initial_step
-from ._steps import Counts, Result, Track, advance, finish, propose, start
+from ._bdf import _rms, initial_step
+from ._steps import (Counts, Result, Track, advance, finish, inconsistent, mass_of, propose,
+                     start)
 
 S6 = 6.0 ** 0.5
 #: the nodes, and the Butcher matrix of Radau IIA (order 5)
@@ -193,24 +194,21 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
     newton_tol = max(10 * eps / rtol, min(0.03, rtol ** 0.5))
     linear = _sparse_linear(field, pattern, mass) if jac == "sparse" else \
         _dense_linear(field, n, dtype, mass)
-    if mass is None:
-        apply_mass = lambda v: v  # noqa: E731
-    elif jac == "sparse":
-        apply_mass = _sparse_apply(_ode._with_diagonal(pattern), mass)
-    else:
-        apply_mass = lambda v, M=jnp.asarray(mass, dtype): M @ v  # noqa: E731
+    M = mass_of(mass, jac, pattern, n, dtype)
+    apply_mass = (lambda v: v) if M is None else M.apply
     Cj, Ej, Tj, TIj, Pj = (jnp.asarray(a, dtype) for a in (C, E, T, TI, P))
     ti_real, ti_complex = TIj[0], (TIj[1] + 1j * TIj[2]).astype(cdtype)
     max_step = jnp.inf if dtmax is None else float(dtmax)
 
     f0 = field(t0, y0)
-    deriv = None if mass is None else _derivative(mass, jac, pattern, n, dtype)
+    deriv = None if M is None else M.derivative
     h0 = initial_step(field, t0, y0, f0, t_end - t0, rtol, atol, m, order=3, deriv=deriv) \
         if dt0 is None else jnp.asarray(dt0, dtype)
     h0 = jnp.minimum(h0, max_step).astype(dtype)
     J0 = linear.jacobian(t0, y0)
     s0 = _State(
-        tr=start(t0, y0, ts, max_steps, record, dense), y=y0, f=f0, Q=jnp.zeros((n, 3), dtype), t_old=t0, h_old=jnp.zeros((), dtype),
+        tr=start(t0, y0, ts, max_steps, record, dense, inconsistent(M, f0, y0, rtol)),
+        y=y0, f=f0, Q=jnp.zeros((n, 3), dtype), t_old=t0, h_old=jnp.zeros((), dtype),
         err_old=jnp.asarray(jnp.nan, dtype), h_want=h0, rejected=jnp.asarray(False),
         J=J0, J_fresh=jnp.asarray(True), lus=linear.factor(J0, h0),
         lu_h=jnp.asarray(jnp.nan, dtype),

@@ -2,11 +2,12 @@
 the output times (`Track`: the time, the next output time, the values there,
 the step counts, the recorded steps, the status), the step that lands on the
 next output time (`propose`), its bookkeeping once a step is taken or
-rejected (`advance`), and the integration's `Result`. Plain JAX."""
+rejected (`advance`), the integration's `Result`, and the mass matrix of `M
+dy/dt = f` as both read it (`Mass`). Plain JAX."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +26,7 @@ class Counts(NamedTuple):
 
 class Result(NamedTuple):
     ys: jax.Array           # the state at the output times (inf past a failure)
-    status: jax.Array       # 0 success, 1 step limit, 2 step too small
+    status: jax.Array       # 0 success, 1 step limit, 2 step too small, 6 inconsistent
     accepted: jax.Array     # accepted steps
     steps: jax.Array        # attempts (accepted and rejected)
     t_reached: jax.Array    # the last accepted step's time
@@ -50,12 +51,64 @@ class Track(NamedTuple):
     states: jax.Array   # and their states (where `dense`; else one)
 
 
-def start(t0, y0, ts, max_steps: int, record: bool, dense: bool) -> Track:
+class Mass(NamedTuple):
+    """A mass matrix `M` as the loops read it."""
+
+    #: `v -> M v`
+    apply: Callable
+    #: `f -> dy/dt` where `M dy/dt = f`, for the first step's predictor and
+    #: size: the least-squares solution of least norm with a dense `M` (0 on
+    #: the algebraic variables); `f / diag(M)` (0 where the diagonal is)
+    #: with a sparse one, exact where `M` is diagonal (the predictor only
+    #: sets the first step's size: the steps solve `M dy/dt = f` itself)
+    derivative: Callable
+    #: the rows without an entry: the algebraic equations (bool, `(n,)`)
+    algebraic: jax.Array
+
+
+def mass_of(mass, jac: str, pattern, n: int, dtype) -> Mass | None:
+    """The `Mass` of `mass`: None (the identity: None), a dense `(n, n)`
+    matrix, or (`jac="sparse"`) its values on `pattern` (with its
+    diagonal)."""
+    if mass is None:
+        return None
+    if jac != "sparse":
+        M = jnp.asarray(mass, dtype)
+        pinv = jnp.linalg.pinv(M)
+        return Mass(lambda v: M @ v, lambda f: pinv @ f, jnp.all(M == 0, axis=1))
+    pattern = _ode._with_diagonal(pattern)
+    values = jnp.asarray(mass, dtype)
+    rows, cols = jnp.asarray(pattern.rows), jnp.asarray(pattern.indices)
+    diag = values[jnp.asarray(pattern.diagonal_positions())]
+
+    def apply(v):
+        return jnp.zeros((n,), v.dtype).at[rows].add(values * v[cols])
+
+    def derivative(f):
+        return jnp.where(diag != 0, f / jnp.where(diag != 0, diag, 1.0), 0.0)
+
+    return Mass(apply, derivative, ~jnp.zeros((n,), bool).at[rows].max(values != 0))
+
+
+def inconsistent(mass: Mass | None, f0, y0, rtol: float):
+    """Whether `y0` violates the algebraic equations (`f0 = f(t0, y0)` on
+    the rows of `mass` without an entry) by more than `rtol`, relative to
+    `max(1, |y0|)` (False without a mass matrix)."""
+    if mass is None:
+        return jnp.asarray(False)
+    g = jnp.where(mass.algebraic, jnp.abs(f0), 0.0)
+    return ~(jnp.max(g, initial=0.0) <= rtol * jnp.maximum(1.0, jnp.max(jnp.abs(y0))))
+
+
+def start(t0, y0, ts, max_steps: int, record: bool, dense: bool, failed=False) -> Track:
+    """The progress at `t0`; `failed`: status 6 at once (the initial values
+    violate the algebraic equations: `inconsistent`)."""
     dtype, n = y0.dtype, y0.shape[0]
     i32 = jnp.int32
     return Track(
         t=t0, i_next=jnp.asarray(1, i32), ys=jnp.zeros((ts.shape[0], n), dtype).at[0].set(y0),
-        accepted=jnp.asarray(0, i32), steps=jnp.asarray(0, i32), status=jnp.asarray(-1, i32),
+        accepted=jnp.asarray(0, i32), steps=jnp.asarray(0, i32),
+        status=jnp.where(failed, 6, -1).astype(i32),
         h_last=jnp.zeros((), dtype),
         grid=jnp.full((max_steps + 1 if record else 1,), ts[-1], dtype).at[0].set(t0),
         states=jnp.zeros((max_steps + 1 if dense else 1, n), dtype).at[0].set(y0))
