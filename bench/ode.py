@@ -114,6 +114,27 @@ def lotka_volterra(repeats: int) -> dict:
     return {"t": t, "agree": agree}
 
 
+def brusselator_field(n: int, p, xp):
+    """examples/ode_fit.py's Brusselator (`n` cells, `p = (log alpha, B)`) as
+    `f(t, y, *args)` in NumPy or jax.numpy (`xp`), for SciPy and diffrax."""
+    import numpy as np
+
+    alpha, B = float(np.exp(p[0])), float(p[1])
+    dx2 = (1.0 / (n + 1)) ** 2
+
+    def f(t, y, *_):
+        w = y.reshape(n, 2)
+        u, v = w[:, 0], w[:, 1]
+        up = xp.pad(u, 1, constant_values=1.0)
+        vp = xp.pad(v, 1, constant_values=3.0)
+        uuv = u * u * v
+        du = 1.0 + uuv - (B + 1.0) * u + alpha * (up[:-2] - 2 * u + up[2:]) / dx2
+        dv = B * u - uuv + alpha * (vp[:-2] - 2 * v + vp[2:]) / dx2
+        return xp.stack([du, dv], axis=1).reshape(-1)
+
+    return f
+
+
 def brusselator(n: int, repeats: int) -> dict:
     import diffrax
     import jax
@@ -142,22 +163,7 @@ def brusselator(n: int, repeats: int) -> dict:
         **tol).steps)(p))
     pattern = sd.sparse.jacobian_sparsity(lambda y: ex.brusselator(0.0, y, p), y0)
 
-    alpha, B = float(np.exp(p[0])), float(p[1])
-    dx2 = (1.0 / (n + 1)) ** 2
-
-    def field(xp):  # the vector field in NumPy or jax.numpy
-        def f(t, y, *_):
-            w = y.reshape(n, 2)
-            u, v = w[:, 0], w[:, 1]
-            up = xp.pad(u, 1, constant_values=1.0)
-            vp = xp.pad(v, 1, constant_values=3.0)
-            uuv = u * u * v
-            du = 1.0 + uuv - (B + 1.0) * u + alpha * (up[:-2] - 2 * u + up[2:]) / dx2
-            dv = B * u - uuv + alpha * (vp[:-2] - 2 * v + vp[2:]) / dx2
-            return xp.stack([du, dv], axis=1).reshape(-1)
-        return f
-
-    f_np, f_jax = field(np), field(jnp)
+    f_np, f_jax = brusselator_field(n, p, np), brusselator_field(n, p, jnp)
 
     def scipy_solve(method):
         return HostCall(lambda p: scipy.integrate.solve_ivp(

@@ -43,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import (  # noqa: E402  (bench/ must be on sys.path first)
     HostCall, command_line, load_average, load_example, machine_info, median_time, publish,
     report_head, timed_call, yes_no)
+from ode import brusselator_field  # noqa: E402  (the same problem as bench/ode.py's)
 
 RESULTS = os.path.join(ROOT, "bench", "results", "stiff.md")
 REPEATS, QUICK_REPEATS = 7, 3
@@ -147,17 +148,7 @@ def brusselator(n: int, repeats: int) -> dict:
     pattern = sd.sparse.jacobian_sparsity(lambda y: ex.brusselator(0.0, y, p), y0)
     pat = sp.csr_matrix((np.ones(pattern.nnz), pattern.indices, pattern.indptr),
                         shape=pattern.shape)
-    alpha, B = float(np.exp(p[0])), float(p[1])
-    dx2 = (1.0 / (n + 1)) ** 2
-
-    def f_np(t, y):
-        w = y.reshape(n, 2)
-        u, v = w[:, 0], w[:, 1]
-        up, vp = np.pad(u, 1, constant_values=1.0), np.pad(v, 1, constant_values=3.0)
-        uuv = u * u * v
-        du = 1.0 + uuv - (B + 1.0) * u + alpha * (up[:-2] - 2 * u + up[2:]) / dx2
-        dv = B * u - uuv + alpha * (vp[:-2] - 2 * v + vp[2:]) / dx2
-        return np.stack([du, dv], axis=1).reshape(-1)
+    f_np = brusselator_field(n, p, np)
 
     ref = si.solve_ivp(f_np, (0.0, 10.0), y0, "Radau", ts, rtol=1e-11, atol=1e-11,
                        jac_sparsity=pat).y.T
