@@ -31,8 +31,9 @@ derivative rules (see `sciad.primitives._ode`):
 - forward mode is an `odeint` node on the forward-sensitivity system, which
   takes the primal's steps;
 - reverse mode is, by default (`adjoint="checkpoint"`), the discrete adjoint
-  of those steps with checkpointing: the exact gradient of the computed
-  solution, consistent with forward mode to rounding. The continuous
+  of those steps with checkpointing (BDF's: from the states and orders its
+  loop records), the exact gradient of the computed solution, consistent
+  with forward mode to rounding. The continuous
   adjoints solve the adjoint equation backwards, against the interpolated
   forward solution (`"interpolated"`) or with the state integrated backwards
   too (`"backsolve"`, memory of one state, but accurate only to the
@@ -329,11 +330,11 @@ def _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive, checkp
     if adjoint is not None and adjoint not in ADJOINTS:
         raise InvalidOptionError(f"`adjoint` must be None or one of {tuple(ADJOINTS)}, got "
                                  f"{plain(adjoint)}.", op=op)
-    if adjoint is not None and not SOLVERS[solver].replayable \
+    if adjoint is not None and not SOLVERS[solver].discrete \
             and not ADJOINTS[adjoint].continuous:
         raise InvalidOptionError(
-            f"adjoint={adjoint!r} replays the steps stage by stage, which {solver!r}'s steps "
-            f"(not those of an explicit or diagonally implicit tableau) are not: use "
+            f"adjoint={adjoint!r} differentiates the steps taken, which {solver!r}'s steps "
+            f"(not those of a Runge-Kutta tableau nor BDF's) are not: use "
             f"adjoint='interpolated' (its default) or 'backsolve'.", op=op)
     if not SOLVERS[solver].replayable and not adaptive:
         raise InvalidOptionError(f"{solver!r} chooses its own steps and orders: constant "
@@ -367,6 +368,12 @@ def _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive, checkp
                                     or checkpoints < 1):
         raise InvalidOptionError(f"`checkpoints` must be None or an int >= 1, got "
                                  f"{plain(checkpoints)}.", op=op)
+    if checkpoints is not None and not SOLVERS[solver].replayable:
+        raise InvalidOptionError(
+            f"{solver!r}'s reverse modes read the state at every step, which the forward "
+            f"pass stores (max_steps + 1 states): `checkpoints` (the states a replay of the "
+            f"steps stores) is for the Runge-Kutta methods; got checkpoints={checkpoints}.",
+            op=op)
     return solver, bool(adaptive) and not fixed, float(rtol)
 
 
@@ -434,9 +441,8 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       tolerances.
     - `rtol`, `atol`: the local error tolerances of the step-size control.
     - `adjoint`: reverse mode (None: the solver's default, `"checkpoint"`
-      for the explicit and diagonally implicit methods and `"interpolated"`
-      for `"bdf"` and `"radau"`, whose steps the discrete adjoint does not
-      replay):
+      for every solver but `"radau"`, whose default is `"interpolated"`
+      (its fully implicit stages are not differentiated step by step)):
         - `"checkpoint"` (the default of the others): the discrete
           adjoint of the steps
           taken, the exact gradient of the computed solution (to rounding;
@@ -446,7 +452,11 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
           records them and the reverse pass re-runs each step once from its
           state for its linearisation. Otherwise the steps are re-run on the
           recorded step grid, and their reverse pass stores states as
-          `checkpoints` says.
+          `checkpoints` says. For `"bdf"`, the forward pass records every
+          step's state, order and step size changes (always: `checkpoints`
+          is refused), and the reverse pass solves each step's transposed
+          iteration matrix `(M - c df/dy)^T` at the step's result, a DAE's
+          included.
         - `"interpolated"`: the continuous adjoint equation solved backwards
           against the forward solution interpolated (cubic Hermite) from
           its states at every step, which the forward pass stores
@@ -486,7 +496,9 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       to `rtol` (relative to `max(1, |y0|)`; else `InvalidOptionError` when
       the program runs), and its columns without an entry the algebraic
       variables (a semi-explicit index-1 DAE). Forward mode differentiates
-      it (the sensitivities with the same `M`); reverse mode is refused.
+      it (the sensitivities with the same `M`), and so does reverse mode
+      with `"bdf"` (its discrete adjoint); Radau's continuous adjoint is
+      refused.
       `M` has no derivative.
     - `dae_init`: `"check"` (the default: inconsistent initial values are
       an error) or `"solve"`: the algebraic variables of `y0` are solved

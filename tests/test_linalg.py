@@ -594,3 +594,34 @@ def test_matrix_free_errors(rng):
     x, info = sd.function(lambda b: sd.linalg.solve(stuck, b, maxiter=5, throw=False))(
         np.ones(3))
     assert not bool(info.converged)
+
+
+def test_a_solve_without_condition_estimate_is_checked_in_the_program():
+    """`linalg.solve[estimate=False]` (the per-step solves of BDF's discrete
+    adjoint): the same solution, no host call unless a check fails (none
+    outside a `cond` in the lowered program), and a singular matrix still
+    raises, naming the singularity."""
+    import jax
+
+    from sciad.errors import SingularMatrixError
+    from sciad.primitives._linalg import solve
+
+    rng = np.random.default_rng(0)
+    A, b = rng.normal(size=(4, 4)) + 4 * np.eye(4), rng.normal(size=4)
+    f = sd.to_jax(lambda A, b: solve(A, b, estimate=False))
+    np.testing.assert_allclose(np.asarray(f(A, b)), np.linalg.solve(A, b), rtol=1e-12)
+
+    def calls(jaxpr, under_cond=False):  # (host calls: whether each is under a cond)
+        for e in jaxpr.eqns:
+            if e.primitive.name == "sciad_host_call":
+                yield under_cond
+            for p in e.params.values():
+                for sub in p if isinstance(p, (tuple, list)) else [p]:
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        yield from calls(inner, under_cond or e.primitive.name == "cond")
+
+    found = list(calls(jax.make_jaxpr(f)(A, b).jaxpr))
+    assert found and all(found)  # (the checks' calls, each only where it fails)
+    with pytest.raises(SingularMatrixError, match="singular"):
+        sd.function(lambda A, b: solve(A, b, estimate=False))(np.ones((4, 4)), b)

@@ -540,8 +540,9 @@ def test_the_steppers_and_adjoints_are_records():
 
     assert sd.ode.SOLVERS is STEPPERS and sd.ode.SOLVERS["kvaerno5"][:2] == ("Kvaerno5", True)
     for s in STEPPERS.values():
-        if not s.replayable:  # (BDF, Radau: the continuous adjoints only)
-            assert s.default_adjoint != "checkpoint" and ADJOINTS[s.default_adjoint].continuous
+        if not s.replayable:  # (BDF, Radau: no tableau; BDF's discrete adjoint its own)
+            assert s.discrete == (s.lowering == "bdf")
+            assert s.discrete or ADJOINTS[s.default_adjoint].continuous
             with pytest.raises(ValueError, match="no explicit or diagonally implicit"):
                 tableau(s)
             continue
@@ -570,3 +571,8 @@ def test_the_steppers_and_adjoints_are_records():
         solver="bdf", rtol=1e-6, atol=1e-9, max_steps=16, adjoint="interpolated", count=True),
         count=True)
     assert len(outs.present()) == 7 and outs.work.shape == (3,) and outs.states is not None
+    # BDF's discrete adjoint: its record of its steps too (seven, eight counted)
+    outs = OdeintOutputs.of(odeint_p.abstract_eval_rule(
+        sd.TensorType((2,), np.float64), sd.TensorType((3,), np.float64), body=g,
+        solver="bdf", rtol=1e-6, atol=1e-9, max_steps=16, count=True), count=True)
+    assert len(outs.present()) == 8 and outs.history.shape == (17, 37)

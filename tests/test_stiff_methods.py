@@ -178,17 +178,22 @@ def _decay_pair(k, y0, solver="bdf", rtol=1e-10):
 @pytest.mark.parametrize("solver", ["bdf", "radau"])
 def test_check_rules(solver):
     rng = np.random.default_rng(0)
+    # (second order: BDF's discrete adjoint is made of sciad nodes; Radau's
+    # continuous one is odeint nodes whose own reverse mode is refused)
     sd.testing.check_rules(lambda k, y0: _decay_pair(k, y0, solver), rng.uniform(1.0, 2.0, 2),
                            rng.uniform(0.5, 1.0, 2), rtol=1e-5, dot_tol=1e-7,
-                           second_order=False)
+                           second_order=solver == "bdf")
 
 
 @pytest.mark.parametrize("solver", ["bdf", "radau"])
 def test_refusals_name_the_fix(solver):
     f = lambda t, y, a: -y  # noqa: E731
     y0, ts = np.ones(2), np.array([0.0, 1.0])
-    with pytest.raises(InvalidOptionError, match="stage by stage.*adjoint='interpolated'"):
-        sd.ode.odeint(f, y0, ts, solver=solver, adjoint="checkpoint")
+    if solver == "radau":
+        with pytest.raises(InvalidOptionError, match="steps taken.*adjoint='interpolated'"):
+            sd.ode.odeint(f, y0, ts, solver=solver, adjoint="checkpoint")
+    with pytest.raises(InvalidOptionError, match="state at every step.*Runge-Kutta"):
+        sd.ode.odeint(f, y0, ts, solver=solver, checkpoints=4)
     with pytest.raises(InvalidOptionError, match="constant steps"):
         sd.ode.odeint(f, y0, ts, solver=solver, adaptive=False, dt0=0.1)
 
@@ -324,6 +329,39 @@ def test_heat_dae_with_sparse_iteration_matrices(solver):
         <= 5e-7
 
 
+def test_dae_gradient_by_the_discrete_adjoint():
+    """Reverse mode through a DAE (Robertson's, the conservation law as its
+    algebraic equation; BDF's discrete adjoint) against central differences
+    in the rates, and against forward mode in the rates and the initial
+    values."""
+    ts = np.array([0.0, 0.4, 4.0, 40.0])
+    y0 = np.array([1.0, 0.0, 0.0])
+    w = np.array([1.0, 1e4, 1.0])
+
+    def loss(k, y0=y0):
+        ys = sd.ode.odeint(robertson_dae, y0, ts, k, mass=DAE_MASS, solver="bdf", rtol=1e-9,
+                           atol=1e-13)
+        return snp.sum(ys * w)
+
+    grad = np.asarray(sd.grad(loss)(RATES))
+    f = sd.function(loss)
+    for j in range(3):
+        e = np.zeros(3)
+        e[j] = 1e-3 * RATES[j]  # (a longer step: the solves' own errors are 1e-9)
+        fd = (float(f(RATES + e)) - float(f(RATES - e))) / (2 * e[j])
+        # (to the differences' truncation, and their rounding by the
+        # solves' tolerance: 1e-9 of the loss over the step)
+        assert abs(grad[j] - fd) <= 1e-6 * abs(fd) + 1e-9 * abs(float(f(RATES))) / e[j], \
+            (j, grad[j], fd)
+    # y0's derivative in directions that keep it consistent (y1 + y2 + y3 = 1)
+    v = np.array([0.5, 0.2, -0.7])
+    gy0 = np.asarray(sd.grad(lambda y: loss(RATES, y))(y0))
+    _, d = sd.jvp(lambda y: loss(RATES, y), (y0,), (v,))
+    np.testing.assert_allclose(gy0 @ v, float(d), rtol=1e-6)
+    _, d = sd.jvp(loss, (RATES,), (RATES * 0.1,))
+    np.testing.assert_allclose(grad @ (RATES * 0.1), float(d), rtol=1e-6)
+
+
 def test_mass_matrix_refusals():
     from sciad.errors import NotSupportedError, ShapeError
 
@@ -338,8 +376,8 @@ def test_mass_matrix_refusals():
     with pytest.raises(NotSupportedError, match="must be a constant"):
         sd.trace(lambda m: sd.ode.odeint(robertson_dae, y0, ts, RATES, solver="bdf", mass=m),
                  DAE_MASS)
-    with pytest.raises(NotSupportedError, match="reverse mode .* mass matrix.*forward mode"):
-        sd.trace(sd.grad(lambda k: sd.ode.odeint(robertson_dae, y0, ts, k, solver="bdf",
+    with pytest.raises(NotSupportedError, match="reverse mode .* mass matrix.*'bdf'"):
+        sd.trace(sd.grad(lambda k: sd.ode.odeint(robertson_dae, y0, ts, k, solver="radau",
                                                  mass=DAE_MASS)[-1, 0]), RATES)
     # an event inside a transformation is located along f as dy/dt: refused
     hit = lambda t, y, k: y[0] - 0.5  # noqa: E731
@@ -367,3 +405,95 @@ def test_solve_ivp_dae_with_an_event_against_scipys_ode_form():
     ref = si.solve_ivp(lambda t, y: robertson(t, y), **kw)
     assert res.status == ref.status == 1
     np.testing.assert_allclose(res.t_events[0], ref.t_events[0], rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# BDF's discrete adjoint (adjoint="checkpoint", its default)
+
+
+def _replayed_bdf(A, M, y0, grid, history, steps: int, marks):
+    """The BDF steps a solve took (their sizes, orders and rescalings, as
+    recorded), re-run in plain JAX on the linear system `M y' = A y`, whose
+    step equations are solved exactly: `ys` at the output times (`marks`),
+    differentiable by JAX."""
+    import jax.numpy as jnp
+
+    from sciad.solvers.ode import _bdf
+
+    n = y0.shape[0]
+    D = jnp.zeros((_bdf.MAX_ORDER + 3, n)).at[0].set(y0).at[1].set(jnp.linalg.pinv(M) @ A @ y0)
+    out = [y0]
+    for j in range(1, steps + 1):
+        q, R = int(history[j, 0]), history[j, 1:].reshape(6, 6)
+        D = D.at[:6].set(R @ D[:6])
+        c = (grid[j] - grid[j - 1]) / _bdf.ALPHA[q]
+        pred = D[:q + 1].sum(0)
+        psi = sum(_bdf.GAMMA[i] * D[i] for i in range(1, q + 1)) / _bdf.ALPHA[q]
+        d = jnp.linalg.solve(M - c * A, c * A @ pred - M @ psi)
+        D = D.at[q + 2].set(d - D[q + 1]).at[q + 1].set(d)
+        for i in range(q, -1, -1):
+            D = D.at[i].add(D[i + 1])
+        out.append(D[0])
+    return jnp.stack([out[m] for m in marks])
+
+
+@pytest.mark.parametrize("mass", [None, "dense", "sparse"])
+def test_discrete_adjoint_is_the_derivative_of_the_steps_taken(mass):
+    """The discrete adjoint of BDF's steps (its default reverse mode) against
+    JAX's reverse mode of the same steps (sizes, orders, rescalings from the
+    loop's record) re-run on a linear system, whose step equations are then
+    solved exactly: equal to rounding in `y0`, and to the Newton tolerance
+    (the recorded states) in the matrix's parameters. With a mass matrix,
+    an index-1 DAE (its third equation algebraic); sparse: sparse
+    iteration matrices and a sparse mass matrix."""
+    import jax
+    import jax.numpy as jnp
+    import scipy.sparse as sp
+
+    from sciad.graph._types import Pattern
+    from sciad.solvers.ode import _bdf
+
+    def matrix(k, xp):
+        z = 0.0 * k[0]
+        return xp.stack([xp.stack([-50.0 * k[0], k[1], z]),
+                         xp.stack([k[1], -k[0] - k[1], 1.0 + z]),
+                         xp.stack([z, k[0], -3.0 + z])])
+
+    rng = np.random.default_rng(3)
+    k, y0 = rng.uniform(1.0, 2.0, 2), rng.uniform(0.5, 1.0, 3)
+    M = np.eye(3) if mass is None else np.diag([1.0, 1.0, 0.0])
+    if mass is not None:
+        y0[2] = k[0] * y0[1] / 3.0  # (consistent: 0 = k0 y1 - 3 y2)
+    ts, w = np.array([0.0, 0.2, 0.5]), rng.normal(size=(3, 3))
+    kw = dict(rtol=1e-5, atol=1e-8)
+    option = {} if mass is None else {"mass": sp.csr_matrix(M) if mass == "sparse" else M}
+
+    def loss(k, y0):
+        ys = sd.ode.odeint(lambda t, y, k: matrix(k, snp) @ y, y0, ts, k, solver="bdf",
+                           jac="sparse" if mass == "sparse" else "dense", **option, **kw)
+        return snp.sum(ys * w)
+
+    grad = sd.grad(loss, argnums=(0, 1))(k, y0)
+    # the loop as the node runs it (sparse: on the field's detected pattern,
+    # all of the 3 x 3 here, the mass matrix's values on it)
+    full = {}
+    if mass == "sparse":
+        rows, cols = np.nonzero(np.ones((3, 3)))
+        full = dict(jac="sparse", pattern=Pattern.from_coo((3, 3), rows, cols)[0])
+    r = _bdf.integrate(lambda t, y: matrix(jnp.asarray(k), jnp) @ y, jnp.asarray(y0),
+                       jnp.asarray(ts), max_steps=256, record=True, dense=True, history=True,
+                       mass=None if mass is None else jnp.asarray(
+                           M[rows, cols] if full else M), **full, **kw)
+    steps, grid, history = int(r.accepted), np.asarray(r.grid), np.asarray(r.history)
+    assert steps > 10 and history[1:steps + 1, 0].max() >= 3  # (variable order)
+    marks = np.searchsorted(grid[:steps + 1], ts)
+
+    def replayed(k, y0):
+        ys = _replayed_bdf(matrix(k, jnp), jnp.asarray(M), y0, grid, history, steps, marks)
+        return jnp.sum(ys * w), ys
+
+    (_, ys), want = jax.value_and_grad(replayed, argnums=(0, 1), has_aux=True)(
+        jnp.asarray(k), jnp.asarray(y0))
+    assert np.abs(np.asarray(ys) - np.asarray(r.ys)).max() <= 1e-9  # (the Newton tolerance)
+    np.testing.assert_allclose(np.asarray(grad[1]), np.asarray(want[1]), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(np.asarray(grad[0]), np.asarray(want[0]), rtol=1e-7)

@@ -248,8 +248,9 @@ def _factor_params(params) -> dict:
 
 
 def _solve_factored(params) -> Factored | None:
-    # a direct solve is a backsolve with a factorization of its matrix
-    if not _is_direct(params.get("solver")):
+    # a direct solve is a backsolve with a factorization of its matrix (one
+    # without a condition estimate stays a solve: a factorization makes one)
+    if not _is_direct(params.get("solver")) or not params.get("estimate", True):
         return None
     return Factored(linalg_factor_p, _factor_params(params), linalg_backsolve_p,
                     {k: v for k, v in params.items() if k in linalg_backsolve_p.params})
@@ -261,16 +262,23 @@ linalg_solve_p = Primitive("linalg.solve", runtime_checks=True, factored=_solve_
     "rtol": Param((float, None), default=None), "atol": Param((float, None), default=None),
     "maxiter": Param((int, None), default=None),
     "preconditioner": Param((str, None), default=None), "throw": _THROW, "assume": _ASSUME,
-    "partition": Param((RowPartition, None), default=None)})
+    "partition": Param((RowPartition, None), default=None),
+    "estimate": Param(bool, default=True)})
 #: `partition`: (an iterative solve of a sparse matrix) the `RowPartition` of
 #: its pattern over a mesh axis: the Krylov loop's products are the sharded
 #: ones (`sparse.sharded_matmul`), its vectors split over the devices as the
-#: rows (see `_solve_impl`)
+#: rows (see `_solve_impl`); `estimate`: a dense factorization estimates its
+#: condition number (LAPACK's, one host call), which the solve's check reads;
+#: False: the check reads the backward error and finiteness, measured in the
+#: program, and the host is called only to raise (for the solves a
+#: derivative rule makes at every step of a loop, where a host call costs
+#: more than the step)
 
 
 @linalg_solve_p.def_abstract_eval
 def _solve_shape(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=None,
-                 maxiter=None, preconditioner=None, throw=True, assume=None, partition=None):
+                 maxiter=None, preconditioner=None, throw=True, assume=None, partition=None,
+                 estimate=True):
     record = _check_matrix(a, b, solver, pattern, "linalg.solve", assume)
     if partition is not None:
         _check_sharded(record, pattern, partition, preconditioner)
@@ -395,7 +403,7 @@ def _apply_preconditioner(pre, state, a, v, *, pattern, transpose):
 @linalg_solve_p.def_impl
 def _solve_impl(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=None,
                 maxiter=None, preconditioner=None, throw=True, assume=None, partition=None,
-                site=None):
+                estimate=True, site=None):
     site = site or Site("linalg.solve")
     if not lookup(solver, "linear").direct:
         matvec, shard, each_device = _matvec(a, pattern, transpose), None, None
@@ -424,7 +432,8 @@ def _solve_impl(a, b, *, solver, pattern=None, transpose=False, rtol=None, atol=
     # (one solve: a factor kept for it alone, or none where the solver
     # factors and solves in one call)
     factor = _make_factor(a, solver=solver, pattern=pattern, assume=assume, throw=throw,
-                          uses=None if record.frees_factor else 1, site=site)
+                          uses=None if record.frees_factor else 1, site=site,
+                          estimate=estimate)
     return _solve_with(factor, a, b, solver=solver, pattern=pattern, transpose=transpose,
                        throw=throw, site=site)
 
@@ -1093,14 +1102,15 @@ def solve_params(sparse: bool, pattern, tags: frozenset, dtype, solver: str, *, 
     return record, params
 
 
-def solve(a, b, solver: str = "auto"):
+def solve(a, b, solver: str = "auto", *, estimate: bool = True):
     """`A x = b` for a dense or sparse `a` and a dense `b` of its dtype (no
     promotion: `sciad.linalg.solve` promotes), with a direct solver or
-    `"auto"`: one `linalg.solve` node."""
+    `"auto"`: one `linalg.solve` node (`estimate`: its param, see
+    `linalg_solve_p`)."""
     t = type_of(a)
     _, params = solve_params(isinstance(t, SparseType), getattr(t, "pattern", None),
                              t.tags, t.dtype, solver)
-    return linalg_solve_p.bind(a, b, **_clean(params))
+    return linalg_solve_p.bind(a, b, **_clean(dict(params, estimate=estimate)))
 
 
 def solve_operator(matvec, n: int, dtype, tags: frozenset, b, solver: str, *, tol=None,

@@ -203,10 +203,12 @@ jax.tree_util.register_pytree_node(MadeFactor, lambda f: (tuple(f), None),
                                    lambda _, xs: MadeFactor(xs))
 
 
-def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
+def _make_factor(a, *, solver, pattern, assume, throw, uses, site, estimate: bool = True):
     """The factorization of `a` as a tuple of arrays (see `_factor_layout`),
     checked when `throw`: finite, symmetric if `assume` says so, no
-    breakdown. A dense factorization carries its condition estimate. A
+    breakdown. A dense factorization carries its condition estimate (NaN
+    without `estimate`: then checked in the program, the host called only
+    to raise). A
     compiled backend's handles (`frees_factor`) are made only with `uses`
     counted: the graph then ends them (`linalg.release`, placed by
     `place_releases`), and lowering gives every later check of the run their
@@ -260,6 +262,14 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site):
     measures = dict(singular=~ok, **_matrix_measures(a, None, assume))
     names = list(measures)
     real = np.finfo(dtype).dtype
+    if not estimate:
+        unknown = jnp.full((), jnp.nan, real)
+        if not throw:
+            return (*f, unknown)
+        tok = check_where(_matrix_fails(measures, dtype), measures,
+                          lambda m, s: check(judge_factor, s, dtype=dtype, solver=solver,
+                                             tags=tags, **m), site)
+        return tie((*f, unknown), tok)
 
     def one(m, anorm, status, where=bare) -> float:
         if throw:
@@ -360,6 +370,7 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
     # (No refinement in the program for dense solves: LU with partial
     # pivoting and Cholesky are backward stable, and a conditional second
     # solve per solve doubled the compile time of small programs.)
+    # (a condition estimate not made, NaN: not judged)
     bad = nonfinite | ~(eta <= tau) | (rc < eps)
     return tie(x, check(judge_solve, site, when=bad, dtype=dtype, n=n, nonfinite=nonfinite,
                         backward_error=eta, residual=rel, rcond=rc))

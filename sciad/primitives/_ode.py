@@ -20,6 +20,9 @@ name) are
   carry no derivative.
 - `states` (where the adjoint asks for them, `Adjoint.records_states`): the
   state at every step, `(max_steps + 1, N)`, padded with zeros.
+- `history` (BDF's, where its discrete adjoint differentiates it): each
+  accepted step's order and rescaling of the differences
+  (`sciad.solvers.ode._bdf.HISTORY` columns).
 
 The module holds the node and its rules; the parts they are built from live
 beside it, one idea each:
@@ -146,6 +149,9 @@ class OdeintOutputs(NamedTuple):
     marks: Any = None
     #: the state at every step, `(max_steps + 1, N)`, padded with zeros
     states: Any = None
+    #: BDF's record of its accepted steps, for its discrete adjoint
+    #: (`(max_steps + 1, _bdf.HISTORY)`; with `states`)
+    history: Any = None
     #: where the node counts its work (`count`): `(nfev, njev, nlu)` (int32),
     #: the field's evaluations, Jacobians and factorizations, as SciPy
     #: counts them (from the stages and accepted steps of a method diffrax
@@ -162,8 +168,10 @@ class OdeintOutputs(NamedTuple):
 
     def present(self) -> list:
         """The outputs the node has, in its order: three, five with `grid`
-        (and `marks`), six with `states`; `work` after them."""
-        n = 6 if self.states is not None else 5 if self.grid is not None else 3
+        (and `marks`), six with `states`, seven with `history`; `work`
+        after them."""
+        n = 7 if self.history is not None else 6 if self.states is not None else \
+            5 if self.grid is not None else 3
         return list(self)[:n] + ([self.work] if self.work is not None else [])
 
 
@@ -203,11 +211,16 @@ def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive
     if not adaptive and dt0 is None:
         raise InvalidOptionError("constant steps (adaptive=False) need `dt0`.", op=op)
     stepper = STEPPERS[solver]
-    if not stepper.replayable and not ADJOINTS[adjoint].continuous:
+    if not stepper.discrete and not ADJOINTS[adjoint].continuous:
         raise InvalidOptionError(
-            f"adjoint={adjoint!r} replays the steps stage by stage, which {solver}'s steps "
-            f"(not those of an explicit or diagonally implicit tableau) are not: use "
+            f"adjoint={adjoint!r} differentiates the steps taken, which {solver}'s steps "
+            f"(not those of a Runge-Kutta tableau nor BDF's) are not: use "
             f"adjoint='interpolated' (its default) or 'backsolve'.", op=op)
+    if not stepper.replayable and checkpoints is not None:
+        raise InvalidOptionError(
+            f"{solver}'s reverse modes read the state at every step, which the forward pass "
+            f"stores (max_steps + 1 states): `checkpoints` (the states a replay stores) is "
+            f"for the Runge-Kutta methods; got checkpoints={checkpoints}.", op=op)
     if not stepper.replayable and not adaptive:
         raise InvalidOptionError(f"{solver} chooses its steps and orders: constant steps "
                                  "(adaptive=False) are for the Runge-Kutta methods.", op=op)
@@ -237,11 +250,20 @@ def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive
         outs = outs._replace(grid=TensorType((max_steps + 1,), y0.dtype),
                              marks=TensorType((ts.shape[0],), i32))
         if ADJOINTS[adjoint].records_states(checkpoints, max_steps, error_size or n,
-                                            y0.dtype.itemsize):
+                                            y0.dtype.itemsize, stepper.replayable):
             outs = outs._replace(states=TensorType((max_steps + 1, n), y0.dtype))
+            if _keeps_history(stepper, adjoint):
+                outs = outs._replace(history=TensorType((max_steps + 1, _bdf.HISTORY),
+                                                        y0.dtype))
     if count:
         outs = outs._replace(work=TensorType((3,), i32))
     return tuple(outs.present())
+
+
+def _keeps_history(stepper, adjoint: str) -> bool:
+    """Whether the node outputs its `history`: BDF's, for its discrete
+    adjoint."""
+    return stepper.lowering == "bdf" and not ADJOINTS[adjoint].continuous
 
 
 #: an integration stopped by `max_steps` is diagnosed stiff (with an
@@ -347,6 +369,7 @@ class _Run(NamedTuple):
     grid: Any       # the accepted steps' times (max_steps + 1), padded with ts[-1]
     states: Any     # their states, padded with zeros (where recorded)
     work: Any       # (nfev, njev, nlu), int32
+    history: Any = None  # BDF's record of its accepted steps (where kept)
 
 
 @odeint_p.def_impl
@@ -365,9 +388,13 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
     m = n if error_size is None else error_size
     held = site.held if site is not None else ()
     dense = record and ADJOINTS[adjoint].records_states(checkpoints, max_steps, m,
-                                                        np.dtype(y0.dtype).itemsize)
+                                                        np.dtype(y0.dtype).itemsize,
+                                                        stepper.replayable)
+    history = dense and _keeps_history(stepper, adjoint)
     run = _run_diffrax if stepper.lowering == "diffrax" else _run_own
     extra = {} if mass is None else {"mass": (consts[mass], mass_pattern)}
+    if history:
+        extra["history"] = True
     r = run(body, held, consts, y0, ts, stepper=stepper, rtol=rtol, atol=atol,
             max_steps=max_steps, dt0=dt0, adaptive=adaptive, m=m, jac=jac, pattern=pattern,
             record=record, dense=dense, dtmax=dtmax, **extra)
@@ -393,7 +420,7 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
     marks = jnp.minimum(jnp.searchsorted(valid, ts), accepted).astype(jnp.int32)
     outs = outs._replace(grid=grid, marks=marks)
     if dense:
-        outs = outs._replace(states=r.states)
+        outs = outs._replace(states=r.states, history=r.history if history else None)
     return tuple(outs.present())
 
 
@@ -488,19 +515,22 @@ def _mass_for(mass, mass_pattern, n: int, jac: str, pattern):
 
 
 def _run_own(body, held, consts, y0, ts, *, stepper, rtol, atol, max_steps, dt0, adaptive,
-             m, jac, pattern, record, dense, dtmax, mass=None) -> _Run:
+             m, jac, pattern, record, dense, dtmax, mass=None, history=False) -> _Run:
     """The integration by one of sciad's own loops: BDF
-    (`sciad.solvers.ode._bdf`) or Radau IIA (`_radau`)."""
+    (`sciad.solvers.ode._bdf`) or Radau IIA (`_radau`); `history`: BDF
+    records its accepted steps (for its discrete adjoint)."""
     del adaptive  # (both are adaptive; checked by the abstract eval)
     part = lower(part_of(body, 0), held)
     method = {"bdf": _bdf, "radau": _radau}[stepper.lowering]
     jac = "sparse" if sparse_jacobian(jac) else "dense"
     extra = {} if mass is None else {"mass": _mass_for(*mass, y0.shape[0], jac, pattern)}
+    if history:
+        extra["history"] = True
     r = method.integrate(lambda t, y: part(*consts, t, y)[0], y0, ts, rtol=rtol, atol=atol,
                          max_steps=max_steps, m=m, jac=jac, pattern=pattern, dt0=dt0,
                          dtmax=dtmax, record=record, dense=dense, **extra)
     return _Run(r.ys, r.status, r.accepted, r.steps, r.t_reached, r.h_last, r.ymax, r.grid,
-                r.states, jnp.stack(list(r.counts)).astype(jnp.int32))
+                r.states, jnp.stack(list(r.counts)).astype(jnp.int32), r.history)
 
 
 # ---------------------------------------------------------------------------
@@ -567,12 +597,16 @@ def _odeint_jvp(primals, tangents, **params):
         dys = dys + fields_at(graph, consts, ts, ys) * dts[:, None]
     # status, steps (and the grid and marks where recorded): no tangent; the
     # states (where recorded): the primal's and their tangents
+    # (BDF's history: the sensitivity system's steps, which the primal part
+    # takes too)
     states = outs.states
     outs = outs._replace(ys=ys, states=None if states is None else jvp_primal(states[:, :n]))
     # (the work counted, where counted, is the sensitivity system's)
     dout = OdeintOutputs(dys, *(None if o is None else Zero(type_of(o).update())
                                 for o in (outs.status, outs.steps, outs.grid, outs.marks)),
                          states=None if states is None else states[:, n:],
+                         history=None if outs.history is None else
+                         Zero(type_of(outs.history).update()),
                          work=None if outs.work is None else Zero(type_of(outs.work).update()))
     return outs.present(), dout.present()
 
@@ -594,12 +628,15 @@ def _odeint_vjp(primals, outs, cts, **params):
 
     *consts, y0, ts = primals
     count = params.get("count", False)
-    if params.get("mass") is not None:
+    if params.get("mass") is not None and ADJOINTS[params.get("adjoint",
+                                                           CHECKPOINT.name)].continuous:
         raise NotSupportedError(
-            "reverse mode through an ode.odeint with a mass matrix (a DAE) is not available: "
-            "its continuous adjoint needs consistent adjoint values on the algebraic "
-            "equations. Use forward mode (sd.jvp, sd.jacfwd), which integrates the "
-            "sensitivities with the same mass matrix.", op="ode.odeint")
+            f"reverse mode through an ode.odeint with a mass matrix (a DAE) and "
+            f"adjoint={params.get('adjoint')!r} is not available: the continuous adjoint "
+            f"needs consistent adjoint values on the algebraic equations. Use solver='bdf' "
+            f"with adjoint='checkpoint' (its default: the discrete adjoint of its steps), or "
+            f"forward mode (sd.jvp, sd.jacfwd), which integrates the sensitivities with the "
+            f"same mass matrix.", op="ode.odeint")
     outs, cts = OdeintOutputs.of(outs, count), OdeintOutputs.of(cts, count)
     ct = cts.ys
     if not params.get("throw", True) and not is_zero(ct):
@@ -649,8 +686,10 @@ def _odeint_dce(node, used):
     count = node.params.get("count", False)
     used = OdeintOutputs.of(used, count)
     kept, params = OdeintOutputs.of(node.outputs, count), dict(node.params)
-    if params.get("record", True) and not (used.grid or used.marks or used.states):
-        kept, params["record"] = kept._replace(grid=None, marks=None, states=None), False
+    if params.get("record", True) and not (used.grid or used.marks or used.states
+                                           or used.history):
+        kept, params["record"] = kept._replace(grid=None, marks=None, states=None,
+                                               history=None), False
     if count and not used.work:
         kept, params["count"] = kept._replace(work=None), False
     if params == node.params:

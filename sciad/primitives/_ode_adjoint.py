@@ -11,7 +11,9 @@ own loop.
   node records them and the reverse pass runs down the steps, re-running
   each once from its state for its linearisation (`stored_vjp`); otherwise
   the steps are replayed on the recorded grid and the reverse pass is that
-  of the replay's loops, checkpointed (`discrete_vjp`).
+  of the replay's loops, checkpointed (`discrete_vjp`). BDF records its
+  states and steps always, and its reverse pass is its own
+  (`_ode_bdf_adjoint.bdf_vjp`).
 - `Interpolated` ("interpolated") and `Backsolve` ("backsolve"): the
   continuous adjoint, solved backwards by `odeint` nodes against the forward
   solution interpolated from its recorded states, or integrated backwards
@@ -49,10 +51,12 @@ class Adjoint(ABC):
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
-    def records_states(self, checkpoints, max_steps: int, n: int, itemsize: int) -> bool:
+    def records_states(self, checkpoints, max_steps: int, n: int, itemsize: int,
+                       replayable: bool = True) -> bool:
         """Whether the node outputs its state at every step for this
         adjoint (`n`: the primal's size; a sensitivity system records as
-        its primal does)."""
+        its primal does; `replayable`: the stepper's steps can be re-run
+        from a state, `Stepper.replayable`)."""
         return False
 
     def forms_state_cotangents(self, outs) -> bool:
@@ -77,13 +81,17 @@ class Checkpoint(Adjoint):
 
     name = "checkpoint"
 
-    def records_states(self, checkpoints, max_steps, n, itemsize):
-        return checkpoints is None and snapshots_for(max_steps, n, itemsize) >= max_steps
+    def records_states(self, checkpoints, max_steps, n, itemsize, replayable=True):
+        return not replayable or (checkpoints is None
+                                  and snapshots_for(max_steps, n, itemsize) >= max_steps)
 
     def forms_state_cotangents(self, outs):
         return outs.states is not None
 
     def vjp(self, primals, outs, ct, params, ct_states=None):
+        if outs.history is not None:  # BDF: its record of its steps
+            from ._ode_bdf_adjoint import bdf_vjp
+            return bdf_vjp(primals, outs, ct, params, ct_states)
         if outs.states is not None:  # the states at every step: each step re-run once
             return stored_vjp(primals, outs, ct, params, ct_states)
         return discrete_vjp(primals, outs, ct, params)
@@ -96,7 +104,7 @@ class Interpolated(Adjoint):
     name = "interpolated"
     continuous = True
 
-    def records_states(self, checkpoints, max_steps, n, itemsize):
+    def records_states(self, checkpoints, max_steps, n, itemsize, replayable=True):
         return True
 
     def vjp(self, primals, outs, ct, params, ct_states=None):

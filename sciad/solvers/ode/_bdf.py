@@ -53,6 +53,12 @@ KAPPA = np.array([0.0, -0.1850, -1.0 / 9.0, -0.0823, -0.0415, 0.0])
 GAMMA = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, MAX_ORDER + 1))])
 ALPHA = (1.0 - KAPPA) * GAMMA
 ERROR_CONST = KAPPA * GAMMA + 1.0 / np.arange(1, MAX_ORDER + 2)
+#: the columns of an accepted step's record (`integrate(history=True)`):
+#: its order, then the `(MAX_ORDER + 1)^2` matrix that took the differences
+#: after the previous accepted step to those the step starts from (the step
+#: size changes in between, rejected attempts' included; for the first
+#: step, from `[y0, dy/dt(t0), 0, ...]`: the first step size `h0` too)
+HISTORY = 1 + (MAX_ORDER + 1) ** 2
 
 
 def _rms(x):
@@ -85,8 +91,12 @@ def _change_matrix(order, factor, dtype):
 def change_D(D, order, factor):
     """`D` (differences, `(MAX_ORDER + 3, n)`) for a step `factor` times the
     current one, at `order`."""
-    k = MAX_ORDER + 1
-    return D.at[:k].set(_change_matrix(order, factor, D.dtype) @ D[:k])
+    return _rescaled(D, _change_matrix(order, factor, D.dtype))
+
+
+def _rescaled(D, C):
+    """`D` with its first `MAX_ORDER + 1` differences mapped by `C`."""
+    return D.at[:MAX_ORDER + 1].set(C @ D[:MAX_ORDER + 1])
 
 
 class _Linear(NamedTuple):
@@ -191,16 +201,21 @@ class _State(NamedTuple):
     lu: object
     lu_c: jax.Array     # the c the factorization is of (nan: none)
     counts: Counts
+    R: jax.Array        # the rescaling of D since the last accepted step
+    history: jax.Array  # the accepted steps' records (`HISTORY` columns; where kept)
 
 
 def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: int,
               m: int | None = None, jac: str = "dense", pattern=None, dt0=None, dtmax=None,
-              record: bool = True, dense: bool = False, mass=None) -> Result:
+              record: bool = True, dense: bool = False, mass=None,
+              history: bool = False) -> Result:
     """Integrates `M dy/dt = field(t, y)` from `y(ts[0]) = y0` with BDF
     (see the module docstring); `ts` increasing (checked by the caller).
     `m`: the error control reads the first `m` elements (all: None).
     `mass`: None (the identity), a dense `(n, n)` matrix, or (with
-    `jac="sparse"`) its values on `pattern`."""
+    `jac="sparse"`) its values on `pattern`. `history` (with `dense`):
+    each accepted step's order and rescaling of the differences (`HISTORY`
+    columns, `Result.history`), which the discrete adjoint reads."""
     n = y0.shape[0]
     m = n if m is None else m
     dtype = y0.dtype
@@ -232,7 +247,10 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
                 equal=jnp.asarray(0, jnp.int32), J=J0, J_fresh=jnp.asarray(True),
                 lu=lu0, lu_c=jnp.asarray(jnp.nan, dtype),
                 counts=Counts(*(jnp.asarray(k, jnp.int32) for k in (
-                    2 if dt0 is None else 1, 1, 0))))
+                    2 if dt0 is None else 1, 1, 0))),
+                # (D starts as diag(1, h0, 1, ...) [y0, dy/dt(t0), 0, ...])
+                R=jnp.eye(MAX_ORDER + 1, dtype=dtype).at[1, 1].set(h0),
+                history=jnp.zeros((max_steps + 1 if history else 1, HISTORY), dtype))
 
     def newton(t_new, y_pred, c, psi, lu, scale):
         """The modified Newton iteration: `(converged, iterations, y, d,
@@ -264,7 +282,9 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
     def attempt(s: _State) -> _State:
         t_new, h, land = propose(s.tr, ts, s.h_want, max_step)
         moved = h != s.h_D
-        D = jax.lax.cond(moved, lambda: change_D(s.D, s.order, h / s.h_D), lambda: s.D)
+        C = _change_matrix(s.order, h / s.h_D, dtype)
+        D = jax.lax.cond(moved, lambda: _rescaled(s.D, C), lambda: s.D)
+        R = jnp.where(moved, C @ s.R, s.R)
         equal = jnp.where(moved, 0, s.equal)
         order = s.order
         y_pred = jnp.sum(jnp.where(jnp.arange(MAX_ORDER + 3)[:, None] <= order, D, 0.0),
@@ -331,11 +351,17 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         h_want = jnp.where(accept, h * grow, h * shrink)
         tr = advance(s.tr, ts, accept=accept, land=land, t_new=t_new, y_new=y_new, h=h,
                      h_want=h_want, max_steps=max_steps, record=record, dense=dense)
+        hist = s.history
+        if history:
+            row = jnp.concatenate([order.astype(dtype)[None], R.reshape(-1)])
+            hist = jax.lax.cond(accept, lambda: hist.at[tr.accepted].set(row), lambda: hist)
         return _State(
             tr=tr, D=jnp.where(accept, D_new, D), h_D=h,
             h_want=h_want, order=jnp.where(accept, new_order, order),
             equal=jnp.where(accept, jnp.where(ready, 0, equal_new), 0),
-            J=J, J_fresh=jnp.where(accept, False, fresh), lu=lu, lu_c=lu_c, counts=counts)
+            J=J, J_fresh=jnp.where(accept, False, fresh), lu=lu, lu_c=lu_c, counts=counts,
+            R=jnp.where(accept, jnp.eye(MAX_ORDER + 1, dtype=dtype), R), history=hist)
 
     end = jax.lax.while_loop(lambda s: s.tr.status < 0, attempt, s0)
-    return finish(end.tr, ts, end.D[0], m, end.counts, record, dense)
+    return finish(end.tr, ts, end.D[0], m, end.counts, record, dense,
+                  history=end.history if history else None)

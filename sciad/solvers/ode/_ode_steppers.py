@@ -69,7 +69,7 @@ class Stepper(NamedTuple):
     lowering: str = "diffrax"
     #: the reverse mode odeint takes where none is asked for: the discrete
     #: adjoint replays a diagonally implicit (or explicit) tableau's steps,
-    #: so sciad's own loops take the continuous one
+    #: or reads BDF's record of its steps; Radau takes the continuous one
     default_adjoint: str = "checkpoint"
 
     @property
@@ -78,6 +78,14 @@ class Stepper(NamedTuple):
         Runge-Kutta tableau (`tableau`), which the discrete adjoint replays
         stage by stage."""
         return self.lowering == "diffrax"
+
+    @property
+    def discrete(self) -> bool:
+        """The discrete adjoint ("checkpoint") differentiates its steps:
+        replayed from its tableau, or (BDF) linearised at the states the
+        forward pass records, from its record of each accepted step's order
+        and step size changes."""
+        return self.replayable or self.lowering == "bdf"
 
     @property
     def imex(self) -> bool:
@@ -112,7 +120,7 @@ _BUILT_IN = {
     "kencarp4": Stepper("KenCarp4", True, 4, summed="kvaerno4"),
     "kencarp5": Stepper("KenCarp5", True, 5, summed="kvaerno5"),
     # variable order 1-5 (its `order` the highest): SciPy's BDF (NDF)
-    "bdf": Stepper("BDF", True, 5, lowering="bdf", default_adjoint="interpolated"),
+    "bdf": Stepper("BDF", True, 5, lowering="bdf"),
     # Radau IIA of order 5: Hairer and Wanner's RADAU5, SciPy's Radau
     "radau": Stepper("Radau", True, 5, lowering="radau", default_adjoint="interpolated"),
 }

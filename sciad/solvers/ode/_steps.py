@@ -35,6 +35,7 @@ class Result(NamedTuple):
     grid: jax.Array | None  # the accepted steps' times (max_steps + 1), padded
     states: jax.Array | None  # their states (max_steps + 1, n), padded with zeros
     counts: Counts
+    history: jax.Array | None = None  # a method's own record of each accepted step
 
 
 class Track(NamedTuple):
@@ -152,14 +153,15 @@ def advance(tr: Track, ts, *, accept, land, t_new, y_new, h, h_want, max_steps: 
 
 
 def finish(tr: Track, ts, y_last, m: int, counts: Counts, record: bool,
-           dense: bool) -> Result:
+           dense: bool, history=None) -> Result:
     """The integration's result from its final progress (`y_last`: the state
     at the time reached): past a failure, the output times not reached are
-    infinite (as diffrax's)."""
+    infinite (as diffrax's). `history`: the method's record of its accepted
+    steps, where it keeps one (BDF's, for its discrete adjoint)."""
     reached = jnp.arange(ts.shape[0]) < tr.i_next
     return Result(ys=jnp.where(reached[:, None], tr.ys, jnp.inf), status=tr.status,
                   accepted=tr.accepted, steps=tr.steps, t_reached=tr.t, h_last=tr.h_last,
                   ymax=jnp.where(tr.accepted > 0, jnp.max(jnp.abs(y_last[:m]), initial=0.0),
                                  jnp.inf),
                   grid=tr.grid if record else None, states=tr.states if dense else None,
-                  counts=counts)
+                  counts=counts, history=history)
