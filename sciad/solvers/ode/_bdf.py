@@ -282,9 +282,12 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
     def attempt(s: _State) -> _State:
         t_new, h, land = propose(s.tr, ts, s.h_want, max_step)
         moved = h != s.h_D
-        C = _change_matrix(s.order, h / s.h_D, dtype)
-        D = jax.lax.cond(moved, lambda: _rescaled(s.D, C), lambda: s.D)
-        R = jnp.where(moved, C @ s.R, s.R)
+
+        def rescale():  # (and the rescaling since the last accepted step, recorded)
+            C = _change_matrix(s.order, h / s.h_D, dtype)
+            return _rescaled(s.D, C), C @ s.R
+
+        D, R = jax.lax.cond(moved, rescale, lambda: (s.D, s.R))
         equal = jnp.where(moved, 0, s.equal)
         order = s.order
         y_pred = jnp.sum(jnp.where(jnp.arange(MAX_ORDER + 3)[:, None] <= order, D, 0.0),
