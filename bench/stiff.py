@@ -3,7 +3,7 @@ same names and Rust's diffsol (pydiffsol), on the same problems in one run.
 
 Run from the repository root:
 
-    .venv/bin/python bench/stiff.py            # about 2 min on 2 cores
+    .venv/bin/python bench/stiff.py            # about 6 min on 2 cores
     .venv/bin/python bench/stiff.py --quick    # smoke check (3 repeats)
     .venv/bin/python bench/stiff.py --no-write
 
@@ -27,6 +27,15 @@ Float64 throughout (`jax_enable_x64` on at start-up).
    against SciPy's BDF and Radau with `jac_sparsity`. Max error against a
    Radau solve at 1e-11. Target: BDF forward <= 1.0x SciPy's BDF; gradient
    (the default adjoint) <= 3x the forward.
+3. SUNDIALS' `idaHeat2D` at 100 x 100 = 10,000 unknowns: the heat equation
+   on the unit square, its boundary values algebraic (`0 = u` there, a
+   singular mass matrix), `u0 = 16 x (1 - x) y (1 - y)`, output at 0.01 ...
+   1.28 (doubling), rtol 1e-5, atol 1e-8: sciad's BDF with sparse iteration
+   matrices, value and gradient (the sum of the squared outputs, in the
+   diffusivity), against scikit-sundae's IDA (SUNDIALS' DAE solver, its
+   `sparse` linear solver, SuperLU_MT, on the 5-point pattern; where it is
+   installed). Error: max |u - exact| over the outputs, the semi-discrete
+   system's exact solution by `scipy.sparse.linalg.expm_multiply`.
 
 Medians over repeats (bench/_harness.py). The Markdown table goes to stdout
 and to bench/results/stiff.md.
@@ -201,7 +210,91 @@ def _cont(t: dict, solver: str) -> str:
     return f"{t['sd_bdf_cont'] * 1e3:.1f}" if solver == "bdf" else ""
 
 
-def render(robs, bruss, machine, argv) -> str:
+HEAT_M = 100  # grid points per side (HEAT_M ** 2 unknowns)
+HEAT_TOL = dict(rtol=1e-5, atol=1e-8)
+
+
+def heat2d(m: int, repeats: int) -> dict:
+    import jax
+    import numpy as np
+    import scipy.sparse as sp
+    from scipy.sparse.linalg import expm_multiply
+
+    import sciad as sd
+    import sciad.numpy as snp
+
+    x = np.linspace(0.0, 1.0, m)
+    h2 = (x[1] - x[0]) ** 2
+    X, Y = np.meshgrid(x, x, indexing="ij")
+    u0 = (16 * X * (1 - X) * Y * (1 - Y)).ravel()
+    boundary = np.ones((m, m), bool)
+    boundary[1:-1, 1:-1] = False
+    mass = sp.diags((~boundary).ravel().astype(float)).tocsr()
+    ts = np.array([0.0] + [0.01 * 2 ** i for i in range(8)])
+
+    def laplacian(U, xp):
+        return (U[:-2, 1:-1] + U[2:, 1:-1] + U[1:-1, :-2] + U[1:-1, 2:]
+                - 4 * U[1:-1, 1:-1]) / h2
+
+    def heat(t, u, a):  # interior: a (Laplacian of u); boundary: 0 = u
+        U = snp.reshape(u, (m, m))
+        return snp.reshape(snp.pad(a * laplacian(U, snp), 1) + snp.where(boundary, U, 0.0),
+                           (m * m,))
+
+    def solve(a, **kw):
+        return sd.ode.odeint(heat, u0, ts, a, solver="bdf", jac="sparse", mass=mass,
+                             **HEAT_TOL, **kw)
+
+    fwd = sd.function(lambda a: solve(a, throw=False))
+    grad = sd.function(sd.grad(lambda a: snp.sum(solve(a) ** 2)))
+    out = {"m": m, "t": {}, "err": {}, "counts": {}}
+    out["compile"], res = timed_call(fwd, (1.0,))
+    out["compile_grad"], _ = timed_call(grad, (1.0,))
+    out["t"]["sd"] = _timed(lambda: jax.block_until_ready(fwd(1.0).ys), repeats)
+    out["t"]["sd_grad"] = _timed(lambda: jax.block_until_ready(grad(1.0)), repeats)
+    out["counts"]["sd"] = (int(res.nfev), int(res.njev), int(res.nlu))
+    n = m - 2  # the exact semi-discrete solution, on the interior
+    T = sp.diags([np.ones(n - 1), -2 * np.ones(n), np.ones(n - 1)], [-1, 0, 1]) / h2
+    L = sp.kronsum(T, T).tocsr()
+    exact = np.stack([expm_multiply(L * t, u0.reshape(m, m)[1:-1, 1:-1].ravel())
+                      for t in ts])
+
+    def error(ys):
+        return float(np.abs(np.asarray(ys).reshape(len(ts), m, m)[:, 1:-1, 1:-1]
+                            .reshape(len(ts), -1) - exact).max())
+
+    out["err"]["sd"] = error(res.ys)
+    try:
+        import sksundae.ida as ida
+    except ImportError:
+        return out
+
+    def residual(t, y, yp, res):  # IDA's form: 0 = yp - Laplacian(u), 0 = u
+        U = y.reshape(m, m)
+        r = yp.reshape(m, m).copy()
+        r[1:-1, 1:-1] -= laplacian(U, np)
+        r[boundary] = U[boundary]
+        res[:] = r.ravel()
+
+    index = np.arange(m * m).reshape(m, m)
+    rows = np.concatenate([index[1:-1, 1:-1].ravel()] * 4)
+    cols = np.concatenate([index[1 + di:m - 1 + di, 1 + dj:m - 1 + dj].ravel()
+                           for di, dj in ((-1, 0), (1, 0), (0, -1), (0, 1))])
+    pattern = (sp.identity(m * m) + sp.csr_matrix((np.ones(rows.size), (rows, cols)),
+                                                  shape=(m * m, m * m))).tocsr()
+    yp0 = np.zeros((m, m))
+    yp0[1:-1, 1:-1] = laplacian(u0.reshape(m, m), np)
+    solver = ida.IDA(residual, algebraic_idx=np.flatnonzero(boundary.ravel()),
+                     linsolver="sparse", sparsity=pattern, max_num_steps=5000, **HEAT_TOL)
+    call = HostCall(lambda: solver.solve(ts, u0, yp0.ravel()))
+    out["t"]["ida"] = _timed(call, max(3, repeats // 2))
+    sol = call().out
+    out["err"]["ida"] = error(sol.y)
+    out["counts"]["ida"] = (int(sol.nfev), int(sol.njev))
+    return out
+
+
+def render(robs, bruss, heats, machine, argv) -> str:
     lines = report_head("Stiff methods: BDF and Radau against SciPy and diffsol", argv,
                         machine)
     lines += ["", "## Robertson's kinetics (3 states, rtol 1e-6, atol 1e-10)", "",
@@ -254,6 +347,24 @@ def render(robs, bruss, machine, argv) -> str:
                 f"| {' / '.join(map(str, c['sd_' + solver]))} "
                 f"| {' / '.join(map(str, c['scipy_' + method]))} "
                 f"| {e['sd_' + solver]:.1e} / {e['scipy_' + method]:.1e} |")
+    for r in heats:
+        t, e, c = r["t"], r["err"], r["counts"]
+        m = r["m"]
+        lines += ["", f"## idaHeat2D: the heat equation as a DAE, {m} x {m} = {m * m:,} "
+                  "unknowns (rtol 1e-5, atol 1e-8)", "",
+                  "| solver | forward ms | gradient ms | grad/fwd | counts | max error |",
+                  "|---|---:|---:|---:|---|---:|",
+                  f"| sciad BDF (sparse) | {t['sd'] * 1e3:.0f} | {t['sd_grad'] * 1e3:.0f} "
+                  f"| {t['sd_grad'] / t['sd']:.1f} | {' / '.join(map(str, c['sd']))} "
+                  f"| {e['sd']:.1e} |"]
+        if "ida" in t:
+            lines.append(f"| IDA (scikit-sundae, sparse) | {t['ida'] * 1e3:.0f} |  |  "
+                         f"| {' / '.join(map(str, c['ida']))} | {e['ida']:.1e} |")
+        lines += ["", "sciad / IDA forward: "
+                  + (f"{t['sd'] / t['ida']:.2f}" if "ida" in t else "n/a (not installed)")
+                  + f". Counts: `nfev / njev / nlu` (IDA: `nfev / njev`). sciad's first "
+                  f"call (trace and compile): forward {r['compile']:.1f} s, gradient "
+                  f"{r['compile_grad']:.1f} s."]
     lines += ["", "Gradients: each method's default adjoint, BDF's discrete one (its steps' "
               "transposed iteration matrices, from the states and orders its loop "
               "records) and Radau's continuous one; the continuous adjoint of BDF "
@@ -281,7 +392,10 @@ def main(argv=None) -> int:
     bruss = [brusselator(n, repeats) for n in ((64,) if args.quick else (512,))]
     print(f"  Brusselator done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr,
           flush=True)
-    text = render(robs, bruss, machine_info(load), command_line("bench/stiff.py", argv))
+    heats = [heat2d(m, max(3, repeats // 2)) for m in ((30,) if args.quick else (HEAT_M,))]
+    print(f"  idaHeat2D done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    text = render(robs, bruss, heats, machine_info(load),
+                  command_line("bench/stiff.py", argv))
     publish(RESULTS, text, write=not args.no_write)
     return 0
 

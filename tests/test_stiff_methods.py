@@ -497,3 +497,45 @@ def test_discrete_adjoint_is_the_derivative_of_the_steps_taken(mass):
     assert np.abs(np.asarray(ys) - np.asarray(r.ys)).max() <= 1e-9  # (the Newton tolerance)
     np.testing.assert_allclose(np.asarray(grad[1]), np.asarray(want[1]), rtol=1e-13, atol=1e-15)
     np.testing.assert_allclose(np.asarray(grad[0]), np.asarray(want[0]), rtol=1e-7)
+
+
+@pytest.mark.slow
+def test_heat_dae_in_two_dimensions_at_ten_thousand_unknowns():
+    """SUNDIALS' idaHeat2D at 100 x 100 (the boundary values algebraic): BDF
+    with sparse iteration matrices against the semi-discrete system's exact
+    solution, and its gradient (the discrete adjoint, through the DAE)
+    against forward mode."""
+    import scipy.sparse as sp
+    from scipy.sparse.linalg import expm_multiply
+
+    m = 100
+    x = np.linspace(0.0, 1.0, m)
+    h2 = (x[1] - x[0]) ** 2
+    X, Y = np.meshgrid(x, x, indexing="ij")
+    u0 = (16 * X * (1 - X) * Y * (1 - Y)).ravel()
+    boundary = np.ones((m, m), bool)
+    boundary[1:-1, 1:-1] = False
+    ts = np.array([0.0, 0.01, 0.02, 0.04])
+
+    def heat(t, u, a):
+        U = snp.reshape(u, (m, m))
+        lap = (U[:-2, 1:-1] + U[2:, 1:-1] + U[1:-1, :-2] + U[1:-1, 2:] - 4 * U[1:-1, 1:-1]) / h2
+        return snp.reshape(snp.pad(a * lap, 1) + snp.where(boundary, U, 0.0), (m * m,))
+
+    mass = sp.diags((~boundary).ravel().astype(float)).tocsr()
+
+    def loss(a):
+        ys = sd.ode.odeint(heat, u0, ts, a, solver="bdf", jac="sparse", mass=mass, rtol=1e-6,
+                           atol=1e-9)
+        return snp.sum(ys ** 2), ys
+
+    (value, ys), grad = sd.value_and_grad(loss, has_aux=True)(1.0)
+    n = m - 2
+    T = sp.diags([np.ones(n - 1), -2 * np.ones(n), np.ones(n - 1)], [-1, 0, 1]) / h2
+    exact = np.stack([expm_multiply(sp.kronsum(T, T).tocsr() * t,
+                                    u0.reshape(m, m)[1:-1, 1:-1].ravel()) for t in ts])
+    inner = np.asarray(ys).reshape(len(ts), m, m)[:, 1:-1, 1:-1].reshape(len(ts), -1)
+    assert np.abs(inner - exact).max() <= 2e-6
+    assert np.all(np.asarray(ys).reshape(len(ts), m, m)[:, boundary] == 0.0)
+    _, tangent = sd.jvp(lambda a: loss(a)[0], (1.0,), (1.0,))
+    np.testing.assert_allclose(float(grad), float(tangent), rtol=1e-5)
