@@ -334,8 +334,7 @@ def _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive, checkp
             and not ADJOINTS[adjoint].continuous:
         raise InvalidOptionError(
             f"adjoint={adjoint!r} differentiates the steps taken, which {solver!r}'s steps "
-            f"(not those of a Runge-Kutta tableau nor BDF's) are not: use "
-            f"adjoint='interpolated' (its default) or 'backsolve'.", op=op)
+            f"do not give: use adjoint='interpolated' or 'backsolve'.", op=op)
     if not SOLVERS[solver].replayable and not adaptive:
         raise InvalidOptionError(f"{solver!r} chooses its own steps and orders: constant "
                                  f"steps (adaptive=False) are for the Runge-Kutta methods.",
@@ -441,8 +440,8 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       tolerances.
     - `rtol`, `atol`: the local error tolerances of the step-size control.
     - `adjoint`: reverse mode (None: the solver's default, `"checkpoint"`
-      for every solver but `"radau"`, whose default is `"interpolated"`
-      (its fully implicit stages are not differentiated step by step)):
+      for every solver but `"radau"`, whose default is `"interpolated"`,
+      faster on the problems measured in `bench/stiff.py`):
         - `"checkpoint"` (the default of the others): the discrete
           adjoint of the steps
           taken, the exact gradient of the computed solution (to rounding;
@@ -456,7 +455,9 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
           step's state, order and step size changes (always: `checkpoints`
           is refused), and the reverse pass solves each step's transposed
           iteration matrix `(M - c df/dy)^T` at the step's result, a DAE's
-          included.
+          included. For `"radau"` (every step's state recorded), each step
+          is re-run from its state, its three stages solved together by one
+          root node (a DAE's included), whose reverse pass is the step's.
         - `"interpolated"`: the continuous adjoint equation solved backwards
           against the forward solution interpolated (cubic Hermite) from
           its states at every step, which the forward pass stores
@@ -497,8 +498,8 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       the program runs), and its columns without an entry the algebraic
       variables (a semi-explicit index-1 DAE). Forward mode differentiates
       it (the sensitivities with the same `M`), and so does reverse mode
-      with `"bdf"` (its discrete adjoint); Radau's continuous adjoint is
-      refused.
+      with `adjoint="checkpoint"` (the discrete adjoint; BDF's default); the
+      continuous adjoints are refused.
       `M` has no derivative.
     - `dae_init`: `"check"` (the default: inconsistent initial values are
       an error) or `"solve"`: the algebraic variables of `y0` are solved

@@ -214,8 +214,7 @@ def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive
     if not stepper.discrete and not ADJOINTS[adjoint].continuous:
         raise InvalidOptionError(
             f"adjoint={adjoint!r} differentiates the steps taken, which {solver}'s steps "
-            f"(not those of a Runge-Kutta tableau nor BDF's) are not: use "
-            f"adjoint='interpolated' (its default) or 'backsolve'.", op=op)
+            f"do not give: use adjoint='interpolated' or 'backsolve'.", op=op)
     if not stepper.replayable and checkpoints is not None:
         raise InvalidOptionError(
             f"{solver}'s reverse modes read the state at every step, which the forward pass "
@@ -633,8 +632,8 @@ def _odeint_vjp(primals, outs, cts, **params):
         raise NotSupportedError(
             f"reverse mode through an ode.odeint with a mass matrix (a DAE) and "
             f"adjoint={params.get('adjoint')!r} is not available: the continuous adjoint "
-            f"needs consistent adjoint values on the algebraic equations. Use solver='bdf' "
-            f"with adjoint='checkpoint' (its default: the discrete adjoint of its steps), or "
+            f"needs consistent adjoint values on the algebraic equations. Use "
+            f"adjoint='checkpoint' (the discrete adjoint of the steps; BDF's default), or "
             f"forward mode (sd.jvp, sd.jacfwd), which integrates the sensitivities with the "
             f"same mass matrix.", op="ode.odeint")
     outs, cts = OdeintOutputs.of(outs, count), OdeintOutputs.of(cts, count)

@@ -13,7 +13,8 @@ own loop.
   the steps are replayed on the recorded grid and the reverse pass is that
   of the replay's loops, checkpointed (`discrete_vjp`). BDF records its
   states and steps always, and its reverse pass is its own
-  (`_ode_bdf_adjoint.bdf_vjp`).
+  (`_ode_bdf_adjoint.bdf_vjp`); Radau records its states always, and its
+  steps are re-run as the Runge-Kutta ones (`_ode_replay.radau_step`).
 - `Interpolated` ("interpolated") and `Backsolve` ("backsolve"): the
   continuous adjoint, solved backwards by `odeint` nodes against the forward
   solution interpolated from its recorded states, or integrated backwards
@@ -160,10 +161,13 @@ def stored_vjp(primals, outs, ct, params, ct_states=None):
     *consts, y0, ts = primals
     grid, marks, states = outs.grid, outs.marks, outs.states
     step = step_graph(params["body"], params["solver"], params.get("jac", "dense"),
-                       params["rtol"], params["atol"])
+                       params["rtol"], params["atol"], params.get("mass"),
+                       params.get("mass_pattern"))
     n, dtype = y0.shape[0], type_of(y0).dtype
     ctypes = [type_of(c) for c in consts]
     wanted = _wanted(consts)
+    if params.get("mass") is not None:  # (the mass matrix has no derivative)
+        wanted[params["mass"]] = False
 
     def back(k, lam, acc):  # the reverse pass of step k
         if ct_states is not None:

@@ -39,7 +39,7 @@ own derivatives (second order) are theirs.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import numpy as np
 
@@ -53,91 +53,14 @@ from ..solvers._coloring import coloring
 from ._jacobian import Structure, dense_jacobian, emit
 from ._linalg import solve
 from ._ode_adjoint import _flat_cotangents, _unflatten_cotangents, _wanted
-from ._ode_field import field_at
+from ._ode_field import field_at, mass_in_ops
 from ._scan import scan
-from ._svd import svd
 from ._while import while_loop
 
 #: the rows of the differences `D` (orders up to `MAX_ORDER`, and two more)
 ROWS = MAX_ORDER + 3
 #: the rows a step size change rescales
 RESCALED = MAX_ORDER + 1
-
-
-class _Mass(NamedTuple):
-    """The mass matrix `I_k (x) M` of an `n`-element state, in sciad ops."""
-
-    apply: Callable     # v -> M v
-    apply_T: Callable   # v -> M^T v
-    start_T: Callable   # v -> P^T v (P: the first step's dy/dt = P f, `_steps.Mass`)
-    scale: Callable     # c -> the rows' scaling (1 / c on the algebraic ones), or None
-
-
-def _identity(v):
-    return v
-
-
-def _no_mass() -> _Mass:
-    return _Mass(_identity, _identity, _identity, lambda c: None)
-
-
-def _blocks(fn, v, k: int, size: int):
-    """`fn` on each of `v`'s `k` blocks of `size`, concatenated."""
-    return ops.reshape(fn(ops.reshape(v, (k, size))), (k * size,))
-
-
-def _dense_mass(M, n: int, dtype) -> _Mass:
-    size = type_of(M).shape[0]
-    k = n // size
-    # P^T = pinv(I_k (x) M)^T block by block: jax.numpy.linalg.pinv's
-    # cutoff, 10 max(rows, cols) eps times the largest singular value (those
-    # of I_k (x) M are M's)
-    s, u, vh = svd(M)
-    keep = s > 10.0 * n * float(np.finfo(dtype).eps) * ops.max(s)
-    s_inv = ops.where(keep, 1.0 / ops.where(keep, s, 1.0), 0.0)
-    algebraic = ops.sum(ops.abs(M), axis=1) == 0
-
-    def scale(c):
-        return ops.concatenate([ops.where(algebraic, 1.0 / c, 1.0)] * k)
-
-    return _Mass(lambda v: _blocks(lambda b: ops.matmul(b, ops.transpose(M)), v, k, size),
-                 lambda v: _blocks(lambda b: ops.matmul(b, M), v, k, size),
-                 lambda v: _blocks(lambda b: ops.matmul(
-                     ops.matmul(b, ops.transpose(vh)) * s_inv, ops.transpose(u)), v, k, size),
-                 scale)
-
-
-def _sparse_mass(values, pattern, n: int) -> _Mass:
-    size = pattern.shape[0]
-    k = n // size
-    rows, cols = np.asarray(pattern.rows), np.asarray(pattern.indices)
-    zeros = ops.zeros((size,), type_of(values).dtype)
-
-    def apply(v, r, c):
-        return _blocks(lambda b: ops.stack([zeros.at[r].add(values * b[j][c])
-                                            for j in range(k)]), v, k, size)
-
-    # the diagonal (`_steps.Mass.derivative`'s f / diag(M), 0 where it is 0)
-    on_diag = rows == cols
-    diag = zeros.at[rows[on_diag]].add(values[np.flatnonzero(on_diag)])
-    inv = ops.concatenate([ops.where(diag != 0, 1.0 / ops.where(diag != 0, diag, 1.0),
-                                     0.0)] * k)
-    algebraic = zeros.at[rows].add(ops.abs(values)) == 0
-
-    def scale(c):
-        return ops.concatenate([ops.where(algebraic, 1.0 / c, 1.0)] * k)
-
-    return _Mass(lambda v: apply(v, rows, cols), lambda v: apply(v, cols, rows),
-                 lambda v: inv * v, scale)
-
-
-def _mass(consts, params: dict, n: int, dtype) -> _Mass:
-    i = params.get("mass")
-    if i is None:
-        return _no_mass()
-    if params.get("mass_pattern") is not None:
-        return _sparse_mass(consts[i], params["mass_pattern"], n)
-    return _dense_mass(consts[i], n, dtype)
 
 
 def _iteration_matrix(residual: Callable, y, pattern):
@@ -164,7 +87,7 @@ def bdf_vjp(primals, outs, ct, params, ct_states=None) -> list:
     if params.get("mass") is not None:  # (the mass matrix has no derivative)
         wanted[params["mass"]] = False
     m = len(consts)
-    mass = _mass(consts, params, n, dtype)
+    mass = mass_in_ops(consts, params, n, dtype)
     pattern = params.get("pattern") if sparse_jacobian(params.get("jac", "dense")) else None
     alpha = ops.asarray(ALPHA.astype(dtype))
     gamma = ops.asarray(np.concatenate([GAMMA, np.zeros(ROWS - GAMMA.size)]).astype(dtype))

@@ -6,6 +6,7 @@ sensitivity and adjoint systems) that its rules build as `odeint` nodes."""
 from __future__ import annotations
 
 import functools
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -14,6 +15,8 @@ from .. import _ops as ops
 from ..graph import Graph
 from ..graph._body import Body, as_body, inline, permute
 from ..graph._passes import dce
+from ..graph._autodiff import type_of
+from ._svd import svd
 
 
 def field_at(graph: Graph, consts, t, y):
@@ -87,3 +90,86 @@ def derived_params(params: dict, **changes) -> dict:
     if "body" in changes:
         out["body"] = field_body(changes["body"])
     return {k: v for k, v in out.items() if v is not None}
+
+
+# ---------------------------------------------------------------------------
+# the mass matrix of `M dy/dt = f`, in sciad ops (the derivative rules')
+
+
+class MassOps(NamedTuple):
+    """The mass matrix `I_k (x) M` of an `n`-element state, in sciad ops."""
+
+    apply: Callable     # v -> M v
+    apply_T: Callable   # v -> M^T v
+    start_T: Callable   # v -> P^T v (P: the first step's dy/dt = P f, `_steps.Mass`)
+    scale: Callable     # c -> the rows' scaling (1 / c on the algebraic ones), or None
+
+
+def _identity(v):
+    return v
+
+
+def _no_mass() -> MassOps:
+    return MassOps(_identity, _identity, _identity, lambda c: None)
+
+
+def _blocks(fn, v, k: int, size: int):
+    """`fn` on each of `v`'s `k` blocks of `size`, concatenated."""
+    return ops.reshape(fn(ops.reshape(v, (k, size))), (k * size,))
+
+
+def _dense_mass(M, n: int, dtype) -> MassOps:
+    size = type_of(M).shape[0]
+    k = n // size
+    # P^T = pinv(I_k (x) M)^T block by block: jax.numpy.linalg.pinv's
+    # cutoff, 10 max(rows, cols) eps times the largest singular value (those
+    # of I_k (x) M are M's)
+    s, u, vh = svd(M)
+    keep = s > 10.0 * n * float(np.finfo(dtype).eps) * ops.max(s)
+    s_inv = ops.where(keep, 1.0 / ops.where(keep, s, 1.0), 0.0)
+    algebraic = ops.sum(ops.abs(M), axis=1) == 0
+
+    def scale(c):
+        return ops.concatenate([ops.where(algebraic, 1.0 / c, 1.0)] * k)
+
+    return MassOps(lambda v: _blocks(lambda b: ops.matmul(b, ops.transpose(M)), v, k, size),
+                 lambda v: _blocks(lambda b: ops.matmul(b, M), v, k, size),
+                 lambda v: _blocks(lambda b: ops.matmul(
+                     ops.matmul(b, ops.transpose(vh)) * s_inv, ops.transpose(u)), v, k, size),
+                 scale)
+
+
+def _sparse_mass(values, pattern, n: int) -> MassOps:
+    size = pattern.shape[0]
+    k = n // size
+    rows, cols = np.asarray(pattern.rows), np.asarray(pattern.indices)
+    zeros = ops.zeros((size,), type_of(values).dtype)
+
+    def apply(v, r, c):
+        return _blocks(lambda b: ops.stack([zeros.at[r].add(values * b[j][c])
+                                            for j in range(k)]), v, k, size)
+
+    # the diagonal (`_steps.Mass.derivative`'s f / diag(M), 0 where it is 0)
+    on_diag = rows == cols
+    diag = zeros.at[rows[on_diag]].add(values[np.flatnonzero(on_diag)])
+    inv = ops.concatenate([ops.where(diag != 0, 1.0 / ops.where(diag != 0, diag, 1.0),
+                                     0.0)] * k)
+    algebraic = zeros.at[rows].add(ops.abs(values)) == 0
+
+    def scale(c):
+        return ops.concatenate([ops.where(algebraic, 1.0 / c, 1.0)] * k)
+
+    return MassOps(lambda v: apply(v, rows, cols), lambda v: apply(v, cols, rows),
+                 lambda v: inv * v, scale)
+
+
+def mass_in_ops(consts, params: dict, n: int, dtype) -> MassOps:
+    """The mass matrix of an `odeint` node with `params` and operands
+    `(*consts, ...)` for its `n`-element state, in sciad ops (the identity
+    where it has none)."""
+    i = params.get("mass")
+    if i is None:
+        return _no_mass()
+    if params.get("mass_pattern") is not None:
+        return _sparse_mass(consts[i], params["mass_pattern"], n)
+    return _dense_mass(consts[i], n, dtype)

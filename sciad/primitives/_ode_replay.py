@@ -1,5 +1,6 @@
 """The steps an `ode.odeint` node took, re-run in sciad ops: one step of a
 stepper's Runge-Kutta tableau (`rk_step`, an implicit stage an
+`optimize.root` node), one of Radau IIA (`radau_step`, its three stages one
 `optimize.root` node), a step as a graph (`step_graph`) and the whole solve
 replayed on its recorded step grid (`replay_steps`), whose reverse passes
 are the discrete (checkpointed) adjoint."""
@@ -15,10 +16,11 @@ from ..graph import Graph
 from ..graph._autodiff import type_of
 from ..graph._body import inline, trace_body
 from ..solvers.nonlinear._root_methods import sparse_jacobian
+from ..solvers.ode import _radau
 from ..solvers.ode._ode_steppers import STEPPERS, tableau
 from ._schedules import Segments
 from ._scan import scan
-from ._ode_field import field_at, part_of
+from ._ode_field import field_at, mass_in_ops, part_of
 from ._ode_interp import hermite_at
 from ._jacobian import colored_jacobian
 from ._root import root_node
@@ -112,6 +114,51 @@ def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, a
     return out
 
 
+def radau_step(graph: Graph, consts, t, h, y, jac: str, rtol: float, atol: float, y_next,
+               mass=None):
+    """One step of Radau IIA (order 5) from `(t, y)` with step `h`, in sciad
+    ops: its stage increments `Z` (`3 n` of them) solved together by one
+    `optimize.root` node,
+
+        M Z_i = h sum_j a_ij f(t + c_j h, y + Z_j),
+
+    each equation scaled as `rk_step` scales its stages (a DAE's algebraic
+    ones also by `1 / h`, as the forward pass scales them), and the result
+    `y + Z_3` (the method is stiffly accurate). `y_next`, the recorded
+    result, starts the iteration (the stages on the cubic Hermite
+    interpolant to it; on the line to it with a mass matrix, whose `f` is
+    not `dy/dt`). `mass`: a `MassOps`, or None."""
+    n = type_of(y).shape[0]
+    A, C = _radau.A, _radau.C
+    w = stop_gradient(1.0 / (ops.abs(y) + max(atol / rtol, 1e-300)))
+    eps = float(np.finfo(type_of(y).dtype).eps)
+
+    def stages(z, y, h, t, w):
+        Z = [z[i * n:(i + 1) * n] for i in range(3)]
+        F = [field_at(graph, consts, t + float(C[j]) * h, y + Z[j]) for j in range(3)]
+        scale = w if mass is None else w * mass.scale(h)
+        out = []
+        for i in range(3):
+            r = Z[i] if mass is None else mass.apply(Z[i])
+            for j in range(3):
+                r = r - (h * float(A[i, j])) * F[j]
+            out.append(r * scale)
+        return ops.concatenate(out)
+
+    y0, y1 = stop_gradient(y), stop_gradient(y_next)
+    if mass is None:
+        f0 = stop_gradient(field_at(graph, consts, t, y))
+        f1 = stop_gradient(field_at(graph, consts, t + h, y_next))
+        z0 = [hermite_at(float(c), h, y0, y1, f0, f1) - y0 for c in C]
+    else:
+        z0 = [float(c) * (y1 - y0) for c in C]
+    z = root_node(stages, ops.concatenate(z0), [y, h, t, w], name="radau_stages",
+                  kind="root", method="newton", jac=jac, tol=1e-12,
+                  atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps), maxiter=50, memory=0,
+                  throw=True, op="optimize.root", at_floor=True).x
+    return y + z[2 * n:]
+
+
 #: the memory the checkpointed reverse pass may fill with stored states
 #: (its number of snapshots is chosen so, between sqrt(max_steps) and
 #: max_steps: a small system stores every step and replays each once)
@@ -155,15 +202,23 @@ def replay_steps(graph: Graph, solver: str, jac: str, max_steps: int, snapshots:
 
 
 @functools.lru_cache(maxsize=128)
-def step_graph(graph: Graph, solver: str, jac: str, rtol: float, atol: float) -> Graph:
+def step_graph(graph: Graph, solver: str, jac: str, rtol: float, atol: float,
+               mass: int | None = None, mass_pattern=None) -> Graph:
     """`(*consts, t, h, y, y_next) -> (y after one step of `solver`,)`
-    (`rk_step`; `y_next`, the recorded result, only starts the implicit
-    stages' iterations)."""
+    (`rk_step`, or `radau_step`; `y_next`, the recorded result, only starts
+    the implicit stages' iterations). `mass`, `mass_pattern`: the node's
+    params (Radau's mass matrix, among the consts)."""
     *ctypes, ttype, ytype = graph.in_types
     m = len(ctypes)
 
     def step(*a):
-        return rk_step(graph, list(a[:m]), solver, a[m], a[m + 1], a[m + 2], jac, rtol, atol,
+        consts = list(a[:m])
+        if STEPPERS[solver].lowering == "radau":
+            M = mass_in_ops(consts, {"mass": mass, "mass_pattern": mass_pattern},
+                            ytype.shape[0], ytype.dtype) if mass is not None else None
+            return radau_step(graph, consts, a[m], a[m + 1], a[m + 2], jac, rtol, atol,
+                              a[m + 3], M)
+        return rk_step(graph, consts, solver, a[m], a[m + 1], a[m + 2], jac, rtol, atol,
                        y_next=a[m + 3])
 
     g, closed, _ = trace_body(step, list(ctypes) + [ttype, ttype, ytype, ytype],

@@ -70,6 +70,8 @@ class Stepper(NamedTuple):
     #: the reverse mode odeint takes where none is asked for: the discrete
     #: adjoint replays a diagonally implicit (or explicit) tableau's steps,
     #: or reads BDF's record of its steps; Radau takes the continuous one
+    #: (its discrete adjoint re-solves each step's coupled stages: slower
+    #: where measured)
     default_adjoint: str = "checkpoint"
 
     @property
@@ -82,10 +84,11 @@ class Stepper(NamedTuple):
     @property
     def discrete(self) -> bool:
         """The discrete adjoint ("checkpoint") differentiates its steps:
-        replayed from its tableau, or (BDF) linearised at the states the
-        forward pass records, from its record of each accepted step's order
-        and step size changes."""
-        return self.replayable or self.lowering == "bdf"
+        replayed from its tableau, linearised at the states the forward pass
+        records from BDF's record of each accepted step's order and step
+        size changes, or re-run from those states (Radau's coupled
+        stages)."""
+        return self.replayable or self.lowering in ("bdf", "radau")
 
     @property
     def imex(self) -> bool:
