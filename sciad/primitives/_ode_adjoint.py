@@ -179,6 +179,23 @@ def stored_vjp(primals, outs, ct, params, ct_states=None):
         lam = ops.zeros((n,), dtype) if is_zero(bars[-2]) else bars[-2]
         return lam, (acc + ops.concatenate(cb)) if cb else acc
 
+    T = ts.shape[0]
+    lam, acc = down_the_steps(back, lambda lam, c: lam + c, ct[T - 1],
+                              ops.zeros((sum(t.size for t, w in zip(ctypes, wanted) if w),),
+                                        dtype), ct, marks, params["max_steps"])
+    if ct_states is not None:
+        lam = lam + ct_states[0]
+    return _unflatten_cotangents(acc, consts, wanted) + [lam]
+
+
+def down_the_steps(back, jump, lam, acc, ct, marks, max_steps: int):
+    """A discrete adjoint's pass over the output intervals, from the last
+    output time back to the first: `(lam, acc) = back(k, lam, acc)` for each
+    step `k` of an interval, down its steps (a `while` loop), then `lam =
+    jump(lam, ct[i])` at output time `i`. `lam` (the cotangent of the state
+    at the last output time, its `ct` added) and `acc` (the consts'
+    cotangents, flat) are the pass's carries; returns them at the first."""
+
     def interval(carry, x):  # from output time i + 1 back to i, then ct[i]
         lam, acc = carry
         lo, hi, c = x
@@ -189,15 +206,11 @@ def stored_vjp(primals, outs, ct, params, ct_states=None):
             return k - 1, lam, acc
 
         _, lam, acc = while_loop(lambda s: s[0] >= lo, body, (hi - 1, lam, acc),
-                                 max_steps=params["max_steps"])
-        return (lam + c, acc), None
+                                 max_steps=max_steps)
+        return (jump(lam, c), acc), None
 
-    T = ts.shape[0]
-    init = (ct[T - 1], ops.zeros((sum(t.size for t, w in zip(ctypes, wanted) if w),), dtype))
-    (lam, acc), _ = scan(interval, init, (marks[:-1], marks[1:], ct[:-1]), reverse=True)
-    if ct_states is not None:
-        lam = lam + ct_states[0]
-    return _unflatten_cotangents(acc, consts, wanted) + [lam]
+    (lam, acc), _ = scan(interval, (lam, acc), (marks[:-1], marks[1:], ct[:-1]), reverse=True)
+    return lam, acc
 
 
 def continuous_vjp(primals, outs, ct, params, interpolated: bool):

@@ -52,10 +52,9 @@ from ..solvers.ode._bdf import ALPHA, GAMMA, MAX_ORDER
 from ..solvers._coloring import coloring
 from ._jacobian import Structure, dense_jacobian, emit
 from ._linalg import solve
-from ._ode_adjoint import _flat_cotangents, _unflatten_cotangents, _wanted
+from ._ode_adjoint import (_flat_cotangents, _unflatten_cotangents, _wanted,
+                           down_the_steps)
 from ._ode_field import field_at, mass_in_ops
-from ._scan import scan
-from ._while import while_loop
 
 #: the rows of the differences `D` (orders up to `MAX_ORDER`, and two more)
 ROWS = MAX_ORDER + 3
@@ -140,23 +139,10 @@ def bdf_vjp(primals, outs, ct, params, ct_states=None) -> list:
     def at_output(L, c):  # the cotangent of an output time's state, on D's first row
         return L + ops.where(rows[:, None] == 0, c[None], 0.0)
 
-    def interval(carry, x):  # from output time i + 1 back to i, then ct[i]
-        L, acc = carry
-        lo, hi, c = x
-
-        def body(s):
-            k, L, acc = s
-            L, acc = back(k, L, acc)
-            return k - 1, L, acc
-
-        _, L, acc = while_loop(lambda s: s[0] >= lo, body, (hi - 1, L, acc),
-                               max_steps=params["max_steps"])
-        return (at_output(L, c), acc), None
-
     T = ts.shape[0]
     size = sum(t.size for t, w in zip(ctypes, wanted) if w)
-    init = (at_output(ops.zeros((ROWS, n), dtype), ct[T - 1]), ops.zeros((size,), dtype))
-    (L, acc), _ = scan(interval, init, (marks[:-1], marks[1:], ct[:-1]), reverse=True)
+    L, acc = down_the_steps(back, at_output, at_output(ops.zeros((ROWS, n), dtype), ct[T - 1]),
+                            ops.zeros((size,), dtype), ct, marks, params["max_steps"])
     # the first differences [y0, P f(t0, y0), 0, ...]
     ybar0, cbar0 = field_vjp(ts[0], y0, mass.start_T(L[1]))
     ybar0 = ybar0 + L[0]
