@@ -348,6 +348,7 @@ def test_heat_dae_with_sparse_iteration_matrices(solver):
         <= 5e-7
 
 
+@pytest.mark.slow
 def test_dae_gradient_by_the_discrete_adjoint():
     """Reverse mode through a DAE (Robertson's, the conservation law as its
     algebraic equation; BDF's discrete adjoint) against central differences
@@ -432,59 +433,54 @@ def test_solve_ivp_dae_with_an_event_against_scipys_ode_form():
 
 def _replayed_bdf(A, M, y0, grid, history, steps: int, marks):
     """The BDF steps a solve took (their sizes, orders and rescalings, as
-    recorded), re-run in plain JAX on the linear system `M y' = A y`, whose
-    step equations are solved exactly: `ys` at the output times (`marks`),
-    differentiable by JAX."""
-    import jax.numpy as jnp
-
+    recorded), re-run in NumPy on the linear system `M y' = A y`, whose step
+    equations are solved exactly: `ys` at the output times (`marks`)."""
     from sciad.solvers.ode import _bdf
 
-    n = y0.shape[0]
-    D = jnp.zeros((_bdf.MAX_ORDER + 3, n)).at[0].set(y0).at[1].set(jnp.linalg.pinv(M) @ A @ y0)
+    D = np.zeros((_bdf.MAX_ORDER + 3, y0.shape[0]))
+    D[0], D[1] = y0, np.linalg.pinv(M) @ A @ y0
     out = [y0]
     for j in range(1, steps + 1):
         q, R = int(history[j, 0]), history[j, 1:].reshape(6, 6)
-        D = D.at[:6].set(R @ D[:6])
+        D[:6] = R @ D[:6]
         c = (grid[j] - grid[j - 1]) / _bdf.ALPHA[q]
         pred = D[:q + 1].sum(0)
         psi = sum(_bdf.GAMMA[i] * D[i] for i in range(1, q + 1)) / _bdf.ALPHA[q]
-        d = jnp.linalg.solve(M - c * A, c * A @ pred - M @ psi)
-        D = D.at[q + 2].set(d - D[q + 1]).at[q + 1].set(d)
+        d = np.linalg.solve(M - c * A, c * A @ pred - M @ psi)
+        D[q + 2], D[q + 1] = d - D[q + 1], d
         for i in range(q, -1, -1):
-            D = D.at[i].add(D[i + 1])
-        out.append(D[0])
-    return jnp.stack([out[m] for m in marks])
+            D[i] += D[i + 1]
+        out.append(D[0].copy())
+    return np.stack([out[m] for m in marks])
 
 
 def _replayed_radau(A, M, y0, grid, steps: int, marks):
-    """Radau IIA's steps on the recorded grid, re-run in plain JAX on `M y'
-    = A y` with the stage equations solved exactly (as `_replayed_bdf`)."""
-    import jax.numpy as jnp
-
+    """Radau IIA's steps on the recorded grid, re-run in NumPy on `M y' =
+    A y` with the stage equations solved exactly (as `_replayed_bdf`)."""
     from sciad.solvers.ode import _radau
 
     n = y0.shape[0]
-    K, MM = jnp.kron(jnp.asarray(_radau.A), A), jnp.kron(jnp.eye(3), M)
+    K, MM = np.kron(_radau.A, A), np.kron(np.eye(3), M)
     out = [y0]
     for j in range(1, steps + 1):
         h = grid[j] - grid[j - 1]
-        Z = jnp.linalg.solve(MM - h * K, h * K @ jnp.tile(out[-1], 3))
+        Z = np.linalg.solve(MM - h * K, h * K @ np.tile(out[-1], 3))
         out.append(out[-1] + Z[2 * n:])
-    return jnp.stack([out[m] for m in marks])
+    return np.stack([out[m] for m in marks])
 
 
-@pytest.mark.parametrize("solver,mass", [("bdf", None), ("bdf", "dense"), ("bdf", "sparse"),
-                                         ("radau", None), ("radau", "sparse")])
+@pytest.mark.parametrize("solver,mass", [
+    ("bdf", "dense"), ("bdf", "sparse"), ("radau", "sparse"),
+    *(pytest.param(*p, marks=pytest.mark.slow) for p in (("bdf", None), ("radau", None)))])
 def test_discrete_adjoint_is_the_derivative_of_the_steps_taken(solver, mass):
     """The discrete adjoint (BDF's default reverse mode; Radau's with
-    `adjoint="checkpoint"`) against JAX's reverse mode of the same steps
-    (BDF: sizes, orders, rescalings from the loop's record; Radau: sizes)
-    re-run on a linear system, whose step equations are then solved
+    `adjoint="checkpoint"`) against the derivatives of the same steps (BDF:
+    sizes, orders, rescalings from the loop's record; Radau: sizes) re-run
+    in NumPy on a linear system, whose step equations are then solved
     exactly: equal to rounding in `y0`, and to the Newton tolerance (the
     recorded states) in the matrix's parameters. With a mass matrix, an
     index-1 DAE (its third equation algebraic); sparse: sparse iteration
     matrices and a sparse mass matrix."""
-    import jax
     import jax.numpy as jnp
     import scipy.sparse as sp
 
@@ -533,16 +529,23 @@ def test_discrete_adjoint_is_the_derivative_of_the_steps_taken(solver, mass):
     marks = np.searchsorted(grid[:steps + 1], ts)
 
     def replayed(k, y0):
-        A, Mm = matrix(k, jnp), jnp.asarray(M)
-        ys = _replayed_bdf(A, Mm, y0, grid, history, steps, marks) if solver == "bdf" else \
-            _replayed_radau(A, Mm, y0, grid, steps, marks)
-        return jnp.sum(ys * w), ys
+        A = matrix(k, np)
+        if solver == "bdf":
+            return _replayed_bdf(A, M, y0, grid, history, steps, marks)
+        return _replayed_radau(A, M, y0, grid, steps, marks)
 
-    (_, ys), want = jax.value_and_grad(replayed, argnums=(0, 1), has_aux=True)(
-        jnp.asarray(k), jnp.asarray(y0))
-    assert np.abs(np.asarray(ys) - np.asarray(r.ys)).max() <= 1e-9  # (the Newton tolerance)
-    np.testing.assert_allclose(np.asarray(grad[1]), np.asarray(want[1]), rtol=1e-13, atol=1e-15)
-    np.testing.assert_allclose(np.asarray(grad[0]), np.asarray(want[0]), rtol=1e-7)
+    def replayed_loss(k, y0):
+        return float(np.sum(replayed(k, y0) * w))
+
+    assert np.abs(replayed(k, y0) - np.asarray(r.ys)).max() <= 1e-9  # (the Newton tolerance)
+    # the replay's derivatives: in y0 exactly (it is linear in y0: its
+    # values at the unit vectors), in k by central differences (smooth: no
+    # step is chosen again; their error 1e-10)
+    want_y0 = [replayed_loss(k, e) for e in np.eye(3)]
+    want_k = [(replayed_loss(k + 1e-6 * e, y0) - replayed_loss(k - 1e-6 * e, y0)) / 2e-6
+              for e in np.eye(2)]
+    np.testing.assert_allclose(np.asarray(grad[1]), want_y0, rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(np.asarray(grad[0]), want_k, rtol=1e-7)
 
 
 @pytest.mark.slow
