@@ -250,6 +250,11 @@ def test_jax_transforms_of_to_jax(solver):
     ks = np.stack([k, k * 1.1])
     np.testing.assert_allclose(np.asarray(jax.vmap(f)(ks)),
                                [float(sd.function(loss)(x)) for x in ks], rtol=1e-9)
+    # a batch of gradients whose solves take different numbers of steps (the
+    # reverse passes' loops stop apart; the examples done must not fail)
+    ks = np.stack([k, k * 1.7, k * 0.5])
+    np.testing.assert_allclose(np.asarray(sd.vmap(sd.grad(loss))(ks)),
+                               [np.asarray(sd.grad(loss)(x)) for x in ks], rtol=1e-9)
 
 
 def test_a_failed_solve_raises_under_the_derivatives():

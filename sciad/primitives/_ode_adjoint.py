@@ -202,7 +202,11 @@ def down_the_steps(back, jump, lam, acc, ct, marks, max_steps: int):
 
         def body(s):
             k, lam, acc = s
-            lam, acc = back(k, lam, acc)
+            # (k >= lo here, but in a batch of reverse passes whose intervals
+            # differ, the examples done run the step too, their results
+            # dropped: they read a step of their own interval, not one
+            # before it, whose data may not be a step's and fail its checks)
+            lam, acc = back(ops.maximum(k, lo), lam, acc)
             return k - 1, lam, acc
 
         _, lam, acc = while_loop(lambda s: s[0] >= lo, body, (hi - 1, lam, acc),

@@ -236,7 +236,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
             dw_complex = linear.solve_complex(lu_complex, f_complex)
             dW = jnp.stack([dw_real, dw_complex.real.astype(dtype),
                             dw_complex.imag.astype(dtype)])
-            size = _rms(dW / scale)
+            size = _rms((dW / scale)[:, :m])  # (the first m elements: as BDF's)
             new_rate = jnp.where(k > 0, size / old, rate)
             bad = (k > 0) & ((new_rate >= 1) | (new_rate ** (NEWTON_MAXITER - k)
                                                  / (1 - new_rate) * size > newton_tol))
