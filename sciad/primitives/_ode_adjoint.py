@@ -165,9 +165,7 @@ def stored_vjp(primals, outs, ct, params, ct_states=None):
                        params.get("mass_pattern"))
     n, dtype = y0.shape[0], type_of(y0).dtype
     ctypes = [type_of(c) for c in consts]
-    wanted = _wanted(consts)
-    if params.get("mass") is not None:  # (the mass matrix has no derivative)
-        wanted[params["mass"]] = False
+    wanted = _wanted(consts, params)
 
     def back(k, lam, acc):  # the reverse pass of step k
         if ct_states is not None:
@@ -230,7 +228,7 @@ def continuous_vjp(primals, outs, ct, params, interpolated: bool):
     ys, nsteps, grid = outs.ys, outs.steps, outs.grid
     graph = params["body"]
     n = y0.shape[0]
-    wanted = _wanted(consts)
+    wanted = _wanted(consts, params)
     ctypes = [type_of(c) for c in consts]
     sizes = [t.size for t, w in zip(ctypes, wanted) if w]
     dtype = type_of(y0).dtype
@@ -282,11 +280,14 @@ def continuous_vjp(primals, outs, ct, params, interpolated: bool):
     return _unflatten_cotangents(S[lead + n:], consts, wanted) + [S[lead:lead + n]]
 
 
-def _wanted(consts) -> list:
+def _wanted(consts, params: dict) -> list:
     """Which consts the adjoints accumulate cotangents for: the traced real
     float ones (a differentiated argument is always traced: `sd.grad` lifts
-    one given as a constant)."""
-    return [needs_ct(c) and type_of(c).dtype.kind == "f" for c in consts]
+    one given as a constant), but the mass matrix (the node's `mass`
+    operand), which has no derivative."""
+    mass = params.get("mass")
+    return [needs_ct(c) and type_of(c).dtype.kind == "f" and i != mass
+            for i, c in enumerate(consts)]
 
 
 def _flat_cotangents(bars, ctypes, wanted, dtype) -> list:

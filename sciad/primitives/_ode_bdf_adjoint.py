@@ -82,11 +82,9 @@ def bdf_vjp(primals, outs, ct, params, ct_states=None) -> list:
     graph = params["body"]
     n, dtype = y0.shape[0], type_of(y0).dtype
     ctypes = [type_of(c) for c in consts]
-    wanted = _wanted(consts)
-    if params.get("mass") is not None:  # (the mass matrix has no derivative)
-        wanted[params["mass"]] = False
+    wanted = _wanted(consts, params)
     m = len(consts)
-    mass = mass_in_ops(consts, params, n, dtype)
+    mass = mass_in_ops(consts, params.get("mass"), params.get("mass_pattern"), n, dtype)
     pattern = params.get("pattern") if sparse_jacobian(params.get("jac", "dense")) else None
     alpha = ops.asarray(ALPHA.astype(dtype))
     gamma = ops.asarray(np.concatenate([GAMMA, np.zeros(ROWS - GAMMA.size)]).astype(dtype))

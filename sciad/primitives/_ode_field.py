@@ -113,6 +113,15 @@ def _no_mass() -> MassOps:
     return MassOps(_identity, _identity, _identity, lambda c: None)
 
 
+def _row_scaling(algebraic, k: int) -> Callable:
+    """`c -> ` the rows' scaling of `I_k (x) M - c J`: `1 / c` on the
+    `algebraic` rows of `M` (those without an entry), 1 elsewhere."""
+    def scale(c):
+        return ops.concatenate([ops.where(algebraic, 1.0 / c, 1.0)] * k)
+
+    return scale
+
+
 def _blocks(fn, v, k: int, size: int):
     """`fn` on each of `v`'s `k` blocks of `size`, concatenated."""
     return ops.reshape(fn(ops.reshape(v, (k, size))), (k * size,))
@@ -128,15 +137,11 @@ def _dense_mass(M, n: int, dtype) -> MassOps:
     keep = s > 10.0 * n * float(np.finfo(dtype).eps) * ops.max(s)
     s_inv = ops.where(keep, 1.0 / ops.where(keep, s, 1.0), 0.0)
     algebraic = ops.sum(ops.abs(M), axis=1) == 0
-
-    def scale(c):
-        return ops.concatenate([ops.where(algebraic, 1.0 / c, 1.0)] * k)
-
     return MassOps(lambda v: _blocks(lambda b: ops.matmul(b, ops.transpose(M)), v, k, size),
-                 lambda v: _blocks(lambda b: ops.matmul(b, M), v, k, size),
-                 lambda v: _blocks(lambda b: ops.matmul(
-                     ops.matmul(b, ops.transpose(vh)) * s_inv, ops.transpose(u)), v, k, size),
-                 scale)
+                   lambda v: _blocks(lambda b: ops.matmul(b, M), v, k, size),
+                   lambda v: _blocks(lambda b: ops.matmul(
+                       ops.matmul(b, ops.transpose(vh)) * s_inv, ops.transpose(u)), v, k, size),
+                   _row_scaling(algebraic, k))
 
 
 def _sparse_mass(values, pattern, n: int) -> MassOps:
@@ -155,21 +160,16 @@ def _sparse_mass(values, pattern, n: int) -> MassOps:
     inv = ops.concatenate([ops.where(diag != 0, 1.0 / ops.where(diag != 0, diag, 1.0),
                                      0.0)] * k)
     algebraic = zeros.at[rows].add(ops.abs(values)) == 0
-
-    def scale(c):
-        return ops.concatenate([ops.where(algebraic, 1.0 / c, 1.0)] * k)
-
     return MassOps(lambda v: apply(v, rows, cols), lambda v: apply(v, cols, rows),
-                 lambda v: inv * v, scale)
+                   lambda v: inv * v, _row_scaling(algebraic, k))
 
 
-def mass_in_ops(consts, params: dict, n: int, dtype) -> MassOps:
-    """The mass matrix of an `odeint` node with `params` and operands
-    `(*consts, ...)` for its `n`-element state, in sciad ops (the identity
-    where it has none)."""
-    i = params.get("mass")
-    if i is None:
+def mass_in_ops(consts, mass: int | None, mass_pattern, n: int, dtype) -> MassOps:
+    """The mass matrix of an `odeint` node whose params `mass` (its index
+    among the `consts`) and `mass_pattern` are these, for its `n`-element
+    state, in sciad ops (the identity where it has none)."""
+    if mass is None:
         return _no_mass()
-    if params.get("mass_pattern") is not None:
-        return _sparse_mass(consts[i], params["mass_pattern"], n)
-    return _dense_mass(consts[i], n, dtype)
+    if mass_pattern is not None:
+        return _sparse_mass(consts[mass], mass_pattern, n)
+    return _dense_mass(consts[mass], n, dtype)

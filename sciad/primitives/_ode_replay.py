@@ -214,8 +214,8 @@ def step_graph(graph: Graph, solver: str, jac: str, rtol: float, atol: float,
     def step(*a):
         consts = list(a[:m])
         if STEPPERS[solver].lowering == "radau":
-            M = mass_in_ops(consts, {"mass": mass, "mass_pattern": mass_pattern},
-                            ytype.shape[0], ytype.dtype) if mass is not None else None
+            M = None if mass is None else \
+                mass_in_ops(consts, mass, mass_pattern, ytype.shape[0], ytype.dtype)
             return radau_step(graph, consts, a[m], a[m + 1], a[m + 2], jac, rtol, atol,
                               a[m + 3], M)
         return rk_step(graph, consts, solver, a[m], a[m + 1], a[m + 2], jac, rtol, atol,
