@@ -168,6 +168,9 @@ def ensemble():
     return results, _multiprocess_ensemble.SIZES
 
 
+# (two processes of their own, 10 s: the mesh over two processes is the
+# default run's `results`; the example on one process, test_examples)
+@pytest.mark.slow
 def test_ensemble_example_on_two_processes_equals_one_device(ensemble):
     results, sizes = ensemble
     p0, p1 = results

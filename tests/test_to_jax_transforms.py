@@ -33,10 +33,13 @@ ITERATIVE = ("cg", "gmres", "bicgstab")
 #: factors `jax.jacfwd` and `jax.hessian` batch over (where the SIGSEGV was);
 #: the others' second order, compile-heavy, runs with `-m slow`
 SECOND_ORDER = ("klu", "cudss", "cholmod")
+#: dense Cholesky, lowered as LU's dense path (a factor in the program, its
+#: solves batched by JAX): walked with `-m slow`
+SAME_PATH = ("cholesky",)
 #: the records the default walk takes: all but the Krylov solves, whose
 #: walk (13-20 s of compilation each) runs with `-m slow`, to second order
-#: (`test_second_order_jax_transforms_of_the_other_records`)
-DEFAULT_WALK = [s for s in SOLVERS if s not in ITERATIVE]
+#: (`test_second_order_jax_transforms_of_the_other_records`), and SAME_PATH
+DEFAULT_WALK = [s for s in SOLVERS if s not in ITERATIVE and s not in SAME_PATH]
 
 _CHILD = textwrap.dedent('''
     import contextlib, json, sys
