@@ -35,6 +35,7 @@ from .numpy import _as_array
 from .primitives._checks import eps_of, refine_above, symmetry_tolerance
 from .primitives._eigen import FUNCTIONS, eigh as _eigh, eigh_apply
 from .primitives._eigsh import WHICH, eigsh as _eigsh, eigsh_host_operator, eigsh_operator
+from .primitives._logdet import linalg_selected_inverse_p, linalg_slogdet_p
 from .primitives._linalg import (NORMS, _clean, linalg_rcond_p, linalg_solve_p, solve_operator,
                                  solve_params)
 from .primitives._sparse import assemble, gather
@@ -46,7 +47,7 @@ from .sparse import _check_tags, astype as _sparse_astype, data as _data, isspar
 from .sparse import csr_matrix as sparse_csr_matrix, sample as sparse_sample
 from .sparse import from_scipy as _from_scipy, sharded_matmul, todense as sparse_todense
 
-__all__ = ["solve", "explain_solver", "cond", "eigh", "eigvalsh", "eigsh", "funm_hermitian", "svd", "operator", "Operator", "SolveInfo", "SOLVERS"]
+__all__ = ["solve", "explain_solver", "cond", "slogdet", "selected_inverse", "eigh", "eigvalsh", "eigsh", "funm_hermitian", "svd", "operator", "Operator", "SolveInfo", "SOLVERS"]
 
 #: every built-in solver name `solve` accepts, besides "auto" (the registered
 #: records, `sciad.solvers`)
@@ -441,6 +442,95 @@ def cond(A, p=1, *, estimate: bool = True, solver: str = "auto", constant: bool 
         params.pop("norm")
     rc = linalg_rcond_p.bind(A, **params)
     return snp.where(rc > 0, 1.0 / snp.where(rc > 0, rc, 1.0), np.inf)
+
+
+class SlogdetResult(NamedTuple):
+    """`sd.linalg.slogdet`'s result, as NumPy's: `det A = sign * exp(logabsdet)`."""
+
+    sign: object
+    logabsdet: object
+
+
+def slogdet(A, *, solver: str = "auto", assume: str | None = None) -> SlogdetResult:
+    """The sign and the natural log of the absolute value of a square
+    matrix's determinant, as `numpy.linalg.slogdet`, differentiable.
+
+    **Arguments:**
+
+    - `A`: a square dense array or sparse matrix (float; complex dense).
+    - `solver`: the factorization it is read from: `"auto"` (dense: Cholesky
+      for a matrix tagged or assumed spd, else LU; sparse: SuperLU), or
+      `"lu"`, `"cholesky"` (dense), `"splu"` (sparse).
+    - `assume`: `"spd"` to read it from a Cholesky factorization (a matrix
+      that is not positive definite then raises `NotPositiveDefiniteError`).
+
+    **Returns:**
+
+    `SlogdetResult(sign, logabsdet)`: a singular matrix gives `(0, -inf)`,
+    as NumPy; its derivative does not exist and is refused
+    (`SingularMatrixError`).
+
+    **Derivatives:** `d logabsdet = Re tr(A^-1 dA)`, every order, in forward
+    and reverse mode. For a sparse matrix the gradient is `A^-T` on the
+    matrix's pattern (`selected_inverse`), never the dense inverse, and a
+    Hessian-vector product is one selected inverse of a matrix of twice
+    the order.
+
+    ```python
+    >>> A = sd.sparse.from_dense(np.array([[4.0, 1.0], [1.0, 3.0]]))
+    >>> sign, logdet = sd.linalg.slogdet(A)
+    >>> float(sign), round(float(logdet), 6)
+    (1.0, 2.397895)
+    >>> np.round(sd.sparse.todense(sd.grad(lambda A: sd.linalg.slogdet(A)[1])(A)), 6)
+    array([[ 0.272727, -0.090909],
+           [-0.090909,  0.363636]])
+    ```
+    """
+    op = "linalg.slogdet"
+    A, _, tags, sparse, dtype = _prepare(A, None, assume, op)
+    if solver == "auto":
+        solver = "splu" if sparse else ("cholesky" if "spd" in tags else "lu")
+    params = {"solver": solver}
+    if sparse:
+        params["pattern"] = A.type.pattern
+    sign, logabs = linalg_slogdet_p.bind(A, **params)
+    return SlogdetResult(sign, logabs)
+
+
+def selected_inverse(A):
+    """The entries of `A^-1` on the pattern of the sparse matrix `A`, without
+    forming the dense inverse (Takahashi's recurrence on a sparse
+    factorization): the posterior variances `diag(Q^-1)` of a Gaussian with
+    a sparse precision `Q`, the gradient of `log det A`.
+
+    **Arguments:**
+
+    - `A`: a square sparse matrix (float), positive definite or diagonally
+      dominant: the factorization is made without pivoting (a zero pivot
+      raises `SingularMatrixError`).
+
+    **Returns:**
+
+    A sparse matrix on `A`'s pattern holding `(A^-1)[i, j]` at each stored
+    `(i, j)`. Differentiable to every order: `d(A^-1) = -A^-1 dA A^-1` on
+    the pattern is itself a selected inverse (of `[[A, dA], [0, A]]`).
+
+    ```python
+    >>> A = sd.sparse.from_dense(np.array([[4.0, 1.0, 0.0], [1.0, 3.0, 1.0], [0.0, 1.0, 2.0]]))
+    >>> Z = sd.linalg.selected_inverse(A)
+    >>> np.round(sd.sparse.todense(Z), 4)  # (0, 2) is not in the pattern
+    array([[ 0.2778, -0.1111,  0.    ],
+           [-0.1111,  0.4444, -0.2222],
+           [ 0.    , -0.2222,  0.6111]])
+    ```
+    """
+    op = "linalg.selected_inverse"
+    if not issparse(A):
+        raise ShapeError("expects a sparse matrix (`sd.sparse`); the inverse of a dense "
+                         "matrix is `sd.numpy.linalg.inv`.", op=op)
+    A, _, _, _, _ = _prepare(A, None, None, op)
+    pattern = A.type.pattern
+    return assemble(linalg_selected_inverse_p.bind(A, pattern=pattern), pattern)
 
 
 def _dense_hermitian(A, op: str):

@@ -84,6 +84,18 @@ def _solve_singular(x):
     return snp.sum(sd.linalg.solve(snp.outer(x, x), x))
 
 
+def _slogdet(x):
+    # NaN in the matrix (x holds one)
+    return sd.linalg.slogdet(snp.diag(x) + _A3)[1]
+
+
+def _selected_inverse(x):
+    # [[x0, x1], [x1, x2]] = [[1, 2], [2, 4]]: singular, a zero pivot
+    A = sd.sparse.coo_matrix((snp.stack([x[0], x[1], x[1], x[2]]), ([0, 0, 1, 1], [0, 1, 0, 1])),
+                             shape=(2, 2))
+    return snp.sum(sd.sparse.data(sd.linalg.selected_inverse(A)))
+
+
 def _factor(x):
     from sciad.primitives._linalg import linalg_backsolve_p, linalg_factor_p
 
@@ -161,6 +173,9 @@ def _weights_check(x):
 #: name -> (function, argument, error class, derivative_only)
 FAILING = {
     "while": (_while, np.array([0.5]), ConvergenceError, False),
+    "linalg.slogdet": (_slogdet, _NAN3, NonFiniteError, False),
+    "linalg.selected_inverse": (_selected_inverse, np.array([1.0, 2.0, 4.0]),
+                                SingularMatrixError, False),
     "ode.odeint": (_odeint, np.array([1.0]), ConvergenceError, False),
     "ode.event_guard": (_event, np.array([0.5]), ConvergenceError, False),
     "optimize.root": (_root, np.array([1.0]), ConvergenceError, False),

@@ -1,0 +1,306 @@
+"""Log-determinants and selected inverses, with their derivatives.
+
+`linalg.slogdet[solver, pattern](a) -> (sign, logabsdet)`: NumPy's
+`slogdet` of a dense (`solver` "lu" or "cholesky", in the program) or sparse
+(`solver` "splu": SuperLU on the host, `sciad.solvers.direct._selinv`)
+square matrix. A singular matrix is `(0, -inf)`, as NumPy's; a Cholesky
+breakdown (a matrix declared spd that is not) is `NotPositiveDefiniteError`.
+
+`linalg.selected_inverse[pattern, at, transpose](a)`: the entries of `A^-1`
+(of `A^-T` with `transpose`) at the entries of the pattern `at` (default:
+`a`'s own), for a sparse `a`, without the dense inverse (Takahashi's
+recurrence on an unpivoted factorization; every entry of `at` must be in
+the pattern of `A + A^T`).
+
+Rules:
+
+- `d log|det A| = Re tr(A^-1 dA) = Re sum(A^-T o dA)` (and, for complex
+  `A`, `d sign = i sign Im tr(A^-1 dA)`; a real sign is piecewise constant):
+  `A^-T` is the dense inverse's transpose (a solve with the identity) for a
+  dense `A`, and the selected inverse on `A`'s pattern for a sparse one, so
+  a gradient costs `nnz` numbers. Reverse mode transposes this JVP.
+- `d(A^-1) = -A^-1 dA A^-1`, needed on a pattern only: the inverse of the
+  block matrix `B = [[A, dA], [0, A]]` is `[[A^-1, -A^-1 dA A^-1], [0, A^-1]]`,
+  so the JVP of a selected inverse is the selected inverse of `B` read in
+  its upper right block, and its VJP (`abar = -A^-T C A^-T` on `A`'s pattern,
+  `C` the cotangent on `at`) is that of `[[A^T, C], [0, A^T]]`. Both are
+  again selected inverses, so every order of derivative is one: a
+  log-determinant's Hessian-vector product is a selected inverse of a
+  matrix of twice the order. (The pivots of `B` in any symmetric ordering
+  are those of principal submatrices of `A`: nonzero for `A` positive
+  definite.)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+import numpy as np
+
+from .. import _ops as ops
+from ..errors import (DTypeError, InvalidOptionError, NonFiniteError, NotPositiveDefiniteError,
+                      NotSupportedError, ShapeError, SingularMatrixError)
+from ..graph import Param, Primitive, Site, SparseType, TensorType, Zero, instantiate, is_zero
+from ..graph._autodiff import type_of
+from ..graph._cost import Cost
+from ..graph._sparsity import dense, dense_all
+from ..graph._types import Pattern
+from ..solvers._host import host_call
+from ..solvers.direct import _selinv
+from ._checks import check, tie
+from ._map import map_rule
+from ._sparse import coo, gather
+
+DENSE_SOLVERS = ("lu", "cholesky")
+SPARSE_SOLVERS = ("splu",)
+
+linalg_slogdet_p = Primitive("linalg.slogdet", multiple_results=True, runtime_checks=True,
+                             params={"solver": str,
+                                     "pattern": Param((Pattern, None), default=None)})
+linalg_selected_inverse_p = Primitive("linalg.selected_inverse", runtime_checks=True, params={
+    "pattern": Pattern, "at": Param((Pattern, None), default=None),
+    "transpose": Param(bool, default=False)})
+
+
+def _real(dtype) -> np.dtype:
+    return np.finfo(np.dtype(dtype)).dtype
+
+
+def _square(a, pattern, op: str) -> None:
+    sparse = isinstance(a, SparseType)
+    if sparse != (pattern is not None) or (sparse and a.pattern != pattern):
+        raise ShapeError(f"`pattern` must be the sparse matrix's own (and None for a dense "
+                         f"one), got a {a.str_short()} with pattern {pattern}.", op=op)
+    if len(a.shape) != 2 or a.shape[0] != a.shape[1]:
+        raise ShapeError(f"expects a square matrix, got shape {tuple(a.shape)}.", op=op)
+    if np.dtype(a.dtype).kind not in "fc":
+        raise DTypeError(f"expects a float or complex matrix, got {np.dtype(a.dtype)}.", op=op)
+
+
+# ---------------------------------------------------------------------------
+# slogdet
+
+
+@linalg_slogdet_p.def_abstract_eval
+def _slogdet_shape(a, *, solver, pattern=None):
+    op = "linalg.slogdet"
+    _square(a, pattern, op)
+    allowed = SPARSE_SOLVERS if pattern is not None else DENSE_SOLVERS
+    if solver not in allowed:
+        raise InvalidOptionError(f"a {'sparse' if pattern is not None else 'dense'} "
+                                 f"log-determinant is read from a factorization by "
+                                 f"{' or '.join(map(repr, allowed))}, got {solver!r}.", op=op)
+    if pattern is not None and np.dtype(a.dtype).kind == "c":
+        raise NotSupportedError("the log-determinant of a complex sparse matrix is not "
+                                "supported yet; for a small matrix use `A.todense()`.", op=op)
+    return [TensorType((), a.dtype), TensorType((), _real(a.dtype))]
+
+
+def _judge(site: Site, *, nonfinite=False, breakdown=False):
+    if np.any(nonfinite):
+        site.fail(NonFiniteError, "the matrix holds NaN or infinite values.")
+    if np.any(breakdown):
+        site.fail(NotPositiveDefiniteError,
+                  "the Cholesky factorization broke down: the matrix is declared spd (a tag, "
+                  "or `assume=`) but is not positive definite. Drop the claim to have its "
+                  "log-determinant from an LU factorization (a negative determinant then "
+                  "shows as sign -1).")
+
+
+@linalg_slogdet_p.def_impl
+def _slogdet_impl(a, *, solver, pattern=None, site=None):
+    site = site or Site("linalg.slogdet")
+    real = _real(a.dtype)
+    if pattern is not None:
+        bare = site.bare
+
+        def host(d):
+            batch = d.shape[:-1]
+            rows = d.reshape((-1, d.shape[-1]))
+            sign, logabs = np.empty(rows.shape[0], real), np.empty(rows.shape[0], real)
+            for i, row in enumerate(rows):
+                if not np.isfinite(row).all():
+                    bare.in_example(i, batch).fail(NonFiniteError,
+                                                   "the matrix holds NaN or infinite values.")
+                sign[i], logabs[i] = _selinv.slogdet_host(pattern, row)
+            return sign.reshape(batch).astype(a.dtype), logabs.reshape(batch)
+
+        batch = tuple(a.shape[:-1])
+        return list(host_call(host, (jax.ShapeDtypeStruct(batch, a.dtype),
+                                     jax.ShapeDtypeStruct(batch, real)), a))
+    nonfinite = ~jnp.all(jnp.isfinite(a))
+    if solver == "cholesky":
+        c = jnp.linalg.cholesky(a)
+        d = jnp.real(jnp.diagonal(c))
+        breakdown = ~nonfinite & ~jnp.all(jnp.isfinite(d) & (d > 0))
+        sign = jnp.ones((), a.dtype)
+        logabs = 2.0 * jnp.sum(jnp.log(d))
+    else:
+        lu, piv = jsl.lu_factor(a)
+        d = jnp.diagonal(lu)
+        swaps = jnp.sum(piv != jnp.arange(piv.shape[-1], dtype=piv.dtype))
+        parity = jnp.where(swaps % 2 == 1, -1.0, 1.0).astype(a.dtype)
+        mag = jnp.abs(d)
+        unit = jnp.where(mag == 0, 0.0, d / jnp.where(mag == 0, 1.0, mag))
+        sign = parity * jnp.prod(unit)
+        logabs = jnp.sum(jnp.log(mag)).astype(real)
+        breakdown = jnp.asarray(False)
+    token = check(_judge, site, when=nonfinite | breakdown, nonfinite=nonfinite,
+                  breakdown=breakdown)
+    return [tie(sign, token), tie(logabs, token)]
+
+
+def _inverse_transposed(a, pattern):
+    """`A^-T`: dense, or on the pattern of a sparse `a` (its values)."""
+    if pattern is None:
+        from ._linalg import solve  # (a solve with the identity: its checks, its rules)
+
+        t = type_of(a)
+        return ops.transpose(solve(a, ops.eye(t.shape[0], dtype=t.dtype)))
+    return linalg_selected_inverse_p.bind(a, pattern=pattern, transpose=True)
+
+
+@linalg_slogdet_p.def_jvp
+def _slogdet_jvp(primals, tangents, *, solver, pattern=None):
+    (a,), (da,) = primals, tangents
+    params = {"solver": solver} if pattern is None else {"solver": solver, "pattern": pattern}
+    sign, logabs = linalg_slogdet_p.bind(a, **params)
+    if is_zero(da):
+        return (sign, logabs), (Zero(type_of(sign)), Zero(type_of(logabs)))
+    g = _inverse_transposed(a, pattern)
+    da = instantiate(da)
+    t = ops.sum(g * (da if pattern is None else gather(da)))
+    dlog = ops.real(t)
+    if np.dtype(type_of(a).dtype).kind == "c":
+        dsign = sign * (1j * ops.imag(t))
+    else:
+        dsign = Zero(type_of(sign))
+    return (sign, logabs), (dsign, dlog)
+
+
+# ---------------------------------------------------------------------------
+# selected inverse
+
+
+@linalg_selected_inverse_p.def_abstract_eval
+def _selinv_shape(a, *, pattern, at=None, transpose=False):
+    op = "linalg.selected_inverse"
+    if not isinstance(a, SparseType):
+        raise ShapeError(f"expects a sparse matrix, got {a.str_short()}; the inverse of a "
+                         "dense matrix is `sd.numpy.linalg.inv`.", op=op)
+    _square(a, pattern, op)
+    if np.dtype(a.dtype).kind == "c":
+        raise NotSupportedError("the selected inverse of a complex matrix is not supported "
+                                "yet; for a small matrix use the dense inverse.", op=op)
+    if at is not None and at.shape != pattern.shape:
+        raise ShapeError(f"`at` is a pattern of the matrix's shape {pattern.shape}, got "
+                         f"{at.shape}.", op=op)
+    return TensorType(((at or pattern).nnz,), a.dtype)
+
+
+@linalg_selected_inverse_p.def_impl
+def _selinv_impl(a, *, pattern, at=None, transpose=False, site=None):
+    bare = (site or Site("linalg.selected_inverse")).bare
+    want = at or pattern
+    rows, cols = want.rows, want.indices
+    if transpose:
+        rows, cols = cols, rows
+
+    def host(d):
+        batch = d.shape[:-1]
+        flat = d.reshape((-1, d.shape[-1]))
+        out = np.empty((flat.shape[0], rows.size), d.dtype)
+        for i, row in enumerate(flat):
+            where = bare.in_example(i, batch)
+            if not np.isfinite(row).all():
+                where.fail(NonFiniteError, "the matrix holds NaN or infinite values.")
+            try:
+                out[i] = _selinv.selinv_host(pattern, row, rows, cols)
+            except _selinv.SelinvBreakdown as e:
+                where.fail(SingularMatrixError,
+                           "the factorization without pivoting that a selected inverse "
+                           f"reads met a zero pivot (at the ordered column {e.args[0]}): the "
+                           "matrix is singular, or neither positive definite nor "
+                           "diagonally dominant. (The derivative of a log-determinant "
+                           "reads this inverse: at a singular matrix it does not exist.)")
+        return (out.reshape(batch + (rows.size,)),)
+
+    (z,) = host_call(host, (jax.ShapeDtypeStruct(tuple(a.shape[:-1]) + (rows.size,), a.dtype),),
+                     a)
+    return z
+
+
+def _shifted(p: Pattern, dr: int, dc: int, n2: int) -> Pattern:
+    """`p`'s entries moved by `(dr, dc)` in a matrix of order `n2` (the same
+    order of entries: a uniform shift keeps CSR's)."""
+    shifted, _ = Pattern.from_coo((n2, n2), p.rows + dr, p.indices + dc)
+    return shifted
+
+
+def _block_selinv(tl, tl_pattern, tr, tr_rows, tr_cols, want: Pattern, transpose: bool):
+    """The selected inverse of `B = [[T, R], [0, T]]` (order `2n`; `T` the
+    sparse values `tl` on `tl_pattern`, `R` the values `tr` at `(tr_rows,
+    tr_cols)`) read in its upper right block at `want`'s entries (with
+    `transpose`: `B^-T` in its lower left block), each entry of `want` and
+    its mirror stored in `R`'s block (zeros where `R` has none)."""
+    n = tl_pattern.shape[0]
+    r, c = tl_pattern.rows, tl_pattern.indices
+    extra_r = np.concatenate([want.rows, want.indices])
+    extra_c = np.concatenate([want.indices, want.rows])
+    dtype = type_of(tl).dtype
+    t = gather(tl)
+    values = ops.concatenate([t, tr, ops.zeros((extra_r.size,), dtype=dtype), t])
+    rows = np.concatenate([r, tr_rows, extra_r, r + n])
+    cols = np.concatenate([c, tr_cols + n, extra_c + n, c + n])
+    B = coo(values, rows, cols, (2 * n, 2 * n))
+    at = _shifted(want, n, 0, 2 * n) if transpose else _shifted(want, 0, n, 2 * n)
+    return linalg_selected_inverse_p.bind(B, pattern=type_of(B).pattern, at=at,
+                                          transpose=transpose)
+
+
+@linalg_selected_inverse_p.def_jvp
+def _selinv_jvp(primals, tangents, *, pattern, at=None, transpose=False):
+    (a,), (da,) = primals, tangents
+    params = dict(pattern=pattern, transpose=transpose, **({} if at is None else {"at": at}))
+    z = linalg_selected_inverse_p.bind(a, **params)
+    if is_zero(da):
+        return z, Zero(type_of(z))
+    dz = _block_selinv(a, pattern, gather(instantiate(da)), pattern.rows, pattern.indices,
+                       at or pattern, transpose)
+    return z, dz
+
+
+@linalg_selected_inverse_p.def_vjp
+def _selinv_vjp(primals, z, ct, *, pattern, at=None, transpose=False):
+    # abar = -(A^-T C A^-T) on A's pattern, C the cotangent at `at` (at its
+    # mirror with `transpose`): the upper right block of [[A^T, C], [0, A^T]]^-1
+    (a,) = primals
+    if is_zero(ct):
+        return (None,)
+    want = at or pattern
+    c_rows, c_cols = (want.indices, want.rows) if transpose else (want.rows, want.indices)
+    pattern_t, perm = pattern.transposed()
+    from ._sparse import assemble
+
+    at_ = assemble(ops.take(gather(a), perm), pattern_t)
+    abar = _block_selinv(at_, pattern_t, instantiate(ct), c_rows, c_cols, pattern, False)
+    return (assemble(abar, pattern),)
+
+
+for _p in (linalg_slogdet_p, linalg_selected_inverse_p):
+    _p.def_batch(map_rule(_p))
+linalg_slogdet_p.def_sparsity(lambda outs, a, **params: dense_all(outs, a))
+linalg_selected_inverse_p.def_sparsity(lambda outs, a, **params: dense(outs[0], a))
+
+
+@linalg_slogdet_p.def_cost
+def _slogdet_cost(node, body):
+    n = node.inputs[0].type.shape[0]
+    return Cost(2.0 / 3.0 * n ** 3 if node.params.get("pattern") is None
+                else 10.0 * node.params["pattern"].nnz)
+
+
+@linalg_selected_inverse_p.def_cost
+def _selinv_cost(node, body):
+    return Cost(100.0 * node.params["pattern"].nnz)

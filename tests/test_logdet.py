@@ -1,0 +1,155 @@
+"""`sd.linalg.slogdet` and `sd.linalg.selected_inverse`: values against
+NumPy and the dense inverse, derivatives (check_rules to second order, the
+gradient and Hessian-vector products against closed forms), batches,
+`to_jax`, and the errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import sciad as sd
+import sciad.numpy as snp
+from sciad.errors import (InvalidOptionError, NonFiniteError, NotPositiveDefiniteError,
+                          NotSupportedError, ShapeError, SingularMatrixError)
+
+
+def _grid(n=4, shift=0.3):
+    T = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], (n, n))
+    A = (sp.kron(T, sp.eye(n)) + sp.kron(sp.eye(n), T) + shift * sp.eye(n * n)).tocsr()
+    A.sort_indices()
+    return A
+
+
+def _coords(A):
+    return np.repeat(np.arange(A.shape[0]), np.diff(A.indptr)), A.indices
+
+
+def _matrix(v, rows, cols, n):
+    return sd.sparse.coo_matrix((v, (rows, cols)), shape=(n, n))
+
+
+def _nonsymmetric(rng, n=7):
+    """Diagonally dominant, with entries whose mirror is not stored."""
+    R = sp.random(n, n, 0.3, random_state=np.random.RandomState(rng.integers(2**31)))
+    R.data = rng.uniform(-1.0, 1.0, R.nnz)
+    A = (R + sp.diags(np.asarray(abs(R).sum(axis=1)).ravel() + 0.5)).tocsr()
+    A.sort_indices()
+    return A
+
+
+@pytest.mark.parametrize("kind", ["general", "spd", "negative", "complex"])
+def test_dense_slogdet_is_numpys(rng, kind):
+    a = rng.standard_normal((5, 5))
+    if kind == "spd":
+        a = a @ a.T + np.eye(5)
+    elif kind == "negative":
+        a = np.diag([-2.0, 1.0, 3.0, 0.5, 1.5]) + 0.1 * a
+    elif kind == "complex":
+        a = a + 1j * rng.standard_normal((5, 5))
+    sign, logabs = sd.linalg.slogdet(a, assume="spd" if kind == "spd" else None)
+    want = np.linalg.slogdet(a)
+    np.testing.assert_allclose(complex(sign), want[0], rtol=1e-13)
+    np.testing.assert_allclose(float(logabs), want[1], rtol=1e-13)
+
+
+def test_sparse_slogdet_is_numpys(rng):
+    for A in (_grid(), _nonsymmetric(rng), -_nonsymmetric(rng, 8)):
+        sign, logabs = sd.linalg.slogdet(sd.sparse.from_scipy(A))
+        want = np.linalg.slogdet(A.toarray())
+        assert float(sign) == want[0]
+        np.testing.assert_allclose(float(logabs), want[1], rtol=1e-13)
+
+
+def test_a_singular_matrix_is_numpys_and_its_derivative_is_refused():
+    a = np.array([[1.0, 2.0], [2.0, 4.0]])
+    S = sd.sparse.from_dense(a)
+    for A in (a, S):
+        sign, logabs = sd.linalg.slogdet(A)
+        assert float(sign) == 0.0 and float(logabs) == -np.inf
+    with pytest.raises(SingularMatrixError):
+        sd.grad(lambda a: sd.linalg.slogdet(a)[1])(a)
+    with pytest.raises(SingularMatrixError, match="zero pivot"):
+        sd.grad(lambda A: sd.linalg.slogdet(A)[1])(S)
+
+
+def test_bad_matrices_raise_the_factorizations_errors():
+    with pytest.raises(NotPositiveDefiniteError, match="declared spd"):
+        sd.linalg.slogdet(np.diag([1.0, -1.0]), assume="spd")
+    for A in (np.array([[1.0, np.nan], [0.0, 1.0]]),
+              sd.sparse.from_dense(np.array([[1.0, np.nan], [0.0, 1.0]]))):
+        with pytest.raises(NonFiniteError, match="NaN"):
+            sd.linalg.slogdet(A)
+    with pytest.raises(InvalidOptionError, match="'splu', got 'klu'"):
+        sd.linalg.slogdet(sd.sparse.from_scipy(_grid()), solver="klu")
+    with pytest.raises(ShapeError, match="square"):
+        sd.linalg.slogdet(np.ones((2, 3)))
+    with pytest.raises(ShapeError, match="sparse matrix"):
+        sd.linalg.selected_inverse(np.eye(3))
+    with pytest.raises(NotSupportedError, match="complex sparse"):
+        sd.linalg.slogdet(sd.sparse.from_dense(np.eye(2) * (1 + 1j)))
+
+
+def test_selected_inverse_is_the_dense_inverse_on_the_pattern(rng):
+    for A in (_grid(), _nonsymmetric(rng)):
+        Z = sd.linalg.selected_inverse(sd.sparse.from_scipy(A))
+        r, c = _coords(A)
+        inv = np.linalg.inv(A.toarray())
+        np.testing.assert_allclose(np.asarray(sd.sparse.data(Z)), inv[r, c], rtol=1e-12,
+                                   atol=1e-14)
+
+
+def test_the_gradient_and_hessian_vector_products_are_the_closed_forms(rng):
+    """d log|det A| / dA = A^-T and its derivative in direction W,
+    -(A^-1 W A^-1)^T, both on the pattern, for values that are not
+    symmetric on a pattern that is not."""
+    A = _nonsymmetric(rng, 9)
+    r, c = _coords(A)
+    n = A.shape[0]
+    f = lambda v: sd.linalg.slogdet(_matrix(v, r, c, n))[1]  # noqa: E731
+    w = rng.standard_normal(A.nnz)
+    inv = np.linalg.inv(A.toarray())
+    W = sp.csr_matrix((w, (r, c)), shape=A.shape).toarray()
+    np.testing.assert_allclose(np.asarray(sd.grad(f)(A.data)), inv.T[r, c], rtol=1e-11)
+    want = -(inv @ W @ inv).T[r, c]
+    np.testing.assert_allclose(np.asarray(sd.hvp(f, A.data, w)), want, rtol=1e-10, atol=1e-13)
+    _, d = sd.jvp(f, (A.data,), (w,))
+    np.testing.assert_allclose(float(d), np.trace(inv @ W), rtol=1e-11)
+
+
+@pytest.mark.parametrize("which", ["slogdet", "selected_inverse"])
+def test_check_rules_to_second_order(rng, which):
+    A = _nonsymmetric(rng, 6)
+    r, c = _coords(A)
+    n = A.shape[0]
+    if which == "slogdet":
+        f = lambda v: sd.linalg.slogdet(_matrix(v, r, c, n))[1]  # noqa: E731
+    else:
+        f = lambda v: sd.sparse.data(sd.linalg.selected_inverse(_matrix(v, r, c, n)))  # noqa: E731
+    report = sd.testing.check_rules(f, A.data * rng.uniform(0.9, 1.1, A.nnz))
+    assert report.jvp_error < 1e-7 and report.vjp_error < 1e-10
+    assert report.second_order_error < 1e-7 and not report.skipped
+
+
+def test_dense_check_rules_complex(rng):
+    a = rng.standard_normal((4, 4)) + 1j * rng.standard_normal((4, 4)) + 3 * np.eye(4)
+    report = sd.testing.check_rules(lambda a: snp.real(sd.linalg.slogdet(a)[0])
+                                    + sd.linalg.slogdet(a)[1], a)
+    assert report.jvp_error < 1e-7 and report.second_order_error < 1e-7
+
+
+def test_a_batch_and_to_jax(rng):
+    import jax
+
+    A = _grid(3)
+    r, c = _coords(A)
+    n = A.shape[0]
+    f = lambda v: sd.linalg.slogdet(_matrix(v, r, c, n))[1]  # noqa: E731
+    vs = A.data * rng.uniform(0.8, 1.2, (3, A.nnz))
+    want = [np.linalg.slogdet(sp.csr_matrix((v, (r, c)), shape=A.shape).toarray())[1]
+            for v in vs]
+    np.testing.assert_allclose(np.asarray(sd.vmap(f)(vs)), want, rtol=1e-13)
+    g = jax.jit(jax.grad(sd.to_jax(f)))(vs[0])
+    inv = np.linalg.inv(sp.csr_matrix((vs[0], (r, c)), shape=A.shape).toarray())
+    np.testing.assert_allclose(np.asarray(g), inv.T[r, c], rtol=1e-11)
