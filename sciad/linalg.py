@@ -35,7 +35,7 @@ from .numpy import _as_array
 from .primitives._checks import eps_of, refine_above, symmetry_tolerance
 from .primitives._eigen import FUNCTIONS, eigh as _eigh, eigh_apply
 from .primitives._eigsh import WHICH, eigsh as _eigsh, eigsh_host_operator, eigsh_operator
-from .primitives._logdet import linalg_selected_inverse_p, linalg_slogdet_p
+from .primitives._logdet import cholmod_default, linalg_selected_inverse_p, linalg_slogdet_p
 from .primitives._linalg import (NORMS, _clean, linalg_rcond_p, linalg_solve_p, solve_operator,
                                  solve_params)
 from .primitives._sparse import assemble, gather
@@ -459,8 +459,11 @@ def slogdet(A, *, solver: str = "auto", assume: str | None = None) -> SlogdetRes
 
     - `A`: a square dense array or sparse matrix (float; complex dense).
     - `solver`: the factorization it is read from: `"auto"` (dense: Cholesky
-      for a matrix tagged or assumed spd, else LU; sparse: SuperLU), or
-      `"lu"`, `"cholesky"` (dense), `"splu"` (sparse).
+      for a matrix tagged or assumed spd, else LU; sparse: CHOLMOD for an spd
+      one where the `[cholmod]` extra is installed, else SuperLU), or
+      `"lu"`, `"cholesky"` (dense), `"cholmod"` (sparse spd, compiled: it
+      shares its factorization with `solve(A, b, solver="cholmod")` of the
+      same values), `"splu"` (sparse, on the host).
     - `assume`: `"spd"` to read it from a Cholesky factorization (a matrix
       that is not positive definite then raises `NotPositiveDefiniteError`).
 
@@ -489,7 +492,8 @@ def slogdet(A, *, solver: str = "auto", assume: str | None = None) -> SlogdetRes
     op = "linalg.slogdet"
     A, _, tags, sparse, dtype = _prepare(A, None, assume, op)
     if solver == "auto":
-        solver = "splu" if sparse else ("cholesky" if "spd" in tags else "lu")
+        solver = ("cholmod" if cholmod_default(tags) else "splu") if sparse else (
+            "cholesky" if "spd" in tags else "lu")
     params = {"solver": solver}
     if sparse:
         params["pattern"] = A.type.pattern
@@ -497,7 +501,7 @@ def slogdet(A, *, solver: str = "auto", assume: str | None = None) -> SlogdetRes
     return SlogdetResult(sign, logabs)
 
 
-def selected_inverse(A):
+def selected_inverse(A, *, solver: str = "auto", assume: str | None = None):
     """The entries of `A^-1` on the pattern of the sparse matrix `A`, without
     forming the dense inverse (Takahashi's recurrence on a sparse
     factorization): the posterior variances `diag(Q^-1)` of a Gaussian with
@@ -508,6 +512,12 @@ def selected_inverse(A):
     - `A`: a square sparse matrix (float), positive definite or diagonally
       dominant: the factorization is made without pivoting (a zero pivot
       raises `SingularMatrixError`).
+    - `solver`: `"auto"` (CHOLMOD for a matrix tagged or assumed spd where
+      the `[cholmod]` extra is installed, else `"splu"`), `"cholmod"`
+      (compiled), `"splu"` (SuperLU's factorization without pivoting and
+      sciad's Takahashi recurrence, on the host). Derivatives are selected
+      inverses of non-symmetric block matrices: always `"splu"`.
+    - `assume`: `"spd"`, as a tag.
 
     **Returns:**
 
@@ -528,9 +538,12 @@ def selected_inverse(A):
     if not issparse(A):
         raise ShapeError("expects a sparse matrix (`sd.sparse`); the inverse of a dense "
                          "matrix is `sd.numpy.linalg.inv`.", op=op)
-    A, _, _, _, _ = _prepare(A, None, None, op)
+    A, _, tags, _, _ = _prepare(A, None, assume, op)
     pattern = A.type.pattern
-    return assemble(linalg_selected_inverse_p.bind(A, pattern=pattern), pattern)
+    if solver == "auto":
+        solver = "cholmod" if cholmod_default(tags) else "splu"
+    params = {} if solver == "splu" else {"solver": solver}
+    return assemble(linalg_selected_inverse_p.bind(A, pattern=pattern, **params), pattern)
 
 
 def _dense_hermitian(A, op: str):

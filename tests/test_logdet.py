@@ -81,7 +81,7 @@ def test_bad_matrices_raise_the_factorizations_errors():
               sd.sparse.from_dense(np.array([[1.0, np.nan], [0.0, 1.0]]))):
         with pytest.raises(NonFiniteError, match="NaN"):
             sd.linalg.slogdet(A)
-    with pytest.raises(InvalidOptionError, match="'splu', got 'klu'"):
+    with pytest.raises(InvalidOptionError, match="'splu' or 'cholmod', got 'klu'"):
         sd.linalg.slogdet(sd.sparse.from_scipy(_grid()), solver="klu")
     with pytest.raises(ShapeError, match="square"):
         sd.linalg.slogdet(np.ones((2, 3)))
@@ -153,3 +153,74 @@ def test_a_batch_and_to_jax(rng):
     g = jax.jit(jax.grad(sd.to_jax(f)))(vs[0])
     inv = np.linalg.inv(sp.csr_matrix((vs[0], (r, c)), shape=A.shape).toarray())
     np.testing.assert_allclose(np.asarray(g), inv.T[r, c], rtol=1e-11)
+
+
+def _cholmod():
+    from sciad.solvers.direct import _cholmod_ffi
+
+    if not _cholmod_ffi.available():
+        pytest.skip("the [cholmod] extra (sparsax) is not installed")
+
+
+def _symmetric_params(A):
+    """`f(u)`: the spd-tagged matrix whose upper triangle (diagonal included)
+    is `u` (a parameterization that keeps it symmetric), and `u` for `A`."""
+    r, c = _coords(A)
+    upper = r <= c
+    mirror = sp.csr_matrix((np.arange(A.nnz, dtype=float), (r, c)), shape=A.shape)
+    # the upper entry each stored entry mirrors
+    at = np.searchsorted(np.flatnonzero(upper),
+                         np.asarray(mirror[np.minimum(r, c), np.maximum(r, c)]).ravel())
+    n = A.shape[0]
+    return (lambda u: sd.sparse.coo_matrix((u[at], (r, c)), shape=(n, n), tags={"spd"}),
+            A.data[upper])
+
+
+def test_cholmod_reads_spd_matrices_and_shares_the_solves_factorization():
+    _cholmod()
+    import sparsax_cpp
+
+    A = _grid(5)
+    r, c = _coords(A)
+    inv = np.linalg.inv(A.toarray())
+    M = lambda v: sd.sparse.coo_matrix((v, (r, c)), shape=A.shape, tags={"spd"})  # noqa: E731
+    assert 'solver="cholmod"' in str(sd.trace(lambda v: sd.linalg.slogdet(M(v))[1],
+                                              A.data)).replace("'", '"')
+
+    def f(v):
+        x = sd.linalg.solve(M(v), np.ones(A.shape[0]), solver="cholmod")
+        return sd.linalg.slogdet(M(v))[1] + snp.sum(x)
+
+    g = sd.function(sd.value_and_grad(f))
+    value, grad = g(A.data)
+    np.testing.assert_allclose(float(value), np.linalg.slogdet(A.toarray())[1]
+                               + inv.sum(), rtol=1e-13)
+    x = inv.sum(axis=1)
+    np.testing.assert_allclose(np.asarray(grad), inv[c, r] - x[r] * x[c], rtol=1e-11)
+    before = sparsax_cpp.factorization_count()
+    g(A.data * 1.01)  # new values: one factorization for the solves, the log-determinant and A^-1
+    assert sparsax_cpp.factorization_count() - before == 1
+    Z = sd.linalg.selected_inverse(M(A.data))
+    np.testing.assert_allclose(np.asarray(sd.sparse.data(Z)), inv[r, c], rtol=1e-12)
+
+
+def test_cholmod_rules_to_second_order(rng):
+    _cholmod()
+    M, u = _symmetric_params(_grid(3))
+    for f in (lambda u: sd.linalg.slogdet(M(u))[1],
+              lambda u: sd.sparse.data(sd.linalg.selected_inverse(M(u)))):
+        report = sd.testing.check_rules(f, u * rng.uniform(0.9, 1.1, u.size))
+        assert report.jvp_error < 1e-7 and report.second_order_error < 1e-7
+
+
+def test_cholmod_refuses_what_is_not_spd():
+    _cholmod()
+    A = _grid(3)
+    r, c = _coords(A)
+    v = A.data.copy()
+    v[1] += 0.5  # no longer symmetric
+    with pytest.raises(sd.errors.StructureError, match="not symmetric"):
+        sd.linalg.slogdet(sd.sparse.coo_matrix((v, (r, c)), shape=A.shape, tags={"spd"}))
+    with pytest.raises(NotPositiveDefiniteError):
+        sd.linalg.slogdet(sd.sparse.coo_matrix((A.data - 3.0 * (r == c), (r, c)), shape=A.shape,
+                                               tags={"spd"}))

@@ -48,19 +48,22 @@ from ..graph._sparsity import dense, dense_all
 from ..graph._types import Pattern
 from ..solvers._host import host_call
 from ..solvers.direct import _selinv
-from ._checks import check, tie
+from ._checks import check, judge_matrix, symmetry_tolerance, tie
 from ._map import map_rule
 from ._sparse import coo, gather
 
 DENSE_SOLVERS = ("lu", "cholesky")
-SPARSE_SOLVERS = ("splu",)
+#: "splu": SuperLU on the host (any nonsingular matrix; the selected inverse
+#: without pivoting); "cholmod": sparsax's compiled CHOLMOD (spd matrices,
+#: the [cholmod] extra), sharing its factor with the solves of those values
+SPARSE_SOLVERS = ("splu", "cholmod")
 
 linalg_slogdet_p = Primitive("linalg.slogdet", multiple_results=True, runtime_checks=True,
                              params={"solver": str,
                                      "pattern": Param((Pattern, None), default=None)})
 linalg_selected_inverse_p = Primitive("linalg.selected_inverse", runtime_checks=True, params={
     "pattern": Pattern, "at": Param((Pattern, None), default=None),
-    "transpose": Param(bool, default=False)})
+    "transpose": Param(bool, default=False), "solver": Param(str, default="splu")})
 
 
 def _real(dtype) -> np.dtype:
@@ -94,7 +97,43 @@ def _slogdet_shape(a, *, solver, pattern=None):
     if pattern is not None and np.dtype(a.dtype).kind == "c":
         raise NotSupportedError("the log-determinant of a complex sparse matrix is not "
                                 "supported yet; for a small matrix use `A.todense()`.", op=op)
+    if solver == "cholmod":
+        _cholmod_usable(op)
     return [TensorType((), a.dtype), TensorType((), _real(a.dtype))]
+
+
+def _cholmod_usable(op: str) -> None:
+    from ..solvers.direct import _cholmod_ffi
+
+    if not _cholmod_ffi.available():
+        raise NotSupportedError("solver 'cholmod' needs sparsax's compiled CHOLMOD (`pip install "
+                                "\"sciad[cholmod]\"`, Linux x86-64); use solver='splu'.", op=op)
+
+
+def cholmod_default(tags) -> bool:
+    """Whether "auto" reads a sparse matrix with `tags` by CHOLMOD: tagged
+    (or assumed) spd, on the CPU, with the [cholmod] extra installed."""
+    from ..solvers.direct import _cholmod_ffi
+    from ..solvers.direct._klu import _on_cpu
+
+    return "spd" in tags and _cholmod_ffi.available() and _on_cpu()
+
+
+def _spd_checked(a, pattern, site):
+    """`a` tied to the checks of a matrix CHOLMOD is given (finite,
+    symmetric, a positive diagonal: it reads one triangle)."""
+    from ..solvers._indices import pattern_diagonal, pattern_transpose, take
+
+    nonfinite = ~jnp.all(jnp.isfinite(a))
+    scale = jnp.max(jnp.abs(a), initial=0.0)
+    asym = jnp.max(jnp.abs(a - take(a, pattern_transpose(pattern))), initial=0.0) / jnp.where(
+        scale > 0, scale, 1.0)
+    has = jnp.asarray(pattern.diagonal_positions() >= 0)
+    dmin = jnp.min(jnp.where(has, take(a, pattern_diagonal(pattern)), 0.0))
+    bad = nonfinite | ~(asym <= symmetry_tolerance(a.dtype)) | ~(dmin > 0)
+    token = check(judge_matrix, site, when=bad, dtype=a.dtype, tags=frozenset({"spd"}),
+                  nonfinite=nonfinite, asymmetry=asym, min_diagonal=dmin)
+    return tie(a, token)
 
 
 def _judge(site: Site, *, nonfinite=False, breakdown=False):
@@ -112,6 +151,11 @@ def _judge(site: Site, *, nonfinite=False, breakdown=False):
 def _slogdet_impl(a, *, solver, pattern=None, site=None):
     site = site or Site("linalg.slogdet")
     real = _real(a.dtype)
+    if solver == "cholmod":
+        from ..solvers.direct import _cholmod_ffi
+
+        logabs = _cholmod_ffi.logdet(pattern, _spd_checked(a, pattern, site)).astype(real)
+        return [jnp.ones((), a.dtype), logabs]
     if pattern is not None:
         bare = site.bare
 
@@ -151,14 +195,16 @@ def _slogdet_impl(a, *, solver, pattern=None, site=None):
     return [tie(sign, token), tie(logabs, token)]
 
 
-def _inverse_transposed(a, pattern):
-    """`A^-T`: dense, or on the pattern of a sparse `a` (its values)."""
+def _inverse_transposed(a, pattern, solver):
+    """`A^-T`: dense, or on the pattern of a sparse `a` (its values; by
+    CHOLMOD where the log-determinant was)."""
     if pattern is None:
         from ._linalg import solve  # (a solve with the identity: its checks, its rules)
 
         t = type_of(a)
         return ops.transpose(solve(a, ops.eye(t.shape[0], dtype=t.dtype)))
-    return linalg_selected_inverse_p.bind(a, pattern=pattern, transpose=True)
+    params = {"solver": solver} if solver != "splu" else {}
+    return linalg_selected_inverse_p.bind(a, pattern=pattern, transpose=True, **params)
 
 
 @linalg_slogdet_p.def_jvp
@@ -168,7 +214,7 @@ def _slogdet_jvp(primals, tangents, *, solver, pattern=None):
     sign, logabs = linalg_slogdet_p.bind(a, **params)
     if is_zero(da):
         return (sign, logabs), (Zero(type_of(sign)), Zero(type_of(logabs)))
-    g = _inverse_transposed(a, pattern)
+    g = _inverse_transposed(a, pattern, solver)
     da = instantiate(da)
     t = ops.sum(g * (da if pattern is None else gather(da)))
     dlog = ops.real(t)
@@ -184,8 +230,17 @@ def _slogdet_jvp(primals, tangents, *, solver, pattern=None):
 
 
 @linalg_selected_inverse_p.def_abstract_eval
-def _selinv_shape(a, *, pattern, at=None, transpose=False):
+def _selinv_shape(a, *, pattern, at=None, transpose=False, solver="splu"):
     op = "linalg.selected_inverse"
+    if solver not in SPARSE_SOLVERS:
+        raise InvalidOptionError(f"a selected inverse is read from a factorization by "
+                                 f"{' or '.join(map(repr, SPARSE_SOLVERS))}, got {solver!r}.",
+                                 op=op)
+    if solver == "cholmod":
+        _cholmod_usable(op)
+        if at is not None:
+            raise InvalidOptionError("CHOLMOD's selected inverse is read on the matrix's own "
+                                     "pattern (`at=None`).", op=op)
     if not isinstance(a, SparseType):
         raise ShapeError(f"expects a sparse matrix, got {a.str_short()}; the inverse of a "
                          "dense matrix is `sd.numpy.linalg.inv`.", op=op)
@@ -200,8 +255,13 @@ def _selinv_shape(a, *, pattern, at=None, transpose=False):
 
 
 @linalg_selected_inverse_p.def_impl
-def _selinv_impl(a, *, pattern, at=None, transpose=False, site=None):
-    bare = (site or Site("linalg.selected_inverse")).bare
+def _selinv_impl(a, *, pattern, at=None, transpose=False, solver="splu", site=None):
+    site = site or Site("linalg.selected_inverse")
+    if solver == "cholmod":  # (A symmetric, checked: A^-T = A^-1)
+        from ..solvers.direct import _cholmod_ffi
+
+        return _cholmod_ffi.selinv(pattern, _spd_checked(a, pattern, site)).astype(a.dtype)
+    bare = site.bare
     want = at or pattern
     rows, cols = want.rows, want.indices
     if transpose:
@@ -260,9 +320,11 @@ def _block_selinv(tl, tl_pattern, tr, tr_rows, tr_cols, want: Pattern, transpose
 
 
 @linalg_selected_inverse_p.def_jvp
-def _selinv_jvp(primals, tangents, *, pattern, at=None, transpose=False):
+def _selinv_jvp(primals, tangents, *, pattern, at=None, transpose=False, solver="splu"):
+    # (the block matrices are not symmetric: their selected inverses are SuperLU's)
     (a,), (da,) = primals, tangents
-    params = dict(pattern=pattern, transpose=transpose, **({} if at is None else {"at": at}))
+    params = dict(pattern=pattern, transpose=transpose, **({} if at is None else {"at": at}),
+                  **({} if solver == "splu" else {"solver": solver}))
     z = linalg_selected_inverse_p.bind(a, **params)
     if is_zero(da):
         return z, Zero(type_of(z))
@@ -272,7 +334,7 @@ def _selinv_jvp(primals, tangents, *, pattern, at=None, transpose=False):
 
 
 @linalg_selected_inverse_p.def_vjp
-def _selinv_vjp(primals, z, ct, *, pattern, at=None, transpose=False):
+def _selinv_vjp(primals, z, ct, *, pattern, at=None, transpose=False, solver="splu"):
     # abar = -(A^-T C A^-T) on A's pattern, C the cotangent at `at` (at its
     # mirror with `transpose`): the upper right block of [[A^T, C], [0, A^T]]^-1
     (a,) = primals

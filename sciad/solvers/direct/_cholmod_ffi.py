@@ -212,3 +212,51 @@ class CompiledCholmod(CholmodChoice, AbstractDirectSolver):
 
     def rcond(self, factor, a, *, pattern=None):
         return _sparse_direct.rcond_unfactored(pattern, a.astype(np.float64)).astype(a.dtype)
+
+
+# ---------------------------------------------------------------------------
+# log-determinants and selected inverses (`sd.linalg.slogdet`,
+# `sd.linalg.selected_inverse` of an spd matrix): sparsax's kernels, given
+# the pattern's entries as the solves give them, so that they read CHOLMOD's
+# factor from the same per-pattern cache (a solve, its adjoint, a
+# log-determinant and its gradient of one matrix factor it once; given the
+# upper triangle alone, they would factor again)
+
+LOGDET_TARGET = "sciad_cholmod_logdet_f64"
+SELINV_TARGET = "sciad_cholmod_selinv_f64"
+
+
+@_build.once
+def _register_logdet() -> None:
+    import sparsax_cpp
+    jax.ffi.register_ffi_target(LOGDET_TARGET, sparsax_cpp.logdet_f64_capsule(), platform="cpu")
+    jax.ffi.register_ffi_target(SELINV_TARGET, sparsax_cpp.selinv_f64_capsule(), platform="cpu")
+
+
+def _coo(pattern):
+    return (np.asarray(pattern.rows, np.int32), np.asarray(pattern.indices, np.int32))
+
+
+def logdet(pattern, a):
+    """`log det A` of the spd matrix with values `a` on `pattern` (float64;
+    CHOLMOD reads its upper triangle). A matrix that is not positive
+    definite stops the program (`NotPositiveDefiniteError`)."""
+    _register()
+    _register_logdet()
+    if pattern.shape[0] == 0:
+        return jax.numpy.zeros((), np.float64)
+    call = jax.ffi.ffi_call(LOGDET_TARGET, jax.ShapeDtypeStruct((), np.float64),
+                            vmap_method="sequential")
+    return call(*_coo(pattern), a.astype(np.float64), n=np.int64(pattern.shape[0]))
+
+
+def selinv(pattern, a):
+    """`(A^-1)` at each entry of `pattern`, for the spd matrix with values `a`
+    (Takahashi's recurrence on CHOLMOD's factor, sparsax's kernel)."""
+    _register()
+    _register_logdet()
+    if pattern.shape[0] == 0:
+        return a.astype(np.float64)
+    call = jax.ffi.ffi_call(SELINV_TARGET, jax.ShapeDtypeStruct((pattern.nnz,), np.float64),
+                            vmap_method="sequential")
+    return call(*_coo(pattern), a.astype(np.float64), n=np.int64(pattern.shape[0]))

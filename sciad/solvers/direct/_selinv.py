@@ -20,9 +20,14 @@ caller reports. These are the kernels for `sd.linalg.slogdet` and
 `sd.linalg.selected_inverse`, whose graph primitives and derivative rules
 are not written yet (the plan: the selected inverse of a block matrix
 `[[A, dA], [0, A]]` gives `-A^-1 dA A^-1` on the pattern, its derivative, to every order).
-At 65,536 unknowns (a 5-point Laplacian) the selected inverse takes 2.5 s
-here, most of it in NumPy's bookkeeping around two SuperLU factorizations:
-a compiled symbolic analysis and a supernodal recurrence are the next step.
+The ordering, the fill and the ordered matrix's layout depend on the
+pattern alone and are kept per pattern (sciad's analysis cache: the first
+call pays a second, structural factorization). At 65,536 unknowns (a 2-D
+5-point matrix) a later call takes 1.3 s here: 0.23 s SuperLU's numeric
+factorization, about 0.5 s the recurrence, the rest NumPy's bookkeeping
+(at 16,384 unknowns the recurrence takes 58 ms, where sparsax's on
+CHOLMOD's factor takes about 120). A compiled numeric LDL^T on the kept
+structure, and a supernodal recurrence, are the next steps.
 """
 
 from __future__ import annotations
@@ -95,43 +100,87 @@ class SelinvBreakdown(Exception):
     permuted column, the pivot's size relative to the matrix's)."""
 
 
+class _Analysis:
+    """What a pattern's selected inverses share (sciad's analysis cache keeps
+    it per pattern): the ordering `perm`, the fill `S` of the ordered
+    `A + A^T` (CSC, strictly lower: `Sp`, `Si`, and its column-major keys
+    `key`), and the ordered matrix's CSC layout (`indptr`, `indices`) with,
+    for each of its entries, the data index of `A` it holds (-1: a stored
+    zero, where only `A^T` has an entry)."""
+
+    __slots__ = ("perm", "Sp", "Si", "key", "indptr", "indices", "src")
+
+    def __init__(self, pattern):
+        import scipy.sparse as sp
+        import scipy.sparse.linalg as spl
+
+        n = pattern.shape[0]
+        r = np.asarray(pattern.rows, np.int64)
+        c = np.asarray(pattern.indices, np.int64)
+        # the pattern of A + A^T, each entry's source in A (or -1)
+        key_a = c * n + r                     # (column-major keys of A's entries)
+        key_t = r * n + c                     # (those of A^T's)
+        keys, first = np.unique(np.concatenate([key_a, key_t]), return_index=True)
+        src = np.where(first < r.size, first, -1)
+        # the fill: the factor of a matrix on that pattern whose values cannot
+        # cancel (symmetric, diagonally dominant, positive definite), ordered
+        # by minimum degree on A + A^T
+        rr, cc = keys % n, keys // n
+        M = sp.csc_matrix((-np.ones(keys.size), (rr, cc)), shape=(n, n))
+        M = M + sp.diags(np.asarray(abs(M).sum(axis=1)).ravel() + 2.0)
+        fill = spl.splu(M.tocsc(), permc_spec="MMD_AT_PLUS_A", **_UNPIVOTED)
+        perm = np.asarray(fill.perm_c, np.int64)
+        if not np.array_equal(fill.perm_r, perm):
+            raise RuntimeError("sciad's selected inverse: SuperLU pivoted a positive definite "
+                               "matrix")
+        F = sp.tril(fill.L, -1).tocoo()
+        key = F.row.astype(np.int64) + n * F.col.astype(np.int64)
+        if not np.all(key[1:] > key[:-1]):  # (SuperLU's columns come sorted: rarely taken)
+            key = np.unique(key)
+        self.perm, self.key = perm, key
+        self.Si = key % n
+        self.Sp = np.concatenate([[0], np.cumsum(np.bincount(key // n, minlength=n))]).astype(
+            np.int64)
+        # the ordered matrix B[perm[i], perm[j]] = A[i, j], in CSC order
+        order = np.argsort(perm[cc] * n + perm[rr], kind="stable")
+        self.src = src[order]
+        self.indices = perm[rr][order].astype(np.int32)
+        self.indptr = np.concatenate([[0], np.cumsum(np.bincount(perm[cc], minlength=n))]
+                                     ).astype(np.int32)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(getattr(self, k).nbytes for k in self.__slots__)
+
+
+_UNPIVOTED = dict(diag_pivot_thresh=0.0, options=dict(SymmetricMode=True))
+
+
+def _analysis(pattern) -> _Analysis:
+    from ... import _cache
+
+    return _cache.cached(pattern, "selected inverse", None, lambda: _Analysis(pattern),
+                         nbytes=lambda a: a.nbytes)
+
+
 def _factor_unpivoted(pattern, d: np.ndarray):
     """`(perm, Sp, Si, Lx, Ux, dg)`: `P A P^T = L D U` on the filled pattern
     `S` (CSC, strictly lower; see `csrc/selinv.cc`), `perm` the ordering
-    (`A[perm][:, perm]` is factored)."""
+    (`A[i, j]` is the ordered matrix's `[perm[i], perm[j]]`)."""
     import scipy.sparse as sp
     import scipy.sparse.linalg as spl
 
     n = pattern.shape[0]
-    # (the pattern of A + A^T, A's values kept: a stored zero where only A^T
-    # has an entry; COO to CSC sums duplicates and keeps stored zeros)
-    r, c = pattern.rows, pattern.indices
-    S0 = sp.coo_matrix((np.concatenate([d, np.zeros(pattern.nnz, d.dtype)]),
-                        (np.concatenate([r, c]), np.concatenate([c, r]))),
-                       shape=(n, n)).tocsc()
-    S0.sort_indices()
-    # the fill: the factor of a matrix on S0's pattern whose values cannot
-    # cancel (symmetric, diagonally dominant, positive definite), ordered by
-    # minimum degree on A + A^T; then A's own factor in that order
-    mag = np.abs(S0.data) + 1.0
-    M = sp.csc_matrix((-mag, S0.indices, S0.indptr), shape=(n, n))
-    M = M + M.T
-    M = M + sp.diags(np.asarray(abs(M).sum(axis=1)).ravel() + 1.0)
-    opts = dict(diag_pivot_thresh=0.0, options=dict(SymmetricMode=True))
-    fill = spl.splu(M.tocsc(), permc_spec="MMD_AT_PLUS_A", **opts)
-    perm = np.asarray(fill.perm_c, np.int64)
-    if not np.array_equal(fill.perm_r, perm):
-        raise RuntimeError("sciad's selected inverse: SuperLU pivoted a positive definite "
-                           "matrix")
-    q = np.argsort(perm)
+    an = _analysis(pattern)
+    data = np.where(an.src >= 0, d[np.maximum(an.src, 0)], 0.0)
+    B = sp.csc_matrix((data, an.indices, an.indptr), shape=(n, n))
     try:
-        lu = spl.splu(S0[q][:, q].tocsc(), permc_spec="NATURAL", **opts)
+        lu = spl.splu(B, permc_spec="NATURAL", **_UNPIVOTED)
     except RuntimeError:
         raise SelinvBreakdown(-1, 0.0) from None
-    if not (np.array_equal(lu.perm_r, np.arange(n)) and np.array_equal(lu.perm_c, np.arange(n))):
+    ident = np.arange(n)
+    if not (np.array_equal(lu.perm_r, ident) and np.array_equal(lu.perm_c, ident)):
         raise SelinvBreakdown(-1, 0.0)
-    # Pr A Pc = L U with Pr[perm_r[i], i] = 1 and Pc[i, perm_c[i]] = 1:
-    # (L U)[perm_r[a], perm_c[b]] = A[a, b]
     U = lu.U.tocsc()
     dg = U.diagonal().astype(np.float64)
     scale = float(np.abs(d).max(initial=0.0)) or 1.0
@@ -140,23 +189,15 @@ def _factor_unpivoted(pattern, d: np.ndarray):
         raise SelinvBreakdown(bad, float(abs(dg[bad])) / scale)
     L = sp.tril(lu.L, -1).tocoo()
     Ut = (sp.diags(1.0 / dg) @ sp.triu(U, 1)).T.tocoo()   # U's unit upper part, transposed
-    # S: the fill's strictly lower pattern (column-major keys: CSC order)
-    F = sp.tril(fill.L, -1).tocoo()
-    key_s = F.row.astype(np.int64) + n * F.col.astype(np.int64)
-    if not np.all(key_s[1:] > key_s[:-1]):  # (SuperLU's columns come sorted: rarely taken)
-        key_s = np.unique(key_s)
-    key_l = L.row.astype(np.int64) + n * L.col.astype(np.int64)
-    key_u = Ut.row.astype(np.int64) + n * Ut.col.astype(np.int64)
-    Si, Sc = key_s % n, key_s // n
-    Sp = np.concatenate([[0], np.cumsum(np.bincount(Sc, minlength=n))]).astype(np.int64)
-    Lx, Ux = np.zeros(key_s.size), np.zeros(key_s.size)
-    for vals, key, x in ((Lx, key_l, L.data), (Ux, key_u, Ut.data)):
-        at = np.minimum(np.searchsorted(key_s, key), max(key_s.size - 1, 0))
-        if key.size and not np.array_equal(key_s[at], key):
+    Lx, Ux = np.zeros(an.key.size), np.zeros(an.key.size)
+    for vals, M in ((Lx, L), (Ux, Ut)):
+        key = M.row.astype(np.int64) + n * M.col.astype(np.int64)
+        at = np.minimum(np.searchsorted(an.key, key), max(an.key.size - 1, 0))
+        if key.size and not np.array_equal(an.key[at], key):
             raise RuntimeError("sciad's selected inverse: the factor has an entry outside "
                                "its fill")
-        np.add.at(vals, at, x)
-    return perm, Sp, Si.astype(np.int64), Lx, Ux, dg
+        np.add.at(vals, at, M.data)
+    return an.perm, an.Sp, an.Si, Lx, Ux, dg
 
 
 def _takahashi_numpy(n, Sp, Si, Lx, Ux, d):
