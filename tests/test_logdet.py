@@ -118,6 +118,9 @@ def test_the_gradient_and_hessian_vector_products_are_the_closed_forms(rng):
     np.testing.assert_allclose(float(d), np.trace(inv @ W), rtol=1e-11)
 
 
+# (the registry walk checks both primitives' rules on a non-symmetric pattern
+# too: test_autodiff; these, larger, with -m slow)
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["slogdet", "selected_inverse"])
 def test_check_rules_to_second_order(rng, which):
     A = _nonsymmetric(rng, 6)
