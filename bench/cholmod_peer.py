@@ -101,20 +101,6 @@ def build(n: int, batch: int | None):
     return fns, [(jax.device_put(m),) for m in fields]
 
 
-class Cycling:
-    """`fn` called on the next of `inputs` each time (their values differ from
-    call to call, as an optimizer's do: CHOLMOD's cache, in both libraries,
-    skips a factorization whose values are the last ones factored), timeable
-    as `_harness` times a function."""
-
-    def __init__(self, fn, inputs):
-        self.fn, self.inputs, self.i = fn, inputs, 0
-
-    def __call__(self, *_):
-        self.i = (self.i + 1) % len(self.inputs)
-        return _harness.Blocking(self.fn)(*self.inputs[self.i])
-
-
 def check(fns, args) -> None:
     import numpy as np
 
@@ -134,7 +120,8 @@ def run(sizes, repeats: int) -> list[dict]:
     for n, batch in cases:
         fns, inputs = build(n, batch)
         check(fns, inputs[0])
-        med = _harness.medians({k: Cycling(f, inputs) for k, f in fns.items()}, (), repeats)
+        med = _harness.medians({k: _harness.Cycling(f, inputs) for k, f in fns.items()},
+                               (), repeats)
         base = med["sparsax"]
         label = f"N = {n} ({n * n:,} unknowns)" if batch is None else \
             f"batch of {batch}, N = {n}"

@@ -47,17 +47,6 @@ OUT = os.path.join(HERE, "results", "logdet.md")
 CYCLE = 4
 
 
-class Cycling:
-    """`fn` on the next of `inputs` at each call (see bench/cholmod_peer.py)."""
-
-    def __init__(self, fn, inputs):
-        self.fn, self.inputs, self.i = fn, inputs, 0
-
-    def __call__(self, *_):
-        self.i = (self.i + 1) % len(self.inputs)
-        return _harness.Blocking(self.fn)(*self.inputs[self.i])
-
-
 def build(n: int):
     import jax
     import jax.numpy as jnp
@@ -124,7 +113,8 @@ def run(sizes, repeats: int) -> list[dict]:
     rows = []
     for n in sizes:
         fns, inputs = build(n)
-        med = _harness.medians({k: Cycling(f, inputs) for k, f in fns.items()}, (), repeats)
+        med = _harness.medians({k: _harness.Cycling(f, inputs) for k, f in fns.items()},
+                               (), repeats)
         rows.append({"n": n, **{k: v * 1e3 for k, v in med.items()}})
         print(rows[-1], file=sys.stderr)
     return rows

@@ -132,6 +132,18 @@ def _rcond_example(a, d, shared):
                                        solver="splu", pattern=p))
 
 
+def _factor_slogdet_example(a):
+    """Log-determinants read from a given LU and Cholesky factorization (what
+    `share_factors` makes of `linalg.slogdet` next to solves)."""
+    from sciad.primitives._linalg import linalg_factor_p
+    from sciad.primitives._logdet import linalg_factor_slogdet_p
+
+    s = a @ snp.transpose(a) + 3.0 * snp.eye(3)
+    return (linalg_factor_slogdet_p.bind(linalg_factor_p.bind(s, solver="lu"), s, solver="lu"),
+            linalg_factor_slogdet_p.bind(linalg_factor_p.bind(s, solver="cholesky"), s,
+                                         solver="cholesky"))
+
+
 def _fft_example(x, z):
     """Every kind of the `fft` primitive; the adjoint kinds bound directly."""
     from sciad.primitives import fft_p
@@ -323,6 +335,7 @@ EXAMPLES.update({
                             (_f64(3, 3), _f64(6))),
     "linalg.slogdet": (lambda a, d: (sd.linalg.slogdet(a + 4.0 * snp.eye(3)),
                                      sd.linalg.slogdet(_square(d))), (_f64(3, 3), _f64(6))),
+    "linalg.factor_slogdet": (lambda a: _factor_slogdet_example(a), (_f64(3, 3),)),
     "linalg.selected_inverse": (lambda d: sd.sparse.data(sd.linalg.selected_inverse(_square(d))),
                                 (_f64(6),)),
     "fft": (_fft_example, (_f64(4, 6), _c128(4, 6))),

@@ -89,6 +89,16 @@ def _slogdet(x):
     return sd.linalg.slogdet(snp.diag(x) + _A3)[1]
 
 
+def _factor_slogdet(x):
+    # NaN in the matrix, read from a given factorization
+    from sciad.primitives._linalg import linalg_factor_p
+    from sciad.primitives._logdet import linalg_factor_slogdet_p
+
+    a = snp.diag(x) + _A3
+    return linalg_factor_slogdet_p.bind(linalg_factor_p.bind(a, solver="lu", throw=False), a,
+                                        solver="lu")[1]
+
+
 def _selected_inverse(x):
     # [[x0, x1], [x1, x2]] = [[1, 2], [2, 4]]: singular, a zero pivot
     A = sd.sparse.coo_matrix((snp.stack([x[0], x[1], x[1], x[2]]), ([0, 0, 1, 1], [0, 1, 0, 1])),
@@ -174,6 +184,7 @@ def _weights_check(x):
 FAILING = {
     "while": (_while, np.array([0.5]), ConvergenceError, False),
     "linalg.slogdet": (_slogdet, _NAN3, NonFiniteError, False),
+    "linalg.factor_slogdet": (_factor_slogdet, _NAN3, NonFiniteError, False),
     "linalg.selected_inverse": (_selected_inverse, np.array([1.0, 2.0, 4.0]),
                                 SingularMatrixError, False),
     "ode.odeint": (_odeint, np.array([1.0]), ConvergenceError, False),

@@ -54,6 +54,30 @@ def test_dense_slogdet_is_numpys(rng, kind):
     np.testing.assert_allclose(float(logabs), want[1], rtol=1e-13)
 
 
+def test_a_dense_slogdet_shares_the_solves_factorization(rng):
+    """`share_factors` makes one factorization for a solve, its adjoint, the
+    log-determinant and its derivative (a transposed backsolve)."""
+    a = rng.standard_normal((5, 5)) + 5 * np.eye(5)
+    b = rng.standard_normal(5)
+
+    def f(a):
+        return sd.linalg.slogdet(a)[1] + snp.sum(sd.linalg.solve(a, b))
+
+    names = [n.primitive.name
+             for n in sd.graph.passes.optimize(sd.trace(sd.value_and_grad(f), a)).nodes]
+    assert names.count("linalg.factor") == 1 and "linalg.factor_slogdet" in names
+    assert "linalg.slogdet" not in names and "linalg.solve" not in names
+    value, grad = sd.function(sd.value_and_grad(f))(a)
+    inv = np.linalg.inv(a)
+    np.testing.assert_allclose(float(value), np.linalg.slogdet(a)[1] + (inv @ b).sum(),
+                               rtol=1e-13)
+    # d/dA (log|det A| + sum(A^-1 b)) = A^-T - A^-T 1 (A^-1 b)^T
+    np.testing.assert_allclose(np.asarray(grad), inv.T - np.outer(inv.T.sum(axis=1), inv @ b),
+                               rtol=1e-10, atol=1e-14)
+    report = sd.testing.check_rules(f, a)
+    assert report.jvp_error < 1e-7 and report.second_order_error < 1e-7
+
+
 def test_sparse_slogdet_is_numpys(rng):
     for A in (_grid(), _nonsymmetric(rng), -_nonsymmetric(rng, 8)):
         sign, logabs = sd.linalg.slogdet(sd.sparse.from_scipy(A))

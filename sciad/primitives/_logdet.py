@@ -2,8 +2,11 @@
 
 `linalg.slogdet[solver, pattern](a) -> (sign, logabsdet)`: NumPy's
 `slogdet` of a dense (`solver` "lu" or "cholesky", in the program) or sparse
-(`solver` "splu": SuperLU on the host, `sciad.solvers.direct._selinv`)
-square matrix. A singular matrix is `(0, -inf)`, as NumPy's; a Cholesky
+(`solver` "splu": SuperLU on the host, `sciad.solvers.direct._selinv`;
+"cholmod": sparsax's compiled CHOLMOD) square matrix. `share_factors`
+rewrites a dense one into `linalg.factor_slogdet(F, a)` reading the
+`linalg.factor` its matrix's solves read (CHOLMOD's is shared through
+sparsax's cache). A singular matrix is `(0, -inf)`, as NumPy's; a Cholesky
 breakdown (a matrix declared spd that is not) is `NotPositiveDefiniteError`.
 
 `linalg.selected_inverse[pattern, at, transpose](a)`: the entries of `A^-1`
@@ -41,14 +44,16 @@ import numpy as np
 from .. import _ops as ops
 from ..errors import (DTypeError, InvalidOptionError, NonFiniteError, NotPositiveDefiniteError,
                       NotSupportedError, ShapeError, SingularMatrixError)
-from ..graph import Param, Primitive, Site, SparseType, TensorType, Zero, instantiate, is_zero
+from ..graph import (Factored, Param, Primitive, Site, SparseType, TensorType, Zero, instantiate,
+                     is_zero)
 from ..graph._autodiff import type_of
 from ..graph._cost import Cost
 from ..graph._sparsity import dense, dense_all
-from ..graph._types import Pattern
+from ..graph._types import FactorType, Pattern
 from ..solvers._host import host_call
 from ..solvers.direct import _selinv
 from ._checks import check, judge_matrix, symmetry_tolerance, tie
+from ._linalg import linalg_backsolve_p, linalg_factor_p
 from ._map import map_rule
 from ._sparse import coo, gather
 
@@ -59,7 +64,7 @@ DENSE_SOLVERS = ("lu", "cholesky")
 SPARSE_SOLVERS = ("splu", "cholmod")
 
 linalg_slogdet_p = Primitive("linalg.slogdet", multiple_results=True, runtime_checks=True,
-                             params={"solver": str,
+                             factored=lambda params: _slogdet_factored(params), params={"solver": str,
                                      "pattern": Param((Pattern, None), default=None)})
 linalg_selected_inverse_p = Primitive("linalg.selected_inverse", runtime_checks=True, params={
     "pattern": Pattern, "at": Param((Pattern, None), default=None),
@@ -173,15 +178,22 @@ def _slogdet_impl(a, *, solver, pattern=None, site=None):
         batch = tuple(a.shape[:-1])
         return list(host_call(host, (jax.ShapeDtypeStruct(batch, a.dtype),
                                      jax.ShapeDtypeStruct(batch, real)), a))
+    factor = (jnp.linalg.cholesky(a),) if solver == "cholesky" else jsl.lu_factor(a)
+    return _dense_from_factor(factor, a, solver, site)
+
+
+def _dense_from_factor(factor, a, solver: str, site):
+    """`[sign, logabsdet]` of a dense `a` from its factor (`(c,)`, Cholesky's,
+    or `(lu, piv)`), checked: finite, and (Cholesky) no breakdown."""
+    real = _real(a.dtype)
     nonfinite = ~jnp.all(jnp.isfinite(a))
     if solver == "cholesky":
-        c = jnp.linalg.cholesky(a)
-        d = jnp.real(jnp.diagonal(c))
+        d = jnp.real(jnp.diagonal(factor[0]))
         breakdown = ~nonfinite & ~jnp.all(jnp.isfinite(d) & (d > 0))
         sign = jnp.ones((), a.dtype)
         logabs = 2.0 * jnp.sum(jnp.log(d))
     else:
-        lu, piv = jsl.lu_factor(a)
+        lu, piv = factor[0], factor[1]  # (a checked factor carries its condition estimate)
         d = jnp.diagonal(lu)
         swaps = jnp.sum(piv != jnp.arange(piv.shape[-1], dtype=piv.dtype))
         parity = jnp.where(swaps % 2 == 1, -1.0, 1.0).astype(a.dtype)
@@ -193,6 +205,64 @@ def _slogdet_impl(a, *, solver, pattern=None, site=None):
     token = check(_judge, site, when=nonfinite | breakdown, nonfinite=nonfinite,
                   breakdown=breakdown)
     return [tie(sign, token), tie(logabs, token)]
+
+
+# ---------------------------------------------------------------------------
+# a dense log-determinant read from a shared factorization: `share_factors`
+# rewrites `linalg.slogdet` into `linalg.factor_slogdet(F, a)` reading the
+# `linalg.factor(a) -> F` that the solves of the same matrix read (a sparse
+# one by CHOLMOD shares its factor through sparsax's cache instead; by
+# SuperLU it factors on its own)
+
+
+def _slogdet_factored(params) -> Factored | None:
+    if params.get("solver") not in DENSE_SOLVERS:
+        return None
+    return Factored(linalg_factor_p, {"solver": params["solver"]}, linalg_factor_slogdet_p,
+                    {"solver": params["solver"]})
+
+
+linalg_factor_slogdet_p = Primitive("linalg.factor_slogdet", multiple_results=True,
+                                    runtime_checks=True, reads_factor=True,
+                                    params={"solver": str})
+
+
+@linalg_factor_slogdet_p.def_abstract_eval
+def _factor_slogdet_shape(f, a, *, solver):
+    op = "linalg.factor_slogdet"
+    if not isinstance(f, FactorType) or (f.method, f.pattern) != (solver, None):
+        raise ShapeError(f"needs a {solver!r} factorization of `a`, got {f.str_short()}.",
+                         op=op)
+    return _slogdet_shape(a, solver=solver)
+
+
+@linalg_factor_slogdet_p.def_impl
+def _factor_slogdet_impl(factor, a, *, solver, site=None):
+    return _dense_from_factor(tuple(factor), a, solver, site or Site("linalg.factor_slogdet"))
+
+
+@linalg_factor_slogdet_p.def_jvp
+def _factor_slogdet_jvp(primals, tangents, *, solver):
+    # (the factor carries no derivative: the matrix does; A^-T by a
+    # transposed backsolve with the same factor)
+    (f, a), (_, da) = primals, tangents
+    sign, logabs = linalg_factor_slogdet_p.bind(f, a, solver=solver)
+    if is_zero(da):
+        return (sign, logabs), (Zero(type_of(sign)), Zero(type_of(logabs)))
+    t = type_of(a)
+    g = linalg_backsolve_p.bind(f, a, ops.eye(t.shape[0], dtype=t.dtype), solver=solver,
+                                transpose=True)
+    return (sign, logabs), _tangents(sign, g, instantiate(da), t.dtype)
+
+
+def _tangents(sign, g, da, dtype):
+    """`(d sign, d logabsdet)` from `A^-T` (`g`, dense or the values on the
+    pattern) and the matching tangent `da`."""
+    t = ops.sum(g * da)
+    dlog = ops.real(t)
+    if np.dtype(dtype).kind == "c":
+        return sign * (1j * ops.imag(t)), dlog
+    return Zero(type_of(sign)), dlog
 
 
 def _inverse_transposed(a, pattern, solver):
@@ -216,13 +286,8 @@ def _slogdet_jvp(primals, tangents, *, solver, pattern=None):
         return (sign, logabs), (Zero(type_of(sign)), Zero(type_of(logabs)))
     g = _inverse_transposed(a, pattern, solver)
     da = instantiate(da)
-    t = ops.sum(g * (da if pattern is None else gather(da)))
-    dlog = ops.real(t)
-    if np.dtype(type_of(a).dtype).kind == "c":
-        dsign = sign * (1j * ops.imag(t))
-    else:
-        dsign = Zero(type_of(sign))
-    return (sign, logabs), (dsign, dlog)
+    return (sign, logabs), _tangents(sign, g, da if pattern is None else gather(da),
+                                     type_of(a).dtype)
 
 
 # ---------------------------------------------------------------------------
@@ -350,9 +415,10 @@ def _selinv_vjp(primals, z, ct, *, pattern, at=None, transpose=False, solver="sp
     return (assemble(abar, pattern),)
 
 
-for _p in (linalg_slogdet_p, linalg_selected_inverse_p):
+for _p in (linalg_slogdet_p, linalg_factor_slogdet_p, linalg_selected_inverse_p):
     _p.def_batch(map_rule(_p))
 linalg_slogdet_p.def_sparsity(lambda outs, a, **params: dense_all(outs, a))
+linalg_factor_slogdet_p.def_sparsity(lambda outs, f, a, **params: dense_all(outs, a))
 linalg_selected_inverse_p.def_sparsity(lambda outs, a, **params: dense(outs[0], a))
 
 
@@ -361,6 +427,11 @@ def _slogdet_cost(node, body):
     n = node.inputs[0].type.shape[0]
     return Cost(2.0 / 3.0 * n ** 3 if node.params.get("pattern") is None
                 else 10.0 * node.params["pattern"].nnz)
+
+
+@linalg_factor_slogdet_p.def_cost
+def _factor_slogdet_cost(node, body):
+    return Cost(float(node.inputs[1].type.shape[0]))
 
 
 @linalg_selected_inverse_p.def_cost
