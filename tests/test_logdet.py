@@ -251,3 +251,32 @@ def test_cholmod_refuses_what_is_not_spd():
     with pytest.raises(NotPositiveDefiniteError):
         sd.linalg.slogdet(sd.sparse.coo_matrix((A.data - 3.0 * (r == c), (r, c)), shape=A.shape,
                                                tags={"spd"}))
+    v = A.data.copy()
+    v[0] = np.nan  # (every measure compared so that NaN fails)
+    for f in (lambda M: sd.linalg.slogdet(M)[1], sd.linalg.selected_inverse):
+        with pytest.raises(NonFiniteError, match="NaN"):
+            f(sd.sparse.coo_matrix((v, (r, c)), shape=A.shape, tags={"spd"}))
+
+
+def test_a_failure_leaves_no_factor_held():
+    """A selected inverse that fails (a zero pivot without pivoting) between
+    two solves with one SuperLU factor held on the host: its host call ends
+    what the program holds before it raises (the factor would otherwise stay
+    held, one per call)."""
+    from sciad.solvers.direct import _sparse_direct
+
+    r, c = np.array([0, 1]), np.array([1, 0])  # [[0, 1], [1, 0]]: SuperLU pivots
+
+    def f(v):
+        M = _matrix(v, r, c, 2)
+        x, _ = sd.linalg.solve(M, snp.ones(2), solver="splu", throw=False)
+        Z = sd.linalg.selected_inverse(_matrix(v + 0.0 * x[0], r, c, 2))  # (after the solve)
+        y, _ = sd.linalg.solve(M, sd.sparse.data(Z), solver="splu", throw=False)
+        return snp.sum(y)
+
+    g = sd.function(f)
+    held = _sparse_direct.held()
+    for _ in range(5):
+        with pytest.raises(SingularMatrixError, match="zero pivot"):
+            g(np.array([1.0, 1.0]))
+    assert _sparse_direct.held() == held

@@ -52,7 +52,7 @@ from ..graph._sparsity import dense, dense_all
 from ..graph._types import FactorType, Pattern
 from ..solvers._host import host_call
 from ..solvers.direct import _selinv
-from ._checks import check, judge_matrix, symmetry_tolerance, tie
+from ._checks import check, judge_matrix, releasing, symmetry_tolerance, tie
 from ._linalg import linalg_backsolve_p, linalg_factor_p
 from ._map import map_rule
 from ._sparse import coo, gather
@@ -176,8 +176,10 @@ def _slogdet_impl(a, *, solver, pattern=None, site=None):
             return sign.reshape(batch).astype(a.dtype), logabs.reshape(batch)
 
         batch = tuple(a.shape[:-1])
-        return list(host_call(host, (jax.ShapeDtypeStruct(batch, a.dtype),
-                                     jax.ShapeDtypeStruct(batch, real)), a))
+        # (a raise ends what the program holds first: `releasing`)
+        guarded, operands = releasing(host, [a], site.held)
+        return list(host_call(guarded, (jax.ShapeDtypeStruct(batch, a.dtype),
+                                        jax.ShapeDtypeStruct(batch, real)), *operands))
     factor = (jnp.linalg.cholesky(a),) if solver == "cholesky" else jsl.lu_factor(a)
     return _dense_from_factor(factor, a, solver, site)
 
@@ -233,6 +235,9 @@ def _factor_slogdet_shape(f, a, *, solver):
     if not isinstance(f, FactorType) or (f.method, f.pattern) != (solver, None):
         raise ShapeError(f"needs a {solver!r} factorization of `a`, got {f.str_short()}.",
                          op=op)
+    if solver not in DENSE_SOLVERS:
+        raise InvalidOptionError(f"reads an 'lu' or 'cholesky' factorization, got {solver!r}.",
+                                 op=op)
     return _slogdet_shape(a, solver=solver)
 
 
@@ -351,8 +356,10 @@ def _selinv_impl(a, *, pattern, at=None, transpose=False, solver="splu", site=No
                            "reads this inverse: at a singular matrix it does not exist.)")
         return (out.reshape(batch + (rows.size,)),)
 
-    (z,) = host_call(host, (jax.ShapeDtypeStruct(tuple(a.shape[:-1]) + (rows.size,), a.dtype),),
-                     a)
+    # (a raise ends what the program holds first: `releasing`)
+    guarded, operands = releasing(host, [a], site.held)
+    (z,) = host_call(guarded, (jax.ShapeDtypeStruct(tuple(a.shape[:-1]) + (rows.size,),
+                                                    a.dtype),), *operands)
     return z
 
 
