@@ -52,10 +52,11 @@ from ..graph._sparsity import dense, dense_all
 from ..graph._types import FactorType, Pattern
 from ..solvers._host import host_call
 from ..solvers.direct import _selinv
-from ._checks import check, judge_matrix, releasing, symmetry_tolerance, tie
+from ._checks import check, judge_matrix, releasing, tie
 from ._linalg import linalg_backsolve_p, linalg_factor_p
+from ._linalg_run import _matrix_fails, _matrix_measures
 from ._map import map_rule
-from ._sparse import coo, gather
+from ._sparse import assemble, coo, gather
 
 DENSE_SOLVERS = ("lu", "cholesky")
 #: "splu": SuperLU on the host (any nonsingular matrix; the selected inverse
@@ -64,7 +65,8 @@ DENSE_SOLVERS = ("lu", "cholesky")
 SPARSE_SOLVERS = ("splu", "cholmod")
 
 linalg_slogdet_p = Primitive("linalg.slogdet", multiple_results=True, runtime_checks=True,
-                             factored=lambda params: _slogdet_factored(params), params={"solver": str,
+                             factored=lambda params: _slogdet_factored(params),
+                             params={"solver": str,
                                      "pattern": Param((Pattern, None), default=None)})
 linalg_selected_inverse_p = Primitive("linalg.selected_inverse", runtime_checks=True, params={
     "pattern": Pattern, "at": Param((Pattern, None), default=None),
@@ -126,18 +128,12 @@ def cholmod_default(tags) -> bool:
 
 def _spd_checked(a, pattern, site):
     """`a` tied to the checks of a matrix CHOLMOD is given (finite,
-    symmetric, a positive diagonal: it reads one triangle)."""
-    from ..solvers._indices import pattern_diagonal, pattern_transpose, take
-
-    nonfinite = ~jnp.all(jnp.isfinite(a))
-    scale = jnp.max(jnp.abs(a), initial=0.0)
-    asym = jnp.max(jnp.abs(a - take(a, pattern_transpose(pattern))), initial=0.0) / jnp.where(
-        scale > 0, scale, 1.0)
-    has = jnp.asarray(pattern.diagonal_positions() >= 0)
-    dmin = jnp.min(jnp.where(has, take(a, pattern_diagonal(pattern)), 0.0))
-    bad = nonfinite | ~(asym <= symmetry_tolerance(a.dtype)) | ~(dmin > 0)
-    token = check(judge_matrix, site, when=bad, dtype=a.dtype, tags=frozenset({"spd"}),
-                  nonfinite=nonfinite, asymmetry=asym, min_diagonal=dmin)
+    symmetric, a positive diagonal: it reads one triangle), measured as a
+    solve's (one compiled pass where built), judged on the host only where
+    one fails."""
+    measures = _matrix_measures(a, pattern, "spd")
+    token = check(judge_matrix, site, when=_matrix_fails(measures, a.dtype), dtype=a.dtype,
+                  tags=frozenset({"spd"}), **measures)
     return tie(a, token)
 
 
@@ -170,8 +166,7 @@ def _slogdet_impl(a, *, solver, pattern=None, site=None):
             sign, logabs = np.empty(rows.shape[0], real), np.empty(rows.shape[0], real)
             for i, row in enumerate(rows):
                 if not np.isfinite(row).all():
-                    bare.in_example(i, batch).fail(NonFiniteError,
-                                                   "the matrix holds NaN or infinite values.")
+                    _judge(bare.in_example(i, batch), nonfinite=True)
                 sign[i], logabs[i] = _selinv.slogdet_host(pattern, row)
             return sign.reshape(batch).astype(a.dtype), logabs.reshape(batch)
 
@@ -235,10 +230,7 @@ def _factor_slogdet_shape(f, a, *, solver):
     if not isinstance(f, FactorType) or (f.method, f.pattern) != (solver, None):
         raise ShapeError(f"needs a {solver!r} factorization of `a`, got {f.str_short()}.",
                          op=op)
-    if solver not in DENSE_SOLVERS:
-        raise InvalidOptionError(f"reads an 'lu' or 'cholesky' factorization, got {solver!r}.",
-                                 op=op)
-    return _slogdet_shape(a, solver=solver)
+    return _slogdet_shape(a, solver=solver)  # (a dense matrix: "lu" or "cholesky")
 
 
 @linalg_factor_slogdet_p.def_impl
@@ -344,16 +336,17 @@ def _selinv_impl(a, *, pattern, at=None, transpose=False, solver="splu", site=No
         for i, row in enumerate(flat):
             where = bare.in_example(i, batch)
             if not np.isfinite(row).all():
-                where.fail(NonFiniteError, "the matrix holds NaN or infinite values.")
+                _judge(where, nonfinite=True)
             try:
                 out[i] = _selinv.selinv_host(pattern, row, rows, cols)
             except _selinv.SelinvBreakdown as e:
+                at = "" if e.column is None else f" (at the ordered column {e.column})"
                 where.fail(SingularMatrixError,
                            "the factorization without pivoting that a selected inverse "
-                           f"reads met a zero pivot (at the ordered column {e.args[0]}): the "
-                           "matrix is singular, or neither positive definite nor "
-                           "diagonally dominant. (The derivative of a log-determinant "
-                           "reads this inverse: at a singular matrix it does not exist.)")
+                           f"reads met a zero pivot{at}: the matrix is singular, or neither "
+                           "positive definite nor diagonally dominant. (The derivative of a "
+                           "log-determinant reads this inverse: at a singular matrix it does "
+                           "not exist.)")
         return (out.reshape(batch + (rows.size,)),)
 
     # (a raise ends what the program holds first: `releasing`)
@@ -415,8 +408,6 @@ def _selinv_vjp(primals, z, ct, *, pattern, at=None, transpose=False, solver="sp
     want = at or pattern
     c_rows, c_cols = (want.indices, want.rows) if transpose else (want.rows, want.indices)
     pattern_t, perm = pattern.transposed()
-    from ._sparse import assemble
-
     at_ = assemble(ops.take(gather(a), perm), pattern_t)
     abar = _block_selinv(at_, pattern_t, instantiate(ct), c_rows, c_cols, pattern, False)
     return (assemble(abar, pattern),)

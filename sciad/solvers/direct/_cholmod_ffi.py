@@ -110,6 +110,8 @@ def _register() -> None:
     import sparsax_cpp
     capsule = sparsax_cpp.solve_batched_f64_capsule()
     jax.ffi.register_ffi_target(TARGET, capsule, platform="cpu")
+    jax.ffi.register_ffi_target(LOGDET_TARGET, sparsax_cpp.logdet_f64_capsule(), platform="cpu")
+    jax.ffi.register_ffi_target(SELINV_TARGET, sparsax_cpp.selinv_f64_capsule(), platform="cpu")
     if _batch_split.library() is not None:
         _batch_split.set_inner(TARGET, capsule)
     # (sparsax keeps CHOLMOD's analyses and last numeric factor per pattern
@@ -226,37 +228,28 @@ LOGDET_TARGET = "sciad_cholmod_logdet_f64"
 SELINV_TARGET = "sciad_cholmod_selinv_f64"
 
 
-@_build.once
-def _register_logdet() -> None:
-    import sparsax_cpp
-    jax.ffi.register_ffi_target(LOGDET_TARGET, sparsax_cpp.logdet_f64_capsule(), platform="cpu")
-    jax.ffi.register_ffi_target(SELINV_TARGET, sparsax_cpp.selinv_f64_capsule(), platform="cpu")
-
-
-def _coo(pattern):
-    return (np.asarray(pattern.rows, np.int32), np.asarray(pattern.indices, np.int32))
+def _read_factor(target: str, result, pattern, a):
+    """Sparsax's kernel `target` (registered by `_register`) on the spd
+    matrix with values `a` on `pattern`, given as the solves give it."""
+    _register()
+    call = jax.ffi.ffi_call(target, result, vmap_method="sequential")
+    return call(np.asarray(pattern.rows, np.int32), np.asarray(pattern.indices, np.int32),
+                a.astype(np.float64), n=np.int64(pattern.shape[0]))
 
 
 def logdet(pattern, a):
     """`log det A` of the spd matrix with values `a` on `pattern` (float64;
     CHOLMOD reads its upper triangle). A matrix that is not positive
     definite stops the program (`NotPositiveDefiniteError`)."""
-    _register()
-    _register_logdet()
     if pattern.shape[0] == 0:
         return jax.numpy.zeros((), np.float64)
-    call = jax.ffi.ffi_call(LOGDET_TARGET, jax.ShapeDtypeStruct((), np.float64),
-                            vmap_method="sequential")
-    return call(*_coo(pattern), a.astype(np.float64), n=np.int64(pattern.shape[0]))
+    return _read_factor(LOGDET_TARGET, jax.ShapeDtypeStruct((), np.float64), pattern, a)
 
 
 def selinv(pattern, a):
     """`(A^-1)` at each entry of `pattern`, for the spd matrix with values `a`
     (Takahashi's recurrence on CHOLMOD's factor, sparsax's kernel)."""
-    _register()
-    _register_logdet()
     if pattern.shape[0] == 0:
         return a.astype(np.float64)
-    call = jax.ffi.ffi_call(SELINV_TARGET, jax.ShapeDtypeStruct((pattern.nnz,), np.float64),
-                            vmap_method="sequential")
-    return call(*_coo(pattern), a.astype(np.float64), n=np.int64(pattern.shape[0]))
+    return _read_factor(SELINV_TARGET, jax.ShapeDtypeStruct((pattern.nnz,), np.float64),
+                        pattern, a)

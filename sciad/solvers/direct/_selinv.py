@@ -1,10 +1,10 @@
 """Sparse log-determinants and selected inverses on the host.
 
 - `slogdet_host(pattern, d)`: NumPy's `(sign, log|det A|)` of the sparse
-  matrix with values `d` on `pattern`, from SuperLU's LU with partial
-  pivoting (`Pr A Pc = L U`, `L` unit lower: the product of `U`'s diagonal
-  and the permutations' signs). An exactly singular matrix is `(0, -inf)`, as
-  NumPy's.
+  matrix with values `d` on `pattern`, from the SuperLU factorization with
+  partial pivoting that sparse solves make (`Pr A^T Pc = L U`, `L` unit
+  lower: the product of `U`'s diagonal and the permutations' signs). An
+  exactly singular matrix is `(0, -inf)`, as NumPy's.
 - `selinv_host(pattern, d, rows, cols)`: the entries `(A^-1)[rows[k], cols[k]]`
   without the dense inverse: SuperLU factors `A` (its pattern symmetrized
   with stored zeros) in its symmetric mode without pivoting (the minimum
@@ -54,50 +54,47 @@ LIBRARY = Library(SOURCE, "selinv", "libsciad_selinv.so", "sciad's selected inve
 
 
 def _parity(perm: np.ndarray) -> int:
-    """+1 for an even permutation, -1 for an odd one (its cycles)."""
-    perm = np.asarray(perm)
-    seen = np.zeros(perm.size, bool)
-    sign = 1
-    for i in range(perm.size):
-        if seen[i]:
-            continue
-        j, length = i, 0
-        while not seen[j]:
-            seen[j] = True
-            j = perm[j]
-            length += 1
-        if length % 2 == 0:
-            sign = -sign
-    return sign
-
-
-def _csc(pattern, d: np.ndarray):
+    """+1 for an even permutation, -1 for an odd one: `(-1)^(n - cycles)`,
+    its cycles the components of the graph `i -> perm[i]`."""
     import scipy.sparse as sp
+    from scipy.sparse.csgraph import connected_components
 
-    return sp.csr_matrix((d, pattern.indices, pattern.indptr), shape=pattern.shape).tocsc()
+    n = np.size(perm)
+    if n == 0:
+        return 1
+    graph = sp.csr_matrix((np.ones(n), (np.arange(n), np.asarray(perm))), shape=(n, n))
+    cycles, _ = connected_components(graph, directed=False)
+    return -1 if (n - cycles) % 2 else 1
 
 
 def slogdet_host(pattern, d: np.ndarray) -> tuple[float, float]:
-    """`(sign, log|det A|)` (see the module docstring)."""
-    import scipy.sparse.linalg as spl
+    """`(sign, log|det A|)` (see the module docstring), from the SuperLU
+    factor of `A^T` that sparse solves make (`_sparse_direct._factor_one`:
+    the pattern's column order kept from its first factorization)."""
+    from ._sparse_direct import _Ordered, _factor_one
 
-    n = pattern.shape[0]
-    if n == 0:
+    if pattern.shape[0] == 0:
         return 1.0, 0.0
-    try:
-        lu = spl.splu(_csc(pattern, d), permc_spec="MMD_AT_PLUS_A")
-    except RuntimeError:  # "Factor is exactly singular"
+    lu = _factor_one(pattern, d)  # (det A^T = det A)
+    if lu is None:  # exactly singular
         return 0.0, -np.inf
+    sign = 1
+    if isinstance(lu, _Ordered):  # (of A^T[:, order]: its determinant times order's sign)
+        sign, lu = _parity(lu.order), lu.lu
     u = lu.U.diagonal()
     if not np.all(u != 0):
         return 0.0, -np.inf
-    sign = float(np.prod(np.sign(u))) * _parity(lu.perm_r) * _parity(lu.perm_c)
-    return sign, float(np.sum(np.log(np.abs(u))))
+    sign *= float(np.prod(np.sign(u))) * _parity(lu.perm_r) * _parity(lu.perm_c)
+    return float(sign), float(np.sum(np.log(np.abs(u))))
 
 
 class SelinvBreakdown(Exception):
-    """A zero pivot of the factorization without pivoting (`args`: the
-    permuted column, the pivot's size relative to the matrix's)."""
+    """A zero pivot of the factorization without pivoting, at the ordered
+    `column` (None where SuperLU stopped without saying where)."""
+
+    def __init__(self, column: int | None):
+        super().__init__(column)
+        self.column = column
 
 
 class _Analysis:
@@ -164,9 +161,9 @@ def _analysis(pattern) -> _Analysis:
 
 
 def _factor_unpivoted(pattern, d: np.ndarray):
-    """`(perm, Sp, Si, Lx, Ux, dg)`: `P A P^T = L D U` on the filled pattern
-    `S` (CSC, strictly lower; see `csrc/selinv.cc`), `perm` the ordering
-    (`A[i, j]` is the ordered matrix's `[perm[i], perm[j]]`)."""
+    """`(analysis, Lx, Ux, dg)`: `P A P^T = L D U` on the analysis's filled
+    pattern `S` (CSC, strictly lower; see `csrc/selinv.cc`; `A[i, j]` is the
+    ordered matrix's `[perm[i], perm[j]]`)."""
     import scipy.sparse as sp
     import scipy.sparse.linalg as spl
 
@@ -177,16 +174,15 @@ def _factor_unpivoted(pattern, d: np.ndarray):
     try:
         lu = spl.splu(B, permc_spec="NATURAL", **_UNPIVOTED)
     except RuntimeError:
-        raise SelinvBreakdown(-1, 0.0) from None
+        raise SelinvBreakdown(None) from None
     ident = np.arange(n)
     if not (np.array_equal(lu.perm_r, ident) and np.array_equal(lu.perm_c, ident)):
-        raise SelinvBreakdown(-1, 0.0)
+        raise SelinvBreakdown(None)
     U = lu.U.tocsc()
     dg = U.diagonal().astype(np.float64)
-    scale = float(np.abs(d).max(initial=0.0)) or 1.0
-    if not np.all(np.abs(dg) > 0) or not np.all(np.isfinite(dg)):
-        bad = int(np.nonzero(~(np.abs(dg) > 0) | ~np.isfinite(dg))[0][0])
-        raise SelinvBreakdown(bad, float(abs(dg[bad])) / scale)
+    bad = ~(np.abs(dg) > 0) | ~np.isfinite(dg)
+    if np.any(bad):
+        raise SelinvBreakdown(int(np.flatnonzero(bad)[0]))
     L = sp.tril(lu.L, -1).tocoo()
     Ut = (sp.diags(1.0 / dg) @ sp.triu(U, 1)).T.tocoo()   # U's unit upper part, transposed
     Lx, Ux = np.zeros(an.key.size), np.zeros(an.key.size)
@@ -197,7 +193,7 @@ def _factor_unpivoted(pattern, d: np.ndarray):
             raise RuntimeError("sciad's selected inverse: the factor has an entry outside "
                                "its fill")
         np.add.at(vals, at, M.data)
-    return an.perm, an.Sp, an.Si, Lx, Ux, dg
+    return an, Lx, Ux, dg
 
 
 def _takahashi_numpy(n, Sp, Si, Lx, Ux, d):
@@ -234,7 +230,8 @@ def selinv_host(pattern, d: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> n
     n = pattern.shape[0]
     if n == 0:
         return np.zeros(np.size(rows))
-    perm, Sp, Si, Lx, Ux, dg = _factor_unpivoted(pattern, d)
+    an, Lx, Ux, dg = _factor_unpivoted(pattern, d)
+    perm, Sp, Si = an.perm, an.Sp, an.Si
     lib = LIBRARY.get()
     if lib is not None:
         Zl, Zu, Zd = np.zeros(Si.size), np.zeros(Si.size), np.zeros(n)
@@ -252,11 +249,11 @@ def selinv_host(pattern, d: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> n
         raise RuntimeError(f"sciad's selected inverse: the factor's pattern is not closed at "
                            f"column {-status - 1}")
     if status > 0:
-        raise SelinvBreakdown(status - 1, 0.0)
+        raise SelinvBreakdown(status - 1)
     # A^-1 = Pc (LU)^-1 Pr: (A^-1)[a, b] = Z[perm[a], perm[b]]
     x, y = perm[np.asarray(rows, np.int64)], perm[np.asarray(cols, np.int64)]
     lo, hi = np.maximum(x, y), np.minimum(x, y)   # S's (row, col) of the entry
-    key_s = Si + n * np.repeat(np.arange(n, dtype=np.int64), np.diff(Sp))
+    key_s = an.key
     where = np.searchsorted(key_s, lo + n * hi)
     where = np.minimum(where, max(Si.size - 1, 0))
     out = np.where(x > y, Zl[where] if Si.size else 0.0, 0.0)
