@@ -280,3 +280,52 @@ def test_a_failure_leaves_no_factor_held():
         with pytest.raises(SingularMatrixError, match="zero pivot"):
             g(np.array([1.0, 1.0]))
     assert _sparse_direct.held() == held
+
+
+_JAX_CHILD = '''
+import json, sys
+import jax, jax.numpy as jnp, numpy as np, scipy.sparse as sp
+jax.config.update("jax_enable_x64", True)
+import sciad as sd
+from sciad.solvers.direct import _cholmod_ffi
+
+T = sp.diags([-1.0, 2.5, -1.0], [-1, 0, 1], (3, 3))
+A = (sp.kron(T, sp.eye(3)) + sp.kron(sp.eye(3), T)).tocsr()
+A.sort_indices()
+r, c = np.repeat(np.arange(9), np.diff(A.indptr)), A.indices
+inv = np.linalg.inv(A.toarray())
+grad = inv.T[r, c]
+hess = np.array([-(inv @ sp.csr_matrix((e, (r, c)), shape=(9, 9)).toarray() @ inv).T[r, c]
+                 for e in np.eye(A.nnz)])
+errors = {}
+for solver, tags in (("splu", ()), ("cholmod", {"spd"})):
+    if solver == "cholmod" and not _cholmod_ffi.available():
+        continue
+    g = sd.to_jax(lambda v: sd.linalg.slogdet(
+        sd.sparse.coo_matrix((v, (r, c)), shape=(9, 9), tags=tags), solver=solver)[1])
+    v = jnp.asarray(A.data)
+    errors[solver] = [
+        float(np.abs(jax.jacfwd(g)(v) - grad).max()),
+        float(np.abs(jax.hessian(g)(v) - hess).max()),
+        float(np.abs(jax.vmap(lambda t: jax.jvp(g, (v,), (t,))[1])(jnp.eye(A.nnz)[:3])
+                     - grad[:3]).max())]
+print("RESULT " + json.dumps(errors))
+'''
+
+
+def test_jax_transforms_of_to_jax_in_a_child():
+    """JAX's own jacfwd, hessian and vmap of jvp of `sd.to_jax` of a sparse
+    log-determinant (host SuperLU and compiled CHOLMOD), against the closed
+    forms, in a child process (a crash fails the test, not the worker)."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _JAX_CHILD], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    errors = json.loads(line[len("RESULT "):])
+    assert "splu" in errors
+    for solver, errs in errors.items():
+        assert max(errs) < 1e-12, (solver, errs)
