@@ -144,6 +144,24 @@ def _factor_slogdet_example(a):
                                          solver="cholesky"))
 
 
+def _fill_cholesky_example(d, z):
+    """Every primitive of the sparse Cholesky factor (`_square`'s symmetric
+    part, factored), bound directly: the factor, both triangular solves, the
+    tangent and adjoint maps and the two products their derivatives make."""
+    from sciad.primitives import _sparse_cholesky as ch
+    from sciad.solvers.direct._fill_cholesky import layout
+
+    S = _square(d)
+    p = S.type.pattern
+    an = layout(p)
+    values = snp.concatenate([sd.sparse.data(S), snp.zeros(1)])
+    e = 0.5 * (snp.take(values, an.first) + snp.take(values, an.second))
+    l = ch.linalg_sparse_cholesky_p.bind(e, pattern=p)
+    t, a = ch.tangent(l, e, p), ch.adjoint(l, e, p)
+    return (ch.trisolve(l, z, p, transpose=True), ch.trisolve(l, z, p), t, a,
+            ch.symprod(t, l, p), ch.symmul(a, l, p))
+
+
 def _fft_example(x, z):
     """Every kind of the `fft` primitive; the adjoint kinds bound directly."""
     from sciad.primitives import fft_p
@@ -338,6 +356,7 @@ EXAMPLES.update({
     "linalg.factor_slogdet": (lambda a: _factor_slogdet_example(a), (_f64(3, 3),)),
     "linalg.selected_inverse": (lambda d: sd.sparse.data(sd.linalg.selected_inverse(_square(d))),
                                 (_f64(6),)),
+    "linalg.sparse_cholesky": (_fill_cholesky_example, (_f64(6), _f64(4, 2))),
     "fft": (_fft_example, (_f64(4, 6), _c128(4, 6))),
     "call": (lambda x, y: sd.call(sd.trace(lambda a, b: (a * b, a - b), x, y), x, y),
              (_f64(3), _f64(3))),
@@ -395,6 +414,9 @@ EXAMPLES.update({
 
 
 EXAMPLES["linalg.backsolve"] = EXAMPLES["linalg.factor"]
+for _name in ("cholesky_tangent", "cholesky_adjoint", "fill_symprod", "fill_symmul",
+              "fill_trisolve"):
+    EXAMPLES[f"linalg.{_name}"] = EXAMPLES["linalg.sparse_cholesky"]
 
 
 def distinct_examples(names):

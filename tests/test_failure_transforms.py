@@ -22,7 +22,7 @@ import sciad as sd
 import sciad.numpy as snp
 from registry_examples import builtin_primitives
 from sciad.errors import (ConvergenceError, DegenerateEigenvalueError, IndexingError,
-                          NonFiniteError, SingularMatrixError)
+                          NonFiniteError, NotPositiveDefiniteError, SingularMatrixError)
 
 _NAN3 = np.array([1.0, np.nan, 2.0])
 _A3 = np.array([[4.0, 1.0, 0.0], [1.0, 5.0, 2.0], [0.0, 2.0, 6.0]])
@@ -106,6 +106,13 @@ def _selected_inverse(x):
     return snp.sum(sd.sparse.data(sd.linalg.selected_inverse(A)))
 
 
+def _sparse_cholesky(x):
+    # [[x0, x1], [x1, x2]] = [[1, 2], [2, 1]]: indefinite, the factor breaks down
+    A = sd.sparse.coo_matrix((snp.stack([x[0], x[1], x[1], x[2]]), ([0, 0, 1, 1], [0, 1, 0, 1])),
+                             shape=(2, 2))
+    return snp.sum(sd.linalg.precision_sample(A, snp.ones(2)))
+
+
 def _factor(x):
     from sciad.primitives._linalg import linalg_backsolve_p, linalg_factor_p
 
@@ -187,6 +194,8 @@ FAILING = {
     "linalg.factor_slogdet": (_factor_slogdet, _NAN3, NonFiniteError, False),
     "linalg.selected_inverse": (_selected_inverse, np.array([1.0, 2.0, 4.0]),
                                 SingularMatrixError, False),
+    "linalg.sparse_cholesky": (_sparse_cholesky, np.array([1.0, 2.0, 1.0]),
+                               NotPositiveDefiniteError, False),
     "ode.odeint": (_odeint, np.array([1.0]), ConvergenceError, False),
     "ode.event_guard": (_event, np.array([0.5]), ConvergenceError, False),
     "optimize.root": (_root, np.array([1.0]), ConvergenceError, False),

@@ -1,0 +1,249 @@
+// A sparse Cholesky factorization on a kept symbolic structure, and the
+// linear maps its derivatives of every order are made of.
+//
+// Every array lives on one layout, that of the factor L of an ordered
+// symmetric matrix: n diagonal entries, then the strictly lower entries of
+// its filled pattern S (CSC: Sp, Si, rows sorted). A lower-triangular
+// matrix X on that pattern is the vector [diag(X), X at S]; a symmetric
+// matrix E is its lower triangle on that layout (the filled pattern of the
+// ordered A + A^T holds every product X Y^T of two such matrices: column k
+// of S is a clique of the filled graph).
+//
+//   sciad_chol:          L with L L^T = E                  (left-looking)
+//   sciad_chol_tangent:  X with tril(X L^T + L X^T) = E    (dL for dA = E)
+//   sciad_chol_adjoint:  the transpose of that map          (reverse mode)
+//   sciad_fill_symprod:  tril(X Y^T + Y X^T) on the layout
+//   sciad_fill_symmul:   (C + C^T - diag C) Y, C lower, on the layout
+//   sciad_fill_trisolve: L^-1 B or L^-T B, in place
+//
+// The derivative of the tangent map in L is -tangent(symprod(X, dL)), that
+// of the adjoint map -adjoint(symmul(E, dL)), and symprod and symmul are
+// each other's transposes, so this set is closed under differentiation.
+// Each costs about the factorization's flops. The scans read the row
+// structure of S (each entry's column and, per row, its positions), built
+// per call in O(nnz). Called from Python with ctypes
+// (sciad.solvers.direct._fill_cholesky).
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+struct Rows {
+  std::vector<int64_t> ptr, pos, col;  // per row: its positions in S; col of each position
+
+  Rows(int64_t n, const int64_t* Sp, const int64_t* Si) : ptr(n + 1, 0), pos(Sp[n]), col(Sp[n]) {
+    for (int64_t p = 0; p < Sp[n]; ++p) ++ptr[Si[p] + 1];
+    for (int64_t i = 0; i < n; ++i) ptr[i + 1] += ptr[i];
+    std::vector<int64_t> next(ptr.begin(), ptr.end() - 1);
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
+        pos[next[Si[p]]++] = p;
+        col[p] = j;
+      }
+  }
+};
+
+}  // namespace
+
+extern "C" {
+
+// l = [diag, S] with l l^T = e. Returns 0; (j + 1) where the pivot of
+// column j is not positive (or NaN); -(j + 1) where S is not closed at
+// column j (not the fill of its pattern).
+int sciad_chol(int64_t n, const int64_t* Sp, const int64_t* Si, const double* e, double* l) {
+  Rows R(n, Sp, Si);
+  std::vector<double> w(n, 0.0);
+  std::vector<int64_t> mark(n, -1);
+  const double* eo = e + n;
+  double* lo = l + n;
+  for (int64_t j = 0; j < n; ++j) {
+    w[j] = e[j];
+    mark[j] = j;
+    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
+      w[Si[p]] = eo[p];
+      mark[Si[p]] = j;
+    }
+    for (int64_t t = R.ptr[j]; t < R.ptr[j + 1]; ++t) {
+      const int64_t p = R.pos[t], k = R.col[p];
+      const double ljk = lo[p];
+      w[j] -= ljk * ljk;
+      for (int64_t q = p + 1; q < Sp[k + 1]; ++q) {
+        if (mark[Si[q]] != j) return static_cast<int>(-(j + 1));
+        w[Si[q]] -= lo[q] * ljk;
+      }
+    }
+    const double pivot = w[j];
+    w[j] = 0.0;
+    if (!(pivot > 0.0)) {
+      for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) w[Si[p]] = 0.0;
+      return static_cast<int>(j + 1);
+    }
+    const double d = std::sqrt(pivot);
+    l[j] = d;
+    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
+      lo[p] = w[Si[p]] / d;
+      w[Si[p]] = 0.0;
+    }
+  }
+  return 0;
+}
+
+// x with tril(x l^T + l x^T) = e: the forward mode of the factorization.
+void sciad_chol_tangent(int64_t n, const int64_t* Sp, const int64_t* Si, const double* l,
+                        const double* e, double* x) {
+  Rows R(n, Sp, Si);
+  std::vector<double> w(n, 0.0);
+  const double *lo = l + n, *eo = e + n;
+  double* xo = x + n;
+  for (int64_t j = 0; j < n; ++j) {
+    w[j] = e[j];
+    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) w[Si[p]] = eo[p];
+    for (int64_t t = R.ptr[j]; t < R.ptr[j + 1]; ++t) {
+      const int64_t p = R.pos[t], k = R.col[p];
+      const double ljk = lo[p], xjk = xo[p];
+      w[j] -= 2.0 * ljk * xjk;
+      for (int64_t q = p + 1; q < Sp[k + 1]; ++q) w[Si[q]] -= xo[q] * ljk + lo[q] * xjk;
+    }
+    const double d = l[j], xd = w[j] / (2.0 * d);
+    x[j] = xd;
+    w[j] = 0.0;
+    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
+      xo[p] = (w[Si[p]] - lo[p] * xd) / d;
+      w[Si[p]] = 0.0;
+    }
+  }
+}
+
+// eb = the transpose of the tangent map applied to xb (reverse mode).
+void sciad_chol_adjoint(int64_t n, const int64_t* Sp, const int64_t* Si, const double* l,
+                        const double* xb, double* eb) {
+  Rows R(n, Sp, Si);
+  const int64_t nnz = Sp[n];
+  std::vector<double> acc(xb, xb + n + nnz);  // the cotangent of x, accumulated
+  std::vector<double> w(n, 0.0);
+  const double* lo = l + n;
+  double *ao = acc.data() + n, *ebo = eb + n;
+  for (int64_t j = n - 1; j >= 0; --j) {
+    const double d = l[j];
+    double xd = acc[j];
+    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
+      w[Si[p]] = ao[p] / d;
+      xd -= ao[p] * lo[p] / d;
+    }
+    w[j] = xd / (2.0 * d);
+    for (int64_t t = R.ptr[j]; t < R.ptr[j + 1]; ++t) {
+      const int64_t p = R.pos[t], k = R.col[p];
+      const double ljk = lo[p];
+      double s = 2.0 * ljk * w[j];
+      for (int64_t q = p + 1; q < Sp[k + 1]; ++q) {
+        const double wi = w[Si[q]];
+        ao[q] -= ljk * wi;
+        s += lo[q] * wi;
+      }
+      ao[p] -= s;
+    }
+    eb[j] = w[j];
+    w[j] = 0.0;
+    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
+      ebo[p] = w[Si[p]];
+      w[Si[p]] = 0.0;
+    }
+  }
+}
+
+// w = tril(x y^T + y x^T) on the layout.
+void sciad_fill_symprod(int64_t n, const int64_t* Sp, const int64_t* Si, const double* x,
+                        const double* y, double* w) {
+  Rows R(n, Sp, Si);
+  std::vector<double> u(n, 0.0);
+  const double *xo = x + n, *yo = y + n;
+  double* wo = w + n;
+  for (int64_t j = 0; j < n; ++j) {
+    const double xjj = x[j], yjj = y[j];
+    u[j] = 2.0 * xjj * yjj;
+    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) u[Si[p]] = xo[p] * yjj + yo[p] * xjj;
+    for (int64_t t = R.ptr[j]; t < R.ptr[j + 1]; ++t) {
+      const int64_t p = R.pos[t], k = R.col[p];
+      const double xjk = xo[p], yjk = yo[p];
+      u[j] += 2.0 * xjk * yjk;
+      for (int64_t q = p + 1; q < Sp[k + 1]; ++q) u[Si[q]] += xo[q] * yjk + yo[q] * xjk;
+    }
+    w[j] = u[j];
+    u[j] = 0.0;
+    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
+      wo[p] = u[Si[p]];
+      u[Si[p]] = 0.0;
+    }
+  }
+}
+
+// w = (C + C^T) y on the layout, C the lower-triangular matrix c (its
+// diagonal counted twice: c is the lower triangle of a symmetric matrix's
+// cotangent), y lower-triangular.
+void sciad_fill_symmul(int64_t n, const int64_t* Sp, const int64_t* Si, const double* c,
+                       const double* y, double* w) {
+  std::vector<double> v(n, 0.0), u(n, 0.0);
+  std::vector<int64_t> mark(n, -1);
+  const double *co = c + n, *yo = y + n;
+  double* wo = w + n;
+  for (int64_t j = 0; j < n; ++j) {
+    v[j] = y[j];
+    mark[j] = j;
+    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
+      v[Si[p]] = yo[p];
+      mark[Si[p]] = j;
+    }
+    // (C y)_ij = sum_{j <= k <= i} C_ik y_kj, kept on column j's rows
+    u[j] += c[j] * v[j];
+    for (int64_t q = Sp[j]; q < Sp[j + 1]; ++q) u[Si[q]] += co[q] * v[j];
+    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
+      const int64_t k = Si[p];
+      const double vk = v[k];
+      u[k] += c[k] * vk;
+      for (int64_t q = Sp[k]; q < Sp[k + 1]; ++q)
+        if (mark[Si[q]] == j) u[Si[q]] += co[q] * vk;
+    }
+    // (C^T y)_ij = sum_{k >= i} C_ki y_kj (y_kj zero off column j)
+    double s = c[j] * v[j];
+    for (int64_t q = Sp[j]; q < Sp[j + 1]; ++q) s += co[q] * v[Si[q]];
+    w[j] = u[j] + s;
+    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
+      const int64_t i = Si[p];
+      double t = c[i] * v[i];
+      for (int64_t q = Sp[i]; q < Sp[i + 1]; ++q) t += co[q] * v[Si[q]];
+      wo[p] = u[i] + t;
+    }
+    u[j] = 0.0;
+    v[j] = 0.0;
+    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
+      u[Si[p]] = 0.0;
+      v[Si[p]] = 0.0;
+    }
+  }
+}
+
+// b (m vectors of length n, one after another) <- L^-1 b, or L^-T b.
+void sciad_fill_trisolve(int64_t n, const int64_t* Sp, const int64_t* Si, const double* l,
+                         int transpose, int64_t m, double* b) {
+  const double* lo = l + n;
+  for (int64_t r = 0; r < m; ++r) {
+    double* x = b + r * n;
+    if (!transpose) {
+      for (int64_t j = 0; j < n; ++j) {
+        const double xj = x[j] / l[j];
+        x[j] = xj;
+        for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) x[Si[p]] -= lo[p] * xj;
+      }
+    } else {
+      for (int64_t j = n - 1; j >= 0; --j) {
+        double s = x[j];
+        for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) s -= lo[p] * x[Si[p]];
+        x[j] = s / l[j];
+      }
+    }
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,159 @@
+"""A sparse Cholesky factorization on a kept structure, and its derivatives'
+kernels, on the host (`csrc/fill_cholesky.cc`, built on first use).
+
+The structure is the selected inverse's (`_selinv._analysis`: the minimum
+degree ordering `perm` of `A + A^T` and the fill `S` of the ordered matrix),
+so a pattern pays one symbolic analysis for both. Every array is on the
+factor's layout: `n` diagonal entries, then the strictly lower entries of
+`S` in CSC order (`Layout`). `Layout.lower(a)` gives a matrix's symmetric
+part on that layout from its values on the pattern (two gathers: each slot
+reads the entry and its mirror, halved).
+
+The kernels, each on one example of float64 arrays (the callers loop over
+batches):
+
+- `chol(an, e) -> (l, status)`: `L L^T = E`; `status` 0, else `j + 1` where
+  the pivot of ordered column `j` is not positive.
+- `tangent(an, l, e)`: `X` with `tril(X L^T + L X^T) = E` (`dL` for `dA = E`).
+- `adjoint(an, l, x)`: that linear map's transpose.
+- `symprod(an, x, y)`: `tril(X Y^T + Y X^T)`; `symmul(an, c, y)`:
+  `(C + C^T) Y` on the layout (`C` lower). Each is the other's transpose.
+- `trisolve(an, l, b, transpose)`: `L^-1 b` or `L^-T b`, `b` of shape `(n, m)`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import NotSupportedError
+from .._build import Library
+from ._selinv import _analysis
+
+SOURCE = Path(__file__).parent.parent / "csrc" / "fill_cholesky.cc"
+
+_P = ctypes.POINTER
+
+
+def _setup(lib) -> None:
+    i64, f64, n = _P(ctypes.c_int64), _P(ctypes.c_double), ctypes.c_int64
+    lib.sciad_chol.restype = ctypes.c_int
+    lib.sciad_chol.argtypes = [n, i64, i64, f64, f64]
+    for name in ("sciad_chol_tangent", "sciad_chol_adjoint", "sciad_fill_symprod",
+                 "sciad_fill_symmul"):
+        getattr(lib, name).restype = None
+        getattr(lib, name).argtypes = [n, i64, i64, f64, f64, f64]
+    lib.sciad_fill_trisolve.restype = None
+    lib.sciad_fill_trisolve.argtypes = [n, i64, i64, f64, ctypes.c_int, n, f64]
+
+
+LIBRARY = Library(SOURCE, "fill_cholesky", "libsciad_fill_cholesky.so",
+                  "sciad's sparse Cholesky factorization", _setup)
+
+
+def library():
+    """The loaded kernels; `NotSupportedError` where they cannot be built."""
+    lib = LIBRARY.get()
+    if lib is None:
+        raise NotSupportedError(f"sciad's sparse Cholesky kernels could not be built here "
+                                f"({LIBRARY.failed}); they need a C++ compiler on first use.")
+    return lib
+
+
+class Layout:
+    """The factor's layout for one pattern (kept in sciad's analysis cache):
+    `perm` (original index `i` is ordered `perm[i]`), `Sp`, `Si` (the fill,
+    CSC), `size` (`n + nnz(S)`), each slot's `rows` and `cols` (ordered), and
+    `first`, `second`: for each slot the index in `A`'s values of the entry
+    and of its mirror (`A.nnz` where the pattern has none), for `lower`."""
+
+    __slots__ = ("n", "perm", "Sp", "Si", "size", "rows", "cols", "first", "second")
+
+    def __init__(self, pattern):
+        an = _analysis(pattern)
+        n = pattern.shape[0]
+        self.n, self.perm = n, an.perm
+        self.Sp, self.Si = np.ascontiguousarray(an.Sp), np.ascontiguousarray(an.Si)
+        nnz = self.Si.size
+        self.size = n + nnz
+        col_of = np.repeat(np.arange(n, dtype=np.int64), np.diff(self.Sp))
+        self.rows = np.concatenate([np.arange(n, dtype=np.int64), self.Si])
+        self.cols = np.concatenate([np.arange(n, dtype=np.int64), col_of])
+        r = an.perm[np.asarray(pattern.rows, np.int64)]
+        c = an.perm[np.asarray(pattern.indices, np.int64)]
+        hi, lo = np.maximum(r, c), np.minimum(r, c)
+        slot = np.where(r == c, r, 0)
+        off = r != c
+        if nnz:
+            at = np.minimum(np.searchsorted(an.key, hi[off] + n * lo[off]), nnz - 1)
+            if not np.array_equal(an.key[at], hi[off] + n * lo[off]):
+                raise RuntimeError("sciad's sparse Cholesky: an entry outside the fill")
+            slot[off] = n + at
+        idx = np.arange(r.size, dtype=np.int64)
+        self.first = np.full(self.size, r.size, np.int64)
+        self.second = np.full(self.size, r.size, np.int64)
+        self.first[slot[r >= c]] = idx[r >= c]     # (the diagonal: both halves its own)
+        self.second[slot[r <= c]] = idx[r <= c]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(getattr(self, k).nbytes for k in self.__slots__ if k != "n" and k != "size")
+
+    def flops(self) -> float:
+        """About the factorization's multiply-adds: `sum_k |col k|^2`."""
+        return float(np.sum((np.diff(self.Sp) + 1.0) ** 2))
+
+
+def layout(pattern) -> Layout:
+    from ... import _cache
+
+    return _cache.cached(pattern, "sparse cholesky", None, lambda: Layout(pattern),
+                         nbytes=lambda a: a.nbytes)
+
+
+def _ptr(a: np.ndarray):
+    return a.ctypes.data_as(_P(ctypes.c_int64 if a.dtype == np.int64 else ctypes.c_double))
+
+
+def _f64(a) -> np.ndarray:
+    return np.ascontiguousarray(a, np.float64)
+
+
+def chol(an: Layout, e: np.ndarray) -> tuple[np.ndarray, int]:
+    lib = library()
+    e = _f64(e)
+    out = np.zeros(an.size)
+    status = lib.sciad_chol(an.n, _ptr(an.Sp), _ptr(an.Si), _ptr(e), _ptr(out))
+    if status < 0:  # (not expected: the layout is its pattern's fill)
+        raise RuntimeError(f"sciad's sparse Cholesky: the fill is not closed at column "
+                           f"{-status - 1}")
+    return out, int(status)
+
+
+def _binary(name: str):
+    def kernel(an: Layout, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        lib = library()
+        x, y = _f64(x), _f64(y)
+        out = np.zeros(an.size)
+        getattr(lib, name)(an.n, _ptr(an.Sp), _ptr(an.Si), _ptr(x), _ptr(y), _ptr(out))
+        return out
+    kernel.__name__ = name
+    return kernel
+
+
+tangent = _binary("sciad_chol_tangent")
+adjoint = _binary("sciad_chol_adjoint")
+symprod = _binary("sciad_fill_symprod")
+symmul = _binary("sciad_fill_symmul")
+
+
+def trisolve(an: Layout, l: np.ndarray, b: np.ndarray, transpose: bool) -> np.ndarray:
+    """`L^-1 b` (`L^-T b` with `transpose`), `b` of shape `(n, m)`."""
+    lib = library()
+    l = _f64(l)
+    x = np.array(np.asarray(b, np.float64).T, order="C")   # (m vectors, one after another)
+    lib.sciad_fill_trisolve(an.n, _ptr(an.Sp), _ptr(an.Si), _ptr(l), int(transpose),
+                            x.shape[0], _ptr(x))
+    return x.T
