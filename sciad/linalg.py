@@ -29,13 +29,14 @@ import numpy as np
 import scipy.sparse as _sp
 
 from . import numpy as snp
-from .errors import DTypeError, InvalidOptionError, ShapeError, StructureError
+from .errors import DTypeError, InvalidOptionError, NotSupportedError, ShapeError, StructureError
 from .graph import Tracer
 from .numpy import _as_array
 from .primitives._checks import eps_of, refine_above, symmetry_tolerance
 from .primitives._eigen import FUNCTIONS, eigh as _eigh, eigh_apply
 from .primitives._eigsh import WHICH, eigsh as _eigsh, eigsh_host_operator, eigsh_operator
-from .primitives._logdet import cholmod_default, linalg_selected_inverse_p, linalg_slogdet_p
+from .primitives import _sparse_cholesky as _chol
+from .primitives._logdet import linalg_selected_inverse_p, linalg_slogdet_p
 from .primitives._linalg import (NORMS, _clean, linalg_rcond_p, linalg_solve_p, solve_operator,
                                  solve_params)
 from .primitives._sparse import assemble, gather
@@ -458,14 +459,16 @@ def slogdet(A, *, solver: str = "auto", assume: str | None = None) -> SlogdetRes
     **Arguments:**
 
     - `A`: a square dense array or sparse matrix (float; complex dense).
-    - `solver`: the factorization it is read from: `"auto"` (dense: Cholesky
-      for a matrix tagged or assumed spd, else LU; sparse: CHOLMOD for an spd
-      one where the `[cholmod]` extra is installed, else SuperLU), or
-      `"lu"`, `"cholesky"` (dense), `"cholmod"` (sparse spd, compiled: it
-      shares its factorization with `solve(A, b, solver="cholmod")` of the
-      same values), `"splu"` (sparse, on the host).
+    - `solver`: the factorization it is read from: `"auto"` (Cholesky for a
+      matrix tagged or assumed spd, else LU: dense in the program, sparse by
+      SuperLU on the host), or `"lu"`, `"cholesky"` (dense, or sparse spd:
+      sciad's compiled sparse Cholesky, whose factor `selected_inverse` and
+      `precision_sample` of the same values share), `"cholmod"` (sparse spd,
+      the `[cholmod]` extra: it shares its factorization with
+      `solve(A, b, solver="cholmod")` of the same values), `"splu"` (sparse).
     - `assume`: `"spd"` to read it from a Cholesky factorization (a matrix
-      that is not positive definite then raises `NotPositiveDefiniteError`).
+      that is not positive definite then raises `NotPositiveDefiniteError`;
+      one that is not symmetric, `StructureError`).
 
     **Returns:**
 
@@ -475,9 +478,12 @@ def slogdet(A, *, solver: str = "auto", assume: str | None = None) -> SlogdetRes
 
     **Derivatives:** `d logabsdet = Re tr(A^-1 dA)`, every order, in forward
     and reverse mode. For a sparse matrix the gradient is `A^-T` on the
-    matrix's pattern (`selected_inverse`), never the dense inverse, and a
-    Hessian-vector product is one selected inverse of a matrix of twice
-    the order.
+    matrix's pattern (`selected_inverse`), never the dense inverse. By the
+    sparse Cholesky factor the gradient is one more pass of the
+    factorization's work (its reverse mode: Takahashi's recurrence), and a
+    Hessian-vector product about four (`sciad.primitives._sparse_cholesky`);
+    by SuperLU or CHOLMOD a Hessian-vector product is one selected inverse
+    of a matrix of twice the order.
 
     ```python
     >>> A = sd.sparse.from_dense(np.array([[4.0, 1.0], [1.0, 3.0]]))
@@ -492,13 +498,48 @@ def slogdet(A, *, solver: str = "auto", assume: str | None = None) -> SlogdetRes
     op = "linalg.slogdet"
     A, _, tags, sparse, dtype = _prepare(A, None, assume, op)
     if solver == "auto":
-        solver = ("cholmod" if cholmod_default(tags) else "splu") if sparse else (
+        solver = _sparse_logdet_solver(tags) if sparse else (
             "cholesky" if "spd" in tags else "lu")
+    if sparse:
+        _sparse_factorization(solver, op)
+    if sparse and solver == "cholesky":
+        pattern = A.type.pattern
+        _sparse_cholesky_usable(A, op)
+        l = _chol.factor(A, pattern, spd=True)
+        return SlogdetResult(snp.ones((), dtype), _chol.logdet(l, pattern))
     params = {"solver": solver}
     if sparse:
         params["pattern"] = A.type.pattern
     sign, logabs = linalg_slogdet_p.bind(A, **params)
     return SlogdetResult(sign, logabs)
+
+
+def _sparse_logdet_solver(tags) -> str:
+    """"auto"'s factorization for a sparse log-determinant or selected
+    inverse: sciad's compiled sparse Cholesky for a matrix tagged (or
+    assumed) spd where it builds, else SuperLU's."""
+    from .solvers.direct._fill_cholesky import LIBRARY
+
+    return "cholesky" if "spd" in tags and LIBRARY.get() is not None else "splu"
+
+
+def _sparse_factorization(solver: str, op: str) -> None:
+    if solver not in ("cholesky", "splu", "cholmod"):
+        raise InvalidOptionError(f"a sparse matrix's log-determinant and selected inverse are "
+                                 f"read from a factorization by 'cholesky' (spd), 'splu' or "
+                                 f"'cholmod' (spd), or 'auto'; got {solver!r}.", op=op)
+
+
+def _sparse_cholesky_usable(A, op: str) -> None:
+    if np.dtype(A.dtype).kind != "f":
+        raise NotSupportedError(f"the sparse Cholesky factorization reads real matrices, got "
+                                f"{np.dtype(A.dtype)}; use solver='splu'.", op=op)
+    from .solvers.direct._fill_cholesky import library
+
+    try:
+        library()
+    except NotSupportedError as e:
+        raise NotSupportedError(f"{e} Use solver='splu'.", op=op) from None
 
 
 def selected_inverse(A, *, solver: str = "auto", assume: str | None = None):
@@ -512,11 +553,13 @@ def selected_inverse(A, *, solver: str = "auto", assume: str | None = None):
     - `A`: a square sparse matrix (float), positive definite or diagonally
       dominant: the factorization is made without pivoting (a zero pivot
       raises `SingularMatrixError`).
-    - `solver`: `"auto"` (CHOLMOD for a matrix tagged or assumed spd where
-      the `[cholmod]` extra is installed, else `"splu"`), `"cholmod"`
-      (compiled), `"splu"` (SuperLU's factorization without pivoting and
-      sciad's Takahashi recurrence, on the host). Derivatives are selected
-      inverses of non-symmetric block matrices: always `"splu"`.
+    - `solver`: `"auto"` (`"cholesky"` for a matrix tagged or assumed spd,
+      else `"splu"`), `"cholesky"` (sciad's compiled sparse Cholesky; the
+      recurrence is its reverse mode, and derivatives of every order are
+      passes of the same cost), `"cholmod"` (the `[cholmod]` extra),
+      `"splu"` (SuperLU's factorization without pivoting and sciad's
+      Takahashi recurrence, on the host; by this and by CHOLMOD, derivatives
+      are selected inverses of non-symmetric block matrices, by SuperLU).
     - `assume`: `"spd"`, as a tag.
 
     **Returns:**
@@ -541,7 +584,12 @@ def selected_inverse(A, *, solver: str = "auto", assume: str | None = None):
     A, _, tags, _, _ = _prepare(A, None, assume, op)
     pattern = A.type.pattern
     if solver == "auto":
-        solver = "cholmod" if cholmod_default(tags) else "splu"
+        solver = _sparse_logdet_solver(tags)
+    _sparse_factorization(solver, op)
+    if solver == "cholesky":
+        _sparse_cholesky_usable(A, op)
+        return assemble(_chol.inverse_on_pattern(_chol.factor(A, pattern, spd=True), pattern),
+                        pattern)
     params = {} if solver == "splu" else {"solver": solver}
     return assemble(linalg_selected_inverse_p.bind(A, pattern=pattern, **params), pattern)
 
@@ -559,7 +607,9 @@ def precision_sample(Q, z):
       symmetric part `(Q + Q^T) / 2` is what is factored (as
       `jax.scipy.linalg.cholesky` does), so derivatives with respect to
       `Q[i, j]` and `Q[j, i]` are equal halves. A matrix that is not
-      positive definite raises `NotPositiveDefiniteError`.
+      positive definite raises `NotPositiveDefiniteError`; one tagged spd
+      is checked to be symmetric, as a solve checks it, and then shares its
+      factorization with `slogdet` and `selected_inverse` of the same values.
     - `z`: standard normal draws, shape `(n,)` for one sample or `(n, k)`
       for `k` samples (one per column), e.g. `np.random.default_rng(0)
       .standard_normal((n, k))`. Under `sd.vmap` a batch of `z` (or of `Q`'s
@@ -588,7 +638,6 @@ def precision_sample(Q, z):
     >>> g = sd.grad(lambda Q: snp.mean(sd.linalg.precision_sample(Q, z) ** 2))(Q)
     ```
     """
-    from .primitives import _sparse_cholesky as chol
     from .solvers.direct._fill_cholesky import layout
 
     op = "linalg.precision_sample"
@@ -596,7 +645,7 @@ def precision_sample(Q, z):
         raise ShapeError("expects a sparse precision matrix (`sd.sparse`); for a dense one, "
                          "`sd.sparse.from_dense(Q)`.", op=op)
     z = _as_array(z, op)
-    Q, z, _, _, dtype = _prepare(Q, z, None, op)
+    Q, z, tags, _, dtype = _prepare(Q, z, None, op)
     pattern = Q.type.pattern
     n = pattern.shape[0]
     if pattern.shape[0] != pattern.shape[1]:
@@ -607,10 +656,9 @@ def precision_sample(Q, z):
         raise ShapeError(f"`z` holds standard normal draws of shape ({n},) or ({n}, k) for "
                          f"the {n} x {n} precision, got shape {tuple(z.shape)}.", op=op)
     an = layout(pattern)
-    values = snp.concatenate([gather(Q), snp.zeros((1,), dtype)])
-    e = 0.5 * (snp.take(values, an.first) + snp.take(values, an.second))
-    l = chol.linalg_sparse_cholesky_p.bind(e, pattern=pattern)
-    y = chol.trisolve(l, z if z.ndim == 2 else z[:, None], pattern, transpose=True)
+    # (checked as declared: then the factor slogdet and selected_inverse read)
+    l = _chol.factor(Q, pattern, spd="spd" in tags)
+    y = _chol.trisolve(l, z if z.ndim == 2 else z[:, None], pattern, transpose=True)
     x = snp.take(y, an.perm, axis=0)
     return x if z.ndim == 2 else x[:, 0]
 

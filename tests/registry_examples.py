@@ -149,14 +149,11 @@ def _fill_cholesky_example(d, z):
     part, factored), bound directly: the factor, both triangular solves, the
     tangent and adjoint maps and the two products their derivatives make."""
     from sciad.primitives import _sparse_cholesky as ch
-    from sciad.solvers.direct._fill_cholesky import layout
 
     S = _square(d)
     p = S.type.pattern
-    an = layout(p)
-    values = snp.concatenate([sd.sparse.data(S), snp.zeros(1)])
-    e = 0.5 * (snp.take(values, an.first) + snp.take(values, an.second))
-    l = ch.linalg_sparse_cholesky_p.bind(e, pattern=p)
+    e = ch.lower(sd.sparse.data(S), p)
+    l = ch.factor(S, p)
     t, a = ch.tangent(l, e, p), ch.adjoint(l, e, p)
     return (ch.trisolve(l, z, p, transpose=True), ch.trisolve(l, z, p), t, a,
             ch.symprod(t, l, p), ch.symmul(a, l, p))

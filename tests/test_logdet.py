@@ -105,7 +105,7 @@ def test_bad_matrices_raise_the_factorizations_errors():
               sd.sparse.from_dense(np.array([[1.0, np.nan], [0.0, 1.0]]))):
         with pytest.raises(NonFiniteError, match="NaN"):
             sd.linalg.slogdet(A)
-    with pytest.raises(InvalidOptionError, match="'splu' or 'cholmod', got 'klu'"):
+    with pytest.raises(InvalidOptionError, match=r"'cholesky' \(spd\), .* got 'klu'"):
         sd.linalg.slogdet(sd.sparse.from_scipy(_grid()), solver="klu")
     with pytest.raises(ShapeError, match="square"):
         sd.linalg.slogdet(np.ones((2, 3)))
@@ -211,12 +211,10 @@ def test_cholmod_reads_spd_matrices_and_shares_the_solves_factorization():
     r, c = _coords(A)
     inv = np.linalg.inv(A.toarray())
     M = lambda v: sd.sparse.coo_matrix((v, (r, c)), shape=A.shape, tags={"spd"})  # noqa: E731
-    assert 'solver="cholmod"' in str(sd.trace(lambda v: sd.linalg.slogdet(M(v))[1],
-                                              A.data)).replace("'", '"')
 
     def f(v):
         x = sd.linalg.solve(M(v), np.ones(A.shape[0]), solver="cholmod")
-        return sd.linalg.slogdet(M(v))[1] + snp.sum(x)
+        return sd.linalg.slogdet(M(v), solver="cholmod")[1] + snp.sum(x)
 
     g = sd.function(sd.value_and_grad(f))
     value, grad = g(A.data)
@@ -227,33 +225,74 @@ def test_cholmod_reads_spd_matrices_and_shares_the_solves_factorization():
     before = sparsax_cpp.factorization_count()
     g(A.data * 1.01)  # new values: one factorization for the solves, the log-determinant and A^-1
     assert sparsax_cpp.factorization_count() - before == 1
+    Z = sd.linalg.selected_inverse(M(A.data), solver="cholmod")
+    np.testing.assert_allclose(np.asarray(sd.sparse.data(Z)), inv[r, c], rtol=1e-12)
+
+
+def test_an_spd_matrix_is_read_by_the_sparse_cholesky_factor_shared_by_all():
+    """"auto" reads a sparse matrix tagged spd with sciad's compiled sparse
+    Cholesky factorization: one factorization (after `cse`) for the
+    log-determinant, its gradient and Hessian-vector products, the selected
+    inverse and samples of the same values; each against the dense forms."""
+    A = _grid(5)
+    r, c = _coords(A)
+    n = A.shape[0]
+    inv = np.linalg.inv(A.toarray())
+    M = lambda v: sd.sparse.coo_matrix((v, (r, c)), shape=A.shape, tags={"spd"})  # noqa: E731
+    z = np.linspace(-1.0, 1.0, n)
+
+    def f(v):
+        Z = sd.linalg.selected_inverse(M(v))
+        x = sd.linalg.precision_sample(M(v), z)
+        return sd.linalg.slogdet(M(v))[1] + snp.sum(sd.sparse.data(Z)) + snp.sum(x)
+
+    names = [nd.primitive.name
+             for nd in sd.graph.passes.optimize(sd.trace(sd.value_and_grad(f), A.data)).nodes]
+    assert names.count("linalg.sparse_cholesky") == 1
+    assert "linalg.slogdet" not in names and "linalg.selected_inverse" not in names
+    logdet = lambda v: sd.linalg.slogdet(M(v))[1]  # noqa: E731
+    sign, value = sd.linalg.slogdet(M(A.data))
+    assert float(sign) == 1.0
+    np.testing.assert_allclose(float(value), np.linalg.slogdet(A.toarray())[1], rtol=1e-14)
+    np.testing.assert_allclose(np.asarray(sd.grad(logdet)(A.data)), inv[c, r], rtol=1e-12)
+    t = np.random.default_rng(3).standard_normal(A.nnz)
+    dA = sp.csr_matrix((t, (r, c)), shape=A.shape).toarray()
+    dS = 0.5 * (dA + dA.T)  # (the symmetric part is factored: a declared-spd matrix's)
+    np.testing.assert_allclose(np.asarray(sd.hvp(logdet, A.data, t)),
+                               -(inv @ dS @ inv)[r, c], rtol=1e-10, atol=1e-14)
     Z = sd.linalg.selected_inverse(M(A.data))
     np.testing.assert_allclose(np.asarray(sd.sparse.data(Z)), inv[r, c], rtol=1e-12)
 
 
-def test_cholmod_rules_to_second_order(rng):
-    _cholmod()
+@pytest.mark.parametrize("solver", ["cholesky", "cholmod"])
+def test_spd_rules_to_second_order(rng, solver):
+    if solver == "cholmod":
+        _cholmod()
     M, u = _symmetric_params(_grid(3))
-    for f in (lambda u: sd.linalg.slogdet(M(u))[1],
-              lambda u: sd.sparse.data(sd.linalg.selected_inverse(M(u)))):
+    for f in (lambda u: sd.linalg.slogdet(M(u), solver=solver)[1],
+              lambda u: sd.sparse.data(sd.linalg.selected_inverse(M(u), solver=solver))):
         report = sd.testing.check_rules(f, u * rng.uniform(0.9, 1.1, u.size))
         assert report.jvp_error < 1e-7 and report.second_order_error < 1e-7
 
 
-def test_cholmod_refuses_what_is_not_spd():
-    _cholmod()
+@pytest.mark.parametrize("solver", ["cholesky", "cholmod"])
+def test_spd_solvers_refuse_what_is_not_spd(solver):
+    if solver == "cholmod":
+        _cholmod()
     A = _grid(3)
     r, c = _coords(A)
     v = A.data.copy()
     v[1] += 0.5  # no longer symmetric
     with pytest.raises(sd.errors.StructureError, match="not symmetric"):
-        sd.linalg.slogdet(sd.sparse.coo_matrix((v, (r, c)), shape=A.shape, tags={"spd"}))
+        sd.linalg.slogdet(sd.sparse.coo_matrix((v, (r, c)), shape=A.shape, tags={"spd"}),
+                          solver=solver)
     with pytest.raises(NotPositiveDefiniteError):
         sd.linalg.slogdet(sd.sparse.coo_matrix((A.data - 3.0 * (r == c), (r, c)), shape=A.shape,
-                                               tags={"spd"}))
+                                               tags={"spd"}), solver=solver)
     v = A.data.copy()
     v[0] = np.nan  # (every measure compared so that NaN fails)
-    for f in (lambda M: sd.linalg.slogdet(M)[1], sd.linalg.selected_inverse):
+    for f in (lambda M: sd.linalg.slogdet(M, solver=solver)[1],
+              lambda M: sd.linalg.selected_inverse(M, solver=solver)):
         with pytest.raises(NonFiniteError, match="NaN"):
             f(sd.sparse.coo_matrix((v, (r, c)), shape=A.shape, tags={"spd"}))
 

@@ -7,8 +7,11 @@ the `n` diagonal entries of a lower-triangular matrix on the fill of the
 ordered `A + A^T`, then its strictly lower entries. A symmetric matrix is
 its lower triangle on that layout.
 
-- `linalg.sparse_cholesky[pattern](e) -> l`: `L L^T = E` (`E` positive
-  definite; else `NotPositiveDefiniteError`, naming the column).
+- `linalg.sparse_cholesky[pattern, spd](a) -> l`: `L L^T = P S P^T`, `S =
+  (A + A^T) / 2` the sparse matrix's symmetric part (positive definite;
+  else `NotPositiveDefiniteError`, naming the column). With `spd` (the
+  matrix is declared so: a tag, `assume=`), `A` is checked as a solve
+  checks one: symmetric to rounding, a positive diagonal.
 - `linalg.cholesky_tangent[pattern](l, e) -> x`: `tril(X L^T + L X^T) = E`,
   the factor's derivative `dL` for `dA = E` (linear in `e`).
 - `linalg.cholesky_adjoint[pattern](l, c) -> e`: that map's transpose
@@ -21,11 +24,12 @@ its lower triangle on that layout.
 
 Rules (`T = cholesky_tangent`, `T* = cholesky_adjoint`):
 
-- `d chol(e) = T(l, de)`.
-- `d T(l, e) = T(l, de) - T(l, symprod(T(l, e), dl))` (differentiate
+- `d chol(a) = T(l, lower(da))` (`lower`: the symmetric part on the layout,
+  two gathers).
+- `d T(l, e) = T(l, de - symprod(T(l, e), dl))` (differentiate
   `tril(X L^T + L X^T) = E` in `L`).
-- `d T*(l, c) = T*(l, dc) - T*(l, symmul(T*(l, c), dl))` (the transpose of
-  the line above).
+- `d T*(l, c) = T*(l, dc - symmul(T*(l, c), dl))` (the transpose of the
+  line above).
 - `d L^-1 b = L^-1 (db - dL L^-1 b)`; `d L^-T b = L^-T (db - dL^T L^-T b)`.
 - Transposes: `T <-> T*`, `symprod <-> symmul` (in either factor),
   `trisolve <-> trisolve` with the other `transpose`.
@@ -41,7 +45,8 @@ import jax
 import numpy as np
 
 from ..errors import DTypeError, NonFiniteError, NotPositiveDefiniteError, ShapeError
-from ..graph import Param, Primitive, Site, TensorType, Zero, instantiate, is_zero
+from .. import _ops as ops
+from ..graph import Param, Primitive, Site, SparseType, TensorType, Zero, instantiate, is_zero
 from ..graph._autodiff import is_linear, type_of
 from ..graph._cost import Cost
 from ..graph._sparsity import dense
@@ -50,7 +55,7 @@ from ..solvers._host import host_call
 from ..solvers.direct import _fill_cholesky as fc
 from ._checks import releasing
 from ._map import map_rule
-from ._sparse import coo
+from ._sparse import coo, gather
 
 
 def _prim(name: str, **params) -> Primitive:
@@ -58,7 +63,8 @@ def _prim(name: str, **params) -> Primitive:
 
 
 linalg_sparse_cholesky_p = Primitive("linalg.sparse_cholesky", runtime_checks=True,
-                                     params={"pattern": Pattern})
+                                     params={"pattern": Pattern,
+                                             "spd": Param(bool, default=False)})
 linalg_cholesky_tangent_p = _prim("linalg.cholesky_tangent")
 linalg_cholesky_adjoint_p = _prim("linalg.cholesky_adjoint")
 linalg_fill_symprod_p = _prim("linalg.fill_symprod")
@@ -85,9 +91,16 @@ def _vector(x, pattern: Pattern, op: str, what: str) -> None:
 
 
 @linalg_sparse_cholesky_p.def_abstract_eval
-def _chol_shape(e, *, pattern):
-    _vector(e, pattern, "linalg.sparse_cholesky", "e")
-    return TensorType(e.shape, e.dtype)
+def _chol_shape(a, *, pattern, spd=False):
+    op = "linalg.sparse_cholesky"
+    if not isinstance(a, SparseType) or a.pattern != pattern:
+        raise ShapeError(f"expects a sparse matrix on the pattern {pattern}, got "
+                         f"{a.str_short()}.", op=op)
+    if np.dtype(a.dtype).kind != "f":
+        raise DTypeError(f"expects a real float matrix, got {np.dtype(a.dtype)}.", op=op)
+    if len(pattern.shape) != 2 or pattern.shape[0] != pattern.shape[1]:
+        raise ShapeError(f"expects a square matrix, got shape {pattern.shape}.", op=op)
+    return TensorType((fc.layout(pattern).size,), a.dtype)
 
 
 def _binary_shape(p: Primitive, names: tuple[str, str]):
@@ -171,10 +184,18 @@ def _trisolve_impl(l, b, *, pattern, transpose=False):
 
 
 @linalg_sparse_cholesky_p.def_impl
-def _chol_impl(e, *, pattern, site=None):
+def _chol_impl(a, *, pattern, spd=False, site=None):
+    import jax.numpy as jnp
+
     site = site or Site("linalg.sparse_cholesky")
     bare = site.bare
     an = fc.layout(pattern)
+    if spd:
+        from ._logdet import _spd_checked
+
+        a = _spd_checked(a, pattern, site)
+    e = jnp.zeros(a.shape[:-1] + (an.size,), a.dtype).at[..., an.slot].add(
+        a * an.weight.astype(a.dtype))
 
     def host(vals):
         batch = vals.shape[:-1]
@@ -189,15 +210,56 @@ def _chol_impl(e, *, pattern, site=None):
                 column = int(np.flatnonzero(an.perm == status - 1)[0])
                 where.fail(NotPositiveDefiniteError,
                            f"the Cholesky factorization broke down at the matrix's column "
-                           f"{column} (a pivot <= 0): the matrix is not positive definite. A "
-                           "precision matrix must be symmetric positive definite; check its "
-                           "assembly, or add a positive shift to its diagonal.")
+                           f"{column} (a pivot <= 0): the matrix (its symmetric part) is not "
+                           "positive definite. A precision matrix, or a matrix declared spd, "
+                           "must be; check its assembly, or add a positive shift to its "
+                           "diagonal.")
         return (out.reshape(vals.shape),)
 
     # (a raise ends what the program holds first: `releasing`)
     guarded, operands = releasing(host, [e], site.held)
     (out,) = host_call(guarded, (jax.ShapeDtypeStruct(e.shape, e.dtype),), *operands)
     return out
+
+
+def lower(values, pattern: Pattern):
+    """The symmetric part of the matrix with `values` on `pattern`, on the
+    factor's layout (each slot the mean of an entry and its mirror: a
+    scatter-add of `nnz` halves, whose transpose is a gather of `nnz`)."""
+    an = fc.layout(pattern)
+    dtype = type_of(values).dtype
+    return ops.zeros((an.size,), dtype=dtype).at[an.slot].add(values * an.weight.astype(dtype))
+
+
+def factor(A, pattern: Pattern, spd: bool = False):
+    """`l`: the factor of the sparse matrix `A`'s symmetric part."""
+    params = {"spd": True} if spd else {}
+    return linalg_sparse_cholesky_p.bind(A, pattern=pattern, **params)
+
+
+def logdet(l, pattern: Pattern):
+    """`log det A = 2 sum(log diag L)` from the factor's values `l`."""
+    n = pattern.shape[0]
+    return 2.0 * ops.sum(ops.log(l[:n]))
+
+
+def inverse_on_layout(l, pattern: Pattern):
+    """`Z = A^-1` on the factor's layout (its diagonal, then the strictly
+    lower fill): the gradient of `log det` in the layout's values is
+    `T*(l, [2 / diag L, 0])`, which is `Z` with the off-diagonal entries
+    doubled (each stands for two entries of the symmetric matrix): Takahashi's
+    recurrence, as one adjoint pass of the factorization."""
+    an = fc.layout(pattern)
+    n = an.n
+    dtype = type_of(l).dtype
+    seed = ops.concatenate([2.0 / l[:n], ops.zeros((an.size - n,), dtype=dtype)])
+    half = np.concatenate([np.ones(n), np.full(an.size - n, 0.5)]).astype(dtype)
+    return adjoint(l, seed, pattern) * half
+
+
+def inverse_on_pattern(l, pattern: Pattern):
+    """`A^-1` at the entries of `pattern` (`A`'s own, symmetric values)."""
+    return ops.take(inverse_on_layout(l, pattern), fc.layout(pattern).slot)
 
 
 # ---------------------------------------------------------------------------
@@ -232,21 +294,24 @@ def _add(a, b):
 
 
 @linalg_sparse_cholesky_p.def_jvp
-def _chol_jvp(primals, tangents, *, pattern):
-    (e,), (de,) = primals, tangents
-    l = linalg_sparse_cholesky_p.bind(e, pattern=pattern)
-    return l, Zero(type_of(l)) if is_zero(de) else tangent(l, de, pattern)
+def _chol_jvp(primals, tangents, *, pattern, spd=False):
+    (a,), (da,) = primals, tangents
+    l = factor(a, pattern, spd)
+    if is_zero(da):
+        return l, Zero(type_of(l))
+    return l, tangent(l, lower(gather(instantiate(da)), pattern), pattern)
 
 
 def _map_jvp(p: Primitive, derivative):
-    """The JVP of `p(l, c)`, linear in `c`: `p(l, dc) - p(l, derivative(out, dl))`."""
+    """The JVP of `p(l, c)`, linear in `c`: `p(l, dc - derivative(out, dl))`
+    (one application of the map for both terms)."""
     def rule(primals, tangents, *, pattern):
         (l, c), (dl, dc) = primals, tangents
         out = p.bind(l, c, pattern=pattern)
-        t = Zero(type_of(out)) if is_zero(dc) else p.bind(l, dc, pattern=pattern)
+        rhs = Zero(type_of(c)) if is_zero(dc) else instantiate(dc)
         if not is_zero(dl):
-            t = _add(t, -p.bind(l, derivative(out, dl, pattern), pattern=pattern))
-        return out, t
+            rhs = _add(rhs, -derivative(out, instantiate(dl), pattern))
+        return out, Zero(type_of(out)) if is_zero(rhs) else p.bind(l, rhs, pattern=pattern)
     p.def_jvp(rule)
 
 
@@ -326,7 +391,7 @@ def _trisolve_transpose(ct, l, b, *, pattern, transpose=False):
 _ALL = (linalg_sparse_cholesky_p, *_BINARY, linalg_fill_trisolve_p)
 for _p in _ALL:
     _p.def_batch(map_rule(_p))
-linalg_sparse_cholesky_p.def_sparsity(lambda outs, e, **params: dense(outs[0], e))
+linalg_sparse_cholesky_p.def_sparsity(lambda outs, a, **params: dense(outs[0], a))
 for _p in _BINARY:
     _p.def_sparsity(lambda outs, x, y, **params: dense(outs[0], x, y))
 linalg_fill_trisolve_p.def_sparsity(lambda outs, l, b, **params: dense(outs[0], l, b))

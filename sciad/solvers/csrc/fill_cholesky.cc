@@ -20,8 +20,8 @@
 // of the adjoint map -adjoint(symmul(E, dL)), and symprod and symmul are
 // each other's transposes, so this set is closed under differentiation.
 // Each costs about the factorization's flops. The scans read the row
-// structure of S (each entry's column and, per row, its positions), built
-// per call in O(nnz). Called from Python with ctypes
+// structure of S (per row its positions, and each position's column), kept
+// with the layout by the caller. Called from Python with ctypes
 // (sciad.solvers.direct._fill_cholesky).
 
 #include <cmath>
@@ -30,19 +30,10 @@
 
 namespace {
 
+// the row structure of S: per row i, the positions of its entries
+// (pos[ptr[i]] .. pos[ptr[i + 1] - 1], by column), and each position's column
 struct Rows {
-  std::vector<int64_t> ptr, pos, col;  // per row: its positions in S; col of each position
-
-  Rows(int64_t n, const int64_t* Sp, const int64_t* Si) : ptr(n + 1, 0), pos(Sp[n]), col(Sp[n]) {
-    for (int64_t p = 0; p < Sp[n]; ++p) ++ptr[Si[p] + 1];
-    for (int64_t i = 0; i < n; ++i) ptr[i + 1] += ptr[i];
-    std::vector<int64_t> next(ptr.begin(), ptr.end() - 1);
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
-        pos[next[Si[p]]++] = p;
-        col[p] = j;
-      }
-  }
+  const int64_t *ptr, *pos, *col;
 };
 
 }  // namespace
@@ -52,8 +43,9 @@ extern "C" {
 // l = [diag, S] with l l^T = e. Returns 0; (j + 1) where the pivot of
 // column j is not positive (or NaN); -(j + 1) where S is not closed at
 // column j (not the fill of its pattern).
-int sciad_chol(int64_t n, const int64_t* Sp, const int64_t* Si, const double* e, double* l) {
-  Rows R(n, Sp, Si);
+int sciad_chol(int64_t n, const int64_t* Sp, const int64_t* Si, const int64_t* Rp,
+               const int64_t* Rq, const int64_t* Rc, const double* e, double* l) {
+  const Rows R{Rp, Rq, Rc};
   std::vector<double> w(n, 0.0);
   std::vector<int64_t> mark(n, -1);
   const double* eo = e + n;
@@ -91,9 +83,10 @@ int sciad_chol(int64_t n, const int64_t* Sp, const int64_t* Si, const double* e,
 }
 
 // x with tril(x l^T + l x^T) = e: the forward mode of the factorization.
-void sciad_chol_tangent(int64_t n, const int64_t* Sp, const int64_t* Si, const double* l,
+void sciad_chol_tangent(int64_t n, const int64_t* Sp, const int64_t* Si,
+    const int64_t* Rp, const int64_t* Rq, const int64_t* Rc, const double* l,
                         const double* e, double* x) {
-  Rows R(n, Sp, Si);
+  const Rows R{Rp, Rq, Rc};
   std::vector<double> w(n, 0.0);
   const double *lo = l + n, *eo = e + n;
   double* xo = x + n;
@@ -117,9 +110,10 @@ void sciad_chol_tangent(int64_t n, const int64_t* Sp, const int64_t* Si, const d
 }
 
 // eb = the transpose of the tangent map applied to xb (reverse mode).
-void sciad_chol_adjoint(int64_t n, const int64_t* Sp, const int64_t* Si, const double* l,
+void sciad_chol_adjoint(int64_t n, const int64_t* Sp, const int64_t* Si,
+    const int64_t* Rp, const int64_t* Rq, const int64_t* Rc, const double* l,
                         const double* xb, double* eb) {
-  Rows R(n, Sp, Si);
+  const Rows R{Rp, Rq, Rc};
   const int64_t nnz = Sp[n];
   std::vector<double> acc(xb, xb + n + nnz);  // the cotangent of x, accumulated
   std::vector<double> w(n, 0.0);
@@ -154,9 +148,10 @@ void sciad_chol_adjoint(int64_t n, const int64_t* Sp, const int64_t* Si, const d
 }
 
 // w = tril(x y^T + y x^T) on the layout.
-void sciad_fill_symprod(int64_t n, const int64_t* Sp, const int64_t* Si, const double* x,
+void sciad_fill_symprod(int64_t n, const int64_t* Sp, const int64_t* Si,
+    const int64_t* Rp, const int64_t* Rq, const int64_t* Rc, const double* x,
                         const double* y, double* w) {
-  Rows R(n, Sp, Si);
+  const Rows R{Rp, Rq, Rc};
   std::vector<double> u(n, 0.0);
   const double *xo = x + n, *yo = y + n;
   double* wo = w + n;
@@ -181,46 +176,44 @@ void sciad_fill_symprod(int64_t n, const int64_t* Sp, const int64_t* Si, const d
 
 // w = (C + C^T) y on the layout, C the lower-triangular matrix c (its
 // diagonal counted twice: c is the lower triangle of a symmetric matrix's
-// cotangent), y lower-triangular.
-void sciad_fill_symmul(int64_t n, const int64_t* Sp, const int64_t* Si, const double* c,
+// cotangent), y lower-triangular. Column j of w is the dense block of
+// C + C^T on K = {j} + struct(j) (a clique) times y's column j: one walk of
+// column k of C for each k in K gives both (C y)_ij += C_ik y_kj (into a
+// dense accumulator, rows outside K dropped) and (C^T y)_kj += C_ik y_ij
+// (y's column scattered, zero outside K): no membership test in the loop.
+// The accumulator is zeroed on K before the walks; what they add at rows
+// outside K is never read (a later column zeroes its own K first).
+void sciad_fill_symmul(int64_t n, const int64_t* Sp, const int64_t* Si,
+    const int64_t*, const int64_t*, const int64_t*, const double* c,
                        const double* y, double* w) {
-  std::vector<double> v(n, 0.0), u(n, 0.0);
-  std::vector<int64_t> mark(n, -1);
+  std::vector<double> v(n, 0.0), u(n, 0.0), t(n, 0.0);
   const double *co = c + n, *yo = y + n;
   double* wo = w + n;
+  auto walk = [&](int64_t k) {
+    const double vk = v[k];
+    double acc = c[k] * vk;  // (C^T y)_kj: the diagonal, then the rows below it
+    u[k] += c[k] * vk;       // (C y)_kj: the diagonal
+    for (int64_t q = Sp[k]; q < Sp[k + 1]; ++q) {
+      const int64_t i = Si[q];
+      const double cq = co[q];
+      u[i] += cq * vk;
+      acc += cq * v[i];
+    }
+    t[k] = acc;
+  };
   for (int64_t j = 0; j < n; ++j) {
     v[j] = y[j];
-    mark[j] = j;
+    u[j] = 0.0;
     for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
       v[Si[p]] = yo[p];
-      mark[Si[p]] = j;
-    }
-    // (C y)_ij = sum_{j <= k <= i} C_ik y_kj, kept on column j's rows
-    u[j] += c[j] * v[j];
-    for (int64_t q = Sp[j]; q < Sp[j + 1]; ++q) u[Si[q]] += co[q] * v[j];
-    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
-      const int64_t k = Si[p];
-      const double vk = v[k];
-      u[k] += c[k] * vk;
-      for (int64_t q = Sp[k]; q < Sp[k + 1]; ++q)
-        if (mark[Si[q]] == j) u[Si[q]] += co[q] * vk;
-    }
-    // (C^T y)_ij = sum_{k >= i} C_ki y_kj (y_kj zero off column j)
-    double s = c[j] * v[j];
-    for (int64_t q = Sp[j]; q < Sp[j + 1]; ++q) s += co[q] * v[Si[q]];
-    w[j] = u[j] + s;
-    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
-      const int64_t i = Si[p];
-      double t = c[i] * v[i];
-      for (int64_t q = Sp[i]; q < Sp[i + 1]; ++q) t += co[q] * v[Si[q]];
-      wo[p] = u[i] + t;
-    }
-    u[j] = 0.0;
-    v[j] = 0.0;
-    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
       u[Si[p]] = 0.0;
-      v[Si[p]] = 0.0;
     }
+    walk(j);
+    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) walk(Si[p]);
+    w[j] = u[j] + t[j];
+    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) wo[p] = u[Si[p]] + t[Si[p]];
+    v[j] = 0.0;
+    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) v[Si[p]] = 0.0;
   }
 }
 

@@ -5,9 +5,8 @@ The structure is the selected inverse's (`_selinv._analysis`: the minimum
 degree ordering `perm` of `A + A^T` and the fill `S` of the ordered matrix),
 so a pattern pays one symbolic analysis for both. Every array is on the
 factor's layout: `n` diagonal entries, then the strictly lower entries of
-`S` in CSC order (`Layout`). `Layout.lower(a)` gives a matrix's symmetric
-part on that layout from its values on the pattern (two gathers: each slot
-reads the entry and its mirror, halved).
+`S` in CSC order (`Layout`). A matrix's symmetric part on that layout is
+the scatter-add of its values, halved off the diagonal, to their `slot`s.
 
 The kernels, each on one example of float64 arrays (the callers loop over
 batches):
@@ -40,11 +39,11 @@ _P = ctypes.POINTER
 def _setup(lib) -> None:
     i64, f64, n = _P(ctypes.c_int64), _P(ctypes.c_double), ctypes.c_int64
     lib.sciad_chol.restype = ctypes.c_int
-    lib.sciad_chol.argtypes = [n, i64, i64, f64, f64]
+    lib.sciad_chol.argtypes = [n, i64, i64, i64, i64, i64, f64, f64]
     for name in ("sciad_chol_tangent", "sciad_chol_adjoint", "sciad_fill_symprod",
                  "sciad_fill_symmul"):
         getattr(lib, name).restype = None
-        getattr(lib, name).argtypes = [n, i64, i64, f64, f64, f64]
+        getattr(lib, name).argtypes = [n, i64, i64, i64, i64, i64, f64, f64, f64]
     lib.sciad_fill_trisolve.restype = None
     lib.sciad_fill_trisolve.argtypes = [n, i64, i64, f64, ctypes.c_int, n, f64]
 
@@ -65,11 +64,14 @@ def library():
 class Layout:
     """The factor's layout for one pattern (kept in sciad's analysis cache):
     `perm` (original index `i` is ordered `perm[i]`), `Sp`, `Si` (the fill,
-    CSC), `size` (`n + nnz(S)`), each slot's `rows` and `cols` (ordered), and
-    `first`, `second`: for each slot the index in `A`'s values of the entry
-    and of its mirror (`A.nnz` where the pattern has none), for `lower`."""
+    CSC) and its row structure (`Rp`, `Rq`: per row the positions of its
+    entries; `Rc`: each position's column), `size` (`n + nnz(S)`), each slot's `rows` and `cols` (ordered), and
+    `slot`: for each entry of `A`, the slot holding it or its mirror, and
+    `weight` (1 on the diagonal, else 1/2): the symmetric part on the layout
+    is the scatter-add of `weight * A`'s values to `slot`."""
 
-    __slots__ = ("n", "perm", "Sp", "Si", "size", "rows", "cols", "first", "second")
+    __slots__ = ("n", "perm", "Sp", "Si", "Rp", "Rq", "Rc", "size", "rows", "cols", "slot",
+                 "weight")
 
     def __init__(self, pattern):
         an = _analysis(pattern)
@@ -79,6 +81,10 @@ class Layout:
         nnz = self.Si.size
         self.size = n + nnz
         col_of = np.repeat(np.arange(n, dtype=np.int64), np.diff(self.Sp))
+        self.Rc = col_of
+        self.Rq = np.argsort(self.Si, kind="stable").astype(np.int64)  # (by column in a row)
+        self.Rp = np.concatenate([[0], np.cumsum(np.bincount(self.Si, minlength=n))]).astype(
+            np.int64)
         self.rows = np.concatenate([np.arange(n, dtype=np.int64), self.Si])
         self.cols = np.concatenate([np.arange(n, dtype=np.int64), col_of])
         r = an.perm[np.asarray(pattern.rows, np.int64)]
@@ -91,11 +97,8 @@ class Layout:
             if not np.array_equal(an.key[at], hi[off] + n * lo[off]):
                 raise RuntimeError("sciad's sparse Cholesky: an entry outside the fill")
             slot[off] = n + at
-        idx = np.arange(r.size, dtype=np.int64)
-        self.first = np.full(self.size, r.size, np.int64)
-        self.second = np.full(self.size, r.size, np.int64)
-        self.first[slot[r >= c]] = idx[r >= c]     # (the diagonal: both halves its own)
-        self.second[slot[r <= c]] = idx[r <= c]
+        self.slot = slot
+        self.weight = np.where(r == c, 1.0, 0.5)
 
     @property
     def nbytes(self) -> int:
@@ -117,6 +120,10 @@ def _ptr(a: np.ndarray):
     return a.ctypes.data_as(_P(ctypes.c_int64 if a.dtype == np.int64 else ctypes.c_double))
 
 
+def _structure(an: Layout) -> tuple:
+    return tuple(_ptr(a) for a in (an.Sp, an.Si, an.Rp, an.Rq, an.Rc))
+
+
 def _f64(a) -> np.ndarray:
     return np.ascontiguousarray(a, np.float64)
 
@@ -125,7 +132,7 @@ def chol(an: Layout, e: np.ndarray) -> tuple[np.ndarray, int]:
     lib = library()
     e = _f64(e)
     out = np.zeros(an.size)
-    status = lib.sciad_chol(an.n, _ptr(an.Sp), _ptr(an.Si), _ptr(e), _ptr(out))
+    status = lib.sciad_chol(an.n, *_structure(an), _ptr(e), _ptr(out))
     if status < 0:  # (not expected: the layout is its pattern's fill)
         raise RuntimeError(f"sciad's sparse Cholesky: the fill is not closed at column "
                            f"{-status - 1}")
@@ -137,7 +144,7 @@ def _binary(name: str):
         lib = library()
         x, y = _f64(x), _f64(y)
         out = np.zeros(an.size)
-        getattr(lib, name)(an.n, _ptr(an.Sp), _ptr(an.Si), _ptr(x), _ptr(y), _ptr(out))
+        getattr(lib, name)(an.n, *_structure(an), _ptr(x), _ptr(y), _ptr(out))
         return out
     kernel.__name__ = name
     return kernel
