@@ -39,7 +39,7 @@ DOCS = os.path.join(ROOT, "docs")
 
 # pages whose examples compile long programs (seconds each): left to `-m slow`
 SLOW = {"guide/odes.md", "guide/eigen.md", "guide/nonlinear.md", "guide/batching.md",
-        "guide/linear-solves.md", "guide/loops.md"}
+        "guide/linear-solves.md", "guide/loops.md", "guide/uncertainty.md"}
 
 
 def _pages():

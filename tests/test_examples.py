@@ -500,3 +500,31 @@ def test_solve_ivp_events_range_passes_the_taylor_test():
     eps = 1e-5
     fd = (float(vg(np.array(0.6 + eps))[0]) - float(vg(np.array(0.6 - eps))[0])) / (2 * eps)
     np.testing.assert_allclose(float(g), fd, rtol=1e-6)
+
+
+def test_bayesian_poisson_pieces_agree_with_dense_linear_algebra():
+    """Each piece of the Laplace workflow (log-determinants, the selected
+    inverse, samples, the marginal likelihood, posterior variances at full
+    rank) against NumPy with dense matrices on a small grid."""
+    ex = _load("bayesian_poisson")
+    checks = ex.dense_checks(6, say=lambda *a: None)
+    assert set(checks) >= {"slogdet", "selected inverse", "samples' covariance",
+                           "marginal likelihood", "posterior std (full rank)", "prior std"}
+    for name, err in checks.items():
+        assert err < 1e-10, (name, err)
+
+
+def test_bayesian_poisson_quantifies_the_uncertainty(capsys):
+    ex = _load("bayesian_poisson")
+    out = ex.main(n=12, rank=30, maxiter=150, checks=False)  # (checked above)
+    assert np.all(np.abs(out["evidence_rates"] - 2.0) < 0.1), out["evidence_rates"]
+    assert np.all(np.abs(out["rates"] - 2.0) < 0.1), out["rates"]
+    # the data shrink the prior's variance everywhere, and the MAP point's
+    # error is mostly within two posterior standard deviations
+    assert np.all(out["std"] < out["prior_std"])
+    assert out["inside"] > 0.8
+    assert np.linalg.norm(out["m_map"] - out["m_true"]) < 0.8 * np.linalg.norm(out["m_true"])
+    assert np.all(np.diff(out["lam"]) <= 1e-9 * out["lam"][0])  # sorted, largest first
+    assert np.isfinite(out["draws"]).all()
+    text = capsys.readouterr().out
+    assert "marginal likelihood: Taylor test" in text and "Laplace:" in text
