@@ -13,19 +13,24 @@ sparsax on Linux x86-64):
 Variants, each a function of the matrix's stored values `v` (its upper
 triangle, mirrored: a symmetric parameterization), float64:
 
-- `sciad value+grad`: `sd.function(sd.value_and_grad(logdet))`, "auto"
-  (CHOLMOD through sparsax's kernels; the gradient `A^-1` on the pattern by
-  their selected inverse, from the factor the value made).
+- `sciad value+grad`: `sd.function(sd.value_and_grad(logdet))`, "auto":
+  sciad's compiled sparse Cholesky factorization (`solver="cholesky"`), the
+  gradient `A^-1` on the pattern by the factorization's reverse mode
+  (Takahashi's recurrence as one pass).
 - `sparsax value+grad`: `jax.jit(jax.value_and_grad(sparsax.logdet))` on the
-  same upper triangle (its reverse rule is its selected inverse).
-- `sciad jvp`: forward mode, one direction (`A^-1` on the pattern, then a
-  dot product).
-- `sciad hvp`: one Hessian-vector product: a selected inverse of the block
-  matrix `[[A, W], [0, A]]`, on the host (SuperLU without pivoting and
-  Takahashi's recurrence), not CHOLMOD's: the block is not symmetric.
-- `sciad selinv (cholmod)`, `sciad selinv (splu)`: `selected_inverse(A)`
-  by each path, against `one factorization`: `sparsax.logdet` of new
-  values (CHOLMOD's analysis kept, one numeric factorization).
+  same upper triangle (CHOLMOD; its reverse rule is its selected inverse).
+- `sciad jvp`: forward mode, one direction (one tangent pass of the factor).
+- `sciad hvp`: one Hessian-vector product, forward over reverse: four passes
+  of the factorization's cost after the factorization.
+- `sciad selinv`: `selected_inverse(A)` by the sparse Cholesky factor.
+- `sciad vg (cholmod)`, `sciad hvp (cholmod)`, `sciad selinv (cholmod)`,
+  `sciad selinv (splu)`: `solver="cholmod"` (sparsax's kernels, sharing the
+  factor with CHOLMOD solves; its Hessian-vector products are selected
+  inverses of a block matrix of twice the order by SuperLU, not run at
+  N = 256) and `solver="splu"`.
+- `sciad factorization`: `slogdet` alone (one numeric factorization by the
+  sparse Cholesky); `CHOLMOD factorization`: `sparsax.logdet` of new values
+  (CHOLMOD's analysis kept, one numeric factorization).
 
 Each call gets the next of 4 value sets (both libraries skip a factorization
 of the values last factored). Medians of interleaved batches; the table goes
@@ -80,29 +85,44 @@ def build(n: int):
 
     u0 = A.data[upper]
     w = np.random.default_rng(1).standard_normal(u0.size)
+    def chol(u, solver):
+        return sd.linalg.slogdet(matrix(u), solver=solver)[1]
+
     fns = {
         "sciad value+grad": sd.function(sd.value_and_grad(logdet)),
         "sparsax value+grad": jax.jit(jax.value_and_grad(logdet_sparsax)),
         "sciad jvp": sd.function(lambda u: sd.jvp(logdet, (u,), (w,))),
         "sciad hvp": sd.function(lambda u: sd.hvp(logdet, u, w)),
-        "sciad selinv (cholmod)": sd.function(
+        "sciad selinv": sd.function(
             lambda u: sd.sparse.data(sd.linalg.selected_inverse(matrix(u)))),
+        "sciad vg (cholmod)": sd.function(sd.value_and_grad(lambda u: chol(u, "cholmod"))),
+        "sciad hvp (cholmod)": sd.function(lambda u: sd.hvp(lambda u: chol(u, "cholmod"),
+                                                            u, w)),
+        "sciad selinv (cholmod)": sd.function(
+            lambda u: sd.sparse.data(sd.linalg.selected_inverse(matrix(u), solver="cholmod"))),
         "sciad selinv (splu)": sd.function(
             lambda u: sd.sparse.data(sd.linalg.selected_inverse(matrix(u), solver="splu"))),
-        "one factorization": jax.jit(logdet_sparsax),
+        "sciad factorization": sd.function(logdet),
+        "CHOLMOD factorization": jax.jit(logdet_sparsax),
     }
+    if n >= 256:  # (seconds a call: a selected inverse of order 2N^2 by SuperLU)
+        del fns["sciad hvp (cholmod)"]
     inputs = [(jnp.asarray(u0 * (1 + 0.01 * i)),) for i in range(CYCLE)]
     # checks: the value and gradient against sparsax's (its gradient is
     # d/du of the upper triangle: the same parameterization), the selected
-    # inverses against each other
+    # inverses and Hessian-vector products against each other
     v, g = fns["sciad value+grad"](*inputs[0])
     v2, g2 = fns["sparsax value+grad"](*inputs[0])
     assert abs(float(v) - float(v2)) <= 1e-10 * abs(float(v2)), (v, v2)
     err = float(jnp.max(jnp.abs(g - g2)) / jnp.max(jnp.abs(g2)))
     assert err < 1e-10, f"gradient differs from sparsax's by {err:.1e}"
-    z1 = fns["sciad selinv (cholmod)"](*inputs[0])
-    z2 = fns["sciad selinv (splu)"](*inputs[0])
-    assert float(jnp.max(jnp.abs(z1 - z2)) / jnp.max(jnp.abs(z1))) < 1e-10
+    z = [fns[k](*inputs[0]) for k in ("sciad selinv", "sciad selinv (cholmod)",
+                                      "sciad selinv (splu)")]
+    for other in z[1:]:
+        assert float(jnp.max(jnp.abs(z[0] - other)) / jnp.max(jnp.abs(z[0]))) < 1e-10
+    if "sciad hvp (cholmod)" in fns:
+        h1, h2 = fns["sciad hvp"](*inputs[0]), fns["sciad hvp (cholmod)"](*inputs[0])
+        assert float(jnp.max(jnp.abs(h1 - h2)) / jnp.max(jnp.abs(h2))) < 1e-9
     return fns, inputs
 
 
@@ -120,26 +140,27 @@ def run(sizes, repeats: int) -> list[dict]:
     return rows
 
 
-COLUMNS = ["sciad value+grad", "sparsax value+grad", "sciad jvp", "sciad hvp",
-           "sciad selinv (cholmod)", "sciad selinv (splu)", "one factorization"]
+COLUMNS = ["sciad value+grad", "sparsax value+grad", "sciad jvp", "sciad hvp", "sciad selinv",
+           "sciad vg (cholmod)", "sciad hvp (cholmod)", "sciad selinv (cholmod)",
+           "sciad selinv (splu)", "sciad factorization", "CHOLMOD factorization"]
 
 
 def table(rows, argv: str) -> str:
     lines = _harness.report_head("Sparse log-determinants and selected inverses", argv,
                                  _harness.machine_info(_harness.load_average()))
-    lines += ["", "Median ms per call; each call on new values. Targets: value+grad <= 1.0x "
-              "sparsax's; forward mode and Hessian-vector products <= 2x the gradient; the "
-              "selected inverse <= 3x one factorization.", "",
+    lines += ["", "Median ms per call; each call on new values (- : not run). Targets: "
+              "value+grad <= 1.0x sparsax's; forward mode and Hessian-vector products <= 2x "
+              "the gradient; the selected inverse <= 3x one factorization (CHOLMOD's).", "",
               "| N (unknowns) | " + " | ".join(COLUMNS)
-              + " | vg / sparsax | jvp / vg | hvp / vg | selinv / factorization |",
+              + " | vg / sparsax | jvp / vg | hvp / vg | selinv / CHOLMOD factorization |",
               "|---|" + "---:|" * (len(COLUMNS) + 4)]
     for r in rows:
         vg = r["sciad value+grad"]
         ratios = [(vg / r["sparsax value+grad"], 1.0), (r["sciad jvp"] / vg, 2.0),
                   (r["sciad hvp"] / vg, 2.0),
-                  (r["sciad selinv (cholmod)"] / r["one factorization"], 3.0)]
+                  (r["sciad selinv"] / r["CHOLMOD factorization"], 3.0)]
         lines.append(f"| {r['n']} ({r['n'] ** 2:,}) | "
-                     + " | ".join(f"{r[c]:.2f}" for c in COLUMNS) + " | "
+                     + " | ".join(f"{r[c]:.2f}" if c in r else "-" for c in COLUMNS) + " | "
                      + " | ".join(f"{x:.2f} ({_harness.yes_no(x <= t)})" for x, t in ratios)
                      + " |")
     return "\n".join(lines) + "\n"

@@ -452,7 +452,8 @@ class SlogdetResult(NamedTuple):
     logabsdet: object
 
 
-def slogdet(A, *, solver: str = "auto", assume: str | None = None) -> SlogdetResult:
+def slogdet(A, *, solver: str = "auto", assume: str | None = None, probes: int | None = None,
+            steps: int | None = None, seed: int = 0) -> SlogdetResult:
     """The sign and the natural log of the absolute value of a square
     matrix's determinant, as `numpy.linalg.slogdet`, differentiable.
 
@@ -466,9 +467,22 @@ def slogdet(A, *, solver: str = "auto", assume: str | None = None) -> SlogdetRes
       `precision_sample` of the same values share), `"cholmod"` (sparse spd,
       the `[cholmod]` extra: it shares its factorization with
       `solve(A, b, solver="cholmod")` of the same values), `"splu"` (sparse).
+      `"slq"` (sparse spd, no factorization: an estimate, below).
     - `assume`: `"spd"` to read it from a Cholesky factorization (a matrix
       that is not positive definite then raises `NotPositiveDefiniteError`;
       one that is not symmetric, `StructureError`).
+    - `probes`, `steps`, `seed` (`solver="slq"` only): stochastic Lanczos
+      quadrature for a sparse spd matrix too large to factor: `log det A =
+      tr log A` estimated by `probes` Rademacher vectors (default 64, drawn
+      from `seed`), each quadratic form `z^T log(A) z` by `steps` Lanczos
+      steps (default 64), in the program (one sparse product with a block of
+      `probes` vectors a step). The estimate's standard deviation is at most
+      `sqrt(2 / probes) |log A|_F` (a few percent of `|log det A|` for a
+      smooth spectrum and 64 probes); the quadrature's error falls
+      geometrically with `steps`, more slowly the worse `A` is conditioned.
+      Its derivative is the matching estimator with the same probes,
+      `(1/p) sum_i (A^-1 z_i)^T dA z_i`, the solves by conjugate gradients
+      preconditioned by algebraic multigrid (to every order).
 
     **Returns:**
 
@@ -500,6 +514,11 @@ def slogdet(A, *, solver: str = "auto", assume: str | None = None) -> SlogdetRes
     if solver == "auto":
         solver = _sparse_logdet_solver(tags) if sparse else (
             "cholesky" if "spd" in tags else "lu")
+    if solver != "slq" and (probes is not None or steps is not None):
+        raise InvalidOptionError("`probes` and `steps` are options of solver='slq' (a "
+                                 f"stochastic estimate), got solver={solver!r}.", op=op)
+    if solver == "slq":
+        return _slq_logdet(A, sparse, tags, dtype, probes, steps, seed, op)
     if sparse:
         _sparse_factorization(solver, op)
     if sparse and solver == "cholesky":
@@ -523,11 +542,34 @@ def _sparse_logdet_solver(tags) -> str:
     return "cholesky" if "spd" in tags and LIBRARY.get() is not None else "splu"
 
 
+def _slq_logdet(A, sparse: bool, tags, dtype, probes, steps, seed, op: str):
+    from .primitives._slq import slq_logdet
+
+    if not sparse:
+        raise ShapeError("solver='slq' estimates the log-determinant of a sparse matrix; a "
+                         "dense one is factored: solver='cholesky' or 'lu'.", op=op)
+    if dtype.kind != "f":
+        raise DTypeError(f"solver='slq' reads real matrices, got {dtype}.", op=op)
+    probes = 64 if probes is None else probes
+    steps = 64 if steps is None else steps
+    for name, v in (("probes", probes), ("steps", steps)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            raise InvalidOptionError(f"`{name}` must be a positive integer, got {v!r}.", op=op)
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+        raise InvalidOptionError(f"`seed` must be an integer, got {seed!r}.", op=op)
+    if "spd" not in tags:
+        raise StructureError("solver='slq' needs a symmetric positive definite matrix: tag it "
+                             "(`tags={'spd'}`) or pass `assume='spd'`.", op=op)
+    logabs = slq_logdet(A, A.type.pattern, int(probes), int(steps), int(seed))
+    return SlogdetResult(snp.ones((), dtype), logabs)
+
+
 def _sparse_factorization(solver: str, op: str) -> None:
     if solver not in ("cholesky", "splu", "cholmod"):
         raise InvalidOptionError(f"a sparse matrix's log-determinant and selected inverse are "
                                  f"read from a factorization by 'cholesky' (spd), 'splu' or "
-                                 f"'cholmod' (spd), or 'auto'; got {solver!r}.", op=op)
+                                 f"'cholmod' (spd), or 'auto' (a log-determinant also "
+                                 f"estimated: 'slq'); got {solver!r}.", op=op)
 
 
 def _sparse_cholesky_usable(A, op: str) -> None:

@@ -354,6 +354,10 @@ EXAMPLES.update({
     "linalg.selected_inverse": (lambda d: sd.sparse.data(sd.linalg.selected_inverse(_square(d))),
                                 (_f64(6),)),
     "linalg.sparse_cholesky": (_fill_cholesky_example, (_f64(6), _f64(4, 2))),
+    # (a diagonal matrix: the estimate and its derivatives are exact, see test_slq)
+    "linalg.slq_logdet": (lambda d: sd.linalg.slogdet(sd.sparse.coo_matrix(
+        (d * d + 1.0, (np.arange(4), np.arange(4))), shape=(4, 4), tags={"spd"}),
+        solver="slq", probes=3, steps=4)[1], (_f64(4),)),
     "fft": (_fft_example, (_f64(4, 6), _c128(4, 6))),
     "call": (lambda x, y: sd.call(sd.trace(lambda a, b: (a * b, a - b), x, y), x, y),
              (_f64(3), _f64(3))),
@@ -411,6 +415,7 @@ EXAMPLES.update({
 
 
 EXAMPLES["linalg.backsolve"] = EXAMPLES["linalg.factor"]
+EXAMPLES["linalg.rademacher"] = EXAMPLES["linalg.slq_logdet"]
 for _name in ("cholesky_tangent", "cholesky_adjoint", "fill_symprod", "fill_symmul",
               "fill_trisolve"):
     EXAMPLES[f"linalg.{_name}"] = EXAMPLES["linalg.sparse_cholesky"]

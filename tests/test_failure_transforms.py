@@ -113,6 +113,13 @@ def _sparse_cholesky(x):
     return snp.sum(sd.linalg.precision_sample(A, snp.ones(2)))
 
 
+def _slq_logdet(x):
+    # NaN in the matrix (x holds one), its log-determinant estimated
+    A = sd.sparse.coo_matrix((x * x + 1.0, (np.arange(3), np.arange(3))), shape=(3, 3),
+                             tags={"spd"})
+    return sd.linalg.slogdet(A, solver="slq", probes=2, steps=3)[1]
+
+
 def _factor(x):
     from sciad.primitives._linalg import linalg_backsolve_p, linalg_factor_p
 
@@ -196,6 +203,7 @@ FAILING = {
                                 SingularMatrixError, False),
     "linalg.sparse_cholesky": (_sparse_cholesky, np.array([1.0, 2.0, 1.0]),
                                NotPositiveDefiniteError, False),
+    "linalg.slq_logdet": (_slq_logdet, _NAN3, NonFiniteError, False),
     "ode.odeint": (_odeint, np.array([1.0]), ConvergenceError, False),
     "ode.event_guard": (_event, np.array([0.5]), ConvergenceError, False),
     "optimize.root": (_root, np.array([1.0]), ConvergenceError, False),
