@@ -564,6 +564,20 @@ def _slq_logdet(A, sparse: bool, tags, dtype, probes, steps, seed, op: str):
     return SlogdetResult(snp.ones((), dtype), logabs)
 
 
+def _on_factor(z, pattern):
+    """The values `z` on the factor's layout as a symmetric sparse matrix in
+    the original numbering (each strictly lower entry and its mirror)."""
+    from .primitives._sparse import coo
+    from .solvers.direct._fill_cholesky import layout
+
+    an = layout(pattern)
+    back = np.argsort(an.perm)  # (ordered index -> original)
+    n = an.n
+    r, c = back[an.rows], back[an.cols]
+    values = snp.concatenate([z, z[n:]])
+    return coo(values, np.concatenate([r, c[n:]]), np.concatenate([c, r[n:]]), pattern.shape)
+
+
 def _sparse_factorization(solver: str, op: str) -> None:
     if solver not in ("cholesky", "splu", "cholmod"):
         raise InvalidOptionError(f"a sparse matrix's log-determinant and selected inverse are "
@@ -584,7 +598,8 @@ def _sparse_cholesky_usable(A, op: str) -> None:
         raise NotSupportedError(f"{e} Use solver='splu'.", op=op) from None
 
 
-def selected_inverse(A, *, solver: str = "auto", assume: str | None = None):
+def selected_inverse(A, *, solver: str = "auto", assume: str | None = None,
+                     on: str = "matrix"):
     """The entries of `A^-1` on the pattern of the sparse matrix `A`, without
     forming the dense inverse (Takahashi's recurrence on a sparse
     factorization): the posterior variances `diag(Q^-1)` of a Gaussian with
@@ -603,12 +618,17 @@ def selected_inverse(A, *, solver: str = "auto", assume: str | None = None):
       Takahashi recurrence, on the host; by this and by CHOLMOD, derivatives
       are selected inverses of non-symmetric block matrices, by SuperLU).
     - `assume`: `"spd"`, as a tag.
+    - `on`: `"matrix"` (the entries of `A`'s pattern) or `"factor"` (those of
+      the filled pattern `L + L^T` of its sparse Cholesky factor, every one
+      the recurrence computes, in `A`'s own numbering: for covariances
+      between neighbours of neighbours; `solver="cholesky"`, an spd `A`).
 
     **Returns:**
 
-    A sparse matrix on `A`'s pattern holding `(A^-1)[i, j]` at each stored
-    `(i, j)`. Differentiable to every order: `d(A^-1) = -A^-1 dA A^-1` on
-    the pattern is itself a selected inverse (of `[[A, dA], [0, A]]`).
+    A sparse matrix on `A`'s pattern (or the factor's) holding `(A^-1)[i, j]`
+    at each stored `(i, j)`. Differentiable to every order: `d(A^-1) = -A^-1
+    dA A^-1` on the pattern is itself a selected inverse (of `[[A, dA], [0,
+    A]]`; by the sparse Cholesky factor, passes of its reverse mode).
 
     ```python
     >>> A = sd.sparse.from_dense(np.array([[4.0, 1.0, 0.0], [1.0, 3.0, 1.0], [0.0, 1.0, 2.0]]))
@@ -628,10 +648,18 @@ def selected_inverse(A, *, solver: str = "auto", assume: str | None = None):
     if solver == "auto":
         solver = _sparse_logdet_solver(tags)
     _sparse_factorization(solver, op)
+    if on not in ("matrix", "factor"):
+        raise InvalidOptionError(f"`on` is 'matrix' or 'factor', got {on!r}.", op=op)
+    if on == "factor" and solver != "cholesky":
+        raise InvalidOptionError(f"on='factor' reads the sparse Cholesky factor's pattern: an spd "
+                                 f"matrix (a tag, or assume='spd') and solver='cholesky' or "
+                                 f"'auto'; got solver={solver!r}.", op=op)
     if solver == "cholesky":
         _sparse_cholesky_usable(A, op)
-        return assemble(_chol.inverse_on_pattern(_chol.factor(A, pattern, spd=True), pattern),
-                        pattern)
+        l = _chol.factor(A, pattern, spd=True)
+        if on == "factor":
+            return _on_factor(_chol.inverse_on_layout(l, pattern), pattern)
+        return assemble(_chol.inverse_on_pattern(l, pattern), pattern)
     params = {} if solver == "splu" else {"solver": solver}
     return assemble(linalg_selected_inverse_p.bind(A, pattern=pattern, **params), pattern)
 

@@ -514,6 +514,8 @@ def test_bayesian_poisson_pieces_agree_with_dense_linear_algebra():
         assert err < 1e-10, (name, err)
 
 
+# slow: its pieces are test_bayesian_poisson_pieces_agree_with_dense_linear_algebra's
+@pytest.mark.slow
 def test_bayesian_poisson_quantifies_the_uncertainty(capsys):
     ex = _load("bayesian_poisson")
     out = ex.main(n=12, rank=30, maxiter=150, checks=False)  # (checked above)

@@ -264,6 +264,10 @@ def test_an_spd_matrix_is_read_by_the_sparse_cholesky_factor_shared_by_all():
     np.testing.assert_allclose(np.asarray(sd.sparse.data(Z)), inv[r, c], rtol=1e-12)
 
 
+# slow: the registry walk checks the sparse Cholesky family's rules to second
+# order, test_cholmod CHOLMOD's; the gradient and Hessian-vector products by
+# the default path are checked against closed forms above
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", ["cholesky", "cholmod"])
 def test_spd_rules_to_second_order(rng, solver):
     if solver == "cholmod":
@@ -368,3 +372,29 @@ def test_jax_transforms_of_to_jax_in_a_child():
     assert "splu" in errors
     for solver, errs in errors.items():
         assert max(errs) < 1e-12, (solver, errs)
+
+
+def test_the_selected_inverse_on_the_factors_pattern(rng):
+    """`on="factor"`: every entry of the filled pattern `L + L^T` (more than
+    `A`'s: fill), each the dense inverse's, in `A`'s numbering; its
+    derivative checked; other solvers refuse it."""
+    A = _grid(4)
+    r, c = _coords(A)
+    n = A.shape[0]
+    M = lambda v: sd.sparse.coo_matrix((v, (r, c)), shape=A.shape, tags={"spd"})  # noqa: E731
+    Z = sd.linalg.selected_inverse(M(A.data), on="factor")
+    inv = np.linalg.inv(A.toarray())
+    dense = np.asarray(sd.sparse.todense(Z))
+    stored = dense != 0
+    assert stored.sum() > A.nnz and np.array_equal(stored, stored.T)
+    np.testing.assert_allclose(dense[stored], inv[stored], rtol=1e-12)
+    Mu, u = _symmetric_params(_grid(3))
+    report = sd.testing.check_rules(
+        lambda u: sd.sparse.data(sd.linalg.selected_inverse(Mu(u), on="factor")),
+        u * rng.uniform(0.9, 1.1, u.size), second_order=False)
+    assert report.jvp_error < 1e-7
+    with pytest.raises(InvalidOptionError, match="on='factor'"):
+        sd.linalg.selected_inverse(M(A.data), solver="splu", on="factor")
+    with pytest.raises(InvalidOptionError, match="'matrix' or 'factor'"):
+        sd.linalg.selected_inverse(M(A.data), on="fill")
+    assert n == 16

@@ -158,16 +158,18 @@ def _slq_impl(a, z, *, pattern, steps=64, site=None):
 def _slq_jvp(primals, tangents, *, pattern, steps=64):
     # the matching estimator: (1/p) sum_i (A^-1 z_i)^T dA z_i, the solves by
     # preconditioned conjugate gradients (differentiable: second order too)
-    from ..linalg import solve
+    from ._linalg import _clean, linalg_solve_p, solve_params
     from ._sparse import assemble
 
     (a, z), (da, _) = primals, tangents
     out = linalg_slq_logdet_p.bind(a, z, pattern=pattern, steps=steps)
     if is_zero(da):
         return out, Zero(type_of(out))
-    dtype = type_of(a).dtype
-    zf = ops.astype(z, dtype)
-    x = solve(a, zf, solver="cg", preconditioner="amg", assume="spd", tol=1e-10)
+    t = type_of(a)
+    zf = ops.astype(z, t.dtype)
+    _, params = solve_params(True, pattern, t.tags | {"spd"}, t.dtype, "cg",
+                             preconditioner="amg", tol=1e-10)
+    x = linalg_solve_p.bind(a, zf, **_clean(params))
     dA = assemble(gather(instantiate(da)), pattern)
     p = type_of(z).shape[1]
     return out, ops.sum(x * (dA @ zf)) / p
