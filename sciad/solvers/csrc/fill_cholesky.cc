@@ -36,6 +36,18 @@ struct Rows {
   const int64_t *ptr, *pos, *col;
 };
 
+// column j of a lower-triangular matrix out of the dense work vector w
+// (its diagonal to d[j], the rows below to o at S's positions), w zeroed
+inline void take_column(int64_t j, const int64_t* Sp, const int64_t* Si, double* w, double* d,
+                        double* o) {
+  d[j] = w[j];
+  w[j] = 0.0;
+  for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
+    o[p] = w[Si[p]];
+    w[Si[p]] = 0.0;
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -83,8 +95,8 @@ int sciad_chol(int64_t n, const int64_t* Sp, const int64_t* Si, const int64_t* R
 }
 
 // x with tril(x l^T + l x^T) = e: the forward mode of the factorization.
-void sciad_chol_tangent(int64_t n, const int64_t* Sp, const int64_t* Si,
-    const int64_t* Rp, const int64_t* Rq, const int64_t* Rc, const double* l,
+void sciad_chol_tangent(int64_t n, const int64_t* Sp, const int64_t* Si, const int64_t* Rp,
+                        const int64_t* Rq, const int64_t* Rc, const double* l,
                         const double* e, double* x) {
   const Rows R{Rp, Rq, Rc};
   std::vector<double> w(n, 0.0);
@@ -110,8 +122,8 @@ void sciad_chol_tangent(int64_t n, const int64_t* Sp, const int64_t* Si,
 }
 
 // eb = the transpose of the tangent map applied to xb (reverse mode).
-void sciad_chol_adjoint(int64_t n, const int64_t* Sp, const int64_t* Si,
-    const int64_t* Rp, const int64_t* Rq, const int64_t* Rc, const double* l,
+void sciad_chol_adjoint(int64_t n, const int64_t* Sp, const int64_t* Si, const int64_t* Rp,
+                        const int64_t* Rq, const int64_t* Rc, const double* l,
                         const double* xb, double* eb) {
   const Rows R{Rp, Rq, Rc};
   const int64_t nnz = Sp[n];
@@ -138,18 +150,13 @@ void sciad_chol_adjoint(int64_t n, const int64_t* Sp, const int64_t* Si,
       }
       ao[p] -= s;
     }
-    eb[j] = w[j];
-    w[j] = 0.0;
-    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
-      ebo[p] = w[Si[p]];
-      w[Si[p]] = 0.0;
-    }
+    take_column(j, Sp, Si, w.data(), eb, ebo);
   }
 }
 
 // w = tril(x y^T + y x^T) on the layout.
-void sciad_fill_symprod(int64_t n, const int64_t* Sp, const int64_t* Si,
-    const int64_t* Rp, const int64_t* Rq, const int64_t* Rc, const double* x,
+void sciad_fill_symprod(int64_t n, const int64_t* Sp, const int64_t* Si, const int64_t* Rp,
+                        const int64_t* Rq, const int64_t* Rc, const double* x,
                         const double* y, double* w) {
   const Rows R{Rp, Rq, Rc};
   std::vector<double> u(n, 0.0);
@@ -165,12 +172,7 @@ void sciad_fill_symprod(int64_t n, const int64_t* Sp, const int64_t* Si,
       u[j] += 2.0 * xjk * yjk;
       for (int64_t q = p + 1; q < Sp[k + 1]; ++q) u[Si[q]] += xo[q] * yjk + yo[q] * xjk;
     }
-    w[j] = u[j];
-    u[j] = 0.0;
-    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
-      wo[p] = u[Si[p]];
-      u[Si[p]] = 0.0;
-    }
+    take_column(j, Sp, Si, u.data(), w, wo);
   }
 }
 
@@ -183,9 +185,9 @@ void sciad_fill_symprod(int64_t n, const int64_t* Sp, const int64_t* Si,
 // (y's column scattered, zero outside K): no membership test in the loop.
 // The accumulator is zeroed on K before the walks; what they add at rows
 // outside K is never read (a later column zeroes its own K first).
-void sciad_fill_symmul(int64_t n, const int64_t* Sp, const int64_t* Si,
-    const int64_t*, const int64_t*, const int64_t*, const double* c,
-                       const double* y, double* w) {
+void sciad_fill_symmul(int64_t n, const int64_t* Sp, const int64_t* Si, const int64_t*,
+                       const int64_t*, const int64_t*, const double* c, const double* y,
+                       double* w) {
   std::vector<double> v(n, 0.0), u(n, 0.0), t(n, 0.0);
   const double *co = c + n, *yo = y + n;
   double* wo = w + n;
