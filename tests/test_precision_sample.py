@@ -124,6 +124,7 @@ def test_a_grid_precision_at_a_realistic_size(rng):
 # derivatives
 
 
+@pytest.mark.slow  # (the registry walk checks every rule to second order; below, JAX's)
 def test_check_rules_to_second_order(rng):
     rows, cols, v, n = _precision(rng, n=7, symmetric=False)
     z = rng.standard_normal((n, 2))

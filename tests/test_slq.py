@@ -136,6 +136,7 @@ def test_errors():
         sd.grad(lambda v: sd.linalg.slogdet(_M(v, r, c, n), solver="slq")[1])(v)
 
 
+@pytest.mark.slow
 def test_the_estimator_in_a_program_with_other_work():
     """The estimate composes: a marginal-likelihood-like sum with a solve."""
     A, r, c = _grid(4, 1.0)
@@ -149,3 +150,26 @@ def test_the_estimator_in_a_program_with_other_work():
 
     value, grad = sd.value_and_grad(f)(A.data)
     assert np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))
+
+
+def test_a_large_matrix_takes_preconditioned_conjugate_gradients():
+    """Beyond `SMALL` unknowns the estimator's solves are AMG-preconditioned
+    CG (nothing factored): its gradient is `(1/p) sum_i (A^-1 z_i) z_i^T` on
+    the pattern, against SciPy's direct solves with the same probes."""
+    import scipy.sparse.linalg as spl
+
+    from sciad.primitives._slq import SMALL
+
+    A, r, c = _grid(46, 0.5)
+    n, p = A.shape[0], 3
+    assert n > SMALL
+    f = lambda v: sd.linalg.slogdet(_M(v, r, c, n), solver="slq", probes=p, steps=8)[1]  # noqa
+    names = [nd.primitive.name for nd in sd.trace(sd.grad(f), A.data).nodes]
+    params = [nd.params for nd in sd.trace(sd.grad(f), A.data).nodes
+              if nd.primitive.name == "linalg.solve"]
+    assert "linalg.solve" in names and params[0]["solver"] == "cg"
+    assert params[0]["preconditioner"] == "amg"
+    Z = _probes(n, p, seed=0)
+    X = spl.splu(A.tocsc()).solve(Z)
+    np.testing.assert_allclose(np.asarray(sd.grad(f)(A.data)), (X @ Z.T)[r, c] / p,
+                               rtol=1e-7, atol=1e-10)

@@ -33,9 +33,10 @@ ITERATIVE = ("cg", "gmres", "bicgstab")
 #: factors `jax.jacfwd` and `jax.hessian` batch over (where the SIGSEGV was);
 #: the others' second order, compile-heavy, runs with `-m slow`
 SECOND_ORDER = ("klu", "cudss", "cholmod")
-#: dense Cholesky, lowered as LU's dense path (a factor in the program, its
-#: solves batched by JAX): walked with `-m slow`
-SAME_PATH = ("cholesky",)
+#: walked with `-m slow`: dense Cholesky and LU (a factor in the program, its
+#: solves batched by JAX: no handle to outlive a transform; the registry walk
+#: lowers them too) and SciPy's spsolve (the host SuperLU path splu takes)
+SAME_PATH = ("cholesky", "lu", "spsolve")
 #: the records the default walk takes: all but the Krylov solves, whose
 #: walk (13-20 s of compilation each) runs with `-m slow`, to second order
 #: (`test_second_order_jax_transforms_of_the_other_records`), and SAME_PATH

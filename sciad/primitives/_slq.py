@@ -14,7 +14,7 @@ quadrature (SLQ) with Hutchinson probes, for spd matrices too large to factor.
 Rule: the JVP is the matching Hutchinson estimator of `tr(A^-1 dA)` with the
 same probes, `(1/p) sum_i (A^-1 z_i)^T dA z_i`, its solves by conjugate
 gradients (`sd.linalg.solve`, `solver="cg"`, algebraic multigrid as the
-preconditioner): so the gradient in `A`'s values is `(1/p) sum_i x_i z_i^T`
+preconditioner; up to `SMALL` unknowns, "auto"'s factorization): so the gradient in `A`'s values is `(1/p) sum_i x_i z_i^T`
 on the pattern, and, the solve being differentiable, second derivatives are
 the matching estimator of `-tr(A^-1 dA A^-1 dB)`. The estimate is unbiased
 in the probes (up to the quadrature's error, which falls geometrically with
@@ -40,6 +40,10 @@ from ._checks import check, tie
 from ._map import map_rule
 from ._sparse import gather
 from ._util import INTS
+
+#: up to this order the JVP's solves are "auto"'s (a factorization), beyond
+#: it AMG-preconditioned conjugate gradients
+SMALL = 2000
 
 linalg_rademacher_p = Primitive("linalg.rademacher", params={"shape": INTS, "seed": int})
 linalg_slq_logdet_p = Primitive("linalg.slq_logdet", runtime_checks=True, params={
@@ -167,8 +171,12 @@ def _slq_jvp(primals, tangents, *, pattern, steps=64):
         return out, Zero(type_of(out))
     t = type_of(a)
     zf = ops.astype(z, t.dtype)
-    _, params = solve_params(True, pattern, t.tags | {"spd"}, t.dtype, "cg",
-                             preconditioner="amg", tol=1e-10)
+    # (a matrix small enough to factor cheaply: "auto"'s direct solve, the same x)
+    if pattern.shape[0] <= SMALL:
+        _, params = solve_params(True, pattern, t.tags | {"spd"}, t.dtype, "auto")
+    else:
+        _, params = solve_params(True, pattern, t.tags | {"spd"}, t.dtype, "cg",
+                                 preconditioner="amg", tol=1e-10)
     x = linalg_solve_p.bind(a, zf, **_clean(params))
     dA = assemble(gather(instantiate(da)), pattern)
     p = type_of(z).shape[1]
