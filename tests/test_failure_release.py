@@ -157,6 +157,37 @@ def test_300_breakdowns_of_compiled_cholmod_keep_the_process_flat():
     assert _retained_mib() - first <= 10
 
 
+@pytest.mark.slow
+def test_300_breakdowns_of_the_sparse_cholesky_keep_the_process_flat():
+    """A matrix that is not positive definite, 300 times, through sciad's
+    sparse Cholesky factor (n = 20,000; a log-determinant's value and
+    gradient, and samples): the failed host factorizations keep nothing."""
+    from sciad.errors import NotPositiveDefiniteError
+
+    n = 20_000
+    M = tridiagonal(n)
+    d = M.data.copy()
+    rows = np.repeat(np.arange(n), np.diff(M.indptr))
+    d[(rows == M.indices) & (rows == n // 2)] = 1e-3  # (positive, not definite)
+
+    def matrix(d):
+        return sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape, tags={"spd"})
+
+    g = sd.function(sd.value_and_grad(lambda d: sd.linalg.slogdet(matrix(d))[1]))
+    s = sd.function(lambda d: sd.linalg.precision_sample(matrix(d), np.ones((n, 4))))
+
+    def fail(times):
+        for _ in range(times):
+            for f in (g, s):
+                with pytest.raises(NotPositiveDefiniteError):
+                    jax.block_until_ready(f(d))
+
+    fail(50)
+    first = _retained_mib()
+    fail(300)
+    assert _retained_mib() - first <= 10
+
+
 def _retained_mib() -> float:
     """The process's memory with the heap's free pages given back (glibc's
     `malloc_trim`): what is held, not what the allocator keeps cached."""
