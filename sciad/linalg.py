@@ -726,6 +726,8 @@ def precision_sample(Q, z):
     if z.ndim not in (1, 2) or z.shape[0] != n:
         raise ShapeError(f"`z` holds standard normal draws of shape ({n},) or ({n}, k) for "
                          f"the {n} x {n} precision, got shape {tuple(z.shape)}.", op=op)
+    if n == 0:
+        return snp.zeros(z.shape, dtype)
     an = layout(pattern)
     # (checked as declared: then the factor slogdet and selected_inverse read)
     l = _chol.factor(Q, pattern, spd="spd" in tags)

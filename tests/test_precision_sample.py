@@ -208,6 +208,22 @@ def test_what_is_not_positive_definite_raises_naming_the_column(rng):
         sd.linalg.precision_sample(_Q(nan, rows, cols, n), np.ones(n))
 
 
+def test_float32_and_empty_matrices(rng):
+    rows, cols, v, n = _precision(rng, n=6)
+    z = rng.standard_normal(n)
+    x32 = sd.linalg.precision_sample(_Q(v.astype(np.float32), rows, cols, n), z.astype(np.float32))
+    assert x32.dtype == np.float32
+    np.testing.assert_allclose(np.asarray(x32), np.asarray(
+        sd.linalg.precision_sample(_Q(v, rows, cols, n), z)), rtol=1e-5)
+    empty = sd.sparse.coo_matrix((np.zeros(0), (np.zeros(0, int), np.zeros(0, int))),
+                                 shape=(0, 0))
+    assert sd.linalg.precision_sample(empty, np.zeros((0, 3))).shape == (0, 3)
+    spd = sd.sparse.coo_matrix((np.zeros(0), (np.zeros(0, int), np.zeros(0, int))),
+                               shape=(0, 0), tags={"spd"})  # (the factor's other readers)
+    assert float(sd.linalg.slogdet(spd)[1]) == 0.0
+    assert sd.linalg.selected_inverse(spd, on="factor").shape == (0, 0)
+
+
 def test_bad_input_is_refused(rng):
     rows, cols, v, n = _precision(rng, n=5)
     Q = _Q(v, rows, cols, n)

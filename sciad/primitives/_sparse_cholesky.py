@@ -140,8 +140,9 @@ def _examples(arrays, cores):
     """The arrays' leading (batch) axes broadcast together, and each array
     as a list of examples."""
     batch = np.broadcast_shapes(*(a.shape[:a.ndim - c] for a, c in zip(arrays, cores)))
-    flat = [np.broadcast_to(a, batch + a.shape[a.ndim - c:]).reshape((-1,) + a.shape[a.ndim - c:])
-            for a, c in zip(arrays, cores)]
+    count = int(np.prod(batch, dtype=np.int64))  # (explicit: a core may be empty)
+    flat = [np.broadcast_to(a, batch + a.shape[a.ndim - c:]).reshape(
+        (count,) + a.shape[a.ndim - c:]) for a, c in zip(arrays, cores)]
     return batch, flat
 
 
@@ -199,7 +200,7 @@ def _chol_impl(a, *, pattern, spd=False, site=None):
 
     def host(vals):
         batch = vals.shape[:-1]
-        flat = vals.reshape((-1, vals.shape[-1]))
+        flat = vals.reshape((int(np.prod(batch, dtype=np.int64)), vals.shape[-1]))
         out = np.empty(flat.shape, vals.dtype)
         for i, row in enumerate(flat):
             where = bare.in_example(i, batch)
