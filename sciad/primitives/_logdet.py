@@ -8,6 +8,9 @@ rewrites a dense one into `linalg.factor_slogdet(F, a)` reading the
 `linalg.factor` its matrix's solves read (CHOLMOD's is shared through
 sparsax's cache). A singular matrix is `(0, -inf)`, as NumPy's; a Cholesky
 breakdown (a matrix declared spd that is not) is `NotPositiveDefiniteError`.
+(A sparse spd matrix read by sciad's own sparse Cholesky factor, "auto"'s
+choice, makes no node of these: its log-determinant and selected inverse are
+written with the factor's primitives, `_sparse_cholesky`.)
 
 `linalg.selected_inverse[pattern, at, transpose](a)`: the entries of `A^-1`
 (of `A^-T` with `transpose`) at the entries of the pattern `at` (default:

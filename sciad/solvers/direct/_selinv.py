@@ -16,18 +16,17 @@
 
 Without pivoting the factorization is that of a positive definite or
 diagonally dominant matrix: a zero pivot is `SelinvBreakdown`, which the
-caller reports. These are the kernels for `sd.linalg.slogdet` and
-`sd.linalg.selected_inverse`, whose graph primitives and derivative rules
-are not written yet (the plan: the selected inverse of a block matrix
-`[[A, dA], [0, A]]` gives `-A^-1 dA A^-1` on the pattern, its derivative, to every order).
-The ordering, the fill and the ordered matrix's layout depend on the
-pattern alone and are kept per pattern (sciad's analysis cache: the first
-call pays a second, structural factorization). At 65,536 unknowns (a 2-D
-5-point matrix) a later call takes 1.3 s here: 0.23 s SuperLU's numeric
-factorization, about 0.5 s the recurrence, the rest NumPy's bookkeeping
-(at 16,384 unknowns the recurrence takes 58 ms, where sparsax's on
-CHOLMOD's factor takes about 120). A compiled numeric LDL^T on the kept
-structure, and a supernodal recurrence, are the next steps.
+caller reports. These are the host kernels of `solver="splu"` for
+`sd.linalg.slogdet` and `sd.linalg.selected_inverse` (`primitives/_logdet.py`:
+their derivatives are selected inverses of the block matrix `[[A, dA], [0,
+A]]`, to every order); an spd matrix is read by the compiled sparse Cholesky
+factor on the same kept structure instead (`_fill_cholesky`, whose reverse
+mode is the symmetric recurrence). The ordering, the fill and the ordered
+matrix's layout depend on the pattern alone and are kept per pattern
+(sciad's analysis cache: the first call pays a second, structural
+factorization). At 65,536 unknowns (a 2-D 5-point matrix) a later call
+takes about 1.3 s here: 0.23 s SuperLU's numeric factorization, about 0.5 s
+the recurrence, the rest NumPy's bookkeeping.
 """
 
 from __future__ import annotations
