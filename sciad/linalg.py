@@ -523,10 +523,8 @@ def slogdet(A, *, solver: str = "auto", assume: str | None = None, probes: int |
     if sparse:
         _sparse_factorization(solver, op)
     if sparse and solver == "cholesky":
-        pattern = A.type.pattern
-        _sparse_cholesky_usable(A, op)
-        l = _chol.factor(A, pattern, spd=True)
-        return SlogdetResult(snp.ones((), dtype), _chol.logdet(l, pattern))
+        return SlogdetResult(snp.ones((), dtype), _chol.logdet(_sparse_cholesky(A, op),
+                                                               A.type.pattern))
     params = {"solver": solver}
     if sparse:
         params["pattern"] = A.type.pattern
@@ -587,7 +585,10 @@ def _sparse_factorization(solver: str, op: str) -> None:
                                  f"estimated: 'slq'); got {solver!r}.", op=op)
 
 
-def _sparse_cholesky_usable(A, op: str) -> None:
+def _sparse_cholesky(A, op: str, spd: bool = True):
+    """The sparse Cholesky factor's values for the sparse matrix `A`, checked
+    as spd where `spd`; refused up front where it cannot run (a complex
+    matrix, no C++ compiler to build the kernels)."""
     if np.dtype(A.dtype).kind != "f":
         raise NotSupportedError(f"the sparse Cholesky factorization reads real matrices, got "
                                 f"{np.dtype(A.dtype)}; use solver='splu'.", op=op)
@@ -597,6 +598,7 @@ def _sparse_cholesky_usable(A, op: str) -> None:
         library()
     except NotSupportedError as e:
         raise NotSupportedError(f"{e} Use solver='splu'.", op=op) from None
+    return _chol.factor(A, A.type.pattern, spd=spd)
 
 
 def selected_inverse(A, *, solver: str = "auto", assume: str | None = None,
@@ -656,8 +658,7 @@ def selected_inverse(A, *, solver: str = "auto", assume: str | None = None,
                                  f"matrix (a tag, or assume='spd') and solver='cholesky' or "
                                  f"'auto'; got solver={solver!r}.", op=op)
     if solver == "cholesky":
-        _sparse_cholesky_usable(A, op)
-        l = _chol.factor(A, pattern, spd=True)
+        l = _sparse_cholesky(A, op)
         if on == "factor":
             return _on_factor(_chol.inverse_on_layout(l, pattern), pattern)
         return assemble(_chol.inverse_on_pattern(l, pattern), pattern)
@@ -730,7 +731,7 @@ def precision_sample(Q, z):
         return snp.zeros(z.shape, dtype)
     an = layout(pattern)
     # (checked as declared: then the factor slogdet and selected_inverse read)
-    l = _chol.factor(Q, pattern, spd="spd" in tags)
+    l = _sparse_cholesky(Q, op, spd="spd" in tags)
     y = _chol.trisolve(l, z if z.ndim == 2 else z[:, None], pattern, transpose=True)
     x = snp.take(y, an.perm, axis=0)
     return x if z.ndim == 2 else x[:, 0]

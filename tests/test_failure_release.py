@@ -131,30 +131,15 @@ def test_300_failed_calls_keep_the_process_flat(solver, case):
 def test_300_breakdowns_of_compiled_cholmod_keep_the_process_flat():
     """A matrix that is not positive definite, 300 times (value and gradient,
     n = 20,000): CHOLMOD's failed factorizations keep nothing."""
-    from sciad.errors import NotPositiveDefiniteError
     from sciad.solvers.direct import _cholmod_ffi
     from sciad.solvers import lookup
 
     if not isinstance(lookup("cholmod"), _cholmod_ffi.CompiledCholmod):
         pytest.skip("sparsax is not installed")
-    n = 20_000
-    M = tridiagonal(n)
-    d = M.data.copy()
-    rows = np.repeat(np.arange(n), np.diff(M.indptr))
-    d[(rows == M.indices) & (rows == n // 2)] = 1e-3  # (positive, not definite)
+    n, matrix, d = _indefinite(20_000)
     g = sd.function(sd.value_and_grad(lambda d: snp.sum(sd.linalg.solve(
-        sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape, tags={"spd"}),
-        np.ones(n), solver="cholmod") ** 2)))
-
-    def fail(times):
-        for _ in range(times):
-            with pytest.raises(NotPositiveDefiniteError):
-                jax.block_until_ready(g(d))
-
-    fail(50)
-    first = _retained_mib()
-    fail(300)
-    assert _retained_mib() - first <= 10
+        matrix(d), np.ones(n), solver="cholmod") ** 2)))
+    _flat_over_breakdowns([g], d)
 
 
 @pytest.mark.slow
@@ -162,23 +147,31 @@ def test_300_breakdowns_of_the_sparse_cholesky_keep_the_process_flat():
     """A matrix that is not positive definite, 300 times, through sciad's
     sparse Cholesky factor (n = 20,000; a log-determinant's value and
     gradient, and samples): the failed host factorizations keep nothing."""
-    from sciad.errors import NotPositiveDefiniteError
+    n, matrix, d = _indefinite(20_000)
+    g = sd.function(sd.value_and_grad(lambda d: sd.linalg.slogdet(matrix(d))[1]))
+    s = sd.function(lambda d: sd.linalg.precision_sample(matrix(d), np.ones((n, 4))))
+    _flat_over_breakdowns([g, s], d)
 
-    n = 20_000
+
+def _indefinite(n):
+    """`(n, matrix, d)`: an spd-tagged tridiagonal matrix of `n` with the
+    values `d`, positive on the diagonal but not definite."""
     M = tridiagonal(n)
     d = M.data.copy()
     rows = np.repeat(np.arange(n), np.diff(M.indptr))
     d[(rows == M.indices) & (rows == n // 2)] = 1e-3  # (positive, not definite)
+    return n, (lambda d: sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape,
+                                              tags={"spd"})), d
 
-    def matrix(d):
-        return sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape, tags={"spd"})
 
-    g = sd.function(sd.value_and_grad(lambda d: sd.linalg.slogdet(matrix(d))[1]))
-    s = sd.function(lambda d: sd.linalg.precision_sample(matrix(d), np.ones((n, 4))))
+def _flat_over_breakdowns(programs, d):
+    """Each program raises NotPositiveDefiniteError on `d` 50 times (warm-up),
+    then 300 more, which grow the process by at most 10 MB."""
+    from sciad.errors import NotPositiveDefiniteError
 
     def fail(times):
         for _ in range(times):
-            for f in (g, s):
+            for f in programs:
                 with pytest.raises(NotPositiveDefiniteError):
                     jax.block_until_ready(f(d))
 

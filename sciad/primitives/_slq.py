@@ -129,17 +129,14 @@ def _lanczos(matvec, z, steps: int):
 @linalg_slq_logdet_p.def_impl
 def _slq_impl(a, z, *, pattern, steps=64, site=None):
     site = site or Site("linalg.slq_logdet")
+    from ._linalg_run import _matvec  # (a solve's product: the pattern's cached indices)
+
     n = pattern.shape[0]
-    rows, cols = jnp.asarray(pattern.rows), jnp.asarray(pattern.indices)
     zf = z.astype(a.dtype)
     p = zf.shape[1]
     if n == 0 or p == 0:
         return jnp.zeros((), a.dtype)
-
-    def matvec(v):
-        return jax.ops.segment_sum(a[:, None] * v[cols], rows, num_segments=n)
-
-    alpha, beta = _lanczos(matvec, zf, steps)
+    alpha, beta = _lanczos(_matvec(a, pattern, False), zf, steps)
     m = steps
     T = (jax.vmap(jnp.diag)(alpha.T) + jax.vmap(lambda b: jnp.diag(b, 1))(beta.T[:, :m - 1])
          + jax.vmap(lambda b: jnp.diag(b, -1))(beta.T[:, :m - 1]))

@@ -46,7 +46,8 @@ import numpy as np
 
 from ..errors import DTypeError, NonFiniteError, NotPositiveDefiniteError, ShapeError
 from .. import _ops as ops
-from ..graph import Param, Primitive, Site, SparseType, TensorType, Zero, instantiate, is_zero
+from ..graph import (Param, Primitive, Site, SparseType, TensorType, Zero, add_tangents,
+                     instantiate, is_zero)
 from ..graph._autodiff import is_linear, type_of
 from ..graph._cost import Cost
 from ..graph._sparsity import dense
@@ -149,7 +150,7 @@ def _examples(arrays, cores):
 def _run(kernel, out_core, *args, cores, dtype):
     def host(*vals):
         batch, flat = _examples(vals, cores)
-        count = int(np.prod(batch, dtype=np.int64))
+        count = len(flat[0])
         out = np.empty((count,) + out_core, dtype)
         for i in range(count):
             out[i] = kernel(*(f[i] for f in flat))
@@ -199,8 +200,7 @@ def _chol_impl(a, *, pattern, spd=False, site=None):
         a * an.weight.astype(a.dtype))
 
     def host(vals):
-        batch = vals.shape[:-1]
-        flat = vals.reshape((int(np.prod(batch, dtype=np.int64)), vals.shape[-1]))
+        batch, (flat,) = _examples([vals], (1,))
         out = np.empty(flat.shape, vals.dtype)
         for i, row in enumerate(flat):
             where = bare.in_example(i, batch)
@@ -288,12 +288,6 @@ def trisolve(l, b, pattern, transpose=False):
     return linalg_fill_trisolve_p.bind(l, b, pattern=pattern, **params)
 
 
-def _add(a, b):
-    if is_zero(a):
-        return b
-    return a if is_zero(b) else a + b
-
-
 @linalg_sparse_cholesky_p.def_jvp
 def _chol_jvp(primals, tangents, *, pattern, spd=False):
     (a,), (da,) = primals, tangents
@@ -311,7 +305,7 @@ def _map_jvp(p: Primitive, derivative):
         out = p.bind(l, c, pattern=pattern)
         rhs = Zero(type_of(c)) if is_zero(dc) else instantiate(dc)
         if not is_zero(dl):
-            rhs = _add(rhs, -derivative(out, instantiate(dl), pattern))
+            rhs = add_tangents(rhs, -derivative(out, instantiate(dl), pattern))
         return out, Zero(type_of(out)) if is_zero(rhs) else p.bind(l, rhs, pattern=pattern)
     p.def_jvp(rule)
 
@@ -338,9 +332,9 @@ def _bilinear_jvp(p: Primitive):
         out = p.bind(x, y, pattern=pattern)
         t = Zero(type_of(out))
         if not is_zero(dx):
-            t = _add(t, p.bind(instantiate(dx), y, pattern=pattern))
+            t = add_tangents(t, p.bind(instantiate(dx), y, pattern=pattern))
         if not is_zero(dy):
-            t = _add(t, p.bind(x, instantiate(dy), pattern=pattern))
+            t = add_tangents(t, p.bind(x, instantiate(dy), pattern=pattern))
         return out, t
     p.def_jvp(rule)
 
@@ -379,7 +373,7 @@ def _trisolve_jvp(primals, tangents, *, pattern, transpose=False):
     x = trisolve(l, b, pattern, transpose)
     rhs = Zero(type_of(b)) if is_zero(db) else instantiate(db)
     if not is_zero(dl):
-        rhs = _add(rhs, -_factor_product(instantiate(dl), x, pattern, transpose))
+        rhs = add_tangents(rhs, -_factor_product(instantiate(dl), x, pattern, transpose))
     return x, Zero(type_of(x)) if is_zero(rhs) else trisolve(l, rhs, pattern, transpose)
 
 

@@ -65,13 +65,13 @@ class Layout:
     """The factor's layout for one pattern (kept in sciad's analysis cache):
     `perm` (original index `i` is ordered `perm[i]`), `Sp`, `Si` (the fill,
     CSC) and its row structure (`Rp`, `Rq`: per row the positions of its
-    entries; `Rc`: each position's column), `size` (`n + nnz(S)`), each slot's `rows` and `cols` (ordered), and
+    entries), `size` (`n + nnz(S)`), each slot's `rows` and `cols` (ordered;
+    `cols[n:]`, each position's column, the kernels read too), and
     `slot`: for each entry of `A`, the slot holding it or its mirror, and
     `weight` (1 on the diagonal, else 1/2): the symmetric part on the layout
     is the scatter-add of `weight * A`'s values to `slot`."""
 
-    __slots__ = ("n", "perm", "Sp", "Si", "Rp", "Rq", "Rc", "size", "rows", "cols", "slot",
-                 "weight")
+    __slots__ = ("n", "perm", "Sp", "Si", "Rp", "Rq", "size", "rows", "cols", "slot", "weight")
 
     def __init__(self, pattern):
         an = _analysis(pattern)
@@ -81,7 +81,6 @@ class Layout:
         nnz = self.Si.size
         self.size = n + nnz
         col_of = np.repeat(np.arange(n, dtype=np.int64), np.diff(self.Sp))
-        self.Rc = col_of
         self.Rq = np.argsort(self.Si, kind="stable").astype(np.int64)  # (by column in a row)
         self.Rp = np.concatenate([[0], np.cumsum(np.bincount(self.Si, minlength=n))]).astype(
             np.int64)
@@ -121,7 +120,7 @@ def _ptr(a: np.ndarray):
 
 
 def _structure(an: Layout) -> tuple:
-    return tuple(_ptr(a) for a in (an.Sp, an.Si, an.Rp, an.Rq, an.Rc))
+    return tuple(_ptr(a) for a in (an.Sp, an.Si, an.Rp, an.Rq, an.cols[an.n:]))
 
 
 def _f64(a) -> np.ndarray:
