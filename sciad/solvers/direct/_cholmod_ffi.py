@@ -127,9 +127,18 @@ def _solve_fn(pattern):
                          nbytes=lambda f: 8 * pattern.nnz)
 
 
+def _indices(pattern):
+    """The pattern's rows and columns as the kernels read them (int32), one
+    pair of arrays per pattern: the solves', log-determinants' and selected
+    inverses' calls in a program share one pair of constants."""
+    return _cache.cached(pattern, "cholmod indices", None,
+                         lambda: (np.asarray(pattern.rows, np.int32),
+                                  np.asarray(pattern.indices, np.int32)),
+                         nbytes=lambda rc: rc[0].nbytes + rc[1].nbytes)
+
+
 def _make_solve_fn(pattern):
-    rows = np.asarray(pattern.rows, np.int32)
-    cols = np.asarray(pattern.indices, np.int32)
+    rows, cols = _indices(pattern)
     n = pattern.shape[0]
 
     @custom_vmap
@@ -233,8 +242,7 @@ def _read_factor(target: str, result, pattern, a):
     matrix with values `a` on `pattern`, given as the solves give it."""
     _register()
     call = jax.ffi.ffi_call(target, result, vmap_method="sequential")
-    return call(np.asarray(pattern.rows, np.int32), np.asarray(pattern.indices, np.int32),
-                a.astype(np.float64), n=np.int64(pattern.shape[0]))
+    return call(*_indices(pattern), a.astype(np.float64), n=np.int64(pattern.shape[0]))
 
 
 def logdet(pattern, a):
