@@ -120,20 +120,12 @@ def _cholmod_usable(op: str) -> None:
                                 "\"sciad[cholmod]\"`, Linux x86-64); use solver='splu'.", op=op)
 
 
-def cholmod_default(tags) -> bool:
-    """Whether "auto" reads a sparse matrix with `tags` by CHOLMOD: tagged
-    (or assumed) spd, on the CPU, with the [cholmod] extra installed."""
-    from ..solvers.direct import _cholmod_ffi
-    from ..solvers.direct._klu import _on_cpu
-
-    return "spd" in tags and _cholmod_ffi.available() and _on_cpu()
-
-
 def _spd_checked(a, pattern, site):
-    """`a` tied to the checks of a matrix CHOLMOD is given (finite,
-    symmetric, a positive diagonal: it reads one triangle), measured as a
-    solve's (one compiled pass where built), judged on the host only where
-    one fails."""
+    """`a` tied to the checks of a matrix declared spd that a Cholesky
+    factorization is given (finite, symmetric, a positive diagonal: CHOLMOD
+    reads one triangle, the sparse Cholesky factor the symmetric part),
+    measured as a solve's (one compiled pass where built), judged on the host
+    only where one fails."""
     measures = _matrix_measures(a, pattern, "spd")
     token = check(judge_matrix, site, when=_matrix_fails(measures, a.dtype), dtype=a.dtype,
                   tags=frozenset({"spd"}), **measures)
