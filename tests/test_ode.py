@@ -564,14 +564,17 @@ def test_the_steppers_and_adjoints_are_records():
             sd.TensorType((2,), np.float64), sd.TensorType((3,), np.float64), body=g,
             solver="tsit5", rtol=1e-6, atol=1e-9, max_steps=16, adjoint=adjoint))
         assert len(outs.present()) == n and outs.ys.shape == (3, 2)
-    # and the work counted last, where asked for
+    # and the work counted last, where asked for; BDF's states come with its
+    # record of its steps (seven, eight counted), which its discrete
+    # derivatives read, the continuous adjoint's forward mode too
+    for adjoint in ("interpolated", "checkpoint"):
+        outs = OdeintOutputs.of(odeint_p.abstract_eval_rule(
+            sd.TensorType((2,), np.float64), sd.TensorType((3,), np.float64), body=g,
+            solver="bdf", rtol=1e-6, atol=1e-9, max_steps=16, adjoint=adjoint, count=True),
+            count=True)
+        assert len(outs.present()) == 8 and outs.work.shape == (3,)
+        assert outs.states is not None and outs.history.shape == (17, 37)
     outs = OdeintOutputs.of(odeint_p.abstract_eval_rule(
         sd.TensorType((2,), np.float64), sd.TensorType((3,), np.float64), body=g,
-        solver="bdf", rtol=1e-6, atol=1e-9, max_steps=16, adjoint="interpolated", count=True),
-        count=True)
-    assert len(outs.present()) == 7 and outs.work.shape == (3,) and outs.states is not None
-    # BDF's discrete adjoint: its record of its steps too (seven, eight counted)
-    outs = OdeintOutputs.of(odeint_p.abstract_eval_rule(
-        sd.TensorType((2,), np.float64), sd.TensorType((3,), np.float64), body=g,
-        solver="bdf", rtol=1e-6, atol=1e-9, max_steps=16, count=True), count=True)
-    assert len(outs.present()) == 8 and outs.history.shape == (17, 37)
+        solver="bdf", rtol=1e-6, atol=1e-9, max_steps=16, adjoint="backsolve"))
+    assert len(outs.present()) == 5

@@ -257,6 +257,42 @@ def test_jax_transforms_of_to_jax(solver):
                                [np.asarray(sd.grad(loss)(x)) for x in ks], rtol=1e-9)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("solver", ["bdf", "radau", "kvaerno5"])
+def test_jax_hessian_of_to_jax_is_sciads(solver):
+    """`jax.hessian` of `sd.to_jax` (JAX's forward mode over sciad's reverse
+    mode, whose programs form the states at every step and their tangents
+    apart) against sciad's forward over reverse and reverse over reverse.
+    The states' tangents come from the steps the states were taken on: with
+    a sensitivity system that took its own steps (BDF: 135 against 141),
+    this was off by 1.2e-2 relative here (kvaerno5: 4e-5; Robertson: 1.3),
+    and not symmetric. (JAX differentiates the tangent map of the loss,
+    whose solve records no states: a sensitivity system, the discrete
+    derivative of the steps to its Newton tolerance, so the two agree to a
+    fraction of the solve's rtol, 1e-6, not to rounding; Radau's steps
+    re-solve their stages to 1e-3 of it.)"""
+    import jax
+
+    def van_der_pol(t, y, k):
+        return snp.stack([y[1], k[0] * (1 - y[0] ** 2) * y[1] - k[1] * y[0]])
+
+    def loss(k):
+        ys = sd.ode.odeint(van_der_pol, np.array([2.0, 0.0]), np.array([0.0, 0.5, 1.0, 2.0]),
+                           k, solver=solver, rtol=1e-6, atol=1e-9)
+        return snp.sum(ys[-1] * np.array([1.0, 0.3]))
+
+    k = np.array([3.0, 1.0])
+    with jax.enable_x64(True):
+        hj = np.asarray(jax.hessian(sd.to_jax(loss))(k))
+    # (programs compiled apart may round a step decision apart, each then
+    # exact for its own steps, which differ by about rtol: 1e-5 relative)
+    fr = np.asarray(sd.jacfwd(sd.jacrev(loss))(k))
+    scale = np.abs(fr).max()
+    np.testing.assert_allclose(hj, fr, rtol=0, atol=1e-5 * scale)
+    np.testing.assert_allclose(hj, hj.T, rtol=0,
+                               atol=(1e-6 if solver == "radau" else 1e-10) * scale)
+
+
 def test_a_failed_solve_raises_under_the_derivatives():
     # a field that turns NaN (sqrt of a negative state) stops the solve; its
     # gradient reports the failure before any adjoint runs
@@ -551,6 +587,45 @@ def test_discrete_adjoint_is_the_derivative_of_the_steps_taken(solver, mass):
               for e in np.eye(2)]
     np.testing.assert_allclose(np.asarray(grad[1]), want_y0, rtol=1e-13, atol=1e-15)
     np.testing.assert_allclose(np.asarray(grad[0]), want_k, rtol=1e-7)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mass", [None, "dense", "sparse"])
+def test_bdfs_forward_pass_on_its_steps_is_its_adjoints_transpose(mass):
+    """Forward over reverse (the JVP of the discrete adjoint: the node
+    records its states, so its tangents are the forward pass over its
+    recorded steps, `bdf_jvp`) against reverse over reverse (the adjoint's
+    own VJP): two linearisations of the same steps, with and without a mass
+    matrix (a DAE: the first differences' `P f`); and symmetric to
+    rounding."""
+    import scipy.sparse as sp
+
+    def field(t, y, k):
+        return snp.stack([-50.0 * k[0] * y[0] + k[1] * y[1] + snp.sin(y[2]),
+                          k[1] * y[0] - k[0] * k[1] * y[1] + y[2],
+                          k[0] * y[1] - 3.0 * y[2] + 0.1 * y[0] ** 2])
+
+    rng = np.random.default_rng(7)
+    k, y0 = rng.uniform(1.0, 2.0, 2), rng.uniform(0.5, 1.0, 3)
+    option = {}
+    if mass is not None:
+        M = np.diag([1.0, 1.0, 0.0])
+        option = {"mass": sp.csr_matrix(M) if mass == "sparse" else M}
+        y0[2] = (k[0] * y0[1] + 0.1 * y0[0] ** 2) / 3.0  # (consistent)
+    w = rng.normal(size=(3, 3))
+
+    def loss(k):
+        ys = sd.ode.odeint(field, y0, np.array([0.0, 0.2, 0.5]), k, solver="bdf",
+                           jac="sparse" if mass == "sparse" else "dense", rtol=1e-9,
+                           atol=1e-12, **option)
+        return snp.sum(ys * w)
+
+    # (each program takes its own steps, which rounding may move apart
+    # (measured: 1e-4 relative at rtol 1e-5, 6e-6 at 1e-7): a tight rtol)
+    fr = np.asarray(sd.jacfwd(sd.jacrev(loss))(k))
+    rr = np.asarray(sd.jacrev(sd.jacrev(loss))(k))
+    np.testing.assert_allclose(fr, rr, rtol=0, atol=1e-7 * np.abs(rr).max())
+    np.testing.assert_allclose(fr, fr.T, rtol=0, atol=1e-12 * np.abs(rr).max())
 
 
 @pytest.mark.slow

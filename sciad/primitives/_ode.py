@@ -43,9 +43,17 @@ Rules, each made of sciad nodes, so every order of differentiation holds:
 - JVP: one `odeint` node on the forward-sensitivity system `(y, dy)`, with
   `dy' = (df/dy) dy + (df/dconsts) dconsts` from the JVP of the body. Its
   error control reads only the `y` part (`error_size`), so it takes the
-  steps the primal takes: the tangent is the derivative of the computed
-  solution on its step grid. Tangents of the times: `dy(t_i) += f(t_i, y_i)
-  dt_i`, and `dy0 -= f(t0, y0) dt0` for the initial time.
+  steps the primal takes, to rounding: the tangent is the derivative of the
+  computed solution on its step grid, to the Newton tolerance. A node that
+  records its states (a reverse pass reads them: the JVP of a VJP, second
+  order) is differentiated on its own steps instead, so the states'
+  tangents lie on the states' grid even where the two are computed in
+  separate programs (`sd.to_jax`): the node itself, then the discrete
+  forward sensitivity of its recorded steps (`_stepwise_jvp`: each
+  Runge-Kutta or Radau step's JVP from its stored state, BDF's steps from
+  its `history`), the transpose of the discrete adjoint. Tangents of the
+  times: `dy(t_i) += f(t_i, y_i) dt_i`, and `dy0 -= f(t0, y0) dt0` for the
+  initial time.
 - VJP: the node's `adjoint` record's (`_ode_adjoint.ADJOINTS`):
   "checkpoint" (the default), the discrete adjoint of the steps taken,
   exact for the computed solution and consistent with the JVP; or
@@ -78,7 +86,7 @@ from ..solvers.nonlinear._root_methods import sparse_jacobian
 from ..solvers.ode._ode_steppers import STEPPERS, STIFF_PID, diffrax_solver, tableau
 from ._checks import check, tie
 from ._map import map_rule
-from ._ode_adjoint import ADJOINTS, CHECKPOINT
+from ._ode_adjoint import ADJOINTS, CHECKPOINT, stored_jvp
 from ._ode_field import (augmented_pattern, derived_params, field_at, field_body, fields_at,
                          part_of, with_mass_entries)
 from ._root import root_guard_p
@@ -248,10 +256,10 @@ def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive
     if record:
         outs = outs._replace(grid=TensorType((max_steps + 1,), y0.dtype),
                              marks=TensorType((ts.shape[0],), i32))
-        if ADJOINTS[adjoint].records_states(checkpoints, max_steps, error_size or n,
-                                            y0.dtype.itemsize, stepper.replayable):
+        if _records_states(stepper, adjoint, checkpoints, max_steps, error_size or n,
+                           y0.dtype.itemsize):
             outs = outs._replace(states=TensorType((max_steps + 1, n), y0.dtype))
-            if _keeps_history(stepper, adjoint):
+            if _keeps_history(stepper):
                 outs = outs._replace(history=TensorType((max_steps + 1, _bdf.HISTORY),
                                                         y0.dtype))
     if count:
@@ -259,10 +267,19 @@ def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive
     return tuple(outs.present())
 
 
-def _keeps_history(stepper, adjoint: str) -> bool:
-    """Whether the node outputs its `history`: BDF's, for its discrete
-    adjoint."""
-    return stepper.lowering == "bdf" and not ADJOINTS[adjoint].continuous
+def _records_states(stepper, adjoint: str, checkpoints, max_steps: int, m: int,
+                    itemsize: int) -> bool:
+    """Whether a node that records its steps outputs its `states` (its
+    adjoint asks for them; `m`: the primal's size)."""
+    return ADJOINTS[adjoint].records_states(checkpoints, max_steps, m, itemsize,
+                                            stepper.replayable)
+
+
+def _keeps_history(stepper) -> bool:
+    """Whether a node that outputs its `states` outputs its `history` too:
+    BDF's, for its discrete derivatives (reverse, and forward on the steps
+    the node took)."""
+    return stepper.lowering == "bdf"
 
 
 #: an integration stopped by `max_steps` is diagnosed stiff (with an
@@ -386,10 +403,9 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
     n = y0.shape[0]
     m = n if error_size is None else error_size
     held = site.held if site is not None else ()
-    dense = record and ADJOINTS[adjoint].records_states(checkpoints, max_steps, m,
-                                                        np.dtype(y0.dtype).itemsize,
-                                                        stepper.replayable)
-    history = dense and _keeps_history(stepper, adjoint)
+    dense = record and _records_states(stepper, adjoint, checkpoints, max_steps, m,
+                                       np.dtype(y0.dtype).itemsize)
+    history = dense and _keeps_history(stepper)
     run = _run_diffrax if stepper.lowering == "diffrax" else _run_own
     extra = {} if mass is None else {"mass": (consts[mass], mass_pattern)}
     if history:
@@ -576,6 +592,11 @@ def _odeint_jvp(primals, tangents, **params):
     dy0 = ops.zeros_like(y0) if is_zero(dy0) else dy0
     if not is_zero(dts):
         dy0 = dy0 - field_at(graph, consts, ts[0], y0) * dts[0]
+    stepper = STEPPERS[params["solver"]]
+    if params.get("record", True) and stepper.discrete and _records_states(
+            stepper, params.get("adjoint", CHECKPOINT.name), params.get("checkpoints"),
+            params["max_steps"], params.get("error_size") or n, type_of(y0).dtype.itemsize):
+        return _stepwise_jvp(primals, [*dconsts, dy0], dts, params)
     aug = _sensitivity_body(graph, nonzero)
     extra = [t for t in dconsts if not is_zero(t)]
     pattern = augmented_pattern(params, aug)
@@ -604,6 +625,36 @@ def _odeint_jvp(primals, tangents, **params):
     dout = OdeintOutputs(dys, *(None if o is None else Zero(type_of(o).update())
                                 for o in (outs.status, outs.steps, outs.grid, outs.marks)),
                          states=None if states is None else states[:, n:],
+                         history=None if outs.history is None else
+                         Zero(type_of(outs.history).update()),
+                         work=None if outs.work is None else Zero(type_of(outs.work).update()))
+    return outs.present(), dout.present()
+
+
+def _stepwise_jvp(primals, tangents, dts, params):
+    """The JVP of a node that records its states: the discrete forward
+    sensitivity of the steps the node took (`_ode_bdf_adjoint.bdf_jvp`,
+    `_ode_adjoint.stored_jvp`), on its own recorded steps, so the states'
+    tangents are on the grid of the states themselves wherever the two are
+    computed (`sd.to_jax` forms a function's outputs and their tangents in
+    two programs); `tangents`: of `(*consts, y0)`, `y0`'s with the initial
+    time's tangent in it."""
+    *consts, y0, ts = primals
+    graph = params["body"]
+    outs = OdeintOutputs.of(odeint_p.bind(*primals, **params), params.get("count", False))
+    if outs.history is not None:
+        from ._ode_bdf_adjoint import bdf_jvp
+        dstates, dys = bdf_jvp(primals, tangents, outs, params)
+    else:
+        dstates, dys = stored_jvp(primals, tangents, outs, params)
+    if not params.get("throw", True):  # no derivative of a failure
+        dys = root_guard_p.bind(outs.status, dys, of="odeint")
+        dstates = root_guard_p.bind(outs.status, dstates, of="odeint")
+    if not is_zero(dts):
+        dys = dys + fields_at(graph, consts, ts, outs.ys) * dts[:, None]
+    dout = OdeintOutputs(dys, *(None if o is None else Zero(type_of(o).update())
+                                for o in (outs.status, outs.steps, outs.grid, outs.marks)),
+                         states=dstates,
                          history=None if outs.history is None else
                          Zero(type_of(outs.history).update()),
                          work=None if outs.work is None else Zero(type_of(outs.work).update()))

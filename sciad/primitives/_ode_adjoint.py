@@ -25,9 +25,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import numpy as np
+
 from .. import _ops as ops
-from ..graph import TensorType, is_zero
-from ..graph._autodiff import needs_ct, type_of, vjp_eval
+from ..graph import TensorType, Zero, is_zero
+from ..graph._autodiff import jvp_eval, needs_ct, type_of, vjp_eval
 from ..graph._body import trace_body
 from ..solvers.ode._ode_steppers import STEPPERS
 from ..solvers._registry import family, register
@@ -213,6 +215,70 @@ def down_the_steps(back, jump, lam, acc, ct, marks, max_steps: int):
 
     (lam, acc), _ = scan(interval, (lam, acc), (marks[:-1], marks[1:], ct[:-1]), reverse=True)
     return lam, acc
+
+
+def up_the_steps(step, carry, state_of, outs, max_steps: int):
+    """A discrete forward sensitivity's pass over the steps a node took
+    (`outs`, an `OdeintOutputs` with `grid` and `marks`), from the first:
+    `carry = step(k, carry)` for step `k`, from `grid[k]` to `grid[k + 1]`;
+    `state_of(carry)`: the state's tangent. Returns the tangents of the
+    states at every step (`(max_steps + 1, N)`, zeros past the last) and at
+    the output times (`(len(ts), N)`). Two loops: the second keeps only the
+    output times' (a scan over the output intervals, each a `while` loop
+    down its steps, as `down_the_steps`), so its own reverse pass stores
+    small carries, and the first, where nothing reads its result, is dead
+    code. In a batch whose examples take different numbers of steps, those
+    done run a step too (`while`'s batching), their results dropped: they
+    re-run their own last step, not one past it (whose record is no step)."""
+    marks, last = outs.marks, outs.steps - 1
+    first = state_of(carry)
+
+    def interval(c, x):  # from output time i to i + 1
+        lo, hi = x
+
+        def body(s):
+            k, c = s
+            return k + 1, step(ops.minimum(k, hi - 1), c)
+
+        _, c = while_loop(lambda s: s[0] < hi, body, (lo, c), max_steps=max_steps)
+        return c, state_of(c)
+
+    _, at_outputs = scan(interval, carry, (marks[:-1], marks[1:]))
+
+    def every(s):
+        k, c, buf = s
+        c = step(ops.minimum(k, last), c)
+        return k + 1, c, buf.at[k + 1].set(state_of(c))
+
+    buf = ops.zeros((max_steps + 1,) + tuple(type_of(first).shape), type_of(first).dtype)
+    _, _, at_steps = while_loop(lambda s: s[0] <= last, every,
+                                (ops.zeros((), np.int32), carry, buf.at[0].set(first)),
+                                max_steps=max_steps)
+    return at_steps, ops.concatenate([first[None], at_outputs])
+
+
+def stored_jvp(primals, tangents, outs, params):
+    """The tangents of the states at every step and at the output times (see
+    `up_the_steps`) by the discrete forward sensitivity of the Runge-Kutta
+    (or Radau) steps taken, linearised at the recorded states: the JVP of
+    each step from its stored state, as `stored_vjp` pulls back through it;
+    `tangents`: those of `(*consts, y0)` (`Zero`s where none)."""
+    *consts, y0, ts = primals
+    *dconsts, dy0 = tangents
+    grid, states = outs.grid, outs.states
+    step = step_graph(params["body"], params["solver"], params.get("jac", "dense"),
+                      params["rtol"], params["atol"], params.get("mass"),
+                      params.get("mass_pattern"))
+    no_t, no_y = Zero(type_of(ts[0]).update()), Zero(type_of(y0).update())
+    zeros = ops.zeros_like(y0)
+
+    def one(k, dy):
+        t = grid[k]
+        _, (d,) = jvp_eval(step, [*consts, t, grid[k + 1] - t, states[k], states[k + 1]],
+                           [*dconsts, no_t, no_t, dy, no_y])
+        return zeros if is_zero(d) else d
+
+    return up_the_steps(one, dy0, lambda d: d, outs, params["max_steps"])
 
 
 def continuous_vjp(primals, outs, ct, params, interpolated: bool):

@@ -1,4 +1,6 @@
-"""BDF's discrete adjoint: the reverse pass of the accepted steps of
+"""BDF's discrete derivatives: the reverse pass (the discrete adjoint,
+`bdf_vjp`) and the forward pass (`bdf_jvp`, the same linearisation
+transposed) of the accepted steps of
 `sciad.solvers.ode._bdf`, in sciad ops, linearised at the states the
 forward pass records (`states`), from its record of each step (`history`:
 the step's order and the rescaling of the differences since the previous
@@ -44,17 +46,17 @@ from typing import Callable
 import numpy as np
 
 from .. import _ops as ops
-from ..graph._autodiff import type_of, vjp_eval
+from ..graph import Zero, is_zero
+from ..graph._autodiff import jvp_eval, type_of, vjp_eval
 from ..graph._trace import trace_flat
-from ..graph import is_zero
 from ..solvers.nonlinear._root_methods import sparse_jacobian
 from ..solvers.ode._bdf import ALPHA, GAMMA, MAX_ORDER
 from ..solvers._coloring import coloring
 from ._jacobian import Structure, dense_jacobian, emit
 from ._linalg import solve
 from ._ode_adjoint import (_flat_cotangents, _unflatten_cotangents, _wanted,
-                           down_the_steps)
-from ._ode_field import field_at, mass_in_ops
+                           down_the_steps, up_the_steps)
+from ._ode_field import field_at, mass_in_ops, summed
 
 #: the rows of the differences `D` (orders up to `MAX_ORDER`, and two more)
 ROWS = MAX_ORDER + 3
@@ -72,23 +74,108 @@ def _iteration_matrix(residual: Callable, y, pattern):
     return emit(graph, args, 0, Structure(pattern, coloring(pattern), False))
 
 
+class _Steps:
+    """What BDF's discrete derivatives read of the steps a node took (its
+    `outs`: an `OdeintOutputs` with `states` and `history`), in sciad ops:
+    both passes, forward and reverse, linearise step `k` (from `grid[k]` to
+    `grid[k + 1]`) alike (`at`)."""
+
+    def __init__(self, primals, outs, params):
+        *self.consts, self.y0, self.ts = primals
+        self.grid, self.states, self.history = outs.grid, outs.states, outs.history
+        self.graph = params["body"]
+        self.n, self.dtype = self.y0.shape[0], type_of(self.y0).dtype
+        self.mass = mass_in_ops(self.consts, params.get("mass"), params.get("mass_pattern"),
+                                self.n, self.dtype)
+        self.pattern = params.get("pattern") if sparse_jacobian(params.get("jac", "dense")) \
+            else None
+        self.alpha = ops.asarray(ALPHA.astype(self.dtype))
+        self.gamma = ops.asarray(np.concatenate([GAMMA, np.zeros(ROWS - GAMMA.size)]).astype(
+            self.dtype))
+        self.rows = ops.arange(ROWS)
+
+    def at(self, k):
+        """Step `k`: `(q, R, t, c, aq, y, s, A)`, its order, the rescaling of
+        the differences before it, its time and `c = h / alpha_q`, its
+        result `y`, the rows' scaling `s` (None: none) and the iteration
+        matrix `A = S (M - c J)` at `(t, y)`."""
+        record = self.history[k + 1]
+        q = ops.astype(record[0], np.int32)
+        R = ops.reshape(record[1:], (RESCALED, RESCALED))
+        t = self.grid[k + 1]
+        aq = ops.take(self.alpha, q)
+        c = (t - self.grid[k]) / aq
+        y = self.states[k + 1]
+        s = self.mass.scale(c)
+        graph, consts, mass = self.graph, self.consts, self.mass
+
+        def residual(z):
+            r = mass.apply(z) - c * field_at(graph, consts, t, z)
+            return r if s is None else s * r
+
+        return q, R, t, c, aq, y, s, _iteration_matrix(residual, y, self.pattern)
+
+    def psi_weights(self, q, aq):
+        """`psi = sum_i g_i D_i`: `g_i = gamma_i / alpha_q` for `1 <= i <= q`."""
+        return ops.where((self.rows >= 1) & (self.rows <= q), self.gamma, 0.0) / aq
+
+
+def bdf_jvp(primals, tangents, outs, params):
+    """The tangents of the states at every step, `(max_steps + 1, N)`, and at
+    the output times, `(len(ts), N)`, by the discrete forward sensitivity of
+    the BDF steps taken (the transpose of `bdf_vjp`'s pass, on the same
+    steps: see the module docstring): `tangents`, those of `(*consts, y0)`
+    (`Zero`s where none). Step `k` maps the differences' tangent `dD` by
+
+        dD' = R dD,  dy_pred = sum_{i <= q} dD'_i,  dpsi = sum_i g_i dD'_i,
+        (M - c J) dd = c (J dy_pred + (df/dconsts) dconsts) - M dpsi,
+
+    then the step's own update of the differences."""
+    st = _Steps(primals, outs, params)
+    *dconsts, dy0 = tangents
+    consts, graph, rows, mass = st.consts, st.graph, st.rows, st.mass
+    zeros_t = Zero(type_of(st.ts[0]).update())
+
+    def field_jvp(t, y, dy):
+        """`J dy + (df/dconsts) dconsts` at `(t, y)`."""
+        _, dfs = jvp_eval(graph, [*consts, t, y], [*dconsts, zeros_t, dy])
+        dfs = [d for d in dfs if not is_zero(d)]
+        return summed(dfs) if dfs else ops.zeros((st.n,), st.dtype)
+
+    def step(k, D):  # the tangent pass of step k
+        q, R, t, c, aq, y, s, A = st.at(k)
+        D = ops.concatenate([ops.matmul(R, D[:RESCALED]), D[RESCALED:]])
+        below = rows[:, None] <= q
+        dy_pred = ops.sum(ops.where(below, D, 0.0), axis=0)
+        dpsi = ops.matmul(st.psi_weights(q, aq), D)
+        b = c * field_jvp(t, y, dy_pred) - mass.apply(dpsi)
+        dd = solve(A, b if s is None else s * b, estimate=False)
+        # D_{q+2} = dd - D_{q+1}, D_{q+1} = dd, then D_i += D_{i+1} down from q
+        D = ops.where(rows[:, None] == q + 2, (dd - D[q + 1])[None],
+                      ops.where(rows[:, None] == q + 1, dd[None], D))
+        inside = ops.where(rows[:, None] <= q + 1, D, 0.0)
+        tail = ops.sum(inside, axis=0)[None] - ops.cumsum(inside, axis=0) + inside
+        return ops.where(rows[:, None] <= q + 1, tail, D)
+
+    # the first differences [y0, P f(t0, y0), 0, ...] (h0 is in the first R)
+    D0 = ops.zeros((ROWS, st.n), st.dtype)
+    D0 = ops.where(rows[:, None] == 0, dy0[None],
+                   ops.where(rows[:, None] == 1, mass.start(field_jvp(st.ts[0], st.y0, dy0))[None],
+                             D0))
+    return up_the_steps(step, D0, lambda D: D[0], outs, params["max_steps"])
+
+
 def bdf_vjp(primals, outs, ct, params, ct_states=None) -> list:
     """Cotangents of `(*consts, y0)` by the discrete adjoint of the BDF steps
     taken (see the module docstring); `outs`: the node's outputs (an
     `OdeintOutputs`, with `states` and `history`); `ct`: the cotangent of
     `ys`; `ct_states`: of the states at every step, or None."""
-    *consts, y0, ts = primals
-    grid, marks, states, history = outs.grid, outs.marks, outs.states, outs.history
-    graph = params["body"]
-    n, dtype = y0.shape[0], type_of(y0).dtype
+    st = _Steps(primals, outs, params)
+    consts, y0, ts, graph, rows, mass = st.consts, st.y0, st.ts, st.graph, st.rows, st.mass
+    n, dtype, marks = st.n, st.dtype, outs.marks
     ctypes = [type_of(c) for c in consts]
     wanted = _wanted(consts, params)
     m = len(consts)
-    mass = mass_in_ops(consts, params.get("mass"), params.get("mass_pattern"), n, dtype)
-    pattern = params.get("pattern") if sparse_jacobian(params.get("jac", "dense")) else None
-    alpha = ops.asarray(ALPHA.astype(dtype))
-    gamma = ops.asarray(np.concatenate([GAMMA, np.zeros(ROWS - GAMMA.size)]).astype(dtype))
-    rows = ops.arange(ROWS)
     zeros_n = ops.zeros((n,), dtype)
 
     def field_vjp(t, y, v):
@@ -101,13 +188,7 @@ def bdf_vjp(primals, outs, ct, params, ct_states=None) -> list:
     def back(k, L, acc):  # the reverse pass of step k, from grid[k] to grid[k + 1]
         if ct_states is not None:
             L = L + ops.where(rows[:, None] == 0, ct_states[k + 1][None], 0.0)
-        record = history[k + 1]
-        q = ops.astype(record[0], np.int32)
-        R = ops.reshape(record[1:], (RESCALED, RESCALED))
-        t = grid[k + 1]
-        aq = ops.take(alpha, q)
-        c = (t - grid[k]) / aq
-        y = states[k + 1]
+        q, R, t, c, aq, y, s, A = st.at(k)
         # the cumulative sums D_i += D_{i+1} (i = q, ..., 0), transposed
         L = ops.where(rows[:, None] <= q + 1, ops.cumsum(L, axis=0), L)
         top = L[q + 2]
@@ -116,21 +197,13 @@ def bdf_vjp(primals, outs, ct, params, ct_states=None) -> list:
                       ops.where(rows[:, None] == q + 2, 0.0, L))
         # mu = (M - c J)^-T lam_d at the step's result (rows scaled as the
         # forward pass's: S (M - c J), S = 1 / c on the algebraic rows)
-        s = mass.scale(c)
-
-        def residual(z):
-            r = mass.apply(z) - c * field_at(graph, consts, t, z)
-            return r if s is None else s * r
-
-        A = _iteration_matrix(residual, y, pattern)
         # (checked by its backward error, in the program: no condition
         # estimate, a host call, per step)
-        mu = solve(A.T if pattern is not None else ops.transpose(A), lam_d, estimate=False)
+        mu = solve(A.T if st.pattern is not None else ops.transpose(A), lam_d, estimate=False)
         mu = mu if s is None else s * mu
         ybar, cbar = field_vjp(t, y, c * mu)
-        g = ops.where((rows >= 1) & (rows <= q), gamma, 0.0) / aq
         L = L + ops.where(rows[:, None] <= q, ybar[None], 0.0) \
-            - g[:, None] * mass.apply_T(mu)[None]
+            - st.psi_weights(q, aq)[:, None] * mass.apply_T(mu)[None]
         L = ops.concatenate([ops.matmul(ops.transpose(R), L[:RESCALED]), L[RESCALED:]])
         return L, (acc + ops.concatenate(cbar)) if cbar else acc
 

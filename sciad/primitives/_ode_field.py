@@ -101,7 +101,8 @@ class MassOps(NamedTuple):
 
     apply: Callable     # v -> M v
     apply_T: Callable   # v -> M^T v
-    start_T: Callable   # v -> P^T v (P: the first step's dy/dt = P f, `_steps.Mass`)
+    start: Callable     # v -> P v (P: the first step's dy/dt = P f, `_steps.Mass`)
+    start_T: Callable   # v -> P^T v
     scale: Callable     # c -> the rows' scaling (1 / c on the algebraic ones), or None
 
 
@@ -110,7 +111,7 @@ def _identity(v):
 
 
 def _no_mass() -> MassOps:
-    return MassOps(_identity, _identity, _identity, lambda c: None)
+    return MassOps(_identity, _identity, _identity, _identity, lambda c: None)
 
 
 def _row_scaling(algebraic, k: int) -> Callable:
@@ -140,6 +141,8 @@ def _dense_mass(M, n: int, dtype) -> MassOps:
     return MassOps(lambda v: _blocks(lambda b: ops.matmul(b, ops.transpose(M)), v, k, size),
                    lambda v: _blocks(lambda b: ops.matmul(b, M), v, k, size),
                    lambda v: _blocks(lambda b: ops.matmul(
+                       ops.matmul(b, u) * s_inv, vh), v, k, size),
+                   lambda v: _blocks(lambda b: ops.matmul(
                        ops.matmul(b, ops.transpose(vh)) * s_inv, ops.transpose(u)), v, k, size),
                    _row_scaling(algebraic, k))
 
@@ -161,7 +164,7 @@ def _sparse_mass(values, pattern, n: int) -> MassOps:
                                      0.0)] * k)
     algebraic = zeros.at[rows].add(ops.abs(values)) == 0
     return MassOps(lambda v: apply(v, rows, cols), lambda v: apply(v, cols, rows),
-                   lambda v: inv * v, _row_scaling(algebraic, k))
+                   lambda v: inv * v, lambda v: inv * v, _row_scaling(algebraic, k))
 
 
 def mass_in_ops(consts, mass: int | None, mass_pattern, n: int, dtype) -> MassOps:
