@@ -708,6 +708,7 @@ def render(data: dict, machine: dict, argv: str) -> str:
                 per_ex = f"{st['vmap']['ms'] / r['B']:.3f}" if "vmap" in st else "—"
                 lines.append(_row([r["B"], "value" if q == "value" else "gradient"]
                                   + cells + ratios + [per_ex, yes_no(met)]))
+        lines.append("")  # (a list right under a table is read as its rows)
         for r in c1:
             for q in ("value", "grad"):
                 st = r[q]

@@ -159,8 +159,8 @@ def main(n: int = 100, maxiter: int = 60, plot: str | None = None, verbose: bool
         f"-> {(w2[1] + w2[2]) / (2 * w2[0]):.4f}; lambda_3 - lambda_2 = {w2[2] - w2[1]:.1e}; "
         f"mean density {np.mean(mem_density(mem, res2.x)):.6f}")
     if plot:
-        _plot(mem, res1.x, res2.x, plot)
-        say(f"figure written to {plot}")
+        if _plot(mem, res1.x, res2.x, plot):
+            say(f"figure written to {plot}")
     return dict(w0=w0, w1=w1, w2=w2, rates=rates, res1=res1, res2=res2, hist1=hist1,
                 hist2=hist2)
 
@@ -169,7 +169,7 @@ def mem_density(mem: Membrane, theta) -> np.ndarray:
     return np.asarray(sd.function(mem.density)(theta))
 
 
-def _plot(mem: Membrane, theta1, theta2, path: str) -> None:
+def _plot(mem: Membrane, theta1, theta2, path: str) -> bool:
     try:
         import matplotlib
 
@@ -177,7 +177,7 @@ def _plot(mem: Membrane, theta1, theta2, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[plot]'): no figure.")
-        return
+        return False
     n = mem.n
     modes = sd.function(lambda t: mem.modes(t, 3))
     fig, axes = plt.subplots(2, 4, figsize=(15, 7))
@@ -199,6 +199,7 @@ def _plot(mem: Membrane, theta1, theta2, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return True
 
 
 if __name__ == "__main__":

@@ -304,8 +304,8 @@ def main(n: int = 16, sources: int = 4, problems: int = 16, batch: int = 8, iter
             json.dump({k: v for k, v in out.items() if k not in ("m_true", "m")}, fh, indent=1)
         say(f"summary written to {summary}")
     if pid == 0 and plot:
-        _plot(problem, out, plot)
-        say(f"figure written to {plot}")
+        if _plot(problem, out, plot):
+            say(f"figure written to {plot}")
     return out
 
 
@@ -370,7 +370,7 @@ def check_one_device(problem, batches, iters: int, out: dict, seed: int) -> dict
     return {"m": dm, "f": df}
 
 
-def _plot(problem, out: dict, path: str, k: int = 4) -> None:
+def _plot(problem, out: dict, path: str, k: int = 4) -> bool:
     try:
         import matplotlib
 
@@ -378,7 +378,7 @@ def _plot(problem, out: dict, path: str, k: int = 4) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[plot]'): no figure.")
-        return
+        return False
     n, k = problem.n, min(k, out["problems"])
     fig, axes = plt.subplots(2, k, figsize=(3 * k, 6), squeeze=False)
     for j in range(k):
@@ -394,6 +394,7 @@ def _plot(problem, out: dict, path: str, k: int = 4) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return True
 
 
 def initialize(a: argparse.Namespace) -> None:

@@ -147,12 +147,12 @@ def main(nx: int = 41, maxiter: int = 100, plot: str | None = None, verbose: boo
     say(f"done: {res.nit} iterations, {res.nfev} evaluations, {elapsed:.1f} s; "
         f"objective {res.fun:.6e}; relative error of m {err:.4f}")
     if plot:
-        _plot(problem, res.x, history, plot)
-        say(f"figure written to {plot}")
+        if _plot(problem, res.x, history, plot):
+            say(f"figure written to {plot}")
     return res, rates, history, m_true
 
 
-def _plot(problem: Problem, m_rec, history, path: str) -> None:
+def _plot(problem: Problem, m_rec, history, path: str) -> bool:
     try:
         import matplotlib
 
@@ -160,7 +160,7 @@ def _plot(problem: Problem, m_rec, history, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[plot]'): no figure.")
-        return
+        return False
     mesh = problem.mesh
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.2), width_ratios=(1.25, 1.25, 1))
     E_true, E_rec = np.exp(problem.m_true), np.exp(m_rec)
@@ -183,6 +183,7 @@ def _plot(problem: Problem, m_rec, history, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 if __name__ == "__main__":

@@ -142,12 +142,12 @@ def main(nrefs: int = 4, maxiter: int = 150, plot: str | None = None, verbose: b
     say(f"done: {res.nit} iterations, {res.nfev} evaluations, {elapsed:.1f} s; "
         f"objective {res.fun:.6e}; relative error of m {err:.4f}")
     if plot:
-        _plot(problem, res.x, history, plot)
-        say(f"figure written to {plot}")
+        if _plot(problem, res.x, history, plot):
+            say(f"figure written to {plot}")
     return res, rates, history, m_true
 
 
-def _plot(problem: Problem, m_rec, history, path: str) -> None:
+def _plot(problem: Problem, m_rec, history, path: str) -> bool:
     try:
         import matplotlib
 
@@ -155,7 +155,7 @@ def _plot(problem: Problem, m_rec, history, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[plot]'): no figure.")
-        return
+        return False
     mesh = problem.mesh
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     lim = float(np.max(np.abs(problem.m_true)))
@@ -174,6 +174,7 @@ def _plot(problem: Problem, m_rec, history, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 if __name__ == "__main__":

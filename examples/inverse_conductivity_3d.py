@@ -198,12 +198,12 @@ def main(n: int = 64, maxiter: int = 50, plot: str | None = None, verbose: bool 
     say(f"done: {res.nit} iterations, {res.nfev} evaluations, {elapsed:.1f} s; objective "
         f"{history[0]:.4e} -> {res.fun:.4e}; relative error of m {err:.4f}; {res.message}")
     if plot:
-        _plot(problem, m_true, res.x, history, plot)
-        say(f"figure written to {plot}")
+        if _plot(problem, m_true, res.x, history, plot):
+            say(f"figure written to {plot}")
     return res, rates, history, m_true
 
 
-def _plot(problem: Problem, m_true, m_rec, history, path: str) -> None:
+def _plot(problem: Problem, m_true, m_rec, history, path: str) -> bool:
     try:
         import matplotlib
 
@@ -211,7 +211,7 @@ def _plot(problem: Problem, m_true, m_rec, history, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[plot]'): no figure.")
-        return
+        return False
     n = problem.n
     c = n // 2
     fig, axes = plt.subplots(2, 4, figsize=(16, 7.5),
@@ -238,6 +238,7 @@ def _plot(problem: Problem, m_true, m_rec, history, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return True
 
 
 if __name__ == "__main__":

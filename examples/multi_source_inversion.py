@@ -268,12 +268,12 @@ def main(n: int = 48, sources: int = 16, maxiter: int = 200, ensemble: int = 8,
         f"{res.fun:.6e} (from {start:.6e}); relative error of m {err:.4f} "
         f"(from {np.linalg.norm(m0 - m_true) / np.linalg.norm(m_true):.4f}); {res.message}")
     if plot:
-        _plot(problem, m_true, res.x, history, plot)
-        say(f"figure written to {plot}")
+        if _plot(problem, m_true, res.x, history, plot):
+            say(f"figure written to {plot}")
     return res, rates, history, m_true, start
 
 
-def _plot(problem: Problem, m_true, m_rec, history, path: str) -> None:
+def _plot(problem: Problem, m_true, m_rec, history, path: str) -> bool:
     try:
         import matplotlib
 
@@ -281,7 +281,7 @@ def _plot(problem: Problem, m_true, m_rec, history, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[plot]'): no figure.")
-        return
+        return False
     n = problem.n
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     vmin, vmax = float(np.min(m_true)), float(np.max(m_true))
@@ -302,6 +302,7 @@ def _plot(problem: Problem, m_true, m_rec, history, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 if __name__ == "__main__":

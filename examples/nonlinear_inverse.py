@@ -137,12 +137,12 @@ def main(n: int = 128, maxiter: int = 150, plot: str | None = None, verbose: boo
     say(f"done: {res.nit} iterations, {res.nfev} evaluations, {elapsed:.1f} s; "
         f"objective {res.fun:.6e}; relative error of m {err:.4f}")
     if plot:
-        _plot(problem, m_true, res.x, data, history, plot)
-        say(f"figure written to {plot}")
+        if _plot(problem, m_true, res.x, data, history, plot):
+            say(f"figure written to {plot}")
     return res, rates, history, m_true, graph
 
 
-def _plot(problem: Problem, m_true, m_rec, data, history, path: str) -> None:
+def _plot(problem: Problem, m_true, m_rec, data, history, path: str) -> bool:
     try:
         import matplotlib
 
@@ -150,7 +150,7 @@ def _plot(problem: Problem, m_true, m_rec, data, history, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[plot]'): no figure.")
-        return
+        return False
     n = problem.n
     fig, axes = plt.subplots(1, 4, figsize=(17, 4))
     vmin, vmax = float(np.min(m_true)), float(np.max(m_true))
@@ -169,6 +169,7 @@ def _plot(problem: Problem, m_true, m_rec, data, history, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 if __name__ == "__main__":

@@ -176,12 +176,12 @@ def main(n: int = 64, plot: str | None = None, verbose: bool = True, maxiter: in
         f"B {res2.x[1]:.4f} (true {BRUSS_TRUE[1]:.4f})")
     out["brusselator"] = (res2, rates2, hist2, data2, node)
     if plot:
-        _plot(out, n, plot)
-        say(f"figure written to {plot}")
+        if _plot(out, n, plot):
+            say(f"figure written to {plot}")
     return out
 
 
-def _plot(out, n: int, path: str) -> None:
+def _plot(out, n: int, path: str) -> bool:
     try:
         import matplotlib
 
@@ -189,7 +189,7 @@ def _plot(out, n: int, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[plot]'): no figure.")
-        return
+        return False
     res1, _, hist1, data = out["kinetics"]
     res2, _, hist2, data2, _ = out["brusselator"]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
@@ -216,6 +216,7 @@ def _plot(out, n: int, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 if __name__ == "__main__":

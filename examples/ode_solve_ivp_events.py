@@ -81,12 +81,12 @@ def main(plot: str | None = None, verbose: bool = True) -> dict:
     say(f"the longest throw: {np.rad2deg(best):.3f} degrees, {float(range_of(best)):.4f} m")
     out = dict(res=res, t_land=t_land, dR=dR, fd=fd, best=best)
     if plot:
-        _plot(out, plot)
-        say(f"figure written to {plot}")
+        if _plot(out, plot):
+            say(f"figure written to {plot}")
     return out
 
 
-def _plot(out, path: str) -> None:
+def _plot(out, path: str) -> bool:
     try:
         import matplotlib
 
@@ -94,7 +94,7 @@ def _plot(out, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[plot]'): no figure.")
-        return
+        return False
     res = out["res"]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     t = np.linspace(0.0, out["t_land"], 200)
@@ -118,6 +118,7 @@ def _plot(out, path: str) -> None:
     axes[1].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+    return True
 
 
 if __name__ == "__main__":

@@ -155,12 +155,12 @@ def main(n: int = 128, maxiter: int = 500, plot: str | None = None, verbose: boo
         f"objective {res.fun:.6e}; relative error of u0 {err:.4f}")
     say(f"distance to the closed-form Tikhonov minimizer: {gap:.2e} (relative)")
     if plot:
-        _plot(u_true, data, u_rec, history, plot)
-        say(f"figure written to {plot}")
+        if _plot(u_true, data, u_rec, history, plot):
+            say(f"figure written to {plot}")
     return res, rates, history, u_true, exact
 
 
-def _plot(u_true, data, u_rec, history, path: str) -> None:
+def _plot(u_true, data, u_rec, history, path: str) -> bool:
     try:
         import matplotlib
 
@@ -168,7 +168,7 @@ def _plot(u_true, data, u_rec, history, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[plot]'): no figure.")
-        return
+        return False
     fig, axes = plt.subplots(1, 4, figsize=(17, 4))
     vmin, vmax = float(np.min(u_true)), float(np.max(u_true))
     for ax, field, title in ((axes[0], u_true, "true initial temperature"),
@@ -186,6 +186,7 @@ def _plot(u_true, data, u_rec, history, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return True
 
 
 if __name__ == "__main__":

@@ -149,12 +149,12 @@ def main(n: int = 128, steps: int = 1500, shots: int = 4, maxiter: int = 25,
     say(f"done: {res.nit} iterations, {res.nfev} evaluations, {elapsed:.1f} s; objective "
         f"{res.fun:.4e} (from {float(f_value(m0)):.4e}); relative error of m {err:.4f}")
     if plot:
-        _plot(survey, data, m_true, res.x, history, plot)
-        say(f"figure written to {plot}")
+        if _plot(survey, data, m_true, res.x, history, plot):
+            say(f"figure written to {plot}")
     return res, rates, history, m_true
 
 
-def _plot(survey: Survey, data, m_true, m_rec, history, path: str) -> None:
+def _plot(survey: Survey, data, m_true, m_rec, history, path: str) -> bool:
     try:
         import matplotlib
 
@@ -162,7 +162,7 @@ def _plot(survey: Survey, data, m_true, m_rec, history, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[plot]'): no figure.")
-        return
+        return False
     n = survey.n
     pred = np.asarray(sd.function(lambda m: simulate(survey, velocity(survey, m)))(m_rec))
     fig, axes = plt.subplots(1, 4, figsize=(17, 4))
@@ -190,6 +190,7 @@ def _plot(survey: Survey, data, m_true, m_rec, history, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from .primitives import Binomial as Binomial, EveryK as EveryK, fori_loop as for
 from .primitives import Segments as Segments
 from .primitives import checkpoint as checkpoint, cond as cond, while_loop as while_loop
 from .graph._cost import cost as cost
+from ._info import show_config as show_config
 from ._transforms import (
     grad as grad,
     hvp as hvp,

@@ -43,55 +43,13 @@ def _setup(f: Callable, args: tuple, argnums: int, op: str):
 
 @api_boundary
 def jacobian_sparsity(f: Callable, *args, argnums: int = 0) -> sp.csr_matrix:
-    """The structural sparsity pattern of `f`'s Jacobian, detected from its graph.
-
-    `f` is traced once and its graph interpreted with each primitive's
-    sparsity rule: every element of every value carries the set of input
-    elements it depends on. The pattern is global (it holds for every value
-    of the input) and sound (every entry that can be nonzero is in it); a
-    constant matrix's zeros (a stencil) are kept. A primitive without a rule
-    is taken as dense in its operands, with a `SparsityWarning` naming it.
-
-    **Arguments:**
-
-    - `f`: a function of arrays returning one array.
-    - `*args`: example arguments (only their shapes and dtypes matter, and
-      the values of constants in `f`).
-    - `argnums`: the argument to differentiate (an int).
-
-    **Returns:**
-
-    A SciPy CSR matrix of booleans of shape `(f(x).size, x.size)`.
-    """
+    """The implementation of `sciad.sparse.jacobian_sparsity` (its docstring is there)."""
     _, _, graph, captured = _setup(f, args, argnums, "sparse.jacobian_sparsity")
     return graph_sparsity(graph, [True] + [False] * len(captured))
 
 
 def jacobian(f: Callable, argnums: int = 0, *, mode: str = "auto"):
-    """The Jacobian of `f` as a sparse matrix, by colored forward (or reverse)
-    mode.
-
-    The pattern is detected from `f`'s graph (`jacobian_sparsity`) and its
-    columns colored: columns that share no row get one color, and one JVP
-    per color, seeded with the sum of its columns' unit vectors, gives all
-    of them. The JVPs are batched into one graph of the size of one JVP. A
-    5-point stencil takes 5 to 7 products, whatever the grid's size, where a
-    dense Jacobian takes one per unknown. With fewer outputs than inputs
-    the rows may color better, and `mode="auto"` then uses VJPs.
-
-    **Arguments:**
-
-    - `f`: a function of arrays returning one array.
-    - `argnums`: the argument to differentiate (an int).
-    - `mode`: `"auto"`, `"forward"` (JVPs per column color) or `"reverse"`
-      (VJPs per row color).
-
-    **Returns:**
-
-    A function of `f`'s arguments returning a sciad sparse matrix of shape
-    `(f(x).size, x.size)` (a traced one inside a trace). Its values are
-    differentiable like any sciad value.
-    """
+    """The implementation of `sciad.sparse.jacobian` (its docstring is there)."""
     def inline(*args):
         x, tx, graph, captured = _setup(f, args, argnums, "sparse.jacobian")
         pattern = graph_sparsity(graph, [True] + [False] * len(captured))

@@ -1134,7 +1134,7 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
       `t_events`, `y_events`, and `status=1` at a terminal event, where the
       integration stops (`t_eval` is cut there). Outside a transformation
       every crossing is found on the solver's steps and located along the
-      solution; inside one (`sd.grad`, `sd.jit`, ...) the event count must
+      solution; inside one (`sd.grad`, `sd.function`, ...) the event count must
       be static, so only one terminal event is taken, located and
       differentiated as `odeint_event` does (no crossing there raises
       `ConvergenceError` when the program runs, where SciPy returns status
@@ -1530,7 +1530,7 @@ def _ivp_traced_event(events, specs, field, z0, ts, args, t0, t_eval, decode, si
     differentiated by `odeint_event`'s machinery."""
     if len(specs) != 1 or specs[0][0] != 1:
         raise NotSupportedError(
-            "inside a transformation (sd.grad, sd.jit, ...) solve_ivp takes one terminal "
+            "inside a transformation (sd.grad, sd.function, ...) solve_ivp takes one terminal "
             "event (`event.terminal = True`): the number of non-terminal crossings is not "
             "static. Call solve_ivp outside the transformation for every crossing, or make "
             "the event terminal.", op=op)

@@ -530,3 +530,33 @@ def test_bayesian_poisson_quantifies_the_uncertainty(capsys):
     assert np.isfinite(out["draws"]).all()
     text = capsys.readouterr().out
     assert "marginal likelihood: Taylor test" in text and "Laplace:" in text
+
+
+def test_without_matplotlib_an_example_says_no_figure_and_writes_none(monkeypatch, capsys):
+    """Every example's `_plot` returns False without matplotlib (after saying
+    how to get it), and its `main` says "figure written" only after a
+    `_plot` that returned True (it said both before)."""
+    import ast
+    import inspect
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # (its import raises ImportError)
+    names = sorted(n[:-3] for n in os.listdir(EXAMPLES) if n.endswith(".py"))
+    plotting = 0
+    for name in names:
+        with open(os.path.join(EXAMPLES, name + ".py")) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):  # every "figure written" is said right under `if _plot(...)`
+            body = getattr(node, "body", [])
+            for stmt in body if isinstance(body, list) else []:
+                if isinstance(stmt, ast.Expr) and "figure written" in ast.unparse(stmt):
+                    assert isinstance(node, ast.If) and ast.unparse(node.test).startswith(
+                        "_plot("), (name, ast.unparse(node))
+        if not any(isinstance(n, ast.FunctionDef) and n.name == "_plot" for n in tree.body):
+            continue
+        plotting += 1
+        plot = _load(name)._plot
+        args = [None] * len(inspect.signature(plot).parameters)
+        assert plot(*args) is False, name
+        assert "matplotlib is not installed" in capsys.readouterr().out, name
+    assert plotting >= 13

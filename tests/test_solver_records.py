@@ -102,7 +102,7 @@ def test_a_new_solver_is_one_record_and_one_registration(toy, rng):
 
 def test_unregistered_names_are_unknown(toy):
     solvers.unregister("toy")
-    with pytest.raises(InvalidOptionError, match="unknown solver 'toy'; choose one of 'lu'"):
+    with pytest.raises(InvalidOptionError, match="unknown solver 'toy'; choose one of 'auto', 'amg', 'lu'"):
         sd.linalg.solve(np.eye(2), np.ones(2), solver="toy")
     solvers.register(toy)
     with pytest.raises(RegistrationError, match="already registered"):

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from ..errors import DTypeError, InvalidOptionError, SingularMatrixError
-from ._registry import lookup, records
+from ._registry import lookup, names, records
 
 MATRICES = ("dense", "sparse", "operator")
 
@@ -250,6 +250,11 @@ def requested(solver, preconditioner, *, tags: frozenset, partition=None, op=Non
     API boundary: a sharded solve's "auto" is a Krylov method ("cg" for an
     spd matrix, else "gmres"); `solver="amg"` is shorthand for that Krylov
     method preconditioned by "amg"."""
+    known = ("auto", "amg") + names("linear")
+    if not isinstance(solver, str) or solver not in known:
+        raise InvalidOptionError(
+            f"unknown solver {solver!r}; choose one of {', '.join(map(repr, known))} "
+            "(sd.linalg.explain_solver(A) says what \"auto\" picks for A, and why).", op=op)
     krylov = "cg" if "spd" in tags else "gmres"
     if partition is not None and solver == "auto":  # (a sharded solve is a Krylov one)
         solver = krylov
