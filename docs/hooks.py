@@ -35,5 +35,88 @@ def bench_table(name: str) -> str:
 
 
 def on_page_markdown(markdown, page, config, files):  # noqa: ARG001 -- MkDocs' signature
-    """Replaces each `<!-- bench: NAME -->` line with that results file."""
-    return _INCLUDE.sub(lambda m: bench_table(m.group(1)), markdown)
+    """Replaces each `<!-- bench: NAME -->` line with that results file, and
+    each `<!-- api-table: MODULE -->` line with the table of its names."""
+    markdown = _INCLUDE.sub(lambda m: bench_table(m.group(1)), markdown)
+    return _API_TABLE.sub(lambda m: api_table(m.group(1)), markdown)
+
+
+# ---------------------------------------------------------------------------
+# The API reference: a generated table of a module's every public name
+# (`<!-- api-table: sciad.numpy -->`: the NumPy-compatible functions are made
+# from a table at import, so their docstrings exist at run time only), and a
+# check after the build that every public name of every module has an entry
+# on its API page (an anchor `module.name` from mkdocstrings, or a row of the
+# generated table), which fails the build otherwise
+
+_API_TABLE = re.compile(r"^<!-- api-table: ([\w.]+) -->$", re.M)
+#: each public module and its API page (under the site's `api/`)
+API_PAGES = {"sciad": "sciad", "sciad.numpy": "numpy", "sciad.linalg": "linalg",
+             "sciad.sparse": "sparse", "sciad.fft": "fft", "sciad.optimize": "optimize",
+             "sciad.ode": "ode", "sciad.fem": "fem", "sciad.testing": "testing",
+             "sciad.errors": "errors", "sciad.graph": "graph", "sciad.config": "config"}
+
+
+def public_names(module: str) -> list[str]:
+    """The public names of `module`: its `__all__`, else every name without
+    a leading underscore that is not a module (nor `from __future__`'s)."""
+    import importlib
+    import types
+
+    mod = importlib.import_module(module)
+    names = getattr(mod, "__all__", None)
+    if names is None:
+        names = [n for n in dir(mod) if not n.startswith("_") and n != "annotations"]
+    return [n for n in names if not isinstance(getattr(mod, n, None), types.ModuleType)]
+
+
+def _summary(obj) -> str:
+    """One line on `obj` for the table: its docstring's first sentence, or
+    what a constant or a scalar type is."""
+    import numpy as np
+
+    if isinstance(obj, type) and issubclass(obj, np.generic):
+        return f"NumPy's scalar type `numpy.{obj.__name__}`"
+    if not callable(obj):
+        return f"the constant `{obj!r}`"
+    doc = " ".join((obj.__doc__ or "").strip().split("\n\n")[0].split())
+    if not doc:
+        return f"NumPy's `numpy.{getattr(obj, '__name__', '')}`, on sciad values"
+    first = re.split(r"(?<=\.)\s", doc)[0]
+    return first.replace("|", "\\|")
+
+
+def api_table(module: str) -> str:
+    """A Markdown table of `module`'s public names, each with its summary
+    and an anchor `module:name`."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    rows = ["| name | what it is |", "| --- | --- |"]
+    for name in public_names(module):
+        rows.append(f'| <code id="{module}:{name}">{name}</code> | '
+                    f"{_summary(getattr(mod, name))} |")
+    return "\n".join(rows) + "\n"
+
+
+def missing_entries(site_dir: str) -> list[str]:
+    """The public names without an entry on their module's API page."""
+    missing = []
+    for module, page in API_PAGES.items():
+        path = os.path.join(site_dir, "api", page, "index.html")
+        with open(path, encoding="utf-8") as f:
+            ids = set(re.findall(r'id="([\w.:]+)"', f.read()))
+        missing += [f"{module}.{n}" for n in public_names(module)
+                    if f"{module}.{n}" not in ids and f"{module}:{n}" not in ids]
+    return missing
+
+
+def on_post_build(config):
+    """Fails the build where a public name has no entry in the API reference."""
+    missing = missing_entries(config["site_dir"])
+    if missing:
+        from mkdocs.exceptions import PluginError
+
+        raise PluginError("public names without an entry in the API reference (add them "
+                          "to the module's page under docs/api/, or give them a "
+                          "docstring): " + ", ".join(missing))

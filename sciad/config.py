@@ -155,5 +155,6 @@ def _x64_at_import() -> str:
     return "on: turned on when sciad was imported"
 
 
-#: how JAX's x64 mode was set when sciad was imported (a sentence)
 x64_policy: str = _x64_at_import()
+"""How JAX's x64 mode was set when sciad was imported, as a sentence (e.g.
+"on: turned on when sciad was imported")."""

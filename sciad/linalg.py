@@ -50,9 +50,10 @@ from .sparse import from_scipy as _from_scipy, sharded_matmul, todense as sparse
 
 __all__ = ["solve", "explain_solver", "cond", "slogdet", "selected_inverse", "precision_sample", "eigh", "eigvalsh", "eigsh", "funm_hermitian", "svd", "operator", "Operator", "SolveInfo", "SOLVERS"]
 
-#: every built-in solver name `solve` accepts, besides "auto" (the registered
-#: records, `sciad.solvers`)
 SOLVERS = _solver_names("linear")
+"""Every built-in solver name `solve` accepts, besides "auto" and "amg" (the
+registered records of `sciad.solvers`): `"lu"`, `"cholesky"`, `"splu"`, ...;
+`sd.show_config()` says which run here."""
 
 _ASSUME = {None: frozenset(), "general": frozenset(), "symmetric": frozenset({"symmetric"}),
            "spd": frozenset({"spd", "symmetric"}), "pos": frozenset({"spd", "symmetric"}),

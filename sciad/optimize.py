@@ -60,10 +60,10 @@ __all__ = ["minimize", "METHODS", "root", "fixed_point", "RootResult"]
 _tree = jax.tree_util
 _OP = "optimize.minimize"
 
-#: the method names `minimize` accepts (case-insensitive), as in SciPy
 METHODS = ("nelder-mead", "powell", "cg", "bfgs", "newton-cg", "l-bfgs-b", "tnc", "cobyla",
            "cobyqa", "slsqp", "trust-constr", "dogleg", "trust-ncg", "trust-exact",
            "trust-krylov")
+"""The method names `minimize` accepts (case-insensitive), as in SciPy."""
 
 _VALUE_ONLY = frozenset({"nelder-mead", "powell", "cobyla", "cobyqa"})
 _HESSP = frozenset({"newton-cg", "trust-ncg", "trust-krylov", "trust-constr"})

@@ -179,3 +179,13 @@ def test_arguments_over_four_devices_give_per_device_figures():
     assert r["same_table"]
     for name in ("program", "gradient"):
         assert xla[name]["flops"] < 0.5 * one[3][name]["flops"], (name, xla, one[3])
+
+
+def test_the_cost_table_names_each_solves_solver():
+    """`sd.cost` shows what "auto" chose for each solve of the program (a
+    factorization's solver, an iterative solve's method)."""
+    A = sd.sparse.from_dense(2 * np.eye(4) - np.eye(4, k=1) - np.eye(4, k=-1), tags={"spd"})
+    report = sd.cost(lambda b: snp.sum(sd.linalg.solve(A, b) ** 2), np.ones(4))
+    assert "linalg.factor" in str(report) and "solver 'klu'" in str(report)
+    amg = sd.cost(lambda b: sd.linalg.solve(A, b, solver="amg"), np.ones(4))
+    assert amg.rows[0].note.startswith("solver 'cg', per iteration")

@@ -98,10 +98,14 @@ def literal_operand(lit: Literal):
 
 
 def is_zero(x) -> bool:
+    """Whether `x` is a symbolic zero tangent or cotangent (`Zero`), which
+    rules receive for an operand without one and may return."""
     return isinstance(x, Zero)
 
 
 def is_linear(x) -> bool:
+    """Whether `x`, an operand a transpose rule receives, is one of the
+    linear inputs to transpose (an `UndefinedPrimal`), not a fixed value."""
     return isinstance(x, UndefinedPrimal)
 
 
@@ -152,6 +156,8 @@ def _tangent_type(t: AbstractType) -> AbstractType:
 
 
 add_any_p = Primitive("add_any", params={})
+"""The primitive that adds two tangents or cotangents (`add_tangents`), which
+the transforms emit where a value reaches a derivative by two paths."""
 
 
 @add_any_p.def_abstract_eval
@@ -182,6 +188,8 @@ def _add_any_transpose(ct, x, y):
 
 
 zeros_p = Primitive("zeros", params={"shape": tuple[int, ...], "dtype": np.dtype})
+"""The primitive of a zero array of a static shape and dtype (`zeros`): a
+symbolic `Zero` made concrete (`instantiate`)."""
 
 
 @zeros_p.def_abstract_eval
@@ -205,6 +213,9 @@ def _zeros_impl(*, shape, dtype):
 # (`value_at_zero`). A loop's primal results need no marker: its
 # `linearity` rule tells them from its tangent results (`linear_outputs`).
 jvp_primal_p = Primitive("jvp_primal", params={})
+"""The identity on a primal value a JVP rule computes together with the
+tangents (`jvp_primal`), marked so that transposition takes it for a primal
+value, not a linear one."""
 
 
 @jvp_primal_p.def_abstract_eval

@@ -900,6 +900,12 @@ def primitive(name: str, *, multiple_results: bool = False,
 
 
 def lookup_primitive(name: str) -> Primitive | None:
+    """The registered primitive named `name` (as a graph prints it), or None.
+
+    ```python
+    sd.graph.lookup_primitive("linalg.solve").rules   # ('impl', 'abstract_eval', 'jvp', ...)
+    ```
+    """
     return _REGISTRY.get(name)
 
 

@@ -959,7 +959,8 @@ def _iteration_flops(solver: str, b, pattern, preconditioner=None) -> float:
 @linalg_factor_p.def_cost
 def _factor_cost(node, body):
     p = node.params
-    return Cost(_factor_flops(node.inputs[0].type.shape[0], p["solver"], p.get("pattern")))
+    return Cost(_factor_flops(node.inputs[0].type.shape[0], p["solver"], p.get("pattern")),
+                note=f"solver {p['solver']!r}")
 
 
 @linalg_backsolve_p.def_cost
@@ -976,7 +977,7 @@ def _solve_cost(node, body):
     n = a.type.shape[0]
     if not lookup(p["solver"], "linear").direct:
         per = _iteration_flops(p["solver"], b, p.get("pattern"), p.get("preconditioner"))
-        note = f"per iteration ({_si(per)})"
+        note = f"solver {p['solver']!r}, per iteration ({_si(per)})"
         if p.get("partition") is not None:  # (the whole's FLOPs; each device does its rows')
             part = p["partition"]
             note += (f"; rows over {part.devices} devices of {part.axis!r}, "
@@ -994,7 +995,8 @@ def _solve_cost(node, body):
         return Cost(per, temp, note)
     f = FactorType(a.type.shape, a.type.dtype, p["solver"], p.get("pattern"))
     return Cost(_factor_flops(n, p["solver"], p.get("pattern"))
-                + _per_rhs(n, p["solver"], p.get("pattern")) * _rhs(b, n), nbytes(f))
+                + _per_rhs(n, p["solver"], p.get("pattern")) * _rhs(b, n), nbytes(f),
+                f"solver {p['solver']!r}")
 
 
 @linalg_solve_operator_p.def_cost

@@ -91,8 +91,9 @@ from ._ode_field import (augmented_pattern, derived_params, field_at, field_body
                          part_of, with_mass_entries)
 from ._root import root_guard_p
 
-#: the steppers by name (`solver`), as `sd.ode.SOLVERS` shows them
 SOLVERS = STEPPERS
+"""The ODE methods by name (`odeint`'s `solver`): each a record of the
+stepper (explicit or implicit, its order, its tableau); `sd.ode.SOLVERS`."""
 JACOBIANS = ("dense", "sparse")
 STATUS = {
     0: "success",
