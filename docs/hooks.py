@@ -120,3 +120,30 @@ def on_post_build(config):
         raise PluginError("public names without an entry in the API reference (add them "
                           "to the module's page under docs/api/, or give them a "
                           "docstring): " + ", ".join(missing))
+
+
+# ---------------------------------------------------------------------------
+# Math: `$...$` and `$$...$$` in a page (kept intact by pymdownx.arithmatex's
+# generic mode) become MathML, which browsers render natively: no script, no
+# fonts fetched, the same offline
+
+_MATH = re.compile(r'<(span|div) class="arithmatex">\s*\\([(\[])(.*?)\\[)\]]\s*</\1>', re.S)
+
+
+def math_to_mathml(html: str) -> str:
+    """`html` with each of arithmatex's math spans (inline) and blocks
+    (display) as MathML."""
+    import html as _html
+
+    from latex2mathml.converter import convert
+
+    def one(m):
+        display = "block" if m.group(2) == "[" else "inline"
+        return convert(_html.unescape(m.group(3)).strip(), display=display)
+
+    return _MATH.sub(one, html)
+
+
+def on_page_content(html, page, config, files):  # noqa: ARG001 -- MkDocs' signature
+    """The page's math as MathML."""
+    return math_to_mathml(html)

@@ -211,22 +211,23 @@ def test_the_readme_fits_on_a_few_screens():
         assert len(f.read().splitlines()) <= 250
 
 
-def test_the_benchmarks_page_includes_every_report_once():
-    """docs/benchmarks.md holds no figures of its own: the MkDocs hook
-    (docs/hooks.py) includes each `bench/results/*.md` where the page says."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("docs_hooks", os.path.join(DOCS, "hooks.py"))
-    hooks = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hooks)
-    with open(os.path.join(DOCS, "benchmarks.md")) as f:
-        page = f.read()
-    included = hooks._INCLUDE.findall(page)
+def test_the_benchmarks_pages_include_every_report_once():
+    """docs/benchmarks/ (a page per family) holds no figures of its own: the
+    MkDocs hook (docs/hooks.py) includes each `bench/results/*.md` where a
+    page says, each report on one page once."""
+    hooks = _hooks()
+    folder = os.path.join(DOCS, "benchmarks")
+    pages = {}
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name)) as f:
+            pages[name] = f.read()
+    included = [r for page in pages.values() for r in hooks._INCLUDE.findall(page)]
     reports = sorted(name[:-3] for name in os.listdir(os.path.join(ROOT, "bench", "results"))
                      if name.endswith(".md"))
     assert sorted(included) == reports
-    built = hooks.on_page_markdown(page, None, None, None)
-    assert "<!-- bench:" not in built and "| --- |" not in page
+    assert "index.md" in pages and len(pages) >= 5
+    built = "\n".join(hooks.on_page_markdown(page, None, None, None) for page in pages.values())
+    assert "<!-- bench:" not in built and not any("| --- |" in p for p in pages.values())
     for name in reports:  # each report's first table row, as the page shows it
         body = hooks.bench_table(name)
         row = next(line for line in body.splitlines() if line.startswith("|"))
@@ -300,3 +301,16 @@ def test_the_api_reference_check_finds_a_public_name_without_an_entry(tmp_path):
         (tmp_path / "api" / page).mkdir(parents=True)
         (tmp_path / "api" / page / "index.html").write_text("\n".join(ids))
     assert hooks.missing_entries(str(tmp_path)) == ["sciad.linalg.slogdet"]
+
+
+def test_math_is_rendered_as_mathml():
+    """`$...$` and `$$...$$` (arithmatex's spans and blocks) become MathML at
+    build time: rendered by the browser, offline."""
+    pytest.importorskip("latex2mathml")
+    hooks = _hooks()
+    html = ('<p>a <span class="arithmatex">\\(x^2 &lt; y\\)</span> and</p>'
+            '<div class="arithmatex">\\[\\frac{a}{b}\\]</div>')
+    out = hooks.math_to_mathml(html)
+    assert "arithmatex" not in out and out.count("<math") == 2
+    assert 'display="inline"' in out and 'display="block"' in out and "<mfrac>" in out
+    assert "&lt;" in out or "&#x0003C;" in out  # (the escaped "<" is math's, not markup)
