@@ -390,6 +390,17 @@ def function(fn: Callable | None = None, *, static_argnums: int | Sequence[int] 
     NumPy's dtypes (float64 stays float64). `.trace(*args)` returns the graph,
     `.graphs` the graphs traced so far. Usable as a decorator, with or
     without arguments.
+
+    **Example:**
+
+    ```python
+    import numpy as np, sciad as sd, sciad.numpy as snp
+
+    f = sd.function(lambda x: snp.sum(snp.sin(x) ** 2))
+    float(f(np.array([0.0, 1.0])))            # 0.7080734182735712 (traced and compiled once)
+    float(f(np.array([1.0, 2.0])))            # 1.5348952287053772 (the same program)
+    f.trace_count                             # 1
+    ```
     """
     kw = dict(static_argnums=static_argnums, static_argnames=static_argnames,
               in_shardings=in_shardings, out_shardings=out_shardings)

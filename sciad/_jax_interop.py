@@ -498,6 +498,16 @@ def to_jax(f: Callable) -> Callable:
     traced in float32, and a graph that would still compute in 64 bits raises
     `NotSupportedError`. Arrays of enclosing JAX traces cannot be closed over
     by `f`; pass them as arguments.
+
+    **Example:**
+
+    ```python
+    import jax
+    import numpy as np, sciad as sd, sciad.numpy as snp
+
+    f = sd.to_jax(lambda x: snp.sum(snp.sin(x) ** 2))
+    jax.jit(jax.grad(f))(np.array([0.0, 1.0]))   # [0.         0.90929743]
+    ```
     """
     if not callable(f):
         raise TypeError(f"to_jax: expected a function, got {f!r}.")

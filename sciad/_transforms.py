@@ -178,6 +178,16 @@ def jvp(f: Callable, primals: Sequence, tangents: Sequence):
     **Returns:**
 
     `(out, tangent_out)`, two pytrees of `f`'s output structure.
+
+    **Example:**
+
+    ```python
+    import numpy as np, sciad as sd, sciad.numpy as snp
+
+    f = lambda x: snp.sum(snp.sin(x) ** 2)
+    out, tangent = sd.jvp(f, (np.array([0.0, 1.0]),), (np.array([1.0, 1.0]),))
+    float(tangent)                            # 0.9092974268256818
+    ```
     """
     if not isinstance(primals, (tuple, list)) or not isinstance(tangents, (tuple, list)):
         raise ShapeError("`primals` and `tangents` must be tuples of arguments, got "
@@ -252,6 +262,16 @@ def vjp(f: Callable, *primals, has_aux: bool = False):
     must be called in that trace. On concrete arrays `vjp_fn` is compiled and
     recomputes the forward part. With `has_aux=True`, `f` returns
     `(out, aux)` and the result is `(out, vjp_fn, aux)`.
+
+    **Example:**
+
+    ```python
+    import numpy as np, sciad as sd, sciad.numpy as snp
+
+    f = lambda x: snp.sum(snp.sin(x) ** 2)
+    out, pullback = sd.vjp(f, np.array([0.0, 1.0]))
+    pullback(1.0)[0]                          # [0.         0.90929743]
+    ```
     """
     if has_aux and not _in_trace(primals):
         raise ShapeError("`has_aux=True` is supported inside traced functions; on "
@@ -294,7 +314,19 @@ def _value_and_grad_inline(f, argnums, has_aux: bool, op: str):
 
 def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False):
     """A function returning `(f(*args), grad)`; see `sd.grad`. With
-    `has_aux=True` it returns `((out, aux), grad)`."""
+    `has_aux=True` it returns `((out, aux), grad)`.
+
+    **Example:**
+
+    ```python
+    import numpy as np, sciad as sd, sciad.numpy as snp
+
+    f = lambda x: snp.sum(snp.sin(x) ** 2)
+    value, g = sd.value_and_grad(f)(np.array([0.0, 1.0]))
+    float(value)                              # 0.7080734182735712
+    g                                         # [0.         0.90929743]
+    ```
+    """
     return _Transformed(_value_and_grad_inline(f, argnums, has_aux, "value_and_grad"), f,
                         "value_and_grad")
 
@@ -314,6 +346,15 @@ def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False):
     A function of `f`'s arguments returning the gradient (a pytree like the
     argument), or `(grad, aux)` with `has_aux=True`. Traceable and
     composable: `sd.grad(sd.grad(f))`, `sd.trace(sd.grad(f), x)`.
+
+    **Example:**
+
+    ```python
+    import numpy as np, sciad as sd, sciad.numpy as snp
+
+    f = lambda x: snp.sum(snp.sin(x) ** 2)
+    sd.grad(f)(np.array([0.0, 1.0]))          # [0.         0.90929743]
+    ```
     """
     vg = _value_and_grad_inline(f, argnums, has_aux, "grad")
 
@@ -326,7 +367,17 @@ def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False):
 
 def hvp(f: Callable, x, v):
     """The Hessian-vector product `H(x) v` of a real scalar `f`, as the JVP of
-    its gradient (forward over reverse)."""
+    its gradient (forward over reverse).
+
+    **Example:**
+
+    ```python
+    import numpy as np, sciad as sd, sciad.numpy as snp
+
+    f = lambda x: snp.sum(snp.sin(x) ** 2)
+    sd.hvp(f, np.array([0.0, 1.0]), np.array([1.0, 0.0]))   # [2. 0.]
+    ```
+    """
     return jvp(grad(f), (x,), (v,))[1]
 
 
@@ -395,6 +446,14 @@ def jacfwd(f: Callable, argnums: int = 0):
     shape `I`, a pytree like `f`'s output with a leaf of shape `O + I` for
     each output leaf of shape `O` (zeros where the output does not depend on
     the input).
+
+    **Example:**
+
+    ```python
+    import numpy as np, sciad as sd, sciad.numpy as snp
+
+    sd.jacfwd(snp.sin)(np.array([0.0, 1.0]))  # [[1. 0.] [0. 0.54030231]]
+    ```
     """
 
     def inline(*args):
@@ -439,6 +498,14 @@ def jacrev(f: Callable, argnums: int = 0):
     shape `I`, a pytree like `f`'s output with a leaf of shape `O + I` for
     each output leaf of shape `O` (zeros where the output does not depend on
     the input).
+
+    **Example:**
+
+    ```python
+    import numpy as np, sciad as sd, sciad.numpy as snp
+
+    sd.jacrev(snp.sin)(np.array([0.0, 1.0]))  # [[1. 0.] [0. 0.54030231]]
+    ```
     """
 
     def inline(*args):
@@ -570,6 +637,16 @@ def vmap(f: Callable, in_axes=0, out_axes=0, *, spmd_axis_name: str | None = Non
     **Returns:**
 
     The batched function.
+
+    **Example:**
+
+    ```python
+    import numpy as np, sciad as sd, sciad.numpy as snp
+
+    f = lambda x: snp.sum(snp.sin(x) ** 2)   # one example: a vector
+    X = np.array([[0.0, 1.0], [1.0, 2.0], [2.0, 3.0]])
+    sd.vmap(f)(X)                             # [0.70807342 1.53489523 0.84673667]
+    ```
     """
     if spmd_axis_name is not None and not isinstance(spmd_axis_name, str):
         raise ShapeError(f"`spmd_axis_name` must be a mesh axis name (a str), got "

@@ -255,6 +255,16 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
     always; sparse ones when the residual calls for an estimate, or always
     with `sd.config.enable_checks` on, since a sparse estimate costs a few
     extra solves). A structurally singular sparse matrix fails at trace time.
+
+    **Example:**
+
+    ```python
+    import numpy as np, sciad as sd, sciad.numpy as snp
+
+    A, b = np.array([[4.0, 1.0], [1.0, 3.0]]), np.array([1.0, 2.0])
+    sd.linalg.solve(A, b)                                         # [0.09090909 0.63636364]
+    sd.grad(lambda b: snp.sum(sd.linalg.solve(A, b)))(b)          # [0.18181818 0.27272727]
+    ```
     """
     op = "linalg.solve"
     if isinstance(A, Operator):

@@ -516,6 +516,17 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
 
     `y` at `ts`: a pytree like `y0` whose arrays have a leading axis of
     `len(ts)`; or an `ODEResult` with `throw=False`.
+
+    **Example:**
+
+    ```python
+    import numpy as np, sciad as sd
+
+    decay = lambda t, y, k: -k * y
+    sd.ode.odeint(decay, np.ones(1), np.array([0.0, 1.0]), 0.5)   # [[1.] [0.60653069]]
+    sd.grad(lambda k: sd.ode.odeint(decay, np.ones(1), np.array([0.0, 1.0]), k)[-1, 0])(0.5)
+    # -0.6065302949634307
+    ```
     """
     op = _OP
     f = _check_field(f, op)

@@ -396,6 +396,17 @@ def minimize(f: Callable, x0, args=(), method: str | Callable = "L-BFGS-B", boun
     with the same `f` and arrays of the same shapes reuses them. As with
     `sd.function`, arrays `f` reads from its enclosing scope are frozen when
     it is first traced; pass data that changes through `args`.
+
+    **Example:**
+
+    ```python
+    import numpy as np, sciad as sd
+
+    rosen = lambda z: (1 - z[0]) ** 2 + 100 * (z[1] - z[0] ** 2) ** 2
+    res = sd.optimize.minimize(rosen, np.zeros(2))                # L-BFGS-B on compiled gradients
+    res.success                                                   # True
+    res.x                                                         # [0.99999971 0.9999994 ]
+    ```
     """
     import scipy.optimize
 
@@ -712,6 +723,18 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
     A `RootResult`: `x` (the root, of `x0`'s shape), `success`, `nit`,
     `residual` (`||F(x)||_inf`) and `status`, traced values inside a trace
     and Python numbers outside.
+
+    **Example:**
+
+    ```python
+    import numpy as np, sciad as sd
+
+    res = sd.optimize.root(lambda x, a: x ** 2 - a, np.array(1.0), (2.0,))
+    res.success, float(res.x)                                     # (True, 1.4142135623746899)
+    # the derivative of the root in `a`, by the implicit function theorem:
+    sd.grad(lambda a: sd.optimize.root(lambda x, a: x ** 2 - a, np.array(1.0), (a,)).x)(2.0)
+    # 0.35355339059287505
+    ```
     """
     if jac is True or callable(jac) or (jac is not None and not isinstance(jac, str)):
         raise InvalidOptionError(f"`jac` names how sciad forms and solves the Jacobian ('sparse', "

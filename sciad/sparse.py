@@ -472,6 +472,8 @@ def jacobian_sparsity(f, *args, argnums: int = 0):
     A SciPy CSR matrix of booleans of shape `(f(x).size, x.size)`.
 
     ```python
+    import numpy as np, sciad as sd
+
     def F(u):
         return u[1:] - u[:-1] + u[1:] ** 2
 
@@ -510,7 +512,12 @@ def jacobian(f, argnums: int = 0, *, mode: str = "auto"):
     differentiable like any sciad value.
 
     ```python
-    J = sd.sparse.jacobian(F)(np.ones(4))   # F above: two colors, two JVPs
+    import numpy as np, sciad as sd
+
+    def F(u):
+        return u[1:] - u[:-1] + u[1:] ** 2
+
+    J = sd.sparse.jacobian(F)(np.ones(4))   # two colors: two JVPs
     J.todense()
     # [[-1.  3.  0.  0.]
     #  [ 0. -1.  3.  0.]

@@ -57,8 +57,11 @@ def _shown_rtol(shown: str) -> float:
     checked to 2.5e-5, `0.3535533905932738` to 1e-7."""
     import re
 
-    digits = [len(m.lstrip("-+").replace(".", "").lstrip("0") or "0")
+    # (a zero shows no digits of its own: `[0.  0.9093]` is checked to 5e-5,
+    # the zero to the absolute tolerance)
+    digits = [len(m.lstrip("-+").replace(".", "").lstrip("0"))
               for m in re.findall(r"[-+]?\d*\.\d+|[-+]?\d+\.?", re.sub(r"e[-+]?\d+", "", shown))]
+    digits = [d for d in digits if d]
     return max(1e-7, 0.5 * 10.0 ** (1 - min(digits))) if digits else 1e-7
 
 

@@ -334,3 +334,26 @@ def test_math_is_rendered_as_mathml():
     assert "arithmatex" not in out and out.count("<math") == 2
     assert 'display="inline"' in out and 'display="block"' in out and "<mfrac>" in out
     assert "&lt;" in out or "&#x0003C;" in out  # (the escaped "<" is math's, not markup)
+
+
+#: the main entry points, whose docstrings' examples run as shown (each
+#: imports what it uses)
+_DOCSTRING_EXAMPLES = ("grad", "value_and_grad", "jvp", "vjp", "hvp", "jacfwd", "jacrev", "vmap",
+                       "function", "to_jax", "linalg.solve", "optimize.root",
+                       "optimize.minimize", "ode.odeint", "sparse.jacobian_sparsity",
+                       "sparse.jacobian", "show_config")
+
+
+@pytest.mark.parametrize("name", _DOCSTRING_EXAMPLES)
+def test_docstring_examples_run_as_shown(name):
+    import inspect
+
+    obj = sd
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    doc = inspect.getdoc(obj)
+    blocks = python_blocks(doc)
+    assert blocks, f"sd.{name} has no example"
+    ns = _namespace()
+    for i, (code, _, _) in enumerate(blocks):
+        run_block(code, ns, f"sd.{name} block {i + 1}")
