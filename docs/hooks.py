@@ -145,5 +145,46 @@ def math_to_mathml(html: str) -> str:
 
 
 def on_page_content(html, page, config, files):  # noqa: ARG001 -- MkDocs' signature
-    """The page's math as MathML."""
-    return math_to_mathml(html)
+    """The page's math as MathML, and its inline names of sciad functions
+    linked to their API entries."""
+    return api_links(math_to_mathml(html), page.url if page is not None else "")
+
+
+# ---------------------------------------------------------------------------
+# Cross-links: an inline `sd.linalg.solve` (or `sd.grad(f)`) in a page links
+# to its entry in the API reference
+
+_CODE_NAME = re.compile(r"<code>(?:sd|sciad)\.([A-Za-z_][\w.]*)(\([^<]*\))?</code>")
+_LINK = re.compile(r"(<a\b[^>]*>.*?</a>)", re.S)
+
+
+def api_anchor(dotted: str) -> tuple[str, str] | None:
+    """`(page, anchor)` of the API entry of `sciad.<dotted>`, or None: the
+    longest public module prefix that has a page, and a public name of it."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, -1, -1):
+        module = ".".join(["sciad"] + parts[:cut])
+        rest = parts[cut:]
+        if module in API_PAGES and len(rest) == 1 and rest[0] in public_names(module):
+            sep = ":" if module == "sciad.numpy" else "."
+            return API_PAGES[module], f"{module}{sep}{rest[0]}"
+    return None
+
+
+def api_links(html: str, page_url: str) -> str:
+    """`html` (a page at `page_url`, as `guide/odes/`) with each inline code
+    naming a public sciad function linked to its API entry (not inside a
+    link already, nor on the API pages themselves)."""
+    if page_url.startswith("api/"):
+        return html
+    prefix = "../" * page_url.count("/")
+
+    def one(m):
+        found = api_anchor(m.group(1))
+        if found is None:
+            return m.group(0)
+        page, anchor = found
+        return f'<a href="{prefix}api/{page}/#{anchor}">{m.group(0)}</a>'
+
+    pieces = _LINK.split(html)
+    return "".join(p if i % 2 else _CODE_NAME.sub(one, p) for i, p in enumerate(pieces))

@@ -357,3 +357,21 @@ def test_docstring_examples_run_as_shown(name):
     ns = _namespace()
     for i, (code, _, _) in enumerate(blocks):
         run_block(code, ns, f"sd.{name} block {i + 1}")
+
+
+def test_inline_names_link_to_their_api_entries():
+    """An inline `sd.linalg.solve` in a guide page links to its API entry (the
+    anchor mkdocstrings makes, or sciad.numpy's table row); names that are
+    not public sciad functions, code inside links and the API pages
+    themselves are left alone."""
+    hooks = _hooks()
+    assert hooks.api_anchor("linalg.solve") == ("linalg", "sciad.linalg.solve")
+    assert hooks.api_anchor("grad") == ("sciad", "sciad.grad")
+    assert hooks.api_anchor("numpy.sin") == ("numpy", "sciad.numpy:sin")
+    assert hooks.api_anchor("linalg.no_such_thing") is None
+    html = ('<p><code>sd.linalg.solve(A, b)</code>, <code>sd.nope</code>, '
+            '<a href="x"><code>sd.grad</code></a>, <code>np.sum</code></p>')
+    out = hooks.api_links(html, "guide/odes/")
+    assert out.count("<a ") == 2
+    assert '<a href="../../api/linalg/#sciad.linalg.solve"><code>sd.linalg.solve(A, b)</code></a>' in out
+    assert hooks.api_links(html, "api/linalg/") == html
