@@ -145,9 +145,11 @@ def math_to_mathml(html: str) -> str:
 
 
 def on_page_content(html, page, config, files):  # noqa: ARG001 -- MkDocs' signature
-    """The page's math as MathML, and its inline names of sciad functions
-    linked to their API entries."""
-    return api_links(math_to_mathml(html), page.url if page is not None else "")
+    """The page's math as MathML, its inline names of sciad functions linked
+    to their API entries, and (on the API pages) arguments as tables."""
+    url = page.url if page is not None else ""
+    html = api_links(math_to_mathml(html), url)
+    return arguments_as_tables(html) if url.startswith("api/") else html
 
 
 # ---------------------------------------------------------------------------
@@ -188,3 +190,59 @@ def api_links(html: str, page_url: str) -> str:
 
     pieces = _LINK.split(html)
     return "".join(p if i % 2 else _CODE_NAME.sub(one, p) for i, p in enumerate(pieces))
+
+
+# ---------------------------------------------------------------------------
+# Parameters as tables: a docstring's "**Arguments:**" list (`- `name`: what
+# it is`, as every public docstring writes it) becomes a two-column table on
+# the API pages
+
+_ARGS_HEAD = re.compile(r"<p><strong>Arguments:</strong></p>\s*<ul>")
+_TAG = re.compile(r"<(/?)(ul|li)\b[^>]*>")
+_ITEM = re.compile(r"\s*(<p>)?(<code>[^<]+</code>(?:(?:, | / )<code>[^<]+</code>)*"
+                   r"(?: \([^:]*?\))?)\s*:\s*(.*)", re.S)
+
+
+def _top_items(html: str, start: int):
+    """The top-level `<li>` contents of the `<ul>` whose content starts at
+    `start`, and where that list ends (after its `</ul>`); None if it is not
+    well formed."""
+    depth, items, item_start = 0, [], None
+    for m in _TAG.finditer(html, start):
+        closing, tag = m.group(1) == "/", m.group(2)
+        if tag == "ul":
+            if closing and depth == 0:
+                return items, m.end()
+            depth += -1 if closing else 1
+        elif depth == 0:
+            if not closing:
+                item_start = m.end()
+            elif item_start is not None:
+                items.append(html[item_start:m.start()])
+                item_start = None
+    return None
+
+
+def arguments_as_tables(html: str) -> str:
+    """`html` with each "Arguments:" list whose every item names its argument
+    first (`<code>x</code>: ...`) as a table of arguments and meanings."""
+    out, pos = [], 0
+    for m in _ARGS_HEAD.finditer(html):
+        if m.start() < pos:
+            continue
+        found = _top_items(html, m.end())
+        if found is None:
+            continue
+        items, end = found
+        rows = [_ITEM.fullmatch(item) for item in items]
+        if not rows or any(r is None for r in rows):
+            continue
+        # (a loose list's items are paragraphs: the first one's tag stays
+        # with its text)
+        body = "".join(f"<tr><td>{r.group(2)}</td><td>{r.group(1) or ''}{r.group(3).strip()}"
+                       "</td></tr>" for r in rows)
+        out += [html[pos:m.start()], "<p><strong>Arguments:</strong></p>",
+                '<table class="sciad-arguments"><thead><tr><th>argument</th><th>meaning</th>'
+                f"</tr></thead><tbody>{body}</tbody></table>"]
+        pos = end
+    return "".join(out) + html[pos:]

@@ -375,3 +375,20 @@ def test_inline_names_link_to_their_api_entries():
     assert out.count("<a ") == 2
     assert '<a href="../../api/linalg/#sciad.linalg.solve"><code>sd.linalg.solve(A, b)</code></a>' in out
     assert hooks.api_links(html, "api/linalg/") == html
+
+
+def test_arguments_become_tables_on_the_api_pages():
+    """A docstring's "Arguments:" list (names first, a nested list or a
+    paragraph inside an item kept) becomes a table of arguments and
+    meanings; a list whose items do not all name an argument stays a list."""
+    hooks = _hooks()
+    html = ('<p><strong>Arguments:</strong></p>\n<ul>\n'
+            '<li><code>f</code>: a function.</li>\n'
+            '<li><code>jac</code>: how:\n<ul>\n<li><code>"dense"</code>: dense;</li>\n</ul>\n</li>\n'
+            '<li><code>a</code>, <code>b</code> (both optional): bounds.</li>\n</ul>\n<p>after</p>')
+    out = hooks.arguments_as_tables(html)
+    assert out.count("<tr>") == 4 and "<ul>" in out and out.endswith("<p>after</p>")
+    assert '<td><code>jac</code></td><td>how:\n<ul>\n<li><code>"dense"</code>: dense;</li>' in out
+    assert "<td><code>a</code>, <code>b</code> (both optional)</td><td>bounds.</td>" in out
+    prose = '<p><strong>Arguments:</strong></p>\n<ul>\n<li>anything else</li>\n</ul>'
+    assert hooks.arguments_as_tables(prose) == prose
