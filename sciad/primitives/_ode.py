@@ -611,25 +611,13 @@ def _odeint_jvp(primals, tangents, **params):
     # (the primal results come out of the node that computes the tangents:
     # marked so that a transposition of the tangent map takes them for
     # primal values, see `jvp_primal`)
-    ys, dys = jvp_primal(outs.ys[:, :n]), outs.ys[:, n:]
-    if not params.get("throw", True):
-        dys = root_guard_p.bind(outs.status, dys, of="odeint")  # no derivative of a failure
-    if not is_zero(dts):
-        dys = dys + fields_at(graph, consts, ts, ys) * dts[:, None]
-    # status, steps (and the grid and marks where recorded): no tangent; the
-    # states (where recorded): the primal's and their tangents
-    # (BDF's history: the sensitivity system's steps, which the primal part
-    # takes too)
-    states = outs.states
-    outs = outs._replace(ys=ys, states=None if states is None else jvp_primal(states[:, :n]))
-    # (the work counted, where counted, is the sensitivity system's)
-    dout = OdeintOutputs(dys, *(None if o is None else Zero(type_of(o).update())
-                                for o in (outs.status, outs.steps, outs.grid, outs.marks)),
-                         states=None if states is None else states[:, n:],
-                         history=None if outs.history is None else
-                         Zero(type_of(outs.history).update()),
-                         work=None if outs.work is None else Zero(type_of(outs.work).update()))
-    return outs.present(), dout.present()
+    # (the states where recorded: the primal's and their tangents; the work
+    # counted, where counted, is the sensitivity system's)
+    states, dys = outs.states, outs.ys[:, n:]
+    outs = outs._replace(ys=jvp_primal(outs.ys[:, :n]),
+                         states=None if states is None else jvp_primal(states[:, :n]))
+    return outs.present(), _tangent_outputs(outs, dys, None if states is None else
+                                            states[:, n:], dts, params, consts, ts)
 
 
 def _stepwise_jvp(primals, tangents, dts, params):
@@ -640,26 +628,35 @@ def _stepwise_jvp(primals, tangents, dts, params):
     computed (`sd.to_jax` forms a function's outputs and their tangents in
     two programs); `tangents`: of `(*consts, y0)`, `y0`'s with the initial
     time's tangent in it."""
-    *consts, y0, ts = primals
-    graph = params["body"]
+    *consts, _, ts = primals
     outs = OdeintOutputs.of(odeint_p.bind(*primals, **params), params.get("count", False))
     if outs.history is not None:
         from ._ode_bdf_adjoint import bdf_jvp
         dstates, dys = bdf_jvp(primals, tangents, outs, params)
     else:
         dstates, dys = stored_jvp(primals, tangents, outs, params)
+    return outs.present(), _tangent_outputs(outs, dys, dstates, dts, params, consts, ts)
+
+
+def _tangent_outputs(outs, dys, dstates, dts, params, consts, ts) -> list:
+    """The JVP's tangents of a node's outputs `outs` (an `OdeintOutputs`,
+    the primal's) from those of `ys` and of the states (None where none):
+    no derivative of a failure (`throw=False`), the output times' tangents
+    `f(t_i, y_i) dt_i` added; status, steps, grid, marks, history and work
+    have none."""
     if not params.get("throw", True):  # no derivative of a failure
         dys = root_guard_p.bind(outs.status, dys, of="odeint")
-        dstates = root_guard_p.bind(outs.status, dstates, of="odeint")
+        if dstates is not None:
+            dstates = root_guard_p.bind(outs.status, dstates, of="odeint")
     if not is_zero(dts):
-        dys = dys + fields_at(graph, consts, ts, outs.ys) * dts[:, None]
-    dout = OdeintOutputs(dys, *(None if o is None else Zero(type_of(o).update())
+        dys = dys + fields_at(params["body"], consts, ts, outs.ys) * dts[:, None]
+    return OdeintOutputs(dys, *(None if o is None else Zero(type_of(o).update())
                                 for o in (outs.status, outs.steps, outs.grid, outs.marks)),
                          states=dstates,
                          history=None if outs.history is None else
                          Zero(type_of(outs.history).update()),
-                         work=None if outs.work is None else Zero(type_of(outs.work).update()))
-    return outs.present(), dout.present()
+                         work=None if outs.work is None else
+                         Zero(type_of(outs.work).update())).present()
 
 
 # The tangent-map form of an `odeint` (the JVP's, on the state `[y, dy]`) is
