@@ -9,6 +9,7 @@ level down (under the page's own section). A missing file fails the build.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 
@@ -57,9 +58,11 @@ API_PAGES = {"sciad": "sciad", "sciad.numpy": "numpy", "sciad.linalg": "linalg",
              "sciad.errors": "errors", "sciad.graph": "graph", "sciad.config": "config"}
 
 
-def public_names(module: str) -> list[str]:
+@functools.cache
+def public_names(module: str) -> tuple[str, ...]:
     """The public names of `module`: its `__all__`, else every name without
-    a leading underscore that is not a module (nor `from __future__`'s)."""
+    a leading underscore that is not a module (nor `from __future__`'s).
+    (Cached: the cross-links ask it for every inline name of every page.)"""
     import importlib
     import types
 
@@ -67,7 +70,7 @@ def public_names(module: str) -> list[str]:
     names = getattr(mod, "__all__", None)
     if names is None:
         names = [n for n in dir(mod) if not n.startswith("_") and n != "annotations"]
-    return [n for n in names if not isinstance(getattr(mod, n, None), types.ModuleType)]
+    return tuple(n for n in names if not isinstance(getattr(mod, n, None), types.ModuleType))
 
 
 def _summary(obj) -> str:
