@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The GPU check of sciad's "cudss" solver (issue 34), as one script: install,
-# build the extension, run the GPU test set (`pytest -m gpu`) and the benchmark
-# (bench/gpu_sparse.py). About 4 minutes on an H100; results under $OUT (or
-# bench/results): gpu_tests.log, gpu_sparse_<device>.md, gpu_check.log.
+# The GPU check of sciad's "cudss" solver (issues 34, 46), as one script: install,
+# build the extension, run the GPU test set (`pytest -m gpu`), the flagship with
+# "auto", the cuDSS probe (bench/cudss_probe.py), slogdet on the GPU
+# (bench/gpu_logdet.py) and the benchmark (bench/gpu_sparse.py). About 6 minutes
+# with QUICK=1 on an H200; results under $OUT (or bench/results): gpu_tests.log,
+# gpu_sparse_<device>.md, cudss_probe_<device>.md, gpu_logdet_<device>.md, gpu_check.log.
 #
 #   bench/gpu_check.sh              # on the GPU machine, from the repository root
 #   QUICK=1 bench/gpu_check.sh      # the benchmark's --quick sizes (~3 minutes less)
@@ -10,6 +12,8 @@
 #   WHEELS=/tmp/w bench/gpu_check.sh    # the small wheels are there, not in .whl/
 #   TEST_TIMEOUT=200 BENCH_TIMEOUT=300 bench/gpu_check.sh   # seconds (300 / 420)
 #   BENCH_ARGS="--budget 3" bench/gpu_check.sh   # more arguments of bench/gpu_sparse.py
+#   PROBE_SIZES="64" bench/gpu_check.sh   # bench/cudss_probe.py's grids ("": none)
+#   NO_LOGDET=1 bench/gpu_check.sh      # without bench/gpu_logdet.py
 #   bench/gpu_check.sh --prepare    # HERE, with network: wheels for an offline GPU machine
 #
 # Installing: with network, `pip install -e '.[cuda,test]'`. Without (the lent GPU
@@ -106,10 +110,24 @@ if grep -q "cudssExecute(SOLVE)" "$OUT/gpu_tests.log"; then
     -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_refactor.log" | tail -15
 fi
 
-say "the flagship example with solver='cudss' (128 x 128, 30 iterations)"
-timeout 60 $PY examples/inverse_poisson.py --n 128 --maxiter 30 --plot '' --solver cudss \
+say "the flagship example with solver='auto' (cuDSS on a GPU; 128 x 128, 30 iterations)"
+timeout 90 $PY examples/inverse_poisson.py --n 128 --maxiter 30 --plot '' --solver auto \
   2>&1 | tee -a "$LOG" | tail -8
 say "flagship example: exit ${PIPESTATUS[0]}"
+
+if [[ -n "${PROBE_SIZES-64 100}" ]]; then
+  say "bench/cudss_probe.py ${PROBE_SIZES-64 100} (the factor's diagonal; float32 factors)"
+  timeout ${PROBE_TIMEOUT:-180} $PY bench/cudss_probe.py ${PROBE_SIZES-64 100} --out "$OUT" \
+    2>&1 | tail -45 | tee -a "$LOG"
+  say "probe: exit ${PIPESTATUS[0]}"
+fi
+
+if [[ -z "${NO_LOGDET:-}" ]]; then
+  say "bench/gpu_logdet.py (slogdet, auto and slq, GPU and its CPU)"
+  timeout ${LOGDET_TIMEOUT:-150} $PY bench/gpu_logdet.py --write 2>&1 | tail -12 | tee -a "$LOG"
+  say "logdet: exit ${PIPESTATUS[0]}"
+  cp bench/results/gpu_logdet_*.md "$OUT"/ 2>/dev/null || true
+fi
 
 say "bench/gpu_sparse.py ${QUICK:+--quick} ${BENCH_ARGS:-}"
 timeout ${BENCH_TIMEOUT:-420} $PY bench/gpu_sparse.py ${QUICK:+--quick} ${BENCH_ARGS:-} 2>&1 | tee -a "$LOG" | tail -60

@@ -138,3 +138,9 @@ def assert_vmap_of_sparse_solves(solver: str, M, rng, tags=frozenset()) -> None:
     x = sd.function(sd.vmap(lambda b: sd.linalg.solve(csr(M.data), b, solver=solver)))(bs)
     np.testing.assert_allclose(np.asarray(x), np.linalg.solve(sp.csr_array(M).toarray(), bs.T).T,
                                rtol=1e-10)
+
+
+def rss_mib() -> float:
+    """The process's resident memory now (MiB), from /proc/self/statm."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20

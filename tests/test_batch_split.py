@@ -22,6 +22,7 @@ import pytest
 import scipy.sparse as sp
 
 import sciad as sd
+from helpers import rss_mib
 import sciad.numpy as snp
 from sciad.errors import NotSupportedError, SingularMatrixError
 from sciad.solvers import _batch_split
@@ -32,11 +33,6 @@ pytestmark = [
     pytest.mark.skipif(_batch_split.unavailable() is not None,
                        reason=f"the splitter is not built: {_batch_split.unavailable()}"),
 ]
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 2**20
 
 
 def _matrices(rng, n, batch, dtype=np.float64):
@@ -182,7 +178,7 @@ def test_a_failed_slice_gives_zero_handles_and_the_others_are_released(split_eve
                 jax.block_until_ready(run(vals))
             assert "test_batch_split.py" in str(e.value)  # (the user's line)
         gc.collect()
-        return _rss_mib()
+        return rss_mib()
 
     first = fails(10)
     assert fails(40) - first < 40

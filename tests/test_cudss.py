@@ -29,11 +29,11 @@ import sciad as sd
 import sciad.numpy as snp
 from sciad.graph._types import Pattern
 from sciad.errors import (NonFiniteError, NotPositiveDefiniteError, NotSupportedError,
-                          SingularMatrixError, runtime_error_from)
+                          SingularMatrixError)
 from sciad.solvers.direct import _cudss, _cudss_build, _cudss_ffi, _klu_ffi
 from sciad.solvers._linear import choose
 from sciad.solvers._registry import lookup
-from helpers import assert_vmap_of_sparse_solves
+from helpers import assert_vmap_of_sparse_solves, rss_mib
 from test_linalg import _csr, _general_csr, _spd_csr
 
 
@@ -189,13 +189,14 @@ def test_the_build_finds_a_cuda_13_layout(monkeypatch, tmp_path):
         _cudss_build.paths()
 
 
-def test_a_failed_cudss_factorization_reads_as_singular():
-    err = runtime_error_from(RuntimeError(
-        "INTERNAL: cudss factorization failed: CUDSS_DATA_INFO = 3 (a zero pivot)"))
-    assert isinstance(err, SingularMatrixError) and "cudss" in str(err)
-    err = runtime_error_from(RuntimeError(
-        "INTERNAL: cudss Cholesky failed: CUDSS_DATA_INFO = 2 (not positive definite)"))
-    assert isinstance(err, NotPositiveDefiniteError) and "spd" in str(err)
+def test_the_breakdown_names_cholesky_for_an_spd_claim():
+    """A failed factorization is judged in the program as the record words
+    it: a zero pivot for LU, a Cholesky breakdown where `assume="spd"`."""
+    record = lookup("cudss")
+    assert record.breakdown_for(frozenset())[0] is SingularMatrixError
+    cls, message, _ = record.breakdown_for(frozenset({"spd", "symmetric"}))
+    assert cls is NotPositiveDefiniteError and "Cholesky" in message and "cudss" in message
+    assert record.nan_on_breakdown  # (a one-call solve of it: NaN, judged the same)
 
 
 # ---------------------------------------------------------------------------
@@ -357,6 +358,78 @@ def test_failure_modes(kernels, rng):
                                rtol=1e-10)  # (still usable afterwards)
 
 
+#: a singular matrix whose zero pivot only the factorization finds (no zero
+#: row or column): rows 0 and 1 are equal; with `_P.data[1] = 2` it is not
+_P = sp.csr_array(np.array([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0],
+                            [0.0, 0.0, 2.0, 1.0], [0.0, 0.0, 1.0, 3.0]]))
+
+
+def _p_loss(d, b):
+    return snp.sum(sd.linalg.solve(_csr(_P)(d), b, solver="cudss") ** 2)
+
+
+def test_a_failed_factorization_is_judged_with_the_users_line(kernels):
+    """A zero pivot the factorization finds itself: a 0 handle, judged in the
+    program, so `SingularMatrixError` with the solver's words and the user's
+    line, through a single solve (the one-call path: NaN), a gradient (a kept
+    factor) and the user's own `jax.jit(jax.grad(sd.to_jax(f)))`; no factor
+    is left (the fixture counts) and the kernels serve the next call. (cuDSS
+    may perturb the pivot instead: then the backward error finds it, with the
+    same class and line.)"""
+    b = np.ones(4)
+    f = sd.function(lambda d, b: sd.linalg.solve(_csr(_P)(d), b, solver="cudss"))
+    for run in (lambda: f(_P.data, b),
+                lambda: sd.function(sd.grad(_p_loss, argnums=(0, 1)))(_P.data, b)):
+        with pytest.raises(SingularMatrixError, match="singular") as info:
+            jax.block_until_ready(run())
+        assert "test_cudss.py" in str(info.value)
+    with pytest.raises(SingularMatrixError, match="singular") as info, sd.errors.unwrapped():
+        jax.block_until_ready(jax.jit(jax.grad(sd.to_jax(_p_loss)))(_P.data, b))
+    assert "test_cudss.py" in str(info.value)
+    good = _P.data.copy()
+    good[1] = 2.0
+    np.testing.assert_allclose(np.asarray(f(good, b)), np.linalg.solve(
+        sp.csr_array((good, _P.indices, _P.indptr)).toarray(), b), rtol=1e-12)
+
+
+def test_a_batch_with_one_failed_factorization_fails_cleanly(kernels):
+    """In a batch (cuDSS's uniform batch), one matrix that fails to factor:
+    `SingularMatrixError` with the user's line, the other factors released
+    (the fixture counts); the same batch without it is right."""
+    good = _P.data.copy()
+    good[1] = 2.0
+    ds = np.stack([good, _P.data, 2 * good])
+    g = sd.function(sd.vmap(sd.grad(_p_loss, argnums=(0, 1))))
+    with pytest.raises(SingularMatrixError, match="singular") as info:
+        jax.block_until_ready(g(ds, np.ones((3, 4))))
+    assert "test_cudss.py" in str(info.value)
+    ds[1] = 3 * good
+    gd, _ = g(ds, np.ones((3, 4)))
+    D = sp.csr_array((good, _P.indices, _P.indptr)).toarray()
+    rows = np.repeat(np.arange(4), np.diff(_P.indptr))
+    for j, c in enumerate((1.0, 3.0, 2.0)):
+        x = np.linalg.solve(c * D, np.ones(4))
+        lam = np.linalg.solve((c * D).T, 2 * x)
+        np.testing.assert_allclose(np.asarray(gd[j]), -lam[rows] * x[_P.indices], rtol=1e-9,
+                                   atol=1e-14)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_an_indefinite_matrix_claimed_spd_fails_cholesky(rng):
+    """A symmetric matrix with a positive diagonal that is not positive
+    definite, solved with `assume="spd"`: cuDSS's Cholesky breaks down and the
+    program says so with the user's line (or, where cuDSS perturbs the pivot,
+    the backward error does); never a wrong answer."""
+    A = sp.csr_array(np.array([[1.0, 2.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 1.0]]))
+    with pytest.raises((NotPositiveDefiniteError, SingularMatrixError)) as info:
+        jax.block_until_ready(sd.function(sd.grad(
+            lambda d: snp.sum(sd.linalg.solve(_csr(A, ("spd",))(d), np.ones(3),
+                                              solver="cudss") ** 2)))(A.data))
+    assert "test_cudss.py" in str(info.value)
+    assert _cudss_ffi.KERNELS.live_factors() == 0
+
+
 def test_no_factor_outlives_its_program(kernels, rng):
     """Repeated calls of programs that make and free factors (a gradient, a
     chain of solves reading one factor) leave none live (`to_jax` under jit:
@@ -474,3 +547,55 @@ def test_gpu_vmapped_gradient_is_one_uniform_batch(rng, tags, nrhs):
     assert k.batch_status() == (True, "on")
     assert k.batch_fallbacks() == fallbacks
     assert k.live_factors() == 0
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_auto_lowers_to_cudss(rng):
+    """On the GPU, `solver="auto"` picks cuDSS for every sparse matrix (LU,
+    Cholesky), `explain_solver` says so, and the compiled program calls
+    cuDSS's kernels: right values and gradients, no factor left."""
+    k = _cudss_ffi.KERNELS
+    for M, tags in ((_general_csr(rng, 30), ()), (_spd_csr(rng, 30), ("spd",))):
+        A = _csr(M, tags)(M.data)
+        assert "picks 'cudss'" in sd.linalg.explain_solver(A)
+        b = rng.standard_normal(30)
+        f = sd.to_jax(lambda d, b: snp.sum(sd.linalg.solve(_csr(M, tags)(d), b) ** 2))
+        hlo = jax.jit(jax.grad(f, argnums=1)).lower(M.data, b).as_text()
+        assert "sciad_cudss_" in hlo and "sciad_klu" not in hlo
+        D = M.toarray()
+        x = np.linalg.solve(D, b)
+        np.testing.assert_allclose(np.asarray(jax.jit(jax.grad(f, argnums=1))(M.data, b)),
+                                   np.linalg.solve(D.T, 2 * x), rtol=1e-9)
+    assert k.live_factors() == 0
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_failed_calls_leave_nothing(rng):
+    """200 failing value-and-gradient calls (an inf in `b`, found after the
+    factorization; a batch with a singular matrix): no factor left, the
+    pooled cuDSS data objects bounded, the process's memory flat."""
+    k = _cudss_ffi.KERNELS
+    M = _general_csr(rng, 200)
+    bad = np.where(np.arange(200) == 7, np.inf, 1.0)
+    g = sd.function(sd.value_and_grad(lambda d, b: _loss(d, b, M), argnums=(0, 1)))
+    good = _P.data.copy()
+    good[1] = 2.0
+    batch = sd.function(sd.vmap(sd.grad(_p_loss, argnums=(0, 1))))
+    ds = np.stack([good, _P.data, good])
+
+    def fail(n):
+        for _ in range(n):
+            with pytest.raises(NonFiniteError):
+                jax.block_until_ready(g(M.data, bad))
+            with pytest.raises(SingularMatrixError):
+                jax.block_until_ready(batch(ds, np.ones((3, 4))))
+
+    fail(20)  # (warm-up: compilation, pools)
+    before = rss_mib()
+    fail(100)
+    grown_mb = rss_mib() - before
+    assert k.live_factors() == 0
+    assert k.pooled(Pattern(M.shape, M.indptr, M.indices), None, np.float64) <= 2
+    assert grown_mb <= 10, grown_mb

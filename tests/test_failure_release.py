@@ -24,7 +24,7 @@ import pytest
 import sciad as sd
 import sciad.numpy as snp
 from sciad.errors import NonFiniteError
-from helpers import tridiagonal
+from helpers import tridiagonal, rss_mib
 from sciad.solvers import _batch_split
 from sciad.solvers.direct import _cudss, _klu_ffi, _sparse_direct
 from sciad.solvers._host import release_host_heap
@@ -106,11 +106,6 @@ def test_a_failing_program_releases_every_factor_it_made(solver, case):
             f"{before} to {held()} over 20 failed calls")
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 2**20
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["gradient", "batch", "loop"])
 @pytest.mark.parametrize("solver", ["klu", "splu", "cudss", "cholmod"])
@@ -186,7 +181,7 @@ def _retained_mib() -> float:
     `malloc_trim`): what is held, not what the allocator keeps cached."""
     gc.collect()
     release_host_heap()
-    return _rss_mib()
+    return rss_mib()
 
 
 def test_a_raised_failure_is_not_raised_again_by_jax():

@@ -23,7 +23,7 @@ from sciad.solvers import _batch_split
 from sciad.solvers.direct import _klu_ffi
 from sciad.solvers._linear import choose
 
-from helpers import assert_vmap_of_sparse_solves
+from helpers import assert_vmap_of_sparse_solves, rss_mib
 
 pytestmark = pytest.mark.skipif(not _klu_ffi.available(), reason="klujax is not installed")
 
@@ -47,11 +47,6 @@ def _tridiag(n):
 
 def _csr(M):
     return lambda d: sd.sparse.csr_matrix((d, M.indices, M.indptr), shape=M.shape)
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 2**20
 
 
 # ---------------------------------------------------------------------------
@@ -309,7 +304,7 @@ def test_memory_stays_flat_over_many_calls():
             jax.block_until_ready(f(M.data, b))
             jax.block_until_ready(fj(M.data, b))
         gc.collect()
-        return _rss_mib()
+        return rss_mib()
 
     first = calls(20)
     last = calls(100)
@@ -375,7 +370,7 @@ def test_a_failed_check_releases_the_factors_of_its_program():
             with pytest.raises(SingularMatrixError, match="working precision"):
                 jax.block_until_ready(g(L.data, b))
         gc.collect()
-        return _rss_mib()
+        return rss_mib()
 
     live = _batch_split.live_handles()
     first = fails(10)  # (the first calls grow the heap once, by up to ~10 MB)

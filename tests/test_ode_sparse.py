@@ -18,6 +18,7 @@ import pytest
 import scipy.sparse as sp
 
 import sciad as sd
+from helpers import rss_mib
 import sciad.numpy as snp
 from sciad.primitives._newton_systems import _pattern
 from sciad.solvers.ode import _ode
@@ -194,16 +195,12 @@ def test_factors_made_in_a_program_are_given_back():
                                                 solver="kvaerno5", rtol=1e-6, atol=1e-6,
                                                 jac="sparse"))
 
-    def rss_mb():
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * 4096 / 2 ** 20
-
     for _ in range(2):  # compiled, the allocator warmed up, the store full
         np.asarray(solve(5.0))
-    before = rss_mb()
+    before = rss_mib()
     for _ in range(6):
         np.asarray(solve(5.0))
-    grown = rss_mb() - before
+    grown = rss_mib() - before
     assert grown < 25.0, f"{grown:.0f} MB kept by six solves"
 
 

@@ -116,7 +116,7 @@ def judge_factor(site: Site, *, dtype, solver: str, tags=frozenset(), nonfinite=
     if np.ndim(singular) == 0 and not singular:
         return
     if np.any(singular):  # as the solver's record words it
-        cls, message, extra = lookup(solver, "linear").breakdown
+        cls, message, extra = lookup(solver, "linear").breakdown_for(frozenset(tags))
         site.fail(cls, message, **extra)
 
 

@@ -251,10 +251,14 @@ def _make_factor(a, *, solver, pattern, assume, throw, uses, site, estimate: boo
         failed = record.failed(f, pattern=pattern) if throw and keep else None
         if failed is not None:
             # (a factorization that failed, judged here with the node and the
-            # user's line; the batch's other factors are released by the check)
+            # user's line; the batch's other factors, made here, are released
+            # by the check that fails: they are not yet in the site's `held`)
+            own = site
+            if record.release_now is not None:
+                own = dataclasses.replace(site, held=(*site.held, (f[0], record.release_now)))
             broke = check_where(failed, {"singular": failed},
                                 lambda m, s: check(judge_factor, s, dtype=dtype, solver=solver,
-                                                   tags=tags, **m), site)
+                                                   tags=tags, **m), own)
             f = tuple(tie(f, broke))
         return MadeFactor(f) if keep else f
     f = record.factor(a)

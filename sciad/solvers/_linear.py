@@ -92,7 +92,8 @@ class AbstractDirectSolver(AbstractLinearSolver):
       `release_now(handles)` (or None), from the host, where a check stops
       the program before that (safe on handles released already).
     - `breakdown`: the exception class and message of a failed factorization,
-      and the extra fields the exception carries.
+      and the extra fields the exception carries; `breakdown_for(tags)`, the
+      same for a matrix with `tags` (a Cholesky's, for "spd", say).
     - `nan_on_breakdown`: (a sparse solver that factors in its solves' calls)
       a solve whose factorization broke down returns all NaN, which the
       program judges as `breakdown` says.
@@ -107,6 +108,10 @@ class AbstractDirectSolver(AbstractLinearSolver):
     breakdown = (SingularMatrixError,
                  "the matrix is singular: the factorization found a zero pivot.",
                  {"rcond": 0.0})
+
+    def breakdown_for(self, tags) -> tuple:
+        """`breakdown` for a matrix with `tags` (its structure: "spd", ...)."""
+        return self.breakdown
 
     def factor_layout(self, n: int, dtype, pattern) -> tuple:
         """`((shape, dtype), ...)` of the arrays `factor` returns."""

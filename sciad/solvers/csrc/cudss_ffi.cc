@@ -51,10 +51,15 @@
 // two streams at once). Calls therefore serialize; each is still on the
 // stream XLA passes.
 //
-// A factorization that cuDSS reports as failed (CUDSS_DATA_INFO != 0: a
-// zero pivot) returns an FFI error whose text starts with
-// "cudss factorization failed" (sciad.errors maps it to SingularMatrixError;
-// for a Cholesky factorization, "cudss Cholesky failed": NotPositiveDefiniteError).
+// A factorization that cuDSS reports as failed (CUDSS_DATA_INFO != 0: a zero
+// pivot, or a Cholesky breakdown) is a value, not an error: its handle is 0
+// (the program judges it, naming the node and the user's line, as KLU's
+// handle table does), and a one-call solve (`factor_solve`) of such a matrix,
+// or a solve that reads a 0 handle, writes NaN for that matrix (the solve's
+// checks judge it). In a uniform batch only the matrices that failed get 0
+// (where cuDSS's info names them; else each matrix is factored again alone to
+// tell). Errors are left for what is not the matrix's fault: a CUDA or cuDSS
+// call that fails, a handle that is stale or of another pattern.
 
 #include <cuda_runtime.h>
 #include <cudss.h>
@@ -263,13 +268,20 @@ ffi::Error new_slot(cudssHandle_t h, Pattern* p, int device, PerDevice* d, cudaD
 }
 
 // A slot of `p` for `batch` matrices of type `t`, factored with the values at
-// `values` (`batch` * nnz, batch-major; analysed first if new). On a failed
-// factorization the slot goes back to the pool and the error names the
-// failure; `*refused` (where given) is set where cuDSS returned a status
-// other than success (not a zero pivot): batch mode may be what it refused.
+// `values` (`batch` * nnz, batch-major; analysed first if new). A zero pivot
+// is not an error: `(*failed)[i]` says which matrices failed (where cuDSS's
+// info is one int for a batch, all of them, and `*unattributed` is set), their
+// members are not live, and where all failed the slot goes back to the pool
+// and `*out` is null. Any other failure returns an error (the slot back in
+// the pool); `*refused` (where given) is then set where cuDSS returned a
+// status other than success: batch mode may be what it refused.
 ffi::Error take_and_factor(cudssHandle_t h, Pattern* p, int device, PerDevice* d,
                            cudaDataType_t t, void* values, int64_t batch, Slot** out,
+                           std::vector<char>* failed, bool* unattributed = nullptr,
                            bool* refused = nullptr) {
+  *out = nullptr;
+  failed->assign(batch, 0);
+  if (unattributed != nullptr) *unattributed = false;
   auto& idle = d->idle[PoolKey(static_cast<int>(t), batch)];
   Slot* s = nullptr;
   if (!idle.empty()) {
@@ -301,40 +313,47 @@ ffi::Error take_and_factor(cudssHandle_t h, Pattern* p, int device, PerDevice* d
     st = cudssExecute(h, CUDSS_PHASE_FACTORIZATION, s->config, s->data, s->a, x, b);
   cudssMatrixDestroy(x);
   cudssMatrixDestroy(b);
-  // CUDSS_DATA_INFO: one int, or (uniform batch) one per matrix
+  if (st != CUDSS_STATUS_SUCCESS) {
+    give_back();
+    if (refused != nullptr) *refused = true;
+    return cudss_error(st, "cudssExecute(FACTORIZATION)");
+  }
+  // CUDSS_DATA_INFO: one int per matrix (uniform batch), or one int
   std::vector<int> infos(batch, 0);
   size_t written = 0;
-  if (st == CUDSS_STATUS_SUCCESS) {
-    cudssStatus_t got = cudssDataGet(h, s->data, CUDSS_DATA_INFO, infos.data(),
-                                     infos.size() * sizeof(int), &written);
-    if (got != CUDSS_STATUS_SUCCESS && batch > 1)  // (a single int only)
-      got = cudssDataGet(h, s->data, CUDSS_DATA_INFO, infos.data(), sizeof(int), &written);
-    st = got;
+  bool per_matrix = true;
+  cudssStatus_t got = cudssDataGet(h, s->data, CUDSS_DATA_INFO, infos.data(),
+                                   infos.size() * sizeof(int), &written);
+  if (got != CUDSS_STATUS_SUCCESS && batch > 1) {  // (a single int only)
+    got = cudssDataGet(h, s->data, CUDSS_DATA_INFO, infos.data(), sizeof(int), &written);
+    per_matrix = false;
   }
-  int info = 0;
-  for (int v : infos)
-    if (v != 0) { info = v; break; }
-  if (st != CUDSS_STATUS_SUCCESS || info != 0) {
-    if (info != 0) {  // (reset the indicator for the slot's next factorization)
-      std::vector<int> zeros(batch, 0);
-      if (cudssDataSet(h, s->data, CUDSS_DATA_INFO, zeros.data(), zeros.size() * sizeof(int))
-          != CUDSS_STATUS_SUCCESS)
-        cudssDataSet(h, s->data, CUDSS_DATA_INFO, zeros.data(), sizeof(int));
-    }
+  if (got != CUDSS_STATUS_SUCCESS) {
     give_back();
-    if (st != CUDSS_STATUS_SUCCESS && refused != nullptr) *refused = true;
-    if (info != 0 && p->mtype == CUDSS_MTYPE_SPD)
-      return ffi::Error::Internal("cudss Cholesky failed: CUDSS_DATA_INFO = " +
-                                  std::to_string(info) + " (not positive definite)");
-    return ffi::Error::Internal(
-        "cudss factorization failed: " +
-        (info != 0 ? "CUDSS_DATA_INFO = " + std::to_string(info) + " (a zero pivot)"
-                   : "cudssStatus " + std::to_string(static_cast<int>(st))));
+    return cudss_error(got, "cudssDataGet(INFO)");
   }
-  s->live = batch;
+  per_matrix = per_matrix && written >= infos.size() * sizeof(int);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < batch; ++i)
+    if ((per_matrix ? infos[i] : infos[0]) != 0) {
+      (*failed)[i] = 1;
+      ++bad;
+    }
+  if (bad > 0) {  // (reset the indicator for the slot's next factorization)
+    std::vector<int> zeros(batch, 0);
+    if (cudssDataSet(h, s->data, CUDSS_DATA_INFO, zeros.data(), zeros.size() * sizeof(int))
+        != CUDSS_STATUS_SUCCESS)
+      cudssDataSet(h, s->data, CUDSS_DATA_INFO, zeros.data(), sizeof(int));
+    if (unattributed != nullptr && !per_matrix && batch > 1) *unattributed = true;
+  }
   s->gen = static_cast<uint16_t>(s->gen + 1);
-  for (auto& m : s->members) m.live = true;
-  g_live.fetch_add(batch);
+  if (bad == batch) {
+    give_back();
+    return ffi::Error::Success();
+  }
+  s->live = batch - bad;
+  for (int64_t i = 0; i < batch; ++i) s->members[i].live = (*failed)[i] == 0;
+  g_live.fetch_add(batch - bad);
   *out = s;
   return ffi::Error::Success();
 }
@@ -382,11 +401,23 @@ ffi::Error solve_one(cudssHandle_t h, Pattern* p, Slot* s, void* values, void* b
   return ffi::Error::Success();
 }
 
-// Example i alone: a factorization of its own, a solve, the slot back.
-ffi::Error solve_alone(cudssHandle_t h, Pattern* p, int device, PerDevice* d, cudaDataType_t t,
-                       void* values, void* b, void* x, int64_t k, bool transpose) {
+// NaN in `bytes` bytes at `x` (all bits set: a NaN of every float type): the
+// solution of a matrix whose factorization failed, for the checks to judge.
+ffi::Error nan_fill(void* x, size_t bytes, cudaStream_t stream) {
+  CUDA_TRY(cudaMemsetAsync(x, 0xFF, bytes, stream), "cudaMemsetAsync(NaN)");
+  return ffi::Error::Success();
+}
+
+// Example i alone: a factorization of its own, a solve, the slot back (NaN
+// where the factorization failed).
+ffi::Error solve_alone(cudssHandle_t h, cudaStream_t stream, Pattern* p, int device,
+                       PerDevice* d, cudaDataType_t t, size_t w, void* values, void* b,
+                       void* x, int64_t k, bool transpose) {
   Slot* s = nullptr;
-  if (auto e = take_and_factor(h, p, device, d, t, values, 1, &s); e.failure()) return e;
+  std::vector<char> failed;
+  if (auto e = take_and_factor(h, p, device, d, t, values, 1, &s, &failed); e.failure())
+    return e;
+  if (s == nullptr) return nan_fill(x, static_cast<size_t>(p->n * k) * w, stream);
   auto e = solve_one(h, p, s, values, b, x, k, transpose);
   release_all(s);
   return e;
@@ -419,37 +450,45 @@ ffi::Error read_handles(cudaStream_t stream, ffi::AnyBuffer h, std::vector<uint6
 // --- the handlers ---
 
 // L matrices' factors: one uniform-batch slot (L > 1, batch mode on), else
-// one slot each; out[i] = the handle (a Member's address) of matrix i.
+// one slot each; out[i] = the handle (a Member's address) of matrix i, 0
+// where its factorization failed.
 ffi::Error factor_all(Call& c, cudaDataType_t t, size_t w, void* ax, int64_t L,
                       std::vector<uint64_t>* out) {
   out->assign(L, 0);
+  std::vector<char> failed;
   if (L > 1 && batch_on()) {
     Slot* s = nullptr;
-    bool refused = false;
-    auto e = take_and_factor(c.h, c.p, c.device, c.d, t, ax, L, &s, &refused);
-    if (!e.failure()) {
-      for (int64_t i = 0; i < L; ++i) (*out)[i] = handle_of(&s->members[i]);
+    bool refused = false, unattributed = false;
+    auto e = take_and_factor(c.h, c.p, c.device, c.d, t, ax, L, &s, &failed, &unattributed,
+                             &refused);
+    if (!e.failure() && !unattributed) {
+      for (int64_t i = 0; i < L; ++i)
+        if (!failed[i]) (*out)[i] = handle_of(&s->members[i]);
       return e;
     }
-    if (!refused) return e;  // (a zero pivot: the batch's answer)
-    g_batch_on = false;  // (cuDSS refused batch mode: one slot per matrix from now on)
-    g_batch_refused = true;
-    g_batch_status = "off: a uniform-batch factorization of " + std::to_string(L) +
-                     " matrices failed";
+    if (e.failure()) {
+      if (!refused) return e;
+      g_batch_on = false;  // (cuDSS refused batch mode: one slot per matrix from now on)
+      g_batch_refused = true;
+      g_batch_status = "off: a uniform-batch factorization of " + std::to_string(L) +
+                       " matrices failed";
+    }
+    // (else a zero pivot that cuDSS's info does not attribute: each matrix
+    // factored alone below, to tell which failed)
   }
   for (int64_t i = 0; i < L; ++i) {
     Slot* s = nullptr;
     void* v = static_cast<char*>(ax) + i * c.p->nnz * w;
-    if (auto e = take_and_factor(c.h, c.p, c.device, c.d, t, v, 1, &s); e.failure()) {
+    if (auto e = take_and_factor(c.h, c.p, c.device, c.d, t, v, 1, &s, &failed); e.failure()) {
       for (int64_t j = 0; j < i; ++j) release_handle((*out)[j]);
       return e;
     }
-    (*out)[i] = handle_of(&s->members[0]);
+    if (s != nullptr) (*out)[i] = handle_of(&s->members[0]);
   }
   return ffi::Error::Success();
 }
 
-// ax: (L, nnz) values -> handles (L,) uint64
+// ax: (L, nnz) values -> handles (L,) uint64 (0: the factorization failed)
 ffi::Error Factor(cudaStream_t stream, uint64_t pattern, ffi::AnyBuffer ax,
                   ffi::Result<ffi::AnyBuffer> handles) {
   std::lock_guard<std::mutex> lock(g_mu);
@@ -467,6 +506,50 @@ ffi::Error Factor(cudaStream_t stream, uint64_t pattern, ffi::AnyBuffer ax,
   return ffi::Error::Success();
 }
 
+// Solves example by example with factors `hs` (0: a failed factorization,
+// NaN; a member of a uniform batch read apart from it: factored again alone).
+ffi::Error solve_each(Call& c, cudaStream_t stream, cudaDataType_t t, size_t w,
+                      const std::vector<uint64_t>& hs, char* axp, char* bp, char* xp,
+                      int64_t per, int64_t k, bool transpose, bool count_fallbacks) {
+  for (size_t i = 0; i < hs.size(); ++i) {
+    void* v = axp + i * c.p->nnz * w;
+    char* bi = bp + i * per * w;
+    char* xi = xp + i * per * w;
+    if (hs[i] == 0) {
+      if (auto e = nan_fill(xi, static_cast<size_t>(per) * w, stream); e.failure()) return e;
+      continue;
+    }
+    Slot* s = member_of(hs[i])->slot;
+    if (s->batch == 1) {
+      if (auto e = solve_one(c.h, s->pattern, s, v, bi, xi, k, transpose); e.failure())
+        return e;
+    } else {
+      if (count_fallbacks) g_fallbacks.fetch_add(1);
+      // (in the factor's own pattern object and pool: the structure is this
+      // call's, the matrix type may be another)
+      PerDevice* d = &s->pattern->devices[s->device];
+      if (auto e = solve_alone(c.h, stream, s->pattern, s->device, d, t, w, v, bi, xi, k,
+                               transpose);
+          e.failure())
+        return e;
+    }
+  }
+  return ffi::Error::Success();
+}
+
+// Whether `hs` are a whole uniform batch's members, in order (one solve call).
+bool whole_batch(const std::vector<uint64_t>& hs) {
+  int64_t L = static_cast<int64_t>(hs.size());
+  if (L < 2 || hs[0] == 0) return false;
+  Slot* s0 = member_of(hs[0])->slot;
+  if (s0->batch != L) return false;
+  for (int64_t i = 0; i < L; ++i) {
+    Member* m = hs[i] == 0 ? nullptr : member_of(hs[i]);
+    if (m == nullptr || m->slot != s0 || m->index != i) return false;
+  }
+  return true;
+}
+
 // h: (L,) handles, ax: (L, nnz), b: (L, k, n) -> x: (L, k, n)
 ffi::Error Solve(cudaStream_t stream, uint64_t pattern, bool transpose, ffi::AnyBuffer h,
                  ffi::AnyBuffer ax, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> x) {
@@ -481,8 +564,8 @@ ffi::Error Solve(cudaStream_t stream, uint64_t pattern, bool transpose, ffi::Any
   int64_t L = static_cast<int64_t>(hs.size());
   int64_t per = L > 0 ? b.element_count() / L : 0;  // k * n
   int64_t k = c.p->n > 0 ? per / c.p->n : 0;
-  std::vector<Member*> ms(L);
   for (int64_t i = 0; i < L; ++i) {
+    if (hs[i] == 0) continue;  // (a failed factorization: NaN)
     Member* m = member_of(hs[i]);
     // (the factor's own pattern object: the same structure, maybe another
     // matrix type, as a factor made for `assume="spd"` read by a plain solve)
@@ -490,17 +573,13 @@ ffi::Error Solve(cudaStream_t stream, uint64_t pattern, bool transpose, ffi::Any
         m->slot->pattern->nnz != c.p->nnz || m->slot->vtype != t)
       return ffi::Error::InvalidArgument("sciad cudss: a solve read a handle that is not a "
                                          "live factor of this pattern and type");
-    ms[i] = m;
   }
   char* axp = static_cast<char*>(ax.untyped_data());
   char* bp = static_cast<char*>(b.untyped_data());
   char* xp = static_cast<char*>(x->untyped_data());
-  // a whole uniform batch, in order: one solve call
-  bool whole = L > 1 && ms[0]->slot->batch == L;
-  for (int64_t i = 0; whole && i < L; ++i)
-    whole = ms[i]->slot == ms[0]->slot && ms[i]->index == i;
+  bool whole = whole_batch(hs);
   if (whole) {
-    Slot* s = ms[0]->slot;
+    Slot* s = member_of(hs[0])->slot;
     bool refused = false;
     auto e = solve_one(c.h, s->pattern, s, axp, bp, xp, k, transpose, &refused);
     if (!e.failure()) {
@@ -510,26 +589,15 @@ ffi::Error Solve(cudaStream_t stream, uint64_t pattern, bool transpose, ffi::Any
     if (!refused) return e;
     g_fallbacks.fetch_add(1);  // (cuDSS refused the batch solve: one by one below)
   }
-  for (int64_t i = 0; i < L; ++i) {
-    Slot* s = ms[i]->slot;
-    void* v = axp + i * c.p->nnz * w;
-    char* bi = bp + i * per * w;
-    char* xi = xp + i * per * w;
-    if (s->batch == 1) {
-      if (auto e = solve_one(c.h, s->pattern, s, v, bi, xi, k, transpose); e.failure())
-        return e;
-    } else {  // (a member read apart from its batch: factored again, alone)
-      if (!whole) g_fallbacks.fetch_add(1);
-      if (auto e = solve_alone(c.h, s->pattern, c.device, c.d, t, v, bi, xi, k, transpose);
-          e.failure())
-        return e;
-    }
-  }
+  if (auto e = solve_each(c, stream, t, w, hs, axp, bp, xp, per, k, transpose, !whole);
+      e.failure())
+    return e;
   CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   return ffi::Error::Success();
 }
 
-// ax: (L, nnz), b: (L, k, n) -> x: (L, k, n): factor, solve, give the factors back
+// ax: (L, nnz), b: (L, k, n) -> x: (L, k, n): factor, solve, give the factors
+// back (NaN for a matrix whose factorization failed)
 ffi::Error FactorSolve(cudaStream_t stream, uint64_t pattern, bool transpose, ffi::AnyBuffer ax,
                        ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> x) {
   std::lock_guard<std::mutex> lock(g_mu);
@@ -548,25 +616,16 @@ ffi::Error FactorSolve(cudaStream_t stream, uint64_t pattern, bool transpose, ff
   if (auto e = factor_all(c, t, w, axp, L, &hs); e.failure()) return e;
   ffi::Error result = ffi::Error::Success();
   bool done = false;
-  Slot* s0 = L > 0 ? member_of(hs[0])->slot : nullptr;
-  if (L > 1 && s0->batch == L) {  // (one uniform batch)
+  if (whole_batch(hs)) {  // (one uniform batch, every factorization good)
     bool refused = false;
-    result = solve_one(c.h, c.p, s0, axp, bp, xp, k, transpose, &refused);
+    result = solve_one(c.h, c.p, member_of(hs[0])->slot, axp, bp, xp, k, transpose, &refused);
     done = !result.failure() || !refused;
     if (!done) {
       g_fallbacks.fetch_add(1);
       result = ffi::Error::Success();
     }
   }
-  for (int64_t i = 0; !done && i < L && !result.failure(); ++i) {
-    Member* m = member_of(hs[i]);
-    void* v = axp + i * c.p->nnz * w;
-    result = m->slot->batch == 1
-                 ? solve_one(c.h, c.p, m->slot, v, bp + i * per * w, xp + i * per * w, k,
-                             transpose)
-                 : solve_alone(c.h, c.p, c.device, c.d, t, v, bp + i * per * w,
-                               xp + i * per * w, k, transpose);
-  }
+  if (!done) result = solve_each(c, stream, t, w, hs, axp, bp, xp, per, k, transpose, false);
   for (uint64_t hv : hs) release_handle(hv);
   if (result.failure()) return result;
   CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");

@@ -37,9 +37,14 @@ stand-in (`use_kernels`). What cuDSS does:
   (`product`: XLA's gather and scatter). Only where a measure is off does
   the program call the host, which refines the solution with a SuperLU
   factor, estimates the condition number and judges
-  (`_sparse_direct.repair`); a zero pivot that cuDSS reports
-  (`CUDSS_DATA_INFO`) raises `SingularMatrixError`, and a pivot cuDSS
-  perturbed instead shows in the backward error.
+  (`_sparse_direct.repair`). A factorization cuDSS reports as failed
+  (`CUDSS_DATA_INFO`: a zero pivot, a Cholesky breakdown) is a value, a 0
+  handle, that the program judges where it factors: `SingularMatrixError`
+  (`NotPositiveDefiniteError` for `assume="spd"`) naming the node and the
+  user's line, under `sd.function`, `sd.grad` and the user's own
+  `jax.jit(sd.to_jax(f))` alike; a one-call solve of such a matrix is NaN,
+  judged as the same breakdown. A pivot cuDSS perturbed instead shows in the
+  backward error.
 
 "auto" picks it for every sparse matrix where JAX's default backend is an
 NVIDIA GPU and the extra is installed. Without an NVIDIA GPU as JAX's
@@ -61,23 +66,11 @@ from collections import Counter
 import jax
 import numpy as np
 
-from ...errors import (NotPositiveDefiniteError, NotSupportedError, SingularMatrixError,
-                       register_kernel_error)
+from ...errors import NotPositiveDefiniteError, NotSupportedError, SingularMatrixError
 from .. import _batch_split
 from . import _cudss_ffi, _klu_ffi
 from ._klu import HandleSolver
 from .._host import host_call
-
-register_kernel_error(
-    _cudss_ffi.FACTOR_FAILED, SingularMatrixError,
-    "solver 'cudss': the matrix is singular: cuDSS's factorization found a zero pivot. Check "
-    "the matrix for a null space (a missing boundary condition, a disconnected part).",
-    op="linalg.factor")
-register_kernel_error(
-    _cudss_ffi.CHOLESKY_FAILED, NotPositiveDefiniteError,
-    "solver 'cudss': the matrix declared 'spd' is not positive definite: cuDSS's Cholesky "
-    "factorization broke down. Solve it without `assume=\"spd\"` (LU).",
-    op="linalg.factor")
 
 _kernels = [_cudss_ffi.KERNELS]
 
@@ -93,6 +86,19 @@ class CuDSS(HandleSolver):
     """
 
     name = "cudss"
+    nan_on_breakdown = True  # (a one-call solve of a matrix that failed to factor: NaN)
+    breakdown = (SingularMatrixError,
+                 "solver 'cudss': the matrix is singular: cuDSS's factorization found a zero "
+                 "pivot. Check the matrix for a null space (a missing boundary condition, a "
+                 "disconnected part).", {"rcond": 0.0})
+
+    def breakdown_for(self, tags):
+        if "spd" in tags:  # (cuDSS factored it by Cholesky)
+            return (NotPositiveDefiniteError,
+                    "solver 'cudss': the matrix declared 'spd' is not positive definite: "
+                    "cuDSS's Cholesky factorization broke down. Solve it without "
+                    "`assume=\"spd\"` (LU), or check how the matrix is assembled.", {})
+        return self.breakdown
 
     @property
     def kernels(self):

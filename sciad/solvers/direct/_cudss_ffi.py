@@ -3,8 +3,10 @@
 CUDA targets), behind the interface of `_klu_ffi.HandleKernels`.
 
 - Analysis: `analyze(pattern, assume)` hands the CSR structure to the
-  extension once per pattern and matrix type (a host object kept for the
-  process, whose address every call carries as its `pattern` attribute);
+  extension once per pattern and matrix type (a host object whose address
+  every call carries as its `pattern` attribute, kept in sciad's analysis
+  cache, `sciad._cache`, as "cudss pattern", pinned: a compiled program
+  embeds the address);
   cuDSS's reordering and symbolic factorization run in the first
   factorization of each pooled cuDSS data object and are kept with it
   (see the C++ source's header).
@@ -28,6 +30,10 @@ CUDA targets), behind the interface of `_klu_ffi.HandleKernels`.
   instead (pooled, each analysed once); so does the process after cuDSS
   refuses a batch factorization (`KERNELS.batch_status()` says why).
 
+A factorization that fails (a zero pivot, a Cholesky breakdown) is a value:
+its handle is 0 (`failed`), which the program judges with the node and the
+user's line; a one-call solve of such a matrix is NaN.
+
 The handlers read handles back from the device (a copy of 8 bytes per
 matrix) and synchronize their stream before returning; see the C++ source.
 """
@@ -42,13 +48,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ... import _cache
 from . import _cudss_build
 from ._klu_ffi import HandleKernels
-
-#: the text of the FFI error a failed cuDSS factorization raises
-FACTOR_FAILED = "cudss factorization failed"
-#: ... and of a failed Cholesky factorization (`assume="spd"`)
-CHOLESKY_FAILED = "cudss Cholesky failed"
 
 _HANDLERS = ("factor", "solve", "factor_solve", "free")
 
@@ -92,7 +94,6 @@ class CudssKernels(HandleKernels):
     def __init__(self):
         self._lock = threading.Lock()
         self._registered = False
-        self._patterns: dict = {}  # (Pattern, mtype) -> raw address (kept for the process)
         #: "native" (cuDSS's transposed solve, the same factor) or "refactor"
         self.transpose = os.environ.get("SCIAD_CUDSS_TRANSPOSE", "native")
 
@@ -125,20 +126,23 @@ class CudssKernels(HandleKernels):
     def analyze(self, pattern, assume=None, dtype=None):
         real = dtype is None or np.dtype(dtype).kind != "c"
         mtype = MTYPES.get(assume, 0) if real else 0  # (complex: LU)
-        key = (pattern, mtype)
-        raw = self._patterns.get(key)
-        if raw is not None:
-            return raw
-        lib = _cudss_build.library()
-        with self._lock:
-            raw = self._patterns.get(key)
-            if raw is None:
-                offsets = np.ascontiguousarray(pattern.indptr, np.int32)
-                cols = np.ascontiguousarray(pattern.indices, np.int32)
-                raw = int(lib.sciad_cudss_pattern(pattern.shape[0], pattern.nnz,
-                                                  offsets.ctypes.data, cols.ctypes.data, mtype))
-                self._patterns[key] = raw
-        return raw
+
+        def make():
+            lib = _cudss_build.library()
+            offsets = np.ascontiguousarray(pattern.indptr, np.int32)
+            cols = np.ascontiguousarray(pattern.indices, np.int32)
+            return int(lib.sciad_cudss_pattern(pattern.shape[0], pattern.nnz,
+                                               offsets.ctypes.data, cols.ctypes.data, mtype))
+
+        with self._lock:  # (one C++ object per pattern and type: a second make would leak)
+            return _cache.cached(_cache.GLOBAL, "cudss pattern", (pattern, mtype), make,
+                                 nbytes=4 * (pattern.shape[0] + 1 + pattern.nnz), pinned=True)
+
+    def failed(self, pattern, handle):
+        # (a factorization cuDSS reports as failed writes a 0 handle)
+        if pattern.shape[0] == 0:
+            return None
+        return handle == 0
 
     def kind(self, dtype) -> str:
         return np.dtype(dtype).name
