@@ -103,8 +103,8 @@ def main() -> int:
     md += table([(s["name"], s["info"], f"{s['sign']:+.0f}", f"{s['logdet']:.12f}",
                   f"{s['sum_log_diag']:.12f}", f"{s['ratio']:.6f}", f"{s['diag_sign']:+.0f}",
                   s["inertia"], s["npivots"], f"{s['residual']:.1e}") for s in small],
-                 ["matrix, factored as", "info", "sign (NumPy)", "log|det| (NumPy)",
-                  "sum log|diag|", "ratio", "sign of prod(diag)", "inertia [status, v]",
+                 ["matrix, factored as", "info", "sign (NumPy)", "log abs det (NumPy)",
+                  "sum log abs diag", "ratio", "sign of prod(diag)", "inertia [status, v]",
                   "npivots [status, v]", "solve residual"])
     md += ["", "Diagonals and reordering permutations:", ""]
     md += [f"- {s['name']}: diag {np.round(s['diag'], 6).tolist()}, perm_reorder_row "

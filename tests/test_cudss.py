@@ -400,8 +400,10 @@ def test_a_batch_with_one_failed_factorization_fails_cleanly(kernels):
     good[1] = 2.0
     ds = np.stack([good, _P.data, 2 * good])
     g = sd.function(sd.vmap(sd.grad(_p_loss, argnums=(0, 1))))
+    bs = np.ones((3, 4))
+    bs[:, 1] = 2.0  # (no solution: cuDSS may perturb the zero pivot and solve a nearby system)
     with pytest.raises(SingularMatrixError, match="singular") as info:
-        jax.block_until_ready(g(ds, np.ones((3, 4))))
+        jax.block_until_ready(g(ds, bs))
     assert "test_cudss.py" in str(info.value)
     ds[1] = 3 * good
     gd, _ = g(ds, np.ones((3, 4)))
@@ -412,6 +414,38 @@ def test_a_batch_with_one_failed_factorization_fails_cleanly(kernels):
         lam = np.linalg.solve((c * D).T, 2 * x)
         np.testing.assert_allclose(np.asarray(gd[j]), -lam[rows] * x[_P.indices], rtol=1e-9,
                                    atol=1e-14)
+
+
+class _Perturbing(_cudss.StandIn):
+    """A stand-in that factors as cuDSS does by default: a zero pivot
+    perturbed to a tiny one (here: the first stored value nudged by 1e-13),
+    so a singular matrix factors and solves to a huge `x`."""
+
+    def factor(self, pattern, a, assume=None):
+        return super().factor(pattern, a.at[0].add(1e-13), assume)
+
+
+@pytest.mark.skipif(not _klu_ffi.available(), reason="the stand-in needs klujax")
+@pytest.mark.parametrize("where", [0, 1, 2])
+def test_a_perturbed_pivot_in_a_batch_is_found_singular(where):
+    """cuDSS perturbs a zero pivot instead of failing (seen on an H200): the
+    solve of a singular, inconsistent system in a batch then has a residual
+    the checks measure, and the host repair's SuperLU finds no factor. The
+    batch's worst measure is that example's NaN wherever it sits in the batch
+    (a finite measure of a later example once hid it: a warning, then a
+    `NonFiniteError` in the adjoint solve)."""
+    good = _P.data.copy()
+    good[1] = 2.0
+    ds = np.stack([good, 2 * good, 3 * good])
+    ds[where] = _P.data
+    bs = np.ones((3, 4))
+    bs[:, 1] = 2.0
+    with _cudss.use_kernels(_Perturbing()) as k:
+        with pytest.raises(SingularMatrixError, match="singular") as info:
+            jax.block_until_ready(sd.function(sd.vmap(sd.grad(_p_loss, argnums=(0, 1))))(
+                ds, bs))
+        assert "test_cudss.py" in str(info.value)
+        assert k.live() == 0
 
 
 @pytest.mark.gpu
@@ -584,13 +618,15 @@ def test_gpu_failed_calls_leave_nothing(rng):
     good[1] = 2.0
     batch = sd.function(sd.vmap(sd.grad(_p_loss, argnums=(0, 1))))
     ds = np.stack([good, _P.data, good])
+    bs = np.ones((3, 4))
+    bs[:, 1] = 2.0  # (no solution)
 
     def fail(n):
         for _ in range(n):
             with pytest.raises(NonFiniteError):
                 jax.block_until_ready(g(M.data, bad))
             with pytest.raises(SingularMatrixError):
-                jax.block_until_ready(batch(ds, np.ones((3, 4))))
+                jax.block_until_ready(batch(ds, bs))
 
     fail(20)  # (warm-up: compilation, pools)
     before = rss_mib()

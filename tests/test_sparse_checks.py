@@ -144,3 +144,23 @@ def test_a_solve_through_the_public_path_uses_them(rng):
     assert "sciad_matrix_measures" in text and "sciad_solve_measures" in text
     np.testing.assert_allclose(np.asarray(f(M.data, np.ones(20))),
                                np.linalg.solve(M.toarray(), np.ones(20)), rtol=1e-10)
+
+
+@pytest.mark.parametrize("where", [0, 1, 2])
+def test_a_batchs_worst_measure_keeps_a_nan_wherever_it_is(where):
+    """The host repair of a batch reports its worst measures: a NaN (a
+    singular example: no factor) wins over the finite measures of every
+    other example, before or after it in the batch (a finite one after it
+    once replaced it, and the judge warned 'its residual is small')."""
+    from sciad.solvers.direct._sparse_direct import _merge_worst
+
+    worst = dict(nonfinite=False, backward_error=0.0, residual=0.0, rcond=np.nan,
+                 refined=False)
+    for i in range(3):
+        bad = i == where
+        _merge_worst(worst, dict(nonfinite=False, backward_error=np.nan if bad else 1e-17,
+                                 residual=np.nan if bad else 1e-16,
+                                 rcond=0.0 if bad else 0.3, refined=False))
+    assert np.isnan(worst["backward_error"]) and np.isnan(worst["residual"])
+    assert worst["rcond"] == 0.0
+

@@ -2,10 +2,12 @@
 the program through XLA's FFI (`sciad.solvers.direct._cudss_ffi`, C++ in
 `csrc/cudss_ffi.cc`, built on first use by `_cudss_build`).
 
-Run on an H100 (JAX 0.11.2, CUDA 13, cuDSS 1.0.0): the GPU test set
-(`pytest -m gpu`, the gpu-marked tests of tests/test_cudss.py) passes and
-`bench/gpu_sparse.py` meets issue 34's targets (bench/results/
-gpu_sparse_NVIDIA_H100_80GB_HBM3.md); `bench/gpu_check.sh` runs both. On the
+Run on an H100 and an H200 (JAX 0.11.2, CUDA 13, cuDSS 1.0.0): the GPU test
+set (`pytest -m gpu`, the gpu-marked tests of tests/test_cudss.py: values,
+batches, gradients, "auto" lowering to cuDSS, failures and flat memory)
+passes and `bench/gpu_sparse.py` meets issue 34's targets (bench/results/
+gpu_sparse_NVIDIA_H100_80GB_HBM3.md, gpu_sparse_NVIDIA_H200.md);
+`bench/gpu_check.sh` runs both. On the
 CPU the record's rules, batching and factor lifetime are tested through a
 host stand-in of the same kernel interface (`StandIn`, KLU's kernels with a
 ledger of live handles).

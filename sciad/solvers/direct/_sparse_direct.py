@@ -584,7 +584,9 @@ def _merge_worst(worst: dict, status: dict) -> None:
     worst["nonfinite"] |= status["nonfinite"]
     worst["refined"] |= status["refined"]
     for k in ("backward_error", "residual"):
-        if not status[k] <= worst[k]:  # NaN wins
+        # (NaN wins, and stays: a finite measure of a later example must not
+        # hide an earlier one's NaN)
+        if not np.isnan(worst[k]) and not status[k] <= worst[k]:
             worst[k] = status[k]
     rc = status["rcond"]
     if not np.isnan(rc) and (np.isnan(worst["rcond"]) or rc < worst["rcond"]):
