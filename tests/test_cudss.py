@@ -445,6 +445,7 @@ def test_a_perturbed_pivot_in_a_batch_is_found_singular(where):
             jax.block_until_ready(sd.function(sd.vmap(sd.grad(_p_loss, argnums=(0, 1))))(
                 ds, bs))
         assert "test_cudss.py" in str(info.value)
+        assert f"in example [{where}] of a batch of 3" in str(info.value)
         assert k.live() == 0
 
 

@@ -146,21 +146,21 @@ def test_a_solve_through_the_public_path_uses_them(rng):
                                np.linalg.solve(M.toarray(), np.ones(20)), rtol=1e-10)
 
 
-@pytest.mark.parametrize("where", [0, 1, 2])
-def test_a_batchs_worst_measure_keeps_a_nan_wherever_it_is(where):
-    """The host repair of a batch reports its worst measures: a NaN (a
-    singular example: no factor) wins over the finite measures of every
-    other example, before or after it in the batch (a finite one after it
-    once replaced it, and the judge warned 'its residual is small')."""
-    from sciad.solvers.direct._sparse_direct import _merge_worst
+def test_a_batch_is_judged_example_by_example():
+    """The host judges each measured example of a batch on its own, in order,
+    naming it: a NaN (a singular example) is not hidden by a finite measure of
+    a later one, and no example's residual meets another's condition number."""
+    from sciad.solvers.direct._sparse_direct import _report_each
 
-    worst = dict(nonfinite=False, backward_error=0.0, residual=0.0, rcond=np.nan,
-                 refined=False)
-    for i in range(3):
-        bad = i == where
-        _merge_worst(worst, dict(nonfinite=False, backward_error=np.nan if bad else 1e-17,
-                                 residual=np.nan if bad else 1e-16,
-                                 rcond=0.0 if bad else 0.3, refined=False))
-    assert np.isnan(worst["backward_error"]) and np.isnan(worst["residual"])
-    assert worst["rcond"] == 0.0
+    seen = []
 
+    def report(example=None, **status):
+        seen.append((example, status["residual"], status["rcond"]))
+
+    ok = dict(nonfinite=False, backward_error=1e-17, residual=1e-6, rcond=0.3,
+              refined=False)
+    bad = dict(ok, backward_error=np.nan, residual=np.nan, rcond=0.0)
+    _report_each(report, [(0, ok), (1, bad), (2, ok)], (3,))
+    assert [e for e, _, _ in seen] == [(0, (3,)), (1, (3,)), (2, (3,))]
+    assert np.isnan(seen[1][1]) and seen[1][2] == 0.0
+    assert seen[0][1:] == seen[2][1:] == (1e-6, 0.3)

@@ -160,6 +160,17 @@ def judge_solve(site: Site, *, dtype, n: int, nonfinite=False, backward_error=0.
                   "no correct digits (its residual is small: it solves a nearby system).")
 
 
+def example_report(judge, site: Site, **static):
+    """`report(**measures)` for a host function that judges a batch in a loop
+    (a sparse solve's, on the host): `report(example=(i, batch), **measures)`
+    judges example `i` (flat) of a batch of shape `batch` alone, so its
+    failure names it and no example's measures mix with another's;
+    `report(**measures)` judges at `site`."""
+    def report(example=None, **measures):
+        judge(site if example is None else site.in_example(*example), **static, **measures)
+    return report
+
+
 # ---------------------------------------------------------------------------
 # checks of values computed in the program
 

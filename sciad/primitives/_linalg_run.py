@@ -35,7 +35,7 @@ from ..solvers._indices import (pattern_cols, pattern_diagonal, pattern_rows,
                                 pattern_transpose, segment_sum, take_static)
 from ..solvers._measures import ratio
 from ..solvers._registry import lookup, records
-from ._checks import (check, judge_factor, judge_matrix, judge_solve, refine_above, releasing,
+from ._checks import (check, example_report, judge_factor, judge_matrix, judge_solve, refine_above, releasing,
                       symmetry_tolerance, tie)
 from ._sparse import sparse_matmul_p
 
@@ -325,7 +325,7 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
         return record.solve(factor, a, b, pattern=pattern, transpose=transpose,
                             refine_above=tau,
                             estimate="always" if _checks_on() else "on_residual",
-                            report=functools.partial(judge_solve, bare, dtype=dtype, n=n))
+                            report=example_report(judge_solve, bare, dtype=dtype, n=n))
     if record.frees_factor:
         x = record.solve(factor, a, b, pattern=pattern, transpose=transpose,
                          numeric=isinstance(factor, MadeFactor))
@@ -355,7 +355,7 @@ def _solve_with(factor, a, b, *, solver, pattern, transpose, throw, site):
         # condition number and judges: a refinement loop and an estimate in
         # the program quintupled the compile time of every checked solve.)
         need = _checks_on() | ~(rel <= np.sqrt(eps)) | ~(eta <= tau) | nonfinite
-        report = functools.partial(judge_solve, bare, dtype=dtype, n=n)
+        report = example_report(judge_solve, bare, dtype=dtype, n=n)
         # (a solver that factors in its solve's call marks a breakdown with an
         # all-NaN solution of a finite system: judged first, as a failed
         # factorization, in the same branch)

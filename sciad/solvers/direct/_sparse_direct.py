@@ -512,8 +512,9 @@ def solve(pattern, factor: tuple, data, b, transpose: bool, *,
     `"on_residual"` (only when the relative residual `||r|| / ||b||` exceeds
     `sqrt(eps)` or the backward error stays above `refine_above`) computes
     the condition estimate `rcond` with the factor. Then
-    `report(nonfinite=, backward_error=, residual=, rcond=, refined=)` (scalars over
-    the batch: the worst element) may raise or warn. Returns `x`. With the
+    `report(nonfinite=, backward_error=, residual=, rcond=, refined=)` (for a
+    batch, each measured example in turn with `example=(i, batch)`: see
+    `_report_each`) may raise or warn. Returns `x`. With the
     defaults, the plain solve (for a caller that checks in the program).
     """
     (handles,) = factor
@@ -538,18 +539,17 @@ def solve(pattern, factor: tuple, data, b, transpose: bool, *,
         ds = np.broadcast_to(d, batch + d.shape[-1:]).reshape((k, d.shape[-1]))
         bs = np.broadcast_to(bb, batch + core_shape).reshape((k,) + core_shape)
         out = np.empty(bs.shape, dtype)
-        worst = dict(nonfinite=False, backward_error=0.0, residual=0.0, rcond=np.nan,
-                     refined=False)
+        statuses = []
         for i in range(k):
             x, status = _solve_checked(pattern, int(hs[i]), ds[i], bs[i], transpose,
                                        refine_above, estimate, eps)
             out[i] = x
             if status is not None:
-                _merge_worst(worst, status)
+                statuses.append((i, status))
         _store.used(*np.unique(hs).tolist())
         if report is not None:
             with _discarding_on_raise(*np.unique(hs).tolist()):
-                report(**worst)
+                _report_each(report, statuses, batch)
         return (out.reshape(batch + core_shape),)
 
     (x,) = host_call(host, (jax.ShapeDtypeStruct(b.shape, b.dtype),), handles, data, b)
@@ -580,17 +580,14 @@ def release_now(handles) -> None:
 release_now.idempotent = True  # (see `sciad.graph.Holding`)
 
 
-def _merge_worst(worst: dict, status: dict) -> None:
-    worst["nonfinite"] |= status["nonfinite"]
-    worst["refined"] |= status["refined"]
-    for k in ("backward_error", "residual"):
-        # (NaN wins, and stays: a finite measure of a later example must not
-        # hide an earlier one's NaN)
-        if not np.isnan(worst[k]) and not status[k] <= worst[k]:
-            worst[k] = status[k]
-    rc = status["rcond"]
-    if not np.isnan(rc) and (np.isnan(worst["rcond"]) or rc < worst["rcond"]):
-        worst["rcond"] = rc
+def _report_each(report: Callable, statuses: list, batch: tuple) -> None:
+    """Judges each example of a batch that was measured (`(i, status)`) on its
+    own, in order: `report(example=(i, batch), **status)` (see
+    `sciad.primitives._checks.example_report`), so a failure names its example
+    and no example's measure hides or mixes with another's (a batch's worst
+    residual and worst condition number can come from two examples)."""
+    for i, status in statuses:
+        report(example=(i, batch), **status)
 
 
 def measures(r: np.ndarray, x: np.ndarray, b: np.ndarray, anorm_inf: float):
@@ -691,7 +688,8 @@ def repair(pattern, data, b, x, transpose: bool, *, refine_above: float, estimat
     made here for steps of iterative refinement of the program's `x` in
     double precision (while its backward error is above `refine_above` and
     falls) and, as `estimate` asks (see `solve`), the condition estimate;
-    then `report(**status)` (the batch's worst), which may raise or warn.
+    then `report(example=(i, batch), **status)` for each such matrix
+    (`_report_each`), which may raise or warn.
     Returns `x`, refined where it needed it.
 
     The program calls it only where a measure is off (the common solve pays
@@ -711,8 +709,7 @@ def repair(pattern, data, b, x, transpose: bool, *, refine_above: float, estimat
         ds = np.broadcast_to(d, batch + d.shape[-1:]).reshape((k, d.shape[-1]))
         bs = np.broadcast_to(bb, batch + shape).reshape((k,) + shape)
         out = np.array(np.broadcast_to(xx, batch + shape).reshape((k,) + shape))
-        worst = dict(nonfinite=False, backward_error=0.0, residual=0.0, rcond=np.nan,
-                     refined=False)
+        statuses = []
         wide = np.complex128 if out.dtype.kind == "c" else np.float64  # (as KLU factors)
         for i in range(k):
             x, status = _repair_one(pattern, ds[i].astype(wide), bs[i].astype(wide),
@@ -720,8 +717,8 @@ def repair(pattern, data, b, x, transpose: bool, *, refine_above: float, estimat
                                     eps)
             if status is not None:
                 out[i] = x
-                _merge_worst(worst, status)
-        report(**worst)
+                statuses.append((i, status))
+        _report_each(report, statuses, batch)
         return (out.reshape(batch + shape),)
 
     fn, operands = (host, [data, b, x]) if guard is None else guard(host, [data, b, x])
