@@ -138,24 +138,42 @@ std::string reals(const double* v, int n) {
   return s + "]";
 }
 
+// cuDSS's objects for `a` (uploaded in `d`) with matrix type `mtype`.
+struct Objects {
+  cudssConfig_t cfg = nullptr;
+  cudssData_t data = nullptr;
+  cudssMatrix_t A = nullptr, X = nullptr, B = nullptr;
+  ~Objects() {
+    if (A) cudssMatrixDestroy(A);
+    if (X) cudssMatrixDestroy(X);
+    if (B) cudssMatrixDestroy(B);
+    if (data) cudssDataDestroy(g_h, data);
+    if (cfg) cudssConfigDestroy(cfg);
+  }
+};
+
+bool wrap(const Csr& a, const Dev& d, cudssMatrixType_t mtype, Objects& o) {
+  int n = a.n;
+  CK(cudssConfigCreate(&o.cfg));
+  CK(cudssDataCreate(g_h, &o.data));
+  CK(cudssMatrixCreateCsr(&o.A, n, n, a.col.size(), d.off, nullptr, d.col, d.val, CUDA_R_32I,
+                          CUDA_R_32I, CUDA_R_64F, mtype, CUDSS_MVIEW_FULL, CUDSS_BASE_ZERO));
+  CK(cudssMatrixCreateDn(&o.X, n, 1, n, d.x, CUDA_R_64F, CUDSS_LAYOUT_COL_MAJOR));
+  CK(cudssMatrixCreateDn(&o.B, n, 1, n, d.b, CUDA_R_64F, CUDSS_LAYOUT_COL_MAJOR));
+  return true;
+}
+
 // A. what the factor of a small matrix exposes
 bool small(const char* name, int n, const double* dense, cudssMatrixType_t mtype) {
   Csr a = dense_to_csr(n, dense);
   std::vector<double> b(n, 1.0);
   Dev d;
   if (!upload(a, b, d)) return false;
-  cudssConfig_t cfg;
-  cudssData_t data;
-  cudssMatrix_t A, X, B;
-  CK(cudssConfigCreate(&cfg));
-  CK(cudssDataCreate(g_h, &data));
-  CK(cudssMatrixCreateCsr(&A, n, n, a.col.size(), d.off, nullptr, d.col, d.val, CUDA_R_32I,
-                          CUDA_R_32I, CUDA_R_64F, mtype, CUDSS_MVIEW_FULL, CUDSS_BASE_ZERO));
-  CK(cudssMatrixCreateDn(&X, n, 1, n, d.x, CUDA_R_64F, CUDSS_LAYOUT_COL_MAJOR));
-  CK(cudssMatrixCreateDn(&B, n, 1, n, d.b, CUDA_R_64F, CUDSS_LAYOUT_COL_MAJOR));
-  CK(cudssExecute(g_h, CUDSS_PHASE_ANALYSIS, cfg, data, A, X, B));
-  CK(cudssExecute(g_h, CUDSS_PHASE_FACTORIZATION, cfg, data, A, X, B));
-  CK(cudssExecute(g_h, CUDSS_PHASE_SOLVE, cfg, data, A, X, B));
+  Objects o;
+  if (!wrap(a, d, mtype, o)) return false;
+  CK(cudssExecute(g_h, CUDSS_PHASE_ANALYSIS, o.cfg, o.data, o.A, o.X, o.B));
+  CK(cudssExecute(g_h, CUDSS_PHASE_FACTORIZATION, o.cfg, o.data, o.A, o.X, o.B));
+  CK(cudssExecute(g_h, CUDSS_PHASE_SOLVE, o.cfg, o.data, o.A, o.X, o.B));
   cudaDeviceSynchronize();
   // (host buffers; a managed one where cuDSS may write from the device)
   double* diag = nullptr;
@@ -167,14 +185,14 @@ bool small(const char* name, int n, const double* dense, cudssMatrixType_t mtype
   size_t w = 0;
   int info = 0, npiv = -1, inertia[2] = {-1, -1};
   int64_t lu_nnz = -1;
-  int s_info = cudssDataGet(g_h, data, CUDSS_DATA_INFO, &info, sizeof info, &w);
-  int s_npiv = cudssDataGet(g_h, data, CUDSS_DATA_NPIVOTS, &npiv, sizeof npiv, &w);
-  int s_inertia = cudssDataGet(g_h, data, CUDSS_DATA_INERTIA, inertia, sizeof inertia, &w);
-  int s_lunnz = cudssDataGet(g_h, data, CUDSS_DATA_LU_NNZ, &lu_nnz, sizeof lu_nnz, &w);
-  int s_diag = cudssDataGet(g_h, data, CUDSS_DATA_DIAG, diag, n * sizeof(double), &w);
+  int s_info = cudssDataGet(g_h, o.data, CUDSS_DATA_INFO, &info, sizeof info, &w);
+  int s_npiv = cudssDataGet(g_h, o.data, CUDSS_DATA_NPIVOTS, &npiv, sizeof npiv, &w);
+  int s_inertia = cudssDataGet(g_h, o.data, CUDSS_DATA_INERTIA, inertia, sizeof inertia, &w);
+  int s_lunnz = cudssDataGet(g_h, o.data, CUDSS_DATA_LU_NNZ, &lu_nnz, sizeof lu_nnz, &w);
+  int s_diag = cudssDataGet(g_h, o.data, CUDSS_DATA_DIAG, diag, n * sizeof(double), &w);
   size_t w_diag = w;
-  int s_pr = cudssDataGet(g_h, data, CUDSS_DATA_PERM_REORDER_ROW, perm_r, n * sizeof(int), &w);
-  int s_pc = cudssDataGet(g_h, data, CUDSS_DATA_PERM_REORDER_COL, perm_c, n * sizeof(int), &w);
+  int s_pr = cudssDataGet(g_h, o.data, CUDSS_DATA_PERM_REORDER_ROW, perm_r, n * sizeof(int), &w);
+  int s_pc = cudssDataGet(g_h, o.data, CUDSS_DATA_PERM_REORDER_COL, perm_c, n * sizeof(int), &w);
   cudaDeviceSynchronize();
   std::vector<double> x(n);
   cudaMemcpy(x.data(), d.x, n * sizeof(double), cudaMemcpyDeviceToHost);
@@ -191,11 +209,6 @@ bool small(const char* name, int n, const double* dense, cudssMatrixType_t mtype
   cudaFree(diag);
   cudaFree(perm_r);
   cudaFree(perm_c);
-  cudssMatrixDestroy(A);
-  cudssMatrixDestroy(X);
-  cudssMatrixDestroy(B);
-  cudssDataDestroy(g_h, data);
-  cudssConfigDestroy(cfg);
   return true;
 }
 
@@ -206,43 +219,36 @@ bool big(const char* name, const Csr& a, cudssMatrixType_t mtype, int downcast, 
   for (int i = 0; i < n; ++i) b[i] = 1.0 + 0.5 * std::sin(0.37 * i);
   Dev d;
   if (!upload(a, b, d)) return false;
-  cudssConfig_t cfg;
-  cudssData_t data;
-  cudssMatrix_t A, X, B;
-  CK(cudssConfigCreate(&cfg));
+  Objects o;
+  if (!wrap(a, d, mtype, o)) return false;
   int s_down = 0, s_ir = 0;
   if (downcast) {
     cudssDowncastFactorsMode_t mode = static_cast<cudssDowncastFactorsMode_t>(downcast);
-    s_down = cudssConfigSet(cfg, CUDSS_CONFIG_DOWNCAST_FACTORS, &mode, sizeof mode);
+    s_down = cudssConfigSet(o.cfg, CUDSS_CONFIG_DOWNCAST_FACTORS, &mode, sizeof mode);
   }
-  if (ir_steps) s_ir = cudssConfigSet(cfg, CUDSS_CONFIG_IR_N_STEPS, &ir_steps, sizeof ir_steps);
-  CK(cudssDataCreate(g_h, &data));
-  CK(cudssMatrixCreateCsr(&A, n, n, a.col.size(), d.off, nullptr, d.col, d.val, CUDA_R_32I,
-                          CUDA_R_32I, CUDA_R_64F, mtype, CUDSS_MVIEW_FULL, CUDSS_BASE_ZERO));
-  CK(cudssMatrixCreateDn(&X, n, 1, n, d.x, CUDA_R_64F, CUDSS_LAYOUT_COL_MAJOR));
-  CK(cudssMatrixCreateDn(&B, n, 1, n, d.b, CUDA_R_64F, CUDSS_LAYOUT_COL_MAJOR));
+  if (ir_steps) s_ir = cudssConfigSet(o.cfg, CUDSS_CONFIG_IR_N_STEPS, &ir_steps, sizeof ir_steps);
   size_t free0 = 0, total = 0, free1 = 0;
   cudaMemGetInfo(&free0, &total);
   double t0 = now();
-  CK(cudssExecute(g_h, CUDSS_PHASE_ANALYSIS, cfg, data, A, X, B));
+  CK(cudssExecute(g_h, CUDSS_PHASE_ANALYSIS, o.cfg, o.data, o.A, o.X, o.B));
   double t1 = now();
   int64_t est[16] = {0};
   size_t w = 0;
-  int s_est = cudssDataGet(g_h, data, CUDSS_DATA_MEMORY_ESTIMATES, est, sizeof est, &w);
+  int s_est = cudssDataGet(g_h, o.data, CUDSS_DATA_MEMORY_ESTIMATES, est, sizeof est, &w);
   double t2 = now();
-  CK(cudssExecute(g_h, CUDSS_PHASE_FACTORIZATION, cfg, data, A, X, B));
+  CK(cudssExecute(g_h, CUDSS_PHASE_FACTORIZATION, o.cfg, o.data, o.A, o.X, o.B));
   double t3 = now();
   cudaMemGetInfo(&free1, &total);
-  CK(cudssExecute(g_h, CUDSS_PHASE_SOLVE, cfg, data, A, X, B));
+  CK(cudssExecute(g_h, CUDSS_PHASE_SOLVE, o.cfg, o.data, o.A, o.X, o.B));
   double t4 = now();
   // a second factorization (same values: the refactor cost) and solve
-  CK(cudssExecute(g_h, CUDSS_PHASE_FACTORIZATION, cfg, data, A, X, B));
+  CK(cudssExecute(g_h, CUDSS_PHASE_FACTORIZATION, o.cfg, o.data, o.A, o.X, o.B));
   double t5 = now();
-  CK(cudssExecute(g_h, CUDSS_PHASE_SOLVE, cfg, data, A, X, B));
+  CK(cudssExecute(g_h, CUDSS_PHASE_SOLVE, o.cfg, o.data, o.A, o.X, o.B));
   double t6 = now();
   int info = 0, ir_done = -1;
-  cudssDataGet(g_h, data, CUDSS_DATA_INFO, &info, sizeof info, &w);
-  int s_irn = cudssDataGet(g_h, data, CUDSS_DATA_IR_N_STEPS, &ir_done, sizeof ir_done, &w);
+  cudssDataGet(g_h, o.data, CUDSS_DATA_INFO, &info, sizeof info, &w);
+  int s_irn = cudssDataGet(g_h, o.data, CUDSS_DATA_IR_N_STEPS, &ir_done, sizeof ir_done, &w);
   std::vector<double> x(n);
   CK(cudaMemcpy(x.data(), d.x, n * sizeof(double), cudaMemcpyDeviceToHost));
   double rmax = 0, anorm = 0, xmax = 0, bmax = 0;
@@ -269,11 +275,6 @@ bool big(const char* name, const Csr& a, cudssMatrixType_t mtype, int downcast, 
       s_est, (long long)est[0], (long long)est[1], (long long)est[2], (long long)est[3],
       (long long)est[4], (long long)est[5]);
   std::fflush(stdout);
-  cudssMatrixDestroy(A);
-  cudssMatrixDestroy(X);
-  cudssMatrixDestroy(B);
-  cudssDataDestroy(g_h, data);
-  cudssConfigDestroy(cfg);
   return true;
 }
 
