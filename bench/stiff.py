@@ -16,8 +16,8 @@ Float64 throughout (`jax_enable_x64` on at start-up).
    BDF (its DiffSL model JIT-compiled by LLVM, nalgebra dense; where it is
    installed). The work each counts (`nfev`, `njev`, `nlu`), as SciPy
    counts it; the gradient of `y1(t1)` in the three rates (sciad: each
-   method's default adjoint, BDF's discrete one and Radau's continuous one;
-   for BDF the continuous adjoint too), and its ratio to the forward solve.
+   method's default adjoint, the discrete one; the continuous adjoint
+   beside it), and its ratio to the forward solve.
    Targets:
    counts within 2x of SciPy's same-named method; forward <= 1.5x
    pydiffsol.
@@ -80,7 +80,7 @@ def _timed(fn, repeats: int) -> float:
 
 def _continuous_gradient(loss, x, repeats: int) -> float:
     """The median time of `sd.grad(loss)` (compiled; its odeint with the
-    continuous adjoint, for BDF's row beside its default)."""
+    continuous adjoint, beside each method's default)."""
     import jax
 
     import sciad as sd
@@ -130,9 +130,10 @@ def robertson(t1: float, repeats: int) -> dict:
                                                     repeats)
         out["counts"]["sd_" + solver] = (int(res.nfev), int(res.njev), int(res.nlu))
         out["y"]["sd_" + solver] = np.asarray(res.ys[-1])
-    out["t"]["sd_bdf_cont"] = _continuous_gradient(
-        lambda k: sd.ode.odeint(field, y0, ts, k, solver="bdf", adjoint="interpolated",
-                                **TOL)[-1, 0], k, repeats)
+    for solver in ("bdf", "radau"):
+        out["t"][f"sd_{solver}_cont"] = _continuous_gradient(
+            lambda k, s=solver: sd.ode.odeint(field, y0, ts, k, solver=s,
+                                              adjoint="interpolated", **TOL)[-1, 0], k, repeats)
     for method in ("BDF", "Radau"):
         call = HostCall(lambda m=method: si.solve_ivp(f_np, (0.0, t1), y0, method=m,
                                                       jac=jac_np, **TOL))
@@ -191,10 +192,11 @@ def brusselator(n: int, repeats: int) -> dict:
                                                     repeats)
         out["err"]["sd_" + solver] = float(np.abs(np.asarray(res.ys) - ref).max())
         out["counts"]["sd_" + solver] = (int(res.nfev), int(res.njev), int(res.nlu))
-    out["t"]["sd_bdf_cont"] = _continuous_gradient(
-        lambda p: snp.sum((sd.ode.odeint(ex.brusselator, y0, ts, p, solver="bdf", jac="sparse",
-                                         adjoint="interpolated", **tol)[1:] - 1.0) ** 2),
-        p, repeats)
+    for solver in ("bdf", "radau"):
+        out["t"][f"sd_{solver}_cont"] = _continuous_gradient(
+            lambda p, s=solver: snp.sum((sd.ode.odeint(
+                ex.brusselator, y0, ts, p, solver=s, jac="sparse", adjoint="interpolated",
+                **tol)[1:] - 1.0) ** 2), p, repeats)
     for method in ("BDF", "Radau"):
         call = HostCall(lambda m=method: si.solve_ivp(f_np, (0.0, 10.0), y0, m, ts,
                                                       jac_sparsity=pat, **tol))
@@ -206,8 +208,9 @@ def brusselator(n: int, repeats: int) -> dict:
 
 
 def _cont(t: dict, solver: str) -> str:
-    """BDF's gradient by the continuous adjoint (ms), beside its default's."""
-    return f"{t['sd_bdf_cont'] * 1e3:.1f}" if solver == "bdf" else ""
+    """The gradient by the continuous adjoint (ms), beside the default's."""
+    key = f"sd_{solver}_cont"
+    return f"{t[key] * 1e3:.1f}" if key in t else ""
 
 
 HEAT_M = 100  # grid points per side (HEAT_M ** 2 unknowns)
@@ -365,10 +368,11 @@ def render(robs, bruss, heats, machine, argv) -> str:
                   + f". Counts: `nfev / njev / nlu` (IDA: `nfev / njev`). sciad's first "
                   f"call (trace and compile): forward {r['compile']:.1f} s, gradient "
                   f"{r['compile_grad']:.1f} s."]
-    lines += ["", "Gradients: each method's default adjoint, BDF's discrete one (its steps' "
-              "transposed iteration matrices, from the states and orders its loop "
-              "records) and Radau's continuous one; the continuous adjoint of BDF "
-              "(`adjoint=\"interpolated\"`, its default before the discrete one) beside it.",
+    lines += ["", "Gradients: each method's default adjoint, the discrete one (BDF: its "
+              "steps' transposed iteration matrices, from the states and orders its loop "
+              "records; Radau: each step re-run from its recorded state, its stages one "
+              "root node, KLU in the program); the continuous adjoint "
+              "(`adjoint=\"interpolated\"`, the default of both before) beside it.",
               ""]
     return "\n".join(lines)
 

@@ -439,10 +439,9 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       factorization per step size, for stiff problems at tight
       tolerances.
     - `rtol`, `atol`: the local error tolerances of the step-size control.
-    - `adjoint`: reverse mode (None: the solver's default, `"checkpoint"`
-      for every solver but `"radau"`, whose default is `"interpolated"`,
-      faster on the problems measured in `bench/stiff.py`):
-        - `"checkpoint"` (the default of the others): the discrete
+    - `adjoint`: reverse mode (None: the default, `"checkpoint"`, for
+      every solver):
+        - `"checkpoint"` (the default): the discrete
           adjoint of the steps
           taken, the exact gradient of the computed solution (to rounding;
           to the Newton tolerance for implicit solvers), consistent with
@@ -457,7 +456,8 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
           iteration matrix `(M - c df/dy)^T` at the step's result, a DAE's
           included. For `"radau"` (every step's state recorded), each step
           is re-run from its state, its three stages solved together by one
-          root node (a DAE's included), whose reverse pass is the step's.
+          root node (a DAE's included; its sparse Newton steps by KLU in
+          the program on the CPU), whose reverse pass is the step's.
         - `"interpolated"`: the continuous adjoint equation solved backwards
           against the forward solution interpolated (cubic Hermite) from
           its states at every step, which the forward pass stores

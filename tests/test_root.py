@@ -18,6 +18,11 @@ from sciad.errors import ConvergenceError, InvalidOptionError, ShapeError
 N = 12
 
 
+def _klu_usable() -> bool:
+    from sciad.solvers.nonlinear import _jacobian_klu
+    return _jacobian_klu.usable()
+
+
 def residual_in(xp):
     """`-(k(u) u')' - f` on a 1-D grid, `k = c (1 + u^2)`, zero Dirichlet ends,
     written with `xp` (sciad.numpy, NumPy or jax.numpy)."""
@@ -33,7 +38,9 @@ def residual_in(xp):
 diffusion, diffusion_np = residual_in(snp), residual_in(np)
 
 
-@pytest.mark.parametrize("jac", ["sparse", "dense", "gmres"])
+@pytest.mark.parametrize("jac", ["sparse", "dense", "gmres",
+                                 pytest.param("klu", marks=pytest.mark.skipif(
+                                     not _klu_usable(), reason="needs klujax on the CPU"))])
 def test_root_agrees_with_scipy(jac, rng):
     f = 20.0 + 5.0 * rng.standard_normal(N)
     res = sd.optimize.root(diffusion, np.zeros(N), (f,), jac=jac)
@@ -201,6 +208,58 @@ def _solve(jac):
         return sd.optimize.root(lambda u, f, c: diffusion(u, f, c), snp.zeros(6), (f, c),
                                 jac=jac).x
     return solve
+
+
+@pytest.mark.skipif(not _klu_usable(), reason="needs klujax on the CPU")
+def test_klu_jacobians_iterate_as_superlus_in_the_program(rng, monkeypatch):
+    """`jac="klu"`: the same iterates as `"sparse"` (Newton, and the chord
+    method with `jac0`), the same implicit derivatives, no SuperLU
+    factorization on the host (each iteration one KLU call in the
+    program), and a singular Jacobian is a failed solve, diagnosed."""
+    from sciad.solvers.direct import _sparse_direct as sdir
+
+    f = 20.0 + 5.0 * rng.standard_normal(N)
+    x0 = np.asarray(sd.optimize.root(diffusion, np.zeros(N), (f,)).x) * 1.01
+    J0 = sd.sparse.jacobian(lambda x: diffusion(x, f))(x0)
+    factored = []
+    make = sdir._factor_one
+    monkeypatch.setattr(sdir, "_factor_one", lambda *a: factored.append(1) or make(*a))
+    for method, kw in (("newton", {}), ("chord", {"jac0": J0})):
+        factored.clear()
+        a = sd.optimize.root(diffusion, x0, (f,), method=method, jac="klu", **kw)
+        assert not factored  # (KLU, in the program)
+        b = sd.optimize.root(diffusion, x0, (f,), method=method, jac="sparse", **kw)
+        assert a.success and a.nit == b.nit and factored
+        np.testing.assert_allclose(np.asarray(a.x), np.asarray(b.x), rtol=1e-12)
+    factored.clear()
+    g = [np.asarray(sd.grad(lambda f, j=j: snp.sum(
+        sd.optimize.root(diffusion, x0, (f,), jac=j).x ** 2))(f)) for j in ("klu", "sparse")]
+    np.testing.assert_allclose(g[0], g[1], rtol=1e-9)
+    graph = sd.trace(lambda f: sd.optimize.root(diffusion, snp.zeros(N), (f,), jac="klu").x, f)
+    assert "jac='klu'" in str(graph) and "factor<" not in str(graph)  # (none kept)
+
+    def singular(x, f):  # x's first two entries only through their sum
+        return snp.concatenate([(x[:1] + x[1:2]) * snp.ones(2) - f[:2], x[2:] - f[2:]])
+
+    res = sd.optimize.root(singular, np.zeros(N), (f,), jac="klu", throw=False)
+    assert not res.success
+    with pytest.raises(ConvergenceError, match="singular"):
+        sd.optimize.root(singular, np.zeros(N), (f,), jac="klu")
+
+
+def test_klu_jacobians_are_refused_off_the_cpu(monkeypatch):
+    from sciad.solvers.nonlinear import _jacobian_klu
+
+    monkeypatch.setattr(_jacobian_klu, "usable", lambda: False)
+    with pytest.raises(InvalidOptionError, match="jac='klu'.*CPU.*jac='sparse'"):
+        # (a residual of its own: no program compiled before for it)
+        sd.optimize.root(lambda u, f: diffusion(u, f) * 1.0, np.zeros(N), (np.ones(N),),
+                         jac="klu")
+
+
+@pytest.mark.skipif(not _klu_usable(), reason="needs klujax on the CPU")
+def test_klu_jacobian_rules_pass_check_rules(rng):
+    sd.testing.check_rules(_solve("klu"), 10.0 + rng.standard_normal(6), np.asarray(1.3))
 
 
 @pytest.mark.slow  # the registry's check_rules runs the same (tests/registry_examples.py)

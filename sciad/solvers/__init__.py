@@ -35,6 +35,7 @@ from .iterative._gmres import GMRES
 from .iterative._jacobi import Jacobi
 from .nonlinear._jacobian_dense import DenseJacobian
 from .nonlinear._jacobian_gmres import GMRESJacobian
+from .nonlinear._jacobian_klu import KLUJacobian
 from .nonlinear._jacobian_sparse import SparseJacobian
 from .direct._klu import KLU
 from .direct._lu import LU
@@ -78,5 +79,6 @@ register(LevenbergMarquardt())
 register(SparseJacobian())
 register(DenseJacobian())
 register(GMRESJacobian())
+register(KLUJacobian())
 
 __all__ = ["lookup", "names", "records", "register", "unregister"]

@@ -1,0 +1,69 @@
+"""`jac="klu"`: the Jacobian on the pattern detected from the body, its values
+by one JVP per color (as `jac="sparse"`), factored and solved by KLU compiled
+into the program (the CPU), one call per Newton iteration: no host call and
+no factorization kept. The derivatives' solves factor the Jacobian at the
+root again (KLU, in the program: `linalg.solve`).
+
+Where a root's Newton iterations are many small host calls (`"sparse"`'s
+SuperLU: one each), this is the faster choice on the CPU: the replayed
+stages of Radau's discrete adjoint take it (`sciad.primitives._ode_replay`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ...errors import InvalidOptionError
+from ..direct import _klu_ffi
+from . import _nonlinear
+from ._root_methods import AbstractNewtonJacobian
+
+
+def usable() -> bool:
+    """Whether KLU's compiled kernels run here (klujax installed, the CPU)."""
+    if not _klu_ffi.available():
+        return False
+    try:
+        return jax.default_backend() == "cpu"
+    except RuntimeError:
+        return False
+
+
+def klu_lu(pattern, values, dtype, *, chord: bool = False, start=None):
+    """A `LinearSolve` for Newton: `J(x)` on `pattern`, its values from
+    `values(x)` (CSR order), factored and solved in one KLU call per
+    iteration (a singular matrix gives NaN: a failed step). With `chord`, an
+    iteration not asked for a `fresh` factor solves with the values last
+    factored (factored again: no factor outlives its call), at first those
+    of `start` where given, so the iterates are the chord method's."""
+    kernels = _klu_ffi.KERNELS
+    none = jnp.zeros((), jnp.uint64)
+
+    def solve(x, r, aux, fresh):
+        data = jnp.where(fresh, values(x), aux) if chord else values(x)
+        d = kernels.solve(pattern, none, data, r, False)
+        return d, jnp.all(jnp.isfinite(d)), data if chord else aux
+
+    init = (start if start is not None else jnp.zeros((pattern.nnz,), dtype)) if chord else 0
+    return _nonlinear.LinearSolve(solve, "KLU", init, chord=chord, started=start is not None)
+
+
+class KLUJacobian(AbstractNewtonJacobian):
+    """A sparse Jacobian, KLU in the program (`"klu"`; the CPU)."""
+
+    name = "klu"
+    sparse = True
+    keeps_factor = False
+    solver = "klu"
+
+    def linear_solve(self, jacobian, *, pattern, x, uses, chord, start):
+        if not usable():
+            raise InvalidOptionError(
+                "jac='klu' factors with KLU compiled into the program, which runs on the CPU "
+                "with klujax installed; use jac='sparse' (SuperLU on the host) instead.",
+                op="optimize.root")
+        return klu_lu(pattern, lambda x: jacobian(x)[0], x.dtype, chord=chord, start=start)
+
+    def step_flops(self, n, jvp_flops, colors, factor_flops, solve_flops):
+        return colors * jvp_flops + factor_flops + solve_flops
