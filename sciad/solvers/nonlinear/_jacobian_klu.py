@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from ...errors import InvalidOptionError
 from ..direct import _klu_ffi
 from . import _nonlinear
-from ._root_methods import AbstractNewtonJacobian
+from ._jacobian_sparse import SparseJacobian
 
 
 def usable() -> bool:
@@ -49,11 +49,11 @@ def klu_lu(pattern, values, dtype, *, chord: bool = False, start=None):
     return _nonlinear.LinearSolve(solve, "KLU", init, chord=chord, started=start is not None)
 
 
-class KLUJacobian(AbstractNewtonJacobian):
-    """A sparse Jacobian, KLU in the program (`"klu"`; the CPU)."""
+class KLUJacobian(SparseJacobian):
+    """A sparse Jacobian, KLU in the program (`"klu"`; the CPU): `"sparse"`'s
+    Jacobian and costs, another factorization."""
 
     name = "klu"
-    sparse = True
     keeps_factor = False
     solver = "klu"
 
@@ -64,6 +64,3 @@ class KLUJacobian(AbstractNewtonJacobian):
                 "with klujax installed; use jac='sparse' (SuperLU on the host) instead.",
                 op="optimize.root")
         return klu_lu(pattern, lambda x: jacobian(x)[0], x.dtype, chord=chord, start=start)
-
-    def step_flops(self, n, jvp_flops, colors, factor_flops, solve_flops):
-        return colors * jvp_flops + factor_flops + solve_flops
