@@ -262,6 +262,53 @@ def test_klu_jacobian_rules_pass_check_rules(rng):
     sd.testing.check_rules(_solve("klu"), 10.0 + rng.standard_normal(6), np.asarray(1.3))
 
 
+_JAX_TRANSFORMS_OF_A_KLU_ROOT = """
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_enable_x64", True)
+import sciad as sd, sciad.numpy as snp
+
+def diffusion(u, f, c):
+    up = snp.pad(u, (1, 1))
+    k = c * (1.0 + up ** 2)
+    flux = 0.5 * (k[1:] + k[:-1]) * (up[1:] - up[:-1]) * 7.0
+    return -(flux[1:] - flux[:-1]) * 7.0 - f
+
+def fn(jac):
+    return sd.to_jax(lambda f: snp.sum(sd.optimize.root(
+        diffusion, snp.zeros(6), (f, 1.3), jac=jac).x ** 3))
+
+f = jnp.linspace(8.0, 12.0, 6)
+v = jnp.linspace(-1.0, 1.0, 6)
+out = {}
+for jac in ("klu", "dense"):
+    g = fn(jac)
+    out[jac] = [np.ravel(np.asarray(r)).tolist() for r in (
+        jax.jit(g)(f), jax.jit(jax.grad(g))(f), jax.jacfwd(jax.grad(g))(f),
+        jax.jit(jax.hessian(g))(f), jax.vmap(lambda t: jax.jvp(g, (f,), (t,))[1])(
+            jnp.stack([v, 2 * v])))]
+json.dump(out, sys.stdout)
+"""
+
+
+@pytest.mark.skipif(not _klu_usable(), reason="needs klujax on the CPU")
+def test_jax_transforms_of_to_jax_through_a_klu_root():
+    """`jax.jit`, `grad`, `jacfwd` of `grad`, `hessian` and `vmap` of `jvp` of
+    `sd.to_jax(f)` through a root with `jac="klu"` (its Newton solves and
+    its derivatives' solves KLU calls in the program) agree with the same
+    through `jac="dense"`; in a child process, where a crash fails the test."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _JAX_TRANSFORMS_OF_A_KLU_ROOT],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    for got, want in zip(out["klu"], out["dense"]):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.slow  # the registry's check_rules runs the same (tests/registry_examples.py)
 def test_implicit_rules_pass_check_rules(rng):
     # JVP against finite differences, VJP by the dot-product test, second
