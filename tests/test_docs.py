@@ -1,7 +1,9 @@
 """The documentation runs as written: every Python block of every page under
-docs/ (and of README.md) is executed, page by page in one namespace that
-starts empty (a page imports what it uses, in its first block), and what it
-shows must be what it gives.
+docs/ (and of README.md) is executed, page by page, each page in a fresh
+Python process and one namespace that starts empty (a page imports what it
+uses, in its first block, and depends on no page run before it: as a reader
+who copies it into a new interpreter), and what it shows must be what it
+gives.
 
 What a block shows, and how it is checked:
 
@@ -23,8 +25,11 @@ from __future__ import annotations
 
 import ast
 import io
+import json
 import os
 import re
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -209,21 +214,63 @@ def _check_file(path: str, where: str) -> int:
     return ran
 
 
+#: a page's run in its own process (`_run_page_alone`): `_check_file` with
+#: sciad's checks on (as every test runs: tests/conftest.py), then what the
+#: test reads of the process afterwards, as JSON on the last line
+_ALONE = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import sciad as sd
+import test_docs
+with sd.config.checks(True):
+    ran = test_docs._check_file({path!r}, {where!r})
+rules = {{name: list(sd.graph.lookup_primitive(name).rules)
+         for name in {primitives!r}}}
+print("\\n" + json.dumps({{"ran": ran, "rules": rules}}))
+"""
+
+
+def _run_page_alone(path: str, where: str, cwd, primitives=()) -> dict:
+    """Runs `_check_file(path)` in a fresh Python process (in `cwd`, where a
+    page's files are written): no state of another page or test reaches it.
+    Returns what it reports: the blocks run, and the rules of `primitives`."""
+    code = _ALONE.format(tests=os.path.dirname(os.path.abspath(__file__)), path=path,
+                         where=where, primitives=tuple(primitives))
+    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, f"{where} (run alone):\n{done.stderr[-6000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("page", [
     pytest.param(p, marks=pytest.mark.slow) if p in SLOW else p for p in _pages()])
-def test_page_runs_as_shown(page, scratch_registry, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # (a page's files, as its figure, are written there)
-    _check_file(os.path.join(DOCS, page), page)
-    if page == "guide/custom-primitives.md":
-        # the rules the page defines are the rules the primitives have
-        assert sd.graph.lookup_primitive("my_softplus").rules == (
-            "impl", "abstract_eval", "jvp", "vjp", "batch", "sparsity")
-        assert sd.graph.lookup_primitive("my_scale").rules == (
-            "impl", "abstract_eval", "jvp", "transpose")
+def test_page_runs_as_shown(page, tmp_path):
+    mine = ("my_softplus", "my_scale") if page == "guide/custom-primitives.md" else ()
+    got = _run_page_alone(os.path.join(DOCS, page), page, tmp_path, mine)
+    if mine:  # the rules the page defines are the rules the primitives have
+        assert got["rules"] == {
+            "my_softplus": ["impl", "abstract_eval", "jvp", "vjp", "batch", "sparsity"],
+            "my_scale": ["impl", "abstract_eval", "jvp", "transpose"]}
 
 
-def test_readme_runs_as_shown(scratch_registry):
-    assert _check_file(os.path.join(ROOT, "README.md"), "README.md") >= 1
+def test_readme_runs_as_shown(tmp_path):
+    assert _run_page_alone(os.path.join(ROOT, "README.md"), "README.md", tmp_path)["ran"] >= 1
+
+
+def test_a_page_runs_alone_and_its_failures_reach_the_test(tmp_path):
+    """A page runs in a process of its own: a name another page (or test)
+    defined is not there, and a block that fails, or shows what it does not
+    give, fails the test with the page's name and the block's message."""
+    ok = tmp_path / "ok.md"
+    ok.write_text("```python\nimport numpy as np\nprint(np.arange(3))\n```\n\n```\n[0 1 2]\n```\n")
+    assert _run_page_alone(str(ok), "ok.md", tmp_path)["ran"] == 1
+    for text, words in (("```python\nprint(np.arange(3))\n```\n", "NameError"),
+                        ("```python\nimport numpy as np\nprint(np.arange(2))\n```\n\n"
+                         "```\n[0 1 2]\n```\n", "printed")):
+        page = tmp_path / "bad.md"
+        page.write_text(text)
+        with pytest.raises(AssertionError, match=f"(?s)bad.md \\(run alone\\).*{words}"):
+            _run_page_alone(str(page), "bad.md", tmp_path)
 
 
 def test_the_readme_fits_on_a_few_screens():
