@@ -93,7 +93,8 @@ def main() -> int:
     import jax
     device = jax.devices()[0].device_kind
     out = [f"# slogdet on {device} and its host CPU", "",
-           "| backend | n | solver | first call s | median | log det | rel. to the first auto row |",
+           "| backend | n | solver | first call s | median | log det "
+           "| rel. to the first auto row |",
            "|---|---|---|---|---|---|---|"]
     ref = {}
     for r in rows:  # (the default backend's rows come first)

@@ -35,8 +35,8 @@ from ..solvers._indices import (pattern_cols, pattern_diagonal, pattern_rows,
                                 pattern_transpose, segment_sum, take_static)
 from ..solvers._measures import ratio
 from ..solvers._registry import lookup, records
-from ._checks import (check, example_report, judge_factor, judge_matrix, judge_solve, refine_above, releasing,
-                      symmetry_tolerance, tie)
+from ._checks import (check, example_report, judge_factor, judge_matrix, judge_solve,
+                      refine_above, releasing, symmetry_tolerance, tie)
 from ._sparse import sparse_matmul_p
 
 ASSUME = ("symmetric", "spd")
