@@ -291,6 +291,7 @@ json.dump(out, sys.stdout)
 """
 
 
+@pytest.mark.slow  # ~9 s (jacfwd and hessian compile); the rules: check_rules above
 @pytest.mark.skipif(not _klu_usable(), reason="needs klujax on the CPU")
 def test_jax_transforms_of_to_jax_through_a_klu_root():
     """`jax.jit`, `grad`, `jacfwd` of `grad`, `hessian` and `vmap` of `jvp` of
