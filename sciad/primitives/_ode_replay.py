@@ -109,7 +109,7 @@ def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, a
         z = root_node(stage, z0, [yi, h * gamma, ti, w], name="stage", kind="root",
                       method="chord", jac=jac, tol=1e-12,
                       atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps), maxiter=50,
-                      memory=0, throw=True, op="optimize.root", at_floor=True,
+                      memory=0, throw=True, op="optimize.root", at_floor=True, estimate=False,
                       start=None if start is None else _chord_start(start)).x
         ks.append(inline(graph, [*consts, ti, z]))
     out = y
@@ -164,7 +164,7 @@ def radau_step(graph: Graph, consts, t, h, y, jac: str, rtol: float, atol: float
     z = root_node(stages, ops.concatenate(z0), [y, h, t, w], name="radau_stages",
                   kind="root", method="newton", jac=jac, tol=1e-12,
                   atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps), maxiter=50, memory=0,
-                  throw=True, op="optimize.root", at_floor=True).x
+                  throw=True, op="optimize.root", at_floor=True, estimate=False).x
     return y + z[2 * n:]
 
 

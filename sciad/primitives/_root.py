@@ -62,7 +62,8 @@ root_p = Primitive("optimize.root", multiple_results=True, runtime_checks=True, 
     "pattern": Param((Pattern, None), default=None), "colors": Param(int, default=0),
     "tol": float, "atol": float, "maxiter": int, "memory": Param(int, default=0),
     "throw": Param(bool, default=True), "uses": Param((int, None), default=None),
-    "jac0": Param(bool, default=False), "at_floor": Param(bool, default=False)},
+    "jac0": Param(bool, default=False), "at_floor": Param(bool, default=False),
+    "estimate": Param(bool, default=True)},
     fit_to_readers=lambda params, readers, complete, escapes=False: _root_fit(params, readers,
                                                                              complete))
 
@@ -82,7 +83,11 @@ root_p = Primitive("optimize.root", multiple_results=True, runtime_checks=True, 
 #: or a dense `(n, n)` array), which carries no derivative; `at_floor`: a
 #: solve that stalls with ||F|| at its measured rounding floor has converged
 #: (for the roots whose tolerance sciad sets itself, so that it is never
-#: tighter than rounding allows: an implicit ODE stage's)
+#: tighter than rounding allows: an implicit ODE stage's); `estimate`: the
+#: derivatives' dense solves estimate the Jacobian's condition number (a
+#: host call each, for its warning); False where the Jacobian is
+#: well-conditioned by construction (an implicit ODE stage's, `I - h g J`),
+#: whose solves are then checked in the program (backward error, NaN) alone
 
 
 def residual_body(graph: Graph) -> Body:
@@ -133,7 +138,7 @@ class RootOutputs(NamedTuple):
 
 @root_p.def_abstract_eval
 def _root_shape(*args, body, kind, method, jac, pattern=None, colors=0, tol, atol, maxiter,
-                memory=0, throw=True, uses=None, jac0=False, at_floor=False):
+                memory=0, throw=True, uses=None, jac0=False, at_floor=False, estimate=True):
     op = "optimize.root"
     graph = body
     consts, x, j0 = operands(args, jac0)
@@ -311,7 +316,7 @@ def stacked(out, op: str):
 
 def root_node(fun, x0, leaves: list, *, name: str, kind: str, method: str, jac, tol,
               atol: float, maxiter: int, memory: int, throw: bool, op: str, start=None,
-              at_floor: bool = False) -> RootOutputs:
+              at_floor: bool = False, estimate: bool = True) -> RootOutputs:
     """One root node for `fun(x, *leaves) = 0` (`kind="root"`) or `x =
     fun(x, *leaves)` (`"fixed_point"`), in the current trace: the residual
     traced into its body (named `name`), the Jacobian form chosen
@@ -365,13 +370,15 @@ def root_node(fun, x0, leaves: list, *, name: str, kind: str, method: str, jac, 
                        method=method, jac=jac, pattern=pattern, colors=colors,
                        tol=float(default_tol(tx.dtype) if tol is None else tol), atol=float(atol),
                        maxiter=int(maxiter), memory=int(memory), throw=bool(throw),
-                       jac0=start is not None, at_floor=bool(at_floor))
+                       jac0=start is not None, at_floor=bool(at_floor),
+                       estimate=bool(estimate))
     return RootOutputs.of(outs)
 
 
 @root_p.def_impl
 def _root_impl(*args, body, kind, method, jac, pattern=None, colors=0, tol, atol, maxiter,
-               memory=0, throw=True, uses=None, jac0=False, at_floor=False, site=None):
+               memory=0, throw=True, uses=None, jac0=False, at_floor=False, estimate=True,
+               site=None):
     graph = body
     consts, x0, j0 = operands(args, jac0)
     flat, jgraph = _newton_graphs(graph, kind, jac, pattern)
@@ -451,7 +458,7 @@ def _flat_body(graph: Graph, kind: str) -> Graph:
 
 
 def apply_inverse(graph: Graph, consts: list, x, rhs, *, kind: str, jac: str, pattern,
-                  transpose: bool = False, factor=None):
+                  transpose: bool = False, factor=None, estimate: bool = True):
     """`(dF/dx)^-1 rhs` (`(dF/dx)^-T rhs` if `transpose`) at the root `x`, for
     a flat `rhs`. With `factor` (the root node's last Newton factorization),
     the solve reads it: `linalg.backsolve` checks the backward error with
@@ -466,7 +473,7 @@ def apply_inverse(graph: Graph, consts: list, x, rhs, *, kind: str, jac: str, pa
             params["transpose"] = True
         return linalg_backsolve_p.bind(factor, J, rhs, **params)
     if J is not None:
-        return solve(J.T if transpose else J, rhs, jrec.solver)
+        return solve(J.T if transpose else J, rhs, jrec.solver, estimate=estimate)
     flat = _flat_body(graph, kind)
     fargs = list(consts) + [ops.reshape(x, (n,))]
 
@@ -499,7 +506,8 @@ def _root_jvp(primals, tangents, **params):
     if not params.get("throw", True):
         dF = root_guard_p.bind(o.status, dF)
     dx = apply_inverse(graph, consts, x, ops.reshape(dF, (n,)), kind=kind, jac=params["jac"],
-                       pattern=params.get("pattern"), factor=o.factor)
+                       pattern=params.get("pattern"), factor=o.factor,
+                       estimate=params.get("estimate", True))
     return outs, [ops.reshape(-dx, x.shape)] + zeros_out
 
 
@@ -518,7 +526,8 @@ def _root_vjp(primals, outs, cts, **params):
         ct = root_guard_p.bind(o.status, ct)
     n = int(np.prod(x.shape, dtype=np.int64))
     lam = apply_inverse(graph, consts, x, ops.reshape(ct, (n,)), kind=kind, jac=params["jac"],
-                        pattern=params.get("pattern"), transpose=True, factor=o.factor)
+                        pattern=params.get("pattern"), transpose=True, factor=o.factor,
+                        estimate=params.get("estimate", True))
     _, backward = vjp_eval(graph, [*consts, x], [needs_ct(c) for c in consts] + [False])
     back = backward([ops.reshape(lam, x.shape)])[:-1]
     return [None if is_zero(b) or not needs_ct(c) else -b

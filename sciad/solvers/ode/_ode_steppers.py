@@ -72,8 +72,8 @@ class Stepper(NamedTuple):
     #: explicit tableau's steps, reads BDF's record of its steps, or re-runs
     #: each Radau step's coupled stages from its recorded state: exact for
     #: the computed solution, consistent with forward mode, and through a
-    #: DAE; for Radau 18x faster than the continuous adjoint on the 1,024-state
-    #: Brusselator, 2x slower on the 3-state Robertson problem)
+    #: DAE; for Radau 17-20x faster than the continuous adjoint on the
+    #: 1,024-state Brusselator, as fast on the 3-state Robertson problem)
     default_adjoint: str = "checkpoint"
 
     @property
