@@ -51,6 +51,14 @@ def _chord_start(J):
     return start
 
 
+def _stage_jac(jac: str) -> str:
+    """The Jacobian form a replayed implicit stage's root takes for the ODE's
+    `jac`: a sparse one by KLU in the program where it runs (`"klu"`), not a
+    SuperLU host call per Newton iteration (25-30% off the 1,024-state
+    Brusselator's Radau and Kvaerno5 gradients)."""
+    return "klu" if jac == "sparse" and _jacobian_klu.usable() else jac
+
+
 def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, atol: float,
             y_next=None):
     """One step of the Runge-Kutta method of the stepper named `solver` from
@@ -63,10 +71,7 @@ def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, a
     `y` and it."""
     c, As, b = tableau(STEPPERS[solver])
     stiff = part_of(graph, -1)
-    # (sparse Newton steps by KLU in the program where it runs, each chord
-    # iteration one call: 30% off the 1,024-state Brusselator's Kvaerno5
-    # gradient, against SuperLU's host calls sharing one kept factor)
-    jac = "klu" if jac == "sparse" and _jacobian_klu.usable() else jac
+    jac = _stage_jac(jac)
 
     def stage(z, yi, hg, ti, w):
         return (z - yi - hg * field_at(stiff, consts, ti, z)) * w
@@ -157,10 +162,7 @@ def radau_step(graph: Graph, consts, t, h, y, jac: str, rtol: float, atol: float
         z0 = [hermite_at(float(c), h, y0, y1, f0, f1) - y0 for c in C]
     else:
         z0 = [float(c) * (y1 - y0) for c in C]
-    # (the stage system's sparse Newton steps by KLU in the program where it
-    # runs, not one SuperLU host call per iteration: 25% off the 1,024-state
-    # Brusselator's gradient)
-    jac = "klu" if jac == "sparse" and _jacobian_klu.usable() else jac
+    jac = _stage_jac(jac)
     z = root_node(stages, ops.concatenate(z0), [y, h, t, w], name="radau_stages",
                   kind="root", method="newton", jac=jac, tol=1e-12,
                   atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps), maxiter=50, memory=0,

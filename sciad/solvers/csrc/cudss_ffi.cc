@@ -540,12 +540,11 @@ ffi::Error solve_each(Call& c, cudaStream_t stream, cudaDataType_t t, size_t w,
 // Whether `hs` are a whole uniform batch's members, in order (one solve call).
 bool whole_batch(const std::vector<uint64_t>& hs) {
   int64_t L = static_cast<int64_t>(hs.size());
-  if (L < 2 || hs[0] == 0) return false;
-  Slot* s0 = member_of(hs[0])->slot;
-  if (s0->batch != L) return false;
+  Member* m0 = L < 2 ? nullptr : member_of(hs[0]);  // (null for a 0 handle)
+  if (m0 == nullptr || m0->slot->batch != L) return false;
   for (int64_t i = 0; i < L; ++i) {
-    Member* m = hs[i] == 0 ? nullptr : member_of(hs[i]);
-    if (m == nullptr || m->slot != s0 || m->index != i) return false;
+    Member* m = member_of(hs[i]);
+    if (m == nullptr || m->slot != m0->slot || m->index != i) return false;
   }
   return true;
 }

@@ -11,23 +11,18 @@ stages of Radau's discrete adjoint take it (`sciad.primitives._ode_replay`).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from ...errors import InvalidOptionError
 from ..direct import _klu_ffi
+from ..direct._klu import _on_cpu
 from . import _nonlinear
 from ._jacobian_sparse import SparseJacobian
 
 
 def usable() -> bool:
     """Whether KLU's compiled kernels run here (klujax installed, the CPU)."""
-    if not _klu_ffi.available():
-        return False
-    try:
-        return jax.default_backend() == "cpu"
-    except RuntimeError:
-        return False
+    return _klu_ffi.available() and _on_cpu()
 
 
 def klu_lu(pattern, values, dtype, *, chord: bool = False, start=None):
