@@ -261,7 +261,12 @@ class HandleKernels:
 
         @custom_vmap
         def f(h):  # h: (L,) -> an int32 token
-            return jnp.sum(self._free_call(h)) * 0
+            # (zero whatever the kernel writes, which may be nothing, but
+            # not foldable: XLA keeps a float product with 0, as it is NaN
+            # for an infinite factor, so a value that adds it waits for the
+            # free)
+            r = jnp.sum(self._free_call(h)).astype(jnp.float32)
+            return (r * 0.0).astype(jnp.int32)
 
         @f.def_vmap
         def _rule(axis_size, in_batched, h):
@@ -319,13 +324,18 @@ class HandleKernels:
     def free(self, handle, after=()):
         """Frees the numeric factor `handle` once every array in `after` is
         computed; returns an int32 zero token (the call is side-effecting, so
-        it runs even where the token is unused).
+        it runs even where the token is unused; a value that adds the token
+        is computed after the free).
 
         The order is a data dependency XLA cannot fold away: the handle is
         read back from `[handle, handle]` at an index computed from the first
         entry of every array in `after` (XLA dropped an
         `optimization_barrier` whose other results were unused, and freed
         the factor before its solve ran)."""
+        # (registered first: a free traced before any factor, as a kept
+        # factor's swap traces it, must already go through the handle
+        # table, which is set up with the targets)
+        self.register()
         h = jnp.asarray(handle, jnp.uint64)
         firsts = [jnp.real(x.ravel()[0]).astype(jnp.float64)
                   for x in jax.tree_util.tree_leaves(after)
