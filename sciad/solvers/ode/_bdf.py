@@ -23,8 +23,10 @@ land on every output time (the step is shortened to reach it, `D` rescaled,
 and the step size wanted is restored after it).
 
 The iteration matrix is dense (`jax.scipy.linalg.lu_factor`) or sparse on
-the pattern of `df/dy` (colored JVPs for its values, SuperLU on the host:
-`_ode._factor`, `_ode._solve`). The progress over the output times, and the
+the pattern of `df/dy` (colored JVPs for its values): on the CPU factored by
+KLU in the program, the factor kept over steps as a handle in the loop's
+state (`_kept_klu`); elsewhere by SuperLU on the host (`_ode._factor`,
+`_ode._solve`). The progress over the output times, and the
 result, are `_steps`', which the Radau loop shares.
 """
 
@@ -36,9 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _ode
+from . import _kept_klu, _ode
 from ._steps import (Counts, Result, Track, advance, finish, inconsistent, mass_of, propose,
-                     start)
+                     refactored, released, start)
 
 MAX_ORDER = 5
 #: Newton iterations per attempt (SciPy's NEWTON_MAXITER)
@@ -105,6 +107,13 @@ class _Linear(NamedTuple):
     jacobian: Callable   # (t, y) -> J (dense, or values on the pattern)
     factor: Callable     # (J, c) -> factorization
     solve: Callable      # (factorization, b) -> x
+    #: (factorization, J, c, need) -> the factorization of `M - c J` where
+    #: `need`, the one given elsewhere (None: `factor` in a `lax.cond`;
+    #: `_steps.refactored`)
+    refactor: Callable | None = None
+    #: (factorization, after) -> an int32 zero once the last factorization
+    #: is freed (None: nothing to free; `_steps.released`)
+    release: Callable | None = None
 
 
 def _row_scale(algebraic, c):
@@ -135,9 +144,11 @@ def _dense_linear(field, n, mass, dtype, algebraic=None):
     return _Linear(jacobian, factor, solve)
 
 
-def _sparse_linear(field, pattern, mass_values, algebraic=None):
-    """The iteration matrix on `pattern` (with its diagonal: `_ode`'s
-    colored values, SuperLU on the host; the factorization is a handle)."""
+def _sparse_linear(field, pattern, mass_values, algebraic=None, dtype=None):
+    """The iteration matrix on `pattern` (with its diagonal; its values by
+    colored JVPs): factored by KLU in the program and kept over steps as a
+    handle (`_kept_klu`) where it can, else by SuperLU on the host (the
+    factorization a handle into `_ode`'s store)."""
     pattern = _ode._with_diagonal(pattern)
     eye = _ode._structure(pattern)[2]
     from ..nonlinear._nonlinear import colored_values
@@ -149,12 +160,35 @@ def _sparse_linear(field, pattern, mass_values, algebraic=None):
     def jacobian(t, y):
         return colored_values(lambda z: field(t, z), pattern, colors)(y)
 
-    def factor(J, c):
+    def values_of(J, c):
         M = jnp.asarray(eye, J.dtype) if mass_values is None else mass_values
         values = M - c * J
         s = _row_scale(algebraic, c)
         if s is not None:
             values = values * s[rows]
+        return values, s
+
+    if dtype is not None and _kept_klu.usable(dtype):
+        def factor(J, c):  # (the start: no factor yet, `refactor` makes it)
+            values, s = values_of(J, c)
+            return values, _kept_klu.none(), s
+
+        def refactor(lu, J, c, need):
+            values, s = values_of(J, c)
+            handle = _kept_klu.swap(pattern, need, lu[1], values)
+            keep = lambda new, old: None if new is None else jnp.where(need, new, old)  # noqa: E731
+            return keep(values, lu[0]), handle, keep(s, lu[2])
+
+        def solve(lu, b):
+            values, handle, s = lu
+            b = b if s is None else s * b
+            return _kept_klu.solve(pattern, handle, values, b.astype(values.dtype))
+
+        return _Linear(jacobian, factor, solve, refactor,
+                       lambda lu, after: _kept_klu.release(lu[1], after))
+
+    def factor(J, c):
+        values, s = values_of(J, c)
         return values, _ode._factor(pattern, values), s
 
     def solve(lu, b):
@@ -224,7 +258,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
     newton_tol = max(10 * eps / rtol, min(0.03, rtol ** 0.5))
     M = mass_of(mass, jac, pattern, n, dtype)
     algebraic = None if M is None else M.algebraic
-    linear = _sparse_linear(field, pattern, mass, algebraic) if jac == "sparse" else \
+    linear = _sparse_linear(field, pattern, mass, algebraic, dtype) if jac == "sparse" else \
         _dense_linear(field, n, mass, dtype, algebraic)
     apply_mass = (lambda v: v) if M is None else M.apply
     alpha, gamma, error_const = (jnp.asarray(a, dtype) for a in (ALPHA, GAMMA, ERROR_CONST))
@@ -283,6 +317,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         return done, k, y, d, nf
 
     def attempt(s: _State) -> _State:
+        live = s.tr.status < 0  # (False only for a batch's finished example)
         t_new, h, land = propose(s.tr, ts, s.h_want, max_step)
         moved = h != s.h_D
 
@@ -313,7 +348,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
             J = jax.lax.cond(renew, lambda: linear.jacobian(t_new, y_pred), lambda: J)
             fresh = fresh | renew
             refactor = renew | ~(jnp.abs(c - lu_c) <= REFACTOR * jnp.abs(c))
-            lu = jax.lax.cond(refactor, lambda: linear.factor(J, c), lambda: lu)
+            lu = refactored(linear, lu, J, c, refactor & live & pass_cond(p))
             lu_c = jnp.where(refactor, c, lu_c)
             done, iters, y, d, nf = newton(t_new, y_pred, c, psi, lu, scale)
             counts = Counts(counts.nfev + nf, counts.njev + renew.astype(jnp.int32),
@@ -369,5 +404,8 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
             R=jnp.where(accept, jnp.eye(MAX_ORDER + 1, dtype=dtype), R), history=hist)
 
     end = jax.lax.while_loop(lambda s: s.tr.status < 0, attempt, s0)
+    # (the status, which the result is judged by, waits for the last free)
+    end = end._replace(tr=end.tr._replace(
+        status=end.tr.status + released(linear, end.lu, after=[end.tr, end.D])))
     return finish(end.tr, ts, end.D[0], m, end.counts, record, dense,
                   history=end.history if history else None)

@@ -16,8 +16,10 @@ factorizations are kept. Steps land on every output time. The dense output
 is the collocation polynomial, which also starts each step's iteration.
 
 Iteration matrices dense (`jax.scipy.linalg`, complex for the complex one)
-or sparse on the pattern of `df/dy` (SuperLU on the host; the complex
-system as a real one of twice the size, `[[a - J, -b], [b, a - J]]`).
+or sparse on the pattern of `df/dy` (the complex system as a real one of
+twice the size, `[[a - J, -b], [b, a - J]]`): factored by KLU in the program
+and kept over steps as handles (`_kept_klu`) on the CPU, by SuperLU on the
+host elsewhere.
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
 
-from . import _ode
+from . import _kept_klu, _ode
 from ._bdf import _rms, initial_step
 from ._steps import (Counts, Result, Track, advance, finish, inconsistent, mass_of, propose,
-                     start)
+                     refactored, released, start)
 
 S6 = 6.0 ** 0.5
 #: the nodes, and the Butcher matrix of Radau IIA (order 5)
@@ -79,6 +81,9 @@ class _Linear(NamedTuple):
     factor: Callable     # (J, h) -> (real factorization, complex factorization)
     solve_real: Callable     # (lu, b) -> x
     solve_complex: Callable  # (lu, b) -> x (complex b)
+    #: as BDF's (`_steps.refactored`, `_steps.released`): kept KLU factors
+    refactor: Callable | None = None
+    release: Callable | None = None
 
 
 def _dense_linear(field, n, dtype, mass=None):
@@ -118,10 +123,13 @@ def _doubled(pattern):
     return pat, from_p, upper, lower
 
 
-def _sparse_linear(field, pattern, mass=None):
+def _sparse_linear(field, pattern, mass=None, dtype=None):
     """`mass`: the mass matrix's values on `pattern` (a diagonal one: the
     complex system's off-diagonal blocks, `-+b M`, are on the diagonal), or
-    None (the identity)."""
+    None (the identity). The complex system is solved as the real one of
+    twice its size on `_doubled`'s pattern. Both factored by KLU in the
+    program and kept over steps where it can (`_kept_klu`), else by SuperLU
+    on the host."""
     mu_r, mu_c, *_ = constants()
     pattern = _ode._with_diagonal(pattern)
     eye = _ode._structure(pattern)[2]
@@ -136,27 +144,48 @@ def _sparse_linear(field, pattern, mass=None):
     def jacobian(t, y):
         return colored_values(lambda z: field(t, z), pattern, colors)(y)
 
-    def factor(J, h):
+    def values_of(J, h):
         M = jnp.asarray(eye, J.dtype) if mass is None else mass
         real = mu_r / h * M - J
         a, b = mu_c.real / h, mu_c.imag / h
         block = a * M - J
         values = jnp.where(from_p >= 0, block[jnp.maximum(from_p, 0)], 0.0)
         d = M[diagonal]  # (the rows of the blocks -+b M: M is diagonal)
-        values = values.at[upper].set(-b * d).at[lower].set(b * d)
-        return (real, _ode._factor(pattern, real)), (values, _ode._factor(big, values))
+        return real, values.at[upper].set(-b * d).at[lower].set(b * d)
 
-    def solve_real(lu, rhs):
-        values, handle = lu
-        return _ode._solve(pattern, handle, values, rhs.astype(values.dtype), False, False)
-
-    def solve_complex(lu, rhs):
-        values, handle = lu
-        x = _ode._solve(big, handle, values, jnp.concatenate([rhs.real, rhs.imag]),
-                        False, False)
+    def solve_complex_with(solve, lu, rhs):
+        x = solve(big, lu, jnp.concatenate([rhs.real, rhs.imag]))
         return x[:n] + 1j * x[n:]
 
-    return _Linear(jacobian, factor, solve_real, solve_complex)
+    if dtype is not None and _kept_klu.usable(dtype):  # (KLU in the program, kept)
+        def factor(J, h):  # (the start: no factors yet, `refactor` makes them)
+            real, values = values_of(J, h)
+            return (real, _kept_klu.none()), (values, _kept_klu.none())
+
+        def refactor(lus, J, h, need):
+            made = values_of(J, h)
+            return tuple((jnp.where(need, v, lu[0]), _kept_klu.swap(p, need, lu[1], v))
+                         for p, v, lu in zip((pattern, big), made, lus))
+
+        def kept_solve(p, lu, b):
+            return _kept_klu.solve(p, lu[1], lu[0], b.astype(lu[0].dtype))
+
+        def release(lus, after):
+            return _kept_klu.release(lus[0][1], after) + _kept_klu.release(lus[1][1], after)
+
+        return _Linear(jacobian, factor, lambda lu, b: kept_solve(pattern, lu, b),
+                       lambda lu, b: solve_complex_with(kept_solve, lu, b), refactor, release)
+
+    def factor(J, h):
+        real, values = values_of(J, h)
+        return (real, _ode._factor(pattern, real)), (values, _ode._factor(big, values))
+
+    def host_solve(p, lu, b):
+        values, handle = lu
+        return _ode._solve(p, handle, values, b.astype(values.dtype), False, False)
+
+    return _Linear(jacobian, factor, lambda lu, b: host_solve(pattern, lu, b),
+                   lambda lu, b: solve_complex_with(host_solve, lu, b))
 
 
 class _State(NamedTuple):
@@ -192,7 +221,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
     t0, t_end = ts[0], ts[-1]
     eps = float(np.finfo(dtype).eps)
     newton_tol = max(10 * eps / rtol, min(0.03, rtol ** 0.5))
-    linear = _sparse_linear(field, pattern, mass) if jac == "sparse" else \
+    linear = _sparse_linear(field, pattern, mass, dtype) if jac == "sparse" else \
         _dense_linear(field, n, dtype, mass)
     M = mass_of(mass, jac, pattern, n, dtype)
     apply_mass = (lambda v: v) if M is None else M.apply
@@ -260,6 +289,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         return jnp.minimum(1.0, mult) * jnp.where(err > 0, err ** -0.25, jnp.inf)
 
     def attempt(s: _State) -> _State:
+        live = s.tr.status < 0  # (False only for a batch's finished example)
         t_new, h, land = propose(s.tr, ts, s.h_want, max_step)
         t = s.tr.t
         # the stages started from the last step's collocation polynomial
@@ -279,7 +309,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
             J = jax.lax.cond(renew, lambda: linear.jacobian(t, s.y), lambda: J)
             fresh = fresh | renew
             refactor = renew | (lu_h != h)
-            lus = jax.lax.cond(refactor, lambda: linear.factor(J, h), lambda: lus)
+            lus = refactored(linear, lus, J, h, refactor & live & pass_cond(p))
             lu_h = jnp.where(refactor, h, lu_h)
             done, iters, Z, rate, nf = newton(t, s.y, h, Z0, lus, scale)
             counts = Counts(counts.nfev + nf, counts.njev + renew.astype(jnp.int32),
@@ -296,13 +326,16 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         scale = atol + jnp.maximum(jnp.abs(s.y), jnp.abs(y_new)) * rtol
         err = _rms((error / scale)[:m])
         # a rejected step's estimate filtered once more (RADAU5)
-        again = converged & s.rejected & (err > 1)
-        error, err, counts = jax.lax.cond(
-            again,
-            lambda: (lambda e: (e, _rms((e / scale)[:m]),
-                                counts._replace(nfev=counts.nfev + 1)))(
-                linear.solve_real(lus[0], field(t, s.y + error) + ZE)),
-            lambda: (error, err, counts))
+        # (a loop run at most once, not a `lax.cond`: under `jax.vmap` a cond
+        # becomes a select of both branches, whose batching a kept KLU
+        # factor's solve, a custom-batched call, cannot enter)
+        def refilter(c):
+            _, e, _, k = c
+            e = linear.solve_real(lus[0], field(t, s.y + e) + ZE)
+            return False, e, _rms((e / scale)[:m]), k._replace(nfev=k.nfev + 1)
+
+        _, error, err, counts = jax.lax.while_loop(
+            lambda c: c[0], refilter, (converged & s.rejected & (err > 1), error, err, counts))
         safety = 0.9 * (2 * NEWTON_MAXITER + 1) / (2 * NEWTON_MAXITER + iters)
         accept = converged & (err <= 1)
         factor = predict(h, s.h_old, err, s.err_old)
@@ -331,4 +364,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
             counts=counts)
 
     end = jax.lax.while_loop(lambda s: s.tr.status < 0, attempt, s0)
+    # (the status, which the result is judged by, waits for the last frees)
+    end = end._replace(tr=end.tr._replace(
+        status=end.tr.status + released(linear, end.lus, after=[end.tr, end.y])))
     return finish(end.tr, ts, end.y, m, end.counts, record, dense)

@@ -165,3 +165,23 @@ def finish(tr: Track, ts, y_last, m: int, counts: Counts, record: bool,
                                  jnp.inf),
                   grid=tr.grid if record else None, states=tr.states if dense else None,
                   counts=counts, history=history)
+
+
+def refactored(linear, lu, J, c, need):
+    """A loop's iteration-matrix factorization for `(J, c)` where `need`,
+    else `lu`: `linear.factor` in a `lax.cond`, or `linear.refactor` where
+    the linear algebra has one (a kept KLU factor's swap, `_kept_klu`: then
+    `need` must be False for an example a batched loop has finished, whose
+    body `jax.vmap` still runs)."""
+    if linear.refactor is not None:
+        return linear.refactor(lu, J, c, need)
+    return jax.lax.cond(need, lambda: linear.factor(J, c), lambda: lu)
+
+
+def released(linear, lu, after):
+    """An int32 zero computed after the loop's last factorization `lu` is
+    freed, once every array in `after` is (where the linear algebra frees
+    one, `linear.release`): added to the status the result is judged by."""
+    if linear.release is None:
+        return jnp.zeros((), jnp.int32)
+    return linear.release(lu, after)
