@@ -470,7 +470,8 @@ def slogdet(A, *, solver: str = "auto", assume: str | None = None, probes: int |
 
     **Arguments:**
 
-    - `A`: a square dense array or sparse matrix (float; complex dense).
+    - `A`: a square dense array or sparse matrix, float or complex (a complex
+      sparse one by `"splu"`: its sign is the determinant's phase).
     - `solver`: the factorization it is read from: `"auto"` (Cholesky for a
       matrix tagged or assumed spd, else LU: dense in the program, sparse by
       SuperLU on the host), or `"lu"`, `"cholesky"` (dense, or sparse spd:
@@ -621,9 +622,9 @@ def selected_inverse(A, *, solver: str = "auto", assume: str | None = None,
 
     **Arguments:**
 
-    - `A`: a square sparse matrix (float), positive definite or diagonally
-      dominant: the factorization is made without pivoting (a zero pivot
-      raises `SingularMatrixError`).
+    - `A`: a square sparse matrix (float, or complex by `"splu"`), positive
+      definite or diagonally dominant: the factorization is made without
+      pivoting (a zero pivot raises `SingularMatrixError`).
     - `solver`: `"auto"` (`"cholesky"` for a matrix tagged or assumed spd,
       else `"splu"`), `"cholesky"` (sciad's compiled sparse Cholesky; the
       recurrence is its reverse mode, and derivatives of every order are

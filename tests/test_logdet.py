@@ -111,8 +111,60 @@ def test_bad_matrices_raise_the_factorizations_errors():
         sd.linalg.slogdet(np.ones((2, 3)))
     with pytest.raises(ShapeError, match="sparse matrix"):
         sd.linalg.selected_inverse(np.eye(3))
-    with pytest.raises(NotSupportedError, match="complex sparse"):
-        sd.linalg.slogdet(sd.sparse.from_dense(np.eye(2) * (1 + 1j)))
+    C = sd.sparse.from_dense(np.eye(2) * (1 + 1j))
+    for solver in ("cholmod", "cholesky"):
+        if solver == "cholmod" and not _cholmod_available():
+            continue
+        with pytest.raises(NotSupportedError, match="real|complex"):
+            sd.linalg.slogdet(C, solver=solver)
+
+
+def _cholmod_available() -> bool:
+    from sciad.solvers.direct import _cholmod_ffi
+
+    return _cholmod_ffi.available()
+
+
+def _complex(rng, n=7):
+    """A complex matrix on a non-symmetric pattern, diagonally dominant, its
+    entries of every phase."""
+    A = _nonsymmetric(rng, n).astype(complex)
+    A.data = A.data * np.exp(2j * np.pi * rng.uniform(size=A.nnz))
+    return A
+
+
+def test_complex_sparse_slogdet_and_selected_inverse(rng):
+    """A complex sparse matrix (SuperLU, and the recurrence in complex
+    arithmetic): NumPy's sign (the determinant's phase) and log-determinant,
+    the dense inverse on the pattern, and the derivatives: the directional
+    derivatives' closed forms (`d logabsdet = Re tr(A^-1 W)`, `d sign = i
+    sign Im tr(A^-1 W)`) and check_rules to second order on both."""
+    A = _complex(rng)
+    r, c = _coords(A)
+    n = A.shape[0]
+    D = A.toarray()
+    sign, logabs = sd.linalg.slogdet(sd.sparse.from_scipy(A))
+    want = np.linalg.slogdet(D)
+    np.testing.assert_allclose(complex(sign), want[0], rtol=1e-13)
+    np.testing.assert_allclose(float(logabs), want[1], rtol=1e-13)
+    inv = np.linalg.inv(D)
+    Z = sd.linalg.selected_inverse(sd.sparse.from_scipy(A))
+    np.testing.assert_allclose(np.asarray(sd.sparse.data(Z)), inv[r, c], rtol=1e-12, atol=1e-14)
+
+    W = rng.standard_normal(A.nnz) + 1j * rng.standard_normal(A.nnz)
+    t = np.trace(inv @ sp.csr_matrix((W, (r, c)), shape=A.shape).toarray())
+    (s, l), (ds, dl) = sd.jvp(lambda v: tuple(sd.linalg.slogdet(_matrix(v, r, c, n))),
+                              (A.data,), (W,))
+    np.testing.assert_allclose(float(dl), t.real, rtol=1e-11)
+    np.testing.assert_allclose(complex(ds), complex(s) * 1j * t.imag, rtol=1e-11)
+
+    f = lambda v: snp.real(sd.linalg.slogdet(_matrix(v, r, c, n))[0]) + \
+        sd.linalg.slogdet(_matrix(v, r, c, n))[1]  # noqa: E731
+    g = lambda v: sd.sparse.data(sd.linalg.selected_inverse(_matrix(v, r, c, n)))  # noqa: E731
+    for fn in (f, g):
+        report = sd.testing.check_rules(fn, A.data)
+        assert report.jvp_error < 1e-7 and report.vjp_error < 1e-10
+        assert report.second_order_error < 1e-7 and not report.skipped
 
 
 def test_selected_inverse_is_the_dense_inverse_on_the_pattern(rng):

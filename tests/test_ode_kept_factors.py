@@ -130,6 +130,7 @@ def test_swaps_keep_each_examples_factor_under_a_batched_loop():
     assert _batch_split.live_handles() == before
 
 
+@pytest.mark.slow  # ~9 s; the swap's batching itself: the test above
 @pytest.mark.parametrize("solver", ["bdf", "radau"])
 def test_a_batch_whose_examples_stop_apart(solver):
     """A batch of solves whose examples take different steps, through

@@ -104,12 +104,16 @@ def _slogdet_shape(a, *, solver, pattern=None):
         raise InvalidOptionError(f"a {'sparse' if pattern is not None else 'dense'} "
                                  f"log-determinant is read from a factorization by "
                                  f"{' or '.join(map(repr, allowed))}, got {solver!r}.", op=op)
-    if pattern is not None and np.dtype(a.dtype).kind == "c":
-        raise NotSupportedError("the log-determinant of a complex sparse matrix is not "
-                                "supported yet; for a small matrix use `A.todense()`.", op=op)
     if solver == "cholmod":
         _cholmod_usable(op)
+        _real_for_cholmod(a, op)
     return [TensorType((), a.dtype), TensorType((), _real(a.dtype))]
+
+
+def _real_for_cholmod(a, op: str) -> None:
+    if np.dtype(a.dtype).kind == "c":
+        raise NotSupportedError("solver 'cholmod' reads real symmetric positive definite "
+                                "matrices; a complex one's is solver='splu'.", op=op)
 
 
 def _cholmod_usable(op: str) -> None:
@@ -158,7 +162,7 @@ def _slogdet_impl(a, *, solver, pattern=None, site=None):
         def host(d):
             batch = d.shape[:-1]
             rows = d.reshape((-1, d.shape[-1]))
-            sign, logabs = np.empty(rows.shape[0], real), np.empty(rows.shape[0], real)
+            sign, logabs = np.empty(rows.shape[0], a.dtype), np.empty(rows.shape[0], real)
             for i, row in enumerate(rows):
                 if not np.isfinite(row).all():
                     _judge(bare.in_example(i, batch), nonfinite=True)
@@ -302,9 +306,8 @@ def _selinv_shape(a, *, pattern, at=None, transpose=False, solver="splu"):
         raise ShapeError(f"expects a sparse matrix, got {a.str_short()}; the inverse of a "
                          "dense matrix is `sd.numpy.linalg.inv`.", op=op)
     _square(a, pattern, op)
-    if np.dtype(a.dtype).kind == "c":
-        raise NotSupportedError("the selected inverse of a complex matrix is not supported "
-                                "yet; for a small matrix use the dense inverse.", op=op)
+    if solver == "cholmod":
+        _real_for_cholmod(a, op)
     if at is not None and at.shape != pattern.shape:
         raise ShapeError(f"`at` is a pattern of the matrix's shape {pattern.shape}, got "
                          f"{at.shape}.", op=op)

@@ -17,32 +17,31 @@
 // each k in s). Called from Python with ctypes (sciad.solvers.direct._selinv);
 // no XLA headers needed.
 
+#include <complex>
 #include <cstdint>
 #include <vector>
 
-extern "C" {
+namespace {
 
-// n: the order. Sp (n + 1), Si (nnz): S in CSC form, rows sorted and all
-// below the diagonal. Lx, Ux (nnz): L[i, j] and U[j, i] at S's (i, j);
-// d (n): the pivots. Out: Zl, Zu (nnz): Z[i, j] and Z[j, i] at S's (i, j);
-// Zd (n): the diagonal. Returns 0, or -(j + 1) where S is not closed under
-// the recurrence at column j (a pattern that is not the factor's fill),
-// or (j + 1) where d_j is zero.
-int sciad_selinv(int64_t n, const int64_t* Sp, const int64_t* Si, const double* Lx,
-                 const double* Ux, const double* d, double* Zl, double* Zu, double* Zd) {
+// The recurrence for a real (double) or complex (std::complex<double>, laid
+// out as NumPy's complex128) factor: the same arithmetic, no conjugation
+// (Z is the inverse itself, not its adjoint).
+template <typename T>
+int selinv(int64_t n, const int64_t* Sp, const int64_t* Si, const T* Lx, const T* Ux,
+           const T* d, T* Zl, T* Zu, T* Zd) {
   std::vector<int64_t> pos(n, -1);     // position of a row in the scattered column
   std::vector<int64_t> slot(n, -1);    // position of a row of s in column j
   for (int64_t j = n - 1; j >= 0; --j) {
-    if (d[j] == 0.0) return static_cast<int>(j + 1);
+    if (d[j] == T(0)) return static_cast<int>(j + 1);
     const int64_t b = Sp[j], e = Sp[j + 1];
     for (int64_t p = b; p < e; ++p) {
       slot[Si[p]] = p;
-      Zl[p] = 0.0;
-      Zu[p] = 0.0;
+      Zl[p] = T(0);
+      Zu[p] = T(0);
     }
     for (int64_t q = b; q < e; ++q) {   // k = Si[q]: its column scattered
       const int64_t k = Si[q];
-      const double lk = Lx[q], uk = Ux[q];
+      const T lk = Lx[q], uk = Ux[q];
       // the diagonal of Z at k
       Zl[q] -= Zd[k] * lk;  // Z_kj -= Z_kk L_kj
       Zu[q] -= uk * Zd[k];  // Z_jk -= U_jk Z_kk
@@ -56,8 +55,8 @@ int sciad_selinv(int64_t n, const int64_t* Sp, const int64_t* Si, const double* 
           for (int64_t pp = b; pp < e; ++pp) slot[Si[pp]] = -1;
           return static_cast<int>(-(j + 1));
         }
-        const double zrk = Zl[p], zkr = Zu[p];
-        const double lr = Lx[t], ur = Ux[t];
+        const T zrk = Zl[p], zkr = Zu[p];
+        const T lr = Lx[t], ur = Ux[t];
         Zl[t] -= zrk * lk;   // Z_rj -= Z_rk L_kj
         Zl[q] -= zkr * lr;   // Z_kj -= Z_kr L_rj
         Zu[q] -= ur * zrk;   // Z_jk -= U_jr Z_rk
@@ -65,7 +64,7 @@ int sciad_selinv(int64_t n, const int64_t* Sp, const int64_t* Si, const double* 
       }
       for (int64_t p = Sp[k]; p < Sp[k + 1]; ++p) pos[Si[p]] = -1;
     }
-    double z = 1.0 / d[j];
+    T z = T(1) / d[j];
     for (int64_t p = b; p < e; ++p) {
       z -= Ux[p] * Zl[p];     // U_jk Z_kj
       slot[Si[p]] = -1;
@@ -73,6 +72,24 @@ int sciad_selinv(int64_t n, const int64_t* Sp, const int64_t* Si, const double* 
     Zd[j] = z;
   }
   return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+int sciad_selinv(int64_t n, const int64_t* Sp, const int64_t* Si, const double* Lx,
+                 const double* Ux, const double* d, double* Zl, double* Zu, double* Zd) {
+  return selinv<double>(n, Sp, Si, Lx, Ux, d, Zl, Zu, Zd);
+}
+
+// complex128: each array of n (or nnz) complex numbers as 2 n doubles
+int sciad_selinv_c128(int64_t n, const int64_t* Sp, const int64_t* Si, const double* Lx,
+                      const double* Ux, const double* d, double* Zl, double* Zu, double* Zd) {
+  using C = std::complex<double>;
+  return selinv<C>(n, Sp, Si, reinterpret_cast<const C*>(Lx), reinterpret_cast<const C*>(Ux),
+                   reinterpret_cast<const C*>(d), reinterpret_cast<C*>(Zl),
+                   reinterpret_cast<C*>(Zu), reinterpret_cast<C*>(Zd));
 }
 
 }  // extern "C"

@@ -14,8 +14,9 @@
   where no compiler is found) gives `Z = A^-1` on the factor's filled
   pattern, which holds every requested entry that is in `A + A^T`'s pattern.
 
-Without pivoting the factorization is that of a positive definite or
-diagonally dominant matrix: a zero pivot is `SelinvBreakdown`, which the
+Real and complex matrices alike (the recurrence in double or complex
+double). Without pivoting the factorization is that of a positive definite
+or diagonally dominant matrix: a zero pivot is `SelinvBreakdown`, which the
 caller reports. These are the host kernels of `solver="splu"` for
 `sd.linalg.slogdet` and `sd.linalg.selected_inverse` (`primitives/_logdet.py`:
 their derivatives are selected inverses of the block matrix `[[A, dA], [0,
@@ -45,8 +46,9 @@ _P = ctypes.POINTER
 
 def _setup(lib) -> None:
     i64, f64 = _P(ctypes.c_int64), _P(ctypes.c_double)
-    lib.sciad_selinv.restype = ctypes.c_int
-    lib.sciad_selinv.argtypes = [ctypes.c_int64, i64, i64, f64, f64, f64, f64, f64, f64]
+    for fn in (lib.sciad_selinv, lib.sciad_selinv_c128):  # (complex128: pairs of doubles)
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_int64, i64, i64, f64, f64, f64, f64, f64, f64]
 
 
 LIBRARY = Library(SOURCE, "selinv", "libsciad_selinv.so", "sciad's selected inverse", _setup)
@@ -66,10 +68,11 @@ def _parity(perm: np.ndarray) -> int:
     return -1 if (n - cycles) % 2 else 1
 
 
-def slogdet_host(pattern, d: np.ndarray) -> tuple[float, float]:
+def slogdet_host(pattern, d: np.ndarray) -> tuple:
     """`(sign, log|det A|)` (see the module docstring), from the SuperLU
     factor of `A^T` that sparse solves make (`_sparse_direct._factor_one`:
-    the pattern's column order kept from its first factorization)."""
+    the pattern's column order kept from its first factorization). For a
+    complex `A` the sign is the determinant's phase, `det A / |det A|`."""
     from ._sparse_direct import _Ordered, _factor_one
 
     if pattern.shape[0] == 0:
@@ -83,8 +86,10 @@ def slogdet_host(pattern, d: np.ndarray) -> tuple[float, float]:
     u = lu.U.diagonal()
     if not np.all(u != 0):
         return 0.0, -np.inf
-    sign *= float(np.prod(np.sign(u))) * _parity(lu.perm_r) * _parity(lu.perm_c)
-    return float(sign), float(np.sum(np.log(np.abs(u))))
+    phase = np.prod(u / np.abs(u))  # (+-1 for a real matrix)
+    sign = sign * _parity(lu.perm_r) * _parity(lu.perm_c) * phase
+    return (complex(sign) if np.iscomplexobj(u) else float(sign)), \
+        float(np.sum(np.log(np.abs(u))))
 
 
 class SelinvBreakdown(Exception):
@@ -168,7 +173,7 @@ def _factor_unpivoted(pattern, d: np.ndarray):
 
     n = pattern.shape[0]
     an = _analysis(pattern)
-    data = np.where(an.src >= 0, d[np.maximum(an.src, 0)], 0.0)
+    data = np.where(an.src >= 0, d[np.maximum(an.src, 0)], 0.0).astype(d.dtype)
     B = sp.csc_matrix((data, an.indices, an.indptr), shape=(n, n))
     try:
         lu = spl.splu(B, permc_spec="NATURAL", **_UNPIVOTED)
@@ -178,13 +183,14 @@ def _factor_unpivoted(pattern, d: np.ndarray):
     if not (np.array_equal(lu.perm_r, ident) and np.array_equal(lu.perm_c, ident)):
         raise SelinvBreakdown(None)
     U = lu.U.tocsc()
-    dg = U.diagonal().astype(np.float64)
+    wide = np.complex128 if np.iscomplexobj(d) else np.float64
+    dg = U.diagonal().astype(wide)
     bad = ~(np.abs(dg) > 0) | ~np.isfinite(dg)
     if np.any(bad):
         raise SelinvBreakdown(int(np.flatnonzero(bad)[0]))
     L = sp.tril(lu.L, -1).tocoo()
     Ut = (sp.diags(1.0 / dg) @ sp.triu(U, 1)).T.tocoo()   # U's unit upper part, transposed
-    Lx, Ux = np.zeros(an.key.size), np.zeros(an.key.size)
+    Lx, Ux = np.zeros(an.key.size, wide), np.zeros(an.key.size, wide)
     for vals, M in ((Lx, L), (Ux, Ut)):
         key = M.row.astype(np.int64) + n * M.col.astype(np.int64)
         at = np.minimum(np.searchsorted(an.key, key), max(an.key.size - 1, 0))
@@ -197,7 +203,8 @@ def _factor_unpivoted(pattern, d: np.ndarray):
 
 def _takahashi_numpy(n, Sp, Si, Lx, Ux, d):
     """The loop of `csrc/selinv.cc`, in Python (where no compiler is found)."""
-    Zl, Zu, Zd = np.zeros(Si.size), np.zeros(Si.size), np.zeros(n)
+    dt = np.result_type(Lx, Ux, d)
+    Zl, Zu, Zd = np.zeros(Si.size, dt), np.zeros(Si.size, dt), np.zeros(n, dt)
     pos = -np.ones(n, np.int64)
     for j in range(n - 1, -1, -1):
         b, e = Sp[j], Sp[j + 1]
@@ -228,18 +235,19 @@ def selinv_host(pattern, d: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> n
     `A + A^T`."""
     n = pattern.shape[0]
     if n == 0:
-        return np.zeros(np.size(rows))
+        return np.zeros(np.size(rows), d.dtype)
     an, Lx, Ux, dg = _factor_unpivoted(pattern, d)
     perm, Sp, Si = an.perm, an.Sp, an.Si
     lib = LIBRARY.get()
     if lib is not None:
-        Zl, Zu, Zd = np.zeros(Si.size), np.zeros(Si.size), np.zeros(n)
-        ptr = lambda a: a.ctypes.data_as(_P(ctypes.c_double if a.dtype == np.float64  # noqa: E731
-                                            else ctypes.c_int64))
+        wide = dg.dtype  # (float64 or complex128)
+        Zl, Zu, Zd = np.zeros(Si.size, wide), np.zeros(Si.size, wide), np.zeros(n, wide)
+        ptr = lambda a: a.ctypes.data_as(_P(ctypes.c_int64 if a.dtype == np.int64  # noqa: E731
+                                            else ctypes.c_double))
         Sp, Si = np.ascontiguousarray(Sp), np.ascontiguousarray(Si)
-        Lx, Ux, dg = (np.ascontiguousarray(x, np.float64) for x in (Lx, Ux, dg))
-        status = lib.sciad_selinv(n, ptr(Sp), ptr(Si), ptr(Lx), ptr(Ux), ptr(dg), ptr(Zl),
-                                  ptr(Zu), ptr(Zd))
+        Lx, Ux, dg = (np.ascontiguousarray(x, wide) for x in (Lx, Ux, dg))
+        fn = lib.sciad_selinv_c128 if wide == np.complex128 else lib.sciad_selinv
+        status = fn(n, ptr(Sp), ptr(Si), ptr(Lx), ptr(Ux), ptr(dg), ptr(Zl), ptr(Zu), ptr(Zd))
     else:
         got, status = _takahashi_numpy(n, Sp, Si, Lx, Ux, dg)
         if got is not None:
