@@ -234,6 +234,26 @@ def test_a_pattern_is_one_int32_constant_per_index_array(rng):
                                rtol=1e-12)
 
 
+def test_from_coo_groups_as_one_sort_does(rng):
+    """SciPy's compiled CSR grouping (the fast path) against one global sort
+    of the coordinates: the same pattern and the same index of each entry,
+    with duplicates, empty rows (trailing ones too) and no entries at all."""
+    from sciad.graph import Pattern
+
+    for trial in range(60):
+        n, m = (int(k) for k in rng.integers(1, 25, 2))
+        N = int(rng.integers(0, 70))
+        r, c = rng.integers(0, n, N), rng.integers(0, m, N)
+        if trial % 3 == 0:
+            r = np.minimum(r, max(n - 3, 0))  # (the last rows empty)
+        (pa, da), (pb, db) = (Pattern._from_coo_uncached((n, m), r, c),
+                              Pattern._from_coo_sorted((n, m), r, c))
+        np.testing.assert_array_equal(pa.indptr, pb.indptr)
+        np.testing.assert_array_equal(pa.indices, pb.indices)
+        np.testing.assert_array_equal(da, db)
+        assert not da.flags.writeable
+
+
 def test_from_coo_sorts_the_same_coordinates_once():
     row, col = np.array([2, 0, 1, 0, 2]), np.array([1, 0, 2, 0, 1])
     p1, d1 = sd.graph.Pattern.from_coo((3, 3), row, col)
