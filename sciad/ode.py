@@ -474,10 +474,12 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       constant stepping (`adaptive=False`).
     - `jac`: the Newton matrix `I - h gamma df/dy` of implicit solvers:
       `"dense"`, `"sparse"` (the pattern of `df/dy` detected from `f`'s
-      graph, values by colored JVPs, factored by SuperLU, the factorization
-      kept over steps of the same size, for up to 20 steps: the step-size
-      controller holds the step where it would grow it by less than 1.2x) or
-      None (dense up to 64 states or above a fifth of fill, else sparse). A
+      graph, values by colored JVPs; the factorization kept over steps of
+      the same size, for up to 20 steps: the step-size controller holds the
+      step where it would grow it by less than 1.2x; factored by SuperLU on
+      the host, or, for `"bdf"` and `"radau"` on the CPU, by KLU compiled
+      into the program, its factor kept in the loop) or None (dense up to 64
+      states or above a fifth of fill, else sparse). A
       stage's chord iterations stop as RADAU5's do, by their contraction
       rate.
     - `checkpoints`: the states the checkpointed reverse pass stores evenly
