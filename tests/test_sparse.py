@@ -254,6 +254,27 @@ def test_from_coo_groups_as_one_sort_does(rng):
         assert not da.flags.writeable
 
 
+def test_the_transposed_pattern_is_the_sorted_transpose(rng):
+    """`Pattern.transposed` (SciPy's compiled CSR -> CSC conversion carrying
+    positions) against a sort by (column, row): the same pattern and
+    permutation, rectangular and empty patterns included."""
+    from sciad.graph import Pattern
+
+    for trial in range(40):
+        n, m = (int(k) for k in rng.integers(0, 15, 2))
+        A = sp.random(n, m, density=float(rng.uniform(0.0, 0.6)), format="csr",
+                      random_state=trial)
+        A.sort_indices()
+        p = Pattern(A.shape, A.indptr, A.indices)
+        pt, perm = p.transposed()
+        np.testing.assert_array_equal(perm, np.lexsort((p.rows, p.indices)))
+        T = A.T.tocsr()
+        T.sort_indices()
+        assert pt.shape == (m, n) and not perm.flags.writeable
+        np.testing.assert_array_equal(pt.indptr, T.indptr)
+        np.testing.assert_array_equal(pt.indices, T.indices)
+
+
 def test_from_coo_sorts_the_same_coordinates_once():
     row, col = np.array([2, 0, 1, 0, 2]), np.array([1, 0, 2, 0, 1])
     p1, d1 = sd.graph.Pattern.from_coo((3, 3), row, col)

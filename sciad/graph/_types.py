@@ -266,13 +266,17 @@ class Pattern:
         """`(pattern of A.T, perm)` with `data(A.T) = data(A)[perm]`."""
         def make():
             n, m = self.shape
-            perm = np.lexsort((self.rows, self.indices))  # by column, then row
-            cols = self.indices[perm]
-            indptr = np.zeros(m + 1, np.int64)
-            np.cumsum(np.bincount(cols, minlength=m), out=indptr[1:])
-            perm = perm.astype(np.int64)
+            # (SciPy's compiled CSR -> CSC conversion carrying each entry's
+            # position: a counting sort by column that keeps the rows in
+            # order, O(nnz), where a sort by (column, row) took 0.6 s for a
+            # 263,000-node HEX8 mesh's pattern)
+            import scipy.sparse as sp
+
+            csc = sp.csr_matrix((np.arange(self.nnz, dtype=np.int64), self.indices, self.indptr),
+                                shape=self.shape).tocsc()
+            perm = np.asarray(csc.data, np.int64)
             perm.setflags(write=False)
-            return Pattern((m, n), indptr, self.rows[perm]), perm
+            return Pattern((m, n), csc.indptr, csc.indices), perm
         return self._cached("transposed", make)
 
     def is_structurally_symmetric(self) -> bool:
