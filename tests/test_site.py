@@ -101,14 +101,24 @@ def _wait(driver, what, timeout=30):
     return WebDriverWait(driver, timeout).until(lambda d: what(d))
 
 
-def _nav_link(driver, href_end: str):
-    """The navigation's link to the page whose address ends so."""
-    from selenium.webdriver.common.by import By
+_CLICK_NAV = """
+    const links = Array.from(document.querySelectorAll('nav.md-nav--primary a.md-nav__link'));
+    const link = links.find(a => a.href.endsWith(arguments[0]));
+    if (!link) return false;
+    link.click();  // (a collapsed section's link too)
+    return true;"""
 
-    links = [a for a in driver.find_elements(By.CSS_SELECTOR, "nav.md-nav--primary a.md-nav__link")
-             if (a.get_attribute("href") or "").endswith(href_end)]
-    assert links, f"the navigation has no link to {href_end}"
-    return links[0]
+
+def _click_nav_link(driver, href_end: str) -> None:
+    """Clicks the navigation's link to the page whose address ends so, found
+    and clicked in one script (the theme's script may rebuild the navigation
+    after the load event: an element found before would be stale)."""
+    from selenium.common.exceptions import TimeoutException
+
+    try:
+        _wait(driver, lambda d: d.execute_script(_CLICK_NAV, href_end), timeout=15)
+    except TimeoutException:
+        pytest.fail(f"the navigation has no link to {href_end}")
 
 
 def _heading(driver) -> str:
@@ -125,8 +135,7 @@ def _heading(driver) -> str:
 ])
 def test_the_home_page_leads_there_by_the_navigation(browser, server, href, title, anchor):
     browser.get(server)
-    link = _nav_link(browser, href)
-    browser.execute_script("arguments[0].click();", link)  # (a collapsed section's link too)
+    _click_nav_link(browser, href)
     _wait(browser, lambda d: d.current_url.endswith(href))
     assert title.lower() in _heading(browser).lower()
     if anchor is not None:
