@@ -174,11 +174,11 @@ class Thermal:
         rows, cols = local[:, a.ravel()], local[:, b.ravel()]   # (m, 64)
         keep = (rows >= 0) & (cols >= 0)
         self.cell = np.nonzero(keep)[0].astype(np.int32)
-        ke = conductance(dx, dy, dz).ravel()
-        self.ke = np.broadcast_to(ke, keep.shape)[keep]
+        self.Ke = conductance(dx, dy, dz)
+        self.ke = np.broadcast_to(self.Ke.ravel(), keep.shape)[keep]
         self.rows, self.cols = rows[keep].astype(np.int32), cols[keep].astype(np.int32)
         self.n_free, self.f = free.size, f[free]
-        self.cells, self.local, self.Ke = cells, local, conductance(dx, dy, dz)
+        self.local = local
         self.n_cells = cells.shape[0]
         self.free, self.n_nodes, self.points, self.qn = free, n, points, qn
         self.dy, self.dz = dy, dz
@@ -204,14 +204,19 @@ class Thermal:
 
     # --- SciPy, and its gradient by hand ---
 
-    def scipy_value_and_grad(self, rho, grad: bool = True):
+    def scipy_matrix(self, rho):
+        """`(K(rho) on the free nodes, CSC, clip(rho, 0, 1))` by SciPy."""
         import scipy.sparse as sp
-        import scipy.sparse.linalg as spla
 
         r = np.clip(np.asarray(rho, np.float64), 0.0, 1.0)
         k = K_MIN + (K_MAX - K_MIN) * r ** P
-        A = sp.coo_matrix((k[self.cell] * self.ke, (self.rows, self.cols)),
-                          shape=(self.n_free, self.n_free)).tocsc()
+        return sp.coo_matrix((k[self.cell] * self.ke, (self.rows, self.cols)),
+                             shape=(self.n_free, self.n_free)).tocsc(), r
+
+    def scipy_value_and_grad(self, rho, grad: bool = True):
+        import scipy.sparse.linalg as spla
+
+        A, r = self.scipy_matrix(rho)
         T = spla.spsolve(A, self.f)
         C = float(self.f @ T)
         if not grad:
@@ -292,13 +297,9 @@ def mosaic_target(task: "Thermal", rho_truth: np.ndarray) -> np.ndarray:
     lumped as `q_n dy dz / 4` once per node of the face x = Lx, where the
     solvers (and `Thermal`) give each node that share from each face quad
     it belongs to; float32, as Mosaic stores it."""
-    import scipy.sparse as sp
     import scipy.sparse.linalg as spla
 
-    r = np.clip(rho_truth, 0.0, 1.0).astype(np.float64)
-    k = K_MIN + (K_MAX - K_MIN) * r ** P
-    A = sp.coo_matrix((k[task.cell] * task.ke, (task.rows, task.cols)),
-                      shape=(task.n_free, task.n_free)).tocsc()
+    A, _ = task.scipy_matrix(rho_truth)
     right = np.flatnonzero(task.points[:, 0] > LX - 1e-6 * LX)
     f = np.zeros(task.n_nodes)
     f[right] = float(task.qn) * task.dy * task.dz / 4.0
@@ -387,7 +388,7 @@ def _child(tool: str, nx: int, repeats: int) -> dict:
     rng = np.random.default_rng(1)
     inputs = [np.clip(0.5 + 0.1 * rng.standard_normal(task.n_cells), 0.05, 0.95)
               for _ in range(repeats + 1)]
-    out = {"tool": tool, "nx": nx, "nodes": (nx + 1) * (task.ny + 1) * 2,
+    out = {"tool": tool, "nx": nx, "nodes": task.n_nodes,
            "setup_s": setup, "base_mb": base}
     if tool == "sciad":
         import sciad as sd

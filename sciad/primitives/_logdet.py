@@ -105,23 +105,21 @@ def _slogdet_shape(a, *, solver, pattern=None):
                                  f"log-determinant is read from a factorization by "
                                  f"{' or '.join(map(repr, allowed))}, got {solver!r}.", op=op)
     if solver == "cholmod":
-        _cholmod_usable(op)
-        _real_for_cholmod(a, op)
+        _cholmod_usable(a, op)
     return [TensorType((), a.dtype), TensorType((), _real(a.dtype))]
 
 
-def _real_for_cholmod(a, op: str) -> None:
-    if np.dtype(a.dtype).kind == "c":
-        raise NotSupportedError("solver 'cholmod' reads real symmetric positive definite "
-                                "matrices; a complex one's is solver='splu'.", op=op)
-
-
-def _cholmod_usable(op: str) -> None:
+def _cholmod_usable(a, op: str) -> None:
+    """Refuses solver 'cholmod' where it cannot read `a`: without sparsax's
+    compiled CHOLMOD, or for a complex matrix."""
     from ..solvers.direct import _cholmod_ffi
 
     if not _cholmod_ffi.available():
         raise NotSupportedError("solver 'cholmod' needs sparsax's compiled CHOLMOD (`pip install "
                                 "\"sciad[cholmod]\"`, Linux x86-64); use solver='splu'.", op=op)
+    if np.dtype(a.dtype).kind == "c":
+        raise NotSupportedError("solver 'cholmod' reads real symmetric positive definite "
+                                "matrices; a complex one's is solver='splu'.", op=op)
 
 
 def _spd_checked(a, pattern, site):
@@ -298,7 +296,7 @@ def _selinv_shape(a, *, pattern, at=None, transpose=False, solver="splu"):
                                  f"{' or '.join(map(repr, SPARSE_SOLVERS))}, got {solver!r}.",
                                  op=op)
     if solver == "cholmod":
-        _cholmod_usable(op)
+        _cholmod_usable(a, op)
         if at is not None:
             raise InvalidOptionError("CHOLMOD's selected inverse is read on the matrix's own "
                                      "pattern (`at=None`).", op=op)
@@ -306,8 +304,6 @@ def _selinv_shape(a, *, pattern, at=None, transpose=False, solver="splu"):
         raise ShapeError(f"expects a sparse matrix, got {a.str_short()}; the inverse of a "
                          "dense matrix is `sd.numpy.linalg.inv`.", op=op)
     _square(a, pattern, op)
-    if solver == "cholmod":
-        _real_for_cholmod(a, op)
     if at is not None and at.shape != pattern.shape:
         raise ShapeError(f"`at` is a pattern of the matrix's shape {pattern.shape}, got "
                          f"{at.shape}.", op=op)

@@ -58,13 +58,13 @@ from ..direct import _klu_ffi
 
 
 def usable(dtype) -> bool:
-    """Whether the loops can keep KLU factors here: klujax's kernels on the
-    CPU, through the handle table, for real values (KLU's work dtype is
-    float64; float32 values are solved in it and cast back)."""
-    from ..direct._klu import _on_cpu
+    """Whether the loops can keep KLU factors here: KLU's kernels run here
+    (`jac="klu"`'s test: klujax on the CPU), through the handle table, for
+    real values (KLU's work dtype is float64; float32 values are solved in it
+    and cast back)."""
+    from ..nonlinear._jacobian_klu import usable as klu_runs
 
-    return (np.dtype(dtype).kind == "f" and _klu_ffi.available() and _on_cpu()
-            and _batch_split.handles_available())
+    return np.dtype(dtype).kind == "f" and klu_runs() and _batch_split.handles_available()
 
 
 def none():
