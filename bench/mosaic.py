@@ -1,5 +1,5 @@
-"""Mosaic's thermal_mesh task as a sciad program, against Mosaic's reference
-values and SciPy on the same machine.
+"""Mosaic's thermal_mesh and structural_mesh tasks as sciad programs, against
+Mosaic's reference values and SciPy on the same machine.
 
 Mosaic (github: pasteurlabs/mosaic, v0.2.0, Apache-2.0) benchmarks
 differentiable PDE solvers on fixed tasks. Its `thermal_mesh` task: steady
@@ -29,6 +29,7 @@ Run from the repository root:
     .venv/bin/python bench/mosaic.py                 # nx up to 512 (~5 min on 2 cores)
     .venv/bin/python bench/mosaic.py --big           # and nx = 1024 (1.05 M nodes, ~8 GB)
     .venv/bin/python bench/mosaic.py --quick --no-write
+    .venv/bin/python bench/mosaic.py --task structural   # ~2 min; keeps the thermal section
 
 1. Forward agreement with Mosaic's shipped references
    (`references/forward_agreement.npz`: uniform `rho_0` from 0.05 to 0.95 at
@@ -53,6 +54,43 @@ Run from the repository root:
    each (tool, nx) in a fresh process; sciad's time against SciPy's, and
    Mosaic's published rows beside them (their hardware: GitHub Actions
    runners, a Tesla T4 for the GPU solvers).
+
+The structural task (`Structural`; `--task structural` runs it alone and
+keeps the file's thermal section): Mosaic's `structural_mesh`
+(`problems/structural_mesh/physics.py`, `config.py`, the solvers'
+`tesseracts/structural-mesh/*/tesseract_api.py`), the SIMP compliance of a
+linear-elastic HEX8 cantilever on `[0, 2] x [0, 1] x [0, 1]` of `nx x 2 x
+nz` cells (`nz = nx / 2` unless an experiment says otherwise), Young's
+modulus `E(rho) = E_min + (E_max - E_min) rho^3` per cell (`E_max =
+70,000`, `E_min = 1e-3 E_max`, Poisson ratio 0.3), clamped at x = 0, and
+`C = f . u` with `K(rho) u = f`. Two loads, both of total 1: the full face
+x = 2 pulled down (`-z`), and (gradient check, optimisation) `+z` on the one
+face quad at the corner y = 0, z = 0. Mosaic gives the full-face load two
+ways: the FEM solvers (JAX-FEM, FEniCS, Firedrake, deal.II) integrate a
+traction `F / (Ly Lz)` over the face quads (a corner node gets 1/4 of a
+quad's share, an edge node 1/2, an inner one 1); TopOpt.jl puts `F /
+n_face_nodes` on every node of the face. Mosaic's shipped references are the
+former's: sciad matches them to their float32 rounding, while the nodal
+load is 4.4e-3 ... 6.3e-3 off (Mosaic publishes TopOpt.jl's mean error,
+5.53e-3, and 0 for the others). For the corner load the two conventions
+agree (`F / 4` on each of the quad's nodes). The density is clipped to
+[0, 1] in `E` (as FEniCS's solver does; JAX-FEM does not clip): it keeps `K`
+positive definite where the gradient check's largest steps leave the box.
+
+5. Forward agreement (`forward_agreement.npz`: uniform rho_0 on 8 x 2 x 4
+   cells; `forward_baseline.npz`: rho_0 = 0.5 on N x 2 x 4, N = 4 ... 16),
+   beside the nodal load's values.
+6. The gradient check as Mosaic's `gradient/fd_check` runs it for this
+   task (8 x 2 x 4 cells, the corner load, the random density, the loss
+   `C^2`, 6 directions drawn as Mosaic draws them, eps = 2 ... 1e-4).
+7. Mosaic's `optimization/topopt`: 16 x 2 x 8 cells, the corner load,
+   Adam (lr 0.05) on `C + 50 (mean(rho) - 0.5)^2` from a uniform 0.5, the
+   density clipped to [1e-3, 1], 2500 iterations with early stopping after
+   100 without improvement (Mosaic uses no density filter and no OC/MMA
+   update), beside Mosaic's published final compliance.
+8. Cost at Mosaic's sizes (N x 2 x N/2 cells, N = 4 ... 16) and ours (32,
+   64; 128 with `--big`), as for the thermal task, beside Mosaic's
+   published rows at N = 16.
 """
 
 from __future__ import annotations
@@ -264,9 +302,18 @@ def fd_check(n_dirs: int = 6, seed: int = 0) -> dict:
     scale = float(np.sqrt(np.mean(rho ** 2)))
     rng = np.random.default_rng(seed)
     dirs = [v / np.linalg.norm(v) for v in rng.standard_normal((n_dirs, rho.size))]
+    return _fd_table(loss, g, rho, dirs, (1.0, 1e-1, 1e-2, 1e-3, 1e-4), scale)
+
+
+def _fd_table(loss, g, rho, dirs, eps_values, scale=None) -> dict:
+    """Per eps: the mean over `dirs` of the relative error of the central
+    difference of `loss` at `eps * scale` (default `rms(rho)`) against
+    `g . v`, and `1 - cos` between the two vectors of directional
+    derivatives."""
+    scale = float(np.sqrt(np.mean(rho ** 2))) if scale is None else scale
     ad = np.array([g @ v for v in dirs])
     out = {}
-    for eps in (1.0, 1e-1, 1e-2, 1e-3, 1e-4):
+    for eps in eps_values:
         h = eps * scale
         fd = np.array([(float(loss(rho + h * v)) - float(loss(rho - h * v))) / (2 * h)
                        for v in dirs])
@@ -370,11 +417,276 @@ PUBLISHED_RECOVERY = {"torch-fem": 6.87e2, "JAX-FEM": 9.22e2, "FEniCS": 4.67e4,
 
 
 # ---------------------------------------------------------------------------
+# 5. Mosaic's structural_mesh task (see `Structural`)
+
+E_MAX, NU, XMIN = 70_000.0, 0.3, 1e-3
+E_MIN = XMIN * E_MAX
+LZ_S, F_TOTAL = 1.0, 1.0
+
+#: Mosaic v0.2.0's shipped references (float32 scalars, the compliance),
+#: `mosaic/benchmarks/problems/structural_mesh/references/`; both with a
+#: uniform density and the full-face load
+STRUCTURAL_REFERENCES = {
+    "agreement": {  # forward_agreement.npz: uniform rho_0 on 8 x 2 x 4 cells
+        "sweep": [0.2, 0.4, 0.5, 0.7, 0.9],
+        "C": [0.0556488, 0.0077059567, 0.003975325, 0.0014560857, 0.00068615656]},
+    "baseline": {  # forward_baseline.npz: rho_0 = 0.5 on N x 2 x 4 cells
+        "sweep": [4, 6, 8, 12, 16],
+        "C": [0.0036651825, 0.0038867774, 0.003975325, 0.004044013, 0.0040695816]},
+}
+
+#: Mosaic's published cost rows for this task, all at its largest size
+#: N = 16 (16 x 2 x 8 cells; seconds: forward, VJP; deal.II forward only),
+#: from its results page (v0.2.0): GitHub Actions runners, GPU-capable
+#: solvers on a Tesla T4 node, the CPU-only ones (deal.II, FEniCS,
+#: Firedrake) on a CPU node
+PUBLISHED_STRUCTURAL = {
+    ("TopOpt.jl", 16): (0.0127, 0.0342),
+    ("Firedrake", 16): (0.103, 0.285),
+    ("FEniCS", 16): (0.138, 0.472),
+    ("JAX-FEM", 16): (0.154, 0.52),
+    ("deal.II", 16): (1.54, None),
+}
+
+#: Mosaic's published topology optimisation (Adam, 2500 iterations): the
+#: final compliance as its results page rounds it; none converged
+PUBLISHED_TOPOPT = {"JAX-FEM": 1.00e-3, "FEniCS": 1.00e-3, "Firedrake": 1.00e-3,
+                    "TopOpt.jl": 1.00e-3}
+
+#: Mosaic's published gradient check for this task (FEniCS, Firedrake and
+#: TopOpt.jl alike): best-eps finite-difference error and 1 - cos
+PUBLISHED_STRUCTURAL_FD = (2.10e-5, 1.96e-10)
+
+
+def elasticity(dx: float, dy: float, dz: float, nu: float = NU) -> np.ndarray:
+    """The 24 x 24 stiffness of a `dx x dy x dz` trilinear brick of unit
+    Young's modulus (isotropic, Poisson ratio `nu`), by 2 x 2 x 2 Gauss
+    quadrature; degrees of freedom `3 a + c` (node `a` in Abaqus order,
+    component `c`)."""
+    ref = np.array([[-1, -1, -1], [1, -1, -1], [1, 1, -1], [-1, 1, -1],
+                    [-1, -1, 1], [1, -1, 1], [1, 1, 1], [-1, 1, 1]], float)
+    lam, mu = nu / ((1 + nu) * (1 - 2 * nu)), 1.0 / (2 * (1 + nu))
+    D = np.zeros((6, 6))
+    D[:3, :3] = lam
+    D[np.arange(3), np.arange(3)] += 2 * mu
+    D[np.arange(3, 6), np.arange(3, 6)] = mu
+    jinv = np.diag([2.0 / dx, 2.0 / dy, 2.0 / dz])
+    K = np.zeros((24, 24))
+    for a in (-1.0, 1.0):
+        for b in (-1.0, 1.0):
+            for c in (-1.0, 1.0):
+                xi, eta, zeta = np.array([a, b, c]) / np.sqrt(3.0)
+                dN = np.stack([ref[:, 0] * (1 + ref[:, 1] * eta) * (1 + ref[:, 2] * zeta),
+                               (1 + ref[:, 0] * xi) * ref[:, 1] * (1 + ref[:, 2] * zeta),
+                               (1 + ref[:, 0] * xi) * (1 + ref[:, 1] * eta) * ref[:, 2]],
+                              axis=1) / 8.0 @ jinv                 # (8, 3)
+                B = np.zeros((6, 24))
+                for i, (j, k) in enumerate([(0, 0), (1, 1), (2, 2), (0, 1), (1, 2), (0, 2)]):
+                    B[i, j::3] += dN[:, k]
+                    if j != k:
+                        B[i, k::3] += dN[:, j]
+                K += dx * dy * dz / 8.0 * B.T @ D @ B
+    return K
+
+
+class Structural:
+    """One mesh of Mosaic's `structural_mesh` task (see the module
+    docstring): `nx x ny x nz` HEX8 cells on
+    `[0, 2] x [0, 1] x [0, 1]` (Mosaic's numbering, `nz = nx // 2` unless
+    given), clamped at x = 0, and one of Mosaic's loads: the full face x = 2
+    pulled down (`-z`) by a total `F_TOTAL`, as a uniform traction integrated
+    over the face quads (`load="traction"`, the FEM solvers') or split evenly
+    over the face's nodes (`load="nodal"`, TopOpt.jl's), or (`corner=True`)
+    `+z` on the one face quad at the corner y = 0, z = 0 (each of its four
+    nodes `F/4`, the same in both conventions). What every call shares is
+    built once: the free degrees of freedom, the load on them, and for each
+    entry of the element matrices between two free ones its cell, its value
+    and its (row, column)."""
+
+    def __init__(self, nx: int, ny: int = 2, nz: int | None = None, corner: bool = False,
+                 load: str = "traction"):
+        nz = max(1, nx // 2) if nz is None else nz
+        self.nx, self.ny, self.nz = nx, ny, nz
+        points, cells = mesh(nx, ny, nz, LX, LY, LZ_S)
+        n = points.shape[0]
+        dx, dy, dz = LX / nx, LY / ny, LZ_S / nz
+        tol = 1e-6 * max(LX, LY, LZ_S)
+        f = np.zeros((n, 3))
+        faces = cells[np.arange(nx - 1, cells.shape[0], nx)][:, [1, 2, 5, 6]]  # x = Lx quads
+        if corner:
+            f[faces[0], 2] = F_TOTAL / 4.0
+        elif load == "traction":
+            np.add.at(f[:, 2], faces.ravel(), -F_TOTAL / (LY * LZ_S) * dy * dz / 4.0)
+        elif load == "nodal":
+            right = np.flatnonzero(points[:, 0] > LX - tol)
+            f[right, 2] = -F_TOTAL / right.size
+        else:
+            raise ValueError(f"load must be 'traction' or 'nodal', not {load!r}")
+        fixed = np.repeat(points[:, 0] < tol, 3)
+        free = np.flatnonzero(~fixed)
+        number = np.full(3 * n, -1, np.int64)
+        number[free] = np.arange(free.size)
+        local = number[(3 * cells[:, :, None] + np.arange(3)).reshape(-1, 24)]  # (m, 24)
+        a, b = np.meshgrid(np.arange(24), np.arange(24), indexing="ij")
+        rows, cols = local[:, a.ravel()], local[:, b.ravel()]   # (m, 576)
+        keep = (rows >= 0) & (cols >= 0)
+        self.cell = np.nonzero(keep)[0].astype(np.int32)
+        self.Ke = elasticity(dx, dy, dz)
+        self.ke = np.broadcast_to(self.Ke.ravel(), keep.shape)[keep]
+        self.rows, self.cols = rows[keep].astype(np.int32), cols[keep].astype(np.int32)
+        self.n_free, self.f = free.size, f.ravel()[free]
+        self.local, self.n_cells, self.n_nodes = local, cells.shape[0], n
+
+    def modulus(self, rho):
+        """`E(rho)`, SIMP, the density clipped to [0, 1] (as FEniCS's
+        solver does; it keeps `K` positive definite off the box)."""
+        import sciad.numpy as snp
+
+        return E_MIN + (E_MAX - E_MIN) * snp.clip(rho, 0.0, 1.0) ** P
+
+    def displacement(self, rho):
+        """The displacement at the free degrees of freedom, a sciad function
+        of the per-cell density."""
+        import sciad as sd
+
+        A = sd.sparse.coo_matrix((self.modulus(rho)[self.cell] * self.ke, (self.rows, self.cols)),
+                                 shape=(self.n_free, self.n_free), tags=["spd"])
+        return sd.linalg.solve(A, self.f, solver="auto")
+
+    def compliance(self, rho):
+        """`C(rho) = f . u`, a sciad function of the per-cell density."""
+        import sciad.numpy as snp
+
+        return snp.dot(self.f, self.displacement(rho))
+
+    # --- SciPy, and its gradient by hand ---
+
+    def scipy_value_and_grad(self, rho, grad: bool = True):
+        import scipy.sparse as sp
+        import scipy.sparse.linalg as spla
+
+        rho = np.asarray(rho, np.float64)
+        r = np.clip(rho, 0.0, 1.0)
+        E = E_MIN + (E_MAX - E_MIN) * r ** P
+        A = sp.coo_matrix((E[self.cell] * self.ke, (self.rows, self.cols)),
+                          shape=(self.n_free, self.n_free)).tocsc()
+        u = spla.spsolve(A, self.f)
+        C = float(self.f @ u)
+        if not grad:
+            return C, None
+        ue = np.where(self.local >= 0, u[np.maximum(self.local, 0)], 0.0)  # (m, 24)
+        energy = np.einsum("ma,ab,mb->m", ue, self.Ke, ue)
+        dE = (E_MAX - E_MIN) * P * r ** (P - 1) * ((rho >= 0) & (rho <= 1))
+        return C, -dE * energy
+
+
+def structural_agreement() -> list[dict]:
+    """sciad's compliance at Mosaic's reference cases, beside TopOpt.jl's
+    load convention (SciPy, nodal load) on the same cases."""
+    import sciad as sd
+
+    rows = []
+    cases = [(f"agreement rho_0 = {r0}", 8, r0, want) for r0, want in
+             zip(STRUCTURAL_REFERENCES["agreement"]["sweep"],
+                 STRUCTURAL_REFERENCES["agreement"]["C"])]
+    cases += [(f"baseline N = {N} (rho_0 = 0.5)", N, 0.5, want) for N, want in
+              zip(STRUCTURAL_REFERENCES["baseline"]["sweep"],
+                  STRUCTURAL_REFERENCES["baseline"]["C"])]
+    for case, N, r0, want in cases:
+        task = Structural(N, 2, 4)
+        rho = np.full(task.n_cells, np.float32(r0), np.float64)
+        got = float(sd.function(task.compliance)(rho))
+        nodal = Structural(N, 2, 4, load="nodal").scipy_value_and_grad(rho, grad=False)[0]
+        rows.append({"case": case, "C": got, "ref": want, "rel": abs(got - want) / abs(want),
+                     "nodal": nodal, "nodal_rel": abs(nodal - want) / abs(want)})
+    return rows
+
+
+#: Mosaic's `gradient/fd_check` for this task: its perturbation sizes
+STRUCTURAL_FD_EPS = (2.0, 0.5, 0.1, 0.03, 0.01, 3e-3, 1e-3, 3e-4, 1e-4)
+
+
+def mosaic_directions(n: int, n_dirs: int = 6, seed: int = 0) -> list[np.ndarray]:
+    """Mosaic's fd_check directions: `jax.random.split(PRNGKey(seed),
+    n_dirs)`, each a float32 standard normal vector normalized (the same
+    numbers where this JAX draws as Mosaic's did)."""
+    import jax
+    import jax.numpy as jnp
+
+    out = []
+    for k in jax.random.split(jax.random.PRNGKey(seed), n_dirs):
+        v = jax.random.normal(k, (n,), dtype=jnp.float32)
+        out.append(np.asarray(v / (jnp.linalg.norm(v) + 1e-30), np.float64))
+    return out
+
+
+def structural_fd_check(eps_values=STRUCTURAL_FD_EPS) -> dict:
+    """Mosaic's `gradient/fd_check` for this task: 8 x 2 x 4 cells, the
+    corner load, its random density (seed 0), the loss `C^2`, its 6
+    directions, central differences at `eps * rms(rho)` (float64 here;
+    Mosaic's solvers return float32)."""
+    import sciad as sd
+
+    task = Structural(8, 2, 4, corner=True)
+    rho = random_density(8, 2, 4).astype(np.float64)
+    loss = sd.function(lambda r: task.compliance(r) ** 2)
+    g = np.asarray(sd.function(sd.grad(lambda r: task.compliance(r) ** 2))(rho))
+    dirs = mosaic_directions(rho.size)
+    out = _fd_table(loss, g, rho, dirs, eps_values)
+    # how far the largest step leaves the box [0, 1], where the clip bites
+    h = max(eps_values) * float(np.sqrt(np.mean(rho ** 2)))
+    out["outside"] = int(sum(np.sum((rho + s * h * v < 0) | (rho + s * h * v > 1))
+                             for v in dirs for s in (1, -1)))
+    return out
+
+
+def topopt(nx: int = 16, ny: int = 2, nz: int = 8, iters: int = 2500, patience: int = 100,
+           lr: float = 0.05, v_frac: float = 0.5, penalty: float = 50.0,
+           x_min: float = 1e-3) -> dict:
+    """Mosaic's `optimization/topopt` (Adam): the corner load, from a
+    uniform `v_frac`, the loss `C + penalty (mean(rho) - v_frac)^2`, Adam
+    (optax's defaults: b1 0.9, b2 0.999, eps 1e-8) at `lr`, the density
+    clipped to [x_min, 1] after each step, stopped after `patience`
+    iterations without a new best loss or at `iters`; Mosaic reports the
+    compliance of the last evaluated density."""
+    import sciad as sd
+    import sciad.numpy as snp
+
+    task = Structural(nx, ny, nz, corner=True)
+    vg = sd.function(sd.value_and_grad(
+        lambda r: task.compliance(r) + penalty * (snp.mean(r) - v_frac) ** 2))
+    x = np.full(task.n_cells, v_frac)
+    m, v = np.zeros_like(x), np.zeros_like(x)
+    history, best, stale = [], np.inf, 0
+    t0 = time.perf_counter()
+    for i in range(1, iters + 1):
+        loss, g = vg(x)
+        loss, g = float(loss), np.asarray(g, np.float64)
+        history.append((loss - penalty * (x.mean() - v_frac) ** 2, float(x.mean())))
+        m = 0.9 * m + 0.1 * g
+        v = 0.999 * v + 0.001 * g * g
+        x = np.clip(x - lr * (m / (1 - 0.9 ** i)) / (np.sqrt(v / (1 - 0.999 ** i)) + 1e-8),
+                    x_min, 1.0)
+        best, stale = (loss, 0) if loss < best else (best, stale + 1)
+        if stale >= patience:
+            break
+    seconds = time.perf_counter() - t0
+    C = [c for c, _ in history]
+    return {"nx": nx, "ny": ny, "nz": nz, "iters": len(history), "budget": iters,
+            "converged": len(history) < iters, "initial": C[0], "final": C[-1],
+            "best": min(C), "final_vol": history[-1][1], "rho": x,
+            "grey": float(np.mean((x > 0.1) & (x < 0.9))), "seconds": seconds,
+            "per_iter_ms": 1e3 * seconds / len(history)}
+
+
+# ---------------------------------------------------------------------------
 # 4. cost, each (tool, nx) in a process of its own
 
 
-def _child(tool: str, nx: int, repeats: int) -> dict:
-    """Times and peak memory of one tool at one size, in this process."""
+def _child(tool: str, nx: int, repeats: int, task_name: str = "thermal") -> dict:
+    """Times and peak memory of one tool at one size of one task (`thermal`:
+    `Thermal(nx)`; `structural`: `Structural(nx)`, Mosaic's cost mesh
+    `nx x 2 x nx/2` with the full-face load), in this process."""
     from _harness import reset_peak, status_mb
 
     import jax
@@ -383,30 +695,40 @@ def _child(tool: str, nx: int, repeats: int) -> dict:
     base = status_mb("VmRSS")
     reset_peak()
     t0 = time.perf_counter()
-    task = Thermal(nx)
+    task = Thermal(nx) if task_name == "thermal" else Structural(nx)
     setup = time.perf_counter() - t0
     rng = np.random.default_rng(1)
     inputs = [np.clip(0.5 + 0.1 * rng.standard_normal(task.n_cells), 0.05, 0.95)
               for _ in range(repeats + 1)]
-    out = {"tool": tool, "nx": nx, "nodes": task.n_nodes,
-           "setup_s": setup, "base_mb": base}
+    out = {"task": task_name, "tool": tool, "nx": nx, "nodes": task.n_nodes,
+           "cells": task.n_cells, "unknowns": task.n_free, "setup_s": setup, "base_mb": base}
     if tool == "sciad":
         import sciad as sd
 
         fwd = sd.function(task.compliance)
         vg = sd.function(sd.value_and_grad(task.compliance))
         t0 = time.perf_counter()
-        jax.block_until_ready(vg(inputs[0]))
+        first = jax.block_until_ready(vg(inputs[0]))
         out["first_s"] = time.perf_counter() - t0 + setup
         jax.block_until_ready(fwd(inputs[0]))
         run_f = lambda x: jax.block_until_ready(fwd(x))  # noqa: E731
         run_vg = lambda x: jax.block_until_ready(vg(x))  # noqa: E731
+    elif tool == "torch-fem":  # (the thermal task: bench/_torchfem_thermal.py)
+        from _torchfem_thermal import TorchFemThermal
+
+        t0 = time.perf_counter()
+        peer = TorchFemThermal(task)
+        first = peer.value_and_grad(inputs[0])
+        out["first_s"] = time.perf_counter() - t0 + setup
+        run_f = lambda x: peer.value_and_grad(x, grad=False)  # noqa: E731
+        run_vg = peer.value_and_grad
     else:
         t0 = time.perf_counter()
-        task.scipy_value_and_grad(inputs[0])
+        first = task.scipy_value_and_grad(inputs[0])
         out["first_s"] = time.perf_counter() - t0 + setup
         run_f = lambda x: task.scipy_value_and_grad(x, grad=False)  # noqa: E731
         run_vg = task.scipy_value_and_grad
+    out["C"] = float(first[0])  # (at inputs[0]: the tools' values compared)
     for name, run in (("fwd_s", run_f), ("vg_s", run_vg)):
         times = []
         for x in inputs[1:]:
@@ -418,17 +740,28 @@ def _child(tool: str, nx: int, repeats: int) -> dict:
     return out
 
 
-def cost(sizes, repeats: int) -> list[dict]:
+def _has_torchfem() -> bool:
+    """Whether torch-fem (the peer, `pip install torch-fem`) is installed."""
+    import importlib.util
+
+    return importlib.util.find_spec("torchfem") is not None
+
+
+def cost(sizes, repeats: int, task: str = "thermal") -> list[dict]:
     rows = []
+    tools = ("sciad", "scipy") + (("torch-fem",) if task == "thermal" and _has_torchfem()
+                                  else ())
     for nx in sizes:
-        for tool in ("sciad", "scipy"):
+        for tool in tools:
             reps = repeats if nx <= 256 else max(2, repeats // 2)
             done = subprocess.run([sys.executable, __file__, "--child", tool, str(nx),
-                                   str(reps)], capture_output=True, text=True, cwd=ROOT)
+                                   str(reps), task], capture_output=True, text=True, cwd=ROOT)
             if done.returncode != 0:
-                raise RuntimeError(f"{tool} at nx = {nx} failed:\n{done.stderr[-3000:]}")
+                raise RuntimeError(f"{task}: {tool} at nx = {nx} failed:\n"
+                                   f"{done.stderr[-3000:]}")
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(f"  {tool} nx = {nx}: {rows[-1]['vg_s']:.3f} s value+grad", file=sys.stderr)
+            print(f"  {task} {tool} nx = {nx}: {rows[-1]['vg_s']:.3g} s value+grad",
+                  file=sys.stderr)
     return rows
 
 
@@ -507,6 +840,23 @@ def render(agree, fd, costs, machine, argv, recov=()) -> str:
         s = by[("sciad", 1024)]
         out += [f"At nx = 1024: peak {s['peak_mb'] / 1024:.2f} GB (target <= 3 GB: "
                 f"{yes_no(s['peak_mb'] <= 3 * 1024)})."]
+    peers = sorted(nx for tool, nx in by if tool == "torch-fem")
+    if peers:
+        out += ["", "torch-fem (the peer, on this machine, in the same harness: its `SolidHeat` "
+                "with the SIMP-scaled conductivity as Mosaic's torch-fem solver builds it, its "
+                "default linear solver (direct below 10,000 unknowns, conjugate gradients with "
+                "algebraic multigrid above), the gradient by torch's autograd through its "
+                "implicit adjoint; `bench/_torchfem_thermal.py`). Its compliance against "
+                "sciad's on the same densities:", "",
+                "| nx | torch-fem fwd | torch-fem value+grad | vg sciad/torch-fem | torch-fem "
+                "first call | first sciad/torch-fem | peak torch-fem MB | C: relative "
+                "difference to sciad |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for nx in peers:
+            t, s = by[("torch-fem", nx)], by[("sciad", nx)]
+            out.append(f"| {nx} | {t['fwd_s']:.3g} | {t['vg_s']:.3g} | "
+                       f"{s['vg_s'] / t['vg_s']:.2f} | {t['first_s']:.3g} | "
+                       f"{s['first_s'] / t['first_s']:.2f} | {t['peak_mb']:.0f} | "
+                       f"{abs(t['C'] - s['C']) / abs(s['C']):.1e} |")
     out += ["", "Mosaic's published rows for this task (its hardware: GitHub Actions runners, "
             "the GPU solvers on a Tesla T4, the CPU ones on a CPU node; forward + VJP, s):", "",
             "| solver | nx | forward | VJP |", "|---|---:|---:|---:|"]
@@ -515,17 +865,131 @@ def render(agree, fd, costs, machine, argv, recov=()) -> str:
     return "\n".join(out) + "\n"
 
 
+STRUCTURAL_TITLE = "Mosaic's structural_mesh task: sciad against Mosaic's references and SciPy"
+
+
+def render_structural(agree, fd, costs, opt, machine, argv) -> str:
+    """The structural task's section of the results (its own title, command
+    line and machine: it may be run apart from the thermal one)."""
+    from _harness import report_head
+
+    out = report_head(STRUCTURAL_TITLE, argv, machine)
+    out += ["", "The task (`Structural` in `bench/mosaic.py`): SIMP compliance `C = f . u`, "
+            "`K(rho) u = f`, of a linear-elastic HEX8 cantilever on `[0, 2] x [0, 1] x [0, 1]` "
+            f"(E_max {E_MAX:,.0f}, E_min = {XMIN:g} E_max, p = 3, Poisson ratio {NU}), clamped "
+            "at x = 0, loaded on the face x = 2; `nx x 2 x nz` cells.", "",
+            "## Forward agreement with Mosaic's references", "",
+            "Uniform density, the full-face load (total 1, `-z`) as a traction integrated over "
+            "the face (the FEM solvers' convention); references: Mosaic v0.2.0's shipped "
+            "float32 values (`forward_agreement.npz`: 8 x 2 x 4 cells; `forward_baseline.npz`: "
+            "N x 2 x 4 cells). The last columns: the same cases with TopOpt.jl's load (the "
+            "total split evenly over the face's nodes), by SciPy.", "",
+            "| case | sciad C | Mosaic's reference | relative error | nodal-load C | its "
+            "relative error |", "|---|---:|---:|---:|---:|---:|"]
+    for r in agree:
+        out.append(f"| {r['case']} | {r['C']:.8g} | {r['ref']:.8g} | {r['rel']:.1e} | "
+                   f"{r['nodal']:.6g} | {r['nodal_rel']:.1e} |")
+    worst = max(r["rel"] for r in agree)
+    nodal = float(np.mean([r["nodal_rel"] for r in agree]))
+    out += ["", f"Largest relative error: {worst:.1e} (the references are float32: "
+            "their rounding is up to 6e-8). TopOpt.jl's nodal load is a "
+            f"different discretized load: mean relative error {nodal:.2e} (Mosaic publishes "
+            "5.53e-03 for TopOpt.jl, 0 for deal.II, FEniCS and Firedrake).", "",
+            "## The gradient check, as Mosaic's `gradient/fd_check` computes it", "",
+            "8 x 2 x 4 cells, the corner load (`+z` on the face quad at x = 2, y = 0, z = 0), "
+            "Mosaic's random density (seed 0), the loss `C^2`, Mosaic's 6 unit directions "
+            "(`jax.random`, key 0), central differences at `eps * rms(rho)`, in float64. The "
+            "density is clipped to [0, 1] (as FEniCS's solver does); the largest steps leave "
+            f"the box ({fd['outside']} perturbed entries at eps = {max(STRUCTURAL_FD_EPS):g}), "
+            "which adds to the truncation error there.", "",
+            "| eps | mean relative error | 1 - cos |", "|---:|---:|---:|"]
+    for eps, v in fd.items():
+        if eps != "outside":
+            out.append(f"| {eps:g} | {v['rel']:.1e} | {v['one_minus_cos']:.1e} |")
+    best = min(v["rel"] for k, v in fd.items() if k != "outside")
+    out += ["", f"Best-eps error: {best:.1e}. Mosaic's published best-eps error for this task "
+            f"(FEniCS, Firedrake, TopOpt.jl alike): {PUBLISHED_STRUCTURAL_FD[0]:.2e}, 1 - cos "
+            f"{PUBLISHED_STRUCTURAL_FD[1]:.2e} (float32 outputs)."]
+    if opt:
+        out += ["", "## Topology optimisation, Mosaic's `optimization/topopt`", "",
+                f"{opt['nx']} x {opt['ny']} x {opt['nz']} cells, the corner load, from a "
+                "uniform 0.5; Mosaic's method: Adam (lr 0.05) on `C + 50 (mean(rho) - 0.5)^2` "
+                "(a soft volume constraint), the density clipped to [1e-3, 1] after each step, "
+                f"at most {opt['budget']} iterations, stopped after 100 without a new best "
+                "loss; sciad's value and gradient each iteration. `grey`: the fraction of "
+                "cells with 0.1 < rho < 0.9.", "",
+                "| iterations | converged | initial C | final C | best C | final volume "
+                "fraction | grey | s | ms / iteration |",
+                "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+                f"| {opt['iters']} | {'yes' if opt['converged'] else 'no'} | "
+                f"{opt['initial']:.4g} | {opt['final']:.4g} | {opt['best']:.4g} | "
+                f"{opt['final_vol']:.5f} | {opt['grey']:.3f} | {opt['seconds']:.1f} | "
+                f"{opt['per_iter_ms']:.1f} |", "",
+                "Mosaic's published final compliance (2500 iterations, none converged): "
+                + ", ".join(f"{k} {v:.2e}" for k, v in PUBLISHED_TOPOPT.items()) + "."]
+    out += ["", "## Cost", "",
+            "Mosaic's cost mesh `N x 2 x N/2` cells, uniform-ish densities (0.5 + 0.1 noise), "
+            "the full-face load; seconds, medians after the first call; `first call` includes "
+            "building the index maps and (sciad) tracing, compiling and the solver's analysis; "
+            "peak resident memory of the process (MB). SciPy: `spsolve` and the hand-written "
+            "adjoint. Mosaic's sweep is N = 4 ... 16; larger N are ours.", "",
+            "| N | cells | unknowns | sciad fwd | sciad value+grad | SciPy fwd | SciPy "
+            "value+grad | vg sciad/SciPy | sciad first call | SciPy first call | peak sciad "
+            "MB | peak SciPy MB |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    by = {(c["tool"], c["nx"]): c for c in costs}
+    for nx in sorted({c["nx"] for c in costs}):
+        s, p = by[("sciad", nx)], by[("scipy", nx)]
+        out.append(f"| {nx} | {s['cells']:,} | {s['unknowns']:,} | {s['fwd_s']:.3g} | "
+                   f"{s['vg_s']:.3g} | {p['fwd_s']:.3g} | {p['vg_s']:.3g} | "
+                   f"{s['vg_s'] / p['vg_s']:.2f} | {s['first_s']:.3g} | {p['first_s']:.3g} | "
+                   f"{s['peak_mb']:.0f} | {p['peak_mb']:.0f} |")
+    out += ["", "Mosaic's published rows for this task (its results page, v0.2.0: GitHub "
+            "Actions runners, GPU-capable solvers on a Tesla T4 node, the CPU-only ones "
+            "(deal.II, FEniCS, Firedrake) on a CPU node; seconds; VJP: the backward pass), "
+            "beside sciad's forward and value + gradient here:", "",
+            "| solver | N | forward | VJP | sciad fwd / it | sciad value+grad / its VJP |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for (name, nx), (f, v) in PUBLISHED_STRUCTURAL.items():
+        s = by.get(("sciad", nx))
+        out.append(f"| {name} | {nx} | {f} | {v if v is not None else '—'} | "
+                   + (f"{s['fwd_s'] / f:.2g}" if s else "—") + " | "
+                   + (f"{s['vg_s'] / v:.2g}" if s and v else "—") + " |")
+    return "\n".join(out) + "\n"
+
+
+def merge(path: str, thermal: str | None = None, structural: str | None = None) -> str:
+    """The results file with one task's section replaced (None: kept from
+    the file at `path`, the thermal one checked to still hold its tables)."""
+    old = open(path).read() if os.path.exists(path) else ""
+    head = "# " + STRUCTURAL_TITLE
+    old_thermal, found, old_structural = old.partition(head)
+    if thermal is None:
+        if "## Cost over Mosaic's resolution sweep" not in old_thermal:
+            raise RuntimeError(f"{path} has no thermal section to keep: run with "
+                               "--task thermal (or both) to write it")
+        thermal = old_thermal.rstrip("\n") + "\n"
+    if structural is None:
+        structural = head + old_structural if found else ""
+    return thermal + ("\n" + structural if structural else "")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--big", action="store_true", help="also nx = 1024")
-    parser.add_argument("--quick", action="store_true", help="nx up to 64, 2 repeats")
+    parser.add_argument("--big", action="store_true",
+                        help="also nx = 1024 (thermal), N = 128 (structural)")
+    parser.add_argument("--quick", action="store_true",
+                        help="nx up to 64 (thermal), N up to 16 and 300 Adam iterations "
+                             "(structural), 2 repeats")
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--child", nargs=3, metavar=("TOOL", "NX", "REPEATS"),
-                        help=argparse.SUPPRESS)
+    parser.add_argument("--task", choices=("both", "thermal", "structural"), default="both",
+                        help="which of Mosaic's tasks to run (the file keeps the other's "
+                             "section)")
+    parser.add_argument("--child", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        tool, nx, reps = args.child
-        print(json.dumps(_child(tool, int(nx), int(reps))))
+        tool, nx, reps, *task = args.child
+        print(json.dumps(_child(tool, int(nx), int(reps), *task)))
         return 0
 
     import jax
@@ -534,14 +998,29 @@ def main(argv=None) -> int:
     from _harness import command_line, load_average, machine_info, publish
 
     load = load_average()
-    agree = agreement()
-    fd = fd_check()
-    recov = recovery()
-    sizes = [16, 32, 64] if args.quick else [16, 32, 64, 128, 256, 512] + (
-        [1024] if args.big else [])
-    costs = cost(sizes, 2 if args.quick else 5)
-    text = render(agree, fd, costs, machine_info(load), command_line("bench/mosaic.py", argv),
-                  recov)
+    argline = command_line("bench/mosaic.py", argv)
+    thermal = structural = None
+    if args.task in ("both", "thermal"):
+        agree = agreement()
+        fd = fd_check()
+        recov = recovery()
+        sizes = [16, 32, 64] if args.quick else [16, 32, 64, 128, 256, 512] + (
+            [1024] if args.big else [])
+        costs = cost(sizes, 2 if args.quick else 5)
+        thermal = render(agree, fd, costs, machine_info(load), argline, recov)
+    if args.task in ("both", "structural"):
+        s_agree = structural_agreement()
+        s_fd = structural_fd_check()
+        s_opt = topopt(iters=300 if args.quick else 2500)
+        s_sizes = [4, 8, 16] if args.quick else [4, 6, 8, 12, 16, 32, 64] + (
+            [128] if args.big else [])
+        s_costs = cost(s_sizes, 2 if args.quick else 5, "structural")
+        structural = render_structural(s_agree, s_fd, s_costs, s_opt, machine_info(load),
+                                       argline)
+    if args.no_write:
+        text = (thermal or "") + ("\n" if thermal and structural else "") + (structural or "")
+    else:
+        text = merge(RESULTS, thermal, structural)
     publish(RESULTS, text, not args.no_write)
     return 0
 
