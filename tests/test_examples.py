@@ -560,3 +560,45 @@ def test_without_matplotlib_an_example_says_no_figure_and_writes_none(monkeypatc
         assert plot(*args) is False, name
         assert "matplotlib is not installed" in capsys.readouterr().out, name
     assert plotting >= 13
+
+
+def test_topology_optimization_2d_lowers_the_compliance_at_the_volume(capsys):
+    ex = _load("topology_optimization")
+    out = ex.main(["--dim", "2", "--nx", "30", "--ny", "10", "--iters", "10"])["2d"]
+    assert np.all(np.abs(out["rates"] - 2.0) < 0.1), out["rates"]
+    history = out["history"]
+    assert len(history) == 11 and history[-1] < 0.5 * history[0], history
+    assert abs(out["volume"] - 0.5) < 2e-3, out["volume"]
+    assert np.all((out["x"] >= 0.0) & (out["x"] <= 1.0))
+    text = capsys.readouterr().out
+    assert "Taylor test" in text and "iter  10" in text and "done: 10 OC iterations" in text
+
+
+def test_topology_optimization_3d_amg_cg_lowers_the_compliance_at_the_volume(capsys):
+    ex = _load("topology_optimization")
+    out = ex.main(["--dim", "3", "--nx", "8", "--ny", "4", "--nz", "4", "--iters", "2"])["3d"]
+    assert np.all(np.abs(out["rates"] - 2.0) < 0.1), out["rates"]
+    history = out["history"]
+    assert len(history) == 3 and history[-1] < history[1] < history[0], history
+    assert abs(out["volume"] - 0.12) < 2e-3, out["volume"]
+    assert "CG + AMG" in capsys.readouterr().out
+
+
+def test_topology_optimization_element_matrices_and_bad_options():
+    ex = _load("topology_optimization")
+    # the 88-line code's plane-stress element matrix (in its own node
+    # order): the same spectrum; in 3-D, six rigid-body modes
+    nu = 0.3
+    A11 = np.array([[12, 3, -6, -3], [3, 12, 3, 0], [-6, 3, 12, -3], [-3, 0, -3, 12]])
+    A12 = np.array([[-6, -3, 0, 3], [-3, -6, -3, -6], [0, -3, -6, 3], [3, -6, 3, -6]])
+    B11 = np.array([[-4, 3, -2, 9], [3, -4, -9, 4], [-2, -9, -4, -3], [9, 4, -3, -4]])
+    B12 = np.array([[2, -3, 4, -9], [-3, 2, 9, -2], [4, 9, 2, 3], [-9, -2, 3, 2]])
+    KE88 = (np.block([[A11, A12], [A12.T, A11]])
+            + nu * np.block([[B11, B12], [B12.T, B11]])) / (24 * (1 - nu ** 2))
+    np.testing.assert_allclose(np.linalg.eigvalsh(ex.element_stiffness(2)),
+                               np.linalg.eigvalsh(KE88), atol=1e-14)
+    w = np.linalg.eigvalsh(ex.element_stiffness(3))
+    assert np.all(np.abs(w[:6]) < 1e-12) and w[6] > 1e-2
+    for argv in (["--dim", "4"], ["--nx", "1"], ["--iters", "0"]):
+        with pytest.raises(SystemExit):
+            ex.parse_args(argv)
