@@ -6,6 +6,10 @@ vectorized over the cells and scaled per cell by the SIMP factor), the
 gradient by torch's autograd through torch-fem's implicit adjoint
 (`differentiable_parameters`).
 
+Install: `pip install torch --index-url https://download.pytorch.org/whl/cpu` then
+`pip install torch-fem` (both outside the `bench` extra: torch is large);
+`bench/mosaic.py` runs it where it is installed.
+
 `method`: torch-fem's linear solver, `None` for its default (a direct
 solve below 10,000 unknowns, conjugate gradients with algebraic multigrid
 above, to its default tolerance), or `"direct"` (SciPy's `spsolve` without
