@@ -43,12 +43,13 @@ from .primitives._sparse import assemble, gather
 from .primitives._svd import svd as _svd
 from .solvers._linear import backend as _backend, ranking as _ranking, requested, resolve
 from .solvers._measures import ratio
+from .solvers.iterative._amg import AMG
 from .solvers._registry import names as _solver_names
 from .sparse import _check_tags, astype as _sparse_astype, data as _data, issparse, with_data
 from .sparse import csr_matrix as sparse_csr_matrix, sample as sparse_sample
 from .sparse import from_scipy as _from_scipy, sharded_matmul, todense as sparse_todense
 
-__all__ = ["solve", "explain_solver", "cond", "slogdet", "selected_inverse", "precision_sample", "eigh", "eigvalsh", "eigsh", "funm_hermitian", "svd", "operator", "Operator", "SolveInfo", "SOLVERS"]
+__all__ = ["solve", "AMG", "rigid_body_modes", "explain_solver", "cond", "slogdet", "selected_inverse", "precision_sample", "eigh", "eigvalsh", "eigsh", "funm_hermitian", "svd", "operator", "Operator", "SolveInfo", "SOLVERS"]
 
 SOLVERS = _solver_names("linear")
 """Every built-in solver name `solve` accepts, besides "auto" and "amg" (the
@@ -163,8 +164,41 @@ def _prepare(A, b, assume, op: str):
     return A, b, tags, sparse, dtype
 
 
+def rigid_body_modes(points) -> np.ndarray:
+    """The rigid-body modes of linear elasticity at the nodes `points`
+    (`(n_nodes, d)`, d = 2 or 3): an array `(d n_nodes, 3)` in 2-D (two
+    translations, one rotation) or `(3 n_nodes, 6)` in 3-D (three
+    translations, three rotations about the centroid), unknowns interleaved
+    per node (`u_x, u_y[, u_z]` of node 0, then node 1, ...): the
+    near-null space of an elasticity stiffness matrix for
+    `sd.linalg.AMG(near_null_space=..., block_size=d)`. Eliminated
+    (Dirichlet) unknowns are dropped by indexing its rows as the matrix's.
+
+        B = sd.linalg.rigid_body_modes(points)[free]   # the free unknowns' rows
+    """
+    x = np.asarray(points, dtype=np.float64)
+    if x.ndim != 2 or x.shape[1] not in (2, 3) or not np.all(np.isfinite(x)):
+        raise ShapeError(f"`points` must be finite node coordinates (n_nodes, 2) or (n_nodes, "
+                         f"3), got {'non-finite values' if x.ndim == 2 and x.shape[1] in (2, 3) else f'shape {x.shape}'}.",
+                         op="linalg.rigid_body_modes")
+    n, d = x.shape
+    x = x - x.mean(axis=0)
+    if d == 2:
+        b = np.zeros((n, 2, 3))
+        b[:, 0, 0] = b[:, 1, 1] = 1.0
+        b[:, 0, 2], b[:, 1, 2] = -x[:, 1], x[:, 0]
+        return b.reshape(2 * n, 3)
+    b = np.zeros((n, 3, 6))
+    b[:, 0, 0] = b[:, 1, 1] = b[:, 2, 2] = 1.0
+    # rotations about z, x, y: (-y, x, 0), (0, -z, y), (z, 0, -x)
+    b[:, 0, 3], b[:, 1, 3] = -x[:, 1], x[:, 0]
+    b[:, 1, 4], b[:, 2, 4] = -x[:, 2], x[:, 1]
+    b[:, 0, 5], b[:, 2, 5] = x[:, 2], -x[:, 0]
+    return b.reshape(3 * n, 6)
+
+
 def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float | None = None,
-          atol: float = 0.0, maxiter: int | None = None, preconditioner: str | None = None,
+          atol: float = 0.0, maxiter: int | None = None, preconditioner=None,
           throw: bool = True, partition=None):
     """Solves `A x = b`.
 
@@ -200,10 +234,11 @@ def solve(A, b, solver: str = "auto", *, assume: str | None = None, tol: float |
     - `tol`, `atol`, `maxiter`, `preconditioner`: for iterative solvers: the
       relative and absolute tolerance on the residual (`tol` defaults to
       1e-10 in float64 and 1e-5 in float32), the iteration limit, and the
-      preconditioner: `"jacobi"` (diagonal) or `"amg"` (smoothed-aggregation
+      preconditioner: `"jacobi"` (diagonal), `"amg"` (smoothed-aggregation
       algebraic multigrid, one V-cycle per step, for a sparse matrix; its
       hierarchy is built on the host once per matrix values, see the guide
-      "Linear solves"). The adjoint solve uses the same settings with the
+      "Linear solves"), or `AMG(near_null_space=B, block_size=b)`, the same
+      fitted to a near-null space (elasticity's `rigid_body_modes`). The adjoint solve uses the same settings with the
       transposed operator (and the same preconditioner, transposed), and
       meets the same tolerance.
     - `throw`: with `False`, a failed solve raises nothing: the result is

@@ -69,13 +69,15 @@ from ..graph._autodiff import needs_ct, type_of
 from ..graph._body import trace_body
 from ..graph._cost import Cost, _si, nbytes, size, sparse_lu_fill
 from ..graph._params import shown_params
-from ..graph._serialize import graph_param_v1, register_v1_migration
+from ..graph._serialize import (_decode_array, _encode_array, graph_param_v1,
+                                 register_param_type, register_v1_migration)
 from ..graph._sparsity import along, dense, empty, union
 from ..graph._trace import trace_flat
 from ..graph._types import (BatchedType, FactorType, Pattern, holds_tuple,
                             register_factor_layout)
 from ..solvers._indices import pattern_transpose, take
 from ..solvers.iterative import _iterative
+from ..solvers.iterative._amg import AMG
 from ..solvers._linear import auto_preconditioner, names_for, resolve
 from ..solvers._registry import lookup, records
 from ._checks import check, judge_matrix, tie
@@ -261,9 +263,26 @@ linalg_solve_p = Primitive("linalg.solve", runtime_checks=True, factored=_solve_
     "solver": str, "pattern": _PATTERN, "transpose": _TRANSPOSE,
     "rtol": Param((float, None), default=None), "atol": Param((float, None), default=None),
     "maxiter": Param((int, None), default=None),
-    "preconditioner": Param((str, None), default=None), "throw": _THROW, "assume": _ASSUME,
+    "preconditioner": Param((str, _iterative.AbstractPreconditioner, None), default=None),
+    "throw": _THROW, "assume": _ASSUME,
     "partition": Param((RowPartition, None), default=None),
     "estimate": Param(bool, default=True)})
+
+
+def _encode_amg(pre) -> dict:
+    b = pre.near_null_space
+    return {"block_size": pre.block_size,
+            "near_null_space": None if b is None else _encode_array(b)}
+
+
+def _decode_amg(d) -> AMG:
+    b = d.get("near_null_space")
+    return AMG(None if b is None else _decode_array(b), block_size=int(d.get("block_size", 1)))
+
+
+# (a configured AMG, `sd.linalg.AMG(near_null_space=B)`, as a solve's param)
+register_param_type(AMG, "amg", _encode_amg, _decode_amg)
+
 #: `partition`: (an iterative solve of a sparse matrix) the `RowPartition` of
 #: its pattern over a mesh axis: the Krylov loop's products are the sharded
 #: ones (`sparse.sharded_matmul`), its vectors split over the devices as the

@@ -264,11 +264,14 @@ def requested(solver, preconditioner, *, tags: frozenset, partition=None, op=Non
     if partition is not None and solver == "auto":  # (a sharded solve is a Krylov one)
         solver = krylov
     if solver == "amg":
-        if preconditioner not in (None, "amg"):
+        if preconditioner is not None and preconditioner != "amg" \
+                and getattr(preconditioner, "name", None) != "amg":
             raise InvalidOptionError(f"solver='amg' is preconditioned by 'amg', got "
                                      f"preconditioner={preconditioner!r}; name a Krylov "
                                      "solver ('cg', 'gmres') to use another.", op=op)
-        solver, preconditioner = krylov, "amg"
+        solver, preconditioner = krylov, preconditioner or "amg"
+    if preconditioner is not None:  # (a name or a configured record: known, or refused here)
+        lookup(preconditioner, "preconditioner", op=op, what="preconditioner")
     return solver, preconditioner
 
 

@@ -24,6 +24,21 @@ is split in two:
   exact zeros: entries are found by their `(row, col)` keys, missing ones
   are 0), and the coarsest level's dense inverse.
 
+With a near-null space (`AMG(near_null_space=B, block_size=b)`: the
+candidates `B`, `(n, k)`, that the matrix nearly annihilates, the rigid-body
+modes of elasticity, `rigid_body_modes`), the finest level aggregates
+NODES, the `b` consecutive unknowns of each (a node's unknowns are in
+one aggregate), on the node graph of the pattern, and `T` fits `B`: per
+aggregate, the orthonormal basis of its rows of `B` by modified
+Gram-Schmidt (a candidate that the earlier ones span there gets a zero
+column, as pyamg's `fit_candidates`), `k` coarse unknowns per aggregate;
+the coarse level's candidates are the coefficients (`B = T B_c`) and its
+nodes its aggregates (block `k`). `T` is then value-independent still (it
+depends on the pattern and `B`, both known at trace time), so the same
+split holds. On 3-D elasticity this is what makes the cycle converge in
+tens of steps rather than hundreds (a scalar constant candidate cannot
+represent rotations).
+
 pyamg is imported by the two functions that call it (`_aggregate`, at
 trace time, and `_build_one`, on the host), on first use: it adds about
 0.1 s to `import sciad`, which a program without AMG does not pay.
@@ -56,7 +71,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ... import _cache
-from ...errors import NotSupportedError
+from ...errors import NotSupportedError, ShapeError
 from .._host import host_call, release_host_heap
 from .._indices import cached_index, pattern_cols, pattern_rows, segment_sum, take
 from ._iterative import AbstractPreconditioner, missing_diagonal
@@ -172,6 +187,57 @@ def _aggregate(a):
     return t, nc
 
 
+def _aggregate_nodes(a, block: int, candidates: np.ndarray):
+    """`(T, nc, coarse candidates)`: the tentative prolongator of the 0/1
+    matrix `a`'s pattern fitted to `candidates` (`(n, k)`), aggregating
+    nodes of `block` consecutive unknowns (see the module docstring)."""
+    from pyamg.aggregation import standard_aggregation  # (on first use)
+
+    n, k = candidates.shape
+    nodes = n // block
+    s = sp.csr_matrix((np.ones(n), np.arange(n) // block, np.arange(n + 1)), shape=(n, nodes))
+    g = (s.T @ a @ s).tocsr()
+    g = (g + g.T).tocsr()
+    g.setdiag(0)
+    g.eliminate_zeros()
+    g.data[:] = 1.0
+    agg_op, _ = standard_aggregation(g)
+    agg_op = sp.csr_matrix(agg_op)
+    agg = np.full(nodes, -1, np.int64)
+    agg[np.repeat(np.arange(nodes), np.diff(agg_op.indptr))] = agg_op.indices
+    lone = np.nonzero(agg < 0)[0]
+    n_agg = agg_op.shape[1]
+    agg[lone] = n_agg + np.arange(lone.size)
+    n_agg += lone.size
+    of = agg[np.arange(n) // block]                      # each unknown's aggregate
+    order = np.argsort(of, kind="stable")
+    counts = np.bincount(of, minlength=n_agg)
+    start = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    slot = np.empty(n, np.int64)
+    slot[order] = np.arange(n) - start[of[order]]       # the unknown's row in its aggregate
+    width = max(int(counts.max()), 1)
+    rows = np.zeros((n_agg, width, k))
+    rows[of, slot] = candidates
+    # modified Gram-Schmidt, all aggregates at once; a candidate that the
+    # earlier ones span (within 1e-10 of its norm there) gets a zero column
+    q = np.zeros_like(rows)
+    r = np.zeros((n_agg, k, k))
+    for j in range(k):
+        v = rows[:, :, j].copy()
+        for i in range(j):
+            c = np.einsum("ar,ar->a", q[:, :, i], v)
+            r[:, i, j] = c
+            v -= c[:, None] * q[:, :, i]
+        norm = np.linalg.norm(v, axis=1)
+        ok = norm > 1e-10 * np.maximum(np.linalg.norm(rows[:, :, j], axis=1), 1e-300)
+        q[ok, :, j] = v[ok] / norm[ok, None]
+        r[ok, j, j] = norm[ok]
+    t_cols = (of[:, None] * k + np.arange(k)).ravel()
+    t = sp.csr_matrix((q[of, slot].ravel(), t_cols, np.arange(0, n * k + 1, k)),
+                      shape=(n, n_agg * k))
+    return t, n_agg * k, r.reshape(n_agg * k, k)  # (B = T B_c: B_c's rows per aggregate are R's)
+
+
 def _pattern_of(m):
     """`(indptr, cols)` of a canonical CSR product of positive matrices."""
     m = m.tocsr()
@@ -200,17 +266,24 @@ def _diag_positions(indptr, cols):
 
 
 def build_structure(shape, indptr, indices, max_coarse: int = MAX_COARSE,
-                    max_levels: int = MAX_LEVELS) -> Structure:
+                    max_levels: int = MAX_LEVELS, candidates: np.ndarray | None = None,
+                    block_size: int = 1) -> Structure:
     """The aggregation of the pattern `(shape, indptr, indices)` (see the
-    module docstring)."""
+    module docstring); with `candidates` (a near-null space, `(n, k)`), of
+    nodes of `block_size` unknowns, `T` fitted to them."""
     n = int(shape[0])
     indptr, cols = _compact(indptr), _compact(indices)
     levels = []
     while n > max_coarse and len(levels) + 1 < max_levels:
         a = _csr_ones(n, n, indptr, cols)
-        t, nc = _aggregate(a)
+        if candidates is None:
+            t, nc = _aggregate(a)
+        else:
+            t, nc, coarse_candidates = _aggregate_nodes(a, block_size, candidates)
         if nc >= n:  # nothing to coarsen (no off-diagonal entries)
             break
+        if candidates is not None:  # (the coarse level's nodes: its aggregates)
+            candidates, block_size = coarse_candidates, candidates.shape[1]
         tp = t.copy()
         tp.data[:] = 1.0
         p_indptr, p_cols = _pattern_of(a @ tp + tp)
@@ -477,13 +550,104 @@ def cycle(levels, arrays, a, v, spmv, *, transpose: bool = False):
 
 
 class AMG(AbstractPreconditioner):
-    """Smoothed-aggregation algebraic multigrid: one V-cycle per application;
-    its hierarchy built on the host once per matrix values (see the module
-    docstring)."""
+    """Smoothed-aggregation algebraic multigrid as a preconditioner, with a
+    near-null space: `sd.linalg.solve(A, b, solver="cg",
+    preconditioner=sd.linalg.AMG(near_null_space=B, block_size=3))`.
+
+    `preconditioner="amg"` aggregates single unknowns with a constant
+    candidate, which suits scalar problems (diffusion, Poisson). For a
+    system whose near-null space has more vectors, elasticity above all
+    (the rigid-body modes: translations and rotations, which a constant
+    cannot represent), give them:
+
+    - `near_null_space`: an array `(n, k)` of the `k` candidate vectors
+      (`rigid_body_modes(points)` for elasticity), rows in the matrix's
+      unknowns' order. Constant: it is part of the solve's params (shown in
+      the printed graph by a content hash), not differentiated.
+    - `block_size`: how many consecutive unknowns make one node (3 for 3-D
+      elasticity with interleaved `u_x, u_y, u_z`, 2 in 2-D); a node's
+      unknowns are aggregated together.
+
+    The hierarchy's aggregates and tentative prolongator (fitted to the
+    candidates per aggregate, `k` coarse unknowns each) are made once per
+    pattern and candidates, at trace time; the values' part once per matrix
+    values, on the host, as for `"amg"`. The cycle is symmetric positive
+    definite for an spd `A` (CG's requirement), and the adjoint solve uses
+    the same hierarchy transposed.
+
+        B = sd.linalg.rigid_body_modes(points)          # (3 n_nodes, 6)
+        amg = sd.linalg.AMG(near_null_space=B, block_size=3)
+        u = sd.linalg.solve(K, f, solver="cg", preconditioner=amg, tol=1e-8)
+
+    On a 3-D HEX8 cantilever of 24 x 12 x 24 cells (23,400 unknowns) CG
+    takes about 200 steps with `"amg"` and few tens with the rigid-body
+    modes (see the guide "Linear solves").
+
+    (`sd.linalg.AMG`. Internally: one V-cycle per application, see
+    `sciad.solvers.iterative._amg`; the registered record,
+    `preconditioner="amg"`, is `AMG()`.)
+    """
 
     name = "amg"
     matrices = frozenset({"sparse"})
     where = "host"
+
+    def __init__(self, near_null_space=None, *, block_size: int = 1):
+        from ...errors import InvalidOptionError
+
+        op = "linalg.AMG"
+        if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
+                or block_size < 1:
+            raise InvalidOptionError(f"`block_size` (the unknowns of one node) must be an int "
+                                     f">= 1, got {block_size!r}.", op=op)
+        b = None
+        if near_null_space is not None:
+            b = np.array(near_null_space, dtype=np.float64)
+            if b.ndim == 1:
+                b = b[:, None]
+            if b.ndim != 2 or b.shape[1] < 1 or b.shape[0] < 1:
+                raise ShapeError(f"`near_null_space` must be an array (n, k) of k candidate "
+                                 f"vectors, got shape {np.shape(near_null_space)}.", op=op)
+            if not np.all(np.isfinite(b)):
+                raise InvalidOptionError("`near_null_space` has non-finite entries; pass the "
+                                         "candidates' values (e.g. `rigid_body_modes(points)`).",
+                                         op=op)
+            if b.shape[0] % int(block_size):
+                raise ShapeError(f"`near_null_space` has {b.shape[0]} rows, not a multiple of "
+                                 f"block_size = {block_size}: each node has `block_size` "
+                                 "consecutive unknowns.", op=op)
+            b.setflags(write=False)
+        elif block_size != 1:
+            raise InvalidOptionError("`block_size` groups unknowns into nodes for a "
+                                     "near-null space; pass `near_null_space` with it.", op=op)
+        self.near_null_space = b
+        self.block_size = int(block_size)
+        self._key = None if b is None else (self.block_size, b.shape, hashlib.blake2b(
+            b.tobytes(), digest_size=16).hexdigest())
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self._key))
+
+    def __repr__(self) -> str:
+        if self._key is None:
+            return "amg"
+        n, k = self._key[1]
+        return f"amg(block {self.block_size}, {k} candidates #{self._key[2][:6]})"
+
+    __str__ = __repr__
+
+    def structure(self, pattern) -> Structure:
+        """The aggregation of `pattern` (with this near-null space)."""
+        if self.near_null_space is None:
+            return structure(pattern)
+        b = self.near_null_space
+        return _cache.cached(
+            _cache.GLOBAL, "amg structure", (pattern, MAX_COARSE, MAX_LEVELS, self._key),
+            lambda: build_structure(pattern.shape, pattern.indptr, pattern.indices, MAX_COARSE,
+                                    MAX_LEVELS, b, self.block_size), limit=MAX_PATTERNS)
 
     def rejects(self, *, matrix: str, pattern=None, shown: str = ""):
         if matrix != "sparse":
@@ -495,7 +659,13 @@ class AMG(AbstractPreconditioner):
                                "so it", shown)
         if why is not None:
             return why
-        s = structure(pattern)
+        b = self.near_null_space
+        if b is not None and b.shape[0] != pattern.shape[0]:
+            return ShapeError, (
+                f"the AMG preconditioner's near_null_space has {b.shape[0]} rows, but "
+                f"{shown or 'the matrix'} has {pattern.shape[0]} unknowns; give one row per "
+                "unknown (in the matrix's order).")
+        s = self.structure(pattern)
         if s.n_coarse > MAX_DENSE:
             return NotSupportedError, (
                 f"the 'amg' preconditioner could not coarsen {shown or 'the matrix'} below "
@@ -504,19 +674,20 @@ class AMG(AbstractPreconditioner):
         return None
 
     def setup(self, a, *, pattern, after=None):
-        return setup(a, structure(pattern), after)
+        return setup(a, self.structure(pattern), after)
 
     def apply(self, state, a, v, *, pattern, transpose: bool = False):
-        return vcycle(structure(pattern), state, a, v, transpose=transpose, pattern=pattern)
+        return vcycle(self.structure(pattern), state, a, v, transpose=transpose,
+                      pattern=pattern)
 
     def setup_bytes(self, n: int, pattern, dtype) -> int:
-        return structure(pattern).nbytes(np.dtype(dtype).itemsize)
+        return self.structure(pattern).nbytes(np.dtype(dtype).itemsize)
 
     def apply_flops(self, n: int, pattern) -> float:
-        return structure(pattern).apply_flops()
+        return self.structure(pattern).apply_flops()
 
     def describe(self, n: int, pattern, dtype) -> str:
-        s = structure(pattern)
+        s = self.structure(pattern)
         levels = ", ".join(f"{k}/{z}" for k, z, _ in s.nnz())
-        return (f"amg: {len(s.levels) + 1} levels (n/nnz {levels}), "
+        return (f"{self!r}: {len(s.levels) + 1} levels (n/nnz {levels}), "
                 f"V-cycle {s.apply_flops():.3g} flops")
