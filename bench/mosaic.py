@@ -157,13 +157,14 @@ def mesh(nx: int, ny: int, nz: int, lx: float, ly: float, lz: float):
     return points, cells.astype(np.int64)
 
 
-def conductance(dx: float, dy: float, dz: float) -> np.ndarray:
-    """The 8 x 8 conductance matrix of a `dx x dy x dz` trilinear brick, by
-    2 x 2 x 2 Gauss quadrature (Mosaic's `_compute_K_ref_simple`)."""
+def brick_gradients(dx: float, dy: float, dz: float) -> list[np.ndarray]:
+    """The trilinear shape functions' gradients `(8 nodes, 3)` at the 2 x 2
+    x 2 Gauss points of a `dx x dy x dz` brick (nodes in VTK's order), each
+    point's weight `dx dy dz / 8`."""
     ref = np.array([[-1, -1, -1], [1, -1, -1], [1, 1, -1], [-1, 1, -1],
                     [-1, -1, 1], [1, -1, 1], [1, 1, 1], [-1, 1, 1]], float)
     jinv = np.diag([2.0 / dx, 2.0 / dy, 2.0 / dz])
-    K = np.zeros((8, 8))
+    out = []
     for a in (-1.0, 1.0):
         for b in (-1.0, 1.0):
             for c in (-1.0, 1.0):
@@ -172,9 +173,14 @@ def conductance(dx: float, dy: float, dz: float) -> np.ndarray:
                                (1 + ref[:, 0] * xi) * ref[:, 1] * (1 + ref[:, 2] * zeta),
                                (1 + ref[:, 0] * xi) * (1 + ref[:, 1] * eta) * ref[:, 2]],
                               axis=1) / 8.0
-                B = dN @ jinv
-                K += dx * dy * dz / 8.0 * B @ B.T
-    return K
+                out.append(dN @ jinv)
+    return out
+
+
+def conductance(dx: float, dy: float, dz: float) -> np.ndarray:
+    """The 8 x 8 conductance matrix of a `dx x dy x dz` trilinear brick, by
+    2 x 2 x 2 Gauss quadrature (Mosaic's `_compute_K_ref_simple`)."""
+    return sum(dx * dy * dz / 8.0 * B @ B.T for B in brick_gradients(dx, dy, dz))
 
 
 def random_density(nx: int, ny: int, nz: int = 1, seed: int = 0) -> np.ndarray:
@@ -463,29 +469,19 @@ def elasticity(dx: float, dy: float, dz: float, nu: float = NU) -> np.ndarray:
     Young's modulus (isotropic, Poisson ratio `nu`), by 2 x 2 x 2 Gauss
     quadrature; degrees of freedom `3 a + c` (node `a` in Abaqus order,
     component `c`)."""
-    ref = np.array([[-1, -1, -1], [1, -1, -1], [1, 1, -1], [-1, 1, -1],
-                    [-1, -1, 1], [1, -1, 1], [1, 1, 1], [-1, 1, 1]], float)
     lam, mu = nu / ((1 + nu) * (1 - 2 * nu)), 1.0 / (2 * (1 + nu))
     D = np.zeros((6, 6))
     D[:3, :3] = lam
     D[np.arange(3), np.arange(3)] += 2 * mu
     D[np.arange(3, 6), np.arange(3, 6)] = mu
-    jinv = np.diag([2.0 / dx, 2.0 / dy, 2.0 / dz])
     K = np.zeros((24, 24))
-    for a in (-1.0, 1.0):
-        for b in (-1.0, 1.0):
-            for c in (-1.0, 1.0):
-                xi, eta, zeta = np.array([a, b, c]) / np.sqrt(3.0)
-                dN = np.stack([ref[:, 0] * (1 + ref[:, 1] * eta) * (1 + ref[:, 2] * zeta),
-                               (1 + ref[:, 0] * xi) * ref[:, 1] * (1 + ref[:, 2] * zeta),
-                               (1 + ref[:, 0] * xi) * (1 + ref[:, 1] * eta) * ref[:, 2]],
-                              axis=1) / 8.0 @ jinv                 # (8, 3)
-                B = np.zeros((6, 24))
-                for i, (j, k) in enumerate([(0, 0), (1, 1), (2, 2), (0, 1), (1, 2), (0, 2)]):
-                    B[i, j::3] += dN[:, k]
-                    if j != k:
-                        B[i, k::3] += dN[:, j]
-                K += dx * dy * dz / 8.0 * B.T @ D @ B
+    for dN in brick_gradients(dx, dy, dz):                      # (8, 3) each
+        B = np.zeros((6, 24))
+        for i, (j, k) in enumerate([(0, 0), (1, 1), (2, 2), (0, 1), (1, 2), (0, 2)]):
+            B[i, j::3] += dN[:, k]
+            if j != k:
+                B[i, k::3] += dN[:, j]
+        K += dx * dy * dz / 8.0 * B.T @ D @ B
     return K
 
 

@@ -59,3 +59,16 @@ def scratch_registry():
     yield
     _core._REGISTRY.clear()
     _core._REGISTRY.update(before)
+
+
+@pytest.fixture(scope="session")
+def mosaic():
+    """bench/mosaic.py (Mosaic's mesh tasks rebuilt), imported as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_bench_mosaic", os.path.join(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__))), "bench", "mosaic.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -7,25 +7,10 @@ at a tiny size while keeping the volume."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 import sciad as sd
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def mosaic():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_bench_mosaic",
-                                                  os.path.join(ROOT, "bench", "mosaic.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.parametrize("which, i", [("agreement", 0), ("agreement", 4), ("baseline", 0),

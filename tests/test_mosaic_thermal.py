@@ -5,25 +5,10 @@ derivative rules pass check_rules."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 import sciad as sd
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def mosaic():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_bench_mosaic",
-                                                  os.path.join(ROOT, "bench", "mosaic.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.parametrize("which, i", [("agreement", 0), ("agreement", 3), ("baseline", 2),

@@ -164,8 +164,10 @@ def _csr_ones(n, m, indptr, cols):
     return sp.csr_matrix((np.ones(len(cols)), cols, indptr), shape=(n, m))
 
 
-def _aggregate(a):
-    """`(T, nc)`: the tentative prolongator of the 0/1 matrix `a`'s pattern."""
+def _aggregates(a) -> tuple[np.ndarray, int]:
+    """`(agg, count)`: the aggregate of each row of the 0/1 matrix `a` (its
+    symmetrized off-diagonal pattern aggregated by pyamg's
+    `standard_aggregation`; a row with no neighbours its own aggregate)."""
     from pyamg.aggregation import standard_aggregation  # (on first use: see the docstring)
 
     n = a.shape[0]
@@ -176,12 +178,17 @@ def _aggregate(a):
     agg_op, _ = standard_aggregation(c)
     agg_op = sp.csr_matrix(agg_op)
     agg = np.full(n, -1, np.int64)
-    rows = np.repeat(np.arange(n), np.diff(agg_op.indptr))
-    agg[rows] = agg_op.indices
+    agg[np.repeat(np.arange(n), np.diff(agg_op.indptr))] = agg_op.indices
     lone = np.nonzero(agg < 0)[0]  # not aggregated (no neighbours): their own aggregate
     nc = agg_op.shape[1]
     agg[lone] = nc + np.arange(lone.size)
-    nc += lone.size
+    return agg, nc + lone.size
+
+
+def _aggregate(a):
+    """`(T, nc)`: the tentative prolongator of the 0/1 matrix `a`'s pattern."""
+    n = a.shape[0]
+    agg, nc = _aggregates(a)
     size = np.bincount(agg, minlength=nc).astype(np.float64)
     t = sp.csr_matrix((1.0 / np.sqrt(size[agg]), agg, np.arange(n + 1)), shape=(n, nc))
     return t, nc
@@ -191,24 +198,10 @@ def _aggregate_nodes(a, block: int, candidates: np.ndarray):
     """`(T, nc, coarse candidates)`: the tentative prolongator of the 0/1
     matrix `a`'s pattern fitted to `candidates` (`(n, k)`), aggregating
     nodes of `block` consecutive unknowns (see the module docstring)."""
-    from pyamg.aggregation import standard_aggregation  # (on first use)
-
     n, k = candidates.shape
     nodes = n // block
     s = sp.csr_matrix((np.ones(n), np.arange(n) // block, np.arange(n + 1)), shape=(n, nodes))
-    g = (s.T @ a @ s).tocsr()
-    g = (g + g.T).tocsr()
-    g.setdiag(0)
-    g.eliminate_zeros()
-    g.data[:] = 1.0
-    agg_op, _ = standard_aggregation(g)
-    agg_op = sp.csr_matrix(agg_op)
-    agg = np.full(nodes, -1, np.int64)
-    agg[np.repeat(np.arange(nodes), np.diff(agg_op.indptr))] = agg_op.indices
-    lone = np.nonzero(agg < 0)[0]
-    n_agg = agg_op.shape[1]
-    agg[lone] = n_agg + np.arange(lone.size)
-    n_agg += lone.size
+    agg, n_agg = _aggregates((s.T @ a @ s).tocsr())
     of = agg[np.arange(n) // block]                      # each unknown's aggregate
     order = np.argsort(of, kind="stable")
     counts = np.bincount(of, minlength=n_agg)
