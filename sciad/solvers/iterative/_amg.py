@@ -73,7 +73,8 @@ import scipy.sparse as sp
 from ... import _cache
 from ...errors import NotSupportedError, ShapeError
 from .._host import host_call, release_host_heap
-from .._indices import cached_index, pattern_cols, pattern_rows, segment_sum, take
+from .._indices import (cached_index, pattern_cols, pattern_matmul, pattern_rows,
+                        segment_sum, take)
 from ._iterative import AbstractPreconditioner, missing_diagonal
 from .._threads import one_blas_thread
 
@@ -510,7 +511,13 @@ def vcycle(s: Structure, arrays, a, v, *, transpose: bool = False, pattern=None)
     `transpose`): `x ~ op(A)^-1 v`. `a`: the finest level's values;
     `pattern`: its pattern (the one `s` was built from), if at hand."""
     levels = [(lv.n, lv.nc, _level_indices(lv, k, pattern)) for k, lv in enumerate(s.levels)]
-    return cycle(levels, arrays, a, v, _spmv, transpose=transpose)
+
+    def spmv(vals, rows, cols, n_out, x, transpose=False):
+        if vals is a and pattern is not None:  # (the finest level: the solve's own product)
+            return pattern_matmul(pattern, a, x, transpose)
+        return _spmv(vals, rows, cols, n_out, x, transpose)
+
+    return cycle(levels, arrays, a, v, spmv, transpose=transpose)
 
 
 def cycle(levels, arrays, a, v, spmv, *, transpose: bool = False):
