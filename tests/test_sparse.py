@@ -331,3 +331,43 @@ def test_take_static_under_nested_vmaps(rng):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(x)[:, :, [3, 1, 1, 0]])
     both = jax.vmap(take_static)(x[0], jnp.stack([idx, idx, idx]))  # (batched indices)
     np.testing.assert_array_equal(np.asarray(both), np.asarray(x[0])[:, [3, 1, 1, 0]])
+
+
+def test_products_in_padded_rows_and_by_scatter_agree():
+    """On the CPU a product pads each row to the longest (ELLPACK) where
+    that adds at most half the stored entries, else scatters: both are the
+    product, forward and transposed, for a vector, a matrix of columns and
+    a batch of values; an uneven pattern (one full row) scatters its
+    product, and pads its transposed one (each column gains one entry)."""
+    import jax
+    import scipy.sparse as sp
+
+    from sciad.solvers import _indices
+
+    rng = np.random.default_rng(0)
+    even = sp.diags([1.0, 2.0, 3.0, 4.0, 5.0], [-2, -1, 0, 1, 3], shape=(40, 37)).tocsr()
+    uneven = even.tolil()
+    uneven[5, :] = 1.0
+    for A, padded in ((even.tocsr(), True), (uneven.tocsr(), False)):
+        A.sort_indices()
+        A.data = rng.standard_normal(A.nnz)
+        pat = sd.sparse.csr_matrix((A.data, A.indices, A.indptr), shape=A.shape).type.pattern
+        assert (_indices._ell_layout(pat, False) is not None) == padded
+        assert _indices._ell_layout(pat, True) is not None
+
+        def S(d):
+            return sd.sparse.csr_matrix((d, A.indices, A.indptr), shape=A.shape)
+
+        x, X = rng.standard_normal(37), rng.standard_normal((37, 3))
+        y = rng.standard_normal(40)
+        np.testing.assert_allclose(sd.function(lambda d, x: S(d) @ x)(A.data, x), A @ x,
+                                   rtol=1e-13, atol=1e-13)
+        np.testing.assert_allclose(sd.function(lambda d, x: S(d) @ x)(A.data, X), A @ X,
+                                   rtol=1e-13, atol=1e-13)
+        np.testing.assert_allclose(sd.function(lambda d, y: S(d).T @ y)(A.data, y), A.T @ y,
+                                   rtol=1e-13, atol=1e-13)
+        D = np.stack([A.data, -2.0 * A.data])
+        out = sd.function(sd.vmap(lambda d, x: S(d) @ x))(D, np.stack([x, x]))
+        np.testing.assert_allclose(out[1], -2.0 * (A @ x), rtol=1e-13, atol=1e-13)
+        jaxpr = str(jax.make_jaxpr(sd.to_jax(lambda d, x: S(d) @ x))(A.data, x))
+        assert ("reduce_sum" in jaxpr) == padded and ("scatter-add" in jaxpr) != padded

@@ -200,7 +200,7 @@ def pattern_matmul(pattern, data, x, transpose: bool = False):
     ell = _ell(pattern, transpose) if backend() == "cpu" else None
     if ell is not None:
         pos, cols, (n, w) = ell
-        vals = data.at[pos[:, 0]].get(mode="fill", fill_value=0).reshape(
+        vals = jnp.asarray(data).at[pos[:, 0]].get(mode="fill", fill_value=0).reshape(
             (n, w) + (1,) * (x.ndim - 1))
         return jnp.sum(vals * take(x, cols).reshape((n, w) + x.shape[1:]), axis=1)
     rows, cols = pattern_rows(pattern), pattern_cols(pattern)
