@@ -35,12 +35,13 @@ than 0.01 or after `--iters` steps.
   block_size=3)`, relative residual 1e-8): a few tens of CG steps, more as
   the design's contrast grows (the plain `"amg"`, one constant per
   aggregate, takes about 240 on this mesh). Ten OC iterations by default,
-  2 to 4 s each on two cores; the Taylor test runs on a 12 x 6 x 12 mesh.
+  about 2 s each on two cores; the Taylor test runs on a 12 x 6 x 12 mesh.
   `--nx 60 --ny 30 --nz 60` (108,000 cells, 3.4 * 10^5 degrees of freedom,
-  6.1 * 10^7 element-matrix entries) runs too: measured, its first value and
-  gradient trace in 26 s and compile in 20 s, and the OC steps take 70 to
-  180 s each (CG takes more steps as the design's contrast grows): ten in
-  20 minutes on two cores.
+  6.1 * 10^7 element-matrix entries) runs too: measured (before the CPU's
+  sparse products moved to padded rows, about twice as fast), its first
+  value and gradient traced in 26 s and compiled in 20 s, and the OC steps
+  took 70 to 180 s each (CG takes more steps as the design's contrast
+  grows): ten in 20 minutes on two cores.
 
 Run: `python examples/topology_optimization.py` (both; `--dim 2` or
 `--dim 3` for one); `--nx --ny [--nz]` for the mesh, `--iters` for the OC
