@@ -183,6 +183,23 @@ def conductance(dx: float, dy: float, dz: float) -> np.ndarray:
     return sum(dx * dy * dz / 8.0 * B @ B.T for B in brick_gradients(dx, dy, dz))
 
 
+def free_entries(dofs: np.ndarray, free: np.ndarray, n: int, Ke: np.ndarray):
+    """`(local, cell, ke, rows, cols)`: each cell's degrees of freedom
+    numbered among the `free` ones of `n` (`local`, -1 where fixed), and for
+    each entry of the element matrices between two free ones its cell, its
+    value in `Ke` and its (row, column) among the free ones (int32)."""
+    number = np.full(n, -1, np.int64)
+    number[free] = np.arange(free.size)
+    local = number[dofs]                                        # (m, k), -1: fixed
+    k = dofs.shape[1]
+    a, b = np.meshgrid(np.arange(k), np.arange(k), indexing="ij")
+    rows, cols = local[:, a.ravel()], local[:, b.ravel()]       # (m, k^2)
+    keep = (rows >= 0) & (cols >= 0)
+    cell = np.nonzero(keep)[0].astype(np.int32)
+    ke = np.broadcast_to(Ke.ravel(), keep.shape)[keep]
+    return local, cell, ke, rows[keep].astype(np.int32), cols[keep].astype(np.int32)
+
+
 def random_density(nx: int, ny: int, nz: int = 1, seed: int = 0) -> np.ndarray:
     """Mosaic's `random` initial condition: `0.5 + 0.3 N(0, 1)` per cell
     (NumPy's default generator, `seed`), float32, clipped to [0.05, 0.95]."""
@@ -211,16 +228,8 @@ class Thermal:
         right = cells[np.arange(self.nx - 1, cells.shape[0], self.nx)][:, [1, 2, 5, 6]]
         np.add.at(f, right.ravel(), float(qn) * dy * dz / 4.0)
         free = np.flatnonzero(~fixed)
-        number = np.full(n, -1, np.int64)
-        number[free] = np.arange(free.size)
-        local = number[cells]                                   # (m, 8), -1: fixed
-        a, b = np.meshgrid(np.arange(8), np.arange(8), indexing="ij")
-        rows, cols = local[:, a.ravel()], local[:, b.ravel()]   # (m, 64)
-        keep = (rows >= 0) & (cols >= 0)
-        self.cell = np.nonzero(keep)[0].astype(np.int32)
         self.Ke = conductance(dx, dy, dz)
-        self.ke = np.broadcast_to(self.Ke.ravel(), keep.shape)[keep]
-        self.rows, self.cols = rows[keep].astype(np.int32), cols[keep].astype(np.int32)
+        local, self.cell, self.ke, self.rows, self.cols = free_entries(cells, free, n, self.Ke)
         self.n_free, self.f = free.size, f[free]
         self.local = local
         self.n_cells = cells.shape[0]
@@ -520,16 +529,10 @@ class Structural:
             raise ValueError(f"load must be 'traction' or 'nodal', not {load!r}")
         fixed = np.repeat(points[:, 0] < tol, 3)
         free = np.flatnonzero(~fixed)
-        number = np.full(3 * n, -1, np.int64)
-        number[free] = np.arange(free.size)
-        local = number[(3 * cells[:, :, None] + np.arange(3)).reshape(-1, 24)]  # (m, 24)
-        a, b = np.meshgrid(np.arange(24), np.arange(24), indexing="ij")
-        rows, cols = local[:, a.ravel()], local[:, b.ravel()]   # (m, 576)
-        keep = (rows >= 0) & (cols >= 0)
-        self.cell = np.nonzero(keep)[0].astype(np.int32)
+        dofs = (3 * cells[:, :, None] + np.arange(3)).reshape(-1, 24)
         self.Ke = elasticity(dx, dy, dz)
-        self.ke = np.broadcast_to(self.Ke.ravel(), keep.shape)[keep]
-        self.rows, self.cols = rows[keep].astype(np.int32), cols[keep].astype(np.int32)
+        local, self.cell, self.ke, self.rows, self.cols = free_entries(dofs, free, 3 * n,
+                                                                       self.Ke)
         self.n_free, self.f = free.size, f.ravel()[free]
         self.local, self.n_cells, self.n_nodes = local, cells.shape[0], n
 
