@@ -580,8 +580,9 @@ class AMG(AbstractPreconditioner):
         u = sd.linalg.solve(K, f, solver="cg", preconditioner=amg, tol=1e-8)
 
     On a 3-D HEX8 cantilever of 24 x 12 x 24 cells (23,400 unknowns) CG
-    takes about 200 steps with `"amg"` and few tens with the rigid-body
-    modes (see the guide "Linear solves").
+    to 1e-10 takes 242 steps with `"amg"` and 33 with the rigid-body modes,
+    as many as pyamg with the same smoothing (see the guide "Linear
+    solves").
 
     (`sd.linalg.AMG`. Internally: one V-cycle per application, see
     `sciad.solvers.iterative._amg`; the registered record,
