@@ -208,11 +208,73 @@ def random_density(nx: int, ny: int, nz: int = 1, seed: int = 0) -> np.ndarray:
     return np.clip(rho, 0.05, 0.95).astype(np.float32)
 
 
-class Thermal:
+class _Simp:
+    """What the two tasks share once a mesh is built (`cell`, `ke`, `rows`,
+    `cols` of the element-matrix entries between free degrees of freedom,
+    `local`, `Ke`, `n_free`, the load `f`): the SIMP law `LOW + (HIGH -
+    LOW) clip(rho, 0, 1)^P` per cell, the solution and the compliance
+    `f . u` as sciad functions, and SciPy's `spsolve` with the adjoint by
+    hand (compliance is self-adjoint: `dC/drho_e = -law'(rho_e) u_e . Ke
+    u_e`)."""
+
+    LOW = HIGH = 0.0
+
+    def law(self, rho):
+        """The per-cell coefficient of `rho` (sciad's or NumPy's arrays)."""
+        import sciad.numpy as snp
+
+        return self.LOW + (self.HIGH - self.LOW) * snp.clip(rho, 0.0, 1.0) ** P
+
+    # --- sciad ---
+
+    def solution(self, rho):
+        """The solution at the free degrees of freedom (the others are 0), a
+        sciad function of the per-cell density."""
+        import sciad as sd
+
+        A = sd.sparse.coo_matrix((self.law(rho)[self.cell] * self.ke, (self.rows, self.cols)),
+                                 shape=(self.n_free, self.n_free), tags=["spd"])
+        return sd.linalg.solve(A, self.f)
+
+    def compliance(self, rho):
+        """`C(rho) = f . u`, a sciad function of the per-cell density."""
+        import sciad.numpy as snp
+
+        return snp.dot(self.f, self.solution(rho))
+
+    # --- SciPy, and its gradient by hand ---
+
+    def scipy_matrix(self, rho):
+        """`(K(rho) on the free degrees of freedom, CSC, clip(rho, 0, 1))`."""
+        import scipy.sparse as sp
+
+        r = np.clip(np.asarray(rho, np.float64), 0.0, 1.0)
+        k = self.LOW + (self.HIGH - self.LOW) * r ** P
+        return sp.coo_matrix((k[self.cell] * self.ke, (self.rows, self.cols)),
+                             shape=(self.n_free, self.n_free)).tocsc(), r
+
+    def scipy_value_and_grad(self, rho, grad: bool = True):
+        import scipy.sparse.linalg as spla
+
+        A, r = self.scipy_matrix(rho)
+        u = spla.spsolve(A, self.f)
+        C = float(self.f @ u)
+        if not grad:
+            return C, None
+        ue = np.where(self.local >= 0, u[np.maximum(self.local, 0)], 0.0)  # (m, dofs)
+        energy = np.einsum("ma,ab,mb->m", ue, self.Ke, ue)
+        rho = np.asarray(rho)
+        dk = (self.HIGH - self.LOW) * P * r ** (P - 1) * ((rho >= 0) & (rho <= 1))
+        return C, -dk * energy
+
+
+class Thermal(_Simp):
     """One mesh of the task: what every call shares (built once, O(cells)
     index arrays): the free nodes, the load on them, and for each stored
     entry of the element matrices between two free nodes its cell, its
     element-matrix entry and its (row, column) among the free nodes."""
+
+    LOW, HIGH = K_MIN, K_MAX
 
     def __init__(self, nx: int, ny: int | None = None, lz: float | None = None):
         self.nx, self.ny = nx, ny or max(1, nx // 2)
@@ -237,47 +299,8 @@ class Thermal:
         self.dy, self.dz = dy, dz
 
     def temperature(self, rho):
-        """The temperature at the free nodes (the others are 0), a sciad
-        function of the per-cell density."""
-        import sciad as sd
-        import sciad.numpy as snp
-
-        k = K_MIN + (K_MAX - K_MIN) * snp.clip(rho, 0.0, 1.0) ** P
-        A = sd.sparse.coo_matrix((k[self.cell] * self.ke, (self.rows, self.cols)),
-                                 shape=(self.n_free, self.n_free), tags=["spd"])
-        return sd.linalg.solve(A, self.f)
-
-    # --- sciad ---
-
-    def compliance(self, rho):
-        """`C(rho)`, a sciad function of the per-cell density."""
-        import sciad.numpy as snp
-
-        return snp.dot(self.f, self.temperature(rho))
-
-    # --- SciPy, and its gradient by hand ---
-
-    def scipy_matrix(self, rho):
-        """`(K(rho) on the free nodes, CSC, clip(rho, 0, 1))` by SciPy."""
-        import scipy.sparse as sp
-
-        r = np.clip(np.asarray(rho, np.float64), 0.0, 1.0)
-        k = K_MIN + (K_MAX - K_MIN) * r ** P
-        return sp.coo_matrix((k[self.cell] * self.ke, (self.rows, self.cols)),
-                             shape=(self.n_free, self.n_free)).tocsc(), r
-
-    def scipy_value_and_grad(self, rho, grad: bool = True):
-        import scipy.sparse.linalg as spla
-
-        A, r = self.scipy_matrix(rho)
-        T = spla.spsolve(A, self.f)
-        C = float(self.f @ T)
-        if not grad:
-            return C, None
-        Tc = np.where(self.local >= 0, T[np.maximum(self.local, 0)], 0.0)  # (m, 8)
-        energy = np.einsum("ma,ab,mb->m", Tc, self.Ke, Tc)
-        dk = (K_MAX - K_MIN) * P * r ** (P - 1) * ((np.asarray(rho) >= 0) & (np.asarray(rho) <= 1))
-        return C, -dk * energy
+        """The temperature at the free nodes (the others are 0)."""
+        return self.solution(rho)
 
 
 # ---------------------------------------------------------------------------
@@ -494,7 +517,7 @@ def elasticity(dx: float, dy: float, dz: float, nu: float = NU) -> np.ndarray:
     return K
 
 
-class Structural:
+class Structural(_Simp):
     """One mesh of Mosaic's `structural_mesh` task (see the module
     docstring): `nx x ny x nz` HEX8 cells on
     `[0, 2] x [0, 1] x [0, 1]` (Mosaic's numbering, `nz = nx // 2` unless
@@ -507,6 +530,8 @@ class Structural:
     built once: the free degrees of freedom, the load on them, and for each
     entry of the element matrices between two free ones its cell, its value
     and its (row, column)."""
+
+    LOW, HIGH = E_MIN, E_MAX
 
     def __init__(self, nx: int, ny: int = 2, nz: int | None = None, corner: bool = False,
                  load: str = "traction"):
@@ -535,48 +560,6 @@ class Structural:
                                                                        self.Ke)
         self.n_free, self.f = free.size, f.ravel()[free]
         self.local, self.n_cells, self.n_nodes = local, cells.shape[0], n
-
-    def modulus(self, rho):
-        """`E(rho)`, SIMP, the density clipped to [0, 1] (as FEniCS's
-        solver does; it keeps `K` positive definite off the box)."""
-        import sciad.numpy as snp
-
-        return E_MIN + (E_MAX - E_MIN) * snp.clip(rho, 0.0, 1.0) ** P
-
-    def displacement(self, rho):
-        """The displacement at the free degrees of freedom, a sciad function
-        of the per-cell density."""
-        import sciad as sd
-
-        A = sd.sparse.coo_matrix((self.modulus(rho)[self.cell] * self.ke, (self.rows, self.cols)),
-                                 shape=(self.n_free, self.n_free), tags=["spd"])
-        return sd.linalg.solve(A, self.f, solver="auto")
-
-    def compliance(self, rho):
-        """`C(rho) = f . u`, a sciad function of the per-cell density."""
-        import sciad.numpy as snp
-
-        return snp.dot(self.f, self.displacement(rho))
-
-    # --- SciPy, and its gradient by hand ---
-
-    def scipy_value_and_grad(self, rho, grad: bool = True):
-        import scipy.sparse as sp
-        import scipy.sparse.linalg as spla
-
-        rho = np.asarray(rho, np.float64)
-        r = np.clip(rho, 0.0, 1.0)
-        E = E_MIN + (E_MAX - E_MIN) * r ** P
-        A = sp.coo_matrix((E[self.cell] * self.ke, (self.rows, self.cols)),
-                          shape=(self.n_free, self.n_free)).tocsc()
-        u = spla.spsolve(A, self.f)
-        C = float(self.f @ u)
-        if not grad:
-            return C, None
-        ue = np.where(self.local >= 0, u[np.maximum(self.local, 0)], 0.0)  # (m, 24)
-        energy = np.einsum("ma,ab,mb->m", ue, self.Ke, ue)
-        dE = (E_MAX - E_MIN) * P * r ** (P - 1) * ((rho >= 0) & (rho <= 1))
-        return C, -dE * energy
 
 
 def structural_agreement() -> list[dict]:

@@ -118,7 +118,7 @@ def test_thermal_source_and_identification_gradients_match_central_differences(t
     problem, (rho, src, target, kmax, p) = tm._setup(inp)
 
     def err(r, s):
-        return float(tm._programs(problem, True)["apply"](r, s, target, kmax, p)[1])
+        return float(tm._programs(problem)["apply"](r, s, target, kmax, p)[1])
 
     for name, x, g in (("rho", rho, v["rho"][:32]), ("source", src, v["source"][:32])):
         d = rng.standard_normal(32)
@@ -165,7 +165,7 @@ def test_thermal_prescribed_temperatures_are_lifted(thermal):
     tm = THERMAL_API
     problem, (r, s, target, kmax, p) = tm._setup(inp)
     d = rng.standard_normal(32)
-    f = tm._programs(problem, True)["apply"]
+    f = tm._programs(problem)["apply"]
     fd = (float(f(r + 1e-6 * d, np.zeros(32), target, kmax, p)[0])
           - float(f(r - 1e-6 * d, np.zeros(32), target, kmax, p)[0])) / 2e-6
     assert abs(fd - g @ d) <= 1e-4 * abs(fd)

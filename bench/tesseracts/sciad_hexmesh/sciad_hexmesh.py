@@ -44,6 +44,7 @@ from collections import OrderedDict
 from typing import NamedTuple
 
 import numpy as np
+import scipy.sparse as sp
 
 #: the corners of the reference cube in VTK's hexahedron order
 CORNERS = np.array([[-1, -1, -1], [1, -1, -1], [1, 1, -1], [-1, 1, -1],
@@ -159,7 +160,7 @@ class HexProblem:
         same = bool(np.allclose(rel, rel[:1], rtol=0.0, atol=1e-9 * np.ptp(points)))
         Ke, vol = element_matrices(X[:1] if same else X, c, nu)
         self.Ke = Ke                                  # (1 or m, 8c, 8c)
-        self.volume = np.broadcast_to(vol, (m,)) if same else vol
+        volume = np.broadcast_to(vol, (m,)) if same else vol
         dofs = (cells[:, :, None] * c + np.arange(c)).reshape(m, 8 * c)   # (m, 8c)
 
         # Dirichlet: every component of a marked node, at its group's value
@@ -177,16 +178,17 @@ class HexProblem:
         rows, cols = local[:, a.ravel()], local[:, b.ravel()]
         keep = (rows >= 0) & (cols >= 0)
         self.cell = np.nonzero(keep)[0].astype(np.int32)
-        self.entry = (np.nonzero(keep)[1] if same else np.flatnonzero(keep)).astype(np.int64)
+        # (each stored entry's unit-material value: of the one element matrix,
+        # or of its cell's)
+        flat = Ke.reshape(Ke.shape[0], -1)
+        self.ke = flat[0][np.nonzero(keep)[1]] if same else flat.ravel()[np.flatnonzero(keep)]
         self.rows, self.cols = rows[keep].astype(np.int32), cols[keep].astype(np.int32)
-        self.free, self.u_d, self.dofs, self.local = free, u_d, dofs, local
+        self.free, self.u_d = free, u_d
 
         # the Neumann load on boundary faces, and the lifting of u_d
         self.f_n = self._neumann(points, cells, bc.get("neumann"))
         self.lift = None
         if np.any(u_d != 0):
-            import scipy.sparse as sp
-
             ud = u_d[dofs]                                          # (m, 8c)
             per = np.einsum("eij,ej->ei", np.broadcast_to(Ke, (m,) + Ke.shape[1:]), ud)
             ok = local >= 0
@@ -194,13 +196,9 @@ class HexProblem:
                                       shape=(free.size, m))
         # a node's lumped source (heat): s_e V_e / 8 to each node of cell e
         if c == 1:
-            import scipy.sparse as sp
-
             self.source_map = sp.csr_matrix(
-                (np.repeat(self.volume / 8.0, 8), (cells.ravel(), np.repeat(np.arange(m), 8))),
+                (np.repeat(volume / 8.0, 8), (cells.ravel(), np.repeat(np.arange(m), 8))),
                 shape=(n, m))[free]
-        import scipy.sparse as sp
-
         self.embed = sp.csr_matrix((np.ones(free.size), (free, np.arange(free.size))),
                                    shape=(n * c, free.size))
 
@@ -236,9 +234,7 @@ class HexProblem:
 
         E = material.e_min + (material.e_max - material.e_min) * \
             snp.clip(rho, 0.0, 1.0) ** material.p
-        ke = self.Ke.reshape(self.Ke.shape[0], -1)
-        values = E[self.cell] * (ke[0][self.entry] if ke.shape[0] == 1 else
-                                 ke.ravel()[self.entry])
+        values = E[self.cell] * self.ke
         A = sd.sparse.coo_matrix((values, (self.rows, self.cols)),
                                  shape=(self.free.size,) * 2, tags=["spd"])
         b = self.f_n[self.free]

@@ -60,11 +60,11 @@ def _setup(inputs: dict):
     m = problem.n_cells
     rho = active(inputs["rho"], m)
     source = np.asarray(inputs.get("source", np.zeros(1)), np.float64).ravel()
-    source = source[:m] if source.size >= m else None  # (the default: no source)
+    source = source[:m] if source.size >= m else np.zeros(m)  # (the default: no source)
     target = np.asarray(inputs.get("target_temperature", np.zeros(1)), np.float64).ravel()
     target = target[:min(target.size, problem.n_nodes)]
-    return problem, (rho, source, target, float(inputs.get("k_max", HEAT.e_max)),
-                     float(inputs.get("p_exp", HEAT.p)))
+    return problem, (rho, source, target, np.float64(inputs.get("k_max", HEAT.e_max)),
+                     np.float64(inputs.get("p_exp", HEAT.p)))
 
 
 def _outputs(problem, rho, source, target, k_max, p_exp):
@@ -75,13 +75,11 @@ def _outputs(problem, rho, source, target, k_max, p_exp):
     return problem.compliance(T), err
 
 
-def _programs(problem, with_source: bool) -> dict:
+def _programs(problem) -> dict:
     """The compiled programs of a mesh (built on first use, kept with it)."""
-    cache = problem.__dict__.setdefault("_programs", {})
-    if with_source not in cache:
+    if "_programs" not in problem.__dict__:
         def run(rho, source, target, k_max, p_exp):
-            return _outputs(problem, rho, source if with_source else None, target, k_max,
-                            p_exp)
+            return _outputs(problem, rho, source, target, k_max, p_exp)
 
         def vjp(rho, source, target, k_max, p_exp, ct):
             def loss(r, s):
@@ -93,22 +91,16 @@ def _programs(problem, with_source: bool) -> dict:
             return sd.jvp(lambda r, s: run(r, s, target, k_max, p_exp), (rho, source),
                           (drho, dsource))[1]
 
-        cache[with_source] = {"apply": sd.function(run), "vjp": sd.function(vjp),
-                              "jvp": sd.function(jvp)}
-    return cache[with_source]
-
-
-def _args(problem, rho, source, target, k_max, p_exp):
-    s = source if source is not None else np.zeros(problem.n_cells)
-    return rho, s, target, np.float64(k_max), np.float64(p_exp)
+        problem._programs = {"apply": sd.function(run), "vjp": sd.function(vjp),
+                             "jvp": sd.function(jvp)}
+    return problem._programs
 
 
 @float64
 def apply(inputs: InputSchema) -> OutputSchema:
     """The thermal compliance and identification error of `inputs`."""
-    problem, (rho, source, target, k_max, p_exp) = _setup(inputs.model_dump())
-    run = _programs(problem, source is not None)["apply"]
-    C, err = run(*_args(problem, rho, source, target, k_max, p_exp))
+    problem, args = _setup(inputs.model_dump())
+    C, err = _programs(problem)["apply"](*args)
     return {"thermal_compliance": np.float32(C), "identification_error": np.float32(err)}
 
 
@@ -119,11 +111,10 @@ def vector_jacobian_product(inputs: InputSchema, vjp_inputs: set[str], vjp_outpu
     `vjp_outputs`."""
     check_names("thermal-mesh", vjp_inputs, vjp_outputs, DIFFERENTIABLE_INPUTS, OUTPUTS)
     d = inputs.model_dump()
-    problem, (rho, source, target, k_max, p_exp) = _setup(d)
+    problem, args = _setup(d)
     ct = np.array([float(np.asarray(cotangent_vector.get(k, 0.0))) if k in vjp_outputs else 0.0
                    for k in OUTPUTS])
-    g_rho, g_src = _programs(problem, True)["vjp"](
-        *_args(problem, rho, source, target, k_max, p_exp), ct)
+    g_rho, g_src = _programs(problem)["vjp"](*args, ct)
     sizes = {"rho": np.size(d["rho"]), "source": np.size(d["source"])}
     out = {}
     if "rho" in vjp_inputs:
@@ -138,14 +129,13 @@ def jacobian_vector_product(inputs: InputSchema, jvp_inputs: set[str], jvp_outpu
                             tangent_vector: dict[str, Any]) -> dict[str, Any]:
     """Tangents of `jvp_outputs` from those of `jvp_inputs`."""
     check_names("thermal-mesh", jvp_inputs, jvp_outputs, DIFFERENTIABLE_INPUTS, OUTPUTS)
-    problem, (rho, source, target, k_max, p_exp) = _setup(inputs.model_dump())
+    problem, args = _setup(inputs.model_dump())
     m = problem.n_cells
     tangents = []
     for k in DIFFERENTIABLE_INPUTS:
         t = np.asarray(tangent_vector[k], np.float64).ravel() if k in jvp_inputs else None
         tangents.append(np.zeros(m) if t is None or t.size < m else t[:m])
-    dC, dE = _programs(problem, True)["jvp"](*_args(problem, rho, source, target, k_max, p_exp),
-                                            *tangents)
+    dC, dE = _programs(problem)["jvp"](*args, *tangents)
     out = {"thermal_compliance": np.float32(dC), "identification_error": np.float32(dE)}
     return {k: out[k] for k in jvp_outputs}
 
