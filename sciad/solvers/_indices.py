@@ -171,19 +171,25 @@ def _ell_layout(pattern, transpose: bool) -> tuple[np.ndarray, np.ndarray] | Non
 
 
 def _ell(pattern, transpose: bool):
-    """`_ell_layout` as cached device index arrays, or None."""
+    """`(pos, cols, (n, w))`: `_ell_layout` as device index arrays (each
+    cached as an index array: the host layout is not kept), or None; made
+    once per pattern and direction."""
     key = "ell transposed" if transpose else "ell"
-    layout = _cache.cached(pattern, "index arrays", key + " layout",
-                           lambda: _ell_layout(pattern, transpose))
-    if layout is None:
-        return None
-    pos, cols = layout
-    # (a structurally symmetric pattern's transpose has its columns: one
-    # constant for both)
-    cols_key = "ell cols" if transpose and pattern.is_structurally_symmetric() \
-        else key + " cols"
-    return (cached_index(pattern, key + " pos", lambda: pos),
-            cached_index(pattern, cols_key, lambda: cols), pos.shape)
+
+    def make():
+        layout = _ell_layout(pattern, transpose)
+        if layout is None:
+            return None
+        pos, cols = layout
+        # (a structurally symmetric pattern's transpose has its columns: one
+        # constant for both)
+        cols_key = "ell cols" if transpose and pattern.is_structurally_symmetric() \
+            else key + " cols"
+        return (cached_index(pattern, key + " pos", lambda: pos),
+                cached_index(pattern, cols_key, lambda: cols), pos.shape)
+
+    # (nbytes 0: the arrays are counted as the index arrays they are)
+    return _cache.cached(pattern, "index arrays", key, make, nbytes=0)
 
 
 def pattern_matmul(pattern, data, x, transpose: bool = False):

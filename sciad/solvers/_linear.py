@@ -263,15 +263,15 @@ def requested(solver, preconditioner, *, tags: frozenset, partition=None, op=Non
     krylov = "cg" if "spd" in tags else "gmres"
     if partition is not None and solver == "auto":  # (a sharded solve is a Krylov one)
         solver = krylov
+    # (a name or a configured record: known, or refused here)
+    pre = None if preconditioner is None else \
+        lookup(preconditioner, "preconditioner", op=op, what="preconditioner")
     if solver == "amg":
-        if preconditioner is not None and preconditioner != "amg" \
-                and getattr(preconditioner, "name", None) != "amg":
+        if pre is not None and pre.name != "amg":
             raise InvalidOptionError(f"solver='amg' is preconditioned by 'amg', got "
                                      f"preconditioner={preconditioner!r}; name a Krylov "
                                      "solver ('cg', 'gmres') to use another.", op=op)
         solver, preconditioner = krylov, preconditioner or "amg"
-    if preconditioner is not None:  # (a name or a configured record: known, or refused here)
-        lookup(preconditioner, "preconditioner", op=op, what="preconditioner")
     return solver, preconditioner
 
 

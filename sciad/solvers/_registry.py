@@ -67,8 +67,7 @@ def lookup(name, family: str = "linear", *, op: str | None = None, what: str = "
     `InvalidOptionError` listing the known ones. A record itself (one
     configured by its arguments, as `sd.linalg.AMG(near_null_space=B)`) of
     that family is its own record."""
-    if not isinstance(name, str) and getattr(name, "family", None) == family \
-            and isinstance(name, tuple({type(r) for r in _RECORDS.get(family, {}).values()})):
+    if isinstance(name, tuple({type(r) for r in _RECORDS.get(family, {}).values()})):
         return name
     record = _RECORDS.get(family, {}).get(name) if isinstance(name, str) else None
     if record is None:

@@ -71,7 +71,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ... import _cache
-from ...errors import NotSupportedError, ShapeError
+from ...errors import InvalidOptionError, NotSupportedError, ShapeError
 from .._host import host_call, release_host_heap
 from .._indices import (cached_index, pattern_cols, pattern_matmul, pattern_rows,
                         segment_sum, take)
@@ -290,14 +290,16 @@ def build_structure(shape, indptr, indices, max_coarse: int = MAX_COARSE,
     return Structure(tuple(levels), (n, indptr, cols))
 
 
-def structure(pattern) -> Structure:
-    """`build_structure` of a sciad `Pattern`, kept in sciad's analysis cache
-    per pattern (and the current `MAX_COARSE`, `MAX_LEVELS`; at most
-    `MAX_PATTERNS` patterns')."""
+def structure(pattern, candidates: np.ndarray | None = None, block_size: int = 1,
+              key=None) -> Structure:
+    """`build_structure` of a sciad `Pattern` (with `candidates`, a near-null
+    space of nodes of `block_size` unknowns, identified by `key`), kept in
+    sciad's analysis cache per pattern and candidates (and the current
+    `MAX_COARSE`, `MAX_LEVELS`; at most `MAX_PATTERNS` of them)."""
     return _cache.cached(
-        _cache.GLOBAL, "amg structure", (pattern, MAX_COARSE, MAX_LEVELS),
+        _cache.GLOBAL, "amg structure", (pattern, MAX_COARSE, MAX_LEVELS, key),
         lambda: build_structure(pattern.shape, pattern.indptr, pattern.indices, MAX_COARSE,
-                                MAX_LEVELS), limit=MAX_PATTERNS)
+                                MAX_LEVELS, candidates, block_size), limit=MAX_PATTERNS)
 
 
 # ---------------------------------------------------------------------------
@@ -511,20 +513,17 @@ def vcycle(s: Structure, arrays, a, v, *, transpose: bool = False, pattern=None)
     `transpose`): `x ~ op(A)^-1 v`. `a`: the finest level's values;
     `pattern`: its pattern (the one `s` was built from), if at hand."""
     levels = [(lv.n, lv.nc, _level_indices(lv, k, pattern)) for k, lv in enumerate(s.levels)]
-
-    def spmv(vals, rows, cols, n_out, x, transpose=False):
-        if vals is a and pattern is not None:  # (the finest level: the solve's own product)
-            return pattern_matmul(pattern, a, x, transpose)
-        return _spmv(vals, rows, cols, n_out, x, transpose)
-
-    return cycle(levels, arrays, a, v, spmv, transpose=transpose)
+    # (the finest level's product: the solve's own, `pattern_matmul`)
+    fine = None if pattern is None else \
+        (lambda x: pattern_matmul(pattern, a, x, transpose))
+    return cycle(levels, arrays, a, v, _spmv, transpose=transpose, fine=fine)
 
 
-def cycle(levels, arrays, a, v, spmv, *, transpose: bool = False):
+def cycle(levels, arrays, a, v, spmv, *, transpose: bool = False, fine=None):
     """The V-cycle of `vcycle` on levels given as `(n, nc, (rows, cols,
     p_rows, p_cols))` each, their products `spmv(vals, rows, cols, n_out,
-    x, transpose)`; `arrays` as `Structure.layout` lays them out for
-    `len(levels)` smoothed levels."""
+    x, transpose)` (the finest level's `fine(x)` where given); `arrays` as
+    `Structure.layout` lays them out for `len(levels)` smoothed levels."""
     nl = len(levels)
     weights, ps, values = arrays[:nl], arrays[nl:2 * nl], arrays[2 * nl:3 * nl - 1]
     cinv = arrays[-1]
@@ -538,6 +537,8 @@ def cycle(levels, arrays, a, v, spmv, *, transpose: bool = False):
         vals, w, p = mats[level], weights[level], ps[level]
 
         def mat(x):
+            if level == 0 and fine is not None:
+                return fine(x)
             return spmv(vals, rows, cols, n, x, transpose)
 
         x = w * b  # pre-smoothing from zero
@@ -594,8 +595,6 @@ class AMG(AbstractPreconditioner):
     where = "host"
 
     def __init__(self, near_null_space=None, *, block_size: int = 1):
-        from ...errors import InvalidOptionError
-
         op = "linalg.AMG"
         if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
                 or block_size < 1:
@@ -642,13 +641,7 @@ class AMG(AbstractPreconditioner):
 
     def structure(self, pattern) -> Structure:
         """The aggregation of `pattern` (with this near-null space)."""
-        if self.near_null_space is None:
-            return structure(pattern)
-        b = self.near_null_space
-        return _cache.cached(
-            _cache.GLOBAL, "amg structure", (pattern, MAX_COARSE, MAX_LEVELS, self._key),
-            lambda: build_structure(pattern.shape, pattern.indptr, pattern.indices, MAX_COARSE,
-                                    MAX_LEVELS, b, self.block_size), limit=MAX_PATTERNS)
+        return structure(pattern, self.near_null_space, self.block_size, self._key)
 
     def rejects(self, *, matrix: str, pattern=None, shown: str = ""):
         if matrix != "sparse":
