@@ -45,14 +45,16 @@ def _hex8_stiffness(nu: float = 0.3) -> np.ndarray:
     return K
 
 
-def _cantilever(shape=(8, 4, 4), seed=0):
-    """`(K, f, points_free, B)`: a HEX8 cantilever clamped at x = 0 with a
-    moderately varying modulus, its free unknowns' rigid-body modes."""
+def _cantilever(shape=(8, 4, 4), seed=0, moduli=None):
+    """`(K, f, B)`: a HEX8 cantilever clamped at x = 0 with a moderately
+    varying modulus per cell (or `moduli`), its free unknowns' rigid-body
+    modes."""
     nodes = np.arange(np.prod([s + 1 for s in shape])).reshape([s + 1 for s in shape])
     cells = np.stack([nodes[tuple(slice(c, c + s) for c, s in zip(o, shape))].ravel()
                       for o in itertools.product((0, 1), repeat=3)], axis=1)
     dofs = (3 * cells[:, :, None] + np.arange(3)).reshape(len(cells), 24)
-    E = np.random.default_rng(seed).uniform(0.3, 1.0, len(cells))
+    E = np.random.default_rng(seed).uniform(0.3, 1.0, len(cells)) if moduli is None \
+        else np.asarray(moduli, float)
     Ke = _hex8_stiffness()
     a, b = np.meshgrid(np.arange(24), np.arange(24), indexing="ij")
     n = 3 * nodes.size
@@ -177,3 +179,41 @@ def test_bad_near_null_spaces_are_refused():
         sd.linalg.AMG(np.zeros((2, 3, 4)))
     with pytest.raises(InvalidOptionError, match="solver='amg' is preconditioned by 'amg'"):
         sd.linalg.solve(sd.sparse.from_scipy(K), f, solver="amg", preconditioner="jacobi")
+
+
+
+def _on_pattern(K, C) -> np.ndarray:
+    """The values of the sparse matrix `C` at the stored entries of `K` (0
+    where `C` has none; `C`'s entries lie within `K`'s pattern)."""
+    n = K.shape[1]
+    rows = np.repeat(np.arange(K.shape[0]), np.diff(K.indptr))
+    keys = rows * n + K.indices
+    c = C.tocoo()
+    out = np.zeros(K.nnz)
+    np.add.at(out, np.searchsorted(keys, c.row * n + c.col), c.data)
+    return out
+
+
+def test_rules_through_cg_with_the_rigid_body_modes():
+    """check_rules through a CG solve preconditioned by AMG with the
+    rigid-body modes, the matrix a function of the per-cell moduli (a
+    symmetric matrix for every modulus), without second order and
+    batching."""
+    import sciad.numpy as snp
+
+    shape = (4, 2, 2)
+    K, f, B = _cantilever(shape, moduli=np.ones(int(np.prod(shape))))
+    m = int(np.prod(shape))
+    # column e: the stored values of K with a unit modulus in cell e alone
+    M = np.stack([_on_pattern(K, _cantilever(shape, moduli=np.eye(m)[e])[0])
+                  for e in range(m)], axis=1)
+    E = np.random.default_rng(3).uniform(0.5, 1.0, m)
+    np.testing.assert_allclose(M @ np.ones(m), K.data, rtol=1e-12,
+                               atol=1e-12 * np.abs(K.data).max())
+    pre = sd.linalg.AMG(B, block_size=3)
+
+    def solve(E, b):
+        A = sd.sparse.csr_matrix((snp.matmul(M, E), K.indices, K.indptr), shape=K.shape)
+        return sd.linalg.solve(A, b, solver="cg", preconditioner=pre, tol=1e-12)
+
+    sd.testing.check_rules(solve, E, f, rtol=1e-5, second_order=False, batch=False)
