@@ -12,6 +12,7 @@ f_fast = sd.function(f)    # compiled by XLA, cached per input signature
 `import sciad.fem`: `import sciad` loads neither it nor scikit-fem.
 """
 
+from . import _startup  # (before anything imports JAX)
 from . import _traceback
 from . import config as config, errors as errors, graph as graph, primitives as primitives
 from . import numpy as numpy

@@ -25,6 +25,19 @@ sciad leaves the switch as it is. With x64 off, sciad still computes in
 float64 (inside JAX's scoped `jax.enable_x64(True)` around each call), but
 its float64 results become float32 as soon as JAX code outside sciad
 touches them.
+
+Large constants (see docs/guide/performance.md, "Large constants"): a
+program that holds a large array (a mesh's index maps, the scatter index of
+a sparse pattern) should pass it to the executable as a buffer made once,
+not copy it into the program's text, the compiler and the executable. JAX
+does so with `jax_use_simplified_jaxpr_constants` (its coming default),
+which it reads when it is first imported: importing sciad before JAX turns
+it on, for arrays over 1 KiB (smaller ones stay in the text, where the
+compiler may fold them: `jax_embedded_constants_max_bytes`, 32 bytes by
+JAX's default). If JAX was imported first, set `JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1`
+in the environment. Your choice wins: with that variable set (to
+anything), or `SCIAD_HOIST_CONSTANTS=0`, sciad leaves the switches alone.
+`constants_policy` says what decided.
 """
 
 from __future__ import annotations
@@ -37,7 +50,7 @@ import weakref
 
 import jax
 
-from . import _cache
+from . import _cache, _startup
 
 enable_checks: bool  # a property of this module (see `_Config`), False at first
 analysis_cache_budget: int  # a property of this module (see `_Config`)
@@ -158,3 +171,8 @@ def _x64_at_import() -> str:
 x64_policy: str = _x64_at_import()
 """How JAX's x64 mode was set when sciad was imported, as a sentence (e.g.
 "on: turned on when sciad was imported")."""
+
+constants_policy: str = _startup.policy
+"""How JAX's handling of large constants was set when sciad was imported,
+as a sentence (e.g. "on: turned on when sciad was imported", or "off: JAX
+was imported before sciad; ...")."""

@@ -12,8 +12,6 @@ lowered to get hierarchies of three or four levels."""
 
 from __future__ import annotations
 
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,6 +24,7 @@ import sciad.numpy as snp
 from sciad.errors import (ConvergenceError, InvalidOptionError, NonFiniteError,
                           NotSupportedError, StructureError)
 from sciad.solvers import lookup, names
+from program_constants import array_constants
 from sciad.solvers.iterative import _amg as amg
 
 
@@ -245,16 +244,6 @@ def test_jax_vmap_over_right_hand_sides_of_a_to_jax_solve():
     assert amg.setup_count() == n0 + 1
 
 
-def _constants(hlo: str, dtype: str) -> list[str]:
-    """The printed values of the array constants of `dtype` with over 100 entries."""
-    out = []
-    for value, shape in re.findall(r'stablehlo.constant dense<("0x[0-9A-F]+")> : '
-                                   r'tensor<([0-9x]+)x' + dtype + '>', hlo):
-        if np.prod([int(d) for d in shape.split("x")]) > 100:
-            out.append(value)
-    return out
-
-
 def test_index_arrays_enter_the_program_once_as_int32():
     # every index array (A's rows and columns, its transpose's permutation,
     # each level's) is one int32 constant, whatever number of products,
@@ -265,9 +254,10 @@ def test_index_arrays_enter_the_program_once_as_int32():
     loss = _squares_loss(A, solver="cg", preconditioner="amg", tol=1e-12)
     f = jax.jit(sd.to_jax(sd.value_and_grad(loss)))
     with jax.enable_x64(True):
-        hlo = f.lower(jnp.asarray(A.data), jnp.asarray(b)).as_text()
-    i32 = _constants(hlo, "i32")
-    assert _constants(hlo, "i64") == []
+        lowered = f.lower(jnp.asarray(A.data), jnp.asarray(b))
+    consts = array_constants(lowered)
+    assert [c for c in consts if c[0] == "i64"] == []
+    i32 = [c for c in consts if c[0] == "i32"]
     assert len(i32) == len(set(i32)) >= 4  # A's rows and cols; each level's P
 
 

@@ -364,11 +364,45 @@ def test_float64_results_stay_float64_after_import():
     assert out == ["False", "float64"], out
 
 
+def test_large_constants_are_executable_arguments_not_program_text(rng):
+    # a program holding a 200,000-entry index map (a mesh's) lowers to a
+    # short text: the map is one argument the executable reads (JAX's
+    # hoisting, which importing sciad turns on), shared by its two readers
+    import os
+
+    if not any(k in os.environ for k in ("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS",
+                                         "SCIAD_HOIST_CONSTANTS")):
+        assert sd.config.constants_policy.startswith("on")
+        assert jax.config.jax_use_simplified_jaxpr_constants
+    n, m = 1000, 200_000
+    index = rng.integers(0, n, m)
+    weights = rng.standard_normal(m)
+
+    def f(x):
+        y = x[index] * weights
+        return snp.sum(y * x[index])
+
+    fn = sd.function(f)
+    x = rng.standard_normal(n)
+    text = fn.lower(x).as_text()
+    assert len(text) < 100_000, len(text)  # (the map alone: 3.2 MB of text)
+    assert text.count("jax.const = true") == 2  # index and weights, each once
+    np.testing.assert_allclose(float(fn(x)), np.sum(x[index] ** 2 * weights), rtol=1e-12)
+    # with the environment's choice, JAX's setting is kept
+    code = ("import jax, sciad as sd\n"
+            "print(jax.config.jax_use_simplified_jaxpr_constants, "
+            "sd.config.constants_policy.split(':')[0])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=_env(SCIAD_HOIST_CONSTANTS="0"), check=True).stdout.split()
+    assert out == ["False", "kept"], out
+
+
 def _env(**extra):
     import os
 
     env = {k: v for k, v in os.environ.items()
-           if k not in ("SCIAD_ENABLE_X64", "JAX_ENABLE_X64")}
+           if k not in ("SCIAD_ENABLE_X64", "JAX_ENABLE_X64", "SCIAD_HOIST_CONSTANTS",
+                        "JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS")}
     env.update(extra)
     return env
 

@@ -31,6 +31,7 @@ from .. import errors as _errors
 from .._traceback import api_boundary
 from ..config import x64_scope
 from ..errors import DTypeError, LoweringError, MissingRuleError, SciadError, ShapeError, reraise
+from . import _passes
 from ._core import Graph, Node
 from ._interpret import Interpreter, node_error
 from ._print import format_node
@@ -133,6 +134,7 @@ class LowerInterpreter(Interpreter):
         super().__init__(graph)
         self.outer = tuple(held)
         self.held: list = []
+        self.large: dict = {}  # equal large constants -> their one JAX value
 
     def run(self, *args) -> list:
         self.held = list(self.outer)
@@ -143,10 +145,18 @@ class LowerInterpreter(Interpreter):
         # A large constant goes through an optimization barrier: XLA does not
         # fold what reads it at compile time (a sparse matrix's captured
         # values scattered onto its pattern: 1.6 s to compile at 128^2
-        # unknowns, against 0.5 s with the values an argument; 0.24 s so)
-        v = jnp.asarray(lit.value)
-        if v.size >= LARGE_LITERAL:
-            v = jax.lax.optimization_barrier(v)
+        # unknowns, against 0.5 s with the values an argument; 0.24 s so).
+        # Equal large constants (one constant read by several nodes, or two
+        # equal ones) become one JAX value: one buffer the executable reads
+        # (sciad has JAX hoist large constants: `sciad.config`), and one the
+        # compiler sees is shared (a solve and its adjoint of one
+        # right-hand side)
+        if np.size(lit.value) < LARGE_LITERAL:
+            return jnp.asarray(lit.value)
+        key = _passes.literal_key(lit)
+        v = self.large.get(key)
+        if v is None:
+            v = self.large[key] = jax.lax.optimization_barrier(jnp.asarray(lit.value))
         return v
 
     def run_node(self, node: Node, invals: Sequence[Any]) -> Sequence[Any]:

@@ -264,6 +264,12 @@ class _LiteralKey:
                 and np.array_equal(self._bytes, other._bytes))
 
 
+def literal_key(lit: Literal) -> "_LiteralKey":
+    """A dict key under which two constants are equal only if their types and
+    bytes are (the lowering shares one JAX value among equal large ones)."""
+    return _LiteralKey(lit)
+
+
 def _atom_key(a: Atom):
     if isinstance(a, Var):
         return a
