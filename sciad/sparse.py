@@ -45,6 +45,7 @@ from .primitives._sparse_sharded import RowPartition, row_partition, sharded_mat
 
 __all__ = [
     "SparseArray", "SparseType", "Pattern", "issparse", "csr_matrix", "coo_matrix",
+    "assemble_elements",
     "from_scipy", "from_dense", "sample", "sddmm", "matmul", "transpose", "diagonal", "todense", "data",
     "with_data", "astype", "jacobian_sparsity", "jacobian", "RowPartition", "row_partition",
     "sharded_matmul",
@@ -180,6 +181,159 @@ def coo_matrix(arg, shape=None, *, tags: Iterable[str] = ()):
                          f"{row.size}.", op=op)
     pattern, dest = Pattern.from_coo(shape, row, col)
     return _assemble(data, pattern, dest, _tags(tags, op), op)
+
+
+#: how many element index maps (`assemble_elements`) are kept, the least
+#: recently used dropped first
+ELEMENT_MAPS_CACHED = 4
+
+
+def _element_dofs(dofs, op: str) -> tuple[np.ndarray, np.ndarray]:
+    """`(row_dofs, col_dofs)`, each `(m, k)` int64, from `dofs`: one array
+    (square elements) or a pair."""
+    pair = isinstance(dofs, tuple)
+    if pair and len(dofs) != 2:
+        raise ShapeError(f"`dofs` is one (m, k) array or a pair (row_dofs, col_dofs), got a "
+                         f"tuple of {len(dofs)}.", op=op)
+    out = []
+    for name, d in zip(("row_dofs", "col_dofs") if pair else ("dofs",),
+                       dofs if pair else (dofs,)):
+        if isinstance(d, Tracer):
+            raise DTypeError(f"`{name}` must be static (NumPy integers known when the "
+                             "function is traced); only `values` may be a traced value.",
+                             op=op)
+        a = np.asarray(d)
+        if a.ndim != 2:
+            raise ShapeError(f"`{name}` must be an (elements, dofs per element) array, got "
+                             f"shape {a.shape}.", op=op)
+        if a.size and a.dtype.kind not in "iu":
+            raise DTypeError(f"`{name}` must hold integers, got dtype {a.dtype}.", op=op)
+        out.append(a.astype(np.int64, copy=False))
+    rows, cols = (out[0], out[0]) if not pair else out
+    if rows.shape[0] != cols.shape[0]:
+        raise ShapeError(f"`row_dofs` has {rows.shape[0]} elements, `col_dofs` "
+                         f"{cols.shape[0]}.", op=op)
+    return rows, cols
+
+
+def _element_map(shape, rows: np.ndarray, cols: np.ndarray):
+    """`(pattern, index)`: the pattern of every `(rows[e, a], cols[e, b])`
+    with both non-negative, and the `IndexMap` from the flattened `(m, k,
+    l)` element values to its entries (-1 for a dropped one). Kept by a
+    digest of the dofs (`ELEMENT_MAPS_CACHED` of them)."""
+    import hashlib
+
+    from . import _cache
+
+    digest = hashlib.blake2b(digest_size=16)
+    for a in (rows, cols):
+        digest.update(np.ascontiguousarray(a).tobytes())
+    key = (tuple(shape), rows.shape, cols.shape, digest.digest())
+
+    def make():
+        m, k = rows.shape
+        l = cols.shape[1]
+        r = np.broadcast_to(rows[:, :, None], (m, k, l)).reshape(-1)
+        c = np.broadcast_to(cols[:, None, :], (m, k, l)).reshape(-1)
+        keep = (r >= 0) & (c >= 0)
+        everything = bool(keep.all())
+        if not everything:
+            r, c = r[keep], c[keep]
+        pattern, dest = Pattern._from_coo_uncached(tuple(shape), r, c)
+        del r, c
+        if not everything:
+            full = np.full(keep.size, -1, np.int64)
+            full[keep] = dest
+            dest = full
+        return pattern, IndexMap(dest)
+
+    return _cache.cached(_cache.GLOBAL, "element index map", key, make,
+                         limit=ELEMENT_MAPS_CACHED)
+
+
+def assemble_elements(values, dofs, shape=None, *, tags: Iterable[str] = ()):
+    """A sparse matrix summed from dense element matrices, as a finite-element
+    code assembles its stiffness matrix: `A[dofs[e, a], dofs[e, b]] +=
+    values[e, a, b]` for every element `e`, an entry whose degree of freedom
+    is negative dropped (a constrained one, eliminated).
+
+    The pattern and the map from element entries to stored entries are made
+    once per `dofs` (kept by a digest of it, a few meshes at a time) and
+    read as one index array by the program: what the user holds is `dofs`,
+    `(elements, k)` integers, not the `k * k` coordinates per element that
+    `coo_matrix` takes. The derivative with respect to `values` is a gather
+    of the matrix's cotangent, `(elements, k, k)`.
+
+    **Arguments:**
+
+    - `values`: `(m, k, k)` element matrices (`(m, k, l)` with a pair of
+      dofs), traced or concrete; integers become float64.
+    - `dofs`: static `(m, k)` integers: the global row and column of each
+      element's local degrees of freedom, negative for one to drop; or a
+      pair `(row_dofs, col_dofs)` of `(m, k)` and `(m, l)` arrays for
+      rectangular element matrices.
+    - `shape`: `(n, n')`; by default one past the largest row and column.
+    - `tags`: as `csr_matrix`'s (`"spd"` for a stiffness matrix).
+
+    **Returns:**
+
+    A sparse matrix (traced inside a trace, a `SparseArray` outside).
+
+    ```python
+    import numpy as np, sciad as sd, sciad.numpy as snp
+
+    # two triangles on four nodes; node 0 is held fixed (its rows dropped)
+    cells = np.array([[0, 1, 2], [1, 3, 2]])
+    dofs = np.where(cells == 0, -1, cells - 1)
+    Ke = np.array([[1.0, -0.5, -0.5], [-0.5, 0.5, 0.0], [-0.5, 0.0, 0.5]])
+
+    def total(k):  # k: one coefficient per element
+        K = sd.sparse.assemble_elements(k[:, None, None] * Ke, dofs, tags=["spd"])
+        return snp.sum(sd.linalg.solve(K, np.ones(3)))
+
+    sd.function(total)(np.array([1.0, 2.0]))
+    # 10.2
+    sd.grad(total)(np.array([1.0, 2.0]))
+    # [-9.04, -0.58]
+    ```
+    """
+    op = "sparse.assemble_elements"
+    rows, cols = _element_dofs(dofs, op)
+    m, k, l = rows.shape[0], rows.shape[1], cols.shape[1]
+    data = _data_nd(values, op)
+    if tuple(data.shape) != (m, k, l):
+        raise ShapeError(f"`values` must have shape (elements, k, l) = {(m, k, l)} for these "
+                         f"dofs, got {tuple(data.shape)}.", op=op)
+    if shape is None:
+        shape = (int(rows.max()) + 1 if rows.size else 0,
+                 int(cols.max()) + 1 if cols.size else 0)
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 2 or (rows.size and rows.max() >= shape[0]) \
+            or (cols.size and cols.max() >= shape[1]):
+        raise ShapeError(f"`shape` {shape} does not hold the dofs (largest row "
+                         f"{int(rows.max()) if rows.size else -1}, column "
+                         f"{int(cols.max()) if cols.size else -1}).", op=op)
+    pattern, index = _element_map(shape, rows, cols)
+    tags = _tags(tags, op)
+    _check_tags(pattern, tags, op)
+    flat = snp.reshape(data, (m * k * l,))
+    return assemble(flat, pattern, None if _is_identity(index, pattern) else index, tags)
+
+
+def _is_identity(index: IndexMap, pattern: Pattern) -> bool:
+    a = index.array
+    return a.size == pattern.nnz and bool(np.array_equal(a, np.arange(pattern.nnz)))
+
+
+def _data_nd(data, op: str):
+    """`values` of `assemble_elements`: a traced or concrete numeric array,
+    integers and booleans as float64."""
+    d = data if isinstance(data, Tracer) else snp.asarray(data)
+    if np.dtype(d.dtype).kind not in "fciub":
+        raise DTypeError(f"`values` must be numeric, got {d.dtype}.", op=op)
+    if np.dtype(d.dtype).kind in "iub":
+        d = snp.astype(d, np.float64)
+    return d
 
 
 def from_scipy(M, *, tags: Iterable[str] = ()):

@@ -57,18 +57,26 @@ def _frozen(a) -> bool:
 
 
 class IndexMap:
-    """A static, read-only int64 index array used as a param (hashable by content)."""
+    """A static, read-only integer index array used as a param (hashable by
+    content): int32 where its entries fit (an assembly map of 8.4e6 entries
+    is 34 MB, not 67), else int64. Entries are positions, or -1 (none)."""
 
-    __slots__ = ("array", "_key", "_padded", "_inverse", "__weakref__")
+    __slots__ = ("array", "_key", "_inverse", "__weakref__")
 
     def __init__(self, array):
-        a = np.asarray(array, dtype=np.int64).ravel()
-        if not _frozen(a):  # (a read-only one, as `Pattern.from_coo` gives, is shared)
+        a = np.asarray(array).ravel()
+        if a.dtype.kind not in "iu":
+            a = a.astype(np.int64)
+        small = a.size == 0 or (a.min() >= np.iinfo(np.int32).min
+                                and a.max() <= np.iinfo(np.int32).max)
+        want = np.int32 if small else np.int64
+        if a.dtype != want:
+            a = a.astype(want)
+        elif not _frozen(a):  # (a read-only one, as `Pattern.from_coo` gives, is shared)
             a = a.copy()
-            a.setflags(write=False)
+        a.setflags(write=False)
         self.array = a
         self._key = hashlib.blake2b(a.tobytes(), digest_size=8).hexdigest()
-        self._padded: dict[int, np.ndarray] = {}
         self._inverse: dict[int, np.ndarray | None] = {}
 
     def __len__(self) -> int:
@@ -87,11 +95,9 @@ class IndexMap:
     __repr__ = __str__
 
     def padded(self, size: int) -> np.ndarray:
-        """The indices with `-1` replaced by `size` (one past the end)."""
-        out = self._padded.get(size)
-        if out is None:
-            out = self._padded[size] = np.where(self.array < 0, size, self.array)
-        return out
+        """The indices with `-1` replaced by `size` (one past the end): a new
+        array each call (the program reads `device(size)`, kept)."""
+        return np.where(self.array < 0, size, self.array)
 
     def device(self, size: int):
         """`padded(size)` as an int32 `(k, 1)` device array, made once (the
@@ -105,8 +111,8 @@ class IndexMap:
         if size not in self._inverse:
             a, inv = self.array, None
             if a.size == size and (size == 0 or (a.min() >= 0 and a.max() < size)):
-                inv = np.full(size, -1, np.int64)
-                inv[a] = np.arange(size)
+                inv = np.full(size, -1, a.dtype)
+                inv[a] = np.arange(size, dtype=a.dtype)
                 if (inv < 0).any():
                     inv = None
             self._inverse[size] = inv
