@@ -15,9 +15,10 @@ definition (`mosaic/benchmarks/problems/thermal_mesh/physics.py`,
 `shared/mesh.py`: its node and cell numbering, so its per-cell fields mean
 the same cells).
 
-sciad's program: the matrix's values `k_e Ke[a, b]` traced on a pattern
-fixed per mesh (`sd.sparse.coo_matrix`: the duplicate entries of
-neighbouring cells summed by a map made once), the Dirichlet nodes
+sciad's program: the element matrices `k_e Ke` traced, summed onto a
+pattern fixed per mesh (`sd.sparse.assemble_elements` with each cell's
+nodes numbered among the free ones: the pattern and the map from element
+entries to stored ones made once per mesh), the Dirichlet nodes
 eliminated, the solve tagged `spd` (`solver="auto"`), `C = f . T`; its
 gradient by `sd.value_and_grad` (the adjoint of the solve, sciad's rule).
 SciPy's: `scipy.sparse.coo_matrix(...).tocsr()`, `spsolve`, and the gradient
@@ -96,6 +97,7 @@ positive definite where the gradient check's largest steps leave the box.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -183,21 +185,26 @@ def conductance(dx: float, dy: float, dz: float) -> np.ndarray:
     return sum(dx * dy * dz / 8.0 * B @ B.T for B in brick_gradients(dx, dy, dz))
 
 
-def free_entries(dofs: np.ndarray, free: np.ndarray, n: int, Ke: np.ndarray):
-    """`(local, cell, ke, rows, cols)`: each cell's degrees of freedom
-    numbered among the `free` ones of `n` (`local`, -1 where fixed), and for
-    each entry of the element matrices between two free ones its cell, its
-    value in `Ke` and its (row, column) among the free ones (int32)."""
+def free_numbering(dofs: np.ndarray, free: np.ndarray, n: int) -> np.ndarray:
+    """Each cell's degrees of freedom numbered among the `free` ones of `n`,
+    -1 where fixed: `(m, k)`, what sciad's assembly takes."""
     number = np.full(n, -1, np.int64)
     number[free] = np.arange(free.size)
-    local = number[dofs]                                        # (m, k), -1: fixed
-    k = dofs.shape[1]
+    return number[dofs]
+
+
+def free_entries(local: np.ndarray, Ke: np.ndarray):
+    """`(cell, ke, rows, cols)`: for each entry of the element matrices
+    between two free degrees of freedom (`local`, as `free_numbering`
+    gives), its cell, its value in `Ke` and its (row, column) among the free
+    ones (int32): the COO coordinates SciPy's assembly takes."""
+    k = local.shape[1]
     a, b = np.meshgrid(np.arange(k), np.arange(k), indexing="ij")
     rows, cols = local[:, a.ravel()], local[:, b.ravel()]       # (m, k^2)
     keep = (rows >= 0) & (cols >= 0)
     cell = np.nonzero(keep)[0].astype(np.int32)
     ke = np.broadcast_to(Ke.ravel(), keep.shape)[keep]
-    return local, cell, ke, rows[keep].astype(np.int32), cols[keep].astype(np.int32)
+    return cell, ke, rows[keep].astype(np.int32), cols[keep].astype(np.int32)
 
 
 def random_density(nx: int, ny: int, nz: int = 1, seed: int = 0) -> np.ndarray:
@@ -209,9 +216,9 @@ def random_density(nx: int, ny: int, nz: int = 1, seed: int = 0) -> np.ndarray:
 
 
 class _Simp:
-    """What the two tasks share once a mesh is built (`cell`, `ke`, `rows`,
-    `cols` of the element-matrix entries between free degrees of freedom,
-    `local`, `Ke`, `n_free`, the load `f`): the SIMP law `LOW + (HIGH -
+    """What the two tasks share once a mesh is built (`local`, each cell's
+    degrees of freedom numbered among the free ones, -1 where fixed; the
+    element matrix `Ke`; `n_free`; the load `f`): the SIMP law `LOW + (HIGH -
     LOW) clip(rho, 0, 1)^P` per cell, the solution and the compliance
     `f . u` as sciad functions, and SciPy's `spsolve` with the adjoint by
     hand (compliance is self-adjoint: `dC/drho_e = -law'(rho_e) u_e . Ke
@@ -232,8 +239,8 @@ class _Simp:
         sciad function of the per-cell density."""
         import sciad as sd
 
-        A = sd.sparse.coo_matrix((self.law(rho)[self.cell] * self.ke, (self.rows, self.cols)),
-                                 shape=(self.n_free, self.n_free), tags=["spd"])
+        A = sd.sparse.assemble_elements(self.law(rho)[:, None, None] * self.Ke, self.local,
+                                        shape=(self.n_free, self.n_free), tags=["spd"])
         return sd.linalg.solve(A, self.f)
 
     def compliance(self, rho):
@@ -244,13 +251,20 @@ class _Simp:
 
     # --- SciPy, and its gradient by hand ---
 
+    @functools.cached_property
+    def coo(self):
+        """`(cell, ke, rows, cols)` of the element-matrix entries between free
+        degrees of freedom (`free_entries`), made on SciPy's first call."""
+        return free_entries(self.local, self.Ke)
+
     def scipy_matrix(self, rho):
         """`(K(rho) on the free degrees of freedom, CSC, clip(rho, 0, 1))`."""
         import scipy.sparse as sp
 
         r = np.clip(np.asarray(rho, np.float64), 0.0, 1.0)
         k = self.LOW + (self.HIGH - self.LOW) * r ** P
-        return sp.coo_matrix((k[self.cell] * self.ke, (self.rows, self.cols)),
+        cell, ke, rows, cols = self.coo
+        return sp.coo_matrix((k[cell] * ke, (rows, cols)),
                              shape=(self.n_free, self.n_free)).tocsc(), r
 
     def scipy_value_and_grad(self, rho, grad: bool = True):
@@ -270,9 +284,8 @@ class _Simp:
 
 class Thermal(_Simp):
     """One mesh of the task: what every call shares (built once, O(cells)
-    index arrays): the free nodes, the load on them, and for each stored
-    entry of the element matrices between two free nodes its cell, its
-    element-matrix entry and its (row, column) among the free nodes."""
+    index arrays): the free nodes, the load on them, and each cell's 8
+    nodes numbered among the free ones."""
 
     LOW, HIGH = K_MIN, K_MAX
 
@@ -291,9 +304,8 @@ class Thermal(_Simp):
         np.add.at(f, right.ravel(), float(qn) * dy * dz / 4.0)
         free = np.flatnonzero(~fixed)
         self.Ke = conductance(dx, dy, dz)
-        local, self.cell, self.ke, self.rows, self.cols = free_entries(cells, free, n, self.Ke)
+        self.local = free_numbering(cells, free, n)
         self.n_free, self.f = free.size, f[free]
-        self.local = local
         self.n_cells = cells.shape[0]
         self.free, self.n_nodes, self.points, self.qn = free, n, points, qn
         self.dy, self.dz = dy, dz
@@ -527,9 +539,8 @@ class Structural(_Simp):
     over the face's nodes (`load="nodal"`, TopOpt.jl's), or (`corner=True`)
     `+z` on the one face quad at the corner y = 0, z = 0 (each of its four
     nodes `F/4`, the same in both conventions). What every call shares is
-    built once: the free degrees of freedom, the load on them, and for each
-    entry of the element matrices between two free ones its cell, its value
-    and its (row, column)."""
+    built once: the free degrees of freedom, the load on them, and each
+    cell's 24 degrees of freedom numbered among the free ones."""
 
     LOW, HIGH = E_MIN, E_MAX
 
@@ -556,10 +567,9 @@ class Structural(_Simp):
         free = np.flatnonzero(~fixed)
         dofs = (3 * cells[:, :, None] + np.arange(3)).reshape(-1, 24)
         self.Ke = elasticity(dx, dy, dz)
-        local, self.cell, self.ke, self.rows, self.cols = free_entries(dofs, free, 3 * n,
-                                                                       self.Ke)
+        self.local = free_numbering(dofs, free, 3 * n)
         self.n_free, self.f = free.size, f.ravel()[free]
-        self.local, self.n_cells, self.n_nodes = local, cells.shape[0], n
+        self.n_cells, self.n_nodes = cells.shape[0], n
 
 
 def structural_agreement() -> list[dict]:
@@ -671,7 +681,8 @@ def _child(tool: str, nx: int, repeats: int, task_name: str = "thermal") -> dict
     `nx x 2 x nx/2` with the full-face load), in this process."""
     from _harness import reset_peak, status_mb
 
-    import jax
+    import sciad  # noqa: F401  (before JAX, as sciad's guides import it: JAX then passes
+    import jax    # large constants to the executable, `sciad.config.constants_policy`)
 
     jax.config.update("jax_enable_x64", True)
     base = status_mb("VmRSS")

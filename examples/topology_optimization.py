@@ -7,10 +7,10 @@ the compliance and its gradient. A design `x` (one density per element, in
 `H_ij = max(0, r - |c_i - c_j|)` a SciPy sparse matrix built once, applied
 in the program as a constant `sd.sparse` matrix); each element's Young's
 modulus is `E(rho) = Emin + rho^p (E0 - Emin)` (E0 = 1, Emin = 1e-9, p = 3,
-Poisson's ratio 0.3). The stiffness matrix's stored values are the per-element
-moduli times the unit element matrix's entries, scattered with
-`sd.sparse.coo_matrix` onto a pattern computed once (the entries between two
-free degrees of freedom: the supports are eliminated), tagged `spd`; the
+Poisson's ratio 0.3). The stiffness matrix is the per-element moduli times
+the unit element matrix, summed by `sd.sparse.assemble_elements` onto a
+pattern computed once from each element's degrees of freedom numbered among
+the free ones (the supports' rows and columns dropped), tagged `spd`; the
 compliance is `c = f . K(rho)^-1 f`. `sd.value_and_grad` gives its gradient
 with sciad's rule for the sparse solve, no hand adjoint: the adjoint solve
 `K^T lambda = f` of an `spd` matrix with the forward solve's right-hand side
@@ -140,17 +140,11 @@ class Problem:
         free = np.flatnonzero(~fixed)
         number = np.full(ndof, -1, np.int64)
         number[free] = np.arange(free.size)
-        local = number[edofs]                                        # (elements, 8 or 24)
-        n_loc = local.shape[1]
-        a, b = np.meshgrid(np.arange(n_loc), np.arange(n_loc), indexing="ij")
-        rows, cols = local[:, a.ravel()], local[:, b.ravel()]
-        keep = (rows >= 0) & (cols >= 0)
+        # each element's dofs numbered among the free ones (-1: a support)
+        self.local = number[edofs]                                   # (elements, 8 or 24)
         self.KE = element_stiffness(dim)
-        # each stored entry of the element matrices between free dofs: its
-        # element, its value for E = 1, its (row, column) among the free dofs
-        self.cell = np.nonzero(keep)[0].astype(np.int32)
-        self.ke = np.broadcast_to(self.KE.ravel(), keep.shape)[keep]
-        self.rows, self.cols = rows[keep].astype(np.int32), cols[keep].astype(np.int32)
+        # the element-matrix entries between two free dofs
+        self.n_entries = int(np.sum((self.local >= 0).sum(axis=1) ** 2))
         self.n_free, self.f, self.free, self.ndof = free.size, f[free], free, ndof
         self.edofs = edofs
         self.H, self.Hs = density_filter(shape, rmin)
@@ -168,8 +162,8 @@ class Problem:
 
     def stiffness(self, rho):
         E = EMIN + rho ** PENAL * (E0 - EMIN)
-        return sd.sparse.coo_matrix((E[self.cell] * self.ke, (self.rows, self.cols)),
-                                    shape=(self.n_free, self.n_free), tags=["spd"])
+        return sd.sparse.assemble_elements(E[:, None, None] * self.KE, self.local,
+                                           shape=(self.n_free, self.n_free), tags=["spd"])
 
 
 def density_filter(shape, rmin: float) -> tuple[sp.csr_matrix, np.ndarray]:
@@ -285,7 +279,7 @@ def optimize(problem: Problem, iters: int, say, label: str, every: int = 10,
 def run_2d(nx: int, ny: int, iters: int, say) -> dict:
     problem = Problem((nx, ny), "mbb", volfrac=0.5, rmin=2.0)
     say(f"2-D MBB beam: {nx} x {ny} quads, {problem.ndof} dofs ({problem.n_free} free), "
-        f"{problem.rows.size} element-matrix entries, volume fraction {problem.volfrac}, "
+        f"{problem.n_entries} element-matrix entries, volume fraction {problem.volfrac}, "
         f"filter radius 2")
     out = optimize(problem, iters, say, "2-D")
     out["problem"] = problem
@@ -295,7 +289,7 @@ def run_2d(nx: int, ny: int, iters: int, say) -> dict:
 def run_3d(nx: int, ny: int, nz: int, iters: int, say) -> dict:
     problem = Problem((nx, ny, nz), "cantilever", volfrac=0.12, rmin=1.5)
     say(f"3-D cantilever: {nx} x {ny} x {nz} = {problem.n_elem} hexahedra, {problem.ndof} "
-        f"dofs ({problem.n_free} free), {problem.rows.size} element-matrix entries, "
+        f"dofs ({problem.n_free} free), {problem.n_entries} element-matrix entries, "
         f"volume fraction {problem.volfrac}; CG + AMG (rigid-body modes) to rtol {RTOL_3D:g}")
     # the Taylor test on a small mesh of the same problem and solver (each of
     # its six evaluations is an OC step's solve on the full mesh)

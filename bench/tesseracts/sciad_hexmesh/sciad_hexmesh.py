@@ -14,10 +14,10 @@ turns them into one sciad program per mesh:
   translate of the first, as on Mosaic's structured meshes): the
   conductance `int grad N_a . grad N_b` (`components=1`), or the stiffness
   of isotropic linear elasticity with Young's modulus 1 (`components=3`);
-- the global pattern among the free degrees of freedom built once, each
-  stored entry's cell and element-matrix entry recorded, so a call traces
-  only `E(rho_e) Ke[a, b]` (`sd.sparse.coo_matrix`, duplicates summed by a
-  map made once) and solves it tagged `spd`;
+- each cell's degrees of freedom numbered among the free ones (-1 where
+  fixed), so a call traces only `E(rho_e) Ke` per cell, summed by
+  `sd.sparse.assemble_elements` (the pattern and the map from element
+  entries to stored ones made once per mesh), and solves it tagged `spd`;
 - the load: each boundary face (a cell face no other cell shares) whose
   four nodes are all in one Neumann group takes that group's flux or
   traction times the face's area, a quarter to each node (the surface
@@ -174,15 +174,7 @@ class HexProblem:
         number = np.full(n * c, -1, np.int64)
         number[free] = np.arange(free.size)
         local = number[dofs]                                       # (m, 8c), -1: fixed
-        a, b = np.meshgrid(np.arange(8 * c), np.arange(8 * c), indexing="ij")
-        rows, cols = local[:, a.ravel()], local[:, b.ravel()]
-        keep = (rows >= 0) & (cols >= 0)
-        self.cell = np.nonzero(keep)[0].astype(np.int32)
-        # (each stored entry's unit-material value: of the one element matrix,
-        # or of its cell's)
-        flat = Ke.reshape(Ke.shape[0], -1)
-        self.ke = flat[0][np.nonzero(keep)[1]] if same else flat.ravel()[np.flatnonzero(keep)]
-        self.rows, self.cols = rows[keep].astype(np.int32), cols[keep].astype(np.int32)
+        self.local = local  # (what sciad's assembly takes: the fixed rows dropped)
         self.free, self.u_d = free, u_d
 
         # the Neumann load on boundary faces, and the lifting of u_d
@@ -234,9 +226,8 @@ class HexProblem:
 
         E = material.e_min + (material.e_max - material.e_min) * \
             snp.clip(rho, 0.0, 1.0) ** material.p
-        values = E[self.cell] * self.ke
-        A = sd.sparse.coo_matrix((values, (self.rows, self.cols)),
-                                 shape=(self.free.size,) * 2, tags=["spd"])
+        A = sd.sparse.assemble_elements(E[:, None, None] * self.Ke, self.local,
+                                        shape=(self.free.size,) * 2, tags=["spd"])
         b = self.f_n[self.free]
         if source is not None:
             b = b + sd.sparse.from_scipy(self.source_map) @ source
