@@ -52,9 +52,10 @@ Run from the repository root:
 4. Cost over Mosaic's resolution sweep (nx = 16 ... 512, 1024 with
    `--big`): forward and value + gradient, medians after the first call,
    the first call (trace, compile, analysis), and the peak resident memory,
-   each (tool, nx) in a fresh process; sciad's time against SciPy's, and
-   Mosaic's published rows beside them (their hardware: GitHub Actions
-   runners, a Tesla T4 for the GPU solvers).
+   each (tool, nx) in a fresh process; sciad's time against SciPy's and
+   torch-fem's (where installed: `bench/_torchfem.py`), and Mosaic's
+   published rows beside them (their hardware: GitHub Actions runners, a
+   Tesla T4 for the GPU solvers).
 
 The structural task (`Structural`; `--task structural` runs it alone and
 keeps the file's thermal section): Mosaic's `structural_mesh`
@@ -90,8 +91,8 @@ positive definite where the gradient check's largest steps leave the box.
    100 without improvement (Mosaic uses no density filter and no OC/MMA
    update), beside Mosaic's published final compliance.
 8. Cost at Mosaic's sizes (N x 2 x N/2 cells, N = 4 ... 16) and ours (32,
-   64; 128 with `--big`), as for the thermal task, beside Mosaic's
-   published rows at N = 16.
+   64; 128 with `--big`), as for the thermal task (torch-fem's `Solid`
+   beside it), beside Mosaic's published rows at N = 16.
 """
 
 from __future__ import annotations
@@ -570,6 +571,7 @@ class Structural(_Simp):
         self.local = free_numbering(dofs, free, 3 * n)
         self.n_free, self.f = free.size, f.ravel()[free]
         self.n_cells, self.n_nodes = cells.shape[0], n
+        self.free, self.points = free, points
 
 
 def structural_agreement() -> list[dict]:
@@ -706,11 +708,11 @@ def _child(tool: str, nx: int, repeats: int, task_name: str = "thermal") -> dict
         jax.block_until_ready(fwd(inputs[0]))
         run_f = lambda x: jax.block_until_ready(fwd(x))  # noqa: E731
         run_vg = lambda x: jax.block_until_ready(vg(x))  # noqa: E731
-    elif tool == "torch-fem":  # (the thermal task: bench/_torchfem_thermal.py)
-        from _torchfem_thermal import TorchFemThermal
+    elif tool == "torch-fem":  # (bench/_torchfem.py)
+        from _torchfem import TorchFemStructural, TorchFemThermal
 
         t0 = time.perf_counter()
-        peer = TorchFemThermal(task)
+        peer = (TorchFemThermal if task_name == "thermal" else TorchFemStructural)(task)
         first = peer.value_and_grad(inputs[0])
         out["first_s"] = time.perf_counter() - t0 + setup
         run_f = lambda x: peer.value_and_grad(x, grad=False)  # noqa: E731
@@ -742,8 +744,7 @@ def _has_torchfem() -> bool:
 
 def cost(sizes, repeats: int, task: str = "thermal") -> list[dict]:
     rows = []
-    tools = ("sciad", "scipy") + (("torch-fem",) if task == "thermal" and _has_torchfem()
-                                  else ())
+    tools = ("sciad", "scipy") + (("torch-fem",) if _has_torchfem() else ())
     for nx in sizes:
         for tool in tools:
             reps = repeats if nx <= 256 else max(2, repeats // 2)
@@ -833,29 +834,37 @@ def render(agree, fd, costs, machine, argv, recov=()) -> str:
         s = by[("sciad", 1024)]
         out += [f"At nx = 1024: peak {s['peak_mb'] / 1024:.2f} GB (target <= 3 GB: "
                 f"{yes_no(s['peak_mb'] <= 3 * 1024)})."]
-    peers = sorted(nx for tool, nx in by if tool == "torch-fem")
-    if peers:
-        out += ["", "torch-fem (the peer, on this machine, in the same harness: its `SolidHeat` "
-                "with the SIMP-scaled conductivity as Mosaic's torch-fem solver builds it, its "
-                "default linear solver (direct below 10,000 unknowns, conjugate gradients with "
-                "algebraic multigrid above), the gradient by torch's autograd through its "
-                "implicit adjoint; `bench/_torchfem_thermal.py`). Its compliance against "
-                "sciad's on the same densities:", "",
-                "| nx | torch-fem fwd | torch-fem value+grad | vg sciad/torch-fem | torch-fem "
-                "first call | first sciad/torch-fem | peak torch-fem MB | C: relative "
-                "difference to sciad |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for nx in peers:
-            t, s = by[("torch-fem", nx)], by[("sciad", nx)]
-            out.append(f"| {nx} | {t['fwd_s']:.3g} | {t['vg_s']:.3g} | "
-                       f"{s['vg_s'] / t['vg_s']:.2f} | {t['first_s']:.3g} | "
-                       f"{s['first_s'] / t['first_s']:.2f} | {t['peak_mb']:.0f} | "
-                       f"{abs(t['C'] - s['C']) / abs(s['C']):.1e} |")
+    out += torchfem_rows(by, "its `SolidHeat` with the SIMP-scaled conductivity as Mosaic's "
+                         "torch-fem solver builds it", "nx")
     out += ["", "Mosaic's published rows for this task (its hardware: GitHub Actions runners, "
             "the GPU solvers on a Tesla T4, the CPU ones on a CPU node; forward + VJP, s):", "",
             "| solver | nx | forward | VJP |", "|---|---:|---:|---:|"]
     for (name, nx), (f, v) in PUBLISHED.items():
         out.append(f"| {name} | {nx} | {f} | {v} |")
     return "\n".join(out) + "\n"
+
+
+def torchfem_rows(by: dict, model: str, size: str) -> list[str]:
+    """The torch-fem table of a task's report (`by`: its cost rows by
+    `(tool, size)`), or nothing where torch-fem did not run."""
+    peers = sorted(nx for tool, nx in by if tool == "torch-fem")
+    if not peers:
+        return []
+    out = ["", f"torch-fem (the peer, on this machine, in the same harness: {model}, its "
+           "default linear solver (direct below 10,000 unknowns, conjugate gradients with "
+           "algebraic multigrid above), the gradient by torch's autograd through its "
+           "implicit adjoint; `bench/_torchfem.py`). Its compliance against sciad's on the "
+           "same densities:", "",
+           f"| {size} | torch-fem fwd | torch-fem value+grad | vg sciad/torch-fem | torch-fem "
+           "first call | first sciad/torch-fem | peak torch-fem MB | C: relative "
+           "difference to sciad |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for nx in peers:
+        t, s = by[("torch-fem", nx)], by[("sciad", nx)]
+        out.append(f"| {nx} | {t['fwd_s']:.3g} | {t['vg_s']:.3g} | "
+                   f"{s['vg_s'] / t['vg_s']:.2f} | {t['first_s']:.3g} | "
+                   f"{s['first_s'] / t['first_s']:.2f} | {t['peak_mb']:.0f} | "
+                   f"{abs(t['C'] - s['C']) / abs(s['C']):.1e} |")
+    return out
 
 
 STRUCTURAL_TITLE = "Mosaic's structural_mesh task: sciad against Mosaic's references and SciPy"
@@ -937,6 +946,8 @@ def render_structural(agree, fd, costs, opt, machine, argv) -> str:
                    f"{s['vg_s']:.3g} | {p['fwd_s']:.3g} | {p['vg_s']:.3g} | "
                    f"{s['vg_s'] / p['vg_s']:.2f} | {s['first_s']:.3g} | {p['first_s']:.3g} | "
                    f"{s['peak_mb']:.0f} | {p['peak_mb']:.0f} |")
+    out += torchfem_rows(by, "its `Solid` with an `IsotropicElasticity3D` material whose "
+                         "stiffness tensor is scaled per cell by the SIMP factor", "N")
     out += ["", "Mosaic's published rows for this task (its results page, v0.2.0: GitHub "
             "Actions runners, GPU-capable solvers on a Tesla T4 node, the CPU-only ones "
             "(deal.II, FEniCS, Firedrake) on a CPU node; seconds; VJP: the backward pass), "

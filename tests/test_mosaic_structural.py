@@ -59,3 +59,24 @@ def test_topopt_lowers_the_compliance_and_keeps_the_volume(mosaic):
     assert res["final"] < 0.8 * res["initial"]
     assert abs(res["final_vol"] - 0.5) < 5e-3
     assert np.all((res["rho"] >= 1e-3) & (res["rho"] <= 1.0))
+
+
+@pytest.mark.parametrize("which", ["thermal", "structural"])
+def test_the_torchfem_peer_computes_the_same_compliance(mosaic, monkeypatch, which):
+    # the peer bench/mosaic.py times (where torch-fem is installed: it is not
+    # in the extras): the same value and gradient as sciad's program
+    pytest.importorskip("torchfem")
+    import os
+
+    monkeypatch.syspath_prepend(os.path.dirname(mosaic.__file__))
+    from _torchfem import TorchFemStructural, TorchFemThermal
+
+    task = mosaic.Thermal(16) if which == "thermal" else mosaic.Structural(6, 2, 3)
+    peer = (TorchFemThermal if which == "thermal" else TorchFemStructural)(task)
+    rho = np.clip(0.5 + 0.1 * np.random.default_rng(3).standard_normal(task.n_cells), 0.05, 0.95)
+    value, grad = peer.value_and_grad(rho)
+    want_value, want_grad = sd.function(sd.value_and_grad(task.compliance))(rho)
+    # (torch-fem's Newton iteration stops at a relative residual of 1e-8)
+    np.testing.assert_allclose(value, float(want_value), rtol=1e-7)
+    np.testing.assert_allclose(grad, np.asarray(want_grad), rtol=1e-6,
+                               atol=1e-8 * np.abs(want_grad).max())
