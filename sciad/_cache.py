@@ -81,7 +81,8 @@ def parse_bytes(value) -> int:
     return int(float(m.group(1)) * scale)
 
 
-def _si(n: int) -> str:
+def si(n: int) -> str:
+    """`n` bytes as text: "40.0 MiB", "512 B"."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
@@ -96,7 +97,7 @@ def _budget_from_env() -> int:
         return parse_bytes(text)
     except ValueError as e:
         warnings.warn(f"SCIAD_ANALYSIS_CACHE_BYTES={text!r} is not a number of bytes ({e}); "
-                      f"the analysis cache keeps its default budget of {_si(_DEFAULT_BUDGET)}. "
+                      f"the analysis cache keeps its default budget of {si(_DEFAULT_BUDGET)}. "
                       "Set it to e.g. 512MiB.", RuntimeWarning, stacklevel=2)
         return _DEFAULT_BUDGET
 
@@ -260,16 +261,16 @@ class CacheInfo:
     external: dict = field(default_factory=dict)
 
     def __str__(self) -> str:
-        lines = [f"analysis cache: {self.entries} entries, {_si(self.bytes)} of a "
-                 f"{_si(self.budget)} budget"]
+        lines = [f"analysis cache: {self.entries} entries, {si(self.bytes)} of a "
+                 f"{si(self.budget)} budget"]
         for kind, k in sorted(self.kinds.items()):
-            lines.append(f"  {kind:<28} {k.entries:>5} entries {_si(k.bytes):>10}"
+            lines.append(f"  {kind:<28} {k.entries:>5} entries {si(k.bytes):>10}"
                          f"{' (pinned)' if k.pinned else '':<9}  hits {k.hits}, made "
                          f"{k.misses}, dropped {k.drops}")
         for kind, d in sorted(self.external.items()):
             b = d.get("bytes")
             lines.append(f"  {kind:<28} {d.get('entries', 0):>5} entries "
-                         f"{_si(b) if b is not None else 'n/a':>10}  (kept by the library)")
+                         f"{si(b) if b is not None else 'n/a':>10}  (kept by the library)")
         return "\n".join(lines)
 
 

@@ -388,7 +388,7 @@ def test_math_is_rendered_as_mathml():
 _DOCSTRING_EXAMPLES = ("grad", "value_and_grad", "jvp", "vjp", "hvp", "jacfwd", "jacrev", "vmap",
                        "function", "to_jax", "linalg.solve", "optimize.root",
                        "optimize.minimize", "ode.odeint", "sparse.jacobian_sparsity",
-                       "sparse.jacobian", "sparse.assemble_elements", "show_config")
+                       "sparse.jacobian", "sparse.assemble_elements", "MemoryBudget", "show_config")
 
 
 @pytest.mark.parametrize("name", _DOCSTRING_EXAMPLES)

@@ -59,7 +59,7 @@ from ..graph._serialize import register_v1_migration
 from ..graph._sparsity import Deps, dense_all, value_shape
 from ..graph._trace import Tracer, _leaf_type, is_value_leaf, trace_flat
 from ._indexing import dynamic_update_slice_p
-from ._schedules import SCHEDULES, as_schedule, checkpoint_runs
+from ._schedules import SCHEDULES, MemoryBudget, as_schedule, checkpoint_runs
 from ._loop_adjoint import (assemble_cts, body_wrt, check_storable, check_zero_starts, ct_inits,
                             ct_plan, grouped_jvp, loop_body_jvp, loop_linearity, split_grouped,
                             step_vjp_graph, storable_primal_carries, transposed_step,
@@ -674,8 +674,9 @@ def scan(f: Callable, init, xs=None, length: int | None = None, reverse: bool = 
         still stacked in `xs`'s order).
     - `checkpoints`: None (reverse mode stores every step's residuals), an
         int `s` or `sd.Binomial(s)` (at most `s` stored carries, binomial
-        recomputation), or `sd.EveryK(k)` (every `k`-th carry stored, fewer
-        than `2 length` steps recomputed).
+        recomputation), `sd.EveryK(k)` (every `k`-th carry stored, fewer
+        than `2 length` steps recomputed), or `sd.MemoryBudget(ram=...)`
+        (the binomial schedule whose stored carries fit in `ram` bytes).
 
     **Returns:**
 
@@ -712,6 +713,8 @@ def scan(f: Callable, init, xs=None, length: int | None = None, reverse: bool = 
                              f"{lengths.pop()}.", op=op)
     x_types = [TensorType(t.shape[1:], t.dtype) for t in xs_types]
     nk = len(carry_types)
+    if isinstance(checkpoints, MemoryBudget):
+        checkpoints = checkpoints.schedule(sum(nbytes(t) for t in carry_types), length, op)
     y_tree: list = []
 
     def flat_body(*args):

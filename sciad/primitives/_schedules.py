@@ -3,7 +3,9 @@
 A loop's `checkpoints` param is None (store every step's residuals) or one
 of these: `Binomial(s)` (revolve: at most `s` stored carries, the fewest
 recomputed steps), `EveryK(k)` (a carry every `k` steps) and, for ODE
-solves, `Segments(s)`. A schedule gives its actions (`actions(length)`),
+solves, `Segments(s)`. A `MemoryBudget` given to a loop becomes one of them
+when the loop is traced (`MemoryBudget.schedule`): the carry's size is known
+then. A schedule gives its actions (`actions(length)`),
 which `checkpoint_runs` compiles into runs of plain loops (`_replay`).
 """
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _cache
 from ..errors import InvalidOptionError, ShapeError, plain
 from ..graph._serialize import register_param_type
 from ._replay import Runs, compile_runs
@@ -30,9 +33,12 @@ class Binomial:
     `snapshots` carries and recomputes the forward steps between them, the
     fewest recomputations any schedule with that many snapshots needs
     (Griewank and Walther). The gradient is the same as storing every step.
-    `sd.scan(..., checkpoints=s)` with an int `s` means `Binomial(s)`."""
+    `sd.scan(..., checkpoints=s)` with an int `s` means `Binomial(s)`.
+    `budget`: the bytes of the `MemoryBudget` it was chosen for, if any
+    (shown by `sd.cost`)."""
 
     snapshots: int
+    budget: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.snapshots, int) or isinstance(self.snapshots, bool) \
@@ -41,7 +47,9 @@ class Binomial:
                                      f"{plain(self.snapshots)}.", op="scan")
 
     def __str__(self) -> str:
-        return f"binomial({self.snapshots})"
+        if self.budget is None:
+            return f"binomial({self.snapshots})"
+        return f"binomial({self.snapshots}) for a {_cache.si(self.budget)} budget"
 
     def slots(self, length: int) -> int:
         """The carries stored at most, for `length` steps."""
@@ -109,6 +117,98 @@ class EveryK:
         return np.asarray(rows, np.int32).reshape(-1, 3)
 
 
+#: the fewest carries reverse mode through a checkpointed loop holds: one
+#: stored, the one a backward step works on, and a scratch one
+MIN_CARRIES = 3
+
+
+class MemoryBudget:
+    """How much memory reverse mode through a loop may use for the carries it
+    stores: `checkpoints=sd.MemoryBudget(ram="64MiB")` on `sd.scan`,
+    `sd.fori_loop` and `sd.while_loop` (with `max_steps`). When the loop is
+    traced, the budget becomes the schedule that recomputes the fewest
+    steps with the carries that fit: `Binomial(s)` whose `s` snapshots and
+    two working carries fit (`s` at most the number of steps: then each
+    step is recomputed once, for its residuals); for a `while_loop`, its `Segments` schedule where the
+    `s + ceil(max_steps / s) + 1` carries it holds fit (every step
+    recomputed at most twice), else `Binomial`. A budget that holds fewer
+    than three carries is refused when the loop is traced, saying the
+    minimum. The gradient is the same whatever the budget.
+
+    `sd.cost` shows the schedule chosen, the forward steps it recomputes and
+    the predicted peak (the stored carries and one step's own values,
+    which the budget does not include).
+
+    ```python
+    import numpy as np, sciad as sd, sciad.numpy as snp
+
+    def loss(u0):
+        def step(u, _):
+            return u + 0.1 * (snp.roll(u, 1) - u), None
+        u, _ = sd.scan(step, u0, length=100, checkpoints=sd.MemoryBudget(ram="40KiB"))
+        return snp.sum(u ** 2)
+
+    g = sd.grad(loss)(np.ones(1000))  # carries of 8 kB: 3 stored, 2 to work in
+    report = sd.cost(sd.grad(loss), np.ones(1000))
+    [row.note for row in report.rows if "budget" in row.note]
+    # ['100 steps, binomial(3) for a 40.0 KiB budget: 391 forward steps recomputed']
+    ```
+
+    **Arguments:**
+
+    - `ram`: bytes, an int or a string such as `"64MiB"`, `"2GB"`, `"1e9"`.
+    """
+
+    __slots__ = ("ram",)
+
+    def __init__(self, ram):
+        try:
+            value = _cache.parse_bytes(ram)
+        except (ValueError, TypeError) as e:
+            raise InvalidOptionError(f"`ram` must be a number of bytes (an int, or a string "
+                                     f"such as \"64MiB\"), got {plain(ram)}: {e}.",
+                                     op="MemoryBudget") from None
+        if value < 1:
+            raise InvalidOptionError(f"`ram` must be at least 1 byte, got {plain(ram)}.",
+                                     op="MemoryBudget")
+        object.__setattr__(self, "ram", value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a MemoryBudget is immutable")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, MemoryBudget) and other.ram == self.ram
+
+    def __hash__(self) -> int:
+        return hash((MemoryBudget, self.ram))
+
+    def __repr__(self) -> str:
+        return f"MemoryBudget(ram={_cache.si(self.ram)!r})"
+
+    def carries(self, carry_bytes: int, op: str, least: int = MIN_CARRIES) -> int:
+        """How many carries of `carry_bytes` fit; refuses a budget that holds
+        fewer than `least`."""
+        n = self.ram // max(int(carry_bytes), 1)
+        if n < least:
+            need = least * int(carry_bytes)
+            raise InvalidOptionError(
+                f"a memory budget of {_cache.si(self.ram)} holds {n} carr"
+                f"{'y' if n == 1 else 'ies'} of this loop ({_cache.si(int(carry_bytes))} "
+                f"each); reverse mode needs at least {least} (one stored, one it works in, "
+                f"one it recomputes into). Give at least ram={need} ({_cache.si(need)}): each "
+                "backward step then recomputes the loop from its start; a few times more "
+                "recomputes far less.", op=op)
+        return int(n)
+
+    def schedule(self, carry_bytes: int, length: int, op: str) -> "Binomial":
+        """The binomial schedule of a loop of `length` steps whose carry is
+        `carry_bytes`, with the most snapshots whose cells fit: `s` stored
+        carries take `s + 2` (the carry worked on, and one to recompute
+        into)."""
+        n = self.carries(carry_bytes, op)
+        return Binomial(max(1, min(n - 2, length)), budget=self.ram)
+
+
 @dataclass(frozen=True)
 class Segments:
     """Two-level checkpointing of a `while` loop over the steps it ran (a
@@ -132,7 +232,10 @@ class Segments:
         return f"segments({self.snapshots})"
 
 
-register_param_type(Binomial, "binomial", lambda b: b.snapshots, lambda s: Binomial(int(s)))
+register_param_type(Binomial, "binomial",
+                    lambda b: b.snapshots if b.budget is None else [b.snapshots, b.budget],
+                    lambda s: Binomial(int(s)) if isinstance(s, int)
+                    else Binomial(int(s[0]), budget=int(s[1])))
 register_param_type(Segments, "segments", lambda b: b.snapshots, lambda s: Segments(int(s)))
 register_param_type(EveryK, "every_k", lambda b: b.k, lambda k: EveryK(int(k)))
 
@@ -142,14 +245,15 @@ SCHEDULES = (Binomial, EveryK)
 
 def as_schedule(checkpoints, op: str):
     """`checkpoints` as a schedule param: None (store every step), a
-    `Binomial` or an `EveryK`."""
-    if checkpoints is None or isinstance(checkpoints, SCHEDULES):
+    `Binomial` or an `EveryK`; a `MemoryBudget` is passed on, for the loop
+    to resolve once it knows its carry (`MemoryBudget.schedule`)."""
+    if checkpoints is None or isinstance(checkpoints, (*SCHEDULES, MemoryBudget)):
         return checkpoints
     if isinstance(checkpoints, (int, np.integer)) and not isinstance(checkpoints, bool):
         return Binomial(int(checkpoints))
     raise InvalidOptionError(f"`checkpoints` must be None, an int (the number of stored carries), "
-                             f"`sd.Binomial(s)` or `sd.EveryK(k)`, got {plain(checkpoints)}.",
-                             op=op)
+                             f"`sd.Binomial(s)`, `sd.EveryK(k)` or `sd.MemoryBudget(ram=...)`, "
+                             f"got {plain(checkpoints)}.", op=op)
 
 
 @functools.lru_cache(maxsize=64)

@@ -43,7 +43,7 @@ from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NotSuppo
 from ..graph import Body, Graph, Param, Primitive, TensorType, Var, Zero
 from ..graph import instantiate, is_differentiable, is_linear, is_zero, lower
 from ..graph._autodiff import expansion_transpose, type_of, vjp_eval
-from ..graph._cost import Cost, steps_note
+from ..graph._cost import Cost, nbytes, steps_note
 from ..graph._batch import batch_body, batch_size_of, carry_fixed_point, front_where
 from ..graph._body import (as_body, dce_rule, hoist, hoist_rule, inline, layout, nonlinear_body,
                            trace_body)
@@ -59,7 +59,7 @@ from ._loop_adjoint import (assemble_cts, check_storable, check_zero_starts, ct_
 from ._loop_sparsity import loop_sparsity
 from ._map import map_rule
 from ._scan import Checkpointed, checkpointed_bwd, scan
-from ._schedules import SCHEDULES, Binomial, Segments, as_schedule
+from ._schedules import SCHEDULES, Binomial, MemoryBudget, Segments, as_schedule
 
 _tree = jax.tree_util
 
@@ -198,6 +198,33 @@ def _bounded_step(cond_body: Graph, body: Graph, nc: int) -> Graph:
     g, consts, _ = trace_body(step, [v.type for v in body.inputs], name=f"{body.name}_bounded")
     assert not consts, "a bounded step closes over nothing"
     return g
+
+
+def budget_schedule(budget: MemoryBudget, carry_bytes: int, max_steps: int, op: str):
+    """A bounded loop's schedule for `budget`: `Segments(s)` with the most
+    snapshots whose `s + ceil(max_steps / s) + 1` carries fit, where some
+    do; else `Binomial` over `max_steps` steps with the carries that fit
+    (fewer carries, more recomputation)."""
+    n = budget.carries(carry_bytes, op)
+    N = max(max_steps, 1)
+
+    def held(s):  # the snapshots, the longest segment's carries, the one worked on
+        return s + -(-N // s) + 1
+
+    # (held(s) is smallest near sqrt(N) and grows beyond it: the largest s
+    # that fits, by bisection above sqrt(N))
+    lo = max(1, math.isqrt(N))
+    lo = min((lo, lo + 1), key=held)
+    if held(lo) <= n:
+        hi = N
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if held(mid) <= n:
+                lo = mid
+            else:
+                hi = mid - 1
+        return Segments(lo)
+    return budget.schedule(carry_bytes, max_steps, op)
 
 
 def default_segments(max_steps: int) -> int:
@@ -623,7 +650,9 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
         checkpoint the loop as a scan of `max_steps` steps that stop
         changing the carry once `cond_fun` turns false: fewer stored
         carries, but a cost that grows with `max_steps`, not the steps run.
-        Needs `max_steps`.
+        `sd.MemoryBudget(ram=...)`: `Segments` with the most snapshots that
+        fit in `ram` bytes, or where none fit, the binomial schedule with
+        the carries that do. Needs `max_steps`.
 
     **Returns:**
 
@@ -647,6 +676,9 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
 
     leaves, tree = _tree.tree_flatten(init_val, is_leaf=is_value_leaf)
     types = _leaf_types(leaves, "a leaf of `init_val`")
+    if isinstance(checkpoints, MemoryBudget):
+        checkpoints = budget_schedule(checkpoints, sum(nbytes(t) for t in types), max_steps,
+                                      op)
     if max_steps is not None and not any(
             isinstance(t, TensorType) and (np.issubdtype(t.dtype, np.number)) for t in types):
         raise ShapeError("with `max_steps`, the loop's value needs a numeric array among its "

@@ -1,0 +1,129 @@
+"""`checkpoints=sd.MemoryBudget(ram=...)` on the loops: the schedule chosen
+from the carry's size, the same gradient as storing every step, the budget
+shown by `sd.cost` and in the graph, and budgets that hold no carry refused
+with the minimum."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import sciad as sd
+import sciad.numpy as snp
+from sciad.errors import InvalidOptionError
+
+N, STEPS = 64, 50  # a carry of 512 bytes
+
+
+def _heat(k, u0, steps=STEPS, checkpoints=None):
+    def step(u, _):
+        u = u + 0.1 * k * (snp.roll(u, 1) + snp.roll(u, -1) - 2 * u)
+        return u, None
+
+    u, _ = sd.scan(step, u0, length=steps, checkpoints=checkpoints)
+    return snp.sum(u ** 2)
+
+
+def _adjoint_schedule(g):
+    (adj,) = [n for n in g.nodes if n.primitive.name == "scan_adjoint"]
+    return adj.params["schedule"]
+
+
+@pytest.fixture
+def heat(rng):
+    return rng.uniform(0.5, 1.5, N), np.sin(np.linspace(0, 3, N))
+
+
+def test_a_scan_budget_stores_the_carries_that_fit_for_the_same_gradient(heat):
+    k, u0 = heat
+    want = sd.grad(_heat)(k, u0)
+    budget = sd.MemoryBudget(ram="4KiB")  # 8 carries of 512 bytes: 6 snapshots
+    loss = lambda k: _heat(k, u0, checkpoints=budget)  # noqa: E731
+    g = sd.trace(sd.grad(loss), k)
+    assert _adjoint_schedule(g) == sd.Binomial(6, budget=4096)
+    assert "binomial(6) for a 4.0 KiB budget" in g.pretty(source=False)
+    np.testing.assert_allclose(sd.function(sd.grad(loss))(k), want, rtol=1e-12)
+    # sd.cost names the schedule and its recomputation; the carries the
+    # gradient program holds (the forward pass's stored cells, the backward
+    # pass's) fit in the budget
+    report = sd.cost(sd.grad(loss), k)
+    text = str(report)
+    recomputed = int(text.split("for a 4.0 KiB budget: ")[1].split(" forward")[0])
+    assert STEPS < recomputed < STEPS * 3, text
+    (fwd,) = [n for n in g.nodes if n.primitive.name == "scan"]
+    cells = fwd.params["body"].inputs[2].type  # (the stored cells, a carry)
+    assert cells.shape[0] * N * 8 <= budget.ram, cells
+    # a graph with a budgeted schedule round-trips
+    again = sd.graph.Graph.from_json(g.to_json())
+    assert again.pretty(source=False) == g.pretty(source=False)
+
+
+def test_a_budget_that_holds_every_carry_recomputes_each_step_once(heat):
+    # (a checkpointed step's residuals are recomputed from its carry: once
+    # each, the least a checkpointed loop does)
+    k, u0 = heat
+    loss = lambda k: _heat(k, u0, checkpoints=sd.MemoryBudget(ram=10**6))  # noqa: E731
+    g = sd.trace(sd.grad(loss), k)
+    assert _adjoint_schedule(g) == sd.Binomial(STEPS, budget=10**6)
+    assert f"{STEPS - 1} forward steps recomputed" in str(sd.cost(sd.grad(loss), k))
+
+
+def test_a_budget_smaller_than_one_carry_is_refused_with_the_minimum(heat):
+    k, u0 = heat
+    with pytest.raises(InvalidOptionError, match=r"scan: a memory budget of 1.0 KiB holds 2 "
+                                                 r"carries of this loop \(512 B each\); "
+                                                 r"reverse mode needs at least 3 .* Give at "
+                                                 r"least ram=1536") as info:
+        sd.trace(lambda k: _heat(k, u0, checkpoints=sd.MemoryBudget(ram=1024)), k)
+    assert "test_memory_budget.py" in str(info.value)  # the user's line
+    with pytest.raises(InvalidOptionError, match=r"MemoryBudget: `ram` must be a number of "
+                                                 r"bytes .* got '40 parsecs'"):
+        sd.MemoryBudget(ram="40 parsecs")
+    for bad in (0, -1, None, True):
+        with pytest.raises(InvalidOptionError, match="MemoryBudget: `ram` must"):
+            sd.MemoryBudget(ram=bad)
+    assert sd.MemoryBudget("1MiB") == sd.MemoryBudget(2 ** 20)
+
+
+def test_fori_loop_and_forward_mode_under_a_budget(heat, rng):
+    k, u0 = heat
+
+    def loss(k, checkpoints):
+        def body(i, u):
+            return u + 0.05 * k * (snp.roll(u, 1) - u)
+        return snp.sum(sd.fori_loop(0, 30, body, u0, checkpoints=checkpoints) ** 2)
+
+    budget = sd.MemoryBudget(ram=5 * (N * 8 + 8))  # five carries and their counters
+    g = sd.trace(sd.grad(lambda k: loss(k, budget)), k)
+    assert _adjoint_schedule(g) == sd.Binomial(3, budget=budget.ram)
+    np.testing.assert_allclose(sd.grad(lambda k: loss(k, budget))(k),
+                               sd.grad(lambda k: loss(k, None))(k), rtol=1e-12)
+    v = rng.standard_normal(N)
+    np.testing.assert_allclose(sd.jvp(lambda k: loss(k, budget), (k,), (v,))[1],
+                               sd.jvp(lambda k: loss(k, None), (k,), (v,))[1], rtol=1e-12)
+
+
+def test_a_while_loop_budget_picks_segments_where_they_fit_else_binomial(heat):
+    k, u0 = heat
+
+    def loss(k, checkpoints, max_steps=400):
+        def body(s):
+            u, t = s
+            return u + 0.01 * k * (snp.roll(u, 1) - u), t + 1.0
+
+        u, _ = sd.while_loop(lambda s: s[1] < 37.0, body, (u0, 0.0), max_steps=max_steps,
+                             checkpoints=checkpoints)
+        return snp.sum(u ** 2)
+
+    want = sd.grad(lambda k: loss(k, None))(k)
+    carry = N * 8 + 8  # the value and the time
+    for carries, kind in ((46, "segments"), (30, "binomial")):
+        budget = sd.MemoryBudget(ram=carries * carry)
+        g = sd.trace(sd.grad(lambda k: loss(k, budget)), k)
+        text = g.pretty(source=False)
+        if kind == "segments":  # s + ceil(400 / s) + 1 <= 46: the largest s is 32
+            (adj,) = [n for n in g.nodes if n.primitive.name == "while_adjoint"]
+            assert adj.params["snapshots"] == 32, text
+        else:  # 2 sqrt(400) + 1 = 41 carries do not fit: the bounded loop's binomial
+            assert _adjoint_schedule(g) == sd.Binomial(28, budget=budget.ram), text
+        np.testing.assert_allclose(sd.grad(lambda k: loss(k, budget))(k), want, rtol=1e-12)
