@@ -48,12 +48,13 @@ function along the solution).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
 
-from . import numpy as snp
+from . import _cache, numpy as snp
 from . import optimize
 from ._compile import _split_args, cached, compiled_call
 from .primitives._newton_systems import newton_jacobian
@@ -66,6 +67,7 @@ from .graph._autodiff import type_of
 from .graph._body import trace_body
 from .graph._source import user_source
 from .primitives._scan import fori_loop
+from .primitives._schedules import MemoryBudget, Segments
 from .primitives._ode import STATUS, SOLVERS, OdeintOutputs, odeint_p
 from .primitives._ode_adjoint import ADJOINTS, INTERPOLATED
 from .primitives._ode_events import event_guard_p
@@ -125,6 +127,9 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
     flat0 = snp.concatenate([snp.reshape(v, (-1,)) for v in leaves]) if len(leaves) > 1 \
         else snp.reshape(leaves[0], (-1,))
     ts = snp.astype(snp.asarray(ts), dtype)
+    if isinstance(checkpoints, MemoryBudget):
+        checkpoints = _budgeted(checkpoints, sum(sizes) * dtype.itemsize, max_steps, solver,
+                                adjoint, op)
 
     def unflatten(y, lead=()):  # a flat state (`lead` leading axes) as y0's pytree
         parts, k = [], 0
@@ -318,6 +323,47 @@ def _consistent(field, vals, flat0, ts, mass: _Mass, op: str):
 MIN_RTOL = 100 * float(np.finfo(np.float64).eps)
 
 
+def _budgeted(budget: MemoryBudget, state_bytes: int, max_steps: int, solver: str,
+              adjoint: str, op: str) -> int | None:
+    """`checkpoints` for a memory budget on the states reverse mode keeps:
+    None (every step's state recorded) where `max_steps + 1` states fit;
+    else, for the discrete adjoint of a Runge-Kutta method, the snapshots
+    of its replay (`Segments`: `s + ceil(max_steps / s) + 1` states) that
+    fit. The reverse modes that read the state at every step (BDF's and
+    Radau's, the interpolated adjoint) need them all: a budget that does
+    not hold them is refused, as is one that holds no replay's states."""
+    from .primitives._ode_replay import SNAPSHOT_BYTES
+    from .primitives._while import budget_schedule
+
+    n = budget.carries(state_bytes, op)
+    every = max_steps + 1
+    if adjoint == "backsolve":  # (one state, whatever the steps)
+        return None
+    if every <= n and every * state_bytes <= SNAPSHOT_BYTES:
+        return None  # (recorded by the forward pass, as without a budget)
+    if not SOLVERS[solver].replayable or adjoint == INTERPOLATED.name:
+        if every <= n:
+            return None
+        what = "the interpolated adjoint" if adjoint == INTERPOLATED.name else \
+            f"{solver!r}'s reverse mode"
+        raise InvalidOptionError(
+            f"{what} reads the state at every step (max_steps + 1 = {every} states of "
+            f"{_cache.si(state_bytes)}, {_cache.si(every * state_bytes)}), and a memory "
+            f"budget of {_cache.si(budget.ram)} holds {n} of them: raise the budget, lower "
+            "`max_steps`, or use a Runge-Kutta method's checkpointed adjoint.", op=op)
+    schedule = budget_schedule(budget, state_bytes, max_steps, op)
+    if not isinstance(schedule, Segments):
+        need = 2 * math.isqrt(max_steps) + 3
+        raise InvalidOptionError(
+            f"the checkpointed adjoint replays each output interval's steps storing "
+            f"s + ceil(max_steps / s) + 1 states (about 2 sqrt(max_steps) = "
+            f"{need - 1} for max_steps = {max_steps}), and a memory budget of "
+            f"{_cache.si(budget.ram)} holds {n} states of {_cache.si(state_bytes)}: give at "
+            f"least ram={need * state_bytes} ({_cache.si(need * state_bytes)}), or lower "
+            "`max_steps`.", op=op)
+    return schedule.snapshots
+
+
 def _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive, checkpoints, op,
                    dtmax=None):
     """The options, checked: `(solver, adaptive, rtol)`, the solver's name in
@@ -363,10 +409,12 @@ def _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive, checkp
     if (not adaptive or fixed) and dt0 is None:
         raise InvalidOptionError(f"constant steps (adaptive=False, or the {solver} solver, "
                                  f"which has no error estimate) need `dt0`.", op=op)
+    if isinstance(checkpoints, MemoryBudget):  # (resolved once the state's size is known)
+        return solver, bool(adaptive) and not fixed, float(rtol)
     if checkpoints is not None and (not isinstance(checkpoints, (int, np.integer))
                                     or checkpoints < 1):
-        raise InvalidOptionError(f"`checkpoints` must be None or an int >= 1, got "
-                                 f"{plain(checkpoints)}.", op=op)
+        raise InvalidOptionError(f"`checkpoints` must be None, an int >= 1 or "
+                                 f"`sd.MemoryBudget(ram=...)`, got {plain(checkpoints)}.", op=op)
     if checkpoints is not None and not SOLVERS[solver].replayable:
         raise InvalidOptionError(
             f"{solver!r}'s reverse modes read the state at every step, which the forward "
@@ -486,7 +534,12 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       over the steps of each output interval, re-running the steps between
       them (`sd.Segments`). None: every step's state, recorded by the
       forward pass, where they fit in 64 MiB; else as many as 64 MiB
-      holds, at least about sqrt(max_steps).
+      holds, at least about sqrt(max_steps). `sd.MemoryBudget(ram=...)`:
+      every step's state where `max_steps + 1` of them fit in `ram`, else
+      the most snapshots whose replay (`s + ceil(max_steps / s) + 1`
+      states) fits; a reverse mode that reads every step's state (`"bdf"`,
+      `"radau"`, the interpolated adjoint) refuses a budget that does not
+      hold them.
     - `dtmax`: the largest step the step-size control takes (None:
       unbounded); SciPy's `max_step`. The derivative rules replay the
       steps taken, so they follow it too.

@@ -127,3 +127,44 @@ def test_a_while_loop_budget_picks_segments_where_they_fit_else_binomial(heat):
         else:  # 2 sqrt(400) + 1 = 41 carries do not fit: the bounded loop's binomial
             assert _adjoint_schedule(g) == sd.Binomial(28, budget=budget.ram), text
         np.testing.assert_allclose(sd.grad(lambda k: loss(k, budget))(k), want, rtol=1e-12)
+
+
+def _ode_node(g):
+    (node,) = [n for n in g.nodes if n.primitive.name == "ode.odeint"]
+    return node
+
+
+def test_odeint_under_a_budget_replays_with_the_snapshots_that_fit(rng):
+    n = 32  # states of 256 bytes
+    y0, k = rng.uniform(0.5, 1.5, n), rng.uniform(0.5, 1.5, n)
+    ts = np.linspace(0.0, 1.0, 3)
+
+    def loss(k, checkpoints, solver="tsit5", max_steps=400, adjoint=None):
+        ys = sd.ode.odeint(lambda t, y, k: -k * y + 0.1 * snp.roll(y, 1), y0, ts, k,
+                           solver=solver, max_steps=max_steps, checkpoints=checkpoints,
+                           adjoint=adjoint)
+        return snp.sum(ys[-1] ** 2)
+
+    want = sd.grad(lambda k: loss(k, None))(k)
+    # 401 states do not fit 46 of them: the replay's segments, s + ceil(400 / s) + 1 <= 46
+    budget = sd.MemoryBudget(ram=46 * n * 8)
+    g = sd.trace(sd.grad(lambda k: loss(k, budget)), k)
+    assert _ode_node(g).params["checkpoints"] == 32
+    np.testing.assert_allclose(sd.grad(lambda k: loss(k, budget))(k), want, rtol=1e-10)
+    # every state fits: the forward pass records them, as without a budget
+    g = sd.trace(sd.grad(lambda k: loss(k, sd.MemoryBudget("1MiB"))), k)
+    assert "checkpoints" not in _ode_node(g).params
+    # a replay needs about 2 sqrt(max_steps) states
+    with pytest.raises(InvalidOptionError, match=r"ode.odeint: the checkpointed adjoint "
+                                                 r"replays .* holds 30 states of 256 B: give "
+                                                 r"at least ram=11008"):
+        sd.trace(lambda k: loss(k, sd.MemoryBudget(ram=30 * n * 8)), k)
+    # BDF and the interpolated adjoint read every step's state
+    with pytest.raises(InvalidOptionError, match=r"'bdf''s reverse mode reads the state at "
+                                                 r"every step \(max_steps \+ 1 = 401 states"):
+        sd.trace(lambda k: loss(k, budget, solver="bdf"), k)
+    with pytest.raises(InvalidOptionError, match="the interpolated adjoint reads the state"):
+        sd.trace(lambda k: loss(k, budget, adjoint="interpolated"), k)
+    small = sd.MemoryBudget(ram=401 * n * 8)  # (BDF with all of its states held)
+    np.testing.assert_allclose(sd.grad(lambda k: loss(k, small, solver="bdf"))(k),
+                               sd.grad(lambda k: loss(k, None, solver="bdf"))(k), rtol=1e-10)

@@ -125,7 +125,8 @@ MIN_CARRIES = 3
 class MemoryBudget:
     """How much memory reverse mode through a loop may use for the carries it
     stores: `checkpoints=sd.MemoryBudget(ram="64MiB")` on `sd.scan`,
-    `sd.fori_loop` and `sd.while_loop` (with `max_steps`). When the loop is
+    `sd.fori_loop`, `sd.while_loop` (with `max_steps`) and `sd.ode.odeint`
+    / `solve_ivp` (its states: see `odeint`'s `checkpoints`). When the loop is
     traced, the budget becomes the schedule that recomputes the fewest
     steps with the carries that fit: `Binomial(s)` whose `s` snapshots and
     two working carries fit (`s` at most the number of steps: then each
