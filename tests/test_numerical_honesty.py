@@ -356,11 +356,9 @@ def test_float64_results_stay_float64_after_import():
     b = a * 2.0 - np.ones(3)  # the user's own code on a result
     assert a.dtype == np.float64 and b.dtype == np.float64
     # an explicit choice in the environment is kept, and sciad still computes in float64
-    code = ("import numpy as np, jax, sciad as sd\n"
-            "a = sd.function(lambda x: x * 1.0)(np.arange(3.0))\n"
-            "print(jax.config.jax_enable_x64, a.dtype)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=_env(SCIAD_ENABLE_X64="0"), check=True).stdout.split()
+    out = _printed("import numpy as np, jax, sciad as sd\n"
+                   "a = sd.function(lambda x: x * 1.0)(np.arange(3.0))\n"
+                   "print(jax.config.jax_enable_x64, a.dtype)\n", SCIAD_ENABLE_X64="0")
     assert out == ["False", "float64"], out
 
 
@@ -389,12 +387,17 @@ def test_large_constants_are_executable_arguments_not_program_text(rng):
     assert text.count("jax.const = true") == 2  # index and weights, each once
     np.testing.assert_allclose(float(fn(x)), np.sum(x[index] ** 2 * weights), rtol=1e-12)
     # with the environment's choice, JAX's setting is kept
-    code = ("import jax, sciad as sd\n"
-            "print(jax.config.jax_use_simplified_jaxpr_constants, "
-            "sd.config.constants_policy.split(':')[0])\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=_env(SCIAD_HOIST_CONSTANTS="0"), check=True).stdout.split()
+    out = _printed("import jax, sciad as sd\n"
+                   "print(jax.config.jax_use_simplified_jaxpr_constants, "
+                   "sd.config.constants_policy.split(':')[0])\n", SCIAD_HOIST_CONSTANTS="0")
     assert out == ["False", "kept"], out
+
+
+def _printed(code: str, **env) -> list[str]:
+    """The words `code` prints in a fresh interpreter with `env` set (and
+    sciad's and JAX's switches otherwise unset)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=_env(**env), check=True).stdout.split()
 
 
 def _env(**extra):
