@@ -157,7 +157,9 @@ def test_search_finds_it_first(browser, server, query, href):
     from selenium.webdriver.common.by import By
 
     browser.get(server)
-    box = browser.find_element(By.CSS_SELECTOR, "input.md-search__input")
+    # (the page may still be loading on a busy machine: wait for the box)
+    box = _wait(browser, lambda d: (d.find_elements(By.CSS_SELECTOR, "input.md-search__input")
+                                    or [None])[0], timeout=20)
     browser.execute_script("arguments[0].focus();", box)
     box.send_keys(query)
     # (the first result is the page, the sections under it come after; the
