@@ -13,7 +13,9 @@ sources and the receivers.
 The time loop is one `sd.scan` node. Its gradient is a reverse scan; with
 `checkpoints=s` (binomial checkpointing) reverse mode stores at most `s`
 wavefields instead of one per step, for the same gradient: `sd.cost` prints
-the gradient's memory both ways. L-BFGS-B minimizes the misfit of the
+the gradient's memory both ways. `--budget 16MiB` says how much memory the
+stored wavefields may take instead (`sd.MemoryBudget`): the schedule is
+chosen from the wavefield's size. L-BFGS-B minimizes the misfit of the
 traces plus a small smoothness penalty, one compiled value-and-gradient
 call per evaluation, starting from the constant background.
 
@@ -107,10 +109,15 @@ def default_checkpoints(steps: int) -> int:
 
 
 def main(n: int = 128, steps: int = 1500, shots: int = 4, maxiter: int = 25,
-         checkpoints: int | None = -1, plot: str | None = None, verbose: bool = True):
+         checkpoints: int | None = -1, plot: str | None = None, verbose: bool = True,
+         budget: str | None = None):
+    """`budget` (bytes, or a string such as "16MiB"): the memory reverse mode's
+    stored wavefields may take (`sd.MemoryBudget`), instead of `checkpoints`."""
     say = print if verbose else (lambda *a, **k: None)
     survey = Survey(n, steps, shots)
-    if checkpoints == -1:
+    if budget is not None:
+        checkpoints = sd.MemoryBudget(ram=budget)
+    elif checkpoints == -1:
         checkpoints = default_checkpoints(steps)
     c_true = survey.true_velocity()
     m_true = (c_true ** 2 / C0 ** 2 - 1.0).ravel()
@@ -120,7 +127,9 @@ def main(n: int = 128, steps: int = 1500, shots: int = 4, maxiter: int = 25,
 
     f = lambda m: objective(m, data, survey, checkpoints)  # noqa: E731
     m0 = np.zeros(n * n)
-    for label, ck in (("every step stored", None), (f"binomial({checkpoints})", checkpoints)):
+    shown = f"binomial({checkpoints})" if isinstance(checkpoints, int) else \
+        f"a {budget} budget"
+    for label, ck in (("every step stored", None), (shown, checkpoints)):
         if ck is None or checkpoints is not None:
             rep = sd.cost(lambda m, ck=ck: objective(m, data, survey, ck), m0)
             say(f"gradient memory, {label}: peak {rep.grad_peak / 2 ** 20:.1f} MiB "
@@ -202,8 +211,12 @@ if __name__ == "__main__":
     p.add_argument("--checkpoints", type=int, default=-1,
                    help="stored wavefields in reverse mode (default about 2 log2(steps); "
                         "0 stores every step)")
+    p.add_argument("--budget", default=None,
+                   help="the memory reverse mode's stored wavefields may take, e.g. 16MiB "
+                        "(sd.MemoryBudget; instead of --checkpoints)")
     p.add_argument("--plot", default="examples/wave_inversion.png",
                    help="where to write the figure ('' for none)")
     args = p.parse_args()
     main(args.n, args.steps, args.shots, args.maxiter,
-         None if args.checkpoints == 0 else args.checkpoints, args.plot or None)
+         None if args.checkpoints == 0 else args.checkpoints, args.plot or None,
+         budget=args.budget)

@@ -149,6 +149,13 @@ def test_wave_inversion_checkpointed_gradient_equals_store_all(rng):
     g_all = sd.grad(lambda m: ex.objective(m, data, survey, None))(m)
     g_ck = sd.grad(lambda m: ex.objective(m, data, survey, 4))(m)
     np.testing.assert_allclose(g_ck, g_all, rtol=1e-12, atol=1e-15 * np.max(np.abs(g_all)))
+    # a memory budget (the example's --budget): five wavefields' carries of 8 KiB
+    budget = sd.MemoryBudget(ram="41KiB")
+    g_b = sd.grad(lambda m: ex.objective(m, data, survey, budget))(m)
+    np.testing.assert_allclose(g_b, g_all, rtol=1e-12, atol=1e-15 * np.max(np.abs(g_all)))
+    note = [row.note for row in sd.cost(sd.grad(lambda m: ex.objective(m, data, survey, budget)),
+                                        m).rows if "budget" in row.note]
+    assert note and "binomial(3) for a 41.0 KiB budget" in note[0], note
 
 
 def _multi_source(n=10, sources=4):
