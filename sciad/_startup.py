@@ -15,14 +15,15 @@ import sys
 #: the few-entry arrays that configure a kernel call
 EMBEDDED_CONSTANT_BYTES = 1024
 
-_OFF = ("0", "false", "no", "off")
+#: what turns a switch off in the environment (`SCIAD_...=0`)
+OFF = ("0", "false", "no", "off")
 _FLAG = "JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"
 _BYTES = "JAX_EMBEDDED_CONSTANTS_MAX_BYTES"
 
 
 def _choose() -> str:
     choice = os.environ.get("SCIAD_HOIST_CONSTANTS")
-    if choice is not None and choice.strip().lower() in _OFF:
+    if choice is not None and choice.strip().lower() in OFF:
         return "kept: SCIAD_HOIST_CONSTANTS=" + choice
     if choice is None and _FLAG in os.environ:
         return f"kept: {_FLAG}={os.environ[_FLAG]}"

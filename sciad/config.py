@@ -26,7 +26,7 @@ float64 (inside JAX's scoped `jax.enable_x64(True)` around each call), but
 its float64 results become float32 as soon as JAX code outside sciad
 touches them.
 
-Large constants (see docs/guide/performance.md, "Large constants"): a
+Large constants (see docs/getting-started.md, "Large constants"): a
 program that holds a large array (a mesh's index maps, the scatter index of
 a sparse pattern) should pass it to the executable as a buffer made once,
 not copy it into the program's text, the compiler and the executable. JAX
@@ -150,7 +150,7 @@ def x64_scope():
     return jax.enable_x64(True)
 
 
-_OFF = ("0", "false", "no", "off")
+_OFF = _startup.OFF
 
 
 def _x64_at_import() -> str:

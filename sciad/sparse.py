@@ -91,15 +91,17 @@ def _static_ints(x, name: str, op: str) -> np.ndarray:
     return arr.astype(np.int64).ravel()
 
 
-def _data_operand(data, op: str):
+def _data_operand(data, op: str, name: str = "data", vector: bool = True):
+    """`data` as a traced or concrete numeric array (a vector unless not
+    `vector`), integers and booleans as float64."""
     if isinstance(data, Tracer):
         d = data
     else:
         d = snp.asarray(data)
-    if d.ndim != 1:
-        raise ShapeError(f"`data` must be a vector, got shape {tuple(d.shape)}.", op=op)
+    if vector and d.ndim != 1:
+        raise ShapeError(f"`{name}` must be a vector, got shape {tuple(d.shape)}.", op=op)
     if np.dtype(d.dtype).kind not in "fciub":
-        raise DTypeError(f"`data` must be numeric, got {d.dtype}.", op=op)
+        raise DTypeError(f"`{name}` must be numeric, got {d.dtype}.", op=op)
     if np.dtype(d.dtype).kind in "iub":
         d = snp.astype(d, np.float64)
     return d
@@ -219,7 +221,8 @@ def _element_dofs(dofs, op: str) -> tuple[np.ndarray, np.ndarray]:
 def _element_map(shape, rows: np.ndarray, cols: np.ndarray):
     """`(pattern, index)`: the pattern of every `(rows[e, a], cols[e, b])`
     with both non-negative, and the `IndexMap` from the flattened `(m, k,
-    l)` element values to its entries (-1 for a dropped one). Kept by a
+    l)` element values to its entries (-1 for a dropped one; None where each
+    value is its entry, in order). Kept by a
     digest of the dofs (`ELEMENT_MAPS_CACHED` of them)."""
     import hashlib
 
@@ -245,6 +248,8 @@ def _element_map(shape, rows: np.ndarray, cols: np.ndarray):
             full = np.full(keep.size, -1, np.int64)
             full[keep] = dest
             dest = full
+        elif dest.size == pattern.nnz and np.array_equal(dest, np.arange(pattern.nnz)):
+            return pattern, None  # (every entry once, in order: no map)
         return pattern, IndexMap(dest)
 
     return _cache.cached(_cache.GLOBAL, "element index map", key, make,
@@ -300,7 +305,7 @@ def assemble_elements(values, dofs, shape=None, *, tags: Iterable[str] = ()):
     op = "sparse.assemble_elements"
     rows, cols = _element_dofs(dofs, op)
     m, k, l = rows.shape[0], rows.shape[1], cols.shape[1]
-    data = _data_nd(values, op)
+    data = _data_operand(values, op, "values", vector=False)
     if tuple(data.shape) != (m, k, l):
         raise ShapeError(f"`values` must have shape (elements, k, l) = {(m, k, l)} for these "
                          f"dofs, got {tuple(data.shape)}.", op=op)
@@ -317,23 +322,7 @@ def assemble_elements(values, dofs, shape=None, *, tags: Iterable[str] = ()):
     tags = _tags(tags, op)
     _check_tags(pattern, tags, op)
     flat = snp.reshape(data, (m * k * l,))
-    return assemble(flat, pattern, None if _is_identity(index, pattern) else index, tags)
-
-
-def _is_identity(index: IndexMap, pattern: Pattern) -> bool:
-    a = index.array
-    return a.size == pattern.nnz and bool(np.array_equal(a, np.arange(pattern.nnz)))
-
-
-def _data_nd(data, op: str):
-    """`values` of `assemble_elements`: a traced or concrete numeric array,
-    integers and booleans as float64."""
-    d = data if isinstance(data, Tracer) else snp.asarray(data)
-    if np.dtype(d.dtype).kind not in "fciub":
-        raise DTypeError(f"`values` must be numeric, got {d.dtype}.", op=op)
-    if np.dtype(d.dtype).kind in "iub":
-        d = snp.astype(d, np.float64)
-    return d
+    return assemble(flat, pattern, index, tags)
 
 
 def from_scipy(M, *, tags: Iterable[str] = ()):
