@@ -290,6 +290,16 @@ def _odeint_example(k, y0):
     return sd.ode.odeint(field, y0, np.array([0.0, 0.3, 0.6]), k, adaptive=False, dt0=0.15)
 
 
+def _radau_adjoint_example(k, y0):
+    """The gradient of a Radau solve (its discrete adjoint: one
+    `ode.radau_adjoint` node over the steps the solve recorded)."""
+    def field(t, y, k):
+        return -k * y + 0.1 * y[::-1] ** 2
+
+    return sd.grad(lambda k, y0: snp.sum(sd.ode.odeint(
+        field, y0, np.array([0.0, 0.3, 0.6]), k, solver="radau") ** 2), argnums=(0, 1))(k, y0)
+
+
 EXAMPLES = {name: _unary_example(name) for name in UNARY}
 EXAMPLES.update({name: _binary_example(name) for name in BINARY})
 EXAMPLES.update({
@@ -409,6 +419,7 @@ EXAMPLES.update({
     "optimize.root_guard": (_root_guard_example, (_pos(4), _f64(4))),
     "ode.event_guard": (_event_guard_example, (_pos(3),)),
     "ode.odeint": (_odeint_example, (_pos(2), _f64(2))),
+    "ode.radau_adjoint": (_radau_adjoint_example, (_pos(2), _pos(2))),
     "optimization_barrier": (lambda x, y: sd.primitives.barrier_p.bind(x, y)[0] * y,
                              (_f64(3), _f64(3))),
 })

@@ -69,8 +69,8 @@ def test_the_kept_factor_is_that_of_the_values_kept_and_no_host_call(monkeypatch
         host = _solve(solver)(a)
     with monkeypatch.context() as m:
         solve = _kept_klu.solve
-        m.setattr(_kept_klu, "solve", lambda pattern, handle, values, b: solve(
-            pattern, _kept_klu.none(), values, b))
+        m.setattr(_kept_klu, "solve", lambda pattern, handle, values, b, *transpose: solve(
+            pattern, _kept_klu.none(), values, b, *transpose))
         fresh = _solve(solver)(a)
     before = _batch_split.live_handles()
     monkeypatch.setattr(_ode, "_factor", _no_host)

@@ -96,6 +96,10 @@ class Checkpoint(Adjoint):
             from ._ode_bdf_adjoint import bdf_vjp
             return bdf_vjp(primals, outs, ct, params, ct_states)
         if outs.states is not None:  # the states at every step: each step re-run once
+            if STEPPERS[params["solver"]].lowering == "radau":  # (its own pass: one node)
+                from ._ode_radau_adjoint import radau_vjp
+                return radau_vjp(primals, outs, ct, params, _wanted(primals[:-2], params),
+                                 ct_states)
             return stored_vjp(primals, outs, ct, params, ct_states)
         return discrete_vjp(primals, outs, ct, params)
 
@@ -150,7 +154,7 @@ def discrete_vjp(primals, outs, ct, params):
     return backward([ct])[len(closed):]
 
 
-def stored_vjp(primals, outs, ct, params, ct_states=None):
+def stored_vjp(primals, outs, ct, params, ct_states=None, wanted=None):
     """Cotangents of `(*consts, y0)`: the discrete adjoint of the steps taken,
     linearised at the states the forward solve recorded at every step (its
     `states` output): the steps' reverse passes in a reverse scan over the
@@ -158,7 +162,8 @@ def stored_vjp(primals, outs, ct, params, ct_states=None):
     `ct[i]` at output time `i`. Each step is re-run once, from its stored
     state, for its linearisation (an implicit stage's Newton solve).
     `ct_states`: cotangents of the states at every step, added as the pass
-    reaches them."""
+    reaches them. `wanted`: which consts get cotangents (`_wanted`'s by
+    default)."""
 
     *consts, y0, ts = primals
     grid, marks, states = outs.grid, outs.marks, outs.states
@@ -167,7 +172,7 @@ def stored_vjp(primals, outs, ct, params, ct_states=None):
                        params.get("mass_pattern"))
     n, dtype = y0.shape[0], type_of(y0).dtype
     ctypes = [type_of(c) for c in consts]
-    wanted = _wanted(consts, params)
+    wanted = _wanted(consts, params) if wanted is None else wanted
 
     def back(k, lam, acc):  # the reverse pass of step k
         if ct_states is not None:

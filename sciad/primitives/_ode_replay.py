@@ -163,10 +163,16 @@ def radau_step(graph: Graph, consts, t, h, y, jac: str, rtol: float, atol: float
     else:
         z0 = [float(c) * (y1 - y0) for c in C]
     jac = _stage_jac(jac)
-    z = root_node(stages, ops.concatenate(z0), [y, h, t, w], name="radau_stages",
-                  kind="root", method="newton", jac=jac, tol=1e-12,
+    z0 = ops.concatenate(z0)
+    start = None
+    if sparse_jacobian(jac):
+        J0 = colored_jacobian(stages, stop_gradient(z0), y0, stop_gradient(h), stop_gradient(t), w)
+        start = _chord_start(J0)
+    z = root_node(stages, z0, [y, h, t, w], name="radau_stages",
+                  kind="root", method="chord" if start is not None else "newton", jac=jac, tol=1e-12,
                   atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps), maxiter=50, memory=0,
-                  throw=True, op="optimize.root", at_floor=True, estimate=False).x
+                  throw=True, op="optimize.root", at_floor=True, estimate=False,
+                  start=start).x
     return y + z[2 * n:]
 
 

@@ -103,10 +103,11 @@ def swap(pattern, need, handle, values):
     return _swapper(pattern)(need, handle, values)
 
 
-def solve(pattern, handle, values, b):
-    """`A x = b` with the kept factor `handle` of `A` (values `values`); a 0
-    handle factors and solves in one call (NaN where `A` is singular)."""
-    return _klu_ffi.KERNELS.solve(pattern, handle, values, b, False)
+def solve(pattern, handle, values, b, transpose: bool = False):
+    """`A x = b` (`A^T x = b` if `transpose`) with the kept factor `handle`
+    of `A` (values `values`); a 0 handle factors and solves in one call (NaN
+    where `A` is singular)."""
+    return _klu_ffi.KERNELS.solve(pattern, handle, values, b, transpose)
 
 
 def release(handle, after):

@@ -84,6 +84,12 @@ class _Linear(NamedTuple):
     #: as BDF's (`_steps.refactored`, `_steps.released`): kept KLU factors
     refactor: Callable | None = None
     release: Callable | None = None
+    #: the transposed solves with the same factors, for the discrete adjoint
+    #: (`_radau_adjoint`): `A^T x = b` with the real one, `C^H x = b` with the
+    #: complex one (conjugate-transposed: the transpose of its real form
+    #: `[[X, Y], [-Y, X]]` of `C = X - iY`)
+    solve_real_t: Callable | None = None
+    solve_complex_h: Callable | None = None
 
 
 def _dense_linear(field, n, dtype, mass=None):
@@ -99,7 +105,10 @@ def _dense_linear(field, n, dtype, mass=None):
         cplx = jax.scipy.linalg.lu_factor((mu_c / h) * M.astype(cdtype) - J.astype(cdtype))
         return real, cplx
 
-    return _Linear(jacobian, factor, jax.scipy.linalg.lu_solve, jax.scipy.linalg.lu_solve)
+    lu_solve = jax.scipy.linalg.lu_solve
+    return _Linear(jacobian, factor, lu_solve, lu_solve,
+                   solve_real_t=lambda lu, b: lu_solve(lu, b, trans=1),
+                   solve_complex_h=lambda lu, b: lu_solve(lu, b, trans=2))
 
 
 @functools.lru_cache(maxsize=32)
@@ -153,8 +162,10 @@ def _sparse_linear(field, pattern, mass=None, dtype=None):
         d = M[diagonal]  # (the rows of the blocks -+b M: M is diagonal)
         return real, values.at[upper].set(-b * d).at[lower].set(b * d)
 
-    def solve_complex_with(solve, lu, rhs):
-        x = solve(big, lu, jnp.concatenate([rhs.real, rhs.imag]))
+    def solve_complex_with(solve, lu, rhs, transpose=False):
+        # (the doubled real system's transpose is the complex one's
+        # conjugate transpose)
+        x = solve(big, lu, jnp.concatenate([rhs.real, rhs.imag]), transpose)
         return x[:n] + 1j * x[n:]
 
     if dtype is not None and _kept_klu.usable(dtype):  # (KLU in the program, kept)
@@ -167,25 +178,78 @@ def _sparse_linear(field, pattern, mass=None, dtype=None):
             return tuple((jnp.where(need, v, lu[0]), _kept_klu.swap(p, need, lu[1], v))
                          for p, v, lu in zip((pattern, big), made, lus))
 
-        def kept_solve(p, lu, b):
-            return _kept_klu.solve(p, lu[1], lu[0], b.astype(lu[0].dtype))
+        def kept_solve(p, lu, b, transpose=False):
+            return _kept_klu.solve(p, lu[1], lu[0], b.astype(lu[0].dtype), transpose)
 
         def release(lus, after):
             return _kept_klu.release(lus[0][1], after) + _kept_klu.release(lus[1][1], after)
 
         return _Linear(jacobian, factor, lambda lu, b: kept_solve(pattern, lu, b),
-                       lambda lu, b: solve_complex_with(kept_solve, lu, b), refactor, release)
+                       lambda lu, b: solve_complex_with(kept_solve, lu, b), refactor, release,
+                       lambda lu, b: kept_solve(pattern, lu, b, True),
+                       lambda lu, b: solve_complex_with(kept_solve, lu, b, True))
 
     def factor(J, h):
         real, values = values_of(J, h)
         return (real, _ode._factor(pattern, real)), (values, _ode._factor(big, values))
 
-    def host_solve(p, lu, b):
+    def host_solve(p, lu, b, transpose=False):
         values, handle = lu
-        return _ode._solve(p, handle, values, b.astype(values.dtype), False, False)
+        return _ode._solve(p, handle, values, b.astype(values.dtype), transpose, False)
 
     return _Linear(jacobian, factor, lambda lu, b: host_solve(pattern, lu, b),
-                   lambda lu, b: solve_complex_with(host_solve, lu, b))
+                   lambda lu, b: solve_complex_with(host_solve, lu, b),
+                   solve_real_t=lambda lu, b: host_solve(pattern, lu, b, True),
+                   solve_complex_h=lambda lu, b: solve_complex_with(host_solve, lu, b, True))
+
+
+def newton(field: Callable, linear: _Linear, apply_mass: Callable, t, y, h, Z0, lus, scale, *,
+           m: int, tol: float, maxiter: int):
+    """The simplified Newton iteration on the collocation system of the step
+    from `(t, y)` of size `h`, from the stage increments `Z0` (`(3, n)`), in
+    the variables `W = T^-1 Z` with the factorizations `lus` (of `linear`,
+    for `h`): `(converged, iterations, Z, rate, evaluations)`. Converged:
+    the increments, scaled by `scale` (the first `m` elements), predicted
+    below `tol` (RADAU5's test); failed: a rate of 1 or more, one too slow
+    to get there within `maxiter` iterations, or a value not finite."""
+    mu_r, mu_c, T, TI, _ = constants()
+    dtype = y.dtype
+    cdtype = jnp.result_type(dtype, jnp.complex64)
+    Cj, Tj, TIj = (jnp.asarray(a, dtype) for a in (C, T, TI))
+    ti_real, ti_complex = TIj[0], (TIj[1] + 1j * TIj[2]).astype(cdtype)
+    lu_real, lu_complex = lus
+    m_real, m_complex = mu_r / h, mu_c / h
+
+    def cond(s):
+        k, _, _, _, done, failed = s[:6]
+        return (k < maxiter) & ~done & ~failed
+
+    def body(s):
+        k, W, Z, old, done, failed, rate, nf = s
+        F = jax.vmap(lambda c, z: field(t + c * h, y + z))(Cj, Z)  # (3, n)
+        finite = jnp.all(jnp.isfinite(F))
+        f_real = F.T @ ti_real - m_real * apply_mass(W[0])
+        f_complex = F.T.astype(cdtype) @ ti_complex - m_complex * (
+            apply_mass(W[1]) + 1j * apply_mass(W[2]))
+        dw_real = linear.solve_real(lu_real, f_real)
+        dw_complex = linear.solve_complex(lu_complex, f_complex)
+        dW = jnp.stack([dw_real, dw_complex.real.astype(dtype),
+                        dw_complex.imag.astype(dtype)])
+        size = _rms((dW / scale)[:, :m])  # (the first m elements: as BDF's)
+        new_rate = jnp.where(k > 0, size / old, rate)
+        bad = (k > 0) & ((new_rate >= 1) | (new_rate ** (maxiter - k)
+                                             / (1 - new_rate) * size > tol))
+        bad = bad | ~finite | ~jnp.isfinite(size)
+        W2 = jnp.where(bad, W, W + dW)
+        Z2 = jnp.where(bad, Z, Tj @ W2)
+        ok = ~bad & ((size == 0) | ((k > 0) & (new_rate / (1 - new_rate) * size < tol)))
+        return k + 1, W2, Z2, size, ok, bad, new_rate, nf + 3
+
+    k, _, Z, _, done, _, rate, nf = jax.lax.while_loop(
+        cond, body, (jnp.asarray(0, jnp.int32), TIj @ Z0, Z0, jnp.asarray(jnp.inf, dtype),
+                     jnp.asarray(False), jnp.asarray(False),
+                     jnp.asarray(jnp.nan, dtype), jnp.asarray(0, jnp.int32)))
+    return done, k, Z, rate, nf
 
 
 class _State(NamedTuple):
@@ -213,11 +277,10 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
     reads the first `m` elements (all: None). `mass`: None (the identity),
     a dense `(n, n)` matrix, or (with `jac="sparse"`, a diagonal one) its
     values on `pattern`."""
-    mu_r, mu_c, T, TI, P = constants()
+    *_, P = constants()
     n = y0.shape[0]
     m = n if m is None else m
     dtype = y0.dtype
-    cdtype = jnp.result_type(dtype, jnp.complex64)
     t0, t_end = ts[0], ts[-1]
     eps = float(np.finfo(dtype).eps)
     newton_tol = max(10 * eps / rtol, min(0.03, rtol ** 0.5))
@@ -225,8 +288,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         _dense_linear(field, n, dtype, mass)
     M = mass_of(mass, jac, pattern, n, dtype)
     apply_mass = (lambda v: v) if M is None else M.apply
-    Cj, Ej, Tj, TIj, Pj = (jnp.asarray(a, dtype) for a in (C, E, T, TI, P))
-    ti_real, ti_complex = TIj[0], (TIj[1] + 1j * TIj[2]).astype(cdtype)
+    Cj, Ej, Pj = (jnp.asarray(a, dtype) for a in (C, E, P))
     max_step = jnp.inf if dtmax is None else float(dtmax)
 
     f0 = field(t0, y0)
@@ -243,44 +305,6 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         lu_h=jnp.asarray(jnp.nan, dtype),
         counts=Counts(*(jnp.asarray(k, jnp.int32) for k in (
             2 if dt0 is None else 1, 1, 0))))
-
-    def newton(t, y, h, Z0, lus, scale):
-        """The simplified Newton iteration on the collocation system:
-        `(converged, iterations, Z, rate, evaluations)`."""
-        lu_real, lu_complex = lus
-        m_real, m_complex = mu_r / h, mu_c / h
-
-        def cond(s):
-            k, _, _, _, done, failed = s[:6]
-            return (k < NEWTON_MAXITER) & ~done & ~failed
-
-        def body(s):
-            k, W, Z, old, done, failed, rate, nf = s
-            F = jax.vmap(lambda c, z: field(t + c * h, y + z))(Cj, Z)  # (3, n)
-            finite = jnp.all(jnp.isfinite(F))
-            f_real = F.T @ ti_real - m_real * apply_mass(W[0])
-            f_complex = F.T.astype(cdtype) @ ti_complex - m_complex * (
-                apply_mass(W[1]) + 1j * apply_mass(W[2]))
-            dw_real = linear.solve_real(lu_real, f_real)
-            dw_complex = linear.solve_complex(lu_complex, f_complex)
-            dW = jnp.stack([dw_real, dw_complex.real.astype(dtype),
-                            dw_complex.imag.astype(dtype)])
-            size = _rms((dW / scale)[:, :m])  # (the first m elements: as BDF's)
-            new_rate = jnp.where(k > 0, size / old, rate)
-            bad = (k > 0) & ((new_rate >= 1) | (new_rate ** (NEWTON_MAXITER - k)
-                                                 / (1 - new_rate) * size > newton_tol))
-            bad = bad | ~finite | ~jnp.isfinite(size)
-            W2 = jnp.where(bad, W, W + dW)
-            Z2 = jnp.where(bad, Z, Tj @ W2)
-            ok = ~bad & ((size == 0) | ((k > 0) & (new_rate / (1 - new_rate) * size
-                                                   < newton_tol)))
-            return k + 1, W2, Z2, size, ok, bad, new_rate, nf + 3
-
-        k, _, Z, _, done, _, rate, nf = jax.lax.while_loop(
-            cond, body, (jnp.asarray(0, jnp.int32), TIj @ Z0, Z0, jnp.asarray(jnp.inf, dtype),
-                         jnp.asarray(False), jnp.asarray(False),
-                         jnp.asarray(jnp.nan, dtype), jnp.asarray(0, jnp.int32)))
-        return done, k, Z, rate, nf
 
     def predict(h, h_old, err, err_old):
         """Gustafsson's predictive step factor (SciPy's `predict_factor`)."""
@@ -311,7 +335,9 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
             refactor = renew | (lu_h != h)
             lus = refactored(linear, lus, J, h, refactor & live & pass_cond(p))
             lu_h = jnp.where(refactor, h, lu_h)
-            done, iters, Z, rate, nf = newton(t, s.y, h, Z0, lus, scale)
+            done, iters, Z, rate, nf = newton(field, linear, apply_mass, t, s.y, h, Z0, lus,
+                                              scale, m=m, tol=newton_tol,
+                                              maxiter=NEWTON_MAXITER)
             counts = Counts(counts.nfev + nf, counts.njev + renew.astype(jnp.int32),
                             counts.nlu + 2 * refactor.astype(jnp.int32))
             return k + 1, done, J, fresh, lus, lu_h, iters, Z, rate, counts

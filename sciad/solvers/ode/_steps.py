@@ -65,6 +65,8 @@ class Mass(NamedTuple):
     derivative: Callable
     #: the rows without an entry: the algebraic equations (bool, `(n,)`)
     algebraic: jax.Array
+    #: `v -> M^T v` (Radau's discrete adjoint, `_radau_adjoint`)
+    apply_t: Callable | None = None
 
 
 def mass_of(mass, jac: str, pattern, n: int, dtype) -> Mass | None:
@@ -76,7 +78,8 @@ def mass_of(mass, jac: str, pattern, n: int, dtype) -> Mass | None:
     if jac != "sparse":
         M = jnp.asarray(mass, dtype)
         pinv = jnp.linalg.pinv(M)
-        return Mass(lambda v: M @ v, lambda f: pinv @ f, jnp.all(M == 0, axis=1))
+        return Mass(lambda v: M @ v, lambda f: pinv @ f, jnp.all(M == 0, axis=1),
+                    lambda v: M.T @ v)
     pattern = _ode._with_diagonal(pattern)
     values = jnp.asarray(mass, dtype)
     rows, cols = jnp.asarray(pattern.rows), jnp.asarray(pattern.indices)
@@ -88,7 +91,10 @@ def mass_of(mass, jac: str, pattern, n: int, dtype) -> Mass | None:
     def derivative(f):
         return jnp.where(diag != 0, f / jnp.where(diag != 0, diag, 1.0), 0.0)
 
-    return Mass(apply, derivative, ~jnp.zeros((n,), bool).at[rows].max(values != 0))
+    def apply_t(v):
+        return jnp.zeros((n,), v.dtype).at[cols].add(values * v[rows])
+
+    return Mass(apply, derivative, ~jnp.zeros((n,), bool).at[rows].max(values != 0), apply_t)
 
 
 def inconsistent(mass: Mass | None, f0, y0, rtol: float):
