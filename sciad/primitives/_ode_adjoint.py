@@ -14,7 +14,10 @@ own loop.
   of the replay's loops, checkpointed (`discrete_vjp`). BDF records its
   states and steps always, and its reverse pass is its own
   (`_ode_bdf_adjoint.bdf_vjp`); Radau records its states always, and its
-  steps are re-run as the Runge-Kutta ones (`_ode_replay.radau_step`).
+  reverse pass is one `ode.radau_adjoint` node
+  (`_ode_radau_adjoint`: a loop down the steps with the forward's kept
+  factorizations; its derivatives re-run the steps as `_ode_replay`'s
+  `radau_step`).
 - `Interpolated` ("interpolated") and `Backsolve` ("backsolve"): the
   continuous adjoint, solved backwards by `odeint` nodes against the forward
   solution interpolated from its recorded states, or integrated backwards

@@ -6,7 +6,8 @@ root again (KLU, in the program: `linalg.solve`).
 
 Where a root's Newton iterations are many small host calls (`"sparse"`'s
 SuperLU: one each), this is the faster choice on the CPU: the replayed
-stages of Radau's discrete adjoint take it (`sciad.primitives._ode_replay`).
+stages of an ESDIRK method's discrete adjoint take it, and Radau's where its
+reverse pass is differentiated again (`sciad.primitives._ode_replay`).
 """
 
 from __future__ import annotations

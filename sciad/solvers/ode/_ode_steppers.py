@@ -69,11 +69,10 @@ class Stepper(NamedTuple):
     lowering: str = "diffrax"
     #: the reverse mode odeint takes where none is asked for: the discrete
     #: adjoint, for every stepper (it replays a diagonally implicit or
-    #: explicit tableau's steps, reads BDF's record of its steps, or re-runs
-    #: each Radau step's coupled stages from its recorded state: exact for
-    #: the computed solution, consistent with forward mode, and through a
-    #: DAE; for Radau 17-20x faster than the continuous adjoint on the
-    #: 1,024-state Brusselator, as fast on the 3-state Robertson problem)
+    #: explicit tableau's steps, reads BDF's record of its steps, or solves
+    #: each Radau step's transposed stage system from its recorded state
+    #: with the forward's kept factorizations: exact for the computed
+    #: solution, consistent with forward mode, and through a DAE)
     default_adjoint: str = "checkpoint"
 
     @property

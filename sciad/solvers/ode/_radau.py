@@ -203,12 +203,19 @@ def _sparse_linear(field, pattern, mass=None, dtype=None):
                    solve_complex_h=lambda lu, b: solve_complex_with(host_solve, lu, b, True))
 
 
+def newton_tolerance(rtol: float, eps: float) -> float:
+    """The stages' Newton tolerance, in units of the error scale `atol +
+    rtol |y|` (SciPy's)."""
+    return max(10 * eps / rtol, min(0.03, rtol ** 0.5))
+
+
 def newton(field: Callable, linear: _Linear, apply_mass: Callable, t, y, h, Z0, lus, scale, *,
            m: int, tol: float, maxiter: int):
     """The simplified Newton iteration on the collocation system of the step
     from `(t, y)` of size `h`, from the stage increments `Z0` (`(3, n)`), in
     the variables `W = T^-1 Z` with the factorizations `lus` (of `linear`,
-    for `h`): `(converged, iterations, Z, rate, evaluations)`. Converged:
+    for `h`): `(converged, iterations, Z, rate, evaluations, size)` (`size`:
+    the last increment's, taken or not). Converged:
     the increments, scaled by `scale` (the first `m` elements), predicted
     below `tol` (RADAU5's test); failed: a rate of 1 or more, one too slow
     to get there within `maxiter` iterations, or a value not finite."""
@@ -245,11 +252,11 @@ def newton(field: Callable, linear: _Linear, apply_mass: Callable, t, y, h, Z0, 
         ok = ~bad & ((size == 0) | ((k > 0) & (new_rate / (1 - new_rate) * size < tol)))
         return k + 1, W2, Z2, size, ok, bad, new_rate, nf + 3
 
-    k, _, Z, _, done, _, rate, nf = jax.lax.while_loop(
+    k, _, Z, size, done, _, rate, nf = jax.lax.while_loop(
         cond, body, (jnp.asarray(0, jnp.int32), TIj @ Z0, Z0, jnp.asarray(jnp.inf, dtype),
                      jnp.asarray(False), jnp.asarray(False),
                      jnp.asarray(jnp.nan, dtype), jnp.asarray(0, jnp.int32)))
-    return done, k, Z, rate, nf
+    return done, k, Z, rate, nf, size
 
 
 class _State(NamedTuple):
@@ -283,7 +290,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
     dtype = y0.dtype
     t0, t_end = ts[0], ts[-1]
     eps = float(np.finfo(dtype).eps)
-    newton_tol = max(10 * eps / rtol, min(0.03, rtol ** 0.5))
+    newton_tol = newton_tolerance(rtol, eps)
     linear = _sparse_linear(field, pattern, mass, dtype) if jac == "sparse" else \
         _dense_linear(field, n, dtype, mass)
     M = mass_of(mass, jac, pattern, n, dtype)
@@ -335,7 +342,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
             refactor = renew | (lu_h != h)
             lus = refactored(linear, lus, J, h, refactor & live & pass_cond(p))
             lu_h = jnp.where(refactor, h, lu_h)
-            done, iters, Z, rate, nf = newton(field, linear, apply_mass, t, s.y, h, Z0, lus,
+            done, iters, Z, rate, nf, _ = newton(field, linear, apply_mass, t, s.y, h, Z0, lus,
                                               scale, m=m, tol=newton_tol,
                                               maxiter=NEWTON_MAXITER)
             counts = Counts(counts.nfev + nf, counts.njev + renew.astype(jnp.int32),
