@@ -370,8 +370,9 @@ def render(robs, bruss, heats, machine, argv) -> str:
                   f"{r['compile_grad']:.1f} s."]
     lines += ["", "Gradients: each method's default adjoint, the discrete one (BDF: its "
               "steps' transposed iteration matrices, from the states and orders its loop "
-              "records; Radau: each step re-run from its recorded state, its stages one "
-              "root node, KLU in the program); the continuous adjoint "
+              "records; Radau: one loop down its recorded steps, each step's transposed "
+              "stage system solved by the iteration the forward's kept real and complex "
+              "factorizations precondition); the continuous adjoint "
               "(`adjoint=\"interpolated\"`, the default of both before) beside it.",
               ""]
     return "\n".join(lines)
