@@ -300,6 +300,16 @@ def _radau_adjoint_example(k, y0):
         field, y0, np.array([0.0, 0.3, 0.6]), k, solver="radau") ** 2), argnums=(0, 1))(k, y0)
 
 
+def _radau_tangent_example(k, y0):
+    """Forward mode through a Radau solve (its discrete forward sensitivity:
+    one `ode.radau_tangent` node over the recorded steps)."""
+    def field(t, y, k):
+        return -k * y + 0.1 * y[::-1] ** 2
+
+    return sd.jvp(lambda k, y0: sd.ode.odeint(field, y0, np.array([0.0, 0.3, 0.6]), k,
+                                              solver="radau"), (k, y0), (k, y0))[1]
+
+
 EXAMPLES = {name: _unary_example(name) for name in UNARY}
 EXAMPLES.update({name: _binary_example(name) for name in BINARY})
 EXAMPLES.update({
@@ -420,6 +430,7 @@ EXAMPLES.update({
     "ode.event_guard": (_event_guard_example, (_pos(3),)),
     "ode.odeint": (_odeint_example, (_pos(2), _f64(2))),
     "ode.radau_adjoint": (_radau_adjoint_example, (_pos(2), _pos(2))),
+    "ode.radau_tangent": (_radau_tangent_example, (_pos(2), _pos(2))),
     "optimization_barrier": (lambda x, y: sd.primitives.barrier_p.bind(x, y)[0] * y,
                              (_f64(3), _f64(3))),
 })

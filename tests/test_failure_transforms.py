@@ -67,6 +67,11 @@ def _radau_adjoint(x):
     return snp.sum(ys ** 2)
 
 
+def _radau_tangent(x):
+    # the same field's forward sensitivity (forward mode through the steps)
+    return sd.jvp(_radau_adjoint, (x,), (np.ones_like(x),))[1]
+
+
 def _event(x):
     # y decays from 1 towards 0 and never crosses 2
     ev = sd.ode.odeint_event(lambda t, y, k: -k * y, snp.ones(1), (0.0, 1.0),
@@ -218,6 +223,7 @@ FAILING = {
     "ode.odeint": (_odeint, np.array([1.0]), ConvergenceError, False),
     "ode.event_guard": (_event, np.array([0.5]), ConvergenceError, False),
     "ode.radau_adjoint": (_radau_adjoint, np.array([1.0]), ConvergenceError, True),
+    "ode.radau_tangent": (_radau_tangent, np.array([1.0]), ConvergenceError, False),
     "optimize.root": (_root, np.array([1.0]), ConvergenceError, False),
     "optimize.root_guard": (_root_guard, np.array([1.0]), ConvergenceError, True),
     "linalg.solve": (_solve, _NAN3, NonFiniteError, False),

@@ -53,10 +53,11 @@ def test_robertson_sparse_agrees_with_the_small_dense_path():
     iteration cannot finish and Newton-Krylov does) give the same gradient,
     to well within the stages' tolerance."""
     assert 3 * 3 <= _radau_adjoint.DIRECT_SIZE
+    before = _batch_split.live_handles()
     dense = np.asarray(_robertson_grad("dense")(RATES))
     sparse = np.asarray(_robertson_grad("sparse")(RATES))
     np.testing.assert_allclose(sparse, dense, rtol=1e-7)
-    assert _batch_split.live_handles() == 0
+    assert _batch_split.live_handles() == before
 
 
 @pytest.mark.parametrize("jac", [pytest.param("dense", marks=pytest.mark.slow), "sparse"])
@@ -76,6 +77,7 @@ def test_the_krylov_retry_gives_the_same_gradient(monkeypatch):
     iteration allowed), every step takes the second (fresh factorizations,
     Newton-Krylov, GMRES): the same gradient, and every factor freed."""
     k = np.array([1.0, 0.3])
+    before = _batch_split.live_handles()
     want = np.asarray(sd.grad(lambda k: _chain_loss(k, "sparse"))(k))
     monkeypatch.setattr(_radau_adjoint, "ADJOINT_MAXITER", 0)
     monkeypatch.setattr(_radau_adjoint, "ADJOINT_RTOL", 0.0)
@@ -85,7 +87,7 @@ def test_the_krylov_retry_gives_the_same_gradient(monkeypatch):
         np.array([0.0, 0.5, 2.0]), k, solver="radau", jac="sparse", rtol=1e-7,
         atol=1e-10) ** 2))(k))
     np.testing.assert_allclose(got, want, rtol=1e-8)
-    assert _batch_split.live_handles() == 0
+    assert _batch_split.live_handles() == before
 
 
 def _nan_derivative(t, y, k):
@@ -117,5 +119,54 @@ def test_failing_reverse_passes_free_their_factors_and_memory_stays_flat():
     for i in range(300):
         with pytest.raises(ConvergenceError):
             calls[i % 2](args[i % 2])
-    assert _batch_split.live_handles() == before == 0
+    assert _batch_split.live_handles() == before
     assert rss_mib() - mem < 30.0
+
+
+def _nodes(graph, name):
+    found = []
+
+    def walk(g):
+        for node in g.nodes:
+            if node.primitive.name == name:
+                found.append(node)
+            for sub in node.subgraphs:
+                walk(sub)
+
+    walk(graph)
+    return found
+
+
+def test_many_directions_are_one_pass_over_the_steps():
+    """`jacfwd` (a batch of tangents) and `jacrev` (a batch of cotangents)
+    of a Radau solve are one `ode.radau_tangent` / `ode.radau_adjoint` node
+    with `directions`, which solves every direction with the same stages
+    and factorizations: not a `map` of one pass per direction, each
+    factoring again (traced only)."""
+    def ys(k):
+        return sd.ode.odeint(_chain, np.linspace(0.5, 1.0, 40), np.array([0.0, 0.5]), k,
+                             solver="radau", jac="sparse")[1, :3]
+
+    k = np.array([1.0, 0.3])
+    for transform, name in ((sd.jacfwd, "ode.radau_tangent"),
+                            (sd.jacrev, "ode.radau_adjoint")):
+        graph = sd.trace(transform(ys), k)
+        (node,) = _nodes(graph, name)
+        assert node.params["directions"]
+        assert not _nodes(graph, "map")
+
+
+@pytest.mark.slow  # ~15 s
+@pytest.mark.parametrize("jac", ["dense", "sparse"])
+def test_jacrev_and_jacfwd_agree(jac):
+    """The Jacobian of ten outputs in two parameters by a batch of reverse
+    passes and by a batch of forward ones (each one node over the steps)
+    agree to the solves' tolerance."""
+    def ys(k):
+        return sd.ode.odeint(_chain, np.linspace(0.5, 1.0, 40), np.array([0.0, 0.5, 2.0]), k,
+                             solver="radau", jac=jac, rtol=1e-8, atol=1e-11)[1:, :5].ravel()
+
+    k = np.array([1.0, 0.3])
+    jf = np.asarray(sd.jacfwd(ys)(k))
+    jr = np.asarray(sd.jacrev(ys)(k))
+    np.testing.assert_allclose(jr, jf, rtol=0, atol=1e-9 * np.abs(jf).max())

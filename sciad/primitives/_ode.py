@@ -633,6 +633,9 @@ def _stepwise_jvp(primals, tangents, dts, params):
     if outs.history is not None:
         from ._ode_bdf_adjoint import bdf_jvp
         dstates, dys = bdf_jvp(primals, tangents, outs, params)
+    elif STEPPERS[params["solver"]].lowering == "radau":  # (its own pass: one node)
+        from ._ode_radau_adjoint import radau_jvp
+        dstates, dys = radau_jvp(primals, tangents, outs, params)
     else:
         dstates, dys = stored_jvp(primals, tangents, outs, params)
     return outs.present(), _tangent_outputs(outs, dys, dstates, dts, params, consts, ts)

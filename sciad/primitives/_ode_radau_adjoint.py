@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from ..errors import ConvergenceError
 from ..graph import Param, Primitive, Site, TensorType, Zero, is_zero, lower
-from ..graph._autodiff import jvp_eval, type_of, vjp_eval, vjp_transpose
+from ..graph._autodiff import instantiate, jvp_eval, type_of, vjp_eval, vjp_transpose
 from ..graph._body import Body, trace_body
 from ..graph._cost import Cost, _si
 from ..graph._sparsity import dense_all
@@ -35,6 +35,9 @@ from ..solvers.nonlinear._root_methods import sparse_jacobian
 from ..solvers.ode import _radau_adjoint
 from ._checks import check, tie
 from ._map import map_rule
+from .._ops import broadcast_to
+from ..graph._batch import batch_graph, batch_size_of, batched_front, to_front
+from ..graph._trace import trace_flat
 from ._ode_field import part_of
 
 radau_adjoint_p = Primitive("ode.radau_adjoint", multiple_results=True, runtime_checks=True,
@@ -43,11 +46,15 @@ radau_adjoint_p = Primitive("ode.radau_adjoint", multiple_results=True, runtime_
     "jac": Param(str, default="dense"), "pattern": Param((Pattern, None), default=None),
     "mass": Param((int, None), default=None),
     "mass_pattern": Param((Pattern, None), default=None),
-    "wanted": tuple[bool, ...], "states_ct": Param(bool, default=False)})
+    "wanted": tuple[bool, ...], "states_ct": Param(bool, default=False),
+    "directions": Param(bool, default=False)})
 #: `body`, `rtol`, `atol`, `max_steps`, `jac`, `pattern`, `mass`,
 #: `mass_pattern`: the `ode.odeint` node's (`solver="radau"`); `wanted`: per
 #: const, whether its cotangent is formed (an output); `states_ct`: the last
-#: operand is the cotangent of the states at every step
+#: operand is the cotangent of the states at every step; `directions`: the
+#: cotangents (and the outputs) have a leading axis of directions, all solved
+#: with the same stages and factorizations (a batch of reverse passes over
+#: the same steps: `jacrev`, `vmap` of a VJP)
 
 
 def _split(args, wanted, states_ct):
@@ -59,15 +66,17 @@ def _split(args, wanted, states_ct):
 
 @radau_adjoint_p.def_abstract_eval
 def _shape(*args, body, rtol, atol, max_steps, jac="dense", pattern=None, mass=None,
-           mass_pattern=None, wanted, states_ct=False):
+           mass_pattern=None, wanted, states_ct=False, directions=False):
     consts, grid, marks, states, ct, ct_states = _split(args, wanted, states_ct)
+    lead = ct.shape[:1] if directions else ()
     if len(consts) != len(body.inputs) - 2 or not isinstance(states, TensorType) \
-            or states.ndim != 2 or ct.ndim != 2 or ct.shape[1] != states.shape[1] \
-            or marks.shape != (ct.shape[0],) or grid.shape != (states.shape[0],):
+            or states.ndim != 2 or ct.shape != lead + (marks.shape[0], states.shape[1]) \
+            or grid.shape != (states.shape[0],) or (
+                ct_states is not None and ct_states.shape != lead + states.shape):
         raise ValueError("ode.radau_adjoint: operands (*consts, grid, marks, states, ct"
                          "[, ct_states]) do not match each other or the field's body")
-    return [TensorType(c.shape, c.dtype) for c, w in zip(consts, wanted) if w] + \
-        [TensorType((states.shape[1],), states.dtype)]
+    return [TensorType(lead + c.shape, c.dtype) for c, w in zip(consts, wanted) if w] + \
+        [TensorType(lead + (states.shape[1],), states.dtype)]
 
 
 def judge_radau_adjoint(site, *, status, t):
@@ -95,28 +104,22 @@ def judge_radau_adjoint(site, *, status, t):
 
 @radau_adjoint_p.def_impl
 def _impl(*args, body, rtol, atol, max_steps, jac="dense", pattern=None, mass=None,
-          mass_pattern=None, wanted, states_ct=False, site=None):
+          mass_pattern=None, wanted, states_ct=False, directions=False, site=None):
     from ._ode import _mass_for  # (a cycle: `_ode` emits this node's rules' callers)
 
     consts, grid, marks, states, ct, ct_states = _split(args, wanted, states_ct)
-    part = lower(part_of(body, 0), site.held if site is not None else ())
+    field, kind, mvals = _field_of(body, consts, wanted, jac, mass, mass_pattern, pattern,
+                                   states.shape[1], site, _mass_for)
     idx = [i for i, w in enumerate(wanted) if w]
-
-    def field(cw, t, y):
-        cs = list(consts)
-        for i, c in zip(idx, cw):
-            cs[i] = c
-        return part(*cs, t, y)[0]
-
-    kind = "sparse" if sparse_jacobian(jac) else "dense"
-    n = states.shape[1]
-    mvals = None if mass is None else _mass_for(consts[mass], mass_pattern, n, kind, pattern)
+    if not directions:
+        ct, ct_states = ct[None], None if ct_states is None else ct_states[None]
     cbar, ybar, status, t_failed = _radau_adjoint.adjoint(
         field, tuple(consts[i] for i in idx), grid, marks, states, ct, ct_states, rtol=rtol,
         atol=atol, jac=kind, pattern=pattern, mass=mvals)
     token = check(judge_radau_adjoint, site or Site("ode.radau_adjoint"), when=status != 0,
                   status=status, t=t_failed)
-    return tuple(tie([*cbar, ybar], token))
+    outs = [*cbar, ybar]
+    return tuple(tie(outs if directions else [o[0] for o in outs], token))
 
 
 def radau_vjp(primals, outs, ct, params, wanted, ct_states=None) -> list:
@@ -155,53 +158,237 @@ def reference(*args, **params):
     return [b for b, w in zip(bars, wanted) if w] + [bars[-1]]
 
 
-def _reference_graph(args, params):
+def _reference_graph(reference_fn, args, params):
     def fn(*a):
-        return reference(*a, **params)
+        return reference_fn(*a, **params)
 
-    g, closed, _ = trace_body(fn, [type_of(a) for a in args], name="radau_adjoint_reference")
+    g, closed, _ = trace_body(fn, [type_of(a) for a in args], name="radau_reference")
     return g, closed
 
 
-@radau_adjoint_p.def_jvp
-def _jvp(primals, tangents, **params):
-    outs = radau_adjoint_p.bind(*primals, **params)
-    if all(is_zero(t) for t in tangents):
-        return outs, [Zero(type_of(o).update()) for o in outs]
-    g, closed = _reference_graph(primals, params)
-    _, touts = jvp_eval(g, [*closed, *primals],
-                        [Zero(type_of(c).update()) for c in closed] + list(tangents))
-    return outs, touts
+def _over_directions(single, linear_of):
+    """`single` (a reference, one direction), or with `directions`, mapped
+    over the leading axis of the operands at `linear_of(args, params)` (a
+    sciad `vmap` of it)."""
+    def reference_fn(*args, **params):
+        if not params.get("directions", False):
+            return single(*args, **params)
+        one = dict(params, directions=False)
+        lin = linear_of(args, params)
+
+        def each(*values):
+            full = list(args)
+            for i, v in zip(lin, values):
+                full[i] = v
+            return single(*full, **one)
+
+        values = [args[i] for i in lin]
+        size = type_of(values[0]).shape[0]
+        per = tuple(TensorType(type_of(v).shape[1:], type_of(v).dtype) for v in values)
+        graph, _, _, captured = trace_flat(each, per, closure=True, name="radau_reference")
+        outs = batch_graph(graph, values + list(captured), [0] * len(values) +
+                           [None] * len(captured), None)
+        return [batched_front(v, d, size) for v, d in outs]
+
+    return reference_fn
 
 
-@radau_adjoint_p.def_vjp
-def _vjp(primals, outs, cts, **params):
-    g, closed = _reference_graph(primals, params)
-    _, backward = vjp_eval(g, [*closed, *primals])
-    return backward(list(cts))[len(closed):]
+def _directions_rule(prim, linear_of):
+    """The batch rule of `prim`: a batch of its linear operands alone (the
+    same steps, many cotangents or tangents) is one node with `directions`,
+    whose loop solves them all with the same stages and factorizations;
+    any other batch is a `map` of one (`jax.vmap` of its loop: the kept
+    factors' swaps batch as the forward loop's)."""
+    mapped = map_rule(prim)
+
+    def rule(args, dims, spmd_axis=None, **params):
+        lin = linear_of(args, params)
+        if spmd_axis is not None or params.get("directions", False) or any(
+                d is not None for i, d in enumerate(dims) if i not in lin):
+            return mapped(args, dims, spmd_axis=spmd_axis, **params)
+        size = batch_size_of(args, dims)
+        new = list(args)
+        for i in lin:
+            new[i] = to_front(args[i], dims[i]) if dims[i] is not None else \
+                broadcast_to(args[i], (size,) + tuple(type_of(args[i]).shape))
+        outs = list(prim.bind(*new, **dict(params, directions=True)))
+        return outs, [0] * len(outs)
+
+    return rule
 
 
-# linear in the cotangents `ct` (and `ct_states`) where the rest is fixed
-radau_adjoint_p.def_transpose(vjp_transpose(radau_adjoint_p))
+def _def_rules(prim, reference_fn, linear_of):
+    """`prim`'s derivative rules: its reference's (the same steps re-run in
+    sciad ops), and its transpose (it is linear in its operands at
+    `linear_of(args, params)`, the cotangents or tangents, where the rest is
+    fixed) by its VJP; its batch rule (`_directions_rule`); its sparsity
+    dense."""
+    reference_fn = _over_directions(reference_fn, linear_of)
+
+    @prim.def_jvp
+    def _jvp(primals, tangents, **params):
+        outs = prim.bind(*primals, **params)
+        if all(is_zero(t) for t in tangents):
+            return outs, [Zero(type_of(o).update()) for o in outs]
+        g, closed = _reference_graph(reference_fn, primals, params)
+        _, touts = jvp_eval(g, [*closed, *primals],
+                            [Zero(type_of(c).update()) for c in closed] + list(tangents))
+        return outs, touts
+
+    @prim.def_vjp
+    def _vjp(primals, outs, cts, **params):
+        g, closed = _reference_graph(reference_fn, primals, params)
+        _, backward = vjp_eval(g, [*closed, *primals])
+        return backward(list(cts))[len(closed):]
+
+    prim.def_transpose(vjp_transpose(prim))
+    prim.def_sparsity(lambda outs, *deps, **params: dense_all(outs, *deps))
+    prim.def_batch(_directions_rule(prim, linear_of))
 
 
-@radau_adjoint_p.def_sparsity
-def _sparsity(outs, *deps, **params):
-    return dense_all(outs, *deps)
+def _adjoint_linear(args, params) -> list:
+    k = len(params["wanted"]) + 3  # (ct, after the consts, grid, marks and states)
+    return [k, k + 1] if params.get("states_ct", False) else [k]
 
 
-# a batch of reverse passes is a `map` of one (`jax.vmap` of its loop; the
-# kept factors' swaps batch as the forward loop's)
-radau_adjoint_p.def_batch(map_rule(radau_adjoint_p))
+_def_rules(radau_adjoint_p, reference, _adjoint_linear)
 
 
-@radau_adjoint_p.def_cost
+# ---------------------------------------------------------------------------
+# forward mode
+
+radau_tangent_p = Primitive("ode.radau_tangent", multiple_results=True, runtime_checks=True,
+                            params={
+    "body": Body, "rtol": float, "atol": float, "max_steps": int,
+    "jac": Param(str, default="dense"), "pattern": Param((Pattern, None), default=None),
+    "mass": Param((int, None), default=None),
+    "mass_pattern": Param((Pattern, None), default=None),
+    "nonzero": tuple[bool, ...], "directions": Param(bool, default=False)})
+radau_tangent_p.__doc__ = """The discrete forward sensitivity of the steps an
+`ode.odeint` node with `solver="radau"` took, one node, lowered to one JAX
+loop up the recorded steps (`sciad.solvers.ode._radau_adjoint.tangent`):
+operands `(*consts, *dconsts, grid, marks, states, dy0)` (the tangents of
+the consts flagged `nonzero` only), outputs the tangents of the states at
+every step and at the output times. Its derivative rules are those of the
+steps re-run in sciad ops (`_ode_adjoint.stored_jvp`). `directions`: the
+tangents (and the outputs) have a leading axis of directions, all solved
+with the same stages and factorizations (`jacfwd`, `vmap` of a JVP)."""
+
+
+def _split_tangent(args, nonzero):
+    k = len(nonzero)
+    consts = list(args[:k])
+    d = sum(bool(z) for z in nonzero)
+    dconsts = list(args[k:k + d])
+    grid, marks, states, dy0 = args[k + d:]
+    return consts, dconsts, grid, marks, states, dy0
+
+
+@radau_tangent_p.def_abstract_eval
+def _tangent_shape(*args, body, rtol, atol, max_steps, jac="dense", pattern=None, mass=None,
+                   mass_pattern=None, nonzero, directions=False):
+    consts, dconsts, grid, marks, states, dy0 = _split_tangent(args, nonzero)
+    lead = dy0.shape[:1] if directions else ()
+    if len(consts) != len(body.inputs) - 2 or states.ndim != 2 \
+            or dy0.shape != lead + (states.shape[1],) or grid.shape != (states.shape[0],) \
+            or [(lead + c.shape, c.dtype) for c, z in zip(consts, nonzero) if z] != \
+            [(d.shape, d.dtype) for d in dconsts]:
+        raise ValueError("ode.radau_tangent: operands (*consts, *dconsts, grid, marks, "
+                         "states, dy0) do not match each other or the field's body")
+    return [TensorType(lead + states.shape, states.dtype),
+            TensorType(lead + (marks.shape[0], states.shape[1]), states.dtype)]
+
+
+@radau_tangent_p.def_impl
+def _tangent_impl(*args, body, rtol, atol, max_steps, jac="dense", pattern=None, mass=None,
+                  mass_pattern=None, nonzero, directions=False, site=None):
+    from ._ode import _mass_for
+
+    consts, dconsts, grid, marks, states, dy0 = _split_tangent(args, nonzero)
+    field, kind, mvals = _field_of(body, consts, nonzero, jac, mass, mass_pattern, pattern,
+                                   states.shape[1], site, _mass_for)
+    if not directions:
+        dconsts, dy0 = [d[None] for d in dconsts], dy0[None]
+    dstates, dys, status, t_failed = _radau_adjoint.tangent(
+        field, tuple(c for c, z in zip(consts, nonzero) if z), tuple(dconsts), grid, marks,
+        states, dy0, rtol=rtol, atol=atol, jac=kind, pattern=pattern, mass=mvals)
+    token = check(judge_radau_adjoint, site or Site("ode.radau_tangent"), when=status != 0,
+                  status=status, t=t_failed)
+    outs = [dstates, dys] if directions else [dstates[0], dys[0]]
+    return tuple(tie(outs, token))
+
+
+def radau_jvp(primals, tangents, outs, params):
+    """The tangents of an `ode.odeint` node's states at every step and at
+    its output times by one `ode.radau_tangent` node: `tangents`, those of
+    `(*consts, y0)` (`Zero`s where none); `outs`, the node's outputs (an
+    `OdeintOutputs` with `states`)."""
+    *consts, y0, _ = primals
+    *dconsts, dy0 = tangents
+    nonzero = tuple(not is_zero(d) for d in dconsts)
+    p = {"body": params["body"], "rtol": params["rtol"], "atol": params["atol"],
+         "max_steps": params["max_steps"], "nonzero": nonzero}
+    for name in ("jac", "pattern", "mass", "mass_pattern"):
+        if params.get(name) is not None:
+            p[name] = params[name]
+    dy0 = instantiate(dy0) if is_zero(dy0) else dy0
+    dstates, dys = radau_tangent_p.bind(*consts, *[d for d in dconsts if not is_zero(d)],
+                                        outs.grid, outs.marks, outs.states, dy0, **p)
+    return dstates, dys
+
+
+def tangent_reference(*args, **params):
+    """`ode.radau_tangent`'s outputs computed in sciad ops
+    (`_ode_adjoint.stored_jvp`, each step's JVP from its recorded state)."""
+    from ._ode import OdeintOutputs
+    from ._ode_adjoint import stored_jvp
+
+    nonzero = params["nonzero"]
+    consts, dconsts, grid, marks, states, dy0 = _split_tangent(args, nonzero)
+    it = iter(dconsts)
+    tangents = [next(it) if z else Zero(type_of(c).update()) for c, z in zip(consts, nonzero)]
+    outs = OdeintOutputs(None, None, marks[-1], grid=grid, marks=marks, states=states)
+    dstates, dys = stored_jvp([*consts, states[0], grid[marks]], [*tangents, dy0], outs,
+                              dict(params, solver="radau"))
+    return [dstates, dys]
+
+
+def _tangent_linear(args, params) -> list:
+    nonzero = params["nonzero"]
+    k, d = len(nonzero), sum(bool(z) for z in nonzero)
+    return list(range(k, k + d)) + [len(args) - 1]  # (the dconsts and dy0)
+
+
+_def_rules(radau_tangent_p, tangent_reference, _tangent_linear)
+
+
+def _field_of(body, consts, flags, jac, mass, mass_pattern, pattern, n, site, mass_for):
+    """`(field(cw, t, y), the Jacobian kind, the mass matrix's values)` for
+    the loops: `cw`, the consts flagged in `flags` (the others fixed)."""
+    part = lower(part_of(body, 0), site.held if site is not None else ())
+    idx = [i for i, w in enumerate(flags) if w]
+
+    def field(cw, t, y):
+        cs = list(consts)
+        for i, c in zip(idx, cw):
+            cs[i] = c
+        return part(*cs, t, y)[0]
+
+    kind = "sparse" if sparse_jacobian(jac) else "dense"
+    mvals = None if mass is None else mass_for(consts[mass], mass_pattern, n, kind, pattern)
+    return field, kind, mvals
+
+
 def _cost(node, body_cost):
     # per step (their number is known only when it runs): about three
-    # Newton iterations on the stages and four of the transposed system,
-    # each three evaluations (or VJPs) of the field and a real and a complex
+    # Newton iterations on the stages and four of the linear system's, each
+    # three evaluations (JVPs, VJPs) of the field and a real and a complex
     # solve
     F = body_cost(node.params["body"])
-    n = node.inputs[len(node.params["wanted"]) + 2].type.shape[1]
+    n = node.outputs[-1].type.shape[-1]
     per = 7.0 * 3.0 * (F.flops + 6.0 * n)
     return Cost(per, F.peak, f"per step ({_si(per)})")
+
+
+radau_adjoint_p.def_cost(_cost)
+radau_tangent_p.def_cost(_cost)

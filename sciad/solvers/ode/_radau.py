@@ -90,6 +90,9 @@ class _Linear(NamedTuple):
     #: `[[X, Y], [-Y, X]]` of `C = X - iY`)
     solve_real_t: Callable | None = None
     solve_complex_h: Callable | None = None
+    #: the solves take a matrix of right-hand sides, `(n, k)` (not the
+    #: host's SuperLU: one vector a call)
+    columns: bool = True
 
 
 def _dense_linear(field, n, dtype, mass=None):
@@ -200,7 +203,8 @@ def _sparse_linear(field, pattern, mass=None, dtype=None):
     return _Linear(jacobian, factor, lambda lu, b: host_solve(pattern, lu, b),
                    lambda lu, b: solve_complex_with(host_solve, lu, b),
                    solve_real_t=lambda lu, b: host_solve(pattern, lu, b, True),
-                   solve_complex_h=lambda lu, b: solve_complex_with(host_solve, lu, b, True))
+                   solve_complex_h=lambda lu, b: solve_complex_with(host_solve, lu, b, True),
+                   columns=False)
 
 
 def newton_tolerance(rtol: float, eps: float) -> float:

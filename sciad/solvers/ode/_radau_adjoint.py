@@ -119,71 +119,93 @@ class _Stages:
             self.fields(self.consts, self.y, Z)
 
     def _solve(self, v, transpose: bool):
-        # P^-1 v = (T (x) I) K^-1 (T^-1 (x) I) v; P^-T v = (T^-T (x) I) K^-T (T^T (x) I) v
+        # P^-1 v = (T (x) I) K^-1 (T^-1 (x) I) v; P^-T v = (T^-T (x) I) K^-T (T^T (x) I) v,
+        # for `v` of shape (directions, 3, n): the directions are the
+        # solves' right-hand sides
         lin, dtype = self.linear, v.dtype
-        u = (self.T.T if transpose else self.TI) @ v
+        u = _mix(self.T.T if transpose else self.TI, v)
+        real_of, cplx_of = (lin.solve_real_t, lin.solve_complex_h) if transpose else \
+            (lin.solve_real, lin.solve_complex)
+
+        def solve(fn, lu, rows):  # (rows: one right-hand side each)
+            if lin.columns:
+                return fn(lu, rows.T).T
+            return jnp.stack([fn(lu, r) for r in rows])
+
+        x0 = solve(real_of, self.lus[0], u[:, 0])
+        xc = solve(cplx_of, self.lus[1], u[:, 1] + 1j * u[:, 2])
+        x = jnp.stack([x0, xc.real.astype(dtype), xc.imag.astype(dtype)], axis=1)
+        return _mix(self.TI.T if transpose else self.T, x)
+
+    def preconditioner(self, transpose: bool) -> Callable:
+        """`P^-1` (`P^-T` if `transpose`)."""
+        return lambda v: self._solve(v, transpose)
+
+    def linear_at(self, Z, transpose: bool) -> Callable:
+        """`v -> (G_Z v, the size of its two terms)` at the stages `Z` (`G_Z^T
+        v` if `transpose`), for `v` of shape `(directions, 3, n)`: the
+        field's JVPs (VJPs) at the three stages."""
+        fields = lambda Z: self.fields(self.consts, self.y, Z)  # noqa: E731
         if transpose:
-            x0 = lin.solve_real_t(self.lus[0], u[0])
-            xc = lin.solve_complex_h(self.lus[1], u[1] + 1j * u[2])
+            _, pull = jax.vjp(fields, Z)
+            stages = lambda v: pull(v)[0]  # noqa: E731
+            mass, mix = self.apply_mass_t, self.Ainv.T
         else:
-            x0 = lin.solve_real(self.lus[0], u[0])
-            xc = lin.solve_complex(self.lus[1], u[1] + 1j * u[2])
-        x = jnp.stack([x0, xc.real.astype(dtype), xc.imag.astype(dtype)])
-        return (self.TI.T if transpose else self.T) @ x
+            _, stages = jax.linearize(fields, Z)
+            mass, mix = self.apply_mass, self.Ainv
 
-    def precondition(self, v):
-        return self._solve(v, False)
-
-    def precondition_t(self, v):
-        return self._solve(v, True)
-
-    def transposed_at(self, Z):
-        """`mu -> (G_Z^T mu, its two terms' sizes)` at the stages `Z`."""
-        _, pull = jax.vjp(lambda Z: self.fields(self.consts, self.y, Z), Z)
-
-        def apply(mu):
-            a = self.Ainv.T @ jax.vmap(self.apply_mass_t)(mu) / self.h
-            b = pull(mu)[0]
-            return a - b, jnp.maximum(jnp.max(jnp.abs(a)), jnp.max(jnp.abs(b)))
+        def apply(v):
+            a = _mix(mix, jax.vmap(jax.vmap(mass))(v)) / self.h
+            b = jax.vmap(stages)(v)
+            return a - b, jnp.maximum(jnp.max(jnp.abs(a), axis=(1, 2)),
+                                      jnp.max(jnp.abs(b), axis=(1, 2)))
 
         return apply
 
 
+def _mix(matrix, v):
+    """`(matrix (x) I) v` for each direction of `v`, `(directions, 3, n)`."""
+    return jnp.einsum("ij,bjn->bin", matrix, v)
+
+
 def _relative(d, x):
-    s, norm = _rms(d), _rms(x)
-    return jnp.where(s == 0, 0.0, s / jnp.where(norm > 0, norm, 1.0))
+    """The largest of the directions' `rms(d) / rms(x)` (0 where `d` is)."""
+    s = jnp.sqrt(jnp.mean(d.reshape(d.shape[0], -1) ** 2, axis=1))
+    norm = jnp.sqrt(jnp.mean(x.reshape(x.shape[0], -1) ** 2, axis=1))
+    return jnp.max(jnp.where(s == 0, 0.0, s / jnp.where(norm > 0, norm, 1.0)))
 
 
-def _richardson(st: _Stages, apply, rhs):
-    """`mu` with `G_Z^T mu = rhs` (`(3, n)`) by the iteration preconditioned
-    with `P^-T`, stopped where it converges slower than `SLOW_RATE`:
-    `(converged, mu, rate)`."""
+def _richardson(apply, precondition, rhs):
+    """`x` with `apply(x)[0] = rhs` (`G_Z` or its transpose, `(3, n)`) by the
+    iteration preconditioned with `precondition`, stopped where it
+    converges slower than `SLOW_RATE`: `(converged, x, rate)`."""
     def cond(s):
         k, _, size, rate = s
         return (k < ADJOINT_MAXITER) & ~(size <= ADJOINT_RTOL) & ~(rate >= SLOW_RATE)
 
     def body(s):
-        k, mu, old, _ = s
-        d = st.precondition_t(rhs - apply(mu)[0])
-        mu = mu + d
-        size = _relative(d, mu)
-        return k + 1, mu, size, jnp.where(old > 0, size / old, 0.0)
+        k, x, old, _ = s
+        d = precondition(rhs - apply(x)[0])
+        x = x + d
+        size = _relative(d, x)
+        return k + 1, x, size, jnp.where(old > 0, size / old, 0.0)
 
     dtype = rhs.dtype
     inf = jnp.asarray(jnp.inf, dtype)
-    _, mu, size, rate = jax.lax.while_loop(
-        cond, body, (jnp.asarray(0, jnp.int32), st.precondition_t(rhs), inf,
-                     jnp.zeros((), dtype)))
-    ok = (size <= ADJOINT_RTOL) & jnp.all(jnp.isfinite(mu))
-    return ok, mu, jnp.where(jnp.isfinite(rate), rate, inf)
+    _, x, size, rate = jax.lax.while_loop(
+        cond, body, (jnp.asarray(0, jnp.int32), precondition(rhs), inf, jnp.zeros((), dtype)))
+    ok = (size <= ADJOINT_RTOL) & jnp.all(jnp.isfinite(x))
+    return ok, x, jnp.where(jnp.isfinite(rate), rate, inf)
 
 
-def _solved(apply, rhs, mu):
-    """Whether `mu` solves `apply(mu) = rhs` to `KRYLOV_RESIDUAL`, relative
-    to the sizes of `rhs` and of `apply`'s terms (its rounding floor)."""
-    r, terms = apply(mu)
-    scale = jnp.maximum(jnp.max(jnp.abs(rhs)), terms)
-    return jnp.all(jnp.isfinite(mu)) & (jnp.max(jnp.abs(rhs - r)) <= KRYLOV_RESIDUAL * scale)
+def _solved(apply, rhs, x):
+    """Whether `x` solves `apply(x) = rhs` to `KRYLOV_RESIDUAL` in every
+    direction, relative to the sizes of its `rhs` and of `apply`'s terms
+    (its rounding floor)."""
+    r, terms = apply(x)
+    scale = jnp.maximum(jnp.max(jnp.abs(rhs), axis=(1, 2)), terms)
+    return jnp.all(jnp.isfinite(x)) & jnp.all(
+        jnp.max(jnp.abs(rhs - r), axis=(1, 2)) <= KRYLOV_RESIDUAL * scale)
 
 
 def _newton_krylov(st: _Stages, Z, scale, m: int):
@@ -200,8 +222,9 @@ def _newton_krylov(st: _Stages, Z, scale, m: int):
     def body(s):
         k, Z, _, _ = s
         g, jvp = jax.linearize(st.residual, Z)
+        precondition = st.preconditioner(False)
         dZ, _ = gmres(jvp, -g, tol=KRYLOV_STEP_RTOL, restart=KRYLOV_RESTART,
-                      maxiter=KRYLOV_RESTARTS, M=st.precondition)
+                      maxiter=KRYLOV_RESTARTS, M=lambda v: precondition(v[None])[0])
         Z = Z + dZ
         size = _rms((dZ / scale)[:, :m])
         return k + 1, Z, size <= STAGE_TOL, ~jnp.isfinite(size)
@@ -227,10 +250,18 @@ def _at_floor(st: _Stages, Z, m: int):
     return norm(g) <= floor
 
 
-def _direct(st: _Stages, Z, rhs, scale, m: int):
+def _or_at_floor(st: _Stages, done, Z, m: int):
+    """`done`, or the stages `Z` finite and at their rounding floor (measured
+    only where not `done`)."""
+    return done | (jnp.all(jnp.isfinite(Z)) & jax.lax.cond(
+        done, lambda: jnp.asarray(False), lambda: _at_floor(st, Z, m)))
+
+
+def _direct(st: _Stages, Z, rhs_of: Callable, scale, m: int, transpose: bool):
     """The stages by Newton's method with the exact stage Jacobian `G_Z`
-    (dense, by forward mode) and `mu` from `G_Z^T mu = rhs` with it, by LU:
-    for a small dense system. `(converged, Z, mu)`."""
+    (dense, by forward mode) and `x` from `G_Z x = rhs_of(Z)` (`G_Z^T` if
+    `transpose`) with it, by LU: for a small dense system. `(converged, Z,
+    x)`."""
     size = Z.size
 
     def jacobian(Z):
@@ -249,73 +280,140 @@ def _direct(st: _Stages, Z, rhs, scale, m: int):
 
     _, Z, done, _ = jax.lax.while_loop(
         cond, body, (jnp.asarray(0, jnp.int32), Z, jnp.asarray(False), jnp.asarray(False)))
-    done = done | (jnp.all(jnp.isfinite(Z)) & jax.lax.cond(
-        done, lambda: jnp.asarray(False), lambda: _at_floor(st, Z, m)))
-    mu = jnp.linalg.solve(jacobian(Z).T, rhs.reshape(size)).reshape(Z.shape)
-    return done & jnp.all(jnp.isfinite(mu)), Z, mu
+    done = _or_at_floor(st, done, Z, m)
+    G = jacobian(Z)
+    rhs = rhs_of(Z)
+    x = jnp.linalg.solve(G.T if transpose else G, rhs.reshape(rhs.shape[0], size).T)
+    x = x.T.reshape(rhs.shape)
+    return done & jnp.all(jnp.isfinite(x)), Z, x
+
+
+class _Steps:
+    """What both passes over the recorded steps share: the linear algebra
+    of the forward loop (`linear`, its factorizations kept over steps), and
+    `solve`, one step's stages and the solution of the step's linear system
+    `G_Z x = rhs` (the tangent pass) or `G_Z^T x = rhs` (the adjoint), for
+    any number of right-hand sides (directions: `(directions, 3, n)`)."""
+
+    def __init__(self, field, consts, states, *, rtol, atol, jac, pattern, mass,
+                 transpose: bool):
+        n, dtype = states.shape[1], states.dtype
+        self.field, self.consts, self.rtol, self.atol = field, consts, rtol, atol
+        self.n, self.dtype, self.transpose = n, dtype, transpose
+        self.linear = _radau._sparse_linear(lambda t, y: field(consts, t, y), pattern, mass,
+                                            dtype) \
+            if jac == "sparse" else _radau._dense_linear(lambda t, y: field(consts, t, y), n,
+                                                         dtype, mass)
+        self.M = mass_of(mass, jac, pattern, n, dtype)
+        self.C = jnp.asarray(_radau.C, dtype)
+        # (a stage iterate within the forward's own Newton tolerance is as
+        # good a point to linearise at as the forward's)
+        self.loose = _radau.newton_tolerance(rtol, float(np.finfo(dtype).eps))
+        self.small = jac != "sparse" and 3 * n <= DIRECT_SIZE
+
+    def stages(self, lus, t, h, y):
+        return _Stages(self.field, self.consts, self.linear, self.M, lus, t, h, y)
+
+    def fields(self, cs, t, h, y, Z):
+        """The field at the three stages (`(3, n)`), of `cs`, `y` and `Z`."""
+        return jax.vmap(lambda c, z: self.field(cs, t + c * h, y + z))(self.C, Z)
+
+    def start(self, grid, states, k):
+        """The carry's Jacobian and factorizations before the first step a
+        pass solves (`k`): the Jacobian at that step's end, no factors."""
+        J = self.linear.jacobian(grid[k + 1], states[k + 1])
+        return J, self.linear.factor(J, jnp.ones((), self.dtype)), \
+            jnp.asarray(jnp.nan, self.dtype)
+
+    def solve(self, t, h, y, y1, f0, f1, rhs_of: Callable, J, lus, lu_h, renew, live):
+        """The step from `(t, y)` to `(t + h, y1)` (`f0`, `f1`: the field
+        there): its stages `Z` and `x` with `G_Z x = rhs_of(Z)` (or `G_Z^T
+        x`). A first try with the Jacobian `J` (at the step's end where
+        `renew`) and the kept factorizations `lus` (made again for `h` where
+        it changed); where it fails, a second with the Jacobian at the
+        step's start, fresh factorizations, Newton-Krylov and GMRES; a small
+        dense system by LU of the stage matrix instead. `(ok, Z, x, J, lus,
+        lu_h, renew)`; `renew`: the next step should evaluate the Jacobian
+        again. `live`: False for a batch's example that is done (no
+        factor is swapped for it)."""
+        from jax.scipy.sparse.linalg import gmres
+
+        linear, m, transpose = self.linear, self.n, self.transpose
+        scale = self.atol + jnp.abs(y) * self.rtol
+        Z0 = hermite_stages(y, y1, f0, f1, h) if self.M is None else \
+            self.C[:, None] * (y1 - y)
+        if self.small:  # (no factorizations kept: the 3n system by LU)
+            ok, Z, x = _direct(self.stages(lus, t, h, y), Z0, rhs_of, scale, m, transpose)
+            return ok, Z, x, J, lus, lu_h, renew
+        J = jax.lax.cond(renew, lambda: linear.jacobian(t + h, y1), lambda: J)
+        need = renew | (lu_h != h)
+        lus = refactored(linear, lus, J, h, need & live)
+        lu_h = jnp.where(need, h, lu_h)
+        st = self.stages(lus, t, h, y)
+        done, iters, Z, rate_z, _, size = _radau.newton(
+            lambda s, v: self.field(self.consts, s, v), linear, st.apply_mass, t, y, h, Z0,
+            lus, scale, m=m, tol=STAGE_TOL, maxiter=NEWTON_MAXITER)
+        done = _or_at_floor(st, done | (jnp.all(jnp.isfinite(Z)) & (size <= self.loose)), Z,
+                            m)
+        ok, x, rate = _richardson(st.linear_at(Z, transpose), st.preconditioner(transpose),
+                                  rhs_of(Z))
+        slow = (rate > RENEW_RATE) | ((iters > 4) & (rate_z > RENEW_RATE))
+
+        # (a loop run at most once, not a `lax.cond`: as `_radau`'s refilter,
+        # for the kept factors' swaps under `jax.vmap`)
+        def again(r):
+            retry, _, Z, x, J, lus = r
+            J = linear.jacobian(t, y)
+            lus = refactored(linear, lus, J, h, retry & live)
+            st = self.stages(lus, t, h, y)
+            done, Z = _newton_krylov(st, jnp.where(jnp.all(jnp.isfinite(Z)), Z, Z0), scale, m)
+            done = _or_at_floor(st, done, Z, m)
+            apply, precondition = st.linear_at(Z, transpose), st.preconditioner(transpose)
+            rhs = rhs_of(Z)
+            # (the correction to P^-1 rhs, from 0: GMRES's `x0` and right-hand
+            # side batched apart under `jax.vmap` break its `device_put`)
+            x0 = precondition(rhs)
+            d, _ = gmres(lambda v: apply(v)[0], rhs - apply(x0)[0], tol=ADJOINT_RTOL,
+                         restart=KRYLOV_RESTART, maxiter=KRYLOV_RESTARTS, M=precondition)
+            x = x0 + d
+            return jnp.asarray(False), done & _solved(apply, rhs, x), Z, x, J, lus
+
+        retry = ~(done & ok)
+        _, ok, Z, x, J, lus = jax.lax.while_loop(lambda r: r[0], again,
+                                                 (retry, done & ok, Z, x, J, lus))
+        return ok, Z, x, J, lus, jnp.where(retry, h, lu_h), slow | retry
+
+    def failed(self, live, ok, *arrays):
+        """The status of a step that did not solve (`ok` False): `NONFINITE`
+        where anything it made (`arrays`) is not finite (a derivative of the
+        field was not), else `FAILED`; 0 where it solved."""
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(a))
+                                    for a in jax.tree_util.tree_leaves(arrays)]))
+        return jnp.where(live & ~ok, jnp.where(finite, FAILED, NONFINITE), 0)
 
 
 def adjoint(field: Callable, consts, grid, marks, states, ct, ct_states=None, *, rtol: float,
             atol: float, jac: str = "dense", pattern=None, mass=None):
     """The cotangents of `consts` (a tuple of arrays, `field(consts, t, y)`'s
-    first argument) and of the initial state from `ct`, the cotangent of the
-    states at the output times (`(len(marks), n)`; output `i` is the state
-    after `marks[i]` steps), and `ct_states`, that of the states at every
-    step (or None), through the steps the forward loop recorded (`grid`,
-    `states`, `(max_steps + 1, ...)`): `(consts_bar, y0_bar, status,
-    t_failed)`, status 0, or `FAILED` or `NONFINITE` at the step from
-    `t_failed` (the pass stopped there: its results NaN).
-    `jac`, `pattern`, `mass`: as `_radau.integrate` took them."""
-    n, dtype = states.shape[1], states.dtype
-    m = n
-    linear = _radau._sparse_linear(lambda t, y: field(consts, t, y), pattern, mass, dtype) \
-        if jac == "sparse" else _radau._dense_linear(lambda t, y: field(consts, t, y), n, dtype,
-                                                     mass)
-    M = mass_of(mass, jac, pattern, n, dtype)
-    Cj = jnp.asarray(_radau.C, dtype)
-    # (a stage iterate within the forward's own Newton tolerance is as good a
-    # point to linearise at as the forward's)
-    loose = _radau.newton_tolerance(rtol, float(np.finfo(dtype).eps))
-    small = jac != "sparse" and 3 * n <= DIRECT_SIZE
+    first argument) and of the initial state from `ct`, the cotangents of
+    the states at the output times (`(directions, len(marks), n)`; output
+    `i` is the state after `marks[i]` steps), and `ct_states`, those of the
+    states at every step (or None), through the steps the forward loop
+    recorded (`grid`, `states`, `(max_steps + 1, ...)`). Every direction
+    (a row of cotangents) is solved with the same stages and
+    factorizations. `(consts_bar, y0_bar, status, t_failed)` (each
+    cotangent with the leading `directions` axis), status 0, or `FAILED` or
+    `NONFINITE` at the step from `t_failed` (the pass stopped there: its
+    results NaN). `jac`, `pattern`, `mass`: as `_radau.integrate` took
+    them."""
+    S = _Steps(field, consts, states, rtol=rtol, atol=atol, jac=jac, pattern=pattern,
+               mass=mass, transpose=True)
+    n, dtype, B = S.n, S.dtype, ct.shape[0]
     steps = marks[-1]
     # the cotangents each state receives (output times and every step)
-    given = jnp.zeros_like(states).at[marks].add(ct)
+    given = jnp.zeros((B,) + states.shape, dtype).at[:, marks].add(ct)
     if ct_states is not None:
         given = given + ct_states
-
-    def simplified(st, lam, Z0, scale):
-        """The first try: the simplified Newton iteration and the
-        preconditioned one on the transposed system, with the kept
-        factorizations. `(ok, Z, mu, slow)`."""
-        done, iters, Z, rate_z, _, size = _radau.newton(
-            lambda s, v: field(consts, s, v), st.linear, st.apply_mass, st.t, st.y, st.h, Z0,
-            st.lus, scale, m=m, tol=STAGE_TOL, maxiter=NEWTON_MAXITER)
-        finite = jnp.all(jnp.isfinite(Z))
-        done = done | (finite & ((size <= loose) | jax.lax.cond(
-            done, lambda: jnp.asarray(False), lambda: _at_floor(st, Z, m))))
-        rhs = jnp.zeros((3, n), dtype).at[2].set(lam)
-        ok, mu, rate_mu = _richardson(st, st.transposed_at(Z), rhs)
-        slow = (rate_mu > RENEW_RATE) | ((iters > 4) & (rate_z > RENEW_RATE))
-        return done & ok, Z, mu, slow
-
-    def robust(st, lam, Z, scale):
-        """The second try (fresh factorizations): Newton-Krylov on the stages,
-        GMRES on the transposed system, both preconditioned as the first
-        try's. `(ok, Z, mu)`."""
-        from jax.scipy.sparse.linalg import gmres
-
-        done, Z = _newton_krylov(st, Z, scale, m)
-        done = done | (jnp.all(jnp.isfinite(Z)) & jax.lax.cond(
-            done, lambda: jnp.asarray(False), lambda: _at_floor(st, Z, m)))
-        apply = st.transposed_at(Z)
-        rhs = jnp.zeros((3, n), dtype).at[2].set(lam)
-        # (the correction to P^-T rhs, from 0: GMRES's `x0` and right-hand
-        # side batched apart under `jax.vmap` break its `device_put`)
-        mu0 = st.precondition_t(rhs)
-        d, _ = gmres(lambda v: apply(v)[0], rhs - apply(mu0)[0], tol=ADJOINT_RTOL,
-                     restart=KRYLOV_RESTART, maxiter=KRYLOV_RESTARTS, M=st.precondition_t)
-        mu = mu0 + d
-        return done & _solved(apply, rhs, mu), Z, mu
 
     def cond(c):
         k, status = c[0], c[-2]
@@ -327,73 +425,80 @@ def adjoint(field: Callable, consts, grid, marks, states, ct, ct_states=None, *,
         kk = jnp.maximum(k, 0)
         t = grid[kk]
         h = grid[kk + 1] - t
-        y, y1 = states[kk], states[kk + 1]
+        y = states[kk]
         f0 = field(consts, t, y)
-        scale = atol + jnp.abs(y) * rtol
-        Z0 = hermite_stages(y, y1, f0, f1, h) if M is None else Cj[:, None] * (y1 - y)
-        if small:  # (no factorizations kept: the 3n system by LU)
-            ok, Z, mu = _direct(_Stages(field, consts, linear, M, lus, t, h, y), Z0,
-                                jnp.zeros((3, n), dtype).at[2].set(lam), scale, m)
-            return finish(k, kk, t, h, y, lam, acc, f0, J, lus, lu_h, ok, Z, mu, renew,
-                          status, t_failed)
-        # the first try: the Jacobian the later step left (at this step's
-        # end where that step asked for a fresh one), factored again where
-        # `h` changed
-        J = jax.lax.cond(renew, lambda: linear.jacobian(t + h, y1), lambda: J)
-        need = renew | (lu_h != h)
-        lus = refactored(linear, lus, J, h, need & live)
-        lu_h = jnp.where(need, h, lu_h)
-        ok, Z, mu, slow = simplified(_Stages(field, consts, linear, M, lus, t, h, y), lam, Z0,
-                                     scale)
-
-        # where it failed, a second: the Jacobian at the step's start, its
-        # own factorizations, exact Newton steps and GMRES (a loop run at
-        # most once, not a `lax.cond`: as `_radau`'s refilter, for the kept
-        # factors' swaps under `jax.vmap`)
-        def again(r):
-            retry, _, Z, mu, J, lus = r
-            J = linear.jacobian(t, y)
-            lus = refactored(linear, lus, J, h, retry & live)
-            st = _Stages(field, consts, linear, M, lus, t, h, y)
-            Z = jnp.where(jnp.all(jnp.isfinite(Z)), Z, Z0)
-            ok, Z, mu = robust(st, lam, Z, scale)
-            return jnp.asarray(False), ok, Z, mu, J, lus
-
-        retry = ~ok
-        _, ok, Z, mu, J, lus = jax.lax.while_loop(lambda r: r[0], again,
-                                                  (retry, ok, Z, mu, J, lus))
-        lu_h = jnp.where(retry, h, lu_h)
-        return finish(k, kk, t, h, y, lam, acc, f0, J, lus, lu_h, ok, Z, mu, slow | retry,
-                      status, t_failed)
-
-    def finish(k, kk, t, h, y, lam, acc, f0, J, lus, lu_h, ok, Z, mu, renew, status,
-               t_failed):
-        """The step's cotangents from `mu`, and the carry down to the next."""
-        live = k >= 0
-        _, pull = jax.vjp(lambda cs, y, Z: jax.vmap(
-            lambda c, z: field(cs, t + c * h, y + z))(Cj, Z), consts, y, Z)
-        cbar, ybar, _ = pull(mu)
-        lam = lam + ybar + given[kk]
+        ok, Z, mu, J, lus, lu_h, renew = S.solve(
+            t, h, y, states[kk + 1], f0, f1,
+            lambda Z: jnp.zeros((B, 3, n), dtype).at[:, 2].set(lam), J, lus, lu_h, renew, live)
+        # y + Z_3 is the step's result: (0, 0, lam) is its stages' cotangent
+        _, pull = jax.vjp(lambda cs, y: S.fields(cs, t, h, y, Z), consts, y)
+        cbar, ybar = jax.vmap(pull)(mu)
+        lam = lam + ybar + given[:, kk]
         acc = jax.tree_util.tree_map(jnp.add, acc, cbar)
-        # (NaN or inf in the step's stages, `mu` or what the field's VJP made
-        # of them: a derivative of the field is not finite there)
-        finite = jnp.all(jnp.isfinite(mu)) & jnp.all(jnp.isfinite(Z)) & jnp.all(
-            jnp.isfinite(ybar)) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(c)) for c in
-                                                      jax.tree_util.tree_leaves(cbar)] +
-                                                     [jnp.asarray(True)]))
-        failed = live & ~ok
-        status = jnp.where(failed, jnp.where(finite, FAILED, NONFINITE), status)
-        return (k - 1, lam, acc, f0, J, lus, lu_h, renew, status.astype(jnp.int32),
-                jnp.where(failed, t, t_failed))
+        bad = S.failed(live, ok, mu, Z, ybar, cbar)
+        return (k - 1, lam, acc, f0, J, lus, lu_h, renew,
+                jnp.where(bad != 0, bad, status).astype(jnp.int32),
+                jnp.where(bad != 0, t, t_failed))
 
     last = states[steps]
-    J0 = linear.jacobian(grid[steps], last)
-    acc0 = jax.tree_util.tree_map(jnp.zeros_like, consts)
-    c0 = (steps - 1, given[steps], acc0, field(consts, grid[steps], last), J0,
-          linear.factor(J0, jnp.ones((), dtype)), jnp.asarray(jnp.nan, dtype),
+    J0, lus0, lu_h0 = S.start(grid, states, steps - 1)
+    acc0 = jax.tree_util.tree_map(lambda c: jnp.zeros((B,) + c.shape, c.dtype), consts)
+    c0 = (steps - 1, given[:, steps], acc0, field(consts, grid[steps], last), J0, lus0, lu_h0,
           jnp.asarray(False), jnp.asarray(0, jnp.int32), jnp.asarray(jnp.nan, dtype))
     _, lam, acc, _, _, lus, _, _, status, t_failed = jax.lax.while_loop(cond, body, c0)
-    status = status + released(linear, lus, after=[lam, *jax.tree_util.tree_leaves(acc)])
+    status = status + released(S.linear, lus, after=[lam, *jax.tree_util.tree_leaves(acc)])
     failed = status != 0
     acc = jax.tree_util.tree_map(lambda a: jnp.where(failed, jnp.nan, a), acc)
     return acc, jnp.where(failed, jnp.nan, lam), status, t_failed
+
+
+def tangent(field: Callable, consts, dconsts, grid, marks, states, dy0, *, rtol: float,
+            atol: float, jac: str = "dense", pattern=None, mass=None):
+    """The tangents of the states at every step (`(directions, max_steps +
+    1, n)`, zeros past the last) and at the output times (`(directions,
+    len(marks), n)`) from the tangents `dconsts` of `consts` (a tuple, as
+    `adjoint`'s; each with the leading `directions` axis) and `dy0` of the
+    initial state (`(directions, n)`), through the recorded steps: the
+    discrete forward sensitivity, each step's `G_Z dZ = F_y dy + F_p dp`
+    solved as the adjoint solves its transpose, every direction with the
+    same stages and factorizations. `(dstates, dys, status, t_failed)`, as
+    `adjoint`'s."""
+    S = _Steps(field, consts, states, rtol=rtol, atol=atol, jac=jac, pattern=pattern,
+               mass=mass, transpose=False)
+    steps = marks[-1]
+
+    def cond(c):
+        k, status = c[0], c[-2]
+        return (k < steps) & (status == 0)
+
+    def body(c):
+        k, dy, out, f0, J, lus, lu_h, renew, status, t_failed = c
+        live = k < steps
+        kk = jnp.minimum(k, jnp.maximum(steps - 1, 0))
+        t = grid[kk]
+        h = grid[kk + 1] - t
+        y, y1 = states[kk], states[kk + 1]
+        f1 = field(consts, t + h, y1)
+
+        def rhs_of(Z):  # F_y dy + F_p dp at the stages, per direction
+            return jax.vmap(lambda dc, d: jax.jvp(lambda cs, y: S.fields(cs, t, h, y, Z),
+                                                  (consts, y), (dc, d))[1])(dconsts, dy)
+
+        ok, Z, dZ, J, lus, lu_h, renew = S.solve(t, h, y, y1, f0, f1, rhs_of, J, lus, lu_h,
+                                                 renew, live)
+        dy = dy + dZ[:, 2]
+        bad = S.failed(live, ok, dZ, Z)
+        out = out.at[:, kk + 1].set(jnp.where(live, dy, out[:, kk + 1]))
+        return (k + 1, dy, out, f1, J, lus, lu_h, renew,
+                jnp.where(bad != 0, bad, status).astype(jnp.int32),
+                jnp.where(bad != 0, t, t_failed))
+
+    J0, lus0, lu_h0 = S.start(grid, states, 0)
+    out0 = jnp.zeros((dy0.shape[0],) + states.shape, S.dtype).at[:, 0].set(dy0)
+    c0 = (jnp.asarray(0, marks.dtype), dy0, out0, field(consts, grid[0], states[0]), J0, lus0,
+          lu_h0, jnp.asarray(False), jnp.asarray(0, jnp.int32),
+          jnp.asarray(jnp.nan, S.dtype))
+    _, _, out, _, _, lus, _, _, status, t_failed = jax.lax.while_loop(cond, body, c0)
+    status = status + released(S.linear, lus, after=[out])
+    out = jnp.where(status != 0, jnp.nan, out)
+    return out, out[:, marks], status, t_failed
