@@ -23,11 +23,13 @@ NOT_DIFFERENTIATED = {"linalg.rcond", "linalg.factor_rcond"}
 # test_linalg, test_root; odeint's derivatives in test_ode against finite
 # differences and each other; scan_adjoint and while_adjoint as the loops'
 # second order in test_loops and test_branches; map by test_batching's
-# sweep), with their gauges and solvers: slow here
+# sweep; Radau's derivative nodes against each other in test_radau_adjoint
+# and against exact derivatives in test_stiff_methods), with their gauges
+# and solvers: slow here
 FAMILY_CHECKED = {"linalg.svd_guard", "linalg.eigh_guard", "linalg.eigh", "linalg.eigh_apply",
                   "linalg.svd", "linalg.solve_operator", "linalg.backsolve",
                   "linalg.eigsh_operator", "optimize.root_guard", "ode.odeint", "scan_adjoint",
-                  "while_adjoint", "map"}
+                  "while_adjoint", "map", "ode.radau_adjoint", "ode.radau_tangent"}
 
 
 @pytest.mark.parametrize("name", marked_slow(sorted(distinct_examples(BUILTINS)),

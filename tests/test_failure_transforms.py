@@ -295,7 +295,8 @@ TRANSFORMS = {
 #: the ODE's, and the gradient of every other; the rest with -m slow
 DEFAULT = {"while": set(TRANSFORMS), "linalg.solve": set(TRANSFORMS),
            "ode.odeint": {"grad", "to_jax jit(grad)"},
-           "optimize.root_guard": {"grad", "jacfwd", "to_jax jit(grad)"}}
+           "optimize.root_guard": {"grad", "jacfwd", "to_jax jit(grad)"},
+           "ode.radau_tangent": {"function"}}
 
 
 def _raises(fn, cls):

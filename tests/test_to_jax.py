@@ -355,7 +355,8 @@ def _loss(fn, weights, xp):
 @pytest.mark.parametrize("name", marked_slow(sorted(_GROUPS), {
     "linalg.svd_guard", "linalg.eigh_guard", "linalg.eigh_apply", "linalg.solve_operator",
     "linalg.backsolve", "map", "linalg.svd", "ode.odeint", "while_adjoint",
-    "linalg.eigsh_operator", "optimize.root_guard", "scan_adjoint", "linalg.eigh"}))
+    "linalg.eigsh_operator", "optimize.root_guard", "scan_adjoint", "linalg.eigh",
+    "ode.radau_adjoint", "ode.radau_tangent"}))
 def test_to_jax_derivatives_of_every_primitive(name, rng):
     fn, args = _group_example(_GROUPS[name])
     args = [np.asarray(a) for a in args]

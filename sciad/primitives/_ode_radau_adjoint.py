@@ -1,25 +1,31 @@
-"""`ode.radau_adjoint`: the discrete adjoint of the steps an `ode.odeint`
-node with `solver="radau"` took, one node, lowered to one JAX loop down the
-recorded steps (`sciad.solvers.ode._radau_adjoint`) that keeps the forward
-loop's real and complex factorizations over steps and solves each step's
-transposed stage system by the iteration they precondition.
+"""Radau's discrete derivatives as nodes: `ode.radau_adjoint` (the reverse
+pass over the steps an `ode.odeint` node with `solver="radau"` took) and
+`ode.radau_tangent` (the forward sensitivity of the same steps), each one
+node lowered to one JAX loop over the recorded steps
+(`sciad.solvers.ode._radau_adjoint`) that keeps the forward loop's real and
+complex factorizations over steps and solves each step's stage system (or
+its transpose) by the iteration they precondition. With `directions`, a
+batch of cotangents or tangents over the same steps (`jacrev`, `jacfwd`)
+is one such loop, every direction solved with the same stages and
+factorizations (`_directions_rule`).
 
-It is what the node's default reverse mode (`adjoint="checkpoint"`, the
-states recorded at every step) emits for Radau. Before, each step was
-re-run in sciad ops (`_ode_replay.radau_step`: its three stages one root
-node), which factored the `3 n` stage Jacobian twice a step (once to solve
-the stages, once transposed): on the 1,024-state Brusselator the gradient
-took 5.7 times the forward solve. That formulation stays as this node's
-reference (`reference`): its derivative rules (second order: forward or
-reverse over this reverse pass) are the derivatives of the same steps'
-replay, which linearises them at the same stages (to the replay's Newton
-tolerance, `_ode_replay.STAGE_RTOL` of rtol).
+They are what the node's default reverse mode (`adjoint="checkpoint"`,
+the states recorded at every step) and its forward mode emit for Radau.
+Before, each step was re-run in sciad ops (`_ode_replay.radau_step`: its
+three stages one root node), which factored the `3 n` stage Jacobian
+twice a step: on the 1,024-state Brusselator the gradient took 5.7 times
+the forward solve. That formulation stays as these nodes' reference
+(`reference`, `tangent_reference`): their derivative rules (second order)
+are the derivatives of the same steps' replay, which linearises them at
+the same stages (to the replay's Newton tolerance,
+`_ode_replay.STAGE_RTOL` of rtol).
 
-Operands: `(*consts, grid, marks, states, ct[, ct_states])` (the field's
-consts, the node's recorded step times, output marks and states, the
-cotangents of the states at the output times and, with `states_ct`, at
-every step). Outputs: the cotangents of the consts flagged `wanted`, then
-that of the initial state.
+`ode.radau_adjoint`'s operands: `(*consts, grid, marks, states, ct[,
+ct_states])` (the field's consts, the node's recorded step times, output
+marks and states, the cotangents of the states at the output times and,
+with `states_ct`, at every step); its outputs: the cotangents of the consts
+flagged `wanted`, then that of the initial state. `ode.radau_tangent`'s:
+see `radau_tangent_p`.
 """
 
 from __future__ import annotations
