@@ -46,14 +46,27 @@ from ..graph._batch import batch_graph, batch_size_of, batched_front, to_front
 from ..graph._trace import trace_flat
 from ._ode_field import part_of
 
-radau_adjoint_p = Primitive("ode.radau_adjoint", multiple_results=True, runtime_checks=True,
-                            params={
+#: the params both nodes take from the `ode.odeint` node, and `directions`
+_STEPS_PARAMS = {
     "body": Body, "rtol": float, "atol": float, "max_steps": int,
     "jac": Param(str, default="dense"), "pattern": Param((Pattern, None), default=None),
     "mass": Param((int, None), default=None),
     "mass_pattern": Param((Pattern, None), default=None),
-    "wanted": tuple[bool, ...], "states_ct": Param(bool, default=False),
-    "directions": Param(bool, default=False)})
+    "directions": Param(bool, default=False)}
+
+
+def _steps_params(params: dict, **own) -> dict:
+    """A node's params from the `ode.odeint` node's `params` (the defaults
+    left out) and its own."""
+    p = {name: params[name] for name in ("body", "rtol", "atol", "max_steps")}
+    p.update((name, params[name]) for name in ("jac", "pattern", "mass", "mass_pattern")
+             if params.get(name) is not None)
+    return dict(p, **own)
+
+
+radau_adjoint_p = Primitive("ode.radau_adjoint", multiple_results=True, runtime_checks=True,
+                            params=dict(_STEPS_PARAMS, wanted=tuple[bool, ...],
+                                        states_ct=Param(bool, default=False)))
 #: `body`, `rtol`, `atol`, `max_steps`, `jac`, `pattern`, `mass`,
 #: `mass_pattern`: the `ode.odeint` node's (`solver="radau"`); `wanted`: per
 #: const, whether its cotangent is formed (an output); `states_ct`: the last
@@ -111,11 +124,9 @@ def judge_radau_adjoint(site, *, status, t):
 @radau_adjoint_p.def_impl
 def _impl(*args, body, rtol, atol, max_steps, jac="dense", pattern=None, mass=None,
           mass_pattern=None, wanted, states_ct=False, directions=False, site=None):
-    from ._ode import _mass_for  # (a cycle: `_ode` emits this node's rules' callers)
-
     consts, grid, marks, states, ct, ct_states = _split(args, wanted, states_ct)
     field, kind, mvals = _field_of(body, consts, wanted, jac, mass, mass_pattern, pattern,
-                                   states.shape[1], site, _mass_for)
+                                   states.shape[1], site)
     idx = [i for i, w in enumerate(wanted) if w]
     if not directions:
         ct, ct_states = ct[None], None if ct_states is None else ct_states[None]
@@ -134,11 +145,7 @@ def radau_vjp(primals, outs, ct, params, wanted, ct_states=None) -> list:
     outputs (an `OdeintOutputs` with `states`); `ct`, `ct_states`: as
     `Adjoint.vjp`'s."""
     *consts, _, _ = primals
-    p = {"body": params["body"], "rtol": params["rtol"], "atol": params["atol"],
-         "max_steps": params["max_steps"], "wanted": tuple(bool(w) for w in wanted)}
-    for name in ("jac", "pattern", "mass", "mass_pattern"):
-        if params.get(name) is not None:
-            p[name] = params[name]
+    p = _steps_params(params, wanted=tuple(bool(w) for w in wanted))
     if ct_states is not None:
         p["states_ct"] = True
     operands = [*consts, outs.grid, outs.marks, outs.states, ct] + \
@@ -264,12 +271,7 @@ _def_rules(radau_adjoint_p, reference, _adjoint_linear)
 # forward mode
 
 radau_tangent_p = Primitive("ode.radau_tangent", multiple_results=True, runtime_checks=True,
-                            params={
-    "body": Body, "rtol": float, "atol": float, "max_steps": int,
-    "jac": Param(str, default="dense"), "pattern": Param((Pattern, None), default=None),
-    "mass": Param((int, None), default=None),
-    "mass_pattern": Param((Pattern, None), default=None),
-    "nonzero": tuple[bool, ...], "directions": Param(bool, default=False)})
+                            params=dict(_STEPS_PARAMS, nonzero=tuple[bool, ...]))
 radau_tangent_p.__doc__ = """The discrete forward sensitivity of the steps an
 `ode.odeint` node with `solver="radau"` took, one node, lowered to one JAX
 loop up the recorded steps (`sciad.solvers.ode._radau_adjoint.tangent`):
@@ -308,11 +310,9 @@ def _tangent_shape(*args, body, rtol, atol, max_steps, jac="dense", pattern=None
 @radau_tangent_p.def_impl
 def _tangent_impl(*args, body, rtol, atol, max_steps, jac="dense", pattern=None, mass=None,
                   mass_pattern=None, nonzero, directions=False, site=None):
-    from ._ode import _mass_for
-
     consts, dconsts, grid, marks, states, dy0 = _split_tangent(args, nonzero)
     field, kind, mvals = _field_of(body, consts, nonzero, jac, mass, mass_pattern, pattern,
-                                   states.shape[1], site, _mass_for)
+                                   states.shape[1], site)
     if not directions:
         dconsts, dy0 = [d[None] for d in dconsts], dy0[None]
     dstates, dys, status, t_failed = _radau_adjoint.tangent(
@@ -329,17 +329,12 @@ def radau_jvp(primals, tangents, outs, params):
     its output times by one `ode.radau_tangent` node: `tangents`, those of
     `(*consts, y0)` (`Zero`s where none); `outs`, the node's outputs (an
     `OdeintOutputs` with `states`)."""
-    *consts, y0, _ = primals
+    *consts, _, _ = primals
     *dconsts, dy0 = tangents
-    nonzero = tuple(not is_zero(d) for d in dconsts)
-    p = {"body": params["body"], "rtol": params["rtol"], "atol": params["atol"],
-         "max_steps": params["max_steps"], "nonzero": nonzero}
-    for name in ("jac", "pattern", "mass", "mass_pattern"):
-        if params.get(name) is not None:
-            p[name] = params[name]
-    dy0 = instantiate(dy0) if is_zero(dy0) else dy0
+    p = _steps_params(params, nonzero=tuple(not is_zero(d) for d in dconsts))
     dstates, dys = radau_tangent_p.bind(*consts, *[d for d in dconsts if not is_zero(d)],
-                                        outs.grid, outs.marks, outs.states, dy0, **p)
+                                        outs.grid, outs.marks, outs.states, instantiate(dy0),
+                                        **p)
     return dstates, dys
 
 
@@ -368,9 +363,11 @@ def _tangent_linear(args, params) -> list:
 _def_rules(radau_tangent_p, tangent_reference, _tangent_linear)
 
 
-def _field_of(body, consts, flags, jac, mass, mass_pattern, pattern, n, site, mass_for):
+def _field_of(body, consts, flags, jac, mass, mass_pattern, pattern, n, site):
     """`(field(cw, t, y), the Jacobian kind, the mass matrix's values)` for
     the loops: `cw`, the consts flagged in `flags` (the others fixed)."""
+    from ._ode import _mass_for  # (a cycle: `_ode` emits these nodes)
+
     part = lower(part_of(body, 0), site.held if site is not None else ())
     idx = [i for i, w in enumerate(flags) if w]
 
@@ -381,7 +378,7 @@ def _field_of(body, consts, flags, jac, mass, mass_pattern, pattern, n, site, ma
         return part(*cs, t, y)[0]
 
     kind = "sparse" if sparse_jacobian(jac) else "dense"
-    mvals = None if mass is None else mass_for(consts[mass], mass_pattern, n, kind, pattern)
+    mvals = None if mass is None else _mass_for(consts[mass], mass_pattern, n, kind, pattern)
     return field, kind, mvals
 
 

@@ -1,5 +1,6 @@
 """The discrete adjoint of Radau IIA's accepted steps (`_radau`), as one
-JAX loop down the steps, with the forward loop's linear algebra: its real
+JAX loop down the steps (`adjoint`), and their forward sensitivity, the
+same loop up them (`tangent`), with the forward loop's linear algebra: its real
 and complex iteration matrices, factored (by KLU, kept over steps, on the
 CPU) only where the step size changes or the Jacobian is evaluated again.
 Plain JAX: `sciad.primitives._ode_radau_adjoint` lowers to it.
@@ -33,8 +34,14 @@ them with a mass matrix), by the forward's simplified Newton iteration to
 `STAGE_TOL`, far below the forward's tolerance: the pass is linearised at
 the stages of the recorded states, as `_ode_replay.radau_step` replays
 them. Where either iteration fails or is slow, the step is done again with
-the Jacobian at the step's start, factored afresh (RADAU5's rule); a step
-whose second try fails stops the pass with status 5.
+the Jacobian at the step's start, factored afresh: Newton's method with the
+exact `G_Z` (its products by JVPs) and GMRES, both preconditioned with `P`
+(`_newton_krylov`); a step whose second try fails stops the pass with
+status 5 (3 where a derivative of the field was not finite). A small dense
+system (`DIRECT_SIZE`) is solved by LU of its whole `G_Z` instead
+(`_direct`). The tangent pass solves `G_Z dZ = F_y dy + F_p dp` alike;
+both solve any number of directions (right-hand sides) with one set of
+stages and factorizations.
 
 The Jacobian and the factorizations are carried down the steps: the
 factorizations are made again only where `h` changes (the forward loop held
@@ -94,6 +101,13 @@ def hermite_stages(y0, y1, f0, f1, h):
     return (h00 - 1) * y0 + h10 * h * f0 + h01 * y1 + h11 * h * f1
 
 
+def _stage_fields(field, cs, t, h, y, Z):
+    """`F_j = f(t + c_j h, y + Z_j)` (`(3, n)`) of the consts `cs` (`field(cs,
+    t, y)`), the state `y` and the stage increments `Z`."""
+    C = jnp.asarray(_radau.C, y.dtype)
+    return jax.vmap(lambda c, z: field(cs, t + c * h, y + z))(C, Z)
+
+
 class _Stages:
     """A step's collocation system and its preconditioner, in JAX: `G(Z)`,
     `G_Z^T mu`, and `P^-1`, `P^-T` with the factorizations `lus` (see the
@@ -106,17 +120,13 @@ class _Stages:
         self.t, self.h, self.y = t, h, y
         self.apply_mass = (lambda v: v) if mass is None else mass.apply
         self.apply_mass_t = (lambda v: v) if mass is None else mass.apply_t
-        self.C, self.T, self.TI = (jnp.asarray(a, dtype) for a in (_radau.C, T, TI))
+        self.T, self.TI = (jnp.asarray(a, dtype) for a in (T, TI))
         self.Ainv = jnp.asarray(np.linalg.inv(_radau.A), dtype)
-
-    def fields(self, cs, y, Z):
-        """`F_j = f(t + c_j h, y + Z_j)`, `(3, n)`."""
-        return jax.vmap(lambda c, z: self.field(cs, self.t + c * self.h, y + z))(self.C, Z)
 
     def residual(self, Z):
         """`G(Z) = (A^-1 (x) M) Z / h - F(Z)`."""
         return self.Ainv @ jax.vmap(self.apply_mass)(Z) / self.h - \
-            self.fields(self.consts, self.y, Z)
+            _stage_fields(self.field, self.consts, self.t, self.h, self.y, Z)
 
     def _solve(self, v, transpose: bool):
         # P^-1 v = (T (x) I) K^-1 (T^-1 (x) I) v; P^-T v = (T^-T (x) I) K^-T (T^T (x) I) v,
@@ -145,7 +155,9 @@ class _Stages:
         """`v -> (G_Z v, the size of its two terms)` at the stages `Z` (`G_Z^T
         v` if `transpose`), for `v` of shape `(directions, 3, n)`: the
         field's JVPs (VJPs) at the three stages."""
-        fields = lambda Z: self.fields(self.consts, self.y, Z)  # noqa: E731
+        def fields(Z):
+            return _stage_fields(self.field, self.consts, self.t, self.h, self.y, Z)
+
         if transpose:
             _, pull = jax.vjp(fields, Z)
             stages = lambda v: pull(v)[0]  # noqa: E731
@@ -314,10 +326,6 @@ class _Steps:
     def stages(self, lus, t, h, y):
         return _Stages(self.field, self.consts, self.linear, self.M, lus, t, h, y)
 
-    def fields(self, cs, t, h, y, Z):
-        """The field at the three stages (`(3, n)`), of `cs`, `y` and `Z`."""
-        return jax.vmap(lambda c, z: self.field(cs, t + c * h, y + z))(self.C, Z)
-
     def start(self, grid, states, k):
         """The carry's Jacobian and factorizations before the first step a
         pass solves (`k`): the Jacobian at that step's end, no factors."""
@@ -431,7 +439,7 @@ def adjoint(field: Callable, consts, grid, marks, states, ct, ct_states=None, *,
             t, h, y, states[kk + 1], f0, f1,
             lambda Z: jnp.zeros((B, 3, n), dtype).at[:, 2].set(lam), J, lus, lu_h, renew, live)
         # y + Z_3 is the step's result: (0, 0, lam) is its stages' cotangent
-        _, pull = jax.vjp(lambda cs, y: S.fields(cs, t, h, y, Z), consts, y)
+        _, pull = jax.vjp(lambda cs, y: _stage_fields(field, cs, t, h, y, Z), consts, y)
         cbar, ybar = jax.vmap(pull)(mu)
         lam = lam + ybar + given[:, kk]
         acc = jax.tree_util.tree_map(jnp.add, acc, cbar)
@@ -481,8 +489,11 @@ def tangent(field: Callable, consts, dconsts, grid, marks, states, dy0, *, rtol:
         f1 = field(consts, t + h, y1)
 
         def rhs_of(Z):  # F_y dy + F_p dp at the stages, per direction
-            return jax.vmap(lambda dc, d: jax.jvp(lambda cs, y: S.fields(cs, t, h, y, Z),
-                                                  (consts, y), (dc, d))[1])(dconsts, dy)
+            def one(dc, d):
+                return jax.jvp(lambda cs, y: _stage_fields(field, cs, t, h, y, Z), (consts, y),
+                               (dc, d))[1]
+
+            return jax.vmap(one)(dconsts, dy)
 
         ok, Z, dZ, J, lus, lu_h, renew = S.solve(t, h, y, y1, f0, f1, rhs_of, J, lus, lu_h,
                                                  renew, live)
