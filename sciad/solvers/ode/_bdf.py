@@ -39,8 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _kept_klu, _ode
-from ._steps import (Counts, Result, Track, advance, finish, inconsistent, mass_of, propose,
-                     refactored, released, start)
+from ._steps import (Counts, Result, Track, advance, blank, finish, inconsistent, mass_of,
+                     propose, refactored, released, run, start)
 
 MAX_ORDER = 5
 #: Newton iterations per attempt (SciPy's NEWTON_MAXITER)
@@ -236,7 +236,6 @@ class _State(NamedTuple):
     lu_c: jax.Array     # the c the factorization is of (nan: none)
     counts: Counts
     R: jax.Array        # the rescaling of D since the last accepted step
-    history: jax.Array  # the accepted steps' records (`HISTORY` columns; where kept)
 
 
 def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: int,
@@ -275,7 +274,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
     D = D.at[1].set((f0 if deriv is None else deriv(f0)) * h0)
     J0 = linear.jacobian(t0, y0)
     lu0 = linear.factor(J0, jnp.asarray(0.0, dtype))
-    s0 = _State(tr=start(t0, y0, ts, max_steps, record, dense, inconsistent(M, f0, y0, rtol)),
+    s0 = _State(tr=start(t0, ts, inconsistent(M, f0, y0, rtol)),
                 D=D, h_D=h0, h_want=h0,
                 order=jnp.asarray(1, jnp.int32),
                 equal=jnp.asarray(0, jnp.int32), J=J0, J_fresh=jnp.asarray(True),
@@ -283,8 +282,8 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
                 counts=Counts(*(jnp.asarray(k, jnp.int32) for k in (
                     2 if dt0 is None else 1, 1, 0))),
                 # (D starts as diag(1, h0, 1, ...) [y0, dy/dt(t0), 0, ...])
-                R=jnp.eye(MAX_ORDER + 1, dtype=dtype).at[1, 1].set(h0),
-                history=jnp.zeros((max_steps + 1 if history else 1, HISTORY), dtype))
+                R=jnp.eye(MAX_ORDER + 1, dtype=dtype).at[1, 1].set(h0))
+    rec0 = blank(t0, y0, ts, max_steps, record, dense, HISTORY if history else 0)
 
     def newton(t_new, y_pred, c, psi, lu, scale):
         """The modified Newton iteration: `(converged, iterations, y, d,
@@ -316,7 +315,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
                          jnp.asarray(0, jnp.int32)))
         return done, k, y, d, nf
 
-    def attempt(s: _State) -> _State:
+    def attempt(s: _State):
         live = s.tr.status < 0  # (False only for a batch's finished example)
         t_new, h, land = propose(s.tr, ts, s.h_want, max_step)
         moved = h != s.h_D
@@ -371,11 +370,8 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
 
         # accepted: the differences updated, the next order and step
         D_new = D.at[order + 2].set(d - D[order + 1]).at[order + 1].set(d)
-        D_new = jax.lax.fori_loop(
-            0, MAX_ORDER + 1,
-            lambda j, Dd: jnp.where(MAX_ORDER - j <= order,
-                                    Dd.at[MAX_ORDER - j].add(Dd[MAX_ORDER - j + 1]), Dd),
-            D_new)
+        for j in range(MAX_ORDER, -1, -1):  # (unrolled: six fused updates, not a loop)
+            D_new = jnp.where(j <= order, D_new.at[j].add(D_new[j + 1]), D_new)
         equal_new = equal + 1
         ready = equal_new >= order + 1
         em = jnp.where(order > 1, _rms((error_const[order - 1] * D_new[order] / scale)[:m]),
@@ -390,22 +386,18 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         grow = jnp.where(ready, jnp.minimum(MAX_FACTOR, safety * jnp.max(factors)), 1.0)
 
         h_want = jnp.where(accept, h * grow, h * shrink)
-        tr = advance(s.tr, ts, accept=accept, land=land, t_new=t_new, y_new=y_new, h=h,
-                     h_want=h_want, max_steps=max_steps, record=record, dense=dense)
-        hist = s.history
-        if history:
-            row = jnp.concatenate([order.astype(dtype)[None], R.reshape(-1)])
-            hist = jax.lax.cond(accept, lambda: hist.at[tr.accepted].set(row), lambda: hist)
+        row = jnp.concatenate([order.astype(dtype)[None], R.reshape(-1)]) if history else None
+        tr, taken = advance(s.tr, ts, accept=accept, land=land, t_new=t_new, y_new=y_new, h=h,
+                            h_want=h_want, max_steps=max_steps, row=row)
         return _State(
             tr=tr, D=jnp.where(accept, D_new, D), h_D=h,
             h_want=h_want, order=jnp.where(accept, new_order, order),
             equal=jnp.where(accept, jnp.where(ready, 0, equal_new), 0),
             J=J, J_fresh=jnp.where(accept, False, fresh), lu=lu, lu_c=lu_c, counts=counts,
-            R=jnp.where(accept, jnp.eye(MAX_ORDER + 1, dtype=dtype), R), history=hist)
+            R=jnp.where(accept, jnp.eye(MAX_ORDER + 1, dtype=dtype), R)), taken
 
-    end = jax.lax.while_loop(lambda s: s.tr.status < 0, attempt, s0)
+    end, rec = run(attempt, s0, rec0, y0, record=record, dense=dense)
     # (the status, which the result is judged by, waits for the last free)
     end = end._replace(tr=end.tr._replace(
-        status=end.tr.status + released(linear, end.lu, after=[end.tr, end.D])))
-    return finish(end.tr, ts, end.D[0], m, end.counts, record, dense,
-                  history=end.history if history else None)
+        status=end.tr.status + released(linear, end.lu, after=[end.tr, rec, end.D])))
+    return finish(end.tr, rec, ts, end.D[0], m, end.counts, record, dense)

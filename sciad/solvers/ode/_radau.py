@@ -34,8 +34,8 @@ import scipy.sparse as sp
 
 from . import _kept_klu, _ode
 from ._bdf import _rms, initial_step
-from ._steps import (Counts, Result, Track, advance, finish, inconsistent, mass_of, propose,
-                     refactored, released, start)
+from ._steps import (Counts, Result, Track, advance, blank, finish, inconsistent, mass_of, propose,
+                     refactored, released, run, start)
 
 S6 = 6.0 ** 0.5
 #: the nodes, and the Butcher matrix of Radau IIA (order 5)
@@ -309,7 +309,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
     h0 = jnp.minimum(h0, max_step).astype(dtype)
     J0 = linear.jacobian(t0, y0)
     s0 = _State(
-        tr=start(t0, y0, ts, max_steps, record, dense, inconsistent(M, f0, y0, rtol)),
+        tr=start(t0, ts, inconsistent(M, f0, y0, rtol)),
         y=y0, f=f0, Q=jnp.zeros((n, 3), dtype), t_old=t0, h_old=jnp.zeros((), dtype),
         err_old=jnp.asarray(jnp.nan, dtype), h_want=h0, rejected=jnp.asarray(False),
         J=J0, J_fresh=jnp.asarray(True), lus=linear.factor(J0, h0),
@@ -323,7 +323,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
                          h / h_old * (err_old / err) ** 0.25, 1.0)
         return jnp.minimum(1.0, mult) * jnp.where(err > 0, err ** -0.25, jnp.inf)
 
-    def attempt(s: _State) -> _State:
+    def attempt(s: _State):
         live = s.tr.status < 0  # (False only for a batch's finished example)
         t_new, h, land = propose(s.tr, ts, s.h_want, max_step)
         t = s.tr.t
@@ -387,8 +387,8 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
                               lambda: J)
         counts = counts._replace(njev=counts.njev + (accept & renew_jac).astype(jnp.int32))
         h_want = jnp.where(accept, h * grow, h * shrink)
-        tr = advance(s.tr, ts, accept=accept, land=land, t_new=t_new, y_new=y_new, h=h,
-                     h_want=h_want, max_steps=max_steps, record=record, dense=dense)
+        tr, taken = advance(s.tr, ts, accept=accept, land=land, t_new=t_new, y_new=y_new, h=h,
+                            h_want=h_want, max_steps=max_steps)
         # (a failed iteration, or a rejected step: the factorizations are
         # made again for the next step size)
         return _State(
@@ -398,10 +398,11 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
             h_want=h_want, rejected=~accept, J=J_next,
             J_fresh=jnp.where(accept, renew_jac, fresh), lus=lus,
             lu_h=jnp.where(accept & (renew_jac | (grow != 1.0)), jnp.nan, lu_h),
-            counts=counts)
+            counts=counts), taken
 
-    end = jax.lax.while_loop(lambda s: s.tr.status < 0, attempt, s0)
+    end, rec = run(attempt, s0, blank(t0, y0, ts, max_steps, record, dense), y0,
+                   record=record, dense=dense)
     # (the status, which the result is judged by, waits for the last frees)
     end = end._replace(tr=end.tr._replace(
-        status=end.tr.status + released(linear, end.lus, after=[end.tr, end.y])))
-    return finish(end.tr, ts, end.y, m, end.counts, record, dense)
+        status=end.tr.status + released(linear, end.lus, after=[end.tr, rec, end.y])))
+    return finish(end.tr, rec, ts, end.y, m, end.counts, record, dense)

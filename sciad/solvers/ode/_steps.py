@@ -1,9 +1,11 @@
 """What sciad's own ODE loops (`_bdf`, `_radau`) share: their progress over
-the output times (`Track`: the time, the next output time, the values there,
-the step counts, the recorded steps, the status), the step that lands on the
-next output time (`propose`), its bookkeeping once a step is taken or
-rejected (`advance`), the integration's `Result`, and the mass matrix of `M
-dy/dt = f` as both read it (`Mass`). Plain JAX."""
+the output times (`Track`: the time, the next output time, the step counts,
+the status), what they write down (`Record`: the values at the output times,
+the recorded steps), the step that lands on the next output time
+(`propose`), its bookkeeping once a step is taken or rejected (`advance`,
+`written`), the loop that runs the step apart from its record (`run`), the
+integration's `Result`, and the mass matrix of `M dy/dt = f` as both read it
+(`Mass`). Plain JAX."""
 
 from __future__ import annotations
 
@@ -39,17 +41,38 @@ class Result(NamedTuple):
 
 
 class Track(NamedTuple):
-    """A loop's progress over its output times `ts`."""
+    """A loop's progress over its output times `ts` (small: what its step
+    reads; what it writes down is its `Record`)."""
 
     t: jax.Array        # the time reached (the last accepted step's end)
     i_next: jax.Array   # the next output time's index
-    ys: jax.Array       # the state at the output times reached
     accepted: jax.Array
     steps: jax.Array    # attempts
     status: jax.Array   # -1 running, else `Result.status`
     h_last: jax.Array   # the last accepted step's size
-    grid: jax.Array     # the accepted steps' times (where recorded; else one)
-    states: jax.Array   # and their states (where `dense`; else one)
+
+
+class Record(NamedTuple):
+    """What a loop writes down, outside its step (`run`): the state at the
+    output times reached, and where kept, each accepted step's time, state
+    and the method's own row (BDF's history)."""
+
+    ys: jax.Array       # (len(ts), n)
+    grid: jax.Array     # (max_steps + 1,) where recorded; else (1,)
+    states: jax.Array   # (max_steps + 1, n) where `dense`; else (1, n)
+    rows: jax.Array     # (max_steps + 1, width) where the method keeps rows; else (1, 1)
+
+
+class Taken(NamedTuple):
+    """An attempted step as its loop's `Record` reads it."""
+
+    accept: jax.Array   # accepted
+    hit: jax.Array      # accepted, on the output time `i`
+    i: jax.Array        # the output time it aimed at
+    k: jax.Array        # the accepted steps after it (its place in the record)
+    t: jax.Array        # its end
+    y: jax.Array        # the state there
+    row: jax.Array      # the method's row of it (`Record.rows`; (1,) where none)
 
 
 class Mass(NamedTuple):
@@ -107,18 +130,24 @@ def inconsistent(mass: Mass | None, f0, y0, rtol: float):
     return ~(jnp.max(g, initial=0.0) <= rtol * jnp.maximum(1.0, jnp.max(jnp.abs(y0))))
 
 
-def start(t0, y0, ts, max_steps: int, record: bool, dense: bool, failed=False) -> Track:
+def start(t0, ts, failed=False) -> Track:
     """The progress at `t0`; `failed`: status 6 at once (the initial values
     violate the algebraic equations: `inconsistent`)."""
-    dtype, n = y0.dtype, y0.shape[0]
     i32 = jnp.int32
-    return Track(
-        t=t0, i_next=jnp.asarray(1, i32), ys=jnp.zeros((ts.shape[0], n), dtype).at[0].set(y0),
-        accepted=jnp.asarray(0, i32), steps=jnp.asarray(0, i32),
-        status=jnp.where(failed, 6, -1).astype(i32),
-        h_last=jnp.zeros((), dtype),
-        grid=jnp.full((max_steps + 1 if record else 1,), ts[-1], dtype).at[0].set(t0),
-        states=jnp.zeros((max_steps + 1 if dense else 1, n), dtype).at[0].set(y0))
+    return Track(t=t0, i_next=jnp.asarray(1, i32), accepted=jnp.asarray(0, i32),
+                 steps=jnp.asarray(0, i32), status=jnp.where(failed, 6, -1).astype(i32),
+                 h_last=jnp.zeros((), ts.dtype))
+
+
+def blank(t0, y0, ts, max_steps: int, record: bool, dense: bool, width: int = 0) -> Record:
+    """The record at `t0`: `width` columns of the method's rows (none: 0)."""
+    dtype, n = y0.dtype, y0.shape[0]
+    kept = max_steps + 1
+    return Record(
+        ys=jnp.zeros((ts.shape[0], n), dtype).at[0].set(y0),
+        grid=jnp.full((kept if record else 1,), ts[-1], dtype).at[0].set(t0),
+        states=jnp.zeros((kept if dense else 1, n), dtype).at[0].set(y0),
+        rows=jnp.zeros((kept, width) if width else (1, 1), dtype))
 
 
 def propose(tr: Track, ts, h_want, max_step):
@@ -132,45 +161,92 @@ def propose(tr: Track, ts, h_want, max_step):
     return t_new, t_new - tr.t, land
 
 
-def advance(tr: Track, ts, *, accept, land, t_new, y_new, h, h_want, max_steps: int,
-            record: bool, dense: bool) -> Track:
-    """The progress after an attempted step to `t_new` (accepted or not):
-    the output time it lands on, the recorded step, the counts, and the
-    status: done at the last output time; 2 where the next step `h_want` is
-    below `_ode.MIN_STEP_ULPS` spacings of floating-point numbers at the time
+def advance(tr: Track, ts, *, accept, land, t_new, y_new, h, h_want,
+            max_steps: int, row=None) -> tuple[Track, Taken]:
+    """The progress after an attempted step to `t_new` (accepted or not),
+    and the step as the record reads it (`row`: the method's own row of it):
+    the output time it lands on, the counts, and the status: done at the
+    last output time; 2 where the next step `h_want` is below
+    `_ode.MIN_STEP_ULPS` spacings of floating-point numbers at the time
     reached (as SciPy's); 1 at `max_steps` attempts."""
     steps = tr.steps + 1
     k = tr.accepted + accept.astype(jnp.int32)
     hit = accept & land
-    ys = jax.lax.cond(hit, lambda: tr.ys.at[tr.i_next].set(y_new), lambda: tr.ys)
-    kk = jnp.minimum(k, tr.grid.shape[0] - 1)
-    grid = tr.grid.at[kk].set(jnp.where(accept & record, t_new, tr.grid[kk]))
-    states = tr.states
-    if dense:
-        states = jax.lax.cond(accept, lambda: states.at[k].set(y_new), lambda: states)
     t = jnp.where(accept, t_new, tr.t)
     spacing = jnp.abs(jnp.nextafter(t, jnp.asarray(jnp.inf, t.dtype)) - t)
     status = jnp.where(hit & (tr.i_next == ts.shape[0] - 1), 0, -1)
     status = jnp.where((status < 0) & (h_want < _ode.MIN_STEP_ULPS * spacing), 2, status)
     status = jnp.where((status < 0) & (steps >= max_steps), 1, status)
-    return Track(t=t, i_next=tr.i_next + hit.astype(jnp.int32), ys=ys, accepted=k,
-                 steps=steps, status=status.astype(jnp.int32),
-                 h_last=jnp.where(accept, h, tr.h_last), grid=grid, states=states)
+    row = jnp.zeros((1,), y_new.dtype) if row is None else row
+    return (Track(t=t, i_next=tr.i_next + hit.astype(jnp.int32), accepted=k, steps=steps,
+                  status=status.astype(jnp.int32), h_last=jnp.where(accept, h, tr.h_last)),
+            Taken(accept=accept, hit=hit, i=tr.i_next, k=k, t=t_new, y=y_new, row=row))
 
 
-def finish(tr: Track, ts, y_last, m: int, counts: Counts, record: bool,
-           dense: bool, history=None) -> Result:
-    """The integration's result from its final progress (`y_last`: the state
-    at the time reached): past a failure, the output times not reached are
-    infinite (as diffrax's). `history`: the method's record of its accepted
-    steps, where it keeps one (BDF's, for its discrete adjoint)."""
+def written(rec: Record, tk: Taken, record: bool, dense: bool) -> Record:
+    """`rec` with the attempted step `tk` written down where it counts (each
+    array updated in place: one dynamic-update-slice each)."""
+    def put(a, i, value, where):
+        i = jnp.minimum(i, a.shape[0] - 1)
+        return a.at[i].set(jnp.where(where, value, a[i]))
+
+    ys = put(rec.ys, tk.i, tk.y, tk.hit)
+    grid = put(rec.grid, tk.k, tk.t, tk.accept) if record else rec.grid
+    states = put(rec.states, tk.k, tk.y, tk.accept) if dense else rec.states
+    rows = put(rec.rows, tk.k, tk.row, tk.accept) if rec.rows.shape[0] > 1 else rec.rows
+    return Record(ys, grid, states, rows)
+
+
+def run(attempt: Callable, s0, rec0: Record, y0, *, record: bool, dense: bool):
+    """`(state, record)` at the end of a loop of `attempt(state) -> (state,
+    Taken)` from `s0` while `state.tr.status < 0`, each attempt written down
+    in `rec0` (`written`) after it.
+
+    Why the step is a loop of its own (run once), holding nothing of the
+    record:
+    XLA's CPU runtime runs a loop body's operations one after another on the
+    calling thread only where every buffer they touch is at most 512 bytes
+    (or they are at most 8); else it schedules them on its thread pool by
+    their dependencies, which costs microseconds a step in hand-offs between
+    threads. A small problem's step is a few microseconds of work: with the
+    record's arrays in the same body, Robertson's 3-state BDF took 2.8x
+    longer. Here the step's own operations are a sequence of their own with
+    the step's small arrays, and the loop's body is the step and the
+    record's few updates. (A loop run once, not a `lax.cond`: under
+    `jax.vmap` a cond becomes a select of both branches, whose batching a
+    kept KLU factor's swap, a custom-batched call, cannot enter; a batched
+    loop runs the attempt for every example, as the loop around it did.)"""
+    n = y0.shape[0]
+
+    def idle(s):
+        zero = jnp.zeros((), jnp.int32)
+        return s, Taken(accept=jnp.asarray(False), hit=jnp.asarray(False), i=zero, k=zero,
+                        t=s.tr.t, y=jnp.zeros((n,), y0.dtype),
+                        row=jnp.zeros(rec0.rows.shape[1:] if rec0.rows.shape[0] > 1 else (1,),
+                                      y0.dtype))
+
+    def body(c):
+        s, rec = c
+        _, s, tk = jax.lax.while_loop(lambda c: c[0], lambda c: (jnp.asarray(False), *attempt(c[1])),
+                                      (s.tr.status < 0, *idle(s)))
+        return s, written(rec, tk, record, dense)
+
+    return jax.lax.while_loop(lambda c: c[0].tr.status < 0, body, (s0, rec0))
+
+
+def finish(tr: Track, rec: Record, ts, y_last, m: int, counts: Counts, record: bool,
+           dense: bool) -> Result:
+    """The integration's result from its final progress and record
+    (`y_last`: the state at the time reached): past a failure, the output
+    times not reached are infinite (as diffrax's). `Result.history`: the
+    method's rows, where it keeps them (BDF's, for its discrete adjoint)."""
     reached = jnp.arange(ts.shape[0]) < tr.i_next
-    return Result(ys=jnp.where(reached[:, None], tr.ys, jnp.inf), status=tr.status,
+    return Result(ys=jnp.where(reached[:, None], rec.ys, jnp.inf), status=tr.status,
                   accepted=tr.accepted, steps=tr.steps, t_reached=tr.t, h_last=tr.h_last,
                   ymax=jnp.where(tr.accepted > 0, jnp.max(jnp.abs(y_last[:m]), initial=0.0),
                                  jnp.inf),
-                  grid=tr.grid if record else None, states=tr.states if dense else None,
-                  counts=counts, history=history)
+                  grid=rec.grid if record else None, states=rec.states if dense else None,
+                  counts=counts, history=rec.rows if rec.rows.shape[0] > 1 else None)
 
 
 def refactored(linear, lu, J, c, need):
