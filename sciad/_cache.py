@@ -13,6 +13,13 @@ and a size in bytes. All entries share one policy:
   per set of values, of which an optimization makes one per step);
 - `pinned` entries are never dropped: KLU's symbolic analyses, whose raw
   address a compiled program embeds (they are counted in the report);
+- a dropped entry whose value is still in use elsewhere (a traced program
+  holds the index maps it reads) is not made again while it lives: the
+  cache keeps a weak reference to it and takes it back on the next miss
+  (counted as a hit). Dropping frees nothing such a value holds, and making
+  it again would hold it twice: at a million unknowns the entries in use
+  outgrow the default budget, and a second program of one mesh held a
+  second 424 MiB element map;
 - one report (`info`: entries, bytes, hits, misses and drops per kind, and
   what libraries sciad calls keep in caches of their own) and one `clear`.
 
@@ -63,6 +70,8 @@ _lock = threading.RLock()
 _store: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _ticks = itertools.count()
 _stats: dict = {}  # kind -> [hits, misses, drops]
+# owner -> {(kind, key): (weak references to a dropped entry's value, its size)}
+_ghosts: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _external: dict = {}  # kind -> (report, clear)
 
 
@@ -146,6 +155,50 @@ def _stat(kind: str) -> list:
     return _stats.setdefault(kind, [0, 0, 0])
 
 
+def _weak(value):
+    """A way back to `value` that does not keep it alive: a function that
+    gives it while it lives (else None), or None where it cannot be held
+    weakly. A tuple is held through weak references to its items (small
+    immutable ones, numbers, strings, None and tuples of them, kept)."""
+    def small(v):
+        return v is None or isinstance(v, (bool, int, float, str)) or (
+            isinstance(v, tuple) and all(small(x) for x in v))
+
+    def ref(v):
+        if small(v):
+            return lambda: v
+        try:
+            return weakref.ref(v)
+        except TypeError:
+            return None
+
+    if not isinstance(value, tuple):
+        return ref(value)
+    refs = [ref(v) for v in value]
+    if any(r is None for r in refs):
+        return None
+    kept = [small(v) for v in value]  # (and not `value` itself: that would keep it)
+
+    def back():
+        items = [r() for r in refs]
+        alive = all(x is not None or k for x, k in zip(items, kept))
+        return tuple(items) if alive else None
+
+    return back
+
+
+def _revived(owner, kind: str, key):
+    """`(value, nbytes)` of the dropped entry `(kind, key)` of `owner` where
+    its value still lives (the lock held), else None."""
+    per = _ghosts.get(owner)
+    ghost = None if per is None else per.pop((kind, key), None)
+    if ghost is None:
+        return None
+    back, nbytes = ghost
+    value = back()
+    return None if value is None else (value, nbytes)
+
+
 def cached(owner, kind: str, key, make: Callable[[], object], *, nbytes=None,
            pinned: bool = False, limit: int | None = None):
     """The entry `(kind, key)` of `owner` (`GLOBAL`: none), made by `make()`
@@ -160,6 +213,13 @@ def cached(owner, kind: str, key, make: Callable[[], object], *, nbytes=None,
             e.tick = next(_ticks)
             _stat(kind)[0] += 1
             return e.value
+        alive = _revived(owner, kind, key)
+        if alive is not None:  # (dropped, but in use elsewhere: taken back)
+            _stat(kind)[0] += 1
+            e = _store.setdefault(owner, {})[(kind, key)] = _Entry(alive[0], alive[1], pinned,
+                                                                   next(_ticks))
+            _fit(keep=e)
+            return alive[0]
         _stat(kind)[1] += 1
     value = make()
     size = nbytes(value) if callable(nbytes) else nbytes_of(value) if nbytes is None \
@@ -197,6 +257,9 @@ def _drop_oldest(candidates, over: Callable[[int, int], bool]) -> None:
         if per is not None and per.get(k) is e:
             del per[k]
             _stat(k[0])[2] += 1
+            back = _weak(e.value)
+            if back is not None:
+                _ghosts.setdefault(owner, {})[k] = (back, e.nbytes)
         count, held = count - 1, held - e.nbytes
 
 
@@ -221,11 +284,10 @@ def trim(kind: str, *, max_entries: int, max_bytes: int, room: int = 0) -> None:
 def forget(owner, kind: str | None = None) -> None:
     """Drops `owner`'s entries (of `kind` only, where given), pinned ones too."""
     with _lock:
-        per = _store.get(owner)
-        if per is None:
-            return
-        for k in [k for k in per if kind is None or k[0] == kind]:
-            del per[k]
+        for store in (_store, _ghosts):
+            per = store.get(owner)
+            for k in [k for k in (per or ()) if kind is None or k[0] == kind]:
+                del per[k]
 
 
 def register_external(kind: str, report: Callable[[], dict], clear: Callable[[], None]):
@@ -307,6 +369,9 @@ def clear(kind: str | None = None, *, pinned: bool = False) -> None:
         for per in list(_store.values()):
             for k in [k for k, e in per.items()
                       if (kind is None or k[0] == kind) and (pinned or not e.pinned)]:
+                del per[k]
+        for per in list(_ghosts.values()):
+            for k in [k for k in per if kind is None or k[0] == kind]:
                 del per[k]
     for name, (_, clear_fn) in list(_external.items()):
         if kind is None or kind == name:

@@ -56,6 +56,37 @@ def test_the_budget_drops_the_least_recently_used(budget):
     _cache.forget(o)
 
 
+def test_a_dropped_entry_still_in_use_is_taken_back_not_made_again(budget):
+    # a value a program still holds (here: `held`) is not made a second
+    # time after the budget dropped its entry; one no one holds is
+    o = Owner()
+    _cache.clear()
+    _cache.set_budget(_cache.info().bytes + 1500)
+    made = []
+
+    def make(size):
+        def f():
+            made.append(size)
+            return (np.zeros(size, np.uint8), None, (size, 1))
+        return f
+
+    held = _cache.cached(o, "test entry", "held", make(1000))
+    _cache.cached(o, "test entry", "gone", make(999))  # (not kept by anyone)
+    _cache.cached(o, "test entry", "new", make(1001))  # (drops both: the budget)
+    assert made == [1000, 999, 1001]
+    again = _cache.cached(o, "test entry", "held", make(1000))
+    assert again[0] is held[0] and again[1:] == held[1:] and made == [1000, 999, 1001]
+    gc.collect()
+    _cache.cached(o, "test entry", "gone", make(999))
+    assert made[-1] == 999  # (its value died: made again)
+    # `forget` and `clear` forget what was dropped too
+    _cache.cached(o, "test entry", "other", make(1002))
+    _cache.forget(o)
+    _cache.cached(o, "test entry", "held", make(1000))
+    assert made[-1] == 1000
+    _cache.forget(o)
+
+
 def test_an_entry_over_the_budget_is_kept_and_pinned_ones_stay(budget):
     o = Owner()
     _cache.set_budget("1KiB")

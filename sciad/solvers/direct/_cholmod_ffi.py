@@ -74,7 +74,7 @@ from .. import _batch_split, _build
 from . import _klu_ffi, _sparse_direct
 from ._cholmod import CholmodChoice
 from ._klu import _on_cpu
-from .._indices import pattern_matmul
+from .._indices import pattern_cols, pattern_matmul, pattern_rows
 from .._linear import AbstractDirectSolver
 
 #: the text of the FFI error a failed factorization raises (without the splitter)
@@ -124,27 +124,27 @@ def _register() -> None:
 def _solve_fn(pattern):
     """The kernel's call for `pattern`, kept in the analysis cache."""
     return _cache.cached(pattern, "cholmod calls", None, lambda: _make_solve_fn(pattern),
-                         nbytes=lambda f: 8 * pattern.nnz)
+                         nbytes=0)  # (it reads the pattern's index arrays, counted there)
 
 
 def _indices(pattern):
-    """The pattern's rows and columns as the kernels read them (int32), one
-    pair of arrays per pattern: the solves', log-determinants' and selected
-    inverses' calls in a program share one pair of constants."""
-    return _cache.cached(pattern, "cholmod indices", None,
-                         lambda: (np.asarray(pattern.rows, np.int32),
-                                  np.asarray(pattern.indices, np.int32)),
-                         nbytes=lambda rc: rc[0].nbytes + rc[1].nbytes)
+    """The pattern's rows and columns as the kernels read them, `(nnz,)`
+    int32, in a program being traced: the pattern's cached `(nnz, 1)` index
+    arrays (`sciad.solvers._indices`, which its products and gathers read
+    too) reshaped in the program, so every program of the pattern reads one
+    pair of device arrays (NumPy arrays here became a new pair of constants
+    in each program: at a million unknowns, 144 MiB a program, and 144 MiB
+    more on the host)."""
+    return pattern_rows(pattern).reshape(-1), pattern_cols(pattern).reshape(-1)
 
 
 def _make_solve_fn(pattern):
-    rows, cols = _indices(pattern)
     n = pattern.shape[0]
 
     @custom_vmap
     def f(ax, b):  # ax: (L, nnz), b: (L, n, k) -> x like b
         return _batch_split.split_call(
-            TARGET, (rows, cols, ax, b), jax.ShapeDtypeStruct(b.shape, b.dtype),
+            TARGET, (*_indices(pattern), ax, b), jax.ShapeDtypeStruct(b.shape, b.dtype),
             batched=(2, 3), threads=1, handles=(-1, _batch_split.SOFT),
             mode=np.int64(MODE_A))
 
