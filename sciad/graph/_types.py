@@ -276,6 +276,12 @@ class Pattern:
                                 shape=self.shape).tocsc()
             perm = np.asarray(csc.data, np.int64)
             perm.setflags(write=False)
+            if n == m and np.array_equal(csc.indptr, self.indptr) \
+                    and np.array_equal(csc.indices, self.indices):
+                # (structurally symmetric, as every stiffness matrix is: the
+                # transpose's pattern is this one, not a second copy of it,
+                # 300 MiB at a million unknowns)
+                return self, perm
             return Pattern((m, n), csc.indptr, csc.indices), perm
         return self._cached("transposed", make)
 
