@@ -281,6 +281,29 @@ def test_cholmod_reads_spd_matrices_and_shares_the_solves_factorization():
     np.testing.assert_allclose(np.asarray(sd.sparse.data(Z)), inv[r, c], rtol=1e-12)
 
 
+def test_cholmod_is_given_the_upper_triangle_and_mirrors_the_selected_inverse():
+    # the kernels read the entries with row <= column alone (the triangle
+    # CHOLMOD reads: the lower one is not copied into it); the selected
+    # inverse's lower entries are their mirrors'; a diagonal matrix's
+    # entries are all upper (no gather)
+    _cholmod()
+    from sciad.solvers.direct import _cholmod_ffi
+
+    A = _grid(4)
+    r, c = _coords(A)
+    inv = np.linalg.inv(A.toarray())
+    M = sd.sparse.coo_matrix((A.data, (r, c)), shape=A.shape, tags={"spd"})
+    upper = _cholmod_ffi._upper(M.pattern)
+    assert upper is not None and upper.shape[0] == np.count_nonzero(r <= c)
+    Z = np.asarray(sd.sparse.data(sd.linalg.selected_inverse(M, solver="cholmod")))
+    np.testing.assert_allclose(Z, inv[M.pattern.rows, M.pattern.indices], rtol=1e-12)
+    d = np.arange(1.0, 5.0)
+    D = sd.sparse.coo_matrix((d, (np.arange(4), np.arange(4))), shape=(4, 4), tags={"spd"})
+    assert _cholmod_ffi._upper(D.pattern) is None
+    x = sd.linalg.solve(D, np.ones(4), solver="cholmod")
+    np.testing.assert_allclose(np.asarray(x), 1.0 / d, rtol=1e-14)
+
+
 def test_an_spd_matrix_is_read_by_the_sparse_cholesky_factor_shared_by_all():
     """"auto" reads a sparse matrix tagged spd with sciad's compiled sparse
     Cholesky factorization: one factorization (after `cse`) for the

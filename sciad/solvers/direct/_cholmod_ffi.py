@@ -12,8 +12,10 @@ How it runs:
 
 - One kernel: `sciad_cholmod_solve_batched_f64` (sparsax's batched solve),
   `L` matrices of one pattern and their right-hand sides in one call, given
-  all the pattern's entries: CHOLMOD reads those with `row <= column` (the
-  matrix is checked symmetric first).
+  the pattern's entries with `row <= column`, the triangle CHOLMOD reads
+  (the matrix is checked symmetric first; given every entry, sparsax's copy
+  of the matrix held the lower triangle too: 300-400 MB at a million
+  unknowns).
 - No factor in the program: the factor value is the matrix's values (as
   `"spsolve"`'s). CHOLMOD's symbolic analysis is kept by sparsax per
   pattern (reported and cleared with sciad's analysis cache,
@@ -74,7 +76,8 @@ from .. import _batch_split, _build
 from . import _klu_ffi, _sparse_direct
 from ._cholmod import CholmodChoice
 from ._klu import _on_cpu
-from .._indices import pattern_cols, pattern_matmul, pattern_rows
+from .._indices import (cached_index, pattern_cols, pattern_matmul, pattern_rows,
+                        take_static)
 from .._linear import AbstractDirectSolver
 
 #: the text of the FFI error a failed factorization raises (without the splitter)
@@ -127,15 +130,59 @@ def _solve_fn(pattern):
                          nbytes=0)  # (it reads the pattern's index arrays, counted there)
 
 
+def _upper(pattern):
+    """The positions of the pattern's entries with `row <= column` (the
+    triangle CHOLMOD reads: the kernels are given those alone), a cached
+    `(k, 1)` index array; None where every entry is upper."""
+    def make():
+        upper = pattern.rows <= pattern.indices
+        return None if upper.all() else cached_index(pattern, "cholmod upper",
+                                                     lambda: np.flatnonzero(upper))
+
+    return _cache.cached(pattern, "index arrays", "cholmod triangle", make, nbytes=0)
+
+
+def _mirror(pattern):
+    """For each entry of `pattern`, the place among the upper triangle's
+    (`_upper`) of its own or its mirror's, a cached index array: a selected
+    inverse's values on the whole pattern (an spd matrix's pattern is
+    symmetric: `sparse` refuses the tag otherwise)."""
+    def make():
+        upper = pattern.rows <= pattern.indices
+        place = np.full(pattern.nnz, -1, np.int64)
+        place[upper] = np.arange(int(upper.sum()))
+        perm = pattern.transposed()[1]  # (entry k's mirror is entry perm[k])
+        mirror = np.where(upper, place, place[perm])
+        assert mirror.min(initial=0) >= 0, "an spd matrix's pattern is symmetric"
+        return cached_index(pattern, "cholmod mirror", lambda: mirror)
+
+    return _cache.cached(pattern, "index arrays", "cholmod mirror map", make, nbytes=0)
+
+
 def _indices(pattern):
-    """The pattern's rows and columns as the kernels read them, `(nnz,)`
-    int32, in a program being traced: the pattern's cached `(nnz, 1)` index
-    arrays (`sciad.solvers._indices`, which its products and gathers read
-    too) reshaped in the program, so every program of the pattern reads one
-    pair of device arrays (NumPy arrays here became a new pair of constants
-    in each program: at a million unknowns, 144 MiB a program, and 144 MiB
-    more on the host)."""
-    return pattern_rows(pattern).reshape(-1), pattern_cols(pattern).reshape(-1)
+    """The rows and columns of the pattern's upper triangle (`_upper`) as the
+    kernels read them, `(k,)` int32, in a program being traced: cached
+    `(k, 1)` index arrays (`sciad.solvers._indices`; the pattern's own where
+    every entry is upper, which its products and gathers read too) reshaped
+    in the program, so every program of the pattern reads one pair of device
+    arrays (NumPy arrays here became a new pair of constants in each
+    program: at a million unknowns, 144 MiB a program, and 144 MiB more on
+    the host)."""
+    if _upper(pattern) is None:
+        return pattern_rows(pattern).reshape(-1), pattern_cols(pattern).reshape(-1)
+    keep = np.flatnonzero(pattern.rows <= pattern.indices)
+    rows = cached_index(pattern, "cholmod upper rows", lambda: pattern.rows[keep])
+    cols = cached_index(pattern, "cholmod upper cols", lambda: pattern.indices[keep])
+    return rows.reshape(-1), cols.reshape(-1)
+
+
+def _upper_values(pattern, a):
+    """The values `a` (on `pattern`) of the upper triangle the kernels are
+    given: a gather in the program (10^7 entries in a few milliseconds,
+    against CHOLMOD's copy of the lower triangle it would skip: 300-400 MB
+    at a million unknowns)."""
+    positions = _upper(pattern)
+    return a if positions is None else take_static(a, positions)
 
 
 def _make_solve_fn(pattern):
@@ -165,7 +212,7 @@ def solve(pattern, a, b):
         return b
     _register()
     out = np.result_type(a.dtype, b.dtype)
-    ax = a.astype(np.float64)  # (CHOLMOD reads the upper triangle: no gather of it)
+    ax = _upper_values(pattern, a.astype(np.float64))  # (the triangle CHOLMOD reads)
     bb = b.astype(np.float64)
     vec = bb.ndim == 1
     bb = bb[:, None] if vec else bb
@@ -228,10 +275,11 @@ class CompiledCholmod(CholmodChoice, AbstractDirectSolver):
 # ---------------------------------------------------------------------------
 # log-determinants and selected inverses (`sd.linalg.slogdet`,
 # `sd.linalg.selected_inverse` of an spd matrix): sparsax's kernels, given
-# the pattern's entries as the solves give them, so that they read CHOLMOD's
-# factor from the same per-pattern cache (a solve, its adjoint, a
-# log-determinant and its gradient of one matrix factor it once; given the
-# upper triangle alone, they would factor again)
+# the pattern's upper triangle as the solves give it, so that they read
+# CHOLMOD's factor from the same per-pattern cache (a solve, its adjoint, a
+# log-determinant and its gradient of one matrix factor it once; given other
+# entries, they would factor again); the selected inverse's lower entries
+# are their mirrors' (`_mirror`)
 
 LOGDET_TARGET = "sciad_cholmod_logdet_f64"
 SELINV_TARGET = "sciad_cholmod_selinv_f64"
@@ -242,7 +290,8 @@ def _read_factor(target: str, result, pattern, a):
     matrix with values `a` on `pattern`, given as the solves give it."""
     _register()
     call = jax.ffi.ffi_call(target, result, vmap_method="sequential")
-    return call(*_indices(pattern), a.astype(np.float64), n=np.int64(pattern.shape[0]))
+    return call(*_indices(pattern), _upper_values(pattern, a.astype(np.float64)),
+                n=np.int64(pattern.shape[0]))
 
 
 def logdet(pattern, a):
@@ -259,5 +308,10 @@ def selinv(pattern, a):
     (Takahashi's recurrence on CHOLMOD's factor, sparsax's kernel)."""
     if pattern.shape[0] == 0:
         return a.astype(np.float64)
-    return _read_factor(SELINV_TARGET, jax.ShapeDtypeStruct((pattern.nnz,), np.float64),
-                        pattern, a)
+    positions = _upper(pattern)
+    if positions is None:
+        return _read_factor(SELINV_TARGET, jax.ShapeDtypeStruct((pattern.nnz,), np.float64),
+                            pattern, a)
+    upper = _read_factor(SELINV_TARGET, jax.ShapeDtypeStruct((positions.shape[0],),
+                                                             np.float64), pattern, a)
+    return take_static(upper, _mirror(pattern))
