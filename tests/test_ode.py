@@ -462,6 +462,30 @@ def test_a_solve_nothing_differentiates_records_no_steps():
     assert float(sd.graph.evaluate(fast, THETA)[0]) == float(sd.graph.evaluate(graph, THETA)[0])
 
 
+@pytest.mark.parametrize("solver", ["bdf", "radau", "tsit5"])
+def test_a_solve_that_reports_where_it_stopped_records_no_states(solver):
+    """`odeint(throw=False)` reads the step grid (the time it reached), not
+    the states: `dce` sets `states=False`, and the node records its grid
+    alone (five outputs), sparing the loop a `(max_steps + 1, n)` record
+    (a third of the Brusselator's forward time at 1,024 states); and a
+    reverse rule meeting such a node solves again, recording."""
+    from sciad.graph._body import inline
+
+    def run(th):
+        res = sd.ode.odeint(lambda t, y, th: -th[:2] * y, Y0, TS, th, solver=solver, throw=False)
+        return res.ys, res.t_reached
+
+    graph = sd.trace(run, THETA)
+    fast = sd.graph.passes.optimize(graph)
+    (node,) = [n for n in _nodes(fast) if n.primitive.name == "ode.odeint"]
+    assert node.params.get("states", True) is False and len(node.outputs) == 5
+    for a, b in zip(sd.graph.evaluate(fast, THETA), sd.graph.evaluate(graph, THETA)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_allclose(
+        np.asarray(sd.grad(lambda th: snp.sum(inline(fast, [th])[0] ** 2))(THETA)),
+        np.asarray(sd.grad(lambda th: snp.sum(run(th)[0] ** 2))(THETA)), rtol=1e-12)
+
+
 @pytest.mark.slow
 def test_a_node_that_records_no_steps_still_differentiates():
     """The reverse rule meeting a `record=False` node solves again,

@@ -113,7 +113,8 @@ odeint_p = Primitive("ode.odeint", multiple_results=True, runtime_checks=True, p
     "jac": Param(str, default="dense"), "pattern": Param((Pattern, None), default=None),
     "adjoint": Param(str, default=CHECKPOINT.name),
     "checkpoints": Param((int, None), default=None), "throw": Param(bool, default=True),
-    "record": Param(bool, default=True), "dtmax": Param((float, None), default=None),
+    "record": Param(bool, default=True), "states": Param(bool, default=True),
+    "dtmax": Param((float, None), default=None),
     "count": Param(bool, default=False), "mass": Param((int, None), default=None),
     "mass_pattern": Param((Pattern, None), default=None)})
 #: `body`: the vector field `(*consts, t, y) -> (dy/dt,)` on a flat `y`;
@@ -129,7 +130,9 @@ odeint_p = Primitive("ode.odeint", multiple_results=True, runtime_checks=True, p
 #: over each output interval's steps, `sd.Segments`; None: `snapshots_for`);
 #: `record`: the node outputs its step grid (and states): set False by `dce`
 #: where nothing reads them (a solve that is not differentiated), which
-#: spares the loop its recording; `dtmax`: the largest step the step-size
+#: spares the loop its recording; `states`: set False by `dce` where the
+#: grid is read (`odeint(throw=False)`'s time reached) but not the states,
+#: which spares the loop its largest record; `dtmax`: the largest step the step-size
 #: control takes (None: unbounded; SciPy's `max_step`); `count`: the node
 #: outputs its work as SciPy counts it (`work`, last); `mass`: the index
 #: among the operands of the constant mass matrix `M` of `M dy/dt = f`
@@ -187,8 +190,8 @@ class OdeintOutputs(NamedTuple):
 @odeint_p.def_abstract_eval
 def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=True,
                   error_size=None, jac="dense", pattern=None, adjoint=CHECKPOINT.name,
-                  checkpoints=None, throw=True, record=True, dtmax=None, count=False,
-                  mass=None, mass_pattern=None):
+                  checkpoints=None, throw=True, record=True, states=True, dtmax=None,
+                  count=False, mass=None, mass_pattern=None):
     op = "ode.odeint"
     *consts, y0, ts = args
     if solver not in SOLVERS:
@@ -257,8 +260,8 @@ def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive
     if record:
         outs = outs._replace(grid=TensorType((max_steps + 1,), y0.dtype),
                              marks=TensorType((ts.shape[0],), i32))
-        if _records_states(stepper, adjoint, checkpoints, max_steps, error_size or n,
-                           y0.dtype.itemsize):
+        if states and _records_states(stepper, adjoint, checkpoints, max_steps,
+                                      error_size or n, y0.dtype.itemsize):
             outs = outs._replace(states=TensorType((max_steps + 1, n), y0.dtype))
             if _keeps_history(stepper):
                 outs = outs._replace(history=TensorType((max_steps + 1, _bdf.HISTORY),
@@ -392,8 +395,8 @@ class _Run(NamedTuple):
 @odeint_p.def_impl
 def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=True,
                  error_size=None, jac="dense", pattern=None, adjoint=CHECKPOINT.name,
-                 checkpoints=None, throw=True, record=True, dtmax=None, count=False, mass=None,
-                 mass_pattern=None, site=None):
+                 checkpoints=None, throw=True, record=True, states=True, dtmax=None,
+                 count=False, mass=None, mass_pattern=None, site=None):
     stepper = STEPPERS[solver]
     *consts, y0, ts = args
     # times that do not increase (NaN among them: `> 0` is false for NaN)
@@ -404,8 +407,8 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
     n = y0.shape[0]
     m = n if error_size is None else error_size
     held = site.held if site is not None else ()
-    dense = record and _records_states(stepper, adjoint, checkpoints, max_steps, m,
-                                       np.dtype(y0.dtype).itemsize)
+    dense = record and states and _records_states(stepper, adjoint, checkpoints, max_steps,
+                                                  m, np.dtype(y0.dtype).itemsize)
     history = dense and _keeps_history(stepper)
     run = _run_diffrax if stepper.lowering == "diffrax" else _run_own
     extra = {} if mass is None else {"mass": (consts[mass], mass_pattern)}
@@ -594,7 +597,8 @@ def _odeint_jvp(primals, tangents, **params):
     if not is_zero(dts):
         dy0 = dy0 - field_at(graph, consts, ts[0], y0) * dts[0]
     stepper = STEPPERS[params["solver"]]
-    if params.get("record", True) and stepper.discrete and _records_states(
+    if params.get("record", True) and params.get("states", True) and stepper.discrete \
+            and _records_states(
             stepper, params.get("adjoint", CHECKPOINT.name), params.get("checkpoints"),
             params["max_steps"], params.get("error_size") or n, type_of(y0).dtype.itemsize):
         return _stepwise_jvp(primals, [*dconsts, dy0], dts, params)
@@ -699,8 +703,9 @@ def _odeint_vjp(primals, outs, cts, **params):
         return [None] * len(primals)
     if is_zero(ct):
         ct = ops.zeros(type_of(outs.ys).shape, type_of(outs.ys).dtype)
-    if not params.get("record", True):  # (a node `dce` spared the recording)
-        params = {k: v for k, v in params.items() if k != "record"}
+    if not (params.get("record", True) and params.get("states", True)):
+        # (a node `dce` spared the recording)
+        params = {k: v for k, v in params.items() if k not in ("record", "states")}
         outs = OdeintOutputs.of(odeint_p.bind(*primals, **params), count)
     if isinstance(ts, Tracer):  # (held here, an outer derivative may move them)
         # the steps land on the output times (marks): those grid points move
@@ -741,6 +746,9 @@ def _odeint_dce(node, used):
                                            or used.history):
         kept, params["record"] = kept._replace(grid=None, marks=None, states=None,
                                                history=None), False
+    elif kept.states is not None and not (used.states or used.history):
+        # (the grid read, the states not: `odeint(throw=False)`'s time reached)
+        kept, params["states"] = kept._replace(states=None, history=None), False
     if count and not used.work:
         kept, params["count"] = kept._replace(work=None), False
     if params == node.params:
