@@ -59,7 +59,7 @@ from ..graph._serialize import register_v1_migration
 from ..graph._sparsity import Deps, dense_all, value_shape
 from ..graph._trace import Tracer, _leaf_type, is_value_leaf, trace_flat
 from ._indexing import dynamic_update_slice_p
-from ._schedules import SCHEDULES, MemoryBudget, as_schedule, checkpoint_runs
+from ._schedules import SCHEDULES, MemoryBudget, as_schedule, checkpoint_runs, inner_needs
 from ._loop_adjoint import (assemble_cts, body_wrt, check_storable, check_zero_starts, ct_inits,
                             ct_plan, grouped_jvp, loop_body_jvp, loop_linearity, split_grouped,
                             step_vjp_graph, storable_primal_carries, transposed_step,
@@ -713,8 +713,7 @@ def scan(f: Callable, init, xs=None, length: int | None = None, reverse: bool = 
                              f"{lengths.pop()}.", op=op)
     x_types = [TensorType(t.shape[1:], t.dtype) for t in xs_types]
     nk = len(carry_types)
-    if isinstance(checkpoints, MemoryBudget):
-        checkpoints = checkpoints.schedule(sum(nbytes(t) for t in carry_types), length, op)
+    budget = checkpoints if isinstance(checkpoints, MemoryBudget) else None
     y_tree: list = []
 
     def flat_body(*args):
@@ -746,6 +745,9 @@ def scan(f: Callable, init, xs=None, length: int | None = None, reverse: bool = 
                              "dtype (convert with `.astype`).", op=op)
     body, consts = hoist(body, nc, consts)
     body, consts = prune_consts(body, consts)
+    if budget is not None:  # (the body's own loops hold their share of it)
+        checkpoints = budget.schedule(sum(nbytes(t) for t in carry_types), length, op,
+                                      inner=inner_needs(body))
     for v, path in zip(body.inputs[len(consts):], paths):
         v.hint = "carry" + path if path else "carry"
     xpaths = [_tree.keystr(p) for p, _ in _tree.tree_flatten_with_path(

@@ -130,11 +130,14 @@ class MemoryBudget:
     traced, the budget becomes the schedule that recomputes the fewest
     steps with the carries that fit: `Binomial(s)` whose `s` snapshots and
     two working carries fit (`s` at most the number of steps: then each
-    step is recomputed once, for its residuals); for a `while_loop`, its `Segments` schedule where the
-    `s + ceil(max_steps / s) + 1` carries it holds fit (every step
-    recomputed at most twice), else `Binomial`. A budget that holds fewer
-    than three carries is refused when the loop is traced, saying the
-    minimum. The gradient is the same whatever the budget.
+    step is recomputed once, for its residuals); for a `while_loop`, its
+    `Segments` schedule where the `s + ceil(max_steps / s) + 1` carries it
+    holds fit (every step recomputed at most twice), else `Binomial`. Where
+    the step holds loops of its own (a nested scan, an ODE), the carries
+    are counted beside what one step's reverse pass holds (the peak of the
+    step's gradient program, `inner_needs`). A budget that holds fewer than
+    three carries is refused when the loop is traced, saying the minimum.
+    The gradient is the same whatever the budget.
 
     `sd.cost` shows the schedule chosen, the forward steps it recomputes and
     the predicted peak (the stored carries and one step's own values,
@@ -186,28 +189,57 @@ class MemoryBudget:
     def __repr__(self) -> str:
         return f"MemoryBudget(ram={_cache.si(self.ram)!r})"
 
-    def carries(self, carry_bytes: int, op: str, least: int = MIN_CARRIES) -> int:
-        """How many carries of `carry_bytes` fit; refuses a budget that holds
-        fewer than `least`."""
-        n = self.ram // max(int(carry_bytes), 1)
+    def carries(self, carry_bytes: int, op: str, least: int = MIN_CARRIES,
+                inner: int = 0) -> int:
+        """How many carries of `carry_bytes` fit beside `inner` bytes (what
+        a step's own reverse pass holds: a nested loop's, `inner_needs`);
+        refuses a budget that holds fewer than `least`."""
+        n = max(self.ram - int(inner), 0) // max(int(carry_bytes), 1)
         if n < least:
-            need = least * int(carry_bytes)
+            need = least * int(carry_bytes) + int(inner)
+            beside = (f" beside the {_cache.si(int(inner))} a step's own reverse pass holds "
+                      "(the loops in its body)") if inner else ""
             raise InvalidOptionError(
                 f"a memory budget of {_cache.si(self.ram)} holds {n} carr"
                 f"{'y' if n == 1 else 'ies'} of this loop ({_cache.si(int(carry_bytes))} "
-                f"each); reverse mode needs at least {least} (one stored, one it works in, "
-                f"one it recomputes into). Give at least ram={need} ({_cache.si(need)}): each "
-                "backward step then recomputes the loop from its start; a few times more "
-                "recomputes far less.", op=op)
+                f"each){beside}; reverse mode needs at least {least} (one stored, one it "
+                f"works in, one it recomputes into). Give at least ram={need} "
+                f"({_cache.si(need)}): each backward step then recomputes the loop from its "
+                "start; a few times more recomputes far less.", op=op)
         return int(n)
 
-    def schedule(self, carry_bytes: int, length: int, op: str) -> "Binomial":
+    def schedule(self, carry_bytes: int, length: int, op: str,
+                 inner: int = 0) -> "Binomial":
         """The binomial schedule of a loop of `length` steps whose carry is
-        `carry_bytes`, with the most snapshots whose cells fit: `s` stored
-        carries take `s + 2` (the carry worked on, and one to recompute
-        into)."""
-        n = self.carries(carry_bytes, op)
+        `carry_bytes`, with the most snapshots whose cells fit beside
+        `inner` bytes (`carries`): `s` stored carries take `s + 2` (the
+        carry worked on, and one to recompute into)."""
+        n = self.carries(carry_bytes, op, inner=inner)
         return Binomial(max(1, min(n - 2, length)), budget=self.ram)
+
+
+#: the loops whose reverse pass holds stored values of its own (a body that
+#: holds one: its bytes count against an enclosing loop's budget)
+_LOOPS = frozenset({"scan", "while", "ode.odeint"})
+
+
+def _holds_loop(graph) -> bool:
+    return any(node.primitive.name in _LOOPS or any(_holds_loop(g) for g in node.subgraphs)
+               for node in graph.nodes)
+
+
+def inner_needs(body) -> int:
+    """The bytes one step's own reverse pass holds where a loop's `body`
+    holds loops (a nested loop's stored carries, an ODE's recorded states):
+    the peak of the body's gradient program, which an enclosing loop's
+    `MemoryBudget` leaves to it; 0 for a body without loops (a step's own
+    values are not counted against the budget)."""
+    if not _holds_loop(body):
+        return 0
+    from ..graph._cost import gradient_program, graph_cost
+
+    grad = gradient_program(body)
+    return 0 if grad is None else int(graph_cost(grad).peak)
 
 
 @dataclass(frozen=True)

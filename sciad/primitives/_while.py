@@ -59,7 +59,8 @@ from ._loop_adjoint import (assemble_cts, check_storable, check_zero_starts, ct_
 from ._loop_sparsity import loop_sparsity
 from ._map import map_rule
 from ._scan import Checkpointed, checkpointed_bwd, scan
-from ._schedules import SCHEDULES, Binomial, MemoryBudget, Segments, as_schedule
+from ._schedules import (SCHEDULES, Binomial, MemoryBudget, Segments, as_schedule,
+                         inner_needs)
 
 _tree = jax.tree_util
 
@@ -200,12 +201,14 @@ def _bounded_step(cond_body: Graph, body: Graph, nc: int) -> Graph:
     return g
 
 
-def budget_schedule(budget: MemoryBudget, carry_bytes: int, max_steps: int, op: str):
+def budget_schedule(budget: MemoryBudget, carry_bytes: int, max_steps: int, op: str,
+                    inner: int = 0):
     """A bounded loop's schedule for `budget`: `Segments(s)` with the most
-    snapshots whose `s + ceil(max_steps / s) + 1` carries fit, where some
-    do; else `Binomial` over `max_steps` steps with the carries that fit
-    (fewer carries, more recomputation)."""
-    n = budget.carries(carry_bytes, op)
+    snapshots whose `s + ceil(max_steps / s) + 1` carries fit (beside
+    `inner` bytes, what a step's own reverse pass holds: `inner_needs`),
+    where some do; else `Binomial` over `max_steps` steps with the carries
+    that fit (fewer carries, more recomputation)."""
+    n = budget.carries(carry_bytes, op, inner=inner)
     N = max(max_steps, 1)
 
     def held(s):  # the snapshots, the longest segment's carries, the one worked on
@@ -224,7 +227,7 @@ def budget_schedule(budget: MemoryBudget, carry_bytes: int, max_steps: int, op: 
             else:
                 hi = mid - 1
         return Segments(lo)
-    return budget.schedule(carry_bytes, max_steps, op)
+    return budget.schedule(carry_bytes, max_steps, op, inner=inner)
 
 
 def default_segments(max_steps: int) -> int:
@@ -676,9 +679,7 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
 
     leaves, tree = _tree.tree_flatten(init_val, is_leaf=is_value_leaf)
     types = _leaf_types(leaves, "a leaf of `init_val`")
-    if isinstance(checkpoints, MemoryBudget):
-        checkpoints = budget_schedule(checkpoints, sum(nbytes(t) for t in types), max_steps,
-                                      op)
+    budget = checkpoints if isinstance(checkpoints, MemoryBudget) else None
     if max_steps is not None and not any(
             isinstance(t, TensorType) and (np.issubdtype(t.dtype, np.number)) for t in types):
         raise ShapeError("with `max_steps`, the loop's value needs a numeric array among its "
@@ -721,6 +722,9 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
     nc = len(union)
     gb, consts = hoist(gb, nc, union)
     gc = with_unused_inputs(gc, nc, [type_of(c) for c in consts[nc:]])
+    if budget is not None:  # (the body's own loops hold their share of it)
+        checkpoints = budget_schedule(budget, sum(nbytes(t) for t in types), max_steps, op,
+                                      inner=inner_needs(gb))
     outs = while_p.bind(*consts, *leaves, **loop_bodies(gc, gb, len(consts)),
                         **_extra(max_steps, checkpoints))
     return _tree.tree_unflatten(tree, list(outs))
