@@ -294,7 +294,7 @@ def test_cholmod_is_given_the_upper_triangle_and_mirrors_the_selected_inverse():
     inv = np.linalg.inv(A.toarray())
     M = sd.sparse.coo_matrix((A.data, (r, c)), shape=A.shape, tags={"spd"})
     upper = _cholmod_ffi._upper(M.pattern)
-    assert upper is not None and upper.shape[0] == np.count_nonzero(r <= c)
+    assert upper is not None and upper[0].shape[0] == np.count_nonzero(r <= c)
     Z = np.asarray(sd.sparse.data(sd.linalg.selected_inverse(M, solver="cholmod")))
     np.testing.assert_allclose(Z, inv[M.pattern.rows, M.pattern.indices], rtol=1e-12)
     d = np.arange(1.0, 5.0)

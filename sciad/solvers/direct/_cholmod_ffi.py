@@ -131,13 +131,17 @@ def _solve_fn(pattern):
 
 
 def _upper(pattern):
-    """The positions of the pattern's entries with `row <= column` (the
-    triangle CHOLMOD reads: the kernels are given those alone), a cached
-    `(k, 1)` index array; None where every entry is upper."""
+    """`(positions, rows, cols)` of the pattern's entries with `row <=
+    column` (the triangle CHOLMOD reads: the kernels are given those
+    alone), cached `(k, 1)` index arrays made once from one mask; None
+    where every entry is upper."""
     def make():
-        upper = pattern.rows <= pattern.indices
-        return None if upper.all() else cached_index(pattern, "cholmod upper",
-                                                     lambda: np.flatnonzero(upper))
+        keep = np.flatnonzero(pattern.rows <= pattern.indices)
+        if keep.size == pattern.nnz:
+            return None
+        return (cached_index(pattern, "cholmod upper", lambda: keep),
+                cached_index(pattern, "cholmod upper rows", lambda: pattern.rows[keep]),
+                cached_index(pattern, "cholmod upper cols", lambda: pattern.indices[keep]))
 
     return _cache.cached(pattern, "index arrays", "cholmod triangle", make, nbytes=0)
 
@@ -168,12 +172,10 @@ def _indices(pattern):
     arrays (NumPy arrays here became a new pair of constants in each
     program: at a million unknowns, 144 MiB a program, and 144 MiB more on
     the host)."""
-    if _upper(pattern) is None:
+    upper = _upper(pattern)
+    if upper is None:
         return pattern_rows(pattern).reshape(-1), pattern_cols(pattern).reshape(-1)
-    keep = np.flatnonzero(pattern.rows <= pattern.indices)
-    rows = cached_index(pattern, "cholmod upper rows", lambda: pattern.rows[keep])
-    cols = cached_index(pattern, "cholmod upper cols", lambda: pattern.indices[keep])
-    return rows.reshape(-1), cols.reshape(-1)
+    return upper[1].reshape(-1), upper[2].reshape(-1)
 
 
 def _upper_values(pattern, a):
@@ -181,8 +183,8 @@ def _upper_values(pattern, a):
     given: a gather in the program (10^7 entries in a few milliseconds,
     against CHOLMOD's copy of the lower triangle it would skip: 300-400 MB
     at a million unknowns)."""
-    positions = _upper(pattern)
-    return a if positions is None else take_static(a, positions)
+    upper = _upper(pattern)
+    return a if upper is None else take_static(a, upper[0])
 
 
 def _make_solve_fn(pattern):
@@ -308,10 +310,10 @@ def selinv(pattern, a):
     (Takahashi's recurrence on CHOLMOD's factor, sparsax's kernel)."""
     if pattern.shape[0] == 0:
         return a.astype(np.float64)
-    positions = _upper(pattern)
-    if positions is None:
+    upper = _upper(pattern)
+    if upper is None:
         return _read_factor(SELINV_TARGET, jax.ShapeDtypeStruct((pattern.nnz,), np.float64),
                             pattern, a)
-    upper = _read_factor(SELINV_TARGET, jax.ShapeDtypeStruct((positions.shape[0],),
-                                                             np.float64), pattern, a)
-    return take_static(upper, _mirror(pattern))
+    values = _read_factor(SELINV_TARGET, jax.ShapeDtypeStruct((upper[0].shape[0],),
+                                                              np.float64), pattern, a)
+    return take_static(values, _mirror(pattern))

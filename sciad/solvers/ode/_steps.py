@@ -218,17 +218,18 @@ def run(attempt: Callable, s0, rec0: Record, y0, *, record: bool, dense: bool):
     loop runs the attempt for every example, as the loop around it did.)"""
     n = y0.shape[0]
 
-    def idle(s):
+    def idle(s):  # (a row of `rec0.rows`' width: (1,) where none is kept, as `advance`'s)
         zero = jnp.zeros((), jnp.int32)
         return s, Taken(accept=jnp.asarray(False), hit=jnp.asarray(False), i=zero, k=zero,
                         t=s.tr.t, y=jnp.zeros((n,), y0.dtype),
-                        row=jnp.zeros(rec0.rows.shape[1:] if rec0.rows.shape[0] > 1 else (1,),
-                                      y0.dtype))
+                        row=jnp.zeros(rec0.rows.shape[1:], y0.dtype))
+
+    def step(c):
+        return (jnp.asarray(False), *attempt(c[1]))
 
     def body(c):
         s, rec = c
-        _, s, tk = jax.lax.while_loop(lambda c: c[0], lambda c: (jnp.asarray(False), *attempt(c[1])),
-                                      (s.tr.status < 0, *idle(s)))
+        _, s, tk = jax.lax.while_loop(lambda c: c[0], step, (s.tr.status < 0, *idle(s)))
         return s, written(rec, tk, record, dense)
 
     return jax.lax.while_loop(lambda c: c[0].tr.status < 0, body, (s0, rec0))
