@@ -15,7 +15,8 @@ The time loop is one `sd.scan` node. Its gradient is a reverse scan; with
 wavefields instead of one per step, for the same gradient: `sd.cost` prints
 the gradient's memory both ways. `--budget 16MiB` says how much memory the
 stored wavefields may take instead (`sd.MemoryBudget`): the schedule is
-chosen from the wavefield's size. L-BFGS-B minimizes the misfit of the
+chosen from the wavefield's size; with `--disk DIR` as well, wavefields
+that do not fit may go to disk (`sd.MemoryBudget(ram=..., disk=DIR)`). L-BFGS-B minimizes the misfit of the
 traces plus a small smoothness penalty, one compiled value-and-gradient
 call per evaluation, starting from the constant background.
 
@@ -110,13 +111,14 @@ def default_checkpoints(steps: int) -> int:
 
 def main(n: int = 128, steps: int = 1500, shots: int = 4, maxiter: int = 25,
          checkpoints: int | None = -1, plot: str | None = None, verbose: bool = True,
-         budget: str | None = None):
+         budget: str | None = None, disk: str | None = None):
     """`budget` (bytes, or a string such as "16MiB"): the memory reverse mode's
-    stored wavefields may take (`sd.MemoryBudget`), instead of `checkpoints`."""
+    stored wavefields may take (`sd.MemoryBudget`), instead of `checkpoints`;
+    `disk`: a directory where the wavefields that do not fit may go."""
     say = print if verbose else (lambda *a, **k: None)
     survey = Survey(n, steps, shots)
     if budget is not None:
-        checkpoints = sd.MemoryBudget(ram=budget)
+        checkpoints = sd.MemoryBudget(ram=budget, disk=disk)
     elif checkpoints == -1:
         checkpoints = default_checkpoints(steps)
     c_true = survey.true_velocity()
@@ -128,7 +130,7 @@ def main(n: int = 128, steps: int = 1500, shots: int = 4, maxiter: int = 25,
     f = lambda m: objective(m, data, survey, checkpoints)  # noqa: E731
     m0 = np.zeros(n * n)
     shown = f"binomial({checkpoints})" if isinstance(checkpoints, int) else \
-        f"a {budget} budget"
+        f"a {budget} budget" + (f" and disk ({disk})" if disk else "")
     for label, ck in (("every step stored", None), (shown, checkpoints)):
         if ck is None or checkpoints is not None:
             rep = sd.cost(lambda m, ck=ck: objective(m, data, survey, ck), m0)
@@ -214,9 +216,12 @@ if __name__ == "__main__":
     p.add_argument("--budget", default=None,
                    help="the memory reverse mode's stored wavefields may take, e.g. 16MiB "
                         "(sd.MemoryBudget; instead of --checkpoints)")
+    p.add_argument("--disk", default=None,
+                   help="with --budget: a directory where the wavefields that do not fit "
+                        "may go")
     p.add_argument("--plot", default="examples/wave_inversion.png",
                    help="where to write the figure ('' for none)")
     args = p.parse_args()
     main(args.n, args.steps, args.shots, args.maxiter,
          None if args.checkpoints == 0 else args.checkpoints, args.plot or None,
-         budget=args.budget)
+         budget=args.budget, disk=args.disk)

@@ -233,6 +233,12 @@ class ArpackNoConvergenceError(ConvergenceError):
                          tolerance=tolerance, iterations=iterations)
 
 
+class StorageError(SciadError, OSError):
+    """The disk level of a memory budget (`sd.MemoryBudget(disk=...)`) could
+    not write or read a loop's stored carries (a full disk, a directory
+    removed or made read-only while the program ran)."""
+
+
 class SciadWarning(UserWarning):
     """Base class of the warnings sciad issues."""
 

@@ -335,6 +335,7 @@ def _budgeted(budget: MemoryBudget, state_bytes: int, max_steps: int, solver: st
     from .primitives._ode_replay import SNAPSHOT_BYTES
     from .primitives._while import budget_schedule
 
+    budget.refuse_disk(op, "an ODE solve")
     n = budget.carries(state_bytes, op)
     every = max_steps + 1
     if adjoint == "backsolve":  # (one state, whatever the steps)

@@ -289,10 +289,12 @@ def _packing(cell_types, value_types):
 # the replay
 
 
-def replay(runs: Runs, length: int, reverse: bool, advance, residuals, backward, start,
+def replay(runs: Runs, index, advance, residuals, backward, start,
            carry_types, res_types, acc0, ct_xs, *, stored=None):
-    """The backward pass of a scan of `length` steps (run last to first when
-    `reverse`) on the schedule compiled into `runs`.
+    """The backward pass of a scan's steps on the schedule compiled into
+    `runs`: the `t`-th step the loop runs (from 0) reads slice `index(t)` of
+    the per-step inputs (`t` for a forward scan of all its steps;
+    `length - 1 - t` for a reverse one; offset for a stretch of the loop).
 
     `advance(k, carry) -> carry` runs the forward step that reads slice `k`
     of the per-step inputs, `residuals(k, carry) -> res` gives what that
@@ -307,9 +309,6 @@ def replay(runs: Runs, length: int, reverse: bool, advance, residuals, backward,
     table = jnp.asarray(runs.runs if stored is None else runs.stored())
     stores = jnp.asarray(runs.stores if len(runs.stores) else np.zeros((1, 2), np.int32))
     touched, pack, unpack = _packing(tuple(carry_types), tuple(res_types))
-
-    def index(k):
-        return length - 1 - k if reverse else k
 
     def put(buf, vals, i):
         return tuple(jax.lax.dynamic_update_index_in_dim(s, v, i, 0)

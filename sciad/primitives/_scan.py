@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _ops as ops
+from .. import _cache, _ops as ops
 from ..errors import InvalidOptionError, ShapeError, plain
 from ..graph import Graph, Literal, Param, Primitive, TensorType, Var, Zero
 from ..graph import is_differentiable, is_linear, is_zero
@@ -58,8 +58,11 @@ from ..graph._body import (Body, as_body, dce_rule, drop_inputs, hoist, hoist_no
 from ..graph._serialize import register_v1_migration
 from ..graph._sparsity import Deps, dense_all, value_shape
 from ..graph._trace import Tracer, _leaf_type, is_value_leaf, trace_flat
+from ._checks import tie
 from ._indexing import dynamic_update_slice_p
-from ._schedules import SCHEDULES, MemoryBudget, as_schedule, checkpoint_runs, inner_needs
+from . import _disk
+from ._schedules import (SCHEDULES, MemoryBudget, TwoLevel, as_schedule, checkpoint_runs,
+                         inner_needs)
 from ._loop_adjoint import (assemble_cts, body_wrt, check_storable, check_zero_starts, ct_inits,
                             ct_plan, grouped_jvp, loop_body_jvp, loop_linearity, split_grouped,
                             step_vjp_graph, storable_primal_carries, transposed_step,
@@ -278,8 +281,11 @@ def _stored_fwd(primals, params):
     carry: the backward pass then does not run the loop forward again."""
     body = params["body"]
     nc, nk = body.num_consts, body.num_carry
-    if not all(isinstance(v.type, TensorType) for v in body.inputs[nc:nc + nk]):
-        outs = scan_p.bind(*primals, **params)  # (the backward pass says why it cannot)
+    if not all(isinstance(v.type, TensorType) for v in body.inputs[nc:nc + nk]) or \
+            isinstance(params["checkpoints"], TwoLevel):
+        # (the backward pass says why it cannot; a two-level one makes its own
+        # forward sweep, writing to disk)
+        outs = scan_p.bind(*primals, **params)
         return outs, Checkpointed(primals)
     runs = checkpoint_runs(params["checkpoints"], params["length"])
     consts, init, xs = _groups(primals, nc, nk)
@@ -504,6 +510,10 @@ def _scan_adjoint_impl(*args, body, step, length, reverse=False,
         return (*ctc0, *ct_xs)
     split = split_step(step, nc, nk, nx, nacc)
     held = site.held if site is not None else ()
+    two_level = isinstance(schedule, TwoLevel)
+    if two_level:  # (a check in the loop that fails closes the run's store)
+        number = _disk.begin(schedule.directory, site.bare if site is not None else None)
+        held = (*held, (number, _disk.release))
     fb, fr, fs = lower(body, held), lower(split.residuals, held), lower(split.backward, held)
     once = lower(split.once, held)(*consts) if split.once is not None else ()
 
@@ -524,9 +534,24 @@ def _scan_adjoint_impl(*args, body, step, length, reverse=False,
         return (tuple(out.ct_carry),
                 tuple(jnp.asarray(v, t.dtype) for v, t in zip(out.ct_xs, x_types)))
 
-    acc, ct_xs = replay(checkpoint_runs(schedule, length), length, reverse, advance,
-                        residuals, backward, tuple(init), body.in_types[nc:nc + nk],
-                        split.residuals.out_types, tuple(ctc0), ct_xs, stored=cells)
+    carry_types = body.in_types[nc:nc + nk]
+    index = (lambda t: length - 1 - t) if reverse else (lambda t: t)
+
+    def backward_of(runs, index, start, acc, ct_xs, stored=None):
+        return replay(runs, index, advance, residuals, backward, tuple(start), carry_types,
+                      split.residuals.out_types, tuple(acc), ct_xs, stored=stored)
+
+    if not two_level:
+        acc, ct_xs = backward_of(checkpoint_runs(schedule, length), index, init, ctc0, ct_xs,
+                                 stored=cells)
+        return (*acc, *ct_xs)
+    acc, ct_xs, token = _disk.replay_on_disk(
+        schedule, length, index, advance, backward_of, init, number, carry_types, ctc0, ct_xs,
+        site.bare if site is not None else None)
+    if acc:  # (the store is closed when the results are)
+        acc = tie(tuple(acc), token)
+    elif ct_xs:
+        ct_xs = tie(tuple(ct_xs), token)
     return (*acc, *ct_xs)
 
 
@@ -747,7 +772,7 @@ def scan(f: Callable, init, xs=None, length: int | None = None, reverse: bool = 
     body, consts = prune_consts(body, consts)
     if budget is not None:  # (the body's own loops hold their share of it)
         checkpoints = budget.schedule(sum(nbytes(t) for t in carry_types), length, op,
-                                      inner=inner_needs(body))
+                                      inner=inner_needs(body), disk=True)
     for v, path in zip(body.inputs[len(consts):], paths):
         v.hint = "carry" + path if path else "carry"
     xpaths = [_tree.keystr(p) for p, _ in _tree.tree_flatten_with_path(
@@ -997,6 +1022,16 @@ def _scan_adjoint_cost(node, body):
     p = node.params
     n, sched = p["length"], p["schedule"]
     fb, st = body(p["body"]), body(p["step"])
+    carry = _carry_bytes(p["body"], p["body"].num_consts, p["body"].num_carry)
+    if isinstance(sched, TwoLevel):
+        recomputed = sched.recomputed(n)
+        m, last = sched.segments(max(n, 1))
+        cells = checkpoint_runs(sched.inner(), sched.segment if m > 1 else last).cells + 3
+        on_disk = (m - 1) * carry if n else 0
+        return Cost(recomputed * fb.flops + n * st.flops,
+                    cells * carry + max(fb.peak, st.peak),
+                    f"{n} steps, {sched}: {recomputed} forward steps recomputed, "
+                    f"{m - 1 if n else 0} carries ({_cache.si(on_disk)}) on disk")
     actions = sched.actions(n)
     advances = actions[actions[:, 0] == 1]
     recomputed = int(np.sum(advances[:, 2] - advances[:, 1])) if len(advances) else 0
@@ -1005,8 +1040,7 @@ def _scan_adjoint_cost(node, body):
     if p.get("stored") and len(runs.runs):  # the forward pass ran the first stretch
         recomputed -= int(runs.runs[0, 2])
         cells = 0  # (and holds the cells: an operand)
-    temp = cells * _carry_bytes(p["body"], p["body"].num_consts, p["body"].num_carry) + \
-        max(fb.peak, st.peak)
+    temp = cells * carry + max(fb.peak, st.peak)
     return Cost(recomputed * fb.flops + n * st.flops, temp,
                 f"{n} steps, {sched}: {recomputed} forward steps recomputed")
 

@@ -117,9 +117,79 @@ class EveryK:
         return np.asarray(rows, np.int32).reshape(-1, 3)
 
 
+def _ram_recomputed(schedule: "Binomial", length: int) -> int:
+    """The forward steps reverse mode through a loop recomputes on a RAM
+    schedule (the forward pass makes the first run's stores)."""
+    actions = schedule.actions(length)
+    advances = actions[actions[:, 0] == 1]
+    done = int(np.sum(advances[:, 2] - advances[:, 1])) if len(advances) else 0
+    runs = checkpoint_runs(schedule, length)
+    return done - (int(runs.runs[0, 2]) if len(runs.runs) else 0)
+
+
+@dataclass(frozen=True)
+class TwoLevel:
+    """Two-level checkpointing over RAM and disk, what a `MemoryBudget`
+    with `disk=` becomes where it recomputes less than RAM alone: reverse
+    mode runs the loop forward once, writing the carry at the start of each
+    `segment` steps to an unnamed file in `directory` (asynchronously, while
+    the loop runs on); then, segment by segment from the last, reads its
+    first carry back (the next one read ahead) and runs the segment's
+    backward pass on `Binomial(snapshots)` in RAM. With `segment =
+    snapshots + 1` each step of a segment is recomputed once there. The
+    gradient is the same, bit for bit, as with the carries in RAM.
+    `budget`: the RAM budget's bytes, if it was chosen for one."""
+
+    segment: int
+    snapshots: int
+    directory: str
+    budget: int | None = None
+
+    def __post_init__(self):
+        for name in ("segment", "snapshots"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InvalidOptionError(f"a two-level schedule needs {name} >= 1 (an int), "
+                                         f"got {plain(v)}.", op="scan")
+
+    def __str__(self) -> str:
+        ram = "" if self.budget is None else f" for a {_cache.si(self.budget)} budget"
+        return (f"two levels{ram}: a carry on disk every {self.segment} steps, "
+                f"binomial({self.snapshots}) in RAM within each")
+
+    def inner(self) -> Binomial:
+        """The RAM schedule of one segment."""
+        return Binomial(self.snapshots)
+
+    def segments(self, length: int) -> tuple[int, int]:
+        """`(m, last)`: the segments of a loop of `length >= 1` steps and the
+        last one's steps (the others have `segment`); `m - 1` carries go to
+        disk."""
+        m = max(-(-length // self.segment), 1)
+        return m, length - (m - 1) * self.segment
+
+    def recomputed(self, length: int) -> int:
+        """The forward steps reverse mode recomputes: the sweep writing the
+        disk carries, and each segment's RAM schedule."""
+        if length == 0:
+            return 0
+        m, last = self.segments(length)
+
+        def within(n):
+            a = self.inner().actions(n)
+            adv = a[a[:, 0] == 1]
+            return int(np.sum(adv[:, 2] - adv[:, 1])) if len(adv) else 0
+
+        return (m - 1) * self.segment + (m - 1) * within(self.segment) + within(last)
+
+
 #: the fewest carries reverse mode through a checkpointed loop holds: one
 #: stored, the one a backward step works on, and a scratch one
 MIN_CARRIES = 3
+
+#: the carries a two-level schedule holds besides its RAM snapshots: two
+#: working cells, the write in flight and the carry read ahead
+TWO_LEVEL_EXTRA = 4
 
 
 class MemoryBudget:
@@ -138,6 +208,18 @@ class MemoryBudget:
     step's gradient program, `inner_needs`). A budget that holds fewer than
     three carries is refused when the loop is traced, saying the minimum.
     The gradient is the same whatever the budget.
+
+    With `disk=` (a directory; `True` for the system's temporary one), a
+    `scan` or `fori_loop` whose carries do not all fit in `ram` may keep
+    some on disk, where that recomputes fewer steps than RAM alone (a
+    `TwoLevel` schedule): a carry every `s + 1` steps goes to disk, written
+    while the loop runs on and read back ahead of the backward pass, and
+    each stretch between two of them runs on `s` snapshots in RAM (`s + 4`
+    carries fit in `ram`: two working, one being written, one read ahead).
+    Each call writes to a file of its own that has no name (nothing is left
+    in the directory, even when the process is killed), closed when the
+    gradient returns or a check in the loop fails. The gradient is the same
+    bit for bit.
 
     `sd.cost` shows the schedule chosen, the forward steps it recomputes and
     the predicted peak (the stored carries and one step's own values,
@@ -161,11 +243,14 @@ class MemoryBudget:
     **Arguments:**
 
     - `ram`: bytes, an int or a string such as `"64MiB"`, `"2GB"`, `"1e9"`.
+    - `disk`: None (RAM only), a directory (a `str` or path) where carries
+      may go, or `True` for the system's temporary directory
+      (`tempfile.gettempdir()`). It must exist and be writable.
     """
 
-    __slots__ = ("ram",)
+    __slots__ = ("ram", "disk")
 
-    def __init__(self, ram):
+    def __init__(self, ram, disk=None):
         try:
             value = _cache.parse_bytes(ram)
         except (ValueError, TypeError) as e:
@@ -176,18 +261,21 @@ class MemoryBudget:
             raise InvalidOptionError(f"`ram` must be at least 1 byte, got {plain(ram)}.",
                                      op="MemoryBudget")
         object.__setattr__(self, "ram", value)
+        object.__setattr__(self, "disk", _directory(disk))
 
     def __setattr__(self, name, value):
         raise AttributeError("a MemoryBudget is immutable")
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, MemoryBudget) and other.ram == self.ram
+        return isinstance(other, MemoryBudget) and (other.ram, other.disk) == (self.ram,
+                                                                                self.disk)
 
     def __hash__(self) -> int:
-        return hash((MemoryBudget, self.ram))
+        return hash((MemoryBudget, self.ram, self.disk))
 
     def __repr__(self) -> str:
-        return f"MemoryBudget(ram={_cache.si(self.ram)!r})"
+        disk = "" if self.disk is None else f", disk={self.disk!r}"
+        return f"MemoryBudget(ram={_cache.si(self.ram)!r}{disk})"
 
     def carries(self, carry_bytes: int, op: str, least: int = MIN_CARRIES,
                 inner: int = 0) -> int:
@@ -209,13 +297,52 @@ class MemoryBudget:
         return int(n)
 
     def schedule(self, carry_bytes: int, length: int, op: str,
-                 inner: int = 0) -> "Binomial":
+                 inner: int = 0, disk: bool = False):
         """The binomial schedule of a loop of `length` steps whose carry is
         `carry_bytes`, with the most snapshots whose cells fit beside
         `inner` bytes (`carries`): `s` stored carries take `s + 2` (the
-        carry worked on, and one to recompute into)."""
+        carry worked on, and one to recompute into). With `disk` (a loop
+        that can use the disk level) and a budget that names a directory:
+        the `TwoLevel` schedule instead, where it recomputes fewer steps."""
         n = self.carries(carry_bytes, op, inner=inner)
-        return Binomial(max(1, min(n - 2, length)), budget=self.ram)
+        ram = Binomial(max(1, min(n - 2, length)), budget=self.ram)
+        if not disk or self.disk is None or n - 2 >= length or n < TWO_LEVEL_EXTRA + 1:
+            return ram
+        s = n - TWO_LEVEL_EXTRA
+        two = TwoLevel(s + 1, s, self.disk, budget=self.ram)
+        return two if two.recomputed(length) < _ram_recomputed(ram, length) else ram
+
+    def refuse_disk(self, op: str, what: str) -> None:
+        """Refuses `disk=` on a loop without the disk level (`what` says
+        which: a while loop, an ODE solve)."""
+        if self.disk is not None:
+            raise InvalidOptionError(
+                f"the disk level of a memory budget serves `sd.scan` and `sd.fori_loop`; "
+                f"{what} keeps its carries in RAM. Give `sd.MemoryBudget(ram=...)` without "
+                "`disk=`, or write the loop as a `fori_loop` of known length.", op=op)
+
+
+def _directory(disk):
+    """`disk` as an absolute directory path (or None), checked."""
+    import os
+    import tempfile
+
+    if disk is None or disk is False:
+        return None
+    if disk is True:
+        disk = tempfile.gettempdir()
+    try:
+        path = os.path.abspath(os.fspath(disk))
+    except TypeError:
+        raise InvalidOptionError(f"`disk` must be a directory (a str or path), True or None, "
+                                 f"got {plain(disk)}.", op="MemoryBudget") from None
+    if not os.path.isdir(path):
+        raise InvalidOptionError(f"`disk` must name an existing directory, got {path!r}; "
+                                 "create it first.", op="MemoryBudget")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InvalidOptionError(f"`disk` directory {path!r} is not writable by this "
+                                 "process; give another.", op="MemoryBudget")
+    return path
 
 
 #: the loops whose reverse pass holds stored values of its own (a body that
@@ -271,9 +398,13 @@ register_param_type(Binomial, "binomial",
                     else Binomial(int(s[0]), budget=int(s[1])))
 register_param_type(Segments, "segments", lambda b: b.snapshots, lambda s: Segments(int(s)))
 register_param_type(EveryK, "every_k", lambda b: b.k, lambda k: EveryK(int(k)))
+register_param_type(TwoLevel, "two_level",
+                    lambda b: [b.segment, b.snapshots, b.directory, b.budget],
+                    lambda s: TwoLevel(int(s[0]), int(s[1]), str(s[2]),
+                                       None if s[3] is None else int(s[3])))
 
 #: the checkpoint schedules (a loop's `checkpoints` param, besides None)
-SCHEDULES = (Binomial, EveryK)
+SCHEDULES = (Binomial, EveryK, TwoLevel)
 
 
 def as_schedule(checkpoints, op: str):

@@ -208,6 +208,7 @@ def budget_schedule(budget: MemoryBudget, carry_bytes: int, max_steps: int, op: 
     `inner` bytes, what a step's own reverse pass holds: `inner_needs`),
     where some do; else `Binomial` over `max_steps` steps with the carries
     that fit (fewer carries, more recomputation)."""
+    budget.refuse_disk(op, "a `while_loop` (whose steps are known only when it runs)")
     n = budget.carries(carry_bytes, op, inner=inner)
     N = max(max_steps, 1)
 

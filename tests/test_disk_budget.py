@@ -1,0 +1,233 @@
+"""The disk level of a memory budget (`sd.MemoryBudget(ram=..., disk=dir)`):
+a scan's carries on disk give the RAM gradient bit for bit, through every
+transform; each run's file has no name and is closed when the gradient
+returns, when a check in the loop fails, when a write fails, and nothing is
+left in the directory when the process is killed; loops without the disk
+level refuse it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sciad as sd
+import sciad.numpy as snp
+from sciad.errors import InvalidOptionError, NonFiniteError, StorageError
+from sciad.primitives import _disk
+from sciad.primitives._schedules import TwoLevel
+
+N, STEPS = 64, 103  # a carry of 512 bytes; 3 KiB hold 6: a carry on disk every 3 steps
+
+
+def _loss(k, u0, checkpoints, reverse=False, steps=STEPS):
+    def step(u, x):
+        u = u + 0.1 * k * x * (snp.roll(u, 1) + snp.roll(u, -1) - 2 * u)
+        return u, snp.sum(u * k)
+
+    u, ys = sd.scan(step, u0, xs=np.linspace(1.0, 1.5, steps), reverse=reverse,
+                    checkpoints=checkpoints)
+    return snp.sum(u ** 2) + snp.sum(ys ** 2) / steps
+
+
+def _schedule(fn, *args):
+    g = sd.trace(fn, *args)
+    (adj,) = [n for n in g.nodes if n.primitive.name == "scan_adjoint"]
+    return adj.params["schedule"]
+
+
+@pytest.fixture
+def heat(rng):
+    return rng.uniform(0.5, 1.5, N), np.sin(np.linspace(0, 3, N))
+
+
+@pytest.fixture
+def budgets(tmp_path):
+    return sd.MemoryBudget(ram="3KiB"), sd.MemoryBudget(ram="3KiB", disk=tmp_path)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_carries_on_disk_give_the_ram_gradient_bit_for_bit(heat, budgets, tmp_path, reverse):
+    k, u0 = heat
+    ram, disk = budgets
+    grad_ram = sd.function(sd.grad(lambda k: _loss(k, u0, ram, reverse)))
+    grad_disk = sd.function(sd.grad(lambda k: _loss(k, u0, disk, reverse)))
+    g = sd.trace(sd.grad(lambda k: _loss(k, u0, disk, reverse)), k)
+    (adj,) = [n for n in g.nodes if n.primitive.name == "scan_adjoint"]
+    assert adj.params["schedule"] == TwoLevel(3, 2, str(tmp_path), budget=3072)
+    again = sd.graph.Graph.from_json(g.to_json())  # (the schedule round-trips)
+    assert again.pretty(source=False) == g.pretty(source=False)
+    assert [n.params.get("schedule") for n in again.nodes] == [n.params.get("schedule")
+                                                              for n in g.nodes]
+    want = np.asarray(grad_ram(k))
+    got = np.asarray(grad_disk(k))
+    assert np.array_equal(got, want)
+    np.testing.assert_allclose(got, sd.grad(lambda k: _loss(k, u0, None, reverse))(k),
+                               rtol=1e-12)
+    # sd.cost shows the two levels: fewer steps recomputed than RAM alone
+    text = str(sd.cost(sd.grad(lambda k: _loss(k, u0, disk, reverse)), k))
+    assert "a carry on disk every 3 steps" in text and "34 carries (17.0 KiB) on disk" in text
+    recomputed = int(text.split("within each: ")[1].split(" forward")[0])
+    ram_text = str(sd.cost(sd.grad(lambda k: _loss(k, u0, ram, reverse)), k))
+    assert recomputed < int(ram_text.split("budget: ")[1].split(" forward")[0])
+    # nothing in the directory, no store open, after the calls
+    assert os.listdir(tmp_path) == [] and _disk.open_stores() == 0
+
+
+def test_disk_carries_through_fori_loop_forward_mode_vmap_and_to_jax(heat, budgets, rng):
+    """(Compiled in other loops, the steps may round in their last bit
+    otherwise than the RAM schedule's: equal to 1e-14.)"""
+    k, u0 = heat
+    ram, disk = budgets
+
+    def fori(k, budget):
+        u = sd.fori_loop(0, STEPS, lambda i, u: u + 0.05 * k * (snp.roll(u, 1) - u), u0,
+                         checkpoints=budget)
+        return snp.sum(snp.sin(u) * u)
+
+    v = rng.normal(size=N)
+    ks = np.stack([k, 2 * k, 0.5 * k])
+    for f in (fori, lambda k, b: _loss(k, u0, b)):
+        assert isinstance(_schedule(sd.grad(lambda k: f(k, disk)), k), TwoLevel)
+        for make, x in ((lambda b: sd.grad(lambda k: f(k, b)), k),
+                        (lambda b: lambda k: sd.hvp(lambda k: f(k, b), k, v), k),
+                        (lambda b: sd.vmap(sd.grad(lambda k: f(k, b))), ks)):
+            want, got = (np.asarray(sd.function(make(b))(x)) for b in (ram, disk))
+            np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-15)
+        # JAX's own transforms of the exported gradient: jit, and vmap (the
+        # host calls see the batch axis)
+        g_ram = sd.to_jax(sd.grad(lambda k: f(k, ram)))
+        g_disk = sd.to_jax(sd.grad(lambda k: f(k, disk)))
+        for t, x in ((jax.jit, k), (lambda g: jax.jit(jax.vmap(g)), ks)):
+            np.testing.assert_allclose(t(g_disk)(jnp.asarray(x)), t(g_ram)(jnp.asarray(x)),
+                                       rtol=1e-14, atol=1e-15)
+    assert _disk.open_stores() == 0
+
+
+def test_a_check_that_fails_in_the_loop_closes_the_runs_file(heat, tmp_path):
+    """A solve in the step whose right-hand side is NaN only in the backward
+    pass (the loss's derivative at 0 is infinite): the check fails while the
+    carries are on disk, and the run's store is closed before it raises,
+    eagerly, compiled, and under `jax.jit` of `to_jax`."""
+    k, u0 = heat
+    A = np.eye(N) * 4 + np.diag(np.ones(N - 1), 1) + np.diag(np.ones(N - 1), -1)
+    disk = sd.MemoryBudget(ram="3KiB", disk=tmp_path)
+
+    def loss(k):
+        def step(u, _):
+            return sd.linalg.solve(A, u + 0.1 * k * u), None
+
+        u, _ = sd.scan(step, u0, length=60, checkpoints=disk)
+        return snp.sqrt(snp.sum(u ** 2) - snp.sum(u ** 2))  # (its derivative: NaN)
+
+    assert isinstance(_schedule(sd.grad(loss), k), TwoLevel)
+    for fn in (sd.grad(loss), sd.function(sd.grad(loss))):
+        with pytest.raises(NonFiniteError, match="right-hand side"):
+            fn(k)
+        assert _disk.open_stores() == 0
+    with pytest.raises(NonFiniteError), sd.errors.unwrapped():
+        jax.block_until_ready(jax.jit(sd.to_jax(sd.grad(loss)))(jnp.asarray(k)))
+    assert _disk.open_stores() == 0 and os.listdir(tmp_path) == []
+
+
+def test_a_failed_write_is_a_storage_error_that_closes_the_file(heat, budgets, monkeypatch):
+    k, u0 = heat
+    _, disk = budgets
+
+    def full(*args):
+        raise OSError(28, "No space left on device")
+
+    grad = sd.function(sd.grad(lambda k: _loss(k, u0, disk)))
+    monkeypatch.setattr(_disk.os, "pwritev", full)
+    with pytest.raises(StorageError, match="writing a checkpointed loop's carry on disk "
+                                           r"failed \(OSError: \[Errno 28\] No space"):
+        grad(k)
+    assert _disk.open_stores() == 0
+    monkeypatch.undo()
+    assert np.all(np.isfinite(grad(k)))  # (the next call writes again)
+
+
+def test_the_store_gives_back_the_bytes_it_was_given(tmp_path, rng):
+    arrays = [rng.normal(size=(3, 5)), np.array([np.nan, -0.0, np.inf, 5e-324]),
+              (rng.normal(size=7) + 1j * rng.normal(size=7)).astype(np.complex64),
+              rng.integers(-9, 9, size=(2, 2)).astype(np.int8), np.array([True, False])]
+    store = _disk.Store(str(tmp_path))
+    try:
+        for slot in range(4):
+            store.write(slot, [a + slot if a.dtype.kind in "fc" else a for a in arrays])
+        got = [store.read(slot, slot - 1) for slot in (3, 2, 1, 0)]
+    finally:
+        store.close()
+    for slot, back in zip((3, 2, 1, 0), got):
+        for a, b in zip([a + slot if a.dtype.kind in "fc" else a for a in arrays], back):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            assert a.tobytes() == b.tobytes()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_killed_process_leaves_nothing_in_the_directory(tmp_path):
+    """The process is killed (SIGKILL) while its carries are on disk: the
+    file had no name, so the directory is empty."""
+    code = textwrap.dedent(f"""
+        import os, signal
+        import numpy as np, sciad as sd, sciad.numpy as snp
+        from sciad.primitives import _disk
+
+        def killed(self, slot, ahead):
+            assert os.fstat(self.fd).st_size > 0  # (the carries were written)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        _disk.Store.read = killed
+
+        def loss(k):
+            u, _ = sd.scan(lambda u, _: (u + 0.1 * k * (snp.roll(u, 1) - u), None),
+                           np.ones(64), length=100,
+                           checkpoints=sd.MemoryBudget(ram="3KiB", disk={str(tmp_path)!r}))
+            return snp.sum(u ** 2)
+
+        sd.grad(loss)(np.ones(64))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert os.listdir(tmp_path) == []
+
+
+def test_loops_without_the_disk_level_refuse_it(heat, tmp_path):
+    k, u0 = heat
+    disk = sd.MemoryBudget(ram="64KiB", disk=tmp_path)
+    with pytest.raises(InvalidOptionError, match="`disk` must name an existing directory"):
+        sd.MemoryBudget(ram="1MiB", disk=tmp_path / "missing")
+    with pytest.raises(InvalidOptionError, match="`disk` must be a directory"):
+        sd.MemoryBudget(ram="1MiB", disk=3.5)
+    assert sd.MemoryBudget(ram="1MiB", disk=True).disk is not None
+    with pytest.raises(InvalidOptionError, match="while_loop.*keeps its carries in RAM"):
+        sd.trace(sd.grad(lambda k: sd.while_loop(
+            lambda c: c[0] < 5, lambda c: (c[0] + 1, c[1] * k), (0, u0), max_steps=10,
+            checkpoints=disk)[1].sum()), k)
+    with pytest.raises(InvalidOptionError, match="an ODE solve keeps its carries in RAM"):
+        sd.trace(sd.grad(lambda k: snp.sum(sd.ode.odeint(
+            lambda t, y, k: -k * y, u0, np.linspace(0, 1, 3), k, solver="tsit5",
+            checkpoints=disk))), k)
+    # a budget that holds every carry keeps them in RAM, disk or not
+    assert _schedule(sd.grad(lambda k: _loss(k, u0, disk)), k) == sd.Binomial(103, 65536)
+
+
+def test_a_hundred_disk_budgeted_gradients_keep_memory_and_files_flat(heat, budgets):
+    from helpers import rss_mib
+
+    k, u0 = heat
+    grad = sd.function(sd.grad(lambda k: _loss(k, u0, budgets[1])))
+    fds = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
+    for _ in range(10):
+        jax.block_until_ready(grad(k))
+    before, files = rss_mib(), fds()
+    for _ in range(100):
+        jax.block_until_ready(grad(k))
+    assert rss_mib() - before < 8.0 and fds() == files and _disk.open_stores() == 0
