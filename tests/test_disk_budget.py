@@ -231,3 +231,11 @@ def test_a_hundred_disk_budgeted_gradients_keep_memory_and_files_flat(heat, budg
     for _ in range(100):
         jax.block_until_ready(grad(k))
     assert rss_mib() - before < 8.0 and fds() == files and _disk.open_stores() == 0
+    # two threads calling the same program: a store each, the same gradient
+    from concurrent.futures import ThreadPoolExecutor
+
+    want = np.asarray(grad(k))
+    with ThreadPoolExecutor(2) as pool:
+        for got in pool.map(lambda _: np.asarray(grad(k)), range(6)):
+            assert np.array_equal(got, want)
+    assert _disk.open_stores() == 0

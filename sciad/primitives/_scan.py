@@ -701,7 +701,9 @@ def scan(f: Callable, init, xs=None, length: int | None = None, reverse: bool = 
         int `s` or `sd.Binomial(s)` (at most `s` stored carries, binomial
         recomputation), `sd.EveryK(k)` (every `k`-th carry stored, fewer
         than `2 length` steps recomputed), or `sd.MemoryBudget(ram=...)`
-        (the binomial schedule whose stored carries fit in `ram` bytes).
+        (the binomial schedule whose stored carries fit in `ram` bytes;
+        with `disk=dir`, carries that do not fit may go to disk where that
+        recomputes fewer steps, a `TwoLevel` schedule).
 
     **Returns:**
 

@@ -656,7 +656,8 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
         carries, but a cost that grows with `max_steps`, not the steps run.
         `sd.MemoryBudget(ram=...)`: `Segments` with the most snapshots that
         fit in `ram` bytes, or where none fit, the binomial schedule with
-        the carries that do. Needs `max_steps`.
+        the carries that do (a budget's `disk=` is refused: its carries stay
+        in RAM). Needs `max_steps`.
 
     **Returns:**
 
