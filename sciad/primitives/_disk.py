@@ -44,72 +44,93 @@ from ..solvers._host import host_call
 
 
 class Store:
-    """One run's carries on disk: slot `j` holds the arrays written last
-    to it, at a fixed offset of the file (slots are all one size)."""
+    """One run's carries on disk. An entry is one example's carry (a batch
+    of `batch` examples under `jax.vmap`, else one) in one slot, at a fixed
+    offset of the file: entry `(j, b)` at `(j * batch + b) * entry_bytes`."""
 
     def __init__(self, directory: str):
         self.directory = directory
         self.file = tempfile.TemporaryFile(dir=directory)
         self.fd = self.file.fileno()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="sciad-disk")
-        self.layout: tuple | None = None  # ((shape, dtype), ...) of a slot's arrays
-        self.slot_bytes = 0
+        self.layout: tuple | None = None  # ((shape, dtype), ...) of an entry's arrays
+        self.batch = 0
+        self.entry_bytes = 0
         self.writing = None  # the write in flight (a future)
-        self.ahead = None  # (slot, future) read ahead
+        self.ahead = None  # (slots, future) read ahead
         self.closed = False
+
+    def _offset(self, slot: int, b: int) -> int:
+        return (slot * self.batch + b) * self.entry_bytes
 
     # -- the store's thread
 
-    def _put(self, slot: int, arrays) -> None:
-        views = [memoryview(a).cast("B") for a in arrays]
-        offset = slot * self.slot_bytes
-        while views:
-            done = os.pwritev(self.fd, views, offset)
-            offset += done
-            while views and done >= len(views[0]):
-                done -= len(views[0])
-                views.pop(0)
-            if views and done:
-                views[0] = views[0][done:]
+    def _put(self, entries) -> None:
+        for slot, b, arrays in entries:
+            views = [memoryview(a).cast("B") for a in arrays]
+            offset = self._offset(slot, b)
+            while views:
+                done = os.pwritev(self.fd, views, offset)
+                offset += done
+                while views and done >= len(views[0]):
+                    done -= len(views[0])
+                    views.pop(0)
+                if views and done:
+                    views[0] = views[0][done:]
 
-    def _get(self, slot: int) -> list:
-        buf = bytearray(self.slot_bytes)
-        view, offset, end = memoryview(buf), slot * self.slot_bytes, 0
-        while end < len(buf):
-            n = os.preadv(self.fd, [view[end:]], offset + end)
-            if n == 0:
-                raise OSError(f"slot {slot} ends {len(buf) - end} bytes short of its size")
-            end += n
-        out, k = [], 0
-        for shape, dtype in self.layout:
-            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            out.append(np.frombuffer(buf, dtype, count=size // dtype.itemsize,
-                                     offset=k).reshape(shape))
-            k += size
+    def _get(self, slots, layout) -> list:
+        out = [np.zeros((len(slots),) + tuple(shape), dtype) for shape, dtype in layout]
+        buf = bytearray(self.entry_bytes)
+        view = memoryview(buf)
+        for b, slot in enumerate(slots):
+            if slot < 0:  # (an example whose loop is done: its results are dropped)
+                continue
+            offset, end = self._offset(slot, b), 0
+            while end < len(buf):
+                n = os.preadv(self.fd, [view[end:]], offset + end)
+                if n == 0:
+                    raise OSError(f"slot {slot} ends {len(buf) - end} bytes short of its size")
+                end += n
+            k = 0
+            for a, (shape, dtype) in zip(out, layout):
+                size = int(np.prod(shape, dtype=np.int64))
+                a[b] = np.frombuffer(buf, dtype, count=size, offset=k).reshape(shape)
+                k += size * dtype.itemsize
         return out
 
     # -- the program's calls
 
-    def write(self, slot: int, arrays) -> None:
+    def write(self, slots, when, arrays) -> None:
+        """Writes example `b` of `arrays` (each `(batch, ...)`) to slot
+        `slots[b]` where `when[b]`."""
         self._settle()
-        arrays = [np.array(a, copy=True, order="C") for a in arrays]  # (the callback's
-        layout = tuple((a.shape, a.dtype) for a in arrays)  # buffers are XLA's)
+        layout = tuple((a.shape[1:], a.dtype) for a in arrays)
         if self.layout is None:
-            self.layout = layout
-            self.slot_bytes = sum(a.nbytes for a in arrays)
-        elif layout != self.layout:
-            raise OSError(f"slot {slot}'s arrays are {layout}, the store's {self.layout}")
-        self.writing = self.pool.submit(self._put, slot, arrays)
+            self.layout, self.batch = layout, len(slots)
+            self.entry_bytes = sum(int(np.prod(s, dtype=np.int64)) * d.itemsize
+                                   for s, d in layout)
+        elif layout != self.layout or len(slots) != self.batch:
+            raise OSError(f"{len(slots)} carries of {layout} written to a store of "
+                          f"{self.batch} of {self.layout}")
+        entries = [(int(j), b, [np.array(a[b], copy=True, order="C") for a in arrays])
+                   for b, (j, w) in enumerate(zip(slots, when)) if w]  # (the callback's
+        if entries:  # buffers are XLA's)
+            self.writing = self.pool.submit(self._put, entries)
 
-    def read(self, slot: int, ahead: int) -> list:
-        self._settle()  # (the write in flight may be this slot's)
-        if self.layout is None:
-            raise OSError(f"slot {slot} is read before anything was written")
-        if self.ahead is not None and self.ahead[0] == slot:
+    def read(self, slots, ahead, layout) -> list:
+        """Example `b` of slot `slots[b]` (zeros where negative), each array
+        `(batch, ...)`; reads slots `ahead` next, in the background."""
+        self._settle()  # (the write in flight may be one of these)
+        key = tuple(int(j) for j in slots)
+        if any(j >= 0 for j in key) and (self.layout is None or len(key) != self.batch):
+            raise OSError(f"{len(key)} carries read from a store of {self.batch}")
+        if self.ahead is not None and self.ahead[0] == key:
             arrays = self.ahead[1].result()
         else:
-            arrays = self._get(slot)
-        self.ahead = (ahead, self.pool.submit(self._get, ahead)) if ahead >= 0 else None
+            arrays = self._get(key, layout)
+        nxt = tuple(int(j) for j in ahead)
+        self.ahead = (nxt, self.pool.submit(self._get, nxt, layout)) \
+            if any(j >= 0 for j in nxt) else None
         return arrays
 
     def _settle(self) -> None:
@@ -197,40 +218,51 @@ def begin(directory: str, site):
     return number
 
 
-def write(number, slot, token, carry, site):
-    """Writes `carry` (a tuple of arrays) to slot `slot`; returns a token."""
-    ranks = (0, 0, 0) + tuple(jnp.ndim(c) for c in carry)
+def _flat(x, lead) -> np.ndarray:
+    """A host call's per-example argument as a flat `(prod(lead),)` array."""
+    return np.broadcast_to(np.asarray(x), lead).ravel()
 
-    def host(number, slot, token, *arrays):
+
+def write(number, slot, token, carry, site, when=True):
+    """Writes `carry` (a tuple of arrays) to slot `slot` where `when`;
+    returns a token."""
+    ranks = (0, 0, 0, 0) + tuple(jnp.ndim(c) for c in carry)
+    shapes = [tuple(jnp.shape(c)) for c in carry]
+
+    def host(number, slot, when, token, *arrays):
         store = _store(number, site)
+        lead = _lead((number, slot, when, token, *arrays), ranks)
+        k = int(np.prod(lead, dtype=np.int64))
+        flat = [np.broadcast_to(a, lead + s).reshape((k,) + s) for a, s in zip(arrays, shapes)]
         try:
-            store.write(int(np.ravel(slot)[0]), arrays)
+            store.write(_flat(slot, lead), _flat(when, lead), flat)
         except OSError as e:
             raise _failing(number, site, "writing", e) from None
-        return (np.zeros(_lead((number, slot, token, *arrays), ranks), np.int32),)
+        return (np.zeros(lead, np.int32),)
 
     (token,) = host_call(host, (jax.ShapeDtypeStruct((), jnp.int32),), number,
-                         jnp.asarray(slot, jnp.int32), token, *carry, effect=True)
+                         jnp.asarray(slot, jnp.int32), jnp.asarray(when, jnp.bool_), token,
+                         *carry, effect=True)
     return token
 
 
 def read(number, slot, ahead, token, carry_types, site):
-    """Slot `slot`'s carry (arrays of `carry_types`) and a token; reads slot
-    `ahead` next, in the background (none where it is negative)."""
-    results = tuple(jax.ShapeDtypeStruct(tuple(t.shape), t.dtype) for t in carry_types) + (
+    """Slot `slot`'s carry (arrays of `carry_types`; zeros where `slot` is
+    negative) and a token; reads slot `ahead` next, in the background (none
+    where it is negative)."""
+    layout = tuple((tuple(t.shape), np.dtype(t.dtype)) for t in carry_types)
+    results = tuple(jax.ShapeDtypeStruct(s, d) for s, d in layout) + (
         jax.ShapeDtypeStruct((), jnp.int32),)
 
     def host(number, slot, ahead, token):
         store = _store(number, site)
+        lead = _lead((number, slot, ahead, token), (0, 0, 0, 0))
         try:
-            arrays = store.read(int(np.ravel(slot)[0]), int(np.ravel(ahead)[0]))
+            arrays = store.read(_flat(slot, lead), _flat(ahead, lead), layout)
         except OSError as e:
             raise _failing(number, site, "reading", e) from None
-        lead = np.broadcast_shapes(_lead((number, slot, ahead, token), (0, 0, 0, 0)),
-                                   *(a.shape[:a.ndim - len(t.shape)]
-                                     for a, t in zip(arrays, carry_types)))
-        return tuple(np.broadcast_to(a, lead + tuple(t.shape))
-                     for a, t in zip(arrays, carry_types)) + (np.zeros(lead, np.int32),)
+        return tuple(a.reshape(lead + s) for a, (s, _) in zip(arrays, layout)) + (
+            np.zeros(lead, np.int32),)
 
     out = host_call(host, results, number, jnp.asarray(slot, jnp.int32),
                     jnp.asarray(ahead, jnp.int32), token, effect=True)

@@ -216,10 +216,13 @@ class MemoryBudget:
     while the loop runs on and read back ahead of the backward pass, and
     each stretch between two of them runs on `s` snapshots in RAM (`s + 4`
     carries fit in `ram`: two working, one being written, one read ahead).
+    A `while_loop` whose `Segments` snapshots do not fit keeps them on disk
+    instead (`Segments(s, directory)`: a segment's carries, one working and
+    two in flight in `ram`; every step still recomputed at most twice).
     Each call writes to a file of its own that has no name (nothing is left
     in the directory, even when the process is killed), closed when the
     gradient returns or a check in the loop fails. The gradient is the same
-    bit for bit.
+    bit for bit. `odeint` keeps its states in RAM and refuses `disk=`.
 
     `sd.cost` shows the schedule chosen, the forward steps it recomputes and
     the predicted peak (the stored carries and one step's own values,
@@ -314,12 +317,12 @@ class MemoryBudget:
 
     def refuse_disk(self, op: str, what: str) -> None:
         """Refuses `disk=` on a loop without the disk level (`what` says
-        which: a while loop, an ODE solve)."""
+        which: an ODE solve)."""
         if self.disk is not None:
             raise InvalidOptionError(
-                f"the disk level of a memory budget serves `sd.scan` and `sd.fori_loop`; "
-                f"{what} keeps its carries in RAM. Give `sd.MemoryBudget(ram=...)` without "
-                "`disk=`, or write the loop as a `fori_loop` of known length.", op=op)
+                f"the disk level of a memory budget serves `sd.scan`, `sd.fori_loop` and "
+                f"`sd.while_loop`; {what} keeps its states in RAM. Give "
+                "`sd.MemoryBudget(ram=...)` without `disk=`.", op=op)
 
 
 def _directory(disk):
@@ -378,25 +381,34 @@ class Segments:
     backward parts. At most `snapshots + ceil(max_steps / snapshots)` stored
     carries, every step recomputed at most twice, and a cost that grows with
     the steps run, not with `max_steps`. A `while` loop's default (with about
-    `sqrt(max_steps)` snapshots)."""
+    `sqrt(max_steps)` snapshots). With `directory` (what a `MemoryBudget`
+    with `disk=` gives a `while_loop` whose snapshots do not fit in RAM),
+    the snapshots are written to a file in it, as `TwoLevel`'s, and only a
+    segment's carries are held in RAM."""
 
     snapshots: int
+    directory: str | None = None
 
     def __post_init__(self):
         if not isinstance(self.snapshots, int) or isinstance(self.snapshots, bool) \
                 or self.snapshots < 1:
             raise InvalidOptionError(f"a segments schedule needs snapshots >= 1 (an int), got "
                                      f"{plain(self.snapshots)}.", op="while")
+        if self.directory is not None:
+            object.__setattr__(self, "directory", _directory(self.directory))
 
     def __str__(self) -> str:
-        return f"segments({self.snapshots})"
+        return f"segments({self.snapshots})" + (" on disk" if self.directory else "")
 
 
 register_param_type(Binomial, "binomial",
                     lambda b: b.snapshots if b.budget is None else [b.snapshots, b.budget],
                     lambda s: Binomial(int(s)) if isinstance(s, int)
                     else Binomial(int(s[0]), budget=int(s[1])))
-register_param_type(Segments, "segments", lambda b: b.snapshots, lambda s: Segments(int(s)))
+register_param_type(Segments, "segments",
+                    lambda b: b.snapshots if b.directory is None else [b.snapshots, b.directory],
+                    lambda s: Segments(int(s)) if isinstance(s, int)
+                    else Segments(int(s[0]), str(s[1])))
 register_param_type(EveryK, "every_k", lambda b: b.k, lambda k: EveryK(int(k)))
 register_param_type(TwoLevel, "two_level",
                     lambda b: [b.segment, b.snapshots, b.directory, b.budget],

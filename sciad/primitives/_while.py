@@ -50,6 +50,7 @@ from ..graph._body import (as_body, dce_rule, hoist, hoist_rule, inline, layout,
 from ..graph._serialize import register_v1_migration
 from ..graph._sparsity import dense_all
 from ..graph._trace import Tracer, is_value_leaf, trace_flat
+from . import _disk
 from ._checks import check, tie
 from ._cond import _leaf_types, _sig, _union_inputs, cond, cond_p, cond_params
 from ._loop_adjoint import (assemble_cts, check_storable, check_zero_starts, ct_inits, ct_plan,
@@ -208,7 +209,6 @@ def budget_schedule(budget: MemoryBudget, carry_bytes: int, max_steps: int, op: 
     `inner` bytes, what a step's own reverse pass holds: `inner_needs`),
     where some do; else `Binomial` over `max_steps` steps with the carries
     that fit (fewer carries, more recomputation)."""
-    budget.refuse_disk(op, "a `while_loop` (whose steps are known only when it runs)")
     n = budget.carries(carry_bytes, op, inner=inner)
     N = max(max_steps, 1)
 
@@ -228,6 +228,10 @@ def budget_schedule(budget: MemoryBudget, carry_bytes: int, max_steps: int, op: 
             else:
                 hi = mid - 1
         return Segments(lo)
+    if budget.disk is not None and n >= 4:
+        # the snapshots on disk: a segment's carries, the one worked on and
+        # two in flight (one written, one read ahead) in RAM
+        return Segments(-(-N // (n - 3)), budget.disk)
     return budget.schedule(carry_bytes, max_steps, op, inner=inner)
 
 
@@ -292,9 +296,11 @@ def _while_vjp_bwd(res, cts, *, cond_body, body, max_steps=None, checkpoints=Non
     v = step_vjp_graph(body, nc, nk, ct_carry_idx, acc_idx, [], [])
     ctc0, acc0 = ct_inits(primals, cts, ct_carry_idx, acc_idx)
     snapshots = checkpoints.snapshots if checkpoints else default_segments(max_steps)
+    disk = checkpoints.directory if checkpoints else None
     out = while_adjoint_p.bind(steps, *primals, *ctc0, *acc0, body=carried_body(body, nc),
                                step=Body.of(v, nc, len(ctc0) + len(acc0)),
-                               max_steps=max_steps, snapshots=snapshots)
+                               max_steps=max_steps, snapshots=snapshots,
+                               **({"disk": disk} if disk else {}))
     return assemble_cts(primals, nc, nk, ct_carry_idx, acc_idx, [], out)
 
 
@@ -302,7 +308,8 @@ def _while_vjp_bwd(res, cts, *, cond_body, body, max_steps=None, checkpoints=Non
 
 
 while_adjoint_p = Primitive("while_adjoint", multiple_results=True, params={
-    "body": Body, "step": Body, "max_steps": int, "snapshots": int})
+    "body": Body, "step": Body, "max_steps": int, "snapshots": int,
+    "disk": Param((str, None), default=None)})
 #: operands `(steps, *consts, *init, *ct_carry)` (`WhileAdjointOperands`):
 #: `body` is the loop's step `(*consts, *carry) -> (*carry)`, run `steps`
 #: times from `init`; `step` its backward part, a body `(*consts, *ct_carry,
@@ -312,7 +319,9 @@ while_adjoint_p = Primitive("while_adjoint", multiple_results=True, params={
 #: ones of the consts), as a reverse loop of `step` over the `steps` carries
 #: would give them. The
 #: carries are recomputed on the `Segments(snapshots)` schedule: at most
-#: `snapshots + ceil(max_steps / snapshots)` are stored at once.
+#: `snapshots + ceil(max_steps / snapshots)` are stored at once; with `disk`
+#: (a directory) the snapshots are written to a file there (`_disk`) and
+#: only a segment's carries are held.
 
 
 WhileAdjointOperands = layout(
@@ -328,7 +337,7 @@ def _adjoint_split(args, body: Body) -> WhileAdjointOperands:
 
 
 @while_adjoint_p.def_abstract_eval
-def _while_adjoint_shape(*in_types, body, step, max_steps, snapshots):
+def _while_adjoint_shape(*in_types, body, step, max_steps, snapshots, disk=None):
     op = "while_adjoint"
     for name, g in (("body", body), ("step", step)):
         if not isinstance(g, Body):
@@ -350,15 +359,20 @@ def _while_adjoint_shape(*in_types, body, step, max_steps, snapshots):
 
 
 @while_adjoint_p.def_impl
-def _while_adjoint_impl(*args, body, step, max_steps, snapshots, site=None):
+def _while_adjoint_impl(*args, body, step, max_steps, snapshots, disk=None, site=None):
     (steps,), consts, init, ctc0 = _adjoint_split(args, body)
     held = site.held if site is not None else ()
+    bare = site.bare if site is not None else None
+    if disk is not None:  # (a check in the loop that fails closes the run's store)
+        number = _disk.begin(disk, bare)
+        held = (*held, (number, _disk.release))
     fb, fs = lower(body, held), lower(step, held)
     n = jnp.asarray(steps, jnp.int32)
     s = snapshots
     seglen = max(-(-max(max_steps, 1) // s), 1)  # the longest segment
     seg = jnp.maximum((n + s - 1) // s, 1)      # this run's segment length
     nseg = (n + seg - 1) // seg
+    carry_types = [TensorType(jnp.shape(c), jnp.asarray(c).dtype) for c in init]
 
     def advance(c):
         return tuple(fb(*consts, *c))
@@ -367,42 +381,69 @@ def _while_adjoint_impl(*args, body, step, max_steps, snapshots, site=None):
         return tuple(jax.lax.dynamic_update_index_in_dim(b, jnp.where(when, v, b[slot]), slot, 0)
                      for b, v in zip(buf, c))
 
-    def fwd(k, state):  # the snapshots: the carry entering every seg-th step
-        buf, c = state
-        buf = store(buf, c, jnp.minimum(k // seg, s - 1), k % seg == 0)
-        return buf, advance(c)
-
-    # (up to the last segment's start: the steps after it are run in phase 2)
-    buf0 = tuple(jnp.zeros((s,) + jnp.shape(c), jnp.asarray(c).dtype) for c in init)
+    # the snapshots: the carry entering every seg-th step, up to the last
+    # segment's start (the steps after it are run in phase 2); in cells, or
+    # written to disk (folding the loop's bound into the write's condition:
+    # under `vmap` the loop runs on for the examples that are done)
     last = jnp.maximum(nseg - 1, 0)
-    buf, c = jax.lax.fori_loop(0, last * seg, fwd, (buf0, tuple(init)))
-    buf = store(buf, c, jnp.minimum(last, s - 1), nseg > 0)
+    if disk is None:
+        def fwd(k, state):
+            buf, c = state
+            buf = store(buf, c, jnp.minimum(k // seg, s - 1), k % seg == 0)
+            return buf, advance(c)
+
+        buf0 = tuple(jnp.zeros((s,) + jnp.shape(c), jnp.asarray(c).dtype) for c in init)
+        buf, c = jax.lax.fori_loop(0, last * seg, fwd, (buf0, tuple(init)))
+        buf = store(buf, c, jnp.minimum(last, s - 1), nseg > 0)
+        token = None
+    else:
+        def fwd(k, state):
+            token, c = state
+            due = (k % seg == 0) & (k < last * seg)  # (both: under `vmap` the cond is a select)
+            token = jax.lax.cond(due, lambda t: _disk.write(number, k // seg, t, c, bare,
+                                                            when=due), lambda t: t, token)
+            return token, advance(c)
+
+        token, c = jax.lax.fori_loop(0, last * seg, fwd, (jnp.zeros((), jnp.int32),
+                                                          tuple(init)))
+        token = _disk.write(number, last, token, c, bare, when=nseg > 0)
     sb0 = tuple(jnp.zeros((seglen,) + jnp.shape(c), jnp.asarray(c).dtype) for c in init)
 
-    def segment(jj, ctc):  # the segments in reverse: recompute, then back
+    def segment(jj, state):  # the segments in reverse: recompute, then back
+        ctc, token = state
         j = nseg - 1 - jj
         lo = j * seg
         hi = jnp.minimum(lo + seg, n)
+        if token is None:
+            start = tuple(b[j] for b in buf)
+        else:  # (slot j, reading j - 1 ahead; -1 for an example whose loop is done)
+            start, token = _disk.read(number, jnp.where(jj < nseg, j, -1),
+                                      jnp.where(jj + 1 < nseg, j - 1, -1), token,
+                                      carry_types, bare)
 
         def rec(k, st):
             sb, c = st
             return store(sb, c, k - lo, True), advance(c)
 
         # (the carries entering the segment's steps: its last step is not run)
-        sb, c = jax.lax.fori_loop(lo, hi - 1, rec, (sb0, tuple(b[j] for b in buf)))
+        sb, c = jax.lax.fori_loop(lo, hi - 1, rec, (sb0, start))
         sb = store(sb, c, hi - 1 - lo, True)
 
         def back(kk, ctc):
             c = tuple(b[hi - 1 - kk - lo] for b in sb)
             return tuple(fs(*consts, *ctc, *c))
 
-        return jax.lax.fori_loop(0, hi - lo, back, ctc)
+        return jax.lax.fori_loop(0, hi - lo, back, ctc), token
 
-    return jax.lax.fori_loop(0, nseg, segment, tuple(ctc0))
+    ctc, token = jax.lax.fori_loop(0, nseg, segment, (tuple(ctc0), token))
+    if token is not None:
+        token = _disk.end(number, token)
+        ctc = tie(ctc, token) if ctc else ctc
+    return ctc
 
 
 @while_adjoint_p.def_jvp
-def _while_adjoint_jvp(primals, tangents, *, body, step, max_steps, snapshots):
+def _while_adjoint_jvp(primals, tangents, *, body, step, max_steps, snapshots, disk=None):
     num_consts = body.num_consts
     # the reverse pass is a fixed composition of forward and backward steps;
     # its JVP is the same composition of their JVPs, on the same schedule
@@ -424,11 +465,12 @@ def _while_adjoint_jvp(primals, tangents, *, body, step, max_steps, snapshots):
     g0, g1, g2 = groups
     out = while_adjoint_p.bind(primals[0], *g0, *g1, *g2, body=carried_body(bj, len(g0)),
                                step=Body.of(sj, len(g0), len(g2)),
-                               max_steps=max_steps, snapshots=snapshots)
+                               max_steps=max_steps, snapshots=snapshots,
+                               **({"disk": disk} if disk else {}))
     return split_grouped(out, step.out_types, (nct,))
 
 
-def _adjoint_by_scans(*args, body, step, max_steps, snapshots):
+def _adjoint_by_scans(*args, body, step, max_steps, snapshots, disk=None):
     """What a `while_adjoint` node computes, as two scans of `max_steps` steps
     that do nothing past `steps`: the forward one stacking every carry, then
     the reverse one of `step`."""
@@ -518,9 +560,11 @@ def _while_transpose(cts, *args, cond_body, body, max_steps=None, checkpoints=No
         storable_primal_carries(body, nl_k, nc, "while")
         snapshots = checkpoints.snapshots if isinstance(checkpoints, Segments) else \
             default_segments(max_steps)
+        disk = checkpoints.directory if isinstance(checkpoints, Segments) else None
         out = while_adjoint_p.bind(steps, *consts, *init, *ct0, body=carried_body(fb, m),
                                    step=Body.of(st, m, len(lk) + len(lc)),
-                                   max_steps=max_steps, snapshots=snapshots)
+                                   max_steps=max_steps, snapshots=snapshots,
+                                   **({"disk": disk} if disk else {}))
     else:
         out = _recomputing_transpose(fb, st, consts, init, ct0, steps)
     out = iter(out)
@@ -656,8 +700,8 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
         carries, but a cost that grows with `max_steps`, not the steps run.
         `sd.MemoryBudget(ram=...)`: `Segments` with the most snapshots that
         fit in `ram` bytes, or where none fit, the binomial schedule with
-        the carries that do (a budget's `disk=` is refused: its carries stay
-        in RAM). Needs `max_steps`.
+        the carries that do; with `disk=`, where the snapshots do not fit,
+        `Segments` with its snapshots on disk. Needs `max_steps`.
 
     **Returns:**
 
