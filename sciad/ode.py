@@ -194,7 +194,9 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
         params["dtmax"] = float(dtmax)
     if pattern is not None:
         params["pattern"] = pattern
-    if checkpoints is not None:
+    if isinstance(checkpoints, Segments):  # (a budget's, its snapshots on disk)
+        params["checkpoints"], params["disk"] = checkpoints.snapshots, checkpoints.directory
+    elif checkpoints is not None:
         params["checkpoints"] = int(checkpoints)
     if count:
         params["count"] = True
@@ -324,18 +326,19 @@ MIN_RTOL = 100 * float(np.finfo(np.float64).eps)
 
 
 def _budgeted(budget: MemoryBudget, state_bytes: int, max_steps: int, solver: str,
-              adjoint: str, op: str) -> int | None:
+              adjoint: str, op: str):
     """`checkpoints` for a memory budget on the states reverse mode keeps:
     None (every step's state recorded) where `max_steps + 1` states fit;
     else, for the discrete adjoint of a Runge-Kutta method, the snapshots
     of its replay (`Segments`: `s + ceil(max_steps / s) + 1` states) that
-    fit. The reverse modes that read the state at every step (BDF's and
-    Radau's, the interpolated adjoint) need them all: a budget that does
-    not hold them is refused, as is one that holds no replay's states."""
+    fit, or with the budget's `disk`, where none fit, `Segments(s,
+    directory)` (the snapshots on disk, a segment's states in RAM). The
+    reverse modes that read the state at every step (BDF's and Radau's, the
+    interpolated adjoint) need them all in RAM: a budget that does not hold
+    them is refused, as is one that holds no replay's states."""
     from .primitives._ode_replay import SNAPSHOT_BYTES
     from .primitives._while import budget_schedule
 
-    budget.refuse_disk(op, "an ODE solve")
     n = budget.carries(state_bytes, op)
     every = max_steps + 1
     if adjoint == "backsolve":  # (one state, whatever the steps)
@@ -351,7 +354,8 @@ def _budgeted(budget: MemoryBudget, state_bytes: int, max_steps: int, solver: st
             f"{what} reads the state at every step (max_steps + 1 = {every} states of "
             f"{_cache.si(state_bytes)}, {_cache.si(every * state_bytes)}), and a memory "
             f"budget of {_cache.si(budget.ram)} holds {n} of them: raise the budget, lower "
-            "`max_steps`, or use a Runge-Kutta method's checkpointed adjoint.", op=op)
+            "`max_steps`, or use a Runge-Kutta method's checkpointed adjoint (whose "
+            "snapshots a budget's `disk=` can hold).", op=op)
     schedule = budget_schedule(budget, state_bytes, max_steps, op)
     if not isinstance(schedule, Segments):
         need = 2 * math.isqrt(max_steps) + 3
@@ -361,8 +365,9 @@ def _budgeted(budget: MemoryBudget, state_bytes: int, max_steps: int, solver: st
             f"{need - 1} for max_steps = {max_steps}), and a memory budget of "
             f"{_cache.si(budget.ram)} holds {n} states of {_cache.si(state_bytes)}: give at "
             f"least ram={need * state_bytes} ({_cache.si(need * state_bytes)}), or lower "
-            "`max_steps`.", op=op)
-    return schedule.snapshots
+            "`max_steps`" + ("" if budget.disk else ", or give the budget `disk=` (a "
+                                                    "directory for the snapshots)") + ".", op=op)
+    return schedule if schedule.directory else schedule.snapshots
 
 
 def _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive, checkpoints, op,
@@ -538,9 +543,10 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       holds, at least about sqrt(max_steps). `sd.MemoryBudget(ram=...)`:
       every step's state where `max_steps + 1` of them fit in `ram`, else
       the most snapshots whose replay (`s + ceil(max_steps / s) + 1`
-      states) fits; a reverse mode that reads every step's state (`"bdf"`,
-      `"radau"`, the interpolated adjoint) refuses a budget that does not
-      hold them.
+      states) fits, or with `disk=`, where none fits, those snapshots on
+      disk (a segment's states in RAM); a reverse mode that reads every
+      step's state (`"bdf"`, `"radau"`, the interpolated adjoint) refuses a
+      budget that does not hold them.
     - `dtmax`: the largest step the step-size control takes (None:
       unbounded); SciPy's `max_step`. The derivative rules replay the
       steps taken, so they follow it too.

@@ -3,7 +3,7 @@ a scan's carries on disk give the RAM gradient bit for bit, through every
 transform; each run's file has no name and is closed when the gradient
 returns, when a check in the loop fails, when a write fails, and nothing is
 left in the directory when the process is killed; a while loop's snapshots
-on disk; odeint refuses the disk level."""
+and odeint's replay snapshots on disk."""
 
 from __future__ import annotations
 
@@ -147,6 +147,34 @@ def test_a_while_loops_snapshots_on_disk(heat, tmp_path, rng):
     assert os.listdir(tmp_path) == [] and _disk.open_stores() == 0
 
 
+def test_odeints_replay_keeps_its_snapshots_on_disk(heat, tmp_path):
+    """A Runge-Kutta solve's checkpointed adjoint replays each output
+    interval as a while loop: a budget whose replay snapshots do not fit in
+    RAM (12 states of 512 bytes; a replay of 400 steps needs about 41) puts
+    them on disk, 45 of them, with a segment of 9 states in RAM; a budget
+    without `disk=` says to give one; BDF, which reads every step's state,
+    still refuses."""
+    k, u0 = heat
+
+    def loss(k, budget, solver="tsit5"):
+        ys = sd.ode.odeint(lambda t, y, k: -k * y + 0.1 * snp.roll(y, 1), u0,
+                           np.linspace(0, 1, 3), k, solver=solver, max_steps=400,
+                           checkpoints=budget)
+        return snp.sum(ys ** 2)
+
+    disk = sd.MemoryBudget(ram="6KiB", disk=tmp_path)
+    g = sd.trace(sd.grad(lambda k: loss(k, disk)), k)
+    (node,) = [n for n in g.nodes if n.primitive.name == "ode.odeint"]
+    assert (node.params["checkpoints"], node.params["disk"]) == (45, str(tmp_path))
+    np.testing.assert_allclose(sd.function(sd.grad(lambda k: loss(k, disk)))(k),
+                               sd.grad(lambda k: loss(k, None))(k), rtol=1e-12)
+    assert os.listdir(tmp_path) == [] and _disk.open_stores() == 0
+    with pytest.raises(InvalidOptionError, match="or give the budget `disk=`"):
+        sd.trace(sd.grad(lambda k: loss(k, sd.MemoryBudget(ram="6KiB"))), k)
+    with pytest.raises(InvalidOptionError, match="reads the state at every step"):
+        sd.trace(sd.grad(lambda k: loss(k, disk, "bdf")), k)
+
+
 def test_a_check_that_fails_in_the_loop_closes_the_runs_file(heat, tmp_path):
     """A solve in the step whose right-hand side is NaN only in the backward
     pass (the loss's derivative at 0 is infinite): the check fails while the
@@ -258,7 +286,7 @@ def test_a_killed_process_leaves_nothing_in_the_directory(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_bad_directories_and_odeint_are_refused(heat, tmp_path):
+def test_bad_directories_are_refused(heat, tmp_path):
     k, u0 = heat
     disk = sd.MemoryBudget(ram="64KiB", disk=tmp_path)
     with pytest.raises(InvalidOptionError, match="`disk` must name an existing directory"):
@@ -266,10 +294,6 @@ def test_bad_directories_and_odeint_are_refused(heat, tmp_path):
     with pytest.raises(InvalidOptionError, match="`disk` must be a directory"):
         sd.MemoryBudget(ram="1MiB", disk=3.5)
     assert sd.MemoryBudget(ram="1MiB", disk=True).disk is not None
-    with pytest.raises(InvalidOptionError, match="an ODE solve keeps its states in RAM"):
-        sd.trace(sd.grad(lambda k: snp.sum(sd.ode.odeint(
-            lambda t, y, k: -k * y, u0, np.linspace(0, 1, 3), k, solver="tsit5",
-            checkpoints=disk))), k)
     # a budget that holds every carry keeps them in RAM, disk or not
     assert _schedule(sd.grad(lambda k: _loss(k, u0, disk)), k) == sd.Binomial(103, 65536)
 

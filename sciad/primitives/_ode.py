@@ -112,7 +112,8 @@ odeint_p = Primitive("ode.odeint", multiple_results=True, runtime_checks=True, p
     "error_size": Param((int, None), default=None),
     "jac": Param(str, default="dense"), "pattern": Param((Pattern, None), default=None),
     "adjoint": Param(str, default=CHECKPOINT.name),
-    "checkpoints": Param((int, None), default=None), "throw": Param(bool, default=True),
+    "checkpoints": Param((int, None), default=None), "disk": Param((str, None), default=None),
+    "throw": Param(bool, default=True),
     "record": Param(bool, default=True), "states": Param(bool, default=True),
     "dtmax": Param((float, None), default=None),
     "count": Param(bool, default=False), "mass": Param((int, None), default=None),
@@ -127,7 +128,8 @@ odeint_p = Primitive("ode.odeint", multiple_results=True, runtime_checks=True, p
 #: `adjoint`, `checkpoints`: the reverse mode (an adjoint strategy's name,
 #: `sciad.primitives._ode_adjoint.ADJOINTS`; see the module docstring;
 #: `checkpoints` is the number of states the checkpointed one stores evenly
-#: over each output interval's steps, `sd.Segments`; None: `snapshots_for`);
+#: over each output interval's steps, `sd.Segments`; None: `snapshots_for`;
+#: `disk`: a directory where those states go, a `MemoryBudget`'s);
 #: `record`: the node outputs its step grid (and states): set False by `dce`
 #: where nothing reads them (a solve that is not differentiated), which
 #: spares the loop its recording; `states`: set False by `dce` where the
@@ -190,7 +192,7 @@ class OdeintOutputs(NamedTuple):
 @odeint_p.def_abstract_eval
 def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=True,
                   error_size=None, jac="dense", pattern=None, adjoint=CHECKPOINT.name,
-                  checkpoints=None, throw=True, record=True, states=True, dtmax=None,
+                  checkpoints=None, disk=None, throw=True, record=True, states=True, dtmax=None,
                   count=False, mass=None, mass_pattern=None):
     op = "ode.odeint"
     *consts, y0, ts = args
@@ -395,7 +397,7 @@ class _Run(NamedTuple):
 @odeint_p.def_impl
 def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=True,
                  error_size=None, jac="dense", pattern=None, adjoint=CHECKPOINT.name,
-                 checkpoints=None, throw=True, record=True, states=True, dtmax=None,
+                 checkpoints=None, disk=None, throw=True, record=True, states=True, dtmax=None,
                  count=False, mass=None, mass_pattern=None, site=None):
     stepper = STEPPERS[solver]
     *consts, y0, ts = args

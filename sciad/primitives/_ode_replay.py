@@ -190,11 +190,11 @@ def snapshots_for(max_steps: int, n: int, itemsize: int) -> int:
 
 
 def replay_steps(graph: Graph, solver: str, jac: str, max_steps: int, snapshots: int, grid,
-                 marks, rtol: float, atol: float):
+                 marks, rtol: float, atol: float, disk: str | None = None):
     """`(*consts, y0) -> ys`: the steps the forward solve took, re-run on its
     grid: a scan over the output intervals, each a `while` loop of the steps
     from one output time to the next (whose reverse pass stores
-    `snapshots` states)."""
+    `snapshots` states, on disk in the directory `disk` where given)."""
 
     def replay(*a):
         *consts, y0 = a
@@ -209,7 +209,7 @@ def replay_steps(graph: Graph, solver: str, jac: str, max_steps: int, snapshots:
                                       atol)
 
             _, y = while_loop(lambda s: s[0] < hi, step, (lo, y), max_steps=max_steps,
-                              checkpoints=Segments(snapshots))
+                              checkpoints=Segments(snapshots, disk))
             return y, y
 
         _, ys = scan(interval, y0, (marks[:-1], marks[1:]))

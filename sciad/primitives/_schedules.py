@@ -222,7 +222,8 @@ class MemoryBudget:
     Each call writes to a file of its own that has no name (nothing is left
     in the directory, even when the process is killed), closed when the
     gradient returns or a check in the loop fails. The gradient is the same
-    bit for bit. `odeint` keeps its states in RAM and refuses `disk=`.
+    bit for bit. So does `odeint`'s checkpointed adjoint (a Runge-Kutta
+    method's replay, whose intervals are while loops).
 
     `sd.cost` shows the schedule chosen, the forward steps it recomputes and
     the predicted peak (the stored carries and one step's own values,
@@ -314,15 +315,6 @@ class MemoryBudget:
         s = n - TWO_LEVEL_EXTRA
         two = TwoLevel(s + 1, s, self.disk, budget=self.ram)
         return two if two.recomputed(length) < _ram_recomputed(ram, length) else ram
-
-    def refuse_disk(self, op: str, what: str) -> None:
-        """Refuses `disk=` on a loop without the disk level (`what` says
-        which: an ODE solve)."""
-        if self.disk is not None:
-            raise InvalidOptionError(
-                f"the disk level of a memory budget serves `sd.scan`, `sd.fori_loop` and "
-                f"`sd.while_loop`; {what} keeps its states in RAM. Give "
-                "`sd.MemoryBudget(ram=...)` without `disk=`.", op=op)
 
 
 def _directory(disk):
