@@ -130,6 +130,8 @@ def test_a_while_loops_snapshots_on_disk(heat, tmp_path, rng):
     assert (adj.params["snapshots"], adj.params["disk"]) == (25, str(tmp_path))
     assert "segments(25) on disk" in sd.trace(lambda k: _while_loss(k, u0, 150, disk),
                                              k).pretty(source=False)
+    assert ("at most 200 steps, segments(25): at most 400 forward steps recomputed, 25 carries"
+            in str(sd.cost(sd.grad(lambda k: _while_loss(k, u0, 150, disk)), k)))
     want = sd.grad(lambda k: _while_loss(k, u0, 150, None))(k)
     assert np.array_equal(sd.function(sd.grad(lambda k: _while_loss(k, u0, 150, disk)))(k),
                           want)

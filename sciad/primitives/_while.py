@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _ops as ops
+from .. import _cache, _ops as ops
 from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NotSupportedError,
                       ShapeError, plain)
 from ..graph import Body, Graph, Param, Primitive, TensorType, Var, Zero
@@ -807,6 +807,24 @@ def _while_cost(node, body):
     note = (f"at most {steps_note(n, per)}" if n is not None
             else f"{steps_note(None, per)}, trip count unknown")
     return Cost(per * (n if n is not None else 1), max(b.peak, c.peak), note)
+
+
+@while_adjoint_p.def_cost
+def _while_adjoint_cost(node, body):
+    # at most: the snapshots' run to the last segment and each segment's
+    # again (every step recomputed at most twice), a backward step per step
+    p = node.params
+    n, s = p["max_steps"], p["snapshots"]
+    g = p["body"]
+    fb, st = body(g), body(p["step"])
+    carry = sum(nbytes(v.type) for v in g.inputs[g.num_consts:g.num_consts + g.num_carry])
+    seglen = max(-(-max(n, 1) // s), 1)
+    on_disk = p.get("disk") is not None
+    cells = seglen + (3 if on_disk else s + 1)  # (on disk: one worked on, two in flight)
+    disk = f", {s} carries ({_cache.si(s * carry)}) on disk" if on_disk else ""
+    return Cost(2 * n * fb.flops + n * st.flops, cells * carry + max(fb.peak, st.peak),
+                f"at most {n} steps, segments({s}): at most {2 * n} forward steps "
+                f"recomputed{disk}")
 
 
 # version-1 files: `num_consts` was a param of the node
