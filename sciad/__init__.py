@@ -30,7 +30,7 @@ from .graph import primitive as primitive, trace as trace
 from .primitives import call as call, primitive_from_jax as primitive_from_jax
 from .primitives import stop_gradient as stop_gradient
 from .primitives import Binomial as Binomial, EveryK as EveryK, MemoryBudget as MemoryBudget, fori_loop as fori_loop, scan as scan
-from .primitives import Segments as Segments
+from .primitives import Segments as Segments, TwoLevel as TwoLevel
 from .primitives import checkpoint as checkpoint, cond as cond, while_loop as while_loop
 from .graph._cost import cost as cost
 from ._info import show_config as show_config

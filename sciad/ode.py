@@ -356,7 +356,7 @@ def _budgeted(budget: MemoryBudget, state_bytes: int, max_steps: int, solver: st
             f"budget of {_cache.si(budget.ram)} holds {n} of them: raise the budget, lower "
             "`max_steps`, or use a Runge-Kutta method's checkpointed adjoint (whose "
             "snapshots a budget's `disk=` can hold).", op=op)
-    schedule = budget_schedule(budget, state_bytes, max_steps, op)
+    schedule = budget_schedule(budget, state_bytes, max_steps, op, only_segments=True)
     if not isinstance(schedule, Segments):
         need = 2 * math.isqrt(max_steps) + 3
         raise InvalidOptionError(

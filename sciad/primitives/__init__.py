@@ -6,7 +6,7 @@ from . import _stop_gradient, _scan, _cond, _while, _take, _map, _eigen, _svd, _
 from . import _logdet, _slq, _sparse_cholesky
 from ._call import call as call, call_p as call_p
 from ._schedules import Binomial as Binomial, EveryK as EveryK, MemoryBudget as MemoryBudget
-from ._schedules import Segments as Segments
+from ._schedules import Segments as Segments, TwoLevel as TwoLevel
 from ._scan import fori_loop as fori_loop, scan as scan
 from ._scan import scan_adjoint_p as scan_adjoint_p, scan_p as scan_p
 from ._cond import barrier_p as barrier_p, checkpoint as checkpoint, checkpoint_p as checkpoint_p

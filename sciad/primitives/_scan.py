@@ -51,7 +51,7 @@ from ..graph import Graph, Literal, Param, Primitive, TensorType, Var, Zero
 from ..graph import is_differentiable, is_linear, is_zero
 from ..graph import instantiate, lower
 from ..graph._autodiff import expansion_transpose, type_of, vjp_eval, vjp_graph, zeros
-from ..graph._cost import Cost, loop_body_peak, nbytes, steps_note
+from ..graph._cost import Cost, graph_cost, loop_body_peak, nbytes, steps_note
 from ..graph._batch import batch_body, batch_size_of, batched_front, carry_fixed_point, front_where
 from ..graph._body import (Body, as_body, dce_rule, drop_inputs, hoist, hoist_nodes, hoist_rule,
                            inline, layout, live_inputs, permute, trace_body)
@@ -774,7 +774,8 @@ def scan(f: Callable, init, xs=None, length: int | None = None, reverse: bool = 
     body, consts = prune_consts(body, consts)
     if budget is not None:  # (the body's own loops hold their share of it)
         checkpoints = budget.schedule(sum(nbytes(t) for t in carry_types), length, op,
-                                      inner=inner_needs(body), disk=True)
+                                      inner=inner_needs(body), disk=True,
+                                      step_flops=graph_cost(body).flops)
     for v, path in zip(body.inputs[len(consts):], paths):
         v.hint = "carry" + path if path else "carry"
     xpaths = [_tree.keystr(p) for p, _ in _tree.tree_flatten_with_path(

@@ -117,7 +117,7 @@ class EveryK:
         return np.asarray(rows, np.int32).reshape(-1, 3)
 
 
-def _ram_recomputed(schedule: "Binomial", length: int) -> int:
+def ram_recomputed(schedule: "Binomial", length: int) -> int:
     """The forward steps reverse mode through a loop recomputes on a RAM
     schedule (the forward pass makes the first run's stores)."""
     actions = schedule.actions(length)
@@ -138,7 +138,15 @@ class TwoLevel:
     backward pass on `Binomial(snapshots)` in RAM. With `segment =
     snapshots + 1` each step of a segment is recomputed once there. The
     gradient is the same, bit for bit, as with the carries in RAM.
-    `budget`: the RAM budget's bytes, if it was chosen for one."""
+    `budget`: the RAM budget's bytes, if it was chosen for one. Each run
+    writes to a file of its own without a name (see `MemoryBudget`).
+
+    ```python
+    # 2,000 steps: a carry on disk every 9 steps, 8 snapshots in RAM
+    u, _ = sd.scan(step, u0, length=2000,
+                   checkpoints=sd.TwoLevel(segment=9, snapshots=8, directory="/scratch"))
+    ```
+    """
 
     segment: int
     snapshots: int
@@ -151,6 +159,10 @@ class TwoLevel:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise InvalidOptionError(f"a two-level schedule needs {name} >= 1 (an int), "
                                          f"got {plain(v)}.", op="scan")
+        if self.directory is None:
+            raise InvalidOptionError("a two-level schedule needs `directory`, where its "
+                                     "carries go.", op="scan")
+        object.__setattr__(self, "directory", _directory(self.directory))
 
     def __str__(self) -> str:
         ram = "" if self.budget is None else f" for a {_cache.si(self.budget)} budget"
@@ -181,6 +193,28 @@ class TwoLevel:
             return int(np.sum(adv[:, 2] - adv[:, 1])) if len(adv) else 0
 
         return (m - 1) * self.segment + (m - 1) * within(self.segment) + within(last)
+
+
+#: The time model that decides whether carries go to disk where that
+#: recomputes fewer steps: a step takes `STEP_SECONDS`, plus its carry's
+#: bytes moved three times at `MEMORY_BYTES_PER_S`, plus its FLOPs at
+#: `FLOPS_PER_S`; a carry on disk takes two host calls (its write and its
+#: read) and its bytes copied twice at `COPY_BYTES_PER_S`. Measured here: a
+#: host call about 30 us, a 200-point heat step about 0.5 us, a
+#: 100,000-point one about 0.3 ms (so a 1.6 KB carry on disk costs more
+#: than the ~30 steps it spares, a 0.8 MB one far less).
+STEP_SECONDS, MEMORY_BYTES_PER_S, FLOPS_PER_S = 0.2e-6, 1e10, 1e9
+HOST_CALL_SECONDS, COPY_BYTES_PER_S = 35e-6, 4e9
+
+
+def disk_pays(saved_steps: int, disk_carries: int, carry_bytes: int,
+              step_flops: float) -> bool:
+    """Whether sparing `saved_steps` recomputed steps is worth writing and
+    reading `disk_carries` carries of `carry_bytes` (the time model above)."""
+    step = (STEP_SECONDS + 3 * carry_bytes / MEMORY_BYTES_PER_S
+            + float(step_flops) / FLOPS_PER_S)
+    carry = 2 * HOST_CALL_SECONDS + 2 * carry_bytes / COPY_BYTES_PER_S
+    return saved_steps * step > disk_carries * carry
 
 
 #: the fewest carries reverse mode through a checkpointed loop holds: one
@@ -301,20 +335,24 @@ class MemoryBudget:
         return int(n)
 
     def schedule(self, carry_bytes: int, length: int, op: str,
-                 inner: int = 0, disk: bool = False):
+                 inner: int = 0, disk: bool = False, step_flops: float = 0.0):
         """The binomial schedule of a loop of `length` steps whose carry is
         `carry_bytes`, with the most snapshots whose cells fit beside
         `inner` bytes (`carries`): `s` stored carries take `s + 2` (the
         carry worked on, and one to recompute into). With `disk` (a loop
         that can use the disk level) and a budget that names a directory:
-        the `TwoLevel` schedule instead, where it recomputes fewer steps."""
+        the `TwoLevel` schedule instead, where the steps it spares take
+        longer than its carries' trips to disk (`disk_pays`, with the
+        step's `step_flops`)."""
         n = self.carries(carry_bytes, op, inner=inner)
         ram = Binomial(max(1, min(n - 2, length)), budget=self.ram)
         if not disk or self.disk is None or n - 2 >= length or n < TWO_LEVEL_EXTRA + 1:
             return ram
         s = n - TWO_LEVEL_EXTRA
         two = TwoLevel(s + 1, s, self.disk, budget=self.ram)
-        return two if two.recomputed(length) < _ram_recomputed(ram, length) else ram
+        saved = ram_recomputed(ram, length) - two.recomputed(length)
+        pays = disk_pays(saved, two.segments(length)[0] - 1, carry_bytes, step_flops)
+        return two if pays else ram
 
 
 def _directory(disk):
@@ -376,7 +414,13 @@ class Segments:
     `sqrt(max_steps)` snapshots). With `directory` (what a `MemoryBudget`
     with `disk=` gives a `while_loop` whose snapshots do not fit in RAM),
     the snapshots are written to a file in it, as `TwoLevel`'s, and only a
-    segment's carries are held in RAM."""
+    segment's carries are held in RAM.
+
+    ```python
+    _, u = sd.while_loop(cond, body, (0, u0), max_steps=10_000,
+                         checkpoints=sd.Segments(100, directory="/scratch"))
+    ```
+    """
 
     snapshots: int
     directory: str | None = None

@@ -43,7 +43,7 @@ from ..errors import (ConvergenceError, DTypeError, InvalidOptionError, NotSuppo
 from ..graph import Body, Graph, Param, Primitive, TensorType, Var, Zero
 from ..graph import instantiate, is_differentiable, is_linear, is_zero, lower
 from ..graph._autodiff import expansion_transpose, type_of, vjp_eval
-from ..graph._cost import Cost, nbytes, steps_note
+from ..graph._cost import Cost, graph_cost, nbytes, steps_note
 from ..graph._batch import batch_body, batch_size_of, carry_fixed_point, front_where
 from ..graph._body import (as_body, dce_rule, hoist, hoist_rule, inline, layout, nonlinear_body,
                            trace_body)
@@ -60,8 +60,8 @@ from ._loop_adjoint import (assemble_cts, check_storable, check_zero_starts, ct_
 from ._loop_sparsity import loop_sparsity
 from ._map import map_rule
 from ._scan import Checkpointed, checkpointed_bwd, scan
-from ._schedules import (SCHEDULES, Binomial, MemoryBudget, Segments, as_schedule,
-                         inner_needs)
+from ._schedules import (SCHEDULES, Binomial, MemoryBudget, Segments, as_schedule, disk_pays,
+                         inner_needs, ram_recomputed)
 
 _tree = jax.tree_util
 
@@ -203,12 +203,16 @@ def _bounded_step(cond_body: Graph, body: Graph, nc: int) -> Graph:
 
 
 def budget_schedule(budget: MemoryBudget, carry_bytes: int, max_steps: int, op: str,
-                    inner: int = 0):
+                    inner: int = 0, step_flops: float = 0.0, only_segments: bool = False):
     """A bounded loop's schedule for `budget`: `Segments(s)` with the most
     snapshots whose `s + ceil(max_steps / s) + 1` carries fit (beside
     `inner` bytes, what a step's own reverse pass holds: `inner_needs`),
     where some do; else `Binomial` over `max_steps` steps with the carries
-    that fit (fewer carries, more recomputation)."""
+    that fit (fewer carries, more recomputation). With the budget's `disk`,
+    where the segments' snapshots do not fit: `Segments(s, directory)`,
+    its snapshots on disk, where the steps that spares take longer than the
+    snapshots' trips to disk (`disk_pays`), or always with `only_segments`
+    (a caller that has no other schedule: an ODE's replay)."""
     n = budget.carries(carry_bytes, op, inner=inner)
     N = max(max_steps, 1)
 
@@ -228,11 +232,15 @@ def budget_schedule(budget: MemoryBudget, carry_bytes: int, max_steps: int, op: 
             else:
                 hi = mid - 1
         return Segments(lo)
+    ram = budget.schedule(carry_bytes, max_steps, op, inner=inner)
     if budget.disk is not None and n >= 4:
         # the snapshots on disk: a segment's carries, the one worked on and
         # two in flight (one written, one read ahead) in RAM
-        return Segments(-(-N // (n - 3)), budget.disk)
-    return budget.schedule(carry_bytes, max_steps, op, inner=inner)
+        disk = Segments(-(-N // (n - 3)), budget.disk)
+        saved = ram_recomputed(ram, N) - 2 * N
+        if only_segments or disk_pays(saved, disk.snapshots, carry_bytes, step_flops):
+            return disk
+    return ram
 
 
 def default_segments(max_steps: int) -> int:
@@ -770,7 +778,7 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
     gc = with_unused_inputs(gc, nc, [type_of(c) for c in consts[nc:]])
     if budget is not None:  # (the body's own loops hold their share of it)
         checkpoints = budget_schedule(budget, sum(nbytes(t) for t in types), max_steps, op,
-                                      inner=inner_needs(gb))
+                                      inner=inner_needs(gb), step_flops=graph_cost(gb).flops)
     outs = while_p.bind(*consts, *leaves, **loop_bodies(gc, gb, len(consts)),
                         **_extra(max_steps, checkpoints))
     return _tree.tree_unflatten(tree, list(outs))
