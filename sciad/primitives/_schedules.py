@@ -130,12 +130,13 @@ def ram_recomputed(schedule: "Binomial", length: int) -> int:
 @dataclass(frozen=True)
 class TwoLevel:
     """Two-level checkpointing over RAM and disk, what a `MemoryBudget`
-    with `disk=` becomes where it recomputes less than RAM alone: reverse
-    mode runs the loop forward once, writing the carry at the start of each
-    `segment` steps to an unnamed file in `directory` (asynchronously, while
-    the loop runs on); then, segment by segment from the last, reads its
-    first carry back (the next one read ahead) and runs the segment's
-    backward pass on `Binomial(snapshots)` in RAM. With `segment =
+    with `disk=` becomes where the steps it spares take longer than the
+    carries' trips to disk (`disk_pays`): reverse mode runs the loop
+    forward once, writing the carry at the start of each `segment` steps to
+    an unnamed file in `directory` (asynchronously, while the loop runs on);
+    then, segment by segment from the last, reads its first carry back,
+    reading the next one meanwhile, and runs the segment's backward pass on
+    `Binomial(snapshots)` in RAM. With `segment =
     snapshots + 1` each step of a segment is recomputed once there. The
     gradient is the same, bit for bit, as with the carries in RAM.
     `budget`: the RAM budget's bytes, if it was chosen for one. Each run
