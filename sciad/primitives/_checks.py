@@ -45,7 +45,7 @@ import numpy as np
 
 from ..errors import IllConditionedWarning, NonFiniteError, SingularMatrixError, StructureError
 from ..graph import Site
-from ..solvers._host import host_call
+from ..solvers._host import host_call, lead_axes
 from ..solvers._registry import lookup
 
 
@@ -197,8 +197,7 @@ def check(judge, site: Site, /, *, when=None, **measures):
     shapes = [tuple(v.shape) for v in values]
 
     def judge_all(*vals):
-        batch = np.broadcast_shapes(*(np.shape(v)[:np.ndim(v) - len(s)]
-                                      for v, s in zip(vals, shapes)))
+        batch = lead_axes(vals, [len(s) for s in shapes])
         k = int(np.prod(batch, dtype=np.int64))
         flat = [np.broadcast_to(v, batch + s).reshape((k,) + s) for v, s in zip(vals, shapes)]
         for i in range(k):  # the first failing batch element is reported, by its index

@@ -31,6 +31,7 @@ keeps with the arrays.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import tempfile
@@ -42,7 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import StorageError, runtime_error_text
-from ..solvers._host import host_call
+from ..solvers._host import host_call, lead_axes
+from ._schedules import checkpoint_runs
 
 
 #: a store whose slots are smaller than this writes and reads in the host
@@ -59,7 +61,6 @@ class Store:
     offset of the file: entry `(j, b)` at `(j * batch + b) * entry_bytes`."""
 
     def __init__(self, directory: str):
-        self.directory = directory
         self.file = tempfile.TemporaryFile(dir=directory)
         self.fd = self.file.fileno()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="sciad-disk")
@@ -122,11 +123,15 @@ class Store:
         elif layout != self.layout or len(slots) != self.batch:
             raise OSError(f"{len(slots)} carries of {layout} written to a store of "
                           f"{self.batch} of {self.layout}")
-        entries = [(int(j), b, [np.array(a[b], copy=True, order="C") for a in arrays])
-                   for b, (j, w) in enumerate(zip(slots, when)) if w]  # (the callback's
-        if not entries:  # buffers are XLA's)
+        # (the store's thread gets copies: the callback's buffers are XLA's; a
+        # small store writes here, where a hand-off would cost more)
+        small = self._small()
+        own = np.ascontiguousarray if small else functools.partial(np.array, order="C")
+        entries = [(int(j), b, [own(a[b]) for a in arrays])
+                   for b, (j, w) in enumerate(zip(slots, when)) if w]
+        if not entries:
             return
-        if self._small():  # (a thread's hand-off would cost more than the copy)
+        if small:
             self._put(entries)
         else:
             self.writing = self.pool.submit(self._put, entries)
@@ -211,12 +216,6 @@ def _failing(number, site, doing: str, err: BaseException):
         "give another directory, or a RAM-only `sd.MemoryBudget`."))
 
 
-def _lead(args, ranks) -> tuple:
-    """The leading (batch) axes of host-call arguments of unbatched ranks
-    `ranks` (`jax.vmap` adds them, size 1 where an argument is unbatched)."""
-    return np.broadcast_shapes(*(np.shape(a)[:np.ndim(a) - r] for a, r in zip(args, ranks)))
-
-
 def begin(directory: str, site):
     """Opens a store in `directory` for this run; returns its number (an
     int64 scalar of the program)."""
@@ -235,6 +234,14 @@ def begin(directory: str, site):
     return number
 
 
+def held_store(directory: str, site) -> tuple:
+    """Opens this run's store in `directory` (`begin`) for a loop lowered at
+    `site`: `(number, held)`, `held` the run's `Site.held` with the store
+    added, so that a check in the loop that fails closes it."""
+    number = begin(directory, site.bare if site is not None else None)
+    return number, (*(site.held if site is not None else ()), (number, release))
+
+
 def _flat(x, lead) -> np.ndarray:
     """A host call's per-example argument as a flat `(prod(lead),)` array."""
     return np.broadcast_to(np.asarray(x), lead).ravel()
@@ -248,7 +255,7 @@ def write(number, slot, token, carry, site, when=True):
 
     def host(number, slot, when, token, *arrays):
         store = _store(number, site)
-        lead = _lead((number, slot, when, token, *arrays), ranks)
+        lead = lead_axes((number, slot, when, token, *arrays), ranks)
         k = int(np.prod(lead, dtype=np.int64))
         flat = [np.broadcast_to(a, lead + s).reshape((k,) + s) for a, s in zip(arrays, shapes)]
         try:
@@ -273,7 +280,7 @@ def read(number, slot, ahead, token, carry_types, site):
 
     def host(number, slot, ahead, token):
         store = _store(number, site)
-        lead = _lead((number, slot, ahead, token), (0, 0, 0, 0))
+        lead = lead_axes((number, slot, ahead, token), (0, 0, 0, 0))
         try:
             arrays = store.read(_flat(slot, lead), _flat(ahead, lead), layout)
         except OSError as e:
@@ -291,7 +298,7 @@ def end(number, token):
 
     def host(number, token):
         release(number)
-        return (np.zeros(_lead((number, token), (0, 0)), np.int32),)
+        return (np.zeros(lead_axes((number, token), (0, 0)), np.int32),)
 
     (token,) = host_call(host, (jax.ShapeDtypeStruct((), jnp.int32),), number, token,
                          effect=True)
@@ -309,8 +316,6 @@ def replay_on_disk(schedule, length: int, index, advance, backward_of, start, nu
     `advance(k, carry) -> carry`; `backward_of(runs, index, start, acc,
     ct_xs) -> (acc, ct_xs)` runs `_replay.replay` on one segment. Returns
     `(acc, ct_xs, token)`, the token `end`'s."""
-    from ._schedules import checkpoint_runs
-
     L = schedule.segment
     m, last = schedule.segments(length)
     inner = schedule.inner()

@@ -61,8 +61,8 @@ from ..graph._trace import Tracer, _leaf_type, is_value_leaf, trace_flat
 from ._checks import tie
 from ._indexing import dynamic_update_slice_p
 from . import _disk
-from ._schedules import (SCHEDULES, MemoryBudget, TwoLevel, as_schedule, checkpoint_runs,
-                         inner_needs)
+from ._schedules import (SCHEDULES, MemoryBudget, TwoLevel, advanced, as_schedule,
+                         checkpoint_runs, inner_needs)
 from ._loop_adjoint import (assemble_cts, body_wrt, check_storable, check_zero_starts, ct_inits,
                             ct_plan, grouped_jvp, loop_body_jvp, loop_linearity, split_grouped,
                             step_vjp_graph, storable_primal_carries, transposed_step,
@@ -511,9 +511,8 @@ def _scan_adjoint_impl(*args, body, step, length, reverse=False,
     split = split_step(step, nc, nk, nx, nacc)
     held = site.held if site is not None else ()
     two_level = isinstance(schedule, TwoLevel)
-    if two_level:  # (a check in the loop that fails closes the run's store)
-        number = _disk.begin(schedule.directory, site.bare if site is not None else None)
-        held = (*held, (number, _disk.release))
+    if two_level:
+        number, held = _disk.held_store(schedule.directory, site)
     fb, fr, fs = lower(body, held), lower(split.residuals, held), lower(split.backward, held)
     once = lower(split.once, held)(*consts) if split.once is not None else ()
 
@@ -1028,16 +1027,13 @@ def _scan_adjoint_cost(node, body):
     carry = _carry_bytes(p["body"], p["body"].num_consts, p["body"].num_carry)
     if isinstance(sched, TwoLevel):
         recomputed = sched.recomputed(n)
-        m, last = sched.segments(max(n, 1))
+        m, last = sched.segments(max(n, 1))  # (m - 1 carries on disk)
         cells = checkpoint_runs(sched.inner(), sched.segment if m > 1 else last).cells + 3
-        on_disk = (m - 1) * carry if n else 0
         return Cost(recomputed * fb.flops + n * st.flops,
                     cells * carry + max(fb.peak, st.peak),
                     f"{n} steps, {sched}: {recomputed} forward steps recomputed, "
-                    f"{m - 1 if n else 0} carries ({_cache.si(on_disk)}) on disk")
-    actions = sched.actions(n)
-    advances = actions[actions[:, 0] == 1]
-    recomputed = int(np.sum(advances[:, 2] - advances[:, 1])) if len(advances) else 0
+                    f"{m - 1} carries ({_cache.si((m - 1) * carry)}) on disk")
+    recomputed = advanced(sched, n)
     runs = checkpoint_runs(sched, n)
     cells = runs.cells + 1
     if p.get("stored") and len(runs.runs):  # the forward pass ran the first stretch

@@ -117,14 +117,20 @@ class EveryK:
         return np.asarray(rows, np.int32).reshape(-1, 3)
 
 
+def advanced(schedule, length: int) -> int:
+    """The forward steps a RAM schedule's actions advance over on `length`
+    steps (the backward pass recomputes them all where it starts from the
+    initial carry)."""
+    actions = schedule.actions(length)
+    advances = actions[actions[:, 0] == 1]
+    return int(np.sum(advances[:, 2] - advances[:, 1])) if len(advances) else 0
+
+
 def ram_recomputed(schedule: "Binomial", length: int) -> int:
     """The forward steps reverse mode through a loop recomputes on a RAM
     schedule (the forward pass makes the first run's stores)."""
-    actions = schedule.actions(length)
-    advances = actions[actions[:, 0] == 1]
-    done = int(np.sum(advances[:, 2] - advances[:, 1])) if len(advances) else 0
     runs = checkpoint_runs(schedule, length)
-    return done - (int(runs.runs[0, 2]) if len(runs.runs) else 0)
+    return advanced(schedule, length) - (int(runs.runs[0, 2]) if len(runs.runs) else 0)
 
 
 @dataclass(frozen=True)
@@ -136,9 +142,9 @@ class TwoLevel:
     an unnamed file in `directory` (asynchronously, while the loop runs on);
     then, segment by segment from the last, reads its first carry back,
     reading the next one meanwhile, and runs the segment's backward pass on
-    `Binomial(snapshots)` in RAM. With `segment =
-    snapshots + 1` each step of a segment is recomputed once there. The
-    gradient is the same, bit for bit, as with the carries in RAM.
+    `Binomial(snapshots)` in RAM. With `segment = snapshots + 1` each step
+    of a segment is recomputed once there. The gradient is the same, bit
+    for bit, as with the carries in RAM.
     `budget`: the RAM budget's bytes, if it was chosen for one. Each run
     writes to a file of its own without a name (see `MemoryBudget`).
 
@@ -187,13 +193,8 @@ class TwoLevel:
         if length == 0:
             return 0
         m, last = self.segments(length)
-
-        def within(n):
-            a = self.inner().actions(n)
-            adv = a[a[:, 0] == 1]
-            return int(np.sum(adv[:, 2] - adv[:, 1])) if len(adv) else 0
-
-        return (m - 1) * self.segment + (m - 1) * within(self.segment) + within(last)
+        return ((m - 1) * (self.segment + advanced(self.inner(), self.segment))
+                + advanced(self.inner(), last))
 
 
 #: The time model that decides whether carries go to disk where that

@@ -371,9 +371,8 @@ def _while_adjoint_impl(*args, body, step, max_steps, snapshots, disk=None, site
     (steps,), consts, init, ctc0 = _adjoint_split(args, body)
     held = site.held if site is not None else ()
     bare = site.bare if site is not None else None
-    if disk is not None:  # (a check in the loop that fails closes the run's store)
-        number = _disk.begin(disk, bare)
-        held = (*held, (number, _disk.release))
+    if disk is not None:
+        number, held = _disk.held_store(disk, site)
     fb, fs = lower(body, held), lower(step, held)
     n = jnp.asarray(steps, jnp.int32)
     s = snapshots

@@ -210,6 +210,13 @@ if _emit_python_callback is not None:
     mlir.register_lowering(host_call_p, _host_call_lowering, cacheable=False)
 
 
+def lead_axes(args, ranks) -> tuple:
+    """The leading (batch) axes a host function's arguments carry under
+    `jax.vmap` (`host_call`'s batching rule: size 1 where an argument is
+    unbatched), given each argument's unbatched rank in `ranks`."""
+    return np.broadcast_shapes(*(np.shape(a)[:np.ndim(a) - r] for a, r in zip(args, ranks)))
+
+
 def host_call(fn: Callable, results: Sequence[jax.ShapeDtypeStruct], *args,
               effect: bool = False) -> tuple:
     """`fn(*args)` run on the host, with exact dtypes both ways.
