@@ -182,7 +182,8 @@ def test_a_check_that_fails_in_the_loop_closes_the_runs_file(heat, tmp_path):
     """A solve in the step whose right-hand side is NaN only in the backward
     pass (the loss's derivative at 0 is infinite): the check fails while the
     carries are on disk, and the run's store is closed before it raises,
-    eagerly, compiled, and under `jax.jit` of `to_jax`."""
+    eagerly, compiled, under `jax.jit` of `to_jax` and `sd.vmap`, and over
+    200 failing calls."""
     k, u0 = heat
     A = np.eye(N) * 4 + np.diag(np.ones(N - 1), 1) + np.diag(np.ones(N - 1), -1)
     disk = sd.TwoLevel(3, 2, str(tmp_path))
@@ -202,6 +203,23 @@ def test_a_check_that_fails_in_the_loop_closes_the_runs_file(heat, tmp_path):
     with pytest.raises(NonFiniteError), sd.errors.unwrapped():
         jax.block_until_ready(jax.jit(sd.to_jax(sd.grad(loss)))(jnp.asarray(k)))
     assert _disk.open_stores() == 0 and os.listdir(tmp_path) == []
+    with pytest.raises(NonFiniteError, match="right-hand side"):  # (a batch: one store)
+        sd.function(sd.vmap(sd.grad(loss)))(np.stack([k, 2 * k]))
+    assert _disk.open_stores() == 0
+    # 200 failing calls leave no store, file descriptor or memory behind
+    from helpers import rss_mib
+
+    failing, fds = sd.function(sd.grad(loss)), lambda: len(os.listdir("/proc/self/fd"))
+
+    def calls(count):
+        for _ in range(count):
+            with pytest.raises(NonFiniteError):
+                failing(k)
+
+    calls(20)
+    before, files = rss_mib(), fds()
+    calls(200)
+    assert rss_mib() - before < 8.0 and fds() == files and _disk.open_stores() == 0
 
     def while_loss(k):  # (its snapshots on disk)
         _, u = sd.while_loop(lambda c: c[0] < 150,
