@@ -144,3 +144,15 @@ def rss_mib() -> float:
     """The process's resident memory now (MiB), from /proc/self/statm."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096 / 2**20
+
+
+def nodes_named(graph, name: str) -> list:
+    """The nodes of `graph` and of its subgraphs (at any depth) whose
+    primitive is `name`."""
+    found = []
+    for node in graph.nodes:
+        if node.primitive.name == name:
+            found.append(node)
+        for sub in node.subgraphs:
+            found += nodes_named(sub, name)
+    return found

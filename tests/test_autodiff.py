@@ -29,7 +29,8 @@ NOT_DIFFERENTIATED = {"linalg.rcond", "linalg.factor_rcond"}
 FAMILY_CHECKED = {"linalg.svd_guard", "linalg.eigh_guard", "linalg.eigh", "linalg.eigh_apply",
                   "linalg.svd", "linalg.solve_operator", "linalg.backsolve",
                   "linalg.eigsh_operator", "optimize.root_guard", "ode.odeint", "scan_adjoint",
-                  "while_adjoint", "map", "ode.radau_adjoint", "ode.radau_tangent"}
+                  "while_adjoint", "map", "ode.radau_adjoint", "ode.radau_tangent",
+                  "ode.bdf_adjoint"}
 
 
 @pytest.mark.parametrize("name", marked_slow(sorted(distinct_examples(BUILTINS)),

@@ -13,16 +13,7 @@ import sciad.numpy as snp
 from sciad.errors import (ConvergenceError, DTypeError, InvalidOptionError, NotSupportedError,
                           ShapeError)
 from sciad.graph.passes import dce, optimize
-
-
-def _nodes(graph, name):
-    out = []
-    for n in graph.nodes:
-        if n.primitive.name == name:
-            out.append(n)
-        for g in n.subgraphs:
-            out += _nodes(g, name)
-    return out
+from helpers import nodes_named
 
 
 # ---------------------------------------------------------------------------
@@ -123,7 +114,7 @@ def test_cond_dce_drops_unused_outputs_and_operands(rng):
         return a
 
     graph = dce(sd.trace(f, x, y))
-    (node,) = _nodes(graph, "cond")
+    (node,) = nodes_named(graph, "cond")
     assert len(node.outputs) == 1 and len(node.inputs) == 2  # pred, x
     np.testing.assert_allclose(sd.graph.evaluate(graph, x, y)[0], f(x, y))
 
@@ -135,7 +126,7 @@ def test_checkpoint_dce_drops_unused_outputs_and_operands(rng):
         return sd.checkpoint(lambda a, b: (snp.sin(a), b * 2.0))(x, y)[0]
 
     graph = dce(sd.trace(f, x, y))
-    (node,) = _nodes(graph, "checkpoint")
+    (node,) = nodes_named(graph, "checkpoint")
     assert len(node.outputs) == len(node.inputs) == 1
     assert node.params["body"].layout == (1, 0, 0)
     np.testing.assert_allclose(sd.graph.evaluate(graph, x, y)[0], np.sin(x))
@@ -154,7 +145,7 @@ def test_while_dce_keeps_the_carries_the_predicate_and_the_result_read():
         return u
 
     graph = dce(sd.trace(f, x, w))
-    (node,) = _nodes(graph, "while")
+    (node,) = nodes_named(graph, "while")
     body = node.params["body"]
     assert len(node.outputs) == body.num_carry == 2  # u, k
     assert node.params["cond_body"].layout == body.layout
@@ -254,9 +245,9 @@ def test_while_hoists_its_invariant_factorization_and_drops_dead_carries(rng):
         return x
 
     graph = optimize(sd.trace(f, a, b))
-    (node,) = _nodes(graph, "while")
-    assert not _nodes(node.params["body"], "linalg.factor")
-    assert _nodes(graph, "linalg.factor")  # hoisted out: once per loop
+    (node,) = nodes_named(graph, "while")
+    assert not nodes_named(node.params["body"], "linalg.factor")
+    assert nodes_named(graph, "linalg.factor")  # hoisted out: once per loop
     assert len(node.outputs) == 2  # the junk carry is gone
     np.testing.assert_allclose(sd.graph.evaluate(graph, a, b)[0], np.linalg.solve(a, b),
                                rtol=1e-12)
@@ -283,9 +274,9 @@ def test_checkpoint_gradients_equal_plain_and_recompute(rng):
                                sd.hvp(lambda x: f(x, False), x, v), rtol=1e-13)
     graph = sd.trace(sd.grad(lambda x: f(x, True)), x)
     # the backward pass recomputes `inner` behind a barrier
-    assert _nodes(graph, "optimization_barrier")
-    (node,) = _nodes(graph, "checkpoint")
-    assert _nodes(node.params["body"], "tanh")
+    assert nodes_named(graph, "optimization_barrier")
+    (node,) = nodes_named(graph, "checkpoint")
+    assert nodes_named(node.params["body"], "tanh")
     assert any(n.primitive.name == "tanh" for n in graph.nodes)
 
 
@@ -301,7 +292,7 @@ def test_checkpointed_scan_body_stacks_only_carries(rng):
 
     g1 = sd.trace(sd.grad(lambda u: run(u, True)), u0)
     g0 = sd.trace(sd.grad(lambda u: run(u, False)), u0)
-    fwd1, fwd0 = (_nodes(g, "scan")[0] for g in (g1, g0))
+    fwd1, fwd0 = (nodes_named(g, "scan")[0] for g in (g1, g0))
     # the forward scan's stacked outputs: one carry per step with checkpoint
     assert len(fwd1.outputs) == 2 < len(fwd0.outputs)
     np.testing.assert_allclose(sd.graph.evaluate(g1, u0)[0], sd.graph.evaluate(g0, u0)[0],

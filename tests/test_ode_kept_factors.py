@@ -28,6 +28,16 @@ N = 6  # cells: 12 states
 TS = np.array([0.0, 0.5, 2.0])
 
 
+@pytest.fixture(autouse=True)
+def _klu_not_band(monkeypatch):
+    """These tests' patterns are narrow bands, which the loops factor with the
+    banded LU (`_band`) where they can: KLU's kept factors are what they
+    test."""
+    from sciad.solvers.direct import _band
+
+    monkeypatch.setattr(_band, "usable", lambda dtype: False)
+
+
 def brusselator(t, y, a):
     w = snp.reshape(y, (N, 2))
     u, v = w[:, 0], w[:, 1]
@@ -212,6 +222,7 @@ import json, sys
 import jax, jax.numpy as jnp, numpy as np
 jax.config.update("jax_enable_x64", True)
 import sciad as sd, sciad.numpy as snp
+from sciad.solvers.direct import _band
 from sciad.solvers.ode import _kept_klu
 
 def field(t, y, k):
@@ -226,7 +237,9 @@ def fn():
 k = jnp.array([1.0, 2.0])
 v = jnp.array([0.3, -0.7])
 out = {}
-for path in ("kept", "host"):
+for path in ("band", "kept", "host"):
+    if path == "kept":
+        _band.usable = lambda dtype: False
     if path == "host":
         _kept_klu.usable = lambda dtype: False
     g = fn()
@@ -243,13 +256,15 @@ json.dump(out, sys.stdout)
 def test_jax_transforms_of_to_jax_keep_the_factors_right(solver):
     """`jax.jit`, `grad`, `jacfwd` of `grad`, `hessian` and `vmap` of `jvp`
     of `sd.to_jax(f)` through a sparse BDF or Radau solve: with KLU's kept
-    factors, the same as with SuperLU on the host; in a child process,
-    where a freed factor read again would crash."""
+    factors, the same as with SuperLU on the host, and as with the banded LU
+    (the pattern is tridiagonal); in a child process, where a freed factor
+    read again would crash."""
     done = subprocess.run([sys.executable, "-c", _CHILD, solver], capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
     # (to well within the solve's rtol, 1e-8: the two factorizations round
     # apart, and a step decision may then part)
-    for got, want in zip(out["kept"], out["host"]):
-        np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-9 * np.abs(want).max())
+    for path in ("kept", "band"):
+        for got, want in zip(out[path], out["host"]):
+            np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-9 * np.abs(want).max())

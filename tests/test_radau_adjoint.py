@@ -17,6 +17,7 @@ import sciad.numpy as snp
 from sciad.errors import ConvergenceError
 from sciad.solvers import _batch_split
 from sciad.solvers.ode import _radau_adjoint
+from helpers import nodes_named
 
 RATES = np.array([0.04, 3e7, 1e4])
 
@@ -123,20 +124,6 @@ def test_failing_reverse_passes_free_their_factors_and_memory_stays_flat():
     assert rss_mib() - mem < 30.0
 
 
-def _nodes(graph, name):
-    found = []
-
-    def walk(g):
-        for node in g.nodes:
-            if node.primitive.name == name:
-                found.append(node)
-            for sub in node.subgraphs:
-                walk(sub)
-
-    walk(graph)
-    return found
-
-
 def test_many_directions_are_one_pass_over_the_steps():
     """`jacfwd` (a batch of tangents) and `jacrev` (a batch of cotangents)
     of a Radau solve are one `ode.radau_tangent` / `ode.radau_adjoint` node
@@ -151,9 +138,9 @@ def test_many_directions_are_one_pass_over_the_steps():
     for transform, name in ((sd.jacfwd, "ode.radau_tangent"),
                             (sd.jacrev, "ode.radau_adjoint")):
         graph = sd.trace(transform(ys), k)
-        (node,) = _nodes(graph, name)
+        (node,) = nodes_named(graph, name)
         assert node.params["directions"]
-        assert not _nodes(graph, "map")
+        assert not nodes_named(graph, "map")
 
 
 @pytest.mark.slow  # ~15 s

@@ -23,7 +23,8 @@ WITH_RULE = [n for n in BUILTINS if sd.graph.lookup_primitive(n).sparsity_rule i
 # rules that pass operands through or are dense, whose examples are costly to
 # differentiate: slow
 SLOW = {"linalg.svd_guard", "linalg.eigh_guard", "linalg.backsolve", "linalg.solve_operator",
-        "ode.odeint", "optimize.root_guard", "map", "ode.radau_adjoint", "ode.radau_tangent"}
+        "ode.odeint", "optimize.root_guard", "map", "ode.radau_adjoint", "ode.radau_tangent",
+        "ode.bdf_adjoint"}
 # (odeint's and Radau's derivative nodes' rules are `dense_all`; the guard's
 # example is a root solve; map's rule is its body's, checked with every
 # primitive)

@@ -2,7 +2,7 @@
 
 from . import _call, _contract, _creation, _elementwise, _fft, _indexing, _reduce, _shape, _sparse, _linalg
 from . import _sparse_sharded
-from . import _stop_gradient, _scan, _cond, _while, _take, _map, _eigen, _svd, _eigsh, _root, _ode, _ode_events, _ode_radau_adjoint
+from . import _stop_gradient, _scan, _cond, _while, _take, _map, _eigen, _svd, _eigsh, _root, _ode, _ode_events, _ode_radau_adjoint, _ode_bdf_adjoint
 from . import _logdet, _slq, _sparse_cholesky
 from ._call import call as call, call_p as call_p
 from ._schedules import Binomial as Binomial, EveryK as EveryK, MemoryBudget as MemoryBudget

@@ -33,10 +33,16 @@ whose algebraic rows are scaled by `1 / c` as the forward pass scales
 them). The first differences are `diag(1, h0) [y0, P f(t0, y0)]` (`P`:
 the mass matrix's pseudo-inverse, `h0` in the first step's `R`).
 
-Each step's transposed system is formed at its result (the field's
-Jacobian by batched or colored JVPs on the forward pass's pattern) and
-solved by a `linalg.solve` node: the pass is made of sciad nodes, so its
-own derivatives (second order) are theirs.
+The reverse pass is one `ode.bdf_adjoint` node (`bdf_vjp`), lowered to one
+JAX loop down the recorded steps (`sciad.solvers.ode._bdf_adjoint`) that
+factors each step's own matrix where that is cheap (a narrow band, a small
+dense matrix) and else keeps a factorization over steps to precondition
+an iteration on the exact one. Its reference, the same pass in sciad ops
+(`_in_ops`: each step's transposed system formed at its result, the field's
+Jacobian by batched or colored JVPs on the forward pass's pattern, and
+solved by a `linalg.solve` node), gives the node its derivative rules
+(second order), as Radau's nodes have theirs. The forward pass (`bdf_jvp`)
+stays in sciad ops.
 """
 
 from __future__ import annotations
@@ -46,17 +52,22 @@ from typing import Callable
 import numpy as np
 
 from .. import _ops as ops
-from ..graph import Zero, is_zero
+from ..errors import ConvergenceError, NonFiniteError
+from ..graph import Param, Primitive, Site, TensorType, Zero, is_zero
+from ..graph._cost import Cost, _si
 from ..graph._autodiff import jvp_eval, type_of, vjp_eval
 from ..graph._trace import trace_flat
 from ..solvers.nonlinear._root_methods import sparse_jacobian
-from ..solvers.ode._bdf import ALPHA, GAMMA, MAX_ORDER
+from ..solvers.ode import _bdf_adjoint
+from ..solvers.ode._bdf import ALPHA, GAMMA, HISTORY, MAX_ORDER
 from ..solvers._coloring import coloring
 from ._jacobian import Structure, dense_jacobian, emit
+from ._checks import check, tie
 from ._linalg import solve
 from ._ode_adjoint import (_flat_cotangents, _unflatten_cotangents, _wanted,
                            down_the_steps, up_the_steps)
 from ._ode_field import field_at, mass_in_ops, summed
+from ._ode_radau_adjoint import _STEPS_PARAMS, _def_rules, _field_of, _steps_params
 
 #: the rows of the differences `D` (orders up to `MAX_ORDER`, and two more)
 ROWS = MAX_ORDER + 3
@@ -165,16 +176,17 @@ def bdf_jvp(primals, tangents, outs, params):
     return up_the_steps(step, D0, lambda D: D[0], outs, params["max_steps"])
 
 
-def bdf_vjp(primals, outs, ct, params, ct_states=None) -> list:
-    """Cotangents of `(*consts, y0)` by the discrete adjoint of the BDF steps
-    taken (see the module docstring); `outs`: the node's outputs (an
-    `OdeintOutputs`, with `states` and `history`); `ct`: the cotangent of
-    `ys`; `ct_states`: of the states at every step, or None."""
+def _in_ops(primals, outs, ct, params, wanted, ct_states=None) -> list:
+    """Cotangents of `(*consts, y0)` (None for the consts not `wanted`) by
+    the discrete adjoint of the BDF steps taken (see the module docstring),
+    in sciad ops: `ode.bdf_adjoint`'s reference. `outs`: the `ode.odeint`
+    node's outputs (an `OdeintOutputs`, with `states` and `history`); `ct`:
+    the cotangent of `ys`; `ct_states`: of the states at every step, or
+    None."""
     st = _Steps(primals, outs, params)
     consts, y0, ts, graph, rows, mass = st.consts, st.y0, st.ts, st.graph, st.rows, st.mass
     n, dtype, marks = st.n, st.dtype, outs.marks
     ctypes = [type_of(c) for c in consts]
-    wanted = _wanted(consts, params)
     m = len(consts)
     zeros_n = ops.zeros((n,), dtype)
 
@@ -222,3 +234,144 @@ def bdf_vjp(primals, outs, ct, params, ct_states=None) -> list:
     if cbar0:
         acc = acc + ops.concatenate(cbar0)
     return _unflatten_cotangents(acc, consts, wanted) + [ybar0]
+
+
+# ---------------------------------------------------------------------------
+# the reverse pass as one node
+
+bdf_adjoint_p = Primitive("ode.bdf_adjoint", multiple_results=True, runtime_checks=True,
+                          params=dict(_STEPS_PARAMS, wanted=tuple[bool, ...],
+                                      states_ct=Param(bool, default=False)))
+bdf_adjoint_p.__doc__ = """The discrete adjoint of the steps an `ode.odeint`
+node with `solver="bdf"` took, one node, lowered to one JAX loop down the
+recorded steps (`sciad.solvers.ode._bdf_adjoint.adjoint`) that keeps an
+iteration-matrix factorization over steps and solves each step's transposed
+system by the iteration it preconditions. Operands `(*consts, grid, marks,
+states, history, ct[, ct_states])` (the field's consts, the node's recorded
+step times, output marks, states and history, the cotangents of the states
+at the output times and, with `states_ct`, at every step); outputs the
+cotangents of the consts flagged `wanted`, then that of the initial state.
+`body`, `rtol`, `atol`, `max_steps`, `jac`, `pattern`, `mass`,
+`mass_pattern`: the `ode.odeint` node's. Its derivative rules are those of
+the same pass in sciad ops (`_in_ops`: each step's matrix formed and
+solved by a `linalg.solve` node). `directions`: the cotangents (and the
+outputs) have a leading axis of directions, all solved with the same
+factorizations (`jacrev`, `vmap` of a VJP)."""
+
+
+def _split(args, wanted, states_ct):
+    k = len(wanted)
+    consts, rest = list(args[:k]), list(args[k:])
+    grid, marks, states, history, ct = rest[:5]
+    return consts, grid, marks, states, history, ct, rest[5] if states_ct else None
+
+
+@bdf_adjoint_p.def_abstract_eval
+def _shape(*args, body, rtol, atol, max_steps, jac="dense", pattern=None, mass=None,
+           mass_pattern=None, wanted, states_ct=False, directions=False):
+    consts, grid, marks, states, history, ct, ct_states = _split(args, wanted, states_ct)
+    lead = ct.shape[:1] if directions else ()
+    if len(consts) != len(body.inputs) - 2 or not isinstance(states, TensorType) \
+            or states.ndim != 2 or ct.shape != lead + (marks.shape[0], states.shape[1]) \
+            or grid.shape != (states.shape[0],) \
+            or history.shape != (states.shape[0], HISTORY) or (
+                ct_states is not None and ct_states.shape != lead + states.shape):
+        raise ValueError("ode.bdf_adjoint: operands (*consts, grid, marks, states, history, "
+                         "ct[, ct_states]) do not match each other or the field's body")
+    return [TensorType(lead + c.shape, c.dtype) for c, w in zip(consts, wanted) if w] + \
+        [TensorType(lead + (states.shape[1],), states.dtype)]
+
+
+def judge_bdf_adjoint(site, *, status, t):
+    """Raises the error of a reverse pass that stopped at the step to `t`:
+    `NonFiniteError` where the field's derivative there was not finite,
+    `ConvergenceError` where its transposed iteration matrix could not be
+    solved."""
+    status = int(status)
+    if status == 0:
+        return
+    where = f"the step to t = {float(t):.6g}"
+    if status == _bdf_adjoint.NONFINITE:
+        site.fail(NonFiniteError,
+                  f"the discrete adjoint of BDF's steps met values that are not finite at "
+                  f"{where}: the vector field's derivative (its Jacobian, or its VJP) is NaN "
+                  f"or infinite at the step's result, though the forward solve, which "
+                  f"evaluates the field there, succeeded. Make the field differentiable where "
+                  f"the solution goes (a square root or division at 0 has no derivative).")
+    site.fail(ConvergenceError,
+              f"the discrete adjoint of BDF's steps could not solve the transposed iteration "
+              f"matrix (M - c J)^T of {where}, even with the Jacobian at the step's result "
+              f"factored afresh: the matrix is singular or too ill-conditioned there. Use "
+              f"adjoint='interpolated' (the continuous adjoint) for this solve, or a smaller "
+              f"rtol, whose steps are shorter.")
+
+
+@bdf_adjoint_p.def_impl
+def _impl(*args, body, rtol, atol, max_steps, jac="dense", pattern=None, mass=None,
+          mass_pattern=None, wanted, states_ct=False, directions=False, site=None):
+    consts, grid, marks, states, history, ct, ct_states = _split(args, wanted, states_ct)
+    field, kind, mvals = _field_of(body, consts, wanted, jac, mass, mass_pattern, pattern,
+                                   states.shape[1], site)
+    idx = [i for i, w in enumerate(wanted) if w]
+    if not directions:
+        ct, ct_states = ct[None], None if ct_states is None else ct_states[None]
+    cbar, ybar, status, t_failed, _ = _bdf_adjoint.adjoint(
+        field, tuple(consts[i] for i in idx), grid, marks, states, history, ct, ct_states,
+        jac=kind, pattern=pattern, mass=mvals)
+    token = check(judge_bdf_adjoint, site or Site("ode.bdf_adjoint"), when=status != 0,
+                  status=status, t=t_failed)
+    outs = [*cbar, ybar]
+    return tuple(tie(outs if directions else [o[0] for o in outs], token))
+
+
+def bdf_vjp(primals, outs, ct, params, ct_states=None) -> list:
+    """Cotangents of an `ode.odeint` node's `(*consts, y0)` (None for the
+    consts not wanted: `_ode_adjoint._wanted`) by the discrete adjoint of its
+    BDF steps, one `ode.bdf_adjoint` node: `outs`, the node's outputs (an
+    `OdeintOutputs` with `states` and `history`); `ct`, `ct_states`: as
+    `Adjoint.vjp`'s."""
+    *consts, _, _ = primals
+    wanted = _wanted(consts, params)
+    p = _steps_params(params, wanted=tuple(bool(w) for w in wanted))
+    if ct_states is not None:
+        p["states_ct"] = True
+    operands = [*consts, outs.grid, outs.marks, outs.states, outs.history, ct] + \
+        ([] if ct_states is None else [ct_states])
+    got = iter(bdf_adjoint_p.bind(*operands, **p))
+    bars = [next(got) if w else None for w in wanted]
+    return bars + [next(got)]
+
+
+def reference(*args, **params):
+    """`ode.bdf_adjoint`'s outputs computed in sciad ops (`_in_ops`), whose
+    derivatives are the node's."""
+    from ._ode import OdeintOutputs
+
+    wanted, states_ct = params["wanted"], params.get("states_ct", False)
+    consts, grid, marks, states, history, ct, ct_states = _split(args, wanted, states_ct)
+    outs = OdeintOutputs(None, None, None, grid=grid, marks=marks, states=states,
+                         history=history)
+    bars = _in_ops([*consts, states[0], grid[marks]], outs, ct, params, list(wanted),
+                   ct_states)
+    return [b for b, w in zip(bars, wanted) if w] + [bars[-1]]
+
+
+def _adjoint_linear(args, params) -> list:
+    k = len(params["wanted"]) + 4  # (ct, after the consts, grid, marks, states and history)
+    return [k, k + 1] if params.get("states_ct", False) else [k]
+
+
+_def_rules(bdf_adjoint_p, reference, _adjoint_linear)
+
+
+def _cost(node, body_cost):
+    # per step (their number is known only when it runs): about three
+    # iterations of the transposed system, each a VJP of the field and a
+    # solve, and the step's own VJP
+    F = body_cost(node.params["body"])
+    n = node.outputs[-1].type.shape[-1]
+    per = 4.0 * (F.flops + 10.0 * n)
+    return Cost(per, F.peak, f"per step ({_si(per)})")
+
+
+bdf_adjoint_p.def_cost(_cost)

@@ -95,6 +95,15 @@ def cached_build(source: Path, name: str, filename: str, flags=(), key_parts=(),
     return out
 
 
+def on_cpu() -> bool:
+    """Whether JAX's default backend is the CPU (where a CPU extension's
+    FFI handlers run); False where no backend can be made."""
+    try:
+        return jax.default_backend() == "cpu"
+    except RuntimeError:
+        return False
+
+
 class Library:
     """A C++ extension of sciad's built on first use and loaded with ctypes:
     `get()` is the loaded library (built and `setup(lib)` run once: its

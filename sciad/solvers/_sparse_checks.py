@@ -56,12 +56,7 @@ def available(dtype) -> bool:
     the extension built."""
     if np.dtype(dtype) != np.float64:
         return False
-    try:
-        if jax.default_backend() != "cpu":
-            return False
-    except RuntimeError:
-        return False
-    return library() is not None
+    return _build.on_cpu() and library() is not None
 
 
 def _csr(pattern):

@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..direct import _band
 from . import _kept_klu, _ode
 from ._steps import (Counts, Result, Track, advance, blank, finish, inconsistent, mass_of,
                      propose, refactored, released, run, start)
@@ -50,6 +51,9 @@ MIN_FACTOR, MAX_FACTOR = 0.2, 10.0
 #: the iteration matrix is factored again where `c = h / alpha` has moved
 #: by more than this fraction from the factorization's
 REFACTOR = 0.3
+#: a dense iteration matrix of at most this many unknowns counts as cheap to
+#: factor (`_Linear.direct`)
+DIRECT_SIZE = 64
 #: the NDF's kappa by order (Shampine and Reichelt's), gamma_k = sum 1/j
 KAPPA = np.array([0.0, -0.1850, -1.0 / 9.0, -0.0823, -0.0415, 0.0])
 GAMMA = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, MAX_ORDER + 1))])
@@ -114,6 +118,13 @@ class _Linear(NamedTuple):
     #: (factorization, after) -> an int32 zero once the last factorization
     #: is freed (None: nothing to free; `_steps.released`)
     release: Callable | None = None
+    #: (factorization, b) -> x with `(M - c J)^T x = b` (the rows' scaling
+    #: undone: the discrete adjoint's, `_bdf_adjoint`)
+    solve_t: Callable | None = None
+    #: a factorization costs a few solves (a narrow band, a small dense
+    #: matrix): the discrete adjoint factors each step's own matrix rather
+    #: than iterate with a kept one
+    direct: bool = False
 
 
 def _row_scale(algebraic, c):
@@ -141,14 +152,20 @@ def _dense_linear(field, n, mass, dtype, algebraic=None):
         lu, s = lu
         return jax.scipy.linalg.lu_solve(lu, b if s is None else s * b)
 
-    return _Linear(jacobian, factor, solve)
+    def solve_t(lu, b):  # (S (M - c J))^T z = b, then x = S z
+        lu, s = lu
+        x = jax.scipy.linalg.lu_solve(lu, b, trans=1)
+        return x if s is None else s * x
+
+    return _Linear(jacobian, factor, solve, solve_t=solve_t, direct=n <= DIRECT_SIZE)
 
 
 def _sparse_linear(field, pattern, mass_values, algebraic=None, dtype=None):
     """The iteration matrix on `pattern` (with its diagonal; its values by
-    colored JVPs): factored by KLU in the program and kept over steps as a
-    handle (`_kept_klu`) where it can, else by SuperLU on the host (the
-    factorization a handle into `_ode`'s store)."""
+    colored JVPs): where the pattern is a narrow band, factored by the banded
+    LU in the program (`_band`: its factor two arrays); else by KLU in the
+    program and kept over steps as a handle (`_kept_klu`) where it can, else
+    by SuperLU on the host (the factorization a handle into `_ode`'s store)."""
     pattern = _ode._with_diagonal(pattern)
     eye = _ode._structure(pattern)[2]
     from ..nonlinear._nonlinear import colored_values
@@ -168,6 +185,23 @@ def _sparse_linear(field, pattern, mass_values, algebraic=None, dtype=None):
             values = values * s[rows]
         return values, s
 
+    band = _band.Band.of(pattern) if dtype is not None and _band.usable(dtype) else None
+    if band is not None:  # (a narrow band: its LU, two arrays the loop keeps)
+        def factor(J, c):
+            values, s = values_of(J, c)
+            return band.factor(values), s
+
+        def solve(lu, b):
+            f, s = lu
+            return band.solve(f, b if s is None else s * b)
+
+        def solve_t(lu, b):
+            f, s = lu
+            x = band.solve(f, b, 1)
+            return x if s is None else s * x
+
+        return _Linear(jacobian, factor, solve, solve_t=solve_t, direct=True)
+
     if dtype is not None and _kept_klu.usable(dtype):
         def factor(J, c):  # (the start: no factor yet, `refactor` makes it)
             values, s = values_of(J, c)
@@ -184,8 +218,13 @@ def _sparse_linear(field, pattern, mass_values, algebraic=None, dtype=None):
             b = b if s is None else s * b
             return _kept_klu.solve(pattern, handle, values, b.astype(values.dtype))
 
+        def solve_t(lu, b):
+            values, handle, s = lu
+            x = _kept_klu.solve(pattern, handle, values, b.astype(values.dtype), True)
+            return x if s is None else s * x
+
         return _Linear(jacobian, factor, solve, refactor,
-                       lambda lu, after: _kept_klu.release(lu[1], after))
+                       lambda lu, after: _kept_klu.release(lu[1], after), solve_t)
 
     def factor(J, c):
         values, s = values_of(J, c)
@@ -196,7 +235,12 @@ def _sparse_linear(field, pattern, mass_values, algebraic=None, dtype=None):
         b = b if s is None else s * b
         return _ode._solve(pattern, handle, values, b.astype(values.dtype), False, False)
 
-    return _Linear(jacobian, factor, solve)
+    def solve_t(lu, b):
+        values, handle, s = lu
+        x = _ode._solve(pattern, handle, values, b.astype(values.dtype), True, False)
+        return x if s is None else s * x
+
+    return _Linear(jacobian, factor, solve, solve_t=solve_t)
 
 
 def initial_step(field, t0, y0, f0, span, rtol, atol, m, order=1, deriv=None):

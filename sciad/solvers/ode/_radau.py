@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
 
+from ..direct import _band
 from . import _kept_klu, _ode
 from ._bdf import _rms, initial_step
 from ._steps import (Counts, Result, Track, advance, blank, finish, inconsistent, mass_of, propose,
@@ -138,10 +139,12 @@ def _doubled(pattern):
 def _sparse_linear(field, pattern, mass=None, dtype=None):
     """`mass`: the mass matrix's values on `pattern` (a diagonal one: the
     complex system's off-diagonal blocks, `-+b M`, are on the diagonal), or
-    None (the identity). The complex system is solved as the real one of
-    twice its size on `_doubled`'s pattern. Both factored by KLU in the
-    program and kept over steps where it can (`_kept_klu`), else by SuperLU
-    on the host."""
+    None (the identity). Where the pattern is a narrow band, both systems
+    are factored by the banded LU in the program (`_band`; the complex one
+    in complex arithmetic). Else the complex system is solved as the real
+    one of twice its size on `_doubled`'s pattern, both factored by KLU in
+    the program and kept over steps where it can (`_kept_klu`), else by
+    SuperLU on the host."""
     mu_r, mu_c, *_ = constants()
     pattern = _ode._with_diagonal(pattern)
     eye = _ode._structure(pattern)[2]
@@ -170,6 +173,19 @@ def _sparse_linear(field, pattern, mass=None, dtype=None):
         # conjugate transpose)
         x = solve(big, lu, jnp.concatenate([rhs.real, rhs.imag]), transpose)
         return x[:n] + 1j * x[n:]
+
+    band = _band.Band.of(pattern) if dtype is not None and _band.usable(dtype) else None
+    if band is not None:  # (a narrow band: the real and the complex system's LU)
+        cdtype = jnp.result_type(dtype, jnp.complex64)
+
+        def band_factor(J, h):
+            M = jnp.asarray(eye, J.dtype) if mass is None else mass
+            return (band.factor(mu_r / h * M - J),
+                    band.factor((mu_c / h) * M.astype(cdtype) - J.astype(cdtype)))
+
+        return _Linear(jacobian, band_factor, band.solve, band.solve,
+                       solve_real_t=lambda lu, b: band.solve(lu, b, 1),
+                       solve_complex_h=lambda lu, b: band.solve(lu, b, 2))
 
     if dtype is not None and _kept_klu.usable(dtype):  # (KLU in the program, kept)
         def factor(J, h):  # (the start: no factors yet, `refactor` makes them)

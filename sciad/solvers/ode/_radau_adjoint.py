@@ -187,17 +187,20 @@ def _relative(d, x):
     return jnp.max(jnp.where(s == 0, 0.0, s / jnp.where(norm > 0, norm, 1.0)))
 
 
-def _richardson(apply, precondition, rhs):
-    """`x` with `apply(x)[0] = rhs` (`G_Z` or its transpose, `(3, n)`) by the
-    iteration preconditioned with `precondition`, stopped where it
-    converges slower than `SLOW_RATE`: `(converged, x, rate)`."""
+def richardson(apply, precondition, rhs, *, rtol: float, maxiter: int, slow: float):
+    """`x` with `apply(x) = rhs` (each direction: `rhs` has a leading axis of
+    directions) by the iteration preconditioned with `precondition`, from
+    `precondition(rhs)`, converged where its last correction is `rtol` of
+    `x`, stopped after `maxiter` iterations or where it converges slower
+    than `slow`: `(converged, x, rate)`. Radau's stage systems (`G_Z`, its
+    transpose) and BDF's transposed iteration matrices (`_bdf_adjoint`)."""
     def cond(s):
         k, _, size, rate = s
-        return (k < ADJOINT_MAXITER) & ~(size <= ADJOINT_RTOL) & ~(rate >= SLOW_RATE)
+        return (k < maxiter) & ~(size <= rtol) & ~(rate >= slow)
 
     def body(s):
         k, x, old, _ = s
-        d = precondition(rhs - apply(x)[0])
+        d = precondition(rhs - apply(x))
         x = x + d
         size = _relative(d, x)
         return k + 1, x, size, jnp.where(old > 0, size / old, 0.0)
@@ -206,8 +209,15 @@ def _richardson(apply, precondition, rhs):
     inf = jnp.asarray(jnp.inf, dtype)
     _, x, size, rate = jax.lax.while_loop(
         cond, body, (jnp.asarray(0, jnp.int32), precondition(rhs), inf, jnp.zeros((), dtype)))
-    ok = (size <= ADJOINT_RTOL) & jnp.all(jnp.isfinite(x))
+    ok = (size <= rtol) & jnp.all(jnp.isfinite(x))
     return ok, x, jnp.where(jnp.isfinite(rate), rate, inf)
+
+
+def _richardson(apply, precondition, rhs):
+    """`richardson` on a step's stage system (`apply(x)[0]`, `(3, n)` a
+    direction) with this module's constants."""
+    return richardson(lambda x: apply(x)[0], precondition, rhs, rtol=ADJOINT_RTOL,
+                      maxiter=ADJOINT_MAXITER, slow=SLOW_RATE)
 
 
 def _solved(apply, rhs, x):

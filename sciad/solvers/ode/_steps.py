@@ -88,8 +88,10 @@ class Mass(NamedTuple):
     derivative: Callable
     #: the rows without an entry: the algebraic equations (bool, `(n,)`)
     algebraic: jax.Array
-    #: `v -> M^T v` (Radau's discrete adjoint, `_radau_adjoint`)
+    #: `v -> M^T v` (the discrete adjoints, `_radau_adjoint`, `_bdf_adjoint`)
     apply_t: Callable | None = None
+    #: `derivative`'s transpose (BDF's discrete adjoint, `_bdf_adjoint`)
+    derivative_t: Callable | None = None
 
 
 def mass_of(mass, jac: str, pattern, n: int, dtype) -> Mass | None:
@@ -102,7 +104,7 @@ def mass_of(mass, jac: str, pattern, n: int, dtype) -> Mass | None:
         M = jnp.asarray(mass, dtype)
         pinv = jnp.linalg.pinv(M)
         return Mass(lambda v: M @ v, lambda f: pinv @ f, jnp.all(M == 0, axis=1),
-                    lambda v: M.T @ v)
+                    lambda v: M.T @ v, lambda v: pinv.T @ v)
     pattern = _ode._with_diagonal(pattern)
     values = jnp.asarray(mass, dtype)
     rows, cols = jnp.asarray(pattern.rows), jnp.asarray(pattern.indices)
@@ -117,7 +119,9 @@ def mass_of(mass, jac: str, pattern, n: int, dtype) -> Mass | None:
     def apply_t(v):
         return jnp.zeros((n,), v.dtype).at[cols].add(values * v[rows])
 
-    return Mass(apply, derivative, ~jnp.zeros((n,), bool).at[rows].max(values != 0), apply_t)
+    # (`derivative` is diagonal: its own transpose)
+    return Mass(apply, derivative, ~jnp.zeros((n,), bool).at[rows].max(values != 0), apply_t,
+                derivative)
 
 
 def inconsistent(mass: Mass | None, f0, y0, rtol: float):
