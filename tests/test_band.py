@@ -109,7 +109,7 @@ def _chain(t, y, k):  # a stiff nonlinear 1-D reaction-diffusion chain
     return 300.0 * k[0] * lap - k[1] * y ** 3
 
 
-@pytest.mark.parametrize("solver", ["bdf", "radau"])
+@pytest.mark.parametrize("solver", ["bdf", pytest.param("radau", marks=pytest.mark.slow)])
 def test_the_integrators_factor_a_banded_pattern_with_it(monkeypatch, solver):
     """`jac="sparse"` on a tridiagonal field: the banded LU, no KLU factor or
     solve, the same solution and gradient as KLU's kept factors (to well

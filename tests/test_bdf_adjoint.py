@@ -55,7 +55,7 @@ def _grad(jac):
     return sd.function(sd.grad(lambda k, y0: loss(k, y0) + 0.0, argnums=(0, 1)))
 
 
-@pytest.mark.parametrize("path", ["band", "klu", "dense"])
+@pytest.mark.parametrize("path", ["band", "klu", pytest.param("dense", marks=pytest.mark.slow)])
 def test_the_node_gives_its_references_gradient(monkeypatch, path):
     """The node's gradient (in the field's parameters and the initial state)
     against the same pass in sciad ops on the same steps: to rounding where
@@ -85,7 +85,7 @@ def _dae(t, y, k):
     return snp.concatenate([f[:-1], (y[-1] - 1.0 - 0.1 * k[1] * y[0])[None]])
 
 
-@pytest.mark.parametrize("path", ["band", "klu"])
+@pytest.mark.parametrize("path", [pytest.param("band", marks=pytest.mark.slow), "klu"])
 def test_a_dae_through_the_node(monkeypatch, path):
     """An index-1 DAE (a sparse singular mass matrix, its algebraic row scaled
     by `1 / c` in the iteration matrix): the node's gradient against its
@@ -195,7 +195,8 @@ def _nan_derivative(t, y, k):
     return -k * y + 0.01 * snp.roll(y, 1) + 0.0 * snp.sqrt((1.0 - t) * y ** 2)
 
 
-@pytest.mark.parametrize("path", ["band", pytest.param("klu", marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~8 s each: a hundred failing gradients
+@pytest.mark.parametrize("path", ["band", "klu"])
 def test_failing_reverse_passes_raise_alone_and_batched_and_free_their_factors(
         monkeypatch, path):
     """A pass that meets a NaN derivative raises `NonFiniteError` naming the
@@ -245,6 +246,7 @@ def test_many_cotangents_are_one_pass_and_agree_with_forward_mode():
     np.testing.assert_allclose(jr, jf, rtol=0, atol=1e-9 * np.abs(jf).max())
 
 
+@pytest.mark.slow  # ~5 s (and test_batching's sweep batches the node)
 def test_a_batch_of_gradients_whose_solves_take_different_steps():
     """`sd.vmap` of the gradient over parameters whose solves take different
     numbers of steps: each example's gradient, as alone."""

@@ -67,6 +67,16 @@ RENEW_RATE = 0.05
 #: and those a step size change rescales
 ROWS = _bdf.MAX_ORDER + 3
 RESCALED = _bdf.MAX_ORDER + 1
+#: the positions of `R^T`'s entries in the record's flat `R`
+TRANSPOSED = np.arange(RESCALED ** 2).reshape(RESCALED, RESCALED).T.ravel()
+
+
+def _rows(A, L):
+    """`A` applied along the rows of `L` (`(k, directions, n)`, a small `(k,
+    k)` `A`): one 2-D matrix product, which XLA's CPU backend calls its
+    matrix kernel for without moving `L` (with the rows second, as an
+    einsum, it transposed `L` there and back: a third of the pass's time)."""
+    return (A @ L.reshape(L.shape[0], -1)).reshape(L.shape)
 
 
 def adjoint(field: Callable, consts, grid, marks, states, history, ct, ct_states=None, *,
@@ -92,7 +102,7 @@ def adjoint(field: Callable, consts, grid, marks, states, history, ct, ct_states
     deriv_t = (lambda v: v) if M is None else M.derivative_t
     alpha = jnp.asarray(_bdf.ALPHA, dtype)
     gamma = jnp.asarray(np.concatenate([_bdf.GAMMA, np.zeros(ROWS - _bdf.GAMMA.size)]), dtype)
-    rows = jnp.arange(ROWS)[:, None]
+    rows = jnp.arange(ROWS)[:, None, None]  # (L: (ROWS, directions, n))
     lower = jnp.asarray(np.tril(np.ones((ROWS, ROWS))), dtype)
     steps = marks[-1]
 
@@ -152,28 +162,29 @@ def adjoint(field: Callable, consts, grid, marks, states, history, ct, ct_states
         k, L, acc, J, lu, lu_c, renew, status, t_failed, nlu = s
         live = k >= 0  # (a batch's finished example runs the body too: its step 0 again)
         kk = jnp.maximum(k, 0)
-        L = L.at[:, 0].add(given(kk + 1))
+        L = L.at[0].add(given(kk + 1))
         record = history[kk + 1]
         q = record[0].astype(jnp.int32)
-        R = record[1:].reshape(RESCALED, RESCALED)
+        # (R^T read from the record transposed: a dot on R.T XLA's CPU
+        # backend runs by a slow generic kernel, 18 us a step here)
+        RT = record[1 + TRANSPOSED].reshape(RESCALED, RESCALED)
         t, y = grid[kk + 1], states[kk + 1]
         aq = alpha[q]
         c = (t - grid[kk]) / aq
         # the cumulative sums D_i += D_{i+1} (i = q, ..., 0), transposed
         # (a product with the triangle of ones: XLA's cumsum on the CPU is a
         # reduce-window, several times slower here)
-        L = jnp.where(rows <= q + 1, jnp.einsum("ij,bjn->bin", lower, L), L)
-        top = L[:, q + 2]
-        lam = L[:, q + 1] + top
-        L = jnp.where(rows == q + 1, -top[:, None], jnp.where(rows == q + 2, 0.0, L))
+        L = jnp.where(rows <= q + 1, _rows(lower, L), L)
+        top = L[q + 2]
+        lam = L[q + 1] + top
+        L = jnp.where(rows == q + 1, -top[None], jnp.where(rows == q + 2, 0.0, L))
         _, pull = jax.vjp(lambda cs, z: field(cs, t, z), consts, y)
         ok, mu, J, lu, lu_c, renew, made = solve(t, y, c, lam, pull, J, lu, lu_c, renew, live)
         cbar, ybar = jax.vmap(pull)(c * mu)
-        psi = jnp.where((rows[:, 0] >= 1) & (rows[:, 0] <= q), gamma, 0.0) / aq
-        L = L + jnp.where(rows <= q, ybar[:, None], 0.0) \
-            - psi[None, :, None] * jax.vmap(apply_t)(mu)[:, None]
-        L = jnp.concatenate([jnp.einsum("ji,bjn->bin", R, L[:, :RESCALED]),
-                             L[:, RESCALED:]], axis=1)
+        psi = jnp.where((rows[:, 0, 0] >= 1) & (rows[:, 0, 0] <= q), gamma, 0.0) / aq
+        L = L + jnp.where(rows <= q, ybar[None], 0.0) \
+            - psi[:, None, None] * jax.vmap(apply_t)(mu)[None]
+        L = jnp.concatenate([_rows(RT, L[:RESCALED]), L[RESCALED:]])
         acc = jax.tree_util.tree_map(jnp.add, acc, cbar)
         finite = jnp.all(jnp.isfinite(mu)) & jnp.all(jnp.isfinite(ybar)) & jnp.all(
             jnp.stack([jnp.all(jnp.isfinite(b)) for b in jax.tree_util.tree_leaves(cbar)]
@@ -186,14 +197,14 @@ def adjoint(field: Callable, consts, grid, marks, states, history, ct, ct_states
     J0 = linear.jacobian(grid[last + 1], states[last + 1])
     lu0 = linear.factor(J0, jnp.ones((), dtype))
     acc0 = jax.tree_util.tree_map(lambda c: jnp.zeros((B,) + c.shape, c.dtype), consts)
-    s0 = (steps - 1, jnp.zeros((B, ROWS, n), dtype), acc0, J0, lu0,
+    s0 = (steps - 1, jnp.zeros((ROWS, B, n), dtype), acc0, J0, lu0,
           jnp.asarray(jnp.nan, dtype), jnp.asarray(False), jnp.asarray(0, jnp.int32),
           jnp.asarray(jnp.nan, dtype), jnp.asarray(0, jnp.int32))
     _, L, acc, _, lu, _, _, status, t_failed, nlu = jax.lax.while_loop(cond, body, s0)
     # the first differences [y0, P f(t0, y0), 0, ...] (h0 is in the first R)
     _, pull0 = jax.vjp(lambda cs, z: field(cs, grid[0], z), consts, states[0])
-    cbar0, ybar0 = jax.vmap(pull0)(jax.vmap(deriv_t)(L[:, 1]))
-    ybar0 = ybar0 + L[:, 0] + given(0)
+    cbar0, ybar0 = jax.vmap(pull0)(jax.vmap(deriv_t)(L[1]))
+    ybar0 = ybar0 + L[0] + given(0)
     acc = jax.tree_util.tree_map(jnp.add, acc, cbar0)
     status = status + released(linear, lu, after=[ybar0, *jax.tree_util.tree_leaves(acc)])
     failed = status != 0
