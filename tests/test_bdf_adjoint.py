@@ -256,3 +256,28 @@ def test_a_batch_of_gradients_whose_solves_take_different_steps():
     for k, g in zip(ks, got):
         np.testing.assert_allclose(g, np.asarray(sd.grad(lambda k: loss(k, Y0))(k)),
                                    rtol=1e-10)
+
+
+@pytest.mark.parametrize("solver,path", [("bdf", "band"), ("radau", "band"),
+                                         pytest.param("bdf", "klu", marks=pytest.mark.slow),
+                                         pytest.param("radau", "klu", marks=pytest.mark.slow)])
+def test_float32_gradients(monkeypatch, solver, path):
+    """The discrete adjoints in float32, whose rounding cannot reach the
+    iterations' float64 tolerances (1e-9: BDF's kept factor and Radau's
+    transposed stage systems failed every step before they were floored at
+    the dtype's rounding): the float64 gradient to float32's accuracy."""
+    if path == "klu":
+        if not _kept_klu.usable(np.float64):
+            pytest.skip("needs klujax and sciad's C++ extension")
+        monkeypatch.setattr(_band, "usable", lambda dtype: False)
+    k = np.array([1.0, 2.0])
+
+    def grad(dtype):
+        y0, ts = np.linspace(0.5, 1.5, 30).astype(dtype), TS.astype(dtype)
+        return np.asarray(sd.grad(lambda k: snp.sum(sd.ode.odeint(
+            _chain, y0, ts, k, solver=solver, jac="sparse", rtol=1e-4,
+            atol=1e-6) ** 2))(k.astype(dtype)))
+
+    got = grad(np.float32)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, grad(np.float64), rtol=1e-3)

@@ -90,6 +90,9 @@ FLOOR_ULPS = 4.0
 #: failure), and where it failed on values that are not finite (a
 #: derivative of the field: as `ode.odeint`'s NaN state)
 FAILED, NONFINITE = 5, 3
+#: the tightest relative tolerance asked of a dtype, in units of its
+#: rounding (`attainable`: float32's floor 7.6e-6, float64's 1.4e-14)
+EPS_FLOOR = 64
 
 
 def hermite_stages(y0, y1, f0, f1, h):
@@ -187,13 +190,21 @@ def _relative(d, x):
     return jnp.max(jnp.where(s == 0, 0.0, s / jnp.where(norm > 0, norm, 1.0)))
 
 
+def attainable(tol: float, dtype) -> float:
+    """`tol` (a relative tolerance), or where `dtype`'s rounding cannot reach
+    it (float32's, for 1e-9), `EPS_FLOOR` units of its rounding."""
+    return max(tol, EPS_FLOOR * float(np.finfo(dtype).eps))
+
+
 def richardson(apply, precondition, rhs, *, rtol: float, maxiter: int, slow: float):
     """`x` with `apply(x) = rhs` (each direction: `rhs` has a leading axis of
     directions) by the iteration preconditioned with `precondition`, from
     `precondition(rhs)`, converged where its last correction is `rtol` of
-    `x`, stopped after `maxiter` iterations or where it converges slower
-    than `slow`: `(converged, x, rate)`. Radau's stage systems (`G_Z`, its
-    transpose) and BDF's transposed iteration matrices (`_bdf_adjoint`)."""
+    `x` (at least `attainable(dtype)`), stopped after `maxiter` iterations
+    or where it converges slower than `slow`: `(converged, x, rate)`.
+    Radau's stage systems (`G_Z`, its transpose) and BDF's transposed
+    iteration matrices (`_bdf_adjoint`)."""
+    rtol = attainable(rtol, rhs.dtype)
     def cond(s):
         k, _, size, rate = s
         return (k < maxiter) & ~(size <= rtol) & ~(rate >= slow)
@@ -227,7 +238,7 @@ def _solved(apply, rhs, x):
     r, terms = apply(x)
     scale = jnp.maximum(jnp.max(jnp.abs(rhs), axis=(1, 2)), terms)
     return jnp.all(jnp.isfinite(x)) & jnp.all(
-        jnp.max(jnp.abs(rhs - r), axis=(1, 2)) <= KRYLOV_RESIDUAL * scale)
+        jnp.max(jnp.abs(rhs - r), axis=(1, 2)) <= attainable(KRYLOV_RESIDUAL, x.dtype) * scale)
 
 
 def _newton_krylov(st: _Stages, Z, scale, m: int):
@@ -391,7 +402,8 @@ class _Steps:
             # (the correction to P^-1 rhs, from 0: GMRES's `x0` and right-hand
             # side batched apart under `jax.vmap` break its `device_put`)
             x0 = precondition(rhs)
-            d, _ = gmres(lambda v: apply(v)[0], rhs - apply(x0)[0], tol=ADJOINT_RTOL,
+            d, _ = gmres(lambda v: apply(v)[0], rhs - apply(x0)[0],
+                         tol=attainable(ADJOINT_RTOL, rhs.dtype),
                          restart=KRYLOV_RESTART, maxiter=KRYLOV_RESTARTS, M=precondition)
             x = x0 + d
             return jnp.asarray(False), done & _solved(apply, rhs, x), Z, x, J, lus
