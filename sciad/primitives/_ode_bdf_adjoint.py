@@ -67,7 +67,7 @@ from ._linalg import solve
 from ._ode_adjoint import (_flat_cotangents, _unflatten_cotangents, _wanted,
                            down_the_steps, up_the_steps)
 from ._ode_field import field_at, mass_in_ops, summed
-from ._ode_radau_adjoint import _STEPS_PARAMS, _def_rules, _field_of, _steps_params
+from ._ode_radau_adjoint import _STEPS_PARAMS, _def_rules, _field_of, bind_adjoint
 
 #: the rows of the differences `D` (orders up to `MAX_ORDER`, and two more)
 ROWS = MAX_ORDER + 3
@@ -330,16 +330,10 @@ def bdf_vjp(primals, outs, ct, params, ct_states=None) -> list:
     BDF steps, one `ode.bdf_adjoint` node: `outs`, the node's outputs (an
     `OdeintOutputs` with `states` and `history`); `ct`, `ct_states`: as
     `Adjoint.vjp`'s."""
-    *consts, _, _ = primals
-    wanted = _wanted(consts, params)
-    p = _steps_params(params, wanted=tuple(bool(w) for w in wanted))
-    if ct_states is not None:
-        p["states_ct"] = True
-    operands = [*consts, outs.grid, outs.marks, outs.states, outs.history, ct] + \
-        ([] if ct_states is None else [ct_states])
-    got = iter(bdf_adjoint_p.bind(*operands, **p))
-    bars = [next(got) if w else None for w in wanted]
-    return bars + [next(got)]
+    consts = primals[:-2]
+    return bind_adjoint(bdf_adjoint_p, consts,
+                        [outs.grid, outs.marks, outs.states, outs.history], ct, ct_states,
+                        params, _wanted(consts, params))
 
 
 def reference(*args, **params):

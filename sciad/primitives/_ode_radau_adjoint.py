@@ -144,13 +144,20 @@ def radau_vjp(primals, outs, ct, params, wanted, ct_states=None) -> list:
     not `wanted`) by one `ode.radau_adjoint` node: `outs`, the node's
     outputs (an `OdeintOutputs` with `states`); `ct`, `ct_states`: as
     `Adjoint.vjp`'s."""
-    *consts, _, _ = primals
+    return bind_adjoint(radau_adjoint_p, primals[:-2], [outs.grid, outs.marks, outs.states],
+                        ct, ct_states, params, wanted)
+
+
+def bind_adjoint(prim, consts, recorded, ct, ct_states, params, wanted) -> list:
+    """The cotangents of an `ode.odeint` node's `(*consts, y0)` (None for
+    the consts not `wanted`) by one reverse-pass node `prim` (Radau's,
+    BDF's) over the node's `recorded` steps (its grid, marks, states and
+    what else `prim` reads of them), with the `ode.odeint` node's `params`."""
     p = _steps_params(params, wanted=tuple(bool(w) for w in wanted))
     if ct_states is not None:
         p["states_ct"] = True
-    operands = [*consts, outs.grid, outs.marks, outs.states, ct] + \
-        ([] if ct_states is None else [ct_states])
-    got = iter(radau_adjoint_p.bind(*operands, **p))
+    got = iter(prim.bind(*consts, *recorded, ct,
+                         *([] if ct_states is None else [ct_states]), **p))
     bars = [next(got) if w else None for w in wanted]
     return bars + [next(got)]
 

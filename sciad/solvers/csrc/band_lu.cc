@@ -56,8 +56,10 @@ int32_t Factor(int64_t n, int64_t kl, int64_t ku, T* a, int32_t* piv) {
       if (m > best) best = m, p = i;
     }
     piv[k] = static_cast<int32_t>(p);
-    if (best == 0.0) {  // (a zero pivot: the column is left as it is)
+    if (best == 0.0) {  // (a zero pivot: the column is left as it is, its
+      // reciprocal infinite, as a division by it)
       if (info == 0) info = static_cast<int32_t>(k + 1);
+      at(k, k) = T(1) / at(k, k);
       continue;
     }
     const int64_t right = std::min(n - 1, k + kl + ku);
@@ -72,54 +74,7 @@ int32_t Factor(int64_t n, int64_t kl, int64_t ku, T* a, int32_t* piv) {
       for (int64_t j = k + 1; j <= right; ++j) at(i, j) -= l * at(k, j);
     }
   }
-  // (a zero pivot's column: its reciprocal infinite, as a division by it)
-  for (int64_t k = 0; k < n; ++k)
-    if (magnitude(at(k, k)) == 0.0) at(k, k) = T(1) / at(k, k);
   return info;
-}
-
-// One right-hand side (the integrators' Newton iterations): the loops of
-// `Solve` with the right-hand sides' loop gone.
-template <typename T>
-void SolveOne(int64_t n, int64_t kl, int64_t ku, const T* a, const int32_t* piv, int trans,
-              T* x) {
-  const int64_t w = 2 * kl + ku + 1;
-  if (trans == 0) {
-    for (int64_t k = 0; k < n; ++k) {
-      const int64_t p = piv[k];
-      T xk = x[p];
-      if (p != k) x[p] = x[k], x[k] = xk;
-      const int64_t last = std::min(n - 1, k + kl);
-      for (int64_t i = k + 1; i <= last; ++i) x[i] -= a[i * w + (k - i + kl)] * xk;
-    }
-    for (int64_t k = n - 1; k >= 0; --k) {
-      const T* r = a + k * w + kl;  // r[j - k] = U[k, j]
-      const int64_t right = std::min(n - 1, k + kl + ku);
-      T v = x[k];
-      for (int64_t j = k + 1; j <= right; ++j) v -= r[j - k] * x[j];
-      x[k] = v * r[0];
-    }
-    return;
-  }
-  const bool conj = trans == 2;
-  for (int64_t k = 0; k < n; ++k) {
-    const T* r = a + k * w + kl;
-    const T v = x[k] * (conj ? conjugate(r[0]) : r[0]);
-    x[k] = v;
-    const int64_t right = std::min(n - 1, k + kl + ku);
-    for (int64_t j = k + 1; j <= right; ++j) x[j] -= (conj ? conjugate(r[j - k]) : r[j - k]) * v;
-  }
-  for (int64_t k = n - 1; k >= 0; --k) {
-    const int64_t last = std::min(n - 1, k + kl);
-    T v = x[k];
-    for (int64_t i = k + 1; i <= last; ++i) {
-      const T l = a[i * w + (k - i + kl)];
-      v -= (conj ? conjugate(l) : l) * x[i];
-    }
-    x[k] = v;
-    const int64_t p = piv[k];
-    if (p != k) std::swap(x[k], x[p]);
-  }
 }
 
 // trans: 0 `A x = b`, 1 `A^T x = b`, 2 `A^H x = b`; `x` holds `b` on entry,
@@ -215,14 +170,9 @@ ffi::Error SolveImpl(ffi::Buffer<D> lu, ffi::Buffer<ffi::S32> piv, ffi::Buffer<D
   const T* src = b.typed_data();
   T* dst = x->typed_data();
   std::copy(src, src + b.element_count(), dst);
-  for (int64_t l = 0; l < batch; ++l) {
-    if (nrhs == 1)
-      SolveOne<T>(n, kl, ku, lu.typed_data() + l * n * w, piv.typed_data() + l * n,
-                  static_cast<int>(trans), dst + l * n);
-    else
-      Solve<T>(n, kl, ku, lu.typed_data() + l * n * w, piv.typed_data() + l * n, nrhs,
-               static_cast<int>(trans), dst + l * n * nrhs);
-  }
+  for (int64_t l = 0; l < batch; ++l)
+    Solve<T>(n, kl, ku, lu.typed_data() + l * n * w, piv.typed_data() + l * n, nrhs,
+             static_cast<int>(trans), dst + l * n * nrhs);
   return ffi::Error::Success();
 }
 

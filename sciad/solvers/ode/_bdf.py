@@ -137,6 +137,24 @@ def _row_scale(algebraic, c):
     return jnp.where(algebraic, 1.0 / c, 1.0)
 
 
+def _scaled(jacobian, factor, solve, **options) -> _Linear:
+    """The `_Linear` of factorizations `(*lu, s)` of `S (M - c J)` (`s`: the
+    rows' scaling, `_row_scale`, or None) whose `solve(lu, b, transpose)`
+    solves with `lu` (`S (M - c J)` or its transpose): `S b` is solved for
+    `M - c J`, and the transposed solve's result scaled by `S` (`(S (M - c
+    J))^T z = b`, then `(M - c J)^T (S z) = b`)."""
+    def forward(lu, b):
+        s = lu[-1]
+        return solve(lu[:-1], b if s is None else s * b, False)
+
+    def transposed(lu, b):
+        s = lu[-1]
+        x = solve(lu[:-1], b, True)
+        return x if s is None else s * x
+
+    return _Linear(jacobian, factor, forward, solve_t=transposed, **options)
+
+
 def _dense_linear(field, n, mass, dtype, algebraic=None):
     Mm = jnp.eye(n, dtype=dtype) if mass is None else jnp.asarray(mass, dtype)
 
@@ -148,16 +166,9 @@ def _dense_linear(field, n, mass, dtype, algebraic=None):
         A = Mm - c * J
         return jax.scipy.linalg.lu_factor(A if s is None else s[:, None] * A), s
 
-    def solve(lu, b):
-        lu, s = lu
-        return jax.scipy.linalg.lu_solve(lu, b if s is None else s * b)
-
-    def solve_t(lu, b):  # (S (M - c J))^T z = b, then x = S z
-        lu, s = lu
-        x = jax.scipy.linalg.lu_solve(lu, b, trans=1)
-        return x if s is None else s * x
-
-    return _Linear(jacobian, factor, solve, solve_t=solve_t, direct=n <= DIRECT_SIZE)
+    return _scaled(jacobian, factor,
+                   lambda lu, b, t: jax.scipy.linalg.lu_solve(lu[0], b, trans=int(t)),
+                   direct=n <= DIRECT_SIZE)
 
 
 def _sparse_linear(field, pattern, mass_values, algebraic=None, dtype=None):
@@ -191,16 +202,8 @@ def _sparse_linear(field, pattern, mass_values, algebraic=None, dtype=None):
             values, s = values_of(J, c)
             return band.factor(values), s
 
-        def solve(lu, b):
-            f, s = lu
-            return band.solve(f, b if s is None else s * b)
-
-        def solve_t(lu, b):
-            f, s = lu
-            x = band.solve(f, b, 1)
-            return x if s is None else s * x
-
-        return _Linear(jacobian, factor, solve, solve_t=solve_t, direct=True)
+        return _scaled(jacobian, factor, lambda lu, b, t: band.solve(lu[0], b, int(t)),
+                       direct=True)
 
     if dtype is not None and _kept_klu.usable(dtype):
         def factor(J, c):  # (the start: no factor yet, `refactor` makes it)
@@ -213,34 +216,22 @@ def _sparse_linear(field, pattern, mass_values, algebraic=None, dtype=None):
             keep = lambda new, old: None if new is None else jnp.where(need, new, old)  # noqa: E731
             return keep(values, lu[0]), handle, keep(s, lu[2])
 
-        def solve(lu, b):
-            values, handle, s = lu
-            b = b if s is None else s * b
-            return _kept_klu.solve(pattern, handle, values, b.astype(values.dtype))
+        def solve(lu, b, transpose):
+            values, handle = lu
+            return _kept_klu.solve(pattern, handle, values, b.astype(values.dtype), transpose)
 
-        def solve_t(lu, b):
-            values, handle, s = lu
-            x = _kept_klu.solve(pattern, handle, values, b.astype(values.dtype), True)
-            return x if s is None else s * x
-
-        return _Linear(jacobian, factor, solve, refactor,
-                       lambda lu, after: _kept_klu.release(lu[1], after), solve_t)
+        return _scaled(jacobian, factor, solve, refactor=refactor,
+                       release=lambda lu, after: _kept_klu.release(lu[1], after))
 
     def factor(J, c):
         values, s = values_of(J, c)
         return values, _ode._factor(pattern, values), s
 
-    def solve(lu, b):
-        values, handle, s = lu
-        b = b if s is None else s * b
-        return _ode._solve(pattern, handle, values, b.astype(values.dtype), False, False)
+    def solve(lu, b, transpose):
+        values, handle = lu
+        return _ode._solve(pattern, handle, values, b.astype(values.dtype), transpose, False)
 
-    def solve_t(lu, b):
-        values, handle, s = lu
-        x = _ode._solve(pattern, handle, values, b.astype(values.dtype), True, False)
-        return x if s is None else s * x
-
-    return _Linear(jacobian, factor, solve, solve_t=solve_t)
+    return _scaled(jacobian, factor, solve)
 
 
 def initial_step(field, t0, y0, f0, span, rtol, atol, m, order=1, deriv=None):

@@ -118,9 +118,8 @@ def adjoint(field: Callable, consts, grid, marks, states, history, ct, ct_states
         step's own matrix factored; else a first try with the kept `J` (made
         again where `renew`) and factorization (made again where `c` moved),
         a second, where that failed, with the Jacobian at `(t, y)` factored
-        afresh. `(ok, mu, J,
-        lu, lu_c, renew, made)`: `renew`, the next step should evaluate the
-        Jacobian again; `made`, the factorizations made."""
+        afresh. `(ok, mu, J, lu, lu_c, renew, made)`: `renew`, the next step
+        should evaluate the Jacobian again; `made`, the factorizations made."""
         if linear.direct:  # (the step's own matrix, factored)
             J = linear.jacobian(t, y)
             lu = linear.factor(J, c)
