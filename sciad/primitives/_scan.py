@@ -61,6 +61,7 @@ from ..graph._trace import Tracer, _leaf_type, is_value_leaf, trace_flat
 from ._checks import tie
 from ._indexing import dynamic_update_slice_p
 from . import _disk
+from ._host_level import replay_in_host_memory
 from ._schedules import (SCHEDULES, MemoryBudget, TwoLevel, advanced, as_schedule,
                          checkpoint_runs, inner_needs)
 from ._loop_adjoint import (assemble_cts, body_wrt, check_storable, check_zero_starts, ct_inits,
@@ -511,7 +512,8 @@ def _scan_adjoint_impl(*args, body, step, length, reverse=False,
     split = split_step(step, nc, nk, nx, nacc)
     held = site.held if site is not None else ()
     two_level = isinstance(schedule, TwoLevel)
-    if two_level:
+    on_disk = two_level and not schedule.host
+    if on_disk:
         number, held = _disk.held_store(schedule.directory, site)
     fb, fr, fs = lower(body, held), lower(split.residuals, held), lower(split.backward, held)
     once = lower(split.once, held)(*consts) if split.once is not None else ()
@@ -543,6 +545,10 @@ def _scan_adjoint_impl(*args, body, step, length, reverse=False,
     if not two_level:
         acc, ct_xs = backward_of(checkpoint_runs(schedule, length), index, init, ctc0, ct_xs,
                                  stored=cells)
+        return (*acc, *ct_xs)
+    if not on_disk:
+        acc, ct_xs = replay_in_host_memory(schedule, length, index, advance, backward_of, init,
+                                           ctc0, ct_xs)
         return (*acc, *ct_xs)
     acc, ct_xs, token = _disk.replay_on_disk(
         schedule, length, index, advance, backward_of, init, number, carry_types, ctc0, ct_xs,
@@ -702,7 +708,8 @@ def scan(f: Callable, init, xs=None, length: int | None = None, reverse: bool = 
         than `2 length` steps recomputed), or `sd.MemoryBudget(ram=...)`
         (the binomial schedule whose stored carries fit in `ram` bytes;
         with `disk=dir`, carries that do not fit may go to disk where that
-        recomputes fewer steps, a `TwoLevel` schedule).
+        recomputes fewer steps, a `TwoLevel` schedule; with `host=` on a
+        GPU, to its pinned host memory).
 
     **Returns:**
 
@@ -1029,10 +1036,11 @@ def _scan_adjoint_cost(node, body):
         recomputed = sched.recomputed(n)
         m, last = sched.segments(max(n, 1))  # (m - 1 carries on disk)
         cells = checkpoint_runs(sched.inner(), sched.segment if m > 1 else last).cells + 3
+        where = "in host memory" if sched.host else "on disk"
         return Cost(recomputed * fb.flops + n * st.flops,
                     cells * carry + max(fb.peak, st.peak),
                     f"{n} steps, {sched}: {recomputed} forward steps recomputed, "
-                    f"{m - 1} carries ({_cache.si((m - 1) * carry)}) on disk")
+                    f"{m - 1} carries ({_cache.si((m - 1) * carry)}) {where}")
     recomputed = advanced(sched, n)
     runs = checkpoint_runs(sched, n)
     cells = runs.cells + 1

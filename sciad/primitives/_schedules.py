@@ -135,30 +135,42 @@ def ram_recomputed(schedule: "Binomial", length: int) -> int:
 
 @dataclass(frozen=True)
 class TwoLevel:
-    """Two-level checkpointing over RAM and disk, what a `MemoryBudget`
-    with `disk=` becomes where the steps it spares take longer than the
-    carries' trips to disk (`disk_pays`): reverse mode runs the loop
-    forward once, writing the carry at the start of each `segment` steps to
-    an unnamed file in `directory` (asynchronously, while the loop runs on);
-    then, segment by segment from the last, reads its first carry back,
-    reading the next one meanwhile, and runs the segment's backward pass on
+    """Two-level checkpointing: reverse mode runs the loop forward once,
+    keeping the carry at the start of each `segment` steps in a second
+    level of memory; then, segment by segment from the last, takes its
+    first carry back and runs the segment's backward pass on
     `Binomial(snapshots)` in RAM. With `segment = snapshots + 1` each step
     of a segment is recomputed once there. The gradient is the same, bit
-    for bit, as with the carries in RAM.
-    `budget`: the RAM budget's bytes, if it was chosen for one. Each run
-    writes to a file of its own without a name (see `MemoryBudget`).
+    for bit, as with the carries in RAM. The second level is one of:
+
+    - `directory`: an unnamed file in that directory (what a
+      `MemoryBudget` with `disk=` becomes where the steps it spares take
+      longer than the carries' trips to disk, `disk_pays`), written
+      asynchronously while the loop runs on and read back one segment
+      ahead; each run writes to a file of its own (see `MemoryBudget`);
+    - `host=True`: the accelerator's pinned host memory (what a
+      `MemoryBudget` with `host=` becomes on a GPU): the carries are one
+      array of the program in JAX's `pinned_host` memory space, which XLA
+      copies to and from the device. On the CPU, whose memory is the
+      host's, they stay where the program's other values are.
+
+    `budget`: the RAM budget's bytes, if it was chosen for one.
 
     ```python
     # 2,000 steps: a carry on disk every 9 steps, 8 snapshots in RAM
     u, _ = sd.scan(step, u0, length=2000,
                    checkpoints=sd.TwoLevel(segment=9, snapshots=8, directory="/scratch"))
+    # the same with the carries in the GPU's pinned host memory
+    u, _ = sd.scan(step, u0, length=2000,
+                   checkpoints=sd.TwoLevel(segment=9, snapshots=8, host=True))
     ```
     """
 
     segment: int
     snapshots: int
-    directory: str
+    directory: str | None = None
     budget: int | None = None
+    host: bool = False
 
     def __post_init__(self):
         for name in ("segment", "snapshots"):
@@ -166,15 +178,27 @@ class TwoLevel:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise InvalidOptionError(f"a two-level schedule needs {name} >= 1 (an int), "
                                          f"got {plain(v)}.", op="scan")
-        if self.directory is None:
-            raise InvalidOptionError("a two-level schedule needs `directory`, where its "
-                                     "carries go.", op="scan")
-        object.__setattr__(self, "directory", _directory(self.directory))
+        if not isinstance(self.host, bool):
+            raise InvalidOptionError(f"a two-level schedule's `host` is True or False, got "
+                                     f"{plain(self.host)}.", op="scan")
+        if (self.directory is None) == (not self.host):
+            raise InvalidOptionError(
+                "a two-level schedule needs one second level: `directory` (a directory "
+                "where its carries go on disk) or `host=True` (pinned host memory), got "
+                + ("both." if self.host else "neither."), op="scan")
+        if self.directory is not None:
+            object.__setattr__(self, "directory", _directory(self.directory))
 
     def __str__(self) -> str:
         ram = "" if self.budget is None else f" for a {_cache.si(self.budget)} budget"
-        return (f"two levels{ram}: a carry on disk every {self.segment} steps, "
+        where = "in host memory" if self.host else "on disk"
+        return (f"two levels{ram}: a carry {where} every {self.segment} steps, "
                 f"binomial({self.snapshots}) in RAM within each")
+
+    @property
+    def level(self) -> str:
+        """Where the second level's carries are: "host memory" or "disk"."""
+        return "host memory" if self.host else "disk"
 
     def inner(self) -> Binomial:
         """The RAM schedule of one segment."""
@@ -183,13 +207,13 @@ class TwoLevel:
     def segments(self, length: int) -> tuple[int, int]:
         """`(m, last)`: the segments of a loop of `length >= 1` steps and the
         last one's steps (the others have `segment`); `m - 1` carries go to
-        disk."""
+        the second level."""
         m = max(-(-length // self.segment), 1)
         return m, length - (m - 1) * self.segment
 
     def recomputed(self, length: int) -> int:
-        """The forward steps reverse mode recomputes: the sweep writing the
-        disk carries, and each segment's RAM schedule."""
+        """The forward steps reverse mode recomputes: the sweep keeping the
+        second level's carries, and each segment's RAM schedule."""
         if length == 0:
             return 0
         m, last = self.segments(length)
@@ -217,6 +241,37 @@ def disk_pays(saved_steps: int, disk_carries: int, carry_bytes: int,
             + float(step_flops) / FLOPS_PER_S)
     carry = 2 * HOST_CALL_SECONDS + 2 * carry_bytes / COPY_BYTES_PER_S
     return saved_steps * step > disk_carries * carry
+
+
+#: The time model of the host level (a GPU's pinned host memory), which
+#: decides whether carries go there where that recomputes fewer steps: a
+#: step on the device takes `DEVICE_STEP_SECONDS` (a loop iteration's
+#: kernels and its predicate's trip to the host, which XLA's GPU loops make),
+#: plus its carry's bytes moved three times at `DEVICE_BYTES_PER_S`, plus
+#: its FLOPs at `DEVICE_FLOPS_PER_S`; a carry in host memory takes two
+#: copies over the link (out and back), each `HOST_COPY_SECONDS` plus its
+#: bytes at `HOST_LINK_BYTES_PER_S`.
+DEVICE_STEP_SECONDS, DEVICE_BYTES_PER_S, DEVICE_FLOPS_PER_S = 20e-6, 3e12, 2e13
+HOST_COPY_SECONDS, HOST_LINK_BYTES_PER_S = 10e-6, 4e10
+
+
+def host_pays(saved_steps: int, host_carries: int, carry_bytes: int,
+              step_flops: float) -> bool:
+    """Whether sparing `saved_steps` recomputed steps on the device is worth
+    copying `host_carries` carries of `carry_bytes` to host memory and back
+    (the time model above)."""
+    step = (DEVICE_STEP_SECONDS + 3 * carry_bytes / DEVICE_BYTES_PER_S
+            + float(step_flops) / DEVICE_FLOPS_PER_S)
+    carry = 2 * (HOST_COPY_SECONDS + carry_bytes / HOST_LINK_BYTES_PER_S)
+    return saved_steps * step > host_carries * carry
+
+
+def accelerator() -> bool:
+    """Whether programs run on an accelerator (JAX's default backend is not
+    the CPU): only there is a `MemoryBudget`'s `host=` a level of its own."""
+    import jax
+
+    return jax.default_backend() != "cpu"
 
 
 #: the fewest carries reverse mode through a checkpointed loop holds: one
@@ -261,6 +316,17 @@ class MemoryBudget:
     bit for bit. So does `odeint`'s checkpointed adjoint (a Runge-Kutta
     method's replay, whose intervals are while loops).
 
+    With `host=` (bytes), where the program runs on an accelerator (a GPU),
+    a `scan` or `fori_loop` whose carries do not all fit in `ram` may keep
+    the carries at its segments' starts in the accelerator's pinned host
+    memory instead (a `TwoLevel` schedule with `host=True`: at most `host`
+    bytes of them, segments as short as that allows), where that
+    recomputes fewer steps and the steps it spares take longer than the
+    carries' copies to the host and back (`host_pays`). It comes before
+    `disk=`, which is faster to reach only on a machine without an
+    accelerator. On the CPU the host's memory is the program's own, and
+    `host=` is not used (nothing there is a level apart from `ram`).
+
     `sd.cost` shows the schedule chosen, the forward steps it recomputes and
     the predicted peak (the stored carries and one step's own values,
     which the budget does not include).
@@ -286,36 +352,31 @@ class MemoryBudget:
     - `disk`: None (RAM only), a directory (a `str` or path) where carries
       may go, or `True` for the system's temporary directory
       (`tempfile.gettempdir()`). It must exist and be writable.
+    - `host`: None, or the bytes of an accelerator's pinned host memory
+      the carries may take (an int or a string, as `ram`).
     """
 
-    __slots__ = ("ram", "disk")
+    __slots__ = ("ram", "disk", "host")
 
-    def __init__(self, ram, disk=None):
-        try:
-            value = _cache.parse_bytes(ram)
-        except (ValueError, TypeError) as e:
-            raise InvalidOptionError(f"`ram` must be a number of bytes (an int, or a string "
-                                     f"such as \"64MiB\"), got {plain(ram)}: {e}.",
-                                     op="MemoryBudget") from None
-        if value < 1:
-            raise InvalidOptionError(f"`ram` must be at least 1 byte, got {plain(ram)}.",
-                                     op="MemoryBudget")
-        object.__setattr__(self, "ram", value)
+    def __init__(self, ram, disk=None, host=None):
+        object.__setattr__(self, "ram", _bytes(ram, "ram"))
         object.__setattr__(self, "disk", _directory(disk))
+        object.__setattr__(self, "host", None if host is None else _bytes(host, "host"))
 
     def __setattr__(self, name, value):
         raise AttributeError("a MemoryBudget is immutable")
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, MemoryBudget) and (other.ram, other.disk) == (self.ram,
-                                                                                self.disk)
+        return isinstance(other, MemoryBudget) and (
+            (other.ram, other.disk, other.host) == (self.ram, self.disk, self.host))
 
     def __hash__(self) -> int:
-        return hash((MemoryBudget, self.ram, self.disk))
+        return hash((MemoryBudget, self.ram, self.disk, self.host))
 
     def __repr__(self) -> str:
         disk = "" if self.disk is None else f", disk={self.disk!r}"
-        return f"MemoryBudget(ram={_cache.si(self.ram)!r}{disk})"
+        host = "" if self.host is None else f", host={_cache.si(self.host)!r}"
+        return f"MemoryBudget(ram={_cache.si(self.ram)!r}{disk}{host})"
 
     def carries(self, carry_bytes: int, op: str, least: int = MIN_CARRIES,
                 inner: int = 0) -> int:
@@ -342,19 +403,45 @@ class MemoryBudget:
         `carry_bytes`, with the most snapshots whose cells fit beside
         `inner` bytes (`carries`): `s` stored carries take `s + 2` (the
         carry worked on, and one to recompute into). With `disk` (a loop
-        that can use the disk level) and a budget that names a directory:
-        the `TwoLevel` schedule instead, where the steps it spares take
-        longer than its carries' trips to disk (`disk_pays`, with the
-        step's `step_flops`)."""
+        that can use a second level) and a budget that names one: the
+        `TwoLevel` schedule instead, in host memory on an accelerator
+        (`host=`) or on disk (`disk=`), where the steps it spares take
+        longer than its carries' trips there (`host_pays`, `disk_pays`,
+        with the step's `step_flops`)."""
         n = self.carries(carry_bytes, op, inner=inner)
         ram = Binomial(max(1, min(n - 2, length)), budget=self.ram)
-        if not disk or self.disk is None or n - 2 >= length or n < TWO_LEVEL_EXTRA + 1:
+        if not disk or n - 2 >= length or n < TWO_LEVEL_EXTRA + 1:
             return ram
         s = n - TWO_LEVEL_EXTRA
+        if self.host is not None and accelerator():
+            fit = self.host // max(int(carry_bytes), 1)  # carries in host memory
+            if fit >= 1:
+                two = TwoLevel(max(s + 1, -(-length // (fit + 1))), s, host=True,
+                               budget=self.ram)
+                saved = ram_recomputed(ram, length) - two.recomputed(length)
+                if saved > 0 and host_pays(saved, two.segments(length)[0] - 1, carry_bytes,
+                                           step_flops):
+                    return two
+        if self.disk is None:
+            return ram
         two = TwoLevel(s + 1, s, self.disk, budget=self.ram)
         saved = ram_recomputed(ram, length) - two.recomputed(length)
         pays = disk_pays(saved, two.segments(length)[0] - 1, carry_bytes, step_flops)
         return two if pays else ram
+
+
+def _bytes(value, name: str) -> int:
+    """A budget's `name` (`ram`, `host`) as bytes, at least 1."""
+    try:
+        n = _cache.parse_bytes(value)
+    except (ValueError, TypeError) as e:
+        raise InvalidOptionError(f"`{name}` must be a number of bytes (an int, or a string "
+                                 f"such as \"64MiB\"), got {plain(value)}: {e}.",
+                                 op="MemoryBudget") from None
+    if n < 1:
+        raise InvalidOptionError(f"`{name}` must be at least 1 byte, got {plain(value)}.",
+                                 op="MemoryBudget")
+    return n
 
 
 def _directory(disk):
@@ -449,9 +536,12 @@ register_param_type(Segments, "segments",
                     else Segments(int(s[0]), str(s[1])))
 register_param_type(EveryK, "every_k", lambda b: b.k, lambda k: EveryK(int(k)))
 register_param_type(TwoLevel, "two_level",
-                    lambda b: [b.segment, b.snapshots, b.directory, b.budget],
-                    lambda s: TwoLevel(int(s[0]), int(s[1]), str(s[2]),
-                                       None if s[3] is None else int(s[3])))
+                    lambda b: [b.segment, b.snapshots, b.directory, b.budget]
+                    + ([True] if b.host else []),
+                    lambda s: TwoLevel(int(s[0]), int(s[1]),
+                                       None if s[2] is None else str(s[2]),
+                                       None if s[3] is None else int(s[3]),
+                                       host=len(s) > 4 and bool(s[4])))
 
 #: the checkpoint schedules (a loop's `checkpoints` param, besides None)
 SCHEDULES = (Binomial, EveryK, TwoLevel)
