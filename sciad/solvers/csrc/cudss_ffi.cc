@@ -549,6 +549,27 @@ bool whole_batch(const std::vector<uint64_t>& hs) {
   return true;
 }
 
+// Solves with the factors `hs`, one per example (Solve's and FactorSolve's
+// common part): in one call where they are a whole uniform batch, in their
+// slot's own pattern object and pool (cuDSS refusing the batch solve: one
+// fallback counted, then example by example); else example by example
+// (`solve_each`, counting a member read apart from its batch as a fallback
+// where `count_fallbacks`).
+ffi::Error solve_members(Call& c, cudaStream_t stream, cudaDataType_t t, size_t w,
+                         const std::vector<uint64_t>& hs, char* axp, char* bp, char* xp,
+                         int64_t per, int64_t k, bool transpose, bool count_fallbacks) {
+  bool whole = whole_batch(hs);
+  if (whole) {
+    Slot* s = member_of(hs[0])->slot;
+    bool refused = false;
+    auto e = solve_one(c.h, s->pattern, s, axp, bp, xp, k, transpose, &refused);
+    if (!e.failure() || !refused) return e;
+    g_fallbacks.fetch_add(1);  // (cuDSS refused the batch solve: one by one below)
+  }
+  return solve_each(c, stream, t, w, hs, axp, bp, xp, per, k, transpose,
+                    count_fallbacks && !whole);
+}
+
 // h: (L,) handles, ax: (L, nnz), b: (L, k, n) -> x: (L, k, n)
 ffi::Error Solve(cudaStream_t stream, uint64_t pattern, bool transpose, ffi::AnyBuffer h,
                  ffi::AnyBuffer ax, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> x) {
@@ -573,22 +594,9 @@ ffi::Error Solve(cudaStream_t stream, uint64_t pattern, bool transpose, ffi::Any
       return ffi::Error::InvalidArgument("sciad cudss: a solve read a handle that is not a "
                                          "live factor of this pattern and type");
   }
-  char* axp = static_cast<char*>(ax.untyped_data());
-  char* bp = static_cast<char*>(b.untyped_data());
-  char* xp = static_cast<char*>(x->untyped_data());
-  bool whole = whole_batch(hs);
-  if (whole) {
-    Slot* s = member_of(hs[0])->slot;
-    bool refused = false;
-    auto e = solve_one(c.h, s->pattern, s, axp, bp, xp, k, transpose, &refused);
-    if (!e.failure()) {
-      CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-      return e;
-    }
-    if (!refused) return e;
-    g_fallbacks.fetch_add(1);  // (cuDSS refused the batch solve: one by one below)
-  }
-  if (auto e = solve_each(c, stream, t, w, hs, axp, bp, xp, per, k, transpose, !whole);
+  if (auto e = solve_members(c, stream, t, w, hs, static_cast<char*>(ax.untyped_data()),
+                             static_cast<char*>(b.untyped_data()),
+                             static_cast<char*>(x->untyped_data()), per, k, transpose, true);
       e.failure())
     return e;
   CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
@@ -613,18 +621,9 @@ ffi::Error FactorSolve(cudaStream_t stream, uint64_t pattern, bool transpose, ff
   char* xp = static_cast<char*>(x->untyped_data());
   std::vector<uint64_t> hs;
   if (auto e = factor_all(c, t, w, axp, L, &hs); e.failure()) return e;
-  ffi::Error result = ffi::Error::Success();
-  bool done = false;
-  if (whole_batch(hs)) {  // (one uniform batch, every factorization good)
-    bool refused = false;
-    result = solve_one(c.h, c.p, member_of(hs[0])->slot, axp, bp, xp, k, transpose, &refused);
-    done = !result.failure() || !refused;
-    if (!done) {
-      g_fallbacks.fetch_add(1);
-      result = ffi::Error::Success();
-    }
-  }
-  if (!done) result = solve_each(c, stream, t, w, hs, axp, bp, xp, per, k, transpose, false);
+  // (the factors were made here: a member solved apart from its batch, one
+  // whose neighbour failed to factor, is not a fallback)
+  ffi::Error result = solve_members(c, stream, t, w, hs, axp, bp, xp, per, k, transpose, false);
   for (uint64_t hv : hs) release_handle(hv);
   if (result.failure()) return result;
   CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
