@@ -14,7 +14,7 @@ import pytest
 
 import sciad as sd
 import sciad.numpy as snp
-from sciad.errors import ConvergenceError
+from sciad.errors import ConvergenceError, NonFiniteError
 from sciad.solvers import _batch_split
 from sciad.solvers.ode import _radau_adjoint
 from helpers import nodes_named
@@ -157,3 +157,28 @@ def test_jacrev_and_jacfwd_agree(jac):
     jf = np.asarray(sd.jacfwd(ys)(k))
     jr = np.asarray(sd.jacrev(ys)(k))
     np.testing.assert_allclose(jr, jf, rtol=0, atol=1e-9 * np.abs(jf).max())
+
+
+@pytest.mark.parametrize("solver, jac", [
+    ("radau", "dense"), ("bdf", "dense"),
+    pytest.param("radau", "sparse", marks=pytest.mark.slow),  # (~3 s: the split path)
+    pytest.param("bdf", "sparse", marks=pytest.mark.slow)])
+def test_a_non_finite_derivative_in_the_consts_alone_raises(solver, jac):
+    """A step whose Newton solve converges (the field's Jacobian in the
+    state is finite) but whose derivative with respect to the consts is not
+    (0 times that of sqrt at 0): the gradient raises `NonFiniteError`
+    naming the step, for Radau as for BDF, instead of NaN; forward mode
+    through the same steps too."""
+    def field(t, y, k):
+        return -k[0] * y + 0.01 * snp.roll(y, 1) + 0.0 * snp.sqrt(k[1] - 1.0)
+
+    def loss(k):
+        ys = sd.ode.odeint(field, np.linspace(0.5, 1.5, 6), np.array([0.0, 0.5, 1.0]), k,
+                           solver=solver, jac=jac)
+        return snp.sum(ys ** 2)
+
+    k = np.array([2.0, 1.0])
+    assert np.isfinite(float(sd.function(loss)(k)))
+    with pytest.raises(NonFiniteError, match="not finite"):
+        sd.function(sd.grad(loss))(k)
+    assert np.all(np.isfinite(sd.function(sd.grad(loss))(np.array([2.0, 1.5]))))

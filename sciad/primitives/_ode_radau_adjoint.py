@@ -30,7 +30,7 @@ see `radau_tangent_p`.
 
 from __future__ import annotations
 
-from ..errors import ConvergenceError
+from ..errors import ConvergenceError, NonFiniteError
 from ..graph import Param, Primitive, Site, TensorType, Zero, is_zero, lower
 from ..graph._autodiff import instantiate, jvp_eval, type_of, vjp_eval, vjp_transpose
 from ..graph._body import Body, trace_body
@@ -99,15 +99,16 @@ def _shape(*args, body, rtol, atol, max_steps, jac="dense", pattern=None, mass=N
 
 
 def judge_radau_adjoint(site, *, status, t):
-    """Raises the `ConvergenceError` of a reverse pass that stopped at the
-    step from `t` whose stages or transposed stage system it could not
-    solve."""
+    """Raises the error of a reverse pass that stopped at the step from
+    `t`: `NonFiniteError` where the field's derivative there was not finite
+    (as BDF's pass), `ConvergenceError` where its stages or transposed
+    stage system could not be solved."""
     status = int(status)
     if status == 0:
         return
     where = f"the step from t = {float(t):.6g}"
     if status == _radau_adjoint.NONFINITE:
-        site.fail(ConvergenceError,
+        site.fail(NonFiniteError,
                   f"the discrete adjoint of Radau's steps met values that are not finite at "
                   f"{where}: the vector field's derivative (its Jacobian, or its VJP) is NaN "
                   f"or infinite at one of the step's stages, though the forward solve, which "

@@ -414,12 +414,16 @@ class _Steps:
         return ok, Z, x, J, lus, jnp.where(retry, h, lu_h), slow | retry
 
     def failed(self, live, ok, *arrays):
-        """The status of a step that did not solve (`ok` False): `NONFINITE`
-        where anything it made (`arrays`) is not finite (a derivative of the
-        field was not), else `FAILED`; 0 where it solved."""
+        """A step's status: `NONFINITE` where anything it made (`arrays`:
+        its stages, its cotangents, those of the consts) is not finite (a
+        derivative of the field was not), solved or not; else `FAILED` where
+        it did not solve (`ok` False); 0 where it solved to finite values.
+        (As BDF's pass: a step whose Newton solve converged can still meet a
+        derivative of the field with respect to its consts that is not
+        finite, which would otherwise give NaN gradients silently.)"""
         finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(a))
                                     for a in jax.tree_util.tree_leaves(arrays)]))
-        return jnp.where(live & ~ok, jnp.where(finite, FAILED, NONFINITE), 0)
+        return jnp.where(live & ~(ok & finite), jnp.where(finite, FAILED, NONFINITE), 0)
 
 
 def adjoint(field: Callable, consts, grid, marks, states, ct, ct_states=None, *, rtol: float,
