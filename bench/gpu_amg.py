@@ -15,6 +15,9 @@ Variants, each compiled once and timed on the same matrix (medians):
   the timed calls find them; the first call pays them);
 - sciad's value and gradient of `0.5 |x|^2` with respect to the values
   (the adjoint solve reuses the hierarchy);
+- on a GPU, both again with the sparse products in ELLPACK there too
+  (`SCIAD_ELL_BACKENDS=cpu,gpu`: gathers and row sums instead of
+  scatter-adds, which the CPU takes by default);
 - AMJax + PCG: `MultilevelSolver.from_pyamg(pyamg.smoothed_aggregation_solver(A))`,
   its V-cycle as the preconditioner of `jax.scipy.sparse.linalg.cg` on a
   BCOO matrix, under `jax.jit` (setup on the host excluded, as AMJax
@@ -85,6 +88,26 @@ def _residual(A, x, b) -> float:
     return float(np.linalg.norm(b - A @ x) / np.linalg.norm(b))
 
 
+class _Ell:
+    """Runs a program traced with sparse products in ELLPACK on this
+    device too (`SCIAD_ELL_BACKENDS`, read when it is traced: by its first
+    call)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        before = os.environ.get("SCIAD_ELL_BACKENDS")
+        os.environ["SCIAD_ELL_BACKENDS"] = "cpu,gpu"
+        try:
+            return self.fn(*args)
+        finally:
+            if before is None:
+                del os.environ["SCIAD_ELL_BACKENDS"]
+            else:
+                os.environ["SCIAD_ELL_BACKENDS"] = before
+
+
 def sciad_variants(A, b):
     import sciad.numpy as snp
 
@@ -97,11 +120,17 @@ def sciad_variants(A, b):
         return sd.linalg.solve(M, b, solver="cg", preconditioner="amg", tol=TOL,
                                maxiter=500)
 
-    fwd = sd.function(solve)
-    vg = sd.function(sd.value_and_grad(lambda d: 0.5 * snp.sum(solve(d) ** 2)))
+    def vg():
+        return sd.function(sd.value_and_grad(lambda d: 0.5 * snp.sum(solve(d) ** 2)))
+
     d = jnp.asarray(A.data)
-    return {"sciad CG + AMG (solve)": (fwd, (d,), lambda out: out),
-            "sciad CG + AMG (value + gradient)": (vg, (d,), None)}
+    out = {"sciad CG + AMG (solve)": (sd.function(solve), (d,), lambda out: out),
+           "sciad CG + AMG (value + gradient)": (vg(), (d,), None)}
+    if jax.default_backend() == "gpu":  # (products in ELLPACK there too: measured here)
+        out["sciad CG + AMG, ELL products (solve)"] = (_Ell(sd.function(solve)), (d,),
+                                                       lambda out: out)
+        out["sciad CG + AMG, ELL products (value + gradient)"] = (_Ell(vg()), (d,), None)
+    return out
 
 
 def amjax_variants(A, b):

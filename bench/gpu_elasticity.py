@@ -14,7 +14,9 @@ Sizes: k = 30 (348,843 degrees of freedom, FEAX's batch case) and k = 43
 - `cudss`: cuDSS's Cholesky (the matrix tagged spd);
 - `cg + amg`: CG with sciad's smoothed-aggregation AMG fitted to the
   rigid-body modes (`sd.linalg.AMG(near_null_space=..., block_size=3)`),
-  relative residual 1e-8.
+  relative residual 1e-8;
+- `amg-ell`: the same with the sparse products in ELLPACK on the GPU too
+  (`SCIAD_ELL_BACKENDS=cpu,gpu`; by default only the CPU takes them).
 
 For each: the first call's time and, apart, XLA's compilation of the
 lowered program (`lower(...).compile()`), the forward call's median, the
@@ -25,7 +27,7 @@ solve <= 4 s (8.14 s), AMG-CG <= 1.0 s (1.28 s), value + gradient <= 1.15x
 the forward, compile <= 15 s and independent of the DOF count (76 s and
 137 s), the batch of 10 at 349 k DOF <= 0.3 s a load case (0.515 s).
 
-    python bench/gpu_elasticity.py [--sizes 30,43] [--variants cudss,amg] [--out DIR]
+    python bench/gpu_elasticity.py [--sizes 30,43] [--variants cudss,amg] [--amg-sizes 30]
     python bench/gpu_elasticity.py --sizes 4 --no-write     # a check on the CPU
 
 The Markdown goes to stdout and to `gpu_elasticity_<device>.md` in
@@ -67,6 +69,7 @@ def _example():
 def _options(problem, variant: str) -> dict:
     if variant == "cudss":
         return dict(solver="cudss")
+    # ("amg-ell": the same, its sparse products in ELLPACK on the GPU too)
     return dict(solver="cg", preconditioner=problem.amg(), tol=RTOL, maxiter=2000)
 
 
@@ -96,6 +99,15 @@ def _median(fn, args, repeats: int) -> float:
 
 def run(k: int, variant: str, repeats: int, batch: bool) -> dict:
 
+    if variant == "amg-ell":  # (read when the programs are traced: below)
+        os.environ["SCIAD_ELL_BACKENDS"] = "cpu,gpu"
+    try:
+        return _run(k, variant, repeats, batch)
+    finally:
+        os.environ.pop("SCIAD_ELL_BACKENDS", None)
+
+
+def _run(k: int, variant: str, repeats: int, batch: bool) -> dict:
     topo = _example()
     t0 = time.perf_counter()
     problem = topo.Problem((4 * k, k, k), "cantilever", volfrac=0.12, rmin=1.5)
@@ -190,7 +202,10 @@ def render(rows, device, argv) -> str:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="30,43")
-    ap.add_argument("--variants", default="cudss,amg")
+    ap.add_argument("--variants", default="cudss,amg,amg-ell")
+    ap.add_argument("--amg-sizes", default=None,
+                    help="the sizes AMG-CG runs at (default: the first of --sizes; it takes "
+                         "about 10 s a solve at k = 30 on an H200)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--no-write", action="store_true")
@@ -198,8 +213,11 @@ def main():
     device = jax.devices()[0]
     rows = []
     sizes = [int(s) for s in a.sizes.split(",")]
+    amg_sizes = [int(s) for s in a.amg_sizes.split(",")] if a.amg_sizes else sizes[:1]
     for k in sizes:
         for v in a.variants.split(","):
+            if v.startswith("amg") and k not in amg_sizes:
+                continue
             try:
                 rows.append(run(k, v, a.repeats, batch=(k == sizes[0])))
             except Exception as e:  # (a row that fails says why; the others run on)

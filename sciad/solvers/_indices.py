@@ -145,6 +145,19 @@ def pattern_diagonal(pattern) -> jax.Array:
 ELL_MAX_PADDING = 0.5
 
 
+def ell_backends() -> frozenset:
+    """The backends whose sparse products take the ELLPACK layout where rows
+    are even: the CPU's (measured there), or those `SCIAD_ELL_BACKENDS`
+    names (comma-separated, such as "cpu,gpu": a switch for measuring it on
+    an accelerator, where a scatter-add's atomic updates may cost more than
+    the padding). Read when a program is traced."""
+    import os
+
+    text = os.environ.get("SCIAD_ELL_BACKENDS")
+    return frozenset(("cpu",) if text is None else
+                     (b.strip() for b in text.split(",") if b.strip()))
+
+
 def _ell_layout(pattern, transpose: bool) -> tuple[np.ndarray, np.ndarray] | None:
     """`(pos, cols)`, both `(n, w)`: for each row of `op(A)` its stored
     entries' positions in `data` (`nnz` past a row's end: a padding read as
@@ -203,7 +216,7 @@ def pattern_matmul(pattern, data, x, transpose: bool = False):
     and a scatter-add of the products."""
     from ._linear import backend
 
-    ell = _ell(pattern, transpose) if backend() == "cpu" else None
+    ell = _ell(pattern, transpose) if backend() in ell_backends() else None
     if ell is not None:
         pos, cols, (n, w) = ell
         vals = jnp.asarray(data).at[pos[:, 0]].get(mode="fill", fill_value=0).reshape(

@@ -508,22 +508,68 @@ def _level_indices(lv: _Level, level: int, pattern) -> tuple:
             cached_index(lv, "p_cols", lambda: lv.p_cols))
 
 
+def _level_patterns(lv: _Level, level: int, pattern) -> tuple:
+    """`(A_l, P_l)` of a level as `Pattern`s (the finest level's `A` is the
+    matrix's own `pattern`), made once per level, or None for one whose
+    columns are not sorted and unique within their rows (a `Pattern`'s
+    form): its products then stay scatter-adds."""
+    from ...graph._types import Pattern
+
+    def make(indptr, cols, shape):
+        try:
+            return Pattern(shape, indptr, cols)
+        except ShapeError:
+            return None
+
+    def patterns():
+        a = make(lv.indptr, lv.cols, (lv.n, lv.n)) if level > 0 or pattern is None else None
+        return a, make(lv.p_indptr, lv.p_cols, (lv.n, lv.nc))
+
+    a, p = _cache.cached(lv, "amg patterns", None, patterns, nbytes=0)
+    return (pattern if level == 0 and pattern is not None else a), p
+
+
+def _products(lv: _Level, level: int, pattern, indices) -> tuple:
+    """`(amul, pmul)` of a level: `amul(vals, x, transpose)` = `op(A_l) x`,
+    `pmul(p, x, transpose)` = `P x` or `P^T x`, by `pattern_matmul` (on the
+    CPU, ELLPACK where a level's rows are even: gathers and a sum along each
+    row, instead of a scatter-add) where the level's pattern is at hand,
+    else a gather and a scatter-add on its index arrays."""
+    rows, cols, prow, pcol = indices
+    a_pat, p_pat = _level_patterns(lv, level, pattern)
+
+    def amul(vals, x, transpose):
+        if a_pat is not None:
+            return pattern_matmul(a_pat, vals, x, transpose)
+        return _spmv(vals, rows, cols, lv.n, x, transpose)
+
+    def pmul(p, x, transpose):
+        if p_pat is not None:
+            return pattern_matmul(p_pat, p, x, transpose)
+        return _spmv(p, prow, pcol, lv.nc if transpose else lv.n, x, transpose)
+
+    return amul, pmul
+
+
 def vcycle(s: Structure, arrays, a, v, *, transpose: bool = False, pattern=None):
     """One V-cycle from zero for `op(A) x = v` (`op` the transpose if
     `transpose`): `x ~ op(A)^-1 v`. `a`: the finest level's values;
-    `pattern`: its pattern (the one `s` was built from), if at hand."""
-    levels = [(lv.n, lv.nc, _level_indices(lv, k, pattern)) for k, lv in enumerate(s.levels)]
-    # (the finest level's product: the solve's own, `pattern_matmul`)
-    fine = None if pattern is None else \
-        (lambda x: pattern_matmul(pattern, a, x, transpose))
-    return cycle(levels, arrays, a, v, _spmv, transpose=transpose, fine=fine)
+    `pattern`: its pattern (the one `s` was built from), if at hand. Each
+    level's products are `pattern_matmul`'s (`_products`)."""
+    levels, products = [], []
+    for k, lv in enumerate(s.levels):
+        indices = _level_indices(lv, k, pattern)
+        levels.append((lv.n, lv.nc, indices))
+        products.append(_products(lv, k, pattern, indices))
+    return cycle(levels, arrays, a, v, _spmv, transpose=transpose, products=products)
 
 
-def cycle(levels, arrays, a, v, spmv, *, transpose: bool = False, fine=None):
+def cycle(levels, arrays, a, v, spmv, *, transpose: bool = False, products=None):
     """The V-cycle of `vcycle` on levels given as `(n, nc, (rows, cols,
     p_rows, p_cols))` each, their products `spmv(vals, rows, cols, n_out,
-    x, transpose)` (the finest level's `fine(x)` where given); `arrays` as
-    `Structure.layout` lays them out for `len(levels)` smoothed levels."""
+    x, transpose)`, or, where given, each level's `products[level] = (amul,
+    pmul)` (`_products`); `arrays` as `Structure.layout` lays them out for
+    `len(levels)` smoothed levels."""
     nl = len(levels)
     weights, ps, values = arrays[:nl], arrays[nl:2 * nl], arrays[2 * nl:3 * nl - 1]
     cinv = arrays[-1]
@@ -535,17 +581,20 @@ def cycle(levels, arrays, a, v, spmv, *, transpose: bool = False, fine=None):
             return jnp.matmul(m, b, precision=jax.lax.Precision.HIGHEST)
         n, nc, (rows, cols, prow, pcol) = levels[level]
         vals, w, p = mats[level], weights[level], ps[level]
+        if products is not None:
+            amul, pmul = products[level]
+        else:
+            def amul(vals, x, transpose):
+                return spmv(vals, rows, cols, n, x, transpose)
 
-        def mat(x):
-            if level == 0 and fine is not None:
-                return fine(x)
-            return spmv(vals, rows, cols, n, x, transpose)
+            def pmul(p, x, transpose):
+                return spmv(p, prow, pcol, nc if transpose else n, x, transpose)
 
         x = w * b  # pre-smoothing from zero
-        r = b - mat(x)
-        xc = down(level + 1, spmv(p, prow, pcol, nc, r, True))
-        x = x + spmv(p, prow, pcol, n, xc, False)
-        return x + w * (b - mat(x))  # post-smoothing
+        r = b - amul(vals, x, transpose)
+        xc = down(level + 1, pmul(p, r, True))
+        x = x + pmul(p, xc, False)
+        return x + w * (b - amul(vals, x, transpose))  # post-smoothing
 
     return down(0, v)
 
