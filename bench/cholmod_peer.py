@@ -57,6 +57,8 @@ CYCLE = 8
 def build(n: int, batch: int | None):
     """`{name: fn}` and their arguments for size `n` (a batch of `batch`
     fields where given)."""
+    # (sciad before JAX: it turns on JAX's hoisting of large constants)
+    import sciad  # noqa: E402, F401, I001
     import jax
     import jax.numpy as jnp
     import numpy as np

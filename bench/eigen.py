@@ -91,6 +91,8 @@ def stiffness_data(xp, c, g):
 
 
 def measure_dense(sizes, repeats: int) -> list[dict]:
+    # (sciad before JAX: it turns on JAX's hoisting of large constants)
+    import sciad  # noqa: E402, F401, I001
     import jax
     import jax.numpy as jnp
     import numpy as np

@@ -39,6 +39,8 @@ def _matrix(n: int):
 
 
 def run(sizes, repeats: int = 5) -> list[dict]:
+    # (sciad before JAX: it turns on JAX's hoisting of large constants)
+    import sciad  # noqa: E402, F401, I001
     import jax
     import numpy as np
 

@@ -56,6 +56,8 @@ DIRECT_TOL, CG_TOL = 1e-8, 1e-6
 
 
 def _x64():
+    # (sciad before JAX: it turns on JAX's hoisting of large constants)
+    __import__("sciad")
     import jax
 
     jax.config.update("jax_enable_x64", True)

@@ -53,6 +53,8 @@ CYCLE = 4
 
 
 def build(n: int):
+    # (sciad before JAX: it turns on JAX's hoisting of large constants)
+    import sciad  # noqa: E402, F401, I001
     import jax
     import jax.numpy as jnp
     import numpy as np

@@ -52,6 +52,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
 
+# (sciad before JAX: it turns on JAX's hoisting of large constants)
+import sciad  # noqa: E402, F401, I001
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)

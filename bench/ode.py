@@ -64,6 +64,8 @@ LV_TARGET, BDF_TARGET, DENSE_TARGET, GRAD_TARGET = 1.1, 2.0, 10.0, 4.0
 
 def lotka_volterra(repeats: int) -> dict:
     import diffrax
+    # (sciad before JAX: it turns on JAX's hoisting of large constants)
+    import sciad  # noqa: E402, F401, I001
     import jax
     import jax.numpy as jnp
     import numpy as np

@@ -44,6 +44,8 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
+    # (sciad before JAX: it turns on JAX's hoisting of large constants)
+    import sciad  # noqa: E402, F401, I001
     import jax
 
     jax.config.update("jax_enable_x64", True)

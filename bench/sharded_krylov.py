@@ -114,6 +114,8 @@ def loop_collectives(hlo: str) -> dict:
 
 def child(devices: int) -> dict:
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    # (sciad before JAX: it turns on JAX's hoisting of large constants)
+    import sciad  # noqa: E402, F401, I001
     import jax
     import numpy as np
     from jax.sharding import AxisType

@@ -78,6 +78,8 @@ def _hlo_counts(compiled) -> tuple[int, int]:
 
 
 def measure(sizes, repeats: int) -> list[dict]:
+    # (sciad before JAX: it turns on JAX's hoisting of large constants)
+    import sciad  # noqa: E402, F401, I001
     import jax
 
     jax.config.update("jax_enable_x64", True)

@@ -84,6 +84,8 @@ def _timed(fn, repeats: int) -> float:
 def _continuous_gradient(loss, x, repeats: int) -> float:
     """The median time of `sd.grad(loss)` (compiled; its odeint with the
     continuous adjoint, beside each method's default)."""
+    # (sciad before JAX: it turns on JAX's hoisting of large constants)
+    import sciad  # noqa: E402, F401, I001
     import jax
 
     import sciad as sd

@@ -12,6 +12,8 @@ gross outliers. Run: `python examples/custom_primitive.py`.
 
 from __future__ import annotations
 
+# (sciad before JAX: it turns on JAX's hoisting of large constants)
+import sciad  # noqa: E402, F401, I001
 import jax.numpy as jnp
 import numpy as np
 import scipy.optimize

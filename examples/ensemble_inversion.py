@@ -102,6 +102,8 @@ if __name__ == "__main__":
     ARGS = parse_args()
     set_environment(ARGS)  # before JAX is imported, below
 
+# (sciad before JAX: it turns on JAX's hoisting of large constants)
+import sciad  # noqa: E402, F401, I001
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402

@@ -45,6 +45,8 @@ import importlib.util
 import os
 import time
 
+# (sciad before JAX: it turns on JAX's hoisting of large constants)
+import sciad  # noqa: E402, F401, I001
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
