@@ -325,7 +325,9 @@ class MemoryBudget:
     carries' copies to the host and back (`host_pays`). It comes before
     `disk=`, which is faster to reach only on a machine without an
     accelerator. On the CPU the host's memory is the program's own, and
-    `host=` is not used (nothing there is a level apart from `ram`).
+    `host=` is not used (nothing there is a level apart from `ram`). A
+    `while_loop`'s and `odeint`'s second level is the disk alone (their
+    `host=` is not used yet).
 
     `sd.cost` shows the schedule chosen, the forward steps it recomputes and
     the predicted peak (the stored carries and one step's own values,
