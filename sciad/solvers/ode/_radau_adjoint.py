@@ -444,10 +444,15 @@ def adjoint(field: Callable, consts, grid, marks, states, ct, ct_states=None, *,
                mass=mass, transpose=True)
     n, dtype, B = S.n, S.dtype, ct.shape[0]
     steps = marks[-1]
-    # the cotangents each state receives (output times and every step)
-    given = jnp.zeros((B,) + states.shape, dtype).at[:, marks].add(ct)
-    if ct_states is not None:
-        given = given + ct_states
+
+    def given(k):
+        """The cotangent the state after `k` steps receives (`(directions,
+        n)`: the output times' there, and its own at every step), read per
+        step: not a `(directions, max_steps + 1, n)` array of them (33.5 MB
+        a direction for the 1,024-state Brusselator, zeroed every call), as
+        BDF's pass reads them."""
+        g = jnp.einsum("i,bin->bn", (marks == k).astype(dtype), ct)
+        return g if ct_states is None else g + ct_states[:, k]
 
     def cond(c):
         k, status = c[0], c[-2]
@@ -467,7 +472,7 @@ def adjoint(field: Callable, consts, grid, marks, states, ct, ct_states=None, *,
         # y + Z_3 is the step's result: (0, 0, lam) is its stages' cotangent
         _, pull = jax.vjp(lambda cs, y: _stage_fields(field, cs, t, h, y, Z), consts, y)
         cbar, ybar = jax.vmap(pull)(mu)
-        lam = lam + ybar + given[:, kk]
+        lam = lam + ybar + given(kk)
         acc = jax.tree_util.tree_map(jnp.add, acc, cbar)
         bad = S.failed(live, ok, mu, Z, ybar, cbar)
         return (k - 1, lam, acc, f0, J, lus, lu_h, renew,
@@ -477,7 +482,7 @@ def adjoint(field: Callable, consts, grid, marks, states, ct, ct_states=None, *,
     last = states[steps]
     J0, lus0, lu_h0 = S.start(grid, states, steps - 1)
     acc0 = jax.tree_util.tree_map(lambda c: jnp.zeros((B,) + c.shape, c.dtype), consts)
-    c0 = (steps - 1, given[:, steps], acc0, field(consts, grid[steps], last), J0, lus0, lu_h0,
+    c0 = (steps - 1, given(steps), acc0, field(consts, grid[steps], last), J0, lus0, lu_h0,
           jnp.asarray(False), jnp.asarray(0, jnp.int32), jnp.asarray(jnp.nan, dtype))
     _, lam, acc, _, _, lus, _, _, status, t_failed = jax.lax.while_loop(cond, body, c0)
     status = status + released(S.linear, lus, after=[lam, *jax.tree_util.tree_leaves(acc)])
