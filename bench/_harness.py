@@ -11,7 +11,8 @@ script also inserts its own directory there in case it is loaded another way.
   the medians and the interquartile range of the pairwise (same-repeat) ratios.
 - `status_mb`, `reset_peak` read and reset the process's memory figures, and
   `block` waits for a call's arrays.
-- `timed_call` times one call (the first: trace and compile); `median_time` is
+- `timed_call` times one call (the first: trace and compile), `first_and_median`
+  that and the median of the calls after it; `median_time` is
   the median wall time of a one-off step (tracing, lowering); `medians` the
   median time per call of several functions timed in interleaved batches,
   `HostCall` wrapping a NumPy/SciPy function for it.
@@ -132,6 +133,24 @@ def timed_call(fn, args) -> tuple[float, object]:
     t0 = time.perf_counter()
     out = jax.block_until_ready(fn(*args))
     return time.perf_counter() - t0, out
+
+
+def first_and_median(fn, args, repeats: int, budget_s: float = float("inf")):
+    """`(first, median, out)`: seconds of the first call `fn(*args)` (trace
+    and compile), the median of `repeats` calls after it (fewer where they
+    take over `budget_s` together), and the first call's outputs; each call's
+    outputs block_until_ready'd."""
+    import jax
+
+    first, out = timed_call(fn, args)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+        if sum(times) > budget_s:
+            break
+    return first, statistics.median(times), out
 
 
 def median_time(fn, repeats: int) -> tuple[float, object]:

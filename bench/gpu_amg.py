@@ -71,18 +71,6 @@ def _matrix(case: str, small: bool):
     return f"3-D Poisson {m}^3", sp.csr_array(pyamg.gallery.poisson((m, m, m), format="csr"))
 
 
-def _timed(fn, args, repeats: int):
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return first, statistics.median(times), out
-
-
 def _residual(A, x, b) -> float:
     x = np.asarray(x, np.float64)
     return float(np.linalg.norm(b - A @ x) / np.linalg.norm(b))
@@ -170,7 +158,7 @@ def run_case(case: str, repeats: int, small: bool) -> tuple[str, list[dict]]:
     rows = []
     for name, (fn, args, answer) in variants.items():
         try:
-            first, med, out = _timed(fn, args, repeats)
+            first, med, out = _harness.first_and_median(fn, args, repeats)
         except Exception as e:  # (a row that fails says why; the others run on)
             rows.append(dict(variant=name, error=f"{type(e).__name__}: {str(e)[:200]}"))
             continue

@@ -37,10 +37,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -69,20 +67,8 @@ def _x64():
 
 def _time(fn, args, repeats: int, budget_s: float):
     """(first call s, median s per call, output): the first call traces and
-    compiles; then `repeats` calls (fewer where one takes over `budget_s`)."""
-    import jax
-
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-        if sum(times) > budget_s:
-            break
-    return first, statistics.median(times), out
+    compiles; then `repeats` calls (fewer where they take over `budget_s`)."""
+    return _harness.first_and_median(fn, args, repeats, budget_s)
 
 
 def _rel(a, b) -> float:

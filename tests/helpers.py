@@ -156,3 +156,28 @@ def nodes_named(graph, name: str) -> list:
         for sub in node.subgraphs:
             found += nodes_named(sub, name)
     return found
+
+
+#: the budget tests' heat equation: N points (a carry of 512 bytes), STEPS steps
+BUDGET_N, BUDGET_STEPS = 64, 103
+
+
+def budget_heat_loss(k, u0, checkpoints, reverse=False, steps=BUDGET_STEPS):
+    """A scanned explicit heat equation with per-step inputs and outputs,
+    checkpointed by `checkpoints` (the memory-budget tests' loss)."""
+    import sciad.numpy as snp
+
+    def step(u, x):
+        u = u + 0.1 * k * x * (snp.roll(u, 1) + snp.roll(u, -1) - 2 * u)
+        return u, snp.sum(u * k)
+
+    u, ys = sd.scan(step, u0, xs=np.linspace(1.0, 1.5, steps), reverse=reverse,
+                    checkpoints=checkpoints)
+    return snp.sum(u ** 2) + snp.sum(ys ** 2) / steps
+
+
+def scan_adjoint_schedule(fn, *args):
+    """The schedule of the one `scan_adjoint` node of `fn`'s graph."""
+    g = sd.trace(fn, *args)
+    (adj,) = nodes_named(g, "scan_adjoint")
+    return adj.params["schedule"]

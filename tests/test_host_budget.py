@@ -19,30 +19,16 @@ import sciad.numpy as snp
 from sciad.errors import InvalidOptionError
 from sciad.primitives import _schedules
 from sciad.primitives._schedules import TwoLevel
+from helpers import BUDGET_N, BUDGET_STEPS, budget_heat_loss, scan_adjoint_schedule
 
-N, STEPS = 64, 103  # a carry of 512 bytes
-
-
-def _loss(k, u0, checkpoints, reverse=False, steps=STEPS):
-    def step(u, x):
-        u = u + 0.1 * k * x * (snp.roll(u, 1) + snp.roll(u, -1) - 2 * u)
-        return u, snp.sum(u * k)
-
-    u, ys = sd.scan(step, u0, xs=np.linspace(1.0, 1.5, steps), reverse=reverse,
-                    checkpoints=checkpoints)
-    return snp.sum(u ** 2) + snp.sum(ys ** 2) / steps
+N, STEPS = BUDGET_N, BUDGET_STEPS  # a carry of 512 bytes
+_loss, _schedule = budget_heat_loss, scan_adjoint_schedule
 
 
 def _fori(k, u0, checkpoints):
     u = sd.fori_loop(0, STEPS, lambda i, u: u + 0.05 * k * (snp.roll(u, 1) - u), u0,
                      checkpoints=checkpoints)
     return snp.sum(snp.sin(u) * u)
-
-
-def _schedule(fn, *args):
-    g = sd.trace(fn, *args)
-    (adj,) = [n for n in g.nodes if n.primitive.name == "scan_adjoint"]
-    return adj.params["schedule"]
 
 
 @pytest.fixture
