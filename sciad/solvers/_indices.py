@@ -117,6 +117,53 @@ def segment_sum(data, idx, n: int, *, sorted_indices: bool = False, drop: bool =
                            mode=mode)
 
 
+class CsrPattern:
+    """A static CSR pattern of the solvers' own (an AMG level's `A_l` or
+    `P_l`): what `pattern_matmul` and the index caches read of the graph's
+    `Pattern` (`shape`, `indptr`, `indices`, `nnz`, `rows`, `transposed()`,
+    `is_structurally_symmetric()`), without its checks and content hash
+    (columns need not be sorted within a row). Compared by identity: each
+    is made once by its owner and cached with it."""
+
+    __slots__ = ("shape", "indptr", "indices", "_rows", "_transposed", "__weakref__")
+
+    def __init__(self, shape, indptr, indices):
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.indptr = np.asarray(indptr, np.int64)
+        self.indices = np.asarray(indices, np.int64)
+        self._rows = self._transposed = None
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indices.size)
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The row of each stored entry."""
+        if self._rows is None:
+            self._rows = np.repeat(np.arange(self.shape[0], dtype=np.int64),
+                                   np.diff(self.indptr))
+        return self._rows
+
+    def transposed(self) -> tuple["CsrPattern", np.ndarray]:
+        """`(pattern of A.T, perm)` with `data(A.T) = data(A)[perm]`."""
+        if self._transposed is None:
+            import scipy.sparse as sp
+
+            csc = sp.csr_matrix((np.arange(self.nnz, dtype=np.int64), self.indices,
+                                 self.indptr), shape=self.shape).tocsc()
+            self._transposed = (CsrPattern(self.shape[::-1], csc.indptr, csc.indices),
+                                np.asarray(csc.data, np.int64))
+        return self._transposed
+
+    def is_structurally_symmetric(self) -> bool:
+        if self.shape[0] != self.shape[1]:
+            return False
+        t, _ = self.transposed()  # (False for unsorted columns: a copy, never wrong)
+        return bool(np.array_equal(t.indptr, self.indptr)
+                    and np.array_equal(t.indices, self.indices))
+
+
 def pattern_rows(pattern) -> jax.Array:
     """The row of each stored entry, as a cached `(nnz, 1)` index array."""
     return cached_index(pattern, "rows", lambda: pattern.rows)

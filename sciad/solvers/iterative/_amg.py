@@ -73,8 +73,8 @@ import scipy.sparse as sp
 from ... import _cache
 from ...errors import InvalidOptionError, NotSupportedError, ShapeError
 from .._host import host_call, release_host_heap
-from .._indices import (cached_index, pattern_cols, pattern_matmul, pattern_rows,
-                        segment_sum, take)
+from .._indices import (CsrPattern, cached_index, pattern_cols, pattern_matmul,
+                        pattern_rows, segment_sum, take)
 from ._iterative import AbstractPreconditioner, missing_diagonal
 from .._threads import one_blas_thread
 
@@ -509,44 +509,28 @@ def _level_indices(lv: _Level, level: int, pattern) -> tuple:
 
 
 def _level_patterns(lv: _Level, level: int, pattern) -> tuple:
-    """`(A_l, P_l)` of a level as `Pattern`s (the finest level's `A` is the
-    matrix's own `pattern`), made once per level, or None for one whose
-    columns are not sorted and unique within their rows (a `Pattern`'s
-    form): its products then stay scatter-adds."""
-    from ...graph._types import Pattern
-
-    def make(indptr, cols, shape):
-        try:
-            return Pattern(shape, indptr, cols)
-        except ShapeError:
-            return None
-
+    """`(A_l, P_l)` of a level as `CsrPattern`s (the finest level's `A` is
+    the matrix's own `pattern`, where given), made once per level."""
     def patterns():
-        a = make(lv.indptr, lv.cols, (lv.n, lv.n)) if level > 0 or pattern is None else None
-        return a, make(lv.p_indptr, lv.p_cols, (lv.n, lv.nc))
+        a = CsrPattern((lv.n, lv.n), lv.indptr, lv.cols)
+        return a, CsrPattern((lv.n, lv.nc), lv.p_indptr, lv.p_cols)
 
     a, p = _cache.cached(lv, "amg patterns", None, patterns, nbytes=0)
     return (pattern if level == 0 and pattern is not None else a), p
 
 
-def _products(lv: _Level, level: int, pattern, indices) -> tuple:
+def _products(lv: _Level, level: int, pattern) -> tuple:
     """`(amul, pmul)` of a level: `amul(vals, x, transpose)` = `op(A_l) x`,
-    `pmul(p, x, transpose)` = `P x` or `P^T x`, by `pattern_matmul` (on the
-    CPU, ELLPACK where a level's rows are even: gathers and a sum along each
-    row, instead of a scatter-add) where the level's pattern is at hand,
-    else a gather and a scatter-add on its index arrays."""
-    rows, cols, prow, pcol = indices
+    `pmul(p, x, transpose)` = `P x` or `P^T x`, by `pattern_matmul` on its
+    patterns (on the CPU, ELLPACK where a level's rows are even: gathers and
+    a sum along each row, instead of a scatter-add)."""
     a_pat, p_pat = _level_patterns(lv, level, pattern)
 
     def amul(vals, x, transpose):
-        if a_pat is not None:
-            return pattern_matmul(a_pat, vals, x, transpose)
-        return _spmv(vals, rows, cols, lv.n, x, transpose)
+        return pattern_matmul(a_pat, vals, x, transpose)
 
     def pmul(p, x, transpose):
-        if p_pat is not None:
-            return pattern_matmul(p_pat, p, x, transpose)
-        return _spmv(p, prow, pcol, lv.nc if transpose else lv.n, x, transpose)
+        return pattern_matmul(p_pat, p, x, transpose)
 
     return amul, pmul
 
@@ -560,7 +544,7 @@ def vcycle(s: Structure, arrays, a, v, *, transpose: bool = False, pattern=None)
     for k, lv in enumerate(s.levels):
         indices = _level_indices(lv, k, pattern)
         levels.append((lv.n, lv.nc, indices))
-        products.append(_products(lv, k, pattern, indices))
+        products.append(_products(lv, k, pattern))
     return cycle(levels, arrays, a, v, _spmv, transpose=transpose, products=products)
 
 
