@@ -255,6 +255,15 @@ class SparsityWarning(SciadWarning):
     (sound, but the pattern may be denser than it is)."""
 
 
+class ConstantsWarning(SciadWarning):
+    """A large index array (a sparse pattern's, a mesh's) enters a program as
+    a constant copied into its text, which XLA folds when it compiles (so
+    compilation grows with the mesh), because JAX was imported before sciad
+    and JAX's hoisting of large constants is off. Import sciad before JAX,
+    or set `JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1` in the environment (see
+    `sciad.config`, "Large constants"). Shown once per process."""
+
+
 class IllConditionedWarning(SciadWarning):
     """A linear system whose condition number exceeds `1/eps` of its dtype:
     the solution satisfies a nearby system (its residual is small) but may

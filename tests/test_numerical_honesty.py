@@ -393,6 +393,26 @@ def test_large_constants_are_executable_arguments_not_program_text(rng):
     assert out == ["False", "kept"], out
 
 
+def test_a_large_embedded_index_array_warns_once_where_jax_came_first():
+    """`ConstantsWarning` (once per process) where JAX was imported before
+    sciad and a program would embed an index array of 32 MiB or more; none
+    where sciad came first (hoisted), for a smaller array, or where the
+    user chose the switch."""
+    code = ("{first}\n"
+            "import warnings, numpy as np\n"
+            "from sciad.solvers import _indices\n"
+            "warnings.simplefilter('always')\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    _indices.index_array(np.arange(1000))\n"
+            "    _indices.index_array(np.arange(9_000_000))\n"
+            "    _indices.index_array(np.arange(9_000_001))\n"
+            "print(len(w), (w[0].category.__name__ if w else '-'))\n")
+    assert _printed(code.format(first="import jax, sciad")) == ["1", "ConstantsWarning"]
+    assert _printed(code.format(first="import sciad, jax")) == ["0", "-"]
+    assert _printed(code.format(first="import jax, sciad"),
+                    SCIAD_HOIST_CONSTANTS="0") == ["0", "-"]
+
+
 def _printed(code: str, **env) -> list[str]:
     """The words `code` prints in a fresh interpreter with `env` set (and
     sciad's and JAX's switches otherwise unset)."""

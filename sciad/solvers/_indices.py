@@ -40,10 +40,45 @@ _PROMISE = lax.GatherScatterMode.PROMISE_IN_BOUNDS
 _NO_MESH = jax.sharding.AbstractMesh((), (), ())
 
 
+#: an index array at least this large, where it enters programs as a
+#: constant (JAX's hoisting of large constants off: JAX was imported before
+#: sciad), is worth a `ConstantsWarning`: XLA copies it into the program and
+#: folds it when it compiles (on an H200, a 345,960-unknown elasticity
+#: program compiled in 15.6 s and a 998,976-unknown one in 31.6 s that way;
+#: hoisted, its CPU compilation takes 0.9 s at 180,000 unknowns)
+LARGE_CONSTANT_BYTES = 32 * 2 ** 20
+_warned_constants = []
+
+
+def _warn_if_embedded(nbytes: int) -> None:
+    """A `ConstantsWarning`, once per process, for an index array of `nbytes`
+    that programs will embed (see `LARGE_CONSTANT_BYTES`)."""
+    if _warned_constants or nbytes < LARGE_CONSTANT_BYTES:
+        return
+    from .. import _startup
+
+    if not _startup.policy.startswith("off"):  # (on, or the user's own choice)
+        return
+    import warnings
+
+    from ..errors import ConstantsWarning
+
+    _warned_constants.append(nbytes)
+    warnings.warn(ConstantsWarning(
+        f"an index array of {nbytes / 2 ** 20:.0f} MiB (a sparse pattern's or a mesh's) enters "
+        "this program as a constant copied into its text, which XLA folds when it compiles: "
+        "compilation grows with the mesh (tens of seconds at a million unknowns), because "
+        "JAX was imported before sciad and JAX's hoisting of large constants is off. Import "
+        "sciad before JAX, or set JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1 in the environment "
+        "(sciad.config, \"Large constants\"). Shown once."), stacklevel=2)
+
+
 def index_array(values) -> jax.Array:
     """The NumPy integer array `values` (every entry in `[0, 2^31)`, or -1
     past an array's end where a caller pads) as a `(k, 1)` int32 `jax.Array`,
-    made outside any trace. Callers cache it: see `cached_index`."""
+    made outside any trace. Callers cache it: see `cached_index`. One of at
+    least `LARGE_CONSTANT_BYTES`, where programs will embed it, warns once
+    (`ConstantsWarning`)."""
     values = np.asarray(values).ravel()
     if values.size and values.max() >= np.iinfo(np.int32).max:
         dtype = np.int64  # (more than 2^31 entries: not reachable in practice)
@@ -52,6 +87,7 @@ def index_array(values) -> jax.Array:
     # (outside any mesh too: an array made inside `shard_map`, or under
     # `jax.set_mesh`, carries that mesh in its type, and a later program
     # that reads the cached array under another mesh, or none, fails)
+    _warn_if_embedded(values.size * np.dtype(dtype).itemsize)
     with jax.ensure_compile_time_eval(), jax.sharding.use_abstract_mesh(_NO_MESH):
         return jax.device_put(values.astype(dtype, copy=False).reshape(-1, 1),
                               jax.local_devices()[0])
