@@ -21,14 +21,10 @@ import jax.numpy as jnp
 from ._schedules import checkpoint_runs
 
 
-def _put(x, space):
-    return jax.device_put(x, space)
-
-
 @jax.custom_batching.custom_vmap
 def _row(kept, j):
     """Row `j` of `kept` (in host memory), put in device memory."""
-    return _put(jax.lax.dynamic_index_in_dim(kept, j, 0, keepdims=False),
+    return jax.device_put(jax.lax.dynamic_index_in_dim(kept, j, 0, keepdims=False),
                 jax.memory.Space.Device)
 
 
@@ -42,7 +38,7 @@ def _row_vmap(axis_size, in_batched, kept, j):
     if not kept_b:
         kept = jnp.broadcast_to(kept, (axis_size,) + kept.shape)
     if not j_b:
-        return _put(jax.lax.dynamic_index_in_dim(kept, j, 1, keepdims=False),
+        return jax.device_put(jax.lax.dynamic_index_in_dim(kept, j, 1, keepdims=False),
                     jax.memory.Space.Device), True
     return jax.lax.map(lambda a: _row(*a), (kept, j)), True
 
@@ -64,7 +60,7 @@ def replay_in_host_memory(schedule, length: int, index, advance, backward_of, st
         return lambda t: index(lo + t)
 
     def sweep(carry, j):
-        kept = tuple(_put(c, host) for c in carry)
+        kept = tuple(jax.device_put(c, host) for c in carry)
         carry = jax.lax.fori_loop(j * L, (j + 1) * L, lambda t, c: advance(index(t), c), carry)
         return carry, kept
 

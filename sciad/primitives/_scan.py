@@ -1036,11 +1036,10 @@ def _scan_adjoint_cost(node, body):
         recomputed = sched.recomputed(n)
         m, last = sched.segments(max(n, 1))  # (m - 1 carries on disk)
         cells = checkpoint_runs(sched.inner(), sched.segment if m > 1 else last).cells + 3
-        where = "in host memory" if sched.host else "on disk"
         return Cost(recomputed * fb.flops + n * st.flops,
                     cells * carry + max(fb.peak, st.peak),
                     f"{n} steps, {sched}: {recomputed} forward steps recomputed, "
-                    f"{m - 1} carries ({_cache.si((m - 1) * carry)}) {where}")
+                    f"{m - 1} carries ({_cache.si((m - 1) * carry)}) {sched.where}")
     recomputed = advanced(sched, n)
     runs = checkpoint_runs(sched, n)
     cells = runs.cells + 1

@@ -191,14 +191,14 @@ class TwoLevel:
 
     def __str__(self) -> str:
         ram = "" if self.budget is None else f" for a {_cache.si(self.budget)} budget"
-        where = "in host memory" if self.host else "on disk"
-        return (f"two levels{ram}: a carry {where} every {self.segment} steps, "
+        return (f"two levels{ram}: a carry {self.where} every {self.segment} steps, "
                 f"binomial({self.snapshots}) in RAM within each")
 
     @property
-    def level(self) -> str:
-        """Where the second level's carries are: "host memory" or "disk"."""
-        return "host memory" if self.host else "disk"
+    def where(self) -> str:
+        """Where the second level's carries are: "in host memory" or "on
+        disk" (as `sd.cost` says)."""
+        return "in host memory" if self.host else "on disk"
 
     def inner(self) -> Binomial:
         """The RAM schedule of one segment."""
