@@ -11,17 +11,19 @@
 #   budget       bench/gpu_budget.py (the bar's case with host=, issue 52)
 #   amg          bench/gpu_amg.py (device AMG against AMJax, issue 53)
 #   elasticity   bench/gpu_elasticity.py (FEAX's cantilever, 349 k and 1 M DOF)
-#   sparse       bench/gpu_sparse.py (--quick with QUICK=1)
+#   sparse       bench/gpu_sparse.py (its --quick sizes; FULL=1: all of them)
 #   probe        bench/cudss_probe.py (the factor's diagonal, float32 factors)
 #   logdet       bench/gpu_logdet.py (slogdet on the GPU)
 #
-# All stages but probe and logdet run by default, about 8 minutes on an H200 with
-# QUICK=1. Results under $OUT (or bench/results): gpu_check.log, the tests' logs,
+# By default: cudss-tests, host-tests, budget, amg, elasticity (cuDSS at 346 k and
+# 1 M DOF, AMG-CG with ELLPACK products at 346 k) and sparse --quick. From the
+# stages' times on an H200 (2026-11-30) that is about 8 minutes, not yet measured as
+# one run. Results under $OUT (or bench/results): gpu_check.log, the tests' logs,
 # each benchmark's <name>_<device>.md and gpu_<device>.md.
 #
 #   bench/gpu_check.sh              # on the GPU machine, from the repository root
 #   STAGES="host-tests budget amg" bench/gpu_check.sh   # some stages (in this order)
-#   QUICK=1 bench/gpu_check.sh      # gpu_sparse.py's --quick sizes (~3 minutes less)
+#   FULL=1 bench/gpu_check.sh       # gpu_sparse.py's full sizes (~3 minutes more)
 #   SKIP_INSTALL=1 bench/gpu_check.sh   # the environment is ready (sciad importable)
 #   WHEELS=/tmp/w bench/gpu_check.sh    # the small wheels are there, not in .whl/
 #   TEST_TIMEOUT=200 BENCH_TIMEOUT=300 bench/gpu_check.sh   # seconds (300 / 420)
@@ -112,7 +114,8 @@ print("cuDSS version:", _cudss_build.library().sciad_cudss_version())
 print("unavailable:", _cudss_ffi.KERNELS.unavailable())
 EOF
 
-STAGES=${STAGES:-cudss-tests host-tests flagship budget amg elasticity sparse}
+STAGES=${STAGES:-cudss-tests host-tests budget amg elasticity sparse}
+if [[ -n "${FULL:-}" ]]; then QUICK=; else QUICK=${QUICK:-1}; fi
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 device=$($PY -c 'import jax; print(jax.devices()[0].device_kind.replace(" ", "_"))' 2>/dev/null)
 tests_rc=0
@@ -164,8 +167,9 @@ if has amg; then
 fi
 
 if has elasticity; then
-  say "bench/gpu_elasticity.py ${ELASTICITY_ARGS:-}"
-  timeout ${ELASTICITY_TIMEOUT:-360} $PY bench/gpu_elasticity.py --out "$OUT" ${ELASTICITY_ARGS:-} \
+  ELASTICITY_ARGS=${ELASTICITY_ARGS:---sizes 30,43 --variants cudss,amg-ell --repeats 2}
+  say "bench/gpu_elasticity.py ${ELASTICITY_ARGS}"
+  timeout ${ELASTICITY_TIMEOUT:-360} $PY bench/gpu_elasticity.py --out "$OUT" ${ELASTICITY_ARGS} \
     2>&1 | tee -a "$LOG" | tail -30
   say "elasticity: exit ${PIPESTATUS[0]}"
   results+=("$OUT/gpu_elasticity_$device.md")
