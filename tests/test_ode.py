@@ -356,6 +356,33 @@ def test_the_step_limit_diagnosis_with_nan():
         assert "too small for the span" not in str(err.value)
 
 
+def test_a_reverse_pass_that_meets_a_non_finite_derivative_says_so():
+    """The continuous adjoint's system goes NaN where the field's derivative
+    in its parameters is not finite (0 times sqrt's at 0; the field is
+    finite): the failure says it is the reverse pass and why, where it said
+    the state became NaN at t = 0 (the adjoint's time); the same diagnosis
+    of the forward solve does not (the judge, with and without `reverse`)."""
+    from sciad.graph import Site
+    from sciad.primitives._ode import judge_ode
+
+    def field(t, y, k):
+        return -k[0] * y + 0.0 * snp.sqrt(k[1] - 1.0)
+
+    def loss(k):
+        return snp.sum(sd.ode.odeint(field, np.ones(2), np.array([0.0, 0.5]), k,
+                                     adjoint="interpolated", max_steps=64) ** 2)
+
+    with pytest.raises(ConvergenceError, match="This is the reverse pass: the continuous "
+                                               "adjoint's system"):
+        sd.function(sd.grad(loss))(np.array([2.0, 1.0]))
+    kw = dict(status=3, t_reached=0.0, h_last=0.0, steps=64, accepted=0, ymax=np.inf,
+              y0max=1.0, t0=0.0, t1=0.5, solver="tsit5", max_steps=64)
+    with pytest.raises(RuntimeError, match="The state became NaN or infinite"):  # (as text)
+        judge_ode(Site("ode.odeint"), **kw)
+    with pytest.raises(RuntimeError, match="This is the reverse pass"):
+        judge_ode(Site("ode.odeint"), reverse=True, **kw)
+
+
 @pytest.mark.slow  # (a reverse pass to compile)
 def test_a_failed_forward_solve_is_reported_as_such_under_a_derivative():
     # the interpolated adjoint integrates back from where the forward solve

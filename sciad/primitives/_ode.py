@@ -87,8 +87,8 @@ from ..solvers.ode._ode_steppers import STEPPERS, STIFF_PID, diffrax_solver, tab
 from ._checks import check, tie
 from ._map import map_rule
 from ._ode_adjoint import ADJOINTS, CHECKPOINT, stored_jvp
-from ._ode_field import (augmented_pattern, derived_params, field_at, field_body, fields_at,
-                         part_of, with_mass_entries)
+from ._ode_field import (ADJOINT_BODY, augmented_pattern, derived_params, field_at,
+                         field_body, fields_at, part_of, with_mass_entries)
 from ._root import root_guard_p
 
 SOLVERS = STEPPERS
@@ -299,9 +299,10 @@ TIGHT_RTOL_EPS = 1e4
 
 
 def judge_ode(site, *, status, t_reached, h_last, steps, accepted, ymax, y0max, t0, t1,
-              solver, max_steps, rtol=None):
+              solver, max_steps, rtol=None, reverse=False):
     """Raises the `ConvergenceError` of a failed integration, with a
-    diagnosis."""
+    diagnosis (`reverse`: the reverse pass's adjoint system, a continuous
+    adjoint's)."""
     status = int(status)
     if status == 0:
         return
@@ -333,7 +334,13 @@ def judge_ode(site, *, status, t_reached, h_last, steps, accepted, ymax, y0max, 
     eps = float(np.finfo(np.float64).eps)
     tight = rtol is not None and rtol < TIGHT_RTOL_EPS * eps
     rejected = (steps - accepted) / max(steps, 1)
-    if status == 3 or not np.isfinite(ymax):
+    if reverse and (status == 3 or not np.isfinite(ymax) or tiny):
+        advice = ("This is the reverse pass: the continuous adjoint's system, whose field is "
+                  "the vector field's VJP, went NaN or infinite (its steps then shrink to "
+                  "nothing): the field's derivative in the state or in its parameters is not "
+                  "finite where the solution goes, though the field is (a sqrt at 0, even "
+                  "multiplied by 0). Make the field differentiable there.")
+    elif status == 3 or not np.isfinite(ymax):
         advice = ("The state became NaN or infinite: the vector field is not finite there "
                   "(a log or sqrt of a negative value, a division by zero), or the "
                   "solution blows up.")
@@ -428,7 +435,8 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
         token = check(judge_ode, site or Site("ode.odeint"), when=status != 0,
                       status=status, t_reached=r.t_reached, h_last=r.h_last, steps=r.steps,
                       accepted=accepted, ymax=r.ymax, y0max=jnp.max(jnp.abs(y0[:m])),
-                      t0=given[0], t1=given[-1], solver=solver, max_steps=max_steps, rtol=rtol)
+                      t0=given[0], t1=given[-1], solver=solver, max_steps=max_steps, rtol=rtol,
+                      reverse=body.name == ADJOINT_BODY)
         # (the step count too: every adjoint reads it, or what is made from
         # it, so a failed forward solve is reported before a derivative
         # integrates from where it stopped)

@@ -37,7 +37,7 @@ from ..graph._body import trace_body
 from ..solvers.ode._ode_steppers import STEPPERS
 from ..solvers._registry import family, register
 from ._scan import scan
-from ._ode_field import augmented_pattern, derived_params, summed
+from ._ode_field import ADJOINT_BODY, augmented_pattern, derived_params, summed
 from ._ode_interp import hermite
 from ._ode_replay import replay_steps, snapshots_for, step_graph
 from ._while import while_loop
@@ -331,7 +331,7 @@ def continuous_vjp(primals, outs, ct, params, interpolated: bool):
     total = lead + n + sum(sizes)
     g, closed, _ = trace_body(body, ctypes + [type_of(e) for e in extra] +
                               [TensorType((), dtype)] * 2 + [TensorType((total,), dtype)],
-                              name="adjoint")
+                              name=ADJOINT_BODY)
     assert not closed
     # (an implicit solver's Newton matrices: sparse if the forward's are, the
     # pattern detected from the adjoint system's own graph: f's transposed)

@@ -18,6 +18,11 @@ from ..graph._passes import dce
 from ..graph._autodiff import type_of
 from ._svd import svd
 
+#: the name of the reverse pass's adjoint system's body (`_ode_adjoint`): a
+#: name no Python function has, so that `_ode.judge_ode` tells a failure of
+#: that solve from the forward's
+ADJOINT_BODY = "adjoint system"
+
 
 def field_at(graph: Graph, consts, t, y):
     """The vector field at one `(t, y)`, emitted into the current trace (the
