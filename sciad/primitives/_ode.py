@@ -334,7 +334,7 @@ def judge_ode(site, *, status, t_reached, h_last, steps, accepted, ymax, y0max, 
     eps = float(np.finfo(np.float64).eps)
     tight = rtol is not None and rtol < TIGHT_RTOL_EPS * eps
     rejected = (steps - accepted) / max(steps, 1)
-    if reverse and (status == 3 or not np.isfinite(ymax) or tiny):
+    if reverse and (status == 3 or not np.isfinite(ymax)):
         advice = ("This is the reverse pass: the continuous adjoint's system, whose field is "
                   "the vector field's VJP, went NaN or infinite (its steps then shrink to "
                   "nothing): the field's derivative in the state or in its parameters is not "
