@@ -73,8 +73,7 @@ import scipy.sparse as sp
 from ... import _cache
 from ...errors import InvalidOptionError, NotSupportedError, ShapeError
 from .._host import host_call, release_host_heap
-from .._indices import (CsrPattern, cached_index, pattern_cols, pattern_matmul,
-                        pattern_rows, segment_sum, take)
+from .._indices import CsrPattern, pattern_matmul
 from ._iterative import AbstractPreconditioner, missing_diagonal
 from .._threads import one_blas_thread
 
@@ -103,7 +102,7 @@ class _Level:
     prolongator `P` (n x nc) on a superset pattern, and the tentative
     prolongator `T` (one entry per aggregated row). Index arrays are int32
     where they fit (what SciPy converts to anyway); the rows of each entry,
-    for the program, are made with its device arrays (`_level_indices`)."""
+    for the program, are made with its patterns (`_level_patterns`)."""
 
     n: int
     indptr: np.ndarray
@@ -489,25 +488,6 @@ def host_setup(build, layout, a, after=None):
 # the V-cycle, in the program
 
 
-def _spmv(vals, rows, cols, n_out, x, transpose=False):
-    if transpose:
-        rows, cols = cols, rows
-    return segment_sum(vals * take(x, cols), rows, n_out, sorted_indices=not transpose)
-
-
-def _level_indices(lv: _Level, level: int, pattern) -> tuple:
-    """`(rows, cols, p_rows, p_cols)` of a level as cached device index arrays
-    (see `_indices`): the finest level's pattern is the matrix's, whose
-    arrays the products and checks of the solve share."""
-    if level == 0 and pattern is not None:
-        rows, cols = pattern_rows(pattern), pattern_cols(pattern)
-    else:
-        rows = cached_index(lv, "rows", lambda: _rows_of(lv.indptr))
-        cols = cached_index(lv, "cols", lambda: lv.cols)
-    return (rows, cols, cached_index(lv, "p_rows", lambda: _rows_of(lv.p_indptr)),
-            cached_index(lv, "p_cols", lambda: lv.p_cols))
-
-
 def _level_patterns(lv: _Level, level: int, pattern) -> tuple:
     """`(A_l, P_l)` of a level as `CsrPattern`s (the finest level's `A` is
     the matrix's own `pattern`, where given), made once per level."""
@@ -540,21 +520,33 @@ def vcycle(s: Structure, arrays, a, v, *, transpose: bool = False, pattern=None)
     `transpose`): `x ~ op(A)^-1 v`. `a`: the finest level's values;
     `pattern`: its pattern (the one `s` was built from), if at hand. Each
     level's products are `pattern_matmul`'s (`_products`)."""
-    levels, products = [], []
-    for k, lv in enumerate(s.levels):
-        indices = _level_indices(lv, k, pattern)
-        levels.append((lv.n, lv.nc, indices))
-        products.append(_products(lv, k, pattern))
-    return cycle(levels, arrays, a, v, _spmv, transpose=transpose, products=products)
+    products = [_products(lv, k, pattern) for k, lv in enumerate(s.levels)]
+    return cycle(products, arrays, a, v, transpose=transpose)
 
 
-def cycle(levels, arrays, a, v, spmv, *, transpose: bool = False, products=None):
-    """The V-cycle of `vcycle` on levels given as `(n, nc, (rows, cols,
-    p_rows, p_cols))` each, their products `spmv(vals, rows, cols, n_out,
-    x, transpose)`, or, where given, each level's `products[level] = (amul,
-    pmul)` (`_products`); `arrays` as `Structure.layout` lays them out for
-    `len(levels)` smoothed levels."""
-    nl = len(levels)
+def index_products(levels, spmv) -> list:
+    """`cycle`'s products of levels given as `(n, nc, (rows, cols, p_rows,
+    p_cols))` each (index arrays), by `spmv(vals, rows, cols, n_out, x,
+    transpose)`: the block AMG's padded levels (`_block_amg`)."""
+    def of(n, nc, indices):
+        rows, cols, prow, pcol = indices
+
+        def amul(vals, x, transpose):
+            return spmv(vals, rows, cols, n, x, transpose)
+
+        def pmul(p, x, transpose):
+            return spmv(p, prow, pcol, nc if transpose else n, x, transpose)
+
+        return amul, pmul
+
+    return [of(*level) for level in levels]
+
+
+def cycle(products, arrays, a, v, *, transpose: bool = False):
+    """The V-cycle of `vcycle` on `len(products)` smoothed levels, each
+    level's products `products[level] = (amul, pmul)` (`_products`,
+    `index_products`); `arrays` as `Structure.layout` lays them out."""
+    nl = len(products)
     weights, ps, values = arrays[:nl], arrays[nl:2 * nl], arrays[2 * nl:3 * nl - 1]
     cinv = arrays[-1]
     mats = (a, *values)
@@ -563,17 +555,8 @@ def cycle(levels, arrays, a, v, spmv, *, transpose: bool = False, products=None)
         if level == nl:
             m = cinv.T if transpose else cinv
             return jnp.matmul(m, b, precision=jax.lax.Precision.HIGHEST)
-        n, nc, (rows, cols, prow, pcol) = levels[level]
         vals, w, p = mats[level], weights[level], ps[level]
-        if products is not None:
-            amul, pmul = products[level]
-        else:
-            def amul(vals, x, transpose):
-                return spmv(vals, rows, cols, n, x, transpose)
-
-            def pmul(p, x, transpose):
-                return spmv(p, prow, pcol, nc if transpose else n, x, transpose)
-
+        amul, pmul = products[level]
         x = w * b  # pre-smoothing from zero
         r = b - amul(vals, x, transpose)
         xc = down(level + 1, pmul(p, r, True))

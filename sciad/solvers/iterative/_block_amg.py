@@ -230,7 +230,7 @@ def vcycle(bs: BlockStructure, arrays, index, a0, v, *, transpose: bool = False)
     its slices of the level index arrays (`bs.index`), `a0` its finest
     values, `v` its block (`m`,)."""
     levels = [(n, nc, index[k]) for k, (n, nc, _, _) in enumerate(bs.sizes)]
-    return _amg.cycle(levels, arrays, a0, v, _spmv, transpose=transpose)
+    return _amg.cycle(_amg.index_products(levels, _spmv), arrays, a0, v, transpose=transpose)
 
 
 class BlockAMG(AbstractPreconditioner):
