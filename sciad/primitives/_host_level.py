@@ -21,11 +21,16 @@ import jax.numpy as jnp
 from ._schedules import checkpoint_runs
 
 
+def _to_device(kept, j, axis: int):
+    """Slice `j` of `kept` (in host memory) along `axis`, put in device memory."""
+    return jax.device_put(jax.lax.dynamic_index_in_dim(kept, j, axis, keepdims=False),
+                          jax.memory.Space.Device)
+
+
 @jax.custom_batching.custom_vmap
 def _row(kept, j):
     """Row `j` of `kept` (in host memory), put in device memory."""
-    return jax.device_put(jax.lax.dynamic_index_in_dim(kept, j, 0, keepdims=False),
-                jax.memory.Space.Device)
+    return _to_device(kept, j, 0)
 
 
 @_row.def_vmap
@@ -38,8 +43,7 @@ def _row_vmap(axis_size, in_batched, kept, j):
     if not kept_b:
         kept = jnp.broadcast_to(kept, (axis_size,) + kept.shape)
     if not j_b:
-        return jax.device_put(jax.lax.dynamic_index_in_dim(kept, j, 1, keepdims=False),
-                    jax.memory.Space.Device), True
+        return _to_device(kept, j, 1), True
     return jax.lax.map(lambda a: _row(*a), (kept, j)), True
 
 

@@ -412,22 +412,24 @@ class MemoryBudget:
         with the step's `step_flops`)."""
         n = self.carries(carry_bytes, op, inner=inner)
         ram = Binomial(max(1, min(n - 2, length)), budget=self.ram)
-        if not disk or n - 2 >= length or n < TWO_LEVEL_EXTRA + 1:
+        if not disk or (self.host is None and self.disk is None) or n - 2 >= length \
+                or n < TWO_LEVEL_EXTRA + 1:
             return ram
         s = n - TWO_LEVEL_EXTRA
+        ram_steps = ram_recomputed(ram, length)
         if self.host is not None and accelerator():
             fit = self.host // max(int(carry_bytes), 1)  # carries in host memory
             if fit >= 1:
                 two = TwoLevel(max(s + 1, -(-length // (fit + 1))), s, host=True,
                                budget=self.ram)
-                saved = ram_recomputed(ram, length) - two.recomputed(length)
+                saved = ram_steps - two.recomputed(length)
                 if saved > 0 and host_pays(saved, two.segments(length)[0] - 1, carry_bytes,
                                            step_flops):
                     return two
         if self.disk is None:
             return ram
         two = TwoLevel(s + 1, s, self.disk, budget=self.ram)
-        saved = ram_recomputed(ram, length) - two.recomputed(length)
+        saved = ram_steps - two.recomputed(length)
         pays = disk_pays(saved, two.segments(length)[0] - 1, carry_bytes, step_flops)
         return two if pays else ram
 
