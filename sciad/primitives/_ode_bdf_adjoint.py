@@ -60,6 +60,7 @@ from ..graph._trace import trace_flat
 from ..solvers.nonlinear._root_methods import sparse_jacobian
 from ..solvers.ode import _bdf_adjoint
 from ..solvers.ode._bdf import ALPHA, GAMMA, HISTORY, MAX_ORDER
+from ..solvers.ode._radau_adjoint import NONFINITE
 from ..solvers._coloring import coloring
 from ._jacobian import Structure, dense_jacobian, emit
 from ._checks import check, tie
@@ -291,7 +292,7 @@ def judge_bdf_adjoint(site, *, status, t):
     if status == 0:
         return
     where = f"the step to t = {float(t):.6g}"
-    if status == _bdf_adjoint.NONFINITE:
+    if status == NONFINITE:
         site.fail(NonFiniteError,
                   f"the discrete adjoint of BDF's steps met values that are not finite at "
                   f"{where}: the vector field's derivative (its Jacobian, or its VJP) is NaN "

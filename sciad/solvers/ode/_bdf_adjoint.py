@@ -32,8 +32,8 @@ node. Here:
   that are not finite) is done again with the Jacobian at its result,
   factored afresh (then `P` is the step's own matrix).
 
-A step that fails stops the pass (`FAILED`, or `NONFINITE` where the
-field's derivative was not finite). Every direction (a row of cotangents:
+A step that fails stops the pass (`_radau_adjoint.step_status`: `FAILED`,
+or `NONFINITE` where the field's derivative was not finite). Every direction (a row of cotangents:
 `jacrev`, a batch of reverse passes over the same steps) is solved with
 the same factorizations. Measured on the 1,024-state Brusselator: the
 sciad-ops pass 52 ms (KLU, a factorization a step); this loop with KLU's
@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _bdf
-from ._radau_adjoint import FAILED, NONFINITE, richardson
+from ._radau_adjoint import richardson, step_status
 from ._steps import mass_of, refactored, released
 
 #: the transposed system's iteration: converged where its last correction
@@ -185,10 +185,7 @@ def adjoint(field: Callable, consts, grid, marks, states, history, ct, ct_states
             - psi[:, None, None] * jax.vmap(apply_t)(mu)[None]
         L = jnp.concatenate([_rows(RT, L[:RESCALED]), L[RESCALED:]])
         acc = jax.tree_util.tree_map(jnp.add, acc, cbar)
-        finite = jnp.all(jnp.isfinite(mu)) & jnp.all(jnp.isfinite(ybar)) & jnp.all(
-            jnp.stack([jnp.all(jnp.isfinite(b)) for b in jax.tree_util.tree_leaves(cbar)]
-                      or [jnp.asarray(True)]))
-        bad = jnp.where(live & ~(ok & finite), jnp.where(finite, FAILED, NONFINITE), 0)
+        bad = step_status(live, ok, mu, ybar, cbar)
         return (k - 1, L, acc, J, lu, lu_c, renew, jnp.where(bad != 0, bad, status).astype(
             jnp.int32), jnp.where(bad != 0, t, t_failed), nlu + made)
 

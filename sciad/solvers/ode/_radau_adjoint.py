@@ -95,6 +95,21 @@ FAILED, NONFINITE = 5, 3
 EPS_FLOOR = 64
 
 
+def step_status(live, ok, *arrays):
+    """A step's status in a pass over the recorded steps (Radau's, BDF's):
+    `NONFINITE` where anything it made (`arrays`: its stages, its
+    cotangents, those of the consts) is not finite (a derivative of the
+    field was not), solved or not; else `FAILED` where it did not solve
+    (`ok` False); 0 where it solved to finite values, or is not `live` (a
+    batch's finished example). (A step whose Newton solve converged can
+    still meet a derivative of the field in its consts that is not finite,
+    which would otherwise give NaN gradients silently.)"""
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(a))
+                                for a in jax.tree_util.tree_leaves(arrays)]
+                               or [jnp.asarray(True)]))
+    return jnp.where(live & ~(ok & finite), jnp.where(finite, FAILED, NONFINITE), 0)
+
+
 def hermite_stages(y0, y1, f0, f1, h):
     """The stage increments `(3, n)` on the cubic Hermite interpolant between
     `(y0, f0)` and `(y1, f1)` (`h` apart), at Radau's nodes."""
@@ -413,18 +428,6 @@ class _Steps:
                                                  (retry, done & ok, Z, x, J, lus))
         return ok, Z, x, J, lus, jnp.where(retry, h, lu_h), slow | retry
 
-    def failed(self, live, ok, *arrays):
-        """A step's status: `NONFINITE` where anything it made (`arrays`:
-        its stages, its cotangents, those of the consts) is not finite (a
-        derivative of the field was not), solved or not; else `FAILED` where
-        it did not solve (`ok` False); 0 where it solved to finite values.
-        (As BDF's pass: a step whose Newton solve converged can still meet a
-        derivative of the field with respect to its consts that is not
-        finite, which would otherwise give NaN gradients silently.)"""
-        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(a))
-                                    for a in jax.tree_util.tree_leaves(arrays)]))
-        return jnp.where(live & ~(ok & finite), jnp.where(finite, FAILED, NONFINITE), 0)
-
 
 def adjoint(field: Callable, consts, grid, marks, states, ct, ct_states=None, *, rtol: float,
             atol: float, jac: str = "dense", pattern=None, mass=None):
@@ -474,7 +477,7 @@ def adjoint(field: Callable, consts, grid, marks, states, ct, ct_states=None, *,
         cbar, ybar = jax.vmap(pull)(mu)
         lam = lam + ybar + given(kk)
         acc = jax.tree_util.tree_map(jnp.add, acc, cbar)
-        bad = S.failed(live, ok, mu, Z, ybar, cbar)
+        bad = step_status(live, ok, mu, Z, ybar, cbar)
         return (k - 1, lam, acc, f0, J, lus, lu_h, renew,
                 jnp.where(bad != 0, bad, status).astype(jnp.int32),
                 jnp.where(bad != 0, t, t_failed))
@@ -529,7 +532,7 @@ def tangent(field: Callable, consts, dconsts, grid, marks, states, dy0, *, rtol:
         ok, Z, dZ, J, lus, lu_h, renew = S.solve(t, h, y, y1, f0, f1, rhs_of, J, lus, lu_h,
                                                  renew, live)
         dy = dy + dZ[:, 2]
-        bad = S.failed(live, ok, dZ, Z)
+        bad = step_status(live, ok, dZ, Z)
         out = out.at[:, kk + 1].set(jnp.where(live, dy, out[:, kk + 1]))
         return (k + 1, dy, out, f1, J, lus, lu_h, renew,
                 jnp.where(bad != 0, bad, status).astype(jnp.int32),
