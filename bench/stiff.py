@@ -34,11 +34,12 @@ Float64 throughout (`jax_enable_x64` on at start-up).
    on the unit square, its boundary values algebraic (`0 = u` there, a
    singular mass matrix), `u0 = 16 x (1 - x) y (1 - y)`, output at 0.01 ...
    1.28 (doubling), rtol 1e-5, atol 1e-8: sciad's BDF with sparse iteration
-   matrices, value and gradient (the sum of the squared outputs, in the
-   diffusivity), against scikit-sundae's IDA (SUNDIALS' DAE solver, its
-   `sparse` linear solver, SuperLU_MT, on the 5-point pattern; where it is
-   installed). Error: max |u - exact| over the outputs, the semi-discrete
-   system's exact solution by `scipy.sparse.linalg.expm_multiply`.
+   matrices and Kvaerno5 (ESDIRK, the same mass matrix), value and gradient
+   (the sum of the squared outputs, in the diffusivity), against
+   scikit-sundae's IDA (SUNDIALS' DAE solver, its `sparse` linear solver,
+   SuperLU_MT, on the 5-point pattern; where it is installed). Error:
+   max |u - exact| over the outputs, the semi-discrete system's exact
+   solution by `scipy.sparse.linalg.expm_multiply`.
 
 Medians over repeats (bench/_harness.py). The Markdown table goes to stdout
 and to bench/results/stiff.md.
@@ -292,6 +293,8 @@ def _cont(t: dict, solver: str) -> str:
 
 HEAT_M = 100  # grid points per side (HEAT_M ** 2 unknowns)
 HEAT_TOL = dict(rtol=1e-5, atol=1e-8)
+#: the sciad solvers run on it, and their names in the table
+HEAT_SOLVERS = {"bdf": "BDF", "kvaerno5": "Kvaerno5"}
 
 
 def heat2d(m: int, repeats: int) -> dict:
@@ -321,18 +324,21 @@ def heat2d(m: int, repeats: int) -> dict:
         return snp.reshape(snp.pad(a * laplacian(U, snp), 1) + snp.where(boundary, U, 0.0),
                            (m * m,))
 
-    def solve(a, **kw):
-        return sd.ode.odeint(heat, u0, ts, a, solver="bdf", jac="sparse", mass=mass,
+    def solve(a, solver, **kw):
+        return sd.ode.odeint(heat, u0, ts, a, solver=solver, jac="sparse", mass=mass,
                              **HEAT_TOL, **kw)
 
-    fwd = sd.function(lambda a: solve(a, throw=False))
-    grad = sd.function(sd.grad(lambda a: snp.sum(solve(a) ** 2)))
-    out = {"m": m, "t": {}, "err": {}, "counts": {}}
-    out["compile"], res = timed_call(fwd, (1.0,))
-    out["compile_grad"], _ = timed_call(grad, (1.0,))
-    out["t"]["sd"] = _timed(lambda: jax.block_until_ready(fwd(1.0).ys), repeats)
-    out["t"]["sd_grad"] = _timed(lambda: jax.block_until_ready(grad(1.0)), repeats)
-    out["counts"]["sd"] = (int(res.nfev), int(res.njev), int(res.nlu))
+    out = {"m": m, "t": {}, "err": {}, "counts": {}, "compile": {}, "compile_grad": {},
+           "ys": {}}
+    for solver in HEAT_SOLVERS:
+        fwd = sd.function(lambda a: solve(a, solver, throw=False))
+        grad = sd.function(sd.grad(lambda a: snp.sum(solve(a, solver) ** 2)))
+        out["compile"][solver], res = timed_call(fwd, (1.0,))
+        out["compile_grad"][solver], _ = timed_call(grad, (1.0,))
+        out["t"][solver] = _timed(lambda: jax.block_until_ready(fwd(1.0).ys), repeats)
+        out["t"][solver + "_grad"] = _timed(lambda: jax.block_until_ready(grad(1.0)), repeats)
+        out["counts"][solver] = (int(res.nfev), int(res.njev), int(res.nlu))
+        out["ys"][solver] = res.ys
     n = m - 2  # the exact semi-discrete solution, on the interior
     T = sp.diags([np.ones(n - 1), -2 * np.ones(n), np.ones(n - 1)], [-1, 0, 1]) / h2
     L = sp.kronsum(T, T).tocsr()
@@ -343,7 +349,8 @@ def heat2d(m: int, repeats: int) -> dict:
         return float(np.abs(np.asarray(ys).reshape(len(ts), m, m)[:, 1:-1, 1:-1]
                             .reshape(len(ts), -1) - exact).max())
 
-    out["err"]["sd"] = error(res.ys)
+    for solver in HEAT_SOLVERS:
+        out["err"][solver] = error(out["ys"].pop(solver))
     try:
         import sksundae.ida as ida
     except ImportError:
@@ -427,19 +434,25 @@ def render(robs, bruss, heats, machine, argv) -> str:
         m = r["m"]
         lines += ["", f"## idaHeat2D: the heat equation as a DAE, {m} x {m} = {m * m:,} "
                   "unknowns (rtol 1e-5, atol 1e-8)", "",
-                  "| solver | forward ms | gradient ms | grad/fwd | counts | max error |",
-                  "|---|---:|---:|---:|---|---:|",
-                  f"| sciad BDF (sparse) | {t['sd'] * 1e3:.0f} | {t['sd_grad'] * 1e3:.0f} "
-                  f"| {t['sd_grad'] / t['sd']:.1f} | {' / '.join(map(str, c['sd']))} "
-                  f"| {e['sd']:.1e} |"]
+                  "| solver | forward ms | gradient ms | grad/fwd | sciad/IDA forward "
+                  "| counts | max error | first call (fwd / grad) s |",
+                  "|---|---:|---:|---:|---:|---|---:|---|"]
+        for solver in HEAT_SOLVERS:
+            ratio = f"{t[solver] / t['ida']:.2f}" if "ida" in t else "n/a"
+            lines.append(f"| sciad {HEAT_SOLVERS[solver]} (sparse) | {t[solver] * 1e3:.0f} "
+                         f"| {t[solver + '_grad'] * 1e3:.0f} "
+                         f"| {t[solver + '_grad'] / t[solver]:.1f} | {ratio} "
+                         f"| {' / '.join(map(str, c[solver]))} | {e[solver]:.1e} "
+                         f"| {r['compile'][solver]:.1f} / {r['compile_grad'][solver]:.1f} |")
         if "ida" in t:
-            lines.append(f"| IDA (scikit-sundae, sparse) | {t['ida'] * 1e3:.0f} |  |  "
-                         f"| {' / '.join(map(str, c['ida']))} | {e['ida']:.1e} |")
-        lines += ["", "sciad / IDA forward: "
-                  + (f"{t['sd'] / t['ida']:.2f}" if "ida" in t else "n/a (not installed)")
-                  + f". Counts: `nfev / njev / nlu` (IDA: `nfev / njev`). sciad's first "
-                  f"call (trace and compile): forward {r['compile']:.1f} s, gradient "
-                  f"{r['compile_grad']:.1f} s."]
+            lines.append(f"| IDA (scikit-sundae, sparse) | {t['ida'] * 1e3:.0f} |  |  |  "
+                         f"| {' / '.join(map(str, c['ida']))} | {e['ida']:.1e} |  |")
+        else:
+            lines.append("| IDA (scikit-sundae) | not installed |  |  |  |  |  |  |")
+        lines += ["", "Counts: `nfev / njev / nlu` (IDA: `nfev / njev`). First call: "
+                  "trace and compile. Kvaerno5 with a mass matrix runs sciad's own ESDIRK "
+                  "loop (diffrax's stage relation has no mass), its gradient the steps "
+                  "replayed with it."]
     lines += ["", "Gradients: each method's default adjoint, the discrete one (BDF: its "
               "steps' transposed iteration matrices, from the states and orders its loop "
               "records; Radau: one loop down its recorded steps, each step's transposed "

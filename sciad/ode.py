@@ -74,6 +74,7 @@ from .primitives._ode_events import event_guard_p
 from .primitives._ode_field import field_body, part_of, with_mass_entries
 from .primitives._ode_interp import hermite_at
 from .primitives._stop_gradient import stop_gradient
+from .solvers.ode._ode_steppers import takers_of_mass
 
 __all__ = ["odeint", "odeint_event", "solve_ivp", "Event", "ODEResult", "SOLVERS"]
 
@@ -284,11 +285,11 @@ def _dae_options(kw: dict, op: str) -> dict:
 def _mass_operand(mass: _Mass, n: int, dtype, solver: str, op: str):
     """`(values, pattern)`: the mass matrix's entries as the node's operand,
     on its own pattern (checked: `(n, n)`, for BDF)."""
-    if SOLVERS[solver].lowering not in ("bdf", "radau"):
+    if not SOLVERS[solver].takes_mass:
         raise NotSupportedError(
-            f"a mass matrix (M dy/dt = f) is for solver='bdf' or 'radau' (solve_ivp's "
-            f"method='BDF' or 'Radau'); got {solver!r}. The ESDIRK methods do not take one "
-            f"yet.", op=op)
+            f"a mass matrix (M dy/dt = f) is for the solvers {takers_of_mass()} (solve_ivp's "
+            f"method='BDF' or 'Radau'); got {solver!r}, which does not take one: use one of "
+            f"those.", op=op)
     if mass.pattern.shape != (n, n):
         raise ShapeError(f"the mass matrix must be ({n}, {n}), the flat state's size, got "
                          f"{mass.pattern.shape}.", op=op)
@@ -318,7 +319,12 @@ def _consistent(field, vals, flat0, ts, mass: _Mass, op: str):
         return field(*ls, t0, y.at[cols].set(z))[0][rows]
 
     z = root(g, flat0[cols], args=(ts[0], flat0, *vals)).x
-    return flat0.at[cols].set(z)
+    # (z put in place by a gather, which a constant y0 in a traced program,
+    # a NumPy array, takes too)
+    where = np.full(flat0.shape[0], cols.size)
+    where[cols] = np.arange(cols.size)
+    placed = snp.concatenate([z, snp.zeros((1,), type_of(z).dtype)])[where]
+    return snp.where(where < cols.size, placed, flat0)
 
 
 #: the smallest `rtol` an error estimate can meet: SciPy's, 100 eps of float64
@@ -552,8 +558,10 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       steps taken, so they follow it too.
     - `mass`: a constant mass matrix `M` (a NumPy array or a SciPy sparse
       matrix, `(n, n)` for the flat state's `n` elements; None: the
-      identity): solves `M dy/dt = f(t, y, args)`, for `solver="bdf"` or
-      `"radau"` (with `jac="sparse"`, Radau takes a diagonal `M`). A
+      identity): solves `M dy/dt = f(t, y, args)`, for `solver="bdf"`,
+      `"radau"` (with `jac="sparse"`, Radau takes a diagonal `M`) and the
+      ESDIRK methods `"kvaerno3"`, `"kvaerno4"`, `"kvaerno5"` (then stepped
+      by sciad's own loop, adaptive steps only). A
       singular `M` makes a differential-algebraic system: its rows without
       an entry are algebraic equations `0 = f_i`, which `y0` must satisfy
       to `rtol` (relative to `max(1, |y0|)`; else `InvalidOptionError` when
@@ -1223,7 +1231,8 @@ def solve_ivp(fun: Callable, t_span, y0, method="RK45", t_eval=None, dense_outpu
       for shape only; `jac_sparsity` selects the sparse Newton solve, whose
       pattern is detected); `min_step`, `lband`, `uband` are refused by
       name. odeint's own options (`adjoint`, `max_steps`, `checkpoints`,
-      `mass` and `dae_init` for a DAE with `method="BDF"` or `"Radau"`,
+      `mass` and `dae_init` for a DAE with `method="BDF"` or `"Radau"` or
+      sciad's `"kvaerno3"` to `"kvaerno5"`,
       ...) pass
       through.
 

@@ -468,8 +468,8 @@ def test_mass_matrix_refusals():
     from sciad.errors import NotSupportedError, ShapeError
 
     ts, y0 = np.array([0.0, 1.0]), np.array([1.0, 0.0, 0.0])
-    with pytest.raises(NotSupportedError, match="for solver='bdf' or 'radau'"):
-        sd.ode.odeint(robertson_dae, y0, ts, RATES, solver="kvaerno5", mass=DAE_MASS)
+    with pytest.raises(NotSupportedError, match="for the solvers 'bdf', 'kvaerno3'"):
+        sd.ode.odeint(robertson_dae, y0, ts, RATES, solver="tsit5", mass=DAE_MASS)
     with pytest.raises(NotSupportedError, match="diagonal mass matrix"):
         sd.ode.odeint(robertson_dae, y0, ts, RATES, solver="radau", jac="sparse",
                       mass=DAE_MASS + np.eye(3, k=1))
@@ -555,13 +555,35 @@ def _replayed_radau(A, M, y0, grid, steps: int, marks):
     return np.stack([out[m] for m in marks])
 
 
-@pytest.mark.parametrize("solver,mass", [("bdf", "dense"), *(
+def _replayed_esdirk(solver, A, M, y0, grid, steps: int, marks):
+    """The ESDIRK steps a solve took (their sizes, from its grid), re-run in
+    NumPy on `M y' = A y` with each stage equation solved exactly."""
+    from sciad.solvers.ode._ode_steppers import STEPPERS, tableau
+
+    c, As, b = tableau(STEPPERS[solver])
+    a = As[-1]
+    out = [y0]
+    for j in range(1, steps + 1):
+        h, y = grid[j] - grid[j - 1], out[-1]
+        F = [A @ y]
+        for i in range(1, len(b)):
+            known = M @ y + h * sum(a[i, l] * F[l] for l in range(i))
+            Y = np.linalg.solve(M - h * a[i, i] * A, known)
+            F.append(A @ Y)
+        out.append(Y)
+    return np.stack([out[m] for m in marks])
+
+
+@pytest.mark.parametrize("solver,mass", [("bdf", "dense"), ("kvaerno5", "dense"), *(
     pytest.param(*p, marks=pytest.mark.slow)
-    for p in (("bdf", "sparse"), ("radau", "sparse"), ("bdf", None), ("radau", None)))])
+    for p in (("bdf", "sparse"), ("radau", "sparse"), ("kvaerno5", "sparse"), ("bdf", None),
+              ("radau", None)))])
 def test_discrete_adjoint_is_the_derivative_of_the_steps_taken(solver, mass):
     """The discrete adjoint (BDF's default reverse mode; Radau's with
-    `adjoint="checkpoint"`) against the derivatives of the same steps (BDF:
-    sizes, orders, rescalings from the loop's record; Radau: sizes) re-run
+    `adjoint="checkpoint"`; an ESDIRK method's with a mass matrix, which
+    steps in sciad's own loop) against the derivatives of the same steps
+    (BDF: sizes, orders, rescalings from the loop's record; Radau, Kvaerno5:
+    sizes) re-run
     in NumPy on a linear system, whose step equations are then solved
     exactly: equal to rounding in `y0`, and to the Newton tolerance (the
     recorded states) in the matrix's parameters. With a mass matrix, an
@@ -571,7 +593,8 @@ def test_discrete_adjoint_is_the_derivative_of_the_steps_taken(solver, mass):
     import scipy.sparse as sp
 
     from sciad.graph._types import Pattern
-    from sciad.solvers.ode import _bdf, _radau
+    from sciad.solvers.ode import _bdf, _esdirk, _radau
+    from sciad.solvers.ode._ode_steppers import STEPPERS, error_weights, tableau
 
     def matrix(k, xp):
         z = 0.0 * k[0]
@@ -601,12 +624,16 @@ def test_discrete_adjoint_is_the_derivative_of_the_steps_taken(solver, mass):
     if mass == "sparse":
         rows, cols = np.nonzero(np.ones((3, 3)))
         full = dict(jac="sparse", pattern=Pattern.from_coo((3, 3), rows, cols)[0])
-    method = {"bdf": _bdf, "radau": _radau}[solver]
+    method = {"bdf": _bdf, "radau": _radau, "kvaerno5": _esdirk}[solver]
+    extra = {"history": True} if solver == "bdf" else {}
+    if solver == "kvaerno5":  # (its tableau, and the embedded estimate's weights)
+        c, As, b = tableau(STEPPERS[solver])
+        extra = dict(tableau=(c, As[-1], b, error_weights(STEPPERS[solver])), order=5)
     r = method.integrate(lambda t, y: matrix(jnp.asarray(k), jnp) @ y, jnp.asarray(y0),
                          jnp.asarray(ts), max_steps=256, record=True, dense=True,
                          mass=None if mass is None else jnp.asarray(
                              M[rows, cols] if full else M), **full, **kw,
-                         **({"history": True} if solver == "bdf" else {}))
+                         **extra)
     steps, grid = int(r.accepted), np.asarray(r.grid)
     assert steps > (10 if solver == "bdf" else 3)
     if solver == "bdf":
@@ -618,6 +645,8 @@ def test_discrete_adjoint_is_the_derivative_of_the_steps_taken(solver, mass):
         A = matrix(k, np)
         if solver == "bdf":
             return _replayed_bdf(A, M, y0, grid, history, steps, marks)
+        if solver == "kvaerno5":
+            return _replayed_esdirk(solver, A, M, y0, grid, steps, marks)
         return _replayed_radau(A, M, y0, grid, steps, marks)
 
     def replayed_loss(k, y0):

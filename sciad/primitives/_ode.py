@@ -80,10 +80,11 @@ from ..graph._serialize import graph_param_v1, register_v1_migration
 from ..graph._cost import Cost, _si
 from ..graph._sparsity import dense_all
 from ..graph._types import Pattern
-from ..solvers.ode import _bdf, _radau
+from ..solvers.ode import _bdf, _esdirk, _radau
 from ..solvers.ode._ode import floored, holding
 from ..solvers.nonlinear._root_methods import sparse_jacobian
-from ..solvers.ode._ode_steppers import STEPPERS, STIFF_PID, diffrax_solver, tableau
+from ..solvers.ode._ode_steppers import (STEPPERS, STIFF_PID, diffrax_solver, error_weights,
+                                         tableau, takers_of_mass)
 from ._checks import check, tie
 from ._map import map_rule
 from ._ode_adjoint import ADJOINTS, CHECKPOINT, stored_jvp
@@ -238,9 +239,12 @@ def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive
         raise InvalidOptionError(f"{solver} chooses its steps and orders: constant steps "
                                  "(adaptive=False) are for the Runge-Kutta methods.", op=op)
     if mass is not None:
-        if stepper.lowering not in ("bdf", "radau"):
-            raise NotSupportedError(f"a mass matrix is for solver='bdf' or 'radau'; got "
-                                    f"{solver}.", op=op)
+        if not stepper.takes_mass:
+            raise NotSupportedError(f"a mass matrix is for the solvers {takers_of_mass()}; "
+                                    f"got {solver}.", op=op)
+        if not adaptive:
+            raise InvalidOptionError("a mass matrix is stepped with adaptive steps: "
+                                     "constant steps (adaptive=False) are for an ODE.", op=op)
         if not 0 <= mass < len(consts):
             raise ShapeError(f"`mass` must index one of the {len(consts)} consts, got {mass}.",
                              op=op)
@@ -419,7 +423,8 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
     dense = record and states and _records_states(stepper, adjoint, checkpoints, max_steps,
                                                   m, np.dtype(y0.dtype).itemsize)
     history = dense and _keeps_history(stepper)
-    run = _run_diffrax if stepper.lowering == "diffrax" else _run_own
+    # (an ESDIRK method with a mass matrix: sciad's own loop, `_esdirk`)
+    run = _run_diffrax if stepper.lowering == "diffrax" and mass is None else _run_own
     extra = {} if mass is None else {"mass": (consts[mass], mass_pattern)}
     if history:
         extra["history"] = True
@@ -546,15 +551,19 @@ def _mass_for(mass, mass_pattern, n: int, jac: str, pattern):
 def _run_own(body, held, consts, y0, ts, *, stepper, rtol, atol, max_steps, dt0, adaptive,
              m, jac, pattern, record, dense, dtmax, mass=None, history=False) -> _Run:
     """The integration by one of sciad's own loops: BDF
-    (`sciad.solvers.ode._bdf`) or Radau IIA (`_radau`); `history`: BDF
-    records its accepted steps (for its discrete adjoint)."""
-    del adaptive  # (both are adaptive; checked by the abstract eval)
+    (`sciad.solvers.ode._bdf`), Radau IIA (`_radau`), or an ESDIRK method's
+    with a mass matrix (`_esdirk`); `history`: BDF records its accepted steps
+    (for its discrete adjoint)."""
+    del adaptive  # (all are adaptive; checked by the abstract eval)
     part = lower(part_of(body, 0), held)
-    method = {"bdf": _bdf, "radau": _radau}[stepper.lowering]
+    method = {"bdf": _bdf, "radau": _radau, "diffrax": _esdirk}[stepper.lowering]
     jac = "sparse" if sparse_jacobian(jac) else "dense"
     extra = {} if mass is None else {"mass": _mass_for(*mass, y0.shape[0], jac, pattern)}
     if history:
         extra["history"] = True
+    if method is _esdirk:  # (its tableau, and the embedded estimate's weights)
+        c, As, b = tableau(stepper)
+        extra.update(tableau=(c, As[-1], b, error_weights(stepper)), order=stepper.order)
     r = method.integrate(lambda t, y: part(*consts, t, y)[0], y0, ts, rtol=rtol, atol=atol,
                          max_steps=max_steps, m=m, jac=jac, pattern=pattern, dt0=dt0,
                          dtmax=dtmax, record=record, dense=dense, **extra)

@@ -150,7 +150,8 @@ def discrete_vjp(primals, outs, ct, params):
                                                            t.dtype.itemsize)
     replay = replay_steps(params["body"], params["solver"], params.get("jac", "dense"),
                           params["max_steps"], snapshots, grid, marks, params["rtol"],
-                          params["atol"], disk=params.get("disk"))
+                          params["atol"], disk=params.get("disk"), mass=params.get("mass"),
+                          mass_pattern=params.get("mass_pattern"))
     types = [type_of(c) for c in consts] + [type_of(y0)]
     g, closed, _ = trace_body(replay, types, name="replay")
     _, backward = vjp_eval(g, [*closed, *consts, y0])

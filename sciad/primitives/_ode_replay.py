@@ -124,6 +124,58 @@ def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, a
     return out
 
 
+def esdirk_mass_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float,
+                     atol: float, y_next, mass):
+    """One step of the stiffly accurate ESDIRK method of the stepper named
+    `solver` on `M dy/dt = f` (`mass`, a `MassOps`), in sciad ops, as
+    `sciad.solvers.ode._esdirk` steps it: each implicit stage an
+    `optimize.root` node for
+
+        M (Y_i - y) - h sum_{j<i} a_ij F_j - h gamma f(t + c_i h, Y_i) = 0,
+
+    `F_j` the field at the stages (the first stage `y` itself), each
+    equation scaled as `rk_step` scales its stages (the algebraic ones also
+    by `1 / (h gamma)`, as the forward pass scales them); the result is the
+    last stage. `y_next`, the recorded result (or None), starts the stages on
+    the line to it."""
+    c, As, b = tableau(STEPPERS[solver])
+    A = As[-1]
+    jac = _stage_jac(jac)
+    w = stop_gradient(1.0 / (ops.abs(y) + max(atol / rtol, 1e-300)))
+    eps = float(np.finfo(type_of(y).dtype).eps)
+
+    def stage(z, y, known, hg, ti, scale):
+        return (mass.apply(z - y) - known - hg * field_at(graph, consts, ti, z)) * scale
+
+    F = [field_at(graph, consts, t, y)]
+    z, start = y, None
+    for i in range(1, len(b)):
+        hg, ti = h * float(A[i, i]), t + float(c[i]) * h
+        known = ops.zeros_like(y)
+        for j in range(i):
+            if A[i, j] != 0.0:
+                known = known + (h * float(A[i, j])) * F[j]
+        scale = w if mass.scale(hg) is None else w * mass.scale(hg)
+        if y_next is not None:
+            z0 = stop_gradient(y) + float(c[i]) * stop_gradient(y_next - y)
+        else:  # (the previous stage's increment carried over, as the forward's)
+            z0 = y + (float(c[i]) / float(c[max(i - 1, 1)])) * (z - y) if i > 1 else y
+        if sparse_jacobian(jac) and start is None:
+            # (one matrix for all the stages' chord iterations, at the step's
+            # start: they share one diagonal)
+            ys = stop_gradient(y)
+            start = _chord_start(colored_jacobian(stage, ys, ys, stop_gradient(known),
+                                                  stop_gradient(hg), stop_gradient(ti),
+                                                  stop_gradient(scale)))
+        z = root_node(stage, z0, [y, known, hg, ti, scale], name="stage", kind="root",
+                      method="chord" if start is not None else "newton", jac=jac, tol=1e-12,
+                      atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps), maxiter=50,
+                      memory=0, throw=True, op="optimize.root", at_floor=True, estimate=False,
+                      start=start).x
+        F.append(field_at(graph, consts, ti, z))
+    return z
+
+
 def radau_step(graph: Graph, consts, t, h, y, jac: str, rtol: float, atol: float, y_next,
                mass=None):
     """One step of Radau IIA (order 5) from `(t, y)` with step `h`, in sciad
@@ -190,14 +242,19 @@ def snapshots_for(max_steps: int, n: int, itemsize: int) -> int:
 
 
 def replay_steps(graph: Graph, solver: str, jac: str, max_steps: int, snapshots: int, grid,
-                 marks, rtol: float, atol: float, disk: str | None = None):
+                 marks, rtol: float, atol: float, disk: str | None = None,
+                 mass: int | None = None, mass_pattern=None):
     """`(*consts, y0) -> ys`: the steps the forward solve took, re-run on its
     grid: a scan over the output intervals, each a `while` loop of the steps
     from one output time to the next (whose reverse pass stores
-    `snapshots` states, on disk in the directory `disk` where given)."""
+    `snapshots` states, on disk in the directory `disk` where given).
+    `mass`, `mass_pattern`: the node's params (its mass matrix among the
+    consts)."""
 
     def replay(*a):
         *consts, y0 = a
+        M = None if mass is None else mass_in_ops(consts, mass, mass_pattern,
+                                                  type_of(y0).shape[0], type_of(y0).dtype)
 
         def interval(y, x):
             lo, hi = x
@@ -205,6 +262,9 @@ def replay_steps(graph: Graph, solver: str, jac: str, max_steps: int, snapshots:
             def step(s):
                 k, y = s
                 t = grid[k]
+                if M is not None:
+                    return k + 1, esdirk_mass_step(graph, consts, solver, t, grid[k + 1] - t,
+                                                   y, jac, rtol, atol, None, M)
                 return k + 1, rk_step(graph, consts, solver, t, grid[k + 1] - t, y, jac, rtol,
                                       atol)
 
@@ -222,19 +282,22 @@ def replay_steps(graph: Graph, solver: str, jac: str, max_steps: int, snapshots:
 def step_graph(graph: Graph, solver: str, jac: str, rtol: float, atol: float,
                mass: int | None = None, mass_pattern=None) -> Graph:
     """`(*consts, t, h, y, y_next) -> (y after one step of `solver`,)`
-    (`rk_step`, or `radau_step`; `y_next`, the recorded result, only starts
-    the implicit stages' iterations). `mass`, `mass_pattern`: the node's
-    params (Radau's mass matrix, among the consts)."""
+    (`rk_step`, `esdirk_mass_step` or `radau_step`; `y_next`, the recorded
+    result, only starts the implicit stages' iterations). `mass`,
+    `mass_pattern`: the node's params (its mass matrix, among the consts)."""
     *ctypes, ttype, ytype = graph.in_types
     m = len(ctypes)
 
     def step(*a):
         consts = list(a[:m])
+        M = None if mass is None else \
+            mass_in_ops(consts, mass, mass_pattern, ytype.shape[0], ytype.dtype)
         if STEPPERS[solver].lowering == "radau":
-            M = None if mass is None else \
-                mass_in_ops(consts, mass, mass_pattern, ytype.shape[0], ytype.dtype)
             return radau_step(graph, consts, a[m], a[m + 1], a[m + 2], jac, rtol, atol,
                               a[m + 3], M)
+        if M is not None:
+            return esdirk_mass_step(graph, consts, solver, a[m], a[m + 1], a[m + 2], jac, rtol,
+                                    atol, a[m + 3], M)
         return rk_step(graph, consts, solver, a[m], a[m + 1], a[m + 2], jac, rtol, atol,
                        y_next=a[m + 3])
 

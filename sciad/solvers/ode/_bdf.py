@@ -234,6 +234,20 @@ def _sparse_linear(field, pattern, mass_values, algebraic=None, dtype=None):
     return _scaled(jacobian, factor, solve)
 
 
+def iteration(field, n: int, dtype, rtol: float, jac: str, pattern, mass):
+    """`(M, linear, newton_tol)` of a loop whose iteration matrix is `M - c J`
+    (BDF's, the ESDIRK methods'): the mass matrix's `Mass` (None: the
+    identity), the `_Linear` that forms, factors and solves the matrix
+    (dense, or sparse on `pattern`), and the Newton iteration's tolerance
+    for `rtol` (SciPy's)."""
+    eps = float(np.finfo(dtype).eps)
+    M = mass_of(mass, jac, pattern, n, dtype)
+    algebraic = None if M is None else M.algebraic
+    linear = _sparse_linear(field, pattern, mass, algebraic, dtype) if jac == "sparse" else \
+        _dense_linear(field, n, mass, dtype, algebraic)
+    return M, linear, max(10 * eps / rtol, min(0.03, rtol ** 0.5))
+
+
 def initial_step(field, t0, y0, f0, span, rtol, atol, m, order=1, deriv=None):
     """SciPy's `select_initial_step` (Hairer, Norsett and Wanner's
     algorithm) for a method of `order`, over the first `m` elements;
@@ -288,12 +302,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
     m = n if m is None else m
     dtype = y0.dtype
     t0, t_end = ts[0], ts[-1]
-    eps = float(np.finfo(dtype).eps)
-    newton_tol = max(10 * eps / rtol, min(0.03, rtol ** 0.5))
-    M = mass_of(mass, jac, pattern, n, dtype)
-    algebraic = None if M is None else M.algebraic
-    linear = _sparse_linear(field, pattern, mass, algebraic, dtype) if jac == "sparse" else \
-        _dense_linear(field, n, mass, dtype, algebraic)
+    M, linear, newton_tol = iteration(field, n, dtype, rtol, jac, pattern, mass)
     apply_mass = (lambda v: v) if M is None else M.apply
     alpha, gamma, error_const = (jnp.asarray(a, dtype) for a in (ALPHA, GAMMA, ERROR_CONST))
     max_step = jnp.inf if dtmax is None else float(dtmax)

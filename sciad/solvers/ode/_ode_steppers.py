@@ -74,6 +74,11 @@ class Stepper(NamedTuple):
     #: with the forward's kept factorizations: exact for the computed
     #: solution, consistent with forward mode, and through a DAE)
     default_adjoint: str = "checkpoint"
+    #: takes a mass matrix (`M dy/dt = f`, index-1 DAEs): BDF, Radau, and
+    #: the stiffly accurate ESDIRK methods (with an explicit first stage and
+    #: an embedded estimate), which then run in sciad's own loop
+    #: (`sciad.solvers.ode._esdirk`: diffrax's stage relation has no mass)
+    takes_mass: bool = False
 
     @property
     def replayable(self) -> bool:
@@ -114,9 +119,9 @@ _BUILT_IN = {
     "heun": Stepper("Heun", False, 2),
     "euler": Stepper("Euler", False, 1, error_estimate=False, dense_output=False,
                      own_tableau=((0.0,), (((0.0,),),), (1.0,))),
-    "kvaerno3": Stepper("Kvaerno3", True, 3),
-    "kvaerno4": Stepper("Kvaerno4", True, 4),
-    "kvaerno5": Stepper("Kvaerno5", True, 5),
+    "kvaerno3": Stepper("Kvaerno3", True, 3, takes_mass=True),
+    "kvaerno4": Stepper("Kvaerno4", True, 4, takes_mass=True),
+    "kvaerno5": Stepper("Kvaerno5", True, 5, takes_mass=True),
     "implicit_euler": Stepper("ImplicitEuler", True, 1, dense_output=False,
                               fail_to_error=True,
                               own_tableau=((1.0,), (((1.0,),),), (1.0,))),
@@ -124,12 +129,17 @@ _BUILT_IN = {
     "kencarp4": Stepper("KenCarp4", True, 4, summed="kvaerno4"),
     "kencarp5": Stepper("KenCarp5", True, 5, summed="kvaerno5"),
     # variable order 1-5 (its `order` the highest): SciPy's BDF (NDF)
-    "bdf": Stepper("BDF", True, 5, lowering="bdf"),
+    "bdf": Stepper("BDF", True, 5, lowering="bdf", takes_mass=True),
     # Radau IIA of order 5: Hairer and Wanner's RADAU5, SciPy's Radau
-    "radau": Stepper("Radau", True, 5, lowering="radau"),
+    "radau": Stepper("Radau", True, 5, lowering="radau", takes_mass=True),
 }
 for _name, _stepper in _BUILT_IN.items():
     _registry.register(_stepper, family="ode stepper", name=_name)
+
+
+def takers_of_mass() -> str:
+    """The names of the steppers that take a mass matrix, for a message."""
+    return ", ".join(repr(k) for k, s in sorted(STEPPERS.items()) if s.takes_mass)
 
 
 @functools.lru_cache(maxsize=None)
@@ -159,6 +169,18 @@ def tableau(stepper: Stepper):
         As.append(A)
         assert np.array_equal(t.b_sol, tabs[0].b_sol) and np.array_equal(t.c, tabs[0].c)
     return np.concatenate([[tabs[0].c1], tabs[0].c]), tuple(As), np.asarray(tabs[0].b_sol)
+
+
+@functools.lru_cache(maxsize=None)
+def error_weights(stepper: Stepper) -> np.ndarray:
+    """`b - b_hat`: the weights of the stages' slopes in the embedded error
+    estimate of the stepper's (single-part) tableau, diffrax's `b_error`."""
+    if not stepper.replayable or stepper.own_tableau is not None or stepper.imex \
+            or not stepper.error_estimate:
+        raise ValueError(f"{stepper.diffrax_name} has no embedded estimate to read.")
+    import diffrax
+
+    return np.asarray(getattr(diffrax, stepper.diffrax_name).tableau.b_error, np.float64)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,4 +1,4 @@
-"""What sciad's own ODE loops (`_bdf`, `_radau`) share: their progress over
+"""What sciad's own ODE loops (`_bdf`, `_radau`, `_esdirk`) share: their progress over
 the output times (`Track`: the time, the next output time, the step counts,
 the status), what they write down (`Record`: the values at the output times,
 the recorded steps), the step that lands on the next output time
