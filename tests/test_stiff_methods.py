@@ -369,7 +369,7 @@ DAE_MASS = np.diag([1.0, 1.0, 0.0])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("solver", ["bdf", "radau"])
+@pytest.mark.parametrize("solver", ["bdf", "radau", "kvaerno5"])
 def test_robertson_dae_agrees_with_the_ode_form_and_differentiates_forward(solver):
     """The DAE form against the ODE form at t = 0.4 ... 4e5 (to 1e-5), its
     consistency check and `dae_init="solve"`, and its forward-mode
