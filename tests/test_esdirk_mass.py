@@ -32,8 +32,8 @@ def _matrix(k, xp):
                      xp.stack([z, k[0], -3.0 + z])])
 
 
-@pytest.mark.parametrize("solver", ["kvaerno5", pytest.param("kvaerno3", marks=pytest.mark.slow),
-                                    pytest.param("kvaerno4", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("solver", ["kvaerno3", "kvaerno4", "kvaerno5"])
 def test_a_nonsingular_mass_against_the_exact_solution(solver):
     """`M y' = A y` with a full, nonsymmetric `M`: `expm(M^-1 A t) y0`, to
     the tolerance, its derivative in `y0` by forward and reverse mode to
@@ -223,3 +223,66 @@ def test_refusals_name_the_fix():
         sd.trace(sd.grad(lambda k: sd.ode.odeint(robertson_dae, y0, ts, k, solver="kvaerno5",
                                                  mass=DAE_MASS,
                                                  adjoint="interpolated")[-1, 0]), RATES)
+
+
+def test_replayed_stages_factor_once_where_the_fill_is_large():
+    """The replayed stages' sparse Newton systems: KLU at every chord
+    iteration where a factorization is cheap (a narrow band, a small
+    system), SuperLU once per stage, its factor kept, for a 2-D stencil."""
+    import scipy.sparse as sp
+
+    from sciad.graph._types import Pattern, SparseType
+    from sciad.primitives import _ode_replay
+    from sciad.solvers.nonlinear import _jacobian_klu
+
+    def matrix(A):  # (a stand-in with the type a colored Jacobian has)
+        A = sp.csr_matrix(A)
+        pattern = Pattern(A.shape, A.indptr, A.indices)
+
+        class J:
+            type = SparseType(pattern, np.dtype(np.float64))
+        return J()
+
+    def laplacian(m):
+        T = sp.diags([1.0, -2.0, 1.0], [-1, 0, 1], shape=(m, m))
+        return sp.kronsum(T, T)
+
+    if not _jacobian_klu.usable():
+        pytest.skip("KLU's kernels are not built here")
+    size = _ode_replay.KLU_EVERY_ITERATION
+    band = sp.diags([1.0, 1.0, -4.0, 1.0, 1.0], [-2, -1, 0, 1, 2], shape=(4 * size, 4 * size))
+    assert _ode_replay._stage_jac("sparse", matrix(band)) == "klu"
+    assert _ode_replay._stage_jac("sparse", matrix(laplacian(32))) == "klu"  # (1,024)
+    assert _ode_replay._stage_jac("sparse", matrix(laplacian(64))) == "sparse"  # (4,096)
+    assert _ode_replay._stage_jac("dense", None) == "dense"
+
+
+@pytest.mark.slow
+def test_heat_dae_in_two_dimensions_factors_each_stage_once():
+    """idaHeat2D at 50 x 50 (2,500 unknowns, a 2-D stencil: each replayed
+    stage factored once by SuperLU, `_stage_jac`): Kvaerno5's gradient (the
+    discrete adjoint) against forward mode."""
+    import scipy.sparse as sp
+
+    m = 50
+    x = np.linspace(0.0, 1.0, m)
+    h2 = (x[1] - x[0]) ** 2
+    X, Y = np.meshgrid(x, x, indexing="ij")
+    u0 = (16 * X * (1 - X) * Y * (1 - Y)).ravel()
+    boundary = np.ones((m, m), bool)
+    boundary[1:-1, 1:-1] = False
+
+    def heat(t, u, a):
+        U = snp.reshape(u, (m, m))
+        lap = (U[:-2, 1:-1] + U[2:, 1:-1] + U[1:-1, :-2] + U[1:-1, 2:] - 4 * U[1:-1, 1:-1]) / h2
+        return snp.reshape(snp.pad(a * lap, 1) + snp.where(boundary, U, 0.0), (m * m,))
+
+    mass = sp.diags((~boundary).ravel().astype(float)).tocsr()
+
+    def loss(a):
+        ys = sd.ode.odeint(heat, u0, np.array([0.0, 0.01, 0.02]), a, solver="kvaerno5",
+                           jac="sparse", mass=mass, rtol=1e-7, atol=1e-10)
+        return snp.sum(ys ** 2)
+
+    _, tangent = sd.jvp(loss, (1.0,), (1.0,))
+    np.testing.assert_allclose(float(sd.grad(loss)(1.0)), float(tangent), rtol=1e-6)

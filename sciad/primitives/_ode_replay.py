@@ -15,6 +15,7 @@ from .. import _ops as ops
 from ..graph import Graph
 from ..graph._autodiff import type_of
 from ..graph._body import inline, trace_body
+from ..solvers.direct import _band
 from ..solvers.nonlinear import _jacobian_klu
 from ..solvers.nonlinear._root_methods import sparse_jacobian
 from ..solvers.ode import _radau
@@ -51,12 +52,32 @@ def _chord_start(J):
     return start
 
 
-def _stage_jac(jac: str) -> str:
+#: a replayed stage's sparse Newton systems of at most this many unknowns
+#: are factored by KLU at every chord iteration (`_stage_jac`)
+KLU_EVERY_ITERATION = 2048
+
+
+def _stage_jac(jac: str, J=None) -> str:
     """The Jacobian form a replayed implicit stage's root takes for the ODE's
-    `jac`: a sparse one by KLU in the program where it runs (`"klu"`), not a
-    SuperLU host call per Newton iteration (25-30% off the 1,024-state
-    Brusselator's Radau and Kvaerno5 gradients)."""
-    return "klu" if jac == "sparse" and _jacobian_klu.usable() else jac
+    `jac` (`J`: the stage's first chord matrix, sparse, where made).
+
+    A sparse one is factored by KLU in the program (`"klu"`) where that is
+    cheap (a narrow band, as a method of lines in one dimension gives, or
+    at most `KLU_EVERY_ITERATION` unknowns): KLU in the program factors at
+    every chord iteration, which is still faster than a SuperLU host call
+    per iteration (25-30% off the 1,024-state Brusselator's Radau and
+    Kvaerno5 gradients). Elsewhere (a 2-D stencil's fill) the root factors
+    once with SuperLU and keeps its factor for its iterations and its
+    derivative (`"sparse"`): 7.2 -> 2.2 s for Kvaerno5's gradient of
+    SUNDIALS' idaHeat2D at 10,000 unknowns, where KLU factored the stages'
+    matrix about three times a stage."""
+    if jac != "sparse" or not _jacobian_klu.usable():
+        return jac
+    pattern = None if J is None else type_of(J).pattern
+    if pattern is None or pattern.shape[0] <= KLU_EVERY_ITERATION \
+            or _band.Band.of(pattern) is not None:
+        return "klu"
+    return "sparse"
 
 
 def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, atol: float,
@@ -71,7 +92,6 @@ def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, a
     `y` and it."""
     c, As, b = tableau(STEPPERS[solver])
     stiff = part_of(graph, -1)
-    jac = _stage_jac(jac)
 
     def stage(z, yi, hg, ti, w):
         return (z - yi - hg * field_at(stiff, consts, ti, z)) * w
@@ -112,7 +132,7 @@ def rk_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol: float, a
             z0 = yi + (h * gamma) * k0
         start = jac0.get(gamma)
         z = root_node(stage, z0, [yi, h * gamma, ti, w], name="stage", kind="root",
-                      method="chord", jac=jac, tol=1e-12,
+                      method="chord", jac=_stage_jac(jac, start), tol=1e-12,
                       atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps), maxiter=50,
                       memory=0, throw=True, op="optimize.root", at_floor=True, estimate=False,
                       start=None if start is None else _chord_start(start)).x
@@ -140,7 +160,6 @@ def esdirk_mass_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol:
     the line to it."""
     c, As, b = tableau(STEPPERS[solver])
     A = As[-1]
-    jac = _stage_jac(jac)
     w = stop_gradient(1.0 / (ops.abs(y) + max(atol / rtol, 1e-300)))
     eps = float(np.finfo(type_of(y).dtype).eps)
 
@@ -148,7 +167,7 @@ def esdirk_mass_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol:
         return (mass.apply(z - y) - known - hg * field_at(graph, consts, ti, z)) * scale
 
     F = [field_at(graph, consts, t, y)]
-    z, start = y, None
+    z, J0, start = y, None, None
     for i in range(1, len(b)):
         hg, ti = h * float(A[i, i]), t + float(c[i]) * h
         known = ops.zeros_like(y)
@@ -164,11 +183,12 @@ def esdirk_mass_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol:
             # (one matrix for all the stages' chord iterations, at the step's
             # start: they share one diagonal)
             ys = stop_gradient(y)
-            start = _chord_start(colored_jacobian(stage, ys, ys, stop_gradient(known),
-                                                  stop_gradient(hg), stop_gradient(ti),
-                                                  stop_gradient(scale)))
+            J0 = colored_jacobian(stage, ys, ys, stop_gradient(known), stop_gradient(hg),
+                                  stop_gradient(ti), stop_gradient(scale))
+            start = _chord_start(J0)
         z = root_node(stage, z0, [y, known, hg, ti, scale], name="stage", kind="root",
-                      method="chord" if start is not None else "newton", jac=jac, tol=1e-12,
+                      method="chord" if start is not None else "newton",
+                      jac=_stage_jac(jac, J0), tol=1e-12,
                       atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps), maxiter=50,
                       memory=0, throw=True, op="optimize.root", at_floor=True, estimate=False,
                       start=start).x
@@ -214,14 +234,14 @@ def radau_step(graph: Graph, consts, t, h, y, jac: str, rtol: float, atol: float
         z0 = [hermite_at(float(c), h, y0, y1, f0, f1) - y0 for c in C]
     else:
         z0 = [float(c) * (y1 - y0) for c in C]
-    jac = _stage_jac(jac)
     z0 = ops.concatenate(z0)
-    start = None
+    J0 = start = None
     if sparse_jacobian(jac):
         J0 = colored_jacobian(stages, stop_gradient(z0), y0, stop_gradient(h), stop_gradient(t), w)
         start = _chord_start(J0)
     z = root_node(stages, z0, [y, h, t, w], name="radau_stages",
-                  kind="root", method="chord" if start is not None else "newton", jac=jac, tol=1e-12,
+                  kind="root", method="chord" if start is not None else "newton",
+                  jac=_stage_jac(jac, J0), tol=1e-12,
                   atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps), maxiter=50, memory=0,
                   throw=True, op="optimize.root", at_floor=True, estimate=False,
                   start=start).x
