@@ -255,34 +255,3 @@ def test_replayed_stages_factor_once_where_the_fill_is_large():
     assert _ode_replay._stage_jac("sparse", matrix(laplacian(32))) == "klu"  # (1,024)
     assert _ode_replay._stage_jac("sparse", matrix(laplacian(64))) == "sparse"  # (4,096)
     assert _ode_replay._stage_jac("dense", None) == "dense"
-
-
-@pytest.mark.slow
-def test_heat_dae_in_two_dimensions_factors_each_stage_once():
-    """idaHeat2D at 50 x 50 (2,500 unknowns, a 2-D stencil: each replayed
-    stage factored once by SuperLU, `_stage_jac`): Kvaerno5's gradient (the
-    discrete adjoint) against forward mode."""
-    import scipy.sparse as sp
-
-    m = 50
-    x = np.linspace(0.0, 1.0, m)
-    h2 = (x[1] - x[0]) ** 2
-    X, Y = np.meshgrid(x, x, indexing="ij")
-    u0 = (16 * X * (1 - X) * Y * (1 - Y)).ravel()
-    boundary = np.ones((m, m), bool)
-    boundary[1:-1, 1:-1] = False
-
-    def heat(t, u, a):
-        U = snp.reshape(u, (m, m))
-        lap = (U[:-2, 1:-1] + U[2:, 1:-1] + U[1:-1, :-2] + U[1:-1, 2:] - 4 * U[1:-1, 1:-1]) / h2
-        return snp.reshape(snp.pad(a * lap, 1) + snp.where(boundary, U, 0.0), (m * m,))
-
-    mass = sp.diags((~boundary).ravel().astype(float)).tocsr()
-
-    def loss(a):
-        ys = sd.ode.odeint(heat, u0, np.array([0.0, 0.01, 0.02]), a, solver="kvaerno5",
-                           jac="sparse", mass=mass, rtol=1e-7, atol=1e-10)
-        return snp.sum(ys ** 2)
-
-    _, tangent = sd.jvp(loss, (1.0,), (1.0,))
-    np.testing.assert_allclose(float(sd.grad(loss)(1.0)), float(tangent), rtol=1e-6)
