@@ -68,7 +68,7 @@ def _stage_jac(jac: str, J=None) -> str:
     per iteration (25-30% off the 1,024-state Brusselator's Radau and
     Kvaerno5 gradients). Elsewhere (a 2-D stencil's fill) the root factors
     once with SuperLU and keeps its factor for its iterations and its
-    derivative (`"sparse"`): 7.2 -> 2.2 s for Kvaerno5's gradient of
+    derivative (`"sparse"`): 7.2 -> 2.1 s for Kvaerno5's gradient of
     SUNDIALS' idaHeat2D at 10,000 unknowns, where KLU factored the stages'
     matrix about three times a stage."""
     if jac != "sparse" or not _jacobian_klu.usable():
@@ -166,15 +166,17 @@ def esdirk_mass_step(graph: Graph, consts, solver: str, t, h, y, jac: str, rtol:
     def stage(z, y, known, hg, ti, scale):
         return (mass.apply(z - y) - known - hg * field_at(graph, consts, ti, z)) * scale
 
+    hg = h * float(A[1, 1])  # (one diagonal: the stages share it, and the rows' scaling)
+    rows = mass.scale(hg)
+    scale = w if rows is None else w * rows
     F = [field_at(graph, consts, t, y)]
     z, J0, start = y, None, None
     for i in range(1, len(b)):
-        hg, ti = h * float(A[i, i]), t + float(c[i]) * h
+        ti = t + float(c[i]) * h
         known = ops.zeros_like(y)
         for j in range(i):
             if A[i, j] != 0.0:
                 known = known + (h * float(A[i, j])) * F[j]
-        scale = w if mass.scale(hg) is None else w * mass.scale(hg)
         if y_next is not None:
             z0 = stop_gradient(y) + float(c[i]) * stop_gradient(y_next - y)
         else:  # (the previous stage's increment carried over, as the forward's)

@@ -41,7 +41,8 @@ import numpy as np
 from ..direct import _band
 from . import _kept_klu, _ode
 from ._steps import (Counts, Result, Track, advance, blank, finish, inconsistent, mass_of,
-                     propose, refactored, released, run, start)
+                     newton_tolerance, newton_verdict, propose, refactored, released, run,
+                     start)
 
 MAX_ORDER = 5
 #: Newton iterations per attempt (SciPy's NEWTON_MAXITER)
@@ -240,12 +241,11 @@ def iteration(field, n: int, dtype, rtol: float, jac: str, pattern, mass):
     identity), the `_Linear` that forms, factors and solves the matrix
     (dense, or sparse on `pattern`), and the Newton iteration's tolerance
     for `rtol` (SciPy's)."""
-    eps = float(np.finfo(dtype).eps)
     M = mass_of(mass, jac, pattern, n, dtype)
     algebraic = None if M is None else M.algebraic
     linear = _sparse_linear(field, pattern, mass, algebraic, dtype) if jac == "sparse" else \
         _dense_linear(field, n, mass, dtype, algebraic)
-    return M, linear, max(10 * eps / rtol, min(0.03, rtol ** 0.5))
+    return M, linear, newton_tolerance(rtol, float(np.finfo(dtype).eps))
 
 
 def initial_step(field, t0, y0, f0, span, rtol, atol, m, order=1, deriv=None):
@@ -345,12 +345,9 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
             # system's iterations then stop where its primal's do, so it
             # takes the primal's steps)
             size = _rms((dy / scale)[:m])
-            rate = size / old
-            bad = (k > 0) & ((rate >= 1) | (rate ** (NEWTON_MAXITER - k) / (1 - rate) * size
-                                              > newton_tol))
-            bad = bad | ~finite | ~jnp.isfinite(size)
+            bad, ok = newton_verdict(k, size, size / old, finite, tol=newton_tol,
+                                     maxiter=NEWTON_MAXITER)
             y2, d2 = jnp.where(bad, y, y + dy), jnp.where(bad, d, d + dy)
-            ok = ~bad & ((size == 0) | ((k > 0) & (rate / (1 - rate) * size < newton_tol)))
             return k + 1, y2, d2, size, ok, bad, nf + 1
 
         k, y, d, _, done, _, nf = jax.lax.while_loop(

@@ -33,8 +33,9 @@ up is held (RADAU5's `quot2`), keeping the factorization.
 
 The iteration matrix is `_bdf`'s (`_dense_linear`, `_sparse_linear`: the
 same `M - c J`, the algebraic rows scaled by `1 / c`), the progress over
-the output times and the result `_steps`'. The discrete adjoint replays the
-steps (`sciad.primitives._ode_replay.rk_step` with the mass matrix)."""
+the output times, the Newton iteration's verdict and the result `_steps`'.
+The discrete adjoint replays the steps
+(`sciad.primitives._ode_replay.esdirk_mass_step`)."""
 
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _bdf
-from ._steps import (Counts, Result, Track, advance, blank, finish, inconsistent, propose,
-                     refactored, released, run, start)
+from ._steps import (Counts, Result, Track, advance, blank, finish, inconsistent,
+                     newton_verdict, propose, refactored, released, run, start)
 
 #: simplified Newton iterations per stage, and a correction's rounding
 #: floor, in units of `eps` times the iterate's largest element
@@ -138,11 +139,8 @@ def integrate(field: Callable, y0, ts, *, tableau, order: int, rtol: float, atol
             # tight atol is solved from equations of O(1) terms, whose
             # rounding no iteration removes)
             floor = _bdf._rms((FLOOR_EPS * eps * jnp.max(jnp.abs(z)) / scale)[:m])
-            rate = size / old
-            bad = (k > 0) & ((rate >= 1) | (rate ** (NEWTON_MAXITER - k) / (1 - rate) * size
-                                              > newton_tol)) & ~(size <= floor)
-            bad = bad | ~jnp.all(jnp.isfinite(f)) | ~jnp.isfinite(size)
-            ok = ~bad & ((size <= floor) | ((k > 0) & (rate / (1 - rate) * size < newton_tol)))
+            bad, ok = newton_verdict(k, size, size / old, jnp.all(jnp.isfinite(f)),
+                                     tol=newton_tol, maxiter=NEWTON_MAXITER, floor=floor)
             return k + 1, jnp.where(bad, z, z + dz), size, ok, bad, nf + 1
 
         _, z, _, done, _, nf = jax.lax.while_loop(

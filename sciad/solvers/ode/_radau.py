@@ -35,8 +35,9 @@ import scipy.sparse as sp
 from ..direct import _band
 from . import _kept_klu, _ode
 from ._bdf import _rms, initial_step
-from ._steps import (Counts, Result, Track, advance, blank, finish, inconsistent, mass_of, propose,
-                     refactored, released, run, start)
+from ._steps import (Counts, Result, Track, advance, blank, finish, inconsistent, mass_of,
+                     newton_tolerance, newton_verdict, propose, refactored, released, run,
+                     start)
 
 S6 = 6.0 ** 0.5
 #: the nodes, and the Butcher matrix of Radau IIA (order 5)
@@ -223,12 +224,6 @@ def _sparse_linear(field, pattern, mass=None, dtype=None):
                    columns=False)
 
 
-def newton_tolerance(rtol: float, eps: float) -> float:
-    """The stages' Newton tolerance, in units of the error scale `atol +
-    rtol |y|` (SciPy's)."""
-    return max(10 * eps / rtol, min(0.03, rtol ** 0.5))
-
-
 def newton(field: Callable, linear: _Linear, apply_mass: Callable, t, y, h, Z0, lus, scale, *,
            m: int, tol: float, maxiter: int):
     """The simplified Newton iteration on the collocation system of the step
@@ -264,12 +259,9 @@ def newton(field: Callable, linear: _Linear, apply_mass: Callable, t, y, h, Z0, 
                         dw_complex.imag.astype(dtype)])
         size = _rms((dW / scale)[:, :m])  # (the first m elements: as BDF's)
         new_rate = jnp.where(k > 0, size / old, rate)
-        bad = (k > 0) & ((new_rate >= 1) | (new_rate ** (maxiter - k)
-                                             / (1 - new_rate) * size > tol))
-        bad = bad | ~finite | ~jnp.isfinite(size)
+        bad, ok = newton_verdict(k, size, new_rate, finite, tol=tol, maxiter=maxiter)
         W2 = jnp.where(bad, W, W + dW)
         Z2 = jnp.where(bad, Z, Tj @ W2)
-        ok = ~bad & ((size == 0) | ((k > 0) & (new_rate / (1 - new_rate) * size < tol)))
         return k + 1, W2, Z2, size, ok, bad, new_rate, nf + 3
 
     k, _, Z, size, done, _, rate, nf = jax.lax.while_loop(

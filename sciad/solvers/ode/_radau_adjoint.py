@@ -59,7 +59,7 @@ import numpy as np
 
 from . import _radau
 from ._bdf import _rms
-from ._steps import mass_of, refactored, released
+from ._steps import mass_of, newton_tolerance, refactored, released
 
 #: the stages' re-solved Newton tolerance, in units of the forward's error
 #: scale `atol + rtol |y|` (the forward stops near 0.03; an iterate within
@@ -356,7 +356,7 @@ class _Steps:
         self.C = jnp.asarray(_radau.C, dtype)
         # (a stage iterate within the forward's own Newton tolerance is as
         # good a point to linearise at as the forward's)
-        self.loose = _radau.newton_tolerance(rtol, float(np.finfo(dtype).eps))
+        self.loose = newton_tolerance(rtol, float(np.finfo(dtype).eps))
         self.small = jac != "sparse" and 3 * n <= DIRECT_SIZE
 
     def stages(self, lus, t, h, y):
