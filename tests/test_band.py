@@ -60,6 +60,34 @@ def test_solves_against_dense(rng, dtype, permuted):
             np.testing.assert_allclose(op @ x, b, atol=1e-11)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_one_right_hand_side_at_every_width(rng, dtype):
+    """A single right-hand side takes substitutions specialized to the
+    band's widths (kl 1..4, ku 0..4; a window of unknowns in registers),
+    where the matrix is longer than two rows of the band; others the general
+    loops. Each against dense solves and the many-right-hand-sides path, at
+    the lengths on both sides of that limit, for `A`, `A^T` and `A^H`."""
+    for kl, ku in ((1, 0), (1, 1), (2, 2), (3, 1), (4, 4), (2, 4), (5, 2), (1, 6)):
+        limit = 2 * (2 * kl + ku + 1)
+        for n in (limit, limit + 1, 57):
+            pattern, A = _pattern(_banded(rng, n, kl, ku, dtype))
+            band = _band.Band.of(pattern)
+            assert (band.kl, band.ku, band.perm) == (kl, ku, None)
+            D = A.toarray()
+            lu = band.factor(jnp.asarray(A.data))
+            assert np.any(np.asarray(lu.piv) != np.arange(n))  # (rows were swapped)
+            B = rng.standard_normal((n, 2)).astype(dtype)
+            norm = np.abs(D).sum(axis=1).max()
+            for trans, op in ((0, D), (1, D.T), (2, D.conj().T)):
+                x = np.asarray(band.solve(lu, jnp.asarray(B[:, 0]), trans))
+                # (backward error: random bands are conditioned up to 1e6 or so)
+                r = np.abs(op @ x - B[:, 0]).max() / (norm * np.abs(x).max())
+                assert r < 1e-14, f"kl={kl} ku={ku} n={n} trans={trans}: {r:.1e}"
+                X = np.asarray(band.solve(lu, jnp.asarray(B), trans))
+                np.testing.assert_allclose(x, X[:, 0], rtol=1e-9,
+                                           atol=1e-12 * np.abs(x).max())
+
+
 def test_a_real_right_hand_side_with_a_complex_factor_and_float32(rng):
     pattern, A = _pattern(_banded(rng, 12, 1, 1))
     band = _band.Band.of(pattern)

@@ -13,10 +13,12 @@
 // holds `U[k, k .. k + kl + ku]` at columns `kl .. 2 kl + ku` and the
 // multipliers `L[i, k]` (i = k + 1 .. k + kl, before the later row swaps, as
 // LAPACK keeps them) at row `i`, column `k - i + kl`; `piv[k]` is the row
-// swapped with row `k` at step `k`. Unlike LAPACK's, the diagonal of `U` is
-// stored as its reciprocals: the solves' substitutions, a chain of dependent
-// operations, then multiply where they would divide (a division's latency
-// was most of a solve's time).
+// swapped with row `k` at step `k`. Unlike LAPACK's, `U = D U'` is kept as
+// the reciprocals of its diagonal `D` and its rows scaled by them (`U'`, a
+// unit diagonal): the solves' substitutions are chains of dependent
+// operations, and this way each link is one multiply-add (a division's
+// latency was most of a solve's time, and the multiply after the sum half
+// of the rest).
 //
 // Every buffer may have leading batch dimensions (one factorization or solve
 // each: `jax.vmap` with `vmap_method="broadcast_all"`). A zero pivot leaves
@@ -38,6 +40,14 @@ namespace {
 inline double magnitude(double x) { return std::fabs(x); }
 inline double magnitude(std::complex<double> x) {  // (LAPACK's cabs1)
   return std::fabs(x.real()) + std::fabs(x.imag());
+}
+// The product, the complex one in its textbook form: without C99's
+// recovery of infinite parts from NaN ones (a call, behind a test of every
+// product, which took most of a complex solve's time). A zero pivot's
+// infinite reciprocal still makes its solve's values inf or NaN.
+inline double mul(double a, double b) { return a * b; }
+inline std::complex<double> mul(std::complex<double> a, std::complex<double> b) {
+  return {a.real() * b.real() - a.imag() * b.imag(), a.real() * b.imag() + a.imag() * b.real()};
 }
 inline double conjugate(double x) { return x; }
 inline std::complex<double> conjugate(std::complex<double> x) { return std::conj(x); }
@@ -67,18 +77,24 @@ int32_t Factor(int64_t n, int64_t kl, int64_t ku, T* a, int32_t* piv) {
       for (int64_t j = k; j <= right; ++j) std::swap(at(k, j), at(p, j));
     const T inverse = T(1) / at(k, k);
     at(k, k) = inverse;
+    T* u = &at(k, k);  // (row k of U, contiguous: u[j - k])
+    for (int64_t j = 1; j <= right - k; ++j) u[j] = mul(u[j], inverse);
     for (int64_t i = k + 1; i <= last; ++i) {
-      const T l = at(i, k) * inverse;
-      at(i, k) = l;
-      if (l == T(0)) continue;
-      for (int64_t j = k + 1; j <= right; ++j) at(i, j) -= l * at(k, j);
+      T* r = &at(i, k);  // (row i from column k, contiguous)
+      const T l = mul(r[0], inverse);
+      const T a_ik = r[0];
+      r[0] = l;
+      if (a_ik == T(0)) continue;
+      for (int64_t j = 1; j <= right - k; ++j) r[j] -= mul(a_ik, u[j]);
     }
   }
   return info;
 }
 
-// trans: 0 `A x = b`, 1 `A^T x = b`, 2 `A^H x = b`; `x` holds `b` on entry,
-// `(n, nrhs)` row-major.
+// The substitutions (see the storage above: U's rows scaled by their pivots,
+// `U = D U'`, the reciprocals of `D` on the diagonal), any number of
+// right-hand sides; trans: 0 `A x = b`, 1 `A^T x = b`, 2 `A^H x = b`; `x`
+// holds `b` on entry, `(n, nrhs)` row-major.
 template <typename T>
 void Solve(int64_t n, int64_t kl, int64_t ku, const T* a, const int32_t* piv, int64_t nrhs,
            int trans, T* x) {
@@ -95,32 +111,33 @@ void Solve(int64_t n, int64_t kl, int64_t ku, const T* a, const int32_t* piv, in
       for (int64_t i = k + 1; i <= last; ++i) {
         const T l = at(i, k);
         if (l == T(0)) continue;
-        for (int64_t r = 0; r < nrhs; ++r) row(i)[r] -= l * row(k)[r];
+        for (int64_t r = 0; r < nrhs; ++r) row(i)[r] -= mul(l, row(k)[r]);
       }
     }
-    // U, from the last row
+    // D U' x = y, from the last row
     for (int64_t k = n - 1; k >= 0; --k) {
+      const T d = at(k, k);  // (the reciprocal)
+      for (int64_t r = 0; r < nrhs; ++r) row(k)[r] = mul(row(k)[r], d);
       const int64_t right = std::min(n - 1, k + kl + ku);
       for (int64_t j = k + 1; j <= right; ++j) {
         const T u = at(k, j);
         if (u == T(0)) continue;
-        for (int64_t r = 0; r < nrhs; ++r) row(k)[r] -= u * row(j)[r];
+        for (int64_t r = 0; r < nrhs; ++r) row(k)[r] -= mul(u, row(j)[r]);
       }
-      const T d = at(k, k);  // (the reciprocal)
-      for (int64_t r = 0; r < nrhs; ++r) row(k)[r] *= d;
     }
     return;
   }
-  // U^T (or U^H), from the first row: row k of U updates the rows after it
+  // U'^T (or U'^H), from the first row: row k of U' updates the rows after
+  // it, then D^-T
   for (int64_t k = 0; k < n; ++k) {
-    const T d = op(at(k, k));  // (the reciprocal)
-    for (int64_t r = 0; r < nrhs; ++r) row(k)[r] *= d;
     const int64_t right = std::min(n - 1, k + kl + ku);
     for (int64_t j = k + 1; j <= right; ++j) {
       const T u = op(at(k, j));
       if (u == T(0)) continue;
-      for (int64_t r = 0; r < nrhs; ++r) row(j)[r] -= u * row(k)[r];
+      for (int64_t r = 0; r < nrhs; ++r) row(j)[r] -= mul(u, row(k)[r]);
     }
+    const T d = op(at(k, k));  // (the reciprocal)
+    for (int64_t r = 0; r < nrhs; ++r) row(k)[r] = mul(row(k)[r], d);
   }
   // L^T (or L^H), then the swaps, in the reverse order
   for (int64_t k = n - 1; k >= 0; --k) {
@@ -128,11 +145,149 @@ void Solve(int64_t n, int64_t kl, int64_t ku, const T* a, const int32_t* piv, in
     for (int64_t i = k + 1; i <= last; ++i) {
       const T l = op(at(i, k));
       if (l == T(0)) continue;
-      for (int64_t r = 0; r < nrhs; ++r) row(k)[r] -= l * row(i)[r];
+      for (int64_t r = 0; r < nrhs; ++r) row(k)[r] -= mul(l, row(i)[r]);
     }
     const int64_t p = piv[k];
     if (p != k) std::swap_ranges(row(k), row(k) + nrhs, row(p));
   }
+}
+
+// One right-hand side, the band's widths fixed at compile time (KL
+// subdiagonals, KW = kl + ku superdiagonals of U): each substitution keeps
+// the unknowns in flight (the next KL, or KW) in registers, a window that
+// slides by one row per step, so that a row waits on the one before it for
+// one multiply-add (U's rows are scaled by their pivots for that), not for
+// a store, a load and a multiply. The same arithmetic as `Solve`; rows
+// within a window's width of the end take `Solve`'s loops.
+template <typename T, int KL, int KW>
+void SolveOne(int64_t n, const T* a, const int32_t* piv, int trans, T* x) {
+  constexpr int64_t w = KL + KW + 1;  // (2 kl + ku + 1)
+  auto at = [&](int64_t i, int64_t j) -> T { return a[i * w + (j - i + KL)]; };
+  const bool conj = trans == 2;
+  auto op = [&](T v) -> T { return conj ? conjugate(v) : v; };
+  if (trans == 0) {
+    // L, forward: v[i] holds x[k + i] (i <= KL) as updated so far
+    T v[KL + 1];
+    for (int i = 0; i <= KL; ++i) v[i] = x[i];
+    const int64_t stop = n - KL - 1;  // (k + KL + 1 < n: the next row exists)
+    int64_t k = 0;
+    for (; k < stop; ++k) {
+      const int64_t s = piv[k] - k;
+      T xk = v[0];
+      for (int i = 1; i <= KL; ++i) {  // (the swap, as selects)
+        const T vi = v[i];
+        v[i] = s == i ? v[0] : vi;
+        xk = s == i ? vi : xk;
+      }
+      x[k] = xk;
+      const T* l = a + (k + 1) * w + (KL - 1);  // (L[k + i, k] at l[i (w - 1)])
+      for (int i = 1; i <= KL; ++i) v[i - 1] = v[i] - mul(l[(i - 1) * (w - 1)], xk);
+      v[KL] = x[k + KL + 1];
+    }
+    for (int i = 0; i <= KL; ++i) x[k + i] = v[i];
+    for (; k < n; ++k) {  // (the last rows)
+      const int64_t p = piv[k];
+      if (p != k) std::swap(x[k], x[p]);
+      const int64_t last = std::min(n - 1, k + KL);
+      for (int64_t i = k + 1; i <= last; ++i) x[i] -= mul(at(i, k), x[k]);
+    }
+    // D U' x = y, backward: v[j] holds x[k + 1 + j] (final)
+    k = n - 1;
+    for (; k >= n - KW; --k) {
+      T s = mul(x[k], at(k, k));
+      for (int64_t j = k + 1; j < n; ++j) s -= mul(at(k, j), x[j]);
+      x[k] = s;
+    }
+    T u[KW];
+    for (int j = 0; j < KW; ++j) u[j] = x[k + 1 + j];
+    for (; k >= 0; --k) {
+      const T* r = a + k * w + KL;  // (r[0]: the reciprocal pivot, r[j]: U'[k, k + j])
+      T far = T(0);
+      for (int j = KW; j >= 2; --j) far += mul(r[j], u[j - 1]);
+      const T s = mul(x[k], r[0]) - far - mul(r[1], u[0]);
+      for (int j = KW - 1; j >= 1; --j) u[j] = u[j - 1];
+      u[0] = s;
+      x[k] = s;
+    }
+    return;
+  }
+  // U'^T, forward: v[j] holds x[k + j] (j <= KW) as updated so far; then
+  // D^-T (or the conjugate) as each row is done
+  {
+    T v[KW + 1];
+    const int64_t stop = n - KW - 1;
+    int64_t k = 0;
+    for (int j = 0; j <= KW; ++j) v[j] = x[j];
+    for (; k < stop; ++k) {
+      const T* r = a + k * w + KL;
+      const T yk = v[0];
+      x[k] = mul(yk, op(r[0]));
+      for (int j = 1; j <= KW; ++j) v[j - 1] = v[j] - mul(op(r[j]), yk);
+      v[KW] = x[k + KW + 1];
+    }
+    for (int j = 0; j <= KW; ++j) x[k + j] = v[j];
+    for (; k < n; ++k) {
+      const int64_t right = std::min(n - 1, k + KW);
+      for (int64_t j = k + 1; j <= right; ++j) x[j] -= mul(op(at(k, j)), x[k]);
+      x[k] = mul(x[k], op(at(k, k)));
+    }
+  }
+  // L^T, backward, then the swaps: v[i] holds x[k + 1 + i] (i < KL) as
+  // updated so far (x[k + KL] is final once step k is done: no later step's
+  // swap reaches it)
+  int64_t k = n - 1;
+  for (; k >= n - KL; --k) {
+    for (int64_t i = k + 1; i < n; ++i) x[k] -= mul(op(at(i, k)), x[i]);
+    const int64_t p = piv[k];
+    if (p != k) std::swap(x[k], x[p]);
+  }
+  T v[KL];
+  for (int i = 0; i < KL; ++i) v[i] = x[k + 1 + i];
+  for (; k >= 0; --k) {
+    const T* l = a + (k + 1) * w + (KL - 1);  // (L[k + i, k] at l[(i - 1) (w - 1)])
+    T s = x[k];
+    for (int i = KL; i >= 1; --i) s -= mul(op(l[(i - 1) * (w - 1)]), v[i - 1]);
+    const int64_t d = piv[k] - k;
+    T xk = s;
+    for (int i = 1; i <= KL; ++i) {  // (the swap, as selects)
+      const T vi = v[i - 1];
+      v[i - 1] = d == i ? s : vi;
+      xk = d == i ? vi : xk;
+    }
+    x[k + KL] = v[KL - 1];
+    for (int i = KL - 1; i >= 1; --i) v[i] = v[i - 1];
+    v[0] = xk;
+  }
+  for (int i = 0; i < KL; ++i) x[i] = v[i];
+}
+
+// `SolveOne` where the widths have an instance (kl 1 .. 4, ku 0 .. 4) and
+// the matrix is longer than two windows, else `Solve`.
+template <typename T>
+void SolveVector(int64_t n, int64_t kl, int64_t ku, const T* a, const int32_t* piv, int trans,
+                 T* x) {
+#define SCIAD_BAND_ONE(KL, KU) \
+  case KL * 8 + KU:            \
+    return SolveOne<T, KL, KL + KU>(n, a, piv, trans, x);
+#define SCIAD_BAND_ROW(KL) \
+  SCIAD_BAND_ONE(KL, 0)    \
+  SCIAD_BAND_ONE(KL, 1)    \
+  SCIAD_BAND_ONE(KL, 2)    \
+  SCIAD_BAND_ONE(KL, 3)    \
+  SCIAD_BAND_ONE(KL, 4)
+  if (kl <= 4 && ku <= 4 && n > 2 * (2 * kl + ku + 1)) {
+    switch (kl * 8 + ku) {
+      SCIAD_BAND_ROW(1)
+      SCIAD_BAND_ROW(2)
+      SCIAD_BAND_ROW(3)
+      SCIAD_BAND_ROW(4)
+      default:
+        break;
+    }
+  }
+#undef SCIAD_BAND_ROW
+#undef SCIAD_BAND_ONE
+  Solve<T>(n, kl, ku, a, piv, 1, trans, x);
 }
 
 template <ffi::DataType D>
@@ -171,8 +326,12 @@ ffi::Error SolveImpl(ffi::Buffer<D> lu, ffi::Buffer<ffi::S32> piv, ffi::Buffer<D
   T* dst = x->typed_data();
   std::copy(src, src + b.element_count(), dst);
   for (int64_t l = 0; l < batch; ++l)
-    Solve<T>(n, kl, ku, lu.typed_data() + l * n * w, piv.typed_data() + l * n, nrhs,
-             static_cast<int>(trans), dst + l * n * nrhs);
+    if (nrhs == 1)
+      SolveVector<T>(n, kl, ku, lu.typed_data() + l * n * w, piv.typed_data() + l * n,
+                     static_cast<int>(trans), dst + l * n);
+    else
+      Solve<T>(n, kl, ku, lu.typed_data() + l * n * w, piv.typed_data() + l * n, nrhs,
+               static_cast<int>(trans), dst + l * n * nrhs);
   return ffi::Error::Success();
 }
 

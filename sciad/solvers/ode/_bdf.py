@@ -128,6 +128,22 @@ class _Linear(NamedTuple):
     direct: bool = False
 
 
+def _updated(D, d, order):
+    """The differences after an accepted step of `order` with correction
+    `d`: row `order + 2` is `d - D[order + 1]`, row `order + 1` is `d`, and
+    each row `j <= order` is `D[j]` plus the new row `j + 1` (SciPy's
+    sums, in its order); the rows above `order + 2` as they were. Row by
+    row, each a select of whole rows: one fused pass over `D` (a select of
+    all of `D` per row made a copy of it each, seven a step)."""
+    acc = jnp.zeros_like(d)
+    rows = [None] * D.shape[0]
+    for j in range(D.shape[0] - 1, -1, -1):
+        acc = jnp.where(j == order + 1, d, jnp.where(j <= order, D[j] + acc, acc))
+        rows[j] = jnp.where(j <= order + 1, acc,
+                            jnp.where(j == order + 2, d - D[max(j - 1, 0)], D[j]))
+    return jnp.stack(rows)
+
+
 def _row_scale(algebraic, c):
     """The rows of `M - c J` (and of its right-hand sides) scaled by `1 / c`
     where `M` has none (a DAE's algebraic equations, whose rows `-c J` would
@@ -329,7 +345,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
                 R=jnp.eye(MAX_ORDER + 1, dtype=dtype).at[1, 1].set(h0))
     rec0 = blank(t0, y0, ts, max_steps, record, dense, HISTORY if history else 0)
 
-    def newton(t_new, y_pred, c, psi, lu, scale):
+    def newton(t_new, y_pred, c, psi, lu, weight):
         """The modified Newton iteration: `(converged, iterations, y, d,
         evaluations)`."""
         def cond(s):
@@ -339,12 +355,14 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         def body(s):
             k, y, d, old, done, failed, nf = s
             f = field(t_new, y)
-            finite = jnp.all(jnp.isfinite(f))
+            # (where the size reads every element, a value of f that is not
+            # finite makes it so through the solve: no second reduction)
+            finite = jnp.all(jnp.isfinite(f)) if m < n else jnp.asarray(True)
             dy = linear.solve(lu, c * f - apply_mass(psi + d))
             # (measured on the first m elements, as the error: a sensitivity
             # system's iterations then stop where its primal's do, so it
             # takes the primal's steps)
-            size = _rms((dy / scale)[:m])
+            size = _rms((dy * weight)[:m])
             bad, ok = newton_verdict(k, size, size / old, finite, tol=newton_tol,
                                      maxiter=NEWTON_MAXITER)
             y2, d2 = jnp.where(bad, y, y + dy), jnp.where(bad, d, d + dy)
@@ -368,12 +386,20 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         D, R = jax.lax.cond(moved, rescale, lambda: (s.D, s.R))
         equal = jnp.where(moved, 0, s.equal)
         order = s.order
-        y_pred = jnp.sum(jnp.where(jnp.arange(MAX_ORDER + 3)[:, None] <= order, D, 0.0),
-                         axis=0)
-        scale = atol + rtol * jnp.abs(y_pred)
-        g = jnp.where(jnp.arange(1, MAX_ORDER + 3) <= order,
-                      jnp.concatenate([gamma[1:], jnp.zeros(2, dtype)]), 0.0)
-        psi = (g @ D[1:]) / alpha[order]
+        # (y_pred's sum unrolled, an elementwise pass XLA fuses, and psi's
+        # weights on all of D's rows: a masked D and a slice of it were two
+        # more copies of it a step. psi stays a product, a library call,
+        # not multiply-adds that a fusion may contract or not: a DAE's
+        # gradient read rounding differences in it between programs)
+        y_pred = D[0]
+        for j in range(1, MAX_ORDER + 1):
+            y_pred = y_pred + jnp.where(j <= order, D[j], 0.0)
+        g = jnp.where((jnp.arange(MAX_ORDER + 3) >= 1) & (jnp.arange(MAX_ORDER + 3) <= order),
+                      jnp.concatenate([gamma, jnp.zeros(2, dtype)]), 0.0)
+        psi = (g @ D) / alpha[order]
+        # (the error weights' reciprocals once: a multiply per element, where
+        # a division in each iteration's norm was most of its time)
+        weight = 1.0 / (atol + rtol * jnp.abs(y_pred))
         c = h / alpha[order]
 
         # up to two passes: with the kept Jacobian, then (where that failed
@@ -390,7 +416,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
             refactor = renew | ~(jnp.abs(c - lu_c) <= REFACTOR * jnp.abs(c))
             lu = refactored(linear, lu, J, c, refactor & live & pass_cond(p))
             lu_c = jnp.where(refactor, c, lu_c)
-            done, iters, y, d, nf = newton(t_new, y_pred, c, psi, lu, scale)
+            done, iters, y, d, nf = newton(t_new, y_pred, c, psi, lu, weight)
             counts = Counts(counts.nfev + nf, counts.njev + renew.astype(jnp.int32),
                             counts.nlu + refactor.astype(jnp.int32))
             return k + 1, done, J, fresh, lu, lu_c, iters, y, d, counts
@@ -401,8 +427,8 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
                                    s.J_fresh, s.lu, s.lu_c, jnp.asarray(0, jnp.int32),
                                    y_pred, zero, s.counts))
         safety = 0.9 * (2 * NEWTON_MAXITER + 1) / (2 * NEWTON_MAXITER + iters)
-        scale = atol + rtol * jnp.abs(y_new)
-        error_norm = _rms((error_const[order] * d / scale)[:m])
+        weight = 1.0 / (atol + rtol * jnp.abs(y_new))
+        error_norm = _rms((error_const[order] * d * weight)[:m])
         accept = converged & (error_norm <= 1)
         # rejected: half the step where Newton failed, else by the error
         shrink = jnp.where(converged,
@@ -410,15 +436,13 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
                            0.5)
 
         # accepted: the differences updated, the next order and step
-        D_new = D.at[order + 2].set(d - D[order + 1]).at[order + 1].set(d)
-        for j in range(MAX_ORDER, -1, -1):  # (unrolled: six fused updates, not a loop)
-            D_new = jnp.where(j <= order, D_new.at[j].add(D_new[j + 1]), D_new)
+        D_new = _updated(D, d, order)
         equal_new = equal + 1
         ready = equal_new >= order + 1
-        em = jnp.where(order > 1, _rms((error_const[order - 1] * D_new[order] / scale)[:m]),
+        em = jnp.where(order > 1, _rms((error_const[order - 1] * D_new[order] * weight)[:m]),
                        jnp.inf)
         ep = jnp.where(order < MAX_ORDER,
-                       _rms((error_const[order + 1] * D_new[order + 2] / scale)[:m]), jnp.inf)
+                       _rms((error_const[order + 1] * D_new[order + 2] * weight)[:m]), jnp.inf)
         norms = jnp.stack([em, error_norm, ep])
         powers = -1.0 / (order + jnp.arange(3, dtype=dtype))
         factors = jnp.where(norms > 0, norms ** powers, jnp.inf)

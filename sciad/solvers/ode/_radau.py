@@ -224,6 +224,20 @@ def _sparse_linear(field, pattern, mass=None, dtype=None):
                    columns=False)
 
 
+def mix(A, X):
+    """`A @ X` for a small matrix `A` (`(k, l)`, NumPy's or traced) and the
+    rows `X` (`(l, n)`): each row of the result a sum of `l` scaled rows,
+    unrolled into elementwise passes that XLA fuses (a 3 x 3 times 3 x n
+    product is a library call of its own, and took several times the
+    arithmetic's time at n in the thousands)."""
+    k, l = A.shape
+    # (NumPy's entries as Python floats: weakly typed, they keep X's dtype)
+    a = A.tolist() if isinstance(A, np.ndarray) else [[A[i, j] for j in range(l)]
+                                                       for i in range(k)]
+    return jnp.stack([functools.reduce(lambda acc, j: acc + a[i][j] * X[j], range(1, l),
+                                       a[i][0] * X[0]) for i in range(k)])
+
+
 def newton(field: Callable, linear: _Linear, apply_mass: Callable, t, y, h, Z0, lus, scale, *,
            m: int, tol: float, maxiter: int):
     """The simplified Newton iteration on the collocation system of the step
@@ -236,11 +250,11 @@ def newton(field: Callable, linear: _Linear, apply_mass: Callable, t, y, h, Z0, 
     to get there within `maxiter` iterations, or a value not finite."""
     mu_r, mu_c, T, TI, _ = constants()
     dtype = y.dtype
-    cdtype = jnp.result_type(dtype, jnp.complex64)
-    Cj, Tj, TIj = (jnp.asarray(a, dtype) for a in (C, T, TI))
-    ti_real, ti_complex = TIj[0], (TIj[1] + 1j * TIj[2]).astype(cdtype)
+    Cj = jnp.asarray(C, dtype)
     lu_real, lu_complex = lus
     m_real, m_complex = mu_r / h, mu_c / h
+    n = y.shape[0]
+    weight = 1.0 / scale  # (once: a multiply per element in each iteration's norm)
 
     def cond(s):
         k, _, _, _, done, failed = s[:6]
@@ -249,23 +263,26 @@ def newton(field: Callable, linear: _Linear, apply_mass: Callable, t, y, h, Z0, 
     def body(s):
         k, W, Z, old, done, failed, rate, nf = s
         F = jax.vmap(lambda c, z: field(t + c * h, y + z))(Cj, Z)  # (3, n)
-        finite = jnp.all(jnp.isfinite(F))
-        f_real = F.T @ ti_real - m_real * apply_mass(W[0])
-        f_complex = F.T.astype(cdtype) @ ti_complex - m_complex * (
+        # (where the size reads every element, a value of F that is not
+        # finite makes it so through T^-1 and the solves: 0 * inf is NaN)
+        finite = jnp.all(jnp.isfinite(F)) if m < n else jnp.asarray(True)
+        TF = mix(TI, F)
+        f_real = TF[0] - m_real * apply_mass(W[0])
+        f_complex = jax.lax.complex(TF[1], TF[2]) - m_complex * (
             apply_mass(W[1]) + 1j * apply_mass(W[2]))
         dw_real = linear.solve_real(lu_real, f_real)
         dw_complex = linear.solve_complex(lu_complex, f_complex)
         dW = jnp.stack([dw_real, dw_complex.real.astype(dtype),
                         dw_complex.imag.astype(dtype)])
-        size = _rms((dW / scale)[:, :m])  # (the first m elements: as BDF's)
+        size = _rms((dW * weight)[:, :m])  # (the first m elements: as BDF's)
         new_rate = jnp.where(k > 0, size / old, rate)
         bad, ok = newton_verdict(k, size, new_rate, finite, tol=tol, maxiter=maxiter)
         W2 = jnp.where(bad, W, W + dW)
-        Z2 = jnp.where(bad, Z, Tj @ W2)
+        Z2 = jnp.where(bad, Z, mix(T, W2))
         return k + 1, W2, Z2, size, ok, bad, new_rate, nf + 3
 
     k, _, Z, size, done, _, rate, nf = jax.lax.while_loop(
-        cond, body, (jnp.asarray(0, jnp.int32), TIj @ Z0, Z0, jnp.asarray(jnp.inf, dtype),
+        cond, body, (jnp.asarray(0, jnp.int32), mix(TI, Z0), Z0, jnp.asarray(jnp.inf, dtype),
                      jnp.asarray(False), jnp.asarray(False),
                      jnp.asarray(jnp.nan, dtype), jnp.asarray(0, jnp.int32)))
     return done, k, Z, rate, nf, size
@@ -275,7 +292,7 @@ class _State(NamedTuple):
     tr: Track           # the progress over the output times
     y: jax.Array
     f: jax.Array
-    Q: jax.Array        # the last step's collocation polynomial's coefficients (n, 3)
+    Q: jax.Array        # the last step's collocation polynomial's coefficients (3, n)
     t_old: jax.Array    # and its start
     h_old: jax.Array    # and size (0: none yet)
     err_old: jax.Array  # its error norm (nan: none)
@@ -307,7 +324,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         _dense_linear(field, n, dtype, mass)
     M = mass_of(mass, jac, pattern, n, dtype)
     apply_mass = (lambda v: v) if M is None else M.apply
-    Cj, Ej, Pj = (jnp.asarray(a, dtype) for a in (C, E, P))
+    Cj = jnp.asarray(C, dtype)
     max_step = jnp.inf if dtmax is None else float(dtmax)
 
     f0 = field(t0, y0)
@@ -318,7 +335,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
     J0 = linear.jacobian(t0, y0)
     s0 = _State(
         tr=start(t0, ts, inconsistent(M, f0, y0, rtol)),
-        y=y0, f=f0, Q=jnp.zeros((n, 3), dtype), t_old=t0, h_old=jnp.zeros((), dtype),
+        y=y0, f=f0, Q=jnp.zeros((3, n), dtype), t_old=t0, h_old=jnp.zeros((), dtype),
         err_old=jnp.asarray(jnp.nan, dtype), h_want=h0, rejected=jnp.asarray(False),
         J=J0, J_fresh=jnp.asarray(True), lus=linear.factor(J0, h0),
         lu_h=jnp.asarray(jnp.nan, dtype),
@@ -338,8 +355,8 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         # the stages started from the last step's collocation polynomial
         x = (t + h * Cj - s.t_old) / jnp.where(s.h_old > 0, s.h_old, 1.0)
         powers = jnp.stack([x, x ** 2, x ** 3], axis=1)  # (3, 3)
-        # (u(t) = y_old + Q [x, x^2, x^3], and y = u(t_old + h_old))
-        Z0 = jnp.where(s.h_old > 0, powers @ s.Q.T - jnp.sum(s.Q, axis=1), 0.0)
+        # (u(t) = y_old + Q^T [x, x^2, x^3], and y = u(t_old + h_old))
+        Z0 = jnp.where(s.h_old > 0, mix(powers, s.Q) - (s.Q[0] + s.Q[1] + s.Q[2]), 0.0)
         scale = atol + jnp.abs(s.y) * rtol
 
         def pass_cond(p):
@@ -366,10 +383,10 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
                                    s.J_fresh, s.lus, s.lu_h, jnp.asarray(0, jnp.int32), Z0,
                                    jnp.asarray(jnp.nan, dtype), s.counts))
         y_new = s.y + Z[-1]
-        ZE = apply_mass(Z.T @ Ej / h)
+        ZE = apply_mass(mix(E[None], Z)[0] / h)
         error = linear.solve_real(lus[0], s.f + ZE)
-        scale = atol + jnp.maximum(jnp.abs(s.y), jnp.abs(y_new)) * rtol
-        err = _rms((error / scale)[:m])
+        weight = 1.0 / (atol + jnp.maximum(jnp.abs(s.y), jnp.abs(y_new)) * rtol)
+        err = _rms((error * weight)[:m])
         # a rejected step's estimate filtered once more (RADAU5)
         # (a loop run at most once, not a `lax.cond`: under `jax.vmap` a cond
         # becomes a select of both branches, whose batching a kept KLU
@@ -377,7 +394,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         def refilter(c):
             _, e, _, k = c
             e = linear.solve_real(lus[0], field(t, s.y + e) + ZE)
-            return False, e, _rms((e / scale)[:m]), k._replace(nfev=k.nfev + 1)
+            return False, e, _rms((e * weight)[:m]), k._replace(nfev=k.nfev + 1)
 
         _, error, err, counts = jax.lax.while_loop(
             lambda c: c[0], refilter, (converged & s.rejected & (err > 1), error, err, counts))
@@ -401,7 +418,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         # made again for the next step size)
         return _State(
             tr=tr, y=jnp.where(accept, y_new, s.y), f=f_new,
-            Q=jnp.where(accept, Z.T @ Pj, s.Q), t_old=jnp.where(accept, t, s.t_old),
+            Q=jnp.where(accept, mix(P.T, Z), s.Q), t_old=jnp.where(accept, t, s.t_old),
             h_old=jnp.where(accept, h, s.h_old), err_old=jnp.where(accept, err, s.err_old),
             h_want=h_want, rejected=~accept, J=J_next,
             J_fresh=jnp.where(accept, renew_jac, fresh), lus=lus,
