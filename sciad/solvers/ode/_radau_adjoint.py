@@ -133,17 +133,16 @@ class _Stages:
 
     def __init__(self, field, consts, linear, mass, lus, t, h, y):
         _, _, T, TI, _ = _radau.constants()
-        dtype = y.dtype
         self.field, self.consts, self.linear, self.lus = field, consts, linear, lus
         self.t, self.h, self.y = t, h, y
         self.apply_mass = (lambda v: v) if mass is None else mass.apply
         self.apply_mass_t = (lambda v: v) if mass is None else mass.apply_t
-        self.T, self.TI = (jnp.asarray(a, dtype) for a in (T, TI))
-        self.Ainv = jnp.asarray(np.linalg.inv(_radau.A), dtype)
+        self.T, self.TI = T, TI  # (NumPy's: `_radau.mix` keeps the values' dtype)
+        self.Ainv = np.linalg.inv(_radau.A)
 
     def residual(self, Z):
         """`G(Z) = (A^-1 (x) M) Z / h - F(Z)`."""
-        return self.Ainv @ jax.vmap(self.apply_mass)(Z) / self.h - \
+        return _radau.mix(self.Ainv, jax.vmap(self.apply_mass)(Z)) / self.h - \
             _stage_fields(self.field, self.consts, self.t, self.h, self.y, Z)
 
     def _solve(self, v, transpose: bool):
@@ -194,8 +193,11 @@ class _Stages:
 
 
 def _mix(matrix, v):
-    """`(matrix (x) I) v` for each direction of `v`, `(directions, 3, n)`."""
-    return jnp.einsum("ij,bjn->bin", matrix, v)
+    """`(matrix (x) I) v` for each direction of `v`, `(directions, 3, n)`:
+    `_radau.mix` on the stage axis (unrolled sums of scaled stages, fused
+    by XLA; as an einsum, a matrix kernel with `v` transposed there and
+    back, most of an iteration's time outside its solves)."""
+    return jax.vmap(lambda x: _radau.mix(matrix, x))(v)
 
 
 def _relative(d, x):
