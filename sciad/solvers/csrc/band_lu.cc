@@ -35,6 +35,17 @@
 
 namespace ffi = xla::ffi;
 
+// (the loops over a band's compile-time widths unrolled, so that the windows
+// of unknowns they index stay in registers: GCC's -O2 does not unroll them,
+// and kept the complex ones' windows in memory)
+#if defined(__clang__)
+#define SCIAD_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define SCIAD_UNROLL _Pragma("GCC unroll 16")
+#else
+#define SCIAD_UNROLL
+#endif
+
 namespace {
 
 inline double magnitude(double x) { return std::fabs(x); }
@@ -168,12 +179,14 @@ void SolveOne(int64_t n, const T* a, const int32_t* piv, int trans, T* x) {
   if (trans == 0) {
     // L, forward: v[i] holds x[k + i] (i <= KL) as updated so far
     T v[KL + 1];
+    SCIAD_UNROLL
     for (int i = 0; i <= KL; ++i) v[i] = x[i];
     const int64_t stop = n - KL - 1;  // (k + KL + 1 < n: the next row exists)
     int64_t k = 0;
     for (; k < stop; ++k) {
       const int64_t s = piv[k] - k;
       T xk = v[0];
+      SCIAD_UNROLL
       for (int i = 1; i <= KL; ++i) {  // (the swap, as selects)
         const T vi = v[i];
         v[i] = s == i ? v[0] : vi;
@@ -181,9 +194,11 @@ void SolveOne(int64_t n, const T* a, const int32_t* piv, int trans, T* x) {
       }
       x[k] = xk;
       const T* l = a + (k + 1) * w + (KL - 1);  // (L[k + i, k] at l[i (w - 1)])
+      SCIAD_UNROLL
       for (int i = 1; i <= KL; ++i) v[i - 1] = v[i] - mul(l[(i - 1) * (w - 1)], xk);
       v[KL] = x[k + KL + 1];
     }
+    SCIAD_UNROLL
     for (int i = 0; i <= KL; ++i) x[k + i] = v[i];
     for (; k < n; ++k) {  // (the last rows)
       const int64_t p = piv[k];
@@ -199,12 +214,15 @@ void SolveOne(int64_t n, const T* a, const int32_t* piv, int trans, T* x) {
       x[k] = s;
     }
     T u[KW];
+    SCIAD_UNROLL
     for (int j = 0; j < KW; ++j) u[j] = x[k + 1 + j];
     for (; k >= 0; --k) {
       const T* r = a + k * w + KL;  // (r[0]: the reciprocal pivot, r[j]: U'[k, k + j])
       T far = T(0);
+      SCIAD_UNROLL
       for (int j = KW; j >= 2; --j) far += mul(r[j], u[j - 1]);
       const T s = mul(x[k], r[0]) - far - mul(r[1], u[0]);
+      SCIAD_UNROLL
       for (int j = KW - 1; j >= 1; --j) u[j] = u[j - 1];
       u[0] = s;
       x[k] = s;
@@ -217,14 +235,17 @@ void SolveOne(int64_t n, const T* a, const int32_t* piv, int trans, T* x) {
     T v[KW + 1];
     const int64_t stop = n - KW - 1;
     int64_t k = 0;
+    SCIAD_UNROLL
     for (int j = 0; j <= KW; ++j) v[j] = x[j];
     for (; k < stop; ++k) {
       const T* r = a + k * w + KL;
       const T yk = v[0];
       x[k] = mul(yk, op(r[0]));
+      SCIAD_UNROLL
       for (int j = 1; j <= KW; ++j) v[j - 1] = v[j] - mul(op(r[j]), yk);
       v[KW] = x[k + KW + 1];
     }
+    SCIAD_UNROLL
     for (int j = 0; j <= KW; ++j) x[k + j] = v[j];
     for (; k < n; ++k) {
       const int64_t right = std::min(n - 1, k + KW);
@@ -242,22 +263,27 @@ void SolveOne(int64_t n, const T* a, const int32_t* piv, int trans, T* x) {
     if (p != k) std::swap(x[k], x[p]);
   }
   T v[KL];
+  SCIAD_UNROLL
   for (int i = 0; i < KL; ++i) v[i] = x[k + 1 + i];
   for (; k >= 0; --k) {
     const T* l = a + (k + 1) * w + (KL - 1);  // (L[k + i, k] at l[(i - 1) (w - 1)])
     T s = x[k];
+    SCIAD_UNROLL
     for (int i = KL; i >= 1; --i) s -= mul(op(l[(i - 1) * (w - 1)]), v[i - 1]);
     const int64_t d = piv[k] - k;
     T xk = s;
+    SCIAD_UNROLL
     for (int i = 1; i <= KL; ++i) {  // (the swap, as selects)
       const T vi = v[i - 1];
       v[i - 1] = d == i ? s : vi;
       xk = d == i ? vi : xk;
     }
     x[k + KL] = v[KL - 1];
+    SCIAD_UNROLL
     for (int i = KL - 1; i >= 1; --i) v[i] = v[i - 1];
     v[0] = xk;
   }
+  SCIAD_UNROLL
   for (int i = 0; i < KL; ++i) x[i] = v[i];
 }
 
