@@ -316,21 +316,42 @@ void SolveVector(int64_t n, int64_t kl, int64_t ku, const T* a, const int32_t* p
   Solve<T>(n, kl, ku, a, piv, 1, trans, x);
 }
 
+// The factorization of the matrices whose entries `values` (`(batch...,
+// nnz)`) are at `positions` in the flat band storage (`(batch..., nnz)` or
+// `(nnz)`, shared; int32) the band zeroed and the values placed here, where the
+// program's zeros and scatter were two more passes over it a call.
 template <ffi::DataType D>
-ffi::Error FactorImpl(ffi::Buffer<D> ab, int64_t kl, int64_t ku, ffi::ResultBuffer<D> lu,
-                      ffi::ResultBuffer<ffi::S32> piv, ffi::ResultBuffer<ffi::S32> info) {
+ffi::Error FactorImpl(ffi::Buffer<D> values, ffi::Buffer<ffi::S32> positions, int64_t kl,
+                      int64_t ku, ffi::ResultBuffer<D> lu, ffi::ResultBuffer<ffi::S32> piv,
+                      ffi::ResultBuffer<ffi::S32> info) {
   using T = ffi::NativeType<D>;
-  auto dims = ab.dimensions();
-  if (dims.size() < 2) return ffi::Error::InvalidArgument("sciad_band_factor: ab is not 2-D");
+  auto dims = lu->dimensions(), vdims = values.dimensions();
+  if (dims.size() < 2 || vdims.size() < 1)
+    return ffi::Error::InvalidArgument("sciad_band_factor: lu is not 2-D or values is not 1-D");
   const int64_t n = dims[dims.size() - 2], w = dims[dims.size() - 1];
   if (w != 2 * kl + ku + 1 || kl < 0 || ku < 0)
     return ffi::Error::InvalidArgument("sciad_band_factor: the band's width is not 2 kl + ku + 1");
-  const int64_t batch = n == 0 ? 0 : static_cast<int64_t>(ab.element_count()) / (n * w);
-  const T* src = ab.typed_data();
+  const int64_t batch = n == 0 ? 0 : static_cast<int64_t>(lu->element_count()) / (n * w);
+  const int64_t nnz = vdims[vdims.size() - 1];
+  const int64_t pcount = static_cast<int64_t>(positions.element_count());
+  if (static_cast<int64_t>(values.element_count()) != batch * nnz ||
+      (pcount != nnz && pcount != batch * nnz))
+    return ffi::Error::InvalidArgument("sciad_band_factor: values and positions do not match");
+  const T* src = values.typed_data();
+  const int32_t* at = positions.typed_data();
   T* dst = lu->typed_data();
-  std::copy(src, src + ab.element_count(), dst);
-  for (int64_t l = 0; l < batch; ++l)
-    info->typed_data()[l] = Factor<T>(n, kl, ku, dst + l * n * w, piv->typed_data() + l * n);
+  std::fill(dst, dst + lu->element_count(), T(0));
+  for (int64_t l = 0; l < batch; ++l) {
+    T* band = dst + l * n * w;
+    const int32_t* where = pcount == nnz ? at : at + l * nnz;
+    for (int64_t e = 0; e < nnz; ++e) {
+      const int64_t q = where[e];
+      if (q < 0 || q >= n * w)
+        return ffi::Error::InvalidArgument("sciad_band_factor: a position outside the band");
+      band[q] = src[l * nnz + e];
+    }
+    info->typed_data()[l] = Factor<T>(n, kl, ku, band, piv->typed_data() + l * n);
+  }
   return ffi::Error::Success();
 }
 
@@ -367,6 +388,7 @@ ffi::Error SolveImpl(ffi::Buffer<D> lu, ffi::Buffer<ffi::S32> piv, ffi::Buffer<D
   XLA_FFI_DEFINE_HANDLER_SYMBOL(sciad_band_factor_##SUFFIX, FactorImpl<D>,              \
                                 ffi::Ffi::Bind()                                        \
                                     .Arg<ffi::Buffer<D>>()                              \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
                                     .Attr<int64_t>("kl")                                \
                                     .Attr<int64_t>("ku")                                \
                                     .Ret<ffi::Buffer<D>>()                              \

@@ -112,14 +112,14 @@ class Band:
         pattern) in this band."""
         _registered()
         work = _work_dtype(values.dtype)
-        ab = jnp.zeros((self.n * self.width,), work).at[self.positions].set(values.astype(work))
         kind = "c128" if work == jnp.complex128 else "f64"
+        # (the band zeroed and the values placed by the kernel)
         lu, piv, _ = jax.ffi.ffi_call(
             f"sciad_band_factor_{kind}",
             (jax.ShapeDtypeStruct((self.n, self.width), work),
              jax.ShapeDtypeStruct((self.n,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32)),
-            vmap_method="broadcast_all")(ab.reshape(self.n, self.width), kl=np.int64(self.kl),
-                                         ku=np.int64(self.ku))
+            vmap_method="broadcast_all")(values.astype(work), jnp.asarray(self.positions),
+                                         kl=np.int64(self.kl), ku=np.int64(self.ku))
         return Factor(lu, piv)
 
     def solve(self, factor: Factor, b, trans: int = 0):
@@ -165,8 +165,9 @@ def _fit(n, rows, cols, perm, nnz):
     kl = int(max(0, np.max(rows - cols, initial=0)))
     ku = int(max(0, np.max(cols - rows, initial=0)))
     width = 2 * kl + ku + 1
-    if kl + ku > MAX_WIDTH or n * width > STORAGE * max(nnz, n):
+    if kl + ku > MAX_WIDTH or n * width > STORAGE * max(nnz, n) or n * width >= 2 ** 31:
         return None
-    positions = rows.astype(np.int64) * width + (cols - rows + kl)
+    # (int32: the kernel's placing of the values reads them, x64 or not)
+    positions = (rows.astype(np.int64) * width + (cols - rows + kl)).astype(np.int32)
     positions.setflags(write=False)
     return Band(n, kl, ku, perm, positions)

@@ -14,7 +14,7 @@ a modified Newton iteration solves
 for the correction `d`, with the iteration matrix `M - c J` (`M` the mass
 matrix, the identity for an ODE; `J = df/dy`) factored once and reused over
 steps: it is factored again where `c` has moved by more than `REFACTOR`
-from the factorization's, and `J` evaluated again (at the predicted state)
+(`REFACTOR_DIRECT` where factoring is cheap) from the factorization's, and `J` evaluated again (at the predicted state)
 only where the iteration fails to converge with a stale one. The local
 error `error_const[k] |d|` controls the step; after `k + 1` steps of equal
 size the order moves by one where the neighbouring orders' error estimates
@@ -50,8 +50,13 @@ NEWTON_MAXITER = 4
 #: the least and most a step may shrink or grow at once
 MIN_FACTOR, MAX_FACTOR = 0.2, 10.0
 #: the iteration matrix is factored again where `c = h / alpha` has moved
-#: by more than this fraction from the factorization's
-REFACTOR = 0.3
+#: by more than this fraction from the factorization's: `REFACTOR` where a
+#: factorization costs many solves (KLU's, a large dense LU),
+#: `REFACTOR_DIRECT` where it costs a few (`_Linear.direct`: a narrow band, a
+#: small dense matrix), which keeps the Newton iterations SciPy's (it
+#: factors at every change of `c`): on Robertson's problem 0.3 made 16-28
+#: Jacobians against SciPy's 9, as rounding fell, 0.1 makes 9
+REFACTOR, REFACTOR_DIRECT = 0.3, 0.1
 #: a dense iteration matrix of at most this many unknowns counts as cheap to
 #: factor (`_Linear.direct`)
 DIRECT_SIZE = 64
@@ -320,6 +325,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
     t0, t_end = ts[0], ts[-1]
     M, linear, newton_tol = iteration(field, n, dtype, rtol, jac, pattern, mass)
     apply_mass = (lambda v: v) if M is None else M.apply
+    refactor_tol = REFACTOR_DIRECT if linear.direct else REFACTOR
     alpha, gamma, error_const = (jnp.asarray(a, dtype) for a in (ALPHA, GAMMA, ERROR_CONST))
     max_step = jnp.inf if dtmax is None else float(dtmax)
 
@@ -413,7 +419,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
             renew = k > 0
             J = jax.lax.cond(renew, lambda: linear.jacobian(t_new, y_pred), lambda: J)
             fresh = fresh | renew
-            refactor = renew | ~(jnp.abs(c - lu_c) <= REFACTOR * jnp.abs(c))
+            refactor = renew | ~(jnp.abs(c - lu_c) <= refactor_tol * jnp.abs(c))
             lu = refactored(linear, lu, J, c, refactor & live & pass_cond(p))
             lu_c = jnp.where(refactor, c, lu_c)
             done, iters, y, d, nf = newton(t_new, y_pred, c, psi, lu, weight)
