@@ -76,7 +76,7 @@ def _rows(A, L):
     k)` `A`): one 2-D matrix product, which XLA's CPU backend calls its
     matrix kernel for without moving `L` (with the rows second, as an
     einsum, it transposed `L` there and back: a third of the pass's time)."""
-    return (A @ L.reshape(L.shape[0], -1)).reshape(L.shape)
+    return (A @ L.reshape(L.shape[0], -1)).reshape((A.shape[0],) + L.shape[1:])
 
 
 def adjoint(field: Callable, consts, grid, marks, states, history, ct, ct_states=None, *,
@@ -178,20 +178,24 @@ def adjoint(field: Callable, consts, grid, marks, states, history, ct, ct_states
         # solve `L <- G L + u ybar - v M^T mu`. (Applied in turn, each a
         # pass over L, XLA fused their selects into every consumer and
         # computed them again there: most of a step's time.)
+        # (selects for the moves, one product for R^T, and one of [G; w]
+        # with L: the products are the pass's only calls of XLA's matrix
+        # kernel, two a step, as before)
         r = rows[:, 0, 0]
         P1 = jnp.where(r[:, None] <= q + 1, lower, eye)
         w = P1[q + 1] + P1[q + 2]
-        P2 = jnp.where(r[:, None] == q + 1, -eye[q + 2][None],
-                       jnp.where(r[:, None] == q + 2, 0.0, eye))
-        RX = eye.at[:RESCALED, :RESCALED].set(RT)
-        G = RX @ (P2 @ P1)
+        Q = jnp.where(r[:, None] == q + 1, -P1[q + 2][None],
+                      jnp.where(r[:, None] == q + 2, 0.0, P1))
         psi = jnp.where((r >= 1) & (r <= q), gamma, 0.0) / aq
-        u, v = RX @ (r <= q).astype(dtype), RX @ psi
-        lam = jnp.tensordot(w, L, axes=1)
+        Quv = jnp.concatenate([Q, (r <= q).astype(dtype)[:, None], psi[:, None]], axis=1)
+        Quv = jnp.concatenate([RT @ Quv[:RESCALED], Quv[RESCALED:]])
+        G, u, v = Quv[:, :ROWS], Quv[:, ROWS], Quv[:, ROWS + 1]
+        GL = _rows(jnp.concatenate([G, w[None]]), L)
+        lam = GL[ROWS]
         _, pull = jax.vjp(lambda cs, z: field(cs, t, z), consts, y)
         ok, mu, J, lu, lu_c, renew, made = solve(t, y, c, lam, pull, J, lu, lu_c, renew, live)
         cbar, ybar = jax.vmap(pull)(c * mu)
-        L = _rows(G, L) + u[:, None, None] * ybar[None] \
+        L = GL[:ROWS] + u[:, None, None] * ybar[None] \
             - v[:, None, None] * jax.vmap(apply_t)(mu)[None]
         acc = jax.tree_util.tree_map(jnp.add, acc, cbar)
         bad = step_status(live, ok, mu, ybar, cbar)
