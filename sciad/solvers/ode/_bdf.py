@@ -14,8 +14,9 @@ a modified Newton iteration solves
 for the correction `d`, with the iteration matrix `M - c J` (`M` the mass
 matrix, the identity for an ODE; `J = df/dy`) factored once and reused over
 steps: it is factored again where `c` has moved by more than `REFACTOR`
-(`REFACTOR_DIRECT` where factoring is cheap) from the factorization's, and `J` evaluated again (at the predicted state)
-only where the iteration fails to converge with a stale one. The local
+(`REFACTOR_DIRECT` where factoring is cheap) from the factorization's, and
+`J` evaluated again (at the predicted state) only where the iteration fails
+to converge with a stale one. The local
 error `error_const[k] |d|` controls the step; after `k + 1` steps of equal
 size the order moves by one where the neighbouring orders' error estimates
 promise a longer step. A step size change rescales `D` (`change_D`). Steps
@@ -42,7 +43,7 @@ from ..direct import _band
 from . import _kept_klu, _ode
 from ._steps import (Counts, Result, Track, advance, blank, finish, inconsistent, mass_of,
                      newton_tolerance, newton_verdict, propose, refactored, released, run,
-                     start)
+                     start, values_finite)
 
 MAX_ORDER = 5
 #: Newton iterations per attempt (SciPy's NEWTON_MAXITER)
@@ -361,9 +362,7 @@ def integrate(field: Callable, y0, ts, *, rtol: float, atol: float, max_steps: i
         def body(s):
             k, y, d, old, done, failed, nf = s
             f = field(t_new, y)
-            # (where the size reads every element, a value of f that is not
-            # finite makes it so through the solve: no second reduction)
-            finite = jnp.all(jnp.isfinite(f)) if m < n else jnp.asarray(True)
+            finite = values_finite(f, m)
             dy = linear.solve(lu, c * f - apply_mass(psi + d))
             # (measured on the first m elements, as the error: a sensitivity
             # system's iterations then stop where its primal's do, so it

@@ -174,13 +174,12 @@ def adjoint(field: Callable, consts, grid, marks, states, history, ct, ct_states
         # The step's map of L, linear but for the solve's terms, composed
         # as small matrices first (ROWS x ROWS: the transposed cumulative
         # sums D_i += D_{i+1}, i = q, ..., 0; the moves of rows q + 1 and
-        # q + 2; R^T), then applied to L once: `lam = w L`, and after the
-        # solve `L <- G L + u ybar - v M^T mu`. (Applied in turn, each a
-        # pass over L, XLA fused their selects into every consumer and
-        # computed them again there: most of a step's time.)
-        # (selects for the moves, one product for R^T, and one of [G; w]
-        # with L: the products are the pass's only calls of XLA's matrix
-        # kernel, two a step, as before)
+        # q + 2, as selects; R^T, one product with the solve terms' weights
+        # u and v), then applied to L once, as [G; w] L: `lam = w L`, and
+        # after the solve `L <- G L + u ybar - v M^T mu`. Two calls of XLA's
+        # matrix kernel a step. (Applied to L in turn, each a pass over it,
+        # XLA fused their selects into every consumer and computed them
+        # again there: most of a step's time.)
         r = rows[:, 0, 0]
         P1 = jnp.where(r[:, None] <= q + 1, lower, eye)
         w = P1[q + 1] + P1[q + 2]

@@ -47,7 +47,8 @@ import numpy as np
 
 from . import _bdf
 from ._steps import (Counts, Result, Track, advance, blank, finish, inconsistent,
-                     newton_verdict, propose, refactored, released, run, start)
+                     newton_verdict, propose, refactored, released, run, start,
+                     values_finite)
 
 #: simplified Newton iterations per stage, and a correction's rounding
 #: floor, in units of `eps` times the iterate's largest element
@@ -139,7 +140,7 @@ def integrate(field: Callable, y0, ts, *, tableau, order: int, rtol: float, atol
             # tight atol is solved from equations of O(1) terms, whose
             # rounding no iteration removes)
             floor = _bdf._rms((FLOOR_EPS * eps * jnp.max(jnp.abs(z)) / scale)[:m])
-            bad, ok = newton_verdict(k, size, size / old, jnp.all(jnp.isfinite(f)),
+            bad, ok = newton_verdict(k, size, size / old, values_finite(f, m),
                                      tol=newton_tol, maxiter=NEWTON_MAXITER, floor=floor)
             return k + 1, jnp.where(bad, z, z + dz), size, ok, bad, nf + 1
 

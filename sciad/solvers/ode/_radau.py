@@ -37,7 +37,7 @@ from . import _kept_klu, _ode
 from ._bdf import _rms, initial_step
 from ._steps import (Counts, Result, Track, advance, blank, finish, inconsistent, mass_of,
                      newton_tolerance, newton_verdict, propose, refactored, released, run,
-                     start)
+                     start, values_finite)
 
 S6 = 6.0 ** 0.5
 #: the nodes, and the Butcher matrix of Radau IIA (order 5)
@@ -253,7 +253,6 @@ def newton(field: Callable, linear: _Linear, apply_mass: Callable, t, y, h, Z0, 
     Cj = jnp.asarray(C, dtype)
     lu_real, lu_complex = lus
     m_real, m_complex = mu_r / h, mu_c / h
-    n = y.shape[0]
     weight = 1.0 / scale  # (once: a multiply per element in each iteration's norm)
 
     def cond(s):
@@ -263,9 +262,7 @@ def newton(field: Callable, linear: _Linear, apply_mass: Callable, t, y, h, Z0, 
     def body(s):
         k, W, Z, old, done, failed, rate, nf = s
         F = jax.vmap(lambda c, z: field(t + c * h, y + z))(Cj, Z)  # (3, n)
-        # (where the size reads every element, a value of F that is not
-        # finite makes it so through T^-1 and the solves: 0 * inf is NaN)
-        finite = jnp.all(jnp.isfinite(F)) if m < n else jnp.asarray(True)
+        finite = values_finite(F, m)  # (through T^-1 too: 0 * inf is NaN)
         TF = mix(TI, F)
         f_real = TF[0] - m_real * apply_mass(W[0])
         f_complex = jax.lax.complex(TF[1], TF[2]) - m_complex * (

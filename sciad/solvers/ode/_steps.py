@@ -281,6 +281,18 @@ def newton_verdict(k, size, rate, finite, *, tol: float, maxiter: int, floor=0.0
     return failed, ~failed & (at_floor | ((k > 0) & (rate / (1 - rate) * size < tol)))
 
 
+def values_finite(values, m: int):
+    """Whether the field's `values` (its last axis the state's `n`) are all
+    finite, for `newton_verdict`, where an iteration's correction size reads
+    only the first `m < n` elements (a sensitivity system's primal); else
+    True, without a reduction over them: where the size reads every
+    element, a value that is not finite makes it so through the solve
+    (`0 * inf` is NaN too), and the verdict fails a size that is not."""
+    if m < values.shape[-1]:
+        return jnp.all(jnp.isfinite(values))
+    return jnp.asarray(True)
+
+
 def refactored(linear, lu, J, c, need):
     """A loop's iteration-matrix factorization for `(J, c)` where `need`,
     else `lu`: `linear.factor` in a `lax.cond`, or `linear.refactor` where
