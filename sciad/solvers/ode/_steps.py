@@ -14,6 +14,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from .. import _zeros
 from . import _ode
 
 
@@ -147,14 +148,16 @@ def blank(t0, y0, ts, max_steps: int, record: bool, dense: bool, width: int = 0)
     """The record at `t0`: `width` columns of the method's rows (none: 0)."""
     dtype, n = y0.dtype, y0.shape[0]
     kept = max_steps + 1
-    # (the blank arrays behind a barrier: where y0 is a constant of the
-    # program, XLA folded `zeros.at[0].set(y0)` into a constant as large as
-    # the record, `max_steps + 1` states, then copied it into the loop's
-    # buffer at every call: 67 MB and 5 ms at 2,048 states)
+    # (the large blank arrays are `_zeros.zeros`, whose pages cost only the
+    # rows written: zeroing 67 MB of states, 2,048 a step and 4,097 steps
+    # kept, took 14 ms where a Brusselator's gradient writes 240 rows; all
+    # behind a barrier: where y0 is a constant of the program, XLA folded
+    # `zeros.at[0].set(y0)` into a constant as large as the record, then
+    # copied it into the loop's buffer at every call)
+    zeros = _zeros.zeros
     ys, grid, states, rows = jax.lax.optimization_barrier((
-        jnp.zeros((ts.shape[0], n), dtype), jnp.full((kept if record else 1,), ts[-1], dtype),
-        jnp.zeros((kept if dense else 1, n), dtype),
-        jnp.zeros((kept, width) if width else (1, 1), dtype)))
+        zeros((ts.shape[0], n), dtype), jnp.full((kept if record else 1,), ts[-1], dtype),
+        zeros((kept if dense else 1, n), dtype), zeros((kept, width) if width else (1, 1), dtype)))
     return Record(ys=ys.at[0].set(y0), grid=grid.at[0].set(t0), states=states.at[0].set(y0),
                   rows=rows)
 
