@@ -262,7 +262,8 @@ def test_a_batch_of_gradients_whose_solves_take_different_steps():
                                    rtol=1e-10)
 
 
-@pytest.mark.parametrize("solver,path", [("bdf", "band"), ("radau", "band"),
+@pytest.mark.parametrize("solver,path", [("bdf", "band"),
+                                         pytest.param("radau", "band", marks=pytest.mark.slow),
                                          pytest.param("bdf", "klu", marks=pytest.mark.slow),
                                          pytest.param("radau", "klu", marks=pytest.mark.slow)])
 def test_float32_gradients(monkeypatch, solver, path):

@@ -56,6 +56,7 @@ def test_carries_in_host_memory_give_the_ram_gradient_bit_for_bit(heat, reverse)
     assert "34 carries (17.0 KiB) in host memory" in text
 
 
+@pytest.mark.slow  # ~10 s on the CPU; the disk level's twin runs by default
 def test_host_carries_through_fori_loop_forward_mode_vmap_and_to_jax(heat, rng):
     """(Compiled in other loops, the steps may round in their last bit
     otherwise than the RAM schedule's: equal to 1e-14.)"""

@@ -489,7 +489,8 @@ def test_a_solve_nothing_differentiates_records_no_steps():
     assert float(sd.graph.evaluate(fast, THETA)[0]) == float(sd.graph.evaluate(graph, THETA)[0])
 
 
-@pytest.mark.parametrize("solver", ["bdf", "radau", "tsit5"])
+@pytest.mark.parametrize("solver", ["bdf", pytest.param("radau", marks=pytest.mark.slow),
+                                    pytest.param("tsit5", marks=pytest.mark.slow)])
 def test_a_solve_that_reports_where_it_stopped_records_no_states(solver):
     """`odeint(throw=False)` reads the step grid (the time it reached), not
     the states: `dce` sets `states=False`, and the node records its grid

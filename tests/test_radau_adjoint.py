@@ -73,6 +73,7 @@ def test_split_path_against_forward_mode(jac):
     np.testing.assert_allclose(grad, fwd, rtol=1e-8)
 
 
+@pytest.mark.slow  # ~13 s: the retry path alone (the Newton-Krylov fallback)
 def test_the_krylov_retry_gives_the_same_gradient(monkeypatch):
     """With the first try made to fail at every step (no transposed
     iteration allowed), every step takes the second (fresh factorizations,
