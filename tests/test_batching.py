@@ -53,6 +53,14 @@ def _batch_of(args, rng, size=3):
     return out
 
 
+#: examples whose batched and single programs may round apart by more than
+#: 1e-12: a BDF solve at rtol 1e-12 whose 2 x 2 Newton matrices are
+#: factored by scalar expressions (`_small_lu`), which XLA fuses (and
+#: contracts to multiply-adds) otherwise in the vectorized program; its step
+#: control turns that into 1e-11 (each within the solve's tolerance)
+ROUNDING = {"ode.bdf_adjoint": 1e-10}
+
+
 @pytest.mark.parametrize("name", elementwise_representatives(BATCHED))
 def test_batch_rule_agrees_with_a_loop(name, rng):
     fn, args = EXAMPLES[name]
@@ -76,7 +84,8 @@ def test_batch_rule_agrees_with_a_loop(name, rng):
         got = sd.graph.evaluate(graph, *ins)
         got = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(w), got)
         jax.tree_util.tree_map(
-            lambda g, e: np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-12), got, w)
+            lambda g, e: np.testing.assert_allclose(g, e, rtol=ROUNDING.get(name, 1e-12),
+                                                    atol=1e-12), got, w)
 
 
 def _model(xp):

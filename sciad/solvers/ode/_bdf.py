@@ -23,9 +23,11 @@ promise a longer step. A step size change rescales `D` (`change_D`). Steps
 land on every output time (the step is shortened to reach it, `D` rescaled,
 and the step size wanted is restored after it).
 
-The iteration matrix is dense (`jax.scipy.linalg.lu_factor`) or sparse on
-the pattern of `df/dy` (colored JVPs for its values): on the CPU factored by
-KLU in the program, the factor kept over steps as a handle in the loop's
+The iteration matrix is dense (LAPACK's LU through JAX; up to
+`_small_lu.SMALL` states, expressions of its entries fused into the loop)
+or sparse on the pattern of `df/dy` (colored JVPs for its values): a narrow
+band by sciad's banded LU (`_band`), else on the CPU factored by KLU in
+the program, the factor kept over steps as a handle in the loop's
 state (`_kept_klu`); elsewhere by SuperLU on the host (`_ode._factor`,
 `_ode._solve`). The progress over the output times, and the
 result, are `_steps`', which the Radau loop shares.
@@ -39,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..direct import _band
+from ..direct import _band, _small_lu
 from . import _kept_klu, _ode
 from ._steps import (Counts, Result, Track, advance, blank, finish, inconsistent, mass_of,
                      newton_tolerance, newton_verdict, propose, refactored, released, run,
@@ -187,10 +189,10 @@ def _dense_linear(field, n, mass, dtype, algebraic=None):
     def factor(J, c):
         s = _row_scale(algebraic, c)
         A = Mm - c * J
-        return jax.scipy.linalg.lu_factor(A if s is None else s[:, None] * A), s
+        return _small_lu.lu_factor(A if s is None else s[:, None] * A), s
 
     return _scaled(jacobian, factor,
-                   lambda lu, b, t: jax.scipy.linalg.lu_solve(lu[0], b, trans=int(t)),
+                   lambda lu, b, t: _small_lu.lu_solve(lu[0], b, trans=int(t)),
                    direct=n <= DIRECT_SIZE)
 
 

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
 
-from ..direct import _band
+from ..direct import _band, _small_lu
 from . import _kept_klu, _ode
 from ._bdf import _rms, initial_step
 from ._steps import (Counts, Result, Track, advance, blank, finish, inconsistent, mass_of,
@@ -106,11 +106,11 @@ def _dense_linear(field, n, dtype, mass=None):
         return jax.jacfwd(lambda z: field(t, z))(y)
 
     def factor(J, h):
-        real = jax.scipy.linalg.lu_factor(mu_r / h * M - J)
-        cplx = jax.scipy.linalg.lu_factor((mu_c / h) * M.astype(cdtype) - J.astype(cdtype))
+        real = _small_lu.lu_factor(mu_r / h * M - J)
+        cplx = _small_lu.lu_factor((mu_c / h) * M.astype(cdtype) - J.astype(cdtype))
         return real, cplx
 
-    lu_solve = jax.scipy.linalg.lu_solve
+    lu_solve = _small_lu.lu_solve
     return _Linear(jacobian, factor, lu_solve, lu_solve,
                    solve_real_t=lambda lu, b: lu_solve(lu, b, trans=1),
                    solve_complex_h=lambda lu, b: lu_solve(lu, b, trans=2))

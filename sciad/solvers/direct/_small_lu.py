@@ -1,0 +1,140 @@
+"""LU factorization with partial pivoting of very small dense matrices,
+written out entry by entry so that XLA fuses it into the program.
+
+The stiff integrators factor and solve with `M - c J` in every Newton
+iteration. For a system of a few states (Robertson's kinetics: 3) the
+arithmetic is a few dozen multiply-adds, and LAPACK's calls cost more than
+it: on the CPU each `getrf` and each of a solve's two `trsm`s is a custom
+call of its own, with the column-major copies of its operands around it,
+about ten separate passes of XLA's runtime a Newton iteration. Here the
+factorization is scalar expressions of the matrix's entries (the pivot of
+each column chosen by selects, LAPACK's rule: the first entry of largest
+magnitude, `|Re| + |Im|` for complex entries), and a solve is scalar
+expressions of the right-hand side's rows, each of which XLA fuses into
+one pass.
+
+`lu_factor(A)` and `lu_solve(factor, b, trans)` take the place of
+`jax.scipy.linalg`'s: up to `SMALL` unknowns they make and read a
+`SmallLU`; above it they are JAX's own (so a caller switches for every
+size at once). Real or complex; `b` of shape `(n,)` or `(n, k)`; `trans`
+0 (`A x = b`), 1 (`A^T x = b`), 2 (`A^H x = b`); batched by `jax.vmap` as
+any elementwise program.
+
+```python
+f = lu_factor(A)            # A: (3, 3)
+x = lu_solve(f, b)          # A x = b
+x = lu_solve(f, b, 1)       # A^T x = b
+```
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+#: the largest order factored here (above it, LAPACK through JAX): the
+#: expressions grow as `n^3` for the factorization
+SMALL = 4
+
+
+class SmallLU(NamedTuple):
+    """`P A = L U` of an `(n, n)` matrix: `lu` holds `L`'s strictly lower
+    entries (its diagonal is ones) and `U`; `rows[k]` is the row of `A` that
+    is row `k` of `P A`."""
+
+    lu: jax.Array
+    rows: jax.Array
+
+
+def lu_factor(A):
+    """The LU factorization of the square matrix `A` with partial pivoting:
+    a `SmallLU` up to `SMALL` rows, else `jax.scipy.linalg.lu_factor(A)`."""
+    n = A.shape[-1]
+    if A.ndim != 2 or n > SMALL:
+        return jax.scipy.linalg.lu_factor(A)
+    a = [[A[i, j] for j in range(n)] for i in range(n)]
+    rows = [jnp.asarray(i, jnp.int32) for i in range(n)]
+    for k in range(n):
+        # the pivot: the first row from k of largest magnitude in column k
+        best, at = _size(a[k][k]), jnp.asarray(k, jnp.int32)
+        for i in range(k + 1, n):
+            larger = _size(a[i][k]) > best
+            best, at = jnp.where(larger, _size(a[i][k]), best), jnp.where(larger, i, at)
+        # rows k and `at` swapped (selects: `at` is a value of the program)
+        top = [_pick(at, k, [a[i][j] for i in range(k, n)]) for j in range(n)]
+        top_row = _pick(at, k, rows[k:])
+        for i in range(k + 1, n):
+            a[i] = [jnp.where(at == i, a[k][j], a[i][j]) for j in range(n)]
+            rows[i] = jnp.where(at == i, rows[k], rows[i])
+        a[k], rows[k] = top, top_row
+        for i in range(k + 1, n):
+            m = a[i][k] / a[k][k]
+            a[i] = a[i][:k] + [m] + [a[i][j] - m * a[k][j] for j in range(k + 1, n)]
+    return SmallLU(jnp.stack([jnp.stack(r) for r in a]), jnp.stack(rows))
+
+
+def _size(v):
+    """A pivot's size as LAPACK's `i?amax` measures it: `|v|`, and `|Re v| +
+    |Im v|` for a complex `v`."""
+    if jnp.iscomplexobj(v):
+        return jnp.abs(v.real) + jnp.abs(v.imag)
+    return jnp.abs(v)
+
+
+def _pick(at, k: int, values):
+    """`values[at - k]` by selects."""
+    out = values[0]
+    for i, v in enumerate(values[1:], start=k + 1):
+        out = jnp.where(at == i, v, out)
+    return out
+
+
+def lu_solve(factor, b, trans: int = 0):
+    """`x` with `A x = b` (`trans` 1: `A^T x = b`; 2: `A^H x = b`) from
+    `lu_factor(A)`; `b` of shape `(n,)` or `(n, k)`."""
+    if not isinstance(factor, SmallLU):
+        return jax.scipy.linalg.lu_solve(factor, b, trans=trans)
+    lu, rows = factor
+    n = lu.shape[0]
+    if trans == 2:
+        lu = jnp.conj(lu)
+    dtype = jnp.result_type(lu.dtype, b.dtype)
+    f = [[lu[i, j].astype(dtype) for j in range(n)] for i in range(n)]
+    b = b.astype(dtype)
+    if trans == 0:
+        # L U x = P b
+        y = [_pick(rows[i], 0, [b[j] for j in range(n)]) for i in range(n)]
+        for i in range(n):
+            for j in range(i):
+                y[i] = y[i] - f[i][j] * y[j]
+        x = [None] * n
+        for i in range(n - 1, -1, -1):
+            s = y[i]
+            for j in range(i + 1, n):
+                s = s - f[i][j] * x[j]
+            x[i] = s / f[i][i]
+        return jnp.stack(x)
+    # A^T = U^T L^T P: U^T z = b, L^T w = z, x = P^T w
+    z = [None] * n
+    for i in range(n):
+        s = b[i]
+        for j in range(i):
+            s = s - f[j][i] * z[j]
+        z[i] = s / f[i][i]
+    w = [None] * n
+    for i in range(n - 1, -1, -1):
+        s = z[i]
+        for j in range(i + 1, n):
+            s = s - f[j][i] * w[j]
+        w[i] = s
+    # x[rows[k]] = w[k]
+    zero = jnp.zeros_like(w[0])
+    x = []
+    for j in range(n):
+        xj = zero
+        for k in range(n):
+            xj = jnp.where(rows[k] == j, w[k], xj)
+        x.append(xj)
+    return jnp.stack(x)
