@@ -52,31 +52,42 @@ inline void take_column(int64_t j, const int64_t* Sp, const int64_t* Si, double*
 
 extern "C" {
 
-// l = [diag, S] with l l^T = e. Returns 0; (j + 1) where the pivot of
-// column j is not positive (or NaN); -(j + 1) where S is not closed at
-// column j (not the fill of its pattern).
+// 0 where S is closed (each column k's rows below any row j of it are in
+// column j: S is the fill of its pattern, which every kernel here needs);
+// else -(j + 1) for the first column j that misses one. Checked once per
+// structure (`_fill_cholesky.Layout`), not in the kernels' inner loops.
+int sciad_fill_closed(int64_t n, const int64_t* Sp, const int64_t* Si, const int64_t* Rp,
+                      const int64_t* Rq, const int64_t* Rc) {
+  const Rows R{Rp, Rq, Rc};
+  std::vector<int64_t> mark(n, -1);
+  for (int64_t j = 0; j < n; ++j) {
+    mark[j] = j;
+    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) mark[Si[p]] = j;
+    for (int64_t t = R.ptr[j]; t < R.ptr[j + 1]; ++t) {
+      const int64_t p = R.pos[t], k = R.col[p];
+      for (int64_t q = p + 1; q < Sp[k + 1]; ++q)
+        if (mark[Si[q]] != j) return static_cast<int>(-(j + 1));
+    }
+  }
+  return 0;
+}
+
+// l = [diag, S] with l l^T = e, S closed (`sciad_fill_closed`). Returns 0;
+// (j + 1) where the pivot of column j is not positive (or NaN).
 int sciad_chol(int64_t n, const int64_t* Sp, const int64_t* Si, const int64_t* Rp,
                const int64_t* Rq, const int64_t* Rc, const double* e, double* l) {
   const Rows R{Rp, Rq, Rc};
   std::vector<double> w(n, 0.0);
-  std::vector<int64_t> mark(n, -1);
   const double* eo = e + n;
   double* lo = l + n;
   for (int64_t j = 0; j < n; ++j) {
     w[j] = e[j];
-    mark[j] = j;
-    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) {
-      w[Si[p]] = eo[p];
-      mark[Si[p]] = j;
-    }
+    for (int64_t p = Sp[j]; p < Sp[j + 1]; ++p) w[Si[p]] = eo[p];
     for (int64_t t = R.ptr[j]; t < R.ptr[j + 1]; ++t) {
       const int64_t p = R.pos[t], k = R.col[p];
       const double ljk = lo[p];
       w[j] -= ljk * ljk;
-      for (int64_t q = p + 1; q < Sp[k + 1]; ++q) {
-        if (mark[Si[q]] != j) return static_cast<int>(-(j + 1));
-        w[Si[q]] -= lo[q] * ljk;
-      }
+      for (int64_t q = p + 1; q < Sp[k + 1]; ++q) w[Si[q]] -= lo[q] * ljk;
     }
     const double pivot = w[j];
     w[j] = 0.0;

@@ -44,6 +44,8 @@ def _setup(lib) -> None:
                  "sciad_fill_symmul"):
         getattr(lib, name).restype = None
         getattr(lib, name).argtypes = [n, i64, i64, i64, i64, i64, f64, f64, f64]
+    lib.sciad_fill_closed.restype = ctypes.c_int
+    lib.sciad_fill_closed.argtypes = [n, i64, i64, i64, i64, i64]
     lib.sciad_fill_trisolve.restype = None
     lib.sciad_fill_trisolve.argtypes = [n, i64, i64, f64, ctypes.c_int, n, f64]
 
@@ -98,6 +100,12 @@ class Layout:
             slot[off] = n + at
         self.slot = slot
         self.weight = np.where(r == c, 1.0, 0.5)
+        lib = LIBRARY.get()
+        if lib is not None:  # (the kernels' loops take the fill's closure for granted)
+            status = lib.sciad_fill_closed(n, *_structure(self))
+            if status:
+                raise RuntimeError(f"sciad's sparse Cholesky: the fill is not closed at "
+                                   f"column {-status - 1}")
 
     @property
     def nbytes(self) -> int:
@@ -132,9 +140,6 @@ def chol(an: Layout, e: np.ndarray) -> tuple[np.ndarray, int]:
     e = _f64(e)
     out = np.zeros(an.size)
     status = lib.sciad_chol(an.n, *_structure(an), _ptr(e), _ptr(out))
-    if status < 0:  # (not expected: the layout is its pattern's fill)
-        raise RuntimeError(f"sciad's sparse Cholesky: the fill is not closed at column "
-                           f"{-status - 1}")
     return out, int(status)
 
 
