@@ -60,7 +60,7 @@ def test_solves_against_dense(rng, dtype, permuted):
             np.testing.assert_allclose(op @ x, b, atol=1e-11)
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize("dtype", [np.float64, pytest.param(np.complex128, marks=pytest.mark.slow)])
 def test_one_right_hand_side_at_every_width(rng, dtype):
     """A single right-hand side takes substitutions specialized to the
     band's widths (kl 1..4, ku 0..4; a window of unknowns in registers),

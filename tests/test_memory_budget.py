@@ -134,6 +134,7 @@ def _ode_node(g):
     return node
 
 
+@pytest.mark.slow  # ~8 s; odeint under a budget also runs in the disk-budget tests
 def test_odeint_under_a_budget_replays_with_the_snapshots_that_fit(rng):
     n = 32  # states of 256 bytes
     y0, k = rng.uniform(0.5, 1.5, n), rng.uniform(0.5, 1.5, n)
@@ -217,6 +218,7 @@ def test_a_nested_loops_own_reverse_pass_counts_against_the_budget(heat, outer):
         sd.trace(sd.grad(lambda k: _nested(k, u0, sd.MemoryBudget(ram="8KiB"), outer)), k)
 
 
+@pytest.mark.slow  # ~16 s: a hundred calls of three budgeted gradients
 def test_a_hundred_budgeted_gradients_keep_the_process_memory_flat(rng):
     """Issue 52's "flat across calls": 100 calls of a budgeted gradient (a
     scan, a while loop, an ODE adjoint) leave the process's resident memory

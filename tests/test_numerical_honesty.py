@@ -393,6 +393,7 @@ def test_large_constants_are_executable_arguments_not_program_text(rng):
     assert out == ["False", "kept"], out
 
 
+@pytest.mark.slow  # ~7 s: a child process importing JAX first
 def test_a_large_embedded_index_array_warns_once_where_jax_came_first():
     """`ConstantsWarning` (once per process) where JAX was imported before
     sciad and a program would embed an index array of 32 MiB or more; none

@@ -81,8 +81,8 @@ def _imex_example(k, y0):
                          dt0=0.15)
 
 
-@pytest.mark.parametrize("second_order", [
-    False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~12 s to first order; odeint's rules run by default with other solvers
+@pytest.mark.parametrize("second_order", [False, True])
 def test_kencarp_rules(second_order):
     """`check_rules` on the IMEX node: the JVP (an IMEX odeint of the
     sensitivities, the split kept) against differences, the discrete

@@ -61,7 +61,8 @@ def test_robertson_sparse_agrees_with_the_small_dense_path():
     assert _batch_split.live_handles() == before
 
 
-@pytest.mark.parametrize("jac", [pytest.param("dense", marks=pytest.mark.slow), "sparse"])
+@pytest.mark.slow  # ~16 s (sparse); the registry's radau_adjoint and radau_tangent run by default
+@pytest.mark.parametrize("jac", ["dense", "sparse"])
 def test_split_path_against_forward_mode(jac):
     """40 states (past `DIRECT_SIZE`): the reverse pass's gradient and the
     forward sensitivities of the same steps (the step replay's, a separate
