@@ -27,10 +27,12 @@ namespace {
 
 void Zero(char* p, size_t size) {
 #if defined(__linux__)
-  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const long ps = sysconf(_SC_PAGESIZE);
+  const uintptr_t page = ps > 0 ? static_cast<uintptr_t>(ps) : 0;
   const uintptr_t a = reinterpret_cast<uintptr_t>(p), e = a + size;
-  const uintptr_t lo = (a + page - 1) & ~(page - 1), hi = e & ~(page - 1);
-  if (page > 0 && hi > lo + 16 * page) {
+  const uintptr_t lo = page ? (a + page - 1) & ~(page - 1) : a;
+  const uintptr_t hi = page ? e & ~(page - 1) : a;
+  if (page && (page & (page - 1)) == 0 && hi > lo + 16 * page) {
     std::memset(p, 0, lo - a);
     std::memset(reinterpret_cast<char*>(hi), 0, e - hi);
     if (madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) != 0)
