@@ -114,32 +114,12 @@ def lu_solve(factor, b, trans: int = 0):
     f = [[lu[i, j].astype(dtype) for j in range(n)] for i in range(n)]
     d = [inv[i].astype(dtype) for i in range(n)]
     b = b.astype(dtype)
-    if trans == 0:
-        # L U x = P b
-        y = [_pick(rows[i], 0, [b[j] for j in range(n)]) for i in range(n)]
-        for i in range(n):
-            for j in range(i):
-                y[i] = y[i] - f[i][j] * y[j]
-        x = [None] * n
-        for i in range(n - 1, -1, -1):
-            s = y[i]
-            for j in range(i + 1, n):
-                s = s - f[i][j] * x[j]
-            x[i] = s * d[i]
-        return jnp.stack(x)
+    if trans == 0:  # L U x = P b
+        y = _forward(f, [_pick(rows[i], 0, [b[j] for j in range(n)]) for i in range(n)])
+        return jnp.stack(_backward(f, y, d))
     # A^T = U^T L^T P: U^T z = b, L^T w = z, x = P^T w
-    z = [None] * n
-    for i in range(n):
-        s = b[i]
-        for j in range(i):
-            s = s - f[j][i] * z[j]
-        z[i] = s * d[i]
-    w = [None] * n
-    for i in range(n - 1, -1, -1):
-        s = z[i]
-        for j in range(i + 1, n):
-            s = s - f[j][i] * w[j]
-        w[i] = s
+    ft = [[f[j][i] for j in range(n)] for i in range(n)]
+    w = _backward(ft, _forward(ft, [b[i] for i in range(n)], d))
     # x[rows[k]] = w[k]
     zero = jnp.zeros_like(w[0])
     x = []
@@ -149,3 +129,28 @@ def lu_solve(factor, b, trans: int = 0):
             xj = jnp.where(rows[k] == j, w[k], xj)
         x.append(xj)
     return jnp.stack(x)
+
+
+def _forward(m, b, d=None):
+    """`y` with `T y = b`, `T` the lower triangle of `m` (lists of rows),
+    its diagonal ones (`d` None) or `1 / d`: row by row from the first."""
+    y = []
+    for i in range(len(b)):
+        s = b[i]
+        for j in range(i):
+            s = s - m[i][j] * y[j]
+        y.append(s if d is None else s * d[i])
+    return y
+
+
+def _backward(m, b, d=None):
+    """`x` with `T x = b`, `T` the upper triangle of `m`, its diagonal ones
+    (`d` None) or `1 / d`: row by row from the last."""
+    n = len(b)
+    x = [None] * n
+    for i in range(n - 1, -1, -1):
+        s = b[i]
+        for j in range(i + 1, n):
+            s = s - m[i][j] * x[j]
+        x[i] = s if d is None else s * d[i]
+    return x
