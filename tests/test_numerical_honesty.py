@@ -393,6 +393,57 @@ def test_large_constants_are_executable_arguments_not_program_text(rng):
     assert out == ["False", "kept"], out
 
 
+def test_small_loops_policy_asks_xla_once_and_keeps_your_choice(monkeypatch):
+    """Importing sciad asks XLA (`XLA_FLAGS`, read when its backend starts)
+    to compile a loop touching under 64 KiB a pass as one function; your
+    `xla_backend_extra_options`, or `SCIAD_SMALL_LOOP_BYTES`, wins; a
+    backend already started cannot take it, and the policy says what to do.
+    (`_choose_loops` run again here, the environment restored after.)"""
+    import os
+
+    from jax._src import xla_bridge
+
+    from sciad import _startup
+
+    ours = "--xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold=65536"
+    if "SCIAD_SMALL_LOOP_BYTES" not in os.environ and "xla_backend_extra_options" not in \
+            os.environ.get("XLA_FLAGS", "").replace(ours, ""):
+        assert sd.config.loops_policy.startswith("on"), sd.config.loops_policy
+        assert ours in os.environ["XLA_FLAGS"].split()
+    flags = "--xla_force_host_platform_device_count=2"
+    monkeypatch.delenv("SCIAD_SMALL_LOOP_BYTES", raising=False)
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: False)
+    assert _startup._choose_loops().startswith("on: loops touching under 65536 bytes")
+    assert os.environ["XLA_FLAGS"] == flags + " " + ours
+    assert _startup._choose_loops().endswith("(XLA_FLAGS holds it already)")  # (a child's)
+    assert os.environ["XLA_FLAGS"] == flags + " " + ours
+    # your own backend options: left as they are
+    mine = "--xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold=10"
+    monkeypatch.setenv("XLA_FLAGS", mine)
+    assert _startup._choose_loops().startswith("kept: XLA_FLAGS")
+    assert os.environ["XLA_FLAGS"] == mine
+    # a size of your own, or none (0)
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.setenv("SCIAD_SMALL_LOOP_BYTES", "4096")
+    assert _startup._choose_loops().startswith("on: loops touching under 4096 bytes")
+    assert os.environ["XLA_FLAGS"].endswith("threshold=4096")
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.setenv("SCIAD_SMALL_LOOP_BYTES", "0")
+    assert _startup._choose_loops().startswith("kept: SCIAD_SMALL_LOOP_BYTES=0")
+    for bad in ("64k", "-1"):
+        monkeypatch.setenv("SCIAD_SMALL_LOOP_BYTES", bad)
+        assert "is not a number of bytes" in _startup._choose_loops()
+    assert os.environ["XLA_FLAGS"] == ""
+    # JAX's backend started first: too late, and said so with the flag to set
+    monkeypatch.delenv("SCIAD_SMALL_LOOP_BYTES")
+    monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: True)
+    policy = _startup._choose_loops()
+    assert policy.startswith("off: JAX's backend started before sciad") and \
+        "threshold=65536" in policy
+    assert os.environ["XLA_FLAGS"] == ""
+
+
 @pytest.mark.slow  # ~7 s: a child process importing JAX first
 def test_a_large_embedded_index_array_warns_once_where_jax_came_first():
     """`ConstantsWarning` (once per process) where JAX was imported before
