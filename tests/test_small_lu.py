@@ -63,3 +63,18 @@ def test_larger_matrices_are_lapacks():
     assert not isinstance(f, _small_lu.SmallLU)
     np.testing.assert_array_equal(np.asarray(_small_lu.lu_solve(f, jnp.arange(5.0), 1)),
                                   np.arange(5.0))
+
+
+@pytest.mark.parametrize("shape", [(6, 6, (6, 10)), (9, 8, (8, 1, 3)), (4, 4, (4,)),
+                                   (9, 8, (8, 4, 200))])
+def test_the_ode_loops_product_is_a_matrix_product(rng, shape):
+    # `_steps.product`: written out as a broadcast sum where small (fused
+    # into a loop), `@` where large, the same product either way
+    from sciad.solvers.ode import _steps
+
+    k, l, b = shape
+    A, B = rng.standard_normal((k, l)), rng.standard_normal(b)
+    got = np.asarray(_steps.product(jnp.asarray(A), jnp.asarray(B)))
+    want = np.tensordot(A, B, axes=1)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)

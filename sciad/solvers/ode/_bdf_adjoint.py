@@ -51,7 +51,7 @@ import numpy as np
 
 from . import _bdf
 from ._radau_adjoint import richardson, step_status
-from ._steps import mass_of, refactored, released
+from ._steps import mass_of, product, refactored, released
 
 #: the transposed system's iteration: converged where its last correction
 #: is this fraction of its solution; its most iterations; the rate above
@@ -69,14 +69,6 @@ ROWS = _bdf.MAX_ORDER + 3
 RESCALED = _bdf.MAX_ORDER + 1
 #: the positions of `R^T`'s entries in the record's flat `R`
 TRANSPOSED = np.arange(RESCALED ** 2).reshape(RESCALED, RESCALED).T.ravel()
-
-
-def _rows(A, L):
-    """`A` applied along the rows of `L` (`(k, directions, n)`, a small `(k,
-    k)` `A`): one 2-D matrix product, which XLA's CPU backend calls its
-    matrix kernel for without moving `L` (with the rows second, as an
-    einsum, it transposed `L` there and back: a third of the pass's time)."""
-    return (A @ L.reshape(L.shape[0], -1)).reshape((A.shape[0],) + L.shape[1:])
 
 
 def adjoint(field: Callable, consts, grid, marks, states, history, ct, ct_states=None, *,
@@ -110,7 +102,7 @@ def adjoint(field: Callable, consts, grid, marks, states, history, ct, ct_states
     def given(k):
         """The cotangent the state after `k` steps receives (`(directions,
         n)`: the output times' there, and its own at every step)."""
-        g = jnp.einsum("i,bin->bn", (marks == k).astype(dtype), ct)
+        g = jnp.sum(jnp.where((marks == k)[None, :, None], ct, 0.0), axis=1)
         return g if ct_states is None else g + ct_states[:, k]
 
     def solve(t, y, c, lam, pull, J, lu, lu_c, renew, live):
@@ -162,7 +154,7 @@ def adjoint(field: Callable, consts, grid, marks, states, history, ct, ct_states
         k, L, acc, J, lu, lu_c, renew, status, t_failed, nlu = s
         live = k >= 0  # (a batch's finished example runs the body too: its step 0 again)
         kk = jnp.maximum(k, 0)
-        L = L.at[0].add(given(kk + 1))
+        L = jnp.concatenate([L[:1] + given(kk + 1)[None], L[1:]])
         record = history[kk + 1]
         q = record[0].astype(jnp.int32)
         # (R^T read from the record transposed: a dot on R.T XLA's CPU
@@ -187,9 +179,13 @@ def adjoint(field: Callable, consts, grid, marks, states, history, ct, ct_states
                       jnp.where(r[:, None] == q + 2, 0.0, P1))
         psi = jnp.where((r >= 1) & (r <= q), gamma, 0.0) / aq
         Quv = jnp.concatenate([Q, (r <= q).astype(dtype)[:, None], psi[:, None]], axis=1)
-        Quv = jnp.concatenate([RT @ Quv[:RESCALED], Quv[RESCALED:]])
+        Quv = jnp.concatenate([product(RT, Quv[:RESCALED]), Quv[RESCALED:]])
         G, u, v = Quv[:, :ROWS], Quv[:, ROWS], Quv[:, ROWS + 1]
-        GL = _rows(jnp.concatenate([G, w[None]]), L)
+        # (`L`'s rows mapped as one 2-D product: XLA's matrix kernel reads
+        # `L` where it is, where an einsum with the rows second transposed
+        # it there and back, a third of the pass's time; on a few states,
+        # written out)
+        GL = product(jnp.concatenate([G, w[None]]), L)
         lam = GL[ROWS]
         _, pull = jax.vjp(lambda cs, z: field(cs, t, z), consts, y)
         ok, mu, J, lu, lu_c, renew, made = solve(t, y, c, lam, pull, J, lu, lu_c, renew, live)

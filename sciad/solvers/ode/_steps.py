@@ -13,6 +13,7 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import _zeros
 from . import _ode
@@ -245,6 +246,27 @@ def run(attempt: Callable, s0, rec0: Record, y0, *, record: bool, dense: bool):
         return s, written(rec, tk, record, dense)
 
     return jax.lax.while_loop(lambda c: c[0].tr.status < 0, body, (s0, rec0))
+
+
+#: the most multiply-adds a matrix product inside a loop's step is written
+#: out for (`product`), rather than left to XLA's CPU backend, which calls
+#: a matrix library for it
+SMALL_PRODUCT = 4096
+
+
+def product(A, B):
+    """`A @ B` (`(k, l)` by `(l, ...)`). Small (`k l m` at most
+    `SMALL_PRODUCT`), as a broadcast product and a sum: operations XLA fuses
+    into the loop around them. A matrix library's call is an operation a
+    loop compiled as one function (`sciad.config.loops_policy`) cannot
+    hold: one in a BDF adjoint's step left its loop dispatched operation by
+    operation, 3-4 us a step on a few states. Larger, as `A @ B`."""
+    k, l = A.shape
+    m = int(np.prod(B.shape[1:], dtype=np.int64))
+    if k * l * m > SMALL_PRODUCT:
+        return (A @ B.reshape(l, m)).reshape((k,) + B.shape[1:])
+    terms = A.reshape((k, l) + (1,) * (B.ndim - 1)) * B[None]
+    return jnp.sum(terms, axis=1)
 
 
 def finish(tr: Track, rec: Record, ts, y_last, m: int, counts: Counts, record: bool,
