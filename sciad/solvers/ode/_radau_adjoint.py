@@ -57,6 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..direct import _small_lu
 from . import _radau
 from ._bdf import _rms
 from ._steps import mass_of, newton_tolerance, refactored, released
@@ -323,7 +324,8 @@ def _direct(st: _Stages, Z, rhs_of: Callable, scale, m: int, transpose: bool):
 
     def body(s):
         k, Z, _, _ = s
-        dZ = -jnp.linalg.solve(jacobian(Z), st.residual(Z).reshape(size)).reshape(Z.shape)
+        dZ = -_small_lu.lu_solve(_small_lu.lu_factor(jacobian(Z)),
+                                 st.residual(Z).reshape(size)).reshape(Z.shape)
         Z = Z + dZ
         step = _rms((dZ / scale)[:, :m])
         return k + 1, Z, step <= STAGE_TOL, ~jnp.isfinite(step)
@@ -333,7 +335,8 @@ def _direct(st: _Stages, Z, rhs_of: Callable, scale, m: int, transpose: bool):
     done = _or_at_floor(st, done, Z, m)
     G = jacobian(Z)
     rhs = rhs_of(Z)
-    x = jnp.linalg.solve(G.T if transpose else G, rhs.reshape(rhs.shape[0], size).T)
+    x = _small_lu.lu_solve(_small_lu.lu_factor(G), rhs.reshape(rhs.shape[0], size).T,
+                           trans=int(transpose))
     x = x.T.reshape(rhs.shape)
     return done & jnp.all(jnp.isfinite(x)), Z, x
 
