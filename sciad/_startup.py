@@ -67,7 +67,7 @@ _LOOPS = "SCIAD_SMALL_LOOP_BYTES"
 
 
 def _choose_loops() -> str:
-    choice = os.environ.get(_LOOPS)
+    choice = os.environ.get(_LOOPS, "").strip() or None  # (set but empty: unset)
     if choice is not None and choice.strip().lower() in OFF:
         return f"kept: {_LOOPS}={choice}"
     size = SMALL_LOOP_BYTES

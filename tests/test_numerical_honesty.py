@@ -431,6 +431,9 @@ def test_small_loops_policy_asks_xla_once_and_keeps_your_choice(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")
     monkeypatch.setenv("SCIAD_SMALL_LOOP_BYTES", "0")
     assert _startup._choose_loops().startswith("kept: SCIAD_SMALL_LOOP_BYTES=0")
+    monkeypatch.setenv("SCIAD_SMALL_LOOP_BYTES", " ")  # (set but empty: as unset)
+    assert _startup._choose_loops().startswith("on: loops touching under 65536 bytes")
+    monkeypatch.setenv("XLA_FLAGS", "")
     for bad in ("64k", "-1"):
         monkeypatch.setenv("SCIAD_SMALL_LOOP_BYTES", bad)
         assert "is not a number of bytes" in _startup._choose_loops()
