@@ -402,3 +402,31 @@ def test_traced_index_errors():
         sd.trace(lambda x, i: x[i], np.ones(3), np.ones(()))
     with pytest.raises(IndexingError, match="traced or static ints and full slices"):
         sd.trace(lambda x, i: x.at[i, 1:].set(0.0), np.ones((3, 3)), np.int64(0))
+
+
+def test_a_bounded_loop_stops_at_its_bound_with_no_check_in_the_program():
+    """`bounded_while_loop` (sciad's passes over a solve's recorded steps,
+    whose count cannot pass the bound): it stops at `max_steps` where
+    `while_loop` raises, its program holds no host call (which would keep
+    XLA from compiling a loop around it as one function), and its
+    derivatives are `while_loop`'s."""
+    from sciad.errors import ConvergenceError
+    from sciad.primitives._while import bounded_while_loop
+
+    def doubled(loop, x, bound):
+        return loop(lambda s: s[0] < 8, lambda s: (s[0] + 1, s[1] * x), (0, x),
+                    max_steps=bound)[1]
+
+    bounded = sd.function(lambda x: doubled(bounded_while_loop, x, 5))
+    assert float(bounded(2.0)) == 2.0 ** 6
+    with pytest.raises(ConvergenceError, match="max_steps=5"):
+        sd.function(lambda x: doubled(sd.while_loop, x, 5))(2.0)
+    assert "callback" not in bounded.lower(2.0).as_text()
+    assert "callback" in sd.function(lambda x: doubled(sd.while_loop, x, 9)).lower(2.0).as_text()
+    # within the bound, the same loop, and the same derivatives to second order
+    for order in (sd.grad, lambda f: sd.grad(sd.grad(f))):
+        got = sd.function(order(lambda x: doubled(bounded_while_loop, x, 9)))(1.3)
+        want = sd.function(order(lambda x: doubled(sd.while_loop, x, 9)))(1.3)
+        np.testing.assert_allclose(float(got), float(want), rtol=1e-14)
+    np.testing.assert_allclose(float(sd.function(sd.grad(
+        lambda x: doubled(bounded_while_loop, x, 9)))(1.3)), 9 * 1.3 ** 8, rtol=1e-13)

@@ -122,6 +122,30 @@ def test_a_small_problems_loops_are_each_compiled_as_one_function(solver, deriva
     assert loops >= (4 if derivative else 2) and small == loops, (loops, small)
 
 
+@pytest.mark.parametrize("mode", ["jvp", "grad"])
+def test_an_explicit_methods_derivative_passes_are_each_compiled_as_one_function(mode):
+    """Tsit5's forward mode and checkpointed reverse mode on Lotka-Volterra:
+    their passes over the recorded steps (`bounded_while_loop`: the steps
+    cannot pass the bound, so no check of it in the loop) and the replayed
+    intervals are each compiled as one function, as the solve is."""
+    import jax
+
+    if not sd.config.loops_policy.startswith("on"):
+        pytest.skip(sd.config.loops_policy)
+    ts, y0 = np.linspace(0.0, 10.0, 6), np.array([1.0, 1.0])
+
+    def loss(p):
+        ys = sd.ode.odeint(lambda t, y, p: snp.stack([p[0] * y[0] - p[1] * y[0] * y[1],
+                                                       -p[2] * y[1] + p[3] * y[0] * y[1]]),
+                           y0, ts, p, rtol=1e-8, atol=1e-8)
+        return snp.sum(ys ** 2)
+
+    p, v = np.array([1.5, 1.0, 3.0, 1.0]), np.array([0.1, -0.2, 0.3, 0.05])
+    fn = sd.grad(loss) if mode == "grad" else (lambda p: sd.jvp(loss, (p,), (v,))[1])
+    loops, small = _loops_in_one_function(jax.jit(sd.to_jax(fn)).lower(p).compile().as_text())
+    assert loops >= 3 and small == loops, (loops, small)
+
+
 def test_radau_constants_against_scipys():
     # A^-1's eigenvalues (the shifts of the real and complex systems) and the
     # collocation polynomial's coefficients, derived, against SciPy's tables

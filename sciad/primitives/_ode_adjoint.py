@@ -40,7 +40,7 @@ from ._scan import scan
 from ._ode_field import ADJOINT_BODY, augmented_pattern, derived_params, summed
 from ._ode_interp import hermite
 from ._ode_replay import replay_steps, snapshots_for, step_graph
-from ._while import while_loop
+from ._while import bounded_while_loop
 
 
 class Adjoint(ABC):
@@ -218,8 +218,8 @@ def down_the_steps(back, jump, lam, acc, ct, marks, max_steps: int):
             lam, acc = back(ops.maximum(k, lo), lam, acc)
             return k - 1, lam, acc
 
-        _, lam, acc = while_loop(lambda s: s[0] >= lo, body, (hi - 1, lam, acc),
-                                 max_steps=max_steps)
+        _, lam, acc = bounded_while_loop(lambda s: s[0] >= lo, body, (hi - 1, lam, acc),
+                                         max_steps=max_steps)
         return (jump(lam, c), acc), None
 
     (lam, acc), _ = scan(interval, (lam, acc), (marks[:-1], marks[1:], ct[:-1]), reverse=True)
@@ -249,7 +249,7 @@ def up_the_steps(step, carry, state_of, outs, max_steps: int):
             k, c = s
             return k + 1, step(ops.minimum(k, hi - 1), c)
 
-        _, c = while_loop(lambda s: s[0] < hi, body, (lo, c), max_steps=max_steps)
+        _, c = bounded_while_loop(lambda s: s[0] < hi, body, (lo, c), max_steps=max_steps)
         return c, state_of(c)
 
     _, at_outputs = scan(interval, carry, (marks[:-1], marks[1:]))
@@ -260,9 +260,9 @@ def up_the_steps(step, carry, state_of, outs, max_steps: int):
         return k + 1, c, buf.at[k + 1].set(state_of(c))
 
     buf = ops.zeros((max_steps + 1,) + tuple(type_of(first).shape), type_of(first).dtype)
-    _, _, at_steps = while_loop(lambda s: s[0] <= last, every,
-                                (ops.zeros((), np.int32), carry, buf.at[0].set(first)),
-                                max_steps=max_steps)
+    _, _, at_steps = bounded_while_loop(lambda s: s[0] <= last, every,
+                                        (ops.zeros((), np.int32), carry, buf.at[0].set(first)),
+                                        max_steps=max_steps)
     return at_steps, ops.concatenate([first[None], at_outputs])
 
 

@@ -28,7 +28,7 @@ from ._jacobian import colored_jacobian
 from ._root import root_node
 from ._sparse import gather
 from ._stop_gradient import stop_gradient
-from ._while import while_loop
+from ._while import bounded_while_loop
 
 #: the replayed implicit stages' Newton tolerance on the residual scaled by
 #: `|y| + atol/rtol`: this fraction of the ODE's rtol (Newton converges
@@ -290,8 +290,8 @@ def replay_steps(graph: Graph, solver: str, jac: str, max_steps: int, snapshots:
                 return k + 1, rk_step(graph, consts, solver, t, grid[k + 1] - t, y, jac, rtol,
                                       atol)
 
-            _, y = while_loop(lambda s: s[0] < hi, step, (lo, y), max_steps=max_steps,
-                              checkpoints=Segments(snapshots, disk))
+            _, y = bounded_while_loop(lambda s: s[0] < hi, step, (lo, y), max_steps=max_steps,
+                                      checkpoints=Segments(snapshots, disk))
             return y, y
 
         _, ys = scan(interval, y0, (marks[:-1], marks[1:]))

@@ -68,7 +68,9 @@ _tree = jax.tree_util
 while_p = Primitive("while", multiple_results=True, runtime_checks=True, params={
     "cond_body": Body, "body": Body,
     "max_steps": Param((int, None), default=None),
-    "checkpoints": Param((*SCHEDULES, Segments, None), default=None)})
+    "checkpoints": Param((*SCHEDULES, Segments, None), default=None),
+    # (False: the bound holds by construction, no check of it in the program)
+    "checked": Param(bool, default=True)})
 
 
 def carried_body(graph: Graph, num_consts: int) -> Body:
@@ -84,7 +86,7 @@ def loop_bodies(cond_body: Graph, body: Graph, num_consts: int) -> dict:
 
 
 @while_p.def_abstract_eval
-def _while_shape(*in_types, cond_body, body, max_steps=None, checkpoints=None):
+def _while_shape(*in_types, cond_body, body, max_steps=None, checkpoints=None, checked=True):
     op = "while"
     for name, b in (("cond_body", cond_body), ("body", body)):
         if not isinstance(b, Body):
@@ -118,7 +120,8 @@ def _judge_steps(site, *, max_steps, steps=0, running=True):
 
 
 @while_p.def_impl
-def _while_impl(*args, cond_body, body, max_steps=None, checkpoints=None, site=None):
+def _while_impl(*args, cond_body, body, max_steps=None, checkpoints=None, site=None,
+                checked=True):
     num_consts = body.num_consts
     held = site.held if site is not None else ()
     fc, fb = lower(cond_body, held), lower(body, held)
@@ -136,13 +139,16 @@ def _while_impl(*args, cond_body, body, max_steps=None, checkpoints=None, site=N
 
     i, running, carry = jax.lax.while_loop(lambda s: s[1] & (s[0] < max_steps), step,
                                            (jnp.int64(0), fc(*consts, *init)[0], init))
+    if not checked:
+        return carry
     token = check(_judge_steps, site, when=running, max_steps=max_steps, steps=i,
                   running=running)
     return tie(carry, token)
 
 
 @while_p.def_jvp
-def _while_jvp(primals, tangents, *, cond_body, body, max_steps=None, checkpoints=None):
+def _while_jvp(primals, tangents, *, cond_body, body, max_steps=None, checkpoints=None,
+               checked=True):
     num_consts = body.num_consts
     nc, nk = num_consts, len(primals) - num_consts
     nz0 = [not is_zero(t) for t in tangents]
@@ -153,19 +159,21 @@ def _while_jvp(primals, tangents, *, cond_body, body, max_steps=None, checkpoint
     cb = with_unused_inputs(cond_body, nc, [type_of(t) for t in tan[:n_dc]])
     cb = with_unused_inputs(cb, len(cb.inputs), [type_of(t) for t in tan[n_dc:]])
     res = while_p.bind(*args, **loop_bodies(cb, jg, nc + n_dc),
-                       **_extra(max_steps, checkpoints))
+                       **_extra(max_steps, checkpoints, checked))
     carry, dcarry = list(res[:nk]), iter(res[nk:])
     touts = [next(dcarry) if nz[nc + i] else Zero(type_of(c).update())
              for i, c in enumerate(carry)]
     return tuple(carry), tuple(touts)
 
 
-def _extra(max_steps, checkpoints) -> dict:
+def _extra(max_steps, checkpoints, checked=True) -> dict:
     out = {}
     if max_steps is not None:
         out["max_steps"] = max_steps
     if checkpoints is not None:
         out["checkpoints"] = checkpoints
+    if not checked:  # (a bound that holds by construction: see `bounded_while_loop`)
+        out["checked"] = False
     return out
 
 
@@ -268,7 +276,8 @@ def _counted(cond_body: Graph, body: Graph, nc: int):
 
 
 @while_p.def_vjp_fwd
-def _while_vjp_fwd(primals, *, cond_body, body, max_steps=None, checkpoints=None):
+def _while_vjp_fwd(primals, *, cond_body, body, max_steps=None, checkpoints=None,
+                   checked=True):
     num_consts = body.num_consts
     if max_steps is None:
         raise NotSupportedError(
@@ -279,17 +288,18 @@ def _while_vjp_fwd(primals, *, cond_body, body, max_steps=None, checkpoints=None
             op="while")
     if checkpoints is not None and not isinstance(checkpoints, Segments):
         outs = while_p.bind(*primals, **loop_bodies(cond_body, body, num_consts),
-                            **_extra(max_steps, checkpoints))
+                            **_extra(max_steps, checkpoints, checked))
         return tuple(outs), (primals, None)
 
     cb, bb = _counted(cond_body, body, num_consts)
     outs = while_p.bind(*primals, ops.zeros((), np.int32), **loop_bodies(cb, bb, num_consts),
-                        **_extra(max_steps, checkpoints))
+                        **_extra(max_steps, checkpoints, checked))
     return tuple(outs[:-1]), (primals, outs[-1])
 
 
 @while_p.def_vjp_bwd
-def _while_vjp_bwd(res, cts, *, cond_body, body, max_steps=None, checkpoints=None):
+def _while_vjp_bwd(res, cts, *, cond_body, body, max_steps=None, checkpoints=None,
+                   checked=True):
     num_consts = body.num_consts
 
     primals, steps = res
@@ -543,7 +553,8 @@ _install_adjoint_batch_rule()
 
 
 @while_p.def_transpose
-def _while_transpose(cts, *args, cond_body, body, max_steps=None, checkpoints=None):
+def _while_transpose(cts, *args, cond_body, body, max_steps=None, checkpoints=None,
+                     checked=True):
     num_consts = body.num_consts
 
     nc, nk = num_consts, len(args) - num_consts
@@ -562,7 +573,7 @@ def _while_transpose(cts, *args, cond_body, body, max_steps=None, checkpoints=No
     m = len(consts)
     cb, bb = _counted(pred, fb, m)
     steps = while_p.bind(*consts, *init, ops.zeros((), np.int32), **loop_bodies(cb, bb, m),
-                         **_extra(max_steps, None))[-1]
+                         **_extra(max_steps, None, checked))[-1]
     if max_steps is not None:
         storable_primal_carries(body, nl_k, nc, "while")
         snapshots = checkpoints.snapshots if isinstance(checkpoints, Segments) else \
@@ -586,7 +597,8 @@ def _while_transpose(cts, *args, cond_body, body, max_steps=None, checkpoints=No
 
 
 @while_p.def_linearity
-def _while_linearity(linear, *, cond_body, body, max_steps=None, checkpoints=None):
+def _while_linearity(linear, *, cond_body, body, max_steps=None, checkpoints=None,
+                     checked=True):
     num_consts = body.num_consts
 
     return loop_linearity(body, linear, num_consts, len(linear) - num_consts)[0][num_consts:]
@@ -619,7 +631,8 @@ while_adjoint_p.def_transpose(expansion_transpose(while_adjoint_p, _adjoint_by_s
 
 
 @while_p.def_batch
-def _while_batch(args, dims, *, cond_body, body, max_steps=None, checkpoints=None):
+def _while_batch(args, dims, *, cond_body, body, max_steps=None, checkpoints=None,
+                 checked=True):
     num_consts = body.num_consts
     # The body is batched with its carries' flags at a fixed point. If the
     # predicate is then the same for every example, that is the loop. If it
@@ -637,7 +650,7 @@ def _while_batch(args, dims, *, cond_body, body, max_steps=None, checkpoints=Non
         flags = flags[:nc] + [True] * (n - nc)
         gc, gb = _per_example_loop(cond_body, body, flags, size, nc)
     outs = while_p.bind(*front_where(args, dims, flags, size), **loop_bodies(gc, gb, nc),
-                        **_extra(max_steps, checkpoints))
+                        **_extra(max_steps, checkpoints, checked))
     return list(outs), [0 if f else None for f in flags[nc:]]
 
 
@@ -714,6 +727,20 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
 
     The final value.
     """
+    return _while_loop(cond_fun, body_fun, init_val, max_steps, checkpoints)
+
+
+def bounded_while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int,
+                       checkpoints=None):
+    """`while_loop` for a loop whose steps cannot exceed `max_steps` by
+    construction (sciad's passes over a solve's recorded steps): it stops
+    there without a check of the bound in the program. (A check is a host
+    call; in a loop's body it keeps XLA from compiling that loop as one
+    function, `sciad.config.loops_policy`.)"""
+    return _while_loop(cond_fun, body_fun, init_val, max_steps, checkpoints, checked=False)
+
+
+def _while_loop(cond_fun, body_fun, init_val, max_steps, checkpoints, checked=True):
     op = "while_loop"
     for name, f in (("cond_fun", cond_fun), ("body_fun", body_fun)):
         if not callable(f):
@@ -779,7 +806,7 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
         checkpoints = budget_schedule(budget, sum(nbytes(t) for t in types), max_steps, op,
                                       inner=inner_needs(gb), step_flops=graph_cost(gb).flops)
     outs = while_p.bind(*consts, *leaves, **loop_bodies(gc, gb, len(consts)),
-                        **_extra(max_steps, checkpoints))
+                        **_extra(max_steps, checkpoints, checked))
     return _tree.tree_unflatten(tree, list(outs))
 
 
@@ -793,7 +820,8 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, max_steps: int 
 
 
 @while_p.def_sparsity
-def _while_sparsity(outs, *deps, cond_body, body, max_steps=None, checkpoints=None):
+def _while_sparsity(outs, *deps, cond_body, body, max_steps=None, checkpoints=None,
+                    checked=True):
     num_consts = body.num_consts
 
     res = loop_sparsity(body, deps[:num_consts], deps[num_consts:], [], max_steps,
