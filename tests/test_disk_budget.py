@@ -69,6 +69,7 @@ def test_carries_on_disk_give_the_ram_gradient_bit_for_bit(heat, budgets, tmp_pa
     assert os.listdir(tmp_path) == [] and _disk.open_stores() == 0
 
 
+@pytest.mark.slow  # ~16 s: four transforms' programs (the disk's runs through a loop run by default)
 def test_disk_carries_through_fori_loop_forward_mode_vmap_and_to_jax(heat, budgets, rng):
     """(Compiled in other loops, the steps may round in their last bit
     otherwise than the RAM schedule's: equal to 1e-14.)"""

@@ -192,6 +192,7 @@ def test_ensemble_example_on_two_processes_equals_one_device(ensemble):
         assert np.all(np.abs(np.array(t["rates"]) - 2.0) < 0.1), t
 
 
+@pytest.mark.slow  # ~13 s: two processes running the example (the two-process mesh runs by default)
 def test_ensemble_example_prints_on_process_0_only(ensemble):
     (p0, p1), sizes = ensemble
     lines = p0["printed"].splitlines()
