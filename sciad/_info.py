@@ -37,6 +37,7 @@ class Config(NamedTuple):
     backend: str
     devices: tuple[str, ...]
     x64: bool
+    loops: str                  # `sd.config.loops_policy`
     compiler: str | None
     cache_dir: str
     extensions: tuple[ExtensionStatus, ...]
@@ -49,6 +50,7 @@ class Config(NamedTuple):
                  f"SciPy {v['scipy']}, JAX {v['jax']}, jaxlib {v['jaxlib']})",
                  f"JAX backend: {self.backend} ({', '.join(self.devices)}); "
                  f"float64 (x64): {'on' if self.x64 else 'off'}",
+                 f"small loops compiled as one function: {self.loops}",
                  f"C++ compiler: {self.compiler or 'none found (set $CXX or install g++)'}; "
                  f"built extensions cached in {self.cache_dir}",
                  "compiled extensions (built on first use):"]
@@ -125,7 +127,8 @@ def show_config(file=None) -> Config:
     """Prints what this install of sciad has and can do here, and returns it.
 
     The versions of sciad and what it runs on, JAX's backend and devices and
-    whether float64 is on, the C++ compiler that builds sciad's compiled
+    whether float64 is on, whether XLA compiles small loops as one function
+    (`sd.config.loops_policy`), the C++ compiler that builds sciad's compiled
     extensions on first use (and whether each one built: this call builds
     them where they are not yet in the cache), every linear solver with the
     matrices it takes and whether it runs here (and why not, with what to
@@ -166,7 +169,8 @@ def show_config(file=None) -> Config:
                 "numpy": np.__version__, "scipy": _version("scipy"), "jax": jax.__version__,
                 "jaxlib": _version("jaxlib")}
     found = Config(versions=versions, backend=backend, devices=devices,
-                   x64=sd_config.x64_enabled(), compiler=compiler,
+                   x64=sd_config.x64_enabled(), loops=sd_config.loops_policy,
+                   compiler=compiler,
                    cache_dir=str(_build.cache_dir()), extensions=_extensions(),
                    solvers=_solvers(), auto=_auto())
     print(found, file=file if file is not None else sys.stdout)

@@ -17,6 +17,7 @@ def test_show_config_reports_versions_backend_extensions_and_solvers():
     assert text.strip() == str(config)
     assert text.startswith(f"sciad {sd.__version__} (Python ")
     assert config.backend == jax.default_backend() == "cpu"
+    assert f"small loops compiled as one function: {sd.config.loops_policy}\n" in text
     # every registered linear solver, each available here or saying why not
     assert tuple(s.name for s in config.solvers) == names("linear")
     status = {s.name: s for s in config.solvers}
