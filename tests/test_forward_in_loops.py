@@ -369,6 +369,20 @@ def test_known_zero():
     sd.trace(f, np.ones(3))
     assert seen == [True, True, False, False]
 
+    # a batch's broadcast (and reshape, transpose, cast) of a zero is zero;
+    # of anything else, not (the ODE's zero tangent start under `sd.vmap`)
+    seen.clear()
+
+    def g(x):
+        z = snp.broadcast_to(snp.zeros(3), (2, 3))
+        seen.extend([known_zero(z), known_zero(snp.reshape(z.T, (6,)).astype(np.float32)),
+                     known_zero(snp.broadcast_to(snp.ones(3), (2, 3))),
+                     known_zero(snp.broadcast_to(x * 0, (2, 3)))])
+        return x
+
+    sd.trace(g, np.ones(3))
+    assert seen == [True, True, False, False]
+
 
 # ---------------------------------------------------------------------------
 # every higher-order node transposes, or is never linear

@@ -109,21 +109,37 @@ def is_linear(x) -> bool:
     return isinstance(x, UndefinedPrimal)
 
 
+#: nodes whose output is zero wherever their one operand is (a batch's
+#: broadcast of an instantiated zero, its reshapes and casts)
+_ZERO_PRESERVING = ("broadcast_to", "reshape", "transpose", "convert")
+
+
 def known_zero(x) -> bool:
     """Whether `x` is zero by construction: a constant of zeros, or a traced
     value made by a node without operands (`zeros`, `full`) whose value is
-    zeros (a JVP's instantiated symbolic zero)."""
+    zeros (a JVP's instantiated symbolic zero), or by a broadcast, reshape,
+    transpose or cast of one (as batching makes of it)."""
     if isinstance(x, Tracer):
-        producer = next((n for n in reversed(x._builder.nodes) if x._var in n.outputs), None)
-        if producer is None or producer.inputs or producer.primitive.impl_rule is None:
-            return False
-
-        with jax.ensure_compile_time_eval():
-            out = producer.primitive.impl_rule(**producer.params)
-        out = out if producer.primitive.multiple_results else (out,)
-        return bool(np.all(np.asarray(out[producer.outputs.index(x._var)]) == 0))
+        return _zero_var(x._builder.nodes, x._var)
     return not isinstance(x, (UndefinedPrimal, Zero, SparseArray)) and bool(
         np.all(np.asarray(x) == 0))
+
+
+def _zero_var(nodes, var, depth: int = 0) -> bool:
+    producer = next((n for n in reversed(nodes) if var in n.outputs), None)
+    if producer is None or depth > 16:
+        return False
+    if producer.primitive.name in _ZERO_PRESERVING and len(producer.inputs) == 1:
+        (src,) = producer.inputs
+        if isinstance(src, Literal):
+            return bool(np.all(src.value == 0))
+        return isinstance(src, Var) and _zero_var(nodes, src, depth + 1)
+    if producer.inputs or producer.primitive.impl_rule is None:
+        return False
+    with jax.ensure_compile_time_eval():
+        out = producer.primitive.impl_rule(**producer.params)
+    out = out if producer.primitive.multiple_results else (out,)
+    return bool(np.all(np.asarray(out[producer.outputs.index(var)]) == 0))
 
 
 def value_at_zero(x):
