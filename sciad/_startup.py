@@ -85,18 +85,27 @@ def _choose_loops() -> str:
         return f"on: loops touching under {size} bytes a pass ({_XLA} holds it already)"
     if _EXTRA in current:
         return f"kept: {_XLA} sets {_EXTRA}"
-    if "jax" in sys.modules:
-        from jax._src import xla_bridge  # (JAX is there already: nothing new imported)
-
-        if xla_bridge.backends_are_initialized():
-            return (f"off: JAX's backend started before sciad was imported; set {_XLA}={flag} "
-                    "in the environment, or import sciad first, to have small loops compiled "
-                    "as one function each")
+    if "jax" in sys.modules and _backend_started():
+        return (f"off: JAX's backend started before sciad was imported; set {_XLA}={flag} "
+                "in the environment, or import sciad first, to have small loops compiled as "
+                "one function each")
     # (left in the environment: XLA reads it when its backend starts, which
     # may be after this; a child process inherits it, as it would a user's)
     os.environ[_XLA] = f"{current} {flag}".strip()
     why = f"{_LOOPS}={choice}" if choice is not None else "turned on when sciad was imported"
     return f"on: loops touching under {size} bytes a pass ({why})"
+
+
+def _backend_started() -> bool:
+    """Whether JAX's backend has started (JAX imported already: nothing new
+    imported here). A JAX without the private query: taken as started, the
+    flag then left alone."""
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):
+        return True
 
 
 loops_policy: str = _choose_loops()
