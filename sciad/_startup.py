@@ -26,7 +26,7 @@ _BYTES = "JAX_EMBEDDED_CONSTANTS_MAX_BYTES"
 
 def _choose() -> str:
     choice = os.environ.get("SCIAD_HOIST_CONSTANTS")
-    if choice is not None and choice.strip().lower() in OFF:
+    if choice is not None and choice.lower() in OFF:
         return "kept: SCIAD_HOIST_CONSTANTS=" + choice
     if choice is None and _FLAG in os.environ:
         return f"kept: {_FLAG}={os.environ[_FLAG]}"
@@ -68,7 +68,7 @@ _LOOPS = "SCIAD_SMALL_LOOP_BYTES"
 
 def _choose_loops() -> str:
     choice = os.environ.get(_LOOPS, "").strip() or None  # (set but empty: unset)
-    if choice is not None and choice.strip().lower() in OFF:
+    if choice is not None and choice.lower() in OFF:
         return f"kept: {_LOOPS}={choice}"
     size = SMALL_LOOP_BYTES
     if choice is not None:

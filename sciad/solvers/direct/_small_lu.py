@@ -115,7 +115,8 @@ def _looped_factor(A):
         a, rows, inv = c
         at = jnp.argmax(jnp.where(idx >= k, _size(a[:, k]), -1.0))
         top, other = a[k], a[at]
-        a = jnp.where((idx == k)[:, None], other[None], jnp.where((idx == at)[:, None], top[None], a))
+        a = jnp.where((idx == k)[:, None], other[None],
+                      jnp.where((idx == at)[:, None], top[None], a))
         rows = jnp.where(idx == k, rows[at], jnp.where(idx == at, rows[k], rows))
         r = 1.0 / a[k, k]
         m = jnp.where(below(k), a[:, k] * r, 0.0)
