@@ -221,7 +221,7 @@ def _odeint_inline(f, y0, ts, args, *, solver, rtol, atol, adjoint, max_steps, d
         elif dae_init != "check":
             raise InvalidOptionError(f"`dae_init` must be 'check' or 'solve', got "
                                      f"{plain(dae_init)}.", op=op)
-    outs = OdeintOutputs.of(odeint_p.bind(*operands, flat0, ts, **params), count)
+    outs = OdeintOutputs.of(odeint_p.bind(*operands, flat0, ts, **params), params)
     ys, status, nsteps = outs.ys, outs.status, outs.steps
     work = (outs.work,) if count else ()  # (nfev, njev, nlu), last where asked for
     if every_step:  # (the interpolated adjoint's node: its step grid and states)
@@ -335,41 +335,45 @@ def _budgeted(budget: MemoryBudget, state_bytes: int, max_steps: int, solver: st
               adjoint: str, op: str):
     """`checkpoints` for a memory budget on the states reverse mode keeps:
     None (every step's state recorded) where `max_steps + 1` states fit;
-    else, for the discrete adjoint of a Runge-Kutta method, the snapshots
-    of its replay (`Segments`: `s + ceil(max_steps / s) + 1` states) that
-    fit, or with the budget's `disk`, where none fit, `Segments(s,
-    directory)` (the snapshots on disk, a segment's states in RAM). The
-    reverse modes that read the state at every step (BDF's and Radau's, the
-    interpolated adjoint) need them all in RAM: a budget that does not hold
-    them is refused, as is one that holds no replay's states."""
-    from .primitives._ode_replay import SNAPSHOT_BYTES
+    else, for the discrete adjoint, the snapshots of its replay (`Segments`:
+    `s + ceil(max_steps / s) + 1` carries: states, BDF's differences of
+    `ROWS` states) that fit, or with the budget's `disk`, where none fit,
+    `Segments(s, directory)` (the snapshots on disk, a segment's carries in
+    RAM). The interpolated adjoint reads the state at every step: a budget
+    that does not hold them is refused, as is one that holds no replay's
+    carries."""
+    from .primitives._ode_replay import ROWS, SNAPSHOT_BYTES
     from .primitives._while import budget_schedule
 
     n = budget.carries(state_bytes, op)
     every = max_steps + 1
     if adjoint == "backsolve":  # (one state, whatever the steps)
         return None
-    if every <= n and every * state_bytes <= SNAPSHOT_BYTES:
-        return None  # (recorded by the forward pass, as without a budget)
-    if not SOLVERS[solver].replayable or adjoint == INTERPOLATED.name:
-        if every <= n:
-            return None
-        what = "the interpolated adjoint" if adjoint == INTERPOLATED.name else \
-            f"{solver!r}'s reverse mode"
+    if every <= n and (every * state_bytes <= SNAPSHOT_BYTES
+                       or not SOLVERS[solver].replayable):
+        # (recorded by the forward pass, as without a budget: BDF's and
+        # Radau's own reverse passes read them, where they fit)
+        return None
+    if adjoint == INTERPOLATED.name:
         raise InvalidOptionError(
-            f"{what} reads the state at every step (max_steps + 1 = {every} states of "
-            f"{_cache.si(state_bytes)}, {_cache.si(every * state_bytes)}), and a memory "
-            f"budget of {_cache.si(budget.ram)} holds {n} of them: raise the budget, lower "
-            "`max_steps`, or use a Runge-Kutta method's checkpointed adjoint (whose "
-            "snapshots a budget's `disk=` can hold).", op=op)
+            f"the interpolated adjoint reads the state at every step (max_steps + 1 = "
+            f"{every} states of {_cache.si(state_bytes)}, {_cache.si(every * state_bytes)}), "
+            f"and a memory budget of {_cache.si(budget.ram)} holds {n} of them: raise the "
+            "budget, lower `max_steps`, or use the checkpointed adjoint (whose snapshots a "
+            "budget's `disk=` can hold).", op=op)
+    what = "states"
+    if SOLVERS[solver].lowering == "bdf":  # (its replay's carry: its differences)
+        state_bytes *= ROWS
+        n = budget.carries(state_bytes, op)
+        what = f"carries (BDF's differences, {ROWS} states each)"
     schedule = budget_schedule(budget, state_bytes, max_steps, op, only_segments=True)
     if not isinstance(schedule, Segments):
         need = 2 * math.isqrt(max_steps) + 3
         raise InvalidOptionError(
             f"the checkpointed adjoint replays each output interval's steps storing "
-            f"s + ceil(max_steps / s) + 1 states (about 2 sqrt(max_steps) = "
+            f"s + ceil(max_steps / s) + 1 {what} (about 2 sqrt(max_steps) = "
             f"{need - 1} for max_steps = {max_steps}), and a memory budget of "
-            f"{_cache.si(budget.ram)} holds {n} states of {_cache.si(state_bytes)}: give at "
+            f"{_cache.si(budget.ram)} holds {n} of {_cache.si(state_bytes)}: give at "
             f"least ram={need * state_bytes} ({_cache.si(need * state_bytes)}), or lower "
             "`max_steps`" + ("" if budget.disk else ", or give the budget `disk=` (a "
                                                     "directory for the snapshots)") + ".", op=op)
@@ -427,12 +431,6 @@ def _check_options(solver, rtol, atol, adjoint, max_steps, dt0, adaptive, checkp
                                     or checkpoints < 1):
         raise InvalidOptionError(f"`checkpoints` must be None, an int >= 1 or "
                                  f"`sd.MemoryBudget(ram=...)`, got {plain(checkpoints)}.", op=op)
-    if checkpoints is not None and not SOLVERS[solver].replayable:
-        raise InvalidOptionError(
-            f"{solver!r}'s reverse modes read the state at every step, which the forward "
-            f"pass stores (max_steps + 1 states): `checkpoints` (the states a replay of the "
-            f"steps stores) is for the Runge-Kutta methods; got checkpoints={checkpoints}.",
-            op=op)
     return solver, bool(adaptive) and not fixed, float(rtol)
 
 
@@ -550,9 +548,17 @@ def odeint(f: Callable, y0, ts, args=(), *, solver: str = "tsit5", rtol: float =
       every step's state where `max_steps + 1` of them fit in `ram`, else
       the most snapshots whose replay (`s + ceil(max_steps / s) + 1`
       states) fits, or with `disk=`, where none fits, those snapshots on
-      disk (a segment's states in RAM); a reverse mode that reads every
-      step's state (`"bdf"`, `"radau"`, the interpolated adjoint) refuses a
-      budget that does not hold them.
+      disk (a segment's states in RAM); the interpolated adjoint, which
+      reads every step's state, refuses a budget that does not hold them.
+      For `"bdf"` and `"radau"`, whose own reverse passes read every
+      step's state, None keeps every step's state whatever its size; an
+      int or a budget that does not hold them replays the steps on the
+      recorded grid from snapshots instead (each step's implicit equation
+      an `optimize.root` node, solved to 1e-3 rtol: the gradient is the
+      stored pass's to that tolerance, several times slower); BDF's
+      snapshots are its differences, 8 states each, and its forward pass
+      then records only each step's order and step size changes (37
+      numbers a step).
     - `dtmax`: the largest step the step-size control takes (None:
       unbounded); SciPy's `max_step`. The derivative rules replay the
       steps taken, so they follow it too.

@@ -611,22 +611,26 @@ def test_the_steppers_and_adjoints_are_records():
     assert lookup("checkpoint", "ode adjoint") is ADJOINTS["checkpoint"]
     # the node's outputs, by name: five with the step grid, six with the states
     g = sd.trace(lambda t, y: [-y], 0.0, np.ones(2))
+    ops_ = (sd.TensorType((2,), np.float64), sd.TensorType((3,), np.float64))
+
+    def outputs(**params):
+        params = dict(body=g, rtol=1e-6, atol=1e-9, max_steps=16, **params)
+        return OdeintOutputs.of(odeint_p.abstract_eval_rule(*ops_, **params), params)
+
     for adjoint, n in (("backsolve", 5), ("interpolated", 6)):
-        outs = OdeintOutputs.of(odeint_p.abstract_eval_rule(
-            sd.TensorType((2,), np.float64), sd.TensorType((3,), np.float64), body=g,
-            solver="tsit5", rtol=1e-6, atol=1e-9, max_steps=16, adjoint=adjoint))
+        outs = outputs(solver="tsit5", adjoint=adjoint)
         assert len(outs.present()) == n and outs.ys.shape == (3, 2)
     # and the work counted last, where asked for; BDF's states come with its
     # record of its steps (seven, eight counted), which its discrete
     # derivatives read, the continuous adjoint's forward mode too
     for adjoint in ("interpolated", "checkpoint"):
-        outs = OdeintOutputs.of(odeint_p.abstract_eval_rule(
-            sd.TensorType((2,), np.float64), sd.TensorType((3,), np.float64), body=g,
-            solver="bdf", rtol=1e-6, atol=1e-9, max_steps=16, adjoint=adjoint, count=True),
-            count=True)
+        outs = outputs(solver="bdf", adjoint=adjoint, count=True)
         assert len(outs.present()) == 8 and outs.work.shape == (3,)
         assert outs.states is not None and outs.history.shape == (17, 37)
-    outs = OdeintOutputs.of(odeint_p.abstract_eval_rule(
-        sd.TensorType((2,), np.float64), sd.TensorType((3,), np.float64), body=g,
-        solver="bdf", rtol=1e-6, atol=1e-9, max_steps=16, adjoint="backsolve"))
+    outs = outputs(solver="bdf", adjoint="backsolve")
     assert len(outs.present()) == 5
+    # BDF's checkpointed adjoint replays the steps from its record, not its
+    # states (six outputs); Radau's from its step grid (five)
+    outs = outputs(solver="bdf", checkpoints=4)
+    assert len(outs.present()) == 6 and outs.states is None and outs.history.shape == (17, 37)
+    assert len(outputs(solver="radau", checkpoints=4).present()) == 5

@@ -20,9 +20,11 @@ name) are
   carry no derivative.
 - `states` (where the adjoint asks for them, `Adjoint.records_states`): the
   state at every step, `(max_steps + 1, N)`, padded with zeros.
-- `history` (BDF's, where its discrete adjoint differentiates it): each
-  accepted step's order and rescaling of the differences
-  (`sciad.solvers.ode._bdf.HISTORY` columns).
+- `history` (BDF's, where its discrete adjoint differentiates it, with
+  the states or, with `checkpoints`, without them: the replay re-runs the
+  steps from it): each accepted step's order and rescaling of the
+  differences (`sciad.solvers.ode._bdf.HISTORY` columns). `recorded`
+  says which of them a node's params give.
 
 The module holds the node and its rules; the parts they are built from live
 beside it, one idea each:
@@ -32,8 +34,9 @@ beside it, one idea each:
   diffrax's solver for one (plain JAX);
 - `_ode_field`: the vector field evaluated in sciad ops, its parts, and the
   params of the derived systems;
-- `_ode_replay`: a step of a tableau in sciad ops (`rk_step`) and the steps
-  taken re-run on their grid;
+- `_ode_replay`: a step of a tableau, of Radau IIA or of BDF in sciad ops
+  (`rk_step`, `radau_step`, `bdf_step`) and the steps taken re-run on
+  their grid;
 - `_ode_interp`: the cubic Hermite interpolant between steps;
 - `_ode_adjoint`: the reverse modes, one record per adjoint strategy;
 - `_ode_events`: the guard of a terminal event (`ode.event_guard`).
@@ -174,20 +177,22 @@ class OdeintOutputs(NamedTuple):
     work: Any = None
 
     @classmethod
-    def of(cls, outs, count: bool = False) -> "OdeintOutputs":
-        """The named layout of a node's outputs (3, 5 or 6 of them, and
-        `work` last where it counts)."""
+    def of(cls, outs, params: dict) -> "OdeintOutputs":
+        """The named layout of the outputs of a node with `params` (or of a
+        list of their tangents or cotangents): three, then `grid` and
+        `marks`, `states` and `history` where it records them
+        (`recorded`), then `work` where it counts."""
         outs = list(outs)
-        work = outs.pop() if count else None
-        return cls(*outs, work=work)
+        grid, states, history = recorded(params)
+        names = ["ys", "status", "steps"] + ["grid", "marks"] * grid + ["states"] * states \
+            + ["history"] * history + ["work"] * bool(params.get("count", False))
+        assert len(outs) == len(names), "an ode.odeint node's outputs match its params"
+        return cls(**dict(zip(names, outs)))
 
     def present(self) -> list:
-        """The outputs the node has, in its order: three, five with `grid`
-        (and `marks`), six with `states`, seven with `history`; `work`
-        after them."""
-        n = 7 if self.history is not None else 6 if self.states is not None else \
-            5 if self.grid is not None else 3
-        return list(self)[:n] + ([self.work] if self.work is not None else [])
+        """The outputs the node has, in its order (the absent ones, None,
+        left out)."""
+        return [o for o in self if o is not None]
 
 
 @odeint_p.def_abstract_eval
@@ -230,11 +235,6 @@ def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive
         raise InvalidOptionError(
             f"adjoint={adjoint!r} differentiates the steps taken, which {solver}'s steps "
             f"do not give: use adjoint='interpolated' or 'backsolve'.", op=op)
-    if not stepper.replayable and checkpoints is not None:
-        raise InvalidOptionError(
-            f"{solver}'s reverse modes read the state at every step, which the forward pass "
-            f"stores (max_steps + 1 states): `checkpoints` (the states a replay stores) is "
-            f"for the Runge-Kutta methods; got checkpoints={checkpoints}.", op=op)
     if not stepper.replayable and not adaptive:
         raise InvalidOptionError(f"{solver} chooses its steps and orders: constant steps "
                                  "(adaptive=False) are for the Runge-Kutta methods.", op=op)
@@ -263,15 +263,16 @@ def _odeint_shape(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive
     i32 = np.dtype(np.int32)
     outs = OdeintOutputs(ys=TensorType((ts.shape[0], n), y0.dtype), status=TensorType((), i32),
                          steps=TensorType((), i32))
-    if record:
+    grid, states, history = recorded(dict(
+        body=body, solver=solver, max_steps=max_steps, error_size=error_size,
+        adjoint=adjoint, checkpoints=checkpoints, record=record, states=states))
+    if grid:
         outs = outs._replace(grid=TensorType((max_steps + 1,), y0.dtype),
                              marks=TensorType((ts.shape[0],), i32))
-        if states and _records_states(stepper, adjoint, checkpoints, max_steps,
-                                      error_size or n, y0.dtype.itemsize):
-            outs = outs._replace(states=TensorType((max_steps + 1, n), y0.dtype))
-            if _keeps_history(stepper):
-                outs = outs._replace(history=TensorType((max_steps + 1, _bdf.HISTORY),
-                                                        y0.dtype))
+    if states:
+        outs = outs._replace(states=TensorType((max_steps + 1, n), y0.dtype))
+    if history:
+        outs = outs._replace(history=TensorType((max_steps + 1, _bdf.HISTORY), y0.dtype))
     if count:
         outs = outs._replace(work=TensorType((3,), i32))
     return tuple(outs.present())
@@ -285,11 +286,24 @@ def _records_states(stepper, adjoint: str, checkpoints, max_steps: int, m: int,
                                             stepper.replayable)
 
 
-def _keeps_history(stepper) -> bool:
-    """Whether a node that outputs its `states` outputs its `history` too:
-    BDF's, for its discrete derivatives (reverse, and forward on the steps
-    the node took)."""
-    return stepper.lowering == "bdf"
+def recorded(params: dict) -> tuple[bool, bool, bool]:
+    """What a node with `params` records of its steps: `(grid, states,
+    history)`, whether it outputs its step grid (and marks), its state at
+    every step (its adjoint asks for them, `Adjoint.records_states`), and
+    BDF's record of its accepted steps (its orders and step size changes),
+    which BDF's discrete derivatives read: with the states, or in their
+    place where the checkpointed adjoint replays the steps from it."""
+    if not params.get("record", True):
+        return False, False, False
+    if not params.get("states", True):  # (`dce`: the grid read, nothing else)
+        return True, False, False
+    stepper = STEPPERS[params["solver"]]
+    adjoint = params.get("adjoint", CHECKPOINT.name)
+    y = params["body"].in_types[-1]
+    states = _records_states(stepper, adjoint, params.get("checkpoints"), params["max_steps"],
+                             params.get("error_size") or y.shape[0], y.dtype.itemsize)
+    history = stepper.lowering == "bdf" and (states or adjoint == CHECKPOINT.name)
+    return True, states, history
 
 
 #: an integration stopped by `max_steps` is diagnosed stiff (with an
@@ -420,9 +434,9 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
     n = y0.shape[0]
     m = n if error_size is None else error_size
     held = site.held if site is not None else ()
-    dense = record and states and _records_states(stepper, adjoint, checkpoints, max_steps,
-                                                  m, np.dtype(y0.dtype).itemsize)
-    history = dense and _keeps_history(stepper)
+    _, dense, history = recorded(dict(
+        body=body, solver=solver, max_steps=max_steps, error_size=error_size,
+        adjoint=adjoint, checkpoints=checkpoints, record=record, states=states))
     # (an ESDIRK method with a mass matrix: sciad's own loop, `_esdirk`)
     run = _run_diffrax if stepper.lowering == "diffrax" and mass is None else _run_own
     extra = {} if mass is None else {"mass": (consts[mass], mass_pattern)}
@@ -453,8 +467,8 @@ def _odeint_impl(*args, body, solver, rtol, atol, max_steps, dt0=None, adaptive=
     valid = jnp.where(jnp.arange(grid.shape[0]) <= accepted, grid, jnp.inf)
     marks = jnp.minimum(jnp.searchsorted(valid, ts), accepted).astype(jnp.int32)
     outs = outs._replace(grid=grid, marks=marks)
-    if dense:
-        outs = outs._replace(states=r.states, history=r.history if history else None)
+    outs = outs._replace(states=r.states if dense else None,
+                         history=r.history if history else None)
     return tuple(outs.present())
 
 
@@ -616,10 +630,7 @@ def _odeint_jvp(primals, tangents, **params):
     if not is_zero(dts):
         dy0 = dy0 - field_at(graph, consts, ts[0], y0) * dts[0]
     stepper = STEPPERS[params["solver"]]
-    if params.get("record", True) and params.get("states", True) and stepper.discrete \
-            and _records_states(
-            stepper, params.get("adjoint", CHECKPOINT.name), params.get("checkpoints"),
-            params["max_steps"], params.get("error_size") or n, type_of(y0).dtype.itemsize):
+    if stepper.discrete and recorded(params)[1]:
         return _stepwise_jvp(primals, [*dconsts, dy0], dts, params)
     aug = _sensitivity_body(graph, nonzero)
     extra = [t for t in dconsts if not is_zero(t)]
@@ -629,8 +640,7 @@ def _odeint_jvp(primals, tangents, **params):
     p = derived_params(params, body=aug, error_size=params.get("error_size") or n,
                        pattern=pattern)
     outs = OdeintOutputs.of(
-        odeint_p.bind(*consts, *extra, ops.concatenate([y0, dy0]), ts, **p),
-        p.get("count", False))
+        odeint_p.bind(*consts, *extra, ops.concatenate([y0, dy0]), ts, **p), p)
     # (the primal results come out of the node that computes the tangents:
     # marked so that a transposition of the tangent map takes them for
     # primal values, see `jvp_primal`)
@@ -652,7 +662,7 @@ def _stepwise_jvp(primals, tangents, dts, params):
     two programs); `tangents`: of `(*consts, y0)`, `y0`'s with the initial
     time's tangent in it."""
     *consts, _, ts = primals
-    outs = OdeintOutputs.of(odeint_p.bind(*primals, **params), params.get("count", False))
+    outs = OdeintOutputs.of(odeint_p.bind(*primals, **params), params)
     if outs.history is not None:
         from ._ode_bdf_adjoint import bdf_jvp
         dstates, dys = bdf_jvp(primals, tangents, outs, params)
@@ -701,7 +711,6 @@ odeint_p.def_transpose(vjp_transpose(odeint_p))
 def _odeint_vjp(primals, outs, cts, **params):
 
     *consts, y0, ts = primals
-    count = params.get("count", False)
     if params.get("mass") is not None and ADJOINTS[params.get("adjoint",
                                                            CHECKPOINT.name)].continuous:
         raise NotSupportedError(
@@ -711,7 +720,7 @@ def _odeint_vjp(primals, outs, cts, **params):
             f"adjoint='checkpoint' (the discrete adjoint of the steps; BDF's default), or "
             f"forward mode (sd.jvp, sd.jacfwd), which integrates the sensitivities with the "
             f"same mass matrix.", op="ode.odeint")
-    outs, cts = OdeintOutputs.of(outs, count), OdeintOutputs.of(cts, count)
+    outs, cts = OdeintOutputs.of(outs, params), OdeintOutputs.of(cts, params)
     ct = cts.ys
     if not params.get("throw", True) and not is_zero(ct):
         ct = root_guard_p.bind(outs.status, ct, of="odeint")  # no derivative of a failure
@@ -725,7 +734,7 @@ def _odeint_vjp(primals, outs, cts, **params):
     if not (params.get("record", True) and params.get("states", True)):
         # (a node `dce` spared the recording)
         params = {k: v for k, v in params.items() if k not in ("record", "states")}
-        outs = OdeintOutputs.of(odeint_p.bind(*primals, **params), count)
+        outs = OdeintOutputs.of(odeint_p.bind(*primals, **params), params)
     if isinstance(ts, Tracer):  # (held here, an outer derivative may move them)
         # the steps land on the output times (marks): those grid points move
         # with them, which the reverse pass's derivatives (second order in
@@ -759,13 +768,14 @@ def _odeint_dce(node, used):
     # loop need not record its steps
     # nor its work (where it counts): the loop need not count
     count = node.params.get("count", False)
-    used = OdeintOutputs.of(used, count)
-    kept, params = OdeintOutputs.of(node.outputs, count), dict(node.params)
+    used = OdeintOutputs.of(used, node.params)
+    kept, params = OdeintOutputs.of(node.outputs, node.params), dict(node.params)
     if params.get("record", True) and not (used.grid or used.marks or used.states
                                            or used.history):
         kept, params["record"] = kept._replace(grid=None, marks=None, states=None,
                                                history=None), False
-    elif kept.states is not None and not (used.states or used.history):
+    elif (kept.states is not None or kept.history is not None) \
+            and not (used.states or used.history):
         # (the grid read, the states not: `odeint(throw=False)`'s time reached)
         kept, params["states"] = kept._replace(states=None, history=None), False
     if count and not used.work:

@@ -39,7 +39,7 @@ from ..solvers._registry import family, register
 from ._scan import scan
 from ._ode_field import ADJOINT_BODY, augmented_pattern, derived_params, summed
 from ._ode_interp import hermite
-from ._ode_replay import replay_steps, snapshots_for, step_graph
+from ._ode_replay import ROWS, replay_steps, snapshots_for, step_graph
 from ._while import bounded_while_loop
 
 
@@ -88,14 +88,15 @@ class Checkpoint(Adjoint):
     name = "checkpoint"
 
     def records_states(self, checkpoints, max_steps, n, itemsize, replayable=True):
-        return not replayable or (checkpoints is None
-                                  and snapshots_for(max_steps, n, itemsize) >= max_steps)
+        if not replayable:  # (BDF, Radau: their own passes read them, but replay them
+            return checkpoints is None  # where `checkpoints` is set)
+        return checkpoints is None and snapshots_for(max_steps, n, itemsize) >= max_steps
 
     def forms_state_cotangents(self, outs):
         return outs.states is not None
 
     def vjp(self, primals, outs, ct, params, ct_states=None):
-        if outs.history is not None:  # BDF: its record of its steps
+        if outs.states is not None and outs.history is not None:  # BDF: with its record
             from ._ode_bdf_adjoint import bdf_vjp
             return bdf_vjp(primals, outs, ct, params, ct_states)
         if outs.states is not None:  # the states at every step: each step re-run once
@@ -146,12 +147,14 @@ def discrete_vjp(primals, outs, ct, params):
     *consts, y0, ts = primals
     grid, marks = outs.grid, outs.marks
     t = type_of(y0)
-    snapshots = params.get("checkpoints") or snapshots_for(params["max_steps"], t.size,
+    # (BDF's carry: its differences, ROWS states)
+    size = t.size * (ROWS if outs.history is not None else 1)
+    snapshots = params.get("checkpoints") or snapshots_for(params["max_steps"], size,
                                                            t.dtype.itemsize)
     replay = replay_steps(params["body"], params["solver"], params.get("jac", "dense"),
                           params["max_steps"], snapshots, grid, marks, params["rtol"],
                           params["atol"], disk=params.get("disk"), mass=params.get("mass"),
-                          mass_pattern=params.get("mass_pattern"))
+                          mass_pattern=params.get("mass_pattern"), history=outs.history)
     types = [type_of(c) for c in consts] + [type_of(y0)]
     g, closed, _ = trace_body(replay, types, name="replay")
     _, backward = vjp_eval(g, [*closed, *consts, y0])
@@ -348,7 +351,7 @@ def continuous_vjp(primals, outs, ct, params, interpolated: bool):
     def interval(S, x):  # from ts[i + 1] back to ts[i], then the jump of ct[i]
         lo, hi, c = x
         span = ops.stack([ops.zeros_like(hi), hi - lo])
-        S = OdeintOutputs.of(odeint_p.bind(*consts, *extra, hi, S, span, **p)).ys[1]
+        S = OdeintOutputs.of(odeint_p.bind(*consts, *extra, hi, S, span, **p), p).ys[1]
         return ops.concatenate([S[:lead], S[lead:lead + n] + c, S[lead + n:]]), None
 
     S, _ = scan(interval, S, (ts[:-1], ts[1:], ct[:-1]), reverse=True)

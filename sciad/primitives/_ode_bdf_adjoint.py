@@ -59,7 +59,7 @@ from ..graph._autodiff import jvp_eval, type_of, vjp_eval
 from ..graph._trace import trace_flat
 from ..solvers.nonlinear._root_methods import sparse_jacobian
 from ..solvers.ode import _bdf_adjoint
-from ..solvers.ode._bdf import ALPHA, GAMMA, HISTORY, MAX_ORDER
+from ..solvers.ode._bdf import HISTORY
 from ..solvers.ode._radau_adjoint import NONFINITE
 from ..solvers._coloring import coloring
 from ._jacobian import Structure, dense_jacobian, emit
@@ -69,11 +69,8 @@ from ._ode_adjoint import (_flat_cotangents, _unflatten_cotangents, _wanted,
                            down_the_steps, up_the_steps)
 from ._ode_field import field_at, mass_in_ops, summed
 from ._ode_radau_adjoint import _STEPS_PARAMS, _def_rules, _field_of, bind_adjoint
+from ._ode_replay import RESCALED, ROWS, bdf_psi_weights, bdf_rescaled, bdf_start, bdf_updated
 
-#: the rows of the differences `D` (orders up to `MAX_ORDER`, and two more)
-ROWS = MAX_ORDER + 3
-#: the rows a step size change rescales
-RESCALED = MAX_ORDER + 1
 
 
 def _iteration_matrix(residual: Callable, y, pattern):
@@ -101,21 +98,19 @@ class _Steps:
                                 self.n, self.dtype)
         self.pattern = params.get("pattern") if sparse_jacobian(params.get("jac", "dense")) \
             else None
-        self.alpha = ops.asarray(ALPHA.astype(self.dtype))
-        self.gamma = ops.asarray(np.concatenate([GAMMA, np.zeros(ROWS - GAMMA.size)]).astype(
-            self.dtype))
         self.rows = ops.arange(ROWS)
 
     def at(self, k):
-        """Step `k`: `(q, R, t, c, aq, y, s, A)`, its order, the rescaling of
-        the differences before it, its time and `c = h / alpha_q`, its
-        result `y`, the rows' scaling `s` (None: none) and the iteration
-        matrix `A = S (M - c J)` at `(t, y)`."""
+        """Step `k`: `(q, R, t, c, g, y, s, A)`, its order, the rescaling of
+        the differences before it, its time and `c = h / alpha_q`, the
+        weights `g` of `psi = g D` (`bdf_psi_weights`), its result `y`, the
+        rows' scaling `s` (None: none) and the iteration matrix `A = S (M -
+        c J)` at `(t, y)`."""
         record = self.history[k + 1]
         q = ops.astype(record[0], np.int32)
         R = ops.reshape(record[1:], (RESCALED, RESCALED))
         t = self.grid[k + 1]
-        aq = ops.take(self.alpha, q)
+        g, aq = bdf_psi_weights(q, self.dtype)
         c = (t - self.grid[k]) / aq
         y = self.states[k + 1]
         s = self.mass.scale(c)
@@ -125,11 +120,7 @@ class _Steps:
             r = mass.apply(z) - c * field_at(graph, consts, t, z)
             return r if s is None else s * r
 
-        return q, R, t, c, aq, y, s, _iteration_matrix(residual, y, self.pattern)
-
-    def psi_weights(self, q, aq):
-        """`psi = sum_i g_i D_i`: `g_i = gamma_i / alpha_q` for `1 <= i <= q`."""
-        return ops.where((self.rows >= 1) & (self.rows <= q), self.gamma, 0.0) / aq
+        return q, R, t, c, g, y, s, _iteration_matrix(residual, y, self.pattern)
 
 
 def bdf_jvp(primals, tangents, outs, params):
@@ -155,25 +146,15 @@ def bdf_jvp(primals, tangents, outs, params):
         return summed(dfs) if dfs else ops.zeros((st.n,), st.dtype)
 
     def step(k, D):  # the tangent pass of step k
-        q, R, t, c, aq, y, s, A = st.at(k)
-        D = ops.concatenate([ops.matmul(R, D[:RESCALED]), D[RESCALED:]])
-        below = rows[:, None] <= q
-        dy_pred = ops.sum(ops.where(below, D, 0.0), axis=0)
-        dpsi = ops.matmul(st.psi_weights(q, aq), D)
-        b = c * field_jvp(t, y, dy_pred) - mass.apply(dpsi)
-        dd = solve(A, b if s is None else s * b, estimate=False)
-        # D_{q+2} = dd - D_{q+1}, D_{q+1} = dd, then D_i += D_{i+1} down from q
-        D = ops.where(rows[:, None] == q + 2, (dd - D[q + 1])[None],
-                      ops.where(rows[:, None] == q + 1, dd[None], D))
-        inside = ops.where(rows[:, None] <= q + 1, D, 0.0)
-        tail = ops.sum(inside, axis=0)[None] - ops.cumsum(inside, axis=0) + inside
-        return ops.where(rows[:, None] <= q + 1, tail, D)
+        q, _, t, c, g, y, s, A = st.at(k)
+        _, D = bdf_rescaled(D, st.history[k + 1])
+        dy_pred = ops.sum(ops.where(rows[:, None] <= q, D, 0.0), axis=0)
+        b = c * field_jvp(t, y, dy_pred) - mass.apply(ops.matmul(g, D))
+        return bdf_updated(D, solve(A, b if s is None else s * b, estimate=False), q)
 
-    # the first differences [y0, P f(t0, y0), 0, ...] (h0 is in the first R)
-    D0 = ops.zeros((ROWS, st.n), st.dtype)
-    D0 = ops.where(rows[:, None] == 0, dy0[None],
-                   ops.where(rows[:, None] == 1, mass.start(field_jvp(st.ts[0], st.y0, dy0))[None],
-                             D0))
+    # the first differences [y0, P f(t0, y0), 0, ...] (h0 is in the first R),
+    # their tangents
+    D0 = bdf_start(dy0, field_jvp(st.ts[0], st.y0, dy0), mass)
     return up_the_steps(step, D0, lambda D: D[0], outs, params["max_steps"])
 
 
@@ -201,7 +182,7 @@ def _in_ops(primals, outs, ct, params, wanted, ct_states=None) -> list:
     def back(k, L, acc):  # the reverse pass of step k, from grid[k] to grid[k + 1]
         if ct_states is not None:
             L = L + ops.where(rows[:, None] == 0, ct_states[k + 1][None], 0.0)
-        q, R, t, c, aq, y, s, A = st.at(k)
+        q, R, t, c, g, y, s, A = st.at(k)
         # the cumulative sums D_i += D_{i+1} (i = q, ..., 0), transposed
         L = ops.where(rows[:, None] <= q + 1, ops.cumsum(L, axis=0), L)
         top = L[q + 2]
@@ -216,7 +197,7 @@ def _in_ops(primals, outs, ct, params, wanted, ct_states=None) -> list:
         mu = mu if s is None else s * mu
         ybar, cbar = field_vjp(t, y, c * mu)
         L = L + ops.where(rows[:, None] <= q, ybar[None], 0.0) \
-            - st.psi_weights(q, aq)[:, None] * mass.apply_T(mu)[None]
+            - g[:, None] * mass.apply_T(mu)[None]
         L = ops.concatenate([ops.matmul(ops.transpose(R), L[:RESCALED]), L[RESCALED:]])
         return L, (acc + ops.concatenate(cbar)) if cbar else acc
 

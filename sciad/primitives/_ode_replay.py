@@ -1,9 +1,10 @@
 """The steps an `ode.odeint` node took, re-run in sciad ops: one step of a
 stepper's Runge-Kutta tableau (`rk_step`, an implicit stage an
 `optimize.root` node), one of Radau IIA (`radau_step`, its three stages one
-`optimize.root` node), a step as a graph (`step_graph`) and the whole solve
-replayed on its recorded step grid (`replay_steps`), whose reverse passes
-are the discrete (checkpointed) adjoint."""
+`optimize.root` node), one of BDF from its record of the step (`bdf_step`,
+its correction one `optimize.root` node), a step as a graph (`step_graph`)
+and the whole solve replayed on its recorded step grid (`replay_steps`),
+whose reverse passes are the discrete (checkpointed) adjoint."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ..solvers.direct import _band
 from ..solvers.nonlinear import _jacobian_klu
 from ..solvers.nonlinear._root_methods import sparse_jacobian
 from ..solvers.ode import _radau
+from ..solvers.ode._bdf import ALPHA, GAMMA, MAX_ORDER
 from ..solvers.ode._ode_steppers import STEPPERS, tableau
 from ._schedules import Segments
 from ._scan import scan
@@ -211,7 +213,8 @@ def radau_step(graph: Graph, consts, t, h, y, jac: str, rtol: float, atol: float
     `y + Z_3` (the method is stiffly accurate). `y_next`, the recorded
     result, starts the iteration (the stages on the cubic Hermite
     interpolant to it; on the line to it with a mass matrix, whose `f` is
-    not `dy/dt`). `mass`: a `MassOps`, or None."""
+    not `dy/dt`); None (a replay that has not recorded it): zero stages.
+    `mass`: a `MassOps`, or None."""
     n = type_of(y).shape[0]
     A, C = _radau.A, _radau.C
     w = stop_gradient(1.0 / (ops.abs(y) + max(atol / rtol, 1e-300)))
@@ -229,14 +232,16 @@ def radau_step(graph: Graph, consts, t, h, y, jac: str, rtol: float, atol: float
             out.append(r * scale)
         return ops.concatenate(out)
 
-    y0, y1 = stop_gradient(y), stop_gradient(y_next)
-    if mass is None:
+    y0 = stop_gradient(y)
+    if y_next is None:  # (a replay from a snapshot: zero increments, as RADAU5's first step)
+        z0 = ops.zeros((3 * n,), type_of(y).dtype)
+    elif mass is None:
+        y1 = stop_gradient(y_next)
         f0 = stop_gradient(field_at(graph, consts, t, y))
         f1 = stop_gradient(field_at(graph, consts, t + h, y_next))
-        z0 = [hermite_at(float(c), h, y0, y1, f0, f1) - y0 for c in C]
+        z0 = ops.concatenate([hermite_at(float(c), h, y0, y1, f0, f1) - y0 for c in C])
     else:
-        z0 = [float(c) * (y1 - y0) for c in C]
-    z0 = ops.concatenate(z0)
+        z0 = ops.concatenate([float(c) * (stop_gradient(y_next) - y0) for c in C])
     J0 = start = None
     if sparse_jacobian(jac):
         J0 = colored_jacobian(stages, stop_gradient(z0), y0, stop_gradient(h), stop_gradient(t), w)
@@ -248,6 +253,92 @@ def radau_step(graph: Graph, consts, t, h, y, jac: str, rtol: float, atol: float
                   throw=True, op="optimize.root", at_floor=True, estimate=False,
                   start=start).x
     return y + z[2 * n:]
+
+
+#: the rows of BDF's differences `D` (orders up to `MAX_ORDER`, and two more)
+ROWS = MAX_ORDER + 3
+#: the rows a step size change rescales
+RESCALED = MAX_ORDER + 1
+
+
+def bdf_start(y0, f0, mass):
+    """BDF's first differences `[y0, P f0, 0, ...]`, `f0 = f(t0, y0)` (`P`:
+    the mass matrix's pseudo-inverse; the first step's record scales row 1
+    by `h0`), or their tangents (`f0`: the field's)."""
+    rows = ops.arange(ROWS)[:, None]
+    f0 = mass.start(f0)
+    return ops.where(rows == 0, y0[None], ops.where(rows == 1, f0[None],
+                                                    ops.zeros((ROWS,) + y0.shape, f0.dtype)))
+
+
+def bdf_rescaled(D, record):
+    """`(q, D')`: the order of the step BDF's `record` (its history row) is
+    of, and the differences `D` after the previous accepted step rescaled
+    to the step's size (`D' = R D`, the rows past `MAX_ORDER` kept)."""
+    R = ops.reshape(record[1:], (RESCALED, RESCALED))
+    return ops.astype(record[0], np.int32), ops.concatenate([ops.matmul(R, D[:RESCALED]),
+                                                             D[RESCALED:]])
+
+
+def bdf_updated(D, d, q):
+    """The differences after a step of order `q` from `D` (rescaled) with the
+    correction `d`: `D_{q+2} = d - D_{q+1}`, `D_{q+1} = d`, then `D_i +=
+    D_{i+1}` down from `i = q` (the state `D_0 = y_pred + d`)."""
+    rows = ops.arange(ROWS)[:, None]
+    D = ops.where(rows == q + 2, (d - D[q + 1])[None], ops.where(rows == q + 1, d[None], D))
+    inside = ops.where(rows <= q + 1, D, 0.0)
+    tail = ops.sum(inside, axis=0)[None] - ops.cumsum(inside, axis=0) + inside
+    return ops.where(rows <= q + 1, tail, D)
+
+
+def bdf_psi_weights(q, dtype):
+    """`(g, alpha_q)`: `psi = g D`, `g_i = gamma_i / alpha_q` for `1 <= i <= q`."""
+    rows = ops.arange(ROWS)
+    gamma = ops.asarray(np.concatenate([GAMMA, np.zeros(ROWS - GAMMA.size)]).astype(dtype))
+    aq = ops.take(ops.asarray(ALPHA.astype(dtype)), q)
+    return ops.where((rows >= 1) & (rows <= q), gamma, 0.0) / aq, aq
+
+
+def bdf_step(graph: Graph, consts, D, record, t, h, jac: str, rtol: float, atol: float,
+             mass):
+    """One accepted BDF step from `t` to `t + h`, re-run in sciad ops from
+    the differences `D` after the previous one and the step's `record` (its
+    order and rescaling, `_bdf.HISTORY`): the prediction `y_pred = sum_{i <=
+    q} D'_i`, then the correction `d` of
+
+        M (d + psi) = c f(t + h, y_pred + d),   c = h / alpha_q,
+
+    one `optimize.root` node from `d = 0` (as the forward pass's Newton
+    iteration starts), each equation scaled as `rk_step` scales its stages
+    (a DAE's algebraic ones by `1 / c`, as the forward pass scales them).
+    Returns the differences after the step (`bdf_updated`); its state is
+    their first row. `mass`: a `MassOps`."""
+    q, D = bdf_rescaled(D, record)
+    n, dtype = type_of(D).shape[1], type_of(D).dtype
+    g, aq = bdf_psi_weights(q, dtype)
+    y_pred = ops.sum(ops.where(ops.arange(ROWS)[:, None] <= q, D, 0.0), axis=0)
+    psi, c, t1 = ops.matmul(g, D), h / aq, t + h
+    w = stop_gradient(1.0 / (ops.abs(y_pred) + max(atol / rtol, 1e-300)))
+    eps = float(np.finfo(dtype).eps)
+
+    def residual(d, y_pred, psi, c, t1, w):
+        r = mass.apply(d + psi) - c * field_at(graph, consts, t1, y_pred + d)
+        s = mass.scale(c)
+        return (r if s is None else s * r) * w
+
+    d0 = ops.zeros((n,), dtype)
+    J0 = start = None
+    if sparse_jacobian(jac):
+        J0 = colored_jacobian(residual, d0, stop_gradient(y_pred), stop_gradient(psi),
+                              stop_gradient(c), stop_gradient(t1), w)
+        start = _chord_start(J0)
+    d = root_node(residual, d0, [y_pred, psi, c, t1, w], name="bdf_correction",
+                  kind="root", method="chord" if start is not None else "newton",
+                  jac=_stage_jac(jac, J0), tol=1e-12,
+                  atol=max(STAGE_RTOL * rtol, STAGE_FLOOR_EPS * eps), maxiter=50, memory=0,
+                  throw=True, op="optimize.root", at_floor=True, estimate=False,
+                  start=start).x
+    return bdf_updated(D, d, q)
 
 
 #: the memory the checkpointed reverse pass may fill with stored states
@@ -265,36 +356,51 @@ def snapshots_for(max_steps: int, n: int, itemsize: int) -> int:
 
 def replay_steps(graph: Graph, solver: str, jac: str, max_steps: int, snapshots: int, grid,
                  marks, rtol: float, atol: float, disk: str | None = None,
-                 mass: int | None = None, mass_pattern=None):
+                 mass: int | None = None, mass_pattern=None, history=None):
     """`(*consts, y0) -> ys`: the steps the forward solve took, re-run on its
     grid: a scan over the output intervals, each a `while` loop of the steps
     from one output time to the next (whose reverse pass stores
-    `snapshots` states, on disk in the directory `disk` where given).
-    `mass`, `mass_pattern`: the node's params (its mass matrix among the
-    consts)."""
+    `snapshots` carries, on disk in the directory `disk` where given). The
+    carry is the state, or BDF's differences (`ROWS` times its size), its
+    steps re-run from its `history` (`bdf_step`). `mass`, `mass_pattern`:
+    the node's params (its mass matrix among the consts)."""
+    lowering = STEPPERS[solver].lowering
 
     def replay(*a):
         *consts, y0 = a
-        M = None if mass is None else mass_in_ops(consts, mass, mass_pattern,
-                                                  type_of(y0).shape[0], type_of(y0).dtype)
+        n, dtype = type_of(y0).shape[0], type_of(y0).dtype
+        M = mass_in_ops(consts, mass, mass_pattern, n, dtype)
 
-        def interval(y, x):
+        def one(k, c):  # step k, from grid[k] to grid[k + 1], on the carry c
+            t = grid[k]
+            h = grid[k + 1] - t
+            if lowering == "bdf":
+                return bdf_step(graph, consts, c, history[k + 1], t, h, jac, rtol, atol, M)
+            if lowering == "radau":
+                return radau_step(graph, consts, t, h, c, jac, rtol, atol, None,
+                                  None if mass is None else M)
+            if mass is not None:
+                return esdirk_mass_step(graph, consts, solver, t, h, c, jac, rtol, atol, None,
+                                        M)
+            return rk_step(graph, consts, solver, t, h, c, jac, rtol, atol)
+
+        def state(c):
+            return c[0] if lowering == "bdf" else c
+
+        def interval(c, x):
             lo, hi = x
 
             def step(s):
-                k, y = s
-                t = grid[k]
-                if M is not None:
-                    return k + 1, esdirk_mass_step(graph, consts, solver, t, grid[k + 1] - t,
-                                                   y, jac, rtol, atol, None, M)
-                return k + 1, rk_step(graph, consts, solver, t, grid[k + 1] - t, y, jac, rtol,
-                                      atol)
+                k, c = s
+                return k + 1, one(k, c)
 
-            _, y = bounded_while_loop(lambda s: s[0] < hi, step, (lo, y), max_steps=max_steps,
+            _, c = bounded_while_loop(lambda s: s[0] < hi, step, (lo, c), max_steps=max_steps,
                                       checkpoints=Segments(snapshots, disk))
-            return y, y
+            return c, state(c)
 
-        _, ys = scan(interval, y0, (marks[:-1], marks[1:]))
+        c0 = y0 if lowering != "bdf" else \
+            bdf_start(y0, field_at(graph, consts, grid[0], y0), M)
+        _, ys = scan(interval, c0, (marks[:-1], marks[1:]))
         return ops.concatenate([y0[None], ys])
 
     return replay
