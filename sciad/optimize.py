@@ -679,6 +679,13 @@ def root(fun: Callable, x0, args=(), method: str = "newton", jac: str | None = N
           call per iteration and no factorization kept (the derivatives
           factor the Jacobian at the root again, in the program); faster
           than `"sparse"` where the iterations are many small solves;
+        - `"band"`: the same sparse Jacobian where its pattern is a narrow
+          band (a method of lines in one dimension; at most 64 sub- plus
+          superdiagonals, as it is or after a reverse Cuthill-McKee
+          ordering), factored by sciad's banded LU in the program (the
+          CPU); with `method="chord"` the factor is kept over the
+          iterations (one factorization per solve); the derivatives solve
+          as `"klu"`'s do. A pattern that is no narrow band is refused;
         - `"dense"`: by forward mode, solved by dense LU;
         - `"gmres"`: matrix-free (JVPs of `fun`), solved by GMRES;
         - `None` (the default): dense up to 64 unknowns or where the

@@ -241,9 +241,10 @@ def test_refusals_name_the_fix():
 
 
 def test_replayed_stages_factor_once_where_the_fill_is_large():
-    """The replayed stages' sparse Newton systems: KLU at every chord
-    iteration where a factorization is cheap (a narrow band, a small
-    system), SuperLU once per stage, its factor kept, for a 2-D stencil."""
+    """The replayed stages' sparse Newton systems: a narrow band by the
+    banded LU, once per stage; KLU at every chord iteration where a
+    factorization is cheap (a small system); SuperLU once per stage, its
+    factor kept, for a 2-D stencil."""
     import scipy.sparse as sp
 
     from sciad.graph._types import Pattern, SparseType
@@ -266,7 +267,7 @@ def test_replayed_stages_factor_once_where_the_fill_is_large():
         pytest.skip("KLU's kernels are not built here")
     size = _ode_replay.KLU_EVERY_ITERATION
     band = sp.diags([1.0, 1.0, -4.0, 1.0, 1.0], [-2, -1, 0, 1, 2], shape=(4 * size, 4 * size))
-    assert _ode_replay._stage_jac("sparse", matrix(band)) == "klu"
+    assert _ode_replay._stage_jac("sparse", matrix(band)) == "band"  # (the banded LU)
     assert _ode_replay._stage_jac("sparse", matrix(laplacian(32))) == "klu"  # (1,024)
     assert _ode_replay._stage_jac("sparse", matrix(laplacian(64))) == "sparse"  # (4,096)
     assert _ode_replay._stage_jac("dense", None) == "dense"

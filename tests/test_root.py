@@ -257,6 +257,43 @@ def test_klu_jacobians_are_refused_off_the_cpu(monkeypatch):
                          jac="klu")
 
 
+def test_band_jacobians_iterate_as_superlus_with_one_factor_per_chord_solve(rng, monkeypatch):
+    """`jac="band"` (a 1-D residual's tridiagonal Jacobian, sciad's banded
+    LU in the program): the same iterates as `"sparse"` (Newton, and the
+    chord method from `jac0`, which factors once: no SuperLU factorization
+    on the host), the same implicit derivative; a singular Jacobian is a
+    failed solve, diagnosed; a pattern that is no narrow band (a dense
+    coupling) is refused, naming the forms to use instead."""
+    from sciad.solvers.direct import _band, _sparse_direct as sdir
+
+    if not _band.usable(np.float64):
+        pytest.skip("the banded LU is not built here")
+    f = 20.0 + 5.0 * rng.standard_normal(N)
+    x0 = np.asarray(sd.optimize.root(diffusion, np.zeros(N), (f,)).x) * 1.01
+    J0 = sd.sparse.jacobian(lambda x: diffusion(x, f))(x0)
+    factored, host = [], sdir._factor_one
+    monkeypatch.setattr(sdir, "_factor_one", lambda *a: factored.append(1) or host(*a))
+    for method, kw in (("newton", {}), ("chord", {"jac0": J0})):
+        factored.clear()
+        a = sd.optimize.root(diffusion, x0, (f,), method=method, jac="band", **kw)
+        assert not factored  # (the banded LU, in the program)
+        b = sd.optimize.root(diffusion, x0, (f,), method=method, jac="sparse", **kw)
+        assert a.success and a.nit == b.nit and factored
+        np.testing.assert_allclose(np.asarray(a.x), np.asarray(b.x), rtol=1e-12)
+    g = [np.asarray(sd.grad(lambda f, j=j: snp.sum(
+        sd.optimize.root(diffusion, x0, (f,), jac=j).x ** 2))(f)) for j in ("band", "sparse")]
+    np.testing.assert_allclose(g[0], g[1], rtol=1e-9)
+
+    def singular(x, f):  # x's first two entries only through their sum
+        return snp.concatenate([(x[:1] + x[1:2]) * snp.ones(2) - f[:2], x[2:] - f[2:]])
+
+    with pytest.raises(ConvergenceError, match="singular"):
+        sd.optimize.root(singular, np.zeros(N), (f,), jac="band")
+    with pytest.raises(InvalidOptionError, match="jac='band'.*narrow band.*jac='klu'"):
+        sd.optimize.root(lambda x, f: x + snp.sum(x) ** 2 / 9.0 - f, np.zeros(80),
+                         (np.ones(80),), jac="band")
+
+
 @pytest.mark.skipif(not _klu_usable(), reason="needs klujax on the CPU")
 def test_klu_jacobian_rules_pass_check_rules(rng):
     sd.testing.check_rules(_solve("klu"), 10.0 + rng.standard_normal(6), np.asarray(1.3))

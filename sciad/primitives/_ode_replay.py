@@ -16,8 +16,7 @@ from .. import _ops as ops
 from ..graph import Graph
 from ..graph._autodiff import type_of
 from ..graph._body import inline, trace_body
-from ..solvers.direct import _band
-from ..solvers.nonlinear import _jacobian_klu
+from ..solvers.nonlinear import _jacobian_band, _jacobian_klu
 from ..solvers.nonlinear._root_methods import sparse_jacobian
 from ..solvers.ode import _radau
 from ..solvers.ode._bdf import ALPHA, GAMMA, MAX_ORDER
@@ -63,9 +62,11 @@ def _stage_jac(jac: str, J=None) -> str:
     """The Jacobian form a replayed implicit stage's root takes for the ODE's
     `jac` (`J`: the stage's first chord matrix, sparse, where made).
 
-    A sparse one is factored by KLU in the program (`"klu"`) where that is
-    cheap (a narrow band, as a method of lines in one dimension gives, or
-    at most `KLU_EVERY_ITERATION` unknowns): KLU in the program factors at
+    A narrow band (a method of lines in one dimension gives one) is
+    factored by sciad's banded LU in the program (`"band"`), once per
+    chord solve, its factor kept over the iterations. Another sparse one
+    is factored by KLU in the program (`"klu"`) where that is cheap (at
+    most `KLU_EVERY_ITERATION` unknowns): KLU in the program factors at
     every chord iteration, which is still faster than a SuperLU host call
     per iteration (25-30% off the 1,024-state Brusselator's Radau and
     Kvaerno5 gradients). Elsewhere (a 2-D stencil's fill) the root factors
@@ -73,11 +74,14 @@ def _stage_jac(jac: str, J=None) -> str:
     derivative (`"sparse"`): 7.2 -> 2.1 s for Kvaerno5's gradient of
     SUNDIALS' idaHeat2D at 10,000 unknowns, where KLU factored the stages'
     matrix about three times a stage."""
-    if jac != "sparse" or not _jacobian_klu.usable():
+    if jac != "sparse":
         return jac
     pattern = None if J is None else type_of(J).pattern
-    if pattern is None or pattern.shape[0] <= KLU_EVERY_ITERATION \
-            or _band.Band.of(pattern) is not None:
+    if pattern is not None and _jacobian_band.usable(pattern, type_of(J).dtype):
+        return "band"
+    if not _jacobian_klu.usable():
+        return jac
+    if pattern is None or pattern.shape[0] <= KLU_EVERY_ITERATION:
         return "klu"
     return "sparse"
 

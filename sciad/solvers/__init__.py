@@ -33,6 +33,7 @@ from .direct._cudss import CuDSS
 from .nonlinear._chord import Chord
 from .iterative._gmres import GMRES
 from .iterative._jacobi import Jacobi
+from .nonlinear._jacobian_band import BandJacobian
 from .nonlinear._jacobian_dense import DenseJacobian
 from .nonlinear._jacobian_gmres import GMRESJacobian
 from .nonlinear._jacobian_klu import KLUJacobian
@@ -80,5 +81,6 @@ register(SparseJacobian())
 register(DenseJacobian())
 register(GMRESJacobian())
 register(KLUJacobian())
+register(BandJacobian())
 
 __all__ = ["lookup", "names", "records", "register", "unregister"]
