@@ -73,14 +73,15 @@ def _stage_jac(jac: str, J=None) -> str:
     once with SuperLU and keeps its factor for its iterations and its
     derivative (`"sparse"`): 7.2 -> 2.1 s for Kvaerno5's gradient of
     SUNDIALS' idaHeat2D at 10,000 unknowns, where KLU factored the stages'
-    matrix about three times a stage."""
-    if jac != "sparse":
+    matrix about three times a stage. Without KLU (klujax not installed, or
+    not the CPU) that is the form of every sparse stage: the band's and
+    KLU's derivatives would solve by SuperLU on the host once a stage, where
+    `"sparse"` shares one factorization a step."""
+    if jac != "sparse" or not _jacobian_klu.usable():
         return jac
     pattern = None if J is None else type_of(J).pattern
     if pattern is not None and _jacobian_band.usable(pattern, type_of(J).dtype):
         return "band"
-    if not _jacobian_klu.usable():
-        return jac
     if pattern is None or pattern.shape[0] <= KLU_EVERY_ITERATION:
         return "klu"
     return "sparse"
