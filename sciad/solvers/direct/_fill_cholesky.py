@@ -36,14 +36,24 @@ SOURCE = Path(__file__).parent.parent / "csrc" / "fill_cholesky.cc"
 _P = ctypes.POINTER
 
 
+class _Super(ctypes.Structure):
+    """`struct Super` of `csrc/fill_cholesky.cc`: the layout's supernodes."""
+
+    _fields_ = [("n", ctypes.c_int64), ("ns", ctypes.c_int64),
+                *((name, _P(ctypes.c_int64)) for name in
+                  ("Sp", "Si", "first", "rptr", "ridx", "poff", "uptr", "pairs")),
+                ("maxrows", ctypes.c_int64)]
+
+
 def _setup(lib) -> None:
     i64, f64, n = _P(ctypes.c_int64), _P(ctypes.c_double), ctypes.c_int64
+    sup = _P(_Super)
     lib.sciad_chol.restype = ctypes.c_int
-    lib.sciad_chol.argtypes = [n, i64, i64, i64, i64, i64, f64, f64]
+    lib.sciad_chol.argtypes = [sup, f64, f64]
     for name in ("sciad_chol_tangent", "sciad_chol_adjoint", "sciad_fill_symprod",
                  "sciad_fill_symmul"):
         getattr(lib, name).restype = None
-        getattr(lib, name).argtypes = [n, i64, i64, i64, i64, i64, f64, f64, f64]
+        getattr(lib, name).argtypes = [sup, f64, f64, f64]
     lib.sciad_fill_closed.restype = ctypes.c_int
     lib.sciad_fill_closed.argtypes = [n, i64, i64, i64, i64, i64]
     lib.sciad_fill_trisolve.restype = None
@@ -68,12 +78,14 @@ class Layout:
     `perm` (original index `i` is ordered `perm[i]`), `Sp`, `Si` (the fill,
     CSC) and its row structure (`Rp`, `Rq`: per row the positions of its
     entries), `size` (`n + nnz(S)`), each slot's `rows` and `cols` (ordered;
-    `cols[n:]`, each position's column, the kernels read too), and
+    `cols[n:]`, each position's column, the closure check reads too),
     `slot`: for each entry of `A`, the slot holding it or its mirror, and
     `weight` (1 on the diagonal, else 1/2): the symmetric part on the layout
-    is the scatter-add of `weight * A`'s values to `slot`."""
+    is the scatter-add of `weight * A`'s values to `slot`; and `supernodes`
+    (`_supernodes`), which the kernels work on."""
 
-    __slots__ = ("n", "perm", "Sp", "Si", "Rp", "Rq", "size", "rows", "cols", "slot", "weight")
+    __slots__ = ("n", "perm", "Sp", "Si", "Rp", "Rq", "size", "rows", "cols", "slot", "weight",
+                 "supernodes", "_super")
 
     def __init__(self, pattern):
         an = _analysis(pattern)
@@ -106,14 +118,71 @@ class Layout:
             if status:
                 raise RuntimeError(f"sciad's sparse Cholesky: the fill is not closed at "
                                    f"column {-status - 1}")
+        self.supernodes = _supernodes(n, self.Sp, self.Si)
+        sn = self.supernodes
+        self._super = _Super(n, sn["first"].size - 1, _ptr(self.Sp), _ptr(self.Si),
+                             *(_ptr(sn[k]) for k in ("first", "rptr", "ridx", "poff", "uptr",
+                                                     "pairs")),
+                             int(sn["maxrows"]))
 
     @property
     def nbytes(self) -> int:
-        return sum(getattr(self, k).nbytes for k in self.__slots__ if k != "n" and k != "size")
+        arrays = [getattr(self, k) for k in self.__slots__ if isinstance(getattr(self, k),
+                                                                         np.ndarray)]
+        return sum(a.nbytes for a in arrays + list(self.supernodes.values()))
 
     def flops(self) -> float:
         """About the factorization's multiply-adds: `sum_k |col k|^2`."""
         return float(np.sum((np.diff(self.Sp) + 1.0) ** 2))
+
+
+def _supernodes(n: int, Sp: np.ndarray, Si: np.ndarray) -> dict:
+    """The supernodes of the fill (`struct Super` in `csrc/fill_cholesky.cc`):
+    column `j + 1` joins `j`'s when `j`'s rows below it are `j + 1` and
+    `j + 1`'s (the fill being closed, when `j` has one more row than `j + 1`
+    and its first is `j + 1`). Each supernode's panel rows (its columns,
+    then its last column's rows), their offsets, and for each supernode `J`
+    the earlier ones `K` with rows in it (`pairs`, a row each: `K`, its
+    panel's offset, rows, width and first row's place in `ridx`, then `a`
+    and `b`): `K`'s rows in `J` are a run `a .. b` of `K`'s panel rows
+    (found on `K`'s last column, whose rows are the panel's below its
+    columns)."""
+    count = np.diff(Sp)
+    join = np.zeros(n, bool)
+    if n > 1 and Si.size:
+        head = np.where(count[:-1] > 0, Si[np.minimum(Sp[:n - 1], Si.size - 1)], -1)
+        join[1:] = (count[:-1] == count[1:] + 1) & (head == np.arange(1, n))
+    first = np.append(np.flatnonzero(~join), n).astype(np.int64)
+    ns = first.size - 1
+    width = np.diff(first)
+    last = first[1:] - 1
+    below = count[last] if ns else np.zeros(0, np.int64)
+    m = width + below
+    rptr = np.concatenate([[0], np.cumsum(m)]).astype(np.int64)
+    poff = np.concatenate([[0], np.cumsum(m * width)]).astype(np.int64)
+    owner = np.repeat(np.arange(ns, dtype=np.int64), width)  # (each column's supernode)
+    # each panel's rows: its columns, then its last column's rows
+    k_of = np.repeat(np.arange(ns, dtype=np.int64), m)
+    at = np.arange(rptr[-1], dtype=np.int64) - rptr[k_of]   # (position in the panel)
+    own = at < width[k_of]
+    ridx = first[k_of] + at
+    kb = k_of[~own]
+    ridx[~own] = Si[Sp[last[kb]] + at[~own] - width[kb]]
+    # the pairs (K, J): K's rows below its columns, grouped by their supernode J
+    rows_k, pos_k = k_of[~own], at[~own]
+    j_of = owner[ridx[~own]]
+    new = np.ones(rows_k.size, bool)
+    new[1:] = (rows_k[1:] != rows_k[:-1]) | (j_of[1:] != j_of[:-1])
+    starts = np.flatnonzero(new)
+    uk, uj, ua = rows_k[starts], j_of[starts], pos_k[starts]
+    ub = pos_k[np.append(starts[1:], rows_k.size)[:starts.size] - 1] + 1
+    order = np.lexsort((uk, uj))
+    uk, uj, ua, ub = uk[order], uj[order], ua[order], ub[order]
+    uptr = np.concatenate([[0], np.cumsum(np.bincount(uj, minlength=ns))]).astype(np.int64)
+    pairs = np.stack([uk, poff[uk], m[uk], width[uk], rptr[uk], ua, ub], axis=1)
+    return {"first": first, "rptr": rptr, "ridx": ridx.astype(np.int64), "poff": poff,
+            "uptr": uptr, "pairs": np.ascontiguousarray(pairs, np.int64),
+            "maxrows": np.int64(m.max() if ns else 0)}
 
 
 def layout(pattern) -> Layout:
@@ -139,7 +208,7 @@ def chol(an: Layout, e: np.ndarray) -> tuple[np.ndarray, int]:
     lib = library()
     e = _f64(e)
     out = np.zeros(an.size)
-    status = lib.sciad_chol(an.n, *_structure(an), _ptr(e), _ptr(out))
+    status = lib.sciad_chol(ctypes.byref(an._super), _ptr(e), _ptr(out))
     return out, int(status)
 
 
@@ -148,7 +217,7 @@ def _binary(name: str):
         lib = library()
         x, y = _f64(x), _f64(y)
         out = np.zeros(an.size)
-        getattr(lib, name)(an.n, *_structure(an), _ptr(x), _ptr(y), _ptr(out))
+        getattr(lib, name)(ctypes.byref(an._super), _ptr(x), _ptr(y), _ptr(out))
         return out
     kernel.__name__ = name
     return kernel
