@@ -88,18 +88,14 @@ def test_the_kernels_are_dense_linear_algebra(rng):
     assert fc.chol(an, bad)[1] == 4 and fc.chol(an, np.where(e == e[0], np.nan, e))[1] == 1
     # the kernels take the fill's closure for granted: it is checked once per
     # structure (a fill missing an entry of a column's clique is refused)
-    lib = fc.library()
-    assert lib.sciad_fill_closed(n, *fc._structure(an)) == 0
+    assert fc.closed(n, an.Sp, an.Si) == 0
     j = int(np.flatnonzero(np.diff(an.Sp) >= 2)[0])  # a column with two rows below it
-    cut = fc.Layout.__new__(fc.Layout)
-    cut.n, cut.Sp, cut.cols = n, an.Sp, an.cols
-    cut.Si = an.Si.copy()
-    cut.Rp, cut.Rq = an.Rp, an.Rq
-    k = int(cut.Si[an.Sp[j]])  # the first row below j: its column must hold the next
-    row = int(cut.Si[an.Sp[j] + 1])
-    at = np.flatnonzero(cut.Si[an.Sp[k]:an.Sp[k + 1]] == row)
-    cut.Si[an.Sp[k] + at] = k + 1 if row != k + 1 else k + 2  # a wrong row in column k
-    assert lib.sciad_fill_closed(n, *fc._structure(cut)) != 0
+    cut = an.Si.copy()
+    k = int(cut[an.Sp[j]])  # the first row below j: its column must hold the next
+    row = int(cut[an.Sp[j] + 1])
+    at = np.flatnonzero(cut[an.Sp[k]:an.Sp[k + 1]] == row)
+    cut[an.Sp[k] + at] = k + 1 if row != k + 1 else k + 2  # a wrong row in column k
+    assert fc.closed(n, an.Sp, cut) != 0
 
 
 # ---------------------------------------------------------------------------

@@ -200,10 +200,9 @@ SCIAD_CLONES void product_column<true>(const double* x, const double* y, int64_t
   product_column_<true>(x, y, ld, wk, len, t);
 }
 
-// the transpose of product_column<false> in x for a cotangent g of t:
-// gx[k][0 .. len) += sign * g * y[k][0] and gx[k][0] += sign * g . y[k]
-// (gx at the row of c, as x): with y = x this is product_column<true>'s
-// transpose too, each pair's two terms being one another's mirror.
+// the transpose in x of product_column<true>(x, y) for a cotangent g of t:
+// gx[k][0 .. len) += sign * g * y[k][0] (the first term's) and gx[k][0] +=
+// sign * g . y[k] (the second's), gx at the row of c, as x.
 SCIAD_CLONES void product_column_t(const double* __restrict g, const double* y, int64_t ld,
                                    int64_t wk, int64_t len, double sign, double* gx) {
   int64_t k = 0;
@@ -288,6 +287,10 @@ SCIAD_CLONES void block_t(const double* G, int64_t ldg, int64_t len, int64_t nc,
 // the adjoint's panel step: columns handed to block_t at once
 constexpr int64_t kChunk = 64;
 
+void set_positions(const Panel& p, int64_t* pos) {
+  for (int64_t r = 0; r < p.m; ++r) pos[p.rows[r]] = r;
+}
+
 // rel[r] = the position in J's panel of pair q's row a + r (r < m - a),
 // pos holding J's rows' positions; its first b - a are J's columns
 inline void relative(const Pair& q, const int64_t* pos, int64_t* rel) {
@@ -295,12 +298,14 @@ inline void relative(const Pair& q, const int64_t* pos, int64_t* rel) {
   for (int64_t r = 0; r < q.k.m - q.a; ++r) rel[r] = pos[rows[r]];
 }
 
-// the pair products into J's panel D (sign -1 or +1): for each K with rows
-// in J, D[pos(R_K[c + r]), pos(R_K[c])] += sign * sum_k X_K Y_K^T (+ Y_K
-// X_K^T with both), for J's columns c, r >= 0
-void pair_products(const Super& s, int64_t J, const Panel& p, const int64_t* pos,
+// the pair products into J's panel D (sign -1 or +1; pos takes J's rows'
+// positions): for each K with rows in J, D[pos(R_K[c + r]), pos(R_K[c])]
+// += sign * sum_k X_K Y_K^T (+ Y_K X_K^T with both), for J's columns c,
+// r >= 0
+void pair_products(const Super& s, int64_t J, const Panel& p, int64_t* pos,
                    const double* X, const double* Y, bool both, double sign, double* D,
                    double* t, int64_t* rel) {
+  set_positions(p, pos);
   for (int64_t u = s.uptr[J]; u < s.uptr[J + 1]; ++u) {
     const Pair q = pair(s, u);
     const Panel& k = q.k;
@@ -318,9 +323,6 @@ void pair_products(const Super& s, int64_t J, const Panel& p, const int64_t* pos
   }
 }
 
-void set_positions(const Panel& p, int64_t* pos) {
-  for (int64_t r = 0; r < p.m; ++r) pos[p.rows[r]] = r;
-}
 
 // the pair products' transposes for J's panel W (the cotangent of J's
 // columns, mJ rows): for each K with rows in J, gx_K += sign * each
@@ -354,7 +356,6 @@ int sciad_chol(const Super* sp, const double* e, double* l) {
   std::vector<int64_t> pos(s.n), rel(s.maxrows);
   for (int64_t J = 0; J < s.ns; ++J) {
     const Panel p = panel(s, J);
-    set_positions(p, pos.data());
     pair_products(s, J, p, pos.data(), P.data(), P.data(), false, -1.0, P.data(), t.data(),
                   rel.data());
     double* L = P.data() + p.off;
@@ -381,7 +382,6 @@ void sciad_chol_tangent(const Super* sp, const double* l, const double* e, doubl
   std::vector<int64_t> pos(s.n), rel(s.maxrows);
   for (int64_t J = 0; J < s.ns; ++J) {
     const Panel p = panel(s, J);
-    set_positions(p, pos.data());
     pair_products(s, J, p, pos.data(), PX.data(), PL.data(), true, -1.0, PX.data(), t.data(),
                   rel.data());
     const double* L = PL.data() + p.off;
@@ -447,7 +447,6 @@ void sciad_fill_symprod(const Super* sp, const double* x, const double* y, doubl
   std::vector<int64_t> pos(s.n), rel(s.maxrows);
   for (int64_t J = 0; J < s.ns; ++J) {
     const Panel p = panel(s, J);
-    set_positions(p, pos.data());
     pair_products(s, J, p, pos.data(), PX.data(), PY.data(), true, 1.0, W.data(), t.data(),
                   rel.data());
     for (int64_t c = 0; c < p.w; ++c) {  // J's own columns (X_J, Y_J zero above c)

@@ -76,15 +76,13 @@ def library():
 class Layout:
     """The factor's layout for one pattern (kept in sciad's analysis cache):
     `perm` (original index `i` is ordered `perm[i]`), `Sp`, `Si` (the fill,
-    CSC) and its row structure (`Rp`, `Rq`: per row the positions of its
-    entries), `size` (`n + nnz(S)`), each slot's `rows` and `cols` (ordered;
-    `cols[n:]`, each position's column, the closure check reads too),
+    CSC), `size` (`n + nnz(S)`), each slot's `rows` and `cols` (ordered),
     `slot`: for each entry of `A`, the slot holding it or its mirror, and
     `weight` (1 on the diagonal, else 1/2): the symmetric part on the layout
     is the scatter-add of `weight * A`'s values to `slot`; and `supernodes`
     (`_supernodes`), which the kernels work on."""
 
-    __slots__ = ("n", "perm", "Sp", "Si", "Rp", "Rq", "size", "rows", "cols", "slot", "weight",
+    __slots__ = ("n", "perm", "Sp", "Si", "size", "rows", "cols", "slot", "weight",
                  "supernodes", "_super")
 
     def __init__(self, pattern):
@@ -95,9 +93,6 @@ class Layout:
         nnz = self.Si.size
         self.size = n + nnz
         col_of = np.repeat(np.arange(n, dtype=np.int64), np.diff(self.Sp))
-        self.Rq = np.argsort(self.Si, kind="stable").astype(np.int64)  # (by column in a row)
-        self.Rp = np.concatenate([[0], np.cumsum(np.bincount(self.Si, minlength=n))]).astype(
-            np.int64)
         self.rows = np.concatenate([np.arange(n, dtype=np.int64), self.Si])
         self.cols = np.concatenate([np.arange(n, dtype=np.int64), col_of])
         r = an.perm[np.asarray(pattern.rows, np.int64)]
@@ -114,7 +109,7 @@ class Layout:
         self.weight = np.where(r == c, 1.0, 0.5)
         lib = LIBRARY.get()
         if lib is not None:  # (the kernels' loops take the fill's closure for granted)
-            status = lib.sciad_fill_closed(n, *_structure(self))
+            status = closed(n, self.Sp, self.Si)
             if status:
                 raise RuntimeError(f"sciad's sparse Cholesky: the fill is not closed at "
                                    f"column {-status - 1}")
@@ -196,8 +191,15 @@ def _ptr(a: np.ndarray):
     return a.ctypes.data_as(_P(ctypes.c_int64 if a.dtype == np.int64 else ctypes.c_double))
 
 
-def _structure(an: Layout) -> tuple:
-    return tuple(_ptr(a) for a in (an.Sp, an.Si, an.Rp, an.Rq, an.cols[an.n:]))
+def closed(n: int, Sp: np.ndarray, Si: np.ndarray) -> int:
+    """`sciad_fill_closed` of the fill `Sp`, `Si` (int64, CSC): 0 where it is
+    closed, else `-(j + 1)` for the first column `j` missing a row. Reads
+    the fill's row structure (per row the positions of its entries, by
+    column, and each position's column), made here for the check alone."""
+    Rq = np.argsort(Si, kind="stable").astype(np.int64)
+    Rp = np.concatenate([[0], np.cumsum(np.bincount(Si, minlength=n))]).astype(np.int64)
+    col = np.repeat(np.arange(n, dtype=np.int64), np.diff(Sp))
+    return int(library().sciad_fill_closed(n, *(_ptr(a) for a in (Sp, Si, Rp, Rq, col))))
 
 
 def _f64(a) -> np.ndarray:
