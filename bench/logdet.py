@@ -20,8 +20,14 @@ triangle, mirrored: a symmetric parameterization), float64:
 - `sparsax value+grad`: `jax.jit(jax.value_and_grad(sparsax.logdet))` on the
   same upper triangle (CHOLMOD; its reverse rule is its selected inverse).
 - `sciad jvp`: forward mode, one direction (one tangent pass of the factor).
-- `sciad hvp`: one Hessian-vector product, forward over reverse: four passes
-  of the factorization's cost after the factorization.
+- `sciad hvp`: one Hessian-vector product, forward over reverse: after the
+  factorization (F multiply-adds) its reverse pass (2F), the tangent of the
+  factor (2F), `symmul` (2F) and a second reverse pass (2F): 9F against the
+  gradient's 3F, so 3x the gradient's flops is this product's floor.
+- `sciad hvp, each of 8`: `sd.vmap` of the product over 8 directions (a
+  randomized eigensolver's block, Lanczos' or Newton-CG's repeated products
+  at one point), per direction: the factorization and its reverse pass run
+  once for the block, each direction the 6F of its own three passes.
 - `sciad selinv`: `selected_inverse(A)` by the sparse Cholesky factor.
 - `sciad vg (cholmod)`, `sciad hvp (cholmod)`, `sciad selinv (cholmod)`,
   `sciad selinv (splu)`: `solver="cholmod"` (sparsax's kernels, sharing the
@@ -50,6 +56,7 @@ import _harness  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "results", "logdet.md")
 CYCLE = 4
+BLOCK = 8  # (directions of the batched Hessian-vector product)
 
 
 def build(n: int):
@@ -87,6 +94,7 @@ def build(n: int):
 
     u0 = A.data[upper]
     w = np.random.default_rng(1).standard_normal(u0.size)
+    W = jnp.asarray(np.random.default_rng(2).standard_normal((BLOCK, u0.size)))
     def chol(u, solver):
         return sd.linalg.slogdet(matrix(u), solver=solver)[1]
 
@@ -95,6 +103,8 @@ def build(n: int):
         "sparsax value+grad": jax.jit(jax.value_and_grad(logdet_sparsax)),
         "sciad jvp": sd.function(lambda u: sd.jvp(logdet, (u,), (w,))),
         "sciad hvp": sd.function(lambda u: sd.hvp(logdet, u, w)),
+        "sciad hvp, each of 8": sd.function(
+            lambda u: sd.vmap(lambda d: sd.hvp(logdet, u, d))(W)),
         "sciad selinv": sd.function(
             lambda u: sd.sparse.data(sd.linalg.selected_inverse(matrix(u)))),
         "sciad vg (cholmod)": sd.function(sd.value_and_grad(lambda u: chol(u, "cholmod"))),
@@ -125,6 +135,8 @@ def build(n: int):
     if "sciad hvp (cholmod)" in fns:
         h1, h2 = fns["sciad hvp"](*inputs[0]), fns["sciad hvp (cholmod)"](*inputs[0])
         assert float(jnp.max(jnp.abs(h1 - h2)) / jnp.max(jnp.abs(h2))) < 1e-9
+    hb, h0 = fns["sciad hvp, each of 8"](*inputs[0]), sd.hvp(logdet, inputs[0][0], W[3])
+    assert float(jnp.max(jnp.abs(hb[3] - h0)) / jnp.max(jnp.abs(h0))) < 1e-12
     return fns, inputs
 
 
@@ -137,12 +149,14 @@ def run(sizes, repeats: int) -> list[dict]:
         fns, inputs = build(n)
         med = _harness.medians({k: _harness.Cycling(f, inputs) for k, f in fns.items()},
                                (), repeats)
+        med["sciad hvp, each of 8"] /= BLOCK
         rows.append({"n": n, **{k: v * 1e3 for k, v in med.items()}})
         print(rows[-1], file=sys.stderr)
     return rows
 
 
-COLUMNS = ["sciad value+grad", "sparsax value+grad", "sciad jvp", "sciad hvp", "sciad selinv",
+COLUMNS = ["sciad value+grad", "sparsax value+grad", "sciad jvp", "sciad hvp",
+           "sciad hvp, each of 8", "sciad selinv",
            "sciad vg (cholmod)", "sciad hvp (cholmod)", "sciad selinv (cholmod)",
            "sciad selinv (splu)", "sciad factorization", "CHOLMOD factorization"]
 
@@ -152,14 +166,18 @@ def table(rows, argv: str) -> str:
                                  _harness.machine_info(_harness.load_average()))
     lines += ["", "Median ms per call; each call on new values (- : not run). Targets: "
               "value+grad <= 1.0x sparsax's; forward mode and Hessian-vector products <= 2x "
-              "the gradient; the selected inverse <= 3x one factorization (CHOLMOD's).", "",
+              "the gradient; the selected inverse <= 3x one factorization (CHOLMOD's). "
+              "One Hessian-vector product is 9F multiply-adds against the gradient's 3F "
+              "(F: the factorization's), a floor of 3x its flops; in a block of 8 "
+              "directions each is 6F (2x).", "",
               "| N (unknowns) | " + " | ".join(COLUMNS)
-              + " | vg / sparsax | jvp / vg | hvp / vg | selinv / CHOLMOD factorization |",
-              "|---|" + "---:|" * (len(COLUMNS) + 4)]
+              + " | vg / sparsax | jvp / vg | hvp / vg | hvp each of 8 / vg "
+              "| selinv / CHOLMOD factorization |",
+              "|---|" + "---:|" * (len(COLUMNS) + 5)]
     for r in rows:
         vg = r["sciad value+grad"]
         ratios = [(vg / r["sparsax value+grad"], 1.0), (r["sciad jvp"] / vg, 2.0),
-                  (r["sciad hvp"] / vg, 2.0),
+                  (r["sciad hvp"] / vg, 2.0), (r["sciad hvp, each of 8"] / vg, 2.0),
                   (r["sciad selinv"] / r["CHOLMOD factorization"], 3.0)]
         lines.append(f"| {r['n']} ({r['n'] ** 2:,}) | "
                      + " | ".join(f"{r[c]:.2f}" if c in r else "-" for c in COLUMNS) + " | "

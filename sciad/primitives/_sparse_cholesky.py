@@ -148,12 +148,19 @@ def _examples(arrays, cores):
 
 
 def _run(kernel, out_core, *args, cores, dtype):
+    """The host function running `kernel(*example, out)` on each example:
+    the kernels write a float64 result into `out`, the output's row (no copy;
+    None for another dtype), and return it."""
+    direct = np.dtype(dtype) == np.float64
+
     def host(*vals):
         batch, flat = _examples(vals, cores)
         count = len(flat[0])
         out = np.empty((count,) + out_core, dtype)
         for i in range(count):
-            out[i] = kernel(*(f[i] for f in flat))
+            row = kernel(*(f[i] for f in flat), out[i] if direct else None)
+            if not direct:
+                out[i] = row
         return (out.reshape(batch + out_core),)
 
     return host, args
@@ -163,8 +170,8 @@ def _host_binary(p: Primitive):
     def impl(x, y, *, pattern):
         an = fc.layout(pattern)
         kernel = _KERNELS[p]
-        host, args = _run(lambda a, b: kernel(an, a, b), (an.size,), x, y, cores=(1, 1),
-                          dtype=x.dtype)
+        host, args = _run(lambda a, b, out: kernel(an, a, b, out), (an.size,), x, y,
+                          cores=(1, 1), dtype=x.dtype)
         (out,) = host_call(host, (jax.ShapeDtypeStruct(
             np.broadcast_shapes(x.shape[:-1], y.shape[:-1]) + (an.size,), x.dtype),), *args)
         return out
@@ -178,8 +185,14 @@ for _p in _BINARY:
 @linalg_fill_trisolve_p.def_impl
 def _trisolve_impl(l, b, *, pattern, transpose=False):
     an = fc.layout(pattern)
-    host, args = _run(lambda lv, bv: fc.trisolve(an, lv, bv, transpose), tuple(b.shape[-2:]),
-                      l, b, cores=(1, 2), dtype=b.dtype)
+
+    def kernel(lv, bv, out):
+        x = fc.trisolve(an, lv, bv, transpose)
+        if out is not None:
+            out[...] = x
+        return x
+
+    host, args = _run(kernel, tuple(b.shape[-2:]), l, b, cores=(1, 2), dtype=b.dtype)
     shape = np.broadcast_shapes(l.shape[:-1], b.shape[:-2]) + tuple(b.shape[-2:])
     (out,) = host_call(host, (jax.ShapeDtypeStruct(shape, b.dtype),), *args)
     return out
@@ -202,11 +215,14 @@ def _chol_impl(a, *, pattern, spd=False, site=None):
     def host(vals):
         batch, (flat,) = _examples([vals], (1,))
         out = np.empty(flat.shape, vals.dtype)
+        direct = vals.dtype == np.float64  # (the factor written in place)
         for i, row in enumerate(flat):
             where = bare.in_example(i, batch)
             if not np.isfinite(row).all():
                 where.fail(NonFiniteError, "the matrix holds NaN or infinite values.")
-            out[i], status = fc.chol(an, row)
+            l, status = fc.chol(an, row, out[i] if direct else None)
+            if not direct:
+                out[i] = l
             if status:
                 column = int(np.flatnonzero(an.perm == status - 1)[0])
                 where.fail(NotPositiveDefiniteError,

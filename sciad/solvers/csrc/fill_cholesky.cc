@@ -22,8 +22,12 @@
 // The factorization costs F multiply-adds, each other map 2F. All but the
 // triangular solves work on supernodes (`struct Super`): dense panels
 // whose products run as vector loops (AVX2 and FMA where the processor
-// has them), one indirect store per product entry. Called from Python with
-// ctypes (sciad.solvers.direct._fill_cholesky).
+// has them), one indirect store per product entry. Each kernel works in
+// its caller's workspace `work` of three panel buffers (3 poff[ns]
+// doubles), which the caller keeps between calls: buffers made afresh
+// cost their page faults on every call (a third of a call's time at
+// 65,536 unknowns). Called from Python with ctypes
+// (sciad.solvers.direct._fill_cholesky).
 
 // (the dense loops vectorized, their sums reassociated; the build is -O2)
 #pragma GCC optimize("O3", "associative-math", "no-signed-zeros", "no-trapping-math")
@@ -122,15 +126,23 @@ inline Panel panel(const Super& s, int64_t J) {
           s.ridx + s.rptr[J], s.poff[J]};
 }
 
-// the layout's vector v as panels (P zeroed above each panel's diagonal)
-std::vector<double> to_panels(const Super& s, const double* v) {
-  std::vector<double> P(s.poff[s.ns], 0.0);
+// a buffer of panels, zeroed (`work + k * poff[ns]`: the caller's
+// workspace holds three)
+double* zeroed(const Super& s, double* work, int k) {
+  double* P = work + k * s.poff[s.ns];
+  std::fill(P, P + s.poff[s.ns], 0.0);
+  return P;
+}
+
+// the layout's vector v as panels in buffer k (zero above each panel's diagonal)
+double* to_panels(const Super& s, const double* v, double* work, int k) {
+  double* P = zeroed(s, work, k);
   const double* vo = v + s.n;
   for (int64_t J = 0; J < s.ns; ++J) {
     const Panel p = panel(s, J);
     for (int64_t c = 0; c < p.w; ++c) {
       const int64_t j = p.f + c;
-      double* col = P.data() + p.off + c * p.m;
+      double* col = P + p.off + c * p.m;
       col[c] = v[j];
       for (int64_t q = s.Sp[j], r = c + 1; q < s.Sp[j + 1]; ++q, ++r) col[r] = vo[q];
     }
@@ -138,13 +150,13 @@ std::vector<double> to_panels(const Super& s, const double* v) {
   return P;
 }
 
-void from_panels(const Super& s, const std::vector<double>& P, double* v) {
+void from_panels(const Super& s, const double* P, double* v) {
   double* vo = v + s.n;
   for (int64_t J = 0; J < s.ns; ++J) {
     const Panel p = panel(s, J);
     for (int64_t c = 0; c < p.w; ++c) {
       const int64_t j = p.f + c;
-      const double* col = P.data() + p.off + c * p.m;
+      const double* col = P + p.off + c * p.m;
       v[j] = col[c];
       for (int64_t q = s.Sp[j], r = c + 1; q < s.Sp[j + 1]; ++q, ++r) vo[q] = col[r];
     }
@@ -350,15 +362,15 @@ extern "C" {
 
 // l = [diag, S] with l l^T = e, S closed (`sciad_fill_closed`). Returns 0;
 // (j + 1) where the pivot of column j is not positive (or NaN).
-int sciad_chol(const Super* sp, const double* e, double* l) {
+int sciad_chol(const Super* sp, const double* e, double* l, double* work) {
   const Super& s = *sp;
-  std::vector<double> P = to_panels(s, e), t(s.maxrows);
+  double* P = to_panels(s, e, work, 0);
+  std::vector<double> t(s.maxrows);
   std::vector<int64_t> pos(s.n), rel(s.maxrows);
   for (int64_t J = 0; J < s.ns; ++J) {
     const Panel p = panel(s, J);
-    pair_products(s, J, p, pos.data(), P.data(), P.data(), false, -1.0, P.data(), t.data(),
-                  rel.data());
-    double* L = P.data() + p.off;
+    pair_products(s, J, p, pos.data(), P, P, false, -1.0, P, t.data(), rel.data());
+    double* L = P + p.off;
     for (int64_t c = 0; c < p.w; ++c) {  // (left-looking inside the panel too)
       double* col = L + c * p.m;
       product_column<false>(L + c, L + c, p.m, c, p.m - c, t.data());
@@ -375,17 +387,18 @@ int sciad_chol(const Super* sp, const double* e, double* l) {
 }
 
 // x with tril(x l^T + l x^T) = e: the forward mode of the factorization.
-void sciad_chol_tangent(const Super* sp, const double* l, const double* e, double* x) {
+void sciad_chol_tangent(const Super* sp, const double* l, const double* e, double* x,
+                        double* work) {
   const Super& s = *sp;
-  const std::vector<double> PL = to_panels(s, l);
-  std::vector<double> PX = to_panels(s, e), t(s.maxrows);
+  const double* PL = to_panels(s, l, work, 0);
+  double* PX = to_panels(s, e, work, 1);
+  std::vector<double> t(s.maxrows);
   std::vector<int64_t> pos(s.n), rel(s.maxrows);
   for (int64_t J = 0; J < s.ns; ++J) {
     const Panel p = panel(s, J);
-    pair_products(s, J, p, pos.data(), PX.data(), PL.data(), true, -1.0, PX.data(), t.data(),
-                  rel.data());
-    const double* L = PL.data() + p.off;
-    double* X = PX.data() + p.off;
+    pair_products(s, J, p, pos.data(), PX, PL, true, -1.0, PX, t.data(), rel.data());
+    const double* L = PL + p.off;
+    double* X = PX + p.off;
     for (int64_t c = 0; c < p.w; ++c) {
       const double* lc = L + c * p.m;
       double* xc = X + c * p.m;
@@ -401,17 +414,18 @@ void sciad_chol_tangent(const Super* sp, const double* l, const double* e, doubl
 
 // eb = the transpose of the tangent map applied to xb (reverse mode): the
 // tangent's steps in reverse, supernodes last to first.
-void sciad_chol_adjoint(const Super* sp, const double* l, const double* xb, double* eb) {
+void sciad_chol_adjoint(const Super* sp, const double* l, const double* xb, double* eb,
+                        double* work) {
   const Super& s = *sp;
-  const std::vector<double> PL = to_panels(s, l);
-  std::vector<double> A = to_panels(s, xb), E(s.poff[s.ns], 0.0),
-      g(s.maxrows);
+  const double* PL = to_panels(s, l, work, 0);
+  double *A = to_panels(s, xb, work, 1), *E = zeroed(s, work, 2);
+  std::vector<double> g(s.maxrows);
   std::vector<int64_t> pos(s.n), rel(s.maxrows);
   for (int64_t J = s.ns - 1; J >= 0; --J) {
     const Panel p = panel(s, J);
-    const double* L = PL.data() + p.off;
-    double* X = A.data() + p.off;
-    double* W = E.data() + p.off;
+    const double* L = PL + p.off;
+    double* X = A + p.off;
+    double* W = E + p.off;
     // the tangent's panel step, reversed: by chunks of columns from the
     // right, each column's cotangent to the chunk's columns before it, then
     // the chunk's to the columns before the chunk at once
@@ -433,26 +447,25 @@ void sciad_chol_adjoint(const Super* sp, const double* l, const double* xb, doub
       }
       block_t(W + c0 * p.m + c0, p.m, p.m - c0, c1 - c0, L + c0, p.m, c0, -1.0, X + c0);
     }
-    pair_products_t(s, J, pos.data(), W, p.m, PL.data(), -1.0, A.data(), g.data(),
-                    rel.data());
+    pair_products_t(s, J, pos.data(), W, p.m, PL, -1.0, A, g.data(), rel.data());
   }
   from_panels(s, E, eb);
 }
 
 // w = tril(x y^T + y x^T) on the layout.
-void sciad_fill_symprod(const Super* sp, const double* x, const double* y, double* w) {
+void sciad_fill_symprod(const Super* sp, const double* x, const double* y, double* w,
+                        double* work) {
   const Super& s = *sp;
-  const std::vector<double> PX = to_panels(s, x), PY = to_panels(s, y);
-  std::vector<double> W(s.poff[s.ns], 0.0), t(s.maxrows);
+  const double *PX = to_panels(s, x, work, 0), *PY = to_panels(s, y, work, 1);
+  double* W = zeroed(s, work, 2);
+  std::vector<double> t(s.maxrows);
   std::vector<int64_t> pos(s.n), rel(s.maxrows);
   for (int64_t J = 0; J < s.ns; ++J) {
     const Panel p = panel(s, J);
-    pair_products(s, J, p, pos.data(), PX.data(), PY.data(), true, 1.0, W.data(), t.data(),
-                  rel.data());
+    pair_products(s, J, p, pos.data(), PX, PY, true, 1.0, W, t.data(), rel.data());
     for (int64_t c = 0; c < p.w; ++c) {  // J's own columns (X_J, Y_J zero above c)
-      product_column<true>(PX.data() + p.off + c, PY.data() + p.off + c, p.m, c + 1, p.m - c,
-                           t.data());
-      double* dst = W.data() + p.off + c * p.m + c;
+      product_column<true>(PX + p.off + c, PY + p.off + c, p.m, c + 1, p.m - c, t.data());
+      double* dst = W + p.off + c * p.m + c;
       for (int64_t r = 0; r < p.m - c; ++r) dst[r] += t[r];
     }
   }
@@ -463,17 +476,19 @@ void sciad_fill_symprod(const Super* sp, const double* x, const double* y, doubl
 // diagonal counted twice: c is the lower triangle of a symmetric matrix's
 // cotangent), y lower-triangular: the transpose of symprod in x, each of
 // its pair products transposed.
-void sciad_fill_symmul(const Super* sp, const double* c, const double* y, double* w) {
+void sciad_fill_symmul(const Super* sp, const double* c, const double* y, double* w,
+                       double* work) {
   const Super& s = *sp;
-  const std::vector<double> PC = to_panels(s, c), PY = to_panels(s, y);
-  std::vector<double> W(s.poff[s.ns], 0.0), g(s.maxrows);
+  const double *PC = to_panels(s, c, work, 0), *PY = to_panels(s, y, work, 1);
+  double* W = zeroed(s, work, 2);
+  std::vector<double> g(s.maxrows);
   std::vector<int64_t> pos(s.n), rel(s.maxrows);
   for (int64_t J = 0; J < s.ns; ++J) {
     const Panel p = panel(s, J);
     for (int64_t q = 0; q < p.w; ++q)
-      product_column_t(PC.data() + p.off + q * p.m + q, PY.data() + p.off + q, p.m, q + 1,
-                       p.m - q, 1.0, W.data() + p.off + q);
-    pair_products_t(s, J, pos.data(), PC.data() + p.off, p.m, PY.data(), 1.0, W.data(),
+      product_column_t(PC + p.off + q * p.m + q, PY + p.off + q, p.m, q + 1, p.m - q, 1.0,
+                       W + p.off + q);
+    pair_products_t(s, J, pos.data(), PC + p.off, p.m, PY, 1.0, W,
                     g.data(), rel.data());
   }
   from_panels(s, W, w);

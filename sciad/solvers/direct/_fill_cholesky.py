@@ -9,7 +9,7 @@ factor's layout: `n` diagonal entries, then the strictly lower entries of
 the scatter-add of its values, halved off the diagonal, to their `slot`s.
 
 The kernels, each on one example of float64 arrays (the callers loop over
-batches):
+batches), each writing its result into `out=` where given:
 
 - `chol(an, e) -> (l, status)`: `L L^T = E`; `status` 0, else `j + 1` where
   the pivot of ordered column `j` is not positive.
@@ -22,7 +22,9 @@ batches):
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +36,11 @@ from ._selinv import _analysis
 SOURCE = Path(__file__).parent.parent / "csrc" / "fill_cholesky.cc"
 
 _P = ctypes.POINTER
+
+#: the largest workspace a layout keeps between kernel calls (bytes); larger
+#: ones are made for each call, where their page faults are a small part of
+#: the kernel's time
+KEEP_WORKSPACE_BYTES = 512 << 20
 
 
 class _Super(ctypes.Structure):
@@ -49,11 +56,11 @@ def _setup(lib) -> None:
     i64, f64, n = _P(ctypes.c_int64), _P(ctypes.c_double), ctypes.c_int64
     sup = _P(_Super)
     lib.sciad_chol.restype = ctypes.c_int
-    lib.sciad_chol.argtypes = [sup, f64, f64]
+    lib.sciad_chol.argtypes = [sup, f64, f64, f64]
     for name in ("sciad_chol_tangent", "sciad_chol_adjoint", "sciad_fill_symprod",
                  "sciad_fill_symmul"):
         getattr(lib, name).restype = None
-        getattr(lib, name).argtypes = [sup, f64, f64, f64]
+        getattr(lib, name).argtypes = [sup, f64, f64, f64, f64]
     lib.sciad_fill_closed.restype = ctypes.c_int
     lib.sciad_fill_closed.argtypes = [n, i64, i64, i64, i64, i64]
     lib.sciad_fill_trisolve.restype = None
@@ -79,11 +86,12 @@ class Layout:
     CSC), `size` (`n + nnz(S)`), each slot's `rows` and `cols` (ordered),
     `slot`: for each entry of `A`, the slot holding it or its mirror, and
     `weight` (1 on the diagonal, else 1/2): the symmetric part on the layout
-    is the scatter-add of `weight * A`'s values to `slot`; and `supernodes`
-    (`_supernodes`), which the kernels work on."""
+    is the scatter-add of `weight * A`'s values to `slot`; `supernodes`
+    (`_supernodes`), which the kernels work on; and one kept workspace of
+    the kernels (`workspace`)."""
 
     __slots__ = ("n", "perm", "Sp", "Si", "size", "rows", "cols", "slot", "weight",
-                 "supernodes", "_super")
+                 "supernodes", "_super", "_work", "_lock")
 
     def __init__(self, pattern):
         an = _analysis(pattern)
@@ -119,12 +127,40 @@ class Layout:
                              *(_ptr(sn[k]) for k in ("first", "rptr", "ridx", "poff", "uptr",
                                                      "pairs")),
                              int(sn["maxrows"]))
+        self._work = None
+        self._lock = threading.Lock()
+
+    @property
+    def work_size(self) -> int:
+        """The kernels' workspace: three buffers of panels, in doubles."""
+        return 3 * int(self.supernodes["poff"][-1])
 
     @property
     def nbytes(self) -> int:
+        """Its arrays' bytes, with the workspace it keeps (where it keeps one)."""
         arrays = [getattr(self, k) for k in self.__slots__ if isinstance(getattr(self, k),
                                                                          np.ndarray)]
-        return sum(a.nbytes for a in arrays + list(self.supernodes.values()))
+        kept = 8 * self.work_size if 8 * self.work_size <= KEEP_WORKSPACE_BYTES else 0
+        return sum(a.nbytes for a in arrays + list(self.supernodes.values())) + kept
+
+    @contextlib.contextmanager
+    def workspace(self):
+        """A workspace for one kernel call: the one this layout keeps when no
+        other call holds it, else a new one (kept afterwards if the slot is
+        free and it is at most `KEEP_WORKSPACE_BYTES`). Buffers this size made
+        afresh on every call cost their page faults each time: a third of a
+        kernel's time at 65,536 unknowns."""
+        with self._lock:
+            work, self._work = self._work, None
+        if work is None:
+            work = np.empty(self.work_size)
+        try:
+            yield work
+        finally:
+            if work.nbytes <= KEEP_WORKSPACE_BYTES:
+                with self._lock:
+                    if self._work is None:
+                        self._work = work
 
     def flops(self) -> float:
         """About the factorization's multiply-adds: `sum_k |col k|^2`."""
@@ -206,20 +242,31 @@ def _f64(a) -> np.ndarray:
     return np.ascontiguousarray(a, np.float64)
 
 
-def chol(an: Layout, e: np.ndarray) -> tuple[np.ndarray, int]:
+def _out(an: Layout, out) -> np.ndarray:
+    if out is None:
+        return np.empty(an.size)
+    if out.shape != (an.size,) or out.dtype != np.float64 or not out.flags.c_contiguous:
+        raise ValueError(f"`out` must be a contiguous float64 vector of {an.size} entries")
+    return out
+
+
+def chol(an: Layout, e: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """`(l, status)`; `l` written into `out` where given."""
     lib = library()
-    e = _f64(e)
-    out = np.zeros(an.size)
-    status = lib.sciad_chol(ctypes.byref(an._super), _ptr(e), _ptr(out))
+    e, out = _f64(e), _out(an, out)
+    with an.workspace() as work:
+        status = lib.sciad_chol(ctypes.byref(an._super), _ptr(e), _ptr(out), _ptr(work))
     return out, int(status)
 
 
 def _binary(name: str):
-    def kernel(an: Layout, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def kernel(an: Layout, x: np.ndarray, y: np.ndarray,
+               out: np.ndarray | None = None) -> np.ndarray:
         lib = library()
-        x, y = _f64(x), _f64(y)
-        out = np.zeros(an.size)
-        getattr(lib, name)(ctypes.byref(an._super), _ptr(x), _ptr(y), _ptr(out))
+        x, y, out = _f64(x), _f64(y), _out(an, out)
+        with an.workspace() as work:
+            getattr(lib, name)(ctypes.byref(an._super), _ptr(x), _ptr(y), _ptr(out),
+                               _ptr(work))
         return out
     kernel.__name__ = name
     return kernel
