@@ -369,6 +369,13 @@ def hvp(f: Callable, x, v):
     """The Hessian-vector product `H(x) v` of a real scalar `f`, as the JVP of
     its gradient (forward over reverse).
 
+    For many directions at one point (a randomized eigensolver's block,
+    Lanczos, Newton-CG), batch them: `sd.vmap(lambda v: sd.hvp(f, x, v))(V)`
+    runs what does not depend on `v` (`f`'s computation and its reverse
+    pass) once for the block and only each direction's own derivative passes
+    per direction: for a sparse `slogdet`, 6 factorizations' worth of work a
+    direction against 9 for one product alone.
+
     **Example:**
 
     ```python

@@ -339,6 +339,34 @@ def test_an_spd_matrix_is_read_by_the_sparse_cholesky_factor_shared_by_all():
     np.testing.assert_allclose(np.asarray(sd.sparse.data(Z)), inv[r, c], rtol=1e-12)
 
 
+def test_hessian_vector_products_in_a_block_share_the_factor_and_its_reverse_pass():
+    """`sd.vmap` of `sd.hvp` over directions: one factorization and one
+    unbatched reverse pass (the gradient's) for the block, each direction's
+    tangent, `symmul` and second reverse pass one batched node; each product
+    the dense closed form."""
+    A = _grid(4)
+    r, c = _coords(A)
+    inv = np.linalg.inv(A.toarray())
+    M = lambda v: sd.sparse.coo_matrix((v, (r, c)), shape=A.shape, tags={"spd"})  # noqa: E731
+    logdet = lambda v: sd.linalg.slogdet(M(v))[1]  # noqa: E731
+    V = np.random.default_rng(5).standard_normal((3, A.nnz))
+    block = lambda v, V: sd.vmap(lambda d: sd.hvp(logdet, v, d))(V)  # noqa: E731
+    nodes = sd.graph.passes.optimize(sd.trace(block, A.data, V)).nodes
+    names = [nd.primitive.name for nd in nodes]  # (unbatched: the block's)
+    assert names.count("linalg.sparse_cholesky") == 1
+    assert names.count("linalg.cholesky_adjoint") == 1
+    mapped = [[b.primitive.name for b in nd.params["body"].nodes] for nd in nodes
+              if nd.primitive.name == "map" and nd.params["size"] == 3]
+    for name in ("linalg.cholesky_tangent", "linalg.fill_symmul", "linalg.cholesky_adjoint"):
+        assert mapped.count([name]) == 1   # (one node over the 3 directions)
+    assert not any("linalg.sparse_cholesky" in body for body in mapped)
+    got = np.asarray(sd.function(block)(A.data, V))
+    for d, g in zip(V, got):
+        dA = sp.csr_matrix((d, (r, c)), shape=A.shape).toarray()
+        dS = 0.5 * (dA + dA.T)
+        np.testing.assert_allclose(g, -(inv @ dS @ inv)[r, c], rtol=1e-10, atol=1e-14)
+
+
 # slow: the registry walk checks the sparse Cholesky family's rules to second
 # order, test_cholmod CHOLMOD's; the gradient and Hessian-vector products by
 # the default path are checked against closed forms above
