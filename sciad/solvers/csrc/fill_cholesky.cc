@@ -126,23 +126,29 @@ inline Panel panel(const Super& s, int64_t J) {
           s.ridx + s.rptr[J], s.poff[J]};
 }
 
-// a buffer of panels, zeroed (`work + k * poff[ns]`: the caller's
-// workspace holds three)
+// buffer k of the caller's workspace (three buffers of poff[ns] doubles)
+inline double* buffer(const Super& s, double* work, int k) {
+  return work + k * s.poff[s.ns];
+}
+
+// buffer k, zeroed (an accumulator)
 double* zeroed(const Super& s, double* work, int k) {
-  double* P = work + k * s.poff[s.ns];
+  double* P = buffer(s, work, k);
   std::fill(P, P + s.poff[s.ns], 0.0);
   return P;
 }
 
-// the layout's vector v as panels in buffer k (zero above each panel's diagonal)
+// the layout's vector v as panels in buffer k (zero above each panel's
+// diagonal: every entry written, the buffer's old values never read)
 double* to_panels(const Super& s, const double* v, double* work, int k) {
-  double* P = zeroed(s, work, k);
+  double* P = buffer(s, work, k);
   const double* vo = v + s.n;
   for (int64_t J = 0; J < s.ns; ++J) {
     const Panel p = panel(s, J);
     for (int64_t c = 0; c < p.w; ++c) {
       const int64_t j = p.f + c;
       double* col = P + p.off + c * p.m;
+      std::fill(col, col + c, 0.0);
       col[c] = v[j];
       for (int64_t q = s.Sp[j], r = c + 1; q < s.Sp[j + 1]; ++q, ++r) col[r] = vo[q];
     }
@@ -488,8 +494,7 @@ void sciad_fill_symmul(const Super* sp, const double* c, const double* y, double
     for (int64_t q = 0; q < p.w; ++q)
       product_column_t(PC + p.off + q * p.m + q, PY + p.off + q, p.m, q + 1, p.m - q, 1.0,
                        W + p.off + q);
-    pair_products_t(s, J, pos.data(), PC + p.off, p.m, PY, 1.0, W,
-                    g.data(), rel.data());
+    pair_products_t(s, J, pos.data(), PC + p.off, p.m, PY, 1.0, W, g.data(), rel.data());
   }
   from_panels(s, W, w);
 }

@@ -136,11 +136,16 @@ class Layout:
         return 3 * int(self.supernodes["poff"][-1])
 
     @property
+    def keeps_workspace(self) -> bool:
+        """Whether a workspace is kept between calls (`KEEP_WORKSPACE_BYTES`)."""
+        return 8 * self.work_size <= KEEP_WORKSPACE_BYTES
+
+    @property
     def nbytes(self) -> int:
         """Its arrays' bytes, with the workspace it keeps (where it keeps one)."""
         arrays = [getattr(self, k) for k in self.__slots__ if isinstance(getattr(self, k),
                                                                          np.ndarray)]
-        kept = 8 * self.work_size if 8 * self.work_size <= KEEP_WORKSPACE_BYTES else 0
+        kept = 8 * self.work_size if self.keeps_workspace else 0
         return sum(a.nbytes for a in arrays + list(self.supernodes.values())) + kept
 
     @contextlib.contextmanager
@@ -157,7 +162,7 @@ class Layout:
         try:
             yield work
         finally:
-            if work.nbytes <= KEEP_WORKSPACE_BYTES:
+            if self.keeps_workspace:
                 with self._lock:
                     if self._work is None:
                         self._work = work
