@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from .. import _cache
+from .._buffers import aligned
 from ..errors import DTypeError, InvalidOptionError, SerializationError, ShapeError
 
 _SHORT = {
@@ -182,7 +183,8 @@ class Pattern:
     CSR form). A pattern is immutable and compares (and hashes) by content, so
     two matrices built from equal index arrays have one type. The arrays are
     read-only NumPy int64 arrays; derived index maps (row of each entry, the
-    transposed pattern, the diagonal's positions) are computed once and kept.
+    transposed pattern, the diagonal's positions) are computed once and kept,
+    the rows and the transpose's permutation as int32 where they fit.
     """
 
     __slots__ = ("shape", "indptr", "indices", "_key", "_cache", "__weakref__")
@@ -220,8 +222,10 @@ class Pattern:
         digest.update(indptr.tobytes())
         digest.update(indices.tobytes())
         self._key = digest.hexdigest()
-        self._cache: dict[str, Any] = {"rows": rows}
-        rows.setflags(write=False)
+        # (kept compact: int32 where it fits, aligned, so that the device
+        # index array of the rows shares it on the CPU; `rows` widens it)
+        self._cache: dict[str, Any] = {"rows": aligned(rows, np.int32 if n < 2 ** 31
+                                                       else np.int64)}
 
     # -- identity ------------------------------------------------------------
     def __eq__(self, other) -> bool:
@@ -253,7 +257,17 @@ class Pattern:
 
     @property
     def rows(self) -> np.ndarray:
-        """The row of each stored entry."""
+        """The row of each stored entry: int64, a new read-only array on
+        each call, made from `row_index()` (callers do arithmetic with it,
+        such as `rows * n + cols`, that int32 would overflow)."""
+        rows = self._cache["rows"].astype(np.int64)
+        rows.setflags(write=False)
+        return rows
+
+    def row_index(self) -> np.ndarray:
+        """The row of each stored entry as it is kept: read-only, int32
+        where the rows fit (an index to read with, not to compute with;
+        the device index array of the rows shares it on the CPU)."""
         return self._cache["rows"]
 
     def _cached(self, name: str, make):
@@ -263,7 +277,8 @@ class Pattern:
         return value
 
     def transposed(self) -> tuple["Pattern", np.ndarray]:
-        """`(pattern of A.T, perm)` with `data(A.T) = data(A)[perm]`."""
+        """`(pattern of A.T, perm)` with `data(A.T) = data(A)[perm]` (`perm`
+        read-only, int32 where `nnz < 2^31`: an index, never arithmetic)."""
         def make():
             n, m = self.shape
             # (SciPy's compiled CSR -> CSC conversion carrying each entry's
@@ -274,8 +289,10 @@ class Pattern:
 
             csc = sp.csr_matrix((np.arange(self.nnz, dtype=np.int64), self.indices, self.indptr),
                                 shape=self.shape).tocsc()
-            perm = np.asarray(csc.data, np.int64)
-            perm.setflags(write=False)
+            # (int32 where it fits, aligned and read-only: the device index
+            # array of the transpose, `sciad.solvers._indices`, shares it on
+            # the CPU; 75 MiB, not 151 twice, at a million HEX8 nodes)
+            perm = aligned(csc.data, np.int32 if self.nnz < 2 ** 31 else np.int64)
             if n == m and np.array_equal(csc.indptr, self.indptr) \
                     and np.array_equal(csc.indices, self.indices):
                 # (structurally symmetric, as every stiffness matrix is: the

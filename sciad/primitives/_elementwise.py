@@ -29,6 +29,7 @@ from ._util import (
     same_dtype,
     tensor,
     unbroadcast,
+    unbroadcast_product,
 )
 
 
@@ -317,8 +318,8 @@ def _install_binary_rules() -> None:
     def _mul_transpose(ct, x, y):
         assert not (is_linear(x) and is_linear(y)), "mul: both operands linear"
         if is_linear(x):
-            return unbroadcast(ct * y, x.shape), None
-        return None, unbroadcast(x * ct, y.shape)
+            return unbroadcast_product(ct, y, x.shape), None
+        return None, unbroadcast_product(x, ct, y.shape)
 
     @binary_primitives["div"].def_transpose
     def _div_transpose(ct, x, y):

@@ -30,6 +30,7 @@ import hashlib
 import jax.numpy as jnp
 import numpy as np
 
+from .._buffers import aligned, shareable
 from ..errors import DTypeError, ShapeError
 from ..graph import Param, Primitive, SparseType, TensorType, is_linear, register_param_type, zeros
 from ..graph._autodiff import register_zeros
@@ -70,11 +71,11 @@ class IndexMap:
         small = a.size == 0 or (a.min() >= np.iinfo(np.int32).min
                                 and a.max() <= np.iinfo(np.int32).max)
         want = np.int32 if small else np.int64
-        if a.dtype != want:
-            a = a.astype(want)
-        elif not _frozen(a):  # (a read-only one, as `Pattern.from_coo` gives, is shared)
-            a = a.copy()
-        a.setflags(write=False)
+        if a.dtype != want or not (_frozen(a) and shareable(a)):
+            # (a read-only, aligned one, as `Pattern.from_coo` gives, is
+            # shared; any other is copied once, aligned, so that the device
+            # array of a map without -1 entries shares it on the CPU)
+            a = aligned(a, want)
         self.array = a
         self._key = hashlib.blake2b(a.tobytes(), digest_size=8).hexdigest()
         self._inverse: dict[int, np.ndarray | None] = {}
@@ -94,15 +95,13 @@ class IndexMap:
 
     __repr__ = __str__
 
-    def padded(self, size: int) -> np.ndarray:
-        """The indices with `-1` replaced by `size` (one past the end): a new
-        array each call (the program reads `device(size)`, kept)."""
-        return np.where(self.array < 0, size, self.array)
-
-    def device(self, size: int):
-        """`padded(size)` as an int32 `(k, 1)` device array, made once (the
-        one constant of this map in a program: see `sciad.solvers._indices`)."""
-        return cached_index(self, f"padded{size}", lambda: self.padded(size))
+    def device(self):
+        """The map as an int32 `(k, 1)` device array, made once (the one
+        constant of this map in a program: see `sciad.solvers._indices`;
+        on the CPU it shares `array`). Its -1 entries stay: an assembly's
+        scatter drops them, a gather fills them with 0 (both out of
+        bounds)."""
+        return cached_index(self, "map", lambda: self.array)
 
     def inverse(self, size: int) -> np.ndarray | None:
         """Where the map is a permutation of `range(size)` (each of `size`
@@ -204,7 +203,7 @@ def _assemble_impl(x, *, pattern, index=None, tags=frozenset()):
         # on the CPU under vmap was 15x slower: 17 against 1.2 ms for 256
         # matrices of 4,992 entries)
         return take_static(x, cached_index(index, f"inverse{nnz}", lambda: inverse))
-    return segment_sum(x, index.device(nnz), nnz, drop=True)
+    return segment_sum(x, index.device(), nnz, drop=True)
 
 
 def assemble(x, pattern: Pattern, index: IndexMap | None = None, tags=frozenset()):
@@ -268,9 +267,7 @@ def _gather_shape(a, *, index=None):
 def _gather_impl(data, *, index=None):
     if index is None:
         return data
-    nnz = data.shape[0]
-    padded = jnp.concatenate([data, jnp.zeros((1,), data.dtype)])
-    return take(padded, index.device(nnz))
+    return take(data, index.device(), fill=True)
 
 
 sparse_gather_p.def_jvp(_linear_jvp(sparse_gather_p))

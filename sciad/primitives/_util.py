@@ -59,6 +59,36 @@ def unbroadcast(ct, shape: tuple[int, ...]):
     return ops.reshape(out, shape)
 
 
+def unbroadcast_product(a, b, shape: tuple[int, ...]):
+    """`unbroadcast(a * b, shape)`: the transpose of a product, one operand
+    the cotangent (of the product's broadcast shape) and the other the
+    factor, for an operand of `shape`. Where that sum runs over trailing
+    axes which the factor spans exactly, the factor broadcast along the
+    others (a per-cell coefficient times a shared element matrix, `rho[:,
+    None, None] * Ke`), it is one matrix-vector product `ct.reshape(p, q) @
+    factor.ravel()`: XLA:CPU's fused reduction otherwise writes the factor
+    broadcast to the cotangent's shape out as a buffer of its own when the
+    broadcast is shared with the forward product (268 MiB for the 524,288
+    HEX8 cells of a million-node mesh). Every other case (no axis kept, or
+    no factor of that form) is the product, then the sum."""
+    shape = tuple(shape)
+    out = tuple(np.broadcast_shapes(tuple(a.shape), tuple(b.shape)))
+    r = len(out)
+    ct, y = (a, b) if tuple(a.shape) == out else (b, a)
+    xs = (1,) * (r - len(shape)) + shape
+    ys = (1,) * (r - len(y.shape)) + tuple(y.shape)
+    k = next((i for i in range(r) if all(xs[j] == 1 for j in range(i, r))), r)
+    contract = (tuple(ct.shape) == out and 0 < k < r and len(shape) == r
+                and np.prod(out[k:], dtype=np.int64) > 1
+                and all(xs[i] == out[i] and ys[i] == 1 for i in range(k))
+                and all(ys[i] == out[i] for i in range(k, r)))
+    if not contract:
+        return unbroadcast(a * b, shape)
+    p = int(np.prod(out[:k], dtype=np.int64))
+    q = int(np.prod(out[k:], dtype=np.int64))
+    return ops.reshape(ops.matmul(ops.reshape(ct, (p, q)), ops.reshape(y, (q,))), shape)
+
+
 def broadcast_tangent(t, shape: tuple[int, ...]):
     """A tangent broadcast to an output's `shape`."""
     return t if tuple(t.shape) == tuple(shape) else ops.broadcast_to(t, shape)

@@ -32,6 +32,7 @@ from jax import lax
 from jax.custom_batching import custom_vmap
 
 from .. import _cache
+from .._buffers import aligned, shareable
 
 
 _PROMISE = lax.GatherScatterMode.PROMISE_IN_BOUNDS
@@ -76,21 +77,34 @@ def _warn_if_embedded(nbytes: int) -> None:
 def index_array(values) -> jax.Array:
     """The NumPy integer array `values` (every entry in `[0, 2^31)`, or -1
     past an array's end where a caller pads) as a `(k, 1)` int32 `jax.Array`,
-    made outside any trace. Callers cache it: see `cached_index`. One of at
-    least `LARGE_CONSTANT_BYTES`, where programs will embed it, warns once
+    made outside any trace. Callers cache it: see `cached_index`. On the
+    CPU it shares `values` where that is an aligned, read-only int32 array
+    (`sciad._buffers`: a pattern's transpose, an assembly's map), so the
+    host and the device hold it once. One of at least
+    `LARGE_CONSTANT_BYTES`, where programs will embed it, warns once
     (`ConstantsWarning`)."""
     values = np.asarray(values).ravel()
     if values.size and values.max() >= np.iinfo(np.int32).max:
         dtype = np.int64  # (more than 2^31 entries: not reachable in practice)
     else:
         dtype = np.int32
+    _warn_if_embedded(values.size * np.dtype(dtype).itemsize)
+    device = jax.local_devices()[0]
+    # (on the CPU the device array wraps an aligned, read-only host array
+    # instead of copying it: the caller's own where it is one, as a
+    # pattern's transpose and an assembly's map are, else one conversion)
+    if not (values.dtype == dtype and shareable(values)):
+        values = aligned(values, dtype)
     # (outside any mesh too: an array made inside `shard_map`, or under
     # `jax.set_mesh`, carries that mesh in its type, and a later program
     # that reads the cached array under another mesh, or none, fails)
-    _warn_if_embedded(values.size * np.dtype(dtype).itemsize)
     with jax.ensure_compile_time_eval(), jax.sharding.use_abstract_mesh(_NO_MESH):
-        return jax.device_put(values.astype(dtype, copy=False).reshape(-1, 1),
-                              jax.local_devices()[0])
+        if device.platform != "cpu":
+            return jax.device_put(values.reshape(-1, 1), device)
+        try:
+            return jax.device_put(values.reshape(-1, 1), device, may_alias=True)
+        except TypeError:  # pragma: no cover - a JAX without `may_alias`
+            return jax.device_put(values.reshape(-1, 1), device)
 
 
 def cached_index(owner, name: str, make: Callable[[], np.ndarray]) -> jax.Array:
@@ -101,11 +115,16 @@ def cached_index(owner, name: str, make: Callable[[], np.ndarray]) -> jax.Array:
     return _cache.cached(owner, "index arrays", name, lambda: index_array(make()))
 
 
-def take(x, idx, *, sorted_indices: bool = False):
+def take(x, idx, *, sorted_indices: bool = False, fill: bool = False):
     """`x[idx[:, 0]]` (along the first axis) for a `(k, 1)` index array of
-    valid positions: one `lax.gather`, no index fix-ups."""
+    valid positions: one `lax.gather`, no index fix-ups. With `fill`, an
+    index out of bounds (-1 for none) reads 0 (a mask in the gather)."""
     dnums = lax.GatherDimensionNumbers(offset_dims=tuple(range(1, x.ndim)),
                                        collapsed_slice_dims=(0,), start_index_map=(0,))
+    if fill:
+        return lax.gather(x, idx, dnums, (1,) + tuple(x.shape[1:]),
+                          indices_are_sorted=sorted_indices,
+                          mode=lax.GatherScatterMode.FILL_OR_DROP, fill_value=0)
     return lax.gather(x, idx, dnums, (1,) + tuple(x.shape[1:]),
                       indices_are_sorted=sorted_indices, mode=_PROMISE)
 
@@ -156,8 +175,8 @@ def segment_sum(data, idx, n: int, *, sorted_indices: bool = False, drop: bool =
 class CsrPattern:
     """A static CSR pattern of the solvers' own (an AMG level's `A_l` or
     `P_l`): what `pattern_matmul` and the index caches read of the graph's
-    `Pattern` (`shape`, `indptr`, `indices`, `nnz`, `rows`, `transposed()`,
-    `is_structurally_symmetric()`), without its checks and content hash
+    `Pattern` (`shape`, `indptr`, `indices`, `nnz`, `rows`, `row_index()`,
+    `transposed()`, `is_structurally_symmetric()`), without its checks and content hash
     (columns need not be sorted within a row). Compared by identity: each
     is made once by its owner and cached with it."""
 
@@ -181,6 +200,10 @@ class CsrPattern:
                                    np.diff(self.indptr))
         return self._rows
 
+    def row_index(self) -> np.ndarray:
+        """The rows as kept (`Pattern.row_index`)."""
+        return self.rows
+
     def transposed(self) -> tuple["CsrPattern", np.ndarray]:
         """`(pattern of A.T, perm)` with `data(A.T) = data(A)[perm]`."""
         if self._transposed is None:
@@ -202,7 +225,7 @@ class CsrPattern:
 
 def pattern_rows(pattern) -> jax.Array:
     """The row of each stored entry, as a cached `(nnz, 1)` index array."""
-    return cached_index(pattern, "rows", lambda: pattern.rows)
+    return cached_index(pattern, "rows", pattern.row_index)
 
 
 def pattern_cols(pattern) -> jax.Array:
