@@ -48,15 +48,6 @@ from ._shape import _linear_jvp
 # Static params: the pattern and index maps
 
 
-def _frozen(a) -> bool:
-    """Whether the array `a` and every array it views are read-only."""
-    while a is not None:
-        if not isinstance(a, np.ndarray) or a.flags.writeable:
-            return False
-        a = a.base
-    return True
-
-
 class IndexMap:
     """A static, read-only integer index array used as a param (hashable by
     content): int32 where its entries fit (an assembly map of 8.4e6 entries
@@ -71,10 +62,10 @@ class IndexMap:
         small = a.size == 0 or (a.min() >= np.iinfo(np.int32).min
                                 and a.max() <= np.iinfo(np.int32).max)
         want = np.int32 if small else np.int64
-        if a.dtype != want or not (_frozen(a) and shareable(a)):
-            # (a read-only, aligned one, as `Pattern.from_coo` gives, is
-            # shared; any other is copied once, aligned, so that the device
-            # array of a map without -1 entries shares it on the CPU)
+        if a.dtype != want or not shareable(a):
+            # (a read-only, aligned one is kept as it is; any other is
+            # copied once, aligned, so that its device array, `device()`,
+            # shares it on the CPU)
             a = aligned(a, want)
         self.array = a
         self._key = hashlib.blake2b(a.tobytes(), digest_size=8).hexdigest()
