@@ -315,8 +315,9 @@ class Pattern:
         def make():
             k = min(self.shape)
             pos = np.full(k, -1, np.int64)
-            on_diag = np.nonzero(self.rows == self.indices)[0]
-            pos[self.rows[on_diag]] = on_diag
+            rows = self.row_index()
+            on_diag = np.nonzero(rows == self.indices)[0]
+            pos[rows[on_diag]] = on_diag
             pos.setflags(write=False)
             return pos
         return self._cached("diagonal", make)

@@ -546,7 +546,7 @@ def _mass_for(mass, mass_pattern, n: int, jac: str, pattern):
     k = n // size
     if jac != "sparse":
         M = mass if mass_pattern is None else jnp.zeros((size, size), mass.dtype).at[
-            np.asarray(mass_pattern.rows), np.asarray(mass_pattern.indices)].set(mass)
+            mass_pattern.row_index(), np.asarray(mass_pattern.indices)].set(mass)
         return M if k == 1 else jnp.kron(jnp.eye(k, dtype=M.dtype), M)
     if mass_pattern is None:  # (a dense mass with sparse Newton matrices: its entries)
         r, c = np.nonzero(np.ones((size, size), bool))

@@ -399,7 +399,8 @@ def _todense_shape(a, *, pattern):
 
 @sparse_todense_p.def_impl
 def _todense_impl(data, *, pattern):
-    return jnp.zeros(pattern.shape, data.dtype).at[pattern.rows, pattern.indices].set(data)
+    return jnp.zeros(pattern.shape, data.dtype).at[pattern.row_index(),
+                                                   pattern.indices].set(data)
 
 
 sparse_todense_p.def_jvp(_linear_jvp(sparse_todense_p))
@@ -424,7 +425,7 @@ def _sample_shape(d, *, pattern):
 
 @sparse_sample_p.def_impl
 def _sample_impl(d, *, pattern):
-    return d[pattern.rows, pattern.indices]
+    return d[pattern.row_index(), pattern.indices]
 
 
 sparse_sample_p.def_jvp(_linear_jvp(sparse_sample_p))

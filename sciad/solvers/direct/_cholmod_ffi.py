@@ -136,11 +136,12 @@ def _upper(pattern):
     alone), cached `(k, 1)` index arrays made once from one mask; None
     where every entry is upper."""
     def make():
-        keep = np.flatnonzero(pattern.rows <= pattern.indices)
+        rows = pattern.row_index()
+        keep = np.flatnonzero(rows <= pattern.indices)
         if keep.size == pattern.nnz:
             return None
         return (cached_index(pattern, "cholmod upper", lambda: keep),
-                cached_index(pattern, "cholmod upper rows", lambda: pattern.rows[keep]),
+                cached_index(pattern, "cholmod upper rows", lambda: rows[keep]),
                 cached_index(pattern, "cholmod upper cols", lambda: pattern.indices[keep]))
 
     return _cache.cached(pattern, "index arrays", "cholmod triangle", make, nbytes=0)
@@ -152,7 +153,7 @@ def _mirror(pattern):
     inverse's values on the whole pattern (an spd matrix's pattern is
     symmetric: `sparse` refuses the tag otherwise)."""
     def make():
-        upper = pattern.rows <= pattern.indices
+        upper = pattern.row_index() <= pattern.indices
         place = np.full(pattern.nnz, -1, np.int64)
         place[upper] = np.arange(int(upper.sum()))
         perm = pattern.transposed()[1]  # (entry k's mirror is entry perm[k])

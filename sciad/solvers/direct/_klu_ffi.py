@@ -115,7 +115,7 @@ SYMBOLIC_BYTES_PER_ROW = 40
 def _analyze(pattern):
     import klujax_cpp
     with _lock:  # (one analysis at a time: KLU's calls are not reentrant here)
-        rows = np.asarray(pattern.rows, np.int32)
+        rows = np.asarray(pattern.row_index(), np.int32)
         cols = np.asarray(pattern.indices, np.int32)
         with x64_scope(), jax.ensure_compile_time_eval(), \
                 jax.default_device(jax.local_devices(backend="cpu")[0]):

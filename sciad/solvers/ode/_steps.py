@@ -109,7 +109,7 @@ def mass_of(mass, jac: str, pattern, n: int, dtype) -> Mass | None:
                     lambda v: M.T @ v, lambda v: pinv.T @ v)
     pattern = _ode._with_diagonal(pattern)
     values = jnp.asarray(mass, dtype)
-    rows, cols = jnp.asarray(pattern.rows), jnp.asarray(pattern.indices)
+    rows, cols = jnp.asarray(pattern.row_index()), jnp.asarray(pattern.indices)
     diag = values[jnp.asarray(pattern.diagonal_positions())]
 
     def apply(v):
